@@ -1,0 +1,53 @@
+# kvtier: the two commands a newcomer types are `make demo` and `make test`.
+# Both install missing Debian packages first (scripts/deps.sh, as root).
+BUILD      ?= build
+JOBS       ?= $(shell nproc)
+FUZZ_SECS  ?= 10
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build demo test test-fast test-asan test-tsan test-fuzz bench clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	$(BUILD)/kvtier demo
+
+# The whole suite: plain build, then ASan+UBSan, then TSan on the
+# concurrent tests, then each fuzz target briefly.
+test: test-fast test-asan test-tsan test-fuzz
+	@echo "make test: all suites passed"
+
+test-fast: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-asan: deps
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=address >/dev/null
+	@cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+
+test-tsan: deps
+	@cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=thread >/dev/null
+	@cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --output-on-failure -L concurrent -j $(JOBS)
+
+test-fuzz: deps
+	@CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug \
+	  -DKVT_SANITIZE=address -DKVT_FUZZ=ON >/dev/null
+	@cmake --build build-fuzz -j $(JOBS)
+	@scripts/run-fuzzers.sh build-fuzz $(FUZZ_SECS)
+
+bench: build
+	$(BUILD)/kvtier bench copy
+	$(BUILD)/kvtier bench index
+
+clean:
+	rm -rf build build-asan build-tsan build-fuzz

@@ -1,0 +1,10 @@
+/* bench.h - `kvtier bench ...` subcommands. Each measures kvtier and the
+ * machine's own limit in the same run and reports the ratio; --json prints
+ * one JSON object on stdout. Return value: process exit code. */
+#ifndef KVT_BENCH_BENCH_H
+#define KVT_BENCH_BENCH_H
+
+int kvt_bench_copy_main(int argc, char **argv);  /* kvtier bench copy [--json] */
+int kvt_bench_index_main(int argc, char **argv); /* kvtier bench index [--json] [--blocks N] */
+
+#endif

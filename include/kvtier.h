@@ -1,0 +1,367 @@
+/*
+ * kvtier.h - the whole public C API of kvtier, a KV-cache offload and
+ * transfer engine for LLM inference.
+ *
+ * Conventions (they hold for every function below unless it says otherwise):
+ *  - Every function that can fail returns a kvt_status. KVT_OK is 0, errors
+ *    are negative. kvt_strerror() names the class of error; kvt_last_error()
+ *    gives the calling thread's message for its most recent failure, naming
+ *    the argument, field or peer that was wrong.
+ *  - Out-parameters are written only on success.
+ *  - Handles are opaque. X_create() hands out a handle the caller owns;
+ *    X_destroy(NULL) is a no-op. A handle may not be used after destroy.
+ *  - Arguments are always validated (NULL, zero, oversized, mismatched
+ *    geometry): bad input returns KVT_EINVAL or KVT_EGEOMETRY with a message;
+ *    nothing user-supplied is asserted.
+ *  - Pointers passed in are only borrowed for the duration of the call,
+ *    except where a function states otherwise (engine memory).
+ *
+ * Compiles as C11 and as C++ (extern "C").
+ */
+#ifndef KVTIER_H
+#define KVTIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Version                                                            */
+/* ------------------------------------------------------------------ */
+
+#define KVT_VERSION_MAJOR 0
+#define KVT_VERSION_MINOR 1
+#define KVT_VERSION_PATCH 0
+#define KVT_VERSION_STRING "0.1.0"
+/* (major << 16) | (minor << 8) | patch, as kvt_version() returns it. */
+#define KVT_VERSION_HEX \
+    ((KVT_VERSION_MAJOR << 16) | (KVT_VERSION_MINOR << 8) | KVT_VERSION_PATCH)
+
+/* The version of the library actually loaded (may differ from the header). */
+unsigned kvt_version(void);
+const char *kvt_version_string(void);
+
+/* ------------------------------------------------------------------ */
+/* Status                                                             */
+/* ------------------------------------------------------------------ */
+
+/* X(name, value, description): one table yields the enum, kvt_strerror and
+ * kvt_status_name, so they can never disagree. Values are stable ABI. */
+#define KVT_STATUS_MAP(X)                                                  \
+    X(OK, 0, "success")                                                    \
+    X(EINVAL, -1, "invalid argument")                                      \
+    X(ENOMEM, -2, "out of memory")                                         \
+    X(ENOTFOUND, -3, "not found")                                          \
+    X(EAGAIN, -4, "not ready yet, try again")                              \
+    X(ETIMEDOUT, -5, "deadline expired")                                   \
+    X(ECANCELED, -6, "cancelled")                                          \
+    X(EIO, -7, "I/O error")                                                \
+    X(ENOSPC, -8, "no space left in the tier")                             \
+    X(EGEOMETRY, -9, "KV geometry mismatch")                               \
+    X(ESTATE, -10, "operation not valid in the current state")             \
+    X(EBUSY, -11, "resource busy")                                         \
+    X(EFULL, -12, "table or queue full")                                   \
+    X(ECORRUPT, -13, "data failed its checksum")                           \
+    X(EUNSUPPORTED, -14, "not supported")                                  \
+    X(ESYS, -15, "system call failed")                                     \
+    X(EPROTO, -16, "protocol violation")                                   \
+    X(ECONN, -17, "connection failed or lost")                             \
+    X(EABORTED, -18, "group or transfer aborted")                          \
+    X(EAUTH, -19, "peer failed authentication")                            \
+    X(EVERSION, -20, "version mismatch")
+
+typedef enum kvt_status {
+#define KVT_STATUS_ENUM_(name, value, text) KVT_##name = value,
+    KVT_STATUS_MAP(KVT_STATUS_ENUM_)
+#undef KVT_STATUS_ENUM_
+} kvt_status;
+
+/* A static description of the status class; never NULL (unknown codes
+ * give "unknown status"). */
+const char *kvt_strerror(kvt_status status);
+/* The symbolic name, e.g. "KVT_EINVAL"; never NULL. */
+const char *kvt_status_name(kvt_status status);
+/* The calling thread's message for its most recent failed kvtier call, e.g.
+ * "kvt_geometry_set_layer: layer 3 V: head_dim is 0". Empty string if none.
+ * Valid until the next kvtier call on this thread. Never NULL. */
+const char *kvt_last_error(void);
+
+/* ------------------------------------------------------------------ */
+/* Configuration                                                      */
+/* ------------------------------------------------------------------ */
+
+/* One table of options. Each has a name ("cpu_capacity"), a default, a help
+ * text and an environment variable (KVTIER_CPU_CAPACITY). Values are strings
+ * parsed per option: sizes take suffixes K, M, G, KiB, MiB, GiB ("2GiB"). */
+typedef struct kvt_config kvt_config;
+
+typedef struct kvt_option_info {
+    const char *name;       /* "cpu_capacity" */
+    const char *env;        /* "KVTIER_CPU_CAPACITY" */
+    const char *type;       /* "size", "uint", "enum", "bool", "string" */
+    const char *default_value;
+    const char *help;
+} kvt_option_info;
+
+/* A config with every option at its default. The caller owns *out. */
+kvt_status kvt_config_create(kvt_config **out);
+void kvt_config_destroy(kvt_config *cfg);
+/* Sets one option from its string form; the value is validated now. */
+kvt_status kvt_config_set(kvt_config *cfg, const char *name, const char *value);
+/* Copies the option's current value, as a string, into buf (NUL-terminated).
+ * KVT_EINVAL if buf is too small. */
+kvt_status kvt_config_get(const kvt_config *cfg, const char *name, char *buf,
+                          size_t buf_len);
+/* Applies a JSON object {"name": value, ...} (values: strings, numbers or
+ * booleans). All-or-nothing: on error cfg is unchanged. */
+kvt_status kvt_config_load_json(kvt_config *cfg, const char *json, size_t len);
+/* Reads a file holding such a JSON object. */
+kvt_status kvt_config_load_file(kvt_config *cfg, const char *path);
+/* Applies every KVTIER_* variable that names an option. An unknown KVTIER_*
+ * variable is an error (a typo must not be ignored silently). */
+kvt_status kvt_config_load_env(kvt_config *cfg);
+/* The option table: kvt_config_option(i) for i < kvt_config_option_count(). */
+size_t kvt_config_option_count(void);
+kvt_status kvt_config_option(size_t index, kvt_option_info *out);
+
+/* ------------------------------------------------------------------ */
+/* KV geometry                                                        */
+/* ------------------------------------------------------------------ */
+
+/* How the engine lays out its paged KV memory.
+ *  LAYER_FIRST: one buffer per layer per component (SGLang, vLLM):
+ *               buffer[layer][component] = page 0, page 1, ...
+ *  PAGE_FIRST:  one buffer of pages; each page holds every layer and
+ *               component in order (layer 0 K, layer 0 V, layer 1 K, ...).
+ * Within a page, data is token-major: token 0 (all heads), token 1, ... */
+typedef enum kvt_layout {
+    KVT_LAYOUT_LAYER_FIRST = 0,
+    KVT_LAYOUT_PAGE_FIRST = 1
+} kvt_layout;
+
+/* K and V, or one component for MLA (latent KV). */
+#define KVT_MAX_COMPONENTS 2
+#define KVT_MAX_LAYERS 1024
+
+typedef struct kvt_component_spec {
+    uint32_t kv_heads;  /* KV heads held by this rank */
+    uint32_t head_dim;  /* elements per head */
+    uint32_t elem_size; /* bytes per element: 1, 2, 4 or 8 */
+} kvt_component_spec;
+
+typedef struct kvt_layer_spec {
+    uint32_t num_components; /* 2 (K, V) or 1 (MLA) */
+    kvt_component_spec component[KVT_MAX_COMPONENTS];
+} kvt_layer_spec;
+
+typedef struct kvt_geometry kvt_geometry;
+
+/* A geometry of num_layers layers, all unset, tokens_per_page tokens per
+ * engine page. The caller owns *out. */
+kvt_status kvt_geometry_create(kvt_geometry **out, uint32_t num_layers,
+                               uint32_t tokens_per_page, kvt_layout layout);
+/* A geometry for a known model at tensor-parallel size tp (KV heads are
+ * divided across ranks; MLA is replicated). Names: "llama3-8b",
+ * "llama3-70b", "deepseek-v3", "tiny" (4 layers, for tests). bf16. */
+kvt_status kvt_geometry_preset(kvt_geometry **out, const char *name,
+                               uint32_t tokens_per_page, uint32_t tp);
+void kvt_geometry_destroy(kvt_geometry *geo);
+/* A deep copy. The caller owns *out. */
+kvt_status kvt_geometry_clone(const kvt_geometry *geo, kvt_geometry **out);
+/* Describes one layer; layers may differ (hybrid and draft models). */
+kvt_status kvt_geometry_set_layer(kvt_geometry *geo, uint32_t layer,
+                                  const kvt_layer_spec *spec);
+/* Describes layers [first, first + count) identically. */
+kvt_status kvt_geometry_set_layers(kvt_geometry *geo, uint32_t first,
+                                   uint32_t count, const kvt_layer_spec *spec);
+/* KVT_OK when every layer is set and sane; else KVT_EINVAL with a message
+ * naming the layer and field ("layer 3 V: head_dim is 0"). */
+kvt_status kvt_geometry_validate(const kvt_geometry *geo);
+
+typedef struct kvt_geometry_info {
+    uint32_t num_layers;
+    uint32_t tokens_per_page;
+    kvt_layout layout;
+    uint64_t bytes_per_token; /* all layers and components */
+    uint64_t bytes_per_page;  /* bytes_per_token * tokens_per_page */
+    uint64_t digest;          /* equal digests <=> equal geometries */
+} kvt_geometry_info;
+
+/* Derived sizes of a validated geometry. */
+kvt_status kvt_geometry_info_get(const kvt_geometry *geo, kvt_geometry_info *out);
+/* Bytes one token occupies in one layer's component (heads*head_dim*elem). */
+kvt_status kvt_geometry_token_bytes(const kvt_geometry *geo, uint32_t layer,
+                                    uint32_t component, uint64_t *out);
+/* KVT_OK if equal; else KVT_EGEOMETRY naming the first field that differs
+ * with both values ("layer 5 K: kv_heads 8 vs 4"). */
+kvt_status kvt_geometry_compare(const kvt_geometry *a, const kvt_geometry *b);
+
+/* ------------------------------------------------------------------ */
+/* Requests and engine memory                                         */
+/* ------------------------------------------------------------------ */
+
+/* A request's token ids and its namespace. The namespace (LoRA id, cache
+ * salt, model id; any bytes) is hashed into every block, so requests in
+ * different namespaces never share cached KV. */
+typedef struct kvt_request {
+    const uint32_t *tokens;
+    uint32_t num_tokens;
+    const void *ns; /* may be NULL when ns_len is 0 */
+    uint32_t ns_len;
+} kvt_request;
+
+/* The engine's paged KV buffers. kvtier keeps the pointers (not the
+ * memory) until the cache is destroyed; the engine keeps the memory valid
+ * that long.
+ *  LAYER_FIRST: layer_bases[layer * KVT_MAX_COMPONENTS + component] points
+ *               at that layer's component buffer of num_pages pages.
+ *  PAGE_FIRST:  base points at num_pages pages of bytes_per_page each. */
+typedef struct kvt_engine_memory {
+    uint32_t num_pages;
+    void *base;
+    void *const *layer_bases;
+} kvt_engine_memory;
+
+/* ------------------------------------------------------------------ */
+/* Cache manager                                                      */
+/* ------------------------------------------------------------------ */
+
+/* The calls an engine makes. Thread-safe: any thread may call any function
+ * on one cache concurrently.
+ *
+ * Load:  kvt_cache_lookup -> kvt_cache_launch(pages) -> kvt_cache_wait_layer
+ *        per layer (optional) -> kvt_cache_wait (or kvt_cache_poll).
+ * Store: kvt_cache_prepare_store -> kvt_cache_launch(pages) -> wait or poll.
+ * A task that is looked up or prepared but never launched is released by
+ * kvt_cache_cancel, or expires after the plan_ttl_ms option.
+ * Every task's result is reported exactly once, by wait or by poll. */
+typedef struct kvt_cache kvt_cache;
+typedef uint64_t kvt_task_id; /* 0 is never a task */
+
+typedef enum kvt_task_kind { KVT_TASK_LOAD = 1, KVT_TASK_STORE = 2 } kvt_task_kind;
+
+/* Copies cfg and geo (both may be destroyed afterwards). Allocates and
+ * prefaults the CPU tier now. The caller owns *out. */
+kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg,
+                            const kvt_geometry *geo);
+/* Cancels every task, waits for the workers, frees the tiers. */
+void kvt_cache_destroy(kvt_cache *cache);
+/* Tells the cache where the engine's pages are; required before the first
+ * launch, allowed once. See kvt_engine_memory for the lifetime. */
+kvt_status kvt_cache_register_memory(kvt_cache *cache, const kvt_engine_memory *mem);
+
+typedef struct kvt_match {
+    kvt_task_id task;        /* 0 when nothing matched */
+    uint32_t matched_tokens; /* tokens [0, matched_tokens) can be loaded */
+} kvt_match;
+
+/* Finds the longest cached prefix of req. When it is non-empty, its blocks
+ * are pinned (never evicted) until the load task ends. matched_tokens is a
+ * multiple of the block_tokens option and less than num_tokens (the last
+ * token is always left to the engine to compute). */
+kvt_status kvt_cache_lookup(kvt_cache *cache, const kvt_request *req, kvt_match *out);
+
+typedef struct kvt_store_plan {
+    kvt_task_id task;     /* 0 when there is nothing to store */
+    uint32_t first_token; /* store tokens [first_token, first_token + num_tokens) */
+    uint32_t num_tokens;  /* a multiple of block_tokens; may be 0 */
+} kvt_store_plan;
+
+/* Plans the store of req's full blocks that the cache lacks, making room by
+ * eviction. Tokens already cached, or being stored by another task, are not
+ * stored again. The blocks are invisible to lookups until the store task
+ * succeeds; a cancelled or failed store leaves no trace. */
+kvt_status kvt_cache_prepare_store(kvt_cache *cache, const kvt_request *req,
+                                   kvt_store_plan *out);
+
+/* Starts a looked-up or prepared task. pages is the request's page table:
+ * pages[i] is the engine page holding tokens [i*tokens_per_page, ...).
+ * It must cover the task's token range; it is copied, not kept. */
+kvt_status kvt_cache_launch(kvt_cache *cache, kvt_task_id task,
+                            const uint32_t *pages, uint32_t num_pages);
+
+typedef struct kvt_task_result {
+    kvt_task_id task;
+    kvt_task_kind kind;
+    kvt_status status; /* KVT_OK, KVT_ECANCELED, KVT_ETIMEDOUT, KVT_EIO... */
+    uint32_t first_token;
+    uint32_t num_tokens;
+    uint64_t bytes;
+} kvt_task_result;
+
+/* Waits until the task ends or timeout_ms passes (0: do not wait; negative
+ * is invalid: every wait has a deadline). On KVT_OK *out holds the task's
+ * result (whose own status may be an error) and the task is forgotten.
+ * KVT_ETIMEDOUT: still running. KVT_ENOTFOUND: unknown or already reported. */
+kvt_status kvt_cache_wait(kvt_cache *cache, kvt_task_id task, int64_t timeout_ms,
+                          kvt_task_result *out);
+/* kvt_cache_wait with timeout 0: KVT_EAGAIN while the task runs. */
+kvt_status kvt_cache_try_wait(kvt_cache *cache, kvt_task_id task, kvt_task_result *out);
+/* For a launched load: waits until layers [0, layer] have landed in the
+ * engine's pages, so the forward pass can run layer `layer`. KVT_OK also
+ * when the task ended; a failed task gives its error. */
+kvt_status kvt_cache_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t layer,
+                                int64_t timeout_ms);
+/* Cancels a task. A planned task is released at once; a running one stops
+ * at its next layer boundary. Its result (KVT_ECANCELED) is still reported
+ * once. A cancelled load leaves the engine pages undefined. */
+kvt_status kvt_cache_cancel(kvt_cache *cache, kvt_task_id task);
+/* Reports up to max ended tasks not yet reported, oldest first, in out;
+ * *count gets how many. Never blocks. */
+kvt_status kvt_cache_poll(kvt_cache *cache, kvt_task_result *out, uint32_t max,
+                          uint32_t *count);
+
+typedef struct kvt_cache_stats {
+    uint64_t lookups, lookup_tokens, hit_tokens;
+    uint64_t stores, stored_blocks, stored_bytes;
+    uint64_t loads, loaded_blocks, loaded_bytes;
+    uint64_t evicted_blocks, failed_tasks, cancelled_tasks, expired_tasks;
+    uint64_t cpu_blocks_used, cpu_blocks_total, block_bytes;
+    uint64_t index_blocks, index_bytes;
+    uint64_t tasks_in_flight;
+} kvt_cache_stats;
+
+kvt_status kvt_cache_stats_get(kvt_cache *cache, kvt_cache_stats *out);
+/* The cache's last failure message (any thread). Valid until the next
+ * failing call on this cache; prefer kvt_last_error() in threaded code. */
+const char *kvt_cache_last_error(const kvt_cache *cache);
+
+/* ------------------------------------------------------------------ */
+/* Emulated engine (test and demo support)                            */
+/* ------------------------------------------------------------------ */
+
+/* Paged KV buffers in host memory for a geometry. fill() writes the KV
+ * "computed" for a token as a pure function of (namespace, the token's
+ * whole prefix, layer, component, head), so any byte loaded later can be
+ * checked by verify(). */
+typedef struct kvt_emu kvt_emu;
+
+typedef struct kvt_verify_result {
+    uint64_t bytes_checked;
+    uint64_t mismatches;     /* bytes that differ */
+    uint32_t first_bad_token; /* valid when mismatches > 0 */
+    uint32_t first_bad_layer;
+} kvt_verify_result;
+
+kvt_status kvt_emu_create(kvt_emu **out, const kvt_geometry *geo, uint32_t num_pages);
+void kvt_emu_destroy(kvt_emu *emu);
+/* The buffers, ready for kvt_cache_register_memory. Valid until destroy. */
+kvt_status kvt_emu_memory(kvt_emu *emu, kvt_engine_memory *out);
+/* Computes tokens [first, first + count) of req into the pages of the
+ * request's page table (as for kvt_cache_launch). */
+kvt_status kvt_emu_fill(kvt_emu *emu, const kvt_request *req, uint32_t first,
+                        uint32_t count, const uint32_t *pages, uint32_t num_pages);
+/* Checks tokens [first, first + count) against what fill would write. */
+kvt_status kvt_emu_verify(const kvt_emu *emu, const kvt_request *req, uint32_t first,
+                          uint32_t count, const uint32_t *pages, uint32_t num_pages,
+                          kvt_verify_result *out);
+/* Overwrites pages with a poison pattern (a load that misses shows up). */
+kvt_status kvt_emu_poison(kvt_emu *emu, const uint32_t *pages, uint32_t num_pages);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_H */

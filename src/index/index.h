@@ -1,0 +1,84 @@
+/* index.h - the prefix index: chained block hashes -> cached blocks.
+ *
+ * Block i of a request is identified by h_i = H(h_{i-1} || tokens of block
+ * i), h_{-1} = H(namespace), so a block's hash commits to every earlier token
+ * and to the namespace. Entries form a forest (each entry's parent is the
+ * previous block of its prefix). Invariants the index keeps:
+ *  - An entry's parent is present for as long as the entry is (eviction takes
+ *    leaves only, so a cached prefix never loses a middle block).
+ *  - Only READY entries are matched by kvt__index_match; PENDING entries
+ *    (a store in flight) are invisible to loads.
+ *  - Pinned entries (pins > 0) are never evicted.
+ * Not thread-safe: the cache manager serialises calls with its lock. No
+ * call allocates memory after create; every call is O(blocks touched) plus
+ * O(log n) per eviction-heap update.
+ */
+#ifndef KVT_INDEX_INDEX_H
+#define KVT_INDEX_INDEX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "kvtier.h"
+#include "util/hash.h"
+
+#define KVT_INDEX_NONE UINT32_MAX
+
+typedef enum kvt_evict_policy {
+    KVT_EVICT_LRU = 0, /* least recently used leaf first */
+    KVT_EVICT_LFU = 1, /* least frequently used leaf first; counts decay */
+} kvt_evict_policy;
+
+typedef struct kvt_index kvt_index;
+
+/* Block hashes of the full blocks of tokens: writes min(num_tokens /
+ * block_tokens, max_out) hashes to out and returns that count. */
+uint32_t kvt__block_hashes(const uint32_t *tokens, uint32_t num_tokens, uint32_t block_tokens,
+                           const void *ns, uint32_t ns_len, kvt_hash128 *out, uint32_t max_out);
+
+/* An index for at most max_blocks entries (1 .. 2^31). */
+kvt_status kvt__index_create(kvt_index **out, uint32_t max_blocks, kvt_evict_policy policy);
+void kvt__index_destroy(kvt_index *idx);
+
+/* Longest prefix of h[0..n) whose entries are all READY. Writes their entry
+ * ids to ids[0..k) and returns k. When touch is true, the matched entries
+ * count as used now (recency / frequency for eviction). */
+uint32_t kvt__index_match(kvt_index *idx, const kvt_hash128 *h, uint32_t n, uint32_t *ids,
+                          bool touch);
+
+typedef enum kvt_index_stop {
+    KVT_STOP_END = 0,     /* all n present and READY */
+    KVT_STOP_ABSENT = 1,  /* h[k] is not in the index */
+    KVT_STOP_PENDING = 2, /* h[k] is being stored (PENDING) */
+} kvt_index_stop;
+
+/* Like kvt__index_match without touching, and also says why the walk
+ * stopped at k (the return value). For store planning. */
+uint32_t kvt__index_probe(kvt_index *idx, const kvt_hash128 *h, uint32_t n, uint32_t *ids,
+                          kvt_index_stop *stop);
+
+/* Inserts a PENDING entry with one pin, child of parent (KVT_INDEX_NONE for
+ * a first block). payload is the caller's (the CPU slot). KVT_EFULL when
+ * max_blocks entries exist; KVT_EINVAL if h is already present. */
+kvt_status kvt__index_insert(kvt_index *idx, uint32_t parent, kvt_hash128 h, uint32_t payload,
+                             uint32_t *id_out);
+/* Marks PENDING entries READY and drops the insert pin. */
+void kvt__index_commit(kvt_index *idx, const uint32_t *ids, uint32_t n);
+/* Removes PENDING entries inserted by one store (given in prefix order; they
+ * are removed tail first). Their payloads are the caller's to free. */
+void kvt__index_abort(kvt_index *idx, const uint32_t *ids, uint32_t n);
+
+void kvt__index_pin(kvt_index *idx, const uint32_t *ids, uint32_t n);
+void kvt__index_unpin(kvt_index *idx, const uint32_t *ids, uint32_t n);
+
+/* Evicts up to want READY, unpinned entries that have no children, in
+ * policy order (a parent becomes a candidate once its last child goes).
+ * Writes the evicted entries' payloads to payloads_out and returns how many. */
+uint32_t kvt__index_evict(kvt_index *idx, uint32_t want, uint32_t *payloads_out);
+
+uint32_t kvt__index_payload(const kvt_index *idx, uint32_t id);
+uint32_t kvt__index_count(const kvt_index *idx);     /* entries, READY or PENDING */
+uint32_t kvt__index_capacity(const kvt_index *idx);  /* max_blocks */
+/* Bytes of memory the index holds (entries + hash table), for stats. */
+uint64_t kvt__index_memory_bytes(const kvt_index *idx);
+
+#endif

@@ -1,0 +1,33 @@
+/* pool.h - the CPU tier: fixed-size blocks in one prefaulted mapping.
+ * Huge pages are used when the system has them (MAP_HUGETLB, else
+ * transparent huge pages via madvise). The free list is an array stack made
+ * at create time, so alloc/free never allocate. Not thread-safe: the cache
+ * manager serialises alloc and free with its lock; block memory itself is
+ * read and written by transfer workers without any lock. */
+#ifndef KVT_STORE_POOL_H
+#define KVT_STORE_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "kvtier.h"
+
+#define KVT_POOL_NONE UINT32_MAX
+
+typedef struct kvt_pool kvt_pool;
+
+/* floor(capacity_bytes / block_bytes) blocks (at least 1, at most 2^31);
+ * KVT_EINVAL if capacity holds no block, KVT_ENOMEM if the mapping fails. */
+kvt_status kvt__pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t block_bytes,
+                            bool try_huge_pages);
+void kvt__pool_destroy(kvt_pool *pool);
+
+uint32_t kvt__pool_alloc(kvt_pool *pool); /* KVT_POOL_NONE when none is free */
+void kvt__pool_free(kvt_pool *pool, uint32_t slot);
+uint8_t *kvt__pool_block(const kvt_pool *pool, uint32_t slot);
+uint32_t kvt__pool_blocks_total(const kvt_pool *pool);
+uint32_t kvt__pool_blocks_free(const kvt_pool *pool);
+uint64_t kvt__pool_block_bytes(const kvt_pool *pool);
+/* "hugetlb", "thp" or "4k": what backs the mapping. */
+const char *kvt__pool_page_kind(const kvt_pool *pool);
+
+#endif

@@ -1,0 +1,29 @@
+/* err.h - setting and reading the thread's last-error message.
+ * "Log once, where the error is first decided": the function that detects a
+ * problem calls kvt__fail() with the context; callers pass the status up. */
+#ifndef KVT_UTIL_ERR_H
+#define KVT_UTIL_ERR_H
+
+#include <stdarg.h>
+#include "kvtier.h"
+
+#define KVT_ERRMSG_MAX 512
+
+/* Records "fmt..." as the calling thread's last error and returns status. */
+kvt_status kvt__fail(kvt_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+kvt_status kvt__vfail(kvt_status status, const char *fmt, va_list ap);
+/* Clears the thread's message (called on entry to public functions that
+ * succeed, so a stale message is never mistaken for a new one). */
+void kvt__clear_error(void);
+
+/* Common argument checks: each returns KVT_EINVAL with a message naming the
+ * function and the argument. */
+#define KVT_CHECK_ARG(cond, ...)                                 \
+    do {                                                         \
+        if (!(cond)) return kvt__fail(KVT_EINVAL, __VA_ARGS__);  \
+    } while (0)
+#define KVT_CHECK_NOT_NULL(ptr, fn) \
+    KVT_CHECK_ARG((ptr) != NULL, "%s: %s is NULL", fn, #ptr)
+
+#endif

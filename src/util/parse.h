@@ -1,0 +1,18 @@
+/* parse.h - strict parsing of option values: the whole string must parse. */
+#ifndef KVT_UTIL_PARSE_H
+#define KVT_UTIL_PARSE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* "4096", "64K", "2MiB", "1.5GiB", "1G" (K/M/G/T = powers of 1024; KB/MB/GB
+ * = powers of 1000). false on anything else or on overflow. */
+bool kvt__parse_size(const char *s, uint64_t *out);
+/* Decimal unsigned integer without sign or suffix. */
+bool kvt__parse_u64(const char *s, uint64_t *out);
+/* "1", "0", "true", "false", "yes", "no", "on", "off". */
+bool kvt__parse_bool(const char *s, bool *out);
+/* Formats bytes as "1.5 GiB" into buf. */
+void kvt__format_size(uint64_t bytes, char *buf, unsigned len);
+
+#endif

@@ -1,0 +1,91 @@
+/* xfer.h - the transfer engine: worker threads that move KV between the
+ * engine's pages and cache blocks.
+ *
+ * A task is cut into units of one layer (all of the task's blocks for that
+ * layer), handed out in layer order, so a layerwise load can release layer L
+ * to the forward pass as soon as layers 0..L have landed. Workers take units
+ * from the oldest task first; two workers share one task's layers. The copy
+ * itself goes through an ops table (host memcpy now; a CUDA or other backend
+ * provides its own table without touching callers). Per unit a worker builds
+ * a chunk list in a buffer it owns and calls ops->copy once: no allocation,
+ * no lock and no syscall per block.
+ */
+#ifndef KVT_XFER_XFER_H
+#define KVT_XFER_XFER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "kvtier.h"
+#include "layout/layout.h"
+
+typedef struct kvt_copy_chunk {
+    void *dst;
+    const void *src;
+    uint64_t len;
+} kvt_copy_chunk;
+
+typedef struct kvt_copy_ops {
+    const char *name;
+    /* Copies n chunks. Returns KVT_OK or an error (KVT_EIO...). */
+    kvt_status (*copy)(void *ctx, const kvt_copy_chunk *chunks, uint32_t n);
+    void *ctx;
+} kvt_copy_ops;
+
+/* memcpy on the host. */
+extern const kvt_copy_ops kvt__host_copy_ops;
+
+typedef enum kvt_xfer_dir {
+    KVT_XFER_GATHER = 1,  /* engine pages -> cache blocks (a store) */
+    KVT_XFER_SCATTER = 2, /* cache blocks -> engine pages (a load) */
+} kvt_xfer_dir;
+
+typedef struct kvt_xfer_task kvt_xfer_task;
+
+struct kvt_xfer_task {
+    /* Filled in by the submitter; read-only while the task runs. */
+    kvt_xfer_dir dir;
+    const kvt_geometry *geo;
+    const kvt_page_map *map;
+    uint32_t block_tokens;     /* a multiple of geo->tokens_per_page */
+    uint32_t num_blocks;
+    uint8_t *const *blocks;    /* num_blocks block addresses */
+    const uint32_t *pages;     /* num_blocks * (block_tokens / tokens_per_page)
+                                  engine pages, block 0's pages first */
+    /* Called once, by a worker, when the task ends (all layers copied, or
+     * cancelled, or failed); status says which. No xfer lock is held. */
+    void (*on_done)(kvt_xfer_task *task, kvt_status status);
+    void *user;
+
+    /* Owned by the engine. */
+    uint32_t next_layer;          /* next unit to hand out (under lock) */
+    uint32_t units_running;       /* units handed out, not finished */
+    uint32_t layers_ready;        /* layers [0, layers_ready) have landed */
+    uint8_t layer_done[KVT_MAX_LAYERS];
+    atomic_int cancel;            /* 1: stop at the next unit */
+    kvt_status status;            /* first error seen */
+    bool ended;
+    kvt_xfer_task *next;          /* queue link */
+};
+
+typedef struct kvt_xfer kvt_xfer;
+
+/* workers: 1..64. max_chunks: the per-worker chunk buffer (a unit with more
+ * chunks is copied in several calls). */
+kvt_status kvt__xfer_create(kvt_xfer **out, uint32_t workers, const kvt_copy_ops *ops);
+/* Cancels queued tasks (their on_done runs with KVT_ECANCELED), waits for
+ * running units, joins the workers. */
+void kvt__xfer_destroy(kvt_xfer *x);
+/* Queues a task; its memory stays valid until on_done returns. */
+kvt_status kvt__xfer_submit(kvt_xfer *x, kvt_xfer_task *task);
+/* Asks a task to stop at its next layer boundary; on_done follows with
+ * KVT_ECANCELED (unless it already ended). Safe from any thread while the
+ * task's memory is valid. */
+void kvt__xfer_cancel(kvt_xfer *x, kvt_xfer_task *task);
+/* Waits until layers [0, layer] landed or the task ended, or until
+ * deadline_ns. KVT_OK, KVT_ETIMEDOUT, or the task's error status. */
+kvt_status kvt__xfer_wait_layer(kvt_xfer *x, kvt_xfer_task *task, uint32_t layer,
+                                uint64_t deadline_ns);
+uint32_t kvt__xfer_workers(const kvt_xfer *x);
+
+#endif

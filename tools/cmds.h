@@ -1,0 +1,8 @@
+/* cmds.h - the `kvtier` subcommands; each returns the process exit code. */
+#ifndef KVT_TOOLS_CMDS_H
+#define KVT_TOOLS_CMDS_H
+
+int kvt_cmd_config(int argc, char **argv); /* kvtier config --dump [--json] [--file F] */
+int kvt_cmd_demo(int argc, char **argv);   /* kvtier demo [--json] [--quick] ... */
+
+#endif
