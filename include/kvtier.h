@@ -348,6 +348,14 @@ typedef struct kvt_verify_result {
 
 kvt_status kvt_emu_create(kvt_emu **out, const kvt_geometry *geo, uint32_t num_pages);
 void kvt_emu_destroy(kvt_emu *emu);
+/* Makes this emulated rank hold global heads [first_head, first_head +
+ * kv_heads) of every layer, as a tensor-parallel rank does (default 0), so
+ * ranks of different TP sizes agree on every head's bytes. */
+kvt_status kvt_emu_set_first_head(kvt_emu *emu, uint32_t first_head);
+/* The bytes fill() writes for one token of one (layer, component): len must
+ * be kv_heads * head_dim * elem_size of that layer's component. */
+kvt_status kvt_emu_token_kv(const kvt_emu *emu, const kvt_request *req, uint32_t token,
+                            uint32_t layer, uint32_t component, void *out, size_t len);
 /* The buffers, ready for kvt_cache_register_memory. Valid until destroy. */
 kvt_status kvt_emu_memory(kvt_emu *emu, kvt_engine_memory *out);
 /* Computes tokens [first, first + count) of req into the pages of the
@@ -360,6 +368,219 @@ kvt_status kvt_emu_verify(const kvt_emu *emu, const kvt_request *req, uint32_t f
                           kvt_verify_result *out);
 /* Overwrites pages with a poison pattern (a load that misses shows up). */
 kvt_status kvt_emu_poison(kvt_emu *emu, const uint32_t *pages, uint32_t num_pages);
+
+/* ------------------------------------------------------------------ */
+/* Rank groups and the multi-rank connector                           */
+/* ------------------------------------------------------------------ */
+
+/* Layers: transport (kvt_net) <- rank group (kvt_group) <- connector
+ * (kvt_conn, over one kvt_cache per rank). docs/protocol.md gives the wire
+ * format, the state machine and why call-count asymmetry cannot
+ * desynchronise the ranks.
+ *
+ * Threading: a kvt_net, kvt_group and kvt_conn are each driven by one thread
+ * at a time (the rank's scheduler thread); only kvt_conn_wait_layer may be
+ * called from another thread. */
+
+/* --- Transports --- */
+
+/* One rank's endpoint: ordered, message-oriented point-to-point links to
+ * the other ranks. Every receive has a deadline. */
+typedef struct kvt_net kvt_net;
+/* The shared state of in-process ranks (ranks as threads of one process). */
+typedef struct kvt_fabric kvt_fabric;
+
+#define KVT_NET_MAX_RANKS 256
+/* Default and hard upper bound of one message (frame) in bytes. */
+#define KVT_NET_DEFAULT_MAX_MSG (4u << 20)
+#define KVT_NET_LIMIT_MAX_MSG (64u << 20)
+
+/* Bounded queues between `ranks` in-process ranks, at most `depth` (1..4096)
+ * messages per ordered pair. The caller owns *out and destroys it after
+ * every kvt_net made from it. */
+kvt_status kvt_fabric_create(kvt_fabric **out, uint32_t ranks, uint32_t depth);
+void kvt_fabric_destroy(kvt_fabric *fab);
+/* Rank `rank`'s endpoint on fab (one per rank). fab must outlive it. */
+kvt_status kvt_net_inproc_create(kvt_net **out, kvt_fabric *fab, uint32_t rank);
+
+/* TCP between processes: a star around rank 0 (the hub), which is the only
+ * rank that listens; every other rank connects to it. Messages between two
+ * non-hub ranks are KVT_EUNSUPPORTED (the group protocol never needs them). */
+typedef struct kvt_net_tcp_params {
+    uint32_t rank, ranks;
+    const char *host;     /* hub's numeric IPv4 address; NULL: "127.0.0.1" */
+    uint16_t port;        /* hub's port; 0 on the hub: an ephemeral port */
+    const void *secret;   /* NULL: no authentication; else every peer must */
+    size_t secret_len;    /* prove it holds these 16..1024 bytes (HMAC-SHA256) */
+    uint32_t max_msg;     /* 0: KVT_NET_DEFAULT_MAX_MSG; larger frames refused */
+} kvt_net_tcp_params;
+
+/* Creates the endpoint; the hub binds and listens now (so its port can be
+ * read before the others start). The caller owns *out. */
+kvt_status kvt_net_tcp_create(kvt_net **out, const kvt_net_tcp_params *params);
+/* The hub's bound port (useful with port 0). KVT_EINVAL on a non-hub. */
+kvt_status kvt_net_tcp_port(const kvt_net *net, uint16_t *out);
+/* Establishes the links within timeout_ms (> 0). The hub accepts until all
+ * ranks - 1 peers have authenticated; a stranger (bad or missing proof,
+ * unknown or duplicate rank) is refused, logged to stderr and does not count.
+ * Other ranks retry connecting until the deadline. KVT_EAUTH: this rank's
+ * proof or the hub's was refused. No-op for inproc and callback endpoints. */
+kvt_status kvt_net_connect(kvt_net *net, int64_t timeout_ms);
+
+/* An engine lends its own point-to-point send/receive (e.g. the CPU process
+ * group it already has), so kvtier opens no sockets inside the engine.
+ * send must deliver len bytes to peer as one message, in order; recv must
+ * return exactly one whole message from peer into buf (at most cap bytes,
+ * else KVT_EPROTO) within timeout_ms, else KVT_ETIMEDOUT. Both may be called
+ * only from the thread driving the group. */
+typedef struct kvt_net_callbacks {
+    void *ctx;
+    kvt_status (*send)(void *ctx, uint32_t peer, const void *buf, size_t len,
+                       int64_t timeout_ms);
+    kvt_status (*recv)(void *ctx, uint32_t peer, void *buf, size_t cap, size_t *len,
+                       int64_t timeout_ms);
+} kvt_net_callbacks;
+
+/* cb is copied; cb->ctx must stay valid until destroy. max_msg 0: default. */
+kvt_status kvt_net_callback_create(kvt_net **out, uint32_t rank, uint32_t ranks,
+                                   const kvt_net_callbacks *cb, uint32_t max_msg);
+/* Closes the links (TCP sockets). NULL is a no-op. */
+void kvt_net_destroy(kvt_net *net);
+
+/* --- Rank groups --- */
+
+/* pp x cp x tp ranks; rank = (pp_rank * cp + cp_rank) * tp + tp_rank.
+ * Roles: the sync leader is rank 0 (pp0/cp0/tp0) and decides; each stage's
+ * (cp0, tp0) rank is that stage's leader; the rest are CP/TP members. */
+typedef struct kvt_group kvt_group;
+
+typedef enum kvt_group_role {
+    KVT_ROLE_SYNC_LEADER = 1,
+    KVT_ROLE_STAGE_LEADER = 2,
+    KVT_ROLE_MEMBER = 3
+} kvt_group_role;
+
+typedef struct kvt_group_params {
+    uint32_t pp, cp, tp;      /* pp * cp * tp must equal the net's ranks */
+    uint64_t geometry_digest; /* this rank's kvt_geometry_info.digest; equal
+                                 within each PP stage (stages may differ) */
+    uint64_t config_digest;   /* equal on every rank (see kvt_config_digest) */
+    int64_t timeout_ms;       /* every exchange's deadline T, 1..600000; an
+                                 abort reaches every rank within 2T */
+    uint64_t epoch;           /* first epoch, >= 1; 0 means 1 */
+} kvt_group_params;
+
+/* Forms the group: the startup handshake compares protocol version, library
+ * version, pp/cp/tp, geometry digest (per stage), configuration digest,
+ * epoch and role table of every rank with the sync leader's, and refuses on
+ * any difference (KVT_EVERSION, KVT_EGEOMETRY or KVT_EINVAL, every rank
+ * getting the same message naming the ranks and the field), within 2T.
+ * net is borrowed and must outlive the group. The caller owns *out. */
+kvt_status kvt_group_create(kvt_group **out, kvt_net *net, const kvt_group_params *params);
+/* NULL is a no-op. Does not destroy the net. */
+void kvt_group_destroy(kvt_group *group);
+/* Aborts the group now: tells the leader (from a member) or every member
+ * (from the leader), best effort within T. reason may be NULL. Later
+ * exchanges return KVT_EABORTED until kvt_group_reform. Idempotent. */
+kvt_status kvt_group_abort(kvt_group *group, const char *reason);
+/* Re-forms an aborted (or healthy) group under epoch + 1: every rank must
+ * call it; frames of older epochs are discarded. */
+kvt_status kvt_group_reform(kvt_group *group, int64_t timeout_ms);
+
+typedef struct kvt_group_info {
+    uint32_t rank, ranks;
+    uint32_t pp_rank, cp_rank, tp_rank;
+    kvt_group_role role;
+    uint64_t epoch;
+    uint64_t steps;  /* exchanges completed in this epoch */
+    int aborted;     /* 1 after an abort, until reform */
+} kvt_group_info;
+
+kvt_status kvt_group_info_get(const kvt_group *group, kvt_group_info *out);
+/* Why the group aborted or refused to form, naming the rank, channel,
+ * expected and received sequence and op; "" while healthy. Never NULL.
+ * Valid until the next call on the group. */
+const char *kvt_group_diagnostic(const kvt_group *group);
+/* A digest of every option's value, for kvt_group_params.config_digest. */
+kvt_status kvt_config_digest(const kvt_config *cfg, uint64_t *out);
+
+/* --- The multi-rank connector --- */
+
+/* Every rank has its own kvt_cache over its own engine memory (its heads,
+ * its layers). The engine queues rank-local calls (lookup, load, store,
+ * reset) during a scheduler iteration; ONE collective kvt_conn_step per
+ * iteration carries them to the sync leader, which decides for all ranks
+ * (agreed prefix = minimum over ranks; an op goes ahead only if every rank
+ * queued it for the same request bytes; layer counter and generation) and
+ * ships the decisions and the group-wide task results back. What a rank
+ * queued is data in that one message, never a message of its own, so an
+ * extra or missing call on one rank cannot shift the stream.
+ *
+ * Request ids (rid) are the engine's, unique among a rank's live requests.
+ * The connector owns its cache's task reporting: the engine must not call
+ * kvt_cache_wait/poll/cancel on it directly. */
+typedef struct kvt_conn kvt_conn;
+
+/* group and cache are borrowed and must outlive the connector. */
+kvt_status kvt_conn_create(kvt_conn **out, kvt_group *group, kvt_cache *cache);
+/* Cancels this rank's tasks and releases their pins. NULL is a no-op. */
+void kvt_conn_destroy(kvt_conn *conn);
+
+/* Rank-local: looks req up in this rank's cache now (pinning the match) and
+ * queues it for the next step. *local_tokens (may be NULL) gets this rank's
+ * match; the agreed one comes with the step. req is copied. */
+kvt_status kvt_conn_lookup(kvt_conn *conn, uint64_t rid, const kvt_request *req,
+                           uint32_t *local_tokens);
+/* Rank-local: this rank has pages for rid's looked-up prefix and wants it
+ * loaded (layerwise: the engine will call kvt_conn_wait_layer). Not calling
+ * it (e.g. a failed allocation) makes the step refuse the load on every
+ * rank. pages is copied. */
+kvt_status kvt_conn_load(kvt_conn *conn, uint64_t rid, const uint32_t *pages,
+                         uint32_t num_pages, int layerwise);
+/* Rank-local: plans the store of req's blocks this rank lacks and queues it;
+ * it starts only if every rank queued the same request. req, pages copied. */
+kvt_status kvt_conn_store(kvt_conn *conn, uint64_t rid, const kvt_request *req,
+                          const uint32_t *pages, uint32_t num_pages);
+/* Rank-local: asks for a group-wide reset at the next step (every rank's
+ * tasks are cancelled there and then). */
+kvt_status kvt_conn_reset(kvt_conn *conn);
+/* Rank-local and never on the wire: collects this rank's ended tasks (to be
+ * reported at the next step). Any number of calls, on any rank, e.g. from an
+ * eviction path under memory pressure. *ended (may be NULL) gets how many. */
+kvt_status kvt_conn_poll(kvt_conn *conn, uint32_t *ended);
+/* Rank-local: waits until layers [0, layer] of rid's running load landed. */
+kvt_status kvt_conn_wait_layer(kvt_conn *conn, uint64_t rid, uint32_t layer,
+                               int64_t timeout_ms);
+
+typedef enum kvt_conn_event_kind {
+    KVT_EV_LOAD = 1,       /* decision: load of rid started (status OK) or refused */
+    KVT_EV_STORE = 2,      /* decision: store of rid started or refused */
+    KVT_EV_LOAD_DONE = 3,  /* group result of a load: OK only if every rank loaded */
+    KVT_EV_STORE_DONE = 4, /* group result of a store */
+    KVT_EV_RESET = 5       /* every rank's tasks were cancelled */
+} kvt_conn_event_kind;
+
+typedef struct kvt_conn_event {
+    uint64_t rid;
+    kvt_conn_event_kind kind;
+    kvt_status status;    /* KVT_OK; refused: KVT_ECANCELED; failed: the error */
+    uint32_t tokens;      /* LOAD: agreed prefix; DONE: tokens done on every rank */
+    uint32_t rank;        /* when status != OK: the first rank that caused it */
+    uint32_t counter;     /* LOAD: the leader's layer-completion counter id */
+    uint64_t generation;  /* LOAD: the leader's generation for that counter */
+} kvt_conn_event;
+
+/* The collective: every rank calls it once per scheduler iteration (queued
+ * nothing is fine). Then the events of this step are read with
+ * kvt_conn_events. KVT_EABORTED (with kvt_group_diagnostic): the group
+ * aborted; this rank's tasks were cancelled and their pins released; the
+ * engine recomputes and may call kvt_conn_reform. */
+kvt_status kvt_conn_step(kvt_conn *conn);
+/* Copies up to max of the pending events, oldest first; *count gets how many. */
+kvt_status kvt_conn_events(kvt_conn *conn, kvt_conn_event *out, uint32_t max,
+                           uint32_t *count);
+/* Re-forms the group under a new epoch (every rank) and clears the state. */
+kvt_status kvt_conn_reform(kvt_conn *conn, int64_t timeout_ms);
 
 #ifdef __cplusplus
 }

@@ -80,5 +80,12 @@ uint32_t kvt__index_count(const kvt_index *idx);     /* entries, READY or PENDIN
 uint32_t kvt__index_capacity(const kvt_index *idx);  /* max_blocks */
 /* Bytes of memory the index holds (entries + hash table), for stats. */
 uint64_t kvt__index_memory_bytes(const kvt_index *idx);
+/* Entries kvt__index_evict could take right now (READY, unpinned, no
+ * children); more become candidates as their children go. */
+uint32_t kvt__index_evictable(const kvt_index *idx);
+/* Verifies every internal invariant (table, parents, child counts, heap
+ * membership and order, free list) in O(entries + slots). For tests and
+ * debugging only: it allocates scratch memory. */
+bool kvt__index_check(const kvt_index *idx);
 
 #endif

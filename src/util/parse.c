@@ -21,20 +21,18 @@ bool kvt__parse_u64(const char *s, uint64_t *out)
     return true;
 }
 
-static bool size_multiplier(const char *suffix, double *mult)
+static bool size_multiplier(const char *suffix, uint64_t *mult)
 {
-    static const struct { const char *name; double mult; } units[] = {
+    static const struct { const char *name; uint64_t mult; } units[] = {
         {"", 1}, {"B", 1},
-        {"K", 1024.0}, {"KiB", 1024.0}, {"KB", 1e3},
-        {"M", 1048576.0}, {"MiB", 1048576.0}, {"MB", 1e6},
-        {"G", 1073741824.0}, {"GiB", 1073741824.0}, {"GB", 1e9},
-        {"T", 1099511627776.0}, {"TiB", 1099511627776.0}, {"TB", 1e12},
+        {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"KB", 1000ull},
+        {"M", 1ull << 20}, {"MiB", 1ull << 20}, {"MB", 1000000ull},
+        {"G", 1ull << 30}, {"GiB", 1ull << 30}, {"GB", 1000000000ull},
+        {"T", 1ull << 40}, {"TiB", 1ull << 40}, {"TB", 1000000000000ull},
     };
     while (*suffix == ' ') suffix++;
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcasecmp(suffix, units[i].name) == 0 &&
-            (strlen(suffix) < 2 || strcmp(suffix, units[i].name) == 0 ||
-             strcasecmp(suffix, units[i].name) == 0)) {
+        if (strcasecmp(suffix, units[i].name) == 0) {
             *mult = units[i].mult;
             return true;
         }
@@ -42,16 +40,39 @@ static bool size_multiplier(const char *suffix, double *mult)
     return false;
 }
 
+/* Digits, an optional '.' and fraction digits, then a unit. The integer
+ * part is exact (no detour through double); the fraction is rounded to the
+ * nearest byte. No signs, exponents, hex or locale-dependent separators. */
 bool kvt__parse_size(const char *s, uint64_t *out)
 {
-    if (!s || !(isdigit((unsigned char)s[0]) || s[0] == '.')) return false;
-    char *end = NULL;
-    double v = strtod(s, &end);
-    double mult;
-    if (end == s || !size_multiplier(end, &mult)) return false;
-    double bytes = v * mult;
-    if (!(bytes >= 0) || bytes >= 18446744073709551615.0) return false;
-    *out = (uint64_t)llround(bytes);
+    if (!s) return false;
+    const char *p = s;
+    uint64_t whole = 0;
+    bool digits = false;
+    for (; isdigit((unsigned char)*p); p++) {
+        unsigned d = (unsigned)(*p - '0');
+        if (whole > (UINT64_MAX - d) / 10) return false;
+        whole = whole * 10 + d;
+        digits = true;
+    }
+    double frac = 0, scale = 1;
+    if (*p == '.') {
+        for (p++; isdigit((unsigned char)*p); p++) {
+            if (scale < 1e18) { /* further digits are below any byte */
+                scale *= 10;
+                frac += (*p - '0') / scale;
+            }
+            digits = true;
+        }
+    }
+    uint64_t mult;
+    if (!digits || !size_multiplier(p, &mult)) return false;
+    if (mult != 0 && whole > UINT64_MAX / mult) return false;
+    uint64_t bytes = whole * mult;
+    /* frac < 1 and mult <= 2^40, so the product is exact enough and small. */
+    uint64_t extra = (uint64_t)llround(frac * (double)mult);
+    if (bytes > UINT64_MAX - extra) return false;
+    *out = bytes + extra;
     return true;
 }
 

@@ -1,0 +1,137 @@
+/* cache.c - creating and destroying a cache, engine memory, stats, errors. */
+#include "cache/cache.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/tasks.h"
+
+/* Records the thread's last error on the cache too, then returns st. */
+kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st)
+{
+    kvt_cache *mc = (kvt_cache *)c;
+    pthread_mutex_lock(&mc->err_mu);
+    snprintf(mc->last_error, sizeof mc->last_error, "%s", kvt_last_error());
+    pthread_mutex_unlock(&mc->err_mu);
+    return st;
+}
+
+const char *kvt_cache_last_error(const kvt_cache *c)
+{
+    return c ? c->last_error : "kvt_cache_last_error: cache is NULL";
+}
+
+static kvt_status check_config(const kvt_config_values *v, const kvt_geometry *g)
+{
+    static const char fn[] = "kvt_cache_create";
+    KVT_CHECK_ARG(v->block_tokens > 0 && v->block_tokens % g->tokens_per_page == 0,
+                  "%s: block_tokens (%u) must be a positive multiple of the geometry's "
+                  "tokens_per_page (%u)", fn, v->block_tokens, g->tokens_per_page);
+    KVT_CHECK_ARG(v->workers >= 1 && v->workers <= 64, "%s: workers is %u (must be 1..64)", fn,
+                  v->workers);
+    KVT_CHECK_ARG(v->max_tasks >= 1, "%s: max_tasks is 0", fn);
+    return KVT_OK;
+}
+
+static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry *geo)
+{
+    kvt_status st = kvt_geometry_validate(geo);
+    if (st) return st;
+    c->cfg = *kvt__config_values(cfg);
+    st = check_config(&c->cfg, geo);
+    if (st) return st;
+    st = kvt_geometry_clone(geo, &c->geo);
+    if (st) return st;
+    c->pages_per_block = c->cfg.block_tokens / geo->tokens_per_page;
+    c->block_bytes = kvt__geo_bytes_per_token(c->geo) * c->cfg.block_tokens;
+    st = kvt__pool_create(&c->pool, c->cfg.cpu_capacity, c->block_bytes, c->cfg.huge_pages);
+    if (st) return st;
+    st = kvt__index_create(&c->index, kvt__pool_blocks_total(c->pool),
+                           (kvt_evict_policy)c->cfg.eviction);
+    if (st) return st;
+    st = kvt__tasks_init(c, c->cfg.max_tasks);
+    if (st) return st;
+    st = kvt__xfer_create(&c->xfer, c->cfg.workers, &kvt__host_copy_ops);
+    if (st) return st;
+    c->stats.cpu_blocks_total = kvt__pool_blocks_total(c->pool);
+    c->stats.block_bytes = c->block_bytes;
+    return KVT_OK;
+}
+
+kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo)
+{
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(out, "kvt_cache_create");
+    KVT_CHECK_NOT_NULL(cfg, "kvt_cache_create");
+    KVT_CHECK_NOT_NULL(geo, "kvt_cache_create");
+    kvt_cache *c = calloc(1, sizeof *c);
+    if (!c) return kvt__fail(KVT_ENOMEM, "kvt_cache_create: out of memory");
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->err_mu, NULL);
+    if (kvt__cond_init(&c->ended_cv) != 0) {
+        free(c);
+        return kvt__fail(KVT_ESYS, "kvt_cache_create: pthread_cond_init failed");
+    }
+    kvt_status st = build(c, cfg, geo);
+    if (st) {
+        kvt_cache_destroy(c);
+        return st;
+    }
+    *out = c;
+    return KVT_OK;
+}
+
+void kvt_cache_destroy(kvt_cache *c)
+{
+    if (!c) return;
+    if (c->tasks) {
+        /* Stop running tasks; xfer_destroy then waits for them and calls
+         * their on_done (which takes c->mu, so it must not be held). */
+        pthread_mutex_lock(&c->mu);
+        for (uint32_t i = 0; i < c->cfg.max_tasks; i++)
+            if (c->tasks[i].state == KVT_TS_RUNNING) kvt__xfer_cancel(c->xfer, &c->tasks[i].xt);
+        pthread_mutex_unlock(&c->mu);
+    }
+    kvt__xfer_destroy(c->xfer);
+    kvt__tasks_fini(c);
+    kvt__index_destroy(c->index);
+    kvt__pool_destroy(c->pool);
+    kvt_geometry_destroy(c->geo);
+    pthread_cond_destroy(&c->ended_cv);
+    pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->err_mu);
+    free(c);
+}
+
+kvt_status kvt_cache_register_memory(kvt_cache *c, const kvt_engine_memory *mem)
+{
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(c, "kvt_cache_register_memory");
+    KVT_CHECK_NOT_NULL(mem, "kvt_cache_register_memory");
+    pthread_mutex_lock(&c->mu);
+    kvt_status st = KVT_OK;
+    if (c->memory_registered)
+        st = kvt__fail(KVT_ESTATE, "kvt_cache_register_memory: engine memory is already "
+                       "registered (allowed once per cache)");
+    else
+        st = kvt__page_map_init(&c->map, c->geo, mem);
+    if (!st) c->memory_registered = true;
+    pthread_mutex_unlock(&c->mu);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
+}
+
+kvt_status kvt_cache_stats_get(kvt_cache *c, kvt_cache_stats *out)
+{
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(c, "kvt_cache_stats_get");
+    KVT_CHECK_NOT_NULL(out, "kvt_cache_stats_get");
+    pthread_mutex_lock(&c->mu);
+    c->stats.cpu_blocks_used = kvt__pool_blocks_total(c->pool) - kvt__pool_blocks_free(c->pool);
+    c->stats.index_blocks = kvt__index_count(c->index);
+    c->stats.index_bytes = kvt__index_memory_bytes(c->index);
+    c->stats.tasks_in_flight = c->in_flight;
+    *out = c->stats;
+    pthread_mutex_unlock(&c->mu);
+    return KVT_OK;
+}

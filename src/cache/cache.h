@@ -1,0 +1,83 @@
+/* cache.h - cache manager internals (the public calls are kvt_cache_* in
+ * kvtier.h). One mutex guards the index, the pool's free list and the task
+ * table; it is taken once per engine call and once per ended task, never per
+ * block. Transfer workers copy without it.
+ *
+ * Task life: FREE -> PLANNED (lookup / prepare_store: blocks pinned or
+ * pending) -> RUNNING (launch: submitted to the transfer engine) -> ENDED
+ * (result kept) -> FREE once the result is reported by wait or poll and no
+ * thread still waits on it. PLANNED tasks expire after plan_ttl_ms. */
+#ifndef KVT_CACHE_CACHE_H
+#define KVT_CACHE_CACHE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "index/index.h"
+#include "kvtier.h"
+#include "layout/layout.h"
+#include "store/pool.h"
+#include "util/config.h"
+#include "util/err.h"
+#include "util/sync.h"
+#include "xfer/xfer.h"
+
+typedef enum kvt_task_state {
+    KVT_TS_FREE = 0,
+    KVT_TS_PLANNED,
+    KVT_TS_RUNNING,
+    KVT_TS_ENDED,
+} kvt_task_state;
+
+typedef struct kvt_task kvt_task;
+struct kvt_task {
+    kvt_task_id id;
+    kvt_task_kind kind;
+    kvt_task_state state;
+    kvt_status result;
+    uint32_t first_token, num_tokens, num_blocks;
+    uint64_t plan_deadline_ns;
+    uint32_t *entries;  /* index entry per block */
+    uint8_t **blocks;   /* pool block address per block */
+    uint32_t *pages;    /* engine pages, num_blocks * pages_per_block */
+    uint32_t refs;      /* threads inside wait_layer on this task */
+    bool reported;      /* result handed out; free when refs reaches 0 */
+    kvt_xfer_task xt;
+    kvt_task *prev, *next; /* planned list, or ended (unreported) list */
+    struct kvt_cache *cache;
+};
+
+typedef struct kvt_task_list {
+    kvt_task *head, *tail;
+} kvt_task_list;
+
+struct kvt_cache {
+    pthread_mutex_t mu;
+    pthread_cond_t ended_cv; /* broadcast when a task ends */
+    kvt_config_values cfg;
+    kvt_geometry *geo;
+    uint32_t pages_per_block;
+    uint64_t block_bytes;
+    kvt_pool *pool;
+    kvt_index *index;
+    kvt_xfer *xfer;
+    bool memory_registered;
+    kvt_page_map map;
+
+    kvt_task *tasks;      /* max_tasks slots */
+    uint32_t *free_slots; /* stack of free slot numbers */
+    uint32_t num_free;
+    uint64_t *slot_gen;   /* per slot: times reused, for unique ids */
+    kvt_task_list planned, ended;
+    uint32_t in_flight;   /* PLANNED + RUNNING */
+
+    kvt_cache_stats stats;
+    pthread_mutex_t err_mu;
+    char last_error[KVT_ERRMSG_MAX];
+};
+
+/* Copies the thread's last error into the cache's message; returns st. */
+kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st);
+
+#endif

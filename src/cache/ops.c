@@ -1,0 +1,487 @@
+/* ops.c - the engine's calls: lookup, prepare_store, launch, wait, cancel,
+ * poll. Each takes the cache mutex once; hashing happens before it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache/cache.h"
+#include "cache/tasks.h"
+#include "util/clock.h"
+
+/* Requests longer than this are refused: 16 M tokens is far beyond any
+ * context window and keeps every size computation inside 32 bits. */
+#define KVT_MAX_REQUEST_TOKENS (1u << 24)
+#define KVT_MAX_NS_LEN 4096u
+
+static kvt_status check_request(const char *fn, const kvt_request *r)
+{
+    KVT_CHECK_NOT_NULL(r, fn);
+    KVT_CHECK_ARG(r->tokens != NULL || r->num_tokens == 0, "%s: req->tokens is NULL but "
+                  "num_tokens is %u", fn, r->num_tokens);
+    KVT_CHECK_ARG(r->num_tokens <= KVT_MAX_REQUEST_TOKENS, "%s: num_tokens is %u (at most %u)",
+                  fn, r->num_tokens, KVT_MAX_REQUEST_TOKENS);
+    KVT_CHECK_ARG(r->ns != NULL || r->ns_len == 0, "%s: req->ns is NULL but ns_len is %u", fn,
+                  r->ns_len);
+    KVT_CHECK_ARG(r->ns_len <= KVT_MAX_NS_LEN, "%s: ns_len is %u (at most %u bytes)", fn,
+                  r->ns_len, KVT_MAX_NS_LEN);
+    return KVT_OK;
+}
+
+/* Per-call scratch: one allocation per request, never per block. */
+typedef struct scratch {
+    kvt_hash128 *hashes;
+    uint32_t *ids, *slots, *evicted;
+} scratch;
+
+static kvt_status scratch_alloc(scratch *s, uint32_t n)
+{
+    size_t bytes = (size_t)n * (sizeof(kvt_hash128) + 3 * sizeof(uint32_t));
+    s->hashes = malloc(bytes ? bytes : 1);
+    if (!s->hashes) return kvt__fail(KVT_ENOMEM, "no memory to hash %u blocks", n);
+    s->ids = (uint32_t *)(s->hashes + n);
+    s->slots = s->ids + n;
+    s->evicted = s->slots + n;
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Ending tasks                                                       */
+
+static void count_end(kvt_cache *c, const kvt_task *t, kvt_status st)
+{
+    if (st == KVT_OK && t->state == KVT_TS_RUNNING) {
+        uint64_t bytes = (uint64_t)t->num_blocks * c->block_bytes;
+        if (t->kind == KVT_TASK_STORE) {
+            c->stats.stores++;
+            c->stats.stored_blocks += t->num_blocks;
+            c->stats.stored_bytes += bytes;
+        } else {
+            c->stats.loads++;
+            c->stats.loaded_blocks += t->num_blocks;
+            c->stats.loaded_bytes += bytes;
+        }
+    } else if (st == KVT_ECANCELED) {
+        c->stats.cancelled_tasks++;
+    } else if (st == KVT_ETIMEDOUT && t->state == KVT_TS_PLANNED) {
+        c->stats.expired_tasks++;
+    } else if (st != KVT_OK) {
+        c->stats.failed_tasks++;
+    }
+}
+
+/* Commits or rolls back the task's index entries, then parks its result on
+ * the ended list for wait or poll. A store that did not succeed leaves no
+ * trace: its pending entries go and their blocks return to the pool. */
+static void finish_task(kvt_cache *c, kvt_task *t, kvt_status st)
+{
+    count_end(c, t, st);
+    if (t->kind == KVT_TASK_STORE && st == KVT_OK) {
+        kvt__index_commit(c->index, t->entries, t->num_blocks);
+    } else if (t->kind == KVT_TASK_STORE) {
+        for (uint32_t i = 0; i < t->num_blocks; i++)
+            kvt__pool_free(c->pool, kvt__index_payload(c->index, t->entries[i]));
+        kvt__index_abort(c->index, t->entries, t->num_blocks);
+    } else {
+        kvt__index_unpin(c->index, t->entries, t->num_blocks);
+    }
+    t->result = st;
+    t->state = KVT_TS_ENDED;
+    c->in_flight--;
+    kvt__list_push(&c->ended, t);
+    pthread_cond_broadcast(&c->ended_cv);
+}
+
+static void on_xfer_done(kvt_xfer_task *xt, kvt_status st)
+{
+    kvt_task *t = xt->user;
+    kvt_cache *c = t->cache;
+    pthread_mutex_lock(&c->mu);
+    finish_task(c, t, st);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Releases planned tasks whose launch never came (an engine that dropped a
+ * request must not pin blocks forever). */
+static void expire_plans(kvt_cache *c)
+{
+    uint64_t now = kvt__now_ns();
+    while (c->planned.head && c->planned.head->plan_deadline_ns <= now) {
+        kvt_task *t = c->planned.head;
+        kvt__list_remove(&c->planned, t);
+        finish_task(c, t, KVT_ETIMEDOUT);
+    }
+}
+
+static void report(kvt_cache *c, kvt_task *t, kvt_task_result *out)
+{
+    kvt_task_result r = {
+        .task = t->id, .kind = t->kind, .status = t->result,
+        .first_token = t->first_token, .num_tokens = t->num_tokens,
+        .bytes = (uint64_t)t->num_blocks * c->block_bytes,
+    };
+    *out = r;
+    kvt__list_remove(&c->ended, t);
+    t->reported = true;
+    if (t->refs == 0) kvt__task_free(c, t);
+}
+
+static void plan(kvt_cache *c, kvt_task *t, uint32_t first_token)
+{
+    t->first_token = first_token;
+    t->num_tokens = t->num_blocks * c->cfg.block_tokens;
+    t->plan_deadline_ns = kvt__now_ns() + (uint64_t)c->cfg.plan_ttl_ms * 1000000ull;
+    kvt__list_push(&c->planned, t);
+}
+
+/* ------------------------------------------------------------------ */
+/* Lookup                                                             */
+
+static kvt_status lookup_locked(kvt_cache *c, const kvt_request *req, scratch *s, uint32_t n,
+                                kvt_match *out)
+{
+    expire_plans(c);
+    uint32_t k = kvt__index_match(c->index, s->hashes, n, s->ids, true);
+    c->stats.lookups++;
+    c->stats.lookup_tokens += req->num_tokens;
+    c->stats.hit_tokens += (uint64_t)k * c->cfg.block_tokens;
+    kvt_match m = {0, 0};
+    if (k > 0) {
+        kvt_task *t = NULL;
+        kvt_status st = kvt__task_new(c, KVT_TASK_LOAD, k, &t);
+        if (st) return st;
+        memcpy(t->entries, s->ids, (size_t)k * sizeof *s->ids);
+        for (uint32_t i = 0; i < k; i++)
+            t->blocks[i] = kvt__pool_block(c->pool, kvt__index_payload(c->index, s->ids[i]));
+        kvt__index_pin(c->index, t->entries, k);
+        plan(c, t, 0);
+        m.task = t->id;
+        m.matched_tokens = t->num_tokens;
+    }
+    *out = m;
+    return KVT_OK;
+}
+
+kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out)
+{
+    static const char fn[] = "kvt_cache_lookup";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL(out, fn);
+    kvt_status st = check_request(fn, req);
+    if (st) return kvt__cache_fail(c, st);
+    /* The last token is always computed by the engine (it yields the next
+     * token's logits), so only blocks ending before it can be loaded. */
+    uint32_t loadable = req->num_tokens ? (req->num_tokens - 1) / c->cfg.block_tokens : 0;
+    scratch s = {0};
+    if ((st = scratch_alloc(&s, loadable))) return kvt__cache_fail(c, st);
+    uint32_t n = kvt__block_hashes(req->tokens, req->num_tokens, c->cfg.block_tokens, req->ns,
+                                   req->ns_len, s.hashes, loadable);
+    pthread_mutex_lock(&c->mu);
+    st = lookup_locked(c, req, &s, n, out);
+    pthread_mutex_unlock(&c->mu);
+    free(s.hashes);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Store planning                                                     */
+
+/* Takes up to want free blocks, evicting cold leaves when the pool is
+ * empty. Returns how many it got (fewer when everything left is pinned). */
+static uint32_t reserve_blocks(kvt_cache *c, uint32_t want, uint32_t *slots, uint32_t *evicted)
+{
+    uint32_t got = 0;
+    while (got < want) {
+        uint32_t slot = kvt__pool_alloc(c->pool);
+        if (slot != KVT_POOL_NONE) {
+            slots[got++] = slot;
+            continue;
+        }
+        uint32_t n = kvt__index_evict(c->index, want - got, evicted);
+        if (n == 0) break;
+        c->stats.evicted_blocks += n;
+        for (uint32_t i = 0; i < n; i++) kvt__pool_free(c->pool, evicted[i]);
+    }
+    return got;
+}
+
+static kvt_status insert_chain(kvt_cache *c, kvt_task *t, uint32_t parent,
+                               const kvt_hash128 *hashes, const uint32_t *slots)
+{
+    for (uint32_t i = 0; i < t->num_blocks; i++) {
+        kvt_status st = kvt__index_insert(c->index, parent, hashes[i], slots[i], &t->entries[i]);
+        if (st) {
+            kvt__index_abort(c->index, t->entries, i);
+            return st;
+        }
+        t->blocks[i] = kvt__pool_block(c->pool, slots[i]);
+        parent = t->entries[i];
+    }
+    return KVT_OK;
+}
+
+static kvt_status prepare_locked(kvt_cache *c, scratch *s, uint32_t n, kvt_store_plan *out)
+{
+    expire_plans(c);
+    kvt_index_stop stop;
+    uint32_t k = kvt__index_probe(c->index, s->hashes, n, s->ids, &stop);
+    kvt_store_plan p = {0, k * c->cfg.block_tokens, 0};
+    /* Blocks another task is storing are not stored twice; nor is what
+     * follows them, so every pending chain has a single owner. */
+    if (stop == KVT_STOP_PENDING || k == n) {
+        *out = p;
+        return KVT_OK;
+    }
+    uint32_t parent = k ? s->ids[k - 1] : KVT_INDEX_NONE;
+    if (k) kvt__index_pin(c->index, &parent, 1); /* keep the prefix through eviction */
+    uint32_t got = reserve_blocks(c, n - k, s->slots, s->evicted);
+    kvt_status st = KVT_OK;
+    kvt_task *t = NULL;
+    if (got > 0) st = kvt__task_new(c, KVT_TASK_STORE, got, &t);
+    if (t && !st) st = insert_chain(c, t, parent, s->hashes + k, s->slots);
+    if (k) kvt__index_unpin(c->index, &parent, 1);
+    if (st || got == 0) {
+        for (uint32_t i = 0; i < got; i++) kvt__pool_free(c->pool, s->slots[i]);
+        if (t) {
+            c->in_flight--;
+            kvt__task_free(c, t);
+        }
+        if (st) return st;
+        *out = p; /* every block is pinned by loads in flight: nothing to store now */
+        return KVT_OK;
+    }
+    plan(c, t, k * c->cfg.block_tokens);
+    p.task = t->id;
+    p.num_tokens = t->num_tokens;
+    *out = p;
+    return KVT_OK;
+}
+
+kvt_status kvt_cache_prepare_store(kvt_cache *c, const kvt_request *req, kvt_store_plan *out)
+{
+    static const char fn[] = "kvt_cache_prepare_store";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL(out, fn);
+    kvt_status st = check_request(fn, req);
+    if (st) return kvt__cache_fail(c, st);
+    uint32_t full = req->num_tokens / c->cfg.block_tokens;
+    scratch s = {0};
+    if ((st = scratch_alloc(&s, full))) return kvt__cache_fail(c, st);
+    uint32_t n = kvt__block_hashes(req->tokens, req->num_tokens, c->cfg.block_tokens, req->ns,
+                                   req->ns_len, s.hashes, full);
+    pthread_mutex_lock(&c->mu);
+    st = prepare_locked(c, &s, n, out);
+    pthread_mutex_unlock(&c->mu);
+    free(s.hashes);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Launch                                                             */
+
+static kvt_status find_task(kvt_cache *c, const char *fn, kvt_task_id id, kvt_task **out)
+{
+    kvt_task *t = kvt__task_find(c, id);
+    if (!t)
+        return kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or its result was already "
+                         "reported", fn, (unsigned long long)id);
+    *out = t;
+    return KVT_OK;
+}
+
+static kvt_status check_pages(kvt_cache *c, const kvt_task *t, const uint32_t *pages,
+                              uint32_t num_pages)
+{
+    static const char fn[] = "kvt_cache_launch";
+    uint32_t first = t->first_token / c->geo->tokens_per_page;
+    uint32_t end = first + t->num_blocks * c->pages_per_block;
+    KVT_CHECK_ARG(pages != NULL, "%s: pages is NULL", fn);
+    KVT_CHECK_ARG(num_pages >= end, "%s: task %llu moves tokens [%u, %u), which needs pages[0..%u) "
+                  "but num_pages is %u", fn, (unsigned long long)t->id, t->first_token,
+                  t->first_token + t->num_tokens, end, num_pages);
+    for (uint32_t i = first; i < end; i++)
+        KVT_CHECK_ARG(pages[i] < c->map.num_pages, "%s: pages[%u] is %u but the engine "
+                      "registered %u pages", fn, i, pages[i], c->map.num_pages);
+    return KVT_OK;
+}
+
+static kvt_status launch_locked(kvt_cache *c, kvt_task_id id, const uint32_t *pages,
+                                uint32_t num_pages)
+{
+    static const char fn[] = "kvt_cache_launch";
+    expire_plans(c);
+    kvt_task *t = NULL;
+    kvt_status st = find_task(c, fn, id, &t);
+    if (st) return st;
+    if (t->state != KVT_TS_PLANNED)
+        return kvt__fail(KVT_ESTATE, "%s: task %llu was already launched", fn,
+                         (unsigned long long)id);
+    if (!c->memory_registered)
+        return kvt__fail(KVT_ESTATE, "%s: no engine memory registered (call "
+                         "kvt_cache_register_memory first)", fn);
+    if ((st = check_pages(c, t, pages, num_pages))) return st;
+    uint32_t first = t->first_token / c->geo->tokens_per_page;
+    memcpy(t->pages, pages + first, (size_t)t->num_blocks * c->pages_per_block * sizeof *pages);
+    memset(&t->xt, 0, sizeof t->xt);
+    t->xt.dir = t->kind == KVT_TASK_STORE ? KVT_XFER_GATHER : KVT_XFER_SCATTER;
+    t->xt.geo = c->geo;
+    t->xt.map = &c->map;
+    t->xt.block_tokens = c->cfg.block_tokens;
+    t->xt.num_blocks = t->num_blocks;
+    t->xt.blocks = t->blocks;
+    t->xt.pages = t->pages;
+    t->xt.on_done = on_xfer_done;
+    t->xt.user = t;
+    kvt__list_remove(&c->planned, t);
+    t->state = KVT_TS_RUNNING;
+    st = kvt__xfer_submit(c->xfer, &t->xt);
+    if (st) finish_task(c, t, st);
+    return st;
+}
+
+kvt_status kvt_cache_launch(kvt_cache *c, kvt_task_id id, const uint32_t *pages,
+                            uint32_t num_pages)
+{
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(c, "kvt_cache_launch");
+    pthread_mutex_lock(&c->mu);
+    kvt_status st = launch_locked(c, id, pages, num_pages);
+    pthread_mutex_unlock(&c->mu);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Waiting, cancelling, polling                                       */
+
+static void unref(kvt_cache *c, kvt_task *t)
+{
+    if (--t->refs == 0 && t->reported) kvt__task_free(c, t);
+}
+
+static kvt_status wait_locked(kvt_cache *c, kvt_task_id id, int64_t timeout_ms,
+                              kvt_task_result *out)
+{
+    static const char fn[] = "kvt_cache_wait";
+    expire_plans(c);
+    kvt_task *t = NULL;
+    kvt_status st = find_task(c, fn, id, &t);
+    if (st) return st;
+    if (t->state == KVT_TS_PLANNED)
+        return kvt__fail(KVT_ESTATE, "%s: task %llu was never launched (launch or cancel it)",
+                         fn, (unsigned long long)id);
+    uint64_t deadline = kvt__deadline_ns(timeout_ms);
+    t->refs++; /* keeps the slot ours while the mutex is released */
+    while (t->state == KVT_TS_RUNNING && !t->reported)
+        if (!kvt__cond_wait_until(&c->ended_cv, &c->mu, deadline)) break;
+    if (t->reported) st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu was reported to another "
+                                    "caller meanwhile", fn, (unsigned long long)id);
+    else if (t->state != KVT_TS_ENDED)
+        st = kvt__fail(KVT_ETIMEDOUT, "%s: task %llu still running after %lld ms", fn,
+                       (unsigned long long)id, (long long)timeout_ms);
+    else
+        report(c, t, out);
+    unref(c, t);
+    return st;
+}
+
+kvt_status kvt_cache_wait(kvt_cache *c, kvt_task_id id, int64_t timeout_ms, kvt_task_result *out)
+{
+    static const char fn[] = "kvt_cache_wait";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL(out, fn);
+    KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline (use 0 "
+                  "to poll)", fn, (long long)timeout_ms);
+    pthread_mutex_lock(&c->mu);
+    kvt_status st = wait_locked(c, id, timeout_ms, out);
+    pthread_mutex_unlock(&c->mu);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
+}
+
+kvt_status kvt_cache_try_wait(kvt_cache *c, kvt_task_id id, kvt_task_result *out)
+{
+    kvt_status st = kvt_cache_wait(c, id, 0, out);
+    if (st != KVT_ETIMEDOUT) return st;
+    kvt__fail(KVT_EAGAIN, "kvt_cache_try_wait: task %llu is still running", (unsigned long long)id);
+    return kvt__cache_fail(c, KVT_EAGAIN);
+}
+
+static kvt_status wait_layer_locked(kvt_cache *c, kvt_task_id id, uint32_t layer,
+                                    int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_cache_wait_layer";
+    kvt_task *t = NULL;
+    kvt_status st = find_task(c, fn, id, &t);
+    if (st) return st;
+    if (t->kind != KVT_TASK_LOAD)
+        return kvt__fail(KVT_EINVAL, "%s: task %llu is a store; only loads have layers", fn,
+                         (unsigned long long)id);
+    if (layer >= c->geo->num_layers)
+        return kvt__fail(KVT_EINVAL, "%s: layer %u is out of range (%u layers)", fn, layer,
+                         c->geo->num_layers);
+    if (t->state == KVT_TS_PLANNED)
+        return kvt__fail(KVT_ESTATE, "%s: task %llu was never launched", fn, (unsigned long long)id);
+    if (t->state == KVT_TS_ENDED) {
+        if (t->result == KVT_OK) return KVT_OK;
+        return kvt__fail(t->result, "%s: task %llu ended with %s", fn, (unsigned long long)id,
+                         kvt_status_name(t->result));
+    }
+    t->refs++;
+    pthread_mutex_unlock(&c->mu);
+    st = kvt__xfer_wait_layer(c->xfer, &t->xt, layer, kvt__deadline_ns(timeout_ms));
+    pthread_mutex_lock(&c->mu);
+    unref(c, t);
+    if (st == KVT_ETIMEDOUT)
+        return kvt__fail(st, "%s: layer %u of task %llu not loaded after %lld ms", fn, layer,
+                         (unsigned long long)id, (long long)timeout_ms);
+    if (st)
+        return kvt__fail(st, "%s: task %llu ended with %s", fn, (unsigned long long)id,
+                         kvt_status_name(st));
+    return KVT_OK;
+}
+
+kvt_status kvt_cache_wait_layer(kvt_cache *c, kvt_task_id id, uint32_t layer, int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_cache_wait_layer";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
+                  (long long)timeout_ms);
+    pthread_mutex_lock(&c->mu);
+    kvt_status st = wait_layer_locked(c, id, layer, timeout_ms);
+    pthread_mutex_unlock(&c->mu);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
+}
+
+kvt_status kvt_cache_cancel(kvt_cache *c, kvt_task_id id)
+{
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(c, "kvt_cache_cancel");
+    pthread_mutex_lock(&c->mu);
+    kvt_task *t = NULL;
+    kvt_status st = find_task(c, "kvt_cache_cancel", id, &t);
+    if (!st && t->state == KVT_TS_PLANNED) {
+        kvt__list_remove(&c->planned, t);
+        finish_task(c, t, KVT_ECANCELED);
+    } else if (!st && t->state == KVT_TS_RUNNING) {
+        kvt__xfer_cancel(c->xfer, &t->xt);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
+}
+
+kvt_status kvt_cache_poll(kvt_cache *c, kvt_task_result *out, uint32_t max, uint32_t *count)
+{
+    static const char fn[] = "kvt_cache_poll";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL(count, fn);
+    KVT_CHECK_ARG(out != NULL || max == 0, "%s: out is NULL but max is %u", fn, max);
+    pthread_mutex_lock(&c->mu);
+    expire_plans(c);
+    uint32_t n = 0;
+    while (n < max && c->ended.head) report(c, c->ended.head, &out[n++]);
+    pthread_mutex_unlock(&c->mu);
+    *count = n;
+    return KVT_OK;
+}

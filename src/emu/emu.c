@@ -1,0 +1,281 @@
+/* emu.c - the emulated engine: paged KV in host memory whose content is a
+ * pure function of (namespace, token prefix, layer, component, global head).
+ *
+ * Each token t gets a prefix key p_t that commits to the namespace and to
+ * tokens[0..t]; the bytes of head h in (layer, comp) are a splitmix64 stream
+ * seeded from (p_t, layer, comp, first_head + h). A block stored under the
+ * wrong prefix, a wrong layer, a swapped K/V or a shifted head all verify as
+ * mismatches. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "layout/layout.h"
+#include "util/err.h"
+#include "util/hash.h"
+
+struct kvt_emu {
+    kvt_geometry *geo;
+    uint32_t num_pages;
+    uint32_t first_head;
+    kvt_page_map map;
+    void *bufs[KVT_MAX_LAYERS * KVT_MAX_COMPONENTS]; /* layer-first buffers */
+    void *page_buf;                                  /* page-first buffer */
+    void *layer_bases[KVT_MAX_LAYERS * KVT_MAX_COMPONENTS];
+};
+
+static inline uint64_t mix64(uint64_t x)
+{
+    uint64_t s = x;
+    return kvt__splitmix64(&s);
+}
+
+static uint64_t prefix_root(const kvt_request *req)
+{
+    return kvt__hash64(req->ns, req->ns ? req->ns_len : 0, 0x656d75ull);
+}
+
+static inline uint64_t prefix_next(uint64_t p, uint32_t token)
+{
+    return mix64(p ^ ((uint64_t)token * 0xff51afd7ed558ccdull + 0x1234567ull));
+}
+
+/* Writes the bytes of one token's (layer, comp) for prefix key p. */
+static void token_bytes(const kvt_emu *e, uint64_t p, uint32_t layer, uint32_t comp,
+                        uint8_t *out)
+{
+    const kvt_component_spec *cs = &e->geo->layers[layer].component[comp];
+    size_t head_bytes = (size_t)cs->head_dim * cs->elem_size;
+    for (uint32_t h = 0; h < cs->kv_heads; h++) {
+        uint64_t head = e->first_head + h;
+        uint64_t st = mix64(p ^ mix64(((uint64_t)layer << 40) ^ ((uint64_t)comp << 32) ^ head));
+        uint8_t *dst = out + h * head_bytes;
+        size_t i = 0;
+        for (; i + 8 <= head_bytes; i += 8) {
+            uint64_t v = kvt__splitmix64(&st);
+            memcpy(dst + i, &v, 8);
+        }
+        if (i < head_bytes) {
+            uint64_t v = kvt__splitmix64(&st);
+            memcpy(dst + i, &v, head_bytes - i);
+        }
+    }
+}
+
+void kvt_emu_destroy(kvt_emu *e)
+{
+    if (!e) return;
+    for (size_t i = 0; i < KVT_MAX_LAYERS * KVT_MAX_COMPONENTS; i++) free(e->bufs[i]);
+    free(e->page_buf);
+    kvt_geometry_destroy(e->geo);
+    free(e);
+}
+
+static kvt_status alloc_buffers(kvt_emu *e)
+{
+    const kvt_geometry *g = e->geo;
+    if (g->layout == KVT_LAYOUT_PAGE_FIRST) {
+        uint64_t bytes = kvt__geo_bytes_per_token(g) * g->tokens_per_page * e->num_pages;
+        e->page_buf = calloc(1, bytes);
+        if (!e->page_buf) return kvt__fail(KVT_ENOMEM, "kvt_emu_create: %llu bytes", (unsigned long long)bytes);
+        return KVT_OK;
+    }
+    for (uint32_t l = 0; l < g->num_layers; l++) {
+        for (uint32_t c = 0; c < kvt__geo_ncomp(g, l); c++) {
+            uint64_t bytes = kvt__geo_token_bytes(g, l, c) * g->tokens_per_page * e->num_pages;
+            uint32_t u = KVT_UNIT(l, c);
+            e->bufs[u] = calloc(1, bytes);
+            if (!e->bufs[u])
+                return kvt__fail(KVT_ENOMEM, "kvt_emu_create: %llu bytes for layer %u", (unsigned long long)bytes, l);
+            e->layer_bases[u] = e->bufs[u];
+        }
+    }
+    return KVT_OK;
+}
+
+kvt_status kvt_emu_create(kvt_emu **out, const kvt_geometry *geo, uint32_t num_pages)
+{
+    KVT_CHECK_NOT_NULL(out, "kvt_emu_create");
+    KVT_CHECK_NOT_NULL(geo, "kvt_emu_create");
+    KVT_CHECK_ARG(num_pages > 0 && num_pages <= (1u << 24),
+                  "kvt_emu_create: num_pages is %u (must be 1..16777216)", num_pages);
+    kvt_status st = kvt_geometry_validate(geo);
+    if (st) return st;
+    kvt_emu *e = calloc(1, sizeof *e);
+    if (!e) return kvt__fail(KVT_ENOMEM, "kvt_emu_create: out of memory");
+    e->num_pages = num_pages;
+    st = kvt_geometry_clone(geo, &e->geo);
+    if (!st) st = alloc_buffers(e);
+    kvt_engine_memory mem;
+    if (!st) st = kvt_emu_memory(e, &mem);
+    if (!st) st = kvt__page_map_init(&e->map, e->geo, &mem);
+    if (st) {
+        kvt_emu_destroy(e);
+        return st;
+    }
+    *out = e;
+    return KVT_OK;
+}
+
+kvt_status kvt_emu_set_first_head(kvt_emu *e, uint32_t first_head)
+{
+    KVT_CHECK_NOT_NULL(e, "kvt_emu_set_first_head");
+    e->first_head = first_head;
+    return KVT_OK;
+}
+
+kvt_status kvt_emu_memory(kvt_emu *e, kvt_engine_memory *out)
+{
+    KVT_CHECK_NOT_NULL(e, "kvt_emu_memory");
+    KVT_CHECK_NOT_NULL(out, "kvt_emu_memory");
+    kvt_engine_memory m = {.num_pages = e->num_pages, .base = e->page_buf,
+                           .layer_bases = e->page_buf ? NULL : e->layer_bases};
+    *out = m;
+    return KVT_OK;
+}
+
+static kvt_status check_range(const kvt_emu *e, const char *fn, const kvt_request *req,
+                              uint32_t first, uint32_t count, const uint32_t *pages,
+                              uint32_t num_pages)
+{
+    KVT_CHECK_NOT_NULL(req, fn);
+    KVT_CHECK_ARG(req->tokens != NULL || req->num_tokens == 0, "%s: req->tokens is NULL", fn);
+    KVT_CHECK_ARG(req->ns != NULL || req->ns_len == 0, "%s: req->ns is NULL but ns_len is %u", fn,
+                  req->ns_len);
+    KVT_CHECK_ARG(first <= req->num_tokens && count <= req->num_tokens - first,
+                  "%s: tokens [%u, %u) are outside the request's %u tokens", fn, first,
+                  first + count, req->num_tokens);
+    if (count == 0) return KVT_OK;
+    KVT_CHECK_NOT_NULL(pages, fn);
+    uint32_t tpp = e->geo->tokens_per_page;
+    uint32_t need = (first + count + tpp - 1) / tpp;
+    KVT_CHECK_ARG(num_pages >= need, "%s: %u pages cover %u tokens, need %u pages for token %u", fn,
+                  num_pages, num_pages * tpp, need, first + count - 1);
+    for (uint32_t i = first / tpp; i < need; i++)
+        KVT_CHECK_ARG(pages[i] < e->num_pages, "%s: pages[%u] is %u, engine has %u pages", fn, i,
+                      pages[i], e->num_pages);
+    return KVT_OK;
+}
+
+/* Calls fn(e, t, layer, comp, engine address, p_t, arg) for every token of
+ * [first, first+count) and every unit; stops early when fn returns false. */
+typedef bool (*unit_fn)(const kvt_emu *e, uint32_t t, uint32_t l, uint32_t c, uint8_t *addr,
+                        uint64_t p, void *arg);
+
+static void for_each_unit(const kvt_emu *e, const kvt_request *req, uint32_t first,
+                          uint32_t count, const uint32_t *pages, unit_fn fn, void *arg)
+{
+    const kvt_geometry *g = e->geo;
+    uint64_t p = prefix_root(req);
+    for (uint32_t t = 0; t < first; t++) p = prefix_next(p, req->tokens[t]);
+    for (uint32_t t = first; t < first + count; t++) {
+        p = prefix_next(p, req->tokens[t]);
+        uint32_t page = pages[t / g->tokens_per_page], slot = t % g->tokens_per_page;
+        for (uint32_t l = 0; l < g->num_layers; l++) {
+            for (uint32_t c = 0; c < kvt__geo_ncomp(g, l); c++) {
+                uint8_t *addr = kvt__page_addr(&e->map, KVT_UNIT(l, c), page) +
+                                slot * kvt__geo_token_bytes(g, l, c);
+                fn(e, t, l, c, addr, p, arg);
+            }
+        }
+    }
+}
+
+static bool fill_unit(const kvt_emu *e, uint32_t t, uint32_t l, uint32_t c, uint8_t *addr,
+                      uint64_t p, void *arg)
+{
+    (void)t; (void)arg;
+    token_bytes(e, p, l, c, addr);
+    return true;
+}
+
+kvt_status kvt_emu_fill(kvt_emu *e, const kvt_request *req, uint32_t first, uint32_t count,
+                        const uint32_t *pages, uint32_t num_pages)
+{
+    KVT_CHECK_NOT_NULL(e, "kvt_emu_fill");
+    kvt_status st = check_range(e, "kvt_emu_fill", req, first, count, pages, num_pages);
+    if (st || count == 0) return st;
+    for_each_unit(e, req, first, count, pages, fill_unit, NULL);
+    return KVT_OK;
+}
+
+struct verify_ctx {
+    kvt_verify_result r;
+    uint8_t scratch[1 << 16];
+};
+
+static bool verify_unit(const kvt_emu *e, uint32_t t, uint32_t l, uint32_t c, uint8_t *addr,
+                        uint64_t p, void *arg)
+{
+    struct verify_ctx *v = arg;
+    uint64_t n = kvt__geo_token_bytes(e->geo, l, c);
+    token_bytes(e, p, l, c, v->scratch);
+    v->r.bytes_checked += n;
+    if (memcmp(addr, v->scratch, n) == 0) return true;
+    for (uint64_t i = 0; i < n; i++) {
+        if (addr[i] == v->scratch[i]) continue;
+        if (v->r.mismatches == 0) {
+            v->r.first_bad_token = t;
+            v->r.first_bad_layer = l;
+        }
+        v->r.mismatches++;
+    }
+    return true;
+}
+
+kvt_status kvt_emu_verify(const kvt_emu *e, const kvt_request *req, uint32_t first,
+                          uint32_t count, const uint32_t *pages, uint32_t num_pages,
+                          kvt_verify_result *out)
+{
+    KVT_CHECK_NOT_NULL(e, "kvt_emu_verify");
+    KVT_CHECK_NOT_NULL(out, "kvt_emu_verify");
+    kvt_status st = check_range(e, "kvt_emu_verify", req, first, count, pages, num_pages);
+    if (st) return st;
+    for (uint32_t l = 0; l < e->geo->num_layers; l++)
+        for (uint32_t c = 0; c < kvt__geo_ncomp(e->geo, l); c++)
+            KVT_CHECK_ARG(kvt__geo_token_bytes(e->geo, l, c) <= sizeof ((struct verify_ctx *)0)->scratch,
+                          "kvt_emu_verify: layer %u holds more than 64 KiB per token", l);
+    struct verify_ctx *v = calloc(1, sizeof *v);
+    if (!v) return kvt__fail(KVT_ENOMEM, "kvt_emu_verify: out of memory");
+    if (count) for_each_unit(e, req, first, count, pages, verify_unit, v);
+    *out = v->r;
+    free(v);
+    return KVT_OK;
+}
+
+kvt_status kvt_emu_token_kv(const kvt_emu *e, const kvt_request *req, uint32_t token,
+                            uint32_t layer, uint32_t comp, void *out, size_t len)
+{
+    static const char fn[] = "kvt_emu_token_kv";
+    KVT_CHECK_NOT_NULL(e, fn);
+    KVT_CHECK_NOT_NULL(req, fn);
+    KVT_CHECK_NOT_NULL(out, fn);
+    KVT_CHECK_ARG(req->tokens != NULL && token < req->num_tokens,
+                  "%s: token %u is outside the request's %u tokens", fn, token, req->num_tokens);
+    KVT_CHECK_ARG(layer < e->geo->num_layers, "%s: layer %u is out of range (%u layers)", fn, layer,
+                  e->geo->num_layers);
+    KVT_CHECK_ARG(comp < kvt__geo_ncomp(e->geo, layer), "%s: layer %u has no component %u", fn,
+                  layer, comp);
+    uint64_t n = kvt__geo_token_bytes(e->geo, layer, comp);
+    KVT_CHECK_ARG(len == n, "%s: len is %zu, layer %u component %u holds %llu bytes per token", fn,
+                  len, layer, comp, (unsigned long long)n);
+    uint64_t p = prefix_root(req);
+    for (uint32_t t = 0; t <= token; t++) p = prefix_next(p, req->tokens[t]);
+    token_bytes(e, p, layer, comp, out);
+    return KVT_OK;
+}
+
+kvt_status kvt_emu_poison(kvt_emu *e, const uint32_t *pages, uint32_t num_pages)
+{
+    KVT_CHECK_NOT_NULL(e, "kvt_emu_poison");
+    KVT_CHECK_ARG(pages != NULL || num_pages == 0, "kvt_emu_poison: pages is NULL");
+    const kvt_geometry *g = e->geo;
+    for (uint32_t i = 0; i < num_pages; i++) {
+        KVT_CHECK_ARG(pages[i] < e->num_pages, "kvt_emu_poison: pages[%u] is %u, engine has %u pages",
+                      i, pages[i], e->num_pages);
+        for (uint32_t l = 0; l < g->num_layers; l++)
+            for (uint32_t c = 0; c < kvt__geo_ncomp(g, l); c++)
+                memset(kvt__page_addr(&e->map, KVT_UNIT(l, c), pages[i]), 0xA5,
+                       kvt__geo_token_bytes(g, l, c) * g->tokens_per_page);
+    }
+    return KVT_OK;
+}

@@ -1,0 +1,203 @@
+/* group.c - rank group lifetime, framed exchange and abort. The state
+ * machine (docs/protocol.md): FORMING -> READY -> ABORTED -> (reform)
+ * FORMING. Every receive has a deadline; every failure of a receive ends
+ * the epoch for the whole group (a stream with one lost or extra frame
+ * cannot be trusted again, so it is never resynchronised). */
+#include "group/group.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "util/clock.h"
+#include "util/hash.h"
+
+static const char *role_name(kvt_group_role r)
+{
+    return r == KVT_ROLE_SYNC_LEADER ? "sync leader"
+         : r == KVT_ROLE_STAGE_LEADER ? "stage leader" : "member";
+}
+
+const char *kvt__rank_str(const kvt_group *g, uint32_t rank, char *buf, size_t cap)
+{
+    uint32_t tp = g->p.tp, cp = g->p.cp;
+    snprintf(buf, cap, "rank %u (pp%u cp%u tp%u)", rank, rank / (cp * tp), rank / tp % cp,
+             rank % tp);
+    return buf;
+}
+
+static uint64_t *seq_slot(uint64_t *tab, uint32_t peer, uint32_t ch)
+{
+    return &tab[(size_t)peer * KVT_CH_COUNT + ch];
+}
+
+kvt_status kvt__group_send(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op,
+                           const void *payload, size_t len, uint64_t deadline_ns)
+{
+    uint8_t hdr[KVT_FRAME_HDR];
+    uint64_t *seq = seq_slot(g->tx_seq, peer, ch);
+    kvt_frame f = {.version = g->proto_version, .op = (uint16_t)op, .epoch = g->epoch,
+                   .seq = *seq, .channel = ch, .sender = g->rank, .receiver = peer,
+                   .len = (uint32_t)len};
+    kvt__frame_encode(hdr, &f, payload);
+    (*seq)++;
+    return kvt__net_send(g->net, peer, hdr, sizeof hdr, payload, len, deadline_ns);
+}
+
+/* Tells the others, best effort by one shared deadline T. */
+static void notify(kvt_group *g, uint32_t except, uint32_t origin, const char *text)
+{
+    uint8_t note[4 + KVT_NOTE_TEXT_MAX];
+    size_t n = kvt__note_encode(note, sizeof note, origin, text);
+    uint64_t dl = kvt__deadline_ns(g->p.timeout_ms);
+    if (!kvt__group_is_leader(g)) {
+        if (except != 0) (void)kvt__group_send(g, 0, KVT_CH_CONTROL, KVT_OP_ABORT, note, n, dl);
+        return;
+    }
+    for (uint32_t r = 1; r < g->ranks; r++)
+        if (r != except) (void)kvt__group_send(g, r, KVT_CH_CONTROL, KVT_OP_ABORT, note, n, dl);
+}
+
+static kvt_status abort_with(kvt_group *g, uint32_t except, uint32_t origin, const char *text)
+{
+    if (!g->aborted) {
+        g->aborted = true;
+        snprintf(g->diag, sizeof g->diag, "%s", text);
+        notify(g, except, origin, text);
+    }
+    return kvt__fail(KVT_EABORTED, "%s", g->diag);
+}
+
+kvt_status kvt__group_abortf(kvt_group *g, uint32_t except, const char *fmt, ...)
+{
+    char text[KVT_ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    return abort_with(g, except, g->rank, text);
+}
+
+static kvt_status remote_abort(kvt_group *g, const kvt_frame *f)
+{
+    uint32_t origin = 0;
+    char text[KVT_NOTE_TEXT_MAX + 1];
+    if (kvt__note_decode(f->payload, f->len, &origin, text, sizeof text) != KVT_OK)
+        snprintf(text, sizeof text, "(unreadable reason)");
+    char full[KVT_ERRMSG_MAX];
+    snprintf(full, sizeof full, "group aborted by rank %u (epoch %llu): %s", origin,
+             (unsigned long long)g->epoch, text);
+    /* The leader relays to everyone else; the origin already knows. */
+    return abort_with(g, f->sender, origin, strncmp(text, "group aborted", 13) ? full : text);
+}
+
+/* Names what was expected from whom, for every receive-side diagnostic. */
+static int expect_str(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op, char *buf,
+                      size_t cap)
+{
+    char me[48], them[48];
+    return snprintf(buf, cap, "epoch %llu: %s, %s, from %s on channel %s: expected seq %llu op %s",
+                    (unsigned long long)g->epoch, kvt__rank_str(g, g->rank, me, sizeof me),
+                    role_name(g->role), kvt__rank_str(g, peer, them, sizeof them),
+                    kvt__channel_name(ch), (unsigned long long)*seq_slot(g->rx_seq, peer, ch),
+                    kvt__op_name(op));
+}
+
+static kvt_status recv_failed(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op,
+                              kvt_status st)
+{
+    char exp[256];
+    expect_str(g, peer, ch, op, exp, sizeof exp);
+    if (st == KVT_ETIMEDOUT)
+        return kvt__group_abortf(g, UINT32_MAX, "%s, received nothing within the deadline (%lld ms)",
+                                 exp, (long long)g->p.timeout_ms);
+    if (st == KVT_ECONN)
+        return kvt__group_abortf(g, peer, "%s, lost the rank: %s", exp, kvt_last_error());
+    return kvt__group_abortf(g, UINT32_MAX, "%s, received an invalid frame: %s", exp,
+                             kvt_last_error());
+}
+
+static kvt_status check_frame(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op,
+                              const kvt_frame *f)
+{
+    uint64_t want = *seq_slot(g->rx_seq, peer, ch);
+    if (f->epoch == g->epoch && f->sender == peer && f->receiver == g->rank &&
+        f->channel == ch && f->seq == want && f->op == op)
+        return KVT_OK;
+    char exp[256];
+    expect_str(g, peer, ch, op, exp, sizeof exp);
+    return kvt__group_abortf(g, UINT32_MAX, "%s, received seq %llu op %s on channel %s "
+                             "(epoch %llu, sender %u, receiver %u)", exp,
+                             (unsigned long long)f->seq, kvt__op_name(f->op),
+                             kvt__channel_name(f->channel), (unsigned long long)f->epoch,
+                             f->sender, f->receiver);
+}
+
+kvt_status kvt__group_recv(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op,
+                           uint64_t deadline_ns, kvt_frame *f)
+{
+    if (g->aborted) return kvt__fail(KVT_EABORTED, "%s", g->diag);
+    for (;;) {
+        kvt_status st = kvt__net_recv(g->net, peer, &g->rx, deadline_ns);
+        if (st == KVT_OK) st = kvt__frame_decode(g->rx.p, g->rx.len, g->proto_version, f);
+        if (st != KVT_OK) return recv_failed(g, peer, ch, op, st);
+        if (f->epoch < g->epoch) continue; /* left over from an aborted epoch */
+        if (f->op == KVT_OP_ABORT && f->channel == KVT_CH_CONTROL && f->epoch == g->epoch)
+            return remote_abort(g, f);
+        st = check_frame(g, peer, ch, op, f);
+        if (st != KVT_OK) return st;
+        (*seq_slot(g->rx_seq, peer, ch))++;
+        return KVT_OK;
+    }
+}
+
+kvt_status kvt__group_step_member(kvt_group *g, const void *up, size_t up_len,
+                                  const uint8_t **down, size_t *down_len)
+{
+    if (g->aborted) return kvt__fail(KVT_EABORTED, "%s", g->diag);
+    kvt_status st = kvt__group_send(g, 0, KVT_CH_STEP, KVT_OP_STEP_UP, up, up_len,
+                                    kvt__deadline_ns(g->p.timeout_ms));
+    if (st != KVT_OK)
+        return kvt__group_abortf(g, 0, "epoch %llu: rank %u could not send step %llu to the "
+                                 "sync leader: %s", (unsigned long long)g->epoch, g->rank,
+                                 (unsigned long long)g->steps, kvt_last_error());
+    kvt_frame f;
+    st = kvt__group_recv(g, 0, KVT_CH_STEP, KVT_OP_STEP_DOWN,
+                         kvt__deadline_ns(2 * g->p.timeout_ms), &f);
+    if (st != KVT_OK) return st;
+    g->steps++;
+    *down = f.payload;
+    *down_len = f.len;
+    return KVT_OK;
+}
+
+kvt_status kvt__group_gather(kvt_group *g)
+{
+    if (g->aborted) return kvt__fail(KVT_EABORTED, "%s", g->diag);
+    uint64_t dl = kvt__deadline_ns(g->p.timeout_ms);
+    for (uint32_t r = 1; r < g->ranks; r++) {
+        kvt_frame f;
+        kvt_status st = kvt__group_recv(g, r, KVT_CH_STEP, KVT_OP_STEP_UP, dl, &f);
+        if (st == KVT_OK) st = kvt__buf_reserve(&g->ups[r], f.len ? f.len : 1);
+        if (st != KVT_OK) return g->aborted ? st : kvt__group_abortf(g, UINT32_MAX, "%s",
+                                                                     kvt_last_error());
+        memcpy(g->ups[r].p, f.payload, f.len);
+        g->ups[r].len = f.len;
+    }
+    return KVT_OK;
+}
+
+kvt_status kvt__group_bcast(kvt_group *g, const void *down, size_t len)
+{
+    if (g->aborted) return kvt__fail(KVT_EABORTED, "%s", g->diag);
+    uint64_t dl = kvt__deadline_ns(g->p.timeout_ms);
+    for (uint32_t r = 1; r < g->ranks; r++) {
+        kvt_status st = kvt__group_send(g, r, KVT_CH_STEP, KVT_OP_STEP_DOWN, down, len, dl);
+        if (st != KVT_OK)
+            return kvt__group_abortf(g, r, "epoch %llu: the sync leader could not send step "
+                                     "%llu to rank %u: %s", (unsigned long long)g->epoch,
+                                     (unsigned long long)g->steps, r, kvt_last_error());
+    }
+    g->steps++;
+    return KVT_OK;
+}

@@ -1,0 +1,161 @@
+/* group_api.c - the public kvt_group_* entry points: argument checks,
+ * lifetime, abort, reform, info; and kvt_config_digest. */
+#include <stdlib.h>
+#include <string.h>
+#include "group/group.h"
+#include "util/hash.h"
+
+static kvt_status check_params(const kvt_net *net, const kvt_group_params *p, const char *fn)
+{
+    KVT_CHECK_ARG(p->pp >= 1 && p->cp >= 1 && p->tp >= 1, "%s: pp %u, cp %u, tp %u must all "
+                  "be >= 1", fn, p->pp, p->cp, p->tp);
+    uint64_t n = (uint64_t)p->pp * p->cp * p->tp;
+    KVT_CHECK_ARG(n == net->ranks, "%s: pp %u x cp %u x tp %u = %llu ranks, the net has %u",
+                  fn, p->pp, p->cp, p->tp, (unsigned long long)n, net->ranks);
+    KVT_CHECK_ARG(p->timeout_ms >= 1 && p->timeout_ms <= 600000,
+                  "%s: timeout_ms %lld is outside 1..600000", fn, (long long)p->timeout_ms);
+    return KVT_OK;
+}
+
+static kvt_group *group_alloc(kvt_net *net)
+{
+    kvt_group *g = calloc(1, sizeof *g);
+    if (!g) return NULL;
+    size_t n = (size_t)net->ranks * KVT_CH_COUNT;
+    g->tx_seq = calloc(n, sizeof *g->tx_seq);
+    g->rx_seq = calloc(n, sizeof *g->rx_seq);
+    g->ups = net->rank == 0 ? calloc(net->ranks, sizeof *g->ups) : NULL;
+    if (!g->tx_seq || !g->rx_seq || (net->rank == 0 && !g->ups)) {
+        kvt_group_destroy(g);
+        return NULL;
+    }
+    return g;
+}
+
+static void place(kvt_group *g)
+{
+    uint32_t tp = g->p.tp, cp = g->p.cp;
+    g->pp_rank = g->rank / (cp * tp);
+    g->cp_rank = g->rank / tp % cp;
+    g->tp_rank = g->rank % tp;
+    g->role = g->rank == 0 ? KVT_ROLE_SYNC_LEADER
+            : (g->cp_rank == 0 && g->tp_rank == 0) ? KVT_ROLE_STAGE_LEADER : KVT_ROLE_MEMBER;
+}
+
+kvt_status kvt__group_create_ex(kvt_group **out, kvt_net *net, const kvt_group_params *p,
+                                const kvt_group_overrides *ov)
+{
+    static const char fn[] = "kvt_group_create";
+    KVT_CHECK_NOT_NULL(out, fn);
+    KVT_CHECK_NOT_NULL(net, fn);
+    KVT_CHECK_NOT_NULL(p, fn);
+    kvt_status st = check_params(net, p, fn);
+    if (st != KVT_OK) return st;
+    kvt_group *g = group_alloc(net);
+    if (!g) return kvt__fail(KVT_ENOMEM, "%s: out of memory for %u ranks", fn, net->ranks);
+    g->net = net;
+    g->p = *p;
+    g->rank = net->rank;
+    g->ranks = net->ranks;
+    g->epoch = p->epoch ? p->epoch : 1;
+    g->proto_version = ov && ov->proto_version ? ov->proto_version : KVT_PROTO_VERSION;
+    g->lib_version = ov && ov->lib_version ? ov->lib_version : kvt_version();
+    place(g);
+    st = kvt__group_handshake(g, p->timeout_ms);
+    if (st != KVT_OK) {
+        kvt_group_destroy(g);
+        return st;
+    }
+    kvt__clear_error();
+    *out = g;
+    return KVT_OK;
+}
+
+kvt_status kvt_group_create(kvt_group **out, kvt_net *net, const kvt_group_params *params)
+{
+    return kvt__group_create_ex(out, net, params, NULL);
+}
+
+void kvt_group_destroy(kvt_group *g)
+{
+    if (!g) return;
+    if (g->ups)
+        for (uint32_t r = 0; r < g->ranks; r++) kvt__buf_free(&g->ups[r]);
+    free(g->ups);
+    kvt__buf_free(&g->rx);
+    free(g->tx_seq);
+    free(g->rx_seq);
+    free(g);
+}
+
+kvt_status kvt_group_abort(kvt_group *g, const char *reason)
+{
+    KVT_CHECK_NOT_NULL(g, "kvt_group_abort");
+    if (g->aborted) {
+        kvt__clear_error();
+        return KVT_OK;
+    }
+    char me[48];
+    (void)kvt__group_abortf(g, UINT32_MAX, "epoch %llu: %s raised: %s",
+                            (unsigned long long)g->epoch, kvt__rank_str(g, g->rank, me, sizeof me),
+                            reason ? reason : "(no reason given)");
+    kvt__clear_error();
+    return KVT_OK;
+}
+
+kvt_status kvt_group_reform(kvt_group *g, int64_t timeout_ms)
+{
+    KVT_CHECK_NOT_NULL(g, "kvt_group_reform");
+    KVT_CHECK_ARG(timeout_ms >= 1 && timeout_ms <= 600000,
+                  "kvt_group_reform: timeout_ms %lld is outside 1..600000", (long long)timeout_ms);
+    g->epoch++;
+    kvt_status st = kvt__group_handshake(g, timeout_ms);
+    if (st == KVT_OK) kvt__clear_error();
+    return st;
+}
+
+kvt_status kvt_group_info_get(const kvt_group *g, kvt_group_info *out)
+{
+    KVT_CHECK_NOT_NULL(g, "kvt_group_info_get");
+    KVT_CHECK_NOT_NULL(out, "kvt_group_info_get");
+    *out = (kvt_group_info){g->rank, g->ranks, g->pp_rank, g->cp_rank, g->tp_rank,
+                            g->role, g->epoch, g->steps, g->aborted ? 1 : 0};
+    kvt__clear_error();
+    return KVT_OK;
+}
+
+const char *kvt_group_diagnostic(const kvt_group *g)
+{
+    return g ? g->diag : "";
+}
+
+/* Options that are rank-local tunables and may differ between ranks; every
+ * other option must agree (block size, capacity, eviction policy, ...). */
+static int rank_local(const char *name)
+{
+    static const char *local[] = {"log_level", "workers", "huge_pages"};
+    for (size_t i = 0; i < sizeof local / sizeof local[0]; i++)
+        if (strcmp(name, local[i]) == 0) return 1;
+    return 0;
+}
+
+kvt_status kvt_config_digest(const kvt_config *cfg, uint64_t *out)
+{
+    KVT_CHECK_NOT_NULL(cfg, "kvt_config_digest");
+    KVT_CHECK_NOT_NULL(out, "kvt_config_digest");
+    uint64_t h = 0x636f6e666967ull;
+    for (size_t i = 0; i < kvt_config_option_count(); i++) {
+        kvt_option_info info;
+        char val[256];
+        kvt_status st = kvt_config_option(i, &info);
+        if (st == KVT_OK && !rank_local(info.name))
+            st = kvt_config_get(cfg, info.name, val, sizeof val);
+        if (st != KVT_OK) return st;
+        if (rank_local(info.name)) continue;
+        h = kvt__hash64(info.name, strlen(info.name) + 1, h);
+        h = kvt__hash64(val, strlen(val) + 1, h);
+    }
+    *out = h;
+    kvt__clear_error();
+    return KVT_OK;
+}

@@ -1,0 +1,82 @@
+/* net.c - what every transport shares: buffers, checks, logging, dispatch
+ * of the public entry points through the ops table. */
+#include "net/net.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "util/clock.h"
+#include "util/err.h"
+
+kvt_status kvt__buf_reserve(kvt_buf *b, size_t cap)
+{
+    if (b->cap >= cap) return KVT_OK;
+    size_t want = b->cap ? b->cap : 256;
+    while (want < cap) want *= 2;
+    uint8_t *p = realloc(b->p, want);
+    if (!p) return kvt__fail(KVT_ENOMEM, "net: cannot grow a receive buffer to %zu bytes", want);
+    b->p = p;
+    b->cap = want;
+    return KVT_OK;
+}
+
+void kvt__buf_free(kvt_buf *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+kvt_status kvt__net_check_peer(const kvt_net *n, uint32_t peer, const char *fn)
+{
+    if (peer >= n->ranks || peer == n->rank)
+        return kvt__fail(KVT_EINVAL, "%s: rank %u: peer %u is not another rank of %u", fn,
+                         n->rank, peer, n->ranks);
+    return KVT_OK;
+}
+
+kvt_status kvt__net_check_size(const kvt_net *n, size_t len, const char *fn)
+{
+    if (len > n->max_msg)
+        return kvt__fail(KVT_EPROTO, "%s: rank %u: message of %zu bytes exceeds max_msg %u",
+                         fn, n->rank, len, n->max_msg);
+    return KVT_OK;
+}
+
+kvt_status kvt__net_pick_max(uint32_t max_msg, uint32_t *out, const char *fn)
+{
+    if (max_msg == 0) max_msg = KVT_NET_DEFAULT_MAX_MSG;
+    /* 64 bytes leaves room for a frame header; the limit bounds memory a
+     * peer can make us allocate. */
+    if (max_msg < 64 || max_msg > KVT_NET_LIMIT_MAX_MSG)
+        return kvt__fail(KVT_EINVAL, "%s: max_msg %u is outside 64..%u", fn, max_msg,
+                         KVT_NET_LIMIT_MAX_MSG);
+    *out = max_msg;
+    return KVT_OK;
+}
+
+void kvt__net_log(const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "kvtier: %s\n", line);
+}
+
+kvt_status kvt_net_connect(kvt_net *net, int64_t timeout_ms)
+{
+    KVT_CHECK_NOT_NULL(net, "kvt_net_connect");
+    KVT_CHECK_ARG(timeout_ms > 0 && timeout_ms <= 3600000,
+                  "kvt_net_connect: timeout_ms %lld is outside 1..3600000",
+                  (long long)timeout_ms);
+    kvt__clear_error();
+    if (!net->ops->connect) return KVT_OK;
+    return net->ops->connect(net, kvt__deadline_ns(timeout_ms));
+}
+
+void kvt_net_destroy(kvt_net *net)
+{
+    if (net) net->ops->destroy(net);
+}

@@ -1,0 +1,394 @@
+/* tcp.c - ranks as processes: a star of TCP connections around rank 0 (the
+ * hub). A message on the wire is a 4-byte little-endian length and the
+ * bytes; the length is checked against max_msg before anything is
+ * allocated. Sockets are non-blocking and every wait is a poll() bounded by
+ * the caller's deadline. TCP_NODELAY: step messages are small and latency
+ * bound; Nagle would add up to 40 ms per exchange. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sodium.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include "net/tcp.h"
+#include "util/clock.h"
+#include "util/err.h"
+
+static int ms_until(uint64_t deadline_ns)
+{
+    uint64_t now = kvt__now_ns();
+    if (now >= deadline_ns) return 0;
+    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+    return ms > 3600000 ? 3600000 : (int)ms;
+}
+
+/* Waits for ev on fd: KVT_OK, KVT_ETIMEDOUT or KVT_ECONN. */
+static kvt_status wait_fd(int fd, short ev, uint64_t deadline_ns)
+{
+    for (;;) {
+        struct pollfd p = {fd, ev, 0};
+        int rc = poll(&p, 1, ms_until(deadline_ns));
+        if (rc > 0) return (p.revents & (ev | POLLHUP | POLLERR)) ? KVT_OK : KVT_ECONN;
+        if (rc == 0) return KVT_ETIMEDOUT;
+        if (errno != EINTR) return KVT_ECONN;
+    }
+}
+
+static kvt_status io_all(int fd, void *p, size_t len, uint64_t deadline_ns, int writing)
+{
+    uint8_t *b = p;
+    while (len > 0) {
+        ssize_t n = writing ? send(fd, b, len, MSG_NOSIGNAL) : recv(fd, b, len, 0);
+        if (n > 0) {
+            b += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n == 0 && !writing) return KVT_ECONN; /* orderly close */
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
+        kvt_status st = wait_fd(fd, writing ? POLLOUT : POLLIN, deadline_ns);
+        if (st != KVT_OK) return st;
+    }
+    return KVT_OK;
+}
+
+kvt_status kvt__tcp_write_all(int fd, const void *p, size_t len, uint64_t deadline_ns)
+{
+    return io_all(fd, (void *)p, len, deadline_ns, 1);
+}
+
+kvt_status kvt__tcp_read_all(int fd, void *p, size_t len, uint64_t deadline_ns)
+{
+    return io_all(fd, p, len, deadline_ns, 0);
+}
+
+static int peer_fd(tcp_net *t, uint32_t peer)
+{
+    return t->base.rank == 0 ? t->fds[peer] : t->fds[0];
+}
+
+static kvt_status route(tcp_net *t, uint32_t peer, const char *fn, int *fd)
+{
+    kvt_status st = kvt__net_check_peer(&t->base, peer, fn);
+    if (st != KVT_OK) return st;
+    if (t->base.rank != 0 && peer != 0)
+        return kvt__fail(KVT_EUNSUPPORTED, "%s: rank %u -> %u: tcp links only reach the hub "
+                         "(rank 0)", fn, t->base.rank, peer);
+    *fd = peer_fd(t, peer);
+    if (*fd < 0)
+        return kvt__fail(KVT_ECONN, "%s: rank %u: no connection to rank %u (kvt_net_connect "
+                         "not done, or the link was lost)", fn, t->base.rank, peer);
+    return KVT_OK;
+}
+
+static kvt_status lost(tcp_net *t, uint32_t peer, kvt_status st, const char *fn, const char *what)
+{
+    if (st == KVT_ECONN) {
+        int *slot = &t->fds[t->base.rank == 0 ? peer : 0];
+        close(*slot);
+        *slot = -1;
+        return kvt__fail(st, "%s: rank %u: connection to rank %u lost while %s", fn,
+                         t->base.rank, peer, what);
+    }
+    return kvt__fail(st, "%s: rank %u: %s rank %u did not finish by the deadline", fn,
+                     t->base.rank, what, peer);
+}
+
+static kvt_status tcp_send(kvt_net *n, uint32_t peer, const void *hdr, size_t hlen,
+                           const void *body, size_t blen, uint64_t deadline_ns)
+{
+    static const char fn[] = "net tcp send";
+    tcp_net *t = (tcp_net *)n;
+    int fd;
+    kvt_status st = route(t, peer, fn, &fd);
+    if (st == KVT_OK) st = kvt__net_check_size(n, hlen + blen, fn);
+    if (st != KVT_OK) return st;
+    uint8_t len[4];
+    uint32_t total = (uint32_t)(hlen + blen);
+    for (int i = 0; i < 4; i++) len[i] = (uint8_t)(total >> (8 * i));
+    /* One writev for the common case (small messages, empty send buffer). */
+    struct iovec iov[3] = {{len, 4}, {(void *)hdr, hlen}, {(void *)body, blen}};
+    ssize_t w = writev(fd, iov, 3);
+    size_t done = w > 0 ? (size_t)w : 0;
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        return lost(t, peer, KVT_ECONN, fn, "sending to");
+    for (int i = 0; i < 3 && st == KVT_OK; i++) {
+        if (done >= iov[i].iov_len) {
+            done -= iov[i].iov_len;
+            continue;
+        }
+        st = kvt__tcp_write_all(fd, (uint8_t *)iov[i].iov_base + done, iov[i].iov_len - done,
+                                deadline_ns);
+        done = 0;
+    }
+    return st == KVT_OK ? KVT_OK : lost(t, peer, st, fn, "sending to");
+}
+
+static kvt_status tcp_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t deadline_ns)
+{
+    static const char fn[] = "net tcp recv";
+    tcp_net *t = (tcp_net *)n;
+    int fd;
+    kvt_status st = route(t, peer, fn, &fd);
+    if (st != KVT_OK) return st;
+    uint8_t lb[4];
+    st = kvt__tcp_read_all(fd, lb, 4, deadline_ns);
+    if (st != KVT_OK) return lost(t, peer, st, fn, "receiving from");
+    uint32_t len = (uint32_t)lb[0] | (uint32_t)lb[1] << 8 | (uint32_t)lb[2] << 16 |
+                   (uint32_t)lb[3] << 24;
+    if (len > n->max_msg) {
+        /* The stream cannot be resynchronised after an oversized length. */
+        (void)lost(t, peer, KVT_ECONN, fn, "receiving from");
+        return kvt__fail(KVT_EPROTO, "%s: rank %u: rank %u announced a %u-byte message, over "
+                         "max_msg %u; link closed", fn, n->rank, peer, len, n->max_msg);
+    }
+    st = kvt__buf_reserve(buf, len ? len : 1);
+    if (st == KVT_OK) st = kvt__tcp_read_all(fd, buf->p, len, deadline_ns);
+    if (st == KVT_ENOMEM) return st;
+    if (st != KVT_OK) return lost(t, peer, st, fn, "receiving from");
+    buf->len = len;
+    return KVT_OK;
+}
+
+static void set_opts(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+static kvt_status make_addr(const tcp_net *t, struct sockaddr_in *sa, const char *fn)
+{
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons(t->port);
+    if (inet_pton(AF_INET, t->host, &sa->sin_addr) != 1)
+        return kvt__fail(KVT_EINVAL, "%s: host \"%s\" is not a numeric IPv4 address", fn, t->host);
+    return KVT_OK;
+}
+
+static kvt_status hub_listen(tcp_net *t)
+{
+    static const char fn[] = "kvt_net_tcp_create";
+    struct sockaddr_in sa;
+    kvt_status st = make_addr(t, &sa, fn);
+    if (st != KVT_OK) return st;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return kvt__fail(KVT_ESYS, "%s: socket: %s", fn, strerror(errno));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    socklen_t sl = sizeof sa;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 64) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+        int e = errno;
+        close(fd);
+        return kvt__fail(KVT_ESYS, "%s: bind/listen on %s:%u: %s", fn, t->host, t->port,
+                         strerror(e));
+    }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    t->port = ntohs(sa.sin_port);
+    t->listen_fd = fd;
+    return KVT_OK;
+}
+
+/* Accepts one connection and runs the handshake with a short per-peer
+ * deadline, so a stranger that connects and stays silent costs at most 1 s
+ * of the group's formation time. */
+static void hub_accept_one(tcp_net *t, uint64_t deadline_ns)
+{
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    int fd = accept4(t->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    set_opts(fd);
+    uint64_t dl = kvt__deadline_ns(1000);
+    if (dl > deadline_ns) dl = deadline_ns;
+    uint32_t rank = 0;
+    char ip[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+    if (kvt__tcp_auth_hub(t, fd, &rank, dl) != KVT_OK) {
+        t->refused++;
+        kvt__net_log("tcp hub %s:%u: refused connection from %s:%u: %s", t->host, t->port, ip,
+                     ntohs(sa.sin_port), kvt_last_error());
+        close(fd);
+        return;
+    }
+    t->fds[rank] = fd;
+}
+
+static kvt_status hub_connect(tcp_net *t, uint64_t deadline_ns)
+{
+    uint32_t joined = 0;
+    for (uint32_t r = 1; r < t->base.ranks; r++) joined += t->fds[r] >= 0;
+    while (joined < t->base.ranks - 1) {
+        kvt_status st = wait_fd(t->listen_fd, POLLIN, deadline_ns);
+        if (st != KVT_OK || kvt__now_ns() >= deadline_ns) {
+            for (uint32_t r = 1; r < t->base.ranks; r++)
+                if (t->fds[r] < 0)
+                    return kvt__fail(KVT_ETIMEDOUT, "kvt_net_connect: hub: rank %u did not join "
+                                     "by the deadline (%u of %u joined)", r, joined,
+                                     t->base.ranks - 1);
+        }
+        hub_accept_one(t, deadline_ns);
+        joined = 0;
+        for (uint32_t r = 1; r < t->base.ranks; r++) joined += t->fds[r] >= 0;
+    }
+    /* Complete: later connection attempts are refused by the kernel. */
+    close(t->listen_fd);
+    t->listen_fd = -1;
+    return KVT_OK;
+}
+
+/* One non-blocking connect attempt: KVT_OK, KVT_EAGAIN (retry) or error. */
+static kvt_status try_connect(tcp_net *t, const struct sockaddr_in *sa, uint64_t dl, int *out)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return kvt__fail(KVT_ESYS, "kvt_net_connect: socket: %s", strerror(errno));
+    set_opts(fd);
+    int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
+    if (rc != 0 && errno == EINPROGRESS && wait_fd(fd, POLLOUT, dl) == KVT_OK) {
+        int err = 0;
+        socklen_t l = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
+        rc = err ? -1 : 0;
+    }
+    if (rc != 0) {
+        close(fd);
+        return KVT_EAGAIN;
+    }
+    *out = fd;
+    return KVT_OK;
+}
+
+static kvt_status rank_connect(tcp_net *t, uint64_t deadline_ns)
+{
+    struct sockaddr_in sa;
+    kvt_status st = make_addr(t, &sa, "kvt_net_connect");
+    if (st != KVT_OK) return st;
+    int fd = -1;
+    while ((st = try_connect(t, &sa, deadline_ns, &fd)) == KVT_EAGAIN) {
+        if (kvt__now_ns() >= deadline_ns)
+            return kvt__fail(KVT_ETIMEDOUT, "kvt_net_connect: rank %u: hub %s:%u did not accept "
+                             "by the deadline", t->base.rank, t->host, t->port);
+        struct timespec ts = {0, 5 * 1000000L}; /* the hub may not listen yet */
+        nanosleep(&ts, NULL);
+    }
+    if (st != KVT_OK) return st;
+    st = kvt__tcp_auth_client(t, fd, deadline_ns);
+    if (st != KVT_OK) {
+        close(fd);
+        if (st != KVT_EAUTH)
+            return kvt__fail(st, "kvt_net_connect: rank %u: handshake with hub %s:%u failed (%s)",
+                             t->base.rank, t->host, t->port, kvt_status_name(st));
+        return st;
+    }
+    t->fds[0] = fd;
+    return KVT_OK;
+}
+
+static kvt_status tcp_connect(kvt_net *n, uint64_t deadline_ns)
+{
+    tcp_net *t = (tcp_net *)n;
+    if (n->rank == 0) return t->listen_fd < 0 ? KVT_OK : hub_connect(t, deadline_ns);
+    return t->fds[0] >= 0 ? KVT_OK : rank_connect(t, deadline_ns);
+}
+
+static void tcp_destroy(kvt_net *n)
+{
+    tcp_net *t = (tcp_net *)n;
+    if (t->listen_fd >= 0) close(t->listen_fd);
+    for (uint32_t r = 0; r < n->ranks; r++)
+        if (t->fds[r] >= 0) close(t->fds[r]);
+    if (t->secret) sodium_memzero(t->secret, t->secret_len);
+    free(t->secret);
+    free(t->fds);
+    free(t);
+}
+
+static const kvt_net_ops tcp_ops = {
+    .name = "tcp",
+    .send = tcp_send,
+    .recv = tcp_recv,
+    .connect = tcp_connect,
+    .destroy = tcp_destroy,
+};
+
+static kvt_status check_params(const kvt_net_tcp_params *p, const char *fn)
+{
+    KVT_CHECK_ARG(p->ranks >= 1 && p->ranks <= KVT_NET_MAX_RANKS,
+                  "%s: ranks %u is outside 1..%u", fn, p->ranks, KVT_NET_MAX_RANKS);
+    KVT_CHECK_ARG(p->rank < p->ranks, "%s: rank %u is not below ranks %u", fn, p->rank, p->ranks);
+    KVT_CHECK_ARG(!p->host || strlen(p->host) < 64, "%s: host is longer than 63 bytes", fn);
+    KVT_CHECK_ARG(p->rank == 0 || p->port != 0, "%s: rank %u needs the hub's port", fn, p->rank);
+    KVT_CHECK_ARG(!p->secret == !p->secret_len, "%s: secret and secret_len disagree", fn);
+    KVT_CHECK_ARG(!p->secret || (p->secret_len >= 16 && p->secret_len <= 1024),
+                  "%s: secret_len %zu is outside 16..1024", fn, p->secret_len);
+    return KVT_OK;
+}
+
+static tcp_net *tcp_alloc(const kvt_net_tcp_params *p, uint32_t max_msg)
+{
+    tcp_net *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->fds = malloc(sizeof *t->fds * p->ranks);
+    t->secret = p->secret ? malloc(p->secret_len) : NULL;
+    if (!t->fds || (p->secret && !t->secret)) {
+        free(t->fds);
+        free(t->secret);
+        free(t);
+        return NULL;
+    }
+    for (uint32_t r = 0; r < p->ranks; r++) t->fds[r] = -1;
+    if (p->secret) memcpy(t->secret, p->secret, p->secret_len);
+    t->secret_len = p->secret_len;
+    t->base = (kvt_net){&tcp_ops, p->rank, p->ranks, max_msg};
+    snprintf(t->host, sizeof t->host, "%s", p->host ? p->host : "127.0.0.1");
+    t->port = p->port;
+    t->listen_fd = -1;
+    return t;
+}
+
+kvt_status kvt_net_tcp_create(kvt_net **out, const kvt_net_tcp_params *p)
+{
+    static const char fn[] = "kvt_net_tcp_create";
+    KVT_CHECK_NOT_NULL(out, fn);
+    KVT_CHECK_NOT_NULL(p, fn);
+    uint32_t mm;
+    kvt_status st = check_params(p, fn);
+    if (st == KVT_OK) st = kvt__net_pick_max(p->max_msg, &mm, fn);
+    if (st != KVT_OK) return st;
+    if (sodium_init() < 0) return kvt__fail(KVT_ESYS, "%s: libsodium failed to initialise", fn);
+    tcp_net *t = tcp_alloc(p, mm);
+    if (!t) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+    if (p->rank == 0 && p->ranks > 1 && (st = hub_listen(t)) != KVT_OK) {
+        tcp_destroy(&t->base);
+        return st;
+    }
+    kvt__clear_error();
+    *out = &t->base;
+    return KVT_OK;
+}
+
+kvt_status kvt_net_tcp_port(const kvt_net *net, uint16_t *out)
+{
+    KVT_CHECK_NOT_NULL(net, "kvt_net_tcp_port");
+    KVT_CHECK_NOT_NULL(out, "kvt_net_tcp_port");
+    KVT_CHECK_ARG(net->ops == &tcp_ops && net->rank == 0,
+                  "kvt_net_tcp_port: not a tcp hub endpoint (transport %s, rank %u)",
+                  net->ops->name, net->rank);
+    *out = ((const tcp_net *)net)->port;
+    return KVT_OK;
+}
+
+uint32_t kvt__net_tcp_refused(const kvt_net *net)
+{
+    return net && net->ops == &tcp_ops ? ((const tcp_net *)net)->refused : 0;
+}

@@ -1,0 +1,116 @@
+/* ssd.h - the SSD tier's block store: fixed-size block slots in
+ * pre-allocated files (one per cache directory, one directory per device,
+ * blocks striped across them), O_DIRECT I/O through an io backend (io_uring
+ * or a pread/pwrite thread pool, behind an ops table), and a metadata journal
+ * that makes the store survive restarts and crashes.
+ *
+ * What the store promises:
+ *  - A write's done callback reports KVT_OK only once the block's data and
+ *    its journal record are durable (fdatasync'd): after a crash or SIGKILL,
+ *    every block reported durable (and not freed since) is recovered.
+ *  - Every block carries an XXH3 checksum, verified on every read: a
+ *    mismatch (torn write, bit rot, a slot overwritten before a crash) is
+ *    KVT_ECORRUPT, never data.
+ *  - A directory written for another geometry digest or block size is
+ *    refused at open with a message naming the field and both values,
+ *    unless fresh is set (then it is wiped and started empty).
+ *
+ * Threading: alloc/free/recover are called under the cache's lock (not
+ * thread-safe among themselves). write/read may be called from any thread;
+ * done callbacks run on the store's completion thread, never inside
+ * kvt__ssd_write/read, and must not call back into the store's write/read
+ * while holding a lock the store's thread could need (they may take the
+ * cache lock). */
+#ifndef KVT_STORE_SSD_H
+#define KVT_STORE_SSD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+#include "util/hash.h"
+
+#define KVT_SSD_NONE UINT32_MAX
+
+typedef struct kvt_ssd kvt_ssd;
+
+typedef struct kvt_ssd_params {
+    const char *dirs;         /* comma-separated directories, one per device; created if absent */
+    uint64_t capacity_bytes;  /* total over all directories; never exceeded */
+    uint64_t block_bytes;     /* bytes of one block (the cache's block size) */
+    uint64_t digest;          /* geometry + block size digest stored in the metadata */
+    const char *describe;     /* e.g. "8 layers, 16 KiB/token, 16 tokens/block": stored,
+                                 quoted in mismatch messages */
+    bool fresh;               /* wipe a mismatching or damaged directory instead of refusing */
+    const char *io;           /* "auto" (io_uring if it works, else threads), "uring", "threads" */
+    uint32_t queue_depth;     /* in-flight I/Os per backend, e.g. 64 */
+    void *register_base;      /* optional: memory that buffers come from (the CPU pool), */
+    uint64_t register_len;    /* registered with io_uring when the memlock limit allows */
+} kvt_ssd_params;
+
+/* Opens (creating or recovering) the store. KVT_EINVAL for bad params,
+ * KVT_EIO/KVT_ESYS for a missing or read-only directory (message names the
+ * path and errno text), KVT_EGEOMETRY for a directory of another geometry. */
+kvt_status kvt__ssd_open(kvt_ssd **out, const kvt_ssd_params *p);
+/* Waits for in-flight I/O (their callbacks run), syncs the journal, closes. */
+void kvt__ssd_close(kvt_ssd *s);
+
+uint32_t kvt__ssd_blocks_total(const kvt_ssd *s);
+uint32_t kvt__ssd_blocks_free(const kvt_ssd *s);
+const char *kvt__ssd_backend(const kvt_ssd *s); /* "io_uring" or "threads" */
+
+/* Calls fn for every block recovered from the journal at open, parents
+ * before children; returns the count. Call once, right after open. */
+typedef void (*kvt_ssd_recover_fn)(void *arg, uint32_t slot, kvt_hash128 key,
+                                   kvt_hash128 parent, bool has_parent);
+uint32_t kvt__ssd_recover(kvt_ssd *s, kvt_ssd_recover_fn fn, void *arg);
+
+uint32_t kvt__ssd_alloc(kvt_ssd *s);            /* KVT_SSD_NONE when full */
+void kvt__ssd_free(kvt_ssd *s, uint32_t slot);  /* forgets the slot's block (journaled lazily) */
+
+typedef void (*kvt_ssd_done_fn)(void *arg, kvt_status st);
+/* Writes block_bytes from buf (4096-byte aligned, readable up to the next
+ * 4096 multiple) to slot; done(arg, KVT_OK) once durable, or an error
+ * (KVT_ENOSPC, KVT_EIO) after which the slot holds nothing. */
+kvt_status kvt__ssd_write(kvt_ssd *s, uint32_t slot, const void *buf, kvt_hash128 key,
+                          kvt_hash128 parent, bool has_parent, kvt_ssd_done_fn done, void *arg);
+/* Reads slot into buf (aligned as for write) and verifies the checksum and
+ * that the slot holds key: done(arg, KVT_OK), KVT_ECORRUPT or KVT_EIO. */
+kvt_status kvt__ssd_read(kvt_ssd *s, uint32_t slot, void *buf, kvt_hash128 key,
+                         kvt_ssd_done_fn done, void *arg);
+/* Blocks until every write submitted so far has completed (durable or
+ * failed), or deadline_ns: KVT_OK or KVT_ETIMEDOUT. */
+kvt_status kvt__ssd_sync(kvt_ssd *s, uint64_t deadline_ns);
+
+/* Fault injection for tests: the n-th I/O from now (0 = next) of the given
+ * direction fails as kind says. */
+typedef enum kvt_ssd_fault {
+    KVT_SSD_FAULT_NONE = 0,
+    KVT_SSD_FAULT_ENOSPC,      /* write fails with ENOSPC */
+    KVT_SSD_FAULT_EIO,         /* read or write fails with EIO */
+    KVT_SSD_FAULT_SHORT,       /* read or write transfers half the bytes */
+    KVT_SSD_FAULT_CORRUPT,     /* a read returns one flipped byte */
+} kvt_ssd_fault;
+void kvt__ssd_inject(kvt_ssd *s, kvt_ssd_fault kind, bool on_write, uint32_t nth);
+
+typedef struct kvt_ssd_stats {
+    uint64_t writes, write_bytes, reads, read_bytes;
+    uint64_t write_errors, read_errors, corrupt_reads;
+    uint64_t journal_records, journal_compactions;
+} kvt_ssd_stats;
+void kvt__ssd_stats(const kvt_ssd *s, kvt_ssd_stats *out);
+
+/* fsck: checks a cache directory set without changing it (safe while the
+ * directory is in use): metadata, journal records, and every journaled
+ * block's checksum. repair=true (only when not in use) rewrites the journal
+ * keeping the good records. */
+typedef struct kvt_ssd_fsck_report {
+    uint64_t digest, block_bytes;
+    char describe[256];
+    uint32_t slots_total, blocks, bad_blocks, bad_records;
+    bool journal_truncated; /* a torn tail record was found */
+    bool repaired;
+} kvt_ssd_fsck_report;
+kvt_status kvt__ssd_fsck(const char *dirs, bool repair, kvt_ssd_fsck_report *out);
+
+#endif

@@ -1,0 +1,617 @@
+/* config.c - the public kvt_config_* functions over one declarative table.
+ *
+ * Each row of OPTIONS names an option, its type, its default (as a string:
+ * kvt_config_create parses it, so the table is the only place a default is
+ * written), its help text and where its typed value lives in
+ * kvt_config_values. The environment variable is "KVTIER_" + the name in
+ * upper case; the row macros spell both so the strings are static.
+ *
+ * kvt_config_get formats sizes as the exact number of bytes, a bare
+ * decimal integer ("1073741824", not "1GiB"), so a value read back always
+ * parses to the same bytes; enums as their canonical (lower-case) name;
+ * booleans as "true" or "false".
+ */
+#include "util/config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "util/err.h"
+#include "util/parse.h"
+
+extern char **environ;
+
+/* KVTIER_* variables that are read elsewhere and are not options; every
+ * other KVTIER_* variable must name an option (a typo is an error).
+ *   KVTIER_IO        I/O backend selection (io_uring / thread pool).
+ *   KVTIER_TEST_TMP  scratch directory of the test suite.
+ *   KVTIER_LOG       log destination. */
+static const char *const NON_OPTION_ENV[] = {"KVTIER_IO", "KVTIER_TEST_TMP", "KVTIER_LOG"};
+
+#define ENV_PREFIX "KVTIER_"
+#define MAX_FILE_BYTES (1u << 20)
+/* JSON numbers are doubles: integers beyond 2^53 are not exact. */
+#define MAX_JSON_INTEGER 9007199254740992.0
+
+typedef enum opt_type { OPT_SIZE, OPT_UINT, OPT_ENUM, OPT_BOOL } opt_type;
+
+typedef struct opt_def {
+    const char *name;
+    const char *env;
+    opt_type type;
+    const char *def;
+    const char *help;
+    size_t offset; /* of the field in kvt_config_values */
+    size_t width;  /* its size: 8 or 4 for size/uint/enum, bool for bool */
+    uint64_t min, max;         /* size and uint: inclusive bounds */
+    const char *const *choices; /* enum: NULL-terminated names, index = value */
+} opt_def;
+
+static const char *const EVICTION_NAMES[] = {"lru", "lfu", NULL}; /* kvt_evict_policy */
+static const char *const LOG_LEVEL_NAMES[] = {"error", "warn", "info", "debug", NULL};
+
+#define FIELD_(f) .offset = offsetof(kvt_config_values, f), \
+                  .width = sizeof(((kvt_config_values *)0)->f)
+#define ROW_(f, ENVNAME, t, d, h) \
+    .name = #f, .env = ENV_PREFIX #ENVNAME, .type = t, .def = d, .help = h, FIELD_(f)
+/* uint help texts end with the bounds, stringified from the same tokens. */
+#define SIZE_OPT(f, ENVNAME, d, lo, hi, h) {ROW_(f, ENVNAME, OPT_SIZE, d, h), .min = lo, .max = hi}
+#define UINT_OPT(f, ENVNAME, d, lo, hi, h) \
+    {ROW_(f, ENVNAME, OPT_UINT, #d, h " (" #lo ".." #hi ")"), .min = lo, .max = hi}
+#define ENUM_OPT(f, ENVNAME, d, names, h) {ROW_(f, ENVNAME, OPT_ENUM, d, h), .choices = names}
+#define BOOL_OPT(f, ENVNAME, d, h) {ROW_(f, ENVNAME, OPT_BOOL, d, h)}
+
+static const opt_def OPTIONS[] = {
+    SIZE_OPT(cpu_capacity, CPU_CAPACITY, "1GiB", 4096, 1ull << 50,
+             "bytes of host memory for the CPU tier (4KiB..1024TiB)"),
+    UINT_OPT(block_tokens, BLOCK_TOKENS, 16, 1, 1048576,
+             "tokens per cache block; a multiple of the geometry's tokens_per_page"),
+    UINT_OPT(workers, WORKERS, 2, 1, 64, "transfer threads"),
+    UINT_OPT(max_tasks, MAX_TASKS, 4096, 16, 1048576,
+             "tasks planned, running or not yet reported, at most"),
+    UINT_OPT(plan_ttl_ms, PLAN_TTL_MS, 30000, 1, 86400000,
+             "a looked-up or prepared task never launched is released after this many ms"),
+    ENUM_OPT(eviction, EVICTION, "lru", EVICTION_NAMES,
+             "eviction policy: lru (least recently used) or lfu (least frequently used)"),
+    BOOL_OPT(huge_pages, HUGE_PAGES, "true", "try huge pages for the CPU tier"),
+    ENUM_OPT(log_level, LOG_LEVEL, "warn", LOG_LEVEL_NAMES,
+             "messages at this level and above are logged: error, warn, info or debug"),
+};
+
+#define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
+
+static const char *type_name(opt_type t)
+{
+    switch (t) {
+    case OPT_SIZE: return "size";
+    case OPT_UINT: return "uint";
+    case OPT_ENUM: return "enum";
+    case OPT_BOOL: return "bool";
+    }
+    return "?";
+}
+
+/* ------------------------------------------------------------------ */
+/* Lookup and suggestions                                             */
+/* ------------------------------------------------------------------ */
+
+static const opt_def *find_by_name(const char *name)
+{
+    for (size_t i = 0; i < NUM_OPTIONS; i++)
+        if (strcmp(OPTIONS[i].name, name) == 0) return &OPTIONS[i];
+    return NULL;
+}
+
+/* Levenshtein distance, or SIZE_MAX for strings too long to be a typo of
+ * an option (the row buffer is bounded). */
+#define EDIT_MAX_LEN 64
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > EDIT_MAX_LEN || lb > EDIT_MAX_LEN) return SIZE_MAX;
+    size_t row[EDIT_MAX_LEN + 1];
+    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* The option whose name (or env variable, when env) is nearest to s, if
+ * it is near enough to be a plausible typo; else NULL. */
+static const opt_def *suggest(const char *s, bool env)
+{
+    const opt_def *best = NULL;
+    size_t best_d = SIZE_MAX;
+    for (size_t i = 0; i < NUM_OPTIONS; i++) {
+        size_t d = edit_distance(s, env ? OPTIONS[i].env : OPTIONS[i].name);
+        if (d < best_d) {
+            best_d = d;
+            best = &OPTIONS[i];
+        }
+    }
+    size_t len = strlen(s);
+    size_t limit = len < 6 ? 1 : len < 12 ? 2 : 3;
+    return best_d <= limit ? best : NULL;
+}
+
+static kvt_status fail_unknown(const char *ctx, const char *name)
+{
+    const opt_def *s = suggest(name, false);
+    if (s)
+        return kvt__fail(KVT_EINVAL, "%s: unknown option \"%s\" (did you mean \"%s\"?)", ctx,
+                         name, s->name);
+    return kvt__fail(KVT_EINVAL, "%s: unknown option \"%s\" (kvtier config --dump lists them)",
+                     ctx, name);
+}
+
+/* ------------------------------------------------------------------ */
+/* Typed values                                                       */
+/* ------------------------------------------------------------------ */
+
+static void store_uint(kvt_config_values *v, const opt_def *o, uint64_t x)
+{
+    char *p = (char *)v + o->offset;
+    if (o->width == sizeof(uint64_t)) {
+        uint64_t w = x;
+        memcpy(p, &w, sizeof w);
+    } else {
+        uint32_t w = (uint32_t)x; /* callers bound x to the field */
+        memcpy(p, &w, sizeof w);
+    }
+}
+
+static uint64_t load_uint(const kvt_config_values *v, const opt_def *o)
+{
+    const char *p = (const char *)v + o->offset;
+    if (o->width == sizeof(uint64_t)) {
+        uint64_t w;
+        memcpy(&w, p, sizeof w);
+        return w;
+    }
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    return w;
+}
+
+static void choices_text(const opt_def *o, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; o->choices[i] && used < len; i++) {
+        int n = snprintf(buf + used, len - used, "%s%s", i ? ", " : "", o->choices[i]);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+}
+
+/* Parses value for option o into v. ctx starts the message ("kvt_config_set"). */
+static kvt_status apply(kvt_config_values *v, const opt_def *o, const char *value,
+                        const char *ctx)
+{
+    uint64_t x;
+    switch (o->type) {
+    case OPT_SIZE:
+        if (!kvt__parse_size(value, &x))
+            return kvt__fail(KVT_EINVAL,
+                             "%s: option \"%s\": \"%s\" is not a size (bytes, optionally "
+                             "with a suffix K, M, G, T, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
+                             ctx, o->name, value);
+        if (x < o->min || x > o->max)
+            return kvt__fail(KVT_EINVAL,
+                             "%s: option \"%s\": \"%s\" is out of range (must be %llu..%llu "
+                             "bytes)", ctx, o->name, value, (unsigned long long)o->min,
+                             (unsigned long long)o->max);
+        store_uint(v, o, x);
+        return KVT_OK;
+    case OPT_UINT:
+        if (!kvt__parse_u64(value, &x))
+            return kvt__fail(KVT_EINVAL,
+                             "%s: option \"%s\": \"%s\" is not an unsigned decimal integer "
+                             "(must be %llu..%llu)", ctx, o->name, value,
+                             (unsigned long long)o->min, (unsigned long long)o->max);
+        if (x < o->min || x > o->max)
+            return kvt__fail(KVT_EINVAL,
+                             "%s: option \"%s\": \"%s\" is out of range (must be %llu..%llu)",
+                             ctx, o->name, value, (unsigned long long)o->min,
+                             (unsigned long long)o->max);
+        store_uint(v, o, x);
+        return KVT_OK;
+    case OPT_ENUM:
+        /* Case-insensitive, like booleans and size suffixes. */
+        for (uint32_t i = 0; o->choices[i]; i++) {
+            if (strcasecmp(value, o->choices[i]) == 0) {
+                store_uint(v, o, i);
+                return KVT_OK;
+            }
+        }
+        {
+            char list[128];
+            choices_text(o, list, sizeof list);
+            return kvt__fail(KVT_EINVAL, "%s: option \"%s\": \"%s\" is not one of %s", ctx,
+                             o->name, value, list);
+        }
+    case OPT_BOOL: {
+        bool b;
+        if (!kvt__parse_bool(value, &b))
+            return kvt__fail(KVT_EINVAL,
+                             "%s: option \"%s\": \"%s\" is not a boolean (true, false, 1, 0, "
+                             "yes, no, on, off)", ctx, o->name, value);
+        memcpy((char *)v + o->offset, &b, sizeof b);
+        return KVT_OK;
+    }
+    }
+    return kvt__fail(KVT_EINVAL, "%s: option \"%s\" has no type", ctx, o->name);
+}
+
+/* Formats o's value in v; returns the length snprintf would need. */
+static int format_value(const kvt_config_values *v, const opt_def *o, char *buf, size_t len)
+{
+    switch (o->type) {
+    case OPT_SIZE:
+    case OPT_UINT:
+        return snprintf(buf, len, "%llu", (unsigned long long)load_uint(v, o));
+    case OPT_ENUM:
+        return snprintf(buf, len, "%s", o->choices[load_uint(v, o)]);
+    case OPT_BOOL: {
+        bool b;
+        memcpy(&b, (const char *)v + o->offset, sizeof b);
+        return snprintf(buf, len, "%s", b ? "true" : "false");
+    }
+    }
+    return snprintf(buf, len, "?");
+}
+
+/* ------------------------------------------------------------------ */
+/* Create, set, get, table                                            */
+/* ------------------------------------------------------------------ */
+
+static kvt_status set_defaults(kvt_config_values *v)
+{
+    memset(v, 0, sizeof *v);
+    for (size_t i = 0; i < NUM_OPTIONS; i++) {
+        /* A default that does not parse is a bug in the table above. */
+        kvt_status st = apply(v, &OPTIONS[i], OPTIONS[i].def, "kvt_config_create: default");
+        if (st) return st;
+    }
+    return KVT_OK;
+}
+
+kvt_status kvt_config_create(kvt_config **out)
+{
+    KVT_CHECK_NOT_NULL(out, "kvt_config_create");
+    kvt__clear_error();
+    kvt_config *cfg = calloc(1, sizeof *cfg);
+    if (!cfg) return kvt__fail(KVT_ENOMEM, "kvt_config_create: out of memory");
+    kvt_status st = set_defaults(&cfg->v);
+    if (st) {
+        free(cfg);
+        return st;
+    }
+    *out = cfg;
+    return KVT_OK;
+}
+
+void kvt_config_destroy(kvt_config *cfg) { free(cfg); }
+
+kvt_status kvt_config_set(kvt_config *cfg, const char *name, const char *value)
+{
+    static const char fn[] = "kvt_config_set";
+    KVT_CHECK_NOT_NULL(cfg, fn);
+    KVT_CHECK_NOT_NULL(name, fn);
+    KVT_CHECK_NOT_NULL(value, fn);
+    kvt__clear_error();
+    const opt_def *o = find_by_name(name);
+    if (!o) return fail_unknown(fn, name);
+    /* apply() writes only on success, so cfg is unchanged on error. */
+    return apply(&cfg->v, o, value, fn);
+}
+
+kvt_status kvt_config_get(const kvt_config *cfg, const char *name, char *buf, size_t buf_len)
+{
+    static const char fn[] = "kvt_config_get";
+    KVT_CHECK_NOT_NULL(cfg, fn);
+    KVT_CHECK_NOT_NULL(name, fn);
+    KVT_CHECK_NOT_NULL(buf, fn);
+    kvt__clear_error();
+    const opt_def *o = find_by_name(name);
+    if (!o) return fail_unknown(fn, name);
+    char tmp[64];
+    int n = format_value(&cfg->v, o, tmp, sizeof tmp);
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return kvt__fail(KVT_EINVAL, "%s: option \"%s\" cannot be formatted", fn, name);
+    if ((size_t)n >= buf_len)
+        return kvt__fail(KVT_EINVAL, "%s: buf_len is %zu; option \"%s\" (\"%s\") needs %d bytes",
+                         fn, buf_len, name, tmp, n + 1);
+    memcpy(buf, tmp, (size_t)n + 1);
+    return KVT_OK;
+}
+
+size_t kvt_config_option_count(void) { return NUM_OPTIONS; }
+
+kvt_status kvt_config_option(size_t index, kvt_option_info *out)
+{
+    KVT_CHECK_NOT_NULL(out, "kvt_config_option");
+    KVT_CHECK_ARG(index < NUM_OPTIONS, "kvt_config_option: index %zu is out of range (%zu options)",
+                  index, NUM_OPTIONS);
+    kvt__clear_error();
+    const opt_def *o = &OPTIONS[index];
+    kvt_option_info info = {
+        .name = o->name,
+        .env = o->env,
+        .type = type_name(o->type),
+        .default_value = o->def,
+        .help = o->help,
+    };
+    *out = info;
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* JSON                                                               */
+/* ------------------------------------------------------------------ */
+
+static bool is_json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static kvt_status fail_at(const char *ctx, const char *json, size_t len, size_t off,
+                          const char *what)
+{
+    unsigned line = 1, col = 1;
+    for (size_t i = 0; i < off && i < len; i++) {
+        if (json[i] == '\n') {
+            line++;
+            col = 1;
+        } else {
+            col++;
+        }
+    }
+    size_t rest = off;
+    while (rest < len && is_json_space(json[rest])) rest++;
+    if (rest >= len)
+        return kvt__fail(KVT_EINVAL, "%s: %s at line %u, column %u (byte %zu, the end of the text)",
+                         ctx, what, line, col, off);
+    /* Quote the rest of that line (a little), unprintable bytes as '?'. */
+    char near[24];
+    size_t n = 0;
+    for (size_t i = off; i < len && json[i] != '\n' && n < sizeof near - 1; i++, n++)
+        near[n] = json[i] >= 0x20 && json[i] < 0x7f ? json[i] : '?';
+    near[n] = '\0';
+    return kvt__fail(KVT_EINVAL, "%s: %s at line %u, column %u (byte %zu, near '%s')", ctx, what,
+                     line, col, off, near);
+}
+
+/* One member "key": item of the top-level object, applied to v. */
+static kvt_status apply_json_member(kvt_config_values *v, const cJSON *item, const char *ctx,
+                                    bool *seen)
+{
+    const char *key = item->string;
+    const opt_def *o = find_by_name(key);
+    if (!o) return fail_unknown(ctx, key);
+    size_t idx = (size_t)(o - OPTIONS);
+    if (seen[idx])
+        return kvt__fail(KVT_EINVAL, "%s: option \"%s\" appears more than once", ctx, key);
+    seen[idx] = true;
+
+    char num[32];
+    const char *value;
+    if (cJSON_IsString(item)) {
+        value = item->valuestring;
+    } else if (cJSON_IsBool(item)) {
+        if (o->type != OPT_BOOL)
+            return kvt__fail(KVT_EINVAL, "%s: option \"%s\" is a %s, not a boolean", ctx, key,
+                             type_name(o->type));
+        value = cJSON_IsTrue(item) ? "true" : "false";
+    } else if (cJSON_IsNumber(item)) {
+        if (o->type != OPT_SIZE && o->type != OPT_UINT)
+            return kvt__fail(KVT_EINVAL, "%s: option \"%s\" is a%s %s, not a number (use a string)",
+                             ctx, key, o->type == OPT_ENUM ? "n" : "", type_name(o->type));
+        double d = item->valuedouble;
+        if (!(d >= 0 && d <= MAX_JSON_INTEGER && d == floor(d)))
+            return kvt__fail(KVT_EINVAL,
+                             "%s: option \"%s\": %g is not a non-negative integer up to 2^53 "
+                             "(use a string for sizes with a suffix)", ctx, key, d);
+        snprintf(num, sizeof num, "%llu", (unsigned long long)d);
+        value = num;
+    } else {
+        const char *kind = cJSON_IsNull(item) ? "null" : cJSON_IsArray(item) ? "an array"
+                           : cJSON_IsObject(item) ? "an object" : "not a value";
+        return kvt__fail(KVT_EINVAL, "%s: option \"%s\" is %s (want a string, number or boolean)",
+                         ctx, key, kind);
+    }
+    return apply(v, o, value, ctx);
+}
+
+/* Parses json and applies it to v (a scratch copy: partial on error). */
+static kvt_status apply_json(kvt_config_values *v, const char *json, size_t len, const char *ctx)
+{
+    if (len == 0) return kvt__fail(KVT_EINVAL, "%s: the JSON text is empty", ctx);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root) {
+        size_t off = end && end >= json && end <= json + len ? (size_t)(end - json) : 0;
+        return fail_at(ctx, json, len, off, "invalid JSON");
+    }
+    kvt_status st = KVT_OK;
+    size_t off = end && end >= json && end <= json + len ? (size_t)(end - json) : len;
+    while (off < len && is_json_space(json[off])) off++;
+    if (off < len) {
+        st = fail_at(ctx, json, len, off, "unexpected text after the JSON value");
+        goto out;
+    }
+    if (!cJSON_IsObject(root)) {
+        st = kvt__fail(KVT_EINVAL, "%s: the JSON text must be an object {\"option\": value, ...}",
+                       ctx);
+        goto out;
+    }
+    bool seen[NUM_OPTIONS] = {false};
+    const cJSON *item;
+    cJSON_ArrayForEach(item, root) {
+        st = apply_json_member(v, item, ctx, seen);
+        if (st) goto out;
+    }
+out:
+    cJSON_Delete(root);
+    return st;
+}
+
+kvt_status kvt_config_load_json(kvt_config *cfg, const char *json, size_t len)
+{
+    static const char fn[] = "kvt_config_load_json";
+    KVT_CHECK_NOT_NULL(cfg, fn);
+    KVT_CHECK_NOT_NULL(json, fn);
+    kvt__clear_error();
+    kvt_config_values tmp = cfg->v;
+    kvt_status st = apply_json(&tmp, json, len, fn);
+    if (st) return st;
+    cfg->v = tmp;
+    return KVT_OK;
+}
+
+/* strerror_r is the GNU variant under _GNU_SOURCE, the XSI one otherwise. */
+static const char *errtext_gnu(char *r, char *buf) { (void)buf; return r; }
+static const char *errtext_xsi(int r, char *buf) { return r == 0 ? buf : "unknown error"; }
+#define ERRTEXT(e, buf)                                                       \
+    _Generic(strerror_r((e), (buf), sizeof(buf)), char *: errtext_gnu,       \
+             int: errtext_xsi)(strerror_r((e), (buf), sizeof(buf)), (buf))
+
+/* Reads at most MAX_FILE_BYTES of path into a malloc'd buffer. */
+static kvt_status read_file(const char *fn, const char *path, char **out, size_t *out_len)
+{
+    char eb[128];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return kvt__fail(e == ENOENT ? KVT_ENOTFOUND : KVT_EIO, "%s: cannot open \"%s\": %s",
+                         fn, path, ERRTEXT(e, eb));
+    }
+    kvt_status st = KVT_OK;
+    char *buf = malloc(MAX_FILE_BYTES + 1);
+    size_t used = 0;
+    if (!buf) {
+        st = kvt__fail(KVT_ENOMEM, "%s: out of memory reading \"%s\"", fn, path);
+        goto fail_close;
+    }
+    /* Read one byte past the limit to tell "exactly at" from "over". */
+    while (used <= MAX_FILE_BYTES) {
+        ssize_t n = read(fd, buf + used, MAX_FILE_BYTES + 1 - used);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            int e = errno;
+            st = kvt__fail(KVT_EIO, "%s: cannot read \"%s\": %s", fn, path, ERRTEXT(e, eb));
+            goto fail_free;
+        }
+        if (n == 0) break;
+        used += (size_t)n;
+    }
+    if (used > MAX_FILE_BYTES) {
+        st = kvt__fail(KVT_EINVAL, "%s: \"%s\" is larger than %u bytes", fn, path,
+                       MAX_FILE_BYTES);
+        goto fail_free;
+    }
+    close(fd);
+    *out = buf;
+    *out_len = used;
+    return KVT_OK;
+fail_free:
+    free(buf);
+fail_close:
+    close(fd);
+    return st;
+}
+
+kvt_status kvt_config_load_file(kvt_config *cfg, const char *path)
+{
+    static const char fn[] = "kvt_config_load_file";
+    KVT_CHECK_NOT_NULL(cfg, fn);
+    KVT_CHECK_NOT_NULL(path, fn);
+    kvt__clear_error();
+    char *text = NULL;
+    size_t len = 0;
+    kvt_status st = read_file(fn, path, &text, &len);
+    if (st) return st;
+    char ctx[KVT_ERRMSG_MAX / 2];
+    snprintf(ctx, sizeof ctx, "%s: %s", fn, path);
+    kvt_config_values tmp = cfg->v;
+    st = apply_json(&tmp, text, len, ctx);
+    free(text);
+    if (st) return st;
+    cfg->v = tmp;
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Environment                                                        */
+/* ------------------------------------------------------------------ */
+
+static bool is_non_option_env(const char *name, size_t len)
+{
+    for (size_t i = 0; i < sizeof NON_OPTION_ENV / sizeof NON_OPTION_ENV[0]; i++)
+        if (strlen(NON_OPTION_ENV[i]) == len && memcmp(NON_OPTION_ENV[i], name, len) == 0)
+            return true;
+    return false;
+}
+
+static const opt_def *find_by_env(const char *name, size_t len)
+{
+    for (size_t i = 0; i < NUM_OPTIONS; i++)
+        if (strlen(OPTIONS[i].env) == len && memcmp(OPTIONS[i].env, name, len) == 0)
+            return &OPTIONS[i];
+    return NULL;
+}
+
+/* One "KVTIER_X=value" entry of the environment. */
+static kvt_status apply_env_entry(kvt_config_values *v, const char *entry)
+{
+    static const char fn[] = "kvt_config_load_env";
+    const char *eq = strchr(entry, '=');
+    size_t len = eq ? (size_t)(eq - entry) : strlen(entry);
+    const char *value = eq ? eq + 1 : "";
+    if (is_non_option_env(entry, len)) return KVT_OK;
+    const opt_def *o = find_by_env(entry, len);
+    if (!o) {
+        char name[EDIT_MAX_LEN + 1];
+        int n = len > EDIT_MAX_LEN ? EDIT_MAX_LEN : (int)len;
+        snprintf(name, sizeof name, "%.*s", n, entry);
+        const opt_def *s = len <= EDIT_MAX_LEN ? suggest(name, true) : NULL;
+        if (s)
+            return kvt__fail(KVT_EINVAL, "%s: %.*s is not a kvtier option (did you mean %s?)",
+                             fn, (int)len, entry, s->env);
+        return kvt__fail(KVT_EINVAL,
+                         "%s: %.*s is not a kvtier option (kvtier config --dump lists them; "
+                         "unset it if it is meant for something else)", fn, (int)len, entry);
+    }
+    char ctx[64];
+    snprintf(ctx, sizeof ctx, "%s: %s", fn, o->env);
+    return apply(v, o, value, ctx);
+}
+
+kvt_status kvt_config_load_env(kvt_config *cfg)
+{
+    KVT_CHECK_NOT_NULL(cfg, "kvt_config_load_env");
+    kvt__clear_error();
+    kvt_config_values tmp = cfg->v;
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, ENV_PREFIX, sizeof ENV_PREFIX - 1) != 0) continue;
+        kvt_status st = apply_env_entry(&tmp, *e);
+        if (st) return st;
+    }
+    cfg->v = tmp;
+    return KVT_OK;
+}

@@ -1,0 +1,137 @@
+/* test_pool.c - the CPU tier block pool. */
+#include "support.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include "store/pool.h"
+
+static void test_capacity_math(void **state)
+{
+    (void)state;
+    kvt_pool *p = NULL;
+    /* floor(capacity / block_bytes), with an odd block size. */
+    assert_ok(kvt__pool_create(&p, 10 * 5000 + 4999, 5000, false));
+    assert_int_equal(kvt__pool_blocks_total(p), 10);
+    assert_int_equal(kvt__pool_blocks_free(p), 10);
+    assert_int_equal(kvt__pool_block_bytes(p), 5000);
+    kvt__pool_destroy(p);
+
+    /* Exactly one block. */
+    assert_ok(kvt__pool_create(&p, 4096, 4096, false));
+    assert_int_equal(kvt__pool_blocks_total(p), 1);
+    kvt__pool_destroy(p);
+
+    /* A realistic one: 64 blocks of 2 MiB, with huge pages if there are any. */
+    assert_ok(kvt__pool_create(&p, 128ull << 20, 2ull << 20, true));
+    assert_int_equal(kvt__pool_blocks_total(p), 64);
+    const char *kind = kvt__pool_page_kind(p);
+    assert_true(strcmp(kind, "hugetlb") == 0 || strcmp(kind, "thp") == 0 ||
+                strcmp(kind, "4k") == 0);
+    kvt__pool_destroy(p);
+
+    assert_ok(kvt__pool_create(&p, 1 << 20, 4096, false));
+    assert_string_equal(kvt__pool_page_kind(p), "4k");
+    kvt__pool_destroy(p);
+}
+
+static void test_alloc_until_exhausted(void **state)
+{
+    (void)state;
+    kvt_pool *p = NULL;
+    assert_ok(kvt__pool_create(&p, 33 * 1000, 1000, false));
+    uint32_t n = kvt__pool_blocks_total(p);
+    assert_int_equal(n, 33);
+    uint8_t *seen = calloc(n, 1);
+    assert_non_null(seen);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t s = kvt__pool_alloc(p);
+        assert_true(s < n);
+        assert_int_equal(seen[s], 0);
+        seen[s] = 1;
+        assert_int_equal(kvt__pool_blocks_free(p), n - 1 - i);
+    }
+    assert_int_equal(kvt__pool_alloc(p), KVT_POOL_NONE);
+    assert_int_equal(kvt__pool_alloc(p), KVT_POOL_NONE);
+    assert_int_equal(kvt__pool_blocks_free(p), 0);
+    for (uint32_t i = 0; i < n; i++) kvt__pool_free(p, i);
+    assert_int_equal(kvt__pool_blocks_free(p), n);
+    free(seen);
+    kvt__pool_destroy(p);
+}
+
+static void test_free_and_reuse(void **state)
+{
+    (void)state;
+    kvt_pool *p = NULL;
+    assert_ok(kvt__pool_create(&p, 4 * 8192, 8192, false));
+    uint32_t a = kvt__pool_alloc(p), b = kvt__pool_alloc(p);
+    assert_int_not_equal(a, b);
+    kvt__pool_free(p, a);
+    /* LIFO: the block just freed (still warm in cache) comes back first. */
+    assert_int_equal(kvt__pool_alloc(p), a);
+    kvt__pool_free(p, b);
+    kvt__pool_free(p, a);
+    assert_int_equal(kvt__pool_blocks_free(p), 4);
+    /* Drain and refill repeatedly: the count never drifts. */
+    for (int round = 0; round < 100; round++) {
+        uint32_t s[4];
+        for (int i = 0; i < 4; i++) s[i] = kvt__pool_alloc(p);
+        assert_int_equal(kvt__pool_alloc(p), KVT_POOL_NONE);
+        for (int i = 3; i >= 0; i--) kvt__pool_free(p, s[i]);
+    }
+    assert_int_equal(kvt__pool_blocks_free(p), 4);
+    kvt__pool_destroy(p);
+}
+
+static void test_alignment_and_disjoint(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {1, 63, 64, 100, 4095, 4096, 4097, 12345, 1 << 20};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        uint64_t bb = sizes[k];
+        kvt_pool *p = NULL;
+        assert_ok(kvt__pool_create(&p, bb * 8, bb, k % 2 == 0));
+        uint32_t n = kvt__pool_blocks_total(p);
+        assert_int_equal(n, 8);
+        for (uint32_t i = 0; i < n; i++) {
+            uint8_t *blk = kvt__pool_block(p, i);
+            /* Page aligned for O_DIRECT (so 64-byte aligned too). */
+            assert_int_equal((uintptr_t)blk % 4096, 0);
+            if (i > 0) assert_true(blk >= kvt__pool_block(p, i - 1) + bb);
+            memset(blk, (int)(i + 1), bb); /* writable end to end */
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            uint8_t *blk = kvt__pool_block(p, i);
+            assert_int_equal(blk[0], (uint8_t)(i + 1));
+            assert_int_equal(blk[bb - 1], (uint8_t)(i + 1));
+        }
+        kvt__pool_destroy(p);
+    }
+}
+
+static void test_bad_args(void **state)
+{
+    (void)state;
+    kvt_pool *p = (kvt_pool *)0x1;
+    assert_status(kvt__pool_create(NULL, 4096, 4096, false), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "kvt__pool_create"));
+    assert_status(kvt__pool_create(&p, 4096, 0, false), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "block_bytes is 0"));
+    assert_status(kvt__pool_create(&p, 4095, 4096, false), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "4095"));
+    assert_status(kvt__pool_create(&p, 0, 64, false), KVT_EINVAL);
+    assert_ptr_equal(p, (kvt_pool *)0x1); /* out untouched on failure */
+    kvt__pool_destroy(NULL);              /* no-op */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_capacity_math),
+        cmocka_unit_test(test_alloc_until_exhausted),
+        cmocka_unit_test(test_free_and_reuse),
+        cmocka_unit_test(test_alignment_and_disjoint),
+        cmocka_unit_test(test_bad_args),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,114 @@
+#include "cli_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util/clock.h"
+#include "util/parse.h"
+
+bool demo_parse_u64(const char *s, uint64_t *out) { return kvt__parse_u64(s, out); }
+
+int demo_error(const char *what, kvt_status st)
+{
+    fprintf(stderr, "kvtier: %s: %s: %s\n", what, kvt_strerror(st), kvt_last_error());
+    return 1;
+}
+
+void samples_add(sample_set *s, double x)
+{
+    if (s->n == s->cap) {
+        uint32_t cap = s->cap ? s->cap * 2 : 1024;
+        double *v = realloc(s->v, cap * sizeof *v);
+        if (!v) return; /* a lost sample only blurs a percentile */
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = x;
+    s->sorted = false;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double samples_pct(sample_set *s, double pct)
+{
+    if (s->n == 0) return 0;
+    if (!s->sorted) qsort(s->v, s->n, sizeof *s->v, cmp_double);
+    s->sorted = true;
+    uint32_t i = (uint32_t)((pct / 100.0) * (s->n - 1) + 0.5);
+    return s->v[i < s->n ? i : s->n - 1];
+}
+
+void samples_fini(sample_set *s)
+{
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+void progress_init(progress *p, const char *what, uint64_t total)
+{
+    p->what = what;
+    p->total = total ? total : 1;
+    p->last_ns = 0;
+    p->last_quarter = 0;
+    p->tty = isatty(2);
+}
+
+void progress_update(progress *p, uint64_t done, double hit_rate)
+{
+    if (p->tty) {
+        uint64_t now = kvt__now_ns();
+        if (now - p->last_ns < 100000000ull && done < p->total) return; /* 10 per second */
+        p->last_ns = now;
+        fprintf(stderr, "\r[%s] %llu/%llu requests (%3.0f%%)  token hit rate %5.1f%%  ", p->what,
+                (unsigned long long)done, (unsigned long long)p->total,
+                100.0 * (double)done / (double)p->total, 100.0 * hit_rate);
+        return;
+    }
+    int quarter = (int)(4 * done / p->total);
+    if (quarter <= p->last_quarter) return;
+    p->last_quarter = quarter;
+    fprintf(stderr, "[%s] %llu/%llu requests, token hit rate %.1f%%\n", p->what,
+            (unsigned long long)done, (unsigned long long)p->total, 100.0 * hit_rate);
+}
+
+void progress_done(progress *p)
+{
+    if (p->tty) fputc('\n', stderr);
+}
+
+bool page_alloc_init(page_alloc *a, uint32_t total)
+{
+    a->free = malloc((size_t)total * sizeof *a->free);
+    if (!a->free) return false;
+    for (uint32_t i = 0; i < total; i++) a->free[i] = total - 1 - i;
+    a->num_free = a->total = total;
+    return true;
+}
+
+void page_alloc_fini(page_alloc *a)
+{
+    free(a->free);
+    memset(a, 0, sizeof *a);
+}
+
+uint32_t page_free_count(const page_alloc *a) { return a->num_free; }
+
+uint32_t *page_alloc_list(page_alloc *a, uint32_t n)
+{
+    if (n > a->num_free) return NULL;
+    uint32_t *list = malloc((size_t)(n ? n : 1) * sizeof *list);
+    if (!list) return NULL;
+    for (uint32_t i = 0; i < n; i++) list[i] = a->free[--a->num_free];
+    return list;
+}
+
+void page_free_list(page_alloc *a, const uint32_t *pages, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) a->free[a->num_free++] = pages[i];
+}

@@ -1,0 +1,82 @@
+/* kvtier.c - the `kvtier` command line: one subcommand per job. */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench.h"
+#include "cmds.h"
+#include "kvtier.h"
+
+static void usage(FILE *to)
+{
+    fprintf(to,
+            "kvtier %s - KV-cache offload and transfer engine\n"
+            "\n"
+            "usage: kvtier <command> [options]\n"
+            "\n"
+            "commands:\n"
+            "  demo                 an emulated engine serving multi-turn chat through the cache\n"
+            "  config --dump        every option with its value, default and environment variable\n"
+            "  bench copy           gather/scatter throughput vs memcpy on this machine\n"
+            "  bench index          prefix-index lookups per second and bytes per block\n"
+            "  version              the library version\n"
+            "\n"
+            "Each command takes --help; most take --json for one JSON object on stdout.\n",
+            kvt_version_string());
+}
+
+typedef struct subcommand {
+    const char *name;
+    int (*main)(int argc, char **argv);
+} subcommand;
+
+static const subcommand bench_cmds[] = {
+    {"copy", kvt_bench_copy_main},
+    {"index", kvt_bench_index_main},
+};
+
+static int dispatch(const subcommand *cmds, size_t n, const char *what, int argc, char **argv)
+{
+    if (argc < 1) {
+        fprintf(stderr, "kvtier %s: which one? (", what);
+        for (size_t i = 0; i < n; i++) fprintf(stderr, "%s%s", i ? ", " : "", cmds[i].name);
+        fprintf(stderr, ")\n");
+        return 2;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(argv[0], cmds[i].name) == 0) return cmds[i].main(argc, argv);
+    fprintf(stderr, "kvtier %s: unknown subcommand \"%s\"\n", what, argv[0]);
+    return 2;
+}
+
+static int version_main(int argc, char **argv)
+{
+    (void)argc; (void)argv;
+    printf("kvtier %s\n", kvt_version_string());
+    return 0;
+}
+
+static int bench_main(int argc, char **argv)
+{
+    return dispatch(bench_cmds, sizeof bench_cmds / sizeof bench_cmds[0], "bench", argc - 1, argv + 1);
+}
+
+static const subcommand top_cmds[] = {
+    {"demo", kvt_cmd_demo},
+    {"config", kvt_cmd_config},
+    {"bench", bench_main},
+    {"version", version_main},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) return version_main(0, NULL);
+    for (size_t i = 0; i < sizeof top_cmds / sizeof top_cmds[0]; i++)
+        if (strcmp(argv[1], top_cmds[i].name) == 0) return top_cmds[i].main(argc - 1, argv + 1);
+    fprintf(stderr, "kvtier: unknown command \"%s\" (try kvtier --help)\n", argv[1]);
+    return 2;
+}
