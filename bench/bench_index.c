@@ -8,8 +8,8 @@
  *             counted per block matched (after a warm-up);
  *   machine   the machine's own limit for the same access pattern: random
  *             independent 8-byte reads over a buffer as large as the index,
- *             prefetched in the same batches (a lookup needs two: its table
- *             slot and its entry);
+ *             prefetched 16 at a time (a lookup needs two: its table slot
+ *             and its entry; machine_ratio = 2 * lookups / reads);
  *   evictions kvt__index_evict in batches of 64 over a tenth of the blocks.
  * Prints a report, or with --json one JSON object on stdout. Progress of the
  * long build goes to stderr when it is a terminal.
@@ -179,7 +179,8 @@ static uint64_t bi_lookups(kvt_index *idx, const kvt_hash128 *h, uint32_t blocks
 }
 
 /* The machine's rate of random independent 8-byte reads over `bytes` of
- * memory, in prefetched batches of 16 like kvt__index_match. */
+ * memory, in prefetched batches of 16 (kvt__index_match keeps about as many
+ * misses in flight). */
 static double bi_machine_reads(uint64_t bytes, uint64_t *rng)
 {
     size_t n = (size_t)(bytes / sizeof(uint64_t));

@@ -244,7 +244,10 @@ typedef uint64_t kvt_task_id; /* 0 is never a task */
 typedef enum kvt_task_kind { KVT_TASK_LOAD = 1, KVT_TASK_STORE = 2 } kvt_task_kind;
 
 /* Copies cfg and geo (both may be destroyed afterwards). Allocates and
- * prefaults the CPU tier now. The caller owns *out. */
+ * prefaults the CPU tier now; with ssd_dirs set, opens the SSD tier and
+ * recovers the blocks a previous run left there (a directory written for
+ * another geometry is refused with KVT_EGEOMETRY naming the field, unless
+ * ssd_fresh). The caller owns *out. */
 kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg,
                             const kvt_geometry *geo);
 /* Cancels every task, waits for the workers, frees the tiers. */
@@ -315,16 +318,29 @@ kvt_status kvt_cache_poll(kvt_cache *cache, kvt_task_result *out, uint32_t max,
                           uint32_t *count);
 
 typedef struct kvt_cache_stats {
-    uint64_t lookups, lookup_tokens, hit_tokens;
+    uint64_t lookups, lookup_tokens;
+    uint64_t hit_tokens;     /* tokens matched, all tiers */
+    uint64_t ssd_hit_tokens; /* of hit_tokens, those read back from the SSD tier */
     uint64_t stores, stored_blocks, stored_bytes;
     uint64_t loads, loaded_blocks, loaded_bytes;
-    uint64_t evicted_blocks, failed_tasks, cancelled_tasks, expired_tasks;
+    uint64_t evicted_blocks;     /* removed from the cache (every tier) */
+    uint64_t cpu_dropped_blocks; /* CPU copies dropped, SSD copy kept */
+    uint64_t failed_tasks, cancelled_tasks, expired_tasks;
     uint64_t cpu_blocks_used, cpu_blocks_total, block_bytes;
+    uint64_t ssd_blocks_used, ssd_blocks_total;
+    uint64_t ssd_written_blocks, ssd_read_blocks, ssd_write_errors, ssd_read_errors;
+    uint64_t corrupt_blocks;     /* failed their checksum on read: dropped, never served */
+    uint64_t recovered_blocks;   /* found in the SSD tier's journal at create */
     uint64_t index_blocks, index_bytes;
     uint64_t tasks_in_flight;
 } kvt_cache_stats;
 
 kvt_status kvt_cache_stats_get(kvt_cache *cache, kvt_cache_stats *out);
+/* Waits until every block stored so far has a durable SSD copy (or its
+ * write failed), or timeout_ms passes: KVT_OK or KVT_ETIMEDOUT. Returns at
+ * once without an SSD tier. Under continuous stores it waits for the tier to
+ * drain, so bound it with the timeout. */
+kvt_status kvt_cache_flush(kvt_cache *cache, int64_t timeout_ms);
 /* The cache's last failure message (any thread). Valid until the next
  * failing call on this cache; prefer kvt_last_error() in threaded code. */
 const char *kvt_cache_last_error(const kvt_cache *cache);
@@ -563,7 +579,10 @@ typedef enum kvt_conn_event_kind {
 typedef struct kvt_conn_event {
     uint64_t rid;
     kvt_conn_event_kind kind;
-    kvt_status status;    /* KVT_OK; refused: KVT_ECANCELED; failed: the error */
+    kvt_status status;    /* KVT_OK; refused: KVT_ECANCELED (a rank did not queue
+                             it or gave no pages), KVT_EPROTO (ranks named other
+                             request bytes), KVT_ENOTFOUND (empty agreed prefix);
+                             DONE: the first rank's error */
     uint32_t tokens;      /* LOAD: agreed prefix; DONE: tokens done on every rank */
     uint32_t rank;        /* when status != OK: the first rank that caused it */
     uint32_t counter;     /* LOAD: the leader's layer-completion counter id */
@@ -581,6 +600,152 @@ kvt_status kvt_conn_events(kvt_conn *conn, kvt_conn_event *out, uint32_t max,
                            uint32_t *count);
 /* Re-forms the group under a new epoch (every rank) and clears the state. */
 kvt_status kvt_conn_reform(kvt_conn *conn, int64_t timeout_ms);
+
+/* ------------------------------------------------------------------ */
+/* Prefill -> decode transfer                                         */
+/* ------------------------------------------------------------------ */
+
+/* docs/pd.md gives the bootstrap protocol, the geometry rules and the room
+ * state machine. Three roles:
+ *  - a bootstrap service: a directory; prefill ranks register their KV
+ *    descriptor and data address, decode ranks look up the prefill topology;
+ *  - a sender (one per prefill rank): listens; decode ranks connect, send
+ *    their complete per-entry descriptor (refused at once, with a message,
+ *    when it cannot be converted) and then per-request rooms;
+ *  - a receiver (one per decode rank): connects to the prefill ranks that
+ *    feed it and receives KV straight into its engine pages.
+ * Every page carries an XXH3 checksum the receiver verifies. Every room
+ * state has a deadline; a silent peer fails its rooms after peer_timeout_ms.
+ * Threading: every kvt_pd_* function is thread-safe. */
+typedef struct kvt_pd_bootstrap kvt_pd_bootstrap;
+typedef struct kvt_pd_sender kvt_pd_sender;
+typedef struct kvt_pd_receiver kvt_pd_receiver;
+
+/* Room states, numerically equal to SGLang's KVPoll. A room only moves
+ * forward; FAILED overrides anything but SUCCESS; a cleared room is gone and
+ * no late message brings it back. */
+typedef enum kvt_pd_poll {
+    KVT_PD_FAILED = 0,
+    KVT_PD_BOOTSTRAPPING = 1,
+    KVT_PD_WAITING_FOR_INPUT = 2,
+    KVT_PD_TRANSFERRING = 3,
+    KVT_PD_SUCCESS = 4
+} kvt_pd_poll;
+
+typedef enum kvt_pd_transport {
+    KVT_PD_TCP = 0, /* data over the authenticated TCP connection */
+    KVT_PD_UCX = 1  /* data over UCX tag messages (UCX_TLS picks tcp, shm...) */
+} kvt_pd_transport;
+
+/* Network settings of any endpoint. Zero fields take the defaults. */
+typedef struct kvt_pd_net_params {
+    const char *bind_host;    /* numeric IPv4 to listen on; NULL: "127.0.0.1" */
+    uint16_t port;            /* 0: an ephemeral port */
+    const void *secret;       /* NULL: open; else 16..1024 bytes every peer must */
+    size_t secret_len;        /* prove it holds (mutual HMAC-SHA256 challenge) */
+    uint32_t max_frame;       /* bound on one frame's body; 0: 64 MiB (max 256 MiB) */
+    kvt_pd_transport transport;
+    uint32_t heartbeat_ms;    /* idle links send a ping this often; 0: 100 */
+    uint32_t peer_timeout_ms; /* silence that declares a peer dead; 0: 3000 */
+} kvt_pd_net_params;
+
+/* Where a rank sits: tensor parallel and decode context parallel (DCP: token
+ * i lives on DCP rank i % dcp_size at local index i / dcp_size). Prefill
+ * ranks normally have dcp_size 1. Layers of 2 components (K, V) are MHA:
+ * their heads are split across TP ranks (rank r holds heads [r*kv_heads,
+ * (r+1)*kv_heads)); layers of 1 component are MLA: replicated. */
+typedef struct kvt_pd_rank {
+    uint32_t tp_size, tp_rank;
+    uint32_t dcp_size, dcp_rank; /* 0, 0 mean 1, 0 */
+} kvt_pd_rank;
+
+typedef struct kvt_pd_params {
+    kvt_pd_net_params net;       /* sender: its data listener; receiver: secret,
+                                    transport and timeouts apply */
+    const char *bootstrap_host;  /* NULL: "127.0.0.1" */
+    uint16_t bootstrap_port;     /* required */
+    kvt_pd_rank rank;
+    const kvt_geometry *geo;     /* copied */
+    const kvt_engine_memory *mem;/* pointers kept until destroy (as for the cache) */
+    uint32_t bootstrap_timeout_ms; /* deadline of BOOTSTRAPPING; 0: 30000 */
+    uint32_t waiting_timeout_ms;   /* deadline of WAITING_FOR_INPUT; 0: 30000 */
+    uint32_t transfer_timeout_ms;  /* deadline of TRANSFERRING; 0: 60000 */
+    uint32_t connect_timeout_ms;   /* create's own deadline; 0: 10000 */
+} kvt_pd_params;
+
+/* Starts the bootstrap service (a listener and its threads). params is
+ * copied. The caller owns *out. */
+kvt_status kvt_pd_bootstrap_create(kvt_pd_bootstrap **out, const kvt_pd_net_params *params);
+kvt_status kvt_pd_bootstrap_port(const kvt_pd_bootstrap *bs, uint16_t *out);
+typedef struct kvt_pd_bootstrap_stats {
+    uint32_t prefill_ranks;  /* registered now */
+    uint64_t lookups;        /* answered with a topology */
+    uint64_t refused;        /* strangers, bad frames and refused registrations */
+} kvt_pd_bootstrap_stats;
+kvt_status kvt_pd_bootstrap_stats_get(kvt_pd_bootstrap *bs, kvt_pd_bootstrap_stats *out);
+/* Stops and joins its threads (each ends within its frame deadline). */
+void kvt_pd_bootstrap_destroy(kvt_pd_bootstrap *bs);
+
+/* A prefill rank: listens, registers with the bootstrap service within
+ * connect_timeout_ms. The caller owns *out. */
+kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *params);
+kvt_status kvt_pd_sender_port(const kvt_pd_sender *s, uint16_t *out);
+/* Claims a room (the engine has a request with this bootstrap room). It is
+ * BOOTSTRAPPING until every decode rank that needs this prefill rank sent
+ * its page table, then WAITING_FOR_INPUT. KVT_EBUSY: already claimed. */
+kvt_status kvt_pd_sender_room(kvt_pd_sender *s, uint64_t room);
+/* Hands the room's KV over: pages[i] holds tokens [i*tokens_per_page, ...)
+ * of the request's num_tokens tokens; copied. The transfer starts once the
+ * decode side's page tables are in; the pages must keep their content until
+ * the room is SUCCESS or FAILED. */
+kvt_status kvt_pd_sender_send(kvt_pd_sender *s, uint64_t room, const uint32_t *pages,
+                              uint32_t num_pages, uint32_t num_tokens);
+kvt_status kvt_pd_sender_poll(kvt_pd_sender *s, uint64_t room, kvt_pd_poll *out);
+/* Waits until the room is SUCCESS or FAILED or timeout_ms (>= 0) passes
+ * (then KVT_ETIMEDOUT); *out gets the state either way. */
+kvt_status kvt_pd_sender_wait(kvt_pd_sender *s, uint64_t room, int64_t timeout_ms,
+                              kvt_pd_poll *out);
+/* Fails the room now and tells every peer of it; each acknowledges
+ * (kvt_pd_room_info.abort_acks). reason may be NULL. */
+kvt_status kvt_pd_sender_abort(kvt_pd_sender *s, uint64_t room, const char *reason);
+/* Forgets the room (any state); late messages about it are ignored. */
+kvt_status kvt_pd_sender_clear(kvt_pd_sender *s, uint64_t room);
+void kvt_pd_sender_destroy(kvt_pd_sender *s);
+
+typedef struct kvt_pd_room_params {
+    const uint32_t *pages;   /* this rank's page table (copied): with DCP, of
+                                its local tokens i / dcp_size */
+    uint32_t num_pages;
+    uint32_t num_tokens;     /* the request's tokens (global) */
+    uint32_t prefix_tokens;  /* tokens [0, prefix) already here: not sent */
+} kvt_pd_room_params;
+
+/* A decode rank: looks the prefill topology up (retrying until every
+ * prefill rank registered), connects to the prefill ranks that feed it and
+ * registers its descriptor. KVT_EGEOMETRY with a message naming the entry,
+ * field and both values when a pair cannot be converted. */
+kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *params);
+/* Opens a room and sends its page table to the prefill ranks. */
+kvt_status kvt_pd_receiver_room(kvt_pd_receiver *r, uint64_t room,
+                                const kvt_pd_room_params *params);
+kvt_status kvt_pd_receiver_poll(kvt_pd_receiver *r, uint64_t room, kvt_pd_poll *out);
+kvt_status kvt_pd_receiver_wait(kvt_pd_receiver *r, uint64_t room, int64_t timeout_ms,
+                                kvt_pd_poll *out);
+kvt_status kvt_pd_receiver_abort(kvt_pd_receiver *r, uint64_t room, const char *reason);
+kvt_status kvt_pd_receiver_clear(kvt_pd_receiver *r, uint64_t room);
+void kvt_pd_receiver_destroy(kvt_pd_receiver *r);
+
+typedef struct kvt_pd_room_info {
+    kvt_pd_poll state;
+    kvt_status error;       /* why it FAILED: ETIMEDOUT, ECONN, ECORRUPT, EABORTED... */
+    char message[160];      /* the reason in words; "" unless FAILED */
+    uint64_t bytes;         /* payload bytes moved so far */
+    uint32_t abort_acks;    /* peers that acknowledged our abort */
+    uint32_t peers;         /* peers this room involves */
+} kvt_pd_room_info;
+/* Details of a room; exactly one of s, r is non-NULL. */
+kvt_status kvt_pd_room_info_get(kvt_pd_sender *s, kvt_pd_receiver *r, uint64_t room,
+                                kvt_pd_room_info *out);
 
 #ifdef __cplusplus
 }

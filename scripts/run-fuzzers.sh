@@ -13,8 +13,10 @@ for f in "$build"/tests/fuzz_*; do
   work=$(mktemp -d)
   if [ -d "$root/tests/fuzz/corpus/$name" ]; then cp -r "$root/tests/fuzz/corpus/$name/." "$work/"; fi
   echo "fuzz: $name for ${secs}s"
-  "$f" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 "$work" \
-    >"$work.log" 2>&1 || { tail -50 "$work.log"; echo "fuzz: $name FAILED"; exit 1; }
+  # Crash inputs land in $work/crash-*; on failure they are kept and named.
+  "$f" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 \
+    -artifact_prefix="$work/" "$work" >"$work.log" 2>&1 || {
+      tail -50 "$work.log"; echo "fuzz: $name FAILED; inputs kept in $work"; ls "$work"/crash-* "$work"/leak-* "$work"/timeout-* 2>/dev/null; exit 1; }
   grep -E '^(#[0-9]+ +DONE|Done [0-9]+ runs)' "$work.log" | tail -1 || true
   rm -rf "$work" "$work.log"
 done

@@ -3,12 +3,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
 #include <unistd.h>
 
 #include "util/clock.h"
 #include "util/parse.h"
 
 bool demo_parse_u64(const char *s, uint64_t *out) { return kvt__parse_u64(s, out); }
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+void remove_tree(const char *path)
+{
+    nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 int demo_error(const char *what, kvt_status st)
 {

@@ -10,6 +10,9 @@
 
 bool demo_parse_u64(const char *s, uint64_t *out);
 
+/* rm -rf path (a directory this program created). */
+void remove_tree(const char *path);
+
 /* Prints "kvtier: WHAT: <status text>: <last error>" on stderr; returns 1. */
 int demo_error(const char *what, kvt_status st);
 

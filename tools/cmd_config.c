@@ -11,7 +11,7 @@
 #include "kvtier.h"
 #include "util/parse.h"
 
-#define VALUE_MAX 64
+#define VALUE_MAX 4096
 
 static int usage(FILE *to)
 {
@@ -121,6 +121,9 @@ static int dump_json(const kvt_config *cfg)
     return 0;
 }
 
+/* An empty string shows as "" so that the columns stay readable. */
+static const char *shown(const char *s) { return s[0] ? s : "\"\""; }
+
 /* The value column: exact, plus a readable form for sizes. */
 static void shown_value(const kvt_option_info *o, const char *value, char *buf, size_t len)
 {
@@ -130,7 +133,7 @@ static void shown_value(const kvt_option_info *o, const char *value, char *buf, 
         kvt__format_size(bytes, human, sizeof human);
         snprintf(buf, len, "%s (%s)", value, human);
     } else {
-        snprintf(buf, len, "%s", value);
+        snprintf(buf, len, "%s", shown(value));
     }
 }
 
@@ -159,7 +162,7 @@ static int dump_table(const kvt_config *cfg)
 #define WIDEN_(w, s) if ((int)strlen(s) > (w)) (w) = (int)strlen(s)
         WIDEN_(w_name, opts[i].name);
         WIDEN_(w_value, values[i]);
-        WIDEN_(w_def, opts[i].default_value);
+        WIDEN_(w_def, shown(opts[i].default_value));
         WIDEN_(w_env, opts[i].env);
         WIDEN_(w_type, opts[i].type);
 #undef WIDEN_
@@ -168,7 +171,7 @@ static int dump_table(const kvt_config *cfg)
            "DEFAULT", w_env, "ENV", w_type, "TYPE", "HELP");
     for (size_t i = 0; i < n; i++)
         printf("%-*s  %-*s  %-*s  %-*s  %-*s  %s\n", w_name, opts[i].name, w_value, values[i],
-               w_def, opts[i].default_value, w_env, opts[i].env, w_type, opts[i].type,
+               w_def, shown(opts[i].default_value), w_env, opts[i].env, w_type, opts[i].type,
                opts[i].help);
     free(opts);
     free(values);

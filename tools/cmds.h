@@ -4,5 +4,7 @@
 
 int kvt_cmd_config(int argc, char **argv); /* kvtier config --dump [--json] [--file F] */
 int kvt_cmd_demo(int argc, char **argv);   /* kvtier demo [--json] [--quick] ... */
+int kvt_cmd_fsck(int argc, char **argv);   /* kvtier fsck DIR[,DIR2...] [--repair] [--json] */
+int kvt_cmd_pd(int argc, char **argv);     /* kvtier pd bootstrap|prefill|decode ... */
 
 #endif

@@ -24,9 +24,11 @@
 #define DEMO_WAIT_MS 30000 /* generous: a stuck task is a failure, not a hang */
 
 typedef struct demo_opts {
-    bool json, quick;
+    bool json, quick, no_ssd;
     const char *config_file;
     const char *cpu_capacity;
+    const char *ssd_capacity;
+    const char *ssd_dir; /* kept when given; else a temporary directory */
     chat_params chat;
 } demo_opts;
 
@@ -42,6 +44,7 @@ typedef struct demo {
     kvt_config *cfg;
     kvt_cache *cache;
     kvt_emu *emu;
+    char tmp_dir[256]; /* removed at the end */
     page_alloc pages;
     pending_store *stores;
     uint32_t num_stores, max_stores;
@@ -56,10 +59,13 @@ static int usage(FILE *to)
 {
     fprintf(to,
             "usage: kvtier demo [--json] [--quick] [--conversations N] [--active N] [--turns N]\n"
-            "                   [--cpu-capacity SIZE] [--seed N] [--config FILE]\n"
+            "                   [--cpu-capacity SIZE] [--ssd-capacity SIZE] [--ssd-dir DIR]\n"
+            "                   [--no-ssd] [--seed N] [--config FILE]\n"
             "Serves a multi-turn chat workload from an emulated engine through the cache and\n"
-            "verifies every loaded byte. Options also come from KVTIER_* variables\n"
-            "(kvtier config --dump lists them).\n");
+            "verifies every loaded byte. The CPU tier is small on purpose; an SSD tier in a\n"
+            "temporary directory sits under it, or in DIR with --ssd-dir, which keeps the\n"
+            "cache: a second run with the same DIR starts warm. Options also come from\n"
+            "KVTIER_* variables (kvtier config --dump lists them).\n");
     return to == stdout ? 0 : 2;
 }
 
@@ -69,17 +75,21 @@ static int parse_args(demo_opts *o, int argc, char **argv)
                      .active = 8, .turns = 6, .user_min = 48, .user_max = 256,
                      .reply_min = 32, .reply_max = 192, .seed = 42};
     o->chat = c;
-    o->cpu_capacity = "384MiB";
+    o->cpu_capacity = "128MiB";
+    o->ssd_capacity = "2GiB";
     bool cpu_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t n = 0;
         if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "--quick")) o->quick = true;
+        else if (!strcmp(a, "--no-ssd")) o->no_ssd = true;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout) - 1;
         else if (!v) return fprintf(stderr, "kvtier demo: %s needs a value\n", a), 2;
         else if (!strcmp(a, "--config")) o->config_file = v, i++;
         else if (!strcmp(a, "--cpu-capacity")) o->cpu_capacity = v, cpu_set = true, i++;
+        else if (!strcmp(a, "--ssd-capacity")) o->ssd_capacity = v, i++;
+        else if (!strcmp(a, "--ssd-dir")) o->ssd_dir = v, i++;
         else if (!demo_parse_u64(v, &n) || n == 0 || n > 1000000)
             return fprintf(stderr, "kvtier demo: %s: \"%s\" is not a count in 1..1000000\n", a, v), 2;
         else if (!strcmp(a, "--conversations")) o->chat.conversations = (uint32_t)n, i++;
@@ -90,7 +100,7 @@ static int parse_args(demo_opts *o, int argc, char **argv)
     }
     if (o->quick) {
         /* Small enough that the quick run evicts too. */
-        if (!cpu_set) o->cpu_capacity = "96MiB";
+        if (!cpu_set) o->cpu_capacity = "48MiB";
         o->chat.conversations = o->chat.conversations > 16 ? 16 : o->chat.conversations;
         o->chat.turns = o->chat.turns > 4 ? 4 : o->chat.turns;
     }
@@ -107,10 +117,29 @@ static kvt_status make_geometry(kvt_geometry **out)
     return kvt_geometry_set_layers(*out, 0, 8, &s);
 }
 
+/* The SSD tier's directory: the user's, or a fresh temporary one. */
+static kvt_status ssd_dir(demo *d, const char **dir)
+{
+    *dir = d->o.ssd_dir;
+    if (*dir) return KVT_OK;
+    const char *base = getenv("TMPDIR");
+    snprintf(d->tmp_dir, sizeof d->tmp_dir, "%s/kvtier-demo-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(d->tmp_dir)) {
+        d->tmp_dir[0] = '\0';
+        return KVT_ESYS;
+    }
+    *dir = d->tmp_dir;
+    return KVT_OK;
+}
+
 static kvt_status make_config(demo *d)
 {
     kvt_status st = kvt_config_create(&d->cfg);
     if (!st) st = kvt_config_set(d->cfg, "cpu_capacity", d->o.cpu_capacity);
+    const char *dir = NULL;
+    if (!st && !d->o.no_ssd) st = ssd_dir(d, &dir);
+    if (!st && dir) st = kvt_config_set(d->cfg, "ssd_dirs", dir);
+    if (!st && dir) st = kvt_config_set(d->cfg, "ssd_capacity", d->o.ssd_capacity);
     if (!st && d->o.config_file) st = kvt_config_load_file(d->cfg, d->o.config_file);
     if (!st) st = kvt_config_load_env(d->cfg);
     return st;
@@ -146,6 +175,7 @@ static void teardown(demo *d)
     kvt_emu_destroy(d->emu);
     kvt_config_destroy(d->cfg);
     kvt_geometry_destroy(d->geo);
+    if (d->tmp_dir[0]) remove_tree(d->tmp_dir);
     samples_fini(&d->lookup_us);
     samples_fini(&d->load_ms);
 }
@@ -263,7 +293,9 @@ static int run(demo *d, chat_workload *w, progress *pr)
     }
     while (d->num_stores)
         if (reap_stores(d, true)) return 1;
-    return 0;
+    /* Every block on the SSD before the report (and before a warm rerun). */
+    kvt_status st = kvt_cache_flush(d->cache, DEMO_WAIT_MS);
+    return st ? demo_error("flushing the SSD tier", st) : 0;
 }
 
 static void report(demo *d, const kvt_cache_stats *s, double elapsed)
@@ -280,6 +312,10 @@ static void report(demo *d, const kvt_cache_stats *s, double elapsed)
         .mismatches = d->mismatches, .failures = d->failures, .elapsed_s = elapsed,
         .cpu_capacity = s->cpu_blocks_total * s->block_bytes, .block_bytes = s->block_bytes,
         .cpu_blocks = s->cpu_blocks_total,
+        .ssd_hit_tokens = s->ssd_hit_tokens, .ssd_capacity = s->ssd_blocks_total * s->block_bytes,
+        .ssd_written_blocks = s->ssd_written_blocks, .recovered_blocks = s->recovered_blocks,
+        .corrupt_blocks = s->corrupt_blocks, .cpu_dropped_blocks = s->cpu_dropped_blocks,
+        .ssd_dir = d->o.no_ssd ? NULL : (d->o.ssd_dir ? d->o.ssd_dir : "(temporary)"),
     };
     if (d->o.json) demo_report_json(&r);
     else demo_report_text(&r);

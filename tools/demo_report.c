@@ -18,6 +18,18 @@ void demo_report_text(const demo_report *r)
     printf("  CPU tier          %s (%llu blocks of %s)\n", cap, (unsigned long long)r->cpu_blocks, blk);
     printf("  prefix hit rate   %.1f%% of tokens (%llu of %llu)\n", 100.0 * r->hit_rate,
            (unsigned long long)r->hit_tokens, (unsigned long long)r->lookup_tokens);
+    if (r->ssd_dir) {
+        char sc[32];
+        kvt__format_size(r->ssd_capacity, sc, sizeof sc);
+        printf("  SSD tier          %s in %s\n", sc, r->ssd_dir);
+        printf("  hits per tier     CPU %llu tokens, SSD %llu tokens\n",
+               (unsigned long long)(r->hit_tokens - r->ssd_hit_tokens),
+               (unsigned long long)r->ssd_hit_tokens);
+        printf("  SSD traffic       %llu blocks written, %llu recovered at start, "
+               "%llu CPU copies dropped, %llu corrupt\n",
+               (unsigned long long)r->ssd_written_blocks, (unsigned long long)r->recovered_blocks,
+               (unsigned long long)r->cpu_dropped_blocks, (unsigned long long)r->corrupt_blocks);
+    }
     printf("  stored            %s\n", st);
     printf("  loaded            %s at %.2f GB/s\n", ld, r->load_gbps);
     printf("  evicted           %llu blocks\n", (unsigned long long)r->evicted_blocks);
@@ -49,6 +61,13 @@ void demo_report_json(const demo_report *r)
     cJSON_AddNumberToObject(o, "elapsed_s", r->elapsed_s);
     cJSON_AddNumberToObject(o, "cpu_capacity", (double)r->cpu_capacity);
     cJSON_AddNumberToObject(o, "block_bytes", (double)r->block_bytes);
+    cJSON_AddNumberToObject(o, "cpu_hit_tokens", (double)(r->hit_tokens - r->ssd_hit_tokens));
+    cJSON_AddNumberToObject(o, "ssd_hit_tokens", (double)r->ssd_hit_tokens);
+    cJSON_AddNumberToObject(o, "ssd_capacity", (double)r->ssd_capacity);
+    cJSON_AddNumberToObject(o, "ssd_written_blocks", (double)r->ssd_written_blocks);
+    cJSON_AddNumberToObject(o, "recovered_blocks", (double)r->recovered_blocks);
+    cJSON_AddNumberToObject(o, "corrupt_blocks", (double)r->corrupt_blocks);
+    cJSON_AddNumberToObject(o, "cpu_dropped_blocks", (double)r->cpu_dropped_blocks);
     char *s = cJSON_Print(o);
     if (s) puts(s);
     free(s);

@@ -15,6 +15,9 @@ typedef struct demo_report {
     uint32_t failures;
     double elapsed_s;
     uint64_t cpu_capacity, block_bytes, cpu_blocks;
+    uint64_t ssd_hit_tokens, ssd_capacity, ssd_written_blocks, recovered_blocks;
+    uint64_t corrupt_blocks, cpu_dropped_blocks;
+    const char *ssd_dir; /* NULL without an SSD tier */
 } demo_report;
 
 void demo_report_text(const demo_report *r);

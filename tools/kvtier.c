@@ -16,8 +16,13 @@ static void usage(FILE *to)
             "commands:\n"
             "  demo                 an emulated engine serving multi-turn chat through the cache\n"
             "  config --dump        every option with its value, default and environment variable\n"
+            "  fsck DIR[,DIR..]     check (or --repair) an SSD tier's cache directories\n"
+            "  pd bootstrap|prefill|decode   run a prefill -> decode KV hand-off by hand\n"
             "  bench copy           gather/scatter throughput vs memcpy on this machine\n"
             "  bench index          prefix-index lookups per second and bytes per block\n"
+            "  bench ssd            SSD tier write/read throughput vs raw O_DIRECT io_uring\n"
+            "  bench group          rank-group step latency, inproc and loopback TCP\n"
+            "  bench pd             prefill -> decode hand-off vs a raw TCP stream and ucx_perftest\n"
             "  version              the library version\n"
             "\n"
             "Each command takes --help; most take --json for one JSON object on stdout.\n",
@@ -32,6 +37,9 @@ typedef struct subcommand {
 static const subcommand bench_cmds[] = {
     {"copy", kvt_bench_copy_main},
     {"index", kvt_bench_index_main},
+    {"ssd", kvt_bench_ssd_main},
+    {"group", kvt_bench_group_main},
+    {"pd", kvt_bench_pd_main},
 };
 
 static int dispatch(const subcommand *cmds, size_t n, const char *what, int argc, char **argv)
@@ -63,6 +71,8 @@ static int bench_main(int argc, char **argv)
 static const subcommand top_cmds[] = {
     {"demo", kvt_cmd_demo},
     {"config", kvt_cmd_config},
+    {"fsck", kvt_cmd_fsck},
+    {"pd", kvt_cmd_pd},
     {"bench", bench_main},
     {"version", version_main},
 };

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cache/tasks.h"
+#include "cache/tiers.h"
 
 /* Records the thread's last error on the cache too, then returns st. */
 kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st)
@@ -47,8 +48,7 @@ static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry 
     c->block_bytes = kvt__geo_bytes_per_token(c->geo) * c->cfg.block_tokens;
     st = kvt__pool_create(&c->pool, c->cfg.cpu_capacity, c->block_bytes, c->cfg.huge_pages);
     if (st) return st;
-    st = kvt__index_create(&c->index, kvt__pool_blocks_total(c->pool),
-                           (kvt_evict_policy)c->cfg.eviction);
+    st = kvt__tiers_open(c);
     if (st) return st;
     st = kvt__tasks_init(c, c->cfg.max_tasks);
     if (st) return st;
@@ -86,13 +86,19 @@ void kvt_cache_destroy(kvt_cache *c)
 {
     if (!c) return;
     if (c->tasks) {
-        /* Stop running tasks; xfer_destroy then waits for them and calls
-         * their on_done (which takes c->mu, so it must not be held). */
+        /* Stop running tasks. The tiers then fail queued reads and wait for
+         * in-flight I/O; xfer_destroy waits for copies and calls their
+         * on_done. Both call back into the cache, so c->mu is not held. */
         pthread_mutex_lock(&c->mu);
-        for (uint32_t i = 0; i < c->cfg.max_tasks; i++)
-            if (c->tasks[i].state == KVT_TS_RUNNING) kvt__xfer_cancel(c->xfer, &c->tasks[i].xt);
+        for (uint32_t i = 0; i < c->cfg.max_tasks; i++) {
+            kvt_task *t = &c->tasks[i];
+            if (t->state != KVT_TS_RUNNING) continue;
+            t->cancel_asked = true;
+            if (!t->reading) kvt__xfer_cancel(c->xfer, &t->xt);
+        }
         pthread_mutex_unlock(&c->mu);
     }
+    if (c->pool) kvt__tiers_close(c);
     kvt__xfer_destroy(c->xfer);
     kvt__tasks_fini(c);
     kvt__index_destroy(c->index);
@@ -131,6 +137,10 @@ kvt_status kvt_cache_stats_get(kvt_cache *c, kvt_cache_stats *out)
     c->stats.index_blocks = kvt__index_count(c->index);
     c->stats.index_bytes = kvt__index_memory_bytes(c->index);
     c->stats.tasks_in_flight = c->in_flight;
+    if (c->ssd) {
+        c->stats.ssd_blocks_total = kvt__ssd_blocks_total(c->ssd);
+        c->stats.ssd_blocks_used = c->stats.ssd_blocks_total - kvt__ssd_blocks_free(c->ssd);
+    }
     *out = c->stats;
     pthread_mutex_unlock(&c->mu);
     return KVT_OK;

@@ -18,6 +18,7 @@
 #include "kvtier.h"
 #include "layout/layout.h"
 #include "store/pool.h"
+#include "store/ssd.h"
 #include "util/config.h"
 #include "util/err.h"
 #include "util/sync.h"
@@ -37,10 +38,18 @@ struct kvt_task {
     kvt_task_state state;
     kvt_status result;
     uint32_t first_token, num_tokens, num_blocks;
+    uint32_t num_pinned; /* load: entries pinned (num_blocks may shrink below it) */
     uint64_t plan_deadline_ns;
     uint32_t *entries;  /* index entry per block */
     uint8_t **blocks;   /* pool block address per block */
     uint32_t *pages;    /* engine pages, num_blocks * pages_per_block */
+    uint32_t *tmp_slots; /* load: CPU slot read into from the SSD, or KVT_POOL_NONE */
+    uint32_t num_repair; /* store: leading entries re-filled after their data was lost */
+    uint32_t reads_left; /* load: SSD reads not yet landed */
+    uint32_t first_bad;  /* load: first block whose read failed (num_blocks if none) */
+    kvt_status bad_status;
+    bool reading;        /* load: waiting for SSD reads before the transfer */
+    bool cancel_asked;
     uint32_t refs;      /* threads inside wait_layer on this task */
     bool reported;      /* result handed out; free when refs reaches 0 */
     kvt_xfer_task xt;
@@ -71,6 +80,26 @@ struct kvt_cache {
     uint64_t *slot_gen;   /* per slot: times reused, for unique ids */
     kvt_task_list planned, ended;
     uint32_t in_flight;   /* PLANNED + RUNNING */
+
+    /* Tiers (see tiers.h). Per CPU slot: owner entry, CLOCK bit, I/O
+     * context. Per index entry: SSD slot and state. */
+    kvt_ssd *ssd;
+    uint32_t cpu_blocks;
+    uint32_t *cpu_owner;
+    uint8_t *cpu_ref;
+    uint32_t clock_hand;
+    struct kvt_io_ctx *io_ctx;
+    uint32_t *ssd_slot;
+    uint8_t *ssd_state;
+    /* The mover thread: queued SSD writes (entry ids) and reads. */
+    pthread_t mover;
+    bool mover_running, mover_stop;
+    pthread_cond_t mover_cv, flush_cv;
+    uint32_t *write_q;
+    uint32_t wq_head, wq_len;
+    struct kvt_read_op *read_q;
+    uint32_t rq_head, rq_len;
+    uint32_t ssd_pending; /* SSD writes queued or in flight */
 
     kvt_cache_stats stats;
     pthread_mutex_t err_mu;

@@ -5,6 +5,7 @@
 
 #include "cache/cache.h"
 #include "cache/tasks.h"
+#include "cache/tiers.h"
 #include "util/clock.h"
 
 /* Requests longer than this are refused: 16 M tokens is far beyond any
@@ -71,17 +72,32 @@ static void count_end(kvt_cache *c, const kvt_task *t, kvt_status st)
 /* Commits or rolls back the task's index entries, then parks its result on
  * the ended list for wait or poll. A store that did not succeed leaves no
  * trace: its pending entries go and their blocks return to the pool. */
-static void finish_task(kvt_cache *c, kvt_task *t, kvt_status st)
+static void end_store(kvt_cache *c, kvt_task *t, kvt_status st)
 {
+    uint32_t r = t->num_repair, fresh = t->num_blocks - r;
+    kvt__tiers_repair_end(c, t, st == KVT_OK);
+    kvt__index_unpin(c->index, t->entries, r);
+    if (st == KVT_OK) {
+        kvt__index_commit(c->index, t->entries + r, fresh);
+        kvt__tiers_committed(c, t->entries, t->num_blocks);
+        return;
+    }
+    for (uint32_t i = r; i < t->num_blocks; i++)
+        kvt__pool_free(c->pool, kvt__index_payload(c->index, t->entries[i]));
+    kvt__index_abort(c->index, t->entries + r, fresh);
+}
+
+void kvt__cache_end_task(kvt_cache *c, kvt_task *t, kvt_status st)
+{
+    /* A load cut short by a lost block reports why, with the tokens that
+     * did land. */
+    if (st == KVT_OK && t->bad_status != KVT_OK) st = t->bad_status;
     count_end(c, t, st);
-    if (t->kind == KVT_TASK_STORE && st == KVT_OK) {
-        kvt__index_commit(c->index, t->entries, t->num_blocks);
-    } else if (t->kind == KVT_TASK_STORE) {
-        for (uint32_t i = 0; i < t->num_blocks; i++)
-            kvt__pool_free(c->pool, kvt__index_payload(c->index, t->entries[i]));
-        kvt__index_abort(c->index, t->entries, t->num_blocks);
+    if (t->kind == KVT_TASK_STORE) {
+        end_store(c, t, st);
     } else {
-        kvt__index_unpin(c->index, t->entries, t->num_blocks);
+        kvt__index_unpin(c->index, t->entries, t->num_pinned);
+        kvt__tiers_load_ended(c, t);
     }
     t->result = st;
     t->state = KVT_TS_ENDED;
@@ -95,7 +111,7 @@ static void on_xfer_done(kvt_xfer_task *xt, kvt_status st)
     kvt_task *t = xt->user;
     kvt_cache *c = t->cache;
     pthread_mutex_lock(&c->mu);
-    finish_task(c, t, st);
+    kvt__cache_end_task(c, t, st);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -107,7 +123,7 @@ static void expire_plans(kvt_cache *c)
     while (c->planned.head && c->planned.head->plan_deadline_ns <= now) {
         kvt_task *t = c->planned.head;
         kvt__list_remove(&c->planned, t);
-        finish_task(c, t, KVT_ETIMEDOUT);
+        kvt__cache_end_task(c, t, KVT_ETIMEDOUT);
     }
 }
 
@@ -135,26 +151,57 @@ static void plan(kvt_cache *c, kvt_task *t, uint32_t first_token)
 /* ------------------------------------------------------------------ */
 /* Lookup                                                             */
 
+/* A load task for the k matched entries in ids, pinned; blocks without a
+ * CPU copy are read back from the SSD. *out is NULL when none can load. */
+static kvt_status plan_load(kvt_cache *c, const uint32_t *ids, uint32_t k, kvt_task **out)
+{
+    kvt_task *t = NULL;
+    kvt_status st = kvt__task_new(c, KVT_TASK_LOAD, k, &t);
+    if (st) return st;
+    memcpy(t->entries, ids, (size_t)k * sizeof *ids);
+    kvt__index_pin(c->index, t->entries, k);
+    t->num_pinned = k;
+    uint32_t usable = kvt__tiers_plan_load(c, t);
+    if (usable == 0) {
+        kvt__index_unpin(c->index, t->entries, k);
+        kvt__tiers_load_ended(c, t);
+        c->in_flight--;
+        kvt__task_free(c, t);
+        *out = NULL;
+        return KVT_OK;
+    }
+    t->num_blocks = usable;
+    for (uint32_t i = 0; i < usable; i++) {
+        uint32_t slot = t->tmp_slots[i];
+        if (slot == KVT_POOL_NONE) slot = kvt__index_payload(c->index, ids[i]);
+        else c->stats.ssd_hit_tokens += c->cfg.block_tokens;
+        t->blocks[i] = kvt__pool_block(c->pool, slot);
+    }
+    plan(c, t, 0);
+    *out = t;
+    return KVT_OK;
+}
+
 static kvt_status lookup_locked(kvt_cache *c, const kvt_request *req, scratch *s, uint32_t n,
                                 kvt_match *out)
 {
     expire_plans(c);
     uint32_t k = kvt__index_match(c->index, s->hashes, n, s->ids, true);
+    bool busy;
+    k = kvt__tiers_first_lost(c, s->ids, k, &busy);
+    kvt__tiers_touch(c, s->ids, k);
     c->stats.lookups++;
     c->stats.lookup_tokens += req->num_tokens;
-    c->stats.hit_tokens += (uint64_t)k * c->cfg.block_tokens;
     kvt_match m = {0, 0};
+    kvt_task *t = NULL;
     if (k > 0) {
-        kvt_task *t = NULL;
-        kvt_status st = kvt__task_new(c, KVT_TASK_LOAD, k, &t);
+        kvt_status st = plan_load(c, s->ids, k, &t);
         if (st) return st;
-        memcpy(t->entries, s->ids, (size_t)k * sizeof *s->ids);
-        for (uint32_t i = 0; i < k; i++)
-            t->blocks[i] = kvt__pool_block(c->pool, kvt__index_payload(c->index, s->ids[i]));
-        kvt__index_pin(c->index, t->entries, k);
-        plan(c, t, 0);
+    }
+    if (t) {
         m.task = t->id;
         m.matched_tokens = t->num_tokens;
+        c->stats.hit_tokens += t->num_tokens;
     }
     *out = m;
     return KVT_OK;
@@ -185,71 +232,89 @@ kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out
 /* ------------------------------------------------------------------ */
 /* Store planning                                                     */
 
-/* Takes up to want free blocks, evicting cold leaves when the pool is
- * empty. Returns how many it got (fewer when everything left is pinned). */
-static uint32_t reserve_blocks(kvt_cache *c, uint32_t want, uint32_t *slots, uint32_t *evicted)
+/* What a store of n blocks must write, given the index walk: blocks
+ * [first, k) are cached but lost (re-filled), [k, n) are new. */
+typedef struct store_span {
+    uint32_t first, k, n;
+    bool nothing;
+} store_span;
+
+static store_span plan_span(kvt_cache *c, scratch *s, uint32_t n)
 {
-    uint32_t got = 0;
-    while (got < want) {
-        uint32_t slot = kvt__pool_alloc(c->pool);
-        if (slot != KVT_POOL_NONE) {
-            slots[got++] = slot;
-            continue;
-        }
-        uint32_t n = kvt__index_evict(c->index, want - got, evicted);
-        if (n == 0) break;
-        c->stats.evicted_blocks += n;
-        for (uint32_t i = 0; i < n; i++) kvt__pool_free(c->pool, evicted[i]);
-    }
-    return got;
+    kvt_index_stop stop;
+    uint32_t k = kvt__index_probe(c->index, s->hashes, n, s->ids, &stop);
+    bool busy;
+    uint32_t first = kvt__tiers_first_lost(c, s->ids, k, &busy);
+    store_span sp = {first, k, n, false};
+    /* Blocks another task is storing are not stored twice; nor is what
+     * follows them, so every pending chain has a single owner. */
+    if (busy) sp.k = sp.n = first;
+    else if (stop == KVT_STOP_PENDING) sp.n = k;
+    sp.nothing = sp.first == sp.n;
+    return sp;
 }
 
-static kvt_status insert_chain(kvt_cache *c, kvt_task *t, uint32_t parent,
-                               const kvt_hash128 *hashes, const uint32_t *slots)
+/* Inserts the new blocks [k, k + fresh) as PENDING after the re-filled ones. */
+static kvt_status fill_store_task(kvt_cache *c, kvt_task *t, const scratch *s,
+                                  const store_span *sp)
 {
-    for (uint32_t i = 0; i < t->num_blocks; i++) {
-        kvt_status st = kvt__index_insert(c->index, parent, hashes[i], slots[i], &t->entries[i]);
+    uint32_t r = t->num_repair;
+    for (uint32_t i = 0; i < r; i++) {
+        t->entries[i] = s->ids[sp->first + i];
+        t->tmp_slots[i] = s->slots[i];
+        t->blocks[i] = kvt__pool_block(c->pool, s->slots[i]);
+    }
+    uint32_t parent = sp->k ? s->ids[sp->k - 1] : KVT_INDEX_NONE;
+    for (uint32_t i = r; i < t->num_blocks; i++) {
+        kvt_status st = kvt__index_insert(c->index, parent, s->hashes[sp->k + i - r], s->slots[i],
+                                          &t->entries[i]);
         if (st) {
-            kvt__index_abort(c->index, t->entries, i);
+            kvt__index_abort(c->index, t->entries + r, i - r);
             return st;
         }
-        t->blocks[i] = kvt__pool_block(c->pool, slots[i]);
+        t->blocks[i] = kvt__pool_block(c->pool, s->slots[i]);
         parent = t->entries[i];
     }
+    kvt__tiers_repair_begin(c, t->entries, r);
     return KVT_OK;
 }
 
 static kvt_status prepare_locked(kvt_cache *c, scratch *s, uint32_t n, kvt_store_plan *out)
 {
     expire_plans(c);
-    kvt_index_stop stop;
-    uint32_t k = kvt__index_probe(c->index, s->hashes, n, s->ids, &stop);
-    kvt_store_plan p = {0, k * c->cfg.block_tokens, 0};
-    /* Blocks another task is storing are not stored twice; nor is what
-     * follows them, so every pending chain has a single owner. */
-    if (stop == KVT_STOP_PENDING || k == n) {
+    store_span sp = plan_span(c, s, n);
+    kvt_store_plan p = {0, sp.first * c->cfg.block_tokens, 0};
+    if (sp.nothing) {
         *out = p;
         return KVT_OK;
     }
-    uint32_t parent = k ? s->ids[k - 1] : KVT_INDEX_NONE;
-    if (k) kvt__index_pin(c->index, &parent, 1); /* keep the prefix through eviction */
-    uint32_t got = reserve_blocks(c, n - k, s->slots, s->evicted);
+    /* Pin the prefix being extended (and blocks being re-filled) so making
+     * room cannot evict them. */
+    uint32_t pin_from = sp.first ? sp.first - 1 : 0, pinned = sp.k - pin_from;
+    kvt__index_pin(c->index, s->ids + pin_from, pinned);
+    uint32_t repair = sp.k - sp.first;
+    uint32_t got = kvt__tiers_reserve_cpu(c, sp.n - sp.first, s->slots);
     kvt_status st = KVT_OK;
     kvt_task *t = NULL;
-    if (got > 0) st = kvt__task_new(c, KVT_TASK_STORE, got, &t);
-    if (t && !st) st = insert_chain(c, t, parent, s->hashes + k, s->slots);
-    if (k) kvt__index_unpin(c->index, &parent, 1);
-    if (st || got == 0) {
+    if (got > repair) st = kvt__task_new(c, KVT_TASK_STORE, got, &t);
+    if (t) {
+        t->num_repair = repair;
+        st = fill_store_task(c, t, s, &sp);
+        if (!st) kvt__index_pin(c->index, t->entries, repair); /* the task's own pins */
+    }
+    kvt__index_unpin(c->index, s->ids + pin_from, pinned);
+    if (st || !t) {
+        /* Nothing was inserted or marked: the reserved slots go back. */
         for (uint32_t i = 0; i < got; i++) kvt__pool_free(c->pool, s->slots[i]);
         if (t) {
             c->in_flight--;
             kvt__task_free(c, t);
         }
         if (st) return st;
-        *out = p; /* every block is pinned by loads in flight: nothing to store now */
+        *out = p; /* everything evictable is pinned by loads in flight: nothing now */
         return KVT_OK;
     }
-    plan(c, t, k * c->cfg.block_tokens);
+    plan(c, t, sp.first * c->cfg.block_tokens);
     p.task = t->id;
     p.num_tokens = t->num_tokens;
     *out = p;
@@ -334,8 +399,8 @@ static kvt_status launch_locked(kvt_cache *c, kvt_task_id id, const uint32_t *pa
     t->xt.user = t;
     kvt__list_remove(&c->planned, t);
     t->state = KVT_TS_RUNNING;
-    st = kvt__xfer_submit(c->xfer, &t->xt);
-    if (st) finish_task(c, t, st);
+    st = t->kind == KVT_TASK_LOAD ? kvt__tiers_start_load(c, t) : kvt__xfer_submit(c->xfer, &t->xt);
+    if (st) kvt__cache_end_task(c, t, st);
     return st;
 }
 
@@ -426,10 +491,19 @@ static kvt_status wait_layer_locked(kvt_cache *c, kvt_task_id id, uint32_t layer
         return kvt__fail(t->result, "%s: task %llu ended with %s", fn, (unsigned long long)id,
                          kvt_status_name(t->result));
     }
+    uint64_t deadline = kvt__deadline_ns(timeout_ms);
     t->refs++;
-    pthread_mutex_unlock(&c->mu);
-    st = kvt__xfer_wait_layer(c->xfer, &t->xt, layer, kvt__deadline_ns(timeout_ms));
-    pthread_mutex_lock(&c->mu);
+    /* Blocks read back from the SSD land before any layer moves. */
+    while (t->reading && kvt__cond_wait_until(&c->ended_cv, &c->mu, deadline)) {}
+    if (t->reading) {
+        st = KVT_ETIMEDOUT;
+    } else if (t->state == KVT_TS_ENDED) {
+        st = t->result;
+    } else {
+        pthread_mutex_unlock(&c->mu);
+        st = kvt__xfer_wait_layer(c->xfer, &t->xt, layer, deadline);
+        pthread_mutex_lock(&c->mu);
+    }
     unref(c, t);
     if (st == KVT_ETIMEDOUT)
         return kvt__fail(st, "%s: layer %u of task %llu not loaded after %lld ms", fn, layer,
@@ -462,9 +536,10 @@ kvt_status kvt_cache_cancel(kvt_cache *c, kvt_task_id id)
     kvt_status st = find_task(c, "kvt_cache_cancel", id, &t);
     if (!st && t->state == KVT_TS_PLANNED) {
         kvt__list_remove(&c->planned, t);
-        finish_task(c, t, KVT_ECANCELED);
+        kvt__cache_end_task(c, t, KVT_ECANCELED);
     } else if (!st && t->state == KVT_TS_RUNNING) {
-        kvt__xfer_cancel(c->xfer, &t->xt);
+        t->cancel_asked = true; /* honoured when its SSD reads land */
+        if (!t->reading) kvt__xfer_cancel(c->xfer, &t->xt);
     }
     pthread_mutex_unlock(&c->mu);
     return st ? kvt__cache_fail(c, st) : KVT_OK;
@@ -484,4 +559,17 @@ kvt_status kvt_cache_poll(kvt_cache *c, kvt_task_result *out, uint32_t max, uint
     pthread_mutex_unlock(&c->mu);
     *count = n;
     return KVT_OK;
+}
+
+kvt_status kvt_cache_flush(kvt_cache *c, int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_cache_flush";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
+                  (long long)timeout_ms);
+    pthread_mutex_lock(&c->mu);
+    kvt_status st = kvt__tiers_flush(c, kvt__deadline_ns(timeout_ms));
+    pthread_mutex_unlock(&c->mu);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
 }

@@ -23,6 +23,8 @@ static void release_arrays(kvt_task *t)
     free(t->entries);
     free(t->blocks);
     free(t->pages);
+    free(t->tmp_slots);
+    t->tmp_slots = NULL;
     t->entries = NULL;
     t->blocks = NULL;
     t->pages = NULL;
@@ -49,7 +51,8 @@ kvt_status kvt__task_new(kvt_cache *c, kvt_task_kind kind, uint32_t num_blocks, 
     t->entries = malloc((size_t)num_blocks * sizeof *t->entries);
     t->blocks = malloc((size_t)num_blocks * sizeof *t->blocks);
     t->pages = malloc((size_t)num_blocks * c->pages_per_block * sizeof *t->pages);
-    if (!t->entries || !t->blocks || !t->pages) {
+    t->tmp_slots = malloc((size_t)num_blocks * sizeof *t->tmp_slots);
+    if (!t->entries || !t->blocks || !t->pages || !t->tmp_slots) {
         release_arrays(t);
         return kvt__fail(KVT_ENOMEM, "no memory for a task of %u blocks", num_blocks);
     }
@@ -62,6 +65,14 @@ kvt_status kvt__task_new(kvt_cache *c, kvt_task_kind kind, uint32_t num_blocks, 
     t->num_blocks = num_blocks;
     t->refs = 0;
     t->reported = false;
+    t->num_repair = 0;
+    t->num_pinned = 0;
+    t->reads_left = 0;
+    t->first_bad = num_blocks;
+    t->bad_status = KVT_OK;
+    t->reading = false;
+    t->cancel_asked = false;
+    for (uint32_t i = 0; i < num_blocks; i++) t->tmp_slots[i] = KVT_POOL_NONE;
     t->prev = t->next = NULL;
     t->cache = c;
     c->in_flight++;

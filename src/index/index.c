@@ -58,7 +58,6 @@ typedef struct kvt_entry {
 _Static_assert(sizeof(kvt_entry) == 48, "kvt_entry is 48 bytes: see the memory budget");
 
 #define KVT_INDEX_MAX_BLOCKS (1u << 31)
-#define KVT_MATCH_BATCH 16u /* hashes whose slots are prefetched together */
 #define KVT_HUGE_PAGE ((size_t)2 << 20)
 
 struct kvt_index {
@@ -355,51 +354,64 @@ void kvt__index_destroy(kvt_index *idx)
     free(idx);
 }
 
-/* Walks h[0..n) while every block is present and READY. The table slots of
- * a batch of hashes are prefetched together, then the candidate entries,
- * so a walk of k blocks overlaps its cache misses instead of taking 2k in
- * a row. */
+/* Walks h[0..n) while every block is present and READY, software
+ * pipelined so that a walk of k blocks overlaps its 2k cache misses instead
+ * of taking them in a row: while block i is verified, the entry of block
+ * i + D is prefetched (its slot found by tag) and the table slot of block
+ * i + 2D is prefetched. */
+#define KVT_WALK_AHEAD 16u /* D: about as many misses in flight as a core keeps */
+#define KVT_WALK_RING 64u  /* > 2D, a power of two */
+
+static inline void kvt__walk_find_slot(const kvt_index *x, kvt_hash128 h, uint32_t *slot,
+                                       uint32_t *cand)
+{
+    /* First slot of the run whose tag matches: almost always the entry. */
+    uint32_t tag = kvt__tag(h), j = *slot;
+    uint64_t s;
+    while ((s = x->table[j]) != 0 && (uint32_t)(s >> 32) != tag) j = kvt__next(x, j);
+    *slot = j;
+    *cand = s == 0 ? KVT_INDEX_NONE : (uint32_t)s - 1;
+    if (s != 0) { /* a 48-byte entry may straddle two lines */
+        __builtin_prefetch(&x->entries[*cand]);
+        __builtin_prefetch((const char *)&x->entries[*cand] + sizeof(kvt_entry) - 1);
+    }
+}
+
 static uint32_t kvt__walk(const kvt_index *x, const kvt_hash128 *h, uint32_t n, uint32_t *ids,
                           kvt_index_stop *stop)
 {
-    uint32_t slot[KVT_MATCH_BATCH], cand[KVT_MATCH_BATCH];
-    uint32_t k = 0;
-    while (k < n) {
-        uint32_t b = n - k < KVT_MATCH_BATCH ? n - k : KVT_MATCH_BATCH;
-        const kvt_hash128 *hb = h + k;
-        for (uint32_t i = 0; i < b; i++) {
-            slot[i] = kvt__home(x, hb[i]);
-            __builtin_prefetch(&x->table[slot[i]]);
+    uint32_t slot[KVT_WALK_RING], cand[KVT_WALK_RING];
+    const uint32_t d = KVT_WALK_AHEAD, mask = KVT_WALK_RING - 1;
+    for (uint32_t i = 0; i < n && i < 2 * d; i++) {
+        slot[i] = kvt__home(x, h[i]);
+        __builtin_prefetch(&x->table[slot[i]]);
+    }
+    for (uint32_t i = 0; i < n && i < d; i++) kvt__walk_find_slot(x, h[i], &slot[i], &cand[i]);
+    for (uint32_t i = 0; i < n; i++) {
+        if (i + 2 * d < n) {
+            uint32_t r = (i + 2 * d) & mask;
+            slot[r] = kvt__home(x, h[i + 2 * d]);
+            __builtin_prefetch(&x->table[slot[r]]);
         }
-        /* First slot of each run whose tag matches: almost always the entry. */
-        for (uint32_t i = 0; i < b; i++) {
-            uint32_t tag = kvt__tag(hb[i]), j = slot[i];
-            uint64_t s;
-            while ((s = x->table[j]) != 0 && (uint32_t)(s >> 32) != tag) j = kvt__next(x, j);
-            slot[i] = j;
-            cand[i] = s == 0 ? KVT_INDEX_NONE : (uint32_t)s - 1;
-            if (s != 0) { /* a 48-byte entry may straddle two lines */
-                __builtin_prefetch(&x->entries[cand[i]]);
-                __builtin_prefetch((const char *)&x->entries[cand[i]] + sizeof(kvt_entry) - 1);
-            }
+        if (i + d < n) {
+            uint32_t r = (i + d) & mask;
+            kvt__walk_find_slot(x, h[i + d], &slot[r], &cand[r]);
         }
-        for (uint32_t i = 0; i < b; i++) {
-            uint32_t id = cand[i];
-            if (id != KVT_INDEX_NONE && !kvt__hash_eq(x->entries[id].key, hb[i]))
-                id = kvt__find_from(x, hb[i], kvt__next(x, slot[i])); /* a tag collision */
-            if (id == KVT_INDEX_NONE) {
-                *stop = KVT_STOP_ABSENT;
-                return k;
-            }
-            if (x->entries[id].state != KVT_E_READY) {
-                *stop = KVT_STOP_PENDING;
-                return k;
-            }
-            ids[k++] = id;
+        uint32_t id = cand[i & mask];
+        if (id != KVT_INDEX_NONE && !kvt__hash_eq(x->entries[id].key, h[i]))
+            id = kvt__find_from(x, h[i], kvt__next(x, slot[i & mask])); /* tag collision */
+        if (id == KVT_INDEX_NONE) {
+            *stop = KVT_STOP_ABSENT;
+            return i;
         }
+        if (x->entries[id].state != KVT_E_READY) {
+            *stop = KVT_STOP_PENDING;
+            return i;
+        }
+        ids[i] = id;
     }
     *stop = KVT_STOP_END;
-    return k;
+    return n;
 }
 
 uint32_t kvt__index_match(kvt_index *idx, const kvt_hash128 *h, uint32_t n, uint32_t *ids,
@@ -493,7 +505,8 @@ void kvt__index_unpin(kvt_index *idx, const uint32_t *ids, uint32_t n)
     }
 }
 
-uint32_t kvt__index_evict(kvt_index *idx, uint32_t want, uint32_t *payloads_out)
+uint32_t kvt__index_evict_ids(kvt_index *idx, uint32_t want, uint32_t *ids_out,
+                              uint32_t *payloads_out)
 {
     uint32_t got = 0;
     while (got < want && idx->heap_len > 0) {
@@ -501,16 +514,47 @@ uint32_t kvt__index_evict(kvt_index *idx, uint32_t want, uint32_t *payloads_out)
         kvt_entry *e = &idx->entries[id];
         assert(e->state == KVT_E_READY && e->pins == 0 && e->children == 0);
         kvt__heap_remove(idx, id);
-        payloads_out[got++] = e->payload;
+        if (ids_out != NULL) ids_out[got] = id;
+        if (payloads_out != NULL) payloads_out[got] = e->payload;
+        got++;
         kvt__entry_remove(idx, id); /* may make the parent a candidate */
     }
     return got;
+}
+
+uint32_t kvt__index_evict(kvt_index *idx, uint32_t want, uint32_t *payloads_out)
+{
+    return kvt__index_evict_ids(idx, want, NULL, payloads_out);
 }
 
 uint32_t kvt__index_payload(const kvt_index *idx, uint32_t id)
 {
     assert(kvt__live(idx, id));
     return idx->entries[id].payload;
+}
+
+void kvt__index_set_payload(kvt_index *idx, uint32_t id, uint32_t payload)
+{
+    assert(kvt__live(idx, id));
+    idx->entries[id].payload = payload;
+}
+
+uint32_t kvt__index_pins(const kvt_index *idx, uint32_t id)
+{
+    assert(kvt__live(idx, id));
+    return idx->entries[id].pins;
+}
+
+kvt_hash128 kvt__index_key(const kvt_index *idx, uint32_t id)
+{
+    assert(kvt__live(idx, id));
+    return idx->entries[id].key;
+}
+
+uint32_t kvt__index_parent(const kvt_index *idx, uint32_t id)
+{
+    assert(kvt__live(idx, id));
+    return idx->entries[id].parent;
 }
 
 uint32_t kvt__index_count(const kvt_index *idx)

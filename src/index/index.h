@@ -75,7 +75,18 @@ void kvt__index_unpin(kvt_index *idx, const uint32_t *ids, uint32_t n);
  * Writes the evicted entries' payloads to payloads_out and returns how many. */
 uint32_t kvt__index_evict(kvt_index *idx, uint32_t want, uint32_t *payloads_out);
 
+/* Like kvt__index_evict, and also writes the removed entries' ids (valid
+ * only to index the caller's per-entry tables until the next insert). */
+uint32_t kvt__index_evict_ids(kvt_index *idx, uint32_t want, uint32_t *ids_out,
+                              uint32_t *payloads_out);
+
 uint32_t kvt__index_payload(const kvt_index *idx, uint32_t id);
+/* Changes a live entry's payload (its CPU slot, or none after the tier
+ * dropped it). */
+void kvt__index_set_payload(kvt_index *idx, uint32_t id, uint32_t payload);
+uint32_t kvt__index_pins(const kvt_index *idx, uint32_t id);
+kvt_hash128 kvt__index_key(const kvt_index *idx, uint32_t id);
+uint32_t kvt__index_parent(const kvt_index *idx, uint32_t id); /* KVT_INDEX_NONE for a root */
 uint32_t kvt__index_count(const kvt_index *idx);     /* entries, READY or PENDING */
 uint32_t kvt__index_capacity(const kvt_index *idx);  /* max_blocks */
 /* Bytes of memory the index holds (entries + hash table), for stats. */

@@ -31,6 +31,7 @@ static void recompute_prefix(kvt_geometry *g)
 kvt_status kvt_geometry_create(kvt_geometry **out, uint32_t num_layers,
                                uint32_t tokens_per_page, kvt_layout layout)
 {
+    kvt__clear_error();
     KVT_CHECK_NOT_NULL(out, "kvt_geometry_create");
     KVT_CHECK_ARG(num_layers > 0 && num_layers <= KVT_MAX_LAYERS,
                   "kvt_geometry_create: num_layers is %u (must be 1..%u)", num_layers,
@@ -114,8 +115,8 @@ kvt_status kvt_geometry_set_layers(kvt_geometry *g, uint32_t first, uint32_t cou
     KVT_CHECK_NOT_NULL(g, fn);
     KVT_CHECK_NOT_NULL(spec, fn);
     KVT_CHECK_ARG(count > 0 && first < g->num_layers && count <= g->num_layers - first,
-                  "%s: layers [%u, %u) are outside the geometry's %u layers", fn, first,
-                  first + count, g->num_layers);
+                  "%s: layers [%u, %llu) are outside the geometry's %u layers", fn, first,
+                  (unsigned long long)first + count, g->num_layers);
     kvt_status st = check_spec(g, first, spec, fn);
     if (st) return st;
     for (uint32_t l = first; l < first + count; l++) {
@@ -142,7 +143,8 @@ kvt_status kvt_geometry_set_layer(kvt_geometry *g, uint32_t layer, const kvt_lay
 
 kvt_status kvt_geometry_validate(const kvt_geometry *g)
 {
-    KVT_CHECK_NOT_NULL(g, "kvt_geometry_validate");
+    kvt__clear_error();
+    KVT_CHECK_ARG(g != NULL, "kvt_geometry_validate: geo is NULL");
     for (uint32_t l = 0; l < g->num_layers; l++) {
         if (!g->layer_set[l])
             return kvt__fail(KVT_EINVAL, "kvt_geometry_validate: layer %u is not described "
@@ -169,6 +171,8 @@ static uint64_t digest(const kvt_geometry *g)
 
 kvt_status kvt_geometry_info_get(const kvt_geometry *g, kvt_geometry_info *out)
 {
+    kvt__clear_error();
+    KVT_CHECK_ARG(g != NULL, "kvt_geometry_info_get: geo is NULL");
     KVT_CHECK_NOT_NULL(out, "kvt_geometry_info_get");
     kvt_status st = kvt_geometry_validate(g);
     if (st) return st;
@@ -203,6 +207,7 @@ kvt_status kvt_geometry_compare(const kvt_geometry *a, const kvt_geometry *b)
     static const char fn[] = "kvt_geometry_compare";
     KVT_CHECK_NOT_NULL(a, fn);
     KVT_CHECK_NOT_NULL(b, fn);
+    kvt__clear_error();
     if (a->num_layers != b->num_layers)
         return kvt__fail(KVT_EGEOMETRY, "num_layers %u vs %u", a->num_layers, b->num_layers);
     if (a->tokens_per_page != b->tokens_per_page)

@@ -63,7 +63,9 @@ static kvt_status faulty_send(kvt_net *n, uint32_t peer, const void *hdr, size_t
     kvt_status st = KVT_OK;
     if (!hit) {
         st = kvt__net_send(f->inner, peer, hdr, hlen, body, blen, deadline_ns);
-        if (st == KVT_OK) st = flush_held(f, deadline_ns);
+        /* Reorder within the pair: messages to other peers travel on
+         * independent streams, so overtaking them would be no reorder. */
+        if (st == KVT_OK && f->holding && f->held_peer == peer) st = flush_held(f, deadline_ns);
         return st;
     }
     switch (f->plan.kind) {

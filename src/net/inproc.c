@@ -127,7 +127,7 @@ static kvt_status inproc_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t 
     q->count--;
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
-    st = kvt__buf_reserve(buf, m->len);
+    st = kvt__buf_reserve(buf, m->len ? m->len : 1);
     if (st == KVT_OK) {
         memcpy(buf->p, m->data, m->len);
         buf->len = m->len;

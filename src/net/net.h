@@ -65,7 +65,8 @@ void kvt__net_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Fault injection (tests): wraps inner and perturbs this rank's sends,
  * deterministically. The n-th send (0-based, counted over every peer, or
  * only those to `peer` when peer != UINT32_MAX) is dropped, duplicated,
- * delayed by delay_ms, or held back and sent after the next one (reorder).
+ * delayed by delay_ms, or held back and sent after the next one to the
+ * same peer (reorder).
  * The wrapper owns inner (destroys it). */
 typedef enum kvt_fault_kind {
     KVT_FAULT_NONE = 0,

@@ -128,6 +128,9 @@ kvt_status kvt__tcp_auth_hub(tcp_net *t, int fd, uint32_t *rank_out, uint64_t dl
     mac(t, "kvtier-hub", hello, chal + 8, chal + 8 + KVT_TCP_NONCE);
     st = kvt__tcp_write_all(fd, chal, sizeof chal, dl);
     if (st == KVT_OK) st = kvt__tcp_read_all(fd, resp, sizeof resp, dl);
+    if (st == KVT_ECONN)
+        return kvt__fail(KVT_EAUTH, "the peer hung up instead of proving the secret (it may "
+                         "hold a different one)");
     if (st != KVT_OK) return kvt__fail(KVT_EAUTH, "no proof before the deadline");
     mac(t, "kvtier-rank", hello, chal + 8, want);
     if (t->secret && sodium_memcmp(want, resp, KVT_TCP_MAC) != 0) {

@@ -211,3 +211,10 @@ uint32_t kvt__pool_blocks_total(const kvt_pool *pool) { return pool->total; }
 uint32_t kvt__pool_blocks_free(const kvt_pool *pool) { return pool->nfree; }
 uint64_t kvt__pool_block_bytes(const kvt_pool *pool) { return pool->block_bytes; }
 const char *kvt__pool_page_kind(const kvt_pool *pool) { return pool->kind; }
+
+/* Distance between consecutive blocks: block_bytes rounded up to 4096, so
+ * a whole-block O_DIRECT transfer may use stride bytes (the padding is
+ * part of the mapping). Not yet declared in pool.h: src/cache/tiers.c
+ * calls it; the header owner adds
+ *     uint64_t kvt__pool_stride(const kvt_pool *pool);  */
+uint64_t kvt__pool_stride(const kvt_pool *pool) { return pool->stride; }

@@ -27,6 +27,9 @@ uint8_t *kvt__pool_block(const kvt_pool *pool, uint32_t slot);
 uint32_t kvt__pool_blocks_total(const kvt_pool *pool);
 uint32_t kvt__pool_blocks_free(const kvt_pool *pool);
 uint64_t kvt__pool_block_bytes(const kvt_pool *pool);
+/* Distance between consecutive blocks: block_bytes rounded up to 4096, so
+ * every block is page-aligned for O_DIRECT. */
+uint64_t kvt__pool_stride(const kvt_pool *pool);
 /* "hugetlb", "thp" or "4k": what backs the mapping. */
 const char *kvt__pool_page_kind(const kvt_pool *pool);
 

@@ -30,18 +30,18 @@
 extern char **environ;
 
 /* KVTIER_* variables that are read elsewhere and are not options; every
- * other KVTIER_* variable must name an option (a typo is an error).
- *   KVTIER_IO        I/O backend selection (io_uring / thread pool).
+ * other KVTIER_* variable must name an option (a typo is an error). An
+ * option of the same name wins (remove the entry here when adding one).
  *   KVTIER_TEST_TMP  scratch directory of the test suite.
  *   KVTIER_LOG       log destination. */
-static const char *const NON_OPTION_ENV[] = {"KVTIER_IO", "KVTIER_TEST_TMP", "KVTIER_LOG"};
+static const char *const NON_OPTION_ENV[] = {"KVTIER_TEST_TMP", "KVTIER_LOG"};
 
 #define ENV_PREFIX "KVTIER_"
 #define MAX_FILE_BYTES (1u << 20)
 /* JSON numbers are doubles: integers beyond 2^53 are not exact. */
 #define MAX_JSON_INTEGER 9007199254740992.0
 
-typedef enum opt_type { OPT_SIZE, OPT_UINT, OPT_ENUM, OPT_BOOL } opt_type;
+typedef enum opt_type { OPT_SIZE, OPT_UINT, OPT_ENUM, OPT_BOOL, OPT_STRING } opt_type;
 
 typedef struct opt_def {
     const char *name;
@@ -50,12 +50,14 @@ typedef struct opt_def {
     const char *def;
     const char *help;
     size_t offset; /* of the field in kvt_config_values */
-    size_t width;  /* its size: 8 or 4 for size/uint/enum, bool for bool */
+    size_t width;  /* its size: uint64_t or uint32_t for size/uint/enum, bool for
+                      bool, a char array for string (the longest value is width - 1) */
     uint64_t min, max;         /* size and uint: inclusive bounds */
     const char *const *choices; /* enum: NULL-terminated names, index = value */
 } opt_def;
 
 static const char *const EVICTION_NAMES[] = {"lru", "lfu", NULL}; /* kvt_evict_policy */
+static const char *const IO_NAMES[] = {"auto", "uring", "threads", NULL};
 static const char *const LOG_LEVEL_NAMES[] = {"error", "warn", "info", "debug", NULL};
 
 #define FIELD_(f) .offset = offsetof(kvt_config_values, f), \
@@ -68,6 +70,7 @@ static const char *const LOG_LEVEL_NAMES[] = {"error", "warn", "info", "debug", 
     {ROW_(f, ENVNAME, OPT_UINT, #d, h " (" #lo ".." #hi ")"), .min = lo, .max = hi}
 #define ENUM_OPT(f, ENVNAME, d, names, h) {ROW_(f, ENVNAME, OPT_ENUM, d, h), .choices = names}
 #define BOOL_OPT(f, ENVNAME, d, h) {ROW_(f, ENVNAME, OPT_BOOL, d, h)}
+#define STRING_OPT(f, ENVNAME, d, h) {ROW_(f, ENVNAME, OPT_STRING, d, h)}
 
 static const opt_def OPTIONS[] = {
     SIZE_OPT(cpu_capacity, CPU_CAPACITY, "1GiB", 4096, 1ull << 50,
@@ -82,6 +85,15 @@ static const opt_def OPTIONS[] = {
     ENUM_OPT(eviction, EVICTION, "lru", EVICTION_NAMES,
              "eviction policy: lru (least recently used) or lfu (least frequently used)"),
     BOOL_OPT(huge_pages, HUGE_PAGES, "true", "try huge pages for the CPU tier"),
+    STRING_OPT(ssd_dirs, SSD_DIRS, "",
+               "comma-separated SSD tier directories, one per device; empty: no SSD tier"),
+    SIZE_OPT(ssd_capacity, SSD_CAPACITY, "16GiB", 4096, 1ull << 50,
+             "bytes of the SSD tier over all its directories (4KiB..1024TiB)"),
+    BOOL_OPT(ssd_fresh, SSD_FRESH, "false",
+             "wipe an SSD directory written for another geometry instead of refusing it"),
+    ENUM_OPT(io, IO, "auto", IO_NAMES,
+             "SSD I/O backend: auto (io_uring if the kernel allows it), uring or threads"),
+    UINT_OPT(ssd_queue_depth, SSD_QUEUE_DEPTH, 64, 1, 4096, "SSD I/O queue depth"),
     ENUM_OPT(log_level, LOG_LEVEL, "warn", LOG_LEVEL_NAMES,
              "messages at this level and above are logged: error, warn, info or debug"),
 };
@@ -95,6 +107,7 @@ static const char *type_name(opt_type t)
     case OPT_UINT: return "uint";
     case OPT_ENUM: return "enum";
     case OPT_BOOL: return "bool";
+    case OPT_STRING: return "string";
     }
     return "?";
 }
@@ -257,6 +270,14 @@ static kvt_status apply(kvt_config_values *v, const opt_def *o, const char *valu
         memcpy((char *)v + o->offset, &b, sizeof b);
         return KVT_OK;
     }
+    case OPT_STRING: {
+        size_t len = strlen(value);
+        if (len >= o->width)
+            return kvt__fail(KVT_EINVAL, "%s: option \"%s\": \"%.40s...\" is %zu bytes long (at "
+                             "most %zu)", ctx, o->name, value, len, o->width - 1);
+        memcpy((char *)v + o->offset, value, len + 1);
+        return KVT_OK;
+    }
     }
     return kvt__fail(KVT_EINVAL, "%s: option \"%s\" has no type", ctx, o->name);
 }
@@ -275,6 +296,8 @@ static int format_value(const kvt_config_values *v, const opt_def *o, char *buf,
         memcpy(&b, (const char *)v + o->offset, sizeof b);
         return snprintf(buf, len, "%s", b ? "true" : "false");
     }
+    case OPT_STRING:
+        return snprintf(buf, len, "%s", (const char *)v + o->offset);
     }
     return snprintf(buf, len, "?");
 }
@@ -283,10 +306,31 @@ static int format_value(const kvt_config_values *v, const opt_def *o, char *buf,
 /* Create, set, get, table                                            */
 /* ------------------------------------------------------------------ */
 
+/* A row whose field cannot hold its type is a bug in the table above;
+ * checked on every create so a new row is caught by the first test. */
+static bool row_fits(const opt_def *o)
+{
+    switch (o->type) {
+    case OPT_SIZE:
+    case OPT_UINT:
+        return (o->width == 8 || (o->width == 4 && o->max <= UINT32_MAX)) && o->min <= o->max;
+    case OPT_ENUM:
+        return (o->width == 4 || o->width == 8) && o->choices && o->choices[0];
+    case OPT_BOOL:
+        return o->width == sizeof(bool);
+    case OPT_STRING:
+        return o->width >= 2; /* a char array, not a pointer: see kvt_config_values */
+    }
+    return false;
+}
+
 static kvt_status set_defaults(kvt_config_values *v)
 {
     memset(v, 0, sizeof *v);
     for (size_t i = 0; i < NUM_OPTIONS; i++) {
+        if (!row_fits(&OPTIONS[i]))
+            return kvt__fail(KVT_EINVAL, "kvt_config_create: option \"%s\": its field does "
+                             "not fit its type (a bug in the option table)", OPTIONS[i].name);
         /* A default that does not parse is a bug in the table above. */
         kvt_status st = apply(v, &OPTIONS[i], OPTIONS[i].def, "kvt_config_create: default");
         if (st) return st;
@@ -333,14 +377,12 @@ kvt_status kvt_config_get(const kvt_config *cfg, const char *name, char *buf, si
     kvt__clear_error();
     const opt_def *o = find_by_name(name);
     if (!o) return fail_unknown(fn, name);
-    char tmp[64];
-    int n = format_value(&cfg->v, o, tmp, sizeof tmp);
-    if (n < 0 || (size_t)n >= sizeof tmp)
-        return kvt__fail(KVT_EINVAL, "%s: option \"%s\" cannot be formatted", fn, name);
+    int n = format_value(&cfg->v, o, NULL, 0);
+    if (n < 0) return kvt__fail(KVT_EINVAL, "%s: option \"%s\" cannot be formatted", fn, name);
     if ((size_t)n >= buf_len)
-        return kvt__fail(KVT_EINVAL, "%s: buf_len is %zu; option \"%s\" (\"%s\") needs %d bytes",
-                         fn, buf_len, name, tmp, n + 1);
-    memcpy(buf, tmp, (size_t)n + 1);
+        return kvt__fail(KVT_EINVAL, "%s: buf_len is %zu; option \"%s\" needs %d bytes", fn,
+                         buf_len, name, n + 1);
+    format_value(&cfg->v, o, buf, buf_len);
     return KVT_OK;
 }
 
@@ -420,8 +462,9 @@ static kvt_status apply_json_member(kvt_config_values *v, const cJSON *item, con
         value = cJSON_IsTrue(item) ? "true" : "false";
     } else if (cJSON_IsNumber(item)) {
         if (o->type != OPT_SIZE && o->type != OPT_UINT)
-            return kvt__fail(KVT_EINVAL, "%s: option \"%s\" is a%s %s, not a number (use a string)",
-                             ctx, key, o->type == OPT_ENUM ? "n" : "", type_name(o->type));
+            return kvt__fail(KVT_EINVAL, "%s: option \"%s\" is a%s %s, not a number%s", ctx, key,
+                             o->type == OPT_ENUM ? "n" : "", type_name(o->type),
+                             o->type == OPT_STRING ? "" : " (use a string)");
         double d = item->valuedouble;
         if (!(d >= 0 && d <= MAX_JSON_INTEGER && d == floor(d)))
             return kvt__fail(KVT_EINVAL,
@@ -583,8 +626,8 @@ static kvt_status apply_env_entry(kvt_config_values *v, const char *entry)
     const char *eq = strchr(entry, '=');
     size_t len = eq ? (size_t)(eq - entry) : strlen(entry);
     const char *value = eq ? eq + 1 : "";
-    if (is_non_option_env(entry, len)) return KVT_OK;
     const opt_def *o = find_by_env(entry, len);
+    if (!o && is_non_option_env(entry, len)) return KVT_OK;
     if (!o) {
         char name[EDIT_MAX_LEN + 1];
         int n = len > EDIT_MAX_LEN ? EDIT_MAX_LEN : (int)len;
@@ -602,6 +645,7 @@ static kvt_status apply_env_entry(kvt_config_values *v, const char *entry)
     return apply(v, o, value, ctx);
 }
 
+/* Reads environ: like getenv, not safe against a concurrent setenv. */
 kvt_status kvt_config_load_env(kvt_config *cfg)
 {
     KVT_CHECK_NOT_NULL(cfg, "kvt_config_load_env");

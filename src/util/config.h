@@ -20,6 +20,13 @@ typedef struct kvt_config_values {
                                prepared task never launched is released after this */
     uint32_t eviction;      /* "eviction", enum "lru"|"lfu", default "lru" (kvt_evict_policy) */
     bool huge_pages;        /* "huge_pages", bool, default true: try huge pages for the CPU tier */
+    char ssd_dirs[1024];    /* "ssd_dirs", string, default "": comma-separated SSD tier
+                               directories, one per device; empty = no SSD tier */
+    uint64_t ssd_capacity;  /* "ssd_capacity", size, default "16GiB": SSD tier bytes over all dirs */
+    bool ssd_fresh;         /* "ssd_fresh", bool, default false: wipe a directory written for
+                               another geometry instead of refusing it */
+    uint32_t io;            /* "io", enum "auto"|"uring"|"threads", default "auto" (env KVTIER_IO) */
+    uint32_t ssd_queue_depth; /* "ssd_queue_depth", uint 1..4096, default 64 */
     uint32_t log_level;     /* "log_level", enum "error"|"warn"|"info"|"debug", default "warn" (0..3) */
 } kvt_config_values;
 

@@ -7,7 +7,7 @@
 #include <string.h>
 #include "kvtier.h"
 
-#define VALUE_MAX 64
+#define VALUE_MAX 4096
 
 static void snapshot(const kvt_config *cfg, char (*out)[VALUE_MAX], size_t n)
 {

@@ -502,6 +502,9 @@ static void test_many_concurrent_tasks(void **state)
     assert_ok(kvt__xfer_create(&x, 3, &kvt__host_copy_ops));
     submitter subs[NSUB];
     pthread_t th[NSUB];
+    pthread_mutex_lock(&board.mu);
+    int ended_before = board.ended; /* the board counts across tests */
+    pthread_mutex_unlock(&board.mu);
     done_rec *recs = calloc(NSUB * NTASK, sizeof *recs);
     assert_non_null(recs);
     for (uint32_t i = 0; i < NSUB; i++) {
@@ -515,7 +518,7 @@ static void test_many_concurrent_tasks(void **state)
     }
     uint64_t dl = kvt__deadline_ns(WAIT_MS);
     pthread_mutex_lock(&board.mu);
-    while (board.ended < NSUB * NTASK && kvt__now_ns() < dl)
+    while (board.ended < ended_before + NSUB * NTASK && kvt__now_ns() < dl)
         kvt__cond_wait_until(&board.cv, &board.mu, dl);
     pthread_mutex_unlock(&board.mu);
     for (uint32_t i = 0; i < NSUB * NTASK; i++) {

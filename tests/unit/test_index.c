@@ -229,6 +229,36 @@ static void test_index_pins(void **state)
     kvt__index_destroy(idx);
 }
 
+static void test_index_accessors_and_evict_ids(void **state)
+{
+    (void)state;
+    kvt_index *idx;
+    assert_ok(kvt__index_create(&idx, 16, KVT_EVICT_LRU));
+    kvt_hash128 h[3];
+    uint32_t ids[3], out_ids[3], pl[3];
+    chain_hashes(h, 3, 5);
+    store_chain(idx, KVT_INDEX_NONE, h, 3, 20, ids);
+    for (uint32_t i = 0; i < 3; i++) {
+        kvt_hash128 k = kvt__index_key(idx, ids[i]);
+        assert_true(kvt__hash_eq(k, h[i]));
+        assert_int_equal(kvt__index_parent(idx, ids[i]), i == 0 ? KVT_INDEX_NONE : ids[i - 1]);
+        assert_int_equal(kvt__index_pins(idx, ids[i]), 0);
+    }
+    kvt__index_pin(idx, ids, 2);
+    assert_int_equal(kvt__index_pins(idx, ids[1]), 1);
+    kvt__index_set_payload(idx, ids[2], 99);
+    assert_int_equal(kvt__index_payload(idx, ids[2]), 99);
+    assert_int_equal(kvt__index_evict_ids(idx, 3, out_ids, pl), 1);
+    assert_int_equal(out_ids[0], ids[2]);
+    assert_int_equal(pl[0], 99);
+    kvt__index_unpin(idx, ids, 2);
+    assert_int_equal(kvt__index_evict_ids(idx, 3, out_ids, NULL), 2);
+    assert_int_equal(out_ids[0], ids[1]);
+    assert_int_equal(out_ids[1], ids[0]);
+    assert_true(kvt__index_check(idx));
+    kvt__index_destroy(idx);
+}
+
 static void test_index_full_and_leaves_only(void **state)
 {
     (void)state;
@@ -679,6 +709,7 @@ int main(void)
         cmocka_unit_test(test_index_create_args),
         cmocka_unit_test(test_index_pending_commit_abort),
         cmocka_unit_test(test_index_pins),
+        cmocka_unit_test(test_index_accessors_and_evict_ids),
         cmocka_unit_test(test_index_full_and_leaves_only),
         cmocka_unit_test(test_index_lru_order),
         cmocka_unit_test(test_index_lfu_keeps_frequent),

@@ -1,0 +1,169 @@
+/* bench_group.c - `kvtier bench group [--json]`: the latency of one step
+ * exchange (every member's UP to the sync leader, the leader's DOWN back to
+ * every member), measured at the leader, for 2, 4, 8 and 16 ranks as
+ * threads over inproc queues and over loopback TCP (127.0.0.1 only). The
+ * payload is an idle connector step (16-byte head) plus one lookup record,
+ * the common case. Each configuration runs at most ~1.2 s. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "bench.h"
+#include "group/group.h"
+#include "util/clock.h"
+
+#define MAX_STEPS 4000
+#define WARMUP 200
+#define BUDGET_NS 1200000000ull
+#define PAYLOAD 40
+
+typedef struct cfg {
+    int tcp;
+    uint32_t ranks;
+    uint16_t port;
+    kvt_fabric *fab;
+    kvt_status st[16];
+    double *lat_us; /* leader's per-step latency */
+    uint32_t steps;
+} cfg;
+
+typedef struct arg {
+    cfg *c;
+    uint32_t rank;
+} arg;
+
+static kvt_status open_net(cfg *c, uint32_t rank, kvt_net **n)
+{
+    if (!c->tcp) return kvt_net_inproc_create(n, c->fab, rank);
+    kvt_net_tcp_params p = {rank, c->ranks, "127.0.0.1", c->port, NULL, 0, 0};
+    kvt_status st = kvt_net_tcp_create(n, &p);
+    if (st == KVT_OK) st = kvt_net_connect(*n, 5000);
+    return st;
+}
+
+/* Members step until the leader's DOWN says stop (first byte 0). */
+static kvt_status member_loop(kvt_group *g)
+{
+    uint8_t up[PAYLOAD] = {0};
+    for (;;) {
+        const uint8_t *down;
+        size_t len;
+        kvt_status st = kvt__group_step_member(g, up, sizeof up, &down, &len);
+        if (st != KVT_OK) return st;
+        if (len == 0 || down[0] == 0) return KVT_OK;
+    }
+}
+
+static kvt_status leader_loop(cfg *c, kvt_group *g)
+{
+    uint8_t down[PAYLOAD] = {1};
+    uint64_t t_start = kvt__now_ns();
+    uint32_t i = 0;
+    for (;; i++) {
+        int last = i + 1 >= MAX_STEPS + WARMUP || kvt__now_ns() - t_start > BUDGET_NS;
+        down[0] = last ? 0 : 1;
+        uint64_t t0 = kvt__now_ns();
+        kvt_status st = kvt__group_gather(g);
+        if (st == KVT_OK) st = kvt__group_bcast(g, down, sizeof down);
+        if (st != KVT_OK) return st;
+        if (i >= WARMUP) c->lat_us[c->steps++] = (double)(kvt__now_ns() - t0) / 1000.0;
+        if (last) return KVT_OK;
+    }
+}
+
+static void *rank_main(void *p)
+{
+    arg *a = p;
+    cfg *c = a->c;
+    kvt_net *n = NULL;
+    kvt_group *g = NULL;
+    kvt_status st = a->rank == 0 && c->tcp ? KVT_OK : open_net(c, a->rank, &n);
+    kvt_group_params gp = {1, 1, c->ranks, 1, 2, 5000, 1};
+    if (st == KVT_OK && a->rank != 0) st = kvt_group_create(&g, n, &gp);
+    if (st == KVT_OK && a->rank != 0) st = member_loop(g);
+    c->st[a->rank] = st;
+    kvt_group_destroy(g);
+    kvt_net_destroy(n);
+    return NULL;
+}
+
+static kvt_status run_leader(cfg *c, kvt_net *hub)
+{
+    kvt_net *n = hub;
+    kvt_status st = c->tcp ? kvt_net_connect(hub, 5000) : open_net(c, 0, &n);
+    kvt_group *g = NULL;
+    kvt_group_params gp = {1, 1, c->ranks, 1, 2, 5000, 1};
+    if (st == KVT_OK) st = kvt_group_create(&g, n, &gp);
+    if (st == KVT_OK) st = leader_loop(c, g);
+    kvt_group_destroy(g);
+    if (!c->tcp) kvt_net_destroy(n);
+    return st;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static kvt_status run_cfg(cfg *c)
+{
+    kvt_net *hub = NULL;
+    kvt_status st = KVT_OK;
+    if (c->tcp) {
+        kvt_net_tcp_params p = {0, c->ranks, "127.0.0.1", 0, NULL, 0, 0};
+        st = kvt_net_tcp_create(&hub, &p);
+        if (st == KVT_OK) st = kvt_net_tcp_port(hub, &c->port);
+    } else {
+        st = kvt_fabric_create(&c->fab, c->ranks, 16);
+    }
+    if (st != KVT_OK) return st;
+    pthread_t th[16];
+    arg args[16];
+    for (uint32_t r = 1; r < c->ranks; r++) {
+        args[r] = (arg){c, r};
+        pthread_create(&th[r], NULL, rank_main, &args[r]);
+    }
+    st = run_leader(c, hub);
+    for (uint32_t r = 1; r < c->ranks; r++) pthread_join(th[r], NULL);
+    kvt_net_destroy(hub);
+    kvt_fabric_destroy(c->fab);
+    for (uint32_t r = 1; r < c->ranks && st == KVT_OK; r++) st = c->st[r];
+    return st;
+}
+
+int kvt_bench_group_main(int argc, char **argv)
+{
+    int json = argc > 1 && strcmp(argv[1], "--json") == 0;
+    static const uint32_t sizes[] = {2, 4, 8, 16};
+    double *lat = malloc(sizeof *lat * MAX_STEPS);
+    if (!lat) return 1;
+    if (json) printf("{\"results\": [");
+    else printf("%-8s %6s %10s %10s %8s\n", "transport", "ranks", "p50_us", "p99_us", "steps");
+    int first = 1, rc = 0;
+    for (int tcp = 0; tcp < 2; tcp++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            cfg c = {.tcp = tcp, .ranks = sizes[i], .lat_us = lat};
+            kvt_status st = run_cfg(&c);
+            if (st != KVT_OK || c.steps == 0) {
+                fprintf(stderr, "bench group: %s x %u: %s: %s\n", tcp ? "tcp" : "inproc",
+                        sizes[i], kvt_status_name(st), kvt_last_error());
+                rc = 1;
+                continue;
+            }
+            qsort(lat, c.steps, sizeof *lat, cmp_double);
+            double p50 = lat[c.steps / 2], p99 = lat[(size_t)(c.steps * 0.99)];
+            if (json)
+                printf("%s{\"transport\": \"%s\", \"ranks\": %u, \"p50_us\": %.1f, \"p99_us\": "
+                       "%.1f, \"steps\": %u}", first ? "" : ", ", tcp ? "tcp" : "inproc",
+                       sizes[i], p50, p99, c.steps);
+            else
+                printf("%-8s %6u %10.1f %10.1f %8u\n", tcp ? "tcp" : "inproc", sizes[i], p50, p99,
+                       c.steps);
+            first = 0;
+            fflush(stdout);
+        }
+    if (json) printf("]}\n");
+    free(lat);
+    return rc;
+}

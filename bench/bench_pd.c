@@ -1,0 +1,194 @@
+/* bench_pd.c - `kvtier bench pd [--json] [--mib N]`: the prefill -> decode
+ * hand-off over TCP on 127.0.0.1 (bootstrap + one sender + one receiver,
+ * identical geometry, checksums on), against a raw TCP socket stream of the
+ * same bytes in the same run; and ucx_perftest (tag_bw, UCX_TLS=tcp, 1 MiB)
+ * as the UCX limit when the binary is present. The kvtier UCX data path is
+ * not built yet, so ucx_gbps is null. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "bench.h"
+#include "kvtier.h"
+#include "util/clock.h"
+
+#define CHUNK (8u << 20)
+
+typedef struct raw_arg {
+    int fd;
+    uint8_t *buf;
+    uint64_t bytes;
+} raw_arg;
+
+static void *raw_reader(void *p)
+{
+    raw_arg *a = p;
+    uint64_t got = 0;
+    while (got < a->bytes) {
+        ssize_t n = recv(a->fd, a->buf + (got % (64u << 20)) / CHUNK * CHUNK, CHUNK, 0);
+        if (n <= 0) break;
+        got += (uint64_t)n;
+    }
+    return NULL;
+}
+
+/* A raw loopback TCP stream: write `bytes` from a 64 MiB buffer, read into another. */
+static double raw_tcp_gbps(uint64_t bytes)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1, buf = 4 << 20;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(l, (struct sockaddr *)&sa, sizeof sa) || listen(l, 1) || getsockname(l, (struct sockaddr *)&sa, &sl))
+        return 0;
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(c, (struct sockaddr *)&sa, sizeof sa)) return 0;
+    int s = accept(l, NULL, NULL);
+    for (int k = 0; k < 2; k++) { /* the same socket buffers kvtier's streams use */
+        int fd = k ? s : c;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    }
+    uint8_t *src = malloc(64u << 20), *dst = malloc(64u << 20);
+    memset(src, 1, 64u << 20);
+    memset(dst, 0, 64u << 20);
+    raw_arg a = {s, dst, bytes};
+    pthread_t th;
+    uint64_t t0 = kvt__now_ns();
+    pthread_create(&th, NULL, raw_reader, &a);
+    for (uint64_t sent = 0; sent < bytes;) {
+        ssize_t n = send(c, src + (sent % (64u << 20)) / CHUNK * CHUNK, CHUNK, 0);
+        if (n <= 0) break;
+        sent += (uint64_t)n;
+    }
+    pthread_join(th, NULL);
+    double secs = (double)(kvt__now_ns() - t0) / 1e9;
+    close(c);
+    close(s);
+    close(l);
+    free(src);
+    free(dst);
+    return (double)bytes / secs / 1e9;
+}
+
+typedef struct pd_bench {
+    kvt_pd_bootstrap *bs;
+    kvt_pd_sender *s;
+    kvt_pd_receiver *r;
+    kvt_geometry *geo;
+    kvt_emu *pe, *de;
+    uint32_t *pages, np, ntok;
+} pd_bench;
+
+static int pd_setup(pd_bench *b, uint32_t mib)
+{
+    kvt_pd_net_params net = {0};
+    uint16_t port;
+    if (kvt_geometry_preset(&b->geo, "llama3-8b", 16, 1)) return -1;
+    kvt_geometry_info gi;
+    kvt_geometry_info_get(b->geo, &gi);
+    b->ntok = (uint32_t)(((uint64_t)mib << 20) / gi.bytes_per_token);
+    b->np = (b->ntok + 15) / 16;
+    b->pages = malloc(b->np * sizeof *b->pages);
+    for (uint32_t i = 0; i < b->np; i++) b->pages[i] = i;
+    if (kvt_emu_create(&b->pe, b->geo, b->np) || kvt_emu_create(&b->de, b->geo, b->np)) return -1;
+    if (kvt_pd_bootstrap_create(&b->bs, &net) || kvt_pd_bootstrap_port(b->bs, &port)) return -1;
+    kvt_engine_memory pm, dm;
+    kvt_emu_memory(b->pe, &pm);
+    kvt_emu_memory(b->de, &dm);
+    kvt_pd_params p = {.net = net, .bootstrap_port = port, .rank = {1, 0, 1, 0}, .geo = b->geo, .mem = &pm};
+    if (kvt_pd_sender_create(&b->s, &p)) return -1;
+    p.mem = &dm;
+    return kvt_pd_receiver_create(&b->r, &p) ? -1 : 0;
+}
+
+static double pd_run(pd_bench *b, uint64_t room)
+{
+    kvt_pd_room_params rp = {b->pages, b->np, b->ntok, 0};
+    kvt_pd_poll st;
+    uint64_t t0 = kvt__now_ns();
+    if (kvt_pd_receiver_room(b->r, room, &rp) || kvt_pd_sender_room(b->s, room) ||
+        kvt_pd_sender_send(b->s, room, b->pages, b->np, b->ntok) ||
+        kvt_pd_receiver_wait(b->r, room, 60000, &st) || st != KVT_PD_SUCCESS)
+        return 0;
+    double secs = (double)(kvt__now_ns() - t0) / 1e9;
+    kvt_pd_room_info info;
+    kvt_pd_room_info_get(NULL, b->r, room, &info);
+    kvt_pd_receiver_clear(b->r, room);
+    kvt_pd_sender_wait(b->s, room, 10000, &st);
+    kvt_pd_sender_clear(b->s, room);
+    return (double)info.bytes / secs / 1e9;
+}
+
+static void pd_teardown(pd_bench *b)
+{
+    kvt_pd_receiver_destroy(b->r);
+    kvt_pd_sender_destroy(b->s);
+    kvt_pd_bootstrap_destroy(b->bs);
+    kvt_emu_destroy(b->pe);
+    kvt_emu_destroy(b->de);
+    kvt_geometry_destroy(b->geo);
+    free(b->pages);
+}
+
+/* ucx_perftest tag_bw over UCX_TLS=tcp on loopback; < 0 when absent. */
+static double ucx_perftest_gbps(void)
+{
+    if (access("/usr/bin/ucx_perftest", X_OK) != 0) return -1;
+    const char *cmd =
+        "UCX_TLS=tcp timeout 20 ucx_perftest -t tag_bw -s 1048576 -n 2000 -p 13399 >/dev/null 2>&1 & "
+        "sleep 1; UCX_TLS=tcp timeout 20 ucx_perftest -t tag_bw -s 1048576 -n 2000 -p 13399 127.0.0.1 2>/dev/null "
+        "| awk '/Final:/ {print $6}'; wait";
+    FILE *f = popen(cmd, "r");
+    if (!f) return -1;
+    double mbs = -1;
+    if (fscanf(f, "%lf", &mbs) != 1) mbs = -1;
+    pclose(f);
+    return mbs < 0 ? -1 : mbs * 1048576.0 / 1e9;
+}
+
+int kvt_bench_pd_main(int argc, char **argv)
+{
+    int json = 0;
+    uint32_t mib = 512;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (uint32_t)atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: kvtier bench pd [--json] [--mib N]\n");
+            return 2;
+        }
+    }
+    if (mib < 16 || mib > 4096) mib = 512;
+    setenv("KVTIER_PD_QUIET", "1", 0);
+    pd_bench b = {0};
+    if (pd_setup(&b, mib)) {
+        fprintf(stderr, "kvtier bench pd: setup failed: %s\n", kvt_last_error());
+        pd_teardown(&b);
+        return 1;
+    }
+    (void)pd_run(&b, 1); /* warm-up: first touch of the decode pages */
+    double tcp = 0, raw = 0;
+    for (int i = 0; i < 3; i++) {
+        double t = pd_run(&b, 10 + (uint64_t)i), r = raw_tcp_gbps((uint64_t)mib << 20);
+        tcp = t > tcp ? t : tcp;
+        raw = r > raw ? r : raw;
+    }
+    pd_teardown(&b);
+    double perf = ucx_perftest_gbps();
+    char perf_s[32];
+    if (perf < 0) snprintf(perf_s, sizeof perf_s, "null");
+    else snprintf(perf_s, sizeof perf_s, "%.3f", perf);
+    if (json)
+        printf("{\"mib\": %u, \"tcp_gbps\": %.3f, \"raw_tcp_gbps\": %.3f, \"tcp_ratio\": %.3f, "
+               "\"ucx_gbps\": null, \"ucx_perftest_gbps\": %s}\n",
+               mib, tcp, raw, raw > 0 ? tcp / raw : 0, perf_s);
+    else
+        printf("pd over TCP: %.2f GB/s, raw TCP stream %.2f GB/s (%.2fx); UCX: not built; ucx_perftest tag_bw: %s GB/s\n",
+               tcp, raw, raw > 0 ? tcp / raw : 0, perf_s);
+    return tcp > 0 ? 0 : 1;
+}

@@ -1,0 +1,557 @@
+/* tiers.c - CPU slot ownership, the CLOCK that frees CPU copies of blocks
+ * durable on the SSD, write-through to the SSD and read-back from it. See
+ * tiers.h for the policy. */
+#include "cache/tiers.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util/clock.h"
+
+enum { SSD_NONE = 0, SSD_WRITING = 1, SSD_DURABLE = 2, SSD_LOST = 3, SSD_REPAIRING = 4 };
+
+/* The context of one SSD I/O. One per CPU slot: a slot is the source of at
+ * most one write (its entry is pinned meanwhile) or the target of at most
+ * one read (it was free when reserved), so contexts never collide. */
+typedef struct kvt_io_ctx {
+    kvt_cache *cache;
+    uint32_t slot;
+    uint32_t entry; /* write: the entry being copied */
+    kvt_task *task; /* read: the load waiting for it */
+    uint32_t block; /* read: the block's index in the task */
+} kvt_io_ctx;
+
+typedef struct kvt_read_op {
+    kvt_task *task;
+    uint32_t block;
+} kvt_read_op;
+
+static void finish_reads(kvt_cache *c, kvt_task *t);
+
+/* ------------------------------------------------------------------ */
+/* CPU slots                                                          */
+
+static void free_cpu_slot(kvt_cache *c, uint32_t slot)
+{
+    c->cpu_owner[slot] = KVT_INDEX_NONE;
+    c->cpu_ref[slot] = 0;
+    kvt__pool_free(c->pool, slot);
+}
+
+void kvt__tiers_removed(kvt_cache *c, const uint32_t *ids, const uint32_t *cpu_slots, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (cpu_slots[i] != KVT_POOL_NONE) free_cpu_slot(c, cpu_slots[i]);
+        if (!c->ssd) continue;
+        uint32_t id = ids[i];
+        if (c->ssd_slot[id] != KVT_SSD_NONE) kvt__ssd_free(c->ssd, c->ssd_slot[id]);
+        c->ssd_slot[id] = KVT_SSD_NONE;
+        c->ssd_state[id] = SSD_NONE;
+    }
+}
+
+/* One CLOCK sweep step: drops the CPU copy of an unpinned block whose SSD
+ * copy is durable and that was not used since the hand last passed. At most
+ * two turns, so it ends even when nothing qualifies. */
+static uint32_t clock_take(kvt_cache *c)
+{
+    for (uint32_t step = 0; step < 2 * c->cpu_blocks; step++) {
+        uint32_t slot = c->clock_hand;
+        c->clock_hand = (c->clock_hand + 1) % c->cpu_blocks;
+        uint32_t id = c->cpu_owner[slot];
+        if (id == KVT_INDEX_NONE || c->ssd_state[id] != SSD_DURABLE) continue;
+        if (kvt__index_pins(c->index, id) != 0) continue;
+        if (c->cpu_ref[slot]) {
+            c->cpu_ref[slot] = 0;
+            continue;
+        }
+        kvt__index_set_payload(c->index, id, KVT_POOL_NONE);
+        c->cpu_owner[slot] = KVT_INDEX_NONE;
+        c->stats.cpu_dropped_blocks++;
+        return slot;
+    }
+    return KVT_POOL_NONE;
+}
+
+/* Removes up to want cold leaves from the index (and every tier). */
+static uint32_t evict_leaves(kvt_cache *c, uint32_t want)
+{
+    uint32_t ids[64], slots[64];
+    if (want > 64) want = 64;
+    uint32_t n = kvt__index_evict_ids(c->index, want, ids, slots);
+    kvt__tiers_removed(c, ids, slots, n);
+    c->stats.evicted_blocks += n;
+    return n;
+}
+
+uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots)
+{
+    uint32_t got = 0;
+    while (got < want) {
+        uint32_t slot = kvt__pool_alloc(c->pool);
+        if (slot == KVT_POOL_NONE && c->ssd) slot = clock_take(c);
+        if (slot != KVT_POOL_NONE) {
+            slots[got++] = slot;
+            continue;
+        }
+        if (evict_leaves(c, want - got) == 0) break;
+    }
+    return got;
+}
+
+void kvt__tiers_touch(kvt_cache *c, const uint32_t *ids, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = kvt__index_payload(c->index, ids[i]);
+        if (slot != KVT_POOL_NONE) c->cpu_ref[slot] = 1;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Write-through                                                      */
+
+void kvt__tiers_committed(kvt_cache *c, const uint32_t *ids, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = kvt__index_payload(c->index, ids[i]);
+        c->cpu_owner[slot] = ids[i];
+        c->cpu_ref[slot] = 1;
+        if (!c->ssd) continue;
+        /* The pin keeps the entry and its CPU slot until the copy is done. */
+        kvt__index_pin(c->index, &ids[i], 1);
+        c->ssd_state[ids[i]] = SSD_WRITING;
+        c->write_q[(c->wq_head + c->wq_len++) % c->cpu_blocks] = ids[i];
+        c->ssd_pending++;
+    }
+    if (c->ssd && n) pthread_cond_signal(&c->mover_cv);
+}
+
+static void write_done(void *arg, kvt_status st)
+{
+    kvt_io_ctx *x = arg;
+    kvt_cache *c = x->cache;
+    pthread_mutex_lock(&c->mu);
+    uint32_t id = x->entry;
+    if (st == KVT_OK) {
+        c->ssd_state[id] = SSD_DURABLE;
+        c->stats.ssd_written_blocks++;
+    } else {
+        kvt__ssd_free(c->ssd, c->ssd_slot[id]);
+        c->ssd_slot[id] = KVT_SSD_NONE;
+        c->ssd_state[id] = SSD_NONE;
+        c->stats.ssd_write_errors++;
+    }
+    kvt__index_unpin(c->index, &id, 1);
+    if (--c->ssd_pending == 0) pthread_cond_broadcast(&c->flush_cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Picks an SSD slot for entry id, evicting cold leaves from the SSD tier
+ * when it is full. KVT_SSD_NONE when everything left is pinned. */
+static uint32_t ssd_slot_for(kvt_cache *c)
+{
+    for (;;) {
+        uint32_t slot = kvt__ssd_alloc(c->ssd);
+        if (slot != KVT_SSD_NONE) return slot;
+        if (evict_leaves(c, 1) == 0) return KVT_SSD_NONE;
+    }
+}
+
+/* Takes one queued write (mutex held); fills *x for submission outside the
+ * lock. false when the write was dropped (no SSD room). */
+static bool take_write(kvt_cache *c, kvt_io_ctx **out, kvt_hash128 *key, kvt_hash128 *parent,
+                       bool *has_parent, uint32_t *ssd_slot)
+{
+    uint32_t id = c->write_q[c->wq_head];
+    c->wq_head = (c->wq_head + 1) % c->cpu_blocks;
+    c->wq_len--;
+    uint32_t slot = ssd_slot_for(c);
+    if (slot == KVT_SSD_NONE) {
+        c->ssd_state[id] = SSD_NONE;
+        c->stats.ssd_write_errors++;
+        kvt__index_unpin(c->index, &id, 1);
+        if (--c->ssd_pending == 0) pthread_cond_broadcast(&c->flush_cv);
+        return false;
+    }
+    c->ssd_slot[id] = slot;
+    uint32_t cpu = kvt__index_payload(c->index, id);
+    kvt_io_ctx *x = &c->io_ctx[cpu];
+    x->entry = id;
+    *key = kvt__index_key(c->index, id);
+    uint32_t p = kvt__index_parent(c->index, id);
+    *has_parent = p != KVT_INDEX_NONE;
+    if (*has_parent) *parent = kvt__index_key(c->index, p);
+    *ssd_slot = slot;
+    *out = x;
+    return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Read-back                                                          */
+
+uint32_t kvt__tiers_plan_load(kvt_cache *c, kvt_task *t)
+{
+    uint32_t need = 0;
+    for (uint32_t i = 0; i < t->num_blocks; i++) {
+        uint32_t id = t->entries[i];
+        if (kvt__index_payload(c->index, id) != KVT_POOL_NONE) continue;
+        /* No CPU copy: it must be durable on the SSD, or the load ends here. */
+        if (!c->ssd || c->ssd_state[id] != SSD_DURABLE) return i;
+        uint32_t slot;
+        if (kvt__tiers_reserve_cpu(c, 1, &slot) == 0) return i;
+        t->tmp_slots[i] = slot;
+        need++;
+    }
+    t->reads_left = need;
+    return t->num_blocks;
+}
+
+/* Pushes the task's reads to the mover. */
+static void queue_reads(kvt_cache *c, kvt_task *t)
+{
+    for (uint32_t i = 0; i < t->num_blocks; i++) {
+        if (t->tmp_slots[i] == KVT_POOL_NONE) continue;
+        kvt_read_op op = {t, i};
+        c->read_q[(c->rq_head + c->rq_len++) % c->cpu_blocks] = op;
+    }
+    pthread_cond_signal(&c->mover_cv);
+}
+
+kvt_status kvt__tiers_start_load(kvt_cache *c, kvt_task *t)
+{
+    if (t->reads_left == 0) return kvt__xfer_submit(c->xfer, &t->xt);
+    t->reading = true;
+    queue_reads(c, t);
+    return KVT_OK;
+}
+
+void kvt__tiers_load_ended(kvt_cache *c, kvt_task *t)
+{
+    /* num_pinned, not num_blocks: a load cut short still holds its slots. */
+    for (uint32_t i = 0; i < t->num_pinned; i++) {
+        uint32_t slot = t->tmp_slots[i];
+        if (slot != KVT_POOL_NONE && c->cpu_owner[slot] == KVT_INDEX_NONE) free_cpu_slot(c, slot);
+        t->tmp_slots[i] = KVT_POOL_NONE;
+    }
+}
+
+/* A read landed: the block's CPU copy is back (promote the slot to the
+ * entry unless another load already did), or the block is lost. */
+static void read_done(void *arg, kvt_status st)
+{
+    kvt_io_ctx *x = arg;
+    kvt_cache *c = x->cache;
+    pthread_mutex_lock(&c->mu);
+    kvt_task *t = x->task;
+    uint32_t id = t->entries[x->block];
+    if (st == KVT_OK) {
+        c->stats.ssd_read_blocks++;
+        if (kvt__index_payload(c->index, id) == KVT_POOL_NONE) {
+            kvt__index_set_payload(c->index, id, x->slot);
+            c->cpu_owner[x->slot] = id;
+            c->cpu_ref[x->slot] = 1;
+        }
+    } else {
+        /* Never handed to the engine: the load stops before this block, and
+         * the block is forgotten until a store fills it again. */
+        if (st == KVT_ECORRUPT) c->stats.corrupt_blocks++;
+        else c->stats.ssd_read_errors++;
+        if (c->ssd_state[id] == SSD_DURABLE) {
+            kvt__ssd_free(c->ssd, c->ssd_slot[id]);
+            c->ssd_slot[id] = KVT_SSD_NONE;
+            c->ssd_state[id] = SSD_LOST;
+        }
+        if (x->block < t->first_bad) {
+            t->first_bad = x->block;
+            t->bad_status = st;
+        }
+    }
+    if (--t->reads_left == 0) finish_reads(c, t);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ------------------------------------------------------------------ */
+/* The mover thread                                                   */
+
+typedef struct io_batch {
+    kvt_io_ctx *ctx[32];
+    kvt_hash128 key[32], parent[32];
+    bool has_parent[32], is_write[32];
+    uint32_t ssd_slot[32];
+    uint8_t *buf[32];
+    uint32_t n;
+} io_batch;
+
+static void take_batch(kvt_cache *c, io_batch *b)
+{
+    b->n = 0;
+    while (b->n < 32 && c->wq_len > 0) {
+        uint32_t i = b->n;
+        if (!take_write(c, &b->ctx[i], &b->key[i], &b->parent[i], &b->has_parent[i], &b->ssd_slot[i]))
+            continue;
+        b->buf[i] = kvt__pool_block(c->pool, b->ctx[i]->slot);
+        b->is_write[i] = true;
+        b->n++;
+    }
+    while (b->n < 32 && c->rq_len > 0) {
+        kvt_read_op op = c->read_q[c->rq_head];
+        c->rq_head = (c->rq_head + 1) % c->cpu_blocks;
+        c->rq_len--;
+        uint32_t i = b->n++, slot = op.task->tmp_slots[op.block], id = op.task->entries[op.block];
+        kvt_io_ctx *x = &c->io_ctx[slot];
+        x->task = op.task;
+        x->block = op.block;
+        b->ctx[i] = x;
+        b->key[i] = kvt__index_key(c->index, id);
+        b->ssd_slot[i] = c->ssd_slot[id];
+        b->buf[i] = kvt__pool_block(c->pool, slot);
+        b->is_write[i] = false;
+    }
+}
+
+static void submit_batch(kvt_cache *c, io_batch *b)
+{
+    for (uint32_t i = 0; i < b->n; i++) {
+        kvt_status st;
+        if (b->is_write[i])
+            st = kvt__ssd_write(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i], b->parent[i],
+                                b->has_parent[i], write_done, b->ctx[i]);
+        else
+            st = kvt__ssd_read(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i], read_done, b->ctx[i]);
+        if (st == KVT_OK) continue;
+        /* Not submitted: complete it here as failed, as the store would. */
+        (b->is_write[i] ? write_done : read_done)(b->ctx[i], st);
+    }
+}
+
+static void *mover_main(void *arg)
+{
+    kvt_cache *c = arg;
+    io_batch *b = calloc(1, sizeof *b);
+    pthread_mutex_lock(&c->mu);
+    while (b && !c->mover_stop) {
+        if (c->wq_len == 0 && c->rq_len == 0) {
+            /* Bounded sleep: a lost wakeup costs at most 100 ms, never a hang. */
+            kvt__cond_wait_until(&c->mover_cv, &c->mu, kvt__now_ns() + 100000000ull);
+            continue;
+        }
+        take_batch(c, b);
+        pthread_mutex_unlock(&c->mu);
+        submit_batch(c, b);
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    free(b);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Open, recover, close                                               */
+
+static void recovered(void *arg, uint32_t slot, kvt_hash128 key, kvt_hash128 parent,
+                      bool has_parent)
+{
+    kvt_cache *c = arg;
+    uint32_t pid = KVT_INDEX_NONE, id;
+    kvt_index_stop stop;
+    if (has_parent && (kvt__index_probe(c->index, &parent, 1, &pid, &stop) != 1)) {
+        kvt__ssd_free(c->ssd, slot); /* an orphan can never be matched */
+        return;
+    }
+    if (kvt__index_insert(c->index, pid, key, KVT_POOL_NONE, &id) != KVT_OK) {
+        kvt__ssd_free(c->ssd, slot);
+        return;
+    }
+    kvt__index_commit(c->index, &id, 1);
+    c->ssd_slot[id] = slot;
+    c->ssd_state[id] = SSD_DURABLE;
+    c->stats.recovered_blocks++;
+}
+
+static kvt_status alloc_tier_arrays(kvt_cache *c, uint32_t index_cap)
+{
+    c->cpu_blocks = kvt__pool_blocks_total(c->pool);
+    c->cpu_owner = malloc((size_t)c->cpu_blocks * sizeof *c->cpu_owner);
+    c->cpu_ref = calloc(c->cpu_blocks, 1);
+    c->io_ctx = calloc(c->cpu_blocks, sizeof *c->io_ctx);
+    if (!c->cpu_owner || !c->cpu_ref || !c->io_ctx) goto nomem;
+    for (uint32_t i = 0; i < c->cpu_blocks; i++) {
+        c->cpu_owner[i] = KVT_INDEX_NONE;
+        c->io_ctx[i].cache = c;
+        c->io_ctx[i].slot = i;
+    }
+    if (!c->ssd) return KVT_OK;
+    c->ssd_slot = malloc((size_t)index_cap * sizeof *c->ssd_slot);
+    c->ssd_state = calloc(index_cap, 1);
+    c->write_q = malloc((size_t)c->cpu_blocks * sizeof *c->write_q);
+    c->read_q = malloc((size_t)c->cpu_blocks * sizeof *c->read_q);
+    if (!c->ssd_slot || !c->ssd_state || !c->write_q || !c->read_q) goto nomem;
+    for (uint32_t i = 0; i < index_cap; i++) c->ssd_slot[i] = KVT_SSD_NONE;
+    return KVT_OK;
+nomem:
+    return kvt__fail(KVT_ENOMEM, "kvt_cache_create: no memory for the tier tables");
+}
+
+static kvt_status open_ssd(kvt_cache *c)
+{
+    char describe[160];
+    snprintf(describe, sizeof describe, "%u layers, %llu bytes/token, %u tokens/block",
+             c->geo->num_layers, (unsigned long long)kvt__geo_bytes_per_token(c->geo),
+             c->cfg.block_tokens);
+    kvt_geometry_info info;
+    kvt_status st = kvt_geometry_info_get(c->geo, &info);
+    if (st) return st;
+    static const char *io_names[] = {"auto", "uring", "threads"};
+    kvt_ssd_params p = {
+        .dirs = c->cfg.ssd_dirs,
+        .capacity_bytes = c->cfg.ssd_capacity,
+        .block_bytes = c->block_bytes,
+        .digest = kvt__hash64(&c->cfg.block_tokens, sizeof c->cfg.block_tokens, info.digest),
+        .describe = describe,
+        .fresh = c->cfg.ssd_fresh,
+        .io = io_names[c->cfg.io < 3 ? c->cfg.io : 0],
+        .queue_depth = c->cfg.ssd_queue_depth,
+        .register_base = kvt__pool_block(c->pool, 0),
+        .register_len = (uint64_t)kvt__pool_blocks_total(c->pool) * kvt__pool_stride(c->pool),
+    };
+    return kvt__ssd_open(&c->ssd, &p);
+}
+
+kvt_status kvt__tiers_open(kvt_cache *c)
+{
+    kvt_status st = KVT_OK;
+    if (c->cfg.ssd_dirs[0] != '\0') st = open_ssd(c);
+    uint32_t cpu = kvt__pool_blocks_total(c->pool);
+    uint32_t ssd = c->ssd ? kvt__ssd_blocks_total(c->ssd) : 0;
+    /* Every block is on the SSD or on its way there, plus the CPU tier's. */
+    if (!st) st = kvt__index_create(&c->index, cpu + ssd, (kvt_evict_policy)c->cfg.eviction);
+    if (!st) st = alloc_tier_arrays(c, cpu + ssd);
+    if (st || !c->ssd) return st;
+    kvt__ssd_recover(c->ssd, recovered, c);
+    if (kvt__cond_init(&c->mover_cv) || kvt__cond_init(&c->flush_cv) ||
+        pthread_create(&c->mover, NULL, mover_main, c))
+        return kvt__fail(KVT_ESYS, "kvt_cache_create: cannot start the SSD mover thread");
+    c->mover_running = true;
+    return KVT_OK;
+}
+
+/* Fails reads still queued (their tasks end without data). */
+static void drop_queued(kvt_cache *c)
+{
+    while (c->rq_len > 0) {
+        kvt_read_op op = c->read_q[c->rq_head];
+        c->rq_head = (c->rq_head + 1) % c->cpu_blocks;
+        c->rq_len--;
+        kvt_task *t = op.task;
+        if (op.block < t->first_bad) {
+            t->first_bad = op.block;
+            t->bad_status = KVT_ECANCELED;
+        }
+        if (--t->reads_left == 0) finish_reads(c, t);
+    }
+    while (c->wq_len > 0) {
+        uint32_t id = c->write_q[c->wq_head];
+        c->wq_head = (c->wq_head + 1) % c->cpu_blocks;
+        c->wq_len--;
+        c->ssd_state[id] = SSD_NONE;
+        kvt__index_unpin(c->index, &id, 1);
+        c->ssd_pending--;
+    }
+}
+
+void kvt__tiers_close(kvt_cache *c)
+{
+    if (c->mover_running) {
+        pthread_mutex_lock(&c->mu);
+        c->mover_stop = true;
+        pthread_cond_signal(&c->mover_cv);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->mover, NULL);
+        pthread_mutex_lock(&c->mu);
+        drop_queued(c);
+        pthread_mutex_unlock(&c->mu);
+        pthread_cond_destroy(&c->mover_cv);
+        pthread_cond_destroy(&c->flush_cv);
+    }
+    kvt__ssd_close(c->ssd); /* runs the callbacks of in-flight I/O */
+    c->ssd = NULL;
+    free(c->cpu_owner);
+    free(c->cpu_ref);
+    free(c->io_ctx);
+    free(c->ssd_slot);
+    free(c->ssd_state);
+    free(c->write_q);
+    free(c->read_q);
+}
+
+kvt_status kvt__tiers_flush(kvt_cache *c, uint64_t deadline_ns)
+{
+    while (c->ssd && c->ssd_pending > 0)
+        if (!kvt__cond_wait_until(&c->flush_cv, &c->mu, deadline_ns)) break;
+    if (c->ssd && c->ssd_pending > 0)
+        return kvt__fail(KVT_ETIMEDOUT, "kvt_cache_flush: %u SSD writes still pending at the "
+                         "deadline", c->ssd_pending);
+    return KVT_OK;
+}
+
+/* All reads of a load landed (or failed): start the transfer of the blocks
+ * before the first failure, or end the task. Defined here, used by
+ * read_done; the ending itself is the cache's (ops.c). */
+void kvt__cache_end_task(kvt_cache *c, kvt_task *t, kvt_status st);
+
+static void finish_reads(kvt_cache *c, kvt_task *t)
+{
+    t->reading = false;
+    pthread_cond_broadcast(&c->ended_cv); /* wait_layer callers re-check the stage */
+    if (t->cancel_asked) {
+        kvt__cache_end_task(c, t, KVT_ECANCELED);
+        return;
+    }
+    if (t->first_bad < t->num_blocks) {
+        /* A shorter load: blocks from the first bad one on are not moved. */
+        t->num_blocks = t->xt.num_blocks = t->first_bad;
+        t->num_tokens = t->num_blocks * c->cfg.block_tokens;
+    }
+    if (t->num_blocks == 0) {
+        kvt__cache_end_task(c, t, t->bad_status);
+        return;
+    }
+    kvt_status st = kvt__xfer_submit(c->xfer, &t->xt);
+    if (st) kvt__cache_end_task(c, t, st);
+}
+
+/* ------------------------------------------------------------------ */
+/* Lost blocks                                                        */
+
+uint32_t kvt__tiers_first_lost(kvt_cache *c, const uint32_t *ids, uint32_t n, bool *busy)
+{
+    *busy = false;
+    if (!c->ssd) return n;
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t s = c->ssd_state[ids[i]];
+        if (s == SSD_REPAIRING) *busy = true;
+        if (s == SSD_LOST || s == SSD_REPAIRING) return i;
+    }
+    return n;
+}
+
+void kvt__tiers_repair_begin(kvt_cache *c, const uint32_t *ids, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) c->ssd_state[ids[i]] = SSD_REPAIRING;
+}
+
+void kvt__tiers_repair_end(kvt_cache *c, kvt_task *t, bool ok)
+{
+    for (uint32_t i = 0; i < t->num_repair; i++) {
+        uint32_t id = t->entries[i];
+        c->ssd_state[id] = SSD_LOST;
+        if (ok) {
+            c->ssd_state[id] = SSD_NONE;
+            kvt__index_set_payload(c->index, id, t->tmp_slots[i]);
+        } else {
+            free_cpu_slot(c, t->tmp_slots[i]);
+        }
+        t->tmp_slots[i] = KVT_POOL_NONE;
+    }
+}

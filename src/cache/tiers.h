@@ -1,0 +1,64 @@
+/* tiers.h - the tiers under the index: the CPU pool and, when configured,
+ * the SSD store.
+ *
+ * The tiers are inclusive and the SSD is written through: a store completes
+ * for the engine once its blocks are in the CPU tier; a mover thread then
+ * copies each block to the SSD in the background. A block whose SSD copy is
+ * durable can leave the CPU tier for free (its CPU slot is simply reused,
+ * chosen by a CLOCK sweep), so making room in the CPU tier never waits for a
+ * write-back; a block that is on the SSD only is read back into a CPU slot
+ * when a load needs it, inside the load task. Eviction from the SSD tier
+ * removes the block from the index (leaves only, as always). Why inclusive:
+ * every block that ever completed a store has (or is getting) a durable copy,
+ * so a restart finds it, and the CPU tier is a cache of the SSD rather than a
+ * separate level that must be drained into it.
+ *
+ * All functions are called with the cache mutex held unless they say
+ * otherwise. */
+#ifndef KVT_CACHE_TIERS_H
+#define KVT_CACHE_TIERS_H
+
+#include "cache/cache.h"
+
+/* Opens the SSD store when ssd_dirs is set, rebuilds the index from its
+ * journal and starts the mover thread. Called from create, no lock held. */
+kvt_status kvt__tiers_open(kvt_cache *c);
+/* Stops the mover (queued writes are dropped, queued reads fail) and closes
+ * the SSD store after its in-flight I/O completed. No lock held. */
+void kvt__tiers_close(kvt_cache *c);
+
+/* Up to want free CPU slots into slots: the free list first, then CPU copies
+ * of blocks that are durable on the SSD (CLOCK), then whole cold leaves. */
+uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots);
+/* A store's blocks became READY in their CPU slots: record the owners and
+ * queue their SSD copies. */
+void kvt__tiers_committed(kvt_cache *c, const uint32_t *ids, uint32_t n);
+/* Recently used: the CLOCK keeps these CPU copies a round longer. */
+void kvt__tiers_touch(kvt_cache *c, const uint32_t *ids, uint32_t n);
+/* Entries left the index: release their SSD slots and CPU ownership. */
+void kvt__tiers_removed(kvt_cache *c, const uint32_t *ids, const uint32_t *cpu_slots, uint32_t n);
+
+/* Prepares a planned load: blocks without a CPU copy get a CPU slot to read
+ * into. Returns how many leading blocks can be loaded (<= t->num_blocks). */
+uint32_t kvt__tiers_plan_load(kvt_cache *c, kvt_task *t);
+/* Starts a launched load: SSD reads first when any are needed (the transfer
+ * starts when they land), else the transfer at once. */
+kvt_status kvt__tiers_start_load(kvt_cache *c, kvt_task *t);
+/* A load ended: returns CPU slots the task held for itself. */
+void kvt__tiers_load_ended(kvt_cache *c, kvt_task *t);
+
+/* Lost blocks (a read found them corrupt): the index keeps their entries,
+ * loads stop before them, and the next store of their prefix re-fills them.
+ * first_lost: the first of ids[0..n) that is lost (n if none); *busy when
+ * another store is re-filling it already. */
+uint32_t kvt__tiers_first_lost(kvt_cache *c, const uint32_t *ids, uint32_t n, bool *busy);
+void kvt__tiers_repair_begin(kvt_cache *c, const uint32_t *ids, uint32_t n);
+/* The store re-filling t's first num_repair entries ended: ok gives them
+ * their new CPU slots, else they stay lost and the slots are freed. */
+void kvt__tiers_repair_end(kvt_cache *c, kvt_task *t, bool ok);
+
+/* Waits (cache mutex held, released while waiting) until every SSD write
+ * queued or in flight has finished, or until deadline_ns. */
+kvt_status kvt__tiers_flush(kvt_cache *c, uint64_t deadline_ns);
+
+#endif

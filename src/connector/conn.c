@@ -1,0 +1,279 @@
+/* conn.c - the connector's rank-local calls. None of them touches the wire:
+ * they only change what this rank will report at its next kvt_conn_step, so
+ * calling any of them more or fewer times on one rank than on another can
+ * never shift a message stream (docs/protocol.md, "Why asymmetry cannot
+ * desynchronise"). */
+#include <stdlib.h>
+#include <string.h>
+#include "connector/conn.h"
+#include "util/hash.h"
+
+kvt_status kvt__vec_grow(void **p, uint32_t *cap, uint32_t need, size_t elem)
+{
+    if (need <= *cap) return KVT_OK;
+    uint32_t c = *cap ? *cap : 8;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * elem);
+    if (!q) return kvt__fail(KVT_ENOMEM, "kvt_conn: out of memory for %u entries", c);
+    *p = q;
+    *cap = c;
+    return KVT_OK;
+}
+
+static uint64_t req_digest(const kvt_request *r)
+{
+    uint64_t h = kvt__hash64(r->ns ? r->ns : "", r->ns_len, r->num_tokens);
+    return kvt__hash64(r->tokens, (size_t)r->num_tokens * sizeof *r->tokens, h);
+}
+
+static kvt_status check_req(const kvt_request *r, const char *fn)
+{
+    KVT_CHECK_NOT_NULL(r, fn);
+    KVT_CHECK_ARG(r->num_tokens > 0 && r->tokens, "%s: req has no tokens", fn);
+    KVT_CHECK_ARG(r->ns || r->ns_len == 0, "%s: req->ns is NULL but ns_len is %u", fn, r->ns_len);
+    return KVT_OK;
+}
+
+static kvt_status usable(kvt_conn *c, const char *fn)
+{
+    KVT_CHECK_NOT_NULL(c, fn);
+    if (c->aborted)
+        return kvt__fail(KVT_EABORTED, "%s: the group aborted (%s); recompute, then "
+                         "kvt_conn_reform", fn, kvt_group_diagnostic(c->g));
+    return KVT_OK;
+}
+
+kvt_status kvt_conn_create(kvt_conn **out, kvt_group *group, kvt_cache *cache)
+{
+    static const char fn[] = "kvt_conn_create";
+    KVT_CHECK_NOT_NULL(out, fn);
+    KVT_CHECK_NOT_NULL(group, fn);
+    KVT_CHECK_NOT_NULL(cache, fn);
+    kvt_conn *c = calloc(1, sizeof *c);
+    if (c && group->rank == 0) c->L = calloc(1, sizeof *c->L);
+    if (!c || (group->rank == 0 && !c->L)) {
+        free(c);
+        return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+    }
+    c->g = group;
+    c->cache = cache;
+    c->aborted = group->aborted;
+    pthread_mutex_init(&c->mu, NULL);
+    kvt__clear_error();
+    *out = c;
+    return KVT_OK;
+}
+
+void kvt_conn_destroy(kvt_conn *c)
+{
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    kvt__conn_cancel_all(c);
+    (void)kvt__conn_poll_locked(c, NULL); /* forget the cancelled tasks */
+    pthread_mutex_unlock(&c->mu);
+    free(c->lk.p);
+    free(c->st.p);
+    free(c->run.p);
+    free(c->done.p);
+    free(c->ev.p);
+    kvt__buf_free(&c->up);
+    if (c->L) {
+        kvt__leader_clear(c->L);
+        free(c->L->aw.p);
+        kvt__buf_free(&c->L->down);
+        free(c->L);
+    }
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static pend_lookup *find_lookup(kvt_conn *c, uint64_t rid)
+{
+    for (uint32_t i = 0; i < c->lk.n; i++)
+        if (c->lk.p[i].rid == rid) return &c->lk.p[i];
+    return NULL;
+}
+
+static kvt_status copy_req(pend_lookup *p, const kvt_request *r)
+{
+    p->tokens = malloc((size_t)r->num_tokens * sizeof *p->tokens);
+    p->ns = r->ns_len ? malloc(r->ns_len) : NULL;
+    if (!p->tokens || (r->ns_len && !p->ns)) {
+        kvt__pend_lookup_free(p);
+        return kvt__fail(KVT_ENOMEM, "kvt_conn_lookup: out of memory copying the request");
+    }
+    memcpy(p->tokens, r->tokens, (size_t)r->num_tokens * sizeof *p->tokens);
+    if (r->ns_len) memcpy(p->ns, r->ns, r->ns_len);
+    p->num_tokens = r->num_tokens;
+    p->ns_len = r->ns_len;
+    return KVT_OK;
+}
+
+static kvt_status lookup_locked(kvt_conn *c, uint64_t rid, const kvt_request *req,
+                                uint32_t *local)
+{
+    static const char fn[] = "kvt_conn_lookup";
+    if (find_lookup(c, rid))
+        return kvt__fail(KVT_EINVAL, "%s: rid %llu already has a lookup queued for this step",
+                         fn, (unsigned long long)rid);
+    kvt_status st = VEC_RESERVE(c->lk, c->lk.n + 1);
+    pend_lookup p = {.rid = rid, .digest = req_digest(req)};
+    if (st == KVT_OK) st = copy_req(&p, req);
+    kvt_match m;
+    if (st == KVT_OK && (st = kvt_cache_lookup(c->cache, req, &m)) != KVT_OK)
+        kvt__pend_lookup_free(&p);
+    if (st != KVT_OK) return st;
+    p.task = m.task;
+    p.local_tokens = m.task ? m.matched_tokens : 0;
+    c->lk.p[c->lk.n++] = p;
+    if (local) *local = p.local_tokens;
+    return KVT_OK;
+}
+
+kvt_status kvt_conn_lookup(kvt_conn *c, uint64_t rid, const kvt_request *req, uint32_t *local)
+{
+    static const char fn[] = "kvt_conn_lookup";
+    kvt_status st = usable(c, fn);
+    if (st == KVT_OK) st = check_req(req, fn);
+    if (st != KVT_OK) return st;
+    pthread_mutex_lock(&c->mu);
+    st = lookup_locked(c, rid, req, local);
+    pthread_mutex_unlock(&c->mu);
+    if (st == KVT_OK) kvt__clear_error();
+    return st;
+}
+
+static kvt_status copy_pages(uint32_t **dst, uint32_t *n, const uint32_t *pages, uint32_t count)
+{
+    uint32_t *p = malloc((size_t)count * sizeof *p);
+    if (!p) return kvt__fail(KVT_ENOMEM, "kvt_conn: out of memory copying %u pages", count);
+    memcpy(p, pages, (size_t)count * sizeof *p);
+    free(*dst);
+    *dst = p;
+    *n = count;
+    return KVT_OK;
+}
+
+kvt_status kvt_conn_load(kvt_conn *c, uint64_t rid, const uint32_t *pages, uint32_t num_pages,
+                         int layerwise)
+{
+    static const char fn[] = "kvt_conn_load";
+    kvt_status st = usable(c, fn);
+    if (st != KVT_OK) return st;
+    KVT_CHECK_ARG(pages && num_pages > 0, "%s: rid %llu: no pages", fn, (unsigned long long)rid);
+    pthread_mutex_lock(&c->mu);
+    pend_lookup *p = find_lookup(c, rid);
+    if (!p)
+        st = kvt__fail(KVT_EINVAL, "%s: rid %llu has no lookup queued in this step", fn,
+                       (unsigned long long)rid);
+    if (st == KVT_OK) st = copy_pages(&p->pages, &p->num_pages, pages, num_pages);
+    if (st == KVT_OK) {
+        p->load = true;
+        p->layerwise = layerwise != 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (st == KVT_OK) kvt__clear_error();
+    return st;
+}
+
+static kvt_status store_locked(kvt_conn *c, uint64_t rid, const kvt_request *req,
+                               const uint32_t *pages, uint32_t num_pages)
+{
+    for (uint32_t i = 0; i < c->st.n; i++)
+        if (c->st.p[i].rid == rid)
+            return kvt__fail(KVT_EINVAL, "kvt_conn_store: rid %llu already has a store queued "
+                             "for this step", (unsigned long long)rid);
+    kvt_status st = VEC_RESERVE(c->st, c->st.n + 1);
+    pend_store s = {.rid = rid, .digest = req_digest(req)};
+    if (st == KVT_OK) st = copy_pages(&s.pages, &s.num_pages, pages, num_pages);
+    kvt_store_plan plan;
+    if (st == KVT_OK && (st = kvt_cache_prepare_store(c->cache, req, &plan)) != KVT_OK)
+        kvt__pend_store_free(&s);
+    if (st != KVT_OK) return st;
+    s.task = plan.task;
+    s.num_tokens = plan.task ? plan.num_tokens : 0;
+    c->st.p[c->st.n++] = s;
+    return KVT_OK;
+}
+
+kvt_status kvt_conn_store(kvt_conn *c, uint64_t rid, const kvt_request *req,
+                          const uint32_t *pages, uint32_t num_pages)
+{
+    static const char fn[] = "kvt_conn_store";
+    kvt_status st = usable(c, fn);
+    if (st == KVT_OK) st = check_req(req, fn);
+    if (st != KVT_OK) return st;
+    KVT_CHECK_ARG(pages && num_pages > 0, "%s: rid %llu: no pages", fn, (unsigned long long)rid);
+    pthread_mutex_lock(&c->mu);
+    st = store_locked(c, rid, req, pages, num_pages);
+    pthread_mutex_unlock(&c->mu);
+    if (st == KVT_OK) kvt__clear_error();
+    return st;
+}
+
+kvt_status kvt_conn_reset(kvt_conn *c)
+{
+    kvt_status st = usable(c, "kvt_conn_reset");
+    if (st != KVT_OK) return st;
+    c->reset_req = true;
+    kvt__clear_error();
+    return KVT_OK;
+}
+
+kvt_status kvt_conn_poll(kvt_conn *c, uint32_t *ended)
+{
+    KVT_CHECK_NOT_NULL(c, "kvt_conn_poll");
+    pthread_mutex_lock(&c->mu);
+    kvt_status st = kvt__conn_poll_locked(c, ended);
+    pthread_mutex_unlock(&c->mu);
+    if (st == KVT_OK) kvt__clear_error();
+    return st;
+}
+
+kvt_status kvt_conn_wait_layer(kvt_conn *c, uint64_t rid, uint32_t layer, int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_conn_wait_layer";
+    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms %lld is negative", fn, (long long)timeout_ms);
+    kvt_task_id task = 0;
+    pthread_mutex_lock(&c->mu);
+    for (uint32_t i = 0; i < c->run.n; i++)
+        if (c->run.p[i].rid == rid && c->run.p[i].kind == KVT_TASK_LOAD) task = c->run.p[i].task;
+    pthread_mutex_unlock(&c->mu);
+    if (!task)
+        return kvt__fail(KVT_ENOTFOUND, "%s: rid %llu has no running load on this rank", fn,
+                         (unsigned long long)rid);
+    return kvt_cache_wait_layer(c->cache, task, layer, timeout_ms);
+}
+
+kvt_status kvt_conn_events(kvt_conn *c, kvt_conn_event *out, uint32_t max, uint32_t *count)
+{
+    static const char fn[] = "kvt_conn_events";
+    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL(count, fn);
+    KVT_CHECK_ARG(out || max == 0, "%s: out is NULL", fn);
+    pthread_mutex_lock(&c->mu);
+    uint32_t n = c->ev.n < max ? c->ev.n : max;
+    if (n) {
+        memcpy(out, c->ev.p, (size_t)n * sizeof *out);
+        memmove(c->ev.p, c->ev.p + n, (size_t)(c->ev.n - n) * sizeof *out);
+    }
+    c->ev.n -= n;
+    pthread_mutex_unlock(&c->mu);
+    *count = n;
+    kvt__clear_error();
+    return KVT_OK;
+}
+
+kvt_status kvt_conn_reform(kvt_conn *c, int64_t timeout_ms)
+{
+    KVT_CHECK_NOT_NULL(c, "kvt_conn_reform");
+    pthread_mutex_lock(&c->mu);
+    kvt__conn_cancel_all(c);
+    if (c->L) kvt__leader_clear(c->L);
+    c->reset_req = false;
+    pthread_mutex_unlock(&c->mu);
+    kvt_status st = kvt_group_reform(c->g, timeout_ms);
+    c->aborted = st != KVT_OK;
+    return st;
+}

@@ -1,0 +1,81 @@
+/* stream.h - connection-oriented streams between client/server peers (the
+ * PD bootstrap service, senders and receivers), behind one ops table: TCP,
+ * and UCX (tag messages; set up over an authenticated TCP connection that
+ * stays open as the liveness signal). Unlike net.h (a fixed rank mesh),
+ * peers here are arbitrary and come and go.
+ *
+ * Semantics: message-oriented. sendv sends one message (the iovecs'
+ * concatenation); recvv receives exactly one message whose length the
+ * caller knows (the protocol above always knows it: fixed headers, then
+ * lengths from the header). Every call has a monotonic deadline. */
+#ifndef KVT_NET_STREAM_H
+#define KVT_NET_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include "kvtier.h"
+
+typedef struct kvt_stream kvt_stream;
+
+enum { KVT_STREAM_READABLE = 1, KVT_STREAM_WOKEN = 2, KVT_STREAM_IDLE = 3, KVT_STREAM_HUP = 4 };
+
+typedef struct kvt_stream_ops {
+    const char *name;
+    /* KVT_OK, KVT_ETIMEDOUT, KVT_ECONN. */
+    kvt_status (*sendv)(kvt_stream *s, const struct iovec *iov, int iovcnt, uint64_t deadline_ns);
+    kvt_status (*recvv)(kvt_stream *s, const struct iovec *iov, int iovcnt, uint64_t deadline_ns);
+    /* Waits up to timeout_ms for a message, or for wake_fd (may be -1) to
+     * become readable: one of KVT_STREAM_*. */
+    int (*wait)(kvt_stream *s, int wake_fd, int timeout_ms);
+    void (*destroy)(kvt_stream *s);
+} kvt_stream_ops;
+
+struct kvt_stream {
+    const kvt_stream_ops *ops;
+    int fd; /* the TCP socket (also under UCX) */
+};
+
+typedef struct kvt_stream_auth {
+    const uint8_t *secret; /* NULL: none */
+    size_t secret_len;
+    const char *who;       /* for messages: "pd sender", ... */
+} kvt_stream_auth;
+
+/* A listening socket on host:port (port 0: ephemeral); *port_out gets it. */
+kvt_status kvt__stream_listen(const char *host, uint16_t port, int *fd_out, uint16_t *port_out);
+/* Accepts one connection if one is pending by deadline_ns. KVT_EAGAIN:
+ * none. The caller runs kvt__stream_auth_server on its own thread, so a
+ * slow stranger never holds up the accept loop. */
+kvt_status kvt__stream_accept(int lfd, uint64_t deadline_ns, kvt_stream **out);
+/* Connects, retrying refused connections until deadline_ns, then runs the
+ * client side of the handshake. */
+kvt_status kvt__stream_connect(const char *host, uint16_t port, const kvt_stream_auth *auth,
+                               uint64_t deadline_ns, kvt_stream **out);
+/* Moves an established, authenticated TCP stream's traffic onto UCX (both
+ * sides call it; they swap worker addresses over the socket). The socket
+ * stays open: its hang-up is how each side learns the other died. */
+kvt_status kvt__stream_ucx_upgrade(kvt_stream **s, int server, uint64_t deadline_ns);
+
+static inline kvt_status kvt__stream_send(kvt_stream *s, const void *p, size_t len, uint64_t dl)
+{
+    struct iovec v = {(void *)p, len};
+    return s->ops->sendv(s, &v, 1, dl);
+}
+
+static inline kvt_status kvt__stream_recv(kvt_stream *s, void *p, size_t len, uint64_t dl)
+{
+    struct iovec v = {p, len};
+    return s->ops->recvv(s, &v, 1, dl);
+}
+
+void kvt__stream_destroy(kvt_stream *s);
+
+/* Raw socket helpers (stream_tcp.c), also used by the handshake. */
+kvt_status kvt__stream_fd_io(int fd, struct iovec *iov, int iovcnt, uint64_t deadline_ns,
+                             int writing);
+/* The handshake (stream_auth.c): mutual HMAC-SHA256 over both nonces. */
+kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *auth, uint64_t deadline_ns);
+kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *auth, uint64_t deadline_ns);
+
+#endif

@@ -1,0 +1,123 @@
+/* stream_auth.c - who may talk to a PD endpoint. The client sends HELLO
+ * (magic, version, whether it holds a secret, a nonce); the server answers
+ * CHALLENGE (a status, its nonce and, with a secret, a MAC proving it holds
+ * it); the client answers with its own MAC; the server says ACCEPT or
+ * REFUSE. Both MACs (HMAC-SHA256) cover the HELLO and the server nonce under
+ * distinct labels, so neither can be replayed or reflected. Comparisons are
+ * constant-time. Same scheme as the rank-group TCP hub (net/tcp_auth.c),
+ * whose helper is private to its transport. */
+#include <sodium.h>
+#include <string.h>
+#include "net/stream.h"
+#include "util/err.h"
+
+#define A_MAGIC 0x4155504bu /* "KPUA" */
+#define A_VERSION 1
+#define NONCE 32
+#define MACLEN 32
+#define HELLO_LEN (4 + 4 + NONCE)
+#define CHAL_LEN (4 + 4 + NONCE + MACLEN)
+#define ACK_LEN 8
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+enum { A_OK = 0, A_NEED_SECRET = 1, A_BAD_PROOF = 2, A_BAD_HELLO = 3 };
+
+static const char *why(uint32_t code)
+{
+    switch (code) {
+    case A_NEED_SECRET: return "the server requires a shared secret the client lacks";
+    case A_BAD_PROOF: return "wrong proof of the shared secret";
+    case A_BAD_HELLO: return "malformed hello (not a kvtier PD peer, or another version)";
+    default: return "refused";
+    }
+}
+
+static void mac(const kvt_stream_auth *a, const char *label, const uint8_t *hello,
+                const uint8_t *nonce, uint8_t *out)
+{
+    crypto_auth_hmacsha256_state st;
+    crypto_auth_hmacsha256_init(&st, a->secret, a->secret_len);
+    crypto_auth_hmacsha256_update(&st, (const uint8_t *)label, strlen(label) + 1);
+    crypto_auth_hmacsha256_update(&st, hello, HELLO_LEN);
+    crypto_auth_hmacsha256_update(&st, nonce, NONCE);
+    crypto_auth_hmacsha256_final(&st, out);
+}
+
+static kvt_status io(int fd, void *p, size_t n, uint64_t dl, int w)
+{
+    struct iovec v = {p, n};
+    return kvt__stream_fd_io(fd, &v, 1, dl, w);
+}
+
+static kvt_status refuse(int fd, uint32_t code, uint64_t dl)
+{
+    uint8_t ack[CHAL_LEN] = {0};
+    put32(ack, A_MAGIC);
+    put32(ack + 4, code);
+    (void)io(fd, ack, ACK_LEN, dl, 1);
+    return kvt__fail(KVT_EAUTH, "%s", why(code));
+}
+
+kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *a, uint64_t dl)
+{
+    uint8_t hello[HELLO_LEN], chal[CHAL_LEN] = {0}, resp[MACLEN], want[MACLEN], ack[ACK_LEN];
+    if (io(fd, hello, sizeof hello, dl, 0) != KVT_OK)
+        return kvt__fail(KVT_EAUTH, "no hello before the deadline");
+    uint32_t code = A_OK;
+    if (get32(hello) != A_MAGIC || hello[4] != A_VERSION) code = A_BAD_HELLO;
+    else if (a->secret && !hello[5]) code = A_NEED_SECRET;
+    put32(chal, A_MAGIC);
+    put32(chal + 4, code);
+    if (code != A_OK) {
+        (void)io(fd, chal, sizeof chal, dl, 1);
+        return kvt__fail(KVT_EAUTH, "%s", why(code));
+    }
+    randombytes_buf(chal + 8, NONCE);
+    if (a->secret) mac(a, "kvt-pd-server", hello, chal + 8, chal + 8 + NONCE);
+    if (io(fd, chal, sizeof chal, dl, 1) != KVT_OK || io(fd, resp, sizeof resp, dl, 0) != KVT_OK)
+        return kvt__fail(KVT_EAUTH, "no proof before the deadline");
+    if (a->secret) {
+        mac(a, "kvt-pd-client", hello, chal + 8, want);
+        if (sodium_memcmp(want, resp, MACLEN) != 0) return refuse(fd, A_BAD_PROOF, dl);
+    }
+    put32(ack, A_MAGIC);
+    put32(ack + 4, A_OK);
+    return io(fd, ack, sizeof ack, dl, 1);
+}
+
+kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *a, uint64_t dl)
+{
+    uint8_t hello[HELLO_LEN] = {0}, chal[CHAL_LEN], want[MACLEN], resp[MACLEN] = {0}, ack[ACK_LEN];
+    put32(hello, A_MAGIC);
+    hello[4] = A_VERSION;
+    hello[5] = a->secret ? 1 : 0;
+    randombytes_buf(hello + 8, NONCE);
+    kvt_status st = io(fd, hello, sizeof hello, dl, 1);
+    if (!st) st = io(fd, chal, ACK_LEN, dl, 0);
+    if (st) return kvt__fail(KVT_ECONN, "%s: the server did not answer the hello", a->who);
+    if (get32(chal) != A_MAGIC || get32(chal + 4) != A_OK)
+        return kvt__fail(KVT_EAUTH, "%s: the server refused: %s", a->who, why(get32(chal + 4)));
+    if (io(fd, chal + ACK_LEN, sizeof chal - ACK_LEN, dl, 0) != KVT_OK)
+        return kvt__fail(KVT_ECONN, "%s: truncated challenge", a->who);
+    if (a->secret) {
+        mac(a, "kvt-pd-server", hello, chal + 8, want);
+        if (sodium_memcmp(want, chal + 8 + NONCE, MACLEN) != 0)
+            return kvt__fail(KVT_EAUTH, "%s: the server failed to prove the shared secret", a->who);
+        mac(a, "kvt-pd-client", hello, chal + 8, resp);
+    }
+    st = io(fd, resp, sizeof resp, dl, 1);
+    if (!st) st = io(fd, ack, sizeof ack, dl, 0);
+    if (st) return kvt__fail(KVT_EAUTH, "%s: no verdict from the server", a->who);
+    if (get32(ack) != A_MAGIC || get32(ack + 4) != A_OK)
+        return kvt__fail(KVT_EAUTH, "%s: the server refused: %s", a->who, why(get32(ack + 4)));
+    return KVT_OK;
+}

@@ -1,0 +1,230 @@
+/* stream_tcp.c - the TCP stream: non-blocking sockets, writev/readv loops
+ * bounded by the caller's deadline. TCP_NODELAY for the small control
+ * frames; large payloads go as one writev of many iovecs (the page pieces),
+ * IOV_MAX at a time, so the data path makes one syscall per ~MiBs. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "net/stream.h"
+#include "util/clock.h"
+#include "util/err.h"
+
+#define SOCK_BUF (4 << 20) /* big socket buffers: fewer wakeups on the data path */
+
+static int ms_until(uint64_t deadline_ns)
+{
+    uint64_t now = kvt__now_ns();
+    if (now >= deadline_ns) return 0;
+    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+    return ms > 3600000 ? 3600000 : (int)ms;
+}
+
+static kvt_status wait_fd(int fd, short ev, uint64_t deadline_ns)
+{
+    for (;;) {
+        struct pollfd p = {fd, ev, 0};
+        int rc = poll(&p, 1, ms_until(deadline_ns));
+        if (rc > 0) return (p.revents & (ev | POLLHUP | POLLERR)) ? KVT_OK : KVT_ECONN;
+        if (rc == 0) return KVT_ETIMEDOUT;
+        if (errno != EINTR) return KVT_ECONN;
+    }
+}
+
+/* Advances iov past n bytes. */
+static void advance(struct iovec **iov, int *cnt, size_t n)
+{
+    while (*cnt > 0 && n >= (*iov)->iov_len) {
+        n -= (*iov)->iov_len;
+        (*iov)++;
+        (*cnt)--;
+    }
+    if (*cnt > 0 && n) {
+        (*iov)->iov_base = (uint8_t *)(*iov)->iov_base + n;
+        (*iov)->iov_len -= n;
+    }
+}
+
+kvt_status kvt__stream_fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing)
+{
+    while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
+    while (cnt > 0) {
+        int k = cnt > IOV_MAX ? IOV_MAX : cnt;
+        ssize_t n;
+        if (writing) {
+            struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+            n = sendmsg(fd, &m, MSG_NOSIGNAL);
+        } else {
+            n = readv(fd, iov, k);
+        }
+        if (n > 0) {
+            advance(&iov, &cnt, (size_t)n);
+            while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
+            continue;
+        }
+        if (n == 0 && !writing) return KVT_ECONN;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
+        kvt_status st = wait_fd(fd, writing ? POLLOUT : POLLIN, deadline_ns);
+        if (st != KVT_OK) return st;
+    }
+    return KVT_OK;
+}
+
+/* The iovecs are mutated while advancing; callers' arrays stay intact. */
+static kvt_status tcp_io(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl, int w)
+{
+    struct iovec small[8], *v = small;
+    if (cnt > 8) {
+        v = malloc((size_t)cnt * sizeof *v);
+        if (!v) return kvt__fail(KVT_ENOMEM, "stream: out of memory for %d iovecs", cnt);
+    }
+    memcpy(v, iov, (size_t)cnt * sizeof *v);
+    kvt_status st = kvt__stream_fd_io(s->fd, v, cnt, dl, w);
+    if (v != small) free(v);
+    return st;
+}
+
+static kvt_status tcp_sendv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
+{
+    return tcp_io(s, iov, cnt, dl, 1);
+}
+
+static kvt_status tcp_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
+{
+    return tcp_io(s, iov, cnt, dl, 0);
+}
+
+static int tcp_wait(kvt_stream *s, int wake_fd, int timeout_ms)
+{
+    struct pollfd p[2] = {{s->fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    int rc = poll(p, wake_fd >= 0 ? 2 : 1, timeout_ms);
+    if (rc <= 0) return KVT_STREAM_IDLE;
+    if (p[0].revents & POLLIN) return KVT_STREAM_READABLE;
+    if (p[0].revents & (POLLHUP | POLLERR)) return KVT_STREAM_HUP;
+    return KVT_STREAM_WOKEN;
+}
+
+static void tcp_destroy(kvt_stream *s)
+{
+    close(s->fd);
+    free(s);
+}
+
+static const kvt_stream_ops tcp_ops = {"tcp", tcp_sendv, tcp_recvv, tcp_wait, tcp_destroy};
+
+void kvt__stream_destroy(kvt_stream *s)
+{
+    if (s) s->ops->destroy(s);
+}
+
+static void tune(int fd)
+{
+    int one = 1, buf = SOCK_BUF;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+static kvt_status parse_addr(const char *host, uint16_t port, struct sockaddr_in *sa)
+{
+    memset(sa, 0, sizeof *sa);
+    sa->sin_family = AF_INET;
+    sa->sin_port = htons(port);
+    if (inet_pton(AF_INET, host ? host : "127.0.0.1", &sa->sin_addr) != 1)
+        return kvt__fail(KVT_EINVAL, "stream: \"%s\" is not a numeric IPv4 address", host);
+    return KVT_OK;
+}
+
+kvt_status kvt__stream_listen(const char *host, uint16_t port, int *fd_out, uint16_t *port_out)
+{
+    struct sockaddr_in sa;
+    kvt_status st = parse_addr(host, port, &sa);
+    if (st) return st;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return kvt__fail(KVT_ESYS, "stream: socket: %s", strerror(errno));
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    socklen_t sl = sizeof sa;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 128) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+        st = kvt__fail(KVT_ESYS, "stream: bind/listen %s:%u: %s", host ? host : "127.0.0.1", port,
+                       strerror(errno));
+        close(fd);
+        return st;
+    }
+    *fd_out = fd;
+    *port_out = ntohs(sa.sin_port);
+    return KVT_OK;
+}
+
+static kvt_status wrap(int fd, kvt_stream **out)
+{
+    kvt_stream *s = calloc(1, sizeof *s);
+    if (!s) {
+        close(fd);
+        return kvt__fail(KVT_ENOMEM, "stream: out of memory");
+    }
+    s->ops = &tcp_ops;
+    s->fd = fd;
+    *out = s;
+    return KVT_OK;
+}
+
+kvt_status kvt__stream_accept(int lfd, uint64_t deadline_ns, kvt_stream **out)
+{
+    if (wait_fd(lfd, POLLIN, deadline_ns) != KVT_OK) return KVT_EAGAIN;
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) return KVT_EAGAIN;
+    tune(fd);
+    return wrap(fd, out);
+}
+
+static kvt_status connect_once(const struct sockaddr_in *sa, uint64_t dl, int *fd_out)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return kvt__fail(KVT_ESYS, "stream: socket: %s", strerror(errno));
+    tune(fd);
+    int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
+    if (rc != 0 && errno == EINPROGRESS && wait_fd(fd, POLLOUT, dl) == KVT_OK) {
+        int err = 0;
+        socklen_t el = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+        rc = err ? -1 : 0;
+    }
+    if (rc != 0) {
+        close(fd);
+        return KVT_ECONN;
+    }
+    *fd_out = fd;
+    return KVT_OK;
+}
+
+kvt_status kvt__stream_connect(const char *host, uint16_t port, const kvt_stream_auth *auth,
+                               uint64_t deadline_ns, kvt_stream **out)
+{
+    struct sockaddr_in sa;
+    kvt_status st = parse_addr(host, port, &sa);
+    if (st) return st;
+    int fd = -1;
+    while ((st = connect_once(&sa, deadline_ns, &fd)) == KVT_ECONN && kvt__now_ns() < deadline_ns) {
+        struct timespec ts = {0, 20 * 1000000};
+        nanosleep(&ts, NULL); /* the server may not listen yet: retry until the deadline */
+    }
+    if (st) return kvt__fail(st == KVT_ECONN ? KVT_ECONN : st, "%s: cannot connect to %s:%u",
+                             auth->who, host ? host : "127.0.0.1", port);
+    st = kvt__stream_auth_client(fd, auth, deadline_ns);
+    if (st) {
+        close(fd);
+        return st;
+    }
+    return wrap(fd, out);
+}

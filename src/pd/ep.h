@@ -1,0 +1,206 @@
+/* ep.h - what a sender and a receiver share: the room table and its state
+ * machine, connections (one thread each, doing all I/O of that link), the
+ * service thread (accepts on a sender, enforces room deadlines on both).
+ *
+ * Locking: ep->mu guards the room table, every room's fields and the conn
+ * list; it is never held across I/O. A connection's control queue has its
+ * own mutex. A room is refcounted: a connection thread working on a room's
+ * pages holds a reference, so clear() never frees memory in use. */
+#ifndef KVT_PD_EP_H
+#define KVT_PD_EP_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include "net/stream.h"
+#include "pd/desc.h"
+#include "pd/wire.h"
+#include "pd/xfer.h"
+
+#define PD_ROOM_BUCKETS 4096
+#define PD_MAX_ROOMS 65536
+#define PD_MAX_CONNS 256
+#define PD_BATCH_BYTES (8u << 20) /* one DATA frame: amortises headers and syscalls */
+#define PD_MSG 160
+
+typedef struct pd_ep pd_ep;
+typedef struct pd_room pd_room;
+
+typedef struct pd_frame {
+    struct pd_frame *next;
+    uint16_t type;
+    uint64_t room;
+    size_t len;
+    uint8_t data[];
+} pd_frame;
+
+typedef struct pd_job {
+    struct pd_job *next;
+    pd_room *room; /* referenced */
+    uint32_t target;
+    bool begun;
+    uint32_t next_page, end_page, first_page;
+} pd_job;
+
+typedef struct pd_conn {
+    pd_ep *ep;
+    uint32_t idx;
+    kvt_stream *s;
+    pthread_t th;
+    bool started;
+    int wake[2];
+    pthread_mutex_t qmu;
+    pd_frame *qhead, *qtail;
+    uint32_t qlen;
+    pd_desc peer;
+    pd_plan plan;
+    bool has_plan;
+    uint32_t expected;  /* receiver: decode ranks that open each room on this peer */
+    atomic_bool dead;
+    atomic_bool finished;
+    bool registered; /* sender: passed the handshake and registration */
+    uint64_t last_rx, last_tx;
+    pd_job *jobs, *jobs_tail; /* sender: guarded by ep->mu */
+    pd_iovs iov;
+    uint64_t *sums;
+    uint32_t sums_cap;
+    uint8_t *body;
+    size_t body_cap;
+    uint64_t batches;
+    char name[48];
+} pd_conn;
+
+typedef struct pd_target {
+    uint32_t conn;
+    uint32_t *pages, num_pages;
+    bool done;
+} pd_target;
+
+struct pd_room {
+    uint64_t id;
+    pd_room *next;
+    int refs;
+    bool cleared, claimed, started;
+    kvt_pd_poll state;
+    kvt_status err;
+    char msg[PD_MSG];
+    uint64_t deadline_ns, failed_ns;
+    uint64_t bytes;
+    uint32_t abort_acks, peers;
+    uint32_t prefix, ntok;
+    /* sender */
+    uint32_t expected, ntargets, tcap, acked;
+    pd_target *targets;
+    uint32_t *src_pages, n_src, src_ntok;
+    bool have_input;
+    /* receiver */
+    uint32_t *dst_pages, n_dst;
+    uint32_t *next_page;
+    uint8_t *peer_done;
+    uint32_t ndone, sent_reqs;
+};
+
+typedef struct pd_ep_hooks {
+    /* Handles one frame (body read into c->body); a non-OK status kills the link. */
+    kvt_status (*frame)(pd_conn *c, const pd_hdr *h);
+    /* Sender: does one unit of data work; *busy = more is pending. */
+    kvt_status (*work)(pd_conn *c, bool *busy);
+    /* The link died: fail the rooms it carried (ep->mu held). */
+    void (*dead)(pd_conn *c, kvt_status st, const char *why);
+    /* A queued frame went out (ep->mu not held). */
+    void (*sent)(pd_conn *c, const pd_frame *f);
+} pd_ep_hooks;
+
+struct pd_ep {
+    int role;
+    const pd_ep_hooks *hooks;
+    kvt_pd_net_params net;
+    uint8_t *secret;
+    char bind_host[64];
+    kvt_stream_auth auth;
+    pd_desc desc;
+    kvt_geometry *geo;
+    kvt_page_map *map;
+    uint32_t engine_pages;
+    uint32_t t_boot, t_wait, t_xfer;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pd_room *buckets[PD_ROOM_BUCKETS];
+    uint32_t nrooms;
+    pd_conn *conns[PD_MAX_CONNS];
+    uint32_t nconns;
+    int lfd;
+    uint16_t port;
+    pthread_t svc;
+    bool svc_started;
+    atomic_bool stop;
+    uint64_t corrupt_batch; /* tests: flip a checksum of this batch (1-based; 0: never) */
+};
+
+/* Validates net params and fills defaults; copies the secret into *secret
+ * (the caller frees) and the host into host[64]. */
+kvt_status pd_net_defaults(kvt_pd_net_params *n, uint8_t **secret, char *host, const char *fn);
+/* Setup shared by both roles (copies params, builds desc and page map). */
+kvt_status pd_ep_init(pd_ep *ep, const kvt_pd_params *p, int role, const char *fn);
+void pd_ep_fini(pd_ep *ep);
+void pd_ep_stop(pd_ep *ep);
+/* Called by the service thread every tick (senders accept here). */
+typedef void (*pd_tick_fn)(pd_ep *ep);
+/* tick NULL: the thread only sleeps a tick between deadline checks. */
+kvt_status pd_ep_start_service_tick(pd_ep *ep, pd_tick_fn tick);
+
+/* Connections. */
+kvt_status pd_conn_new(pd_ep *ep, kvt_stream *s, pd_conn **out);
+kvt_status pd_conn_start(pd_conn *c, void *(*fn)(void *));
+void *pd_conn_main(void *arg); /* the I/O loop */
+/* Queues a control frame (copied) and wakes the thread. */
+void pd_conn_queue(pd_conn *c, const pd_hdr *h, const void *body, size_t blen);
+void pd_conn_queue_msg(pd_conn *c, uint16_t type, uint64_t room, kvt_status st, const char *msg);
+/* Sends one frame now (conn thread or before the thread starts). */
+kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
+                        const struct iovec *payload, int npay);
+/* Reads one frame's header and body (bounded by max_frame) into c->body. */
+kvt_status pd_conn_read(pd_conn *c, pd_hdr *h, uint64_t deadline_ns);
+uint64_t pd_conn_deadline(const pd_conn *c);
+void pd_conn_free(pd_conn *c);
+
+/* Rooms (ep->mu held). */
+pd_room *pd_room_find(pd_ep *ep, uint64_t id);
+kvt_status pd_room_add(pd_ep *ep, uint64_t id, pd_room **out);
+void pd_room_unref(pd_room *r);
+void pd_room_remove(pd_ep *ep, pd_room *r);
+/* Forward-only: ignored when not later than the current state or terminal. */
+void pd_room_advance(pd_ep *ep, pd_room *r, kvt_pd_poll to);
+/* Fails a live room (no-op when terminal); returns whether it changed. */
+bool pd_room_fail(pd_ep *ep, pd_room *r, kvt_status st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+bool pd_room_terminal(const pd_room *r);
+
+/* One request/response with the bootstrap service: sends h + body, reads
+ * the answer into *resp_body (malloc'd, may be NULL) on PD_F_OK/PD_F_TOPO;
+ * PD_F_REFUSE becomes its status with the service's message, PD_F_RETRY
+ * KVT_EAGAIN. */
+kvt_status pd_bootstrap_call_ex(kvt_stream *s, const pd_hdr *h, const void *body,
+                                const kvt_pd_net_params *net, uint64_t dl, const char *what,
+                                uint8_t **resp_body, uint32_t *resp_len);
+kvt_status pd_bootstrap_call(kvt_stream *s, const pd_hdr *h, const void *body,
+                             const kvt_pd_net_params *net, uint64_t dl, const char *what);
+/* Tests: the endpoint inside a public handle. */
+pd_ep *pd_sender_ep(kvt_pd_sender *s);
+pd_ep *pd_receiver_ep(kvt_pd_receiver *r);
+
+void pd_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Public-API helpers shared by sender and receiver. */
+kvt_status pd_ep_poll(pd_ep *ep, uint64_t room, kvt_pd_poll *out, const char *fn);
+kvt_status pd_ep_wait(pd_ep *ep, uint64_t room, int64_t timeout_ms, kvt_pd_poll *out, const char *fn);
+kvt_status pd_ep_clear(pd_ep *ep, uint64_t room, const char *fn);
+kvt_status pd_ep_info(pd_ep *ep, uint64_t room, kvt_pd_room_info *out, const char *fn);
+/* Fails the room and sends ABORT to conns[idx] for each idx in peers. */
+kvt_status pd_ep_abort(pd_ep *ep, uint64_t room, const char *reason, const char *fn);
+/* The conns a room involves (ep->mu held); returns the count written. */
+uint32_t pd_room_conns(pd_ep *ep, pd_room *r, uint32_t *out, uint32_t max);
+/* Tells a failed room's peers (except `except`) why (ep->mu held). */
+void pd_room_notify(pd_ep *ep, pd_room *r, uint32_t except);
+
+#endif

@@ -1,0 +1,438 @@
+/* receiver.c - a decode rank. At create it looks the prefill topology up,
+ * connects to the prefill ranks it needs (those that feed it, or whose
+ * dummy it is) and registers. Rooms send their page table to each; DATA is
+ * read straight into the engine's pages and every page's checksum checked;
+ * the room is SUCCESS when every peer said DONE with all pages verified. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "pd/ep.h"
+#include "util/clock.h"
+#include "util/err.h"
+
+struct kvt_pd_receiver {
+    pd_ep ep;
+};
+
+static pd_xfer room_xfer(pd_conn *c, pd_room *r)
+{
+    return (pd_xfer){&c->plan, r->prefix, r->ntok, r->dst_pages, r->n_dst, c->ep->map, PD_SIDE_DST};
+}
+
+static kvt_status drain(pd_conn *c, uint64_t n)
+{
+    static _Thread_local uint8_t sink[1 << 14]; /* write-only scratch, per link thread */
+    uint64_t dl = pd_conn_deadline(c);
+    while (n) {
+        size_t k = n > sizeof sink ? sizeof sink : (size_t)n;
+        kvt_status st = kvt__stream_recv(c->s, sink, k, dl);
+        if (st) return kvt__fail(st, "%s: truncated payload", c->name);
+        n -= k;
+    }
+    return KVT_OK;
+}
+
+static void fail_corrupt(pd_conn *c, pd_room *r, uint32_t page)
+{
+    pd_ep *ep = c->ep;
+    pthread_mutex_lock(&ep->mu);
+    if (pd_room_fail(ep, r, KVT_ECORRUPT, "decode page %u from %s failed its checksum", page, c->name))
+        pd_room_notify(ep, r, UINT32_MAX);
+    pthread_mutex_unlock(&ep->mu);
+}
+
+static kvt_status land(pd_conn *c, pd_room *r, const pd_hdr *h)
+{
+    pd_xfer x = room_xfer(c, r);
+    uint32_t np = h->a1;
+    kvt_status st = pd_xfer_iov(&x, h->a0, h->a0 + np, &c->iov);
+    if (st) return st;
+    if (c->iov.bytes != h->payload_len)
+        return kvt__fail(KVT_EPROTO, "%s: DATA of %llu bytes for pages that hold %llu", c->name,
+                         (unsigned long long)h->payload_len, (unsigned long long)c->iov.bytes);
+    st = c->s->ops->recvv(c->s, c->iov.v, (int)c->iov.n, pd_conn_deadline(c));
+    if (st) return kvt__fail(st, "%s: payload %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
+    c->last_rx = kvt__now_ns();
+    if (np > c->sums_cap) {
+        uint64_t *s = realloc(c->sums, np * sizeof *s);
+        if (!s) return kvt__fail(KVT_ENOMEM, "pd receiver: out of memory");
+        c->sums = s;
+        c->sums_cap = np;
+    }
+    pd_xfer_hash(&c->iov, np, c->sums);
+    for (uint32_t i = 0; i < np; i++)
+        if (c->sums[i] != pd_get64(c->body + 8 * (size_t)i)) {
+            fail_corrupt(c, r, h->a0 + i);
+            return KVT_OK;
+        }
+    pthread_mutex_lock(&c->ep->mu);
+    r->next_page[c->idx] = h->a0 + np;
+    r->bytes += h->payload_len;
+    pthread_mutex_unlock(&c->ep->mu);
+    return KVT_OK;
+}
+
+static kvt_status on_data(pd_conn *c, const pd_hdr *h)
+{
+    pd_ep *ep = c->ep;
+    if (h->a1 == 0 || h->body_len != 8ull * h->a1)
+        return kvt__fail(KVT_EPROTO, "%s: DATA with %u pages and %u checksum bytes", c->name, h->a1, h->body_len);
+    pthread_mutex_lock(&ep->mu);
+    pd_room *r = pd_room_find(ep, h->room);
+    if (!r || pd_room_terminal(r)) {
+        pthread_mutex_unlock(&ep->mu);
+        return drain(c, h->payload_len); /* a late batch of a finished room */
+    }
+    pd_xfer x = room_xfer(c, r);
+    uint32_t first, end;
+    pd_xfer_page_range(&x, &first, &end);
+    if (h->a0 != r->next_page[c->idx] || (uint64_t)h->a0 + h->a1 > end) {
+        pthread_mutex_unlock(&ep->mu);
+        return kvt__fail(KVT_EPROTO, "%s: DATA pages [%u, %u) but expected page %u of [%u, %u)", c->name,
+                         h->a0, h->a0 + h->a1, r->next_page[c->idx], first, end);
+    }
+    r->refs++;
+    pd_room_advance(ep, r, KVT_PD_TRANSFERRING);
+    pthread_mutex_unlock(&ep->mu);
+    kvt_status st = land(c, r, h);
+    pthread_mutex_lock(&ep->mu);
+    pd_room_unref(r);
+    pthread_mutex_unlock(&ep->mu);
+    return st;
+}
+
+static void on_done(pd_conn *c, const pd_hdr *h)
+{
+    pd_ep *ep = c->ep;
+    kvt_status st = KVT_OK;
+    const char *msg = NULL;
+    pthread_mutex_lock(&ep->mu);
+    pd_room *r = pd_room_find(ep, h->room);
+    if (!r) {
+        st = KVT_ENOTFOUND;
+        msg = "room unknown on the decode rank (cleared)";
+    } else if (pd_room_terminal(r)) {
+        st = r->state == KVT_PD_SUCCESS ? KVT_OK : r->err;
+        msg = r->msg;
+    } else {
+        pd_xfer x = room_xfer(c, r);
+        uint32_t first, end;
+        pd_xfer_page_range(&x, &first, &end);
+        if (r->next_page[c->idx] != end || r->peer_done[c->idx]) {
+            pd_room_fail(ep, r, KVT_EPROTO, "%s said DONE at page %u of [%u, %u)", c->name,
+                         r->next_page[c->idx], first, end);
+            pd_room_notify(ep, r, c->idx);
+            st = KVT_EPROTO;
+            msg = r->msg;
+        } else {
+            r->peer_done[c->idx] = 1;
+            if (++r->ndone == ep->nconns) pd_room_advance(ep, r, KVT_PD_SUCCESS);
+        }
+    }
+    pd_conn_queue_msg(c, PD_F_DONE_ACK, h->room, st, msg);
+    pthread_mutex_unlock(&ep->mu);
+}
+
+static void on_fail(pd_conn *c, const pd_hdr *h, bool abort)
+{
+    pd_ep *ep = c->ep;
+    pthread_mutex_lock(&ep->mu);
+    pd_room *r = pd_room_find(ep, h->room);
+    kvt_status st = abort ? KVT_EABORTED : (kvt_status)h->status;
+    if (st >= 0 || st < KVT_EVERSION) st = KVT_EPROTO;
+    if (r && pd_room_fail(ep, r, st, "%s %s: %s", c->name, abort ? "aborted" : "failed", (char *)c->body))
+        pd_room_notify(ep, r, c->idx);
+    pthread_mutex_unlock(&ep->mu);
+    if (abort) pd_conn_queue_msg(c, PD_F_ABORT_ACK, h->room, KVT_OK, NULL);
+}
+
+static kvt_status receiver_frame(pd_conn *c, const pd_hdr *h)
+{
+    switch (h->type) {
+    case PD_F_DATA: return on_data(c, h);
+    case PD_F_DONE: on_done(c, h); return KVT_OK;
+    case PD_F_FAIL: on_fail(c, h, false); return KVT_OK;
+    case PD_F_ABORT: on_fail(c, h, true); return KVT_OK;
+    case PD_F_ABORT_ACK: {
+        pthread_mutex_lock(&c->ep->mu);
+        pd_room *r = pd_room_find(c->ep, h->room);
+        if (r) r->abort_acks++;
+        pthread_mutex_unlock(&c->ep->mu);
+        return KVT_OK;
+    }
+    case PD_F_PING: return KVT_OK;
+    default: return kvt__fail(KVT_EPROTO, "%s: unexpected frame type %u", c->name, h->type);
+    }
+}
+
+static void receiver_dead(pd_conn *c, kvt_status st, const char *why)
+{
+    pd_ep *ep = c->ep;
+    for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++)
+        for (pd_room *r = ep->buckets[b]; r; r = r->next)
+            if (pd_room_fail(ep, r, st, "%s lost: %s", c->name, why)) pd_room_notify(ep, r, c->idx);
+}
+
+static void receiver_sent(pd_conn *c, const pd_frame *f)
+{
+    if (f->type != PD_F_ROOM) return;
+    pd_ep *ep = c->ep;
+    pthread_mutex_lock(&ep->mu);
+    pd_room *r = pd_room_find(ep, f->room);
+    if (r && ++r->sent_reqs == ep->nconns) pd_room_advance(ep, r, KVT_PD_WAITING_FOR_INPUT);
+    pthread_mutex_unlock(&ep->mu);
+}
+
+static const pd_ep_hooks receiver_hooks = {receiver_frame, NULL, receiver_dead, receiver_sent};
+
+/* ---- setup: lookup, connect, register ---- */
+
+typedef struct topo_entry {
+    pd_desc desc;
+    char host[65];
+    uint16_t port;
+} topo_entry;
+
+static kvt_status lookup_once(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, uint8_t **t, uint32_t *tlen)
+{
+    kvt_stream *s;
+    kvt_stream_auth a = ep->auth;
+    a.who = "pd receiver -> bootstrap";
+    kvt_status st = kvt__stream_connect(p->bootstrap_host, p->bootstrap_port, &a, dl, &s);
+    if (st) return st;
+    size_t n = pd_desc_wire_size(&ep->desc);
+    uint8_t *body = malloc(n);
+    if (!body) st = kvt__fail(KVT_ENOMEM, "pd receiver: out of memory");
+    if (!st) {
+        pd_desc_encode(&ep->desc, body);
+        pd_hdr h = {.type = PD_F_LOOKUP, .body_len = (uint32_t)n};
+        st = pd_bootstrap_call_ex(s, &h, body, &ep->net, dl, "pd receiver: lookup", t, tlen);
+    }
+    free(body);
+    kvt__stream_destroy(s);
+    return st;
+}
+
+static kvt_status lookup(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, uint8_t **t, uint32_t *tlen)
+{
+    for (;;) {
+        kvt_status st = lookup_once(ep, p, dl, t, tlen);
+        if (st != KVT_EAGAIN) return st;
+        if (kvt__now_ns() >= dl)
+            return kvt__fail(KVT_ETIMEDOUT, "pd receiver: the prefill topology was incomplete until the deadline");
+        struct timespec ts = {0, 20 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void free_topo(topo_entry *e, uint32_t n)
+{
+    for (uint32_t i = 0; e && i < n; i++) pd_desc_free(&e[i].desc);
+    free(e);
+}
+
+static kvt_status decode_topo(const uint8_t *b, uint32_t len, topo_entry **out, uint32_t *n_out)
+{
+    if (len < 4) return kvt__fail(KVT_EPROTO, "pd receiver: truncated topology");
+    uint32_t n = pd_get32(b), off = 4;
+    if (n == 0 || n > 1024) return kvt__fail(KVT_EPROTO, "pd receiver: topology of %u ranks", n);
+    topo_entry *e = calloc(n, sizeof *e);
+    if (!e) return kvt__fail(KVT_ENOMEM, "pd receiver: out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        size_t used;
+        kvt_status st = pd_desc_decode(&e[i].desc, b + off, len - off, &used);
+        if (!st && (len - off - used < 66 || e[i].desc.role != PD_ROLE_PREFILL))
+            st = kvt__fail(KVT_EPROTO, "pd receiver: malformed topology entry %u", i);
+        if (st) {
+            free_topo(e, n);
+            return st;
+        }
+        off += (uint32_t)used;
+        e[i].port = pd_get16(b + off);
+        memcpy(e[i].host, b + off + 2, 64);
+        off += 66;
+    }
+    *out = e;
+    *n_out = n;
+    return KVT_OK;
+}
+
+static kvt_status connect_peer(pd_ep *ep, const topo_entry *t, uint64_t dl)
+{
+    kvt_stream *s;
+    pd_conn *c = NULL;
+    kvt_stream_auth a = ep->auth;
+    a.who = "pd receiver -> sender";
+    kvt_status st = kvt__stream_connect(t->host, t->port, &a, dl, &s);
+    if (st) return st;
+    if (ep->net.transport == KVT_PD_UCX) st = kvt__stream_ucx_upgrade(&s, 0, dl);
+    if (!st) st = pd_conn_new(ep, s, &c);
+    if (st) {
+        kvt__stream_destroy(s);
+        return st;
+    }
+    c->idx = ep->nconns;
+    ep->conns[ep->nconns++] = c;
+    snprintf(c->name, sizeof c->name, "prefill tp%u/%u dcp%u/%u", t->desc.tp_rank, t->desc.tp_size,
+             t->desc.dcp_rank, t->desc.dcp_size);
+    st = pd_desc_copy(&c->peer, &t->desc);
+    if (!st) st = pd_plan_compute(&c->plan, &c->peer, &ep->desc);
+    if (!st) st = pd_topo_expected(&c->peer, &ep->desc, &c->expected);
+    if (st) return st;
+    size_t n = pd_desc_wire_size(&ep->desc);
+    uint8_t *body = malloc(n);
+    if (!body) return kvt__fail(KVT_ENOMEM, "pd receiver: out of memory");
+    pd_desc_encode(&ep->desc, body);
+    pd_hdr h = {.type = PD_F_REGISTER, .body_len = (uint32_t)n};
+    st = pd_bootstrap_call(c->s, &h, body, &ep->net, dl, c->name);
+    free(body);
+    return st;
+}
+
+static kvt_status connect_all(pd_ep *ep, const kvt_pd_params *p, uint64_t dl)
+{
+    uint8_t *tb = NULL;
+    uint32_t tlen = 0, n = 0;
+    topo_entry *t = NULL;
+    kvt_status st = lookup(ep, p, dl, &tb, &tlen);
+    if (!st) st = decode_topo(tb, tlen, &t, &n);
+    free(tb);
+    for (uint32_t i = 0; !st && i < n; i++) st = pd_topo_check(&t[i].desc, &ep->desc);
+    for (uint32_t i = 0; !st && i < n; i++) {
+        bool talk;
+        st = pd_topo_talks(&t[i].desc, &ep->desc, &talk);
+        if (!st && talk && ep->nconns == PD_MAX_CONNS)
+            st = kvt__fail(KVT_EFULL, "pd receiver: more than %u prefill peers", PD_MAX_CONNS);
+        if (!st && talk) st = connect_peer(ep, &t[i], dl);
+    }
+    if (!st && ep->nconns == 0) st = kvt__fail(KVT_EGEOMETRY, "pd receiver: no prefill rank feeds this rank");
+    free_topo(t, n);
+    return st;
+}
+
+kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *p)
+{
+    static const char fn[] = "kvt_pd_receiver_create";
+    KVT_CHECK_NOT_NULL(out, fn);
+    kvt_pd_receiver *r = calloc(1, sizeof *r);
+    if (!r) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+    r->ep.hooks = &receiver_hooks;
+    kvt_status st = pd_ep_init(&r->ep, p, PD_ROLE_DECODE, fn);
+    uint64_t dl = kvt__deadline_ns(p && p->connect_timeout_ms ? p->connect_timeout_ms : 10000);
+    if (!st) st = connect_all(&r->ep, p, dl);
+    for (uint32_t i = 0; !st && i < r->ep.nconns; i++) st = pd_conn_start(r->ep.conns[i], pd_conn_main);
+    if (!st) st = pd_ep_start_service_tick(&r->ep, NULL);
+    if (st) {
+        char msg[KVT_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        kvt_pd_receiver_destroy(r);
+        return kvt__fail(st, "%s", msg);
+    }
+    *out = r;
+    kvt__clear_error();
+    return KVT_OK;
+}
+
+static kvt_status room_arrays(pd_room *r, const kvt_pd_room_params *p, uint32_t npeers, const char *fn)
+{
+    r->dst_pages = malloc((size_t)p->num_pages * 4 + 4);
+    r->next_page = calloc(npeers, sizeof *r->next_page);
+    r->peer_done = calloc(npeers, 1);
+    if (!r->dst_pages || !r->next_page || !r->peer_done) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+    memcpy(r->dst_pages, p->pages, (size_t)p->num_pages * 4);
+    r->n_dst = p->num_pages;
+    r->ntok = p->num_tokens;
+    r->prefix = p->prefix_tokens;
+    return KVT_OK;
+}
+
+/* Queues the page table to every peer (ep->mu held). */
+static kvt_status open_room(pd_ep *ep, pd_room *r, const kvt_pd_room_params *p)
+{
+    size_t blen = 8 + (size_t)p->num_pages * 4;
+    uint8_t *body = malloc(blen);
+    if (!body) return kvt__fail(KVT_ENOMEM, "kvt_pd_receiver_room: out of memory");
+    pd_put32(body, p->num_tokens);
+    pd_put32(body + 4, p->num_pages);
+    for (uint32_t i = 0; i < p->num_pages; i++) pd_put32(body + 8 + 4 * (size_t)i, p->pages[i]);
+    for (uint32_t i = 0; i < ep->nconns; i++) {
+        pd_conn *c = ep->conns[i];
+        pd_xfer x = {&c->plan, r->prefix, r->ntok, r->dst_pages, r->n_dst, ep->map, PD_SIDE_DST};
+        uint32_t end;
+        pd_xfer_page_range(&x, &r->next_page[i], &end);
+        if (atomic_load(&c->dead) && pd_room_fail(ep, r, KVT_ECONN, "%s is down", c->name))
+            pd_room_notify(ep, r, i);
+        pd_hdr h = {.type = PD_F_ROOM, .room = r->id, .a0 = c->expected, .a1 = p->prefix_tokens};
+        if (!atomic_load(&c->dead)) pd_conn_queue(c, &h, body, blen);
+    }
+    free(body);
+    return KVT_OK;
+}
+
+kvt_status kvt_pd_receiver_room(kvt_pd_receiver *rc, uint64_t room, const kvt_pd_room_params *p)
+{
+    static const char fn[] = "kvt_pd_receiver_room";
+    KVT_CHECK_NOT_NULL(rc, fn);
+    KVT_CHECK_NOT_NULL(p, fn);
+    KVT_CHECK_ARG(p->num_tokens > 0 && p->prefix_tokens < p->num_tokens,
+                  "%s: prefix_tokens %u must be below num_tokens %u (> 0)", fn, p->prefix_tokens, p->num_tokens);
+    KVT_CHECK_ARG((uint64_t)p->num_pages * 4 + 8 <= rc->ep.net.max_frame,
+                  "%s: %u pages exceed max_frame", fn, p->num_pages);
+    pd_ep *ep = &rc->ep;
+    kvt_status st = pd_xfer_check_pages(&ep->conns[0]->plan, PD_SIDE_DST, p->num_tokens, p->pages,
+                                        p->num_pages, ep->desc.tokens_per_page, ep->engine_pages, fn);
+    if (st) return st;
+    pthread_mutex_lock(&ep->mu);
+    pd_room *r = pd_room_find(ep, room);
+    if (r) st = kvt__fail(KVT_EBUSY, "%s: room %llu is already open; clear it first", fn, (unsigned long long)room);
+    if (!st) st = pd_room_add(ep, room, &r);
+    if (!st) {
+        r->claimed = true;
+        st = room_arrays(r, p, ep->nconns, fn);
+        if (!st) st = open_room(ep, r, p);
+        if (st) pd_room_remove(ep, r);
+    }
+    pthread_mutex_unlock(&ep->mu);
+    return st;
+}
+
+kvt_status kvt_pd_receiver_poll(kvt_pd_receiver *r, uint64_t room, kvt_pd_poll *out)
+{
+    KVT_CHECK_NOT_NULL(r, "kvt_pd_receiver_poll");
+    return pd_ep_poll(&r->ep, room, out, "kvt_pd_receiver_poll");
+}
+
+kvt_status kvt_pd_receiver_wait(kvt_pd_receiver *r, uint64_t room, int64_t timeout_ms, kvt_pd_poll *out)
+{
+    KVT_CHECK_NOT_NULL(r, "kvt_pd_receiver_wait");
+    return pd_ep_wait(&r->ep, room, timeout_ms, out, "kvt_pd_receiver_wait");
+}
+
+kvt_status kvt_pd_receiver_abort(kvt_pd_receiver *r, uint64_t room, const char *reason)
+{
+    KVT_CHECK_NOT_NULL(r, "kvt_pd_receiver_abort");
+    return pd_ep_abort(&r->ep, room, reason, "kvt_pd_receiver_abort");
+}
+
+kvt_status kvt_pd_receiver_clear(kvt_pd_receiver *r, uint64_t room)
+{
+    KVT_CHECK_NOT_NULL(r, "kvt_pd_receiver_clear");
+    return pd_ep_clear(&r->ep, room, "kvt_pd_receiver_clear");
+}
+
+void kvt_pd_receiver_destroy(kvt_pd_receiver *r)
+{
+    if (!r) return;
+    pd_ep_stop(&r->ep);
+    pd_ep_fini(&r->ep);
+    free(r);
+}
+
+pd_ep *pd_receiver_ep(kvt_pd_receiver *r) { return &r->ep; }
+
+kvt_status kvt_pd_room_info_get(kvt_pd_sender *s, kvt_pd_receiver *r, uint64_t room, kvt_pd_room_info *out)
+{
+    static const char fn[] = "kvt_pd_room_info_get";
+    KVT_CHECK_ARG((s != NULL) != (r != NULL), "%s: pass exactly one of sender and receiver", fn);
+    return pd_ep_info(s ? pd_sender_ep(s) : &r->ep, room, out, fn);
+}

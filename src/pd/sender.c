@@ -1,0 +1,519 @@
+/* sender.c - a prefill rank. Decode ranks connect to its listener,
+ * authenticate and register their descriptor (refused on the spot, with the
+ * plan's message, when it cannot be converted; other peers are untouched).
+ * Each room waits for the page tables of every decode rank that needs this
+ * rank and for the engine's send(), then each target's link thread streams
+ * DATA batches (<= 8 MiB, one checksum per decode page) and DONE. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "pd/ep.h"
+#include "util/clock.h"
+#include "util/err.h"
+
+struct kvt_pd_sender {
+    pd_ep ep;
+};
+
+static void wake(pd_conn *c)
+{
+    char b = 1;
+    ssize_t w = write(c->wake[1], &b, 1);
+    (void)w;
+}
+
+/* Starts the transfer once everything is in (ep->mu held). */
+static void maybe_start(pd_ep *ep, pd_room *r)
+{
+    if (!r->claimed || !r->have_input || r->ntargets < r->expected || r->ntargets == 0 ||
+        r->started || pd_room_terminal(r))
+        return;
+    if (r->src_ntok != r->ntok) {
+        pd_room_fail(ep, r, KVT_EINVAL, "prefill sent %u tokens, decode expects %u", r->src_ntok, r->ntok);
+        pd_room_notify(ep, r, UINT32_MAX);
+        return;
+    }
+    r->started = true;
+    pd_room_advance(ep, r, KVT_PD_TRANSFERRING);
+    for (uint32_t i = 0; i < r->ntargets; i++) {
+        pd_conn *c = ep->conns[r->targets[i].conn];
+        pd_job *j = calloc(1, sizeof *j);
+        if (!j) {
+            pd_room_fail(ep, r, KVT_ENOMEM, "out of memory starting the transfer");
+            pd_room_notify(ep, r, UINT32_MAX);
+            return;
+        }
+        j->room = r;
+        j->target = i;
+        r->refs++;
+        if (c->jobs_tail) c->jobs_tail->next = j;
+        else c->jobs = j;
+        c->jobs_tail = j;
+        wake(c);
+    }
+}
+
+static kvt_status add_target(pd_ep *ep, pd_conn *c, pd_room *r, const pd_hdr *h, uint32_t ntok,
+                             uint32_t np, const uint8_t *pages)
+{
+    if (r->started || (r->ntargets && (r->expected != h->a0 || r->prefix != h->a1 || r->ntok != ntok))) {
+        pd_room_fail(ep, r, KVT_EPROTO, "decode ranks disagree on room %llu (expected %u/%u, prefix %u/%u, tokens %u/%u)",
+                     (unsigned long long)r->id, r->expected, h->a0, r->prefix, h->a1, r->ntok, ntok);
+        pd_room_notify(ep, r, UINT32_MAX);
+        return KVT_OK;
+    }
+    for (uint32_t i = 0; i < r->ntargets; i++)
+        if (r->targets[i].conn == c->idx) {
+            pd_room_fail(ep, r, KVT_EPROTO, "%s opened room %llu twice", c->name, (unsigned long long)r->id);
+            pd_room_notify(ep, r, UINT32_MAX);
+            return KVT_OK;
+        }
+    if (r->ntargets == r->tcap) {
+        uint32_t cap = r->tcap ? r->tcap * 2 : 4;
+        pd_target *t = realloc(r->targets, cap * sizeof *t);
+        if (!t) return kvt__fail(KVT_ENOMEM, "pd sender: out of memory");
+        r->targets = t;
+        r->tcap = cap;
+    }
+    pd_target t = {.conn = c->idx, .num_pages = np, .pages = malloc((size_t)np * 4 + 4)};
+    if (!t.pages) return kvt__fail(KVT_ENOMEM, "pd sender: out of memory");
+    for (uint32_t i = 0; i < np; i++) t.pages[i] = pd_get32(pages + 4 * (size_t)i);
+    r->targets[r->ntargets++] = t;
+    r->expected = h->a0;
+    r->prefix = h->a1;
+    r->ntok = ntok;
+    if (r->claimed && r->ntargets == r->expected) pd_room_advance(ep, r, KVT_PD_WAITING_FOR_INPUT);
+    maybe_start(ep, r);
+    return KVT_OK;
+}
+
+static kvt_status on_room(pd_conn *c, const pd_hdr *h)
+{
+    pd_ep *ep = c->ep;
+    if (h->body_len < 8) return kvt__fail(KVT_EPROTO, "%s: ROOM frame of %u bytes", c->name, h->body_len);
+    uint32_t ntok = pd_get32(c->body), np = pd_get32(c->body + 4);
+    if ((uint64_t)np * 4 + 8 != h->body_len || h->a0 == 0 || h->a0 > PD_MAX_TP * PD_MAX_TP ||
+        h->a1 > ntok)
+        return kvt__fail(KVT_EPROTO, "%s: malformed ROOM frame (pages %u, body %u, expected %u, prefix %u)",
+                         c->name, np, h->body_len, h->a0, h->a1);
+    uint64_t need = ((uint64_t)pd_plan_local_tokens(&c->plan, ntok) + c->plan.dst_tpp - 1) / c->plan.dst_tpp;
+    if (np < need) {
+        pd_conn_queue_msg(c, PD_F_FAIL, h->room, KVT_EINVAL, "page table too short for the tokens");
+        return KVT_OK;
+    }
+    pthread_mutex_lock(&ep->mu);
+    pd_room *r = pd_room_find(ep, h->room);
+    kvt_status st = KVT_OK;
+    if (!r) st = pd_room_add(ep, h->room, &r);
+    if (st) {
+        pthread_mutex_unlock(&ep->mu);
+        pd_conn_queue_msg(c, PD_F_FAIL, h->room, st, kvt_last_error());
+        return KVT_OK;
+    }
+    if (pd_room_terminal(r)) pd_conn_queue_msg(c, PD_F_FAIL, h->room, r->err ? r->err : KVT_ESTATE, r->msg);
+    else st = add_target(ep, c, r, h, ntok, np, c->body + 8);
+    pthread_mutex_unlock(&ep->mu);
+    return st;
+}
+
+static pd_target *target_of(pd_room *r, uint32_t conn)
+{
+    for (uint32_t i = 0; i < r->ntargets; i++)
+        if (r->targets[i].conn == conn) return &r->targets[i];
+    return NULL;
+}
+
+static void on_done_ack(pd_conn *c, const pd_hdr *h)
+{
+    pd_ep *ep = c->ep;
+    pthread_mutex_lock(&ep->mu);
+    pd_room *r = pd_room_find(ep, h->room);
+    pd_target *t = r && !pd_room_terminal(r) ? target_of(r, c->idx) : NULL;
+    if (t && h->status != KVT_OK) {
+        pd_room_fail(ep, r, (kvt_status)h->status, "%s refused the transfer: %s", c->name, (char *)c->body);
+        pd_room_notify(ep, r, c->idx);
+    } else if (t && !t->done) {
+        t->done = true;
+        if (++r->acked == r->ntargets) pd_room_advance(ep, r, KVT_PD_SUCCESS);
+    }
+    pthread_mutex_unlock(&ep->mu);
+}
+
+static void on_fail(pd_conn *c, const pd_hdr *h, bool abort)
+{
+    pd_ep *ep = c->ep;
+    pthread_mutex_lock(&ep->mu);
+    pd_room *r = pd_room_find(ep, h->room);
+    kvt_status st = abort ? KVT_EABORTED : (kvt_status)h->status;
+    if (st >= 0 || st < KVT_EVERSION) st = KVT_EPROTO;
+    if (r && pd_room_fail(ep, r, st, "%s %s: %s", c->name, abort ? "aborted" : "failed",
+                          (char *)c->body))
+        pd_room_notify(ep, r, c->idx);
+    pthread_mutex_unlock(&ep->mu);
+    if (abort) pd_conn_queue_msg(c, PD_F_ABORT_ACK, h->room, KVT_OK, NULL);
+}
+
+static void on_abort_ack(pd_conn *c, const pd_hdr *h)
+{
+    pthread_mutex_lock(&c->ep->mu);
+    pd_room *r = pd_room_find(c->ep, h->room);
+    if (r) r->abort_acks++;
+    pthread_mutex_unlock(&c->ep->mu);
+}
+
+static kvt_status sender_frame(pd_conn *c, const pd_hdr *h)
+{
+    switch (h->type) {
+    case PD_F_ROOM: return on_room(c, h);
+    case PD_F_DONE_ACK: on_done_ack(c, h); return KVT_OK;
+    case PD_F_FAIL: on_fail(c, h, false); return KVT_OK;
+    case PD_F_ABORT: on_fail(c, h, true); return KVT_OK;
+    case PD_F_ABORT_ACK: on_abort_ack(c, h); return KVT_OK;
+    case PD_F_PING: return KVT_OK;
+    default: return kvt__fail(KVT_EPROTO, "%s: unexpected frame type %u", c->name, h->type);
+    }
+}
+
+/* Pages [next, j1) for one DATA frame: up to PD_BATCH_BYTES (at least one page). */
+static uint32_t batch_end(const pd_conn *c, const pd_xfer *x, uint32_t next, uint32_t end)
+{
+    uint64_t bytes = 0, max_pages = c->ep->net.max_frame / 8;
+    uint32_t j = next;
+    while (j < end && j - next < max_pages) {
+        uint64_t b = pd_xfer_page_bytes(x, j);
+        if (bytes && (bytes + b > PD_BATCH_BYTES || bytes + b > c->ep->net.max_frame)) break;
+        bytes += b;
+        j++;
+    }
+    return j;
+}
+
+static kvt_status send_batch(pd_conn *c, pd_job *j, const pd_xfer *x)
+{
+    uint32_t j1 = batch_end(c, x, j->next_page, j->end_page), np = j1 - j->next_page;
+    kvt_status st = pd_xfer_iov(x, j->next_page, j1, &c->iov);
+    if (st) return st;
+    if (np > c->sums_cap) {
+        uint64_t *s = realloc(c->sums, np * sizeof *s);
+        if (!s) return kvt__fail(KVT_ENOMEM, "pd sender: out of memory");
+        c->sums = s;
+        c->sums_cap = np;
+    }
+    pd_xfer_hash(&c->iov, np, c->sums);
+    if (++c->batches == c->ep->corrupt_batch) c->sums[0] ^= 1; /* test hook */
+    pd_hdr h = {.type = PD_F_DATA, .room = j->room->id, .a0 = j->next_page, .a1 = np,
+                .payload_len = c->iov.bytes};
+    st = pd_conn_send(c, &h, c->sums, (size_t)np * 8, c->iov.v, (int)c->iov.n);
+    if (st) return kvt__fail(st, "%s: peer not reading (DATA %s)", c->name,
+                             st == KVT_ETIMEDOUT ? "timed out" : "failed");
+    pthread_mutex_lock(&c->ep->mu);
+    j->room->bytes += c->iov.bytes;
+    pthread_mutex_unlock(&c->ep->mu);
+    j->next_page = j1;
+    return KVT_OK;
+}
+
+static void pop_job(pd_conn *c)
+{
+    pd_job *j = c->jobs;
+    c->jobs = j->next;
+    if (!c->jobs) c->jobs_tail = NULL;
+    pd_room_unref(j->room);
+    free(j);
+}
+
+static kvt_status sender_work(pd_conn *c, bool *busy)
+{
+    pd_ep *ep = c->ep;
+    pthread_mutex_lock(&ep->mu);
+    pd_job *j = c->jobs;
+    if (j && (j->room->cleared || pd_room_terminal(j->room))) {
+        pop_job(c);
+        j = NULL;
+    }
+    *busy = c->jobs != NULL;
+    pd_room *r = j ? j->room : NULL;
+    pd_xfer x = {0};
+    if (r)
+        x = (pd_xfer){&c->plan, r->prefix, r->ntok, r->src_pages, r->n_src, ep->map, PD_SIDE_SRC};
+    pthread_mutex_unlock(&ep->mu);
+    if (!j) return KVT_OK;
+    if (!j->begun) {
+        pd_xfer_page_range(&x, &j->first_page, &j->end_page);
+        j->next_page = j->first_page;
+        j->begun = true;
+    }
+    if (j->next_page < j->end_page) return send_batch(c, j, &x);
+    pd_hdr h = {.type = PD_F_DONE, .room = r->id, .a0 = j->end_page - j->first_page};
+    kvt_status st = pd_conn_send(c, &h, NULL, 0, NULL, 0);
+    pthread_mutex_lock(&ep->mu);
+    pop_job(c);
+    *busy = c->jobs != NULL;
+    pthread_mutex_unlock(&ep->mu);
+    return st;
+}
+
+static void sender_dead(pd_conn *c, kvt_status st, const char *why)
+{
+    pd_ep *ep = c->ep;
+    while (c->jobs) pop_job(c);
+    for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++)
+        for (pd_room *r = ep->buckets[b]; r; r = r->next)
+            if (target_of(r, c->idx) && pd_room_fail(ep, r, st, "%s lost: %s", c->name, why))
+                pd_room_notify(ep, r, c->idx);
+}
+
+static const pd_ep_hooks sender_hooks = {sender_frame, sender_work, sender_dead, NULL};
+
+/* The handshake of a new link: authenticate, then the decode rank's
+ * registration, refused with the plan's message when not convertible. */
+static kvt_status handshake(pd_conn *c)
+{
+    pd_ep *ep = c->ep;
+    uint64_t dl = pd_conn_deadline(c);
+    kvt_status st = kvt__stream_auth_server(c->s->fd, &ep->auth, dl);
+    if (st) return st;
+    if (ep->net.transport == KVT_PD_UCX && (st = kvt__stream_ucx_upgrade(&c->s, 1, dl)) != KVT_OK)
+        return st;
+    pd_hdr h;
+    st = pd_conn_read(c, &h, dl);
+    if (st) return st;
+    if (h.type != PD_F_REGISTER)
+        return kvt__fail(KVT_EPROTO, "expected REGISTER, got frame type %u", h.type);
+    size_t used;
+    st = pd_desc_decode(&c->peer, c->body, h.body_len, &used);
+    if (!st && c->peer.role != PD_ROLE_DECODE) st = kvt__fail(KVT_EPROTO, "a non-decode rank registered");
+    if (!st) st = pd_plan_compute(&c->plan, &ep->desc, &c->peer);
+    if (st) {
+        char msg[KVT_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        pd_hdr r = {.type = PD_F_REFUSE, .status = st};
+        (void)pd_conn_send(c, &r, msg, strlen(msg), NULL, 0);
+        return kvt__fail(st, "%s", msg);
+    }
+    c->has_plan = true;
+    snprintf(c->name, sizeof c->name, "decode tp%u/%u dcp%u/%u", c->peer.tp_rank, c->peer.tp_size,
+             c->peer.dcp_rank, c->peer.dcp_size);
+    pd_hdr ok = {.type = PD_F_OK};
+    return pd_conn_send(c, &ok, NULL, 0, NULL, 0);
+}
+
+static void *sender_conn_main(void *arg)
+{
+    pd_conn *c = arg;
+    kvt_status st = handshake(c);
+    if (st) {
+        pd_log("pd sender: refused %s: %s", c->name, kvt_last_error());
+        shutdown(c->s->fd, SHUT_RDWR); /* the stranger learns now; the slot is reused later */
+        atomic_store(&c->dead, true);
+        atomic_store(&c->finished, true);
+        return NULL;
+    }
+    pthread_mutex_lock(&c->ep->mu);
+    c->registered = true;
+    pthread_mutex_unlock(&c->ep->mu);
+    return pd_conn_main(c);
+}
+
+/* A free slot: a new one, or one whose refused stranger has finished. */
+static int free_slot(pd_ep *ep)
+{
+    for (uint32_t i = 0; i < ep->nconns; i++) {
+        pd_conn *c = ep->conns[i];
+        if (atomic_load(&c->finished) && !c->registered) {
+            pd_conn_free(c);
+            ep->conns[i] = NULL;
+            return (int)i;
+        }
+    }
+    return ep->nconns < PD_MAX_CONNS ? (int)ep->nconns++ : -1;
+}
+
+static void accept_tick(pd_ep *ep)
+{
+    kvt_stream *s;
+    if (kvt__stream_accept(ep->lfd, kvt__deadline_ns(10), &s) != KVT_OK) return;
+    pd_conn *c = NULL;
+    if (pd_conn_new(ep, s, &c) != KVT_OK) {
+        kvt__stream_destroy(s);
+        return;
+    }
+    pthread_mutex_lock(&ep->mu);
+    int slot = free_slot(ep);
+    if (slot < 0) {
+        pthread_mutex_unlock(&ep->mu);
+        pd_log("pd sender: refused a connection: %u links open (the limit)", PD_MAX_CONNS);
+        pd_conn_free(c);
+        return;
+    }
+    c->idx = (uint32_t)slot;
+    snprintf(c->name, sizeof c->name, "unregistered peer #%d", slot);
+    ep->conns[slot] = c;
+    if (pd_conn_start(c, sender_conn_main) != KVT_OK) atomic_store(&c->finished, true);
+    pthread_mutex_unlock(&ep->mu);
+}
+
+/* ---- public API ---- */
+
+static kvt_status register_with_bootstrap(pd_ep *ep, const kvt_pd_params *p, uint64_t dl);
+
+kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *p)
+{
+    static const char fn[] = "kvt_pd_sender_create";
+    KVT_CHECK_NOT_NULL(out, fn);
+    kvt_pd_sender *s = calloc(1, sizeof *s);
+    if (!s) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+    s->ep.hooks = &sender_hooks;
+    kvt_status st = pd_ep_init(&s->ep, p, PD_ROLE_PREFILL, fn);
+    if (!st) st = kvt__stream_listen(s->ep.bind_host, s->ep.net.port, &s->ep.lfd, &s->ep.port);
+    uint64_t dl = kvt__deadline_ns(p && p->connect_timeout_ms ? p->connect_timeout_ms : 10000);
+    if (!st) st = pd_ep_start_service_tick(&s->ep, accept_tick);
+    if (!st) st = register_with_bootstrap(&s->ep, p, dl);
+    if (st) {
+        char msg[KVT_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        kvt_pd_sender_destroy(s);
+        return kvt__fail(st, "%s", msg);
+    }
+    *out = s;
+    kvt__clear_error();
+    return KVT_OK;
+}
+
+static kvt_status register_with_bootstrap(pd_ep *ep, const kvt_pd_params *p, uint64_t dl)
+{
+    kvt_stream *bs;
+    kvt_stream_auth a = ep->auth;
+    a.who = "pd sender -> bootstrap";
+    kvt_status st = kvt__stream_connect(p->bootstrap_host, p->bootstrap_port, &a, dl, &bs);
+    if (st) return st;
+    size_t dlen = pd_desc_wire_size(&ep->desc), blen = dlen + 2 + 64;
+    uint8_t *body = calloc(1, blen);
+    if (!body) {
+        kvt__stream_destroy(bs);
+        return kvt__fail(KVT_ENOMEM, "pd sender: out of memory");
+    }
+    pd_desc_encode(&ep->desc, body);
+    pd_put16(body + dlen, ep->port);
+    memcpy(body + dlen + 2, ep->bind_host, strlen(ep->bind_host));
+    pd_hdr h = {.type = PD_F_REG_PREFILL, .body_len = (uint32_t)blen};
+    st = pd_bootstrap_call(bs, &h, body, &ep->net, dl, "pd sender: bootstrap registration");
+    free(body);
+    kvt__stream_destroy(bs);
+    return st;
+}
+
+kvt_status kvt_pd_sender_port(const kvt_pd_sender *s, uint16_t *out)
+{
+    KVT_CHECK_NOT_NULL(s, "kvt_pd_sender_port");
+    KVT_CHECK_NOT_NULL(out, "kvt_pd_sender_port");
+    *out = s->ep.port;
+    return KVT_OK;
+}
+
+kvt_status kvt_pd_sender_room(kvt_pd_sender *s, uint64_t room)
+{
+    static const char fn[] = "kvt_pd_sender_room";
+    KVT_CHECK_NOT_NULL(s, fn);
+    pd_ep *ep = &s->ep;
+    pthread_mutex_lock(&ep->mu);
+    pd_room *r = pd_room_find(ep, room);
+    kvt_status st = KVT_OK;
+    if (r && r->claimed)
+        st = kvt__fail(KVT_EBUSY, "%s: room %llu is already open; clear it first", fn, (unsigned long long)room);
+    else if (!r)
+        st = pd_room_add(ep, room, &r);
+    if (!st) {
+        r->claimed = true;
+        if (r->ntargets && r->ntargets == r->expected) pd_room_advance(ep, r, KVT_PD_WAITING_FOR_INPUT);
+    }
+    pthread_mutex_unlock(&ep->mu);
+    return st;
+}
+
+static kvt_status check_src_pages(const pd_ep *ep, const uint32_t *pages, uint32_t np, uint32_t ntok,
+                                  const char *fn)
+{
+    const pd_desc *d = &ep->desc;
+    uint32_t local = d->dcp_size == 1 ? ntok
+                     : ntok > d->dcp_rank ? (ntok - d->dcp_rank + d->dcp_size - 1) / d->dcp_size : 0;
+    uint64_t need = ((uint64_t)local + d->tokens_per_page - 1) / d->tokens_per_page;
+    KVT_CHECK_ARG(np >= need, "%s: %u pages of %u tokens cannot hold %u tokens (need %llu)", fn, np,
+                  d->tokens_per_page, local, (unsigned long long)need);
+    KVT_CHECK_ARG(pages || need == 0, "%s: pages is NULL", fn);
+    for (uint64_t i = 0; i < need; i++)
+        KVT_CHECK_ARG(pages[i] < ep->engine_pages, "%s: pages[%llu] is %u, the engine has %u pages", fn,
+                      (unsigned long long)i, pages[i], ep->engine_pages);
+    return KVT_OK;
+}
+
+static kvt_status set_input(pd_ep *ep, pd_room *r, const uint32_t *pages, uint32_t np, uint32_t ntok,
+                            const char *fn)
+{
+    if (pd_room_terminal(r) || r->have_input)
+        return kvt__fail(KVT_ESTATE, "%s: room %llu is %s%s%s", fn, (unsigned long long)r->id,
+                         r->have_input ? "already sending" : "finished", r->msg[0] ? ": " : "", r->msg);
+    r->src_pages = malloc((size_t)np * 4 + 4);
+    if (!r->src_pages) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+    memcpy(r->src_pages, pages, (size_t)np * 4);
+    r->n_src = np;
+    r->src_ntok = ntok;
+    r->have_input = true;
+    maybe_start(ep, r);
+    return KVT_OK;
+}
+
+kvt_status kvt_pd_sender_send(kvt_pd_sender *s, uint64_t room, const uint32_t *pages,
+                              uint32_t num_pages, uint32_t num_tokens)
+{
+    static const char fn[] = "kvt_pd_sender_send";
+    KVT_CHECK_NOT_NULL(s, fn);
+    KVT_CHECK_ARG(num_tokens > 0, "%s: num_tokens is 0", fn);
+    kvt_status st = check_src_pages(&s->ep, pages, num_pages, num_tokens, fn);
+    if (st) return st;
+    pthread_mutex_lock(&s->ep.mu);
+    pd_room *r = pd_room_find(&s->ep, room);
+    if (!r || !r->claimed)
+        st = kvt__fail(KVT_ENOTFOUND, "%s: room %llu is not open (call kvt_pd_sender_room first)", fn,
+                       (unsigned long long)room);
+    else
+        st = set_input(&s->ep, r, pages, num_pages, num_tokens, fn);
+    pthread_mutex_unlock(&s->ep.mu);
+    return st;
+}
+
+kvt_status kvt_pd_sender_poll(kvt_pd_sender *s, uint64_t room, kvt_pd_poll *out)
+{
+    KVT_CHECK_NOT_NULL(s, "kvt_pd_sender_poll");
+    return pd_ep_poll(&s->ep, room, out, "kvt_pd_sender_poll");
+}
+
+kvt_status kvt_pd_sender_wait(kvt_pd_sender *s, uint64_t room, int64_t timeout_ms, kvt_pd_poll *out)
+{
+    KVT_CHECK_NOT_NULL(s, "kvt_pd_sender_wait");
+    return pd_ep_wait(&s->ep, room, timeout_ms, out, "kvt_pd_sender_wait");
+}
+
+kvt_status kvt_pd_sender_abort(kvt_pd_sender *s, uint64_t room, const char *reason)
+{
+    KVT_CHECK_NOT_NULL(s, "kvt_pd_sender_abort");
+    return pd_ep_abort(&s->ep, room, reason, "kvt_pd_sender_abort");
+}
+
+kvt_status kvt_pd_sender_clear(kvt_pd_sender *s, uint64_t room)
+{
+    KVT_CHECK_NOT_NULL(s, "kvt_pd_sender_clear");
+    return pd_ep_clear(&s->ep, room, "kvt_pd_sender_clear");
+}
+
+void kvt_pd_sender_destroy(kvt_pd_sender *s)
+{
+    if (!s) return;
+    pd_ep_stop(&s->ep);
+    pd_ep_fini(&s->ep);
+    free(s);
+}
+
+pd_ep *pd_sender_ep(kvt_pd_sender *s) { return &s->ep; }

@@ -1,0 +1,92 @@
+/* wire.h - little-endian field helpers and the frame header shared by the
+ * bootstrap service, the sender and the receiver. Every frame is a fixed
+ * 40-byte header and a body of body_len bytes (checked against the
+ * endpoint's max_frame before anything is allocated). DATA frames carry a
+ * second part, the payload, of payload_len bytes (same bound). */
+#ifndef KVT_PD_WIRE_H
+#define KVT_PD_WIRE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define PD_MAGIC 0x3144504bu /* "KPD1" */
+#define PD_HDR_LEN 40
+
+enum pd_frame_type {
+    /* bootstrap service */
+    PD_F_REG_PREFILL = 1, /* body: desc, u16 port, host[64] */
+    PD_F_LOOKUP = 2,      /* body: decode desc */
+    PD_F_TOPO = 3,        /* body: u32 n, n x (desc, u16 port, host[64]) */
+    PD_F_OK = 4,
+    PD_F_REFUSE = 5,      /* status: kvt_status; body: message */
+    PD_F_RETRY = 6,       /* lookup: not every prefill rank registered yet */
+    /* sender <-> receiver */
+    PD_F_REGISTER = 10,   /* body: decode desc */
+    PD_F_ROOM = 11,       /* room; a0 = expected, a1 = prefix; body: u32 ntok, u32 n, pages */
+    PD_F_DATA = 12,       /* room; a0 = first page, a1 = pages; body: n x u64 XXH3; payload */
+    PD_F_DONE = 13,       /* room; a0 = pages sent */
+    PD_F_DONE_ACK = 14,   /* room; status */
+    PD_F_FAIL = 15,       /* room; status; body: message */
+    PD_F_ABORT = 16,      /* room; body: reason */
+    PD_F_ABORT_ACK = 17,  /* room */
+    PD_F_PING = 18
+};
+
+typedef struct pd_hdr {
+    uint32_t magic;
+    uint16_t type, flags;
+    uint64_t room;
+    uint32_t a0, a1;
+    int32_t status;
+    uint32_t body_len;
+    uint64_t payload_len;
+} pd_hdr;
+
+static inline void pd_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void pd_put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void pd_put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t pd_get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint32_t pd_get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline uint64_t pd_get64(const uint8_t *p)
+{
+    return (uint64_t)pd_get32(p) | (uint64_t)pd_get32(p + 4) << 32;
+}
+
+static inline void pd_hdr_encode(const pd_hdr *h, uint8_t *o)
+{
+    pd_put32(o, PD_MAGIC);
+    pd_put16(o + 4, h->type);
+    pd_put16(o + 6, h->flags);
+    pd_put64(o + 8, h->room);
+    pd_put32(o + 16, h->a0);
+    pd_put32(o + 20, h->a1);
+    pd_put32(o + 24, (uint32_t)h->status);
+    pd_put32(o + 28, h->body_len);
+    pd_put64(o + 32, h->payload_len);
+}
+
+/* 0 when the magic is wrong. */
+static inline int pd_hdr_decode(pd_hdr *h, const uint8_t *p)
+{
+    h->magic = pd_get32(p);
+    h->type = pd_get16(p + 4);
+    h->flags = pd_get16(p + 6);
+    h->room = pd_get64(p + 8);
+    h->a0 = pd_get32(p + 16);
+    h->a1 = pd_get32(p + 20);
+    h->status = (int32_t)pd_get32(p + 24);
+    h->body_len = pd_get32(p + 28);
+    h->payload_len = pd_get64(p + 32);
+    return h->magic == PD_MAGIC;
+}
+
+#endif

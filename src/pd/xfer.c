@@ -1,0 +1,157 @@
+/* xfer.c - canonical piece order -> iovecs, and per-page checksums. */
+#include "pd/xfer.h"
+
+#include <stdlib.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: no malloc per page */
+#include <xxhash.h>
+#include "util/err.h"
+
+void pd_iovs_free(pd_iovs *v)
+{
+    free(v->v);
+    free(v->page_start);
+    *v = (pd_iovs){0};
+}
+
+/* First local decode token whose global index is >= g0. */
+static uint32_t local_at(const pd_plan *p, uint32_t g0)
+{
+    return g0 > p->dcp_k ? (g0 - p->dcp_k + p->dcp_n - 1) / p->dcp_n : 0;
+}
+
+void pd_xfer_page_range(const pd_xfer *x, uint32_t *first, uint32_t *end)
+{
+    const pd_plan *p = x->plan;
+    uint32_t lt0 = local_at(p, x->prefix), lt1 = local_at(p, x->ntok);
+    if (!p->feeds || lt1 <= lt0) {
+        *first = *end = 0;
+        return;
+    }
+    *first = lt0 / p->dst_tpp;
+    *end = (lt1 + p->dst_tpp - 1) / p->dst_tpp;
+}
+
+static void page_tokens(const pd_xfer *x, uint32_t j, uint32_t *a, uint32_t *b)
+{
+    const pd_plan *p = x->plan;
+    uint32_t lt0 = local_at(p, x->prefix), lt1 = local_at(p, x->ntok);
+    uint32_t s = j * p->dst_tpp, e = s + p->dst_tpp;
+    *a = s > lt0 ? s : lt0;
+    *b = e < lt1 ? e : lt1;
+    if (*b < *a) *b = *a;
+}
+
+uint64_t pd_xfer_page_bytes(const pd_xfer *x, uint32_t j)
+{
+    uint32_t a, b;
+    page_tokens(x, j, &a, &b);
+    return (uint64_t)(b - a) * x->plan->bytes_per_token;
+}
+
+static kvt_status grow(pd_iovs *v)
+{
+    uint32_t cap = v->cap ? v->cap * 2 : 256;
+    struct iovec *n = realloc(v->v, cap * sizeof *n);
+    if (!n) return kvt__fail(KVT_ENOMEM, "pd xfer: out of memory for %u iovecs", cap);
+    v->v = n;
+    v->cap = cap;
+    return KVT_OK;
+}
+
+static kvt_status push(pd_iovs *v, uint8_t *addr, uint32_t len, bool may_merge)
+{
+    if (may_merge && v->n > 0) {
+        struct iovec *last = &v->v[v->n - 1];
+        if ((uint8_t *)last->iov_base + last->iov_len == addr) {
+            last->iov_len += len;
+            v->bytes += len;
+            return KVT_OK;
+        }
+    }
+    if (v->n == v->cap) {
+        kvt_status st = grow(v);
+        if (st) return st;
+    }
+    v->v[v->n++] = (struct iovec){addr, len};
+    v->bytes += len;
+    return KVT_OK;
+}
+
+static uint8_t *piece_addr(const pd_xfer *x, const pd_slice *s, uint32_t lt)
+{
+    const pd_plan *p = x->plan;
+    if (x->side == PD_SIDE_DST) {
+        uint32_t page = x->pages[lt / p->dst_tpp];
+        return kvt__page_addr(x->map, s->unit, page) + (uint64_t)(lt % p->dst_tpp) * s->dst_tb +
+               s->dst_off;
+    }
+    uint32_t g = lt * p->dcp_n + p->dcp_k, sl = g / p->src_n;
+    uint32_t page = x->pages[sl / p->src_tpp];
+    return kvt__page_addr(x->map, s->unit, page) + (uint64_t)(sl % p->src_tpp) * s->src_tb +
+           s->src_off;
+}
+
+static kvt_status page_iov(const pd_xfer *x, uint32_t j, pd_iovs *v)
+{
+    uint32_t a, b;
+    page_tokens(x, j, &a, &b);
+    bool first = true; /* never merge across pages: each page hashes alone */
+    for (uint32_t e = 0; e < x->plan->num_slices; e++) {
+        const pd_slice *s = &x->plan->slices[e];
+        if (!s->len) continue;
+        for (uint32_t lt = a; lt < b; lt++) {
+            kvt_status st = push(v, piece_addr(x, s, lt), s->len, !first);
+            if (st) return st;
+            first = false;
+        }
+    }
+    return KVT_OK;
+}
+
+kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *v)
+{
+    uint32_t np = j1 - j0;
+    if (np + 1 > v->pcap) {
+        uint32_t *ps = realloc(v->page_start, (np + 1) * sizeof *ps);
+        if (!ps) return kvt__fail(KVT_ENOMEM, "pd xfer: out of memory for %u pages", np);
+        v->page_start = ps;
+        v->pcap = np + 1;
+    }
+    v->n = 0;
+    v->bytes = 0;
+    for (uint32_t j = j0; j < j1; j++) {
+        v->page_start[j - j0] = v->n;
+        kvt_status st = page_iov(x, j, v);
+        if (st) return st;
+    }
+    v->page_start[np] = v->n;
+    return KVT_OK;
+}
+
+void pd_xfer_hash(const pd_iovs *v, uint32_t npages, uint64_t *out)
+{
+    XXH3_state_t st;
+    for (uint32_t i = 0; i < npages; i++) {
+        XXH3_64bits_reset(&st);
+        for (uint32_t k = v->page_start[i]; k < v->page_start[i + 1]; k++)
+            XXH3_64bits_update(&st, v->v[k].iov_base, v->v[k].iov_len);
+        out[i] = XXH3_64bits_digest(&st);
+    }
+}
+
+kvt_status pd_xfer_check_pages(const pd_plan *plan, int side, uint32_t ntok, const uint32_t *pages,
+                               uint32_t num_pages, uint32_t tpp, uint32_t engine_pages,
+                               const char *fn)
+{
+    uint32_t local = side == PD_SIDE_DST ? pd_plan_local_tokens(plan, ntok)
+                     : plan->src_n == 1  ? ntok
+                                         : (ntok > plan->dcp_k ? (ntok - plan->dcp_k + plan->src_n - 1) / plan->src_n : 0);
+    uint64_t need = ((uint64_t)local + tpp - 1) / tpp;
+    KVT_CHECK_ARG(num_pages >= need, "%s: %u pages of %u tokens cannot hold %u tokens (need %llu pages)",
+                  fn, num_pages, tpp, local, (unsigned long long)need);
+    KVT_CHECK_ARG(pages != NULL || need == 0, "%s: pages is NULL", fn);
+    for (uint64_t i = 0; i < need; i++)
+        KVT_CHECK_ARG(pages[i] < engine_pages, "%s: pages[%llu] is %u, the engine has %u pages",
+                      fn, (unsigned long long)i, pages[i], engine_pages);
+    return KVT_OK;
+}

@@ -1,0 +1,51 @@
+/* xfer.h - one room's transfer between one (prefill, decode) pair, as
+ * scatter/gather lists over engine memory.
+ *
+ * Both sides walk the same canonical order: decode pages j (of the decode
+ * page table), then entries, then the page's tokens. Each side turns that
+ * order into its own iovec list (merging adjacent pieces), so the sender
+ * writes straight from its pages and the receiver reads straight into its
+ * pages: no staging copy. Each decode page's bytes carry one XXH3-64. */
+#ifndef KVT_PD_XFER_H
+#define KVT_PD_XFER_H
+
+#include <sys/uio.h>
+#include "layout/layout.h"
+#include "pd/desc.h"
+
+enum { PD_SIDE_SRC = 0, PD_SIDE_DST = 1 };
+
+typedef struct pd_xfer {
+    const pd_plan *plan;
+    uint32_t prefix, ntok;  /* global tokens [prefix, ntok) move */
+    const uint32_t *pages;  /* this side's page table */
+    uint32_t num_pages;
+    const kvt_page_map *map;
+    int side;
+} pd_xfer;
+
+typedef struct pd_iovs {
+    struct iovec *v;
+    uint32_t n, cap;
+    uint32_t *page_start; /* page_start[i]: first iov of page j0 + i; one extra at the end */
+    uint32_t pcap;
+    uint64_t bytes;
+} pd_iovs;
+
+void pd_iovs_free(pd_iovs *v);
+
+/* Decode pages [*first, *end) that hold any moving token. */
+void pd_xfer_page_range(const pd_xfer *x, uint32_t *first, uint32_t *end);
+/* Payload bytes of decode page j. */
+uint64_t pd_xfer_page_bytes(const pd_xfer *x, uint32_t j);
+/* Builds this side's iovecs of decode pages [j0, j1). */
+kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *out);
+/* XXH3-64 of each page's bytes, from iovecs built by pd_xfer_iov. */
+void pd_xfer_hash(const pd_iovs *v, uint32_t npages, uint64_t *out);
+/* Checks a page table covers the side's tokens of [0, ntok) and indexes
+ * only existing pages; KVT_EINVAL with a message (fn names the caller). */
+kvt_status pd_xfer_check_pages(const pd_plan *plan, int side, uint32_t ntok, const uint32_t *pages,
+                               uint32_t num_pages, uint32_t tpp, uint32_t engine_pages,
+                               const char *fn);
+
+#endif

@@ -1,0 +1,359 @@
+/* ssd.c - the SSD store: parameters, directories (lock, metadata, data
+ * file, journal replay), slot allocation and recovery order (see ssd.h).
+ * The data path is in ssd_io.c, the journal in ssd_journal.c.
+ *
+ * Each directory holds kvtier.meta (written last, via tmp + rename, so a
+ * directory without it is simply new), kvtier.data (fallocated slots of
+ * round_up(block_bytes, 4096), opened O_DIRECT) and kvtier.journal. Store
+ * slot g lives in directory g % ndirs at local slot g / ndirs.
+ *
+ * Backend choice: params->io names it; "auto" (or NULL) defers to the
+ * KVTIER_IO environment variable when set, else probes io_uring and falls
+ * back to the thread pool. */
+#include "store/ssd_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "util/clock.h"
+#include "util/err.h"
+#include "util/sync.h"
+
+#define QD_MAX 4096u
+#define NREQ_MIN 1024u
+
+static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* ---- parameters ------------------------------------------------------ */
+
+static kvt_status check_params(const kvt_ssd_params *p, uint64_t *total)
+{
+    const char *fn = "kvt__ssd_open";
+    KVT_CHECK_NOT_NULL(p, fn);
+    KVT_CHECK_ARG(p->dirs && *p->dirs, "%s: dirs is empty", fn);
+    KVT_CHECK_ARG(p->block_bytes > 0 && p->block_bytes <= KVT_SSD_MAX_BLOCK,
+                  "%s: block_bytes %llu is not in 1..%llu", fn,
+                  (unsigned long long)p->block_bytes, KVT_SSD_MAX_BLOCK);
+    KVT_CHECK_ARG(p->queue_depth >= 1 && p->queue_depth <= QD_MAX,
+                  "%s: queue_depth %u is not in 1..%u", fn, p->queue_depth, QD_MAX);
+    KVT_CHECK_ARG(!p->describe || strlen(p->describe) < KVT_SSD_DESCRIBE_MAX,
+                  "%s: describe is %zu bytes, at most %u", fn, strlen(p->describe),
+                  KVT_SSD_DESCRIBE_MAX - 1);
+    KVT_CHECK_ARG((p->register_base == NULL) == (p->register_len == 0),
+                  "%s: register_base %p and register_len %llu must be set together", fn,
+                  p->register_base, (unsigned long long)p->register_len);
+    uint64_t slot_bytes = round_up(p->block_bytes, KVT_SSD_SLOT_ALIGN);
+    uint64_t n = p->capacity_bytes / slot_bytes;
+    KVT_CHECK_ARG(n > 0, "%s: capacity_bytes %llu holds no block of %llu bytes (slot %llu)", fn,
+                  (unsigned long long)p->capacity_bytes, (unsigned long long)p->block_bytes,
+                  (unsigned long long)slot_bytes);
+    *total = n < KVT_SSD_MAX_SLOTS ? n : KVT_SSD_MAX_SLOTS;
+    return KVT_OK;
+}
+
+static kvt_status split_dirs(kvt_ssd *s, const char *list)
+{
+    const char *fn = "kvt__ssd_open";
+    uint32_t n = 1;
+    for (const char *c = list; *c; c++) n += *c == ',';
+    KVT_CHECK_ARG(n <= KVT_SSD_MAX_DIRS, "%s: %u directories, at most %u", fn, n, KVT_SSD_MAX_DIRS);
+    s->dirs = calloc(n, sizeof *s->dirs);
+    if (!s->dirs) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+    for (uint32_t i = 0; i < n; i++) s->dirs[i].dir_fd = s->dirs[i].data_fd = s->dirs[i].jfd = -1;
+    s->ndirs = n;
+    const char *start = list;
+    for (uint32_t i = 0; i < n; i++) {
+        const char *end = strchr(start, ',');
+        size_t len = end ? (size_t)(end - start) : strlen(start);
+        KVT_CHECK_ARG(len > 0 && len < PATH_MAX, "%s: directory %u of \"%s\" is %s", fn, i, list,
+                      len ? "too long" : "empty");
+        s->dirs[i].path = strndup(start, len);
+        if (!s->dirs[i].path) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+        for (uint32_t j = 0; j < i; j++)
+            KVT_CHECK_ARG(strcmp(s->dirs[j].path, s->dirs[i].path) != 0,
+                          "%s: directory \"%s\" is listed twice", fn, s->dirs[i].path);
+        start = end ? end + 1 : start + len;
+    }
+    return KVT_OK;
+}
+
+static kvt_status alloc_tables(kvt_ssd *s, uint32_t qd)
+{
+    uint32_t t = s->total;
+    s->nreq = 4 * qd > NREQ_MIN ? 4 * qd : NREQ_MIN;
+    s->slots = calloc(t, sizeof *s->slots);
+    s->durable = calloc(t, sizeof *s->durable);
+    s->free_stack = calloc(t, sizeof *s->free_stack);
+    s->allocated = calloc(t, 1);
+    s->gen = calloc(t, sizeof *s->gen);
+    s->dels = calloc(t, sizeof *s->dels);
+    s->dels_commit = calloc(t, sizeof *s->dels_commit);
+    s->del_pending = calloc(t, 1);
+    s->reqs = calloc(s->nreq, sizeof *s->reqs);
+    bool ok = s->slots && s->durable && s->free_stack && s->allocated && s->gen && s->dels &&
+              s->dels_commit && s->del_pending && s->reqs;
+    for (uint32_t d = 0; ok && d < s->ndirs; d++) {
+        s->dirs[d].jbuf = malloc((size_t)KVT_SSD_JBUF_RECS * KVT_SSD_REC_BYTES);
+        ok = s->dirs[d].jbuf != NULL;
+    }
+    if (!ok) return kvt__fail(KVT_ENOMEM, "kvt__ssd_open: tables for %u slots: out of memory", t);
+    return KVT_OK;
+}
+
+/* ---- directories ----------------------------------------------------- */
+
+static kvt_status sys_fail(const char *path, const char *what, int e)
+{
+    return kvt__fail(KVT_EIO, "kvt__ssd_open: cache directory %s: %s: %s", path, what, strerror(e));
+}
+
+static kvt_status lock_dir(ssd_dir *dir)
+{
+    if (mkdir(dir->path, 0755) != 0 && errno != EEXIST) return sys_fail(dir->path, "mkdir", errno);
+    dir->dir_fd = open(dir->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir->dir_fd < 0) return sys_fail(dir->path, "open", errno);
+    if (flock(dir->dir_fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK)
+            return kvt__fail(KVT_EBUSY, "kvt__ssd_open: cache directory %s is in use by another "
+                             "kvtier store (it holds the directory's lock)", dir->path);
+        return sys_fail(dir->path, "flock", errno);
+    }
+    return KVT_OK;
+}
+
+static kvt_status write_meta(ssd_dir *dir)
+{
+    uint8_t buf[KVT_SSD_META_BYTES];
+    kvt__ssd_meta_encode(&dir->meta, buf);
+    int fd = openat(dir->dir_fd, KVT_SSD_META_TMP, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return sys_fail(dir->path, KVT_SSD_META_TMP, errno);
+    bool ok = pwrite(fd, buf, sizeof buf, 0) == (ssize_t)sizeof buf && fsync(fd) == 0;
+    int e = errno;
+    close(fd);
+    if (!ok) return sys_fail(dir->path, "writing " KVT_SSD_META_TMP, e);
+    if (renameat(dir->dir_fd, KVT_SSD_META_TMP, dir->dir_fd, KVT_SSD_META_NAME) != 0 ||
+        fsync(dir->dir_fd) != 0)
+        return sys_fail(dir->path, "renaming " KVT_SSD_META_TMP, errno);
+    return KVT_OK;
+}
+
+static kvt_status open_data(ssd_dir *dir, int extra_flags)
+{
+    dir->data_fd = openat(dir->dir_fd, KVT_SSD_DATA_NAME,
+                          O_RDWR | O_DIRECT | O_CLOEXEC | extra_flags, 0644);
+    if (dir->data_fd >= 0) return KVT_OK;
+    if (errno == EINVAL)
+        return kvt__fail(KVT_EIO, "kvt__ssd_open: cache directory %s: its filesystem does not "
+                         "support O_DIRECT", dir->path);
+    return sys_fail(dir->path, KVT_SSD_DATA_NAME, errno);
+}
+
+/* Pre-allocates the data file, so a full disk shows at open, not mid-run. */
+static kvt_status size_data(ssd_dir *dir)
+{
+    struct stat st;
+    off_t want = (off_t)((uint64_t)dir->meta.slots * dir->meta.slot_bytes);
+    if (fstat(dir->data_fd, &st) != 0) return sys_fail(dir->path, "fstat", errno);
+    if (st.st_size >= want) return KVT_OK;
+    int rc = fallocate(dir->data_fd, 0, 0, want);
+    if (rc != 0 && errno == EOPNOTSUPP) rc = ftruncate(dir->data_fd, want);
+    if (rc == 0) return KVT_OK;
+    if (errno == ENOSPC)
+        return kvt__fail(KVT_ENOSPC, "kvt__ssd_open: cache directory %s: no space for %lld "
+                         "bytes of slots", dir->path, (long long)want);
+    return sys_fail(dir->path, "fallocate", errno);
+}
+
+static kvt_status create_dir(ssd_dir *dir)
+{
+    /* Metadata goes first and comes back last: a crash mid-way leaves a
+     * directory without it, which the next open starts afresh. */
+    if (unlinkat(dir->dir_fd, KVT_SSD_META_NAME, 0) != 0 && errno != ENOENT)
+        return sys_fail(dir->path, "removing " KVT_SSD_META_NAME, errno);
+    if (getrandom(&dir->meta.epoch, sizeof dir->meta.epoch, 0) != sizeof dir->meta.epoch)
+        dir->meta.epoch = kvt__now_ns() ^ ((uint64_t)getpid() << 32);
+    kvt_status st = open_data(dir, O_CREAT | O_TRUNC);
+    if (st == KVT_OK) st = size_data(dir);
+    if (st != KVT_OK) return st;
+    dir->jfd = openat(dir->dir_fd, KVT_SSD_JOURNAL_NAME, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (dir->jfd < 0) return sys_fail(dir->path, KVT_SSD_JOURNAL_NAME, errno);
+    if (fsync(dir->data_fd) != 0 || fsync(dir->jfd) != 0) return sys_fail(dir->path, "fsync", errno);
+    return write_meta(dir);
+}
+
+static kvt_status mismatch(const ssd_dir *dir, const kvt_ssd_meta *have, const char *field,
+                           const char *was, const char *want)
+{
+    return kvt__fail(KVT_EGEOMETRY, "kvt__ssd_open: cache directory %s: %s differs: it was written "
+                     "with %s (\"%s\"), this store has %s (\"%s\"); open it fresh to wipe it",
+                     dir->path, field, was, have->describe, want, dir->meta.describe);
+}
+
+/* KVT_OK when have (on disk) matches dir->meta (wanted), else EGEOMETRY. */
+static kvt_status compare_meta(const ssd_dir *dir, const kvt_ssd_meta *have)
+{
+    char a[96], b[96];
+    const kvt_ssd_meta *w = &dir->meta;
+    if (have->digest != w->digest) {
+        snprintf(a, sizeof a, "0x%016llx", (unsigned long long)have->digest);
+        snprintf(b, sizeof b, "0x%016llx", (unsigned long long)w->digest);
+        return mismatch(dir, have, "geometry digest", a, b);
+    }
+    if (have->block_bytes != w->block_bytes) {
+        snprintf(a, sizeof a, "%llu", (unsigned long long)have->block_bytes);
+        snprintf(b, sizeof b, "%llu", (unsigned long long)w->block_bytes);
+        return mismatch(dir, have, "block_bytes", a, b);
+    }
+    if (have->ndirs != w->ndirs || have->dir_index != w->dir_index || have->slots != w->slots ||
+        have->total_slots != w->total_slots) {
+        snprintf(a, sizeof a, "directory %u of %u, %u of %llu slots", have->dir_index,
+                 have->ndirs, have->slots, (unsigned long long)have->total_slots);
+        snprintf(b, sizeof b, "directory %u of %u, %u of %llu slots", w->dir_index, w->ndirs,
+                 w->slots, (unsigned long long)w->total_slots);
+        return mismatch(dir, have, "slot layout", a, b);
+    }
+    return KVT_OK;
+}
+
+static kvt_status attach_dir(kvt_ssd *s, uint32_t d, const kvt_ssd_meta *have)
+{
+    ssd_dir *dir = &s->dirs[d];
+    dir->meta.epoch = have->epoch;
+    kvt_status st = open_data(dir, 0);
+    if (st == KVT_OK) st = size_data(dir);
+    if (st != KVT_OK) return st;
+    dir->jfd = openat(dir->dir_fd, KVT_SSD_JOURNAL_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (dir->jfd < 0) return sys_fail(dir->path, KVT_SSD_JOURNAL_NAME, errno);
+    kvt_ssd_scan scan;
+    return kvt__ssd_journal_load(s, d, &scan);
+}
+
+static kvt_status open_dir(kvt_ssd *s, uint32_t d, const kvt_ssd_params *p)
+{
+    ssd_dir *dir = &s->dirs[d];
+    kvt_status st = lock_dir(dir);
+    if (st != KVT_OK) return st;
+    dir->meta = (kvt_ssd_meta){.version = KVT_SSD_FORMAT_VERSION, .dir_index = d,
+                               .ndirs = s->ndirs, .total_slots = s->total,
+                               .slots = kvt__ssd_dir_slots(s->total, s->ndirs, d),
+                               .digest = p->digest, .block_bytes = s->block_bytes,
+                               .slot_bytes = s->slot_bytes};
+    memcpy(dir->meta.describe, s->describe, sizeof s->describe);
+    uint8_t *buf = NULL;
+    uint64_t len = 0;
+    st = kvt__ssd_read_file(dir->dir_fd, dir->path, KVT_SSD_META_NAME, 4096, &buf, &len);
+    if (st == KVT_ENOTFOUND) return create_dir(dir);
+    if (st != KVT_OK) return st;
+    kvt_ssd_meta have;
+    st = kvt__ssd_meta_decode(buf, len, &have);
+    free(buf);
+    if (st != KVT_OK && !p->fresh) {
+        char why[KVT_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", kvt_last_error());
+        return kvt__fail(KVT_ECORRUPT, "kvt__ssd_open: cache directory %s: %s: %s; open it "
+                         "fresh to wipe it", dir->path, KVT_SSD_META_NAME, why);
+    }
+    if (st == KVT_OK) st = compare_meta(dir, &have);
+    if (st == KVT_OK) return attach_dir(s, d, &have);
+    return p->fresh ? create_dir(dir) : st;
+}
+
+/* ---- open / close ---------------------------------------------------- */
+
+static void build_caller_tables(kvt_ssd *s)
+{
+    for (uint32_t g = s->total; g-- > 0;) {
+        s->slots[g] = s->durable[g];
+        s->allocated[g] = s->durable[g].live;
+        if (!s->durable[g].live) s->free_stack[s->nfree++] = g; /* alloc pops low slots first */
+    }
+}
+
+static kvt_status init_sync(kvt_ssd *s)
+{
+    pthread_mutex_init(&s->cmu, NULL);
+    if (kvt__cond_init(&s->ccv) != 0 || kvt__cond_init(&s->dcv) != 0)
+        return kvt__fail(KVT_ESYS, "kvt__ssd_open: pthread_cond_init failed");
+    return KVT_OK;
+}
+
+kvt_status kvt__ssd_open(kvt_ssd **out, const kvt_ssd_params *p)
+{
+    KVT_CHECK_NOT_NULL(out, "kvt__ssd_open");
+    uint64_t total = 0;
+    kvt_status st = check_params(p, &total);
+    if (st != KVT_OK) return st;
+    kvt_ssd *s = calloc(1, sizeof *s);
+    if (!s) return kvt__fail(KVT_ENOMEM, "kvt__ssd_open: out of memory");
+    s->total = (uint32_t)total;
+    s->block_bytes = p->block_bytes;
+    s->slot_bytes = round_up(p->block_bytes, KVT_SSD_SLOT_ALIGN);
+    snprintf(s->describe, sizeof s->describe, "%s", p->describe ? p->describe : "");
+    st = init_sync(s);
+    if (st == KVT_OK) st = split_dirs(s, p->dirs);
+    if (st == KVT_OK && s->ndirs > s->total)
+        st = kvt__fail(KVT_EINVAL, "kvt__ssd_open: capacity_bytes %llu holds %u slots, fewer "
+                       "than the %u directories", (unsigned long long)p->capacity_bytes,
+                       s->total, s->ndirs);
+    if (st == KVT_OK) st = alloc_tables(s, p->queue_depth);
+    for (uint32_t d = 0; st == KVT_OK && d < s->ndirs; d++) st = open_dir(s, d, p);
+    if (st == KVT_OK) build_caller_tables(s);
+    if (st == KVT_OK) st = kvt__ssd_io_start(s, p);
+    if (st != KVT_OK) {
+        char keep[KVT_ERRMSG_MAX];
+        snprintf(keep, sizeof keep, "%s", kvt_last_error());
+        kvt__ssd_close(s);
+        return kvt__fail(st, "%s", keep);
+    }
+    *out = s;
+    return KVT_OK;
+}
+
+void kvt__ssd_close(kvt_ssd *s)
+{
+    if (!s) return;
+    kvt__ssd_io_stop(s);
+    for (uint32_t d = 0; d < s->ndirs && s->dirs; d++) {
+        ssd_dir *dir = &s->dirs[d];
+        if (dir->jfd >= 0) close(dir->jfd);
+        if (dir->data_fd >= 0) close(dir->data_fd);
+        if (dir->dir_fd >= 0) close(dir->dir_fd); /* drops the lock */
+        free(dir->jbuf);
+        free(dir->path);
+    }
+    free(s->dirs);
+    free(s->slots);
+    free(s->durable);
+    free(s->free_stack);
+    free(s->allocated);
+    free(s->gen);
+    free(s->dels);
+    free(s->dels_commit);
+    free(s->del_pending);
+    free(s->reqs);
+    pthread_cond_destroy(&s->ccv);
+    pthread_cond_destroy(&s->dcv);
+    pthread_mutex_destroy(&s->cmu);
+    free(s);
+}
+
+/* ---- slots ----------------------------------------------------------- */
+
+uint32_t kvt__ssd_blocks_total(const kvt_ssd *s) { return s ? s->total : 0; }
+uint32_t kvt__ssd_blocks_free(const kvt_ssd *s) { return s ? s->nfree : 0; }
+const char *kvt__ssd_backend(const kvt_ssd *s) { return s && s->ops ? s->ops->name : "none"; }
+
+uint32_t kvt__ssd_alloc(kvt_ssd *s)
+{
+    if (!s || s->nfree == 0) return KVT_SSD_NONE;
+    uint32_t slot = s->free_stack[--s->nfree];
+    s->allocated[slot] = 1;
+    return slot;
+}

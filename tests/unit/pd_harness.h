@@ -1,0 +1,234 @@
+/* pd_harness.h - PD test clusters: a bootstrap service, prefill senders and
+ * decode receivers over emulated engines in one process, on 127.0.0.1. */
+#ifndef KVT_TESTS_PD_HARNESS_H
+#define KVT_TESTS_PD_HARNESS_H
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include "support.h"
+#include "layout/layout.h"
+
+typedef struct pd_model {
+    uint32_t layers;
+    const uint32_t *mla_bytes; /* per layer bytes/token for MLA layers (NULL: MHA) */
+    uint32_t heads, head_dim;  /* MHA: total KV heads */
+} pd_model;
+
+typedef struct pd_side_cfg {
+    uint32_t tp, dcp, tpp;
+    kvt_layout layout;
+    const pd_model *model;
+} pd_side_cfg;
+
+typedef struct pd_rank {
+    kvt_geometry *geo;
+    kvt_emu *emu;
+    kvt_pd_rank rank;
+    uint32_t *pages, num_pages;
+    kvt_pd_sender *s;
+    kvt_pd_receiver *r;
+} pd_rank;
+
+typedef struct pd_cluster {
+    kvt_pd_bootstrap *bs;
+    uint16_t port;
+    pd_rank *pre, *dec;
+    uint32_t npre, ndec;
+    pd_side_cfg pc, dc;
+    uint32_t ntok;
+    uint32_t *tokens;
+    kvt_request req;
+    kvt_pd_net_params net;
+    kvt_pd_params base;
+} pd_cluster;
+
+static inline kvt_geometry *pd_model_geo(const pd_model *m, uint32_t tp, uint32_t tpp, kvt_layout lay)
+{
+    kvt_geometry *g = NULL;
+    if (kvt_geometry_create(&g, m->layers, tpp, lay) != KVT_OK) return NULL;
+    for (uint32_t l = 0; l < m->layers; l++) {
+        kvt_layer_spec s = {0};
+        if (m->mla_bytes) {
+            s.num_components = 1;
+            s.component[0] = (kvt_component_spec){1, m->mla_bytes[l] / 2, 2};
+        } else {
+            s.num_components = 2;
+            s.component[0] = s.component[1] = (kvt_component_spec){m->heads / tp, m->head_dim, 2};
+        }
+        if (kvt_geometry_set_layer(g, l, &s) != KVT_OK) return NULL;
+    }
+    return g;
+}
+
+static inline void pd_rank_init(pd_rank *r, const pd_side_cfg *c, uint32_t tp_rank, uint32_t dcp_rank,
+                                uint32_t ntok)
+{
+    r->geo = pd_model_geo(c->model, c->tp, c->tpp, c->layout);
+    assert_non_null(r->geo);
+    r->rank = (kvt_pd_rank){c->tp, tp_rank, c->dcp, dcp_rank};
+    uint32_t local = ntok > dcp_rank ? (ntok - dcp_rank + c->dcp - 1) / c->dcp : 0;
+    r->num_pages = (local + c->tpp - 1) / c->tpp + 1;
+    uint32_t engine = r->num_pages * 2 + 3;
+    assert_ok(kvt_emu_create(&r->emu, r->geo, engine));
+    if (!c->model->mla_bytes) assert_ok(kvt_emu_set_first_head(r->emu, tp_rank * (c->model->heads / c->tp)));
+    r->pages = calloc(r->num_pages, sizeof *r->pages);
+    for (uint32_t i = 0; i < r->num_pages; i++) r->pages[i] = engine - 1 - 2 * i; /* scattered, reversed */
+}
+
+static inline kvt_pd_params pd_params(pd_cluster *cl, pd_rank *r, kvt_engine_memory *mem)
+{
+    kvt_pd_params p = cl->base;
+    p.net = cl->net;
+    p.bootstrap_port = cl->port;
+    p.rank = r->rank;
+    p.geo = r->geo;
+    assert_ok(kvt_emu_memory(r->emu, mem));
+    p.mem = mem;
+    return p;
+}
+
+/* Starts the bootstrap and the prefill ranks (filled with the request). */
+static inline void pd_cluster_start(pd_cluster *cl, const pd_side_cfg *pc, const pd_side_cfg *dc,
+                                    uint32_t ntok)
+{
+    setenv("KVTIER_PD_QUIET", "1", 0);
+    cl->pc = *pc;
+    cl->dc = *dc;
+    cl->ntok = ntok;
+    cl->tokens = calloc(ntok, sizeof *cl->tokens);
+    kvt_test_tokens(cl->tokens, ntok, 42 + ntok);
+    cl->req = (kvt_request){cl->tokens, ntok, "ns", 2};
+    assert_ok(kvt_pd_bootstrap_create(&cl->bs, &cl->net));
+    assert_ok(kvt_pd_bootstrap_port(cl->bs, &cl->port));
+    cl->npre = pc->tp * pc->dcp;
+    cl->pre = calloc(cl->npre, sizeof *cl->pre);
+    for (uint32_t i = 0; i < cl->npre; i++) {
+        pd_rank *r = &cl->pre[i];
+        pd_rank_init(r, pc, i / pc->dcp, i % pc->dcp, ntok);
+        assert_int_equal(pc->dcp, 1);
+        assert_ok(kvt_emu_fill(r->emu, &cl->req, 0, ntok, r->pages, r->num_pages));
+        kvt_engine_memory mem;
+        kvt_pd_params p = pd_params(cl, r, &mem);
+        assert_ok(kvt_pd_sender_create(&r->s, &p));
+    }
+}
+
+/* Creates decode rank i; returns the status of kvt_pd_receiver_create. */
+static inline kvt_status pd_cluster_decoder(pd_cluster *cl, uint32_t i)
+{
+    pd_rank *r = &cl->dec[i];
+    pd_rank_init(r, &cl->dc, i / cl->dc.dcp, i % cl->dc.dcp, cl->ntok);
+    assert_ok(kvt_emu_poison(r->emu, r->pages, r->num_pages));
+    kvt_engine_memory mem;
+    kvt_pd_params p = pd_params(cl, r, &mem);
+    return kvt_pd_receiver_create(&r->r, &p);
+}
+
+static inline void pd_cluster_decoders(pd_cluster *cl)
+{
+    cl->ndec = cl->dc.tp * cl->dc.dcp;
+    cl->dec = calloc(cl->ndec, sizeof *cl->dec);
+    for (uint32_t i = 0; i < cl->ndec; i++) assert_ok(pd_cluster_decoder(cl, i));
+}
+
+static inline void pd_open_room(pd_cluster *cl, uint64_t room, uint32_t prefix)
+{
+    for (uint32_t i = 0; i < cl->ndec; i++) {
+        pd_rank *r = &cl->dec[i];
+        kvt_pd_room_params rp = {r->pages, r->num_pages, cl->ntok, prefix};
+        assert_ok(kvt_pd_receiver_room(r->r, room, &rp));
+    }
+    for (uint32_t i = 0; i < cl->npre; i++) {
+        pd_rank *r = &cl->pre[i];
+        assert_ok(kvt_pd_sender_room(r->s, room));
+        assert_ok(kvt_pd_sender_send(r->s, room, r->pages, r->num_pages, cl->ntok));
+    }
+}
+
+static inline void pd_expect_room(pd_cluster *cl, uint64_t room, kvt_pd_poll want)
+{
+    for (uint32_t i = 0; i < cl->ndec; i++) {
+        kvt_pd_poll st;
+        kvt_pd_room_info info;
+        kvt_status rc = kvt_pd_receiver_wait(cl->dec[i].r, room, 20000, &st);
+        if (rc != KVT_OK || st != want) {
+            kvt_pd_room_info_get(NULL, cl->dec[i].r, room, &info);
+            fail_msg("decode %u room %llu: state %d (want %d): %s", i, (unsigned long long)room, st, want,
+                     info.message);
+        }
+    }
+    for (uint32_t i = 0; i < cl->npre; i++) {
+        kvt_pd_poll st;
+        kvt_pd_room_info info;
+        kvt_status rc = kvt_pd_sender_wait(cl->pre[i].s, room, 20000, &st);
+        if (rc != KVT_OK || st != want) {
+            kvt_pd_room_info_get(cl->pre[i].s, NULL, room, &info);
+            fail_msg("prefill %u room %llu: state %d (want %d): %s", i, (unsigned long long)room, st, want,
+                     info.message);
+        }
+    }
+}
+
+/* Checks every byte of every decode rank's tokens [prefix, ntok) against
+ * the emulated engine's pure function; returns mismatching bytes. */
+static inline uint64_t pd_verify(pd_cluster *cl, uint32_t prefix)
+{
+    uint64_t bad = 0;
+    uint8_t want[1 << 16];
+    for (uint32_t i = 0; i < cl->ndec; i++) {
+        pd_rank *r = &cl->dec[i];
+        kvt_engine_memory mem;
+        kvt_page_map *map = calloc(1, sizeof *map);
+        assert_ok(kvt_emu_memory(r->emu, &mem));
+        assert_ok(kvt__page_map_init(map, r->geo, &mem));
+        uint32_t n = cl->dc.dcp, k = r->rank.dcp_rank;
+        for (uint32_t g = prefix; g < cl->ntok; g++) {
+            if (g % n != k) continue;
+            uint32_t lt = g / n, page = r->pages[lt / cl->dc.tpp], slot = lt % cl->dc.tpp;
+            for (uint32_t l = 0; l < r->geo->num_layers; l++)
+                for (uint32_t c = 0; c < r->geo->layers[l].num_components; c++) {
+                    uint64_t tb = kvt__geo_token_bytes(r->geo, l, c);
+                    assert_ok(kvt_emu_token_kv(r->emu, &cl->req, g, l, c, want, tb));
+                    uint8_t *got = kvt__page_addr(map, KVT_UNIT(l, c), page) + slot * tb;
+                    if (memcmp(got, want, tb) != 0) bad++;
+                }
+        }
+        free(map);
+    }
+    return bad;
+}
+
+static inline void pd_rank_free(pd_rank *r)
+{
+    kvt_pd_sender_destroy(r->s);
+    kvt_pd_receiver_destroy(r->r);
+    kvt_emu_destroy(r->emu);
+    kvt_geometry_destroy(r->geo);
+    free(r->pages);
+}
+
+static inline void pd_cluster_stop(pd_cluster *cl)
+{
+    for (uint32_t i = 0; i < cl->ndec; i++) pd_rank_free(&cl->dec[i]);
+    for (uint32_t i = 0; i < cl->npre; i++) pd_rank_free(&cl->pre[i]);
+    kvt_pd_bootstrap_destroy(cl->bs);
+    free(cl->dec);
+    free(cl->pre);
+    free(cl->tokens);
+    memset(cl, 0, sizeof *cl);
+}
+
+/* One whole hand-off: start, one room, wait, verify, stop. */
+static inline void pd_roundtrip(const pd_side_cfg *pc, const pd_side_cfg *dc, uint32_t ntok, uint32_t prefix)
+{
+    pd_cluster cl = {0};
+    pd_cluster_start(&cl, pc, dc, ntok);
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 7, prefix);
+    pd_expect_room(&cl, 7, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, prefix), 0);
+    pd_cluster_stop(&cl);
+}
+
+#endif

@@ -1,0 +1,450 @@
+/* test_conc_group.c - rank groups over inproc (pp2 x tp2, ranks as threads)
+ * and TCP (ranks as forked processes on 127.0.0.1): handshake refusals for
+ * version, geometry, configuration and role skew; seeded fault injection
+ * (drop, duplicate, delay, reorder, corrupt, missing and extra calls, the
+ * leader raising before its send, a crashed rank); every rank observes the
+ * abort within 2T with a diagnostic naming rank, channel, seq and op; the
+ * group re-forms under a new epoch. */
+#include "test_group_util.h"
+
+#include "group/group.h"
+#include "util/hash.h"
+
+#define T_MS 200
+#define STEPS 12
+
+typedef struct run {
+    uint32_t ranks, pp, cp, tp;
+    kvt_fabric *fab;
+    kvt_fault_plan plan[TG_MAX_RANKS];
+    kvt_group_overrides ov[TG_MAX_RANKS];
+    uint64_t geo[TG_MAX_RANKS], cfg[TG_MAX_RANKS];
+    int skip_step[TG_MAX_RANKS];  /* this rank does not call step k (-1: none) */
+    int extra_step[TG_MAX_RANKS]; /* this rank calls step k twice */
+    int raise_at[TG_MAX_RANKS];   /* this rank aborts at step k instead of stepping */
+    int crash_at[TG_MAX_RANKS];   /* this rank stops at step k without a word */
+    int reform;                   /* after the run, every rank re-forms and steps */
+    /* results */
+    kvt_status create_st[TG_MAX_RANKS], step_st[TG_MAX_RANKS], reform_st[TG_MAX_RANKS];
+    char msg[TG_MAX_RANKS][KVT_ERRMSG_MAX];
+    uint64_t observe_ms[TG_MAX_RANKS]; /* from the fault to this rank seeing it */
+    uint64_t t_fault; /* set by the faulting rank (atomic: read by the others) */
+    int steps_done[TG_MAX_RANKS];
+} run;
+
+static void run_init(run *r, uint32_t pp, uint32_t cp, uint32_t tp)
+{
+    memset(r, 0, sizeof *r);
+    r->ranks = pp * cp * tp;
+    r->pp = pp;
+    r->cp = cp;
+    r->tp = tp;
+    for (uint32_t i = 0; i < TG_MAX_RANKS; i++) {
+        r->skip_step[i] = r->extra_step[i] = r->raise_at[i] = r->crash_at[i] = -1;
+        r->plan[i].peer = UINT32_MAX;
+        r->geo[i] = 0x1111 + i / (cp * tp); /* one digest per stage */
+        r->cfg[i] = 0x2222;
+    }
+    assert_ok(kvt_fabric_create(&r->fab, r->ranks, 64));
+}
+
+/* One step of the generic exchange: members send their rank, the leader
+ * answers with the sum, which every member checks. */
+static kvt_status one_step(kvt_group *g, uint32_t rank, uint64_t k)
+{
+    uint8_t up[16];
+    kvt__put64(up, rank);
+    kvt__put64(up + 8, k);
+    if (rank != 0) {
+        const uint8_t *down;
+        size_t len;
+        kvt_status st = kvt__group_step_member(g, up, sizeof up, &down, &len);
+        if (st == KVT_OK && (len != 8 || kvt__get64(down) == 0)) st = KVT_EPROTO;
+        return st;
+    }
+    kvt_status st = kvt__group_gather(g);
+    if (st != KVT_OK) return st;
+    uint64_t sum = 1;
+    for (uint32_t m = 1; m < g->ranks; m++) sum += kvt__get64(g->ups[m].p);
+    uint8_t down[8];
+    kvt__put64(down, sum);
+    return kvt__group_bcast(g, down, sizeof down);
+}
+
+static void note_result(run *r, kvt_group *g, uint32_t rank, kvt_status st)
+{
+    r->step_st[rank] = st;
+    snprintf(r->msg[rank], sizeof r->msg[rank], "%s",
+             st == KVT_OK ? kvt_last_error() : kvt_group_diagnostic(g));
+    uint64_t tf = __atomic_load_n(&r->t_fault, __ATOMIC_ACQUIRE);
+    if (st != KVT_OK && tf) r->observe_ms[rank] = (kvt__now_ns() - tf) / 1000000;
+}
+
+static kvt_status steps(run *r, kvt_group *g, uint32_t rank)
+{
+    for (int k = 0; k < STEPS; k++) {
+        if (k == r->crash_at[rank]) {
+            __atomic_store_n(&r->t_fault, kvt__now_ns(), __ATOMIC_RELEASE);
+            return KVT_OK; /* gone without a word */
+        }
+        if (k == r->raise_at[rank]) {
+            __atomic_store_n(&r->t_fault, kvt__now_ns(), __ATOMIC_RELEASE);
+            kvt_group_abort(g, "engine exception in store_kv");
+            return KVT_EABORTED;
+        }
+        if (k == r->skip_step[rank]) {
+            __atomic_store_n(&r->t_fault, kvt__now_ns(), __ATOMIC_RELEASE);
+            continue;
+        }
+        kvt_status st = one_step(g, rank, (uint64_t)k);
+        if (st == KVT_OK && k == r->extra_step[rank]) st = one_step(g, rank, (uint64_t)k);
+        if (st != KVT_OK) return st;
+        r->steps_done[rank]++;
+    }
+    return KVT_OK;
+}
+
+static void rank_main(uint32_t rank, void *arg)
+{
+    run *r = arg;
+    kvt_net *inner, *net;
+    assert_ok(kvt_net_inproc_create(&inner, r->fab, rank));
+    assert_ok(kvt__net_faulty_create(&net, inner, &r->plan[rank]));
+    kvt_group_params p = {r->pp, r->cp, r->tp, r->geo[rank], r->cfg[rank], T_MS, 1};
+    kvt_group *g = NULL;
+    r->create_st[rank] = kvt__group_create_ex(&g, net, &p, &r->ov[rank]);
+    snprintf(r->msg[rank], sizeof r->msg[rank], "%s", kvt_last_error());
+    if (g) {
+        note_result(r, g, rank, steps(r, g, rank));
+        if (r->step_st[rank] == KVT_OK && r->crash_at[rank] < 0) {
+            /* finished: wait out the others' deadlines so late aborts are
+             * still observable in diag (not needed for correctness) */
+        }
+        if (r->reform) {
+            tg_sleep_ms(2 * T_MS + 100); /* let every rank finish its deadline */
+            r->reform_st[rank] = kvt_group_reform(g, 1000);
+            if (r->reform_st[rank] == KVT_OK) {
+                for (int k = 0; k < 3 && r->reform_st[rank] == KVT_OK; k++)
+                    r->reform_st[rank] = one_step(g, rank, (uint64_t)k);
+            }
+        }
+    }
+    kvt_group_destroy(g);
+    kvt_net_destroy(net);
+}
+
+static void run_all(run *r)
+{
+    tg_run_ranks(r->ranks, rank_main, r);
+    kvt_fabric_destroy(r->fab);
+}
+
+static void test_form_and_step(void **state)
+{
+    (void)state;
+    run r;
+    run_init(&r, 2, 1, 2);
+    run_all(&r);
+    for (uint32_t i = 0; i < 4; i++) {
+        assert_int_equal(r.create_st[i], KVT_OK);
+        assert_int_equal(r.step_st[i], KVT_OK);
+        assert_int_equal(r.steps_done[i], STEPS);
+    }
+}
+
+static void test_roles(void **state)
+{
+    (void)state;
+    kvt_fabric *fab;
+    assert_ok(kvt_fabric_create(&fab, 1, 4));
+    kvt_net *n;
+    assert_ok(kvt_net_inproc_create(&n, fab, 0));
+    kvt_group *g;
+    kvt_group_params p = {1, 1, 1, 1, 2, T_MS, 0};
+    assert_ok(kvt_group_create(&g, n, &p));
+    kvt_group_info info;
+    assert_ok(kvt_group_info_get(g, &info));
+    assert_int_equal(info.role, KVT_ROLE_SYNC_LEADER);
+    assert_int_equal(info.epoch, 1);
+    assert_string_equal(kvt_group_diagnostic(g), "");
+    /* bad arguments get a status and a message, never an assert */
+    kvt_group *x;
+    kvt_group_params bad = p;
+    bad.tp = 2;
+    assert_status(kvt_group_create(&x, n, &bad), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "the net has 1"));
+    bad = p;
+    bad.timeout_ms = 0;
+    assert_status(kvt_group_create(&x, n, &bad), KVT_EINVAL);
+    assert_status(kvt_group_create(&x, NULL, &p), KVT_EINVAL);
+    assert_status(kvt_group_reform(g, -1), KVT_EINVAL);
+    assert_status(kvt_group_info_get(NULL, &info), KVT_EINVAL);
+    assert_ok(kvt_group_abort(g, "test"));
+    assert_non_null(strstr(kvt_group_diagnostic(g), "raised: test"));
+    assert_ok(kvt_group_reform(g, 100));
+    assert_ok(kvt_group_info_get(g, &info));
+    assert_int_equal(info.epoch, 2);
+    assert_int_equal(info.aborted, 0);
+    kvt_group_destroy(g);
+    kvt_group_destroy(NULL);
+    kvt_net_destroy(n);
+    kvt_fabric_destroy(fab);
+}
+
+/* Every rank fails to form with `want`, and every message names `a` and `b`. */
+static void expect_refusal(run *r, kvt_status want, const char *a, const char *b)
+{
+    for (uint32_t i = 0; i < r->ranks; i++) {
+        if (r->create_st[i] != want)
+            fail_msg("rank %u: create gave %s (%s), want %s", i,
+                     kvt_status_name(r->create_st[i]), r->msg[i], kvt_status_name(want));
+        if (!strstr(r->msg[i], a) || !strstr(r->msg[i], b))
+            fail_msg("rank %u: message \"%s\" lacks \"%s\" or \"%s\"", i, r->msg[i], a, b);
+    }
+}
+
+static void test_library_version_skew(void **state)
+{
+    (void)state;
+    run r;
+    run_init(&r, 2, 1, 2);
+    r.ov[3].lib_version = 0x000200;
+    run_all(&r);
+    expect_refusal(&r, KVT_EVERSION, "rank 3", "library version 0.2.0");
+}
+
+static void test_protocol_version_skew(void **state)
+{
+    (void)state;
+    run r;
+    run_init(&r, 2, 1, 2);
+    r.ov[2].proto_version = 2;
+    run_all(&r);
+    /* The leader names rank 2; rank 2 learns the leader's version. Ranks 1
+     * and 3 get the leader's REFUSE. */
+    for (uint32_t i = 0; i < 4; i++) assert_int_equal(r.create_st[i], KVT_EVERSION);
+    assert_non_null(strstr(r.msg[0], "rank 2 speaks protocol version 2"));
+    assert_non_null(strstr(r.msg[1], "rank 2 speaks protocol version 2"));
+    assert_non_null(strstr(r.msg[2], "protocol version 1"));
+}
+
+static void test_geometry_skew(void **state)
+{
+    (void)state;
+    run r;
+    run_init(&r, 2, 1, 2);
+    r.geo[3] ^= 0x40; /* a TP rank of stage 1 with other heads */
+    run_all(&r);
+    expect_refusal(&r, KVT_EGEOMETRY, "rank 3", "rank 2 of the same pipeline stage 1");
+}
+
+static void test_config_skew(void **state)
+{
+    (void)state;
+    run r;
+    run_init(&r, 2, 1, 2);
+    r.cfg[1] = 0x9999;
+    run_all(&r);
+    expect_refusal(&r, KVT_EINVAL, "rank 1", "configuration digest");
+}
+
+/* Every rank ends EABORTED within 2T (+ slack) of the fault, with a
+ * diagnostic holding every fragment in `needles`. */
+static void expect_abort(run *r, const char *const *needles, uint32_t crashed)
+{
+    for (uint32_t i = 0; i < r->ranks; i++) {
+        if (i == crashed) continue;
+        assert_int_equal(r->create_st[i], KVT_OK);
+        if (r->step_st[i] != KVT_EABORTED)
+            fail_msg("rank %u: step gave %s (%s), want KVT_EABORTED", i,
+                     kvt_status_name(r->step_st[i]), r->msg[i]);
+        for (const char *const *n = needles; *n; n++)
+            if (!strstr(r->msg[i], *n)) fail_msg("rank %u: \"%s\" lacks \"%s\"", i, r->msg[i], *n);
+        if (r->observe_ms[i] > 3 * T_MS + 300)
+            fail_msg("rank %u observed the abort after %llu ms", i,
+                     (unsigned long long)r->observe_ms[i]);
+    }
+}
+
+static void test_missing_call(void **state)
+{
+    (void)state;
+    run r;
+    run_init(&r, 2, 1, 2);
+    r.skip_step[3] = 5; /* rank 3 skips one step (the seeds' missing send) */
+    run_all(&r);
+    /* Every step is one UP and one DOWN, so rank 3 is merely one step
+     * behind: its later messages still carry the right seq and op (what it
+     * queued is keyed by request id, so nothing is misread). When the others
+     * stop, the leader waits for rank 3's last step and names it. */
+    const char *n[] = {"rank 3", "channel step", "expected seq 11 op STEP_UP", NULL};
+    expect_abort(&r, n, 3); /* rank 3 sees the ABORT at its next call */
+}
+
+static void test_extra_call(void **state)
+{
+    (void)state;
+    run r;
+    run_init(&r, 2, 1, 2);
+    r.extra_step[1] = 4; /* rank 1 steps twice in iteration 4 */
+    run_all(&r);
+    /* The stream stays aligned (one UP, one DOWN per step); the extra step
+     * is caught when rank 1 runs ahead of the others: at its last step the
+     * leader never answers, and rank 1's abort reaches the leader. */
+    assert_int_equal(r.step_st[1], KVT_EABORTED);
+    assert_non_null(strstr(r.msg[1], "expected seq 12 op STEP_DOWN"));
+}
+
+static void test_leader_raises(void **state)
+{
+    (void)state;
+    run r;
+    run_init(&r, 2, 1, 2);
+    r.raise_at[0] = 3;
+    run_all(&r);
+    const char *n[] = {"rank 0 (pp0 cp0 tp0) raised: engine exception in store_kv", NULL};
+    expect_abort(&r, n, UINT32_MAX);
+    for (uint32_t i = 1; i < 4; i++) assert_true(r.observe_ms[i] < T_MS);
+}
+
+static void test_crashed_rank(void **state)
+{
+    (void)state;
+    run r;
+    run_init(&r, 2, 1, 2);
+    r.crash_at[2] = 6;
+    run_all(&r);
+    const char *n[] = {"from rank 2", "expected seq 6 op STEP_UP", "received nothing", NULL};
+    expect_abort(&r, n, 2);
+}
+
+/* Seeded faults: the seed picks the kind, the rank and the send. */
+static void seeded(uint64_t seed)
+{
+    uint64_t s = seed;
+    run r;
+    run_init(&r, 2, 1, 2);
+    kvt_fault_kind kinds[] = {KVT_FAULT_DROP, KVT_FAULT_DUP, KVT_FAULT_DELAY,
+                              KVT_FAULT_REORDER, KVT_FAULT_CORRUPT};
+    kvt_fault_kind kind = kinds[kvt__splitmix64(&s) % 5];
+    uint32_t rank = (uint32_t)(kvt__splitmix64(&s) % 4);
+    /* skip the handshake sends: the leader sends 3 WELCOMEs, members 1 HELLO */
+    uint64_t first = rank == 0 ? 3 : 1;
+    r.plan[rank] = (kvt_fault_plan){kind, first + kvt__splitmix64(&s) % 6, UINT32_MAX,
+                                    (uint32_t)(kvt__splitmix64(&s) % 2 ? T_MS / 4 : 3 * T_MS)};
+    r.reform = 1;
+    run_all(&r);
+    int benign = kind == KVT_FAULT_DELAY && r.plan[rank].delay_ms < T_MS;
+    for (uint32_t i = 0; i < 4; i++) {
+        if (benign && r.step_st[i] != KVT_OK)
+            fail_msg("seed %llu: %s on rank %u: rank %u failed: %s", (unsigned long long)seed,
+                     kvt__fault_name(kind), rank, i, r.msg[i]);
+        if (!benign && r.step_st[i] != KVT_EABORTED)
+            fail_msg("seed %llu: %s on rank %u send %llu: rank %u gave %s (%s)",
+                     (unsigned long long)seed, kvt__fault_name(kind), rank,
+                     (unsigned long long)r.plan[rank].at_send, i,
+                     kvt_status_name(r.step_st[i]), r.msg[i]);
+        if (!benign && !strstr(r.msg[i], "epoch 1"))
+            fail_msg("seed %llu: rank %u: diagnostic \"%s\" lacks the epoch",
+                     (unsigned long long)seed, i, r.msg[i]);
+        if (r.reform_st[i] != KVT_OK)
+            fail_msg("seed %llu: rank %u could not re-form: %s", (unsigned long long)seed, i,
+                     kvt_status_name(r.reform_st[i]));
+    }
+}
+
+static void test_seeded_faults(void **state)
+{
+    (void)state;
+    const char *env = getenv("KVT_FAULT_SEEDS");
+    uint64_t n = env ? strtoull(env, NULL, 10) : 10;
+    for (uint64_t seed = 1; seed <= n; seed++) seeded(seed);
+}
+
+/* --- TCP, ranks as processes --- */
+
+static int tcp_child(uint16_t port, uint32_t rank, int crash_at, uint32_t lib)
+{
+    kvt_net *n;
+    kvt_net_tcp_params p = {rank, 4, "127.0.0.1", port, "tcp-group-secret-0123", 21, 0};
+    if (kvt_net_tcp_create(&n, &p) != KVT_OK || kvt_net_connect(n, 5000) != KVT_OK) return 10;
+    kvt_group_params gp = {2, 1, 2, 0x1111 + rank / 2, 0x2222, 500, 1};
+    kvt_group_overrides ov = {0, lib};
+    kvt_group *g;
+    kvt_status st = kvt__group_create_ex(&g, n, &gp, &ov);
+    if (st == KVT_EVERSION) return 20;
+    if (st != KVT_OK) return 11;
+    for (int k = 0; k < STEPS; k++) {
+        if (k == crash_at) _exit(0); /* the process dies mid-protocol */
+        st = one_step(g, rank, (uint64_t)k);
+        if (st != KVT_OK) break;
+    }
+    int code = st == KVT_OK ? 0 : st == KVT_EABORTED ? 30 : 12;
+    if (st == KVT_EABORTED && !strstr(kvt_group_diagnostic(g), "rank 3")) code = 31;
+    kvt_group_destroy(g);
+    kvt_net_destroy(n);
+    return code;
+}
+
+static kvt_status tcp_leader(int crash_rank, uint32_t lib_rank3, char *diag, size_t cap)
+{
+    kvt_net *hub;
+    kvt_net_tcp_params p = {0, 4, NULL, 0, "tcp-group-secret-0123", 21, 0};
+    assert_ok(kvt_net_tcp_create(&hub, &p));
+    uint16_t port;
+    assert_ok(kvt_net_tcp_port(hub, &port));
+    pid_t pid[4];
+    for (uint32_t r = 1; r < 4; r++) {
+        pid[r] = fork();
+        assert_true(pid[r] >= 0);
+        if (pid[r] == 0)
+            _exit(tcp_child(port, r, (int)r == crash_rank ? 4 : -1, r == 3 ? lib_rank3 : 0));
+    }
+    kvt_status st = kvt_net_connect(hub, 5000);
+    kvt_group *g = NULL;
+    kvt_group_params gp = {2, 1, 2, 0x1111, 0x2222, 500, 1};
+    if (st == KVT_OK) st = kvt_group_create(&g, hub, &gp);
+    snprintf(diag, cap, "%s", kvt_last_error());
+    for (int k = 0; st == KVT_OK && k < STEPS; k++) st = one_step(g, 0, (uint64_t)k);
+    if (g) snprintf(diag, cap, "%s", kvt_group_diagnostic(g));
+    int codes[4] = {0};
+    for (uint32_t r = 1; r < 4; r++) codes[r] = tg_wait_child(pid[r], 10000);
+    kvt_group_destroy(g);
+    kvt_net_destroy(hub);
+    for (uint32_t r = 1; r < 4; r++) {
+        int want = lib_rank3 ? 20 : crash_rank < 0 ? 0 : (int)r == crash_rank ? 0 : 30;
+        if (codes[r] != want) fail_msg("tcp rank %u exited %d, want %d", r, codes[r], want);
+    }
+    return st;
+}
+
+static void test_tcp_processes(void **state)
+{
+    (void)state;
+    char diag[KVT_ERRMSG_MAX];
+    assert_ok(tcp_leader(-1, 0, diag, sizeof diag));
+    assert_status(tcp_leader(3, 0, diag, sizeof diag), KVT_EABORTED);
+    assert_non_null(strstr(diag, "from rank 3"));
+    assert_non_null(strstr(diag, "lost the rank"));
+    assert_status(tcp_leader(-1, 0x000900, diag, sizeof diag), KVT_EVERSION);
+    assert_non_null(strstr(diag, "rank 3 runs library version 0.9.0"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roles),
+        cmocka_unit_test(test_form_and_step),
+        cmocka_unit_test(test_library_version_skew),
+        cmocka_unit_test(test_protocol_version_skew),
+        cmocka_unit_test(test_geometry_skew),
+        cmocka_unit_test(test_config_skew),
+        cmocka_unit_test(test_missing_call),
+        cmocka_unit_test(test_extra_call),
+        cmocka_unit_test(test_leader_raises),
+        cmocka_unit_test(test_crashed_rank),
+        cmocka_unit_test(test_seeded_faults),
+        cmocka_unit_test(test_tcp_processes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,199 @@
+/* test_conc_pd.c - prefill -> decode hand-off end to end over TCP on
+ * 127.0.0.1, every geometry pair byte-verified through the emulated engine,
+ * and scenarios D1-D5 of failure-scenarios.md. */
+#include "pd_harness.h"
+
+static const pd_model mha = {.layers = 3, .heads = 8, .head_dim = 16};
+
+static void identical(void **state)
+{
+    (void)state;
+    pd_side_cfg c = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha};
+    pd_roundtrip(&c, &c, 100, 0);
+}
+
+static void identical_page_first_prefix(void **state)
+{
+    (void)state;
+    pd_side_cfg c = {2, 1, 8, KVT_LAYOUT_PAGE_FIRST, &mha};
+    pd_roundtrip(&c, &c, 77, 21);
+}
+
+static void repage(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha}, d = {1, 1, 8, KVT_LAYOUT_LAYER_FIRST, &mha};
+    pd_roundtrip(&p, &d, 90, 0);
+    pd_roundtrip(&d, &p, 90, 5);
+}
+
+static void layout_convert(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha}, d = {1, 1, 4, KVT_LAYOUT_PAGE_FIRST, &mha};
+    pd_roundtrip(&p, &d, 50, 0);
+    pd_roundtrip(&d, &p, 50, 0);
+}
+
+static void tp_head_slicing(void **state)
+{
+    (void)state;
+    pd_side_cfg p2 = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha}, d4 = {4, 1, 8, KVT_LAYOUT_LAYER_FIRST, &mha};
+    pd_roundtrip(&p2, &d4, 60, 0);
+    pd_roundtrip(&d4, &p2, 60, 0);
+}
+
+static const uint32_t mla_bytes[4] = {1152, 1152, 1152, 1152};
+static const pd_model mla = {.layers = 4, .mla_bytes = mla_bytes};
+
+static void mla_replication(void **state)
+{
+    (void)state;
+    pd_side_cfg p2 = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mla}, d4 = {4, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mla};
+    pd_roundtrip(&p2, &d4, 40, 0);
+    pd_side_cfg p4 = {4, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mla}, d1 = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mla};
+    pd_roundtrip(&p4, &d1, 40, 0); /* prefill ranks 1..3 feed nobody: their dummy opens the room */
+}
+
+static void dcp_mla(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mla}, d = {1, 4, 4, KVT_LAYOUT_PAGE_FIRST, &mla};
+    pd_roundtrip(&p, &d, 61, 9);
+}
+
+/* D1: prefill TP8/DCP1 -> decode TP8/DCP8, entries [1152]x24 + [256]x10. */
+static uint32_t hybrid_bytes[34];
+static const pd_model hybrid = {.layers = 34, .mla_bytes = hybrid_bytes};
+
+static void d1_hybrid_dcp8(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 34; i++) hybrid_bytes[i] = i < 24 ? 1152 : 256;
+    pd_side_cfg p = {8, 1, 4, KVT_LAYOUT_LAYER_FIRST, &hybrid}, d = {8, 8, 4, KVT_LAYOUT_LAYER_FIRST, &hybrid};
+    pd_roundtrip(&p, &d, 70, 0);
+}
+
+/* D1 as SGLang sees it: the decode side believes every entry is 1152. */
+static uint32_t flat_bytes[34];
+static const pd_model flat = {.layers = 34, .mla_bytes = flat_bytes};
+
+static void d1_single_item_len_refused(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 34; i++) hybrid_bytes[i] = i < 24 ? 1152 : 256, flat_bytes[i] = 1152;
+    pd_cluster cl = {0};
+    pd_side_cfg p = {2, 1, 4, KVT_LAYOUT_LAYER_FIRST, &hybrid}, d = {2, 2, 4, KVT_LAYOUT_LAYER_FIRST, &flat};
+    pd_cluster_start(&cl, &p, &d, 20);
+    cl.ndec = 1;
+    cl.dec = calloc(1, sizeof *cl.dec);
+    assert_int_equal(pd_cluster_decoder(&cl, 0), KVT_EGEOMETRY);
+    const char *m = kvt_last_error();
+    if (!strstr(m, "entry 24") || !strstr(m, "bytes_per_token") || !strstr(m, "256") || !strstr(m, "1152"))
+        fail_msg("message does not name entry, field and values: %s", m);
+    pd_cluster_stop(&cl);
+}
+
+/* D2: draft KV (256 B/token) appended to 1152-byte target entries, DCP 2. */
+static uint32_t draft_bytes[6] = {1152, 1152, 1152, 1152, 256, 256};
+static const pd_model draft = {.layers = 6, .mla_bytes = draft_bytes};
+
+static void d2_draft_dcp(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {1, 1, 8, KVT_LAYOUT_LAYER_FIRST, &draft}, d = {2, 2, 4, KVT_LAYOUT_LAYER_FIRST, &draft};
+    pd_roundtrip(&p, &d, 45, 3);
+}
+
+/* D3: MLA page 64, prefill 64 B/token (item 4096) vs decode 32 (item 2048), DCP 8. */
+static const uint32_t b64[2] = {64, 64}, b32[2] = {32, 32};
+static const pd_model m64 = {.layers = 2, .mla_bytes = b64}, m32 = {.layers = 2, .mla_bytes = b32};
+
+static void d3_item_len_refused_then_ok(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    pd_side_cfg p = {1, 1, 64, KVT_LAYOUT_LAYER_FIRST, &m64}, bad = {1, 8, 64, KVT_LAYOUT_LAYER_FIRST, &m32};
+    pd_cluster_start(&cl, &p, &bad, 300);
+    cl.ndec = 1;
+    cl.dec = calloc(1, sizeof *cl.dec);
+    assert_int_equal(pd_cluster_decoder(&cl, 0), KVT_EGEOMETRY);
+    assert_non_null(strstr(kvt_last_error(), "entry 0 (layer 0 KV): bytes_per_token: prefill 64 vs decode 32"));
+    kvt_pd_bootstrap_stats bst;
+    assert_ok(kvt_pd_bootstrap_stats_get(cl.bs, &bst));
+    assert_true(bst.refused >= 1);
+    pd_cluster_stop(&cl);
+    pd_side_cfg good = {1, 8, 64, KVT_LAYOUT_LAYER_FIRST, &m64};
+    pd_roundtrip(&p, &good, 300, 0);
+}
+
+/* D4: DCP 2 -> 4 unsupported, MHA with decode DCP 8 refused, page 32 vs 64 converted. */
+static void d4_refusals_and_repage(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    pd_side_cfg p = {1, 1, 64, KVT_LAYOUT_LAYER_FIRST, &mha}, d = {1, 8, 64, KVT_LAYOUT_LAYER_FIRST, &mha};
+    pd_cluster_start(&cl, &p, &d, 64);
+    cl.ndec = 1;
+    cl.dec = calloc(1, sizeof *cl.dec);
+    assert_int_equal(pd_cluster_decoder(&cl, 0), KVT_EUNSUPPORTED);
+    assert_non_null(strstr(kvt_last_error(), "MHA"));
+    pd_cluster_stop(&cl);
+    pd_side_cfg p32 = {1, 1, 32, KVT_LAYOUT_LAYER_FIRST, &mla}, d64 = {1, 1, 64, KVT_LAYOUT_LAYER_FIRST, &mla};
+    pd_roundtrip(&p32, &d64, 130, 0);
+}
+
+/* D5: a refused decode rank leaves the service and the senders serving. */
+static void d5_bad_peer_isolated(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    pd_side_cfg p = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mla}, d = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mla};
+    pd_cluster_start(&cl, &p, &d, 50);
+    pd_rank bad = {0};
+    pd_side_cfg bc = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &m64};
+    pd_rank_init(&bad, &bc, 0, 0, 50);
+    kvt_engine_memory mem;
+    kvt_pd_params bp = pd_params(&cl, &bad, &mem);
+    assert_int_equal(kvt_pd_receiver_create(&bad.r, &bp), KVT_EGEOMETRY);
+    pd_rank_free(&bad);
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 11, 0);
+    pd_expect_room(&cl, 11, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    pd_cluster_stop(&cl);
+}
+
+static void many_rooms(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    pd_side_cfg c = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha};
+    pd_cluster_start(&cl, &c, &c, 64);
+    pd_cluster_decoders(&cl);
+    for (uint64_t room = 100; room < 164; room++) pd_open_room(&cl, room, 0);
+    for (uint64_t room = 100; room < 164; room++) pd_expect_room(&cl, room, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    pd_cluster_stop(&cl);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(identical),
+        cmocka_unit_test(identical_page_first_prefix),
+        cmocka_unit_test(repage),
+        cmocka_unit_test(layout_convert),
+        cmocka_unit_test(tp_head_slicing),
+        cmocka_unit_test(mla_replication),
+        cmocka_unit_test(dcp_mla),
+        cmocka_unit_test(d1_hybrid_dcp8),
+        cmocka_unit_test(d1_single_item_len_refused),
+        cmocka_unit_test(d2_draft_dcp),
+        cmocka_unit_test(d3_item_len_refused_then_ok),
+        cmocka_unit_test(d4_refusals_and_repage),
+        cmocka_unit_test(d5_bad_peer_isolated),
+        cmocka_unit_test(many_rooms),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

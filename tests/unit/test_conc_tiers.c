@@ -1,0 +1,314 @@
+/* The cache with an SSD tier under a small CPU tier, on both io backends:
+ * write-through, read-back of SSD-only blocks (byte-verified), restart
+ * recovery, refusal of a directory of another geometry, corrupt blocks
+ * never served and re-filled by the next store, injected I/O faults. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache/cache.h"
+#include "support.h"
+
+#define WAIT_MS 20000
+#define BT 8
+#define TOKENS 161 /* 20 full blocks + 1 */
+
+static const char *const BACKENDS[] = {"threads", "uring"};
+
+typedef struct env {
+    kvt_geometry *geo;
+    kvt_config *cfg;
+    kvt_cache *cache;
+    kvt_emu *emu;
+    char dir[256];
+    uint64_t block_bytes;
+} env;
+
+static void make_dir(env *e)
+{
+    const char *base = getenv("KVTIER_TEST_TMP");
+    if (!base || !*base) base = "/tmp";
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", base);
+    assert_int_equal(system(cmd), 0);
+    snprintf(e->dir, sizeof e->dir, "%s/tiers-XXXXXX", base);
+    assert_non_null(mkdtemp(e->dir));
+}
+
+static void remove_dir(const char *dir)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* cpu_blocks and ssd_blocks in blocks of this geometry. */
+static kvt_status open_cache(env *e, kvt_geometry *g, uint32_t cpu_blocks, uint32_t ssd_blocks,
+                             const char *io, bool fresh)
+{
+    e->geo = g;
+    kvt_geometry_info info;
+    assert_ok(kvt_geometry_info_get(g, &info));
+    e->block_bytes = info.bytes_per_token * BT;
+    char v[64];
+    assert_ok(kvt_config_create(&e->cfg));
+    snprintf(v, sizeof v, "%llu", (unsigned long long)(cpu_blocks * e->block_bytes));
+    assert_ok(kvt_config_set(e->cfg, "cpu_capacity", v));
+    snprintf(v, sizeof v, "%llu", (unsigned long long)(ssd_blocks * e->block_bytes));
+    assert_ok(kvt_config_set(e->cfg, "ssd_capacity", v));
+    assert_ok(kvt_config_set(e->cfg, "ssd_dirs", e->dir));
+    assert_ok(kvt_config_set(e->cfg, "io", io));
+    assert_ok(kvt_config_set(e->cfg, "ssd_fresh", fresh ? "true" : "false"));
+    assert_ok(kvt_config_set(e->cfg, "block_tokens", "8"));
+    assert_ok(kvt_config_set(e->cfg, "huge_pages", "false"));
+    kvt_status st = kvt_cache_create(&e->cache, e->cfg, g);
+    if (st) return st;
+    assert_ok(kvt_emu_create(&e->emu, g, 1024));
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_memory(e->emu, &mem));
+    assert_ok(kvt_cache_register_memory(e->cache, &mem));
+    return KVT_OK;
+}
+
+static void close_cache(env *e)
+{
+    kvt_cache_destroy(e->cache);
+    kvt_emu_destroy(e->emu);
+    kvt_config_destroy(e->cfg);
+    kvt_geometry_destroy(e->geo);
+    e->cache = NULL;
+    e->emu = NULL;
+    e->cfg = NULL;
+    e->geo = NULL;
+}
+
+static kvt_geometry *geo(void) { return kvt_test_geometry(2, 2, 64, 4, KVT_LAYOUT_LAYER_FIRST); }
+
+static void request(uint32_t *tokens, uint32_t seed, kvt_request *r)
+{
+    kvt_test_tokens(tokens, TOKENS, seed);
+    kvt_request x = {.tokens = tokens, .num_tokens = TOKENS};
+    *r = x;
+}
+
+static void pages_at(uint32_t *pages, uint32_t base)
+{
+    for (uint32_t i = 0; i < 64; i++) pages[i] = base + i;
+}
+
+static void store(env *e, const kvt_request *r)
+{
+    uint32_t pages[64];
+    pages_at(pages, 0);
+    assert_ok(kvt_emu_fill(e->emu, r, 0, r->num_tokens, pages, 41));
+    kvt_store_plan p;
+    assert_ok(kvt_cache_prepare_store(e->cache, r, &p));
+    if (!p.task) return;
+    assert_ok(kvt_cache_launch(e->cache, p.task, pages, 41));
+    kvt_task_result res;
+    assert_ok(kvt_cache_wait(e->cache, p.task, WAIT_MS, &res));
+    assert_int_equal(res.status, KVT_OK);
+}
+
+/* Loads into poisoned pages; verifies every landed byte; returns the
+ * tokens that landed and the task's status in *st. */
+static uint32_t load(env *e, const kvt_request *r, kvt_status *st)
+{
+    uint32_t pages[64];
+    pages_at(pages, 100);
+    assert_ok(kvt_emu_poison(e->emu, pages, 41));
+    kvt_match m;
+    assert_ok(kvt_cache_lookup(e->cache, r, &m));
+    *st = KVT_OK;
+    if (!m.task) return 0;
+    assert_ok(kvt_cache_launch(e->cache, m.task, pages, 41));
+    kvt_task_result res;
+    assert_ok(kvt_cache_wait(e->cache, m.task, WAIT_MS, &res));
+    *st = res.status;
+    uint32_t landed = res.status == KVT_OK || res.status == KVT_ECORRUPT ? res.num_tokens : 0;
+    kvt_verify_result v;
+    assert_ok(kvt_emu_verify(e->emu, r, 0, landed, pages, 41, &v));
+    assert_int_equal(v.mismatches, 0);
+    return landed;
+}
+
+static kvt_cache_stats stats(env *e)
+{
+    kvt_cache_stats s;
+    assert_ok(kvt_cache_stats_get(e->cache, &s));
+    return s;
+}
+
+/* Six 20-block requests through an 8-block CPU tier: the early ones come
+ * back from the SSD, byte for byte. */
+static void test_conc_read_back_from_ssd(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) {
+        env e = {0};
+        make_dir(&e);
+        assert_ok(open_cache(&e, geo(), 24, 512, BACKENDS[b], false));
+        uint32_t tokens[6][TOKENS];
+        kvt_request r[6];
+        for (uint32_t i = 0; i < 6; i++) {
+            request(tokens[i], 100 + i, &r[i]);
+            store(&e, &r[i]);
+            assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+        }
+        kvt_cache_stats s = stats(&e);
+        assert_int_equal(s.ssd_written_blocks, 120);
+        assert_true(s.cpu_dropped_blocks >= 96);
+        assert_int_equal(s.evicted_blocks, 0);
+        kvt_status st;
+        for (uint32_t i = 0; i < 6; i++) {
+            assert_int_equal(load(&e, &r[i], &st), 160);
+            assert_int_equal(st, KVT_OK);
+        }
+        s = stats(&e);
+        assert_true(s.ssd_hit_tokens >= 4 * 160);
+        assert_int_equal(s.corrupt_blocks, 0);
+        close_cache(&e);
+        remove_dir(e.dir);
+    }
+}
+
+/* A restart on the same directory finds every flushed block. */
+static void test_conc_restart_recovers(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) {
+        env e = {0};
+        make_dir(&e);
+        uint32_t tokens[3][TOKENS];
+        kvt_request r[3];
+        assert_ok(open_cache(&e, geo(), 24, 512, BACKENDS[b], false));
+        for (uint32_t i = 0; i < 3; i++) {
+            request(tokens[i], 200 + i, &r[i]);
+            store(&e, &r[i]);
+        }
+        assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+        close_cache(&e);
+        assert_ok(open_cache(&e, geo(), 24, 512, BACKENDS[b], false));
+        assert_int_equal(stats(&e).recovered_blocks, 60);
+        kvt_status st;
+        for (uint32_t i = 0; i < 3; i++) assert_int_equal(load(&e, &r[i], &st), 160);
+        close_cache(&e);
+        remove_dir(e.dir);
+    }
+}
+
+/* A directory written for another geometry is refused, naming the field;
+ * ssd_fresh starts it empty instead. */
+static void test_other_geometry_refused(void **state)
+{
+    (void)state;
+    env e = {0};
+    make_dir(&e);
+    uint32_t tokens[TOKENS];
+    kvt_request r;
+    request(tokens, 300, &r);
+    assert_ok(open_cache(&e, geo(), 24, 256, "threads", false));
+    store(&e, &r);
+    assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+    close_cache(&e);
+    kvt_geometry *other = kvt_test_geometry(2, 4, 64, 4, KVT_LAYOUT_LAYER_FIRST);
+    assert_status(open_cache(&e, other, 24, 256, "threads", false), KVT_EGEOMETRY);
+    assert_non_null(strstr(kvt_last_error(), e.dir));
+    kvt_config_destroy(e.cfg);
+    assert_ok(open_cache(&e, other, 24, 256, "threads", true));
+    assert_int_equal(stats(&e).recovered_blocks, 0);
+    close_cache(&e);
+    remove_dir(e.dir);
+}
+
+/* A block that fails its checksum is never handed to the engine: the load
+ * stops before it, and the next store of the prefix fills it again. */
+static void test_conc_corrupt_block_is_a_miss(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) {
+        env e = {0};
+        make_dir(&e);
+        assert_ok(open_cache(&e, geo(), 24, 512, BACKENDS[b], false));
+        uint32_t tokens[3][TOKENS];
+        kvt_request r[3];
+        for (uint32_t i = 0; i < 3; i++) {
+            request(tokens[i], 400 + i, &r[i]);
+            store(&e, &r[i]);
+            assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+        }
+        /* r[0] is on the SSD only now; its 6th block read comes back flipped. */
+        kvt__ssd_inject(e.cache->ssd, KVT_SSD_FAULT_CORRUPT, false, 5);
+        kvt_status st;
+        uint32_t landed = load(&e, &r[0], &st);
+        assert_int_equal(st, KVT_ECORRUPT);
+        assert_true(landed < 160);
+        assert_int_equal(stats(&e).corrupt_blocks, 1);
+        /* The lost block is not matched; a store re-fills it. */
+        kvt_match m;
+        assert_ok(kvt_cache_lookup(e.cache, &r[0], &m));
+        assert_true(m.matched_tokens < 160);
+        if (m.task) assert_ok(kvt_cache_cancel(e.cache, m.task));
+        kvt_task_result res;
+        if (m.task) assert_ok(kvt_cache_wait(e.cache, m.task, WAIT_MS, &res));
+        store(&e, &r[0]);
+        assert_int_equal(load(&e, &r[0], &st), 160);
+        assert_int_equal(st, KVT_OK);
+        close_cache(&e);
+        remove_dir(e.dir);
+    }
+}
+
+/* Failed SSD writes leave the CPU copy serving; nothing is lost or wrong. */
+static void test_conc_write_faults(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) {
+        env e = {0};
+        make_dir(&e);
+        assert_ok(open_cache(&e, geo(), 64, 512, BACKENDS[b], false));
+        uint32_t tokens[2][TOKENS];
+        kvt_request r[2];
+        request(tokens[0], 500, &r[0]);
+        request(tokens[1], 501, &r[1]);
+        kvt__ssd_inject(e.cache->ssd, KVT_SSD_FAULT_ENOSPC, true, 2);
+        store(&e, &r[0]);
+        assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+        kvt__ssd_inject(e.cache->ssd, KVT_SSD_FAULT_EIO, true, 0);
+        store(&e, &r[1]);
+        assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+        kvt_cache_stats s = stats(&e);
+        assert_true(s.ssd_write_errors >= 2);
+        kvt_status st;
+        assert_int_equal(load(&e, &r[0], &st), 160);
+        assert_int_equal(load(&e, &r[1], &st), 160);
+        close_cache(&e);
+        remove_dir(e.dir);
+    }
+}
+
+static void test_bad_directory_is_a_clear_error(void **state)
+{
+    (void)state;
+    env e = {0};
+    snprintf(e.dir, sizeof e.dir, "/proc/version/kvtier");
+    kvt_status st = open_cache(&e, geo(), 24, 256, "threads", false);
+    assert_true(st != KVT_OK);
+    assert_non_null(strstr(kvt_last_error(), "/proc/version"));
+    kvt_config_destroy(e.cfg);
+    kvt_geometry_destroy(e.geo);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conc_read_back_from_ssd),
+        cmocka_unit_test(test_conc_restart_recovers),
+        cmocka_unit_test(test_other_geometry_refused),
+        cmocka_unit_test(test_conc_corrupt_block_is_a_miss),
+        cmocka_unit_test(test_conc_write_faults),
+        cmocka_unit_test(test_bad_directory_is_a_clear_error),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

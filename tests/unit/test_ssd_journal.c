@@ -1,0 +1,290 @@
+/* test_ssd_journal.c - the SSD store's journal: recovery from a journal cut
+ * at every byte of its last record or garbled, compaction, and fsck (check
+ * and repair); each on both backends. */
+#include "test_ssd_util.h"
+
+#include <limits.h>
+#include "store/ssd_internal.h"
+
+#define BLOCK 8192u
+#define NBLK 5u
+
+static uint32_t count_cb;
+static void count_recovered(void *arg, uint32_t slot, kvt_hash128 key, kvt_hash128 parent,
+                            bool has_parent)
+{
+    (void)arg; (void)slot; (void)key; (void)parent; (void)has_parent;
+    count_cb++;
+}
+
+static uint32_t reopen_count(const kvt_ssd_params *p)
+{
+    kvt_ssd *s = NULL;
+    assert_ok(kvt__ssd_open(&s, p));
+    count_cb = 0;
+    uint32_t n = kvt__ssd_recover(s, count_recovered, NULL);
+    assert_int_equal(n, count_cb);
+    kvt__ssd_close(s);
+    return n;
+}
+
+static void write_blocks(const kvt_ssd_params *p, uint32_t n, uint64_t seed)
+{
+    kvt_ssd *s = NULL;
+    assert_ok(kvt__ssd_open(&s, p));
+    uint8_t *w = aligned_buf(BLOCK);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = kvt__ssd_alloc(s);
+        assert_true(slot != KVT_SSD_NONE);
+        fill(w, BLOCK, seed + i);
+        assert_ok(write_sync(s, slot, w, test_key(seed + i), test_key(0), false));
+    }
+    kvt__ssd_close(s);
+    free(w);
+}
+
+static uint8_t *read_whole(const char *dir, const char *name, uint64_t *len)
+{
+    char path[PATH_MAX];
+    join_path(path, sizeof path, dir, name);
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    uint8_t *b = malloc((size_t)st.st_size + 1);
+    assert_int_equal(pread(fd, b, (size_t)st.st_size, 0), st.st_size);
+    close(fd);
+    *len = (uint64_t)st.st_size;
+    return b;
+}
+
+static void write_whole(const char *dir, const char *name, const uint8_t *b, uint64_t len)
+{
+    char path[PATH_MAX];
+    join_path(path, sizeof path, dir, name);
+    int fd = open(path, O_WRONLY | O_TRUNC);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, b, len, 0), (ssize_t)len);
+    close(fd);
+}
+
+/* Cut at every byte of the last record: the first NBLK-1 blocks survive
+ * (all NBLK with the record whole), and the store keeps working after. */
+static void test_truncated_tail(void **state)
+{
+    const char *io = test_io(state);
+    char dir[PATH_MAX];
+    tmp_dir(dir, sizeof dir);
+    kvt_ssd_params p = test_params(dir, io, BLOCK, 16);
+    write_blocks(&p, NBLK, 10);
+    uint64_t len = 0;
+    uint8_t *j = read_whole(dir, KVT_SSD_JOURNAL_NAME, &len);
+    assert_int_equal(len, NBLK * KVT_SSD_REC_BYTES);
+    for (uint64_t cut = len - KVT_SSD_REC_BYTES; cut <= len; cut++) {
+        write_whole(dir, KVT_SSD_JOURNAL_NAME, j, cut);
+        assert_int_equal(reopen_count(&p), cut == len ? NBLK : NBLK - 1);
+    }
+    /* After a cut, new writes append past the good prefix and survive. */
+    write_whole(dir, KVT_SSD_JOURNAL_NAME, j, len - 7);
+    write_blocks(&p, 2, 50);
+    assert_int_equal(reopen_count(&p), NBLK - 1 + 2);
+    free(j);
+    rm_rf(dir);
+}
+
+/* A garbled record keeps the records before it; junk after the last record
+ * costs nothing; neither crashes. */
+static void test_garbled(void **state)
+{
+    const char *io = test_io(state);
+    char dir[PATH_MAX];
+    tmp_dir(dir, sizeof dir);
+    kvt_ssd_params p = test_params(dir, io, BLOCK, 16);
+    write_blocks(&p, NBLK, 20);
+    uint64_t len = 0;
+    uint8_t *j = read_whole(dir, KVT_SSD_JOURNAL_NAME, &len);
+    for (uint32_t rec = 0; rec < NBLK; rec++) {
+        for (uint32_t byte = 0; byte < KVT_SSD_REC_BYTES; byte += 9) {
+            uint8_t *g = malloc(len);
+            memcpy(g, j, len);
+            g[rec * KVT_SSD_REC_BYTES + byte] ^= 0x10;
+            write_whole(dir, KVT_SSD_JOURNAL_NAME, g, len);
+            assert_int_equal(reopen_count(&p), rec);
+            free(g);
+        }
+    }
+    /* Records swapped in place fail their sequence numbers. */
+    uint8_t *g = malloc(len + 100);
+    memcpy(g, j, len);
+    memcpy(g + KVT_SSD_REC_BYTES, j + 2 * KVT_SSD_REC_BYTES, KVT_SSD_REC_BYTES);
+    write_whole(dir, KVT_SSD_JOURNAL_NAME, g, len);
+    assert_int_equal(reopen_count(&p), 1);
+    memcpy(g, j, len);
+    memset(g + len, 0xa5, 100);
+    write_whole(dir, KVT_SSD_JOURNAL_NAME, g, len + 100);
+    assert_int_equal(reopen_count(&p), NBLK);
+    free(g);
+    free(j);
+    rm_rf(dir);
+}
+
+/* 20 live blocks rewritten over and over: the journal is compacted (more
+ * than once) and a restart still finds every live block with its data. */
+static void test_compaction(void **state)
+{
+    const char *io = test_io(state);
+    char dir[PATH_MAX];
+    tmp_dir(dir, sizeof dir);
+    kvt_ssd_params p = test_params(dir, io, BLOCK, 32);
+    kvt_ssd *s = NULL;
+    assert_ok(kvt__ssd_open(&s, &p));
+    uint8_t *w = aligned_buf(BLOCK), *r = aligned_buf(BLOCK);
+    uint32_t slot[20];
+    uint64_t ver[20];
+    for (uint32_t i = 0; i < 20; i++) {
+        slot[i] = kvt__ssd_alloc(s);
+        ver[i] = i;
+        fill(w, BLOCK, ver[i]);
+        assert_ok(write_sync(s, slot[i], w, test_key(ver[i]), test_key(0), false));
+    }
+    for (uint32_t round = 0; round < 1500; round++) {
+        uint32_t i = round % 20;
+        kvt__ssd_free(s, slot[i]);
+        slot[i] = kvt__ssd_alloc(s);
+        ver[i] += 20;
+        fill(w, BLOCK, ver[i]);
+        assert_ok(write_sync(s, slot[i], w, test_key(ver[i]), test_key(0), false));
+    }
+    kvt_ssd_stats st;
+    kvt__ssd_stats(s, &st);
+    assert_true(st.journal_compactions >= 1);
+    kvt__ssd_close(s);
+    uint64_t len = 0;
+    free(read_whole(dir, KVT_SSD_JOURNAL_NAME, &len));
+    assert_true(len <= (2 * 20 + 1024 + 64) * KVT_SSD_REC_BYTES);
+    assert_ok(kvt__ssd_open(&s, &p));
+    assert_int_equal(kvt__ssd_recover(s, count_recovered, NULL), 20);
+    for (uint32_t i = 0; i < 20; i++) {
+        fill(w, BLOCK, ver[i]);
+        assert_ok(read_sync(s, slot[i], r, test_key(ver[i])));
+        assert_memory_equal(r, w, BLOCK);
+    }
+    kvt__ssd_close(s);
+    free(w);
+    free(r);
+    rm_rf(dir);
+}
+
+static void corrupt_byte(const char *dir, const char *name, uint64_t off)
+{
+    uint64_t len = 0;
+    uint8_t *b = read_whole(dir, name, &len);
+    assert_true(off < len);
+    b[off] ^= 0x01;
+    write_whole(dir, name, b, len);
+    free(b);
+}
+
+static void test_fsck(void **state)
+{
+    const char *io = test_io(state);
+    char a[PATH_MAX], b[PATH_MAX], dirs[2 * PATH_MAX + 2];
+    tmp_dir(a, sizeof a);
+    tmp_dir(b, sizeof b);
+    snprintf(dirs, sizeof dirs, "%s,%s", a, b);
+    kvt_ssd_params p = test_params(dirs, io, BLOCK, 16);
+    write_blocks(&p, 6, 30); /* slots 0..5: a holds 0, 2, 4 and b holds 1, 3, 5 */
+    kvt_ssd_fsck_report rep;
+    assert_ok(kvt__ssd_fsck(dirs, false, &rep));
+    assert_int_equal(rep.blocks, 6);
+    assert_int_equal(rep.bad_blocks, 0);
+    assert_int_equal(rep.bad_records, 0);
+    assert_int_equal(rep.slots_total, 16);
+    assert_int_equal(rep.digest, 0x1234);
+    assert_int_equal(rep.block_bytes, BLOCK);
+    assert_string_equal(rep.describe, "test geometry A");
+    assert_false(rep.journal_truncated);
+
+    /* b's local slot 1 (store slot 3) damaged, a's journal torn mid-record. */
+    corrupt_byte(b, KVT_SSD_DATA_NAME, BLOCK + 100);
+    uint64_t len = 0;
+    uint8_t *j = read_whole(a, KVT_SSD_JOURNAL_NAME, &len);
+    write_whole(a, KVT_SSD_JOURNAL_NAME, j, len - 10);
+    free(j);
+    assert_ok(kvt__ssd_fsck(dirs, false, &rep));
+    assert_int_equal(rep.blocks, 5);
+    assert_int_equal(rep.bad_blocks, 1);
+    assert_true(rep.journal_truncated);
+    assert_false(rep.repaired);
+    assert_ok(kvt__ssd_fsck(dirs, false, &rep)); /* read-only: same answer */
+    assert_int_equal(rep.bad_blocks, 1);
+
+    /* Repair is refused while a store holds the directories. */
+    kvt_ssd *s = NULL;
+    assert_ok(kvt__ssd_open(&s, &p)); /* truncates a's torn tail itself */
+    assert_status(kvt__ssd_fsck(dirs, true, &rep), KVT_EBUSY);
+    assert_non_null(strstr(kvt_last_error(), "in use"));
+    assert_ok(kvt__ssd_fsck(dirs, false, &rep)); /* checking is fine meanwhile */
+    kvt__ssd_close(s);
+    assert_ok(kvt__ssd_fsck(dirs, true, &rep));
+    assert_true(rep.repaired);
+    assert_ok(kvt__ssd_fsck(dirs, false, &rep));
+    assert_int_equal(rep.blocks, 4);
+    assert_int_equal(rep.bad_blocks, 0);
+    assert_false(rep.journal_truncated);
+    assert_int_equal(reopen_count(&p), 4);
+
+    /* Not a cache directory, or listed in the wrong order. */
+    char wrong[2 * PATH_MAX + 2];
+    snprintf(wrong, sizeof wrong, "%s,%s", b, a);
+    assert_status(kvt__ssd_fsck(wrong, false, &rep), KVT_EGEOMETRY);
+    rm_rf(a);
+    assert_status(kvt__ssd_fsck(dirs, false, &rep), KVT_EIO);
+    assert_non_null(strstr(kvt_last_error(), a));
+    assert_status(kvt__ssd_fsck("", false, &rep), KVT_EINVAL);
+    rm_rf(b);
+}
+
+/* The decoders on their own: round trips and rejections. */
+static void test_format(void **state)
+{
+    (void)state;
+    kvt_ssd_meta m = {.version = KVT_SSD_FORMAT_VERSION, .dir_index = 1, .ndirs = 2,
+                      .total_slots = 7, .slots = 3, .digest = 42, .block_bytes = 5000,
+                      .slot_bytes = 8192, .epoch = 99};
+    snprintf(m.describe, sizeof m.describe, "hello");
+    uint8_t buf[KVT_SSD_META_BYTES];
+    kvt__ssd_meta_encode(&m, buf);
+    kvt_ssd_meta out;
+    assert_ok(kvt__ssd_meta_decode(buf, sizeof buf, &out));
+    assert_int_equal(out.digest, 42);
+    assert_string_equal(out.describe, "hello");
+    assert_status(kvt__ssd_meta_decode(buf, sizeof buf - 1, &out), KVT_ECORRUPT);
+    m.slots = 4; /* 7 over 2 directories gives directory 1 three */
+    kvt__ssd_meta_encode(&m, buf);
+    assert_status(kvt__ssd_meta_decode(buf, sizeof buf, &out), KVT_ECORRUPT);
+    assert_non_null(strstr(kvt_last_error(), "slots"));
+
+    kvt_ssd_rec r = {.type = KVT_SSD_REC_PUT, .has_parent = 1, .slot = 2, .seq = 0,
+                     .key = test_key(5), .parent = test_key(4), .csum = 77};
+    uint8_t rb[KVT_SSD_REC_BYTES];
+    kvt__ssd_rec_encode(&r, 99, rb);
+    kvt_ssd_rec back;
+    assert_true(kvt__ssd_rec_decode(rb, 99, &back));
+    assert_true(kvt__hash_eq(back.parent, r.parent));
+    assert_false(kvt__ssd_rec_decode(rb, 98, &back)); /* another store's epoch */
+    kvt_ssd_scan sc;
+    kvt__ssd_journal_scan(rb, sizeof rb, 99, 2, NULL, NULL, &sc); /* slot 2 of 2: invalid */
+    assert_int_equal(sc.good_records, 0);
+    assert_int_equal(sc.bad_records, 1);
+    assert_true(sc.torn);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        SSD_TESTS(test_truncated_tail), SSD_TESTS(test_garbled), SSD_TESTS(test_compaction),
+        SSD_TESTS(test_fsck), cmocka_unit_test(test_format),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
