@@ -8,6 +8,7 @@ PACKAGES=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
   liburing-dev libxxhash-dev libcjson-dev libcmocka-dev libsodium-dev
   python3 python3-numpy
+  libucx-dev ucx-utils
 )
 
 missing=()

@@ -18,6 +18,8 @@ static void usage(FILE *to)
             "  config --dump        every option with its value, default and environment variable\n"
             "  fsck DIR[,DIR..]     check (or --repair) an SSD tier's cache directories\n"
             "  pd bootstrap|prefill|decode   run a prefill -> decode KV hand-off by hand\n"
+            "  replay --trace FILE  replay a Mooncake trace through the index and tiers: hit rates\n"
+            "  plan --trace FILE    hit rate against CPU and SSD capacity, as CSV and an SVG plot\n"
             "  bench copy           gather/scatter throughput vs memcpy on this machine\n"
             "  bench index          prefix-index lookups per second and bytes per block\n"
             "  bench ssd            SSD tier write/read throughput vs raw O_DIRECT io_uring\n"
@@ -73,6 +75,8 @@ static const subcommand top_cmds[] = {
     {"config", kvt_cmd_config},
     {"fsck", kvt_cmd_fsck},
     {"pd", kvt_cmd_pd},
+    {"replay", kvt_cmd_replay},
+    {"plan", kvt_cmd_plan},
     {"bench", bench_main},
     {"version", version_main},
 };

@@ -282,6 +282,7 @@ static kvt_status fill_store_task(kvt_cache *c, kvt_task *t, const scratch *s,
 static kvt_status prepare_locked(kvt_cache *c, scratch *s, uint32_t n, kvt_store_plan *out)
 {
     expire_plans(c);
+    kvt__tiers_wait_room(c, n);
     store_span sp = plan_span(c, s, n);
     kvt_store_plan p = {0, sp.first * c->cfg.block_tokens, 0};
     if (sp.nothing) {
@@ -296,7 +297,8 @@ static kvt_status prepare_locked(kvt_cache *c, scratch *s, uint32_t n, kvt_store
     uint32_t got = kvt__tiers_reserve_cpu(c, sp.n - sp.first, s->slots);
     kvt_status st = KVT_OK;
     kvt_task *t = NULL;
-    if (got > repair) st = kvt__task_new(c, KVT_TASK_STORE, got, &t);
+    /* Re-filled blocks come first: all of them, or no store at all. */
+    if (got > 0 && got >= repair) st = kvt__task_new(c, KVT_TASK_STORE, got, &t);
     if (t) {
         t->num_repair = repair;
         st = fill_store_task(c, t, s, &sp);

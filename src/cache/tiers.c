@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "util/clock.h"
 
@@ -60,15 +61,23 @@ static uint32_t clock_take(kvt_cache *c)
         uint32_t slot = c->clock_hand;
         c->clock_hand = (c->clock_hand + 1) % c->cpu_blocks;
         uint32_t id = c->cpu_owner[slot];
-        if (id == KVT_INDEX_NONE || c->ssd_state[id] != SSD_DURABLE) continue;
-        if (kvt__index_pins(c->index, id) != 0) continue;
+        if (id == KVT_INDEX_NONE || kvt__index_pins(c->index, id) != 0) continue;
+        uint8_t state = c->ssd_state[id];
+        if (state != SSD_DURABLE && state != SSD_NONE) continue;
         if (c->cpu_ref[slot]) {
             c->cpu_ref[slot] = 0;
             continue;
         }
-        kvt__index_set_payload(c->index, id, KVT_POOL_NONE);
+        if (state == SSD_DURABLE) { /* the SSD keeps it */
+            kvt__index_set_payload(c->index, id, KVT_POOL_NONE);
+            c->stats.cpu_dropped_blocks++;
+        } else if (kvt__index_remove_candidate(c->index, id)) {
+            /* Its SSD write failed: a cold leaf leaves the cache. */
+            c->stats.evicted_blocks++;
+        } else {
+            continue; /* a middle block: never removed */
+        }
         c->cpu_owner[slot] = KVT_INDEX_NONE;
-        c->stats.cpu_dropped_blocks++;
         return slot;
     }
     return KVT_POOL_NONE;
@@ -85,6 +94,10 @@ static uint32_t evict_leaves(kvt_cache *c, uint32_t want)
     return n;
 }
 
+/* CPU slots come from the free list, then from CPU copies the SSD holds
+ * too. Without an SSD tier, cold leaves are evicted. With one, a block
+ * without a durable SSD copy is never thrown out to make CPU room (the SSD
+ * would keep it): the store gets fewer blocks instead. */
 uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots)
 {
     uint32_t got = 0;
@@ -95,9 +108,25 @@ uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots)
             slots[got++] = slot;
             continue;
         }
-        if (evict_leaves(c, want - got) == 0) break;
+        if (c->ssd || evict_leaves(c, want - got) == 0) break;
     }
     return got;
+}
+
+#define STORE_ROOM_WAIT_MS 2000
+
+void kvt__tiers_wait_room(kvt_cache *c, uint32_t want)
+{
+    if (!c->ssd) return;
+    uint64_t deadline = kvt__now_ns() + STORE_ROOM_WAIT_MS * 1000000ull;
+    while (kvt__pool_blocks_free(c->pool) < want) {
+        uint32_t slot = clock_take(c);
+        if (slot != KVT_POOL_NONE) {
+            free_cpu_slot(c, slot);
+            continue;
+        }
+        if (c->ssd_pending == 0 || !kvt__cond_wait_until(&c->flush_cv, &c->mu, deadline)) return;
+    }
 }
 
 void kvt__tiers_touch(kvt_cache *c, const uint32_t *ids, uint32_t n)
@@ -115,9 +144,11 @@ void kvt__tiers_committed(kvt_cache *c, const uint32_t *ids, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {
         uint32_t slot = kvt__index_payload(c->index, ids[i]);
+        if (slot == KVT_POOL_NONE) continue; /* kept its SSD copy (see repair_end) */
         c->cpu_owner[slot] = ids[i];
         c->cpu_ref[slot] = 1;
-        if (!c->ssd) continue;
+        /* Only new data is written: a block already on the SSD stays there. */
+        if (!c->ssd || c->ssd_state[ids[i]] != SSD_NONE) continue;
         /* The pin keeps the entry and its CPU slot until the copy is done. */
         kvt__index_pin(c->index, &ids[i], 1);
         c->ssd_state[ids[i]] = SSD_WRITING;
@@ -143,7 +174,8 @@ static void write_done(void *arg, kvt_status st)
         c->stats.ssd_write_errors++;
     }
     kvt__index_unpin(c->index, &id, 1);
-    if (--c->ssd_pending == 0) pthread_cond_broadcast(&c->flush_cv);
+    --c->ssd_pending;
+    pthread_cond_broadcast(&c->flush_cv); /* flush and wait_room re-check */
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -319,6 +351,16 @@ static void submit_batch(kvt_cache *c, io_batch *b)
                                 b->has_parent[i], write_done, b->ctx[i]);
         else
             st = kvt__ssd_read(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i], read_done, b->ctx[i]);
+        /* The store's request slots are all in flight: wait for some to
+         * finish (bounded) rather than fail the copy. */
+        for (int tries = 0; st == KVT_EAGAIN && tries < 10000; tries++) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+            st = b->is_write[i] ? kvt__ssd_write(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i],
+                                                 b->parent[i], b->has_parent[i], write_done, b->ctx[i])
+                                : kvt__ssd_read(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i],
+                                                read_done, b->ctx[i]);
+        }
         if (st == KVT_OK) continue;
         /* Not submitted: complete it here as failed, as the store would. */
         (b->is_write[i] ? write_done : read_done)(b->ctx[i], st);
@@ -536,22 +578,31 @@ uint32_t kvt__tiers_first_lost(kvt_cache *c, const uint32_t *ids, uint32_t n, bo
     return n;
 }
 
+/* Blocks between the first lost one and the end of the cached prefix are
+ * gathered again (a store moves a contiguous range), but only the lost ones
+ * take the new data; the others keep theirs, which a concurrent load may be
+ * reading. */
 void kvt__tiers_repair_begin(kvt_cache *c, const uint32_t *ids, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++) c->ssd_state[ids[i]] = SSD_REPAIRING;
+    for (uint32_t i = 0; i < n; i++)
+        if (c->ssd_state[ids[i]] == SSD_LOST) c->ssd_state[ids[i]] = SSD_REPAIRING;
 }
 
 void kvt__tiers_repair_end(kvt_cache *c, kvt_task *t, bool ok)
 {
     for (uint32_t i = 0; i < t->num_repair; i++) {
-        uint32_t id = t->entries[i];
-        c->ssd_state[id] = SSD_LOST;
-        if (ok) {
-            c->ssd_state[id] = SSD_NONE;
-            kvt__index_set_payload(c->index, id, t->tmp_slots[i]);
-        } else {
-            free_cpu_slot(c, t->tmp_slots[i]);
-        }
+        uint32_t id = t->entries[i], slot = t->tmp_slots[i];
         t->tmp_slots[i] = KVT_POOL_NONE;
+        if (c->ssd_state[id] != SSD_REPAIRING) {
+            kvt__pool_free(c->pool, slot);
+            continue;
+        }
+        if (!ok) {
+            c->ssd_state[id] = SSD_LOST;
+            kvt__pool_free(c->pool, slot);
+            continue;
+        }
+        c->ssd_state[id] = SSD_NONE;
+        kvt__index_set_payload(c->index, id, slot);
     }
 }

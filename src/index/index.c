@@ -557,6 +557,16 @@ uint32_t kvt__index_parent(const kvt_index *idx, uint32_t id)
     return idx->entries[id].parent;
 }
 
+bool kvt__index_remove_candidate(kvt_index *idx, uint32_t id)
+{
+    assert(kvt__live(idx, id));
+    kvt_entry *e = &idx->entries[id];
+    if (e->heap_pos == KVT_INDEX_NONE) return false;
+    kvt__heap_remove(idx, id);
+    kvt__entry_remove(idx, id);
+    return true;
+}
+
 uint32_t kvt__index_count(const kvt_index *idx)
 {
     return idx->count;

@@ -87,6 +87,9 @@ void kvt__index_set_payload(kvt_index *idx, uint32_t id, uint32_t payload);
 uint32_t kvt__index_pins(const kvt_index *idx, uint32_t id);
 kvt_hash128 kvt__index_key(const kvt_index *idx, uint32_t id);
 uint32_t kvt__index_parent(const kvt_index *idx, uint32_t id); /* KVT_INDEX_NONE for a root */
+/* Removes entry id if it is an eviction candidate (READY, unpinned, no
+ * children); true when it did. */
+bool kvt__index_remove_candidate(kvt_index *idx, uint32_t id);
 uint32_t kvt__index_count(const kvt_index *idx);     /* entries, READY or PENDING */
 uint32_t kvt__index_capacity(const kvt_index *idx);  /* max_blocks */
 /* Bytes of memory the index holds (entries + hash table), for stats. */

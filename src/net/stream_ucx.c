@@ -1,9 +1,595 @@
-/* stream_ucx.c - placeholder replaced below */
+/* stream_ucx.c - the UCX stream: an authenticated TCP connection whose
+ * traffic moves onto UCP tag messages. Both sides swap worker addresses over
+ * the socket and create an endpoint to each other; the socket then carries
+ * nothing but stays open as the liveness signal (its hang-up, or an endpoint
+ * error, fails every wait at once).
+ *
+ * One process-wide UCP context (refcounted: the last stream to go cleans it
+ * up, so the next one re-reads UCX_TLS & co. from the environment) and one
+ * worker per stream, driven only by the thread that owns the stream (PD:
+ * the link's thread), so the worker runs in single-thread mode.
+ *
+ * Message semantics over byte-stream callers: each sendv is one tag message
+ * (IOV datatype: UCX gathers straight from the caller's pages; large ones go
+ * rendezvous, zero-copy where the transport allows). recvv probes the next
+ * message: when it fits in what the caller still wants it lands straight in
+ * the caller's iovecs; when it is longer (a header read before its body) it
+ * lands in a staging buffer (bounded by STAGE_MAX) that later reads drain.
+ *
+ * Every wait progresses the worker in a bounded loop: spin a little, then
+ * arm the worker and poll its event fd with the socket, up to the deadline;
+ * an operation that misses its deadline or errs breaks the stream (later
+ * calls fail at once) and its request is cancelled and reaped. */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <ucp/api/ucp.h>
 #include "net/stream.h"
+#include "util/clock.h"
 #include "util/err.h"
+
+#define UX_TAG 0x4b56544945520001ull /* "KVTIER" + stream v1: every message */
+#define UX_MAX_ADDR (64u << 10)       /* a worker address: a few hundred bytes in practice */
+#define STAGE_MAX ((256u << 20) + 4096u) /* the PD max_frame bound plus its header */
+#define STAGE_KEEP (1u << 20)          /* staging kept between messages */
+#define SPINS 256                      /* idle progress rounds before sleeping on the fd */
+#define REAP_NS (500ull * 1000000ull)  /* bound on reaping a cancelled request */
+
+typedef struct ux_stream {
+    kvt_stream base; /* base.fd: the TCP socket */
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    int efd;                    /* the worker's event fd; -1: poll the socket only */
+    _Atomic int ep_err;         /* ucs_status_t of an endpoint error; 0: none */
+    bool broken;                /* an operation failed: the stream is unusable */
+    ucp_dt_iov_t *dt;           /* iovecs handed to UCX, grown on demand */
+    size_t dt_cap;
+    struct iovec *cur;          /* recvv's cursor over the caller's iovecs */
+    size_t cur_cap;
+    uint8_t *stage;             /* a received message's bytes not yet read */
+    size_t stage_cap, stage_off, stage_len;
+} ux_stream;
+
+/* ---- the process-wide context ---- */
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static ucp_context_h g_ctx;
+static unsigned g_refs;
+static _Atomic bool g_no_peer_err; /* this context's transports cannot report peer failure */
+
+static kvt_status ctx_ref(ucp_context_h *out)
+{
+    kvt_status st = KVT_OK;
+    pthread_mutex_lock(&g_mu);
+    if (!g_ctx) {
+        ucp_config_t *cfg = NULL;
+        ucs_status_t us = ucp_config_read(NULL, NULL, &cfg); /* UCX_TLS etc. from the environment */
+        if (us == UCS_OK) {
+            ucp_params_t p = {
+                .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+                .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP,
+                .mt_workers_shared = 1, /* one worker per link thread, memory registered per context */
+            };
+            us = ucp_init(&p, cfg, &g_ctx);
+            ucp_config_release(cfg);
+        }
+        if (us != UCS_OK) {
+            g_ctx = NULL;
+            const char *tls = getenv("UCX_TLS");
+            st = kvt__fail(KVT_EUNSUPPORTED, "stream: UCX init failed (UCX_TLS=%s): %s",
+                           tls ? tls : "(unset)", ucs_status_string(us));
+        }
+    }
+    if (g_ctx) {
+        g_refs++;
+        *out = g_ctx;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return st;
+}
+
+static void ctx_unref(void)
+{
+    pthread_mutex_lock(&g_mu);
+    if (g_refs && --g_refs == 0) {
+        ucp_cleanup(g_ctx);
+        g_ctx = NULL;
+        atomic_store(&g_no_peer_err, false);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* ---- waiting ---- */
+
+static int ms_until(uint64_t deadline_ns, int cap)
+{
+    uint64_t now = kvt__now_ns();
+    if (now >= deadline_ns) return 0;
+    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+    return ms > (uint64_t)cap ? cap : (int)ms;
+}
+
+/* Whether the TCP socket says the peer is gone (EOF, error, or bytes that
+ * should never come: the socket carries nothing after the upgrade). */
+static bool sock_dead(int fd)
+{
+    uint8_t b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) return true;
+    if (n < 0) return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+    return true;
+}
+
+static bool ux_lost(ux_stream *u)
+{
+    return u->broken || atomic_load(&u->ep_err) != 0;
+}
+
+/* Sleeps until the worker has events, the socket stirs, wake_fd (may be -1)
+ * is readable, or up to the deadline (at most 100 ms per call, so callers
+ * re-check their state). Returns KVT_STREAM_* (IDLE: nothing but time). */
+static int ux_sleep(ux_stream *u, int wake_fd, uint64_t deadline_ns)
+{
+    if (u->efd >= 0) {
+        ucs_status_t us = ucp_worker_arm(u->worker);
+        if (us == UCS_ERR_BUSY) return KVT_STREAM_READABLE; /* events pending: progress again */
+    }
+    struct pollfd p[3];
+    int n = 0, iw = -1;
+    p[n++] = (struct pollfd){u->base.fd, POLLIN, 0};
+    if (u->efd >= 0) p[n++] = (struct pollfd){u->efd, POLLIN, 0};
+    if (wake_fd >= 0) {
+        iw = n;
+        p[n++] = (struct pollfd){wake_fd, POLLIN, 0};
+    }
+    int rc = poll(p, (nfds_t)n, ms_until(deadline_ns, u->efd >= 0 ? 100 : 1));
+    if (rc <= 0) return KVT_STREAM_IDLE;
+    if (p[0].revents && sock_dead(u->base.fd)) return KVT_STREAM_HUP;
+    if (iw >= 0 && p[iw].revents) return KVT_STREAM_WOKEN;
+    return KVT_STREAM_READABLE;
+}
+
+/* Progress rounds until none does anything; true when any did. */
+static bool ux_progress(ux_stream *u)
+{
+    bool any = false;
+    while (ucp_worker_progress(u->worker)) any = true;
+    return any;
+}
+
+/* Cancels a request that will not complete in time and progresses until UCX
+ * lets go of it (bounded; a request UCX keeps is left to worker teardown). */
+static void ux_reap(ux_stream *u, void *req)
+{
+    ucp_request_cancel(u->worker, req);
+    uint64_t dl = kvt__now_ns() + REAP_NS;
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && kvt__now_ns() < dl) ux_progress(u);
+    if (ucp_request_check_status(req) == UCS_INPROGRESS && u->ep) {
+        /* still held (a matched rendezvous): a forced close fails it */
+        ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                                .flags = UCP_EP_CLOSE_FLAG_FORCE};
+        void *c = ucp_ep_close_nbx(u->ep, &cp);
+        u->ep = NULL;
+        while (UCS_PTR_IS_PTR(c) && ucp_request_check_status(c) == UCS_INPROGRESS &&
+               kvt__now_ns() < dl + REAP_NS)
+            ux_progress(u);
+        if (UCS_PTR_IS_PTR(c)) ucp_request_free(c);
+        while (ucp_request_check_status(req) == UCS_INPROGRESS && kvt__now_ns() < dl + REAP_NS)
+            ux_progress(u);
+    }
+    ucp_request_free(req); /* UCX frees it on completion if still held */
+}
+
+/* Waits for a request by the deadline. The stream breaks on any failure. */
+static kvt_status ux_wait_req(ux_stream *u, void *req, uint64_t deadline_ns, const char *what)
+{
+    kvt_status st = KVT_OK;
+    if (req == NULL) return KVT_OK;
+    if (UCS_PTR_IS_ERR(req)) {
+        u->broken = true;
+        return kvt__fail(KVT_ECONN, "stream: UCX %s failed: %s", what,
+                         ucs_status_string(UCS_PTR_STATUS(req)));
+    }
+    for (unsigned idle = 0;;) {
+        ucs_status_t us = ucp_request_check_status(req);
+        if (us != UCS_INPROGRESS) {
+            ucp_request_free(req);
+            if (us == UCS_OK) return KVT_OK;
+            u->broken = true;
+            return kvt__fail(KVT_ECONN, "stream: UCX %s failed: %s", what, ucs_status_string(us));
+        }
+        if (ux_lost(u)) {
+            st = kvt__fail(KVT_ECONN, "stream: UCX %s: peer lost", what);
+            break;
+        }
+        if (kvt__now_ns() >= deadline_ns) {
+            st = kvt__fail(KVT_ETIMEDOUT, "stream: UCX %s timed out", what);
+            break;
+        }
+        if (ux_progress(u)) {
+            idle = 0;
+        } else if (++idle >= SPINS) {
+            idle = 0;
+            if (ux_sleep(u, -1, deadline_ns) == KVT_STREAM_HUP) {
+                st = kvt__fail(KVT_ECONN, "stream: UCX %s: peer hung up", what);
+                break;
+            }
+        }
+    }
+    u->broken = true;
+    ux_reap(u, req);
+    return st;
+}
+
+/* ---- send / receive ---- */
+
+static kvt_status ux_reserve(void **p, size_t *cap, size_t n, size_t elem)
+{
+    if (n <= *cap) return KVT_OK;
+    size_t c = *cap ? *cap : 64;
+    while (c < n) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return kvt__fail(KVT_ENOMEM, "stream: out of memory for %zu iovecs", c);
+    *p = q;
+    *cap = c;
+    return KVT_OK;
+}
+
+/* dt[0..*n) = the first len bytes of iov[0..cnt). */
+static kvt_status ux_dt(ux_stream *u, const struct iovec *iov, int cnt, size_t len, size_t *n)
+{
+    kvt_status st = ux_reserve((void **)&u->dt, &u->dt_cap, (size_t)cnt, sizeof *u->dt);
+    if (st) return st;
+    size_t k = 0;
+    for (int i = 0; i < cnt && len; i++) {
+        size_t l = iov[i].iov_len < len ? iov[i].iov_len : len;
+        if (!l) continue;
+        u->dt[k++] = (ucp_dt_iov_t){iov[i].iov_base, l};
+        len -= l;
+    }
+    *n = k;
+    return KVT_OK;
+}
+
+static kvt_status ux_sendv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
+{
+    ux_stream *u = (ux_stream *)s;
+    if (ux_lost(u)) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
+    size_t total = 0, n = 0;
+    for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
+    if (!total) return KVT_OK;
+    kvt_status st = ux_dt(u, iov, cnt, total, &n);
+    if (st) return st;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE};
+    void *buf = u->dt[0].buffer;
+    size_t count = u->dt[0].length;
+    if (n > 1) {
+        p.datatype = ucp_dt_make_iov();
+        buf = u->dt;
+        count = n;
+    } else {
+        p.datatype = ucp_dt_make_contig(1);
+    }
+    return ux_wait_req(u, ucp_tag_send_nbx(u->ep, buf, count, UX_TAG, &p), dl, "send");
+}
+
+/* Takes the next message off the worker by the deadline. */
+static kvt_status ux_next(ux_stream *u, uint64_t dl, ucp_tag_message_h *msg, size_t *len)
+{
+    for (unsigned idle = 0;;) {
+        ucp_tag_recv_info_t info;
+        ucp_tag_message_h m = ucp_tag_probe_nb(u->worker, UX_TAG, UINT64_MAX, 1, &info);
+        if (m) {
+            *msg = m;
+            *len = info.length;
+            return KVT_OK;
+        }
+        if (ux_lost(u)) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
+        if (kvt__now_ns() >= dl) return kvt__fail(KVT_ETIMEDOUT, "stream: UCX receive timed out");
+        if (ux_progress(u)) {
+            idle = 0;
+        } else if (++idle >= SPINS) {
+            idle = 0;
+            if (ux_sleep(u, -1, dl) == KVT_STREAM_HUP) {
+                u->broken = true;
+                return kvt__fail(KVT_ECONN, "stream: UCX peer hung up");
+            }
+        }
+    }
+}
+
+static kvt_status ux_take(ux_stream *u, ucp_tag_message_h m, void *buf, size_t count,
+                          ucp_datatype_t dt, uint64_t dl)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = dt};
+    return ux_wait_req(u, ucp_tag_msg_recv_nbx(u->worker, buf, count, m, &p), dl, "receive");
+}
+
+/* Copies staged bytes into the cursor; returns the bytes copied. */
+static size_t ux_unstage(ux_stream *u, struct iovec **cur, int *cnt)
+{
+    size_t got = 0;
+    while (*cnt > 0 && u->stage_off < u->stage_len) {
+        size_t k = u->stage_len - u->stage_off;
+        if (k > (*cur)->iov_len) k = (*cur)->iov_len;
+        memcpy((*cur)->iov_base, u->stage + u->stage_off, k);
+        u->stage_off += k;
+        got += k;
+        (*cur)->iov_base = (uint8_t *)(*cur)->iov_base + k;
+        (*cur)->iov_len -= k;
+        while (*cnt > 0 && (*cur)->iov_len == 0) {
+            (*cur)++;
+            (*cnt)--;
+        }
+    }
+    if (u->stage_off == u->stage_len && u->stage_cap > STAGE_KEEP) {
+        free(u->stage);
+        u->stage = NULL;
+        u->stage_cap = 0;
+    }
+    return got;
+}
+
+/* Advances the cursor past n bytes (n <= what it holds). */
+static void ux_skip(struct iovec **cur, int *cnt, size_t n)
+{
+    while (*cnt > 0 && n >= (*cur)->iov_len) {
+        n -= (*cur)->iov_len;
+        (*cur)++;
+        (*cnt)--;
+    }
+    if (*cnt > 0 && n) {
+        (*cur)->iov_base = (uint8_t *)(*cur)->iov_base + n;
+        (*cur)->iov_len -= n;
+    }
+    while (*cnt > 0 && (*cur)->iov_len == 0) {
+        (*cur)++;
+        (*cnt)--;
+    }
+}
+
+/* A message longer than the reader wants: stage it whole. */
+static kvt_status ux_stage(ux_stream *u, ucp_tag_message_h m, size_t len, uint64_t dl)
+{
+    if (len > STAGE_MAX) {
+        u->broken = true;
+        uint8_t sink[64]; /* truncates: UCX drops the message */
+        (void)ux_take(u, m, sink, sizeof sink, ucp_dt_make_contig(1), kvt__now_ns() + REAP_NS);
+        return kvt__fail(KVT_EPROTO, "stream: UCX message of %zu bytes exceeds %u", len, STAGE_MAX);
+    }
+    if (len > u->stage_cap) {
+        free(u->stage);
+        u->stage_cap = 0;
+        u->stage = malloc(len > 4096 ? len : 4096);
+        if (!u->stage) {
+            u->broken = true;
+            uint8_t sink[64];
+            (void)ux_take(u, m, sink, sizeof sink, ucp_dt_make_contig(1), kvt__now_ns() + REAP_NS);
+            return kvt__fail(KVT_ENOMEM, "stream: out of memory staging %zu bytes", len);
+        }
+        u->stage_cap = len > 4096 ? len : 4096;
+    }
+    kvt_status st = ux_take(u, m, u->stage, len, ucp_dt_make_contig(1), dl);
+    if (st) return st;
+    u->stage_off = 0;
+    u->stage_len = len;
+    return KVT_OK;
+}
+
+static kvt_status ux_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
+{
+    ux_stream *u = (ux_stream *)s;
+    if (u->broken) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
+    kvt_status st = ux_reserve((void **)&u->cur, &u->cur_cap, (size_t)cnt, sizeof *u->cur);
+    if (st) return st;
+    memcpy(u->cur, iov, (size_t)cnt * sizeof *iov);
+    struct iovec *cur = u->cur;
+    size_t want = 0;
+    for (int i = 0; i < cnt; i++) want += iov[i].iov_len;
+    ux_skip(&cur, &cnt, 0);
+    want -= ux_unstage(u, &cur, &cnt);
+    while (want) {
+        ucp_tag_message_h m = NULL;
+        size_t len = 0, n = 0;
+        st = ux_next(u, dl, &m, &len);
+        if (st) return st;
+        if (len > want) {
+            st = ux_stage(u, m, len, dl);
+            if (!st) want -= ux_unstage(u, &cur, &cnt);
+        } else if (len == 0) {
+            st = ux_take(u, m, NULL, 0, ucp_dt_make_contig(1), dl);
+        } else {
+            st = ux_dt(u, cur, cnt, len, &n);
+            if (st) {
+                u->broken = true;
+                uint8_t sink[64];
+                (void)ux_take(u, m, sink, sizeof sink, ucp_dt_make_contig(1), kvt__now_ns() + REAP_NS);
+                return st;
+            }
+            if (n == 1) st = ux_take(u, m, u->dt[0].buffer, len, ucp_dt_make_contig(1), dl);
+            else st = ux_take(u, m, u->dt, n, ucp_dt_make_iov(), dl);
+            if (!st) {
+                ux_skip(&cur, &cnt, len);
+                want -= len;
+            }
+        }
+        if (st) return st;
+    }
+    return KVT_OK;
+}
+
+static int ux_wait(kvt_stream *s, int wake_fd, int timeout_ms)
+{
+    ux_stream *u = (ux_stream *)s;
+    uint64_t dl = kvt__deadline_ns(timeout_ms < 0 ? 0 : timeout_ms);
+    for (unsigned idle = 0;;) {
+        if (u->stage_off < u->stage_len) return KVT_STREAM_READABLE;
+        if (ux_lost(u)) return KVT_STREAM_HUP;
+        ucp_tag_recv_info_t info;
+        if (ucp_tag_probe_nb(u->worker, UX_TAG, UINT64_MAX, 0, &info)) return KVT_STREAM_READABLE;
+        if (ux_progress(u)) {
+            idle = 0;
+            continue;
+        }
+        if (kvt__now_ns() >= dl) {
+            /* a zero timeout still notices a hang-up or a wake-up */
+            struct pollfd p[2] = {{u->base.fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+            if (poll(p, wake_fd >= 0 ? 2 : 1, 0) > 0) {
+                if (p[0].revents && sock_dead(u->base.fd)) return KVT_STREAM_HUP;
+                if (wake_fd >= 0 && p[1].revents) return KVT_STREAM_WOKEN;
+            }
+            return KVT_STREAM_IDLE;
+        }
+        if (++idle < SPINS / 4) continue;
+        idle = 0;
+        int w = ux_sleep(u, wake_fd, dl);
+        if (w == KVT_STREAM_HUP || w == KVT_STREAM_WOKEN) return w;
+    }
+}
+
+/* ---- setup and teardown ---- */
+
+static void ux_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    ux_stream *u = arg;
+    atomic_store(&u->ep_err, status == UCS_OK ? UCS_ERR_CONNECTION_RESET : (int)status);
+}
+
+/* Closes the endpoint: a flush bounded in time (so the last frames sent
+ * reach a live peer), forced when the peer is already lost. */
+static void ux_close_ep(ux_stream *u)
+{
+    if (!u->ep) return;
+    uint64_t dl = kvt__now_ns() + REAP_NS;
+    ucp_request_param_t cp = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                            .flags = ux_lost(u) ? UCP_EP_CLOSE_FLAG_FORCE : 0};
+    void *c = ucp_ep_close_nbx(u->ep, &cp);
+    u->ep = NULL;
+    if (!UCS_PTR_IS_PTR(c)) return;
+    while (ucp_request_check_status(c) == UCS_INPROGRESS && kvt__now_ns() < dl) ux_progress(u);
+    ucp_request_free(c); /* still flushing: the worker's destruction ends it */
+}
+
+static void ux_destroy(kvt_stream *s)
+{
+    ux_stream *u = (ux_stream *)s;
+    ux_close_ep(u);
+    if (u->worker) {
+        ucp_worker_destroy(u->worker);
+        ctx_unref();
+    }
+    if (u->base.fd >= 0) close(u->base.fd);
+    free(u->dt);
+    free(u->cur);
+    free(u->stage);
+    free(u);
+}
+
+static const kvt_stream_ops ucx_ops = {"ucx", ux_sendv, ux_recvv, ux_wait, ux_destroy};
+
+/* Swaps worker addresses over the socket: u32 length (LE), then the bytes. */
+static kvt_status ux_swap_addr(int fd, const void *mine, size_t len, uint8_t **peer,
+                               size_t *peer_len, uint64_t dl)
+{
+    uint8_t hl[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
+    struct iovec out[2] = {{hl, 4}, {(void *)mine, len}};
+    kvt_status st = kvt__stream_fd_io(fd, out, 2, dl, 1);
+    uint8_t pl[4];
+    struct iovec in = {pl, 4};
+    if (!st) st = kvt__stream_fd_io(fd, &in, 1, dl, 0);
+    if (st) return kvt__fail(st, "stream: UCX address exchange %s",
+                             st == KVT_ETIMEDOUT ? "timed out" : "lost the peer");
+    uint32_t n = (uint32_t)pl[0] | (uint32_t)pl[1] << 8 | (uint32_t)pl[2] << 16 | (uint32_t)pl[3] << 24;
+    if (n == 0 || n > UX_MAX_ADDR)
+        return kvt__fail(KVT_EPROTO, "stream: peer's UCX address is %u bytes (1..%u)", n, UX_MAX_ADDR);
+    uint8_t *b = malloc(n);
+    if (!b) return kvt__fail(KVT_ENOMEM, "stream: out of memory");
+    in = (struct iovec){b, n};
+    st = kvt__stream_fd_io(fd, &in, 1, dl, 0);
+    if (st) {
+        free(b);
+        return kvt__fail(st, "stream: truncated UCX address from the peer");
+    }
+    *peer = b;
+    *peer_len = n;
+    return KVT_OK;
+}
+
+static kvt_status ux_setup(ux_stream *u, ucp_context_h ctx, uint64_t dl)
+{
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucs_status_t us = ucp_worker_create(ctx, &wp, &u->worker);
+    if (us != UCS_OK) {
+        u->worker = NULL;
+        return kvt__fail(KVT_ESYS, "stream: UCX worker: %s", ucs_status_string(us));
+    }
+    if (ucp_worker_get_efd(u->worker, &u->efd) != UCS_OK) u->efd = -1;
+    ucp_address_t *addr = NULL;
+    size_t alen = 0, plen = 0;
+    us = ucp_worker_get_address(u->worker, &addr, &alen);
+    if (us != UCS_OK) return kvt__fail(KVT_ESYS, "stream: UCX worker address: %s", ucs_status_string(us));
+    uint8_t *peer = NULL;
+    kvt_status st = ux_swap_addr(u->base.fd, addr, alen, &peer, &plen, dl);
+    ucp_worker_release_address(u->worker, addr);
+    if (st) return st;
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)peer,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {ux_ep_error, u},
+    };
+    us = atomic_load(&g_no_peer_err) ? UCS_ERR_UNREACHABLE : ucp_ep_create(u->worker, &ep, &u->ep);
+    if (us == UCS_ERR_UNREACHABLE) {
+        atomic_store(&g_no_peer_err, true); /* UCX logged why once; later links skip the try */
+        /* shared memory (posix, sysv) cannot report a peer's failure; the
+         * socket's hang-up is the liveness signal either way */
+        ep.field_mask &= ~(uint64_t)UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+        us = ucp_ep_create(u->worker, &ep, &u->ep);
+    }
+    free(peer);
+    if (us != UCS_OK) {
+        u->ep = NULL;
+        return kvt__fail(KVT_ECONN, "stream: UCX endpoint: %s", ucs_status_string(us));
+    }
+    return KVT_OK;
+}
 
 kvt_status kvt__stream_ucx_upgrade(kvt_stream **s, int server, uint64_t deadline_ns)
 {
-    (void)s; (void)server; (void)deadline_ns;
-    return kvt__fail(KVT_EUNSUPPORTED, "stream: UCX transport not built");
+    KVT_CHECK_ARG(s != NULL && *s != NULL, "kvt__stream_ucx_upgrade: stream is NULL");
+    KVT_CHECK_ARG((*s)->ops != &ucx_ops, "kvt__stream_ucx_upgrade: stream already on UCX");
+    KVT_CHECK_ARG(strcmp((*s)->ops->name, "tcp") == 0,
+                  "kvt__stream_ucx_upgrade: a %s stream cannot move to UCX", (*s)->ops->name);
+    (void)server; /* the exchange is symmetric: both send, then both read */
+    ucp_context_h ctx = NULL;
+    kvt_status st = ctx_ref(&ctx);
+    if (st) return st;
+    ux_stream *u = calloc(1, sizeof *u);
+    if (!u) {
+        ctx_unref();
+        return kvt__fail(KVT_ENOMEM, "stream: out of memory");
+    }
+    u->base.ops = &ucx_ops;
+    u->base.fd = (*s)->fd;
+    u->efd = -1;
+    st = ux_setup(u, ctx, deadline_ns);
+    if (st) {
+        u->base.fd = -1; /* still the TCP stream's: the caller destroys it */
+        if (!u->worker) ctx_unref();
+        ux_destroy(&u->base);
+        return st;
+    }
+    free(*s); /* the TCP stream's shell (stream_tcp.c wraps a plain kvt_stream); the fd moved */
+    *s = &u->base;
+    return KVT_OK;
 }

@@ -42,7 +42,8 @@ typedef struct kvt_ssd_params {
     const char *describe;     /* e.g. "8 layers, 16 KiB/token, 16 tokens/block": stored,
                                  quoted in mismatch messages */
     bool fresh;               /* wipe a mismatching or damaged directory instead of refusing */
-    const char *io;           /* "auto" (io_uring if it works, else threads), "uring", "threads" */
+    const char *io;           /* "auto" (io_uring if it works, else threads), "uring", "threads";
+                                 "auto" or NULL defers to $KVTIER_IO when that is set */
     uint32_t queue_depth;     /* in-flight I/Os per backend, e.g. 64 */
     void *register_base;      /* optional: memory that buffers come from (the CPU pool), */
     uint64_t register_len;    /* registered with io_uring when the memlock limit allows */
@@ -69,6 +70,12 @@ uint32_t kvt__ssd_alloc(kvt_ssd *s);            /* KVT_SSD_NONE when full */
 void kvt__ssd_free(kvt_ssd *s, uint32_t slot);  /* forgets the slot's block (journaled lazily) */
 
 typedef void (*kvt_ssd_done_fn)(void *arg, kvt_status st);
+/* write/read return KVT_OK when the I/O is queued, and then done is called
+ * exactly once; any other return (KVT_EINVAL: bad argument, slot not
+ * allocated or buffer misaligned; KVT_EAGAIN: all max(4 * queue_depth, 1024)
+ * request slots are in flight, retry after completions) means done is never
+ * called. A write whose slot is freed while it is in flight completes with
+ * KVT_ECANCELED and is not journaled. */
 /* Writes block_bytes from buf (4096-byte aligned, readable up to the next
  * 4096 multiple) to slot; done(arg, KVT_OK) once durable, or an error
  * (KVT_ENOSPC, KVT_EIO) after which the slot holds nothing. */
@@ -79,7 +86,8 @@ kvt_status kvt__ssd_write(kvt_ssd *s, uint32_t slot, const void *buf, kvt_hash12
 kvt_status kvt__ssd_read(kvt_ssd *s, uint32_t slot, void *buf, kvt_hash128 key,
                          kvt_ssd_done_fn done, void *arg);
 /* Blocks until every write submitted so far has completed (durable or
- * failed), or deadline_ns: KVT_OK or KVT_ETIMEDOUT. */
+ * failed), or deadline_ns: KVT_OK or KVT_ETIMEDOUT. (Counted: with other
+ * threads writing meanwhile it waits for as many completions.) */
 kvt_status kvt__ssd_sync(kvt_ssd *s, uint64_t deadline_ns);
 
 /* Fault injection for tests: the n-th I/O from now (0 = next) of the given

@@ -1,0 +1,37 @@
+"""kvtier for Python engines: a ctypes binding over libkvtier.so.
+
+- Config, Geometry: options and KV geometry.
+- Cache: the cache manager (lookup / prepare_store / launch / wait / poll),
+  over engine buffers given as numpy arrays or CPU torch tensors.
+- EmulatedEngine: checkable paged KV for tests and demos (numpy views).
+- Fabric, Net, Group, Connector: rank groups and the multi-rank connector.
+- SGLangConnector: FlexKV-shaped methods, one collective step per iteration.
+- OffloadingManager: vLLM OffloadingManager-shaped calls over one Cache.
+- Errors: KvtierError (.status, .status_name, .message) and one subclass per
+  status family (InvalidArgument, Timeout, GroupAborted, ...).
+
+The library is found via KVTIER_LIB, else ../build/libkvtier.so relative to
+this package, else the system loader. Timeouts are seconds (>= 0).
+"""
+from ._lib import LIB_PATH, lib as _clib, cstr as _cstr
+from .cache import TASK_LOAD, TASK_STORE, Cache, Match, StorePlan, TaskResult
+from .config import LAYER_FIRST, PAGE_FIRST, Config, Geometry, options
+from .connector import (EV_LOAD, EV_LOAD_DONE, EV_RESET, EV_STORE, EV_STORE_DONE,
+                        Connector, Event)
+from .emu import EmulatedEngine, VerifyResult
+from .errors import (STATUS, Cancelled, ConnectionFailure, Corrupt, GeometryMismatch,
+                     GroupAborted, InvalidArgument, IOFailure, KvtierError, NoSpace,
+                     NotFound, NotReady, OutOfMemory, ProtocolError, StateError, Timeout,
+                     Unsupported, status_name, strerror)
+from .group import Fabric, Group, GroupInfo, Net
+from .offload import OffloadingManager, PrepareStoreOutput, block_key
+from .ranks import EmulatedRank
+from .sglang import PendingLoad, SGLangConnector, rid64
+
+
+def version():
+    """The loaded library's version string, e.g. '0.1.0'."""
+    return _cstr(_clib.kvt_version_string())
+
+
+__all__ = [n for n in dir() if not n.startswith("_")]

@@ -1,0 +1,157 @@
+"""Argument conversion and validation shared by the wrappers: token ids and
+page tables to contiguous uint32 numpy arrays, namespaces to bytes,
+timeouts (seconds) to milliseconds, and numpy / torch buffers to addresses.
+Everything is checked here, before any C call, so bad input raises
+InvalidArgument instead of reaching the library."""
+import ctypes
+import math
+
+import numpy as np
+
+from . import _lib
+from .errors import invalid
+
+try:  # optional: torch tensors are accepted wherever arrays are
+    import torch  # noqa: F401
+except Exception:  # pragma: no cover - torch is not installed in the test image
+    torch = None
+
+_U32_MAX = 0xFFFFFFFF
+_U32P = ctypes.POINTER(ctypes.c_uint32)
+
+
+def is_torch(x):
+    """True for a torch.Tensor (when torch is importable)."""
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def u32_array(values, what, allow_empty=False):
+    """values (list, tuple, range, numpy array or CPU torch tensor of
+    integers) as a C-contiguous numpy uint32 array, every value checked to
+    be in [0, 2**32)."""
+    if is_torch(values):
+        if values.device.type != "cpu":
+            raise invalid("%s: a %s tensor; pass a CPU tensor (kvtier copies the ids)"
+                          % (what, values.device.type))
+        values = values.detach().numpy()
+    if isinstance(values, (str, bytes, bytearray)) or values is None:
+        raise invalid("%s: expected a sequence of integers, got %s" % (what, type(values).__name__))
+    try:
+        arr = np.asarray(values)
+    except Exception as e:
+        raise invalid("%s: not an integer sequence (%s)" % (what, e)) from None
+    if arr.ndim == 0:
+        raise invalid("%s: expected a sequence of integers, got a scalar" % what)
+    if arr.ndim != 1:
+        raise invalid("%s: expected a 1-D sequence, got shape %s" % (what, arr.shape))
+    if arr.size == 0:
+        if not allow_empty:
+            raise invalid("%s is empty" % what)
+        return np.zeros(0, dtype=np.uint32)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise invalid("%s: expected integers, got dtype %s" % (what, arr.dtype))
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi > _U32_MAX:
+        bad = lo if lo < 0 else hi
+        i = int(np.nonzero(arr == bad)[0][0])
+        raise invalid("%s[%d] is %d, outside [0, 2**32)" % (what, i, bad))
+    if len(arr) > _U32_MAX:
+        raise invalid("%s: %d entries, at most 2**32 - 1" % (what, len(arr)))
+    return np.ascontiguousarray(arr, dtype=np.uint32)
+
+
+def u32_ptr(arr):
+    """A ctypes uint32 pointer into a uint32 array (NULL when empty)."""
+    if arr is None or arr.size == 0:
+        return None
+    return arr.ctypes.data_as(_U32P)
+
+
+def ns_bytes(ns):
+    """A namespace (bytes, bytearray, memoryview, str or None) as bytes."""
+    if ns is None:
+        return b""
+    if isinstance(ns, str):
+        return ns.encode("utf-8")
+    if isinstance(ns, (bytes, bytearray, memoryview)):
+        b = bytes(ns)
+        if len(b) > _U32_MAX:
+            raise invalid("ns: %d bytes is too long" % len(b))
+        return b
+    raise invalid("ns: expected bytes or str, got %s" % type(ns).__name__)
+
+
+def timeout_ms(timeout, what="timeout"):
+    """A timeout in seconds (int or float, >= 0; every wait has a deadline)
+    as whole milliseconds for the C API."""
+    if timeout is None:
+        raise invalid("%s is None: every wait needs a deadline (seconds, >= 0)" % what)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise invalid("%s: expected seconds as a number, got %s" % (what, type(timeout).__name__))
+    if math.isnan(timeout) or timeout < 0:
+        raise invalid("%s is %r: it must be a number of seconds >= 0" % (what, timeout))
+    if timeout > 86400 * 365:
+        raise invalid("%s is %r s: too long" % (what, timeout))
+    return int(math.ceil(timeout * 1000.0))
+
+
+def uint(value, what, bits=32, minimum=0):
+    """An integer argument checked to fit the C type (unsigned, `bits` wide)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise invalid("%s: expected an integer, got %s" % (what, type(value).__name__))
+    v = int(value)
+    if v < minimum or v >= (1 << bits):
+        raise invalid("%s is %d, outside [%d, 2**%d)" % (what, v, minimum, bits))
+    return v
+
+
+class CRequest:
+    """A kvt_request built from tokens and a namespace; keeps the arrays
+    it points at alive as long as the object lives."""
+
+    def __init__(self, tokens, ns=None, what="tokens"):
+        self.tokens = u32_array(tokens, what)
+        self.ns = ns_bytes(ns)
+        self._ns_buf = ctypes.create_string_buffer(self.ns, max(1, len(self.ns)))
+        self.c = _lib.Request(u32_ptr(self.tokens), len(self.tokens),
+                              ctypes.cast(self._ns_buf, ctypes.c_void_p) if self.ns else None,
+                              len(self.ns))
+
+    def ref(self):
+        """ctypes.byref of the struct."""
+        return ctypes.byref(self.c)
+
+
+def as_request(tokens, ns=None):
+    """A CRequest, or tokens itself when it already is one."""
+    if isinstance(tokens, CRequest):
+        return tokens
+    return CRequest(tokens, ns)
+
+
+def buffer_address(buf, what, need_bytes):
+    """(address, keep-alive object) of a writable, contiguous host buffer of
+    at least need_bytes: a numpy array or a CPU torch tensor."""
+    if is_torch(buf):
+        if buf.device.type != "cpu":
+            raise invalid("%s: a %s tensor; kvtier copies with the CPU, so engine memory "
+                          "must be host memory (a CPU tensor, pinned or not)" % (what, buf.device.type))
+        if not buf.is_contiguous():
+            raise invalid("%s: the tensor is not contiguous" % what)
+        nbytes = buf.numel() * buf.element_size()
+        addr = buf.data_ptr()
+    elif isinstance(buf, np.ndarray):
+        if not buf.flags.c_contiguous:
+            raise invalid("%s: the array is not C-contiguous" % what)
+        if not buf.flags.writeable:
+            raise invalid("%s: the array is read-only (loads write into it)" % what)
+        nbytes = buf.nbytes
+        addr = buf.ctypes.data
+    else:
+        raise invalid("%s: expected a numpy array or a torch tensor, got %s"
+                      % (what, type(buf).__name__))
+    if nbytes < need_bytes:
+        raise invalid("%s holds %d bytes; the geometry needs %d" % (what, nbytes, need_bytes))
+    if addr == 0:
+        raise invalid("%s: null data pointer" % what)
+    return addr, buf

@@ -1,0 +1,215 @@
+"""The cache manager (kvt_cache_*): lookup, store, launch, wait, poll.
+
+Engine memory is registered once, from numpy arrays or CPU torch tensors
+(``Cache.register_buffers``) or from an EmulatedEngine; the cache keeps a
+reference to them for as long as it lives, because the C library keeps
+their addresses.
+"""
+import ctypes
+from collections import namedtuple
+
+from . import _lib
+from ._arrays import as_request, buffer_address, timeout_ms, u32_array, u32_ptr, uint
+from ._handle import Handle
+from .config import LAYER_FIRST, Config, Geometry
+from .errors import check, invalid, make_error
+
+lib = _lib.lib
+
+TASK_LOAD = 1   #: kvt_task_kind of a load
+TASK_STORE = 2  #: kvt_task_kind of a store
+
+#: A task's result. status is a kvt_status (0 = OK); ``error()`` gives the
+#: matching exception (or None).
+class TaskResult(namedtuple("TaskResult", "task kind status first_token num_tokens bytes")):
+    """The result of one task (kvt_task_result). ``ok`` is status == 0."""
+
+    @property
+    def ok(self):
+        """True when the task succeeded."""
+        return self.status == 0
+
+    def error(self):
+        """The KvtierError for a failed task (None when it succeeded)."""
+        from .errors import status_name
+        if self.ok:
+            return None
+        return make_error(self.status, "task %d (%s) ended with %s" % (
+            self.task, "load" if self.kind == TASK_LOAD else "store", status_name(self.status)))
+
+
+def _result(r):
+    return TaskResult(r.task, r.kind, r.status, r.first_token, r.num_tokens, r.bytes)
+
+
+Match = namedtuple("Match", "task matched_tokens")
+Match.__doc__ = """A lookup's answer: task (0 when nothing matched) and matched_tokens."""
+StorePlan = namedtuple("StorePlan", "task first_token num_tokens")
+StorePlan.__doc__ = """A planned store: task (0 when nothing to store) and its token range."""
+
+
+def register_memory(target, geometry, num_pages, buffers=None, base=None):
+    """Builds a kvt_engine_memory from host buffers, checking each one's size
+    against the geometry. Returns (EngineMemory, keep-alive list).
+
+    LAYER_FIRST: ``buffers[layer][component]`` (or a flat list indexed
+    ``layer * 2 + component``) each holding num_pages pages of that
+    component. PAGE_FIRST: ``base``, num_pages * bytes_per_page bytes."""
+    gi = geometry.info()
+    num_pages = uint(num_pages, "num_pages", minimum=1)
+    keep = []
+    mem = _lib.EngineMemory()
+    mem.num_pages = num_pages
+    if gi["layout"] == LAYER_FIRST:
+        if buffers is None or base is not None:
+            raise invalid("%s: a layer-first geometry takes buffers=[[K, V], ...] per layer" % target)
+        bufs = list(buffers)
+        nl = gi["num_layers"]
+        if len(bufs) == nl and all(isinstance(b, (list, tuple)) for b in bufs):
+            per_layer = [list(b) for b in bufs]
+        elif len(bufs) == nl * 2:
+            per_layer = [bufs[2 * i:2 * i + 2] for i in range(nl)]
+        else:
+            raise invalid("%s: %d buffers given; the geometry has %d layers (give [[K, V], ...] "
+                          "or a flat list of %d)" % (target, len(bufs), nl, nl * 2))
+        ptrs = (ctypes.c_void_p * (_lib.KVT_MAX_LAYERS * _lib.KVT_MAX_COMPONENTS))()
+        for layer, comps in enumerate(per_layer):
+            ncomp = geometry.num_components(layer)
+            given = [c for c in comps if c is not None]
+            if len(given) != ncomp:
+                raise invalid("%s: layer %d has %d component(s), %d buffer(s) given"
+                              % (target, layer, ncomp, len(given)))
+            for c in range(ncomp):
+                need = num_pages * gi["tokens_per_page"] * geometry.token_bytes(layer, c)
+                addr, obj = buffer_address(comps[c], "buffers[%d][%d]" % (layer, c), need)
+                ptrs[layer * 2 + c] = addr
+                keep.append(obj)
+        keep.append(ptrs)
+        mem.layer_bases = ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p))
+    else:
+        if base is None or buffers is not None:
+            raise invalid("%s: a page-first geometry takes base=<one buffer of pages>" % target)
+        addr, obj = buffer_address(base, "base", num_pages * gi["bytes_per_page"])
+        mem.base = addr
+        keep.append(obj)
+    return mem, keep
+
+
+class Cache(Handle):
+    """A kvt_cache: one rank's tiers, index and transfer workers.
+
+    ``Cache(config, geometry)`` copies both (they may be closed after).
+    Thread-safe like the C API. Timeouts are in seconds (>= 0)."""
+
+    _destroy = lib.kvt_cache_destroy
+
+    def __init__(self, config, geometry):
+        super().__init__()
+        if not isinstance(config, Config):
+            raise invalid("Cache: config must be a kvtier.Config, got %s" % type(config).__name__)
+        if not isinstance(geometry, Geometry):
+            raise invalid("Cache: geometry must be a kvtier.Geometry, got %s" % type(geometry).__name__)
+        check(lib.kvt_cache_create(ctypes.byref(self._h), config.handle, geometry.handle))
+        self.geometry = geometry.clone()
+        self.block_tokens = int(config.get("block_tokens"))
+        self.num_pages = None
+
+    def _before_close(self):
+        pass
+
+    def close(self):
+        """Cancels every task, joins the workers, frees the tiers; then drops
+        the references to the registered engine buffers."""
+        super().close()
+        if getattr(self, "geometry", None) is not None:
+            self.geometry.close()
+
+    def register_buffers(self, num_pages, buffers=None, base=None):
+        """Registers the engine's host KV buffers (numpy arrays or CPU torch
+        tensors): see register_memory. Allowed once. The cache keeps the
+        arrays alive until it is closed."""
+        mem, keep = register_memory("register_buffers", self.geometry, num_pages, buffers, base)
+        self._register(mem, keep)
+
+    def register_engine(self, engine):
+        """Registers an EmulatedEngine's buffers (the engine is kept alive)."""
+        mem = engine.memory()
+        self._register(mem, [])
+        self._borrow(engine)
+
+    def _register(self, mem, keep):
+        if self.num_pages is not None:
+            raise invalid("register: engine memory is already registered (allowed once)")
+        check(lib.kvt_cache_register_memory(self.handle, ctypes.byref(mem)))
+        self._keep.extend(keep)
+        self._keep.append(mem)
+        self.num_pages = mem.num_pages
+
+    def lookup(self, tokens, ns=None):
+        """Finds the longest cached prefix of the request (tokens, namespace
+        ns) and pins it; returns Match(task, matched_tokens)."""
+        req = as_request(tokens, ns)
+        m = _lib.Match()
+        check(lib.kvt_cache_lookup(self.handle, req.ref(), ctypes.byref(m)))
+        return Match(m.task, m.matched_tokens)
+
+    def prepare_store(self, tokens, ns=None):
+        """Plans the store of the request's full blocks the cache lacks;
+        returns StorePlan(task, first_token, num_tokens)."""
+        req = as_request(tokens, ns)
+        p = _lib.StorePlan()
+        check(lib.kvt_cache_prepare_store(self.handle, req.ref(), ctypes.byref(p)))
+        return StorePlan(p.task, p.first_token, p.num_tokens)
+
+    def launch(self, task, pages):
+        """Starts a looked-up or prepared task; pages[i] is the engine page of
+        tokens [i * tokens_per_page, ...) of the request."""
+        if self.num_pages is None:
+            raise invalid("launch: no engine memory registered yet (register_buffers first)")
+        pg = u32_array(pages, "pages")
+        check(lib.kvt_cache_launch(self.handle, uint(task, "task", 64), u32_ptr(pg), len(pg)))
+
+    def wait(self, task, timeout):
+        """Waits up to timeout seconds for the task; returns its TaskResult
+        (whose status may be an error). Raises Timeout while it still runs,
+        NotFound when unknown or already reported."""
+        r = _lib.TaskResult()
+        check(lib.kvt_cache_wait(self.handle, uint(task, "task", 64), timeout_ms(timeout),
+                                 ctypes.byref(r)))
+        return _result(r)
+
+    def try_wait(self, task):
+        """The TaskResult if the task ended, else None (never blocks)."""
+        r = _lib.TaskResult()
+        st = lib.kvt_cache_try_wait(self.handle, uint(task, "task", 64), ctypes.byref(r))
+        if st == -4:  # KVT_EAGAIN
+            return None
+        check(st)
+        return _result(r)
+
+    def wait_layer(self, task, layer, timeout):
+        """Waits until layers [0, layer] of a launched load landed."""
+        check(lib.kvt_cache_wait_layer(self.handle, uint(task, "task", 64), uint(layer, "layer"),
+                                       timeout_ms(timeout)))
+
+    def cancel(self, task):
+        """Cancels a task (its ECANCELED result is still reported once)."""
+        check(lib.kvt_cache_cancel(self.handle, uint(task, "task", 64)))
+
+    def poll(self, max_results=64):
+        """Up to max_results ended tasks not yet reported (list of TaskResult)."""
+        n = uint(max_results, "max_results", minimum=1)
+        arr = (_lib.TaskResult * n)()
+        count = ctypes.c_uint32()
+        check(lib.kvt_cache_poll(self.handle, arr, n, ctypes.byref(count)))
+        return [_result(arr[i]) for i in range(count.value)]
+
+    def stats(self):
+        """The counters (kvt_cache_stats) as a dict."""
+        s = _lib.CacheStats()
+        check(lib.kvt_cache_stats_get(self.handle, ctypes.byref(s)))
+        return {k: getattr(s, k) for k in _lib.STATS_FIELDS}
+
+    def flush(self, timeout):
+        """Waits up to timeout seconds until stored blocks have durable SSD copies."""
+        check(lib.kvt_cache_flush(self.handle, timeout_ms(timeout)))

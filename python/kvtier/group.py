@@ -1,0 +1,141 @@
+"""Rank transports (kvt_net_*, kvt_fabric_*) and rank groups (kvt_group_*).
+
+Ranks as threads of one process share a ``Fabric`` and each opens
+``Net.inproc(fabric, rank)``; ranks as processes use ``Net.tcp(...)``
+(rank 0 listens; read its port with ``net.port``). A ``Group`` forms over a
+net with the startup handshake (versions, pp/cp/tp, geometry and config
+digests compared; any difference refuses on every rank with one message)."""
+import ctypes
+from collections import namedtuple
+
+from . import _lib
+from ._arrays import timeout_ms, uint
+from ._handle import Handle
+from .errors import check, invalid
+
+lib = _lib.lib
+
+ROLE_SYNC_LEADER, ROLE_STAGE_LEADER, ROLE_MEMBER = 1, 2, 3
+
+GroupInfo = namedtuple("GroupInfo", "rank ranks pp_rank cp_rank tp_rank role epoch steps aborted")
+GroupInfo.__doc__ = "Where a rank sits in its group, the epoch and the steps done in it."
+
+
+class Fabric(Handle):
+    """Bounded in-process queues between `ranks` ranks (threads); at most
+    `depth` messages per ordered pair. Close it after every Net made on it."""
+
+    _destroy = lib.kvt_fabric_destroy
+
+    def __init__(self, ranks, depth=64):
+        super().__init__()
+        check(lib.kvt_fabric_create(ctypes.byref(self._h), uint(ranks, "ranks", minimum=1),
+                                    uint(depth, "depth", minimum=1)))
+        self.ranks = int(ranks)
+
+
+class Net(Handle):
+    """One rank's endpoint. Build with Net.inproc or Net.tcp."""
+
+    _destroy = lib.kvt_net_destroy
+
+    def __init__(self):
+        super().__init__()
+        self.rank = self.ranks = None
+
+    @classmethod
+    def inproc(cls, fabric, rank):
+        """Rank `rank`'s endpoint on an in-process Fabric (kept alive by the net)."""
+        if not isinstance(fabric, Fabric):
+            raise invalid("Net.inproc: fabric must be a kvtier.Fabric")
+        rank = uint(rank, "rank")
+        if rank >= fabric.ranks:
+            raise invalid("Net.inproc: rank %d of a %d-rank fabric" % (rank, fabric.ranks))
+        n = cls()
+        check(lib.kvt_net_inproc_create(ctypes.byref(n._h), fabric.handle, rank))
+        n._borrow(fabric)
+        n.rank, n.ranks = rank, fabric.ranks
+        return n
+
+    @classmethod
+    def tcp(cls, rank, ranks, host="127.0.0.1", port=0, secret=None, max_msg=0):
+        """A TCP endpoint: rank 0 is the hub and listens now (port 0: an
+        ephemeral port, read it from ``.port``); other ranks connect to
+        host:port in connect(). secret: 16..1024 bytes for mutual HMAC auth."""
+        rank, ranks = uint(rank, "rank"), uint(ranks, "ranks", minimum=1)
+        if rank >= ranks:
+            raise invalid("Net.tcp: rank %d of %d ranks" % (rank, ranks))
+        if not isinstance(host, str):
+            raise invalid("Net.tcp: host must be a numeric IPv4 string")
+        port = uint(port, "port", bits=16)
+        if rank != 0 and port == 0:
+            raise invalid("Net.tcp: rank %d needs the hub's port (port=0 is for rank 0 only)" % rank)
+        n = cls()
+        p = _lib.NetTcpParams()
+        p.rank, p.ranks, p.host, p.port = rank, ranks, host.encode(), port
+        if secret is not None:
+            sb = bytes(secret)
+            buf = ctypes.create_string_buffer(sb, len(sb))
+            p.secret, p.secret_len = ctypes.cast(buf, ctypes.c_void_p), len(sb)
+            n._keep.append(buf)
+        p.max_msg = uint(max_msg, "max_msg")
+        check(lib.kvt_net_tcp_create(ctypes.byref(n._h), ctypes.byref(p)))
+        n.rank, n.ranks = rank, ranks
+        return n
+
+    @property
+    def port(self):
+        """The hub's bound port (rank 0 of a TCP net)."""
+        out = ctypes.c_uint16()
+        check(lib.kvt_net_tcp_port(self.handle, ctypes.byref(out)))
+        return out.value
+
+    def connect(self, timeout):
+        """Establishes the links within timeout seconds (> 0)."""
+        ms = timeout_ms(timeout)
+        if ms <= 0:
+            raise invalid("connect: timeout must be > 0 seconds")
+        check(lib.kvt_net_connect(self.handle, ms))
+
+
+class Group(Handle):
+    """A formed rank group of pp x cp x tp ranks over `net` (kept alive by
+    the group). ``timeout`` (seconds) is every exchange's deadline T: an
+    abort reaches every rank within 2T. Creation runs the handshake."""
+
+    _destroy = lib.kvt_group_destroy
+
+    def __init__(self, net, pp, cp, tp, geometry_digest, config_digest, timeout=1.0, epoch=1):
+        super().__init__()
+        if not isinstance(net, Net):
+            raise invalid("Group: net must be a kvtier.Net")
+        ms = timeout_ms(timeout)
+        if not 1 <= ms <= 600000:
+            raise invalid("Group: timeout %r s is outside [0.001, 600]" % (timeout,))
+        p = _lib.GroupParams(uint(pp, "pp", minimum=1), uint(cp, "cp", minimum=1),
+                             uint(tp, "tp", minimum=1), uint(geometry_digest, "geometry_digest", 64),
+                             uint(config_digest, "config_digest", 64), ms, uint(epoch, "epoch", 64))
+        check(lib.kvt_group_create(ctypes.byref(self._h), net.handle, ctypes.byref(p)))
+        self._borrow(net)
+        self.net = net
+
+    def abort(self, reason=None):
+        """Aborts the group now (e.g. from an engine exception handler): every
+        rank observes it within 2T and its diagnostic names `reason`."""
+        r = None if reason is None else str(reason).encode("utf-8", "replace")
+        check(lib.kvt_group_abort(self.handle, r))
+
+    def reform(self, timeout):
+        """Re-forms under epoch + 1 (every rank calls it)."""
+        check(lib.kvt_group_reform(self.handle, timeout_ms(timeout)))
+
+    def info(self):
+        """A GroupInfo."""
+        gi = _lib.GroupInfo()
+        check(lib.kvt_group_info_get(self.handle, ctypes.byref(gi)))
+        return GroupInfo(*(getattr(gi, k) for k, _ in _lib.GroupInfo._fields_))
+
+    @property
+    def diagnostic(self):
+        """Why the group aborted or refused to form ('' while healthy)."""
+        return _lib.cstr(lib.kvt_group_diagnostic(self.handle))

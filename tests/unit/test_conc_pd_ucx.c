@@ -1,0 +1,203 @@
+/* test_conc_pd_ucx.c - the PD hand-off with its data path on UCX (tag
+ * messages) on 127.0.0.1: byte-verified rooms with UCX_TLS=tcp and with
+ * shared memory (posix, sysv), a geometry conversion, many rooms in flight,
+ * a dead peer (destroyed in-process, and a SIGKILLed child process) failing
+ * its rooms promptly, and corruption ending Failed. Each case sets UCX_TLS
+ * before its first stream: the UCP context lives only while streams do, so
+ * every case initialises UCX afresh. Every wait is bounded. */
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "pd_harness.h"
+#include "pd/ep.h"
+#include "util/clock.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define KVT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KVT_TSAN 1
+#endif
+#endif
+
+static const pd_model mha = {.layers = 3, .heads = 8, .head_dim = 16};
+static const pd_side_cfg c1 = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha};
+
+static void use_ucx(pd_cluster *cl, const char *tls)
+{
+    setenv("UCX_TLS", tls, 1);
+    setenv("UCX_NET_DEVICES", "lo", 1); /* 127.0.0.1 only */
+    cl->net.transport = KVT_PD_UCX;
+}
+
+static void roundtrip(const char *tls, const pd_side_cfg *p, const pd_side_cfg *d, uint32_t ntok,
+                      uint32_t prefix, uint64_t rooms)
+{
+    pd_cluster cl = {0};
+    use_ucx(&cl, tls);
+    pd_cluster_start(&cl, p, d, ntok);
+    pd_cluster_decoders(&cl);
+    for (uint64_t room = 1; room <= rooms; room++) pd_open_room(&cl, room, prefix);
+    for (uint64_t room = 1; room <= rooms; room++) pd_expect_room(&cl, room, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, prefix), 0);
+    pd_cluster_stop(&cl);
+}
+
+static void tcp_identical(void **state)
+{
+    (void)state;
+    roundtrip("tcp", &c1, &c1, 100, 0, 1);
+}
+
+/* Pages big enough that DATA payloads go rendezvous (2 MiB batches). */
+static const pd_model wide = {.layers = 4, .heads = 16, .head_dim = 128};
+
+static void tcp_large_pages_prefix(void **state)
+{
+    (void)state;
+    pd_side_cfg c = {1, 1, 64, KVT_LAYOUT_PAGE_FIRST, &wide};
+    roundtrip("tcp", &c, &c, 1000, 37, 2);
+}
+
+static void tcp_tp2_to_tp4_head_slicing(void **state)
+{
+    (void)state;
+    pd_side_cfg p2 = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &wide}, d4 = {4, 1, 8, KVT_LAYOUT_PAGE_FIRST, &wide};
+    roundtrip("tcp", &p2, &d4, 300, 0, 1);
+}
+
+static void tcp_many_rooms_in_flight(void **state)
+{
+    (void)state;
+    pd_side_cfg c = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha};
+    roundtrip("tcp", &c, &c, 64, 0, 48);
+}
+
+static void posix_identical_and_slicing(void **state)
+{
+    (void)state;
+    roundtrip("posix", &c1, &c1, 100, 0, 4);
+    pd_side_cfg p2 = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &wide}, d4 = {4, 1, 8, KVT_LAYOUT_LAYER_FIRST, &wide};
+    roundtrip("posix", &p2, &d4, 300, 5, 2);
+}
+
+static void sysv_many_rooms(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {1, 1, 64, KVT_LAYOUT_PAGE_FIRST, &wide}, d = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &wide};
+    roundtrip("sysv", &p, &d, 500, 0, 16);
+}
+
+static void tcp_corrupt_fails(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    use_ucx(&cl, "tcp");
+    pd_cluster_start(&cl, &c1, &c1, 40);
+    pd_sender_ep(cl.pre[0].s)->corrupt_batch = 1;
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 4, 0);
+    pd_expect_room(&cl, 4, KVT_PD_FAILED);
+    kvt_pd_room_info i;
+    assert_ok(kvt_pd_room_info_get(NULL, cl.dec[0].r, 4, &i));
+    assert_int_equal(i.error, KVT_ECORRUPT);
+    assert_ok(kvt_pd_room_info_get(cl.pre[0].s, NULL, 4, &i));
+    assert_int_equal(i.error, KVT_ECORRUPT);
+    pd_open_room(&cl, 5, 0); /* the link survives: the next room succeeds */
+    pd_expect_room(&cl, 5, KVT_PD_SUCCESS);
+    pd_cluster_stop(&cl);
+}
+
+static void expect_failed_fast(pd_cluster *cl, uint64_t room, uint64_t t0)
+{
+    kvt_pd_poll st;
+    assert_ok(kvt_pd_receiver_wait(cl->dec[0].r, room, 5000, &st));
+    assert_int_equal(st, KVT_PD_FAILED);
+    kvt_pd_room_info i;
+    assert_ok(kvt_pd_room_info_get(NULL, cl->dec[0].r, room, &i));
+    assert_int_equal(i.error, KVT_ECONN);
+    uint64_t ms = (kvt__now_ns() - t0) / 1000000;
+    if (ms >= 1000) fail_msg("room failed after %llu ms (peer_timeout_ms is 10000)", (unsigned long long)ms);
+}
+
+static void tcp_dead_prefill_fails_rooms(void **state)
+{
+    (void)state;
+    pd_cluster cl = {.net = {.peer_timeout_ms = 10000}};
+    use_ucx(&cl, "tcp");
+    pd_cluster_start(&cl, &c1, &c1, 40);
+    pd_cluster_decoders(&cl);
+    kvt_pd_room_params rp = {cl.dec[0].pages, cl.dec[0].num_pages, 40, 0};
+    assert_ok(kvt_pd_receiver_room(cl.dec[0].r, 8, &rp));
+    assert_ok(kvt_pd_receiver_room(cl.dec[0].r, 9, &rp));
+    uint64_t t0 = kvt__now_ns();
+    kvt_pd_sender_destroy(cl.pre[0].s);
+    cl.pre[0].s = NULL;
+    expect_failed_fast(&cl, 8, t0);
+    expect_failed_fast(&cl, 9, t0);
+    pd_cluster_stop(&cl);
+}
+
+/* The prefill rank (and the bootstrap service) in a child process that is
+ * SIGKILLed while the decode rank's rooms wait: nothing closes cleanly. */
+static void posix_killed_prefill_process(void **state)
+{
+    (void)state;
+#ifdef KVT_TSAN
+    skip(); /* TSan does not support threads in a child of a multi-threaded fork */
+#endif
+    pd_side_cfg c = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &wide};
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    pd_cluster cl = {.net = {.peer_timeout_ms = 10000}};
+    use_ucx(&cl, "posix");
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        alarm(30); /* never outlives a broken parent */
+        pd_cluster_start(&cl, &c, &c, 200);
+        ssize_t w = write(pfd[1], &cl.port, sizeof cl.port);
+        (void)w;
+        for (;;) pause();
+    }
+    close(pfd[1]);
+    uint16_t port = 0;
+    struct pollfd p = {pfd[0], POLLIN, 0};
+    assert_int_equal(poll(&p, 1, 10000), 1);
+    assert_int_equal(read(pfd[0], &port, sizeof port), (ssize_t)sizeof port);
+    close(pfd[0]);
+    cl.port = port;
+    cl.dc = c;
+    cl.ntok = 200;
+    cl.ndec = 1;
+    cl.dec = calloc(1, sizeof *cl.dec);
+    assert_ok(pd_cluster_decoder(&cl, 0));
+    kvt_pd_room_params rp = {cl.dec[0].pages, cl.dec[0].num_pages, 200, 0};
+    for (uint64_t room = 1; room <= 4; room++) assert_ok(kvt_pd_receiver_room(cl.dec[0].r, room, &rp));
+    uint64_t t0 = kvt__now_ns();
+    kill(pid, SIGKILL);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    for (uint64_t room = 1; room <= 4; room++) expect_failed_fast(&cl, room, t0);
+    pd_rank_free(&cl.dec[0]);
+    free(cl.dec);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(tcp_identical),
+        cmocka_unit_test(tcp_large_pages_prefix),
+        cmocka_unit_test(tcp_tp2_to_tp4_head_slicing),
+        cmocka_unit_test(tcp_many_rooms_in_flight),
+        cmocka_unit_test(posix_identical_and_slicing),
+        cmocka_unit_test(sysv_many_rooms),
+        cmocka_unit_test(tcp_corrupt_fails),
+        cmocka_unit_test(tcp_dead_prefill_fails_rooms),
+        cmocka_unit_test(posix_killed_prefill_process),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
