@@ -5,7 +5,7 @@ JOBS       ?= $(shell nproc)
 FUZZ_SECS  ?= 10
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo test test-fast test-asan test-tsan test-fuzz bench clean
+.PHONY: all deps build demo demo-python test test-fast test-asan test-tsan test-fuzz bench clean
 
 all: build
 
@@ -18,6 +18,10 @@ build: deps
 
 demo: build
 	$(BUILD)/kvtier demo
+
+# The Python binding's example (python/, examples/python/), Debian's python3.
+demo-python: build
+	KVTIER_LIB=$(BUILD)/libkvtier.so /usr/bin/python3 examples/python/engine_demo.py
 
 # The whole suite: plain build, then ASan+UBSan, then TSan on the
 # concurrent tests, then each fuzz target briefly.

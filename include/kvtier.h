@@ -44,6 +44,11 @@ extern "C" {
 unsigned kvt_version(void);
 const char *kvt_version_string(void);
 
+/* sizeof(the public struct named name, e.g. "kvt_engine_memory"), or 0 for
+ * an unknown name: bindings that mirror structs (ctypes, cffi) check their
+ * layout against the loaded library with it. */
+size_t kvt_abi_struct_size(const char *name);
+
 /* ------------------------------------------------------------------ */
 /* Status                                                             */
 /* ------------------------------------------------------------------ */
@@ -218,11 +223,17 @@ typedef struct kvt_request {
  * that long.
  *  LAYER_FIRST: layer_bases[layer * KVT_MAX_COMPONENTS + component] points
  *               at that layer's component buffer of num_pages pages.
- *  PAGE_FIRST:  base points at num_pages pages of bytes_per_page each. */
+ *  PAGE_FIRST:  base points at num_pages pages of bytes_per_page each.
+ * buffer_bytes (optional, strongly recommended): the size of each buffer,
+ * indexed like layer_bases (PAGE_FIRST: buffer_bytes[0] for base). With it,
+ * registration refuses buffers too small for num_pages pages of the cache's
+ * geometry (KVT_EGEOMETRY naming the layer), instead of letting a transfer
+ * write past them. */
 typedef struct kvt_engine_memory {
     uint32_t num_pages;
     void *base;
     void *const *layer_bases;
+    const uint64_t *buffer_bytes;
 } kvt_engine_memory;
 
 /* ------------------------------------------------------------------ */

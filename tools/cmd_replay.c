@@ -12,7 +12,7 @@
 #include "replay.h"
 #include "util/clock.h"
 
-#define DEFAULT_DATA_REQUESTS 24u /* full data moves ~GiB per request: keep runs short */
+#define DEFAULT_DATA_REQUESTS 16u /* full data moves ~GiB per request: keep runs short */
 
 typedef struct replay_opts {
     const char *trace, *ssd_dir;
@@ -169,6 +169,9 @@ static void report_text(const replay_opts *o, const trace *t, const replay_out *
            d->fill_s);
     printf("  SSD                %llu blocks written, %llu read\n",
            (unsigned long long)d->ssd_written_blocks, (unsigned long long)d->ssd_read_blocks);
+    if (d->truncated)
+        printf("  note               %llu requests were larger than the tiers: stored in part\n",
+               (unsigned long long)d->truncated);
     printf("  verification       %.2f GiB of %.2f GiB loaded checked (a window of up to %llu "
            "blocks per load), %llu mismatching bytes, %llu failed tasks: %s\n",
            d->verified_bytes / REPLAY_GIB, d->loaded_bytes / REPLAY_GIB,
@@ -212,6 +215,7 @@ static void add_data(cJSON *j, const data_result *d)
     cJSON_AddNumberToObject(j, "verified_bytes", (double)d->verified_bytes);
     cJSON_AddNumberToObject(j, "mismatches", (double)d->mismatches);
     cJSON_AddNumberToObject(j, "failed_tasks", (double)d->failures);
+    cJSON_AddNumberToObject(j, "truncated_requests", (double)d->truncated);
 }
 
 static int report_json(const replay_opts *o, const trace *t, const replay_out *r)

@@ -51,6 +51,7 @@ typedef struct data_result {
     uint64_t cpu_blocks, ssd_blocks, block_bytes;
     uint64_t stored_bytes, loaded_bytes, ssd_written_blocks, ssd_read_blocks;
     uint64_t verified_bytes, mismatches, failures;
+    uint64_t truncated; /* requests larger than the tier: stored in part */
     double load_s, store_s, fill_s, elapsed_s;
 } data_result;
 

@@ -195,10 +195,15 @@ static int store(data_run *d, const kvt_request *req, uint32_t nb)
         if (!plan.task) continue;
         uint32_t b0 = plan.first_token / TRACE_BLOCK_TOKENS;
         uint32_t bn = plan.num_tokens / TRACE_BLOCK_TOKENS;
-        if (bn > d->window) { /* only after an eviction inside our own prefix */
+        if (bn > d->window) {
+            /* The tier evicted part of this request's own stored prefix: it
+             * is smaller than the request. Drop the rest of the request
+             * (expected with tiny tiers, not a failure). */
+            kvt_task_result res;
             kvt_cache_cancel(d->cache, plan.task);
-            wait_task(d, plan.task, "cancelled store");
-            continue;
+            kvt_cache_wait(d->cache, plan.task, DATA_WAIT_MS, &res);
+            d->r->truncated++;
+            break;
         }
         map_pages(d, b0 + bn, b0, bn);
         uint64_t t0 = kvt__now_ns();

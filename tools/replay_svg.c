@@ -74,9 +74,9 @@ static double py(double rate) { return H - MB - rate * (H - MT - MB); }
 
 static void size_label(double g, char *buf, size_t n)
 {
-    if (g >= 1024) snprintf(buf, n, "%g TiB", g / 1024);
-    else if (g >= 1) snprintf(buf, n, "%g GiB", g);
-    else snprintf(buf, n, "%g MiB", g * 1024);
+    if (g >= 1024) snprintf(buf, n, "%.3g TiB", g / 1024);
+    else if (g >= 1) snprintf(buf, n, "%.3g GiB", g);
+    else snprintf(buf, n, "%.3g MiB", g * 1024);
 }
 
 static void draw_axes(FILE *f, const axes *a)
@@ -182,7 +182,8 @@ int plan_write_svg(const char *path, const plan_chart *ch)
                "height='100%%' fill='white'/>\n", W, H, W, H);
     fprintf(f, "<text x='%.0f' y='24' font-size='15' font-weight='bold'>Prefix-cache hit rate vs "
                "capacity: ", ML);
-    escape(f, ch->trace);
+    const char *base = strrchr(ch->trace, '/');
+    escape(f, base ? base + 1 : ch->trace);
     fprintf(f, "</text>\n<text x='%.0f' y='42' font-size='12'>%u requests, %s KV (%.0f MiB per "
                "512-token block), LRU leaf eviction, inclusive CPU + SSD tiers</text>\n",
             ML, ch->requests, ch->model, (double)ch->block_bytes / (1 << 20));

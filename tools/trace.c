@@ -37,7 +37,7 @@ typedef struct parser {
     size_t err_len;
 } parser;
 
-static int fail(parser *p, const char *fmt, ...)
+static int trace_fail(parser *p, const char *fmt, ...)
 {
     int n = snprintf(p->err, p->err_len, "line %llu: ", (unsigned long long)p->line);
     va_list ap;
@@ -122,12 +122,12 @@ static int get_uint(parser *p, const cJSON *obj, const char *name, double max, b
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
     if (!v) {
         *out = 0;
-        return required ? fail(p, "%s is missing", name) : 0;
+        return required ? trace_fail(p, "%s is missing", name) : 0;
     }
-    if (!cJSON_IsNumber(v)) return fail(p, "%s is not a number", name);
+    if (!cJSON_IsNumber(v)) return trace_fail(p, "%s is not a number", name);
     double d = v->valuedouble;
     if (!isfinite(d) || d < 0 || d != floor(d) || d > max)
-        return fail(p, "%s is %g (want an integer in 0..%.0f)", name, d, max);
+        return trace_fail(p, "%s is %g (want an integer in 0..%.0f)", name, d, max);
     *out = (uint64_t)d;
     return 0;
 }
@@ -137,7 +137,7 @@ static int push_block(parser *p, uint32_t id)
     if (p->t.total_blocks == p->block_cap) {
         uint64_t cap = p->block_cap ? p->block_cap * 2 : 4096;
         uint32_t *b = realloc(p->t.blocks, cap * sizeof *b);
-        if (!b) return fail(p, "out of memory");
+        if (!b) return trace_fail(p, "out of memory");
         p->t.blocks = b;
         p->block_cap = cap;
     }
@@ -154,14 +154,14 @@ static int add_ids(parser *p, const cJSON *arr)
     cJSON_ArrayForEach(v, arr) {
         if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || v->valuedouble < 0 ||
             v->valuedouble != floor(v->valuedouble) || v->valuedouble > MAX_JSON_ID)
-            return fail(p, "hash_ids[%u] is not a non-negative integer below 2^53", i);
+            return trace_fail(p, "hash_ids[%u] is not a non-negative integer below 2^53", i);
         uint64_t key = (uint64_t)v->valuedouble;
         bool fresh = false;
         uint32_t id = map_get(&p->m, key, &fresh);
-        if (id == ID_NONE) return fail(p, "out of memory");
+        if (id == ID_NONE) return trace_fail(p, "out of memory");
         if (fresh) p->m.parent[id] = prev;
         else if (p->m.parent[id] != prev)
-            return fail(p, "hash_ids[%u] (%llu) follows a different block than it did earlier "
+            return trace_fail(p, "hash_ids[%u] (%llu) follows a different block than it did earlier "
                         "(hash ids must be prefix hashes: one id, one prefix)",
                         i, (unsigned long long)key);
         if (push_block(p, id)) return -1;
@@ -173,16 +173,16 @@ static int add_ids(parser *p, const cJSON *arr)
 
 static int check_ids(parser *p, const cJSON *arr, uint64_t input, uint32_t *n)
 {
-    if (!arr) return fail(p, "hash_ids is missing");
-    if (!cJSON_IsArray(arr)) return fail(p, "hash_ids is not an array");
+    if (!arr) return trace_fail(p, "hash_ids is missing");
+    if (!cJSON_IsArray(arr)) return trace_fail(p, "hash_ids is not an array");
     int count = cJSON_GetArraySize(arr);
     uint64_t need = (input + TRACE_BLOCK_TOKENS - 1) / TRACE_BLOCK_TOKENS;
     if (count < 0 || (uint64_t)count > need)
-        return fail(p, "%d hash_ids for input_length %llu (at most %llu blocks of %u tokens)",
+        return trace_fail(p, "%d hash_ids for input_length %llu (at most %llu blocks of %u tokens)",
                     count, (unsigned long long)input, (unsigned long long)need,
                     TRACE_BLOCK_TOKENS);
     if (p->t.total_blocks + (uint64_t)count > TRACE_MAX_TOTAL_BLOCKS)
-        return fail(p, "the trace holds more than %u hash ids", TRACE_MAX_TOTAL_BLOCKS);
+        return trace_fail(p, "the trace holds more than %u hash ids", TRACE_MAX_TOTAL_BLOCKS);
     *n = (uint32_t)count;
     return 0;
 }
@@ -190,11 +190,11 @@ static int check_ids(parser *p, const cJSON *arr, uint64_t input, uint32_t *n)
 static int push_req(parser *p, const trace_req *r)
 {
     if (p->t.num_reqs == TRACE_MAX_REQUESTS)
-        return fail(p, "more than %u requests", TRACE_MAX_REQUESTS);
+        return trace_fail(p, "more than %u requests", TRACE_MAX_REQUESTS);
     if (p->t.num_reqs == p->req_cap) {
         uint64_t cap = p->req_cap ? p->req_cap * 2 : 1024;
         trace_req *q = realloc(p->t.reqs, cap * sizeof *q);
-        if (!q) return fail(p, "out of memory");
+        if (!q) return trace_fail(p, "out of memory");
         p->t.reqs = q;
         p->req_cap = cap;
     }
@@ -204,13 +204,13 @@ static int push_req(parser *p, const trace_req *r)
 
 static int parse_object(parser *p, const cJSON *obj)
 {
-    if (!cJSON_IsObject(obj)) return fail(p, "not a JSON object");
+    if (!cJSON_IsObject(obj)) return trace_fail(p, "not a JSON object");
     uint64_t ts, in, out;
     if (get_uint(p, obj, "timestamp", MAX_JSON_ID, false, &ts) ||
         get_uint(p, obj, "input_length", TRACE_MAX_INPUT, true, &in) ||
         get_uint(p, obj, "output_length", TRACE_MAX_INPUT, false, &out))
         return -1;
-    if (in == 0) return fail(p, "input_length is 0");
+    if (in == 0) return trace_fail(p, "input_length is 0");
     uint32_t n = 0;
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(obj, "hash_ids");
     if (check_ids(p, arr, in, &n)) return -1;
@@ -236,7 +236,7 @@ static int parse_line(parser *p, const char *s, size_t n)
     cJSON *obj = cJSON_ParseWithLengthOpts(s, n, &end, 0);
     if (!obj) {
         size_t col = end && end >= s && end <= s + n ? (size_t)(end - s) + 1 : 1;
-        return fail(p, "not valid JSON (at column %zu)", col);
+        return trace_fail(p, "not valid JSON (at column %zu)", col);
     }
     int rc = parse_object(p, obj);
     cJSON_Delete(obj);

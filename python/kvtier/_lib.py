@@ -48,7 +48,7 @@ class Request(Structure):
 class EngineMemory(Structure):
     """kvt_engine_memory."""
     _fields_ = [("num_pages", c_uint32), ("base", c_void_p),
-                ("layer_bases", POINTER(c_void_p))]
+                ("layer_bases", POINTER(c_void_p)), ("buffer_bytes", POINTER(c_uint64))]
 
 
 class Match(Structure):
@@ -257,6 +257,26 @@ for _name, (_res, _args) in _PROTOS.items():
         raise ImportError("kvtier: %s lacks %s (an older library?)" % (LIB_PATH, _name)) from _e
     _fn.restype = _res
     _fn.argtypes = _args
+
+
+# The structs above mirror kvtier.h by hand: check each against the loaded
+# library, so a layout change fails at import instead of corrupting memory.
+lib.kvt_abi_struct_size.restype = c_size_t
+lib.kvt_abi_struct_size.argtypes = [ctypes.c_char_p]
+for _cname, _pyt in (("kvt_request", Request), ("kvt_engine_memory", EngineMemory),
+                     ("kvt_match", Match), ("kvt_store_plan", StorePlan),
+                     ("kvt_task_result", TaskResult), ("kvt_verify_result", VerifyResult),
+                     ("kvt_geometry_info", GeometryInfo), ("kvt_layer_spec", LayerSpec),
+                     ("kvt_option_info", OptionInfo)):
+    _want = lib.kvt_abi_struct_size(_cname.encode())
+    if _want != ctypes.sizeof(_pyt):
+        raise ImportError("kvtier: %s has sizeof(%s) = %d but this binding expects %d; "
+                          "the binding and the library are from different versions"
+                          % (LIB_PATH, _cname, _want, ctypes.sizeof(_pyt)))
+_stats_size = lib.kvt_abi_struct_size(b"kvt_cache_stats")
+if _stats_size > ctypes.sizeof(CacheStats):
+    raise ImportError("kvtier: %s has a kvt_cache_stats of %d bytes, more than this binding "
+                      "reserves" % (LIB_PATH, _stats_size))
 
 
 def cstr(b):

@@ -73,6 +73,7 @@ def register_memory(target, geometry, num_pages, buffers=None, base=None):
             raise invalid("%s: %d buffers given; the geometry has %d layers (give [[K, V], ...] "
                           "or a flat list of %d)" % (target, len(bufs), nl, nl * 2))
         ptrs = (ctypes.c_void_p * (_lib.KVT_MAX_LAYERS * _lib.KVT_MAX_COMPONENTS))()
+        sizes = (ctypes.c_uint64 * (_lib.KVT_MAX_LAYERS * _lib.KVT_MAX_COMPONENTS))()
         for layer, comps in enumerate(per_layer):
             ncomp = geometry.num_components(layer)
             given = [c for c in comps if c is not None]
@@ -83,9 +84,11 @@ def register_memory(target, geometry, num_pages, buffers=None, base=None):
                 need = num_pages * gi["tokens_per_page"] * geometry.token_bytes(layer, c)
                 addr, obj = buffer_address(comps[c], "buffers[%d][%d]" % (layer, c), need)
                 ptrs[layer * 2 + c] = addr
+                sizes[layer * 2 + c] = need  # checked above: the buffer holds at least this
                 keep.append(obj)
-        keep.append(ptrs)
+        keep.extend([ptrs, sizes])
         mem.layer_bases = ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p))
+        mem.buffer_bytes = ctypes.cast(sizes, ctypes.POINTER(ctypes.c_uint64))
     else:
         if base is None or buffers is not None:
             raise invalid("%s: a page-first geometry takes base=<one buffer of pages>" % target)

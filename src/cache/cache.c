@@ -38,7 +38,7 @@ static kvt_status check_config(const kvt_config_values *v, const kvt_geometry *g
 static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry *geo)
 {
     kvt_status st = kvt_geometry_validate(geo);
-    if (st) return st;
+    if (st) return kvt__wrap_error(st, "kvt_cache_create: geo");
     c->cfg = *kvt__config_values(cfg);
     st = check_config(&c->cfg, geo);
     if (st) return st;
@@ -113,7 +113,7 @@ void kvt_cache_destroy(kvt_cache *c)
 kvt_status kvt_cache_register_memory(kvt_cache *c, const kvt_engine_memory *mem)
 {
     kvt__clear_error();
-    KVT_CHECK_NOT_NULL(c, "kvt_cache_register_memory");
+    KVT_CHECK_NOT_NULL_AS(c, "cache", "kvt_cache_register_memory");
     KVT_CHECK_NOT_NULL(mem, "kvt_cache_register_memory");
     pthread_mutex_lock(&c->mu);
     kvt_status st = KVT_OK;
@@ -130,7 +130,7 @@ kvt_status kvt_cache_register_memory(kvt_cache *c, const kvt_engine_memory *mem)
 kvt_status kvt_cache_stats_get(kvt_cache *c, kvt_cache_stats *out)
 {
     kvt__clear_error();
-    KVT_CHECK_NOT_NULL(c, "kvt_cache_stats_get");
+    KVT_CHECK_NOT_NULL_AS(c, "cache", "kvt_cache_stats_get");
     KVT_CHECK_NOT_NULL(out, "kvt_cache_stats_get");
     pthread_mutex_lock(&c->mu);
     c->stats.cpu_blocks_used = kvt__pool_blocks_total(c->pool) - kvt__pool_blocks_free(c->pool);

@@ -15,7 +15,7 @@
 
 static kvt_status check_request(const char *fn, const kvt_request *r)
 {
-    KVT_CHECK_NOT_NULL(r, fn);
+    KVT_CHECK_NOT_NULL_AS(r, "req", fn);
     KVT_CHECK_ARG(r->tokens != NULL || r->num_tokens == 0, "%s: req->tokens is NULL but "
                   "num_tokens is %u", fn, r->num_tokens);
     KVT_CHECK_ARG(r->num_tokens <= KVT_MAX_REQUEST_TOKENS, "%s: num_tokens is %u (at most %u)",
@@ -211,7 +211,7 @@ kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out
 {
     static const char fn[] = "kvt_cache_lookup";
     kvt__clear_error();
-    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
     kvt_status st = check_request(fn, req);
     if (st) return kvt__cache_fail(c, st);
@@ -327,7 +327,7 @@ kvt_status kvt_cache_prepare_store(kvt_cache *c, const kvt_request *req, kvt_sto
 {
     static const char fn[] = "kvt_cache_prepare_store";
     kvt__clear_error();
-    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
     kvt_status st = check_request(fn, req);
     if (st) return kvt__cache_fail(c, st);
@@ -410,7 +410,7 @@ kvt_status kvt_cache_launch(kvt_cache *c, kvt_task_id id, const uint32_t *pages,
                             uint32_t num_pages)
 {
     kvt__clear_error();
-    KVT_CHECK_NOT_NULL(c, "kvt_cache_launch");
+    KVT_CHECK_NOT_NULL_AS(c, "cache", "kvt_cache_launch");
     pthread_mutex_lock(&c->mu);
     kvt_status st = launch_locked(c, id, pages, num_pages);
     pthread_mutex_unlock(&c->mu);
@@ -455,7 +455,7 @@ kvt_status kvt_cache_wait(kvt_cache *c, kvt_task_id id, int64_t timeout_ms, kvt_
 {
     static const char fn[] = "kvt_cache_wait";
     kvt__clear_error();
-    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline (use 0 "
                   "to poll)", fn, (long long)timeout_ms);
@@ -520,7 +520,7 @@ kvt_status kvt_cache_wait_layer(kvt_cache *c, kvt_task_id id, uint32_t layer, in
 {
     static const char fn[] = "kvt_cache_wait_layer";
     kvt__clear_error();
-    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
                   (long long)timeout_ms);
     pthread_mutex_lock(&c->mu);
@@ -532,7 +532,7 @@ kvt_status kvt_cache_wait_layer(kvt_cache *c, kvt_task_id id, uint32_t layer, in
 kvt_status kvt_cache_cancel(kvt_cache *c, kvt_task_id id)
 {
     kvt__clear_error();
-    KVT_CHECK_NOT_NULL(c, "kvt_cache_cancel");
+    KVT_CHECK_NOT_NULL_AS(c, "cache", "kvt_cache_cancel");
     pthread_mutex_lock(&c->mu);
     kvt_task *t = NULL;
     kvt_status st = find_task(c, "kvt_cache_cancel", id, &t);
@@ -551,7 +551,7 @@ kvt_status kvt_cache_poll(kvt_cache *c, kvt_task_result *out, uint32_t max, uint
 {
     static const char fn[] = "kvt_cache_poll";
     kvt__clear_error();
-    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(count, fn);
     KVT_CHECK_ARG(out != NULL || max == 0, "%s: out is NULL but max is %u", fn, max);
     pthread_mutex_lock(&c->mu);
@@ -567,7 +567,7 @@ kvt_status kvt_cache_flush(kvt_cache *c, int64_t timeout_ms)
 {
     static const char fn[] = "kvt_cache_flush";
     kvt__clear_error();
-    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
                   (long long)timeout_ms);
     pthread_mutex_lock(&c->mu);

@@ -28,7 +28,7 @@ static uint64_t req_digest(const kvt_request *r)
 
 static kvt_status check_req(const kvt_request *r, const char *fn)
 {
-    KVT_CHECK_NOT_NULL(r, fn);
+    KVT_CHECK_NOT_NULL_AS(r, "req", fn);
     KVT_CHECK_ARG(r->num_tokens > 0 && r->tokens, "%s: req has no tokens", fn);
     KVT_CHECK_ARG(r->ns || r->ns_len == 0, "%s: req->ns is NULL but ns_len is %u", fn, r->ns_len);
     return KVT_OK;
@@ -36,7 +36,7 @@ static kvt_status check_req(const kvt_request *r, const char *fn)
 
 static kvt_status usable(kvt_conn *c, const char *fn)
 {
-    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL_AS(c, "conn", fn);
     if (c->aborted)
         return kvt__fail(KVT_EABORTED, "%s: the group aborted (%s); recompute, then "
                          "kvt_conn_reform", fn, kvt_group_diagnostic(c->g));
@@ -222,7 +222,7 @@ kvt_status kvt_conn_reset(kvt_conn *c)
 
 kvt_status kvt_conn_poll(kvt_conn *c, uint32_t *ended)
 {
-    KVT_CHECK_NOT_NULL(c, "kvt_conn_poll");
+    KVT_CHECK_NOT_NULL_AS(c, "conn", "kvt_conn_poll");
     pthread_mutex_lock(&c->mu);
     kvt_status st = kvt__conn_poll_locked(c, ended);
     pthread_mutex_unlock(&c->mu);
@@ -233,7 +233,7 @@ kvt_status kvt_conn_poll(kvt_conn *c, uint32_t *ended)
 kvt_status kvt_conn_wait_layer(kvt_conn *c, uint64_t rid, uint32_t layer, int64_t timeout_ms)
 {
     static const char fn[] = "kvt_conn_wait_layer";
-    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL_AS(c, "conn", fn);
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms %lld is negative", fn, (long long)timeout_ms);
     kvt_task_id task = 0;
     pthread_mutex_lock(&c->mu);
@@ -249,7 +249,7 @@ kvt_status kvt_conn_wait_layer(kvt_conn *c, uint64_t rid, uint32_t layer, int64_
 kvt_status kvt_conn_events(kvt_conn *c, kvt_conn_event *out, uint32_t max, uint32_t *count)
 {
     static const char fn[] = "kvt_conn_events";
-    KVT_CHECK_NOT_NULL(c, fn);
+    KVT_CHECK_NOT_NULL_AS(c, "conn", fn);
     KVT_CHECK_NOT_NULL(count, fn);
     KVT_CHECK_ARG(out || max == 0, "%s: out is NULL", fn);
     pthread_mutex_lock(&c->mu);
@@ -267,7 +267,10 @@ kvt_status kvt_conn_events(kvt_conn *c, kvt_conn_event *out, uint32_t max, uint3
 
 kvt_status kvt_conn_reform(kvt_conn *c, int64_t timeout_ms)
 {
-    KVT_CHECK_NOT_NULL(c, "kvt_conn_reform");
+    KVT_CHECK_NOT_NULL_AS(c, "conn", "kvt_conn_reform");
+    /* Checked before anything is cancelled: bad input changes nothing. */
+    KVT_CHECK_ARG(timeout_ms >= 0, "kvt_conn_reform: timeout_ms is %lld; every wait needs a "
+                  "deadline", (long long)timeout_ms);
     pthread_mutex_lock(&c->mu);
     kvt__conn_cancel_all(c);
     if (c->L) kvt__leader_clear(c->L);

@@ -284,7 +284,7 @@ static kvt_status fail_step(kvt_conn *c, kvt_status st)
 
 kvt_status kvt_conn_step(kvt_conn *c)
 {
-    KVT_CHECK_NOT_NULL(c, "kvt_conn_step");
+    KVT_CHECK_NOT_NULL_AS(c, "conn", "kvt_conn_step");
     if (c->aborted || c->g->aborted) {
         pthread_mutex_lock(&c->mu);
         kvt_status st = c->aborted ? kvt__fail(KVT_EABORTED, "kvt_conn_step: %s",

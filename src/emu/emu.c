@@ -21,6 +21,7 @@ struct kvt_emu {
     void *bufs[KVT_MAX_LAYERS * KVT_MAX_COMPONENTS]; /* layer-first buffers */
     void *page_buf;                                  /* page-first buffer */
     void *layer_bases[KVT_MAX_LAYERS * KVT_MAX_COMPONENTS];
+    uint64_t buffer_bytes[KVT_MAX_LAYERS * KVT_MAX_COMPONENTS];
 };
 
 static inline uint64_t mix64(uint64_t x)
@@ -75,6 +76,7 @@ static kvt_status alloc_buffers(kvt_emu *e)
     const kvt_geometry *g = e->geo;
     if (g->layout == KVT_LAYOUT_PAGE_FIRST) {
         uint64_t bytes = kvt__geo_bytes_per_token(g) * g->tokens_per_page * e->num_pages;
+        e->buffer_bytes[0] = bytes;
         e->page_buf = calloc(1, bytes);
         if (!e->page_buf) return kvt__fail(KVT_ENOMEM, "kvt_emu_create: %llu bytes", (unsigned long long)bytes);
         return KVT_OK;
@@ -87,6 +89,7 @@ static kvt_status alloc_buffers(kvt_emu *e)
             if (!e->bufs[u])
                 return kvt__fail(KVT_ENOMEM, "kvt_emu_create: %llu bytes for layer %u", (unsigned long long)bytes, l);
             e->layer_bases[u] = e->bufs[u];
+            e->buffer_bytes[u] = bytes;
         }
     }
     return KVT_OK;
@@ -99,7 +102,7 @@ kvt_status kvt_emu_create(kvt_emu **out, const kvt_geometry *geo, uint32_t num_p
     KVT_CHECK_ARG(num_pages > 0 && num_pages <= (1u << 24),
                   "kvt_emu_create: num_pages is %u (must be 1..16777216)", num_pages);
     kvt_status st = kvt_geometry_validate(geo);
-    if (st) return st;
+    if (st) return kvt__wrap_error(st, "kvt_emu_create: geo");
     kvt_emu *e = calloc(1, sizeof *e);
     if (!e) return kvt__fail(KVT_ENOMEM, "kvt_emu_create: out of memory");
     e->num_pages = num_pages;
@@ -118,17 +121,18 @@ kvt_status kvt_emu_create(kvt_emu **out, const kvt_geometry *geo, uint32_t num_p
 
 kvt_status kvt_emu_set_first_head(kvt_emu *e, uint32_t first_head)
 {
-    KVT_CHECK_NOT_NULL(e, "kvt_emu_set_first_head");
+    KVT_CHECK_NOT_NULL_AS(e, "emu", "kvt_emu_set_first_head");
     e->first_head = first_head;
     return KVT_OK;
 }
 
 kvt_status kvt_emu_memory(kvt_emu *e, kvt_engine_memory *out)
 {
-    KVT_CHECK_NOT_NULL(e, "kvt_emu_memory");
+    KVT_CHECK_NOT_NULL_AS(e, "emu", "kvt_emu_memory");
     KVT_CHECK_NOT_NULL(out, "kvt_emu_memory");
     kvt_engine_memory m = {.num_pages = e->num_pages, .base = e->page_buf,
-                           .layer_bases = e->page_buf ? NULL : e->layer_bases};
+                           .layer_bases = e->page_buf ? NULL : e->layer_bases,
+                           .buffer_bytes = e->buffer_bytes};
     *out = m;
     return KVT_OK;
 }
@@ -191,7 +195,7 @@ static bool fill_unit(const kvt_emu *e, uint32_t t, uint32_t l, uint32_t c, uint
 kvt_status kvt_emu_fill(kvt_emu *e, const kvt_request *req, uint32_t first, uint32_t count,
                         const uint32_t *pages, uint32_t num_pages)
 {
-    KVT_CHECK_NOT_NULL(e, "kvt_emu_fill");
+    KVT_CHECK_NOT_NULL_AS(e, "emu", "kvt_emu_fill");
     kvt_status st = check_range(e, "kvt_emu_fill", req, first, count, pages, num_pages);
     if (st || count == 0) return st;
     for_each_unit(e, req, first, count, pages, fill_unit, NULL);
@@ -226,7 +230,7 @@ kvt_status kvt_emu_verify(const kvt_emu *e, const kvt_request *req, uint32_t fir
                           uint32_t count, const uint32_t *pages, uint32_t num_pages,
                           kvt_verify_result *out)
 {
-    KVT_CHECK_NOT_NULL(e, "kvt_emu_verify");
+    KVT_CHECK_NOT_NULL_AS(e, "emu", "kvt_emu_verify");
     KVT_CHECK_NOT_NULL(out, "kvt_emu_verify");
     kvt_status st = check_range(e, "kvt_emu_verify", req, first, count, pages, num_pages);
     if (st) return st;
@@ -246,11 +250,13 @@ kvt_status kvt_emu_token_kv(const kvt_emu *e, const kvt_request *req, uint32_t t
                             uint32_t layer, uint32_t comp, void *out, size_t len)
 {
     static const char fn[] = "kvt_emu_token_kv";
-    KVT_CHECK_NOT_NULL(e, fn);
+    KVT_CHECK_NOT_NULL_AS(e, "emu", fn);
     KVT_CHECK_NOT_NULL(req, fn);
     KVT_CHECK_NOT_NULL(out, fn);
     KVT_CHECK_ARG(req->tokens != NULL && token < req->num_tokens,
                   "%s: token %u is outside the request's %u tokens", fn, token, req->num_tokens);
+    KVT_CHECK_ARG(req->ns != NULL || req->ns_len == 0, "%s: req->ns is NULL but ns_len is %u", fn,
+                  req->ns_len);
     KVT_CHECK_ARG(layer < e->geo->num_layers, "%s: layer %u is out of range (%u layers)", fn, layer,
                   e->geo->num_layers);
     KVT_CHECK_ARG(comp < kvt__geo_ncomp(e->geo, layer), "%s: layer %u has no component %u", fn,
@@ -266,12 +272,13 @@ kvt_status kvt_emu_token_kv(const kvt_emu *e, const kvt_request *req, uint32_t t
 
 kvt_status kvt_emu_poison(kvt_emu *e, const uint32_t *pages, uint32_t num_pages)
 {
-    KVT_CHECK_NOT_NULL(e, "kvt_emu_poison");
+    KVT_CHECK_NOT_NULL_AS(e, "emu", "kvt_emu_poison");
     KVT_CHECK_ARG(pages != NULL || num_pages == 0, "kvt_emu_poison: pages is NULL");
     const kvt_geometry *g = e->geo;
-    for (uint32_t i = 0; i < num_pages; i++) {
+    for (uint32_t i = 0; i < num_pages; i++) /* all checked before any is written */
         KVT_CHECK_ARG(pages[i] < e->num_pages, "kvt_emu_poison: pages[%u] is %u, engine has %u pages",
                       i, pages[i], e->num_pages);
+    for (uint32_t i = 0; i < num_pages; i++) {
         for (uint32_t l = 0; l < g->num_layers; l++)
             for (uint32_t c = 0; c < kvt__geo_ncomp(g, l); c++)
                 memset(kvt__page_addr(&e->map, KVT_UNIT(l, c), pages[i]), 0xA5,

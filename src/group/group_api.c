@@ -48,7 +48,7 @@ kvt_status kvt__group_create_ex(kvt_group **out, kvt_net *net, const kvt_group_p
     static const char fn[] = "kvt_group_create";
     KVT_CHECK_NOT_NULL(out, fn);
     KVT_CHECK_NOT_NULL(net, fn);
-    KVT_CHECK_NOT_NULL(p, fn);
+    KVT_CHECK_NOT_NULL_AS(p, "params", fn);
     kvt_status st = check_params(net, p, fn);
     if (st != KVT_OK) return st;
     kvt_group *g = group_alloc(net);
@@ -90,7 +90,7 @@ void kvt_group_destroy(kvt_group *g)
 
 kvt_status kvt_group_abort(kvt_group *g, const char *reason)
 {
-    KVT_CHECK_NOT_NULL(g, "kvt_group_abort");
+    KVT_CHECK_NOT_NULL_AS(g, "group", "kvt_group_abort");
     if (g->aborted) {
         kvt__clear_error();
         return KVT_OK;
@@ -105,7 +105,7 @@ kvt_status kvt_group_abort(kvt_group *g, const char *reason)
 
 kvt_status kvt_group_reform(kvt_group *g, int64_t timeout_ms)
 {
-    KVT_CHECK_NOT_NULL(g, "kvt_group_reform");
+    KVT_CHECK_NOT_NULL_AS(g, "group", "kvt_group_reform");
     KVT_CHECK_ARG(timeout_ms >= 1 && timeout_ms <= 600000,
                   "kvt_group_reform: timeout_ms %lld is outside 1..600000", (long long)timeout_ms);
     g->epoch++;
@@ -116,7 +116,7 @@ kvt_status kvt_group_reform(kvt_group *g, int64_t timeout_ms)
 
 kvt_status kvt_group_info_get(const kvt_group *g, kvt_group_info *out)
 {
-    KVT_CHECK_NOT_NULL(g, "kvt_group_info_get");
+    KVT_CHECK_NOT_NULL_AS(g, "group", "kvt_group_info_get");
     KVT_CHECK_NOT_NULL(out, "kvt_group_info_get");
     *out = (kvt_group_info){g->rank, g->ranks, g->pp_rank, g->cp_rank, g->tp_rank,
                             g->role, g->epoch, g->steps, g->aborted ? 1 : 0};

@@ -71,7 +71,7 @@ void kvt_geometry_destroy(kvt_geometry *g)
 
 kvt_status kvt_geometry_clone(const kvt_geometry *src, kvt_geometry **out)
 {
-    KVT_CHECK_NOT_NULL(src, "kvt_geometry_clone");
+    KVT_CHECK_NOT_NULL_AS(src, "geo", "kvt_geometry_clone");
     KVT_CHECK_NOT_NULL(out, "kvt_geometry_clone");
     kvt_geometry *g;
     kvt_status st = kvt_geometry_create(&g, src->num_layers, src->tokens_per_page, src->layout);
@@ -112,7 +112,7 @@ kvt_status kvt_geometry_set_layers(kvt_geometry *g, uint32_t first, uint32_t cou
                                    const kvt_layer_spec *spec)
 {
     static const char fn[] = "kvt_geometry_set_layers";
-    KVT_CHECK_NOT_NULL(g, fn);
+    KVT_CHECK_NOT_NULL_AS(g, "geo", fn);
     KVT_CHECK_NOT_NULL(spec, fn);
     KVT_CHECK_ARG(count > 0 && first < g->num_layers && count <= g->num_layers - first,
                   "%s: layers [%u, %llu) are outside the geometry's %u layers", fn, first,
@@ -132,7 +132,7 @@ kvt_status kvt_geometry_set_layers(kvt_geometry *g, uint32_t first, uint32_t cou
 
 kvt_status kvt_geometry_set_layer(kvt_geometry *g, uint32_t layer, const kvt_layer_spec *spec)
 {
-    KVT_CHECK_NOT_NULL(g, "kvt_geometry_set_layer");
+    KVT_CHECK_NOT_NULL_AS(g, "geo", "kvt_geometry_set_layer");
     KVT_CHECK_ARG(layer < g->num_layers, "kvt_geometry_set_layer: layer %u is out of range (geometry has %u layers)",
                   layer, g->num_layers);
     KVT_CHECK_NOT_NULL(spec, "kvt_geometry_set_layer");
@@ -191,7 +191,7 @@ kvt_status kvt_geometry_info_get(const kvt_geometry *g, kvt_geometry_info *out)
 kvt_status kvt_geometry_token_bytes(const kvt_geometry *g, uint32_t layer, uint32_t comp,
                                     uint64_t *out)
 {
-    KVT_CHECK_NOT_NULL(g, "kvt_geometry_token_bytes");
+    KVT_CHECK_NOT_NULL_AS(g, "geo", "kvt_geometry_token_bytes");
     KVT_CHECK_NOT_NULL(out, "kvt_geometry_token_bytes");
     KVT_CHECK_ARG(layer < g->num_layers, "kvt_geometry_token_bytes: layer %u is out of range (%u layers)",
                   layer, g->num_layers);
@@ -209,33 +209,33 @@ kvt_status kvt_geometry_compare(const kvt_geometry *a, const kvt_geometry *b)
     KVT_CHECK_NOT_NULL(b, fn);
     kvt__clear_error();
     if (a->num_layers != b->num_layers)
-        return kvt__fail(KVT_EGEOMETRY, "num_layers %u vs %u", a->num_layers, b->num_layers);
+        return kvt__fail(KVT_EGEOMETRY, "kvt_geometry_compare: num_layers %u vs %u", a->num_layers, b->num_layers);
     if (a->tokens_per_page != b->tokens_per_page)
-        return kvt__fail(KVT_EGEOMETRY, "tokens_per_page %u vs %u", a->tokens_per_page,
+        return kvt__fail(KVT_EGEOMETRY, "kvt_geometry_compare: tokens_per_page %u vs %u", a->tokens_per_page,
                          b->tokens_per_page);
     if (a->layout != b->layout)
-        return kvt__fail(KVT_EGEOMETRY, "layout %s vs %s",
+        return kvt__fail(KVT_EGEOMETRY, "kvt_geometry_compare: layout %s vs %s",
                          a->layout == KVT_LAYOUT_LAYER_FIRST ? "layer-first" : "page-first",
                          b->layout == KVT_LAYOUT_LAYER_FIRST ? "layer-first" : "page-first");
     for (uint32_t l = 0; l < a->num_layers; l++) {
         const kvt_layer_spec *x = &a->layers[l], *y = &b->layers[l];
         if (a->layer_set[l] != b->layer_set[l])
-            return kvt__fail(KVT_EGEOMETRY, "layer %u: described %s vs %s", l,
+            return kvt__fail(KVT_EGEOMETRY, "kvt_geometry_compare: layer %u: described %s vs %s", l,
                              a->layer_set[l] ? "yes" : "no", b->layer_set[l] ? "yes" : "no");
         if (x->num_components != y->num_components)
-            return kvt__fail(KVT_EGEOMETRY, "layer %u: num_components %u vs %u", l,
+            return kvt__fail(KVT_EGEOMETRY, "kvt_geometry_compare: layer %u: num_components %u vs %u", l,
                              x->num_components, y->num_components);
         for (uint32_t c = 0; c < x->num_components; c++) {
             const kvt_component_spec *p = &x->component[c], *q = &y->component[c];
             const char *name = comp_name(a, l, c);
             if (p->kv_heads != q->kv_heads)
-                return kvt__fail(KVT_EGEOMETRY, "layer %u %s: kv_heads %u vs %u", l, name,
+                return kvt__fail(KVT_EGEOMETRY, "kvt_geometry_compare: layer %u %s: kv_heads %u vs %u", l, name,
                                  p->kv_heads, q->kv_heads);
             if (p->head_dim != q->head_dim)
-                return kvt__fail(KVT_EGEOMETRY, "layer %u %s: head_dim %u vs %u", l, name,
+                return kvt__fail(KVT_EGEOMETRY, "kvt_geometry_compare: layer %u %s: head_dim %u vs %u", l, name,
                                  p->head_dim, q->head_dim);
             if (p->elem_size != q->elem_size)
-                return kvt__fail(KVT_EGEOMETRY, "layer %u %s: elem_size %u vs %u", l, name,
+                return kvt__fail(KVT_EGEOMETRY, "kvt_geometry_compare: layer %u %s: elem_size %u vs %u", l, name,
                                  p->elem_size, q->elem_size);
         }
     }
@@ -255,6 +255,12 @@ kvt_status kvt__page_map_init(kvt_page_map *map, const kvt_geometry *g,
             uint32_t u = KVT_UNIT(l, c);
             if (g->layout == KVT_LAYOUT_PAGE_FIRST) {
                 KVT_CHECK_ARG(mem->base != NULL, "%s: base is NULL (page-first layout needs it)", fn);
+                uint64_t need = page_bytes * mem->num_pages;
+                if (mem->buffer_bytes && mem->buffer_bytes[0] < need)
+                    return kvt__fail(KVT_EGEOMETRY, "%s: buffer_bytes[0] is %llu but %u pages of "
+                                     "%llu bytes need %llu", fn,
+                                     (unsigned long long)mem->buffer_bytes[0], mem->num_pages,
+                                     (unsigned long long)page_bytes, (unsigned long long)need);
                 map->base[u] = (uint8_t *)mem->base + g->unit_prefix[u] * g->tokens_per_page;
                 map->stride[u] = page_bytes;
             } else {
@@ -264,6 +270,13 @@ kvt_status kvt__page_map_init(kvt_page_map *map, const kvt_geometry *g,
                               fn, u, l, comp_name(g, l, c));
                 map->base[u] = mem->layer_bases[u];
                 map->stride[u] = kvt__geo_token_bytes(g, l, c) * g->tokens_per_page;
+                uint64_t need = map->stride[u] * mem->num_pages;
+                if (mem->buffer_bytes && mem->buffer_bytes[u] < need)
+                    return kvt__fail(KVT_EGEOMETRY, "%s: buffer_bytes[%u] (layer %u %s) is %llu "
+                                     "but %u pages of %llu bytes need %llu", fn, u, l,
+                                     comp_name(g, l, c), (unsigned long long)mem->buffer_bytes[u],
+                                     mem->num_pages, (unsigned long long)map->stride[u],
+                                     (unsigned long long)need);
             }
         }
     }

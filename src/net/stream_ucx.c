@@ -38,6 +38,9 @@
 #define UX_MAX_ADDR (64u << 10)       /* a worker address: a few hundred bytes in practice */
 #define STAGE_MAX ((256u << 20) + 4096u) /* the PD max_frame bound plus its header */
 #define STAGE_KEEP (1u << 20)          /* staging kept between messages */
+#define CHUNK (1u << 20)               /* a message: big enough for rendezvous, small to pipeline */
+#define DIRECT_MIN (128u << 10)        /* pieces this big go zero-copy; smaller ones are gathered */
+#define INFLIGHT 8                     /* messages of one sendv in flight */
 #define SPINS 256                      /* idle progress rounds before sleeping on the fd */
 #define REAP_NS (500ull * 1000000ull)  /* bound on reaping a cancelled request */
 
@@ -48,8 +51,9 @@ typedef struct ux_stream {
     int efd;                    /* the worker's event fd; -1: poll the socket only */
     _Atomic int ep_err;         /* ucs_status_t of an endpoint error; 0: none */
     bool broken;                /* an operation failed: the stream is unusable */
-    ucp_dt_iov_t *dt;           /* iovecs handed to UCX, grown on demand */
-    size_t dt_cap;
+    void *req[INFLIGHT];        /* sendv's messages in flight, oldest at req_head */
+    unsigned req_head, req_n;
+    uint8_t *gather[INFLIGHT];  /* CHUNK-byte buffers small pieces are gathered into */
     struct iovec *cur;          /* recvv's cursor over the caller's iovecs */
     size_t cur_cap;
     uint8_t *stage;             /* a received message's bytes not yet read */
@@ -241,42 +245,91 @@ static kvt_status ux_reserve(void **p, size_t *cap, size_t n, size_t elem)
     return KVT_OK;
 }
 
-/* dt[0..*n) = the first len bytes of iov[0..cnt). */
-static kvt_status ux_dt(ux_stream *u, const struct iovec *iov, int cnt, size_t len, size_t *n)
+/* Waits for sendv's oldest message in flight. */
+static kvt_status ux_retire(ux_stream *u, uint64_t dl)
 {
-    kvt_status st = ux_reserve((void **)&u->dt, &u->dt_cap, (size_t)cnt, sizeof *u->dt);
-    if (st) return st;
-    size_t k = 0;
-    for (int i = 0; i < cnt && len; i++) {
-        size_t l = iov[i].iov_len < len ? iov[i].iov_len : len;
-        if (!l) continue;
-        u->dt[k++] = (ucp_dt_iov_t){iov[i].iov_base, l};
-        len -= l;
+    void *r = u->req[u->req_head];
+    u->req[u->req_head] = NULL;
+    u->req_head = (u->req_head + 1) % INFLIGHT;
+    u->req_n--;
+    return ux_wait_req(u, r, dl, "send");
+}
+
+/* Sends one contiguous message, retiring the oldest first when INFLIGHT are out. */
+static kvt_status ux_post(ux_stream *u, const void *buf, size_t len, uint64_t dl)
+{
+    if (u->req_n == INFLIGHT) {
+        kvt_status st = ux_retire(u, dl);
+        if (st) return st;
     }
-    *n = k;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
+    void *r = ucp_tag_send_nbx(u->ep, buf, len, UX_TAG, &p);
+    if (UCS_PTR_IS_ERR(r)) return ux_wait_req(u, r, dl, "send");
+    u->req[(u->req_head + u->req_n) % INFLIGHT] = r;
+    u->req_n++;
     return KVT_OK;
+}
+
+/* The gather buffer of the next slot (its previous message retired first). */
+static kvt_status ux_gather_buf(ux_stream *u, uint64_t dl, uint8_t **out)
+{
+    if (u->req_n == INFLIGHT) {
+        kvt_status st = ux_retire(u, dl);
+        if (st) return st;
+    }
+    unsigned slot = (u->req_head + u->req_n) % INFLIGHT;
+    if (!u->gather[slot] && !(u->gather[slot] = malloc(CHUNK)))
+        return kvt__fail(KVT_ENOMEM, "stream: out of memory for a send buffer");
+    *out = u->gather[slot];
+    return KVT_OK;
+}
+
+/* One sendv = a run of messages: pieces >= DIRECT_MIN straight from the
+ * caller's memory (CHUNK at a time), smaller ones gathered into CHUNK-byte
+ * buffers; up to INFLIGHT in flight, all complete before it returns (the
+ * caller may reuse its memory). The receiver reads bytes, not messages. */
+static kvt_status ux_send_all(ux_stream *u, const struct iovec *iov, int cnt, uint64_t dl)
+{
+    kvt_status st = KVT_OK;
+    uint8_t *g = NULL;
+    size_t gl = 0;
+    for (int i = 0; i < cnt && !st; i++) {
+        const uint8_t *p = iov[i].iov_base;
+        size_t n = iov[i].iov_len;
+        if (n >= DIRECT_MIN) {
+            if (gl) st = ux_post(u, g, gl, dl);
+            gl = 0;
+            for (size_t off = 0; off < n && !st; off += CHUNK)
+                st = ux_post(u, p + off, n - off < CHUNK ? n - off : CHUNK, dl);
+            continue;
+        }
+        while (n && !st) {
+            if (!gl) st = ux_gather_buf(u, dl, &g);
+            if (st) break;
+            size_t k = CHUNK - gl < n ? CHUNK - gl : n;
+            memcpy(g + gl, p, k);
+            gl += k;
+            p += k;
+            n -= k;
+            if (gl == CHUNK) {
+                st = ux_post(u, g, gl, dl);
+                gl = 0;
+            }
+        }
+    }
+    if (!st && gl) st = ux_post(u, g, gl, dl);
+    while (u->req_n) {
+        kvt_status s2 = ux_retire(u, dl);
+        if (!st) st = s2;
+    }
+    return st;
 }
 
 static kvt_status ux_sendv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
 {
     ux_stream *u = (ux_stream *)s;
     if (ux_lost(u)) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
-    size_t total = 0, n = 0;
-    for (int i = 0; i < cnt; i++) total += iov[i].iov_len;
-    if (!total) return KVT_OK;
-    kvt_status st = ux_dt(u, iov, cnt, total, &n);
-    if (st) return st;
-    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE};
-    void *buf = u->dt[0].buffer;
-    size_t count = u->dt[0].length;
-    if (n > 1) {
-        p.datatype = ucp_dt_make_iov();
-        buf = u->dt;
-        count = n;
-    } else {
-        p.datatype = ucp_dt_make_contig(1);
-    }
-    return ux_wait_req(u, ucp_tag_send_nbx(u->ep, buf, count, UX_TAG, &p), dl, "send");
+    return ux_send_all(u, iov, cnt, dl);
 }
 
 /* Takes the next message off the worker by the deadline. */
@@ -396,28 +449,22 @@ static kvt_status ux_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint
     want -= ux_unstage(u, &cur, &cnt);
     while (want) {
         ucp_tag_message_h m = NULL;
-        size_t len = 0, n = 0;
+        size_t len = 0;
         st = ux_next(u, dl, &m, &len);
         if (st) return st;
-        if (len > want) {
-            st = ux_stage(u, m, len, dl);
-            if (!st) want -= ux_unstage(u, &cur, &cnt);
-        } else if (len == 0) {
+        if (len == 0) {
             st = ux_take(u, m, NULL, 0, ucp_dt_make_contig(1), dl);
-        } else {
-            st = ux_dt(u, cur, cnt, len, &n);
-            if (st) {
-                u->broken = true;
-                uint8_t sink[64];
-                (void)ux_take(u, m, sink, sizeof sink, ucp_dt_make_contig(1), kvt__now_ns() + REAP_NS);
-                return st;
-            }
-            if (n == 1) st = ux_take(u, m, u->dt[0].buffer, len, ucp_dt_make_contig(1), dl);
-            else st = ux_take(u, m, u->dt, n, ucp_dt_make_iov(), dl);
+        } else if (len <= want && len <= cur->iov_len) {
+            st = ux_take(u, m, cur->iov_base, len, ucp_dt_make_contig(1), dl); /* zero copy */
             if (!st) {
                 ux_skip(&cur, &cnt, len);
                 want -= len;
             }
+        } else {
+            /* longer than the read (a header before its body) or spanning the
+             * reader's pieces: land in staging, copy out what is wanted */
+            st = ux_stage(u, m, len, dl);
+            if (!st) want -= ux_unstage(u, &cur, &cnt);
         }
         if (st) return st;
     }
@@ -486,7 +533,7 @@ static void ux_destroy(kvt_stream *s)
         ctx_unref();
     }
     if (u->base.fd >= 0) close(u->base.fd);
-    free(u->dt);
+    for (unsigned i = 0; i < INFLIGHT; i++) free(u->gather[i]);
     free(u->cur);
     free(u->stage);
     free(u);

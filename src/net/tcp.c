@@ -360,7 +360,7 @@ kvt_status kvt_net_tcp_create(kvt_net **out, const kvt_net_tcp_params *p)
 {
     static const char fn[] = "kvt_net_tcp_create";
     KVT_CHECK_NOT_NULL(out, fn);
-    KVT_CHECK_NOT_NULL(p, fn);
+    KVT_CHECK_NOT_NULL_AS(p, "params", fn);
     uint32_t mm;
     kvt_status st = check_params(p, fn);
     if (st == KVT_OK) st = kvt__net_pick_max(p->max_msg, &mm, fn);

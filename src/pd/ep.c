@@ -56,7 +56,7 @@ kvt_status pd_net_defaults(kvt_pd_net_params *n, uint8_t **secret, char *host, c
 
 static kvt_status check_params(const kvt_pd_params *p, const char *fn)
 {
-    KVT_CHECK_NOT_NULL(p, fn);
+    KVT_CHECK_NOT_NULL_AS(p, "params", fn);
     KVT_CHECK_NOT_NULL(p->geo, fn);
     KVT_CHECK_NOT_NULL(p->mem, fn);
     KVT_CHECK_ARG(p->bootstrap_port != 0, "%s: bootstrap_port is 0", fn);

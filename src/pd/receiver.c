@@ -326,7 +326,9 @@ kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *p)
         char msg[KVT_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvt_last_error());
         kvt_pd_receiver_destroy(r);
-        return kvt__fail(st, "%s", msg);
+        /* Name the function the user called unless the message does. */
+        if (strncmp(msg, fn, sizeof fn - 1) == 0) return kvt__fail(st, "%s", msg);
+        return kvt__fail(st, "%s: %s", fn, msg);
     }
     *out = r;
     kvt__clear_error();
@@ -372,8 +374,8 @@ static kvt_status open_room(pd_ep *ep, pd_room *r, const kvt_pd_room_params *p)
 kvt_status kvt_pd_receiver_room(kvt_pd_receiver *rc, uint64_t room, const kvt_pd_room_params *p)
 {
     static const char fn[] = "kvt_pd_receiver_room";
-    KVT_CHECK_NOT_NULL(rc, fn);
-    KVT_CHECK_NOT_NULL(p, fn);
+    KVT_CHECK_NOT_NULL_AS(rc, "r", fn);
+    KVT_CHECK_NOT_NULL_AS(p, "params", fn);
     KVT_CHECK_ARG(p->num_tokens > 0 && p->prefix_tokens < p->num_tokens,
                   "%s: prefix_tokens %u must be below num_tokens %u (> 0)", fn, p->prefix_tokens, p->num_tokens);
     KVT_CHECK_ARG((uint64_t)p->num_pages * 4 + 8 <= rc->ep.net.max_frame,

@@ -375,7 +375,9 @@ kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *p)
         char msg[KVT_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvt_last_error());
         kvt_pd_sender_destroy(s);
-        return kvt__fail(st, "%s", msg);
+        /* Name the function the user called unless the message does. */
+        if (strncmp(msg, fn, sizeof fn - 1) == 0) return kvt__fail(st, "%s", msg);
+        return kvt__fail(st, "%s: %s", fn, msg);
     }
     *out = s;
     kvt__clear_error();

@@ -22,6 +22,18 @@ kvt_status kvt__fail(kvt_status status, const char *fmt, ...)
 
 void kvt__clear_error(void) { last_error[0] = '\0'; }
 
+kvt_status kvt__wrap_error(kvt_status status, const char *prefix)
+{
+    char inner[KVT_ERRMSG_MAX];
+    memcpy(inner, last_error, sizeof inner);
+    /* Truncation of an over-long message is acceptable; it stays terminated. */
+    int n = snprintf(last_error, sizeof last_error, "%s: ", prefix);
+    if (n > 0 && (size_t)n < sizeof last_error)
+        memcpy(last_error + n, inner, strnlen(inner, sizeof last_error - (size_t)n - 1) + 1);
+    last_error[sizeof last_error - 1] = '\0';
+    return status;
+}
+
 const char *kvt_last_error(void) { return last_error; }
 
 const char *kvt_strerror(kvt_status status)
@@ -50,3 +62,19 @@ const char *kvt_status_name(kvt_status status)
 
 unsigned kvt_version(void) { return KVT_VERSION_HEX; }
 const char *kvt_version_string(void) { return KVT_VERSION_STRING; }
+
+size_t kvt_abi_struct_size(const char *name)
+{
+#define KVT_ABI_(type) {#type, sizeof(type)}
+    static const struct { const char *name; size_t size; } table[] = {
+        KVT_ABI_(kvt_option_info),   KVT_ABI_(kvt_component_spec), KVT_ABI_(kvt_layer_spec),
+        KVT_ABI_(kvt_geometry_info), KVT_ABI_(kvt_request),        KVT_ABI_(kvt_engine_memory),
+        KVT_ABI_(kvt_match),         KVT_ABI_(kvt_store_plan),     KVT_ABI_(kvt_task_result),
+        KVT_ABI_(kvt_cache_stats),   KVT_ABI_(kvt_verify_result),
+    };
+#undef KVT_ABI_
+    if (!name) return 0;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strcmp(table[i].name, name) == 0) return table[i].size;
+    return 0;
+}

@@ -16,6 +16,9 @@ kvt_status kvt__vfail(kvt_status status, const char *fmt, va_list ap);
 /* Clears the thread's message (called on entry to public functions that
  * succeed, so a stale message is never mistaken for a new one). */
 void kvt__clear_error(void);
+/* Prefixes the thread's message with "prefix: " (so an error found by an
+ * inner call names the public function the user called); returns status. */
+kvt_status kvt__wrap_error(kvt_status status, const char *prefix);
 
 /* Common argument checks: each returns KVT_EINVAL with a message naming the
  * function and the argument. */
@@ -25,5 +28,9 @@ void kvt__clear_error(void);
     } while (0)
 #define KVT_CHECK_NOT_NULL(ptr, fn) \
     KVT_CHECK_ARG((ptr) != NULL, "%s: %s is NULL", fn, #ptr)
+/* The same, naming the argument as the public header does when the
+ * parameter's local name is shorter. */
+#define KVT_CHECK_NOT_NULL_AS(ptr, name, fn) \
+    KVT_CHECK_ARG((ptr) != NULL, "%s: %s is NULL", fn, name)
 
 #endif
