@@ -342,24 +342,24 @@ static void take_batch(kvt_cache *c, io_batch *b)
     }
 }
 
+static kvt_status submit_one(kvt_cache *c, io_batch *b, uint32_t i)
+{
+    if (b->is_write[i])
+        return kvt__ssd_write(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i], b->parent[i],
+                              b->has_parent[i], write_done, b->ctx[i]);
+    return kvt__ssd_read(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i], read_done, b->ctx[i]);
+}
+
 static void submit_batch(kvt_cache *c, io_batch *b)
 {
     for (uint32_t i = 0; i < b->n; i++) {
-        kvt_status st;
-        if (b->is_write[i])
-            st = kvt__ssd_write(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i], b->parent[i],
-                                b->has_parent[i], write_done, b->ctx[i]);
-        else
-            st = kvt__ssd_read(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i], read_done, b->ctx[i]);
+        kvt_status st = submit_one(c, b, i);
         /* The store's request slots are all in flight: wait for some to
-         * finish (bounded) rather than fail the copy. */
+         * finish (at most ~10 s) rather than fail the copy. */
         for (int tries = 0; st == KVT_EAGAIN && tries < 10000; tries++) {
             struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
-            st = b->is_write[i] ? kvt__ssd_write(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i],
-                                                 b->parent[i], b->has_parent[i], write_done, b->ctx[i])
-                                : kvt__ssd_read(c->ssd, b->ssd_slot[i], b->buf[i], b->key[i],
-                                                read_done, b->ctx[i]);
+            st = submit_one(c, b, i);
         }
         if (st == KVT_OK) continue;
         /* Not submitted: complete it here as failed, as the store would. */

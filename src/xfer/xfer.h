@@ -70,8 +70,14 @@ struct kvt_xfer_task {
 
 typedef struct kvt_xfer kvt_xfer;
 
-/* workers: 1..64. max_chunks: the per-worker chunk buffer (a unit with more
- * chunks is copied in several calls). */
+/* workers: 1..64. Each worker owns a buffer of 512 chunks; a unit with more
+ * chunks is copied in several ops->copy calls.
+ *
+ * Task lifetime: the task's memory must stay valid until on_done has
+ * returned AND every kvt__xfer_wait_layer / kvt__xfer_cancel call on it has
+ * returned. on_done always runs on a worker thread (never inside submit or
+ * cancel); a submit that fails never calls it. A layer reported landed by
+ * wait_layer stays landed even if the task later fails or is cancelled. */
 kvt_status kvt__xfer_create(kvt_xfer **out, uint32_t workers, const kvt_copy_ops *ops);
 /* Cancels queued tasks (their on_done runs with KVT_ECANCELED), waits for
  * running units, joins the workers. */

@@ -142,17 +142,13 @@ static void tcp_dead_prefill_fails_rooms(void **state)
 
 /* The prefill rank (and the bootstrap service) in a child process that is
  * SIGKILLed while the decode rank's rooms wait: nothing closes cleanly. */
-static void posix_killed_prefill_process(void **state)
+static void killed_prefill_process(const char *tls)
 {
-    (void)state;
-#ifdef KVT_TSAN
-    skip(); /* TSan does not support threads in a child of a multi-threaded fork */
-#endif
     pd_side_cfg c = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &wide};
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);
     pd_cluster cl = {.net = {.peer_timeout_ms = 10000}};
-    use_ucx(&cl, "posix");
+    use_ucx(&cl, tls);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -186,6 +182,24 @@ static void posix_killed_prefill_process(void **state)
     free(cl.dec);
 }
 
+static void tcp_killed_prefill_process(void **state)
+{
+    (void)state;
+#ifdef KVT_TSAN
+    skip(); /* TSan does not support threads in a child of a multi-threaded fork */
+#endif
+    killed_prefill_process("tcp");
+}
+
+static void posix_killed_prefill_process(void **state)
+{
+    (void)state;
+#ifdef KVT_TSAN
+    skip();
+#endif
+    killed_prefill_process("posix");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -197,6 +211,7 @@ int main(void)
         cmocka_unit_test(sysv_many_rooms),
         cmocka_unit_test(tcp_corrupt_fails),
         cmocka_unit_test(tcp_dead_prefill_fails_rooms),
+        cmocka_unit_test(tcp_killed_prefill_process),
         cmocka_unit_test(posix_killed_prefill_process),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
