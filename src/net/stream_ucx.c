@@ -159,11 +159,12 @@ static int ux_sleep(ux_stream *u, int wake_fd, uint64_t deadline_ns)
     return KVT_STREAM_READABLE;
 }
 
-/* Progress rounds until none does anything; true when any did. */
+/* Progress rounds until none does anything (at most 64, so a busy worker
+ * never starves the caller's deadline check); true when any did. */
 static bool ux_progress(ux_stream *u)
 {
     bool any = false;
-    while (ucp_worker_progress(u->worker)) any = true;
+    for (int i = 0; i < 64 && ucp_worker_progress(u->worker); i++) any = true;
     return any;
 }
 

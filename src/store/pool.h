@@ -18,7 +18,7 @@ typedef struct kvt_pool kvt_pool;
 /* floor(capacity_bytes / block_bytes) blocks (at least 1, at most 2^31);
  * blocks sit kvt__pool_stride() apart, so the mapping may exceed
  * capacity_bytes by up to 4095 bytes per block when block_bytes is not a
- * multiple of 4096 (real geometries' blocks are); */
+ * multiple of 4096 (real geometries' blocks are).
  * KVT_EINVAL if capacity holds no block, KVT_ENOMEM if the mapping fails. */
 kvt_status kvt__pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t block_bytes,
                             bool try_huge_pages);
