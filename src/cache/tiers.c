@@ -224,19 +224,19 @@ static bool take_write(kvt_cache *c, kvt_io_ctx **out, kvt_hash128 *key, kvt_has
 
 uint32_t kvt__tiers_plan_load(kvt_cache *c, kvt_task *t)
 {
-    uint32_t need = 0;
-    for (uint32_t i = 0; i < t->num_blocks; i++) {
+    uint32_t i = 0;
+    t->reads_left = 0;
+    for (; i < t->num_blocks; i++) {
         uint32_t id = t->entries[i];
         if (kvt__index_payload(c->index, id) != KVT_POOL_NONE) continue;
         /* No CPU copy: it must be durable on the SSD, or the load ends here. */
-        if (!c->ssd || c->ssd_state[id] != SSD_DURABLE) return i;
+        if (!c->ssd || c->ssd_state[id] != SSD_DURABLE) break;
         uint32_t slot;
-        if (kvt__tiers_reserve_cpu(c, 1, &slot) == 0) return i;
+        if (kvt__tiers_reserve_cpu(c, 1, &slot) == 0) break;
         t->tmp_slots[i] = slot;
-        need++;
+        t->reads_left++;
     }
-    t->reads_left = need;
-    return t->num_blocks;
+    return i;
 }
 
 /* Pushes the task's reads to the mover. */

@@ -173,6 +173,52 @@ static void test_conc_read_back_from_ssd(void **state)
     }
 }
 
+/* Two loads of SSD-only prefixes compete for a 24-block CPU tier: the
+ * second gets CPU slots for only a few of its blocks, so its load is cut
+ * short at lookup; both still land byte for byte (regression: the cut load
+ * once skipped its SSD reads and scattered stale CPU slots). */
+static void test_conc_truncated_read_back(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) {
+        env e = {0};
+        make_dir(&e);
+        assert_ok(open_cache(&e, geo(), 24, 512, BACKENDS[b], false));
+        uint32_t tokens[6][TOKENS];
+        kvt_request r[6];
+        for (uint32_t i = 0; i < 6; i++) {
+            request(tokens[i], 150 + i, &r[i]);
+            store(&e, &r[i]);
+            assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+        }
+        kvt_match m0, m1;
+        assert_ok(kvt_cache_lookup(e.cache, &r[0], &m0));
+        assert_ok(kvt_cache_lookup(e.cache, &r[1], &m1));
+        assert_int_equal(m0.matched_tokens, 160);
+        assert_true(m1.matched_tokens > 0 && m1.matched_tokens < 160);
+        uint32_t p0[64], p1[64];
+        pages_at(p0, 100);
+        pages_at(p1, 200);
+        assert_ok(kvt_emu_poison(e.emu, p0, 41));
+        assert_ok(kvt_emu_poison(e.emu, p1, 41));
+        assert_ok(kvt_cache_launch(e.cache, m0.task, p0, 41));
+        assert_ok(kvt_cache_launch(e.cache, m1.task, p1, 41));
+        kvt_task_result res;
+        kvt_verify_result v;
+        assert_ok(kvt_cache_wait(e.cache, m0.task, WAIT_MS, &res));
+        assert_int_equal(res.status, KVT_OK);
+        assert_ok(kvt_emu_verify(e.emu, &r[0], 0, 160, p0, 41, &v));
+        assert_int_equal(v.mismatches, 0);
+        assert_ok(kvt_cache_wait(e.cache, m1.task, WAIT_MS, &res));
+        assert_int_equal(res.status, KVT_OK);
+        assert_ok(kvt_emu_verify(e.emu, &r[1], 0, m1.matched_tokens, p1, 41, &v));
+        assert_int_equal(v.mismatches, 0);
+        assert_true(stats(&e).ssd_read_blocks >= 20);
+        close_cache(&e);
+        remove_dir(e.dir);
+    }
+}
+
 /* A restart on the same directory finds every flushed block. */
 static void test_conc_restart_recovers(void **state)
 {
@@ -304,6 +350,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conc_read_back_from_ssd),
+        cmocka_unit_test(test_conc_truncated_read_back),
         cmocka_unit_test(test_conc_restart_recovers),
         cmocka_unit_test(test_other_geometry_refused),
         cmocka_unit_test(test_conc_corrupt_block_is_a_miss),
