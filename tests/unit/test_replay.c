@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../tools/trace.c"
-#include "../../tools/replay_sim.c"
+#include "trace.h"
+#include "replay_sim.h"
 
 typedef struct ref_lru {
     uint32_t cap, count;
