@@ -29,7 +29,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <ucp/api/ucp.h>
+#include "net/ucx_api.h"
 #include "net/stream.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -62,6 +62,29 @@ typedef struct ux_stream {
 
 /* ---- the process-wide context ---- */
 
+/* UCX's functions, resolved at the first UCX stream (net/ucx_api.h); every
+ * call below goes through U, which ctx_ref sets before any other use. */
+static const kvt_ucx_api *U;
+#define ucp_config_read U->config_read
+#define ucp_config_release U->config_release
+#define ucp_cleanup U->cleanup
+#define ucp_worker_create U->worker_create
+#define ucp_worker_destroy U->worker_destroy
+#define ucp_worker_get_address U->worker_get_address
+#define ucp_worker_release_address U->worker_release_address
+#define ucp_worker_progress U->worker_progress
+#define ucp_worker_get_efd U->worker_get_efd
+#define ucp_worker_arm U->worker_arm
+#define ucp_ep_create U->ep_create
+#define ucp_ep_close_nbx U->ep_close_nbx
+#define ucp_tag_send_nbx U->tag_send_nbx
+#define ucp_tag_msg_recv_nbx U->tag_msg_recv_nbx
+#define ucp_tag_probe_nb U->tag_probe_nb
+#define ucp_request_check_status U->request_check_status
+#define ucp_request_free U->request_free
+#define ucp_request_cancel U->request_cancel
+#define ucs_status_string U->status_string
+
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static ucp_context_h g_ctx;
 static unsigned g_refs;
@@ -69,8 +92,12 @@ static _Atomic bool g_no_peer_err; /* this context's transports cannot report pe
 
 static kvt_status ctx_ref(ucp_context_h *out)
 {
-    kvt_status st = KVT_OK;
-    pthread_mutex_lock(&g_mu);
+    pthread_mutex_lock(&g_mu); /* U is written here only, under g_mu */
+    kvt_status st = U ? KVT_OK : kvt__ucx_api(&U);
+    if (st) {
+        pthread_mutex_unlock(&g_mu);
+        return st;
+    }
     if (!g_ctx) {
         ucp_config_t *cfg = NULL;
         ucs_status_t us = ucp_config_read(NULL, NULL, &cfg); /* UCX_TLS etc. from the environment */
@@ -80,7 +107,7 @@ static kvt_status ctx_ref(ucp_context_h *out)
                 .features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP,
                 .mt_workers_shared = 1, /* one worker per link thread, memory registered per context */
             };
-            us = ucp_init(&p, cfg, &g_ctx);
+            us = U->init_version(UCP_API_MAJOR, UCP_API_MINOR, &p, cfg, &g_ctx);
             ucp_config_release(cfg);
         }
         if (us != UCS_OK) {
@@ -329,6 +356,7 @@ static kvt_status ux_send_all(ux_stream *u, const struct iovec *iov, int cnt, ui
 static kvt_status ux_sendv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
 {
     ux_stream *u = (ux_stream *)s;
+    KVT_CHECK_ARG(cnt >= 0 && (iov || !cnt), "stream: UCX sendv of %d iovecs at %p", cnt, (void *)iov);
     if (ux_lost(u)) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
     return ux_send_all(u, iov, cnt, dl);
 }
@@ -439,6 +467,7 @@ static kvt_status ux_stage(ux_stream *u, ucp_tag_message_h m, size_t len, uint64
 static kvt_status ux_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
 {
     ux_stream *u = (ux_stream *)s;
+    KVT_CHECK_ARG(cnt >= 0 && (iov || !cnt), "stream: UCX recvv of %d iovecs at %p", cnt, (void *)iov);
     if (u->broken) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
     kvt_status st = ux_reserve((void **)&u->cur, &u->cur_cap, (size_t)cnt, sizeof *u->cur);
     if (st) return st;
