@@ -20,7 +20,14 @@ kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st)
 
 const char *kvt_cache_last_error(const kvt_cache *c)
 {
-    return c ? c->last_error : "kvt_cache_last_error: cache is NULL";
+    /* A copy per calling thread: another thread may be writing the cache's. */
+    static _Thread_local char copy[KVT_ERRMSG_MAX];
+    if (!c) return "kvt_cache_last_error: cache is NULL";
+    kvt_cache *mc = (kvt_cache *)c;
+    pthread_mutex_lock(&mc->err_mu);
+    memcpy(copy, c->last_error, sizeof copy);
+    pthread_mutex_unlock(&mc->err_mu);
+    return copy;
 }
 
 static kvt_status check_config(const kvt_config_values *v, const kvt_geometry *g)
@@ -98,8 +105,9 @@ void kvt_cache_destroy(kvt_cache *c)
         }
         pthread_mutex_unlock(&c->mu);
     }
-    if (c->pool) kvt__tiers_close(c);
-    kvt__xfer_destroy(c->xfer);
+    if (c->pool) kvt__tiers_stop(c);
+    kvt__xfer_destroy(c->xfer); /* its on_done callbacks still use the tier tables */
+    kvt__tiers_free(c);
     kvt__tasks_fini(c);
     kvt__index_destroy(c->index);
     kvt__pool_destroy(c->pool);

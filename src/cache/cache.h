@@ -50,6 +50,7 @@ struct kvt_task {
     kvt_status bad_status;
     bool reading;        /* load: waiting for SSD reads before the transfer */
     bool cancel_asked;
+    bool launched;
     uint32_t refs;      /* threads inside wait_layer on this task */
     bool reported;      /* result handed out; free when refs reaches 0 */
     kvt_xfer_task xt;
@@ -93,7 +94,7 @@ struct kvt_cache {
     uint8_t *ssd_state;
     /* The mover thread: queued SSD writes (entry ids) and reads. */
     pthread_t mover;
-    bool mover_running, mover_stop;
+    bool mover_running, mover_stop, mover_cv_ready;
     pthread_cond_t mover_cv, flush_cv;
     uint32_t *write_q;
     uint32_t wq_head, wq_len;

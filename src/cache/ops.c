@@ -282,8 +282,9 @@ static kvt_status fill_store_task(kvt_cache *c, kvt_task *t, const scratch *s,
 static kvt_status prepare_locked(kvt_cache *c, scratch *s, uint32_t n, kvt_store_plan *out)
 {
     expire_plans(c);
-    kvt__tiers_wait_room(c, n);
     store_span sp = plan_span(c, s, n);
+    if (!sp.nothing && kvt__tiers_wait_room(c, sp.n - sp.first))
+        sp = plan_span(c, s, n); /* the lock was released while waiting */
     kvt_store_plan p = {0, sp.first * c->cfg.block_tokens, 0};
     if (sp.nothing) {
         *out = p;
@@ -380,6 +381,10 @@ static kvt_status launch_locked(kvt_cache *c, kvt_task_id id, const uint32_t *pa
     kvt_task *t = NULL;
     kvt_status st = find_task(c, fn, id, &t);
     if (st) return st;
+    if (t->state == KVT_TS_ENDED && t->result == KVT_ETIMEDOUT && !t->launched)
+        return kvt__fail(KVT_ETIMEDOUT, "%s: task %llu expired unlaunched after plan_ttl_ms "
+                         "(%u ms); look it up again", fn, (unsigned long long)id,
+                         c->cfg.plan_ttl_ms);
     if (t->state != KVT_TS_PLANNED)
         return kvt__fail(KVT_ESTATE, "%s: task %llu was already launched", fn,
                          (unsigned long long)id);
@@ -401,6 +406,7 @@ static kvt_status launch_locked(kvt_cache *c, kvt_task_id id, const uint32_t *pa
     t->xt.user = t;
     kvt__list_remove(&c->planned, t);
     t->state = KVT_TS_RUNNING;
+    t->launched = true;
     st = t->kind == KVT_TASK_LOAD ? kvt__tiers_start_load(c, t) : kvt__xfer_submit(c->xfer, &t->xt);
     if (st) kvt__cache_end_task(c, t, st);
     return st;
@@ -499,6 +505,15 @@ static kvt_status wait_layer_locked(kvt_cache *c, kvt_task_id id, uint32_t layer
     while (t->reading && kvt__cond_wait_until(&c->ended_cv, &c->mu, deadline)) {}
     if (t->reading) {
         st = KVT_ETIMEDOUT;
+    } else if (t->bad_status != KVT_OK) {
+        /* Some blocks failed their read: no layer of this load is whole,
+         * so the engine must not run on it (kvt_cache_wait reports how many
+         * tokens did land). */
+        unref(c, t);
+        return kvt__fail(t->bad_status, "%s: task %llu: blocks from token %u on could not be "
+                         "read back (%s); only tokens [0, %u) will land; recompute the rest",
+                         fn, (unsigned long long)id, t->first_bad * c->cfg.block_tokens,
+                         kvt_status_name(t->bad_status), t->first_bad * c->cfg.block_tokens);
     } else if (t->state == KVT_TS_ENDED) {
         st = t->result;
     } else {

@@ -62,6 +62,10 @@ static uint32_t clock_take(kvt_cache *c)
         c->clock_hand = (c->clock_hand + 1) % c->cpu_blocks;
         uint32_t id = c->cpu_owner[slot];
         if (id == KVT_INDEX_NONE || kvt__index_pins(c->index, id) != 0) continue;
+        if (kvt__index_payload(c->index, id) != slot) { /* stale owner: never act on it */
+            c->cpu_owner[slot] = KVT_INDEX_NONE;
+            continue;
+        }
         uint8_t state = c->ssd_state[id];
         if (state != SSD_DURABLE && state != SSD_NONE) continue;
         if (c->cpu_ref[slot]) {
@@ -115,18 +119,23 @@ uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots)
 
 #define STORE_ROOM_WAIT_MS 2000
 
-void kvt__tiers_wait_room(kvt_cache *c, uint32_t want)
+bool kvt__tiers_wait_room(kvt_cache *c, uint32_t want)
 {
-    if (!c->ssd) return;
+    bool waited = false;
+    if (!c->ssd) return false;
+    if (want > c->cpu_blocks) want = c->cpu_blocks;
     uint64_t deadline = kvt__now_ns() + STORE_ROOM_WAIT_MS * 1000000ull;
-    while (kvt__pool_blocks_free(c->pool) < want) {
+    while (c->ssd && kvt__pool_blocks_free(c->pool) < want) {
         uint32_t slot = clock_take(c);
         if (slot != KVT_POOL_NONE) {
             free_cpu_slot(c, slot);
             continue;
         }
-        if (c->ssd_pending == 0 || !kvt__cond_wait_until(&c->flush_cv, &c->mu, deadline)) return;
+        if (c->ssd_pending == 0) break;
+        waited = true;
+        if (!kvt__cond_wait_until(&c->flush_cv, &c->mu, deadline)) break;
     }
+    return waited;
 }
 
 void kvt__tiers_touch(kvt_cache *c, const uint32_t *ids, uint32_t n)
@@ -203,7 +212,8 @@ static bool take_write(kvt_cache *c, kvt_io_ctx **out, kvt_hash128 *key, kvt_has
         c->ssd_state[id] = SSD_NONE;
         c->stats.ssd_write_errors++;
         kvt__index_unpin(c->index, &id, 1);
-        if (--c->ssd_pending == 0) pthread_cond_broadcast(&c->flush_cv);
+        --c->ssd_pending;
+        pthread_cond_broadcast(&c->flush_cv);
         return false;
     }
     c->ssd_slot[id] = slot;
@@ -283,6 +293,8 @@ static void read_done(void *arg, kvt_status st)
             kvt__index_set_payload(c->index, id, x->slot);
             c->cpu_owner[x->slot] = id;
             c->cpu_ref[x->slot] = 1;
+            /* A concurrent load's read of it failed first: this copy is good. */
+            if (c->ssd_state[id] == SSD_LOST) c->ssd_state[id] = SSD_NONE;
         }
     } else {
         /* Never handed to the engine: the load stops before this block, and
@@ -292,7 +304,10 @@ static void read_done(void *arg, kvt_status st)
         if (c->ssd_state[id] == SSD_DURABLE) {
             kvt__ssd_free(c->ssd, c->ssd_slot[id]);
             c->ssd_slot[id] = KVT_SSD_NONE;
-            c->ssd_state[id] = SSD_LOST;
+            /* Another load may have brought a good copy back meanwhile: then
+             * that copy stays and only the SSD's is gone. */
+            bool in_cpu = kvt__index_payload(c->index, id) != KVT_POOL_NONE;
+            c->ssd_state[id] = in_cpu ? SSD_NONE : SSD_LOST;
         }
         if (x->block < t->first_bad) {
             t->first_bad = x->block;
@@ -355,8 +370,8 @@ static void submit_batch(kvt_cache *c, io_batch *b)
     for (uint32_t i = 0; i < b->n; i++) {
         kvt_status st = submit_one(c, b, i);
         /* The store's request slots are all in flight: wait for some to
-         * finish (at most ~10 s) rather than fail the copy. */
-        for (int tries = 0; st == KVT_EAGAIN && tries < 10000; tries++) {
+         * finish (at most ~2 s) rather than fail the copy. */
+        for (int tries = 0; st == KVT_EAGAIN && tries < 2000; tries++) {
             struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
             st = submit_one(c, b, i);
@@ -471,8 +486,10 @@ kvt_status kvt__tiers_open(kvt_cache *c)
     if (!st) st = alloc_tier_arrays(c, cpu + ssd);
     if (st || !c->ssd) return st;
     kvt__ssd_recover(c->ssd, recovered, c);
-    if (kvt__cond_init(&c->mover_cv) || kvt__cond_init(&c->flush_cv) ||
-        pthread_create(&c->mover, NULL, mover_main, c))
+    if (kvt__cond_init(&c->mover_cv) || kvt__cond_init(&c->flush_cv))
+        return kvt__fail(KVT_ESYS, "kvt_cache_create: cannot create the SSD tier's condvars");
+    c->mover_cv_ready = true;
+    if (pthread_create(&c->mover, NULL, mover_main, c))
         return kvt__fail(KVT_ESYS, "kvt_cache_create: cannot start the SSD mover thread");
     c->mover_running = true;
     return KVT_OK;
@@ -502,7 +519,7 @@ static void drop_queued(kvt_cache *c)
     }
 }
 
-void kvt__tiers_close(kvt_cache *c)
+void kvt__tiers_stop(kvt_cache *c)
 {
     if (c->mover_running) {
         pthread_mutex_lock(&c->mu);
@@ -510,14 +527,27 @@ void kvt__tiers_close(kvt_cache *c)
         pthread_cond_signal(&c->mover_cv);
         pthread_mutex_unlock(&c->mu);
         pthread_join(c->mover, NULL);
+        c->mover_running = false;
         pthread_mutex_lock(&c->mu);
         drop_queued(c);
         pthread_mutex_unlock(&c->mu);
+    }
+    /* From here no block is queued for the SSD (tiers_committed sees no
+     * store) and nothing calls into it; closing it runs the callbacks of
+     * in-flight I/O, which take c->mu and find c->ssd gone. */
+    pthread_mutex_lock(&c->mu);
+    kvt_ssd *ssd = c->ssd;
+    c->ssd = NULL;
+    pthread_mutex_unlock(&c->mu);
+    kvt__ssd_close(ssd);
+}
+
+void kvt__tiers_free(kvt_cache *c)
+{
+    if (c->mover_cv_ready) {
         pthread_cond_destroy(&c->mover_cv);
         pthread_cond_destroy(&c->flush_cv);
     }
-    kvt__ssd_close(c->ssd); /* runs the callbacks of in-flight I/O */
-    c->ssd = NULL;
     free(c->cpu_owner);
     free(c->cpu_ref);
     free(c->io_ctx);
@@ -603,6 +633,10 @@ void kvt__tiers_repair_end(kvt_cache *c, kvt_task *t, bool ok)
             continue;
         }
         c->ssd_state[id] = SSD_NONE;
+        if (kvt__index_payload(c->index, id) != KVT_POOL_NONE) {
+            kvt__pool_free(c->pool, slot); /* it has a copy already: keep that one */
+            continue;
+        }
         kvt__index_set_payload(c->index, id, slot);
     }
 }

@@ -23,9 +23,12 @@
 /* Opens the SSD store when ssd_dirs is set, rebuilds the index from its
  * journal and starts the mover thread. Called from create, no lock held. */
 kvt_status kvt__tiers_open(kvt_cache *c);
-/* Stops the mover (queued writes are dropped, queued reads fail) and closes
- * the SSD store after its in-flight I/O completed. No lock held. */
-void kvt__tiers_close(kvt_cache *c);
+/* Destroying a cache: tiers_stop stops the mover (queued writes are
+ * dropped, queued reads fail) and closes the SSD store once its in-flight
+ * I/O has called back; the transfer engine is destroyed next (its last
+ * callbacks still use the tier tables); then tiers_free. No lock held. */
+void kvt__tiers_stop(kvt_cache *c);
+void kvt__tiers_free(kvt_cache *c);
 
 /* Up to want free CPU slots into slots: the free list first, then CPU copies
  * of blocks that are durable on the SSD (CLOCK), then whole cold leaves. */
@@ -33,8 +36,9 @@ uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots);
 /* With an SSD tier: when fewer than want CPU slots are free and SSD writes
  * are in flight, waits (boundedly: STORE_ROOM_WAIT_MS) for them to land and
  * frees the CPU copies they make droppable, so a burst of stores is slowed
- * down rather than evicting what the SSD would have kept. */
-void kvt__tiers_wait_room(kvt_cache *c, uint32_t want);
+ * down rather than evicting what the SSD would have kept. want is capped
+ * at the CPU tier's size. */
+bool kvt__tiers_wait_room(kvt_cache *c, uint32_t want); /* true if it released the lock */
 /* A store's blocks became READY in their CPU slots: record the owners and
  * queue their SSD copies. */
 void kvt__tiers_committed(kvt_cache *c, const uint32_t *ids, uint32_t n);

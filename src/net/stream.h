@@ -29,6 +29,14 @@ typedef struct kvt_stream_ops {
      * become readable: one of KVT_STREAM_*. */
     int (*wait)(kvt_stream *s, int wake_fd, int timeout_ms);
     void (*destroy)(kvt_stream *s);
+    /* Optional (NULL: use sendv). Like sendv, but may return with the message
+     * still in flight: pieces < 64 KiB are copied before it returns, larger
+     * ones are read from the caller's memory until the next sendv or flush
+     * returns (both wait for every earlier message). Lets a sender prepare
+     * its next message while this one moves. */
+    kvt_status (*sendv_async)(kvt_stream *s, const struct iovec *iov, int iovcnt,
+                              uint64_t deadline_ns);
+    kvt_status (*flush)(kvt_stream *s, uint64_t deadline_ns);
 } kvt_stream_ops;
 
 struct kvt_stream {

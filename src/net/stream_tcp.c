@@ -118,7 +118,8 @@ static void tcp_destroy(kvt_stream *s)
     free(s);
 }
 
-static const kvt_stream_ops tcp_ops = {"tcp", tcp_sendv, tcp_recvv, tcp_wait, tcp_destroy};
+static const kvt_stream_ops tcp_ops = {"tcp", tcp_sendv, tcp_recvv, tcp_wait, tcp_destroy,
+                                       NULL, NULL}; /* plain sends only */
 
 void kvt__stream_destroy(kvt_stream *s)
 {

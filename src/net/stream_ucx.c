@@ -40,7 +40,8 @@
 #define STAGE_KEEP (1u << 20)          /* staging kept between messages */
 #define CHUNK (1u << 20)               /* a message: big enough for rendezvous, small to pipeline */
 #define DIRECT_MIN (128u << 10)        /* pieces this big go zero-copy; smaller ones are gathered */
-#define INFLIGHT 8                     /* messages of one sendv in flight */
+#define INFLIGHT 16                    /* messages of sendv (async: across sendvs) in flight */
+#define RINFLIGHT 16                   /* zero-copy receives of one recvv in flight */
 #define SPINS 256                      /* idle progress rounds before sleeping on the fd */
 #define REAP_NS (500ull * 1000000ull)  /* bound on reaping a cancelled request */
 
@@ -53,6 +54,8 @@ typedef struct ux_stream {
     bool broken;                /* an operation failed: the stream is unusable */
     void *req[INFLIGHT];        /* sendv's messages in flight, oldest at req_head */
     unsigned req_head, req_n;
+    void *rreq[RINFLIGHT];      /* recvv's receives in flight, oldest first */
+    unsigned rreq_n;
     uint8_t *gather[INFLIGHT];  /* CHUNK-byte buffers small pieces are gathered into */
     struct iovec *cur;          /* recvv's cursor over the caller's iovecs */
     size_t cur_cap;
@@ -298,6 +301,18 @@ static kvt_status ux_post(ux_stream *u, const void *buf, size_t len, uint64_t dl
     return KVT_OK;
 }
 
+/* Waits for every message in flight (each bounded by the deadline; on a
+ * broken stream each is cancelled and reaped, ~1 s at most). */
+static kvt_status ux_flush_reqs(ux_stream *u, uint64_t dl)
+{
+    kvt_status st = KVT_OK;
+    while (u->req_n) {
+        kvt_status s2 = ux_retire(u, dl);
+        if (!st) st = s2;
+    }
+    return st;
+}
+
 /* The gather buffer of the next slot (its previous message retired first). */
 static kvt_status ux_gather_buf(ux_stream *u, uint64_t dl, uint8_t **out)
 {
@@ -314,9 +329,12 @@ static kvt_status ux_gather_buf(ux_stream *u, uint64_t dl, uint8_t **out)
 
 /* One sendv = a run of messages: pieces >= DIRECT_MIN straight from the
  * caller's memory (CHUNK at a time), smaller ones gathered into CHUNK-byte
- * buffers; up to INFLIGHT in flight, all complete before it returns (the
- * caller may reuse its memory). The receiver reads bytes, not messages. */
-static kvt_status ux_send_all(ux_stream *u, const struct iovec *iov, int cnt, uint64_t dl)
+ * buffers; up to INFLIGHT in flight. Unless async, all (and every earlier
+ * one) complete before it returns (the caller may reuse its memory); async,
+ * the last INFLIGHT may still be in flight (stream.h: sendv_async). The
+ * receiver reads bytes, not messages. */
+static kvt_status ux_send_all(ux_stream *u, const struct iovec *iov, int cnt, uint64_t dl,
+                              bool async)
 {
     kvt_status st = KVT_OK;
     uint8_t *g = NULL;
@@ -346,8 +364,8 @@ static kvt_status ux_send_all(ux_stream *u, const struct iovec *iov, int cnt, ui
         }
     }
     if (!st && gl) st = ux_post(u, g, gl, dl);
-    while (u->req_n) {
-        kvt_status s2 = ux_retire(u, dl);
+    if (st || !async) {
+        kvt_status s2 = ux_flush_reqs(u, dl);
         if (!st) st = s2;
     }
     return st;
@@ -357,8 +375,28 @@ static kvt_status ux_sendv(kvt_stream *s, const struct iovec *iov, int cnt, uint
 {
     ux_stream *u = (ux_stream *)s;
     KVT_CHECK_ARG(cnt >= 0 && (iov || !cnt), "stream: UCX sendv of %d iovecs at %p", cnt, (void *)iov);
-    if (ux_lost(u)) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
-    return ux_send_all(u, iov, cnt, dl);
+    if (ux_lost(u)) {
+        (void)ux_flush_reqs(u, kvt__now_ns());
+        return kvt__fail(KVT_ECONN, "stream: UCX link lost");
+    }
+    return ux_send_all(u, iov, cnt, dl, false);
+}
+
+/* sendv that leaves up to INFLIGHT messages in flight (stream.h). */
+static kvt_status ux_sendv_async(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
+{
+    ux_stream *u = (ux_stream *)s;
+    KVT_CHECK_ARG(cnt >= 0 && (iov || !cnt), "stream: UCX sendv of %d iovecs at %p", cnt, (void *)iov);
+    if (ux_lost(u)) {
+        (void)ux_flush_reqs(u, kvt__now_ns());
+        return kvt__fail(KVT_ECONN, "stream: UCX link lost");
+    }
+    return ux_send_all(u, iov, cnt, dl, true);
+}
+
+static kvt_status ux_flush(kvt_stream *s, uint64_t dl)
+{
+    return ux_flush_reqs((ux_stream *)s, dl);
 }
 
 /* Takes the next message off the worker by the deadline. */
@@ -391,6 +429,38 @@ static kvt_status ux_take(ux_stream *u, ucp_tag_message_h m, void *buf, size_t c
 {
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = dt};
     return ux_wait_req(u, ucp_tag_msg_recv_nbx(u->worker, buf, count, m, &p), dl, "receive");
+}
+
+/* Waits for every receive in flight (on failure each is cancelled and reaped). */
+static kvt_status ux_rflush(ux_stream *u, uint64_t dl)
+{
+    kvt_status st = KVT_OK;
+    for (unsigned i = 0; i < u->rreq_n; i++) {
+        kvt_status s2 = ux_wait_req(u, u->rreq[i], st ? kvt__now_ns() : dl, "receive");
+        if (!st) st = s2;
+    }
+    u->rreq_n = 0;
+    return st;
+}
+
+/* Takes message m into buf without waiting (RINFLIGHT at most; the oldest
+ * waited for first); ux_rflush waits for them all. */
+static kvt_status ux_take_async(ux_stream *u, ucp_tag_message_h m, void *buf, size_t len, uint64_t dl)
+{
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
+    void *r = ucp_tag_msg_recv_nbx(u->worker, buf, len, m, &p);
+    if (r == NULL || UCS_PTR_IS_ERR(r)) return ux_wait_req(u, r, dl, "receive");
+    if (u->rreq_n == RINFLIGHT) {
+        kvt_status st = ux_wait_req(u, u->rreq[0], dl, "receive");
+        memmove(u->rreq, u->rreq + 1, (RINFLIGHT - 1) * sizeof *u->rreq);
+        u->rreq_n--;
+        if (st) {
+            u->rreq[u->rreq_n++] = r;
+            return st;
+        }
+    }
+    u->rreq[u->rreq_n++] = r;
+    return KVT_OK;
 }
 
 /* Copies staged bytes into the cursor; returns the bytes copied. */
@@ -485,7 +555,11 @@ static kvt_status ux_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint
         if (len == 0) {
             st = ux_take(u, m, NULL, 0, ucp_dt_make_contig(1), dl);
         } else if (len <= want && len <= cur->iov_len) {
-            st = ux_take(u, m, cur->iov_base, len, ucp_dt_make_contig(1), dl); /* zero copy */
+            /* zero copy, and without waiting: a window of receives in flight
+             * (each lands at its own place in the caller's memory), so the
+             * sender's rendezvous messages are not taken one round trip at a
+             * time */
+            st = ux_take_async(u, m, cur->iov_base, len, dl);
             if (!st) {
                 ux_skip(&cur, &cnt, len);
                 want -= len;
@@ -496,9 +570,10 @@ static kvt_status ux_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint
             st = ux_stage(u, m, len, dl);
             if (!st) want -= ux_unstage(u, &cur, &cnt);
         }
-        if (st) return st;
+        if (st) break;
     }
-    return KVT_OK;
+    kvt_status s2 = ux_rflush(u, st ? kvt__now_ns() : dl);
+    return st ? st : s2;
 }
 
 static int ux_wait(kvt_stream *s, int wake_fd, int timeout_ms)
@@ -557,6 +632,8 @@ static void ux_close_ep(ux_stream *u)
 static void ux_destroy(kvt_stream *s)
 {
     ux_stream *u = (ux_stream *)s;
+    /* async sends still out: let them finish briefly, else cancel and reap */
+    if (u->req_n && u->worker) (void)ux_flush_reqs(u, kvt__now_ns() + REAP_NS);
     ux_close_ep(u);
     if (u->worker) {
         ucp_worker_destroy(u->worker);
@@ -569,7 +646,8 @@ static void ux_destroy(kvt_stream *s)
     free(u);
 }
 
-static const kvt_stream_ops ucx_ops = {"ucx", ux_sendv, ux_recvv, ux_wait, ux_destroy};
+static const kvt_stream_ops ucx_ops = {"ucx", ux_sendv, ux_recvv, ux_wait, ux_destroy,
+                                       ux_sendv_async, ux_flush};
 
 /* Swaps worker addresses over the socket: u32 length (LE), then the bytes. */
 static kvt_status ux_swap_addr(int fd, const void *mine, size_t len, uint8_t **peer,

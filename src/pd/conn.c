@@ -102,14 +102,22 @@ void pd_conn_queue_msg(pd_conn *c, uint16_t type, uint64_t room, kvt_status st, 
 kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
                         const struct iovec *payload, int npay)
 {
+    return pd_conn_send_ex(c, h, body, blen, payload, npay, false);
+}
+
+kvt_status pd_conn_send_ex(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
+                           const struct iovec *payload, int npay, bool async)
+{
     uint8_t hb[PD_HDR_LEN];
     pd_hdr hh = *h;
     hh.body_len = (uint32_t)blen;
     pd_hdr_encode(&hh, hb);
     struct iovec v[2] = {{hb, PD_HDR_LEN}, {(void *)body, blen}};
     uint64_t dl = pd_conn_deadline(c);
-    kvt_status st = c->s->ops->sendv(c->s, v, blen ? 2 : 1, dl);
-    if (!st && hh.payload_len) st = c->s->ops->sendv(c->s, payload, npay, dl);
+    kvt_status (*send)(kvt_stream *, const struct iovec *, int, uint64_t) =
+        async && c->s->ops->sendv_async ? c->s->ops->sendv_async : c->s->ops->sendv;
+    kvt_status st = send(c->s, v, blen ? 2 : 1, dl);
+    if (!st && hh.payload_len) st = send(c->s, payload, npay, dl);
     if (!st) c->last_tx = kvt__now_ns();
     return st;
 }

@@ -21,6 +21,7 @@
 #define PD_MAX_ROOMS 65536
 #define PD_MAX_CONNS 256
 #define PD_BATCH_BYTES (8u << 20) /* one DATA frame: amortises headers and syscalls */
+#define PD_BATCH_BYTES_UCX (32u << 20) /* over UCX: longer per-entry runs, pipelined batches */
 #define PD_MSG 160
 
 typedef struct pd_ep pd_ep;
@@ -159,6 +160,11 @@ void pd_conn_queue_msg(pd_conn *c, uint16_t type, uint64_t room, kvt_status st, 
 /* Sends one frame now (conn thread or before the thread starts). */
 kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
                         const struct iovec *payload, int npay);
+/* async: through the stream's sendv_async when it has one (stream.h): may
+ * return with the frame in flight; blen must be < 64 KiB and the payload
+ * stay unchanged until the next plain send or flush. */
+kvt_status pd_conn_send_ex(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
+                           const struct iovec *payload, int npay, bool async);
 /* Reads one frame's header and body (bounded by max_frame) into c->body. */
 kvt_status pd_conn_read(pd_conn *c, pd_hdr *h, uint64_t deadline_ns);
 uint64_t pd_conn_deadline(const pd_conn *c);

@@ -59,7 +59,7 @@ static kvt_status land(pd_conn *c, pd_room *r, const pd_hdr *h)
         c->sums = s;
         c->sums_cap = np;
     }
-    pd_xfer_hash(&c->iov, np, c->sums);
+    pd_xfer_hash(&x, h->a0, h->a0 + np, c->sums);
     for (uint32_t i = 0; i < np; i++)
         if (c->sums[i] != pd_get64(c->body + 8 * (size_t)i)) {
             fail_corrupt(c, r, h->a0 + i);

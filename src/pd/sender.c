@@ -176,14 +176,16 @@ static kvt_status sender_frame(pd_conn *c, const pd_hdr *h)
     }
 }
 
-/* Pages [next, j1) for one DATA frame: up to PD_BATCH_BYTES (at least one page). */
+/* Pages [next, j1) for one DATA frame: up to PD_BATCH_BYTES (PD_BATCH_BYTES_UCX
+ * over UCX: longer coalesced runs per entry; at least one page). */
 static uint32_t batch_end(const pd_conn *c, const pd_xfer *x, uint32_t next, uint32_t end)
 {
     uint64_t bytes = 0, max_pages = c->ep->net.max_frame / 8;
+    uint64_t cap = c->s->ops->sendv_async ? PD_BATCH_BYTES_UCX : PD_BATCH_BYTES;
     uint32_t j = next;
     while (j < end && j - next < max_pages) {
         uint64_t b = pd_xfer_page_bytes(x, j);
-        if (bytes && (bytes + b > PD_BATCH_BYTES || bytes + b > c->ep->net.max_frame)) break;
+        if (bytes && (bytes + b > cap || bytes + b > c->ep->net.max_frame)) break;
         bytes += b;
         j++;
     }
@@ -201,11 +203,25 @@ static kvt_status send_batch(pd_conn *c, pd_job *j, const pd_xfer *x)
         c->sums = s;
         c->sums_cap = np;
     }
-    pd_xfer_hash(&c->iov, np, c->sums);
+    const kvt_stream_ops *ops = c->s->ops;
+    if (ops->sendv_async) {
+        /* the previous batch is still moving: hash page by page, letting the
+         * transport progress it in between */
+        for (uint32_t p = 0; p < np; p++) {
+            pd_xfer_hash(x, j->next_page + p, j->next_page + p + 1, c->sums + p);
+            (void)ops->wait(c->s, -1, 0);
+        }
+    } else {
+        pd_xfer_hash(x, j->next_page, j1, c->sums);
+    }
     if (++c->batches == c->ep->corrupt_batch) c->sums[0] ^= 1; /* test hook */
     pd_hdr h = {.type = PD_F_DATA, .room = j->room->id, .a0 = j->next_page, .a1 = np,
                 .payload_len = c->iov.bytes};
-    st = pd_conn_send(c, &h, c->sums, (size_t)np * 8, c->iov.v, (int)c->iov.n);
+    /* async: returns with this batch in flight (its engine pages stay put
+     * while the job holds the room; c->sums is copied when < 64 KiB). DONE,
+     * control frames and pings are plain sends, which wait for it. */
+    bool async = ops->sendv_async && (size_t)np * 8 < (64u << 10);
+    st = pd_conn_send_ex(c, &h, c->sums, (size_t)np * 8, c->iov.v, (int)c->iov.n, async);
     if (st) return kvt__fail(st, "%s: peer not reading (DATA %s)", c->name,
                              st == KVT_ETIMEDOUT ? "timed out" : "failed");
     pthread_mutex_lock(&c->ep->mu);
@@ -230,6 +246,15 @@ static kvt_status sender_work(pd_conn *c, bool *busy)
     pthread_mutex_lock(&ep->mu);
     pd_job *j = c->jobs;
     if (j && (j->room->cleared || pd_room_terminal(j->room))) {
+        if (j->begun && c->s->ops->flush) {
+            /* its last batches may still be moving from the room's pages */
+            pthread_mutex_unlock(&ep->mu);
+            kvt_status st = c->s->ops->flush(c->s, pd_conn_deadline(c));
+            if (st) return kvt__fail(st, "%s: peer not reading (DATA %s)", c->name,
+                                     st == KVT_ETIMEDOUT ? "timed out" : "failed");
+            pthread_mutex_lock(&ep->mu);
+            j = c->jobs; /* only this thread pops jobs */
+        }
         pop_job(c);
         j = NULL;
     }

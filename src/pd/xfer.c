@@ -9,7 +9,6 @@
 void pd_iovs_free(pd_iovs *v)
 {
     free(v->v);
-    free(v->page_start);
     *v = (pd_iovs){0};
 }
 
@@ -91,51 +90,54 @@ static uint8_t *piece_addr(const pd_xfer *x, const pd_slice *s, uint32_t lt)
            s->src_off;
 }
 
-static kvt_status page_iov(const pd_xfer *x, uint32_t j, pd_iovs *v)
+kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *v)
 {
-    uint32_t a, b;
-    page_tokens(x, j, &a, &b);
-    bool first = true; /* never merge across pages: each page hashes alone */
+    /* Entry-major over the batch (entry -> page -> token), merging every
+     * adjacent piece: with a layout that keeps one entry's pages side by
+     * side (layer-first, consecutive page ids), a batch's pages coalesce
+     * into one run per entry, long enough to go zero-copy on both ends. */
+    v->n = 0;
+    v->bytes = 0;
     for (uint32_t e = 0; e < x->plan->num_slices; e++) {
         const pd_slice *s = &x->plan->slices[e];
         if (!s->len) continue;
-        for (uint32_t lt = a; lt < b; lt++) {
-            kvt_status st = push(v, piece_addr(x, s, lt), s->len, !first);
-            if (st) return st;
-            first = false;
+        for (uint32_t j = j0; j < j1; j++) {
+            uint32_t a, b;
+            page_tokens(x, j, &a, &b);
+            for (uint32_t lt = a; lt < b; lt++) {
+                kvt_status st = push(v, piece_addr(x, s, lt), s->len, true);
+                if (st) return st;
+            }
         }
     }
     return KVT_OK;
 }
 
-kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *v)
-{
-    uint32_t np = j1 - j0;
-    if (np + 1 > v->pcap) {
-        uint32_t *ps = realloc(v->page_start, (np + 1) * sizeof *ps);
-        if (!ps) return kvt__fail(KVT_ENOMEM, "pd xfer: out of memory for %u pages", np);
-        v->page_start = ps;
-        v->pcap = np + 1;
-    }
-    v->n = 0;
-    v->bytes = 0;
-    for (uint32_t j = j0; j < j1; j++) {
-        v->page_start[j - j0] = v->n;
-        kvt_status st = page_iov(x, j, v);
-        if (st) return st;
-    }
-    v->page_start[np] = v->n;
-    return KVT_OK;
-}
-
-void pd_xfer_hash(const pd_iovs *v, uint32_t npages, uint64_t *out)
+void pd_xfer_hash(const pd_xfer *x, uint32_t j0, uint32_t j1, uint64_t *out)
 {
     XXH3_state_t st;
-    for (uint32_t i = 0; i < npages; i++) {
+    for (uint32_t j = j0; j < j1; j++) {
+        uint32_t a, b;
+        page_tokens(x, j, &a, &b);
         XXH3_64bits_reset(&st);
-        for (uint32_t k = v->page_start[i]; k < v->page_start[i + 1]; k++)
-            XXH3_64bits_update(&st, v->v[k].iov_base, v->v[k].iov_len);
-        out[i] = XXH3_64bits_digest(&st);
+        const uint8_t *run = NULL; /* adjacent pieces hash as one update */
+        size_t rl = 0;
+        for (uint32_t e = 0; e < x->plan->num_slices; e++) {
+            const pd_slice *s = &x->plan->slices[e];
+            if (!s->len) continue;
+            for (uint32_t lt = a; lt < b; lt++) {
+                const uint8_t *p = piece_addr(x, s, lt);
+                if (run && run + rl == p) {
+                    rl += s->len;
+                    continue;
+                }
+                if (rl) XXH3_64bits_update(&st, run, rl);
+                run = p;
+                rl = s->len;
+            }
+        }
+        if (rl) XXH3_64bits_update(&st, run, rl);
+        out[j - j0] = XXH3_64bits_digest(&st);
     }
 }
 

@@ -1,11 +1,13 @@
 /* xfer.h - one room's transfer between one (prefill, decode) pair, as
  * scatter/gather lists over engine memory.
  *
- * Both sides walk the same canonical order: decode pages j (of the decode
- * page table), then entries, then the page's tokens. Each side turns that
- * order into its own iovec list (merging adjacent pieces), so the sender
- * writes straight from its pages and the receiver reads straight into its
- * pages: no staging copy. Each decode page's bytes carry one XXH3-64. */
+ * Each decode page's bytes (in page order: entries, then the page's tokens)
+ * carry one XXH3-64. A DATA batch of decode pages [j0, j1) moves its bytes
+ * entry-major (entry, then page, then token): both sides walk that order
+ * and turn it into their own iovec list, merging adjacent pieces, so the
+ * sender writes straight from its pages and the receiver reads straight
+ * into its pages (no staging copy), and one entry's pages that sit side by
+ * side in memory travel as one long run. */
 #ifndef KVT_PD_XFER_H
 #define KVT_PD_XFER_H
 
@@ -27,8 +29,6 @@ typedef struct pd_xfer {
 typedef struct pd_iovs {
     struct iovec *v;
     uint32_t n, cap;
-    uint32_t *page_start; /* page_start[i]: first iov of page j0 + i; one extra at the end */
-    uint32_t pcap;
     uint64_t bytes;
 } pd_iovs;
 
@@ -38,10 +38,11 @@ void pd_iovs_free(pd_iovs *v);
 void pd_xfer_page_range(const pd_xfer *x, uint32_t *first, uint32_t *end);
 /* Payload bytes of decode page j. */
 uint64_t pd_xfer_page_bytes(const pd_xfer *x, uint32_t j);
-/* Builds this side's iovecs of decode pages [j0, j1). */
+/* Builds this side's iovecs of decode pages [j0, j1), entry-major. */
 kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *out);
-/* XXH3-64 of each page's bytes, from iovecs built by pd_xfer_iov. */
-void pd_xfer_hash(const pd_iovs *v, uint32_t npages, uint64_t *out);
+/* XXH3-64 of each decode page of [j0, j1) over this side's memory, in page
+ * order (out[j - j0]); independent of the batch's wire order. */
+void pd_xfer_hash(const pd_xfer *x, uint32_t j0, uint32_t j1, uint64_t *out);
 /* Checks a page table covers the side's tokens of [0, ntok) and indexes
  * only existing pages; KVT_EINVAL with a message (fn names the caller). */
 kvt_status pd_xfer_check_pages(const pd_plan *plan, int side, uint32_t ntok, const uint32_t *pages,
