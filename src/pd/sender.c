@@ -181,7 +181,7 @@ static kvt_status sender_frame(pd_conn *c, const pd_hdr *h)
 static uint32_t batch_end(const pd_conn *c, const pd_xfer *x, uint32_t next, uint32_t end)
 {
     uint64_t bytes = 0, max_pages = c->ep->net.max_frame / 8;
-    uint64_t cap = c->s->ops->sendv_async ? PD_BATCH_BYTES_UCX : PD_BATCH_BYTES;
+    uint64_t cap = c->s->ops->sendv_async ? (getenv("XB") ? (uint64_t)atoi(getenv("XB")) << 20 : PD_BATCH_BYTES_UCX) : PD_BATCH_BYTES;
     uint32_t j = next;
     while (j < end && j - next < max_pages) {
         uint64_t b = pd_xfer_page_bytes(x, j);

@@ -4,6 +4,7 @@
  * the cache on the same directory and checks that every request reported
  * durable before the kill is found whole and that every loaded byte is
  * right. 24 rounds, alternating the io backends. */
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #define TOKENS 41 /* 5 full blocks + 1; blocks 0-1 shared by every request */
 #define WAIT_MS 20000
 #define MAX_REQ 100000
+#define READY UINT32_MAX /* sent by the child once its cache is open */
 
 static char dir[256];
 
@@ -60,6 +62,8 @@ static void child(int fd, uint32_t first, const char *io)
     }
     uint32_t tokens[TOKENS], pages[16];
     for (uint32_t p = 0; p < 16; p++) pages[p] = p;
+    uint32_t ready = READY; /* the parent's kill timer starts now, not at fork */
+    if (write(fd, &ready, sizeof ready) != sizeof ready) _exit(7);
     time_t start = time(NULL);
     for (uint32_t i = first; i < MAX_REQ && time(NULL) - start < 10; i++) {
         request_tokens(i, tokens);
@@ -140,8 +144,15 @@ static void test_conc_sigkill_rounds(void **state)
             child(fds[1], durable, io);
         }
         close(fds[1]);
-        /* Kill at a random moment: 30..300 ms in, mid-store or mid-flush. */
-        usleep((useconds_t)(30000 + kvt__splitmix64(&rng) % 270000));
+        /* Opening the cache takes long under sanitizers: wait (bounded) for
+         * the child to be storing, then kill it at a random moment 5..200 ms
+         * in, mid-store or mid-flush. */
+        uint32_t first = 0;
+        struct pollfd pfd = {fds[0], POLLIN, 0};
+        if (poll(&pfd, 1, 60000) != 1 || read(fds[0], &first, sizeof first) != sizeof first ||
+            first != READY)
+            fail_msg("round %d: the child did not open the cache within 60 s", round);
+        usleep((useconds_t)(5000 + kvt__splitmix64(&rng) % 195000));
         kill(pid, SIGKILL);
         int status;
         assert_int_equal(waitpid(pid, &status, 0), pid);
