@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 #include "kvtier.h"
+#include "net/fdio.h"
 
 typedef struct kvt_stream kvt_stream;
 
@@ -80,8 +81,11 @@ static inline kvt_status kvt__stream_recv(kvt_stream *s, void *p, size_t len, ui
 void kvt__stream_destroy(kvt_stream *s);
 
 /* Raw socket helpers (stream_tcp.c), also used by the handshake. */
-kvt_status kvt__stream_fd_io(int fd, struct iovec *iov, int iovcnt, uint64_t deadline_ns,
-                             int writing);
+static inline kvt_status kvt__stream_fd_io(int fd, struct iovec *iov, int iovcnt,
+                                           uint64_t deadline_ns, int writing)
+{
+    return kvt__fd_io(fd, iov, iovcnt, deadline_ns, writing);
+}
 /* The handshake (stream_auth.c): mutual HMAC-SHA256 over both nonces. */
 kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *auth, uint64_t deadline_ns);
 kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *auth, uint64_t deadline_ns);

@@ -13,70 +13,12 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include "net/fdio.h"
 #include "net/stream.h"
 #include "util/clock.h"
 #include "util/err.h"
 
 #define SOCK_BUF (4 << 20) /* big socket buffers: fewer wakeups on the data path */
-
-static int ms_until(uint64_t deadline_ns)
-{
-    uint64_t now = kvt__now_ns();
-    if (now >= deadline_ns) return 0;
-    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
-    return ms > 3600000 ? 3600000 : (int)ms;
-}
-
-static kvt_status wait_fd(int fd, short ev, uint64_t deadline_ns)
-{
-    for (;;) {
-        struct pollfd p = {fd, ev, 0};
-        int rc = poll(&p, 1, ms_until(deadline_ns));
-        if (rc > 0) return (p.revents & (ev | POLLHUP | POLLERR)) ? KVT_OK : KVT_ECONN;
-        if (rc == 0) return KVT_ETIMEDOUT;
-        if (errno != EINTR) return KVT_ECONN;
-    }
-}
-
-/* Advances iov past n bytes. */
-static void advance(struct iovec **iov, int *cnt, size_t n)
-{
-    while (*cnt > 0 && n >= (*iov)->iov_len) {
-        n -= (*iov)->iov_len;
-        (*iov)++;
-        (*cnt)--;
-    }
-    if (*cnt > 0 && n) {
-        (*iov)->iov_base = (uint8_t *)(*iov)->iov_base + n;
-        (*iov)->iov_len -= n;
-    }
-}
-
-kvt_status kvt__stream_fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing)
-{
-    while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
-    while (cnt > 0) {
-        int k = cnt > IOV_MAX ? IOV_MAX : cnt;
-        ssize_t n;
-        if (writing) {
-            struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
-            n = sendmsg(fd, &m, MSG_NOSIGNAL);
-        } else {
-            n = readv(fd, iov, k);
-        }
-        if (n > 0) {
-            advance(&iov, &cnt, (size_t)n);
-            while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
-            continue;
-        }
-        if (n == 0 && !writing) return KVT_ECONN;
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
-        kvt_status st = wait_fd(fd, writing ? POLLOUT : POLLIN, deadline_ns);
-        if (st != KVT_OK) return st;
-    }
-    return KVT_OK;
-}
 
 /* The iovecs are mutated while advancing; callers' arrays stay intact. */
 static kvt_status tcp_io(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl, int w)
@@ -182,7 +124,7 @@ static kvt_status wrap(int fd, kvt_stream **out)
 
 kvt_status kvt__stream_accept(int lfd, uint64_t deadline_ns, kvt_stream **out)
 {
-    if (wait_fd(lfd, POLLIN, deadline_ns) != KVT_OK) return KVT_EAGAIN;
+    if (kvt__fd_wait(lfd, POLLIN, deadline_ns) != KVT_OK) return KVT_EAGAIN;
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) return KVT_EAGAIN;
     tune(fd);
@@ -195,7 +137,7 @@ static kvt_status connect_once(const struct sockaddr_in *sa, uint64_t dl, int *f
     if (fd < 0) return kvt__fail(KVT_ESYS, "stream: socket: %s", strerror(errno));
     tune(fd);
     int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
-    if (rc != 0 && errno == EINPROGRESS && wait_fd(fd, POLLOUT, dl) == KVT_OK) {
+    if (rc != 0 && errno == EINPROGRESS && kvt__fd_wait(fd, POLLOUT, dl) == KVT_OK) {
         int err = 0;
         socklen_t el = sizeof err;
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);

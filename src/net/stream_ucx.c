@@ -9,12 +9,13 @@
  * worker per stream, driven only by the thread that owns the stream (PD:
  * the link's thread), so the worker runs in single-thread mode.
  *
- * Message semantics over byte-stream callers: each sendv is one tag message
- * (IOV datatype: UCX gathers straight from the caller's pages; large ones go
- * rendezvous, zero-copy where the transport allows). recvv probes the next
- * message: when it fits in what the caller still wants it lands straight in
- * the caller's iovecs; when it is longer (a header read before its body) it
- * lands in a staging buffer (bounded by STAGE_MAX) that later reads drain.
+ * Byte semantics over tag messages: a sendv is a run of contiguous messages
+ * (large pieces straight from the caller's memory, small ones gathered;
+ * sendv_async leaves the last INFLIGHT in flight). recvv probes the next
+ * message: when it fits in the current destination piece it is received
+ * there (up to RINFLIGHT at once); when it is longer (a header read before
+ * its body) or spans pieces it lands in a staging buffer (bounded by
+ * STAGE_MAX) that later reads drain.
  *
  * Every wait progresses the worker in a bounded loop: spin a little, then
  * arm the worker and poll its event fd with the socket, up to the deadline;

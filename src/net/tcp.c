@@ -17,47 +17,15 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+#include "net/fdio.h"
 #include "net/tcp.h"
 #include "util/clock.h"
 #include "util/err.h"
 
-static int ms_until(uint64_t deadline_ns)
-{
-    uint64_t now = kvt__now_ns();
-    if (now >= deadline_ns) return 0;
-    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
-    return ms > 3600000 ? 3600000 : (int)ms;
-}
-
-/* Waits for ev on fd: KVT_OK, KVT_ETIMEDOUT or KVT_ECONN. */
-static kvt_status wait_fd(int fd, short ev, uint64_t deadline_ns)
-{
-    for (;;) {
-        struct pollfd p = {fd, ev, 0};
-        int rc = poll(&p, 1, ms_until(deadline_ns));
-        if (rc > 0) return (p.revents & (ev | POLLHUP | POLLERR)) ? KVT_OK : KVT_ECONN;
-        if (rc == 0) return KVT_ETIMEDOUT;
-        if (errno != EINTR) return KVT_ECONN;
-    }
-}
-
 static kvt_status io_all(int fd, void *p, size_t len, uint64_t deadline_ns, int writing)
 {
-    uint8_t *b = p;
-    while (len > 0) {
-        ssize_t n = writing ? send(fd, b, len, MSG_NOSIGNAL) : recv(fd, b, len, 0);
-        if (n > 0) {
-            b += n;
-            len -= (size_t)n;
-            continue;
-        }
-        if (n == 0 && !writing) return KVT_ECONN; /* orderly close */
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
-        kvt_status st = wait_fd(fd, writing ? POLLOUT : POLLIN, deadline_ns);
-        if (st != KVT_OK) return st;
-    }
-    return KVT_OK;
+    struct iovec v = {p, len};
+    return kvt__fd_io(fd, &v, 1, deadline_ns, writing);
 }
 
 kvt_status kvt__tcp_write_all(int fd, const void *p, size_t len, uint64_t deadline_ns)
@@ -229,7 +197,7 @@ static kvt_status hub_connect(tcp_net *t, uint64_t deadline_ns)
     uint32_t joined = 0;
     for (uint32_t r = 1; r < t->base.ranks; r++) joined += t->fds[r] >= 0;
     while (joined < t->base.ranks - 1) {
-        kvt_status st = wait_fd(t->listen_fd, POLLIN, deadline_ns);
+        kvt_status st = kvt__fd_wait(t->listen_fd, POLLIN, deadline_ns);
         if (st != KVT_OK || kvt__now_ns() >= deadline_ns) {
             for (uint32_t r = 1; r < t->base.ranks; r++)
                 if (t->fds[r] < 0)
@@ -254,7 +222,7 @@ static kvt_status try_connect(tcp_net *t, const struct sockaddr_in *sa, uint64_t
     if (fd < 0) return kvt__fail(KVT_ESYS, "kvt_net_connect: socket: %s", strerror(errno));
     set_opts(fd);
     int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
-    if (rc != 0 && errno == EINPROGRESS && wait_fd(fd, POLLOUT, dl) == KVT_OK) {
+    if (rc != 0 && errno == EINPROGRESS && kvt__fd_wait(fd, POLLOUT, dl) == KVT_OK) {
         int err = 0;
         socklen_t l = sizeof err;
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);

@@ -21,7 +21,7 @@
 #define PD_MAX_ROOMS 65536
 #define PD_MAX_CONNS 256
 #define PD_BATCH_BYTES (8u << 20) /* one DATA frame: amortises headers and syscalls */
-#define PD_BATCH_BYTES_UCX (32u << 20) /* over UCX: longer per-entry runs, pipelined batches */
+#define PD_BATCH_BYTES_UCX (64u << 20) /* over UCX (capped by max_frame): longer per-entry runs */
 #define PD_MSG 160
 
 typedef struct pd_ep pd_ep;

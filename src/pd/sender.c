@@ -181,7 +181,7 @@ static kvt_status sender_frame(pd_conn *c, const pd_hdr *h)
 static uint32_t batch_end(const pd_conn *c, const pd_xfer *x, uint32_t next, uint32_t end)
 {
     uint64_t bytes = 0, max_pages = c->ep->net.max_frame / 8;
-    uint64_t cap = c->s->ops->sendv_async ? (getenv("XB") ? (uint64_t)atoi(getenv("XB")) << 20 : PD_BATCH_BYTES_UCX) : PD_BATCH_BYTES;
+    uint64_t cap = c->s->ops->sendv_async ? PD_BATCH_BYTES_UCX : PD_BATCH_BYTES;
     uint32_t j = next;
     while (j < end && j - next < max_pages) {
         uint64_t b = pd_xfer_page_bytes(x, j);
@@ -206,10 +206,14 @@ static kvt_status send_batch(pd_conn *c, pd_job *j, const pd_xfer *x)
     const kvt_stream_ops *ops = c->s->ops;
     if (ops->sendv_async) {
         /* the previous batch is still moving: hash page by page, letting the
-         * transport progress it in between */
+         * transport progress it every MiB or so */
+        uint64_t since = 0;
         for (uint32_t p = 0; p < np; p++) {
             pd_xfer_hash(x, j->next_page + p, j->next_page + p + 1, c->sums + p);
-            (void)ops->wait(c->s, -1, 0);
+            if ((since += pd_xfer_page_bytes(x, j->next_page + p)) >= (1u << 20)) {
+                (void)ops->wait(c->s, -1, 0); /* a frame or hang-up: the next step sees it */
+                since = 0;
+            }
         }
     } else {
         pd_xfer_hash(x, j->next_page, j1, c->sums);

@@ -110,6 +110,38 @@ static void tcp_corrupt_fails(void **state)
     pd_cluster_stop(&cl);
 }
 
+/* Pipelined DATA over UCX: batches of 2 pages (max_frame 4 MiB), 256 KiB
+ * pieces sent straight from engine memory, each batch left in flight while
+ * the next is hashed, rooms back to back on the link. A corrupt checksum in
+ * the middle of room 3 fails exactly that room on both sides; every other
+ * room ends Success and the bytes (rewritten by the later rooms) verify. */
+static void tcp_pipelined_rooms_corrupt_one(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    use_ucx(&cl, "tcp");
+    cl.net.max_frame = 4u << 20;
+    pd_side_cfg c = {1, 1, 64, KVT_LAYOUT_LAYER_FIRST, &wide};
+    pd_cluster_start(&cl, &c, &c, 384); /* 6 pages of 2 MiB: 3 batches a room */
+    pd_sender_ep(cl.pre[0].s)->corrupt_batch = 8; /* room 3, its second batch */
+    pd_cluster_decoders(&cl);
+    for (uint64_t room = 1; room <= 6; room++) pd_open_room(&cl, room, 0);
+    for (uint64_t room = 1; room <= 6; room++) {
+        if (room == 3) continue;
+        pd_expect_room(&cl, room, KVT_PD_SUCCESS);
+    }
+    pd_expect_room(&cl, 3, KVT_PD_FAILED);
+    kvt_pd_room_info i;
+    assert_ok(kvt_pd_room_info_get(NULL, cl.dec[0].r, 3, &i));
+    assert_int_equal(i.error, KVT_ECORRUPT);
+    assert_ok(kvt_pd_room_info_get(cl.pre[0].s, NULL, 3, &i));
+    assert_int_equal(i.error, KVT_ECORRUPT);
+    assert_ok(kvt_pd_room_info_get(NULL, cl.dec[0].r, 6, &i));
+    assert_int_equal(i.bytes, 384ull * 4 * 2 * 16 * 128 * 2);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    pd_cluster_stop(&cl);
+}
+
 static void expect_failed_fast(pd_cluster *cl, uint64_t room, uint64_t t0)
 {
     kvt_pd_poll st;
@@ -210,6 +242,7 @@ int main(void)
         cmocka_unit_test(posix_identical_and_slicing),
         cmocka_unit_test(sysv_many_rooms),
         cmocka_unit_test(tcp_corrupt_fails),
+        cmocka_unit_test(tcp_pipelined_rooms_corrupt_one),
         cmocka_unit_test(tcp_dead_prefill_fails_rooms),
         cmocka_unit_test(tcp_killed_prefill_process),
         cmocka_unit_test(posix_killed_prefill_process),

@@ -1,0 +1,71 @@
+/* fdio.c - deadline-bounded I/O on non-blocking sockets, shared by the
+ * rank mesh (tcp.c) and the client/server streams (stream_tcp.c). */
+#include "net/fdio.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "util/clock.h"
+
+static int ms_until(uint64_t deadline_ns)
+{
+    uint64_t now = kvt__now_ns();
+    if (now >= deadline_ns) return 0;
+    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+    return ms > 3600000 ? 3600000 : (int)ms;
+}
+
+kvt_status kvt__fd_wait(int fd, short ev, uint64_t deadline_ns)
+{
+    for (;;) {
+        struct pollfd p = {fd, ev, 0};
+        int rc = poll(&p, 1, ms_until(deadline_ns));
+        if (rc > 0) return (p.revents & (ev | POLLHUP | POLLERR)) ? KVT_OK : KVT_ECONN;
+        if (rc == 0) return KVT_ETIMEDOUT;
+        if (errno != EINTR) return KVT_ECONN;
+    }
+}
+
+/* Advances iov past n bytes. */
+static void advance(struct iovec **iov, int *cnt, size_t n)
+{
+    while (*cnt > 0 && n >= (*iov)->iov_len) {
+        n -= (*iov)->iov_len;
+        (*iov)++;
+        (*cnt)--;
+    }
+    if (*cnt > 0 && n) {
+        (*iov)->iov_base = (uint8_t *)(*iov)->iov_base + n;
+        (*iov)->iov_len -= n;
+    }
+}
+
+kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing)
+{
+    while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
+    while (cnt > 0) {
+        int k = cnt > IOV_MAX ? IOV_MAX : cnt;
+        ssize_t n;
+        if (writing) {
+            struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+            n = sendmsg(fd, &m, MSG_NOSIGNAL);
+        } else {
+            n = readv(fd, iov, k);
+        }
+        if (n > 0) {
+            advance(&iov, &cnt, (size_t)n);
+            while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
+            continue;
+        }
+        if (n == 0 && !writing) return KVT_ECONN;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
+        kvt_status st = kvt__fd_wait(fd, writing ? POLLOUT : POLLIN, deadline_ns);
+        if (st != KVT_OK) return st;
+    }
+    return KVT_OK;
+}
+

@@ -1,0 +1,17 @@
+/* fdio.h - deadline-bounded waits and I/O on non-blocking sockets. */
+#ifndef KVT_NET_FDIO_H
+#define KVT_NET_FDIO_H
+
+#include <stdint.h>
+#include <sys/uio.h>
+#include "kvtier.h"
+
+/* Waits for ev (POLLIN/POLLOUT) on fd until deadline_ns: KVT_OK,
+ * KVT_ETIMEDOUT, or KVT_ECONN when the socket failed or hung up. */
+kvt_status kvt__fd_wait(int fd, short ev, uint64_t deadline_ns);
+/* Moves all of iov (mutated while advancing) through fd, IOV_MAX at a time,
+ * by deadline_ns: KVT_OK, KVT_ETIMEDOUT, or KVT_ECONN (error or orderly
+ * close while reading). */
+kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing);
+
+#endif
