@@ -141,22 +141,32 @@ static kvt_cache_stats stats(env *e)
     return s;
 }
 
+/* A fresh directory and cache (24 CPU blocks, 512 SSD blocks) on backend
+ * b, with n requests (seeds seed..) stored and flushed one by one, so all
+ * but the last few are on the SSD only. */
+static void open_and_store(env *e, int b, uint32_t n, uint32_t seed, uint32_t tokens[][TOKENS],
+                           kvt_request *r)
+{
+    memset(e, 0, sizeof *e);
+    make_dir(e);
+    assert_ok(open_cache(e, geo(), 24, 512, BACKENDS[b], false));
+    for (uint32_t i = 0; i < n; i++) {
+        request(tokens[i], seed + i, &r[i]);
+        store(e, &r[i]);
+        assert_ok(kvt_cache_flush(e->cache, WAIT_MS));
+    }
+}
+
 /* Six 20-block requests through an 8-block CPU tier: the early ones come
  * back from the SSD, byte for byte. */
 static void test_conc_read_back_from_ssd(void **state)
 {
     (void)state;
     for (int b = 0; b < 2; b++) {
-        env e = {0};
-        make_dir(&e);
-        assert_ok(open_cache(&e, geo(), 24, 512, BACKENDS[b], false));
+        env e;
         uint32_t tokens[6][TOKENS];
         kvt_request r[6];
-        for (uint32_t i = 0; i < 6; i++) {
-            request(tokens[i], 100 + i, &r[i]);
-            store(&e, &r[i]);
-            assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
-        }
+        open_and_store(&e, b, 6, 100, tokens, r);
         kvt_cache_stats s = stats(&e);
         assert_int_equal(s.ssd_written_blocks, 120);
         assert_true(s.cpu_dropped_blocks >= 96);
@@ -182,16 +192,10 @@ static void test_conc_truncated_read_back(void **state)
 {
     (void)state;
     for (int b = 0; b < 2; b++) {
-        env e = {0};
-        make_dir(&e);
-        assert_ok(open_cache(&e, geo(), 24, 512, BACKENDS[b], false));
+        env e;
         uint32_t tokens[6][TOKENS];
         kvt_request r[6];
-        for (uint32_t i = 0; i < 6; i++) {
-            request(tokens[i], 150 + i, &r[i]);
-            store(&e, &r[i]);
-            assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
-        }
+        open_and_store(&e, b, 6, 150, tokens, r);
         kvt_match m0, m1;
         assert_ok(kvt_cache_lookup(e.cache, &r[0], &m0));
         assert_ok(kvt_cache_lookup(e.cache, &r[1], &m1));
@@ -239,16 +243,10 @@ static void test_conc_two_loads_one_bad_read(void **state)
 {
     (void)state;
     for (int b = 0; b < 2; b++) {
-        env e = {0};
-        make_dir(&e);
-        assert_ok(open_cache(&e, geo(), 24, 512, BACKENDS[b], false));
+        env e;
         uint32_t tokens[3][TOKENS];
         kvt_request r[3];
-        for (uint32_t i = 0; i < 3; i++) {
-            request(tokens[i], 170 + i, &r[i]);
-            store(&e, &r[i]);
-            assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
-        }
+        open_and_store(&e, b, 3, 170, tokens, r);
         kvt_request a = r[0];
         a.num_tokens = 9; /* one block, on the SSD only by now */
         kvt_hash128 h;
@@ -362,16 +360,10 @@ static void test_conc_corrupt_block_is_a_miss(void **state)
 {
     (void)state;
     for (int b = 0; b < 2; b++) {
-        env e = {0};
-        make_dir(&e);
-        assert_ok(open_cache(&e, geo(), 24, 512, BACKENDS[b], false));
+        env e;
         uint32_t tokens[3][TOKENS];
         kvt_request r[3];
-        for (uint32_t i = 0; i < 3; i++) {
-            request(tokens[i], 400 + i, &r[i]);
-            store(&e, &r[i]);
-            assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
-        }
+        open_and_store(&e, b, 3, 400, tokens, r);
         /* r[0] is on the SSD only now; its 6th block read comes back flipped.
          * No layer of that load may be reported whole to the engine. */
         kvt__ssd_inject(e.cache->ssd, KVT_SSD_FAULT_CORRUPT, false, 5);
