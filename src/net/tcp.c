@@ -75,7 +75,7 @@ static kvt_status tcp_send(kvt_net *n, uint32_t peer, const void *hdr, size_t hl
 {
     static const char fn[] = "net tcp send";
     tcp_net *t = (tcp_net *)n;
-    int fd;
+    int fd = -1;
     kvt_status st = route(t, peer, fn, &fd);
     if (st == KVT_OK) st = kvt__net_check_size(n, hlen + blen, fn);
     if (st != KVT_OK) return st;
@@ -104,7 +104,7 @@ static kvt_status tcp_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t dea
 {
     static const char fn[] = "net tcp recv";
     tcp_net *t = (tcp_net *)n;
-    int fd;
+    int fd = -1;
     kvt_status st = route(t, peer, fn, &fd);
     if (st != KVT_OK) return st;
     uint8_t lb[4];

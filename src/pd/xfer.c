@@ -1,6 +1,8 @@
 /* xfer.c - canonical piece order -> iovecs, and per-page checksums. */
 #include "pd/xfer.h"
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: no malloc per page */
 #include <xxhash.h>
@@ -113,13 +115,44 @@ kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *v)
     return KVT_OK;
 }
 
+/* XXH3-64 streaming: the AVX2 build (pd/xxh_avx2.c) when the CPU has AVX2,
+ * else libxxhash. Both give the same values. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+size_t pd_xxh3_avx2_state_size(void);
+void pd_xxh3_avx2_reset(void *st);
+void pd_xxh3_avx2_update(void *st, const void *p, size_t n);
+uint64_t pd_xxh3_avx2_digest(void *st);
+
+static bool use_avx2(void)
+{
+    static _Atomic int v; /* 0: unknown, 1: no, 2: yes */
+    int k = atomic_load_explicit(&v, memory_order_relaxed);
+    if (!k) {
+        __builtin_cpu_init();
+        k = __builtin_cpu_supports("avx2") && pd_xxh3_avx2_state_size() == sizeof(XXH3_state_t) ? 2 : 1;
+        atomic_store_explicit(&v, k, memory_order_relaxed);
+    }
+    return k == 2;
+}
+#define H_RESET(s) (avx2 ? pd_xxh3_avx2_reset(s) : (void)XXH3_64bits_reset(s))
+#define H_UPDATE(s, p, n) (avx2 ? pd_xxh3_avx2_update(s, p, n) : (void)XXH3_64bits_update(s, p, n))
+#define H_DIGEST(s) (avx2 ? pd_xxh3_avx2_digest(s) : XXH3_64bits_digest(s))
+#else
+static bool use_avx2(void) { return false; }
+#define H_RESET(s) ((void)XXH3_64bits_reset(s))
+#define H_UPDATE(s, p, n) ((void)XXH3_64bits_update(s, p, n))
+#define H_DIGEST(s) XXH3_64bits_digest(s)
+#endif
+
 void pd_xfer_hash(const pd_xfer *x, uint32_t j0, uint32_t j1, uint64_t *out)
 {
     XXH3_state_t st;
+    bool avx2 = use_avx2();
+    (void)avx2;
     for (uint32_t j = j0; j < j1; j++) {
         uint32_t a, b;
         page_tokens(x, j, &a, &b);
-        XXH3_64bits_reset(&st);
+        H_RESET(&st);
         const uint8_t *run = NULL; /* adjacent pieces hash as one update */
         size_t rl = 0;
         for (uint32_t e = 0; e < x->plan->num_slices; e++) {
@@ -131,13 +164,13 @@ void pd_xfer_hash(const pd_xfer *x, uint32_t j0, uint32_t j1, uint64_t *out)
                     rl += s->len;
                     continue;
                 }
-                if (rl) XXH3_64bits_update(&st, run, rl);
+                if (rl) H_UPDATE(&st, run, rl);
                 run = p;
                 rl = s->len;
             }
         }
-        if (rl) XXH3_64bits_update(&st, run, rl);
-        out[j - j0] = XXH3_64bits_digest(&st);
+        if (rl) H_UPDATE(&st, run, rl);
+        out[j - j0] = H_DIGEST(&st);
     }
 }
 
