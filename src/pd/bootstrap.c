@@ -195,7 +195,7 @@ static void serve(kvt_pd_bootstrap *bs, kvt_stream *s)
         return;
     }
     uint8_t hb[PD_HDR_LEN];
-    pd_hdr h;
+    pd_hdr h = {0};
     st = kvt__stream_recv(s, hb, sizeof hb, dl);
     if (st) st = kvt__fail(KVT_EPROTO, "pd bootstrap: no request before the deadline");
     else if (!pd_hdr_decode(&h, hb)) st = kvt__fail(KVT_EPROTO, "pd bootstrap: bad frame magic");
