@@ -3,12 +3,15 @@
  * every member), measured at the leader, for 2, 4, 8 and 16 ranks as
  * threads over inproc queues and over loopback TCP (127.0.0.1 only). The
  * payload is an idle connector step (16-byte head) plus one lookup record,
- * the common case. Each configuration runs at most ~1.2 s. */
+ * the common case. Each configuration runs at most ~1.2 s. For TCP the
+ * machine's floor is measured in the same run: the same star exchange over
+ * plain sockets (bench_group_raw.c), reported as raw_p50_us and ratio. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "bench.h"
+#include "bench_group_raw.h"
 #include "group/group.h"
 #include "util/clock.h"
 
@@ -153,13 +156,22 @@ int kvt_bench_group_main(int argc, char **argv)
             }
             qsort(lat, c.steps, sizeof *lat, cmp_double);
             double p50 = lat[c.steps / 2], p99 = lat[(size_t)(c.steps * 0.99)];
-            if (json)
-                printf("%s{\"transport\": \"%s\", \"ranks\": %u, \"p50_us\": %.1f, \"p99_us\": "
-                       "%.1f, \"steps\": %u}", first ? "" : ", ", tcp ? "tcp" : "inproc",
-                       sizes[i], p50, p99, c.steps);
+            double raw50 = 0, raw99 = 0;
+            if (tcp && kvt_bench_raw_star(sizes[i], 2000, &raw50, &raw99) != 0) raw50 = 0;
+            if (json && tcp)
+                printf("%s{\"transport\": \"tcp\", \"ranks\": %u, \"p50_us\": %.1f, \"p99_us\": "
+                       "%.1f, \"steps\": %u, \"raw_p50_us\": %.1f, \"raw_p99_us\": %.1f, "
+                       "\"ratio\": %.2f}", first ? "" : ", ", sizes[i], p50, p99, c.steps, raw50,
+                       raw99, raw50 > 0 ? p50 / raw50 : 0);
+            else if (json)
+                printf("%s{\"transport\": \"inproc\", \"ranks\": %u, \"p50_us\": %.1f, "
+                       "\"p99_us\": %.1f, \"steps\": %u}", first ? "" : ", ", sizes[i], p50,
+                       p99, c.steps);
+            else if (tcp)
+                printf("%-8s %6u %10.1f %10.1f %8u   raw sockets p50 %.1f us (%.2fx)\n", "tcp",
+                       sizes[i], p50, p99, c.steps, raw50, raw50 > 0 ? p50 / raw50 : 0);
             else
-                printf("%-8s %6u %10.1f %10.1f %8u\n", tcp ? "tcp" : "inproc", sizes[i], p50, p99,
-                       c.steps);
+                printf("%-8s %6u %10.1f %10.1f %8u\n", "inproc", sizes[i], p50, p99, c.steps);
             first = 0;
             fflush(stdout);
         }
