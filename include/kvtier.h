@@ -197,6 +197,8 @@ typedef struct kvt_geometry_info {
 
 /* Derived sizes of a validated geometry. */
 kvt_status kvt_geometry_info_get(const kvt_geometry *geo, kvt_geometry_info *out);
+/* The description of one layer (as set, or as a preset made it). */
+kvt_status kvt_geometry_layer(const kvt_geometry *geo, uint32_t layer, kvt_layer_spec *out);
 /* Bytes one token occupies in one layer's component (heads*head_dim*elem). */
 kvt_status kvt_geometry_token_bytes(const kvt_geometry *geo, uint32_t layer,
                                     uint32_t component, uint64_t *out);

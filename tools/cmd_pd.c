@@ -6,6 +6,7 @@
  * prefill fills the request's KV and sends it; decode receives it and
  * verifies every byte. --secret S (16+ bytes) on all three turns on the
  * HMAC challenge. Exit code 0 on Success. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,27 +21,68 @@ typedef struct pd_opts {
     int seconds;
 } pd_opts;
 
+static int usage(FILE *to)
+{
+    fprintf(to,
+            "usage: kvtier pd bootstrap [--port P] [--host H] [--seconds S]\n"
+            "       kvtier pd prefill --bootstrap-port P [--tp N --rank R] [--model M] [--page T]\n"
+            "                         [--tokens T] [--room ID]\n"
+            "       kvtier pd decode  --bootstrap-port P [--tp N --rank R] [--dcp N --dcp-rank R]\n"
+            "                         [--model M] [--page T] [--tokens T] [--room ID]\n"
+            "Runs the ends of a prefill -> decode hand-off by hand, over an emulated engine:\n"
+            "prefill computes the request's KV and sends it, decode receives it into its own\n"
+            "layout and checks every byte. Start the bootstrap first, then the ranks, in any\n"
+            "order, in separate terminals or hosts.\n"
+            "  --model M     tiny (default), llama3-8b, llama3-70b, deepseek-v3 (MLA)\n"
+            "  --page T      tokens per engine page (default 16); the two sides may differ\n"
+            "  --tp/--rank   this side's tensor-parallel size and rank (default 1, 0)\n"
+            "  --dcp/--dcp-rank  decode context parallelism (MLA models; default 1, 0)\n"
+            "  --host H      bind / bootstrap address (default 127.0.0.1)\n"
+            "  --secret S    shared secret (16+ bytes) on every end: peers must prove it\n"
+            "  --seconds S   how long to wait (default 60)\n"
+            "Exit code 0 when the room ends Success (and, on decode, every byte verifies).\n");
+    return to == stdout ? 0 : 2;
+}
+
+/* A decimal in [lo, hi] or an error naming the option. */
+static int number(const char *opt, const char *v, unsigned long long lo, unsigned long long hi,
+                  unsigned long long *out)
+{
+    char *end = NULL;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) {
+        fprintf(stderr, "kvtier pd: %s: \"%s\" is not a number in %llu..%llu\n", opt, v, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 static int parse(int argc, char **argv, pd_opts *o)
 {
     *o = (pd_opts){.model = "tiny", .tp = 1, .dcp = 1, .tokens = 1000, .tpp = 16, .room = 1, .seconds = 60};
     for (int i = 2; i < argc; i += 2) { /* every option takes one value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        unsigned long long x = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 1;
         if (!v) return fprintf(stderr, "kvtier pd: %s needs a value\n", a), -1;
         if (!strcmp(a, "--host")) o->host = v;
         else if (!strcmp(a, "--secret")) o->secret = v;
         else if (!strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "--port")) o->port = (unsigned)atoi(v);
-        else if (!strcmp(a, "--bootstrap-port")) o->bport = (unsigned)atoi(v);
-        else if (!strcmp(a, "--tp")) o->tp = (unsigned)atoi(v);
-        else if (!strcmp(a, "--rank")) o->rank = (unsigned)atoi(v);
-        else if (!strcmp(a, "--dcp")) o->dcp = (unsigned)atoi(v);
-        else if (!strcmp(a, "--dcp-rank")) o->dcp_rank = (unsigned)atoi(v);
-        else if (!strcmp(a, "--tokens")) o->tokens = (unsigned)atoi(v);
-        else if (!strcmp(a, "--page")) o->tpp = (unsigned)atoi(v);
-        else if (!strcmp(a, "--room")) o->room = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--seconds")) o->seconds = atoi(v);
-        else return fprintf(stderr, "kvtier pd: unknown option %s\n", a), -1;
+        else if (!strcmp(a, "--port")) { if (number(a, v, 0, 65535, &x)) return -1; o->port = (unsigned)x; }
+        else if (!strcmp(a, "--bootstrap-port")) { if (number(a, v, 1, 65535, &x)) return -1; o->bport = (unsigned)x; }
+        else if (!strcmp(a, "--tp")) { if (number(a, v, 1, 1024, &x)) return -1; o->tp = (unsigned)x; }
+        else if (!strcmp(a, "--rank")) { if (number(a, v, 0, 1023, &x)) return -1; o->rank = (unsigned)x; }
+        else if (!strcmp(a, "--dcp")) { if (number(a, v, 1, 1024, &x)) return -1; o->dcp = (unsigned)x; }
+        else if (!strcmp(a, "--dcp-rank")) { if (number(a, v, 0, 1023, &x)) return -1; o->dcp_rank = (unsigned)x; }
+        else if (!strcmp(a, "--tokens")) { if (number(a, v, 2, 1u << 20, &x)) return -1; o->tokens = (unsigned)x; }
+        else if (!strcmp(a, "--page")) { if (number(a, v, 1, 4096, &x)) return -1; o->tpp = (unsigned)x; }
+        else if (!strcmp(a, "--room")) { if (number(a, v, 0, ~0ull, &x)) return -1; o->room = x; }
+        else if (!strcmp(a, "--seconds")) { if (number(a, v, 1, 86400, &x)) return -1; o->seconds = (int)x; }
+        else return fprintf(stderr, "kvtier pd: unknown option %s (kvtier pd --help)\n", a), -1;
     }
+    if (o->rank >= o->tp || o->dcp_rank >= o->dcp)
+        return fprintf(stderr, "kvtier pd: --rank must be below --tp and --dcp-rank below --dcp\n"), -1;
     return 0;
 }
 
@@ -69,6 +111,49 @@ static int run_bootstrap(const pd_opts *o)
     return 0;
 }
 
+/* A TP rank of an MHA/GQA model holds its slice of the heads (or one
+ * replicated head when tp exceeds them); MLA is replicated: head 0. */
+static kvt_status set_heads(kvt_emu *emu, const kvt_geometry *g, const pd_opts *o)
+{
+    kvt_layer_spec mine, all;
+    kvt_geometry *g1 = NULL;
+    kvt_status st = kvt_geometry_layer(g, 0, &mine);
+    if (!st) st = kvt_geometry_preset(&g1, o->model, o->tpp, 1);
+    if (!st) st = kvt_geometry_layer(g1, 0, &all);
+    kvt_geometry_destroy(g1);
+    if (st || mine.num_components == 1) return st;
+    uint32_t heads = all.component[0].kv_heads;
+    uint32_t first = o->tp <= heads ? o->rank * (heads / o->tp) : o->rank / (o->tp / heads);
+    return kvt_emu_set_first_head(emu, first);
+}
+
+/* Decode with DCP N holds global token i = j * N + dcp_rank at its local
+ * position j: checks each such token's bytes in every layer's buffers. */
+static uint64_t verify_dcp(const kvt_emu *emu, const kvt_geometry *g, const kvt_request *req,
+                           const pd_opts *o, const kvt_engine_memory *mem, const uint32_t *pages,
+                           uint32_t local)
+{
+    kvt_geometry_info gi;
+    uint8_t want[1 << 16];
+    uint64_t bad = 0;
+    if (kvt_geometry_info_get(g, &gi) || gi.layout != KVT_LAYOUT_LAYER_FIRST) return ~0ull;
+    for (uint32_t l = 0; l < gi.num_layers; l++) {
+        kvt_layer_spec ls;
+        kvt_geometry_layer(g, l, &ls);
+        for (uint32_t c = 0; c < ls.num_components; c++) {
+            uint64_t tb = 0;
+            kvt_geometry_token_bytes(g, l, c, &tb);
+            const uint8_t *base = mem->layer_bases[l * KVT_MAX_COMPONENTS + c];
+            for (uint32_t j = 0; j < local && tb <= sizeof want; j++) {
+                uint32_t i = j * o->dcp + o->dcp_rank;
+                const uint8_t *have = base + ((uint64_t)pages[j / o->tpp] * o->tpp + j % o->tpp) * tb;
+                if (kvt_emu_token_kv(emu, req, i, l, c, want, tb) || memcmp(want, have, tb)) bad += tb;
+            }
+        }
+    }
+    return bad;
+}
+
 static int run_end(const pd_opts *o, int prefill)
 {
     kvt_geometry *g = NULL;
@@ -82,6 +167,9 @@ static int run_end(const pd_opts *o, int prefill)
     kvt_request req = {tok, o->tokens, NULL, 0};
     kvt_engine_memory mem;
     if (kvt_emu_create(&emu, g, np + 1) || kvt_emu_memory(emu, &mem)) return fail("engine");
+    /* A TP rank of an MHA/GQA model holds its slice of the heads; MLA is
+     * replicated, so every rank holds head 0. */
+    if (set_heads(emu, g, o)) return fail("geometry");
     kvt_pd_params p = {.net = net_of(o), .bootstrap_host = o->host, .bootstrap_port = (uint16_t)o->bport,
                        .rank = {o->tp, o->rank, o->dcp, o->dcp_rank}, .geo = g, .mem = &mem,
                        .connect_timeout_ms = (uint32_t)o->seconds * 1000};
@@ -106,6 +194,7 @@ static int run_end(const pd_opts *o, int prefill)
         kvt_pd_room_info_get(NULL, r, o->room, &info);
         kvt_verify_result v = {0};
         if (st == KVT_PD_SUCCESS && o->dcp == 1) kvt_emu_verify(emu, &req, 0, o->tokens, pages, np, &v);
+        else if (st == KVT_PD_SUCCESS) v.mismatches = verify_dcp(emu, g, &req, o, &mem, pages, local);
         printf("decode room %llu: %s, %llu bytes, %llu mismatching bytes%s%s\n", o->room,
                st == KVT_PD_SUCCESS ? "Success" : "Failed", (unsigned long long)info.bytes,
                (unsigned long long)v.mismatches, info.message[0] ? ": " : "", info.message);
@@ -122,10 +211,10 @@ static int run_end(const pd_opts *o, int prefill)
 int kvt_cmd_pd(int argc, char **argv)
 {
     pd_opts o;
-    if (argc < 2 || parse(argc, argv, &o)) {
-        fprintf(stderr, "usage: kvtier pd bootstrap|prefill|decode [options] (see tools/cmd_pd.c)\n");
-        return 2;
-    }
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
+        return usage(argc < 2 ? stderr : stdout);
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc > 0 ? 0 : 2;
     if (!strcmp(argv[1], "bootstrap")) return run_bootstrap(&o);
     if (!strcmp(argv[1], "prefill")) return run_end(&o, 1);
     if (!strcmp(argv[1], "decode")) return run_end(&o, 0);

@@ -188,6 +188,18 @@ kvt_status kvt_geometry_info_get(const kvt_geometry *g, kvt_geometry_info *out)
     return KVT_OK;
 }
 
+kvt_status kvt_geometry_layer(const kvt_geometry *g, uint32_t layer, kvt_layer_spec *out)
+{
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(g, "geo", "kvt_geometry_layer");
+    KVT_CHECK_NOT_NULL(out, "kvt_geometry_layer");
+    KVT_CHECK_ARG(layer < g->num_layers, "kvt_geometry_layer: layer %u is out of range (%u layers)",
+                  layer, g->num_layers);
+    KVT_CHECK_ARG(g->layer_set[layer], "kvt_geometry_layer: layer %u is not described", layer);
+    *out = g->layers[layer];
+    return KVT_OK;
+}
+
 kvt_status kvt_geometry_token_bytes(const kvt_geometry *g, uint32_t layer, uint32_t comp,
                                     uint64_t *out)
 {

@@ -290,8 +290,13 @@ static void sender_dead(pd_conn *c, kvt_status st, const char *why)
     while (c->jobs) pop_job(c);
     for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++)
         for (pd_room *r = ep->buckets[b]; r; r = r->next)
-            if (target_of(r, c->idx) && pd_room_fail(ep, r, st, "%s lost: %s", c->name, why))
+        {
+            /* A decode rank that already acknowledged its part may go away:
+             * only rooms still waiting on this link fail. */
+            pd_target *t = target_of(r, c->idx);
+            if (t && !t->done && pd_room_fail(ep, r, st, "%s lost: %s", c->name, why))
                 pd_room_notify(ep, r, c->idx);
+        }
 }
 
 static const pd_ep_hooks sender_hooks = {sender_frame, sender_work, sender_dead, NULL};

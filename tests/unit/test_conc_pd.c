@@ -66,6 +66,34 @@ static void dcp_mla(void **state)
 static uint32_t hybrid_bytes[34];
 static const pd_model hybrid = {.layers = 34, .mla_bytes = hybrid_bytes};
 
+/* Decode ranks that finish and go away at once (as `kvtier pd decode`
+ * does) must not fail the prefill room their peers are still finishing:
+ * only links still owing an acknowledgement fail a room (regression). */
+static void decoders_leave_after_success(void **state)
+{
+    (void)state;
+    static const uint32_t bytes[4] = {1152, 1152, 1152, 1152};
+    static const pd_model m = {4, bytes, 0, 0};
+    pd_side_cfg pc = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &m}, dc = {1, 4, 16, KVT_LAYOUT_LAYER_FIRST, &m};
+    pd_cluster cl = {0};
+    pd_cluster_start(&cl, &pc, &dc, 700);
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 3, 0);
+    for (uint32_t i = 0; i < cl.ndec; i++) {
+        kvt_pd_poll st;
+        assert_ok(kvt_pd_receiver_wait(cl.dec[i].r, 3, 20000, &st));
+        assert_int_equal(st, KVT_PD_SUCCESS);
+        kvt_pd_receiver_destroy(cl.dec[i].r); /* leaves right away */
+        cl.dec[i].r = NULL;
+    }
+    kvt_pd_poll st;
+    kvt_pd_room_info info;
+    assert_ok(kvt_pd_sender_wait(cl.pre[0].s, 3, 20000, &st));
+    kvt_pd_room_info_get(cl.pre[0].s, NULL, 3, &info);
+    if (st != KVT_PD_SUCCESS) fail_msg("prefill room: state %d: %s", st, info.message);
+    pd_cluster_stop(&cl);
+}
+
 static void d1_hybrid_dcp8(void **state)
 {
     (void)state;
@@ -187,6 +215,7 @@ int main(void)
         cmocka_unit_test(tp_head_slicing),
         cmocka_unit_test(mla_replication),
         cmocka_unit_test(dcp_mla),
+        cmocka_unit_test(decoders_leave_after_success),
         cmocka_unit_test(d1_hybrid_dcp8),
         cmocka_unit_test(d1_single_item_len_refused),
         cmocka_unit_test(d2_draft_dcp),
