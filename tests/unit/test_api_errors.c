@@ -76,6 +76,7 @@
  *                                       first + count overflow; bad spec; unchanged
  *  kvt_geometry_validate                NULL; undescribed layer
  *  kvt_geometry_info_get                geo/out NULL; undescribed layer
+ *  kvt_geometry_layer                   geo/out NULL; layer out of range; unchanged
  *  kvt_geometry_token_bytes             geo/out NULL; layer/component out of range;
  *                                       undescribed layer; MLA component 1
  *  kvt_geometry_compare                 a/b NULL; num_layers, tokens_per_page,
@@ -494,6 +495,15 @@ static void test_geometry_layers(void **state)
                NAMED("geo is NULL", "src is NULL"));
     EXPECT_ERR(kvt_geometry_clone(g, NULL), KVT_EINVAL, "kvt_geometry_clone", "out");
     assert_ptr_equal(c, SENTINEL);
+
+    /* kvt_geometry_layer: reads back what was set; bad args change nothing. */
+    kvt_layer_spec got = {7, {{7, 7, 7}, {7, 7, 7}}};
+    EXPECT_ERR(kvt_geometry_layer(NULL, 0, &got), KVT_EINVAL, "kvt_geometry_layer", "geo is NULL");
+    EXPECT_ERR(kvt_geometry_layer(g, 0, NULL), KVT_EINVAL, "kvt_geometry_layer", "out");
+    EXPECT_ERR(kvt_geometry_layer(g, 999, &got), KVT_EINVAL, "kvt_geometry_layer", "layer 999");
+    assert_int_equal(got.num_components, 7);
+    assert_ok(kvt_geometry_layer(g, 0, &got));
+    assert_true(got.num_components == 1 || got.num_components == 2);
 
     kvt_layer_spec good = {2, {{1, 4, 2}, {1, 4, 2}}};
     kvt_layer_spec s;
