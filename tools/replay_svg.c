@@ -75,7 +75,7 @@ static double py(double rate) { return H - MB - rate * (H - MT - MB); }
 static void size_label(double g, char *buf, size_t n)
 {
     if (g >= 1024) snprintf(buf, n, "%.3g TiB", g / 1024);
-    else if (g >= 1) snprintf(buf, n, "%.3g GiB", g);
+    else if (g >= 1) snprintf(buf, n, "%.4g GiB", g);
     else snprintf(buf, n, "%.3g MiB", g * 1024);
 }
 
