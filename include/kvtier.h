@@ -567,7 +567,11 @@ kvt_status kvt_conn_lookup(kvt_conn *conn, uint64_t rid, const kvt_request *req,
 kvt_status kvt_conn_load(kvt_conn *conn, uint64_t rid, const uint32_t *pages,
                          uint32_t num_pages, int layerwise);
 /* Rank-local: plans the store of req's blocks this rank lacks and queues it;
- * it starts only if every rank queued the same request. req, pages copied. */
+ * it starts only if every rank queued the same request. req, pages copied.
+ * While a load (or store) of a rid has no group result yet, the step refuses
+ * another load (or store) of that rid with KVT_EBUSY on every rank, and a
+ * load is refused the same way when every layer counter is held: keep the
+ * pages until the STORE_DONE / LOAD_DONE event. */
 kvt_status kvt_conn_store(kvt_conn *conn, uint64_t rid, const kvt_request *req,
                           const uint32_t *pages, uint32_t num_pages);
 /* Rank-local: asks for a group-wide reset at the next step (every rank's

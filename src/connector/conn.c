@@ -68,7 +68,7 @@ void kvt_conn_destroy(kvt_conn *c)
 {
     if (!c) return;
     pthread_mutex_lock(&c->mu);
-    kvt__conn_cancel_all(c);
+    (void)kvt__conn_cancel_all(c);
     (void)kvt__conn_poll_locked(c, NULL); /* forget the cancelled tasks */
     pthread_mutex_unlock(&c->mu);
     free(c->lk.p);
@@ -236,10 +236,24 @@ kvt_status kvt_conn_wait_layer(kvt_conn *c, uint64_t rid, uint32_t layer, int64_
     KVT_CHECK_NOT_NULL_AS(c, "conn", fn);
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms %lld is negative", fn, (long long)timeout_ms);
     kvt_task_id task = 0;
+    bool ended = false;
+    kvt_status ended_st = KVT_OK;
     pthread_mutex_lock(&c->mu);
     for (uint32_t i = 0; i < c->run.n; i++)
         if (c->run.p[i].rid == rid && c->run.p[i].kind == KVT_TASK_LOAD) task = c->run.p[i].task;
+    /* A rank-local poll (an eviction path, say) may already have collected
+     * the ended load: answer from its result, as a rank that did not poll
+     * would, so ranks never see different answers. */
+    for (uint32_t i = 0; !task && i < c->done.n; i++)
+        if (c->done.p[i].rid == rid && c->done.p[i].kind == KVT_TASK_LOAD) {
+            ended = true;
+            ended_st = (kvt_status)c->done.p[i].status;
+        }
     pthread_mutex_unlock(&c->mu);
+    if (ended)
+        return ended_st == KVT_OK ? KVT_OK
+                                  : kvt__fail(ended_st, "%s: rid %llu: the load ended with %s", fn,
+                                              (unsigned long long)rid, kvt_status_name(ended_st));
     if (!task)
         return kvt__fail(KVT_ENOTFOUND, "%s: rid %llu has no running load on this rank", fn,
                          (unsigned long long)rid);
@@ -269,14 +283,15 @@ kvt_status kvt_conn_reform(kvt_conn *c, int64_t timeout_ms)
 {
     KVT_CHECK_NOT_NULL_AS(c, "conn", "kvt_conn_reform");
     /* Checked before anything is cancelled: bad input changes nothing. */
-    KVT_CHECK_ARG(timeout_ms >= 0, "kvt_conn_reform: timeout_ms is %lld; every wait needs a "
-                  "deadline", (long long)timeout_ms);
+    KVT_CHECK_ARG(timeout_ms >= 1 && timeout_ms <= 600000, "kvt_conn_reform: timeout_ms is "
+                  "%lld (must be 1..600000: every wait needs a deadline)", (long long)timeout_ms);
     pthread_mutex_lock(&c->mu);
-    kvt__conn_cancel_all(c);
+    kvt_status st = kvt__conn_cancel_all(c);
     if (c->L) kvt__leader_clear(c->L);
     c->reset_req = false;
     pthread_mutex_unlock(&c->mu);
-    kvt_status st = kvt_group_reform(c->g, timeout_ms);
+    if (st != KVT_OK) return st;
+    st = kvt_group_reform(c->g, timeout_ms);
     c->aborted = st != KVT_OK;
     return st;
 }

@@ -43,6 +43,7 @@ typedef struct running_task {
 typedef struct awaiting {
     uint64_t rid;
     uint32_t kind, reported, rank, tokens;
+    uint32_t counter; /* loads: the layer counter it holds until its result */
     int32_t status;
     uint64_t mask[KVT_NET_MAX_RANKS / 64];
 } awaiting;
@@ -75,7 +76,9 @@ kvt_status kvt__vec_grow(void **p, uint32_t *cap, uint32_t need, size_t elem);
 
 /* step.c */
 kvt_status kvt__conn_poll_locked(kvt_conn *c, uint32_t *ended);
-void kvt__conn_cancel_all(kvt_conn *c);
+/* Cancels every queued and running task and waits (bounded) until none
+ * touches the engine's pages: KVT_ETIMEDOUT if some still do. */
+kvt_status kvt__conn_cancel_all(kvt_conn *c);
 kvt_status kvt__conn_push_event(kvt_conn *c, const kvt_conn_event *e);
 kvt_status kvt__conn_push_done(kvt_conn *c, uint64_t rid, uint32_t kind, kvt_status st,
                                uint32_t tokens);

@@ -57,6 +57,29 @@ static uint32_t first_missing(const item *g, uint32_t n, uint32_t ranks, int *du
     return n < ranks ? n : UINT32_MAX;
 }
 
+/* The leader's record of an operation still running for (rid, kind), or
+ * NULL. A second operation on the same rid and kind waits until the first
+ * one's group result: results are matched by (rid, kind), so two at once
+ * could be confused and a store reported done while it still copies. */
+static const awaiting *running(const leader_state *L, uint64_t rid, uint32_t kind)
+{
+    for (uint32_t i = 0; i < L->aw.n; i++)
+        if (L->aw.p[i].rid == rid && L->aw.p[i].kind == kind) return &L->aw.p[i];
+    return NULL;
+}
+
+/* A layer counter no running load holds, or UINT32_MAX when all are taken
+ * (two loads sharing one would release each other's layers: scenario E6). */
+static uint32_t free_counter(const leader_state *L)
+{
+    uint32_t used = 0;
+    for (uint32_t i = 0; i < L->aw.n; i++)
+        if (L->aw.p[i].kind == KVT_TASK_LOAD) used |= 1u << L->aw.p[i].counter;
+    for (uint32_t k = 0; k < KVT_CONN_COUNTERS; k++)
+        if (!(used & (1u << k))) return k;
+    return UINT32_MAX;
+}
+
 static kvt_down_load decide_load(kvt_conn *c, const item *g, uint32_t n, uint32_t ranks)
 {
     int dup;
@@ -75,13 +98,18 @@ static kvt_down_load decide_load(kvt_conn *c, const item *g, uint32_t n, uint32_
     if (d.status != KVT_OK) return d;
     if (miss != UINT32_MAX) return (kvt_down_load){g[0].rid, 0, KVT_ECANCELED, miss, 0, 0};
     if (tokens == 0) return (kvt_down_load){g[0].rid, 0, KVT_ENOTFOUND, 0, 0, 0};
+    uint32_t counter = free_counter(c->L);
+    if (running(c->L, g[0].rid, KVT_TASK_LOAD) || counter == UINT32_MAX)
+        return (kvt_down_load){g[0].rid, 0, KVT_EBUSY, 0, 0, 0};
     uint64_t gen = ++c->L->generation;
-    return (kvt_down_load){g[0].rid, tokens, KVT_OK, 0, (uint32_t)(gen % KVT_CONN_COUNTERS), gen};
+    return (kvt_down_load){g[0].rid, tokens, KVT_OK, 0, counter, gen};
 }
 
-static kvt_down_store decide_store(const item *g, uint32_t n, uint32_t ranks)
+static kvt_down_store decide_store(const leader_state *L, const item *g, uint32_t n,
+                                   uint32_t ranks)
 {
     int dup;
+    if (running(L, g[0].rid, KVT_TASK_STORE)) return (kvt_down_store){g[0].rid, KVT_EBUSY, 0};
     uint32_t miss = first_missing(g, n, ranks, &dup);
     kvt_up_store first = kvt__wire_get_store(g[0].rec);
     for (uint32_t i = 0; i < n; i++)
@@ -91,7 +119,7 @@ static kvt_down_store decide_store(const item *g, uint32_t n, uint32_t ranks)
     return (kvt_down_store){g[0].rid, KVT_OK, 0};
 }
 
-static kvt_status await_add(leader_state *L, uint64_t rid, uint32_t kind)
+static kvt_status await_add(leader_state *L, uint64_t rid, uint32_t kind, uint32_t counter)
 {
     kvt_status st = VEC_RESERVE(L->aw, L->aw.n + 1);
     if (st != KVT_OK) return st;
@@ -101,6 +129,7 @@ static kvt_status await_add(leader_state *L, uint64_t rid, uint32_t kind)
     a->kind = kind;
     a->status = KVT_OK;
     a->tokens = UINT32_MAX;
+    a->counter = counter;
     return KVT_OK;
 }
 
@@ -166,14 +195,16 @@ static kvt_status write_decisions(kvt_conn *c, plan *p, uint8_t *out)
     for (uint32_t i = 0, j; i < p->n_lk; i = j) {
         for (j = i; j < p->n_lk && p->lk[j].rid == p->lk[i].rid; j++) {}
         kvt_down_load d = decide_load(c, p->lk + i, j - i, c->g->ranks);
-        if (d.status == KVT_OK && await_add(c->L, d.rid, KVT_TASK_LOAD) != KVT_OK) return KVT_ENOMEM;
+        if (d.status == KVT_OK && await_add(c->L, d.rid, KVT_TASK_LOAD, d.counter) != KVT_OK)
+            return KVT_ENOMEM;
         kvt__wire_put_load(lo, &d);
         lo += KVT_DNL_SIZE;
     }
     for (uint32_t i = 0, j; i < p->n_st; i = j) {
         for (j = i; j < p->n_st && p->st[j].rid == p->st[i].rid; j++) {}
-        kvt_down_store d = decide_store(p->st + i, j - i, c->g->ranks);
-        if (d.status == KVT_OK && await_add(c->L, d.rid, KVT_TASK_STORE) != KVT_OK) return KVT_ENOMEM;
+        kvt_down_store d = decide_store(c->L, p->st + i, j - i, c->g->ranks);
+        if (d.status == KVT_OK && await_add(c->L, d.rid, KVT_TASK_STORE, 0) != KVT_OK)
+            return KVT_ENOMEM;
         kvt__wire_put_sdec(so, &d);
         so += KVT_DNS_SIZE;
     }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "connector/conn.h"
+#include "util/clock.h"
 
 void kvt__pend_lookup_free(pend_lookup *p)
 {
@@ -64,7 +65,12 @@ kvt_status kvt__conn_poll_locked(kvt_conn *c, uint32_t *ended)
     return KVT_OK;
 }
 
-void kvt__conn_cancel_all(kvt_conn *c)
+/* How long cancel_all waits for cancelled transfers to stop touching the
+ * engine's pages: a transfer stops at its next layer boundary, so this is
+ * far more than a healthy one needs. */
+#define KVT_CONN_CANCEL_WAIT_MS 10000
+
+kvt_status kvt__conn_cancel_all(kvt_conn *c)
 {
     for (uint32_t i = 0; i < c->lk.n; i++) {
         if (c->lk.p[i].task) (void)kvt_cache_cancel(c->cache, c->lk.p[i].task);
@@ -75,7 +81,21 @@ void kvt__conn_cancel_all(kvt_conn *c)
         kvt__pend_store_free(&c->st.p[i]);
     }
     for (uint32_t i = 0; i < c->run.n; i++) (void)kvt_cache_cancel(c->cache, c->run.p[i].task);
+    /* The engine recomputes into these pages as soon as this returns: wait
+     * until every cancelled transfer has stopped writing (or reading) them. */
+    uint32_t busy = 0;
+    uint64_t deadline = kvt__now_ns() + KVT_CONN_CANCEL_WAIT_MS * 1000000ull;
+    for (uint32_t i = 0; i < c->run.n; i++) {
+        uint64_t now = kvt__now_ns();
+        int64_t left = now < deadline ? (int64_t)((deadline - now) / 1000000) : 0;
+        kvt_task_result res;
+        if (kvt_cache_wait(c->cache, c->run.p[i].task, left, &res) == KVT_ETIMEDOUT) busy++;
+    }
     c->lk.n = c->st.n = c->run.n = c->done.n = 0;
+    if (busy)
+        return kvt__fail(KVT_ETIMEDOUT, "%u cancelled transfers still use the engine's pages "
+                         "after %d ms; do not reuse them yet", busy, KVT_CONN_CANCEL_WAIT_MS);
+    return KVT_OK;
 }
 
 static kvt_status encode_up(kvt_conn *c)
@@ -224,8 +244,9 @@ static kvt_status apply_down(kvt_conn *c, const uint8_t *p, size_t len)
     if (st == KVT_OK) st = apply_results(c, &d);
     if (st != KVT_OK) return st;
     if (d.flags & KVT_WIRE_RESET) {
-        kvt__conn_cancel_all(c);
+        st = kvt__conn_cancel_all(c);
         c->reset_req = false;
+        if (st != KVT_OK) return st;
         kvt_conn_event e = {0, KVT_EV_RESET, KVT_OK, 0, 0, 0, 0};
         return kvt__conn_push_event(c, &e);
     }
@@ -274,8 +295,9 @@ static kvt_status fail_step(kvt_conn *c, kvt_status st)
         st = kvt__group_abortf(c->g, UINT32_MAX, "epoch %llu: rank %u, step %llu: %s",
                                (unsigned long long)c->g->epoch, c->g->rank,
                                (unsigned long long)c->g->steps, kvt_last_error());
-    /* Nothing is committed under metadata the group did not agree on. */
-    kvt__conn_cancel_all(c);
+    /* Nothing is committed under metadata the group did not agree on, and
+     * nothing still writes the pages the engine will recompute into. */
+    (void)kvt__conn_cancel_all(c);
     if (c->L) kvt__leader_clear(c->L);
     c->aborted = true;
     c->reset_req = false;

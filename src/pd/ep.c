@@ -273,7 +273,10 @@ kvt_status pd_ep_clear(pd_ep *ep, uint64_t room, const char *fn)
     pd_room *r = NULL;
     kvt_status st = find_live(ep, room, fn, &r);
     if (!st) {
-        if (!pd_room_terminal(r)) pd_room_fail(ep, r, KVT_ECANCELED, "cleared while live");
+        /* A live room's peers hear of it now, not at their deadline, and
+         * the prefill side stops streaming into it. */
+        if (!pd_room_terminal(r) && pd_room_fail(ep, r, KVT_ECANCELED, "cleared while live"))
+            pd_room_notify(ep, r, UINT32_MAX);
         pd_room_remove(ep, r);
     }
     pthread_mutex_unlock(&ep->mu);

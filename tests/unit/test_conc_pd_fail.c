@@ -46,6 +46,24 @@ static void abort_from_decode_acked(void **state)
     pd_cluster_stop(&cl);
 }
 
+/* Clearing a live room tells the peers at once (regression: the peer sat
+ * in its state until its own deadline, the prefill side pinning pages). */
+static void clear_live_room_fails_peer_promptly(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    pd_cluster_start(&cl, &c1, &c1, 40);
+    pd_cluster_decoders(&cl);
+    kvt_pd_room_params rp = {cl.dec[0].pages, cl.dec[0].num_pages, 40, 0};
+    assert_ok(kvt_pd_receiver_room(cl.dec[0].r, 6, &rp));
+    assert_ok(kvt_pd_sender_room(cl.pre[0].s, 6));
+    assert_ok(kvt_pd_receiver_clear(cl.dec[0].r, 6));
+    kvt_pd_poll st;
+    assert_ok(kvt_pd_sender_wait(cl.pre[0].s, 6, 3000, &st)); /* peers' deadlines are 30 s */
+    assert_int_equal(st, KVT_PD_FAILED);
+    pd_cluster_stop(&cl);
+}
+
 static void abort_from_prefill_acked(void **state)
 {
     (void)state;
@@ -318,6 +336,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(abort_from_decode_acked),
+        cmocka_unit_test(clear_live_room_fails_peer_promptly),
         cmocka_unit_test(abort_from_prefill_acked),
         cmocka_unit_test(waiting_deadline),
         cmocka_unit_test(cleared_room_not_resurrected),
