@@ -74,7 +74,8 @@ typedef struct pd_conn {
 typedef struct pd_target {
     uint32_t conn;
     uint32_t *pages, num_pages;
-    bool done;
+    bool done_sent; /* the sender sent this target's DONE */
+    bool done;      /* and the decode rank acknowledged it */
 } pd_target;
 
 struct pd_room {

@@ -134,6 +134,12 @@ static void on_done_ack(pd_conn *c, const pd_hdr *h)
     if (t && h->status != KVT_OK) {
         pd_room_fail(ep, r, (kvt_status)h->status, "%s refused the transfer: %s", c->name, (char *)c->body);
         pd_room_notify(ep, r, c->idx);
+    } else if (t && !t->done && !t->done_sent) {
+        /* Success only after this side sent everything: an early ack is a
+         * broken or hostile peer, never a finished transfer. */
+        pd_room_fail(ep, r, KVT_EPROTO, "%s acknowledged room %llu before it was sent", c->name,
+                     (unsigned long long)r->id);
+        pd_room_notify(ep, r, c->idx);
     } else if (t && !t->done) {
         t->done = true;
         if (++r->acked == r->ntargets) pd_room_advance(ep, r, KVT_PD_SUCCESS);
@@ -278,6 +284,8 @@ static kvt_status sender_work(pd_conn *c, bool *busy)
     pd_hdr h = {.type = PD_F_DONE, .room = r->id, .a0 = j->end_page - j->first_page};
     kvt_status st = pd_conn_send(c, &h, NULL, 0, NULL, 0);
     pthread_mutex_lock(&ep->mu);
+    pd_target *t = st == KVT_OK ? target_of(r, c->idx) : NULL;
+    if (t) t->done_sent = true; /* before this link's thread reads the ack */
     pop_job(c);
     *busy = c->jobs != NULL;
     pthread_mutex_unlock(&ep->mu);
@@ -352,11 +360,23 @@ static void *sender_conn_main(void *arg)
 }
 
 /* A free slot: a new one, or one whose refused stranger has finished. */
+/* True while some room still names link slot idx as a target. */
+static bool slot_referenced(pd_ep *ep, uint32_t idx)
+{
+    for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++)
+        for (pd_room *r = ep->buckets[b]; r; r = r->next)
+            if (target_of(r, idx)) return true;
+    return false;
+}
+
+/* A slot for a new link: a dead link's (its thread joined, socket closed)
+ * once no room names it any more, so decode ranks that restart or reconnect
+ * never exhaust the table; else a fresh one. */
 static int free_slot(pd_ep *ep)
 {
     for (uint32_t i = 0; i < ep->nconns; i++) {
         pd_conn *c = ep->conns[i];
-        if (atomic_load(&c->finished) && !c->registered) {
+        if (atomic_load(&c->finished) && (!c->registered || !slot_referenced(ep, i))) {
             pd_conn_free(c);
             ep->conns[i] = NULL;
             return (int)i;

@@ -64,6 +64,27 @@ static void clear_live_room_fails_peer_promptly(void **state)
     pd_cluster_stop(&cl);
 }
 
+/* Decode ranks that reconnect many times (restarts) never exhaust the
+ * sender's link table (regression: dead registered links were never
+ * reaped, and the 257th decode rank was refused). */
+static void decode_reconnects_are_reaped(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    pd_cluster_start(&cl, &c1, &c1, 40);
+    pd_cluster_decoders(&cl);
+    for (int k = 0; k < 300; k++) {
+        pd_rank_free(&cl.dec[0]);
+        memset(&cl.dec[0], 0, sizeof cl.dec[0]);
+        kvt_status st = pd_cluster_decoder(&cl, 0);
+        if (st != KVT_OK) fail_msg("reconnect %d: %s: %s", k, kvt_status_name(st), kvt_last_error());
+    }
+    pd_open_room(&cl, 9, 0);
+    pd_expect_room(&cl, 9, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    pd_cluster_stop(&cl);
+}
+
 static void abort_from_prefill_acked(void **state)
 {
     (void)state;
@@ -337,6 +358,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(abort_from_decode_acked),
         cmocka_unit_test(clear_live_room_fails_peer_promptly),
+        cmocka_unit_test(decode_reconnects_are_reaped),
         cmocka_unit_test(abort_from_prefill_acked),
         cmocka_unit_test(waiting_deadline),
         cmocka_unit_test(cleared_room_not_resurrected),
