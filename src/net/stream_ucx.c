@@ -1,8 +1,8 @@
 /* stream_ucx.c - the UCX stream: an authenticated TCP connection whose
  * traffic moves onto UCP tag messages. Both sides swap worker addresses over
  * the socket and create an endpoint to each other; the socket then carries
- * nothing but stays open as the liveness signal (its hang-up, or an endpoint
- * error, fails every wait at once).
+ * nothing but stays open as the liveness signal (its hang-up, or a failed
+ * request, fails every wait at once).
  *
  * One process-wide UCP context (refcounted: the last stream to go cleans it
  * up, so the next one re-reads UCX_TLS & co. from the environment) and one
@@ -24,7 +24,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +50,6 @@ typedef struct ux_stream {
     ucp_worker_h worker;
     ucp_ep_h ep;
     int efd;                    /* the worker's event fd; -1: poll the socket only */
-    _Atomic int ep_err;         /* ucs_status_t of an endpoint error; 0: none */
     bool broken;                /* an operation failed: the stream is unusable */
     void *req[INFLIGHT];        /* sendv's messages in flight, oldest at req_head */
     unsigned req_head, req_n;
@@ -92,7 +90,6 @@ static const kvt_ucx_api *U;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static ucp_context_h g_ctx;
 static unsigned g_refs;
-static _Atomic bool g_no_peer_err; /* this context's transports cannot report peer failure */
 
 static kvt_status ctx_ref(ucp_context_h *out)
 {
@@ -135,7 +132,6 @@ static void ctx_unref(void)
     if (g_refs && --g_refs == 0) {
         ucp_cleanup(g_ctx);
         g_ctx = NULL;
-        atomic_store(&g_no_peer_err, false);
     }
     pthread_mutex_unlock(&g_mu);
 }
@@ -163,7 +159,7 @@ static bool sock_dead(int fd)
 
 static bool ux_lost(ux_stream *u)
 {
-    return u->broken || atomic_load(&u->ep_err) != 0;
+    return u->broken;
 }
 
 /* Sleeps until the worker has events, the socket stirs, wake_fd (may be -1)
@@ -594,7 +590,10 @@ static int ux_wait(kvt_stream *s, int wake_fd, int timeout_ms)
             /* a zero timeout still notices a hang-up or a wake-up */
             struct pollfd p[2] = {{u->base.fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
             if (poll(p, wake_fd >= 0 ? 2 : 1, 0) > 0) {
-                if (p[0].revents && sock_dead(u->base.fd)) return KVT_STREAM_HUP;
+                if (p[0].revents && sock_dead(u->base.fd)) {
+                    u->broken = true; /* the close is forced, not a flush to a dead peer */
+                    return KVT_STREAM_HUP;
+                }
                 if (wake_fd >= 0 && p[1].revents) return KVT_STREAM_WOKEN;
             }
             return KVT_STREAM_IDLE;
@@ -602,18 +601,12 @@ static int ux_wait(kvt_stream *s, int wake_fd, int timeout_ms)
         if (++idle < SPINS / 4) continue;
         idle = 0;
         int w = ux_sleep(u, wake_fd, dl);
+        if (w == KVT_STREAM_HUP) u->broken = true;
         if (w == KVT_STREAM_HUP || w == KVT_STREAM_WOKEN) return w;
     }
 }
 
 /* ---- setup and teardown ---- */
-
-static void ux_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
-{
-    (void)ep;
-    ux_stream *u = arg;
-    atomic_store(&u->ep_err, status == UCS_OK ? UCS_ERR_CONNECTION_RESET : (int)status);
-}
 
 /* Closes the endpoint: a flush bounded in time (so the last frames sent
  * reach a live peer), forced when the peer is already lost. */
@@ -696,22 +689,18 @@ static kvt_status ux_setup(ux_stream *u, ucp_context_h ctx, uint64_t dl)
     kvt_status st = ux_swap_addr(u->base.fd, addr, alen, &peer, &plen, dl);
     ucp_worker_release_address(u->worker, addr);
     if (st) return st;
+    /* No UCX peer-failure handling: the socket's hang-up is the liveness
+     * signal (every wait polls it; a lost peer's requests are cancelled and
+     * reaped with a forced close). Asking for it is costly over tcp (UCX
+     * 1.13: ucx_perftest tag_bw 1 MiB with -e ran at ~0.65x, and our
+     * receives were copied out of UCX's buffers instead of landing in place)
+     * and shared memory (posix, sysv) cannot give it anyway. */
     ucp_ep_params_t ep = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
         .address = (const ucp_address_t *)peer,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {ux_ep_error, u},
+        .err_mode = UCP_ERR_HANDLING_MODE_NONE,
     };
-    us = atomic_load(&g_no_peer_err) ? UCS_ERR_UNREACHABLE : ucp_ep_create(u->worker, &ep, &u->ep);
-    if (us == UCS_ERR_UNREACHABLE) {
-        atomic_store(&g_no_peer_err, true); /* UCX logged why once; later links skip the try */
-        /* shared memory (posix, sysv) cannot report a peer's failure; the
-         * socket's hang-up is the liveness signal either way */
-        ep.field_mask &= ~(uint64_t)UCP_EP_PARAM_FIELD_ERR_HANDLER;
-        ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-        us = ucp_ep_create(u->worker, &ep, &u->ep);
-    }
+    us = ucp_ep_create(u->worker, &ep, &u->ep);
     free(peer);
     if (us != UCS_OK) {
         u->ep = NULL;

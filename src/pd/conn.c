@@ -218,6 +218,10 @@ void *pd_conn_main(void *arg)
     pd_ep *ep = c->ep;
     kvt_status st = KVT_OK;
     while (!atomic_load(&ep->stop) && !st) st = step(c);
+    /* Stopping: frames already queued (a DONE_ACK behind a Success the
+     * engine saw) still go out, boundedly, before the socket closes;
+     * otherwise the peer would fail a room this side reported done. */
+    if (!st) (void)flush_queue(c);
     atomic_store(&c->dead, true);
     shutdown(c->s->fd, SHUT_RDWR); /* the peer learns at once, not after its timeout */
     if (st && !atomic_load(&ep->stop)) {
