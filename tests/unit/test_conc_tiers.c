@@ -270,13 +270,23 @@ static void test_conc_two_loads_one_bad_read(void **state)
         kvt_task_result r1, r2;
         assert_ok(kvt_cache_wait(e.cache, m1.task, WAIT_MS, &r1));
         assert_ok(kvt_cache_wait(e.cache, m2.task, WAIT_MS, &r2));
-        assert_true((r1.status == KVT_OK) != (r2.status == KVT_OK));
+        /* One read comes back corrupt. The other usually brings a good copy
+         * back, which then serves; if it was submitted only after the
+         * corrupt one had freed the SSD slot, it fails too, and a store
+         * re-fills the block. Either way no byte is wrong and the block
+         * never owns two CPU slots. */
+        assert_true(r1.status == KVT_ECORRUPT || r2.status == KVT_ECORRUPT);
         assert_int_equal(stats(&e).corrupt_blocks, 1);
         kvt_status st;
-        assert_int_equal(load(&e, &a, &st), 8); /* the good copy serves */
+        if (r1.status == KVT_OK || r2.status == KVT_OK) {
+            assert_int_equal(load(&e, &a, &st), 8); /* the good copy serves */
+        } else {
+            assert_int_equal(load(&e, &a, &st), 0);
+        }
         assert_true(slots_owned(&e, id) <= 1);
         store(&e, &a);
         assert_true(slots_owned(&e, id) <= 1);
+        assert_int_equal(load(&e, &a, &st), 8);
         close_cache(&e);
         remove_dir(e.dir);
     }
