@@ -101,6 +101,10 @@ struct kvt_cache {
     struct kvt_read_op *read_q;
     uint32_t rq_head, rq_len;
     uint32_t ssd_pending; /* SSD writes queued or in flight */
+    /* SSD slots whose read failed, freed by the mover thread: only it
+     * submits reads, so a slot is never freed under a read being submitted. */
+    uint32_t *ssd_free_q;
+    uint32_t sfq_len;
 
     kvt_cache_stats stats;
     pthread_mutex_t err_mu;

@@ -302,7 +302,10 @@ static void read_done(void *arg, kvt_status st)
         if (st == KVT_ECORRUPT) c->stats.corrupt_blocks++;
         else c->stats.ssd_read_errors++;
         if (c->ssd_state[id] == SSD_DURABLE) {
-            kvt__ssd_free(c->ssd, c->ssd_slot[id]);
+            /* Another load may be submitting a read of this slot right now:
+             * the mover frees it between batches (see drain_frees). */
+            c->ssd_free_q[c->sfq_len++] = c->ssd_slot[id];
+            pthread_cond_signal(&c->mover_cv);
             c->ssd_slot[id] = KVT_SSD_NONE;
             /* Another load may have brought a good copy back meanwhile: then
              * that copy stays and only the SSD's is gone. */
@@ -330,8 +333,15 @@ typedef struct io_batch {
     uint32_t n;
 } io_batch;
 
+/* Frees the SSD slots of failed reads (mutex held, on the mover thread). */
+static void drain_frees(kvt_cache *c)
+{
+    while (c->sfq_len > 0) kvt__ssd_free(c->ssd, c->ssd_free_q[--c->sfq_len]);
+}
+
 static void take_batch(kvt_cache *c, io_batch *b)
 {
+    drain_frees(c);
     b->n = 0;
     while (b->n < 32 && c->wq_len > 0) {
         uint32_t i = b->n;
@@ -389,6 +399,7 @@ static void *mover_main(void *arg)
     pthread_mutex_lock(&c->mu);
     while (b && !c->mover_stop) {
         if (c->wq_len == 0 && c->rq_len == 0) {
+            drain_frees(c);
             /* Bounded sleep: a lost wakeup costs at most 100 ms, never a hang. */
             kvt__cond_wait_until(&c->mover_cv, &c->mu, kvt__now_ns() + 100000000ull);
             continue;
@@ -443,7 +454,8 @@ static kvt_status alloc_tier_arrays(kvt_cache *c, uint32_t index_cap)
     c->ssd_state = calloc(index_cap, 1);
     c->write_q = malloc((size_t)c->cpu_blocks * sizeof *c->write_q);
     c->read_q = malloc((size_t)c->cpu_blocks * sizeof *c->read_q);
-    if (!c->ssd_slot || !c->ssd_state || !c->write_q || !c->read_q) goto nomem;
+    c->ssd_free_q = malloc((size_t)c->cpu_blocks * sizeof *c->ssd_free_q);
+    if (!c->ssd_slot || !c->ssd_state || !c->write_q || !c->read_q || !c->ssd_free_q) goto nomem;
     for (uint32_t i = 0; i < index_cap; i++) c->ssd_slot[i] = KVT_SSD_NONE;
     return KVT_OK;
 nomem:
@@ -498,6 +510,7 @@ kvt_status kvt__tiers_open(kvt_cache *c)
 /* Fails reads still queued (their tasks end without data). */
 static void drop_queued(kvt_cache *c)
 {
+    drain_frees(c);
     while (c->rq_len > 0) {
         kvt_read_op op = c->read_q[c->rq_head];
         c->rq_head = (c->rq_head + 1) % c->cpu_blocks;
@@ -555,6 +568,7 @@ void kvt__tiers_free(kvt_cache *c)
     free(c->ssd_state);
     free(c->write_q);
     free(c->read_q);
+    free(c->ssd_free_q);
 }
 
 kvt_status kvt__tiers_flush(kvt_cache *c, uint64_t deadline_ns)
