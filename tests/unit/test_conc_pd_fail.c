@@ -24,15 +24,22 @@ static kvt_pd_room_info dec_info(pd_cluster *cl, uint64_t room)
     return i;
 }
 
+/* One prefill and one decode rank, with room `room` opened on both sides
+ * and nothing sent yet. */
+static void start_with_idle_room(pd_cluster *cl, uint64_t room)
+{
+    pd_cluster_start(cl, &c1, &c1, 40);
+    pd_cluster_decoders(cl);
+    kvt_pd_room_params rp = {cl->dec[0].pages, cl->dec[0].num_pages, 40, 0};
+    assert_ok(kvt_pd_receiver_room(cl->dec[0].r, room, &rp));
+    assert_ok(kvt_pd_sender_room(cl->pre[0].s, room));
+}
+
 static void abort_from_decode_acked(void **state)
 {
     (void)state;
     pd_cluster cl = {0};
-    pd_cluster_start(&cl, &c1, &c1, 40);
-    pd_cluster_decoders(&cl);
-    kvt_pd_room_params rp = {cl.dec[0].pages, cl.dec[0].num_pages, 40, 0};
-    assert_ok(kvt_pd_receiver_room(cl.dec[0].r, 5, &rp));
-    assert_ok(kvt_pd_sender_room(cl.pre[0].s, 5));
+    start_with_idle_room(&cl, 5);
     assert_ok(kvt_pd_receiver_abort(cl.dec[0].r, 5, "client went away"));
     kvt_pd_poll st;
     assert_ok(kvt_pd_sender_wait(cl.pre[0].s, 5, 5000, &st));
@@ -52,11 +59,7 @@ static void clear_live_room_fails_peer_promptly(void **state)
 {
     (void)state;
     pd_cluster cl = {0};
-    pd_cluster_start(&cl, &c1, &c1, 40);
-    pd_cluster_decoders(&cl);
-    kvt_pd_room_params rp = {cl.dec[0].pages, cl.dec[0].num_pages, 40, 0};
-    assert_ok(kvt_pd_receiver_room(cl.dec[0].r, 6, &rp));
-    assert_ok(kvt_pd_sender_room(cl.pre[0].s, 6));
+    start_with_idle_room(&cl, 6);
     assert_ok(kvt_pd_receiver_clear(cl.dec[0].r, 6));
     kvt_pd_poll st;
     assert_ok(kvt_pd_sender_wait(cl.pre[0].s, 6, 3000, &st)); /* peers' deadlines are 30 s */
@@ -89,11 +92,7 @@ static void abort_from_prefill_acked(void **state)
 {
     (void)state;
     pd_cluster cl = {0};
-    pd_cluster_start(&cl, &c1, &c1, 40);
-    pd_cluster_decoders(&cl);
-    kvt_pd_room_params rp = {cl.dec[0].pages, cl.dec[0].num_pages, 40, 0};
-    assert_ok(kvt_pd_receiver_room(cl.dec[0].r, 6, &rp));
-    assert_ok(kvt_pd_sender_room(cl.pre[0].s, 6));
+    start_with_idle_room(&cl, 6);
     kvt_pd_poll st = KVT_PD_BOOTSTRAPPING;
     for (int i = 0; i < 200 && st != KVT_PD_WAITING_FOR_INPUT; i++, sleep_ms(5))
         assert_ok(kvt_pd_sender_poll(cl.pre[0].s, 6, &st));
