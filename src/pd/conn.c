@@ -24,6 +24,7 @@ kvt_status pd_conn_new(pd_ep *ep, kvt_stream *s, pd_conn **out)
     }
     c->ep = ep;
     c->s = s;
+    c->max_frame = ep->net.max_frame; /* until the handshake says the peer's */
     pthread_mutex_init(&c->qmu, NULL);
     c->last_rx = c->last_tx = kvt__now_ns();
     *out = c;
@@ -93,9 +94,10 @@ void pd_conn_queue(pd_conn *c, const pd_hdr *h, const void *body, size_t blen)
     (void)w;
 }
 
-void pd_conn_queue_msg(pd_conn *c, uint16_t type, uint64_t room, kvt_status st, const char *msg)
+void pd_conn_queue_msg(pd_conn *c, uint16_t type, uint64_t room, uint32_t gen, kvt_status st,
+                       const char *msg)
 {
-    pd_hdr h = {.type = type, .room = room, .status = st};
+    pd_hdr h = {.type = type, .room = room, .status = st, .gen = gen};
     pd_conn_queue(c, &h, msg, msg ? strlen(msg) : 0);
 }
 

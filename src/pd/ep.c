@@ -148,6 +148,7 @@ kvt_status pd_room_add(pd_ep *ep, uint64_t id, pd_room **out)
     if (!r) return kvt__fail(KVT_ENOMEM, "pd: out of memory for room %llu", (unsigned long long)id);
     r->id = id;
     r->refs = 1;
+    r->opener = UINT32_MAX;
     r->state = KVT_PD_BOOTSTRAPPING;
     r->deadline_ns = kvt__deadline_ns(ep->t_boot);
     uint32_t b = bucket(id);
@@ -158,11 +159,20 @@ kvt_status pd_room_add(pd_ep *ep, uint64_t id, pd_room **out)
     return KVT_OK;
 }
 
+void pd_room_unclaimed_done(pd_ep *ep, pd_room *r)
+{
+    if (r->opener == UINT32_MAX) return;
+    pd_conn *c = ep->conns[r->opener]; /* its slot is not reused while r names it */
+    if (c && c->unclaimed) c->unclaimed--;
+    r->opener = UINT32_MAX;
+}
+
 void pd_room_remove(pd_ep *ep, pd_room *r)
 {
     pd_room **pp = &ep->buckets[bucket(r->id)];
     while (*pp && *pp != r) pp = &(*pp)->next;
     if (*pp) *pp = r->next;
+    pd_room_unclaimed_done(ep, r);
     r->cleared = true;
     ep->nrooms--;
     pd_room_unref(r);
@@ -211,13 +221,45 @@ uint32_t pd_room_conns(pd_ep *ep, pd_room *r, uint32_t *out, uint32_t max)
     return n;
 }
 
+uint32_t pd_room_gen(const pd_ep *ep, const pd_room *r, uint32_t conn)
+{
+    if (ep->role == PD_ROLE_DECODE) return r->gen;
+    for (uint32_t i = 0; i < r->ntargets; i++)
+        if (r->targets[i].conn == conn) return r->targets[i].gen;
+    return 0;
+}
+
 void pd_room_notify(pd_ep *ep, pd_room *r, uint32_t except)
 {
     uint32_t ids[PD_MAX_CONNS];
     uint32_t n = pd_room_conns(ep, r, ids, PD_MAX_CONNS);
     for (uint32_t i = 0; i < n; i++)
         if (ids[i] != except && !atomic_load(&ep->conns[ids[i]]->dead))
-            pd_conn_queue_msg(ep->conns[ids[i]], PD_F_FAIL, r->id, r->err, r->msg);
+            pd_conn_queue_msg(ep->conns[ids[i]], PD_F_FAIL, r->id, pd_room_gen(ep, r, ids[i]), r->err,
+                              r->msg);
+}
+
+kvt_pd_poll pd_room_seen_state(const pd_room *r)
+{
+    return r->landing && r->state == KVT_PD_FAILED ? KVT_PD_TRANSFERRING : r->state;
+}
+
+static bool seen_terminal(const pd_room *r)
+{
+    kvt_pd_poll s = pd_room_seen_state(r);
+    return s == KVT_PD_SUCCESS || s == KVT_PD_FAILED;
+}
+
+kvt_status pd_room_wait_landed(pd_ep *ep, pd_room *r, const char *fn)
+{
+    /* A landing is one stream receive under the link deadline (peer
+     * timeout); past that the link thread gives up and ends it. */
+    uint64_t dl = kvt__deadline_ns((int64_t)ep->net.peer_timeout_ms + 1000);
+    while (r->landing && kvt__cond_wait_until(&ep->cv, &ep->mu, dl)) {
+    }
+    if (!r->landing) return KVT_OK;
+    return kvt__fail(KVT_ETIMEDOUT, "%s: room %llu: a batch is still being written into its pages after %u ms; retry",
+                     fn, (unsigned long long)r->id, ep->net.peer_timeout_ms + 1000);
 }
 
 static kvt_status find_live(pd_ep *ep, uint64_t room, const char *fn, pd_room **out)
@@ -236,7 +278,7 @@ kvt_status pd_ep_poll(pd_ep *ep, uint64_t room, kvt_pd_poll *out, const char *fn
     pthread_mutex_lock(&ep->mu);
     pd_room *r = NULL;
     kvt_status st = find_live(ep, room, fn, &r);
-    if (!st) *out = r->state;
+    if (!st) *out = pd_room_seen_state(r);
     pthread_mutex_unlock(&ep->mu);
     return st;
 }
@@ -255,10 +297,10 @@ kvt_status pd_ep_wait(pd_ep *ep, uint64_t room, int64_t timeout_ms, kvt_pd_poll 
         return st;
     }
     r->refs++;
-    while (!pd_room_terminal(r) && !r->cleared && kvt__cond_wait_until(&ep->cv, &ep->mu, dl)) {
+    while (!seen_terminal(r) && !r->cleared && kvt__cond_wait_until(&ep->cv, &ep->mu, dl)) {
     }
-    *out = r->state;
-    bool done = pd_room_terminal(r);
+    *out = pd_room_seen_state(r);
+    bool done = seen_terminal(r);
     pd_room_unref(r);
     pthread_mutex_unlock(&ep->mu);
     if (!done)
@@ -277,7 +319,11 @@ kvt_status pd_ep_clear(pd_ep *ep, uint64_t room, const char *fn)
          * the prefill side stops streaming into it. */
         if (!pd_room_terminal(r) && pd_room_fail(ep, r, KVT_ECANCELED, "cleared while live"))
             pd_room_notify(ep, r, UINT32_MAX);
-        pd_room_remove(ep, r);
+        /* and once clear returns, nothing writes into its pages any more */
+        r->refs++;
+        st = pd_room_wait_landed(ep, r, fn);
+        if (!st && !r->cleared) pd_room_remove(ep, r);
+        pd_room_unref(r);
     }
     pthread_mutex_unlock(&ep->mu);
     return st;
@@ -290,7 +336,7 @@ kvt_status pd_ep_info(pd_ep *ep, uint64_t room, kvt_pd_room_info *out, const cha
     pd_room *r = NULL;
     kvt_status st = find_live(ep, room, fn, &r);
     if (!st) {
-        kvt_pd_room_info i = {.state = r->state, .error = r->err, .bytes = r->bytes,
+        kvt_pd_room_info i = {.state = pd_room_seen_state(r), .error = r->err, .bytes = r->bytes,
                               .abort_acks = r->abort_acks};
         uint32_t ids[PD_MAX_CONNS];
         i.peers = pd_room_conns(ep, r, ids, PD_MAX_CONNS);
@@ -313,7 +359,11 @@ kvt_status pd_ep_abort(pd_ep *ep, uint64_t room, const char *reason, const char 
         uint32_t ids[PD_MAX_CONNS];
         uint32_t n = pd_room_conns(ep, r, ids, PD_MAX_CONNS);
         for (uint32_t i = 0; i < n; i++)
-            pd_conn_queue_msg(ep->conns[ids[i]], PD_F_ABORT, room, KVT_EABORTED, why);
+            pd_conn_queue_msg(ep->conns[ids[i]], PD_F_ABORT, room, pd_room_gen(ep, r, ids[i]), KVT_EABORTED,
+                              why);
+        r->refs++;
+        st = pd_room_wait_landed(ep, r, fn); /* no write into its pages after abort returns */
+        pd_room_unref(r);
     }
     pthread_mutex_unlock(&ep->mu);
     return st;

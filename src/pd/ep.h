@@ -20,6 +20,7 @@
 #define PD_ROOM_BUCKETS 4096
 #define PD_MAX_ROOMS 65536
 #define PD_MAX_CONNS 256
+#define PD_MAX_UNCLAIMED (PD_MAX_ROOMS / 16) /* rooms one decode link may open unclaimed */
 #define PD_BATCH_BYTES (8u << 20) /* one DATA frame: amortises headers and syscalls */
 #define PD_BATCH_BYTES_UCX (64u << 20) /* over UCX (capped by max_frame): longer per-entry runs */
 #define PD_MSG 160
@@ -38,7 +39,7 @@ typedef struct pd_frame {
 typedef struct pd_job {
     struct pd_job *next;
     pd_room *room; /* referenced */
-    uint32_t target;
+    uint32_t target, gen;
     bool begun;
     uint32_t next_page, end_page, first_page;
 } pd_job;
@@ -57,6 +58,8 @@ typedef struct pd_conn {
     pd_plan plan;
     bool has_plan;
     uint32_t expected;  /* receiver: decode ranks that open each room on this peer */
+    uint32_t max_frame; /* the smaller of both sides' max_frame: nothing larger is sent */
+    uint32_t unclaimed; /* sender: rooms this peer opened that the engine has not claimed */
     atomic_bool dead;
     atomic_bool finished;
     bool registered; /* sender: passed the handshake and registration */
@@ -73,6 +76,7 @@ typedef struct pd_conn {
 
 typedef struct pd_target {
     uint32_t conn;
+    uint32_t gen;   /* the decode rank's generation of the room */
     uint32_t *pages, num_pages;
     bool done_sent; /* the sender sent this target's DONE */
     bool done;      /* and the decode rank acknowledged it */
@@ -83,6 +87,9 @@ struct pd_room {
     pd_room *next;
     int refs;
     bool cleared, claimed, started;
+    uint32_t gen;     /* receiver: this opening's generation (wire.h) */
+    uint32_t landing; /* receiver: link threads writing a batch into the pages now */
+    uint32_t opener;  /* sender: the link that created it unclaimed (UINT32_MAX: none) */
     kvt_pd_poll state;
     kvt_status err;
     char msg[PD_MSG];
@@ -129,6 +136,7 @@ struct pd_ep {
     pthread_cond_t cv;
     pd_room *buckets[PD_ROOM_BUCKETS];
     uint32_t nrooms;
+    uint32_t next_gen; /* receiver: generation of the next opened room */
     pd_conn *conns[PD_MAX_CONNS];
     uint32_t nconns;
     int lfd;
@@ -157,7 +165,8 @@ kvt_status pd_conn_start(pd_conn *c, void *(*fn)(void *));
 void *pd_conn_main(void *arg); /* the I/O loop */
 /* Queues a control frame (copied) and wakes the thread. */
 void pd_conn_queue(pd_conn *c, const pd_hdr *h, const void *body, size_t blen);
-void pd_conn_queue_msg(pd_conn *c, uint16_t type, uint64_t room, kvt_status st, const char *msg);
+void pd_conn_queue_msg(pd_conn *c, uint16_t type, uint64_t room, uint32_t gen, kvt_status st,
+                       const char *msg);
 /* Sends one frame now (conn thread or before the thread starts). */
 kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
                         const struct iovec *payload, int npay);
@@ -176,8 +185,19 @@ pd_room *pd_room_find(pd_ep *ep, uint64_t id);
 kvt_status pd_room_add(pd_ep *ep, uint64_t id, pd_room **out);
 void pd_room_unref(pd_room *r);
 void pd_room_remove(pd_ep *ep, pd_room *r);
+/* The engine claimed r, or it goes: its opener's unclaimed count drops. */
+void pd_room_unclaimed_done(pd_ep *ep, pd_room *r);
 /* Forward-only: ignored when not later than the current state or terminal. */
 void pd_room_advance(pd_ep *ep, pd_room *r, kvt_pd_poll to);
+/* The state poll/wait/info report: a failed room still reads TRANSFERRING
+ * while a batch is being written into its pages, so that an engine that
+ * sees FAILED (or returns from clear/abort) can reuse the pages at once. */
+kvt_pd_poll pd_room_seen_state(const pd_room *r);
+/* Waits (ep->mu held) until no batch is landing in r, up to the link
+ * deadline that bounds every landing; KVT_ETIMEDOUT with a message if not. */
+kvt_status pd_room_wait_landed(pd_ep *ep, pd_room *r, const char *fn);
+/* The generation a room's frames to link conn carry (ep->mu held). */
+uint32_t pd_room_gen(const pd_ep *ep, const pd_room *r, uint32_t conn);
 /* Fails a live room (no-op when terminal); returns whether it changed. */
 bool pd_room_fail(pd_ep *ep, pd_room *r, kvt_status st, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

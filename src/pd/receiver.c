@@ -10,8 +10,16 @@
 #include "util/clock.h"
 #include "util/err.h"
 
+#define REDIAL_MIN_MS 100  /* first retry after a link to a prefill rank died */
+#define REDIAL_MAX_MS 2000 /* backoff cap: a restarted prefill rank is found within this */
+#define REDIAL_TIMEOUT_MS 1000 /* one attempt's deadline (the service thread waits on it) */
+
 struct kvt_pd_receiver {
-    pd_ep ep;
+    pd_ep ep; /* first: the service tick gets &ep */
+    char bs_host[64];
+    uint16_t bs_port;
+    uint64_t redial_at[PD_MAX_CONNS]; /* next attempt per dead link (0: none due) */
+    uint32_t redial_ms[PD_MAX_CONNS];
 };
 
 static pd_xfer room_xfer(pd_conn *c, pd_room *r)
@@ -79,9 +87,9 @@ static kvt_status on_data(pd_conn *c, const pd_hdr *h)
         return kvt__fail(KVT_EPROTO, "%s: DATA with %u pages and %u checksum bytes", c->name, h->a1, h->body_len);
     pthread_mutex_lock(&ep->mu);
     pd_room *r = pd_room_find(ep, h->room);
-    if (!r || pd_room_terminal(r)) {
+    if (!r || r->gen != h->gen || pd_room_terminal(r)) {
         pthread_mutex_unlock(&ep->mu);
-        return drain(c, h->payload_len); /* a late batch of a finished room */
+        return drain(c, h->payload_len); /* a late batch of a finished or reopened room */
     }
     pd_xfer x = room_xfer(c, r);
     uint32_t first, end;
@@ -92,10 +100,12 @@ static kvt_status on_data(pd_conn *c, const pd_hdr *h)
                          h->a0, h->a0 + h->a1, r->next_page[c->idx], first, end);
     }
     r->refs++;
+    r->landing++;
     pd_room_advance(ep, r, KVT_PD_TRANSFERRING);
     pthread_mutex_unlock(&ep->mu);
     kvt_status st = land(c, r, h);
     pthread_mutex_lock(&ep->mu);
+    if (--r->landing == 0) pthread_cond_broadcast(&ep->cv); /* clear/abort/wait may be waiting */
     pd_room_unref(r);
     pthread_mutex_unlock(&ep->mu);
     return st;
@@ -108,9 +118,9 @@ static void on_done(pd_conn *c, const pd_hdr *h)
     const char *msg = NULL;
     pthread_mutex_lock(&ep->mu);
     pd_room *r = pd_room_find(ep, h->room);
-    if (!r) {
+    if (!r || r->gen != h->gen) {
         st = KVT_ENOTFOUND;
-        msg = "room unknown on the decode rank (cleared)";
+        msg = "room unknown on the decode rank (cleared or reopened)";
     } else if (pd_room_terminal(r)) {
         st = r->state == KVT_PD_SUCCESS ? KVT_OK : r->err;
         msg = r->msg;
@@ -129,7 +139,7 @@ static void on_done(pd_conn *c, const pd_hdr *h)
             if (++r->ndone == ep->nconns) pd_room_advance(ep, r, KVT_PD_SUCCESS);
         }
     }
-    pd_conn_queue_msg(c, PD_F_DONE_ACK, h->room, st, msg);
+    pd_conn_queue_msg(c, PD_F_DONE_ACK, h->room, h->gen, st, msg);
     pthread_mutex_unlock(&ep->mu);
 }
 
@@ -140,10 +150,11 @@ static void on_fail(pd_conn *c, const pd_hdr *h, bool abort)
     pd_room *r = pd_room_find(ep, h->room);
     kvt_status st = abort ? KVT_EABORTED : (kvt_status)h->status;
     if (st >= 0 || st < KVT_EVERSION) st = KVT_EPROTO;
-    if (r && pd_room_fail(ep, r, st, "%s %s: %s", c->name, abort ? "aborted" : "failed", (char *)c->body))
+    if (r && r->gen == h->gen && /* news of an earlier opening is not about this one */
+        pd_room_fail(ep, r, st, "%s %s: %s", c->name, abort ? "aborted" : "failed", (char *)c->body))
         pd_room_notify(ep, r, c->idx);
     pthread_mutex_unlock(&ep->mu);
-    if (abort) pd_conn_queue_msg(c, PD_F_ABORT_ACK, h->room, KVT_OK, NULL);
+    if (abort) pd_conn_queue_msg(c, PD_F_ABORT_ACK, h->room, h->gen, KVT_OK, NULL);
 }
 
 static kvt_status receiver_frame(pd_conn *c, const pd_hdr *h)
@@ -156,7 +167,7 @@ static kvt_status receiver_frame(pd_conn *c, const pd_hdr *h)
     case PD_F_ABORT_ACK: {
         pthread_mutex_lock(&c->ep->mu);
         pd_room *r = pd_room_find(c->ep, h->room);
-        if (r) r->abort_acks++;
+        if (r && r->gen == h->gen) r->abort_acks++;
         pthread_mutex_unlock(&c->ep->mu);
         return KVT_OK;
     }
@@ -193,12 +204,13 @@ typedef struct topo_entry {
     uint16_t port;
 } topo_entry;
 
-static kvt_status lookup_once(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, uint8_t **t, uint32_t *tlen)
+static kvt_status lookup_once(pd_ep *ep, const char *host, uint16_t port, uint64_t dl, uint8_t **t,
+                              uint32_t *tlen)
 {
     kvt_stream *s;
     kvt_stream_auth a = ep->auth;
     a.who = "pd receiver -> bootstrap";
-    kvt_status st = kvt__stream_connect(p->bootstrap_host, p->bootstrap_port, &a, dl, &s);
+    kvt_status st = kvt__stream_connect(host, port, &a, dl, &s);
     if (st) return st;
     size_t n = pd_desc_wire_size(&ep->desc);
     uint8_t *body = malloc(n);
@@ -216,7 +228,7 @@ static kvt_status lookup_once(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, ui
 static kvt_status lookup(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, uint8_t **t, uint32_t *tlen)
 {
     for (;;) {
-        kvt_status st = lookup_once(ep, p, dl, t, tlen);
+        kvt_status st = lookup_once(ep, p->bootstrap_host, p->bootstrap_port, dl, t, tlen);
         if (st != KVT_EAGAIN) return st;
         if (kvt__now_ns() >= dl)
             return kvt__fail(KVT_ETIMEDOUT, "pd receiver: the prefill topology was incomplete until the deadline");
@@ -257,7 +269,27 @@ static kvt_status decode_topo(const uint8_t *b, uint32_t len, topo_entry **out, 
     return KVT_OK;
 }
 
-static kvt_status connect_peer(pd_ep *ep, const topo_entry *t, uint64_t dl)
+/* REGISTER: our descriptor and max_frame; the OK carries the sender's, and
+ * the link uses the smaller (the sender refuses a decode page above it). */
+static kvt_status register_peer(pd_ep *ep, pd_conn *c, uint64_t dl)
+{
+    size_t n = pd_desc_wire_size(&ep->desc);
+    uint8_t *body = malloc(n + 4), *ok = NULL;
+    uint32_t oklen = 0;
+    if (!body) return kvt__fail(KVT_ENOMEM, "pd receiver: out of memory");
+    pd_desc_encode(&ep->desc, body);
+    pd_put32(body + n, ep->net.max_frame);
+    pd_hdr h = {.type = PD_F_REGISTER, .body_len = (uint32_t)n + 4};
+    kvt_status st = pd_bootstrap_call_ex(c->s, &h, body, &ep->net, dl, c->name, &ok, &oklen);
+    free(body);
+    if (!st && oklen != 4) st = kvt__fail(KVT_EPROTO, "%s: registration answer of %u bytes", c->name, oklen);
+    if (!st && pd_get32(ok) < c->max_frame) c->max_frame = pd_get32(ok);
+    free(ok);
+    return st;
+}
+
+/* A registered link to prefill rank t, not yet installed or started. */
+static kvt_status dial_peer(pd_ep *ep, const topo_entry *t, uint64_t dl, pd_conn **out)
 {
     kvt_stream *s;
     pd_conn *c = NULL;
@@ -271,22 +303,25 @@ static kvt_status connect_peer(pd_ep *ep, const topo_entry *t, uint64_t dl)
         kvt__stream_destroy(s);
         return st;
     }
-    c->idx = ep->nconns;
-    ep->conns[ep->nconns++] = c;
     snprintf(c->name, sizeof c->name, "prefill tp%u/%u dcp%u/%u", t->desc.tp_rank, t->desc.tp_size,
              t->desc.dcp_rank, t->desc.dcp_size);
     st = pd_desc_copy(&c->peer, &t->desc);
     if (!st) st = pd_plan_compute(&c->plan, &c->peer, &ep->desc);
     if (!st) st = pd_topo_expected(&c->peer, &ep->desc, &c->expected);
-    if (st) return st;
-    size_t n = pd_desc_wire_size(&ep->desc);
-    uint8_t *body = malloc(n);
-    if (!body) return kvt__fail(KVT_ENOMEM, "pd receiver: out of memory");
-    pd_desc_encode(&ep->desc, body);
-    pd_hdr h = {.type = PD_F_REGISTER, .body_len = (uint32_t)n};
-    st = pd_bootstrap_call(c->s, &h, body, &ep->net, dl, c->name);
-    free(body);
+    if (!st) st = register_peer(ep, c, dl);
+    if (st) pd_conn_free(c);
+    else *out = c;
     return st;
+}
+
+static kvt_status connect_peer(pd_ep *ep, const topo_entry *t, uint64_t dl)
+{
+    pd_conn *c;
+    kvt_status st = dial_peer(ep, t, dl, &c);
+    if (st) return st;
+    c->idx = ep->nconns;
+    ep->conns[ep->nconns++] = c;
+    return KVT_OK;
 }
 
 static kvt_status connect_all(pd_ep *ep, const kvt_pd_params *p, uint64_t dl)
@@ -310,6 +345,74 @@ static kvt_status connect_all(pd_ep *ep, const kvt_pd_params *p, uint64_t dl)
     return st;
 }
 
+/* ---- reconnecting: a prefill rank that restarts (anywhere the bootstrap
+ * service says) is found again; the link's rooms failed when it died ---- */
+
+/* Looks prefill rank (tp_rank, dcp_rank) of the dead link i up again and
+ * dials it; installs and starts the new link on success. */
+static kvt_status redial(kvt_pd_receiver *rc, uint32_t i)
+{
+    pd_ep *ep = &rc->ep;
+    pd_conn *old = ep->conns[i], *c = NULL; /* only this thread replaces links */
+    uint64_t dl = kvt__deadline_ns(REDIAL_TIMEOUT_MS);
+    uint8_t *tb = NULL;
+    uint32_t tlen = 0, n = 0;
+    topo_entry *t = NULL, *mine = NULL;
+    kvt_status st = lookup_once(ep, rc->bs_host, rc->bs_port, dl, &tb, &tlen);
+    if (!st) st = decode_topo(tb, tlen, &t, &n);
+    free(tb);
+    for (uint32_t k = 0; !st && k < n; k++)
+        if (t[k].desc.tp_rank == old->peer.tp_rank && t[k].desc.dcp_rank == old->peer.dcp_rank) mine = &t[k];
+    if (!st && !mine) st = kvt__fail(KVT_ENOTFOUND, "%s is not registered with the bootstrap service", old->name);
+    if (!st) st = pd_topo_check(&mine->desc, &ep->desc);
+    if (!st) st = dial_peer(ep, mine, dl, &c);
+    free_topo(t, n);
+    if (st) return st;
+    pthread_mutex_lock(&ep->mu);
+    c->idx = i;
+    ep->conns[i] = c;
+    pthread_mutex_unlock(&ep->mu);
+    if (pd_conn_start(c, pd_conn_main) != KVT_OK) {
+        atomic_store(&c->dead, true);
+        atomic_store(&c->finished, true); /* tried again at the next backoff */
+    }
+    pd_conn_free(old); /* its thread has finished */
+    return KVT_OK;
+}
+
+/* Service tick: dead links are redialled with exponential backoff. */
+static void redial_tick(pd_ep *ep)
+{
+    kvt_pd_receiver *rc = (kvt_pd_receiver *)ep;
+    struct timespec ts = {0, 10 * 1000000};
+    nanosleep(&ts, NULL);
+    for (uint32_t i = 0; i < ep->nconns && !atomic_load(&ep->stop); i++) {
+        uint64_t now = kvt__now_ns();
+        if (!atomic_load(&ep->conns[i]->finished)) {
+            rc->redial_at[i] = 0;
+            continue;
+        }
+        if (!rc->redial_at[i]) {
+            rc->redial_ms[i] = REDIAL_MIN_MS;
+            rc->redial_at[i] = now + REDIAL_MIN_MS * 1000000ull;
+            continue;
+        }
+        if (now < rc->redial_at[i]) continue;
+        char name[sizeof ep->conns[i]->name];
+        snprintf(name, sizeof name, "%s", ep->conns[i]->name);
+        if (redial(rc, i) == KVT_OK) {
+            pd_log("pd receiver: reconnected to %s", name);
+            rc->redial_at[i] = 0;
+            continue;
+        }
+        if (rc->redial_ms[i] == REDIAL_MIN_MS) /* the first failure only: no log flood */
+            pd_log("pd receiver: cannot reconnect to %s yet (retrying every <= %u ms): %s", name,
+                   REDIAL_MAX_MS, kvt_last_error());
+        rc->redial_ms[i] = rc->redial_ms[i] * 2 > REDIAL_MAX_MS ? REDIAL_MAX_MS : rc->redial_ms[i] * 2;
+        rc->redial_at[i] = kvt__now_ns() + rc->redial_ms[i] * 1000000ull;
+    }
+}
+
 kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *p)
 {
     static const char fn[] = "kvt_pd_receiver_create";
@@ -319,9 +422,13 @@ kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *p)
     r->ep.hooks = &receiver_hooks;
     kvt_status st = pd_ep_init(&r->ep, p, PD_ROLE_DECODE, fn);
     uint64_t dl = kvt__deadline_ns(p && p->connect_timeout_ms ? p->connect_timeout_ms : 10000);
-    if (!st) st = connect_all(&r->ep, p, dl);
+    if (!st) {
+        snprintf(r->bs_host, sizeof r->bs_host, "%s", p->bootstrap_host ? p->bootstrap_host : "127.0.0.1");
+        r->bs_port = p->bootstrap_port;
+        st = connect_all(&r->ep, p, dl);
+    }
     for (uint32_t i = 0; !st && i < r->ep.nconns; i++) st = pd_conn_start(r->ep.conns[i], pd_conn_main);
-    if (!st) st = pd_ep_start_service_tick(&r->ep, NULL);
+    if (!st) st = pd_ep_start_service_tick(&r->ep, redial_tick);
     if (st) {
         char msg[KVT_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvt_last_error());
@@ -362,13 +469,27 @@ static kvt_status open_room(pd_ep *ep, pd_room *r, const kvt_pd_room_params *p)
         pd_xfer x = {&c->plan, r->prefix, r->ntok, r->dst_pages, r->n_dst, ep->map, PD_SIDE_DST};
         uint32_t end;
         pd_xfer_page_range(&x, &r->next_page[i], &end);
-        if (atomic_load(&c->dead) && pd_room_fail(ep, r, KVT_ECONN, "%s is down", c->name))
+        if (atomic_load(&c->dead) && pd_room_fail(ep, r, KVT_ECONN, "%s is down (reconnecting)", c->name))
             pd_room_notify(ep, r, i);
-        pd_hdr h = {.type = PD_F_ROOM, .room = r->id, .a0 = c->expected, .a1 = p->prefix_tokens};
+        pd_hdr h = {.type = PD_F_ROOM, .room = r->id, .a0 = c->expected, .a1 = p->prefix_tokens, .gen = r->gen};
         if (!atomic_load(&c->dead)) pd_conn_queue(c, &h, body, blen);
     }
     free(body);
     return KVT_OK;
+}
+
+/* The page table against every link's max_frame and the plan (ep->mu
+ * held: a reconnect may replace a link and its plan). */
+static kvt_status check_room(pd_ep *ep, const kvt_pd_room_params *p, const char *fn)
+{
+    uint32_t max_frame = ep->net.max_frame;
+    for (uint32_t i = 0; i < ep->nconns; i++)
+        if (ep->conns[i]->max_frame < max_frame) max_frame = ep->conns[i]->max_frame;
+    KVT_CHECK_ARG((uint64_t)p->num_pages * 4 + 8 <= max_frame,
+                  "%s: a page table of %u pages exceeds max_frame %u (the smaller of both sides')", fn,
+                  p->num_pages, max_frame);
+    return pd_xfer_check_pages(&ep->conns[0]->plan, PD_SIDE_DST, p->num_tokens, p->pages, p->num_pages,
+                               ep->desc.tokens_per_page, ep->engine_pages, fn);
 }
 
 kvt_status kvt_pd_receiver_room(kvt_pd_receiver *rc, uint64_t room, const kvt_pd_room_params *p)
@@ -378,18 +499,16 @@ kvt_status kvt_pd_receiver_room(kvt_pd_receiver *rc, uint64_t room, const kvt_pd
     KVT_CHECK_NOT_NULL_AS(p, "params", fn);
     KVT_CHECK_ARG(p->num_tokens > 0 && p->prefix_tokens < p->num_tokens,
                   "%s: prefix_tokens %u must be below num_tokens %u (> 0)", fn, p->prefix_tokens, p->num_tokens);
-    KVT_CHECK_ARG((uint64_t)p->num_pages * 4 + 8 <= rc->ep.net.max_frame,
-                  "%s: %u pages exceed max_frame", fn, p->num_pages);
     pd_ep *ep = &rc->ep;
-    kvt_status st = pd_xfer_check_pages(&ep->conns[0]->plan, PD_SIDE_DST, p->num_tokens, p->pages,
-                                        p->num_pages, ep->desc.tokens_per_page, ep->engine_pages, fn);
-    if (st) return st;
     pthread_mutex_lock(&ep->mu);
-    pd_room *r = pd_room_find(ep, room);
+    kvt_status st = check_room(ep, p, fn);
+    pd_room *r = st ? NULL : pd_room_find(ep, room);
     if (r) st = kvt__fail(KVT_EBUSY, "%s: room %llu is already open; clear it first", fn, (unsigned long long)room);
     if (!st) st = pd_room_add(ep, room, &r);
     if (!st) {
         r->claimed = true;
+        if (++ep->next_gen == 0) ep->next_gen = 1; /* 0 is no opening */
+        r->gen = ep->next_gen;
         st = room_arrays(r, p, ep->nconns, fn);
         if (!st) st = open_room(ep, r, p);
         if (st) pd_room_remove(ep, r);

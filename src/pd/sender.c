@@ -47,6 +47,7 @@ static void maybe_start(pd_ep *ep, pd_room *r)
         }
         j->room = r;
         j->target = i;
+        j->gen = r->targets[i].gen;
         r->refs++;
         if (c->jobs_tail) c->jobs_tail->next = j;
         else c->jobs = j;
@@ -77,7 +78,7 @@ static kvt_status add_target(pd_ep *ep, pd_conn *c, pd_room *r, const pd_hdr *h,
         r->targets = t;
         r->tcap = cap;
     }
-    pd_target t = {.conn = c->idx, .num_pages = np, .pages = malloc((size_t)np * 4 + 4)};
+    pd_target t = {.conn = c->idx, .gen = h->gen, .num_pages = np, .pages = malloc((size_t)np * 4 + 4)};
     if (!t.pages) return kvt__fail(KVT_ENOMEM, "pd sender: out of memory");
     for (uint32_t i = 0; i < np; i++) t.pages[i] = pd_get32(pages + 4 * (size_t)i);
     r->targets[r->ntargets++] = t;
@@ -86,6 +87,21 @@ static kvt_status add_target(pd_ep *ep, pd_conn *c, pd_room *r, const pd_hdr *h,
     r->ntok = ntok;
     if (r->claimed && r->ntargets == r->expected) pd_room_advance(ep, r, KVT_PD_WAITING_FOR_INPUT);
     maybe_start(ep, r);
+    return KVT_OK;
+}
+
+/* A room a decode rank opened before the engine claimed it; one peer may
+ * hold at most PD_MAX_UNCLAIMED of those, so a runaway decode rank cannot
+ * fill the table for the others (ep->mu held). */
+static kvt_status add_unclaimed(pd_ep *ep, pd_conn *c, uint64_t id, pd_room **out)
+{
+    if (c->unclaimed >= PD_MAX_UNCLAIMED)
+        return kvt__fail(KVT_EFULL, "%s has %u rooms open that this prefill rank's engine has not claimed (the limit per decode rank)",
+                         c->name, c->unclaimed);
+    kvt_status st = pd_room_add(ep, id, out);
+    if (st) return st;
+    (*out)->opener = c->idx;
+    c->unclaimed++;
     return KVT_OK;
 }
 
@@ -100,19 +116,20 @@ static kvt_status on_room(pd_conn *c, const pd_hdr *h)
                          c->name, np, h->body_len, h->a0, h->a1);
     uint64_t need = ((uint64_t)pd_plan_local_tokens(&c->plan, ntok) + c->plan.dst_tpp - 1) / c->plan.dst_tpp;
     if (np < need) {
-        pd_conn_queue_msg(c, PD_F_FAIL, h->room, KVT_EINVAL, "page table too short for the tokens");
+        pd_conn_queue_msg(c, PD_F_FAIL, h->room, h->gen, KVT_EINVAL, "page table too short for the tokens");
         return KVT_OK;
     }
     pthread_mutex_lock(&ep->mu);
     pd_room *r = pd_room_find(ep, h->room);
     kvt_status st = KVT_OK;
-    if (!r) st = pd_room_add(ep, h->room, &r);
+    if (!r) st = add_unclaimed(ep, c, h->room, &r);
     if (st) {
         pthread_mutex_unlock(&ep->mu);
-        pd_conn_queue_msg(c, PD_F_FAIL, h->room, st, kvt_last_error());
+        pd_conn_queue_msg(c, PD_F_FAIL, h->room, h->gen, st, kvt_last_error());
         return KVT_OK;
     }
-    if (pd_room_terminal(r)) pd_conn_queue_msg(c, PD_F_FAIL, h->room, r->err ? r->err : KVT_ESTATE, r->msg);
+    if (pd_room_terminal(r))
+        pd_conn_queue_msg(c, PD_F_FAIL, h->room, h->gen, r->err ? r->err : KVT_ESTATE, r->msg);
     else st = add_target(ep, c, r, h, ntok, np, c->body + 8);
     pthread_mutex_unlock(&ep->mu);
     return st;
@@ -125,12 +142,20 @@ static pd_target *target_of(pd_room *r, uint32_t conn)
     return NULL;
 }
 
+/* The target a frame of link c is about: NULL when the room is gone or the
+ * frame belongs to another opening of it (a late frame; dropped). */
+static pd_target *frame_target(pd_room *r, const pd_conn *c, const pd_hdr *h)
+{
+    pd_target *t = r ? target_of(r, c->idx) : NULL;
+    return t && t->gen == h->gen ? t : NULL;
+}
+
 static void on_done_ack(pd_conn *c, const pd_hdr *h)
 {
     pd_ep *ep = c->ep;
     pthread_mutex_lock(&ep->mu);
     pd_room *r = pd_room_find(ep, h->room);
-    pd_target *t = r && !pd_room_terminal(r) ? target_of(r, c->idx) : NULL;
+    pd_target *t = r && !pd_room_terminal(r) ? frame_target(r, c, h) : NULL;
     if (t && h->status != KVT_OK) {
         pd_room_fail(ep, r, (kvt_status)h->status, "%s refused the transfer: %s", c->name, (char *)c->body);
         pd_room_notify(ep, r, c->idx);
@@ -154,18 +179,18 @@ static void on_fail(pd_conn *c, const pd_hdr *h, bool abort)
     pd_room *r = pd_room_find(ep, h->room);
     kvt_status st = abort ? KVT_EABORTED : (kvt_status)h->status;
     if (st >= 0 || st < KVT_EVERSION) st = KVT_EPROTO;
-    if (r && pd_room_fail(ep, r, st, "%s %s: %s", c->name, abort ? "aborted" : "failed",
-                          (char *)c->body))
+    if (frame_target(r, c, h) && pd_room_fail(ep, r, st, "%s %s: %s", c->name, abort ? "aborted" : "failed",
+                                              (char *)c->body))
         pd_room_notify(ep, r, c->idx);
     pthread_mutex_unlock(&ep->mu);
-    if (abort) pd_conn_queue_msg(c, PD_F_ABORT_ACK, h->room, KVT_OK, NULL);
+    if (abort) pd_conn_queue_msg(c, PD_F_ABORT_ACK, h->room, h->gen, KVT_OK, NULL);
 }
 
 static void on_abort_ack(pd_conn *c, const pd_hdr *h)
 {
     pthread_mutex_lock(&c->ep->mu);
     pd_room *r = pd_room_find(c->ep, h->room);
-    if (r) r->abort_acks++;
+    if (frame_target(r, c, h)) r->abort_acks++;
     pthread_mutex_unlock(&c->ep->mu);
 }
 
@@ -186,12 +211,12 @@ static kvt_status sender_frame(pd_conn *c, const pd_hdr *h)
  * over UCX: longer coalesced runs per entry; at least one page). */
 static uint32_t batch_end(const pd_conn *c, const pd_xfer *x, uint32_t next, uint32_t end)
 {
-    uint64_t bytes = 0, max_pages = c->ep->net.max_frame / 8;
+    uint64_t bytes = 0, max_pages = c->max_frame / 8;
     uint64_t cap = c->s->ops->sendv_async ? PD_BATCH_BYTES_UCX : PD_BATCH_BYTES;
     uint32_t j = next;
     while (j < end && j - next < max_pages) {
         uint64_t b = pd_xfer_page_bytes(x, j);
-        if (bytes && (bytes + b > cap || bytes + b > c->ep->net.max_frame)) break;
+        if (bytes && (bytes + b > cap || bytes + b > c->max_frame)) break;
         bytes += b;
         j++;
     }
@@ -226,7 +251,7 @@ static kvt_status send_batch(pd_conn *c, pd_job *j, const pd_xfer *x)
     }
     if (++c->batches == c->ep->corrupt_batch) c->sums[0] ^= 1; /* test hook */
     pd_hdr h = {.type = PD_F_DATA, .room = j->room->id, .a0 = j->next_page, .a1 = np,
-                .payload_len = c->iov.bytes};
+                .payload_len = c->iov.bytes, .gen = j->gen};
     /* async: returns with this batch in flight (its engine pages stay put
      * while the job holds the room; c->sums is copied when < 64 KiB). DONE,
      * control frames and pings are plain sends, which wait for it. */
@@ -281,7 +306,7 @@ static kvt_status sender_work(pd_conn *c, bool *busy)
         j->begun = true;
     }
     if (j->next_page < j->end_page) return send_batch(c, j, &x);
-    pd_hdr h = {.type = PD_F_DONE, .room = r->id, .a0 = j->end_page - j->first_page};
+    pd_hdr h = {.type = PD_F_DONE, .room = r->id, .a0 = j->end_page - j->first_page, .gen = j->gen};
     kvt_status st = pd_conn_send(c, &h, NULL, 0, NULL, 0);
     pthread_mutex_lock(&ep->mu);
     pd_target *t = st == KVT_OK ? target_of(r, c->idx) : NULL;
@@ -309,6 +334,24 @@ static void sender_dead(pd_conn *c, kvt_status st, const char *why)
 
 static const pd_ep_hooks sender_hooks = {sender_frame, sender_work, sender_dead, NULL};
 
+/* Both sides bound what they read by their own max_frame: the link sends
+ * nothing above the smaller, and a decode page (the smallest unit a DATA
+ * frame moves) must fit in it, which is refused now rather than killing the
+ * link at the first transfer. */
+static kvt_status agree_max_frame(pd_conn *c, uint32_t peer_max)
+{
+    uint32_t own = c->ep->net.max_frame;
+    if (peer_max < 4096)
+        return kvt__fail(KVT_EPROTO, "the decode rank's max_frame is %u (below 4096)", peer_max);
+    c->max_frame = peer_max < own ? peer_max : own;
+    uint64_t page = (uint64_t)c->plan.dst_tpp * c->plan.bytes_per_token;
+    if (page > c->max_frame)
+        return kvt__fail(KVT_EGEOMETRY,
+                         "a decode page carries %llu bytes from this prefill rank, above max_frame %u (prefill %u, decode %u); raise max_frame on both sides",
+                         (unsigned long long)page, c->max_frame, own, peer_max);
+    return KVT_OK;
+}
+
 /* The handshake of a new link: authenticate, then the decode rank's
  * registration, refused with the plan's message when not convertible. */
 static kvt_status handshake(pd_conn *c)
@@ -326,8 +369,11 @@ static kvt_status handshake(pd_conn *c)
         return kvt__fail(KVT_EPROTO, "expected REGISTER, got frame type %u", h.type);
     size_t used;
     st = pd_desc_decode(&c->peer, c->body, h.body_len, &used);
-    if (!st && c->peer.role != PD_ROLE_DECODE) st = kvt__fail(KVT_EPROTO, "a non-decode rank registered");
+    if (!st && (c->peer.role != PD_ROLE_DECODE || h.body_len - used != 4))
+        st = kvt__fail(KVT_EPROTO, "malformed REGISTER (role %u, %zu bytes after the descriptor)", c->peer.role,
+                       h.body_len - used);
     if (!st) st = pd_plan_compute(&c->plan, &ep->desc, &c->peer);
+    if (!st) st = agree_max_frame(c, pd_get32(c->body + used));
     if (st) {
         char msg[KVT_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvt_last_error());
@@ -338,8 +384,10 @@ static kvt_status handshake(pd_conn *c)
     c->has_plan = true;
     snprintf(c->name, sizeof c->name, "decode tp%u/%u dcp%u/%u", c->peer.tp_rank, c->peer.tp_size,
              c->peer.dcp_rank, c->peer.dcp_size);
+    uint8_t mf[4];
+    pd_put32(mf, ep->net.max_frame);
     pd_hdr ok = {.type = PD_F_OK};
-    return pd_conn_send(c, &ok, NULL, 0, NULL, 0);
+    return pd_conn_send(c, &ok, mf, sizeof mf, NULL, 0);
 }
 
 static void *sender_conn_main(void *arg)
@@ -483,6 +531,7 @@ kvt_status kvt_pd_sender_room(kvt_pd_sender *s, uint64_t room)
         st = pd_room_add(ep, room, &r);
     if (!st) {
         r->claimed = true;
+        pd_room_unclaimed_done(ep, r);
         if (r->ntargets && r->ntargets == r->expected) pd_room_advance(ep, r, KVT_PD_WAITING_FOR_INPUT);
     }
     pthread_mutex_unlock(&ep->mu);

@@ -1,8 +1,14 @@
 /* wire.h - little-endian field helpers and the frame header shared by the
  * bootstrap service, the sender and the receiver. Every frame is a fixed
- * 40-byte header and a body of body_len bytes (checked against the
+ * 48-byte header and a body of body_len bytes (checked against the
  * endpoint's max_frame before anything is allocated). DATA frames carry a
- * second part, the payload, of payload_len bytes (same bound). */
+ * second part, the payload, of payload_len bytes (same bound).
+ *
+ * Room frames carry the room's generation (gen): the decode rank numbers
+ * every opening of a room, the prefill rank echoes the number in all it
+ * sends for it, and both sides drop frames of another generation. Engines
+ * reuse room ids; without it a late DATA batch of a cleared request could
+ * land in the pages of the next request with the same id. */
 #ifndef KVT_PD_WIRE_H
 #define KVT_PD_WIRE_H
 
@@ -10,7 +16,7 @@
 #include <string.h>
 
 #define PD_MAGIC 0x3144504bu /* "KPD1" */
-#define PD_HDR_LEN 40
+#define PD_HDR_LEN 48
 
 enum pd_frame_type {
     /* bootstrap service */
@@ -21,8 +27,9 @@ enum pd_frame_type {
     PD_F_REFUSE = 5,      /* status: kvt_status; body: message */
     PD_F_RETRY = 6,       /* lookup: not every prefill rank registered yet */
     /* sender <-> receiver */
-    PD_F_REGISTER = 10,   /* body: decode desc */
-    PD_F_ROOM = 11,       /* room; a0 = expected, a1 = prefix; body: u32 ntok, u32 n, pages */
+    PD_F_REGISTER = 10,   /* body: decode desc, u32 max_frame; answered with OK
+                             (a0 = the sender's max_frame) or REFUSE */
+    PD_F_ROOM = 11,       /* room, gen; a0 = expected, a1 = prefix; body: u32 ntok, u32 n, pages */
     PD_F_DATA = 12,       /* room; a0 = first page, a1 = pages; body: n x u64 XXH3; payload */
     PD_F_DONE = 13,       /* room; a0 = pages sent */
     PD_F_DONE_ACK = 14,   /* room; status */
@@ -40,6 +47,7 @@ typedef struct pd_hdr {
     int32_t status;
     uint32_t body_len;
     uint64_t payload_len;
+    uint32_t gen; /* room frames: the room's generation (see above) */
 } pd_hdr;
 
 static inline void pd_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
@@ -72,6 +80,8 @@ static inline void pd_hdr_encode(const pd_hdr *h, uint8_t *o)
     pd_put32(o + 24, (uint32_t)h->status);
     pd_put32(o + 28, h->body_len);
     pd_put64(o + 32, h->payload_len);
+    pd_put32(o + 40, h->gen);
+    pd_put32(o + 44, 0); /* reserved */
 }
 
 /* 0 when the magic is wrong. */
@@ -86,6 +96,7 @@ static inline int pd_hdr_decode(pd_hdr *h, const uint8_t *p)
     h->status = (int32_t)pd_get32(p + 24);
     h->body_len = pd_get32(p + 28);
     h->payload_len = pd_get64(p + 32);
+    h->gen = pd_get32(p + 40);
     return h->magic == PD_MAGIC;
 }
 

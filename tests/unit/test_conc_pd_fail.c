@@ -9,7 +9,7 @@
 #include "util/clock.h"
 
 static const pd_model mha = {.layers = 2, .heads = 4, .head_dim = 32};
-static const pd_side_cfg c1 = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha};
+static const pd_side_cfg c1 = {.tp = 1, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &mha};
 
 static void sleep_ms(int ms)
 {
@@ -276,7 +276,7 @@ static void peer_stops_reading(void **state)
 {
     (void)state;
     static const pd_model big = {.layers = 2, .heads = 8, .head_dim = 128};
-    pd_side_cfg c = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &big};
+    pd_side_cfg c = {.tp = 1, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &big};
     pd_cluster cl = {.base = {.transfer_timeout_ms = 300}, .net = {.peer_timeout_ms = 10000}};
     pd_cluster_start(&cl, &c, &c, 8192); /* 64 MiB: far beyond the socket buffers */
     uint16_t port;
@@ -284,11 +284,12 @@ static void peer_stops_reading(void **state)
     kvt_stream *s = raw_connect(port, NULL);
     pd_ep *ep = pd_sender_ep(cl.pre[0].s);
     pd_desc d;
-    kvt_pd_rank rk = {1, 0, 1, 0};
+    kvt_pd_rank rk = {.tp_size = 1, .dcp_size = 1};
     assert_ok(pd_desc_from_geometry(&d, cl.pre[0].geo, &rk, PD_ROLE_DECODE));
-    size_t n = pd_desc_wire_size(&d);
+    size_t n = pd_desc_wire_size(&d) + 4; /* the descriptor and our max_frame */
     uint8_t *b = malloc(n);
     pd_desc_encode(&d, b);
+    pd_put32(b + n - 4, 64u << 20);
     raw_frame(s, PD_F_REGISTER, (uint32_t)n, b, n);
     uint8_t ok[PD_HDR_LEN];
     assert_ok(kvt__stream_recv(s, ok, sizeof ok, kvt__deadline_ns(2000)));

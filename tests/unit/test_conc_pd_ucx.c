@@ -23,7 +23,7 @@
 #endif
 
 static const pd_model mha = {.layers = 3, .heads = 8, .head_dim = 16};
-static const pd_side_cfg c1 = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha};
+static const pd_side_cfg c1 = {.tp = 1, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &mha};
 
 static void use_ucx(pd_cluster *cl, const char *tls)
 {
@@ -57,21 +57,21 @@ static const pd_model wide = {.layers = 4, .heads = 16, .head_dim = 128};
 static void tcp_large_pages_prefix(void **state)
 {
     (void)state;
-    pd_side_cfg c = {1, 1, 64, KVT_LAYOUT_PAGE_FIRST, &wide};
+    pd_side_cfg c = {.tp = 1, .dcp = 1, .tpp = 64, .layout = KVT_LAYOUT_PAGE_FIRST, .model = &wide};
     roundtrip("tcp", &c, &c, 1000, 37, 2);
 }
 
 static void tcp_tp2_to_tp4_head_slicing(void **state)
 {
     (void)state;
-    pd_side_cfg p2 = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &wide}, d4 = {4, 1, 8, KVT_LAYOUT_PAGE_FIRST, &wide};
+    pd_side_cfg p2 = {.tp = 2, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &wide}, d4 = {.tp = 4, .dcp = 1, .tpp = 8, .layout = KVT_LAYOUT_PAGE_FIRST, .model = &wide};
     roundtrip("tcp", &p2, &d4, 300, 0, 1);
 }
 
 static void tcp_many_rooms_in_flight(void **state)
 {
     (void)state;
-    pd_side_cfg c = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha};
+    pd_side_cfg c = {.tp = 2, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &mha};
     roundtrip("tcp", &c, &c, 64, 0, 48);
 }
 
@@ -79,14 +79,14 @@ static void posix_identical_and_slicing(void **state)
 {
     (void)state;
     roundtrip("posix", &c1, &c1, 100, 0, 4);
-    pd_side_cfg p2 = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &wide}, d4 = {4, 1, 8, KVT_LAYOUT_LAYER_FIRST, &wide};
+    pd_side_cfg p2 = {.tp = 2, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &wide}, d4 = {.tp = 4, .dcp = 1, .tpp = 8, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &wide};
     roundtrip("posix", &p2, &d4, 300, 5, 2);
 }
 
 static void sysv_many_rooms(void **state)
 {
     (void)state;
-    pd_side_cfg p = {1, 1, 64, KVT_LAYOUT_PAGE_FIRST, &wide}, d = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &wide};
+    pd_side_cfg p = {.tp = 1, .dcp = 1, .tpp = 64, .layout = KVT_LAYOUT_PAGE_FIRST, .model = &wide}, d = {.tp = 1, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &wide};
     roundtrip("sysv", &p, &d, 500, 0, 16);
 }
 
@@ -121,7 +121,7 @@ static void tcp_pipelined_rooms_corrupt_one(void **state)
     pd_cluster cl = {0};
     use_ucx(&cl, "tcp");
     cl.net.max_frame = 4u << 20;
-    pd_side_cfg c = {1, 1, 64, KVT_LAYOUT_LAYER_FIRST, &wide};
+    pd_side_cfg c = {.tp = 1, .dcp = 1, .tpp = 64, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &wide};
     pd_cluster_start(&cl, &c, &c, 384); /* 6 pages of 2 MiB: 3 batches a room */
     pd_sender_ep(cl.pre[0].s)->corrupt_batch = 8; /* room 3, its second batch */
     pd_cluster_decoders(&cl);
@@ -176,7 +176,7 @@ static void tcp_dead_prefill_fails_rooms(void **state)
  * SIGKILLed while the decode rank's rooms wait: nothing closes cleanly. */
 static void killed_prefill_process(const char *tls)
 {
-    pd_side_cfg c = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &wide};
+    pd_side_cfg c = {.tp = 1, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &wide};
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);
     pd_cluster cl = {.net = {.peer_timeout_ms = 10000}};
