@@ -100,7 +100,7 @@ static int pd_setup(pd_bench *b, uint32_t mib, kvt_pd_transport tr)
     kvt_engine_memory pm, dm;
     kvt_emu_memory(b->pe, &pm);
     kvt_emu_memory(b->de, &dm);
-    kvt_pd_params p = {.net = net, .bootstrap_port = port, .rank = {1, 0, 1, 0}, .geo = b->geo, .mem = &pm};
+    kvt_pd_params p = {.net = net, .bootstrap_port = port, .rank = {.tp_size = 1, .dcp_size = 1}, .geo = b->geo, .mem = &pm};
     if (kvt_pd_sender_create(&b->s, &p)) return -1;
     p.mem = &dm;
     return kvt_pd_receiver_create(&b->r, &p) ? -1 : 0;

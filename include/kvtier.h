@@ -670,10 +670,18 @@ typedef struct kvt_pd_net_params {
  * i lives on DCP rank i % dcp_size at local index i / dcp_size). Prefill
  * ranks normally have dcp_size 1. Layers of 2 components (K, V) are MHA:
  * their heads are split across TP ranks (rank r holds heads [r*kv_heads,
- * (r+1)*kv_heads)); layers of 1 component are MLA: replicated. */
+ * (r+1)*kv_heads)); layers of 1 component are MLA: replicated.
+ * GQA with fewer KV heads than TP: kv_head_replicas n > 1 consecutive TP
+ * ranks hold the same heads (as SGLang and vLLM place them: 4 KV heads at
+ * TP 8 is kv_heads 1 per rank, n = 2, rank r holds head r / 2); then rank r
+ * holds heads [(r/n)*kv_heads, (r/n+1)*kv_heads) and n must divide tp_size.
+ * Each decode rank receives its heads once, from one prefill replica. */
 typedef struct kvt_pd_rank {
     uint32_t tp_size, tp_rank;
     uint32_t dcp_size, dcp_rank; /* 0, 0 mean 1, 0 */
+    uint32_t kv_head_replicas;   /* 0 or 1: KV heads split across TP; n > 1: n
+                                    consecutive TP ranks hold the same heads
+                                    (MHA layers only; MLA is always replicated) */
 } kvt_pd_rank;
 
 typedef struct kvt_pd_params {

@@ -112,9 +112,11 @@ static int run_bootstrap(const pd_opts *o)
 }
 
 /* A TP rank of an MHA/GQA model holds its slice of the heads (or one
- * replicated head when tp exceeds them); MLA is replicated: head 0. */
-static kvt_status set_heads(kvt_emu *emu, const kvt_geometry *g, const pd_opts *o)
+ * replicated head when tp exceeds them: *replicas = tp / heads ranks hold
+ * it); MLA is replicated: head 0. */
+static kvt_status set_heads(kvt_emu *emu, const kvt_geometry *g, const pd_opts *o, uint32_t *replicas)
 {
+    *replicas = 0;
     kvt_layer_spec mine, all;
     kvt_geometry *g1 = NULL;
     kvt_status st = kvt_geometry_layer(g, 0, &mine);
@@ -124,6 +126,7 @@ static kvt_status set_heads(kvt_emu *emu, const kvt_geometry *g, const pd_opts *
     if (st || mine.num_components == 1) return st;
     uint32_t heads = all.component[0].kv_heads;
     uint32_t first = o->tp <= heads ? o->rank * (heads / o->tp) : o->rank / (o->tp / heads);
+    if (o->tp > heads) *replicas = o->tp / heads;
     return kvt_emu_set_first_head(emu, first);
 }
 
@@ -169,9 +172,10 @@ static int run_end(const pd_opts *o, int prefill)
     if (kvt_emu_create(&emu, g, np + 1) || kvt_emu_memory(emu, &mem)) return fail("engine");
     /* A TP rank of an MHA/GQA model holds its slice of the heads; MLA is
      * replicated, so every rank holds head 0. */
-    if (set_heads(emu, g, o)) return fail("geometry");
+    uint32_t replicas;
+    if (set_heads(emu, g, o, &replicas)) return fail("geometry");
     kvt_pd_params p = {.net = net_of(o), .bootstrap_host = o->host, .bootstrap_port = (uint16_t)o->bport,
-                       .rank = {o->tp, o->rank, o->dcp, o->dcp_rank}, .geo = g, .mem = &mem,
+                       .rank = {o->tp, o->rank, o->dcp, o->dcp_rank, replicas}, .geo = g, .mem = &mem,
                        .connect_timeout_ms = (uint32_t)o->seconds * 1000};
     kvt_pd_poll st = KVT_PD_FAILED;
     int rc = 1;

@@ -9,8 +9,8 @@
 #include "util/err.h"
 
 #define DESC_FIXED 36 /* version + 8 fields */
-#define ENTRY_LEN 28  /* 7 x u32 */
-#define DESC_VERSION 1
+#define ENTRY_LEN 32  /* 8 x u32 */
+#define DESC_VERSION 2 /* 2: entries carry replicas (GQA heads replicated across TP) */
 
 void pd_desc_free(pd_desc *d)
 {
@@ -20,24 +20,34 @@ void pd_desc_free(pd_desc *d)
     d->num_entries = 0;
 }
 
-static kvt_status check_rank(const kvt_pd_rank *r, uint32_t *dcp, uint32_t *dcp_rank)
+static kvt_status check_rank(const kvt_pd_rank *r, uint32_t *dcp, uint32_t *dcp_rank, uint32_t *reps)
 {
     *dcp = r->dcp_size ? r->dcp_size : 1;
     *dcp_rank = r->dcp_size ? r->dcp_rank : 0;
+    *reps = r->kv_head_replicas ? r->kv_head_replicas : 1;
     KVT_CHECK_ARG(r->tp_size >= 1 && r->tp_size <= PD_MAX_TP && r->tp_rank < r->tp_size,
                   "pd: rank: tp_rank %u / tp_size %u (need tp_size 1..%u, rank below it)",
                   r->tp_rank, r->tp_size, PD_MAX_TP);
     KVT_CHECK_ARG(*dcp <= PD_MAX_TP && *dcp_rank < *dcp,
                   "pd: rank: dcp_rank %u / dcp_size %u (need dcp_size 1..%u, rank below it)",
                   *dcp_rank, *dcp, PD_MAX_TP);
+    KVT_CHECK_ARG(r->tp_size % *reps == 0,
+                  "pd: rank: kv_head_replicas %u does not divide tp_size %u (n consecutive TP ranks share heads)",
+                  *reps, r->tp_size);
     return KVT_OK;
+}
+
+/* The first global head of an MHA entry on TP rank t. */
+static uint32_t head_offset_of(const pd_entry *e, uint32_t tp_rank)
+{
+    return e->replicated ? 0 : tp_rank / e->replicas * e->heads;
 }
 
 kvt_status pd_desc_from_geometry(pd_desc *out, const kvt_geometry *geo,
                                  const kvt_pd_rank *rank, uint32_t role)
 {
-    uint32_t dcp, dcp_rank;
-    kvt_status st = check_rank(rank, &dcp, &dcp_rank);
+    uint32_t dcp, dcp_rank, reps;
+    kvt_status st = check_rank(rank, &dcp, &dcp_rank, &reps);
     if (st) return st;
     st = kvt_geometry_validate(geo);
     if (st) return st;
@@ -57,7 +67,8 @@ kvt_status pd_desc_from_geometry(pd_desc *out, const kvt_geometry *geo,
             e->elem_size = cs->elem_size;
             e->token_bytes = (uint32_t)kvt__geo_token_bytes(geo, l, c);
             e->replicated = ls->num_components == 1;
-            e->head_offset = e->replicated ? 0 : rank->tp_rank * cs->kv_heads;
+            e->replicas = e->replicated ? 1 : reps;
+            e->head_offset = head_offset_of(e, rank->tp_rank);
         }
     }
     *out = d;
@@ -80,10 +91,8 @@ kvt_status pd_desc_at(pd_desc *out, const pd_desc *in, uint32_t tp_rank, uint32_
     if (st) return st;
     out->tp_rank = tp_rank;
     out->dcp_rank = dcp_rank;
-    for (uint32_t i = 0; i < out->num_entries; i++) {
-        pd_entry *e = &out->entries[i];
-        e->head_offset = e->replicated ? 0 : tp_rank * e->heads;
-    }
+    for (uint32_t i = 0; i < out->num_entries; i++)
+        out->entries[i].head_offset = head_offset_of(&out->entries[i], tp_rank);
     return KVT_OK;
 }
 
@@ -100,9 +109,9 @@ void pd_desc_encode(const pd_desc *d, uint8_t *o)
     o += DESC_FIXED;
     for (uint32_t i = 0; i < d->num_entries; i++, o += ENTRY_LEN) {
         const pd_entry *e = &d->entries[i];
-        const uint32_t g[7] = {e->layer, e->comp, e->token_bytes, e->heads, e->head_offset,
-                               e->elem_size, e->replicated};
-        for (int k = 0; k < 7; k++) pd_put32(o + 4 * k, g[k]);
+        const uint32_t g[8] = {e->layer, e->comp, e->token_bytes, e->heads, e->head_offset,
+                               e->elem_size, e->replicated, e->replicas};
+        for (int k = 0; k < 8; k++) pd_put32(o + 4 * k, g[k]);
     }
 }
 
@@ -142,9 +151,17 @@ static kvt_status check_entry(const pd_desc *d, uint32_t i)
         return kvt__fail(KVT_EPROTO,
                          "pd: descriptor: entry %u: token_bytes %u, heads %u, elem_size %u, replicated %u are inconsistent",
                          i, e->token_bytes, e->heads, e->elem_size, e->replicated);
-    if ((uint64_t)e->head_offset + e->heads > (uint64_t)e->heads * d->tp_size)
-        return kvt__fail(KVT_EPROTO, "pd: descriptor: entry %u: head_offset %u beyond %u heads x TP %u",
-                         i, e->head_offset, e->heads, d->tp_size);
+    if (e->replicated && e->replicas != 1)
+        return kvt__fail(KVT_EPROTO, "pd: descriptor: entry %u: replicas %u of an MLA entry (must be 1)", i,
+                         e->replicas);
+    if (e->replicas < 1 || d->tp_size % e->replicas != 0)
+        return kvt__fail(KVT_EPROTO, "pd: descriptor: entry %u: replicas %u does not divide tp_size %u", i,
+                         e->replicas, d->tp_size);
+    uint64_t want = e->replicated ? 0 : (uint64_t)(d->tp_rank / e->replicas) * e->heads;
+    if (e->head_offset != want)
+        return kvt__fail(KVT_EPROTO,
+                         "pd: descriptor: entry %u: head_offset %u, but tp_rank %u / replicas %u x %u heads is %llu",
+                         i, e->head_offset, d->tp_rank, e->replicas, e->heads, (unsigned long long)want);
     return KVT_OK;
 }
 
@@ -169,7 +186,7 @@ kvt_status pd_desc_decode(pd_desc *out, const uint8_t *p, size_t len, size_t *us
     for (uint32_t i = 0; i < d.num_entries; i++) {
         const uint8_t *q = p + DESC_FIXED + (size_t)i * ENTRY_LEN;
         d.entries[i] = (pd_entry){pd_get32(q), pd_get32(q + 4), pd_get32(q + 8), pd_get32(q + 12),
-                                  pd_get32(q + 16), pd_get32(q + 20), pd_get32(q + 24)};
+                                  pd_get32(q + 16), pd_get32(q + 20), pd_get32(q + 24), pd_get32(q + 28)};
         st = check_entry(&d, i);
         if (st) {
             pd_desc_free(&d);

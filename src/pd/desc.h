@@ -3,7 +3,8 @@
  * A descriptor lists every (layer, component) "entry" of one rank with what
  * a peer needs to convert: bytes per token, heads and head offset held by
  * this rank, element size, whether the entry is replicated across TP (MLA),
- * plus the rank's page size, layout, TP and DCP position. A plan is
+ * how many consecutive TP ranks hold the same heads (GQA with fewer KV heads
+ * than TP), plus the rank's page size, layout, TP and DCP position. A plan is
  * computed from a (prefill, decode) pair of descriptors and says, per entry,
  * which byte slice of a prefill token goes where in a decode token, and how
  * global tokens map to the decode rank's local tokens (DCP). */
@@ -24,9 +25,13 @@ typedef struct pd_entry {
     uint32_t layer, comp;
     uint32_t token_bytes; /* bytes of one token on this rank */
     uint32_t heads;       /* heads on this rank */
-    uint32_t head_offset; /* first global head on this rank (0 when replicated) */
+    uint32_t head_offset; /* first global head on this rank (0 when replicated):
+                             (tp_rank / replicas) * heads */
     uint32_t elem_size;
     uint32_t replicated;  /* 1: MLA, every TP rank holds the same bytes */
+    uint32_t replicas;    /* MHA: consecutive TP ranks holding these heads
+                             (1: split; n > 1 divides tp_size: GQA with
+                             fewer KV heads than TP); MLA: 1 */
 } pd_entry;
 
 typedef struct pd_desc {
@@ -75,7 +80,10 @@ typedef struct pd_plan {
 
 /* Computes the plan of (src prefill, dst decode). KVT_EGEOMETRY or
  * KVT_EUNSUPPORTED with a message naming the entry, the field and both
- * values when the pair cannot be converted. */
+ * values when the pair cannot be converted. An MHA entry whose prefill
+ * heads are replicated on n ranks is fed to decode TP rank t only by the
+ * replica with tp_rank % n == t % n (one source per head; consecutive
+ * decode ranks pull from different replicas). */
 kvt_status pd_plan_compute(pd_plan *out, const pd_desc *src, const pd_desc *dst);
 void pd_plan_free(pd_plan *p);
 

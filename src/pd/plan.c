@@ -5,7 +5,11 @@
  *  - element size and MLA-ness must agree; MLA (replicated) entries need
  *    equal bytes per token and decode TP rank t is fed by prefill rank
  *    t % prefill_tp; MHA entries need equal bytes per head and equal total
- *    heads (heads x TP) and are sliced by head range;
+ *    heads (heads x TP / replicas) and are sliced by head range;
+ *  - GQA with fewer KV heads than TP: n = replicas consecutive TP ranks hold
+ *    the same heads; of the n prefill replicas of a head only the one with
+ *    tp_rank % n == decode tp_rank % n feeds a decode rank (one source per
+ *    head, and decode ranks sharing a group spread over its replicas);
  *  - DCP: equal sizes pair equal ranks; 1 -> N only when every entry is
  *    MLA (token g to decode DCP rank g % N at local index g / N);
  *  - page size and layout always convert (token-granular re-paging). */
@@ -69,12 +73,17 @@ static kvt_status check_entry(uint32_t i, const pd_entry *a, const pd_entry *b,
     if (ha != hb)
         return kvt__fail(KVT_EGEOMETRY, "pd plan: " ENTRY_FMT ": bytes_per_head: prefill %u vs decode %u",
                          ENTRY_ARGS(i, a), ha, hb);
-    uint64_t ta = (uint64_t)a->heads * s->tp_size, tb = (uint64_t)b->heads * d->tp_size;
-    if (ta != tb)
+    uint64_t ta = (uint64_t)a->heads * s->tp_size / a->replicas;
+    uint64_t tb = (uint64_t)b->heads * d->tp_size / b->replicas;
+    if (ta != tb) {
+        char ra[40] = "", rb[40] = "";
+        if (a->replicas > 1) snprintf(ra, sizeof ra, " / kv_head_replicas %u", a->replicas);
+        if (b->replicas > 1) snprintf(rb, sizeof rb, " / kv_head_replicas %u", b->replicas);
         return kvt__fail(KVT_EGEOMETRY,
-                         "pd plan: " ENTRY_FMT ": total kv heads: prefill %llu (%u x TP%u) vs decode %llu (%u x TP%u)",
-                         ENTRY_ARGS(i, a), (unsigned long long)ta, a->heads, s->tp_size,
-                         (unsigned long long)tb, b->heads, d->tp_size);
+                         "pd plan: " ENTRY_FMT ": total kv heads: prefill %llu (%u x TP%u%s) vs decode %llu (%u x TP%u%s)",
+                         ENTRY_ARGS(i, a), (unsigned long long)ta, a->heads, s->tp_size, ra,
+                         (unsigned long long)tb, b->heads, d->tp_size, rb);
+    }
     return KVT_OK;
 }
 
@@ -89,6 +98,10 @@ static void slice_entry(pd_slice *sl, const pd_entry *a, const pd_entry *b, cons
         sl->len = fed ? a->token_bytes : 0;
         return;
     }
+    /* Prefill heads held by n replicas: one of them feeds each decode rank,
+     * picked by decode TP rank so that the decode ranks of one head group
+     * (consecutive ranks) pull from different replicas. */
+    if (a->replicas > 1 && s->tp_rank % a->replicas != d->tp_rank % a->replicas) return;
     uint32_t hb = a->token_bytes / a->heads;
     uint32_t lo = a->head_offset > b->head_offset ? a->head_offset : b->head_offset;
     uint32_t ea = a->head_offset + a->heads, eb = b->head_offset + b->heads;

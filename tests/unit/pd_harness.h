@@ -12,7 +12,8 @@
 typedef struct pd_model {
     uint32_t layers;
     const uint32_t *mla_bytes; /* per layer bytes/token for MLA layers (NULL: MHA) */
-    uint32_t heads, head_dim;  /* MHA: total KV heads */
+    uint32_t heads, head_dim;  /* MHA: total KV heads (fewer than TP: GQA, each
+                                  head on tp / heads consecutive ranks) */
 } pd_model;
 
 typedef struct pd_side_cfg {
@@ -20,6 +21,18 @@ typedef struct pd_side_cfg {
     kvt_layout layout;
     const pd_model *model;
 } pd_side_cfg;
+
+/* How the engine places an MHA model's heads at TP tp: heads per rank and
+ * how many consecutive ranks hold the same ones. */
+static inline uint32_t pd_model_replicas(const pd_model *m, uint32_t tp)
+{
+    return !m->mla_bytes && m->heads < tp ? tp / m->heads : 1;
+}
+
+static inline uint32_t pd_model_rank_heads(const pd_model *m, uint32_t tp)
+{
+    return m->heads * pd_model_replicas(m, tp) / tp;
+}
 
 typedef struct pd_rank {
     kvt_geometry *geo;
@@ -41,6 +54,8 @@ typedef struct pd_cluster {
     kvt_request req;
     kvt_pd_net_params net;
     kvt_pd_params base;
+    uint32_t dec_replicas; /* kv_head_replicas the decode ranks declare; 0:
+                              the engine's truth (pd_model_replicas) */
 } pd_cluster;
 
 static inline kvt_geometry *pd_model_geo(const pd_model *m, uint32_t tp, uint32_t tpp, kvt_layout lay)
@@ -54,7 +69,7 @@ static inline kvt_geometry *pd_model_geo(const pd_model *m, uint32_t tp, uint32_
             s.component[0] = (kvt_component_spec){1, m->mla_bytes[l] / 2, 2};
         } else {
             s.num_components = 2;
-            s.component[0] = s.component[1] = (kvt_component_spec){m->heads / tp, m->head_dim, 2};
+            s.component[0] = s.component[1] = (kvt_component_spec){pd_model_rank_heads(m, tp), m->head_dim, 2};
         }
         if (kvt_geometry_set_layer(g, l, &s) != KVT_OK) return NULL;
     }
@@ -66,12 +81,14 @@ static inline void pd_rank_init(pd_rank *r, const pd_side_cfg *c, uint32_t tp_ra
 {
     r->geo = pd_model_geo(c->model, c->tp, c->tpp, c->layout);
     assert_non_null(r->geo);
-    r->rank = (kvt_pd_rank){c->tp, tp_rank, c->dcp, dcp_rank};
+    uint32_t reps = pd_model_replicas(c->model, c->tp);
+    r->rank = (kvt_pd_rank){c->tp, tp_rank, c->dcp, dcp_rank, reps};
     uint32_t local = ntok > dcp_rank ? (ntok - dcp_rank + c->dcp - 1) / c->dcp : 0;
     r->num_pages = (local + c->tpp - 1) / c->tpp + 1;
     uint32_t engine = r->num_pages * 2 + 3;
     assert_ok(kvt_emu_create(&r->emu, r->geo, engine));
-    if (!c->model->mla_bytes) assert_ok(kvt_emu_set_first_head(r->emu, tp_rank * (c->model->heads / c->tp)));
+    if (!c->model->mla_bytes)
+        assert_ok(kvt_emu_set_first_head(r->emu, tp_rank / reps * pd_model_rank_heads(c->model, c->tp)));
     r->pages = calloc(r->num_pages, sizeof *r->pages);
     for (uint32_t i = 0; i < r->num_pages; i++) r->pages[i] = engine - 1 - 2 * i; /* scattered, reversed */
 }
@@ -119,6 +136,7 @@ static inline kvt_status pd_cluster_decoder(pd_cluster *cl, uint32_t i)
 {
     pd_rank *r = &cl->dec[i];
     pd_rank_init(r, &cl->dc, i / cl->dc.dcp, i % cl->dc.dcp, cl->ntok);
+    if (cl->dec_replicas) r->rank.kv_head_replicas = cl->dec_replicas;
     assert_ok(kvt_emu_poison(r->emu, r->pages, r->num_pages));
     kvt_engine_memory mem;
     kvt_pd_params p = pd_params(cl, r, &mem);

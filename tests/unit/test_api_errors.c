@@ -1458,7 +1458,7 @@ static void test_pd_bootstrap(void **state)
     assert_ok(kvt_emu_memory(e, &mem));
     mem0 = mem;
     mem0.num_pages = 0;
-    kvt_pd_params p = {.bootstrap_port = port, .rank = {1, 0, 0, 0}, .geo = g, .mem = &mem,
+    kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &mem,
                        .connect_timeout_ms = 2000};
     kvt_pd_params q;
     const char *fns[2] = {"kvt_pd_sender_create", "kvt_pd_receiver_create"};
@@ -1533,7 +1533,7 @@ static void test_pd_rooms(void **state)
     kvt_engine_memory pm, dm;
     assert_ok(kvt_emu_memory(pe, &pm));
     assert_ok(kvt_emu_memory(de, &dm));
-    kvt_pd_params p = {.bootstrap_port = port, .rank = {1, 0, 0, 0}, .geo = g, .mem = &pm,
+    kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &pm,
                        .connect_timeout_ms = 3000, .net = {.peer_timeout_ms = 3000}};
     kvt_pd_sender *s = NULL;
     assert_ok(kvt_pd_sender_create(&s, &p));

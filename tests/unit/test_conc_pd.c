@@ -43,6 +43,109 @@ static void tp_head_slicing(void **state)
     pd_roundtrip(&d4, &p2, 60, 0);
 }
 
+/* GQA with fewer KV heads than TP: 4 KV heads, each on tp / 4 consecutive
+ * ranks at TP 8 (as SGLang / vLLM place them). */
+static const pd_model gqa4 = {.layers = 3, .heads = 4, .head_dim = 16};
+
+/* One room, byte-verified, and every byte moved exactly once: each decode
+ * rank received (ntok - prefix) x its bytes per token, and prefill rank j
+ * sent heads_out[j] heads' worth (so which replica fed whom is checked). */
+static void gqa_roundtrip(const pd_side_cfg *pc, const pd_side_cfg *dc, uint32_t ntok, uint32_t prefix,
+                          const uint32_t *heads_out)
+{
+    pd_cluster cl = {0};
+    pd_cluster_start(&cl, pc, dc, ntok);
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 5, prefix);
+    pd_expect_room(&cl, 5, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, prefix), 0);
+    const pd_model *m = pc->model;
+    uint64_t head_tok = (uint64_t)m->layers * 2 * m->head_dim * 2 * (ntok - prefix); /* one head, K and V */
+    for (uint32_t i = 0; i < cl.ndec; i++) {
+        kvt_pd_room_info info;
+        assert_ok(kvt_pd_room_info_get(NULL, cl.dec[i].r, 5, &info));
+        if (info.bytes != head_tok * pd_model_rank_heads(m, dc->tp))
+            fail_msg("decode %u received %llu bytes, want %llu", i, (unsigned long long)info.bytes,
+                     (unsigned long long)(head_tok * pd_model_rank_heads(m, dc->tp)));
+    }
+    for (uint32_t j = 0; j < cl.npre; j++) {
+        kvt_pd_room_info info;
+        assert_ok(kvt_pd_room_info_get(cl.pre[j].s, NULL, 5, &info));
+        if (info.bytes != head_tok * heads_out[j])
+            fail_msg("prefill %u sent %llu bytes, want %u heads' worth (%llu)", j, (unsigned long long)info.bytes,
+                     heads_out[j], (unsigned long long)(head_tok * heads_out[j]));
+    }
+    pd_cluster_stop(&cl);
+}
+
+/* TP 8 (2 replicas per head) -> TP 4 (1 head each): decode t pulls from
+ * replica t % 2 (prefill 0, 3, 4, 7); the others feed nobody and each
+ * hears from its dummy decode rank. Page 16 -> 8 and a layout change. */
+static void gqa_tp8_to_tp4(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {8, 1, 16, KVT_LAYOUT_LAYER_FIRST, &gqa4}, d = {4, 1, 8, KVT_LAYOUT_PAGE_FIRST, &gqa4};
+    static const uint32_t out[8] = {1, 0, 0, 1, 1, 0, 0, 1};
+    gqa_roundtrip(&p, &d, 75, 0, out);
+}
+
+/* TP 4 -> TP 8 (decode replicated): each prefill rank feeds both decode
+ * replicas of its head. Page 8 -> 32, with a prefix. */
+static void gqa_tp4_to_tp8(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {4, 1, 8, KVT_LAYOUT_LAYER_FIRST, &gqa4}, d = {8, 1, 32, KVT_LAYOUT_LAYER_FIRST, &gqa4};
+    static const uint32_t out[4] = {2, 2, 2, 2};
+    gqa_roundtrip(&p, &d, 90, 13, out);
+}
+
+/* TP 8 -> TP 8, both replicated: every decode rank from its own replica
+ * (load spread over all prefill ranks). Page 16 -> 4 and page-first. */
+static void gqa_tp8_to_tp8(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {8, 1, 16, KVT_LAYOUT_LAYER_FIRST, &gqa4}, d = {8, 1, 4, KVT_LAYOUT_PAGE_FIRST, &gqa4};
+    static const uint32_t out[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    gqa_roundtrip(&p, &d, 66, 0, out);
+}
+
+/* TP 8 -> TP 2 (2 heads each): decode 0 gathers heads 0, 1 from prefill 0
+ * and 2, decode 1 heads 2, 3 from prefill 5 and 7; and TP 2 -> TP 8. */
+static void gqa_tp8_tp2_both_ways(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {8, 1, 16, KVT_LAYOUT_PAGE_FIRST, &gqa4}, d = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &gqa4};
+    static const uint32_t out[8] = {1, 0, 1, 0, 0, 1, 0, 1}, back[2] = {4, 4};
+    gqa_roundtrip(&p, &d, 40, 0, out);
+    gqa_roundtrip(&d, &p, 40, 7, back);
+}
+
+/* A decode side that does not declare its replication (8 "heads" at TP 8
+ * against the prefill's 4) is refused at registration, naming the entry,
+ * the field and both values; the senders keep serving. */
+static void gqa_undeclared_replicas_refused(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    pd_side_cfg p = {8, 1, 16, KVT_LAYOUT_LAYER_FIRST, &gqa4};
+    cl.dec_replicas = 1;
+    pd_cluster_start(&cl, &p, &p, 30);
+    cl.ndec = 1;
+    cl.dec = calloc(1, sizeof *cl.dec);
+    assert_int_equal(pd_cluster_decoder(&cl, 0), KVT_EGEOMETRY);
+    const char *want = "entry 0 (layer 0 K): total kv heads: prefill 4 (1 x TP8 / kv_head_replicas 2) vs decode 8 (1 x TP8)";
+    if (!strstr(kvt_last_error(), want)) fail_msg("%s", kvt_last_error());
+    pd_rank_free(&cl.dec[0]);
+    memset(&cl.dec[0], 0, sizeof cl.dec[0]);
+    free(cl.dec);
+    cl.dec_replicas = 0;
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 9, 0);
+    pd_expect_room(&cl, 9, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    pd_cluster_stop(&cl);
+}
+
 static const uint32_t mla_bytes[4] = {1152, 1152, 1152, 1152};
 static const pd_model mla = {.layers = 4, .mla_bytes = mla_bytes};
 
@@ -213,6 +316,11 @@ int main(void)
         cmocka_unit_test(repage),
         cmocka_unit_test(layout_convert),
         cmocka_unit_test(tp_head_slicing),
+        cmocka_unit_test(gqa_tp8_to_tp4),
+        cmocka_unit_test(gqa_tp4_to_tp8),
+        cmocka_unit_test(gqa_tp8_to_tp8),
+        cmocka_unit_test(gqa_tp8_tp2_both_ways),
+        cmocka_unit_test(gqa_undeclared_replicas_refused),
         cmocka_unit_test(mla_replication),
         cmocka_unit_test(dcp_mla),
         cmocka_unit_test(decoders_leave_after_success),
