@@ -230,8 +230,12 @@ static kvt_status lookup(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, uint8_t
     for (;;) {
         kvt_status st = lookup_once(ep, p->bootstrap_host, p->bootstrap_port, dl, t, tlen);
         if (st != KVT_EAGAIN) return st;
-        if (kvt__now_ns() >= dl)
-            return kvt__fail(KVT_ETIMEDOUT, "pd receiver: the prefill topology was incomplete until the deadline");
+        if (kvt__now_ns() >= dl) { /* the service's RETRY names the prefill ranks still missing */
+            char why[KVT_ERRMSG_MAX];
+            snprintf(why, sizeof why, "%s", kvt_last_error());
+            return kvt__fail(KVT_ETIMEDOUT, "pd receiver: the prefill topology was still incomplete at the deadline (%s)",
+                             why);
+        }
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL);
     }
