@@ -1,25 +1,54 @@
 /* bootstrap.c - the directory. Prefill ranks register (descriptor + data
- * address); decode ranks look up the topology, and their descriptor is
- * checked against every prefill rank of their DCP position first, so an
- * inconvertible decode rank learns why at once (and nothing is stored for
- * it). One short-lived connection per request, served by its own thread
- * under a deadline; a bad or hostile peer fails alone and is logged. */
+ * address) and hold their entry as a lease they renew; decode ranks look up
+ * the topology, and their descriptor is checked against every live prefill
+ * rank of their DCP position first, so an inconvertible decode rank learns
+ * why at once (and nothing is stored for it). One short-lived connection
+ * per request, served by its own thread: authentication and the request
+ * must arrive within the greeting deadline (min(peer_timeout_ms, 2 s)),
+ * and when all request slots are busy the oldest connection that has not
+ * delivered its request yet is dropped to make room, so silent strangers
+ * never lock registrations and lookups out. A bad or hostile peer fails
+ * alone and is logged.
+ *
+ * Leases: an entry lives lease_ms (4 x peer_timeout_ms, at least 1 s) after
+ * its last REG_PREFILL; expired entries are invisible to every request and
+ * dropped (and logged) by the next one. All live entries share one TP/DCP
+ * configuration; a registration of another configuration is refused
+ * (KVT_EBUSY, naming both and when those leases end) until every entry of
+ * the old one expired or was unregistered. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
+#include "pd/bootstrap.h"
 #include "pd/ep.h"
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/sync.h"
 
 #define BS_MAX_PREFILL 1024
 #define BS_MAX_HANDLERS 64
-#define ADDR_LEN 66 /* u16 port + host[64] */
+#define BS_SLOTS (2 * BS_MAX_HANDLERS) /* in service, plus dropped ones still ending */
+#define BS_SLOT_WAIT_MS 1000 /* a new connection waits this long for a slot */
+#define BS_RETRY_LIST 360   /* characters of missing ranks in a RETRY text */
+#define ADDR_LEN 66         /* u16 port + host[64] */
 
 typedef struct bs_prefill {
     pd_desc desc;
     uint8_t addr[ADDR_LEN];
+    uint64_t expires_ns; /* its lease ends (monotonic) */
 } bs_prefill;
+
+/* One request in service. fd is shut down (never closed) by others only
+ * under bs->mu while used; the handler closes it under bs->mu. */
+typedef struct bs_slot {
+    bool used;
+    bool greeting; /* its request has not fully arrived: may be evicted */
+    bool evicted;
+    kvt_stream *s;
+    uint64_t since_ns;
+} bs_slot;
 
 struct kvt_pd_bootstrap {
     kvt_pd_net_params net;
@@ -31,9 +60,12 @@ struct kvt_pd_bootstrap {
     pthread_t th;
     bool started;
     atomic_bool stop;
+    uint32_t lease_ms, greet_ms, max_req;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint32_t handlers;
+    uint32_t handlers; /* threads (used slots) */
+    uint32_t active;   /* used slots not evicted: at most BS_MAX_HANDLERS */
+    bs_slot slots[BS_SLOTS];
     bs_prefill prefill[BS_MAX_PREFILL];
     uint32_t nprefill;
     uint64_t lookups, refused;
@@ -41,12 +73,15 @@ struct kvt_pd_bootstrap {
 
 typedef struct bs_req {
     kvt_pd_bootstrap *bs;
+    uint32_t slot;
     kvt_stream *s;
 } bs_req;
 
-kvt_status pd_bootstrap_call_ex(kvt_stream *s, const pd_hdr *h, const void *body,
-                                const kvt_pd_net_params *net, uint64_t dl, const char *what,
-                                uint8_t **resp_body, uint32_t *resp_len)
+/* ---- client side ---- */
+
+static kvt_status bs_call(kvt_stream *s, const pd_hdr *h, const void *body, const kvt_pd_net_params *net,
+                          uint64_t dl, const char *what, pd_hdr *resp, uint8_t **resp_body,
+                          uint32_t *resp_len)
 {
     uint8_t hb[PD_HDR_LEN];
     pd_hdr_encode(h, hb);
@@ -55,11 +90,15 @@ kvt_status pd_bootstrap_call_ex(kvt_stream *s, const pd_hdr *h, const void *body
     pd_hdr r;
     if (!st) st = kvt__stream_recv(s, hb, PD_HDR_LEN, dl);
     if (st) return kvt__fail(st, "%s: no answer from the bootstrap service", what);
-    if (!pd_hdr_decode(&r, hb) || r.body_len > net->max_frame)
+    if (!pd_hdr_decode(&r, hb))
         return kvt__fail(KVT_EPROTO, "%s: malformed answer from the bootstrap service", what);
+    if (r.body_len > net->max_frame)
+        return kvt__fail(KVT_EPROTO, "%s: a %u-byte answer exceeds this endpoint's max_frame %u",
+                         what, r.body_len, net->max_frame);
     uint8_t *b = malloc((size_t)r.body_len + 1);
     if (!b) return kvt__fail(KVT_ENOMEM, "%s: out of memory", what);
     st = r.body_len ? kvt__stream_recv(s, b, r.body_len, dl) : KVT_OK;
+    if (st) st = kvt__fail(st, "%s: truncated answer from the bootstrap service", what);
     b[r.body_len] = 0;
     if (!st && r.type == PD_F_REFUSE) {
         kvt_status rs = r.status < 0 && r.status >= KVT_EVERSION ? (kvt_status)r.status : KVT_EPROTO;
@@ -69,6 +108,7 @@ kvt_status pd_bootstrap_call_ex(kvt_stream *s, const pd_hdr *h, const void *body
     } else if (!st && r.type != PD_F_OK && r.type != PD_F_TOPO) {
         st = kvt__fail(KVT_EPROTO, "%s: unexpected answer type %u", what, r.type);
     }
+    if (!st && resp) *resp = r;
     if (!st && resp_body) {
         *resp_body = b;
         *resp_len = r.body_len;
@@ -78,16 +118,107 @@ kvt_status pd_bootstrap_call_ex(kvt_stream *s, const pd_hdr *h, const void *body
     return st;
 }
 
+kvt_status pd_bootstrap_call_ex(kvt_stream *s, const pd_hdr *h, const void *body,
+                                const kvt_pd_net_params *net, uint64_t dl, const char *what,
+                                uint8_t **resp_body, uint32_t *resp_len)
+{
+    return bs_call(s, h, body, net, dl, what, NULL, resp_body, resp_len);
+}
+
 kvt_status pd_bootstrap_call(kvt_stream *s, const pd_hdr *h, const void *body,
                              const kvt_pd_net_params *net, uint64_t dl, const char *what)
 {
-    return pd_bootstrap_call_ex(s, h, body, net, dl, what, NULL, NULL);
+    return bs_call(s, h, body, net, dl, what, NULL, NULL, NULL);
 }
 
-static void reply(kvt_stream *s, uint16_t type, kvt_status st, const void *body, size_t len, uint64_t dl)
+/* REG_PREFILL or UNREG_PREFILL of desc at data_host:data_port; *a0 gets the
+ * OK's a0. */
+static kvt_status prefill_request(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
+                                  const char *bs_host, uint16_t bs_port, const pd_desc *desc,
+                                  const char *data_host, uint16_t data_port, uint64_t dl,
+                                  uint16_t type, const char *what, uint32_t *a0)
+{
+    KVT_CHECK_ARG(net && desc && data_host, "%s: net, desc or data_host is NULL", what);
+    size_t hl = strlen(data_host);
+    KVT_CHECK_ARG(hl < 64, "%s: data_host is %zu characters (at most 63)", what, hl);
+    kvt_stream_auth a = auth ? *auth : (kvt_stream_auth){0};
+    a.who = "pd sender -> bootstrap";
+    kvt_stream *bs;
+    kvt_status st = kvt__stream_connect(bs_host, bs_port, &a, dl, &bs);
+    if (st) return st;
+    size_t dlen = pd_desc_wire_size(desc), blen = dlen + ADDR_LEN;
+    uint8_t *body = calloc(1, blen);
+    if (!body) {
+        kvt__stream_destroy(bs);
+        return kvt__fail(KVT_ENOMEM, "%s: out of memory", what);
+    }
+    pd_desc_encode(desc, body);
+    pd_put16(body + dlen, data_port);
+    memcpy(body + dlen + 2, data_host, hl);
+    pd_hdr h = {.type = type, .body_len = (uint32_t)blen}, r = {0};
+    st = bs_call(bs, &h, body, net, dl, what, &r, NULL, NULL);
+    free(body);
+    kvt__stream_destroy(bs);
+    if (!st && r.type != PD_F_OK)
+        st = kvt__fail(KVT_EPROTO, "%s: unexpected answer type %u", what, r.type);
+    if (!st && a0) *a0 = r.a0;
+    return st;
+}
+
+kvt_status pd_bootstrap_register(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
+                                 const char *bs_host, uint16_t bs_port, const pd_desc *desc,
+                                 const char *data_host, uint16_t data_port, uint64_t deadline_ns,
+                                 uint32_t *lease_ms_out)
+{
+    return prefill_request(net, auth, bs_host, bs_port, desc, data_host, data_port, deadline_ns,
+                           PD_F_REG_PREFILL, "pd sender: bootstrap registration", lease_ms_out);
+}
+
+kvt_status pd_bootstrap_unregister(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
+                                   const char *bs_host, uint16_t bs_port, const pd_desc *desc,
+                                   const char *data_host, uint16_t data_port, uint64_t deadline_ns,
+                                   uint32_t *removed_out)
+{
+    return prefill_request(net, auth, bs_host, bs_port, desc, data_host, data_port, deadline_ns,
+                           PD_F_UNREG_PREFILL, "pd sender: bootstrap unregistration", removed_out);
+}
+
+kvt_status pd_bootstrap_lookup(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
+                               const char *bs_host, uint16_t bs_port, const pd_desc *desc,
+                               uint64_t deadline_ns, uint8_t **topo, uint32_t *topo_len)
+{
+    static const char what[] = "pd receiver: lookup";
+    KVT_CHECK_ARG(net && desc && topo && topo_len, "%s: net, desc, topo or topo_len is NULL", what);
+    kvt_stream_auth a = auth ? *auth : (kvt_stream_auth){0};
+    a.who = "pd receiver -> bootstrap";
+    kvt_stream *s;
+    kvt_status st = kvt__stream_connect(bs_host, bs_port, &a, deadline_ns, &s);
+    if (st) return st;
+    size_t n = pd_desc_wire_size(desc);
+    uint8_t *body = malloc(n);
+    if (!body) st = kvt__fail(KVT_ENOMEM, "%s: out of memory", what);
+    if (!st) {
+        pd_desc_encode(desc, body);
+        pd_hdr h = {.type = PD_F_LOOKUP, .body_len = (uint32_t)n}, r = {0};
+        st = bs_call(s, &h, body, net, deadline_ns, what, &r, topo, topo_len);
+        if (!st && r.type != PD_F_TOPO) {
+            free(*topo);
+            *topo = NULL;
+            st = kvt__fail(KVT_EPROTO, "%s: unexpected answer type %u", what, r.type);
+        }
+    }
+    free(body);
+    kvt__stream_destroy(s);
+    return st;
+}
+
+/* ---- the service ---- */
+
+static void reply(kvt_stream *s, uint16_t type, kvt_status st, uint32_t a0, const void *body, size_t len,
+                  uint64_t dl)
 {
     uint8_t hb[PD_HDR_LEN];
-    pd_hdr h = {.type = type, .status = st, .body_len = (uint32_t)len};
+    pd_hdr h = {.type = type, .status = st, .a0 = a0, .body_len = (uint32_t)len};
     pd_hdr_encode(&h, hb);
     struct iovec v[2] = {{hb, PD_HDR_LEN}, {(void *)body, len}};
     (void)s->ops->sendv(s, v, len ? 2 : 1, dl);
@@ -97,61 +228,209 @@ static void refuse(kvt_pd_bootstrap *bs, kvt_stream *s, kvt_status st, uint64_t 
 {
     char msg[KVT_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s", kvt_last_error());
-    pd_log("pd bootstrap: refused a peer: %s", msg);
+    if (!atomic_load(&bs->stop)) pd_log("pd bootstrap: refused a peer: %s", msg);
     pthread_mutex_lock(&bs->mu);
     bs->refused++;
     pthread_mutex_unlock(&bs->mu);
-    reply(s, PD_F_REFUSE, st, msg, strlen(msg), dl);
+    reply(s, PD_F_REFUSE, st, 0, msg, strlen(msg), dl);
 }
 
-/* (bs->mu held) */
-static kvt_status store_prefill(kvt_pd_bootstrap *bs, pd_desc *d, const uint8_t *addr)
+static void rank_name(char *o, size_t n, const pd_desc *d)
 {
-    if (bs->nprefill && (bs->prefill[0].desc.tp_size != d->tp_size ||
-                         bs->prefill[0].desc.dcp_size != d->dcp_size))
-        return kvt__fail(KVT_EINVAL, "pd bootstrap: prefill rank says TP %u DCP %u, registered ranks say TP %u DCP %u",
-                         d->tp_size, d->dcp_size, bs->prefill[0].desc.tp_size, bs->prefill[0].desc.dcp_size);
+    snprintf(o, n, "tp%u/%u dcp%u/%u", d->tp_rank, d->tp_size, d->dcp_rank, d->dcp_size);
+}
+
+static void addr_name(char *o, size_t n, const uint8_t *addr)
+{
+    snprintf(o, n, "%.64s:%u", (const char *)addr + 2, pd_get16(addr));
+}
+
+static uint64_t ms_until(uint64_t t, uint64_t now) { return t > now ? (t - now + 999999) / 1000000 : 0; }
+
+static void drop_entry(kvt_pd_bootstrap *bs, uint32_t i)
+{
+    pd_desc_free(&bs->prefill[i].desc);
+    bs->prefill[i] = bs->prefill[--bs->nprefill];
+    bs->prefill[bs->nprefill] = (bs_prefill){0};
+}
+
+/* (bs->mu held) Drops the entries whose lease ended by now. */
+static void purge(kvt_pd_bootstrap *bs, uint64_t now)
+{
+    for (uint32_t i = bs->nprefill; i-- > 0;) {
+        bs_prefill *p = &bs->prefill[i];
+        if (p->expires_ns > now) continue;
+        char rn[64], an[80];
+        rank_name(rn, sizeof rn, &p->desc);
+        addr_name(an, sizeof an, p->addr);
+        pd_log("pd bootstrap: dropped prefill %s at %s: its lease expired %llu ms ago (not renewed within %u ms)",
+               rn, an, (unsigned long long)((now - p->expires_ns) / 1000000), bs->lease_ms);
+        drop_entry(bs, i);
+    }
+}
+
+static bool same_pos(const pd_desc *a, const pd_desc *b)
+{
+    return a->tp_rank == b->tp_rank && a->dcp_rank == b->dcp_rank;
+}
+
+static bool same_config(const pd_desc *a, const pd_desc *b)
+{
+    return a->tp_size == b->tp_size && a->dcp_size == b->dcp_size;
+}
+
+/* (bs->mu held) Adds or renews d's entry (takes d's entries on success). */
+static kvt_status store_prefill(kvt_pd_bootstrap *bs, pd_desc *d, const uint8_t *addr, uint64_t now)
+{
+    char rn[64], an[80];
+    rank_name(rn, sizeof rn, d);
+    addr_name(an, sizeof an, addr);
+    uint64_t ranks = (uint64_t)d->tp_size * d->dcp_size;
+    if (ranks > BS_MAX_PREFILL)
+        return kvt__fail(KVT_EFULL, "pd bootstrap: prefill rank %s at %s: tp_size %u x dcp_size %u = %llu ranks, the directory holds at most %u",
+                         rn, an, d->tp_size, d->dcp_size, (unsigned long long)ranks, BS_MAX_PREFILL);
+    purge(bs, now);
+    /* Live entries of another configuration refuse it, except this very
+     * endpoint's own entry (same position and address: it restarted). */
+    uint32_t nconf = 0;
+    uint64_t first = UINT64_MAX, last = 0;
+    const bs_prefill *c = NULL;
+    for (uint32_t i = 0; i < bs->nprefill; i++) {
+        const bs_prefill *p = &bs->prefill[i];
+        if (same_config(&p->desc, d) || (same_pos(&p->desc, d) && !memcmp(p->addr, addr, ADDR_LEN)))
+            continue;
+        nconf++;
+        if (p->expires_ns < first) {
+            first = p->expires_ns;
+            c = p;
+        }
+        if (p->expires_ns > last) last = p->expires_ns;
+    }
+    if (nconf) {
+        char cn[64], ca[80];
+        rank_name(cn, sizeof cn, &c->desc);
+        addr_name(ca, sizeof ca, c->addr);
+        return kvt__fail(KVT_EBUSY,
+                         "pd bootstrap: prefill rank %s at %s says tp_size %u, dcp_size %u, but %u live registration%s (oldest %s at %s) %s tp_size %u, dcp_size %u; the oldest lease expires in %llu ms, the last in %llu ms, unless renewed",
+                         rn, an, d->tp_size, d->dcp_size, nconf, nconf == 1 ? "" : "s", cn, ca,
+                         nconf == 1 ? "says" : "say", c->desc.tp_size, c->desc.dcp_size,
+                         (unsigned long long)ms_until(first, now), (unsigned long long)ms_until(last, now));
+    }
     uint32_t i = 0;
-    while (i < bs->nprefill && !(bs->prefill[i].desc.tp_rank == d->tp_rank &&
-                                 bs->prefill[i].desc.dcp_rank == d->dcp_rank))
-        i++;
-    if (i == BS_MAX_PREFILL) return kvt__fail(KVT_EFULL, "pd bootstrap: %u prefill ranks (the limit)", i);
-    if (i < bs->nprefill) pd_desc_free(&bs->prefill[i].desc); /* a restarted rank replaces itself */
-    else bs->nprefill++;
-    bs->prefill[i].desc = *d;
-    memcpy(bs->prefill[i].addr, addr, ADDR_LEN);
+    while (i < bs->nprefill && !same_pos(&bs->prefill[i].desc, d)) i++;
+    if (i == BS_MAX_PREFILL) /* cannot happen: positions are unique and ranks <= the table */
+        return kvt__fail(KVT_EFULL, "pd bootstrap: %u prefill ranks (the limit)", i);
+    bs_prefill *p = &bs->prefill[i];
+    bool renewal = i < bs->nprefill && !memcmp(p->addr, addr, ADDR_LEN);
+    if (i < bs->nprefill) {
+        if (!renewal) {
+            char oa[80];
+            addr_name(oa, sizeof oa, p->addr);
+            pd_log("pd bootstrap: prefill %s moved from %s to %s (a restarted rank replaces its entry)", rn, oa, an);
+        }
+        pd_desc_free(&p->desc);
+    } else {
+        bs->nprefill++;
+    }
+    p->desc = *d;
+    memcpy(p->addr, addr, ADDR_LEN);
+    p->expires_ns = now + (uint64_t)bs->lease_ms * 1000000ull;
     *d = (pd_desc){0};
+    return KVT_OK;
+}
+
+static kvt_status decode_prefill(pd_desc *d, const uint8_t *b, uint32_t len, const char *what)
+{
+    size_t used;
+    kvt_status st = pd_desc_decode(d, b, len, &used);
+    if (st) return st;
+    if (d->role != PD_ROLE_PREFILL || len - used != ADDR_LEN) {
+        pd_desc_free(d);
+        return kvt__fail(KVT_EPROTO, "pd bootstrap: malformed prefill %s (role %u, %zu address bytes, want role %u, %u)",
+                         what, d->role, len - used, PD_ROLE_PREFILL, ADDR_LEN);
+    }
     return KVT_OK;
 }
 
 static kvt_status on_register(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t len)
 {
     pd_desc d = {0};
-    size_t used;
-    kvt_status st = pd_desc_decode(&d, b, len, &used);
+    kvt_status st = decode_prefill(&d, b, len, "registration");
     if (st) return st;
-    if (d.role != PD_ROLE_PREFILL || len - used != ADDR_LEN) {
-        pd_desc_free(&d);
-        return kvt__fail(KVT_EPROTO, "pd bootstrap: malformed prefill registration");
-    }
     pthread_mutex_lock(&bs->mu);
-    st = store_prefill(bs, &d, b + used);
+    st = store_prefill(bs, &d, b + (len - ADDR_LEN), kvt__now_ns());
     pthread_mutex_unlock(&bs->mu);
     pd_desc_free(&d);
     return st;
 }
 
-/* (bs->mu held) Encodes the topology after checking dec against it. */
+static kvt_status on_unregister(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t len, uint32_t *removed)
+{
+    pd_desc d = {0};
+    kvt_status st = decode_prefill(&d, b, len, "unregistration");
+    if (st) return st;
+    const uint8_t *addr = b + (len - ADDR_LEN);
+    char rn[64], an[80];
+    rank_name(rn, sizeof rn, &d);
+    addr_name(an, sizeof an, addr);
+    *removed = 0;
+    pthread_mutex_lock(&bs->mu);
+    purge(bs, kvt__now_ns());
+    for (uint32_t i = 0; i < bs->nprefill; i++)
+        if (same_pos(&bs->prefill[i].desc, &d) && !memcmp(bs->prefill[i].addr, addr, ADDR_LEN)) {
+            drop_entry(bs, i);
+            *removed = 1;
+            break;
+        }
+    pthread_mutex_unlock(&bs->mu);
+    if (*removed) pd_log("pd bootstrap: prefill %s at %s unregistered", rn, an);
+    else pd_log("pd bootstrap: unregistration of prefill %s at %s matched no live entry", rn, an);
+    pd_desc_free(&d);
+    return KVT_OK;
+}
+
+/* (bs->mu held) The RETRY text: how many ranks hold a lease, and which are
+ * missing (as many as fit in BS_RETRY_LIST characters). */
+static kvt_status incomplete(kvt_pd_bootstrap *bs, uint32_t tp, uint32_t dcp)
+{
+    uint32_t need = tp * dcp, missing = need - bs->nprefill, listed = 0;
+    bool have[BS_MAX_PREFILL] = {0};
+    for (uint32_t i = 0; i < bs->nprefill; i++)
+        have[bs->prefill[i].desc.tp_rank * dcp + bs->prefill[i].desc.dcp_rank] = true;
+    char list[BS_RETRY_LIST + 1] = "";
+    size_t off = 0;
+    for (uint32_t pos = 0; pos < need && listed < missing; pos++) {
+        if (have[pos]) continue;
+        char one[64];
+        int n = snprintf(one, sizeof one, "%stp%u/%u dcp%u/%u", listed ? ", " : "", pos / dcp, tp, pos % dcp, dcp);
+        if (off + (size_t)n > BS_RETRY_LIST) break;
+        memcpy(list + off, one, (size_t)n + 1);
+        off += (size_t)n;
+        listed++;
+    }
+    char more[48] = "";
+    if (listed < missing) snprintf(more, sizeof more, ", and %u more", missing - listed);
+    return kvt__fail(KVT_EAGAIN, "%u of %u prefill ranks registered; missing %s%s", bs->nprefill, need, list,
+                     more);
+}
+
+/* (bs->mu held) Encodes the live topology after checking dec against it. */
 static kvt_status topo(kvt_pd_bootstrap *bs, const pd_desc *dec, uint8_t **out, size_t *len)
 {
-    if (!bs->nprefill || bs->nprefill < bs->prefill[0].desc.tp_size * bs->prefill[0].desc.dcp_size)
-        return kvt__fail(KVT_EAGAIN, "%u prefill ranks registered so far", bs->nprefill);
-    size_t n = 4;
+    purge(bs, kvt__now_ns());
+    uint64_t n = 4;
     for (uint32_t i = 0; i < bs->nprefill; i++) {
         kvt_status st = pd_topo_check(&bs->prefill[i].desc, dec);
         if (st) return st;
         n += pd_desc_wire_size(&bs->prefill[i].desc) + ADDR_LEN;
     }
+    if (!bs->nprefill)
+        return kvt__fail(KVT_EAGAIN, "0 prefill ranks registered (none yet, or every lease expired)");
+    const pd_desc *p0 = &bs->prefill[0].desc;
+    if (bs->nprefill < p0->tp_size * p0->dcp_size) return incomplete(bs, p0->tp_size, p0->dcp_size);
+    if (n > bs->net.max_frame)
+        return kvt__fail(KVT_EINVAL, "pd bootstrap: the topology of %u prefill ranks takes %llu bytes, more than max_frame %u; raise max_frame on the bootstrap service and on every decode rank",
+                         bs->nprefill, (unsigned long long)n, bs->net.max_frame);
     uint8_t *p = malloc(n), *o = p + 4;
     if (!p) return kvt__fail(KVT_ENOMEM, "pd bootstrap: out of memory");
     pd_put32(p, bs->nprefill);
@@ -172,48 +451,76 @@ static void on_lookup(kvt_pd_bootstrap *bs, kvt_stream *s, const uint8_t *b, uin
     size_t used, tlen = 0;
     uint8_t *t = NULL;
     kvt_status st = pd_desc_decode(&d, b, len, &used);
-    if (!st && d.role != PD_ROLE_DECODE) st = kvt__fail(KVT_EPROTO, "pd bootstrap: lookup by a non-decode rank");
+    if (!st && d.role != PD_ROLE_DECODE)
+        st = kvt__fail(KVT_EPROTO, "pd bootstrap: lookup by a rank of role %u (want decode, %u)", d.role,
+                       PD_ROLE_DECODE);
     if (!st) {
         pthread_mutex_lock(&bs->mu);
         st = topo(bs, &d, &t, &tlen);
         if (!st) bs->lookups++;
         pthread_mutex_unlock(&bs->mu);
     }
-    if (!st) reply(s, PD_F_TOPO, KVT_OK, t, tlen, dl);
-    else if (st == KVT_EAGAIN) reply(s, PD_F_RETRY, st, kvt_last_error(), strlen(kvt_last_error()), dl);
+    if (!st) reply(s, PD_F_TOPO, KVT_OK, 0, t, tlen, dl);
+    else if (st == KVT_EAGAIN) reply(s, PD_F_RETRY, st, 0, kvt_last_error(), strlen(kvt_last_error()), dl);
     else refuse(bs, s, st, dl);
     free(t);
     pd_desc_free(&d);
 }
 
-static void serve(kvt_pd_bootstrap *bs, kvt_stream *s)
+/* Reads the request (authentication, header, body) by dl. */
+static kvt_status read_request(kvt_pd_bootstrap *bs, kvt_stream *s, uint64_t dl, pd_hdr *h, uint8_t **body)
 {
-    uint64_t dl = kvt__deadline_ns(bs->net.peer_timeout_ms);
     kvt_status st = kvt__stream_auth_server(s->fd, &bs->auth, dl);
     if (st) {
-        refuse(bs, s, st, dl);
-        return;
+        char why[KVT_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", kvt_last_error());
+        return kvt__fail(st, "pd bootstrap: authentication: %s (greeting deadline %u ms)", why, bs->greet_ms);
     }
     uint8_t hb[PD_HDR_LEN];
-    pd_hdr h = {0};
     st = kvt__stream_recv(s, hb, sizeof hb, dl);
-    if (st) st = kvt__fail(KVT_EPROTO, "pd bootstrap: no request before the deadline");
-    else if (!pd_hdr_decode(&h, hb)) st = kvt__fail(KVT_EPROTO, "pd bootstrap: bad frame magic");
-    else if (h.body_len > bs->net.max_frame)
-        st = kvt__fail(KVT_EPROTO, "pd bootstrap: %u-byte frame exceeds max_frame %u", h.body_len, bs->net.max_frame);
-    uint8_t *b = st ? NULL : malloc((size_t)h.body_len + 1);
-    if (!st && !b) st = kvt__fail(KVT_ENOMEM, "pd bootstrap: out of memory");
-    if (!st && h.body_len && kvt__stream_recv(s, b, h.body_len, dl) != KVT_OK)
-        st = kvt__fail(KVT_EPROTO, "pd bootstrap: truncated frame");
-    if (!st && h.type == PD_F_REG_PREFILL) {
+    if (st == KVT_ETIMEDOUT)
+        return kvt__fail(KVT_EPROTO, "pd bootstrap: no request within %u ms of connecting", bs->greet_ms);
+    if (st) return kvt__fail(KVT_EPROTO, "pd bootstrap: the peer closed without a request");
+    if (!pd_hdr_decode(h, hb)) return kvt__fail(KVT_EPROTO, "pd bootstrap: bad frame magic");
+    if (h->body_len > bs->max_req)
+        return kvt__fail(KVT_EPROTO, "pd bootstrap: %u-byte request exceeds the limit %u (the largest descriptor and address, within max_frame %u)",
+                         h->body_len, bs->max_req, bs->net.max_frame);
+    *body = malloc((size_t)h->body_len + 1);
+    if (!*body) return kvt__fail(KVT_ENOMEM, "pd bootstrap: out of memory");
+    if (h->body_len && kvt__stream_recv(s, *body, h->body_len, dl) != KVT_OK)
+        return kvt__fail(KVT_EPROTO, "pd bootstrap: truncated request (%u-byte body not in by the deadline, %u ms)",
+                         h->body_len, bs->greet_ms);
+    return KVT_OK;
+}
+
+static void serve(kvt_pd_bootstrap *bs, uint32_t slot, kvt_stream *s)
+{
+    uint64_t t0 = kvt__now_ns();
+    pd_hdr h = {0};
+    uint8_t *b = NULL;
+    kvt_status st = read_request(bs, s, kvt__deadline_ns(bs->greet_ms), &h, &b);
+    pthread_mutex_lock(&bs->mu);
+    bs->slots[slot].greeting = false; /* from here on it is never evicted */
+    bool evicted = bs->slots[slot].evicted;
+    if (evicted) bs->refused++;
+    pthread_mutex_unlock(&bs->mu);
+    uint64_t dl = kvt__deadline_ns(bs->net.peer_timeout_ms); /* the answer's */
+    if (evicted) {
+        pd_log("pd bootstrap: dropped a connection that sent no complete request in %llu ms: all %d request slots were busy (the oldest such connection makes room)",
+               (unsigned long long)((kvt__now_ns() - t0) / 1000000), BS_MAX_HANDLERS);
+    } else if (!st && h.type == PD_F_REG_PREFILL) {
         st = on_register(bs, b, h.body_len);
-        if (!st) reply(s, PD_F_OK, KVT_OK, NULL, 0, dl);
+        if (!st) reply(s, PD_F_OK, KVT_OK, bs->lease_ms, NULL, 0, dl);
+    } else if (!st && h.type == PD_F_UNREG_PREFILL) {
+        uint32_t removed = 0;
+        st = on_unregister(bs, b, h.body_len, &removed);
+        if (!st) reply(s, PD_F_OK, KVT_OK, removed, NULL, 0, dl);
     } else if (!st && h.type == PD_F_LOOKUP) {
         on_lookup(bs, s, b, h.body_len, dl);
     } else if (!st) {
         st = kvt__fail(KVT_EPROTO, "pd bootstrap: unexpected frame type %u", h.type);
     }
-    if (st) refuse(bs, s, st, dl);
+    if (st && !evicted) refuse(bs, s, st, dl);
     free(b);
 }
 
@@ -221,36 +528,83 @@ static void *handler_main(void *arg)
 {
     bs_req q = *(bs_req *)arg;
     free(arg);
-    serve(q.bs, q.s);
-    kvt__stream_destroy(q.s);
+    serve(q.bs, q.slot, q.s);
     pthread_mutex_lock(&q.bs->mu);
+    kvt__stream_destroy(q.s); /* under mu: nobody shuts down a closed fd */
+    if (!q.bs->slots[q.slot].evicted) q.bs->active--;
+    q.bs->slots[q.slot] = (bs_slot){0};
     q.bs->handlers--;
     pthread_cond_broadcast(&q.bs->cv);
     pthread_mutex_unlock(&q.bs->mu);
     return NULL;
 }
 
+/* (bs->mu held) */
+static int free_slot(kvt_pd_bootstrap *bs)
+{
+    for (int i = 0; i < BS_SLOTS; i++)
+        if (!bs->slots[i].used) return i;
+    return -1;
+}
+
+/* (bs->mu held) Every request slot is busy: shuts down the oldest
+ * connection that has not delivered its request. Its slot counts as free at
+ * once (its handler ends on its own, in a spare entry of the table). */
+static void evict_oldest_greeting(kvt_pd_bootstrap *bs)
+{
+    int v = -1;
+    for (int i = 0; i < BS_SLOTS; i++) {
+        bs_slot *x = &bs->slots[i];
+        if (x->used && x->greeting && !x->evicted && (v < 0 || x->since_ns < bs->slots[v].since_ns)) v = i;
+    }
+    if (v < 0) return;
+    bs->slots[v].evicted = true;
+    bs->active--;
+    shutdown(bs->slots[v].s->fd, SHUT_RDWR);
+}
+
 static void spawn(kvt_pd_bootstrap *bs, kvt_stream *s)
 {
     bs_req *q = malloc(sizeof *q);
-    pthread_t th;
     pthread_mutex_lock(&bs->mu);
-    bool room = bs->handlers < BS_MAX_HANDLERS && q;
-    if (room) bs->handlers++;
+    int slot = -1;
+    if (q) {
+        if (bs->active >= BS_MAX_HANDLERS) evict_oldest_greeting(bs);
+        uint64_t dl = kvt__deadline_ns(BS_SLOT_WAIT_MS);
+        for (;;) { /* all serving (or dropped ones not gone yet): they end soon */
+            slot = bs->active < BS_MAX_HANDLERS ? free_slot(bs) : -1;
+            if (slot >= 0 || atomic_load(&bs->stop) || !kvt__cond_wait_until(&bs->cv, &bs->mu, dl)) break;
+        }
+        if (slot < 0 && bs->active < BS_MAX_HANDLERS) slot = free_slot(bs);
+    }
+    if (slot >= 0) {
+        bs->slots[slot] = (bs_slot){.used = true, .greeting = true, .s = s, .since_ns = kvt__now_ns()};
+        bs->handlers++;
+        bs->active++;
+    }
     pthread_mutex_unlock(&bs->mu);
-    if (room) {
-        *q = (bs_req){bs, s};
+    if (slot >= 0) {
+        *q = (bs_req){bs, (uint32_t)slot, s};
         pthread_attr_t at;
+        pthread_t th;
         pthread_attr_init(&at);
         pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
         int rc = pthread_create(&th, &at, handler_main, q);
         pthread_attr_destroy(&at);
         if (rc == 0) return;
+        pd_log("pd bootstrap: refused a connection: cannot start a thread");
         pthread_mutex_lock(&bs->mu);
+        bs->slots[slot] = (bs_slot){0};
         bs->handlers--;
+        bs->active--;
+        pthread_cond_broadcast(&bs->cv);
         pthread_mutex_unlock(&bs->mu);
+    } else if (!q) {
+        pd_log("pd bootstrap: refused a connection: out of memory");
+    } else {
+        pd_log("pd bootstrap: refused a connection: all %d request slots (the limit) were serving requests for %d ms",
+               BS_MAX_HANDLERS, BS_SLOT_WAIT_MS);
     }
-    pd_log("pd bootstrap: refused a connection: %d requests in service (the limit)", BS_MAX_HANDLERS);
     free(q);
     kvt__stream_destroy(s);
 }
@@ -274,10 +628,16 @@ kvt_status kvt_pd_bootstrap_create(kvt_pd_bootstrap **out, const kvt_pd_net_para
     if (!bs) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
     bs->lfd = -1;
     pthread_mutex_init(&bs->mu, NULL);
-    pthread_cond_init(&bs->cv, NULL);
+    kvt__cond_init(&bs->cv);
     bs->net = *params;
     kvt_status st = pd_net_defaults(&bs->net, &bs->secret, bs->host, fn);
     bs->auth = (kvt_stream_auth){bs->secret, bs->net.secret_len, "pd bootstrap"};
+    uint64_t lease = (uint64_t)bs->net.peer_timeout_ms * PD_BS_LEASE_FACTOR;
+    bs->lease_ms = lease < PD_BS_LEASE_MIN_MS ? PD_BS_LEASE_MIN_MS : lease > INT32_MAX ? INT32_MAX : (uint32_t)lease;
+    bs->greet_ms = bs->net.peer_timeout_ms < PD_BS_GREETING_MAX_MS ? bs->net.peer_timeout_ms : PD_BS_GREETING_MAX_MS;
+    pd_desc largest = {.num_entries = PD_MAX_ENTRIES};
+    size_t req = pd_desc_wire_size(&largest) + ADDR_LEN;
+    bs->max_req = req < bs->net.max_frame ? (uint32_t)req : bs->net.max_frame;
     if (!st) st = kvt__stream_listen(bs->host, bs->net.port, &bs->lfd, &bs->port);
     if (!st && pthread_create(&bs->th, NULL, accept_main, bs) != 0)
         st = kvt__fail(KVT_ESYS, "%s: cannot start a thread", fn);
@@ -304,6 +664,7 @@ kvt_status kvt_pd_bootstrap_stats_get(kvt_pd_bootstrap *bs, kvt_pd_bootstrap_sta
     KVT_CHECK_NOT_NULL(bs, "kvt_pd_bootstrap_stats_get");
     KVT_CHECK_NOT_NULL(out, "kvt_pd_bootstrap_stats_get");
     pthread_mutex_lock(&bs->mu);
+    purge(bs, kvt__now_ns()); /* prefill_ranks counts live leases */
     *out = (kvt_pd_bootstrap_stats){bs->nprefill, bs->lookups, bs->refused};
     pthread_mutex_unlock(&bs->mu);
     return KVT_OK;
@@ -313,9 +674,14 @@ void kvt_pd_bootstrap_destroy(kvt_pd_bootstrap *bs)
 {
     if (!bs) return;
     atomic_store(&bs->stop, true);
+    pthread_mutex_lock(&bs->mu);
+    pthread_cond_broadcast(&bs->cv); /* an accept waiting for a slot */
+    pthread_mutex_unlock(&bs->mu);
     if (bs->started) pthread_join(bs->th, NULL);
     pthread_mutex_lock(&bs->mu);
-    while (bs->handlers > 0) pthread_cond_wait(&bs->cv, &bs->mu); /* each ends by its deadline */
+    for (int i = 0; i < BS_SLOTS; i++) /* every handler ends at once */
+        if (bs->slots[i].used) shutdown(bs->slots[i].s->fd, SHUT_RDWR);
+    while (bs->handlers > 0) pthread_cond_wait(&bs->cv, &bs->mu);
     pthread_mutex_unlock(&bs->mu);
     for (uint32_t i = 0; i < bs->nprefill; i++) pd_desc_free(&bs->prefill[i].desc);
     if (bs->lfd >= 0) close(bs->lfd);

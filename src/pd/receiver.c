@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "pd/bootstrap.h"
 #include "pd/ep.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -207,22 +208,7 @@ typedef struct topo_entry {
 static kvt_status lookup_once(pd_ep *ep, const char *host, uint16_t port, uint64_t dl, uint8_t **t,
                               uint32_t *tlen)
 {
-    kvt_stream *s;
-    kvt_stream_auth a = ep->auth;
-    a.who = "pd receiver -> bootstrap";
-    kvt_status st = kvt__stream_connect(host, port, &a, dl, &s);
-    if (st) return st;
-    size_t n = pd_desc_wire_size(&ep->desc);
-    uint8_t *body = malloc(n);
-    if (!body) st = kvt__fail(KVT_ENOMEM, "pd receiver: out of memory");
-    if (!st) {
-        pd_desc_encode(&ep->desc, body);
-        pd_hdr h = {.type = PD_F_LOOKUP, .body_len = (uint32_t)n};
-        st = pd_bootstrap_call_ex(s, &h, body, &ep->net, dl, "pd receiver: lookup", t, tlen);
-    }
-    free(body);
-    kvt__stream_destroy(s);
-    return st;
+    return pd_bootstrap_lookup(&ep->net, &ep->auth, host, port, &ep->desc, dl, t, tlen);
 }
 
 static kvt_status lookup(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, uint8_t **t, uint32_t *tlen)

@@ -9,12 +9,23 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include "pd/bootstrap.h"
 #include "pd/ep.h"
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/sync.h"
 
 struct kvt_pd_sender {
     pd_ep ep;
+    char bs_host[64];     /* the bootstrap service (copied from the params) */
+    uint16_t bs_port;
+    uint32_t lease_ms;    /* from its OK (0: its entries never lapse) */
+    bool registered;      /* destroy unregisters */
+    pthread_t renew_th;   /* renews the lease every lease_ms / 3 */
+    bool renew_started;
+    bool renew_stop;      /* guarded by renew_mu */
+    pthread_mutex_t renew_mu;
+    pthread_cond_t renew_cv;
 };
 
 static void wake(pd_conn *c)
@@ -459,7 +470,51 @@ static void accept_tick(pd_ep *ep)
 
 /* ---- public API ---- */
 
-static kvt_status register_with_bootstrap(pd_ep *ep, const kvt_pd_params *p, uint64_t dl);
+/* Registers this rank's lease. Live registrations of another TP/DCP
+ * configuration (KVT_EBUSY) lapse unless renewed: retried until dl. */
+static kvt_status register_lease(kvt_pd_sender *s, uint64_t dl)
+{
+    pd_ep *ep = &s->ep;
+    for (;;) {
+        kvt_status st = pd_bootstrap_register(&ep->net, &ep->auth, s->bs_host, s->bs_port, &ep->desc,
+                                              ep->bind_host, ep->port, dl, &s->lease_ms);
+        if (st != KVT_EBUSY || kvt__now_ns() + 200000000ull >= dl) return st;
+        struct timespec ts = {0, 200 * 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Renews the lease every lease_ms / 3 (after a failure, every lease_ms / 6),
+ * each try bounded by 1 s, on its own thread: an unreachable bootstrap
+ * service never stalls the service thread's accepts and room deadlines. */
+static void *renew_main(void *arg)
+{
+    kvt_pd_sender *s = arg;
+    pd_ep *ep = &s->ep;
+    uint64_t period = (uint64_t)s->lease_ms * 1000000ull / 3, next = kvt__now_ns() + period;
+    uint32_t try_ms = s->lease_ms / 3 < 1000 ? s->lease_ms / 3 : 1000;
+    bool failing = false;
+    pthread_mutex_lock(&s->renew_mu);
+    while (!s->renew_stop) {
+        if (kvt__now_ns() < next) {
+            kvt__cond_wait_until(&s->renew_cv, &s->renew_mu, next);
+            continue;
+        }
+        pthread_mutex_unlock(&s->renew_mu);
+        kvt_status st = pd_bootstrap_register(&ep->net, &ep->auth, s->bs_host, s->bs_port, &ep->desc,
+                                              ep->bind_host, ep->port, kvt__deadline_ns(try_ms), NULL);
+        if (st)
+            pd_log("pd sender: renewing the bootstrap lease failed (next try in %u ms; the entry lapses %u ms after the last renewal): %s",
+                   s->lease_ms / 6, s->lease_ms, kvt_last_error());
+        else if (failing)
+            pd_log("pd sender: bootstrap lease renewed again");
+        failing = st != KVT_OK;
+        pthread_mutex_lock(&s->renew_mu);
+        next = kvt__now_ns() + (failing ? period / 2 : period);
+    }
+    pthread_mutex_unlock(&s->renew_mu);
+    return NULL;
+}
 
 kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *p)
 {
@@ -467,12 +522,27 @@ kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *p)
     KVT_CHECK_NOT_NULL(out, fn);
     kvt_pd_sender *s = calloc(1, sizeof *s);
     if (!s) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+    pthread_mutex_init(&s->renew_mu, NULL);
+    kvt__cond_init(&s->renew_cv);
     s->ep.hooks = &sender_hooks;
     kvt_status st = pd_ep_init(&s->ep, p, PD_ROLE_PREFILL, fn);
+    if (!st && p->bootstrap_host && strlen(p->bootstrap_host) >= sizeof s->bs_host)
+        st = kvt__fail(KVT_EINVAL, "%s: bootstrap_host is too long", fn);
+    if (!st) {
+        snprintf(s->bs_host, sizeof s->bs_host, "%s", p->bootstrap_host ? p->bootstrap_host : "127.0.0.1");
+        s->bs_port = p->bootstrap_port;
+    }
     if (!st) st = kvt__stream_listen(s->ep.bind_host, s->ep.net.port, &s->ep.lfd, &s->ep.port);
     uint64_t dl = kvt__deadline_ns(p && p->connect_timeout_ms ? p->connect_timeout_ms : 10000);
     if (!st) st = pd_ep_start_service_tick(&s->ep, accept_tick);
-    if (!st) st = register_with_bootstrap(&s->ep, p, dl);
+    if (!st) st = register_lease(s, dl);
+    if (!st) s->registered = true;
+    if (!st && s->lease_ms) {
+        if (pthread_create(&s->renew_th, NULL, renew_main, s) != 0)
+            st = kvt__fail(KVT_ESYS, "%s: cannot start a thread", fn);
+        else
+            s->renew_started = true;
+    }
     if (st) {
         char msg[KVT_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvt_last_error());
@@ -484,29 +554,6 @@ kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *p)
     *out = s;
     kvt__clear_error();
     return KVT_OK;
-}
-
-static kvt_status register_with_bootstrap(pd_ep *ep, const kvt_pd_params *p, uint64_t dl)
-{
-    kvt_stream *bs;
-    kvt_stream_auth a = ep->auth;
-    a.who = "pd sender -> bootstrap";
-    kvt_status st = kvt__stream_connect(p->bootstrap_host, p->bootstrap_port, &a, dl, &bs);
-    if (st) return st;
-    size_t dlen = pd_desc_wire_size(&ep->desc), blen = dlen + 2 + 64;
-    uint8_t *body = calloc(1, blen);
-    if (!body) {
-        kvt__stream_destroy(bs);
-        return kvt__fail(KVT_ENOMEM, "pd sender: out of memory");
-    }
-    pd_desc_encode(&ep->desc, body);
-    pd_put16(body + dlen, ep->port);
-    memcpy(body + dlen + 2, ep->bind_host, strlen(ep->bind_host));
-    pd_hdr h = {.type = PD_F_REG_PREFILL, .body_len = (uint32_t)blen};
-    st = pd_bootstrap_call(bs, &h, body, &ep->net, dl, "pd sender: bootstrap registration");
-    free(body);
-    kvt__stream_destroy(bs);
-    return st;
 }
 
 kvt_status kvt_pd_sender_port(const kvt_pd_sender *s, uint16_t *out)
@@ -616,8 +663,22 @@ kvt_status kvt_pd_sender_clear(kvt_pd_sender *s, uint64_t room)
 void kvt_pd_sender_destroy(kvt_pd_sender *s)
 {
     if (!s) return;
+    if (s->renew_started) {
+        pthread_mutex_lock(&s->renew_mu);
+        s->renew_stop = true;
+        pthread_cond_broadcast(&s->renew_cv);
+        pthread_mutex_unlock(&s->renew_mu);
+        pthread_join(s->renew_th, NULL);
+    }
+    /* Best effort, while this rank still holds its port (so the entry is
+     * ours): decode ranks stop finding it now, not when its lease lapses. */
+    if (s->registered)
+        (void)pd_bootstrap_unregister(&s->ep.net, &s->ep.auth, s->bs_host, s->bs_port, &s->ep.desc,
+                                      s->ep.bind_host, s->ep.port, kvt__deadline_ns(250), NULL);
     pd_ep_stop(&s->ep);
     pd_ep_fini(&s->ep);
+    pthread_mutex_destroy(&s->renew_mu);
+    pthread_cond_destroy(&s->renew_cv);
     free(s);
 }
 

@@ -20,12 +20,18 @@
 
 enum pd_frame_type {
     /* bootstrap service */
-    PD_F_REG_PREFILL = 1, /* body: desc, u16 port, host[64] */
+    PD_F_REG_PREFILL = 1, /* body: desc, u16 port, host[64]; registers or renews
+                             a lease: OK a0 = lease in ms (the entry lapses that
+                             long after its last REG_PREFILL; 0: never) */
     PD_F_LOOKUP = 2,      /* body: decode desc */
-    PD_F_TOPO = 3,        /* body: u32 n, n x (desc, u16 port, host[64]) */
+    PD_F_TOPO = 3,        /* body: u32 n, n x (desc, u16 port, host[64]) of live entries */
     PD_F_OK = 4,
     PD_F_REFUSE = 5,      /* status: kvt_status; body: message */
-    PD_F_RETRY = 6,       /* lookup: not every prefill rank registered yet */
+    PD_F_RETRY = 6,       /* lookup: not every prefill rank holds a live lease;
+                             body: "2 of 4 prefill ranks registered; missing ..." */
+    PD_F_UNREG_PREFILL = 7, /* body: as REG_PREFILL; removes the entry of that
+                               tp/dcp rank if its address matches too: OK a0 =
+                               entries removed (0 or 1) */
     /* sender <-> receiver */
     PD_F_REGISTER = 10,   /* body: decode desc, u32 max_frame; answered with OK
                              (a0 = the sender's max_frame) or REFUSE */
