@@ -229,10 +229,13 @@ void *pd_conn_main(void *arg)
     if (st && !atomic_load(&ep->stop)) {
         char why[KVT_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s", kvt_last_error());
-        pd_log("pd: link %s dropped: %s", c->name, why);
         pthread_mutex_lock(&ep->mu);
-        ep->hooks->dead(c, st, why);
+        uint32_t failed = ep->hooks->dead(c, st, why);
         pthread_mutex_unlock(&ep->mu);
+        /* A peer that finished and went away is routine; say so plainly. */
+        if (failed) pd_log("pd: link %s dropped, %u room(s) failed: %s", c->name, failed, why);
+        else if (st == KVT_ECONN) pd_log("pd: link %s closed by the peer (no room in flight)", c->name);
+        else pd_log("pd: link %s dropped (no room in flight): %s", c->name, why);
     }
     atomic_store(&c->finished, true);
     return NULL;

@@ -114,8 +114,9 @@ typedef struct pd_ep_hooks {
     kvt_status (*frame)(pd_conn *c, const pd_hdr *h);
     /* Sender: does one unit of data work; *busy = more is pending. */
     kvt_status (*work)(pd_conn *c, bool *busy);
-    /* The link died: fail the rooms it carried (ep->mu held). */
-    void (*dead)(pd_conn *c, kvt_status st, const char *why);
+    /* The link died: fail the rooms it carried (ep->mu held); returns how
+     * many rooms that failed. */
+    uint32_t (*dead)(pd_conn *c, kvt_status st, const char *why);
     /* A queued frame went out (ep->mu not held). */
     void (*sent)(pd_conn *c, const pd_frame *f);
 } pd_ep_hooks;

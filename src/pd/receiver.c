@@ -177,12 +177,17 @@ static kvt_status receiver_frame(pd_conn *c, const pd_hdr *h)
     }
 }
 
-static void receiver_dead(pd_conn *c, kvt_status st, const char *why)
+static uint32_t receiver_dead(pd_conn *c, kvt_status st, const char *why)
 {
     pd_ep *ep = c->ep;
+    uint32_t n = 0;
     for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++)
         for (pd_room *r = ep->buckets[b]; r; r = r->next)
-            if (pd_room_fail(ep, r, st, "%s lost: %s", c->name, why)) pd_room_notify(ep, r, c->idx);
+            if (pd_room_fail(ep, r, st, "%s lost: %s", c->name, why)) {
+                pd_room_notify(ep, r, c->idx);
+                n++;
+            }
+    return n;
 }
 
 static void receiver_sent(pd_conn *c, const pd_frame *f)

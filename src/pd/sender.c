@@ -328,9 +328,10 @@ static kvt_status sender_work(pd_conn *c, bool *busy)
     return st;
 }
 
-static void sender_dead(pd_conn *c, kvt_status st, const char *why)
+static uint32_t sender_dead(pd_conn *c, kvt_status st, const char *why)
 {
     pd_ep *ep = c->ep;
+    uint32_t n = 0;
     while (c->jobs) pop_job(c);
     for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++)
         for (pd_room *r = ep->buckets[b]; r; r = r->next)
@@ -338,9 +339,12 @@ static void sender_dead(pd_conn *c, kvt_status st, const char *why)
             /* A decode rank that already acknowledged its part may go away:
              * only rooms still waiting on this link fail. */
             pd_target *t = target_of(r, c->idx);
-            if (t && !t->done && pd_room_fail(ep, r, st, "%s lost: %s", c->name, why))
+            if (t && !t->done && pd_room_fail(ep, r, st, "%s lost: %s", c->name, why)) {
                 pd_room_notify(ep, r, c->idx);
+                n++;
+            }
         }
+    return n;
 }
 
 static const pd_ep_hooks sender_hooks = {sender_frame, sender_work, sender_dead, NULL};
