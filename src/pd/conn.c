@@ -82,6 +82,7 @@ void pd_conn_queue(pd_conn *c, const pd_hdr *h, const void *body, size_t blen)
     f->len = PD_HDR_LEN + blen;
     f->type = h->type;
     f->room = h->room;
+    f->gen = h->gen;
     f->next = NULL;
     pthread_mutex_lock(&c->qmu);
     if (c->qtail) c->qtail->next = f;
@@ -225,7 +226,7 @@ void *pd_conn_main(void *arg)
      * otherwise the peer would fail a room this side reported done. */
     if (!st) (void)flush_queue(c);
     atomic_store(&c->dead, true);
-    shutdown(c->s->fd, SHUT_RDWR); /* the peer learns at once, not after its timeout */
+    if (c->s) shutdown(c->s->fd, SHUT_RDWR); /* the peer learns at once, not after its timeout */
     if (st && !atomic_load(&ep->stop)) {
         char why[KVT_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s", kvt_last_error());

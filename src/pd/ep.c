@@ -338,9 +338,10 @@ kvt_status pd_ep_info(pd_ep *ep, uint64_t room, kvt_pd_room_info *out, const cha
     if (!st) {
         kvt_pd_room_info i = {.state = pd_room_seen_state(r), .error = r->err, .bytes = r->bytes,
                               .abort_acks = r->abort_acks};
+        if (i.state != r->state) i.error = KVT_OK; /* still landing: the failure shows with the state */
         uint32_t ids[PD_MAX_CONNS];
         i.peers = pd_room_conns(ep, r, ids, PD_MAX_CONNS);
-        snprintf(i.message, sizeof i.message, "%s", r->msg);
+        snprintf(i.message, sizeof i.message, "%s", i.error ? r->msg : "");
         *out = i;
     }
     pthread_mutex_unlock(&ep->mu);

@@ -32,6 +32,7 @@ typedef struct pd_frame {
     struct pd_frame *next;
     uint16_t type;
     uint64_t room;
+    uint32_t gen;
     size_t len;
     uint8_t data[];
 } pd_frame;

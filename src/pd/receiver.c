@@ -16,11 +16,14 @@
 #define REDIAL_TIMEOUT_MS 1000 /* one attempt's deadline (the service thread waits on it) */
 
 struct kvt_pd_receiver {
-    pd_ep ep; /* first: the service tick gets &ep */
+    pd_ep ep;
     char bs_host[64];
     uint16_t bs_port;
     uint64_t redial_at[PD_MAX_CONNS]; /* next attempt per dead link (0: none due) */
     uint32_t redial_ms[PD_MAX_CONNS];
+    pthread_t redial_th; /* its own thread: an attempt may block up to REDIAL_TIMEOUT_MS, */
+    bool redial_started; /* which must not delay the service thread's room deadlines */
+    atomic_bool redial_stop;
 };
 
 static pd_xfer room_xfer(pd_conn *c, pd_room *r)
@@ -105,6 +108,13 @@ static kvt_status on_data(pd_conn *c, const pd_hdr *h)
     pd_room_advance(ep, r, KVT_PD_TRANSFERRING);
     pthread_mutex_unlock(&ep->mu);
     kvt_status st = land(c, r, h);
+    if (st) {
+        /* The link dies. Close the stream now: a receive the transport
+         * still holds (UCX) must not write into these pages once the
+         * landing count says they are the engine's again. */
+        kvt__stream_destroy(c->s);
+        c->s = NULL;
+    }
     pthread_mutex_lock(&ep->mu);
     if (--r->landing == 0) pthread_cond_broadcast(&ep->cv); /* clear/abort/wait may be waiting */
     pd_room_unref(r);
@@ -196,7 +206,7 @@ static void receiver_sent(pd_conn *c, const pd_frame *f)
     pd_ep *ep = c->ep;
     pthread_mutex_lock(&ep->mu);
     pd_room *r = pd_room_find(ep, f->room);
-    if (r && ++r->sent_reqs == ep->nconns) pd_room_advance(ep, r, KVT_PD_WAITING_FOR_INPUT);
+    if (r && r->gen == f->gen && ++r->sent_reqs == ep->nconns) pd_room_advance(ep, r, KVT_PD_WAITING_FOR_INPUT);
     pthread_mutex_unlock(&ep->mu);
 }
 
@@ -277,7 +287,9 @@ static kvt_status register_peer(pd_ep *ep, pd_conn *c, uint64_t dl)
     pd_hdr h = {.type = PD_F_REGISTER, .body_len = (uint32_t)n + 4};
     kvt_status st = pd_bootstrap_call_ex(c->s, &h, body, &ep->net, dl, c->name, &ok, &oklen);
     free(body);
-    if (!st && oklen != 4) st = kvt__fail(KVT_EPROTO, "%s: registration answer of %u bytes", c->name, oklen);
+    if (!st && (oklen != 4 || pd_get32(ok) < 4096))
+        st = kvt__fail(KVT_EPROTO, "%s: malformed registration answer (%u bytes, max_frame %u)", c->name, oklen,
+                       oklen == 4 ? pd_get32(ok) : 0);
     if (!st && pd_get32(ok) < c->max_frame) c->max_frame = pd_get32(ok);
     free(ok);
     return st;
@@ -375,13 +387,11 @@ static kvt_status redial(kvt_pd_receiver *rc, uint32_t i)
     return KVT_OK;
 }
 
-/* Service tick: dead links are redialled with exponential backoff. */
-static void redial_tick(pd_ep *ep)
+/* One pass over the links: dead ones are redialled with exponential backoff. */
+static void redial_pass(kvt_pd_receiver *rc)
 {
-    kvt_pd_receiver *rc = (kvt_pd_receiver *)ep;
-    struct timespec ts = {0, 10 * 1000000};
-    nanosleep(&ts, NULL);
-    for (uint32_t i = 0; i < ep->nconns && !atomic_load(&ep->stop); i++) {
+    pd_ep *ep = &rc->ep;
+    for (uint32_t i = 0; i < ep->nconns && !atomic_load(&rc->redial_stop); i++) {
         uint64_t now = kvt__now_ns();
         if (!atomic_load(&ep->conns[i]->finished)) {
             rc->redial_at[i] = 0;
@@ -408,6 +418,17 @@ static void redial_tick(pd_ep *ep)
     }
 }
 
+static void *redial_main(void *arg)
+{
+    kvt_pd_receiver *rc = arg;
+    while (!atomic_load(&rc->redial_stop)) {
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+        redial_pass(rc);
+    }
+    return NULL;
+}
+
 kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *p)
 {
     static const char fn[] = "kvt_pd_receiver_create";
@@ -423,7 +444,11 @@ kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *p)
         st = connect_all(&r->ep, p, dl);
     }
     for (uint32_t i = 0; !st && i < r->ep.nconns; i++) st = pd_conn_start(r->ep.conns[i], pd_conn_main);
-    if (!st) st = pd_ep_start_service_tick(&r->ep, redial_tick);
+    if (!st) st = pd_ep_start_service_tick(&r->ep, NULL);
+    if (!st && pthread_create(&r->redial_th, NULL, redial_main, r) != 0)
+        st = kvt__fail(KVT_ESYS, "%s: cannot start a thread", fn);
+    else if (!st)
+        r->redial_started = true;
     if (st) {
         char msg[KVT_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvt_last_error());
@@ -459,16 +484,19 @@ static kvt_status open_room(pd_ep *ep, pd_room *r, const kvt_pd_room_params *p)
     pd_put32(body, p->num_tokens);
     pd_put32(body + 4, p->num_pages);
     for (uint32_t i = 0; i < p->num_pages; i++) pd_put32(body + 8 + 4 * (size_t)i, p->pages[i]);
+    int down = -1;
     for (uint32_t i = 0; i < ep->nconns; i++) {
         pd_conn *c = ep->conns[i];
         pd_xfer x = {&c->plan, r->prefix, r->ntok, r->dst_pages, r->n_dst, ep->map, PD_SIDE_DST};
         uint32_t end;
         pd_xfer_page_range(&x, &r->next_page[i], &end);
-        if (atomic_load(&c->dead) && pd_room_fail(ep, r, KVT_ECONN, "%s is down (reconnecting)", c->name))
-            pd_room_notify(ep, r, i);
         pd_hdr h = {.type = PD_F_ROOM, .room = r->id, .a0 = c->expected, .a1 = p->prefix_tokens, .gen = r->gen};
-        if (!atomic_load(&c->dead)) pd_conn_queue(c, &h, body, blen);
+        if (atomic_load(&c->dead)) down = (int)i;
+        else pd_conn_queue(c, &h, body, blen);
     }
+    /* after every ROOM frame: a peer hears FAIL only about a room it knows */
+    if (down >= 0 && pd_room_fail(ep, r, KVT_ECONN, "%s is down (reconnecting)", ep->conns[down]->name))
+        pd_room_notify(ep, r, UINT32_MAX);
     free(body);
     return KVT_OK;
 }
@@ -539,6 +567,8 @@ kvt_status kvt_pd_receiver_clear(kvt_pd_receiver *r, uint64_t room)
 void kvt_pd_receiver_destroy(kvt_pd_receiver *r)
 {
     if (!r) return;
+    atomic_store(&r->redial_stop, true); /* first: it installs links pd_ep_stop joins */
+    if (r->redial_started) pthread_join(r->redial_th, NULL);
     pd_ep_stop(&r->ep);
     pd_ep_fini(&r->ep);
     free(r);

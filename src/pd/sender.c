@@ -67,21 +67,45 @@ static void maybe_start(pd_ep *ep, pd_room *r)
     }
 }
 
+static pd_target *target_of(pd_room *r, uint32_t conn)
+{
+    for (uint32_t i = 0; i < r->ntargets; i++)
+        if (r->targets[i].conn == conn) return &r->targets[i];
+    return NULL;
+}
+
+/* The target a frame of link c is about: NULL when the room is gone or the
+ * frame belongs to another opening of it (a late frame; dropped). */
+static pd_target *frame_target(pd_room *r, const pd_conn *c, const pd_hdr *h)
+{
+    pd_target *t = r ? target_of(r, c->idx) : NULL;
+    return t && t->gen == h->gen ? t : NULL;
+}
+
+/* The room failed on a ROOM frame: its targets hear it (with their own
+ * generations), and so does the opening that caused it, which is not a
+ * target yet (ep->mu held). */
+static void fail_opening(pd_ep *ep, pd_conn *c, pd_room *r, const pd_hdr *h)
+{
+    pd_room_notify(ep, r, UINT32_MAX);
+    pd_target *t = target_of(r, c->idx);
+    if (!t || t->gen != h->gen) pd_conn_queue_msg(c, PD_F_FAIL, h->room, h->gen, r->err, r->msg);
+}
+
 static kvt_status add_target(pd_ep *ep, pd_conn *c, pd_room *r, const pd_hdr *h, uint32_t ntok,
                              uint32_t np, const uint8_t *pages)
 {
     if (r->started || (r->ntargets && (r->expected != h->a0 || r->prefix != h->a1 || r->ntok != ntok))) {
         pd_room_fail(ep, r, KVT_EPROTO, "decode ranks disagree on room %llu (expected %u/%u, prefix %u/%u, tokens %u/%u)",
                      (unsigned long long)r->id, r->expected, h->a0, r->prefix, h->a1, r->ntok, ntok);
-        pd_room_notify(ep, r, UINT32_MAX);
+        fail_opening(ep, c, r, h);
         return KVT_OK;
     }
-    for (uint32_t i = 0; i < r->ntargets; i++)
-        if (r->targets[i].conn == c->idx) {
-            pd_room_fail(ep, r, KVT_EPROTO, "%s opened room %llu twice", c->name, (unsigned long long)r->id);
-            pd_room_notify(ep, r, UINT32_MAX);
-            return KVT_OK;
-        }
+    if (target_of(r, c->idx)) {
+        pd_room_fail(ep, r, KVT_EPROTO, "%s opened room %llu twice", c->name, (unsigned long long)r->id);
+        fail_opening(ep, c, r, h);
+        return KVT_OK;
+    }
     if (r->ntargets == r->tcap) {
         uint32_t cap = r->tcap ? r->tcap * 2 : 4;
         pd_target *t = realloc(r->targets, cap * sizeof *t);
@@ -133,6 +157,10 @@ static kvt_status on_room(pd_conn *c, const pd_hdr *h)
     pthread_mutex_lock(&ep->mu);
     pd_room *r = pd_room_find(ep, h->room);
     kvt_status st = KVT_OK;
+    if (r && !r->claimed && pd_room_terminal(r) && !frame_target(r, c, h)) {
+        pd_room_remove(ep, r); /* a failed opening nobody claimed: the id is reused */
+        r = NULL;
+    }
     if (!r) st = add_unclaimed(ep, c, h->room, &r);
     if (st) {
         pthread_mutex_unlock(&ep->mu);
@@ -146,20 +174,6 @@ static kvt_status on_room(pd_conn *c, const pd_hdr *h)
     return st;
 }
 
-static pd_target *target_of(pd_room *r, uint32_t conn)
-{
-    for (uint32_t i = 0; i < r->ntargets; i++)
-        if (r->targets[i].conn == conn) return &r->targets[i];
-    return NULL;
-}
-
-/* The target a frame of link c is about: NULL when the room is gone or the
- * frame belongs to another opening of it (a late frame; dropped). */
-static pd_target *frame_target(pd_room *r, const pd_conn *c, const pd_hdr *h)
-{
-    pd_target *t = r ? target_of(r, c->idx) : NULL;
-    return t && t->gen == h->gen ? t : NULL;
-}
 
 static void on_done_ack(pd_conn *c, const pd_hdr *h)
 {

@@ -34,14 +34,14 @@ enum pd_frame_type {
                                entries removed (0 or 1) */
     /* sender <-> receiver */
     PD_F_REGISTER = 10,   /* body: decode desc, u32 max_frame; answered with OK
-                             (a0 = the sender's max_frame) or REFUSE */
+                             (body: u32 the sender's max_frame) or REFUSE */
     PD_F_ROOM = 11,       /* room, gen; a0 = expected, a1 = prefix; body: u32 ntok, u32 n, pages */
-    PD_F_DATA = 12,       /* room; a0 = first page, a1 = pages; body: n x u64 XXH3; payload */
-    PD_F_DONE = 13,       /* room; a0 = pages sent */
-    PD_F_DONE_ACK = 14,   /* room; status */
-    PD_F_FAIL = 15,       /* room; status; body: message */
-    PD_F_ABORT = 16,      /* room; body: reason */
-    PD_F_ABORT_ACK = 17,  /* room */
+    PD_F_DATA = 12,       /* room, gen; a0 = first page, a1 = pages; body: n x u64 XXH3; payload */
+    PD_F_DONE = 13,       /* room, gen; a0 = pages sent */
+    PD_F_DONE_ACK = 14,   /* room, gen; status */
+    PD_F_FAIL = 15,       /* room, gen; status; body: message */
+    PD_F_ABORT = 16,      /* room, gen; body: reason */
+    PD_F_ABORT_ACK = 17,  /* room, gen */
     PD_F_PING = 18
 };
 

@@ -367,6 +367,52 @@ static void abort_waits_for_landing_batch(void **state)
     landing_batch(true);
 }
 
+/* A ROOM frame of a cleared opening that goes out after the id was
+ * reopened must not count for the new opening (regression: the new room
+ * read WaitingForInput before its own page table was sent). The link
+ * thread is held between the two ROOM frames by 32 MiB page tables the
+ * scripted prefill reads only later. */
+static void open_big(pd_cluster *cl, uint64_t room, uint32_t *big, uint32_t n)
+{
+    kvt_pd_room_params rp = {big, n, NTOK, 0};
+    assert_ok(kvt_pd_receiver_room(cl->dec[0].r, room, &rp));
+}
+
+static void stale_room_frame_advances_reopened_room(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    fake_prefill f = {0};
+    fake_start(&f, &cl);
+    uint32_t n = 8u << 20;
+    uint32_t *big = calloc(n, 4);
+    memcpy(big, cl.dec[0].pages, cl.dec[0].num_pages * 4);
+    open_big(&cl, 1, big, n);  /* link thread now blocked sending it */
+    open_room(&cl, 5);         /* opening a */
+    assert_ok(kvt_pd_receiver_clear(cl.dec[0].r, 5));
+    open_big(&cl, 2, big, n);  /* blocks the link thread again */
+    open_room(&cl, 5);         /* opening b: queued behind room 2 */
+    uint8_t *b;
+    pd_hdr h1 = fake_read(&f, &b); free(b);
+    pd_hdr h5 = fake_read(&f, &b); free(b);
+    pd_hdr hf = fake_read(&f, &b); free(b);
+    assert_int_equal(h1.room, 1);
+    assert_int_equal(h5.type, PD_F_ROOM);
+    assert_int_equal(h5.room, 5);
+    assert_int_equal(hf.type, PD_F_FAIL);
+    sleep_ms(300); /* room 2's 32 MiB frame cannot go out: opening b's ROOM is still queued */
+    kvt_pd_poll st;
+    assert_ok(kvt_pd_receiver_poll(cl.dec[0].r, 5, &st));
+    pd_hdr h2 = fake_read(&f, &b); free(b);
+    pd_hdr h5b = fake_read(&f, &b); free(b);
+    assert_int_equal(h2.room, 2);
+    assert_int_equal(h5b.room, 5);
+    assert_int_not_equal(h5b.gen, h5.gen);
+    free(big);
+    assert_int_equal(st, KVT_PD_BOOTSTRAPPING);
+    fake_stop(&f, &cl);
+}
+
 /* ---- max_frame, against real senders ---- */
 
 /* A decode rank whose max_frame is below one decode page (16 KiB here) is
@@ -521,6 +567,7 @@ int main(void)
         cmocka_unit_test(reopened_room_ignores_late_frames),
         cmocka_unit_test(clear_waits_for_landing_batch),
         cmocka_unit_test(abort_waits_for_landing_batch),
+        cmocka_unit_test(stale_room_frame_advances_reopened_room),
         cmocka_unit_test(max_frame_agreed_per_link),
         cmocka_unit_test(unclaimed_rooms_bounded_per_link),
         cmocka_unit_test(decode_reconnects_to_restarted_prefill),
