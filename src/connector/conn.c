@@ -37,6 +37,17 @@ static kvt_status check_req(const kvt_request *r, const char *fn)
 static kvt_status usable(kvt_conn *c, const char *fn)
 {
     KVT_CHECK_NOT_NULL_AS(c, "conn", fn);
+    if (!c->aborted && c->g->aborted) {
+        /* The epoch ended outside a step (kvt_group_abort from the engine's
+         * exception handler): stop this rank's work now, as a failed step
+         * does, rather than at the next step. */
+        pthread_mutex_lock(&c->mu);
+        (void)kvt__conn_cancel_all(c);
+        if (c->L) kvt__leader_clear(c->L);
+        c->aborted = true;
+        c->reset_req = false;
+        pthread_mutex_unlock(&c->mu);
+    }
     if (c->aborted)
         return kvt__fail(KVT_EABORTED, "%s: the group aborted (%s); recompute, then "
                          "kvt_conn_reform", fn, kvt_group_diagnostic(c->g));

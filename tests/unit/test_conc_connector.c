@@ -291,6 +291,8 @@ static void sc_e3_raise(rank_ctx *rc)
     uint64_t t0 = kvt__now_ns();
     if (rc->rank == 0) {
         CHECK_OK(rc, kvt_group_abort(rc->g, "assertion in start_load_kv_layerwise"));
+        /* rank-local calls refuse at once, not only after the next step */
+        CHECK(rc, kvt_conn_lookup(rc->conn, 8, &req, NULL) == KVT_EABORTED, "lookup right after abort");
         CHECK(rc, step(rc) == KVT_EABORTED, "rank 0: step after abort did not fail");
     } else {
         CHECK(rc, step(rc) == KVT_EABORTED, "rank %u: step did not abort", rc->rank);
