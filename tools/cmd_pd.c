@@ -5,20 +5,25 @@
  *   kvtier pd decode  --bootstrap-port P [--tp N --rank R --dcp N --dcp-rank R] [--tokens T] [--room ID]
  * prefill fills the request's KV and sends it; decode receives it and
  * verifies every byte. --secret S (16+ bytes) on all three turns on the
- * HMAC challenge. Exit code 0 on Success. */
+ * HMAC challenge; --transport ucx moves the data over UCX; --json prints
+ * one JSON object per end for scripts. Exit code 0 on Success. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <cjson/cJSON.h>
 #include "cmds.h"
 #include "kvtier.h"
+#include "util/clock.h"
 
 typedef struct pd_opts {
     const char *host, *secret, *model;
     unsigned port, bport, tp, rank, dcp, dcp_rank, tokens, tpp;
     unsigned long long room;
     int seconds;
+    bool json;
+    kvt_pd_transport transport;
 } pd_opts;
 
 static int usage(FILE *to)
@@ -39,7 +44,10 @@ static int usage(FILE *to)
             "  --dcp/--dcp-rank  decode context parallelism (MLA models; default 1, 0)\n"
             "  --host H      bind / bootstrap address (default 127.0.0.1)\n"
             "  --secret S    shared secret (16+ bytes) on every end: peers must prove it\n"
+            "  --transport T tcp (default) or ucx (UCX_TLS etc. from the environment)\n"
             "  --seconds S   how long to wait (default 60)\n"
+            "  --json        prefill/decode: print the result as one JSON object (state\n"
+            "                changes are not printed)\n"
             "Exit code 0 when the room ends Success (and, on decode, every byte verifies).\n");
     return to == stdout ? 0 : 2;
 }
@@ -61,12 +69,21 @@ static int number(const char *opt, const char *v, unsigned long long lo, unsigne
 static int parse(int argc, char **argv, pd_opts *o)
 {
     *o = (pd_opts){.model = "tiny", .tp = 1, .dcp = 1, .tokens = 1000, .tpp = 16, .room = 1, .seconds = 60};
-    for (int i = 2; i < argc; i += 2) { /* every option takes one value */
+    for (int i = 2; i < argc; i += 2) { /* every option but --json takes one value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long x = 0;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 1;
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            i--;
+            continue;
+        }
         if (!v) return fprintf(stderr, "kvtier pd: %s needs a value\n", a), -1;
         if (!strcmp(a, "--host")) o->host = v;
+        else if (!strcmp(a, "--transport") && (!strcmp(v, "tcp") || !strcmp(v, "ucx")))
+            o->transport = !strcmp(v, "ucx") ? KVT_PD_UCX : KVT_PD_TCP;
+        else if (!strcmp(a, "--transport"))
+            return fprintf(stderr, "kvtier pd: --transport is \"%s\"; use tcp or ucx\n", v), -1;
         else if (!strcmp(a, "--secret")) o->secret = v;
         else if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--port")) { if (number(a, v, 0, 65535, &x)) return -1; o->port = (unsigned)x; }
@@ -89,7 +106,7 @@ static int parse(int argc, char **argv, pd_opts *o)
 static kvt_pd_net_params net_of(const pd_opts *o)
 {
     return (kvt_pd_net_params){.bind_host = o->host, .port = (uint16_t)o->port, .secret = o->secret,
-                               .secret_len = o->secret ? strlen(o->secret) : 0};
+                               .secret_len = o->secret ? strlen(o->secret) : 0, .transport = o->transport};
 }
 
 static int fail(const char *what)
@@ -157,6 +174,76 @@ static uint64_t verify_dcp(const kvt_emu *emu, const kvt_geometry *g, const kvt_
     return bad;
 }
 
+static const char *state_name(kvt_pd_poll s)
+{
+    switch (s) {
+    case KVT_PD_BOOTSTRAPPING: return "Bootstrapping";
+    case KVT_PD_WAITING_FOR_INPUT: return "WaitingForInput";
+    case KVT_PD_TRANSFERRING: return "Transferring";
+    case KVT_PD_SUCCESS: return "Success";
+    default: return "Failed";
+    }
+}
+
+typedef kvt_status (*poll_fn)(void *end, uint64_t room, kvt_pd_poll *out);
+static kvt_status poll_sender(void *s, uint64_t room, kvt_pd_poll *out) { return kvt_pd_sender_poll(s, room, out); }
+static kvt_status poll_receiver(void *r, uint64_t room, kvt_pd_poll *out) { return kvt_pd_receiver_poll(r, room, out); }
+
+typedef struct end_result {
+    kvt_pd_poll state;
+    double seconds, xfer_seconds; /* since the room opened / since Transferring was seen */
+} end_result;
+
+/* Polls the room every millisecond until it ends or --seconds pass, saying
+ * each state change on stderr (a person waiting sees what it waits for). */
+static end_result wait_room(void *end, poll_fn poll, const pd_opts *o, const char *side)
+{
+    uint64_t t0 = kvt__now_ns(), dl = t0 + (uint64_t)o->seconds * 1000000000ull, tx = 0;
+    kvt_pd_poll st = KVT_PD_BOOTSTRAPPING, seen = (kvt_pd_poll)-1;
+    for (;;) {
+        if (poll(end, o->room, &st) != KVT_OK) st = KVT_PD_FAILED;
+        uint64_t now = kvt__now_ns();
+        if (st != seen && !o->json)
+            fprintf(stderr, "%s room %llu: %s (%.3f s)\n", side, o->room, state_name(st), (now - t0) / 1e9);
+        if (st == KVT_PD_TRANSFERRING && !tx) tx = now;
+        seen = st;
+        if (st == KVT_PD_SUCCESS || st == KVT_PD_FAILED || now >= dl) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    uint64_t now = kvt__now_ns();
+    return (end_result){st, (now - t0) / 1e9, tx ? (now - tx) / 1e9 : 0};
+}
+
+/* One line for people, or one JSON object for scripts. mismatches < 0:
+ * not verified on this end (prefill). */
+static void report(const pd_opts *o, const char *side, end_result e, uint64_t bytes, long long mismatches,
+                   const char *msg)
+{
+    double gbps = e.xfer_seconds > 0 ? bytes / e.xfer_seconds / 1e9 : 0;
+    if (!o->json) {
+        printf("%s room %llu: %s, %llu bytes in %.3f s (%.2f GB/s while transferring)", side, o->room,
+               state_name(e.state), (unsigned long long)bytes, e.seconds, gbps);
+        if (mismatches >= 0) printf(", %lld mismatching bytes", mismatches);
+        printf("%s%s\n", msg[0] ? ": " : "", msg);
+        return;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "side", side);
+    cJSON_AddNumberToObject(j, "room", (double)o->room);
+    cJSON_AddStringToObject(j, "state", state_name(e.state));
+    cJSON_AddNumberToObject(j, "bytes", (double)bytes);
+    cJSON_AddNumberToObject(j, "seconds", e.seconds);
+    cJSON_AddNumberToObject(j, "transfer_gbps", gbps);
+    if (mismatches >= 0) cJSON_AddNumberToObject(j, "mismatching_bytes", (double)mismatches);
+    cJSON_AddStringToObject(j, "transport", o->transport == KVT_PD_UCX ? "ucx" : "tcp");
+    cJSON_AddStringToObject(j, "message", msg);
+    char *s = cJSON_PrintUnformatted(j);
+    if (s) puts(s);
+    free(s);
+    cJSON_Delete(j);
+}
+
 static int run_end(const pd_opts *o, int prefill)
 {
     kvt_geometry *g = NULL;
@@ -184,8 +271,11 @@ static int run_end(const pd_opts *o, int prefill)
         kvt_emu_fill(emu, &req, 0, o->tokens, pages, np);
         if (kvt_pd_sender_create(&s, &p)) return fail("prefill");
         if (kvt_pd_sender_room(s, o->room) || kvt_pd_sender_send(s, o->room, pages, np, o->tokens)) return fail("send");
-        kvt_pd_sender_wait(s, o->room, o->seconds * 1000, &st);
-        printf("prefill room %llu: %s\n", o->room, st == KVT_PD_SUCCESS ? "Success" : "Failed");
+        end_result e = wait_room(s, poll_sender, o, "prefill");
+        kvt_pd_room_info info = {0};
+        kvt_pd_room_info_get(s, NULL, o->room, &info);
+        st = e.state;
+        report(o, "prefill", e, info.bytes, -1, info.message);
         rc = st != KVT_PD_SUCCESS;
         kvt_pd_sender_destroy(s);
     } else {
@@ -193,15 +283,14 @@ static int run_end(const pd_opts *o, int prefill)
         if (kvt_pd_receiver_create(&r, &p)) return fail("decode");
         kvt_pd_room_params rp = {pages, np, o->tokens, 0};
         if (kvt_pd_receiver_room(r, o->room, &rp)) return fail("room");
-        kvt_pd_receiver_wait(r, o->room, o->seconds * 1000, &st);
-        kvt_pd_room_info info;
+        end_result e = wait_room(r, poll_receiver, o, "decode");
+        st = e.state;
+        kvt_pd_room_info info = {0};
         kvt_pd_room_info_get(NULL, r, o->room, &info);
         kvt_verify_result v = {0};
         if (st == KVT_PD_SUCCESS && o->dcp == 1) kvt_emu_verify(emu, &req, 0, o->tokens, pages, np, &v);
         else if (st == KVT_PD_SUCCESS) v.mismatches = verify_dcp(emu, g, &req, o, &mem, pages, local);
-        printf("decode room %llu: %s, %llu bytes, %llu mismatching bytes%s%s\n", o->room,
-               st == KVT_PD_SUCCESS ? "Success" : "Failed", (unsigned long long)info.bytes,
-               (unsigned long long)v.mismatches, info.message[0] ? ": " : "", info.message);
+        report(o, "decode", e, info.bytes, st == KVT_PD_SUCCESS ? (long long)v.mismatches : -1, info.message);
         rc = st != KVT_PD_SUCCESS || v.mismatches;
         kvt_pd_receiver_destroy(r);
     }

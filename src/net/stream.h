@@ -38,6 +38,11 @@ typedef struct kvt_stream_ops {
     kvt_status (*sendv_async)(kvt_stream *s, const struct iovec *iov, int iovcnt,
                               uint64_t deadline_ns);
     kvt_status (*flush)(kvt_stream *s, uint64_t deadline_ns);
+    /* Optional (NULL: the socket already orders data before its close).
+     * Before an orderly close of the socket: everything sent so far has
+     * reached the peer by deadline_ns (best effort), so the hang-up the peer
+     * sees next cannot overtake the last messages (a DONE_ACK). */
+    void (*farewell)(kvt_stream *s, uint64_t deadline_ns);
 } kvt_stream_ops;
 
 struct kvt_stream {

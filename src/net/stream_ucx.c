@@ -42,6 +42,7 @@
 #define DIRECT_MIN (128u << 10)        /* pieces this big go zero-copy; smaller ones are gathered */
 #define INFLIGHT 16                    /* messages of sendv (async: across sendvs) in flight */
 #define RINFLIGHT 16                   /* zero-copy receives of one recvv in flight */
+#define HUP_DRAIN_NS 20000000ull  /* after a hang-up: time for the peer's last messages */
 #define SPINS 256                      /* idle progress rounds before sleeping on the fd */
 #define REAP_NS (500ull * 1000000ull)  /* bound on reaping a cancelled request */
 
@@ -79,6 +80,7 @@ static const kvt_ucx_api *U;
 #define ucp_worker_arm U->worker_arm
 #define ucp_ep_create U->ep_create
 #define ucp_ep_close_nbx U->ep_close_nbx
+#define ucp_ep_flush_nbx U->ep_flush_nbx
 #define ucp_tag_send_nbx U->tag_send_nbx
 #define ucp_tag_msg_recv_nbx U->tag_msg_recv_nbx
 #define ucp_tag_probe_nb U->tag_probe_nb
@@ -193,6 +195,21 @@ static bool ux_progress(ux_stream *u)
     bool any = false;
     for (int i = 0; i < 64 && ucp_worker_progress(u->worker); i++) any = true;
     return any;
+}
+
+/* The socket hung up. What the peer sent before (it flushes first: see
+ * ux_farewell) may still be passing through UCX's own connections, which
+ * the socket does not order: progress for up to HUP_DRAIN_NS and say
+ * whether a message waits to be read (the hang-up counts once none does). */
+static bool ux_pending_after_hup(ux_stream *u)
+{
+    uint64_t dl = kvt__now_ns() + HUP_DRAIN_NS;
+    ucp_tag_recv_info_t info;
+    for (;;) {
+        if (ucp_tag_probe_nb(u->worker, UX_TAG, UINT64_MAX, 0, &info)) return true;
+        if (kvt__now_ns() >= dl) return false;
+        (void)ux_progress(u);
+    }
 }
 
 /* Cancels a request that will not complete in time and progresses until UCX
@@ -414,6 +431,7 @@ static kvt_status ux_next(ux_stream *u, uint64_t dl, ucp_tag_message_h *msg, siz
         } else if (++idle >= SPINS) {
             idle = 0;
             if (ux_sleep(u, -1, dl) == KVT_STREAM_HUP) {
+                if (ux_pending_after_hup(u)) continue;
                 u->broken = true;
                 return kvt__fail(KVT_ECONN, "stream: UCX peer hung up");
             }
@@ -591,6 +609,7 @@ static int ux_wait(kvt_stream *s, int wake_fd, int timeout_ms)
             struct pollfd p[2] = {{u->base.fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
             if (poll(p, wake_fd >= 0 ? 2 : 1, 0) > 0) {
                 if (p[0].revents && sock_dead(u->base.fd)) {
+                    if (ux_pending_after_hup(u)) return KVT_STREAM_READABLE;
                     u->broken = true; /* the close is forced, not a flush to a dead peer */
                     return KVT_STREAM_HUP;
                 }
@@ -601,6 +620,7 @@ static int ux_wait(kvt_stream *s, int wake_fd, int timeout_ms)
         if (++idle < SPINS / 4) continue;
         idle = 0;
         int w = ux_sleep(u, wake_fd, dl);
+        if (w == KVT_STREAM_HUP && ux_pending_after_hup(u)) return KVT_STREAM_READABLE;
         if (w == KVT_STREAM_HUP) u->broken = true;
         if (w == KVT_STREAM_HUP || w == KVT_STREAM_WOKEN) return w;
     }
@@ -640,8 +660,19 @@ static void ux_destroy(kvt_stream *s)
     free(u);
 }
 
+/* The peer sees our hang-up on the socket, which UCX's own connections do
+ * not order against: flush the endpoint first (remote completion of every
+ * message sent), so the last ones are in the peer's worker when it does. */
+static void ux_farewell(kvt_stream *s, uint64_t dl)
+{
+    ux_stream *u = (ux_stream *)s;
+    if (ux_lost(u) || !u->ep || ux_flush_reqs(u, dl) != KVT_OK) return;
+    ucp_request_param_t p = {0};
+    (void)ux_wait_req(u, ucp_ep_flush_nbx(u->ep, &p), dl, "flush");
+}
+
 static const kvt_stream_ops ucx_ops = {"ucx", ux_sendv, ux_recvv, ux_wait, ux_destroy,
-                                       ux_sendv_async, ux_flush};
+                                       ux_sendv_async, ux_flush, ux_farewell};
 
 /* Swaps worker addresses over the socket: u32 length (LE), then the bytes. */
 static kvt_status ux_swap_addr(int fd, const void *mine, size_t len, uint8_t **peer,

@@ -1,0 +1,42 @@
+#!/bin/sh
+# cli_pd.sh KVTIER TRANSPORT - `kvtier pd` as an operator runs it: a
+# bootstrap service, two prefill ranks (TP 2, page 16) and four decode ranks
+# (TP 4, page 4), each its own process on 127.0.0.1. Passes when every
+# decode rank reports Success with 0 mismatching bytes and every prefill
+# rank Success, in --json.
+set -eu
+K=$1
+TRANSPORT=${2:-tcp}
+T=$(mktemp -d)
+BS=
+trap '[ -n "$BS" ] && kill "$BS" 2>/dev/null; rm -rf "$T"' EXIT
+export KVTIER_PD_QUIET=1 UCX_TLS=${UCX_TLS:-tcp}
+"$K" pd bootstrap --port 0 --seconds 120 >"$T/bs" &
+BS=$!
+i=0
+until grep -q listening "$T/bs" 2>/dev/null; do
+    i=$((i + 1))
+    [ $i -lt 100 ] || { echo "cli_pd: the bootstrap did not start"; exit 1; }
+    sleep 0.1
+done
+PORT=$(sed -n 's/.*127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$T/bs")
+PIDS=
+for r in 0 1; do
+    "$K" pd prefill --bootstrap-port "$PORT" --tp 2 --rank $r --transport "$TRANSPORT" --seconds 60 --json >"$T/p$r" &
+    PIDS="$PIDS $!"
+done
+for r in 0 1 2 3; do
+    "$K" pd decode --bootstrap-port "$PORT" --tp 4 --rank $r --page 4 --transport "$TRANSPORT" --seconds 60 --json >"$T/d$r" &
+    PIDS="$PIDS $!"
+done
+rc=0
+for p in $PIDS; do wait "$p" || rc=1; done
+for f in "$T"/p0 "$T"/p1 "$T"/d0 "$T"/d1 "$T"/d2 "$T"/d3; do
+    cat "$f"
+    grep -q '"state":"Success"' "$f" || { echo "cli_pd: $(basename "$f") did not succeed"; rc=1; }
+done
+for f in "$T"/d0 "$T"/d1 "$T"/d2 "$T"/d3; do
+    grep -q '"mismatching_bytes":0,' "$f" || { echo "cli_pd: $(basename "$f") has wrong bytes"; rc=1; }
+done
+[ $rc -eq 0 ] && echo "cli_pd: all ranks Success, every byte verified ($TRANSPORT)"
+exit $rc
