@@ -225,6 +225,7 @@ void *pd_conn_main(void *arg)
      * engine saw) still go out, boundedly, before the socket closes;
      * otherwise the peer would fail a room this side reported done. */
     if (!st) (void)flush_queue(c);
+    if (!st && c->s->ops->farewell) c->s->ops->farewell(c->s, kvt__deadline_ns(500));
     atomic_store(&c->dead, true);
     if (c->s) shutdown(c->s->fd, SHUT_RDWR); /* the peer learns at once, not after its timeout */
     if (st && !atomic_load(&ep->stop)) {
