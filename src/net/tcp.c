@@ -57,17 +57,39 @@ static kvt_status route(tcp_net *t, uint32_t peer, const char *fn, int *fd)
     return KVT_OK;
 }
 
+static void close_link(tcp_net *t, uint32_t peer)
+{
+    int *slot = &t->fds[t->base.rank == 0 ? peer : 0];
+    close(*slot);
+    *slot = -1;
+}
+
+/* A failure part-way through a message. The byte stream cannot be
+ * resynchronised (the next read would start inside this message), so the
+ * link is closed: later calls fail plainly instead of misreading frames. */
 static kvt_status lost(tcp_net *t, uint32_t peer, kvt_status st, const char *fn, const char *what)
 {
-    if (st == KVT_ECONN) {
-        int *slot = &t->fds[t->base.rank == 0 ? peer : 0];
-        close(*slot);
-        *slot = -1;
+    close_link(t, peer);
+    if (st == KVT_ECONN)
         return kvt__fail(st, "%s: rank %u: connection to rank %u lost while %s", fn,
                          t->base.rank, peer, what);
+    return kvt__fail(st, "%s: rank %u: %s rank %u stopped part-way through a message by the deadline; "
+                     "link closed (its byte stream cannot be resynchronised)", fn, t->base.rank, what, peer);
+}
+
+/* Waits for the first byte of the next message: a timeout here leaves the
+ * stream aligned (nothing of a message was consumed) and the link open. */
+static kvt_status first_byte(int fd, uint64_t deadline_ns)
+{
+    for (;;) {
+        uint64_t now = kvt__now_ns();
+        int ms = now >= deadline_ns ? 0 : (int)((deadline_ns - now + 999999) / 1000000);
+        struct pollfd p = {fd, POLLIN, 0};
+        int rc = poll(&p, 1, ms);
+        if (rc > 0) return KVT_OK; /* data, or a hang-up the read will report */
+        if (rc < 0 && errno != EINTR) return KVT_ECONN;
+        if (rc == 0 && kvt__now_ns() >= deadline_ns) return KVT_ETIMEDOUT;
     }
-    return kvt__fail(st, "%s: rank %u: %s rank %u did not finish by the deadline", fn,
-                     t->base.rank, what, peer);
 }
 
 static kvt_status tcp_send(kvt_net *n, uint32_t peer, const void *hdr, size_t hlen,
@@ -107,8 +129,11 @@ static kvt_status tcp_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t dea
     int fd = -1;
     kvt_status st = route(t, peer, fn, &fd);
     if (st != KVT_OK) return st;
+    st = first_byte(fd, deadline_ns);
+    if (st == KVT_ETIMEDOUT)
+        return kvt__fail(st, "%s: rank %u: nothing from rank %u by the deadline", fn, t->base.rank, peer);
     uint8_t lb[4];
-    st = kvt__tcp_read_all(fd, lb, 4, deadline_ns);
+    if (st == KVT_OK) st = kvt__tcp_read_all(fd, lb, 4, deadline_ns);
     if (st != KVT_OK) return lost(t, peer, st, fn, "receiving from");
     uint32_t len = (uint32_t)lb[0] | (uint32_t)lb[1] << 8 | (uint32_t)lb[2] << 16 |
                    (uint32_t)lb[3] << 24;

@@ -71,6 +71,8 @@ size_t kvt_abi_struct_size(const char *name)
         KVT_ABI_(kvt_geometry_info), KVT_ABI_(kvt_request),        KVT_ABI_(kvt_engine_memory),
         KVT_ABI_(kvt_match),         KVT_ABI_(kvt_store_plan),     KVT_ABI_(kvt_task_result),
         KVT_ABI_(kvt_cache_stats),   KVT_ABI_(kvt_verify_result),
+        KVT_ABI_(kvt_pd_net_params), KVT_ABI_(kvt_pd_rank),        KVT_ABI_(kvt_pd_params),
+        KVT_ABI_(kvt_pd_room_params), KVT_ABI_(kvt_pd_room_info),  KVT_ABI_(kvt_pd_bootstrap_stats),
     };
 #undef KVT_ABI_
     if (!name) return 0;

@@ -290,12 +290,58 @@ static void test_tcp_oversize_refused(void **state)
     kvt_net_destroy(hub);
 }
 
+/* A member that stops part-way through a message: the hub's receive times
+ * out and closes that link, so nothing later is read from the middle of a
+ * message (regression: the link stayed open and the next receive took the
+ * rest of the cut message for a new one). A receive that times out before
+ * any byte leaves the link open and aligned. */
+static void *cut_member(void *arg)
+{
+    uint16_t port = *(uint16_t *)arg;
+    kvt_net *n;
+    kvt_net_tcp_params p = {1, 2, "127.0.0.1", port, NULL, 0, 4096};
+    if (kvt_net_tcp_create(&n, &p) != KVT_OK || kvt_net_connect(n, 2000) != KVT_OK) return NULL;
+    tg_sleep_ms(300);                             /* the hub's first receive times out: nothing sent */
+    (void)kvt__net_send(n, 0, "whole", 5, NULL, 0, kvt__deadline_ns(1000));
+    int fd = ((tcp_net *)n)->fds[0];
+    uint8_t cut[4 + 10] = {100, 0, 0, 0, 'c', 'u', 't'}; /* announces 100 bytes, sends 10 */
+    (void)kvt__tcp_write_all(fd, cut, sizeof cut, kvt__deadline_ns(1000));
+    tg_sleep_ms(500);
+    (void)kvt__tcp_write_all(fd, (uint8_t[]){8, 0, 0, 0, 'f', 'r', 'a', 'm', 'e', '!', '!', '!'}, 12,
+                             kvt__deadline_ns(1000));
+    tg_sleep_ms(300);
+    kvt_net_destroy(n);
+    return NULL;
+}
+
+static void test_tcp_cut_message_closes_link(void **state)
+{
+    (void)state;
+    tcp_ctx c = {.ranks = 2};
+    kvt_net *hub = hub_open(&c, NULL);
+    pthread_t th;
+    pthread_create(&th, NULL, cut_member, &c.port);
+    assert_ok(kvt_net_connect(hub, 3000));
+    kvt_buf b = {0};
+    assert_status(kvt__net_recv(hub, 1, &b, kvt__deadline_ns(100)), KVT_ETIMEDOUT); /* aligned */
+    assert_ok(kvt__net_recv(hub, 1, &b, kvt__deadline_ns(2000)));
+    assert_int_equal(b.len, 5);
+    assert_memory_equal(b.p, "whole", 5);
+    assert_status(kvt__net_recv(hub, 1, &b, kvt__deadline_ns(200)), KVT_ETIMEDOUT); /* cut */
+    assert_non_null(strstr(kvt_last_error(), "link closed"));
+    assert_status(kvt__net_recv(hub, 1, &b, kvt__deadline_ns(2000)), KVT_ECONN); /* not "frame!!!" */
+    pthread_join(th, NULL);
+    kvt__buf_free(&b);
+    kvt_net_destroy(hub);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_inproc_basic),
         cmocka_unit_test(test_callback),
         cmocka_unit_test(test_tcp_exchange),
+        cmocka_unit_test(test_tcp_cut_message_closes_link),
         cmocka_unit_test(test_tcp_auth),
         cmocka_unit_test(test_tcp_client_refuses_fake_hub),
         cmocka_unit_test(test_tcp_bounds),
