@@ -7,6 +7,8 @@
 - Fabric, Net, Group, Connector: rank groups and the multi-rank connector.
 - SGLangConnector: FlexKV-shaped methods, one collective step per iteration.
 - OffloadingManager: vLLM OffloadingManager-shaped calls over one Cache.
+- BootstrapServer, Sender, Receiver, KVPoll: the prefill -> decode hand-off,
+  SGLang-shaped (kvtier.pd).
 - Errors: KvtierError (.status, .status_name, .message) and one subclass per
   status family (InvalidArgument, Timeout, GroupAborted, ...).
 
@@ -25,6 +27,7 @@ from .errors import (STATUS, Cancelled, ConnectionFailure, Corrupt, GeometryMism
                      Unsupported, status_name, strerror)
 from .group import Fabric, Group, GroupInfo, Net
 from .offload import OffloadingManager, PrepareStoreOutput, block_key
+from .pd import BootstrapServer, KVPoll, Receiver, RoomInfo, Sender
 from .ranks import EmulatedRank
 from .sglang import PendingLoad, SGLangConnector, rid64
 

@@ -1,8 +1,10 @@
 /* group_api.c - the public kvt_group_* entry points: argument checks,
  * lifetime, abort, reform, info; and kvt_config_digest. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "group/group.h"
+#include "util/clock.h"
 #include "util/hash.h"
 
 static kvt_status check_params(const kvt_net *net, const kvt_group_params *p, const char *fn)
@@ -109,7 +111,18 @@ kvt_status kvt_group_reform(kvt_group *g, int64_t timeout_ms)
     KVT_CHECK_ARG(timeout_ms >= 1 && timeout_ms <= 600000,
                   "kvt_group_reform: timeout_ms %lld is outside 1..600000", (long long)timeout_ms);
     g->epoch++;
-    kvt_status st = kvt__group_handshake(g, timeout_ms);
+    /* Links closed since (a lost peer, a message cut by a deadline) are
+     * connected again first, within the same timeout; transports without
+     * links do nothing. */
+    uint64_t t0 = kvt__now_ns();
+    kvt_status st = KVT_OK;
+    if (g->net->ops->connect && (st = g->net->ops->connect(g->net, kvt__deadline_ns(timeout_ms))) != KVT_OK) {
+        char why[KVT_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", kvt_last_error());
+        return kvt__fail(st, "kvt_group_reform: epoch %llu: reconnecting: %s", (unsigned long long)g->epoch, why);
+    }
+    int64_t left = timeout_ms - (int64_t)((kvt__now_ns() - t0) / 1000000);
+    st = kvt__group_handshake(g, left > 0 ? left : 1);
     if (st == KVT_OK) kvt__clear_error();
     return st;
 }

@@ -214,6 +214,13 @@ static void hub_accept_one(tcp_net *t, uint64_t deadline_ns)
         close(fd);
         return;
     }
+    if (t->fds[rank] >= 0) { /* a live link is never replaced by a newcomer */
+        t->refused++;
+        kvt__net_log("tcp hub %s:%u: refused a second connection for rank %u from %s:%u", t->host,
+                     t->port, rank, ip, ntohs(sa.sin_port));
+        close(fd);
+        return;
+    }
     t->fds[rank] = fd;
 }
 
@@ -234,9 +241,9 @@ static kvt_status hub_connect(tcp_net *t, uint64_t deadline_ns)
         joined = 0;
         for (uint32_t r = 1; r < t->base.ranks; r++) joined += t->fds[r] >= 0;
     }
-    /* Complete: later connection attempts are refused by the kernel. */
-    close(t->listen_fd);
-    t->listen_fd = -1;
+    /* The listener stays open: a link closed later (a lost peer, a message
+     * cut by a deadline) is re-accepted by the next connect, which a group
+     * reform makes. Until then the kernel only queues connections. */
     return KVT_OK;
 }
 
@@ -290,7 +297,9 @@ static kvt_status rank_connect(tcp_net *t, uint64_t deadline_ns)
 static kvt_status tcp_connect(kvt_net *n, uint64_t deadline_ns)
 {
     tcp_net *t = (tcp_net *)n;
-    if (n->rank == 0) return t->listen_fd < 0 ? KVT_OK : hub_connect(t, deadline_ns);
+    /* Connects what is not connected: everything the first time, a closed
+     * link again later (each side of it reconnects). */
+    if (n->rank == 0) return hub_connect(t, deadline_ns);
     return t->fds[0] >= 0 ? KVT_OK : rank_connect(t, deadline_ns);
 }
 

@@ -12,7 +12,7 @@ typedef struct tcp_net {
     kvt_net base;
     char host[64];
     uint16_t port;
-    int listen_fd;   /* hub only, until every peer has joined */
+    int listen_fd;   /* hub only: accepts joins, and rejoins of closed links */
     int *fds;        /* hub: one per rank (fds[0] unused); others: fds[0] = hub */
     uint8_t *secret; /* NULL: no authentication */
     size_t secret_len;

@@ -294,7 +294,9 @@ static void test_tcp_oversize_refused(void **state)
  * out and closes that link, so nothing later is read from the middle of a
  * message (regression: the link stayed open and the next receive took the
  * rest of the cut message for a new one). A receive that times out before
- * any byte leaves the link open and aligned. */
+ * any byte leaves the link open and aligned. Connecting again (what a group
+ * reform does) restores the link (regression: the hub had stopped
+ * listening, so a closed link stayed closed). */
 static void *cut_member(void *arg)
 {
     uint16_t port = *(uint16_t *)arg;
@@ -309,6 +311,12 @@ static void *cut_member(void *arg)
     tg_sleep_ms(500);
     (void)kvt__tcp_write_all(fd, (uint8_t[]){8, 0, 0, 0, 'f', 'r', 'a', 'm', 'e', '!', '!', '!'}, 12,
                              kvt__deadline_ns(1000));
+    /* the hub closed the link: this side sees it, reconnects, and talks */
+    kvt_buf b = {0};
+    kvt_status st = kvt__net_recv(n, 0, &b, kvt__deadline_ns(3000));
+    kvt__buf_free(&b);
+    if (st == KVT_ECONN && kvt_net_connect(n, 3000) == KVT_OK)
+        (void)kvt__net_send(n, 0, "again", 5, NULL, 0, kvt__deadline_ns(1000));
     tg_sleep_ms(300);
     kvt_net_destroy(n);
     return NULL;
@@ -330,6 +338,11 @@ static void test_tcp_cut_message_closes_link(void **state)
     assert_status(kvt__net_recv(hub, 1, &b, kvt__deadline_ns(200)), KVT_ETIMEDOUT); /* cut */
     assert_non_null(strstr(kvt_last_error(), "link closed"));
     assert_status(kvt__net_recv(hub, 1, &b, kvt__deadline_ns(2000)), KVT_ECONN); /* not "frame!!!" */
+    /* both sides connect again (as a group reform does) and the link works */
+    assert_ok(kvt_net_connect(hub, 3000));
+    assert_ok(kvt__net_recv(hub, 1, &b, kvt__deadline_ns(3000)));
+    assert_int_equal(b.len, 5);
+    assert_memory_equal(b.p, "again", 5);
     pthread_join(th, NULL);
     kvt__buf_free(&b);
     kvt_net_destroy(hub);
