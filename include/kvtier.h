@@ -648,6 +648,9 @@ typedef enum kvt_pd_poll {
     KVT_PD_TRANSFERRING = 3,
     KVT_PD_SUCCESS = 4
 } kvt_pd_poll;
+/* "Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success"
+ * (SGLang's names); "unknown" for any other value. Static storage. */
+const char *kvt_pd_poll_name(kvt_pd_poll state);
 
 typedef enum kvt_pd_transport {
     KVT_PD_TCP = 0, /* data over the authenticated TCP connection */

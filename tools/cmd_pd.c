@@ -174,17 +174,6 @@ static uint64_t verify_dcp(const kvt_emu *emu, const kvt_geometry *g, const kvt_
     return bad;
 }
 
-static const char *state_name(kvt_pd_poll s)
-{
-    switch (s) {
-    case KVT_PD_BOOTSTRAPPING: return "Bootstrapping";
-    case KVT_PD_WAITING_FOR_INPUT: return "WaitingForInput";
-    case KVT_PD_TRANSFERRING: return "Transferring";
-    case KVT_PD_SUCCESS: return "Success";
-    default: return "Failed";
-    }
-}
-
 typedef kvt_status (*poll_fn)(void *end, uint64_t room, kvt_pd_poll *out);
 static kvt_status poll_sender(void *s, uint64_t room, kvt_pd_poll *out) { return kvt_pd_sender_poll(s, room, out); }
 static kvt_status poll_receiver(void *r, uint64_t room, kvt_pd_poll *out) { return kvt_pd_receiver_poll(r, room, out); }
@@ -204,7 +193,7 @@ static end_result wait_room(void *end, poll_fn poll, const pd_opts *o, const cha
         if (poll(end, o->room, &st) != KVT_OK) st = KVT_PD_FAILED;
         uint64_t now = kvt__now_ns();
         if (st != seen && !o->json)
-            fprintf(stderr, "%s room %llu: %s (%.3f s)\n", side, o->room, state_name(st), (now - t0) / 1e9);
+            fprintf(stderr, "%s room %llu: %s (%.3f s)\n", side, o->room, kvt_pd_poll_name(st), (now - t0) / 1e9);
         if (st == KVT_PD_TRANSFERRING && !tx) tx = now;
         seen = st;
         if (st == KVT_PD_SUCCESS || st == KVT_PD_FAILED || now >= dl) break;
@@ -223,7 +212,7 @@ static void report(const pd_opts *o, const char *side, end_result e, uint64_t by
     double gbps = e.xfer_seconds > 0 ? bytes / e.xfer_seconds / 1e9 : 0;
     if (!o->json) {
         printf("%s room %llu: %s, %llu bytes in %.3f s (%.2f GB/s while transferring)", side, o->room,
-               state_name(e.state), (unsigned long long)bytes, e.seconds, gbps);
+               kvt_pd_poll_name(e.state), (unsigned long long)bytes, e.seconds, gbps);
         if (mismatches >= 0) printf(", %lld mismatching bytes", mismatches);
         printf("%s%s\n", msg[0] ? ": " : "", msg);
         return;
@@ -231,7 +220,7 @@ static void report(const pd_opts *o, const char *side, end_result e, uint64_t by
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "side", side);
     cJSON_AddNumberToObject(j, "room", (double)o->room);
-    cJSON_AddStringToObject(j, "state", state_name(e.state));
+    cJSON_AddStringToObject(j, "state", kvt_pd_poll_name(e.state));
     cJSON_AddNumberToObject(j, "bytes", (double)bytes);
     cJSON_AddNumberToObject(j, "seconds", e.seconds);
     cJSON_AddNumberToObject(j, "transfer_gbps", gbps);

@@ -178,6 +178,18 @@ void pd_room_remove(pd_ep *ep, pd_room *r)
     pd_room_unref(r);
 }
 
+const char *kvt_pd_poll_name(kvt_pd_poll s)
+{
+    switch (s) {
+    case KVT_PD_FAILED: return "Failed";
+    case KVT_PD_BOOTSTRAPPING: return "Bootstrapping";
+    case KVT_PD_WAITING_FOR_INPUT: return "WaitingForInput";
+    case KVT_PD_TRANSFERRING: return "Transferring";
+    case KVT_PD_SUCCESS: return "Success";
+    }
+    return "unknown";
+}
+
 bool pd_room_terminal(const pd_room *r)
 {
     return r->state == KVT_PD_FAILED || r->state == KVT_PD_SUCCESS;

@@ -11,17 +11,6 @@
 
 #define TICK_MS 10
 
-static const char *state_name(kvt_pd_poll s)
-{
-    switch (s) {
-    case KVT_PD_BOOTSTRAPPING: return "Bootstrapping";
-    case KVT_PD_WAITING_FOR_INPUT: return "WaitingForInput";
-    case KVT_PD_TRANSFERRING: return "Transferring";
-    case KVT_PD_SUCCESS: return "Success";
-    default: return "Failed";
-    }
-}
-
 static void reap(pd_ep *ep, uint64_t now)
 {
     for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++) {
@@ -29,7 +18,7 @@ static void reap(pd_ep *ep, uint64_t now)
         while (r) {
             pd_room *n = r->next;
             if (!pd_room_terminal(r) && now > r->deadline_ns) {
-                pd_room_fail(ep, r, KVT_ETIMEDOUT, "deadline passed in %s", state_name(r->state));
+                pd_room_fail(ep, r, KVT_ETIMEDOUT, "deadline passed in %s", kvt_pd_poll_name(r->state));
                 pd_room_notify(ep, r, UINT32_MAX);
             } else if (!r->claimed && ep->role == PD_ROLE_PREFILL && r->state == KVT_PD_FAILED &&
                        now - r->failed_ns > (uint64_t)ep->t_boot * 1000000ull) {

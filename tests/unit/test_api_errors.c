@@ -46,7 +46,7 @@
  *      buffer / too few pages can be detected today.
  *  (the bodies of the defect cases are in the #ifdef KNOWN_DEFECTS blocks)
  *
- * FUNCTIONS AND BAD INPUTS TRIED (all 93 functions of kvtier.h):
+ * FUNCTIONS AND BAD INPUTS TRIED (all 94 functions of kvtier.h):
  *  kvt_version, kvt_version_string      value matches header / never NULL
  *  kvt_strerror, kvt_status_name        every enum value; unknown 1, -21, 12345
  *  kvt_last_error                       "" after success; message after failure
@@ -176,6 +176,7 @@
  *  kvt_pd_receiver_poll/wait/abort/clear  as the sender's
  *  kvt_pd_receiver_destroy              NULL
  *  kvt_pd_room_info_get                 both NULL; both set; out NULL; unknown room
+ *  kvt_pd_poll_name                     every state; out of range ("unknown")
  */
 #include <limits.h>
 #include <stdbool.h>
@@ -1617,6 +1618,11 @@ static void test_pd_rooms(void **state)
     assert_ok(kvt_pd_receiver_room(r, 1, &rp));
     EXPECT_ERR(kvt_pd_receiver_room(r, 1, &rp), KVT_EBUSY, "kvt_pd_receiver_room", "room 1");
     EXPECT_ERR(kvt_pd_receiver_poll(NULL, 1, &pp), KVT_EINVAL, "kvt_pd_receiver_poll", "r");
+    assert_string_equal(kvt_pd_poll_name(KVT_PD_FAILED), "Failed");
+    assert_string_equal(kvt_pd_poll_name(KVT_PD_WAITING_FOR_INPUT), "WaitingForInput");
+    assert_string_equal(kvt_pd_poll_name(KVT_PD_SUCCESS), "Success");
+    assert_string_equal(kvt_pd_poll_name((kvt_pd_poll)5), "unknown");
+    assert_string_equal(kvt_pd_poll_name((kvt_pd_poll)-1), "unknown");
     EXPECT_ERR(kvt_pd_receiver_poll(r, 1, NULL), KVT_EINVAL, "kvt_pd_receiver_poll", "out");
     EXPECT_ERR(kvt_pd_receiver_wait(NULL, 1, 0, &pp), KVT_EINVAL, "kvt_pd_receiver_wait", "r");
     EXPECT_ERR(kvt_pd_receiver_wait(r, 1, 0, NULL), KVT_EINVAL, "kvt_pd_receiver_wait", "out");
