@@ -82,7 +82,32 @@ typedef struct pd_bench {
     kvt_geometry *geo;
     kvt_emu *pe, *de;
     uint32_t *pages, np, ntok;
+    uint32_t *tokens;
+    kvt_request req;
 } pd_bench;
+
+/* The prefill pages hold real KV (the emulated engine's content), as after a
+ * prefill: calloc'd pages would all map the kernel's zero page, so the
+ * sender would hash and send from one cache-hot 4 KiB page. */
+static int pd_fill(pd_bench *b)
+{
+    b->tokens = malloc((size_t)b->ntok * sizeof *b->tokens);
+    if (!b->tokens) return -1;
+    for (uint32_t t = 0; t < b->ntok; t++) b->tokens[t] = t * 2654435761u;
+    b->req = (kvt_request){b->tokens, b->ntok, "bench", 5};
+    return kvt_emu_fill(b->pe, &b->req, 0, b->ntok, b->pages, b->np) ? -1 : 0;
+}
+
+/* The decode pages hold what the prefill pages held (once per transport). */
+static int pd_verify(pd_bench *b)
+{
+    kvt_verify_result vr;
+    if (kvt_emu_verify(b->de, &b->req, 0, b->ntok, b->pages, b->np, &vr) || vr.mismatches) {
+        fprintf(stderr, "kvtier bench pd: the decode pages differ from the prefill pages\n");
+        return -1;
+    }
+    return 0;
+}
 
 static int pd_setup(pd_bench *b, uint32_t mib, kvt_pd_transport tr)
 {
@@ -96,6 +121,7 @@ static int pd_setup(pd_bench *b, uint32_t mib, kvt_pd_transport tr)
     b->pages = malloc(b->np * sizeof *b->pages);
     for (uint32_t i = 0; i < b->np; i++) b->pages[i] = i;
     if (kvt_emu_create(&b->pe, b->geo, b->np) || kvt_emu_create(&b->de, b->geo, b->np)) return -1;
+    if (pd_fill(b)) return -1;
     if (kvt_pd_bootstrap_create(&b->bs, &net) || kvt_pd_bootstrap_port(b->bs, &port)) return -1;
     kvt_engine_memory pm, dm;
     kvt_emu_memory(b->pe, &pm);
@@ -133,16 +159,20 @@ static void pd_teardown(pd_bench *b)
     kvt_emu_destroy(b->de);
     kvt_geometry_destroy(b->geo);
     free(b->pages);
+    free(b->tokens);
 }
 
-/* ucx_perftest tag_bw over UCX_TLS=tcp on loopback; < 0 when absent. */
-static double ucx_perftest_gbps(void)
+/* ucx_perftest tag_bw over UCX_TLS=tls on loopback; < 0 when absent. What
+ * it measures: one direction, 2000 messages of 1 MiB from one 1 MiB buffer
+ * (cache-hot) into another, receives pre-posted, no checksums. */
+static double ucx_perftest_gbps(const char *tls)
 {
     if (access("/usr/bin/ucx_perftest", X_OK) != 0) return -1;
-    const char *cmd =
-        "UCX_TLS=tcp timeout 20 ucx_perftest -t tag_bw -s 1048576 -n 2000 -p 13399 >/dev/null 2>&1 & "
-        "sleep 1; UCX_TLS=tcp timeout 20 ucx_perftest -t tag_bw -s 1048576 -n 2000 -p 13399 127.0.0.1 2>/dev/null "
-        "| awk '/Final:/ {print $6}'; wait";
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "UCX_TLS=%s timeout 20 ucx_perftest -t tag_bw -s 1048576 -n 2000 -p 13399 >/dev/null 2>&1 & "
+             "sleep 1; UCX_TLS=%s timeout 20 ucx_perftest -t tag_bw -s 1048576 -n 2000 -p 13399 127.0.0.1 "
+             "2>/dev/null | awk '/Final:/ {print $6}'; wait", tls, tls);
     FILE *f = popen(cmd, "r");
     if (!f) return -1;
     double mbs = -1;
@@ -162,7 +192,11 @@ static int pd_measure(uint32_t mib, kvt_pd_transport tr, double *best, double *r
         pd_teardown(&b);
         return -1;
     }
-    (void)pd_run(&b, 1); /* warm-up: first touch of the decode pages */
+    /* warm-up: first touch of the decode pages; then they must match */
+    if (pd_run(&b, 1) <= 0 || pd_verify(&b)) {
+        pd_teardown(&b);
+        return -1;
+    }
     for (int i = 0; i < 3; i++) {
         double t = pd_run(&b, 10 + (uint64_t)i);
         *best = t > *best ? t : *best;
@@ -179,12 +213,16 @@ int kvt_bench_pd_main(int argc, char **argv)
 {
     int json = 0, ucx_only = 0;
     uint32_t mib = 512;
+    const char *tls = "tcp"; /* the baseline's transport, for the ratio */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ucx-only")) ucx_only = 1; /* profiling: the UCX hand-off alone */
+        else if (!strcmp(argv[i], "--ucx-tls") && i + 1 < argc && strlen(argv[i + 1]) < 64 &&
+                 strspn(argv[i + 1], "abcdefghijklmnopqrstuvwxyz0123456789_,") == strlen(argv[i + 1]))
+            tls = argv[++i]; /* it goes into perftest's shell command */
         else {
-            fprintf(stderr, "usage: kvtier bench pd [--json] [--mib N] [--ucx-only]\n");
+            fprintf(stderr, "usage: kvtier bench pd [--json] [--mib N] [--ucx-only] [--ucx-tls TLS]\n");
             return 2;
         }
     }
@@ -192,19 +230,19 @@ int kvt_bench_pd_main(int argc, char **argv)
     setenv("KVTIER_PD_QUIET", "1", 0);
     double tcp = 0, raw = 0, ucx = 0;
     if (!ucx_only && pd_measure(mib, KVT_PD_TCP, &tcp, &raw)) return 1;
-    setenv("UCX_TLS", "tcp", 1); /* the baseline's transport, for the ratio */
+    setenv("UCX_TLS", tls, 1); /* perftest runs with the same */
     if (pd_measure(mib, KVT_PD_UCX, &ucx, NULL)) return 1;
-    double perf = ucx_only ? -1 : ucx_perftest_gbps();
+    double perf = ucx_only ? -1 : ucx_perftest_gbps(tls);
     char perf_s[32];
     if (perf < 0) snprintf(perf_s, sizeof perf_s, "null");
     else snprintf(perf_s, sizeof perf_s, "%.3f", perf);
     if (json)
         printf("{\"mib\": %u, \"tcp_gbps\": %.3f, \"raw_tcp_gbps\": %.3f, \"tcp_ratio\": %.3f, "
-               "\"ucx_gbps\": %.3f, \"ucx_tls\": \"tcp\", \"ucx_perftest_gbps\": %s, \"ucx_ratio\": %.3f}\n",
-               mib, tcp, raw, raw > 0 ? tcp / raw : 0, ucx, perf_s, perf > 0 ? ucx / perf : 0);
+               "\"ucx_gbps\": %.3f, \"ucx_tls\": \"%s\", \"ucx_perftest_gbps\": %s, \"ucx_ratio\": %.3f}\n",
+               mib, tcp, raw, raw > 0 ? tcp / raw : 0, ucx, tls, perf_s, perf > 0 ? ucx / perf : 0);
     else
-        printf("pd over TCP: %.2f GB/s, raw TCP stream %.2f GB/s (%.2fx); pd over UCX (UCX_TLS=tcp): %.2f GB/s, "
+        printf("pd over TCP: %.2f GB/s, raw TCP stream %.2f GB/s (%.2fx); pd over UCX (UCX_TLS=%s): %.2f GB/s, "
                "ucx_perftest tag_bw: %s GB/s (%.2fx)\n",
-               tcp, raw, raw > 0 ? tcp / raw : 0, ucx, perf_s, perf > 0 ? ucx / perf : 0);
+               tcp, raw, raw > 0 ? tcp / raw : 0, tls, ucx, perf_s, perf > 0 ? ucx / perf : 0);
     return (tcp > 0 || ucx_only) && ucx > 0 ? 0 : 1;
 }
