@@ -257,7 +257,12 @@ kvt_status kvt_geometry_compare(const kvt_geometry *a, const kvt_geometry *b)
 kvt_status kvt__page_map_init(kvt_page_map *map, const kvt_geometry *g,
                               const kvt_engine_memory *mem)
 {
-    static const char fn[] = "kvt_cache_register_memory";
+    return kvt__page_map_init_fn(map, g, mem, "kvt_cache_register_memory");
+}
+
+kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
+                                 const kvt_engine_memory *mem, const char *fn)
+{
     KVT_CHECK_ARG(mem->num_pages > 0, "%s: num_pages is 0", fn);
     memset(map, 0, sizeof *map);
     map->num_pages = mem->num_pages;

@@ -71,6 +71,9 @@ typedef struct kvt_page_map {
  * message naming the missing buffer) if mem does not fit the layout. */
 kvt_status kvt__page_map_init(kvt_page_map *map, const kvt_geometry *g,
                               const kvt_engine_memory *mem);
+/* The same; messages name fn (the public function the caller is in). */
+kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
+                                 const kvt_engine_memory *mem, const char *fn);
 
 static inline uint8_t *kvt__page_addr(const kvt_page_map *m, uint32_t unit, uint32_t page)
 {

@@ -86,7 +86,7 @@ kvt_status pd_ep_init(pd_ep *ep, const kvt_pd_params *p, int role, const char *f
     ep->map = calloc(1, sizeof *ep->map);
     if (!ep->map) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
     ep->engine_pages = p->mem->num_pages;
-    return kvt__page_map_init(ep->map, ep->geo, p->mem);
+    return kvt__page_map_init_fn(ep->map, ep->geo, p->mem, fn);
 }
 
 static void room_free(pd_room *r)

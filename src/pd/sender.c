@@ -167,8 +167,14 @@ static kvt_status on_room(pd_conn *c, const pd_hdr *h)
         pd_conn_queue_msg(c, PD_F_FAIL, h->room, h->gen, st, kvt_last_error());
         return KVT_OK;
     }
-    if (pd_room_terminal(r))
-        pd_conn_queue_msg(c, PD_F_FAIL, h->room, h->gen, r->err ? r->err : KVT_ESTATE, r->msg);
+    if (pd_room_terminal(r)) {
+        /* The id is reused before this side's engine cleared the room. */
+        char msg[PD_MSG + 160];
+        snprintf(msg, sizeof msg,
+                 "room %llu not yet cleared by the prefill engine (kvt_pd_sender_clear) before its reuse; it ended %s%s%s",
+                 (unsigned long long)r->id, kvt_pd_poll_name(r->state), r->msg[0] ? ": " : "", r->msg);
+        pd_conn_queue_msg(c, PD_F_FAIL, h->room, h->gen, KVT_ESTATE, msg);
+    }
     else st = add_target(ep, c, r, h, ntok, np, c->body + 8);
     pthread_mutex_unlock(&ep->mu);
     return st;

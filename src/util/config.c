@@ -33,8 +33,12 @@ extern char **environ;
  * other KVTIER_* variable must name an option (a typo is an error). An
  * option of the same name wins (remove the entry here when adding one).
  *   KVTIER_TEST_TMP  scratch directory of the test suite.
- *   KVTIER_LOG       log destination. */
-static const char *const NON_OPTION_ENV[] = {"KVTIER_TEST_TMP", "KVTIER_LOG"};
+ *   KVTIER_LOG       log destination.
+ *   KVTIER_PD_QUIET  silences the PD endpoints' log lines (src/pd).
+ *   KVTIER_LIB, KVTIER_SANITIZE  the Python binding: which libkvtier.so to
+ *                    load, and whether it is a sanitizer build. */
+static const char *const NON_OPTION_ENV[] = {"KVTIER_TEST_TMP", "KVTIER_LOG", "KVTIER_PD_QUIET", "KVTIER_LIB",
+                                             "KVTIER_SANITIZE"};
 
 #define ENV_PREFIX "KVTIER_"
 #define MAX_FILE_BYTES (1u << 20)
