@@ -102,12 +102,35 @@ static void disagreeing_opening_hears_at_once(void **state)
     pd_cluster_stop(&cl);
 }
 
+/* The decode side reuses a room id the prefill engine has not cleared yet:
+ * the new opening fails at once with a reason that says so (it was empty). */
+static void reuse_before_prefill_clear_says_why(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    pd_cluster_start(&cl, &c1, &c1, 40);
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 31, 0);
+    pd_expect_room(&cl, 31, KVT_PD_SUCCESS);
+    assert_ok(kvt_pd_receiver_clear(cl.dec[0].r, 31));
+    kvt_pd_room_params rp = {cl.dec[0].pages, cl.dec[0].num_pages, 40, 0};
+    assert_ok(kvt_pd_receiver_room(cl.dec[0].r, 31, &rp));
+    kvt_pd_poll st;
+    assert_ok(kvt_pd_receiver_wait(cl.dec[0].r, 31, 3000, &st));
+    assert_int_equal(st, KVT_PD_FAILED);
+    kvt_pd_room_info info;
+    assert_ok(kvt_pd_room_info_get(NULL, cl.dec[0].r, 31, &info));
+    assert_non_null(strstr(info.message, "not yet cleared by the prefill engine"));
+    pd_cluster_stop(&cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(room_opened_while_link_down_reaches_later_peer_as_live),
         cmocka_unit_test(reopen_after_clear_of_unclaimed_room),
         cmocka_unit_test(disagreeing_opening_hears_at_once),
+        cmocka_unit_test(reuse_before_prefill_clear_says_why),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
