@@ -22,7 +22,7 @@ from .connector import (EV_LOAD, EV_LOAD_DONE, EV_RESET, EV_STORE, EV_STORE_DONE
                         Connector, Event)
 from .emu import EmulatedEngine, VerifyResult
 from .errors import (STATUS, Cancelled, ConnectionFailure, Corrupt, GeometryMismatch,
-                     GroupAborted, InvalidArgument, IOFailure, KvtierError, NoSpace,
+                     Aborted, GroupAborted, InvalidArgument, IOFailure, KvtierError, NoSpace,
                      NotFound, NotReady, OutOfMemory, ProtocolError, StateError, Timeout,
                      Unsupported, status_name, strerror)
 from .group import Fabric, Group, GroupInfo, Net

@@ -98,16 +98,21 @@ class ConnectionFailure(KvtierError, ConnectionError):
     """KVT_ECONN / KVT_EAUTH: a link failed, or a peer failed authentication."""
 
 
-class GroupAborted(KvtierError):
-    """KVT_EABORTED: the rank group aborted; the message carries the group's
-    diagnostic. Recompute, then re-form (Connector.reform)."""
+class Aborted(KvtierError):
+    """KVT_EABORTED: something was aborted. From a rank group or connector:
+    the group aborted and the message carries its diagnostic (recompute,
+    then re-form: Connector.reform). From a PD room: either side aborted it
+    (the message names which, and why)."""
+
+
+GroupAborted = Aborted  # the rank-group name, kept for existing handlers
 
 
 _CLASSES = {
     -1: InvalidArgument, -2: OutOfMemory, -3: NotFound, -4: NotReady, -5: Timeout,
     -6: Cancelled, -7: IOFailure, -8: NoSpace, -9: GeometryMismatch, -10: StateError,
     -11: StateError, -12: NoSpace, -13: Corrupt, -14: Unsupported, -15: IOFailure,
-    -16: ProtocolError, -17: ConnectionFailure, -18: GroupAborted, -19: ConnectionFailure,
+    -16: ProtocolError, -17: ConnectionFailure, -18: Aborted, -19: ConnectionFailure,
     -20: ProtocolError,
 }
 
