@@ -175,7 +175,7 @@ class RoomInfo:
 
     def exception(self):
         """The KvtierError a failed room stands for (None unless it failed),
-        e.g. GroupAborted for an abort, Timeout for a missed deadline."""
+        e.g. Aborted for an abort, Timeout for a missed deadline."""
         if self.error == 0:
             return None
         return make_error(self.error, self.message or "room failed")

@@ -196,7 +196,7 @@ class HandOff(unittest.TestCase):
                 info = s.info(5)
                 self.assertEqual(info.error_name, "KVT_EABORTED")
                 self.assertIn("aborted: client disconnected", info.message)
-                self.assertIsInstance(info.exception(), kvtier.GroupAborted)
+                self.assertIsInstance(info.exception(), kvtier.Aborted)
                 with self.assertRaises(kvtier.StateError):  # a failed room takes no input
                     s.send(5, spages, ntok)
             info = wait_until(lambda: (lambda i: i if i.abort_acks == 2 else None)(rc.info(5)),
