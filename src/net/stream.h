@@ -43,6 +43,14 @@ typedef struct kvt_stream_ops {
      * reached the peer by deadline_ns (best effort), so the hang-up the peer
      * sees next cannot overtake the last messages (a DONE_ACK). */
     void (*farewell)(kvt_stream *s, uint64_t deadline_ns);
+    /* Optional (NULL: recvv, then one call with every byte). Like recvv, but
+     * calls landed(arg, n) each time the first n bytes of iov (n grows) have
+     * landed, so the caller can work on them (checksums, while in cache)
+     * with the receives that follow still posted. landed may not use the
+     * stream. On failure every receive it posted is cancelled and reaped
+     * before it returns (none writes into iov later). */
+    kvt_status (*recvv_landed)(kvt_stream *s, const struct iovec *iov, int iovcnt, uint64_t deadline_ns,
+                               void (*landed)(void *arg, size_t n), void *arg);
 } kvt_stream_ops;
 
 struct kvt_stream {
@@ -75,6 +83,18 @@ static inline kvt_status kvt__stream_send(kvt_stream *s, const void *p, size_t l
 {
     struct iovec v = {(void *)p, len};
     return s->ops->sendv(s, &v, 1, dl);
+}
+
+static inline kvt_status kvt__stream_recvv_landed(kvt_stream *s, const struct iovec *iov, int cnt,
+                                                  uint64_t dl, void (*landed)(void *arg, size_t n),
+                                                  void *arg)
+{
+    if (s->ops->recvv_landed) return s->ops->recvv_landed(s, iov, cnt, dl, landed, arg);
+    kvt_status st = s->ops->recvv(s, iov, cnt, dl);
+    size_t n = 0;
+    for (int i = 0; i < cnt; i++) n += iov[i].iov_len;
+    if (!st) landed(arg, n);
+    return st;
 }
 
 static inline kvt_status kvt__stream_recv(kvt_stream *s, void *p, size_t len, uint64_t dl)

@@ -61,7 +61,7 @@ static void tcp_destroy(kvt_stream *s)
 }
 
 static const kvt_stream_ops tcp_ops = {"tcp", tcp_sendv, tcp_recvv, tcp_wait, tcp_destroy,
-                                       NULL, NULL, NULL}; /* plain sends only */
+                                       NULL, NULL, NULL, NULL}; /* plain sends only */
 
 void kvt__stream_destroy(kvt_stream *s)
 {

@@ -55,7 +55,12 @@ typedef struct ux_stream {
     void *req[INFLIGHT];        /* sendv's messages in flight, oldest at req_head */
     unsigned req_head, req_n;
     void *rreq[RINFLIGHT];      /* recvv's receives in flight, oldest first */
+    size_t rofs[RINFLIGHT];     /* where each lands: its offset in recvv's bytes */
     unsigned rreq_n;
+    size_t rtaken;              /* recvv's bytes taken off the worker so far */
+    size_t rlanded;             /* ... and landed in order, as told to landed */
+    void (*landed)(void *arg, size_t n); /* recvv_landed's callback; NULL in plain recvv */
+    void *landed_arg;
     uint8_t *gather[INFLIGHT];  /* CHUNK-byte buffers small pieces are gathered into */
     struct iovec *cur;          /* recvv's cursor over the caller's iovecs */
     size_t cur_cap;
@@ -413,6 +418,8 @@ static kvt_status ux_flush(kvt_stream *s, uint64_t dl)
     return ux_flush_reqs((ux_stream *)s, dl);
 }
 
+static kvt_status ux_reap_landed(ux_stream *u);
+
 /* Takes the next message off the worker by the deadline. */
 static kvt_status ux_next(ux_stream *u, uint64_t dl, ucp_tag_message_h *msg, size_t *len)
 {
@@ -426,6 +433,8 @@ static kvt_status ux_next(ux_stream *u, uint64_t dl, ucp_tag_message_h *msg, siz
         }
         if (ux_lost(u)) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
         if (kvt__now_ns() >= dl) return kvt__fail(KVT_ETIMEDOUT, "stream: UCX receive timed out");
+        kvt_status st = u->landed ? ux_reap_landed(u) : KVT_OK; /* work for the caller meanwhile */
+        if (st) return st;
         if (ux_progress(u)) {
             idle = 0;
         } else if (++idle >= SPINS) {
@@ -446,15 +455,47 @@ static kvt_status ux_take(ux_stream *u, ucp_tag_message_h m, void *buf, size_t c
     return ux_wait_req(u, ucp_tag_msg_recv_nbx(u->worker, buf, count, m, &p), dl, "receive");
 }
 
+/* Tells recvv_landed's caller how far its bytes have landed in order: up
+ * to the oldest receive still in flight. */
+static void ux_report(ux_stream *u)
+{
+    size_t n = u->rreq_n ? u->rofs[0] : u->rtaken;
+    if (u->landed && n > u->rlanded) {
+        u->rlanded = n;
+        u->landed(u->landed_arg, n);
+    }
+}
+
+/* Waits for the oldest receive in flight (failing: cancelled and reaped). */
+static kvt_status ux_rretire(ux_stream *u, uint64_t dl)
+{
+    kvt_status st = ux_wait_req(u, u->rreq[0], dl, "receive");
+    u->rreq_n--;
+    memmove(u->rreq, u->rreq + 1, u->rreq_n * sizeof *u->rreq);
+    memmove(u->rofs, u->rofs + 1, u->rreq_n * sizeof *u->rofs);
+    if (!st) ux_report(u);
+    return st;
+}
+
+/* Retires the receives that have completed, oldest first, without waiting,
+ * so the caller hears of landed bytes while later ones are still moving. */
+static kvt_status ux_reap_landed(ux_stream *u)
+{
+    kvt_status st = KVT_OK;
+    while (!st && u->rreq_n && ucp_request_check_status(u->rreq[0]) != UCS_INPROGRESS)
+        st = ux_rretire(u, kvt__now_ns());
+    return st;
+}
+
 /* Waits for every receive in flight (on failure each is cancelled and reaped). */
 static kvt_status ux_rflush(ux_stream *u, uint64_t dl)
 {
     kvt_status st = KVT_OK;
-    for (unsigned i = 0; i < u->rreq_n; i++) {
-        kvt_status s2 = ux_wait_req(u, u->rreq[i], st ? kvt__now_ns() : dl, "receive");
+    while (u->rreq_n) {
+        kvt_status s2 = ux_rretire(u, st ? kvt__now_ns() : dl);
         if (!st) st = s2;
+        if (st) u->landed = NULL; /* what follows a lost receive never landed */
     }
-    u->rreq_n = 0;
     return st;
 }
 
@@ -464,17 +505,23 @@ static kvt_status ux_take_async(ux_stream *u, ucp_tag_message_h m, void *buf, si
 {
     ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
     void *r = ucp_tag_msg_recv_nbx(u->worker, buf, len, m, &p);
-    if (r == NULL || UCS_PTR_IS_ERR(r)) return ux_wait_req(u, r, dl, "receive");
+    if (r == NULL || UCS_PTR_IS_ERR(r)) {
+        kvt_status st = ux_wait_req(u, r, dl, "receive");
+        u->rtaken += st ? 0 : len;
+        if (!st) ux_report(u);
+        return st;
+    }
     if (u->rreq_n == RINFLIGHT) {
-        kvt_status st = ux_wait_req(u, u->rreq[0], dl, "receive");
-        memmove(u->rreq, u->rreq + 1, (RINFLIGHT - 1) * sizeof *u->rreq);
-        u->rreq_n--;
+        kvt_status st = ux_rretire(u, dl);
         if (st) {
-            u->rreq[u->rreq_n++] = r;
+            u->rofs[u->rreq_n] = u->rtaken;
+            u->rreq[u->rreq_n++] = r; /* cancelled and reaped by ux_rflush */
             return st;
         }
     }
+    u->rofs[u->rreq_n] = u->rtaken;
     u->rreq[u->rreq_n++] = r;
+    u->rtaken += len;
     return KVT_OK;
 }
 
@@ -549,24 +596,31 @@ static kvt_status ux_stage(ux_stream *u, ucp_tag_message_h m, size_t len, uint64
     return KVT_OK;
 }
 
-static kvt_status ux_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
+/* Copies staged bytes into the cursor, counting them as landed. */
+static size_t ux_unstage_landed(ux_stream *u, struct iovec **cur, int *cnt)
 {
-    ux_stream *u = (ux_stream *)s;
-    KVT_CHECK_ARG(cnt >= 0 && (iov || !cnt), "stream: UCX recvv of %d iovecs at %p", cnt, (void *)iov);
-    if (u->broken) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
+    size_t got = ux_unstage(u, cur, cnt);
+    u->rtaken += got;
+    ux_report(u);
+    return got;
+}
+
+static kvt_status ux_recv_all(ux_stream *u, const struct iovec *iov, int cnt, uint64_t dl)
+{
     kvt_status st = ux_reserve((void **)&u->cur, &u->cur_cap, (size_t)cnt, sizeof *u->cur);
     if (st) return st;
     memcpy(u->cur, iov, (size_t)cnt * sizeof *iov);
     struct iovec *cur = u->cur;
     size_t want = 0;
     for (int i = 0; i < cnt; i++) want += iov[i].iov_len;
+    u->rtaken = u->rlanded = 0;
     ux_skip(&cur, &cnt, 0);
-    want -= ux_unstage(u, &cur, &cnt);
+    want -= ux_unstage_landed(u, &cur, &cnt);
     while (want) {
         ucp_tag_message_h m = NULL;
         size_t len = 0;
         st = ux_next(u, dl, &m, &len);
-        if (st) return st;
+        if (st) break;
         if (len == 0) {
             st = ux_take(u, m, NULL, 0, ucp_dt_make_contig(1), dl);
         } else if (len <= want && len <= cur->iov_len) {
@@ -583,12 +637,36 @@ static kvt_status ux_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint
             /* longer than the read (a header before its body) or spanning the
              * reader's pieces: land in staging, copy out what is wanted */
             st = ux_stage(u, m, len, dl);
-            if (!st) want -= ux_unstage(u, &cur, &cnt);
+            if (!st) want -= ux_unstage_landed(u, &cur, &cnt);
         }
         if (st) break;
     }
+    if (st) u->landed = NULL;
     kvt_status s2 = ux_rflush(u, st ? kvt__now_ns() : dl);
     return st ? st : s2;
+}
+
+static kvt_status ux_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
+{
+    ux_stream *u = (ux_stream *)s;
+    KVT_CHECK_ARG(cnt >= 0 && (iov || !cnt), "stream: UCX recvv of %d iovecs at %p", cnt, (void *)iov);
+    if (u->broken) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
+    return ux_recv_all(u, iov, cnt, dl);
+}
+
+/* recvv that reports landed bytes as they land in order (stream.h): the
+ * caller hashes them while the receives after them stay posted. */
+static kvt_status ux_recvv_landed(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl,
+                                  void (*landed)(void *arg, size_t n), void *arg)
+{
+    ux_stream *u = (ux_stream *)s;
+    KVT_CHECK_ARG(cnt >= 0 && (iov || !cnt), "stream: UCX recvv of %d iovecs at %p", cnt, (void *)iov);
+    if (u->broken) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
+    u->landed = landed;
+    u->landed_arg = arg;
+    kvt_status st = ux_recv_all(u, iov, cnt, dl);
+    u->landed = NULL;
+    return st;
 }
 
 static int ux_wait(kvt_stream *s, int wake_fd, int timeout_ms)
@@ -672,7 +750,8 @@ static void ux_farewell(kvt_stream *s, uint64_t dl)
 }
 
 static const kvt_stream_ops ucx_ops = {"ucx", ux_sendv, ux_recvv, ux_wait, ux_destroy,
-                                       ux_sendv_async, ux_flush, ux_farewell};
+                                       ux_sendv_async, ux_flush, ux_farewell,
+                                       ux_recvv_landed};
 
 /* Swaps worker addresses over the socket: u32 length (LE), then the bytes. */
 static kvt_status ux_swap_addr(int fd, const void *mine, size_t len, uint8_t **peer,

@@ -52,6 +52,7 @@ void pd_conn_free(pd_conn *c)
     pd_desc_free(&c->peer);
     pd_plan_free(&c->plan);
     pd_iovs_free(&c->iov);
+    pd_hashes_free(&c->hs);
     free(c->sums);
     free(c->body);
     pthread_mutex_destroy(&c->qmu);
@@ -141,7 +142,8 @@ kvt_status pd_conn_read(pd_conn *c, pd_hdr *h, uint64_t dl)
     kvt_status st = kvt__stream_recv(c->s, hb, sizeof hb, dl);
     if (st) return kvt__fail(st, "%s: %s reading a frame header", c->name,
                              st == KVT_ETIMEDOUT ? "timed out" : "link lost");
-    if (!pd_hdr_decode(h, hb)) return kvt__fail(KVT_EPROTO, "%s: bad frame magic", c->name);
+    char why[160];
+    if (!pd_hdr_decode(h, hb)) return kvt__fail(KVT_EPROTO, "%s: %s", c->name, pd_magic_why(hb, why, sizeof why));
     if (h->body_len > c->ep->net.max_frame || h->payload_len > c->ep->net.max_frame)
         return kvt__fail(KVT_EPROTO, "%s: frame of %u + %llu bytes exceeds max_frame %u", c->name,
                          h->body_len, (unsigned long long)h->payload_len, c->ep->net.max_frame);

@@ -23,6 +23,7 @@
 #define PD_MAX_UNCLAIMED (PD_MAX_ROOMS / 16) /* rooms one decode link may open unclaimed */
 #define PD_BATCH_BYTES (8u << 20) /* one DATA frame: amortises headers and syscalls */
 #define PD_BATCH_BYTES_UCX (64u << 20) /* over UCX (capped by max_frame): longer per-entry runs */
+#define PD_CHUNK_BYTES (1u << 20) /* a batch moves (and is hashed) in chunks this big: cache-sized */
 #define PD_MSG 160
 
 typedef struct pd_ep pd_ep;
@@ -69,6 +70,7 @@ typedef struct pd_conn {
     pd_iovs iov;
     uint64_t *sums;
     uint32_t sums_cap;
+    pd_hashes hs; /* a DATA batch's page hashes, fed chunk by chunk */
     uint8_t *body;
     size_t body_cap;
     uint64_t batches;
@@ -146,7 +148,8 @@ struct pd_ep {
     pthread_t svc;
     bool svc_started;
     atomic_bool stop;
-    uint64_t corrupt_batch; /* tests: flip a checksum of this batch (1-based; 0: never) */
+    uint64_t corrupt_batch; /* tests: flip a checksum of this batch (1-based; 0: never), */
+    uint32_t corrupt_index; /* that of its page corrupt_index % pages (0: the first) */
 };
 
 /* Validates net params and fills defaults; copies the secret into *secret

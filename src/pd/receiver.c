@@ -53,32 +53,79 @@ static void fail_corrupt(pd_conn *c, pd_room *r, uint32_t page)
     pthread_mutex_unlock(&ep->mu);
 }
 
-static kvt_status land(pd_conn *c, pd_room *r, const pd_hdr *h)
+/* A batch's pages hashed chunk by chunk (pd_xfer_chunk_end) as its bytes
+ * land, in wire order. */
+typedef struct land_hash {
+    pd_conn *c;
+    const pd_xfer *x;
+    uint32_t j0, j1, e, ja; /* the next chunk starts at entry e, page ja */
+    size_t hashed;          /* the batch's bytes hashed so far */
+} land_hash;
+
+/* recvv_landed's callback: hashes every chunk wholly within the first n
+ * bytes, while it is still in cache and the receives after it are posted. */
+static void hash_landed(void *arg, size_t n)
 {
-    pd_xfer x = room_xfer(c, r);
-    uint32_t np = h->a1;
-    kvt_status st = pd_xfer_iov(&x, h->a0, h->a0 + np, &c->iov);
-    if (st) return st;
-    if (c->iov.bytes != h->payload_len)
-        return kvt__fail(KVT_EPROTO, "%s: DATA of %llu bytes for pages that hold %llu", c->name,
-                         (unsigned long long)h->payload_len, (unsigned long long)c->iov.bytes);
-    st = c->s->ops->recvv(c->s, c->iov.v, (int)c->iov.n, pd_conn_deadline(c));
-    if (st) return kvt__fail(st, "%s: payload %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
-    c->last_rx = kvt__now_ns();
-    if (np > c->sums_cap) {
+    land_hash *h = arg;
+    while (h->e < h->x->plan->num_slices) {
+        if (h->ja == h->j1) {
+            h->e++;
+            h->ja = h->j0;
+            continue;
+        }
+        uint32_t jb = pd_xfer_chunk_end(h->x, h->e, h->ja, h->j1, PD_CHUNK_BYTES);
+        size_t len = 0;
+        for (uint32_t j = h->ja; j < jb; j++) len += pd_xfer_entry_bytes(h->x, h->e, j);
+        if (h->hashed + len > n) return;
+        pd_xfer_hash_entry(h->x, h->e, h->ja, jb, h->j0, &h->c->hs);
+        h->hashed += len;
+        h->ja = jb;
+    }
+}
+
+/* The batch's checksums, from the trailer that follows its payload. */
+static kvt_status read_trailer(pd_conn *c, uint32_t np)
+{
+    if (np > c->sums_cap) { /* grown once to the largest batch (np <= max_frame / 8) */
         uint64_t *s = realloc(c->sums, np * sizeof *s);
         if (!s) return kvt__fail(KVT_ENOMEM, "pd receiver: out of memory");
         c->sums = s;
         c->sums_cap = np;
     }
-    pd_xfer_hash(&x, h->a0, h->a0 + np, c->sums);
+    kvt_status st = kvt__stream_recv(c->s, c->sums, (size_t)np * 8, pd_conn_deadline(c));
+    if (st) return kvt__fail(st, "%s: checksums %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
+    return KVT_OK;
+}
+
+/* Lands a DATA batch (payload, then checksum trailer: wire.h) into the
+ * room's pages, hashing each chunk as it lands, then checks every page; a
+ * mismatch fails the room ECORRUPT (never Success) and, the whole frame
+ * having been read, the link stays in step. */
+static kvt_status land(pd_conn *c, pd_room *r, const pd_hdr *h)
+{
+    pd_xfer x = room_xfer(c, r);
+    uint32_t np = h->a1, j0 = h->a0;
+    kvt_status st = pd_xfer_iov(&x, j0, j0 + np, &c->iov);
+    if (st) return st;
+    if (c->iov.bytes != h->payload_len)
+        return kvt__fail(KVT_EPROTO, "%s: DATA of %llu bytes for pages that hold %llu", c->name,
+                         (unsigned long long)h->payload_len, (unsigned long long)c->iov.bytes);
+    st = pd_hashes_begin(&c->hs, np);
+    if (st) return st;
+    land_hash lh = {c, &x, j0, j0 + np, 0, j0, 0};
+    st = kvt__stream_recvv_landed(c->s, c->iov.v, (int)c->iov.n, pd_conn_deadline(c), hash_landed, &lh);
+    if (st) return kvt__fail(st, "%s: payload %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
+    hash_landed(&lh, c->iov.bytes); /* every byte is in: no chunk stays unhashed, whatever the stream told */
+    st = read_trailer(c, np);
+    if (st) return st;
+    c->last_rx = kvt__now_ns();
     for (uint32_t i = 0; i < np; i++)
-        if (c->sums[i] != pd_get64(c->body + 8 * (size_t)i)) {
-            fail_corrupt(c, r, h->a0 + i);
+        if (pd_hashes_digest(&c->hs, i) != pd_get64((const uint8_t *)&c->sums[i])) {
+            fail_corrupt(c, r, j0 + i);
             return KVT_OK;
         }
     pthread_mutex_lock(&c->ep->mu);
-    r->next_page[c->idx] = h->a0 + np;
+    r->next_page[c->idx] = j0 + np;
     r->bytes += h->payload_len;
     pthread_mutex_unlock(&c->ep->mu);
     return KVT_OK;
@@ -87,13 +134,18 @@ static kvt_status land(pd_conn *c, pd_room *r, const pd_hdr *h)
 static kvt_status on_data(pd_conn *c, const pd_hdr *h)
 {
     pd_ep *ep = c->ep;
-    if (h->a1 == 0 || h->body_len != 8ull * h->a1)
-        return kvt__fail(KVT_EPROTO, "%s: DATA with %u pages and %u checksum bytes", c->name, h->a1, h->body_len);
+    /* The checksum trailer (a1 x u64, wire.h) is bounded like a body before
+     * a byte of the batch is read, drained or landed. */
+    if (h->a1 == 0 || h->a1 > c->max_frame / 8 || h->body_len != 0)
+        return kvt__fail(KVT_EPROTO, "%s: DATA with %u pages (at most %u) and a %u-byte body", c->name,
+                         h->a1, c->max_frame / 8, h->body_len);
     pthread_mutex_lock(&ep->mu);
     pd_room *r = pd_room_find(ep, h->room);
     if (!r || r->gen != h->gen || pd_room_terminal(r)) {
         pthread_mutex_unlock(&ep->mu);
-        return drain(c, h->payload_len); /* a late batch of a finished or reopened room */
+        /* a late batch of a finished or reopened room: payload and trailer
+         * both, so the next frame header is read in step */
+        return drain(c, h->payload_len + 8ull * h->a1);
     }
     pd_xfer x = room_xfer(c, r);
     uint32_t first, end;

@@ -254,44 +254,78 @@ static uint32_t batch_end(const pd_conn *c, const pd_xfer *x, uint32_t next, uin
     return j;
 }
 
+/* One part of a DATA frame: over a stream with sendv_async it stays in
+ * flight while the next chunk is hashed (its engine pages stay put while
+ * the job holds the room; pieces under 64 KiB, the header and a short
+ * trailer included, are copied: stream.h); wait: a plain send. DONE,
+ * control frames and pings are plain sends, which wait for all of it. */
+static kvt_status send_part(pd_conn *c, const struct iovec *v, int n, bool wait)
+{
+    const kvt_stream_ops *ops = c->s->ops;
+    bool async = ops->sendv_async && !wait;
+    kvt_status st = (async ? ops->sendv_async : ops->sendv)(c->s, v, n, pd_conn_deadline(c));
+    if (st) return kvt__fail(st, "%s: peer not reading (DATA %s)", c->name,
+                             st == KVT_ETIMEDOUT ? "timed out" : "failed");
+    c->last_tx = kvt__now_ns();
+    return KVT_OK;
+}
+
+/* The payload of pages [j0, j1) a chunk at a time (wire.h: entry-major),
+ * each hashed into its pages' states just before it is sent: the hash
+ * pulls the chunk into cache for the transport's copy, and the chunks
+ * before it move meanwhile. The receiver cuts the same chunks. */
+static kvt_status send_chunks(pd_conn *c, const pd_xfer *x, uint32_t j0, uint32_t j1)
+{
+    for (uint32_t e = 0; e < x->plan->num_slices; e++) {
+        for (uint32_t ja = j0, jb; ja < j1; ja = jb) {
+            jb = pd_xfer_chunk_end(x, e, ja, j1, PD_CHUNK_BYTES);
+            kvt_status st = pd_xfer_iov_entry(x, e, ja, jb, &c->iov);
+            if (st) return st;
+            if (c->iov.n == 0) continue; /* an entry this pair does not move */
+            pd_xfer_hash_entry(x, e, ja, jb, j0, &c->hs);
+            st = send_part(c, c->iov.v, (int)c->iov.n, false);
+            if (st) return st;
+        }
+    }
+    return KVT_OK;
+}
+
+/* The page checksums that trail the payload (wire.h), little-endian. */
+static kvt_status send_trailer(pd_conn *c, uint32_t np)
+{
+    for (uint32_t p = 0; p < np; p++) pd_put64((uint8_t *)&c->sums[p], pd_hashes_digest(&c->hs, p));
+    if (++c->batches == c->ep->corrupt_batch) c->sums[c->ep->corrupt_index % np] ^= 1; /* test hook */
+    struct iovec v = {c->sums, (size_t)np * 8};
+    /* async copies it only when short; a longer one must not be reused
+     * under the transport by the next batch */
+    return send_part(c, &v, 1, v.iov_len >= (64u << 10));
+}
+
+/* One DATA frame: header, payload chunk by chunk, checksum trailer. */
 static kvt_status send_batch(pd_conn *c, pd_job *j, const pd_xfer *x)
 {
-    uint32_t j1 = batch_end(c, x, j->next_page, j->end_page), np = j1 - j->next_page;
-    kvt_status st = pd_xfer_iov(x, j->next_page, j1, &c->iov);
-    if (st) return st;
+    uint32_t j0 = j->next_page, j1 = batch_end(c, x, j0, j->end_page), np = j1 - j0;
+    uint64_t bytes = 0;
+    for (uint32_t p = j0; p < j1; p++) bytes += pd_xfer_page_bytes(x, p);
     if (np > c->sums_cap) {
         uint64_t *s = realloc(c->sums, np * sizeof *s);
         if (!s) return kvt__fail(KVT_ENOMEM, "pd sender: out of memory");
         c->sums = s;
         c->sums_cap = np;
     }
-    const kvt_stream_ops *ops = c->s->ops;
-    if (ops->sendv_async) {
-        /* the previous batch is still moving: hash page by page, letting the
-         * transport progress it every MiB or so */
-        uint64_t since = 0;
-        for (uint32_t p = 0; p < np; p++) {
-            pd_xfer_hash(x, j->next_page + p, j->next_page + p + 1, c->sums + p);
-            if ((since += pd_xfer_page_bytes(x, j->next_page + p)) >= (1u << 20)) {
-                (void)ops->wait(c->s, -1, 0); /* a frame or hang-up: the next step sees it */
-                since = 0;
-            }
-        }
-    } else {
-        pd_xfer_hash(x, j->next_page, j1, c->sums);
-    }
-    if (++c->batches == c->ep->corrupt_batch) c->sums[0] ^= 1; /* test hook */
-    pd_hdr h = {.type = PD_F_DATA, .room = j->room->id, .a0 = j->next_page, .a1 = np,
-                .payload_len = c->iov.bytes, .gen = j->gen};
-    /* async: returns with this batch in flight (its engine pages stay put
-     * while the job holds the room; c->sums is copied when < 64 KiB). DONE,
-     * control frames and pings are plain sends, which wait for it. */
-    bool async = ops->sendv_async && (size_t)np * 8 < (64u << 10);
-    st = pd_conn_send_ex(c, &h, c->sums, (size_t)np * 8, c->iov.v, (int)c->iov.n, async);
-    if (st) return kvt__fail(st, "%s: peer not reading (DATA %s)", c->name,
-                             st == KVT_ETIMEDOUT ? "timed out" : "failed");
+    kvt_status st = pd_hashes_begin(&c->hs, np);
+    if (st) return st;
+    uint8_t hb[PD_HDR_LEN];
+    pd_hdr h = {.type = PD_F_DATA, .room = j->room->id, .a0 = j0, .a1 = np, .payload_len = bytes,
+                .gen = j->gen};
+    pd_hdr_encode(&h, hb);
+    struct iovec v = {hb, sizeof hb};
+    st = send_part(c, &v, 1, false);
+    if (!st) st = send_chunks(c, x, j0, j1);
+    if (!st) st = send_trailer(c, np);
+    if (st) return st;
     pthread_mutex_lock(&c->ep->mu);
-    j->room->bytes += c->iov.bytes;
+    j->room->bytes += bytes;
     pthread_mutex_unlock(&c->ep->mu);
     j->next_page = j1;
     return KVT_OK;

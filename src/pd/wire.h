@@ -1,8 +1,10 @@
 /* wire.h - little-endian field helpers and the frame header shared by the
  * bootstrap service, the sender and the receiver. Every frame is a fixed
  * 48-byte header and a body of body_len bytes (checked against the
- * endpoint's max_frame before anything is allocated). DATA frames carry a
- * second part, the payload, of payload_len bytes (same bound).
+ * endpoint's max_frame before anything is allocated). DATA frames carry no
+ * body; after the header come the payload, payload_len bytes (same bound),
+ * then a trailer of a1 x u64 page checksums (a1 * 8 <= max_frame, checked
+ * before anything is read or drained).
  *
  * Room frames carry the room's generation (gen): the decode rank numbers
  * every opening of a room, the prefill rank echoes the number in all it
@@ -13,9 +15,14 @@
 #define KVT_PD_WIRE_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
-#define PD_MAGIC 0x3144504bu /* "KPD1" */
+/* "KPD" and the wire version ('2': room generations, checksums after the
+ * payload). Peers of other versions are told apart from garbage so the
+ * message can say to upgrade both sides together. */
+#define PD_MAGIC 0x3244504bu /* "KPD2" */
+#define PD_WIRE_VERSION 2
 #define PD_HDR_LEN 48
 
 enum pd_frame_type {
@@ -36,7 +43,10 @@ enum pd_frame_type {
     PD_F_REGISTER = 10,   /* body: decode desc, u32 max_frame; answered with OK
                              (body: u32 the sender's max_frame) or REFUSE */
     PD_F_ROOM = 11,       /* room, gen; a0 = expected, a1 = prefix; body: u32 ntok, u32 n, pages */
-    PD_F_DATA = 12,       /* room, gen; a0 = first page, a1 = pages; body: n x u64 XXH3; payload */
+    PD_F_DATA = 12,       /* room, gen; a0 = first page, a1 = n pages; no body; payload
+                           * (payload_len bytes), then n x u64 XXH3 (one per page):
+                           * they trail the payload so each side hashes a chunk
+                           * while it is in cache, as it goes out or lands */
     PD_F_DONE = 13,       /* room, gen; a0 = pages sent */
     PD_F_DONE_ACK = 14,   /* room, gen; status */
     PD_F_FAIL = 15,       /* room, gen; status; body: message */
@@ -104,6 +114,18 @@ static inline int pd_hdr_decode(pd_hdr *h, const uint8_t *p)
     h->payload_len = pd_get64(p + 32);
     h->gen = pd_get32(p + 40);
     return h->magic == PD_MAGIC;
+}
+
+/* Why a header was refused, for messages: another version of this
+ * protocol, or not this protocol at all. */
+static inline const char *pd_magic_why(const uint8_t *p, char *buf, size_t n)
+{
+    if (p[0] == 'K' && p[1] == 'P' && p[2] == 'D' && p[3] >= '0' && p[3] <= '9')
+        snprintf(buf, n, "the peer speaks PD wire version %c, this library %d: upgrade prefill, decode and "
+                 "bootstrap together", p[3], PD_WIRE_VERSION);
+    else
+        snprintf(buf, n, "bad frame magic (not a kvtier PD peer)");
+    return buf;
 }
 
 #endif

@@ -92,6 +92,42 @@ static uint8_t *piece_addr(const pd_xfer *x, const pd_slice *s, uint32_t lt)
            s->src_off;
 }
 
+/* Appends entry e's pieces of pages [j0, j1), merging adjacent ones. */
+static kvt_status push_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, pd_iovs *v)
+{
+    const pd_slice *s = &x->plan->slices[e];
+    if (!s->len) return KVT_OK;
+    for (uint32_t j = j0; j < j1; j++) {
+        uint32_t a, b;
+        page_tokens(x, j, &a, &b);
+        for (uint32_t lt = a; lt < b; lt++) {
+            kvt_status st = push(v, piece_addr(x, s, lt), s->len, true);
+            if (st) return st;
+        }
+    }
+    return KVT_OK;
+}
+
+kvt_status pd_xfer_iov_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, pd_iovs *v)
+{
+    v->n = 0;
+    v->bytes = 0;
+    return push_entry(x, e, j0, j1, v);
+}
+
+uint64_t pd_xfer_entry_bytes(const pd_xfer *x, uint32_t e, uint32_t j)
+{
+    uint32_t a, b;
+    page_tokens(x, j, &a, &b);
+    return (uint64_t)(b - a) * x->plan->slices[e].len;
+}
+
+uint32_t pd_xfer_chunk_end(const pd_xfer *x, uint32_t e, uint32_t j, uint32_t j1, uint64_t target)
+{
+    for (uint64_t bytes = 0; j < j1 && bytes < target; j++) bytes += pd_xfer_entry_bytes(x, e, j);
+    return j;
+}
+
 kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *v)
 {
     /* Entry-major over the batch (entry -> page -> token), merging every
@@ -101,16 +137,8 @@ kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *v)
     v->n = 0;
     v->bytes = 0;
     for (uint32_t e = 0; e < x->plan->num_slices; e++) {
-        const pd_slice *s = &x->plan->slices[e];
-        if (!s->len) continue;
-        for (uint32_t j = j0; j < j1; j++) {
-            uint32_t a, b;
-            page_tokens(x, j, &a, &b);
-            for (uint32_t lt = a; lt < b; lt++) {
-                kvt_status st = push(v, piece_addr(x, s, lt), s->len, true);
-                if (st) return st;
-            }
-        }
+        kvt_status st = push_entry(x, e, j0, j1, v);
+        if (st) return st;
     }
     return KVT_OK;
 }
@@ -171,6 +199,63 @@ void pd_xfer_hash(const pd_xfer *x, uint32_t j0, uint32_t j1, uint64_t *out)
         }
         if (rl) H_UPDATE(&st, run, rl);
         out[j - j0] = H_DIGEST(&st);
+    }
+}
+
+void pd_hashes_free(pd_hashes *h)
+{
+    free(h->st);
+    *h = (pd_hashes){0};
+}
+
+kvt_status pd_hashes_begin(pd_hashes *h, uint32_t n)
+{
+    if (n > h->cap) {
+        void *p = NULL; /* aligned: the AVX2 code loads the accumulators aligned */
+        if (posix_memalign(&p, 64, (size_t)n * sizeof(XXH3_state_t)))
+            return kvt__fail(KVT_ENOMEM, "pd xfer: out of memory for %u hash states", n);
+        free(h->st);
+        h->st = p;
+        h->cap = n;
+    }
+    bool avx2 = use_avx2();
+    (void)avx2;
+    XXH3_state_t *st = h->st;
+    for (uint32_t i = 0; i < n; i++) H_RESET(&st[i]);
+    h->n = n;
+    return KVT_OK;
+}
+
+uint64_t pd_hashes_digest(pd_hashes *h, uint32_t i)
+{
+    bool avx2 = use_avx2();
+    (void)avx2;
+    return H_DIGEST(&((XXH3_state_t *)h->st)[i]);
+}
+
+void pd_xfer_hash_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, uint32_t base, pd_hashes *h)
+{
+    const pd_slice *s = &x->plan->slices[e];
+    bool avx2 = use_avx2();
+    (void)avx2;
+    if (!s->len) return;
+    for (uint32_t j = j0; j < j1; j++) {
+        XXH3_state_t *st = &((XXH3_state_t *)h->st)[j - base];
+        uint32_t a, b;
+        page_tokens(x, j, &a, &b);
+        const uint8_t *run = NULL; /* adjacent tokens hash as one update */
+        size_t rl = 0;
+        for (uint32_t lt = a; lt < b; lt++) {
+            const uint8_t *p = piece_addr(x, s, lt);
+            if (run && run + rl == p) {
+                rl += s->len;
+                continue;
+            }
+            if (rl) H_UPDATE(st, run, rl);
+            run = p;
+            rl = s->len;
+        }
+        if (rl) H_UPDATE(st, run, rl);
     }
 }
 

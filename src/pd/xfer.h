@@ -43,6 +43,35 @@ kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *out)
 /* XXH3-64 of each decode page of [j0, j1) over this side's memory, in page
  * order (out[j - j0]); independent of the batch's wire order. */
 void pd_xfer_hash(const pd_xfer *x, uint32_t j0, uint32_t j1, uint64_t *out);
+
+/* One streaming XXH3 state per page of a batch, so a batch can be hashed in
+ * its wire order (entry-major) a chunk at a time, just before it is sent or
+ * just after it lands, while the chunk is in cache: each page is still
+ * hashed over its bytes in page order (entry after entry), so the digests
+ * equal pd_xfer_hash's. Grown once to the largest batch; never per chunk. */
+typedef struct pd_hashes {
+    void *st; /* cap XXH3_state_t, 64-byte aligned */
+    uint32_t n, cap;
+} pd_hashes;
+
+void pd_hashes_free(pd_hashes *h);
+/* Resets n states, one per page of a batch (state i: its i-th page);
+ * grows the array only past the largest batch so far. */
+kvt_status pd_hashes_begin(pd_hashes *h, uint32_t n);
+/* The digest of the batch's i-th page (after all its entries were hashed). */
+uint64_t pd_hashes_digest(pd_hashes *h, uint32_t i);
+
+/* A chunk: entry e's pieces of decode pages [j, *end), at least `target`
+ * bytes unless the batch ends at j1 (both sides cut the same chunks). */
+uint32_t pd_xfer_chunk_end(const pd_xfer *x, uint32_t e, uint32_t j, uint32_t j1, uint64_t target);
+/* Bytes of entry e in decode page j. */
+uint64_t pd_xfer_entry_bytes(const pd_xfer *x, uint32_t e, uint32_t j);
+/* Entry e's iovecs of decode pages [j0, j1) (out is reset first). */
+kvt_status pd_xfer_iov_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, pd_iovs *out);
+/* Hashes entry e's pieces of decode pages [j0, j1) into h's states
+ * (state j - base), from this side's memory. */
+void pd_xfer_hash_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, uint32_t base, pd_hashes *h);
+
 /* Checks a page table covers the side's tokens of [0, ntok) and indexes
  * only existing pages; KVT_EINVAL with a message (fn names the caller). */
 kvt_status pd_xfer_check_pages(const pd_plan *plan, int side, uint32_t ntok, const uint32_t *pages,

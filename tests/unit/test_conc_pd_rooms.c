@@ -6,6 +6,8 @@
  *     opening (room generations);
  *   - once clear or abort returns, nothing writes into the room's pages,
  *     and poll does not say FAILED while a batch is still landing;
+ *   - a DATA whose checksum trailer claims more pages than max_frame / 8
+ *     drops the link before anything of it is read;
  * and, against real senders: max_frame is agreed per link (a decode page
  * above it is refused at registration; smaller frames still move every
  * byte), one decode link cannot fill a sender's room table, and a decode
@@ -42,6 +44,7 @@ typedef struct fake_prefill {
     uint16_t port;
     kvt_stream *s;
     pd_iovs iov;
+    uint8_t trailer[8 * 64]; /* the last DATA's checksums, sent after its payload */
 } fake_prefill;
 
 typedef struct dec_arg {
@@ -176,9 +179,9 @@ static void fake_stop(fake_prefill *f, pd_cluster *cl)
 }
 
 /* The whole room's DATA from request A's or B's pages, like a sender:
- * one batch, a checksum per decode page. `cut` > 0: only the header, the
- * checksums and the first `cut` payload bytes go now (the rest is
- * returned in *rest for fake_send_rest). */
+ * one batch (header, payload, then a checksum per decode page: wire.h).
+ * `cut` > 0: only the header and the first `cut` payload bytes go now; the
+ * rest and the checksums are returned in *rest for the caller to send. */
 static void fake_data(fake_prefill *f, uint64_t room, uint32_t gen, bool from_a, uint64_t cut,
                       struct iovec *rest, int *nrest)
 {
@@ -191,18 +194,19 @@ static void fake_data(fake_prefill *f, uint64_t room, uint32_t gen, bool from_a,
     assert_true(j1 - j0 <= 64);
     pd_xfer_hash(&x, j0, j1, sums);
     pd_hdr h = {.type = PD_F_DATA, .room = room, .gen = gen, .a0 = j0, .a1 = j1 - j0,
-                .body_len = 8 * (j1 - j0), .payload_len = f->iov.bytes};
-    uint8_t body[8 * 64];
-    for (uint32_t i = 0; i < j1 - j0; i++) pd_put64(body + 8 * i, sums[i]);
+                .payload_len = f->iov.bytes};
+    for (uint32_t i = 0; i < j1 - j0; i++) pd_put64(f->trailer + 8 * i, sums[i]);
+    struct iovec trailer = {f->trailer, 8 * (size_t)(j1 - j0)};
     if (!cut) {
-        fake_send(f, h, body, f->iov.v, (int)f->iov.n);
+        fake_send(f, h, NULL, f->iov.v, (int)f->iov.n);
+        assert_ok(f->s->ops->sendv(f->s, &trailer, 1, kvt__deadline_ns(2000)));
         return;
     }
     /* split the payload at byte `cut` */
     struct iovec first[64];
     int nf = 0, nr = 0;
     uint64_t left = cut;
-    assert_true(f->iov.n <= 64);
+    assert_true(f->iov.n < 64);
     for (uint32_t i = 0; i < f->iov.n; i++) {
         struct iovec v = f->iov.v[i];
         if (left >= v.iov_len) {
@@ -216,7 +220,8 @@ static void fake_data(fake_prefill *f, uint64_t room, uint32_t gen, bool from_a,
             rest[nr++] = v;
         }
     }
-    fake_send(f, h, body, first, nf); /* the header announces the whole batch */
+    rest[nr++] = trailer;
+    fake_send(f, h, NULL, first, nf); /* the header announces the whole batch */
     *nrest = nr;
 }
 
@@ -365,6 +370,34 @@ static void abort_waits_for_landing_batch(void **state)
 {
     (void)state;
     landing_batch(true);
+}
+
+/* A DATA frame's checksum trailer (8 bytes a page, after the payload) is
+ * bounded by max_frame before anything is read: a stale batch claiming
+ * more pages than max_frame / 8 drops the link at once with EPROTO
+ * (regression guard: draining it would read 64 MiB that never come, and
+ * the room would fail only when the peer timed out, 10 s here). */
+static void data_trailer_over_max_frame_drops_link(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    fake_prefill f = {0};
+    fake_start(&f, &cl);
+    open_room(&cl, 5);
+    pd_hdr r1 = fake_read(&f, NULL);
+    uint64_t t0 = kvt__now_ns();
+    pd_hdr h = {.type = PD_F_DATA, .room = 5, .gen = r1.gen + 1, /* another opening's: drained */
+                .a0 = 0, .a1 = (64u << 20) / 8 + 1, .payload_len = 4096};
+    fake_send(&f, h, NULL, NULL, 0);
+    kvt_pd_poll st;
+    assert_ok(kvt_pd_receiver_wait(cl.dec[0].r, 5, 5000, &st));
+    assert_int_equal(st, KVT_PD_FAILED);
+    assert_true(kvt__now_ns() - t0 < 2000000000ull);
+    kvt_pd_room_info i;
+    assert_ok(kvt_pd_room_info_get(NULL, cl.dec[0].r, 5, &i));
+    assert_int_equal(i.error, KVT_EPROTO);
+    assert_non_null(strstr(i.message, "DATA with 8388609 pages"));
+    fake_stop(&f, &cl);
 }
 
 /* A ROOM frame of a cleared opening that goes out after the id was
@@ -567,6 +600,7 @@ int main(void)
         cmocka_unit_test(reopened_room_ignores_late_frames),
         cmocka_unit_test(clear_waits_for_landing_batch),
         cmocka_unit_test(abort_waits_for_landing_batch),
+        cmocka_unit_test(data_trailer_over_max_frame_drops_link),
         cmocka_unit_test(stale_room_frame_advances_reopened_room),
         cmocka_unit_test(max_frame_agreed_per_link),
         cmocka_unit_test(unclaimed_rooms_bounded_per_link),

@@ -142,6 +142,51 @@ static void tcp_pipelined_rooms_corrupt_one(void **state)
     pd_cluster_stop(&cl);
 }
 
+/* The pipelined data path hashes a batch a 1 MiB chunk per entry at a
+ * time as it goes out and as it lands; the checksums trail the payload.
+ * Over UCX a room of 10 pages (2 MiB each; 256 KiB per entry and page) is
+ * one batch, cut into chunks of pages [0,4) [4,8) [8,10) per entry; its
+ * trailer is wrong for page 5, inside the middle chunks. Over plain TCP
+ * (tls NULL; 8 MiB batches of 4 pages) the middle batch's trailer is wrong
+ * for page 5. Either way that room fails ECORRUPT naming page 5 on the
+ * decode side, and the link, having read the whole frame, carries the
+ * next room to Success with every byte verified. */
+static void corrupt_middle_chunk(const char *tls)
+{
+    pd_cluster cl = {0};
+    if (tls) use_ucx(&cl, tls);
+    cl.net.max_frame = 32u << 20; /* one batch a room */
+    pd_side_cfg c = {.tp = 1, .dcp = 1, .tpp = 64, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &wide};
+    pd_cluster_start(&cl, &c, &c, 640);
+    pd_sender_ep(cl.pre[0].s)->corrupt_batch = tls ? 1 : 2;
+    pd_sender_ep(cl.pre[0].s)->corrupt_index = tls ? 5 : 1;
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 1, 0);
+    pd_expect_room(&cl, 1, KVT_PD_FAILED);
+    kvt_pd_room_info i;
+    assert_ok(kvt_pd_room_info_get(NULL, cl.dec[0].r, 1, &i));
+    assert_int_equal(i.error, KVT_ECORRUPT);
+    assert_non_null(strstr(i.message, "decode page 5 "));
+    assert_ok(kvt_pd_room_info_get(cl.pre[0].s, NULL, 1, &i));
+    assert_int_equal(i.error, KVT_ECORRUPT);
+    pd_open_room(&cl, 2, 0);
+    pd_expect_room(&cl, 2, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    pd_cluster_stop(&cl);
+}
+
+static void tcp_corrupt_middle_chunk(void **state)
+{
+    (void)state;
+    corrupt_middle_chunk("tcp");
+}
+
+static void plain_tcp_corrupt_middle_chunk(void **state)
+{
+    (void)state;
+    corrupt_middle_chunk(NULL);
+}
+
 static void expect_failed_fast(pd_cluster *cl, uint64_t room, uint64_t t0)
 {
     kvt_pd_poll st;
@@ -243,6 +288,8 @@ int main(void)
         cmocka_unit_test(sysv_many_rooms),
         cmocka_unit_test(tcp_corrupt_fails),
         cmocka_unit_test(tcp_pipelined_rooms_corrupt_one),
+        cmocka_unit_test(tcp_corrupt_middle_chunk),
+        cmocka_unit_test(plain_tcp_corrupt_middle_chunk),
         cmocka_unit_test(tcp_dead_prefill_fails_rooms),
         cmocka_unit_test(tcp_killed_prefill_process),
         cmocka_unit_test(posix_killed_prefill_process),
