@@ -90,8 +90,9 @@ static kvt_status bs_call(kvt_stream *s, const pd_hdr *h, const void *body, cons
     pd_hdr r;
     if (!st) st = kvt__stream_recv(s, hb, PD_HDR_LEN, dl);
     if (st) return kvt__fail(st, "%s: no answer from the bootstrap service", what);
+    char why[160];
     if (!pd_hdr_decode(&r, hb))
-        return kvt__fail(KVT_EPROTO, "%s: malformed answer from the bootstrap service", what);
+        return kvt__fail(KVT_EPROTO, "%s: the bootstrap service's answer: %s", what, pd_magic_why(hb, why, sizeof why));
     if (r.body_len > net->max_frame)
         return kvt__fail(KVT_EPROTO, "%s: a %u-byte answer exceeds this endpoint's max_frame %u",
                          what, r.body_len, net->max_frame);
@@ -389,25 +390,47 @@ static kvt_status on_unregister(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t
     return KVT_OK;
 }
 
-/* (bs->mu held) The RETRY text: how many ranks hold a lease, and which are
- * missing (as many as fit in BS_RETRY_LIST characters). */
-static kvt_status incomplete(kvt_pd_bootstrap *bs, uint32_t tp, uint32_t dcp)
+/* (bs->mu held) Whether prefill position (tp_rank, dcp_rank) matters to
+ * decode rank dec: it talks to it (the position feeds it, or dec is the
+ * position's dummy). Positions are homogeneous, so any live entry describes
+ * the missing one at its place. */
+static kvt_status needed_by(const kvt_pd_bootstrap *bs, uint32_t tp_rank, uint32_t dcp_rank, const pd_desc *dec,
+                            bool *out)
 {
-    uint32_t need = tp * dcp, missing = need - bs->nprefill, listed = 0;
+    pd_desc at;
+    kvt_status st = pd_desc_at(&at, &bs->prefill[0].desc, tp_rank, dcp_rank);
+    if (!st) st = pd_topo_talks(&at, dec, out);
+    pd_desc_free(&at);
+    return st;
+}
+
+/* (bs->mu held) KVT_EAGAIN naming the prefill positions without a live
+ * lease that dec needs; KVT_OK when it needs none of the missing ones (a
+ * prefill rank that restarts, or finished and left, holds up only the
+ * decode ranks it feeds). */
+static kvt_status missing_for(kvt_pd_bootstrap *bs, const pd_desc *dec)
+{
+    const pd_desc *p0 = &bs->prefill[0].desc;
+    uint32_t tp = p0->tp_size, dcp = p0->dcp_size, need = tp * dcp, missing = 0, listed = 0;
     bool have[BS_MAX_PREFILL] = {0};
     for (uint32_t i = 0; i < bs->nprefill; i++)
         have[bs->prefill[i].desc.tp_rank * dcp + bs->prefill[i].desc.dcp_rank] = true;
     char list[BS_RETRY_LIST + 1] = "";
     size_t off = 0;
-    for (uint32_t pos = 0; pos < need && listed < missing; pos++) {
-        if (have[pos]) continue;
+    for (uint32_t pos = 0; pos < need; pos++) {
+        bool needed = false;
+        kvt_status st = have[pos] ? KVT_OK : needed_by(bs, pos / dcp, pos % dcp, dec, &needed);
+        if (st) return st;
+        if (!needed) continue;
+        missing++;
         char one[64];
         int n = snprintf(one, sizeof one, "%stp%u/%u dcp%u/%u", listed ? ", " : "", pos / dcp, tp, pos % dcp, dcp);
-        if (off + (size_t)n > BS_RETRY_LIST) break;
+        if (off + (size_t)n > BS_RETRY_LIST || listed < missing - 1) continue; /* the list is full */
         memcpy(list + off, one, (size_t)n + 1);
         off += (size_t)n;
         listed++;
     }
+    if (!missing) return KVT_OK;
     char more[48] = "";
     if (listed < missing) snprintf(more, sizeof more, ", and %u more", missing - listed);
     return kvt__fail(KVT_EAGAIN, "%u of %u prefill ranks registered; missing %s%s", bs->nprefill, need, list,
@@ -426,8 +449,8 @@ static kvt_status topo(kvt_pd_bootstrap *bs, const pd_desc *dec, uint8_t **out, 
     }
     if (!bs->nprefill)
         return kvt__fail(KVT_EAGAIN, "0 prefill ranks registered (none yet, or every lease expired)");
-    const pd_desc *p0 = &bs->prefill[0].desc;
-    if (bs->nprefill < p0->tp_size * p0->dcp_size) return incomplete(bs, p0->tp_size, p0->dcp_size);
+    kvt_status st = missing_for(bs, dec);
+    if (st) return st;
     if (n > bs->net.max_frame)
         return kvt__fail(KVT_EINVAL, "pd bootstrap: the topology of %u prefill ranks takes %llu bytes, more than max_frame %u; raise max_frame on the bootstrap service and on every decode rank",
                          bs->nprefill, (unsigned long long)n, bs->net.max_frame);
@@ -481,7 +504,8 @@ static kvt_status read_request(kvt_pd_bootstrap *bs, kvt_stream *s, uint64_t dl,
     if (st == KVT_ETIMEDOUT)
         return kvt__fail(KVT_EPROTO, "pd bootstrap: no request within %u ms of connecting", bs->greet_ms);
     if (st) return kvt__fail(KVT_EPROTO, "pd bootstrap: the peer closed without a request");
-    if (!pd_hdr_decode(h, hb)) return kvt__fail(KVT_EPROTO, "pd bootstrap: bad frame magic");
+    char why[160];
+    if (!pd_hdr_decode(h, hb)) return kvt__fail(KVT_EPROTO, "pd bootstrap: %s", pd_magic_why(hb, why, sizeof why));
     if (h->body_len > bs->max_req)
         return kvt__fail(KVT_EPROTO, "pd bootstrap: %u-byte request exceeds the limit %u (the largest descriptor and address, within max_frame %u)",
                          h->body_len, bs->max_req, bs->net.max_frame);

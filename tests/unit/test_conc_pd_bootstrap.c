@@ -123,6 +123,30 @@ static kvt_status lookup_ex(fx *f, uint32_t layers, uint32_t tp, uint32_t dcp, u
     return KVT_OK;
 }
 
+/* A lookup by decode rank (tp, tp_rank, dcp, dcp_rank) holding `heads` KV
+ * heads per layer (0: make_desc's), for its status and message only: a
+ * RETRY names only the missing prefill ranks this decode rank needs. */
+static kvt_status lookup_as(fx *f, uint32_t layers, uint32_t tp, uint32_t tp_rank, uint32_t dcp, uint32_t dcp_rank,
+                            uint32_t heads)
+{
+    pd_desc d;
+    if (heads) {
+        kvt_geometry *g = kvt_test_geometry(layers, heads, 16, 16, KVT_LAYOUT_LAYER_FIRST);
+        assert_non_null(g);
+        kvt_pd_rank r = {.tp_size = tp, .tp_rank = tp_rank, .dcp_size = dcp, .dcp_rank = dcp_rank};
+        assert_ok(pd_desc_from_geometry(&d, g, &r, PD_ROLE_DECODE));
+        kvt_geometry_destroy(g);
+    } else {
+        make_desc(&d, layers, tp, tp_rank, dcp, dcp_rank, PD_ROLE_DECODE);
+    }
+    uint8_t *t = NULL;
+    uint32_t len = 0;
+    kvt_status st = pd_bootstrap_lookup(&f->client, NULL, "127.0.0.1", f->port, &d, kvt__deadline_ns(3000), &t, &len);
+    pd_desc_free(&d);
+    free(t);
+    return st;
+}
+
 static kvt_status lookup(fx *f, uint32_t tp, uint32_t *n, uint32_t *tp_seen)
 {
     return lookup_ex(f, 2, tp, 1, n, tp_seen);
@@ -199,8 +223,10 @@ static void renew_unregister_retry_text(void **state)
         sleep_ms(150);
     }
     uint32_t n = 0, tp = 0;
-    assert_status(lookup(&f, 2, &n, &tp), KVT_EAGAIN);
+    assert_status(lookup_as(&f, 2, 2, 1, 1, 0, 0), KVT_EAGAIN); /* decode tp1 needs prefill tp1 */
     assert_msg("pd receiver: lookup: 1 of 2 prefill ranks registered; missing tp1/2 dcp0/1");
+    assert_ok(lookup(&f, 2, &n, &tp)); /* decode tp0 needs only prefill tp0: served */
+    assert_int_equal(n, 1);
     assert_int_equal(live_ranks(&f), 1);
     assert_ok(reg(&f, 2, 1, 23001));
     assert_ok(lookup(&f, 2, &n, &tp));
@@ -216,7 +242,7 @@ static void renew_unregister_retry_text(void **state)
     /* the right one */
     assert_ok(unreg(&f, 2, 1, 23001, &removed));
     assert_int_equal(removed, 1);
-    assert_status(lookup(&f, 2, &n, &tp), KVT_EAGAIN);
+    assert_status(lookup_as(&f, 2, 2, 1, 1, 0, 0), KVT_EAGAIN);
     assert_msg("1 of 2 prefill ranks registered; missing tp1/2 dcp0/1");
     assert_ok(unreg(&f, 2, 1, 23001, &removed)); /* again: best effort, nothing left */
     assert_int_equal(removed, 0);
@@ -227,7 +253,9 @@ static void renew_unregister_retry_text(void **state)
     assert_int_equal(removed, 1);
     assert_ok(reg(&f, 4, 0, 24000));
     assert_ok(reg(&f, 4, 2, 24002));
-    assert_status(lookup(&f, 4, &n, &tp), KVT_EAGAIN);
+    assert_status(lookup_as(&f, 2, 2, 1, 1, 0, 0), KVT_EAGAIN); /* decode TP2 rank 1: prefill 2 and 3 */
+    assert_msg("2 of 4 prefill ranks registered; missing tp3/4 dcp0/1");
+    assert_status(lookup_as(&f, 2, 1, 0, 1, 0, 0), KVT_EAGAIN); /* decode TP1: every prefill rank */
     assert_msg("2 of 4 prefill ranks registered; missing tp1/4 dcp0/1, tp3/4 dcp0/1");
     size_t len = strlen(kvt_last_error());
     assert_true(len > 0 && kvt_last_error()[len - 1] == '1'); /* nothing after the list */
@@ -244,8 +272,10 @@ static void retry_text_dcp_and_cap(void **state)
     assert_ok(reg_ex(&f, 2, 2, 0, 2, 0, 25000, &lease));
     assert_ok(reg_ex(&f, 2, 2, 1, 2, 1, 25001, &lease));
     assert_int_equal(lease, 12000); /* 4 x peer_timeout_ms */
-    assert_status(lookup_ex(&f, 2, 2, 2, &n, &tp), KVT_EAGAIN);
-    assert_msg("2 of 4 prefill ranks registered; missing tp0/2 dcp1/2, tp1/2 dcp0/2");
+    assert_status(lookup_as(&f, 2, 2, 0, 2, 1, 0), KVT_EAGAIN); /* same DCP: rank (0, 1) needs prefill (0, 1) */
+    assert_msg("2 of 4 prefill ranks registered; missing tp0/2 dcp1/2");
+    assert_ok(lookup_ex(&f, 2, 2, 2, &n, &tp)); /* rank (0, 0) needs only prefill (0, 0) */
+    assert_int_equal(n, 2);
     uint32_t removed;
     pd_desc d;
     for (uint32_t i = 0; i < 2; i++) {
@@ -257,7 +287,7 @@ static void retry_text_dcp_and_cap(void **state)
     }
     /* TP 1000: one rank in, 999 missing; the text stays short */
     assert_ok(reg_ex(&f, 1, 1000, 0, 1, 0, 26000, &lease));
-    assert_status(lookup_ex(&f, 1, 1000, 1, &n, &tp), KVT_EAGAIN);
+    assert_status(lookup_as(&f, 1, 1, 0, 1, 0, 1000), KVT_EAGAIN); /* decode TP1 holds all 1000 heads */
     assert_msg("1 of 1000 prefill ranks registered; missing tp1/1000 dcp0/1, tp2/1000 dcp0/1, ");
     assert_msg(" more");
     const char *and = strstr(kvt_last_error(), ", and ");
