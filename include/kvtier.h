@@ -749,11 +749,14 @@ typedef struct kvt_pd_room_params {
 } kvt_pd_room_params;
 
 /* A decode rank: looks the prefill topology up (retrying until every
- * prefill rank registered), connects to the prefill ranks that feed it and
- * registers its descriptor. KVT_EGEOMETRY with a message naming the entry,
- * field and both values when a pair cannot be converted. */
+ * prefill rank it needs registered), connects to the prefill ranks that
+ * feed it and registers its descriptor. KVT_EGEOMETRY with a message naming
+ * the entry, field and both values when a pair cannot be converted. A link
+ * that dies is redialled in the background (docs/pd.md). */
 kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *params);
-/* Opens a room and sends its page table to the prefill ranks. */
+/* Opens a room and sends its page table to the prefill ranks. The page
+ * table must name each engine page once (KVT_EINVAL otherwise); room ids
+ * may be reused once both sides cleared the room. */
 kvt_status kvt_pd_receiver_room(kvt_pd_receiver *r, uint64_t room,
                                 const kvt_pd_room_params *params);
 kvt_status kvt_pd_receiver_poll(kvt_pd_receiver *r, uint64_t room, kvt_pd_poll *out);

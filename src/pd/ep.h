@@ -25,6 +25,10 @@
 #define PD_BATCH_BYTES_UCX (64u << 20) /* over UCX (capped by max_frame): longer per-entry runs */
 #define PD_CHUNK_BYTES (1u << 20) /* a batch moves (and is hashed) in chunks this big: cache-sized */
 #define PD_MSG 160
+/* Decode pages per DATA batch, at most: each page has a streaming hash
+ * state (~576 B) on both sides, so this bounds them to ~2.3 MiB a link
+ * whatever the page size (tiny pages make more, smaller batches). */
+#define PD_BATCH_MAX_PAGES 4096u
 
 typedef struct pd_ep pd_ep;
 typedef struct pd_room pd_room;

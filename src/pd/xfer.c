@@ -210,13 +210,14 @@ void pd_hashes_free(pd_hashes *h)
 
 kvt_status pd_hashes_begin(pd_hashes *h, uint32_t n)
 {
-    if (n > h->cap) {
+    if (n > h->cap) { /* doubling: a link settles at its largest batch after a few grows */
+        uint32_t cap = h->cap * 2 > n ? h->cap * 2 : n;
         void *p = NULL; /* aligned: the AVX2 code loads the accumulators aligned */
-        if (posix_memalign(&p, 64, (size_t)n * sizeof(XXH3_state_t)))
-            return kvt__fail(KVT_ENOMEM, "pd xfer: out of memory for %u hash states", n);
+        if (posix_memalign(&p, 64, (size_t)cap * sizeof(XXH3_state_t)))
+            return kvt__fail(KVT_ENOMEM, "pd xfer: out of memory for %u hash states", cap);
         free(h->st);
         h->st = p;
-        h->cap = n;
+        h->cap = cap;
     }
     bool avx2 = use_avx2();
     (void)avx2;
@@ -259,6 +260,25 @@ void pd_xfer_hash_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, 
     }
 }
 
+/* A decode page table that names one page twice would land two pages'
+ * bytes in one place; a checksum taken as the first lands could then pass
+ * for bytes the second overwrote. Refused (not the data path: room open). */
+static kvt_status no_repeats(const uint32_t *pages, uint64_t n, uint32_t engine_pages, const char *fn)
+{
+    uint8_t *seen = calloc((size_t)engine_pages / 8 + 1, 1);
+    if (!seen) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+    kvt_status st = KVT_OK;
+    for (uint64_t i = 0; i < n && !st; i++) {
+        uint32_t p = pages[i];
+        if (seen[p / 8] & (1u << (p % 8)))
+            st = kvt__fail(KVT_EINVAL, "%s: pages[%llu] is %u, which an earlier entry already names", fn,
+                           (unsigned long long)i, p);
+        seen[p / 8] |= (uint8_t)(1u << (p % 8));
+    }
+    free(seen);
+    return st;
+}
+
 kvt_status pd_xfer_check_pages(const pd_plan *plan, int side, uint32_t ntok, const uint32_t *pages,
                                uint32_t num_pages, uint32_t tpp, uint32_t engine_pages,
                                const char *fn)
@@ -273,5 +293,5 @@ kvt_status pd_xfer_check_pages(const pd_plan *plan, int side, uint32_t ntok, con
     for (uint64_t i = 0; i < need; i++)
         KVT_CHECK_ARG(pages[i] < engine_pages, "%s: pages[%llu] is %u, the engine has %u pages",
                       fn, (unsigned long long)i, pages[i], engine_pages);
-    return KVT_OK;
+    return side == PD_SIDE_DST ? no_repeats(pages, need, engine_pages, fn) : KVT_OK;
 }

@@ -172,7 +172,8 @@
  *                                       (EGEOMETRY naming the field)
  *  kvt_pd_receiver_room                 r/params NULL; num_tokens 0; prefix >=
  *                                       num_tokens; pages NULL; too few pages; page
- *                                       out of range; opened twice (EBUSY)
+ *                                       out of range; a page named twice; opened
+ *                                       twice (EBUSY)
  *  kvt_pd_receiver_poll/wait/abort/clear  as the sender's
  *  kvt_pd_receiver_destroy              NULL
  *  kvt_pd_room_info_get                 both NULL; both set; out NULL; unknown room
@@ -1612,6 +1613,10 @@ static void test_pd_rooms(void **state)
     EXPECT_ERR(kvt_pd_receiver_room(r, 1, &rb), KVT_EINVAL, "kvt_pd_receiver_room", "pages");
     rb = rp; rb.pages = oob;
     EXPECT_ERR(kvt_pd_receiver_room(r, 1, &rb), KVT_EINVAL, "kvt_pd_receiver_room", "pages[2]");
+    uint32_t twice[4] = {0, 1, 2, 1}; /* two decode pages in one place */
+    rb = rp; rb.pages = twice;
+    EXPECT_ERR(kvt_pd_receiver_room(r, 1, &rb), KVT_EINVAL, "kvt_pd_receiver_room",
+               "pages[3] is 1, which an earlier entry already names");
     rb = rp; rb.num_pages = UINT32_MAX;
     EXPECT_ERR(kvt_pd_receiver_room(r, 1, &rb), KVT_EINVAL, "kvt_pd_receiver_room", "max_frame");
     EXPECT_ERR(kvt_pd_receiver_poll(r, 1, &pp), KVT_ENOTFOUND, "kvt_pd_receiver_poll", "room 1");
