@@ -48,7 +48,9 @@ typedef struct kvt_stream_ops {
      * landed, so the caller can work on them (checksums, while in cache)
      * with the receives that follow still posted. landed may not use the
      * stream. On failure every receive it posted is cancelled and reaped
-     * before it returns (none writes into iov later). */
+     * before it returns; a request UCX still holds after a forced close is
+     * only released with the worker, so the caller must destroy the stream
+     * before it lets iov's memory go (as receiver.c on_data does). */
     kvt_status (*recvv_landed)(kvt_stream *s, const struct iovec *iov, int iovcnt, uint64_t deadline_ns,
                                void (*landed)(void *arg, size_t n), void *arg);
 } kvt_stream_ops;
