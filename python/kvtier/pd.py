@@ -460,7 +460,7 @@ class Sender(_Endpoint):
 
 class Receiver(_Endpoint):
     """A decode rank (SGLang's KVReceiver side): looks the prefill topology
-    up (retrying until every prefill rank registered, at most
+    up (retrying until every prefill rank it needs registered, at most
     ``connect_timeout`` seconds), connects to the prefill ranks that feed it
     and registers its descriptor. GeometryMismatch, naming the entry, field
     and both values, when the plan cannot convert a prefill rank's layout to

@@ -227,6 +227,14 @@ pd_ep *pd_receiver_ep(kvt_pd_receiver *r);
 
 void pd_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Pages one DATA batch of link c may carry: its checksum trailer fits in
+ * max_frame, and PD_BATCH_MAX_PAGES bounds the hash states. The sender cuts
+ * batches by it and the receiver refuses more, so both use this one. */
+static inline uint32_t pd_batch_max_pages(const pd_conn *c)
+{
+    return c->max_frame / 8 < PD_BATCH_MAX_PAGES ? c->max_frame / 8 : PD_BATCH_MAX_PAGES;
+}
+
 /* Public-API helpers shared by sender and receiver. */
 kvt_status pd_ep_poll(pd_ep *ep, uint64_t room, kvt_pd_poll *out, const char *fn);
 kvt_status pd_ep_wait(pd_ep *ep, uint64_t room, int64_t timeout_ms, kvt_pd_poll *out, const char *fn);

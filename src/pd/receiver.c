@@ -136,7 +136,7 @@ static kvt_status on_data(pd_conn *c, const pd_hdr *h)
     pd_ep *ep = c->ep;
     /* The checksum trailer (a1 x u64, wire.h) is bounded like a body before
      * a byte of the batch is read, drained or landed. */
-    uint32_t max_pages = c->max_frame / 8 < PD_BATCH_MAX_PAGES ? c->max_frame / 8 : PD_BATCH_MAX_PAGES;
+    uint32_t max_pages = pd_batch_max_pages(c);
     if (h->a1 == 0 || h->a1 > max_pages || h->body_len != 0)
         return kvt__fail(KVT_EPROTO, "%s: DATA with %u pages (at most %u) and a %u-byte body", c->name,
                          h->a1, max_pages, h->body_len);

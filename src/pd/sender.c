@@ -242,7 +242,7 @@ static kvt_status sender_frame(pd_conn *c, const pd_hdr *h)
  * over UCX: longer coalesced runs per entry; at least one page). */
 static uint32_t batch_end(const pd_conn *c, const pd_xfer *x, uint32_t next, uint32_t end)
 {
-    uint64_t bytes = 0, max_pages = c->max_frame / 8 < PD_BATCH_MAX_PAGES ? c->max_frame / 8 : PD_BATCH_MAX_PAGES;
+    uint64_t bytes = 0, max_pages = pd_batch_max_pages(c);
     uint64_t cap = c->s->ops->sendv_async ? PD_BATCH_BYTES_UCX : PD_BATCH_BYTES;
     uint32_t j = next;
     while (j < end && j - next < max_pages) {

@@ -244,10 +244,16 @@ static uint64_t verify_against(pd_cluster *cl, const kvt_request *r)
     return bad;
 }
 
+/* Opens room on the decode rank with page table pages[n]. */
+static void open_pages(pd_cluster *cl, uint64_t room, uint32_t *pages, uint32_t n)
+{
+    kvt_pd_room_params rp = {pages, n, NTOK, 0};
+    assert_ok(kvt_pd_receiver_room(cl->dec[0].r, room, &rp));
+}
+
 static void open_room(pd_cluster *cl, uint64_t room)
 {
-    kvt_pd_room_params rp = {cl->dec[0].pages, cl->dec[0].num_pages, NTOK, 0};
-    assert_ok(kvt_pd_receiver_room(cl->dec[0].r, room, &rp));
+    open_pages(cl, room, cl->dec[0].pages, cl->dec[0].num_pages);
 }
 
 /* Engines reuse room ids. Request A's room 5 is cleared and reopened for
@@ -405,12 +411,6 @@ static void data_trailer_over_max_frame_drops_link(void **state)
  * read WaitingForInput before its own page table was sent). The link
  * thread is held between the two ROOM frames by 32 MiB page tables the
  * scripted prefill reads only later. */
-static void open_big(pd_cluster *cl, uint64_t room, uint32_t *big, uint32_t n)
-{
-    kvt_pd_room_params rp = {big, n, NTOK, 0};
-    assert_ok(kvt_pd_receiver_room(cl->dec[0].r, room, &rp));
-}
-
 static void stale_room_frame_advances_reopened_room(void **state)
 {
     (void)state;
@@ -420,10 +420,10 @@ static void stale_room_frame_advances_reopened_room(void **state)
     uint32_t n = 8u << 20;
     uint32_t *big = calloc(n, 4);
     memcpy(big, cl.dec[0].pages, cl.dec[0].num_pages * 4);
-    open_big(&cl, 1, big, n);  /* link thread now blocked sending it */
+    open_pages(&cl, 1, big, n);  /* link thread now blocked sending it */
     open_room(&cl, 5);         /* opening a */
     assert_ok(kvt_pd_receiver_clear(cl.dec[0].r, 5));
-    open_big(&cl, 2, big, n);  /* blocks the link thread again */
+    open_pages(&cl, 2, big, n);  /* blocks the link thread again */
     open_room(&cl, 5);         /* opening b: queued behind room 2 */
     uint8_t *b;
     pd_hdr h1 = fake_read(&f, &b); free(b);
