@@ -69,3 +69,48 @@ kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, 
     return KVT_OK;
 }
 
+
+/* How many of iov's first entries one readv takes to read at most max
+ * bytes; *cut > 0: the last of them is cut to that length for the call. */
+static int read_span(const struct iovec *iov, int cnt, size_t max, size_t *cut)
+{
+    size_t sum = 0;
+    int k = 0;
+    *cut = 0;
+    while (k < cnt && k < IOV_MAX) {
+        if (sum + iov[k].iov_len >= max) {
+            *cut = max - sum;
+            return k + 1;
+        }
+        sum += iov[k++].iov_len;
+    }
+    return k;
+}
+
+kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
+                                void (*landed)(void *arg, size_t n), void *arg)
+{
+    size_t total = 0;
+    while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
+    while (cnt > 0) {
+        size_t cut, full;
+        int k = read_span(iov, cnt, max_read, &cut);
+        full = iov[k - 1].iov_len;
+        if (cut) iov[k - 1].iov_len = cut;
+        ssize_t n = readv(fd, iov, k);
+        iov[k - 1].iov_len = full;
+        if (n > 0) {
+            advance(&iov, &cnt, (size_t)n);
+            while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
+            total += (size_t)n;
+            landed(arg, total);
+            continue;
+        }
+        if (n == 0) return KVT_ECONN;
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
+        kvt_status st = kvt__fd_wait(fd, POLLIN, deadline_ns);
+        if (st != KVT_OK) return st;
+    }
+    return KVT_OK;
+}

@@ -13,5 +13,10 @@ kvt_status kvt__fd_wait(int fd, short ev, uint64_t deadline_ns);
  * by deadline_ns: KVT_OK, KVT_ETIMEDOUT, or KVT_ECONN (error or orderly
  * close while reading). */
 kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing);
+/* Reads all of iov (mutated) like kvt__fd_io, at most max_read bytes a
+ * readv, and after each readv calls landed(arg, n) with n the bytes landed
+ * so far, so the caller works on them while they are in cache. */
+kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
+                                void (*landed)(void *arg, size_t n), void *arg);
 
 #endif

@@ -80,6 +80,9 @@ kvt_status kvt__stream_connect(const char *host, uint16_t port, const kvt_stream
  * sides call it; they swap worker addresses over the socket). The socket
  * stays open: its hang-up is how each side learns the other died. */
 kvt_status kvt__stream_ucx_upgrade(kvt_stream **s, int server, uint64_t deadline_ns);
+/* Frees a TCP stream without closing its socket (whose fd moved to another
+ * stream: the UCX upgrade). */
+void kvt__stream_tcp_free_shell(kvt_stream *s);
 
 static inline kvt_status kvt__stream_send(kvt_stream *s, const void *p, size_t len, uint64_t dl)
 {

@@ -20,18 +20,33 @@
 
 #define SOCK_BUF (4 << 20) /* big socket buffers: fewer wakeups on the data path */
 
-/* The iovecs are mutated while advancing; callers' arrays stay intact. */
+/* A TCP stream keeps one iovec array to mutate while advancing (callers'
+ * arrays stay intact); it grows to the largest call and is then reused, so
+ * the data path allocates nothing per batch. */
+typedef struct tcp_stream {
+    kvt_stream base;
+    struct iovec *scratch;
+    int scratch_cap;
+} tcp_stream;
+
+static struct iovec *scratch_copy(tcp_stream *t, const struct iovec *iov, int cnt)
+{
+    if (cnt > t->scratch_cap) {
+        struct iovec *v = malloc((size_t)cnt * sizeof *v);
+        if (!v) return NULL;
+        free(t->scratch);
+        t->scratch = v;
+        t->scratch_cap = cnt;
+    }
+    if (cnt) memcpy(t->scratch, iov, (size_t)cnt * sizeof *iov);
+    return t->scratch;
+}
+
 static kvt_status tcp_io(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl, int w)
 {
-    struct iovec small[8], *v = small;
-    if (cnt > 8) {
-        v = malloc((size_t)cnt * sizeof *v);
-        if (!v) return kvt__fail(KVT_ENOMEM, "stream: out of memory for %d iovecs", cnt);
-    }
-    memcpy(v, iov, (size_t)cnt * sizeof *v);
-    kvt_status st = kvt__stream_fd_io(s->fd, v, cnt, dl, w);
-    if (v != small) free(v);
-    return st;
+    struct iovec *v = scratch_copy((tcp_stream *)s, iov, cnt);
+    if (!v && cnt) return kvt__fail(KVT_ENOMEM, "stream: out of memory for %d iovecs", cnt);
+    return kvt__stream_fd_io(s->fd, v, cnt, dl, w);
 }
 
 static kvt_status tcp_sendv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
@@ -42,6 +57,19 @@ static kvt_status tcp_sendv(kvt_stream *s, const struct iovec *iov, int cnt, uin
 static kvt_status tcp_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
 {
     return tcp_io(s, iov, cnt, dl, 0);
+}
+
+/* recvv in reads of at most LANDED_READ bytes, each reported as it lands:
+ * the caller hashes a chunk while it is in cache, not after the whole
+ * batch has gone through it (stream.h). */
+#define LANDED_READ (1u << 20)
+
+static kvt_status tcp_recvv_landed(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl,
+                                   void (*landed)(void *arg, size_t n), void *arg)
+{
+    struct iovec *v = scratch_copy((tcp_stream *)s, iov, cnt);
+    if (!v && cnt) return kvt__fail(KVT_ENOMEM, "stream: out of memory for %d iovecs", cnt);
+    return kvt__fd_readv_landed(s->fd, v, cnt, dl, LANDED_READ, landed, arg);
 }
 
 static int tcp_wait(kvt_stream *s, int wake_fd, int timeout_ms)
@@ -57,11 +85,17 @@ static int tcp_wait(kvt_stream *s, int wake_fd, int timeout_ms)
 static void tcp_destroy(kvt_stream *s)
 {
     close(s->fd);
+    kvt__stream_tcp_free_shell(s);
+}
+
+void kvt__stream_tcp_free_shell(kvt_stream *s)
+{
+    free(((tcp_stream *)s)->scratch);
     free(s);
 }
 
 static const kvt_stream_ops tcp_ops = {"tcp", tcp_sendv, tcp_recvv, tcp_wait, tcp_destroy,
-                                       NULL, NULL, NULL, NULL}; /* plain sends only */
+                                       NULL, NULL, NULL, tcp_recvv_landed}; /* plain sends */
 
 void kvt__stream_destroy(kvt_stream *s)
 {
@@ -111,14 +145,14 @@ kvt_status kvt__stream_listen(const char *host, uint16_t port, int *fd_out, uint
 
 static kvt_status wrap(int fd, kvt_stream **out)
 {
-    kvt_stream *s = calloc(1, sizeof *s);
-    if (!s) {
+    tcp_stream *t = calloc(1, sizeof *t);
+    if (!t) {
         close(fd);
         return kvt__fail(KVT_ENOMEM, "stream: out of memory");
     }
-    s->ops = &tcp_ops;
-    s->fd = fd;
-    *out = s;
+    t->base.ops = &tcp_ops;
+    t->base.fd = fd;
+    *out = &t->base;
     return KVT_OK;
 }
 

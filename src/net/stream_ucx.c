@@ -844,7 +844,7 @@ kvt_status kvt__stream_ucx_upgrade(kvt_stream **s, int server, uint64_t deadline
         ux_destroy(&u->base);
         return st;
     }
-    free(*s); /* the TCP stream's shell (stream_tcp.c wraps a plain kvt_stream); the fd moved */
+    kvt__stream_tcp_free_shell(*s); /* the fd moved to the UCX stream */
     *s = &u->base;
     return KVT_OK;
 }
