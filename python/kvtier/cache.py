@@ -112,18 +112,27 @@ class Cache(Handle):
             raise invalid("Cache: config must be a kvtier.Config, got %s" % type(config).__name__)
         if not isinstance(geometry, Geometry):
             raise invalid("Cache: geometry must be a kvtier.Geometry, got %s" % type(geometry).__name__)
-        check(lib.kvt_cache_create(ctypes.byref(self._h), config.handle, geometry.handle))
+        check(self._create(lib.kvt_cache_create, config, geometry))
         self.geometry = geometry.clone()
         self.block_tokens = int(config.get("block_tokens"))
         self.num_pages = None
 
-    def _before_close(self):
-        pass
-
     def close(self):
         """Cancels every task, joins the workers, frees the tiers; then drops
-        the references to the registered engine buffers."""
+        the references to the registered engine buffers. A wait in flight on
+        another thread (wait, wait_layer) has its task cancelled, so it
+        returns at once (wait: a TaskResult with status KVT_ECANCELED;
+        wait_layer: Cancelled); other calls in flight are waited for."""
         super().close()
+
+    def _wake(self, tasks):
+        # kvt_cache_destroy cancels every task anyway; cancelling the ones
+        # being waited on first ends those waits now (the C API is
+        # thread-safe). A task that ended meanwhile gives NotFound: ignored.
+        for task in tasks:
+            lib.kvt_cache_cancel(self._h, task)
+
+    def _after_close(self):
         if getattr(self, "geometry", None) is not None:
             self.geometry.close()
 
@@ -136,14 +145,17 @@ class Cache(Handle):
 
     def register_engine(self, engine):
         """Registers an EmulatedEngine's buffers (the engine is kept alive)."""
-        mem = engine.memory()
-        self._register(mem, [])
-        self._borrow(engine)
+        self._borrow(engine)  # first: from now on the engine outlives this cache
+        try:
+            self._register(engine.memory(), [])
+        except BaseException:
+            self._unborrow(engine)
+            raise
 
     def _register(self, mem, keep):
         if self.num_pages is not None:
             raise invalid("register: engine memory is already registered (allowed once)")
-        check(lib.kvt_cache_register_memory(self.handle, ctypes.byref(mem)))
+        check(self._call(lib.kvt_cache_register_memory, ctypes.byref(mem)))
         self._keep.extend(keep)
         self._keep.append(mem)
         self.num_pages = mem.num_pages
@@ -153,7 +165,7 @@ class Cache(Handle):
         ns) and pins it; returns Match(task, matched_tokens)."""
         req = as_request(tokens, ns)
         m = _lib.Match()
-        check(lib.kvt_cache_lookup(self.handle, req.ref(), ctypes.byref(m)))
+        check(self._call(lib.kvt_cache_lookup, req.ref(), ctypes.byref(m)))
         return Match(m.task, m.matched_tokens)
 
     def prepare_store(self, tokens, ns=None):
@@ -161,7 +173,7 @@ class Cache(Handle):
         returns StorePlan(task, first_token, num_tokens)."""
         req = as_request(tokens, ns)
         p = _lib.StorePlan()
-        check(lib.kvt_cache_prepare_store(self.handle, req.ref(), ctypes.byref(p)))
+        check(self._call(lib.kvt_cache_prepare_store, req.ref(), ctypes.byref(p)))
         return StorePlan(p.task, p.first_token, p.num_tokens)
 
     def launch(self, task, pages):
@@ -170,21 +182,22 @@ class Cache(Handle):
         if self.num_pages is None:
             raise invalid("launch: no engine memory registered yet (register_buffers first)")
         pg = u32_array(pages, "pages")
-        check(lib.kvt_cache_launch(self.handle, uint(task, "task", 64), u32_ptr(pg), len(pg)))
+        check(self._call(lib.kvt_cache_launch, uint(task, "task", 64), u32_ptr(pg), len(pg)))
 
     def wait(self, task, timeout):
         """Waits up to timeout seconds for the task; returns its TaskResult
         (whose status may be an error). Raises Timeout while it still runs,
         NotFound when unknown or already reported."""
         r = _lib.TaskResult()
-        check(lib.kvt_cache_wait(self.handle, uint(task, "task", 64), timeout_ms(timeout),
+        task = uint(task, "task", 64)
+        check(self._call_waiting(task, lib.kvt_cache_wait, task, timeout_ms(timeout),
                                  ctypes.byref(r)))
         return _result(r)
 
     def try_wait(self, task):
         """The TaskResult if the task ended, else None (never blocks)."""
         r = _lib.TaskResult()
-        st = lib.kvt_cache_try_wait(self.handle, uint(task, "task", 64), ctypes.byref(r))
+        st = self._call(lib.kvt_cache_try_wait, uint(task, "task", 64), ctypes.byref(r))
         if st == -4:  # KVT_EAGAIN
             return None
         check(st)
@@ -192,27 +205,30 @@ class Cache(Handle):
 
     def wait_layer(self, task, layer, timeout):
         """Waits until layers [0, layer] of a launched load landed."""
-        check(lib.kvt_cache_wait_layer(self.handle, uint(task, "task", 64), uint(layer, "layer"),
-                                       timeout_ms(timeout)))
+        task = uint(task, "task", 64)
+        check(self._call_waiting(task, lib.kvt_cache_wait_layer, task, uint(layer, "layer"),
+                                 timeout_ms(timeout)))
 
     def cancel(self, task):
         """Cancels a task (its ECANCELED result is still reported once)."""
-        check(lib.kvt_cache_cancel(self.handle, uint(task, "task", 64)))
+        check(self._call(lib.kvt_cache_cancel, uint(task, "task", 64)))
 
     def poll(self, max_results=64):
         """Up to max_results ended tasks not yet reported (list of TaskResult)."""
         n = uint(max_results, "max_results", minimum=1)
         arr = (_lib.TaskResult * n)()
         count = ctypes.c_uint32()
-        check(lib.kvt_cache_poll(self.handle, arr, n, ctypes.byref(count)))
+        check(self._call(lib.kvt_cache_poll, arr, n, ctypes.byref(count)))
         return [_result(arr[i]) for i in range(count.value)]
 
     def stats(self):
         """The counters (kvt_cache_stats) as a dict."""
         s = _lib.CacheStats()
-        check(lib.kvt_cache_stats_get(self.handle, ctypes.byref(s)))
+        check(self._call(lib.kvt_cache_stats_get, ctypes.byref(s)))
         return {k: getattr(s, k) for k in _lib.STATS_FIELDS}
 
     def flush(self, timeout):
-        """Waits up to timeout seconds until stored blocks have durable SSD copies."""
-        check(lib.kvt_cache_flush(self.handle, timeout_ms(timeout)))
+        """Waits up to timeout seconds until stored blocks have durable SSD copies.
+        (A close() meanwhile waits for it: the library has no way to end a
+        flush early.)"""
+        check(self._call(lib.kvt_cache_flush, timeout_ms(timeout)))

@@ -36,7 +36,7 @@ class Config(Handle):
 
     def __init__(self, options=None, env=False):
         super().__init__()
-        check(lib.kvt_config_create(ctypes.byref(self._h)))
+        check(self._create(lib.kvt_config_create))
         if env:
             self.load_env()
         for k, v in (options or {}).items():
@@ -51,7 +51,7 @@ class Config(Handle):
         if not isinstance(value, (str, int, float)):
             raise invalid("config option %s: expected str, int, float or bool, got %s"
                           % (name, type(value).__name__))
-        check(lib.kvt_config_set(self.handle, name.encode(), str(value).encode()))
+        check(self._call(lib.kvt_config_set, name.encode(), str(value).encode()))
         return self
 
     def get(self, name):
@@ -59,7 +59,7 @@ class Config(Handle):
         if not isinstance(name, str):
             raise invalid("config option name: expected str, got %s" % type(name).__name__)
         buf = ctypes.create_string_buffer(4096)
-        check(lib.kvt_config_get(self.handle, name.encode(), buf, len(buf)))
+        check(self._call(lib.kvt_config_get, name.encode(), buf, len(buf)))
         return buf.value.decode()
 
     __getitem__ = get
@@ -68,23 +68,23 @@ class Config(Handle):
     def load_json(self, text):
         """Applies a JSON object {"name": value}; all-or-nothing."""
         data = text.encode() if isinstance(text, str) else bytes(text)
-        check(lib.kvt_config_load_json(self.handle, data, len(data)))
+        check(self._call(lib.kvt_config_load_json, data, len(data)))
         return self
 
     def load_file(self, path):
         """Applies the JSON object in file `path`."""
-        check(lib.kvt_config_load_file(self.handle, str(path).encode()))
+        check(self._call(lib.kvt_config_load_file, str(path).encode()))
         return self
 
     def load_env(self):
         """Applies every KVTIER_* environment variable (unknown ones are errors)."""
-        check(lib.kvt_config_load_env(self.handle))
+        check(self._call(lib.kvt_config_load_env))
         return self
 
     def digest(self):
         """A digest of every option's value (the rank-group handshake compares it)."""
         out = ctypes.c_uint64()
-        check(lib.kvt_config_digest(self.handle, ctypes.byref(out)))
+        check(self._call(lib.kvt_config_digest, ctypes.byref(out)))
         return out.value
 
 
@@ -117,12 +117,12 @@ class Geometry(Handle):
     def __init__(self, num_layers=None, tokens_per_page=None, layout=LAYER_FIRST, _handle=None):
         super().__init__()
         if _handle is not None:
-            self._h = _handle
+            self._adopt(_handle)
             return
         if layout not in (LAYER_FIRST, PAGE_FIRST):
             raise invalid("layout: expected kvtier.LAYER_FIRST or kvtier.PAGE_FIRST, got %r" % (layout,))
-        check(lib.kvt_geometry_create(ctypes.byref(self._h), uint(num_layers, "num_layers"),
-                                      uint(tokens_per_page, "tokens_per_page"), layout))
+        check(self._create(lib.kvt_geometry_create, uint(num_layers, "num_layers"),
+                           uint(tokens_per_page, "tokens_per_page"), layout))
 
     @classmethod
     def preset(cls, name, tokens_per_page, tp=1):
@@ -150,32 +150,32 @@ class Geometry(Handle):
     def set_layer(self, layer, components):
         """Describes one layer: components = [(kv_heads, head_dim, elem_size), ...]."""
         spec = _layer_spec(components)
-        check(lib.kvt_geometry_set_layer(self.handle, uint(layer, "layer"), ctypes.byref(spec)))
+        check(self._call(lib.kvt_geometry_set_layer, uint(layer, "layer"), ctypes.byref(spec)))
         return self
 
     def set_layers(self, first, count, components):
         """Describes layers [first, first + count) identically."""
         spec = _layer_spec(components)
-        check(lib.kvt_geometry_set_layers(self.handle, uint(first, "first"),
-                                          uint(count, "count"), ctypes.byref(spec)))
+        check(self._call(lib.kvt_geometry_set_layers, uint(first, "first"),
+                         uint(count, "count"), ctypes.byref(spec)))
         return self
 
     def validate(self):
         """Raises InvalidArgument naming the layer and field unless complete and sane."""
-        check(lib.kvt_geometry_validate(self.handle))
+        check(self._call(lib.kvt_geometry_validate))
         return self
 
     def info(self):
         """A dict: num_layers, tokens_per_page, layout, bytes_per_token, bytes_per_page, digest."""
         gi = _lib.GeometryInfo()
-        check(lib.kvt_geometry_info_get(self.handle, ctypes.byref(gi)))
+        check(self._call(lib.kvt_geometry_info_get, ctypes.byref(gi)))
         return {k: getattr(gi, k) for k, _ in _lib.GeometryInfo._fields_}
 
     def token_bytes(self, layer, component):
         """Bytes one token takes in one layer's component."""
         out = ctypes.c_uint64()
-        check(lib.kvt_geometry_token_bytes(self.handle, uint(layer, "layer"),
-                                           uint(component, "component"), ctypes.byref(out)))
+        check(self._call(lib.kvt_geometry_token_bytes, uint(layer, "layer"),
+                         uint(component, "component"), ctypes.byref(out)))
         return out.value
 
     def num_components(self, layer):
@@ -184,14 +184,14 @@ class Geometry(Handle):
 
     def _has_component(self, layer, component):
         out = ctypes.c_uint64()
-        return lib.kvt_geometry_token_bytes(self.handle, layer, component, ctypes.byref(out)) == 0
+        return self._call(lib.kvt_geometry_token_bytes, layer, component, ctypes.byref(out)) == 0
 
     def compare(self, other):
         """Raises GeometryMismatch naming the first field that differs."""
-        check(lib.kvt_geometry_compare(self.handle, other.handle))
+        check(self._call(lib.kvt_geometry_compare, other))
 
     def clone(self):
         """A deep copy."""
         h = ctypes.c_void_p()
-        check(lib.kvt_geometry_clone(self.handle, ctypes.byref(h)))
+        check(self._call(lib.kvt_geometry_clone, ctypes.byref(h)))
         return Geometry(_handle=h)

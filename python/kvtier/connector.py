@@ -12,7 +12,7 @@ from . import _lib
 from ._arrays import as_request, timeout_ms, u32_array, u32_ptr, uint
 from ._handle import Handle
 from .cache import Cache
-from .errors import KVT_EABORTED, GroupAborted, check, invalid, status_name
+from .errors import KVT_EABORTED, GroupAborted, StateError, check, invalid, status_name
 from .group import Group
 
 lib = _lib.lib
@@ -41,7 +41,10 @@ class Connector(Handle):
     """kvt_conn over `group` and `cache` (both kept alive; closing either
     closes the connector first). The connector owns the cache's task
     reporting: do not wait/poll/cancel cache tasks directly while it lives.
-    rid: the engine's request id, an integer in [0, 2**64)."""
+    rid: the engine's request id, an integer in [0, 2**64). close() from
+    another thread while a call runs (a step, wait_layer, reform) waits for
+    that call to end by its deadline; nothing can wake it early (a connector
+    is driven by one thread at a time)."""
 
     _destroy = lib.kvt_conn_destroy
 
@@ -51,8 +54,8 @@ class Connector(Handle):
             raise invalid("Connector: group must be a kvtier.Group")
         if not isinstance(cache, Cache):
             raise invalid("Connector: cache must be a kvtier.Cache")
-        check(lib.kvt_conn_create(ctypes.byref(self._h), group.handle, cache.handle))
         self._borrow(group, cache)
+        check(self._create(lib.kvt_conn_create, group, cache))
         self.group, self.cache = group, cache
 
     def lookup(self, rid, tokens, ns=None):
@@ -60,48 +63,53 @@ class Connector(Handle):
         match) and queues it for the next step; returns this rank's match."""
         req = as_request(tokens, ns)
         local = ctypes.c_uint32()
-        check(lib.kvt_conn_lookup(self.handle, uint(rid, "rid", 64), req.ref(), ctypes.byref(local)))
+        check(self._call(lib.kvt_conn_lookup, uint(rid, "rid", 64), req.ref(), ctypes.byref(local)))
         return local.value
 
     def load(self, rid, pages, layerwise=False):
         """Rank-local: this rank has pages for rid's looked-up prefix and wants
         it loaded. Not calling it makes the step refuse the load everywhere."""
         pg = u32_array(pages, "pages")
-        check(lib.kvt_conn_load(self.handle, uint(rid, "rid", 64), u32_ptr(pg), len(pg),
-                                1 if layerwise else 0))
+        check(self._call(lib.kvt_conn_load, uint(rid, "rid", 64), u32_ptr(pg), len(pg),
+                         1 if layerwise else 0))
 
     def store(self, rid, tokens, pages, ns=None):
         """Rank-local: plans the store of the request's blocks this rank lacks
         and queues it; it starts only if every rank queued the same request."""
         req = as_request(tokens, ns)
         pg = u32_array(pages, "pages")
-        check(lib.kvt_conn_store(self.handle, uint(rid, "rid", 64), req.ref(), u32_ptr(pg), len(pg)))
+        check(self._call(lib.kvt_conn_store, uint(rid, "rid", 64), req.ref(), u32_ptr(pg), len(pg)))
 
     def reset(self):
         """Rank-local: asks for a group-wide reset at the next step."""
-        check(lib.kvt_conn_reset(self.handle))
+        check(self._call(lib.kvt_conn_reset))
 
     def poll(self):
         """Rank-local, never on the wire: collects this rank's ended tasks for
         the next step; returns how many ended."""
         n = ctypes.c_uint32()
-        check(lib.kvt_conn_poll(self.handle, ctypes.byref(n)))
+        check(self._call(lib.kvt_conn_poll, ctypes.byref(n)))
         return n.value
 
     def wait_layer(self, rid, layer, timeout):
         """Waits up to timeout seconds until layers [0, layer] of rid's running
         load landed (may be called from another thread than step's)."""
-        check(lib.kvt_conn_wait_layer(self.handle, uint(rid, "rid", 64), uint(layer, "layer"),
-                                      timeout_ms(timeout)))
+        check(self._call(lib.kvt_conn_wait_layer, uint(rid, "rid", 64), uint(layer, "layer"),
+                         timeout_ms(timeout)))
 
     def step(self):
         """THE collective: every rank calls it once per scheduler iteration.
         Returns this step's events (identical on every rank). Raises
         GroupAborted, with the group's diagnostic, when the group aborted
         (this rank's tasks are cancelled; recompute, then reform())."""
-        st = lib.kvt_conn_step(self.handle)
+        st = self._call(lib.kvt_conn_step)
         if st == KVT_EABORTED:
-            raise GroupAborted(st, self.group.diagnostic or _lib.cstr(lib.kvt_last_error()))
+            msg = _lib.cstr(lib.kvt_last_error())
+            try:
+                msg = self.group.diagnostic or msg
+            except StateError:  # the group is being closed
+                pass
+            raise GroupAborted(st, msg)
         check(st)
         return self.events()
 
@@ -111,7 +119,7 @@ class Connector(Handle):
         buf = (_lib.ConnEvent * 256)()
         n = ctypes.c_uint32()
         while True:
-            check(lib.kvt_conn_events(self.handle, buf, 256, ctypes.byref(n)))
+            check(self._call(lib.kvt_conn_events, buf, 256, ctypes.byref(n)))
             out.extend(Event(*(getattr(buf[i], f) for f, _ in _lib.ConnEvent._fields_))
                        for i in range(n.value))
             if n.value < 256:
@@ -119,4 +127,4 @@ class Connector(Handle):
 
     def reform(self, timeout):
         """Re-forms the group under a new epoch (every rank) and clears the state."""
-        check(lib.kvt_conn_reform(self.handle, timeout_ms(timeout)))
+        check(self._call(lib.kvt_conn_reform, timeout_ms(timeout)))

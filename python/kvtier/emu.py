@@ -31,23 +31,24 @@ class EmulatedEngine(Handle):
         super().__init__()
         if not isinstance(geometry, Geometry):
             raise invalid("EmulatedEngine: geometry must be a kvtier.Geometry")
-        check(lib.kvt_emu_create(ctypes.byref(self._h), geometry.handle,
-                                 uint(num_pages, "num_pages", minimum=1)))
+        check(self._create(lib.kvt_emu_create, geometry, uint(num_pages, "num_pages", minimum=1)))
         self.geometry = geometry.clone()
         self.num_pages = int(num_pages)
         if first_head:
-            check(lib.kvt_emu_set_first_head(self._h, uint(first_head, "first_head")))
+            check(self._call(lib.kvt_emu_set_first_head, uint(first_head, "first_head")))
 
     def close(self):
         """Frees the buffers: numpy views of them must not be used afterwards."""
         super().close()
+
+    def _after_close(self):
         if getattr(self, "geometry", None) is not None:
             self.geometry.close()
 
     def memory(self):
         """The kvt_engine_memory of the buffers (for Cache.register_engine)."""
         m = _lib.EngineMemory()
-        check(lib.kvt_emu_memory(self.handle, ctypes.byref(m)))
+        check(self._call(lib.kvt_emu_memory, ctypes.byref(m)))
         return m
 
     def buffer(self, layer, component=0):
@@ -92,7 +93,7 @@ class EmulatedEngine(Handle):
         if count is None:
             count = len(tokens) - first
         req, pg, first, count = self._range("fill", tokens, ns, first, count, pages)
-        check(lib.kvt_emu_fill(self.handle, req.ref(), first, count, u32_ptr(pg), len(pg)))
+        check(self._call(lib.kvt_emu_fill, req.ref(), first, count, u32_ptr(pg), len(pg)))
 
     def verify(self, tokens, pages, first=0, count=None, ns=None):
         """Checks tokens [first, first + count) in the pages against what fill
@@ -101,8 +102,8 @@ class EmulatedEngine(Handle):
             count = len(tokens) - first
         req, pg, first, count = self._range("verify", tokens, ns, first, count, pages)
         v = _lib.VerifyResult()
-        check(lib.kvt_emu_verify(self.handle, req.ref(), first, count, u32_ptr(pg), len(pg),
-                                 ctypes.byref(v)))
+        check(self._call(lib.kvt_emu_verify, req.ref(), first, count, u32_ptr(pg), len(pg),
+                         ctypes.byref(v)))
         return VerifyResult(v.bytes_checked, v.mismatches, v.first_bad_token, v.first_bad_layer)
 
     def poison(self, pages):
@@ -112,4 +113,4 @@ class EmulatedEngine(Handle):
         if len(bad):
             raise invalid("poison: pages[%d] is %d but the engine has %d pages"
                           % (bad[0], pg[bad[0]], self.num_pages))
-        check(lib.kvt_emu_poison(self.handle, u32_ptr(pg), len(pg)))
+        check(self._call(lib.kvt_emu_poison, u32_ptr(pg), len(pg)))

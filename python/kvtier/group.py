@@ -29,8 +29,8 @@ class Fabric(Handle):
 
     def __init__(self, ranks, depth=64):
         super().__init__()
-        check(lib.kvt_fabric_create(ctypes.byref(self._h), uint(ranks, "ranks", minimum=1),
-                                    uint(depth, "depth", minimum=1)))
+        check(self._create(lib.kvt_fabric_create, uint(ranks, "ranks", minimum=1),
+                           uint(depth, "depth", minimum=1)))
         self.ranks = int(ranks)
 
 
@@ -52,8 +52,8 @@ class Net(Handle):
         if rank >= fabric.ranks:
             raise invalid("Net.inproc: rank %d of a %d-rank fabric" % (rank, fabric.ranks))
         n = cls()
-        check(lib.kvt_net_inproc_create(ctypes.byref(n._h), fabric.handle, rank))
         n._borrow(fabric)
+        check(n._create(lib.kvt_net_inproc_create, fabric, rank))
         n.rank, n.ranks = rank, fabric.ranks
         return n
 
@@ -79,7 +79,7 @@ class Net(Handle):
             p.secret, p.secret_len = ctypes.cast(buf, ctypes.c_void_p), len(sb)
             n._keep.append(buf)
         p.max_msg = uint(max_msg, "max_msg")
-        check(lib.kvt_net_tcp_create(ctypes.byref(n._h), ctypes.byref(p)))
+        check(n._create(lib.kvt_net_tcp_create, ctypes.byref(p)))
         n.rank, n.ranks = rank, ranks
         return n
 
@@ -87,21 +87,28 @@ class Net(Handle):
     def port(self):
         """The hub's bound port (rank 0 of a TCP net)."""
         out = ctypes.c_uint16()
-        check(lib.kvt_net_tcp_port(self.handle, ctypes.byref(out)))
+        check(self._call(lib.kvt_net_tcp_port, ctypes.byref(out)))
         return out.value
 
     def connect(self, timeout):
-        """Establishes the links within timeout seconds (> 0)."""
+        """Establishes the links within timeout seconds (> 0). A close() meanwhile
+        waits for it (a net is driven by one thread; nothing can end the wait
+        early)."""
         ms = timeout_ms(timeout)
         if ms <= 0:
             raise invalid("connect: timeout must be > 0 seconds")
-        check(lib.kvt_net_connect(self.handle, ms))
+        check(self._call(lib.kvt_net_connect, ms))
 
 
 class Group(Handle):
     """A formed rank group of pp x cp x tp ranks over `net` (kept alive by
     the group). ``timeout`` (seconds) is every exchange's deadline T: an
-    abort reaches every rank within 2T. Creation runs the handshake."""
+    abort reaches every rank within 2T. Creation runs the handshake.
+
+    close() from another thread while a call runs (here or in a Connector
+    over this group) waits for that call: a group is driven by one thread
+    at a time, so kvt_group_abort cannot safely wake it; every exchange
+    ends by its deadline (2T; reform: its timeout)."""
 
     _destroy = lib.kvt_group_destroy
 
@@ -115,27 +122,27 @@ class Group(Handle):
         p = _lib.GroupParams(uint(pp, "pp", minimum=1), uint(cp, "cp", minimum=1),
                              uint(tp, "tp", minimum=1), uint(geometry_digest, "geometry_digest", 64),
                              uint(config_digest, "config_digest", 64), ms, uint(epoch, "epoch", 64))
-        check(lib.kvt_group_create(ctypes.byref(self._h), net.handle, ctypes.byref(p)))
         self._borrow(net)
+        check(self._create(lib.kvt_group_create, net, ctypes.byref(p)))
         self.net = net
 
     def abort(self, reason=None):
         """Aborts the group now (e.g. from an engine exception handler): every
         rank observes it within 2T and its diagnostic names `reason`."""
         r = None if reason is None else str(reason).encode("utf-8", "replace")
-        check(lib.kvt_group_abort(self.handle, r))
+        check(self._call(lib.kvt_group_abort, r))
 
     def reform(self, timeout):
         """Re-forms under epoch + 1 (every rank calls it)."""
-        check(lib.kvt_group_reform(self.handle, timeout_ms(timeout)))
+        check(self._call(lib.kvt_group_reform, timeout_ms(timeout)))
 
     def info(self):
         """A GroupInfo."""
         gi = _lib.GroupInfo()
-        check(lib.kvt_group_info_get(self.handle, ctypes.byref(gi)))
+        check(self._call(lib.kvt_group_info_get, ctypes.byref(gi)))
         return GroupInfo(*(getattr(gi, k) for k, _ in _lib.GroupInfo._fields_))
 
     @property
     def diagnostic(self):
         """Why the group aborted or refused to form ('' while healthy)."""
-        return _lib.cstr(lib.kvt_group_diagnostic(self.handle))
+        return _lib.cstr(self._call(lib.kvt_group_diagnostic))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from . import _lib
 from ._arrays import timeout_ms, u32_array, u32_ptr, uint
-from ._handle import Handle
+from ._handle import Handle, call
 from .cache import register_memory
 from .config import Geometry
 from .emu import EmulatedEngine
@@ -276,11 +276,11 @@ class BootstrapServer(Handle):
         super().__init__()
         keep = []
         n = _net_params(keep, host, port, secret, max_frame, "tcp", heartbeat, peer_timeout)
-        check(lib.kvt_pd_bootstrap_create(ctypes.byref(self._h), ctypes.byref(n)))
+        check(self._create(lib.kvt_pd_bootstrap_create, ctypes.byref(n)))
         self._keep.extend(keep)  # (copied by the library; kept for symmetry)
         self.host = host
         out = c_uint16()
-        check(lib.kvt_pd_bootstrap_port(self._h, ctypes.byref(out)))
+        check(self._call(lib.kvt_pd_bootstrap_port, ctypes.byref(out)))
         self.port = out.value
 
     @property
@@ -291,7 +291,7 @@ class BootstrapServer(Handle):
     def stats(self):
         """BootstrapStats(prefill_ranks, lookups, refused)."""
         s = CBootstrapStats()
-        check(lib.kvt_pd_bootstrap_stats_get(self.handle, ctypes.byref(s)))
+        check(self._call(lib.kvt_pd_bootstrap_stats_get, ctypes.byref(s)))
         return BootstrapStats(s.prefill_ranks, s.lookups, s.refused)
 
 
@@ -299,7 +299,7 @@ class _Endpoint(Handle):
     """What Sender and Receiver share: per-room poll / wait / abort / clear /
     info, and creation from engine memory."""
 
-    _create = _poll = _wait = _abort = _clear = None  # the library's functions
+    _create_fn = _poll = _wait = _abort = _clear = None  # the library's functions
     _role = ""
 
     def __init__(self, bootstrap, geometry=None, engine=None, *, num_pages=None, buffers=None,
@@ -345,7 +345,7 @@ class _Endpoint(Handle):
                               % (what, type(geometry).__name__))
             else:
                 geometry.compare(engine.geometry)  # the engine's buffers are laid out for its own
-            mem, mem_keep = engine.memory(), []
+            mem, mem_keep = None, []  # the engine's, once it is borrowed (below)
         else:
             if not isinstance(geometry, Geometry):
                 raise invalid("%s: geometry must be a kvtier.Geometry, got %s"
@@ -354,32 +354,62 @@ class _Endpoint(Handle):
                 raise invalid("%s: engine memory missing: pass engine= (an EmulatedEngine) or "
                               "num_pages= with buffers= (layer-first) / base= (page-first)" % what)
             mem, mem_keep = register_memory(what, geometry, num_pages, buffers, base)
-        p.geo = geometry.handle
-        p.mem = ctypes.pointer(mem)
-        check(type(self)._create(ctypes.byref(self._h), ctypes.byref(p)))
+        if engine is not None:
+            # Borrowed before creation: from now on the engine (whose memory
+            # the library will point into) is destroyed only after this endpoint.
+            self._borrow(engine)
+        try:
+            if engine is not None:
+                mem = engine.memory()
+            p.mem = ctypes.pointer(mem)
+            with geometry._use() as geo:  # copied by create
+                p.geo = geo
+                check(self._create(type(self)._create_fn, ctypes.byref(p)))
+            p.geo = None
+        except BaseException:
+            if engine is not None:
+                self._unborrow(engine)
+            raise
         self._keep.extend(mem_keep)  # the engine's arrays: the library points into them
         self._keep.extend([mem, p] + keep)
-        if engine is not None:
-            self._borrow(engine)
         self.engine = engine
         self.num_pages = int(mem.num_pages)
         self.tp_size, self.tp_rank = p.rank.tp_size, p.rank.tp_rank
         self.dcp_size, self.dcp_rank = p.rank.dcp_size, p.rank.dcp_rank
         self.transport = transport.lower()
 
+    def _wake(self, rooms):
+        # close() while threads wait on rooms: the library has no call that
+        # wakes every waiter of an endpoint, but kvt_pd_*_abort (thread-safe)
+        # fails one room and wakes its waiters, which then return Failed
+        # instead of sitting out their timeouts. Destroying the endpoint
+        # drops the links anyway, failing these rooms on the peers; the abort
+        # tells them now and why. Terminal rooms are left alone; errors (a
+        # room cleared meanwhile) are ignored.
+        reason = _reason("%s closed while a thread waited on the room" % type(self).__name__)
+        st = c_int()
+        for room in rooms:
+            if type(self)._poll(self._h, room, ctypes.byref(st)) != 0:
+                continue
+            if st.value not in (KVPoll.Success, KVPoll.Failed):
+                type(self)._abort(self._h, room, reason)
+
     def poll(self, room):
         """The room's KVPoll now (never blocks). NotFound for a room this
         side does not know (never opened, or cleared)."""
         out = c_int()
-        check(type(self)._poll(self.handle, _room_id(room), ctypes.byref(out)))
+        check(self._call(type(self)._poll, _room_id(room), ctypes.byref(out)))
         return KVPoll(out.value)
 
     def wait(self, room, timeout):
         """Waits up to timeout seconds until the room is Success or Failed and
         returns that KVPoll. Raises Timeout (``.state`` = the KVPoll it was
-        still in) when it is neither by then."""
+        still in) when it is neither by then. A close() of this endpoint from
+        another thread aborts the room (unless it already ended), so the wait
+        returns Failed at once; see Handle."""
         out = c_int(-1)
-        st = type(self)._wait(self.handle, _room_id(room), timeout_ms(timeout), ctypes.byref(out))
+        room = _room_id(room)
+        st = self._call_waiting(room, type(self)._wait, room, timeout_ms(timeout), ctypes.byref(out))
         if st == STATUS["ETIMEDOUT"]:
             e = make_error(st)
             e.state = KVPoll(out.value) if out.value >= 0 else None
@@ -391,20 +421,19 @@ class _Endpoint(Handle):
         """Fails the room now (KVT_EABORTED) and tells every peer; each
         acknowledges (``info(room).abort_acks``). Once it returns, nothing
         more lands in the room's pages."""
-        check(type(self)._abort(self.handle, _room_id(room), _reason(reason)))
+        check(self._call(type(self)._abort, _room_id(room), _reason(reason)))
 
     def clear(self, room):
         """Forgets the room (any state; a live one fails first and its peers
         hear of it). The room id may be reused afterwards; late messages
         about the old one are ignored."""
-        check(type(self)._clear(self.handle, _room_id(room)))
+        check(self._call(type(self)._clear, _room_id(room)))
 
     def info(self, room):
         """RoomInfo(state, error, bytes, abort_acks, peers, message)."""
         ci = CRoomInfo()
-        h = self.handle
-        s, r = (h, None) if self._role == "sender" else (None, h)
-        check(lib.kvt_pd_room_info_get(s, r, _room_id(room), ctypes.byref(ci)))
+        s, r = (self, None) if self._role == "sender" else (None, self)
+        check(call(lib.kvt_pd_room_info_get, s, r, _room_id(room), ctypes.byref(ci)))
         return RoomInfo(KVPoll(ci.state), ci.error, ci.bytes, ci.abort_acks, ci.peers,
                         ci.message.decode("utf-8", "replace"))
 
@@ -427,7 +456,7 @@ class Sender(_Endpoint):
     """
 
     _destroy = lib.kvt_pd_sender_destroy
-    _create = lib.kvt_pd_sender_create
+    _create_fn = lib.kvt_pd_sender_create
     _poll = lib.kvt_pd_sender_poll
     _wait = lib.kvt_pd_sender_wait
     _abort = lib.kvt_pd_sender_abort
@@ -438,7 +467,7 @@ class Sender(_Endpoint):
     def port(self):
         """The data listener's bound port."""
         out = c_uint16()
-        check(lib.kvt_pd_sender_port(self.handle, ctypes.byref(out)))
+        check(self._call(lib.kvt_pd_sender_port, ctypes.byref(out)))
         return out.value
 
     def room(self, room):
@@ -446,7 +475,7 @@ class Sender(_Endpoint):
         Bootstrapping until every decode rank that needs this prefill rank
         sent its page table, then WaitingForInput. StateError if already
         claimed."""
-        check(lib.kvt_pd_sender_room(self.handle, _room_id(room)))
+        check(self._call(lib.kvt_pd_sender_room, _room_id(room)))
 
     def send(self, room, pages, num_tokens):
         """Hands the room's KV over: pages[i] holds tokens [i * tokens_per_page,
@@ -454,8 +483,8 @@ class Sender(_Endpoint):
         The pages must keep their content until the room is Success or
         Failed."""
         pg = u32_array(pages, "pages", allow_empty=True)
-        check(lib.kvt_pd_sender_send(self.handle, _room_id(room), u32_ptr(pg), len(pg),
-                                     uint(num_tokens, "num_tokens", minimum=1)))
+        check(self._call(lib.kvt_pd_sender_send, _room_id(room), u32_ptr(pg), len(pg),
+                         uint(num_tokens, "num_tokens", minimum=1)))
 
 
 class Receiver(_Endpoint):
@@ -468,7 +497,7 @@ class Receiver(_Endpoint):
     receiver only dials)."""
 
     _destroy = lib.kvt_pd_receiver_destroy
-    _create = lib.kvt_pd_receiver_create
+    _create_fn = lib.kvt_pd_receiver_create
     _poll = lib.kvt_pd_receiver_poll
     _wait = lib.kvt_pd_receiver_wait
     _abort = lib.kvt_pd_receiver_abort
@@ -483,4 +512,4 @@ class Receiver(_Endpoint):
         pg = u32_array(pages, "pages", allow_empty=True)
         rp = RoomParams(u32_ptr(pg), len(pg), uint(num_tokens, "num_tokens", minimum=1),
                         uint(prefix_tokens, "prefix_tokens"))
-        check(lib.kvt_pd_receiver_room(self.handle, _room_id(room), ctypes.byref(rp)))
+        check(self._call(lib.kvt_pd_receiver_room, _room_id(room), ctypes.byref(rp)))
