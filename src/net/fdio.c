@@ -56,8 +56,18 @@ kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, 
             n = readv(fd, iov, k);
         }
         if (n > 0) {
+            size_t asked = 0;
+            for (int i = 0; i < k; i++) asked += iov[i].iov_len;
             advance(&iov, &cnt, (size_t)n);
             while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
+            /* A short write means the socket buffer is full: sleep until the
+             * kernel reports it half drained (POLLOUT) rather than retry at
+             * once and copy a few segments per syscall while the reader,
+             * maybe on the same core, is still catching up. */
+            if (writing && cnt > 0 && (size_t)n < asked) {
+                kvt_status st = kvt__fd_wait(fd, POLLOUT, deadline_ns);
+                if (st != KVT_OK) return st;
+            }
             continue;
         }
         if (n == 0 && !writing) return KVT_ECONN;
@@ -87,10 +97,35 @@ static int read_span(const struct iovec *iov, int cnt, size_t max, size_t *cut)
     return k;
 }
 
+/* Sets how many bytes must be queued before the socket reads as readable
+ * (poll, wake-ups); returns whether it was set. */
+static int set_lowat(int fd, size_t bytes)
+{
+    int v = bytes > INT_MAX ? INT_MAX : (int)bytes;
+    return setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0;
+}
+
+static kvt_status readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
+                               void (*landed)(void *arg, size_t n), void *arg, int *lowat);
+
 kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
                                 void (*landed)(void *arg, size_t n), void *arg)
 {
-    size_t total = 0;
+    int lowat = 0;
+    kvt_status st = readv_landed(fd, iov, cnt, deadline_ns, max_read, landed, arg, &lowat);
+    if (lowat) set_lowat(fd, 1); /* the next frame header is 48 bytes: back to the default */
+    return st;
+}
+
+/* When the queue runs dry, waits for up to max_read bytes (never more than
+ * the rest of this read, which the peer is sending) to be queued, not for
+ * the first segment: a wake-up and a readv per ~64 KiB cost more than the
+ * copy on a small VM. */
+static kvt_status readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
+                               void (*landed)(void *arg, size_t n), void *arg, int *lowat)
+{
+    size_t total = 0, left = 0;
+    for (int i = 0; i < cnt; i++) left += iov[i].iov_len;
     while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
     while (cnt > 0) {
         size_t cut, full;
@@ -103,12 +138,14 @@ kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t dea
             advance(&iov, &cnt, (size_t)n);
             while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
             total += (size_t)n;
+            left -= (size_t)n;
             landed(arg, total);
             continue;
         }
         if (n == 0) return KVT_ECONN;
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
+        *lowat |= set_lowat(fd, left < max_read ? left : max_read);
         kvt_status st = kvt__fd_wait(fd, POLLIN, deadline_ns);
         if (st != KVT_OK) return st;
     }
