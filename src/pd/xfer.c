@@ -108,10 +108,8 @@ static kvt_status push_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t
     return KVT_OK;
 }
 
-kvt_status pd_xfer_iov_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, pd_iovs *v)
+kvt_status pd_xfer_iov_append(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, pd_iovs *v)
 {
-    v->n = 0;
-    v->bytes = 0;
     return push_entry(x, e, j0, j1, v);
 }
 

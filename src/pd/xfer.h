@@ -66,8 +66,9 @@ uint64_t pd_hashes_digest(pd_hashes *h, uint32_t i);
 uint32_t pd_xfer_chunk_end(const pd_xfer *x, uint32_t e, uint32_t j, uint32_t j1, uint64_t target);
 /* Bytes of entry e in decode page j. */
 uint64_t pd_xfer_entry_bytes(const pd_xfer *x, uint32_t e, uint32_t j);
-/* Entry e's iovecs of decode pages [j0, j1) (out is reset first). */
-kvt_status pd_xfer_iov_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, pd_iovs *out);
+/* Appends entry e's iovecs of decode pages [j0, j1) to out (the first
+ * merges with out's last when adjacent in memory). */
+kvt_status pd_xfer_iov_append(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, pd_iovs *out);
 /* Hashes entry e's pieces of decode pages [j0, j1) into h's states
  * (state j - base), from this side's memory. */
 void pd_xfer_hash_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, uint32_t base, pd_hashes *h);
