@@ -1,12 +1,13 @@
-/* bench_pd.c - `kvtier bench pd [--json] [--mib N]`: the prefill -> decode
- * hand-off over TCP on 127.0.0.1 (bootstrap + one sender + one receiver,
- * identical geometry, checksums on), against a raw TCP socket stream of the
- * same bytes in the same run; and ucx_perftest (tag_bw, UCX_TLS=tcp, 1 MiB)
- * as the UCX limit when the binary is present, against the same hand-off with
- * its data path on UCX (UCX_TLS=tcp, like the baseline). */
+/* bench_pd.c - `kvtier bench pd [--json] [--mib N] [--rounds N]`: the
+ * prefill -> decode hand-off over TCP on 127.0.0.1 (bootstrap + one sender +
+ * one receiver, identical geometry, checksums on), against a raw TCP socket
+ * stream of the same bytes; and the same hand-off with its data path on UCX
+ * (UCX_TLS=tcp) against ucx_perftest (tag_bw, same UCX_TLS) when the binary
+ * is present. Rounds interleave all of them; medians are reported. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,63 +17,94 @@
 #include "kvtier.h"
 #include "util/clock.h"
 
-#define CHUNK (8u << 20)
+#define CHUNK (4u << 20) /* a send() or recv() of the raw stream */
+#define MAX_BUFS (KVT_MAX_LAYERS * KVT_MAX_COMPONENTS)
+
+/* The engine buffers a raw stream moves: the same memory the hand-off moves
+ * (same pages, same page size, same cache state), prefill's into decode's. */
+typedef struct raw_bufs {
+    int n;
+    uint8_t *src[MAX_BUFS], *dst[MAX_BUFS];
+    uint64_t len[MAX_BUFS];
+} raw_bufs;
 
 typedef struct raw_arg {
     int fd;
-    uint8_t *buf;
-    uint64_t bytes;
+    const raw_bufs *b;
+    int ok;
 } raw_arg;
 
 static void *raw_reader(void *p)
 {
     raw_arg *a = p;
-    uint64_t got = 0;
-    while (got < a->bytes) {
-        ssize_t n = recv(a->fd, a->buf + (got % (64u << 20)) / CHUNK * CHUNK, CHUNK, 0);
-        if (n <= 0) break;
-        got += (uint64_t)n;
-    }
+    for (int i = 0; i < a->b->n; i++)
+        for (uint64_t got = 0; got < a->b->len[i];) {
+            uint64_t k = a->b->len[i] - got < CHUNK ? a->b->len[i] - got : CHUNK;
+            ssize_t n = recv(a->fd, a->b->dst[i] + got, (size_t)k, 0);
+            if (n <= 0) return NULL;
+            got += (uint64_t)n;
+        }
+    a->ok = 1;
     return NULL;
 }
 
-/* A raw loopback TCP stream: write `bytes` from a 64 MiB buffer, read into another. */
-static double raw_tcp_gbps(uint64_t bytes)
+static int raw_send_all(int fd, const raw_bufs *b)
+{
+    for (int i = 0; i < b->n; i++)
+        for (uint64_t sent = 0; sent < b->len[i];) {
+            uint64_t k = b->len[i] - sent < CHUNK ? b->len[i] - sent : CHUNK;
+            ssize_t n = send(fd, b->src[i] + sent, (size_t)k, 0);
+            if (n <= 0) return -1;
+            sent += (uint64_t)n;
+        }
+    return 0;
+}
+
+/* A connected loopback pair with the socket buffers kvtier's streams use. */
+static int raw_pair(int *c, int *s)
 {
     int l = socket(AF_INET, SOCK_STREAM, 0), one = 1, buf = 4 << 20;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t sl = sizeof sa;
+    *c = *s = -1;
     setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(l, (struct sockaddr *)&sa, sizeof sa) || listen(l, 1) || getsockname(l, (struct sockaddr *)&sa, &sl))
-        return 0;
-    int c = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(c, (struct sockaddr *)&sa, sizeof sa)) return 0;
-    int s = accept(l, NULL, NULL);
-    for (int k = 0; k < 2; k++) { /* the same socket buffers kvtier's streams use */
-        int fd = k ? s : c;
+    if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof sa) || listen(l, 1) ||
+        getsockname(l, (struct sockaddr *)&sa, &sl) || (*c = socket(AF_INET, SOCK_STREAM, 0)) < 0 ||
+        connect(*c, (struct sockaddr *)&sa, sizeof sa) || (*s = accept(l, NULL, NULL)) < 0) {
+        if (l >= 0) close(l);
+        return -1;
+    }
+    close(l);
+    for (int k = 0; k < 2; k++) {
+        int fd = k ? *s : *c;
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     }
-    uint8_t *src = malloc(64u << 20), *dst = malloc(64u << 20);
-    memset(src, 1, 64u << 20);
-    memset(dst, 0, 64u << 20);
-    raw_arg a = {s, dst, bytes};
+    return 0;
+}
+
+/* A raw loopback TCP stream of the prefill engine's buffers into the decode
+ * engine's: no framing, no checksums, one writer and one reader thread. */
+static double raw_tcp_gbps(const raw_bufs *b)
+{
+    int c, s;
+    if (raw_pair(&c, &s)) return -1;
+    uint64_t bytes = 0;
+    for (int i = 0; i < b->n; i++) bytes += b->len[i];
+    raw_arg a = {s, b, 0};
     pthread_t th;
     uint64_t t0 = kvt__now_ns();
-    pthread_create(&th, NULL, raw_reader, &a);
-    for (uint64_t sent = 0; sent < bytes;) {
-        ssize_t n = send(c, src + (sent % (64u << 20)) / CHUNK * CHUNK, CHUNK, 0);
-        if (n <= 0) break;
-        sent += (uint64_t)n;
+    if (pthread_create(&th, NULL, raw_reader, &a)) {
+        close(c);
+        close(s);
+        return -1;
     }
+    int st = raw_send_all(c, b);
     pthread_join(th, NULL);
     double secs = (double)(kvt__now_ns() - t0) / 1e9;
     close(c);
     close(s);
-    close(l);
-    free(src);
-    free(dst);
-    return (double)bytes / secs / 1e9;
+    return st || !a.ok ? -1 : (double)bytes / secs / 1e9;
 }
 
 typedef struct pd_bench {
@@ -84,7 +116,23 @@ typedef struct pd_bench {
     uint32_t *pages, np, ntok;
     uint32_t *tokens;
     kvt_request req;
+    raw_bufs raw; /* the same engine buffers, for the raw stream */
 } pd_bench;
+
+static void raw_from_engines(raw_bufs *r, const kvt_engine_memory *src, const kvt_engine_memory *dst)
+{
+    r->n = 0;
+    if (src->base) {
+        *r = (raw_bufs){1, {src->base}, {dst->base}, {src->buffer_bytes[0]}};
+        return;
+    }
+    for (int u = 0; u < MAX_BUFS; u++)
+        if (src->layer_bases[u]) {
+            r->src[r->n] = src->layer_bases[u];
+            r->dst[r->n] = dst->layer_bases[u];
+            r->len[r->n++] = src->buffer_bytes[u];
+        }
+}
 
 /* The prefill pages hold real KV (the emulated engine's content), as after a
  * prefill: calloc'd pages would all map the kernel's zero page, so the
@@ -126,6 +174,7 @@ static int pd_setup(pd_bench *b, uint32_t mib, kvt_pd_transport tr)
     kvt_engine_memory pm, dm;
     kvt_emu_memory(b->pe, &pm);
     kvt_emu_memory(b->de, &dm);
+    raw_from_engines(&b->raw, &pm, &dm);
     kvt_pd_params p = {.net = net, .bootstrap_port = port, .rank = {.tp_size = 1, .dcp_size = 1}, .geo = b->geo, .mem = &pm};
     if (kvt_pd_sender_create(&b->s, &p)) return -1;
     p.mem = &dm;
@@ -181,78 +230,175 @@ static double ucx_perftest_gbps(const char *tls, unsigned msg_mib, unsigned coun
     return mbs < 0 ? -1 : mbs * 1048576.0 / 1e9;
 }
 
-/* Best of three hand-offs (after a warm-up room) over one transport; with
- * raw != NULL, a raw TCP stream of the same bytes after each. */
-static int pd_measure(uint32_t mib, kvt_pd_transport tr, double *best, double *raw)
+/* One round: each measurement right after the other, so the machine's
+ * drift (this VM's memory bandwidth swings 2-4x within minutes) hits the
+ * hand-off and its limit alike and each ratio is taken within its round. */
+typedef struct pd_round {
+    double tcp, raw, ucx, perf, perf64;
+} pd_round;
+
+static int cmp_double(const void *a, const void *b)
 {
-    pd_bench b = {0};
-    if (pd_setup(&b, mib, tr)) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of n values picked out of the rounds; -1 when any is missing. */
+static double median_of(const pd_round *r, int n, double (*pick)(const pd_round *))
+{
+    double v[64];
+    for (int i = 0; i < n; i++) {
+        v[i] = pick(&r[i]);
+        if (v[i] < 0) return -1;
+    }
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static double pick_tcp(const pd_round *r) { return r->tcp; }
+static double pick_raw(const pd_round *r) { return r->raw; }
+static double pick_ucx(const pd_round *r) { return r->ucx; }
+static double pick_perf(const pd_round *r) { return r->perf; }
+static double pick_perf64(const pd_round *r) { return r->perf64; }
+static double pick_tcp_ratio(const pd_round *r) { return r->raw > 0 ? r->tcp / r->raw : -1; }
+static double pick_ucx_ratio(const pd_round *r) { return r->perf > 0 ? r->ucx / r->perf : -1; }
+static double pick_ucx_ratio64(const pd_round *r) { return r->perf64 > 0 ? r->ucx / r->perf64 : -1; }
+
+static int pd_recheck(pd_bench *b)
+{
+    for (int i = 0; i < b->raw.n; i++) memset(b->raw.dst[i], 0, (size_t)b->raw.len[i]);
+    return pd_run(b, 2) <= 0 || pd_verify(b) ? -1 : 0;
+}
+
+/* Sets up one transport's hand-off and checks a warm-up room byte for byte. */
+static int pd_open(pd_bench *b, uint32_t mib, kvt_pd_transport tr)
+{
+    if (pd_setup(b, mib, tr)) {
         fprintf(stderr, "kvtier bench pd: %s setup failed: %s\n", tr == KVT_PD_UCX ? "UCX" : "TCP",
                 kvt_last_error());
-        pd_teardown(&b);
         return -1;
     }
     /* warm-up: first touch of the decode pages; then they must match */
-    if (pd_run(&b, 1) <= 0 || pd_verify(&b)) {
-        pd_teardown(&b);
-        return -1;
-    }
-    for (int i = 0; i < 3; i++) {
-        double t = pd_run(&b, 10 + (uint64_t)i);
-        *best = t > *best ? t : *best;
-        if (raw) {
-            double r = raw_tcp_gbps((uint64_t)mib << 20);
-            *raw = r > *raw ? r : *raw;
+    return pd_run(b, 1) <= 0 || pd_verify(b) ? -1 : 0;
+}
+
+static void fmt_num(char *buf, size_t n, double v)
+{
+    if (v < 0) snprintf(buf, n, "null");
+    else snprintf(buf, n, "%.3f", v);
+}
+
+/* A median or a value as JSON: null when not measured. */
+#define NUM(buf, v) (fmt_num(buf, sizeof buf, v), buf)
+
+static void print_json(uint32_t mib, const char *tls, const pd_round *r, int n)
+{
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32];
+    printf("{\"mib\": %u, \"rounds\": %d, \"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"tcp_ratio\": %s, "
+           "\"ucx_gbps\": %s, \"ucx_tls\": \"%s\", \"ucx_perftest_gbps\": %s, \"ucx_ratio\": %s, "
+           "\"ucx_perftest_64mib_gbps\": %s, \"ucx_ratio_64mib\": %s, \"per_round\": [",
+           mib, n, NUM(a, median_of(r, n, pick_tcp)), NUM(b, median_of(r, n, pick_raw)),
+           NUM(c, median_of(r, n, pick_tcp_ratio)), NUM(d, median_of(r, n, pick_ucx)), tls,
+           NUM(e, median_of(r, n, pick_perf)), NUM(f, median_of(r, n, pick_ucx_ratio)),
+           NUM(g, median_of(r, n, pick_perf64)), NUM(h, median_of(r, n, pick_ucx_ratio64)));
+    for (int i = 0; i < n; i++)
+        printf("%s{\"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"ucx_gbps\": %s, \"ucx_perftest_gbps\": %s, "
+               "\"ucx_perftest_64mib_gbps\": %s}", i ? ", " : "", NUM(a, r[i].tcp), NUM(b, r[i].raw),
+               NUM(c, r[i].ucx), NUM(d, r[i].perf), NUM(e, r[i].perf64));
+    printf("]}\n");
+}
+
+/* One line of the text report, or "not run". */
+static void print_line(const char *what, double v, const char *limit, double lv, double ratio)
+{
+    if (v < 0) return;
+    printf("  %s: %.2f GB/s", what, v);
+    if (lv >= 0) printf("; %s: %.2f GB/s; ratio %.2f", limit, lv, ratio);
+    printf("\n");
+}
+
+static void print_text(const char *tls, const pd_round *r, int n)
+{
+    char ucx[64];
+    snprintf(ucx, sizeof ucx, "pd over UCX (UCX_TLS=%s)", tls);
+    printf("medians of %d rounds (each ratio taken within its round):\n", n);
+    print_line("pd over TCP", median_of(r, n, pick_tcp), "raw TCP stream of the same buffers",
+               median_of(r, n, pick_raw), median_of(r, n, pick_tcp_ratio));
+    print_line(ucx, median_of(r, n, pick_ucx), "ucx_perftest tag_bw 1 MiB, one cache-hot buffer",
+               median_of(r, n, pick_perf), median_of(r, n, pick_ucx_ratio));
+    print_line(ucx, median_of(r, n, pick_ucx), "ucx_perftest tag_bw 64 MiB, buffers beyond cache",
+               median_of(r, n, pick_perf64), median_of(r, n, pick_ucx_ratio64));
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: kvtier bench pd [--json] [--mib 16..4096] [--rounds 1..64] [--only tcp|ucx] [--ucx-tls TLS]\n");
+    return 2;
+}
+
+/* Which parts run: both hand-offs and their limits, or (profiling) one
+ * hand-off alone. */
+enum { RUN_ALL, RUN_TCP, RUN_UCX };
+
+/* Measures `rounds` rounds over hand-offs opened once per transport. */
+static int pd_rounds(uint32_t mib, int rounds, int only, const char *tls, pd_round *out)
+{
+    pd_bench tcp = {0}, ucx = {0};
+    bool do_tcp = only != RUN_UCX, do_ucx = only != RUN_TCP, limits = only == RUN_ALL;
+    int rc = -1;
+    if (do_tcp && pd_open(&tcp, mib, KVT_PD_TCP)) goto done;
+    setenv("UCX_TLS", tls, 1); /* perftest runs with the same */
+    if (do_ucx && pd_open(&ucx, mib, KVT_PD_UCX)) goto done;
+    for (int i = 0; i < rounds; i++) {
+        pd_round *r = &out[i];
+        *r = (pd_round){-1, -1, -1, -1, -1};
+        if (do_tcp) r->tcp = pd_run(&tcp, 10 + (uint64_t)i);
+        if (limits) r->raw = raw_tcp_gbps(&tcp.raw);
+        if (do_ucx) r->ucx = pd_run(&ucx, 10 + (uint64_t)i);
+        if (limits) {
+            r->perf = ucx_perftest_gbps(tls, 1, 2000);
+            r->perf64 = ucx_perftest_gbps(tls, 64, 32);
         }
+        if ((do_tcp && r->tcp <= 0) || (do_ucx && r->ucx <= 0)) {
+            fprintf(stderr, "kvtier bench pd: round %d: a hand-off failed: %s\n", i + 1, kvt_last_error());
+            goto done;
+        }
+        fprintf(stderr, "kvtier bench pd: round %d/%d: tcp %.2f raw %.2f ucx %.2f perftest %.2f / %.2f GB/s\n",
+                i + 1, rounds, r->tcp, r->raw, r->ucx, r->perf, r->perf64);
     }
-    pd_teardown(&b);
-    return 0;
+    /* the raw stream wrote the decode pages too: wipe them, hand off once
+     * more over each transport and check every byte again */
+    rc = (do_tcp && pd_recheck(&tcp)) || (do_ucx && pd_recheck(&ucx)) ? -1 : 0;
+done:
+    pd_teardown(&tcp);
+    pd_teardown(&ucx);
+    return rc;
 }
 
 int kvt_bench_pd_main(int argc, char **argv)
 {
-    int json = 0, ucx_only = 0;
+    int json = 0, only = RUN_ALL, rounds = 5;
     uint32_t mib = 512;
     const char *tls = "tcp"; /* the baseline's transport, for the ratio */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (uint32_t)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--ucx-only")) ucx_only = 1; /* profiling: the UCX hand-off alone */
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "tcp") && ++i)
+            only = RUN_TCP; /* profiling: one hand-off alone, no limits */
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "ucx") && ++i)
+            only = RUN_UCX;
         else if (!strcmp(argv[i], "--ucx-tls") && i + 1 < argc && strlen(argv[i + 1]) < 64 &&
                  strspn(argv[i + 1], "abcdefghijklmnopqrstuvwxyz0123456789_,") == strlen(argv[i + 1]))
             tls = argv[++i]; /* it goes into perftest's shell command */
-        else {
-            fprintf(stderr, "usage: kvtier bench pd [--json] [--mib N] [--ucx-only] [--ucx-tls TLS]\n");
-            return 2;
-        }
+        else
+            return usage();
     }
-    if (mib < 16 || mib > 4096) mib = 512;
+    if (mib < 16 || mib > 4096 || rounds < 1 || rounds > 64) return usage();
     setenv("KVTIER_PD_QUIET", "1", 0);
-    double tcp = 0, raw = 0, ucx = 0;
-    if (!ucx_only && pd_measure(mib, KVT_PD_TCP, &tcp, &raw)) return 1;
-    setenv("UCX_TLS", tls, 1); /* perftest runs with the same */
-    if (pd_measure(mib, KVT_PD_UCX, &ucx, NULL)) return 1;
-    /* perftest twice: its usual 1 MiB messages from one cache-hot buffer
-     * (ucx_perftest_gbps, the headline limit), and 64 MiB messages (the
-     * hand-off's batch size), whose buffers, like the hand-off's 512 MiB of
-     * pages, do not fit in cache (ucx_perftest_64mib_gbps). */
-    double perf = ucx_only ? -1 : ucx_perftest_gbps(tls, 1, 2000);
-    double cold = ucx_only ? -1 : ucx_perftest_gbps(tls, 64, 32);
-    char perf_s[32], cold_s[32];
-    if (perf < 0) snprintf(perf_s, sizeof perf_s, "null");
-    else snprintf(perf_s, sizeof perf_s, "%.3f", perf);
-    if (cold < 0) snprintf(cold_s, sizeof cold_s, "null");
-    else snprintf(cold_s, sizeof cold_s, "%.3f", cold);
-    if (json)
-        printf("{\"mib\": %u, \"tcp_gbps\": %.3f, \"raw_tcp_gbps\": %.3f, \"tcp_ratio\": %.3f, "
-               "\"ucx_gbps\": %.3f, \"ucx_tls\": \"%s\", \"ucx_perftest_gbps\": %s, \"ucx_ratio\": %.3f, "
-               "\"ucx_perftest_64mib_gbps\": %s, \"ucx_ratio_64mib\": %.3f}\n",
-               mib, tcp, raw, raw > 0 ? tcp / raw : 0, ucx, tls, perf_s, perf > 0 ? ucx / perf : 0, cold_s,
-               cold > 0 ? ucx / cold : 0);
-    else
-        printf("pd over TCP: %.2f GB/s, raw TCP stream %.2f GB/s (%.2fx); pd over UCX (UCX_TLS=%s): %.2f GB/s, "
-               "ucx_perftest tag_bw 1 MiB: %s GB/s (%.2fx), 64 MiB: %s GB/s (%.2fx)\n",
-               tcp, raw, raw > 0 ? tcp / raw : 0, tls, ucx, perf_s, perf > 0 ? ucx / perf : 0, cold_s,
-               cold > 0 ? ucx / cold : 0);
-    return (tcp > 0 || ucx_only) && ucx > 0 ? 0 : 1;
+    pd_round r[64];
+    if (pd_rounds(mib, rounds, only, tls, r)) return 1;
+    if (json) print_json(mib, tls, r, rounds);
+    else print_text(tls, r, rounds);
+    return 0;
 }
