@@ -14,19 +14,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include "bench.h"
+#include "bench_ucx_raw.h"
 #include "kvtier.h"
 #include "util/clock.h"
 
 #define CHUNK (4u << 20) /* a send() or recv() of the raw stream */
 #define MAX_BUFS (KVT_MAX_LAYERS * KVT_MAX_COMPONENTS)
+_Static_assert(MAX_BUFS <= 2048, "raw_bufs holds every engine buffer");
 
-/* The engine buffers a raw stream moves: the same memory the hand-off moves
- * (same pages, same page size, same cache state), prefill's into decode's. */
-typedef struct raw_bufs {
-    int n;
-    uint8_t *src[MAX_BUFS], *dst[MAX_BUFS];
-    uint64_t len[MAX_BUFS];
-} raw_bufs;
+/* raw_bufs (bench_ucx_raw.h): the engine buffers a raw stream moves, the
+ * same memory the hand-off moves (same pages, same page size, same cache
+ * state), prefill's into decode's. */
 
 typedef struct raw_arg {
     int fd;
@@ -218,10 +216,12 @@ static double ucx_perftest_gbps(const char *tls, unsigned msg_mib, unsigned coun
 {
     if (access("/usr/bin/ucx_perftest", X_OK) != 0) return -1;
     char cmd[512];
+    /* the client retries until the server listens (slow to start on a busy machine) */
     snprintf(cmd, sizeof cmd,
              "UCX_TLS=%s timeout 30 ucx_perftest -t tag_bw -s %u -n %u -p 13399 >/dev/null 2>&1 & "
-             "sleep 1; UCX_TLS=%s timeout 30 ucx_perftest -t tag_bw -s %u -n %u -p 13399 127.0.0.1 "
-             "2>/dev/null | awk '/Final:/ {print $6}'; wait", tls, msg_mib << 20, count, tls, msg_mib << 20, count);
+             "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.3; r=$(UCX_TLS=%s timeout 30 ucx_perftest -t tag_bw "
+             "-s %u -n %u -p 13399 127.0.0.1 2>/dev/null | awk '/Final:/ {print $6}'); [ -n \"$r\" ] && break; "
+             "done; echo \"$r\"; wait", tls, msg_mib << 20, count, tls, msg_mib << 20, count);
     FILE *f = popen(cmd, "r");
     if (!f) return -1;
     double mbs = -1;
@@ -234,7 +234,7 @@ static double ucx_perftest_gbps(const char *tls, unsigned msg_mib, unsigned coun
  * drift (this VM's memory bandwidth swings 2-4x within minutes) hits the
  * hand-off and its limit alike and each ratio is taken within its round. */
 typedef struct pd_round {
-    double tcp, raw, ucx, perf, perf64;
+    double tcp, raw, ucx, raw_ucx, perf, perf64;
 } pd_round;
 
 static int cmp_double(const void *a, const void *b)
@@ -243,24 +243,27 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The median of n values picked out of the rounds; -1 when any is missing. */
+/* The median of the values picked out of the rounds that measured one
+ * (a perftest run can fail on a busy machine); -1 when none did. */
 static double median_of(const pd_round *r, int n, double (*pick)(const pd_round *))
 {
     double v[64];
-    for (int i = 0; i < n; i++) {
-        v[i] = pick(&r[i]);
-        if (v[i] < 0) return -1;
-    }
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (pick(&r[i]) >= 0) v[k++] = pick(&r[i]);
+    if (!k) return -1;
+    qsort(v, (size_t)k, sizeof *v, cmp_double);
+    return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
 }
 
 static double pick_tcp(const pd_round *r) { return r->tcp; }
 static double pick_raw(const pd_round *r) { return r->raw; }
 static double pick_ucx(const pd_round *r) { return r->ucx; }
+static double pick_raw_ucx(const pd_round *r) { return r->raw_ucx; }
 static double pick_perf(const pd_round *r) { return r->perf; }
 static double pick_perf64(const pd_round *r) { return r->perf64; }
 static double pick_tcp_ratio(const pd_round *r) { return r->raw > 0 ? r->tcp / r->raw : -1; }
+static double pick_raw_ucx_ratio(const pd_round *r) { return r->raw_ucx > 0 ? r->ucx / r->raw_ucx : -1; }
 static double pick_ucx_ratio(const pd_round *r) { return r->perf > 0 ? r->ucx / r->perf : -1; }
 static double pick_ucx_ratio64(const pd_round *r) { return r->perf64 > 0 ? r->ucx / r->perf64 : -1; }
 
@@ -293,18 +296,21 @@ static void fmt_num(char *buf, size_t n, double v)
 
 static void print_json(uint32_t mib, const char *tls, const pd_round *r, int n)
 {
-    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32];
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], l[32];
     printf("{\"mib\": %u, \"rounds\": %d, \"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"tcp_ratio\": %s, "
-           "\"ucx_gbps\": %s, \"ucx_tls\": \"%s\", \"ucx_perftest_gbps\": %s, \"ucx_ratio\": %s, "
+           "\"ucx_gbps\": %s, \"ucx_tls\": \"%s\", \"raw_ucx_gbps\": %s, \"ucx_raw_ratio\": %s, "
+           "\"ucx_perftest_gbps\": %s, \"ucx_ratio\": %s, "
            "\"ucx_perftest_64mib_gbps\": %s, \"ucx_ratio_64mib\": %s, \"per_round\": [",
            mib, n, NUM(a, median_of(r, n, pick_tcp)), NUM(b, median_of(r, n, pick_raw)),
            NUM(c, median_of(r, n, pick_tcp_ratio)), NUM(d, median_of(r, n, pick_ucx)), tls,
+           NUM(k, median_of(r, n, pick_raw_ucx)), NUM(l, median_of(r, n, pick_raw_ucx_ratio)),
            NUM(e, median_of(r, n, pick_perf)), NUM(f, median_of(r, n, pick_ucx_ratio)),
            NUM(g, median_of(r, n, pick_perf64)), NUM(h, median_of(r, n, pick_ucx_ratio64)));
     for (int i = 0; i < n; i++)
-        printf("%s{\"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"ucx_gbps\": %s, \"ucx_perftest_gbps\": %s, "
-               "\"ucx_perftest_64mib_gbps\": %s}", i ? ", " : "", NUM(a, r[i].tcp), NUM(b, r[i].raw),
-               NUM(c, r[i].ucx), NUM(d, r[i].perf), NUM(e, r[i].perf64));
+        printf("%s{\"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"ucx_gbps\": %s, \"raw_ucx_gbps\": %s, "
+               "\"ucx_perftest_gbps\": %s, \"ucx_perftest_64mib_gbps\": %s}", i ? ", " : "",
+               NUM(a, r[i].tcp), NUM(b, r[i].raw), NUM(c, r[i].ucx), NUM(k, r[i].raw_ucx), NUM(d, r[i].perf),
+               NUM(e, r[i].perf64));
     printf("]}\n");
 }
 
@@ -324,6 +330,8 @@ static void print_text(const char *tls, const pd_round *r, int n)
     printf("medians of %d rounds (each ratio taken within its round):\n", n);
     print_line("pd over TCP", median_of(r, n, pick_tcp), "raw TCP stream of the same buffers",
                median_of(r, n, pick_raw), median_of(r, n, pick_tcp_ratio));
+    print_line(ucx, median_of(r, n, pick_ucx), "raw UCX tag stream of the same buffers",
+               median_of(r, n, pick_raw_ucx), median_of(r, n, pick_raw_ucx_ratio));
     print_line(ucx, median_of(r, n, pick_ucx), "ucx_perftest tag_bw 1 MiB, one cache-hot buffer",
                median_of(r, n, pick_perf), median_of(r, n, pick_ucx_ratio));
     print_line(ucx, median_of(r, n, pick_ucx), "ucx_perftest tag_bw 64 MiB, buffers beyond cache",
@@ -351,11 +359,12 @@ static int pd_rounds(uint32_t mib, int rounds, int only, const char *tls, pd_rou
     if (do_ucx && pd_open(&ucx, mib, KVT_PD_UCX)) goto done;
     for (int i = 0; i < rounds; i++) {
         pd_round *r = &out[i];
-        *r = (pd_round){-1, -1, -1, -1, -1};
+        *r = (pd_round){-1, -1, -1, -1, -1, -1};
         if (do_tcp) r->tcp = pd_run(&tcp, 10 + (uint64_t)i);
         if (limits) r->raw = raw_tcp_gbps(&tcp.raw);
         if (do_ucx) r->ucx = pd_run(&ucx, 10 + (uint64_t)i);
         if (limits) {
+            r->raw_ucx = kvt_bench_raw_ucx_gbps(&ucx.raw);
             r->perf = ucx_perftest_gbps(tls, 1, 2000);
             r->perf64 = ucx_perftest_gbps(tls, 64, 32);
         }
@@ -363,8 +372,8 @@ static int pd_rounds(uint32_t mib, int rounds, int only, const char *tls, pd_rou
             fprintf(stderr, "kvtier bench pd: round %d: a hand-off failed: %s\n", i + 1, kvt_last_error());
             goto done;
         }
-        fprintf(stderr, "kvtier bench pd: round %d/%d: tcp %.2f raw %.2f ucx %.2f perftest %.2f / %.2f GB/s\n",
-                i + 1, rounds, r->tcp, r->raw, r->ucx, r->perf, r->perf64);
+        fprintf(stderr, "kvtier bench pd: round %d/%d (GB/s): tcp %.2f raw %.2f | ucx %.2f raw %.2f perftest %.2f / %.2f\n",
+                i + 1, rounds, r->tcp, r->raw, r->ucx, r->raw_ucx, r->perf, r->perf64);
     }
     /* the raw stream wrote the decode pages too: wipe them, hand off once
      * more over each transport and check every byte again */

@@ -31,6 +31,8 @@ typedef struct kvt_ucx_api {
                                      const ucp_request_param_t *);
     ucs_status_ptr_t (*tag_msg_recv_nbx)(ucp_worker_h, void *, size_t, ucp_tag_message_h,
                                          const ucp_request_param_t *);
+    ucs_status_ptr_t (*tag_recv_nbx)(ucp_worker_h, void *, size_t, ucp_tag_t, ucp_tag_t,
+                                     const ucp_request_param_t *); /* the bench's raw stream */
     ucp_tag_message_h (*tag_probe_nb)(ucp_worker_h, ucp_tag_t, ucp_tag_t, int,
                                       ucp_tag_recv_info_t *);
     ucs_status_t (*request_check_status)(void *);
