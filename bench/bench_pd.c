@@ -372,8 +372,14 @@ static int pd_rounds(uint32_t mib, int rounds, int only, const char *tls, pd_rou
             fprintf(stderr, "kvtier bench pd: round %d: a hand-off failed: %s\n", i + 1, kvt_last_error());
             goto done;
         }
-        fprintf(stderr, "kvtier bench pd: round %d/%d (GB/s): tcp %.2f raw %.2f | ucx %.2f raw %.2f perftest %.2f / %.2f\n",
-                i + 1, rounds, r->tcp, r->raw, r->ucx, r->raw_ucx, r->perf, r->perf64);
+        char t[6][16];
+        double v[6] = {r->tcp, r->raw, r->ucx, r->raw_ucx, r->perf, r->perf64};
+        for (int k = 0; k < 6; k++) {
+            if (v[k] < 0) snprintf(t[k], sizeof t[k], "-");
+            else snprintf(t[k], sizeof t[k], "%.2f", v[k]);
+        }
+        fprintf(stderr, "kvtier bench pd: round %d/%d (GB/s): tcp %s raw %s | ucx %s raw %s perftest %s / %s\n",
+                i + 1, rounds, t[0], t[1], t[2], t[3], t[4], t[5]);
     }
     /* the raw stream wrote the decode pages too: wipe them, hand off once
      * more over each transport and check every byte again */
