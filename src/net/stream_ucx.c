@@ -43,6 +43,7 @@
 #define INFLIGHT 16                    /* messages of sendv (async: across sendvs) in flight */
 #define RINFLIGHT 16                   /* zero-copy receives of one recvv in flight */
 #define HUP_DRAIN_NS 20000000ull  /* after a hang-up: time for the peer's last messages */
+#define DISCARD_NS 20000000ull    /* destroy: bound on discarding the messages nobody read */
 #define SPINS 256                      /* idle progress rounds before sleeping on the fd */
 #define REAP_NS (500ull * 1000000ull)  /* bound on reaping a cancelled request */
 
@@ -66,6 +67,7 @@ typedef struct ux_stream {
     size_t cur_cap;
     uint8_t *stage;             /* a received message's bytes not yet read */
     size_t stage_cap, stage_off, stage_len;
+    uint8_t sink[64];           /* destroy: where unread messages are taken, truncated */
 } ux_stream;
 
 /* ---- the process-wide context ---- */
@@ -721,12 +723,45 @@ static void ux_close_ep(ux_stream *u)
     ucp_request_free(c); /* still flushing: the worker's destruction ends it */
 }
 
+/* Takes every message the worker holds that nobody read, so that worker
+ * destruction finds none: UCX prints a WARN for each one it drops there
+ * ("unexpected tag-receive descriptor ... was not matched"). They are
+ * routine, not lost data: the peer sends until it sees our hang-up (its
+ * heartbeat PING every heartbeat_ms; the DATA of a room still moving when
+ * the engine stops), so what reaches our worker after the owner's last
+ * read is ours to drop, as closing a socket drops unread bytes. Called
+ * once the endpoint is closed: each lands truncated in u->sink, an eager
+ * message copied out of UCX's buffer, a rendezvous one dropped with no
+ * data moved (its endpoint is closed). Bounded by DISCARD_NS; a receive UCX
+ * does not finish at once (an eager message still arriving in parts)
+ * progresses the worker meanwhile, and what that brings is taken too. */
+static void ux_discard_unread(ux_stream *u)
+{
+    uint64_t dl = kvt__now_ns() + DISCARD_NS;
+    ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE, .datatype = ucp_dt_make_contig(1)};
+    ucp_tag_recv_info_t info;
+    ucp_tag_message_h m;
+    while (kvt__now_ns() < dl && (m = ucp_tag_probe_nb(u->worker, UX_TAG, UINT64_MAX, 1, &info))) {
+        size_t n = info.length < sizeof u->sink ? info.length : sizeof u->sink;
+        void *r = ucp_tag_msg_recv_nbx(u->worker, u->sink, n, m, &p);
+        if (!UCS_PTR_IS_PTR(r)) continue; /* taken at once, or refused: gone either way */
+        while (ucp_request_check_status(r) == UCS_INPROGRESS && kvt__now_ns() < dl) ux_progress(u);
+        if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(u->worker, r);
+        ucp_request_free(r); /* still held: released with the worker, before u->sink goes */
+    }
+}
+
 static void ux_destroy(kvt_stream *s)
 {
     ux_stream *u = (ux_stream *)s;
     /* async sends still out: let them finish briefly, else cancel and reap */
     if (u->req_n && u->worker) (void)ux_flush_reqs(u, kvt__now_ns() + REAP_NS);
     ux_close_ep(u);
+    /* Last: the close's flush progressed the worker, and nothing does after
+     * this, so nothing unread is left in it when it goes. (Before the close
+     * a rendezvous message would be acknowledged, not dropped, and the
+     * flush then waits on a peer still sending: REAP_NS per destroy.) */
+    if (u->worker) ux_discard_unread(u);
     if (u->worker) {
         ucp_worker_destroy(u->worker);
         ctx_unref();

@@ -2,9 +2,11 @@
  * messages) on 127.0.0.1: byte-verified rooms with UCX_TLS=tcp and with
  * shared memory (posix, sysv), a geometry conversion, many rooms in flight,
  * a dead peer (destroyed in-process, and a SIGKILLed child process) failing
- * its rooms promptly, and corruption ending Failed. Each case sets UCX_TLS
- * before its first stream: the UCP context lives only while streams do, so
- * every case initialises UCX afresh. Every wait is bounded. */
+ * its rooms promptly, corruption ending Failed, and teardown (after a room,
+ * and mid-transfer) leaving no unread message for UCX to warn about. Each
+ * case sets UCX_TLS before its first stream: the UCP context lives only
+ * while streams do, so every case initialises UCX afresh. Every wait is
+ * bounded. */
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -217,6 +219,125 @@ static void tcp_dead_prefill_fails_rooms(void **state)
     pd_cluster_stop(&cl);
 }
 
+/* What this process writes to stdout and stderr (UCX logs to stdout unless
+ * UCX_LOG_FILE says otherwise) between capture_begin and capture_end: UCX's
+ * warnings in a test's output. No assert in between: cmocka reports there. */
+typedef struct err_capture {
+    int saved[2];
+    FILE *f;
+} err_capture;
+
+static void capture_begin(err_capture *c)
+{
+    fflush(stdout);
+    fflush(stderr);
+    c->f = tmpfile();
+    assert_non_null(c->f);
+    for (int fd = 1; fd <= 2; fd++) {
+        c->saved[fd - 1] = dup(fd);
+        assert_true(c->saved[fd - 1] >= 0);
+        assert_true(dup2(fileno(c->f), fd) == fd);
+    }
+}
+
+static char *capture_end(err_capture *c)
+{
+    fflush(stdout);
+    fflush(stderr);
+    for (int fd = 1; fd <= 2; fd++) {
+        dup2(c->saved[fd - 1], fd);
+        close(c->saved[fd - 1]);
+    }
+    long n = ftell(c->f);
+    char *b = calloc(1, n > 0 ? (size_t)n + 1 : 1);
+    assert_non_null(b);
+    rewind(c->f);
+    if (n > 0 && fread(b, 1, (size_t)n, c->f) != (size_t)n) b[0] = 0;
+    fclose(c->f);
+    return b;
+}
+
+/* UCX warns at worker destruction about every message it received that
+ * nobody took ("unexpected tag-receive descriptor ... was not matched"). */
+static void expect_no_unread_warning(const char *out, const char *what)
+{
+    const char *w = strstr(out, "was not matched");
+    if (!w) return;
+    unsigned n = 0;
+    for (const char *p = w; p; p = strstr(p + 1, "was not matched")) n++;
+    const char *line = w;
+    while (line > out && line[-1] != '\n') line--;
+    fail_msg("%s: UCX destroyed a worker holding %u unread message(s); the first warning: %.*s", what, n,
+             (int)(strcspn(line, "\n")), line);
+}
+
+/* The decode rank goes first while its prefill peer still heartbeats (every
+ * millisecond here, so a PING is nearly always in flight): the decode
+ * link's last PING from the prefill side lands in its worker after it read
+ * its last frame. Destroying the stream discards it; UCX must not warn. */
+static void tcp_teardown_discards_unread_pings(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 6; i++) {
+        pd_cluster cl = {.net = {.heartbeat_ms = 1}};
+        use_ucx(&cl, "tcp");
+        pd_cluster_start(&cl, &c1, &c1, 40);
+        pd_cluster_decoders(&cl);
+        pd_open_room(&cl, 1, 0);
+        pd_expect_room(&cl, 1, KVT_PD_SUCCESS);
+        struct timespec ts = {0, 20 * 1000000}; /* idle: only PINGs move */
+        nanosleep(&ts, NULL);
+        err_capture cap;
+        capture_begin(&cap);
+        pd_cluster_stop(&cl); /* the bench's order: decode, prefill, bootstrap */
+        char *out = capture_end(&cap);
+        expect_no_unread_warning(out, "teardown after a room");
+        free(out);
+    }
+}
+
+/* The decode rank is destroyed while a room's DATA streams in (pieces of
+ * 256 KiB, rendezvous over tcp, and frame headers): what the prefill rank
+ * sent after the decode link's last read is discarded with the stream,
+ * promptly, without a warning; so is anything left when the prefill rank
+ * goes after it. (Its link meanwhile reaps the rendezvous sends the hang-up
+ * left in flight, up to REAP_NS each: the stop takes seconds.) */
+static void tcp_destroy_mid_transfer_discards_data(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    use_ucx(&cl, "tcp");
+    cl.net.max_frame = 4u << 20; /* batches of 2 pages: many frames a room */
+    pd_side_cfg c = {.tp = 1, .dcp = 1, .tpp = 64, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &wide};
+    pd_cluster_start(&cl, &c, &c, 64 * 64); /* 64 pages of 2 MiB */
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 1, 0);
+    kvt_pd_room_info i = {0};
+    uint64_t dl = kvt__now_ns() + 20000000000ull;
+    while (kvt__now_ns() < dl) {
+        assert_ok(kvt_pd_room_info_get(NULL, cl.dec[0].r, 1, &i));
+        if (i.bytes > 0 || i.state == KVT_PD_SUCCESS) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(i.bytes > 0);
+    err_capture cap;
+    capture_begin(&cap);
+    uint64_t t0 = kvt__now_ns();
+    kvt_pd_receiver_destroy(cl.dec[0].r);
+    uint64_t ms = (kvt__now_ns() - t0) / 1000000;
+    char *out = capture_end(&cap);
+    cl.dec[0].r = NULL;
+    expect_no_unread_warning(out, "decode rank destroyed mid-transfer");
+    free(out);
+    if (ms > 5000) fail_msg("destroying the decode rank took %llu ms", (unsigned long long)ms);
+    capture_begin(&cap);
+    pd_cluster_stop(&cl);
+    out = capture_end(&cap);
+    expect_no_unread_warning(out, "prefill rank destroyed after its peer");
+    free(out);
+}
+
 /* The prefill rank (and the bootstrap service) in a child process that is
  * SIGKILLed while the decode rank's rooms wait: nothing closes cleanly. */
 static void killed_prefill_process(const char *tls)
@@ -293,6 +414,8 @@ int main(void)
         cmocka_unit_test(tcp_dead_prefill_fails_rooms),
         cmocka_unit_test(tcp_killed_prefill_process),
         cmocka_unit_test(posix_killed_prefill_process),
+        cmocka_unit_test(tcp_teardown_discards_unread_pings),
+        cmocka_unit_test(tcp_destroy_mid_transfer_discards_data),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
