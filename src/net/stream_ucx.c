@@ -45,7 +45,7 @@
 #define HUP_DRAIN_NS 20000000ull  /* after a hang-up: time for the peer's last messages */
 #define DISCARD_NS 20000000ull    /* destroy: bound on discarding the messages nobody read */
 #define SPINS 256                      /* idle progress rounds before sleeping on the fd */
-#define REAP_NS (500ull * 1000000ull)  /* bound on reaping a cancelled request */
+#define REAP_NS (500ull * 1000000ull)  /* bound on reaping a broken stream's cancelled requests */
 
 typedef struct ux_stream {
     kvt_stream base; /* base.fd: the TCP socket */
@@ -68,6 +68,7 @@ typedef struct ux_stream {
     uint8_t *stage;             /* a received message's bytes not yet read */
     size_t stage_cap, stage_off, stage_len;
     uint8_t sink[64];           /* destroy: where unread messages are taken, truncated */
+    uint64_t reap_dl;           /* reaping cancelled requests ends by then (0: none yet) */
 } ux_stream;
 
 /* ---- the process-wide context ---- */
@@ -224,7 +225,11 @@ static bool ux_pending_after_hup(ux_stream *u)
 static void ux_reap(ux_stream *u, void *req)
 {
     ucp_request_cancel(u->worker, req);
-    uint64_t dl = kvt__now_ns() + REAP_NS;
+    /* one budget for the stream, not per request: a hang-up can leave 16
+     * sends in flight that UCX cannot cancel, and 16 x REAP_NS held a
+     * prefill link (and its destroy) for ~8 s */
+    if (!u->reap_dl) u->reap_dl = kvt__now_ns() + REAP_NS;
+    uint64_t dl = u->reap_dl;
     while (ucp_request_check_status(req) == UCS_INPROGRESS && kvt__now_ns() < dl) ux_progress(u);
     if (ucp_request_check_status(req) == UCS_INPROGRESS && u->ep) {
         /* still held (a matched rendezvous): a forced close fails it */
