@@ -30,3 +30,19 @@ def skip_if_unloadable():
             sys.stderr.write("kvtier python tests skipped: %s\n" % SKIP_REASON)
             skip_if_unloadable.printed = True
         raise unittest.SkipTest(SKIP_REASON)
+
+
+def quiet_pd_logs():
+    """Sets KVTIER_PD_QUIET=1 (the library then does not log link events,
+    refusals and aborts to stderr) and returns a function that restores
+    what was there."""
+    before = os.environ.get("KVTIER_PD_QUIET")
+    os.environ["KVTIER_PD_QUIET"] = "1"
+
+    def restore():
+        if before is None:
+            os.environ.pop("KVTIER_PD_QUIET", None)
+        else:
+            os.environ["KVTIER_PD_QUIET"] = before
+
+    return restore

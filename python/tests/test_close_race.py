@@ -16,29 +16,27 @@ import unittest
 
 import numpy as np
 
-from _util import HERE, skip_if_unloadable
+from _util import HERE, skip_if_unloadable, quiet_pd_logs
 
-_QUIET = "KVTIER_PD_QUIET"
-_quiet_before = None
 
 LONG = 6.0  # a wait's timeout: close() must return well before it where it can wake the wait
 
 
 def setUpModule():
     skip_if_unloadable()
-    global kvtier, KVPoll, pdw, _quiet_before
-    _quiet_before = os.environ.get(_QUIET)
-    os.environ[_QUIET] = "1"
+    global kvtier, KVPoll, pdw, _restore_quiet
+    _restore_quiet = quiet_pd_logs()
     import kvtier
     from kvtier import KVPoll
     import pd_worker as pdw
 
 
+_restore_quiet = None
+
+
 def tearDownModule():
-    if _quiet_before is None:
-        os.environ.pop(_QUIET, None)
-    else:
-        os.environ[_QUIET] = _quiet_before
+    if _restore_quiet:
+        _restore_quiet()
 
 
 class Blocked:

@@ -13,28 +13,26 @@ import unittest
 
 import numpy as np
 
-from _util import HERE, skip_if_unloadable
+from _util import HERE, skip_if_unloadable, quiet_pd_logs
 
 
-_QUIET = "KVTIER_PD_QUIET"  # set: the library does not log link events, refusals, aborts
-_quiet_before = None
 
 
 def setUpModule():
     skip_if_unloadable()
-    global kvtier, KVPoll, pdw, _quiet_before
-    _quiet_before = os.environ.get(_QUIET)
-    os.environ[_QUIET] = "1"
+    global kvtier, KVPoll, pdw, _restore_quiet
+    _restore_quiet = quiet_pd_logs()
     import kvtier
     from kvtier import KVPoll
     import pd_worker as pdw
 
 
+_restore_quiet = None
+
+
 def tearDownModule():
-    if _quiet_before is None:
-        os.environ.pop(_QUIET, None)
-    else:
-        os.environ[_QUIET] = _quiet_before
+    if _restore_quiet:
+        _restore_quiet()
 
 
 WAIT_S = 10

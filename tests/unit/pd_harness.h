@@ -56,7 +56,16 @@ typedef struct pd_cluster {
     kvt_pd_params base;
     uint32_t dec_replicas; /* kv_head_replicas the decode ranks declare; 0:
                               the engine's truth (pd_model_replicas) */
+    bool consecutive_pages; /* page tables 1, 2, 3, ... (decode 2, 3, ...), so a
+                               layer-first entry's pieces merge; else scattered */
 } pd_cluster;
+
+/* The consecutive page table of a rank, when the cluster asks for one. */
+static inline void pd_consecutive(const pd_cluster *cl, pd_rank *r, uint32_t first)
+{
+    if (cl->consecutive_pages)
+        for (uint32_t k = 0; k < r->num_pages; k++) r->pages[k] = k + first;
+}
 
 static inline kvt_geometry *pd_model_geo(const pd_model *m, uint32_t tp, uint32_t tpp, kvt_layout lay)
 {
@@ -123,6 +132,7 @@ static inline void pd_cluster_start(pd_cluster *cl, const pd_side_cfg *pc, const
     for (uint32_t i = 0; i < cl->npre; i++) {
         pd_rank *r = &cl->pre[i];
         pd_rank_init(r, pc, i / pc->dcp, i % pc->dcp, ntok);
+        pd_consecutive(cl, r, 1);
         assert_int_equal(pc->dcp, 1);
         assert_ok(kvt_emu_fill(r->emu, &cl->req, 0, ntok, r->pages, r->num_pages));
         kvt_engine_memory mem;
@@ -136,6 +146,7 @@ static inline kvt_status pd_cluster_decoder(pd_cluster *cl, uint32_t i)
 {
     pd_rank *r = &cl->dec[i];
     pd_rank_init(r, &cl->dc, i / cl->dc.dcp, i % cl->dc.dcp, cl->ntok);
+    pd_consecutive(cl, r, 2);
     if (cl->dec_replicas) r->rank.kv_head_replicas = cl->dec_replicas;
     assert_ok(kvt_emu_poison(r->emu, r->pages, r->num_pages));
     kvt_engine_memory mem;

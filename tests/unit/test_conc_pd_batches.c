@@ -11,45 +11,7 @@ static const pd_model mixed = {.layers = 7, .mla_bytes = mixed_bytes};
 static const pd_model wide = {.layers = 4, .heads = 16, .head_dim = 128};
 static const pd_model gqa = {.layers = 5, .heads = 4, .head_dim = 64};
 
-static bool consecutive;
-
-/* pd_cluster_start, with page tables 0, 1, 2, ... when `consecutive` */
-static void start(pd_cluster *cl, const pd_side_cfg *pc, const pd_side_cfg *dc, uint32_t ntok)
-{
-    setenv("KVTIER_PD_QUIET", "1", 0);
-    cl->pc = *pc;
-    cl->dc = *dc;
-    cl->ntok = ntok;
-    cl->tokens = calloc(ntok, sizeof *cl->tokens);
-    kvt_test_tokens(cl->tokens, ntok, 42 + ntok);
-    cl->req = (kvt_request){cl->tokens, ntok, "ns", 2};
-    assert_ok(kvt_pd_bootstrap_create(&cl->bs, &cl->net));
-    assert_ok(kvt_pd_bootstrap_port(cl->bs, &cl->port));
-    cl->npre = pc->tp * pc->dcp;
-    cl->pre = calloc(cl->npre, sizeof *cl->pre);
-    for (uint32_t i = 0; i < cl->npre; i++) {
-        pd_rank *r = &cl->pre[i];
-        pd_rank_init(r, pc, i / pc->dcp, i % pc->dcp, ntok);
-        if (consecutive)
-            for (uint32_t k = 0; k < r->num_pages; k++) r->pages[k] = k + 1;
-        assert_ok(kvt_emu_fill(r->emu, &cl->req, 0, ntok, r->pages, r->num_pages));
-        kvt_engine_memory mem;
-        kvt_pd_params p = pd_params(cl, r, &mem);
-        assert_ok(kvt_pd_sender_create(&r->s, &p));
-    }
-    cl->ndec = dc->tp * dc->dcp;
-    cl->dec = calloc(cl->ndec, sizeof *cl->dec);
-    for (uint32_t i = 0; i < cl->ndec; i++) {
-        pd_rank *r = &cl->dec[i];
-        pd_rank_init(r, dc, i / dc->dcp, i % dc->dcp, ntok);
-        if (consecutive)
-            for (uint32_t k = 0; k < r->num_pages; k++) r->pages[k] = k + 2;
-        assert_ok(kvt_emu_poison(r->emu, r->pages, r->num_pages));
-        kvt_engine_memory mem;
-        kvt_pd_params p = pd_params(cl, r, &mem);
-        assert_ok(kvt_pd_receiver_create(&r->r, &p));
-    }
-}
+static bool consecutive; /* this pass's page tables: 1, 2, 3, ... or scattered */
 
 static void trip(bool ucx, const pd_side_cfg *p, const pd_side_cfg *d, uint32_t ntok, uint32_t prefix)
 {
@@ -59,7 +21,9 @@ static void trip(bool ucx, const pd_side_cfg *p, const pd_side_cfg *d, uint32_t 
         setenv("UCX_NET_DEVICES", "lo", 1);
         cl.net.transport = KVT_PD_UCX;
     }
-    start(&cl, p, d, ntok);
+    cl.consecutive_pages = consecutive;
+    pd_cluster_start(&cl, p, d, ntok);
+    pd_cluster_decoders(&cl);
     pd_open_room(&cl, 9, prefix);
     pd_expect_room(&cl, 9, KVT_PD_SUCCESS);
     assert_int_equal(pd_verify(&cl, prefix), 0);
