@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include "bench.h"
 #include "bench_ucx_raw.h"
+#include "pd/xfer.h"
 #include "kvtier.h"
 #include "util/clock.h"
 
@@ -235,7 +236,7 @@ static double ucx_perftest_gbps(const char *tls)
  * drift (this VM's memory bandwidth swings 2-4x within minutes) hits the
  * hand-off and its limit alike and each ratio is taken within its round. */
 typedef struct pd_round {
-    double tcp, raw, ucx, raw_ucx, perf;
+    double tcp, raw, ucx, raw_ucx, perf, hash;
 } pd_round;
 
 static int cmp_double(const void *a, const void *b)
@@ -261,10 +262,27 @@ static double pick_tcp(const pd_round *r) { return r->tcp; }
 static double pick_raw(const pd_round *r) { return r->raw; }
 static double pick_ucx(const pd_round *r) { return r->ucx; }
 static double pick_raw_ucx(const pd_round *r) { return r->raw_ucx; }
+static double pick_hash(const pd_round *r) { return r->hash; }
 static double pick_perf(const pd_round *r) { return r->perf; }
 static double pick_tcp_ratio(const pd_round *r) { return r->raw > 0 ? r->tcp / r->raw : -1; }
 static double pick_raw_ucx_ratio(const pd_round *r) { return r->raw_ucx > 0 ? r->ucx / r->raw_ucx : -1; }
 static double pick_ucx_ratio(const pd_round *r) { return r->perf > 0 ? r->ucx / r->perf : -1; }
+
+/* One core's XXH3 throughput over the prefill engine's buffers (read from
+ * memory, as a sender's hash does): what a checksum costs per byte. */
+static double hash_gbps(const raw_bufs *b)
+{
+    uint64_t t0 = kvt__now_ns(), bytes = 0, sink = 0;
+    for (int i = 0; i < b->n; i++) {
+        for (uint64_t off = 0; off < b->len[i]; off += 1u << 20) {
+            uint64_t k = b->len[i] - off < (1u << 20) ? b->len[i] - off : (1u << 20);
+            sink ^= pd_xxh3(b->src[i] + off, (size_t)k);
+        }
+        bytes += b->len[i];
+    }
+    double secs = (double)(kvt__now_ns() - t0) / 1e9;
+    return sink == 42 ? 0 : (double)bytes / secs / 1e9; /* sink: keep the loop */
+}
 
 static int pd_recheck(pd_bench *b)
 {
@@ -295,11 +313,11 @@ static void fmt_num(char *buf, size_t n, double v)
 
 static void print_json(uint32_t mib, const char *tls, const pd_round *r, int n)
 {
-    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32];
-    printf("{\"mib\": %u, \"rounds\": %d, \"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"tcp_ratio\": %s, "
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32];
+    printf("{\"mib\": %u, \"rounds\": %d, \"hash_gbps\": %s, \"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"tcp_ratio\": %s, "
            "\"ucx_gbps\": %s, \"ucx_tls\": \"%s\", \"raw_ucx_gbps\": %s, \"ucx_raw_ratio\": %s, "
            "\"ucx_perftest_gbps\": %s, \"ucx_ratio\": %s, \"per_round\": [",
-           mib, n, NUM(a, median_of(r, n, pick_tcp)), NUM(b, median_of(r, n, pick_raw)),
+           mib, n, NUM(k, median_of(r, n, pick_hash)), NUM(a, median_of(r, n, pick_tcp)), NUM(b, median_of(r, n, pick_raw)),
            NUM(c, median_of(r, n, pick_tcp_ratio)), NUM(d, median_of(r, n, pick_ucx)), tls,
            NUM(e, median_of(r, n, pick_raw_ucx)), NUM(f, median_of(r, n, pick_raw_ucx_ratio)),
            NUM(g, median_of(r, n, pick_perf)), NUM(h, median_of(r, n, pick_ucx_ratio)));
@@ -325,6 +343,8 @@ static void print_text(const char *tls, const pd_round *r, int n)
     double v = median_of(r, n, pick_ucx);
     snprintf(ucx, sizeof ucx, "pd over UCX (UCX_TLS=%s)", tls);
     printf("medians of %d rounds (each ratio taken within its round):\n", n);
+    if (median_of(r, n, pick_hash) >= 0)
+        printf("  checksums (XXH3, one core, the same buffers from memory): %.2f GB/s\n", median_of(r, n, pick_hash));
     print_line("pd over TCP", median_of(r, n, pick_tcp), "raw TCP stream of the same buffers",
                median_of(r, n, pick_raw), median_of(r, n, pick_tcp_ratio));
     print_line(ucx, v, "raw UCX tag stream of the same buffers", median_of(r, n, pick_raw_ucx),
@@ -355,9 +375,10 @@ static int pd_rounds(uint32_t mib, int rounds, int only, const char *tls, pd_rou
     if (do_ucx && pd_open(&ucx, mib, KVT_PD_UCX)) goto done;
     for (int i = 0; i < rounds; i++) {
         pd_round *r = &out[i];
-        *r = (pd_round){-1, -1, -1, -1, -1};
+        *r = (pd_round){-1, -1, -1, -1, -1, -1};
         if (do_tcp) r->tcp = pd_run(&tcp, 10 + (uint64_t)i);
         if (limits) r->raw = raw_tcp_gbps(&tcp.raw);
+        if (limits) r->hash = hash_gbps(&tcp.raw);
         if (do_ucx) r->ucx = pd_run(&ucx, 10 + (uint64_t)i);
         if (limits) {
             r->raw_ucx = kvt_bench_raw_ucx_gbps(&ucx.raw);
