@@ -268,6 +268,20 @@ static double pick_tcp_ratio(const pd_round *r) { return r->raw > 0 ? r->tcp / r
 static double pick_raw_ucx_ratio(const pd_round *r) { return r->raw_ucx > 0 ? r->ucx / r->raw_ucx : -1; }
 static double pick_ucx_ratio(const pd_round *r) { return r->perf > 0 ? r->ucx / r->perf : -1; }
 
+/* Runs a raw stream into wiped decode buffers; its figure counts only if
+ * it moved every byte (they then equal the prefill buffers again). */
+static double raw_checked(const raw_bufs *b, double (*stream)(const raw_bufs *), const char *what)
+{
+    for (int i = 0; i < b->n; i++) memset(b->dst[i], 0, (size_t)b->len[i]);
+    double gbps = stream(b);
+    for (int i = 0; gbps > 0 && i < b->n; i++)
+        if (memcmp(b->src[i], b->dst[i], (size_t)b->len[i])) {
+            fprintf(stderr, "kvtier bench pd: the raw %s stream left buffer %d wrong; not counted\n", what, i);
+            return -1;
+        }
+    return gbps;
+}
+
 /* One core's XXH3 throughput over the prefill engine's buffers (read from
  * memory, as a sender's hash does): what a checksum costs per byte. */
 static double hash_gbps(const raw_bufs *b)
@@ -377,11 +391,11 @@ static int pd_rounds(uint32_t mib, int rounds, int only, const char *tls, pd_rou
         pd_round *r = &out[i];
         *r = (pd_round){-1, -1, -1, -1, -1, -1};
         if (do_tcp) r->tcp = pd_run(&tcp, 10 + (uint64_t)i);
-        if (limits) r->raw = raw_tcp_gbps(&tcp.raw);
+        if (limits) r->raw = raw_checked(&tcp.raw, raw_tcp_gbps, "TCP");
         if (limits) r->hash = hash_gbps(&tcp.raw);
         if (do_ucx) r->ucx = pd_run(&ucx, 10 + (uint64_t)i);
         if (limits) {
-            r->raw_ucx = kvt_bench_raw_ucx_gbps(&ucx.raw);
+            r->raw_ucx = raw_checked(&ucx.raw, kvt_bench_raw_ucx_gbps, "UCX");
             r->perf = ucx_perftest_gbps(tls);
         }
         if ((do_tcp && r->tcp <= 0) || (do_ucx && r->ucx <= 0)) {
