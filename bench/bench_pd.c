@@ -1,9 +1,10 @@
 /* bench_pd.c - `kvtier bench pd [--json] [--mib N] [--rounds N]`: the
- * prefill -> decode hand-off over TCP on 127.0.0.1 (bootstrap + one sender +
- * one receiver, identical geometry, checksums on), against a raw TCP socket
- * stream of the same bytes; and the same hand-off with its data path on UCX
- * (UCX_TLS=tcp) against ucx_perftest (tag_bw, same UCX_TLS) when the binary
- * is present. Rounds interleave all of them; medians are reported. */
+ * prefill -> decode hand-off on 127.0.0.1 (bootstrap + one sender + one
+ * receiver, identical geometry, checksums on) over TCP, against a raw TCP
+ * stream of the same engine buffers; and over UCX (UCX_TLS=tcp), against a
+ * raw UCX tag stream of the same buffers (bench_ucx_raw.c) and ucx_perftest
+ * (tag_bw, same UCX_TLS) when the binary is present; plus one core's XXH3
+ * over those buffers. Rounds interleave all of them; medians are reported. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -26,7 +27,6 @@ _Static_assert(MAX_BUFS <= 2048, "raw_bufs holds every engine buffer");
 /* raw_bufs (bench_ucx_raw.h): the engine buffers a raw stream moves, the
  * same memory the hand-off moves (same pages, same page size, same cache
  * state), prefill's into decode's. */
-
 typedef struct raw_arg {
     int fd;
     const raw_bufs *b;
