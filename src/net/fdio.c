@@ -43,57 +43,23 @@ static void advance(struct iovec **iov, int *cnt, size_t n)
     }
 }
 
-kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing)
-{
-    while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
-    while (cnt > 0) {
-        int k = cnt > IOV_MAX ? IOV_MAX : cnt;
-        ssize_t n;
-        if (writing) {
-            struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
-            n = sendmsg(fd, &m, MSG_NOSIGNAL);
-        } else {
-            n = readv(fd, iov, k);
-        }
-        if (n > 0) {
-            size_t asked = 0;
-            for (int i = 0; i < k; i++) asked += iov[i].iov_len;
-            advance(&iov, &cnt, (size_t)n);
-            while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
-            /* A short write means the socket buffer is full: sleep until the
-             * kernel reports it half drained (POLLOUT) rather than retry at
-             * once and copy a few segments per syscall while the reader,
-             * maybe on the same core, is still catching up. */
-            if (writing && cnt > 0 && (size_t)n < asked) {
-                kvt_status st = kvt__fd_wait(fd, POLLOUT, deadline_ns);
-                if (st != KVT_OK) return st;
-            }
-            continue;
-        }
-        if (n == 0 && !writing) return KVT_ECONN;
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
-        kvt_status st = kvt__fd_wait(fd, writing ? POLLOUT : POLLIN, deadline_ns);
-        if (st != KVT_OK) return st;
-    }
-    return KVT_OK;
-}
-
-
-/* How many of iov's first entries one readv takes to read at most max
- * bytes; *cut > 0: the last of them is cut to that length for the call. */
-static int read_span(const struct iovec *iov, int cnt, size_t max, size_t *cut)
+/* How many of iov's first entries (at most IOV_MAX) one call moves when it
+ * moves at most max bytes: *asked gets those bytes, *last the length the
+ * last entry has for the call (cut when the bound falls inside it). */
+static int io_span(const struct iovec *iov, int cnt, size_t max, size_t *asked, size_t *last)
 {
     size_t sum = 0;
     int k = 0;
-    *cut = 0;
     while (k < cnt && k < IOV_MAX) {
-        if (sum + iov[k].iov_len >= max) {
-            *cut = max - sum;
+        if (iov[k].iov_len >= max - sum) {
+            *asked = max;
+            *last = max - sum;
             return k + 1;
         }
         sum += iov[k++].iov_len;
     }
+    *asked = sum;
+    *last = iov[k - 1].iov_len;
     return k;
 }
 
@@ -105,49 +71,66 @@ static int set_lowat(int fd, size_t bytes)
     return setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0;
 }
 
-static kvt_status readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
-                               void (*landed)(void *arg, size_t n), void *arg, int *lowat);
-
-kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
-                                void (*landed)(void *arg, size_t n), void *arg)
-{
-    int lowat = 0;
-    kvt_status st = readv_landed(fd, iov, cnt, deadline_ns, max_read, landed, arg, &lowat);
-    if (lowat) set_lowat(fd, 1); /* the next frame header is 48 bytes: back to the default */
-    return st;
-}
-
-/* When the queue runs dry, waits for up to max_read bytes (never more than
- * the rest of this read, which the peer is sending) to be queued, not for
- * the first segment: a wake-up and a readv per ~64 KiB cost more than the
- * copy on a small VM. */
-static kvt_status readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
-                               void (*landed)(void *arg, size_t n), void *arg, int *lowat)
+/* Moves all of iov through fd by the deadline, at most max_call bytes a
+ * syscall. Reading, landed (if any) hears the bytes landed so far after
+ * each readv; with lowat, a dry socket first raises SO_RCVLOWAT to the rest
+ * of the read (<= max_call: bytes the peer is sending anyway), so it wakes
+ * for a useful amount, not per segment (*lowat: it was raised). Writing, a
+ * short write means the socket buffer is full: it sleeps until the kernel
+ * reports it half drained (POLLOUT) rather than retry at once and copy a
+ * few segments per syscall while the reader, maybe on the same core, is
+ * still catching up. */
+static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing,
+                          size_t max_call, void (*landed)(void *arg, size_t n), void *arg, int *lowat)
 {
     size_t total = 0, left = 0;
     for (int i = 0; i < cnt; i++) left += iov[i].iov_len;
     while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
     while (cnt > 0) {
-        size_t cut, full;
-        int k = read_span(iov, cnt, max_read, &cut);
-        full = iov[k - 1].iov_len;
-        if (cut) iov[k - 1].iov_len = cut;
-        ssize_t n = readv(fd, iov, k);
+        size_t asked, last;
+        int k = io_span(iov, cnt, max_call, &asked, &last);
+        size_t full = iov[k - 1].iov_len;
+        iov[k - 1].iov_len = last;
+        ssize_t n;
+        if (writing) {
+            struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+            n = sendmsg(fd, &m, MSG_NOSIGNAL);
+        } else {
+            n = readv(fd, iov, k);
+        }
         iov[k - 1].iov_len = full;
         if (n > 0) {
             advance(&iov, &cnt, (size_t)n);
             while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
             total += (size_t)n;
             left -= (size_t)n;
-            landed(arg, total);
+            if (landed) landed(arg, total);
+            if (writing && cnt > 0 && (size_t)n < asked) {
+                kvt_status st = kvt__fd_wait(fd, POLLOUT, deadline_ns);
+                if (st != KVT_OK) return st;
+            }
             continue;
         }
-        if (n == 0) return KVT_ECONN;
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
-        *lowat |= set_lowat(fd, left < max_read ? left : max_read);
-        kvt_status st = kvt__fd_wait(fd, POLLIN, deadline_ns);
+        if (n == 0 && !writing) return KVT_ECONN;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
+        if (lowat && !writing) *lowat |= set_lowat(fd, left < max_call ? left : max_call);
+        kvt_status st = kvt__fd_wait(fd, writing ? POLLOUT : POLLIN, deadline_ns);
         if (st != KVT_OK) return st;
     }
     return KVT_OK;
+}
+
+kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing)
+{
+    return fd_loop(fd, iov, cnt, deadline_ns, writing, SIZE_MAX, NULL, NULL, NULL);
+}
+
+kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
+                                void (*landed)(void *arg, size_t n), void *arg)
+{
+    int lowat = 0;
+    kvt_status st = fd_loop(fd, iov, cnt, deadline_ns, 0, max_read, landed, arg, &lowat);
+    if (lowat) set_lowat(fd, 1); /* the next frame header is 48 bytes: back to the default */
+    return st;
 }

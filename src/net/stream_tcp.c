@@ -29,24 +29,26 @@ typedef struct tcp_stream {
     int scratch_cap;
 } tcp_stream;
 
-static struct iovec *scratch_copy(tcp_stream *t, const struct iovec *iov, int cnt)
+/* The caller's iovecs copied into the stream's scratch array (*out). */
+static kvt_status scratch_copy(tcp_stream *t, const struct iovec *iov, int cnt, struct iovec **out)
 {
     if (cnt > t->scratch_cap) {
         struct iovec *v = malloc((size_t)cnt * sizeof *v);
-        if (!v) return NULL;
+        if (!v) return kvt__fail(KVT_ENOMEM, "stream: out of memory for %d iovecs", cnt);
         free(t->scratch);
         t->scratch = v;
         t->scratch_cap = cnt;
     }
     if (cnt) memcpy(t->scratch, iov, (size_t)cnt * sizeof *iov);
-    return t->scratch;
+    *out = t->scratch;
+    return KVT_OK;
 }
 
 static kvt_status tcp_io(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl, int w)
 {
-    struct iovec *v = scratch_copy((tcp_stream *)s, iov, cnt);
-    if (!v && cnt) return kvt__fail(KVT_ENOMEM, "stream: out of memory for %d iovecs", cnt);
-    return kvt__stream_fd_io(s->fd, v, cnt, dl, w);
+    struct iovec *v = NULL;
+    kvt_status st = scratch_copy((tcp_stream *)s, iov, cnt, &v);
+    return st ? st : kvt__stream_fd_io(s->fd, v, cnt, dl, w);
 }
 
 static kvt_status tcp_sendv(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl)
@@ -67,9 +69,9 @@ static kvt_status tcp_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uin
 static kvt_status tcp_recvv_landed(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl,
                                    void (*landed)(void *arg, size_t n), void *arg)
 {
-    struct iovec *v = scratch_copy((tcp_stream *)s, iov, cnt);
-    if (!v && cnt) return kvt__fail(KVT_ENOMEM, "stream: out of memory for %d iovecs", cnt);
-    return kvt__fd_readv_landed(s->fd, v, cnt, dl, LANDED_READ, landed, arg);
+    struct iovec *v = NULL;
+    kvt_status st = scratch_copy((tcp_stream *)s, iov, cnt, &v);
+    return st ? st : kvt__fd_readv_landed(s->fd, v, cnt, dl, LANDED_READ, landed, arg);
 }
 
 static int tcp_wait(kvt_stream *s, int wake_fd, int timeout_ms)
