@@ -6,6 +6,7 @@
  * seeded from (p_t, layer, comp, first_head + h). A block stored under the
  * wrong prefix, a wrong layer, a swapped K/V or a shifted head all verify as
  * mismatches. */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,24 +78,26 @@ static void token_bytes(const kvt_emu *e, uint64_t p, uint32_t layer, uint32_t c
  * AddressSanitizer the heap is kept, so an overrun past a buffer's end is
  * reported, not absorbed by the 2 MiB rounding. */
 #if defined(__SANITIZE_ADDRESS__)
-#define EMU_HEAP 1
+#define EMU_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define EMU_HEAP 1
+#define EMU_ASAN 1
 #endif
+#endif
+#ifndef EMU_ASAN
+#define EMU_ASAN 0
 #endif
 
-#ifdef EMU_HEAP
-static void *emu_map(uint64_t bytes) { return calloc(1, (size_t)bytes); }
-static void emu_unmap(void *p, uint64_t bytes) { (void)bytes, free(p); }
-#else
 #define EMU_HUGE (2u << 20)
+
+/* emu_map and emu_unmap decide alike from the size. */
+static bool emu_on_heap(uint64_t bytes) { return EMU_ASAN || bytes < EMU_HUGE; }
 
 static size_t emu_map_len(uint64_t bytes) { return (size_t)((bytes + EMU_HUGE - 1) / EMU_HUGE * EMU_HUGE); }
 
 static void *emu_map(uint64_t bytes)
 {
-    if (bytes < EMU_HUGE) return calloc(1, (size_t)bytes); /* emu_unmap decides the same from bytes */
+    if (emu_on_heap(bytes)) return calloc(1, (size_t)bytes);
     if (bytes > SIZE_MAX - 2 * (uint64_t)EMU_HUGE) return NULL;
     size_t len = emu_map_len(bytes);
     uint8_t *m = mmap(NULL, len + EMU_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -109,10 +112,9 @@ static void *emu_map(uint64_t bytes)
 
 static void emu_unmap(void *p, uint64_t bytes)
 {
-    if (bytes < EMU_HUGE) free(p);
+    if (emu_on_heap(bytes)) free(p);
     else if (p) munmap(p, emu_map_len(bytes));
 }
-#endif
 
 void kvt_emu_destroy(kvt_emu *e)
 {
