@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 #include "bench.h"
 #include "bench_ucx_raw.h"
@@ -59,10 +60,12 @@ static int raw_send_all(int fd, const raw_bufs *b)
     return 0;
 }
 
-/* A connected loopback pair with the socket buffers kvtier's streams use. */
+/* A connected loopback pair with the socket buffers kvtier's streams use;
+ * a send or recv that moves nothing for 10 s fails (nothing waits forever). */
 static int raw_pair(int *c, int *s)
 {
     int l = socket(AF_INET, SOCK_STREAM, 0), one = 1, buf = 4 << 20;
+    struct timeval limit = {10, 0};
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t sl = sizeof sa;
     *c = *s = -1;
@@ -78,6 +81,8 @@ static int raw_pair(int *c, int *s)
         int fd = k ? *s : *c;
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
     }
     return 0;
 }
@@ -99,6 +104,7 @@ static double raw_tcp_gbps(const raw_bufs *b)
         return -1;
     }
     int st = raw_send_all(c, b);
+    if (st) shutdown(c, SHUT_WR); /* the reader sees the end instead of waiting */
     pthread_join(th, NULL);
     double secs = (double)(kvt__now_ns() - t0) / 1e9;
     close(c);

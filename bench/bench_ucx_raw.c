@@ -1,8 +1,8 @@
 /* bench_ucx_raw.c - UCX's own limit for the PD hand-off's job: the same
  * engine buffers (prefill's into decode's) as a stream of 1 MiB tag
  * messages between two workers of one process, one thread each, busy
- * polling, RWIN receives pre-posted and SWIN sends in flight, no framing
- * and no checksums. ucx_perftest measures the transport with one cache-hot
+ * polling, WIN receives pre-posted and WIN sends in flight, no framing and
+ * no checksums. ucx_perftest measures the transport with one cache-hot
  * buffer; this measures it with the hand-off's memory, so the ratio to it
  * is what kvtier itself costs. Uses kvtier's UCX loader (net/ucx_api.h). */
 #include "bench_ucx_raw.h"
@@ -51,6 +51,19 @@ typedef struct side {
     int ok;
 } side;
 
+#define CANCEL_NS 1000000000ull /* bound on a cancelled request (UCX may not cancel a send) */
+
+/* Frees r, cancelled first if still running, after progressing w until it
+ * ends or CANCEL_NS pass (UCX releases one it still holds when it
+ * completes, or with the worker). */
+static void cancel_free(ucp_worker_h w, void *r)
+{
+    uint64_t dl = kvt__now_ns() + CANCEL_NS;
+    if (U->request_check_status(r) == UCS_INPROGRESS) U->request_cancel(w, r);
+    while (U->request_check_status(r) == UCS_INPROGRESS && kvt__now_ns() < dl) U->worker_progress(w);
+    U->request_free(r);
+}
+
 /* Waits for the oldest request of a window (NULL: done at post). */
 static int retire(ucp_worker_h w, void *r, uint64_t dl)
 {
@@ -59,9 +72,7 @@ static int retire(ucp_worker_h w, void *r, uint64_t dl)
     while (U->request_check_status(r) == UCS_INPROGRESS) {
         U->worker_progress(w);
         if (kvt__now_ns() > dl) {
-            U->request_cancel(w, r);
-            while (U->request_check_status(r) == UCS_INPROGRESS) U->worker_progress(w);
-            U->request_free(r);
+            cancel_free(w, r);
             return -1;
         }
     }
@@ -131,14 +142,8 @@ static int warm_up(side *tx, side *rx)
         U->worker_progress(rx->w);
         if (kvt__now_ns() > dl) bad = 1;
     }
-    void *req[2] = {r, t};
-    for (int i = 0; i < 2; i++) {
-        if (!req[i] || UCS_PTR_IS_ERR(req[i])) continue;
-        ucp_worker_h w = i ? tx->w : rx->w;
-        if (U->request_check_status(req[i]) == UCS_INPROGRESS) U->request_cancel(w, req[i]);
-        while (U->request_check_status(req[i]) == UCS_INPROGRESS) U->worker_progress(w);
-        U->request_free(req[i]);
-    }
+    if (UCS_PTR_IS_PTR(r)) cancel_free(rx->w, r); /* done by now unless bad */
+    if (UCS_PTR_IS_PTR(t)) cancel_free(tx->w, t);
     return bad || in != 1 ? -1 : 0;
 }
 
