@@ -479,6 +479,19 @@ kvt_status kvt_cache_try_wait(kvt_cache *c, kvt_task_id id, kvt_task_result *out
     return kvt__cache_fail(c, KVT_EAGAIN);
 }
 
+/* Some blocks of load `t` failed their read: no layer of it is whole, so the
+ * engine must not run on it (kvt_cache_wait reports how many tokens did land).
+ * Said the same way whether the load is still running or already ended. */
+static kvt_status bad_read_fail(const kvt_cache *c, const kvt_task *t, const char *fn,
+                                kvt_task_id id)
+{
+    uint32_t good_tokens = t->first_bad * c->cfg.block_tokens;
+    return kvt__fail(t->bad_status, "%s: task %llu: blocks from token %u on could not be "
+                     "read back (%s); only tokens [0, %u) will land; recompute the rest",
+                     fn, (unsigned long long)id, good_tokens, kvt_status_name(t->bad_status),
+                     good_tokens);
+}
+
 static kvt_status wait_layer_locked(kvt_cache *c, kvt_task_id id, uint32_t layer,
                                     int64_t timeout_ms)
 {
@@ -496,6 +509,7 @@ static kvt_status wait_layer_locked(kvt_cache *c, kvt_task_id id, uint32_t layer
         return kvt__fail(KVT_ESTATE, "%s: task %llu was never launched", fn, (unsigned long long)id);
     if (t->state == KVT_TS_ENDED) {
         if (t->result == KVT_OK) return KVT_OK;
+        if (t->bad_status != KVT_OK) return bad_read_fail(c, t, fn, id);
         return kvt__fail(t->result, "%s: task %llu ended with %s", fn, (unsigned long long)id,
                          kvt_status_name(t->result));
     }
@@ -506,14 +520,9 @@ static kvt_status wait_layer_locked(kvt_cache *c, kvt_task_id id, uint32_t layer
     if (t->reading) {
         st = KVT_ETIMEDOUT;
     } else if (t->bad_status != KVT_OK) {
-        /* Some blocks failed their read: no layer of this load is whole,
-         * so the engine must not run on it (kvt_cache_wait reports how many
-         * tokens did land). */
+        st = bad_read_fail(c, t, fn, id);
         unref(c, t);
-        return kvt__fail(t->bad_status, "%s: task %llu: blocks from token %u on could not be "
-                         "read back (%s); only tokens [0, %u) will land; recompute the rest",
-                         fn, (unsigned long long)id, t->first_bad * c->cfg.block_tokens,
-                         kvt_status_name(t->bad_status), t->first_bad * c->cfg.block_tokens);
+        return st;
     } else if (t->state == KVT_TS_ENDED) {
         st = t->result;
     } else {
