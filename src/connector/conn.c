@@ -241,13 +241,31 @@ kvt_status kvt_conn_poll(kvt_conn *c, uint32_t *ended)
     return st;
 }
 
+/* Whether rid's load was already collected by a rank-local poll (c->mu
+ * held); *st: how it ended. */
+static bool load_collected(const kvt_conn *c, uint64_t rid, kvt_status *st)
+{
+    for (uint32_t i = 0; i < c->done.n; i++)
+        if (c->done.p[i].rid == rid && c->done.p[i].kind == KVT_TASK_LOAD) {
+            *st = (kvt_status)c->done.p[i].status;
+            return true;
+        }
+    return false;
+}
+
+static kvt_status collected_result(const char *fn, uint64_t rid, kvt_status st)
+{
+    return st == KVT_OK ? KVT_OK
+                        : kvt__fail(st, "%s: rid %llu: the load ended with %s", fn,
+                                    (unsigned long long)rid, kvt_status_name(st));
+}
+
 kvt_status kvt_conn_wait_layer(kvt_conn *c, uint64_t rid, uint32_t layer, int64_t timeout_ms)
 {
     static const char fn[] = "kvt_conn_wait_layer";
     KVT_CHECK_NOT_NULL_AS(c, "conn", fn);
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms %lld is negative", fn, (long long)timeout_ms);
     kvt_task_id task = 0;
-    bool ended = false;
     kvt_status ended_st = KVT_OK;
     pthread_mutex_lock(&c->mu);
     for (uint32_t i = 0; i < c->run.n; i++)
@@ -255,20 +273,19 @@ kvt_status kvt_conn_wait_layer(kvt_conn *c, uint64_t rid, uint32_t layer, int64_
     /* A rank-local poll (an eviction path, say) may already have collected
      * the ended load: answer from its result, as a rank that did not poll
      * would, so ranks never see different answers. */
-    for (uint32_t i = 0; !task && i < c->done.n; i++)
-        if (c->done.p[i].rid == rid && c->done.p[i].kind == KVT_TASK_LOAD) {
-            ended = true;
-            ended_st = (kvt_status)c->done.p[i].status;
-        }
+    bool ended = !task && load_collected(c, rid, &ended_st);
     pthread_mutex_unlock(&c->mu);
-    if (ended)
-        return ended_st == KVT_OK ? KVT_OK
-                                  : kvt__fail(ended_st, "%s: rid %llu: the load ended with %s", fn,
-                                              (unsigned long long)rid, kvt_status_name(ended_st));
+    if (ended) return collected_result(fn, rid, ended_st);
     if (!task)
         return kvt__fail(KVT_ENOTFOUND, "%s: rid %llu has no running load on this rank", fn,
                          (unsigned long long)rid);
-    return kvt_cache_wait_layer(c->cache, task, layer, timeout_ms);
+    kvt_status st = kvt_cache_wait_layer(c->cache, task, layer, timeout_ms);
+    if (st != KVT_ENOTFOUND) return st;
+    /* ... and such a poll may collect it while this call waits */
+    pthread_mutex_lock(&c->mu);
+    ended = load_collected(c, rid, &ended_st);
+    pthread_mutex_unlock(&c->mu);
+    return ended ? collected_result(fn, rid, ended_st) : st;
 }
 
 kvt_status kvt_conn_events(kvt_conn *c, kvt_conn_event *out, uint32_t max, uint32_t *count)
