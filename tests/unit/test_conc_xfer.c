@@ -721,10 +721,9 @@ static void test_copy_error(void **state)
     }
 }
 
-static void *open_later(void *arg)
+static void *destroy_main(void *arg)
 {
-    usleep(100 * 1000);
-    ops_open(arg);
+    kvt__xfer_destroy(arg);
     return NULL;
 }
 
@@ -748,10 +747,18 @@ static void test_destroy_with_queued(void **state)
     assert_ok(kvt__xfer_submit(x, &t[0]));
     ops_wait_blocked(&o, 1);
     for (int i = 1; i < 4; i++) assert_ok(kvt__xfer_submit(x, &t[i]));
+    /* Destroy from a thread; open the gate only once it has begun: it
+     * marks the queued tasks cancelled (last t[3]) in the same critical
+     * section that empties the queue, so the worker, freed, finds nothing
+     * to run (before: a fixed 100 ms, and a slow main thread let t[1] run). */
     pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, open_later, &o), 0);
-    kvt__xfer_destroy(x);
+    assert_int_equal(pthread_create(&th, NULL, destroy_main, x), 0);
+    uint64_t dl = kvt__deadline_ns(WAIT_MS);
+    bool began;
+    while (!(began = atomic_load(&t[3].cancel) != 0) && kvt__now_ns() < dl) usleep(1000);
+    ops_open(&o);
     pthread_join(th, NULL);
+    assert_true(began);
     assert_int_equal(rec[0].calls, 1);
     assert_int_equal(rec[0].status, KVT_OK);
     for (int i = 1; i < 4; i++) {
