@@ -27,12 +27,18 @@
 #include "util/err.h"
 #include "util/sync.h"
 
-#define BS_MAX_PREFILL 1024
+#define BS_MAX_PREFILL PD_MAX_RANKS
 #define BS_MAX_HANDLERS 64
 #define BS_SLOTS (2 * BS_MAX_HANDLERS) /* in service, plus dropped ones still ending */
 #define BS_SLOT_WAIT_MS 1000 /* a new connection waits this long for a slot */
 #define BS_RETRY_LIST 360   /* characters of missing ranks in a RETRY text */
 #define ADDR_LEN 66         /* u16 port + host[64] */
+/* Plans a lookup may compute to learn which missing prefill ranks its
+ * decode rank does not need (one per missing position and decode
+ * position): beyond it every missing rank counts as needed, which only
+ * makes the decode rank wait for all of them. Bounds what one request can
+ * cost with bs->mu held (~5 us a plan at 2048 entries). */
+#define BS_TOPO_BUDGET 16384u
 
 typedef struct bs_prefill {
     pd_desc desc;
@@ -102,7 +108,7 @@ static kvt_status bs_call(kvt_stream *s, const pd_hdr *h, const void *body, cons
     if (st) st = kvt__fail(st, "%s: truncated answer from the bootstrap service", what);
     b[r.body_len] = 0;
     if (!st && r.type == PD_F_REFUSE) {
-        kvt_status rs = r.status < 0 && r.status >= KVT_EVERSION ? (kvt_status)r.status : KVT_EPROTO;
+        kvt_status rs = pd_peer_status(r.status);
         st = kvt__fail(rs, "%s refused: %s", what, (char *)b);
     } else if (!st && r.type == PD_F_RETRY) {
         st = kvt__fail(KVT_EAGAIN, "%s: %s", what, (char *)b);
@@ -286,11 +292,7 @@ static kvt_status store_prefill(kvt_pd_bootstrap *bs, pd_desc *d, const uint8_t 
     char rn[64], an[80];
     rank_name(rn, sizeof rn, d);
     addr_name(an, sizeof an, addr);
-    uint64_t ranks = (uint64_t)d->tp_size * d->dcp_size;
-    if (ranks > BS_MAX_PREFILL)
-        return kvt__fail(KVT_EFULL, "pd bootstrap: prefill rank %s at %s: tp_size %u x dcp_size %u = %llu ranks, the directory holds at most %u",
-                         rn, an, d->tp_size, d->dcp_size, (unsigned long long)ranks, BS_MAX_PREFILL);
-    purge(bs, now);
+    purge(bs, now); /* positions fit the table: pd_desc_decode bounds tp_size x dcp_size */
     /* Live entries of another configuration refuse it, except this very
      * endpoint's own entry (same position and address: it restarted). */
     uint32_t nconf = 0;
@@ -415,11 +417,13 @@ static kvt_status missing_for(kvt_pd_bootstrap *bs, const pd_desc *dec)
     bool have[BS_MAX_PREFILL] = {0};
     for (uint32_t i = 0; i < bs->nprefill; i++)
         have[bs->prefill[i].desc.tp_rank * dcp + bs->prefill[i].desc.dcp_rank] = true;
+    uint64_t plans = (uint64_t)(need > bs->nprefill ? need - bs->nprefill : 0) * ((uint64_t)dec->tp_size * dec->dcp_size + 1);
+    bool precise = plans <= BS_TOPO_BUDGET;
     char list[BS_RETRY_LIST + 1] = "";
     size_t off = 0;
     for (uint32_t pos = 0; pos < need; pos++) {
-        bool needed = false;
-        kvt_status st = have[pos] ? KVT_OK : needed_by(bs, pos / dcp, pos % dcp, dec, &needed);
+        bool needed = !have[pos] && !precise;
+        kvt_status st = have[pos] || !precise ? KVT_OK : needed_by(bs, pos / dcp, pos % dcp, dec, &needed);
         if (st) return st;
         if (!needed) continue;
         missing++;

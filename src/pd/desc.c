@@ -31,6 +31,9 @@ static kvt_status check_rank(const kvt_pd_rank *r, uint32_t *dcp, uint32_t *dcp_
     KVT_CHECK_ARG(*dcp <= PD_MAX_TP && *dcp_rank < *dcp,
                   "pd: rank: dcp_rank %u / dcp_size %u (need dcp_size 1..%u, rank below it)",
                   *dcp_rank, *dcp, PD_MAX_TP);
+    KVT_CHECK_ARG((uint64_t)r->tp_size * *dcp <= PD_MAX_RANKS,
+                  "pd: rank: tp_size %u x dcp_size %u is %llu ranks (at most %u)", r->tp_size, *dcp,
+                  (unsigned long long)r->tp_size * *dcp, PD_MAX_RANKS);
     KVT_CHECK_ARG(r->tp_size % *reps == 0,
                   "pd: rank: kv_head_replicas %u does not divide tp_size %u (n consecutive TP ranks share heads)",
                   *reps, r->tp_size);
@@ -128,6 +131,9 @@ static kvt_status check_fixed(const pd_desc *d)
     if (d->dcp_size < 1 || d->dcp_size > PD_MAX_TP || d->dcp_rank >= d->dcp_size)
         return kvt__fail(KVT_EPROTO, "pd: descriptor: dcp_rank %u of dcp_size %u", d->dcp_rank,
                          d->dcp_size);
+    if ((uint64_t)d->tp_size * d->dcp_size > PD_MAX_RANKS)
+        return kvt__fail(KVT_EPROTO, "pd: descriptor: tp_size %u x dcp_size %u is more than %u ranks",
+                         d->tp_size, d->dcp_size, PD_MAX_RANKS);
     if (d->num_entries < 1 || d->num_entries > PD_MAX_ENTRIES)
         return kvt__fail(KVT_EPROTO, "pd: descriptor: %u entries (must be 1..%u)", d->num_entries,
                          PD_MAX_ENTRIES);

@@ -18,6 +18,9 @@
 
 #define PD_MAX_ENTRIES (KVT_MAX_LAYERS * KVT_MAX_COMPONENTS)
 #define PD_MAX_TP 1024
+/* ranks of one side, tp_size x dcp_size: bounds what one descriptor can make
+ * a peer compute (topology checks plan against every position) */
+#define PD_MAX_RANKS 1024
 #define PD_ROLE_PREFILL 1
 #define PD_ROLE_DECODE 2
 

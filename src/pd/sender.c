@@ -145,7 +145,7 @@ static kvt_status on_room(pd_conn *c, const pd_hdr *h)
     pd_ep *ep = c->ep;
     if (h->body_len < 8) return kvt__fail(KVT_EPROTO, "%s: ROOM frame of %u bytes", c->name, h->body_len);
     uint32_t ntok = pd_get32(c->body), np = pd_get32(c->body + 4);
-    if ((uint64_t)np * 4 + 8 != h->body_len || h->a0 == 0 || h->a0 > PD_MAX_TP * PD_MAX_TP ||
+    if ((uint64_t)np * 4 + 8 != h->body_len || h->a0 == 0 || h->a0 > PD_MAX_RANKS ||
         h->a1 > ntok)
         return kvt__fail(KVT_EPROTO, "%s: malformed ROOM frame (pages %u, body %u, expected %u, prefix %u)",
                          c->name, np, h->body_len, h->a0, h->a1);
@@ -188,7 +188,7 @@ static void on_done_ack(pd_conn *c, const pd_hdr *h)
     pd_room *r = pd_room_find(ep, h->room);
     pd_target *t = r && !pd_room_terminal(r) ? frame_target(r, c, h) : NULL;
     if (t && h->status != KVT_OK) {
-        pd_room_fail(ep, r, (kvt_status)h->status, "%s refused the transfer: %s", c->name, (char *)c->body);
+        pd_room_fail(ep, r, pd_peer_status(h->status), "%s refused the transfer: %s", c->name, (char *)c->body);
         pd_room_notify(ep, r, c->idx);
     } else if (t && !t->done && !t->done_sent) {
         /* Success only after this side sent everything: an early ack is a
@@ -208,8 +208,7 @@ static void on_fail(pd_conn *c, const pd_hdr *h, bool abort)
     pd_ep *ep = c->ep;
     pthread_mutex_lock(&ep->mu);
     pd_room *r = pd_room_find(ep, h->room);
-    kvt_status st = abort ? KVT_EABORTED : (kvt_status)h->status;
-    if (st >= 0 || st < KVT_EVERSION) st = KVT_EPROTO;
+    kvt_status st = abort ? KVT_EABORTED : pd_peer_status(h->status);
     if (frame_target(r, c, h) && pd_room_fail(ep, r, st, "%s %s: %s", c->name, abort ? "aborted" : "failed",
                                               (char *)c->body))
         pd_room_notify(ep, r, c->idx);
@@ -737,10 +736,11 @@ void kvt_pd_sender_destroy(kvt_pd_sender *s)
         pthread_join(s->renew_th, NULL);
     }
     /* Best effort, while this rank still holds its port (so the entry is
-     * ours): decode ranks stop finding it now, not when its lease lapses. */
+     * ours): decode ranks stop finding it now, not when its lease lapses.
+     * Normally a few ms; bounded so a dead service holds destroy up to 1 s. */
     if (s->registered)
         (void)pd_bootstrap_unregister(&s->ep.net, &s->ep.auth, s->bs_host, s->bs_port, &s->ep.desc,
-                                      s->ep.bind_host, s->ep.port, kvt__deadline_ns(250), NULL);
+                                      s->ep.bind_host, s->ep.port, kvt__deadline_ns(1000), NULL);
     pd_ep_stop(&s->ep);
     pd_ep_fini(&s->ep);
     pthread_mutex_destroy(&s->renew_mu);

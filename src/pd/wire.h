@@ -14,6 +14,7 @@
 #ifndef KVT_PD_WIRE_H
 #define KVT_PD_WIRE_H
 
+#include "kvtier.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -126,6 +127,13 @@ static inline const char *pd_magic_why(const uint8_t *p, char *buf, size_t n)
     else
         snprintf(buf, n, "bad frame magic (not a kvtier PD peer)");
     return buf;
+}
+
+/* A failure status a peer sent, as a kvt_status: anything that is not one
+ * (0, positive, unknown) reads as KVT_EPROTO. */
+static inline kvt_status pd_peer_status(int32_t status)
+{
+    return status >= 0 || status < KVT_EVERSION ? KVT_EPROTO : (kvt_status)status;
 }
 
 #endif

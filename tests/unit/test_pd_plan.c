@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pd/desc.h"
+#include "pd/wire.h"
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
@@ -65,6 +66,33 @@ static void head_slices_and_wire(void **state)
     pd_desc_free(&d);
     kvt_geometry_destroy(g2);
     kvt_geometry_destroy(g4);
+}
+
+/* tp_size x dcp_size is bounded (PD_MAX_RANKS): a peer's descriptor with
+ * 1024 x 1024 positions made the bootstrap service plan for minutes under
+ * its lock. Refused locally with the numbers, and on the wire. */
+static void rank_count_bounded(void **state)
+{
+    (void)state;
+    kvt_geometry *g;
+    assert_ok(kvt_geometry_preset(&g, "deepseek-v3", 64, 1));
+    pd_desc d;
+    kvt_pd_rank big = {64, 0, 32, 0, 0};
+    assert_int_equal(pd_desc_from_geometry(&d, g, &big, PD_ROLE_DECODE), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "tp_size 64 x dcp_size 32 is 2048 ranks (at most 1024)"));
+    d = make(g, 32, 0, 32, 0, PD_ROLE_DECODE); /* 1024: the most allowed */
+    size_t n = pd_desc_wire_size(&d), used;
+    uint8_t *b = malloc(n);
+    pd_desc_encode(&d, b);
+    pd_desc back;
+    assert_ok(pd_desc_decode(&back, b, n, &used));
+    pd_desc_free(&back);
+    pd_put32(b + 6 * 4, 33); /* dcp_size 33 on the wire: 1056 positions */
+    assert_int_equal(pd_desc_decode(&back, b, n, &used), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "tp_size 32 x dcp_size 33 is more than 1024 ranks"));
+    free(b);
+    pd_desc_free(&d);
+    kvt_geometry_destroy(g);
 }
 
 /* GQA: 4 KV heads of 128 x bf16 (256 bytes per head), 2 layers, placed on
@@ -347,6 +375,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dcp_refusals),
         cmocka_unit_test(head_slices_and_wire),
+        cmocka_unit_test(rank_count_bounded),
         cmocka_unit_test(gqa_tp8_to_tp4),
         cmocka_unit_test(gqa_tp4_to_tp8),
         cmocka_unit_test(gqa_tp8_to_tp8),
