@@ -172,6 +172,10 @@ static kvt_status apply_loads(kvt_conn *c, const kvt_down_view *d)
 {
     for (uint32_t i = 0; i < d->n_loads; i++) {
         kvt_down_load l = kvt__wire_get_load(d->loads + (size_t)i * KVT_DNL_SIZE);
+        if (l.rank >= c->g->ranks || l.counter >= KVT_CONN_COUNTERS)
+            return kvt__fail(KVT_EPROTO, "the leader's load of rid %llu names rank %u of %u, "
+                             "counter %u of %u", (unsigned long long)l.rid, l.rank, c->g->ranks,
+                             l.counter, KVT_CONN_COUNTERS);
         pend_lookup *p = NULL;
         for (uint32_t j = 0; j < c->lk.n && !p; j++)
             if (c->lk.p[j].rid == l.rid && !c->lk.p[j].decided) p = &c->lk.p[j];
@@ -193,6 +197,9 @@ static kvt_status apply_stores(kvt_conn *c, const kvt_down_view *d)
 {
     for (uint32_t i = 0; i < d->n_stores; i++) {
         kvt_down_store s = kvt__wire_get_sdec(d->stores + (size_t)i * KVT_DNS_SIZE);
+        if (s.rank >= c->g->ranks)
+            return kvt__fail(KVT_EPROTO, "the leader's store of rid %llu names rank %u of %u",
+                             (unsigned long long)s.rid, s.rank, c->g->ranks);
         pend_store *p = NULL;
         for (uint32_t j = 0; j < c->st.n && !p; j++)
             if (c->st.p[j].rid == s.rid && !c->st.p[j].decided) p = &c->st.p[j];
@@ -213,6 +220,9 @@ static kvt_status apply_results(kvt_conn *c, const kvt_down_view *d)
 {
     for (uint32_t i = 0; i < d->n_results; i++) {
         kvt_result_rec r = kvt__wire_get_result(d->results + (size_t)i * KVT_RES_SIZE);
+        if (r.rank >= c->g->ranks)
+            return kvt__fail(KVT_EPROTO, "the leader's result for rid %llu names rank %u of %u",
+                             (unsigned long long)r.rid, r.rank, c->g->ranks);
         kvt_conn_event e = {r.rid, r.kind == KVT_TASK_LOAD ? KVT_EV_LOAD_DONE : KVT_EV_STORE_DONE,
                             r.status, r.tokens, r.rank, 0, 0};
         kvt_status st = kvt__conn_push_event(c, &e);

@@ -140,6 +140,25 @@ kvt_status kvt__wire_up_parse(const uint8_t *p, size_t len, kvt_up_view *o)
     return st;
 }
 
+/* A decision's status is OK or a refusal, never a positive or unknown code
+ * (the engine gets it in kvt_conn_event.status). */
+static kvt_status check_decisions(const kvt_down_view *v)
+{
+    for (uint32_t i = 0; i < v->n_loads; i++) {
+        kvt_down_load l = kvt__wire_get_load(v->loads + (size_t)i * KVT_DNL_SIZE);
+        if (l.status > 0 || l.status < KVT_EVERSION)
+            return kvt__fail(KVT_EPROTO, "step down load %u (rid %llu) has unknown status %d", i,
+                             (unsigned long long)l.rid, l.status);
+    }
+    for (uint32_t i = 0; i < v->n_stores; i++) {
+        kvt_down_store s = kvt__wire_get_sdec(v->stores + (size_t)i * KVT_DNS_SIZE);
+        if (s.status > 0 || s.status < KVT_EVERSION)
+            return kvt__fail(KVT_EPROTO, "step down store %u (rid %llu) has unknown status %d", i,
+                             (unsigned long long)s.rid, s.status);
+    }
+    return KVT_OK;
+}
+
 kvt_status kvt__wire_down_parse(const uint8_t *p, size_t len, kvt_down_view *o)
 {
     kvt_down_view v;
@@ -152,6 +171,7 @@ kvt_status kvt__wire_down_parse(const uint8_t *p, size_t len, kvt_down_view *o)
     v.stores = v.loads + (size_t)v.n_loads * KVT_DNL_SIZE;
     v.results = v.stores + (size_t)v.n_stores * KVT_DNS_SIZE;
     st = check_results(v.results, v.n_results, "step down");
+    if (st == KVT_OK) st = check_decisions(&v);
     if (st == KVT_OK) *o = v;
     return st;
 }

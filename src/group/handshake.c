@@ -157,8 +157,8 @@ static kvt_status verdict_of(kvt_group *g, const kvt_frame *f)
     if (kvt__note_decode(f->payload, f->len, &word, text, sizeof text) != KVT_OK)
         return kvt__fail(KVT_EPROTO, "kvt_group: rank %u: unreadable verdict", g->rank);
     if (f->op == KVT_OP_WELCOME) return KVT_OK;
-    kvt_status st = (kvt_status)-(int32_t)word;
-    if (st >= 0 || st < KVT_EVERSION) st = KVT_EPROTO;
+    int64_t code = -(int64_t)(int32_t)word; /* 64-bit: -INT32_MIN must not overflow */
+    kvt_status st = code >= 0 || code < KVT_EVERSION ? KVT_EPROTO : (kvt_status)code;
     return kvt__fail(st, "kvt_group: refused to form epoch %llu: %s",
                      (unsigned long long)g->epoch, text);
 }

@@ -1,9 +1,10 @@
-/* test_net_frame.c - the group's frame and handshake codecs: round trips,
- * and every kind of damage the decoder must reject with a message. */
+/* test_net_frame.c - the group's frame and handshake codecs and the connector's DOWN
+ * records: round trips, and every kind of damage the decoders must reject with a message. */
 #include "support.h"
 
 #include <string.h>
 #include "group/frame.h"
+#include "connector/wire.h"
 
 static size_t make(uint8_t *buf, uint16_t op, uint64_t seq, const char *payload)
 {
@@ -79,12 +80,43 @@ static void test_hello_and_note(void **state)
     assert_status(kvt__note_decode(note, 3, &w, text, sizeof text), KVT_EPROTO);
 }
 
+/* The connector's DOWN: a decision's status must be OK or a failure code
+ * (the engine gets it in kvt_conn_event.status); anything else is refused
+ * with the record named. */
+static void test_down_statuses(void **state)
+{
+    (void)state;
+    uint8_t buf[256];
+    size_t len = kvt__wire_down_size(1, 1, 0);
+    assert_true(len <= sizeof buf);
+    const int32_t load_st[] = {KVT_OK, KVT_ECANCELED, 5, KVT_EVERSION - 1, KVT_OK};
+    const int32_t store_st[] = {KVT_EBUSY, KVT_OK, KVT_OK, KVT_OK, 1};
+    for (int i = 0; i < 5; i++) {
+        memset(buf, 0, sizeof buf);
+        kvt__wire_head(buf, 0, 1, 1, 0);
+        kvt_down_load l = {.rid = 9, .tokens = 16, .status = load_st[i]};
+        kvt_down_store st = {.rid = 10, .status = store_st[i]};
+        kvt__wire_put_load(buf + KVT_WIRE_HEAD, &l);
+        kvt__wire_put_sdec(buf + KVT_WIRE_HEAD + KVT_DNL_SIZE, &st);
+        kvt_down_view v;
+        kvt_status r = kvt__wire_down_parse(buf, len, &v);
+        if (i < 2) {
+            assert_int_equal(r, KVT_OK);
+            continue;
+        }
+        assert_int_equal(r, KVT_EPROTO);
+        assert_non_null(strstr(kvt_last_error(), i < 4 ? "load 0 (rid 9) has unknown status"
+                                                       : "store 0 (rid 10) has unknown status 1"));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_damage),
         cmocka_unit_test(test_hello_and_note),
+        cmocka_unit_test(test_down_statuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
