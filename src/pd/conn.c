@@ -155,17 +155,23 @@ kvt_status pd_conn_read(pd_conn *c, pd_hdr *h, uint64_t dl)
     return KVT_OK;
 }
 
+pd_frame *pd_conn_pop_frame(pd_conn *c)
+{
+    pthread_mutex_lock(&c->qmu);
+    pd_frame *f = c->qhead;
+    if (f) {
+        c->qhead = f->next;
+        if (!c->qhead) c->qtail = NULL;
+        c->qlen--;
+    }
+    pthread_mutex_unlock(&c->qmu);
+    return f;
+}
+
 static kvt_status flush_queue(pd_conn *c)
 {
     for (;;) {
-        pthread_mutex_lock(&c->qmu);
-        pd_frame *f = c->qhead;
-        if (f) {
-            c->qhead = f->next;
-            if (!c->qhead) c->qtail = NULL;
-            c->qlen--;
-        }
-        pthread_mutex_unlock(&c->qmu);
+        pd_frame *f = pd_conn_pop_frame(c);
         if (!f) return KVT_OK;
         kvt_status st = kvt__stream_send(c->s, f->data, f->len, pd_conn_deadline(c));
         if (!st) {

@@ -176,6 +176,8 @@ void *pd_conn_main(void *arg); /* the I/O loop */
 void pd_conn_queue(pd_conn *c, const pd_hdr *h, const void *body, size_t blen);
 void pd_conn_queue_msg(pd_conn *c, uint16_t type, uint64_t room, uint32_t gen, kvt_status st,
                        const char *msg);
+/* Takes the oldest queued frame off the queue (NULL: none); the caller frees it. */
+pd_frame *pd_conn_pop_frame(pd_conn *c);
 /* Sends one frame now (conn thread or before the thread starts). */
 kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
                         const struct iovec *payload, int npay);
