@@ -203,3 +203,35 @@ kvt_status pd_desc_decode(pd_desc *out, const uint8_t *p, size_t len, size_t *us
     *used = need;
     return KVT_OK;
 }
+
+void pd_topo_free(pd_topo_entry *e, uint32_t n)
+{
+    for (uint32_t i = 0; e && i < n; i++) pd_desc_free(&e[i].desc);
+    free(e);
+}
+
+kvt_status pd_topo_decode(const uint8_t *b, uint32_t len, pd_topo_entry **out, uint32_t *n_out)
+{
+    if (len < 4) return kvt__fail(KVT_EPROTO, "pd receiver: truncated topology");
+    uint32_t n = pd_get32(b), off = 4;
+    if (n == 0 || n > PD_MAX_RANKS) return kvt__fail(KVT_EPROTO, "pd receiver: topology of %u ranks", n);
+    pd_topo_entry *e = calloc(n, sizeof *e);
+    if (!e) return kvt__fail(KVT_ENOMEM, "pd receiver: out of memory");
+    for (uint32_t i = 0; i < n; i++) {
+        size_t used;
+        kvt_status st = pd_desc_decode(&e[i].desc, b + off, len - off, &used);
+        if (!st && (len - off - used < 66 || e[i].desc.role != PD_ROLE_PREFILL))
+            st = kvt__fail(KVT_EPROTO, "pd receiver: malformed topology entry %u", i);
+        if (st) {
+            pd_topo_free(e, n);
+            return st;
+        }
+        off += (uint32_t)used;
+        e[i].port = pd_get16(b + off);
+        memcpy(e[i].host, b + off + 2, 64);
+        off += 66;
+    }
+    *out = e;
+    *n_out = n;
+    return KVT_OK;
+}

@@ -61,6 +61,19 @@ void pd_desc_encode(const pd_desc *d, uint8_t *out);
  * KVT_EPROTO with a message on anything malformed. Never reads past len. */
 kvt_status pd_desc_decode(pd_desc *out, const uint8_t *p, size_t len, size_t *used);
 
+/* A bootstrap TOPO answer (docs/pd.md): u32 n (1..PD_MAX_RANKS), then n
+ * prefill descriptors, each followed by u16 port and host[64]. */
+typedef struct pd_topo_entry {
+    pd_desc desc;
+    char host[65]; /* NUL-terminated */
+    uint16_t port;
+} pd_topo_entry;
+
+/* Decodes a TOPO body into *out (n entries, freed with pd_topo_free);
+ * KVT_EPROTO naming the entry on anything malformed. */
+kvt_status pd_topo_decode(const uint8_t *b, uint32_t len, pd_topo_entry **out, uint32_t *n_out);
+void pd_topo_free(pd_topo_entry *e, uint32_t n);
+
 /* One entry's move: bytes [src_off, src_off + len) of a prefill token go
  * to [dst_off, dst_off + len) of the decode token. len 0: nothing. */
 typedef struct pd_slice {

@@ -266,12 +266,6 @@ static const pd_ep_hooks receiver_hooks = {receiver_frame, NULL, receiver_dead, 
 
 /* ---- setup: lookup, connect, register ---- */
 
-typedef struct topo_entry {
-    pd_desc desc;
-    char host[65];
-    uint16_t port;
-} topo_entry;
-
 static kvt_status lookup_once(pd_ep *ep, const char *host, uint16_t port, uint64_t dl, uint8_t **t,
                               uint32_t *tlen)
 {
@@ -292,38 +286,6 @@ static kvt_status lookup(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, uint8_t
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL);
     }
-}
-
-static void free_topo(topo_entry *e, uint32_t n)
-{
-    for (uint32_t i = 0; e && i < n; i++) pd_desc_free(&e[i].desc);
-    free(e);
-}
-
-static kvt_status decode_topo(const uint8_t *b, uint32_t len, topo_entry **out, uint32_t *n_out)
-{
-    if (len < 4) return kvt__fail(KVT_EPROTO, "pd receiver: truncated topology");
-    uint32_t n = pd_get32(b), off = 4;
-    if (n == 0 || n > 1024) return kvt__fail(KVT_EPROTO, "pd receiver: topology of %u ranks", n);
-    topo_entry *e = calloc(n, sizeof *e);
-    if (!e) return kvt__fail(KVT_ENOMEM, "pd receiver: out of memory");
-    for (uint32_t i = 0; i < n; i++) {
-        size_t used;
-        kvt_status st = pd_desc_decode(&e[i].desc, b + off, len - off, &used);
-        if (!st && (len - off - used < 66 || e[i].desc.role != PD_ROLE_PREFILL))
-            st = kvt__fail(KVT_EPROTO, "pd receiver: malformed topology entry %u", i);
-        if (st) {
-            free_topo(e, n);
-            return st;
-        }
-        off += (uint32_t)used;
-        e[i].port = pd_get16(b + off);
-        memcpy(e[i].host, b + off + 2, 64);
-        off += 66;
-    }
-    *out = e;
-    *n_out = n;
-    return KVT_OK;
 }
 
 /* REGISTER: our descriptor and max_frame; the OK carries the sender's, and
@@ -348,7 +310,7 @@ static kvt_status register_peer(pd_ep *ep, pd_conn *c, uint64_t dl)
 }
 
 /* A registered link to prefill rank t, not yet installed or started. */
-static kvt_status dial_peer(pd_ep *ep, const topo_entry *t, uint64_t dl, pd_conn **out)
+static kvt_status dial_peer(pd_ep *ep, const pd_topo_entry *t, uint64_t dl, pd_conn **out)
 {
     kvt_stream *s;
     pd_conn *c = NULL;
@@ -373,7 +335,7 @@ static kvt_status dial_peer(pd_ep *ep, const topo_entry *t, uint64_t dl, pd_conn
     return st;
 }
 
-static kvt_status connect_peer(pd_ep *ep, const topo_entry *t, uint64_t dl)
+static kvt_status connect_peer(pd_ep *ep, const pd_topo_entry *t, uint64_t dl)
 {
     pd_conn *c;
     kvt_status st = dial_peer(ep, t, dl, &c);
@@ -387,9 +349,9 @@ static kvt_status connect_all(pd_ep *ep, const kvt_pd_params *p, uint64_t dl)
 {
     uint8_t *tb = NULL;
     uint32_t tlen = 0, n = 0;
-    topo_entry *t = NULL;
+    pd_topo_entry *t = NULL;
     kvt_status st = lookup(ep, p, dl, &tb, &tlen);
-    if (!st) st = decode_topo(tb, tlen, &t, &n);
+    if (!st) st = pd_topo_decode(tb, tlen, &t, &n);
     free(tb);
     for (uint32_t i = 0; !st && i < n; i++) st = pd_topo_check(&t[i].desc, &ep->desc);
     for (uint32_t i = 0; !st && i < n; i++) {
@@ -400,7 +362,7 @@ static kvt_status connect_all(pd_ep *ep, const kvt_pd_params *p, uint64_t dl)
         if (!st && talk) st = connect_peer(ep, &t[i], dl);
     }
     if (!st && ep->nconns == 0) st = kvt__fail(KVT_EGEOMETRY, "pd receiver: no prefill rank feeds this rank");
-    free_topo(t, n);
+    pd_topo_free(t, n);
     return st;
 }
 
@@ -416,16 +378,16 @@ static kvt_status redial(kvt_pd_receiver *rc, uint32_t i)
     uint64_t dl = kvt__deadline_ns(REDIAL_TIMEOUT_MS);
     uint8_t *tb = NULL;
     uint32_t tlen = 0, n = 0;
-    topo_entry *t = NULL, *mine = NULL;
+    pd_topo_entry *t = NULL, *mine = NULL;
     kvt_status st = lookup_once(ep, rc->bs_host, rc->bs_port, dl, &tb, &tlen);
-    if (!st) st = decode_topo(tb, tlen, &t, &n);
+    if (!st) st = pd_topo_decode(tb, tlen, &t, &n);
     free(tb);
     for (uint32_t k = 0; !st && k < n; k++)
         if (t[k].desc.tp_rank == old->peer.tp_rank && t[k].desc.dcp_rank == old->peer.dcp_rank) mine = &t[k];
     if (!st && !mine) st = kvt__fail(KVT_ENOTFOUND, "%s is not registered with the bootstrap service", old->name);
     if (!st) st = pd_topo_check(&mine->desc, &ep->desc);
     if (!st) st = dial_peer(ep, mine, dl, &c);
-    free_topo(t, n);
+    pd_topo_free(t, n);
     if (st) return st;
     pthread_mutex_lock(&ep->mu);
     c->idx = i;

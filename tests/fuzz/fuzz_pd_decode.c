@@ -27,6 +27,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         pd_hdr h;
         (void)pd_hdr_decode(&h, data);
     }
+    pd_topo_entry *t = NULL; /* the TOPO answer a decode rank reads from the service */
+    uint32_t n = 0;
+    if (pd_topo_decode(data, (uint32_t)(size > UINT32_MAX ? UINT32_MAX : size), &t, &n) == KVT_OK)
+        pd_topo_free(t, n);
     size_t off = 0;
     for (int i = 0; i < 4 && off < size; i++) { /* a topology: several descriptors back to back */
         pd_desc d;
