@@ -15,7 +15,8 @@
  * message: when it fits in the current destination piece it is received
  * there (up to RINFLIGHT at once); when it is longer (a header read before
  * its body) or spans pieces it lands in a staging buffer (bounded by
- * STAGE_MAX) that later reads drain.
+ * STAGE_MAX = CHUNK, the most one message of a sendv holds) that later
+ * reads drain.
  *
  * Every wait progresses the worker in a bounded loop: spin a little, then
  * arm the worker and poll its event fd with the socket, up to the deadline;
@@ -36,9 +37,9 @@
 
 #define UX_TAG 0x4b56544945520001ull /* "KVTIER" + stream v1: every message */
 #define UX_MAX_ADDR (64u << 10)       /* a worker address: a few hundred bytes in practice */
-#define STAGE_MAX ((256u << 20) + 4096u) /* the PD max_frame bound plus its header */
 #define STAGE_KEEP (1u << 20)          /* staging kept between messages */
 #define CHUNK (1u << 20)               /* a message: big enough for rendezvous, small to pipeline */
+#define STAGE_MAX CHUNK /* a peer that stages a longer message is broken: refused, not buffered */
 #define DIRECT_MIN (128u << 10)        /* pieces this big go zero-copy; smaller ones are gathered */
 #define INFLIGHT 16                    /* messages of sendv (async: across sendvs) in flight */
 #define RINFLIGHT 16                   /* zero-copy receives of one recvv in flight */
