@@ -7,7 +7,12 @@ static _Thread_local char last_error[KVT_ERRMSG_MAX];
 
 kvt_status kvt__vfail(kvt_status status, const char *fmt, va_list ap)
 {
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    /* Formatted aside first: callers wrap the previous message
+     * (kvt__fail(st, "...: %s", kvt_last_error())), and vsnprintf into the
+     * buffer it reads from garbles it (overlapping copy, undefined). */
+    char msg[KVT_ERRMSG_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    memcpy(last_error, msg, sizeof last_error);
     return status;
 }
 

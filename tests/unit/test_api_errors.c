@@ -186,6 +186,7 @@
 #include <string.h>
 
 #include "support.h"
+#include "util/err.h"
 
 #define KNOWN_DEFECTS 1 /* the defects found by this test are fixed; keep them checked */
 #ifdef KNOWN_DEFECTS
@@ -1678,10 +1679,25 @@ static void test_pd_rooms(void **state)
     END_CHECKS();
 }
 
+/* A message that wraps the previous one (kvt__fail(st, "...: %s",
+ * kvt_last_error()), done across the library) reads whole: formatting into
+ * the buffer being read had garbled it (the group's handshake repeated its
+ * own prefix). */
+static void test_wrapped_message(void **state)
+{
+    (void)state;
+    kvt__fail(KVT_EINVAL, "inner reason %d", 7);
+    assert_int_equal(kvt__fail(KVT_EIO, "outer: %s", kvt_last_error()), KVT_EIO);
+    assert_string_equal(kvt_last_error(), "outer: inner reason 7");
+    kvt__fail(KVT_EIO, "%s; and %s", kvt_last_error(), "more");
+    assert_string_equal(kvt_last_error(), "outer: inner reason 7; and more");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_and_version),
+        cmocka_unit_test(test_wrapped_message),
         cmocka_unit_test(test_destroy_null),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_geometry_create_preset),
