@@ -14,7 +14,9 @@
 #include "group/group.h"
 
 #define RANKS 2
-#define T_MS 500 /* steps wait at most ~10 s for a result (sanitizer builds are slow) */
+/* T: a step waits for the other rank up to 2T; scenario A holds one rank
+ * 300 ms plus a load under TSan on a loaded CI machine before it steps */
+#define T_MS 5000
 #define NTOK 2048
 #define PT 16
 #define NPG (NTOK / PT)
