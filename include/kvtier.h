@@ -408,8 +408,8 @@ kvt_status kvt_emu_poison(kvt_emu *emu, const uint32_t *pages, uint32_t num_page
  * desynchronise the ranks.
  *
  * Threading: a kvt_net, kvt_group and kvt_conn are each driven by one thread
- * at a time (the rank's scheduler thread); only kvt_conn_wait_layer may be
- * called from another thread. */
+ * at a time (the rank's scheduler thread); only kvt_conn_wait_layer and
+ * kvt_net_interrupt may be called from another thread. */
 
 /* --- Transports --- */
 
@@ -475,6 +475,16 @@ kvt_status kvt_net_callback_create(kvt_net **out, uint32_t rank, uint32_t ranks,
                                    const kvt_net_callbacks *cb, uint32_t max_msg);
 /* Closes the links (TCP sockets). NULL is a no-op. */
 void kvt_net_destroy(kvt_net *net);
+/* Thread-safe, unlike every other call on a net: ends the waits in progress
+ * on this net (inside kvt_net_*, kvt_group_* and kvt_conn_* calls over it)
+ * within milliseconds, and fails every later exchange at once, with
+ * KVT_ECANCELED ("interrupted"). For shutting a rank down from another
+ * thread (the binding's close, a signal-handling thread): afterwards the
+ * net, and the group and connector over it, are only good for destroy,
+ * once the interrupted calls returned. Callback transports: a wait inside
+ * the engine's own callback still ends at that callback's deadline.
+ * Idempotent. */
+kvt_status kvt_net_interrupt(kvt_net *net);
 
 /* --- Rank groups --- */
 

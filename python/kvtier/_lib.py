@@ -175,6 +175,7 @@ _PROTOS = {
     "kvt_net_tcp_port": (_st, [_H, POINTER(c_uint16)]),
     "kvt_net_connect": (_st, [_H, c_int64]),
     "kvt_net_destroy": (None, [_H]),
+    "kvt_net_interrupt": (_st, [_H]),
     "kvt_group_create": (_st, [_PH, _H, POINTER(GroupParams)]),
     "kvt_group_destroy": (None, [_H]),
     "kvt_group_abort": (_st, [_H, c_char_p]),

@@ -13,7 +13,7 @@ from ._arrays import as_request, timeout_ms, u32_array, u32_ptr, uint
 from ._handle import Handle
 from .cache import Cache
 from .errors import KVT_EABORTED, GroupAborted, StateError, check, invalid, status_name
-from .group import Group
+from .group import _NET_WAIT, Group
 
 lib = _lib.lib
 
@@ -42,9 +42,10 @@ class Connector(Handle):
     closes the connector first). The connector owns the cache's task
     reporting: do not wait/poll/cancel cache tasks directly while it lives.
     rid: the engine's request id, an integer in [0, 2**64). close() from
-    another thread while a call runs (a step, wait_layer, reform) waits for
-    that call to end by its deadline; nothing can wake it early (a connector
-    is driven by one thread at a time)."""
+    another thread while a step or reform runs interrupts the group's net
+    (kvt_net_interrupt): the call raises within milliseconds and the net is
+    good only for closing afterwards; a wait_layer meanwhile ends by its own
+    timeout."""
 
     _destroy = lib.kvt_conn_destroy
 
@@ -102,7 +103,7 @@ class Connector(Handle):
         Returns this step's events (identical on every rank). Raises
         GroupAborted, with the group's diagnostic, when the group aborted
         (this rank's tasks are cancelled; recompute, then reform())."""
-        st = self._call(lib.kvt_conn_step)
+        st = self._call_waiting(_NET_WAIT, lib.kvt_conn_step)
         if st == KVT_EABORTED:
             msg = _lib.cstr(lib.kvt_last_error())
             try:
@@ -127,4 +128,7 @@ class Connector(Handle):
 
     def reform(self, timeout):
         """Re-forms the group under a new epoch (every rank) and clears the state."""
-        check(self._call(lib.kvt_conn_reform, timeout_ms(timeout)))
+        check(self._call_waiting(_NET_WAIT, lib.kvt_conn_reform, timeout_ms(timeout)))
+
+    def _wake(self, keys):
+        lib.kvt_net_interrupt(self.group.net._h)

@@ -13,6 +13,10 @@ from ._arrays import timeout_ms, uint
 from ._handle import Handle
 from .errors import check, invalid
 
+# What a call blocked on the net waits for (Handle._call_waiting): close()
+# on another thread then wakes it with kvt_net_interrupt (_wake).
+_NET_WAIT = "net"
+
 lib = _lib.lib
 
 ROLE_SYNC_LEADER, ROLE_STAGE_LEADER, ROLE_MEMBER = 1, 2, 3
@@ -91,13 +95,16 @@ class Net(Handle):
         return out.value
 
     def connect(self, timeout):
-        """Establishes the links within timeout seconds (> 0). A close() meanwhile
-        waits for it (a net is driven by one thread; nothing can end the wait
-        early)."""
+        """Establishes the links within timeout seconds (> 0). A close() on
+        another thread meanwhile interrupts it (kvt_net_interrupt): it raises
+        (KVT_ECANCELED) within milliseconds."""
         ms = timeout_ms(timeout)
         if ms <= 0:
             raise invalid("connect: timeout must be > 0 seconds")
-        check(self._call(lib.kvt_net_connect, ms))
+        check(self._call_waiting(_NET_WAIT, lib.kvt_net_connect, ms))
+
+    def _wake(self, keys):
+        lib.kvt_net_interrupt(self._h)
 
 
 class Group(Handle):
@@ -105,10 +112,10 @@ class Group(Handle):
     the group). ``timeout`` (seconds) is every exchange's deadline T: an
     abort reaches every rank within 2T. Creation runs the handshake.
 
-    close() from another thread while a call runs (here or in a Connector
-    over this group) waits for that call: a group is driven by one thread
-    at a time, so kvt_group_abort cannot safely wake it; every exchange
-    ends by its deadline (2T; reform: its timeout)."""
+    close() from another thread while a call runs (reform or abort here, a
+    step or reform in a Connector over this group) interrupts the net
+    (kvt_net_interrupt): that call raises within milliseconds, and the net
+    is good only for closing afterwards."""
 
     _destroy = lib.kvt_group_destroy
 
@@ -130,11 +137,14 @@ class Group(Handle):
         """Aborts the group now (e.g. from an engine exception handler): every
         rank observes it within 2T and its diagnostic names `reason`."""
         r = None if reason is None else str(reason).encode("utf-8", "replace")
-        check(self._call(lib.kvt_group_abort, r))
+        check(self._call_waiting(_NET_WAIT, lib.kvt_group_abort, r))
 
     def reform(self, timeout):
         """Re-forms under epoch + 1 (every rank calls it)."""
-        check(self._call(lib.kvt_group_reform, timeout_ms(timeout)))
+        check(self._call_waiting(_NET_WAIT, lib.kvt_group_reform, timeout_ms(timeout)))
+
+    def _wake(self, keys):
+        lib.kvt_net_interrupt(self.net._h)
 
     def info(self):
         """A GroupInfo."""

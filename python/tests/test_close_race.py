@@ -2,9 +2,9 @@
 
 ctypes releases the GIL during a foreign call, so a thread can be blocked in
 a wait while another closes the handle. close() must not destroy the C
-object under it: it wakes the wait where the library has a way (a PD room is
-aborted, a cache task cancelled) or waits for it to reach its deadline
-(groups, connectors, nets), and only then destroys. The waiting thread gets
+object under it: it wakes the wait (a PD room is aborted, a cache task
+cancelled, the net under a group or connector interrupted) and waits for it
+to return, and only then destroys. The waiting thread gets
 a clean status or exception, later calls raise StateError. Under the ASan
 library (tests/CMakeLists.txt: python_close_race_asan) a use after free
 shows up as a crash report."""
@@ -233,11 +233,12 @@ class CacheCalls(unittest.TestCase):
 
 
 class GroupCalls(unittest.TestCase):
-    """Nothing can wake a group exchange or a connect from another thread
-    (they are driven by one thread): close() waits for the call's deadline."""
+    """A group exchange or a connect blocked on another thread is woken by
+    close() through kvt_net_interrupt: close returns in well under the
+    call's deadline (T = 30 s here), the call raises."""
 
     def test_close_group_while_a_step_blocks(self):
-        T = 1.0
+        T = 30.0
         fab = kvtier.Fabric(2)
         ranks = [kvtier.EmulatedRank(r, tp=2, transport=("inproc", fab), timeout=T)
                  for r in range(2)]
@@ -249,10 +250,11 @@ class GroupCalls(unittest.TestCase):
             r0 = ranks[0]
             b = Blocked(r0.connector.step)  # rank 1 never steps: it ends at the deadline
             inside(r0.connector, "Connector.step")
-            took = timed_close(r0.group)  # closes the connector first, after the step
-            self.assertTrue(b.join(4 * T + 5))
-            self.assertLess(took, 4 * T + 2)
+            took = timed_close(r0.group)  # closes the connector first, waking its step
+            self.assertTrue(b.join(10))
+            self.assertLess(took, 5)  # not the 2T = 60 s of the step's deadline
             self.assertIsInstance(b.error, kvtier.GroupAborted, repr(b.error))
+            self.assertIn("stopped waiting: net inproc: rank 0: receive interrupted", str(b.error))
             self.assertTrue(r0.connector.closed)
             self.assertRaises(kvtier.StateError, r0.connector.step)
             self.assertRaises(kvtier.StateError, r0.group.info)
@@ -265,12 +267,14 @@ class GroupCalls(unittest.TestCase):
 
     def test_close_net_while_connect_blocks(self):
         net = kvtier.Net.tcp(0, 2)  # the hub; no peer ever comes
-        b = Blocked(lambda: net.connect(1.5))
+        b = Blocked(lambda: net.connect(30.0))
         inside(net, "Net.connect")
         took = timed_close(net)
         self.assertTrue(b.join(10))
-        self.assertLess(took, 1.5 + 3)
+        self.assertLess(took, 5)  # not the connect's 30 s
         self.assertIsInstance(b.error, kvtier.KvtierError, repr(b.error))
+        self.assertEqual(b.error.status, kvtier.STATUS["ECANCELED"], repr(b.error))
+        self.assertIn("interrupted", str(b.error))
         self.assertRaises(kvtier.StateError, lambda: net.port)
 
 

@@ -113,6 +113,8 @@ static kvt_status recv_failed(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t
                                  exp, (long long)g->p.timeout_ms);
     if (st == KVT_ECONN)
         return kvt__group_abortf(g, peer, "%s, lost the rank: %s", exp, kvt_last_error());
+    if (st == KVT_ECANCELED) /* this rank's net was interrupted: nothing was received */
+        return kvt__group_abortf(g, UINT32_MAX, "%s, stopped waiting: %s", exp, kvt_last_error());
     return kvt__group_abortf(g, UINT32_MAX, "%s, received an invalid frame: %s", exp,
                              kvt_last_error());
 }

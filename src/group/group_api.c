@@ -116,7 +116,7 @@ kvt_status kvt_group_reform(kvt_group *g, int64_t timeout_ms)
      * links do nothing. */
     uint64_t t0 = kvt__now_ns();
     kvt_status st = KVT_OK;
-    if (g->net->ops->connect && (st = g->net->ops->connect(g->net, kvt__deadline_ns(timeout_ms))) != KVT_OK) {
+    if ((st = kvt__net_connect(g->net, kvt__deadline_ns(timeout_ms))) != KVT_OK) {
         char why[KVT_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s", kvt_last_error());
         return kvt__fail(st, "kvt_group_reform: epoch %llu: reconnecting: %s", (unsigned long long)g->epoch, why);

@@ -101,7 +101,7 @@ kvt_status kvt_net_callback_create(kvt_net **out, uint32_t rank, uint32_t ranks,
     if (st != KVT_OK) return st;
     cb_net *c = calloc(1, sizeof *c);
     if (!c) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
-    c->base = (kvt_net){&cb_ops, rank, ranks, mm};
+    c->base = (kvt_net){&cb_ops, rank, ranks, mm, false};
     c->cb = *cb;
     kvt__clear_error();
     *out = &c->base;

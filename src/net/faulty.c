@@ -97,7 +97,7 @@ static kvt_status faulty_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t 
 static kvt_status faulty_connect(kvt_net *n, uint64_t deadline_ns)
 {
     kvt_net *in = ((faulty_net *)n)->inner;
-    return in->ops->connect ? in->ops->connect(in, deadline_ns) : KVT_OK;
+    return kvt__net_connect(in, deadline_ns);
 }
 
 static void faulty_destroy(kvt_net *n)
@@ -108,12 +108,18 @@ static void faulty_destroy(kvt_net *n)
     free(f);
 }
 
+static void faulty_interrupt(kvt_net *n)
+{
+    (void)kvt_net_interrupt(((faulty_net *)n)->inner);
+}
+
 static const kvt_net_ops faulty_ops = {
     .name = "faulty",
     .send = faulty_send,
     .recv = faulty_recv,
     .connect = faulty_connect,
     .destroy = faulty_destroy,
+    .interrupt = faulty_interrupt,
 };
 
 kvt_status kvt__net_faulty_create(kvt_net **out, kvt_net *inner, const kvt_fault_plan *plan)
@@ -124,7 +130,7 @@ kvt_status kvt__net_faulty_create(kvt_net **out, kvt_net *inner, const kvt_fault
     KVT_CHECK_NOT_NULL(plan, fn);
     faulty_net *f = calloc(1, sizeof *f);
     if (!f) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
-    f->base = (kvt_net){&faulty_ops, inner->rank, inner->ranks, inner->max_msg};
+    f->base = (kvt_net){&faulty_ops, inner->rank, inner->ranks, inner->max_msg, false};
     f->inner = inner;
     f->plan = *plan;
     *out = &f->base;

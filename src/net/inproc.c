@@ -92,6 +92,11 @@ static kvt_status inproc_send(kvt_net *n, uint32_t peer, const void *hdr, size_t
     pairq *q = q_of(f, n->rank, peer);
     pthread_mutex_lock(&q->mu);
     while (q->count >= f->depth) {
+        if (kvt__net_interrupted(n)) {
+            pthread_mutex_unlock(&q->mu);
+            free(m);
+            return kvt__net_interrupted_fail(n, "send");
+        }
         if (!kvt__cond_wait_until(&q->cv, &q->mu, deadline_ns) && q->count >= f->depth) {
             pthread_mutex_unlock(&q->mu);
             free(m);
@@ -115,6 +120,10 @@ static kvt_status inproc_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t 
     pairq *q = q_of(((inproc_net *)n)->fab, peer, n->rank);
     pthread_mutex_lock(&q->mu);
     while (!q->head) {
+        if (kvt__net_interrupted(n)) {
+            pthread_mutex_unlock(&q->mu);
+            return kvt__net_interrupted_fail(n, "receive");
+        }
         if (!kvt__cond_wait_until(&q->cv, &q->mu, deadline_ns) && !q->head) {
             pthread_mutex_unlock(&q->mu);
             return kvt__fail(KVT_ETIMEDOUT, "%s: rank %u: nothing from rank %u by the deadline",
@@ -138,12 +147,29 @@ static kvt_status inproc_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t 
 
 static void inproc_destroy(kvt_net *n) { free(n); }
 
+/* Wakes this rank's waits: a receive waits on a queue towards it, a send
+ * on a full queue away from it. The flag is set before: a waiter checks
+ * it under the queue's lock, so taking the lock here means none misses it. */
+static void inproc_interrupt(kvt_net *n)
+{
+    kvt_fabric *f = ((inproc_net *)n)->fab;
+    for (uint32_t p = 0; p < f->ranks; p++) {
+        pairq *qs[2] = {q_of(f, p, n->rank), q_of(f, n->rank, p)};
+        for (int i = 0; i < 2; i++) {
+            pthread_mutex_lock(&qs[i]->mu);
+            pthread_cond_broadcast(&qs[i]->cv);
+            pthread_mutex_unlock(&qs[i]->mu);
+        }
+    }
+}
+
 static const kvt_net_ops inproc_ops = {
     .name = "inproc",
     .send = inproc_send,
     .recv = inproc_recv,
     .connect = NULL,
     .destroy = inproc_destroy,
+    .interrupt = inproc_interrupt,
 };
 
 kvt_status kvt_net_inproc_create(kvt_net **out, kvt_fabric *fab, uint32_t rank)
@@ -154,7 +180,7 @@ kvt_status kvt_net_inproc_create(kvt_net **out, kvt_fabric *fab, uint32_t rank)
     KVT_CHECK_ARG(rank < fab->ranks, "%s: rank %u is not below ranks %u", fn, rank, fab->ranks);
     inproc_net *n = calloc(1, sizeof *n);
     if (!n) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
-    n->base = (kvt_net){&inproc_ops, rank, fab->ranks, KVT_NET_DEFAULT_MAX_MSG};
+    n->base = (kvt_net){&inproc_ops, rank, fab->ranks, KVT_NET_DEFAULT_MAX_MSG, false};
     n->fab = fab;
     kvt__clear_error();
     *out = &n->base;

@@ -65,6 +65,12 @@ void kvt__net_log(const char *fmt, ...)
     fprintf(stderr, "kvtier: %s\n", line);
 }
 
+kvt_status kvt__net_interrupted_fail(const kvt_net *n, const char *what)
+{
+    return kvt__fail(KVT_ECANCELED, "net %s: rank %u: %s interrupted (kvt_net_interrupt): the "
+                     "net is only good for destroy now", n->ops->name, n->rank, what);
+}
+
 kvt_status kvt_net_connect(kvt_net *net, int64_t timeout_ms)
 {
     KVT_CHECK_NOT_NULL(net, "kvt_net_connect");
@@ -72,8 +78,15 @@ kvt_status kvt_net_connect(kvt_net *net, int64_t timeout_ms)
                   "kvt_net_connect: timeout_ms %lld is outside 1..3600000",
                   (long long)timeout_ms);
     kvt__clear_error();
-    if (!net->ops->connect) return KVT_OK;
-    return net->ops->connect(net, kvt__deadline_ns(timeout_ms));
+    return kvt__net_connect(net, kvt__deadline_ns(timeout_ms));
+}
+
+kvt_status kvt_net_interrupt(kvt_net *net)
+{
+    KVT_CHECK_NOT_NULL(net, "kvt_net_interrupt");
+    atomic_store_explicit(&net->interrupted, true, memory_order_release);
+    if (net->ops->interrupt) net->ops->interrupt(net);
+    return KVT_OK;
 }
 
 void kvt_net_destroy(kvt_net *net)

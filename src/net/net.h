@@ -5,6 +5,8 @@
 #ifndef KVT_NET_NET_H
 #define KVT_NET_NET_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "kvtier.h"
@@ -29,6 +31,9 @@ typedef struct kvt_net_ops {
     kvt_status (*recv)(kvt_net *net, uint32_t peer, kvt_buf *buf, uint64_t deadline_ns);
     kvt_status (*connect)(kvt_net *net, uint64_t deadline_ns); /* may be NULL */
     void (*destroy)(kvt_net *net);
+    /* Wakes the waits in progress (kvt_net_interrupt, from any thread; the
+     * flag is already set); may be NULL when nothing can be woken. */
+    void (*interrupt)(kvt_net *net);
 } kvt_net_ops;
 
 /* Every transport's endpoint starts with this. */
@@ -36,19 +41,45 @@ struct kvt_net {
     const kvt_net_ops *ops;
     uint32_t rank, ranks;
     uint32_t max_msg;
+    atomic_bool interrupted; /* kvt_net_interrupt was called: every exchange fails */
 };
+
+static inline bool kvt__net_interrupted(kvt_net *n)
+{
+    return atomic_load_explicit(&n->interrupted, memory_order_acquire);
+}
+
+/* KVT_ECANCELED naming the rank and what was cut short. */
+kvt_status kvt__net_interrupted_fail(const kvt_net *n, const char *what);
+
+/* An exchange's result: once the net is interrupted, whatever the wait
+ * ended with (a hang-up of a shut socket, a woken queue) reads as that. */
+static inline kvt_status kvt__net_result(kvt_net *n, kvt_status st, const char *what)
+{
+    return st != KVT_OK && kvt__net_interrupted(n) ? kvt__net_interrupted_fail(n, what) : st;
+}
 
 static inline kvt_status kvt__net_send(kvt_net *n, uint32_t peer, const void *hdr,
                                        size_t hlen, const void *body, size_t blen,
                                        uint64_t deadline_ns)
 {
-    return n->ops->send(n, peer, hdr, hlen, body, blen, deadline_ns);
+    if (kvt__net_interrupted(n)) return kvt__net_interrupted_fail(n, "send");
+    return kvt__net_result(n, n->ops->send(n, peer, hdr, hlen, body, blen, deadline_ns), "send");
+}
+
+/* Connects by deadline_ns (transports without connections: nothing to do). */
+static inline kvt_status kvt__net_connect(kvt_net *n, uint64_t deadline_ns)
+{
+    if (kvt__net_interrupted(n)) return kvt__net_interrupted_fail(n, "connect");
+    if (!n->ops->connect) return KVT_OK;
+    return kvt__net_result(n, n->ops->connect(n, deadline_ns), "connect");
 }
 
 static inline kvt_status kvt__net_recv(kvt_net *n, uint32_t peer, kvt_buf *buf,
                                        uint64_t deadline_ns)
 {
-    return n->ops->recv(n, peer, buf, deadline_ns);
+    if (kvt__net_interrupted(n)) return kvt__net_interrupted_fail(n, "receive");
+    return kvt__net_result(n, n->ops->recv(n, peer, buf, deadline_ns), "receive");
 }
 
 /* Shared argument checks of send/recv: peer in range and not self, size

@@ -57,11 +57,48 @@ static kvt_status route(tcp_net *t, uint32_t peer, const char *fn, int *fd)
     return KVT_OK;
 }
 
+/* Descriptor slots change under fd_mu only (kvt_net_interrupt reads them
+ * from another thread): *slot closed and emptied. */
+static void drop_fd(tcp_net *t, int *slot)
+{
+    pthread_mutex_lock(&t->fd_mu);
+    if (*slot >= 0) close(*slot);
+    *slot = -1;
+    pthread_mutex_unlock(&t->fd_mu);
+}
+
+/* fd becomes the connection in its handshake (shut at once if interrupted). */
+static void track_pending(tcp_net *t, int fd)
+{
+    pthread_mutex_lock(&t->fd_mu);
+    t->pending_fd = fd;
+    if (kvt__net_interrupted(&t->base)) shutdown(fd, SHUT_RDWR);
+    pthread_mutex_unlock(&t->fd_mu);
+}
+
+/* The pending connection becomes the link in *slot. */
+static void adopt_pending(tcp_net *t, int *slot)
+{
+    pthread_mutex_lock(&t->fd_mu);
+    *slot = t->pending_fd;
+    t->pending_fd = -1;
+    pthread_mutex_unlock(&t->fd_mu);
+}
+
+static void tcp_interrupt(kvt_net *n)
+{
+    tcp_net *t = (tcp_net *)n;
+    pthread_mutex_lock(&t->fd_mu);
+    if (t->listen_fd >= 0) shutdown(t->listen_fd, SHUT_RDWR);
+    if (t->pending_fd >= 0) shutdown(t->pending_fd, SHUT_RDWR);
+    for (uint32_t r = 0; r < n->ranks; r++)
+        if (t->fds[r] >= 0) shutdown(t->fds[r], SHUT_RDWR);
+    pthread_mutex_unlock(&t->fd_mu);
+}
+
 static void close_link(tcp_net *t, uint32_t peer)
 {
-    int *slot = &t->fds[t->base.rank == 0 ? peer : 0];
-    close(*slot);
-    *slot = -1;
+    drop_fd(t, &t->fds[t->base.rank == 0 ? peer : 0]);
 }
 
 /* A failure part-way through a message. The byte stream cannot be
@@ -201,6 +238,7 @@ static void hub_accept_one(tcp_net *t, uint64_t deadline_ns)
     socklen_t sl = sizeof sa;
     int fd = accept4(t->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
     if (fd < 0) return;
+    track_pending(t, fd);
     set_opts(fd);
     uint64_t dl = kvt__deadline_ns(1000);
     if (dl > deadline_ns) dl = deadline_ns;
@@ -211,17 +249,17 @@ static void hub_accept_one(tcp_net *t, uint64_t deadline_ns)
         t->refused++;
         kvt__net_log("tcp hub %s:%u: refused connection from %s:%u: %s", t->host, t->port, ip,
                      ntohs(sa.sin_port), kvt_last_error());
-        close(fd);
+        drop_fd(t, &t->pending_fd);
         return;
     }
     if (t->fds[rank] >= 0) { /* a live link is never replaced by a newcomer */
         t->refused++;
         kvt__net_log("tcp hub %s:%u: refused a second connection for rank %u from %s:%u", t->host,
                      t->port, rank, ip, ntohs(sa.sin_port));
-        close(fd);
+        drop_fd(t, &t->pending_fd);
         return;
     }
-    t->fds[rank] = fd;
+    adopt_pending(t, &t->fds[rank]);
 }
 
 static kvt_status hub_connect(tcp_net *t, uint64_t deadline_ns)
@@ -229,6 +267,7 @@ static kvt_status hub_connect(tcp_net *t, uint64_t deadline_ns)
     uint32_t joined = 0;
     for (uint32_t r = 1; r < t->base.ranks; r++) joined += t->fds[r] >= 0;
     while (joined < t->base.ranks - 1) {
+        if (kvt__net_interrupted(&t->base)) return KVT_ECANCELED; /* net.h words it */
         kvt_status st = kvt__fd_wait(t->listen_fd, POLLIN, deadline_ns);
         if (st != KVT_OK || kvt__now_ns() >= deadline_ns) {
             for (uint32_t r = 1; r < t->base.ranks; r++)
@@ -252,6 +291,7 @@ static kvt_status try_connect(tcp_net *t, const struct sockaddr_in *sa, uint64_t
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return kvt__fail(KVT_ESYS, "kvt_net_connect: socket: %s", strerror(errno));
+    track_pending(t, fd);
     set_opts(fd);
     int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
     if (rc != 0 && errno == EINPROGRESS && kvt__fd_wait(fd, POLLOUT, dl) == KVT_OK) {
@@ -261,7 +301,7 @@ static kvt_status try_connect(tcp_net *t, const struct sockaddr_in *sa, uint64_t
         rc = err ? -1 : 0;
     }
     if (rc != 0) {
-        close(fd);
+        drop_fd(t, &t->pending_fd);
         return KVT_EAGAIN;
     }
     *out = fd;
@@ -275,6 +315,7 @@ static kvt_status rank_connect(tcp_net *t, uint64_t deadline_ns)
     if (st != KVT_OK) return st;
     int fd = -1;
     while ((st = try_connect(t, &sa, deadline_ns, &fd)) == KVT_EAGAIN) {
+        if (kvt__net_interrupted(&t->base)) return KVT_ECANCELED; /* net.h words it */
         if (kvt__now_ns() >= deadline_ns)
             return kvt__fail(KVT_ETIMEDOUT, "kvt_net_connect: rank %u: hub %s:%u did not accept "
                              "by the deadline", t->base.rank, t->host, t->port);
@@ -284,13 +325,13 @@ static kvt_status rank_connect(tcp_net *t, uint64_t deadline_ns)
     if (st != KVT_OK) return st;
     st = kvt__tcp_auth_client(t, fd, deadline_ns);
     if (st != KVT_OK) {
-        close(fd);
+        drop_fd(t, &t->pending_fd);
         if (st != KVT_EAUTH)
             return kvt__fail(st, "kvt_net_connect: rank %u: handshake with hub %s:%u failed (%s)",
                              t->base.rank, t->host, t->port, kvt_status_name(st));
         return st;
     }
-    t->fds[0] = fd;
+    adopt_pending(t, &t->fds[0]);
     return KVT_OK;
 }
 
@@ -312,6 +353,7 @@ static void tcp_destroy(kvt_net *n)
     if (t->secret) sodium_memzero(t->secret, t->secret_len);
     free(t->secret);
     free(t->fds);
+    pthread_mutex_destroy(&t->fd_mu);
     free(t);
 }
 
@@ -321,6 +363,7 @@ static const kvt_net_ops tcp_ops = {
     .recv = tcp_recv,
     .connect = tcp_connect,
     .destroy = tcp_destroy,
+    .interrupt = tcp_interrupt,
 };
 
 static kvt_status check_params(const kvt_net_tcp_params *p, const char *fn)
@@ -351,10 +394,12 @@ static tcp_net *tcp_alloc(const kvt_net_tcp_params *p, uint32_t max_msg)
     for (uint32_t r = 0; r < p->ranks; r++) t->fds[r] = -1;
     if (p->secret) memcpy(t->secret, p->secret, p->secret_len);
     t->secret_len = p->secret_len;
-    t->base = (kvt_net){&tcp_ops, p->rank, p->ranks, max_msg};
+    t->base = (kvt_net){&tcp_ops, p->rank, p->ranks, max_msg, false};
     snprintf(t->host, sizeof t->host, "%s", p->host ? p->host : "127.0.0.1");
     t->port = p->port;
     t->listen_fd = -1;
+    t->pending_fd = -1;
+    pthread_mutex_init(&t->fd_mu, NULL);
     return t;
 }
 

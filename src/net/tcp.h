@@ -2,6 +2,7 @@
 #ifndef KVT_NET_TCP_H
 #define KVT_NET_TCP_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include "net/net.h"
 
@@ -17,6 +18,11 @@ typedef struct tcp_net {
     uint8_t *secret; /* NULL: no authentication */
     size_t secret_len;
     uint32_t refused; /* connections the hub refused (strangers) */
+    /* Guards the descriptors against kvt_net_interrupt on another thread,
+     * which shuts down (never closes) every one of them, and pending_fd:
+     * a connection still in its handshake. */
+    pthread_mutex_t fd_mu;
+    int pending_fd;
 } tcp_net;
 
 /* Whole reads/writes on a non-blocking socket by deadline_ns:

@@ -361,6 +361,78 @@ static void test_tcp_cut_message_closes_link(void **state)
     kvt_net_destroy(hub);
 }
 
+/* kvt_net_interrupt from another thread ends a wait that had 30 s left,
+ * at once, with KVT_ECANCELED saying so, on each transport and through the
+ * group layer; later exchanges fail at once. */
+typedef struct blocked {
+    kvt_net *n;
+    int what; /* 0 receive, 1 connect, 2 group formation */
+    kvt_status st;
+    char msg[512];
+} blocked;
+
+static void *block_on(void *arg)
+{
+    blocked *b = arg;
+    kvt_buf buf = {0};
+    kvt_group *g = NULL;
+    kvt_group_params gp = {1, 1, b->n->ranks, 1, 1, 30000, 1};
+    if (b->what == 0) b->st = kvt__net_recv(b->n, 0, &buf, kvt__deadline_ns(30000));
+    if (b->what == 1) b->st = kvt_net_connect(b->n, 30000);
+    if (b->what == 2) b->st = kvt_group_create(&g, b->n, &gp);
+    snprintf(b->msg, sizeof b->msg, "%s", kvt_last_error());
+    kvt_group_destroy(g);
+    kvt__buf_free(&buf);
+    return NULL;
+}
+
+static void interrupt_blocked(kvt_net *n, int what)
+{
+    blocked b = {n, what, KVT_OK, ""};
+    pthread_t th;
+    pthread_create(&th, NULL, block_on, &b);
+    tg_sleep_ms(200); /* it waits (nothing will come) */
+    uint64_t t0 = kvt__now_ns();
+    assert_ok(kvt_net_interrupt(n));
+    pthread_join(th, NULL);
+    assert_true(kvt__now_ns() - t0 < 5000000000ull); /* not the 30 s: wide for TSan */
+    assert_int_equal(b.st, KVT_ECANCELED);
+    assert_non_null(strstr(b.msg, "interrupted (kvt_net_interrupt)"));
+    assert_ok(kvt_net_interrupt(n)); /* idempotent */
+    assert_status(kvt__net_send(n, n->rank ? 0 : 1, "x", 1, NULL, 0, kvt__deadline_ns(1000)),
+                  KVT_ECANCELED);
+    assert_status(kvt_net_connect(n, 1000), KVT_ECANCELED);
+}
+
+static void test_interrupt_ends_waits(void **state)
+{
+    (void)state;
+    kvt_fabric *fab;
+    kvt_net *a, *b;
+    for (int what = 0; what <= 2; what += 2) { /* inproc: a receive, a group formation */
+        assert_ok(kvt_fabric_create(&fab, 2, 2));
+        assert_ok(kvt_net_inproc_create(&a, fab, 0));
+        assert_ok(kvt_net_inproc_create(&b, fab, 1));
+        interrupt_blocked(b, what);
+        kvt_net_destroy(a);
+        kvt_net_destroy(b);
+        kvt_fabric_destroy(fab);
+    }
+    /* tcp: the hub waiting for members; a member in its handshake with a
+     * hub that never answers (the kernel accepted it into the backlog) */
+    tcp_ctx c = {.ranks = 2};
+    kvt_net *hub = hub_open(&c, NULL);
+    interrupt_blocked(hub, 1);
+    kvt_net_destroy(hub);
+    hub = hub_open(&c, NULL);
+    kvt_net_tcp_params p = {1, 2, NULL, c.port, NULL, 0, 4096};
+    assert_ok(kvt_net_tcp_create(&b, &p));
+    interrupt_blocked(b, 1);
+    kvt_net_destroy(b);
+    kvt_net_destroy(hub);
+    assert_status(kvt_net_interrupt(NULL), KVT_EINVAL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -372,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_tcp_client_refuses_fake_hub),
         cmocka_unit_test(test_tcp_bounds),
         cmocka_unit_test(test_tcp_oversize_refused),
+        cmocka_unit_test(test_interrupt_ends_waits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
