@@ -103,6 +103,13 @@ class Net(Handle):
             raise invalid("connect: timeout must be > 0 seconds")
         check(self._call_waiting(_NET_WAIT, lib.kvt_net_connect, ms))
 
+    def interrupt(self):
+        """Thread-safe: ends the waits in progress on this net (a connect, or
+        an exchange of a Group or Connector over it) within milliseconds, and
+        fails every later one (KVT_ECANCELED). Afterwards the net, group and
+        connector are good only for closing. close() does this by itself."""
+        check(self._call(lib.kvt_net_interrupt))
+
     def _wake(self, keys):
         lib.kvt_net_interrupt(self._h)
 

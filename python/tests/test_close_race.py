@@ -278,6 +278,25 @@ class GroupCalls(unittest.TestCase):
         self.assertRaises(kvtier.StateError, lambda: net.port)
 
 
+    def test_interrupt_from_another_thread(self):
+        hub = kvtier.Net.tcp(0, 2)
+        member = kvtier.Net.tcp(1, 2, port=hub.port)  # the hub never answers its handshake
+        try:
+            b = Blocked(lambda: member.connect(30.0))
+            inside(member, "Net.connect")
+            t0 = time.monotonic()
+            member.interrupt()
+            self.assertTrue(b.join(10))
+            self.assertLess(time.monotonic() - t0, 5)
+            self.assertEqual(b.error.status, kvtier.STATUS["ECANCELED"], repr(b.error))
+            with self.assertRaises(kvtier.KvtierError) as e:
+                member.connect(1.0)  # and every later one
+            self.assertIn("interrupted", str(e.exception))
+        finally:
+            member.close()
+            hub.close()
+
+
 class SameThread(unittest.TestCase):
     """close() on a thread that is itself inside a call on the handle (a
     signal handler, a callback) must not wait for itself: the handle is
