@@ -122,7 +122,9 @@ class Group(Handle):
     close() from another thread while a call runs (reform or abort here, a
     step or reform in a Connector over this group) interrupts the net
     (kvt_net_interrupt): that call raises within milliseconds, and the net
-    is good only for closing afterwards."""
+    is good only for closing afterwards. The handshake inside Group(...)
+    itself is not woken by a close() of the net: it ends by its deadline
+    (call net.interrupt() to end it early)."""
 
     _destroy = lib.kvt_group_destroy
 

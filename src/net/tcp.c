@@ -143,7 +143,8 @@ static kvt_status tcp_send(kvt_net *n, uint32_t peer, const void *hdr, size_t hl
     for (int i = 0; i < 4; i++) len[i] = (uint8_t)(total >> (8 * i));
     /* One writev for the common case (small messages, empty send buffer). */
     struct iovec iov[3] = {{len, 4}, {(void *)hdr, hlen}, {(void *)body, blen}};
-    ssize_t w = writev(fd, iov, 3);
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 3};
+    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL); /* a closed (or interrupted) link: EPIPE, no SIGPIPE */
     size_t done = w > 0 ? (size_t)w : 0;
     if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
         return lost(t, peer, KVT_ECONN, fn, "sending to");
@@ -286,7 +287,8 @@ static kvt_status hub_connect(tcp_net *t, uint64_t deadline_ns)
     return KVT_OK;
 }
 
-/* One non-blocking connect attempt: KVT_OK, KVT_EAGAIN (retry) or error. */
+/* One non-blocking connect attempt: KVT_OK, KVT_EAGAIN (retry), KVT_ECANCELED
+ * (interrupted) or error. */
 static kvt_status try_connect(tcp_net *t, const struct sockaddr_in *sa, uint64_t dl, int *out)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -294,6 +296,13 @@ static kvt_status try_connect(tcp_net *t, const struct sockaddr_in *sa, uint64_t
     track_pending(t, fd);
     set_opts(fd);
     int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
+    /* An interrupt's shutdown() of a socket not yet connecting does not stop
+     * the connect, and its wait would then spin: the flag, set before the
+     * shutdown, is checked once the connect started. */
+    if (kvt__net_interrupted(&t->base)) {
+        drop_fd(t, &t->pending_fd);
+        return KVT_ECANCELED;
+    }
     if (rc != 0 && errno == EINPROGRESS && kvt__fd_wait(fd, POLLOUT, dl) == KVT_OK) {
         int err = 0;
         socklen_t l = sizeof err;
