@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "util/err.h"
 
@@ -52,6 +53,18 @@ static kvt_status fsck_meta(fsck_dir *f, uint32_t index, uint32_t ndirs, kvt_ssd
         snprintf(why, sizeof why, "%s", kvt_last_error());
         return kvt__fail(KVT_ECORRUPT, "fsck: %s/%s: %s", f->path, KVT_SSD_META_NAME, why);
     }
+    /* The store sizes the data file before it writes the metadata, so a
+     * shorter file is damage (or another directory's metadata); checked
+     * before anything is allocated per slot. */
+    struct stat ds;
+    if (fstatat(f->dir_fd, KVT_SSD_DATA_NAME, &ds, 0) != 0)
+        return kvt__fail(KVT_ECORRUPT, "fsck: %s/%s: %s", f->path, KVT_SSD_DATA_NAME, strerror(errno));
+    uint64_t need = (uint64_t)f->meta.slots * f->meta.slot_bytes;
+    if (f->meta.slot_bytes == 0 || (uint64_t)ds.st_size < need)
+        return kvt__fail(KVT_ECORRUPT, "fsck: %s/%s holds %lld bytes; the metadata's %u slots of "
+                         "%llu bytes need %llu (truncated, or not this directory's data)",
+                         f->path, KVT_SSD_DATA_NAME, (long long)ds.st_size, f->meta.slots,
+                         (unsigned long long)f->meta.slot_bytes, (unsigned long long)need);
     if (f->meta.ndirs != ndirs || f->meta.dir_index != index)
         return kvt__fail(KVT_EGEOMETRY, "fsck: %s is directory %u of %u in its metadata, but "
                          "listed as %u of %u", f->path, f->meta.dir_index, f->meta.ndirs, index,

@@ -238,6 +238,14 @@ static void test_fsck(void **state)
     char wrong[2 * PATH_MAX + 2];
     snprintf(wrong, sizeof wrong, "%s,%s", b, a);
     assert_status(kvt__ssd_fsck(wrong, false, &rep), KVT_EGEOMETRY);
+    /* A data file shorter than its metadata's slots: refused before any
+     * per-slot table is allocated from that count. */
+    char data_b[PATH_MAX + 32];
+    snprintf(data_b, sizeof data_b, "%s/%s", b, KVT_SSD_DATA_NAME);
+    assert_int_equal(truncate(data_b, BLOCK), 0);
+    assert_status(kvt__ssd_fsck(dirs, false, &rep), KVT_ECORRUPT);
+    assert_non_null(strstr(kvt_last_error(), "slots of"));
+    assert_non_null(strstr(kvt_last_error(), "truncated, or not this directory's data"));
     rm_rf(a);
     assert_status(kvt__ssd_fsck(dirs, false, &rep), KVT_EIO);
     assert_non_null(strstr(kvt_last_error(), a));
