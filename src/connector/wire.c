@@ -102,7 +102,7 @@ static kvt_status check_results(const uint8_t *p, uint32_t n, const char *what)
         if (r.kind != KVT_TASK_LOAD && r.kind != KVT_TASK_STORE)
             return kvt__fail(KVT_EPROTO, "%s result %u (rid %llu) has unknown kind %u", what, i,
                              (unsigned long long)r.rid, r.kind);
-        if (r.status > 0 || r.status < KVT_EVERSION)
+        if (!kvt__status_known(r.status))
             return kvt__fail(KVT_EPROTO, "%s result %u (rid %llu) has unknown status %d", what,
                              i, (unsigned long long)r.rid, r.status);
     }
@@ -146,13 +146,13 @@ static kvt_status check_decisions(const kvt_down_view *v)
 {
     for (uint32_t i = 0; i < v->n_loads; i++) {
         kvt_down_load l = kvt__wire_get_load(v->loads + (size_t)i * KVT_DNL_SIZE);
-        if (l.status > 0 || l.status < KVT_EVERSION)
+        if (!kvt__status_known(l.status))
             return kvt__fail(KVT_EPROTO, "step down load %u (rid %llu) has unknown status %d", i,
                              (unsigned long long)l.rid, l.status);
     }
     for (uint32_t i = 0; i < v->n_stores; i++) {
         kvt_down_store s = kvt__wire_get_sdec(v->stores + (size_t)i * KVT_DNS_SIZE);
-        if (s.status > 0 || s.status < KVT_EVERSION)
+        if (!kvt__status_known(s.status))
             return kvt__fail(KVT_EPROTO, "step down store %u (rid %llu) has unknown status %d", i,
                              (unsigned long long)s.rid, s.status);
     }

@@ -158,7 +158,7 @@ static kvt_status verdict_of(kvt_group *g, const kvt_frame *f)
         return kvt__fail(KVT_EPROTO, "kvt_group: rank %u: unreadable verdict", g->rank);
     if (f->op == KVT_OP_WELCOME) return KVT_OK;
     int64_t code = -(int64_t)(int32_t)word; /* 64-bit: -INT32_MIN must not overflow */
-    kvt_status st = code >= 0 || code < KVT_EVERSION ? KVT_EPROTO : (kvt_status)code;
+    kvt_status st = code != 0 && kvt__status_known(code) ? (kvt_status)code : KVT_EPROTO;
     return kvt__fail(st, "kvt_group: refused to form epoch %llu: %s",
                      (unsigned long long)g->epoch, text);
 }

@@ -95,7 +95,7 @@ static kvt_status inproc_send(kvt_net *n, uint32_t peer, const void *hdr, size_t
         if (kvt__net_interrupted(n)) {
             pthread_mutex_unlock(&q->mu);
             free(m);
-            return kvt__net_interrupted_fail(n, "send");
+            return KVT_ECANCELED; /* net.h words it */
         }
         if (!kvt__cond_wait_until(&q->cv, &q->mu, deadline_ns) && q->count >= f->depth) {
             pthread_mutex_unlock(&q->mu);
@@ -122,7 +122,7 @@ static kvt_status inproc_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t 
     while (!q->head) {
         if (kvt__net_interrupted(n)) {
             pthread_mutex_unlock(&q->mu);
-            return kvt__net_interrupted_fail(n, "receive");
+            return KVT_ECANCELED; /* net.h words it */
         }
         if (!kvt__cond_wait_until(&q->cv, &q->mu, deadline_ns) && !q->head) {
             pthread_mutex_unlock(&q->mu);

@@ -422,8 +422,8 @@ static kvt_status missing_for(kvt_pd_bootstrap *bs, const pd_desc *dec)
     char list[BS_RETRY_LIST + 1] = "";
     size_t off = 0;
     for (uint32_t pos = 0; pos < need; pos++) {
-        bool needed = !have[pos] && !precise;
-        kvt_status st = have[pos] || !precise ? KVT_OK : needed_by(bs, pos / dcp, pos % dcp, dec, &needed);
+        bool needed = !have[pos];
+        kvt_status st = needed && precise ? needed_by(bs, pos / dcp, pos % dcp, dec, &needed) : KVT_OK;
         if (st) return st;
         if (!needed) continue;
         missing++;

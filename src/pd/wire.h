@@ -15,6 +15,7 @@
 #define KVT_PD_WIRE_H
 
 #include "kvtier.h"
+#include "util/err.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -133,7 +134,7 @@ static inline const char *pd_magic_why(const uint8_t *p, char *buf, size_t n)
  * (0, positive, unknown) reads as KVT_EPROTO. */
 static inline kvt_status pd_peer_status(int32_t status)
 {
-    return status >= 0 || status < KVT_EVERSION ? KVT_EPROTO : (kvt_status)status;
+    return status != 0 && kvt__status_known(status) ? (kvt_status)status : KVT_EPROTO;
 }
 
 #endif

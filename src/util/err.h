@@ -5,6 +5,8 @@
 #define KVT_UTIL_ERR_H
 
 #include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include "kvtier.h"
 
 #define KVT_ERRMSG_MAX 512
@@ -19,6 +21,14 @@ void kvt__clear_error(void);
 /* Prefixes the thread's message with "prefix: " (so an error found by an
  * inner call names the public function the user called); returns status. */
 kvt_status kvt__wrap_error(kvt_status status, const char *prefix);
+
+/* Whether a status read from a peer's bytes is KVT_OK or one of the
+ * library's codes (KVT_EVERSION is the lowest): checked before a peer's
+ * status reaches a room, a group or the engine. */
+static inline bool kvt__status_known(int64_t status)
+{
+    return status <= 0 && status >= KVT_EVERSION;
+}
 
 /* Common argument checks: each returns KVT_EINVAL with a message naming the
  * function and the argument. */
