@@ -13,7 +13,8 @@ arguments for exactly the duration of the C call:
 - close() marks the handle closing, closes its borrowers (dependents),
   wakes the calls in flight where the library has a safe way to
   (``_wake``: a PD endpoint aborts the rooms being waited on, a cache
-  cancels the tasks being waited on), waits for the calls in flight on
+  cancels the tasks being waited on, a group being created interrupts the
+  net its handshake waits on), waits for the calls in flight on
   other threads to return (every library wait has a deadline, so this is
   bounded), and only then destroys the C object;
 - a handle that borrows another (``_borrow``: a connector its cache and
@@ -124,15 +125,17 @@ class Handle:
         finally:
             self._release(key)
 
-    def _create(self, fn, *args):
+    def _create(self, fn, *args, key=None):
         """fn(&this handle's pointer, *args), the library's create function,
         holding a use of this handle (a close() meanwhile waits for it) and
-        of every Handle among args."""
-        self._acquire(creating=True)
+        of every Handle among args. key: for a creation that blocks until
+        `key` is done (a group's handshake on its net), as in _call_waiting:
+        a close() meanwhile passes it to _wake, with this handle still NULL."""
+        self._acquire(key, creating=True)
         try:
             return call(fn, ctypes.byref(self._h), *args)
         finally:
-            self._release()
+            self._release(key)
 
     def _adopt(self, h):
         """Takes ownership of a pointer a library call created."""
@@ -214,8 +217,13 @@ class Handle:
 
     def _wake(self, keys):
         """Hook for subclasses: ends early the calls in flight that wait for
-        `keys` (see _call_waiting), with the library's own means. Runs while
-        the C object still exists; may use self._h directly."""
+        `keys` (see _call_waiting, and _create with a key), with the
+        library's own means. Runs only when some call in flight holds a key,
+        and while the C object, if any, still exists; may use self._h
+        directly. During a keyed creation self._h may still be NULL (the
+        create function has not returned): the override must then wake the
+        call through something else it holds (a Group: its net) and never
+        pass the NULL handle to the library."""
 
     def _after_close(self):
         """Hook for subclasses: runs at the end of close() (the C object is
@@ -245,7 +253,7 @@ class Handle:
             self._before_close()
             with self._cv:
                 keys = list(self._waiting)
-            if keys and self._h:
+            if keys:  # self._h may be NULL: a keyed creation (see _wake)
                 try:
                     self._wake(keys)
                 except Exception:  # best effort: the waits end at their deadlines anyway

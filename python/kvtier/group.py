@@ -13,8 +13,9 @@ from ._arrays import timeout_ms, uint
 from ._handle import Handle
 from .errors import check, invalid
 
-# What a call blocked on the net waits for (Handle._call_waiting): close()
-# on another thread then wakes it with kvt_net_interrupt (_wake).
+# What a call blocked on the net waits for (Handle._call_waiting, and the
+# keyed _create of a Group): close() on another thread then wakes it with
+# kvt_net_interrupt (_wake).
 _NET_WAIT = "net"
 
 lib = _lib.lib
@@ -122,9 +123,12 @@ class Group(Handle):
     close() from another thread while a call runs (reform or abort here, a
     step or reform in a Connector over this group) interrupts the net
     (kvt_net_interrupt): that call raises within milliseconds, and the net
-    is good only for closing afterwards. The handshake inside Group(...)
-    itself is not woken by a close() of the net: it ends by its deadline
-    (call net.interrupt() to end it early)."""
+    is good only for closing afterwards. So is the handshake inside
+    Group(...) itself: a close() of the net on another thread meanwhile
+    closes the group being created first, which interrupts the net, and
+    Group(...) raises Cancelled (KVT_ECANCELED, "refused to form ...
+    stopped waiting for rank N's hello") within milliseconds instead of
+    waiting for the handshake's deadline."""
 
     _destroy = lib.kvt_group_destroy
 
@@ -139,8 +143,8 @@ class Group(Handle):
                              uint(tp, "tp", minimum=1), uint(geometry_digest, "geometry_digest", 64),
                              uint(config_digest, "config_digest", 64), ms, uint(epoch, "epoch", 64))
         self._borrow(net)
-        check(self._create(lib.kvt_group_create, net, ctypes.byref(p)))
-        self.net = net
+        self.net = net  # before the handshake: _wake interrupts it through this net
+        check(self._create(lib.kvt_group_create, net, ctypes.byref(p), key=_NET_WAIT))
 
     def abort(self, reason=None):
         """Aborts the group now (e.g. from an engine exception handler): every
@@ -153,6 +157,11 @@ class Group(Handle):
         check(self._call_waiting(_NET_WAIT, lib.kvt_group_reform, timeout_ms(timeout)))
 
     def _wake(self, keys):
+        # A reform or abort, or the handshake in __init__ (self._h still
+        # NULL then): all wait on the net, which outlives this group (it is
+        # closed only after its dependents) and is interrupted by its own
+        # pointer. The interrupt is sticky, so a wake that comes before the
+        # call is inside its wait still ends it.
         lib.kvt_net_interrupt(self.net._h)
 
     def info(self):

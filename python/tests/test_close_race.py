@@ -233,9 +233,10 @@ class CacheCalls(unittest.TestCase):
 
 
 class GroupCalls(unittest.TestCase):
-    """A group exchange or a connect blocked on another thread is woken by
-    close() through kvt_net_interrupt: close returns in well under the
-    call's deadline (T = 30 s here), the call raises."""
+    """A group exchange, a connect or the handshake of a Group being created,
+    blocked on another thread, is woken by close() through
+    kvt_net_interrupt: close returns in well under the call's deadline
+    (T = 30 s here), the call raises."""
 
     def test_close_group_while_a_step_blocks(self):
         T = 30.0
@@ -277,6 +278,28 @@ class GroupCalls(unittest.TestCase):
         self.assertIn("interrupted", str(b.error))
         self.assertRaises(kvtier.StateError, lambda: net.port)
 
+    def test_close_net_while_group_handshake_blocks(self):
+        T = 30.0
+        fab = kvtier.Fabric(2)
+        net = kvtier.Net.inproc(fab, 0)
+        try:
+            # rank 1 never calls Group(...): rank 0's handshake waits for it
+            b = Blocked(lambda: kvtier.Group(net, 1, 1, 2, 1, 1, timeout=T))
+            inside(net, "the handshake in Group(...)")  # it holds a use of the net
+            took = timed_close(net)  # closes the group being created first, waking it
+            self.assertTrue(b.join(5), "Group(...) sat out the handshake's deadline")
+            self.assertLess(took, 5)  # not the handshake's deadline (up to 2T = 60 s)
+            self.assertIsNone(b.result)
+            # the handshake refuses to form (KVT_ECANCELED), naming the interrupt
+            self.assertIsInstance(b.error, kvtier.Cancelled, repr(b.error))
+            self.assertEqual(b.error.status, kvtier.STATUS["ECANCELED"], repr(b.error))
+            self.assertIn("stopped waiting for rank 1's hello", str(b.error))
+            self.assertIn("receive interrupted (kvt_net_interrupt)", str(b.error))
+            self.assertTrue(net.closed)
+            self.assertRaises(kvtier.StateError, net.interrupt)
+        finally:
+            net.close()
+            fab.close()
 
     def test_interrupt_from_another_thread(self):
         hub = kvtier.Net.tcp(0, 2)

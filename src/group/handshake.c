@@ -87,9 +87,13 @@ static void take_hello(kvt_group *g, uint32_t r, uint64_t dl, uint64_t *sg, uint
     for (;;) {
         kvt_frame f;
         kvt_status st = kvt__net_recv(g->net, r, &g->rx, dl);
-        if (st != KVT_OK) {
-            refuse(v, st == KVT_ETIMEDOUT ? KVT_ETIMEDOUT : KVT_ECONN, "rank %u sent no hello "
-                   "within the deadline: %s", r, kvt_last_error());
+        if (st == KVT_ETIMEDOUT) {
+            refuse(v, st, "rank %u sent no hello within the deadline: %s", r, kvt_last_error());
+            return;
+        }
+        if (st != KVT_OK) { /* interrupted (kvt_net_interrupt), or the link is gone */
+            refuse(v, st == KVT_ECANCELED ? KVT_ECANCELED : KVT_ECONN,
+                   "stopped waiting for rank %u's hello: %s", r, kvt_last_error());
             return;
         }
         st = kvt__frame_decode(g->rx.p, g->rx.len, g->proto_version, &f);
