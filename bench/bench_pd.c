@@ -165,6 +165,13 @@ static int pd_verify(pd_bench *b)
     return 0;
 }
 
+/* --checksum-threads: the hand-offs' kvt_pd_params.checksum_threads */
+static int32_t g_checksum_threads;
+static const char *checksum_threads_name(void)
+{
+    return g_checksum_threads > 0 ? "on" : g_checksum_threads < 0 ? "off" : "auto";
+}
+
 static int pd_setup(pd_bench *b, uint32_t mib, kvt_pd_transport tr)
 {
     kvt_pd_net_params net = {.transport = tr};
@@ -183,7 +190,8 @@ static int pd_setup(pd_bench *b, uint32_t mib, kvt_pd_transport tr)
     kvt_emu_memory(b->pe, &pm);
     kvt_emu_memory(b->de, &dm);
     raw_from_engines(&b->raw, &pm, &dm);
-    kvt_pd_params p = {.net = net, .bootstrap_port = port, .rank = {.tp_size = 1, .dcp_size = 1}, .geo = b->geo, .mem = &pm};
+    kvt_pd_params p = {.net = net, .bootstrap_port = port, .rank = {.tp_size = 1, .dcp_size = 1}, .geo = b->geo,
+                       .mem = &pm, .checksum_threads = g_checksum_threads};
     if (kvt_pd_sender_create(&b->s, &p)) return -1;
     p.mem = &dm;
     return kvt_pd_receiver_create(&b->r, &p) ? -1 : 0;
@@ -369,11 +377,11 @@ static void fmt_num(char *buf, size_t n, double v)
 static void print_json(uint32_t mib, const char *tls, const pd_round *r, int n)
 {
     char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m[32], o[32], q[32];
-    printf("{\"mib\": %u, \"rounds\": %d, \"hash_gbps\": %s, \"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"tcp_ratio\": %s, "
+    printf("{\"mib\": %u, \"rounds\": %d, \"cpus\": %ld, \"checksum_threads\": \"%s\", \"hash_gbps\": %s, \"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"tcp_ratio\": %s, "
            "\"ucx_gbps\": %s, \"ucx_tls\": \"%s\", \"raw_ucx_gbps\": %s, \"ucx_raw_ratio\": %s, "
            "\"ucx_perftest_gbps\": %s, \"ucx_ratio\": %s, \"raw_ucx_hot_gbps\": %s, "
            "\"raw_ucx_hot_perftest_ratio\": %s, \"raw_ucx_perftest_ratio\": %s, \"per_round\": [",
-           mib, n, NUM(k, median_of(r, n, pick_hash)), NUM(a, median_of(r, n, pick_tcp)), NUM(b, median_of(r, n, pick_raw)),
+           mib, n, sysconf(_SC_NPROCESSORS_ONLN), checksum_threads_name(), NUM(k, median_of(r, n, pick_hash)), NUM(a, median_of(r, n, pick_tcp)), NUM(b, median_of(r, n, pick_raw)),
            NUM(c, median_of(r, n, pick_tcp_ratio)), NUM(d, median_of(r, n, pick_ucx)), tls,
            NUM(e, median_of(r, n, pick_raw_ucx)), NUM(f, median_of(r, n, pick_raw_ucx_ratio)),
            NUM(g, median_of(r, n, pick_perf)), NUM(h, median_of(r, n, pick_ucx_ratio)),
@@ -400,7 +408,8 @@ static void print_text(const char *tls, const pd_round *r, int n)
     char ucx[64];
     double v = median_of(r, n, pick_ucx);
     snprintf(ucx, sizeof ucx, "pd over UCX (UCX_TLS=%s)", tls);
-    printf("medians of %d rounds (each ratio taken within its round):\n", n);
+    printf("medians of %d rounds (each ratio taken within its round; checksum threads: %s, %ld CPUs):\n",
+           n, checksum_threads_name(), sysconf(_SC_NPROCESSORS_ONLN));
     if (median_of(r, n, pick_hash) >= 0)
         printf("  checksums (XXH3, one core, the same buffers from memory): %.2f GB/s\n", median_of(r, n, pick_hash));
     print_line("pd over TCP", median_of(r, n, pick_tcp), "raw TCP stream of the same buffers",
@@ -420,7 +429,8 @@ static void print_text(const char *tls, const pd_round *r, int n)
 
 static int usage(void)
 {
-    fprintf(stderr, "usage: kvtier bench pd [--json] [--mib 16..4096] [--rounds 1..64] [--only tcp|ucx] [--ucx-tls TLS]\n");
+    fprintf(stderr, "usage: kvtier bench pd [--json] [--mib 16..4096] [--rounds 1..64] [--only tcp|ucx] [--ucx-tls TLS]\n"
+                    "                       [--checksum-threads on|off|auto]\n");
     return 2;
 }
 
@@ -484,6 +494,12 @@ int kvt_bench_pd_main(int argc, char **argv)
             only = RUN_TCP; /* profiling: one hand-off alone, no limits */
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "ucx") && ++i)
             only = RUN_UCX;
+        else if (!strcmp(argv[i], "--checksum-threads") && i + 1 < argc && !strcmp(argv[i + 1], "on") && ++i)
+            g_checksum_threads = 1;
+        else if (!strcmp(argv[i], "--checksum-threads") && i + 1 < argc && !strcmp(argv[i + 1], "off") && ++i)
+            g_checksum_threads = -1;
+        else if (!strcmp(argv[i], "--checksum-threads") && i + 1 < argc && !strcmp(argv[i + 1], "auto") && ++i)
+            g_checksum_threads = 0;
         else if (!strcmp(argv[i], "--ucx-tls") && i + 1 < argc && strlen(argv[i + 1]) < 64 &&
                  strspn(argv[i + 1], "abcdefghijklmnopqrstuvwxyz0123456789_,") == strlen(argv[i + 1]))
             tls = argv[++i]; /* it goes into perftest's shell command */

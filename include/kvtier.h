@@ -709,6 +709,12 @@ typedef struct kvt_pd_params {
     uint32_t waiting_timeout_ms;   /* deadline of WAITING_FOR_INPUT; 0: 30000 */
     uint32_t transfer_timeout_ms;  /* deadline of TRANSFERRING; 0: 60000 */
     uint32_t connect_timeout_ms;   /* create's own deadline; 0: 10000 */
+    int32_t checksum_threads;      /* where each link computes its page checksums:
+                                      1, on a thread of its own, so the link's
+                                      thread only moves bytes (faster where cores
+                                      are spare: ~15% of a saturated link's CPU);
+                                      -1, on the link's thread (no extra thread);
+                                      0, auto: 1 on hosts with >= 8 online CPUs */
 } kvt_pd_params;
 
 /* Starts the bootstrap service (a listener and its threads). params is

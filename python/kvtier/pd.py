@@ -56,7 +56,8 @@ class Params(Structure):
     _fields_ = [("net", NetParams), ("bootstrap_host", c_char_p), ("bootstrap_port", c_uint16),
                 ("rank", Rank), ("geo", c_void_p), ("mem", POINTER(_lib.EngineMemory)),
                 ("bootstrap_timeout_ms", c_uint32), ("waiting_timeout_ms", c_uint32),
-                ("transfer_timeout_ms", c_uint32), ("connect_timeout_ms", c_uint32)]
+                ("transfer_timeout_ms", c_uint32), ("connect_timeout_ms", c_uint32),
+                ("checksum_threads", ctypes.c_int32)]
 
 
 class RoomParams(Structure):
@@ -306,7 +307,8 @@ class _Endpoint(Handle):
                  base=None, tp_size=1, tp_rank=0, dcp_size=1, dcp_rank=0, kv_head_replicas=1,
                  transport="tcp", secret=None, host="127.0.0.1", port=0, max_frame=0,
                  heartbeat=None, peer_timeout=None, bootstrap_timeout=None,
-                 waiting_timeout=None, transfer_timeout=None, connect_timeout=10.0):
+                 waiting_timeout=None, transfer_timeout=None, connect_timeout=10.0,
+                 checksum_threads=None):
         super().__init__()
         what = type(self).__name__
         bs_host, bs_port = parse_bootstrap(bootstrap)
@@ -327,6 +329,10 @@ class _Endpoint(Handle):
         if not 1 <= ct <= 0xFFFFFFFF:
             raise invalid("connect_timeout is %r s: it must be > 0" % (connect_timeout,))
         p.connect_timeout_ms = ct
+        if checksum_threads not in (None, True, False):
+            raise invalid("checksum_threads is %r: True (a thread per link), False (none) or "
+                          "None (auto)" % (checksum_threads,))
+        p.checksum_threads = {None: 0, True: 1, False: -1}[checksum_threads]
 
         # Engine memory: an EmulatedEngine (kept alive; closing it closes this
         # endpoint first), or the engine's own host buffers (kept alive here).
@@ -453,6 +459,10 @@ class Sender(_Endpoint):
     must prove it holds. Room deadlines (seconds, None: the library's
     30 / 30 / 60 s): ``bootstrap_timeout``, ``waiting_timeout``,
     ``transfer_timeout``; links: ``heartbeat``, ``peer_timeout`` (0.1 / 3 s).
+    ``checksum_threads``: True hashes each link's pages on a thread of its
+    own (the link's thread only moves bytes: faster where cores are spare),
+    False on the link's thread, None (default) picks True on hosts with at
+    least 8 CPUs.
     """
 
     _destroy = lib.kvt_pd_sender_destroy

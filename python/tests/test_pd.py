@@ -55,7 +55,8 @@ class Cluster:
     filled with the request) and decode ranks (TP dtp, poisoned pages of
     dtpp tokens), all in this process."""
 
-    def __init__(self, ptp, dtp, ntok, ptpp=16, dtpp=8, dlayout=None, secret=None):
+    def __init__(self, ptp, dtp, ntok, ptpp=16, dtpp=8, dlayout=None, secret=None,
+                 pre_kw=None, dec_kw=None):
         self.ntok = ntok
         self.tokens = pdw.tokens(ntok)
         self.closing = []
@@ -66,14 +67,16 @@ class Cluster:
             self.own(eng)
             eng.fill(self.tokens, pages, ns=pdw.NS)
             s = self.own(kvtier.Sender(self.bs, engine=eng, tp_size=ptp, tp_rank=r, secret=secret,
-                                       bootstrap_timeout=WAIT_S, connect_timeout=WAIT_S))
+                                       bootstrap_timeout=WAIT_S, connect_timeout=WAIT_S,
+                                       **(pre_kw or {})))
             self.pre.append((s, eng, pages))
         for r in range(dtp):
             eng, pages = pdw.engine(dtp, r, dtpp, ntok, dlayout)
             self.own(eng)
             eng.poison(pages)
             rc = self.own(kvtier.Receiver(self.bs.address, engine=eng, tp_size=dtp, tp_rank=r,
-                                          secret=secret, connect_timeout=WAIT_S))
+                                          secret=secret, connect_timeout=WAIT_S,
+                                          **(dec_kw or {})))
             self.dec.append((rc, eng, pages))
 
     def own(self, h):
@@ -136,6 +139,24 @@ class HandOff(unittest.TestCase):
                                    "the prefix was sent although the decode side had it")
         finally:
             cl.close()
+
+    def test_checksum_threads_one_side_each(self):
+        # a thread per link on one side, inline on the other: the digests
+        # must agree (a wrong one fails the room ECORRUPT), both ways
+        ntok = 300
+        for pre, dec in ((True, False), (False, True)):
+            cl = Cluster(1, 2, ntok, pre_kw=dict(checksum_threads=pre), dec_kw=dict(checksum_threads=dec))
+            try:
+                for rc, _, pages in cl.dec:
+                    rc.room(3, pages, ntok)
+                s, _, pages = cl.pre[0]
+                s.room(3)
+                s.send(3, pages, ntok)
+                for rc, eng, pages in cl.dec:
+                    self.assertEqual(rc.wait(3, WAIT_S), KVPoll.Success, rc.info(3).message)
+                    self.assertEqual(eng.verify(cl.tokens, pages, ns=pdw.NS).mismatches, 0)
+            finally:
+                cl.close()
 
     def test_kvpoll_numbering_is_sglangs(self):
         # sglang.srt.disaggregation.base.conn.KVPoll
@@ -367,6 +388,7 @@ class Arguments(unittest.TestCase):
             (dict(connect_timeout=0), "connect_timeout"),
             (dict(bootstrap_timeout=-1), "bootstrap_timeout"),
             (dict(host=None), "host"),
+            (dict(checksum_threads=2), "checksum_threads"),
         ]
         for extra, word in cases:
             with self.assertRaises(kvtier.InvalidArgument, msg=repr(extra)) as cm:

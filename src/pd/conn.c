@@ -4,6 +4,7 @@
  * dead and its rooms fail). Also the endpoint's service thread: accepting
  * (senders) and room deadlines (both). */
 #include "pd/ep.h"
+#include "pd/hasher.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@ void pd_conn_free(pd_conn *c)
 {
     if (!c) return;
     if (c->started) pthread_join(c->th, NULL);
+    pd_hasher_stop(c->hasher);
     kvt__stream_destroy(c->s);
     close(c->wake[0]);
     close(c->wake[1]);
@@ -70,6 +72,27 @@ kvt_status pd_conn_start(pd_conn *c, void *(*fn)(void *))
 uint64_t pd_conn_deadline(const pd_conn *c)
 {
     return kvt__deadline_ns(c->ep->net.peer_timeout_ms);
+}
+
+kvt_status pd_conn_hash(pd_conn *c, const pd_xfer *x, uint32_t e, uint32_t ja, uint32_t jb,
+                        uint32_t base)
+{
+    if (c->ep->hash_thread && !c->hasher && !c->hasher_failed) {
+        /* once per link; a link that cannot have one hashes here */
+        c->hasher_failed = pd_hasher_start(&c->hasher, &c->hs, c->name) != KVT_OK;
+        if (c->hasher_failed) pd_log("%s: %s; checksums stay on the link's thread", c->name, kvt_last_error());
+    }
+    if (!c->hasher) {
+        pd_xfer_hash_entry(x, e, ja, jb, base, &c->hs);
+        return KVT_OK;
+    }
+    pd_hash_chunk k = {*x, e, ja, jb, base};
+    return pd_hasher_submit(c->hasher, &k, pd_conn_deadline(c));
+}
+
+kvt_status pd_conn_hashed(pd_conn *c)
+{
+    return c->hasher ? pd_hasher_drain(c->hasher, pd_conn_deadline(c)) : KVT_OK;
 }
 
 void pd_conn_queue(pd_conn *c, const pd_hdr *h, const void *body, size_t blen)

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "layout/layout.h"
+#include "pd/hasher.h"
 #include "util/clock.h"
 #include "util/err.h"
 #include "util/sync.h"
@@ -61,6 +62,9 @@ static kvt_status check_params(const kvt_pd_params *p, const char *fn)
     KVT_CHECK_NOT_NULL(p->mem, fn);
     KVT_CHECK_ARG(p->bootstrap_port != 0, "%s: bootstrap_port is 0", fn);
     KVT_CHECK_ARG(p->mem->num_pages > 0, "%s: mem->num_pages is 0", fn);
+    KVT_CHECK_ARG(p->checksum_threads >= -1 && p->checksum_threads <= 1,
+                  "%s: checksum_threads is %d (1: a thread per link, -1: none, 0: auto)", fn,
+                  p->checksum_threads);
     return KVT_OK;
 }
 
@@ -78,6 +82,7 @@ kvt_status pd_ep_init(pd_ep *ep, const kvt_pd_params *p, int role, const char *f
     ep->t_boot = p->bootstrap_timeout_ms ? p->bootstrap_timeout_ms : 30000;
     ep->t_wait = p->waiting_timeout_ms ? p->waiting_timeout_ms : 30000;
     ep->t_xfer = p->transfer_timeout_ms ? p->transfer_timeout_ms : 60000;
+    ep->hash_thread = p->checksum_threads > 0 || (p->checksum_threads == 0 && pd_hash_thread_auto());
     pthread_mutex_init(&ep->mu, NULL);
     kvt__cond_init(&ep->cv);
     st = pd_desc_from_geometry(&ep->desc, p->geo, &p->rank, (uint32_t)role);

@@ -75,6 +75,8 @@ typedef struct pd_conn {
     uint64_t *sums;
     uint32_t sums_cap;
     pd_hashes hs; /* a DATA batch's page hashes, fed chunk by chunk */
+    struct pd_hasher *hasher; /* feeds hs on its own thread (ep->hash_thread), from the first batch */
+    bool hasher_failed;       /* could not start one: this link hashes on its own thread */
     uint8_t *body;
     size_t body_cap;
     uint64_t batches;
@@ -140,6 +142,7 @@ struct pd_ep {
     kvt_page_map *map;
     uint32_t engine_pages;
     uint32_t t_boot, t_wait, t_xfer;
+    bool hash_thread; /* each link hashes on a checksum thread (params.checksum_threads) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pd_room *buckets[PD_ROOM_BUCKETS];
@@ -190,6 +193,16 @@ kvt_status pd_conn_send_ex(pd_conn *c, const pd_hdr *h, const void *body, size_t
 kvt_status pd_conn_read(pd_conn *c, pd_hdr *h, uint64_t deadline_ns);
 uint64_t pd_conn_deadline(const pd_conn *c);
 void pd_conn_free(pd_conn *c);
+/* Hashes entry e's pieces of decode pages [ja, jb) of the link's batch into
+ * c->hs (state j - base): on the link's checksum thread when the endpoint
+ * has them (started at the first chunk; hasher.h), else right here. x must
+ * stay valid, and the pages unchanged, until pd_conn_hashed returns. */
+kvt_status pd_conn_hash(pd_conn *c, const pd_xfer *x, uint32_t e, uint32_t ja, uint32_t jb,
+                        uint32_t base);
+/* Waits until every chunk pd_conn_hash took is in c->hs (at once without a
+ * checksum thread): before reading digests, resetting the states, or
+ * letting the batch's pages go, on failure as on success. */
+kvt_status pd_conn_hashed(pd_conn *c);
 
 /* Rooms (ep->mu held). */
 pd_room *pd_room_find(pd_ep *ep, uint64_t id);

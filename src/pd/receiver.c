@@ -60,14 +60,16 @@ typedef struct land_hash {
     const pd_xfer *x;
     uint32_t j0, j1, e, ja; /* the next chunk starts at entry e, page ja */
     size_t hashed;          /* the batch's bytes hashed so far */
+    kvt_status st;          /* a chunk the checksum thread could not take: hashing stopped */
 } land_hash;
 
-/* recvv_landed's callback: hashes every chunk wholly within the first n
- * bytes, while it is still in cache and the receives after it are posted. */
+/* recvv_landed's callback: hashes (pd_conn_hash) every chunk wholly within
+ * the first n bytes, while it is still in cache and the receives after it
+ * are posted. */
 static void hash_landed(void *arg, size_t n)
 {
     land_hash *h = arg;
-    while (h->e < h->x->plan->num_slices) {
+    while (!h->st && h->e < h->x->plan->num_slices) {
         if (h->ja == h->j1) {
             h->e++;
             h->ja = h->j0;
@@ -77,7 +79,7 @@ static void hash_landed(void *arg, size_t n)
         size_t len = 0;
         for (uint32_t j = h->ja; j < jb; j++) len += pd_xfer_entry_bytes(h->x, h->e, j);
         if (h->hashed + len > n) return;
-        pd_xfer_hash_entry(h->x, h->e, h->ja, jb, h->j0, &h->c->hs);
+        h->st = pd_conn_hash(h->c, h->x, h->e, h->ja, jb, h->j0);
         h->hashed += len;
         h->ja = jb;
     }
@@ -112,11 +114,15 @@ static kvt_status land(pd_conn *c, pd_room *r, const pd_hdr *h)
                          (unsigned long long)h->payload_len, (unsigned long long)c->iov.bytes);
     st = pd_hashes_begin(&c->hs, np);
     if (st) return st;
-    land_hash lh = {c, &x, j0, j0 + np, 0, j0, 0};
+    land_hash lh = {c, &x, j0, j0 + np, 0, j0, 0, KVT_OK};
     st = kvt__stream_recvv_landed(c->s, c->iov.v, (int)c->iov.n, pd_conn_deadline(c), hash_landed, &lh);
-    if (st) return kvt__fail(st, "%s: payload %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
-    hash_landed(&lh, c->iov.bytes); /* every byte is in: no chunk stays unhashed, whatever the stream told */
-    st = read_trailer(c, np);
+    if (st) st = kvt__fail(st, "%s: payload %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
+    else hash_landed(&lh, c->iov.bytes); /* every byte is in: no chunk stays unhashed, whatever the stream told */
+    if (!st) st = read_trailer(c, np);   /* while a checksum thread finishes the last chunks */
+    /* every chunk hashed, failed or not: the room's pages may go back to the
+     * engine once this returns */
+    kvt_status hashed = pd_conn_hashed(c);
+    if (!st) st = lh.st ? lh.st : hashed;
     if (st) return st;
     c->last_rx = kvt__now_ns();
     for (uint32_t i = 0; i < np; i++)

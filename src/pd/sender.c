@@ -286,7 +286,8 @@ static kvt_status send_chunks(pd_conn *c, const pd_xfer *x, uint32_t j0, uint32_
             jb = pd_xfer_chunk_end(x, e, ja, j1, PD_CHUNK_BYTES);
             kvt_status st = pd_xfer_iov_append(x, e, ja, jb, &c->iov);
             if (st) return st;
-            pd_xfer_hash_entry(x, e, ja, jb, j0, &c->hs);
+            st = pd_conn_hash(c, x, e, ja, jb, j0);
+            if (st) return st;
             if (c->iov.bytes < PD_CHUNK_BYTES) continue;
             st = send_part(c, c->iov.v, (int)c->iov.n, false);
             c->iov.n = 0;
@@ -329,6 +330,9 @@ static kvt_status send_batch(pd_conn *c, pd_job *j, const pd_xfer *x)
     struct iovec v = {hb, sizeof hb};
     st = send_part(c, &v, 1, false);
     if (!st) st = send_chunks(c, x, j0, j1);
+    /* every chunk hashed, failed or not: the room's pages are not read after this returns */
+    kvt_status hashed = pd_conn_hashed(c);
+    if (!st) st = hashed;
     if (!st) st = send_trailer(c, np);
     if (st) return st;
     pthread_mutex_lock(&c->ep->mu);

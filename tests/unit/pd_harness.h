@@ -58,6 +58,7 @@ typedef struct pd_cluster {
                               the engine's truth (pd_model_replicas) */
     bool consecutive_pages; /* page tables 1, 2, 3, ... (decode 2, 3, ...), so a
                                layer-first entry's pieces merge; else scattered */
+    int32_t dec_checksum_threads; /* the receivers' (the senders': base's) */
 } pd_cluster;
 
 /* The consecutive page table of a rank, when the cluster asks for one. */
@@ -151,6 +152,7 @@ static inline kvt_status pd_cluster_decoder(pd_cluster *cl, uint32_t i)
     assert_ok(kvt_emu_poison(r->emu, r->pages, r->num_pages));
     kvt_engine_memory mem;
     kvt_pd_params p = pd_params(cl, r, &mem);
+    p.checksum_threads = cl->dec_checksum_threads;
     return kvt_pd_receiver_create(&r->r, &p);
 }
 

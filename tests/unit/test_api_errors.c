@@ -156,7 +156,8 @@
  *  kvt_pd_bootstrap_destroy             NULL
  *  kvt_pd_sender_create                 out/params/geo/mem NULL; bootstrap_port 0;
  *                                       mem->num_pages 0; tp_size 0; tp_rank ==
- *                                       tp_size; undescribed geometry; secret_len 8
+ *                                       tp_size; undescribed geometry; secret_len 8;
+ *                                       checksum_threads 2 and -2
  *  kvt_pd_sender_port                   s/out NULL
  *  kvt_pd_sender_room                   s NULL; claimed twice (EBUSY)
  *  kvt_pd_sender_send                   s NULL; num_tokens 0; pages NULL; too few
@@ -1489,6 +1490,10 @@ static void test_pd_bootstrap(void **state)
         CHECK_(&q, KVT_EINVAL, "secret_len");
         q = p; q.net.transport = (kvt_pd_transport)9;
         CHECK_(&q, KVT_EINVAL, "transport");
+        q = p; q.checksum_threads = 2;
+        CHECK_(&q, KVT_EINVAL, "checksum_threads is 2");
+        q = p; q.checksum_threads = -2;
+        CHECK_(&q, KVT_EINVAL, "checksum_threads is -2");
         /* D7: the rank and geometry messages do not name the function. */
         q = p; q.rank.tp_size = 0;
         check_err("tp_size 0", __FILE__, __LINE__, CREATE_(&q), KVT_EINVAL,

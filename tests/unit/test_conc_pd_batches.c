@@ -2,7 +2,10 @@
  * into ~1 MiB sends (sender.c send_chunks); rooms byte-verified with batches
  * well above PD_CHUNK_BYTES: entries of very different sizes (some split
  * over several chunks, some gathered), DCP, GQA head slicing, page-first,
- * consecutive and scattered page tables, prefixes; TCP and UCX. */
+ * consecutive and scattered page tables, prefixes; TCP and UCX. And with
+ * checksums on a thread per link (kvt_pd_params.checksum_threads) on one
+ * side only: a chunk hashed out of order or not at all on that side would
+ * fail the room ECORRUPT against the other side's inline digests. */
 #include "pd_harness.h"
 
 /* MLA, entries from 2 to 8192 bytes a token */
@@ -12,6 +15,7 @@ static const pd_model wide = {.layers = 4, .heads = 16, .head_dim = 128};
 static const pd_model gqa = {.layers = 5, .heads = 4, .head_dim = 64};
 
 static bool consecutive; /* this pass's page tables: 1, 2, 3, ... or scattered */
+static int32_t pre_threads, dec_threads; /* this pass's checksum_threads */
 
 static void trip(bool ucx, const pd_side_cfg *p, const pd_side_cfg *d, uint32_t ntok, uint32_t prefix)
 {
@@ -22,6 +26,8 @@ static void trip(bool ucx, const pd_side_cfg *p, const pd_side_cfg *d, uint32_t 
         cl.net.transport = KVT_PD_UCX;
     }
     cl.consecutive_pages = consecutive;
+    cl.base.checksum_threads = pre_threads;
+    cl.dec_checksum_threads = dec_threads;
     pd_cluster_start(&cl, p, d, ntok);
     pd_cluster_decoders(&cl);
     pd_open_room(&cl, 9, prefix);
@@ -47,14 +53,35 @@ static void all(bool ucx)
     }
 }
 
+/* Checksum threads on the prefill side only (scattered page tables: many
+ * short pieces), then on the decode side only (consecutive: long runs);
+ * the other side hashes inline, so both must give the same digests. */
+static void threads(bool ucx)
+{
+    for (int k = 0; k < 2; k++) {
+        consecutive = k == 1;
+        pre_threads = k == 0 ? 1 : -1;
+        dec_threads = -pre_threads;
+        pd_side_cfg a = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mixed}, b = {1, 4, 8, KVT_LAYOUT_PAGE_FIRST, &mixed};
+        trip(ucx, &a, &b, 2500, 333);
+        pd_side_cfg g8 = {8, 1, 16, KVT_LAYOUT_LAYER_FIRST, &gqa}, g2 = {2, 1, 32, KVT_LAYOUT_LAYER_FIRST, &gqa};
+        trip(ucx, &g8, &g2, 1200, 5);
+    }
+    pre_threads = dec_threads = 0;
+}
+
 static void tcp(void **state) { (void)state, all(false); }
 static void ucx(void **state) { (void)state, all(true); }
+static void tcp_checksum_threads(void **state) { (void)state, threads(false); }
+static void ucx_checksum_threads(void **state) { (void)state, threads(true); }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(tcp),
         cmocka_unit_test(ucx),
+        cmocka_unit_test(tcp_checksum_threads),
+        cmocka_unit_test(ucx_checksum_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

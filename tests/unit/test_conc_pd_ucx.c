@@ -153,10 +153,11 @@ static void tcp_pipelined_rooms_corrupt_one(void **state)
  * for page 5. Either way that room fails ECORRUPT naming page 5 on the
  * decode side, and the link, having read the whole frame, carries the
  * next room to Success with every byte verified. */
-static void corrupt_middle_chunk(const char *tls)
+static void corrupt_middle_chunk(const char *tls, int32_t checksum_threads)
 {
     pd_cluster cl = {0};
     if (tls) use_ucx(&cl, tls);
+    cl.base.checksum_threads = cl.dec_checksum_threads = checksum_threads;
     cl.net.max_frame = 32u << 20; /* one batch a room */
     pd_side_cfg c = {.tp = 1, .dcp = 1, .tpp = 64, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &wide};
     pd_cluster_start(&cl, &c, &c, 640);
@@ -180,13 +181,22 @@ static void corrupt_middle_chunk(const char *tls)
 static void tcp_corrupt_middle_chunk(void **state)
 {
     (void)state;
-    corrupt_middle_chunk("tcp");
+    corrupt_middle_chunk("tcp", 0);
+}
+
+/* The same with checksums on a thread per link on both sides: the
+ * receiver compares only what its checksum thread finished. */
+static void tcp_corrupt_middle_chunk_checksum_threads(void **state)
+{
+    (void)state;
+    corrupt_middle_chunk("tcp", 1);
+    corrupt_middle_chunk(NULL, 1);
 }
 
 static void plain_tcp_corrupt_middle_chunk(void **state)
 {
     (void)state;
-    corrupt_middle_chunk(NULL);
+    corrupt_middle_chunk(NULL, 0);
 }
 
 /* The room failed by the hang-up (KVT_ECONN), not by the silence of
@@ -419,6 +429,7 @@ int main(void)
         cmocka_unit_test(tcp_pipelined_rooms_corrupt_one),
         cmocka_unit_test(tcp_corrupt_middle_chunk),
         cmocka_unit_test(plain_tcp_corrupt_middle_chunk),
+        cmocka_unit_test(tcp_corrupt_middle_chunk_checksum_threads),
         cmocka_unit_test(tcp_dead_prefill_fails_rooms),
         cmocka_unit_test(tcp_killed_prefill_process),
         cmocka_unit_test(posix_killed_prefill_process),
