@@ -80,6 +80,11 @@ kvt_status kvt__stream_connect(const char *host, uint16_t port, const kvt_stream
  * sides call it; they swap worker addresses over the socket). The socket
  * stays open: its hang-up is how each side learns the other died. */
 kvt_status kvt__stream_ucx_upgrade(kvt_stream **s, int server, uint64_t deadline_ns);
+/* Test hook, for tests/fuzz/fuzz_ucx_stream.c only (kvtier never calls it):
+ * sends len bytes as exactly one UCP tag message on a UCX stream, as a peer
+ * may (sendv cuts its bytes into messages of at most 1 MiB), and waits for
+ * it by deadline_ns. */
+kvt_status kvt__stream_ucx_send_msg(kvt_stream *s, const void *p, size_t len, uint64_t deadline_ns);
 /* Frees a TCP stream without closing its socket (whose fd moved to another
  * stream: the UCX upgrade). */
 void kvt__stream_tcp_free_shell(kvt_stream *s);

@@ -794,6 +794,18 @@ static const kvt_stream_ops ucx_ops = {"ucx", ux_sendv, ux_recvv, ux_wait, ux_de
                                        ux_sendv_async, ux_flush, ux_farewell,
                                        ux_recvv_landed};
 
+/* Test hook (stream.h), for tests/fuzz/fuzz_ucx_stream.c: one message of
+ * any length, so the fuzzer can send what a hostile peer would. */
+kvt_status kvt__stream_ucx_send_msg(kvt_stream *s, const void *p, size_t len, uint64_t deadline_ns)
+{
+    KVT_CHECK_ARG(s != NULL && s->ops == &ucx_ops && (p || !len), "kvt__stream_ucx_send_msg: not a UCX stream");
+    ux_stream *u = (ux_stream *)s;
+    if (ux_lost(u)) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
+    kvt_status st = ux_post(u, p, len, deadline_ns);
+    kvt_status s2 = ux_flush_reqs(u, deadline_ns);
+    return st ? st : s2;
+}
+
 /* Swaps worker addresses over the socket: u32 length (LE), then the bytes. */
 static kvt_status ux_swap_addr(int fd, const void *mine, size_t len, uint8_t **peer,
                                size_t *peer_len, uint64_t dl)
