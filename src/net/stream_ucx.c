@@ -37,6 +37,8 @@
 
 #define UX_TAG 0x4b56544945520001ull /* "KVTIER" + stream v1: every message */
 #define UX_MAX_ADDR (64u << 10)       /* a worker address: a few hundred bytes in practice */
+#define UX_ADDR_VERSION_MAX 1u /* a worker address's first byte, low nibble: UCX's address
+                                  format version (1.13 reads 0 and 1, and asserts on others) */
 #define STAGE_KEEP (1u << 20)          /* staging kept between messages */
 #define CHUNK (1u << 20)               /* a message: big enough for rendezvous, small to pipeline */
 #define STAGE_MAX CHUNK /* a peer that stages a longer message is broken: refused, not buffered */
@@ -852,6 +854,19 @@ static kvt_status ux_setup(ux_stream *u, ucp_context_h ctx, uint64_t dl)
     kvt_status st = ux_swap_addr(u->base.fd, addr, alen, &peer, &plen, dl);
     ucp_worker_release_address(u->worker, addr);
     if (st) return st;
+    /* UCX trusts worker addresses: ucp_ep_create takes no length, and its
+     * unpacker aborts the process (an assertion, UCX 1.13) on a format
+     * version it does not know; fuzz_ucx_stream found a 5-byte exchange
+     * that killed a sender that way. kvtier checks what it can, the
+     * version; the rest is UCX's to parse, and the shared secret is what
+     * keeps strangers from getting this far (docs/pd.md). */
+    if ((peer[0] & 0x0fu) > UX_ADDR_VERSION_MAX) {
+        unsigned v = peer[0] & 0x0fu;
+        free(peer);
+        return kvt__fail(KVT_EPROTO, "stream: the peer's UCX worker address has format version %u, "
+                         "which this UCX cannot read (0..%u): refused before UCX parses it",
+                         v, UX_ADDR_VERSION_MAX);
+    }
     /* No UCX peer-failure handling: the socket's hang-up is the liveness
      * signal (every wait polls it; a lost peer's requests are cancelled and
      * reaped with a forced close). Asking for it is costly over tcp (UCX

@@ -68,6 +68,19 @@ static kvt_status check_params(const kvt_pd_params *p, const char *fn)
     return KVT_OK;
 }
 
+/* UCX trusts what its peers send (stream_ucx.c: a worker address is parsed
+ * unchecked past its version): said once per endpoint that talks UCX with
+ * no secret beyond this host, where only the secret keeps strangers out. */
+static void warn_open_ucx(const pd_ep *ep, const kvt_pd_params *p, const char *fn)
+{
+    const char *bs = p->bootstrap_host ? p->bootstrap_host : "127.0.0.1";
+    bool local = strncmp(ep->bind_host, "127.", 4) == 0 && strncmp(bs, "127.", 4) == 0;
+    if (ep->net.transport == KVT_PD_UCX && !ep->secret && !local)
+        pd_log("%s: UCX transport without a secret (listening on %s, bootstrap %s): UCX parses the "
+               "worker addresses peers send without bounds, and a malformed one can abort this "
+               "process; set net.secret where strangers can reach these ports", fn, ep->bind_host, bs);
+}
+
 kvt_status pd_ep_init(pd_ep *ep, const kvt_pd_params *p, int role, const char *fn)
 {
     kvt_status st = check_params(p, fn);
@@ -79,6 +92,7 @@ kvt_status pd_ep_init(pd_ep *ep, const kvt_pd_params *p, int role, const char *f
     if (st) return st;
     ep->auth = (kvt_stream_auth){ep->secret, ep->net.secret_len,
                                  role == PD_ROLE_PREFILL ? "pd sender" : "pd receiver"};
+    warn_open_ucx(ep, p, fn);
     ep->t_boot = p->bootstrap_timeout_ms ? p->bootstrap_timeout_ms : 30000;
     ep->t_wait = p->waiting_timeout_ms ? p->waiting_timeout_ms : 30000;
     ep->t_xfer = p->transfer_timeout_ms ? p->transfer_timeout_ms : 60000;

@@ -7,12 +7,15 @@
  * case sets UCX_TLS before its first stream: the UCP context lives only
  * while streams do, so every case initialises UCX afresh. Every wait is
  * bounded. */
+#include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include "pd_harness.h"
+#include "net/stream.h"
 #include "pd/ep.h"
 #include "util/clock.h"
 
@@ -174,6 +177,43 @@ static void corrupt_middle_chunk(const char *tls, int32_t checksum_threads)
     assert_int_equal(i.error, KVT_ECORRUPT);
     pd_open_room(&cl, 2, 0);
     pd_expect_room(&cl, 2, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    pd_cluster_stop(&cl);
+}
+
+/* A stranger (no secret is configured, so it passes the handshake) sends a
+ * UCX worker address of a format version UCX does not know: UCX 1.13 would
+ * abort the sender's process parsing it (fuzz_ucx_stream). The sender
+ * refuses it before UCX sees it and drops that link alone: the stranger's
+ * socket closes, and a real decode rank then gets a room across. */
+static void tcp_stranger_bad_worker_address(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    use_ucx(&cl, "tcp");
+    pd_side_cfg c = {.tp = 1, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &wide};
+    pd_cluster_start(&cl, &c, &c, 64);
+    uint16_t port;
+    assert_ok(kvt_pd_sender_port(cl.pre[0].s, &port));
+    kvt_stream_auth stranger = {NULL, 0, "stranger"};
+    kvt_stream *s = NULL;
+    assert_ok(kvt__stream_connect("127.0.0.1", port, &stranger, kvt__deadline_ns(5000), &s));
+    static const uint8_t bad[5] = {1, 0, 0, 0, 2}; /* 1 byte: version nibble 2 */
+    assert_int_equal(write(s->fd, bad, sizeof bad), (ssize_t)sizeof bad);
+    /* the sender's own address comes first; then the link is dropped */
+    uint8_t sink[4096];
+    uint64_t dl = kvt__now_ns() + 10000000000ull;
+    ssize_t n;
+    while ((n = recv(s->fd, sink, sizeof sink, MSG_DONTWAIT)) != 0 && kvt__now_ns() < dl) {
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) break; /* a reset: dropped too */
+        struct pollfd p = {s->fd, POLLIN, 0};
+        (void)poll(&p, 1, 100);
+    }
+    assert_true(kvt__now_ns() < dl);
+    kvt__stream_destroy(s);
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 1, 0);
+    pd_expect_room(&cl, 1, KVT_PD_SUCCESS);
     assert_int_equal(pd_verify(&cl, 0), 0);
     pd_cluster_stop(&cl);
 }
@@ -430,6 +470,7 @@ int main(void)
         cmocka_unit_test(tcp_corrupt_middle_chunk),
         cmocka_unit_test(plain_tcp_corrupt_middle_chunk),
         cmocka_unit_test(tcp_corrupt_middle_chunk_checksum_threads),
+        cmocka_unit_test(tcp_stranger_bad_worker_address),
         cmocka_unit_test(tcp_dead_prefill_fails_rooms),
         cmocka_unit_test(tcp_killed_prefill_process),
         cmocka_unit_test(posix_killed_prefill_process),
