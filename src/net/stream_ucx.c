@@ -20,8 +20,10 @@
  *
  * Every wait progresses the worker in a bounded loop: spin a little, then
  * arm the worker and poll its event fd with the socket, up to the deadline;
- * an operation that misses its deadline or errs breaks the stream (later
- * calls fail at once) and its request is cancelled and reaped. */
+ * a request that misses its deadline or errs breaks the stream (later
+ * calls fail at once) and is cancelled and reaped. Waiting for the next
+ * message past the deadline breaks nothing (no request is out), but every
+ * caller treats it as the link's end. */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -39,7 +41,6 @@
 #define UX_MAX_ADDR (64u << 10)       /* a worker address: a few hundred bytes in practice */
 #define UX_ADDR_VERSION_MAX 1u /* a worker address's first byte, low nibble: UCX's address
                                   format version (1.13 reads 0 and 1, and asserts on others) */
-#define STAGE_KEEP (1u << 20)          /* staging kept between messages */
 #define CHUNK (1u << 20)               /* a message: big enough for rendezvous, small to pipeline */
 #define STAGE_MAX CHUNK /* a peer that stages a longer message is broken: refused, not buffered */
 #define DIRECT_MIN (128u << 10)        /* pieces this big go zero-copy; smaller ones are gathered */
@@ -552,12 +553,7 @@ static size_t ux_unstage(ux_stream *u, struct iovec **cur, int *cnt)
             (*cnt)--;
         }
     }
-    if (u->stage_off == u->stage_len && u->stage_cap > STAGE_KEEP) {
-        free(u->stage);
-        u->stage = NULL;
-        u->stage_cap = 0;
-    }
-    return got;
+    return got; /* staging stays (at most STAGE_MAX) until the stream goes */
 }
 
 /* Advances the cursor past n bytes (n <= what it holds). */
