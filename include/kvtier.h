@@ -714,7 +714,8 @@ typedef struct kvt_pd_params {
                                       thread only moves bytes (faster where cores
                                       are spare: ~15% of a saturated link's CPU);
                                       -1, on the link's thread (no extra thread);
-                                      0, auto: 1 on hosts with >= 8 online CPUs */
+                                      0, auto: 1 on hosts with >= 8 online CPUs
+                                      (env KVTIER_PD_CHECKSUM_THREADS=1/0 overrides) */
 } kvt_pd_params;
 
 /* Starts the bootstrap service (a listener and its threads). params is

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include "util/clock.h"
@@ -12,8 +13,17 @@
 #include "util/sync.h"
 
 #define RING 256            /* chunks queued: a batch's window is far shorter */
-#define IDLE_SPINS 20000u   /* polls (under a millisecond) before an idle hasher sleeps */
-#define SLEEP_NS 10000000ull /* a sleeper re-checks this often: a lost wake-up costs this much */
+/* Polls (a few microseconds) before an idle hasher sleeps: chunks come
+ * every ~50 us on a busy link, and a link's hasher that spun longer kept a
+ * core from the link threads (many links on few cores starved theirs past
+ * peer_timeout under TSan). Waking a sleeper costs its link one futex call
+ * per chunk, ~1 MiB. */
+#define IDLE_SPINS 256u
+/* A sleeper re-checks this often anyway. The wake-up cannot be lost (see
+ * nap), so this is only a backstop; it is long because every idle hasher
+ * of every link pays it (hundreds of links: thousands of wake-ups a
+ * second at 10 ms, which starved links past peer_timeout under TSan). */
+#define SLEEP_NS 200000000ull
 #define STOP_DRAIN_NS 2000000000ull /* stop: bound on finishing the queued chunks */
 
 struct pd_hasher {
@@ -149,6 +159,9 @@ void pd_hasher_stop(pd_hasher *h)
 
 bool pd_hash_thread_auto(void)
 {
+    /* an operator's (or a test run's) override of the CPU count rule */
+    const char *env = getenv("KVTIER_PD_CHECKSUM_THREADS");
+    if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return env[0] == '1';
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n >= PD_HASH_AUTO_CPUS;
 }

@@ -4,8 +4,8 @@
  *
  * One producer (the link's thread) and one consumer (the hasher) over a
  * fixed ring: submitting a chunk takes no lock and allocates nothing (a
- * lock is taken only to wake a hasher that fell asleep, after 20000 polls
- * with nothing to do). The link waits for the ring to drain before it reads the
+ * lock is taken only to wake a hasher that fell asleep, after a few
+ * microseconds with nothing to do). The link waits for the ring to drain before it reads the
  * digests, before it resets the states for the next batch, and before a
  * batch's pages may go back to the engine: on success and on failure. */
 #ifndef KVT_PD_HASHER_H
@@ -34,7 +34,8 @@ kvt_status pd_hasher_submit(pd_hasher *h, const pd_hash_chunk *c, uint64_t deadl
  * caller's to read or reset), until deadline_ns (KVT_ETIMEDOUT). */
 kvt_status pd_hasher_drain(pd_hasher *h, uint64_t deadline_ns);
 /* Whether checksums go to a thread of their own when params ask for auto
- * (0): on hosts with at least PD_HASH_AUTO_CPUS online CPUs. */
+ * (0): on hosts with at least PD_HASH_AUTO_CPUS online CPUs, unless the
+ * environment's KVTIER_PD_CHECKSUM_THREADS is "1" (yes) or "0" (no). */
 #define PD_HASH_AUTO_CPUS 8
 bool pd_hash_thread_auto(void);
 

@@ -35,10 +35,12 @@ extern char **environ;
  *   KVTIER_TEST_TMP  scratch directory of the test suite.
  *   KVTIER_LOG       log destination.
  *   KVTIER_PD_QUIET  silences the PD endpoints' log lines (src/pd).
+ *   KVTIER_PD_CHECKSUM_THREADS  1/0: what checksum_threads = 0 (auto) means
+ *                    for PD endpoints (src/pd/hasher.c).
  *   KVTIER_LIB, KVTIER_SANITIZE  the Python binding: which libkvtier.so to
  *                    load, and whether it is a sanitizer build. */
-static const char *const NON_OPTION_ENV[] = {"KVTIER_TEST_TMP", "KVTIER_LOG", "KVTIER_PD_QUIET", "KVTIER_LIB",
-                                             "KVTIER_SANITIZE"};
+static const char *const NON_OPTION_ENV[] = {"KVTIER_TEST_TMP", "KVTIER_LOG", "KVTIER_PD_QUIET",
+                                             "KVTIER_PD_CHECKSUM_THREADS", "KVTIER_LIB", "KVTIER_SANITIZE"};
 
 #define ENV_PREFIX "KVTIER_"
 #define MAX_FILE_BYTES (1u << 20)

@@ -84,7 +84,7 @@ static void ring_wraps_and_digests_match(void **state)
         assert_ok(pd_hasher_drain(h, kvt__deadline_ns(30000)));
         expect_digests(&f, &hs, j0, j1);
     }
-    /* idle long enough to sleep (20000 polls), then fed again */
+    /* idle long enough to sleep (256 polls), then fed again */
     struct timespec ts = {0, 100 * 1000000};
     nanosleep(&ts, NULL);
     assert_ok(pd_hashes_begin(&hs, 4));
