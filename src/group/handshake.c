@@ -161,8 +161,7 @@ static kvt_status verdict_of(kvt_group *g, const kvt_frame *f)
     if (kvt__note_decode(f->payload, f->len, &word, text, sizeof text) != KVT_OK)
         return kvt__fail(KVT_EPROTO, "kvt_group: rank %u: unreadable verdict", g->rank);
     if (f->op == KVT_OP_WELCOME) return KVT_OK;
-    int64_t code = -(int64_t)(int32_t)word; /* 64-bit: -INT32_MIN must not overflow */
-    kvt_status st = code != 0 && kvt__status_known(code) ? (kvt_status)code : KVT_EPROTO;
+    kvt_status st = kvt__peer_failure(-(int64_t)(int32_t)word); /* 64-bit: -INT32_MIN must not overflow */
     return kvt__fail(st, "kvt_group: refused to form epoch %llu: %s",
                      (unsigned long long)g->epoch, text);
 }

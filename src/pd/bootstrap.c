@@ -108,7 +108,7 @@ static kvt_status bs_call(kvt_stream *s, const pd_hdr *h, const void *body, cons
     if (st) st = kvt__fail(st, "%s: truncated answer from the bootstrap service", what);
     b[r.body_len] = 0;
     if (!st && r.type == PD_F_REFUSE) {
-        kvt_status rs = pd_peer_status(r.status);
+        kvt_status rs = kvt__peer_failure(r.status);
         st = kvt__fail(rs, "%s refused: %s", what, (char *)b);
     } else if (!st && r.type == PD_F_RETRY) {
         st = kvt__fail(KVT_EAGAIN, "%s: %s", what, (char *)b);

@@ -218,7 +218,7 @@ static void on_fail(pd_conn *c, const pd_hdr *h, bool abort)
     pd_ep *ep = c->ep;
     pthread_mutex_lock(&ep->mu);
     pd_room *r = pd_room_find(ep, h->room);
-    kvt_status st = abort ? KVT_EABORTED : pd_peer_status(h->status);
+    kvt_status st = abort ? KVT_EABORTED : kvt__peer_failure(h->status);
     if (r && r->gen == h->gen && /* news of an earlier opening is not about this one */
         pd_room_fail(ep, r, st, "%s %s: %s", c->name, abort ? "aborted" : "failed", (char *)c->body))
         pd_room_notify(ep, r, c->idx);

@@ -188,7 +188,7 @@ static void on_done_ack(pd_conn *c, const pd_hdr *h)
     pd_room *r = pd_room_find(ep, h->room);
     pd_target *t = r && !pd_room_terminal(r) ? frame_target(r, c, h) : NULL;
     if (t && h->status != KVT_OK) {
-        pd_room_fail(ep, r, pd_peer_status(h->status), "%s refused the transfer: %s", c->name, (char *)c->body);
+        pd_room_fail(ep, r, kvt__peer_failure(h->status), "%s refused the transfer: %s", c->name, (char *)c->body);
         pd_room_notify(ep, r, c->idx);
     } else if (t && !t->done && !t->done_sent) {
         /* Success only after this side sent everything: an early ack is a
@@ -208,7 +208,7 @@ static void on_fail(pd_conn *c, const pd_hdr *h, bool abort)
     pd_ep *ep = c->ep;
     pthread_mutex_lock(&ep->mu);
     pd_room *r = pd_room_find(ep, h->room);
-    kvt_status st = abort ? KVT_EABORTED : pd_peer_status(h->status);
+    kvt_status st = abort ? KVT_EABORTED : kvt__peer_failure(h->status);
     if (frame_target(r, c, h) && pd_room_fail(ep, r, st, "%s %s: %s", c->name, abort ? "aborted" : "failed",
                                               (char *)c->body))
         pd_room_notify(ep, r, c->idx);

@@ -14,8 +14,6 @@
 #ifndef KVT_PD_WIRE_H
 #define KVT_PD_WIRE_H
 
-#include "kvtier.h"
-#include "util/err.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -130,11 +128,5 @@ static inline const char *pd_magic_why(const uint8_t *p, char *buf, size_t n)
     return buf;
 }
 
-/* A failure status a peer sent, as a kvt_status: anything that is not one
- * (0, positive, unknown) reads as KVT_EPROTO. */
-static inline kvt_status pd_peer_status(int32_t status)
-{
-    return status != 0 && kvt__status_known(status) ? (kvt_status)status : KVT_EPROTO;
-}
 
 #endif

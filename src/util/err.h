@@ -30,6 +30,14 @@ static inline bool kvt__status_known(int64_t status)
     return status <= 0 && status >= KVT_EVERSION;
 }
 
+/* A failure status a peer sent, as a kvt_status: anything that is not one
+ * of the library's failure codes (0, positive, unknown) reads as
+ * KVT_EPROTO. 64-bit, so a negated INT32_MIN from the wire fits. */
+static inline kvt_status kvt__peer_failure(int64_t status)
+{
+    return status != 0 && kvt__status_known(status) ? (kvt_status)status : KVT_EPROTO;
+}
+
 /* Common argument checks: each returns KVT_EINVAL with a message naming the
  * function and the argument. */
 #define KVT_CHECK_ARG(cond, ...)                                 \
