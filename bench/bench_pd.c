@@ -165,11 +165,24 @@ static int pd_verify(pd_bench *b)
     return 0;
 }
 
-/* --checksum-threads: the hand-offs' kvt_pd_params.checksum_threads */
+/* --checksum-threads: the hand-offs' kvt_pd_params.checksum_threads (-1,
+ * 0, 1), named by CHECKSUM_THREADS[value + 1]. */
 static int32_t g_checksum_threads;
+static const char *const CHECKSUM_THREADS[3] = {"off", "auto", "on"};
 static const char *checksum_threads_name(void)
 {
-    return g_checksum_threads > 0 ? "on" : g_checksum_threads < 0 ? "off" : "auto";
+    return CHECKSUM_THREADS[g_checksum_threads + 1];
+}
+
+/* Sets g_checksum_threads from its name; false when s names none. */
+static bool checksum_threads_arg(const char *s)
+{
+    for (int32_t v = -1; v <= 1; v++)
+        if (!strcmp(s, CHECKSUM_THREADS[v + 1])) {
+            g_checksum_threads = v;
+            return true;
+        }
+    return false;
 }
 
 static int pd_setup(pd_bench *b, uint32_t mib, kvt_pd_transport tr)
@@ -494,12 +507,8 @@ int kvt_bench_pd_main(int argc, char **argv)
             only = RUN_TCP; /* profiling: one hand-off alone, no limits */
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "ucx") && ++i)
             only = RUN_UCX;
-        else if (!strcmp(argv[i], "--checksum-threads") && i + 1 < argc && !strcmp(argv[i + 1], "on") && ++i)
-            g_checksum_threads = 1;
-        else if (!strcmp(argv[i], "--checksum-threads") && i + 1 < argc && !strcmp(argv[i + 1], "off") && ++i)
-            g_checksum_threads = -1;
-        else if (!strcmp(argv[i], "--checksum-threads") && i + 1 < argc && !strcmp(argv[i + 1], "auto") && ++i)
-            g_checksum_threads = 0;
+        else if (!strcmp(argv[i], "--checksum-threads") && i + 1 < argc && checksum_threads_arg(argv[i + 1]))
+            i++;
         else if (!strcmp(argv[i], "--ucx-tls") && i + 1 < argc && strlen(argv[i + 1]) < 64 &&
                  strspn(argv[i + 1], "abcdefghijklmnopqrstuvwxyz0123456789_,") == strlen(argv[i + 1]))
             tls = argv[++i]; /* it goes into perftest's shell command */
