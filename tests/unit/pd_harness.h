@@ -8,6 +8,8 @@
 #include <string.h>
 #include "support.h"
 #include "layout/layout.h"
+#include "net/stream.h"
+#include "util/clock.h"
 
 typedef struct pd_model {
     uint32_t layers;
@@ -60,6 +62,18 @@ typedef struct pd_cluster {
                                layer-first entry's pieces merge; else scattered */
     int32_t dec_checksum_threads; /* the receivers' (the senders': base's) */
 } pd_cluster;
+
+/* Whether the peer closed s within 10 s; what it sent before (a REFUSE
+ * frame, its UCX worker address) is read and dropped. 10 s: beyond the 3 s
+ * peer_timeout_ms that ends a bad peer's truncated frame in the tests. */
+static inline bool pd_peer_closed(kvt_stream *s)
+{
+    uint8_t b[1];
+    uint64_t dl = kvt__deadline_ns(10000);
+    while (kvt__now_ns() < dl)
+        if (kvt__stream_recv(s, b, 1, dl) == KVT_ECONN) return true;
+    return false;
+}
 
 /* The consecutive page table of a rank, when the cluster asks for one. */
 static inline void pd_consecutive(const pd_cluster *cl, pd_rank *r, uint32_t first)

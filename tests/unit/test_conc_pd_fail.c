@@ -217,17 +217,6 @@ static void raw_frame(kvt_stream *s, uint16_t type, uint32_t body_len, const voi
     if (n) (void)kvt__stream_send(s, body, n, kvt__deadline_ns(1000));
 }
 
-/* Whether the peer closed s within 10 s: beyond sender_bad_peers' 3 s
- * peer_timeout_ms, which ends a truncated frame's wait for its body. */
-static int raw_closed(kvt_stream *s)
-{
-    uint8_t b[1];
-    uint64_t dl = kvt__deadline_ns(10000);
-    while (kvt__now_ns() < dl) /* a REFUSE frame may come first, then the close */
-        if (kvt__stream_recv(s, b, 1, dl) == KVT_ECONN) return 1;
-    return 0;
-}
-
 static void sender_bad_peers(void **state)
 {
     (void)state;
@@ -243,17 +232,17 @@ static void sender_bad_peers(void **state)
     kvt_stream *s = raw_connect(port, sec);
     assert_non_null(s);
     raw_frame(s, PD_F_REGISTER, 1u << 30, NULL, 0); /* oversized */
-    assert_true(raw_closed(s));
+    assert_true(pd_peer_closed(s));
     kvt__stream_destroy(s);
     s = raw_connect(port, sec);
     raw_frame(s, PD_F_REGISTER, 100, "short", 5); /* truncated */
-    assert_true(raw_closed(s));
+    assert_true(pd_peer_closed(s));
     kvt__stream_destroy(s);
     s = raw_connect(port, sec);
     uint8_t junk[PD_HDR_LEN];
     memset(junk, 0x5a, sizeof junk);
     (void)kvt__stream_send(s, junk, sizeof junk, kvt__deadline_ns(1000)); /* garbage */
-    assert_true(raw_closed(s));
+    assert_true(pd_peer_closed(s));
     kvt__stream_destroy(s);
     /* the good peers still work */
     pd_cluster_decoders(&cl);
@@ -271,12 +260,12 @@ static void bootstrap_bad_peers(void **state)
     kvt_stream *s = raw_connect(cl.port, NULL);
     assert_non_null(s);
     raw_frame(s, PD_F_LOOKUP, 1u << 31, NULL, 0);
-    assert_true(raw_closed(s));
+    assert_true(pd_peer_closed(s));
     kvt__stream_destroy(s);
     s = raw_connect(cl.port, NULL);
     uint8_t junk[64] = {1, 0, 0, 0, 2};
     raw_frame(s, PD_F_LOOKUP, sizeof junk, junk, sizeof junk);
-    assert_true(raw_closed(s));
+    assert_true(pd_peer_closed(s));
     kvt__stream_destroy(s);
     kvt_pd_bootstrap_stats bst;
     assert_ok(kvt_pd_bootstrap_stats_get(cl.bs, &bst));
