@@ -329,7 +329,8 @@ class _Endpoint(Handle):
         if not 1 <= ct <= 0xFFFFFFFF:
             raise invalid("connect_timeout is %r s: it must be > 0" % (connect_timeout,))
         p.connect_timeout_ms = ct
-        if checksum_threads not in (None, True, False):
+        # a bool or None, not 0/1: C's 0 means auto, and 0 == False in Python
+        if not (checksum_threads is None or isinstance(checksum_threads, bool)):
             raise invalid("checksum_threads is %r: True (a thread per link), False (none) or "
                           "None (auto)" % (checksum_threads,))
         p.checksum_threads = {None: 0, True: 1, False: -1}[checksum_threads]

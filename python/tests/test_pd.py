@@ -389,6 +389,7 @@ class Arguments(unittest.TestCase):
             (dict(bootstrap_timeout=-1), "bootstrap_timeout"),
             (dict(host=None), "host"),
             (dict(checksum_threads=2), "checksum_threads"),
+            (dict(checksum_threads=0), "checksum_threads"),
         ]
         for extra, word in cases:
             with self.assertRaises(kvtier.InvalidArgument, msg=repr(extra)) as cm:
