@@ -151,7 +151,7 @@ def main():
             assert np.array_equal(pool.page(s), pool.page(d)), "page %d differs" % d
             checked += pool.page(d).nbytes
         backend.cache.flush(30)
-        stats1 = backend.get_stats()
+        stats1 = backend.stats()
         backend.close()
 
         # Engine restart: a new process would build a new backend on the same SSD dir.
@@ -164,7 +164,7 @@ def main():
         for s, d in zip(src[1], again):
             assert np.array_equal(pool2.page(s), pool2.page(d)), "page %d differs" % d
             checked += pool2.page(d).nbytes
-        stats2 = backend2.get_stats()
+        stats2 = backend2.stats()
         backend2.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

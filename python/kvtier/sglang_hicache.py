@@ -40,6 +40,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 
 import numpy as np
 
@@ -49,10 +50,11 @@ from .config import LAYER_FIRST, Config, Geometry
 try:  # the real base class when SGLang is importable
     from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
         HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo)
+    from sglang.srt.metrics.collector import StorageMetrics  # type: ignore
     SGLANG_IMPORTED = True
 except ImportError:
     from ._engine_stubs.sglang import (HiCacheStorage, HiCacheStorageConfig,  # noqa: F401
-                                       HiCacheStorageExtraInfo)
+                                       HiCacheStorageExtraInfo, StorageMetrics)
     SGLANG_IMPORTED = False
 
 logger = logging.getLogger(__name__)
@@ -223,6 +225,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._counters = dict(exists_queries=0, exists_hits=0, get_pages=0, get_hits=0,
                               get_failed=0, set_pages=0, set_stored=0, set_present=0,
                               set_failed=0)
+        self._metrics = StorageMetrics()  # drained by get_stats
 
     # ------------------------------------------------------------------
     # Registration: the host pool's geometry and memory
@@ -393,6 +396,15 @@ class KvtierHiCacheStorage(HiCacheStorage):
             raise RuntimeError("kvtier: register_mem_pool_host was not called (or the "
                                "backend is closed)")
 
+    def _metric(self, kind, pages, seconds):
+        """One batch for SGLang's storage metrics: pages and GB/s."""
+        if pages == 0:
+            return
+        gbs = pages * self.block_bytes() / max(seconds, 1e-9) / 1e9
+        with self._stats_mu:
+            getattr(self._metrics, kind + "_pgs").append(pages)
+            getattr(self._metrics, kind + "_bandwidth").append(gbs)
+
     def _count(self, **kw):
         with self._stats_mu:
             for k, v in kw.items():
@@ -454,6 +466,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if not keys:
             return out
         hp = self._host_pages(keys, host_indices)
+        t0 = time.monotonic()
         self._rw.acquire_shared()
         try:
             planned = []
@@ -473,6 +486,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         finally:
             self._rw.release_shared()
         self._count(get_pages=len(keys), get_hits=sum(out))
+        self._metric("prefetch", sum(out), time.monotonic() - t0)
         return out
 
     def _get_direct(self, planned, hp, out):
@@ -523,6 +537,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if not keys:
             return out
         hp = self._host_pages(keys, host_indices)
+        t0 = time.monotonic()
         self._rw.acquire_shared()
         try:
             if self.staging is None:
@@ -540,6 +555,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         finally:
             self._rw.release_shared()
         self._count(set_pages=len(keys))
+        self._metric("backup", sum(out), time.monotonic() - t0)
         return out
 
     def _set_pages(self, keys, which, pages, out):
@@ -682,7 +698,19 @@ class KvtierHiCacheStorage(HiCacheStorage):
             self._rw.release_exclusive()
 
     def get_stats(self):
-        """kvtier's cache counters plus this backend's page counters (a dict)."""
+        """SGLang's storage metrics since the last call (pages and GB/s per
+        prefetch and backup batch) when storage metrics are on, else None:
+        SGLang's StorageMetricsCollector takes exactly that, every scheduler
+        step. kvtier's own counters: stats()."""
+        if not getattr(self.storage_config, "enable_storage_metrics", False):
+            return None
+        with self._stats_mu:
+            out, self._metrics = self._metrics, StorageMetrics()
+        return out
+
+    def stats(self):
+        """kvtier's cache counters (as kvtier_*) plus this backend's page
+        counters, a dict."""
         with self._stats_mu:
             out = dict(self._counters)
         if self.cache is not None:

@@ -78,14 +78,14 @@ class FakeHostPool:
 
 
 def storage_config(mla=False, tp_rank=0, tp_size=1, model="org/model-7b", extra=None,
-                   layout="layer_first"):
+                   layout="layer_first", metrics=False):
     from kvtier.sglang_hicache import HiCacheStorageConfig
     cfg = {"backend_name": "kvtier", "module_path": MODULE, "class_name": CLASS,
            "interface_v1": 1}
     cfg.update(extra or {})
     return HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
-        attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
+        attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=metrics,
         is_page_first_layout=layout == "page_first", model_name=model, extra_config=cfg)
 
 

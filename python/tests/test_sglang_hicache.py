@@ -59,6 +59,10 @@ STORAGE_CONFIG_FIELDS = [
     ("dp_rank", 0), ("dp_size", 1), ("tp_lcm_size", None), ("should_split_heads", False),
     ("extra_config", None)]
 EXTRA_INFO_FIELDS = [("prefix_keys", None), ("extra_info", None)]
+# python/sglang/srt/metrics/collector.py, same commit: what get_stats() hands
+# StorageMetricsCollector.log_storage_metrics (it asserts the type).
+STORAGE_METRICS_FIELDS = ["prefetch_pgs", "backup_pgs", "prefetch_bandwidth",
+                          "backup_bandwidth"]
 # storage/backend_factory.py, _create_dynamic_backend: backend_class(storage_config, kwargs).
 FACTORY_CALL_ARGS = 2
 
@@ -95,6 +99,8 @@ class Conformance(unittest.TestCase):
             got = [(f.name, REQ if f.default is dataclasses.MISSING else f.default)
                    for f in dataclasses.fields(cls)]
             self.assertEqual(got, want, cls.__name__)
+        self.assertEqual([f.name for f in dataclasses.fields(hc.StorageMetrics)],
+                         STORAGE_METRICS_FIELDS)
 
     def test_real_sglang_when_importable(self):
         if not hc.SGLANG_IMPORTED:
@@ -151,7 +157,7 @@ class Layouts(Base):
                 self.assertEqual(b.staging is None, layout == "layer_first", what)
                 keys = ["%s-page-%d" % (what, i) for i in range(9)]
                 self.roundtrip(pool, b, keys, list(range(9)), list(range(12, 21)), what)
-                st = b.get_stats()
+                st = b.stats()
                 self.assertEqual(st["get_hits"], 9)
                 self.assertEqual(st["kvtier_stored_blocks"], 9)
                 self.assertGreater(st["kvtier_loaded_bytes"], 0)
@@ -174,7 +180,7 @@ class Layouts(Base):
         self.assertEqual(b.batch_set_v1([], pool.host_indices([])), [])
         # storing what is stored is a success, and stores nothing new
         self.assertEqual(b.batch_set_v1(keys[:3], pool.host_indices([3, 4, 5])), [True] * 3)
-        self.assertEqual(b.get_stats()["kvtier_stored_blocks"], 3)
+        self.assertEqual(b.stats()["kvtier_stored_blocks"], 3)
 
     def test_written_under_one_layout_read_under_another(self):
         """Same model and rank, the SSD tier kept across a restart with a
@@ -193,7 +199,7 @@ class Layouts(Base):
                 ba.close()
                 b = fakes.FakeHostPool(dst_layout, mla=mla, seed=99)
                 bb = self.backend(b, mla=mla, extra=extra)
-                self.assertEqual(bb.get_stats()["kvtier_recovered_blocks"], 5)
+                self.assertEqual(bb.stats()["kvtier_recovered_blocks"], 5)
                 self.assertEqual(bb.batch_exists(keys), 5)
                 self.assertEqual(bb.batch_get_v1(keys, b.host_indices(range(7, 12))), [True] * 5)
                 for s, d in zip(range(5), range(7, 12)):
@@ -225,6 +231,24 @@ class Layouts(Base):
         z = self.backend(lf)
         with self.assertRaisesRegex(NotImplementedError, "zero_copy: false"):
             z.get("v0")
+
+    def test_get_stats_is_sglang_storage_metrics(self):
+        pool = fakes.FakeHostPool("layer_first")
+        off = self.backend(pool)
+        off.batch_set_v1(["a"], pool.host_indices([0]))
+        self.assertIsNone(off.get_stats())  # metrics off: SGLang's default
+        on = self.backend(fakes.FakeHostPool("page_first"), metrics=True)
+        pool2 = on.mem_pool_host
+        self.assertEqual(on.batch_set_v1(["a", "b", "c"], pool2.host_indices([0, 1, 2])),
+                         [True] * 3)
+        self.assertEqual(on.batch_get_v1(["a", "b", "x"], pool2.host_indices([5, 6, 7])),
+                         [True, True, False])
+        m = on.get_stats()
+        self.assertIsInstance(m, hc.StorageMetrics)
+        self.assertEqual((m.backup_pgs, m.prefetch_pgs), ([3], [2]))
+        self.assertTrue(all(v > 0 for v in m.backup_bandwidth + m.prefetch_bandwidth))
+        m2 = on.get_stats()  # drained: only what happened since
+        self.assertEqual((m2.backup_pgs, m2.prefetch_pgs), ([], []))
 
     def test_clear_and_v2(self):
         pool = fakes.FakeHostPool("layer_first")
@@ -295,7 +319,7 @@ class Corruption(Base):
         bad = pool.page_bytes(13)
         self.assertTrue(all((v == 0x77).all() for v in bad.values()),
                         "the corrupt page's host page was written")
-        st = b2.get_stats()
+        st = b2.stats()
         self.assertEqual(st["kvtier_corrupt_blocks"], 1)
         self.assertEqual(st["get_failed"], 1)
         # the corrupt page is gone: SGLang sees a leading run of 3

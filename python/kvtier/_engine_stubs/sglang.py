@@ -5,7 +5,7 @@ python/sglang/srt/mem_cache/hicache_storage.py: the same class and method
 names, parameters and defaults; the bodies only do what the base does (store
 the host pool, raise NotImplementedError, the default batch_exists)."""
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
 # Max pages per batched storage IO call (SGLang's STORAGE_BATCH_SIZE).
@@ -102,3 +102,14 @@ class HiCacheStorage(ABC):
 
     def get_stats(self):
         return None
+
+
+# sglang/srt/metrics/collector.py (same commit): what get_stats() returns
+# when storage metrics are on; SGLang's StorageMetricsCollector asserts the
+# type and logs each list entry into a histogram.
+@dataclass
+class StorageMetrics:
+    prefetch_pgs: List[int] = field(default_factory=list)
+    backup_pgs: List[int] = field(default_factory=list)
+    prefetch_bandwidth: List[float] = field(default_factory=list)
+    backup_bandwidth: List[float] = field(default_factory=list)
