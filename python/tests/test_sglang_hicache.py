@@ -264,6 +264,62 @@ class Layouts(Base):
                 getattr(b, name)(*args)
 
 
+class FakeTorch:
+    """Just the torch.Tensor surface the backend reads (torch is not
+    installed here): a CPU tensor over a numpy array, or a "cuda" one."""
+    __module__ = "torch"
+
+    class _Dev:
+        def __init__(self, t):
+            self.type = t
+
+        def __str__(self):
+            return self.type
+
+    def __init__(self, arr, device="cpu"):
+        self.a, self.device = arr, FakeTorch._Dev(device)
+        self.shape, self.dtype = arr.shape, "torch.float16"
+
+    def data_ptr(self):
+        return self.a.ctypes.data
+
+    def numel(self):
+        return self.a.size
+
+    def element_size(self):
+        return self.a.itemsize
+
+    def is_contiguous(self):
+        return self.a.flags.c_contiguous
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return self.a
+
+
+class TorchShaped(Base):
+    def test_torch_host_pool_and_indices(self):
+        pool = fakes.FakeHostPool("page_first_direct", seed=21)
+        arr = pool.kv_buffer
+        pool.kv_buffer = FakeTorch(arr)
+        b = self.backend(pool)
+        self.assertIn("dtype=float16", b.namespace)
+        keys = ["t%d" % i for i in range(4)]
+        pool.kv_buffer = arr  # the test reads pages through numpy
+        self.assertEqual(b.batch_set_v1(keys, FakeTorch(pool.host_indices(range(4)))), [True] * 4)
+        self.assertEqual(b.batch_get_v1(keys, FakeTorch(pool.host_indices(range(8, 12)))),
+                         [True] * 4)
+        for s, d in zip(range(4), range(8, 12)):
+            self.assert_page_equal(pool, d, pool, s, "torch-shaped pool")
+        gpu = fakes.FakeHostPool("layer_first")
+        gpu.kv_buffer = FakeTorch(gpu.kv_buffer, "cuda")
+        with self.assertRaisesRegex(ValueError, "is on cuda; the HiCache host pool must be in "
+                                    "host memory"):
+            fakes.create_backend(fakes.storage_config(extra=OPTS), gpu)
+
+
 class Namespaces(Base):
     def test_mha_ranks_apart_mla_shared(self):
         pool = fakes.FakeHostPool("layer_first")
