@@ -306,8 +306,11 @@ typedef struct kvt_match {
 
 /* Finds the longest cached prefix of req. When it is non-empty, its blocks
  * are pinned (never evicted) until the load task ends. matched_tokens is a
- * multiple of the block_tokens option and less than num_tokens (the last
- * token is always left to the engine to compute). */
+ * multiple of the block_tokens option and, for a token request, less than
+ * num_tokens (the last token is always left to the engine to compute); a
+ * keyed request may match all num_keys * block_tokens tokens. Errors:
+ * KVT_EINVAL for a bad request (naming the field, and for keys the index:
+ * "req->keys[3].len is 0 (1..256 bytes)"). */
 kvt_status kvt_cache_lookup(kvt_cache *cache, const kvt_request *req, kvt_match *out);
 
 typedef struct kvt_store_plan {
