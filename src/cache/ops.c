@@ -35,7 +35,7 @@ static kvt_status check_keys(const char *fn, const kvt_request *r, uint32_t bloc
     return KVT_OK;
 }
 
-static kvt_status check_request(const char *fn, const kvt_request *r, uint32_t block_tokens)
+kvt_status kvt__request_check(const char *fn, const kvt_request *r, uint32_t block_tokens)
 {
     KVT_CHECK_NOT_NULL_AS(r, "req", fn);
     KVT_CHECK_ARG(r->ns != NULL || r->ns_len == 0, "%s: req->ns is NULL but ns_len is %u", fn,
@@ -52,14 +52,14 @@ static kvt_status check_request(const char *fn, const kvt_request *r, uint32_t b
 }
 
 /* Tokens the request covers: its tokens, or a block per key. */
-static uint32_t request_tokens(const kvt_cache *c, const kvt_request *r)
+uint32_t kvt__request_tokens(const kvt_cache *c, const kvt_request *r)
 {
     return r->keys ? r->num_keys * c->cfg.block_tokens : r->num_tokens;
 }
 
 /* Hashes of the request's first max blocks (validated request). */
-static uint32_t request_hashes(const kvt_cache *c, const kvt_request *r, kvt_hash128 *out,
-                               uint32_t max)
+uint32_t kvt__request_hashes(const kvt_cache *c, const kvt_request *r, kvt_hash128 *out,
+                             uint32_t max)
 {
     if (r->keys) return kvt__key_hashes(r->keys, r->num_keys, r->ns, r->ns_len, out, max);
     return kvt__block_hashes(r->tokens, r->num_tokens, c->cfg.block_tokens, r->ns, r->ns_len,
@@ -230,7 +230,7 @@ static kvt_status lookup_locked(kvt_cache *c, const kvt_request *req, scratch *s
     k = kvt__tiers_first_lost(c, s->ids, k, &busy);
     kvt__tiers_touch(c, s->ids, k);
     c->stats.lookups++;
-    c->stats.lookup_tokens += request_tokens(c, req);
+    c->stats.lookup_tokens += kvt__request_tokens(c, req);
     kvt_match m = {0, 0};
     kvt_task *t = NULL;
     if (k > 0) {
@@ -252,7 +252,7 @@ kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out
     kvt__clear_error();
     KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
-    kvt_status st = check_request(fn, req, c->cfg.block_tokens);
+    kvt_status st = kvt__request_check(fn, req, c->cfg.block_tokens);
     if (st) return kvt__cache_fail(c, st);
     /* The last token is always computed by the engine (it yields the next
      * token's logits), so only blocks ending before it can be loaded. A keyed
@@ -261,7 +261,7 @@ kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out
     if (!req->keys) loadable = req->num_tokens ? (req->num_tokens - 1) / c->cfg.block_tokens : 0;
     scratch s = {0};
     if ((st = scratch_alloc(&s, loadable))) return kvt__cache_fail(c, st);
-    uint32_t n = request_hashes(c, req, s.hashes, loadable);
+    uint32_t n = kvt__request_hashes(c, req, s.hashes, loadable);
     pthread_mutex_lock(&c->mu);
     st = lookup_locked(c, req, &s, n, out);
     pthread_mutex_unlock(&c->mu);
@@ -370,12 +370,12 @@ kvt_status kvt_cache_prepare_store(kvt_cache *c, const kvt_request *req, kvt_sto
     kvt__clear_error();
     KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
-    kvt_status st = check_request(fn, req, c->cfg.block_tokens);
+    kvt_status st = kvt__request_check(fn, req, c->cfg.block_tokens);
     if (st) return kvt__cache_fail(c, st);
-    uint32_t full = request_tokens(c, req) / c->cfg.block_tokens;
+    uint32_t full = kvt__request_tokens(c, req) / c->cfg.block_tokens;
     scratch s = {0};
     if ((st = scratch_alloc(&s, full))) return kvt__cache_fail(c, st);
-    uint32_t n = request_hashes(c, req, s.hashes, full);
+    uint32_t n = kvt__request_hashes(c, req, s.hashes, full);
     pthread_mutex_lock(&c->mu);
     st = prepare_locked(c, &s, n, out);
     pthread_mutex_unlock(&c->mu);
