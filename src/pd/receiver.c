@@ -251,7 +251,11 @@ static uint32_t receiver_dead(pd_conn *c, kvt_status st, const char *why)
     uint32_t n = 0;
     for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++)
         for (pd_room *r = ep->buckets[b]; r; r = r->next)
-            if (pd_room_fail(ep, r, st, "%s lost: %s", c->name, why)) {
+            /* A prefill rank that said DONE with every page verified may
+             * exit: its part of the room stays completed, and only rooms
+             * still waiting on this link fail. */
+            if (!(r->peer_done && r->peer_done[c->idx]) &&
+                pd_room_fail(ep, r, st, "%s lost: %s", c->name, why)) {
                 pd_room_notify(ep, r, c->idx);
                 n++;
             }
