@@ -2,7 +2,10 @@
  * and state machine, and the public poll/wait/clear/abort/info helpers. */
 #include "pd/ep.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +25,27 @@ void pd_log(const char *fmt, ...)
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     if (!getenv("KVTIER_PD_QUIET")) fprintf(stderr, "kvtier: %s\n", line);
+}
+
+void pd_peer_addr(int fd, char *host, size_t hn, char *addr, size_t an)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char h[INET6_ADDRSTRLEN] = "?";
+    uint16_t port = 0;
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET) {
+            const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+            inet_ntop(AF_INET, &a->sin_addr, h, sizeof h);
+            port = ntohs(a->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+            inet_ntop(AF_INET6, &a->sin6_addr, h, sizeof h);
+            port = ntohs(a->sin6_port);
+        }
+    }
+    snprintf(host, hn, "%s", h);
+    snprintf(addr, an, "%s:%u", h, port);
 }
 
 static kvt_status check_net(const kvt_pd_net_params *n, const char *fn)
@@ -161,8 +185,8 @@ pd_room *pd_room_find(pd_ep *ep, uint64_t id)
 kvt_status pd_room_add(pd_ep *ep, uint64_t id, pd_room **out)
 {
     if (ep->nrooms >= PD_MAX_ROOMS)
-        return kvt__fail(KVT_EFULL, "pd: %u rooms are open (the limit); clear finished rooms",
-                         ep->nrooms);
+        return kvt__fail(KVT_EFULL, "pd: %u rooms are open on this %s rank (the limit); clear finished ones",
+                         ep->nrooms, ep->role == PD_ROLE_PREFILL ? "prefill" : "decode");
     pd_room *r = calloc(1, sizeof *r);
     if (!r) return kvt__fail(KVT_ENOMEM, "pd: out of memory for room %llu", (unsigned long long)id);
     r->id = id;
@@ -183,6 +207,7 @@ void pd_room_unclaimed_done(pd_ep *ep, pd_room *r)
     if (r->opener == UINT32_MAX) return;
     pd_conn *c = ep->conns[r->opener]; /* its slot is not reused while r names it */
     if (c && c->unclaimed) c->unclaimed--;
+    if (ep->unclaimed) ep->unclaimed--;
     r->opener = UINT32_MAX;
 }
 

@@ -20,7 +20,13 @@
 #define PD_ROOM_BUCKETS 4096
 #define PD_MAX_ROOMS 65536
 #define PD_MAX_CONNS 256
-#define PD_MAX_UNCLAIMED (PD_MAX_ROOMS / 16) /* rooms one decode link may open unclaimed */
+/* Rooms decode ranks may open before this prefill rank's engine claims
+ * them: per decode identity (its address and position, over all of its
+ * links: a rank that reconnects or dials many times shares one budget), and
+ * in all, so the engine's own kvt_pd_sender_room always finds half of the
+ * table free whatever strangers do. */
+#define PD_MAX_UNCLAIMED (PD_MAX_ROOMS / 16)
+#define PD_MAX_UNCLAIMED_ALL (PD_MAX_ROOMS / 2)
 #define PD_BATCH_BYTES (8u << 20) /* one DATA frame: amortises headers and syscalls */
 #define PD_BATCH_BYTES_UCX (64u << 20) /* over UCX (capped by max_frame): longer per-entry runs */
 #define PD_CHUNK_BYTES (1u << 20) /* a batch moves (and is hashed) in chunks this big: cache-sized */
@@ -65,7 +71,9 @@ typedef struct pd_conn {
     bool has_plan;
     uint32_t expected;  /* receiver: decode ranks that open each room on this peer */
     uint32_t max_frame; /* the smaller of both sides' max_frame: nothing larger is sent */
-    uint32_t unclaimed; /* sender: rooms this peer opened that the engine has not claimed */
+    uint32_t unclaimed; /* sender: rooms this link opened that the engine has not claimed */
+    char host[48];      /* sender: the peer's address (its identity with peer's position) */
+    char addr[64];      /* sender: host:port, for messages */
     atomic_bool dead;
     atomic_bool finished;
     bool registered; /* sender: passed the handshake and registration */
@@ -80,7 +88,7 @@ typedef struct pd_conn {
     uint8_t *body;
     size_t body_cap;
     uint64_t batches;
-    char name[48];
+    char name[96];
 } pd_conn;
 
 typedef struct pd_target {
@@ -147,6 +155,7 @@ struct pd_ep {
     pthread_cond_t cv;
     pd_room *buckets[PD_ROOM_BUCKETS];
     uint32_t nrooms;
+    uint32_t unclaimed; /* sender: rooms decode ranks opened, not claimed (all links) */
     uint32_t next_gen; /* receiver: generation of the next opened room */
     pd_conn *conns[PD_MAX_CONNS];
     uint32_t nconns;
@@ -241,6 +250,9 @@ pd_ep *pd_sender_ep(kvt_pd_sender *s);
 pd_ep *pd_receiver_ep(kvt_pd_receiver *r);
 
 void pd_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The peer of socket fd: host[hn] and "host:port" in addr[an] ("?" when
+ * the socket cannot say). */
+void pd_peer_addr(int fd, char *host, size_t hn, char *addr, size_t an);
 
 /* Pages one DATA batch of link c may carry: its checksum trailer fits in
  * max_frame, and PD_BATCH_MAX_PAGES bounds the hash states. The sender cuts

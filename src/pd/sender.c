@@ -125,18 +125,82 @@ static kvt_status add_target(pd_ep *ep, pd_conn *c, pd_room *r, const pd_hdr *h,
     return KVT_OK;
 }
 
-/* A room a decode rank opened before the engine claimed it; one peer may
- * hold at most PD_MAX_UNCLAIMED of those, so a runaway decode rank cannot
- * fill the table for the others (ep->mu held). */
+/* Decode ranks are told apart by their address and registered position:
+ * every link of one (reconnects, or a stranger dialling many times) shares
+ * one budget of unclaimed rooms. ep->mu held; `registered` is set under it
+ * after host and peer are final. */
+static bool same_identity(const pd_conn *a, const pd_conn *b)
+{
+    return a->registered && b->registered && strcmp(a->host, b->host) == 0 &&
+           a->peer.tp_rank == b->peer.tp_rank && a->peer.tp_size == b->peer.tp_size &&
+           a->peer.dcp_rank == b->peer.dcp_rank && a->peer.dcp_size == b->peer.dcp_size;
+}
+
+static uint32_t identity_unclaimed(const pd_ep *ep, const pd_conn *c)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < ep->nconns; i++)
+        if (ep->conns[i] && same_identity(ep->conns[i], c)) n += ep->conns[i]->unclaimed;
+    return n;
+}
+
+/* The decode identity holding the most unclaimed rooms, for messages
+ * (ep->mu held): "decode tp0/1 dcp0/1 at 10.0.0.5 (4096)", or "none". */
+static void top_opener(const pd_ep *ep, char *out, size_t n)
+{
+    const pd_conn *top = NULL;
+    uint32_t most = 0;
+    for (uint32_t i = 0; i < ep->nconns; i++) {
+        const pd_conn *c = ep->conns[i];
+        uint32_t k = c && c->unclaimed ? identity_unclaimed(ep, c) : 0;
+        if (k > most) {
+            most = k;
+            top = c;
+        }
+    }
+    if (!top) snprintf(out, n, "none");
+    else snprintf(out, n, "decode tp%u/%u dcp%u/%u at %s (%u)", top->peer.tp_rank, top->peer.tp_size,
+                  top->peer.dcp_rank, top->peer.dcp_size, top->host, most);
+}
+
+/* Why the room table is full, naming whose rooms fill it (ep->mu held). */
+static kvt_status table_full(const pd_ep *ep, const char *who)
+{
+    char top[160];
+    top_opener(ep, top, sizeof top);
+    return kvt__fail(KVT_EFULL,
+                     "%s: this prefill rank holds %u rooms (the limit): %u opened or claimed by its engine "
+                     "and not cleared (kvt_pd_sender_clear), %u opened by decode ranks and not claimed "
+                     "(most: %s)",
+                     who, ep->nrooms, ep->nrooms - ep->unclaimed, ep->unclaimed, top);
+}
+
+/* A room a decode rank opened before the engine claimed it: bounded per
+ * decode identity (PD_MAX_UNCLAIMED over all its links) and in all
+ * (PD_MAX_UNCLAIMED_ALL), so neither a runaway decode rank nor many
+ * strangers can fill the table the engine needs (ep->mu held). */
 static kvt_status add_unclaimed(pd_ep *ep, pd_conn *c, uint64_t id, pd_room **out)
 {
-    if (c->unclaimed >= PD_MAX_UNCLAIMED)
-        return kvt__fail(KVT_EFULL, "%s has %u rooms open that this prefill rank's engine has not claimed (the limit per decode rank)",
-                         c->name, c->unclaimed);
+    uint32_t mine = identity_unclaimed(ep, c);
+    if (mine >= PD_MAX_UNCLAIMED)
+        return kvt__fail(KVT_EFULL,
+                         "%s has %u rooms open that this prefill rank's engine has not claimed (the limit per "
+                         "decode rank, over all its links)",
+                         c->name, mine);
+    if (ep->unclaimed >= PD_MAX_UNCLAIMED_ALL) {
+        char top[160];
+        top_opener(ep, top, sizeof top);
+        return kvt__fail(KVT_EFULL,
+                         "this prefill rank holds %u rooms decode ranks opened and its engine has not claimed "
+                         "(the limit for all decode ranks; most: %s)",
+                         ep->unclaimed, top);
+    }
     kvt_status st = pd_room_add(ep, id, out);
+    if (st == KVT_EFULL) return table_full(ep, c->name);
     if (st) return st;
     (*out)->opener = c->idx;
     c->unclaimed++;
+    ep->unclaimed++;
     return KVT_OK;
 }
 
@@ -462,8 +526,8 @@ static kvt_status handshake(pd_conn *c)
         return kvt__fail(st, "%s", msg);
     }
     c->has_plan = true;
-    snprintf(c->name, sizeof c->name, "decode tp%u/%u dcp%u/%u", c->peer.tp_rank, c->peer.tp_size,
-             c->peer.dcp_rank, c->peer.dcp_size);
+    snprintf(c->name, sizeof c->name, "decode tp%u/%u dcp%u/%u at %s", c->peer.tp_rank, c->peer.tp_size,
+             c->peer.dcp_rank, c->peer.dcp_size, c->addr);
     uint8_t mf[4];
     pd_put32(mf, ep->net.max_frame);
     pd_hdr ok = {.type = PD_F_OK};
@@ -522,16 +586,17 @@ static void accept_tick(pd_ep *ep)
         kvt__stream_destroy(s);
         return;
     }
+    pd_peer_addr(s->fd, c->host, sizeof c->host, c->addr, sizeof c->addr);
     pthread_mutex_lock(&ep->mu);
     int slot = free_slot(ep);
     if (slot < 0) {
         pthread_mutex_unlock(&ep->mu);
-        pd_log("pd sender: refused a connection: %u links open (the limit)", PD_MAX_CONNS);
+        pd_log("pd sender: refused a connection from %s: %u links open (the limit)", c->addr, PD_MAX_CONNS);
         pd_conn_free(c);
         return;
     }
     c->idx = (uint32_t)slot;
-    snprintf(c->name, sizeof c->name, "unregistered peer #%d", slot);
+    snprintf(c->name, sizeof c->name, "unregistered peer %s", c->addr);
     ep->conns[slot] = c;
     if (pd_conn_start(c, sender_conn_main) != KVT_OK) atomic_store(&c->finished, true);
     pthread_mutex_unlock(&ep->mu);
@@ -643,8 +708,8 @@ kvt_status kvt_pd_sender_room(kvt_pd_sender *s, uint64_t room)
     kvt_status st = KVT_OK;
     if (r && r->claimed)
         st = kvt__fail(KVT_EBUSY, "%s: room %llu is already open; clear it first", fn, (unsigned long long)room);
-    else if (!r)
-        st = pd_room_add(ep, room, &r);
+    else if (!r && (st = pd_room_add(ep, room, &r)) == KVT_EFULL)
+        st = table_full(ep, fn);
     if (!st) {
         r->claimed = true;
         pd_room_unclaimed_done(ep, r);

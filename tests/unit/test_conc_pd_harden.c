@@ -51,10 +51,180 @@ static void finished_prefill_may_exit(void **state)
     pd_cluster_stop(&cl);
 }
 
+/* ---- raw decode peers that open rooms the prefill engine never claims ---- */
+
+/* Connects to a sender as decode rank tp_rank/tp_size of geometry geo and
+ * registers; NULL on failure. */
+static kvt_stream *raw_decode(uint16_t port, const kvt_geometry *geo, uint32_t tp_rank, uint32_t tp_size)
+{
+    kvt_stream *s = NULL;
+    kvt_stream_auth auth = {NULL, 0, "flooding decode"};
+    if (kvt__stream_connect("127.0.0.1", port, &auth, kvt__deadline_ns(5000), &s) != KVT_OK) return NULL;
+    pd_desc d;
+    kvt_pd_rank rk = {.tp_size = tp_size, .tp_rank = tp_rank, .dcp_size = 1};
+    assert_ok(pd_desc_from_geometry(&d, geo, &rk, PD_ROLE_DECODE));
+    size_t n = pd_desc_wire_size(&d) + 4;
+    uint8_t *reg = malloc(n);
+    pd_desc_encode(&d, reg);
+    pd_put32(reg + n - 4, 64u << 20);
+    uint8_t hb[PD_HDR_LEN], ok[PD_HDR_LEN + 4];
+    pd_hdr h = {.type = PD_F_REGISTER, .body_len = (uint32_t)n};
+    pd_hdr_encode(&h, hb);
+    assert_ok(kvt__stream_send(s, hb, sizeof hb, kvt__deadline_ns(2000)));
+    assert_ok(kvt__stream_send(s, reg, n, kvt__deadline_ns(2000)));
+    assert_ok(kvt__stream_recv(s, ok, sizeof ok, kvt__deadline_ns(5000)));
+    assert_true(pd_hdr_decode(&h, ok));
+    assert_int_equal(h.type, PD_F_OK);
+    free(reg);
+    pd_desc_free(&d);
+    return s;
+}
+
+/* Opens rooms [first, first + n) of ntok tokens (3 pages of 16) on s. */
+static void raw_rooms(kvt_stream *s, uint64_t first, uint32_t n, uint32_t ntok)
+{
+    uint8_t room[8 + 4 * 3] = {0}, hb[PD_HDR_LEN];
+    pd_put32(room, ntok);
+    pd_put32(room + 4, 3);
+    for (uint32_t i = 0; i < n; i++) {
+        pd_hdr rh = {.type = PD_F_ROOM, .room = first + i, .gen = 1, .a0 = 1, .body_len = sizeof room};
+        pd_hdr_encode(&rh, hb);
+        assert_ok(kvt__stream_send(s, hb, sizeof hb, kvt__deadline_ns(5000)));
+        assert_ok(kvt__stream_send(s, room, sizeof room, kvt__deadline_ns(5000)));
+    }
+}
+
+/* Reads s until a FAIL arrives (its room and message out); false if none
+ * by 10 s. */
+static bool raw_next_fail(kvt_stream *s, pd_hdr *h, char *msg, size_t cap)
+{
+    uint8_t hb[PD_HDR_LEN];
+    uint64_t dl = kvt__deadline_ns(10000);
+    while (kvt__now_ns() < dl) {
+        if (kvt__stream_recv(s, hb, sizeof hb, dl) != KVT_OK) return false;
+        assert_true(pd_hdr_decode(h, hb));
+        assert_true(h->body_len < cap);
+        memset(msg, 0, cap);
+        if (h->body_len) assert_ok(kvt__stream_recv(s, msg, h->body_len, dl));
+        if (h->type == PD_F_FAIL) return true;
+    }
+    return false;
+}
+
+static uint32_t sender_unclaimed(kvt_pd_sender *s)
+{
+    pd_ep *ep = pd_sender_ep(s);
+    pthread_mutex_lock(&ep->mu);
+    uint32_t n = ep->unclaimed;
+    pthread_mutex_unlock(&ep->mu);
+    return n;
+}
+
+/* Issue 14 item 3: the unclaimed-room budget belongs to the decode rank,
+ * not to one link: a second link of the same rank (same address and
+ * position) gets nothing more once the first holds PD_MAX_UNCLAIMED, and
+ * the refusal names it (regression: each link had its own 4096). */
+static void unclaimed_bounded_per_identity(void **state)
+{
+    (void)state;
+    pd_cluster cl = {.net = {.peer_timeout_ms = 60000}};
+    pd_cluster_start(&cl, &c1, &c1, 40);
+    uint16_t port;
+    assert_ok(kvt_pd_sender_port(cl.pre[0].s, &port));
+    /* the flooder claims decode position tp1/2 (from this host, as the good
+     * decode rank tp0/1 below, which keeps its own budget) */
+    kvt_geometry *g2 = pd_model_geo(&mha, 2, 16, KVT_LAYOUT_LAYER_FIRST);
+    kvt_stream *a = raw_decode(port, g2, 1, 2), *b = raw_decode(port, g2, 1, 2);
+    kvt_geometry_destroy(g2);
+    assert_non_null(a);
+    assert_non_null(b);
+    raw_rooms(a, 100000, PD_MAX_UNCLAIMED, 40);
+    uint64_t dl = kvt__deadline_ns(20000);
+    while (sender_unclaimed(cl.pre[0].s) < PD_MAX_UNCLAIMED && kvt__now_ns() < dl) sleep_ms(10);
+    assert_int_equal(sender_unclaimed(cl.pre[0].s), PD_MAX_UNCLAIMED);
+    raw_rooms(b, 200000, 1, 40);
+    pd_hdr h;
+    char msg[512];
+    assert_true(raw_next_fail(b, &h, msg, sizeof msg));
+    assert_int_equal(h.room, 200000);
+    assert_int_equal(h.status, KVT_EFULL);
+    if (!strstr(msg, "decode tp1/2 dcp0/1 at 127.0.0.1:") || !strstr(msg, "over all its links"))
+        fail_msg("refusal: %s", msg);
+    /* the engine and a well-behaved decode rank still work */
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 7, 0);
+    pd_expect_room(&cl, 7, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    kvt__stream_destroy(a);
+    kvt__stream_destroy(b);
+    pd_cluster_stop(&cl);
+}
+
+/* Issue 14 item 3: 16 decode identities each opening PD_MAX_UNCLAIMED
+ * rooms hold at most PD_MAX_UNCLAIMED_ALL between them, so the engine can
+ * still open the other half of the table; its EFULL then says whose rooms
+ * fill it (regression: 16 links filled all 65536 and the engine's first
+ * kvt_pd_sender_room failed, telling it to clear rooms it does not own). */
+static void unclaimed_bounded_in_all(void **state)
+{
+    (void)state;
+    static const pd_model m16 = {.layers = 1, .heads = 16, .head_dim = 8};
+    pd_side_cfg c = {.tp = 1, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &m16};
+    pd_cluster cl = {.net = {.peer_timeout_ms = 60000}};
+    pd_cluster_start(&cl, &c, &c, 40);
+    uint16_t port;
+    assert_ok(kvt_pd_sender_port(cl.pre[0].s, &port));
+    kvt_stream *links[16];
+    for (uint32_t i = 0; i < 16; i++) {
+        kvt_geometry *g = pd_model_geo(&m16, 16, 16, KVT_LAYOUT_LAYER_FIRST);
+        links[i] = raw_decode(port, g, i, 16);
+        assert_non_null(links[i]);
+        kvt_geometry_destroy(g);
+    }
+    for (uint32_t i = 0; i < 16; i++) raw_rooms(links[i], 1000000 + 100000ull * i, PD_MAX_UNCLAIMED, 40);
+    /* the last link's last room is refused once the others are in */
+    pd_hdr h;
+    char msg[512];
+    uint64_t dl = kvt__deadline_ns(30000);
+    while (sender_unclaimed(cl.pre[0].s) < PD_MAX_UNCLAIMED_ALL && kvt__now_ns() < dl) sleep_ms(10);
+    assert_int_equal(sender_unclaimed(cl.pre[0].s), PD_MAX_UNCLAIMED_ALL);
+    uint32_t opened = 0;
+    kvt_status st = KVT_OK;
+    while (opened < PD_MAX_ROOMS && (st = kvt_pd_sender_room(cl.pre[0].s, 1 + opened)) == KVT_OK) opened++;
+    assert_int_equal(st, KVT_EFULL);
+    assert_int_equal(opened, PD_MAX_ROOMS - PD_MAX_UNCLAIMED_ALL);
+    const char *e = kvt_last_error();
+    if (!strstr(e, "kvt_pd_sender_room") || !strstr(e, "32768 opened by decode ranks and not claimed") ||
+        !strstr(e, "32768 opened or claimed by its engine") || !strstr(e, "(most: decode tp") ||
+        !strstr(e, "at 127.0.0.1 (4096)"))
+        fail_msg("EFULL message: %s", e);
+    /* a refused link heard why */
+    bool heard = false;
+    for (uint32_t i = 0; i < 16 && !heard; i++) {
+        pd_ep *ep = pd_sender_ep(cl.pre[0].s);
+        pthread_mutex_lock(&ep->mu);
+        uint32_t mine = 0;
+        for (uint32_t k = 0; k < ep->nconns; k++)
+            if (ep->conns[k] && ep->conns[k]->peer.tp_rank == i && ep->conns[k]->registered)
+                mine = ep->conns[k]->unclaimed;
+        pthread_mutex_unlock(&ep->mu);
+        if (mine == PD_MAX_UNCLAIMED) continue;
+        assert_true(raw_next_fail(links[i], &h, msg, sizeof msg));
+        assert_int_equal(h.status, KVT_EFULL);
+        if (!strstr(msg, "the limit for all decode ranks")) fail_msg("refusal: %s", msg);
+        heard = true;
+    }
+    assert_true(heard);
+    for (uint32_t i = 0; i < 16; i++) kvt__stream_destroy(links[i]);
+    pd_cluster_stop(&cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(finished_prefill_may_exit),
+        cmocka_unit_test(unclaimed_bounded_per_identity),
+        cmocka_unit_test(unclaimed_bounded_in_all),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
