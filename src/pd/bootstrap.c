@@ -231,11 +231,11 @@ static void reply(kvt_stream *s, uint16_t type, kvt_status st, uint32_t a0, cons
     (void)s->ops->sendv(s, v, len ? 2 : 1, dl);
 }
 
-static void refuse(kvt_pd_bootstrap *bs, kvt_stream *s, kvt_status st, uint64_t dl)
+static void refuse(kvt_pd_bootstrap *bs, kvt_stream *s, const char *addr, kvt_status st, uint64_t dl)
 {
     char msg[KVT_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s", kvt_last_error());
-    if (!atomic_load(&bs->stop)) pd_log("pd bootstrap: refused a peer: %s", msg);
+    if (!atomic_load(&bs->stop)) pd_log("pd bootstrap: refused the peer at %s: %s", addr, msg);
     pthread_mutex_lock(&bs->mu);
     bs->refused++;
     pthread_mutex_unlock(&bs->mu);
@@ -472,7 +472,8 @@ static kvt_status topo(kvt_pd_bootstrap *bs, const pd_desc *dec, uint8_t **out, 
     return KVT_OK;
 }
 
-static void on_lookup(kvt_pd_bootstrap *bs, kvt_stream *s, const uint8_t *b, uint32_t len, uint64_t dl)
+static void on_lookup(kvt_pd_bootstrap *bs, kvt_stream *s, const char *addr, const uint8_t *b, uint32_t len,
+                      uint64_t dl)
 {
     pd_desc d = {0};
     size_t used, tlen = 0;
@@ -489,7 +490,7 @@ static void on_lookup(kvt_pd_bootstrap *bs, kvt_stream *s, const uint8_t *b, uin
     }
     if (!st) reply(s, PD_F_TOPO, KVT_OK, 0, t, tlen, dl);
     else if (st == KVT_EAGAIN) reply(s, PD_F_RETRY, st, 0, kvt_last_error(), strlen(kvt_last_error()), dl);
-    else refuse(bs, s, st, dl);
+    else refuse(bs, s, addr, st, dl);
     free(t);
     pd_desc_free(&d);
 }
@@ -524,6 +525,8 @@ static kvt_status read_request(kvt_pd_bootstrap *bs, kvt_stream *s, uint64_t dl,
 static void serve(kvt_pd_bootstrap *bs, uint32_t slot, kvt_stream *s)
 {
     uint64_t t0 = kvt__now_ns();
+    char host[48], addr[64];
+    pd_peer_addr(s->fd, host, sizeof host, addr, sizeof addr);
     pd_hdr h = {0};
     uint8_t *b = NULL;
     kvt_status st = read_request(bs, s, kvt__deadline_ns(bs->greet_ms), &h, &b);
@@ -534,8 +537,8 @@ static void serve(kvt_pd_bootstrap *bs, uint32_t slot, kvt_stream *s)
     pthread_mutex_unlock(&bs->mu);
     uint64_t dl = kvt__deadline_ns(bs->net.peer_timeout_ms); /* the answer's */
     if (evicted) {
-        pd_log("pd bootstrap: dropped a connection that sent no complete request in %llu ms: all %d request slots were busy (the oldest such connection makes room)",
-               (unsigned long long)((kvt__now_ns() - t0) / 1000000), BS_MAX_HANDLERS);
+        pd_log("pd bootstrap: dropped the connection from %s: no complete request in %llu ms while all %d request slots were busy (the oldest such connection makes room)",
+               addr, (unsigned long long)((kvt__now_ns() - t0) / 1000000), BS_MAX_HANDLERS);
     } else if (!st && h.type == PD_F_REG_PREFILL) {
         st = on_register(bs, b, h.body_len);
         if (!st) reply(s, PD_F_OK, KVT_OK, bs->lease_ms, NULL, 0, dl);
@@ -544,11 +547,11 @@ static void serve(kvt_pd_bootstrap *bs, uint32_t slot, kvt_stream *s)
         st = on_unregister(bs, b, h.body_len, &removed);
         if (!st) reply(s, PD_F_OK, KVT_OK, removed, NULL, 0, dl);
     } else if (!st && h.type == PD_F_LOOKUP) {
-        on_lookup(bs, s, b, h.body_len, dl);
+        on_lookup(bs, s, addr, b, h.body_len, dl);
     } else if (!st) {
         st = kvt__fail(KVT_EPROTO, "pd bootstrap: unexpected frame type %u", h.type);
     }
-    if (st && !evicted) refuse(bs, s, st, dl);
+    if (st && !evicted) refuse(bs, s, addr, st, dl);
     free(b);
 }
 

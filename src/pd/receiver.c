@@ -282,17 +282,21 @@ static kvt_status lookup_once(pd_ep *ep, const char *host, uint16_t port, uint64
     return pd_bootstrap_lookup(&ep->net, &ep->auth, host, port, &ep->desc, dl, t, tlen);
 }
 
+/* Asks until the service has every prefill rank this rank needs, or dl.
+ * Once the service has answered RETRY, a later failure at the deadline (a
+ * last attempt with no time left to finish its handshake) reports the
+ * ranks still missing, not the attempt's own symptom. */
 static kvt_status lookup(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, uint8_t **t, uint32_t *tlen)
 {
+    char retry[KVT_ERRMSG_MAX] = "";
     for (;;) {
         kvt_status st = lookup_once(ep, p->bootstrap_host, p->bootstrap_port, dl, t, tlen);
-        if (st != KVT_EAGAIN) return st;
-        if (kvt__now_ns() >= dl) { /* the service's RETRY names the prefill ranks still missing */
-            char why[KVT_ERRMSG_MAX];
-            snprintf(why, sizeof why, "%s", kvt_last_error());
+        if (st == KVT_OK) return st;
+        if (st == KVT_EAGAIN) snprintf(retry, sizeof retry, "%s", kvt_last_error());
+        else if (!retry[0] || kvt__now_ns() < dl) return st;
+        if (kvt__now_ns() >= dl) /* the service's RETRY names the prefill ranks still missing */
             return kvt__fail(KVT_ETIMEDOUT, "pd receiver: the prefill topology was still incomplete at the deadline (%s)",
-                             why);
-        }
+                             retry);
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL);
     }

@@ -2,11 +2,16 @@
  * flood, or lie (issue 14, "PD hand-off"): a finished prefill rank may
  * exit, unclaimed rooms are bounded per decode identity and in all, and
  * the messages name who and what. 127.0.0.1 only; every wait bounded. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 #include "pd_harness.h"
 #include "net/stream.h"
 #include "pd/ep.h"
 #include "util/clock.h"
+#include "util/err.h"
 
 static const pd_model mha = {.layers = 2, .heads = 4, .head_dim = 32};
 static const pd_side_cfg c1 = {.tp = 1, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &mha};
@@ -219,12 +224,217 @@ static void unclaimed_bounded_in_all(void **state)
     pd_cluster_stop(&cl);
 }
 
+/* ---- messages that name what is wrong and who ---- */
+
+/* A bootstrap service that answers the first lookup RETRY (prefill tp1/2
+ * missing) and then goes silent: later connections are accepted and never
+ * answered, as a loaded or stuck service would. */
+typedef struct fake_bs {
+    int lfd;
+    uint16_t port;
+    pthread_t th;
+    atomic_bool stop;
+} fake_bs;
+
+static void *fake_bs_main(void *arg)
+{
+    fake_bs *f = arg;
+    kvt_stream *held[64];
+    int n = 0;
+    kvt_stream_auth a = {NULL, 0, "fake bootstrap"};
+    while (!atomic_load(&f->stop)) {
+        kvt_stream *s;
+        if (kvt__stream_accept(f->lfd, kvt__deadline_ns(20), &s) != KVT_OK) continue;
+        if (n == 0 && kvt__stream_auth_server(s->fd, &a, kvt__deadline_ns(2000)) == KVT_OK) {
+            uint8_t hb[PD_HDR_LEN], body[4096];
+            pd_hdr h;
+            if (kvt__stream_recv(s, hb, sizeof hb, kvt__deadline_ns(2000)) == KVT_OK && pd_hdr_decode(&h, hb) &&
+                h.body_len <= sizeof body &&
+                kvt__stream_recv(s, body, h.body_len, kvt__deadline_ns(2000)) == KVT_OK) {
+                const char *m = "1 of 2 prefill ranks registered; missing tp1/2 dcp0/1";
+                pd_hdr r = {.type = PD_F_RETRY, .status = KVT_EAGAIN, .body_len = (uint32_t)strlen(m)};
+                pd_hdr_encode(&r, hb);
+                (void)kvt__stream_send(s, hb, sizeof hb, kvt__deadline_ns(1000));
+                (void)kvt__stream_send(s, m, strlen(m), kvt__deadline_ns(1000));
+            }
+        }
+        if (n < 64) held[n++] = s; /* silent from here on */
+        else kvt__stream_destroy(s);
+    }
+    for (int i = 0; i < n; i++) kvt__stream_destroy(held[i]);
+    return NULL;
+}
+
+/* Issue 14 item 5: a decode rank whose deadline passes while a prefill rank
+ * is missing names the missing rank, even when its last attempt died on a
+ * service that did not answer in time (regression: "the server did not
+ * answer the hello"). */
+static void deadline_names_missing_ranks(void **state)
+{
+    (void)state;
+    setenv("KVTIER_PD_QUIET", "1", 0);
+    fake_bs f = {.lfd = -1};
+    assert_ok(kvt__stream_listen("127.0.0.1", 0, &f.lfd, &f.port));
+    assert_int_equal(pthread_create(&f.th, NULL, fake_bs_main, &f), 0);
+    pd_rank r = {0};
+    pd_rank_init(&r, &c1, 0, 0, 40);
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_memory(r.emu, &mem));
+    kvt_pd_params p = {.rank = r.rank, .geo = r.geo, .mem = &mem, .bootstrap_port = f.port,
+                       .connect_timeout_ms = 1500};
+    kvt_status st = kvt_pd_receiver_create(&r.r, &p);
+    char msg[KVT_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    atomic_store(&f.stop, true);
+    pthread_join(f.th, NULL);
+    close(f.lfd);
+    pd_rank_free(&r);
+    assert_int_equal(st, KVT_ETIMEDOUT);
+    if (!strstr(msg, "missing tp1/2 dcp0/1") || !strstr(msg, "incomplete at the deadline")) fail_msg("%s", msg);
+}
+
+typedef struct auth_end {
+    int fd;
+    const char *secret;
+    kvt_status st;
+    char msg[KVT_ERRMSG_MAX];
+} auth_end;
+
+static void *auth_server_main(void *arg)
+{
+    auth_end *e = arg;
+    kvt_stream_auth a = {(const uint8_t *)e->secret, e->secret ? strlen(e->secret) : 0, "test server"};
+    e->st = kvt__stream_auth_server(e->fd, &a, kvt__deadline_ns(5000));
+    snprintf(e->msg, sizeof e->msg, "%s", kvt_last_error());
+    return NULL;
+}
+
+/* Runs the handshake between a server and a client holding these secrets
+ * over a socket pair. */
+static void handshake_pair(auth_end *srv, auth_end *cli)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    srv->fd = sv[0];
+    cli->fd = sv[1];
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, auth_server_main, srv), 0);
+    kvt_stream_auth a = {(const uint8_t *)cli->secret, cli->secret ? strlen(cli->secret) : 0, "test client"};
+    cli->st = kvt__stream_auth_client(cli->fd, &a, kvt__deadline_ns(5000));
+    snprintf(cli->msg, sizeof cli->msg, "%s", kvt_last_error());
+    close(cli->fd); /* a failed client hangs up, as kvt__stream_connect does */
+    pthread_join(th, NULL);
+    close(srv->fd);
+}
+
+/* Issue 14 item 5: a wrong secret is called a wrong secret on both ends
+ * (regression: the server said "no proof before the deadline"). */
+static void wrong_secret_says_so(void **state)
+{
+    (void)state;
+    auth_end srv = {.secret = "0123456789abcdef-right"}, cli = {.secret = "0123456789abcdef-wrong"};
+    handshake_pair(&srv, &cli);
+    assert_int_equal(srv.st, KVT_EAUTH);
+    assert_int_equal(cli.st, KVT_EAUTH);
+    if (!strstr(srv.msg, "wrong proof of the shared secret (the two ends hold different secrets)"))
+        fail_msg("server: %s", srv.msg);
+    if (!strstr(cli.msg, "could not prove the shared secret")) fail_msg("client: %s", cli.msg);
+    /* and the right one still passes */
+    auth_end s2 = {.secret = "0123456789abcdef-right"}, c2s = {.secret = "0123456789abcdef-right"};
+    handshake_pair(&s2, &c2s);
+    assert_int_equal(s2.st, KVT_OK);
+    assert_int_equal(c2s.st, KVT_OK);
+}
+
+static void *junk_server_main(void *arg)
+{
+    auth_end *e = arg;
+    uint8_t hello[40], junk[72];
+    struct iovec v = {hello, sizeof hello};
+    (void)kvt__stream_fd_io(e->fd, &v, 1, kvt__deadline_ns(5000), 0);
+    memset(junk, 0x41, sizeof junk); /* "AAAA": not a kvtier answer */
+    struct iovec w = {junk, sizeof junk};
+    (void)kvt__stream_fd_io(e->fd, &w, 1, kvt__deadline_ns(5000), 1);
+    return NULL;
+}
+
+/* Issue 14 item 5: something that is not a kvtier endpoint is called that
+ * (regression: "the server refused: refused"). */
+static void not_kvtier_says_so(void **state)
+{
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    auth_end srv = {.fd = sv[0]};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, junk_server_main, &srv), 0);
+    kvt_stream_auth a = {NULL, 0, "test client"};
+    kvt_status st = kvt__stream_auth_client(sv[1], &a, kvt__deadline_ns(5000));
+    pthread_join(th, NULL);
+    close(sv[0]);
+    close(sv[1]);
+    assert_int_equal(st, KVT_EAUTH);
+    if (!strstr(kvt_last_error(), "not a kvtier PD endpoint") || strstr(kvt_last_error(), "refused: refused"))
+        fail_msg("%s", kvt_last_error());
+}
+
+/* Issue 14 item 5: a sender's refusal logs the stranger's address. stderr
+ * goes to a file for the test; the harness's KVTIER_PD_QUIET is lifted
+ * while no PD thread runs. */
+static void refusal_logs_peer_address(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kvt_pd_log_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    dup2(fd, STDERR_FILENO);
+    unsetenv("KVTIER_PD_QUIET");
+    kvt_pd_net_params net = {.secret = "0123456789abcdef-secret", .secret_len = 23};
+    kvt_pd_bootstrap *bs = NULL;
+    assert_ok(kvt_pd_bootstrap_create(&bs, &net));
+    uint16_t bport;
+    assert_ok(kvt_pd_bootstrap_port(bs, &bport));
+    pd_rank r = {0};
+    pd_rank_init(&r, &c1, 0, 0, 40);
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_memory(r.emu, &mem));
+    kvt_pd_params p = {.rank = r.rank, .geo = r.geo, .mem = &mem, .bootstrap_port = bport, .net = net};
+    assert_ok(kvt_pd_sender_create(&r.s, &p));
+    uint16_t port;
+    assert_ok(kvt_pd_sender_port(r.s, &port));
+    kvt_stream *s = NULL;
+    kvt_stream_auth a = {NULL, 0, "stranger"};
+    assert_int_equal(kvt__stream_connect("127.0.0.1", port, &a, kvt__deadline_ns(3000), &s), KVT_EAUTH);
+    assert_int_equal(kvt__stream_connect("127.0.0.1", bport, &a, kvt__deadline_ns(3000), &s), KVT_EAUTH);
+    sleep_ms(300); /* the refusals are logged on the endpoints' threads */
+    pd_rank_free(&r);
+    kvt_pd_bootstrap_destroy(bs);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    setenv("KVTIER_PD_QUIET", "1", 1);
+    char log[8192] = {0};
+    ssize_t n = pread(fd, log, sizeof log - 1, 0);
+    close(fd);
+    unlink(path);
+    assert_true(n > 0);
+    if (!strstr(log, "pd sender: refused unregistered peer 127.0.0.1:") ||
+        !strstr(log, "pd bootstrap: refused the peer at 127.0.0.1:"))
+        fail_msg("log: %s", log);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(finished_prefill_may_exit),
         cmocka_unit_test(unclaimed_bounded_per_identity),
         cmocka_unit_test(unclaimed_bounded_in_all),
+        cmocka_unit_test(deadline_names_missing_ranks),
+        cmocka_unit_test(wrong_secret_says_so),
+        cmocka_unit_test(not_kvtier_says_so),
+        cmocka_unit_test(refusal_logs_peer_address),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
