@@ -95,17 +95,19 @@ static kvt_status bs_call(kvt_stream *s, const pd_hdr *h, const void *body, cons
     kvt_status st = s->ops->sendv(s, v, h->body_len ? 2 : 1, dl);
     pd_hdr r;
     if (!st) st = kvt__stream_recv(s, hb, PD_HDR_LEN, dl);
-    if (st) return kvt__fail(st, "%s: no answer from the bootstrap service", what);
+    /* what names the call and the peer: the service, or a prefill rank */
+    if (st) return kvt__fail(st, "%s: no answer (%s)", what,
+                             st == KVT_ETIMEDOUT ? "timed out" : "the peer closed the connection");
     char why[160];
     if (!pd_hdr_decode(&r, hb))
-        return kvt__fail(KVT_EPROTO, "%s: the bootstrap service's answer: %s", what, pd_magic_why(hb, why, sizeof why));
+        return kvt__fail(KVT_EPROTO, "%s: the answer: %s", what, pd_magic_why(hb, why, sizeof why));
     if (r.body_len > net->max_frame)
         return kvt__fail(KVT_EPROTO, "%s: a %u-byte answer exceeds this endpoint's max_frame %u",
                          what, r.body_len, net->max_frame);
     uint8_t *b = malloc((size_t)r.body_len + 1);
     if (!b) return kvt__fail(KVT_ENOMEM, "%s: out of memory", what);
     st = r.body_len ? kvt__stream_recv(s, b, r.body_len, dl) : KVT_OK;
-    if (st) st = kvt__fail(st, "%s: truncated answer from the bootstrap service", what);
+    if (st) st = kvt__fail(st, "%s: truncated answer", what);
     b[r.body_len] = 0;
     if (!st && r.type == PD_F_REFUSE) {
         kvt_status rs = kvt__peer_failure(r.status);

@@ -20,6 +20,11 @@
 #define PD_ROOM_BUCKETS 4096
 #define PD_MAX_ROOMS 65536
 #define PD_MAX_CONNS 256
+/* Sender: connections that have not registered yet (authenticating, or
+ * silent) hold at most this many link slots; a new one evicts the oldest.
+ * Each must authenticate within min(peer_timeout_ms, PD_GREET_MS). */
+#define PD_MAX_GREETING 16
+#define PD_GREET_MS 2000u
 /* Rooms decode ranks may open before this prefill rank's engine claims
  * them: per decode identity (its address and position, over all of its
  * links: a rank that reconnects or dials many times shares one budget), and
@@ -77,6 +82,9 @@ typedef struct pd_conn {
     atomic_bool dead;
     atomic_bool finished;
     bool registered; /* sender: passed the handshake and registration */
+    atomic_bool evicted; /* sender: shut down to make room for a newer connection */
+    int fd;              /* sender: the TCP socket (kept under UCX too), for eviction */
+    uint64_t accepted_ns, used_ns; /* sender: accept; the last ROOM frame (or registration) */
     uint64_t last_rx, last_tx;
     pd_job *jobs, *jobs_tail; /* sender: guarded by ep->mu */
     pd_iovs iov;

@@ -349,10 +349,20 @@ static kvt_status dial_peer(pd_ep *ep, const pd_topo_entry *t, uint64_t dl, pd_c
     return st;
 }
 
+/* Dials prefill rank t until dl: a sender that drops the connection
+ * before the handshake is done (it evicts the oldest unregistered
+ * connections when strangers crowd it, or is restarting) is tried again,
+ * every 20 ms growing to 500 ms. A refusal (secret, plan) is final. */
 static kvt_status connect_peer(pd_ep *ep, const pd_topo_entry *t, uint64_t dl)
 {
     pd_conn *c;
-    kvt_status st = dial_peer(ep, t, dl, &c);
+    uint32_t wait_ms = 20;
+    kvt_status st;
+    while ((st = dial_peer(ep, t, dl, &c)) == KVT_ECONN && kvt__now_ns() + wait_ms * 1000000ull < dl) {
+        struct timespec ts = {0, (long)wait_ms * 1000000};
+        nanosleep(&ts, NULL);
+        wait_ms = wait_ms * 2 > 500 ? 500 : wait_ms * 2;
+    }
     if (st) return st;
     c->idx = ep->nconns;
     ep->conns[ep->nconns++] = c;

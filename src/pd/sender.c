@@ -219,6 +219,7 @@ static kvt_status on_room(pd_conn *c, const pd_hdr *h)
         return KVT_OK;
     }
     pthread_mutex_lock(&ep->mu);
+    c->used_ns = kvt__now_ns();
     pd_room *r = pd_room_find(ep, h->room);
     kvt_status st = KVT_OK;
     if (r && !r->claimed && pd_room_terminal(r) && !frame_target(r, c, h)) {
@@ -501,9 +502,10 @@ static kvt_status agree_max_frame(pd_conn *c, uint32_t peer_max)
 static kvt_status handshake(pd_conn *c)
 {
     pd_ep *ep = c->ep;
-    uint64_t dl = pd_conn_deadline(c);
-    kvt_status st = kvt__stream_auth_server(c->s->fd, &ep->auth, dl);
+    uint32_t greet = ep->net.peer_timeout_ms < PD_GREET_MS ? ep->net.peer_timeout_ms : PD_GREET_MS;
+    kvt_status st = kvt__stream_auth_server(c->s->fd, &ep->auth, kvt__deadline_ns(greet));
     if (st) return st;
+    uint64_t dl = pd_conn_deadline(c);
     if (ep->net.transport == KVT_PD_UCX && (st = kvt__stream_ucx_upgrade(&c->s, 1, dl)) != KVT_OK)
         return st;
     pd_hdr h;
@@ -538,6 +540,14 @@ static void *sender_conn_main(void *arg)
 {
     pd_conn *c = arg;
     kvt_status st = handshake(c);
+    if (st && atomic_load(&c->evicted)) {
+        pd_log("pd sender: dropped %s: not registered after %llu ms while %u unregistered connections "
+               "were open (the limit; the oldest makes room)", c->name,
+               (unsigned long long)((kvt__now_ns() - c->accepted_ns) / 1000000), PD_MAX_GREETING);
+        atomic_store(&c->dead, true);
+        atomic_store(&c->finished, true);
+        return NULL;
+    }
     if (st) {
         pd_log("pd sender: refused %s: %s", c->name, kvt_last_error());
         shutdown(c->s->fd, SHUT_RDWR); /* the stranger learns now; the slot is reused later */
@@ -547,6 +557,7 @@ static void *sender_conn_main(void *arg)
     }
     pthread_mutex_lock(&c->ep->mu);
     c->registered = true;
+    c->used_ns = kvt__now_ns();
     pthread_mutex_unlock(&c->ep->mu);
     return pd_conn_main(c);
 }
@@ -577,6 +588,72 @@ static int free_slot(pd_ep *ep)
     return ep->nconns < PD_MAX_CONNS ? (int)ep->nconns++ : -1;
 }
 
+/* Shuts link c down to make room (ep->mu held): its thread ends on its own
+ * and the slot is free once it has (free_slot). */
+static void evict(pd_conn *c)
+{
+    atomic_store(&c->evicted, true);
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+/* Unregistered connections hold at most PD_MAX_GREETING slots: at the
+ * limit the oldest goes, so silent strangers cost their own slots and
+ * never lock decode ranks out (ep->mu held). */
+static void greeting_budget(pd_ep *ep)
+{
+    pd_conn *oldest = NULL;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < ep->nconns; i++) {
+        pd_conn *c = ep->conns[i];
+        if (!c || c->registered || atomic_load(&c->finished) || atomic_load(&c->evicted)) continue;
+        n++;
+        if (!oldest || c->accepted_ns < oldest->accepted_ns) oldest = c;
+    }
+    if (n >= PD_MAX_GREETING) evict(oldest);
+}
+
+/* Every slot is taken: evicts the registered link that carries no room and
+ * has opened none for longest (a decode rank that only pings), and
+ * returns it, or NULL when every link carries a room (ep->mu held). */
+static pd_conn *evict_idle(pd_ep *ep)
+{
+    bool busy[PD_MAX_CONNS] = {0};
+    for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++)
+        for (pd_room *r = ep->buckets[b]; r; r = r->next)
+            for (uint32_t i = 0; i < r->ntargets; i++) busy[r->targets[i].conn] = true;
+    pd_conn *v = NULL;
+    for (uint32_t i = 0; i < ep->nconns; i++) {
+        pd_conn *c = ep->conns[i];
+        if (!c || !c->registered || busy[i] || c->unclaimed || atomic_load(&c->finished) ||
+            atomic_load(&c->evicted))
+            continue;
+        if (!v || c->used_ns < v->used_ns) v = c;
+    }
+    if (v) evict(v);
+    return v;
+}
+
+/* A slot for c (ep->mu held, may drop it while an evicted link ends):
+ * free, or freed by evicting an idle link; -1 if none within 500 ms. */
+static int take_slot(pd_ep *ep, const pd_conn *c)
+{
+    int slot = free_slot(ep);
+    if (slot >= 0) return slot;
+    pd_conn *v = evict_idle(ep);
+    if (!v) return -1;
+    pd_log("pd sender: dropped idle link %s (no room for %llu ms) for a connection from %s: all %u link "
+           "slots were in use", v->name, (unsigned long long)((kvt__now_ns() - v->used_ns) / 1000000), c->addr,
+           PD_MAX_CONNS);
+    uint64_t dl = kvt__deadline_ns(500);
+    while ((slot = free_slot(ep)) < 0 && kvt__now_ns() < dl && !atomic_load(&ep->stop)) {
+        pthread_mutex_unlock(&ep->mu);
+        struct timespec ts = {0, 2 * 1000000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&ep->mu);
+    }
+    return slot;
+}
+
 static void accept_tick(pd_ep *ep)
 {
     kvt_stream *s;
@@ -587,11 +664,14 @@ static void accept_tick(pd_ep *ep)
         return;
     }
     pd_peer_addr(s->fd, c->host, sizeof c->host, c->addr, sizeof c->addr);
+    c->fd = s->fd;
+    c->accepted_ns = kvt__now_ns();
     pthread_mutex_lock(&ep->mu);
-    int slot = free_slot(ep);
+    greeting_budget(ep);
+    int slot = take_slot(ep, c);
     if (slot < 0) {
         pthread_mutex_unlock(&ep->mu);
-        pd_log("pd sender: refused a connection from %s: %u links open (the limit)", c->addr, PD_MAX_CONNS);
+        pd_log("pd sender: refused a connection from %s: all %u link slots carry rooms", c->addr, PD_MAX_CONNS);
         pd_conn_free(c);
         return;
     }

@@ -4,6 +4,9 @@
  * the messages name who and what. 127.0.0.1 only; every wait bounded. */
 #include <stdatomic.h>
 #include <stdio.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -425,6 +428,85 @@ static void refusal_logs_peer_address(void **state)
         fail_msg("log: %s", log);
 }
 
+/* ---- link slots: silent and idle peers cost their own ---- */
+
+/* Room for 256 sockets here and 3 fds per link on the sender. */
+static void raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+/* A TCP connection to port that never sends a byte; -1 on failure. */
+static int silent_connect(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Issue 14 item 2: 256 connections that send nothing, on a sender with a
+ * secret and a 20 s peer_timeout_ms, no longer take every link slot: they
+ * share PD_MAX_GREETING slots (the oldest evicted), and a decode rank
+ * that starts meanwhile connects and moves verified bytes (regression: it
+ * failed at once, "the server did not answer the hello"). */
+static void silent_connections_cost_their_own_slots(void **state)
+{
+    (void)state;
+    raise_fd_limit();
+    pd_cluster cl = {.net = {.secret = "0123456789abcdef-secret", .secret_len = 23, .peer_timeout_ms = 20000}};
+    pd_cluster_start(&cl, &c1, &c1, 40);
+    uint16_t port;
+    assert_ok(kvt_pd_sender_port(cl.pre[0].s, &port));
+    int fds[PD_MAX_CONNS];
+    for (uint32_t i = 0; i < PD_MAX_CONNS; i++) {
+        fds[i] = silent_connect(port);
+        assert_true(fds[i] >= 0);
+    }
+    sleep_ms(1000); /* the sender accepts them all (every 10 ms tick takes one or more) */
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 7, 0);
+    pd_expect_room(&cl, 7, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    for (uint32_t i = 0; i < PD_MAX_CONNS; i++) close(fds[i]);
+    pd_cluster_stop(&cl);
+}
+
+/* Issue 14 item 2: peers that register and then only ping fill all 256
+ * link slots; a new decode rank still gets one (the idle link unused
+ * longest is dropped) and moves verified bytes (regression: refused, "256
+ * links open (the limit)"). */
+static void idle_registered_links_make_room(void **state)
+{
+    (void)state;
+    raise_fd_limit();
+    pd_cluster cl = {.net = {.peer_timeout_ms = 60000}};
+    pd_cluster_start(&cl, &c1, &c1, 40);
+    uint16_t port;
+    assert_ok(kvt_pd_sender_port(cl.pre[0].s, &port));
+    kvt_geometry *g2 = pd_model_geo(&mha, 2, 16, KVT_LAYOUT_LAYER_FIRST);
+    kvt_stream *links[PD_MAX_CONNS];
+    for (uint32_t i = 0; i < PD_MAX_CONNS; i++) {
+        links[i] = raw_decode(port, g2, 1, 2);
+        assert_non_null(links[i]);
+    }
+    kvt_geometry_destroy(g2);
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 7, 0);
+    pd_expect_room(&cl, 7, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    for (uint32_t i = 0; i < PD_MAX_CONNS; i++) kvt__stream_destroy(links[i]);
+    pd_cluster_stop(&cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -435,6 +517,8 @@ int main(void)
         cmocka_unit_test(wrong_secret_says_so),
         cmocka_unit_test(not_kvtier_says_so),
         cmocka_unit_test(refusal_logs_peer_address),
+        cmocka_unit_test(silent_connections_cost_their_own_slots),
+        cmocka_unit_test(idle_registered_links_make_room),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
