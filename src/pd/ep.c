@@ -60,6 +60,18 @@ static kvt_status check_net(const kvt_pd_net_params *n, const char *fn)
     return KVT_OK;
 }
 
+kvt_status pd_net_exposed(const kvt_pd_net_params *n, const char *fn)
+{
+    const char *h = n->bind_host ? n->bind_host : "127.0.0.1";
+    KVT_CHECK_ARG(n->allow_insecure <= 1, "%s: allow_insecure is %u (0 or 1)", fn, n->allow_insecure);
+    KVT_CHECK_ARG(n->secret || n->allow_insecure || strncmp(h, "127.", 4) == 0,
+                  "%s: bind_host %s is not a loopback address and no secret is set: anyone who reaches it "
+                  "could register prefill positions, read the topology or send KV; set net.secret "
+                  "(16..1024 bytes, the same on every end), or net.allow_insecure = 1 on a trusted network",
+                  fn, h);
+    return KVT_OK;
+}
+
 kvt_status pd_net_defaults(kvt_pd_net_params *n, uint8_t **secret, char *host, const char *fn)
 {
     kvt_status st = check_net(n, fn);
@@ -113,6 +125,7 @@ kvt_status pd_ep_init(pd_ep *ep, const kvt_pd_params *p, int role, const char *f
     ep->lfd = -1;
     ep->net = p->net;
     st = pd_net_defaults(&ep->net, &ep->secret, ep->bind_host, fn);
+    if (!st && role == PD_ROLE_PREFILL) st = pd_net_exposed(&ep->net, fn);
     if (st) return st;
     ep->auth = (kvt_stream_auth){ep->secret, ep->net.secret_len,
                                  role == PD_ROLE_PREFILL ? "pd sender" : "pd receiver"};

@@ -176,6 +176,9 @@ struct pd_ep {
     uint32_t corrupt_index; /* that of its page corrupt_index % pages (0: the first) */
 };
 
+/* A listener (sender, bootstrap) beyond loopback needs a secret or
+ * allow_insecure: KVT_EINVAL naming the address otherwise. */
+kvt_status pd_net_exposed(const kvt_pd_net_params *n, const char *fn);
 /* Validates net params and fills defaults; copies the secret into *secret
  * (the caller frees) and the host into host[64]. */
 kvt_status pd_net_defaults(kvt_pd_net_params *n, uint8_t **secret, char *host, const char *fn);

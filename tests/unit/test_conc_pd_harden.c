@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "pd_harness.h"
 #include "net/stream.h"
+#include "pd/bootstrap.h"
 #include "pd/ep.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -507,6 +508,88 @@ static void idle_registered_links_make_room(void **state)
     pd_cluster_stop(&cl);
 }
 
+/* ---- secure by default ---- */
+
+/* Issue 14 item 4: without a secret a stranger cannot re-register a live
+ * prefill position at its own address (decode ranks would take its bytes
+ * for KV); the real rank's registration stands and a decode rank moves
+ * verified bytes from it (regression: the stranger's registration
+ * replaced it). With a secret, a (proven) restarted rank still replaces
+ * its entry at once. */
+static void live_registration_not_taken_over(void **state)
+{
+    (void)state;
+    pd_cluster cl = {0};
+    pd_cluster_start(&cl, &c1, &c1, 40);
+    pd_ep *ep = pd_sender_ep(cl.pre[0].s);
+    kvt_stream_auth stranger = {NULL, 0, "stranger"};
+    kvt_status st = pd_bootstrap_register(&ep->net, &stranger, "127.0.0.1", cl.port, &ep->desc, "127.0.0.1", 9,
+                                          kvt__deadline_ns(5000), NULL);
+    assert_int_equal(st, KVT_EBUSY);
+    if (!strstr(kvt_last_error(), "live lease") || !strstr(kvt_last_error(), "127.0.0.1:9") ||
+        !strstr(kvt_last_error(), "no secret"))
+        fail_msg("%s", kvt_last_error());
+    /* its own renewal (same address) still works */
+    assert_ok(pd_bootstrap_register(&ep->net, &ep->auth, "127.0.0.1", cl.port, &ep->desc, ep->bind_host, ep->port,
+                                    kvt__deadline_ns(5000), NULL));
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 4, 0);
+    pd_expect_room(&cl, 4, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    pd_cluster_stop(&cl);
+
+    /* with a secret the entry moves to a new address of a proven peer */
+    pd_cluster sc = {.net = {.secret = "0123456789abcdef-secret", .secret_len = 23}};
+    pd_cluster_start(&sc, &c1, &c1, 40);
+    ep = pd_sender_ep(sc.pre[0].s);
+    assert_ok(pd_bootstrap_register(&ep->net, &ep->auth, "127.0.0.1", sc.port, &ep->desc, "127.0.0.1", 9,
+                                    kvt__deadline_ns(5000), NULL));
+    pd_cluster_stop(&sc);
+}
+
+/* Issue 14 item 4: a bootstrap service or sender listening beyond
+ * loopback without a secret refuses to start, naming the address and the
+ * two ways out; with a secret or allow_insecure it starts. A receiver
+ * (which only dials) is not affected. */
+static void exposed_listener_needs_secret(void **state)
+{
+    (void)state;
+    kvt_pd_bootstrap *bs = NULL;
+    kvt_pd_net_params n = {.bind_host = "0.0.0.0"};
+    assert_int_equal(kvt_pd_bootstrap_create(&bs, &n), KVT_EINVAL);
+    const char *e = kvt_last_error();
+    if (!strstr(e, "kvt_pd_bootstrap_create: bind_host 0.0.0.0 is not a loopback address and no secret is set") ||
+        !strstr(e, "allow_insecure"))
+        fail_msg("%s", e);
+    assert_null(bs);
+    n.allow_insecure = 2;
+    assert_int_equal(kvt_pd_bootstrap_create(&bs, &n), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "allow_insecure is 2"));
+    n.allow_insecure = 1;
+    assert_ok(kvt_pd_bootstrap_create(&bs, &n));
+    kvt_pd_bootstrap_destroy(bs);
+    bs = NULL;
+    kvt_pd_net_params sn = {.bind_host = "0.0.0.0", .secret = "0123456789abcdef-secret", .secret_len = 23};
+    assert_ok(kvt_pd_bootstrap_create(&bs, &sn));
+    uint16_t port;
+    assert_ok(kvt_pd_bootstrap_port(bs, &port));
+
+    pd_rank r = {0};
+    pd_rank_init(&r, &c1, 0, 0, 40);
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_memory(r.emu, &mem));
+    kvt_pd_params p = {.rank = r.rank, .geo = r.geo, .mem = &mem, .bootstrap_port = port,
+                       .net = {.bind_host = "0.0.0.0"}, .connect_timeout_ms = 3000};
+    assert_int_equal(kvt_pd_sender_create(&r.s, &p), KVT_EINVAL);
+    if (!strstr(kvt_last_error(), "kvt_pd_sender_create: bind_host 0.0.0.0 is not a loopback address"))
+        fail_msg("%s", kvt_last_error());
+    assert_null(r.s);
+    p.net = sn;
+    assert_ok(kvt_pd_sender_create(&r.s, &p));
+    pd_rank_free(&r);
+    kvt_pd_bootstrap_destroy(bs);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -519,6 +602,8 @@ int main(void)
         cmocka_unit_test(refusal_logs_peer_address),
         cmocka_unit_test(silent_connections_cost_their_own_slots),
         cmocka_unit_test(idle_registered_links_make_room),
+        cmocka_unit_test(live_registration_not_taken_over),
+        cmocka_unit_test(exposed_listener_needs_secret),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
