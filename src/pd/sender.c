@@ -138,9 +138,9 @@ static bool same_identity(const pd_conn *a, const pd_conn *b)
 
 static uint32_t identity_unclaimed(const pd_ep *ep, const pd_conn *c)
 {
-    uint32_t n = 0;
+    uint32_t n = c->unclaimed; /* its own, registered or not */
     for (uint32_t i = 0; i < ep->nconns; i++)
-        if (ep->conns[i] && same_identity(ep->conns[i], c)) n += ep->conns[i]->unclaimed;
+        if (ep->conns[i] && ep->conns[i] != c && same_identity(ep->conns[i], c)) n += ep->conns[i]->unclaimed;
     return n;
 }
 
