@@ -117,6 +117,8 @@ static kvt_pd_net_params net_of(const pd_opts *o)
 static int fail(const char *what)
 {
     fprintf(stderr, "kvtier pd: %s: %s\n", what, kvt_last_error());
+    if (strstr(kvt_last_error(), "allow_insecure")) /* the library names its field; say the options */
+        fprintf(stderr, "kvtier pd: here: --secret S (16+ bytes, on every end) or --insecure\n");
     return 1;
 }
 
