@@ -116,7 +116,17 @@ typedef struct kvt_ssd_fsck_report {
     uint64_t digest, block_bytes;
     char describe[256];
     uint32_t slots_total, blocks, bad_blocks, bad_records;
+    uint32_t records;          /* valid journal records */
+    uint32_t skipped_records;  /* damaged records amid valid ones (of bad_records): skipped,
+                                  each lost the one block it described, if any */
+    uint32_t missing_blocks;   /* blocks the journal holds past the end of a truncated
+                                  data file (of blocks; not counted in bad_blocks) */
+    uint32_t orphan_blocks;    /* verified blocks that can never be matched again: a block
+                                  before them in their prefix is bad, missing or gone */
     bool journal_truncated; /* a torn tail record was found */
+    bool data_truncated;    /* a data file is shorter than its slots: data_bytes of
+                               data_bytes_needed (the last such directory) */
+    uint64_t data_bytes, data_bytes_needed;
     bool repaired;
 } kvt_ssd_fsck_report;
 kvt_status kvt__ssd_fsck(const char *dirs, bool repair, kvt_ssd_fsck_report *out);

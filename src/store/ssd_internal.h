@@ -38,6 +38,7 @@ typedef struct ssd_dir {
     uint8_t *jbuf;        /* KVT_SSD_JBUF_RECS records being appended */
     uint32_t jbuf_n;
     uint64_t jbuf_seq0;   /* seq of jbuf[0] */
+    bool compact_now;     /* the journal holds damaged records: rewrite it */
     bool touched;         /* has writes in the current commit round */
     kvt_status fail;      /* of the current commit round */
 } ssd_dir;
@@ -121,7 +122,9 @@ void kvt__ssd_journal_maybe_compact(kvt_ssd *s, uint32_t d);
  * rename + directory fsync. Used by compaction and fsck --repair. */
 kvt_status kvt__ssd_journal_rewrite(int dir_fd, const char *path, uint64_t epoch,
                                     const uint8_t *recs, uint64_t n, int *new_fd);
-/* Reads a whole file (at most max bytes) into a malloc'd buffer. */
+/* Reads a whole file (at most max bytes) into a malloc'd buffer. KVT_OK;
+ * KVT_ENOTFOUND (no message) when it does not exist; KVT_EINVAL when it is
+ * not a regular file (a FIFO is never waited on); KVT_EIO; KVT_ENOMEM. */
 kvt_status kvt__ssd_read_file(int dir_fd, const char *dir, const char *name, uint64_t max,
                               uint8_t **out, uint64_t *len);
 

@@ -18,13 +18,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "util/err.h"
+#include "util/file.h"
 
 #define COMPACT_SLACK 1024u
 
 kvt_status kvt__ssd_read_file(int dir_fd, const char *dir, const char *name, uint64_t max,
                               uint8_t **out, uint64_t *len)
 {
-    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
+    mode_t mode = 0;
+    int fd = kvt__open_regular(dir_fd, name, O_RDONLY, &mode);
+    if (fd == KVT_NOT_REGULAR)
+        return kvt__fail(KVT_EINVAL, "%s/%s is %s, not a regular file", dir, name,
+                         kvt__file_kind(mode));
     if (fd < 0 && errno == ENOENT) return KVT_ENOTFOUND;
     if (fd < 0) return kvt__fail(KVT_EIO, "%s/%s: open: %s", dir, name, strerror(errno));
     struct stat stbuf;
@@ -94,7 +99,10 @@ kvt_status kvt__ssd_journal_load(kvt_ssd *s, uint32_t d, kvt_ssd_scan *scan)
     replay_ctx c = {s, d};
     kvt__ssd_journal_scan(buf, len, dir->meta.epoch, dir->meta.slots, replay_one, &c, scan);
     free(buf);
-    dir->jrecords = scan->good_records;
+    dir->jrecords = scan->good_bytes / KVT_SSD_REC_BYTES;
+    /* Damaged records kept in the middle are rewritten away by the first
+     * compaction, so they are not counted again at the next start. */
+    dir->compact_now = scan->skipped_records > 0;
     dir->jlive = 0;
     for (uint64_t g = d; g < s->total; g += s->ndirs) dir->jlive += s->durable[g].live;
     /* Cut the torn tail now: later appends reuse its sequence numbers, and a
@@ -177,7 +185,7 @@ kvt_status kvt__ssd_journal_rewrite(int dir_fd, const char *path, uint64_t epoch
 void kvt__ssd_journal_maybe_compact(kvt_ssd *s, uint32_t d)
 {
     ssd_dir *dir = &s->dirs[d];
-    if (dir->jrecords <= 2 * dir->jlive + COMPACT_SLACK) return;
+    if (!dir->compact_now && dir->jrecords <= 2 * dir->jlive + COMPACT_SLACK) return;
     uint8_t *recs = malloc((size_t)(dir->jlive ? dir->jlive : 1) * KVT_SSD_REC_BYTES);
     if (!recs) return; /* retried after the next round */
     uint64_t n = 0;
@@ -195,6 +203,7 @@ void kvt__ssd_journal_maybe_compact(kvt_ssd *s, uint32_t d)
         close(dir->jfd);
         dir->jfd = fd;
         dir->jrecords = n;
+        dir->compact_now = false;
         atomic_fetch_add(&s->st_compactions, 1);
     }
     free(recs);
