@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "util/err.h"
+#include "util/file.h"
 #include "util/parse.h"
 
 extern char **environ;
@@ -491,6 +492,9 @@ static kvt_status apply_json_member(kvt_config_values *v, const cJSON *item, con
 static kvt_status apply_json(kvt_config_values *v, const char *json, size_t len, const char *ctx)
 {
     if (len == 0) return kvt__fail(KVT_EINVAL, "%s: the JSON text is empty", ctx);
+    size_t nul = kvt__json_find_nul(json, len);
+    if (nul != SIZE_MAX)
+        return fail_at(ctx, json, len, nul, "a NUL character (raw or \\u0000) would cut a value short");
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
     if (!root) {
@@ -544,7 +548,11 @@ static const char *errtext_xsi(int r, char *buf) { return r == 0 ? buf : "unknow
 static kvt_status read_file(const char *fn, const char *path, char **out, size_t *out_len)
 {
     char eb[128];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    mode_t mode = 0;
+    int fd = kvt__open_regular(AT_FDCWD, path, O_RDONLY, &mode);
+    if (fd == KVT_NOT_REGULAR)
+        return kvt__fail(KVT_EINVAL, "%s: \"%s\" is %s, not a regular file", fn, path,
+                         kvt__file_kind(mode));
     if (fd < 0) {
         int e = errno;
         return kvt__fail(e == ENOENT ? KVT_ENOTFOUND : KVT_EIO, "%s: cannot open \"%s\": %s",
