@@ -100,6 +100,16 @@ typedef enum kvt_ssd_fault {
     KVT_SSD_FAULT_CORRUPT,     /* a read returns one flipped byte */
 } kvt_ssd_fault;
 void kvt__ssd_inject(kvt_ssd *s, kvt_ssd_fault kind, bool on_write, uint32_t nth);
+/* Fault injection for tests: from the nth journal write on (0 = the next),
+ * count journal writes fail with errno err (ENOSPC, EIO), as a full or
+ * failing filesystem would; count 0 clears it. */
+void kvt__ssd_inject_journal(kvt_ssd *s, int err, uint32_t nth, uint32_t count);
+
+/* The first write failure the store met (a data write, a data or journal
+ * fdatasync, a journal write): KVT_ENOSPC (the filesystem is full: ENOSPC,
+ * EDQUOT, EFBIG) or KVT_EIO, with what failed in why ("DIR/kvtier.journal:
+ * write: No space left on device"); KVT_OK when none. Any thread. */
+kvt_status kvt__ssd_first_failure(const kvt_ssd *s, char *why, size_t why_len);
 
 typedef struct kvt_ssd_stats {
     uint64_t writes, write_bytes, reads, read_bytes;

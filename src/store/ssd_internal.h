@@ -96,6 +96,14 @@ struct kvt_ssd {
     kvt_io *io;
 
     _Atomic int inject_kind[2];      /* [on_write] */
+    _Atomic int jinject_err;         /* kvt__ssd_inject_journal */
+    _Atomic int64_t jinject_skip, jinject_left;
+
+    /* The first write failure (kvt__ssd_first_failure): claimed by a CAS on
+     * fail_state (0 none, 1 being written, 2 set), so the first writer wins. */
+    _Atomic int fail_state;
+    kvt_status fail_status;
+    char fail_why[256];
     _Atomic int64_t inject_count[2];
 
     _Atomic uint64_t st_writes, st_write_bytes, st_reads, st_read_bytes;
@@ -106,6 +114,10 @@ static inline ssd_dir *kvt__ssd_dir_of(kvt_ssd *s, uint32_t slot) { return &s->d
 static inline uint32_t kvt__ssd_local(const kvt_ssd *s, uint32_t slot) { return slot / s->ndirs; }
 
 /* ssd_io.c */
+/* Records the first write failure (see kvt__ssd_first_failure); returns the
+ * status for err (KVT_ENOSPC for ENOSPC, EDQUOT, EFBIG; else KVT_EIO). */
+kvt_status kvt__ssd_note_failure(kvt_ssd *s, int err, const char *dir, const char *name,
+                                 const char *what);
 kvt_status kvt__ssd_io_start(kvt_ssd *s, const kvt_ssd_params *p);
 void kvt__ssd_io_stop(kvt_ssd *s);
 void kvt__ssd_io_complete(void *ctx, kvt_io_req **reqs, uint32_t n);

@@ -127,14 +127,27 @@ static bool pwrite_all(int fd, const uint8_t *p, uint64_t n, uint64_t off)
     return true;
 }
 
+/* An injected journal write failure (kvt__ssd_inject_journal): its errno, or 0. */
+static int journal_fault(kvt_ssd *s)
+{
+    int err = atomic_load_explicit(&s->jinject_err, memory_order_relaxed);
+    if (err == 0 || atomic_fetch_sub(&s->jinject_skip, 1) > 0) return 0;
+    if (atomic_fetch_sub(&s->jinject_left, 1) <= 1) atomic_store(&s->jinject_err, 0);
+    return err;
+}
+
 static void jbuf_flush(kvt_ssd *s, ssd_dir *dir)
 {
-    (void)s;
     if (dir->jbuf_n == 0) return;
-    if (dir->fail == KVT_OK &&
-        !pwrite_all(dir->jfd, dir->jbuf, (uint64_t)dir->jbuf_n * KVT_SSD_REC_BYTES,
-                    dir->jbuf_seq0 * KVT_SSD_REC_BYTES))
-        dir->fail = KVT_EIO;
+    if (dir->fail == KVT_OK) {
+        int err = journal_fault(s);
+        errno = 0;
+        if (err || !pwrite_all(dir->jfd, dir->jbuf, (uint64_t)dir->jbuf_n * KVT_SSD_REC_BYTES,
+                               dir->jbuf_seq0 * KVT_SSD_REC_BYTES))
+            dir->fail = kvt__ssd_note_failure(s, err ? err : errno, dir->path,
+                                              KVT_SSD_JOURNAL_NAME, err ? "write (injected)"
+                                                                        : "write");
+    }
     dir->jbuf_seq0 += dir->jbuf_n;
     dir->jbuf_n = 0;
 }
@@ -152,7 +165,8 @@ void kvt__ssd_journal_commit(kvt_ssd *s, ssd_dir *dir)
 {
     jbuf_flush(s, dir);
     if (dir->jbuf_seq0 == dir->jrecords) return;
-    if (dir->fail == KVT_OK && fdatasync(dir->jfd) != 0) dir->fail = KVT_EIO;
+    if (dir->fail == KVT_OK && fdatasync(dir->jfd) != 0)
+        dir->fail = kvt__ssd_note_failure(s, errno, dir->path, KVT_SSD_JOURNAL_NAME, "fdatasync");
     if (dir->fail == KVT_OK) {
         atomic_fetch_add(&s->st_jrecs, dir->jbuf_seq0 - dir->jrecords);
         dir->jrecords = dir->jbuf_seq0;
