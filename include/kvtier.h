@@ -540,7 +540,12 @@ kvt_status kvt_group_info_get(const kvt_group *group, kvt_group_info *out);
  * expected and received sequence and op; "" while healthy. Never NULL.
  * Valid until the next call on the group. */
 const char *kvt_group_diagnostic(const kvt_group *group);
-/* A digest of every option's value, for kvt_group_params.config_digest. */
+/* A digest of the options every rank of a group must agree on, for
+ * kvt_group_params.config_digest: cpu_capacity, block_tokens, max_tasks,
+ * plan_ttl_ms, eviction, ssd_capacity. Rank-local options (ssd_dirs,
+ * ssd_fresh, io, ssd_queue_depth, workers, huge_pages, log_level) are left
+ * out. Group formation refuses a rank whose digest differs from rank 0's,
+ * naming the option. KVT_OK; KVT_EINVAL (cfg or out NULL). */
 kvt_status kvt_config_digest(const kvt_config *cfg, uint64_t *out);
 
 /* --- The multi-rank connector --- */

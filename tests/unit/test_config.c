@@ -528,6 +528,52 @@ static void test_json_nul(void **state)
     kvt_config_destroy(cfg);
 }
 
+/* Issue 14 item 7: rank-local options (declared in the option table) stay
+ * out of the group's configuration digest, whatever their length (a value
+ * over 256 bytes made it fail); a must-agree option changes it, and the
+ * digests name the option that differs. */
+static void test_digest(void **state)
+{
+    (void)state;
+    kvt_config *a = new_config(), *b = new_config();
+    uint64_t da, db;
+    assert_ok(kvt_config_digest(a, &da));
+    char dirs[1024];
+    memset(dirs, 'd', sizeof dirs - 1);
+    dirs[0] = '/';
+    dirs[sizeof dirs - 1] = '\0';
+    assert_ok(kvt_config_set(b, "ssd_dirs", dirs)); /* 1023 bytes: the most it takes */
+    assert_ok(kvt_config_set(b, "workers", "7"));
+    assert_ok(kvt_config_set(b, "huge_pages", "false"));
+    assert_ok(kvt_config_set(b, "log_level", "debug"));
+    assert_ok(kvt_config_set(b, "io", "threads"));
+    assert_ok(kvt_config_set(b, "ssd_queue_depth", "8"));
+    assert_ok(kvt_config_set(b, "ssd_fresh", "true"));
+    assert_ok(kvt_config_digest(b, &db));
+    assert_int_equal(da, db);
+    static const char *const agree[][2] = {
+        {"cpu_capacity", "2GiB"}, {"block_tokens", "32"}, {"max_tasks", "100"},
+        {"plan_ttl_ms", "5000"}, {"eviction", "lfu"}, {"ssd_capacity", "1GiB"},
+    };
+    for (size_t i = 0; i < sizeof agree / sizeof agree[0]; i++) {
+        kvt_config *c = new_config();
+        assert_ok(kvt_config_set(c, agree[i][0], agree[i][1]));
+        uint64_t dc;
+        assert_ok(kvt_config_digest(c, &dc));
+        assert_true(dc != da);
+        char which[128], want[64];
+        assert_int_equal(kvt__config_digest_diff(dc, da, which, sizeof which), 1);
+        snprintf(want, sizeof want, "\"%s\"", agree[i][0]);
+        assert_string_equal(which, want);
+        kvt_config_destroy(c);
+    }
+    char which[8];
+    assert_int_equal(kvt__config_digest_diff(da, da, which, sizeof which), 0);
+    assert_string_equal(which, "");
+    kvt_config_destroy(a);
+    kvt_config_destroy(b);
+}
+
 static void test_json_wrong_types(void **state)
 {
     (void)state;
@@ -759,6 +805,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_json_nul),
+        cmocka_unit_test(test_digest),
         cmocka_unit_test(test_option_table),
         cmocka_unit_test(test_size),
         cmocka_unit_test(test_parse_size_exact),
