@@ -52,11 +52,15 @@ static void print_report(const char *dirs, const kvt_ssd_fsck_report *r, bool ok
                "%u block%s lost with %s\n", r->skipped_records, r->skipped_records == 1 ? "" : "s",
                r->skipped_records == 1 ? "it" : "them", r->skipped_records,
                r->skipped_records == 1 ? "" : "s", r->skipped_records == 1 ? "it" : "them");
-    uint32_t lost = r->bad_blocks + r->missing_blocks + r->orphan_blocks;
+    uint32_t lost = r->bad_blocks + r->missing_blocks;
     if (lost)
-        printf("  lost:      %u block%s (%u bad, %u missing, %u good but cut off from their "
-               "prefix's lost blocks)\n", lost, lost == 1 ? "" : "s", r->bad_blocks,
-               r->missing_blocks, r->orphan_blocks);
+        printf("  lost:      %u block%s (%u bad, %u missing)\n", lost, lost == 1 ? "" : "s",
+               r->bad_blocks, r->missing_blocks);
+    if (r->orphan_blocks)
+        printf("  orphans:   %u good block%s cut off from %s prefix (a block before %s is lost "
+               "or was never written); the next start frees %s\n", r->orphan_blocks,
+               r->orphan_blocks == 1 ? "" : "s", r->orphan_blocks == 1 ? "its" : "their",
+               r->orphan_blocks == 1 ? "it" : "them", r->orphan_blocks == 1 ? "it" : "them");
     printf("  %s\n", r->repaired ? "repaired: the journal now holds only the good blocks"
                     : ok ? "ok" : "damaged: run with --repair to drop what is bad");
 }

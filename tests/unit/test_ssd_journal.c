@@ -160,6 +160,15 @@ static void test_damaged_middle(void **state)
     assert_int_equal(rep.orphan_blocks, 0); /* test blocks have no parents */
     assert_false(rep.journal_truncated);
     assert_int_equal(reopen_count(&p), 39);
+    uint64_t len = 0;
+    uint8_t *damaged = read_whole(dir, KVT_SSD_JOURNAL_NAME, &len);
+    assert_ok(kvt__ssd_fsck(dir, true, &rep)); /* --repair drops the damaged record */
+    assert_true(rep.repaired);
+    assert_ok(kvt__ssd_fsck(dir, false, &rep));
+    assert_int_equal(rep.records, 39);
+    assert_int_equal(rep.bad_records, 0);
+    write_whole(dir, KVT_SSD_JOURNAL_NAME, damaged, len); /* and once more for the store */
+    free(damaged);
     write_blocks(&p, 3, 900); /* a commit round: compacts the damaged record away */
     assert_ok(kvt__ssd_fsck(dir, false, &rep));
     assert_int_equal(rep.records, 42);
