@@ -121,9 +121,14 @@ kvt_status kvt_config_set(kvt_config *cfg, const char *name, const char *value);
 kvt_status kvt_config_get(const kvt_config *cfg, const char *name, char *buf,
                           size_t buf_len);
 /* Applies a JSON object {"name": value, ...} (values: strings, numbers or
- * booleans). All-or-nothing: on error cfg is unchanged. */
+ * booleans). All-or-nothing: on error cfg is unchanged. KVT_OK; KVT_EINVAL
+ * (cfg or json NULL, empty or invalid JSON, a NUL inside a string, an
+ * unknown or repeated option, a value of the wrong type or out of range). */
 kvt_status kvt_config_load_json(kvt_config *cfg, const char *json, size_t len);
-/* Reads a file holding such a JSON object. */
+/* Reads a file holding such a JSON object. KVT_OK; KVT_EINVAL (as
+ * kvt_config_load_json; path NULL; not a regular file - a FIFO is refused,
+ * never waited on; larger than 1 MiB); KVT_ENOTFOUND (no such file);
+ * KVT_EIO (cannot open or read it); KVT_ENOMEM. */
 kvt_status kvt_config_load_file(kvt_config *cfg, const char *path);
 /* Applies every KVTIER_* variable that names an option. An unknown KVTIER_*
  * variable is an error (a typo must not be ignored silently). */
