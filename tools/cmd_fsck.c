@@ -28,12 +28,13 @@ static void print_report(const char *dirs, const kvt_ssd_fsck_report *r, bool ok
         printf(", \"describe\": ");
         json_string(r->describe);
         printf(", \"digest\": \"0x%016llx\", \"block_bytes\": %llu, \"slots\": %u, \"blocks\": %u, "
-               "\"bad_blocks\": %u, \"missing_blocks\": %u, \"orphan_blocks\": %u, \"records\": %u, "
-               "\"bad_records\": %u, \"skipped_records\": %u, \"journal_truncated\": %s, "
+               "\"bad_blocks\": %u, \"missing_blocks\": %u, \"orphan_blocks\": %u, "
+               "\"records\": %u, \"bad_records\": %u, \"skipped_records\": %u, "
+               "\"journal_truncated\": %s, "
                "\"data_truncated\": %s, \"repaired\": %s, \"ok\": %s}\n",
                (unsigned long long)r->digest, (unsigned long long)r->block_bytes, r->slots_total,
-               r->blocks, r->bad_blocks, r->missing_blocks, r->orphan_blocks, r->records, r->bad_records,
-               r->skipped_records, r->journal_truncated ? "true" : "false",
+               r->blocks, r->bad_blocks, r->missing_blocks, r->orphan_blocks, r->records,
+               r->bad_records, r->skipped_records, r->journal_truncated ? "true" : "false",
                r->data_truncated ? "true" : "false", r->repaired ? "true" : "false",
                ok ? "true" : "false");
         return;

@@ -572,7 +572,8 @@ static kvt_status apply_json(kvt_config_values *v, const char *json, size_t len,
     if (len == 0) return kvt__fail(KVT_EINVAL, "%s: the JSON text is empty", ctx);
     size_t nul = kvt__json_find_nul(json, len);
     if (nul != SIZE_MAX)
-        return fail_at(ctx, json, len, nul, "a NUL character (raw or \\u0000) would cut a value short");
+        return fail_at(ctx, json, len, nul,
+                       "a NUL character (raw or \\u0000) would cut a value short");
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
     if (!root) {

@@ -596,7 +596,8 @@ static void test_conc_full_tmpfs(void **state)
     assert_ok(kvt_geometry_info_get(g, &info));
     uint64_t block = info.bytes_per_token * BT, slot = (block + 4095) / 4096 * 4096;
     char opts[64];
-    snprintf(opts, sizeof opts, "size=%lluk,mode=0700", (unsigned long long)((512 * slot) / 1024 + 8));
+    snprintf(opts, sizeof opts, "size=%lluk,mode=0700",
+             (unsigned long long)((512 * slot) / 1024 + 8));
     if (mount("kvtier-test", e.dir, "tmpfs", 0, opts) != 0) {
         fprintf(stderr, "  skipped: cannot mount a tmpfs on %s (%s): needs root; the injected "
                 "journal failures above cover the logic\n", e.dir, strerror(errno));

@@ -387,7 +387,8 @@ static void test_format(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        SSD_TESTS(test_truncated_tail), SSD_TESTS(test_garbled), SSD_TESTS(test_damaged_middle), SSD_TESTS(test_data_file_damaged), SSD_TESTS(test_compaction),
+        SSD_TESTS(test_truncated_tail), SSD_TESTS(test_garbled), SSD_TESTS(test_damaged_middle),
+        SSD_TESTS(test_data_file_damaged), SSD_TESTS(test_compaction),
         SSD_TESTS(test_fsck), cmocka_unit_test(test_format),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
