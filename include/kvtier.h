@@ -121,9 +121,14 @@ kvt_status kvt_config_set(kvt_config *cfg, const char *name, const char *value);
 kvt_status kvt_config_get(const kvt_config *cfg, const char *name, char *buf,
                           size_t buf_len);
 /* Applies a JSON object {"name": value, ...} (values: strings, numbers or
- * booleans). All-or-nothing: on error cfg is unchanged. */
+ * booleans). All-or-nothing: on error cfg is unchanged. KVT_OK; KVT_EINVAL
+ * (cfg or json NULL, empty or invalid JSON, a NUL inside a string, an
+ * unknown or repeated option, a value of the wrong type or out of range). */
 kvt_status kvt_config_load_json(kvt_config *cfg, const char *json, size_t len);
-/* Reads a file holding such a JSON object. */
+/* Reads a file holding such a JSON object. KVT_OK; KVT_EINVAL (as
+ * kvt_config_load_json; path NULL; not a regular file - a FIFO is refused,
+ * never waited on; larger than 1 MiB); KVT_ENOTFOUND (no such file);
+ * KVT_EIO (cannot open or read it); KVT_ENOMEM. */
 kvt_status kvt_config_load_file(kvt_config *cfg, const char *path);
 /* Applies every KVTIER_* variable that names an option. An unknown KVTIER_*
  * variable is an error (a typo must not be ignored silently). */
@@ -573,7 +578,12 @@ kvt_status kvt_group_info_get(const kvt_group *group, kvt_group_info *out);
  * expected and received sequence and op; "" while healthy. Never NULL.
  * Valid until the next call on the group. */
 const char *kvt_group_diagnostic(const kvt_group *group);
-/* A digest of every option's value, for kvt_group_params.config_digest. */
+/* A digest of the options every rank of a group must agree on, for
+ * kvt_group_params.config_digest: cpu_capacity, block_tokens, max_tasks,
+ * plan_ttl_ms, eviction, ssd_capacity. Rank-local options (ssd_dirs,
+ * ssd_fresh, io, ssd_queue_depth, workers, huge_pages, log_level) are left
+ * out. Group formation refuses a rank whose digest differs from rank 0's,
+ * naming the option. KVT_OK; KVT_EINVAL (cfg or out NULL). */
 kvt_status kvt_config_digest(const kvt_config *cfg, uint64_t *out);
 
 /* --- The multi-rank connector --- */

@@ -101,6 +101,10 @@ struct kvt_cache {
     struct kvt_read_op *read_q;
     uint32_t rq_head, rq_len;
     uint32_t ssd_pending; /* SSD writes queued or in flight */
+    /* Set (once, logged once) when an SSD write fails with ENOSPC or EIO:
+     * the tier takes no more writes, keeps serving what it holds, and the
+     * CPU tier evicts cold leaves as it does without an SSD tier. */
+    bool ssd_writes_off;
     /* SSD slots whose read failed, freed by the mover thread: only it
      * submits reads, so a slot is never freed under a read being submitted. */
     uint32_t *ssd_free_q;

@@ -6,6 +6,7 @@
 #define KVT_UTIL_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "kvtier.h"
 
@@ -33,6 +34,12 @@ typedef struct kvt_config_values {
 struct kvt_config {
     kvt_config_values v;
 };
+
+/* Names the options (those the ranks of a group must agree on) whose part
+ * of two kvt_config_digest values differs, as "\"block_tokens\"" (or
+ * "\"a\" or \"b\"") into buf; returns how many it named: 0 when the
+ * digests differ but no option's part does (then say it could not be told). */
+size_t kvt__config_digest_diff(uint64_t a, uint64_t b, char *buf, size_t len);
 
 static inline const kvt_config_values *kvt__config_values(const kvt_config *cfg)
 {
