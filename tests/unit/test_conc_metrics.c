@@ -8,6 +8,7 @@
  * `test_conc_metrics --dump` prints one exposition (SSD tier, every family,
  * the server's families) for tests/promtool_metrics.sh. */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -402,9 +403,17 @@ static kvt_status create_with(const char *addr, const char *port, const char *in
     return st;
 }
 
+static int open_fds(void)
+{
+    int n = 0;
+    for (int fd = 0; fd < 4096; fd++) n += fcntl(fd, F_GETFD) != -1;
+    return n;
+}
+
 static void test_address_rules(void **state)
 {
     (void)state;
+    int fds = open_fds();
     char port[16];
     snprintf(port, sizeof port, "%u", (unsigned)free_port());
     /* Off by default: the default config serves nothing. */
@@ -439,6 +448,8 @@ static void test_address_rules(void **state)
     assert_status(create_with("127.0.0.1", port, "false"), KVT_EBUSY);
     assert_non_null(strstr(kvt_last_error(), port));
     close(fd);
+    /* Every refusal and every stop closed its sockets. */
+    assert_int_equal(open_fds(), fds);
 }
 
 /* The node server's families, through kvt__metrics_http_* directly. */
