@@ -21,6 +21,7 @@
 #include "store/ssd.h"
 #include "util/config.h"
 #include "util/err.h"
+#include "util/latency.h"
 #include "util/sync.h"
 #include "xfer/xfer.h"
 
@@ -51,6 +52,7 @@ struct kvt_task {
     bool reading;        /* load: waiting for SSD reads before the transfer */
     bool cancel_asked;
     bool launched;
+    uint64_t launch_ns; /* when launched (0: not yet): load/store latency */
     uint32_t refs;      /* threads inside wait_layer on this task */
     bool reported;      /* result handed out; free when refs reaches 0 */
     kvt_xfer_task xt;
@@ -110,7 +112,14 @@ struct kvt_cache {
     uint32_t *ssd_free_q;
     uint32_t sfq_len;
 
+    uint32_t ssd_reads_pending; /* SSD reads queued or in flight */
+
     kvt_cache_stats stats;
+    /* Latency histograms (src/metrics): recorded with atomics, outside or
+     * inside the mutex alike; lookups always, loads and stores that
+     * succeeded, from launch to end. */
+    kvt_lat_hist lat_lookup, lat_load, lat_store;
+    struct kvt_metrics_http *metrics_http; /* GET /metrics when metrics_port != 0 */
     pthread_mutex_t err_mu;
     char last_error[KVT_ERRMSG_MAX];
 };

@@ -287,6 +287,7 @@ static void queue_reads(kvt_cache *c, kvt_task *t)
         if (t->tmp_slots[i] == KVT_POOL_NONE) continue;
         kvt_read_op op = {t, i};
         c->read_q[(c->rq_head + c->rq_len++) % c->cpu_blocks] = op;
+        c->ssd_reads_pending++;
     }
     pthread_cond_signal(&c->mover_cv);
 }
@@ -318,6 +319,7 @@ static void read_done(void *arg, kvt_status st)
     pthread_mutex_lock(&c->mu);
     kvt_task *t = x->task;
     uint32_t id = t->entries[x->block];
+    c->ssd_reads_pending--;
     if (st == KVT_OK) {
         c->stats.ssd_read_blocks++;
         if (kvt__index_payload(c->index, id) == KVT_POOL_NONE) {
@@ -547,6 +549,7 @@ static void drop_queued(kvt_cache *c)
         c->rq_head = (c->rq_head + 1) % c->cpu_blocks;
         c->rq_len--;
         kvt_task *t = op.task;
+        c->ssd_reads_pending--;
         if (op.block < t->first_bad) {
             t->first_bad = op.block;
             t->bad_status = KVT_ECANCELED;

@@ -29,6 +29,10 @@ typedef struct kvt_config_values {
     uint32_t io;            /* "io", enum "auto"|"uring"|"threads", default "auto" (env KVTIER_IO) */
     uint32_t ssd_queue_depth; /* "ssd_queue_depth", uint 1..4096, default 64 */
     uint32_t log_level;     /* "log_level", enum "error"|"warn"|"info"|"debug", default "warn" (0..3) */
+    /* The Prometheus endpoint (src/metrics, docs/metrics.md); one block, kept together. */
+    uint32_t metrics_port;  /* "metrics_port", uint 0..65535, default 0 (off) */
+    char metrics_addr[64];  /* "metrics_addr", string, default "127.0.0.1": numeric address */
+    bool metrics_insecure;  /* "metrics_insecure", bool, default false: allow non-loopback */
 } kvt_config_values;
 
 struct kvt_config {
