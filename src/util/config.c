@@ -114,12 +114,12 @@ static const opt_def OPTIONS[] = {
     ENUM_OPT(log_level, LOG_LEVEL, RANK_LOCAL, "warn", LOG_LEVEL_NAMES,
              "messages at this level and above are logged: error, warn, info or debug"),
     /* The Prometheus endpoint (src/metrics, docs/metrics.md): keep these together. */
-    UINT_OPT(metrics_port, METRICS_PORT, 0, 0, 65535,
+    UINT_OPT(metrics_port, METRICS_PORT, RANK_LOCAL, 0, 0, 65535,
              "TCP port of the Prometheus endpoint GET /metrics; 0: off"),
-    STRING_OPT(metrics_addr, METRICS_ADDR, "127.0.0.1",
+    STRING_OPT(metrics_addr, METRICS_ADDR, RANK_LOCAL, "127.0.0.1",
                "numeric IPv4 or IPv6 address the metrics endpoint binds; a non-loopback "
                "address is refused unless metrics_insecure is true"),
-    BOOL_OPT(metrics_insecure, METRICS_INSECURE, "false",
+    BOOL_OPT(metrics_insecure, METRICS_INSECURE, RANK_LOCAL, "false",
              "let metrics_addr be a non-loopback address (the endpoint has no authentication)"),
 };
 
