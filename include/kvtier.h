@@ -17,6 +17,10 @@
  *    except where a function states otherwise (engine memory).
  *
  * Compiles as C11 and as C++ (extern "C").
+ *
+ * Every declaration in this header, and nothing else, is exported from
+ * libkvtier.so: the library is built with -fvisibility=hidden and the
+ * declarations below sit inside a visibility push(default).
  */
 #ifndef KVTIER_H
 #define KVTIER_H
@@ -26,6 +30,9 @@
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
 #endif
 
 /* ------------------------------------------------------------------ */
@@ -795,6 +802,9 @@ typedef struct kvt_pd_room_info {
 kvt_status kvt_pd_room_info_get(kvt_pd_sender *s, kvt_pd_receiver *r, uint64_t room,
                                 kvt_pd_room_info *out);
 
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 #ifdef __cplusplus
 }
 #endif
