@@ -102,6 +102,41 @@ const char *kvt_status_name(kvt_status status);
 const char *kvt_last_error(void);
 
 /* ------------------------------------------------------------------ */
+/* Logging                                                            */
+/* ------------------------------------------------------------------ */
+
+/* kvtier logs events nobody called about (a refused connection, a dropped
+ * link, an SSD tier that stops taking writes): one process-wide logger.
+ * Lines as severe as the threshold or more are written to stderr as
+ * "kvtier: <level>: <line>", unless a handler is set. The environment sets
+ * the start: KVTIER_LOG_LEVEL (error|warn|info|debug, default warn) and
+ * KVTIER_LOG (stderr, off, or a file path to append to), read at the first
+ * line. The threshold then follows kvt_set_log_level and the log_level
+ * option of the config each kvt_cache_create is given. */
+typedef enum kvt_log_level {
+    KVT_LOG_ERROR = 0,
+    KVT_LOG_WARN = 1,
+    KVT_LOG_INFO = 2,
+    KVT_LOG_DEBUG = 3
+} kvt_log_level;
+
+/* Called once per line: line has no trailing newline and is valid only
+ * during the call (at most 1023 bytes). Called from whichever kvtier or
+ * engine thread logs, possibly from several at once: it must be
+ * thread-safe, should return quickly, and must not call kvt_set_log_handler
+ * (that deadlocks) or any function that may log. */
+typedef void (*kvt_log_fn)(void *user, kvt_log_level level, const char *line);
+
+/* Routes every line to fn(user, ...) instead of the default destination;
+ * fn NULL restores it. Any thread, any time. Once it returns, the previous
+ * handler is not running and is never called again, so its user data may
+ * be freed. user is borrowed until then. Returns KVT_OK. */
+kvt_status kvt_set_log_handler(kvt_log_fn fn, void *user);
+/* Sets the threshold. Returns KVT_OK, or KVT_EINVAL for a value outside
+ * KVT_LOG_ERROR..KVT_LOG_DEBUG. */
+kvt_status kvt_set_log_level(kvt_log_level level);
+
+/* ------------------------------------------------------------------ */
 /* Configuration                                                      */
 /* ------------------------------------------------------------------ */
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/log.h"
 
 kvt_status kvt__buf_reserve(kvt_buf *b, size_t cap)
 {
@@ -57,12 +58,10 @@ kvt_status kvt__net_pick_max(uint32_t max_msg, uint32_t *out, const char *fn)
 
 void kvt__net_log(const char *fmt, ...)
 {
-    char line[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    kvt__vlog(KVT_LOG_WARN, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "kvtier: %s\n", line);
 }
 
 kvt_status kvt__net_interrupted_fail(const kvt_net *n, const char *what)

@@ -35,6 +35,7 @@
 #include "net/ucx_api.h"
 #include "net/stream.h"
 #include "util/clock.h"
+#include "util/config.h"
 #include "util/err.h"
 
 #define UX_TAG 0x4b56544945520001ull /* "KVTIER" + stream v1: every message */
@@ -127,7 +128,7 @@ static kvt_status ctx_ref(ucp_context_h *out)
         }
         if (us != UCS_OK) {
             g_ctx = NULL;
-            const char *tls = getenv("UCX_TLS");
+            const char *tls = kvt__config_env("UCX_TLS");
             st = kvt__fail(KVT_EUNSUPPORTED, "stream: UCX init failed (UCX_TLS=%s): %s",
                            tls ? tls : "(unset)", ucs_status_string(us));
         }
