@@ -37,6 +37,7 @@
 #include "util/clock.h"
 #include "util/config.h"
 #include "util/err.h"
+#include "util/le.h"
 
 #define UX_TAG 0x4b56544945520001ull /* "KVTIER" + stream v1: every message */
 #define UX_MAX_ADDR (64u << 10)       /* a worker address: a few hundred bytes in practice */
@@ -809,7 +810,8 @@ kvt_status kvt__stream_ucx_send_msg(kvt_stream *s, const void *p, size_t len, ui
 static kvt_status ux_swap_addr(int fd, const void *mine, size_t len, uint8_t **peer,
                                size_t *peer_len, uint64_t dl)
 {
-    uint8_t hl[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
+    uint8_t hl[4];
+    kvt__put32(hl, (uint32_t)len);
     struct iovec out[2] = {{hl, 4}, {(void *)mine, len}};
     kvt_status st = kvt__stream_fd_io(fd, out, 2, dl, 1);
     uint8_t pl[4];
@@ -817,7 +819,7 @@ static kvt_status ux_swap_addr(int fd, const void *mine, size_t len, uint8_t **p
     if (!st) st = kvt__stream_fd_io(fd, &in, 1, dl, 0);
     if (st) return kvt__fail(st, "stream: UCX address exchange %s",
                              st == KVT_ETIMEDOUT ? "timed out" : "lost the peer");
-    uint32_t n = (uint32_t)pl[0] | (uint32_t)pl[1] << 8 | (uint32_t)pl[2] << 16 | (uint32_t)pl[3] << 24;
+    uint32_t n = kvt__get32(pl);
     if (n == 0 || n > UX_MAX_ADDR)
         return kvt__fail(KVT_EPROTO, "stream: peer's UCX address is %u bytes (1..%u)", n, UX_MAX_ADDR);
     uint8_t *b = malloc(n);

@@ -22,6 +22,7 @@
 #include "net/tcp.h"
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/le.h"
 
 static kvt_status io_all(int fd, void *p, size_t len, uint64_t deadline_ns, int writing)
 {
@@ -141,7 +142,7 @@ static kvt_status tcp_send(kvt_net *n, uint32_t peer, const void *hdr, size_t hl
     if (st != KVT_OK) return st;
     uint8_t len[4];
     uint32_t total = (uint32_t)(hlen + blen);
-    for (int i = 0; i < 4; i++) len[i] = (uint8_t)(total >> (8 * i));
+    kvt__put32(len, total);
     /* One writev for the common case (small messages, empty send buffer). */
     struct iovec iov[3] = {{len, 4}, {(void *)hdr, hlen}, {(void *)body, blen}};
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 3};
@@ -174,8 +175,7 @@ static kvt_status tcp_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t dea
     uint8_t lb[4];
     if (st == KVT_OK) st = kvt__tcp_read_all(fd, lb, 4, deadline_ns);
     if (st != KVT_OK) return lost(t, peer, st, fn, "receiving from");
-    uint32_t len = (uint32_t)lb[0] | (uint32_t)lb[1] << 8 | (uint32_t)lb[2] << 16 |
-                   (uint32_t)lb[3] << 24;
+    uint32_t len = kvt__get32(lb);
     if (len > n->max_msg) {
         /* The stream cannot be resynchronised after an oversized length. */
         (void)lost(t, peer, KVT_ECONN, fn, "receiving from");

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include "net/net.h"
 #include "net/tcp.h"
+#include "util/le.h"
 
 #define RANKS 4
 #define SILENT 16
@@ -66,20 +67,15 @@ static int stranger(uint16_t port)
     return fd;
 }
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
 /* A well-formed HELLO claiming rank (no secret flag). */
 static void hello_for(uint8_t h[HELLO_LEN], uint32_t rank)
 {
     memset(h, 0x5a, HELLO_LEN);
-    put32(h, 0x4154564bu); /* "KVTA" */
+    kvt__put32(h, 0x4154564bu); /* "KVTA" */
     h[4] = 1;
     h[5] = h[6] = h[7] = 0;
-    put32(h + 8, rank);
-    put32(h + 12, RANKS);
+    kvt__put32(h + 8, rank);
+    kvt__put32(h + 12, RANKS);
 }
 
 /* Whether the hub closed fd (EOF or reset), within ms. Reads and discards
