@@ -8,17 +8,14 @@
 #include "util/clock.h"
 #include "util/err.h"
 #include "util/log.h"
+#include "util/vec.h"
 
 kvt_status kvt__buf_reserve(kvt_buf *b, size_t cap)
 {
-    if (b->cap >= cap) return KVT_OK;
-    size_t want = b->cap ? b->cap : 256;
-    while (want < cap) want *= 2;
-    uint8_t *p = realloc(b->p, want);
-    if (!p) return kvt__fail(KVT_ENOMEM, "net: cannot grow a receive buffer to %zu bytes", want);
+    void *p = b->p;
+    kvt_status st = kvt__grow(&p, &b->cap, cap, 1, "net: a message buffer");
     b->p = p;
-    b->cap = want;
-    return KVT_OK;
+    return st;
 }
 
 void kvt__buf_free(kvt_buf *b)

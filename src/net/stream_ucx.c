@@ -38,6 +38,7 @@
 #include "util/config.h"
 #include "util/err.h"
 #include "util/le.h"
+#include "util/vec.h"
 
 #define UX_TAG 0x4b56544945520001ull /* "KVTIER" + stream v1: every message */
 #define UX_MAX_ADDR (64u << 10)       /* a worker address: a few hundred bytes in practice */
@@ -295,18 +296,6 @@ static kvt_status ux_wait_req(ux_stream *u, void *req, uint64_t deadline_ns, con
 }
 
 /* ---- send / receive ---- */
-
-static kvt_status ux_reserve(void **p, size_t *cap, size_t n, size_t elem)
-{
-    if (n <= *cap) return KVT_OK;
-    size_t c = *cap ? *cap : 64;
-    while (c < n) c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q) return kvt__fail(KVT_ENOMEM, "stream: out of memory for %zu iovecs", c);
-    *p = q;
-    *cap = c;
-    return KVT_OK;
-}
 
 /* Waits for sendv's oldest message in flight. */
 static kvt_status ux_retire(ux_stream *u, uint64_t dl)
@@ -615,7 +604,7 @@ static size_t ux_unstage_landed(ux_stream *u, struct iovec **cur, int *cnt)
 
 static kvt_status ux_recv_all(ux_stream *u, const struct iovec *iov, int cnt, uint64_t dl)
 {
-    kvt_status st = ux_reserve((void **)&u->cur, &u->cur_cap, (size_t)cnt, sizeof *u->cur);
+    kvt_status st = kvt__grow((void **)&u->cur, &u->cur_cap, (size_t)cnt, sizeof *u->cur, "stream: iovecs");
     if (st) return st;
     memcpy(u->cur, iov, (size_t)cnt * sizeof *iov);
     struct iovec *cur = u->cur;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "util/le.h"
+#include "util/vec.h"
 
 static void test_le_layout(void **state)
 {
@@ -29,10 +30,40 @@ static void test_le_layout(void **state)
     assert_int_equal(kvt__get16(b), 0x8001u);
 }
 
+static void test_grow(void **state)
+{
+    uint64_t *v = NULL;
+    size_t cap = 0;
+    assert_ok(kvt__grow((void **)&v, &cap, 1, sizeof *v, "test"));
+    assert_int_equal(cap, 16); /* a first capacity, not one element */
+    for (size_t i = 0; i < 16; i++) v[i] = i;
+    assert_ok(kvt__grow((void **)&v, &cap, 16, sizeof *v, "test")); /* enough already */
+    assert_int_equal(cap, 16);
+    assert_ok(kvt__grow((void **)&v, &cap, 17, sizeof *v, "test"));
+    assert_int_equal(cap, 32); /* doubles */
+    assert_ok(kvt__grow((void **)&v, &cap, 1000, sizeof *v, "test"));
+    assert_int_equal(cap, 1024);
+    for (size_t i = 0; i < 16; i++) assert_true(v[i] == i); /* contents kept */
+    /* a capacity whose bytes overflow: ENOMEM naming what, nothing changed */
+    uint64_t *keep = v;
+    assert_status(kvt__grow((void **)&v, &cap, SIZE_MAX / 4, sizeof *v, "the test's list"),
+                  KVT_ENOMEM);
+    assert_ptr_equal(v, keep);
+    assert_int_equal(cap, 1024);
+    assert_non_null(strstr(kvt_last_error(), "the test's list: out of memory"));
+    free(v);
+
+    uint32_t *w = NULL, wcap = 0;
+    assert_ok(kvt__grow32((void **)&w, &wcap, 100, sizeof *w, "test"));
+    assert_int_equal(wcap, 128);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_le_layout),
+        cmocka_unit_test(test_grow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
