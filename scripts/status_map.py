@@ -15,6 +15,8 @@ declaration that returns kvt_status.
   scripts/status_map.py           print the map
   scripts/status_map.py --write   rewrite the Returns: lines of include/kvtier.h
   scripts/status_map.py --check   exit 1 when the header's lines differ (ctest)
+  scripts/status_map.py --coverage   which (function, status) pairs
+                                  tests/unit/test_api_errors.c shows, and which not
 """
 import os
 import re
@@ -191,6 +193,35 @@ def line_for(codes):
     return "/* Returns: " + ", ".join("KVT_" + c for c in STATUS_ORDER if c in codes) + ". */"
 
 
+def coverage(want):
+    """(function, status) pairs test_api_errors.c shows: EXPECT_ERR /
+    assert_status(kvt_x(...), KVT_Y), EXPECT_OK / assert_ok(kvt_x(...)), and
+    the allocation-failure table's {"kvt_x", ...} rows (KVT_ENOMEM)."""
+    with open(os.path.join(ROOT, "tests", "unit", "test_api_errors.c")) as fh:
+        t = fh.read()
+    shown = set()
+    for m in re.finditer(r"\b(EXPECT_ERR|assert_status|EXPECT_OK|assert_ok)\(\s*(kvt_\w+)\(", t):
+        i, depth = m.end(), 1
+        while depth and i < len(t):
+            depth += (t[i] == "(") - (t[i] == ")")
+            i += 1
+        if m.group(1) in ("EXPECT_OK", "assert_ok"):
+            shown.add((m.group(2), "OK"))
+        else:
+            st = re.match(r"\s*,\s*KVT_(\w+)", t[i:i + 60])
+            if st:
+                shown.add((m.group(2), st.group(1)))
+    for m in re.finditer(r'\{"(kvt_\w+)", oom_\w+, undo_\w+\}', t):
+        shown.add((m.group(1), "ENOMEM"))
+    pairs = [(f, c) for f, codes in want.items() for c in STATUS_ORDER if c in codes]
+    missing = [p for p in pairs if p not in shown]
+    for f, c in missing:
+        print("not shown: %s KVT_%s" % (f, c))
+    print("test_api_errors.c shows %d of %d (function, status) pairs" %
+          (len(pairs) - len(missing), len(pairs)))
+    return 0
+
+
 def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     with open(HEADER) as fh:
@@ -198,7 +229,10 @@ def main():
     funcs, ops, seen = load()
     reach = closure(funcs, ops, seen)
     defined = {name for (_, name), (_, static) in funcs.items() if not static}
-    want = {f: line_for(reach(f)) for f in public_functions(header) if f in defined}
+    codes = {f: reach(f) | {"OK"} for f in public_functions(header) if f in defined}
+    if mode == "--coverage":
+        return coverage(codes)
+    want = {f: line_for(c) for f, c in codes.items()}
     if mode == "":
         for f, line in want.items():
             print(f, line)
