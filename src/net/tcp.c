@@ -318,7 +318,9 @@ static void hub_progress(tcp_net *t, hub_hs *h)
     if (!h->proving) {
         uint32_t code = kvt__tcp_hub_hello(t, h->hello, h->chal);
         bool sent = hub_send(h, h->chal, sizeof h->chal);
-        if (code != KVT_TCP_ST_OK) {
+        if (code == KVT_TCP_ST_BAD_HELLO) {
+            hub_drop(t, h, kvt__tcp_refusal(code)); /* its "rank" is noise */
+        } else if (code != KVT_TCP_ST_OK) {
             snprintf(why, sizeof why, "%s (hello rank %u)", kvt__tcp_refusal(code), rank);
             hub_drop(t, h, why);
         } else if (!sent) {
