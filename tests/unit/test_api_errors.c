@@ -1874,6 +1874,95 @@ static void test_enomem(void **state)
     kvt_config_destroy(x.cfg);
 }
 
+/* KVT_ENOMEM from calls on live objects: a cache's plans and matches, the
+ * emulated engine's verify, a group and a connector. */
+typedef struct oom_live {
+    conn_fx f;
+    kvt_store_plan plan;
+    kvt_match match;
+    kvt_verify_result vr;
+    kvt_fabric *fab;
+    kvt_net *net;
+    kvt_group *group;
+    kvt_conn *conn;
+} oom_live;
+
+static void end_task(kvt_cache *c, kvt_task_id task)
+{
+    kvt_task_result r;
+    if (!task) return;
+    assert_ok(kvt_cache_cancel(c, task));
+    assert_ok(kvt_cache_wait(c, task, 5000, &r));
+}
+static kvt_status oom_prepare_store(void *p)
+{
+    oom_live *x = p;
+    return kvt_cache_prepare_store(x->f.c.cache, &x->f.c.req, &x->plan);
+}
+static void undo_prepare_store(void *p)
+{
+    oom_live *x = p;
+    end_task(x->f.c.cache, x->plan.task);
+}
+static kvt_status oom_lookup(void *p)
+{
+    oom_live *x = p;
+    return kvt_cache_lookup(x->f.c.cache, &x->f.c.req, &x->match);
+}
+static void undo_lookup(void *p)
+{
+    oom_live *x = p;
+    end_task(x->f.c.cache, x->match.task);
+}
+static kvt_status oom_emu_verify(void *p)
+{
+    oom_live *x = p;
+    return kvt_emu_verify(x->f.c.emu, &x->f.c.req, 0, 12, x->f.c.pages, 4, &x->vr);
+}
+static kvt_status oom_group_create(void *p)
+{
+    oom_live *x = p;
+    return kvt_group_create(&x->group, x->net, &x->f.gp);
+}
+static void undo_group(void *p) { kvt_group_destroy(((oom_live *)p)->group); }
+static kvt_status oom_conn_create(void *p)
+{
+    oom_live *x = p;
+    return kvt_conn_create(&x->conn, x->f.group, x->f.c.cache);
+}
+static void undo_conn(void *p) { kvt_conn_destroy(((oom_live *)p)->conn); }
+
+static void test_enomem_live(void **state)
+{
+    (void)state;
+    oom_live x;
+    memset(&x, 0, sizeof x);
+    conn_fx_init(&x.f);
+    kvt_conn_destroy(x.f.conn); /* the case below makes its own */
+    x.f.conn = NULL;
+    const oom_case emu = {"kvt_emu_verify", oom_emu_verify, undo_nothing};
+    show_enomem(&emu, &x);
+    const oom_case store = {"kvt_cache_prepare_store", oom_prepare_store, undo_prepare_store};
+    show_enomem(&store, &x);
+    /* store the prefix, so a lookup matches blocks and plans a load */
+    assert_ok(kvt_cache_prepare_store(x.f.c.cache, &x.f.c.req, &x.plan));
+    assert_ok(kvt_cache_launch(x.f.c.cache, x.plan.task, x.f.c.pages, 4));
+    kvt_task_result r;
+    assert_ok(kvt_cache_wait(x.f.c.cache, x.plan.task, 5000, &r));
+    assert_int_equal(r.status, KVT_OK);
+    const oom_case lookup = {"kvt_cache_lookup", oom_lookup, undo_lookup};
+    show_enomem(&lookup, &x);
+    const oom_case conn = {"kvt_conn_create", oom_conn_create, undo_conn};
+    show_enomem(&conn, &x);
+    assert_ok(kvt_fabric_create(&x.fab, 1, 4));
+    assert_ok(kvt_net_inproc_create(&x.net, x.fab, 0));
+    const oom_case group = {"kvt_group_create", oom_group_create, undo_group};
+    show_enomem(&group, &x);
+    kvt_net_destroy(x.net);
+    kvt_fabric_destroy(x.fab);
+    conn_fx_fini(&x.f);
+}
+
 /* Success paths the other cases do not reach (each function's OK). */
 static void test_ok_paths(void **state)
 {
@@ -1923,6 +2012,7 @@ int main(void)
         cmocka_unit_test(test_status_and_version),
         cmocka_unit_test(test_wrapped_message),
         cmocka_unit_test(test_enomem),
+        cmocka_unit_test(test_enomem_live),
         cmocka_unit_test(test_log_api),
         cmocka_unit_test(test_ok_paths),
         cmocka_unit_test(test_destroy_null),
