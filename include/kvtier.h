@@ -276,14 +276,44 @@ kvt_status kvt_geometry_compare(const kvt_geometry *a, const kvt_geometry *b);
 /* Requests and engine memory                                         */
 /* ------------------------------------------------------------------ */
 
-/* A request's token ids and its namespace. The namespace (LoRA id, cache
- * salt, model id; any bytes) is hashed into every block, so requests in
- * different namespaces never share cached KV. */
+/* One block's key, chosen by the engine (its page or block hash: SGLang's
+ * page hash string, vLLM's block hash bytes): 1..KVT_MAX_KEY_LEN bytes,
+ * borrowed for the call. */
+#define KVT_MAX_KEY_LEN 256u
+/* At most this many keys per request (and num_keys * block_tokens must stay
+ * within 2^24 tokens, the bound of a token request). */
+#define KVT_MAX_KEYS (1u << 20)
+
+typedef struct kvt_key {
+    const void *data;
+    uint32_t len;
+} kvt_key;
+
+/* A request's blocks and its namespace. The namespace (LoRA id, cache salt,
+ * model id; any bytes) is hashed into every block, so requests in different
+ * namespaces never share cached KV.
+ *
+ * Token request (keys NULL): the blocks are cut from tokens, block_tokens
+ * tokens each.
+ *
+ * Keyed request (keys non-NULL): the request names its blocks by the
+ * engine's keys instead; key i covers block i, i.e. tokens
+ * [i * block_tokens, (i + 1) * block_tokens). tokens must be NULL and
+ * num_tokens 0 or num_keys * block_tokens. Block i's identity chains
+ * (namespace, block i-1's identity, key i's bytes), so key i's parent is key
+ * i-1 and prefix-safe eviction, namespaces, single-owner stores and every
+ * other guarantee of token requests hold. A keyed chain never meets a token
+ * chain, even with equal bytes. Unlike a token request, a keyed lookup may
+ * match every key: the engine keyed only complete pages and there is no
+ * "last token" to leave it. A zeroed struct's new fields make a token
+ * request, so code written before keys existed is unchanged. */
 typedef struct kvt_request {
     const uint32_t *tokens;
     uint32_t num_tokens;
     const void *ns; /* may be NULL when ns_len is 0 */
     uint32_t ns_len;
+    const kvt_key *keys; /* non-NULL: a keyed request (see above) */
+    uint32_t num_keys;
 } kvt_request;
 
 /* The engine's paged KV buffers. kvtier keeps the pointers (not the
@@ -344,8 +374,11 @@ typedef struct kvt_match {
 
 /* Finds the longest cached prefix of req. When it is non-empty, its blocks
  * are pinned (never evicted) until the load task ends. matched_tokens is a
- * multiple of the block_tokens option and less than num_tokens (the last
- * token is always left to the engine to compute). */
+ * multiple of the block_tokens option and, for a token request, less than
+ * num_tokens (the last token is always left to the engine to compute); a
+ * keyed request may match all num_keys * block_tokens tokens. Errors:
+ * KVT_EINVAL for a bad request (naming the field, and for keys the index:
+ * "req->keys[3].len is 0 (1..256 bytes)"). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL. */
 kvt_status kvt_cache_lookup(kvt_cache *cache, const kvt_request *req, kvt_match *out);
 

@@ -111,6 +111,16 @@ struct kvt_cache {
     char last_error[KVT_ERRMSG_MAX];
 };
 
+/* Requests (token or keyed; ops.c), shared with whatever serves requests
+ * on the cache's behalf (the node server), so both validate and hash alike.
+ * check: KVT_OK or KVT_EINVAL with a message naming fn, the field and, for
+ * keys, the index. tokens: tokens the request covers. hashes: the chained
+ * hashes of its first min(blocks, max) full blocks; returns that count. */
+kvt_status kvt__request_check(const char *fn, const kvt_request *r, uint32_t block_tokens);
+uint32_t kvt__request_tokens(const kvt_cache *c, const kvt_request *r);
+uint32_t kvt__request_hashes(const kvt_cache *c, const kvt_request *r, kvt_hash128 *out,
+                             uint32_t max);
+
 /* Copies the thread's last error into the cache's message; returns st. */
 kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st);
 
