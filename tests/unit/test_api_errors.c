@@ -1681,6 +1681,18 @@ static void test_pd_rooms(void **state)
     assert_ok(kvt_pd_receiver_clear(r, 1));
     EXPECT_ERR(kvt_pd_receiver_clear(r, 1), KVT_ENOTFOUND, "kvt_pd_receiver_clear", "room 1");
 
+    /* A room nobody sends to: waits time out; the sender's abort fails it
+     * on both sides. */
+    assert_ok(kvt_pd_sender_room(s, 2));
+    assert_ok(kvt_pd_receiver_room(r, 2, &rp));
+    EXPECT_ERR(kvt_pd_sender_wait(s, 2, 0, &pp), KVT_ETIMEDOUT, "kvt_pd_sender_wait");
+    EXPECT_ERR(kvt_pd_receiver_wait(r, 2, 0, &pp), KVT_ETIMEDOUT, "kvt_pd_receiver_wait");
+    EXPECT_OK(kvt_pd_sender_abort(s, 2, "test_api_errors"));
+    EXPECT_OK(kvt_pd_receiver_wait(r, 2, 5000, &pp));
+    assert_int_equal(pp, KVT_PD_FAILED);
+    EXPECT_OK(kvt_pd_sender_clear(s, 2));
+    EXPECT_OK(kvt_pd_receiver_clear(r, 2));
+
     kvt_pd_receiver_destroy(r);
     kvt_pd_sender_destroy(s);
     kvt_emu_destroy(oe);
