@@ -15,8 +15,17 @@
  *    nothing user-supplied is asserted.
  *  - Pointers passed in are only borrowed for the duration of the call,
  *    except where a function states otherwise (engine memory).
+ *  - Above each function that returns a kvt_status, a "Returns:" line lists
+ *    every status it can return; the text beside it says when. The lists
+ *    are derived from the source (scripts/status_map.py follows every call
+ *    a function can make) and a test fails when one goes stale; a listed
+ *    status may be unreachable on some paths (the list is a superset).
  *
  * Compiles as C11 and as C++ (extern "C").
+ *
+ * Every declaration in this header, and nothing else, is exported from
+ * libkvtier.so: the library is built with -fvisibility=hidden and the
+ * declarations below sit inside a visibility push(default).
  */
 #ifndef KVTIER_H
 #define KVTIER_H
@@ -26,6 +35,9 @@
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
 #endif
 
 /* ------------------------------------------------------------------ */
@@ -95,6 +107,43 @@ const char *kvt_status_name(kvt_status status);
 const char *kvt_last_error(void);
 
 /* ------------------------------------------------------------------ */
+/* Logging                                                            */
+/* ------------------------------------------------------------------ */
+
+/* kvtier logs events nobody called about (a refused connection, a dropped
+ * link, an SSD tier that stops taking writes): one process-wide logger.
+ * Lines as severe as the threshold or more are written to stderr as
+ * "kvtier: <level>: <line>", unless a handler is set. The environment sets
+ * the start: KVTIER_LOG_LEVEL (error|warn|info|debug, default warn) and
+ * KVTIER_LOG (stderr, off, or a file path to append to), read at the first
+ * line. The threshold then follows kvt_set_log_level and the log_level
+ * option of the config each kvt_cache_create is given. */
+typedef enum kvt_log_level {
+    KVT_LOG_ERROR = 0,
+    KVT_LOG_WARN = 1,
+    KVT_LOG_INFO = 2,
+    KVT_LOG_DEBUG = 3
+} kvt_log_level;
+
+/* Called once per line: line has no trailing newline and is valid only
+ * during the call (at most 1023 bytes). Called from whichever kvtier or
+ * engine thread logs, possibly from several at once: it must be
+ * thread-safe, should return quickly, and must not call kvt_set_log_handler
+ * (that deadlocks) or any function that may log. */
+typedef void (*kvt_log_fn)(void *user, kvt_log_level level, const char *line);
+
+/* Routes every line to fn(user, ...) instead of the default destination;
+ * fn NULL restores it. Any thread, any time. Once it returns, the previous
+ * handler is not running and is never called again, so its user data may
+ * be freed. user is borrowed until then. Returns KVT_OK. */
+/* Returns: KVT_OK. */
+kvt_status kvt_set_log_handler(kvt_log_fn fn, void *user);
+/* Sets the threshold. Returns KVT_OK, or KVT_EINVAL for a value outside
+ * KVT_LOG_ERROR..KVT_LOG_DEBUG. */
+/* Returns: KVT_OK, KVT_EINVAL. */
+kvt_status kvt_set_log_level(kvt_log_level level);
+
+/* ------------------------------------------------------------------ */
 /* Configuration                                                      */
 /* ------------------------------------------------------------------ */
 
@@ -112,29 +161,36 @@ typedef struct kvt_option_info {
 } kvt_option_info;
 
 /* A config with every option at its default. The caller owns *out. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_config_create(kvt_config **out);
 void kvt_config_destroy(kvt_config *cfg);
 /* Sets one option from its string form; the value is validated now. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_config_set(kvt_config *cfg, const char *name, const char *value);
 /* Copies the option's current value, as a string, into buf (NUL-terminated).
  * KVT_EINVAL if buf is too small. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_config_get(const kvt_config *cfg, const char *name, char *buf,
                           size_t buf_len);
 /* Applies a JSON object {"name": value, ...} (values: strings, numbers or
  * booleans). All-or-nothing: on error cfg is unchanged. KVT_OK; KVT_EINVAL
  * (cfg or json NULL, empty or invalid JSON, a NUL inside a string, an
  * unknown or repeated option, a value of the wrong type or out of range). */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_config_load_json(kvt_config *cfg, const char *json, size_t len);
 /* Reads a file holding such a JSON object. KVT_OK; KVT_EINVAL (as
  * kvt_config_load_json; path NULL; not a regular file - a FIFO is refused,
  * never waited on; larger than 1 MiB); KVT_ENOTFOUND (no such file);
  * KVT_EIO (cannot open or read it); KVT_ENOMEM. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EIO. */
 kvt_status kvt_config_load_file(kvt_config *cfg, const char *path);
 /* Applies every KVTIER_* variable that names an option. An unknown KVTIER_*
  * variable is an error (a typo must not be ignored silently). */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_config_load_env(kvt_config *cfg);
 /* The option table: kvt_config_option(i) for i < kvt_config_option_count(). */
 size_t kvt_config_option_count(void);
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_config_option(size_t index, kvt_option_info *out);
 
 /* ------------------------------------------------------------------ */
@@ -171,24 +227,30 @@ typedef struct kvt_geometry kvt_geometry;
 
 /* A geometry of num_layers layers, all unset, tokens_per_page tokens per
  * engine page. The caller owns *out. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_geometry_create(kvt_geometry **out, uint32_t num_layers,
                                uint32_t tokens_per_page, kvt_layout layout);
 /* A geometry for a known model at tensor-parallel size tp (KV heads are
  * divided across ranks; MLA is replicated). Names: "llama3-8b",
  * "llama3-70b", "deepseek-v3", "tiny" (4 layers, for tests). bf16. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_geometry_preset(kvt_geometry **out, const char *name,
                                uint32_t tokens_per_page, uint32_t tp);
 void kvt_geometry_destroy(kvt_geometry *geo);
 /* A deep copy. The caller owns *out. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_geometry_clone(const kvt_geometry *geo, kvt_geometry **out);
 /* Describes one layer; layers may differ (hybrid and draft models). */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_geometry_set_layer(kvt_geometry *geo, uint32_t layer,
                                   const kvt_layer_spec *spec);
 /* Describes layers [first, first + count) identically. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_geometry_set_layers(kvt_geometry *geo, uint32_t first,
                                    uint32_t count, const kvt_layer_spec *spec);
 /* KVT_OK when every layer is set and sane; else KVT_EINVAL with a message
  * naming the layer and field ("layer 3 V: head_dim is 0"). */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_geometry_validate(const kvt_geometry *geo);
 
 typedef struct kvt_geometry_info {
@@ -201,14 +263,18 @@ typedef struct kvt_geometry_info {
 } kvt_geometry_info;
 
 /* Derived sizes of a validated geometry. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_geometry_info_get(const kvt_geometry *geo, kvt_geometry_info *out);
 /* The description of one layer (as set, or as a preset made it). */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_geometry_layer(const kvt_geometry *geo, uint32_t layer, kvt_layer_spec *out);
 /* Bytes one token occupies in one layer's component (heads*head_dim*elem). */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_geometry_token_bytes(const kvt_geometry *geo, uint32_t layer,
                                     uint32_t component, uint64_t *out);
 /* KVT_OK if equal; else KVT_EGEOMETRY naming the first field that differs
  * with both values ("layer 5 K: kv_heads 8 vs 4"). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY. */
 kvt_status kvt_geometry_compare(const kvt_geometry *a, const kvt_geometry *b);
 
 /* ------------------------------------------------------------------ */
@@ -296,12 +362,14 @@ typedef enum kvt_task_kind { KVT_TASK_LOAD = 1, KVT_TASK_STORE = 2 } kvt_task_ki
  * recovers the blocks a previous run left there (a directory written for
  * another geometry is refused with KVT_EGEOMETRY naming the field, unless
  * ssd_fresh). The caller owns *out. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg,
                             const kvt_geometry *geo);
 /* Cancels every task, waits for the workers, frees the tiers. */
 void kvt_cache_destroy(kvt_cache *cache);
 /* Tells the cache where the engine's pages are; required before the first
  * launch, allowed once. See kvt_engine_memory for the lifetime. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE. */
 kvt_status kvt_cache_register_memory(kvt_cache *cache, const kvt_engine_memory *mem);
 
 typedef struct kvt_match {
@@ -316,6 +384,7 @@ typedef struct kvt_match {
  * keyed request may match all num_keys * block_tokens tokens. Errors:
  * KVT_EINVAL for a bad request (naming the field, and for keys the index:
  * "req->keys[3].len is 0 (1..256 bytes)"). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL. */
 kvt_status kvt_cache_lookup(kvt_cache *cache, const kvt_request *req, kvt_match *out);
 
 typedef struct kvt_store_plan {
@@ -328,12 +397,14 @@ typedef struct kvt_store_plan {
  * eviction. Tokens already cached, or being stored by another task, are not
  * stored again. The blocks are invisible to lookups until the store task
  * succeeds; a cancelled or failed store leaves no trace. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL. */
 kvt_status kvt_cache_prepare_store(kvt_cache *cache, const kvt_request *req,
                                    kvt_store_plan *out);
 
 /* Starts a looked-up or prepared task. pages is the request's page table:
  * pages[i] is the engine page holding tokens [i*tokens_per_page, ...).
  * It must cover the task's token range; it is copied, not kept. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
 kvt_status kvt_cache_launch(kvt_cache *cache, kvt_task_id task,
                             const uint32_t *pages, uint32_t num_pages);
 
@@ -350,21 +421,26 @@ typedef struct kvt_task_result {
  * is invalid: every wait has a deadline). On KVT_OK *out holds the task's
  * result (whose own status may be an error) and the task is forgotten.
  * KVT_ETIMEDOUT: still running. KVT_ENOTFOUND: unknown or already reported. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
 kvt_status kvt_cache_wait(kvt_cache *cache, kvt_task_id task, int64_t timeout_ms,
                           kvt_task_result *out);
 /* kvt_cache_wait with timeout 0: KVT_EAGAIN while the task runs. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ESTATE. */
 kvt_status kvt_cache_try_wait(kvt_cache *cache, kvt_task_id task, kvt_task_result *out);
 /* For a launched load: waits until layers [0, layer] have landed in the
  * engine's pages, so the forward pass can run layer `layer`. KVT_OK also
  * when the task ended; a failed task gives its error. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
 kvt_status kvt_cache_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t layer,
                                 int64_t timeout_ms);
 /* Cancels a task. A planned task is released at once; a running one stops
  * at its next layer boundary. Its result (KVT_ECANCELED) is still reported
  * once. A cancelled load leaves the engine pages undefined. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ECANCELED. */
 kvt_status kvt_cache_cancel(kvt_cache *cache, kvt_task_id task);
 /* Reports up to max ended tasks not yet reported, oldest first, in out;
  * *count gets how many. Never blocks. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT. */
 kvt_status kvt_cache_poll(kvt_cache *cache, kvt_task_result *out, uint32_t max,
                           uint32_t *count);
 
@@ -386,11 +462,13 @@ typedef struct kvt_cache_stats {
     uint64_t tasks_in_flight;
 } kvt_cache_stats;
 
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_cache_stats_get(kvt_cache *cache, kvt_cache_stats *out);
 /* Waits until every block stored so far has a durable SSD copy (or its
  * write failed), or timeout_ms passes: KVT_OK or KVT_ETIMEDOUT. Returns at
  * once without an SSD tier. Under continuous stores it waits for the tier to
  * drain, so bound it with the timeout. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT. */
 kvt_status kvt_cache_flush(kvt_cache *cache, int64_t timeout_ms);
 /* The cache's last failure message (any thread). Valid until the next
  * failing call on this cache; prefer kvt_last_error() in threaded code. */
@@ -413,27 +491,34 @@ typedef struct kvt_verify_result {
     uint32_t first_bad_layer;
 } kvt_verify_result;
 
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY. */
 kvt_status kvt_emu_create(kvt_emu **out, const kvt_geometry *geo, uint32_t num_pages);
 void kvt_emu_destroy(kvt_emu *emu);
 /* Makes this emulated rank hold global heads [first_head, first_head +
  * kv_heads) of every layer, as a tensor-parallel rank does (default 0), so
  * ranks of different TP sizes agree on every head's bytes. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_emu_set_first_head(kvt_emu *emu, uint32_t first_head);
 /* The bytes fill() writes for one token of one (layer, component): len must
  * be kv_heads * head_dim * elem_size of that layer's component. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_emu_token_kv(const kvt_emu *emu, const kvt_request *req, uint32_t token,
                             uint32_t layer, uint32_t component, void *out, size_t len);
 /* The buffers, ready for kvt_cache_register_memory. Valid until destroy. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_emu_memory(kvt_emu *emu, kvt_engine_memory *out);
 /* Computes tokens [first, first + count) of req into the pages of the
  * request's page table (as for kvt_cache_launch). */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_emu_fill(kvt_emu *emu, const kvt_request *req, uint32_t first,
                         uint32_t count, const uint32_t *pages, uint32_t num_pages);
 /* Checks tokens [first, first + count) against what fill would write. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_emu_verify(const kvt_emu *emu, const kvt_request *req, uint32_t first,
                           uint32_t count, const uint32_t *pages, uint32_t num_pages,
                           kvt_verify_result *out);
 /* Overwrites pages with a poison pattern (a load that misses shows up). */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_emu_poison(kvt_emu *emu, const uint32_t *pages, uint32_t num_pages);
 
 /* ------------------------------------------------------------------ */
@@ -465,9 +550,11 @@ typedef struct kvt_fabric kvt_fabric;
 /* Bounded queues between `ranks` in-process ranks, at most `depth` (1..4096)
  * messages per ordered pair. The caller owns *out and destroys it after
  * every kvt_net made from it. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_fabric_create(kvt_fabric **out, uint32_t ranks, uint32_t depth);
 void kvt_fabric_destroy(kvt_fabric *fab);
 /* Rank `rank`'s endpoint on fab (one per rank). fab must outlive it. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_net_inproc_create(kvt_net **out, kvt_fabric *fab, uint32_t rank);
 
 /* TCP between processes: a star around rank 0 (the hub), which is the only
@@ -484,14 +571,17 @@ typedef struct kvt_net_tcp_params {
 
 /* Creates the endpoint; the hub binds and listens now (so its port can be
  * read before the others start). The caller owns *out. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ESYS. */
 kvt_status kvt_net_tcp_create(kvt_net **out, const kvt_net_tcp_params *params);
 /* The hub's bound port (useful with port 0). KVT_EINVAL on a non-hub. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_net_tcp_port(const kvt_net *net, uint16_t *out);
 /* Establishes the links within timeout_ms (> 0). The hub accepts until all
  * ranks - 1 peers have authenticated; a stranger (bad or missing proof,
  * unknown or duplicate rank) is refused, logged to stderr and does not count.
  * Other ranks retry connecting until the deadline. KVT_EAUTH: this rank's
  * proof or the hub's was refused. No-op for inproc and callback endpoints. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESYS, KVT_ECONN, KVT_EAUTH. */
 kvt_status kvt_net_connect(kvt_net *net, int64_t timeout_ms);
 
 /* An engine lends its own point-to-point send/receive (e.g. the CPU process
@@ -509,6 +599,7 @@ typedef struct kvt_net_callbacks {
 } kvt_net_callbacks;
 
 /* cb is copied; cb->ctx must stay valid until destroy. max_msg 0: default. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_net_callback_create(kvt_net **out, uint32_t rank, uint32_t ranks,
                                    const kvt_net_callbacks *cb, uint32_t max_msg);
 /* Closes the links (TCP sockets). NULL is a no-op. */
@@ -522,6 +613,7 @@ void kvt_net_destroy(kvt_net *net);
  * once the interrupted calls returned. Callback transports: a wait inside
  * the engine's own callback still ends at that callback's deadline.
  * Idempotent. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_net_interrupt(kvt_net *net);
 
 /* --- Rank groups --- */
@@ -553,15 +645,18 @@ typedef struct kvt_group_params {
  * any difference (KVT_EVERSION, KVT_EGEOMETRY or KVT_EINVAL, every rank
  * getting the same message naming the ranks and the field), within 2T.
  * net is borrowed and must outlive the group. The caller owns *out. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_group_create(kvt_group **out, kvt_net *net, const kvt_group_params *params);
 /* NULL is a no-op. Does not destroy the net. */
 void kvt_group_destroy(kvt_group *group);
 /* Aborts the group now: tells the leader (from a member) or every member
  * (from the leader), best effort within T. reason may be NULL. Later
  * exchanges return KVT_EABORTED until kvt_group_reform. Idempotent. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN, KVT_EABORTED. */
 kvt_status kvt_group_abort(kvt_group *group, const char *reason);
 /* Re-forms an aborted (or healthy) group under epoch + 1: every rank must
  * call it; frames of older epochs are discarded. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_group_reform(kvt_group *group, int64_t timeout_ms);
 
 typedef struct kvt_group_info {
@@ -573,6 +668,7 @@ typedef struct kvt_group_info {
     int aborted;     /* 1 after an abort, until reform */
 } kvt_group_info;
 
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_group_info_get(const kvt_group *group, kvt_group_info *out);
 /* Why the group aborted or refused to form, naming the rank, channel,
  * expected and received sequence and op; "" while healthy. Never NULL.
@@ -584,6 +680,7 @@ const char *kvt_group_diagnostic(const kvt_group *group);
  * ssd_fresh, io, ssd_queue_depth, workers, huge_pages, log_level) are left
  * out. Group formation refuses a rank whose digest differs from rank 0's,
  * naming the option. KVT_OK; KVT_EINVAL (cfg or out NULL). */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_config_digest(const kvt_config *cfg, uint64_t *out);
 
 /* --- The multi-rank connector --- */
@@ -604,6 +701,7 @@ kvt_status kvt_config_digest(const kvt_config *cfg, uint64_t *out);
 typedef struct kvt_conn kvt_conn;
 
 /* group and cache are borrowed and must outlive the connector. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_conn_create(kvt_conn **out, kvt_group *group, kvt_cache *cache);
 /* Cancels this rank's tasks and releases their pins. NULL is a no-op. */
 void kvt_conn_destroy(kvt_conn *conn);
@@ -611,12 +709,14 @@ void kvt_conn_destroy(kvt_conn *conn);
 /* Rank-local: looks req up in this rank's cache now (pinning the match) and
  * queues it for the next step. *local_tokens (may be NULL) gets this rank's
  * match; the agreed one comes with the step. req is copied. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EFULL, KVT_EABORTED. */
 kvt_status kvt_conn_lookup(kvt_conn *conn, uint64_t rid, const kvt_request *req,
                            uint32_t *local_tokens);
 /* Rank-local: this rank has pages for rid's looked-up prefix and wants it
  * loaded (layerwise: the engine will call kvt_conn_wait_layer). Not calling
  * it (e.g. a failed allocation) makes the step refuse the load on every
  * rank. pages is copied. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EABORTED. */
 kvt_status kvt_conn_load(kvt_conn *conn, uint64_t rid, const uint32_t *pages,
                          uint32_t num_pages, int layerwise);
 /* Rank-local: plans the store of req's blocks this rank lacks and queues it;
@@ -625,16 +725,20 @@ kvt_status kvt_conn_load(kvt_conn *conn, uint64_t rid, const uint32_t *pages,
  * another load (or store) of that rid with KVT_EBUSY on every rank, and a
  * load is refused the same way when every layer counter is held: keep the
  * pages until the STORE_DONE / LOAD_DONE event. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EFULL, KVT_EABORTED. */
 kvt_status kvt_conn_store(kvt_conn *conn, uint64_t rid, const kvt_request *req,
                           const uint32_t *pages, uint32_t num_pages);
 /* Rank-local: asks for a group-wide reset at the next step (every rank's
  * tasks are cancelled there and then). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EABORTED. */
 kvt_status kvt_conn_reset(kvt_conn *conn);
 /* Rank-local and never on the wire: collects this rank's ended tasks (to be
  * reported at the next step). Any number of calls, on any rank, e.g. from an
  * eviction path under memory pressure. *ended (may be NULL) gets how many. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT. */
 kvt_status kvt_conn_poll(kvt_conn *conn, uint32_t *ended);
 /* Rank-local: waits until layers [0, layer] of rid's running load landed. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
 kvt_status kvt_conn_wait_layer(kvt_conn *conn, uint64_t rid, uint32_t layer,
                                int64_t timeout_ms);
 
@@ -664,11 +768,14 @@ typedef struct kvt_conn_event {
  * kvt_conn_events. KVT_EABORTED (with kvt_group_diagnostic): the group
  * aborted; this rank's tasks were cancelled and their pins released; the
  * engine recomputes and may call kvt_conn_reform. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EBUSY, KVT_EFULL, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN, KVT_EABORTED, KVT_EVERSION. */
 kvt_status kvt_conn_step(kvt_conn *conn);
 /* Copies up to max of the pending events, oldest first; *count gets how many. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_conn_events(kvt_conn *conn, kvt_conn_event *out, uint32_t max,
                            uint32_t *count);
 /* Re-forms the group under a new epoch (every rank) and clears the state. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_conn_reform(kvt_conn *conn, int64_t timeout_ms);
 
 /* ------------------------------------------------------------------ */
@@ -774,13 +881,16 @@ typedef struct kvt_pd_params {
  * Returns KVT_OK; KVT_EINVAL (a NULL argument, a params field out of range,
  * or bind_host beyond 127.x with neither secret nor allow_insecure);
  * KVT_ENOMEM; KVT_ESYS (bind/listen or a thread failed). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ESYS. */
 kvt_status kvt_pd_bootstrap_create(kvt_pd_bootstrap **out, const kvt_pd_net_params *params);
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_pd_bootstrap_port(const kvt_pd_bootstrap *bs, uint16_t *out);
 typedef struct kvt_pd_bootstrap_stats {
     uint32_t prefill_ranks;  /* registered now */
     uint64_t lookups;        /* answered with a topology */
     uint64_t refused;        /* strangers, bad frames and refused registrations */
 } kvt_pd_bootstrap_stats;
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_pd_bootstrap_stats_get(kvt_pd_bootstrap *bs, kvt_pd_bootstrap_stats *out);
 /* Stops and joins its threads (each ends within its frame deadline). */
 void kvt_pd_bootstrap_destroy(kvt_pd_bootstrap *bs);
@@ -798,7 +908,9 @@ void kvt_pd_bootstrap_destroy(kvt_pd_bootstrap *bs);
  * dropped for a newer one) and must authenticate within
  * min(peer_timeout_ms, 2 s); when all 256 are in use, the link idle
  * longest that carries no room is dropped for a newcomer. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *params);
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_pd_sender_port(const kvt_pd_sender *s, uint16_t *out);
 /* Claims a room (the engine has a request with this bootstrap room). It is
  * BOOTSTRAPPING until every decode rank that needs this prefill rank sent
@@ -808,22 +920,28 @@ kvt_status kvt_pd_sender_port(const kvt_pd_sender *s, uint16_t *out);
  * many decode ranks opened unclaimed, and whose; decode ranks may hold at
  * most 4096 unclaimed rooms each, over all their links, and 32768 in all,
  * so the engine always has half the table). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EBUSY, KVT_EFULL. */
 kvt_status kvt_pd_sender_room(kvt_pd_sender *s, uint64_t room);
 /* Hands the room's KV over: pages[i] holds tokens [i*tokens_per_page, ...)
  * of the request's num_tokens tokens; copied. The transfer starts once the
  * decode side's page tables are in; the pages must keep their content until
  * the room is SUCCESS or FAILED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ESTATE. */
 kvt_status kvt_pd_sender_send(kvt_pd_sender *s, uint64_t room, const uint32_t *pages,
                               uint32_t num_pages, uint32_t num_tokens);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
 kvt_status kvt_pd_sender_poll(kvt_pd_sender *s, uint64_t room, kvt_pd_poll *out);
 /* Waits until the room is SUCCESS or FAILED or timeout_ms (>= 0) passes
  * (then KVT_ETIMEDOUT); *out gets the state either way. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_sender_wait(kvt_pd_sender *s, uint64_t room, int64_t timeout_ms,
                               kvt_pd_poll *out);
 /* Fails the room now and tells every peer of it; each acknowledges
  * (kvt_pd_room_info.abort_acks). reason may be NULL. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EABORTED. */
 kvt_status kvt_pd_sender_abort(kvt_pd_sender *s, uint64_t room, const char *reason);
 /* Forgets the room (any state); late messages about it are ignored. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED. */
 kvt_status kvt_pd_sender_clear(kvt_pd_sender *s, uint64_t room);
 void kvt_pd_sender_destroy(kvt_pd_sender *s);
 
@@ -847,16 +965,22 @@ typedef struct kvt_pd_room_params {
  * KVT_ENOMEM; KVT_ESYS. A link that dies is redialled in the background;
  * a room whose part from that prefill rank was done (DONE, every page
  * verified) does not fail with it (docs/pd.md). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *params);
 /* Opens a room and sends its page table to the prefill ranks. The page
  * table must name each engine page once (KVT_EINVAL otherwise); room ids
  * may be reused once both sides cleared the room. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EBUSY, KVT_EFULL, KVT_ECONN. */
 kvt_status kvt_pd_receiver_room(kvt_pd_receiver *r, uint64_t room,
                                 const kvt_pd_room_params *params);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
 kvt_status kvt_pd_receiver_poll(kvt_pd_receiver *r, uint64_t room, kvt_pd_poll *out);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_receiver_wait(kvt_pd_receiver *r, uint64_t room, int64_t timeout_ms,
                                 kvt_pd_poll *out);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EABORTED. */
 kvt_status kvt_pd_receiver_abort(kvt_pd_receiver *r, uint64_t room, const char *reason);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED. */
 kvt_status kvt_pd_receiver_clear(kvt_pd_receiver *r, uint64_t room);
 void kvt_pd_receiver_destroy(kvt_pd_receiver *r);
 
@@ -869,9 +993,13 @@ typedef struct kvt_pd_room_info {
     uint32_t peers;         /* peers this room involves */
 } kvt_pd_room_info;
 /* Details of a room; exactly one of s, r is non-NULL. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
 kvt_status kvt_pd_room_info_get(kvt_pd_sender *s, kvt_pd_receiver *r, uint64_t room,
                                 kvt_pd_room_info *out);
 
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 #ifdef __cplusplus
 }
 #endif

@@ -8,6 +8,7 @@
 
 #include "util/clock.h"
 #include "util/parse.h"
+#include "util/vec.h"
 
 bool demo_parse_u64(const char *s, uint64_t *out) { return kvt__parse_u64(s, out); }
 
@@ -30,13 +31,10 @@ int demo_error(const char *what, kvt_status st)
 
 void samples_add(sample_set *s, double x)
 {
-    if (s->n == s->cap) {
-        uint32_t cap = s->cap ? s->cap * 2 : 1024;
-        double *v = realloc(s->v, cap * sizeof *v);
-        if (!v) return; /* a lost sample only blurs a percentile */
-        s->v = v;
-        s->cap = cap;
-    }
+    void *v = s->v;
+    kvt_status st = kvt__grow32(&v, &s->cap, s->n + 1, sizeof *s->v, "samples");
+    s->v = v;
+    if (st) return; /* a lost sample only blurs a percentile */
     s->v[s->n++] = x;
     s->sorted = false;
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include "util/file.h"
 #include "util/parse.h"
+#include "util/vec.h"
 
 #define ID_NONE UINT32_MAX
 #define MAX_JSON_ID 9007199254740992.0 /* 2^53: larger doubles are not exact integers */
@@ -35,7 +36,7 @@ typedef struct id_map {
 typedef struct parser {
     trace t;
     id_map m;
-    uint64_t req_cap, block_cap;
+    size_t req_cap, block_cap;
     uint64_t line;
     char *err;
     size_t err_len;
@@ -98,13 +99,10 @@ static uint32_t map_get(id_map *m, uint64_t key, bool *fresh)
         }
         s = (s + 1) & (m->slots - 1);
     }
-    if (m->count == m->parent_cap) {
-        uint32_t cap = m->parent_cap ? m->parent_cap * 2 : 1024;
-        uint32_t *par = realloc(m->parent, (size_t)cap * sizeof *par);
-        if (!par) return ID_NONE;
-        m->parent = par;
-        m->parent_cap = cap;
-    }
+    void *par = m->parent;
+    kvt_status st = kvt__grow32(&par, &m->parent_cap, m->count + 1, sizeof *m->parent, "trace");
+    m->parent = par;
+    if (st) return ID_NONE;
     m->keys[s] = key;
     m->vals[s] = m->count;
     *fresh = true;
@@ -138,13 +136,10 @@ static int get_uint(parser *p, const cJSON *obj, const char *name, double max, b
 
 static int push_block(parser *p, uint32_t id)
 {
-    if (p->t.total_blocks == p->block_cap) {
-        uint64_t cap = p->block_cap ? p->block_cap * 2 : 4096;
-        uint32_t *b = realloc(p->t.blocks, cap * sizeof *b);
-        if (!b) return trace_fail(p, "out of memory");
-        p->t.blocks = b;
-        p->block_cap = cap;
-    }
+    void *b = p->t.blocks;
+    kvt_status st = kvt__grow(&b, &p->block_cap, p->t.total_blocks + 1, sizeof *p->t.blocks, "trace");
+    p->t.blocks = b;
+    if (st) return trace_fail(p, "out of memory");
     p->t.blocks[p->t.total_blocks++] = id;
     return 0;
 }
@@ -195,13 +190,10 @@ static int push_req(parser *p, const trace_req *r)
 {
     if (p->t.num_reqs == TRACE_MAX_REQUESTS)
         return trace_fail(p, "more than %u requests", TRACE_MAX_REQUESTS);
-    if (p->t.num_reqs == p->req_cap) {
-        uint64_t cap = p->req_cap ? p->req_cap * 2 : 1024;
-        trace_req *q = realloc(p->t.reqs, cap * sizeof *q);
-        if (!q) return trace_fail(p, "out of memory");
-        p->t.reqs = q;
-        p->req_cap = cap;
-    }
+    void *q = p->t.reqs;
+    kvt_status st = kvt__grow(&q, &p->req_cap, p->t.num_reqs + 1, sizeof *p->t.reqs, "trace");
+    p->t.reqs = q;
+    if (st) return trace_fail(p, "out of memory");
     p->t.reqs[p->t.num_reqs++] = *r;
     return 0;
 }

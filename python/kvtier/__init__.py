@@ -9,6 +9,8 @@
 - OffloadingManager: vLLM OffloadingManager-shaped calls over one Cache.
 - BootstrapServer, Sender, Receiver, KVPoll: the prefill -> decode hand-off,
   SGLang-shaped (kvtier.pd).
+- set_log_handler, route_to_logging, set_log_level: kvtier's log lines in
+  the engine's own logs (kvtier.log).
 - Errors: KvtierError (.status, .status_name, .message) and one subclass per
   status family (InvalidArgument, Timeout, GroupAborted, ...).
 
@@ -26,6 +28,7 @@ from .errors import (STATUS, Cancelled, ConnectionFailure, Corrupt, GeometryMism
                      NotFound, NotReady, OutOfMemory, ProtocolError, StateError, Timeout,
                      Unsupported, status_name, strerror)
 from .group import Fabric, Group, GroupInfo, Net
+from .log import route_to_logging, set_log_handler, set_log_level
 from .offload import OffloadingManager, PrepareStoreOutput, block_key
 from .pd import BootstrapServer, KVPoll, Receiver, RoomInfo, Sender
 from .ranks import EmulatedRank

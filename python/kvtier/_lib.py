@@ -126,6 +126,9 @@ class ConnEvent(Structure):
                 ("rank", c_uint32), ("counter", c_uint32), ("generation", c_uint64)]
 
 
+# kvt_log_fn: (user, level, line); ctypes takes the GIL to run it.
+LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, ctypes.c_int, c_char_p)
+
 _H = c_void_p  # every opaque handle
 _PH = POINTER(c_void_p)
 _st = c_int    # kvt_status
@@ -137,6 +140,8 @@ _PROTOS = {
     "kvt_strerror": (c_char_p, [c_int]),
     "kvt_status_name": (c_char_p, [c_int]),
     "kvt_last_error": (c_char_p, []),
+    "kvt_set_log_handler": (_st, [LOG_FN, c_void_p]),
+    "kvt_set_log_level": (_st, [ctypes.c_int]),
     "kvt_config_create": (_st, [_PH]),
     "kvt_config_destroy": (None, [_H]),
     "kvt_config_set": (_st, [_H, c_char_p, c_char_p]),

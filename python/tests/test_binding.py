@@ -1,6 +1,8 @@
 """The binding: round trips through the cache over numpy buffers and the
 emulated engine, error classes and messages for bad arguments, closed
 handles, and the vLLM-shaped OffloadingManager."""
+import logging
+import socket
 import unittest
 
 import numpy as np
@@ -246,6 +248,56 @@ class Offloading(unittest.TestCase):
             self.assertRaises(kvtier.InvalidArgument, mgr.complete_load, [b"never"])
             self.assertRaises(kvtier.InvalidArgument, mgr.transfer, spec, [1])
 
+
+
+class Logging(unittest.TestCase):
+    """kvt_set_log_handler from Python: the hub's refusal of a stranger
+    reaches the handler (and logging), on the library's terms."""
+
+    def refuse_a_stranger(self):
+        net = kvtier.Net.tcp(0, 2)
+        try:
+            s = socket.create_connection(("127.0.0.1", net.port))
+            s.sendall(b"not a kvtier hello" * 4)
+            with self.assertRaises(kvtier.Timeout):
+                net.connect(0.5)
+            s.close()
+        finally:
+            net.close()
+
+    def test_handler_receives_lines(self):
+        lines = []
+        kvtier.set_log_handler(lambda level, line: lines.append((level, line)))
+        try:
+            self.refuse_a_stranger()
+        finally:
+            kvtier.set_log_handler(None)
+        self.assertTrue(any(level == "warn" and "refused connection from 127.0.0.1:" in line
+                            for level, line in lines), lines)
+        n = len(lines)
+        self.refuse_a_stranger()  # the handler is gone: nothing more arrives
+        self.assertEqual(len(lines), n)
+
+    def test_route_to_logging_and_level(self):
+        log = logging.getLogger("kvtier.test")
+        with self.assertLogs(log, level="WARNING") as got:
+            kvtier.route_to_logging(log)
+            try:
+                self.refuse_a_stranger()
+            finally:
+                kvtier.set_log_handler(None)
+        self.assertTrue(any("refused connection" in m for m in got.output), got.output)
+        with self.assertRaises(kvtier.InvalidArgument):
+            kvtier.set_log_level("loud")
+        kvtier.set_log_level("error")  # warn lines are filtered out now
+        lines = []
+        kvtier.set_log_handler(lambda level, line: lines.append(line))
+        try:
+            self.refuse_a_stranger()
+        finally:
+            kvtier.set_log_handler(None)
+            kvtier.set_log_level("warn")
+        self.assertEqual(lines, [])
 
 if __name__ == "__main__":
     unittest.main()

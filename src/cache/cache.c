@@ -8,6 +8,7 @@
 #include "cache/tasks.h"
 #include "cache/tiers.h"
 #include "metrics/metrics.h"
+#include "util/log.h"
 
 /* Records the thread's last error on the cache too, then returns st. */
 kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st)
@@ -48,6 +49,8 @@ static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry 
     kvt_status st = kvt_geometry_validate(geo);
     if (st) return kvt__wrap_error(st, "kvt_cache_create: geo");
     c->cfg = *kvt__config_values(cfg);
+    st = kvt__log_set_level((kvt_log_level)c->cfg.log_level, "kvt_cache_create");
+    if (st) return st;
     st = check_config(&c->cfg, geo);
     if (st) return st;
     st = kvt_geometry_clone(geo, &c->geo);

@@ -8,18 +8,6 @@
 #include "connector/conn.h"
 #include "util/hash.h"
 
-kvt_status kvt__vec_grow(void **p, uint32_t *cap, uint32_t need, size_t elem)
-{
-    if (need <= *cap) return KVT_OK;
-    uint32_t c = *cap ? *cap : 8;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, (size_t)c * elem);
-    if (!q) return kvt__fail(KVT_ENOMEM, "kvt_conn: out of memory for %u entries", c);
-    *p = q;
-    *cap = c;
-    return KVT_OK;
-}
-
 static uint64_t req_digest(const kvt_request *r)
 {
     uint64_t h = kvt__hash64(r->ns ? r->ns : "", r->ns_len, r->num_tokens);

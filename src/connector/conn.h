@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include "connector/wire.h"
 #include "group/group.h"
+#include "util/vec.h"
 
 /* Layer-completion counters the leader hands out round-robin (engines keep
  * that many event slots, as SGLang's layer_done_counter does). */
@@ -70,9 +71,8 @@ struct kvt_conn {
     leader_state *L; /* sync leader only */
 };
 
-/* Grows a VEC to hold need elements: KVT_OK or KVT_ENOMEM. */
-kvt_status kvt__vec_grow(void **p, uint32_t *cap, uint32_t need, size_t elem);
-#define VEC_RESERVE(v, need) kvt__vec_grow((void **)&(v).p, &(v).cap, (need), sizeof *(v).p)
+/* Grows a VEC to hold need elements: KVT_OK or KVT_ENOMEM (util/vec.h). */
+#define VEC_RESERVE(v, need) kvt__grow32((void **)&(v).p, &(v).cap, (need), sizeof *(v).p, "kvt_conn")
 
 /* step.c */
 kvt_status kvt__conn_poll_locked(kvt_conn *c, uint32_t *ended);

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "kvtier.h"
+#include "util/le.h"
 
 #define KVT_FRAME_MAGIC 0x4754564bu /* "KVTG" */
 #define KVT_PROTO_VERSION 1
@@ -70,32 +71,5 @@ kvt_status kvt__hello_decode(const uint8_t *p, size_t len, kvt_hello *out);
 size_t kvt__note_encode(uint8_t *out, size_t cap, uint32_t word, const char *text);
 kvt_status kvt__note_decode(const uint8_t *p, size_t len, uint32_t *word, char *text,
                             size_t cap);
-
-/* Little-endian helpers shared by the group and the connector codecs. */
-static inline void kvt__put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static inline void kvt__put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void kvt__put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint16_t kvt__get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-static inline uint32_t kvt__get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static inline uint64_t kvt__get64(const uint8_t *p)
-{
-    return (uint64_t)kvt__get32(p) | (uint64_t)kvt__get32(p + 4) << 32;
-}
 
 #endif

@@ -20,6 +20,7 @@
 
 #include <assert.h>
 #include <string.h>
+#include "util/le.h"
 
 /* Token ids go into the hash as their in-memory bytes, which must be the
  * little-endian encoding so that hashes agree across hosts. */
@@ -31,8 +32,8 @@ static const kvt_hash128 kvt__ns_domain = {0x6e2d726569747636ull, 0x000000000000
 
 static kvt_hash128 kvt__ns_root(const void *ns, uint32_t ns_len)
 {
-    uint8_t len_le[4] = {(uint8_t)ns_len, (uint8_t)(ns_len >> 8), (uint8_t)(ns_len >> 16),
-                         (uint8_t)(ns_len >> 24)};
+    uint8_t len_le[4];
+    kvt__put32(len_le, ns_len);
     kvt_hash128 h = kvt__hash128_chain(kvt__ns_domain, len_le, sizeof len_le);
     if (ns_len == 0) return h; /* the empty namespace; ns may be NULL */
     return kvt__hash128_chain(h, ns, ns_len);

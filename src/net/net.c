@@ -7,17 +7,15 @@
 #include <stdlib.h>
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/log.h"
+#include "util/vec.h"
 
 kvt_status kvt__buf_reserve(kvt_buf *b, size_t cap)
 {
-    if (b->cap >= cap) return KVT_OK;
-    size_t want = b->cap ? b->cap : 256;
-    while (want < cap) want *= 2;
-    uint8_t *p = realloc(b->p, want);
-    if (!p) return kvt__fail(KVT_ENOMEM, "net: cannot grow a receive buffer to %zu bytes", want);
+    void *p = b->p;
+    kvt_status st = kvt__grow(&p, &b->cap, cap, 1, "net: a message buffer");
     b->p = p;
-    b->cap = want;
-    return KVT_OK;
+    return st;
 }
 
 void kvt__buf_free(kvt_buf *b)
@@ -57,12 +55,10 @@ kvt_status kvt__net_pick_max(uint32_t max_msg, uint32_t *out, const char *fn)
 
 void kvt__net_log(const char *fmt, ...)
 {
-    char line[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    kvt__vlog(KVT_LOG_WARN, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "kvtier: %s\n", line);
 }
 
 kvt_status kvt__net_interrupted_fail(const kvt_net *n, const char *what)

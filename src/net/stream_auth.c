@@ -10,6 +10,7 @@
 #include <string.h>
 #include "net/stream.h"
 #include "util/err.h"
+#include "util/le.h"
 
 #define A_MAGIC 0x4155504bu /* "KPUA" */
 #define A_VERSION 1
@@ -18,16 +19,6 @@
 #define HELLO_LEN (4 + 4 + NONCE)
 #define CHAL_LEN (4 + 4 + NONCE + MACLEN)
 #define ACK_LEN 8
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
 
 enum { A_OK = 0, A_NEED_SECRET = 1, A_BAD_PROOF = 2, A_BAD_HELLO = 3 };
 
@@ -44,9 +35,9 @@ static const char *why(uint32_t code)
 /* A verdict the client read: the server's refusal in words. */
 static kvt_status refused(const kvt_stream_auth *a, const uint8_t *p)
 {
-    if (get32(p) != A_MAGIC)
+    if (kvt__get32(p) != A_MAGIC)
         return kvt__fail(KVT_EAUTH, "%s: the server is not a kvtier PD endpoint (bad handshake magic)", a->who);
-    return kvt__fail(KVT_EAUTH, "%s: the server refused: %s", a->who, why(get32(p + 4)));
+    return kvt__fail(KVT_EAUTH, "%s: the server refused: %s", a->who, why(kvt__get32(p + 4)));
 }
 
 static void mac(const kvt_stream_auth *a, const char *label, const uint8_t *hello,
@@ -69,8 +60,8 @@ static kvt_status io(int fd, void *p, size_t n, uint64_t dl, int w)
 static kvt_status refuse(int fd, uint32_t code, uint64_t dl)
 {
     uint8_t ack[CHAL_LEN] = {0};
-    put32(ack, A_MAGIC);
-    put32(ack + 4, code);
+    kvt__put32(ack, A_MAGIC);
+    kvt__put32(ack + 4, code);
     (void)io(fd, ack, ACK_LEN, dl, 1);
     return kvt__fail(KVT_EAUTH, "%s", why(code));
 }
@@ -81,10 +72,10 @@ kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *a, uint64_t dl
     if (io(fd, hello, sizeof hello, dl, 0) != KVT_OK)
         return kvt__fail(KVT_EAUTH, "no hello before the deadline");
     uint32_t code = A_OK;
-    if (get32(hello) != A_MAGIC || hello[4] != A_VERSION) code = A_BAD_HELLO;
+    if (kvt__get32(hello) != A_MAGIC || hello[4] != A_VERSION) code = A_BAD_HELLO;
     else if (a->secret && !hello[5]) code = A_NEED_SECRET;
-    put32(chal, A_MAGIC);
-    put32(chal + 4, code);
+    kvt__put32(chal, A_MAGIC);
+    kvt__put32(chal + 4, code);
     if (code != A_OK) {
         (void)io(fd, chal, sizeof chal, dl, 1);
         return kvt__fail(KVT_EAUTH, "%s", why(code));
@@ -101,15 +92,15 @@ kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *a, uint64_t dl
         mac(a, "kvt-pd-client", hello, chal + 8, want);
         if (sodium_memcmp(want, resp, MACLEN) != 0) return refuse(fd, A_BAD_PROOF, dl);
     }
-    put32(ack, A_MAGIC);
-    put32(ack + 4, A_OK);
+    kvt__put32(ack, A_MAGIC);
+    kvt__put32(ack + 4, A_OK);
     return io(fd, ack, sizeof ack, dl, 1);
 }
 
 kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *a, uint64_t dl)
 {
     uint8_t hello[HELLO_LEN] = {0}, chal[CHAL_LEN], want[MACLEN], resp[MACLEN] = {0}, ack[ACK_LEN];
-    put32(hello, A_MAGIC);
+    kvt__put32(hello, A_MAGIC);
     hello[4] = A_VERSION;
     hello[5] = a->secret ? 1 : 0;
     randombytes_buf(hello + 8, NONCE);
@@ -117,7 +108,7 @@ kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *a, uint64_t dl
     if (!st) st = io(fd, chal, ACK_LEN, dl, 0);
     if (st == KVT_ETIMEDOUT) return kvt__fail(KVT_ECONN, "%s: the server did not answer the hello in time", a->who);
     if (st) return kvt__fail(KVT_ECONN, "%s: the server closed the connection before answering the hello (busy, or dropping strangers)", a->who);
-    if (get32(chal) != A_MAGIC || get32(chal + 4) != A_OK) return refused(a, chal);
+    if (kvt__get32(chal) != A_MAGIC || kvt__get32(chal + 4) != A_OK) return refused(a, chal);
     if (io(fd, chal + ACK_LEN, sizeof chal - ACK_LEN, dl, 0) != KVT_OK)
         return kvt__fail(KVT_ECONN, "%s: truncated challenge", a->who);
     if (a->secret) {
@@ -134,6 +125,6 @@ kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *a, uint64_t dl
     st = io(fd, resp, sizeof resp, dl, 1);
     if (!st) st = io(fd, ack, sizeof ack, dl, 0);
     if (st) return kvt__fail(KVT_EAUTH, "%s: no verdict from the server", a->who);
-    if (get32(ack) != A_MAGIC || get32(ack + 4) != A_OK) return refused(a, ack);
+    if (kvt__get32(ack) != A_MAGIC || kvt__get32(ack + 4) != A_OK) return refused(a, ack);
     return KVT_OK;
 }

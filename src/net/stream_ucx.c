@@ -35,7 +35,10 @@
 #include "net/ucx_api.h"
 #include "net/stream.h"
 #include "util/clock.h"
+#include "util/config.h"
 #include "util/err.h"
+#include "util/le.h"
+#include "util/vec.h"
 
 #define UX_TAG 0x4b56544945520001ull /* "KVTIER" + stream v1: every message */
 #define UX_MAX_ADDR (64u << 10)       /* a worker address: a few hundred bytes in practice */
@@ -127,7 +130,7 @@ static kvt_status ctx_ref(ucp_context_h *out)
         }
         if (us != UCS_OK) {
             g_ctx = NULL;
-            const char *tls = getenv("UCX_TLS");
+            const char *tls = kvt__config_env("UCX_TLS");
             st = kvt__fail(KVT_EUNSUPPORTED, "stream: UCX init failed (UCX_TLS=%s): %s",
                            tls ? tls : "(unset)", ucs_status_string(us));
         }
@@ -293,18 +296,6 @@ static kvt_status ux_wait_req(ux_stream *u, void *req, uint64_t deadline_ns, con
 }
 
 /* ---- send / receive ---- */
-
-static kvt_status ux_reserve(void **p, size_t *cap, size_t n, size_t elem)
-{
-    if (n <= *cap) return KVT_OK;
-    size_t c = *cap ? *cap : 64;
-    while (c < n) c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q) return kvt__fail(KVT_ENOMEM, "stream: out of memory for %zu iovecs", c);
-    *p = q;
-    *cap = c;
-    return KVT_OK;
-}
 
 /* Waits for sendv's oldest message in flight. */
 static kvt_status ux_retire(ux_stream *u, uint64_t dl)
@@ -613,7 +604,7 @@ static size_t ux_unstage_landed(ux_stream *u, struct iovec **cur, int *cnt)
 
 static kvt_status ux_recv_all(ux_stream *u, const struct iovec *iov, int cnt, uint64_t dl)
 {
-    kvt_status st = ux_reserve((void **)&u->cur, &u->cur_cap, (size_t)cnt, sizeof *u->cur);
+    kvt_status st = kvt__grow((void **)&u->cur, &u->cur_cap, (size_t)cnt, sizeof *u->cur, "stream: iovecs");
     if (st) return st;
     memcpy(u->cur, iov, (size_t)cnt * sizeof *iov);
     struct iovec *cur = u->cur;
@@ -808,7 +799,8 @@ kvt_status kvt__stream_ucx_send_msg(kvt_stream *s, const void *p, size_t len, ui
 static kvt_status ux_swap_addr(int fd, const void *mine, size_t len, uint8_t **peer,
                                size_t *peer_len, uint64_t dl)
 {
-    uint8_t hl[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
+    uint8_t hl[4];
+    kvt__put32(hl, (uint32_t)len);
     struct iovec out[2] = {{hl, 4}, {(void *)mine, len}};
     kvt_status st = kvt__stream_fd_io(fd, out, 2, dl, 1);
     uint8_t pl[4];
@@ -816,7 +808,7 @@ static kvt_status ux_swap_addr(int fd, const void *mine, size_t len, uint8_t **p
     if (!st) st = kvt__stream_fd_io(fd, &in, 1, dl, 0);
     if (st) return kvt__fail(st, "stream: UCX address exchange %s",
                              st == KVT_ETIMEDOUT ? "timed out" : "lost the peer");
-    uint32_t n = (uint32_t)pl[0] | (uint32_t)pl[1] << 8 | (uint32_t)pl[2] << 16 | (uint32_t)pl[3] << 24;
+    uint32_t n = kvt__get32(pl);
     if (n == 0 || n > UX_MAX_ADDR)
         return kvt__fail(KVT_EPROTO, "stream: peer's UCX address is %u bytes (1..%u)", n, UX_MAX_ADDR);
     uint8_t *b = malloc(n);

@@ -11,6 +11,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sodium.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -21,6 +22,7 @@
 #include "net/tcp.h"
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/le.h"
 
 static kvt_status io_all(int fd, void *p, size_t len, uint64_t deadline_ns, int writing)
 {
@@ -140,7 +142,7 @@ static kvt_status tcp_send(kvt_net *n, uint32_t peer, const void *hdr, size_t hl
     if (st != KVT_OK) return st;
     uint8_t len[4];
     uint32_t total = (uint32_t)(hlen + blen);
-    for (int i = 0; i < 4; i++) len[i] = (uint8_t)(total >> (8 * i));
+    kvt__put32(len, total);
     /* One writev for the common case (small messages, empty send buffer). */
     struct iovec iov[3] = {{len, 4}, {(void *)hdr, hlen}, {(void *)body, blen}};
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 3};
@@ -173,8 +175,7 @@ static kvt_status tcp_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t dea
     uint8_t lb[4];
     if (st == KVT_OK) st = kvt__tcp_read_all(fd, lb, 4, deadline_ns);
     if (st != KVT_OK) return lost(t, peer, st, fn, "receiving from");
-    uint32_t len = (uint32_t)lb[0] | (uint32_t)lb[1] << 8 | (uint32_t)lb[2] << 16 |
-                   (uint32_t)lb[3] << 24;
+    uint32_t len = kvt__get32(lb);
     if (len > n->max_msg) {
         /* The stream cannot be resynchronised after an oversized length. */
         (void)lost(t, peer, KVT_ECONN, fn, "receiving from");
@@ -230,61 +231,190 @@ static kvt_status hub_listen(tcp_net *t)
     return KVT_OK;
 }
 
-/* Accepts one connection and runs the handshake with a short per-peer
- * deadline, so a stranger that connects and stays silent costs at most 1 s
- * of the group's formation time. */
-static void hub_accept_one(tcp_net *t, uint64_t deadline_ns)
+/* The hub handshakes every connection at once, each against its own
+ * deadline, so a stranger that connects and stays silent (or sends
+ * garbage) costs only its own slot, never the group's formation time. At
+ * most HUB_PENDING connections are in their handshake; a newcomer beyond
+ * that evicts the oldest. */
+#define HUB_PENDING 64
+#define HUB_HANDSHAKE_MS 1000
+
+typedef struct hub_hs {
+    int fd; /* -1: free slot */
+    uint64_t deadline_ns;
+    uint64_t seq;     /* accept order: the lowest is the oldest */
+    bool proving;     /* hello answered; reading the proof */
+    uint32_t got;     /* bytes of hello (or of resp) read so far */
+    char peer[INET_ADDRSTRLEN + 8];
+    uint8_t hello[KVT_TCP_HELLO_LEN], chal[KVT_TCP_CHAL_LEN], resp[KVT_TCP_MAC];
+} hub_hs;
+
+static void hub_drop(tcp_net *t, hub_hs *h, const char *why)
 {
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof sa;
-    int fd = accept4(t->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
-    if (fd < 0) return;
-    track_pending(t, fd);
+    t->refused++;
+    kvt__net_log("tcp hub %s:%u: refused connection from %s: %s", t->host, t->port, h->peer, why);
+    close(h->fd);
+    h->fd = -1;
+}
+
+static void hub_add(tcp_net *t, hub_hs *hs, uint64_t *seq, int fd, const struct sockaddr_in *sa,
+                    uint64_t deadline_ns)
+{
+    hub_hs *slot = NULL, *oldest = NULL;
+    for (int i = 0; i < HUB_PENDING && !slot; i++) {
+        if (hs[i].fd < 0) slot = &hs[i];
+        else if (!oldest || hs[i].seq < oldest->seq) oldest = &hs[i];
+    }
+    if (!slot) {
+        hub_drop(t, oldest, "evicted: every handshake slot was taken (the oldest makes room)");
+        slot = oldest;
+    }
     set_opts(fd);
-    uint64_t dl = kvt__deadline_ns(1000);
-    if (dl > deadline_ns) dl = deadline_ns;
-    uint32_t rank = 0;
     char ip[INET_ADDRSTRLEN] = "?";
-    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
-    if (kvt__tcp_auth_hub(t, fd, &rank, dl) != KVT_OK) {
-        t->refused++;
-        kvt__net_log("tcp hub %s:%u: refused connection from %s:%u: %s", t->host, t->port, ip,
-                     ntohs(sa.sin_port), kvt_last_error());
-        drop_fd(t, &t->pending_fd);
+    inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof ip);
+    uint64_t dl = kvt__deadline_ns(HUB_HANDSHAKE_MS);
+    *slot = (hub_hs){.fd = fd, .deadline_ns = dl < deadline_ns ? dl : deadline_ns, .seq = (*seq)++};
+    snprintf(slot->peer, sizeof slot->peer, "%s:%u", ip, ntohs(sa->sin_port));
+}
+
+static void hub_accept_all(tcp_net *t, hub_hs *hs, uint64_t *seq, uint64_t deadline_ns)
+{
+    for (;;) {
+        struct sockaddr_in sa;
+        socklen_t sl = sizeof sa;
+        int fd = accept4(t->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
+        if (fd < 0) return; /* EAGAIN: the backlog is empty (or an error: poll tells again) */
+        hub_add(t, hs, seq, fd, &sa, deadline_ns);
+    }
+}
+
+/* A handshake's CHALLENGE (72 bytes) and ack (8) go to a fresh socket
+ * whose send buffer is empty, so the write completes at once; its deadline
+ * is the connection's own. */
+static bool hub_send(hub_hs *h, const void *p, size_t len)
+{
+    return kvt__tcp_write_all(h->fd, p, len, h->deadline_ns) == KVT_OK;
+}
+
+/* Reads what is there of the current step's bytes; runs the step once they
+ * are complete. */
+static void hub_progress(tcp_net *t, hub_hs *h)
+{
+    uint8_t *buf = h->proving ? h->resp : h->hello;
+    uint32_t need = h->proving ? sizeof h->resp : sizeof h->hello;
+    ssize_t n = recv(h->fd, buf + h->got, need - h->got, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        hub_drop(t, h, h->proving ? "the peer hung up instead of proving the secret (it may "
+                                    "hold a different one)"
+                                  : "the peer hung up before a complete hello");
         return;
     }
-    if (t->fds[rank] >= 0) { /* a live link is never replaced by a newcomer */
-        t->refused++;
-        kvt__net_log("tcp hub %s:%u: refused a second connection for rank %u from %s:%u", t->host,
-                     t->port, rank, ip, ntohs(sa.sin_port));
-        drop_fd(t, &t->pending_fd);
+    if (n < 0) return;
+    h->got += (uint32_t)n;
+    if (h->got < need) return;
+    h->got = 0;
+    uint32_t rank = kvt__tcp_hello_rank(h->hello);
+    char why[160];
+    if (!h->proving) {
+        uint32_t code = kvt__tcp_hub_hello(t, h->hello, h->chal);
+        bool sent = hub_send(h, h->chal, sizeof h->chal);
+        if (code == KVT_TCP_ST_BAD_HELLO) {
+            hub_drop(t, h, kvt__tcp_refusal(code)); /* its "rank" is noise */
+        } else if (code != KVT_TCP_ST_OK) {
+            snprintf(why, sizeof why, "%s (hello rank %u)", kvt__tcp_refusal(code), rank);
+            hub_drop(t, h, why);
+        } else if (!sent) {
+            hub_drop(t, h, "could not send the challenge");
+        } else {
+            h->proving = true;
+        }
         return;
     }
-    adopt_pending(t, &t->fds[rank]);
+    uint32_t code = kvt__tcp_hub_proof(t, h->hello, h->chal, h->resp);
+    /* Handshakes run side by side: two may claim one rank, and the first to
+     * finish keeps it (a live link is never replaced by a newcomer). */
+    if (code == KVT_TCP_ST_OK && t->fds[rank] >= 0) code = KVT_TCP_ST_BAD_RANK;
+    uint8_t ack[KVT_TCP_ACK_LEN];
+    kvt__tcp_hub_status(ack, code);
+    bool sent = hub_send(h, ack, sizeof ack);
+    if (code != KVT_TCP_ST_OK) {
+        snprintf(why, sizeof why, "%s (hello rank %u)", kvt__tcp_refusal(code), rank);
+        hub_drop(t, h, why);
+    } else if (!sent) {
+        hub_drop(t, h, "could not send the accept");
+    } else {
+        pthread_mutex_lock(&t->fd_mu);
+        t->fds[rank] = h->fd;
+        if (kvt__net_interrupted(&t->base)) shutdown(h->fd, SHUT_RDWR);
+        pthread_mutex_unlock(&t->fd_mu);
+        h->fd = -1;
+    }
+}
+
+static uint32_t hub_joined(const tcp_net *t)
+{
+    uint32_t joined = 0;
+    for (uint32_t r = 1; r < t->base.ranks; r++) joined += t->fds[r] >= 0;
+    return joined;
+}
+
+/* One round: drop handshakes past their deadline, wait for the listener or
+ * a handshake's bytes (until the earliest deadline), serve what is ready. */
+static void hub_round(tcp_net *t, hub_hs *hs, uint64_t *seq, uint64_t deadline_ns)
+{
+    struct pollfd p[HUB_PENDING + 1];
+    int idx[HUB_PENDING + 1];
+    nfds_t n = 0;
+    uint64_t wake = deadline_ns, now = kvt__now_ns();
+    p[n++] = (struct pollfd){t->listen_fd, POLLIN, 0};
+    for (int i = 0; i < HUB_PENDING; i++) {
+        if (hs[i].fd < 0) continue;
+        if (now >= hs[i].deadline_ns) {
+            hub_drop(t, &hs[i], hs[i].proving ? "no proof before its deadline"
+                                              : "no complete hello before its deadline");
+            continue;
+        }
+        if (hs[i].deadline_ns < wake) wake = hs[i].deadline_ns;
+        idx[n] = i;
+        p[n++] = (struct pollfd){hs[i].fd, POLLIN, 0};
+    }
+    int ms = now >= wake ? 0 : (int)((wake - now + 999999) / 1000000);
+    if (poll(p, n, ms) <= 0) return; /* timeouts are handled above, next round */
+    for (nfds_t k = 1; k < n; k++)
+        if (p[k].revents) hub_progress(t, &hs[idx[k]]);
+    if (p[0].revents) hub_accept_all(t, hs, seq, deadline_ns);
 }
 
 static kvt_status hub_connect(tcp_net *t, uint64_t deadline_ns)
 {
-    uint32_t joined = 0;
-    for (uint32_t r = 1; r < t->base.ranks; r++) joined += t->fds[r] >= 0;
-    while (joined < t->base.ranks - 1) {
-        if (kvt__net_interrupted(&t->base)) return KVT_ECANCELED; /* net.h words it */
-        kvt_status st = kvt__fd_wait(t->listen_fd, POLLIN, deadline_ns);
-        if (st != KVT_OK || kvt__now_ns() >= deadline_ns) {
-            for (uint32_t r = 1; r < t->base.ranks; r++)
-                if (t->fds[r] < 0)
-                    return kvt__fail(KVT_ETIMEDOUT, "kvt_net_connect: hub: rank %u did not join "
-                                     "by the deadline (%u of %u joined)", r, joined,
-                                     t->base.ranks - 1);
+    hub_hs *hs = malloc(HUB_PENDING * sizeof *hs);
+    if (!hs) return kvt__fail(KVT_ENOMEM, "kvt_net_connect: hub: out of memory");
+    for (int i = 0; i < HUB_PENDING; i++) hs[i].fd = -1;
+    uint64_t seq = 0;
+    kvt_status st = KVT_OK;
+    while (hub_joined(t) < t->base.ranks - 1) {
+        if (kvt__net_interrupted(&t->base)) {
+            st = KVT_ECANCELED; /* net.h words it */
+            break;
         }
-        hub_accept_one(t, deadline_ns);
-        joined = 0;
-        for (uint32_t r = 1; r < t->base.ranks; r++) joined += t->fds[r] >= 0;
+        if (kvt__now_ns() >= deadline_ns) {
+            uint32_t r = 1;
+            while (t->fds[r] >= 0) r++;
+            st = kvt__fail(KVT_ETIMEDOUT, "kvt_net_connect: hub: rank %u did not join by the "
+                           "deadline (%u of %u joined)", r, hub_joined(t), t->base.ranks - 1);
+            break;
+        }
+        hub_round(t, hs, &seq, deadline_ns);
     }
+    /* Handshakes still running when the group formed (or failed) are
+     * strangers, or ranks that come back at the next connect. */
+    for (int i = 0; i < HUB_PENDING; i++)
+        if (hs[i].fd >= 0) hub_drop(t, &hs[i], "the hub stopped accepting before it finished");
+    free(hs);
     /* The listener stays open: a link closed later (a lost peer, a message
      * cut by a deadline) is re-accepted by the next connect, which a group
      * reform makes. Until then the kernel only queues connections. */
-    return KVT_OK;
+    return st;
 }
 
 /* One non-blocking connect attempt: KVT_OK, KVT_EAGAIN (retry), KVT_ECANCELED

@@ -8,24 +8,13 @@
 #include <string.h>
 #include "net/tcp.h"
 #include "util/err.h"
+#include "util/le.h"
 
 #define AUTH_MAGIC 0x4154564bu /* "KVTA" little-endian */
 #define AUTH_VERSION 1
-#define HELLO_LEN (4 + 2 + 2 + 4 + 4 + KVT_TCP_NONCE)
-#define CHAL_LEN (4 + 4 + KVT_TCP_NONCE + KVT_TCP_MAC)
-#define ACK_LEN 8
-
-enum { ST_OK = 0, ST_NEED_SECRET = 1, ST_BAD_RANK = 2, ST_BAD_PROOF = 3, ST_BAD_HELLO = 4 };
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
+#define HELLO_LEN KVT_TCP_HELLO_LEN
+#define CHAL_LEN KVT_TCP_CHAL_LEN
+#define ACK_LEN KVT_TCP_ACK_LEN
 
 static void mac(const tcp_net *t, const char *label, const uint8_t *hello,
                 const uint8_t *nonce_h, uint8_t out[KVT_TCP_MAC])
@@ -42,13 +31,13 @@ static void mac(const tcp_net *t, const char *label, const uint8_t *hello,
     crypto_auth_hmacsha256_final(&st, out);
 }
 
-static const char *refusal(uint32_t code)
+const char *kvt__tcp_refusal(uint32_t code)
 {
     switch (code) {
-    case ST_NEED_SECRET: return "the hub requires a shared secret this rank lacks";
-    case ST_BAD_RANK: return "rank unknown, duplicate or group size differs";
-    case ST_BAD_PROOF: return "wrong proof of the shared secret";
-    case ST_BAD_HELLO: return "malformed hello";
+    case KVT_TCP_ST_NEED_SECRET: return "the hub requires a shared secret this rank lacks";
+    case KVT_TCP_ST_BAD_RANK: return "rank unknown, duplicate or group size differs";
+    case KVT_TCP_ST_BAD_PROOF: return "wrong proof of the shared secret";
+    case KVT_TCP_ST_BAD_HELLO: return "malformed hello";
     default: return "refused";
     }
 }
@@ -58,11 +47,11 @@ static kvt_status client_finish(tcp_net *t, int fd, const uint8_t *hello, uint64
     uint8_t chal[CHAL_LEN], want[KVT_TCP_MAC], resp[KVT_TCP_MAC], ack[ACK_LEN];
     kvt_status st = kvt__tcp_read_all(fd, chal, sizeof chal, dl);
     if (st != KVT_OK) return st;
-    if (get32(chal) != AUTH_MAGIC)
+    if (kvt__get32(chal) != AUTH_MAGIC)
         return kvt__fail(KVT_EAUTH, "net tcp: rank %u: the hub is not a kvtier hub", t->base.rank);
-    if (get32(chal + 4) != ST_OK)
+    if (kvt__get32(chal + 4) != KVT_TCP_ST_OK)
         return kvt__fail(KVT_EAUTH, "net tcp: rank %u: the hub refused: %s", t->base.rank,
-                         refusal(get32(chal + 4)));
+                         kvt__tcp_refusal(kvt__get32(chal + 4)));
     mac(t, "kvtier-hub", hello, chal + 8, want);
     if (t->secret && sodium_memcmp(want, chal + 8 + KVT_TCP_NONCE, KVT_TCP_MAC) != 0)
         return kvt__fail(KVT_EAUTH, "net tcp: rank %u: the hub failed to prove the shared secret",
@@ -71,22 +60,22 @@ static kvt_status client_finish(tcp_net *t, int fd, const uint8_t *hello, uint64
     st = kvt__tcp_write_all(fd, resp, sizeof resp, dl);
     if (st == KVT_OK) st = kvt__tcp_read_all(fd, ack, sizeof ack, dl);
     if (st != KVT_OK) return st;
-    if (get32(ack) != AUTH_MAGIC || get32(ack + 4) != ST_OK)
+    if (kvt__get32(ack) != AUTH_MAGIC || kvt__get32(ack + 4) != KVT_TCP_ST_OK)
         return kvt__fail(KVT_EAUTH, "net tcp: rank %u: the hub refused: %s", t->base.rank,
-                         refusal(get32(ack + 4)));
+                         kvt__tcp_refusal(kvt__get32(ack + 4)));
     return KVT_OK;
 }
 
 kvt_status kvt__tcp_auth_client(tcp_net *t, int fd, uint64_t dl)
 {
     uint8_t hello[HELLO_LEN];
-    put32(hello, AUTH_MAGIC);
+    kvt__put32(hello, AUTH_MAGIC);
     hello[4] = AUTH_VERSION;
     hello[5] = 0;
     hello[6] = t->secret ? 1 : 0;
     hello[7] = 0;
-    put32(hello + 8, t->base.rank);
-    put32(hello + 12, t->base.ranks);
+    kvt__put32(hello + 8, t->base.rank);
+    kvt__put32(hello + 12, t->base.ranks);
     randombytes_buf(hello + 16, KVT_TCP_NONCE);
     kvt_status st = kvt__tcp_write_all(fd, hello, sizeof hello, dl);
     if (st != KVT_OK) return st;
@@ -96,49 +85,43 @@ kvt_status kvt__tcp_auth_client(tcp_net *t, int fd, uint64_t dl)
 /* Validates a HELLO; returns a refusal code. */
 static uint32_t check_hello(const tcp_net *t, const uint8_t *h, const int *fds)
 {
-    if (get32(h) != AUTH_MAGIC || h[4] != AUTH_VERSION) return ST_BAD_HELLO;
-    if (t->secret && !h[6]) return ST_NEED_SECRET;
-    uint32_t rank = get32(h + 8);
-    if (get32(h + 12) != t->base.ranks || rank == 0 || rank >= t->base.ranks || fds[rank] >= 0)
-        return ST_BAD_RANK;
-    return ST_OK;
+    if (kvt__get32(h) != AUTH_MAGIC || h[4] != AUTH_VERSION) return KVT_TCP_ST_BAD_HELLO;
+    if (t->secret && !h[6]) return KVT_TCP_ST_NEED_SECRET;
+    uint32_t rank = kvt__get32(h + 8);
+    if (kvt__get32(h + 12) != t->base.ranks || rank == 0 || rank >= t->base.ranks || fds[rank] >= 0)
+        return KVT_TCP_ST_BAD_RANK;
+    return KVT_TCP_ST_OK;
 }
 
-static kvt_status send_status(int fd, uint32_t code, uint64_t dl)
+void kvt__tcp_hub_status(uint8_t ack[KVT_TCP_ACK_LEN], uint32_t code)
 {
-    uint8_t ack[ACK_LEN];
-    put32(ack, AUTH_MAGIC);
-    put32(ack + 4, code);
-    return kvt__tcp_write_all(fd, ack, sizeof ack, dl);
+    kvt__put32(ack, AUTH_MAGIC);
+    kvt__put32(ack + 4, code);
 }
 
-kvt_status kvt__tcp_auth_hub(tcp_net *t, int fd, uint32_t *rank_out, uint64_t dl)
+uint32_t kvt__tcp_hello_rank(const uint8_t hello[KVT_TCP_HELLO_LEN])
 {
-    uint8_t hello[HELLO_LEN], chal[CHAL_LEN] = {0}, resp[KVT_TCP_MAC], want[KVT_TCP_MAC];
-    kvt_status st = kvt__tcp_read_all(fd, hello, sizeof hello, dl);
-    if (st != KVT_OK) return kvt__fail(KVT_EAUTH, "no valid hello before the deadline");
+    return kvt__get32(hello + 8);
+}
+
+uint32_t kvt__tcp_hub_hello(const tcp_net *t, const uint8_t hello[KVT_TCP_HELLO_LEN],
+                            uint8_t chal[KVT_TCP_CHAL_LEN])
+{
+    memset(chal, 0, KVT_TCP_CHAL_LEN);
     uint32_t code = check_hello(t, hello, t->fds);
-    put32(chal, AUTH_MAGIC);
-    put32(chal + 4, code);
-    if (code != ST_OK) {
-        (void)kvt__tcp_write_all(fd, chal, sizeof chal, dl);
-        return kvt__fail(KVT_EAUTH, "%s (hello rank %u)", refusal(code), get32(hello + 8));
-    }
+    kvt__put32(chal, AUTH_MAGIC);
+    kvt__put32(chal + 4, code);
+    if (code != KVT_TCP_ST_OK) return code;
     randombytes_buf(chal + 8, KVT_TCP_NONCE);
     mac(t, "kvtier-hub", hello, chal + 8, chal + 8 + KVT_TCP_NONCE);
-    st = kvt__tcp_write_all(fd, chal, sizeof chal, dl);
-    if (st == KVT_OK) st = kvt__tcp_read_all(fd, resp, sizeof resp, dl);
-    if (st == KVT_ECONN)
-        return kvt__fail(KVT_EAUTH, "the peer hung up instead of proving the secret (it may "
-                         "hold a different one)");
-    if (st != KVT_OK) return kvt__fail(KVT_EAUTH, "no proof before the deadline");
+    return KVT_TCP_ST_OK;
+}
+
+uint32_t kvt__tcp_hub_proof(const tcp_net *t, const uint8_t hello[KVT_TCP_HELLO_LEN],
+                            const uint8_t chal[KVT_TCP_CHAL_LEN], const uint8_t resp[KVT_TCP_MAC])
+{
+    uint8_t want[KVT_TCP_MAC];
     mac(t, "kvtier-rank", hello, chal + 8, want);
-    if (t->secret && sodium_memcmp(want, resp, KVT_TCP_MAC) != 0) {
-        (void)send_status(fd, ST_BAD_PROOF, dl);
-        return kvt__fail(KVT_EAUTH, "%s (hello rank %u)", refusal(ST_BAD_PROOF), get32(hello + 8));
-    }
-    st = send_status(fd, ST_OK, dl);
-    if (st != KVT_OK) return st;
-    *rank_out = get32(hello + 8);
-    return KVT_OK;
+    if (t->secret && sodium_memcmp(want, resp, KVT_TCP_MAC) != 0) return KVT_TCP_ST_BAD_PROOF;
+    return KVT_TCP_ST_OK;
 }

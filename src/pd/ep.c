@@ -14,17 +14,18 @@
 #include "layout/layout.h"
 #include "pd/hasher.h"
 #include "util/clock.h"
+#include "util/config.h"
 #include "util/err.h"
+#include "util/log.h"
 #include "util/sync.h"
 
 void pd_log(const char *fmt, ...)
 {
-    char line[600];
+    if (kvt__config_env("KVTIER_PD_QUIET")) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
+    kvt__vlog(KVT_LOG_WARN, fmt, ap);
     va_end(ap);
-    if (!getenv("KVTIER_PD_QUIET")) fprintf(stderr, "kvtier: %s\n", line);
 }
 
 void pd_peer_addr(int fd, char *host, size_t hn, char *addr, size_t an)

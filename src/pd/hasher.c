@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "util/clock.h"
+#include "util/config.h"
 #include "util/err.h"
 #include "util/sync.h"
 
@@ -160,7 +161,7 @@ void pd_hasher_stop(pd_hasher *h)
 bool pd_hash_thread_auto(void)
 {
     /* an operator's (or a test run's) override of the CPU count rule */
-    const char *env = getenv("KVTIER_PD_CHECKSUM_THREADS");
+    const char *env = kvt__config_env("KVTIER_PD_CHECKSUM_THREADS");
     if (env && (!strcmp(env, "0") || !strcmp(env, "1"))) return env[0] == '1';
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n >= PD_HASH_AUTO_CPUS;

@@ -14,6 +14,7 @@
 #include "util/clock.h"
 #include "util/err.h"
 #include "util/sync.h"
+#include "util/vec.h"
 
 struct kvt_pd_sender {
     pd_ep ep;
@@ -106,13 +107,10 @@ static kvt_status add_target(pd_ep *ep, pd_conn *c, pd_room *r, const pd_hdr *h,
         fail_opening(ep, c, r, h);
         return KVT_OK;
     }
-    if (r->ntargets == r->tcap) {
-        uint32_t cap = r->tcap ? r->tcap * 2 : 4;
-        pd_target *t = realloc(r->targets, cap * sizeof *t);
-        if (!t) return kvt__fail(KVT_ENOMEM, "pd sender: out of memory");
-        r->targets = t;
-        r->tcap = cap;
-    }
+    void *tp = r->targets;
+    kvt_status gst = kvt__grow32(&tp, &r->tcap, r->ntargets + 1, sizeof *r->targets, "pd sender: room targets");
+    r->targets = tp;
+    if (gst) return gst;
     pd_target t = {.conn = c->idx, .gen = h->gen, .num_pages = np, .pages = malloc((size_t)np * 4 + 4)};
     if (!t.pages) return kvt__fail(KVT_ENOMEM, "pd sender: out of memory");
     for (uint32_t i = 0; i < np; i++) t.pages[i] = pd_get32(pages + 4 * (size_t)i);

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include "util/le.h"
 
 /* "KPD" and the wire version ('2': room generations, checksums after the
  * payload). Peers of other versions are told apart from garbage so the
@@ -66,24 +67,13 @@ typedef struct pd_hdr {
     uint32_t gen; /* room frames: the room's generation (see above) */
 } pd_hdr;
 
-static inline void pd_put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline void pd_put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void pd_put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint16_t pd_get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static inline uint32_t pd_get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static inline uint64_t pd_get64(const uint8_t *p)
-{
-    return (uint64_t)pd_get32(p) | (uint64_t)pd_get32(p + 4) << 32;
-}
+/* The PD code's names for util/le.h's helpers. */
+#define pd_put16 kvt__put16
+#define pd_put32 kvt__put32
+#define pd_put64 kvt__put64
+#define pd_get16 kvt__get16
+#define pd_get32 kvt__get32
+#define pd_get64 kvt__get64
 
 static inline void pd_hdr_encode(const pd_hdr *h, uint8_t *o)
 {

@@ -7,6 +7,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: no malloc per page */
 #include <xxhash.h>
 #include "util/err.h"
+#include "util/vec.h"
 
 void pd_iovs_free(pd_iovs *v)
 {
@@ -51,12 +52,10 @@ uint64_t pd_xfer_page_bytes(const pd_xfer *x, uint32_t j)
 
 static kvt_status grow(pd_iovs *v)
 {
-    uint32_t cap = v->cap ? v->cap * 2 : 256;
-    struct iovec *n = realloc(v->v, cap * sizeof *n);
-    if (!n) return kvt__fail(KVT_ENOMEM, "pd xfer: out of memory for %u iovecs", cap);
-    v->v = n;
-    v->cap = cap;
-    return KVT_OK;
+    void *p = v->v;
+    kvt_status st = kvt__grow32(&p, &v->cap, v->cap + 1, sizeof *v->v, "pd xfer: iovecs");
+    v->v = p;
+    return st;
 }
 
 static kvt_status push(pd_iovs *v, uint8_t *addr, uint32_t len, bool may_merge)

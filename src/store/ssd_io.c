@@ -22,7 +22,9 @@
 #include <string.h>
 #include <unistd.h>
 #include "util/clock.h"
+#include "util/config.h"
 #include "util/err.h"
+#include "util/log.h"
 #include "util/sync.h"
 
 #define COMMIT_IDLE_NS 100000000ull /* the commit thread re-checks stop this often */
@@ -444,7 +446,7 @@ kvt_status kvt__ssd_sync(kvt_ssd *s, uint64_t deadline_ns)
 
 static kvt_status pick_backend(kvt_ssd *s, const char *io)
 {
-    const char *env = getenv("KVTIER_IO");
+    const char *env = kvt__config_env("KVTIER_IO");
     if (strcmp(io, "auto") == 0 && env && *env) io = env;
     if (strcmp(io, "uring") == 0 || strcmp(io, "io_uring") == 0) {
         s->ops = &kvt__io_uring_ops;
@@ -496,7 +498,7 @@ void kvt__ssd_io_stop(kvt_ssd *s)
         pthread_join(s->commit_th, NULL);
     }
     if (!drained) {
-        fprintf(stderr, "kvtier: ssd close: I/O still in flight after 60 s; abandoning it\n");
+        kvt__log(KVT_LOG_ERROR, "ssd close: I/O still in flight after 60 s; abandoning it");
         return; /* leak the backend rather than free memory the kernel may write */
     }
     if (s->io) s->ops->destroy(s->io);

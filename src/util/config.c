@@ -13,6 +13,7 @@
  */
 #include "util/config.h"
 
+#include <assert.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -35,7 +36,8 @@ extern char **environ;
  * other KVTIER_* variable must name an option (a typo is an error). An
  * option of the same name wins (remove the entry here when adding one).
  *   KVTIER_TEST_TMP  scratch directory of the test suite.
- *   KVTIER_LOG       log destination.
+ *   KVTIER_LOG       log destination: stderr (default), off, or a file to
+ *                    append to (src/util/log.c).
  *   KVTIER_PD_QUIET  silences the PD endpoints' log lines (src/pd).
  *   KVTIER_PD_CHECKSUM_THREADS  1/0: what checksum_threads = 0 (auto) means
  *                    for PD endpoints (src/pd/hasher.c).
@@ -759,4 +761,37 @@ kvt_status kvt_config_load_env(kvt_config *cfg)
     }
     cfg->v = tmp;
     return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* The environment read outside the option table                      */
+/* ------------------------------------------------------------------ */
+
+/* Variables of other software the library reads (only to word a message). */
+static const char *const FOREIGN_ENV[] = {"UCX_TLS"};
+
+const char *kvt__config_env(const char *name)
+{
+    size_t len = strlen(name);
+    bool known = find_by_env(name, len) || is_non_option_env(name, len);
+    for (size_t i = 0; !known && i < sizeof FOREIGN_ENV / sizeof FOREIGN_ENV[0]; i++)
+        known = strcmp(FOREIGN_ENV[i], name) == 0;
+    assert(known && "every variable the library reads is declared in util/config.c");
+    return known ? getenv(name) : NULL;
+}
+
+bool kvt__config_log_env(kvt_log_level *level, const char **dest, char *note, size_t note_len)
+{
+    *dest = getenv("KVTIER_LOG");
+    const opt_def *o = find_by_name("log_level");
+    const char *v = getenv(o->env);
+    if (!v || !*v) return true;
+    for (size_t i = 0; o->choices[i]; i++) {
+        if (strcasecmp(v, o->choices[i]) == 0) {
+            *level = (kvt_log_level)i;
+            return true;
+        }
+    }
+    snprintf(note, note_len, "%s=\"%.40s\" is not error, warn, info or debug", o->env, v);
+    return false;
 }

@@ -50,4 +50,16 @@ static inline const kvt_config_values *kvt__config_values(const kvt_config *cfg)
     return &cfg->v;
 }
 
+/* getenv(name) for a variable declared here: an option's KVTIER_ name, one
+ * of the other KVTIER_ variables listed in config.c, or a foreign one the
+ * library reads (UCX_TLS). Every variable the library reads goes through
+ * this, so the list in config.c is complete (asserted). */
+const char *kvt__config_env(const char *name);
+
+/* The logger's environment (util/log.c): KVTIER_LOG_LEVEL read as the
+ * log_level option reads it (sets *level only when set and valid) and
+ * KVTIER_LOG (*dest, NULL when unset). false, with a note, when
+ * KVTIER_LOG_LEVEL is not a level. Sets no thread error message. */
+bool kvt__config_log_env(kvt_log_level *level, const char **dest, char *note, size_t note_len);
+
 #endif

@@ -2,6 +2,12 @@
  * input: NULL for each pointer, zero / oversized counts, out-of-range
  * indices, mismatched geometry, wrong state and negative timeouts.
  *
+ * KVT_ENOMEM is shown by failing the library's allocations one at a time
+ * (a countdown behind -Wl,--wrap=malloc,calloc,realloc) for every create
+ * function: each must return KVT_ENOMEM with a message, never crash, and
+ * leave nothing behind. scripts/status_map.py --coverage lists which
+ * (function, status) pairs of kvtier.h's Returns: lines this file shows.
+ *
  * Each case checks the exact status, that kvt_last_error() is non-empty and
  * names the function and the argument or field, and (where there is state)
  * that nothing changed: stats are unchanged and a later valid call works.
@@ -181,10 +187,12 @@
  *  kvt_pd_poll_name                     every state; out of range ("unknown")
  */
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "support.h"
 #include "util/err.h"
@@ -1678,6 +1686,18 @@ static void test_pd_rooms(void **state)
     assert_ok(kvt_pd_receiver_clear(r, 1));
     EXPECT_ERR(kvt_pd_receiver_clear(r, 1), KVT_ENOTFOUND, "kvt_pd_receiver_clear", "room 1");
 
+    /* A room nobody sends to: waits time out; the sender's abort fails it
+     * on both sides. */
+    assert_ok(kvt_pd_sender_room(s, 2));
+    assert_ok(kvt_pd_receiver_room(r, 2, &rp));
+    EXPECT_ERR(kvt_pd_sender_wait(s, 2, 0, &pp), KVT_ETIMEDOUT, "kvt_pd_sender_wait");
+    EXPECT_ERR(kvt_pd_receiver_wait(r, 2, 0, &pp), KVT_ETIMEDOUT, "kvt_pd_receiver_wait");
+    EXPECT_OK(kvt_pd_sender_abort(s, 2, "test_api_errors"));
+    EXPECT_OK(kvt_pd_receiver_wait(r, 2, 5000, &pp));
+    assert_int_equal(pp, KVT_PD_FAILED);
+    EXPECT_OK(kvt_pd_sender_clear(s, 2));
+    EXPECT_OK(kvt_pd_receiver_clear(r, 2));
+
     kvt_pd_receiver_destroy(r);
     kvt_pd_sender_destroy(s);
     kvt_emu_destroy(oe);
@@ -1703,11 +1723,315 @@ static void test_wrapped_message(void **state)
     assert_string_equal(kvt_last_error(), "outer: inner reason 7; and more");
 }
 
+/* ------------------------------------------------------------------ */
+/* KVT_ENOMEM: allocation failure injected on a countdown (SQLite's     */
+/* test_malloc). This executable links with -Wl,--wrap=malloc,calloc,   */
+/* realloc (tests/CMakeLists.txt), so the library's allocations (its    */
+/* objects are linked in statically) come through here.                 */
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+
+static _Atomic long alloc_countdown = -1; /* -1: off; 0: the next allocation fails */
+
+static bool alloc_fails_now(void)
+{
+    long n = atomic_load(&alloc_countdown);
+    while (n >= 0)
+        if (atomic_compare_exchange_weak(&alloc_countdown, &n, n - 1)) return n == 0;
+    return false;
+}
+void *__wrap_malloc(size_t n)
+{
+    return alloc_fails_now() ? NULL : __real_malloc(n);
+}
+void *__wrap_calloc(size_t n, size_t size)
+{
+    return alloc_fails_now() ? NULL : __real_calloc(n, size);
+}
+void *__wrap_realloc(void *p, size_t n)
+{
+    return alloc_fails_now() ? NULL : __real_realloc(p, n);
+}
+
+typedef struct oom_case {
+    const char *fn;
+    kvt_status (*call)(void *ctx); /* creates something, or not */
+    void (*undo)(void *ctx);       /* destroys what a successful call made */
+} oom_case;
+
+/* Fails the 1st, 2nd, ... allocation of c->call until it returns
+ * KVT_ENOMEM with a message naming something (the status is shown); every
+ * other outcome must be KVT_OK (the failed allocation was optional) and is
+ * undone. Each failed attempt must leave nothing behind (the ASan build
+ * checks for leaks). */
+static void show_enomem(const oom_case *c, void *ctx)
+{
+    for (long k = 0; k < 10000; k++) {
+        atomic_store(&alloc_countdown, k);
+        kvt_status st = c->call(ctx);
+        bool fired = atomic_load(&alloc_countdown) < 0;
+        atomic_store(&alloc_countdown, -1);
+        if (st == KVT_ENOMEM) {
+            if (!kvt_last_error()[0]) fail_msg("%s: KVT_ENOMEM without a message", c->fn);
+            return;
+        }
+        if (st != KVT_OK)
+            fail_msg("%s with allocation %ld failing: %s (%s), want KVT_ENOMEM or KVT_OK", c->fn,
+                     k, kvt_status_name(st), kvt_last_error());
+        c->undo(ctx);
+        if (!fired) fail_msg("%s: no allocation failure made it return KVT_ENOMEM", c->fn);
+    }
+    fail_msg("%s: still allocating after 10000 allocations", c->fn);
+}
+
+typedef struct oom_ctx {
+    kvt_config *cfg;
+    kvt_geometry *geo, *made_geo;
+    kvt_config *made_cfg;
+    kvt_fabric *fab;
+    kvt_net *net;
+    kvt_emu *emu;
+    kvt_cache *cache;
+    kvt_pd_bootstrap *bs;
+    char path[64];
+} oom_ctx;
+
+static kvt_status oom_config_create(void *p) { return kvt_config_create(&((oom_ctx *)p)->made_cfg); }
+static void undo_config(void *p) { kvt_config_destroy(((oom_ctx *)p)->made_cfg); }
+static kvt_status oom_config_load_file(void *p)
+{
+    oom_ctx *x = p;
+    return kvt_config_load_file(x->cfg, x->path);
+}
+static void undo_nothing(void *p) { (void)p; }
+static kvt_status oom_geometry_create(void *p)
+{
+    return kvt_geometry_create(&((oom_ctx *)p)->made_geo, 2, 4, KVT_LAYOUT_LAYER_FIRST);
+}
+static kvt_status oom_geometry_preset(void *p)
+{
+    return kvt_geometry_preset(&((oom_ctx *)p)->made_geo, "tiny", 16, 1);
+}
+static kvt_status oom_geometry_clone(void *p)
+{
+    oom_ctx *x = p;
+    return kvt_geometry_clone(x->geo, &x->made_geo);
+}
+static void undo_geometry(void *p) { kvt_geometry_destroy(((oom_ctx *)p)->made_geo); }
+static kvt_status oom_fabric_create(void *p) { return kvt_fabric_create(&((oom_ctx *)p)->fab, 2, 2); }
+static void undo_fabric(void *p) { kvt_fabric_destroy(((oom_ctx *)p)->fab); }
+static kvt_status oom_net_inproc_create(void *p)
+{
+    oom_ctx *x = p;
+    return kvt_net_inproc_create(&x->net, x->fab, 0);
+}
+static kvt_status oom_net_callback_create(void *p)
+{
+    kvt_net_callbacks cb = {NULL, cb_send, cb_recv};
+    return kvt_net_callback_create(&((oom_ctx *)p)->net, 0, 2, &cb, 0);
+}
+static kvt_status oom_net_tcp_create(void *p)
+{
+    kvt_net_tcp_params tp = {0, 2, "127.0.0.1", 0, NULL, 0, 0};
+    return kvt_net_tcp_create(&((oom_ctx *)p)->net, &tp);
+}
+static void undo_net(void *p) { kvt_net_destroy(((oom_ctx *)p)->net); }
+static kvt_status oom_emu_create(void *p)
+{
+    oom_ctx *x = p;
+    return kvt_emu_create(&x->emu, x->geo, T_PAGES);
+}
+static void undo_emu(void *p) { kvt_emu_destroy(((oom_ctx *)p)->emu); }
+static kvt_status oom_cache_create(void *p)
+{
+    oom_ctx *x = p;
+    return kvt_cache_create(&x->cache, x->cfg, x->geo);
+}
+static void undo_cache(void *p) { kvt_cache_destroy(((oom_ctx *)p)->cache); }
+static kvt_status oom_pd_bootstrap_create(void *p)
+{
+    kvt_pd_net_params np = {0};
+    return kvt_pd_bootstrap_create(&((oom_ctx *)p)->bs, &np);
+}
+static void undo_bootstrap(void *p) { kvt_pd_bootstrap_destroy(((oom_ctx *)p)->bs); }
+
+static void test_enomem(void **state)
+{
+    (void)state;
+    setenv("KVTIER_PD_QUIET", "1", 0);
+    oom_ctx x = {.cfg = small_config(), .geo = small_geo()};
+    snprintf(x.path, sizeof x.path, "/tmp/kvt_api_errors_%d.json", (int)getpid());
+    FILE *f = fopen(x.path, "w");
+    assert_non_null(f);
+    fputs("{\"workers\": 1}", f);
+    fclose(f);
+    assert_ok(kvt_fabric_create(&x.fab, 2, 2));
+    kvt_fabric *fab = x.fab;
+    const oom_case cases[] = {
+        {"kvt_config_create", oom_config_create, undo_config},
+        {"kvt_config_load_file", oom_config_load_file, undo_nothing},
+        {"kvt_geometry_create", oom_geometry_create, undo_geometry},
+        {"kvt_geometry_preset", oom_geometry_preset, undo_geometry},
+        {"kvt_geometry_clone", oom_geometry_clone, undo_geometry},
+        {"kvt_net_inproc_create", oom_net_inproc_create, undo_net},
+        {"kvt_net_callback_create", oom_net_callback_create, undo_net},
+        {"kvt_net_tcp_create", oom_net_tcp_create, undo_net},
+        {"kvt_emu_create", oom_emu_create, undo_emu},
+        {"kvt_cache_create", oom_cache_create, undo_cache},
+        {"kvt_pd_bootstrap_create", oom_pd_bootstrap_create, undo_bootstrap},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) show_enomem(&cases[i], &x);
+    const oom_case fabric = {"kvt_fabric_create", oom_fabric_create, undo_fabric};
+    show_enomem(&fabric, &x);
+    kvt_fabric_destroy(fab);
+    unlink(x.path);
+    kvt_geometry_destroy(x.geo);
+    kvt_config_destroy(x.cfg);
+}
+
+/* KVT_ENOMEM from calls on live objects: a cache's plans and matches, the
+ * emulated engine's verify, a group and a connector. */
+typedef struct oom_live {
+    conn_fx f;
+    kvt_store_plan plan;
+    kvt_match match;
+    kvt_verify_result vr;
+    kvt_fabric *fab;
+    kvt_net *net;
+    kvt_group *group;
+    kvt_conn *conn;
+} oom_live;
+
+static void end_task(kvt_cache *c, kvt_task_id task)
+{
+    kvt_task_result r;
+    if (!task) return;
+    assert_ok(kvt_cache_cancel(c, task));
+    assert_ok(kvt_cache_wait(c, task, 5000, &r));
+}
+static kvt_status oom_prepare_store(void *p)
+{
+    oom_live *x = p;
+    return kvt_cache_prepare_store(x->f.c.cache, &x->f.c.req, &x->plan);
+}
+static void undo_prepare_store(void *p)
+{
+    oom_live *x = p;
+    end_task(x->f.c.cache, x->plan.task);
+}
+static kvt_status oom_lookup(void *p)
+{
+    oom_live *x = p;
+    return kvt_cache_lookup(x->f.c.cache, &x->f.c.req, &x->match);
+}
+static void undo_lookup(void *p)
+{
+    oom_live *x = p;
+    end_task(x->f.c.cache, x->match.task);
+}
+static kvt_status oom_emu_verify(void *p)
+{
+    oom_live *x = p;
+    return kvt_emu_verify(x->f.c.emu, &x->f.c.req, 0, 12, x->f.c.pages, 4, &x->vr);
+}
+static kvt_status oom_group_create(void *p)
+{
+    oom_live *x = p;
+    return kvt_group_create(&x->group, x->net, &x->f.gp);
+}
+static void undo_group(void *p) { kvt_group_destroy(((oom_live *)p)->group); }
+static kvt_status oom_conn_create(void *p)
+{
+    oom_live *x = p;
+    return kvt_conn_create(&x->conn, x->f.group, x->f.c.cache);
+}
+static void undo_conn(void *p) { kvt_conn_destroy(((oom_live *)p)->conn); }
+
+static void test_enomem_live(void **state)
+{
+    (void)state;
+    oom_live x;
+    memset(&x, 0, sizeof x);
+    conn_fx_init(&x.f);
+    kvt_conn_destroy(x.f.conn); /* the case below makes its own */
+    x.f.conn = NULL;
+    const oom_case emu = {"kvt_emu_verify", oom_emu_verify, undo_nothing};
+    show_enomem(&emu, &x);
+    const oom_case store = {"kvt_cache_prepare_store", oom_prepare_store, undo_prepare_store};
+    show_enomem(&store, &x);
+    /* store the prefix, so a lookup matches blocks and plans a load */
+    assert_ok(kvt_cache_prepare_store(x.f.c.cache, &x.f.c.req, &x.plan));
+    assert_ok(kvt_cache_launch(x.f.c.cache, x.plan.task, x.f.c.pages, 4));
+    kvt_task_result r;
+    assert_ok(kvt_cache_wait(x.f.c.cache, x.plan.task, 5000, &r));
+    assert_int_equal(r.status, KVT_OK);
+    const oom_case lookup = {"kvt_cache_lookup", oom_lookup, undo_lookup};
+    show_enomem(&lookup, &x);
+    const oom_case conn = {"kvt_conn_create", oom_conn_create, undo_conn};
+    show_enomem(&conn, &x);
+    assert_ok(kvt_fabric_create(&x.fab, 1, 4));
+    assert_ok(kvt_net_inproc_create(&x.net, x.fab, 0));
+    const oom_case group = {"kvt_group_create", oom_group_create, undo_group};
+    show_enomem(&group, &x);
+    kvt_net_destroy(x.net);
+    kvt_fabric_destroy(x.fab);
+    conn_fx_fini(&x.f);
+}
+
+/* Success paths the other cases do not reach (each function's OK). */
+static void test_ok_paths(void **state)
+{
+    (void)state;
+    kvt_config *cfg = small_config();
+    EXPECT_OK(kvt_config_load_json(cfg, "{\"workers\": 2}", 14));
+    EXPECT_OK(kvt_config_load_env(cfg));
+    kvt_config_destroy(cfg);
+    kvt_geometry *g = small_geo();
+    EXPECT_OK(kvt_geometry_validate(g));
+    kvt_emu *e = NULL;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    EXPECT_OK(kvt_emu_set_first_head(e, 0));
+    uint32_t tokens[4] = {1, 2, 3, 4};
+    kvt_request req = {tokens, 4, NULL, 0};
+    uint8_t kv[2 * 8 * 2];
+    EXPECT_OK(kvt_emu_token_kv(e, &req, 0, 0, 0, kv, sizeof kv));
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    kvt_net *n = NULL;
+    kvt_net_tcp_params tp = {0, 2, "127.0.0.1", 0, NULL, 0, 0};
+    assert_ok(kvt_net_tcp_create(&n, &tp));
+    uint16_t port = 0;
+    EXPECT_OK(kvt_net_tcp_port(n, &port));
+    EXPECT_OK(kvt_net_interrupt(n));
+    EXPECT_ERR(kvt_net_interrupt(NULL), KVT_EINVAL, "kvt_net_interrupt");
+    kvt_net_destroy(n);
+    END_CHECKS();
+}
+
+/* ------------------------------------------------------------------ */
+/* Logging                                                              */
+
+static void test_log_api(void **state)
+{
+    (void)state;
+    EXPECT_OK(kvt_set_log_level(KVT_LOG_DEBUG));
+    EXPECT_ERR(kvt_set_log_level((kvt_log_level)7), KVT_EINVAL, "kvt_set_log_level", "level 7");
+    EXPECT_OK(kvt_set_log_handler(NULL, NULL));
+    EXPECT_OK(kvt_set_log_level(KVT_LOG_WARN));
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_and_version),
         cmocka_unit_test(test_wrapped_message),
+        cmocka_unit_test(test_enomem),
+        cmocka_unit_test(test_enomem_live),
+        cmocka_unit_test(test_log_api),
+        cmocka_unit_test(test_ok_paths),
         cmocka_unit_test(test_destroy_null),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_geometry_create_preset),

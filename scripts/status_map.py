@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""status_map.py - which kvt_status values each public function can return.
+
+Reads src/ and derives, for every function declared in include/kvtier.h, the
+statuses it can return: the codes its own body produces (kvt__fail(KVT_X,
+return KVT_X, KVT_CHECK_* -> KVT_EINVAL, ...) and those of every function it
+calls, transitively, through ops tables too (a call p->ops->send(...) reaches
+every function an ops table puts in .send). A code only compared against
+(st == KVT_X) or used as a case label is not produced. The result is a
+superset: a path the analysis cannot rule out counts.
+
+The header states the result as one "Returns:" comment line above each
+declaration that returns kvt_status.
+
+  scripts/status_map.py           print the map
+  scripts/status_map.py --write   rewrite the Returns: lines of include/kvtier.h
+  scripts/status_map.py --check   exit 1 when the header's lines differ (ctest)
+  scripts/status_map.py --coverage   which (function, status) pairs
+                                  tests/unit/test_api_errors.c shows, and which not
+"""
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADER = os.path.join(ROOT, "include", "kvtier.h")
+
+STATUS_ORDER = ["OK", "EINVAL", "ENOMEM", "ENOTFOUND", "EAGAIN", "ETIMEDOUT", "ECANCELED",
+                "EIO", "ENOSPC", "EGEOMETRY", "ESTATE", "EBUSY", "EFULL", "ECORRUPT",
+                "EUNSUPPORTED", "ESYS", "EPROTO", "ECONN", "EABORTED", "EAUTH", "EVERSION"]
+STATUS_RE = re.compile(r"\bKVT_(" + "|".join(STATUS_ORDER) + r")\b")
+TEARDOWN = re.compile(r"destroy|stop|close|free|fini|drop|release|unref|teardown")
+KEYWORDS = {"if", "for", "while", "switch", "return", "sizeof", "do", "else", "case"}
+
+
+def strip_comments(text):
+    text = re.sub(r"/\*.*?\*/", lambda m: re.sub(r"[^\n]", " ", m.group(0)), text, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    return re.sub(r'"(?:\\.|[^"\\\n])*"', '""', text)
+
+
+def functions(text):
+    """name -> (body, static) of every function defined in text (brace-matched)."""
+    out = {}
+    for m in re.finditer(r"^([A-Za-z_][\w \t\*]*?)\b(\w+)\s*\(([^;{}]*?)\)\s*(?:__attribute__\(\(.*?\)\)\s*)?\{",
+                         text, flags=re.M | re.S):
+        name = m.group(2)
+        if name in KEYWORDS:
+            continue
+        depth, i = 1, m.end()
+        while depth and i < len(text):
+            c = text[i]
+            depth += c == "{"
+            depth -= c == "}"
+            i += 1
+        words = m.group(1).split()
+        # Teardown reports nothing to its caller: a void destroy/stop/close
+        # called on a failure path adds no status (its own failures are
+        # logged or recorded in results, not returned).
+        if "void" in words and "*" not in m.group(1) and TEARDOWN.search(name):
+            continue
+        body, static = out.get(name, ("", False))
+        out[name] = (body + text[m.end():i], static or "static" in words)
+    return out
+
+
+def produced(body):
+    codes = set()
+    for m in STATUS_RE.finditer(body):
+        before = body[max(0, m.start() - 12):m.start()]
+        if re.search(r"(==|!=)\s*$", before) or re.search(r"\bcase\s+$", before):
+            continue
+        after = body[m.end():m.end() + 6]
+        if re.match(r"\s*(==|!=)", after):
+            continue
+        codes.add(m.group(1))
+    if re.search(r"\bKVT_CHECK_(ARG|NOT_NULL|NOT_NULL_AS)\b", body):
+        codes.add("EINVAL")
+    return codes
+
+
+def ops_tables(text, structs):
+    """member -> {(ops type, function)}, from ops table initializers
+    (designated or positional)."""
+    out = {}
+    for m in re.finditer(r"\b(\w+_ops)\s+\w+\s*=\s*\{(.*?)\};", text, flags=re.S):
+        typ, init = m.group(1), m.group(2)
+        for d in re.finditer(r"\.(\w+)\s*=\s*(\w+)", init):
+            out.setdefault(d.group(1), set()).add((typ, d.group(2)))
+        if "." not in init and typ in structs:
+            items = [x.strip() for x in init.split(",")]
+            for member, item in zip(structs[typ], items):
+                if re.fullmatch(r"\w+", item):
+                    out.setdefault(member, set()).add((typ, item))
+    return out
+
+
+def struct_members(text):
+    out = {}
+    for m in re.finditer(r"typedef struct (\w+_ops) \{(.*?)\}\s*\w+;", text, flags=re.S):
+        members = []
+        for decl in m.group(2).split(";"):
+            f = re.search(r"\(\s*\*\s*(\w+)\s*\)", decl) or re.search(r"(\w+)\s*(\[\w*\])?\s*$", decl.strip())
+            if f:
+                members.append(f.group(1))
+        out[m.group(1)] = members
+    return out
+
+
+def load():
+    """(file, name) -> (body, static) of kvt_status functions; the ops
+    tables; and per file the ops types it can see (its own text and the
+    src/ headers it includes)."""
+    funcs, texts, raw = {}, [], {}
+    for d, _, files in os.walk(os.path.join(ROOT, "src")):
+        for f in sorted(files):
+            if f.endswith((".c", ".h")):
+                path = os.path.relpath(os.path.join(d, f), ROOT)
+                with open(os.path.join(d, f)) as fh:
+                    raw[path] = fh.read()
+                t = strip_comments(raw[path])
+                texts.append(t)
+                for name, (body, static) in functions(t).items():
+                    funcs[(path, name)] = (body, static)
+    seen = {}
+    for path, t in raw.items():
+        types = set(re.findall(r"\b(\w+_ops)\b", t))
+        for inc in re.findall(r'#include "([\w/]+\.h)"', t):
+            types |= set(re.findall(r"\b(\w+_ops)\b", raw.get("src/" + inc, "")))
+        seen[path] = types
+    allt = "\n".join(texts)
+    structs = struct_members(allt)
+    return funcs, ops_tables(allt, structs), seen
+
+
+def closure(funcs, ops, seen):
+    """A function's reachable statuses. A call resolves to a static function
+    of the caller's own file first, else to the non-static one of that name;
+    p->member(...) to every function an ops table puts in .member."""
+    by_name = {}
+    for (path, name), (_, static) in funcs.items():
+        if not static or path.endswith(".h"):  # a header's static inlines are everyone's
+            by_name.setdefault(name, []).append((path, name))
+    def ops_targets(path, member):
+        return [k for typ, n in ops.get(member, ()) if typ in seen.get(path, ())
+                for k in funcs if k[1] == n]
+
+    def resolve(path, name):
+        if (path, name) in funcs:
+            return [(path, name)]
+        return by_name.get(name, [])
+
+    direct = {k: produced(b) for k, (b, _) in funcs.items()}
+    calls = {}
+    for (path, f), (b, _) in funcs.items():
+        c = set()
+        for m in re.finditer(r"(->|\.)?\b(\w+)\s*\(", b):
+            name = m.group(2)
+            if m.group(1):
+                c.update(ops_targets(path, name))
+            elif name != f:
+                c.update(resolve(path, name))
+        calls[(path, f)] = c
+    memo = {}
+
+    def reach(k, stack):
+        if k in memo:
+            return memo[k]
+        if k in stack:
+            return direct.get(k, set())
+        stack.add(k)
+        s = set(direct.get(k, set()))
+        for g in calls.get(k, ()):
+            s |= reach(g, stack)
+        stack.discard(k)
+        memo[k] = s
+        return s
+
+    def public(name):
+        s = set()
+        for k in by_name.get(name, []):
+            s |= reach(k, set())
+        return s
+    return public
+
+
+def public_functions(header):
+    return re.findall(r"^kvt_status\s+(kvt_\w+)\s*\(", header, flags=re.M)
+
+
+def line_for(codes):
+    codes = set(codes) | {"OK"}
+    return "/* Returns: " + ", ".join("KVT_" + c for c in STATUS_ORDER if c in codes) + ". */"
+
+
+def coverage(want):
+    """(function, status) pairs test_api_errors.c shows: EXPECT_ERR /
+    assert_status(kvt_x(...), KVT_Y), EXPECT_OK / assert_ok(kvt_x(...)), and
+    the allocation-failure table's {"kvt_x", ...} rows (KVT_ENOMEM)."""
+    with open(os.path.join(ROOT, "tests", "unit", "test_api_errors.c")) as fh:
+        t = fh.read()
+    shown = set()
+    for m in re.finditer(r"\b(EXPECT_ERR|assert_status|EXPECT_OK|assert_ok)\(\s*(kvt_\w+)\(", t):
+        i, depth = m.end(), 1
+        while depth and i < len(t):
+            depth += (t[i] == "(") - (t[i] == ")")
+            i += 1
+        if m.group(1) in ("EXPECT_OK", "assert_ok"):
+            shown.add((m.group(2), "OK"))
+        else:
+            st = re.match(r"\s*,\s*KVT_(\w+)", t[i:i + 60])
+            if st:
+                shown.add((m.group(2), st.group(1)))
+    for m in re.finditer(r'\{"(kvt_\w+)", oom_\w+, undo_\w+\}', t):
+        shown.add((m.group(1), "ENOMEM"))
+    pairs = [(f, c) for f, codes in want.items() for c in STATUS_ORDER if c in codes]
+    missing = [p for p in pairs if p not in shown]
+    for f, c in missing:
+        print("not shown: %s KVT_%s" % (f, c))
+    print("test_api_errors.c shows %d of %d (function, status) pairs" %
+          (len(pairs) - len(missing), len(pairs)))
+    return 0
+
+
+def main():
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    with open(HEADER) as fh:
+        header = fh.read()
+    funcs, ops, seen = load()
+    reach = closure(funcs, ops, seen)
+    defined = {name for (_, name), (_, static) in funcs.items() if not static}
+    codes = {f: reach(f) | {"OK"} for f in public_functions(header) if f in defined}
+    if mode == "--coverage":
+        return coverage(codes)
+    want = {f: line_for(c) for f, c in codes.items()}
+    if mode == "":
+        for f, line in want.items():
+            print(f, line)
+        return 0
+    lines = header.split("\n")
+    out, bad = [], []
+    for i, ln in enumerate(lines):
+        if ln.startswith("/* Returns: KVT_") and i + 1 < len(lines):
+            continue  # regenerated below, above its declaration
+        m = re.match(r"^kvt_status\s+(kvt_\w+)\s*\(", ln)
+        if m and m.group(1) in want:
+            prev = lines[i - 1] if i else ""
+            if prev != want[m.group(1)]:
+                bad.append("%s: header says %s; the code can return %s" %
+                           (m.group(1), prev if prev.startswith("/* Returns:") else "nothing",
+                            want[m.group(1)]))
+            out.append(want[m.group(1)])
+        out.append(ln)
+    missing = [f for f in public_functions(header) if f not in defined]
+    if mode == "--write":
+        with open(HEADER, "w") as fh:
+            fh.write("\n".join(out))
+        return 0
+    if mode == "--check":
+        for b in bad:
+            print(b)
+        for f in missing:
+            print("%s: declared in kvtier.h but not defined in src/" % f)
+        if bad or missing:
+            print("status_map: include/kvtier.h's Returns: lines are stale; run scripts/status_map.py --write")
+            return 1
+        print("status lists ok: %d functions" % len(want))
+        return 0
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
