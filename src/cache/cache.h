@@ -51,6 +51,8 @@ struct kvt_task {
     bool reading;        /* load: waiting for SSD reads before the transfer */
     bool cancel_asked;
     bool launched;
+    bool external;      /* launched by kvt__cache_ext_launch: another process
+                           copies; never on the transfer engine (external.h) */
     uint32_t refs;      /* threads inside wait_layer on this task */
     bool reported;      /* result handed out; free when refs reaches 0 */
     kvt_xfer_task xt;
@@ -110,6 +112,10 @@ struct kvt_cache {
     pthread_mutex_t err_mu;
     char last_error[KVT_ERRMSG_MAX];
 };
+
+/* kvt_cache_create; shared puts the CPU tier in a memfd (cache/external.h). */
+kvt_status kvt__cache_create_ex(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo,
+                                bool shared);
 
 /* Copies the thread's last error into the cache's message; returns st. */
 kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st);

@@ -102,6 +102,15 @@ static const opt_def OPTIONS[] = {
     UINT_OPT(ssd_queue_depth, SSD_QUEUE_DEPTH, 64, 1, 4096, "SSD I/O queue depth"),
     ENUM_OPT(log_level, LOG_LEVEL, "warn", LOG_LEVEL_NAMES,
              "messages at this level and above are logged: error, warn, info or debug"),
+    /* The node server (kvtier serve, docs/server.md): keep these together. */
+    STRING_OPT(server_socket, SERVER_SOCKET, "",
+               "the node server's Unix socket path (kvtier serve; clients attach to it)"),
+    UINT_OPT(server_stop_ms, SERVER_STOP_MS, 5000, 1, 600000,
+             "a stopping server waits this many ms at most for pending SSD writes"),
+    UINT_OPT(server_max_clients, SERVER_MAX_CLIENTS, 64, 1, 4096,
+             "clients attached to the node server at once, at most"),
+    UINT_OPT(server_client_tasks, SERVER_CLIENT_TASKS, 1024, 1, 1048576,
+             "tasks one client may hold planned or running on the node server"),
 };
 
 #define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])

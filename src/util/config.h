@@ -28,6 +28,11 @@ typedef struct kvt_config_values {
     uint32_t io;            /* "io", enum "auto"|"uring"|"threads", default "auto" (env KVTIER_IO) */
     uint32_t ssd_queue_depth; /* "ssd_queue_depth", uint 1..4096, default 64 */
     uint32_t log_level;     /* "log_level", enum "error"|"warn"|"info"|"debug", default "warn" (0..3) */
+    /* The node server (src/server, docs/server.md); one block, kept together. */
+    char server_socket[108]; /* "server_socket", string, default "": Unix socket path */
+    uint32_t server_stop_ms; /* "server_stop_ms", uint, default 5000: bound on a clean stop */
+    uint32_t server_max_clients; /* "server_max_clients", uint, default 64 */
+    uint32_t server_client_tasks; /* "server_client_tasks", uint, default 1024: per-client quota */
 } kvt_config_values;
 
 struct kvt_config {
