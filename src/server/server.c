@@ -77,10 +77,11 @@ static kvt_status listen_on(kvt_server *s)
     if (fd < 0) return kvt__fail(KVT_ESYS, "%s: socket: %s", fn, strerror(errno));
     /* We hold the lock: a socket file left at the path is a dead server's. */
     unlink(s->path);
-    mode_t old = umask(077); /* created 0600: only this user may attach */
+    mode_t old = umask(0177); /* created 0600: only this user may attach */
     int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
     int e = errno;
     umask(old);
+    if (rc == 0 && chmod(s->path, 0600) != 0) e = errno, rc = -1;
     if (rc != 0 || listen(fd, 128) != 0) {
         if (rc == 0) e = errno;
         close(fd);
