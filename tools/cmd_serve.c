@@ -88,12 +88,13 @@ int kvt_cmd_serve(int argc, char **argv)
         rc = demo_error("--model", st);
         goto out;
     }
-    st = kvt_server_create(&g_server, cfg, geo);
-    kvt_geometry_destroy(geo);
-    if (st) {
-        rc = demo_error("serve", st);
-        goto out;
-    }
+    /* A SIGTERM or SIGINT during create waits (blocked) until there is a
+     * server to stop, so the socket and lock files are always cleaned up. */
+    sigset_t stop_sigs, old_mask;
+    sigemptyset(&stop_sigs);
+    sigaddset(&stop_sigs, SIGTERM);
+    sigaddset(&stop_sigs, SIGINT);
+    sigprocmask(SIG_BLOCK, &stop_sigs, &old_mask);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -101,6 +102,13 @@ int kvt_cmd_serve(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    st = kvt_server_create(&g_server, cfg, geo);
+    kvt_geometry_destroy(geo);
+    sigprocmask(SIG_SETMASK, &old_mask, NULL);
+    if (st) {
+        rc = demo_error("serve", st);
+        goto out;
+    }
     st = kvt_server_run(g_server);
     rc = st ? demo_error("stop", st) : 0;
     kvt_server_destroy(g_server);

@@ -117,16 +117,20 @@ static pid_t start_server(const char *path, const char *ssd_dir)
     assert_true(pid >= 0);
     if (pid == 0) {
         close(p[0]);
+        /* SIGTERM waits until the handler has a server to stop. */
+        sigset_t term, old;
+        sigemptyset(&term);
+        sigaddset(&term, SIGTERM);
+        sigprocmask(SIG_BLOCK, &term, &old);
+        signal(SIGTERM, on_term);
         kvt_status st = make_server(&g_srv, path, ssd_dir);
         int32_t v = st;
+        if (st) fprintf(stderr, "server: %s\n", kvt_last_error());
         if (write(p[1], &v, sizeof v) != sizeof v) _exit(3);
-        if (st) {
-            fprintf(stderr, "server: %s\n", kvt_last_error());
-            _exit(2);
-        }
+        if (st) _exit(2);
         close(p[1]);
-        signal(SIGTERM, on_term);
         signal(SIGPIPE, SIG_IGN);
+        sigprocmask(SIG_SETMASK, &old, NULL);
         st = kvt_server_run(g_srv);
         kvt_server_destroy(g_srv);
         _exit(st ? 1 : 0);
@@ -577,6 +581,9 @@ static void test_server_killed_econn(void **state)
     /* A hung server: the call's deadline, then KVT_ECONN. */
     assert_ok(engine_open(&e2, path2, 2));
     kill(srv2, SIGSTOP);
+    int ws = 0; /* SIGSTOP lands asynchronously: wait until it is stopped */
+    assert_int_equal(waitpid(srv2, &ws, WUNTRACED), srv2);
+    assert_true(WIFSTOPPED(ws));
     t0 = kvt__now_ns();
     assert_status(engine_load(&e2, &r, &matched), KVT_ECONN);
     uint64_t el = kvt__now_ns() - t0;
@@ -598,6 +605,31 @@ static void test_server_killed_econn(void **state)
     kvt_geometry_destroy(g);
 }
 
+/* A server stopped with SIGTERM flushes its SSD writes; a new server on the
+ * same SSD directory comes back warm and serves the prefix, byte for byte. */
+static void test_restart_warm_from_ssd(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "w.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    pid_t srv = start_server(path, ssd);
+    uint64_t seed = 23;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    stop_server(srv, path);
+    srv = start_server(path, ssd);
+    assert_int_equal(reap(spawn(child_load, path, &seed), 20000), 0);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(cs.recovered_blocks, BLOCKS);
+    assert_int_equal(cs.ssd_hit_tokens, BLOCKS * TPP); /* read back through the server */
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -609,6 +641,7 @@ int main(void)
         cmocka_unit_test_teardown(test_sigkill_mid_store, kill_servers),
         cmocka_unit_test_teardown(test_bad_checksum_not_visible, kill_servers),
         cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
+        cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
