@@ -411,6 +411,7 @@ static void test_same_prefix_one_owner(void **state)
 typedef struct raw_arg {
     int ready; /* pipe to tell the parent the half-store is done */
     bool lie;  /* send END OK with bad checksums instead of dying */
+    bool load; /* launch a load of seed 99's prefix instead, then wait to die */
 } raw_arg;
 
 static kvt_status raw_rt(int fd, uint16_t op, const kvt_srv_buf *b, uint8_t **rep, uint32_t *len,
@@ -450,20 +451,21 @@ static kvt_status child_raw_store(const char *path, void *arg)
     kvt_request r;
     request(&r, tokens, 99);
     kvt__srv_req_encode(&b, &r);
-    st = raw_rt(fd, KVT_SRV_PREPARE, &b, &p, &len, NULL);
+    st = raw_rt(fd, a->load ? KVT_SRV_LOOKUP : KVT_SRV_PREPARE, &b, &p, &len, NULL);
     kvt__srv_buf_free(&b);
     uint64_t task = 0;
     uint32_t first = 0, n = 0;
     if (!st) st = kvt__srv_task_rep_decode(p, len, &task, &first, &n);
     free(p);
-    if (!st && n != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "planned %u tokens", n);
+    if (!st && (a->load ? first : n) != BLOCKS * TPP)
+        st = kvt__fail(KVT_EINVAL, "planned %u tokens", a->load ? first : n);
     kvt__srv_id_encode(&b, task);
     if (!st) st = raw_rt(fd, KVT_SRV_LAUNCH, &b, &p, &len, NULL);
     kvt__srv_buf_free(&b);
     kvt_srv_launch_rep l;
     if (!st) st = kvt__srv_launch_rep_decode(p, len, &l);
     if (st) return st;
-    for (uint32_t i = 0; i < l.num_blocks / 2; i++)
+    for (uint32_t i = 0; i < l.num_blocks / 2 && !a->load; i++)
         memset(tier + kvt__srv_get64(l.offsets + 8 * i), 0xab, h.block_bytes);
     if (a->lie) {
         uint64_t sums[BLOCKS] = {0};
@@ -513,14 +515,14 @@ static void test_sigkill_mid_store(void **state)
     pid_t srv = start_server(path, NULL);
     int ready[2];
     assert_int_equal(pipe(ready), 0);
-    raw_arg a = {ready[1], false};
+    raw_arg a = {ready[1], false, false};
     pid_t kid = spawn(child_raw_store, path, &a);
+    close(ready[1]); /* a child that fails closes the pipe: read gives 0 */
     char c;
     assert_int_equal(read(ready[0], &c, 1), 1);
     kill(kid, SIGKILL);
     assert_int_equal(reap(kid, 5000), -SIGKILL);
     close(ready[0]);
-    close(ready[1]);
     /* The server notices the close at once; give its thread a moment. */
     struct timespec ts = {0, 50 * 1000000L};
     nanosleep(&ts, NULL);
@@ -533,6 +535,40 @@ static void test_sigkill_mid_store(void **state)
     stop_server(srv, path);
 }
 
+/* A client SIGKILLed mid-load loses its pins at once: the server ends its
+ * task (nothing in flight), and the prefix still loads, byte for byte. */
+static void test_sigkill_mid_load(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "l.sock");
+    pid_t srv = start_server(path, NULL);
+    uint64_t seed = 99;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    raw_arg a = {ready[1], false, true};
+    pid_t kid = spawn(child_raw_store, path, &a);
+    close(ready[1]); /* a child that fails closes the pipe: read gives 0 */
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    kill(kid, SIGKILL);
+    assert_int_equal(reap(kid, 5000), -SIGKILL);
+    close(ready[0]);
+    struct timespec ts = {0, 50 * 1000000L};
+    nanosleep(&ts, NULL);
+    assert_int_equal(reap(spawn(child_load, path, &seed), 20000), 0);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(cs.tasks_in_flight, 0);
+    assert_int_equal(cs.cancelled_tasks, 1); /* the dead client's load */
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
 static void test_bad_checksum_not_visible(void **state)
 {
     (void)state;
@@ -540,7 +576,7 @@ static void test_bad_checksum_not_visible(void **state)
     char path[300];
     sock_path(path, sizeof path, "c.sock");
     pid_t srv = start_server(path, NULL);
-    raw_arg a = {-1, true};
+    raw_arg a = {-1, true, false};
     assert_int_equal(reap(spawn(child_raw_store, path, &a), 20000), 0);
     pid_t chk = fork();
     if (chk == 0) {
@@ -639,6 +675,7 @@ int main(void)
         cmocka_unit_test_teardown(test_second_server_refused, kill_servers),
         cmocka_unit_test_teardown(test_same_prefix_one_owner, kill_servers),
         cmocka_unit_test_teardown(test_sigkill_mid_store, kill_servers),
+        cmocka_unit_test_teardown(test_sigkill_mid_load, kill_servers),
         cmocka_unit_test_teardown(test_bad_checksum_not_visible, kill_servers),
         cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
