@@ -153,3 +153,17 @@ kvt_status kvt__cache_ext_abort(kvt_cache *c, kvt_task_id id, uint64_t deadline_
                          (unsigned long long)id);
     return reap(c, id, NULL);
 }
+
+bool kvt__cache_ext_expired(kvt_cache *c, kvt_task_id id)
+{
+    pthread_mutex_lock(&c->mu);
+    kvt_task *t = kvt__task_find(c, id);
+    if (t && t->state == KVT_TS_PLANNED && t->plan_deadline_ns <= kvt__now_ns()) {
+        kvt__list_remove(&c->planned, t);
+        kvt__cache_end_task(c, t, KVT_ETIMEDOUT);
+    }
+    bool gone = !t || t->state == KVT_TS_ENDED;
+    pthread_mutex_unlock(&c->mu);
+    if (t && gone) (void)reap(c, id, NULL);
+    return gone;
+}

@@ -19,6 +19,7 @@
 #ifndef KVT_CACHE_EXTERNAL_H
 #define KVT_CACHE_EXTERNAL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include "kvtier.h"
 
@@ -56,5 +57,9 @@ kvt_status kvt__cache_ext_end(kvt_cache *c, kvt_task_id id, kvt_status st,
 /* Ends task id whatever its state (planned, launched, reading: then waits
  * for the reads until deadline_ns) and forgets its result. */
 kvt_status kvt__cache_ext_abort(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns);
+
+/* True (and the task reaped) when planned task id is gone: expired after
+ * plan_ttl_ms, or unknown. False while it is planned or launched. */
+bool kvt__cache_ext_expired(kvt_cache *c, kvt_task_id id);
 
 #endif

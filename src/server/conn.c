@@ -61,6 +61,18 @@ static kvt_status add_task(kvt_srv_conn *c, kvt_task_id id, kvt_task_kind kind)
     return KVT_OK;
 }
 
+/* Forgets planned tasks the cache expired (plan_ttl_ms), so a client that
+ * drops requests without cancelling them neither fills its quota nor keeps
+ * their results in the cache's task table. */
+static void sweep_expired(kvt_srv_conn *c)
+{
+    for (uint32_t i = 0; i < c->ntasks;) {
+        kvt_srv_task *t = &c->tasks[i];
+        if (!t->launched && kvt__cache_ext_expired(c->srv->cache, t->id)) drop_task(c, t);
+        else i++;
+    }
+}
+
 /* ------------------------------------------------------------------ */
 
 static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
@@ -100,6 +112,7 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     kvt_srv_req q;
     kvt_status st = kvt__srv_req_decode(p, len, &q);
     if (st) return st; /* a protocol violation: the caller drops the client */
+    if (c->ntasks >= s->cfg.server_client_tasks) sweep_expired(c);
     if (q.form != 0) {
         st = kvt__fail(KVT_EUNSUPPORTED, "keyed requests are not supported by this server yet");
     } else if (c->ntasks >= s->cfg.server_client_tasks) {
@@ -245,6 +258,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
         kvt_status st = kvt__fd_wait(c->fd, POLLIN, kvt__deadline_ns(1000));
         if (st == KVT_OK) break;
         if (st != KVT_ETIMEDOUT) return st;
+        sweep_expired(c); /* idle: a second passed */
     }
     kvt_srv_hdr h;
     uint8_t *p = NULL;

@@ -75,6 +75,9 @@ static void on_term(int sig)
     kvt_server_stop(g_srv);
 }
 
+/* Extra options of the next servers made: "name", "value", ..., NULL. */
+static const char *const *g_opts;
+
 static kvt_status make_server(kvt_server **out, const char *path, const char *ssd_dir)
 {
     kvt_config *cfg = NULL;
@@ -85,6 +88,7 @@ static kvt_status make_server(kvt_server **out, const char *path, const char *ss
     if (!st) st = kvt_config_set(cfg, "block_tokens", "16");
     if (!st && ssd_dir) st = kvt_config_set(cfg, "ssd_dirs", ssd_dir);
     if (!st && ssd_dir) st = kvt_config_set(cfg, "ssd_capacity", "8MiB");
+    for (int i = 0; !st && g_opts && g_opts[i]; i += 2) st = kvt_config_set(cfg, g_opts[i], g_opts[i + 1]);
     kvt_geometry *g = geo_heads(2);
     if (!st) st = kvt_server_create(out, cfg, g);
     kvt_geometry_destroy(g);
@@ -666,6 +670,46 @@ static void test_restart_warm_from_ssd(void **state)
     stop_server(srv, path);
 }
 
+/* A client that plans and never launches: its plans expire after
+ * plan_ttl_ms (launch then gives KVT_ETIMEDOUT), and it holds at most
+ * server_client_tasks of them (KVT_EFULL) until they expire. */
+static void test_plans_expire_and_quota(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "q.sock");
+    static const char *const opts[] = {"plan_ttl_ms", "200", "server_client_tasks", "2", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    uint64_t seed = 31;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, seed);
+    kvt_match m1, m2, m3;
+    assert_ok(kvt_client_lookup(e.cl, &r, &m1));
+    assert_ok(kvt_client_lookup(e.cl, &r, &m2));
+    assert_int_equal(m2.matched_tokens, BLOCKS * TPP);
+    assert_status(kvt_client_lookup(e.cl, &r, &m3), KVT_EFULL);
+    struct timespec ts = {0, 300 * 1000000L};
+    nanosleep(&ts, NULL);
+    assert_status(kvt_client_launch(e.cl, m1.task, e.pages, PAGES), KVT_ETIMEDOUT);
+    assert_ok(kvt_client_lookup(e.cl, &r, &m3)); /* m2 was swept at the quota */
+    assert_ok(kvt_client_cancel(e.cl, m3.task));
+    kvt_task_result res;
+    assert_ok(kvt_client_wait(e.cl, m3.task, 0, &res));
+    assert_int_equal(res.status, KVT_ECANCELED);
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(cs.tasks_in_flight, 0);
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -679,6 +723,7 @@ int main(void)
         cmocka_unit_test_teardown(test_bad_checksum_not_visible, kill_servers),
         cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
+        cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
