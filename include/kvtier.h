@@ -444,6 +444,9 @@ kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max,
 kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id task);
 /* The server's kvt_cache_stats (every client's traffic together). */
 kvt_status kvt_client_stats(kvt_client *cl, kvt_cache_stats *out);
+/* kvt_cache_flush on the server: every block stored so far (by any client)
+ * durable on the SSD tier, or KVT_ETIMEDOUT after timeout_ms (0..600000). */
+kvt_status kvt_client_flush(kvt_client *cl, int64_t timeout_ms);
 
 /* ------------------------------------------------------------------ */
 /* Emulated engine (test and demo support)                            */

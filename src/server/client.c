@@ -81,8 +81,9 @@ static kvt_status broken_fail(kvt_client *cl, const char *fn)
 /* Sends op with payload b and receives its reply (payload into *rep, the
  * caller frees). A failure status from the server comes back as the status
  * with the server's message. */
-static kvt_status round_trip(kvt_client *cl, const char *fn, uint16_t op, const kvt_srv_buf *b,
-                             uint8_t **rep, uint32_t *rep_len, int *fd_got)
+static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
+                                const kvt_srv_buf *b, uint8_t **rep, uint32_t *rep_len,
+                                int *fd_got, int64_t extra_ms)
 {
     if (b->oom) return kvt__fail(KVT_ENOMEM, "%s: no memory for the request", fn);
     pthread_mutex_lock(&cl->io_mu);
@@ -91,7 +92,7 @@ static kvt_status round_trip(kvt_client *cl, const char *fn, uint16_t op, const 
         pthread_mutex_unlock(&cl->io_mu);
         return st;
     }
-    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
+    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms + extra_ms);
     kvt_status st = kvt__srv_send_frame(cl->fd, op, 0, b->p, b->len, -1, deadline);
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
@@ -130,6 +131,12 @@ static kvt_status round_trip(kvt_client *cl, const char *fn, uint16_t op, const 
     *rep = p;
     *rep_len = h.len;
     return KVT_OK;
+}
+
+static kvt_status round_trip(kvt_client *cl, const char *fn, uint16_t op, const kvt_srv_buf *b,
+                             uint8_t **rep, uint32_t *rep_len, int *fd_got)
+{
+    return round_trip_ex(cl, fn, op, b, rep, rep_len, fd_got, 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -741,6 +748,24 @@ kvt_status kvt_client_stats(kvt_client *cl, kvt_cache_stats *out)
     b.p = NULL;
     kvt_status st = round_trip(cl, fn, KVT_SRV_STATS, &b, &p, &len, NULL);
     if (!st) st = kvt__srv_stats_decode(p, len, out);
+    free(p);
+    return st;
+}
+
+kvt_status kvt_client_flush(kvt_client *cl, int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_client_flush";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_ARG(timeout_ms >= 0 && timeout_ms <= 600000, "%s: timeout_ms is %lld (0..600000)",
+                  fn, (long long)timeout_ms);
+    kvt_srv_buf b = {0};
+    kvt__srv_id_encode(&b, (uint64_t)timeout_ms);
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    /* The server waits up to timeout_ms; the round trip's own deadline comes on top. */
+    kvt_status st = round_trip_ex(cl, fn, KVT_SRV_FLUSH, &b, &p, &len, NULL, timeout_ms);
+    kvt__srv_buf_free(&b);
     free(p);
     return st;
 }

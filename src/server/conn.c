@@ -251,6 +251,18 @@ static kvt_status on_stats(kvt_srv_conn *c, size_t len)
     return st;
 }
 
+static kvt_status on_flush(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    uint64_t ms;
+    kvt_status st = kvt__srv_id_decode(p, len, &ms);
+    if (st) return st;
+    if (ms > 600000) ms = 600000; /* this client's thread is busy meanwhile */
+    st = kvt_cache_flush(c->srv->cache, (int64_t)ms);
+    if (st) return reply_err(c, KVT_SRV_FLUSH, st);
+    kvt_srv_buf b = {0};
+    return reply(c, KVT_SRV_FLUSH, &b);
+}
+
 /* One request; an error return ends the connection. */
 static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
 {
@@ -283,6 +295,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     case KVT_SRV_END: st = on_end(c, p, h.len); break;
     case KVT_SRV_CANCEL: st = on_cancel(c, p, h.len); break;
     case KVT_SRV_STATS: st = on_stats(c, h.len); break;
+    case KVT_SRV_FLUSH: st = on_flush(c, p, h.len); break;
     default: st = kvt__fail(KVT_EPROTO, "unknown op %u", h.op);
     }
     free(p);

@@ -70,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = size - 1;
     uint64_t task;
     uint32_t a, c;
-    switch (which % 10) {
+    switch (which % 10) { /* FLUSH carries a task-id-shaped u64: case 5 */
     case 0:
         if (n >= KVT_SRV_HDR) {
             kvt_srv_hdr h;

@@ -657,6 +657,17 @@ static void test_restart_warm_from_ssd(void **state)
     pid_t srv = start_server(path, ssd);
     uint64_t seed = 23;
     assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    pid_t fl = fork();
+    if (fl == 0) { /* a client can wait for durability too */
+        engine e;
+        kvt_cache_stats cs;
+        if (engine_open(&e, path, 2) || kvt_client_flush(e.cl, 10000) ||
+            kvt_client_stats(e.cl, &cs) || cs.ssd_written_blocks != BLOCKS)
+            _exit(1);
+        engine_close(&e);
+        _exit(0);
+    }
+    assert_int_equal(reap(fl, 20000), 0);
     stop_server(srv, path);
     srv = start_server(path, ssd);
     assert_int_equal(reap(spawn(child_load, path, &seed), 20000), 0);
