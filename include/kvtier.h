@@ -416,7 +416,10 @@ void kvt_client_detach(kvt_client *cl);
  * reporting and error rules) with these differences:
  *  - every call has the attach deadline for its round trip to the server;
  *    a server that died or stopped answering gives KVT_ECONN naming the
- *    socket (then every later call gives KVT_ECONN; detach and re-attach);
+ *    socket; later calls re-attach on their own (one connect per backoff,
+ *    10 ms doubling to 1 s, once no copy of this client is running), and
+ *    give KVT_ECONN until one succeeds; tasks planned before the loss give
+ *    KVT_ECONN at launch (look them up again: the new server may be cold);
  *    a malformed reply gives KVT_EPROTO and drops the connection likewise;
  *  - a launched task's copy runs on this client's threads; its result
  *    (the server's verdict) is what wait/poll report;

@@ -36,6 +36,7 @@ typedef struct ctask {
     kvt_task_id id;
     kvt_task_kind kind;
     ct_state state;
+    uint32_t epoch;      /* the connection it was planned on */
     uint32_t first_token, num_tokens; /* as planned */
     kvt_task_result result;
     uint64_t end_seq;    /* order of ending, for poll */
@@ -56,6 +57,9 @@ struct kvt_client {
     pthread_mutex_t io_mu;  /* one round trip at a time */
     bool broken;            /* under io_mu */
     char broken_msg[256];
+    uint64_t retry_ns;      /* under io_mu: no re-attach before this */
+    uint32_t backoff_ms;    /* under io_mu: 10 ms doubling to 1 s */
+    uint32_t epoch;         /* under mu: bumped by each re-attach */
     kvt_geometry *geo;
     uint8_t *tier;
     kvt_srv_hello_rep shm;
@@ -81,13 +85,55 @@ static kvt_status broken_fail(kvt_client *cl, const char *fn)
 /* Sends op with payload b and receives its reply (payload into *rep, the
  * caller frees). A failure status from the server comes back as the status
  * with the server's message. */
+static kvt_status connect_until(kvt_client *cl, uint64_t deadline);
+static kvt_status hello_locked(kvt_client *cl);
+
+/* A broken connection is re-established by a later call, at most once per
+ * backoff (10 ms doubling to 1 s), and only when no copy of this client is
+ * running on the old server's tier (that mapping is dropped here). Tasks of
+ * the old connection are gone with it: they report KVT_ECONN. io_mu held. */
+static kvt_status reattach(kvt_client *cl, const char *fn)
+{
+    uint64_t now = kvt__now_ns();
+    if (now < cl->retry_ns) return broken_fail(cl, fn);
+    cl->backoff_ms = cl->backoff_ms ? cl->backoff_ms * 2 : 10;
+    if (cl->backoff_ms > 1000) cl->backoff_ms = 1000;
+    cl->retry_ns = now + (uint64_t)cl->backoff_ms * 1000000ull;
+    pthread_mutex_lock(&cl->mu);
+    bool copying = false;
+    for (uint32_t i = 0; i < cl->ntasks; i++) copying |= cl->tasks[i]->copying;
+    if (!copying) cl->epoch++; /* launches of older plans now fail before copying */
+    pthread_mutex_unlock(&cl->mu);
+    if (copying) return broken_fail(cl, fn);
+    if (cl->tier) munmap(cl->tier, cl->shm.map_bytes);
+    cl->tier = NULL;
+    close(cl->fd);
+    cl->fd = -1;
+    char keep[sizeof cl->broken_msg];
+    snprintf(keep, sizeof keep, "%s", cl->broken_msg);
+    kvt_status st = connect_until(cl, now); /* one try: the backoff spaces the next */
+    if (!st) {
+        cl->broken = false; /* hello's round trip needs the stream */
+        st = hello_locked(cl);
+    }
+    if (st) {
+        cl->broken = true;
+        snprintf(cl->broken_msg, sizeof cl->broken_msg, "%.100s; re-attach failed: %.120s",
+                 keep, kvt_last_error());
+        return broken_fail(cl, fn);
+    }
+    cl->backoff_ms = 0;
+    cl->retry_ns = 0;
+    return KVT_OK;
+}
+
 static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
                                 const kvt_srv_buf *b, uint8_t **rep, uint32_t *rep_len,
                                 int *fd_got, int64_t extra_ms)
 {
     if (b->oom) return kvt__fail(KVT_ENOMEM, "%s: no memory for the request", fn);
     pthread_mutex_lock(&cl->io_mu);
-    if (cl->broken) {
+    if (cl->broken && (op == KVT_SRV_END || op == KVT_SRV_HELLO || reattach(cl, fn))) {
         kvt_status st = broken_fail(cl, fn);
         pthread_mutex_unlock(&cl->io_mu);
         return st;
@@ -182,6 +228,7 @@ static kvt_status ct_add(kvt_client *cl, kvt_task_id id, kvt_task_kind kind, uin
     t->state = CT_PLANNED;
     t->first_token = first;
     t->num_tokens = n;
+    t->epoch = cl->epoch;
     t->cl = cl;
     cl->tasks[cl->ntasks++] = t;
     return KVT_OK;
@@ -189,6 +236,7 @@ static kvt_status ct_add(kvt_client *cl, kvt_task_id id, kvt_task_kind kind, uin
 
 static void ct_end(kvt_client *cl, ctask *t, const kvt_task_result *r)
 {
+    t->copying = false;
     t->result = *r;
     t->state = CT_ENDED;
     t->end_seq = ++cl->end_seq;
@@ -228,17 +276,35 @@ static kvt_status connect_until(kvt_client *cl, uint64_t deadline)
                      strerror(last));
 }
 
-static kvt_status hello(kvt_client *cl)
+/* HELLO and the tier's mapping; io_mu held or not yet shared. */
+static kvt_status hello_locked(kvt_client *cl)
 {
     static const char fn[] = "kvt_client_attach";
     kvt_srv_buf b = {0};
     kvt_status st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), cl->geo);
+    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
+    kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
-    uint32_t len = 0;
     int fd = -1;
-    if (!st) st = round_trip(cl, fn, KVT_SRV_HELLO, &b, &p, &len, &fd);
+    if (!st) st = kvt__srv_send_frame(cl->fd, KVT_SRV_HELLO, 0, b.p, b.len, -1, deadline);
     kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, &fd, deadline);
+    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
+                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
     if (st) return st;
+    if (h.op != (KVT_SRV_HELLO | KVT_SRV_REPLY)) st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x",
+                                                                fn, h.op);
+    else if (h.status)
+        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
+                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
+                       p ? (const char *)p : "");
+    uint32_t len = h.len;
+    if (st) {
+        free(p);
+        if (fd >= 0) close(fd);
+        return st;
+    }
     st = kvt__srv_hello_rep_decode(p, len, &cl->shm);
     free(p);
     if (!st && fd < 0) st = kvt__fail(KVT_EPROTO, "%s: the server sent no shared memory", fn);
@@ -290,7 +356,7 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
     }
     st = kvt_geometry_clone(geo, &cl->geo);
     if (!st) st = connect_until(cl, kvt__deadline_ns(timeout_ms));
-    if (!st) st = hello(cl);
+    if (!st) st = hello_locked(cl);
     if (!st) st = kvt__xfer_create(&cl->xfer, CLIENT_WORKERS, &kvt__host_copy_ops);
     if (st) {
         kvt_client_detach(cl);
@@ -425,6 +491,8 @@ static void on_copied(kvt_xfer_task *xt, kvt_status st)
     pthread_mutex_lock(&cl->mu);
     bool skip = cl->detaching;
     pthread_mutex_unlock(&cl->mu);
+    /* (A re-attach waits for this copy to end, so the epoch cannot have
+     * moved: END goes to the server that planned the task, or fails.) */
     if (!skip) {
         uint64_t *sums = NULL;
         uint32_t n = 0;
@@ -562,6 +630,9 @@ kvt_status kvt_client_launch(kvt_client *cl, kvt_task_id id, const uint32_t *pag
     else if (!cl->memory_registered)
         st = kvt__fail(KVT_ESTATE, "%s: no engine memory registered (call "
                        "kvt_client_register_memory first)", fn);
+    else if (t->epoch != cl->epoch)
+        st = kvt__fail(KVT_ECONN, "%s: task %llu was planned by a server this client lost "
+                       "(%s); look it up again", fn, (unsigned long long)id, cl->path);
     else
         st = check_pages(cl, fn, t, pages, num_pages);
     if (!st) t->state = CT_RUNNING; /* ours: no other thread launches it meanwhile */
@@ -570,7 +641,11 @@ kvt_status kvt_client_launch(kvt_client *cl, kvt_task_id id, const uint32_t *pag
     st = launch_planned(cl, fn, t, pages);
     if (!st) {
         pthread_mutex_lock(&cl->mu);
-        st = kvt__xfer_submit(cl->xfer, &t->xt);
+        if (t->epoch != cl->epoch) /* re-attached meanwhile: the blocks are gone */
+            st = kvt__fail(KVT_ECONN, "%s: kvtier server at %s: the connection was replaced "
+                           "during the launch", fn, cl->path);
+        else
+            st = kvt__xfer_submit(cl->xfer, &t->xt);
         t->copying = st == KVT_OK;
         pthread_mutex_unlock(&cl->mu);
     }

@@ -721,6 +721,72 @@ static void test_plans_expire_and_quota(void **state)
     stop_server(srv, path);
 }
 
+/* A client outlives its server: calls give KVT_ECONN while it is gone, and
+ * once a new server listens on the socket the client re-attaches on its own
+ * (bounded backoff) and works again, byte for byte. */
+static kvt_status child_outlive(const char *path, void *arg)
+{
+    int *fds = arg; /* [0]: from the parent, [1]: to the parent */
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    uint32_t tokens[NTOK], stored = 0, matched = 0;
+    kvt_request r;
+    request(&r, tokens, 41);
+    if (!st) st = engine_store(&e, &r, &stored);
+    char c = 1;
+    if (!st && (write(fds[1], &c, 1) != 1 || read(fds[0], &c, 1) != 1)) st = KVT_ESYS;
+    /* The server was killed. */
+    if (!st && engine_load(&e, &r, &matched) != KVT_ECONN)
+        st = kvt__fail(KVT_EINVAL, "a call to a dead server did not give KVT_ECONN");
+    if (!st && strstr(kvt_last_error(), path) == NULL)
+        st = kvt__fail(KVT_EINVAL, "KVT_ECONN does not name the socket: %s", kvt_last_error());
+    if (!st && (write(fds[1], &c, 1) != 1 || read(fds[0], &c, 1) != 1)) st = KVT_ESYS;
+    /* A new server listens: retry until the client is back (backoff <= 1 s). */
+    uint64_t until = kvt__now_ns() + 5000000000ull;
+    kvt_status got = KVT_ECONN;
+    while (!st && got == KVT_ECONN && kvt__now_ns() < until) {
+        got = engine_load(&e, &r, &matched);
+        struct timespec ts = {0, 20 * 1000000L};
+        if (got == KVT_ECONN) nanosleep(&ts, NULL);
+    }
+    if (!st && got) st = kvt__fail(got, "no re-attach: %s", kvt_last_error());
+    if (!st && matched != 0) st = kvt__fail(KVT_EINVAL, "the new server knew %u tokens", matched);
+    if (!st) st = engine_store(&e, &r, &stored);
+    if (!st) st = engine_load(&e, &r, &matched);
+    if (!st && matched != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "matched %u", matched);
+    engine_close(&e);
+    return st;
+}
+
+static void test_client_reattaches(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "a.sock");
+    pid_t srv = start_server(path, NULL);
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    int fds[2] = {down[0], up[1]};
+    pid_t kid = spawn(child_outlive, path, fds);
+    close(up[1]);
+    char c = 0;
+    assert_int_equal(read(up[0], &c, 1), 1); /* stored */
+    forget_server(srv);
+    kill(srv, SIGKILL);
+    assert_int_equal(reap(srv, 5000), -SIGKILL);
+    assert_int_equal(write(down[1], &c, 1), 1);
+    assert_int_equal(read(up[0], &c, 1), 1); /* saw KVT_ECONN */
+    srv = start_server(path, NULL);
+    assert_int_equal(write(down[1], &c, 1), 1);
+    assert_int_equal(reap(kid, 20000), 0);
+    close(down[0]);
+    close(down[1]);
+    close(up[0]);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -735,6 +801,7 @@ int main(void)
         cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
         cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
+        cmocka_unit_test_teardown(test_client_reattaches, kill_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
