@@ -26,6 +26,7 @@ static void usage(FILE *to)
             "  bench ssd            SSD tier write/read throughput vs raw O_DIRECT io_uring\n"
             "  bench group          rank-group step latency, inproc and loopback TCP\n"
             "  bench pd             prefill -> decode hand-off vs a raw TCP stream and ucx_perftest\n"
+            "  bench client         a client of kvtier serve vs an in-process cache; control round trip\n"
             "  version              the library version\n"
             "\n"
             "Each command takes --help; most take --json for one JSON object on stdout.\n",
@@ -43,6 +44,7 @@ static const subcommand bench_cmds[] = {
     {"ssd", kvt_bench_ssd_main},
     {"group", kvt_bench_group_main},
     {"pd", kvt_bench_pd_main},
+    {"client", kvt_bench_client_main},
 };
 
 static int dispatch(const subcommand *cmds, size_t n, const char *what, int argc, char **argv)

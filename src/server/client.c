@@ -316,7 +316,11 @@ static kvt_status hello_locked(kvt_client *cl)
         st = kvt__fail(KVT_EGEOMETRY, "%s: the server's block_tokens %u is not a multiple of "
                        "tokens_per_page %u", fn, cl->shm.block_tokens, cl->geo->tokens_per_page);
     if (!st) {
-        void *m = mmap(NULL, cl->shm.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        /* MAP_POPULATE maps every page now (reads never fault); the first
+         * write to each page through this mapping still faults once (on a
+         * VM under shadow paging, ~20-50 us a page: docs/server.md). */
+        void *m = mmap(NULL, cl->shm.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                       fd, 0);
         if (m == MAP_FAILED)
             st = kvt__fail(KVT_ESYS, "%s: cannot map the server's CPU tier (%llu bytes): %s", fn,
                            (unsigned long long)cl->shm.map_bytes, strerror(errno));

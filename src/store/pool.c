@@ -120,43 +120,36 @@ static bool map_4k(kvt_pool *p, size_t need)
     return true;
 }
 
-/* A memfd other processes can map (the node server's CPU tier). Huge pages
- * through MFD_HUGETLB when the system reserved enough, else 4 KiB pages;
- * prefaulted like the others. */
-static bool map_memfd(kvt_pool *p, size_t need, bool try_huge_pages)
+/* A memfd other processes can map (the node server's CPU tier), of len
+ * bytes, mapped MAP_SHARED and prefaulted; huge: MFD_HUGETLB. */
+static bool map_memfd_one(kvt_pool *p, size_t len, bool huge)
 {
-    size_t len = need;
-    int fd = -1;
-    if (try_huge_pages) {
-        len = round_up(need, HUGE_2M);
-        fd = memfd_create("kvtier-cpu-tier", MFD_CLOEXEC | MFD_HUGETLB);
-        if (fd >= 0 && ftruncate(fd, (off_t)len) != 0) {
-            close(fd);
-            fd = -1;
-        }
-        if (fd >= 0) p->kind = "hugetlb";
-    }
-    if (fd < 0) {
-        len = need;
-        fd = memfd_create("kvtier-cpu-tier", MFD_CLOEXEC);
-        if (fd < 0) return false;
-        if (ftruncate(fd, (off_t)len) != 0) {
-            close(fd);
-            return false;
-        }
-        p->kind = "4k";
-    }
-    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    int fd = memfd_create("kvtier-cpu-tier", MFD_CLOEXEC | (huge ? MFD_HUGETLB : 0));
+    if (fd < 0) return false;
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0)
+        m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m == MAP_FAILED) {
+        int e = errno;
         close(fd);
+        errno = e;
         return false;
     }
     p->fd = fd;
     p->map = m;
     p->map_bytes = len;
     p->base = m;
+    p->kind = huge ? "hugetlb" : "4k";
     prefault(p->base, len);
     return true;
+}
+
+/* Huge pages when the system reserved enough of them (the mapping fails at
+ * once otherwise), else 4 KiB pages. */
+static bool map_memfd(kvt_pool *p, size_t need, bool try_huge_pages)
+{
+    if (try_huge_pages && map_memfd_one(p, round_up(need, HUGE_2M), true)) return true;
+    return map_memfd_one(p, need, false);
 }
 
 static kvt_status pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t block_bytes,
