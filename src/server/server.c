@@ -77,10 +77,12 @@ static kvt_status listen_on(kvt_server *s)
     if (fd < 0) return kvt__fail(KVT_ESYS, "%s: socket: %s", fn, strerror(errno));
     /* We hold the lock: a socket file left at the path is a dead server's. */
     unlink(s->path);
-    mode_t old = umask(0177); /* created 0600: only this user may attach */
-    int rc = bind(fd, (struct sockaddr *)&a, sizeof a);
+    /* Created 0600, only this user may attach: Linux gives the socket file
+     * the socket inode's mode (less the umask), so no process-wide umask
+     * change is needed; the chmod after bind is belt and braces. */
+    int rc = fchmod(fd, 0600);
+    if (rc == 0) rc = bind(fd, (struct sockaddr *)&a, sizeof a);
     int e = errno;
-    umask(old);
     if (rc == 0 && chmod(s->path, 0600) != 0) e = errno, rc = -1;
     if (rc != 0 || listen(fd, 128) != 0) {
         if (rc == 0) e = errno;
