@@ -89,8 +89,9 @@ static kvt_status connect_until(kvt_client *cl, uint64_t deadline);
 static kvt_status hello_locked(kvt_client *cl);
 
 /* A broken connection is re-established by a later call, at most once per
- * backoff (10 ms doubling to 1 s), and only when no copy of this client is
- * running on the old server's tier (that mapping is dropped here). Tasks of
+ * backoff (10 ms doubling to 1 s), and only when no task of this client is
+ * running (copying into, or being launched on, the old server's tier, whose
+ * mapping is dropped here). Tasks of
  * the old connection are gone with it: they report KVT_ECONN. io_mu held. */
 static kvt_status reattach(kvt_client *cl, const char *fn)
 {
@@ -100,8 +101,10 @@ static kvt_status reattach(kvt_client *cl, const char *fn)
     if (cl->backoff_ms > 1000) cl->backoff_ms = 1000;
     cl->retry_ns = now + (uint64_t)cl->backoff_ms * 1000000ull;
     pthread_mutex_lock(&cl->mu);
+    /* A running task is copying into the old tier, or being launched (its
+     * block addresses are being computed from it): wait for those. */
     bool copying = false;
-    for (uint32_t i = 0; i < cl->ntasks; i++) copying |= cl->tasks[i]->copying;
+    for (uint32_t i = 0; i < cl->ntasks; i++) copying |= cl->tasks[i]->state == CT_RUNNING;
     if (!copying) cl->epoch++; /* launches of older plans now fail before copying */
     pthread_mutex_unlock(&cl->mu);
     if (copying) return broken_fail(cl, fn);
