@@ -787,6 +787,57 @@ static void test_client_reattaches(void **state)
     stop_server(srv, path);
 }
 
+/* A keyed request (the wire's form 1) is decoded and refused with
+ * KVT_EUNSUPPORTED until kvt_cache takes keys; the connection stays up. */
+static kvt_status child_keyed(const char *path, void *arg)
+{
+    (void)arg;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return KVT_ECONN;
+    kvt_geometry *g = geo_heads(2);
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    int shm = -1;
+    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g);
+    kvt_status st = raw_rt(fd, KVT_SRV_HELLO, &b, &p, &len, &shm);
+    free(p);
+    kvt__srv_buf_free(&b);
+    kvt_geometry_destroy(g);
+    if (shm >= 0) close(shm);
+    if (st) return st;
+    kvt__srv_put32(&b, 1); /* form: keys */
+    kvt__srv_put32(&b, 0); /* no namespace */
+    kvt__srv_put32(&b, 2);
+    kvt__srv_put32(&b, 3);
+    kvt__srv_put_bytes(&b, "abc", 3);
+    kvt__srv_put32(&b, 4);
+    kvt__srv_put_bytes(&b, "defg", 4);
+    p = NULL;
+    st = raw_rt(fd, KVT_SRV_LOOKUP, &b, &p, &len, NULL);
+    free(p);
+    kvt__srv_buf_free(&b);
+    if (st != KVT_EUNSUPPORTED) return kvt__fail(KVT_EPROTO, "keyed lookup gave %s", kvt_status_name(st));
+    p = NULL;
+    st = raw_rt(fd, KVT_SRV_STATS, &b, &p, &len, NULL); /* still attached */
+    free(p);
+    close(fd);
+    return st;
+}
+
+static void test_keyed_request_refused(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "kk.sock");
+    pid_t srv = start_server(path, NULL);
+    assert_int_equal(reap(spawn(child_keyed, path, NULL), 20000), 0);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -802,6 +853,7 @@ int main(void)
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
         cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
         cmocka_unit_test_teardown(test_client_reattaches, kill_servers),
+        cmocka_unit_test_teardown(test_keyed_request_refused, kill_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
