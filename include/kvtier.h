@@ -475,6 +475,112 @@ kvt_status kvt_cache_flush(kvt_cache *cache, int64_t timeout_ms);
 const char *kvt_cache_last_error(const kvt_cache *cache);
 
 /* ------------------------------------------------------------------ */
+/* Node server and its clients                                        */
+/* ------------------------------------------------------------------ */
+
+/* One cache per node that engine processes attach to (docs/server.md).
+ * The server owns the CPU tier (in shared memory), the SSD tier, the index,
+ * eviction and the SSD mover; it listens on a Unix socket (the
+ * server_socket option). A client maps the CPU tier and moves bytes between
+ * its engine pages and the tier with its own copy threads; the server only
+ * decides, pins, evicts and checks. One socket round trip per call, never
+ * per block. */
+typedef struct kvt_server kvt_server;
+typedef struct kvt_client kvt_client;
+
+/* Creates the server: the shared CPU tier (memfd), the SSD tier when
+ * ssd_dirs is set (recovering what a previous server left), and the
+ * listening socket at the server_socket option, created with mode 0600 (only
+ * this user's processes may attach; peers of another uid are refused, by
+ * SO_PEERCRED). cfg and geo are copied.
+ * KVT_EINVAL: bad argument, server_socket empty or too long.
+ * KVT_EBUSY: another server holds the socket or an SSD directory (the
+ * message names its pid). KVT_EGEOMETRY: an SSD directory was written for
+ * another geometry. KVT_ESYS, KVT_ENOMEM, KVT_EIO. The caller owns *out. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_ESTATE, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
+kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo);
+/* Serves clients on the calling thread until kvt_server_stop; then
+ * disconnects every client (their tasks are cancelled, pins released),
+ * waits up to server_stop_ms for SSD writes to become durable, and returns
+ * KVT_OK (or KVT_ETIMEDOUT when writes were still pending at that bound).
+ * KVT_ESTATE: already running or already stopped. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT, KVT_ESTATE. */
+kvt_status kvt_server_run(kvt_server *srv);
+/* Asks run to return. Async-signal-safe (it writes one byte to a pipe), so
+ * a SIGTERM/SIGINT handler may call it; also safe from any thread, and
+ * before run (run then returns at once). */
+void kvt_server_stop(kvt_server *srv);
+/* Stops (as kvt_server_stop) if running, then frees everything and removes
+ * the socket file. Must not race with a run still in progress: call it
+ * after run returned. NULL is a no-op. */
+void kvt_server_destroy(kvt_server *srv);
+
+/* Attaches to the server at socket_path: retries connecting until
+ * timeout_ms (> 0) passes (so a client may start before its server), sends
+ * geo, maps the shared CPU tier. timeout_ms is also the deadline of every
+ * later call on this client. geo must equal the server's geometry.
+ * KVT_ECONN: no server answered at socket_path in time (the message names
+ * it). KVT_EGEOMETRY: geo differs (the message names the field and both
+ * values). KVT_EAUTH: the server refused this process's credentials.
+ * KVT_EVERSION, KVT_EPROTO, KVT_ESYS, KVT_ENOMEM, KVT_EINVAL.
+ * The caller owns *out. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+kvt_status kvt_client_attach(kvt_client **out, const char *socket_path,
+                             const kvt_geometry *geo, int64_t timeout_ms);
+/* Cancels this client's tasks (the server releases their pins), waits for
+ * its copy threads, unmaps the tier and closes the socket. NULL is a no-op. */
+void kvt_client_detach(kvt_client *cl);
+
+/* The calls below mirror kvt_cache_* (same arguments, semantics, result
+ * reporting and error rules) with these differences:
+ *  - every call has the attach deadline for its round trip to the server;
+ *    a server that died or stopped answering gives KVT_ECONN naming the
+ *    socket; later calls re-attach on their own (one connect per backoff,
+ *    10 ms doubling to 1 s, once no copy of this client is running), and
+ *    give KVT_ECONN until one succeeds; tasks planned before the loss give
+ *    KVT_ECONN at launch (look them up again: the new server may be cold);
+ *    a malformed reply gives KVT_EPROTO and drops the connection likewise;
+ *  - a launched task's copy runs on this client's threads; its result
+ *    (the server's verdict) is what wait/poll report;
+ *  - kvt_client_launch of a load whose blocks sit on the server's SSD tier
+ *    returns once the server read them back into the CPU tier;
+ *  - a store's blocks become visible to every client only after the server
+ *    checked each block's checksum against the one this client computed;
+ *  - results are reported by this client's wait or poll only for tasks it
+ *    launched or cancelled; a planned task the server expired reports
+ *    KVT_ETIMEDOUT at launch.
+ * Thread-safe: any thread may call any kvt_client_* function except detach
+ * concurrently on one client (round trips are serialised on its socket). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE. */
+kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
+                                    kvt_store_plan *out);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESTATE, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+kvt_status kvt_client_launch(kvt_client *cl, kvt_task_id task, const uint32_t *pages,
+                             uint32_t num_pages);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
+kvt_status kvt_client_wait_layer(kvt_client *cl, kvt_task_id task, uint32_t layer,
+                                 int64_t timeout_ms);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
+kvt_status kvt_client_wait(kvt_client *cl, kvt_task_id task, int64_t timeout_ms,
+                           kvt_task_result *out);
+/* Returns: KVT_OK, KVT_EINVAL. */
+kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max,
+                           uint32_t *count);
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id task);
+/* The server's kvt_cache_stats (every client's traffic together). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+kvt_status kvt_client_stats(kvt_client *cl, kvt_cache_stats *out);
+/* kvt_cache_flush on the server: every block stored so far (by any client)
+ * durable on the SSD tier, or KVT_ETIMEDOUT after timeout_ms (0..600000). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+kvt_status kvt_client_flush(kvt_client *cl, int64_t timeout_ms);
+
+/* ------------------------------------------------------------------ */
 /* Emulated engine (test and demo support)                            */
 /* ------------------------------------------------------------------ */
 

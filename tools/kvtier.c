@@ -20,11 +20,13 @@ static void usage(FILE *to)
             "  pd bootstrap|prefill|decode   run a prefill -> decode KV hand-off by hand\n"
             "  replay --trace FILE  replay a Mooncake trace through the index and tiers: hit rates\n"
             "  plan --trace FILE    hit rate against CPU and SSD capacity, as CSV and an SVG plot\n"
+            "  serve --socket PATH  the node cache server engine processes attach to (foreground)\n"
             "  bench copy           gather/scatter throughput vs memcpy on this machine\n"
             "  bench index          prefix-index lookups per second and bytes per block\n"
             "  bench ssd            SSD tier write/read throughput vs raw O_DIRECT io_uring\n"
             "  bench group          rank-group step latency, inproc and loopback TCP\n"
             "  bench pd             prefill -> decode hand-off vs a raw TCP stream and ucx_perftest\n"
+            "  bench client         a client of kvtier serve vs an in-process cache; control round trip\n"
             "  version              the library version\n"
             "\n"
             "Each command takes --help; most take --json for one JSON object on stdout.\n",
@@ -42,6 +44,7 @@ static const subcommand bench_cmds[] = {
     {"ssd", kvt_bench_ssd_main},
     {"group", kvt_bench_group_main},
     {"pd", kvt_bench_pd_main},
+    {"client", kvt_bench_client_main},
 };
 
 static int dispatch(const subcommand *cmds, size_t n, const char *what, int argc, char **argv)
@@ -77,6 +80,7 @@ static const subcommand top_cmds[] = {
     {"pd", kvt_cmd_pd},
     {"replay", kvt_cmd_replay},
     {"plan", kvt_cmd_plan},
+    {"serve", kvt_cmd_serve},
     {"bench", bench_main},
     {"version", version_main},
 };

@@ -44,7 +44,8 @@ static kvt_status check_config(const kvt_config_values *v, const kvt_geometry *g
     return KVT_OK;
 }
 
-static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry *geo)
+static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry *geo,
+                        bool shared)
 {
     kvt_status st = kvt_geometry_validate(geo);
     if (st) return kvt__wrap_error(st, "kvt_cache_create: geo");
@@ -57,7 +58,10 @@ static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry 
     if (st) return st;
     c->pages_per_block = c->cfg.block_tokens / geo->tokens_per_page;
     c->block_bytes = kvt__geo_bytes_per_token(c->geo) * c->cfg.block_tokens;
-    st = kvt__pool_create(&c->pool, c->cfg.cpu_capacity, c->block_bytes, c->cfg.huge_pages);
+    st = shared ? kvt__pool_create_shared(&c->pool, c->cfg.cpu_capacity, c->block_bytes,
+                                          c->cfg.huge_pages)
+                : kvt__pool_create(&c->pool, c->cfg.cpu_capacity, c->block_bytes,
+                                   c->cfg.huge_pages);
     if (st) return st;
     st = kvt__tiers_open(c);
     if (st) return st;
@@ -71,7 +75,9 @@ static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry 
     return kvt__metrics_cache_start(c);
 }
 
-kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo)
+/* kvt_cache_create, or (shared) its twin whose CPU tier is a memfd. */
+kvt_status kvt__cache_create_ex(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo,
+                                bool shared)
 {
     kvt__clear_error();
     KVT_CHECK_NOT_NULL(out, "kvt_cache_create");
@@ -85,13 +91,18 @@ kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg, const kvt_ge
         free(c);
         return kvt__fail(KVT_ESYS, "kvt_cache_create: pthread_cond_init failed");
     }
-    kvt_status st = build(c, cfg, geo);
+    kvt_status st = build(c, cfg, geo, shared);
     if (st) {
         kvt_cache_destroy(c);
         return st;
     }
     *out = c;
     return KVT_OK;
+}
+
+kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo)
+{
+    return kvt__cache_create_ex(out, cfg, geo, false);
 }
 
 void kvt_cache_destroy(kvt_cache *c)
@@ -107,7 +118,7 @@ void kvt_cache_destroy(kvt_cache *c)
             kvt_task *t = &c->tasks[i];
             if (t->state != KVT_TS_RUNNING) continue;
             t->cancel_asked = true;
-            if (!t->reading) kvt__xfer_cancel(c->xfer, &t->xt);
+            if (!t->reading && !t->external) kvt__xfer_cancel(c->xfer, &t->xt);
         }
         pthread_mutex_unlock(&c->mu);
     }

@@ -53,6 +53,8 @@ struct kvt_task {
     bool cancel_asked;
     bool launched;
     uint64_t launch_ns; /* when launched (0: not yet): load/store latency */
+    bool external;      /* launched by kvt__cache_ext_launch: another process
+                           copies; never on the transfer engine (external.h) */
     uint32_t refs;      /* threads inside wait_layer on this task */
     bool reported;      /* result handed out; free when refs reaches 0 */
     kvt_xfer_task xt;
@@ -133,6 +135,9 @@ kvt_status kvt__request_check(const char *fn, const kvt_request *r, uint32_t blo
 uint32_t kvt__request_tokens(const kvt_cache *c, const kvt_request *r);
 uint32_t kvt__request_hashes(const kvt_cache *c, const kvt_request *r, kvt_hash128 *out,
                              uint32_t max);
+/* kvt_cache_create; shared puts the CPU tier in a memfd (cache/external.h). */
+kvt_status kvt__cache_create_ex(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo,
+                                bool shared);
 
 /* Copies the thread's last error into the cache's message; returns st. */
 kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st);

@@ -611,7 +611,7 @@ kvt_status kvt_cache_cancel(kvt_cache *c, kvt_task_id id)
         kvt__cache_end_task(c, t, KVT_ECANCELED);
     } else if (!st && t->state == KVT_TS_RUNNING) {
         t->cancel_asked = true; /* honoured when its SSD reads land */
-        if (!t->reading) kvt__xfer_cancel(c->xfer, &t->xt);
+        if (!t->reading && !t->external) kvt__xfer_cancel(c->xfer, &t->xt);
     }
     pthread_mutex_unlock(&c->mu);
     return st ? kvt__cache_fail(c, st) : KVT_OK;

@@ -637,6 +637,7 @@ static void finish_reads(kvt_cache *c, kvt_task *t)
         kvt__cache_end_task(c, t, t->bad_status);
         return;
     }
+    if (t->external) return; /* another process copies (cache/external.h) */
     kvt_status st = kvt__xfer_submit(c->xfer, &t->xt);
     if (st) kvt__cache_end_task(c, t, st);
 }

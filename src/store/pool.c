@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include "util/err.h"
 
 #define POOL_ALIGN 4096ull
@@ -43,6 +44,7 @@ struct kvt_pool {
     uint32_t *free_stack; /* free_stack[0, nfree) are free slots */
     uint8_t *in_use;      /* per slot, catches double frees in debug builds */
     const char *kind;
+    int fd;               /* the memfd behind a shared pool, else -1 */
 };
 
 static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -118,10 +120,42 @@ static bool map_4k(kvt_pool *p, size_t need)
     return true;
 }
 
-kvt_status kvt__pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t block_bytes,
-                            bool try_huge_pages)
+/* A memfd other processes can map (the node server's CPU tier), of len
+ * bytes, mapped MAP_SHARED and prefaulted; huge: MFD_HUGETLB. */
+static bool map_memfd_one(kvt_pool *p, size_t len, bool huge)
 {
-    static const char fn[] = "kvt__pool_create";
+    int fd = memfd_create("kvtier-cpu-tier", MFD_CLOEXEC | (huge ? MFD_HUGETLB : 0));
+    if (fd < 0) return false;
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0)
+        m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (m == MAP_FAILED) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return false;
+    }
+    p->fd = fd;
+    p->map = m;
+    p->map_bytes = len;
+    p->base = m;
+    p->kind = huge ? "hugetlb" : "4k";
+    prefault(p->base, len);
+    return true;
+}
+
+/* Huge pages when the system reserved enough of them (the mapping fails at
+ * once otherwise), else 4 KiB pages. */
+static bool map_memfd(kvt_pool *p, size_t need, bool try_huge_pages)
+{
+    if (try_huge_pages && map_memfd_one(p, round_up(need, HUGE_2M), true)) return true;
+    return map_memfd_one(p, need, false);
+}
+
+static kvt_status pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t block_bytes,
+                              bool try_huge_pages, bool shared)
+{
+    const char *fn = shared ? "kvt__pool_create_shared" : "kvt__pool_create";
     KVT_CHECK_NOT_NULL(out, fn);
     KVT_CHECK_ARG(block_bytes > 0, "%s: block_bytes is 0", fn);
     KVT_CHECK_ARG(block_bytes <= (1ull << 40), "%s: block_bytes %llu is over 1 TiB", fn,
@@ -141,13 +175,25 @@ kvt_status kvt__pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t bl
     if (!p) goto fail_nomem;
     p->block_bytes = block_bytes;
     p->stride = stride;
+    p->fd = -1;
     p->total = (uint32_t)blocks;
     p->free_stack = malloc(blocks * sizeof *p->free_stack);
     p->in_use = calloc(blocks, 1);
     if (!p->free_stack || !p->in_use) goto fail_free;
 
     bool mapped = false;
-    if (try_huge_pages) mapped = map_hugetlb(p, need);
+    if (shared) {
+        if (!map_memfd(p, need, try_huge_pages)) {
+            int e = errno;
+            free(p->free_stack);
+            free(p->in_use);
+            free(p);
+            return kvt__fail(KVT_ENOMEM, "%s: shared memory (memfd) of %zu bytes failed: %s",
+                             fn, need, strerror(e));
+        }
+        mapped = true;
+    }
+    if (!mapped && try_huge_pages) mapped = map_hugetlb(p, need);
     if (!mapped && try_huge_pages && thp_available()) mapped = map_thp(p, need);
     if (!mapped) mapped = map_4k(p, need);
     if (!mapped) {
@@ -174,10 +220,27 @@ fail_nomem:
                      (unsigned long long)blocks);
 }
 
+kvt_status kvt__pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t block_bytes,
+                            bool try_huge_pages)
+{
+    return pool_create(out, capacity_bytes, block_bytes, try_huge_pages, false);
+}
+
+kvt_status kvt__pool_create_shared(kvt_pool **out, uint64_t capacity_bytes,
+                                   uint64_t block_bytes, bool try_huge_pages)
+{
+    return pool_create(out, capacity_bytes, block_bytes, try_huge_pages, true);
+}
+
+int kvt__pool_fd(const kvt_pool *pool) { return pool->fd; }
+uint64_t kvt__pool_map_bytes(const kvt_pool *pool) { return pool->map_bytes; }
+uint8_t *kvt__pool_base(const kvt_pool *pool) { return pool->base; }
+
 void kvt__pool_destroy(kvt_pool *pool)
 {
     if (!pool) return;
     munmap(pool->map, pool->map_bytes);
+    if (pool->fd >= 0) close(pool->fd);
     free(pool->free_stack);
     free(pool->in_use);
     free(pool);

@@ -22,6 +22,17 @@ typedef struct kvt_pool kvt_pool;
  * KVT_EINVAL if capacity holds no block, KVT_ENOMEM if the mapping fails. */
 kvt_status kvt__pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t block_bytes,
                             bool try_huge_pages);
+/* The same pool in a memfd mapped MAP_SHARED, so other processes can map
+ * the blocks (the node server hands the fd to its clients). Block i lies at
+ * offset i * stride of the fd. */
+kvt_status kvt__pool_create_shared(kvt_pool **out, uint64_t capacity_bytes,
+                                   uint64_t block_bytes, bool try_huge_pages);
+/* The memfd of a shared pool (owned by the pool), else -1. */
+int kvt__pool_fd(const kvt_pool *pool);
+/* Bytes of the mapping (of the memfd for a shared pool). */
+uint64_t kvt__pool_map_bytes(const kvt_pool *pool);
+/* Block 0's address. */
+uint8_t *kvt__pool_base(const kvt_pool *pool);
 void kvt__pool_destroy(kvt_pool *pool);
 
 uint32_t kvt__pool_alloc(kvt_pool *pool); /* KVT_POOL_NONE when none is free */

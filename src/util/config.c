@@ -123,6 +123,15 @@ static const opt_def OPTIONS[] = {
                "address is refused unless metrics_insecure is true"),
     BOOL_OPT(metrics_insecure, METRICS_INSECURE, RANK_LOCAL, "false",
              "let metrics_addr be a non-loopback address (the endpoint has no authentication)"),
+    /* The node server (kvtier serve, docs/server.md): keep these together. */
+    STRING_OPT(server_socket, SERVER_SOCKET, RANK_LOCAL, "",
+               "the node server's Unix socket path (kvtier serve; clients attach to it)"),
+    UINT_OPT(server_stop_ms, SERVER_STOP_MS, RANK_LOCAL, 5000, 1, 600000,
+             "a stopping server waits this many ms at most for pending SSD writes"),
+    UINT_OPT(server_max_clients, SERVER_MAX_CLIENTS, RANK_LOCAL, 64, 1, 4096,
+             "clients attached to the node server at once, at most"),
+    UINT_OPT(server_client_tasks, SERVER_CLIENT_TASKS, RANK_LOCAL, 1024, 1, 1048576,
+             "tasks one client may hold planned or running on the node server"),
 };
 
 #define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])

@@ -33,6 +33,11 @@ typedef struct kvt_config_values {
     uint32_t metrics_port;  /* "metrics_port", uint 0..65535, default 0 (off) */
     char metrics_addr[64];  /* "metrics_addr", string, default "127.0.0.1": numeric address */
     bool metrics_insecure;  /* "metrics_insecure", bool, default false: allow non-loopback */
+    /* The node server (src/server, docs/server.md); one block, kept together. */
+    char server_socket[108]; /* "server_socket", string, default "": Unix socket path */
+    uint32_t server_stop_ms; /* "server_stop_ms", uint, default 5000: bound on a clean stop */
+    uint32_t server_max_clients; /* "server_max_clients", uint, default 64 */
+    uint32_t server_client_tasks; /* "server_client_tasks", uint, default 1024: per-client quota */
 } kvt_config_values;
 
 struct kvt_config {

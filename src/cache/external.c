@@ -1,0 +1,169 @@
+/* external.c - tasks another process copies (see external.h). */
+#include "cache/external.h"
+
+#include <stdlib.h>
+
+#include "cache/cache.h"
+#include "cache/tasks.h"
+#include "cache/tiers.h"
+#include "util/clock.h"
+
+/* Defined in ops.c: commits or rolls back, unpins, parks the result. */
+void kvt__cache_end_task(kvt_cache *c, kvt_task *t, kvt_status st);
+
+kvt_status kvt__cache_ext_shm(kvt_cache *c, kvt_ext_shm *out)
+{
+    int fd = kvt__pool_fd(c->pool);
+    if (fd < 0) return kvt__fail(KVT_ESTATE, "the cache's CPU tier is not shared memory");
+    kvt_ext_shm s = {
+        .fd = fd, .base = kvt__pool_base(c->pool), .map_bytes = kvt__pool_map_bytes(c->pool), .stride = kvt__pool_stride(c->pool),
+        .block_bytes = c->block_bytes, .block_tokens = c->cfg.block_tokens,
+        .num_blocks = kvt__pool_blocks_total(c->pool),
+    };
+    *out = s;
+    return KVT_OK;
+}
+
+/* Reports an ended task's result (nobody else does for external tasks). */
+static kvt_status reap(kvt_cache *c, kvt_task_id id, kvt_task_result *out)
+{
+    kvt_task_result r;
+    kvt_status st = kvt_cache_wait(c, id, 0, &r);
+    if (!st && out) *out = r;
+    return st;
+}
+
+static kvt_status ended_fail(kvt_cache *c, kvt_task_id id, const char *fn)
+{
+    kvt_task_result r = {0};
+    kvt_status st = reap(c, id, &r);
+    if (st) return st;
+    if (r.status == KVT_ETIMEDOUT)
+        return kvt__fail(KVT_ETIMEDOUT, "%s: task %llu expired unlaunched after plan_ttl_ms "
+                         "(%u ms); look it up again", fn, (unsigned long long)id,
+                         c->cfg.plan_ttl_ms);
+    return kvt__fail(r.status, "%s: task %llu ended before its launch (%s)", fn,
+                     (unsigned long long)id, kvt_status_name(r.status));
+}
+
+static kvt_status launch_locked(kvt_cache *c, kvt_task *t, uint64_t deadline_ns, bool *ended)
+{
+    static const char fn[] = "launch";
+    if (t->state == KVT_TS_PLANNED && t->plan_deadline_ns <= kvt__now_ns()) {
+        kvt__list_remove(&c->planned, t);
+        kvt__cache_end_task(c, t, KVT_ETIMEDOUT);
+    }
+    if (t->state == KVT_TS_ENDED) {
+        *ended = true;
+        return KVT_OK;
+    }
+    if (t->state != KVT_TS_PLANNED)
+        return kvt__fail(KVT_ESTATE, "%s: task %llu was already launched", fn,
+                         (unsigned long long)t->id);
+    kvt__list_remove(&c->planned, t);
+    t->state = KVT_TS_RUNNING;
+    t->launched = true;
+    t->external = true;
+    if (t->kind != KVT_TASK_LOAD || t->reads_left == 0) return KVT_OK;
+    kvt_status st = kvt__tiers_start_load(c, t); /* reads only: never the transfer */
+    if (st) {
+        kvt__cache_end_task(c, t, st);
+        *ended = true;
+        return KVT_OK;
+    }
+    t->refs++;
+    while (t->reading && kvt__cond_wait_until(&c->ended_cv, &c->mu, deadline_ns)) {}
+    t->refs--;
+    if (t->state == KVT_TS_ENDED) *ended = true;
+    else if (t->reading)
+        return kvt__fail(KVT_ETIMEDOUT, "%s: task %llu: SSD reads still in flight at the "
+                         "deadline", fn, (unsigned long long)t->id);
+    return KVT_OK;
+}
+
+kvt_status kvt__cache_ext_launch(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns,
+                                 uint64_t *offsets, uint32_t max, kvt_ext_launch *out)
+{
+    static const char fn[] = "launch";
+    pthread_mutex_lock(&c->mu);
+    kvt_task *t = kvt__task_find(c, id);
+    kvt_status st = KVT_OK;
+    bool ended = false;
+    if (!t)
+        st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or already reported", fn,
+                       (unsigned long long)id);
+    else if (t->num_blocks > max)
+        st = kvt__fail(KVT_EINVAL, "%s: task %llu has %u blocks, room for %u", fn,
+                       (unsigned long long)id, t->num_blocks, max);
+    else
+        st = launch_locked(c, t, deadline_ns, &ended);
+    if (!st && !ended) {
+        const uint8_t *base = kvt__pool_base(c->pool);
+        for (uint32_t i = 0; i < t->num_blocks; i++)
+            offsets[i] = (uint64_t)(t->blocks[i] - base);
+        kvt_ext_launch l = {t->kind, t->first_token, t->num_tokens, t->num_blocks, t->bad_status};
+        *out = l;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!st && ended) return ended_fail(c, id, fn);
+    return st;
+}
+
+kvt_status kvt__cache_ext_end(kvt_cache *c, kvt_task_id id, kvt_status result,
+                              kvt_task_result *out)
+{
+    static const char fn[] = "end";
+    pthread_mutex_lock(&c->mu);
+    kvt_task *t = kvt__task_find(c, id);
+    kvt_status st = KVT_OK;
+    if (!t)
+        st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or already reported", fn,
+                       (unsigned long long)id);
+    else if (t->state != KVT_TS_RUNNING || !t->external || t->reading)
+        st = kvt__fail(KVT_ESTATE, "%s: task %llu is not a launched external task", fn,
+                       (unsigned long long)id);
+    else
+        kvt__cache_end_task(c, t, result);
+    pthread_mutex_unlock(&c->mu);
+    return st ? st : reap(c, id, out);
+}
+
+kvt_status kvt__cache_ext_abort(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns)
+{
+    pthread_mutex_lock(&c->mu);
+    kvt_task *t = kvt__task_find(c, id);
+    if (!t) {
+        pthread_mutex_unlock(&c->mu);
+        return KVT_OK; /* already gone */
+    }
+    if (t->state == KVT_TS_PLANNED) {
+        kvt__list_remove(&c->planned, t);
+        kvt__cache_end_task(c, t, KVT_ECANCELED);
+    } else if (t->state == KVT_TS_RUNNING && t->external) {
+        t->cancel_asked = true;
+        if (!t->reading) kvt__cache_end_task(c, t, KVT_ECANCELED);
+        t->refs++;
+        while (t->state == KVT_TS_RUNNING && kvt__cond_wait_until(&c->ended_cv, &c->mu, deadline_ns)) {}
+        t->refs--;
+    }
+    bool ended = t->state == KVT_TS_ENDED;
+    pthread_mutex_unlock(&c->mu);
+    if (!ended)
+        return kvt__fail(KVT_ETIMEDOUT, "abort: task %llu still reading at the deadline",
+                         (unsigned long long)id);
+    return reap(c, id, NULL);
+}
+
+bool kvt__cache_ext_expired(kvt_cache *c, kvt_task_id id)
+{
+    pthread_mutex_lock(&c->mu);
+    kvt_task *t = kvt__task_find(c, id);
+    if (t && t->state == KVT_TS_PLANNED && t->plan_deadline_ns <= kvt__now_ns()) {
+        kvt__list_remove(&c->planned, t);
+        kvt__cache_end_task(c, t, KVT_ETIMEDOUT);
+    }
+    bool gone = !t || t->state == KVT_TS_ENDED;
+    pthread_mutex_unlock(&c->mu);
+    if (t && gone) (void)reap(c, id, NULL);
+    return gone;
+}

@@ -1,0 +1,65 @@
+/* external.h - tasks whose bytes another process moves (the node server,
+ * src/server). The cache still decides, pins, evicts and does SSD I/O; the
+ * client process copies between its engine pages and the CPU tier, which
+ * lives in a memfd it maps (kvt__cache_create_ex(shared)).
+ *
+ * An external task is planned as usual (kvt_cache_lookup /
+ * kvt_cache_prepare_store, so it expires after plan_ttl_ms while
+ * unlaunched), then:
+ *   kvt__cache_ext_launch  PLANNED -> RUNNING; a load's SSD reads are
+ *                          waited for; gives the blocks' memfd offsets;
+ *   (the client copies)
+ *   kvt__cache_ext_end     ends it with the client's status: a store's
+ *                          entries become READY only on KVT_OK (the caller
+ *                          checked each block's checksum first), else they
+ *                          are rolled back; a load's pins are released;
+ *                          the result is reported here (never to wait/poll).
+ * kvt__cache_ext_abort ends an external task in any state (the client went
+ * away). Thread-safe like every cache call. */
+#ifndef KVT_CACHE_EXTERNAL_H
+#define KVT_CACHE_EXTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "kvtier.h"
+
+typedef struct kvt_ext_shm {
+    int fd;              /* the CPU tier's memfd (owned by the cache) */
+    uint8_t *base;       /* the cache's own mapping of it */
+    uint64_t map_bytes;  /* its size */
+    uint64_t stride;     /* distance between blocks */
+    uint64_t block_bytes;
+    uint32_t block_tokens;
+    uint32_t num_blocks;
+} kvt_ext_shm;
+
+/* The shared CPU tier of a cache made with shared = true; KVT_ESTATE if not. */
+kvt_status kvt__cache_ext_shm(kvt_cache *c, kvt_ext_shm *out);
+
+typedef struct kvt_ext_launch {
+    kvt_task_kind kind;
+    uint32_t first_token, num_tokens; /* may shrink for a load (lost blocks) */
+    uint32_t num_blocks;
+    kvt_status bad_status;            /* why a load shrank, else KVT_OK */
+} kvt_ext_launch;
+
+/* Launches planned task id externally; offsets (room for max) get each
+ * block's byte offset in the memfd. Waits for a load's SSD reads until
+ * deadline_ns (KVT_ETIMEDOUT: still reading, the task stays RUNNING; abort
+ * it). A task that already ended (expired, cancelled, every block lost)
+ * is reported and freed here and its status returned. */
+kvt_status kvt__cache_ext_launch(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns,
+                                 uint64_t *offsets, uint32_t max, kvt_ext_launch *out);
+/* Ends a launched external task with st (KVT_OK: the copy succeeded) and
+ * reports its result into *out. */
+kvt_status kvt__cache_ext_end(kvt_cache *c, kvt_task_id id, kvt_status st,
+                              kvt_task_result *out);
+/* Ends task id whatever its state (planned, launched, reading: then waits
+ * for the reads until deadline_ns) and forgets its result. */
+kvt_status kvt__cache_ext_abort(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns);
+
+/* True (and the task reaped) when planned task id is gone: expired after
+ * plan_ttl_ms, or unknown. False while it is planned or launched. */
+bool kvt__cache_ext_expired(kvt_cache *c, kvt_task_id id);
+
+#endif

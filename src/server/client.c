@@ -1,0 +1,853 @@
+/* client.c - kvt_client_*: an engine process attached to the node server.
+ *
+ * The client maps the server's CPU tier (a memfd passed at attach) and moves
+ * bytes between its engine pages and the tier with its own transfer engine
+ * (src/xfer, the copy ops table). Each call is one round trip on the socket,
+ * serialised by io_mu; a launched task ends on a copy thread, which sends
+ * END (with each stored block's checksum) and keeps the server's verdict
+ * as the task's result for wait or poll. A round trip that fails or passes
+ * its deadline breaks the connection for good: every later call gives
+ * KVT_ECONN naming the socket (the engine recomputes; re-attach). */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "layout/layout.h"
+#include "net/fdio.h"
+#include "server/proto.h"
+#include "server/server.h"
+#include "util/clock.h"
+#include "util/err.h"
+#include "util/sync.h"
+#include "xfer/xfer.h"
+
+#define CLIENT_WORKERS 2
+
+typedef enum { CT_PLANNED, CT_RUNNING, CT_ENDED } ct_state;
+
+typedef struct ctask {
+    kvt_task_id id;
+    kvt_task_kind kind;
+    ct_state state;
+    uint32_t epoch;      /* the connection it was planned on */
+    uint32_t first_token, num_tokens; /* as planned */
+    kvt_task_result result;
+    uint64_t end_seq;    /* order of ending, for poll */
+    uint32_t refs;       /* threads inside wait_layer */
+    bool reported;
+    bool copying;        /* submitted to the transfer engine (under mu) */
+    uint8_t **blocks;
+    uint32_t *pages;
+    uint64_t *offsets;
+    kvt_xfer_task xt;
+    struct kvt_client *cl;
+} ctask;
+
+struct kvt_client {
+    char path[108];
+    int fd;
+    int64_t timeout_ms;
+    pthread_mutex_t io_mu;  /* one round trip at a time */
+    bool broken;            /* under io_mu */
+    char broken_msg[256];
+    uint64_t retry_ns;      /* under io_mu: no re-attach before this */
+    uint32_t backoff_ms;    /* under io_mu: 10 ms doubling to 1 s */
+    uint32_t epoch;         /* under mu: bumped by each re-attach */
+    kvt_geometry *geo;
+    uint8_t *tier;
+    kvt_srv_hello_rep shm;
+    uint32_t pages_per_block;
+    kvt_xfer *xfer;
+    pthread_mutex_t mu;     /* tasks, memory */
+    pthread_cond_t cv;
+    bool memory_registered, detaching;
+    kvt_page_map map;
+    ctask **tasks;
+    uint32_t ntasks, cap;
+    uint64_t end_seq;
+};
+
+/* ------------------------------------------------------------------ */
+/* Round trips                                                        */
+
+static kvt_status broken_fail(kvt_client *cl, const char *fn)
+{
+    return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path, cl->broken_msg);
+}
+
+/* Sends op with payload b and receives its reply (payload into *rep, the
+ * caller frees). A failure status from the server comes back as the status
+ * with the server's message. */
+static kvt_status connect_until(kvt_client *cl, uint64_t deadline);
+static kvt_status hello_locked(kvt_client *cl);
+
+/* A broken connection is re-established by a later call, at most once per
+ * backoff (10 ms doubling to 1 s), and only when no task of this client is
+ * running (copying into, or being launched on, the old server's tier, whose
+ * mapping is dropped here). Tasks of
+ * the old connection are gone with it: they report KVT_ECONN. io_mu held. */
+static kvt_status reattach(kvt_client *cl, const char *fn)
+{
+    uint64_t now = kvt__now_ns();
+    if (now < cl->retry_ns) return broken_fail(cl, fn);
+    cl->backoff_ms = cl->backoff_ms ? cl->backoff_ms * 2 : 10;
+    if (cl->backoff_ms > 1000) cl->backoff_ms = 1000;
+    cl->retry_ns = now + (uint64_t)cl->backoff_ms * 1000000ull;
+    pthread_mutex_lock(&cl->mu);
+    /* A running task is copying into the old tier, or being launched (its
+     * block addresses are being computed from it): wait for those. */
+    bool copying = false;
+    for (uint32_t i = 0; i < cl->ntasks; i++) copying |= cl->tasks[i]->state == CT_RUNNING;
+    if (!copying) cl->epoch++; /* launches of older plans now fail before copying */
+    pthread_mutex_unlock(&cl->mu);
+    if (copying) return broken_fail(cl, fn);
+    if (cl->tier) munmap(cl->tier, cl->shm.map_bytes);
+    cl->tier = NULL;
+    close(cl->fd);
+    cl->fd = -1;
+    char keep[sizeof cl->broken_msg];
+    snprintf(keep, sizeof keep, "%s", cl->broken_msg);
+    kvt_status st = connect_until(cl, now); /* one try: the backoff spaces the next */
+    if (!st) {
+        cl->broken = false; /* hello's round trip needs the stream */
+        st = hello_locked(cl);
+    }
+    if (st) {
+        cl->broken = true;
+        snprintf(cl->broken_msg, sizeof cl->broken_msg, "%.100s; re-attach failed: %.120s",
+                 keep, kvt_last_error());
+        return broken_fail(cl, fn);
+    }
+    cl->backoff_ms = 0;
+    cl->retry_ns = 0;
+    return KVT_OK;
+}
+
+static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
+                                const kvt_srv_buf *b, uint8_t **rep, uint32_t *rep_len,
+                                int *fd_got, int64_t extra_ms)
+{
+    if (b->oom) return kvt__fail(KVT_ENOMEM, "%s: no memory for the request", fn);
+    pthread_mutex_lock(&cl->io_mu);
+    if (cl->broken && (op == KVT_SRV_END || op == KVT_SRV_HELLO || reattach(cl, fn))) {
+        kvt_status st = broken_fail(cl, fn);
+        pthread_mutex_unlock(&cl->io_mu);
+        return st;
+    }
+    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms + extra_ms);
+    kvt_status st = kvt__srv_send_frame(cl->fd, op, 0, b->p, b->len, -1, deadline);
+    kvt_srv_hdr h = {0};
+    uint8_t *p = NULL;
+    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, fd_got, deadline);
+    if (!st && h.op != (op | KVT_SRV_REPLY)) {
+        free(p);
+        st = kvt__fail(KVT_EPROTO, "reply op 0x%x to request op %u", h.op, op);
+    }
+    if (st) {
+        /* The stream is out of step now: no later call may use it. */
+        cl->broken = true;
+        if (st == KVT_ETIMEDOUT)
+            snprintf(cl->broken_msg, sizeof cl->broken_msg, "no reply within %lld ms",
+                     (long long)cl->timeout_ms);
+        else if (st == KVT_ECONN)
+            snprintf(cl->broken_msg, sizeof cl->broken_msg, "connection lost (the server "
+                     "stopped or died)");
+        else
+            snprintf(cl->broken_msg, sizeof cl->broken_msg, "%s (%s)", kvt_status_name(st),
+                     kvt_last_error());
+        shutdown(cl->fd, SHUT_RDWR);
+        st = st == KVT_EPROTO || st == KVT_EVERSION ? kvt__fail(st, "%s: kvtier server at %s: %s",
+                                                                fn, cl->path, cl->broken_msg)
+                                                    : broken_fail(cl, fn);
+        pthread_mutex_unlock(&cl->io_mu);
+        return st;
+    }
+    pthread_mutex_unlock(&cl->io_mu);
+    if (h.status != 0) {
+        int len = h.len > KVT_SRV_MAX_ERRMSG ? (int)KVT_SRV_MAX_ERRMSG : (int)h.len;
+        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn, len, p ? (const char *)p : "");
+        free(p);
+        if (fd_got && *fd_got >= 0) close(*fd_got);
+        return st;
+    }
+    *rep = p;
+    *rep_len = h.len;
+    return KVT_OK;
+}
+
+static kvt_status round_trip(kvt_client *cl, const char *fn, uint16_t op, const kvt_srv_buf *b,
+                             uint8_t **rep, uint32_t *rep_len, int *fd_got)
+{
+    return round_trip_ex(cl, fn, op, b, rep, rep_len, fd_got, 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* Task table (under cl->mu)                                          */
+
+static ctask *find(kvt_client *cl, kvt_task_id id)
+{
+    for (uint32_t i = 0; i < cl->ntasks; i++)
+        if (cl->tasks[i]->id == id && !cl->tasks[i]->reported) return cl->tasks[i];
+    return NULL;
+}
+
+static void ct_free(kvt_client *cl, ctask *t)
+{
+    for (uint32_t i = 0; i < cl->ntasks; i++)
+        if (cl->tasks[i] == t) {
+            cl->tasks[i] = cl->tasks[--cl->ntasks];
+            break;
+        }
+    free(t->blocks);
+    free(t->pages);
+    free(t->offsets);
+    free(t);
+}
+
+static kvt_status ct_add(kvt_client *cl, kvt_task_id id, kvt_task_kind kind, uint32_t first,
+                         uint32_t n)
+{
+    ctask *t = calloc(1, sizeof *t);
+    if (!t) return kvt__fail(KVT_ENOMEM, "no memory for a task");
+    if (cl->ntasks == cl->cap) {
+        uint32_t cap = cl->cap ? cl->cap * 2 : 32;
+        ctask **v = realloc(cl->tasks, cap * sizeof *v);
+        if (!v) {
+            free(t);
+            return kvt__fail(KVT_ENOMEM, "no memory for the task table");
+        }
+        cl->tasks = v;
+        cl->cap = cap;
+    }
+    t->id = id;
+    t->kind = kind;
+    t->state = CT_PLANNED;
+    t->first_token = first;
+    t->num_tokens = n;
+    t->epoch = cl->epoch;
+    t->cl = cl;
+    cl->tasks[cl->ntasks++] = t;
+    return KVT_OK;
+}
+
+static void ct_end(kvt_client *cl, ctask *t, const kvt_task_result *r)
+{
+    t->copying = false;
+    t->result = *r;
+    t->state = CT_ENDED;
+    t->end_seq = ++cl->end_seq;
+    pthread_cond_broadcast(&cl->cv);
+}
+
+static kvt_task_result local_result(const ctask *t, kvt_status st)
+{
+    kvt_task_result r = {t->id, t->kind, st, t->first_token, 0, 0};
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* Attach and detach                                                  */
+
+static kvt_status connect_until(kvt_client *cl, uint64_t deadline)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", cl->path);
+    int last = 0;
+    for (;;) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) return kvt__fail(KVT_ESYS, "kvt_client_attach: socket: %s", strerror(errno));
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+            cl->fd = fd;
+            return KVT_OK;
+        }
+        last = errno;
+        close(fd);
+        /* Not there yet, or its backlog is full: retry until the deadline. */
+        if (last != ENOENT && last != ECONNREFUSED && last != EAGAIN) break;
+        if (kvt__now_ns() >= deadline) break;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return kvt__fail(KVT_ECONN, "kvt_client_attach: no kvtier server at %s: %s", cl->path,
+                     strerror(last));
+}
+
+/* HELLO and the tier's mapping; io_mu held or not yet shared. */
+static kvt_status hello_locked(kvt_client *cl)
+{
+    static const char fn[] = "kvt_client_attach";
+    kvt_srv_buf b = {0};
+    kvt_status st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), cl->geo);
+    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
+    kvt_srv_hdr h = {0};
+    uint8_t *p = NULL;
+    int fd = -1;
+    if (!st) st = kvt__srv_send_frame(cl->fd, KVT_SRV_HELLO, 0, b.p, b.len, -1, deadline);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, &fd, deadline);
+    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
+                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
+    if (st) return st;
+    if (h.op != (KVT_SRV_HELLO | KVT_SRV_REPLY)) st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x",
+                                                                fn, h.op);
+    else if (h.status)
+        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
+                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
+                       p ? (const char *)p : "");
+    uint32_t len = h.len;
+    if (st) {
+        free(p);
+        if (fd >= 0) close(fd);
+        return st;
+    }
+    st = kvt__srv_hello_rep_decode(p, len, &cl->shm);
+    free(p);
+    if (!st && fd < 0) st = kvt__fail(KVT_EPROTO, "%s: the server sent no shared memory", fn);
+    if (!st && cl->shm.block_bytes != kvt__geo_bytes_per_token(cl->geo) * cl->shm.block_tokens)
+        st = kvt__fail(KVT_EPROTO, "%s: the server's blocks are %llu bytes, not %u tokens of "
+                       "this geometry", fn, (unsigned long long)cl->shm.block_bytes,
+                       cl->shm.block_tokens);
+    if (!st && cl->shm.block_tokens % cl->geo->tokens_per_page != 0)
+        st = kvt__fail(KVT_EGEOMETRY, "%s: the server's block_tokens %u is not a multiple of "
+                       "tokens_per_page %u", fn, cl->shm.block_tokens, cl->geo->tokens_per_page);
+    if (!st) {
+        /* MAP_POPULATE maps every page now (reads never fault); the first
+         * write to each page through this mapping still faults once (on a
+         * VM under shadow paging, ~20-50 us a page: docs/server.md). */
+        void *m = mmap(NULL, cl->shm.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                       fd, 0);
+        if (m == MAP_FAILED)
+            st = kvt__fail(KVT_ESYS, "%s: cannot map the server's CPU tier (%llu bytes): %s", fn,
+                           (unsigned long long)cl->shm.map_bytes, strerror(errno));
+        else
+            cl->tier = m;
+    }
+    if (fd >= 0) close(fd);
+    if (!st) cl->pages_per_block = cl->shm.block_tokens / cl->geo->tokens_per_page;
+    return st;
+}
+
+kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kvt_geometry *geo,
+                             int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_client_attach";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(out, fn);
+    KVT_CHECK_NOT_NULL(socket_path, fn);
+    KVT_CHECK_NOT_NULL(geo, fn);
+    KVT_CHECK_ARG(timeout_ms > 0, "%s: timeout_ms is %lld; it must be > 0 (every call's "
+                  "deadline)", fn, (long long)timeout_ms);
+    struct sockaddr_un a;
+    KVT_CHECK_ARG(strlen(socket_path) < sizeof a.sun_path, "%s: socket_path is longer than %zu "
+                  "bytes", fn, sizeof a.sun_path - 1);
+    kvt_status st = kvt_geometry_validate(geo);
+    if (st) return kvt__wrap_error(st, "kvt_client_attach: geo");
+    kvt_client *cl = calloc(1, sizeof *cl);
+    if (!cl) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
+    cl->fd = -1;
+    cl->timeout_ms = timeout_ms;
+    snprintf(cl->path, sizeof cl->path, "%s", socket_path);
+    pthread_mutex_init(&cl->io_mu, NULL);
+    pthread_mutex_init(&cl->mu, NULL);
+    if (kvt__cond_init(&cl->cv) != 0) {
+        free(cl);
+        return kvt__fail(KVT_ESYS, "%s: pthread_cond_init failed", fn);
+    }
+    st = kvt_geometry_clone(geo, &cl->geo);
+    if (!st) st = connect_until(cl, kvt__deadline_ns(timeout_ms));
+    if (!st) st = hello_locked(cl);
+    if (!st) st = kvt__xfer_create(&cl->xfer, CLIENT_WORKERS, &kvt__host_copy_ops);
+    if (st) {
+        kvt_client_detach(cl);
+        return st;
+    }
+    *out = cl;
+    return KVT_OK;
+}
+
+void kvt_client_detach(kvt_client *cl)
+{
+    if (!cl) return;
+    pthread_mutex_lock(&cl->mu);
+    cl->detaching = true; /* copy threads skip END: the close releases everything */
+    for (uint32_t i = 0; i < cl->ntasks; i++)
+        if (cl->tasks[i]->copying) kvt__xfer_cancel(cl->xfer, &cl->tasks[i]->xt);
+    pthread_mutex_unlock(&cl->mu);
+    kvt__xfer_destroy(cl->xfer);
+    if (cl->fd >= 0) close(cl->fd);
+    if (cl->tier) munmap(cl->tier, cl->shm.map_bytes);
+    while (cl->ntasks) ct_free(cl, cl->tasks[0]);
+    free(cl->tasks);
+    kvt_geometry_destroy(cl->geo);
+    pthread_cond_destroy(&cl->cv);
+    pthread_mutex_destroy(&cl->mu);
+    pthread_mutex_destroy(&cl->io_mu);
+    free(cl);
+}
+
+kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem)
+{
+    static const char fn[] = "kvt_client_register_memory";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_NOT_NULL(mem, fn);
+    pthread_mutex_lock(&cl->mu);
+    kvt_status st = KVT_OK;
+    if (cl->memory_registered)
+        st = kvt__fail(KVT_ESTATE, "%s: engine memory is already registered (allowed once per "
+                       "client)", fn);
+    else if (!(st = kvt__page_map_init(&cl->map, cl->geo, mem)))
+        cl->memory_registered = true;
+    pthread_mutex_unlock(&cl->mu);
+    return st;
+}
+
+/* ------------------------------------------------------------------ */
+/* Planning                                                           */
+
+static kvt_status check_req(const char *fn, const kvt_request *r)
+{
+    KVT_CHECK_NOT_NULL_AS(r, "req", fn);
+    KVT_CHECK_ARG(r->tokens != NULL || r->num_tokens == 0, "%s: req->tokens is NULL but "
+                  "num_tokens is %u", fn, r->num_tokens);
+    KVT_CHECK_ARG(r->ns != NULL || r->ns_len == 0, "%s: req->ns is NULL but ns_len is %u", fn,
+                  r->ns_len);
+    return KVT_OK;
+}
+
+static kvt_status plan(kvt_client *cl, const char *fn, uint16_t op, const kvt_request *req,
+                       uint64_t *task, uint32_t *a, uint32_t *c)
+{
+    kvt_status st = check_req(fn, req);
+    if (st) return st;
+    kvt_srv_buf b = {0};
+    st = kvt__srv_req_encode(&b, req);
+    if (st) {
+        kvt__srv_buf_free(&b);
+        return kvt__wrap_error(st, fn);
+    }
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    st = round_trip(cl, fn, op, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_task_rep_decode(p, len, task, a, c);
+    free(p);
+    return st;
+}
+
+kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out)
+{
+    static const char fn[] = "kvt_client_lookup";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_NOT_NULL(out, fn);
+    uint64_t task = 0;
+    uint32_t matched = 0, unused = 0;
+    kvt_status st = plan(cl, fn, KVT_SRV_LOOKUP, req, &task, &matched, &unused);
+    if (st) return st;
+    if (task) {
+        pthread_mutex_lock(&cl->mu);
+        st = ct_add(cl, task, KVT_TASK_LOAD, 0, matched);
+        pthread_mutex_unlock(&cl->mu);
+        if (st) return st; /* the server expires the plan */
+    }
+    kvt_match m = {task, task ? matched : 0};
+    *out = m;
+    return KVT_OK;
+}
+
+kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req, kvt_store_plan *out)
+{
+    static const char fn[] = "kvt_client_prepare_store";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_NOT_NULL(out, fn);
+    uint64_t task = 0;
+    uint32_t first = 0, n = 0;
+    kvt_status st = plan(cl, fn, KVT_SRV_PREPARE, req, &task, &first, &n);
+    if (st) return st;
+    if (task) {
+        pthread_mutex_lock(&cl->mu);
+        st = ct_add(cl, task, KVT_TASK_STORE, first, n);
+        pthread_mutex_unlock(&cl->mu);
+        if (st) return st;
+    }
+    kvt_store_plan p = {task, first, task ? n : 0};
+    *out = p;
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Launch and the end of a copy                                       */
+
+/* Runs on a copy thread when the local copy ended: tells the server, whose
+ * verdict (a store: every block's checksum checked) is the result. */
+static void on_copied(kvt_xfer_task *xt, kvt_status st)
+{
+    ctask *t = xt->user;
+    kvt_client *cl = t->cl;
+    kvt_task_result r = local_result(t, st);
+    pthread_mutex_lock(&cl->mu);
+    bool skip = cl->detaching;
+    pthread_mutex_unlock(&cl->mu);
+    /* (A re-attach waits for this copy to end, so the epoch cannot have
+     * moved: END goes to the server that planned the task, or fails.) */
+    if (!skip) {
+        uint64_t *sums = NULL;
+        uint32_t n = 0;
+        if (st == KVT_OK && t->kind == KVT_TASK_STORE) {
+            sums = malloc((size_t)xt->num_blocks * sizeof *sums + 1);
+            if (sums) {
+                n = xt->num_blocks;
+                for (uint32_t i = 0; i < n; i++)
+                    sums[i] = kvt__srv_block_sum(t->blocks[i], cl->shm.block_bytes,
+                                                 t->offsets[i]);
+            } else {
+                st = KVT_ENOMEM;
+            }
+        }
+        kvt_srv_buf b = {0};
+        kvt__srv_end_encode(&b, t->id, st, sums, n);
+        free(sums);
+        uint8_t *p = NULL;
+        uint32_t len = 0;
+        kvt_status rs = round_trip(cl, "kvt_client_wait", KVT_SRV_END, &b, &p, &len, NULL);
+        kvt__srv_buf_free(&b);
+        if (!rs) rs = kvt__srv_result_decode(p, len, &r);
+        free(p);
+        if (rs) r.status = rs;
+        r.task = t->id;
+    }
+    pthread_mutex_lock(&cl->mu);
+    ct_end(cl, t, &r);
+    pthread_mutex_unlock(&cl->mu);
+}
+
+static kvt_status check_pages(kvt_client *cl, const char *fn, const ctask *t,
+                              const uint32_t *pages, uint32_t num_pages)
+{
+    uint32_t tpp = cl->geo->tokens_per_page;
+    uint32_t first = t->first_token / tpp, end = first + t->num_tokens / tpp;
+    KVT_CHECK_ARG(pages != NULL, "%s: pages is NULL", fn);
+    KVT_CHECK_ARG(num_pages >= end, "%s: task %llu moves tokens [%u, %u), which needs "
+                  "pages[0..%u) but num_pages is %u", fn, (unsigned long long)t->id,
+                  t->first_token, t->first_token + t->num_tokens, end, num_pages);
+    for (uint32_t i = first; i < end; i++)
+        KVT_CHECK_ARG(pages[i] < cl->map.num_pages, "%s: pages[%u] is %u but the engine "
+                      "registered %u pages", fn, i, pages[i], cl->map.num_pages);
+    return KVT_OK;
+}
+
+/* The server's launch reply, checked: a hostile or broken server must not
+ * make this process copy outside the mapped tier. */
+static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const uint8_t *p,
+                              uint32_t len)
+{
+    kvt_srv_launch_rep l;
+    kvt_status st = kvt__srv_launch_rep_decode(p, len, &l);
+    if (st) return st;
+    if (l.kind != (uint32_t)t->kind || l.first_token != t->first_token ||
+        l.num_tokens > t->num_tokens || l.num_tokens != l.num_blocks * cl->shm.block_tokens)
+        return kvt__fail(KVT_EPROTO, "%s: task %llu: the server launched tokens [%u, +%u) of "
+                         "kind %u, planned [%u, +%u)", fn, (unsigned long long)t->id,
+                         l.first_token, l.num_tokens, l.kind, t->first_token, t->num_tokens);
+    t->offsets = malloc((size_t)l.num_blocks * sizeof *t->offsets + 1);
+    t->blocks = malloc((size_t)l.num_blocks * sizeof *t->blocks + 1);
+    if (!t->offsets || !t->blocks) return kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
+    for (uint32_t i = 0; i < l.num_blocks; i++) {
+        uint64_t off = kvt__srv_get64(l.offsets + 8 * (size_t)i);
+        if (off % cl->shm.stride != 0 || off / cl->shm.stride >= cl->shm.num_blocks)
+            return kvt__fail(KVT_EPROTO, "%s: task %llu: block %u at offset %llu is not a block "
+                             "of the tier", fn, (unsigned long long)t->id, i,
+                             (unsigned long long)off);
+        t->offsets[i] = off;
+        t->blocks[i] = cl->tier + off;
+    }
+    t->num_tokens = l.num_tokens;
+    t->xt.num_blocks = l.num_blocks;
+    return KVT_OK;
+}
+
+static kvt_status launch_planned(kvt_client *cl, const char *fn, ctask *t, const uint32_t *pages)
+{
+    kvt_srv_buf b = {0};
+    kvt__srv_id_encode(&b, t->id);
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    kvt_status st = round_trip(cl, fn, KVT_SRV_LAUNCH, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (st) return st; /* the server dropped the task (expired, unknown...) */
+    memset(&t->xt, 0, sizeof t->xt);
+    st = take_launch(cl, fn, t, p, len);
+    free(p);
+    if (!st) {
+        uint32_t first = t->first_token / cl->geo->tokens_per_page;
+        size_t n = (size_t)t->xt.num_blocks * cl->pages_per_block;
+        t->pages = malloc(n * sizeof *t->pages + 1);
+        if (!t->pages) st = kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
+        else memcpy(t->pages, pages + first, n * sizeof *t->pages);
+    }
+    if (st) {
+        /* Tell the server the copy failed so it releases the task now. */
+        kvt_srv_buf e = {0};
+        kvt__srv_end_encode(&e, t->id, st, NULL, 0);
+        uint8_t *q = NULL;
+        uint32_t ql = 0;
+        kvt_status keep = st;
+        char msg[KVT_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        if (!round_trip(cl, fn, KVT_SRV_END, &e, &q, &ql, NULL)) free(q);
+        kvt__srv_buf_free(&e);
+        return kvt__fail(keep, "%s", msg);
+    }
+    t->xt.dir = t->kind == KVT_TASK_STORE ? KVT_XFER_GATHER : KVT_XFER_SCATTER;
+    t->xt.geo = cl->geo;
+    t->xt.map = &cl->map;
+    t->xt.block_tokens = cl->shm.block_tokens;
+    t->xt.blocks = t->blocks;
+    t->xt.pages = t->pages;
+    t->xt.on_done = on_copied;
+    t->xt.user = t;
+    return KVT_OK;
+}
+
+kvt_status kvt_client_launch(kvt_client *cl, kvt_task_id id, const uint32_t *pages,
+                             uint32_t num_pages)
+{
+    static const char fn[] = "kvt_client_launch";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    pthread_mutex_lock(&cl->mu);
+    ctask *t = find(cl, id);
+    kvt_status st = KVT_OK;
+    if (!t)
+        st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or its result was already "
+                       "reported", fn, (unsigned long long)id);
+    else if (t->state != CT_PLANNED)
+        st = kvt__fail(KVT_ESTATE, "%s: task %llu was already launched", fn,
+                       (unsigned long long)id);
+    else if (!cl->memory_registered)
+        st = kvt__fail(KVT_ESTATE, "%s: no engine memory registered (call "
+                       "kvt_client_register_memory first)", fn);
+    else if (t->epoch != cl->epoch)
+        st = kvt__fail(KVT_ECONN, "%s: task %llu was planned by a server this client lost "
+                       "(%s); look it up again", fn, (unsigned long long)id, cl->path);
+    else
+        st = check_pages(cl, fn, t, pages, num_pages);
+    if (!st) t->state = CT_RUNNING; /* ours: no other thread launches it meanwhile */
+    pthread_mutex_unlock(&cl->mu);
+    if (st) return st;
+    st = launch_planned(cl, fn, t, pages);
+    if (!st) {
+        pthread_mutex_lock(&cl->mu);
+        if (t->epoch != cl->epoch) /* re-attached meanwhile: the blocks are gone */
+            st = kvt__fail(KVT_ECONN, "%s: kvtier server at %s: the connection was replaced "
+                           "during the launch", fn, cl->path);
+        else
+            st = kvt__xfer_submit(cl->xfer, &t->xt);
+        t->copying = st == KVT_OK;
+        pthread_mutex_unlock(&cl->mu);
+    }
+    if (st) {
+        char msg[KVT_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        pthread_mutex_lock(&cl->mu);
+        ct_free(cl, t); /* the server has forgotten it; so does the engine's view */
+        pthread_mutex_unlock(&cl->mu);
+        return kvt__fail(st, "%s", msg);
+    }
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Waiting, polling, cancelling                                       */
+
+static void report(kvt_client *cl, ctask *t, kvt_task_result *out)
+{
+    *out = t->result;
+    t->reported = true;
+    if (t->refs == 0) ct_free(cl, t);
+}
+
+kvt_status kvt_client_wait(kvt_client *cl, kvt_task_id id, int64_t timeout_ms,
+                           kvt_task_result *out)
+{
+    static const char fn[] = "kvt_client_wait";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_NOT_NULL(out, fn);
+    KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline (use 0 "
+                  "to poll)", fn, (long long)timeout_ms);
+    uint64_t deadline = kvt__deadline_ns(timeout_ms);
+    pthread_mutex_lock(&cl->mu);
+    ctask *t = find(cl, id);
+    kvt_status st = KVT_OK;
+    if (!t) {
+        st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or already reported", fn,
+                       (unsigned long long)id);
+    } else if (t->state == CT_PLANNED) {
+        st = kvt__fail(KVT_ESTATE, "%s: task %llu was never launched (launch or cancel it)", fn,
+                       (unsigned long long)id);
+    } else {
+        t->refs++;
+        while (t->state != CT_ENDED && !t->reported)
+            if (!kvt__cond_wait_until(&cl->cv, &cl->mu, deadline)) break;
+        t->refs--;
+        if (t->reported) {
+            st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu was reported to another caller "
+                           "meanwhile", fn, (unsigned long long)id);
+            if (t->refs == 0) ct_free(cl, t);
+        } else if (t->state != CT_ENDED) {
+            st = kvt__fail(KVT_ETIMEDOUT, "%s: task %llu still running after %lld ms", fn,
+                           (unsigned long long)id, (long long)timeout_ms);
+        } else {
+            report(cl, t, out);
+        }
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return st;
+}
+
+kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max, uint32_t *count)
+{
+    static const char fn[] = "kvt_client_poll";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_NOT_NULL(count, fn);
+    KVT_CHECK_ARG(out != NULL || max == 0, "%s: out is NULL but max is %u", fn, max);
+    pthread_mutex_lock(&cl->mu);
+    uint32_t n = 0;
+    while (n < max) {
+        ctask *oldest = NULL;
+        for (uint32_t i = 0; i < cl->ntasks; i++) {
+            ctask *t = cl->tasks[i];
+            if (t->state == CT_ENDED && !t->reported &&
+                (!oldest || t->end_seq < oldest->end_seq))
+                oldest = t;
+        }
+        if (!oldest) break;
+        report(cl, oldest, &out[n++]);
+    }
+    pthread_mutex_unlock(&cl->mu);
+    *count = n;
+    return KVT_OK;
+}
+
+kvt_status kvt_client_wait_layer(kvt_client *cl, kvt_task_id id, uint32_t layer,
+                                 int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_client_wait_layer";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
+                  (long long)timeout_ms);
+    pthread_mutex_lock(&cl->mu);
+    ctask *t = find(cl, id);
+    kvt_status st = KVT_OK;
+    if (!t)
+        st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or already reported", fn,
+                       (unsigned long long)id);
+    else if (t->kind != KVT_TASK_LOAD)
+        st = kvt__fail(KVT_EINVAL, "%s: task %llu is a store; only loads have layers", fn,
+                       (unsigned long long)id);
+    else if (layer >= cl->geo->num_layers)
+        st = kvt__fail(KVT_EINVAL, "%s: layer %u is out of range (%u layers)", fn, layer,
+                       cl->geo->num_layers);
+    else if (t->state == CT_PLANNED)
+        st = kvt__fail(KVT_ESTATE, "%s: task %llu was never launched", fn,
+                       (unsigned long long)id);
+    else if (t->state == CT_ENDED) {
+        if (t->result.status != KVT_OK)
+            st = kvt__fail(t->result.status, "%s: task %llu ended with %s", fn,
+                           (unsigned long long)id, kvt_status_name(t->result.status));
+    } else {
+        t->refs++;
+        pthread_mutex_unlock(&cl->mu);
+        st = kvt__xfer_wait_layer(cl->xfer, &t->xt, layer, kvt__deadline_ns(timeout_ms));
+        pthread_mutex_lock(&cl->mu);
+        if (--t->refs == 0 && t->reported) ct_free(cl, t);
+        if (st == KVT_ETIMEDOUT)
+            st = kvt__fail(st, "%s: layer %u of task %llu not loaded after %lld ms", fn, layer,
+                           (unsigned long long)id, (long long)timeout_ms);
+        else if (st)
+            st = kvt__fail(st, "%s: task %llu ended with %s", fn, (unsigned long long)id,
+                           kvt_status_name(st));
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return st;
+}
+
+kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id id)
+{
+    static const char fn[] = "kvt_client_cancel";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    pthread_mutex_lock(&cl->mu);
+    ctask *t = find(cl, id);
+    kvt_status st = KVT_OK;
+    if (!t) {
+        st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or already reported", fn,
+                       (unsigned long long)id);
+    } else if (t->state == CT_RUNNING && t->copying) {
+        kvt__xfer_cancel(cl->xfer, &t->xt); /* its END tells the server */
+    } else if (t->state == CT_PLANNED) {
+        t->state = CT_RUNNING; /* no launch may start on it now */
+        pthread_mutex_unlock(&cl->mu);
+        kvt_srv_buf b = {0};
+        kvt__srv_id_encode(&b, id);
+        uint8_t *p = NULL;
+        uint32_t len = 0;
+        st = round_trip(cl, fn, KVT_SRV_CANCEL, &b, &p, &len, NULL);
+        kvt__srv_buf_free(&b);
+        free(p);
+        pthread_mutex_lock(&cl->mu);
+        /* Whatever the server said, the task is over for the engine. */
+        kvt_task_result r = local_result(t, KVT_ECANCELED);
+        ct_end(cl, t, &r);
+        if (st == KVT_ENOTFOUND) st = KVT_OK; /* it had expired there */
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return st;
+}
+
+kvt_status kvt_client_stats(kvt_client *cl, kvt_cache_stats *out)
+{
+    static const char fn[] = "kvt_client_stats";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_NOT_NULL(out, fn);
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    b.p = NULL;
+    kvt_status st = round_trip(cl, fn, KVT_SRV_STATS, &b, &p, &len, NULL);
+    if (!st) st = kvt__srv_stats_decode(p, len, out);
+    free(p);
+    return st;
+}
+
+kvt_status kvt_client_flush(kvt_client *cl, int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_client_flush";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_ARG(timeout_ms >= 0 && timeout_ms <= 600000, "%s: timeout_ms is %lld (0..600000)",
+                  fn, (long long)timeout_ms);
+    kvt_srv_buf b = {0};
+    kvt__srv_id_encode(&b, (uint64_t)timeout_ms);
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    /* The server waits up to timeout_ms; the round trip's own deadline comes on top. */
+    kvt_status st = round_trip_ex(cl, fn, KVT_SRV_FLUSH, &b, &p, &len, NULL, timeout_ms);
+    kvt__srv_buf_free(&b);
+    free(p);
+    return st;
+}

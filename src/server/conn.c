@@ -1,0 +1,327 @@
+/* conn.c - the thread serving one attached client. It answers one request
+ * at a time; when the socket closes (detach, crash, SIGKILL) or breaks the
+ * protocol, every task the client still holds is ended at once: planned
+ * ones released, launched stores rolled back (their blocks never become
+ * visible), launched loads unpinned. */
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "net/fdio.h"
+#include "server/server.h"
+#include "util/clock.h"
+#include "util/err.h"
+
+/* A client that starts a frame must finish it within this. */
+#define FRAME_MS 10000
+/* Bound on a load's SSD reads at launch, and on releasing a task. */
+#define READ_MS 30000
+
+static kvt_status reply(kvt_srv_conn *c, uint16_t op, const kvt_srv_buf *b)
+{
+    if (b->oom) return kvt__fail(KVT_ENOMEM, "reply: no memory");
+    return kvt__srv_send_frame(c->fd, op | KVT_SRV_REPLY, 0, b->p, b->len, -1,
+                               kvt__deadline_ns(FRAME_MS));
+}
+
+static kvt_status reply_err(kvt_srv_conn *c, uint16_t op, kvt_status st)
+{
+    const char *msg = kvt_last_error();
+    size_t len = strlen(msg);
+    if (len > KVT_SRV_MAX_ERRMSG) len = KVT_SRV_MAX_ERRMSG;
+    return kvt__srv_send_frame(c->fd, op | KVT_SRV_REPLY, st, msg, len, -1,
+                               kvt__deadline_ns(FRAME_MS));
+}
+
+static kvt_srv_task *find_task(kvt_srv_conn *c, uint64_t id)
+{
+    for (uint32_t i = 0; i < c->ntasks; i++)
+        if (c->tasks[i].id == id) return &c->tasks[i];
+    return NULL;
+}
+
+static void drop_task(kvt_srv_conn *c, kvt_srv_task *t)
+{
+    free(t->offsets);
+    *t = c->tasks[--c->ntasks];
+}
+
+static kvt_status add_task(kvt_srv_conn *c, kvt_task_id id, kvt_task_kind kind)
+{
+    if (c->ntasks == c->cap) {
+        uint32_t cap = c->cap ? c->cap * 2 : 16;
+        kvt_srv_task *t = realloc(c->tasks, cap * sizeof *t);
+        if (!t) return kvt__fail(KVT_ENOMEM, "no memory for the client's task list");
+        c->tasks = t;
+        c->cap = cap;
+    }
+    kvt_srv_task t = {.id = id, .kind = kind};
+    c->tasks[c->ntasks++] = t;
+    return KVT_OK;
+}
+
+/* Forgets planned tasks the cache expired (plan_ttl_ms), so a client that
+ * drops requests without cancelling them neither fills its quota nor keeps
+ * their results in the cache's task table. */
+static void sweep_expired(kvt_srv_conn *c)
+{
+    for (uint32_t i = 0; i < c->ntasks;) {
+        kvt_srv_task *t = &c->tasks[i];
+        if (!t->launched && kvt__cache_ext_expired(c->srv->cache, t->id)) drop_task(c, t);
+        else i++;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+
+static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    kvt_server *s = c->srv;
+    kvt_srv_hello h;
+    kvt_status st = kvt__srv_hello_decode(p, len, &h);
+    if (st) return reply_err(c, KVT_SRV_HELLO, st) ? st : st;
+    st = kvt_geometry_compare(s->geo, h.geo);
+    kvt_geometry_destroy(h.geo);
+    if (st) {
+        kvt__wrap_error(st, "attach refused: the client's geometry differs from the server's "
+                        "(server vs client)");
+        kvt__srv_log("refused client pid %ld: %s", (long)c->pid, kvt_last_error());
+        reply_err(c, KVT_SRV_HELLO, st);
+        return st;
+    }
+    kvt_srv_hello_rep r = {
+        .map_bytes = s->shm.map_bytes, .stride = s->shm.stride, .block_bytes = s->shm.block_bytes,
+        .block_tokens = s->shm.block_tokens, .num_blocks = s->shm.num_blocks,
+        .server_pid = (uint32_t)getpid(),
+    };
+    kvt_srv_buf b = {0};
+    kvt__srv_hello_rep_encode(&b, &r);
+    st = b.oom ? KVT_ENOMEM
+               : kvt__srv_send_frame(c->fd, KVT_SRV_HELLO | KVT_SRV_REPLY, 0, b.p, b.len,
+                                     s->shm.fd, kvt__deadline_ns(FRAME_MS));
+    kvt__srv_buf_free(&b);
+    if (!st) kvt__srv_log("client pid %ld (uid %ld) attached", (long)c->pid, (long)c->uid);
+    return st;
+}
+
+/* LOOKUP and PREPARE. */
+static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t len)
+{
+    kvt_server *s = c->srv;
+    kvt_srv_req q;
+    kvt_status st = kvt__srv_req_decode(p, len, &q);
+    if (st) return st; /* a protocol violation: the caller drops the client */
+    if (c->ntasks >= s->cfg.server_client_tasks) sweep_expired(c);
+    if (q.form != 0) {
+        st = kvt__fail(KVT_EUNSUPPORTED, "keyed requests are not supported by this server yet");
+    } else if (c->ntasks >= s->cfg.server_client_tasks) {
+        st = kvt__fail(KVT_EFULL, "this client holds %u tasks (server_client_tasks); launch, "
+                       "wait or cancel some first", c->ntasks);
+    }
+    kvt_request req = {q.tokens, q.count, q.ns, q.ns_len};
+    kvt_srv_buf b = {0};
+    if (!st && op == KVT_SRV_LOOKUP) {
+        kvt_match m;
+        st = kvt_cache_lookup(s->cache, &req, &m);
+        if (!st && m.task) st = add_task(c, m.task, KVT_TASK_LOAD);
+        if (!st) kvt__srv_task_rep_encode(&b, m.task, m.matched_tokens, 0);
+        if (st && m.task) kvt__cache_ext_abort(s->cache, m.task, kvt__deadline_ns(READ_MS));
+    } else if (!st) {
+        kvt_store_plan pl;
+        st = kvt_cache_prepare_store(s->cache, &req, &pl);
+        if (!st && pl.task) st = add_task(c, pl.task, KVT_TASK_STORE);
+        if (!st) kvt__srv_task_rep_encode(&b, pl.task, pl.first_token, pl.num_tokens);
+        if (st && pl.task) kvt__cache_ext_abort(s->cache, pl.task, kvt__deadline_ns(READ_MS));
+    }
+    free(q.tokens);
+    kvt_status io = st ? reply_err(c, op, st) : reply(c, op, &b);
+    kvt__srv_buf_free(&b);
+    return io;
+}
+
+static kvt_status not_ours(uint64_t id)
+{
+    return kvt__fail(KVT_ENOTFOUND, "task %llu is unknown, already reported, or not this "
+                     "client's", (unsigned long long)id);
+}
+
+static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    kvt_server *s = c->srv;
+    uint64_t id;
+    kvt_status st = kvt__srv_id_decode(p, len, &id);
+    if (st) return st;
+    kvt_srv_task *t = find_task(c, id);
+    if (!t) return reply_err(c, KVT_SRV_LAUNCH, not_ours(id));
+    if (t->launched)
+        return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ESTATE, "task %llu was already "
+                                                      "launched", (unsigned long long)id));
+    /* Room for every block a request can have. */
+    uint32_t max = KVT_SRV_MAX_TOKENS / s->shm.block_tokens + 1;
+    uint64_t *offs = malloc((size_t)max * sizeof *offs);
+    if (!offs) return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: no memory"));
+    kvt_ext_launch l;
+    st = kvt__cache_ext_launch(s->cache, id, kvt__deadline_ns(READ_MS), offs, max, &l);
+    if (st) {
+        free(offs);
+        kvt__cache_ext_abort(s->cache, id, kvt__deadline_ns(READ_MS));
+        drop_task(c, t);
+        return reply_err(c, KVT_SRV_LAUNCH, st);
+    }
+    /* Kept until END: only what this task uses (the room asked for was for
+     * the largest request). */
+    uint64_t *fit = realloc(offs, ((size_t)l.num_blocks + 1) * sizeof *offs);
+    if (fit) offs = fit;
+    t->launched = true;
+    t->num_blocks = l.num_blocks;
+    t->offsets = offs;
+    kvt_srv_launch_rep r = {(uint32_t)l.kind, l.first_token, l.num_tokens, l.num_blocks,
+                            l.bad_status, NULL};
+    kvt_srv_buf b = {0};
+    kvt__srv_launch_rep_encode(&b, &r, offs);
+    st = reply(c, KVT_SRV_LAUNCH, &b);
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
+/* A store becomes visible only if every block holds what the client says
+ * it wrote: a client that died or scribbled mid-copy is caught here. */
+static kvt_status verify_store(kvt_srv_conn *c, const kvt_srv_task *t, const kvt_srv_end *e)
+{
+    kvt_server *s = c->srv;
+    if (e->n != t->num_blocks)
+        return kvt__fail(KVT_EPROTO, "store task %llu: %u checksums for %u blocks",
+                         (unsigned long long)t->id, e->n, t->num_blocks);
+    for (uint32_t i = 0; i < t->num_blocks; i++) {
+        uint64_t off = t->offsets[i];
+        uint64_t have = kvt__srv_block_sum(s->shm.base + off, s->shm.block_bytes, off);
+        if (have != kvt__srv_get64(e->checksums + 8 * (size_t)i))
+            return kvt__fail(KVT_ECORRUPT, "store task %llu: block %u failed its checksum; "
+                             "the store is not made visible", (unsigned long long)t->id, i);
+    }
+    return KVT_OK;
+}
+
+static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    kvt_server *s = c->srv;
+    kvt_srv_end e;
+    kvt_status st = kvt__srv_end_decode(p, len, &e);
+    if (st) return st;
+    kvt_srv_task *t = find_task(c, e.task);
+    if (!t || !t->launched) return reply_err(c, KVT_SRV_END, not_ours(e.task));
+    kvt_status verdict = (kvt_status)e.status;
+    if (verdict == KVT_OK && t->kind == KVT_TASK_STORE) {
+        verdict = verify_store(c, t, &e);
+        if (verdict) kvt__srv_log("client pid %ld: %s", (long)c->pid, kvt_last_error());
+    }
+    kvt_task_result r;
+    st = kvt__cache_ext_end(s->cache, e.task, verdict, &r);
+    drop_task(c, t);
+    if (st) return reply_err(c, KVT_SRV_END, st);
+    kvt_srv_buf b = {0};
+    kvt__srv_result_encode(&b, &r);
+    st = reply(c, KVT_SRV_END, &b);
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
+static kvt_status on_cancel(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    uint64_t id;
+    kvt_status st = kvt__srv_id_decode(p, len, &id);
+    if (st) return st;
+    kvt_srv_task *t = find_task(c, id);
+    if (!t) return reply_err(c, KVT_SRV_CANCEL, not_ours(id));
+    st = kvt__cache_ext_abort(c->srv->cache, id, kvt__deadline_ns(READ_MS));
+    drop_task(c, t);
+    if (st) return reply_err(c, KVT_SRV_CANCEL, st);
+    kvt_srv_buf b = {0};
+    st = reply(c, KVT_SRV_CANCEL, &b);
+    return st;
+}
+
+static kvt_status on_stats(kvt_srv_conn *c, size_t len)
+{
+    if (len) return kvt__fail(KVT_EPROTO, "stats: %zu bytes of payload", len);
+    kvt_cache_stats cs;
+    kvt_status st = kvt_cache_stats_get(c->srv->cache, &cs);
+    if (st) return reply_err(c, KVT_SRV_STATS, st);
+    kvt_srv_buf b = {0};
+    kvt__srv_stats_encode(&b, &cs);
+    st = reply(c, KVT_SRV_STATS, &b);
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
+static kvt_status on_flush(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    uint64_t ms;
+    kvt_status st = kvt__srv_id_decode(p, len, &ms);
+    if (st) return st;
+    if (ms > 600000) ms = 600000; /* this client's thread is busy meanwhile */
+    st = kvt_cache_flush(c->srv->cache, (int64_t)ms);
+    if (st) return reply_err(c, KVT_SRV_FLUSH, st);
+    kvt_srv_buf b = {0};
+    return reply(c, KVT_SRV_FLUSH, &b);
+}
+
+/* One request; an error return ends the connection. */
+static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
+{
+    for (;;) { /* idle clients may wait for ever; a started frame has a deadline */
+        kvt_status st = kvt__fd_wait(c->fd, POLLIN, kvt__deadline_ns(1000));
+        if (st == KVT_OK) break;
+        if (st != KVT_ETIMEDOUT) return st;
+        sweep_expired(c); /* idle: a second passed */
+    }
+    kvt_srv_hdr h;
+    uint8_t *p = NULL;
+    kvt_status st = kvt__srv_recv_frame(c->fd, &h, &p, NULL, kvt__deadline_ns(FRAME_MS));
+    if (st) return st;
+    if (h.op & KVT_SRV_REPLY) {
+        free(p);
+        return kvt__fail(KVT_EPROTO, "the client sent a reply (op 0x%x)", h.op);
+    }
+    if (!*hello_done && h.op != KVT_SRV_HELLO) {
+        free(p);
+        return kvt__fail(KVT_EPROTO, "the client's first message is op %u, not HELLO", h.op);
+    }
+    switch (h.op) {
+    case KVT_SRV_HELLO:
+        if (*hello_done) st = kvt__fail(KVT_EPROTO, "a second HELLO");
+        else if (!(st = on_hello(c, p, h.len))) *hello_done = true;
+        break;
+    case KVT_SRV_LOOKUP:
+    case KVT_SRV_PREPARE: st = on_plan(c, h.op, p, h.len); break;
+    case KVT_SRV_LAUNCH: st = on_launch(c, p, h.len); break;
+    case KVT_SRV_END: st = on_end(c, p, h.len); break;
+    case KVT_SRV_CANCEL: st = on_cancel(c, p, h.len); break;
+    case KVT_SRV_STATS: st = on_stats(c, h.len); break;
+    case KVT_SRV_FLUSH: st = on_flush(c, p, h.len); break;
+    default: st = kvt__fail(KVT_EPROTO, "unknown op %u", h.op);
+    }
+    free(p);
+    return st;
+}
+
+void *kvt__srv_conn_main(void *arg)
+{
+    kvt_srv_conn *c = arg;
+    bool hello_done = false;
+    kvt_status st;
+    while (!(st = serve_one(c, &hello_done))) {}
+    if (st == KVT_EPROTO || st == KVT_EVERSION)
+        kvt__srv_log("client pid %ld dropped: %s", (long)c->pid, kvt_last_error());
+    uint32_t released = c->ntasks;
+    while (c->ntasks) {
+        kvt__cache_ext_abort(c->srv->cache, c->tasks[0].id, kvt__deadline_ns(READ_MS));
+        drop_task(c, &c->tasks[0]);
+    }
+    free(c->tasks);
+    if (hello_done)
+        kvt__srv_log("client pid %ld detached (%u tasks released)", (long)c->pid, released);
+    atomic_store(&c->finished, true);
+    return NULL;
+}

@@ -1,0 +1,600 @@
+/* proto.c - encoding and decoding the node server's frames (proto.h). */
+#include "server/proto.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "layout/layout.h"
+#include "net/fdio.h"
+#include "util/clock.h"
+#include "util/err.h"
+
+/* ------------------------------------------------------------------ */
+/* Encoding                                                           */
+
+void kvt__srv_buf_free(kvt_srv_buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+static bool grow(kvt_srv_buf *b, size_t n)
+{
+    if (b->oom) return false;
+    if (n > KVT_SRV_MAX_MSG || b->len + n > KVT_SRV_MAX_MSG) {
+        b->oom = true;
+        return false;
+    }
+    if (b->len + n <= b->cap) return true;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->len + n) cap *= 2;
+    uint8_t *p = realloc(b->p, cap);
+    if (!p) {
+        b->oom = true;
+        return false;
+    }
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+void kvt__srv_put32(kvt_srv_buf *b, uint32_t v)
+{
+    if (!grow(b, 4)) return;
+    memcpy(b->p + b->len, &v, 4);
+    b->len += 4;
+}
+
+void kvt__srv_put64(kvt_srv_buf *b, uint64_t v)
+{
+    if (!grow(b, 8)) return;
+    memcpy(b->p + b->len, &v, 8);
+    b->len += 8;
+}
+
+void kvt__srv_put_bytes(kvt_srv_buf *b, const void *p, size_t n)
+{
+    size_t padded = (n + 3) & ~(size_t)3;
+    if (!grow(b, padded)) return;
+    if (n) memcpy(b->p + b->len, p, n);
+    memset(b->p + b->len + n, 0, padded - n);
+    b->len += padded;
+}
+
+uint64_t kvt__srv_get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* ------------------------------------------------------------------ */
+/* Decoding: a cursor that latches the first overrun                  */
+
+typedef struct rd {
+    const uint8_t *p;
+    size_t left;
+    bool bad;
+} rd;
+
+static uint32_t get32(rd *r)
+{
+    uint32_t v = 0;
+    if (r->left < 4) {
+        r->bad = true;
+        return 0;
+    }
+    memcpy(&v, r->p, 4);
+    r->p += 4;
+    r->left -= 4;
+    return v;
+}
+
+static uint64_t get64(rd *r)
+{
+    uint64_t v = 0;
+    if (r->left < 8) {
+        r->bad = true;
+        return 0;
+    }
+    memcpy(&v, r->p, 8);
+    r->p += 8;
+    r->left -= 8;
+    return v;
+}
+
+/* n bytes (padded to 4 on the wire), or NULL past the end. */
+static const uint8_t *get_bytes(rd *r, size_t n)
+{
+    size_t padded = (n + 3) & ~(size_t)3;
+    if (padded < n || r->left < padded) {
+        r->bad = true;
+        return NULL;
+    }
+    const uint8_t *p = r->p;
+    r->p += padded;
+    r->left -= padded;
+    return p;
+}
+
+static kvt_status done(const rd *r, const char *what)
+{
+    if (r->bad) return kvt__fail(KVT_EPROTO, "%s: message truncated", what);
+    if (r->left) return kvt__fail(KVT_EPROTO, "%s: %zu bytes past the end", what, r->left);
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Header                                                             */
+
+void kvt__srv_hdr_encode(uint8_t out[KVT_SRV_HDR], uint16_t op, uint32_t len, int32_t status)
+{
+    uint32_t magic = KVT_SRV_MAGIC;
+    uint16_t version = KVT_SRV_VERSION;
+    memcpy(out, &magic, 4);
+    memcpy(out + 4, &op, 2);
+    memcpy(out + 6, &version, 2);
+    memcpy(out + 8, &len, 4);
+    memcpy(out + 12, &status, 4);
+}
+
+kvt_status kvt__srv_hdr_decode(const uint8_t in[KVT_SRV_HDR], kvt_srv_hdr *out)
+{
+    kvt_srv_hdr h;
+    memcpy(&h.magic, in, 4);
+    memcpy(&h.op, in + 4, 2);
+    memcpy(&h.version, in + 6, 2);
+    memcpy(&h.len, in + 8, 4);
+    memcpy(&h.status, in + 12, 4);
+    if (h.magic != KVT_SRV_MAGIC)
+        return kvt__fail(KVT_EPROTO, "frame: magic 0x%08x is not a kvtier server frame", h.magic);
+    if (h.version != KVT_SRV_VERSION)
+        return kvt__fail(KVT_EVERSION, "frame: protocol version %u, this library speaks %u",
+                         h.version, KVT_SRV_VERSION);
+    if (h.len > KVT_SRV_MAX_MSG)
+        return kvt__fail(KVT_EPROTO, "frame: len %u is over the %u-byte bound", h.len,
+                         KVT_SRV_MAX_MSG);
+    uint16_t op = h.op & (uint16_t)~KVT_SRV_REPLY;
+    if (op < KVT_SRV_HELLO || op > KVT_SRV_FLUSH)
+        return kvt__fail(KVT_EPROTO, "frame: unknown op %u", op);
+    if (!(h.op & KVT_SRV_REPLY) && h.status != 0)
+        return kvt__fail(KVT_EPROTO, "frame: a request carries status %d", h.status);
+    if (h.status != 0 && !kvt__status_known(h.status))
+        return kvt__fail(KVT_EPROTO, "frame: unknown status %d", h.status);
+    *out = h;
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* HELLO                                                              */
+
+kvt_status kvt__srv_hello_encode(kvt_srv_buf *b, uint32_t pid, const kvt_geometry *geo)
+{
+    kvt__srv_put32(b, KVT_SRV_VERSION);
+    kvt__srv_put32(b, pid);
+    kvt__srv_put32(b, geo->num_layers);
+    kvt__srv_put32(b, geo->tokens_per_page);
+    kvt__srv_put32(b, (uint32_t)geo->layout);
+    for (uint32_t l = 0; l < geo->num_layers; l++) {
+        const kvt_layer_spec *s = &geo->layers[l];
+        kvt__srv_put32(b, s->num_components);
+        for (uint32_t c = 0; c < s->num_components && c < KVT_MAX_COMPONENTS; c++) {
+            kvt__srv_put32(b, s->component[c].kv_heads);
+            kvt__srv_put32(b, s->component[c].head_dim);
+            kvt__srv_put32(b, s->component[c].elem_size);
+        }
+    }
+    return b->oom ? kvt__fail(KVT_ENOMEM, "hello: no memory") : KVT_OK;
+}
+
+kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, kvt_srv_hello *out)
+{
+    static const char what[] = "hello";
+    rd r = {p, len, false};
+    uint32_t proto = get32(&r), pid = get32(&r);
+    uint32_t layers = get32(&r), tpp = get32(&r), layout = get32(&r);
+    if (r.bad) return done(&r, what);
+    if (proto != KVT_SRV_VERSION)
+        return kvt__fail(KVT_EVERSION, "%s: client speaks protocol %u, server %u", what, proto,
+                         KVT_SRV_VERSION);
+    if (layers == 0 || layers > KVT_MAX_LAYERS)
+        return kvt__fail(KVT_EPROTO, "%s: num_layers %u (1..%u)", what, layers, KVT_MAX_LAYERS);
+    if (layout > KVT_LAYOUT_PAGE_FIRST)
+        return kvt__fail(KVT_EPROTO, "%s: layout %u is unknown", what, layout);
+    kvt_geometry *geo = NULL;
+    kvt_status st = kvt_geometry_create(&geo, layers, tpp, (kvt_layout)layout);
+    if (st) return kvt__wrap_error(KVT_EPROTO, what);
+    for (uint32_t l = 0; l < layers && !st; l++) {
+        kvt_layer_spec s = {0};
+        s.num_components = get32(&r);
+        if (s.num_components == 0 || s.num_components > KVT_MAX_COMPONENTS) {
+            st = kvt__fail(KVT_EPROTO, "%s: layer %u has %u components", what, l,
+                           s.num_components);
+            break;
+        }
+        for (uint32_t c = 0; c < s.num_components; c++) {
+            s.component[c].kv_heads = get32(&r);
+            s.component[c].head_dim = get32(&r);
+            s.component[c].elem_size = get32(&r);
+        }
+        if (r.bad) break;
+        if (kvt_geometry_set_layer(geo, l, &s)) st = kvt__wrap_error(KVT_EPROTO, what);
+    }
+    if (!st) st = done(&r, what);
+    if (!st && kvt_geometry_validate(geo)) st = kvt__wrap_error(KVT_EPROTO, what);
+    if (st) {
+        kvt_geometry_destroy(geo);
+        return st;
+    }
+    out->proto = proto;
+    out->pid = pid;
+    out->geo = geo;
+    return KVT_OK;
+}
+
+void kvt__srv_hello_rep_encode(kvt_srv_buf *b, const kvt_srv_hello_rep *h)
+{
+    kvt__srv_put64(b, h->map_bytes);
+    kvt__srv_put64(b, h->stride);
+    kvt__srv_put64(b, h->block_bytes);
+    kvt__srv_put32(b, h->block_tokens);
+    kvt__srv_put32(b, h->num_blocks);
+    kvt__srv_put32(b, h->server_pid);
+    kvt__srv_put32(b, 0);
+}
+
+kvt_status kvt__srv_hello_rep_decode(const uint8_t *p, size_t len, kvt_srv_hello_rep *out)
+{
+    static const char what[] = "hello reply";
+    rd r = {p, len, false};
+    kvt_srv_hello_rep h;
+    h.map_bytes = get64(&r);
+    h.stride = get64(&r);
+    h.block_bytes = get64(&r);
+    h.block_tokens = get32(&r);
+    h.num_blocks = get32(&r);
+    h.server_pid = get32(&r);
+    (void)get32(&r);
+    kvt_status st = done(&r, what);
+    if (st) return st;
+    if (h.block_bytes == 0 || h.stride < h.block_bytes || h.block_tokens == 0 ||
+        h.num_blocks == 0 || h.map_bytes / h.stride < h.num_blocks)
+        return kvt__fail(KVT_EPROTO, "%s: inconsistent tier (%u blocks of %llu bytes, stride "
+                         "%llu, map %llu bytes)", what, h.num_blocks,
+                         (unsigned long long)h.block_bytes, (unsigned long long)h.stride,
+                         (unsigned long long)h.map_bytes);
+    *out = h;
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Requests                                                           */
+
+kvt_status kvt__srv_req_encode(kvt_srv_buf *b, const kvt_request *req)
+{
+    if (req->num_tokens > KVT_SRV_MAX_TOKENS)
+        return kvt__fail(KVT_EINVAL, "num_tokens is %u (at most %u through the server)",
+                         req->num_tokens, KVT_SRV_MAX_TOKENS);
+    if (req->ns_len > KVT_SRV_MAX_NS)
+        return kvt__fail(KVT_EINVAL, "ns_len is %u (at most %u)", req->ns_len, KVT_SRV_MAX_NS);
+    /* Keyed requests (form 1) go here once kvt_request has keys. */
+    kvt__srv_put32(b, 0);
+    kvt__srv_put32(b, req->ns_len);
+    kvt__srv_put_bytes(b, req->ns, req->ns_len);
+    kvt__srv_put32(b, req->num_tokens);
+    if (req->num_tokens) kvt__srv_put_bytes(b, req->tokens, (size_t)req->num_tokens * 4);
+    return b->oom ? kvt__fail(KVT_ENOMEM, "request of %u tokens: no memory", req->num_tokens)
+                  : KVT_OK;
+}
+
+kvt_status kvt__srv_req_decode(const uint8_t *p, size_t len, kvt_srv_req *out)
+{
+    static const char what[] = "request";
+    rd r = {p, len, false};
+    kvt_srv_req q = {0};
+    q.form = get32(&r);
+    q.ns_len = get32(&r);
+    if (r.bad) return done(&r, what);
+    if (q.form > 1) return kvt__fail(KVT_EPROTO, "%s: form %u is unknown", what, q.form);
+    if (q.ns_len > KVT_SRV_MAX_NS)
+        return kvt__fail(KVT_EPROTO, "%s: ns_len %u (at most %u)", what, q.ns_len,
+                         KVT_SRV_MAX_NS);
+    q.ns = get_bytes(&r, q.ns_len);
+    q.count = get32(&r);
+    if (r.bad) return done(&r, what);
+    if (q.count > KVT_SRV_MAX_TOKENS)
+        return kvt__fail(KVT_EPROTO, "%s: count %u (at most %u)", what, q.count,
+                         KVT_SRV_MAX_TOKENS);
+    if (q.form == 0) {
+        const uint8_t *t = get_bytes(&r, (size_t)q.count * 4);
+        if (!t) return done(&r, what);
+        q.tokens = malloc(q.count ? (size_t)q.count * 4 : 4);
+        if (!q.tokens) return kvt__fail(KVT_ENOMEM, "%s: no memory for %u tokens", what, q.count);
+        if (q.count) memcpy(q.tokens, t, (size_t)q.count * 4);
+    } else {
+        for (uint32_t i = 0; i < q.count && !r.bad; i++) {
+            uint32_t kl = get32(&r);
+            if (kl == 0 || kl > KVT_SRV_MAX_KEY)
+                return kvt__fail(KVT_EPROTO, "%s: key %u is %u bytes (1..%u)", what, i, kl,
+                                 KVT_SRV_MAX_KEY);
+            (void)get_bytes(&r, kl);
+        }
+    }
+    kvt_status st = done(&r, what);
+    if (st) {
+        free(q.tokens);
+        return st;
+    }
+    if (q.ns_len == 0) q.ns = NULL;
+    *out = q;
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Small fixed messages                                               */
+
+void kvt__srv_task_rep_encode(kvt_srv_buf *b, uint64_t task, uint32_t a, uint32_t c)
+{
+    kvt__srv_put64(b, task);
+    kvt__srv_put32(b, a);
+    kvt__srv_put32(b, c);
+}
+
+kvt_status kvt__srv_task_rep_decode(const uint8_t *p, size_t len, uint64_t *task, uint32_t *a,
+                                    uint32_t *c)
+{
+    rd r = {p, len, false};
+    uint64_t t = get64(&r);
+    uint32_t x = get32(&r), y = get32(&r);
+    kvt_status st = done(&r, "task reply");
+    if (st) return st;
+    *task = t;
+    *a = x;
+    *c = y;
+    return KVT_OK;
+}
+
+void kvt__srv_id_encode(kvt_srv_buf *b, uint64_t task) { kvt__srv_put64(b, task); }
+
+kvt_status kvt__srv_id_decode(const uint8_t *p, size_t len, uint64_t *task)
+{
+    rd r = {p, len, false};
+    uint64_t t = get64(&r);
+    kvt_status st = done(&r, "task id");
+    if (st) return st;
+    *task = t;
+    return KVT_OK;
+}
+
+void kvt__srv_launch_rep_encode(kvt_srv_buf *b, const kvt_srv_launch_rep *l,
+                                const uint64_t *offsets)
+{
+    kvt__srv_put32(b, l->kind);
+    kvt__srv_put32(b, l->first_token);
+    kvt__srv_put32(b, l->num_tokens);
+    kvt__srv_put32(b, l->num_blocks);
+    kvt__srv_put32(b, (uint32_t)l->bad_status);
+    kvt__srv_put32(b, 0);
+    for (uint32_t i = 0; i < l->num_blocks; i++) kvt__srv_put64(b, offsets[i]);
+}
+
+kvt_status kvt__srv_launch_rep_decode(const uint8_t *p, size_t len, kvt_srv_launch_rep *out)
+{
+    static const char what[] = "launch reply";
+    rd r = {p, len, false};
+    kvt_srv_launch_rep l;
+    l.kind = get32(&r);
+    l.first_token = get32(&r);
+    l.num_tokens = get32(&r);
+    l.num_blocks = get32(&r);
+    l.bad_status = (int32_t)get32(&r);
+    (void)get32(&r);
+    if (r.bad) return done(&r, what);
+    if (l.kind != KVT_TASK_LOAD && l.kind != KVT_TASK_STORE)
+        return kvt__fail(KVT_EPROTO, "%s: kind %u", what, l.kind);
+    if (!kvt__status_known(l.bad_status))
+        return kvt__fail(KVT_EPROTO, "%s: bad_status %d is unknown", what, l.bad_status);
+    if (l.num_blocks > KVT_SRV_MAX_BLOCKS)
+        return kvt__fail(KVT_EPROTO, "%s: %u blocks (at most %u)", what, l.num_blocks,
+                         KVT_SRV_MAX_BLOCKS);
+    l.offsets = get_bytes(&r, (size_t)l.num_blocks * 8);
+    kvt_status st = done(&r, what);
+    if (st) return st;
+    *out = l;
+    return KVT_OK;
+}
+
+void kvt__srv_end_encode(kvt_srv_buf *b, uint64_t task, int32_t status, const uint64_t *sums,
+                         uint32_t n)
+{
+    kvt__srv_put64(b, task);
+    kvt__srv_put32(b, (uint32_t)status);
+    kvt__srv_put32(b, n);
+    for (uint32_t i = 0; i < n; i++) kvt__srv_put64(b, sums[i]);
+}
+
+kvt_status kvt__srv_end_decode(const uint8_t *p, size_t len, kvt_srv_end *out)
+{
+    static const char what[] = "end";
+    rd r = {p, len, false};
+    kvt_srv_end e;
+    e.task = get64(&r);
+    e.status = (int32_t)get32(&r);
+    e.n = get32(&r);
+    if (r.bad) return done(&r, what);
+    if (!kvt__status_known(e.status))
+        return kvt__fail(KVT_EPROTO, "%s: status %d is unknown", what, e.status);
+    if (e.n > KVT_SRV_MAX_BLOCKS)
+        return kvt__fail(KVT_EPROTO, "%s: %u checksums (at most %u)", what, e.n,
+                         KVT_SRV_MAX_BLOCKS);
+    e.checksums = get_bytes(&r, (size_t)e.n * 8);
+    kvt_status st = done(&r, what);
+    if (st) return st;
+    *out = e;
+    return KVT_OK;
+}
+
+void kvt__srv_result_encode(kvt_srv_buf *b, const kvt_task_result *t)
+{
+    kvt__srv_put64(b, t->task);
+    kvt__srv_put32(b, (uint32_t)t->kind);
+    kvt__srv_put32(b, (uint32_t)t->status);
+    kvt__srv_put32(b, t->first_token);
+    kvt__srv_put32(b, t->num_tokens);
+    kvt__srv_put64(b, t->bytes);
+}
+
+kvt_status kvt__srv_result_decode(const uint8_t *p, size_t len, kvt_task_result *out)
+{
+    static const char what[] = "result";
+    rd r = {p, len, false};
+    kvt_task_result t;
+    t.task = get64(&r);
+    uint32_t kind = get32(&r);
+    int32_t status = (int32_t)get32(&r);
+    t.first_token = get32(&r);
+    t.num_tokens = get32(&r);
+    t.bytes = get64(&r);
+    kvt_status st = done(&r, what);
+    if (st) return st;
+    if (kind != KVT_TASK_LOAD && kind != KVT_TASK_STORE)
+        return kvt__fail(KVT_EPROTO, "%s: kind %u", what, kind);
+    if (!kvt__status_known(status))
+        return kvt__fail(KVT_EPROTO, "%s: status %d is unknown", what, status);
+    t.kind = (kvt_task_kind)kind;
+    t.status = (kvt_status)status;
+    *out = t;
+    return KVT_OK;
+}
+
+#define STATS_FIELDS (sizeof(kvt_cache_stats) / sizeof(uint64_t))
+
+void kvt__srv_stats_encode(kvt_srv_buf *b, const kvt_cache_stats *s)
+{
+    uint64_t f[STATS_FIELDS];
+    memcpy(f, s, sizeof f);
+    kvt__srv_put32(b, (uint32_t)STATS_FIELDS);
+    kvt__srv_put32(b, 0);
+    for (size_t i = 0; i < STATS_FIELDS; i++) kvt__srv_put64(b, f[i]);
+}
+
+kvt_status kvt__srv_stats_decode(const uint8_t *p, size_t len, kvt_cache_stats *out)
+{
+    rd r = {p, len, false};
+    uint32_t n = get32(&r);
+    (void)get32(&r);
+    if (r.bad) return done(&r, "stats");
+    if (n > 4096) return kvt__fail(KVT_EPROTO, "stats: %u fields", n);
+    uint64_t f[STATS_FIELDS] = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t v = get64(&r);
+        if (i < STATS_FIELDS) f[i] = v; /* a newer server's extra fields are skipped */
+    }
+    kvt_status st = done(&r, "stats");
+    if (st) return st;
+    memcpy(out, f, sizeof f);
+    return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Frames on a socket                                                 */
+
+kvt_status kvt__srv_send_frame(int fd, uint16_t op, int32_t status, const void *payload,
+                               size_t len, int fd_pass, uint64_t deadline_ns)
+{
+    uint8_t hdr[KVT_SRV_HDR];
+    kvt__srv_hdr_encode(hdr, op, (uint32_t)len, status);
+    struct iovec iov[2] = {{hdr, sizeof hdr}, {(void *)payload, len}};
+    int cnt = len ? 2 : 1;
+    if (fd_pass >= 0) {
+        /* The fd rides on the header's first byte; the rest goes as usual. */
+        union {
+            struct cmsghdr h;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } u;
+        memset(&u, 0, sizeof u);
+        struct iovec one = {hdr, 1};
+        struct msghdr m = {.msg_iov = &one, .msg_iovlen = 1, .msg_control = u.buf,
+                           .msg_controllen = sizeof u.buf};
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd_pass, sizeof(int));
+        for (;;) {
+            kvt_status st = kvt__fd_wait(fd, POLLOUT, deadline_ns);
+            if (st) return st;
+            ssize_t n = sendmsg(fd, &m, MSG_NOSIGNAL);
+            if (n == 1) break;
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            return KVT_ECONN;
+        }
+        iov[0].iov_base = hdr + 1;
+        iov[0].iov_len = sizeof hdr - 1;
+    }
+    return kvt__fd_io(fd, iov, cnt, deadline_ns, 1);
+}
+
+kvt_status kvt__srv_recv_frame(int fd, kvt_srv_hdr *hdr, uint8_t **payload, int *fd_got,
+                               uint64_t deadline_ns)
+{
+    uint8_t h[KVT_SRV_HDR];
+    size_t got = 0;
+    if (fd_got) *fd_got = -1;
+    if (fd_got) {
+        /* recvmsg for the header, so a passed fd is caught with its byte. */
+        while (got < sizeof h) {
+            kvt_status st = kvt__fd_wait(fd, POLLIN, deadline_ns);
+            if (st) return st;
+            union {
+                struct cmsghdr c;
+                char buf[CMSG_SPACE(sizeof(int))];
+            } u;
+            struct iovec v = {h + got, sizeof h - got};
+            struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = u.buf,
+                               .msg_controllen = sizeof u.buf};
+            ssize_t n = recvmsg(fd, &m, MSG_CMSG_CLOEXEC);
+            if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            if (n <= 0) return KVT_ECONN;
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+                if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+                int passed;
+                memcpy(&passed, CMSG_DATA(c), sizeof passed);
+                if (*fd_got < 0) *fd_got = passed;
+                else close(passed);
+            }
+            got += (size_t)n;
+        }
+    } else {
+        struct iovec v = {h, sizeof h};
+        kvt_status st = kvt__fd_io(fd, &v, 1, deadline_ns, 0);
+        if (st) return st;
+    }
+    kvt_srv_hdr hd;
+    kvt_status st = kvt__srv_hdr_decode(h, &hd);
+    uint8_t *p = NULL;
+    if (!st && hd.len) {
+        p = malloc(hd.len);
+        if (!p) st = kvt__fail(KVT_ENOMEM, "frame: no memory for %u bytes", hd.len);
+    }
+    if (!st && hd.len) {
+        struct iovec v = {p, hd.len};
+        st = kvt__fd_io(fd, &v, 1, deadline_ns, 0);
+    }
+    if (st) {
+        free(p);
+        if (fd_got && *fd_got >= 0) {
+            close(*fd_got);
+            *fd_got = -1;
+        }
+        return st;
+    }
+    *hdr = hd;
+    *payload = p;
+    return KVT_OK;
+}

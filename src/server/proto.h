@@ -1,0 +1,159 @@
+/* proto.h - the node server's control protocol over its Unix socket.
+ *
+ * Every message is a frame: a 16-byte header then len bytes of payload.
+ *   u32 magic "KVTS", u16 op, u16 version, u32 len, i32 status
+ * Requests carry status 0; a reply has op | KVT_SRV_REPLY and either status
+ * 0 and the op's payload, or a failure status and a message (at most
+ * KVT_SRV_MAX_ERRMSG bytes, not NUL-terminated). Integers are host order
+ * (both ends share one kernel). Payloads, by op:
+ *   HELLO    req: u32 proto, u32 pid, u32 num_layers, u32 tokens_per_page,
+ *                 u32 layout, per layer: u32 ncomp, ncomp x (u32 kv_heads,
+ *                 u32 head_dim, u32 elem_size)
+ *            rep: u64 map_bytes, u64 stride, u64 block_bytes, u32 block_tokens,
+ *                 u32 num_blocks, u32 server_pid, u32 0; the CPU tier's memfd
+ *                 rides on the reply's first byte (SCM_RIGHTS)
+ *   LOOKUP   req: a request (below)   rep: u64 task, u32 matched_tokens, u32 0
+ *   PREPARE  req: a request           rep: u64 task, u32 first_token, u32 num_tokens
+ *   LAUNCH   req: u64 task            rep: u32 kind, u32 first_token, u32 num_tokens,
+ *                 u32 num_blocks, i32 bad_status, u32 0, u64 offset[num_blocks]
+ *   END      req: u64 task, i32 status, u32 n, u64 checksum[n] (a store's
+ *                 blocks, n = num_blocks, else n = 0)
+ *            rep: u64 task, u32 kind, i32 status, u32 first_token,
+ *                 u32 num_tokens, u64 bytes
+ *   CANCEL   req: u64 task            rep: empty
+ *   STATS    req: empty               rep: u32 n, u32 0, u64 field[n] (kvt_cache_stats order)
+ *   FLUSH    req: u64 timeout_ms      rep: empty (or KVT_ETIMEDOUT)
+ * A request is: u32 form, u32 ns_len, ns bytes padded to 4, u32 count, then
+ *   form 0 (tokens): u32 token[count];
+ *   form 1 (keys):   count x (u32 len, len bytes padded to 4), len <= KVT_SRV_MAX_KEY.
+ *   The keyed form is reserved for kvt_request.keys (issue 15 item 3): it is
+ *   decoded and bounded here, and refused by the server with
+ *   KVT_EUNSUPPORTED until kvt_cache takes keyed requests.
+ * Decoders never trust a length: every one is bounded before use. */
+#ifndef KVT_SERVER_PROTO_H
+#define KVT_SERVER_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "kvtier.h"
+
+#define KVT_SRV_MAGIC 0x5354564bu /* "KVTS" */
+#define KVT_SRV_VERSION 1u
+#define KVT_SRV_HDR 16u
+#define KVT_SRV_REPLY 0x8000u
+#define KVT_SRV_MAX_MSG (16u << 20)      /* bound on one payload */
+#define KVT_SRV_MAX_TOKENS (1u << 22)    /* tokens (or keys) in one request */
+#define KVT_SRV_MAX_NS 4096u
+#define KVT_SRV_MAX_KEY 1024u
+#define KVT_SRV_MAX_ERRMSG 512u
+#define KVT_SRV_MAX_BLOCKS (1u << 22)    /* blocks in one task */
+
+typedef enum kvt_srv_op {
+    KVT_SRV_HELLO = 1,
+    KVT_SRV_LOOKUP = 2,
+    KVT_SRV_PREPARE = 3,
+    KVT_SRV_LAUNCH = 4,
+    KVT_SRV_END = 5,
+    KVT_SRV_CANCEL = 6,
+    KVT_SRV_STATS = 7,
+    KVT_SRV_FLUSH = 8,
+} kvt_srv_op;
+
+typedef struct kvt_srv_hdr {
+    uint32_t magic;
+    uint16_t op, version;
+    uint32_t len;
+    int32_t status;
+} kvt_srv_hdr;
+
+/* A growable encode buffer; oom latches. */
+typedef struct kvt_srv_buf {
+    uint8_t *p;
+    size_t len, cap;
+    bool oom;
+} kvt_srv_buf;
+
+void kvt__srv_buf_free(kvt_srv_buf *b);
+void kvt__srv_put32(kvt_srv_buf *b, uint32_t v);
+void kvt__srv_put64(kvt_srv_buf *b, uint64_t v);
+void kvt__srv_put_bytes(kvt_srv_buf *b, const void *p, size_t n); /* padded to 4 */
+
+/* Header: encode into 16 bytes; decode checks magic, version and len bound
+ * (KVT_EPROTO with a message naming the field). */
+void kvt__srv_hdr_encode(uint8_t out[KVT_SRV_HDR], uint16_t op, uint32_t len, int32_t status);
+kvt_status kvt__srv_hdr_decode(const uint8_t in[KVT_SRV_HDR], kvt_srv_hdr *out);
+
+/* HELLO */
+typedef struct kvt_srv_hello {
+    uint32_t proto, pid;
+    kvt_geometry *geo; /* owned by the caller after a successful decode */
+} kvt_srv_hello;
+kvt_status kvt__srv_hello_encode(kvt_srv_buf *b, uint32_t pid, const kvt_geometry *geo);
+kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, kvt_srv_hello *out);
+
+typedef struct kvt_srv_hello_rep {
+    uint64_t map_bytes, stride, block_bytes;
+    uint32_t block_tokens, num_blocks, server_pid;
+} kvt_srv_hello_rep;
+void kvt__srv_hello_rep_encode(kvt_srv_buf *b, const kvt_srv_hello_rep *r);
+kvt_status kvt__srv_hello_rep_decode(const uint8_t *p, size_t len, kvt_srv_hello_rep *out);
+
+/* Requests (LOOKUP, PREPARE). Decoded tokens are copied into *tokens
+ * (malloc'd; the caller frees it); ns points into p. */
+typedef struct kvt_srv_req {
+    uint32_t form;  /* 0 tokens, 1 keys */
+    const void *ns;
+    uint32_t ns_len;
+    uint32_t count;
+    uint32_t *tokens; /* form 0: count tokens, malloc'd */
+} kvt_srv_req;
+kvt_status kvt__srv_req_encode(kvt_srv_buf *b, const kvt_request *req);
+kvt_status kvt__srv_req_decode(const uint8_t *p, size_t len, kvt_srv_req *out);
+
+/* Two fixed replies */
+void kvt__srv_task_rep_encode(kvt_srv_buf *b, uint64_t task, uint32_t a, uint32_t c);
+kvt_status kvt__srv_task_rep_decode(const uint8_t *p, size_t len, uint64_t *task, uint32_t *a,
+                                    uint32_t *c);
+/* LAUNCH, CANCEL requests: one task id */
+void kvt__srv_id_encode(kvt_srv_buf *b, uint64_t task);
+kvt_status kvt__srv_id_decode(const uint8_t *p, size_t len, uint64_t *task);
+
+typedef struct kvt_srv_launch_rep {
+    uint32_t kind, first_token, num_tokens, num_blocks;
+    int32_t bad_status;
+    const uint8_t *offsets; /* num_blocks u64s, unaligned: read with kvt__srv_get64 */
+} kvt_srv_launch_rep;
+void kvt__srv_launch_rep_encode(kvt_srv_buf *b, const kvt_srv_launch_rep *r,
+                                const uint64_t *offsets);
+kvt_status kvt__srv_launch_rep_decode(const uint8_t *p, size_t len, kvt_srv_launch_rep *out);
+
+typedef struct kvt_srv_end {
+    uint64_t task;
+    int32_t status;
+    uint32_t n;
+    const uint8_t *checksums; /* n u64s */
+} kvt_srv_end;
+void kvt__srv_end_encode(kvt_srv_buf *b, uint64_t task, int32_t status, const uint64_t *sums,
+                         uint32_t n);
+kvt_status kvt__srv_end_decode(const uint8_t *p, size_t len, kvt_srv_end *out);
+
+void kvt__srv_result_encode(kvt_srv_buf *b, const kvt_task_result *r);
+kvt_status kvt__srv_result_decode(const uint8_t *p, size_t len, kvt_task_result *out);
+
+void kvt__srv_stats_encode(kvt_srv_buf *b, const kvt_cache_stats *s);
+kvt_status kvt__srv_stats_decode(const uint8_t *p, size_t len, kvt_cache_stats *out);
+
+uint64_t kvt__srv_get64(const uint8_t *p);
+
+/* Frames over a non-blocking socket, each by deadline_ns. send_frame may
+ * pass fd_pass (>= 0) with the first byte. recv_frame allocates *payload
+ * (NULL when len is 0; the caller frees it); *fd_got (may be NULL) gets a
+ * passed fd or -1. KVT_ECONN (closed, failed), KVT_ETIMEDOUT, KVT_EPROTO,
+ * KVT_ENOMEM. */
+kvt_status kvt__srv_send_frame(int fd, uint16_t op, int32_t status, const void *payload,
+                               size_t len, int fd_pass, uint64_t deadline_ns);
+kvt_status kvt__srv_recv_frame(int fd, kvt_srv_hdr *hdr, uint8_t **payload, int *fd_got,
+                               uint64_t deadline_ns);
+
+#endif

@@ -1,0 +1,63 @@
+/* server.h - node server internals shared by server.c and conn.c. */
+#ifndef KVT_SERVER_SERVER_H
+#define KVT_SERVER_SERVER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "cache/external.h"
+#include "kvtier.h"
+#include "server/proto.h"
+#include "util/config.h"
+
+#define KVT_SRV_MAX_SSD_LOCKS 16
+
+typedef struct kvt_srv_task {
+    kvt_task_id id;
+    bool launched;
+    kvt_task_kind kind;
+    uint32_t num_blocks;
+    uint64_t *offsets; /* launched: each block's memfd offset */
+} kvt_srv_task;
+
+typedef struct kvt_srv_conn kvt_srv_conn;
+struct kvt_srv_conn {
+    struct kvt_server *srv;
+    int fd;
+    pid_t pid;
+    uid_t uid;
+    pthread_t thread;
+    atomic_bool finished;
+    kvt_srv_task *tasks; /* this client's planned and launched tasks */
+    uint32_t ntasks, cap;
+    kvt_srv_conn *next;
+};
+
+struct kvt_server {
+    kvt_config_values cfg;
+    kvt_geometry *geo;
+    kvt_cache *cache;
+    kvt_ext_shm shm;
+    uint8_t *tier; /* the server's own mapping of the tier (checksums) */
+    char path[sizeof(((kvt_config_values *)0)->server_socket)];
+    int listen_fd, lock_fd, stop_pipe[2];
+    int ssd_lock_fds[KVT_SRV_MAX_SSD_LOCKS];
+    uint32_t num_ssd_locks;
+    atomic_int state; /* 0 created, 1 running, 2 stopped */
+    pthread_mutex_t mu; /* guards conns */
+    kvt_srv_conn *conns;
+    uint32_t nconns;
+};
+
+/* The server's log line ("kvtier serve: ..."), stderr for now: one place to
+ * re-route once src/util/log lands. */
+void kvt__srv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The checksum a client sends and the server checks for a stored block:
+ * XXH3-64 of its bytes seeded with its memfd offset. */
+uint64_t kvt__srv_block_sum(const void *block, uint64_t bytes, uint64_t offset);
+/* The thread serving one attached client (conn.c). */
+void *kvt__srv_conn_main(void *arg);
+
+#endif

@@ -1,0 +1,103 @@
+/* fuzz_server_proto.c - every decoder of the node server's control protocol,
+ * both directions (a client or a server may be hostile): the frame header,
+ * HELLO and its reply, requests (token and keyed forms), task replies, task
+ * ids, LAUNCH replies, END, results and stats. The first byte picks the
+ * decoder; what decodes is encoded again and must decode to the same. */
+#include <assert.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "server/proto.h"
+
+static void hello(const uint8_t *p, size_t n)
+{
+    kvt_srv_hello h;
+    if (kvt__srv_hello_decode(p, n, &h) != KVT_OK) return;
+    kvt_srv_buf b = {0};
+    if (kvt__srv_hello_encode(&b, h.pid, h.geo) == KVT_OK) {
+        kvt_srv_hello h2;
+        assert(b.len == n && memcmp(b.p, p, n) == 0);
+        if (kvt__srv_hello_decode(b.p, b.len, &h2) == KVT_OK) {
+            assert(kvt_geometry_compare(h.geo, h2.geo) == KVT_OK);
+            kvt_geometry_destroy(h2.geo);
+        }
+    }
+    kvt__srv_buf_free(&b);
+    kvt_geometry_destroy(h.geo);
+}
+
+static void request(const uint8_t *p, size_t n)
+{
+    kvt_srv_req q;
+    if (kvt__srv_req_decode(p, n, &q) != KVT_OK) return;
+    if (q.form == 0) {
+        kvt_request r = {q.tokens, q.count, q.ns, q.ns_len};
+        kvt_srv_buf b = {0};
+        if (kvt__srv_req_encode(&b, &r) == KVT_OK) {
+            kvt_srv_req q2;
+            if (kvt__srv_req_decode(b.p, b.len, &q2) == KVT_OK) {
+                assert(q2.count == q.count && q2.ns_len == q.ns_len);
+                assert(q.count == 0 || memcmp(q2.tokens, q.tokens, (size_t)q.count * 4) == 0);
+                free(q2.tokens);
+            }
+        }
+        kvt__srv_buf_free(&b);
+    }
+    free(q.tokens);
+}
+
+static void launch_rep(const uint8_t *p, size_t n)
+{
+    kvt_srv_launch_rep l;
+    if (kvt__srv_launch_rep_decode(p, n, &l) != KVT_OK) return;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < l.num_blocks; i++) sum += kvt__srv_get64(l.offsets + 8 * (size_t)i);
+    (void)sum;
+}
+
+static void end(const uint8_t *p, size_t n)
+{
+    kvt_srv_end e;
+    if (kvt__srv_end_decode(p, n, &e) != KVT_OK) return;
+    for (uint32_t i = 0; i < e.n; i++) (void)kvt__srv_get64(e.checksums + 8 * (size_t)i);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1) return 0;
+    uint8_t which = data[0];
+    const uint8_t *p = data + 1;
+    size_t n = size - 1;
+    uint64_t task;
+    uint32_t a, c;
+    switch (which % 10) { /* FLUSH carries a task-id-shaped u64: case 5 */
+    case 0:
+        if (n >= KVT_SRV_HDR) {
+            kvt_srv_hdr h;
+            (void)kvt__srv_hdr_decode(p, &h);
+        }
+        break;
+    case 1: hello(p, n); break;
+    case 2: {
+        kvt_srv_hello_rep r;
+        (void)kvt__srv_hello_rep_decode(p, n, &r);
+        break;
+    }
+    case 3: request(p, n); break;
+    case 4: (void)kvt__srv_task_rep_decode(p, n, &task, &a, &c); break;
+    case 5: (void)kvt__srv_id_decode(p, n, &task); break;
+    case 6: launch_rep(p, n); break;
+    case 7: end(p, n); break;
+    case 8: {
+        kvt_task_result r;
+        (void)kvt__srv_result_decode(p, n, &r);
+        break;
+    }
+    case 9: {
+        kvt_cache_stats s;
+        (void)kvt__srv_stats_decode(p, n, &s);
+        break;
+    }
+    }
+    return 0;
+}

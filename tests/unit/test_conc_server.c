@@ -1,0 +1,859 @@
+/* test_conc_server.c - the node server with real processes: a server
+ * process, engine processes attached as clients, SIGKILLs. Every loaded
+ * byte is verified against the emulated engine. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "support.h"
+#include "server/proto.h"
+#include "server/server.h"
+#include "util/clock.h"
+#include "util/err.h"
+
+#define LAYERS 4
+#define TPP 16
+#define BLOCKS 8
+#define NTOK (BLOCKS * TPP + 1) /* 8 full blocks and the last token */
+#define PAGES 64
+#define TIMEOUT_MS 3000
+
+static char g_dir[256];
+
+static kvt_geometry *geo_heads(uint32_t heads)
+{
+    return kvt_test_geometry(LAYERS, heads, 16, TPP, KVT_LAYOUT_LAYER_FIRST);
+}
+
+static void sock_path(char *out, size_t n, const char *name)
+{
+    snprintf(out, n, "%s/%s", g_dir, name);
+}
+
+static void make_dir(void)
+{
+    const char *base = getenv("KVTIER_TEST_TMP");
+    if (!base) base = "/tmp";
+    mkdir(base, 0700);
+    snprintf(g_dir, sizeof g_dir, "%s/srvXXXXXX", base);
+    assert_non_null(mkdtemp(g_dir));
+}
+
+/* Waits for pid to exit within ms; returns its exit code, or -signal; kills
+ * it and fails the test when it overstays. */
+static int reap(pid_t pid, int ms)
+{
+    for (int i = 0; i < ms; i++) {
+        int ws = 0;
+        pid_t r = waitpid(pid, &ws, WNOHANG);
+        if (r == pid) return WIFEXITED(ws) ? WEXITSTATUS(ws) : -WTERMSIG(ws);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fail_msg("process %ld did not end within %d ms", (long)pid, ms);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* A server process                                                   */
+
+static kvt_server *g_srv;
+static void on_term(int sig)
+{
+    (void)sig;
+    kvt_server_stop(g_srv);
+}
+
+/* Extra options of the next servers made: "name", "value", ..., NULL. */
+static const char *const *g_opts;
+
+static kvt_status make_server(kvt_server **out, const char *path, const char *ssd_dir)
+{
+    kvt_config *cfg = NULL;
+    kvt_status st = kvt_config_create(&cfg);
+    if (!st) st = kvt_config_set(cfg, "server_socket", path);
+    if (!st) st = kvt_config_set(cfg, "cpu_capacity", "4MiB");
+    if (!st) st = kvt_config_set(cfg, "huge_pages", "false");
+    if (!st) st = kvt_config_set(cfg, "block_tokens", "16");
+    if (!st && ssd_dir) st = kvt_config_set(cfg, "ssd_dirs", ssd_dir);
+    if (!st && ssd_dir) st = kvt_config_set(cfg, "ssd_capacity", "8MiB");
+    for (int i = 0; !st && g_opts && g_opts[i]; i += 2) st = kvt_config_set(cfg, g_opts[i], g_opts[i + 1]);
+    kvt_geometry *g = geo_heads(2);
+    if (!st) st = kvt_server_create(out, cfg, g);
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    return st;
+}
+
+/* Servers still running when a test fails are killed by the teardown. */
+static pid_t g_servers[16];
+static int g_nservers;
+
+static int kill_servers(void **state)
+{
+    (void)state;
+    for (int i = 0; i < g_nservers; i++) {
+        kill(g_servers[i], SIGKILL);
+        kill(g_servers[i], SIGCONT);
+        waitpid(g_servers[i], NULL, 0);
+    }
+    g_nservers = 0;
+    return 0;
+}
+
+/* Forks a server on path; returns once it listens. */
+static pid_t start_server(const char *path, const char *ssd_dir)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        /* SIGTERM waits until the handler has a server to stop. */
+        sigset_t term, old;
+        sigemptyset(&term);
+        sigaddset(&term, SIGTERM);
+        sigprocmask(SIG_BLOCK, &term, &old);
+        signal(SIGTERM, on_term);
+        kvt_status st = make_server(&g_srv, path, ssd_dir);
+        int32_t v = st;
+        if (st) fprintf(stderr, "server: %s\n", kvt_last_error());
+        if (write(p[1], &v, sizeof v) != sizeof v) _exit(3);
+        if (st) _exit(2);
+        close(p[1]);
+        signal(SIGPIPE, SIG_IGN);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        st = kvt_server_run(g_srv);
+        kvt_server_destroy(g_srv);
+        _exit(st ? 1 : 0);
+    }
+    close(p[1]);
+    if (g_nservers < 16) g_servers[g_nservers++] = pid;
+    int32_t v = -99;
+    assert_int_equal(read(p[0], &v, sizeof v), (ssize_t)sizeof v);
+    close(p[0]);
+    assert_int_equal(v, KVT_OK);
+    return pid;
+}
+
+/* SIGTERM must stop a server cleanly and quickly. */
+static void forget_server(pid_t pid)
+{
+    for (int i = 0; i < g_nservers; i++)
+        if (g_servers[i] == pid) g_servers[i--] = g_servers[--g_nservers];
+}
+
+static void stop_server(pid_t pid, const char *path)
+{
+    forget_server(pid);
+    uint64_t t0 = kvt__now_ns();
+    kill(pid, SIGTERM);
+    assert_int_equal(reap(pid, 5000), 0);
+    assert_true(kvt__now_ns() - t0 < 5000000000ull);
+    assert_int_not_equal(access(path, F_OK), 0); /* socket removed */
+}
+
+/* ------------------------------------------------------------------ */
+/* An engine process                                                  */
+
+typedef struct engine {
+    kvt_client *cl;
+    kvt_emu *emu;
+    kvt_geometry *geo;
+    uint32_t pages[PAGES];
+} engine;
+
+static kvt_status engine_open(engine *e, const char *path, uint32_t heads)
+{
+    memset(e, 0, sizeof *e);
+    e->geo = geo_heads(heads);
+    for (uint32_t i = 0; i < PAGES; i++) e->pages[i] = (i * 7) % PAGES; /* scattered */
+    kvt_status st = kvt_client_attach(&e->cl, path, e->geo, TIMEOUT_MS);
+    if (st) return st;
+    kvt_engine_memory mem;
+    if ((st = kvt_emu_create(&e->emu, e->geo, PAGES))) return st;
+    if ((st = kvt_emu_memory(e->emu, &mem))) return st;
+    return kvt_client_register_memory(e->cl, &mem);
+}
+
+static void engine_close(engine *e)
+{
+    kvt_client_detach(e->cl);
+    kvt_emu_destroy(e->emu);
+    kvt_geometry_destroy(e->geo);
+}
+
+static void request(kvt_request *r, uint32_t *tokens, uint64_t seed)
+{
+    kvt_test_tokens(tokens, NTOK, seed);
+    kvt_request q = {tokens, NTOK, "tenant", 6};
+    *r = q;
+}
+
+/* Stores the request's blocks this process was asked to; *stored gets the
+ * tokens it stored (0 when someone else owns them). */
+static kvt_status engine_store(engine *e, const kvt_request *r, uint32_t *stored)
+{
+    kvt_store_plan p;
+    kvt_status st = kvt_client_prepare_store(e->cl, r, &p);
+    if (st) return st;
+    *stored = 0;
+    if (!p.task) return KVT_OK;
+    if ((st = kvt_emu_fill(e->emu, r, 0, r->num_tokens, e->pages, PAGES))) return st;
+    if ((st = kvt_client_launch(e->cl, p.task, e->pages, PAGES))) return st;
+    kvt_task_result res;
+    if ((st = kvt_client_wait(e->cl, p.task, TIMEOUT_MS, &res))) return st;
+    if (res.status) return kvt__fail(res.status, "store result %s", kvt_status_name(res.status));
+    *stored = p.num_tokens;
+    return KVT_OK;
+}
+
+/* Loads the cached prefix into poisoned pages and verifies every byte;
+ * *matched gets the tokens loaded. */
+static kvt_status engine_load(engine *e, const kvt_request *r, uint32_t *matched)
+{
+    kvt_match m;
+    kvt_status st = kvt_client_lookup(e->cl, r, &m);
+    if (st) return st;
+    *matched = m.matched_tokens;
+    if (!m.task) return KVT_OK;
+    if ((st = kvt_emu_poison(e->emu, e->pages, PAGES))) return st;
+    if ((st = kvt_client_launch(e->cl, m.task, e->pages, PAGES))) return st;
+    if ((st = kvt_client_wait_layer(e->cl, m.task, LAYERS - 1, TIMEOUT_MS))) return st;
+    kvt_task_result res;
+    if ((st = kvt_client_wait(e->cl, m.task, TIMEOUT_MS, &res))) return st;
+    if (res.status) return kvt__fail(res.status, "load result %s", kvt_status_name(res.status));
+    kvt_verify_result v;
+    if ((st = kvt_emu_verify(e->emu, r, 0, m.matched_tokens, e->pages, PAGES, &v))) return st;
+    if (v.mismatches || v.bytes_checked == 0)
+        return kvt__fail(KVT_ECORRUPT, "%llu of %llu bytes differ (token %u layer %u)",
+                         (unsigned long long)v.mismatches, (unsigned long long)v.bytes_checked,
+                         v.first_bad_token, v.first_bad_layer);
+    return KVT_OK;
+}
+
+/* Runs fn in a child process; returns the child's pid. The child exits 0
+ * on success, 1 (with the message on stderr) otherwise. */
+typedef kvt_status (*child_fn)(const char *path, void *arg);
+static pid_t spawn(child_fn fn, const char *path, void *arg)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        kvt_status st = fn(path, arg);
+        if (st) fprintf(stderr, "child %ld: %s: %s\n", (long)getpid(), kvt_status_name(st),
+                        kvt_last_error());
+        _exit(st ? 1 : 0);
+    }
+    return pid;
+}
+
+static kvt_status child_store(const char *path, void *arg)
+{
+    uint64_t seed = *(uint64_t *)arg;
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    uint32_t tokens[NTOK], stored = 0;
+    kvt_request r;
+    request(&r, tokens, seed);
+    if (!st) st = engine_store(&e, &r, &stored);
+    if (!st && stored != BLOCKS * TPP)
+        st = kvt__fail(KVT_EINVAL, "stored %u tokens, want %u", stored, BLOCKS * TPP);
+    engine_close(&e);
+    return st;
+}
+
+static kvt_status child_load(const char *path, void *arg)
+{
+    uint64_t seed = *(uint64_t *)arg;
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    uint32_t tokens[NTOK], matched = 0;
+    kvt_request r;
+    request(&r, tokens, seed);
+    if (!st) st = engine_load(&e, &r, &matched);
+    if (!st && matched != BLOCKS * TPP)
+        st = kvt__fail(KVT_ENOTFOUND, "matched %u tokens, want %u", matched, BLOCKS * TPP);
+    engine_close(&e);
+    return st;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tests                                                              */
+
+/* Client A stores from one process, then client B, another process, loads
+ * the same prefix through the shared tier, byte for byte. */
+static void test_store_in_a_load_in_b(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "s.sock");
+    pid_t srv = start_server(path, NULL);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0600);
+    uint64_t seed = 11;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    assert_int_equal(reap(spawn(child_load, path, &seed), 20000), 0);
+    assert_int_equal(reap(spawn(child_load, path, &seed), 20000), 0);
+    stop_server(srv, path);
+}
+
+/* A geometry other than the server's is refused at attach, naming the field. */
+static void test_geometry_mismatch_refused(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "g.sock");
+    pid_t srv = start_server(path, NULL);
+    kvt_geometry *g = geo_heads(4);
+    kvt_client *cl = NULL;
+    assert_status(kvt_client_attach(&cl, path, g, TIMEOUT_MS), KVT_EGEOMETRY);
+    assert_null(cl);
+    assert_non_null(strstr(kvt_last_error(), "kv_heads"));
+    kvt_geometry_destroy(g);
+    stop_server(srv, path);
+}
+
+/* A second server on the same socket, or on the same SSD directory, is
+ * refused with a message naming the holder's pid. */
+static void test_second_server_refused(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], path2[300], ssd[300], want[64];
+    sock_path(path, sizeof path, "d.sock");
+    sock_path(path2, sizeof path2, "d2.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    pid_t srv = start_server(path, ssd);
+    snprintf(want, sizeof want, "pid %ld", (long)srv);
+    kvt_server *s = NULL;
+    assert_status(make_server(&s, path, NULL), KVT_EBUSY);
+    assert_non_null(strstr(kvt_last_error(), want));
+    assert_non_null(strstr(kvt_last_error(), path));
+    assert_status(make_server(&s, path2, ssd), KVT_EBUSY);
+    assert_non_null(strstr(kvt_last_error(), want));
+    assert_non_null(strstr(kvt_last_error(), "SSD directory"));
+    assert_null(s);
+    stop_server(srv, path);
+}
+
+/* Several processes store the same prefix at once: exactly one owns each
+ * block, then everything loads back. */
+static kvt_status child_race_store(const char *path, void *arg)
+{
+    int *fds = arg; /* [0]: go pipe (read), [1]: result pipe (write) */
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    uint32_t tokens[NTOK], stored = 0;
+    kvt_request r;
+    request(&r, tokens, 77);
+    char go;
+    if (!st && read(fds[0], &go, 1) != 1) st = kvt__fail(KVT_ESYS, "no go");
+    if (!st) st = engine_store(&e, &r, &stored);
+    if (write(fds[1], &stored, sizeof stored) != sizeof stored) st = KVT_ESYS;
+    engine_close(&e);
+    return st;
+}
+
+static void test_same_prefix_one_owner(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "r.sock");
+    pid_t srv = start_server(path, NULL);
+    enum { N = 4 };
+    int go[2], res[2];
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(pipe(res), 0);
+    int fds[2] = {go[0], res[1]};
+    pid_t kids[N];
+    for (int i = 0; i < N; i++) kids[i] = spawn(child_race_store, path, fds);
+    struct timespec ts = {0, 200 * 1000000L}; /* let them attach */
+    nanosleep(&ts, NULL);
+    char gos[N] = {0};
+    assert_int_equal(write(go[1], gos, N), N);
+    uint32_t total = 0, owners = 0;
+    for (int i = 0; i < N; i++) {
+        uint32_t s = 0;
+        assert_int_equal(read(res[0], &s, sizeof s), (ssize_t)sizeof s);
+        total += s;
+        owners += s > 0;
+    }
+    for (int i = 0; i < N; i++) assert_int_equal(reap(kids[i], 20000), 0);
+    assert_int_equal(total, BLOCKS * TPP);
+    assert_true(owners >= 1);
+    uint64_t seed = 77;
+    assert_int_equal(reap(spawn(child_load, path, &seed), 20000), 0);
+    for (int i = 0; i < 2; i++) {
+        close(go[i]);
+        close(res[i]);
+    }
+    stop_server(srv, path);
+}
+
+/* A raw client (the wire protocol by hand) launches a store, writes half of
+ * its blocks and is SIGKILLed: the blocks never become visible and the
+ * server released the plan at once, so another client stores the prefix
+ * in full. The same raw client variant that claims wrong checksums gets
+ * KVT_ECORRUPT and its store is rolled back. */
+typedef struct raw_arg {
+    int ready; /* pipe to tell the parent the half-store is done */
+    bool lie;  /* send END OK with bad checksums instead of dying */
+    bool load; /* launch a load of seed 99's prefix instead, then wait to die */
+} raw_arg;
+
+static kvt_status raw_rt(int fd, uint16_t op, const kvt_srv_buf *b, uint8_t **rep, uint32_t *len,
+                         int *fd_got)
+{
+    uint64_t dl = kvt__deadline_ns(TIMEOUT_MS);
+    kvt_status st = kvt__srv_send_frame(fd, op, 0, b->p, b->len, -1, dl);
+    kvt_srv_hdr h;
+    if (!st) st = kvt__srv_recv_frame(fd, &h, rep, fd_got, dl);
+    if (!st && h.status) st = (kvt_status)h.status;
+    if (!st) *len = h.len;
+    return st;
+}
+
+static kvt_status child_raw_store(const char *path, void *arg)
+{
+    raw_arg *a = arg;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return KVT_ECONN;
+    kvt_geometry *g = geo_heads(2);
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    int shm = -1;
+    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g);
+    kvt_status st = raw_rt(fd, KVT_SRV_HELLO, &b, &p, &len, &shm);
+    kvt_srv_hello_rep h;
+    if (!st) st = kvt__srv_hello_rep_decode(p, len, &h);
+    free(p);
+    kvt__srv_buf_free(&b);
+    if (st) return st;
+    uint8_t *tier = mmap(NULL, h.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0);
+    if (tier == MAP_FAILED) return KVT_ESYS;
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, 99);
+    kvt__srv_req_encode(&b, &r);
+    st = raw_rt(fd, a->load ? KVT_SRV_LOOKUP : KVT_SRV_PREPARE, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    uint64_t task = 0;
+    uint32_t first = 0, n = 0;
+    if (!st) st = kvt__srv_task_rep_decode(p, len, &task, &first, &n);
+    free(p);
+    if (!st && (a->load ? first : n) != BLOCKS * TPP)
+        st = kvt__fail(KVT_EINVAL, "planned %u tokens", a->load ? first : n);
+    kvt__srv_id_encode(&b, task);
+    if (!st) st = raw_rt(fd, KVT_SRV_LAUNCH, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    kvt_srv_launch_rep l;
+    if (!st) st = kvt__srv_launch_rep_decode(p, len, &l);
+    if (st) return st;
+    for (uint32_t i = 0; i < l.num_blocks / 2 && !a->load; i++)
+        memset(tier + kvt__srv_get64(l.offsets + 8 * i), 0xab, h.block_bytes);
+    if (a->lie) {
+        uint64_t sums[BLOCKS] = {0};
+        kvt__srv_end_encode(&b, task, KVT_OK, sums, l.num_blocks);
+        free(p);
+        uint8_t *q = NULL;
+        st = raw_rt(fd, KVT_SRV_END, &b, &q, &len, NULL);
+        kvt__srv_buf_free(&b);
+        kvt_task_result res = {0};
+        if (!st) st = kvt__srv_result_decode(q, len, &res);
+        free(q);
+        if (st) return st;
+        return res.status == KVT_ECORRUPT ? KVT_OK
+                                          : kvt__fail(KVT_EPROTO, "END's result is %s",
+                                                      kvt_status_name(res.status));
+    }
+    char c = 1;
+    if (write(a->ready, &c, 1) != 1) return KVT_ESYS;
+    for (;;) pause(); /* killed here, mid-store */
+}
+
+static void check_no_visible_then_store(const char *path)
+{
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    uint32_t tokens[NTOK], matched = 99, stored = 0;
+    kvt_request r;
+    request(&r, tokens, 99);
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(cs.tasks_in_flight, 0); /* the dead client's plan is gone */
+    assert_ok(engine_load(&e, &r, &matched));
+    assert_int_equal(matched, 0); /* nothing of the half-written store is visible */
+    assert_ok(engine_store(&e, &r, &stored));
+    assert_int_equal(stored, BLOCKS * TPP);
+    assert_ok(engine_load(&e, &r, &matched));
+    assert_int_equal(matched, BLOCKS * TPP);
+    engine_close(&e);
+}
+
+static void test_sigkill_mid_store(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "k.sock");
+    pid_t srv = start_server(path, NULL);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    raw_arg a = {ready[1], false, false};
+    pid_t kid = spawn(child_raw_store, path, &a);
+    close(ready[1]); /* a child that fails closes the pipe: read gives 0 */
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    kill(kid, SIGKILL);
+    assert_int_equal(reap(kid, 5000), -SIGKILL);
+    close(ready[0]);
+    /* The server notices the close at once; give its thread a moment. */
+    struct timespec ts = {0, 50 * 1000000L};
+    nanosleep(&ts, NULL);
+    pid_t chk = fork();
+    if (chk == 0) {
+        check_no_visible_then_store(path);
+        _exit(0);
+    }
+    assert_int_equal(reap(chk, 20000), 0);
+    stop_server(srv, path);
+}
+
+/* A client SIGKILLed mid-load loses its pins at once: the server ends its
+ * task (nothing in flight), and the prefix still loads, byte for byte. */
+static void test_sigkill_mid_load(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "l.sock");
+    pid_t srv = start_server(path, NULL);
+    uint64_t seed = 99;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    raw_arg a = {ready[1], false, true};
+    pid_t kid = spawn(child_raw_store, path, &a);
+    close(ready[1]); /* a child that fails closes the pipe: read gives 0 */
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    kill(kid, SIGKILL);
+    assert_int_equal(reap(kid, 5000), -SIGKILL);
+    close(ready[0]);
+    struct timespec ts = {0, 50 * 1000000L};
+    nanosleep(&ts, NULL);
+    assert_int_equal(reap(spawn(child_load, path, &seed), 20000), 0);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(cs.tasks_in_flight, 0);
+    assert_int_equal(cs.cancelled_tasks, 1); /* the dead client's load */
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
+static void test_bad_checksum_not_visible(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "c.sock");
+    pid_t srv = start_server(path, NULL);
+    raw_arg a = {-1, true, false};
+    assert_int_equal(reap(spawn(child_raw_store, path, &a), 20000), 0);
+    pid_t chk = fork();
+    if (chk == 0) {
+        check_no_visible_then_store(path);
+        _exit(0);
+    }
+    assert_int_equal(reap(chk, 20000), 0);
+    stop_server(srv, path);
+}
+
+/* The server dies (SIGKILL) or hangs (SIGSTOP): client calls return
+ * KVT_ECONN naming the socket within their deadline. */
+static void test_server_killed_econn(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], path2[300];
+    sock_path(path, sizeof path, "x.sock");
+    sock_path(path2, sizeof path2, "y.sock");
+    pid_t srv = start_server(path, NULL);
+    pid_t srv2 = start_server(path2, NULL);
+    engine e, e2;
+    assert_ok(engine_open(&e, path, 2));
+    uint32_t tokens[NTOK], stored = 0, matched = 0;
+    kvt_request r;
+    request(&r, tokens, 5);
+    assert_ok(engine_store(&e, &r, &stored));
+    forget_server(srv);
+    kill(srv, SIGKILL);
+    assert_int_equal(reap(srv, 5000), -SIGKILL);
+    uint64_t t0 = kvt__now_ns();
+    assert_status(engine_load(&e, &r, &matched), KVT_ECONN);
+    assert_non_null(strstr(kvt_last_error(), path));
+    assert_status(engine_load(&e, &r, &matched), KVT_ECONN); /* and stays so */
+    assert_true(kvt__now_ns() - t0 < (uint64_t)TIMEOUT_MS * 1000000ull);
+    engine_close(&e);
+
+    /* A hung server: the call's deadline, then KVT_ECONN. */
+    assert_ok(engine_open(&e2, path2, 2));
+    kill(srv2, SIGSTOP);
+    int ws = 0; /* SIGSTOP lands asynchronously: wait until it is stopped */
+    assert_int_equal(waitpid(srv2, &ws, WUNTRACED), srv2);
+    assert_true(WIFSTOPPED(ws));
+    t0 = kvt__now_ns();
+    assert_status(engine_load(&e2, &r, &matched), KVT_ECONN);
+    uint64_t el = kvt__now_ns() - t0;
+    assert_true(el >= (uint64_t)(TIMEOUT_MS - 50) * 1000000ull);
+    assert_true(el < (uint64_t)(TIMEOUT_MS + 2000) * 1000000ull);
+    assert_non_null(strstr(kvt_last_error(), path2));
+    forget_server(srv2);
+    kill(srv2, SIGKILL);
+    kill(srv2, SIGCONT);
+    reap(srv2, 5000);
+    engine_close(&e2);
+    /* No server at all: attach gives KVT_ECONN naming the socket in time. */
+    kvt_client *cl = NULL;
+    kvt_geometry *g = geo_heads(2);
+    t0 = kvt__now_ns();
+    assert_status(kvt_client_attach(&cl, path, g, 300), KVT_ECONN);
+    assert_true(kvt__now_ns() - t0 < 2000000000ull);
+    assert_non_null(strstr(kvt_last_error(), path));
+    kvt_geometry_destroy(g);
+}
+
+/* A server stopped with SIGTERM flushes its SSD writes; a new server on the
+ * same SSD directory comes back warm and serves the prefix, byte for byte. */
+static void test_restart_warm_from_ssd(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "w.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    pid_t srv = start_server(path, ssd);
+    uint64_t seed = 23;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    pid_t fl = fork();
+    if (fl == 0) { /* a client can wait for durability too */
+        engine e;
+        kvt_cache_stats cs;
+        if (engine_open(&e, path, 2) || kvt_client_flush(e.cl, 10000) ||
+            kvt_client_stats(e.cl, &cs) || cs.ssd_written_blocks != BLOCKS)
+            _exit(1);
+        engine_close(&e);
+        _exit(0);
+    }
+    assert_int_equal(reap(fl, 20000), 0);
+    stop_server(srv, path);
+    srv = start_server(path, ssd);
+    assert_int_equal(reap(spawn(child_load, path, &seed), 20000), 0);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(cs.recovered_blocks, BLOCKS);
+    assert_int_equal(cs.ssd_hit_tokens, BLOCKS * TPP); /* read back through the server */
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
+/* A client that plans and never launches: its plans expire after
+ * plan_ttl_ms (launch then gives KVT_ETIMEDOUT), and it holds at most
+ * server_client_tasks of them (KVT_EFULL) until they expire. */
+static void test_plans_expire_and_quota(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "q.sock");
+    static const char *const opts[] = {"plan_ttl_ms", "200", "server_client_tasks", "2", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    uint64_t seed = 31;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, seed);
+    kvt_match m1, m2, m3;
+    assert_ok(kvt_client_lookup(e.cl, &r, &m1));
+    assert_ok(kvt_client_lookup(e.cl, &r, &m2));
+    assert_int_equal(m2.matched_tokens, BLOCKS * TPP);
+    assert_status(kvt_client_lookup(e.cl, &r, &m3), KVT_EFULL);
+    struct timespec ts = {0, 300 * 1000000L};
+    nanosleep(&ts, NULL);
+    assert_status(kvt_client_launch(e.cl, m1.task, e.pages, PAGES), KVT_ETIMEDOUT);
+    assert_ok(kvt_client_lookup(e.cl, &r, &m3)); /* m2 was swept at the quota */
+    assert_ok(kvt_client_cancel(e.cl, m3.task));
+    kvt_task_result res;
+    assert_ok(kvt_client_wait(e.cl, m3.task, 0, &res));
+    assert_int_equal(res.status, KVT_ECANCELED);
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(cs.tasks_in_flight, 0);
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
+/* A client outlives its server: calls give KVT_ECONN while it is gone, and
+ * once a new server listens on the socket the client re-attaches on its own
+ * (bounded backoff) and works again, byte for byte. */
+static kvt_status child_outlive(const char *path, void *arg)
+{
+    int *fds = arg; /* [0]: from the parent, [1]: to the parent */
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    uint32_t tokens[NTOK], stored = 0, matched = 0;
+    kvt_request r;
+    request(&r, tokens, 41);
+    if (!st) st = engine_store(&e, &r, &stored);
+    char c = 1;
+    if (!st && (write(fds[1], &c, 1) != 1 || read(fds[0], &c, 1) != 1)) st = KVT_ESYS;
+    /* The server was killed. */
+    if (!st && engine_load(&e, &r, &matched) != KVT_ECONN)
+        st = kvt__fail(KVT_EINVAL, "a call to a dead server did not give KVT_ECONN");
+    if (!st && strstr(kvt_last_error(), path) == NULL)
+        st = kvt__fail(KVT_EINVAL, "KVT_ECONN does not name the socket: %s", kvt_last_error());
+    if (!st && (write(fds[1], &c, 1) != 1 || read(fds[0], &c, 1) != 1)) st = KVT_ESYS;
+    /* A new server listens: retry until the client is back (backoff <= 1 s). */
+    uint64_t until = kvt__now_ns() + 5000000000ull;
+    kvt_status got = KVT_ECONN;
+    while (!st && got == KVT_ECONN && kvt__now_ns() < until) {
+        got = engine_load(&e, &r, &matched);
+        struct timespec ts = {0, 20 * 1000000L};
+        if (got == KVT_ECONN) nanosleep(&ts, NULL);
+    }
+    if (!st && got) st = kvt__fail(got, "no re-attach: %s", kvt_last_error());
+    if (!st && matched != 0) st = kvt__fail(KVT_EINVAL, "the new server knew %u tokens", matched);
+    if (!st) st = engine_store(&e, &r, &stored);
+    if (!st) st = engine_load(&e, &r, &matched);
+    if (!st && matched != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "matched %u", matched);
+    engine_close(&e);
+    return st;
+}
+
+static void test_client_reattaches(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "a.sock");
+    pid_t srv = start_server(path, NULL);
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    int fds[2] = {down[0], up[1]};
+    pid_t kid = spawn(child_outlive, path, fds);
+    close(up[1]);
+    char c = 0;
+    assert_int_equal(read(up[0], &c, 1), 1); /* stored */
+    forget_server(srv);
+    kill(srv, SIGKILL);
+    assert_int_equal(reap(srv, 5000), -SIGKILL);
+    assert_int_equal(write(down[1], &c, 1), 1);
+    assert_int_equal(read(up[0], &c, 1), 1); /* saw KVT_ECONN */
+    srv = start_server(path, NULL);
+    assert_int_equal(write(down[1], &c, 1), 1);
+    assert_int_equal(reap(kid, 20000), 0);
+    close(down[0]);
+    close(down[1]);
+    close(up[0]);
+    stop_server(srv, path);
+}
+
+/* A keyed request (the wire's form 1) is decoded and refused with
+ * KVT_EUNSUPPORTED until kvt_cache takes keys; the connection stays up. */
+static kvt_status child_keyed(const char *path, void *arg)
+{
+    (void)arg;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return KVT_ECONN;
+    kvt_geometry *g = geo_heads(2);
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    int shm = -1;
+    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g);
+    kvt_status st = raw_rt(fd, KVT_SRV_HELLO, &b, &p, &len, &shm);
+    free(p);
+    kvt__srv_buf_free(&b);
+    kvt_geometry_destroy(g);
+    if (shm >= 0) close(shm);
+    if (st) return st;
+    kvt__srv_put32(&b, 1); /* form: keys */
+    kvt__srv_put32(&b, 0); /* no namespace */
+    kvt__srv_put32(&b, 2);
+    kvt__srv_put32(&b, 3);
+    kvt__srv_put_bytes(&b, "abc", 3);
+    kvt__srv_put32(&b, 4);
+    kvt__srv_put_bytes(&b, "defg", 4);
+    p = NULL;
+    st = raw_rt(fd, KVT_SRV_LOOKUP, &b, &p, &len, NULL);
+    free(p);
+    kvt__srv_buf_free(&b);
+    if (st != KVT_EUNSUPPORTED) return kvt__fail(KVT_EPROTO, "keyed lookup gave %s", kvt_status_name(st));
+    p = NULL;
+    st = raw_rt(fd, KVT_SRV_STATS, &b, &p, &len, NULL); /* still attached */
+    free(p);
+    close(fd);
+    return st;
+}
+
+static void test_keyed_request_refused(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "kk.sock");
+    pid_t srv = start_server(path, NULL);
+    assert_int_equal(reap(spawn(child_keyed, path, NULL), 20000), 0);
+    stop_server(srv, path);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_store_in_a_load_in_b, kill_servers),
+        cmocka_unit_test_teardown(test_geometry_mismatch_refused, kill_servers),
+        cmocka_unit_test_teardown(test_second_server_refused, kill_servers),
+        cmocka_unit_test_teardown(test_same_prefix_one_owner, kill_servers),
+        cmocka_unit_test_teardown(test_sigkill_mid_store, kill_servers),
+        cmocka_unit_test_teardown(test_sigkill_mid_load, kill_servers),
+        cmocka_unit_test_teardown(test_bad_checksum_not_visible, kill_servers),
+        cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
+        cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
+        cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
+        cmocka_unit_test_teardown(test_client_reattaches, kill_servers),
+        cmocka_unit_test_teardown(test_keyed_request_refused, kill_servers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

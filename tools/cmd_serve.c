@@ -1,0 +1,122 @@
+/* cmd_serve.c - `kvtier serve --socket PATH [--config FILE] [options]`: the
+ * node server in the foreground (docs/server.md). SIGTERM or SIGINT stop it
+ * cleanly: clients are disconnected (their tasks released) and pending SSD
+ * writes get server_stop_ms to become durable. Exit 0 on a clean stop, 1 on
+ * failure, 2 on usage. */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include "cli_util.h"
+#include "cmds.h"
+
+static kvt_server *g_server;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    kvt_server_stop(g_server); /* async-signal-safe: one write to a pipe */
+}
+
+static int usage(FILE *f, int rc)
+{
+    fprintf(f,
+            "usage: kvtier serve --socket PATH [--config FILE] [--model M] [--tp N] [--page T]\n"
+            "                    [--set NAME=VALUE]...\n"
+            "  --socket PATH   the Unix socket clients attach to (option server_socket)\n"
+            "  --config FILE   a JSON object of options (kvtier config --dump lists them);\n"
+            "                  KVTIER_* environment variables apply on top, then --set\n"
+            "  --model M       the geometry served: tiny (default), llama3-8b, llama3-70b,\n"
+            "                  deepseek-v3; every client must attach with the same one\n"
+            "  --tp N          tensor-parallel size of the ranks attaching (default 1)\n"
+            "  --page T        the engines' tokens per page (default 16)\n"
+            "  --set N=V       one option, e.g. --set cpu_capacity=8GiB --set ssd_dirs=/nvme/kv\n");
+    return rc;
+}
+
+int kvt_cmd_serve(int argc, char **argv)
+{
+    const char *socket_path = NULL, *config = NULL, *model = "tiny";
+    uint64_t tp = 1, page = 16;
+    kvt_config *cfg = NULL;
+    kvt_status st = kvt_config_create(&cfg);
+    if (st) return demo_error("config", st);
+    int rc = 2;
+    const char *sets[64];
+    int nsets = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            rc = usage(stdout, 0);
+            goto out;
+        }
+        if (!v) goto bad;
+        i++;
+        if (!strcmp(a, "--socket")) socket_path = v;
+        else if (!strcmp(a, "--config")) config = v;
+        else if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--tp") && demo_parse_u64(v, &tp) && tp >= 1 && tp <= 1024) {}
+        else if (!strcmp(a, "--page") && demo_parse_u64(v, &page) && page >= 1 && page <= 65536) {}
+        else if (!strcmp(a, "--set") && nsets < 64) sets[nsets++] = v;
+        else goto bad;
+    }
+    if (!socket_path) goto bad;
+    if (config && (st = kvt_config_load_file(cfg, config))) {
+        rc = demo_error(config, st);
+        goto out;
+    }
+    if ((st = kvt_config_load_env(cfg))) {
+        rc = demo_error("environment", st);
+        goto out;
+    }
+    for (int i = 0; i < nsets; i++) {
+        char name[128];
+        const char *eq = strchr(sets[i], '=');
+        if (!eq || (size_t)(eq - sets[i]) >= sizeof name) goto bad;
+        memcpy(name, sets[i], (size_t)(eq - sets[i]));
+        name[eq - sets[i]] = '\0';
+        if ((st = kvt_config_set(cfg, name, eq + 1))) {
+            rc = demo_error(sets[i], st);
+            goto out;
+        }
+    }
+    if ((st = kvt_config_set(cfg, "server_socket", socket_path))) {
+        rc = demo_error("--socket", st);
+        goto out;
+    }
+    kvt_geometry *geo = NULL;
+    if ((st = kvt_geometry_preset(&geo, model, (uint32_t)page, (uint32_t)tp))) {
+        rc = demo_error("--model", st);
+        goto out;
+    }
+    /* A SIGTERM or SIGINT during create waits (blocked) until there is a
+     * server to stop, so the socket and lock files are always cleaned up. */
+    sigset_t stop_sigs, old_mask;
+    sigemptyset(&stop_sigs);
+    sigaddset(&stop_sigs, SIGTERM);
+    sigaddset(&stop_sigs, SIGINT);
+    sigprocmask(SIG_BLOCK, &stop_sigs, &old_mask);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    st = kvt_server_create(&g_server, cfg, geo);
+    kvt_geometry_destroy(geo);
+    sigprocmask(SIG_SETMASK, &old_mask, NULL);
+    if (st) {
+        rc = demo_error("serve", st);
+        goto out;
+    }
+    st = kvt_server_run(g_server);
+    rc = st ? demo_error("stop", st) : 0;
+    kvt_server_destroy(g_server);
+    g_server = NULL;
+out:
+    kvt_config_destroy(cfg);
+    return rc;
+bad:
+    kvt_config_destroy(cfg);
+    return usage(stderr, 2);
+}
