@@ -85,6 +85,7 @@ void kvt_group_destroy(kvt_group *g)
         for (uint32_t r = 0; r < g->ranks; r++) kvt__buf_free(&g->ups[r]);
     free(g->ups);
     kvt__buf_free(&g->rx);
+    kvt__buf_free(&g->tx);
     free(g->tx_seq);
     free(g->rx_seq);
     free(g);
