@@ -41,6 +41,8 @@ kvt_status kvt__group_send(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op
                    .len = (uint32_t)len};
     kvt__frame_encode(hdr, &f, payload);
     (*seq)++;
+    if (ch == KVT_CH_CONTROL) /* never behind unread data: docs/protocol.md, "Abort" */
+        return kvt__net_send_ctl(g->net, peer, hdr, sizeof hdr, payload, len, deadline_ns);
     return kvt__net_send(g->net, peer, hdr, sizeof hdr, payload, len, deadline_ns);
 }
 

@@ -76,6 +76,10 @@ kvt_status kvt__group_commit(kvt_group *g);
 
 /* The handshake (handshake.c); run by create and reform. */
 kvt_status kvt__group_handshake(kvt_group *g, int64_t timeout_ms);
+/* Leader: answers every member's pending HELLO with REFUSE carrying text
+ * (best effort, by timeout_ms), e.g. when a rank never reconnected, so
+ * every rank fails naming that rank rather than "no verdict from rank 0". */
+void kvt__group_refuse_all(kvt_group *g, kvt_status st, const char *text, int64_t timeout_ms);
 
 static inline bool kvt__group_is_leader(const kvt_group *g) { return g->rank == 0; }
 
