@@ -622,8 +622,8 @@ typedef struct kvt_conn_event {
  * forward-step counter SGLang and vLLM keep), which must be the same on
  * every rank for the same iteration; numbers need not be contiguous. Then
  * the events of this step are read with kvt_conn_events (each carries
- * `step`). The sync leader applies a step only after every member applied
- * it (docs/protocol.md, "Step"). Returns:
+ * `step`). The sync leader applies a step only after every member
+ * acknowledged that it will (docs/protocol.md, "Step"). Returns:
  *  KVT_OK       the step's decisions were applied on this rank; if this is
  *               the sync leader, on every rank.
  *  KVT_EINVAL   conn is NULL.

@@ -247,6 +247,65 @@ static kvt_status check_decided(kvt_conn *c)
     return KVT_OK;
 }
 
+static bool queued_lookup(const kvt_conn *c, uint64_t rid)
+{
+    for (uint32_t j = 0; j < c->lk.n; j++)
+        if (c->lk.p[j].rid == rid) return true;
+    return false;
+}
+
+static bool queued_store(const kvt_conn *c, uint64_t rid)
+{
+    for (uint32_t j = 0; j < c->st.n; j++)
+        if (c->st.p[j].rid == rid) return true;
+    return false;
+}
+
+static bool has_record(const uint8_t *recs, uint32_t n, size_t size, uint64_t rid)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (kvt__get64(recs + (size_t)i * size) == rid) return true;
+    return false;
+}
+
+/* A member checks the DOWN before it acknowledges it, so that after the
+ * ACK nothing but a reset whose transfers do not stop (bounded) can keep
+ * it from applying: the leader applies on the ACKs. Mirrors the checks of
+ * apply_*() and check_decided(), and reserves room for the events. */
+static kvt_status validate_down(kvt_conn *c, const uint8_t *p, size_t len)
+{
+    kvt_down_view d;
+    kvt_status st = kvt__wire_down_parse(p, len, &d);
+    if (st != KVT_OK) return st;
+    uint32_t me = c->g->rank, ranks = c->g->ranks;
+    for (uint32_t i = 0; i < d.n_results; i++)
+        if (kvt__wire_get_result(d.results + (size_t)i * KVT_RES_SIZE).rank >= ranks)
+            return kvt__fail(KVT_EPROTO, "the leader's results name a rank beyond %u", ranks);
+    for (uint32_t i = 0; i < d.n_loads && !(d.flags & KVT_WIRE_RESET); i++) {
+        kvt_down_load l = kvt__wire_get_load(d.loads + (size_t)i * KVT_DNL_SIZE);
+        if (l.rank >= ranks || l.counter >= KVT_CONN_COUNTERS ||
+            (l.status == KVT_OK && !queued_lookup(c, l.rid)))
+            return kvt__fail(KVT_EPROTO, "the leader's load of rid %llu (rank %u, counter %u) "
+                             "is not one rank %u can apply", (unsigned long long)l.rid, l.rank,
+                             l.counter, me);
+    }
+    for (uint32_t i = 0; i < d.n_stores && !(d.flags & KVT_WIRE_RESET); i++) {
+        kvt_down_store s = kvt__wire_get_sdec(d.stores + (size_t)i * KVT_DNS_SIZE);
+        if (s.rank >= ranks || (s.status == KVT_OK && !queued_store(c, s.rid)))
+            return kvt__fail(KVT_EPROTO, "the leader's store of rid %llu (rank %u) is not one "
+                             "rank %u can apply", (unsigned long long)s.rid, s.rank, me);
+    }
+    for (uint32_t i = 0; i < c->lk.n && !(d.flags & KVT_WIRE_RESET); i++)
+        if (!has_record(d.loads, d.n_loads, KVT_DNL_SIZE, c->lk.p[i].rid))
+            return kvt__fail(KVT_EPROTO, "rank %u queued a lookup of rid %llu the leader did "
+                             "not decide", me, (unsigned long long)c->lk.p[i].rid);
+    for (uint32_t i = 0; i < c->st.n && !(d.flags & KVT_WIRE_RESET); i++)
+        if (!has_record(d.stores, d.n_stores, KVT_DNS_SIZE, c->st.p[i].rid))
+            return kvt__fail(KVT_EPROTO, "rank %u queued a store of rid %llu the leader did "
+                             "not decide", me, (unsigned long long)c->st.p[i].rid);
+    return VEC_RESERVE(c->ev, c->ev.n + d.n_loads + d.n_stores + d.n_results + 1);
+}
+
 static kvt_status apply_down(kvt_conn *c, const uint8_t *p, size_t len)
 {
     kvt_down_view d;
@@ -353,13 +412,19 @@ kvt_status kvt_conn_step(kvt_conn *c, uint64_t step)
     if (st == KVT_OK)
         st = leader ? lead_step(c, step, &down, &len)
                     : kvt__group_step_member(c->g, step, c->up.p, c->up.len, &down, &len);
+    /* A member acknowledges only a DOWN it can apply (if it cannot, its
+     * ABORT goes to the leader in the ACK's place), before applying it:
+     * applying may wait for cancelled transfers (a reset), up to
+     * KVT_CONN_CANCEL_WAIT_MS, which the leader's ACK deadline T must not
+     * have to cover. */
+    if (st == KVT_OK && !leader) {
+        pthread_mutex_lock(&c->mu);
+        st = validate_down(c, down, len);
+        pthread_mutex_unlock(&c->mu);
+        if (st == KVT_OK) st = kvt__group_step_ack(c->g);
+    }
     pthread_mutex_lock(&c->mu);
     if (st == KVT_OK) st = apply_step(c, down, len);
-    pthread_mutex_unlock(&c->mu);
-    /* A member acknowledges only what it applied; if it could not apply,
-     * its ABORT goes to the leader in the ACK's place. */
-    if (st == KVT_OK && !leader) st = kvt__group_step_ack(c->g);
-    pthread_mutex_lock(&c->mu);
     if (st != KVT_OK) {
         c->ev.n = ev0 < c->ev.n ? ev0 : c->ev.n;
         st = fail_step(c, st);

@@ -58,13 +58,14 @@ kvt_status kvt__group_abortf(kvt_group *g, uint32_t except, const char *fmt, ...
  * number `step`, which every payload carries:
  *  - member: step_member() sends UP and receives the leader's DOWN (*down
  *    points into the group's buffer until the next call); the connector
- *    applies it and then acks (step_ack). A member that cannot apply it
- *    aborts instead, and its ABORT takes the ACK's place on the link.
+ *    checks that it can apply it, acks (step_ack), then applies it. A
+ *    member that cannot apply it aborts instead, and its ABORT takes the
+ *    ACK's place on the link.
  *  - leader: gather() fills g->ups[r] for every member r and refuses a
  *    member whose step number differs from the leader's (naming the rank
  *    and both numbers); bcast() sends the one DOWN; commit() waits for
  *    every member's ACK. Only then does the leader apply the DOWN itself,
- *    so it never applies a decision a member did not apply.
+ *    so it never applies a decision a member did not accept.
  * Deadlines: the leader's gather T, its commit T; a member's wait 2T, so
  * the leader's precise diagnostic reaches members before they time out. */
 kvt_status kvt__group_step_member(kvt_group *g, uint64_t step, const void *up, size_t up_len,
