@@ -22,6 +22,8 @@ demo: build
 # The Python binding's example (python/, examples/python/), Debian's python3.
 demo-python: build
 	KVTIER_LIB=$(BUILD)/libkvtier.so /usr/bin/python3 examples/python/engine_demo.py
+	KVTIER_LIB=$(BUILD)/libkvtier.so /usr/bin/python3 examples/python/sglang_hicache_example.py
+	KVTIER_LIB=$(BUILD)/libkvtier.so /usr/bin/python3 examples/python/vllm_connector_example.py
 
 # The whole suite: plain build, then ASan+UBSan, then TSan on the
 # concurrent tests, then each fuzz target briefly.

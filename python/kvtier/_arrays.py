@@ -105,28 +105,71 @@ def uint(value, what, bits=32, minimum=0):
     return v
 
 
-class CRequest:
-    """A kvt_request built from tokens and a namespace; keeps the arrays
-    it points at alive as long as the object lives."""
+def key_bytes(keys):
+    """Keyed-request keys (a sequence of bytes or str; str is encoded UTF-8)
+    as a list of bytes, each 1..256 bytes."""
+    if isinstance(keys, (str, bytes, bytearray, memoryview)):
+        raise invalid("keys: expected a sequence of keys, got one %s" % type(keys).__name__)
+    try:
+        items = list(keys)
+    except TypeError:
+        raise invalid("keys: expected a sequence of bytes or str, got %s"
+                      % type(keys).__name__) from None
+    if len(items) > _lib.MAX_KEYS:
+        raise invalid("keys: %d keys (at most %d)" % (len(items), _lib.MAX_KEYS))
+    out = []
+    for i, k in enumerate(items):
+        if isinstance(k, str):
+            k = k.encode("utf-8")
+        elif isinstance(k, (bytes, bytearray, memoryview)):
+            k = bytes(k)
+        else:
+            raise invalid("keys[%d]: expected bytes or str, got %s" % (i, type(k).__name__))
+        if not 1 <= len(k) <= _lib.MAX_KEY_LEN:
+            raise invalid("keys[%d]: %d bytes (1..%d)" % (i, len(k), _lib.MAX_KEY_LEN))
+        out.append(k)
+    return out
 
-    def __init__(self, tokens, ns=None, what="tokens"):
-        self.tokens = u32_array(tokens, what)
+
+class CRequest:
+    """A kvt_request built from tokens (or keys) and a namespace; keeps the
+    arrays it points at alive as long as the object lives."""
+
+    def __init__(self, tokens=None, ns=None, what="tokens", keys=None):
+        if (tokens is None) == (keys is None):
+            raise invalid("a request names its blocks by tokens or by keys: give exactly one")
         self.ns = ns_bytes(ns)
         self._ns_buf = ctypes.create_string_buffer(self.ns, max(1, len(self.ns)))
-        self.c = _lib.Request(u32_ptr(self.tokens), len(self.tokens),
-                              ctypes.cast(self._ns_buf, ctypes.c_void_p) if self.ns else None,
-                              len(self.ns))
+        ns_ptr = ctypes.cast(self._ns_buf, ctypes.c_void_p) if self.ns else None
+        if keys is None:
+            self.tokens = u32_array(tokens, what)
+            self.keys = None
+            self.c = _lib.Request(u32_ptr(self.tokens), len(self.tokens), ns_ptr, len(self.ns))
+            return
+        self.tokens = None
+        self.keys = key_bytes(keys)
+        blob = b"".join(self.keys)
+        self._key_buf = ctypes.create_string_buffer(blob, max(1, len(blob)))
+        self._key_arr = (_lib.Key * max(1, len(self.keys)))()
+        base, off = ctypes.addressof(self._key_buf), 0
+        for i, k in enumerate(self.keys):
+            self._key_arr[i].data = base + off
+            self._key_arr[i].len = len(k)
+            off += len(k)
+        self.c = _lib.Request(None, 0, ns_ptr, len(self.ns),
+                              ctypes.cast(self._key_arr, ctypes.POINTER(_lib.Key)),
+                              len(self.keys))
 
     def ref(self):
         """ctypes.byref of the struct."""
         return ctypes.byref(self.c)
 
 
-def as_request(tokens, ns=None):
+def as_request(tokens, ns=None, keys=None):
     """A CRequest, or tokens itself when it already is one."""
     if isinstance(tokens, CRequest):
         return tokens
-    return CRequest(tokens, ns)
+    return CRequest(tokens, ns, keys=keys)
 
 
 def buffer_address(buf, what, need_bytes):

@@ -39,10 +39,20 @@ class GeometryInfo(Structure):
                 ("digest", c_uint64)]
 
 
+class Key(Structure):
+    """kvt_key."""
+    _fields_ = [("data", c_void_p), ("len", c_uint32)]
+
+
+MAX_KEY_LEN = 256       # KVT_MAX_KEY_LEN
+MAX_KEYS = 1 << 20      # KVT_MAX_KEYS
+
+
 class Request(Structure):
     """kvt_request."""
     _fields_ = [("tokens", POINTER(c_uint32)), ("num_tokens", c_uint32),
-                ("ns", c_void_p), ("ns_len", c_uint32)]
+                ("ns", c_void_p), ("ns_len", c_uint32),
+                ("keys", POINTER(Key)), ("num_keys", c_uint32)]
 
 
 class EngineMemory(Structure):
@@ -265,8 +275,8 @@ for _name, (_res, _args) in _PROTOS.items():
 # library, so a layout change fails at import instead of corrupting memory.
 lib.kvt_abi_struct_size.restype = c_size_t
 lib.kvt_abi_struct_size.argtypes = [ctypes.c_char_p]
-for _cname, _pyt in (("kvt_request", Request), ("kvt_engine_memory", EngineMemory),
-                     ("kvt_match", Match), ("kvt_store_plan", StorePlan),
+for _cname, _pyt in (("kvt_request", Request), ("kvt_key", Key),
+                     ("kvt_engine_memory", EngineMemory), ("kvt_match", Match), ("kvt_store_plan", StorePlan),
                      ("kvt_task_result", TaskResult), ("kvt_verify_result", VerifyResult),
                      ("kvt_geometry_info", GeometryInfo), ("kvt_layer_spec", LayerSpec),
                      ("kvt_option_info", OptionInfo)):

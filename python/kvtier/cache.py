@@ -160,18 +160,24 @@ class Cache(Handle):
         self._keep.append(mem)
         self.num_pages = mem.num_pages
 
-    def lookup(self, tokens, ns=None):
+    def lookup(self, tokens=None, ns=None, keys=None):
         """Finds the longest cached prefix of the request (tokens, namespace
-        ns) and pins it; returns Match(task, matched_tokens)."""
-        req = as_request(tokens, ns)
+        ns) and pins it; returns Match(task, matched_tokens).
+
+        keys= instead of tokens: a keyed request, one key (bytes, or str
+        encoded UTF-8; 1..256 bytes) per block of block_tokens tokens, key i's
+        parent key i-1. A keyed lookup may match every key."""
+        req = as_request(tokens, ns, keys)
         m = _lib.Match()
         check(self._call(lib.kvt_cache_lookup, req.ref(), ctypes.byref(m)))
         return Match(m.task, m.matched_tokens)
 
-    def prepare_store(self, tokens, ns=None):
+    def prepare_store(self, tokens=None, ns=None, keys=None):
         """Plans the store of the request's full blocks the cache lacks;
-        returns StorePlan(task, first_token, num_tokens)."""
-        req = as_request(tokens, ns)
+        returns StorePlan(task, first_token, num_tokens). keys= as for
+        lookup: block i covers tokens [i * block_tokens, (i + 1) *
+        block_tokens) of the page table given to launch."""
+        req = as_request(tokens, ns, keys)
         p = _lib.StorePlan()
         check(self._call(lib.kvt_cache_prepare_store, req.ref(), ctypes.byref(p)))
         return StorePlan(p.task, p.first_token, p.num_tokens)

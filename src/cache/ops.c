@@ -13,18 +13,57 @@
 #define KVT_MAX_REQUEST_TOKENS (1u << 24)
 #define KVT_MAX_NS_LEN 4096u
 
-static kvt_status check_request(const char *fn, const kvt_request *r)
+static kvt_status check_keys(const char *fn, const kvt_request *r, uint32_t block_tokens)
+{
+    KVT_CHECK_ARG(r->tokens == NULL, "%s: req->keys and req->tokens are both set; a request "
+                  "names its blocks by tokens or by keys, not both", fn);
+    KVT_CHECK_ARG(r->num_keys <= KVT_MAX_KEYS, "%s: num_keys is %u (at most %u)", fn,
+                  r->num_keys, KVT_MAX_KEYS);
+    uint64_t covered = (uint64_t)r->num_keys * block_tokens;
+    KVT_CHECK_ARG(covered <= KVT_MAX_REQUEST_TOKENS, "%s: num_keys is %u, which at %u tokens per "
+                  "block is %llu tokens (at most %u)", fn, r->num_keys, block_tokens,
+                  (unsigned long long)covered, KVT_MAX_REQUEST_TOKENS);
+    KVT_CHECK_ARG(r->num_tokens == 0 || r->num_tokens == covered, "%s: num_tokens is %u but a "
+                  "keyed request covers num_keys * block_tokens = %llu tokens (give 0 or that)",
+                  fn, r->num_tokens, (unsigned long long)covered);
+    for (uint32_t i = 0; i < r->num_keys; i++) {
+        KVT_CHECK_ARG(r->keys[i].data != NULL, "%s: req->keys[%u].data is NULL", fn, i);
+        KVT_CHECK_ARG(r->keys[i].len >= 1 && r->keys[i].len <= KVT_MAX_KEY_LEN,
+                      "%s: req->keys[%u].len is %u (1..%u bytes)", fn, i, r->keys[i].len,
+                      KVT_MAX_KEY_LEN);
+    }
+    return KVT_OK;
+}
+
+kvt_status kvt__request_check(const char *fn, const kvt_request *r, uint32_t block_tokens)
 {
     KVT_CHECK_NOT_NULL_AS(r, "req", fn);
-    KVT_CHECK_ARG(r->tokens != NULL || r->num_tokens == 0, "%s: req->tokens is NULL but "
-                  "num_tokens is %u", fn, r->num_tokens);
-    KVT_CHECK_ARG(r->num_tokens <= KVT_MAX_REQUEST_TOKENS, "%s: num_tokens is %u (at most %u)",
-                  fn, r->num_tokens, KVT_MAX_REQUEST_TOKENS);
     KVT_CHECK_ARG(r->ns != NULL || r->ns_len == 0, "%s: req->ns is NULL but ns_len is %u", fn,
                   r->ns_len);
     KVT_CHECK_ARG(r->ns_len <= KVT_MAX_NS_LEN, "%s: ns_len is %u (at most %u bytes)", fn,
                   r->ns_len, KVT_MAX_NS_LEN);
+    if (r->keys) return check_keys(fn, r, block_tokens);
+    KVT_CHECK_ARG(r->num_keys == 0, "%s: req->keys is NULL but num_keys is %u", fn, r->num_keys);
+    KVT_CHECK_ARG(r->tokens != NULL || r->num_tokens == 0, "%s: req->tokens is NULL but "
+                  "num_tokens is %u", fn, r->num_tokens);
+    KVT_CHECK_ARG(r->num_tokens <= KVT_MAX_REQUEST_TOKENS, "%s: num_tokens is %u (at most %u)",
+                  fn, r->num_tokens, KVT_MAX_REQUEST_TOKENS);
     return KVT_OK;
+}
+
+/* Tokens the request covers: its tokens, or a block per key. */
+uint32_t kvt__request_tokens(const kvt_cache *c, const kvt_request *r)
+{
+    return r->keys ? r->num_keys * c->cfg.block_tokens : r->num_tokens;
+}
+
+/* Hashes of the request's first max blocks (validated request). */
+uint32_t kvt__request_hashes(const kvt_cache *c, const kvt_request *r, kvt_hash128 *out,
+                             uint32_t max)
+{
+    if (r->keys) return kvt__key_hashes(r->keys, r->num_keys, r->ns, r->ns_len, out, max);
+    return kvt__block_hashes(r->tokens, r->num_tokens, c->cfg.block_tokens, r->ns, r->ns_len,
+                             out, max);
 }
 
 /* Per-call scratch: one allocation per request, never per block. */
@@ -51,6 +90,9 @@ static void count_end(kvt_cache *c, const kvt_task *t, kvt_status st)
 {
     if (st == KVT_OK && t->state == KVT_TS_RUNNING) {
         uint64_t bytes = (uint64_t)t->num_blocks * c->block_bytes;
+        if (t->launch_ns)
+            kvt__lat_record(t->kind == KVT_TASK_STORE ? &c->lat_store : &c->lat_load,
+                            kvt__now_ns() - t->launch_ns);
         if (t->kind == KVT_TASK_STORE) {
             c->stats.stores++;
             c->stats.stored_blocks += t->num_blocks;
@@ -191,7 +233,7 @@ static kvt_status lookup_locked(kvt_cache *c, const kvt_request *req, scratch *s
     k = kvt__tiers_first_lost(c, s->ids, k, &busy);
     kvt__tiers_touch(c, s->ids, k);
     c->stats.lookups++;
-    c->stats.lookup_tokens += req->num_tokens;
+    c->stats.lookup_tokens += kvt__request_tokens(c, req);
     kvt_match m = {0, 0};
     kvt_task *t = NULL;
     if (k > 0) {
@@ -213,20 +255,24 @@ kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out
     kvt__clear_error();
     KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
-    kvt_status st = check_request(fn, req);
+    uint64_t t0 = kvt__now_ns(); /* vDSO clock: no syscall */
+    kvt_status st = kvt__request_check(fn, req, c->cfg.block_tokens);
     if (st) return kvt__cache_fail(c, st);
     /* The last token is always computed by the engine (it yields the next
-     * token's logits), so only blocks ending before it can be loaded. */
-    uint32_t loadable = req->num_tokens ? (req->num_tokens - 1) / c->cfg.block_tokens : 0;
+     * token's logits), so only blocks ending before it can be loaded. A keyed
+     * request names complete pages only: every key may match. */
+    uint32_t loadable = req->num_keys;
+    if (!req->keys) loadable = req->num_tokens ? (req->num_tokens - 1) / c->cfg.block_tokens : 0;
     scratch s = {0};
     if ((st = scratch_alloc(&s, loadable))) return kvt__cache_fail(c, st);
-    uint32_t n = kvt__block_hashes(req->tokens, req->num_tokens, c->cfg.block_tokens, req->ns,
-                                   req->ns_len, s.hashes, loadable);
+    uint32_t n = kvt__request_hashes(c, req, s.hashes, loadable);
     pthread_mutex_lock(&c->mu);
     st = lookup_locked(c, req, &s, n, out);
     pthread_mutex_unlock(&c->mu);
     free(s.hashes);
-    return st ? kvt__cache_fail(c, st) : KVT_OK;
+    if (st) return kvt__cache_fail(c, st);
+    kvt__lat_record(&c->lat_lookup, kvt__now_ns() - t0);
+    return KVT_OK;
 }
 
 /* ------------------------------------------------------------------ */
@@ -330,13 +376,12 @@ kvt_status kvt_cache_prepare_store(kvt_cache *c, const kvt_request *req, kvt_sto
     kvt__clear_error();
     KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
-    kvt_status st = check_request(fn, req);
+    kvt_status st = kvt__request_check(fn, req, c->cfg.block_tokens);
     if (st) return kvt__cache_fail(c, st);
-    uint32_t full = req->num_tokens / c->cfg.block_tokens;
+    uint32_t full = kvt__request_tokens(c, req) / c->cfg.block_tokens;
     scratch s = {0};
     if ((st = scratch_alloc(&s, full))) return kvt__cache_fail(c, st);
-    uint32_t n = kvt__block_hashes(req->tokens, req->num_tokens, c->cfg.block_tokens, req->ns,
-                                   req->ns_len, s.hashes, full);
+    uint32_t n = kvt__request_hashes(c, req, s.hashes, full);
     pthread_mutex_lock(&c->mu);
     st = prepare_locked(c, &s, n, out);
     pthread_mutex_unlock(&c->mu);
@@ -407,6 +452,7 @@ static kvt_status launch_locked(kvt_cache *c, kvt_task_id id, const uint32_t *pa
     kvt__list_remove(&c->planned, t);
     t->state = KVT_TS_RUNNING;
     t->launched = true;
+    t->launch_ns = kvt__now_ns();
     st = t->kind == KVT_TASK_LOAD ? kvt__tiers_start_load(c, t) : kvt__xfer_submit(c->xfer, &t->xt);
     if (st) kvt__cache_end_task(c, t, st);
     return st;

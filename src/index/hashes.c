@@ -8,6 +8,13 @@
  * So h_i commits to the namespace and to every token of blocks 0..i, and two
  * requests share h_i exactly when they share the first i+1 blocks.
  * Cost: one XXH3-128 pass over the tokens (about 1 ns per token).
+ *
+ * Keyed requests (the engine names each block by its own key):
+ * kroot = H(root || KEYED_DOMAIN), h_0 = H(kroot || key 0 bytes),
+ * h_i = H(h_{i-1} || key i bytes). The previous hash is a fixed 16 bytes, so
+ * the key bytes after it are unambiguous without a length prefix; the keyed
+ * domain keeps every keyed chain apart from every token chain of the same
+ * namespace.
  */
 #include "index/index.h"
 
@@ -45,6 +52,27 @@ uint32_t kvt__block_hashes(const uint32_t *tokens, uint32_t num_tokens, uint32_t
     size_t block_bytes = (size_t)block_tokens * sizeof tokens[0];
     for (uint32_t i = 0; i < n; i++) {
         h = kvt__hash128_chain(h, tokens + (size_t)i * block_tokens, block_bytes);
+        out[i] = h;
+    }
+    return n;
+}
+
+/* "kvtier-keyed-v1": change it and every keyed hash changes. */
+static const char kvt__keyed_domain[] = "kvtier-keyed-v1";
+
+uint32_t kvt__key_hashes(const kvt_key *keys, uint32_t num_keys, const void *ns, uint32_t ns_len,
+                         kvt_hash128 *out, uint32_t max_out)
+{
+    assert(ns != NULL || ns_len == 0);
+    uint32_t n = num_keys < max_out ? num_keys : max_out;
+    if (n == 0) return 0;
+    assert(keys != NULL && out != NULL);
+
+    kvt_hash128 h = kvt__hash128_chain(kvt__ns_root(ns, ns_len), kvt__keyed_domain,
+                                       sizeof kvt__keyed_domain - 1);
+    for (uint32_t i = 0; i < n; i++) {
+        assert(keys[i].data != NULL && keys[i].len > 0);
+        h = kvt__hash128_chain(h, keys[i].data, keys[i].len);
         out[i] = h;
     }
     return n;

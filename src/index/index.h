@@ -35,6 +35,12 @@ typedef struct kvt_index kvt_index;
 uint32_t kvt__block_hashes(const uint32_t *tokens, uint32_t num_tokens, uint32_t block_tokens,
                            const void *ns, uint32_t ns_len, kvt_hash128 *out, uint32_t max_out);
 
+/* Block hashes of a keyed request (the caller validated every key): writes
+ * min(num_keys, max_out) hashes to out and returns that count. A keyed chain
+ * never shares a hash with a token chain. */
+uint32_t kvt__key_hashes(const kvt_key *keys, uint32_t num_keys, const void *ns, uint32_t ns_len,
+                         kvt_hash128 *out, uint32_t max_out);
+
 /* An index for at most max_blocks entries (1 .. 2^31). */
 kvt_status kvt__index_create(kvt_index **out, uint32_t max_blocks, kvt_evict_policy policy);
 void kvt__index_destroy(kvt_index *idx);

@@ -74,6 +74,7 @@ size_t kvt_abi_struct_size(const char *name)
     static const struct { const char *name; size_t size; } table[] = {
         KVT_ABI_(kvt_option_info),   KVT_ABI_(kvt_component_spec), KVT_ABI_(kvt_layer_spec),
         KVT_ABI_(kvt_geometry_info), KVT_ABI_(kvt_request),        KVT_ABI_(kvt_engine_memory),
+        KVT_ABI_(kvt_key),
         KVT_ABI_(kvt_match),         KVT_ABI_(kvt_store_plan),     KVT_ABI_(kvt_task_result),
         KVT_ABI_(kvt_cache_stats),   KVT_ABI_(kvt_verify_result),
         KVT_ABI_(kvt_pd_net_params), KVT_ABI_(kvt_pd_rank),        KVT_ABI_(kvt_pd_params),

@@ -1,0 +1,741 @@
+"""kvtier as an SGLang HiCache L3 storage backend.
+
+SGLang loads it with no patch to SGLang:
+
+    --enable-hierarchical-cache --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "kvtier",
+        "module_path": "kvtier.sglang_hicache", "class_name": "KvtierHiCacheStorage",
+        "interface_v1": 1, "cpu_capacity": "64GiB", "ssd_dir": "/nvme/kvtier"}'
+
+SGLang's factory imports the module, checks issubclass(cls, HiCacheStorage),
+constructs cls(storage_config, kwargs) and calls
+register_mem_pool_host(host_pool); its prefetch and backup threads then call
+batch_exists / batch_get_v1 / batch_set_v1 concurrently (docs/engines.md).
+
+Mode: in-process (one kvt_cache per rank, SSD directory per rank). The node
+server mode (extra_config "socket") needs kvtier's client, which this build
+may lack; then construction says so.
+
+Block identity: every SGLang page is one keyed block, named by SGLang's page
+hash string in a namespace of (model, KV dtype, page size, geometry; tp
+rank/size for MHA, none for MLA; pp rank, attn cp rank). SGLang's page hashes
+already chain (each commits to its whole token prefix), and SGLang calls the
+backend from any page of a sequence (after its host hit) without the keys
+before it, so a page's kvtier identity must not depend on where SGLang's
+batch began: each page is its own keyed request, evicted by LRU/LFU page by
+page. A missing page ends the leading run batch_exists reports; a page that
+fails its checksum loads as False; wrong bytes are never handed over.
+
+Data path: for the layer_first host layout the host pool itself is kvtier's
+engine memory (pages move between the pool and the tiers with no extra
+copy). page_first and page_first_direct pools interleave layers per token or
+per page, which kvtier's engine memory cannot address yet, so pages go
+through a layer-first staging area (one numpy gather or scatter per batch).
+The block format is the same for every layout: a block written under one
+layout reads back under another.
+"""
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+
+from .cache import Cache
+from .config import LAYER_FIRST, Config, Geometry
+
+try:  # the real base class when SGLang is importable
+    from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
+        HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo)
+    from sglang.srt.metrics.collector import StorageMetrics  # type: ignore
+    SGLANG_IMPORTED = True
+except ImportError:
+    from ._engine_stubs.sglang import (HiCacheStorage, HiCacheStorageConfig,  # noqa: F401
+                                       HiCacheStorageExtraInfo, StorageMetrics)
+    SGLANG_IMPORTED = False
+
+logger = logging.getLogger(__name__)
+
+LAYOUTS = ("layer_first", "page_first", "page_first_direct")
+
+# extra_config keys SGLang itself puts there (or reads), and kvtier's own.
+SGLANG_KEYS = {"backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size"}
+KVTIER_KEYS = {
+    "socket": "path of a `kvtier serve` socket (node server mode)",
+    "cpu_capacity": "CPU tier size per rank (kvtier size string or bytes; default 1GiB)",
+    "ssd_dir": "base directory of the SSD tier; each rank uses its own subdirectory",
+    "ssd_capacity": "SSD tier size per rank (default 64GiB)",
+    "workers": "kvtier transfer threads (default 2)",
+    "eviction": "lru or lfu",
+    "namespace": "extra bytes mixed into every key's namespace (a cache salt)",
+    "timeout": "seconds one transfer may take before it counts as failed (default 30)",
+    "zero_copy": "register a layer_first host pool itself (default true)",
+    "staging_pages": "pages in the staging area of the copying path (default 256)",
+    "kvtier_options": "a dict of further kvtier options (docs/design.md, `kvtier config`)",
+}
+
+
+class _RWLock:
+    """Many users, or one exclusive owner (clear swaps the cache under it)."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._users = 0
+        self._owner = False
+
+    def acquire_shared(self):
+        with self._cv:
+            while self._owner:
+                self._cv.wait()
+            self._users += 1
+
+    def release_shared(self):
+        with self._cv:
+            self._users -= 1
+            if self._users == 0:
+                self._cv.notify_all()
+
+    def acquire_exclusive(self):
+        with self._cv:
+            while self._owner:
+                self._cv.wait()
+            self._owner = True
+            while self._users:
+                self._cv.wait()
+
+    def release_exclusive(self):
+        with self._cv:
+            self._owner = False
+            self._cv.notify_all()
+
+
+class _Staging:
+    """A layer-first area of `pages` pages that the cache registers when it
+    cannot address the host pool itself; threads take and return page slots
+    (blocking while none are free)."""
+
+    def __init__(self, num_components, layers, pages, page_size, heads, row_bytes):
+        self.data = np.zeros((num_components, layers, pages * page_size, heads, row_bytes),
+                             np.uint8)
+        self.pages = pages
+        self._free = list(range(pages))
+        self._cv = threading.Condition()
+
+    def buffers(self):
+        return [[self.data[c, l] for c in range(self.data.shape[0])]
+                for l in range(self.data.shape[1])]
+
+    def take(self, n):
+        n = min(n, self.pages)
+        with self._cv:
+            while not self._free:
+                self._cv.wait()
+            got, self._free = self._free[:n], self._free[n:]
+            return got
+
+    def give(self, slots):
+        with self._cv:
+            self._free.extend(slots)
+            self._cv.notify_all()
+
+
+def _byte_view(buf, what):
+    """(uint8 array over buf's memory, last dim in bytes; element size; dtype
+    name). buf: a C-contiguous numpy array or CPU torch tensor."""
+    if isinstance(buf, np.ndarray):
+        if not buf.flags.c_contiguous or not buf.flags.writeable:
+            raise ValueError("kvtier: %s must be a writable C-contiguous array" % what)
+        if buf.ndim == 0:
+            raise ValueError("kvtier: %s is a scalar" % what)
+        e = buf.dtype.itemsize
+        view = buf.view(np.uint8).reshape(buf.shape[:-1] + (buf.shape[-1] * e,))
+        return view, e, str(buf.dtype)
+    if type(buf).__module__.startswith("torch"):
+        if buf.device.type != "cpu":
+            raise ValueError("kvtier: %s is on %s; the HiCache host pool must be in host memory"
+                             % (what, buf.device))
+        if not buf.is_contiguous():
+            raise ValueError("kvtier: %s must be contiguous" % what)
+        e = buf.element_size()
+        nbytes = buf.numel() * e
+        raw = (ctypes.c_uint8 * nbytes).from_address(buf.data_ptr())
+        view = np.ctypeslib.as_array(raw).reshape(tuple(buf.shape[:-1]) + (buf.shape[-1] * e,))
+        return view, e, str(buf.dtype).replace("torch.", "")
+    raise ValueError("kvtier: %s: expected a numpy array or a CPU torch tensor, got %s"
+                     % (what, type(buf).__name__))
+
+
+def _as_index_array(x, what):
+    if type(x).__module__.startswith("torch"):
+        x = x.cpu().numpy()
+    a = np.asarray(x)
+    if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError("kvtier: %s must be a 1-D integer tensor or array, got shape %s dtype %s"
+                         % (what, a.shape, a.dtype))
+    return a.astype(np.int64, copy=False)
+
+
+class KvtierHiCacheStorage(HiCacheStorage):
+    """SGLang HiCacheStorage over a kvtier cache (module docstring)."""
+
+    def __init__(self, storage_config, kwargs=None):
+        self.storage_config = storage_config
+        self.kwargs = kwargs or {}
+        extra = dict(storage_config.extra_config or {})
+        unknown = sorted(set(extra) - SGLANG_KEYS - set(KVTIER_KEYS))
+        if unknown:
+            raise ValueError("kvtier: unknown extra_config key(s) %s; kvtier's keys: %s"
+                             % (", ".join(unknown), ", ".join(sorted(KVTIER_KEYS))))
+        if extra.get("backend_name") is not None and not int(extra.get("interface_v1", 0) or 0):
+            # Without it SGLang would use its generic path, whose values are
+            # the host pool's own flat pages, not kvtier blocks.
+            raise ValueError('kvtier: add "interface_v1": 1 to '
+                             '--hicache-storage-backend-extra-config; kvtier serves SGLang '
+                             'through batch_get_v1 / batch_set_v1 (zero copy)')
+        if getattr(storage_config, "should_split_heads", False):
+            raise NotImplementedError("kvtier: tp_lcm_size head splitting (page_head layout) "
+                                      "is not supported")
+        self.extra = extra
+        self.socket = extra.get("socket")
+        self._client_cls = None
+        if self.socket is not None:
+            self._client_cls = _node_client_class()
+        self.timeout = float(extra.get("timeout", 30.0))
+        if not self.timeout > 0:
+            raise ValueError("kvtier: extra_config timeout must be > 0 seconds, got %r"
+                             % (extra.get("timeout"),))
+        self.zero_copy = bool(extra.get("zero_copy", True))
+        self.staging_pages = int(extra.get("staging_pages", 256))
+        if self.staging_pages < 1:
+            raise ValueError("kvtier: extra_config staging_pages must be >= 1")
+        c = storage_config
+        self.is_mla = bool(c.is_mla_model)
+        if self.is_mla and c.tp_size > 1 and self.socket is None:
+            logger.warning("kvtier: MLA with tp_size %d in-process: SGLang backs MLA pages up "
+                           "from TP rank 0 only and takes the minimum hit over ranks, so "
+                           "in-process caches give no L3 hits; attach every rank to one "
+                           "`kvtier serve` (extra_config socket)", c.tp_size)
+        self.cache = None
+        self.mem_pool_host = None
+        self._rw = _RWLock()
+        self._stats_mu = threading.Lock()
+        self._counters = dict(exists_queries=0, exists_hits=0, get_pages=0, get_hits=0,
+                              get_failed=0, set_pages=0, set_stored=0, set_present=0,
+                              set_failed=0)
+        self._metrics = StorageMetrics()  # drained by get_stats
+
+    # ------------------------------------------------------------------
+    # Registration: the host pool's geometry and memory
+
+    def register_mem_pool_host(self, mem_pool_host):
+        super().register_mem_pool_host(mem_pool_host)
+        pool = mem_pool_host
+        layout = getattr(pool, "layout", None)
+        if layout not in LAYOUTS:
+            raise NotImplementedError("kvtier: host pool layout %r is not supported (supported: %s)"
+                                      % (layout, ", ".join(LAYOUTS)))
+        kv, elem, dtype_name = _byte_view(pool.kv_buffer, "mem_pool_host.kv_buffer")
+        self.layout = layout
+        self.page_size = ps = int(pool.page_size)
+        self.layer_num = L = int(pool.layer_num)
+        want_dims = {("mha", "layer_first"): 5, ("mha", "page_first"): 5,
+                     ("mha", "page_first_direct"): 6, ("mla", "layer_first"): 4,
+                     ("mla", "page_first"): 4, ("mla", "page_first_direct"): 5}
+        kind = "mla" if self.is_mla else "mha"
+        if kv.ndim != want_dims[(kind, layout)]:
+            raise ValueError("kvtier: %s %s host pool: kv_buffer has %d dims, expected %d"
+                             % (kind.upper(), layout, kv.ndim, want_dims[(kind, layout)]))
+        if kind == "mha":
+            if kv.shape[0] != 2:
+                raise ValueError("kvtier: MHA kv_buffer's first dim is %d, expected 2 (K, V)"
+                                 % kv.shape[0])
+            kv5 = kv
+        else:
+            kv5 = kv[None]  # one component
+        self._kv = kv5
+        self._C = 2 if kind == "mha" else 1
+        if layout == "layer_first":
+            layers, tokens, heads, row = kv5.shape[1:]
+        elif layout == "page_first":
+            tokens, layers, heads, row = kv5.shape[1:]
+        else:
+            pages, layers, page_tokens, heads, row = kv5.shape[1:]
+            if page_tokens != ps:
+                raise ValueError("kvtier: page_first_direct kv_buffer has %d tokens per page, "
+                                 "page_size is %d" % (page_tokens, ps))
+            tokens = pages * ps
+        if layers != L:
+            raise ValueError("kvtier: kv_buffer holds %d layers, layer_num is %d" % (layers, L))
+        if tokens % ps:
+            raise ValueError("kvtier: host pool of %d tokens is not a whole number of %d-token "
+                             "pages" % (tokens, ps))
+        if row % elem:
+            raise ValueError("kvtier: kv_buffer row of %d bytes is not whole elements" % row)
+        self.num_pages = tokens // ps
+        self.heads, self.row_bytes, self.elem = heads, row, elem
+        self.dtype_name = dtype_name
+        self.namespace = self._namespace()
+        self._open_cache()
+        logger.info("kvtier: HiCache backend ready: %s %s, %d layers, page %d tokens, %s, "
+                    "%s", kind.upper(), layout, L, ps, dtype_name,
+                    "zero copy" if self.staging is None else "staging copy")
+
+    def _namespace(self):
+        c = self.storage_config
+        parts = ["kvtier-sglang-hicache-v1", "model=%s" % (c.model_name or ""),
+                 "dtype=%s" % self.dtype_name, "page=%d" % self.page_size,
+                 "layers=%d" % self.layer_num, "heads=%d" % self.heads,
+                 "row=%d" % self.row_bytes]
+        parts.append("mla" if self.is_mla else "tp=%d/%d" % (c.tp_rank, c.tp_size))
+        parts.append("pp=%d/%d" % (c.pp_rank, c.pp_size))
+        parts.append("cp=%d/%d" % (c.attn_cp_rank, c.attn_cp_size))
+        salt = self.extra.get("namespace")
+        if salt:
+            parts.append("salt=%s" % salt)
+        return "|".join(parts)
+
+    def _rank_dir(self):
+        base = self.extra.get("ssd_dir")
+        if not base:
+            return None
+        c = self.storage_config
+        digest = hashlib.blake2b(self.namespace.encode(), digest_size=6).hexdigest()
+        return os.path.join(base, "%s-tp%d-pp%d-cp%d-dp%d" % (
+            digest, c.tp_rank, c.pp_rank, c.attn_cp_rank, getattr(c, "dp_rank", 0)))
+
+    def _open_cache(self, wipe=False):
+        if self.socket is not None:
+            raise NotImplementedError("kvtier: node server client present but not wired")
+        opts = {"block_tokens": self.page_size}
+        if "cpu_capacity" in self.extra:
+            opts["cpu_capacity"] = self.extra["cpu_capacity"]
+        for k in ("workers", "eviction"):
+            if k in self.extra:
+                opts[k] = self.extra[k]
+        rank_dir = self._rank_dir()
+        if rank_dir:
+            if wipe and os.path.isdir(rank_dir):
+                shutil.rmtree(rank_dir)
+            os.makedirs(rank_dir, exist_ok=True)
+            opts["ssd_dirs"] = rank_dir
+            opts["ssd_capacity"] = self.extra.get("ssd_capacity", "64GiB")
+        opts.update(self.extra.get("kvtier_options") or {})
+        self.ssd_dir = rank_dir
+        with Config(opts) as cfg, \
+                Geometry.uniform(self.layer_num, self.page_size, self.heads,
+                                 self.row_bytes // self.elem, self.elem, self._C,
+                                 LAYER_FIRST) as geo:
+            cache = Cache(cfg, geo)
+        try:
+            self.staging = None
+            if self.zero_copy and self.layout == "layer_first":
+                bufs = [[self._kv[c, l] for c in range(self._C)] for l in range(self.layer_num)]
+                cache.register_buffers(self.num_pages, bufs)
+            else:
+                self.staging = _Staging(self._C, self.layer_num, self.staging_pages,
+                                        self.page_size, self.heads, self.row_bytes)
+                cache.register_buffers(self.staging_pages, self.staging.buffers())
+        except BaseException:
+            cache.close()
+            raise
+        self.cache = cache
+
+    # ------------------------------------------------------------------
+    # Moving pages between the host pool and the staging area
+
+    def _tok(self, pages):
+        ps = self.page_size
+        return (np.asarray(pages, np.int64)[:, None] * ps + np.arange(ps)).ravel()
+
+    def _host_to_canon(self, hp):
+        """The pages hp of the host pool as (C, L, n * page_size, heads, row)."""
+        kv, n, ps = self._kv, len(hp), self.page_size
+        if self.layout == "layer_first":
+            return kv[:, :, self._tok(hp)]
+        if self.layout == "page_first":
+            return kv[:, self._tok(hp)].transpose(0, 2, 1, 3, 4)
+        d = kv[:, np.asarray(hp, np.int64)].transpose(0, 2, 1, 3, 4, 5)
+        return d.reshape(self._C, self.layer_num, n * ps, self.heads, self.row_bytes)
+
+    def _canon_to_host(self, hp, data):
+        kv, n, ps = self._kv, len(hp), self.page_size
+        if self.layout == "layer_first":
+            kv[:, :, self._tok(hp)] = data
+        elif self.layout == "page_first":
+            kv[:, self._tok(hp)] = data.transpose(0, 2, 1, 3, 4)
+        else:
+            d = data.reshape(self._C, self.layer_num, n, ps, self.heads, self.row_bytes)
+            kv[:, np.asarray(hp, np.int64)] = d.transpose(0, 2, 1, 3, 4, 5)
+
+    def _host_pages(self, keys, host_indices):
+        """Page ids of the host pool for each key, checked: host_indices are
+        len(keys) whole, page-aligned pages of token slots."""
+        n, ps = len(keys), self.page_size
+        idx = _as_index_array(host_indices, "host_indices")
+        if idx.size != n * ps:
+            raise ValueError("kvtier: %d keys need %d host_indices (%d per page), got %d"
+                             % (n, n * ps, ps, idx.size))
+        idx = idx.reshape(n, ps)
+        first = idx[:, 0]
+        bad = np.nonzero((first % ps != 0) | (first < 0) | (first >= self.num_pages * ps) |
+                         np.any(idx != first[:, None] + np.arange(ps), axis=1))[0]
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError("kvtier: host_indices of key %d (%r) are not one whole page of the "
+                             "host pool: %s" % (i, keys[i], idx[i][:4].tolist()))
+        return first // ps
+
+    # ------------------------------------------------------------------
+    # Helpers over the cache
+
+    def _require(self):
+        if self.cache is None:
+            raise RuntimeError("kvtier: register_mem_pool_host was not called (or the "
+                               "backend is closed)")
+
+    def _metric(self, kind, pages, seconds):
+        """One batch for SGLang's storage metrics: pages and GB/s."""
+        if pages == 0:
+            return
+        gbs = pages * self.block_bytes() / max(seconds, 1e-9) / 1e9
+        with self._stats_mu:
+            getattr(self._metrics, kind + "_pgs").append(pages)
+            getattr(self._metrics, kind + "_bandwidth").append(gbs)
+
+    def _count(self, **kw):
+        with self._stats_mu:
+            for k, v in kw.items():
+                self._counters[k] += v
+
+    def _drop(self, tasks):
+        """Cancels planned tasks and collects their results (no pin left)."""
+        for t in tasks:
+            try:
+                self.cache.cancel(t)
+                self.cache.wait(t, self.timeout)
+            except Exception:  # already ended and reported: nothing to release
+                pass
+
+    def _finish(self, task):
+        """Waits for a launched task; True when it succeeded. A task that
+        overruns the timeout is cancelled and waited for (so it does not
+        write pages after we return) and counts as failed."""
+        try:
+            return self.cache.wait(task, self.timeout).ok
+        except Exception:
+            logger.warning("kvtier: task %d overran %.1f s; cancelling it", task, self.timeout)
+            try:
+                self.cache.cancel(task)
+                self.cache.wait(task, self.timeout)
+            except Exception:
+                logger.error("kvtier: task %d did not end after cancel", task)
+            return False
+
+    # ------------------------------------------------------------------
+    # The v1 interface SGLang uses (interface_v1: 1)
+
+    def batch_exists(self, keys, extra_info=None):
+        """The number of leading keys stored (pages found, nothing pinned)."""
+        self._require()
+        n = 0
+        self._rw.acquire_shared()
+        try:
+            for k in keys:
+                m = self.cache.lookup(keys=[k], ns=self.namespace)
+                if m.task == 0:
+                    break
+                self._drop([m.task])
+                n += 1
+        finally:
+            self._rw.release_shared()
+        self._count(exists_queries=len(keys), exists_hits=n)
+        return n
+
+    def exists(self, key):
+        return self.batch_exists([key]) == 1
+
+    def batch_get_v1(self, keys, host_indices, extra_info=None):
+        """Loads each key's page into its host pool page; one bool per key.
+        Loading stops at the first key not stored (the rest are False)."""
+        self._require()
+        keys = list(keys)
+        out = [False] * len(keys)
+        if not keys:
+            return out
+        hp = self._host_pages(keys, host_indices)
+        t0 = time.monotonic()
+        self._rw.acquire_shared()
+        try:
+            planned = []
+            try:
+                for i, k in enumerate(keys):
+                    m = self.cache.lookup(keys=[k], ns=self.namespace)
+                    if m.task == 0:
+                        break
+                    planned.append((i, m.task))
+                if self.staging is None:
+                    self._get_direct(planned, hp, out)
+                else:
+                    self._get_staged(planned, hp, out)
+                planned = []
+            finally:
+                self._drop([t for _, t in planned if t])
+        finally:
+            self._rw.release_shared()
+        self._count(get_pages=len(keys), get_hits=sum(out))
+        self._metric("prefetch", sum(out), time.monotonic() - t0)
+        return out
+
+    def _get_direct(self, planned, hp, out):
+        launched = []
+        try:
+            while planned:
+                i, t = planned[0]
+                self.cache.launch(t, [int(hp[i])])
+                launched.append((i, t))
+                planned.pop(0)
+        finally:
+            for i, t in launched:
+                out[i] = self._finish(t)
+                if not out[i]:
+                    self._count(get_failed=1)
+
+    def _get_staged(self, planned, hp, out):
+        while planned:
+            slots = self.staging.take(len(planned))
+            chunk = planned[:len(slots)]
+            launched = []
+            try:
+                for (i, t), s in zip(chunk, slots):
+                    self.cache.launch(t, [s])
+                    launched.append((i, t, s))
+                del planned[:len(chunk)]
+            finally:
+                good_i, good_s = [], []
+                for i, t, s in launched:
+                    if self._finish(t):
+                        good_i.append(i)
+                        good_s.append(s)
+                    else:
+                        self._count(get_failed=1)
+                if good_i:
+                    data = self.staging.data[:, :, self._tok(good_s)]
+                    self._canon_to_host(hp[good_i], data)
+                    for i in good_i:
+                        out[i] = True
+                self.staging.give(slots)
+
+    def batch_set_v1(self, keys, host_indices, extra_info=None):
+        """Stores each key's host pool page; one bool per key (True: stored
+        now or already stored)."""
+        self._require()
+        keys = list(keys)
+        out = [False] * len(keys)
+        if not keys:
+            return out
+        hp = self._host_pages(keys, host_indices)
+        t0 = time.monotonic()
+        self._rw.acquire_shared()
+        try:
+            if self.staging is None:
+                self._set_pages(keys, list(range(len(keys))), [int(p) for p in hp], out)
+            else:
+                order = list(range(len(keys)))
+                while order:
+                    slots = self.staging.take(len(order))
+                    part, order = order[:len(slots)], order[len(slots):]
+                    try:
+                        self.staging.data[:, :, self._tok(slots)] = self._host_to_canon(hp[part])
+                        self._set_pages(keys, part, slots, out)
+                    finally:
+                        self.staging.give(slots)
+        finally:
+            self._rw.release_shared()
+        self._count(set_pages=len(keys))
+        self._metric("backup", sum(out), time.monotonic() - t0)
+        return out
+
+    def _set_pages(self, keys, which, pages, out):
+        """Stores keys[which[j]] from engine page pages[j]."""
+        launched = []
+        try:
+            for i, page in zip(which, pages):
+                plan = self.cache.prepare_store(keys=[keys[i]], ns=self.namespace)
+                if plan.task == 0:
+                    # Cached already (True), or being stored by another
+                    # thread, or no room right now (False: not stored by us).
+                    out[i] = plan.first_token == self.page_size
+                    self._count(set_present=1 if out[i] else 0, set_failed=0 if out[i] else 1)
+                    continue
+                try:
+                    self.cache.launch(plan.task, [page])
+                except BaseException:
+                    self._drop([plan.task])
+                    raise
+                launched.append((i, plan.task))
+        finally:
+            for i, t in launched:
+                out[i] = self._finish(t)
+                self._count(set_stored=1 if out[i] else 0, set_failed=0 if out[i] else 1)
+
+    # ------------------------------------------------------------------
+    # Value-based calls (kvtier's block format: layer-major, per layer K
+    # then V, each page_size tokens x heads x row bytes)
+
+    def _need_staging(self, what):
+        self._require()
+        if self.staging is None:
+            raise NotImplementedError(
+                "kvtier: %s by value needs the staging area, but this backend registered the "
+                "layer_first host pool itself (zero copy); SGLang uses batch_get_v1 / "
+                "batch_set_v1 with interface_v1: 1. Set extra_config zero_copy: false to use "
+                "values" % what)
+
+    def block_bytes(self):
+        return self._C * self.layer_num * self.page_size * self.heads * self.row_bytes
+
+    def get(self, key, target_location=None, target_sizes=None):
+        """The page's bytes (numpy uint8, kvtier block format) or None when
+        not stored; written into target_location when given."""
+        self._need_staging("get")
+        self._rw.acquire_shared()
+        try:
+            m = self.cache.lookup(keys=[key], ns=self.namespace)
+            if m.task == 0:
+                return None
+            slots = self.staging.take(1)
+            try:
+                try:
+                    self.cache.launch(m.task, slots)
+                except BaseException:
+                    self._drop([m.task])
+                    raise
+                if not self._finish(m.task):
+                    return None
+                data = self.staging.data[:, :, self._tok(slots)].transpose(1, 0, 2, 3, 4)
+                flat = np.ascontiguousarray(data).reshape(-1)
+            finally:
+                self.staging.give(slots)
+        finally:
+            self._rw.release_shared()
+        if target_location is None:
+            return flat
+        dst, _, _ = _byte_view(target_location, "target_location")
+        dst = dst.reshape(-1)
+        if dst.size != flat.size:
+            raise ValueError("kvtier: target_location holds %d bytes, a page is %d"
+                             % (dst.size, flat.size))
+        dst[:] = flat
+        return target_location
+
+    def batch_get(self, keys, target_locations=None, target_sizes=None):
+        targets = target_locations if target_locations is not None else [None] * len(keys)
+        return [self.get(k, t) for k, t in zip(keys, targets)]
+
+    def set(self, key, value=None, target_location=None, target_sizes=None):
+        """Stores value (a page in kvtier block format, any dtype) under key."""
+        self._need_staging("set")
+        src = value if value is not None else target_location
+        if src is None:
+            raise ValueError("kvtier: set(%r): no value given" % (key,))
+        flat, _, _ = _byte_view(np.ascontiguousarray(src) if isinstance(src, np.ndarray) else src,
+                                "value")
+        flat = flat.reshape(-1)
+        if flat.size != self.block_bytes():
+            raise ValueError("kvtier: set(%r): value is %d bytes, a page is %d"
+                             % (key, flat.size, self.block_bytes()))
+        self._rw.acquire_shared()
+        try:
+            slots = self.staging.take(1)
+            try:
+                canon = flat.reshape(self.layer_num, self._C, self.page_size, self.heads,
+                                     self.row_bytes).transpose(1, 0, 2, 3, 4)
+                self.staging.data[:, :, self._tok(slots)] = canon
+                out = [False]
+                self._set_pages([key], [0], slots, out)
+                return out[0]
+            finally:
+                self.staging.give(slots)
+        finally:
+            self._rw.release_shared()
+
+    def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
+        vals = values if values is not None else target_locations
+        if vals is None or len(vals) != len(keys):
+            raise ValueError("kvtier: batch_set: %d keys need as many values" % len(keys))
+        return all([self.set(k, v) for k, v in zip(keys, vals)])
+
+    # ------------------------------------------------------------------
+    # Extra pools (v2), housekeeping
+
+    def batch_exists_v2(self, keys, pool_transfers=None, extra_info=None):
+        raise NotImplementedError("kvtier: batch_exists_v2 (extra host pools: Mamba, SWA, DSA "
+                                  "indexer, ...) is not supported; the KV pool is served "
+                                  "through batch_exists / batch_get_v1 / batch_set_v1")
+
+    def batch_get_v2(self, transfers, extra_info=None):
+        raise NotImplementedError("kvtier: batch_get_v2 (extra host pools: Mamba, SWA, DSA "
+                                  "indexer, ...) is not supported; only the KV pool "
+                                  "(batch_get_v1)")
+
+    def batch_set_v2(self, transfers, extra_info=None):
+        raise NotImplementedError("kvtier: batch_set_v2 (extra host pools: Mamba, SWA, DSA "
+                                  "indexer, ...) is not supported; only the KV pool "
+                                  "(batch_set_v1)")
+
+    def clear(self):
+        """Drops every stored page of this rank (CPU and SSD tiers)."""
+        self._require()
+        self._rw.acquire_exclusive()
+        try:
+            self.cache.close()
+            self.cache = None
+            self._open_cache(wipe=True)
+        finally:
+            self._rw.release_exclusive()
+
+    def get_stats(self):
+        """SGLang's storage metrics since the last call (pages and GB/s per
+        prefetch and backup batch) when storage metrics are on, else None:
+        SGLang's StorageMetricsCollector takes exactly that, every scheduler
+        step. kvtier's own counters: stats()."""
+        if not getattr(self.storage_config, "enable_storage_metrics", False):
+            return None
+        with self._stats_mu:
+            out, self._metrics = self._metrics, StorageMetrics()
+        return out
+
+    def stats(self):
+        """kvtier's cache counters (as kvtier_*) plus this backend's page
+        counters, a dict."""
+        with self._stats_mu:
+            out = dict(self._counters)
+        if self.cache is not None:
+            out.update(("kvtier_" + k, v) for k, v in self.cache.stats().items())
+        return out
+
+    def close(self):
+        """Closes the cache (SGLang calls close() on detach when present)."""
+        self._rw.acquire_exclusive()
+        try:
+            if self.cache is not None:
+                self.cache.close()
+                self.cache = None
+        finally:
+            self._rw.release_exclusive()
+
+
+def _node_client_class():
+    """kvtier's node server client, or a clear error when this build has none."""
+    try:
+        from . import client  # noqa: F401  (the node server engineer's module)
+    except ImportError:
+        raise RuntimeError("kvtier serve attach not available in this build: extra_config "
+                           "\"socket\" needs kvtier's node server client (kvtier.client); "
+                           "remove \"socket\" to run in-process (a cache per rank)") from None
+    raise RuntimeError("kvtier serve attach not available in this build: kvtier.client exists "
+                       "but this backend is not wired to it yet; remove \"socket\" to run "
+                       "in-process")

@@ -1,0 +1,273 @@
+"""kvtier.vllm_connector: (a) conformance of every KVConnectorBase_V1 method
+name and parameter list, recorded from vLLM's source; (b) the connector
+driven the way vLLM drives it in one process (uniproc executor): the
+scheduler role's calls, the metadata handed to the worker role, the
+worker's forward-pass calls layer by layer, with every loaded block
+byte-checked; load errors reported for recompute; refusals."""
+import hashlib
+import inspect
+import types
+import unittest
+
+import numpy as np
+
+from _util import skip_if_unloadable
+
+
+def setUpModule():
+    skip_if_unloadable()
+    global vc
+    import kvtier.vllm_connector as vc
+
+
+# Recorded from vllm-project/vllm, commit 003df2961dd8830c317a61f9745ccd557da9fa06,
+# vllm/distributed/kv_transfer/kv_connector/v1/base.py (class KVConnectorBase_V1):
+# method -> parameters after self/cls, (name, default) with REQ for none; "**" marks **kwargs.
+REQ = object()
+METHODS = {
+    "__init__": [("vllm_config", REQ), ("role", REQ), ("kv_cache_config", REQ)],
+    "set_eagle_prefix_cache_hashing": [("enabled", REQ)],
+    "bind_connector_metadata": [("connector_metadata", REQ)],
+    "clear_connector_metadata": [],
+    "has_connector_metadata": [],
+    "register_kv_caches": [("kv_caches", REQ)],
+    "register_cross_layers_kv_cache": [("kv_cache", REQ), ("attn_backend", REQ)],
+    "set_host_xfer_buffer_ops": [("copy_operation", REQ)],
+    "handle_preemptions": [("kv_connector_metadata", REQ)],
+    "start_load_kv": [("forward_context", REQ), ("**kwargs", REQ)],
+    "wait_for_layer_load": [("layer_name", REQ)],
+    "save_kv_layer": [("layer_name", REQ), ("kv_layer", REQ), ("attn_metadata", REQ),
+                      ("**kwargs", REQ)],
+    "wait_for_save": [],
+    "get_finished": [("finished_req_ids", REQ)],
+    "get_block_ids_with_load_errors": [],
+    "shutdown": [],
+    "get_kv_connector_stats": [],
+    "get_kv_connector_kv_cache_events": [],
+    "get_handshake_metadata": [],
+    "build_connector_worker_meta": [],
+    "bind_gpu_block_pool": [("gpu_block_pool", REQ)],
+    "get_num_new_matched_tokens": [("request", REQ), ("num_computed_tokens", REQ)],
+    "update_state_after_alloc": [("request", REQ), ("blocks", REQ),
+                                 ("num_external_tokens", REQ)],
+    "build_connector_meta": [("scheduler_output", REQ)],
+    "on_new_request": [("request", REQ)],
+    "update_connector_output": [("connector_output", REQ)],
+    "request_finished": [("request", REQ), ("block_ids", REQ)],
+    "take_events": [],
+    "has_pending_push_work": [],
+    "get_required_kvcache_layout": [("vllm_config", REQ)],
+    "requires_piecewise_for_cudagraph": [("extra_config", REQ)],
+    "get_finished_count": [],
+    "build_kv_connector_stats": [("data", None)],
+    "set_xfer_handshake_metadata": [("metadata", REQ)],
+    "set_xfer_handshake_metadata_pp_aware": [("metadata", REQ)],
+    "build_prom_metrics": [("vllm_config", REQ), ("metric_types", REQ), ("labelnames", REQ),
+                           ("per_engine_labelvalues", REQ)],
+    "reset_cache": [],
+}
+CLASSMETHODS = {"get_required_kvcache_layout", "requires_piecewise_for_cudagraph",
+                "build_kv_connector_stats", "build_prom_metrics"}
+PROPERTIES = {"prefer_cross_layer_blocks", "supports_eagle_prefix_cache_hashing",
+              "requires_kv_delivery", "role"}
+ABSTRACT = {"start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+            "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta"}
+
+
+def params(fn):
+    ps = list(inspect.signature(fn).parameters.values())
+    if ps and ps[0].name in ("self", "cls"):
+        ps = ps[1:]
+    out = []
+    for p in ps:
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            out.append(("**" + p.name, REQ))
+        else:
+            out.append((p.name, REQ if p.default is inspect.Parameter.empty else p.default))
+    return out
+
+
+class Conformance(unittest.TestCase):
+    def check(self, cls):
+        for name, want in METHODS.items():
+            fn = getattr(cls, name, None)
+            self.assertTrue(callable(fn), "%s.%s missing" % (cls.__name__, name))
+            self.assertEqual(params(fn), want, "%s.%s" % (cls.__name__, name))
+            if name in CLASSMETHODS:
+                self.assertIsInstance(inspect.getattr_static(cls, name), classmethod, name)
+        for name in PROPERTIES:
+            self.assertIsInstance(inspect.getattr_static(cls, name), property, name)
+
+    def test_base_and_connector(self):
+        self.check(vc.KVConnectorBase_V1)
+        self.assertEqual(set(vc.KVConnectorBase_V1.__abstractmethods__), ABSTRACT)
+        self.check(vc.KvtierConnector)
+        self.assertTrue(issubclass(vc.KvtierConnector, vc.KVConnectorBase_V1))
+        self.assertEqual(vc.KvtierConnector.__abstractmethods__, frozenset())
+        self.assertEqual([r.name for r in vc.KVConnectorRole], ["SCHEDULER", "WORKER"])
+
+    def test_real_vllm_when_importable(self):
+        if not vc.VLLM_IMPORTED:
+            self.skipTest("vllm is not importable here; the stand-in base was checked")
+
+
+BS, LAYERS, HEADS, DIM, BLOCKS = 4, 3, 2, 8, 64
+
+
+def vllm_config(extra=None, engine="engine-0"):
+    ns = types.SimpleNamespace
+    return ns(kv_transfer_config=ns(kv_connector_extra_config=dict(
+        {"cpu_capacity": "8MiB", "kvtier_options": {"huge_pages": False}}, **(extra or {})),
+        engine_id=engine, is_kv_producer=True),
+        cache_config=ns(block_size=BS), model_config=ns(model="org/llama"),
+        parallel_config=ns(tensor_parallel_size=1, pipeline_parallel_size=1))
+
+
+class Request:
+    """The fields of vllm.v1.request.Request the connector reads."""
+
+    def __init__(self, rid, tokens):
+        self.request_id, self.num_tokens, self.num_computed_tokens = rid, len(tokens), 0
+        self.block_hashes, prev = [], b""
+        for i in range(len(tokens) // BS):
+            prev = hashlib.sha256(prev + np.asarray(tokens[i * BS:(i + 1) * BS],
+                                                    "<u4").tobytes()).digest()
+            self.block_hashes.append(prev)
+
+
+class Blocks:
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def get_block_ids(self):
+        return (self.ids,)
+
+
+class Engine(unittest.TestCase):
+    def setUp(self):
+        rng = np.random.default_rng(3)
+        self.kv = {"model.layers.%d.self_attn.attn" % i: rng.integers(
+            0, 256, 2 * BLOCKS * BS * HEADS * DIM * 2, dtype=np.uint8).view(np.float16).reshape(
+            2, BLOCKS, BS, HEADS, DIM) for i in range(LAYERS)}
+        cfg = vllm_config()
+        self.worker = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+        self.worker.register_kv_caches(self.kv)
+        self.sched = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER, None)
+
+    def tearDown(self):
+        self.worker.shutdown()
+
+    def step(self, finished=()):
+        """One engine step: scheduler metadata -> worker forward pass."""
+        meta = self.sched.build_connector_meta(None)
+        w = self.worker
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(None)
+        for name, t in self.kv.items():
+            w.wait_for_layer_load(name)
+            w.save_kv_layer(name, t, None)
+        w.wait_for_save()
+        w.clear_connector_metadata()
+        return w.get_finished(set(finished)), w.get_block_ids_with_load_errors()
+
+    def block(self, b):
+        return [t[:, b].view(np.uint8).copy() for t in self.kv.values()]
+
+    def assert_blocks_equal(self, dst, src):
+        for d, s in zip(dst, src):
+            for x, y in zip(self.block(d), self.block(s)):
+                self.assertTrue(np.array_equal(x, y), "block %d != block %d" % (d, s))
+
+    def test_save_then_load_a_shared_prefix(self):
+        a_tokens = list(range(1000, 1041))  # 10 full blocks + 1 token
+        a = Request("a", a_tokens)
+        self.assertEqual(self.sched.get_num_new_matched_tokens(a, 0), (0, False))
+        self.assertEqual(self.sched.request_finished(a, list(range(11))), (True, None))
+        (saved, recv), errors = self.step(finished={"a"})
+        self.assertEqual((saved, recv, errors), ({"a"}, None, set()))
+        self.assertEqual(self.worker.cache.stats()["stored_blocks"], 10)
+        # b shares a's first 8 blocks; 2 of them are computed on the GPU already
+        b = Request("b", a_tokens[:32] + list(range(5000, 5018)))
+        self.assertEqual(self.sched.get_num_new_matched_tokens(b, 8), (24, False))
+        self.assertEqual(self.sched.get_num_new_matched_tokens(b, 8), (24, False))  # no side effects
+        dst = list(range(30, 43))
+        for t in self.kv.values():
+            t[:, dst[2:8]] = 0
+            t[:, dst[:2]] = t[:, :2]  # the computed prefix blocks hold a's bytes
+        self.sched.update_state_after_alloc(b, Blocks(dst), 24)
+        _, errors = self.step()
+        self.assertEqual(errors, set())
+        self.assert_blocks_equal(dst[:8], range(8))
+        st = self.worker.cache.stats()
+        self.assertEqual(st["loaded_blocks"], 8)
+
+    def test_missing_blocks_are_load_errors(self):
+        a = Request("a", list(range(33)))
+        self.sched.request_finished(a, list(range(8)))
+        self.step(finished={"a"})
+        # the scheduler planned 8 blocks but only 6 are there now (evicted)
+        meta = vc.KvtierConnectorMetadata(loads=[vc.LoadSpec(
+            "b", [vc.block_key(h) for h in a.block_hashes[:6]] + [b"gone-1", b"gone-2"],
+            list(range(40, 48)), 0)])
+        self.worker.bind_connector_metadata(meta)
+        self.worker.start_load_kv(None)
+        for name in self.kv:
+            self.worker.wait_for_layer_load(name)
+        self.worker.wait_for_save()
+        self.assertEqual(self.worker.get_block_ids_with_load_errors(), {46, 47})
+        self.assertEqual(self.worker.get_block_ids_with_load_errors(), set())  # once
+        self.assert_blocks_equal(range(40, 46), range(6))
+
+    def test_refusals(self):
+        with self.assertRaisesRegex(ValueError, "unknown kv_connector_extra_config key.s. "
+                                    "cpu_capacty"):
+            vc.KvtierConnector(vllm_config({"cpu_capacty": "1GiB"}),
+                               vc.KVConnectorRole.WORKER, None)
+        with self.assertRaisesRegex(RuntimeError, "kvtier serve attach not available"):
+            vc.KvtierConnector(vllm_config({"socket": "/run/k.sock"}),
+                               vc.KVConnectorRole.WORKER, None)
+        w = vc.KvtierConnector(vllm_config(engine="other"), vc.KVConnectorRole.WORKER, None)
+        with self.assertRaisesRegex(ValueError, "the first dim must be 2"):
+            w.register_kv_caches({"l0": np.zeros((3, 4, BS, 2, 8), np.float16)})
+        with self.assertRaisesRegex(ValueError, "cache_config.block_size is 4"):
+            w.register_kv_caches({"l0": np.zeros((2, 4, 8, 2, 8), np.float16)})
+
+        class Cuda:
+            __module__ = "torch"
+            device = types.SimpleNamespace(type="cuda")
+        with self.assertRaisesRegex(ValueError, "cuda tensor; kvtier's connector moves host "
+                                    "memory only"):
+            w.register_kv_caches({"l0": Cuda()})
+        # without a worker in this process the scheduler answers 0
+        s = vc.KvtierConnector(vllm_config(engine="nobody"), vc.KVConnectorRole.SCHEDULER, None)
+        self.assertEqual(s.get_num_new_matched_tokens(Request("x", list(range(20))), 0),
+                         (0, False))
+
+    def test_mla_layers(self):
+        kv = {"l%d" % i: np.random.default_rng(i).integers(0, 256, (BLOCKS, BS, 576 * 2),
+                                                           dtype=np.uint8).view(np.float16)
+              for i in range(2)}
+        w = vc.KvtierConnector(vllm_config(engine="mla"), vc.KVConnectorRole.WORKER, None)
+        w.register_kv_caches(kv)
+        try:
+            self.assertIn("|mla|", w.namespace)
+            keys = [b"k%d" % i for i in range(3)]
+            w.bind_connector_metadata(vc.KvtierConnectorMetadata(
+                saves=[vc.SaveSpec("r", keys, [0, 1, 2])]))
+            w.start_load_kv(None)
+            w.wait_for_save()
+            w.bind_connector_metadata(vc.KvtierConnectorMetadata(
+                loads=[vc.LoadSpec("r2", keys, [10, 11, 12])]))
+            w.start_load_kv(None)
+            for n in kv:
+                w.wait_for_layer_load(n)
+            w.wait_for_save()
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            for t in kv.values():
+                self.assertTrue(np.array_equal(t[10:13].view(np.uint8), t[0:3].view(np.uint8)))
+        finally:
+            w.shutdown()
+
+
+if __name__ == "__main__":
+    unittest.main()
