@@ -62,7 +62,9 @@ inline send(ch, op, e, k, d)
     :: nfull(ch) -> ch!op, e, k, d
     :: full(ch) -> skip
     :: atomic { loss > 0 -> loss--; faulted = true }
-    :: atomic { dups > 0 && len(ch) < CAP - 1 -> dups--; faulted = true; ch!op, e, k, d; ch!op, e, k, d }
+    :: atomic {
+           dups > 0 && len(ch) < CAP - 1 -> dups--; faulted = true; ch!op, e, k, d; ch!op, e, k, d
+       }
     fi
 }
 
