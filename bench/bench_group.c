@@ -5,7 +5,11 @@
  * payload is an idle connector step (16-byte head) plus one lookup record,
  * the common case. Each configuration runs at most ~1.2 s. For TCP the
  * machine's floor is measured in the same run: the same star exchange over
- * plain sockets (bench_group_raw.c), reported as raw_p50_us and ratio. */
+ * plain sockets (bench_group_raw.c), reported as raw_p50_us and ratio.
+ * The commit phase's cost (every member's ACK before the leader applies,
+ * docs/protocol.md "Step") is measured in the same run: each configuration
+ * also runs without it (exchange_p50_us), which is not a valid protocol
+ * run, only the reference for commit_cost_us. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +26,7 @@
 
 typedef struct cfg {
     int tcp;
+    int commit; /* 0: the bare gather + bcast, for the commit phase's cost */
     uint32_t ranks;
     uint16_t port;
     kvt_fabric *fab;
@@ -45,15 +50,16 @@ static kvt_status open_net(cfg *c, uint32_t rank, kvt_net **n)
 }
 
 /* Members step until the leader's DOWN says stop (first byte 0). */
-static kvt_status member_loop(kvt_group *g)
+static kvt_status member_loop(cfg *c, kvt_group *g)
 {
     uint8_t up[PAYLOAD] = {0};
-    for (;;) {
+    for (uint64_t step = 1;; step++) {
         const uint8_t *down;
         size_t len;
-        kvt_status st = kvt__group_step_member(g, up, sizeof up, &down, &len);
-        if (st != KVT_OK) return st;
-        if (len == 0 || down[0] == 0) return KVT_OK;
+        kvt_status st = kvt__group_step_member(g, step, up, sizeof up, &down, &len);
+        int last = st == KVT_OK && (len == 0 || down[0] == 0);
+        if (st == KVT_OK && c->commit) st = kvt__group_step_ack(g);
+        if (st != KVT_OK || last) return st;
     }
 }
 
@@ -66,8 +72,9 @@ static kvt_status leader_loop(cfg *c, kvt_group *g)
         int last = i + 1 >= MAX_STEPS + WARMUP || kvt__now_ns() - t_start > BUDGET_NS;
         down[0] = last ? 0 : 1;
         uint64_t t0 = kvt__now_ns();
-        kvt_status st = kvt__group_gather(g);
+        kvt_status st = kvt__group_gather(g, (uint64_t)i + 1);
         if (st == KVT_OK) st = kvt__group_bcast(g, down, sizeof down);
+        if (st == KVT_OK && c->commit) st = kvt__group_commit(g);
         if (st != KVT_OK) return st;
         if (i >= WARMUP) c->lat_us[c->steps++] = (double)(kvt__now_ns() - t0) / 1000.0;
         if (last) return KVT_OK;
@@ -83,7 +90,7 @@ static void *rank_main(void *p)
     kvt_status st = a->rank == 0 && c->tcp ? KVT_OK : open_net(c, a->rank, &n);
     kvt_group_params gp = {1, 1, c->ranks, 1, 2, 5000, 1};
     if (st == KVT_OK && a->rank != 0) st = kvt_group_create(&g, n, &gp);
-    if (st == KVT_OK && a->rank != 0) st = member_loop(g);
+    if (st == KVT_OK && a->rank != 0) st = member_loop(c, g);
     c->st[a->rank] = st;
     kvt_group_destroy(g);
     kvt_net_destroy(n);
@@ -142,36 +149,47 @@ int kvt_bench_group_main(int argc, char **argv)
     double *lat = malloc(sizeof *lat * MAX_STEPS);
     if (!lat) return 1;
     if (json) printf("{\"results\": [");
-    else printf("%-8s %6s %10s %10s %8s\n", "transport", "ranks", "p50_us", "p99_us", "steps");
+    else printf("%-8s %6s %10s %10s %8s %10s\n", "transport", "ranks", "p50_us", "p99_us", "steps",
+                "no_commit");
     int first = 1, rc = 0;
     for (int tcp = 0; tcp < 2; tcp++)
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
             cfg c = {.tcp = tcp, .ranks = sizes[i], .lat_us = lat};
-            kvt_status st = run_cfg(&c);
-            if (st != KVT_OK || c.steps == 0) {
+            double p50, p99, ex50 = 0;
+            kvt_status st = KVT_OK;
+            for (c.commit = 0; c.commit < 2 && st == KVT_OK; c.commit++) {
+                c.steps = 0;
+                st = run_cfg(&c);
+                if (st == KVT_OK && c.steps == 0) st = KVT_EPROTO;
+                if (st != KVT_OK) break;
+                qsort(lat, c.steps, sizeof *lat, cmp_double);
+                p50 = lat[c.steps / 2];
+                p99 = lat[(size_t)(c.steps * 0.99)];
+                if (!c.commit) ex50 = p50;
+            }
+            if (st != KVT_OK) {
                 fprintf(stderr, "bench group: %s x %u: %s: %s\n", tcp ? "tcp" : "inproc",
                         sizes[i], kvt_status_name(st), kvt_last_error());
                 rc = 1;
                 continue;
             }
-            qsort(lat, c.steps, sizeof *lat, cmp_double);
-            double p50 = lat[c.steps / 2], p99 = lat[(size_t)(c.steps * 0.99)];
             double raw50 = 0, raw99 = 0;
             if (tcp && kvt_bench_raw_star(sizes[i], 2000, &raw50, &raw99) != 0) raw50 = 0;
+            if (json)
+                printf("%s{\"transport\": \"%s\", \"ranks\": %u, \"p50_us\": %.1f, "
+                       "\"p99_us\": %.1f, \"steps\": %u, \"exchange_p50_us\": %.1f, "
+                       "\"commit_cost_us\": %.1f", first ? "" : ", ", tcp ? "tcp" : "inproc",
+                       sizes[i], p50, p99, c.steps, ex50, p50 - ex50);
             if (json && tcp)
-                printf("%s{\"transport\": \"tcp\", \"ranks\": %u, \"p50_us\": %.1f, \"p99_us\": "
-                       "%.1f, \"steps\": %u, \"raw_p50_us\": %.1f, \"raw_p99_us\": %.1f, "
-                       "\"ratio\": %.2f}", first ? "" : ", ", sizes[i], p50, p99, c.steps, raw50,
+                printf(", \"raw_p50_us\": %.1f, \"raw_p99_us\": %.1f, \"ratio\": %.2f", raw50,
                        raw99, raw50 > 0 ? p50 / raw50 : 0);
-            else if (json)
-                printf("%s{\"transport\": \"inproc\", \"ranks\": %u, \"p50_us\": %.1f, "
-                       "\"p99_us\": %.1f, \"steps\": %u}", first ? "" : ", ", sizes[i], p50,
-                       p99, c.steps);
-            else if (tcp)
-                printf("%-8s %6u %10.1f %10.1f %8u   raw sockets p50 %.1f us (%.2fx)\n", "tcp",
-                       sizes[i], p50, p99, c.steps, raw50, raw50 > 0 ? p50 / raw50 : 0);
+            if (json) printf("}");
             else
-                printf("%-8s %6u %10.1f %10.1f %8u\n", "inproc", sizes[i], p50, p99, c.steps);
+                printf("%-8s %6u %10.1f %10.1f %8u %10.1f", tcp ? "tcp" : "inproc", sizes[i],
+                       p50, p99, c.steps, ex50);
+            if (!json && tcp)
+                printf("   raw sockets p50 %.1f us (%.2fx)", raw50, raw50 > 0 ? p50 / raw50 : 0);
+            if (!json) printf("\n");
             first = 0;
             fflush(stdout);
         }

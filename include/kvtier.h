@@ -867,15 +867,30 @@ typedef struct kvt_conn_event {
     uint32_t rank;        /* when status != OK: the first rank that caused it */
     uint32_t counter;     /* LOAD: the leader's layer-completion counter id */
     uint64_t generation;  /* LOAD: the leader's generation for that counter */
+    uint64_t step;        /* the engine's step number of the step that emitted it */
 } kvt_conn_event;
 
 /* The collective: every rank calls it once per scheduler iteration (queued
- * nothing is fine). Then the events of this step are read with
- * kvt_conn_events. KVT_EABORTED (with kvt_group_diagnostic): the group
- * aborted; this rank's tasks were cancelled and their pins released; the
- * engine recomputes and may call kvt_conn_reform. */
+ * nothing is fine) with the engine's iteration number `step` (e.g. the
+ * forward-step counter SGLang and vLLM keep), which must be the same on
+ * every rank for the same iteration; numbers need not be contiguous. Then
+ * the events of this step are read with kvt_conn_events (each carries
+ * `step`). The sync leader applies a step only after every member
+ * acknowledged that it will (docs/protocol.md, "Step"). What the main
+ * statuses mean:
+ *  KVT_OK       the step's decisions were applied on this rank; if this is
+ *               the sync leader, on every rank.
+ *  KVT_EINVAL   conn is NULL.
+ *  KVT_EABORTED the epoch ended (kvt_group_diagnostic names the rank and
+ *               why: a rank passed another step number - "step skew: rank
+ *               2 (pp1 cp0 tp0) calls step 8 while rank 0 ... calls step
+ *               7" - a lost or silent rank, a corrupt frame, an abort
+ *               raised by a rank); this rank's tasks were cancelled and
+ *               their pins released, and none of this step's events are
+ *               delivered; the engine recomputes and may call
+ *               kvt_conn_reform. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EBUSY, KVT_EFULL, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN, KVT_EABORTED, KVT_EVERSION. */
-kvt_status kvt_conn_step(kvt_conn *conn);
+kvt_status kvt_conn_step(kvt_conn *conn, uint64_t step);
 /* Copies up to max of the pending events, oldest first; *count gets how many. */
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_conn_events(kvt_conn *conn, kvt_conn_event *out, uint32_t max,

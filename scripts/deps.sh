@@ -10,6 +10,7 @@ PACKAGES=(
   python3 python3-numpy
   libucx-dev ucx-utils
   libmicrohttpd-dev prometheus
+  spin
 )
 
 missing=()

@@ -123,7 +123,8 @@ class GroupInfo(Structure):
 class ConnEvent(Structure):
     """kvt_conn_event."""
     _fields_ = [("rid", c_uint64), ("kind", c_int), ("status", c_int), ("tokens", c_uint32),
-                ("rank", c_uint32), ("counter", c_uint32), ("generation", c_uint64)]
+                ("rank", c_uint32), ("counter", c_uint32), ("generation", c_uint64),
+                ("step", c_uint64)]
 
 
 # kvt_log_fn: (user, level, line); ctypes takes the GIL to run it.
@@ -205,7 +206,7 @@ _PROTOS = {
     "kvt_conn_reset": (_st, [_H]),
     "kvt_conn_poll": (_st, [_H, POINTER(c_uint32)]),
     "kvt_conn_wait_layer": (_st, [_H, c_uint64, c_uint32, c_int64]),
-    "kvt_conn_step": (_st, [_H]),
+    "kvt_conn_step": (_st, [_H, c_uint64]),
     "kvt_conn_events": (_st, [_H, POINTER(ConnEvent), c_uint32, POINTER(c_uint32)]),
     "kvt_conn_reform": (_st, [_H, c_int64]),
 }

@@ -21,10 +21,11 @@ EV_LOAD, EV_STORE, EV_LOAD_DONE, EV_STORE_DONE, EV_RESET = 1, 2, 3, 4, 5
 EVENT_NAMES = {1: "LOAD", 2: "STORE", 3: "LOAD_DONE", 4: "STORE_DONE", 5: "RESET"}
 
 
-class Event(namedtuple("Event", "rid kind status tokens rank counter generation")):
+class Event(namedtuple("Event", "rid kind status tokens rank counter generation step")):
     """One decision or group result of a step (kvt_conn_event). kind is one
     of EV_LOAD, EV_STORE (decisions), EV_LOAD_DONE, EV_STORE_DONE (group
-    results), EV_RESET; status 0 is OK, else the first failing `rank`'s."""
+    results), EV_RESET; status 0 is OK, else the first failing `rank`'s;
+    step is the engine's step number of the step that emitted it."""
 
     @property
     def ok(self):
@@ -32,9 +33,9 @@ class Event(namedtuple("Event", "rid kind status tokens rank counter generation"
         return self.status == 0
 
     def __str__(self):
-        return "%s(rid=%d, %s, tokens=%d, rank=%d, counter=%d, gen=%d)" % (
+        return "%s(rid=%d, %s, tokens=%d, rank=%d, counter=%d, gen=%d, step=%d)" % (
             EVENT_NAMES.get(self.kind, self.kind), self.rid, status_name(self.status),
-            self.tokens, self.rank, self.counter, self.generation)
+            self.tokens, self.rank, self.counter, self.generation, self.step)
 
 
 class Connector(Handle):
@@ -98,12 +99,15 @@ class Connector(Handle):
         check(self._call(lib.kvt_conn_wait_layer, uint(rid, "rid", 64), uint(layer, "layer"),
                          timeout_ms(timeout)))
 
-    def step(self):
-        """THE collective: every rank calls it once per scheduler iteration.
-        Returns this step's events (identical on every rank). Raises
-        GroupAborted, with the group's diagnostic, when the group aborted
-        (this rank's tasks are cancelled; recompute, then reform())."""
-        st = self._call_waiting(_NET_WAIT, lib.kvt_conn_step)
+    def step(self, step):
+        """THE collective: every rank calls it once per scheduler iteration
+        with the engine's iteration number `step` (an int in [0, 2**64), the
+        same on every rank for the same iteration). Returns this step's
+        events (identical on every rank). Raises GroupAborted, with the
+        group's diagnostic, when the group aborted - also when ranks passed
+        different step numbers (this rank's tasks are cancelled; recompute,
+        then reform())."""
+        st = self._call_waiting(_NET_WAIT, lib.kvt_conn_step, uint(step, "step", 64))
         if st == KVT_EABORTED:
             msg = _lib.cstr(lib.kvt_last_error())
             try:

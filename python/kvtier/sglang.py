@@ -14,6 +14,7 @@ cannot shift any message stream (seeds 000-002, scenarios E1-E7):
     load = conn.start_load_kv_layerwise(rid, pages_for(hit))
     conn.store_kv(other_rid, other_tokens, other_pages)
     conn.step()                                 # once per iteration, every rank
+                                                # (or conn.step(forward_ct))
     if load.ok:                                 # agreed prefix: load.tokens
         for layer in range(num_layers):
             load.wait_layer(layer, timeout=5)   # then run that layer
@@ -115,7 +116,7 @@ class SGLangConnector:
         self.store_results = {}   # engine rid -> STORE_DONE Event (or refusal)
         self.load_results = {}    # engine rid -> ended PendingLoad (result or refusal)
         self.events = []          # every event of every step, in order
-        self.steps = 0
+        self.steps = 0            # steps completed this epoch (step()'s default number)
 
     def _id(self, rid):
         r = rid64(rid)
@@ -200,13 +201,16 @@ class SGLangConnector:
         pl.wait_layer(layer, timeout)
 
     # --- the collective ---------------------------------------------------
-    def step(self):
+    def step(self, step=None):
         """The one collective per scheduler iteration (every rank calls it).
-        Applies and returns this step's events. Raises GroupAborted with the
-        diagnostic when the group aborted; every pending load then counts as
-        refused and the engine recomputes."""
+        step: the engine's forward-step number (the same on every rank);
+        None numbers this adapter's own calls (1, 2, ... per epoch). Applies
+        and returns this step's events. Raises GroupAborted with the
+        diagnostic when the group aborted - also when the ranks' step
+        numbers differ; every pending load then counts as refused and the
+        engine recomputes."""
         try:
-            evs = self.conn.step()
+            evs = self.conn.step(self.steps + 1 if step is None else step)
         except Exception as e:
             if getattr(e, "status", None) == STATUS["EABORTED"]:
                 self._drop_all(STATUS["EABORTED"])
@@ -321,6 +325,7 @@ class SGLangConnector:
     def reform(self, timeout):
         """Re-forms the group under epoch + 1 (every rank) and clears state."""
         self.conn.reform(timeout)
+        self.steps = 0            # step() without a number counts from 1 again
         self._loads.clear()
         self._stores.clear()
         self._completed = []

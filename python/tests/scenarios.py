@@ -203,6 +203,26 @@ def sc_mismatch(r):
     assert last(r, 0, kvtier.EV_RESET) is not None
 
 
+def sc_step_skew(r):
+    """Rank 3 passes another step number (it skipped iterations): every
+    rank's step raises at once, naming rank 3 and both numbers; events
+    carry their step's number; after reform the ranks step again."""
+    do_store(r, 1, 61)          # the adapter numbers its own steps 1, 2, ...
+    n = r.sgl.steps
+    assert all(e.step >= 1 and e.step <= n for e in r.sgl.events), r.sgl.events
+    mine = n + 1 if r.rank != 3 else n + 3
+    try:
+        r.sgl.step(mine)
+        raise AssertionError("rank %d: a skewed step did not fail" % r.rank)
+    except kvtier.GroupAborted as e:
+        want = ("step skew: rank 3 (pp1 cp0 tp1) calls step %d while rank 0 (pp0 cp0 tp0) "
+                "calls step %d" % (n + 3, n + 1))
+        assert want in str(e), str(e)
+    r.sgl.reform(5.0)
+    r.mark = len(r.sgl.events)
+    do_store(r, 2, 62)
+
+
 SCENARIOS = {n[3:]: f for n, f in list(globals().items()) if n.startswith("sc_")}
 
 

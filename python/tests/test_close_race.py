@@ -249,7 +249,7 @@ class GroupCalls(unittest.TestCase):
                 self.assertTrue(j.join(10))
                 self.assertIsNone(j.error, repr(j.error))
             r0 = ranks[0]
-            b = Blocked(r0.connector.step)  # rank 1 never steps: it ends at the deadline
+            b = Blocked(lambda: r0.connector.step(1))  # rank 1 never steps: it ends at the deadline
             inside(r0.connector, "Connector.step")
             took = timed_close(r0.group)  # closes the connector first, waking its step
             self.assertTrue(b.join(10))
@@ -257,7 +257,7 @@ class GroupCalls(unittest.TestCase):
             self.assertIsInstance(b.error, kvtier.GroupAborted, repr(b.error))
             self.assertIn("stopped waiting: net inproc: rank 0: receive interrupted", str(b.error))
             self.assertTrue(r0.connector.closed)
-            self.assertRaises(kvtier.StateError, r0.connector.step)
+            self.assertRaises(kvtier.StateError, r0.connector.step, 2)
             self.assertRaises(kvtier.StateError, r0.group.info)
             self.assertFalse(r0.cache.closed)
             r0.cache.stats()

@@ -70,6 +70,9 @@ class ConnectorThreads(unittest.TestCase):
     def test_e3_leader_raises_then_reform(self):
         self.world("e3_raise")
 
+    def test_step_skew(self):
+        self.world("step_skew")
+
     def test_e4_receiver_polls(self):
         self.world("e4")
 

@@ -186,7 +186,7 @@ static kvt_status apply_loads(kvt_conn *c, const kvt_down_view *d)
         if (p && l.status == KVT_OK) st = launch_load(c, p, &l);
         if (p) p->decided = true;
         kvt_conn_event e = {l.rid, KVT_EV_LOAD, l.status, l.tokens, l.rank, l.counter,
-                            l.generation};
+                            l.generation, c->g->step_no};
         if (st == KVT_OK) st = kvt__conn_push_event(c, &e);
         if (st != KVT_OK) return st;
     }
@@ -209,7 +209,7 @@ static kvt_status apply_stores(kvt_conn *c, const kvt_down_view *d)
         kvt_status st = KVT_OK;
         if (p && s.status == KVT_OK) st = launch_store(c, p);
         if (p) p->decided = true;
-        kvt_conn_event e = {s.rid, KVT_EV_STORE, s.status, 0, s.rank, 0, 0};
+        kvt_conn_event e = {s.rid, KVT_EV_STORE, s.status, 0, s.rank, 0, 0, c->g->step_no};
         if (st == KVT_OK) st = kvt__conn_push_event(c, &e);
         if (st != KVT_OK) return st;
     }
@@ -224,7 +224,7 @@ static kvt_status apply_results(kvt_conn *c, const kvt_down_view *d)
             return kvt__fail(KVT_EPROTO, "the leader's result for rid %llu names rank %u of %u",
                              (unsigned long long)r.rid, r.rank, c->g->ranks);
         kvt_conn_event e = {r.rid, r.kind == KVT_TASK_LOAD ? KVT_EV_LOAD_DONE : KVT_EV_STORE_DONE,
-                            r.status, r.tokens, r.rank, 0, 0};
+                            r.status, r.tokens, r.rank, 0, 0, c->g->step_no};
         kvt_status st = kvt__conn_push_event(c, &e);
         if (st != KVT_OK) return st;
     }
@@ -247,6 +247,65 @@ static kvt_status check_decided(kvt_conn *c)
     return KVT_OK;
 }
 
+static bool queued_lookup(const kvt_conn *c, uint64_t rid)
+{
+    for (uint32_t j = 0; j < c->lk.n; j++)
+        if (c->lk.p[j].rid == rid) return true;
+    return false;
+}
+
+static bool queued_store(const kvt_conn *c, uint64_t rid)
+{
+    for (uint32_t j = 0; j < c->st.n; j++)
+        if (c->st.p[j].rid == rid) return true;
+    return false;
+}
+
+static bool has_record(const uint8_t *recs, uint32_t n, size_t size, uint64_t rid)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (kvt__get64(recs + (size_t)i * size) == rid) return true;
+    return false;
+}
+
+/* A member checks the DOWN before it acknowledges it, so that after the
+ * ACK nothing but a reset whose transfers do not stop (bounded) can keep
+ * it from applying: the leader applies on the ACKs. Mirrors the checks of
+ * apply_*() and check_decided(), and reserves room for the events. */
+static kvt_status validate_down(kvt_conn *c, const uint8_t *p, size_t len)
+{
+    kvt_down_view d;
+    kvt_status st = kvt__wire_down_parse(p, len, &d);
+    if (st != KVT_OK) return st;
+    uint32_t me = c->g->rank, ranks = c->g->ranks;
+    for (uint32_t i = 0; i < d.n_results; i++)
+        if (kvt__wire_get_result(d.results + (size_t)i * KVT_RES_SIZE).rank >= ranks)
+            return kvt__fail(KVT_EPROTO, "the leader's results name a rank beyond %u", ranks);
+    for (uint32_t i = 0; i < d.n_loads && !(d.flags & KVT_WIRE_RESET); i++) {
+        kvt_down_load l = kvt__wire_get_load(d.loads + (size_t)i * KVT_DNL_SIZE);
+        if (l.rank >= ranks || l.counter >= KVT_CONN_COUNTERS ||
+            (l.status == KVT_OK && !queued_lookup(c, l.rid)))
+            return kvt__fail(KVT_EPROTO, "the leader's load of rid %llu (rank %u, counter %u) "
+                             "is not one rank %u can apply", (unsigned long long)l.rid, l.rank,
+                             l.counter, me);
+    }
+    for (uint32_t i = 0; i < d.n_stores && !(d.flags & KVT_WIRE_RESET); i++) {
+        kvt_down_store s = kvt__wire_get_sdec(d.stores + (size_t)i * KVT_DNS_SIZE);
+        if (s.rank >= ranks || (s.status == KVT_OK && !queued_store(c, s.rid)))
+            return kvt__fail(KVT_EPROTO, "the leader's store of rid %llu (rank %u) is not one "
+                             "rank %u can apply", (unsigned long long)s.rid, s.rank, me);
+    }
+    for (uint32_t i = 0; i < c->lk.n && !(d.flags & KVT_WIRE_RESET); i++)
+        if (!has_record(d.loads, d.n_loads, KVT_DNL_SIZE, c->lk.p[i].rid))
+            return kvt__fail(KVT_EPROTO, "rank %u queued a lookup of rid %llu the leader did "
+                             "not decide", me, (unsigned long long)c->lk.p[i].rid);
+    for (uint32_t i = 0; i < c->st.n && !(d.flags & KVT_WIRE_RESET); i++)
+        if (!has_record(d.stores, d.n_stores, KVT_DNS_SIZE, c->st.p[i].rid))
+            return kvt__fail(KVT_EPROTO, "rank %u queued a store of rid %llu the leader did "
+                             "not decide", me, (unsigned long long)c->st.p[i].rid);
+    return VEC_RESERVE(c->ev, c->ev.n + d.n_loads + d.n_stores + d.n_results + 1);
+}
+
 static kvt_status apply_down(kvt_conn *c, const uint8_t *p, size_t len)
 {
     kvt_down_view d;
@@ -257,7 +316,7 @@ static kvt_status apply_down(kvt_conn *c, const uint8_t *p, size_t len)
         st = kvt__conn_cancel_all(c);
         c->reset_req = false;
         if (st != KVT_OK) return st;
-        kvt_conn_event e = {0, KVT_EV_RESET, KVT_OK, 0, 0, 0, 0};
+        kvt_conn_event e = {0, KVT_EV_RESET, KVT_OK, 0, 0, 0, 0, c->g->step_no};
         return kvt__conn_push_event(c, &e);
     }
     st = apply_loads(c, &d);
@@ -276,12 +335,15 @@ static kvt_status apply_down(kvt_conn *c, const uint8_t *p, size_t len)
     return st;
 }
 
-static kvt_status exchange(kvt_conn *c, const uint8_t **down, size_t *down_len)
+/* The leader: gather every UP, decide, send the DOWN, and wait until every
+ * member acknowledged applying it before the caller applies it here: an
+ * abort any member raised after its UP arrives instead of its ACK and wins. */
+static kvt_status lead_step(kvt_conn *c, uint64_t step, const uint8_t **down, size_t *down_len)
 {
     kvt_group *g = c->g;
-    if (!kvt__group_is_leader(g)) return kvt__group_step_member(g, c->up.p, c->up.len, down, down_len);
-    kvt_status st = g->ranks > 1 ? kvt__group_gather(g) : KVT_OK;
+    kvt_status st = g->ranks > 1 ? kvt__group_gather(g, step) : KVT_OK;
     if (st != KVT_OK) return st;
+    g->step_no = step;
     kvt_up_view *ups = calloc(g->ranks, sizeof *ups);
     if (!ups) return kvt__group_abortf(g, UINT32_MAX, "sync leader: out of memory");
     st = kvt__wire_up_parse(c->up.p, c->up.len, &ups[0]);
@@ -289,10 +351,11 @@ static kvt_status exchange(kvt_conn *c, const uint8_t **down, size_t *down_len)
         if ((st = kvt__wire_up_parse(g->ups[r].p, g->ups[r].len, &ups[r])) != KVT_OK)
             st = kvt__group_abortf(g, UINT32_MAX, "epoch %llu: rank %u sent an unreadable step "
                                    "%llu: %s", (unsigned long long)g->epoch, r,
-                                   (unsigned long long)g->steps, kvt_last_error());
+                                   (unsigned long long)step, kvt_last_error());
     if (st == KVT_OK) st = kvt__conn_decide(c, ups, &c->L->down);
     free(ups);
     if (st == KVT_OK && g->ranks > 1) st = kvt__group_bcast(g, c->L->down.p, c->L->down.len);
+    if (st == KVT_OK && g->ranks > 1) st = kvt__group_commit(g);
     else if (st == KVT_OK) g->steps++;
     *down = c->L->down.p;
     *down_len = c->L->down.len;
@@ -304,7 +367,7 @@ static kvt_status fail_step(kvt_conn *c, kvt_status st)
     if (st != KVT_EABORTED)
         st = kvt__group_abortf(c->g, UINT32_MAX, "epoch %llu: rank %u, step %llu: %s",
                                (unsigned long long)c->g->epoch, c->g->rank,
-                               (unsigned long long)c->g->steps, kvt_last_error());
+                               (unsigned long long)c->g->step_no, kvt_last_error());
     /* Nothing is committed under metadata the group did not agree on, and
      * nothing still writes the pages the engine will recompute into. */
     (void)kvt__conn_cancel_all(c);
@@ -314,7 +377,19 @@ static kvt_status fail_step(kvt_conn *c, kvt_status st)
     return kvt__fail(KVT_EABORTED, "kvt_conn_step: %s", kvt_group_diagnostic(c->g));
 }
 
-kvt_status kvt_conn_step(kvt_conn *c)
+/* Applies the DOWN (under c->mu); its events carry g->step_no. */
+static kvt_status apply_step(kvt_conn *c, const uint8_t *down, size_t len)
+{
+    /* The first `reported` results went out in this UP. */
+    uint32_t reported = kvt__get32(c->up.p + 12);
+    if (reported)
+        memmove(c->done.p, c->done.p + reported,
+                (size_t)(c->done.n - reported) * sizeof *c->done.p);
+    c->done.n -= reported;
+    return apply_down(c, down, len);
+}
+
+kvt_status kvt_conn_step(kvt_conn *c, uint64_t step)
 {
     KVT_CHECK_NOT_NULL_AS(c, "conn", "kvt_conn_step");
     if (c->aborted || c->g->aborted) {
@@ -325,24 +400,35 @@ kvt_status kvt_conn_step(kvt_conn *c)
         pthread_mutex_unlock(&c->mu);
         return st;
     }
+    bool leader = kvt__group_is_leader(c->g);
     pthread_mutex_lock(&c->mu);
+    uint32_t ev0 = c->ev.n; /* a failed step delivers none of its events */
+    c->g->step_no = step;   /* for every diagnostic of this step */
     kvt_status st = kvt__conn_poll_locked(c, NULL);
     if (st == KVT_OK) st = encode_up(c);
     pthread_mutex_unlock(&c->mu);
     const uint8_t *down = NULL;
     size_t len = 0;
-    if (st == KVT_OK) st = exchange(c, &down, &len);
-    pthread_mutex_lock(&c->mu);
-    if (st == KVT_OK) {
-        /* The first `reported` results went out in this UP. */
-        uint32_t reported = kvt__get32(c->up.p + 12);
-        if (reported)
-            memmove(c->done.p, c->done.p + reported,
-                    (size_t)(c->done.n - reported) * sizeof *c->done.p);
-        c->done.n -= reported;
-        st = apply_down(c, down, len);
+    if (st == KVT_OK)
+        st = leader ? lead_step(c, step, &down, &len)
+                    : kvt__group_step_member(c->g, step, c->up.p, c->up.len, &down, &len);
+    /* A member acknowledges only a DOWN it can apply (if it cannot, its
+     * ABORT goes to the leader in the ACK's place), before applying it:
+     * applying may wait for cancelled transfers (a reset), up to
+     * KVT_CONN_CANCEL_WAIT_MS, which the leader's ACK deadline T must not
+     * have to cover. */
+    if (st == KVT_OK && !leader) {
+        pthread_mutex_lock(&c->mu);
+        st = validate_down(c, down, len);
+        pthread_mutex_unlock(&c->mu);
+        if (st == KVT_OK) st = kvt__group_step_ack(c->g);
     }
-    if (st != KVT_OK) st = fail_step(c, st);
+    pthread_mutex_lock(&c->mu);
+    if (st == KVT_OK) st = apply_step(c, down, len);
+    if (st != KVT_OK) {
+        c->ev.n = ev0 < c->ev.n ? ev0 : c->ev.n;
+        st = fail_step(c, st);
+    }
     pthread_mutex_unlock(&c->mu);
     if (st == KVT_OK) kvt__clear_error();
     return st;

@@ -71,7 +71,8 @@ kvt_status kvt__frame_decode(const uint8_t *buf, size_t len, uint16_t version, k
 
 const char *kvt__op_name(uint32_t op)
 {
-    static const char *n[] = {"?", "HELLO", "WELCOME", "REFUSE", "STEP_UP", "STEP_DOWN", "ABORT"};
+    static const char *n[] = {"?", "HELLO", "WELCOME", "REFUSE", "STEP_UP", "STEP_DOWN", "ABORT",
+                             "STEP_ACK"};
     return op < KVT_OP_MAX ? n[op] : "UNKNOWN";
 }
 

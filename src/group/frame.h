@@ -14,7 +14,8 @@
 #include "util/le.h"
 
 #define KVT_FRAME_MAGIC 0x4754564bu /* "KVTG" */
-#define KVT_PROTO_VERSION 1
+/* 2: STEP_UP / STEP_DOWN carry the engine's step number, STEP_ACK commits. */
+#define KVT_PROTO_VERSION 2
 #define KVT_FRAME_HDR 48
 
 typedef enum kvt_channel {
@@ -31,7 +32,8 @@ typedef enum kvt_op {
     KVT_OP_STEP_UP = 4,   /* member -> leader: what the member queued this step */
     KVT_OP_STEP_DOWN = 5, /* leader -> member: the decisions of this step */
     KVT_OP_ABORT = 6,     /* either way, any time: payload: origin rank, text */
-    KVT_OP_MAX = 7
+    KVT_OP_STEP_ACK = 7,  /* member -> leader: it applied this step's DOWN */
+    KVT_OP_MAX = 8
 } kvt_op;
 
 typedef struct kvt_frame {
@@ -52,6 +54,10 @@ kvt_status kvt__frame_decode(const uint8_t *buf, size_t len, uint16_t version, k
 
 const char *kvt__op_name(uint32_t op);
 const char *kvt__channel_name(uint32_t ch);
+
+/* Every STEP_UP, STEP_DOWN and STEP_ACK payload starts with the engine's
+ * step number (u64), then the connector's bytes. */
+#define KVT_STEP_HEAD 8
 
 /* The handshake's HELLO payload. */
 typedef struct kvt_hello {

@@ -41,6 +41,8 @@ kvt_status kvt__group_send(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op
                    .len = (uint32_t)len};
     kvt__frame_encode(hdr, &f, payload);
     (*seq)++;
+    if (ch == KVT_CH_CONTROL) /* never behind unread data: docs/protocol.md, "Abort" */
+        return kvt__net_send_ctl(g->net, peer, hdr, sizeof hdr, payload, len, deadline_ns);
     return kvt__net_send(g->net, peer, hdr, sizeof hdr, payload, len, deadline_ns);
 }
 
@@ -153,33 +155,84 @@ kvt_status kvt__group_recv(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op
     }
 }
 
-kvt_status kvt__group_step_member(kvt_group *g, const void *up, size_t up_len,
+/* Sends a step payload: the engine's step number, then the connector's bytes. */
+static kvt_status send_step(kvt_group *g, uint32_t peer, uint32_t op, const void *p, size_t len,
+                            uint64_t deadline_ns)
+{
+    kvt_status st = kvt__buf_reserve(&g->tx, KVT_STEP_HEAD + len);
+    if (st != KVT_OK) return st;
+    kvt__put64(g->tx.p, g->step_no);
+    if (len) memcpy(g->tx.p + KVT_STEP_HEAD, p, len);
+    return kvt__group_send(g, peer, KVT_CH_STEP, op, g->tx.p, KVT_STEP_HEAD + len, deadline_ns);
+}
+
+/* Receives a step frame from peer and checks that it is for this rank's
+ * step number: a rank that skipped or added a step is caught at the step
+ * where it happened, whether or not the ranks run in lockstep. On KVT_OK
+ * f's payload is the connector's bytes (the step number stripped). */
+static kvt_status recv_step(kvt_group *g, uint32_t peer, uint32_t op, uint64_t deadline_ns,
+                            kvt_frame *f)
+{
+    kvt_status st = kvt__group_recv(g, peer, KVT_CH_STEP, op, deadline_ns, f);
+    if (st != KVT_OK) return st;
+    char me[48], them[48];
+    if (f->len < KVT_STEP_HEAD)
+        return kvt__group_abortf(g, UINT32_MAX, "epoch %llu: %s sent %s %s of %u bytes, without "
+                                 "its step number", (unsigned long long)g->epoch,
+                                 kvt__rank_str(g, peer, them, sizeof them),
+                                 kvt__op_name(op), kvt__rank_str(g, g->rank, me, sizeof me),
+                                 f->len);
+    uint64_t n = kvt__get64(f->payload);
+    if (n != g->step_no)
+        return kvt__group_abortf(g, UINT32_MAX, "epoch %llu: step skew: %s calls step %llu "
+                                 "while %s calls step %llu (seen in %s); every rank must pass "
+                                 "the same step number", (unsigned long long)g->epoch,
+                                 kvt__rank_str(g, peer, them, sizeof them), (unsigned long long)n,
+                                 kvt__rank_str(g, g->rank, me, sizeof me),
+                                 (unsigned long long)g->step_no, kvt__op_name(op));
+    f->payload += KVT_STEP_HEAD;
+    f->len -= KVT_STEP_HEAD;
+    return KVT_OK;
+}
+
+kvt_status kvt__group_step_member(kvt_group *g, uint64_t step, const void *up, size_t up_len,
                                   const uint8_t **down, size_t *down_len)
 {
     if (g->aborted) return kvt__fail(KVT_EABORTED, "%s", g->diag);
-    kvt_status st = kvt__group_send(g, 0, KVT_CH_STEP, KVT_OP_STEP_UP, up, up_len,
-                                    kvt__deadline_ns(g->p.timeout_ms));
+    g->step_no = step;
+    kvt_status st = send_step(g, 0, KVT_OP_STEP_UP, up, up_len, kvt__deadline_ns(g->p.timeout_ms));
     if (st != KVT_OK)
         return kvt__group_abortf(g, 0, "epoch %llu: rank %u could not send step %llu to the "
                                  "sync leader: %s", (unsigned long long)g->epoch, g->rank,
-                                 (unsigned long long)g->steps, kvt_last_error());
+                                 (unsigned long long)step, kvt_last_error());
     kvt_frame f;
-    st = kvt__group_recv(g, 0, KVT_CH_STEP, KVT_OP_STEP_DOWN,
-                         kvt__deadline_ns(2 * g->p.timeout_ms), &f);
+    st = recv_step(g, 0, KVT_OP_STEP_DOWN, kvt__deadline_ns(2 * g->p.timeout_ms), &f);
     if (st != KVT_OK) return st;
-    g->steps++;
     *down = f.payload;
     *down_len = f.len;
     return KVT_OK;
 }
 
-kvt_status kvt__group_gather(kvt_group *g)
+kvt_status kvt__group_step_ack(kvt_group *g)
 {
     if (g->aborted) return kvt__fail(KVT_EABORTED, "%s", g->diag);
+    kvt_status st = send_step(g, 0, KVT_OP_STEP_ACK, NULL, 0, kvt__deadline_ns(g->p.timeout_ms));
+    if (st != KVT_OK)
+        return kvt__group_abortf(g, 0, "epoch %llu: rank %u could not acknowledge step %llu to "
+                                 "the sync leader: %s", (unsigned long long)g->epoch, g->rank,
+                                 (unsigned long long)g->step_no, kvt_last_error());
+    g->steps++;
+    return KVT_OK;
+}
+
+kvt_status kvt__group_gather(kvt_group *g, uint64_t step)
+{
+    if (g->aborted) return kvt__fail(KVT_EABORTED, "%s", g->diag);
+    g->step_no = step;
     uint64_t dl = kvt__deadline_ns(g->p.timeout_ms);
     for (uint32_t r = 1; r < g->ranks; r++) {
         kvt_frame f;
-        kvt_status st = kvt__group_recv(g, r, KVT_CH_STEP, KVT_OP_STEP_UP, dl, &f);
+        kvt_status st = recv_step(g, r, KVT_OP_STEP_UP, dl, &f);
         if (st == KVT_OK) st = kvt__buf_reserve(&g->ups[r], f.len ? f.len : 1);
         if (st != KVT_OK) return g->aborted ? st : kvt__group_abortf(g, UINT32_MAX, "%s",
                                                                      kvt_last_error());
@@ -194,11 +247,26 @@ kvt_status kvt__group_bcast(kvt_group *g, const void *down, size_t len)
     if (g->aborted) return kvt__fail(KVT_EABORTED, "%s", g->diag);
     uint64_t dl = kvt__deadline_ns(g->p.timeout_ms);
     for (uint32_t r = 1; r < g->ranks; r++) {
-        kvt_status st = kvt__group_send(g, r, KVT_CH_STEP, KVT_OP_STEP_DOWN, down, len, dl);
+        kvt_status st = send_step(g, r, KVT_OP_STEP_DOWN, down, len, dl);
         if (st != KVT_OK)
             return kvt__group_abortf(g, r, "epoch %llu: the sync leader could not send step "
                                      "%llu to rank %u: %s", (unsigned long long)g->epoch,
-                                     (unsigned long long)g->steps, r, kvt_last_error());
+                                     (unsigned long long)g->step_no, r, kvt_last_error());
+    }
+    return KVT_OK;
+}
+
+/* An ABORT a member sent after its STEP_UP (it timed out, or could not
+ * apply the DOWN) arrives here in place of its ACK: the abort wins, and
+ * the leader ends the epoch without applying the step. */
+kvt_status kvt__group_commit(kvt_group *g)
+{
+    if (g->aborted) return kvt__fail(KVT_EABORTED, "%s", g->diag);
+    uint64_t dl = kvt__deadline_ns(g->p.timeout_ms);
+    for (uint32_t r = 1; r < g->ranks; r++) {
+        kvt_frame f;
+        kvt_status st = recv_step(g, r, KVT_OP_STEP_ACK, dl, &f);
+        if (st != KVT_OK) return st;
     }
     g->steps++;
     return KVT_OK;

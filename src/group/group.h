@@ -24,10 +24,12 @@ struct kvt_group {
     uint16_t proto_version;
     uint32_t lib_version;
     uint64_t epoch;
-    uint64_t steps;
+    uint64_t steps;      /* exchanges completed in this epoch */
+    uint64_t step_no;    /* the engine's number of the step in progress */
     bool formed, aborted;
     uint64_t *tx_seq, *rx_seq; /* [peer * KVT_CH_COUNT + channel] */
     kvt_buf rx;                /* the last received message */
+    kvt_buf tx;                /* a step payload behind its step number */
     kvt_buf *ups;              /* leader: each member's STEP_UP payload */
     char diag[KVT_ERRMSG_MAX];
 };
@@ -52,18 +54,33 @@ kvt_status kvt__group_recv(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op
 kvt_status kvt__group_abortf(kvt_group *g, uint32_t except, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* The step exchange. Member: sends up, receives the leader's decisions
- * (*down points into the group's buffer until the next call). Leader:
- * gather() fills g->ups[r] for every member r, then bcast() sends down to
- * every member. Deadlines: the leader's gather T, a member's wait 2T, so
+/* The step exchange (docs/protocol.md, "Step"), for the engine's step
+ * number `step`, which every payload carries:
+ *  - member: step_member() sends UP and receives the leader's DOWN (*down
+ *    points into the group's buffer until the next call); the connector
+ *    checks that it can apply it, acks (step_ack), then applies it. A
+ *    member that cannot apply it aborts instead, and its ABORT takes the
+ *    ACK's place on the link.
+ *  - leader: gather() fills g->ups[r] for every member r and refuses a
+ *    member whose step number differs from the leader's (naming the rank
+ *    and both numbers); bcast() sends the one DOWN; commit() waits for
+ *    every member's ACK. Only then does the leader apply the DOWN itself,
+ *    so it never applies a decision a member did not accept.
+ * Deadlines: the leader's gather T, its commit T; a member's wait 2T, so
  * the leader's precise diagnostic reaches members before they time out. */
-kvt_status kvt__group_step_member(kvt_group *g, const void *up, size_t up_len,
+kvt_status kvt__group_step_member(kvt_group *g, uint64_t step, const void *up, size_t up_len,
                                   const uint8_t **down, size_t *down_len);
-kvt_status kvt__group_gather(kvt_group *g);
+kvt_status kvt__group_step_ack(kvt_group *g);
+kvt_status kvt__group_gather(kvt_group *g, uint64_t step);
 kvt_status kvt__group_bcast(kvt_group *g, const void *down, size_t len);
+kvt_status kvt__group_commit(kvt_group *g);
 
 /* The handshake (handshake.c); run by create and reform. */
 kvt_status kvt__group_handshake(kvt_group *g, int64_t timeout_ms);
+/* Leader: answers every member's pending HELLO with REFUSE carrying text
+ * (best effort, by timeout_ms), e.g. when a rank never reconnected, so
+ * every rank fails naming that rank rather than "no verdict from rank 0". */
+void kvt__group_refuse_all(kvt_group *g, kvt_status st, const char *text, int64_t timeout_ms);
 
 static inline bool kvt__group_is_leader(const kvt_group *g) { return g->rank == 0; }
 

@@ -86,6 +86,7 @@ void kvt_group_destroy(kvt_group *g)
         for (uint32_t r = 0; r < g->ranks; r++) kvt__buf_free(&g->ups[r]);
     free(g->ups);
     kvt__buf_free(&g->rx);
+    kvt__buf_free(&g->tx);
     free(g->tx_seq);
     free(g->rx_seq);
     free(g);
@@ -118,9 +119,16 @@ kvt_status kvt_group_reform(kvt_group *g, int64_t timeout_ms)
     uint64_t t0 = kvt__now_ns();
     kvt_status st = KVT_OK;
     if ((st = kvt__net_connect(g->net, kvt__deadline_ns(timeout_ms))) != KVT_OK) {
-        char why[KVT_ERRMSG_MAX];
+        char why[KVT_NOTE_TEXT_MAX];
         snprintf(why, sizeof why, "%s", kvt_last_error());
-        return kvt__fail(st, "kvt_group_reform: epoch %llu: reconnecting: %s", (unsigned long long)g->epoch, why);
+        /* The members that did reconnect wait for a verdict: give them this
+         * one, which names the rank that did not come back. */
+        if (kvt__group_is_leader(g)) kvt__group_refuse_all(g, st, why, g->p.timeout_ms);
+        g->aborted = true;
+        st = kvt__fail(st, "kvt_group_reform: epoch %llu: reconnecting: %s",
+                       (unsigned long long)g->epoch, why);
+        snprintf(g->diag, sizeof g->diag, "%s", kvt_last_error());
+        return st;
     }
     int64_t left = timeout_ms - (int64_t)((kvt__now_ns() - t0) / 1000000);
     st = kvt__group_handshake(g, left > 0 ? left : 1);

@@ -200,6 +200,17 @@ static kvt_status join(kvt_group *g, int64_t timeout_ms)
     }
 }
 
+void kvt__group_refuse_all(kvt_group *g, kvt_status st, const char *text, int64_t timeout_ms)
+{
+    uint8_t note[4 + KVT_NOTE_TEXT_MAX];
+    size_t n = kvt__note_encode(note, sizeof note, (uint32_t)-st, text);
+    uint64_t dl = kvt__deadline_ns(timeout_ms);
+    for (uint32_t r = 1; r < g->ranks; r++) {
+        g->tx_seq[(size_t)r * KVT_CH_COUNT + KVT_CH_HANDSHAKE] = 0; /* a verdict is seq 0 */
+        (void)kvt__group_send(g, r, KVT_CH_HANDSHAKE, KVT_OP_REFUSE, note, n, dl);
+    }
+}
+
 kvt_status kvt__group_handshake(kvt_group *g, int64_t timeout_ms)
 {
     memset(g->tx_seq, 0, sizeof *g->tx_seq * g->ranks * KVT_CH_COUNT);

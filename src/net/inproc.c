@@ -1,12 +1,17 @@
 /* inproc.c - ranks as threads: one bounded FIFO per ordered pair of ranks.
  * A message is one malloc'd node (the copy decouples sender and receiver
- * lifetimes); send blocks while the queue is full, until its deadline. */
+ * lifetimes); send blocks while the queue is full, until its deadline.
+ * Control messages (send_ctl: the group's ABORT) may exceed the depth by
+ * KVT_INPROC_CTL_RESERVE, so an abort never waits behind an unread STEP_UP
+ * (the group sends at most one ABORT per link and epoch). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "net/net.h"
 #include "util/err.h"
 #include "util/sync.h"
+
+#define KVT_INPROC_CTL_RESERVE 4
 
 typedef struct msg {
     struct msg *next;
@@ -75,8 +80,8 @@ void kvt_fabric_destroy(kvt_fabric *f)
     free(f);
 }
 
-static kvt_status inproc_send(kvt_net *n, uint32_t peer, const void *hdr, size_t hlen,
-                              const void *body, size_t blen, uint64_t deadline_ns)
+static kvt_status push(kvt_net *n, uint32_t peer, const void *hdr, size_t hlen,
+                       const void *body, size_t blen, uint64_t deadline_ns, uint32_t room)
 {
     static const char fn[] = "net inproc send";
     kvt_status st = kvt__net_check_peer(n, peer, fn);
@@ -91,13 +96,13 @@ static kvt_status inproc_send(kvt_net *n, uint32_t peer, const void *hdr, size_t
     kvt_fabric *f = ((inproc_net *)n)->fab;
     pairq *q = q_of(f, n->rank, peer);
     pthread_mutex_lock(&q->mu);
-    while (q->count >= f->depth) {
+    while (q->count >= room) {
         if (kvt__net_interrupted(n)) {
             pthread_mutex_unlock(&q->mu);
             free(m);
             return KVT_ECANCELED; /* net.h words it */
         }
-        if (!kvt__cond_wait_until(&q->cv, &q->mu, deadline_ns) && q->count >= f->depth) {
+        if (!kvt__cond_wait_until(&q->cv, &q->mu, deadline_ns) && q->count >= room) {
             pthread_mutex_unlock(&q->mu);
             free(m);
             return kvt__fail(KVT_ETIMEDOUT, "%s: rank %u -> %u: queue full (%u) until deadline",
@@ -110,6 +115,20 @@ static kvt_status inproc_send(kvt_net *n, uint32_t peer, const void *hdr, size_t
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->mu);
     return KVT_OK;
+}
+
+static kvt_status inproc_send(kvt_net *n, uint32_t peer, const void *hdr, size_t hlen,
+                              const void *body, size_t blen, uint64_t deadline_ns)
+{
+    uint32_t depth = ((inproc_net *)n)->fab->depth;
+    return push(n, peer, hdr, hlen, body, blen, deadline_ns, depth);
+}
+
+static kvt_status inproc_send_ctl(kvt_net *n, uint32_t peer, const void *hdr, size_t hlen,
+                                  const void *body, size_t blen, uint64_t deadline_ns)
+{
+    uint32_t depth = ((inproc_net *)n)->fab->depth;
+    return push(n, peer, hdr, hlen, body, blen, deadline_ns, depth + KVT_INPROC_CTL_RESERVE);
 }
 
 static kvt_status inproc_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t deadline_ns)
@@ -167,6 +186,7 @@ static const kvt_net_ops inproc_ops = {
     .name = "inproc",
     .send = inproc_send,
     .recv = inproc_recv,
+    .send_ctl = inproc_send_ctl,
     .connect = NULL,
     .destroy = inproc_destroy,
     .interrupt = inproc_interrupt,

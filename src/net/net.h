@@ -29,6 +29,12 @@ typedef struct kvt_net_ops {
      * KVT_ETIMEDOUT when none came, KVT_ECONN when the link is gone,
      * KVT_EPROTO when it is larger than max_msg. */
     kvt_status (*recv)(kvt_net *net, uint32_t peer, kvt_buf *buf, uint64_t deadline_ns);
+    /* As send, for a control message (the group's ABORT): it must not wait
+     * behind unread data, so a transport with bounded queues keeps room for
+     * it. NULL: send (tcp: the socket buffer holds far more than the few
+     * frames a step leaves unread; callback: the engine's own send). */
+    kvt_status (*send_ctl)(kvt_net *net, uint32_t peer, const void *hdr, size_t hlen,
+                           const void *body, size_t blen, uint64_t deadline_ns);
     kvt_status (*connect)(kvt_net *net, uint64_t deadline_ns); /* may be NULL */
     void (*destroy)(kvt_net *net);
     /* Wakes the waits in progress (kvt_net_interrupt, from any thread; the
@@ -65,6 +71,16 @@ static inline kvt_status kvt__net_send(kvt_net *n, uint32_t peer, const void *hd
 {
     if (kvt__net_interrupted(n)) return kvt__net_interrupted_fail(n, "send");
     return kvt__net_result(n, n->ops->send(n, peer, hdr, hlen, body, blen, deadline_ns), "send");
+}
+
+static inline kvt_status kvt__net_send_ctl(kvt_net *n, uint32_t peer, const void *hdr,
+                                           size_t hlen, const void *body, size_t blen,
+                                           uint64_t deadline_ns)
+{
+    if (!n->ops->send_ctl) return kvt__net_send(n, peer, hdr, hlen, body, blen, deadline_ns);
+    if (kvt__net_interrupted(n)) return kvt__net_interrupted_fail(n, "send");
+    return kvt__net_result(n, n->ops->send_ctl(n, peer, hdr, hlen, body, blen, deadline_ns),
+                           "send");
 }
 
 /* Connects by deadline_ns (transports without connections: nothing to do). */

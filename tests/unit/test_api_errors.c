@@ -1383,7 +1383,7 @@ static void test_conn(void **state)
     EXPECT_ERR(kvt_conn_wait_layer(NULL, 1, 0, 0), KVT_EINVAL, "kvt_conn_wait_layer", conn_arg);
     EXPECT_ERR(kvt_conn_wait_layer(k, 1, 0, -1), KVT_EINVAL, "kvt_conn_wait_layer", "timeout_ms");
     EXPECT_ERR(kvt_conn_wait_layer(k, 42, 0, 0), KVT_ENOTFOUND, "kvt_conn_wait_layer", "rid 42");
-    EXPECT_ERR(kvt_conn_step(NULL), KVT_EINVAL, "kvt_conn_step", conn_arg);
+    EXPECT_ERR(kvt_conn_step(NULL, 1), KVT_EINVAL, "kvt_conn_step", conn_arg);
 
     kvt_conn_event ev[4];
     uint32_t n = 77;
@@ -1394,7 +1394,7 @@ static void test_conn(void **state)
     EXPECT_ERR(kvt_conn_reform(NULL, 100), KVT_EINVAL, "kvt_conn_reform", conn_arg);
 
     /* The bad calls changed nothing: the step carries the store of rid 3. */
-    assert_ok(kvt_conn_step(k));
+    assert_ok(kvt_conn_step(k, 1));
     assert_ok(kvt_conn_events(k, ev, 4, &n));
     bool saw_store = false;
     for (uint32_t i = 0; i < n; i++)

@@ -38,6 +38,7 @@ struct rank_ctx {
     kvt_conn *conn;
     kvt_conn_event ev[MAX_EV];
     uint32_t nev;
+    uint64_t step_no; /* the engine's iteration counter */
     uint64_t verified_bytes;
     char fail[1024];
     char diag[KVT_ERRMSG_MAX];
@@ -100,7 +101,7 @@ static void teardown(rank_ctx *rc)
 /* One collective step; its events are appended to the rank's log. */
 static kvt_status step(rank_ctx *rc)
 {
-    kvt_status st = kvt_conn_step(rc->conn);
+    kvt_status st = kvt_conn_step(rc->conn, ++rc->step_no);
     if (st != KVT_OK) {
         snprintf(rc->diag, sizeof rc->diag, "%s", kvt_group_diagnostic(rc->g));
         return st;
@@ -441,7 +442,7 @@ static void test_args(void **state)
     (void)state;
     kvt_conn *c;
     assert_status(kvt_conn_create(&c, NULL, NULL), KVT_EINVAL);
-    assert_status(kvt_conn_step(NULL), KVT_EINVAL);
+    assert_status(kvt_conn_step(NULL, 1), KVT_EINVAL);
     assert_status(kvt_conn_poll(NULL, NULL), KVT_EINVAL);
     uint32_t n;
     assert_status(kvt_conn_events(NULL, NULL, 0, &n), KVT_EINVAL);

@@ -25,6 +25,7 @@ typedef struct rc_t {
     kvt_config *cfg; kvt_geometry *geo; kvt_emu *emu; kvt_cache *cache;
     kvt_net *net; kvt_group *g; kvt_conn *conn;
     kvt_conn_event ev[256]; uint32_t nev;
+    uint64_t step_no;         /* the engine's iteration counter */
     char log[4096];
     int checked;              /* the scenario reached its check */
     kvt_status wait_layer_st; /* A */
@@ -45,7 +46,7 @@ static void L(rc_t *rc, const char *fmt, ...)
 
 static kvt_status step(rc_t *rc)
 {
-    kvt_status st = kvt_conn_step(rc->conn);
+    kvt_status st = kvt_conn_step(rc->conn, ++rc->step_no);
     if (st) { L(rc, "rank %u: step -> %s: %s\n", rc->rank, kvt_status_name(st), kvt_group_diagnostic(rc->g)); return st; }
     uint32_t n = 0;
     kvt_conn_events(rc->conn, rc->ev + rc->nev, 256 - rc->nev, &n);

@@ -69,8 +69,9 @@ static void all_stepped(run *r)
     pthread_mutex_unlock(&r->mu);
 }
 
-/* One step of the generic exchange: members send their rank, the leader
- * answers with the sum, which every member checks. */
+/* One step (number k + 1) of the generic exchange: members send their
+ * rank, the leader answers with the sum, which every member checks and
+ * acknowledges; the leader's step ends with every ACK. */
 static kvt_status one_step(kvt_group *g, uint32_t rank, uint64_t k)
 {
     uint8_t up[16];
@@ -79,17 +80,18 @@ static kvt_status one_step(kvt_group *g, uint32_t rank, uint64_t k)
     if (rank != 0) {
         const uint8_t *down;
         size_t len;
-        kvt_status st = kvt__group_step_member(g, up, sizeof up, &down, &len);
+        kvt_status st = kvt__group_step_member(g, k + 1, up, sizeof up, &down, &len);
         if (st == KVT_OK && (len != 8 || kvt__get64(down) == 0)) st = KVT_EPROTO;
-        return st;
+        return st == KVT_OK ? kvt__group_step_ack(g) : st;
     }
-    kvt_status st = kvt__group_gather(g);
+    kvt_status st = kvt__group_gather(g, k + 1);
     if (st != KVT_OK) return st;
     uint64_t sum = 1;
     for (uint32_t m = 1; m < g->ranks; m++) sum += kvt__get64(g->ups[m].p);
     uint8_t down[8];
     kvt__put64(down, sum);
-    return kvt__group_bcast(g, down, sizeof down);
+    st = kvt__group_bcast(g, down, sizeof down);
+    return st == KVT_OK ? kvt__group_commit(g) : st;
 }
 
 static void note_result(run *r, kvt_group *g, uint32_t rank, kvt_status st)
@@ -241,14 +243,14 @@ static void test_protocol_version_skew(void **state)
     (void)state;
     run r;
     run_init(&r, 2, 1, 2);
-    r.ov[2].proto_version = 2;
+    r.ov[2].proto_version = KVT_PROTO_VERSION + 1;
     run_all(&r);
     /* The leader names rank 2; rank 2 learns the leader's version. Ranks 1
      * and 3 get the leader's REFUSE. */
     for (uint32_t i = 0; i < 4; i++) assert_int_equal(r.create_st[i], KVT_EVERSION);
-    assert_non_null(strstr(r.msg[0], "rank 2 speaks protocol version 2"));
-    assert_non_null(strstr(r.msg[1], "rank 2 speaks protocol version 2"));
-    assert_non_null(strstr(r.msg[2], "protocol version 1"));
+    assert_non_null(strstr(r.msg[0], "rank 2 speaks protocol version 3"));
+    assert_non_null(strstr(r.msg[1], "rank 2 speaks protocol version 3"));
+    assert_non_null(strstr(r.msg[2], "protocol version 2"));
 }
 
 static void test_geometry_skew(void **state)
@@ -321,14 +323,19 @@ static void test_missing_call(void **state)
     (void)state;
     run r;
     run_init(&r, 2, 1, 2);
-    r.skip_step[3] = 5; /* rank 3 skips one step (the seeds' missing send) */
+    r.skip_step[3] = 5; /* rank 3 skips step 6 (the seeds' missing send) */
     run_all(&r);
-    /* Every step is one UP and one DOWN, so rank 3 is merely one step
-     * behind: its later messages still carry the right seq and op (what it
-     * queued is keyed by request id, so nothing is misread). When the others
-     * stop, the leader waits for rank 3's last step and names it. */
-    const char *n[] = {"rank 3", "channel step", "expected seq 11 op STEP_UP", NULL};
-    expect_abort(&r, n, 3); /* rank 3 sees the ABORT at its next call */
+    /* The ranks run freely (no barrier between steps), so rank 3's next UP
+     * (step 7) meets the others' step 6: the leader refuses it there, naming
+     * the rank and both numbers, and no rank completes step 6. (Before step
+     * numbers, the leader paired rank 3's step k + 1 with the others' k and
+     * every step went on until the others stopped.) */
+    const char *n[] = {"step skew: rank 3 (pp1 cp0 tp1) calls step 7 while rank 0 (pp0 cp0 "
+                       "tp0) calls step 6", NULL};
+    expect_abort(&r, n, 3);
+    for (uint32_t i = 0; i < 3; i++) assert_int_equal(r.steps_done[i], 5);
+    assert_int_equal(r.step_st[3], KVT_EABORTED);
+    assert_non_null(strstr(r.msg[3], n[0]));
 }
 
 static void test_extra_call(void **state)
@@ -336,13 +343,13 @@ static void test_extra_call(void **state)
     (void)state;
     run r;
     run_init(&r, 2, 1, 2);
-    r.extra_step[1] = 4; /* rank 1 steps twice in iteration 4 */
+    r.extra_step[1] = 4; /* rank 1 passes step 5 twice */
     run_all(&r);
-    /* The stream stays aligned (one UP, one DOWN per step); the extra step
-     * is caught when rank 1 runs ahead of the others: at its last step the
-     * leader never answers, and rank 1's abort reaches the leader. */
-    assert_int_equal(r.step_st[1], KVT_EABORTED);
-    assert_non_null(strstr(r.msg[1], "expected seq 12 op STEP_DOWN"));
+    /* Caught at the next step: rank 1's second step 5 meets the others' 6. */
+    const char *n[] = {"step skew: rank 1 (pp0 cp0 tp1) calls step 5 while rank 0 (pp0 cp0 "
+                       "tp0) calls step 6", NULL};
+    expect_abort(&r, n, UINT32_MAX);
+    for (uint32_t i = 0; i < 4; i++) assert_int_equal(r.steps_done[i], i == 1 ? 4 : 5);
 }
 
 static void test_leader_raises(void **state)
@@ -363,9 +370,9 @@ static void test_crashed_rank(void **state)
     (void)state;
     run r;
     run_init(&r, 2, 1, 2);
-    r.crash_at[2] = 6;
+    r.crash_at[2] = 6; /* seq 12: each step is an UP and an ACK */
     run_all(&r);
-    const char *n[] = {"from rank 2", "expected seq 6 op STEP_UP", "received nothing", NULL};
+    const char *n[] = {"from rank 2", "expected seq 12 op STEP_UP", "received nothing", NULL};
     expect_abort(&r, n, 2);
 }
 

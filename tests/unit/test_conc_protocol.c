@@ -1,0 +1,338 @@
+/* test_conc_protocol.c - the rank-group protocol's promises when ranks run
+ * freely (issue 13): no barrier between iterations, each rank steps as soon
+ * as its previous step returned. Three ranks (tp3) as threads, each with the
+ * real connector over its own kvt_cache, on the inproc, tcp (loopback,
+ * ranks as threads) and callback transports. Every step each rank queues a
+ * store of a new rid, so every applied step emits a STORE event. Cases:
+ *  stall: the leader stalls 3T before step 3; the members time out and
+ *         abort; the leader must not apply step 3 (no event of step 3 on
+ *         any rank, its step returns EABORTED naming the members' abort);
+ *  skew:  rank 2 skips step 4; every rank aborts at step 4, naming rank 2
+ *         and both step numbers, and no rank completes more than 3 steps;
+ *  depth1 (inproc, queue depth 1): as stall, but the members' ABORT finds
+ *         their queue to the leader full: it must still go out at once (the
+ *         control lane), so members return by 2T and the leader names them;
+ *  kill:  rank 2 dies at step 4 (its links close on tcp); every surviving
+ *         rank's diagnostic names rank 2, in the step and in the reform
+ *         that follows.
+ * Invariant everywhere: the events of the steps a rank completed are the
+ * same on every rank. */
+#include "test_group_util.h"
+
+#include "connector/conn.h"
+#include "group/group.h"
+#include "net/net.h"
+
+#define RANKS 3
+#define T_MS 1000 /* wide: TSan on 2 loaded cores */
+#define NSTEPS 8
+#define MAX_EV 64
+
+typedef enum transport { TR_INPROC, TR_TCP, TR_CALLBACK } transport;
+typedef enum scenario { SC_STALL, SC_SKEW, SC_DEPTH1, SC_KILL } scenario;
+
+typedef struct rank_ctx {
+    kvt_config *cfg;
+    kvt_geometry *geo;
+    kvt_emu *emu;
+    kvt_cache *cache;
+    kvt_net *inner, *net; /* callback: net calls into inner (inproc) */
+    kvt_group *g;
+    kvt_conn *conn;
+    kvt_conn_event ev[MAX_EV];
+    uint32_t nev;
+    int done;             /* steps that returned OK */
+    kvt_status st;        /* the first failing step's status */
+    uint64_t fail_ms;     /* how long that step took */
+    kvt_status reform_st;
+    char diag[KVT_ERRMSG_MAX], reform_msg[KVT_ERRMSG_MAX], fail[512];
+} rank_ctx;
+
+typedef struct world {
+    transport tr;
+    scenario sc;
+    kvt_fabric *fab;
+    kvt_net *hub; /* tcp: rank 0's endpoint, bound before the threads start */
+    uint16_t port;
+    rank_ctx rc[RANKS];
+} world;
+
+#define TRY(rc, call)                                                               \
+    do {                                                                            \
+        kvt_status s_ = (call);                                                     \
+        if (s_ != KVT_OK) {                                                         \
+            snprintf((rc)->fail, sizeof (rc)->fail, "%s gave %s: %s", #call,        \
+                     kvt_status_name(s_), kvt_last_error());                        \
+            return s_;                                                              \
+        }                                                                           \
+    } while (0)
+
+/* The engine's own p2p, lent through callbacks: here an inproc endpoint. */
+static kvt_status cb_send(void *ctx, uint32_t peer, const void *buf, size_t len, int64_t ms)
+{
+    return kvt__net_send(ctx, peer, buf, len, NULL, 0, kvt__deadline_ns(ms));
+}
+
+static kvt_status cb_recv(void *ctx, uint32_t peer, void *buf, size_t cap, size_t *len,
+                          int64_t ms)
+{
+    kvt_buf b = {0};
+    kvt_status st = kvt__net_recv(ctx, peer, &b, kvt__deadline_ns(ms));
+    if (st == KVT_OK && b.len > cap) st = KVT_EPROTO;
+    if (st == KVT_OK) {
+        memcpy(buf, b.p, b.len);
+        *len = b.len;
+    }
+    kvt__buf_free(&b);
+    return st;
+}
+
+static kvt_status open_net(world *w, uint32_t rank, rank_ctx *rc)
+{
+    if (w->tr == TR_TCP) {
+        if (rank == 0) rc->net = w->hub;
+        kvt_net_tcp_params p = {rank, RANKS, "127.0.0.1", w->port, NULL, 0, 0};
+        if (rank != 0) TRY(rc, kvt_net_tcp_create(&rc->net, &p));
+        TRY(rc, kvt_net_connect(rc->net, 20 * T_MS));
+        return KVT_OK;
+    }
+    TRY(rc, kvt_net_inproc_create(w->tr == TR_CALLBACK ? &rc->inner : &rc->net, w->fab, rank));
+    if (w->tr == TR_CALLBACK) {
+        kvt_net_callbacks cb = {rc->inner, cb_send, cb_recv};
+        TRY(rc, kvt_net_callback_create(&rc->net, rank, RANKS, &cb, 0));
+    }
+    return KVT_OK;
+}
+
+static kvt_status setup(world *w, uint32_t rank, rank_ctx *rc)
+{
+    TRY(rc, kvt_config_create(&rc->cfg));
+    TRY(rc, kvt_config_set(rc->cfg, "cpu_capacity", "4MiB"));
+    TRY(rc, kvt_config_set(rc->cfg, "block_tokens", "16"));
+    rc->geo = kvt_test_geometry(2, 1, 16, 16, KVT_LAYOUT_LAYER_FIRST);
+    if (!rc->geo) return KVT_ENOMEM;
+    TRY(rc, kvt_emu_create(&rc->emu, rc->geo, 32));
+    TRY(rc, kvt_cache_create(&rc->cache, rc->cfg, rc->geo));
+    kvt_engine_memory mem;
+    TRY(rc, kvt_emu_memory(rc->emu, &mem));
+    TRY(rc, kvt_cache_register_memory(rc->cache, &mem));
+    kvt_geometry_info gi;
+    TRY(rc, kvt_geometry_info_get(rc->geo, &gi));
+    uint64_t cd;
+    TRY(rc, kvt_config_digest(rc->cfg, &cd));
+    TRY(rc, open_net(w, rank, rc));
+    kvt_group_params p = {1, 1, RANKS, gi.digest, cd, T_MS, 1};
+    TRY(rc, kvt_group_create(&rc->g, rc->net, &p));
+    TRY(rc, kvt_conn_create(&rc->conn, rc->g, rc->cache));
+    return KVT_OK;
+}
+
+static void teardown(rank_ctx *rc)
+{
+    kvt_conn_destroy(rc->conn);
+    kvt_group_destroy(rc->g);
+    kvt_net_destroy(rc->net);
+    kvt_net_destroy(rc->inner);
+    kvt_cache_destroy(rc->cache);
+    kvt_emu_destroy(rc->emu);
+    kvt_geometry_destroy(rc->geo);
+    kvt_config_destroy(rc->cfg);
+    rc->conn = NULL;
+    rc->g = NULL;
+    rc->net = rc->inner = NULL;
+}
+
+/* Queues a store of rid k (one block, page k % 32) and steps k. */
+static kvt_status step(rank_ctx *rc, uint64_t k)
+{
+    uint32_t tok[16], page = (uint32_t)(k % 32);
+    kvt_test_tokens(tok, 16, k);
+    kvt_request req = {tok, 16, "ns", 2};
+    kvt_status st = kvt_conn_store(rc->conn, k, &req, &page, 1);
+    uint64_t t0 = kvt__now_ns();
+    if (st == KVT_OK) st = kvt_conn_step(rc->conn, k);
+    if (st != KVT_OK) {
+        rc->st = st;
+        rc->fail_ms = (kvt__now_ns() - t0) / 1000000;
+        snprintf(rc->diag, sizeof rc->diag, "%s", kvt_group_diagnostic(rc->g));
+        return st;
+    }
+    uint32_t n = 0;
+    kvt_conn_events(rc->conn, rc->ev + rc->nev, MAX_EV - rc->nev, &n);
+    rc->nev += n;
+    rc->done++;
+    return KVT_OK;
+}
+
+static void rank_main(uint32_t rank, void *arg)
+{
+    world *w = arg;
+    rank_ctx *rc = &w->rc[rank];
+    if (setup(w, rank, rc) != KVT_OK) {
+        teardown(rc);
+        return;
+    }
+    bool stall = w->sc == SC_STALL || w->sc == SC_DEPTH1;
+    for (uint64_t k = 1; k <= NSTEPS; k++) {
+        if (w->sc == SC_SKEW && rank == 2 && k == 4) continue; /* the engine skipped it */
+        if (w->sc == SC_KILL && rank == 2 && k == 4) {
+            teardown(rc); /* gone: on tcp its links close */
+            return;
+        }
+        if (stall && rank == 0 && k == 3) tg_sleep_ms((w->sc == SC_DEPTH1 ? 4 : 3) * T_MS);
+        if (step(rc, k) != KVT_OK) break;
+    }
+    if (w->sc == SC_KILL) {
+        rc->reform_st = kvt_conn_reform(rc->conn, 2 * T_MS);
+        snprintf(rc->reform_msg, sizeof rc->reform_msg, "%s", kvt_last_error());
+    }
+    teardown(rc);
+}
+
+static void run_world(transport tr, scenario sc, world *w)
+{
+    memset(w, 0, sizeof *w);
+    w->tr = tr;
+    w->sc = sc;
+    if (tr == TR_TCP) {
+        kvt_net_tcp_params p = {0, RANKS, NULL, 0, NULL, 0, 0};
+        assert_ok(kvt_net_tcp_create(&w->hub, &p));
+        assert_ok(kvt_net_tcp_port(w->hub, &w->port));
+    } else {
+        assert_ok(kvt_fabric_create(&w->fab, RANKS, sc == SC_DEPTH1 ? 1 : 16));
+    }
+    tg_run_ranks(RANKS, rank_main, w);
+    kvt_fabric_destroy(w->fab);
+    for (uint32_t r = 0; r < RANKS; r++)
+        if (w->rc[r].fail[0]) fail_msg("rank %u: %s", r, w->rc[r].fail);
+}
+
+static const char *tr_name(transport tr)
+{
+    return tr == TR_TCP ? "tcp" : tr == TR_CALLBACK ? "callback" : "inproc";
+}
+
+static bool ev_equal(const kvt_conn_event *a, const kvt_conn_event *b)
+{
+    return a->rid == b->rid && a->kind == b->kind && a->status == b->status &&
+           a->tokens == b->tokens && a->rank == b->rank && a->counter == b->counter &&
+           a->generation == b->generation && a->step == b->step;
+}
+
+/* The events of the steps a rank completed are those of every rank (field
+ * by field: the struct has padding). */
+static void same_events(world *w, uint32_t a, uint32_t b)
+{
+    rank_ctx *x = &w->rc[a], *y = &w->rc[b];
+    uint32_t n = x->nev < y->nev ? x->nev : y->nev;
+    for (uint32_t i = 0; i < n; i++)
+        if (!ev_equal(&x->ev[i], &y->ev[i]))
+            fail_msg("%s: rank %u's event %u (rid %llu kind %d status %d tokens %u rank %u "
+                     "step %llu) differs from rank %u's (rid %llu kind %d status %d tokens %u "
+                     "rank %u step %llu)", tr_name(w->tr), a, i,
+                     (unsigned long long)x->ev[i].rid, x->ev[i].kind, x->ev[i].status,
+                     x->ev[i].tokens, x->ev[i].rank, (unsigned long long)x->ev[i].step, b,
+                     (unsigned long long)y->ev[i].rid, y->ev[i].kind, y->ev[i].status,
+                     y->ev[i].tokens, y->ev[i].rank, (unsigned long long)y->ev[i].step);
+}
+
+static void expect_diag(world *w, uint32_t r, const char *needle)
+{
+    if (!strstr(w->rc[r].diag, needle))
+        fail_msg("%s: rank %u: \"%s\" lacks \"%s\"", tr_name(w->tr), r, w->rc[r].diag, needle);
+}
+
+/* Case 1: the leader never applies a step its members aborted. */
+static void stall_case(transport tr)
+{
+    world w;
+    run_world(tr, SC_STALL, &w);
+    for (uint32_t r = 0; r < RANKS; r++) {
+        rank_ctx *rc = &w.rc[r];
+        if (rc->done != 2 || rc->st != KVT_EABORTED)
+            fail_msg("%s: rank %u completed %d steps (%s: %s), want 2 then EABORTED",
+                     tr_name(tr), r, rc->done, kvt_status_name(rc->st), rc->diag);
+        for (uint32_t i = 0; i < rc->nev; i++)
+            if (rc->ev[i].step >= 3)
+                fail_msg("%s: rank %u applied step %llu", tr_name(tr), r,
+                         (unsigned long long)rc->ev[i].step);
+    }
+    expect_diag(&w, 0, "group aborted by rank ");
+    same_events(&w, 0, 1);
+    same_events(&w, 0, 2);
+}
+
+static void test_stall_inproc(void **s) { (void)s; stall_case(TR_INPROC); }
+static void test_stall_tcp(void **s) { (void)s; stall_case(TR_TCP); }
+static void test_stall_callback(void **s) { (void)s; stall_case(TR_CALLBACK); }
+
+/* Case 2: a skipped step is caught at that step although nothing else
+ * keeps the ranks in lockstep. */
+static void skew_case(transport tr)
+{
+    world w;
+    run_world(tr, SC_SKEW, &w);
+    for (uint32_t r = 0; r < RANKS; r++) {
+        if (w.rc[r].done != 3 || w.rc[r].st != KVT_EABORTED)
+            fail_msg("%s: rank %u completed %d steps (%s: %s), want 3 then EABORTED",
+                     tr_name(tr), r, w.rc[r].done, kvt_status_name(w.rc[r].st), w.rc[r].diag);
+        expect_diag(&w, r, "step skew: rank 2 (pp0 cp0 tp2) calls step 5 while rank 0 (pp0 "
+                           "cp0 tp0) calls step 4");
+    }
+    same_events(&w, 0, 1);
+    same_events(&w, 0, 2);
+}
+
+static void test_skew_inproc(void **s) { (void)s; skew_case(TR_INPROC); }
+static void test_skew_tcp(void **s) { (void)s; skew_case(TR_TCP); }
+static void test_skew_callback(void **s) { (void)s; skew_case(TR_CALLBACK); }
+
+/* Case 5: with queue depth 1 the members' ABORT meets their unread STEP_UP;
+ * it must not wait for room (T) or be dropped. */
+static void test_abort_depth1_inproc(void **s)
+{
+    (void)s;
+    world w;
+    run_world(TR_INPROC, SC_DEPTH1, &w);
+    for (uint32_t r = 1; r < RANKS; r++)
+        if (w.rc[r].st != KVT_EABORTED || w.rc[r].fail_ms > 2 * T_MS + T_MS / 2)
+            fail_msg("rank %u: step 3 gave %s after %llu ms, want EABORTED by 2T", r,
+                     kvt_status_name(w.rc[r].st), (unsigned long long)w.rc[r].fail_ms);
+    assert_int_equal(w.rc[0].st, KVT_EABORTED);
+    expect_diag(&w, 0, "group aborted by rank ");
+}
+
+/* Case 6: every surviving rank names the dead one, in the step and in the
+ * reform that follows. */
+static void kill_case(transport tr)
+{
+    world w;
+    run_world(tr, SC_KILL, &w);
+    for (uint32_t r = 0; r < 2; r++) {
+        rank_ctx *rc = &w.rc[r];
+        if (rc->done != 3 || rc->st != KVT_EABORTED)
+            fail_msg("%s: rank %u completed %d steps (%s: %s), want 3 then EABORTED",
+                     tr_name(tr), r, rc->done, kvt_status_name(rc->st), rc->diag);
+        expect_diag(&w, r, "rank 2 (pp0 cp0 tp2)");
+        if (rc->reform_st == KVT_OK || !strstr(rc->reform_msg, "rank 2"))
+            fail_msg("%s: rank %u's reform gave %s: \"%s\", want a failure naming rank 2",
+                     tr_name(tr), r, kvt_status_name(rc->reform_st), rc->reform_msg);
+    }
+    same_events(&w, 0, 1);
+}
+
+static void test_kill_inproc(void **s) { (void)s; kill_case(TR_INPROC); }
+static void test_kill_tcp(void **s) { (void)s; kill_case(TR_TCP); }
+static void test_kill_callback(void **s) { (void)s; kill_case(TR_CALLBACK); }
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stall_inproc),  cmocka_unit_test(test_stall_tcp),
+        cmocka_unit_test(test_stall_callback), cmocka_unit_test(test_skew_inproc),
+        cmocka_unit_test(test_skew_tcp),      cmocka_unit_test(test_skew_callback),
+        cmocka_unit_test(test_abort_depth1_inproc), cmocka_unit_test(test_kill_inproc),
+        cmocka_unit_test(test_kill_tcp),      cmocka_unit_test(test_kill_callback),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
