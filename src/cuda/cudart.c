@@ -57,9 +57,11 @@ static void load_once(void)
     const char *env = getenv("KVTIER_CUDART");
     const char *names[8];
     size_t n = 0;
-    if (env && *env) names[n++] = env;
-    for (size_t i = 0; i < sizeof cudart_names / sizeof *cudart_names; i++)
-        names[n++] = cudart_names[i];
+    if (env && *env) /* exclusive: a test or a deployment names the one file */
+        names[n++] = env;
+    else
+        for (size_t i = 0; i < sizeof cudart_names / sizeof *cudart_names; i++)
+            names[n++] = cudart_names[i];
     void *h = NULL;
     const char *path = NULL;
     char last[384] = "";
@@ -73,11 +75,14 @@ static void load_once(void)
         }
     }
     if (!h) {
-        snprintf(g_why, sizeof g_why,
-                 "the CUDA runtime could not be loaded (tried %s%s%slibcudart.so.13, "
-                 "libcudart.so.12, libcudart.so and /usr/local/cuda/lib64; last error: %s)",
-                 env && *env ? "KVTIER_CUDART=" : "", env && *env ? env : "",
-                 env && *env ? ", " : "", last);
+        if (env && *env)
+            snprintf(g_why, sizeof g_why, "the CUDA runtime could not be loaded from "
+                     "KVTIER_CUDART=%s (%s)", env, last);
+        else
+            snprintf(g_why, sizeof g_why,
+                     "the CUDA runtime could not be loaded (tried libcudart.so.13, "
+                     "libcudart.so.12, libcudart.so and /usr/local/cuda/lib64; last error: %s)",
+                     last);
         return;
     }
     g_api.cudart_path = path;
