@@ -118,5 +118,59 @@ class CudaRegistration(unittest.TestCase):
             self.assertEqual(self.cache.wait(plan.task, 10).status, 0)
 
 
+def _torch_cuda():
+    try:
+        import torch
+        return torch if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+class TorchCudaRoundTrip(unittest.TestCase):
+    """On a GPU machine (scripts/gpu-check.sh): real torch CUDA tensors,
+    stored and loaded back byte for byte, with layer events."""
+
+    def test_round_trip(self):
+        torch = _torch_cuda()
+        if torch is None:
+            self.skipTest("skipped: no CUDA device (torch with a visible GPU is not available)")
+        geo = kvtier.Geometry.uniform(4, 16, 2, 64)
+        cfg = kvtier.Config({"cpu_capacity": "16MiB", "block_tokens": 16})
+        cache = kvtier.Cache(cfg, geo)
+        try:
+            pages = 16
+            need = pages * 16 * geo.token_bytes(0, 0)
+            gen = torch.Generator(device="cuda").manual_seed(1)
+            bufs = [[torch.randint(0, 256, (need,), dtype=torch.uint8, device="cuda", generator=gen)
+                     for _ in range(2)] for _ in range(4)]
+            orig = [[b.clone() for b in layer] for layer in bufs]
+            cache.register_buffers(pages, buffers=bufs)
+            tok = np.arange(0, 16 * 8 + 1, dtype=np.int64)
+            plan = cache.prepare_store(tok)
+            self.assertEqual(plan.num_tokens, 128)
+            cache.launch(plan.task, list(range(9)))
+            self.assertEqual(cache.wait(plan.task, 30).status, 0)
+            for layer in bufs:
+                for b in layer:
+                    b.zero_()
+            torch.cuda.synchronize()
+            m = cache.lookup(tok)
+            self.assertEqual(m.matched_tokens, 128)
+            cache.launch(m.task, list(range(9)))
+            for layer in range(4):
+                self.assertNotEqual(cache.layer_event(m.task, layer, 30), 0)
+                cache.wait_layer(m.task, layer, 30)
+            self.assertEqual(cache.wait(m.task, 30).status, 0)
+            n = 128 * geo.token_bytes(0, 0)
+            for layer in range(4):
+                for c in range(2):
+                    self.assertTrue(torch.equal(bufs[layer][c][:n], orig[layer][c][:n]),
+                                    "layer %d component %d differs" % (layer, c))
+        finally:
+            cache.close()
+            cfg.close()
+            geo.close()
+
+
 if __name__ == "__main__":
     unittest.main()
