@@ -298,8 +298,12 @@ kvt_status kvt__cuda_backend_create(kvt_cuda_backend **out, const char *fn, int 
     b->api = api;
     b->device = device;
     pthread_mutex_init(&b->mu, NULL);
+    /* The caller's thread (the engine's) keeps its current device. */
+    int prev = -1;
+    if (api->GetDevice(&prev)) prev = -1;
     kvt_cuerr e = api->SetDevice(device);
     if (!e) e = api->Free(NULL); /* creates the primary context */
+    if (prev >= 0 && prev != device) api->SetDevice(prev);
     if (e) {
         kvt__cuda_backend_destroy(b);
         return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA device %d cannot be used: %s", fn, device,

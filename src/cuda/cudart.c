@@ -91,6 +91,7 @@ static void load_once(void)
     SYM(h, DriverGetVersion, "cudaDriverGetVersion");
     SYM(h, GetDeviceCount, "cudaGetDeviceCount");
     SYM(h, SetDevice, "cudaSetDevice");
+    SYM(h, GetDevice, "cudaGetDevice");
     SYM(h, Free, "cudaFree");
     SYM(h, Malloc, "cudaMalloc");
     SYM(h, Memcpy, "cudaMemcpy");

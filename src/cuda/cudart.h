@@ -67,6 +67,7 @@ typedef struct kvt_cuda_api {
     kvt_cuerr (*DriverGetVersion)(int *);
     kvt_cuerr (*GetDeviceCount)(int *);
     kvt_cuerr (*SetDevice)(int);
+    kvt_cuerr (*GetDevice)(int *);
     kvt_cuerr (*Free)(void *);
     kvt_cuerr (*Malloc)(void **, size_t);
     kvt_cuerr (*Memcpy)(void *, const void *, size_t, int);
