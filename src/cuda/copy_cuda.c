@@ -283,6 +283,41 @@ static kvt_status ops_copy_unused(void *ctx, const kvt_copy_chunk *ch, uint32_t 
 
 /* ---- the backend ---- */
 
+/* Picks the mode (want may be AUTO) and loads the kernel when it needs it.
+ * b->device's context is current. */
+static kvt_status load_mode(kvt_cuda_backend *b, const char *fn, kvt_cuda_mode want)
+{
+    const kvt_cuda_api *api = b->api;
+    int device = b->device;
+    bool can_kernel = kvt__cuda_fatbin_len > 0 && api->cuModuleLoadData;
+    if (want == KVT_CUDA_AUTO)
+        want = api->MemcpyBatchAsync ? KVT_CUDA_BATCH : can_kernel ? KVT_CUDA_KERNEL : KVT_CUDA_MEMCPY;
+    if (want == KVT_CUDA_BATCH && !api->MemcpyBatchAsync) {
+        int rv = api->runtime_version;
+        return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA copy mode batch needs cudaMemcpyBatchAsync "
+                         "(CUDA >= 12.8; this runtime is %d.%d)", fn, rv / 1000, (rv % 1000) / 10);
+    }
+    if (want == KVT_CUDA_KERNEL) {
+        if (!can_kernel) {
+            return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA copy mode kernel needs %s", fn,
+                             kvt__cuda_fatbin_len == 0
+                                 ? "a library built with nvcc (this one has no kernel)"
+                                 : api->driver_error ? api->driver_error : "the CUDA driver API");
+        }
+        kvt_cumodule mod;
+        int r = api->cuModuleLoadData(&mod, kvt__cuda_fatbin);
+        if (!r) r = api->cuModuleGetFunction(&b->kernel, mod, "kvt_gather_scatter");
+        if (r) {
+            const char *s = NULL;
+            if (api->cuGetErrorString) api->cuGetErrorString(r, &s);
+            return kvt__fail(KVT_EUNSUPPORTED, "%s: loading the copy kernel on CUDA device %d "
+                             "failed: %s (%d)", fn, device, s ? s : "?", r);
+        }
+    }
+    b->mode = want;
+    return KVT_OK;
+}
+
 kvt_status kvt__cuda_backend_create(kvt_cuda_backend **out, const char *fn, int device,
                                     kvt_cuda_mode want)
 {
@@ -303,41 +338,20 @@ kvt_status kvt__cuda_backend_create(kvt_cuda_backend **out, const char *fn, int 
     if (api->GetDevice(&prev)) prev = -1;
     kvt_cuerr e = api->SetDevice(device);
     if (!e) e = api->Free(NULL); /* creates the primary context */
+    st = e ? KVT_OK : load_mode(b, fn, want);
+    /* The kernel module was loaded into the device's primary context, which
+     * is current until here. */
     if (prev >= 0 && prev != device) api->SetDevice(prev);
+    if (st) {
+        kvt__cuda_backend_destroy(b);
+        return st;
+    }
     if (e) {
         kvt__cuda_backend_destroy(b);
         return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA device %d cannot be used: %s", fn, device,
                          kvt__cuda_errstr(api, e));
     }
-    bool can_kernel = kvt__cuda_fatbin_len > 0 && api->cuModuleLoadData;
-    if (want == KVT_CUDA_AUTO)
-        want = api->MemcpyBatchAsync ? KVT_CUDA_BATCH : can_kernel ? KVT_CUDA_KERNEL : KVT_CUDA_MEMCPY;
-    if (want == KVT_CUDA_BATCH && !api->MemcpyBatchAsync) {
-        int rv = api->runtime_version;
-        kvt__cuda_backend_destroy(b);
-        return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA copy mode batch needs cudaMemcpyBatchAsync "
-                         "(CUDA >= 12.8; this runtime is %d.%d)", fn, rv / 1000, (rv % 1000) / 10);
-    }
-    if (want == KVT_CUDA_KERNEL) {
-        if (!can_kernel) {
-            kvt__cuda_backend_destroy(b);
-            return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA copy mode kernel needs %s", fn,
-                             kvt__cuda_fatbin_len == 0
-                                 ? "a library built with nvcc (this one has no kernel)"
-                                 : api->driver_error ? api->driver_error : "the CUDA driver API");
-        }
-        kvt_cumodule mod;
-        int r = api->cuModuleLoadData(&mod, kvt__cuda_fatbin);
-        if (!r) r = api->cuModuleGetFunction(&b->kernel, mod, "kvt_gather_scatter");
-        if (r) {
-            const char *s = NULL;
-            if (api->cuGetErrorString) api->cuGetErrorString(r, &s);
-            kvt__cuda_backend_destroy(b);
-            return kvt__fail(KVT_EUNSUPPORTED, "%s: loading the copy kernel on CUDA device %d "
-                             "failed: %s (%d)", fn, device, s ? s : "?", r);
-        }
-    }
-    b->mode = want;
+    want = b->mode;
     b->ops = (kvt_copy_ops){.name = want == KVT_CUDA_BATCH    ? "cuda-batch"
                                     : want == KVT_CUDA_KERNEL ? "cuda-kernel"
                                                               : "cuda-memcpy",
