@@ -8,7 +8,9 @@
  * memcpy), layerwise loads whose per-layer CUDA events an engine stream
  * waits on, page-first and layer-first layouts, and a host-memory cache
  * working beside the device one. Without a device those print
- * "skipped: no CUDA device (reason)" and are reported as skipped. */
+ * "skipped: no CUDA device (reason)" and are reported as skipped.
+ * ctest also runs this file over tests/fake_cudart.c (KVTIER_CUDART), which
+ * exercises kvtier's side of the device path without a GPU (not the GPU). */
 #include "support.h"
 
 #include <dlfcn.h>
@@ -348,7 +350,9 @@ static void device_roundtrip_all_modes(void **state)
     else
         printf("batch mode: skipped (runtime %d has no cudaMemcpyBatchAsync)\n",
                g_api->runtime_version);
-    if (kvt__cuda_fatbin_len && g_api->cuModuleLoadData) {
+    if (getenv("KVTIER_TEST_FAKE_CUDA")) {
+        printf("kernel mode: skipped (the fake runtime has no driver API)\n");
+    } else if (kvt__cuda_fatbin_len && g_api->cuModuleLoadData) {
         device_roundtrip(KVT_LAYOUT_LAYER_FIRST, "kernel");
         device_roundtrip(KVT_LAYOUT_PAGE_FIRST, "kernel");
     } else {
@@ -438,7 +442,9 @@ int main(int argc, char **argv)
     } else {
         int n = 0;
         g_api->GetDeviceCount(&n);
-        printf("CUDA: runtime %d from %s, %d device(s), cudaMemcpyBatchAsync %s, kernel %s\n",
+        printf("CUDA%s: runtime %d from %s, %d device(s), cudaMemcpyBatchAsync %s, kernel %s\n",
+               getenv("KVTIER_TEST_FAKE_CUDA") ? " (FAKE runtime over host memory: kvtier's "
+                                                 "plumbing only, not a GPU test)" : "",
                g_api->runtime_version, g_api->cudart_path, n,
                g_api->MemcpyBatchAsync ? "yes" : "no",
                kvt__cuda_fatbin_len ? "embedded" : "not built");
