@@ -27,6 +27,7 @@
 #       files: env.txt build.log tests.log bench_copy_cuda.json
 #       bench_pd.json verdict.txt. The last line printed is the verdict.
 #
+# GPU_CHECK_PREBUILT=1 skips the source build and runs the carried binaries.
 # Time bound: GPU_CHECK_SECONDS (default 480) for everything; each step gets
 # at most what is left (timeout), and steps past the bound are reported as
 # not run. Exit status: 0 when every step passed and the copy target was met,
@@ -113,9 +114,15 @@ for d in /usr/local/cuda/lib64 /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
 done
 
+# The carried libraries (UCX for bench pd, ...) after the image's own.
+if [ -d .gpucarry/lib ]; then
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$here/.gpucarry/lib"
+    ldconfig -p 2>/dev/null | grep -q 'libucs.so.0 ' || export UCX_MODULE_DIR=$here/.gpucarry/lib/ucx
+fi
+
 # 2. build
 bin=""
-if command -v cmake >/dev/null && run build "$out/build.log" cmake -S . -B build-gpu \
+if [ -z "${GPU_CHECK_PREBUILT:-}" ] && command -v cmake >/dev/null && run build "$out/build.log" cmake -S . -B build-gpu \
         -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVT_CUDA=ON &&
    run build "$out/build.log" cmake --build build-gpu -j"$(nproc)" \
         --target kvtier_cli kvtier test_cuda test_cuda_plan; then
@@ -134,7 +141,11 @@ elif [ -x .gpucarry/bin/kvtier ]; then
     export LD_LIBRARY_PATH=$here/.gpucarry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export PATH=$here/.gpucarry/bin:$PATH
     export UCX_MODULE_DIR=$here/.gpucarry/lib/ucx
-    note "build from source FAILED here (see build.log: usually Debian's -dev packages are missing); using the carried prebuilt binaries from .gpucarry"
+    if [ -n "${GPU_CHECK_PREBUILT:-}" ]; then
+        note "build from source skipped (GPU_CHECK_PREBUILT); using the carried prebuilt binaries from .gpucarry"
+    else
+        note "build from source FAILED here (see build.log: usually Debian's -dev packages are missing); using the carried prebuilt binaries from .gpucarry"
+    fi
 else
     note "build FAILED and no .gpucarry to fall back on (run scripts/gpu-check.sh --pack first and carry .gpucarry)"
     echo "gpu-check: VERDICT FAIL (nothing to run)" | tee "$out/verdict.txt"
@@ -186,7 +197,12 @@ else
     failed=1
 fi
 
-# 5. bench pd (the UCX hand-off ratio on 16 cores)
+# 5. bench pd (the UCX hand-off ratio on 16 cores). Its ucx_perftest
+# baseline is /usr/bin/ucx_perftest: the carried one goes there when the
+# image lacks it (the lent machine is disposable; commands run as root).
+if [ ! -x /usr/bin/ucx_perftest ] && [ -x .gpucarry/bin/ucx_perftest ]; then
+    cp .gpucarry/bin/ucx_perftest /usr/bin/ 2>/dev/null || true
+fi
 pd_json=$out/bench_pd.json
 if run bench_pd "$out/tests.log" sh -c "$cli bench pd --json > $pd_json"; then
     ucx=$(sed -n 's/.*"ucx_ratio": \([0-9.a-z]*\).*/\1/p' "$pd_json")
