@@ -121,9 +121,14 @@ kvt_status kvt_config_set(kvt_config *cfg, const char *name, const char *value);
 kvt_status kvt_config_get(const kvt_config *cfg, const char *name, char *buf,
                           size_t buf_len);
 /* Applies a JSON object {"name": value, ...} (values: strings, numbers or
- * booleans). All-or-nothing: on error cfg is unchanged. */
+ * booleans). All-or-nothing: on error cfg is unchanged. KVT_OK; KVT_EINVAL
+ * (cfg or json NULL, empty or invalid JSON, a NUL inside a string, an
+ * unknown or repeated option, a value of the wrong type or out of range). */
 kvt_status kvt_config_load_json(kvt_config *cfg, const char *json, size_t len);
-/* Reads a file holding such a JSON object. */
+/* Reads a file holding such a JSON object. KVT_OK; KVT_EINVAL (as
+ * kvt_config_load_json; path NULL; not a regular file - a FIFO is refused,
+ * never waited on; larger than 1 MiB); KVT_ENOTFOUND (no such file);
+ * KVT_EIO (cannot open or read it); KVT_ENOMEM. */
 kvt_status kvt_config_load_file(kvt_config *cfg, const char *path);
 /* Applies every KVTIER_* variable that names an option. An unknown KVTIER_*
  * variable is an error (a typo must not be ignored silently). */
@@ -604,7 +609,12 @@ kvt_status kvt_group_info_get(const kvt_group *group, kvt_group_info *out);
  * expected and received sequence and op; "" while healthy. Never NULL.
  * Valid until the next call on the group. */
 const char *kvt_group_diagnostic(const kvt_group *group);
-/* A digest of every option's value, for kvt_group_params.config_digest. */
+/* A digest of the options every rank of a group must agree on, for
+ * kvt_group_params.config_digest: cpu_capacity, block_tokens, max_tasks,
+ * plan_ttl_ms, eviction, ssd_capacity. Rank-local options (ssd_dirs,
+ * ssd_fresh, io, ssd_queue_depth, workers, huge_pages, log_level) are left
+ * out. Group formation refuses a rank whose digest differs from rank 0's,
+ * naming the option. KVT_OK; KVT_EINVAL (cfg or out NULL). */
 kvt_status kvt_config_digest(const kvt_config *cfg, uint64_t *out);
 
 /* --- The multi-rank connector --- */
@@ -741,6 +751,12 @@ typedef struct kvt_pd_net_params {
     kvt_pd_transport transport;
     uint32_t heartbeat_ms;    /* idle links send a ping this often; 0: 100 */
     uint32_t peer_timeout_ms; /* silence that declares a peer dead; 0: 3000 */
+    uint32_t allow_insecure;  /* 0 (default): a bootstrap service or sender whose
+                                 bind_host is not a 127.x address refuses to
+                                 start without a secret (KVT_EINVAL): anyone who
+                                 reaches it could register a prefill position,
+                                 read the topology or feed decode ranks bytes.
+                                 1: start anyway (a trusted, isolated network) */
 } kvt_pd_net_params;
 
 /* Where a rank sits: tensor parallel and decode context parallel (DCP: token
@@ -783,7 +799,12 @@ typedef struct kvt_pd_params {
 } kvt_pd_params;
 
 /* Starts the bootstrap service (a listener and its threads). params is
- * copied. The caller owns *out. */
+ * copied. The caller owns *out. Without a secret, a live registration of a
+ * prefill position is never handed to another address before its lease
+ * lapses or it unregisters (only from the host that registered it).
+ * Returns KVT_OK; KVT_EINVAL (a NULL argument, a params field out of range,
+ * or bind_host beyond 127.x with neither secret nor allow_insecure);
+ * KVT_ENOMEM; KVT_ESYS (bind/listen or a thread failed). */
 kvt_status kvt_pd_bootstrap_create(kvt_pd_bootstrap **out, const kvt_pd_net_params *params);
 kvt_status kvt_pd_bootstrap_port(const kvt_pd_bootstrap *bs, uint16_t *out);
 typedef struct kvt_pd_bootstrap_stats {
@@ -796,12 +817,28 @@ kvt_status kvt_pd_bootstrap_stats_get(kvt_pd_bootstrap *bs, kvt_pd_bootstrap_sta
 void kvt_pd_bootstrap_destroy(kvt_pd_bootstrap *bs);
 
 /* A prefill rank: listens, registers with the bootstrap service within
- * connect_timeout_ms. The caller owns *out. */
+ * connect_timeout_ms. The caller owns *out. Returns KVT_OK; KVT_EINVAL
+ * (arguments, as for the bootstrap service: a listener beyond 127.x needs a
+ * secret or allow_insecure); KVT_EGEOMETRY (geometry and rank disagree);
+ * KVT_ENOMEM; KVT_ESYS; KVT_EBUSY (the service holds live registrations of
+ * another TP/DCP configuration, or, without a secret, this position at
+ * another address: retried until the deadline, the message says until
+ * when); KVT_EFULL; KVT_EAUTH (secrets differ); KVT_ECONN / KVT_ETIMEDOUT
+ * (the service did not answer); KVT_EPROTO (it answered garbage).
+ * Connections that have not registered share 16 link slots (the oldest is
+ * dropped for a newer one) and must authenticate within
+ * min(peer_timeout_ms, 2 s); when all 256 are in use, the link idle
+ * longest that carries no room is dropped for a newcomer. */
 kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *params);
 kvt_status kvt_pd_sender_port(const kvt_pd_sender *s, uint16_t *out);
 /* Claims a room (the engine has a request with this bootstrap room). It is
  * BOOTSTRAPPING until every decode rank that needs this prefill rank sent
- * its page table, then WAITING_FOR_INPUT. KVT_EBUSY: already claimed. */
+ * its page table, then WAITING_FOR_INPUT. Returns KVT_OK; KVT_EINVAL (s is
+ * NULL); KVT_EBUSY (already claimed); KVT_ENOMEM; KVT_EFULL (65536 rooms
+ * are open: the message says how many this engine holds uncleared and how
+ * many decode ranks opened unclaimed, and whose; decode ranks may hold at
+ * most 4096 unclaimed rooms each, over all their links, and 32768 in all,
+ * so the engine always has half the table). */
 kvt_status kvt_pd_sender_room(kvt_pd_sender *s, uint64_t room);
 /* Hands the room's KV over: pages[i] holds tokens [i*tokens_per_page, ...)
  * of the request's num_tokens tokens; copied. The transfer starts once the
@@ -831,9 +868,16 @@ typedef struct kvt_pd_room_params {
 
 /* A decode rank: looks the prefill topology up (retrying until every
  * prefill rank it needs registered), connects to the prefill ranks that
- * feed it and registers its descriptor. KVT_EGEOMETRY with a message naming
- * the entry, field and both values when a pair cannot be converted. A link
- * that dies is redialled in the background (docs/pd.md). */
+ * feed it (redialling one that drops the connection before the handshake
+ * ends) and registers its descriptor, all within connect_timeout_ms.
+ * Returns KVT_OK; KVT_EINVAL (arguments); KVT_EGEOMETRY with a message
+ * naming the entry, field and both values when a pair cannot be converted;
+ * KVT_ETIMEDOUT naming the prefill ranks still missing at the deadline;
+ * KVT_EAUTH (secrets differ); KVT_ECONN (a peer unreachable until the
+ * deadline); KVT_EPROTO; KVT_EFULL (more than 256 prefill peers);
+ * KVT_ENOMEM; KVT_ESYS. A link that dies is redialled in the background;
+ * a room whose part from that prefill rank was done (DONE, every page
+ * verified) does not fail with it (docs/pd.md). */
 kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *params);
 /* Opens a room and sends its page table to the prefill ranks. The page
  * table must name each engine page once (KVT_EINVAL otherwise); room ids

@@ -9,6 +9,7 @@ PACKAGES=(
   liburing-dev libxxhash-dev libcjson-dev libcmocka-dev libsodium-dev
   python3 python3-numpy
   libucx-dev ucx-utils
+  libmicrohttpd-dev prometheus
 )
 
 missing=()

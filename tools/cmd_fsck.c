@@ -28,21 +28,42 @@ static void print_report(const char *dirs, const kvt_ssd_fsck_report *r, bool ok
         printf(", \"describe\": ");
         json_string(r->describe);
         printf(", \"digest\": \"0x%016llx\", \"block_bytes\": %llu, \"slots\": %u, \"blocks\": %u, "
-               "\"bad_blocks\": %u, \"bad_records\": %u, \"journal_truncated\": %s, "
-               "\"repaired\": %s, \"ok\": %s}\n",
+               "\"bad_blocks\": %u, \"missing_blocks\": %u, \"orphan_blocks\": %u, "
+               "\"records\": %u, \"bad_records\": %u, \"skipped_records\": %u, "
+               "\"journal_truncated\": %s, "
+               "\"data_truncated\": %s, \"repaired\": %s, \"ok\": %s}\n",
                (unsigned long long)r->digest, (unsigned long long)r->block_bytes, r->slots_total,
-               r->blocks, r->bad_blocks, r->bad_records, r->journal_truncated ? "true" : "false",
-               r->repaired ? "true" : "false", ok ? "true" : "false");
+               r->blocks, r->bad_blocks, r->missing_blocks, r->orphan_blocks, r->records,
+               r->bad_records, r->skipped_records, r->journal_truncated ? "true" : "false",
+               r->data_truncated ? "true" : "false", r->repaired ? "true" : "false",
+               ok ? "true" : "false");
         return;
     }
     printf("%s\n  geometry:  \"%s\" (digest 0x%016llx, %llu-byte blocks)\n"
-           "  blocks:    %u in %u slots, %u bad\n"
-           "  journal:   %u bad records%s\n  %s\n",
+           "  blocks:    %u in %u slots, %u bad",
            dirs, r->describe, (unsigned long long)r->digest, (unsigned long long)r->block_bytes,
-           r->blocks, r->slots_total, r->bad_blocks, r->bad_records,
-           r->journal_truncated ? ", torn tail" : "",
-           r->repaired ? "repaired: the journal now holds only the good blocks"
-                       : ok ? "ok" : "damaged: run with --repair to drop what is bad");
+           r->blocks, r->slots_total, r->bad_blocks);
+    if (r->missing_blocks || r->data_truncated)
+        printf(", %u missing (the data file is truncated: %llu of %llu bytes)", r->missing_blocks,
+               (unsigned long long)r->data_bytes, (unsigned long long)r->data_bytes_needed);
+    printf("\n  journal:   %u records, %u bad records%s\n", r->records, r->bad_records,
+           r->journal_truncated ? ", torn tail" : "");
+    if (r->skipped_records)
+        printf("  lost:      %u damaged record%s skipped, the records after %s kept; at most "
+               "%u block%s lost with %s\n", r->skipped_records, r->skipped_records == 1 ? "" : "s",
+               r->skipped_records == 1 ? "it" : "them", r->skipped_records,
+               r->skipped_records == 1 ? "" : "s", r->skipped_records == 1 ? "it" : "them");
+    uint32_t lost = r->bad_blocks + r->missing_blocks;
+    if (lost)
+        printf("  lost:      %u block%s (%u bad, %u missing)\n", lost, lost == 1 ? "" : "s",
+               r->bad_blocks, r->missing_blocks);
+    if (r->orphan_blocks)
+        printf("  orphans:   %u good block%s cut off from %s prefix (a block before %s is lost "
+               "or was never written); the next start frees %s\n", r->orphan_blocks,
+               r->orphan_blocks == 1 ? "" : "s", r->orphan_blocks == 1 ? "its" : "their",
+               r->orphan_blocks == 1 ? "it" : "them", r->orphan_blocks == 1 ? "it" : "them");
+    printf("  %s\n", r->repaired ? "repaired: the journal now holds only the good blocks"
+                    : ok ? "ok" : "damaged: run with --repair to drop what is bad");
 }
 
 int kvt_cmd_fsck(int argc, char **argv)
@@ -68,7 +89,8 @@ int kvt_cmd_fsck(int argc, char **argv)
         fprintf(stderr, "kvtier fsck: %s: %s\n", kvt_strerror(st), kvt_last_error());
         return 1;
     }
-    bool ok = r.repaired || (r.bad_blocks == 0 && !r.journal_truncated && r.bad_records == 0);
+    bool ok = r.repaired || (r.bad_blocks == 0 && r.missing_blocks == 0 && !r.journal_truncated &&
+                             r.bad_records == 0);
     print_report(dirs, &r, ok, json);
     return ok ? 0 : 1;
 }

@@ -23,6 +23,7 @@ typedef struct pd_opts {
     unsigned long long room;
     int seconds;
     bool json;
+    bool insecure; /* --insecure: listen beyond loopback without a secret */
     kvt_pd_transport transport;
 } pd_opts;
 
@@ -44,6 +45,8 @@ static int usage(FILE *to)
             "  --dcp/--dcp-rank  decode context parallelism (MLA models; default 1, 0)\n"
             "  --host H      bind / bootstrap address (default 127.0.0.1)\n"
             "  --secret S    shared secret (16+ bytes) on every end: peers must prove it\n"
+            "                (required when --host is not a 127.x address, unless --insecure)\n"
+            "  --insecure    bootstrap/prefill: listen beyond loopback without a secret\n"
             "  --transport T tcp (default) or ucx (UCX_TLS etc. from the environment)\n"
             "  --seconds S   how long to wait (default 60)\n"
             "  --json        prefill/decode: print the result as one JSON object (state\n"
@@ -69,12 +72,13 @@ static int number(const char *opt, const char *v, unsigned long long lo, unsigne
 static int parse(int argc, char **argv, pd_opts *o)
 {
     *o = (pd_opts){.model = "tiny", .tp = 1, .dcp = 1, .tokens = 1000, .tpp = 16, .room = 1, .seconds = 60};
-    for (int i = 2; i < argc; i += 2) { /* every option but --json takes one value */
+    for (int i = 2; i < argc; i += 2) { /* every option but --json and --insecure takes one value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         unsigned long long x = 0;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 1;
-        if (!strcmp(a, "--json")) {
-            o->json = true;
+        if (!strcmp(a, "--json") || !strcmp(a, "--insecure")) {
+            if (!strcmp(a, "--json")) o->json = true;
+            else o->insecure = true;
             i--;
             continue;
         }
@@ -106,12 +110,15 @@ static int parse(int argc, char **argv, pd_opts *o)
 static kvt_pd_net_params net_of(const pd_opts *o)
 {
     return (kvt_pd_net_params){.bind_host = o->host, .port = (uint16_t)o->port, .secret = o->secret,
-                               .secret_len = o->secret ? strlen(o->secret) : 0, .transport = o->transport};
+                               .secret_len = o->secret ? strlen(o->secret) : 0, .transport = o->transport,
+                               .allow_insecure = o->insecure};
 }
 
 static int fail(const char *what)
 {
     fprintf(stderr, "kvtier pd: %s: %s\n", what, kvt_last_error());
+    if (strstr(kvt_last_error(), "allow_insecure")) /* the library names its field; say the options */
+        fprintf(stderr, "kvtier pd: here: --secret S (16+ bytes, on every end) or --insecure\n");
     return 1;
 }
 

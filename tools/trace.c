@@ -13,6 +13,10 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include "util/file.h"
+#include "util/parse.h"
 
 #define ID_NONE UINT32_MAX
 #define MAX_JSON_ID 9007199254740992.0 /* 2^53: larger doubles are not exact integers */
@@ -232,6 +236,10 @@ static bool blank(const char *s, size_t n)
 static int parse_line(parser *p, const char *s, size_t n)
 {
     if (blank(s, n)) return 0;
+    size_t nul = kvt__json_find_nul(s, n);
+    if (nul != SIZE_MAX)
+        return trace_fail(p, "a NUL character (raw or \\u0000) at column %zu would cut a string "
+                          "short", nul + 1);
     const char *end = NULL;
     cJSON *obj = cJSON_ParseWithLengthOpts(s, n, &end, 0);
     if (!obj) {
@@ -279,9 +287,16 @@ int trace_parse(const char *buf, size_t len, trace *out, char *err, size_t err_l
 /* Reads the whole file (bounded by TRACE_MAX_FILE). */
 static char *read_file(const char *path, size_t *len, char *err, size_t err_len)
 {
-    FILE *f = fopen(path, "rb");
+    mode_t mode = 0;
+    int fd = kvt__open_regular(AT_FDCWD, path, O_RDONLY, &mode);
+    if (fd == KVT_NOT_REGULAR) {
+        snprintf(err, err_len, "%s is %s, not a regular file", path, kvt__file_kind(mode));
+        return NULL;
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
         snprintf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+        if (fd >= 0) close(fd);
         return NULL;
     }
     char *buf = NULL;

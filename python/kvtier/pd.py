@@ -42,7 +42,8 @@ class NetParams(Structure):
     """kvt_pd_net_params."""
     _fields_ = [("bind_host", c_char_p), ("port", c_uint16), ("secret", c_void_p),
                 ("secret_len", c_size_t), ("max_frame", c_uint32), ("transport", c_int),
-                ("heartbeat_ms", c_uint32), ("peer_timeout_ms", c_uint32)]
+                ("heartbeat_ms", c_uint32), ("peer_timeout_ms", c_uint32),
+                ("allow_insecure", c_uint32)]
 
 
 class Rank(Structure):
@@ -216,9 +217,14 @@ def _opt_ms(value, what):
     return ms
 
 
-def _net_params(keep, host, port, secret, max_frame, transport, heartbeat, peer_timeout):
+def _net_params(keep, host, port, secret, max_frame, transport, heartbeat, peer_timeout,
+                insecure=False):
     """A NetParams whose pointers stay valid while `keep` lives."""
     n = NetParams()
+    if not isinstance(insecure, bool):
+        raise invalid("insecure is %r: True (listen beyond loopback without a secret) or False"
+                      % (insecure,))
+    n.allow_insecure = 1 if insecure else 0
     hb = _host(host, "host")
     keep.append(hb)
     n.bind_host = hb
@@ -268,15 +274,17 @@ class BootstrapServer(Handle):
     """The bootstrap service (kvt_pd_bootstrap_*): prefill ranks register
     their KV descriptor and data address (renewed leases), decode ranks look
     the prefill topology up. ``port=0`` binds an ephemeral port (``.port``).
-    With ``secret`` (16..1024 bytes), only peers holding it are served."""
+    With ``secret`` (16..1024 bytes), only peers holding it are served. A
+    ``host`` that is not a 127.x address needs a secret, or ``insecure=True``
+    on a trusted network (else InvalidArgument)."""
 
     _destroy = lib.kvt_pd_bootstrap_destroy
 
     def __init__(self, host="127.0.0.1", port=0, secret=None, max_frame=0, heartbeat=None,
-                 peer_timeout=None):
+                 peer_timeout=None, insecure=False):
         super().__init__()
         keep = []
-        n = _net_params(keep, host, port, secret, max_frame, "tcp", heartbeat, peer_timeout)
+        n = _net_params(keep, host, port, secret, max_frame, "tcp", heartbeat, peer_timeout, insecure)
         check(self._create(lib.kvt_pd_bootstrap_create, ctypes.byref(n)))
         self._keep.extend(keep)  # (copied by the library; kept for symmetry)
         self.host = host
@@ -308,13 +316,14 @@ class _Endpoint(Handle):
                  transport="tcp", secret=None, host="127.0.0.1", port=0, max_frame=0,
                  heartbeat=None, peer_timeout=None, bootstrap_timeout=None,
                  waiting_timeout=None, transfer_timeout=None, connect_timeout=10.0,
-                 checksum_threads=None):
+                 checksum_threads=None, insecure=False):
         super().__init__()
         what = type(self).__name__
         bs_host, bs_port = parse_bootstrap(bootstrap)
         keep = []
         p = Params()
-        p.net = _net_params(keep, host, port, secret, max_frame, transport, heartbeat, peer_timeout)
+        p.net = _net_params(keep, host, port, secret, max_frame, transport, heartbeat, peer_timeout,
+                            insecure)
         bh = _host(bs_host, "bootstrap host")
         keep.append(bh)
         p.bootstrap_host = bh
@@ -455,7 +464,8 @@ class Sender(_Endpoint):
     arrays or CPU torch tensors; kept alive until close().
     ``tp_size``/``tp_rank``, ``dcp_size``/``dcp_rank``, ``kv_head_replicas``
     (GQA: n consecutive TP ranks hold the same KV heads) place the rank.
-    ``host``/``port``: the data listener (port 0: ephemeral, ``.port``).
+    ``host``/``port``: the data listener (port 0: ephemeral, ``.port``); a
+    host that is not a 127.x address needs ``secret``, or ``insecure=True``.
     ``transport``: "tcp" or "ucx". ``secret``: 16..1024 bytes every peer
     must prove it holds. Room deadlines (seconds, None: the library's
     30 / 30 / 60 s): ``bootstrap_timeout``, ``waiting_timeout``,

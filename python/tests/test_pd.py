@@ -422,6 +422,14 @@ class Arguments(unittest.TestCase):
         with self.assertRaises(kvtier.KvtierError):
             kvtier.Sender(("127.0.0.1", 1), engine=self.seng, connect_timeout=0.3)
 
+    def test_exposed_listener_needs_secret_or_insecure(self):
+        # beyond loopback without a secret: refused unless insecure=True
+        with self.assertRaisesRegex(kvtier.InvalidArgument, "not a loopback address and no secret"):
+            kvtier.BootstrapServer(host="0.0.0.0")
+        self.assertRaises(kvtier.InvalidArgument, kvtier.BootstrapServer, host="0.0.0.0", insecure=1)
+        kvtier.BootstrapServer(host="0.0.0.0", insecure=True).close()
+        kvtier.BootstrapServer(host="0.0.0.0", secret=os.urandom(16)).close()
+
     def test_struct_layouts_match_the_library(self):
         import ctypes
         from kvtier import _lib, pd
@@ -435,9 +443,13 @@ class Arguments(unittest.TestCase):
         # an engine's own numpy buffers, kept alive by the sender until close
         import gc
         import weakref
+        # its own bootstrap service: without a secret, the cluster's live
+        # prefill rank tp0/1 is not handed to a second address
+        bs = kvtier.BootstrapServer()
+        self.addCleanup(bs.close)
         with pdw.geometry(1, 16) as g:
             bufs = [[np.zeros((4, 16 * 8 * 32), np.uint8) for _ in range(2)] for _ in range(3)]
-            s = kvtier.Sender(self.cl.bs, g, num_pages=4, buffers=bufs, connect_timeout=WAIT_S)
+            s = kvtier.Sender(bs, g, num_pages=4, buffers=bufs, connect_timeout=WAIT_S)
         ref = weakref.ref(bufs[2][1])
         del bufs
         gc.collect()
@@ -453,9 +465,10 @@ class Arguments(unittest.TestCase):
             self.assertRaises(kvtier.StateError, call)
         # closing the engine closes the endpoint that borrows it first
         eng, _ = pdw.engine(1, 0, 16, 16)
-        with kvtier.Sender(self.cl.bs, engine=eng, connect_timeout=WAIT_S) as s2:
+        with kvtier.Sender(bs, engine=eng, connect_timeout=WAIT_S) as s2:
             eng.close()
             self.assertTrue(s2.closed)
+        bs.close()
         bs = kvtier.BootstrapServer()
         self.assertEqual(bs.stats(), (0, 0, 0))
         bs.close()

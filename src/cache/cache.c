@@ -8,6 +8,7 @@
 #include "cache/tasks.h"
 #include "cache/tiers.h"
 #include "cuda/cuda.h"
+#include "metrics/metrics.h"
 
 /* Records the thread's last error on the cache too, then returns st. */
 kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st)
@@ -64,7 +65,8 @@ static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry 
     if (st) return st;
     c->stats.cpu_blocks_total = kvt__pool_blocks_total(c->pool);
     c->stats.block_bytes = c->block_bytes;
-    return KVT_OK;
+    /* Last: a scrape may come at once and reads the whole cache. */
+    return kvt__metrics_cache_start(c);
 }
 
 kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo)
@@ -93,6 +95,7 @@ kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg, const kvt_ge
 void kvt_cache_destroy(kvt_cache *c)
 {
     if (!c) return;
+    kvt__metrics_cache_stop(c); /* first: a scrape reads everything below */
     if (c->tasks) {
         /* Stop running tasks. The tiers then fail queued reads and wait for
          * in-flight I/O; xfer_destroy waits for copies and calls their

@@ -21,6 +21,7 @@
 #include "store/ssd.h"
 #include "util/config.h"
 #include "util/err.h"
+#include "util/latency.h"
 #include "util/sync.h"
 #include "xfer/xfer.h"
 
@@ -51,6 +52,7 @@ struct kvt_task {
     bool reading;        /* load: waiting for SSD reads before the transfer */
     bool cancel_asked;
     bool launched;
+    uint64_t launch_ns; /* when launched (0: not yet): load/store latency */
     uint32_t refs;      /* threads inside wait_layer on this task */
     bool reported;      /* result handed out; free when refs reaches 0 */
     kvt_xfer_task xt;
@@ -106,12 +108,23 @@ struct kvt_cache {
     struct kvt_read_op *read_q;
     uint32_t rq_head, rq_len;
     uint32_t ssd_pending; /* SSD writes queued or in flight */
+    /* Set (once, logged once) when an SSD write fails with ENOSPC or EIO:
+     * the tier takes no more writes, keeps serving what it holds, and the
+     * CPU tier evicts cold leaves as it does without an SSD tier. */
+    bool ssd_writes_off;
     /* SSD slots whose read failed, freed by the mover thread: only it
      * submits reads, so a slot is never freed under a read being submitted. */
     uint32_t *ssd_free_q;
     uint32_t sfq_len;
 
+    uint32_t ssd_reads_pending; /* SSD reads queued or in flight */
+
     kvt_cache_stats stats;
+    /* Latency histograms (src/metrics): recorded with atomics, outside or
+     * inside the mutex alike; lookups always, loads and stores that
+     * succeeded, from launch to end. */
+    kvt_lat_hist lat_lookup, lat_load, lat_store;
+    struct kvt_metrics_http *metrics_http; /* GET /metrics when metrics_port != 0 */
     pthread_mutex_t err_mu;
     char last_error[KVT_ERRMSG_MAX];
 };

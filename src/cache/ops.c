@@ -90,6 +90,9 @@ static void count_end(kvt_cache *c, const kvt_task *t, kvt_status st)
 {
     if (st == KVT_OK && t->state == KVT_TS_RUNNING) {
         uint64_t bytes = (uint64_t)t->num_blocks * c->block_bytes;
+        if (t->launch_ns)
+            kvt__lat_record(t->kind == KVT_TASK_STORE ? &c->lat_store : &c->lat_load,
+                            kvt__now_ns() - t->launch_ns);
         if (t->kind == KVT_TASK_STORE) {
             c->stats.stores++;
             c->stats.stored_blocks += t->num_blocks;
@@ -252,6 +255,7 @@ kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out
     kvt__clear_error();
     KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
+    uint64_t t0 = kvt__now_ns(); /* vDSO clock: no syscall */
     kvt_status st = kvt__request_check(fn, req, c->cfg.block_tokens);
     if (st) return kvt__cache_fail(c, st);
     /* The last token is always computed by the engine (it yields the next
@@ -266,7 +270,9 @@ kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out
     st = lookup_locked(c, req, &s, n, out);
     pthread_mutex_unlock(&c->mu);
     free(s.hashes);
-    return st ? kvt__cache_fail(c, st) : KVT_OK;
+    if (st) return kvt__cache_fail(c, st);
+    kvt__lat_record(&c->lat_lookup, kvt__now_ns() - t0);
+    return KVT_OK;
 }
 
 /* ------------------------------------------------------------------ */
@@ -448,6 +454,7 @@ static kvt_status launch_locked(kvt_cache *c, kvt_task_id id, const uint32_t *pa
     kvt__list_remove(&c->planned, t);
     t->state = KVT_TS_RUNNING;
     t->launched = true;
+    t->launch_ns = kvt__now_ns();
     st = t->kind == KVT_TASK_LOAD ? kvt__tiers_start_load(c, t) : kvt__xfer_submit(c->xfer, &t->xt);
     if (st) kvt__cache_end_task(c, t, st);
     return st;

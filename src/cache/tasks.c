@@ -73,6 +73,7 @@ kvt_status kvt__task_new(kvt_cache *c, kvt_task_kind kind, uint32_t num_blocks, 
     t->reading = false;
     t->cancel_asked = false;
     t->launched = false;
+    t->launch_ns = 0;
     for (uint32_t i = 0; i < num_blocks; i++) t->tmp_slots[i] = KVT_POOL_NONE;
     t->prev = t->next = NULL;
     t->cache = c;

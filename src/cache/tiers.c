@@ -3,6 +3,7 @@
  * tiers.h for the policy. */
 #include "cache/tiers.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,7 +113,7 @@ uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots)
             slots[got++] = slot;
             continue;
         }
-        if (c->ssd || evict_leaves(c, want - got) == 0) break;
+        if ((c->ssd && !c->ssd_writes_off) || evict_leaves(c, want - got) == 0) break;
     }
     return got;
 }
@@ -123,6 +124,9 @@ bool kvt__tiers_wait_room(kvt_cache *c, uint32_t want)
 {
     bool waited = false;
     if (!c->ssd) return false;
+    /* clock_take may remove a cold leaf whose SSD write failed, and that
+     * leaf may be the prefix the caller is about to extend. */
+    uint64_t evicted = c->stats.evicted_blocks;
     if (want > c->cpu_blocks) want = c->cpu_blocks;
     uint64_t deadline = kvt__now_ns() + STORE_ROOM_WAIT_MS * 1000000ull;
     while (c->ssd && kvt__pool_blocks_free(c->pool) < want) {
@@ -135,7 +139,7 @@ bool kvt__tiers_wait_room(kvt_cache *c, uint32_t want)
         waited = true;
         if (!kvt__cond_wait_until(&c->flush_cv, &c->mu, deadline)) break;
     }
-    return waited;
+    return waited || c->stats.evicted_blocks != evicted;
 }
 
 void kvt__tiers_touch(kvt_cache *c, const uint32_t *ids, uint32_t n)
@@ -157,7 +161,7 @@ void kvt__tiers_committed(kvt_cache *c, const uint32_t *ids, uint32_t n)
         c->cpu_owner[slot] = ids[i];
         c->cpu_ref[slot] = 1;
         /* Only new data is written: a block already on the SSD stays there. */
-        if (!c->ssd || c->ssd_state[ids[i]] != SSD_NONE) continue;
+        if (!c->ssd || c->ssd_writes_off || c->ssd_state[ids[i]] != SSD_NONE) continue;
         /* The pin keeps the entry and its CPU slot until the copy is done. */
         kvt__index_pin(c->index, &ids[i], 1);
         c->ssd_state[ids[i]] = SSD_WRITING;
@@ -165,6 +169,32 @@ void kvt__tiers_committed(kvt_cache *c, const uint32_t *ids, uint32_t n)
         c->ssd_pending++;
     }
     if (c->ssd && n) pthread_cond_signal(&c->mover_cv);
+}
+
+/* The one line a cache writes when its SSD tier stops taking writes. A
+ * single function, so a logging layer can take it over. */
+static void tiers_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void tiers_log(const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "kvtier: %s\n", line);
+}
+
+/* A write failed for a reason that will not go away by itself (a full or
+ * failing filesystem): stop writing, say so once (mutex held). */
+static void stop_ssd_writes(kvt_cache *c, kvt_status st)
+{
+    if (c->ssd_writes_off) return;
+    c->ssd_writes_off = true;
+    char why[256];
+    if (kvt__ssd_first_failure(c->ssd, why, sizeof why) == KVT_OK)
+        snprintf(why, sizeof why, "a write failed: %s", kvt_strerror(st));
+    tiers_log("SSD tier: %s; it takes no more writes for the life of this cache: new blocks "
+              "stay in the CPU tier only, blocks already on the SSD are still served", why);
 }
 
 static void write_done(void *arg, kvt_status st)
@@ -181,6 +211,7 @@ static void write_done(void *arg, kvt_status st)
         c->ssd_slot[id] = KVT_SSD_NONE;
         c->ssd_state[id] = SSD_NONE;
         c->stats.ssd_write_errors++;
+        if (st == KVT_ENOSPC || st == KVT_EIO) stop_ssd_writes(c, st);
     }
     kvt__index_unpin(c->index, &id, 1);
     --c->ssd_pending;
@@ -207,10 +238,10 @@ static bool take_write(kvt_cache *c, kvt_io_ctx **out, kvt_hash128 *key, kvt_has
     uint32_t id = c->write_q[c->wq_head];
     c->wq_head = (c->wq_head + 1) % c->cpu_blocks;
     c->wq_len--;
-    uint32_t slot = ssd_slot_for(c);
+    uint32_t slot = c->ssd_writes_off ? KVT_SSD_NONE : ssd_slot_for(c);
     if (slot == KVT_SSD_NONE) {
         c->ssd_state[id] = SSD_NONE;
-        c->stats.ssd_write_errors++;
+        c->stats.ssd_write_errors += !c->ssd_writes_off; /* dropped, not failed, once off */
         kvt__index_unpin(c->index, &id, 1);
         --c->ssd_pending;
         pthread_cond_broadcast(&c->flush_cv);
@@ -256,6 +287,7 @@ static void queue_reads(kvt_cache *c, kvt_task *t)
         if (t->tmp_slots[i] == KVT_POOL_NONE) continue;
         kvt_read_op op = {t, i};
         c->read_q[(c->rq_head + c->rq_len++) % c->cpu_blocks] = op;
+        c->ssd_reads_pending++;
     }
     pthread_cond_signal(&c->mover_cv);
 }
@@ -287,6 +319,7 @@ static void read_done(void *arg, kvt_status st)
     pthread_mutex_lock(&c->mu);
     kvt_task *t = x->task;
     uint32_t id = t->entries[x->block];
+    c->ssd_reads_pending--;
     if (st == KVT_OK) {
         c->stats.ssd_read_blocks++;
         if (kvt__index_payload(c->index, id) == KVT_POOL_NONE) {
@@ -516,6 +549,7 @@ static void drop_queued(kvt_cache *c)
         c->rq_head = (c->rq_head + 1) % c->cpu_blocks;
         c->rq_len--;
         kvt_task *t = op.task;
+        c->ssd_reads_pending--;
         if (op.block < t->first_bad) {
             t->first_bad = op.block;
             t->bad_status = KVT_ECANCELED;

@@ -31,14 +31,17 @@ void kvt__tiers_stop(kvt_cache *c);
 void kvt__tiers_free(kvt_cache *c);
 
 /* Up to want free CPU slots into slots: the free list first, then CPU copies
- * of blocks that are durable on the SSD (CLOCK), then whole cold leaves. */
+ * of blocks that are durable on the SSD (CLOCK), then whole cold leaves
+ * (with an SSD tier only once it stopped taking writes). */
 uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots);
 /* With an SSD tier: when fewer than want CPU slots are free and SSD writes
  * are in flight, waits (boundedly: STORE_ROOM_WAIT_MS) for them to land and
  * frees the CPU copies they make droppable, so a burst of stores is slowed
  * down rather than evicting what the SSD would have kept. want is capped
  * at the CPU tier's size. */
-bool kvt__tiers_wait_room(kvt_cache *c, uint32_t want); /* true if it released the lock */
+/* true if it released the lock or removed entries from the index: the
+ * caller's view of the index is stale then and must be taken again. */
+bool kvt__tiers_wait_room(kvt_cache *c, uint32_t want);
 /* A store's blocks became READY in their CPU slots: record the owners and
  * queue their SSD copies. */
 void kvt__tiers_committed(kvt_cache *c, const uint32_t *ids, uint32_t n);

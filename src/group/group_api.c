@@ -1,5 +1,6 @@
 /* group_api.c - the public kvt_group_* entry points: argument checks,
- * lifetime, abort, reform, info; and kvt_config_digest. */
+ * lifetime, abort, reform, info. (kvt_config_digest lives with the option
+ * table, in util/config.c.) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,35 +141,4 @@ kvt_status kvt_group_info_get(const kvt_group *g, kvt_group_info *out)
 const char *kvt_group_diagnostic(const kvt_group *g)
 {
     return g ? g->diag : "";
-}
-
-/* Options that are rank-local tunables and may differ between ranks; every
- * other option must agree (block size, capacity, eviction policy, ...). */
-static int rank_local(const char *name)
-{
-    static const char *local[] = {"log_level", "workers", "huge_pages"};
-    for (size_t i = 0; i < sizeof local / sizeof local[0]; i++)
-        if (strcmp(name, local[i]) == 0) return 1;
-    return 0;
-}
-
-kvt_status kvt_config_digest(const kvt_config *cfg, uint64_t *out)
-{
-    KVT_CHECK_NOT_NULL(cfg, "kvt_config_digest");
-    KVT_CHECK_NOT_NULL(out, "kvt_config_digest");
-    uint64_t h = 0x636f6e666967ull;
-    for (size_t i = 0; i < kvt_config_option_count(); i++) {
-        kvt_option_info info;
-        char val[256];
-        kvt_status st = kvt_config_option(i, &info);
-        if (st == KVT_OK && !rank_local(info.name))
-            st = kvt_config_get(cfg, info.name, val, sizeof val);
-        if (st != KVT_OK) return st;
-        if (rank_local(info.name)) continue;
-        h = kvt__hash64(info.name, strlen(info.name) + 1, h);
-        h = kvt__hash64(val, strlen(val) + 1, h);
-    }
-    *out = h;
-    kvt__clear_error();
-    return KVT_OK;
 }

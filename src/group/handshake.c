@@ -9,6 +9,7 @@
 #include <string.h>
 #include "group/group.h"
 #include "util/clock.h"
+#include "util/config.h"
 
 typedef struct verdict {
     kvt_status status;
@@ -65,9 +66,15 @@ static void compare(const kvt_group *g, const kvt_hello *h, uint32_t r, uint64_t
     if (h->epoch != m->epoch)
         refuse(v, KVT_ESTATE, "rank %u is at epoch %llu, rank 0 at %llu", r,
                (unsigned long long)h->epoch, (unsigned long long)m->epoch);
-    if (h->config_digest != m->config_digest)
-        refuse(v, KVT_EINVAL, "rank %u has configuration digest %016llx, rank 0 %016llx", r,
+    if (h->config_digest != m->config_digest) {
+        char which[160];
+        size_t n = kvt__config_digest_diff(h->config_digest, m->config_digest, which, sizeof which);
+        refuse(v, KVT_EINVAL, "rank %u's configuration differs from rank 0's in %s%s "
+               "(configuration digest %016llx, rank 0 %016llx; rank-local options such as "
+               "ssd_dirs are not compared)", r, n == 1 ? "option " : n ? "one of the options " : "",
+               n ? which : "an option the digests cannot name (compare kvtier config --dump)",
                (unsigned long long)h->config_digest, (unsigned long long)m->config_digest);
+    }
     uint32_t st = r / (g->p.cp * g->p.tp);
     if (st >= g->p.pp) return; /* already refused on the role table */
     if (stage_first[st] == UINT32_MAX) {

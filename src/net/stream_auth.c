@@ -35,10 +35,18 @@ static const char *why(uint32_t code)
 {
     switch (code) {
     case A_NEED_SECRET: return "the server requires a shared secret the client lacks";
-    case A_BAD_PROOF: return "wrong proof of the shared secret";
+    case A_BAD_PROOF: return "wrong proof of the shared secret (the two ends hold different secrets)";
     case A_BAD_HELLO: return "malformed hello (not a kvtier PD peer, or another version)";
-    default: return "refused";
+    default: return "a refusal this version does not know (upgrade both ends together)";
     }
+}
+
+/* A verdict the client read: the server's refusal in words. */
+static kvt_status refused(const kvt_stream_auth *a, const uint8_t *p)
+{
+    if (get32(p) != A_MAGIC)
+        return kvt__fail(KVT_EAUTH, "%s: the server is not a kvtier PD endpoint (bad handshake magic)", a->who);
+    return kvt__fail(KVT_EAUTH, "%s: the server refused: %s", a->who, why(get32(p + 4)));
 }
 
 static void mac(const kvt_stream_auth *a, const char *label, const uint8_t *hello,
@@ -83,8 +91,12 @@ kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *a, uint64_t dl
     }
     randombytes_buf(chal + 8, NONCE);
     if (a->secret) mac(a, "kvt-pd-server", hello, chal + 8, chal + 8 + NONCE);
-    if (io(fd, chal, sizeof chal, dl, 1) != KVT_OK || io(fd, resp, sizeof resp, dl, 0) != KVT_OK)
-        return kvt__fail(KVT_EAUTH, "no proof before the deadline");
+    if (io(fd, chal, sizeof chal, dl, 1) != KVT_OK)
+        return kvt__fail(KVT_EAUTH, "the peer did not take the challenge");
+    kvt_status st = io(fd, resp, sizeof resp, dl, 0);
+    if (st == KVT_ETIMEDOUT) return kvt__fail(KVT_EAUTH, "no proof of the shared secret before the deadline");
+    if (st) /* a client of this version answers even when our proof failed it */
+        return kvt__fail(KVT_EAUTH, "the peer hung up instead of proving the shared secret");
     if (a->secret) {
         mac(a, "kvt-pd-client", hello, chal + 8, want);
         if (sodium_memcmp(want, resp, MACLEN) != 0) return refuse(fd, A_BAD_PROOF, dl);
@@ -103,21 +115,25 @@ kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *a, uint64_t dl
     randombytes_buf(hello + 8, NONCE);
     kvt_status st = io(fd, hello, sizeof hello, dl, 1);
     if (!st) st = io(fd, chal, ACK_LEN, dl, 0);
-    if (st) return kvt__fail(KVT_ECONN, "%s: the server did not answer the hello", a->who);
-    if (get32(chal) != A_MAGIC || get32(chal + 4) != A_OK)
-        return kvt__fail(KVT_EAUTH, "%s: the server refused: %s", a->who, why(get32(chal + 4)));
+    if (st == KVT_ETIMEDOUT) return kvt__fail(KVT_ECONN, "%s: the server did not answer the hello in time", a->who);
+    if (st) return kvt__fail(KVT_ECONN, "%s: the server closed the connection before answering the hello (busy, or dropping strangers)", a->who);
+    if (get32(chal) != A_MAGIC || get32(chal + 4) != A_OK) return refused(a, chal);
     if (io(fd, chal + ACK_LEN, sizeof chal - ACK_LEN, dl, 0) != KVT_OK)
         return kvt__fail(KVT_ECONN, "%s: truncated challenge", a->who);
     if (a->secret) {
         mac(a, "kvt-pd-server", hello, chal + 8, want);
-        if (sodium_memcmp(want, chal + 8 + NONCE, MACLEN) != 0)
-            return kvt__fail(KVT_EAUTH, "%s: the server failed to prove the shared secret", a->who);
         mac(a, "kvt-pd-client", hello, chal + 8, resp);
+        if (sodium_memcmp(want, chal + 8 + NONCE, MACLEN) != 0) {
+            /* our proof still goes out, so the server can say "wrong
+             * secret" too rather than "no proof" */
+            (void)io(fd, resp, sizeof resp, dl, 1);
+            return kvt__fail(KVT_EAUTH, "%s: the server could not prove the shared secret (the two ends hold "
+                             "different secrets, or the server has none)", a->who);
+        }
     }
     st = io(fd, resp, sizeof resp, dl, 1);
     if (!st) st = io(fd, ack, sizeof ack, dl, 0);
     if (st) return kvt__fail(KVT_EAUTH, "%s: no verdict from the server", a->who);
-    if (get32(ack) != A_MAGIC || get32(ack + 4) != A_OK)
-        return kvt__fail(KVT_EAUTH, "%s: the server refused: %s", a->who, why(get32(ack + 4)));
+    if (get32(ack) != A_MAGIC || get32(ack + 4) != A_OK) return refused(a, ack);
     return KVT_OK;
 }

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -202,8 +203,10 @@ kvt_status kvt__stream_connect(const char *host, uint16_t port, const kvt_stream
                              auth->who, host ? host : "127.0.0.1", port);
     st = kvt__stream_auth_client(fd, auth, deadline_ns);
     if (st) {
+        char msg[KVT_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
         close(fd);
-        return st;
+        return kvt__fail(st, "%s (%s:%u)", msg, host ? host : "127.0.0.1", port);
     }
     return wrap(fd, out);
 }

@@ -44,6 +44,7 @@ typedef struct bs_prefill {
     pd_desc desc;
     uint8_t addr[ADDR_LEN];
     uint64_t expires_ns; /* its lease ends (monotonic) */
+    char src[48];        /* the address its registration came from */
 } bs_prefill;
 
 /* One request in service. fd is shut down (never closed) by others only
@@ -95,17 +96,19 @@ static kvt_status bs_call(kvt_stream *s, const pd_hdr *h, const void *body, cons
     kvt_status st = s->ops->sendv(s, v, h->body_len ? 2 : 1, dl);
     pd_hdr r;
     if (!st) st = kvt__stream_recv(s, hb, PD_HDR_LEN, dl);
-    if (st) return kvt__fail(st, "%s: no answer from the bootstrap service", what);
+    /* what names the call and the peer: the service, or a prefill rank */
+    if (st) return kvt__fail(st, "%s: no answer (%s)", what,
+                             st == KVT_ETIMEDOUT ? "timed out" : "the peer closed the connection");
     char why[160];
     if (!pd_hdr_decode(&r, hb))
-        return kvt__fail(KVT_EPROTO, "%s: the bootstrap service's answer: %s", what, pd_magic_why(hb, why, sizeof why));
+        return kvt__fail(KVT_EPROTO, "%s: the answer: %s", what, pd_magic_why(hb, why, sizeof why));
     if (r.body_len > net->max_frame)
         return kvt__fail(KVT_EPROTO, "%s: a %u-byte answer exceeds this endpoint's max_frame %u",
                          what, r.body_len, net->max_frame);
     uint8_t *b = malloc((size_t)r.body_len + 1);
     if (!b) return kvt__fail(KVT_ENOMEM, "%s: out of memory", what);
     st = r.body_len ? kvt__stream_recv(s, b, r.body_len, dl) : KVT_OK;
-    if (st) st = kvt__fail(st, "%s: truncated answer from the bootstrap service", what);
+    if (st) st = kvt__fail(st, "%s: truncated answer", what);
     b[r.body_len] = 0;
     if (!st && r.type == PD_F_REFUSE) {
         kvt_status rs = kvt__peer_failure(r.status);
@@ -231,11 +234,11 @@ static void reply(kvt_stream *s, uint16_t type, kvt_status st, uint32_t a0, cons
     (void)s->ops->sendv(s, v, len ? 2 : 1, dl);
 }
 
-static void refuse(kvt_pd_bootstrap *bs, kvt_stream *s, kvt_status st, uint64_t dl)
+static void refuse(kvt_pd_bootstrap *bs, kvt_stream *s, const char *addr, kvt_status st, uint64_t dl)
 {
     char msg[KVT_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s", kvt_last_error());
-    if (!atomic_load(&bs->stop)) pd_log("pd bootstrap: refused a peer: %s", msg);
+    if (!atomic_load(&bs->stop)) pd_log("pd bootstrap: refused the peer at %s: %s", addr, msg);
     pthread_mutex_lock(&bs->mu);
     bs->refused++;
     pthread_mutex_unlock(&bs->mu);
@@ -287,7 +290,8 @@ static bool same_config(const pd_desc *a, const pd_desc *b)
 }
 
 /* (bs->mu held) Adds or renews d's entry (takes d's entries on success). */
-static kvt_status store_prefill(kvt_pd_bootstrap *bs, pd_desc *d, const uint8_t *addr, uint64_t now)
+static kvt_status store_prefill(kvt_pd_bootstrap *bs, pd_desc *d, const uint8_t *addr, const char *src,
+                                uint64_t now)
 {
     char rn[64], an[80];
     rank_name(rn, sizeof rn, d);
@@ -325,6 +329,18 @@ static kvt_status store_prefill(kvt_pd_bootstrap *bs, pd_desc *d, const uint8_t 
         return kvt__fail(KVT_EFULL, "pd bootstrap: %u prefill ranks (the limit)", i);
     bs_prefill *p = &bs->prefill[i];
     bool renewal = i < bs->nprefill && !memcmp(p->addr, addr, ADDR_LEN);
+    if (i < bs->nprefill && !renewal && !bs->secret) {
+        /* Without a secret anyone may register: a live position is not
+         * handed to another address (its decode ranks would take that
+         * peer's bytes for KV) until its lease lapses or it unregisters. */
+        char oa[80];
+        addr_name(oa, sizeof oa, p->addr);
+        return kvt__fail(KVT_EBUSY,
+                         "pd bootstrap: prefill rank %s is registered at %s (from %s) with a live lease for %llu ms "
+                         "more; %s (from %s) may take it over only after it lapses or unregisters, as this service "
+                         "has no secret (set net.secret on every end to let a restarted rank replace its entry at once)",
+                         rn, oa, p->src, (unsigned long long)ms_until(p->expires_ns, now), an, src);
+    }
     if (i < bs->nprefill) {
         if (!renewal) {
             char oa[80];
@@ -337,6 +353,7 @@ static kvt_status store_prefill(kvt_pd_bootstrap *bs, pd_desc *d, const uint8_t 
     }
     p->desc = *d;
     memcpy(p->addr, addr, ADDR_LEN);
+    snprintf(p->src, sizeof p->src, "%s", src);
     p->expires_ns = now + (uint64_t)bs->lease_ms * 1000000ull;
     *d = (pd_desc){0};
     return KVT_OK;
@@ -355,19 +372,20 @@ static kvt_status decode_prefill(pd_desc *d, const uint8_t *b, uint32_t len, con
     return KVT_OK;
 }
 
-static kvt_status on_register(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t len)
+static kvt_status on_register(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t len, const char *src)
 {
     pd_desc d = {0};
     kvt_status st = decode_prefill(&d, b, len, "registration");
     if (st) return st;
     pthread_mutex_lock(&bs->mu);
-    st = store_prefill(bs, &d, b + (len - ADDR_LEN), kvt__now_ns());
+    st = store_prefill(bs, &d, b + (len - ADDR_LEN), src, kvt__now_ns());
     pthread_mutex_unlock(&bs->mu);
     pd_desc_free(&d);
     return st;
 }
 
-static kvt_status on_unregister(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t len, uint32_t *removed)
+static kvt_status on_unregister(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t len, const char *src,
+                                 uint32_t *removed)
 {
     pd_desc d = {0};
     kvt_status st = decode_prefill(&d, b, len, "unregistration");
@@ -379,13 +397,27 @@ static kvt_status on_unregister(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t
     *removed = 0;
     pthread_mutex_lock(&bs->mu);
     purge(bs, kvt__now_ns());
+    char owner[48] = "";
     for (uint32_t i = 0; i < bs->nprefill; i++)
         if (same_pos(&bs->prefill[i].desc, &d) && !memcmp(bs->prefill[i].addr, addr, ADDR_LEN)) {
+            /* without a secret only the host that registered it may
+             * remove it (the address is public: every lookup names it) */
+            if (!bs->secret && strcmp(bs->prefill[i].src, src) != 0) {
+                snprintf(owner, sizeof owner, "%s", bs->prefill[i].src);
+                break;
+            }
             drop_entry(bs, i);
             *removed = 1;
             break;
         }
     pthread_mutex_unlock(&bs->mu);
+    if (owner[0]) {
+        pd_desc_free(&d);
+        return kvt__fail(KVT_EBUSY,
+                         "pd bootstrap: unregistration of prefill %s at %s from %s refused: it was registered "
+                         "from %s, and without a secret only that host may remove it",
+                         rn, an, src, owner);
+    }
     if (*removed) pd_log("pd bootstrap: prefill %s at %s unregistered", rn, an);
     else pd_log("pd bootstrap: unregistration of prefill %s at %s matched no live entry", rn, an);
     pd_desc_free(&d);
@@ -472,7 +504,8 @@ static kvt_status topo(kvt_pd_bootstrap *bs, const pd_desc *dec, uint8_t **out, 
     return KVT_OK;
 }
 
-static void on_lookup(kvt_pd_bootstrap *bs, kvt_stream *s, const uint8_t *b, uint32_t len, uint64_t dl)
+static void on_lookup(kvt_pd_bootstrap *bs, kvt_stream *s, const char *addr, const uint8_t *b, uint32_t len,
+                      uint64_t dl)
 {
     pd_desc d = {0};
     size_t used, tlen = 0;
@@ -489,7 +522,7 @@ static void on_lookup(kvt_pd_bootstrap *bs, kvt_stream *s, const uint8_t *b, uin
     }
     if (!st) reply(s, PD_F_TOPO, KVT_OK, 0, t, tlen, dl);
     else if (st == KVT_EAGAIN) reply(s, PD_F_RETRY, st, 0, kvt_last_error(), strlen(kvt_last_error()), dl);
-    else refuse(bs, s, st, dl);
+    else refuse(bs, s, addr, st, dl);
     free(t);
     pd_desc_free(&d);
 }
@@ -524,6 +557,8 @@ static kvt_status read_request(kvt_pd_bootstrap *bs, kvt_stream *s, uint64_t dl,
 static void serve(kvt_pd_bootstrap *bs, uint32_t slot, kvt_stream *s)
 {
     uint64_t t0 = kvt__now_ns();
+    char host[48], addr[64];
+    pd_peer_addr(s->fd, host, sizeof host, addr, sizeof addr);
     pd_hdr h = {0};
     uint8_t *b = NULL;
     kvt_status st = read_request(bs, s, kvt__deadline_ns(bs->greet_ms), &h, &b);
@@ -534,21 +569,21 @@ static void serve(kvt_pd_bootstrap *bs, uint32_t slot, kvt_stream *s)
     pthread_mutex_unlock(&bs->mu);
     uint64_t dl = kvt__deadline_ns(bs->net.peer_timeout_ms); /* the answer's */
     if (evicted) {
-        pd_log("pd bootstrap: dropped a connection that sent no complete request in %llu ms: all %d request slots were busy (the oldest such connection makes room)",
-               (unsigned long long)((kvt__now_ns() - t0) / 1000000), BS_MAX_HANDLERS);
+        pd_log("pd bootstrap: dropped the connection from %s: no complete request in %llu ms while all %d request slots were busy (the oldest such connection makes room)",
+               addr, (unsigned long long)((kvt__now_ns() - t0) / 1000000), BS_MAX_HANDLERS);
     } else if (!st && h.type == PD_F_REG_PREFILL) {
-        st = on_register(bs, b, h.body_len);
+        st = on_register(bs, b, h.body_len, host);
         if (!st) reply(s, PD_F_OK, KVT_OK, bs->lease_ms, NULL, 0, dl);
     } else if (!st && h.type == PD_F_UNREG_PREFILL) {
         uint32_t removed = 0;
-        st = on_unregister(bs, b, h.body_len, &removed);
+        st = on_unregister(bs, b, h.body_len, host, &removed);
         if (!st) reply(s, PD_F_OK, KVT_OK, removed, NULL, 0, dl);
     } else if (!st && h.type == PD_F_LOOKUP) {
-        on_lookup(bs, s, b, h.body_len, dl);
+        on_lookup(bs, s, addr, b, h.body_len, dl);
     } else if (!st) {
         st = kvt__fail(KVT_EPROTO, "pd bootstrap: unexpected frame type %u", h.type);
     }
-    if (st && !evicted) refuse(bs, s, st, dl);
+    if (st && !evicted) refuse(bs, s, addr, st, dl);
     free(b);
 }
 
@@ -659,6 +694,7 @@ kvt_status kvt_pd_bootstrap_create(kvt_pd_bootstrap **out, const kvt_pd_net_para
     kvt__cond_init(&bs->cv);
     bs->net = *params;
     kvt_status st = pd_net_defaults(&bs->net, &bs->secret, bs->host, fn);
+    if (!st) st = pd_net_exposed(&bs->net, fn);
     bs->auth = (kvt_stream_auth){bs->secret, bs->net.secret_len, "pd bootstrap"};
     uint64_t lease = (uint64_t)bs->net.peer_timeout_ms * PD_BS_LEASE_FACTOR;
     bs->lease_ms = lease < PD_BS_LEASE_MIN_MS ? PD_BS_LEASE_MIN_MS : lease > INT32_MAX ? INT32_MAX : (uint32_t)lease;

@@ -2,7 +2,10 @@
  * and state machine, and the public poll/wait/clear/abort/info helpers. */
 #include "pd/ep.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +27,27 @@ void pd_log(const char *fmt, ...)
     if (!getenv("KVTIER_PD_QUIET")) fprintf(stderr, "kvtier: %s\n", line);
 }
 
+void pd_peer_addr(int fd, char *host, size_t hn, char *addr, size_t an)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char h[INET6_ADDRSTRLEN] = "?";
+    uint16_t port = 0;
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET) {
+            const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+            inet_ntop(AF_INET, &a->sin_addr, h, sizeof h);
+            port = ntohs(a->sin_port);
+        } else if (ss.ss_family == AF_INET6) {
+            const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+            inet_ntop(AF_INET6, &a->sin6_addr, h, sizeof h);
+            port = ntohs(a->sin6_port);
+        }
+    }
+    snprintf(host, hn, "%s", h);
+    snprintf(addr, an, "%s:%u", h, port);
+}
+
 static kvt_status check_net(const kvt_pd_net_params *n, const char *fn)
 {
     KVT_CHECK_ARG(!n->secret || (n->secret_len >= 16 && n->secret_len <= 1024),
@@ -33,6 +57,18 @@ static kvt_status check_net(const kvt_pd_net_params *n, const char *fn)
     KVT_CHECK_ARG(n->transport == KVT_PD_TCP || n->transport == KVT_PD_UCX,
                   "%s: transport %d is neither KVT_PD_TCP nor KVT_PD_UCX", fn, (int)n->transport);
     KVT_CHECK_ARG(!n->bind_host || strlen(n->bind_host) < 64, "%s: bind_host is too long", fn);
+    return KVT_OK;
+}
+
+kvt_status pd_net_exposed(const kvt_pd_net_params *n, const char *fn)
+{
+    const char *h = n->bind_host ? n->bind_host : "127.0.0.1";
+    KVT_CHECK_ARG(n->allow_insecure <= 1, "%s: allow_insecure is %u (0 or 1)", fn, n->allow_insecure);
+    KVT_CHECK_ARG(n->secret || n->allow_insecure || strncmp(h, "127.", 4) == 0,
+                  "%s: bind_host %s is not a loopback address and no secret is set: anyone who reaches it "
+                  "could register prefill positions, read the topology or send KV; set net.secret "
+                  "(16..1024 bytes, the same on every end), or net.allow_insecure = 1 on a trusted network",
+                  fn, h);
     return KVT_OK;
 }
 
@@ -89,6 +125,7 @@ kvt_status pd_ep_init(pd_ep *ep, const kvt_pd_params *p, int role, const char *f
     ep->lfd = -1;
     ep->net = p->net;
     st = pd_net_defaults(&ep->net, &ep->secret, ep->bind_host, fn);
+    if (!st && role == PD_ROLE_PREFILL) st = pd_net_exposed(&ep->net, fn);
     if (st) return st;
     ep->auth = (kvt_stream_auth){ep->secret, ep->net.secret_len,
                                  role == PD_ROLE_PREFILL ? "pd sender" : "pd receiver"};
@@ -161,8 +198,8 @@ pd_room *pd_room_find(pd_ep *ep, uint64_t id)
 kvt_status pd_room_add(pd_ep *ep, uint64_t id, pd_room **out)
 {
     if (ep->nrooms >= PD_MAX_ROOMS)
-        return kvt__fail(KVT_EFULL, "pd: %u rooms are open (the limit); clear finished rooms",
-                         ep->nrooms);
+        return kvt__fail(KVT_EFULL, "pd: %u rooms are open on this %s rank (the limit); clear finished ones",
+                         ep->nrooms, ep->role == PD_ROLE_PREFILL ? "prefill" : "decode");
     pd_room *r = calloc(1, sizeof *r);
     if (!r) return kvt__fail(KVT_ENOMEM, "pd: out of memory for room %llu", (unsigned long long)id);
     r->id = id;
@@ -183,6 +220,7 @@ void pd_room_unclaimed_done(pd_ep *ep, pd_room *r)
     if (r->opener == UINT32_MAX) return;
     pd_conn *c = ep->conns[r->opener]; /* its slot is not reused while r names it */
     if (c && c->unclaimed) c->unclaimed--;
+    if (ep->unclaimed) ep->unclaimed--;
     r->opener = UINT32_MAX;
 }
 

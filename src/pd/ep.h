@@ -20,7 +20,18 @@
 #define PD_ROOM_BUCKETS 4096
 #define PD_MAX_ROOMS 65536
 #define PD_MAX_CONNS 256
-#define PD_MAX_UNCLAIMED (PD_MAX_ROOMS / 16) /* rooms one decode link may open unclaimed */
+/* Sender: connections that have not registered yet (authenticating, or
+ * silent) hold at most this many link slots; a new one evicts the oldest.
+ * Each must authenticate within min(peer_timeout_ms, PD_GREET_MS). */
+#define PD_MAX_GREETING 16
+#define PD_GREET_MS 2000u
+/* Rooms decode ranks may open before this prefill rank's engine claims
+ * them: per decode identity (its address and position, over all of its
+ * links: a rank that reconnects or dials many times shares one budget), and
+ * in all, so the engine's own kvt_pd_sender_room always finds half of the
+ * table free whatever strangers do. */
+#define PD_MAX_UNCLAIMED (PD_MAX_ROOMS / 16)
+#define PD_MAX_UNCLAIMED_ALL (PD_MAX_ROOMS / 2)
 #define PD_BATCH_BYTES (8u << 20) /* one DATA frame: amortises headers and syscalls */
 #define PD_BATCH_BYTES_UCX (64u << 20) /* over UCX (capped by max_frame): longer per-entry runs */
 #define PD_CHUNK_BYTES (1u << 20) /* a batch moves (and is hashed) in chunks this big: cache-sized */
@@ -65,10 +76,15 @@ typedef struct pd_conn {
     bool has_plan;
     uint32_t expected;  /* receiver: decode ranks that open each room on this peer */
     uint32_t max_frame; /* the smaller of both sides' max_frame: nothing larger is sent */
-    uint32_t unclaimed; /* sender: rooms this peer opened that the engine has not claimed */
+    uint32_t unclaimed; /* sender: rooms this link opened that the engine has not claimed */
+    char host[48];      /* sender: the peer's address (its identity with peer's position) */
+    char addr[64];      /* sender: host:port, for messages */
     atomic_bool dead;
     atomic_bool finished;
     bool registered; /* sender: passed the handshake and registration */
+    atomic_bool evicted; /* sender: shut down to make room for a newer connection */
+    int fd;              /* sender: the TCP socket (kept under UCX too), for eviction */
+    uint64_t accepted_ns, used_ns; /* sender: accept; the last ROOM frame (or registration) */
     uint64_t last_rx, last_tx;
     pd_job *jobs, *jobs_tail; /* sender: guarded by ep->mu */
     pd_iovs iov;
@@ -80,7 +96,7 @@ typedef struct pd_conn {
     uint8_t *body;
     size_t body_cap;
     uint64_t batches;
-    char name[48];
+    char name[96];
 } pd_conn;
 
 typedef struct pd_target {
@@ -147,6 +163,7 @@ struct pd_ep {
     pthread_cond_t cv;
     pd_room *buckets[PD_ROOM_BUCKETS];
     uint32_t nrooms;
+    uint32_t unclaimed; /* sender: rooms decode ranks opened, not claimed (all links) */
     uint32_t next_gen; /* receiver: generation of the next opened room */
     pd_conn *conns[PD_MAX_CONNS];
     uint32_t nconns;
@@ -159,6 +176,9 @@ struct pd_ep {
     uint32_t corrupt_index; /* that of its page corrupt_index % pages (0: the first) */
 };
 
+/* A listener (sender, bootstrap) beyond loopback needs a secret or
+ * allow_insecure: KVT_EINVAL naming the address otherwise. */
+kvt_status pd_net_exposed(const kvt_pd_net_params *n, const char *fn);
 /* Validates net params and fills defaults; copies the secret into *secret
  * (the caller frees) and the host into host[64]. */
 kvt_status pd_net_defaults(kvt_pd_net_params *n, uint8_t **secret, char *host, const char *fn);
@@ -241,6 +261,9 @@ pd_ep *pd_sender_ep(kvt_pd_sender *s);
 pd_ep *pd_receiver_ep(kvt_pd_receiver *r);
 
 void pd_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The peer of socket fd: host[hn] and "host:port" in addr[an] ("?" when
+ * the socket cannot say). */
+void pd_peer_addr(int fd, char *host, size_t hn, char *addr, size_t an);
 
 /* Pages one DATA batch of link c may carry: its checksum trailer fits in
  * max_frame, and PD_BATCH_MAX_PAGES bounds the hash states. The sender cuts

@@ -251,7 +251,11 @@ static uint32_t receiver_dead(pd_conn *c, kvt_status st, const char *why)
     uint32_t n = 0;
     for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++)
         for (pd_room *r = ep->buckets[b]; r; r = r->next)
-            if (pd_room_fail(ep, r, st, "%s lost: %s", c->name, why)) {
+            /* A prefill rank that said DONE with every page verified may
+             * exit: its part of the room stays completed, and only rooms
+             * still waiting on this link fail. */
+            if (!(r->peer_done && r->peer_done[c->idx]) &&
+                pd_room_fail(ep, r, st, "%s lost: %s", c->name, why)) {
                 pd_room_notify(ep, r, c->idx);
                 n++;
             }
@@ -278,17 +282,21 @@ static kvt_status lookup_once(pd_ep *ep, const char *host, uint16_t port, uint64
     return pd_bootstrap_lookup(&ep->net, &ep->auth, host, port, &ep->desc, dl, t, tlen);
 }
 
+/* Asks until the service has every prefill rank this rank needs, or dl.
+ * Once the service has answered RETRY, a later failure at the deadline (a
+ * last attempt with no time left to finish its handshake) reports the
+ * ranks still missing, not the attempt's own symptom. */
 static kvt_status lookup(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, uint8_t **t, uint32_t *tlen)
 {
+    char retry[KVT_ERRMSG_MAX] = "";
     for (;;) {
         kvt_status st = lookup_once(ep, p->bootstrap_host, p->bootstrap_port, dl, t, tlen);
-        if (st != KVT_EAGAIN) return st;
-        if (kvt__now_ns() >= dl) { /* the service's RETRY names the prefill ranks still missing */
-            char why[KVT_ERRMSG_MAX];
-            snprintf(why, sizeof why, "%s", kvt_last_error());
+        if (st == KVT_OK) return st;
+        if (st == KVT_EAGAIN) snprintf(retry, sizeof retry, "%s", kvt_last_error());
+        else if (!retry[0] || kvt__now_ns() < dl) return st;
+        if (kvt__now_ns() >= dl) /* the service's RETRY names the prefill ranks still missing */
             return kvt__fail(KVT_ETIMEDOUT, "pd receiver: the prefill topology was still incomplete at the deadline (%s)",
-                             why);
-        }
+                             retry);
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL);
     }
@@ -341,10 +349,20 @@ static kvt_status dial_peer(pd_ep *ep, const pd_topo_entry *t, uint64_t dl, pd_c
     return st;
 }
 
+/* Dials prefill rank t until dl: a sender that drops the connection
+ * before the handshake is done (it evicts the oldest unregistered
+ * connections when strangers crowd it, or is restarting) is tried again,
+ * every 20 ms growing to 500 ms. A refusal (secret, plan) is final. */
 static kvt_status connect_peer(pd_ep *ep, const pd_topo_entry *t, uint64_t dl)
 {
     pd_conn *c;
-    kvt_status st = dial_peer(ep, t, dl, &c);
+    uint32_t wait_ms = 20;
+    kvt_status st;
+    while ((st = dial_peer(ep, t, dl, &c)) == KVT_ECONN && kvt__now_ns() + wait_ms * 1000000ull < dl) {
+        struct timespec ts = {0, (long)wait_ms * 1000000};
+        nanosleep(&ts, NULL);
+        wait_ms = wait_ms * 2 > 500 ? 500 : wait_ms * 2;
+    }
     if (st) return st;
     c->idx = ep->nconns;
     ep->conns[ep->nconns++] = c;

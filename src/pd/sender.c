@@ -125,18 +125,82 @@ static kvt_status add_target(pd_ep *ep, pd_conn *c, pd_room *r, const pd_hdr *h,
     return KVT_OK;
 }
 
-/* A room a decode rank opened before the engine claimed it; one peer may
- * hold at most PD_MAX_UNCLAIMED of those, so a runaway decode rank cannot
- * fill the table for the others (ep->mu held). */
+/* Decode ranks are told apart by their address and registered position:
+ * every link of one (reconnects, or a stranger dialling many times) shares
+ * one budget of unclaimed rooms. ep->mu held; `registered` is set under it
+ * after host and peer are final. */
+static bool same_identity(const pd_conn *a, const pd_conn *b)
+{
+    return a->registered && b->registered && strcmp(a->host, b->host) == 0 &&
+           a->peer.tp_rank == b->peer.tp_rank && a->peer.tp_size == b->peer.tp_size &&
+           a->peer.dcp_rank == b->peer.dcp_rank && a->peer.dcp_size == b->peer.dcp_size;
+}
+
+static uint32_t identity_unclaimed(const pd_ep *ep, const pd_conn *c)
+{
+    uint32_t n = c->unclaimed; /* its own, registered or not */
+    for (uint32_t i = 0; i < ep->nconns; i++)
+        if (ep->conns[i] && ep->conns[i] != c && same_identity(ep->conns[i], c)) n += ep->conns[i]->unclaimed;
+    return n;
+}
+
+/* The decode identity holding the most unclaimed rooms, for messages
+ * (ep->mu held): "decode tp0/1 dcp0/1 at 10.0.0.5 (4096)", or "none". */
+static void top_opener(const pd_ep *ep, char *out, size_t n)
+{
+    const pd_conn *top = NULL;
+    uint32_t most = 0;
+    for (uint32_t i = 0; i < ep->nconns; i++) {
+        const pd_conn *c = ep->conns[i];
+        uint32_t k = c && c->unclaimed ? identity_unclaimed(ep, c) : 0;
+        if (k > most) {
+            most = k;
+            top = c;
+        }
+    }
+    if (!top) snprintf(out, n, "none");
+    else snprintf(out, n, "decode tp%u/%u dcp%u/%u at %s (%u)", top->peer.tp_rank, top->peer.tp_size,
+                  top->peer.dcp_rank, top->peer.dcp_size, top->host, most);
+}
+
+/* Why the room table is full, naming whose rooms fill it (ep->mu held). */
+static kvt_status table_full(const pd_ep *ep, const char *who)
+{
+    char top[160];
+    top_opener(ep, top, sizeof top);
+    return kvt__fail(KVT_EFULL,
+                     "%s: this prefill rank holds %u rooms (the limit): %u opened or claimed by its engine "
+                     "and not cleared (kvt_pd_sender_clear), %u opened by decode ranks and not claimed "
+                     "(most: %s)",
+                     who, ep->nrooms, ep->nrooms - ep->unclaimed, ep->unclaimed, top);
+}
+
+/* A room a decode rank opened before the engine claimed it: bounded per
+ * decode identity (PD_MAX_UNCLAIMED over all its links) and in all
+ * (PD_MAX_UNCLAIMED_ALL), so neither a runaway decode rank nor many
+ * strangers can fill the table the engine needs (ep->mu held). */
 static kvt_status add_unclaimed(pd_ep *ep, pd_conn *c, uint64_t id, pd_room **out)
 {
-    if (c->unclaimed >= PD_MAX_UNCLAIMED)
-        return kvt__fail(KVT_EFULL, "%s has %u rooms open that this prefill rank's engine has not claimed (the limit per decode rank)",
-                         c->name, c->unclaimed);
+    uint32_t mine = identity_unclaimed(ep, c);
+    if (mine >= PD_MAX_UNCLAIMED)
+        return kvt__fail(KVT_EFULL,
+                         "%s has %u rooms open that this prefill rank's engine has not claimed (the limit per "
+                         "decode rank, over all its links)",
+                         c->name, mine);
+    if (ep->unclaimed >= PD_MAX_UNCLAIMED_ALL) {
+        char top[160];
+        top_opener(ep, top, sizeof top);
+        return kvt__fail(KVT_EFULL,
+                         "this prefill rank holds %u rooms decode ranks opened and its engine has not claimed "
+                         "(the limit for all decode ranks; most: %s)",
+                         ep->unclaimed, top);
+    }
     kvt_status st = pd_room_add(ep, id, out);
+    if (st == KVT_EFULL) return table_full(ep, c->name);
     if (st) return st;
     (*out)->opener = c->idx;
     c->unclaimed++;
+    ep->unclaimed++;
     return KVT_OK;
 }
 
@@ -155,6 +219,7 @@ static kvt_status on_room(pd_conn *c, const pd_hdr *h)
         return KVT_OK;
     }
     pthread_mutex_lock(&ep->mu);
+    c->used_ns = kvt__now_ns();
     pd_room *r = pd_room_find(ep, h->room);
     kvt_status st = KVT_OK;
     if (r && !r->claimed && pd_room_terminal(r) && !frame_target(r, c, h)) {
@@ -437,9 +502,10 @@ static kvt_status agree_max_frame(pd_conn *c, uint32_t peer_max)
 static kvt_status handshake(pd_conn *c)
 {
     pd_ep *ep = c->ep;
-    uint64_t dl = pd_conn_deadline(c);
-    kvt_status st = kvt__stream_auth_server(c->s->fd, &ep->auth, dl);
+    uint32_t greet = ep->net.peer_timeout_ms < PD_GREET_MS ? ep->net.peer_timeout_ms : PD_GREET_MS;
+    kvt_status st = kvt__stream_auth_server(c->s->fd, &ep->auth, kvt__deadline_ns(greet));
     if (st) return st;
+    uint64_t dl = pd_conn_deadline(c);
     if (ep->net.transport == KVT_PD_UCX && (st = kvt__stream_ucx_upgrade(&c->s, 1, dl)) != KVT_OK)
         return st;
     pd_hdr h;
@@ -462,8 +528,8 @@ static kvt_status handshake(pd_conn *c)
         return kvt__fail(st, "%s", msg);
     }
     c->has_plan = true;
-    snprintf(c->name, sizeof c->name, "decode tp%u/%u dcp%u/%u", c->peer.tp_rank, c->peer.tp_size,
-             c->peer.dcp_rank, c->peer.dcp_size);
+    snprintf(c->name, sizeof c->name, "decode tp%u/%u dcp%u/%u at %s", c->peer.tp_rank, c->peer.tp_size,
+             c->peer.dcp_rank, c->peer.dcp_size, c->addr);
     uint8_t mf[4];
     pd_put32(mf, ep->net.max_frame);
     pd_hdr ok = {.type = PD_F_OK};
@@ -474,6 +540,14 @@ static void *sender_conn_main(void *arg)
 {
     pd_conn *c = arg;
     kvt_status st = handshake(c);
+    if (st && atomic_load(&c->evicted)) {
+        pd_log("pd sender: dropped %s: not registered after %llu ms while %u unregistered connections "
+               "were open (the limit; the oldest makes room)", c->name,
+               (unsigned long long)((kvt__now_ns() - c->accepted_ns) / 1000000), PD_MAX_GREETING);
+        atomic_store(&c->dead, true);
+        atomic_store(&c->finished, true);
+        return NULL;
+    }
     if (st) {
         pd_log("pd sender: refused %s: %s", c->name, kvt_last_error());
         shutdown(c->s->fd, SHUT_RDWR); /* the stranger learns now; the slot is reused later */
@@ -483,6 +557,7 @@ static void *sender_conn_main(void *arg)
     }
     pthread_mutex_lock(&c->ep->mu);
     c->registered = true;
+    c->used_ns = kvt__now_ns();
     pthread_mutex_unlock(&c->ep->mu);
     return pd_conn_main(c);
 }
@@ -513,6 +588,72 @@ static int free_slot(pd_ep *ep)
     return ep->nconns < PD_MAX_CONNS ? (int)ep->nconns++ : -1;
 }
 
+/* Shuts link c down to make room (ep->mu held): its thread ends on its own
+ * and the slot is free once it has (free_slot). */
+static void evict(pd_conn *c)
+{
+    atomic_store(&c->evicted, true);
+    shutdown(c->fd, SHUT_RDWR);
+}
+
+/* Unregistered connections hold at most PD_MAX_GREETING slots: at the
+ * limit the oldest goes, so silent strangers cost their own slots and
+ * never lock decode ranks out (ep->mu held). */
+static void greeting_budget(pd_ep *ep)
+{
+    pd_conn *oldest = NULL;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < ep->nconns; i++) {
+        pd_conn *c = ep->conns[i];
+        if (!c || c->registered || atomic_load(&c->finished) || atomic_load(&c->evicted)) continue;
+        n++;
+        if (!oldest || c->accepted_ns < oldest->accepted_ns) oldest = c;
+    }
+    if (n >= PD_MAX_GREETING) evict(oldest);
+}
+
+/* Every slot is taken: evicts the registered link that carries no room and
+ * has opened none for longest (a decode rank that only pings), and
+ * returns it, or NULL when every link carries a room (ep->mu held). */
+static pd_conn *evict_idle(pd_ep *ep)
+{
+    bool busy[PD_MAX_CONNS] = {0};
+    for (uint32_t b = 0; b < PD_ROOM_BUCKETS; b++)
+        for (pd_room *r = ep->buckets[b]; r; r = r->next)
+            for (uint32_t i = 0; i < r->ntargets; i++) busy[r->targets[i].conn] = true;
+    pd_conn *v = NULL;
+    for (uint32_t i = 0; i < ep->nconns; i++) {
+        pd_conn *c = ep->conns[i];
+        if (!c || !c->registered || busy[i] || c->unclaimed || atomic_load(&c->finished) ||
+            atomic_load(&c->evicted))
+            continue;
+        if (!v || c->used_ns < v->used_ns) v = c;
+    }
+    if (v) evict(v);
+    return v;
+}
+
+/* A slot for c (ep->mu held, may drop it while an evicted link ends):
+ * free, or freed by evicting an idle link; -1 if none within 500 ms. */
+static int take_slot(pd_ep *ep, const pd_conn *c)
+{
+    int slot = free_slot(ep);
+    if (slot >= 0) return slot;
+    pd_conn *v = evict_idle(ep);
+    if (!v) return -1;
+    pd_log("pd sender: dropped idle link %s (no room for %llu ms) for a connection from %s: all %u link "
+           "slots were in use", v->name, (unsigned long long)((kvt__now_ns() - v->used_ns) / 1000000), c->addr,
+           PD_MAX_CONNS);
+    uint64_t dl = kvt__deadline_ns(500);
+    while ((slot = free_slot(ep)) < 0 && kvt__now_ns() < dl && !atomic_load(&ep->stop)) {
+        pthread_mutex_unlock(&ep->mu);
+        struct timespec ts = {0, 2 * 1000000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&ep->mu);
+    }
+    return slot;
+}
+
 static void accept_tick(pd_ep *ep)
 {
     kvt_stream *s;
@@ -522,16 +663,20 @@ static void accept_tick(pd_ep *ep)
         kvt__stream_destroy(s);
         return;
     }
+    pd_peer_addr(s->fd, c->host, sizeof c->host, c->addr, sizeof c->addr);
+    c->fd = s->fd;
+    c->accepted_ns = kvt__now_ns();
     pthread_mutex_lock(&ep->mu);
-    int slot = free_slot(ep);
+    greeting_budget(ep);
+    int slot = take_slot(ep, c);
     if (slot < 0) {
         pthread_mutex_unlock(&ep->mu);
-        pd_log("pd sender: refused a connection: %u links open (the limit)", PD_MAX_CONNS);
+        pd_log("pd sender: refused a connection from %s: all %u link slots carry rooms", c->addr, PD_MAX_CONNS);
         pd_conn_free(c);
         return;
     }
     c->idx = (uint32_t)slot;
-    snprintf(c->name, sizeof c->name, "unregistered peer #%d", slot);
+    snprintf(c->name, sizeof c->name, "unregistered peer %s", c->addr);
     ep->conns[slot] = c;
     if (pd_conn_start(c, sender_conn_main) != KVT_OK) atomic_store(&c->finished, true);
     pthread_mutex_unlock(&ep->mu);
@@ -643,8 +788,8 @@ kvt_status kvt_pd_sender_room(kvt_pd_sender *s, uint64_t room)
     kvt_status st = KVT_OK;
     if (r && r->claimed)
         st = kvt__fail(KVT_EBUSY, "%s: room %llu is already open; clear it first", fn, (unsigned long long)room);
-    else if (!r)
-        st = pd_room_add(ep, room, &r);
+    else if (!r && (st = pd_room_add(ep, room, &r)) == KVT_EFULL)
+        st = table_full(ep, fn);
     if (!st) {
         r->claimed = true;
         pd_room_unclaimed_done(ep, r);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/file.h"
 #include "util/sync.h"
 
 #define QD_MAX 4096u
@@ -146,6 +147,10 @@ static kvt_status write_meta(ssd_dir *dir)
 
 static kvt_status open_data(ssd_dir *dir, int extra_flags)
 {
+    struct stat st;
+    if (fstatat(dir->dir_fd, KVT_SSD_DATA_NAME, &st, 0) == 0 && !S_ISREG(st.st_mode))
+        return kvt__fail(KVT_EINVAL, "kvt__ssd_open: cache directory %s: %s is %s, not a regular "
+                         "file", dir->path, KVT_SSD_DATA_NAME, kvt__file_kind(st.st_mode));
     dir->data_fd = openat(dir->dir_fd, KVT_SSD_DATA_NAME,
                           O_RDWR | O_DIRECT | O_CLOEXEC | extra_flags, 0644);
     if (dir->data_fd >= 0) return KVT_OK;
@@ -222,17 +227,44 @@ static kvt_status compare_meta(const ssd_dir *dir, const kvt_ssd_meta *have)
     return KVT_OK;
 }
 
+/* Blocks the journal holds past the end of a data file that was cut short
+ * (data_bytes) are gone: size_data refilled that range with zeros. They are
+ * dropped now, said once, rather than each read later as a block that
+ * "failed its checksum". */
+static void drop_past_end(kvt_ssd *s, uint32_t d, uint64_t data_bytes)
+{
+    ssd_dir *dir = &s->dirs[d];
+    uint32_t lost = 0;
+    for (uint64_t g = d; g < s->total; g += s->ndirs) {
+        uint64_t end = (g / s->ndirs + 1) * s->slot_bytes;
+        if (end <= data_bytes || !s->durable[g].live) continue;
+        s->durable[g].live = 0;
+        dir->jlive--;
+        lost++;
+    }
+    if (lost == 0) return;
+    dir->compact_now = true; /* their PUT records go at the first commit round */
+    fprintf(stderr, "kvtier: SSD tier: %s/%s was cut to %llu bytes (its slots need %llu): the %u "
+            "blocks past its end are lost\n", dir->path, KVT_SSD_DATA_NAME,
+            (unsigned long long)data_bytes, (unsigned long long)dir->meta.slots * s->slot_bytes,
+            lost);
+}
+
 static kvt_status attach_dir(kvt_ssd *s, uint32_t d, const kvt_ssd_meta *have)
 {
     ssd_dir *dir = &s->dirs[d];
     dir->meta.epoch = have->epoch;
     kvt_status st = open_data(dir, 0);
+    struct stat ds;
+    if (st == KVT_OK && fstat(dir->data_fd, &ds) != 0) st = sys_fail(dir->path, "fstat", errno);
     if (st == KVT_OK) st = size_data(dir);
     if (st != KVT_OK) return st;
     dir->jfd = openat(dir->dir_fd, KVT_SSD_JOURNAL_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (dir->jfd < 0) return sys_fail(dir->path, KVT_SSD_JOURNAL_NAME, errno);
     kvt_ssd_scan scan;
-    return kvt__ssd_journal_load(s, d, &scan);
+    st = kvt__ssd_journal_load(s, d, &scan);
+    if (st == KVT_OK) drop_past_end(s, d, (uint64_t)ds.st_size);
+    return st;
 }
 
 static kvt_status open_dir(kvt_ssd *s, uint32_t d, const kvt_ssd_params *p)

@@ -100,6 +100,16 @@ typedef enum kvt_ssd_fault {
     KVT_SSD_FAULT_CORRUPT,     /* a read returns one flipped byte */
 } kvt_ssd_fault;
 void kvt__ssd_inject(kvt_ssd *s, kvt_ssd_fault kind, bool on_write, uint32_t nth);
+/* Fault injection for tests: from the nth journal write on (0 = the next),
+ * count journal writes fail with errno err (ENOSPC, EIO), as a full or
+ * failing filesystem would; count 0 clears it. */
+void kvt__ssd_inject_journal(kvt_ssd *s, int err, uint32_t nth, uint32_t count);
+
+/* The first write failure the store met (a data write, a data or journal
+ * fdatasync, a journal write): KVT_ENOSPC (the filesystem is full: ENOSPC,
+ * EDQUOT, EFBIG) or KVT_EIO, with what failed in why ("DIR/kvtier.journal:
+ * write: No space left on device"); KVT_OK when none. Any thread. */
+kvt_status kvt__ssd_first_failure(const kvt_ssd *s, char *why, size_t why_len);
 
 typedef struct kvt_ssd_stats {
     uint64_t writes, write_bytes, reads, read_bytes;
@@ -116,7 +126,17 @@ typedef struct kvt_ssd_fsck_report {
     uint64_t digest, block_bytes;
     char describe[256];
     uint32_t slots_total, blocks, bad_blocks, bad_records;
+    uint32_t records;          /* valid journal records */
+    uint32_t skipped_records;  /* damaged records amid valid ones (of bad_records): skipped,
+                                  each lost the one block it described, if any */
+    uint32_t missing_blocks;   /* blocks the journal holds past the end of a truncated
+                                  data file (of blocks; not counted in bad_blocks) */
+    uint32_t orphan_blocks;    /* verified blocks that can never be matched again: a block
+                                  before them in their prefix is bad, missing or gone */
     bool journal_truncated; /* a torn tail record was found */
+    bool data_truncated;    /* a data file is shorter than its slots: data_bytes of
+                               data_bytes_needed (the last such directory) */
+    uint64_t data_bytes, data_bytes_needed;
     bool repaired;
 } kvt_ssd_fsck_report;
 kvt_status kvt__ssd_fsck(const char *dirs, bool repair, kvt_ssd_fsck_report *out);

@@ -145,16 +145,23 @@ void kvt__ssd_journal_scan(const uint8_t *buf, size_t len, uint64_t epoch, uint3
 {
     kvt_ssd_scan sc;
     memset(&sc, 0, sizeof sc);
-    size_t nrec = len / KVT_SSD_REC_BYTES, i = 0;
+    size_t nrec = len / KVT_SSD_REC_BYTES, end = 0;
     kvt_ssd_rec r;
-    for (; i < nrec; i++) {
-        if (!rec_valid_at(buf + i * KVT_SSD_REC_BYTES, epoch, slots, i, &r)) break;
+    /* Every record names its own position (seq), so one that fails does not
+     * make the next ones doubtful: each valid record is applied in order and
+     * a damaged one is skipped. The journal ends after the last valid record;
+     * what follows is a torn tail. */
+    for (size_t i = 0; i < nrec; i++) {
+        if (!rec_valid_at(buf + i * KVT_SSD_REC_BYTES, epoch, slots, i, &r)) {
+            sc.bad_records++;
+            continue;
+        }
+        sc.skipped_records = sc.bad_records;
+        sc.good_records++;
+        end = i + 1;
         if (fn) fn(arg, &r);
     }
-    sc.good_records = (uint32_t)i;
-    sc.good_bytes = (uint64_t)i * KVT_SSD_REC_BYTES;
-    for (size_t j = i; j < nrec; j++)
-        if (!rec_valid_at(buf + j * KVT_SSD_REC_BYTES, epoch, slots, j, &r)) sc.bad_records++;
+    sc.good_bytes = (uint64_t)end * KVT_SSD_REC_BYTES;
     sc.torn = sc.good_bytes < len;
     *out = sc;
 }

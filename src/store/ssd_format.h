@@ -63,14 +63,17 @@ bool kvt__ssd_rec_decode(const uint8_t *in, uint64_t epoch, kvt_ssd_rec *out);
 
 typedef void (*kvt_ssd_rec_fn)(void *arg, const kvt_ssd_rec *r);
 typedef struct kvt_ssd_scan {
-    uint64_t good_bytes;   /* the valid prefix: records applied */
-    uint32_t good_records;
-    uint32_t bad_records;  /* whole records after the prefix that fail validation */
-    bool torn;             /* anything after the prefix (bad records or a partial one) */
+    uint64_t good_bytes;      /* up to the end of the last valid record */
+    uint32_t good_records;    /* valid records, applied */
+    uint32_t bad_records;     /* whole records that fail validation, anywhere */
+    uint32_t skipped_records; /* of those, the ones before the last valid record: damaged
+                                 records skipped while the records after them were kept */
+    bool torn;                /* anything after good_bytes (bad records or a partial one) */
 } kvt_ssd_scan;
-/* Walks a journal image: calls fn (may be NULL) for each record of the
- * valid prefix, which ends at the first record that fails its checksum, is
- * out of sequence or names a slot >= slots. Never reads past len. */
+/* Walks a journal image: calls fn (may be NULL) for each valid record in
+ * order, skipping any record that fails its checksum, is out of sequence
+ * (record i must have seq i) or names a slot >= slots. A skipped record
+ * loses at most the one block it described. Never reads past len. */
 void kvt__ssd_journal_scan(const uint8_t *buf, size_t len, uint64_t epoch, uint32_t slots,
                            kvt_ssd_rec_fn fn, void *arg, kvt_ssd_scan *out);
 

@@ -18,14 +18,99 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "util/err.h"
+#include "util/file.h"
 
 typedef struct fsck_dir {
     const char *path;
-    int dir_fd;
+    int dir_fd, data_fd;
+    uint64_t data_bytes; /* the data file's size */
     kvt_ssd_meta meta;
     kvt_ssd_slot *tab; /* replayed journal, by local slot */
     uint8_t *good;     /* per local slot: live and verified */
 } fsck_dir;
+
+/* Every block the journals hold, over all directories, for the orphan
+ * count: a verified block whose parent (or an ancestor) is lost can never be
+ * matched again, since a lookup walks the chain from its first block. */
+typedef struct fsck_blk {
+    kvt_hash128 key, parent;
+    uint8_t has_parent, good;
+} fsck_blk;
+
+typedef struct fsck_blks {
+    fsck_blk *v;
+    uint32_t n, cap;
+} fsck_blks;
+
+static bool blks_push(fsck_blks *b, const kvt_ssd_slot *e, bool good)
+{
+    if (b->n == b->cap) {
+        uint32_t cap = b->cap ? 2 * b->cap : 1024;
+        fsck_blk *v = realloc(b->v, (size_t)cap * sizeof *v);
+        if (!v) return false;
+        b->v = v, b->cap = cap;
+    }
+    b->v[b->n++] = (fsck_blk){e->key, e->parent, e->has_parent, good};
+    return true;
+}
+
+enum { O_UNKNOWN, O_VISITING, O_REACHABLE, O_ORPHAN };
+
+static uint32_t blk_find(const fsck_blks *b, const uint32_t *map, uint32_t mask, kvt_hash128 key)
+{
+    for (uint32_t h = (uint32_t)key.lo & mask; map[h] != UINT32_MAX; h = (h + 1) & mask)
+        if (kvt__hash_eq(b->v[map[h]].key, key)) return map[h];
+    return UINT32_MAX;
+}
+
+/* Verified blocks whose chain to a root passes a block that is not there or
+ * not verified (a cycle, only in a forged journal, counts as broken). */
+static kvt_status count_orphans(const fsck_blks *b, uint32_t *out)
+{
+    *out = 0;
+    if (b->n == 0) return KVT_OK;
+    uint32_t cap = 2;
+    while (cap < 2ull * b->n) cap *= 2;
+    uint32_t *map = malloc((size_t)cap * sizeof *map);
+    uint32_t *path = malloc((size_t)b->n * sizeof *path);
+    uint8_t *state = calloc(b->n, 1);
+    if (!map || !path || !state) {
+        free(map), free(path), free(state);
+        return kvt__fail(KVT_ENOMEM, "fsck: out of memory");
+    }
+    memset(map, 0xff, (size_t)cap * sizeof *map);
+    for (uint32_t i = 0; i < b->n; i++) {
+        uint32_t h = (uint32_t)b->v[i].key.lo & (cap - 1);
+        while (map[h] != UINT32_MAX) h = (h + 1) & (cap - 1);
+        map[h] = i;
+    }
+    for (uint32_t i = 0; i < b->n; i++) {
+        uint32_t len = 0, cur = i;
+        uint8_t verdict = O_REACHABLE;
+        while (state[cur] == O_UNKNOWN) {
+            const fsck_blk *x = &b->v[cur];
+            if (!x->good) {
+                verdict = O_ORPHAN;
+                break;
+            }
+            state[cur] = O_VISITING;
+            path[len++] = cur;
+            if (!x->has_parent) break;
+            uint32_t p = blk_find(b, map, cap - 1, x->parent);
+            if (p == UINT32_MAX) {
+                verdict = O_ORPHAN;
+                break;
+            }
+            cur = p;
+        }
+        if (state[cur] == O_VISITING && len && b->v[path[len - 1]].has_parent) verdict = O_ORPHAN;
+        else if (state[cur] == O_ORPHAN || state[cur] == O_REACHABLE) verdict = state[cur];
+        while (len > 0) state[path[--len]] = verdict;
+    }
+    for (uint32_t i = 0; i < b->n; i++) *out += b->v[i].good && state[i] == O_ORPHAN;
+    free(map), free(path), free(state);
+    return KVT_OK;
+}
 
 static void fsck_replay(void *arg, const kvt_ssd_rec *r)
 {
@@ -53,18 +138,34 @@ static kvt_status fsck_meta(fsck_dir *f, uint32_t index, uint32_t ndirs, kvt_ssd
         snprintf(why, sizeof why, "%s", kvt_last_error());
         return kvt__fail(KVT_ECORRUPT, "fsck: %s/%s: %s", f->path, KVT_SSD_META_NAME, why);
     }
-    /* The store sizes the data file before it writes the metadata, so a
-     * shorter file is damage (or another directory's metadata); checked
-     * before anything is allocated per slot. */
+    /* The data file: opened without blocking (a FIFO planted there never
+     * gets a writer) and refused unless it is a regular file. One shorter
+     * than the metadata's slots is not refused: the blocks past its end are
+     * reported missing and the rest checked. */
+    mode_t mode = 0;
+    f->data_fd = kvt__open_regular(f->dir_fd, KVT_SSD_DATA_NAME, O_RDONLY | O_DIRECT, &mode);
+    if (f->data_fd == -1 && errno == EINVAL)
+        f->data_fd = kvt__open_regular(f->dir_fd, KVT_SSD_DATA_NAME, O_RDONLY, &mode);
+    if (f->data_fd == KVT_NOT_REGULAR)
+        return kvt__fail(KVT_EINVAL, "fsck: %s/%s is %s, not a regular file", f->path,
+                         KVT_SSD_DATA_NAME, kvt__file_kind(mode));
+    if (f->data_fd < 0 && errno == ENOENT)
+        return kvt__fail(KVT_ENOTFOUND, "fsck: %s/%s is missing (the metadata names %u slots of "
+                         "%llu bytes); every block of this directory is lost", f->path,
+                         KVT_SSD_DATA_NAME, f->meta.slots, (unsigned long long)f->meta.slot_bytes);
+    if (f->data_fd < 0)
+        return kvt__fail(KVT_EIO, "fsck: %s/%s: %s", f->path, KVT_SSD_DATA_NAME, strerror(errno));
     struct stat ds;
-    if (fstatat(f->dir_fd, KVT_SSD_DATA_NAME, &ds, 0) != 0)
-        return kvt__fail(KVT_ECORRUPT, "fsck: %s/%s: %s", f->path, KVT_SSD_DATA_NAME, strerror(errno));
+    if (fstat(f->data_fd, &ds) != 0)
+        return kvt__fail(KVT_EIO, "fsck: %s/%s: fstat: %s", f->path, KVT_SSD_DATA_NAME,
+                         strerror(errno));
+    f->data_bytes = (uint64_t)ds.st_size;
     uint64_t need = (uint64_t)f->meta.slots * f->meta.slot_bytes;
-    if (f->meta.slot_bytes == 0 || (uint64_t)ds.st_size < need)
-        return kvt__fail(KVT_ECORRUPT, "fsck: %s/%s holds %lld bytes; the metadata's %u slots of "
-                         "%llu bytes need %llu (truncated, or not this directory's data)",
-                         f->path, KVT_SSD_DATA_NAME, (long long)ds.st_size, f->meta.slots,
-                         (unsigned long long)f->meta.slot_bytes, (unsigned long long)need);
+    if (f->data_bytes < need) {
+        rep->data_truncated = true;
+        rep->data_bytes = f->data_bytes;
+        rep->data_bytes_needed = need;
+    }
     if (f->meta.ndirs != ndirs || f->meta.dir_index != index)
         return kvt__fail(KVT_EGEOMETRY, "fsck: %s is directory %u of %u in its metadata, but "
                          "listed as %u of %u", f->path, f->meta.dir_index, f->meta.ndirs, index,
@@ -94,34 +195,34 @@ static kvt_status fsck_journal(fsck_dir *f, kvt_ssd_fsck_report *rep)
     kvt_ssd_scan sc;
     kvt__ssd_journal_scan(buf, len, f->meta.epoch, f->meta.slots, fsck_replay, f->tab, &sc);
     free(buf);
+    rep->records += sc.good_records;
     rep->bad_records += sc.bad_records;
+    rep->skipped_records += sc.skipped_records;
     rep->journal_truncated |= sc.torn;
     return KVT_OK;
 }
 
 static kvt_status fsck_blocks(fsck_dir *f, kvt_ssd_fsck_report *rep)
 {
-    int fd = openat(f->dir_fd, KVT_SSD_DATA_NAME, O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (fd < 0 && errno == EINVAL) fd = openat(f->dir_fd, KVT_SSD_DATA_NAME, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kvt__fail(KVT_EIO, "fsck: %s/%s: %s", f->path, KVT_SSD_DATA_NAME, strerror(errno));
     void *buf = NULL;
-    if (posix_memalign(&buf, KVT_SSD_SLOT_ALIGN, f->meta.slot_bytes) != 0) {
-        close(fd);
+    if (posix_memalign(&buf, KVT_SSD_SLOT_ALIGN, f->meta.slot_bytes) != 0)
         return kvt__fail(KVT_ENOMEM, "fsck: out of memory");
-    }
     for (uint32_t i = 0; i < f->meta.slots; i++) {
         const kvt_ssd_slot *e = &f->tab[i];
         if (!e->live) continue;
         rep->blocks++;
-        ssize_t n = pread(fd, buf, f->meta.slot_bytes, (off_t)(i * f->meta.slot_bytes));
+        uint64_t off = (uint64_t)i * f->meta.slot_bytes;
+        if (off + f->meta.slot_bytes > f->data_bytes) {
+            rep->missing_blocks++; /* past the end of a truncated data file */
+            continue;
+        }
+        ssize_t n = pread(f->data_fd, buf, f->meta.slot_bytes, (off_t)off);
         bool ok = n == (ssize_t)f->meta.slot_bytes &&
                   kvt__ssd_block_csum(buf, f->meta.block_bytes, e->key) == e->csum;
         f->good[i] = ok;
         rep->bad_blocks += !ok;
     }
     free(buf);
-    close(fd);
     return KVT_OK;
 }
 
@@ -148,9 +249,9 @@ static kvt_status fsck_repair(fsck_dir *f, kvt_ssd_fsck_report *rep)
 }
 
 static kvt_status fsck_one(const char *path, uint32_t index, uint32_t ndirs, bool repair,
-                           kvt_ssd_fsck_report *rep)
+                           kvt_ssd_fsck_report *rep, fsck_blks *blks)
 {
-    fsck_dir f = {.path = path, .dir_fd = -1};
+    fsck_dir f = {.path = path, .dir_fd = -1, .data_fd = -1};
     f.dir_fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (f.dir_fd < 0) return kvt__fail(KVT_EIO, "fsck: %s: %s", path, strerror(errno));
     kvt_status st = KVT_OK;
@@ -163,16 +264,22 @@ static kvt_status fsck_one(const char *path, uint32_t index, uint32_t ndirs, boo
         f.good = calloc(f.meta.slots, 1);
         if (!f.tab || !f.good) st = kvt__fail(KVT_ENOMEM, "fsck: out of memory");
     }
-    uint32_t bad_before = rep->bad_blocks;
+    uint32_t bad_before = rep->bad_blocks, missing_before = rep->missing_blocks;
+    uint32_t skipped_before = rep->skipped_records;
     bool torn_before = rep->journal_truncated;
     rep->journal_truncated = false;
     if (st == KVT_OK) st = fsck_journal(&f, rep);
     if (st == KVT_OK) st = fsck_blocks(&f, rep);
-    bool damaged = rep->journal_truncated || rep->bad_blocks > bad_before;
+    bool damaged = rep->journal_truncated || rep->bad_blocks > bad_before ||
+                   rep->missing_blocks > missing_before || rep->skipped_records > skipped_before;
     rep->journal_truncated |= torn_before;
+    for (uint32_t i = 0; st == KVT_OK && i < f.meta.slots; i++)
+        if (f.tab[i].live && !blks_push(blks, &f.tab[i], f.good[i]))
+            st = kvt__fail(KVT_ENOMEM, "fsck: out of memory");
     if (st == KVT_OK && repair && damaged) st = fsck_repair(&f, rep);
     free(f.tab);
     free(f.good);
+    if (f.data_fd >= 0) close(f.data_fd);
     close(f.dir_fd); /* drops the lock */
     return st;
 }
@@ -188,18 +295,24 @@ kvt_status kvt__ssd_fsck(const char *dirs, bool repair, kvt_ssd_fsck_report *out
     kvt_ssd_fsck_report rep;
     memset(&rep, 0, sizeof rep);
     const char *start = dirs;
-    for (uint32_t i = 0; i < ndirs; i++) {
+    fsck_blks blks = {NULL, 0, 0};
+    kvt_status st = KVT_OK;
+    for (uint32_t i = 0; i < ndirs && st == KVT_OK; i++) {
         const char *end = strchr(start, ',');
         size_t len = end ? (size_t)(end - start) : strlen(start);
         char path[PATH_MAX];
-        KVT_CHECK_ARG(len > 0 && len < sizeof path, "kvt__ssd_fsck: directory %u of \"%s\" is %s",
-                      i, dirs, len ? "too long" : "empty");
+        if (len == 0 || len >= sizeof path) {
+            st = kvt__fail(KVT_EINVAL, "kvt__ssd_fsck: directory %u of \"%s\" is %s", i, dirs,
+                           len ? "too long" : "empty");
+            break;
+        }
         memcpy(path, start, len);
         path[len] = '\0';
-        kvt_status st = fsck_one(path, i, ndirs, repair, &rep);
-        if (st != KVT_OK) return st;
+        st = fsck_one(path, i, ndirs, repair, &rep, &blks);
         start = end ? end + 1 : start + len;
     }
-    *out = rep;
-    return KVT_OK;
+    if (st == KVT_OK) st = count_orphans(&blks, &rep.orphan_blocks);
+    free(blks.v);
+    if (st == KVT_OK) *out = rep;
+    return st;
 }

@@ -38,6 +38,7 @@ typedef struct ssd_dir {
     uint8_t *jbuf;        /* KVT_SSD_JBUF_RECS records being appended */
     uint32_t jbuf_n;
     uint64_t jbuf_seq0;   /* seq of jbuf[0] */
+    bool compact_now;     /* the journal holds damaged records: rewrite it */
     bool touched;         /* has writes in the current commit round */
     kvt_status fail;      /* of the current commit round */
 } ssd_dir;
@@ -95,6 +96,14 @@ struct kvt_ssd {
     kvt_io *io;
 
     _Atomic int inject_kind[2];      /* [on_write] */
+    _Atomic int jinject_err;         /* kvt__ssd_inject_journal */
+    _Atomic int64_t jinject_skip, jinject_left;
+
+    /* The first write failure (kvt__ssd_first_failure): claimed by a CAS on
+     * fail_state (0 none, 1 being written, 2 set), so the first writer wins. */
+    _Atomic int fail_state;
+    kvt_status fail_status;
+    char fail_why[256];
     _Atomic int64_t inject_count[2];
 
     _Atomic uint64_t st_writes, st_write_bytes, st_reads, st_read_bytes;
@@ -105,6 +114,10 @@ static inline ssd_dir *kvt__ssd_dir_of(kvt_ssd *s, uint32_t slot) { return &s->d
 static inline uint32_t kvt__ssd_local(const kvt_ssd *s, uint32_t slot) { return slot / s->ndirs; }
 
 /* ssd_io.c */
+/* Records the first write failure (see kvt__ssd_first_failure); returns the
+ * status for err (KVT_ENOSPC for ENOSPC, EDQUOT, EFBIG; else KVT_EIO). */
+kvt_status kvt__ssd_note_failure(kvt_ssd *s, int err, const char *dir, const char *name,
+                                 const char *what);
 kvt_status kvt__ssd_io_start(kvt_ssd *s, const kvt_ssd_params *p);
 void kvt__ssd_io_stop(kvt_ssd *s);
 void kvt__ssd_io_complete(void *ctx, kvt_io_req **reqs, uint32_t n);
@@ -121,7 +134,9 @@ void kvt__ssd_journal_maybe_compact(kvt_ssd *s, uint32_t d);
  * rename + directory fsync. Used by compaction and fsck --repair. */
 kvt_status kvt__ssd_journal_rewrite(int dir_fd, const char *path, uint64_t epoch,
                                     const uint8_t *recs, uint64_t n, int *new_fd);
-/* Reads a whole file (at most max bytes) into a malloc'd buffer. */
+/* Reads a whole file (at most max bytes) into a malloc'd buffer. KVT_OK;
+ * KVT_ENOTFOUND (no message) when it does not exist; KVT_EINVAL when it is
+ * not a regular file (a FIFO is never waited on); KVT_EIO; KVT_ENOMEM. */
 kvt_status kvt__ssd_read_file(int dir_fd, const char *dir, const char *name, uint64_t max,
                               uint8_t **out, uint64_t *len);
 

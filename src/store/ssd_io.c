@@ -63,6 +63,36 @@ void kvt__ssd_inject(kvt_ssd *s, kvt_ssd_fault kind, bool on_write, uint32_t nth
     atomic_store(&s->inject_kind[on_write], (int)kind);
 }
 
+void kvt__ssd_inject_journal(kvt_ssd *s, int err, uint32_t nth, uint32_t count)
+{
+    if (!s) return;
+    atomic_store(&s->jinject_skip, (int64_t)nth);
+    atomic_store(&s->jinject_left, (int64_t)count);
+    atomic_store(&s->jinject_err, count ? err : 0);
+}
+
+kvt_status kvt__ssd_note_failure(kvt_ssd *s, int err, const char *dir, const char *name,
+                                 const char *what)
+{
+    kvt_status st = err == ENOSPC || err == EDQUOT || err == EFBIG ? KVT_ENOSPC : KVT_EIO;
+    int none = 0;
+    if (atomic_compare_exchange_strong(&s->fail_state, &none, 1)) {
+        s->fail_status = st;
+        snprintf(s->fail_why, sizeof s->fail_why, "%s/%s: %s: %s", dir, name, what,
+                 err ? strerror(err) : "short transfer");
+        atomic_store_explicit(&s->fail_state, 2, memory_order_release);
+    }
+    return st;
+}
+
+kvt_status kvt__ssd_first_failure(const kvt_ssd *s, char *why, size_t why_len)
+{
+    kvt_ssd *m = (kvt_ssd *)s; /* atomics: loads through a non-const pointer */
+    if (!m || atomic_load_explicit(&m->fail_state, memory_order_acquire) != 2) return KVT_OK;
+    if (why && why_len) snprintf(why, why_len, "%s", m->fail_why);
+    return m->fail_status;
+}
+
 static kvt_ssd_fault take_fault(kvt_ssd *s, bool on_write)
 {
     if (atomic_load_explicit(&s->inject_kind[on_write], memory_order_relaxed) == KVT_SSD_FAULT_NONE)
@@ -223,6 +253,10 @@ void kvt__ssd_io_complete(void *ctx, kvt_io_req **reqs, uint32_t n)
         }
         kvt_status st = io_status(s, r);
         if (st != KVT_OK) {
+            int err = r->early == KVT_ENOSPC ? ENOSPC : r->early != KVT_OK ? EIO
+                    : r->io.res < 0 ? (int)-r->io.res : 0;
+            st = kvt__ssd_note_failure(s, err, kvt__ssd_dir_of(s, r->slot)->path,
+                                       KVT_SSD_DATA_NAME, r->early ? "write (injected)" : "write");
             atomic_fetch_add_explicit(&s->st_write_errors, 1, memory_order_relaxed);
             finish(s, r, st);
             continue;
@@ -311,7 +345,9 @@ static void commit_round(kvt_ssd *s, ssd_req *batch, uint32_t ndels)
     round_begin(s);
     for (ssd_req *r = batch; r; r = r->next_commit) kvt__ssd_dir_of(s, r->slot)->touched = true;
     for (uint32_t d = 0; d < s->ndirs; d++)
-        if (s->dirs[d].touched && fdatasync(s->dirs[d].data_fd) != 0) s->dirs[d].fail = KVT_EIO;
+        if (s->dirs[d].touched && fdatasync(s->dirs[d].data_fd) != 0)
+            s->dirs[d].fail = kvt__ssd_note_failure(s, errno, s->dirs[d].path, KVT_SSD_DATA_NAME,
+                                                    "fdatasync");
     journal_dels(s, ndels);
     journal_puts(s, batch);
     for (uint32_t d = 0; d < s->ndirs; d++) kvt__ssd_journal_commit(s, &s->dirs[d]);

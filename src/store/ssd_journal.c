@@ -18,13 +18,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "util/err.h"
+#include "util/file.h"
 
 #define COMPACT_SLACK 1024u
 
 kvt_status kvt__ssd_read_file(int dir_fd, const char *dir, const char *name, uint64_t max,
                               uint8_t **out, uint64_t *len)
 {
-    int fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
+    mode_t mode = 0;
+    int fd = kvt__open_regular(dir_fd, name, O_RDONLY, &mode);
+    if (fd == KVT_NOT_REGULAR)
+        return kvt__fail(KVT_EINVAL, "%s/%s is %s, not a regular file", dir, name,
+                         kvt__file_kind(mode));
     if (fd < 0 && errno == ENOENT) return KVT_ENOTFOUND;
     if (fd < 0) return kvt__fail(KVT_EIO, "%s/%s: open: %s", dir, name, strerror(errno));
     struct stat stbuf;
@@ -94,7 +99,10 @@ kvt_status kvt__ssd_journal_load(kvt_ssd *s, uint32_t d, kvt_ssd_scan *scan)
     replay_ctx c = {s, d};
     kvt__ssd_journal_scan(buf, len, dir->meta.epoch, dir->meta.slots, replay_one, &c, scan);
     free(buf);
-    dir->jrecords = scan->good_records;
+    dir->jrecords = scan->good_bytes / KVT_SSD_REC_BYTES;
+    /* Damaged records kept in the middle are rewritten away by the first
+     * compaction, so they are not counted again at the next start. */
+    dir->compact_now = scan->skipped_records > 0;
     dir->jlive = 0;
     for (uint64_t g = d; g < s->total; g += s->ndirs) dir->jlive += s->durable[g].live;
     /* Cut the torn tail now: later appends reuse its sequence numbers, and a
@@ -119,14 +127,27 @@ static bool pwrite_all(int fd, const uint8_t *p, uint64_t n, uint64_t off)
     return true;
 }
 
+/* An injected journal write failure (kvt__ssd_inject_journal): its errno, or 0. */
+static int journal_fault(kvt_ssd *s)
+{
+    int err = atomic_load_explicit(&s->jinject_err, memory_order_relaxed);
+    if (err == 0 || atomic_fetch_sub(&s->jinject_skip, 1) > 0) return 0;
+    if (atomic_fetch_sub(&s->jinject_left, 1) <= 1) atomic_store(&s->jinject_err, 0);
+    return err;
+}
+
 static void jbuf_flush(kvt_ssd *s, ssd_dir *dir)
 {
-    (void)s;
     if (dir->jbuf_n == 0) return;
-    if (dir->fail == KVT_OK &&
-        !pwrite_all(dir->jfd, dir->jbuf, (uint64_t)dir->jbuf_n * KVT_SSD_REC_BYTES,
-                    dir->jbuf_seq0 * KVT_SSD_REC_BYTES))
-        dir->fail = KVT_EIO;
+    if (dir->fail == KVT_OK) {
+        int err = journal_fault(s);
+        errno = 0;
+        if (err || !pwrite_all(dir->jfd, dir->jbuf, (uint64_t)dir->jbuf_n * KVT_SSD_REC_BYTES,
+                               dir->jbuf_seq0 * KVT_SSD_REC_BYTES))
+            dir->fail = kvt__ssd_note_failure(s, err ? err : errno, dir->path,
+                                              KVT_SSD_JOURNAL_NAME, err ? "write (injected)"
+                                                                        : "write");
+    }
     dir->jbuf_seq0 += dir->jbuf_n;
     dir->jbuf_n = 0;
 }
@@ -144,7 +165,8 @@ void kvt__ssd_journal_commit(kvt_ssd *s, ssd_dir *dir)
 {
     jbuf_flush(s, dir);
     if (dir->jbuf_seq0 == dir->jrecords) return;
-    if (dir->fail == KVT_OK && fdatasync(dir->jfd) != 0) dir->fail = KVT_EIO;
+    if (dir->fail == KVT_OK && fdatasync(dir->jfd) != 0)
+        dir->fail = kvt__ssd_note_failure(s, errno, dir->path, KVT_SSD_JOURNAL_NAME, "fdatasync");
     if (dir->fail == KVT_OK) {
         atomic_fetch_add(&s->st_jrecs, dir->jbuf_seq0 - dir->jrecords);
         dir->jrecords = dir->jbuf_seq0;
@@ -177,7 +199,7 @@ kvt_status kvt__ssd_journal_rewrite(int dir_fd, const char *path, uint64_t epoch
 void kvt__ssd_journal_maybe_compact(kvt_ssd *s, uint32_t d)
 {
     ssd_dir *dir = &s->dirs[d];
-    if (dir->jrecords <= 2 * dir->jlive + COMPACT_SLACK) return;
+    if (!dir->compact_now && dir->jrecords <= 2 * dir->jlive + COMPACT_SLACK) return;
     uint8_t *recs = malloc((size_t)(dir->jlive ? dir->jlive : 1) * KVT_SSD_REC_BYTES);
     if (!recs) return; /* retried after the next round */
     uint64_t n = 0;
@@ -195,6 +217,7 @@ void kvt__ssd_journal_maybe_compact(kvt_ssd *s, uint32_t d)
         close(dir->jfd);
         dir->jfd = fd;
         dir->jrecords = n;
+        dir->compact_now = false;
         atomic_fetch_add(&s->st_compactions, 1);
     }
     free(recs);

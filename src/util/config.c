@@ -25,6 +25,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "util/err.h"
+#include "util/file.h"
+#include "util/hash.h"
 #include "util/parse.h"
 
 extern char **environ;
@@ -60,7 +62,13 @@ typedef struct opt_def {
                       bool, a char array for string (the longest value is width - 1) */
     uint64_t min, max;         /* size and uint: inclusive bounds */
     const char *const *choices; /* enum: NULL-terminated names, index = value */
+    bool rank_local; /* may differ between the ranks of a group (a local path, a
+                        thread count, a log level): left out of kvt_config_digest */
 } opt_def;
+
+/* Every row says whether the ranks of a group must agree on it. */
+#define AGREE false
+#define RANK_LOCAL true
 
 static const char *const EVICTION_NAMES[] = {"lru", "lfu", NULL}; /* kvt_evict_policy */
 static const char *const IO_NAMES[] = {"auto", "uring", "threads", NULL};
@@ -68,40 +76,51 @@ static const char *const LOG_LEVEL_NAMES[] = {"error", "warn", "info", "debug", 
 
 #define FIELD_(f) .offset = offsetof(kvt_config_values, f), \
                   .width = sizeof(((kvt_config_values *)0)->f)
-#define ROW_(f, ENVNAME, t, d, h) \
-    .name = #f, .env = ENV_PREFIX #ENVNAME, .type = t, .def = d, .help = h, FIELD_(f)
+#define ROW_(f, ENVNAME, sc, t, d, h) \
+    .name = #f, .env = ENV_PREFIX #ENVNAME, .type = t, .def = d, .help = h, FIELD_(f), \
+    .rank_local = sc
 /* uint help texts end with the bounds, stringified from the same tokens. */
-#define SIZE_OPT(f, ENVNAME, d, lo, hi, h) {ROW_(f, ENVNAME, OPT_SIZE, d, h), .min = lo, .max = hi}
-#define UINT_OPT(f, ENVNAME, d, lo, hi, h) \
-    {ROW_(f, ENVNAME, OPT_UINT, #d, h " (" #lo ".." #hi ")"), .min = lo, .max = hi}
-#define ENUM_OPT(f, ENVNAME, d, names, h) {ROW_(f, ENVNAME, OPT_ENUM, d, h), .choices = names}
-#define BOOL_OPT(f, ENVNAME, d, h) {ROW_(f, ENVNAME, OPT_BOOL, d, h)}
-#define STRING_OPT(f, ENVNAME, d, h) {ROW_(f, ENVNAME, OPT_STRING, d, h)}
+#define SIZE_OPT(f, ENVNAME, sc, d, lo, hi, h) \
+    {ROW_(f, ENVNAME, sc, OPT_SIZE, d, h), .min = lo, .max = hi}
+#define UINT_OPT(f, ENVNAME, sc, d, lo, hi, h) \
+    {ROW_(f, ENVNAME, sc, OPT_UINT, #d, h " (" #lo ".." #hi ")"), .min = lo, .max = hi}
+#define ENUM_OPT(f, ENVNAME, sc, d, names, h) \
+    {ROW_(f, ENVNAME, sc, OPT_ENUM, d, h), .choices = names}
+#define BOOL_OPT(f, ENVNAME, sc, d, h) {ROW_(f, ENVNAME, sc, OPT_BOOL, d, h)}
+#define STRING_OPT(f, ENVNAME, sc, d, h) {ROW_(f, ENVNAME, sc, OPT_STRING, d, h)}
 
 static const opt_def OPTIONS[] = {
-    SIZE_OPT(cpu_capacity, CPU_CAPACITY, "1GiB", 4096, 1ull << 50,
+    SIZE_OPT(cpu_capacity, CPU_CAPACITY, AGREE, "1GiB", 4096, 1ull << 50,
              "bytes of host memory for the CPU tier (4KiB..1024TiB)"),
-    UINT_OPT(block_tokens, BLOCK_TOKENS, 16, 1, 1048576,
+    UINT_OPT(block_tokens, BLOCK_TOKENS, AGREE, 16, 1, 1048576,
              "tokens per cache block; a multiple of the geometry's tokens_per_page"),
-    UINT_OPT(workers, WORKERS, 2, 1, 64, "transfer threads"),
-    UINT_OPT(max_tasks, MAX_TASKS, 4096, 16, 1048576,
+    UINT_OPT(workers, WORKERS, RANK_LOCAL, 2, 1, 64, "transfer threads"),
+    UINT_OPT(max_tasks, MAX_TASKS, AGREE, 4096, 16, 1048576,
              "tasks planned, running or not yet reported, at most"),
-    UINT_OPT(plan_ttl_ms, PLAN_TTL_MS, 30000, 1, 86400000,
+    UINT_OPT(plan_ttl_ms, PLAN_TTL_MS, AGREE, 30000, 1, 86400000,
              "a looked-up or prepared task never launched is released after this many ms"),
-    ENUM_OPT(eviction, EVICTION, "lru", EVICTION_NAMES,
+    ENUM_OPT(eviction, EVICTION, AGREE, "lru", EVICTION_NAMES,
              "eviction policy: lru (least recently used) or lfu (least frequently used)"),
-    BOOL_OPT(huge_pages, HUGE_PAGES, "true", "try huge pages for the CPU tier"),
-    STRING_OPT(ssd_dirs, SSD_DIRS, "",
+    BOOL_OPT(huge_pages, HUGE_PAGES, RANK_LOCAL, "true", "try huge pages for the CPU tier"),
+    STRING_OPT(ssd_dirs, SSD_DIRS, RANK_LOCAL, "",
                "comma-separated SSD tier directories, one per device; empty: no SSD tier"),
-    SIZE_OPT(ssd_capacity, SSD_CAPACITY, "16GiB", 4096, 1ull << 50,
+    SIZE_OPT(ssd_capacity, SSD_CAPACITY, AGREE, "16GiB", 4096, 1ull << 50,
              "bytes of the SSD tier over all its directories (4KiB..1024TiB)"),
-    BOOL_OPT(ssd_fresh, SSD_FRESH, "false",
+    BOOL_OPT(ssd_fresh, SSD_FRESH, RANK_LOCAL, "false",
              "wipe an SSD directory written for another geometry instead of refusing it"),
-    ENUM_OPT(io, IO, "auto", IO_NAMES,
+    ENUM_OPT(io, IO, RANK_LOCAL, "auto", IO_NAMES,
              "SSD I/O backend: auto (io_uring if the kernel allows it), uring or threads"),
-    UINT_OPT(ssd_queue_depth, SSD_QUEUE_DEPTH, 64, 1, 4096, "SSD I/O queue depth"),
-    ENUM_OPT(log_level, LOG_LEVEL, "warn", LOG_LEVEL_NAMES,
+    UINT_OPT(ssd_queue_depth, SSD_QUEUE_DEPTH, RANK_LOCAL, 64, 1, 4096, "SSD I/O queue depth"),
+    ENUM_OPT(log_level, LOG_LEVEL, RANK_LOCAL, "warn", LOG_LEVEL_NAMES,
              "messages at this level and above are logged: error, warn, info or debug"),
+    /* The Prometheus endpoint (src/metrics, docs/metrics.md): keep these together. */
+    UINT_OPT(metrics_port, METRICS_PORT, RANK_LOCAL, 0, 0, 65535,
+             "TCP port of the Prometheus endpoint GET /metrics; 0: off"),
+    STRING_OPT(metrics_addr, METRICS_ADDR, RANK_LOCAL, "127.0.0.1",
+               "numeric IPv4 or IPv6 address the metrics endpoint binds; a non-loopback "
+               "address is refused unless metrics_insecure is true"),
+    BOOL_OPT(metrics_insecure, METRICS_INSECURE, RANK_LOCAL, "false",
+             "let metrics_addr be a non-loopback address (the endpoint has no authentication)"),
 };
 
 #define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
@@ -413,6 +432,74 @@ kvt_status kvt_config_option(size_t index, kvt_option_info *out)
 }
 
 /* ------------------------------------------------------------------ */
+/* Digest                                                             */
+/* ------------------------------------------------------------------ */
+
+/* kvt_config_digest covers the options the ranks of a group must agree on
+ * (rank_local false in OPTIONS), in two halves:
+ *  - the high 32 bits hash every such option's name and canonical value (as
+ *    kvt_config_get prints it), so any difference shows;
+ *  - the low 32 bits hold one field per such option (DIGEST_FIELDS of them,
+ *    32 / DIGEST_FIELDS bits each), a hash of that option alone, so the rank
+ *    that compares two digests can name the option that differs
+ *    (kvt__config_digest_diff) without any more bytes on the wire. With 6
+ *    such options a field has 5 bits: a difference goes unnamed once in 32,
+ *    but never unnoticed. Both ends run the same library version (the group
+ *    checks it first), so they agree on the fields. */
+#define DIGEST_SEED 0x636f6e666967ull
+#define DIGEST_VALUE_MAX 2048
+
+static size_t digest_fields(void)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < NUM_OPTIONS; i++) n += !OPTIONS[i].rank_local;
+    return n == 0 ? 1 : n > 32 ? 32 : n;
+}
+
+kvt_status kvt_config_digest(const kvt_config *cfg, uint64_t *out)
+{
+    KVT_CHECK_NOT_NULL(cfg, "kvt_config_digest");
+    KVT_CHECK_NOT_NULL(out, "kvt_config_digest");
+    size_t fields = digest_fields(), bits = 32 / fields, j = 0;
+    uint64_t all = DIGEST_SEED, low = 0, mask = (1ull << bits) - 1;
+    for (size_t i = 0; i < NUM_OPTIONS; i++) {
+        const opt_def *o = &OPTIONS[i];
+        if (o->rank_local) continue;
+        char val[DIGEST_VALUE_MAX];
+        int n = format_value(&cfg->v, o, val, sizeof val);
+        if (n < 0 || (size_t)n >= sizeof val) /* a row wider than DIGEST_VALUE_MAX: a bug */
+            return kvt__fail(KVT_EINVAL, "kvt_config_digest: option \"%s\" cannot be formatted "
+                             "in %d bytes", o->name, DIGEST_VALUE_MAX);
+        uint64_t one = kvt__hash64(o->name, strlen(o->name) + 1, DIGEST_SEED);
+        one = kvt__hash64(val, (size_t)n + 1, one);
+        all = kvt__hash64(&one, sizeof one, all);
+        size_t f = j++ % fields;
+        low ^= (one & mask) << (f * bits);
+    }
+    *out = (all & 0xffffffff00000000ull) | low;
+    kvt__clear_error();
+    return KVT_OK;
+}
+
+size_t kvt__config_digest_diff(uint64_t a, uint64_t b, char *buf, size_t len)
+{
+    size_t fields = digest_fields(), bits = 32 / fields, j = 0, named = 0, used = 0;
+    uint64_t mask = (1ull << bits) - 1;
+    if (len) buf[0] = '\0';
+    for (size_t i = 0; i < NUM_OPTIONS; i++) {
+        if (OPTIONS[i].rank_local) continue;
+        size_t f = j++ % fields;
+        if (((a >> (f * bits)) & mask) == ((b >> (f * bits)) & mask)) continue;
+        int n = snprintf(buf + used, len > used ? len - used : 0, "%s\"%s\"",
+                         named ? " or " : "", OPTIONS[i].name);
+        if (n > 0) used += (size_t)n;
+        named++;
+    }
+    if (used >= len && len) buf[len - 1] = '\0';
+    return named;
+}
+
+/* ------------------------------------------------------------------ */
 /* JSON                                                               */
 /* ------------------------------------------------------------------ */
 
@@ -491,6 +578,10 @@ static kvt_status apply_json_member(kvt_config_values *v, const cJSON *item, con
 static kvt_status apply_json(kvt_config_values *v, const char *json, size_t len, const char *ctx)
 {
     if (len == 0) return kvt__fail(KVT_EINVAL, "%s: the JSON text is empty", ctx);
+    size_t nul = kvt__json_find_nul(json, len);
+    if (nul != SIZE_MAX)
+        return fail_at(ctx, json, len, nul,
+                       "a NUL character (raw or \\u0000) would cut a value short");
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
     if (!root) {
@@ -544,7 +635,11 @@ static const char *errtext_xsi(int r, char *buf) { return r == 0 ? buf : "unknow
 static kvt_status read_file(const char *fn, const char *path, char **out, size_t *out_len)
 {
     char eb[128];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    mode_t mode = 0;
+    int fd = kvt__open_regular(AT_FDCWD, path, O_RDONLY, &mode);
+    if (fd == KVT_NOT_REGULAR)
+        return kvt__fail(KVT_EINVAL, "%s: \"%s\" is %s, not a regular file", fn, path,
+                         kvt__file_kind(mode));
     if (fd < 0) {
         int e = errno;
         return kvt__fail(e == ENOENT ? KVT_ENOTFOUND : KVT_EIO, "%s: cannot open \"%s\": %s",

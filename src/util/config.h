@@ -6,6 +6,7 @@
 #define KVT_UTIL_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "kvtier.h"
 
@@ -28,11 +29,21 @@ typedef struct kvt_config_values {
     uint32_t io;            /* "io", enum "auto"|"uring"|"threads", default "auto" (env KVTIER_IO) */
     uint32_t ssd_queue_depth; /* "ssd_queue_depth", uint 1..4096, default 64 */
     uint32_t log_level;     /* "log_level", enum "error"|"warn"|"info"|"debug", default "warn" (0..3) */
+    /* The Prometheus endpoint (src/metrics, docs/metrics.md); one block, kept together. */
+    uint32_t metrics_port;  /* "metrics_port", uint 0..65535, default 0 (off) */
+    char metrics_addr[64];  /* "metrics_addr", string, default "127.0.0.1": numeric address */
+    bool metrics_insecure;  /* "metrics_insecure", bool, default false: allow non-loopback */
 } kvt_config_values;
 
 struct kvt_config {
     kvt_config_values v;
 };
+
+/* Names the options (those the ranks of a group must agree on) whose part
+ * of two kvt_config_digest values differs, as "\"block_tokens\"" (or
+ * "\"a\" or \"b\"") into buf; returns how many it named: 0 when the
+ * digests differ but no option's part does (then say it could not be told). */
+size_t kvt__config_digest_diff(uint64_t a, uint64_t b, char *buf, size_t len);
 
 static inline const kvt_config_values *kvt__config_values(const kvt_config *cfg)
 {

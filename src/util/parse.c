@@ -97,3 +97,24 @@ void kvt__format_size(uint64_t bytes, char *buf, unsigned len)
     if (i == 0) snprintf(buf, len, "%llu B", (unsigned long long)bytes);
     else snprintf(buf, len, "%.1f %s", v, names[i]);
 }
+
+size_t kvt__json_find_nul(const char *json, size_t len)
+{
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = json[i];
+        if (c == '\0') return i;
+        if (!in_string) {
+            in_string = c == '"';
+            continue;
+        }
+        if (c == '"') {
+            in_string = false;
+        } else if (c == '\\' && i + 1 < len) {
+            if (json[i + 1] == 'u' && i + 5 < len && memcmp(json + i + 2, "0000", 4) == 0)
+                return i;
+            i++; /* the escaped character; a \\ never starts another escape */
+        }
+    }
+    return SIZE_MAX;
+}

@@ -3,6 +3,7 @@
 #define KVT_UTIL_PARSE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* "4096", "64K", "2MiB", "1.5GiB", "1G" (K/M/G/T = powers of 1024; KB/MB/GB
@@ -12,6 +13,11 @@ bool kvt__parse_size(const char *s, uint64_t *out);
 bool kvt__parse_u64(const char *s, uint64_t *out);
 /* "1", "0", "true", "false", "yes", "no", "on", "off". */
 bool kvt__parse_bool(const char *s, bool *out);
+/* The offset of the first NUL character inside a JSON string of json[0..len):
+ * a raw NUL byte or a \u0000 escape. cJSON keeps strings NUL-terminated, so
+ * such a value would be silently cut there; callers refuse it. SIZE_MAX when
+ * there is none. */
+size_t kvt__json_find_nul(const char *json, size_t len);
 /* Formats bytes as "1.5 GiB" into buf. */
 void kvt__format_size(uint64_t bytes, char *buf, unsigned len);
 

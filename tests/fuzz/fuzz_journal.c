@@ -3,8 +3,9 @@
  * anything after a crash or bit rot). The first byte picks the decoder:
  * even -> the rest is a journal image scanned against a fixed epoch and slot
  * count; odd -> the rest is a metadata file. Beyond "no crash, no UB" it
- * checks the contracts: the scan's prefix is whole records within the input
- * and every record it hands out names a slot in range; a metadata file that
+ * checks the contracts: records come in sequence order, each names a slot in
+ * range, the journal ends after the last one and every whole record is
+ * either good or bad; a metadata file that
  * decodes re-encodes to the same bytes. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,11 +15,17 @@
 #define EPOCH 0x0123456789abcdefull
 #define SLOTS 64u
 
+typedef struct seen_recs {
+    uint32_t n;
+    uint64_t next_seq; /* records come in order; a skipped one leaves a gap */
+} seen_recs;
+
 static void check_rec(void *arg, const kvt_ssd_rec *r)
 {
-    uint32_t *n = arg;
-    if (r->slot >= SLOTS || r->seq != *n) abort();
-    (*n)++;
+    seen_recs *s = arg;
+    if (r->slot >= SLOTS || r->seq < s->next_seq) abort();
+    s->next_seq = r->seq + 1;
+    s->n++;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -28,10 +35,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = size - 1;
     if ((data[0] & 1) == 0) {
         kvt_ssd_scan sc;
-        uint32_t seen = 0;
+        seen_recs seen = {0, 0};
         kvt__ssd_journal_scan(p, n, EPOCH, SLOTS, check_rec, &seen, &sc);
-        if (seen != sc.good_records || sc.good_bytes > n || sc.good_bytes % KVT_SSD_REC_BYTES ||
-            sc.torn != (sc.good_bytes < n))
+        if (seen.n != sc.good_records || sc.good_bytes > n || sc.good_bytes % KVT_SSD_REC_BYTES ||
+            sc.torn != (sc.good_bytes < n) || sc.good_bytes != seen.next_seq * KVT_SSD_REC_BYTES ||
+            sc.skipped_records > sc.bad_records ||
+            (uint64_t)sc.good_records + sc.bad_records != n / KVT_SSD_REC_BYTES)
             abort();
         return 0;
     }

@@ -58,7 +58,7 @@
  *  kvt_config_load_json                 cfg/json NULL; len 0; syntax error; not an
  *                                       object; unknown option; duplicate; bad type;
  *                                       all-or-nothing (cfg unchanged)
- *  kvt_config_load_file                 cfg/path NULL; missing file (ENOTFOUND)
+ *  kvt_config_load_file                 cfg/path NULL; missing file (ENOTFOUND); a directory
  *  kvt_config_load_env                  cfg NULL; unknown KVTIER_ var; bad value; unchanged
  *  kvt_config_option_count              > 0
  *  kvt_config_option                    out NULL; index == count; SIZE_MAX
@@ -412,12 +412,17 @@ static void test_config(void **state)
     assert_string_equal(buf, "lru"); /* all-or-nothing */
     assert_ok(kvt_config_get(cfg, "workers", buf, sizeof buf));
     assert_string_equal(buf, before);
+    static const char nul[] = "{\"ssd_dirs\": \"/a\\u0000b\"}";
+    EXPECT_ERR(kvt_config_load_json(cfg, nul, sizeof nul - 1), KVT_EINVAL,
+               "kvt_config_load_json", "NUL character");
 
     EXPECT_ERR(kvt_config_load_file(NULL, "/nonexistent"), KVT_EINVAL, "kvt_config_load_file",
                "cfg");
     EXPECT_ERR(kvt_config_load_file(cfg, NULL), KVT_EINVAL, "kvt_config_load_file", "path");
     EXPECT_ERR(kvt_config_load_file(cfg, "/nonexistent/kvtier-api-errors.json"), KVT_ENOTFOUND,
                "kvt_config_load_file", "/nonexistent/kvtier-api-errors.json");
+    EXPECT_ERR(kvt_config_load_file(cfg, "/"), KVT_EINVAL, "kvt_config_load_file",
+               "is a directory, not a regular file");
 
     EXPECT_ERR(kvt_config_load_env(NULL), KVT_EINVAL, "kvt_config_load_env", "cfg");
     setenv("KVTIER_WORKERS", "5", 1);

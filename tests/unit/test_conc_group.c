@@ -271,6 +271,33 @@ static void test_config_skew(void **state)
     expect_refusal(&r, KVT_EINVAL, "rank 1", "configuration digest");
 }
 
+/* Issue 14 item 7: ranks with their own SSD directories (and threads, log
+ * level) form a group; one with another block size is refused, the message
+ * naming the option. */
+static void test_config_digest_names_option(void **state)
+{
+    (void)state;
+    kvt_config *c[4];
+    run r;
+    run_init(&r, 2, 1, 2);
+    for (uint32_t i = 0; i < 4; i++) {
+        char dir[64];
+        assert_ok(kvt_config_create(&c[i]));
+        snprintf(dir, sizeof dir, "/tmp/rank%u/ssd", i);
+        assert_ok(kvt_config_set(c[i], "ssd_dirs", dir));
+        assert_ok(kvt_config_set(c[i], "workers", i & 1 ? "3" : "1"));
+        assert_ok(kvt_config_digest(c[i], &r.cfg[i]));
+    }
+    run_all(&r);
+    for (uint32_t i = 0; i < 4; i++) assert_int_equal(r.create_st[i], KVT_OK);
+    run_init(&r, 2, 1, 2);
+    assert_ok(kvt_config_set(c[2], "block_tokens", "32"));
+    for (uint32_t i = 0; i < 4; i++) assert_ok(kvt_config_digest(c[i], &r.cfg[i]));
+    run_all(&r);
+    expect_refusal(&r, KVT_EINVAL, "rank 2", "in option \"block_tokens\"");
+    for (uint32_t i = 0; i < 4; i++) kvt_config_destroy(c[i]);
+}
+
 /* Every rank ends EABORTED within 2T (+ slack) of the fault, with a
  * diagnostic holding every fragment in `needles`. */
 static void expect_abort(run *r, const char *const *needles, uint32_t crashed)
@@ -463,6 +490,7 @@ int main(void)
         cmocka_unit_test(test_protocol_version_skew),
         cmocka_unit_test(test_geometry_skew),
         cmocka_unit_test(test_config_skew),
+        cmocka_unit_test(test_config_digest_names_option),
         cmocka_unit_test(test_missing_call),
         cmocka_unit_test(test_extra_call),
         cmocka_unit_test(test_leader_raises),

@@ -416,7 +416,10 @@ static void data_trailer_over_max_frame_drops_link(void **state)
 static void stale_room_frame_advances_reopened_room(void **state)
 {
     (void)state;
-    pd_cluster cl = {0};
+    /* The script never pings, and pushing 32 MiB page tables through it
+     * under ASan on a loaded 2-core machine took past 10 s: the link must
+     * not time out while the test holds it on purpose. */
+    pd_cluster cl = {.net = {.peer_timeout_ms = 60000}};
     fake_prefill f = {0};
     fake_start(&f, &cl);
     uint32_t n = 8u << 20;
@@ -480,7 +483,9 @@ static void max_frame_agreed_per_link(void **state)
 
 /* One decode link opening rooms the prefill engine never claims fills at
  * most PD_MAX_UNCLAIMED entries; the next is refused with EFULL, and a
- * well-behaved decode rank still gets its transfer. */
+ * well-behaved decode rank still gets its transfer. The flooder claims
+ * decode position tp1/2: the budget is per decode identity (address and
+ * position), and as tp0/1 on this host it would share the good rank's. */
 static void unclaimed_rooms_bounded_per_link(void **state)
 {
     (void)state;
@@ -492,8 +497,10 @@ static void unclaimed_rooms_bounded_per_link(void **state)
     kvt_stream_auth auth = {NULL, 0, "flooding decode"};
     assert_ok(kvt__stream_connect("127.0.0.1", port, &auth, kvt__deadline_ns(2000), &s));
     pd_desc d;
-    kvt_pd_rank rk = {.tp_size = 1, .dcp_size = 1};
-    assert_ok(pd_desc_from_geometry(&d, cl.pre[0].geo, &rk, PD_ROLE_DECODE));
+    kvt_pd_rank rk = {.tp_size = 2, .tp_rank = 1, .dcp_size = 1};
+    kvt_geometry *g2 = pd_model_geo(c1.model, 2, c1.tpp, c1.layout);
+    assert_ok(pd_desc_from_geometry(&d, g2, &rk, PD_ROLE_DECODE));
+    kvt_geometry_destroy(g2);
     size_t n = pd_desc_wire_size(&d) + 4;
     uint8_t *reg = malloc(n);
     pd_desc_encode(&d, reg);

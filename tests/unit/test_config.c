@@ -505,6 +505,75 @@ static void test_json_broken(void **state)
     kvt_config_destroy(cfg);
 }
 
+/* Issue 14 item 10: cJSON keeps strings NUL-terminated, so a \u0000 (or a
+ * raw NUL) inside a string used to be accepted and cut the value there. */
+static void test_json_nul(void **state)
+{
+    (void)state;
+    kvt_config *cfg = new_config();
+    static const char esc[] = "{\"ssd_dirs\": \"/tmp/a\\u0000/b\"}";
+    assert_status(kvt_config_load_json(cfg, esc, sizeof esc - 1), KVT_EINVAL);
+    assert_error_has("NUL character");
+    assert_error_has("column 21");
+    assert_value(cfg, "ssd_dirs", "");
+    static const char raw[] = "{\"ssd_dirs\": \"/tmp/a\0/b\"}";
+    assert_status(kvt_config_load_json(cfg, raw, sizeof raw - 1), KVT_EINVAL);
+    assert_error_has("NUL character");
+    /* An escaped backslash followed by "u0000" is plain text, not a NUL. */
+    static const char text[] = "{\"ssd_dirs\": \"/tmp/a\\\\u0000\"}";
+    assert_ok(kvt_config_load_json(cfg, text, sizeof text - 1));
+    assert_value(cfg, "ssd_dirs", "/tmp/a\\u0000");
+    static const char key[] = "{\"workers\\u0000x\": 3}";
+    assert_status(kvt_config_load_json(cfg, key, sizeof key - 1), KVT_EINVAL);
+    kvt_config_destroy(cfg);
+}
+
+/* Issue 14 item 7: rank-local options (declared in the option table) stay
+ * out of the group's configuration digest, whatever their length (a value
+ * over 256 bytes made it fail); a must-agree option changes it, and the
+ * digests name the option that differs. */
+static void test_digest(void **state)
+{
+    (void)state;
+    kvt_config *a = new_config(), *b = new_config();
+    uint64_t da, db;
+    assert_ok(kvt_config_digest(a, &da));
+    char dirs[1024];
+    memset(dirs, 'd', sizeof dirs - 1);
+    dirs[0] = '/';
+    dirs[sizeof dirs - 1] = '\0';
+    assert_ok(kvt_config_set(b, "ssd_dirs", dirs)); /* 1023 bytes: the most it takes */
+    assert_ok(kvt_config_set(b, "workers", "7"));
+    assert_ok(kvt_config_set(b, "huge_pages", "false"));
+    assert_ok(kvt_config_set(b, "log_level", "debug"));
+    assert_ok(kvt_config_set(b, "io", "threads"));
+    assert_ok(kvt_config_set(b, "ssd_queue_depth", "8"));
+    assert_ok(kvt_config_set(b, "ssd_fresh", "true"));
+    assert_ok(kvt_config_digest(b, &db));
+    assert_int_equal(da, db);
+    static const char *const agree[][2] = {
+        {"cpu_capacity", "2GiB"}, {"block_tokens", "32"}, {"max_tasks", "100"},
+        {"plan_ttl_ms", "5000"}, {"eviction", "lfu"}, {"ssd_capacity", "1GiB"},
+    };
+    for (size_t i = 0; i < sizeof agree / sizeof agree[0]; i++) {
+        kvt_config *c = new_config();
+        assert_ok(kvt_config_set(c, agree[i][0], agree[i][1]));
+        uint64_t dc;
+        assert_ok(kvt_config_digest(c, &dc));
+        assert_true(dc != da);
+        char which[128], want[64];
+        assert_int_equal(kvt__config_digest_diff(dc, da, which, sizeof which), 1);
+        snprintf(want, sizeof want, "\"%s\"", agree[i][0]);
+        assert_string_equal(which, want);
+        kvt_config_destroy(c);
+    }
+    char which[8];
+    assert_int_equal(kvt__config_digest_diff(da, da, which, sizeof which), 0);
+    assert_string_equal(which, "");
+    kvt_config_destroy(a);
+    kvt_config_destroy(b);
+}
+
 static void test_json_wrong_types(void **state)
 {
     (void)state;
@@ -584,11 +653,17 @@ static void test_file(void **state)
     assert_error_has(path);
     assert_error_has("No such file or directory");
 
-    /* A directory cannot be read as a file. */
+    /* A directory cannot be read as a file; a FIFO is refused at once, not
+     * waited on for a writer (issue 14 item 10: open() blocked forever). */
     const char *dir = getenv("KVTIER_TEST_TMP");
     if (!dir || !*dir) dir = "/tmp";
-    assert_status(kvt_config_load_file(cfg, dir), KVT_EIO);
+    assert_status(kvt_config_load_file(cfg, dir), KVT_EINVAL);
     assert_error_has(dir);
+    assert_error_has("is a directory, not a regular file");
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_status(kvt_config_load_file(cfg, path), KVT_EINVAL);
+    assert_error_has("is a FIFO, not a regular file");
+    unlink(path);
 
     /* Bounded: 1 MiB is the most read; exactly 1 MiB still loads. */
     size_t big = (1u << 20) + 1;
@@ -729,6 +804,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_json_nul),
+        cmocka_unit_test(test_digest),
         cmocka_unit_test(test_option_table),
         cmocka_unit_test(test_size),
         cmocka_unit_test(test_parse_size_exact),

@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "trace.h"
 #include "replay_sim.h"
@@ -252,6 +254,17 @@ static void test_trace_errors(void **state)
     trace_free(&t);
     assert_int_equal(trace_load("/nonexistent/trace.jsonl", &t, buf, sizeof buf), -1);
     assert_non_null(strstr(buf, "cannot open"));
+    /* Issue 14 item 10: a NUL in a key or string would cut it short (a key
+     * "hash_ids\u0000x" read as "hash_ids"); a FIFO blocked open() forever. */
+    expect_error("{\"input_length\": 600, \"hash_ids\\u0000x\": [1, 2]}", "NUL character");
+    const char *tmp = getenv("KVTIER_TEST_TMP");
+    char fifo[512];
+    snprintf(fifo, sizeof fifo, "%s/replay_fifo.%d", tmp && *tmp ? tmp : "/tmp", (int)getpid());
+    unlink(fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(trace_load(fifo, &t, buf, sizeof buf), -1);
+    assert_non_null(strstr(buf, "is a FIFO, not a regular file"));
+    unlink(fifo);
 }
 
 int main(void)

@@ -68,6 +68,16 @@ static void write_whole(const char *dir, const char *name, const uint8_t *b, uin
     close(fd);
 }
 
+static void corrupt_byte(const char *dir, const char *name, uint64_t off)
+{
+    uint64_t len = 0;
+    uint8_t *b = read_whole(dir, name, &len);
+    assert_true(off < len);
+    b[off] ^= 0x01;
+    write_whole(dir, name, b, len);
+    free(b);
+}
+
 /* Cut at every byte of the last record: the first NBLK-1 blocks survive
  * (all NBLK with the record whole), and the store keeps working after. */
 static void test_truncated_tail(void **state)
@@ -92,8 +102,9 @@ static void test_truncated_tail(void **state)
     rm_rf(dir);
 }
 
-/* A garbled record keeps the records before it; junk after the last record
- * costs nothing; neither crashes. */
+/* A garbled record costs that record only: the records before and after it
+ * are kept (issue 14 item 9: one damaged record used to drop every later
+ * one); junk after the last record costs nothing; neither crashes. */
 static void test_garbled(void **state)
 {
     const char *io = test_io(state);
@@ -109,22 +120,99 @@ static void test_garbled(void **state)
             memcpy(g, j, len);
             g[rec * KVT_SSD_REC_BYTES + byte] ^= 0x10;
             write_whole(dir, KVT_SSD_JOURNAL_NAME, g, len);
-            assert_int_equal(reopen_count(&p), rec);
+            assert_int_equal(reopen_count(&p), NBLK - 1);
             free(g);
         }
     }
-    /* Records swapped in place fail their sequence numbers. */
+    /* A record copied to another place fails its sequence number there. */
     uint8_t *g = malloc(len + 100);
     memcpy(g, j, len);
     memcpy(g + KVT_SSD_REC_BYTES, j + 2 * KVT_SSD_REC_BYTES, KVT_SSD_REC_BYTES);
     write_whole(dir, KVT_SSD_JOURNAL_NAME, g, len);
-    assert_int_equal(reopen_count(&p), 1);
+    assert_int_equal(reopen_count(&p), NBLK - 1);
     memcpy(g, j, len);
     memset(g + len, 0xa5, 100);
     write_whole(dir, KVT_SSD_JOURNAL_NAME, g, len + 100);
     assert_int_equal(reopen_count(&p), NBLK);
     free(g);
     free(j);
+    rm_rf(dir);
+}
+
+/* Issue 14 item 9: a damaged record amid 40 keeps the 39 others (the old
+ * scan kept the 10 before it); fsck counts the damaged record and the
+ * blocks it cuts off; the store's first commit round compacts it away and
+ * later writes append after the last good record. */
+static void test_damaged_middle(void **state)
+{
+    const char *io = test_io(state);
+    char dir[PATH_MAX];
+    tmp_dir(dir, sizeof dir);
+    kvt_ssd_params p = test_params(dir, io, BLOCK, 64);
+    write_blocks(&p, 40, 300);
+    corrupt_byte(dir, KVT_SSD_JOURNAL_NAME, 10 * KVT_SSD_REC_BYTES + 20);
+    kvt_ssd_fsck_report rep;
+    assert_ok(kvt__ssd_fsck(dir, false, &rep));
+    assert_int_equal(rep.records, 39);
+    assert_int_equal(rep.bad_records, 1);
+    assert_int_equal(rep.skipped_records, 1);
+    assert_int_equal(rep.blocks, 39);
+    assert_int_equal(rep.orphan_blocks, 0); /* test blocks have no parents */
+    assert_false(rep.journal_truncated);
+    assert_int_equal(reopen_count(&p), 39);
+    uint64_t len = 0;
+    uint8_t *damaged = read_whole(dir, KVT_SSD_JOURNAL_NAME, &len);
+    assert_ok(kvt__ssd_fsck(dir, true, &rep)); /* --repair drops the damaged record */
+    assert_true(rep.repaired);
+    assert_ok(kvt__ssd_fsck(dir, false, &rep));
+    assert_int_equal(rep.records, 39);
+    assert_int_equal(rep.bad_records, 0);
+    write_whole(dir, KVT_SSD_JOURNAL_NAME, damaged, len); /* and once more for the store */
+    free(damaged);
+    write_blocks(&p, 3, 900); /* a commit round: compacts the damaged record away */
+    assert_ok(kvt__ssd_fsck(dir, false, &rep));
+    assert_int_equal(rep.records, 42);
+    assert_int_equal(rep.bad_records, 0);
+    assert_int_equal(reopen_count(&p), 42);
+    rm_rf(dir);
+}
+
+/* Issue 14 item 10: a data file cut short loses the blocks past its end,
+ * dropped at open (not read back later as blocks that failed their
+ * checksum); one that is a FIFO or a directory is refused by name. */
+static void test_data_file_damaged(void **state)
+{
+    const char *io = test_io(state);
+    char dir[PATH_MAX], data[PATH_MAX + 32];
+    tmp_dir(dir, sizeof dir);
+    snprintf(data, sizeof data, "%s/%s", dir, KVT_SSD_DATA_NAME);
+    kvt_ssd_params p = test_params(dir, io, BLOCK, 16);
+    write_blocks(&p, 6, 400);
+    assert_int_equal(truncate(data, 4 * BLOCK), 0);
+    kvt_ssd *s = NULL;
+    assert_ok(kvt__ssd_open(&s, &p));
+    count_cb = 0;
+    assert_int_equal(kvt__ssd_recover(s, count_recovered, NULL), 4);
+    uint8_t *w = aligned_buf(BLOCK), *r = aligned_buf(BLOCK);
+    for (uint32_t i = 0; i < 4; i++) {
+        fill(w, BLOCK, 400 + i);
+        assert_ok(read_sync(s, i, r, test_key(400 + i)));
+        assert_memory_equal(r, w, BLOCK);
+    }
+    kvt_ssd_stats st;
+    kvt__ssd_stats(s, &st);
+    assert_int_equal(st.corrupt_reads, 0);
+    kvt__ssd_close(s);
+    free(w);
+    free(r);
+    assert_int_equal(unlink(data), 0);
+    assert_int_equal(mkfifo(data, 0644), 0);
+    assert_status(kvt__ssd_open(&s, &p), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "kvtier.data is a FIFO, not a regular file"));
+    assert_int_equal(unlink(data), 0);
+    assert_int_equal(mkdir(data, 0755), 0);
+    assert_status(kvt__ssd_open(&s, &p), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "kvtier.data is a directory"));
     rm_rf(dir);
 }
 
@@ -173,16 +261,6 @@ static void test_compaction(void **state)
     free(w);
     free(r);
     rm_rf(dir);
-}
-
-static void corrupt_byte(const char *dir, const char *name, uint64_t off)
-{
-    uint64_t len = 0;
-    uint8_t *b = read_whole(dir, name, &len);
-    assert_true(off < len);
-    b[off] ^= 0x01;
-    write_whole(dir, name, b, len);
-    free(b);
 }
 
 static void test_fsck(void **state)
@@ -238,14 +316,32 @@ static void test_fsck(void **state)
     char wrong[2 * PATH_MAX + 2];
     snprintf(wrong, sizeof wrong, "%s,%s", b, a);
     assert_status(kvt__ssd_fsck(wrong, false, &rep), KVT_EGEOMETRY);
-    /* A data file shorter than its metadata's slots: refused before any
-     * per-slot table is allocated from that count. */
-    char data_b[PATH_MAX + 32];
+    /* Issue 14 item 10: a data file shorter than its metadata's slots, a
+     * directory, missing, or a FIFO in a file's place: each named for what
+     * it is (they used to read "data failed its checksum", or hang). */
+    char data_b[PATH_MAX + 32], meta_b[PATH_MAX + 32];
     snprintf(data_b, sizeof data_b, "%s/%s", b, KVT_SSD_DATA_NAME);
-    assert_int_equal(truncate(data_b, BLOCK), 0);
-    assert_status(kvt__ssd_fsck(dirs, false, &rep), KVT_ECORRUPT);
-    assert_non_null(strstr(kvt_last_error(), "slots of"));
-    assert_non_null(strstr(kvt_last_error(), "truncated, or not this directory's data"));
+    snprintf(meta_b, sizeof meta_b, "%s/%s", b, KVT_SSD_META_NAME);
+    assert_int_equal(truncate(data_b, BLOCK), 0); /* keeps b's local slot 0 (store slot 1) */
+    assert_ok(kvt__ssd_fsck(dirs, false, &rep));
+    assert_true(rep.data_truncated);
+    assert_int_equal(rep.data_bytes, BLOCK);
+    assert_int_equal(rep.missing_blocks, 1); /* store slot 5; 3 was dropped by the repair */
+    assert_int_equal(rep.bad_blocks, 0);
+    assert_int_equal(unlink(data_b), 0);
+    assert_status(kvt__ssd_fsck(dirs, false, &rep), KVT_ENOTFOUND);
+    assert_non_null(strstr(kvt_last_error(), "kvtier.data is missing"));
+    assert_int_equal(mkdir(data_b, 0755), 0);
+    assert_status(kvt__ssd_fsck(dirs, false, &rep), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "is a directory, not a regular file"));
+    assert_int_equal(rmdir(data_b), 0);
+    assert_int_equal(mkfifo(data_b, 0644), 0);
+    assert_status(kvt__ssd_fsck(dirs, false, &rep), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "is a FIFO"));
+    assert_int_equal(unlink(meta_b), 0);
+    assert_int_equal(mkfifo(meta_b, 0644), 0);
+    assert_status(kvt__ssd_fsck(dirs, false, &rep), KVT_EINVAL); /* never waits for a writer */
+    assert_non_null(strstr(kvt_last_error(), "kvtier.meta is a FIFO"));
     rm_rf(a);
     assert_status(kvt__ssd_fsck(dirs, false, &rep), KVT_EIO);
     assert_non_null(strstr(kvt_last_error(), a));
@@ -291,7 +387,8 @@ static void test_format(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        SSD_TESTS(test_truncated_tail), SSD_TESTS(test_garbled), SSD_TESTS(test_compaction),
+        SSD_TESTS(test_truncated_tail), SSD_TESTS(test_garbled), SSD_TESTS(test_damaged_middle),
+        SSD_TESTS(test_data_file_damaged), SSD_TESTS(test_compaction),
         SSD_TESTS(test_fsck), cmocka_unit_test(test_format),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

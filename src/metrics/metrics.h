@@ -1,0 +1,99 @@
+/* metrics.h - Prometheus text exposition (format 0.0.4) of a cache's
+ * counters, and an HTTP endpoint (libmicrohttpd) serving it at GET /metrics.
+ *
+ * This layer sits above src/cache: it reads a kvt_cache through
+ * kvt__cache_observe (cache/observe.h). The one call back is that
+ * kvt_cache_create starts the endpoint when metrics_port != 0 and
+ * kvt_cache_destroy stops it (kvt__metrics_cache_start / _stop), so an
+ * engine gets metrics without the node server. The node server adds its own
+ * families (clients attached, pins per client) to that same endpoint with
+ * kvt__metrics_cache_set_extra. docs/metrics.md lists every metric.
+ *
+ * Nothing here is on the data path: a scrape takes the cache mutex twice,
+ * briefly, and reads the latency histograms without it. */
+#ifndef KVT_METRICS_METRICS_H
+#define KVT_METRICS_METRICS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier.h"
+#include "util/latency.h"
+
+/* ------------------------------------------------------------------ */
+/* The exposition buffer                                              */
+
+/* A growing text buffer; on allocation failure it stops growing and
+ * remembers it (render then fails with KVT_ENOMEM). */
+typedef struct kvt_mbuf {
+    char *data; /* NUL-terminated; malloc'd */
+    size_t len, cap;
+    bool failed;
+} kvt_mbuf;
+
+void kvt__mbuf_free(kvt_mbuf *b);
+void kvt__mbuf_printf(kvt_mbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* One family: its HELP and TYPE lines (type "counter", "gauge",
+ * "histogram"). Write every sample of the family right after it. */
+void kvt__metrics_family(kvt_mbuf *b, const char *name, const char *type, const char *help);
+/* One sample: name{labels} value. labels is NULL or the text between the
+ * braces, e.g. "tier=\"cpu\"" (values already escaped). */
+void kvt__metrics_u64(kvt_mbuf *b, const char *name, const char *labels, uint64_t v);
+/* A whole histogram family in seconds: cumulative _bucket{le=...} lines
+ * (+Inf last), _sum and _count. */
+void kvt__metrics_histogram(kvt_mbuf *b, const char *name, const char *help,
+                            const kvt_lat_snapshot *s);
+
+/* ------------------------------------------------------------------ */
+/* Rendering                                                          */
+
+/* Called at the end of a render to add families (the node server's). */
+typedef void (*kvt_metrics_extra_fn)(kvt_mbuf *b, void *arg);
+
+/* Appends the cache's families to b, then extra's (extra may be NULL).
+ * KVT_ENOMEM if the buffer could not grow. */
+kvt_status kvt__metrics_render(kvt_mbuf *b, kvt_cache *c, kvt_metrics_extra_fn extra, void *arg);
+
+/* The node server's families, ready-made for an extra callback:
+ * kvtier_clients_attached (gauge) and kvtier_client_pins{pid="..."}
+ * (gauge: index entries pinned by the client's tasks). Clients of the same
+ * pid are summed into one sample (a series must not repeat). */
+typedef struct kvt_metrics_client {
+    int64_t pid;
+    uint64_t pins;
+} kvt_metrics_client;
+void kvt__metrics_clients(kvt_mbuf *b, const kvt_metrics_client *clients, uint32_t n);
+
+/* ------------------------------------------------------------------ */
+/* The HTTP endpoint                                                  */
+
+typedef struct kvt_metrics_http kvt_metrics_http;
+
+/* Serves GET /metrics for cache c on addr:port (numeric IPv4 or IPv6;
+ * port 0 picks a free port: see kvt__metrics_http_port). A non-loopback
+ * addr is refused (KVT_EINVAL, naming metrics_insecure) unless insecure.
+ * Any other path is 404, any other method on /metrics 405. fn names the
+ * caller in error messages. */
+kvt_status kvt__metrics_http_start(const char *fn, const char *addr, uint32_t port, bool insecure,
+                                   kvt_cache *c, kvt_metrics_http **out);
+uint16_t kvt__metrics_http_port(const kvt_metrics_http *h);
+/* Sets (or clears, with NULL) the families added after the cache's. Once
+ * it returns, no scrape still uses the previous extra or arg. */
+void kvt__metrics_http_set_extra(kvt_metrics_http *h, kvt_metrics_extra_fn extra, void *arg);
+/* Stops serving; waits for a scrape in progress. NULL is a no-op. */
+void kvt__metrics_http_stop(kvt_metrics_http *h);
+
+/* kvt_cache_create / kvt_cache_destroy: the cache's own endpoint, from its
+ * metrics_port, metrics_addr and metrics_insecure options. */
+kvt_status kvt__metrics_cache_start(kvt_cache *c);
+void kvt__metrics_cache_stop(kvt_cache *c);
+/* The node server: add its families to the cache's endpoint (a no-op when
+ * metrics_port is 0). Clear it (NULL) before freeing what arg points to. */
+void kvt__metrics_cache_set_extra(kvt_cache *c, kvt_metrics_extra_fn extra, void *arg);
+/* The cache's endpoint port (0: none). */
+uint16_t kvt__metrics_cache_port(const kvt_cache *c);
+
+#endif

@@ -1,0 +1,22 @@
+/* file.h - opening files named by a user without trusting what they are:
+ * a FIFO must not block the open, a directory or device must not be read
+ * as data. */
+#ifndef KVT_UTIL_FILE_H
+#define KVT_UTIL_FILE_H
+
+#include <sys/types.h>
+
+/* Opens path (relative to dir_fd; AT_FDCWD for the working directory) with
+ * flags (O_RDONLY, maybe O_DIRECT) and O_NONBLOCK, so a FIFO without a
+ * writer does not wait, then checks it is a regular file. Returns the
+ * descriptor (O_NONBLOCK cleared again); -1 with errno set when the open
+ * fails; KVT_NOT_REGULAR when it is not a regular file (*mode, if not NULL,
+ * then tells what it is: see kvt__file_kind). */
+#define KVT_NOT_REGULAR (-2)
+int kvt__open_regular(int dir_fd, const char *path, int flags, mode_t *mode);
+
+/* "a directory", "a FIFO", "a socket", "a device", "a symbolic link",
+ * "not a regular file" for the type bits of mode. */
+const char *kvt__file_kind(mode_t mode);
+
+#endif
