@@ -390,6 +390,14 @@ kvt_status kvt_cache_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t lay
  * memory; a task that ended with an error gives that error. */
 kvt_status kvt_cache_layer_event(kvt_cache *cache, kvt_task_id task, uint32_t layer,
                                  int64_t timeout_ms, void **event);
+/* kvt_cache_layer_event, then cudaStreamWaitEvent(stream, event, 0) through
+ * kvtier's own CUDA runtime: the engine's stream (a cudaStream_t as void *;
+ * NULL is the legacy default stream) waits for layer `layer` without the
+ * engine loading CUDA itself (Python: Cache.stream_wait_layer with
+ * torch.cuda.current_stream().cuda_stream). Same errors as
+ * kvt_cache_layer_event, and KVT_EIO naming the CUDA error. */
+kvt_status kvt_cache_stream_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t layer,
+                                       void *stream, int64_t timeout_ms);
 /* Cancels a task. A planned task is released at once; a running one stops
  * at its next layer boundary. Its result (KVT_ECANCELED) is still reported
  * once. A cancelled load leaves the engine pages undefined. */

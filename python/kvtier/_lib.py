@@ -172,6 +172,7 @@ _PROTOS = {
     "kvt_cache_try_wait": (_st, [_H, c_uint64, POINTER(TaskResult)]),
     "kvt_cache_wait_layer": (_st, [_H, c_uint64, c_uint32, c_int64]),
     "kvt_cache_layer_event": (_st, [_H, c_uint64, c_uint32, c_int64, POINTER(c_void_p)]),
+    "kvt_cache_stream_wait_layer": (_st, [_H, c_uint64, c_uint32, c_void_p, c_int64]),
     "kvt_cache_cancel": (_st, [_H, c_uint64]),
     "kvt_cache_poll": (_st, [_H, POINTER(TaskResult), c_uint32, POINTER(c_uint32)]),
     "kvt_cache_stats_get": (_st, [_H, POINTER(CacheStats)]),

@@ -252,6 +252,19 @@ class Cache(Handle):
                                  timeout_ms(timeout), ctypes.byref(ev)))
         return ev.value or 0
 
+    def stream_wait_layer(self, task, layer, stream, timeout):
+        """For a launched load into CUDA tensors: makes the CUDA stream
+        ``stream`` (a torch.cuda.Stream, or its cuda_stream int; 0 is the
+        legacy default stream) wait for layer `layer` without blocking this
+        thread beyond the layer's copies being enqueued."""
+        task = uint(task, "task", 64)
+        handle = getattr(stream, "cuda_stream", stream)
+        if not isinstance(handle, int) or handle < 0:
+            raise invalid("stream_wait_layer: stream must be a CUDA stream or its handle (int)")
+        check(self._call_waiting(task, lib.kvt_cache_stream_wait_layer, task,
+                                 uint(layer, "layer"), ctypes.c_void_p(handle),
+                                 timeout_ms(timeout)))
+
     def wait_layer(self, task, layer, timeout):
         """Waits until layers [0, layer] of a launched load landed."""
         task = uint(task, "task", 64)

@@ -108,6 +108,10 @@ class CudaRegistration(unittest.TestCase):
         with self.assertRaises(kvtier.Unsupported) as cm:
             self.cache.layer_event(1, 0, 0)
         self.assertIn("layer events exist only for CUDA device memory", cm.exception.message)
+        with self.assertRaises(kvtier.Unsupported):
+            self.cache.stream_wait_layer(1, 0, 0, 0)
+        with self.assertRaises(kvtier.InvalidArgument):
+            self.cache.stream_wait_layer(1, 0, "stream", 0)
         # The cache still takes host buffers and works.
         with kvtier.EmulatedEngine(self.geo, 32) as eng:
             self.cache.register_engine(eng)
@@ -157,8 +161,14 @@ class TorchCudaRoundTrip(unittest.TestCase):
             m = cache.lookup(tok)
             self.assertEqual(m.matched_tokens, 128)
             cache.launch(m.task, list(range(9)))
+            stream = torch.cuda.Stream()
             for layer in range(4):
                 self.assertNotEqual(cache.layer_event(m.task, layer, 30), 0)
+                cache.stream_wait_layer(m.task, layer, stream, 30)
+            with torch.cuda.stream(stream):  # ordered behind every layer's copies
+                seen = [[b[:128 * geo.token_bytes(0, 0)].clone() for b in layer] for layer in bufs]
+            stream.synchronize()
+            for layer in range(4):
                 cache.wait_layer(m.task, layer, 30)
             self.assertEqual(cache.wait(m.task, 30).status, 0)
             n = 128 * geo.token_bytes(0, 0)
@@ -166,6 +176,9 @@ class TorchCudaRoundTrip(unittest.TestCase):
                 for c in range(2):
                     self.assertTrue(torch.equal(bufs[layer][c][:n], orig[layer][c][:n]),
                                     "layer %d component %d differs" % (layer, c))
+                    self.assertTrue(torch.equal(seen[layer][c], orig[layer][c][:n]),
+                                    "layer %d component %d: the stream ran before the load"
+                                    % (layer, c))
         finally:
             cache.close()
             cfg.close()

@@ -6,6 +6,7 @@
 #include "cache/cache.h"
 #include "cache/tasks.h"
 #include "cache/tiers.h"
+#include "cuda/cuda.h"
 #include "util/clock.h"
 
 /* Requests longer than this are refused: 16 M tokens is far beyond any
@@ -668,6 +669,18 @@ kvt_status kvt_cache_layer_event(kvt_cache *c, kvt_task_id id, uint32_t layer,
     pthread_mutex_lock(&c->mu);
     kvt_status st = layer_event_locked(c, id, layer, timeout_ms, event);
     pthread_mutex_unlock(&c->mu);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
+}
+
+kvt_status kvt_cache_stream_wait_layer(kvt_cache *c, kvt_task_id id, uint32_t layer,
+                                       void *stream, int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_cache_stream_wait_layer";
+    void *ev = NULL;
+    kvt_status st = kvt_cache_layer_event(c, id, layer, timeout_ms, &ev);
+    if (st) return st;
+    /* c->cuda is set once at registration, before any task exists. */
+    st = kvt__cuda_backend_stream_wait(c->cuda, fn, stream, ev);
     return st ? kvt__cache_fail(c, st) : KVT_OK;
 }
 

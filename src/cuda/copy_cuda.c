@@ -417,6 +417,16 @@ kvt_status kvt__cuda_backend_check_ptr(kvt_cuda_backend *b, const char *fn, cons
     return KVT_OK;
 }
 
+kvt_status kvt__cuda_backend_stream_wait(kvt_cuda_backend *b, const char *fn, void *stream,
+                                         void *event)
+{
+    kvt_cuerr e = b->api->StreamWaitEvent(stream, event, 0);
+    if (e)
+        return kvt__fail(KVT_EIO, "%s: cudaStreamWaitEvent(stream %p) failed: %s", fn, stream,
+                         kvt__cuda_errstr(b->api, e));
+    return KVT_OK;
+}
+
 void kvt__cuda_backend_free_events(kvt_cuda_backend *b, void **events, size_t n)
 {
     for (size_t i = 0; i < n; i++)

@@ -80,6 +80,9 @@ kvt_status kvt__cuda_backend_pin(kvt_cuda_backend *b, const char *fn, void *p, u
  * managed memory); else KVT_EINVAL naming what (e.g. "layer_bases[3]"). */
 kvt_status kvt__cuda_backend_check_ptr(kvt_cuda_backend *b, const char *fn, const char *what,
                                        const void *p);
+/* cudaStreamWaitEvent(stream, event, 0); KVT_EIO naming the CUDA error. */
+kvt_status kvt__cuda_backend_stream_wait(kvt_cuda_backend *b, const char *fn, void *stream,
+                                         void *event);
 /* Destroys events created by record() (cudaEventDestroy), n slots. */
 void kvt__cuda_backend_free_events(kvt_cuda_backend *b, void **events, size_t n);
 

@@ -105,6 +105,7 @@ static void load_once(void)
     SYM(h, EventRecord, "cudaEventRecord");
     SYM(h, EventQuery, "cudaEventQuery");
     SYM(h, EventSynchronize, "cudaEventSynchronize");
+    SYM(h, StreamWaitEvent, "cudaStreamWaitEvent");
     SYM(h, HostRegister, "cudaHostRegister");
     SYM(h, HostUnregister, "cudaHostUnregister");
     SYM(h, HostAlloc, "cudaHostAlloc");

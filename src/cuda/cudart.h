@@ -81,6 +81,7 @@ typedef struct kvt_cuda_api {
     kvt_cuerr (*EventRecord)(kvt_cuevent, kvt_custream);
     kvt_cuerr (*EventQuery)(kvt_cuevent);
     kvt_cuerr (*EventSynchronize)(kvt_cuevent);
+    kvt_cuerr (*StreamWaitEvent)(kvt_custream, kvt_cuevent, unsigned);
     kvt_cuerr (*HostRegister)(void *, size_t, unsigned);
     kvt_cuerr (*HostUnregister)(void *);
     kvt_cuerr (*HostAlloc)(void **, size_t, unsigned);

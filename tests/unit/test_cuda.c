@@ -160,6 +160,7 @@ static void refuse_without_device(void **state)
     assert_ok(kvt_cache_register_memory(c, &mem));
     assert_status(kvt_cache_layer_event(c, 1, 0, 0, &ev), KVT_EUNSUPPORTED);
     assert_non_null(strstr(kvt_last_error(), "the engine memory is host memory"));
+    assert_status(kvt_cache_stream_wait_layer(c, 1, 0, NULL, 0), KVT_EUNSUPPORTED);
     uint32_t tokens[65], pages[16];
     kvt_test_tokens(tokens, 65, 9);
     for (uint32_t i = 0; i < 16; i++) pages[i] = i;
@@ -298,10 +299,14 @@ static void device_roundtrip(kvt_layout layout, const char *mode)
     void *engine_stream;
     CU_OK(g_api->StreamCreateWithFlags(&engine_stream, KVT_CU_STREAM_NON_BLOCKING));
     for (uint32_t l = 0; l < L; l++) {
-        void *ev = NULL;
-        assert_ok(kvt_cache_layer_event(c, m.task, l, WAIT_MS, &ev));
-        assert_non_null(ev);
-        CU_OK(wait_event(engine_stream, ev, 0));
+        if (l % 2) { /* odd layers: kvtier makes the stream wait */
+            assert_ok(kvt_cache_stream_wait_layer(c, m.task, l, engine_stream, WAIT_MS));
+        } else {     /* even layers: the engine waits on the event itself */
+            void *ev = NULL;
+            assert_ok(kvt_cache_layer_event(c, m.task, l, WAIT_MS, &ev));
+            assert_non_null(ev);
+            CU_OK(wait_event(engine_stream, ev, 0));
+        }
         /* Layer l's buffers (layer-first) are copied out behind the event. */
         if (layout == KVT_LAYOUT_LAYER_FIRST)
             for (uint32_t k = 0; k < 2; k++) {
