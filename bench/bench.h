@@ -5,6 +5,8 @@
 #define KVT_BENCH_BENCH_H
 
 int kvt_bench_copy_main(int argc, char **argv);  /* kvtier bench copy [--json] */
+/* kvtier bench copy --device cuda [--json] [--size-mb M] [--threads N] [--mode M] */
+int kvt_bench_copy_cuda_main(int argc, char **argv);
 int kvt_bench_index_main(int argc, char **argv); /* kvtier bench index [--json] [--blocks N] */
 int kvt_bench_ssd_main(int argc, char **argv);   /* kvtier bench ssd [--json] [--dir D] [--size-mb N] */
 int kvt_bench_pd_main(int argc, char **argv);    /* kvtier bench pd [--json] [--mib N] [--rounds N] */

@@ -316,6 +316,8 @@ static double dmax(double a, double b) { return a > b ? a : b; }
 static int usage(void)
 {
     fprintf(stderr, "usage: kvtier bench copy [--json] [--threads N] [--size-mb M]\n"
+                    "       kvtier bench copy --device cuda [--json] [--threads N] [--size-mb M] "
+                    "[--mode all|auto|batch|kernel|memcpy]\n"
                     "  --threads N  workers for the multi-thread run (2..64, default 2)\n"
                     "  --size-mb M  MiB moved per transfer (8..65536, default 256)\n");
     return 2;
@@ -334,6 +336,9 @@ int kvt_bench_copy_main(int argc, char **argv)
 {
     bool json = false;
     uint32_t threads = 2, size_mb = 256;
+    for (int i = 0; i + 1 < argc; i++) /* the device path: bench_copy_cuda.c */
+        if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda"))
+            return kvt_bench_copy_cuda_main(argc, argv);
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) {
             json = true;

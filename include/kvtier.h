@@ -332,11 +332,30 @@ typedef struct kvt_request {
  * registration refuses buffers too small for num_pages pages of the cache's
  * geometry (KVT_EGEOMETRY naming the layer), instead of letting a transfer
  * write past them. */
+/* Where engine memory lives. A zeroed struct is host memory, so code
+ * written before device memory existed is unchanged. */
+typedef enum kvt_memory_kind {
+    KVT_MEMORY_HOST = 0, /* the CPU copies (memcpy) */
+    KVT_MEMORY_CUDA = 1, /* CUDA device memory of device `device` (docs/gpu.md) */
+} kvt_memory_kind;
+
+/* KVT_MEMORY_CUDA: every buffer is device memory on CUDA device `device`
+ * (the ordinal as the CUDA runtime counts it, honouring
+ * CUDA_VISIBLE_DEVICES). kvtier loads the CUDA runtime at run time
+ * (dlopen libcudart.so.13 or .12; KVTIER_CUDART names another file), never
+ * at link time. Registration fails with KVT_EUNSUPPORTED saying which part
+ * is missing when the runtime cannot be loaded or no device is usable, and
+ * with KVT_EINVAL when a buffer is not device memory of that device. Host
+ * memory registration never touches CUDA. With device memory, the CPU tier
+ * is pinned (cudaHostRegister) and copies run on CUDA streams owned by the
+ * transfer workers; kvt_cache_layer_event gives a load's per-layer events. */
 typedef struct kvt_engine_memory {
     uint32_t num_pages;
     void *base;
     void *const *layer_bases;
     const uint64_t *buffer_bytes;
+    kvt_memory_kind kind; /* KVT_MEMORY_HOST (0) or KVT_MEMORY_CUDA */
+    int32_t device;       /* KVT_MEMORY_CUDA: the device ordinal; else 0 */
 } kvt_engine_memory;
 
 /* ------------------------------------------------------------------ */
@@ -433,6 +452,26 @@ kvt_status kvt_cache_try_wait(kvt_cache *cache, kvt_task_id task, kvt_task_resul
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
 kvt_status kvt_cache_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t layer,
                                 int64_t timeout_ms);
+/* For a launched load on CUDA device memory: the CUDA event (a cudaEvent_t,
+ * as void *) that completes when layer `layer`'s copies into the engine's
+ * pages have landed. The engine's stream waits on it
+ * (cudaStreamWaitEvent(stream, (cudaEvent_t)ev, 0)) instead of a CPU thread
+ * blocking in kvt_cache_wait_layer (which keeps working). Blocks only until
+ * the layer's copies are enqueued and the event recorded (or timeout_ms).
+ * The event belongs to the cache: never destroy it, and enqueue the wait
+ * before the task's result is reported (wait or poll), after which the
+ * event is reused. KVT_EUNSUPPORTED when the cache's engine memory is host
+ * memory; a task that ended with an error gives that error. */
+kvt_status kvt_cache_layer_event(kvt_cache *cache, kvt_task_id task, uint32_t layer,
+                                 int64_t timeout_ms, void **event);
+/* kvt_cache_layer_event, then cudaStreamWaitEvent(stream, event, 0) through
+ * kvtier's own CUDA runtime: the engine's stream (a cudaStream_t as void *;
+ * NULL is the legacy default stream) waits for layer `layer` without the
+ * engine loading CUDA itself (Python: Cache.stream_wait_layer with
+ * torch.cuda.current_stream().cuda_stream). Same errors as
+ * kvt_cache_layer_event, and KVT_EIO naming the CUDA error. */
+kvt_status kvt_cache_stream_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t layer,
+                                       void *stream, int64_t timeout_ms);
 /* Cancels a task. A planned task is released at once; a running one stops
  * at its next layer boundary. Its result (KVT_ECANCELED) is still reported
  * once. A cancelled load leaves the engine pages undefined. */

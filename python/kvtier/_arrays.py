@@ -172,6 +172,42 @@ def as_request(tokens, ns=None, keys=None):
     return CRequest(tokens, ns, keys=keys)
 
 
+def cuda_device(buf):
+    """The CUDA device ordinal of a CUDA tensor, else None. Duck-typed (no
+    torch import needed): an object with data_ptr() and a device whose type
+    is "cuda" (torch.Tensor on a GPU, or anything shaped like one)."""
+    dev = getattr(buf, "device", None)
+    if dev is None or not callable(getattr(buf, "data_ptr", None)):
+        return None
+    if getattr(dev, "type", None) != "cuda":
+        return None
+    index = getattr(dev, "index", None)
+    return -1 if index is None else int(index)
+
+
+def cuda_buffer_address(buf, what, need_bytes):
+    """(address, device, keep-alive object) of a contiguous CUDA tensor of at
+    least need_bytes."""
+    device = cuda_device(buf)
+    if device is None:
+        raise invalid("%s: not a CUDA tensor" % what)
+    if device < 0:
+        raise invalid("%s: the CUDA tensor's device has no index" % what)
+    is_contig = getattr(buf, "is_contiguous", None)
+    if callable(is_contig) and not is_contig():
+        raise invalid("%s: the tensor is not contiguous" % what)
+    if callable(getattr(buf, "numel", None)) and callable(getattr(buf, "element_size", None)):
+        nbytes = int(buf.numel()) * int(buf.element_size())
+    else:
+        nbytes = int(getattr(buf, "nbytes", 0))
+    addr = int(buf.data_ptr())
+    if nbytes < need_bytes:
+        raise invalid("%s holds %d bytes; the geometry needs %d" % (what, nbytes, need_bytes))
+    if addr == 0:
+        raise invalid("%s: null data pointer" % what)
+    return addr, device, buf
+
+
 def buffer_address(buf, what, need_bytes):
     """(address, keep-alive object) of a writable, contiguous host buffer of
     at least need_bytes: a numpy array or a CPU torch tensor."""

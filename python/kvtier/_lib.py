@@ -58,7 +58,12 @@ class Request(Structure):
 class EngineMemory(Structure):
     """kvt_engine_memory."""
     _fields_ = [("num_pages", c_uint32), ("base", c_void_p),
-                ("layer_bases", POINTER(c_void_p)), ("buffer_bytes", POINTER(c_uint64))]
+                ("layer_bases", POINTER(c_void_p)), ("buffer_bytes", POINTER(c_uint64)),
+                ("kind", ctypes.c_int), ("device", ctypes.c_int32)]
+
+
+KVT_MEMORY_HOST = 0
+KVT_MEMORY_CUDA = 1
 
 
 class Match(Structure):
@@ -172,6 +177,8 @@ _PROTOS = {
     "kvt_cache_wait": (_st, [_H, c_uint64, c_int64, POINTER(TaskResult)]),
     "kvt_cache_try_wait": (_st, [_H, c_uint64, POINTER(TaskResult)]),
     "kvt_cache_wait_layer": (_st, [_H, c_uint64, c_uint32, c_int64]),
+    "kvt_cache_layer_event": (_st, [_H, c_uint64, c_uint32, c_int64, POINTER(c_void_p)]),
+    "kvt_cache_stream_wait_layer": (_st, [_H, c_uint64, c_uint32, c_void_p, c_int64]),
     "kvt_cache_cancel": (_st, [_H, c_uint64]),
     "kvt_cache_poll": (_st, [_H, POINTER(TaskResult), c_uint32, POINTER(c_uint32)]),
     "kvt_cache_stats_get": (_st, [_H, POINTER(CacheStats)]),

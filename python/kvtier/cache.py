@@ -9,7 +9,8 @@ import ctypes
 from collections import namedtuple
 
 from . import _lib
-from ._arrays import as_request, buffer_address, timeout_ms, u32_array, u32_ptr, uint
+from ._arrays import (as_request, buffer_address, cuda_buffer_address, cuda_device, timeout_ms,
+                      u32_array, u32_ptr, uint)
 from ._handle import Handle
 from .config import LAYER_FIRST, Config, Geometry
 from .errors import check, invalid, make_error
@@ -49,12 +50,42 @@ StorePlan.__doc__ = """A planned store: task (0 when nothing to store) and its t
 
 
 def register_memory(target, geometry, num_pages, buffers=None, base=None):
-    """Builds a kvt_engine_memory from host buffers, checking each one's size
-    against the geometry. Returns (EngineMemory, keep-alive list).
+    """Builds a kvt_engine_memory from host buffers, or from CUDA tensors
+    (torch tensors on a GPU, duck-typed by data_ptr() and device), checking
+    each one's size against the geometry. Returns (EngineMemory, keep-alive
+    list). All buffers are host memory, or all are on one CUDA device.
 
     LAYER_FIRST: ``buffers[layer][component]`` (or a flat list indexed
     ``layer * 2 + component``) each holding num_pages pages of that
     component. PAGE_FIRST: ``base``, num_pages * bytes_per_page bytes."""
+    devices = []
+
+    def address(buf, what, need):
+        device = cuda_device(buf)
+        if device is None:
+            devices.append((what, None))
+            return buffer_address(buf, what, need)
+        addr, device, obj = cuda_buffer_address(buf, what, need)
+        devices.append((what, device))
+        return addr, obj
+
+    mem, keep = _build_memory(target, geometry, num_pages, buffers, base, address)
+    kinds = set(d for _, d in devices)
+    if len(kinds) > 1:
+        first = devices[0]
+        other = next(d for d in devices if d[1] != first[1])
+
+        def name(d):
+            return "host memory" if d[1] is None else "CUDA device %d" % d[1]
+        raise invalid("%s: %s is %s but %s is %s; all buffers must be host memory or on one "
+                      "CUDA device" % (target, first[0], name(first), other[0], name(other)))
+    if devices and devices[0][1] is not None:
+        mem.kind = _lib.KVT_MEMORY_CUDA
+        mem.device = devices[0][1]
+    return mem, keep
+
+
+def _build_memory(target, geometry, num_pages, buffers, base, buffer_address):
     gi = geometry.info()
     num_pages = uint(num_pages, "num_pages", minimum=1)
     keep = []
@@ -208,6 +239,31 @@ class Cache(Handle):
             return None
         check(st)
         return _result(r)
+
+    def layer_event(self, task, layer, timeout):
+        """For a launched load into CUDA tensors: the address of the
+        cudaEvent_t that completes when layer `layer` has landed (an int; the
+        engine's stream waits on it, e.g. cudaStreamWaitEvent through
+        ctypes). Valid until the task's result is reported. Raises
+        Unsupported for host memory."""
+        task = uint(task, "task", 64)
+        ev = ctypes.c_void_p()
+        check(self._call_waiting(task, lib.kvt_cache_layer_event, task, uint(layer, "layer"),
+                                 timeout_ms(timeout), ctypes.byref(ev)))
+        return ev.value or 0
+
+    def stream_wait_layer(self, task, layer, stream, timeout):
+        """For a launched load into CUDA tensors: makes the CUDA stream
+        ``stream`` (a torch.cuda.Stream, or its cuda_stream int; 0 is the
+        legacy default stream) wait for layer `layer` without blocking this
+        thread beyond the layer's copies being enqueued."""
+        task = uint(task, "task", 64)
+        handle = getattr(stream, "cuda_stream", stream)
+        if not isinstance(handle, int) or handle < 0:
+            raise invalid("stream_wait_layer: stream must be a CUDA stream or its handle (int)")
+        check(self._call_waiting(task, lib.kvt_cache_stream_wait_layer, task,
+                                 uint(layer, "layer"), ctypes.c_void_p(handle),
+                                 timeout_ms(timeout)))
 
     def wait_layer(self, task, layer, timeout):
         """Waits until layers [0, layer] of a launched load landed."""

@@ -7,6 +7,7 @@
 
 #include "cache/tasks.h"
 #include "cache/tiers.h"
+#include "cuda/cuda.h"
 #include "metrics/metrics.h"
 #include "util/log.h"
 
@@ -124,6 +125,13 @@ void kvt_cache_destroy(kvt_cache *c)
     }
     if (c->pool) kvt__tiers_stop(c);
     kvt__xfer_destroy(c->xfer); /* its on_done callbacks still use the tier tables */
+    if (c->cuda) { /* after the workers (their streams), before the pool (pinned) */
+        if (c->cuda_events)
+            kvt__cuda_backend_free_events(c->cuda, c->cuda_events,
+                                          (size_t)c->cfg.max_tasks * c->geo->num_layers);
+        kvt__cuda_backend_destroy(c->cuda);
+    }
+    free(c->cuda_events);
     kvt__tiers_free(c);
     kvt__tasks_fini(c);
     kvt__index_destroy(c->index);
@@ -133,6 +141,54 @@ void kvt_cache_destroy(kvt_cache *c)
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->err_mu);
     free(c);
+}
+
+/* Device memory: the layout checks as for host memory, then the CUDA
+ * runtime and device (KVT_EUNSUPPORTED naming what is missing), every
+ * buffer on that device, the CPU tier pinned, the copy ops switched.
+ * c->mu held; nothing was submitted yet (no launch before registration). */
+static kvt_status register_cuda(kvt_cache *c, const kvt_engine_memory *mem)
+{
+    static const char fn[] = "kvt_cache_register_memory";
+    kvt_engine_memory host = *mem;
+    host.kind = KVT_MEMORY_HOST;
+    kvt_page_map map;
+    kvt_status st = kvt__page_map_init(&map, c->geo, &host);
+    if (st) return st;
+    KVT_CHECK_ARG(mem->device >= 0, "%s: device is %d (a CUDA device ordinal is >= 0)", fn,
+                  (int)mem->device);
+    kvt_cuda_backend *b = NULL;
+    st = kvt__cuda_backend_create(&b, fn, mem->device, KVT_CUDA_AUTO);
+    if (st) return st;
+    char what[64];
+    for (uint32_t l = 0; l < c->geo->num_layers && !st; l++)
+        for (uint32_t k = 0; k < kvt__geo_ncomp(c->geo, l) && !st; k++) {
+            uint32_t u = KVT_UNIT(l, k);
+            if (c->geo->layout == KVT_LAYOUT_PAGE_FIRST)
+                snprintf(what, sizeof what, "base");
+            else
+                snprintf(what, sizeof what, "layer_bases[%u]", u);
+            st = kvt__cuda_backend_check_ptr(b, fn, what, map.base[u]);
+        }
+    if (!st) {
+        uint64_t len = (uint64_t)kvt__pool_blocks_total(c->pool) * kvt__pool_stride(c->pool);
+        if (len) st = kvt__cuda_backend_pin(b, fn, kvt__pool_block(c->pool, 0), len);
+    }
+    void **ev = NULL;
+    if (!st) {
+        ev = calloc((size_t)c->cfg.max_tasks * c->geo->num_layers, sizeof *ev);
+        if (!ev) st = kvt__fail(KVT_ENOMEM, "%s: out of memory for CUDA events", fn);
+    }
+    if (!st) st = kvt__xfer_set_ops(c->xfer, kvt__cuda_backend_ops(b));
+    if (st) {
+        free(ev);
+        kvt__cuda_backend_destroy(b);
+        return st;
+    }
+    c->map = map;
+    c->cuda = b;
+    c->cuda_events = ev;
+    return KVT_OK;
 }
 
 kvt_status kvt_cache_register_memory(kvt_cache *c, const kvt_engine_memory *mem)
@@ -145,6 +201,8 @@ kvt_status kvt_cache_register_memory(kvt_cache *c, const kvt_engine_memory *mem)
     if (c->memory_registered)
         st = kvt__fail(KVT_ESTATE, "kvt_cache_register_memory: engine memory is already "
                        "registered (allowed once per cache)");
+    else if (mem->kind == KVT_MEMORY_CUDA)
+        st = register_cuda(c, mem);
     else
         st = kvt__page_map_init(&c->map, c->geo, mem);
     if (!st) c->memory_registered = true;

@@ -78,6 +78,11 @@ struct kvt_cache {
     kvt_xfer *xfer;
     bool memory_registered;
     kvt_page_map map;
+    /* Engine memory on a CUDA device (docs/gpu.md): the copy backend, and
+     * per task slot num_layers CUDA events (created by the workers on first
+     * use, reused by later tasks of the slot). NULL for host memory. */
+    struct kvt_cuda_backend *cuda;
+    void **cuda_events;
 
     kvt_task *tasks;      /* max_tasks slots */
     uint32_t *free_slots; /* stack of free slot numbers */

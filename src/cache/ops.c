@@ -6,6 +6,7 @@
 #include "cache/cache.h"
 #include "cache/tasks.h"
 #include "cache/tiers.h"
+#include "cuda/cuda.h"
 #include "util/clock.h"
 
 /* Requests longer than this are refused: 16 M tokens is far beyond any
@@ -449,6 +450,8 @@ static kvt_status launch_locked(kvt_cache *c, kvt_task_id id, const uint32_t *pa
     t->xt.pages = t->pages;
     t->xt.on_done = on_xfer_done;
     t->xt.user = t;
+    if (c->cuda_events && t->kind == KVT_TASK_LOAD)
+        t->xt.layer_events = &c->cuda_events[(size_t)(t - c->tasks) * c->geo->num_layers];
     kvt__list_remove(&c->planned, t);
     t->state = KVT_TS_RUNNING;
     t->launched = true;
@@ -596,6 +599,88 @@ kvt_status kvt_cache_wait_layer(kvt_cache *c, kvt_task_id id, uint32_t layer, in
     pthread_mutex_lock(&c->mu);
     kvt_status st = wait_layer_locked(c, id, layer, timeout_ms);
     pthread_mutex_unlock(&c->mu);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
+}
+
+static kvt_status layer_event_locked(kvt_cache *c, kvt_task_id id, uint32_t layer,
+                                     int64_t timeout_ms, void **event)
+{
+    static const char fn[] = "kvt_cache_layer_event";
+    if (!c->cuda_events)
+        return kvt__fail(KVT_EUNSUPPORTED, "%s: the engine memory is %s; layer events exist only "
+                         "for CUDA device memory (use kvt_cache_wait_layer)", fn,
+                         c->memory_registered ? "host memory" : "not registered yet");
+    kvt_task *t = NULL;
+    kvt_status st = find_task(c, fn, id, &t);
+    if (st) return st;
+    if (t->kind != KVT_TASK_LOAD)
+        return kvt__fail(KVT_EINVAL, "%s: task %llu is a store; only loads have layer events", fn,
+                         (unsigned long long)id);
+    if (layer >= c->geo->num_layers)
+        return kvt__fail(KVT_EINVAL, "%s: layer %u is out of range (%u layers)", fn, layer,
+                         c->geo->num_layers);
+    if (t->state == KVT_TS_PLANNED)
+        return kvt__fail(KVT_ESTATE, "%s: task %llu was never launched", fn, (unsigned long long)id);
+    void **slot = &c->cuda_events[(size_t)(t - c->tasks) * c->geo->num_layers + layer];
+    if (t->state == KVT_TS_ENDED) {
+        if (t->result != KVT_OK)
+            return kvt__fail(t->result, "%s: task %llu ended with %s", fn, (unsigned long long)id,
+                             kvt_status_name(t->result));
+        *event = *slot; /* recorded, and complete */
+        return KVT_OK;
+    }
+    uint64_t deadline = kvt__deadline_ns(timeout_ms);
+    t->refs++;
+    while (t->reading && kvt__cond_wait_until(&c->ended_cv, &c->mu, deadline)) {}
+    if (t->reading) {
+        st = KVT_ETIMEDOUT;
+    } else if (t->bad_status != KVT_OK) {
+        st = bad_read_fail(c, t, fn, id);
+        unref(c, t);
+        return st;
+    } else if (t->state == KVT_TS_ENDED) {
+        st = t->result;
+    } else {
+        pthread_mutex_unlock(&c->mu);
+        st = kvt__xfer_wait_recorded(c->xfer, &t->xt, layer, deadline);
+        pthread_mutex_lock(&c->mu);
+    }
+    if (st == KVT_OK) *event = *slot;
+    unref(c, t);
+    if (st == KVT_ETIMEDOUT)
+        return kvt__fail(st, "%s: layer %u of task %llu not enqueued after %lld ms", fn, layer,
+                         (unsigned long long)id, (long long)timeout_ms);
+    if (st)
+        return kvt__fail(st, "%s: task %llu ended with %s", fn, (unsigned long long)id,
+                         kvt_status_name(st));
+    return KVT_OK;
+}
+
+kvt_status kvt_cache_layer_event(kvt_cache *c, kvt_task_id id, uint32_t layer,
+                                 int64_t timeout_ms, void **event)
+{
+    static const char fn[] = "kvt_cache_layer_event";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
+    KVT_CHECK_NOT_NULL(event, fn);
+    *event = NULL;
+    KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
+                  (long long)timeout_ms);
+    pthread_mutex_lock(&c->mu);
+    kvt_status st = layer_event_locked(c, id, layer, timeout_ms, event);
+    pthread_mutex_unlock(&c->mu);
+    return st ? kvt__cache_fail(c, st) : KVT_OK;
+}
+
+kvt_status kvt_cache_stream_wait_layer(kvt_cache *c, kvt_task_id id, uint32_t layer,
+                                       void *stream, int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_cache_stream_wait_layer";
+    void *ev = NULL;
+    kvt_status st = kvt_cache_layer_event(c, id, layer, timeout_ms, &ev);
+    if (st) return st;
+    /* c->cuda is set once at registration, before any task exists. */
+    st = kvt__cuda_backend_stream_wait(c->cuda, fn, stream, ev);
     return st ? kvt__cache_fail(c, st) : KVT_OK;
 }
 

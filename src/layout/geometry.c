@@ -264,6 +264,11 @@ kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
                                  const kvt_engine_memory *mem, const char *fn)
 {
     KVT_CHECK_ARG(mem->num_pages > 0, "%s: num_pages is 0", fn);
+    KVT_CHECK_ARG(mem->kind == KVT_MEMORY_HOST || mem->kind == KVT_MEMORY_CUDA,
+                  "%s: kind is %d (KVT_MEMORY_HOST or KVT_MEMORY_CUDA)", fn, (int)mem->kind);
+    if (mem->kind != KVT_MEMORY_HOST)
+        return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA device memory is not supported here yet "
+                         "(only kvt_cache_register_memory takes it; docs/gpu.md)", fn);
     memset(map, 0, sizeof *map);
     map->num_pages = mem->num_pages;
     uint64_t page_bytes = kvt__geo_bytes_per_token(g) * g->tokens_per_page;

@@ -58,6 +58,7 @@ typedef struct xfer_worker {
     kvt_xfer *x;
     pthread_t thread;
     uint32_t index;
+    void *wctx; /* async ops: the backend's per-worker state */
     kvt_copy_chunk chunks[XFER_CHUNKS];
 } xfer_worker;
 
@@ -68,6 +69,7 @@ struct kvt_xfer {
     kvt_xfer_task *head, *tail;
     kvt_xfer_task *reap;
     bool stopping;
+    bool submitted; /* a task was submitted: the ops are fixed */
     kvt_copy_ops ops;
     uint32_t nworkers;
     xfer_worker *workers;
@@ -188,10 +190,33 @@ static kvt_status flush(xfer_worker *w, kvt_xfer_task *t, uint32_t n)
 {
     if (atomic_load_explicit(&t->cancel, memory_order_relaxed)) return KVT_ECANCELED;
     const kvt_copy_ops *ops = &w->x->ops;
+    if (ops->copy_async) return ops->copy_async(ops->ctx, &w->wctx, (int)t->dir, w->chunks, n);
     return ops->copy(ops->ctx, w->chunks, n);
 }
 
+static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer);
+
+/* Async ops: enqueue the unit, record its event (and tell
+ * kvt__xfer_wait_recorded), then wait for the stream. */
 static kvt_status run_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
+{
+    const kvt_copy_ops *ops = &w->x->ops;
+    if (!ops->copy_async) return build_unit(w, t, layer);
+    kvt_status rc = build_unit(w, t, layer);
+    if (rc == KVT_OK && ops->record) {
+        rc = ops->record(ops->ctx, &w->wctx, t->layer_events ? &t->layer_events[layer] : NULL);
+        if (rc == KVT_OK) {
+            pthread_mutex_lock(&w->x->mu);
+            t->layer_recorded[layer] = 1;
+            pthread_cond_broadcast(&w->x->done_cv);
+            pthread_mutex_unlock(&w->x->mu);
+        }
+    }
+    kvt_status sr = ops->sync ? ops->sync(ops->ctx, &w->wctx) : KVT_OK;
+    return rc != KVT_OK ? rc : sr;
+}
+
+static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
 {
     const kvt_geometry *g = t->geo;
     const uint32_t ppb = t->block_tokens / g->tokens_per_page;
@@ -258,6 +283,8 @@ static void *worker_main(void *arg)
         pthread_cond_wait(&x->work_cv, &x->mu);
     }
     pthread_mutex_unlock(&x->mu);
+    if (w->wctx && x->ops.worker_exit) x->ops.worker_exit(x->ops.ctx, w->wctx);
+    w->wctx = NULL;
     return NULL;
 }
 
@@ -379,6 +406,7 @@ kvt_status kvt__xfer_submit(kvt_xfer *x, kvt_xfer_task *task)
     task->units_running = 0;
     task->layers_ready = 0;
     memset(task->layer_done, 0, task_layers(task));
+    memset(task->layer_recorded, 0, task_layers(task));
     atomic_store_explicit(&task->cancel, 0, memory_order_relaxed);
     task->status = KVT_OK;
     task->ended = false;
@@ -389,6 +417,7 @@ kvt_status kvt__xfer_submit(kvt_xfer *x, kvt_xfer_task *task)
         pthread_mutex_unlock(&x->mu);
         return kvt__fail(KVT_ESTATE, "kvt__xfer_submit: the transfer engine is shutting down");
     }
+    x->submitted = true;
     queue_push(x, task);
     pthread_cond_signal(&x->work_cv);
     pthread_mutex_unlock(&x->mu);
@@ -442,3 +471,57 @@ kvt_status kvt__xfer_wait_layer(kvt_xfer *x, kvt_xfer_task *task, uint32_t layer
 }
 
 uint32_t kvt__xfer_workers(const kvt_xfer *x) { return x ? x->nworkers : 0; }
+
+kvt_status kvt__xfer_set_ops(kvt_xfer *x, const kvt_copy_ops *ops)
+{
+    static const char fn[] = "kvt__xfer_set_ops";
+    KVT_CHECK_NOT_NULL(x, fn);
+    KVT_CHECK_NOT_NULL(ops, fn);
+    KVT_CHECK_ARG(ops->copy != NULL || ops->copy_async != NULL,
+                  "%s: ops \"%s\" has neither copy nor copy_async", fn, ops->name ? ops->name : "?");
+    pthread_mutex_lock(&x->mu);
+    bool late = x->submitted;
+    if (!late) x->ops = *ops;
+    pthread_mutex_unlock(&x->mu);
+    if (late)
+        return kvt__fail(KVT_ESTATE, "%s: tasks were already submitted with ops \"%s\"", fn,
+                         x->ops.name ? x->ops.name : "?");
+    return KVT_OK;
+}
+
+kvt_status kvt__xfer_wait_recorded(kvt_xfer *x, kvt_xfer_task *task, uint32_t layer,
+                                   uint64_t deadline_ns)
+{
+    static const char fn[] = "kvt__xfer_wait_recorded";
+    KVT_CHECK_NOT_NULL(x, fn);
+    KVT_CHECK_NOT_NULL(task, fn);
+    KVT_CHECK_ARG(layer < task_layers(task), "%s: layer %u is past the task's %u layers", fn,
+                  layer, task_layers(task));
+    kvt_status st;
+    pthread_mutex_lock(&x->mu);
+    for (;;) {
+        if (task->layer_recorded[layer]) {
+            st = KVT_OK;
+            break;
+        }
+        if (task->ended) {
+            st = task->status == KVT_OK ? KVT_ESTATE : task->status;
+            break;
+        }
+        if (kvt__now_ns() >= deadline_ns) {
+            st = KVT_ETIMEDOUT;
+            break;
+        }
+        kvt__cond_wait_until(&x->done_cv, &x->mu, deadline_ns);
+    }
+    pthread_mutex_unlock(&x->mu);
+    if (st == KVT_ETIMEDOUT)
+        return kvt__fail(st, "%s: layer %u not enqueued by the deadline", fn, layer);
+    if (st == KVT_ESTATE)
+        return kvt__fail(st, "%s: layer %u has no event (the copy backend records none)", fn,
+                         layer);
+    if (st != KVT_OK)
+        return kvt__fail(st, "%s: the task ended with %s before layer %u was enqueued", fn,
+                         kvt_status_name(st), layer);
+    return KVT_OK;
+}

@@ -30,6 +30,20 @@ typedef struct kvt_copy_ops {
     /* Copies n chunks. Returns KVT_OK or an error (KVT_EIO...). */
     kvt_status (*copy)(void *ctx, const kvt_copy_chunk *chunks, uint32_t n);
     void *ctx;
+    /* Optional, for asynchronous backends (cuda); when copy_async is set,
+     * the engine uses these three instead of copy. *wctx is the worker's own
+     * state (NULL at first; the backend creates it on the worker thread and
+     * worker_exit frees it). Per unit (one layer, one direction) the worker
+     * calls copy_async once per buffer of chunks (once per unit unless it
+     * has more than 512 chunks; the chunks may be reused after the call),
+     * then record(event) (event: the task's event for the layer, or NULL),
+     * then sync, which waits for everything enqueued. sync is called after
+     * a failed copy_async too. */
+    kvt_status (*copy_async)(void *ctx, void **wctx, int dir, const kvt_copy_chunk *chunks,
+                             uint32_t n);
+    kvt_status (*record)(void *ctx, void **wctx, void **event);
+    kvt_status (*sync)(void *ctx, void **wctx);
+    void (*worker_exit)(void *ctx, void *wctx);
 } kvt_copy_ops;
 
 /* memcpy on the host. */
@@ -56,12 +70,17 @@ struct kvt_xfer_task {
      * cancelled, or failed); status says which. No xfer lock is held. */
     void (*on_done)(kvt_xfer_task *task, kvt_status status);
     void *user;
+    /* Optional (asynchronous backends): num_layers event slots, passed to
+     * ops->record per layer (the backend may create the event in a NULL
+     * slot). NULL: no events. */
+    void **layer_events;
 
     /* Owned by the engine. */
     uint32_t next_layer;          /* next unit to hand out (under lock) */
     uint32_t units_running;       /* units handed out, not finished */
     uint32_t layers_ready;        /* layers [0, layers_ready) have landed */
     uint8_t layer_done[KVT_MAX_LAYERS];
+    uint8_t layer_recorded[KVT_MAX_LAYERS]; /* async ops: event recorded */
     atomic_int cancel;            /* 1: stop at the next unit */
     kvt_status status;            /* first error seen */
     bool ended;
@@ -93,5 +112,13 @@ void kvt__xfer_cancel(kvt_xfer *x, kvt_xfer_task *task);
 kvt_status kvt__xfer_wait_layer(kvt_xfer *x, kvt_xfer_task *task, uint32_t layer,
                                 uint64_t deadline_ns);
 uint32_t kvt__xfer_workers(const kvt_xfer *x);
+/* Replaces the copy ops; only before the first submit (KVT_ESTATE after).
+ * The cache switches to the CUDA backend when device memory is registered. */
+kvt_status kvt__xfer_set_ops(kvt_xfer *x, const kvt_copy_ops *ops);
+/* Async ops: waits until layer's copies are enqueued and its event recorded
+ * (task->layer_events[layer] is then set), or the layer landed, or the task
+ * ended, or deadline_ns. KVT_OK, KVT_ETIMEDOUT or the task's error. */
+kvt_status kvt__xfer_wait_recorded(kvt_xfer *x, kvt_xfer_task *task, uint32_t layer,
+                                   uint64_t deadline_ns);
 
 #endif
