@@ -388,7 +388,7 @@ kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg,
 void kvt_cache_destroy(kvt_cache *cache);
 /* Tells the cache where the engine's pages are; required before the first
  * launch, allowed once. See kvt_engine_memory for the lifetime. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY, KVT_ESTATE, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_cache_register_memory(kvt_cache *cache, const kvt_engine_memory *mem);
 
 typedef struct kvt_match {
@@ -462,6 +462,7 @@ kvt_status kvt_cache_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t lay
  * before the task's result is reported (wait or poll), after which the
  * event is reused. KVT_EUNSUPPORTED when the cache's engine memory is host
  * memory; a task that ended with an error gives that error. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EUNSUPPORTED. */
 kvt_status kvt_cache_layer_event(kvt_cache *cache, kvt_task_id task, uint32_t layer,
                                  int64_t timeout_ms, void **event);
 /* kvt_cache_layer_event, then cudaStreamWaitEvent(stream, event, 0) through
@@ -470,6 +471,7 @@ kvt_status kvt_cache_layer_event(kvt_cache *cache, kvt_task_id task, uint32_t la
  * engine loading CUDA itself (Python: Cache.stream_wait_layer with
  * torch.cuda.current_stream().cuda_stream). Same errors as
  * kvt_cache_layer_event, and KVT_EIO naming the CUDA error. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EIO, KVT_ESTATE, KVT_EUNSUPPORTED. */
 kvt_status kvt_cache_stream_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t layer,
                                        void *stream, int64_t timeout_ms);
 /* Cancels a task. A planned task is released at once; a running one stops
@@ -590,7 +592,7 @@ void kvt_client_detach(kvt_client *cl);
  *    KVT_ETIMEDOUT at launch.
  * Thread-safe: any thread may call any kvt_client_* function except detach
  * concurrently on one client (round trips are serialised on its socket). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE, KVT_EUNSUPPORTED. */
 kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out);
@@ -636,7 +638,7 @@ typedef struct kvt_verify_result {
     uint32_t first_bad_layer;
 } kvt_verify_result;
 
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY, KVT_EUNSUPPORTED. */
 kvt_status kvt_emu_create(kvt_emu **out, const kvt_geometry *geo, uint32_t num_pages);
 void kvt_emu_destroy(kvt_emu *emu);
 /* Makes this emulated rank hold global heads [first_head, first_head +
@@ -1068,7 +1070,7 @@ void kvt_pd_bootstrap_destroy(kvt_pd_bootstrap *bs);
  * dropped for a newer one) and must authenticate within
  * min(peer_timeout_ms, 2 s); when all 256 are in use, the link idle
  * longest that carries no room is dropped for a newcomer. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *params);
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_pd_sender_port(const kvt_pd_sender *s, uint16_t *out);
