@@ -541,52 +541,91 @@ static kvt_status bad_read_fail(const kvt_cache *c, const kvt_task *t, const cha
                      good_tokens);
 }
 
-static kvt_status wait_layer_locked(kvt_cache *c, kvt_task_id id, uint32_t layer,
-                                    int64_t timeout_ms)
+/* The checks every per-layer call on load `id` makes: the task exists, is a
+ * launched load, and has this layer. `what` names what its layers carry. */
+static kvt_status find_launched_load(kvt_cache *c, const char *fn, kvt_task_id id,
+                                     uint32_t layer, const char *what, kvt_task **out)
 {
-    static const char fn[] = "kvt_cache_wait_layer";
     kvt_task *t = NULL;
     kvt_status st = find_task(c, fn, id, &t);
     if (st) return st;
     if (t->kind != KVT_TASK_LOAD)
-        return kvt__fail(KVT_EINVAL, "%s: task %llu is a store; only loads have layers", fn,
-                         (unsigned long long)id);
+        return kvt__fail(KVT_EINVAL, "%s: task %llu is a store; only loads have %s", fn,
+                         (unsigned long long)id, what);
     if (layer >= c->geo->num_layers)
         return kvt__fail(KVT_EINVAL, "%s: layer %u is out of range (%u layers)", fn, layer,
                          c->geo->num_layers);
     if (t->state == KVT_TS_PLANNED)
         return kvt__fail(KVT_ESTATE, "%s: task %llu was never launched", fn, (unsigned long long)id);
-    if (t->state == KVT_TS_ENDED) {
-        if (t->result == KVT_OK) return KVT_OK;
-        if (t->bad_status != KVT_OK) return bad_read_fail(c, t, fn, id);
-        return kvt__fail(t->result, "%s: task %llu ended with %s", fn, (unsigned long long)id,
-                         kvt_status_name(t->result));
-    }
-    uint64_t deadline = kvt__deadline_ns(timeout_ms);
+    *out = t;
+    return KVT_OK;
+}
+
+typedef kvt_status (*layer_waiter)(kvt_xfer *x, kvt_xfer_task *task, uint32_t layer,
+                                   uint64_t deadline_ns);
+
+/* With c->mu held (dropped while blocked): waits until layer `layer` of the
+ * running load t is past `wait` (landed, or its copies enqueued). Blocks
+ * read back from the SSD land before any layer moves; a failed read answers
+ * as bad_read_fail, and *said tells the caller that message is final. */
+static kvt_status wait_running_layer(kvt_cache *c, kvt_task *t, const char *fn, kvt_task_id id,
+                                     uint32_t layer, uint64_t deadline, layer_waiter wait,
+                                     bool *said)
+{
+    kvt_status st;
+    *said = false;
     t->refs++;
-    /* Blocks read back from the SSD land before any layer moves. */
     while (t->reading && kvt__cond_wait_until(&c->ended_cv, &c->mu, deadline)) {}
     if (t->reading) {
         st = KVT_ETIMEDOUT;
     } else if (t->bad_status != KVT_OK) {
         st = bad_read_fail(c, t, fn, id);
-        unref(c, t);
-        return st;
+        *said = true;
     } else if (t->state == KVT_TS_ENDED) {
         st = t->result;
     } else {
         pthread_mutex_unlock(&c->mu);
-        st = kvt__xfer_wait_layer(c->xfer, &t->xt, layer, deadline);
+        st = wait(c->xfer, &t->xt, layer, deadline);
         pthread_mutex_lock(&c->mu);
     }
     unref(c, t);
+    return st;
+}
+
+/* The message of a per-layer wait that did not succeed (`past`: what the
+ * layer was waited for, "loaded" or "enqueued"). */
+static kvt_status task_ended_fail(kvt_status st, const char *fn, kvt_task_id id)
+{
+    return kvt__fail(st, "%s: task %llu ended with %s", fn, (unsigned long long)id,
+                     kvt_status_name(st));
+}
+
+static kvt_status layer_wait_fail(kvt_status st, const char *fn, kvt_task_id id, uint32_t layer,
+                                  const char *past, int64_t timeout_ms)
+{
     if (st == KVT_ETIMEDOUT)
-        return kvt__fail(st, "%s: layer %u of task %llu not loaded after %lld ms", fn, layer,
-                         (unsigned long long)id, (long long)timeout_ms);
-    if (st)
-        return kvt__fail(st, "%s: task %llu ended with %s", fn, (unsigned long long)id,
-                         kvt_status_name(st));
-    return KVT_OK;
+        return kvt__fail(st, "%s: layer %u of task %llu not %s after %lld ms", fn, layer,
+                         (unsigned long long)id, past, (long long)timeout_ms);
+    return task_ended_fail(st, fn, id);
+}
+
+static kvt_status wait_layer_locked(kvt_cache *c, kvt_task_id id, uint32_t layer,
+                                    int64_t timeout_ms)
+{
+    static const char fn[] = "kvt_cache_wait_layer";
+    kvt_task *t = NULL;
+    kvt_status st = find_launched_load(c, fn, id, layer, "layers", &t);
+    if (st) return st;
+    if (t->state == KVT_TS_ENDED) {
+        if (t->result == KVT_OK) return KVT_OK;
+        if (t->bad_status != KVT_OK) return bad_read_fail(c, t, fn, id);
+        return task_ended_fail(t->result, fn, id);
+    }
+    bool said;
+    st = wait_running_layer(c, t, fn, id, layer, kvt__deadline_ns(timeout_ms),
+                            kvt__xfer_wait_layer, &said);
+    if (st == KVT_OK || said) return st;
+    return layer_wait_fail(st, fn, id, layer, "loaded", timeout_ms);
 }
 
 kvt_status kvt_cache_wait_layer(kvt_cache *c, kvt_task_id id, uint32_t layer, int64_t timeout_ms)
@@ -611,49 +650,21 @@ static kvt_status layer_event_locked(kvt_cache *c, kvt_task_id id, uint32_t laye
                          "for CUDA device memory (use kvt_cache_wait_layer)", fn,
                          c->memory_registered ? "host memory" : "not registered yet");
     kvt_task *t = NULL;
-    kvt_status st = find_task(c, fn, id, &t);
+    kvt_status st = find_launched_load(c, fn, id, layer, "layer events", &t);
     if (st) return st;
-    if (t->kind != KVT_TASK_LOAD)
-        return kvt__fail(KVT_EINVAL, "%s: task %llu is a store; only loads have layer events", fn,
-                         (unsigned long long)id);
-    if (layer >= c->geo->num_layers)
-        return kvt__fail(KVT_EINVAL, "%s: layer %u is out of range (%u layers)", fn, layer,
-                         c->geo->num_layers);
-    if (t->state == KVT_TS_PLANNED)
-        return kvt__fail(KVT_ESTATE, "%s: task %llu was never launched", fn, (unsigned long long)id);
     void **slot = &c->cuda_events[(size_t)(t - c->tasks) * c->geo->num_layers + layer];
     if (t->state == KVT_TS_ENDED) {
-        if (t->result != KVT_OK)
-            return kvt__fail(t->result, "%s: task %llu ended with %s", fn, (unsigned long long)id,
-                             kvt_status_name(t->result));
+        if (t->result != KVT_OK) return task_ended_fail(t->result, fn, id);
         *event = *slot; /* recorded, and complete */
         return KVT_OK;
     }
-    uint64_t deadline = kvt__deadline_ns(timeout_ms);
-    t->refs++;
-    while (t->reading && kvt__cond_wait_until(&c->ended_cv, &c->mu, deadline)) {}
-    if (t->reading) {
-        st = KVT_ETIMEDOUT;
-    } else if (t->bad_status != KVT_OK) {
-        st = bad_read_fail(c, t, fn, id);
-        unref(c, t);
-        return st;
-    } else if (t->state == KVT_TS_ENDED) {
-        st = t->result;
-    } else {
-        pthread_mutex_unlock(&c->mu);
-        st = kvt__xfer_wait_recorded(c->xfer, &t->xt, layer, deadline);
-        pthread_mutex_lock(&c->mu);
-    }
+    bool said;
+    st = wait_running_layer(c, t, fn, id, layer, kvt__deadline_ns(timeout_ms),
+                            kvt__xfer_wait_recorded, &said);
+    /* Still under c->mu since the wait: the slot is this task's. */
     if (st == KVT_OK) *event = *slot;
-    unref(c, t);
-    if (st == KVT_ETIMEDOUT)
-        return kvt__fail(st, "%s: layer %u of task %llu not enqueued after %lld ms", fn, layer,
-                         (unsigned long long)id, (long long)timeout_ms);
-    if (st)
-        return kvt__fail(st, "%s: task %llu ended with %s", fn, (unsigned long long)id,
-                         kvt_status_name(st));
-    return KVT_OK;
+    if (st == KVT_OK || said) return st;
+    return layer_wait_fail(st, fn, id, layer, "enqueued", timeout_ms);
 }
 
 kvt_status kvt_cache_layer_event(kvt_cache *c, kvt_task_id id, uint32_t layer,
