@@ -179,12 +179,13 @@ static void accept_one(kvt_server *s)
     struct ucred cr;
     socklen_t len = sizeof cr;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
-        kvt__srv_log("refused a client: SO_PEERCRED failed: %s", strerror(errno));
+        kvt__srv_log(KVT_LOG_WARN, "refused a client: SO_PEERCRED failed: %s", strerror(errno));
         close(fd);
         return;
     }
     if (cr.uid != geteuid() && cr.uid != 0) {
-        kvt__srv_log("refused client pid %ld: uid %ld is neither this server's (%ld) nor root",
+        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: uid %ld is neither this server's "
+                     "(%ld) nor root",
                      (long)cr.pid, (long)cr.uid, (long)geteuid());
         close(fd);
         return;
@@ -193,8 +194,8 @@ static void accept_one(kvt_server *s)
     bool full = s->nconns >= s->cfg.server_max_clients;
     pthread_mutex_unlock(&s->mu);
     if (full) {
-        kvt__srv_log("refused client pid %ld: server_max_clients (%u) attached", (long)cr.pid,
-                     s->cfg.server_max_clients);
+        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: server_max_clients (%u) attached",
+                     (long)cr.pid, s->cfg.server_max_clients);
         close(fd);
         return;
     }
@@ -209,7 +210,7 @@ static void accept_one(kvt_server *s)
     c->uid = cr.uid;
     atomic_init(&c->finished, false);
     if (pthread_create(&c->thread, NULL, kvt__srv_conn_main, c) != 0) {
-        kvt__srv_log("refused client pid %ld: no thread", (long)cr.pid);
+        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: no thread", (long)cr.pid);
         close(fd);
         free(c);
         return;
@@ -229,7 +230,7 @@ kvt_status kvt_server_run(kvt_server *s)
     int expect = 0;
     if (!atomic_compare_exchange_strong(&s->state, &expect, 1))
         return kvt__fail(KVT_ESTATE, "%s: the server is already running or stopped", fn);
-    kvt__srv_log("serving on %s (pid %ld, CPU tier %u blocks of %llu bytes)", s->path,
+    kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, CPU tier %u blocks of %llu bytes)", s->path,
                  (long)getpid(), s->shm.num_blocks, (unsigned long long)s->shm.block_bytes);
     for (;;) {
         struct pollfd p[2] = {{s->listen_fd, POLLIN, 0}, {s->stop_pipe[0], POLLIN, 0}};
@@ -247,7 +248,8 @@ kvt_status kvt_server_run(kvt_server *s)
     reap_conns(s, true);
     kvt_status st = kvt_cache_flush(s->cache, s->cfg.server_stop_ms);
     atomic_store(&s->state, 2);
-    kvt__srv_log("stopped%s", st ? " (SSD writes still pending at server_stop_ms)" : "");
+    kvt__srv_log(st ? KVT_LOG_WARN : KVT_LOG_INFO, "stopped%s",
+                 st ? " (SSD writes still pending at server_stop_ms)" : "");
     return st;
 }
 

@@ -51,9 +51,11 @@ struct kvt_server {
     uint32_t nconns;
 };
 
-/* The server's log line ("kvtier serve: ..."), stderr for now: one place to
- * re-route once src/util/log lands. */
-void kvt__srv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A server log line ("server: ...") through the library's logger
+ * (util/log.h: kvt_set_log_handler, KVTIER_LOG, log_level): refusals and
+ * dropped clients at warn, attach, detach, start and stop at info. */
+void kvt__srv_log(kvt_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* The checksum a client sends and the server checks for a stored block:
  * XXH3-64 of its bytes seeded with its memfd offset. */
 uint64_t kvt__srv_block_sum(const void *block, uint64_t bytes, uint64_t offset);
