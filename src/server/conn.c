@@ -43,11 +43,13 @@ static kvt_srv_task *find_task(kvt_srv_conn *c, uint64_t id)
 
 static void drop_task(kvt_srv_conn *c, kvt_srv_task *t)
 {
+    atomic_fetch_sub(&c->pins, t->pins);
     free(t->offsets);
     *t = c->tasks[--c->ntasks];
 }
 
-static kvt_status add_task(kvt_srv_conn *c, kvt_task_id id, kvt_task_kind kind)
+static kvt_status add_task(kvt_srv_conn *c, kvt_task_id id, kvt_task_kind kind,
+                           uint32_t tokens)
 {
     if (c->ntasks == c->cap) {
         uint32_t cap = c->cap ? c->cap * 2 : 16;
@@ -56,8 +58,9 @@ static kvt_status add_task(kvt_srv_conn *c, kvt_task_id id, kvt_task_kind kind)
         c->tasks = t;
         c->cap = cap;
     }
-    kvt_srv_task t = {.id = id, .kind = kind};
+    kvt_srv_task t = {.id = id, .kind = kind, .pins = tokens / c->srv->shm.block_tokens};
     c->tasks[c->ntasks++] = t;
+    atomic_fetch_add(&c->pins, t.pins);
     return KVT_OK;
 }
 
@@ -130,13 +133,13 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     if (!st && op == KVT_SRV_LOOKUP) {
         kvt_match m;
         st = kvt_cache_lookup(s->cache, &req, &m);
-        if (!st && m.task) st = add_task(c, m.task, KVT_TASK_LOAD);
+        if (!st && m.task) st = add_task(c, m.task, KVT_TASK_LOAD, m.matched_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, m.task, m.matched_tokens, 0);
         if (st && m.task) kvt__cache_ext_abort(s->cache, m.task, kvt__deadline_ns(READ_MS));
     } else if (!st) {
         kvt_store_plan pl;
         st = kvt_cache_prepare_store(s->cache, &req, &pl);
-        if (!st && pl.task) st = add_task(c, pl.task, KVT_TASK_STORE);
+        if (!st && pl.task) st = add_task(c, pl.task, KVT_TASK_STORE, pl.num_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, pl.task, pl.first_token, pl.num_tokens);
         if (st && pl.task) kvt__cache_ext_abort(s->cache, pl.task, kvt__deadline_ns(READ_MS));
     }

@@ -19,6 +19,7 @@ typedef struct kvt_srv_task {
     bool launched;
     kvt_task_kind kind;
     uint32_t num_blocks;
+    uint32_t pins;     /* index entries the task pins (its planned blocks) */
     uint64_t *offsets; /* launched: each block's memfd offset */
 } kvt_srv_task;
 
@@ -32,6 +33,7 @@ struct kvt_srv_conn {
     atomic_bool finished;
     kvt_srv_task *tasks; /* this client's planned and launched tasks */
     uint32_t ntasks, cap;
+    atomic_uint_fast64_t pins; /* sum of tasks[].pins, read by a metrics scrape */
     kvt_srv_conn *next;
 };
 

@@ -10,6 +10,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -361,6 +363,129 @@ static void test_attach_detach_logged(void **state)
     }
     if (!strstr(log, want_a) || !strstr(log, want_d))
         fail_msg("log lacks \"%s\" or \"%s\":\n%s", want_a, want_d, log);
+    stop_server(srv, path);
+}
+
+/* ------------------------------------------------------------------ */
+/* Metrics from the server                                            */
+
+static uint16_t free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* GET /metrics on 127.0.0.1:port; the body into buf. */
+static void scrape(uint16_t port, char *buf, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    assert_int_equal(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+    size_t len = 0;
+    ssize_t got;
+    while (len + 1 < cap && (got = read(fd, buf + len, cap - 1 - len)) > 0) len += (size_t)got;
+    close(fd);
+    buf[len] = '\0';
+    assert_non_null(strstr(buf, "200 OK"));
+}
+
+/* The value of the series named exactly name (labels included), or -1. */
+static double series(const char *body, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, name, n) == 0 && p[n] == ' ') return strtod(p + n + 1, NULL);
+    return -1;
+}
+
+static void expect_series(const char *body, const char *name, double want)
+{
+    double got = series(body, name);
+    if (got != want) fail_msg("%s is %g, want %g\n---\n%s", name, got, want, body);
+}
+
+/* Looks up seed 13's prefix (8 blocks pinned by the plan), tells the parent
+ * on up, waits for a byte on down, then cancels and detaches. */
+typedef struct pin_arg {
+    int up, down;
+} pin_arg;
+
+static kvt_status child_pin(const char *path, void *arg)
+{
+    pin_arg *a = arg;
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, 13);
+    kvt_match m = {0};
+    if (!st) st = kvt_client_lookup(e.cl, &r, &m);
+    if (!st && m.matched_tokens != BLOCKS * TPP)
+        st = kvt__fail(KVT_ENOTFOUND, "matched %u tokens", m.matched_tokens);
+    char c = st ? 'x' : 'p';
+    if (write(a->up, &c, 1) != 1) st = KVT_ESYS;
+    if (read(a->down, &c, 1) != 1) st = KVT_ESYS;
+    if (!st) st = kvt_client_cancel(e.cl, m.task);
+    engine_close(&e);
+    return st;
+}
+
+/* A scrape of the server's cache endpoint while a client is attached shows
+ * kvtier_clients_attached 1 and the entries its lookup pins under its pid;
+ * external stores land in the store latency histogram (launch_ns). */
+static void test_metrics_clients_and_pins(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], port_s[16];
+    sock_path(path, sizeof path, "m.sock");
+    uint16_t port = free_port();
+    snprintf(port_s, sizeof port_s, "%u", port);
+    const char *const opts[] = {"metrics_port", port_s, NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    uint64_t seed = 13;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    static char body[1 << 17];
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pin_arg a = {up[1], down[0]};
+    pid_t kid = spawn(child_pin, path, &a);
+    char c = 0;
+    assert_int_equal(read(up[0], &c, 1), 1);
+    assert_int_equal(c, 'p');
+    scrape(port, body, sizeof body);
+    char name[64];
+    snprintf(name, sizeof name, "kvtier_client_pins{pid=\"%ld\"}", (long)kid);
+    expect_series(body, "kvtier_clients_attached", 1);
+    expect_series(body, name, BLOCKS);
+    expect_series(body, "kvtier_store_duration_seconds_count", 1);
+    assert_int_equal(write(down[1], &c, 1), 1);
+    assert_int_equal(reap(kid, 20000), 0);
+    /* Detached: the gauge falls back (the connection thread ends async). */
+    for (int i = 0; i < 2000; i++) {
+        scrape(port, body, sizeof body);
+        if (series(body, "kvtier_clients_attached") == 0) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    expect_series(body, "kvtier_clients_attached", 0);
+    assert_true(series(body, name) < 0); /* no series for a gone client */
+    close(up[0]);
+    close(up[1]);
+    close(down[0]);
+    close(down[1]);
     stop_server(srv, path);
 }
 
@@ -1009,6 +1134,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_store_in_a_load_in_b, kill_servers),
         cmocka_unit_test_teardown(test_attach_detach_logged, kill_servers),
+        cmocka_unit_test_teardown(test_metrics_clients_and_pins, kill_servers),
         cmocka_unit_test_teardown(test_geometry_mismatch_refused, kill_servers),
         cmocka_unit_test_teardown(test_second_server_refused, kill_servers),
         cmocka_unit_test_teardown(test_same_prefix_one_owner, kill_servers),
