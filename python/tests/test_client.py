@@ -29,16 +29,19 @@ def kvtier_bin():
     env = os.environ.get("KVTIER_BIN")
     if env:
         return env
+    import kvtier  # this module's global is set by its setUpModule only
     return os.path.join(os.path.dirname(os.path.abspath(kvtier.LIB_PATH)), "kvtier")
 
 
-def start_server(sock, *extra):
-    """`kvtier serve` on sock (tiny geometry, 16 tokens per page); returns once it listens."""
+def start_server(sock, *extra, page=16, tp=1):
+    """`kvtier serve` on sock (the tiny geometry at tensor-parallel size tp,
+    page tokens per page); returns the process once it listens."""
     exe = kvtier_bin()
     if not os.path.exists(exe):
         raise unittest.SkipTest("no kvtier CLI at %s (set KVTIER_BIN)" % exe)
     log = open(sock + ".log", "w")
-    p = subprocess.Popen([exe, "serve", "--socket", sock, "--model", "tiny", "--page", "16",
+    p = subprocess.Popen([exe, "serve", "--socket", sock, "--model", "tiny", "--page", str(page),
+                          "--tp", str(tp),
                           "--set", "cpu_capacity=16MiB", "--set", "huge_pages=false"] +
                          list(extra), stdout=log, stderr=subprocess.STDOUT)
     log.close()
