@@ -40,6 +40,7 @@ static void request(const uint8_t *p, size_t n)
             const uint8_t *d = q.keys[i].data;
             assert(q.keys[i].len >= 1 && q.keys[i].len <= KVT_SRV_MAX_KEY);
             assert(d >= p && d + q.keys[i].len <= p + n);
+            (void)d;
         }
         r.keys = q.keys ? q.keys : (const kvt_key *)"";
         r.num_keys = q.count;
