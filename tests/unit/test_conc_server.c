@@ -416,12 +416,15 @@ static void expect_series(const char *body, const char *name, double want)
 /* Looks up seed 13's prefix (8 blocks pinned by the plan), tells the parent
  * on up, waits for a byte on down, then cancels and detaches. */
 typedef struct pin_arg {
-    int up, down;
+    int up, down;         /* the child's ends */
+    int parent_up, parent_down; /* closed in the child: if the parent dies, read sees EOF */
 } pin_arg;
 
 static kvt_status child_pin(const char *path, void *arg)
 {
     pin_arg *a = arg;
+    close(a->parent_up);
+    close(a->parent_down);
     engine e;
     kvt_status st = engine_open(&e, path, 2);
     uint32_t tokens[NTOK];
@@ -460,7 +463,7 @@ static void test_metrics_clients_and_pins(void **state)
     int up[2], down[2];
     assert_int_equal(pipe(up), 0);
     assert_int_equal(pipe(down), 0);
-    pin_arg a = {up[1], down[0]};
+    pin_arg a = {up[1], down[0], up[0], down[1]};
     pid_t kid = spawn(child_pin, path, &a);
     char c = 0;
     assert_int_equal(read(up[0], &c, 1), 1);
