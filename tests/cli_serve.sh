@@ -1,8 +1,10 @@
 #!/bin/sh
 # cli_serve.sh KVTIER - `kvtier serve` as an operator runs it: it listens on
 # a 0600 socket, a second server on the same socket is refused naming the
-# first one's pid, a missing --socket is a usage error, and SIGTERM stops it
-# with exit 0 within 5 s, removing the socket.
+# first one's pid, a missing --socket is a usage error, `kvtier stats`
+# reports its figures (--json, --watch bounded by --count and by SIGINT) and
+# the server logs its attach, and SIGTERM stops it with exit 0 within 5 s,
+# removing the socket.
 set -eu
 K=$1
 T=$(mktemp -d)
@@ -23,6 +25,39 @@ if "$K" serve --socket "$S" --set cpu_capacity=16MiB 2>"$T/second"; then
 fi
 grep -q "held by another kvtier server (pid $SRV" "$T/second" ||
     { echo "cli_serve: refusal does not name pid $SRV:"; cat "$T/second"; exit 1; }
+# kvtier stats: one JSON object with the server's figures.
+"$K" stats --socket "$S" --json >"$T/stats.json" 2>"$T/stats.err" ||
+    { echo "cli_serve: stats failed"; cat "$T/stats.err"; exit 1; }
+[ "$(wc -l <"$T/stats.json")" -eq 1 ] || { echo "cli_serve: stats --json is not one line"; exit 1; }
+grep -q '^{"socket":"'"$S"'",' "$T/stats.json" &&
+grep -q '"lookups":0,' "$T/stats.json" &&
+grep -Eq '"cpu_blocks_total":[1-9][0-9]*,' "$T/stats.json" &&
+grep -Eq '"block_bytes":[1-9][0-9]*,' "$T/stats.json" &&
+grep -q '"hit_rate":0.0000}$' "$T/stats.json" ||
+    { echo "cli_serve: stats --json:"; cat "$T/stats.json"; exit 1; }
+# --watch --count 2: two reports, a second apart.
+"$K" stats --socket "$S" --watch --count 2 >"$T/watch" 2>&1 ||
+    { echo "cli_serve: stats --watch failed"; cat "$T/watch"; exit 1; }
+[ "$(grep -c "^kvtier server $S" "$T/watch")" -eq 2 ] && grep -q "CPU tier" "$T/watch" ||
+    { echo "cli_serve: stats --watch --count 2:"; cat "$T/watch"; exit 1; }
+# --watch until SIGINT: exits 0 at once.
+"$K" stats --socket "$S" --watch --json >"$T/watch2" 2>&1 &
+W=$!
+i=0
+until [ -s "$T/watch2" ]; do
+    i=$((i + 1))
+    [ $i -lt 100 ] || { echo "cli_serve: stats --watch printed nothing"; exit 1; }
+    sleep 0.1
+done
+kill -INT "$W"
+wait "$W" || { echo "cli_serve: stats --watch exited $? on SIGINT"; exit 1; }
+rc=0
+"$K" stats >/dev/null 2>&1 || rc=$?
+[ $rc -eq 2 ] || { echo "cli_serve: stats without --socket exited $rc"; exit 1; }
+rc=0
+"$K" stats --socket "$T/none.sock" >/dev/null 2>"$T/none" || rc=$?
+[ $rc -eq 1 ] && grep -q "none.sock" "$T/none" ||
+    { echo "cli_serve: stats on no server exited $rc:"; cat "$T/none"; exit 1; }
 rc=0
 "$K" serve >/dev/null 2>&1 || rc=$?
 [ $rc -eq 2 ] || { echo "cli_serve: serve without --socket exited $rc"; exit 1; }
@@ -37,4 +72,7 @@ wait "$SRV" || { echo "cli_serve: exit status $?"; cat "$T/log"; exit 1; }
 SRV=
 [ ! -e "$S" ] || { echo "cli_serve: socket left behind"; exit 1; }
 grep -q "stopped" "$T/log" || { echo "cli_serve: no stop line"; cat "$T/log"; exit 1; }
+grep -Eq "info: server: client pid [0-9]+ \(uid $(id -u)\) attached" "$T/log" &&
+grep -Eq "info: server: client pid [0-9]+ \(uid $(id -u)\) detached" "$T/log" ||
+    { echo "cli_serve: no attach/detach lines"; cat "$T/log"; exit 1; }
 echo "cli_serve: ok"

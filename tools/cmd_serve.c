@@ -41,6 +41,12 @@ int kvt_cmd_serve(int argc, char **argv)
     kvt_status st = kvt_config_create(&cfg);
     if (st) return demo_error("config", st);
     int rc = 2;
+    /* An operator's server logs attaches and detaches (info); a config
+     * file, KVTIER_LOG_LEVEL or --set log_level=... override this. */
+    if ((st = kvt_config_set(cfg, "log_level", "info"))) {
+        kvt_config_destroy(cfg);
+        return demo_error("log_level", st);
+    }
     const char *sets[64];
     int nsets = 0;
     for (int i = 1; i < argc; i++) {

@@ -21,6 +21,7 @@ static void usage(FILE *to)
             "  replay --trace FILE  replay a Mooncake trace through the index and tiers: hit rates\n"
             "  plan --trace FILE    hit rate against CPU and SSD capacity, as CSV and an SVG plot\n"
             "  serve --socket PATH  the node cache server engine processes attach to (foreground)\n"
+            "  stats --socket PATH  a running server's figures (--json, --watch like top)\n"
             "  bench copy           gather/scatter throughput vs memcpy on this machine\n"
             "  bench index          prefix-index lookups per second and bytes per block\n"
             "  bench ssd            SSD tier write/read throughput vs raw O_DIRECT io_uring\n"
@@ -81,6 +82,7 @@ static const subcommand top_cmds[] = {
     {"replay", kvt_cmd_replay},
     {"plan", kvt_cmd_plan},
     {"serve", kvt_cmd_serve},
+    {"stats", kvt_cmd_stats},
     {"bench", bench_main},
     {"version", version_main},
 };

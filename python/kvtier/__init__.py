@@ -3,6 +3,8 @@
 - Config, Geometry: options and KV geometry.
 - Cache: the cache manager (lookup / prepare_store / launch / wait / poll),
   over engine buffers given as numpy arrays or CPU torch tensors.
+- Client: the same calls through a node server (`kvtier serve`), attached by
+  its Unix socket; several engine processes share one server's tiers.
 - EmulatedEngine: checkable paged KV for tests and demos (numpy views).
 - Fabric, Net, Group, Connector: rank groups and the multi-rank connector.
 - SGLangConnector: FlexKV-shaped methods, one collective step per iteration.
@@ -19,6 +21,7 @@ this package, else the system loader. Timeouts are seconds (>= 0).
 """
 from ._lib import LIB_PATH, lib as _clib, cstr as _cstr
 from .cache import TASK_LOAD, TASK_STORE, Cache, Match, StorePlan, TaskResult
+from .client import Client
 from .config import LAYER_FIRST, PAGE_FIRST, Config, Geometry, options
 from .connector import (EV_LOAD, EV_LOAD_DONE, EV_RESET, EV_STORE, EV_STORE_DONE,
                         Connector, Event)

@@ -12,9 +12,12 @@ constructs cls(storage_config, kwargs) and calls
 register_mem_pool_host(host_pool); its prefetch and backup threads then call
 batch_exists / batch_get_v1 / batch_set_v1 concurrently (docs/engines.md).
 
-Mode: in-process (one kvt_cache per rank, SSD directory per rank). The node
-server mode (extra_config "socket") needs kvtier's client, which this build
-may lack; then construction says so.
+Modes: in-process (one kvt_cache per rank, SSD directory per rank), or node
+server (extra_config "socket": every rank attaches a kvtier.Client to one
+`kvtier serve`, which owns the CPU and SSD tiers; start it with the ranks'
+geometry and --set block_tokens=<SGLang page size>). In server mode the tier
+options (cpu_capacity, ssd_dir, ...) belong to the server and are refused
+here, and clear() cannot drop pages of the shared server (it logs so).
 
 Block identity: every SGLang page is one keyed block, named by SGLang's page
 hash string in a namespace of (model, KV dtype, page size, geometry; tp
@@ -178,6 +181,11 @@ def _as_index_array(x, what):
     return a.astype(np.int64, copy=False)
 
 
+# Options of the tiers: the server's own in node server mode.
+SERVER_KEYS = {"cpu_capacity", "ssd_dir", "ssd_capacity", "workers", "eviction",
+               "kvtier_options"}
+
+
 class KvtierHiCacheStorage(HiCacheStorage):
     """SGLang HiCacheStorage over a kvtier cache (module docstring)."""
 
@@ -202,6 +210,15 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self.socket = extra.get("socket")
         self._client_cls = None
         if self.socket is not None:
+            if not isinstance(self.socket, str) or not self.socket:
+                raise ValueError("kvtier: extra_config socket must be the path of a `kvtier "
+                                 "serve` socket, got %r" % (self.socket,))
+            server_side = sorted(set(extra) & SERVER_KEYS)
+            if server_side:
+                raise ValueError("kvtier: extra_config %s configure the tiers, which the "
+                                 "`kvtier serve` process owns in node server mode (socket); "
+                                 "set them there (kvtier serve --set NAME=VALUE)"
+                                 % ", ".join(server_side))
             self._client_cls = _node_client_class()
         self.timeout = float(extra.get("timeout", 30.0))
         if not self.timeout > 0:
@@ -306,9 +323,44 @@ class KvtierHiCacheStorage(HiCacheStorage):
         return os.path.join(base, "%s-tp%d-pp%d-cp%d-dp%d" % (
             digest, c.tp_rank, c.pp_rank, c.attn_cp_rank, getattr(c, "dp_rank", 0)))
 
+    def _geometry(self):
+        return Geometry.uniform(self.layer_num, self.page_size, self.heads,
+                                self.row_bytes // self.elem, self.elem, self._C, LAYER_FIRST)
+
+    def _attach(self):
+        """Node server mode: a Client of the `kvtier serve` at self.socket."""
+        self.ssd_dir = None
+        with self._geometry() as geo:
+            cl = self._client_cls(self.socket, geo,
+                                  timeout_ms=max(1, int(self.timeout * 1000)))
+        if cl.block_tokens != self.page_size:
+            cl.close()
+            raise ValueError("kvtier: the server at %s stores blocks of %d tokens but SGLang's "
+                             "page is %d tokens (each page is one block): start kvtier serve "
+                             "with --set block_tokens=%d"
+                             % (self.socket, cl.block_tokens, self.page_size, self.page_size))
+        return cl
+
     def _open_cache(self, wipe=False):
         if self.socket is not None:
-            raise NotImplementedError("kvtier: node server client present but not wired")
+            cache = self._attach()
+        else:
+            cache = self._open_local(wipe)
+        try:
+            self.staging = None
+            if self.zero_copy and self.layout == "layer_first":
+                bufs = [[self._kv[c, l] for c in range(self._C)] for l in range(self.layer_num)]
+                cache.register_buffers(self.num_pages, bufs)
+            else:
+                self.staging = _Staging(self._C, self.layer_num, self.staging_pages,
+                                        self.page_size, self.heads, self.row_bytes)
+                cache.register_buffers(self.staging_pages, self.staging.buffers())
+        except BaseException:
+            cache.close()
+            raise
+        self.cache = cache
+
+    def _open_local(self, wipe):
         opts = {"block_tokens": self.page_size}
         if "cpu_capacity" in self.extra:
             opts["cpu_capacity"] = self.extra["cpu_capacity"]
@@ -324,24 +376,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             opts["ssd_capacity"] = self.extra.get("ssd_capacity", "64GiB")
         opts.update(self.extra.get("kvtier_options") or {})
         self.ssd_dir = rank_dir
-        with Config(opts) as cfg, \
-                Geometry.uniform(self.layer_num, self.page_size, self.heads,
-                                 self.row_bytes // self.elem, self.elem, self._C,
-                                 LAYER_FIRST) as geo:
-            cache = Cache(cfg, geo)
-        try:
-            self.staging = None
-            if self.zero_copy and self.layout == "layer_first":
-                bufs = [[self._kv[c, l] for c in range(self._C)] for l in range(self.layer_num)]
-                cache.register_buffers(self.num_pages, bufs)
-            else:
-                self.staging = _Staging(self._C, self.layer_num, self.staging_pages,
-                                        self.page_size, self.heads, self.row_bytes)
-                cache.register_buffers(self.staging_pages, self.staging.buffers())
-        except BaseException:
-            cache.close()
-            raise
-        self.cache = cache
+        with Config(opts) as cfg, self._geometry() as geo:
+            return Cache(cfg, geo)
 
     # ------------------------------------------------------------------
     # Moving pages between the host pool and the staging area
@@ -687,8 +723,15 @@ class KvtierHiCacheStorage(HiCacheStorage):
                                   "(batch_set_v1)")
 
     def clear(self):
-        """Drops every stored page of this rank (CPU and SSD tiers)."""
+        """Drops every stored page of this rank (CPU and SSD tiers). In node
+        server mode the pages live in the shared server, which has no call
+        to drop one rank's pages: nothing is dropped (logged)."""
         self._require()
+        if self.socket is not None:
+            logger.warning("kvtier: clear() in node server mode drops nothing: the pages live "
+                           "in the `kvtier serve` at %s, shared by every rank; restart it "
+                           "(without its ssd_dirs) to drop them", self.socket)
+            return
         self._rw.acquire_exclusive()
         try:
             self.cache.close()
@@ -729,13 +772,6 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
 
 def _node_client_class():
-    """kvtier's node server client, or a clear error when this build has none."""
-    try:
-        from . import client  # noqa: F401  (the node server engineer's module)
-    except ImportError:
-        raise RuntimeError("kvtier serve attach not available in this build: extra_config "
-                           "\"socket\" needs kvtier's node server client (kvtier.client); "
-                           "remove \"socket\" to run in-process (a cache per rank)") from None
-    raise RuntimeError("kvtier serve attach not available in this build: kvtier.client exists "
-                       "but this backend is not wired to it yet; remove \"socket\" to run "
-                       "in-process")
+    """kvtier's node server client (kvtier.client.Client)."""
+    from .client import Client
+    return Client

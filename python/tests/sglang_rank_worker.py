@@ -1,7 +1,9 @@
 """One SGLang TP rank as a process: its own backend (in-process mode, SSD
 directory per rank), built as SGLang's factory builds it; stores and loads
-pages and checks every byte. argv: tp_rank tp_size ssd_base out_file.
-Writes "ok", the namespace and the SSD directory, one per line."""
+pages and checks every byte. argv: tp_rank tp_size ssd_base out_file
+[socket]. With socket, node server mode instead: the rank attaches to that
+`kvtier serve` (tiny geometry at tp_size, 4-token pages). Writes "ok", the
+namespace and the SSD directory, one per line."""
 import os
 import sys
 
@@ -15,10 +17,17 @@ import _sglang_fakes as fakes  # noqa: E402
 
 def main():
     rank, size, ssd, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    pool = fakes.FakeHostPool("page_first", seed=100 + rank, pages=32)
-    cfg = fakes.storage_config(tp_rank=rank, tp_size=size, layout="page_first", extra={
-        "cpu_capacity": "8MiB", "ssd_dir": ssd, "ssd_capacity": "4MiB",
-        "kvtier_options": {"huge_pages": False}})
+    sock = sys.argv[5] if len(sys.argv) > 5 else None
+    if sock:
+        # The tiny preset's rank share: 4 layers, 2 / tp_size heads of 64 dims.
+        pool = fakes.FakeHostPool("page_first", seed=100 + rank, pages=32, layers=4,
+                                  heads=2 // size, head_dim=64)
+        extra = {"socket": sock, "timeout": 10}
+    else:
+        pool = fakes.FakeHostPool("page_first", seed=100 + rank, pages=32)
+        extra = {"cpu_capacity": "8MiB", "ssd_dir": ssd, "ssd_capacity": "4MiB",
+                 "kvtier_options": {"huge_pages": False}}
+    cfg = fakes.storage_config(tp_rank=rank, tp_size=size, layout="page_first", extra=extra)
     b = fakes.create_backend(cfg, pool)
     try:
         # The same page hashes on every rank (SGLang hashes tokens alone);

@@ -465,12 +465,13 @@ class Errors(Base):
         with self.assertRaisesRegex(ValueError, "unknown extra_config key.s. cpu_capacty"):
             fakes.create_backend(cfg, pool)
         cfg = fakes.storage_config(extra=dict(OPTS, socket="/run/kvtier.sock"))
-        try:
-            import kvtier.client  # noqa: F401
-        except ImportError:
-            with self.assertRaisesRegex(RuntimeError, "kvtier serve attach not available in "
-                                        "this build"):
-                fakes.create_backend(cfg, pool)
+        with self.assertRaisesRegex(ValueError, "cpu_capacity.* the `kvtier serve` process "
+                                    "owns in node server mode"):
+            fakes.create_backend(cfg, pool)
+        cfg = fakes.storage_config(extra={"socket": os.path.join(self.tmp, "none.sock"),
+                                          "timeout": 0.2})
+        with self.assertRaisesRegex(kvtier.ConnectionFailure, "none.sock"):
+            fakes.create_backend(cfg, pool)
         bad = fakes.FakeHostPool("layer_first")
         bad.layout = "page_head"
         with self.assertRaisesRegex(NotImplementedError, "'page_head' is not supported"):
@@ -501,6 +502,76 @@ class RankProcesses(Base):
         self.assertEqual([r[0] for r in results], ["ok", "ok"])
         self.assertNotEqual(results[0][1], results[1][1])  # MHA: a namespace per rank
         self.assertNotEqual(results[0][2], results[1][2])  # and an SSD directory per rank
+
+
+class NodeServerMode(unittest.TestCase):
+    """extra_config "socket": every TP rank attaches to one `kvtier serve`."""
+
+    def setUp(self):
+        from test_client import start_server
+        self.tmp = tempfile.mkdtemp(prefix="kvtsgs")
+        self.sock = os.path.join(self.tmp, "node.sock")
+        self.srv = start_server(self.sock, "--set", "block_tokens=4", page=4, tp=2)
+
+    def tearDown(self):
+        from test_client import stop_server
+        if self.srv.poll() is None:
+            stop_server(self.srv)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_two_tp_ranks_share_one_server(self):
+        procs = []
+        for rank in range(2):
+            out = os.path.join(self.tmp, "rank%d.txt" % rank)
+            procs.append((out, subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "sglang_rank_worker.py"), str(rank), "2",
+                 "-", out, self.sock], env=dict(os.environ))))
+        results = []
+        for out, p in procs:
+            self.assertEqual(p.wait(120), 0)
+            with open(out) as f:
+                results.append(f.read().split("\n"))
+        self.assertEqual([r[0] for r in results], ["ok", "ok"])
+        self.assertNotEqual(results[0][1], results[1][1])  # MHA: a namespace per rank
+        self.assertEqual([r[2] for r in results], ["None", "None"])  # no SSD dir of its own
+        # Both ranks' pages went to the one server: 8 keyed stores each.
+        geo = kvtier.Geometry.preset("tiny", 4, 2)
+        with kvtier.Client(self.sock, geo, timeout_ms=3000) as cl:
+            st = cl.stats()
+        geo.close()
+        self.assertEqual(st["stores"], 16)
+        self.assertEqual(st["stored_blocks"], 16)
+        self.assertEqual(st["loads"], 16)
+
+    def test_page_size_must_match_server_blocks(self):
+        from test_client import start_server, stop_server
+        sock = os.path.join(self.tmp, "b16.sock")
+        srv = start_server(sock, page=4, tp=2)  # block_tokens 16 (the default)
+        try:
+            pool = fakes.FakeHostPool("layer_first", layers=4, heads=1, head_dim=64)
+            cfg = fakes.storage_config(tp_rank=0, tp_size=2, extra={"socket": sock})
+            with self.assertRaisesRegex(ValueError, "blocks of 16 tokens but SGLang's page is "
+                                        "4 tokens.*--set block_tokens=4"):
+                fakes.create_backend(cfg, pool)
+            # The same pool attaches to a server of 4-token blocks, zero copy.
+            cfg = fakes.storage_config(tp_rank=0, tp_size=2, extra={"socket": self.sock})
+            b = fakes.create_backend(cfg, pool)
+            self.assertIsNone(b.staging)
+            keys = ["k%d" % i for i in range(4)]
+            self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(4))), [True] * 4)
+            want = [pool.page_bytes(p) for p in range(4)]
+            for p in range(10, 14):
+                pool.set_page_bytes(p, 0)
+            self.assertEqual(b.batch_get_v1(keys, pool.host_indices(range(10, 14))), [True] * 4)
+            for i, p in enumerate(range(10, 14)):
+                got = pool.page_bytes(p)
+                for k in got:
+                    np.testing.assert_array_equal(got[k], want[i][k])
+            b.clear()  # drops nothing in server mode: the pages are still there
+            self.assertEqual(b.batch_exists(keys), 4)
+            b.close()
+        finally:
+            stop_server(srv)
 
 
 if __name__ == "__main__":

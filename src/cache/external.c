@@ -63,6 +63,7 @@ static kvt_status launch_locked(kvt_cache *c, kvt_task *t, uint64_t deadline_ns,
     kvt__list_remove(&c->planned, t);
     t->state = KVT_TS_RUNNING;
     t->launched = true;
+    t->launch_ns = kvt__now_ns(); /* external loads and stores reach the latency histograms */
     t->external = true;
     if (t->kind != KVT_TASK_LOAD || t->reads_left == 0) return KVT_OK;
     kvt_status st = kvt__tiers_start_load(c, t); /* reads only: never the transfer */

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache/cache.h"
 #include "layout/layout.h"
 #include "net/fdio.h"
 #include "server/proto.h"
@@ -413,20 +414,15 @@ kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *m
 /* ------------------------------------------------------------------ */
 /* Planning                                                           */
 
-static kvt_status check_req(const char *fn, const kvt_request *r)
-{
-    KVT_CHECK_NOT_NULL_AS(r, "req", fn);
-    KVT_CHECK_ARG(r->tokens != NULL || r->num_tokens == 0, "%s: req->tokens is NULL but "
-                  "num_tokens is %u", fn, r->num_tokens);
-    KVT_CHECK_ARG(r->ns != NULL || r->ns_len == 0, "%s: req->ns is NULL but ns_len is %u", fn,
-                  r->ns_len);
-    return KVT_OK;
-}
-
 static kvt_status plan(kvt_client *cl, const char *fn, uint16_t op, const kvt_request *req,
                        uint64_t *task, uint32_t *a, uint32_t *c)
 {
-    kvt_status st = check_req(fn, req);
+    /* The cache's own check, so a bad request is refused here, naming fn,
+     * before a round trip (the server checks it again). */
+    pthread_mutex_lock(&cl->io_mu); /* a re-attach rewrites shm */
+    uint32_t block_tokens = cl->shm.block_tokens;
+    pthread_mutex_unlock(&cl->io_mu);
+    kvt_status st = kvt__request_check(fn, req, block_tokens ? block_tokens : 1);
     if (st) return st;
     kvt_srv_buf b = {0};
     st = kvt__srv_req_encode(&b, req);

@@ -43,11 +43,13 @@ static kvt_srv_task *find_task(kvt_srv_conn *c, uint64_t id)
 
 static void drop_task(kvt_srv_conn *c, kvt_srv_task *t)
 {
+    atomic_fetch_sub(&c->pins, t->pins);
     free(t->offsets);
     *t = c->tasks[--c->ntasks];
 }
 
-static kvt_status add_task(kvt_srv_conn *c, kvt_task_id id, kvt_task_kind kind)
+static kvt_status add_task(kvt_srv_conn *c, kvt_task_id id, kvt_task_kind kind,
+                           uint32_t tokens)
 {
     if (c->ntasks == c->cap) {
         uint32_t cap = c->cap ? c->cap * 2 : 16;
@@ -56,8 +58,9 @@ static kvt_status add_task(kvt_srv_conn *c, kvt_task_id id, kvt_task_kind kind)
         c->tasks = t;
         c->cap = cap;
     }
-    kvt_srv_task t = {.id = id, .kind = kind};
+    kvt_srv_task t = {.id = id, .kind = kind, .pins = tokens / c->srv->shm.block_tokens};
     c->tasks[c->ntasks++] = t;
+    atomic_fetch_add(&c->pins, t.pins);
     return KVT_OK;
 }
 
@@ -86,7 +89,7 @@ static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (st) {
         kvt__wrap_error(st, "attach refused: the client's geometry differs from the server's "
                         "(server vs client)");
-        kvt__srv_log("refused client pid %ld: %s", (long)c->pid, kvt_last_error());
+        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: %s", (long)c->pid, kvt_last_error());
         reply_err(c, KVT_SRV_HELLO, st);
         return st;
     }
@@ -101,7 +104,9 @@ static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
                : kvt__srv_send_frame(c->fd, KVT_SRV_HELLO | KVT_SRV_REPLY, 0, b.p, b.len,
                                      s->shm.fd, kvt__deadline_ns(FRAME_MS));
     kvt__srv_buf_free(&b);
-    if (!st) kvt__srv_log("client pid %ld (uid %ld) attached", (long)c->pid, (long)c->uid);
+    if (!st)
+        kvt__srv_log(KVT_LOG_INFO, "client pid %ld (uid %ld) attached", (long)c->pid,
+                     (long)c->uid);
     return st;
 }
 
@@ -113,28 +118,33 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     kvt_status st = kvt__srv_req_decode(p, len, &q);
     if (st) return st; /* a protocol violation: the caller drops the client */
     if (c->ntasks >= s->cfg.server_client_tasks) sweep_expired(c);
-    if (q.form != 0) {
-        st = kvt__fail(KVT_EUNSUPPORTED, "keyed requests are not supported by this server yet");
-    } else if (c->ntasks >= s->cfg.server_client_tasks) {
+    if (c->ntasks >= s->cfg.server_client_tasks)
         st = kvt__fail(KVT_EFULL, "this client holds %u tasks (server_client_tasks); launch, "
                        "wait or cancel some first", c->ntasks);
+    kvt_request req = {.ns = q.ns, .ns_len = q.ns_len};
+    if (q.form == 1) {
+        req.keys = q.keys;
+        req.num_keys = q.count;
+    } else {
+        req.tokens = q.tokens;
+        req.num_tokens = q.count;
     }
-    kvt_request req = {q.tokens, q.count, q.ns, q.ns_len};
     kvt_srv_buf b = {0};
     if (!st && op == KVT_SRV_LOOKUP) {
         kvt_match m;
         st = kvt_cache_lookup(s->cache, &req, &m);
-        if (!st && m.task) st = add_task(c, m.task, KVT_TASK_LOAD);
+        if (!st && m.task) st = add_task(c, m.task, KVT_TASK_LOAD, m.matched_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, m.task, m.matched_tokens, 0);
         if (st && m.task) kvt__cache_ext_abort(s->cache, m.task, kvt__deadline_ns(READ_MS));
     } else if (!st) {
         kvt_store_plan pl;
         st = kvt_cache_prepare_store(s->cache, &req, &pl);
-        if (!st && pl.task) st = add_task(c, pl.task, KVT_TASK_STORE);
+        if (!st && pl.task) st = add_task(c, pl.task, KVT_TASK_STORE, pl.num_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, pl.task, pl.first_token, pl.num_tokens);
         if (st && pl.task) kvt__cache_ext_abort(s->cache, pl.task, kvt__deadline_ns(READ_MS));
     }
     free(q.tokens);
+    free(q.keys);
     kvt_status io = st ? reply_err(c, op, st) : reply(c, op, &b);
     kvt__srv_buf_free(&b);
     return io;
@@ -214,7 +224,8 @@ static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
     kvt_status verdict = (kvt_status)e.status;
     if (verdict == KVT_OK && t->kind == KVT_TASK_STORE) {
         verdict = verify_store(c, t, &e);
-        if (verdict) kvt__srv_log("client pid %ld: %s", (long)c->pid, kvt_last_error());
+        if (verdict)
+            kvt__srv_log(KVT_LOG_WARN, "client pid %ld: %s", (long)c->pid, kvt_last_error());
     }
     kvt_task_result r;
     st = kvt__cache_ext_end(s->cache, e.task, verdict, &r);
@@ -313,7 +324,7 @@ void *kvt__srv_conn_main(void *arg)
     kvt_status st;
     while (!(st = serve_one(c, &hello_done))) {}
     if (st == KVT_EPROTO || st == KVT_EVERSION)
-        kvt__srv_log("client pid %ld dropped: %s", (long)c->pid, kvt_last_error());
+        kvt__srv_log(KVT_LOG_WARN, "client pid %ld dropped: %s", (long)c->pid, kvt_last_error());
     uint32_t released = c->ntasks;
     while (c->ntasks) {
         kvt__cache_ext_abort(c->srv->cache, c->tasks[0].id, kvt__deadline_ns(READ_MS));
@@ -321,7 +332,8 @@ void *kvt__srv_conn_main(void *arg)
     }
     free(c->tasks);
     if (hello_done)
-        kvt__srv_log("client pid %ld detached (%u tasks released)", (long)c->pid, released);
+        kvt__srv_log(KVT_LOG_INFO, "client pid %ld (uid %ld) detached (%u tasks released)",
+                     (long)c->pid, (long)c->uid, released);
     atomic_store(&c->finished, true);
     return NULL;
 }

@@ -277,18 +277,32 @@ kvt_status kvt__srv_hello_rep_decode(const uint8_t *p, size_t len, kvt_srv_hello
 
 kvt_status kvt__srv_req_encode(kvt_srv_buf *b, const kvt_request *req)
 {
-    if (req->num_tokens > KVT_SRV_MAX_TOKENS)
-        return kvt__fail(KVT_EINVAL, "num_tokens is %u (at most %u through the server)",
-                         req->num_tokens, KVT_SRV_MAX_TOKENS);
+    uint32_t count = req->keys ? req->num_keys : req->num_tokens;
+    if (count > KVT_SRV_MAX_TOKENS)
+        return kvt__fail(KVT_EINVAL, "%s is %u (at most %u through the server)",
+                         req->keys ? "num_keys" : "num_tokens", count, KVT_SRV_MAX_TOKENS);
     if (req->ns_len > KVT_SRV_MAX_NS)
         return kvt__fail(KVT_EINVAL, "ns_len is %u (at most %u)", req->ns_len, KVT_SRV_MAX_NS);
-    /* Keyed requests (form 1) go here once kvt_request has keys. */
-    kvt__srv_put32(b, 0);
+    kvt__srv_put32(b, req->keys ? 1 : 0);
     kvt__srv_put32(b, req->ns_len);
     kvt__srv_put_bytes(b, req->ns, req->ns_len);
-    kvt__srv_put32(b, req->num_tokens);
-    if (req->num_tokens) kvt__srv_put_bytes(b, req->tokens, (size_t)req->num_tokens * 4);
-    return b->oom ? kvt__fail(KVT_ENOMEM, "request of %u tokens: no memory", req->num_tokens)
+    kvt__srv_put32(b, count);
+    if (req->keys) {
+        for (uint32_t i = 0; i < count; i++) {
+            uint32_t kl = req->keys[i].len;
+            if (kl == 0 || kl > KVT_SRV_MAX_KEY || !req->keys[i].data)
+                return kvt__fail(KVT_EINVAL, "req->keys[%u] is %u bytes%s (1..%u through the "
+                                 "server)", i, kl, req->keys[i].data ? "" : " at NULL",
+                                 KVT_SRV_MAX_KEY);
+            kvt__srv_put32(b, kl);
+            kvt__srv_put_bytes(b, req->keys[i].data, kl);
+        }
+    } else if (count) {
+        kvt__srv_put_bytes(b, req->tokens, (size_t)count * 4);
+    }
+    return b->oom ? kvt__fail(KVT_ENOMEM, "request of %u %s: no memory (or over the %u-byte "
+                              "frame bound)", count, req->keys ? "keys" : "tokens",
+                              KVT_SRV_MAX_MSG)
                   : KVT_OK;
 }
 
@@ -317,17 +331,29 @@ kvt_status kvt__srv_req_decode(const uint8_t *p, size_t len, kvt_srv_req *out)
         if (!q.tokens) return kvt__fail(KVT_ENOMEM, "%s: no memory for %u tokens", what, q.count);
         if (q.count) memcpy(q.tokens, t, (size_t)q.count * 4);
     } else {
+        /* Each key takes at least 8 bytes on the wire: bound the array by
+         * what the frame can hold before allocating it. */
+        if ((size_t)q.count > r.left / 8)
+            return kvt__fail(KVT_EPROTO, "%s: %u keys cannot fit in %zu bytes", what, q.count,
+                             r.left);
+        q.keys = malloc(q.count ? (size_t)q.count * sizeof *q.keys : sizeof *q.keys);
+        if (!q.keys) return kvt__fail(KVT_ENOMEM, "%s: no memory for %u keys", what, q.count);
         for (uint32_t i = 0; i < q.count && !r.bad; i++) {
             uint32_t kl = get32(&r);
-            if (kl == 0 || kl > KVT_SRV_MAX_KEY)
+            if (r.bad) break;
+            if (kl == 0 || kl > KVT_SRV_MAX_KEY) {
+                free(q.keys);
                 return kvt__fail(KVT_EPROTO, "%s: key %u is %u bytes (1..%u)", what, i, kl,
                                  KVT_SRV_MAX_KEY);
-            (void)get_bytes(&r, kl);
+            }
+            q.keys[i].data = get_bytes(&r, kl); /* points into p */
+            q.keys[i].len = kl;
         }
     }
     kvt_status st = done(&r, what);
     if (st) {
         free(q.tokens);
+        free(q.keys);
         return st;
     }
     if (q.ns_len == 0) q.ns = NULL;

@@ -26,9 +26,8 @@
  * A request is: u32 form, u32 ns_len, ns bytes padded to 4, u32 count, then
  *   form 0 (tokens): u32 token[count];
  *   form 1 (keys):   count x (u32 len, len bytes padded to 4), len <= KVT_SRV_MAX_KEY.
- *   The keyed form is reserved for kvt_request.keys (issue 15 item 3): it is
- *   decoded and bounded here, and refused by the server with
- *   KVT_EUNSUPPORTED until kvt_cache takes keyed requests.
+ *   The keyed form carries kvt_request.keys; the server's cache checks
+ *   them further (kvt__request_check: KVT_MAX_KEY_LEN, KVT_MAX_KEYS).
  * Decoders never trust a length: every one is bounded before use. */
 #ifndef KVT_SERVER_PROTO_H
 #define KVT_SERVER_PROTO_H
@@ -100,13 +99,16 @@ void kvt__srv_hello_rep_encode(kvt_srv_buf *b, const kvt_srv_hello_rep *r);
 kvt_status kvt__srv_hello_rep_decode(const uint8_t *p, size_t len, kvt_srv_hello_rep *out);
 
 /* Requests (LOOKUP, PREPARE). Decoded tokens are copied into *tokens
- * (malloc'd; the caller frees it); ns points into p. */
+ * (form 0); decoded keys are a malloc'd array *keys whose data point into p
+ * (form 1), so p must outlive them. The caller frees tokens and keys; ns
+ * points into p. */
 typedef struct kvt_srv_req {
     uint32_t form;  /* 0 tokens, 1 keys */
     const void *ns;
     uint32_t ns_len;
     uint32_t count;
     uint32_t *tokens; /* form 0: count tokens, malloc'd */
+    kvt_key *keys;    /* form 1: count keys, malloc'd, data into the frame */
 } kvt_srv_req;
 kvt_status kvt__srv_req_encode(kvt_srv_buf *b, const kvt_request *req);
 kvt_status kvt__srv_req_decode(const uint8_t *p, size_t len, kvt_srv_req *out);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "metrics/metrics.h"
 #include "util/err.h"
 
 /* Takes the lock file at path, writing our pid into it; when another
@@ -93,6 +94,8 @@ static kvt_status listen_on(kvt_server *s)
     return KVT_OK;
 }
 
+static void srv_metrics(kvt_mbuf *b, void *arg);
+
 static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry *geo)
 {
     static const char fn[] = "kvt_server_create";
@@ -115,9 +118,27 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
     if ((st = kvt_geometry_clone(geo, &s->geo))) return st;
     if ((st = kvt__cache_create_ex(&s->cache, cfg, geo, true))) return st;
     if ((st = kvt__cache_ext_shm(s->cache, &s->shm))) return st;
+    kvt__metrics_cache_set_extra(s->cache, srv_metrics, s);
     if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
         return kvt__fail(KVT_ESYS, "%s: pipe: %s", fn, strerror(errno));
     return listen_on(s);
+}
+
+/* The server's families on the cache's /metrics (docs/metrics.md): clients
+ * attached and the index entries each client process's tasks pin. */
+static void srv_metrics(kvt_mbuf *b, void *arg)
+{
+    kvt_server *s = arg;
+    pthread_mutex_lock(&s->mu);
+    kvt_metrics_client *v = calloc(s->nconns ? s->nconns : 1, sizeof *v);
+    uint32_t n = 0;
+    for (kvt_srv_conn *c = s->conns; v && c; c = c->next)
+        if (!atomic_load(&c->finished))
+            v[n++] = (kvt_metrics_client){c->pid, (uint64_t)atomic_load(&c->pins)};
+    pthread_mutex_unlock(&s->mu);
+    if (v) kvt__metrics_clients(b, v, n);
+    else b->failed = true;
+    free(v);
 }
 
 kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo)
@@ -179,12 +200,13 @@ static void accept_one(kvt_server *s)
     struct ucred cr;
     socklen_t len = sizeof cr;
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
-        kvt__srv_log("refused a client: SO_PEERCRED failed: %s", strerror(errno));
+        kvt__srv_log(KVT_LOG_WARN, "refused a client: SO_PEERCRED failed: %s", strerror(errno));
         close(fd);
         return;
     }
     if (cr.uid != geteuid() && cr.uid != 0) {
-        kvt__srv_log("refused client pid %ld: uid %ld is neither this server's (%ld) nor root",
+        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: uid %ld is neither this server's "
+                     "(%ld) nor root",
                      (long)cr.pid, (long)cr.uid, (long)geteuid());
         close(fd);
         return;
@@ -193,8 +215,8 @@ static void accept_one(kvt_server *s)
     bool full = s->nconns >= s->cfg.server_max_clients;
     pthread_mutex_unlock(&s->mu);
     if (full) {
-        kvt__srv_log("refused client pid %ld: server_max_clients (%u) attached", (long)cr.pid,
-                     s->cfg.server_max_clients);
+        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: server_max_clients (%u) attached",
+                     (long)cr.pid, s->cfg.server_max_clients);
         close(fd);
         return;
     }
@@ -208,8 +230,9 @@ static void accept_one(kvt_server *s)
     c->pid = cr.pid;
     c->uid = cr.uid;
     atomic_init(&c->finished, false);
+    atomic_init(&c->pins, 0);
     if (pthread_create(&c->thread, NULL, kvt__srv_conn_main, c) != 0) {
-        kvt__srv_log("refused client pid %ld: no thread", (long)cr.pid);
+        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: no thread", (long)cr.pid);
         close(fd);
         free(c);
         return;
@@ -229,7 +252,7 @@ kvt_status kvt_server_run(kvt_server *s)
     int expect = 0;
     if (!atomic_compare_exchange_strong(&s->state, &expect, 1))
         return kvt__fail(KVT_ESTATE, "%s: the server is already running or stopped", fn);
-    kvt__srv_log("serving on %s (pid %ld, CPU tier %u blocks of %llu bytes)", s->path,
+    kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, CPU tier %u blocks of %llu bytes)", s->path,
                  (long)getpid(), s->shm.num_blocks, (unsigned long long)s->shm.block_bytes);
     for (;;) {
         struct pollfd p[2] = {{s->listen_fd, POLLIN, 0}, {s->stop_pipe[0], POLLIN, 0}};
@@ -247,7 +270,8 @@ kvt_status kvt_server_run(kvt_server *s)
     reap_conns(s, true);
     kvt_status st = kvt_cache_flush(s->cache, s->cfg.server_stop_ms);
     atomic_store(&s->state, 2);
-    kvt__srv_log("stopped%s", st ? " (SSD writes still pending at server_stop_ms)" : "");
+    kvt__srv_log(st ? KVT_LOG_WARN : KVT_LOG_INFO, "stopped%s",
+                 st ? " (SSD writes still pending at server_stop_ms)" : "");
     return st;
 }
 
@@ -259,6 +283,8 @@ void kvt_server_destroy(kvt_server *s)
         close(s->listen_fd);
         unlink(s->path);
     }
+    /* No scrape may walk the connections once they are freed. */
+    if (s->cache) kvt__metrics_cache_set_extra(s->cache, NULL, NULL);
     reap_conns(s, true);
     kvt_cache_destroy(s->cache);
     kvt_geometry_destroy(s->geo);

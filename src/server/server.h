@@ -19,6 +19,7 @@ typedef struct kvt_srv_task {
     bool launched;
     kvt_task_kind kind;
     uint32_t num_blocks;
+    uint32_t pins;     /* index entries the task pins (its planned blocks) */
     uint64_t *offsets; /* launched: each block's memfd offset */
 } kvt_srv_task;
 
@@ -32,6 +33,7 @@ struct kvt_srv_conn {
     atomic_bool finished;
     kvt_srv_task *tasks; /* this client's planned and launched tasks */
     uint32_t ntasks, cap;
+    atomic_uint_fast64_t pins; /* sum of tasks[].pins, read by a metrics scrape */
     kvt_srv_conn *next;
 };
 
@@ -51,9 +53,11 @@ struct kvt_server {
     uint32_t nconns;
 };
 
-/* The server's log line ("kvtier serve: ..."), stderr for now: one place to
- * re-route once src/util/log lands. */
-void kvt__srv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A server log line ("server: ...") through the library's logger
+ * (util/log.h: kvt_set_log_handler, KVTIER_LOG, log_level): refusals and
+ * dropped clients at warn, attach, detach, start and stop at info. */
+void kvt__srv_log(kvt_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* The checksum a client sends and the server checks for a stored block:
  * XXH3-64 of its bytes seeded with its memfd offset. */
 uint64_t kvt__srv_block_sum(const void *block, uint64_t bytes, uint64_t offset);

@@ -30,20 +30,45 @@ static void request(const uint8_t *p, size_t n)
 {
     kvt_srv_req q;
     if (kvt__srv_req_decode(p, n, &q) != KVT_OK) return;
+    kvt_request r = {.ns = q.ns, .ns_len = q.ns_len};
     if (q.form == 0) {
-        kvt_request r = {q.tokens, q.count, q.ns, q.ns_len};
-        kvt_srv_buf b = {0};
-        if (kvt__srv_req_encode(&b, &r) == KVT_OK) {
-            kvt_srv_req q2;
-            if (kvt__srv_req_decode(b.p, b.len, &q2) == KVT_OK) {
-                assert(q2.count == q.count && q2.ns_len == q.ns_len);
-                assert(q.count == 0 || memcmp(q2.tokens, q.tokens, (size_t)q.count * 4) == 0);
-                free(q2.tokens);
-            }
+        r.tokens = q.tokens;
+        r.num_tokens = q.count;
+    } else {
+        /* Every decoded key lies inside the frame and within the bound. */
+        for (uint32_t i = 0; i < q.count; i++) {
+            const uint8_t *d = q.keys[i].data;
+            assert(q.keys[i].len >= 1 && q.keys[i].len <= KVT_SRV_MAX_KEY);
+            assert(d >= p && d + q.keys[i].len <= p + n);
+            (void)d;
         }
-        kvt__srv_buf_free(&b);
+        r.keys = q.keys ? q.keys : (const kvt_key *)"";
+        r.num_keys = q.count;
     }
+    kvt_srv_buf b = {0};
+    if (kvt__srv_req_encode(&b, &r) == KVT_OK) {
+        kvt_srv_req q2;
+        assert(b.len == n); /* same layout; only padding bytes may differ */
+        if (kvt__srv_req_decode(b.p, b.len, &q2) == KVT_OK) {
+            assert(q2.form == q.form && q2.count == q.count && q2.ns_len == q.ns_len);
+            assert(q.ns_len == 0 || memcmp(q2.ns, q.ns, q.ns_len) == 0);
+            if (q.form == 0) {
+                assert(q.count == 0 || memcmp(q2.tokens, q.tokens, (size_t)q.count * 4) == 0);
+            } else {
+                for (uint32_t i = 0; i < q.count; i++) {
+                    assert(q2.keys[i].len == q.keys[i].len);
+                    assert(memcmp(q2.keys[i].data, q.keys[i].data, q.keys[i].len) == 0);
+                }
+            }
+            free(q2.tokens);
+            free(q2.keys);
+        } else {
+            assert(0 && "a re-encoded request must decode");
+        }
+    }
+    kvt__srv_buf_free(&b);
     free(q.tokens);
+    free(q.keys);
 }
 
 static void launch_rep(const uint8_t *p, size_t n)

@@ -10,6 +10,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -75,6 +77,18 @@ static void on_term(int sig)
     kvt_server_stop(g_srv);
 }
 
+/* The server process's log lines, through kvt_set_log_handler, appended to
+ * g_log_path when it is set. */
+static char g_log_path[320];
+static void log_to_file(void *user, kvt_log_level level, const char *line)
+{
+    (void)user;
+    FILE *f = fopen(g_log_path, "a");
+    if (!f) return;
+    fprintf(f, "%d %s\n", (int)level, line);
+    fclose(f);
+}
+
 /* Extra options of the next servers made: "name", "value", ..., NULL. */
 static const char *const *g_opts;
 
@@ -127,6 +141,7 @@ static pid_t start_server(const char *path, const char *ssd_dir)
         sigaddset(&term, SIGTERM);
         sigprocmask(SIG_BLOCK, &term, &old);
         signal(SIGTERM, on_term);
+        if (g_log_path[0]) kvt_set_log_handler(log_to_file, NULL);
         kvt_status st = make_server(&g_srv, path, ssd_dir);
         int32_t v = st;
         if (st) fprintf(stderr, "server: %s\n", kvt_last_error());
@@ -312,6 +327,171 @@ static void test_store_in_a_load_in_b(void **state)
     stop_server(srv, path);
 }
 
+/* Attach and detach go through the library's logger at info, naming the
+ * client's pid and uid; a handler set with kvt_set_log_handler gets them. */
+static void test_attach_detach_logged(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "l.sock");
+    snprintf(g_log_path, sizeof g_log_path, "%s/server.log", g_dir);
+    static const char *const opts[] = {"log_level", "info", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    g_log_path[0] = '\0';
+    uint64_t seed = 12;
+    pid_t kid = spawn(child_store, path, &seed);
+    assert_int_equal(reap(kid, 20000), 0);
+    char want_a[128], want_d[128], log[8192] = "";
+    snprintf(want_a, sizeof want_a, "%d server: client pid %ld (uid %ld) attached",
+             (int)KVT_LOG_INFO, (long)kid, (long)getuid());
+    snprintf(want_d, sizeof want_d, "%d server: client pid %ld (uid %ld) detached",
+             (int)KVT_LOG_INFO, (long)kid, (long)getuid());
+    char file[340];
+    snprintf(file, sizeof file, "%s/server.log", g_dir);
+    for (int i = 0; i < 2000 && !strstr(log, want_d); i++) { /* detach is logged async */
+        FILE *f = fopen(file, "r");
+        if (f) {
+            size_t n = fread(log, 1, sizeof log - 1, f);
+            log[n] = '\0';
+            fclose(f);
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    if (!strstr(log, want_a) || !strstr(log, want_d))
+        fail_msg("log lacks \"%s\" or \"%s\":\n%s", want_a, want_d, log);
+    stop_server(srv, path);
+}
+
+/* ------------------------------------------------------------------ */
+/* Metrics from the server                                            */
+
+static uint16_t free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* GET /metrics on 127.0.0.1:port; the body into buf. */
+static void scrape(uint16_t port, char *buf, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char req[] = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    assert_int_equal(write(fd, req, sizeof req - 1), (ssize_t)(sizeof req - 1));
+    size_t len = 0;
+    ssize_t got;
+    while (len + 1 < cap && (got = read(fd, buf + len, cap - 1 - len)) > 0) len += (size_t)got;
+    close(fd);
+    buf[len] = '\0';
+    assert_non_null(strstr(buf, "200 OK"));
+}
+
+/* The value of the series named exactly name (labels included), or -1. */
+static double series(const char *body, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = body; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (strncmp(p, name, n) == 0 && p[n] == ' ') return strtod(p + n + 1, NULL);
+    return -1;
+}
+
+static void expect_series(const char *body, const char *name, double want)
+{
+    double got = series(body, name);
+    if (got != want) fail_msg("%s is %g, want %g\n---\n%s", name, got, want, body);
+}
+
+/* Looks up seed 13's prefix (8 blocks pinned by the plan), tells the parent
+ * on up, waits for a byte on down, then cancels and detaches. */
+typedef struct pin_arg {
+    int up, down;         /* the child's ends */
+    int parent_up, parent_down; /* closed in the child: if the parent dies, read sees EOF */
+} pin_arg;
+
+static kvt_status child_pin(const char *path, void *arg)
+{
+    pin_arg *a = arg;
+    close(a->parent_up);
+    close(a->parent_down);
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, 13);
+    kvt_match m = {0};
+    if (!st) st = kvt_client_lookup(e.cl, &r, &m);
+    if (!st && m.matched_tokens != BLOCKS * TPP)
+        st = kvt__fail(KVT_ENOTFOUND, "matched %u tokens", m.matched_tokens);
+    char c = st ? 'x' : 'p';
+    if (write(a->up, &c, 1) != 1) st = KVT_ESYS;
+    if (read(a->down, &c, 1) != 1) st = KVT_ESYS;
+    if (!st) st = kvt_client_cancel(e.cl, m.task);
+    engine_close(&e);
+    return st;
+}
+
+/* A scrape of the server's cache endpoint while a client is attached shows
+ * kvtier_clients_attached 1 and the entries its lookup pins under its pid;
+ * external stores land in the store latency histogram (launch_ns). */
+static void test_metrics_clients_and_pins(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], port_s[16];
+    sock_path(path, sizeof path, "m.sock");
+    uint16_t port = free_port();
+    snprintf(port_s, sizeof port_s, "%u", port);
+    const char *const opts[] = {"metrics_port", port_s, NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    uint64_t seed = 13;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    static char body[1 << 17];
+    int up[2], down[2];
+    assert_int_equal(pipe(up), 0);
+    assert_int_equal(pipe(down), 0);
+    pin_arg a = {up[1], down[0], up[0], down[1]};
+    pid_t kid = spawn(child_pin, path, &a);
+    char c = 0;
+    assert_int_equal(read(up[0], &c, 1), 1);
+    assert_int_equal(c, 'p');
+    scrape(port, body, sizeof body);
+    char name[64];
+    snprintf(name, sizeof name, "kvtier_client_pins{pid=\"%ld\"}", (long)kid);
+    expect_series(body, "kvtier_clients_attached", 1);
+    expect_series(body, name, BLOCKS);
+    expect_series(body, "kvtier_store_duration_seconds_count", 1);
+    assert_int_equal(write(down[1], &c, 1), 1);
+    assert_int_equal(reap(kid, 20000), 0);
+    /* Detached: the gauge falls back (the connection thread ends async). */
+    for (int i = 0; i < 2000; i++) {
+        scrape(port, body, sizeof body);
+        if (series(body, "kvtier_clients_attached") == 0) break;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    expect_series(body, "kvtier_clients_attached", 0);
+    assert_true(series(body, name) < 0); /* no series for a gone client */
+    close(up[0]);
+    close(up[1]);
+    close(down[0]);
+    close(down[1]);
+    stop_server(srv, path);
+}
+
 /* A geometry other than the server's is refused at attach, naming the field. */
 static void test_geometry_mismatch_refused(void **state)
 {
@@ -425,8 +605,8 @@ static kvt_status raw_rt(int fd, uint16_t op, const kvt_srv_buf *b, uint8_t **re
     kvt_status st = kvt__srv_send_frame(fd, op, 0, b->p, b->len, -1, dl);
     kvt_srv_hdr h;
     if (!st) st = kvt__srv_recv_frame(fd, &h, rep, fd_got, dl);
+    if (!st) *len = h.len; /* a failure's message too */
     if (!st && h.status) st = (kvt_status)h.status;
-    if (!st) *len = h.len;
     return st;
 }
 
@@ -787,9 +967,114 @@ static void test_client_reattaches(void **state)
     stop_server(srv, path);
 }
 
-/* A keyed request (the wire's form 1) is decoded and refused with
- * KVT_EUNSUPPORTED until kvt_cache takes keys; the connection stays up. */
-static kvt_status child_keyed(const char *path, void *arg)
+/* Keyed requests (the wire's form 1): the engine names each block by its
+ * own key (SGLang's page hash). Process A stores 8 blocks under keys; process
+ * B, another process, looks the keys up and loads them byte for byte; a
+ * token request over the same tokens, or the keys in another namespace,
+ * find nothing (a keyed chain never meets a token chain). */
+typedef struct keyed_chain {
+    char text[BLOCKS][32];
+    kvt_key keys[BLOCKS];
+    uint32_t tokens[NTOK];
+} keyed_chain;
+
+static void keyed_make(keyed_chain *c, uint64_t seed)
+{
+    kvt_test_tokens(c->tokens, NTOK, seed);
+    for (uint32_t i = 0; i < BLOCKS; i++) {
+        snprintf(c->text[i], sizeof c->text[i], "page-%llu-%u", (unsigned long long)seed, i);
+        c->keys[i] = (kvt_key){c->text[i], (uint32_t)strlen(c->text[i])};
+    }
+}
+
+static kvt_status child_keyed_store(const char *path, void *arg)
+{
+    keyed_chain c;
+    keyed_make(&c, *(uint64_t *)arg);
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    kvt_request t = {c.tokens, BLOCKS * TPP, NULL, 0};
+    kvt_request r = {.ns = "tenant", .ns_len = 6, .keys = c.keys, .num_keys = BLOCKS};
+    kvt_store_plan p = {0};
+    if (!st) st = kvt_client_prepare_store(e.cl, &r, &p);
+    if (!st && (p.task == 0 || p.first_token != 0 || p.num_tokens != BLOCKS * TPP))
+        st = kvt__fail(KVT_EINVAL, "keyed plan: task %llu tokens [%u, +%u), want [0, +%u)",
+                       (unsigned long long)p.task, p.first_token, p.num_tokens, BLOCKS * TPP);
+    if (!st) st = kvt_emu_fill(e.emu, &t, 0, BLOCKS * TPP, e.pages, PAGES);
+    if (!st) st = kvt_client_launch(e.cl, p.task, e.pages, PAGES);
+    kvt_task_result res = {0};
+    if (!st) st = kvt_client_wait(e.cl, p.task, TIMEOUT_MS, &res);
+    if (!st && res.status) st = kvt__fail(res.status, "keyed store result %s",
+                                          kvt_status_name(res.status));
+    /* The client checks a request as the cache does before a round trip. */
+    if (!st) {
+        c.keys[3].len = 0;
+        kvt_status bad = kvt_client_lookup(e.cl, &r, &(kvt_match){0});
+        c.keys[3].len = (uint32_t)strlen(c.text[3]);
+        if (bad != KVT_EINVAL || !strstr(kvt_last_error(), "kvt_client_lookup: req->keys[3].len"))
+            st = kvt__fail(KVT_EPROTO, "a zero-length key gave %s: %s", kvt_status_name(bad),
+                           kvt_last_error());
+    }
+    engine_close(&e);
+    return st;
+}
+
+static kvt_status child_keyed_load(const char *path, void *arg)
+{
+    keyed_chain c;
+    keyed_make(&c, *(uint64_t *)arg);
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    kvt_request t = {c.tokens, BLOCKS * TPP, NULL, 0};
+    kvt_request r = {.ns = "tenant", .ns_len = 6, .keys = c.keys, .num_keys = BLOCKS};
+    kvt_match m = {0};
+    if (!st) st = kvt_client_lookup(e.cl, &r, &m);
+    if (!st && (m.task == 0 || m.matched_tokens != BLOCKS * TPP))
+        st = kvt__fail(KVT_ENOTFOUND, "keyed lookup matched %u tokens, want %u",
+                       m.matched_tokens, BLOCKS * TPP);
+    if (!st) st = kvt_emu_poison(e.emu, e.pages, PAGES);
+    if (!st) st = kvt_client_launch(e.cl, m.task, e.pages, PAGES);
+    kvt_task_result res = {0};
+    if (!st) st = kvt_client_wait(e.cl, m.task, TIMEOUT_MS, &res);
+    if (!st && res.status) st = kvt__fail(res.status, "keyed load result %s",
+                                          kvt_status_name(res.status));
+    kvt_verify_result v = {0};
+    if (!st) st = kvt_emu_verify(e.emu, &t, 0, BLOCKS * TPP, e.pages, PAGES, &v);
+    if (!st && (v.mismatches || v.bytes_checked == 0))
+        st = kvt__fail(KVT_ECORRUPT, "keyed load: %llu of %llu bytes differ",
+                       (unsigned long long)v.mismatches, (unsigned long long)v.bytes_checked);
+    /* Another namespace, and a token request over the same tokens, miss. */
+    kvt_request other = r;
+    other.ns = "other";
+    other.ns_len = 5;
+    kvt_request tok = {c.tokens, NTOK, "tenant", 6};
+    kvt_match m2 = {0}, m3 = {0};
+    if (!st) st = kvt_client_lookup(e.cl, &other, &m2);
+    if (!st) st = kvt_client_lookup(e.cl, &tok, &m3);
+    if (!st && (m2.matched_tokens || m3.matched_tokens))
+        st = kvt__fail(KVT_EPROTO, "other namespace matched %u, token request matched %u",
+                       m2.matched_tokens, m3.matched_tokens);
+    engine_close(&e);
+    return st;
+}
+
+static void test_keyed_store_in_a_load_in_b(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "kk.sock");
+    pid_t srv = start_server(path, NULL);
+    uint64_t seed = 77;
+    assert_int_equal(reap(spawn(child_keyed_store, path, &seed), 20000), 0);
+    assert_int_equal(reap(spawn(child_keyed_load, path, &seed), 20000), 0);
+    stop_server(srv, path);
+}
+
+/* A keyed frame the client library would never send (a key over the cache's
+ * 256-byte bound, within the wire's) is refused with KVT_EINVAL naming the
+ * key, and the connection stays up. */
+static kvt_status child_keyed_raw(const char *path, void *arg)
 {
     (void)arg;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
@@ -808,18 +1093,26 @@ static kvt_status child_keyed(const char *path, void *arg)
     kvt_geometry_destroy(g);
     if (shm >= 0) close(shm);
     if (st) return st;
+    static char big[600];
+    memset(big, 'k', sizeof big);
+    len = 0;
     kvt__srv_put32(&b, 1); /* form: keys */
     kvt__srv_put32(&b, 0); /* no namespace */
     kvt__srv_put32(&b, 2);
     kvt__srv_put32(&b, 3);
     kvt__srv_put_bytes(&b, "abc", 3);
-    kvt__srv_put32(&b, 4);
-    kvt__srv_put_bytes(&b, "defg", 4);
+    kvt__srv_put32(&b, sizeof big);
+    kvt__srv_put_bytes(&b, big, sizeof big);
     p = NULL;
     st = raw_rt(fd, KVT_SRV_LOOKUP, &b, &p, &len, NULL);
-    free(p);
     kvt__srv_buf_free(&b);
-    if (st != KVT_EUNSUPPORTED) return kvt__fail(KVT_EPROTO, "keyed lookup gave %s", kvt_status_name(st));
+    char msg[KVT_SRV_MAX_ERRMSG + 1] = "";
+    if (p && len <= KVT_SRV_MAX_ERRMSG) memcpy(msg, p, len);
+    bool named = strstr(msg, "keys[1].len is 600") != NULL;
+    if (!named) fprintf(stderr, "server said: %s\n", msg);
+    free(p);
+    if (st != KVT_EINVAL || !named)
+        return kvt__fail(KVT_EPROTO, "a 600-byte key gave %s", kvt_status_name(st));
     p = NULL;
     st = raw_rt(fd, KVT_SRV_STATS, &b, &p, &len, NULL); /* still attached */
     free(p);
@@ -827,14 +1120,14 @@ static kvt_status child_keyed(const char *path, void *arg)
     return st;
 }
 
-static void test_keyed_request_refused(void **state)
+static void test_keyed_bad_key_refused(void **state)
 {
     (void)state;
     make_dir();
     char path[300];
-    sock_path(path, sizeof path, "kk.sock");
+    sock_path(path, sizeof path, "kb.sock");
     pid_t srv = start_server(path, NULL);
-    assert_int_equal(reap(spawn(child_keyed, path, NULL), 20000), 0);
+    assert_int_equal(reap(spawn(child_keyed_raw, path, NULL), 20000), 0);
     stop_server(srv, path);
 }
 
@@ -843,6 +1136,8 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_store_in_a_load_in_b, kill_servers),
+        cmocka_unit_test_teardown(test_attach_detach_logged, kill_servers),
+        cmocka_unit_test_teardown(test_metrics_clients_and_pins, kill_servers),
         cmocka_unit_test_teardown(test_geometry_mismatch_refused, kill_servers),
         cmocka_unit_test_teardown(test_second_server_refused, kill_servers),
         cmocka_unit_test_teardown(test_same_prefix_one_owner, kill_servers),
@@ -853,7 +1148,8 @@ int main(void)
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
         cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
         cmocka_unit_test_teardown(test_client_reattaches, kill_servers),
-        cmocka_unit_test_teardown(test_keyed_request_refused, kill_servers),
+        cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, kill_servers),
+        cmocka_unit_test_teardown(test_keyed_bad_key_refused, kill_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

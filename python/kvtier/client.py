@@ -1,0 +1,157 @@
+"""A client of the node server (kvt_client_*): ``kvtier serve`` owns the
+node's cache; engine processes attach to it over a Unix socket and share
+its CPU and SSD tiers (docs/server.md).
+
+``Client`` has the surface of ``Cache`` (lookup / prepare_store / launch /
+wait / wait_layer / try_wait / poll / cancel / stats / flush, keys=
+included) plus ``attach``'s socket and geometry. Its copies run on this
+process's threads, between the engine buffers registered here and the
+server's tier mapped into this process.
+"""
+import ctypes
+
+from . import _lib
+from ._arrays import as_request, timeout_ms, u32_array, u32_ptr, uint
+from ._handle import Handle
+from .cache import Match, StorePlan, _result, register_memory
+from .config import Geometry
+from .errors import STATUS, check, invalid
+
+lib = _lib.lib
+
+
+class Client(Handle):
+    """A kvt_client attached to the server at ``socket``.
+
+    ``Client(socket, geometry, timeout_ms=2000)``: geometry must equal the
+    server's (GeometryMismatch names the field otherwise); timeout_ms is the
+    attach deadline (retrying the connect, so a client may start before its
+    server) and the deadline of every later round trip. A lost server gives
+    ConnectionFailure naming the socket; later calls re-attach on their own.
+    Thread-safe like the C API. Task timeouts are in seconds (>= 0)."""
+
+    _destroy = lib.kvt_client_detach
+
+    def __init__(self, socket, geometry, timeout_ms=2000):
+        super().__init__()
+        if not isinstance(socket, (str, bytes)) or not socket:
+            raise invalid("Client: socket must be the server's socket path (str), got %r"
+                          % (socket,))
+        if not isinstance(geometry, Geometry):
+            raise invalid("Client: geometry must be a kvtier.Geometry, got %s"
+                          % type(geometry).__name__)
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0:
+            raise invalid("Client: timeout_ms must be a positive int (milliseconds), got %r"
+                          % (timeout_ms,))
+        path = socket.encode() if isinstance(socket, str) else socket
+        self.socket = path.decode("utf-8", "replace")
+        check(self._create(lib.kvt_client_attach, path, geometry, timeout_ms))
+        self.geometry = geometry.clone()
+        self.timeout_ms = timeout_ms
+        self.num_pages = None
+        # The server's block size in tokens (its block_tokens option).
+        gi = self.geometry.info()
+        self.block_tokens = int(self.stats()["block_bytes"] // gi["bytes_per_token"])
+
+    def close(self):
+        """Detaches: cancels this client's tasks (the server releases their
+        pins), joins its copy threads, unmaps the tier, closes the socket."""
+        super().close()
+
+    def _wake(self, tasks):
+        for task in tasks:
+            lib.kvt_client_cancel(self._h, task)
+
+    def _after_close(self):
+        if getattr(self, "geometry", None) is not None:
+            self.geometry.close()
+
+    def register_buffers(self, num_pages, buffers=None, base=None):
+        """Registers the engine's host KV buffers, as Cache.register_buffers."""
+        mem, keep = register_memory("register_buffers", self.geometry, num_pages, buffers, base)
+        self._register(mem, keep)
+
+    def register_engine(self, engine):
+        """Registers an EmulatedEngine's buffers (the engine is kept alive)."""
+        self._borrow(engine)
+        try:
+            self._register(engine.memory(), [])
+        except BaseException:
+            self._unborrow(engine)
+            raise
+
+    def _register(self, mem, keep):
+        if self.num_pages is not None:
+            raise invalid("register: engine memory is already registered (allowed once)")
+        check(self._call(lib.kvt_client_register_memory, ctypes.byref(mem)))
+        self._keep.extend(keep)
+        self._keep.append(mem)
+        self.num_pages = mem.num_pages
+
+    def lookup(self, tokens=None, ns=None, keys=None):
+        """As Cache.lookup, answered by the server: Match(task, matched_tokens)."""
+        req = as_request(tokens, ns, keys)
+        m = _lib.Match()
+        check(self._call(lib.kvt_client_lookup, req.ref(), ctypes.byref(m)))
+        return Match(m.task, m.matched_tokens)
+
+    def prepare_store(self, tokens=None, ns=None, keys=None):
+        """As Cache.prepare_store: StorePlan(task, first_token, num_tokens)."""
+        req = as_request(tokens, ns, keys)
+        p = _lib.StorePlan()
+        check(self._call(lib.kvt_client_prepare_store, req.ref(), ctypes.byref(p)))
+        return StorePlan(p.task, p.first_token, p.num_tokens)
+
+    def launch(self, task, pages):
+        """Starts a planned task; this process copies between its pages and
+        the server's tier (a load's SSD blocks are read back first)."""
+        if self.num_pages is None:
+            raise invalid("launch: no engine memory registered yet (register_buffers first)")
+        pg = u32_array(pages, "pages")
+        check(self._call(lib.kvt_client_launch, uint(task, "task", 64), u32_ptr(pg), len(pg)))
+
+    def wait(self, task, timeout):
+        """The task's TaskResult (the server's verdict), waiting up to timeout s."""
+        r = _lib.TaskResult()
+        task = uint(task, "task", 64)
+        check(self._call_waiting(task, lib.kvt_client_wait, task, timeout_ms(timeout),
+                                 ctypes.byref(r)))
+        return _result(r)
+
+    def try_wait(self, task):
+        """The TaskResult if the task ended, else None (never blocks)."""
+        r = _lib.TaskResult()
+        st = self._call(lib.kvt_client_wait, uint(task, "task", 64), 0, ctypes.byref(r))
+        if st == STATUS["ETIMEDOUT"]:  # still running
+            return None
+        check(st)
+        return _result(r)
+
+    def wait_layer(self, task, layer, timeout):
+        """Waits until layers [0, layer] of a launched load landed."""
+        task = uint(task, "task", 64)
+        check(self._call_waiting(task, lib.kvt_client_wait_layer, task, uint(layer, "layer"),
+                                 timeout_ms(timeout)))
+
+    def cancel(self, task):
+        """Cancels a task (the server releases it)."""
+        check(self._call(lib.kvt_client_cancel, uint(task, "task", 64)))
+
+    def poll(self, max_results=64):
+        """Up to max_results ended tasks of this client not yet reported."""
+        n = uint(max_results, "max_results", minimum=1)
+        arr = (_lib.TaskResult * n)()
+        count = ctypes.c_uint32()
+        check(self._call(lib.kvt_client_poll, arr, n, ctypes.byref(count)))
+        return [_result(arr[i]) for i in range(count.value)]
+
+    def stats(self):
+        """The server's counters (every client's traffic together), a dict."""
+        s = _lib.CacheStats()
+        check(self._call(lib.kvt_client_stats, ctypes.byref(s)))
+        return {k: getattr(s, k) for k in _lib.STATS_FIELDS}
+
+    def flush(self, timeout):
+        """Waits up to timeout s until every stored block is durable on the
+        server's SSD tier."""
+        check(self._call(lib.kvt_client_flush, timeout_ms(timeout)))

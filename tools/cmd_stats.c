@@ -1,0 +1,165 @@
+/* cmd_stats.c - `kvtier stats --socket PATH [--json] [--watch [--count N]]`:
+ * the figures of a running `kvtier serve` (kvt_client_stats). It attaches
+ * as a client, so it gives the geometry the server serves (--model, --tp,
+ * --page, the same flags and defaults as kvtier serve). --watch redraws
+ * every second like top until SIGINT/SIGTERM or --count frames. Exit 0, 1
+ * when the server cannot be reached or refuses, 2 on usage. */
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "cli_util.h"
+#include "cmds.h"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static int usage(FILE *f, int rc)
+{
+    fprintf(f,
+            "usage: kvtier stats --socket PATH [--json] [--watch] [--count N]\n"
+            "                    [--model M] [--tp N] [--page T] [--timeout-ms MS]\n"
+            "  --socket PATH   the socket of a running kvtier serve\n"
+            "  --json          one JSON object per report (one line each)\n"
+            "  --watch         report every second until Ctrl-C (or --count reports)\n"
+            "  --count N       with --watch: stop after N reports\n"
+            "  --model/--tp/--page  the geometry the server serves (as given to\n"
+            "                  kvtier serve; default tiny, 1, 16): stats attaches as a client\n");
+    return rc;
+}
+
+typedef struct field {
+    const char *name;
+    size_t off;
+} field;
+
+#define F(n) {#n, offsetof(kvt_cache_stats, n)}
+static const field FIELDS[] = {
+    F(lookups), F(lookup_tokens), F(hit_tokens), F(ssd_hit_tokens), F(stores),
+    F(stored_blocks), F(stored_bytes), F(loads), F(loaded_blocks), F(loaded_bytes),
+    F(evicted_blocks), F(cpu_dropped_blocks), F(failed_tasks), F(cancelled_tasks),
+    F(expired_tasks), F(cpu_blocks_used), F(cpu_blocks_total), F(block_bytes),
+    F(ssd_blocks_used), F(ssd_blocks_total), F(ssd_written_blocks), F(ssd_read_blocks),
+    F(ssd_write_errors), F(ssd_read_errors), F(corrupt_blocks), F(recovered_blocks),
+    F(index_blocks), F(index_bytes), F(tasks_in_flight),
+};
+#undef F
+
+static uint64_t get(const kvt_cache_stats *s, const field *f)
+{
+    uint64_t v;
+    memcpy(&v, (const char *)s + f->off, sizeof v);
+    return v;
+}
+
+static double pct(uint64_t a, uint64_t b) { return b ? 100.0 * (double)a / (double)b : 0.0; }
+
+static void print_json(const char *sock, const kvt_cache_stats *s)
+{
+    printf("{\"socket\":\"");
+    for (const char *p = sock; *p; p++) {
+        if (*p == '"' || *p == '\\') putchar('\\');
+        if ((unsigned char)*p >= 0x20) putchar(*p);
+    }
+    printf("\"");
+    for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++)
+        printf(",\"%s\":%llu", FIELDS[i].name, (unsigned long long)get(s, &FIELDS[i]));
+    double hit = s->lookup_tokens ? (double)s->hit_tokens / (double)s->lookup_tokens : 0.0;
+    printf(",\"hit_rate\":%.4f}\n", hit);
+}
+
+static void print_text(const char *sock, const kvt_cache_stats *s, bool watch)
+{
+    if (watch && isatty(STDOUT_FILENO)) printf("\033[H\033[2J");
+    time_t now = time(NULL);
+    struct tm tm;
+    char ts[32];
+    strftime(ts, sizeof ts, "%H:%M:%S", localtime_r(&now, &tm));
+    double mib = 1.0 / (1024.0 * 1024.0);
+    printf("kvtier server %s  %s\n", sock, ts);
+    printf("  lookups      %llu (%llu tokens, %.1f%% hit, %llu from SSD)\n",
+           (unsigned long long)s->lookups, (unsigned long long)s->lookup_tokens,
+           pct(s->hit_tokens, s->lookup_tokens), (unsigned long long)s->ssd_hit_tokens);
+    printf("  stores       %llu (%llu blocks, %.1f MiB)\n", (unsigned long long)s->stores,
+           (unsigned long long)s->stored_blocks, (double)s->stored_bytes * mib);
+    printf("  loads        %llu (%llu blocks, %.1f MiB)\n", (unsigned long long)s->loads,
+           (unsigned long long)s->loaded_blocks, (double)s->loaded_bytes * mib);
+    printf("  CPU tier     %llu / %llu blocks (%.1f%%) of %llu bytes\n",
+           (unsigned long long)s->cpu_blocks_used, (unsigned long long)s->cpu_blocks_total,
+           pct(s->cpu_blocks_used, s->cpu_blocks_total), (unsigned long long)s->block_bytes);
+    printf("  SSD tier     %llu / %llu blocks (%llu written, %llu read, %llu+%llu errors)\n",
+           (unsigned long long)s->ssd_blocks_used, (unsigned long long)s->ssd_blocks_total,
+           (unsigned long long)s->ssd_written_blocks, (unsigned long long)s->ssd_read_blocks,
+           (unsigned long long)s->ssd_write_errors, (unsigned long long)s->ssd_read_errors);
+    printf("  index        %llu blocks, %.1f MiB; %llu tasks in flight\n",
+           (unsigned long long)s->index_blocks, (double)s->index_bytes * mib,
+           (unsigned long long)s->tasks_in_flight);
+    printf("  evicted      %llu blocks (%llu CPU copies dropped); %llu corrupt, %llu recovered\n",
+           (unsigned long long)s->evicted_blocks, (unsigned long long)s->cpu_dropped_blocks,
+           (unsigned long long)s->corrupt_blocks, (unsigned long long)s->recovered_blocks);
+    printf("  tasks        %llu failed, %llu cancelled, %llu expired\n",
+           (unsigned long long)s->failed_tasks, (unsigned long long)s->cancelled_tasks,
+           (unsigned long long)s->expired_tasks);
+}
+
+int kvt_cmd_stats(int argc, char **argv)
+{
+    const char *sock = NULL, *model = "tiny";
+    uint64_t tp = 1, page = 16, count = 0, timeout = 2000;
+    bool json = false, watch = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout, 0);
+        if (!strcmp(a, "--json")) { json = true; continue; }
+        if (!strcmp(a, "--watch")) { watch = true; continue; }
+        if (!v) return usage(stderr, 2);
+        i++;
+        if (!strcmp(a, "--socket")) sock = v;
+        else if (!strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "--tp") && demo_parse_u64(v, &tp) && tp >= 1 && tp <= 1024) {}
+        else if (!strcmp(a, "--page") && demo_parse_u64(v, &page) && page >= 1 && page <= 65536) {}
+        else if (!strcmp(a, "--count") && demo_parse_u64(v, &count) && count >= 1) {}
+        else if (!strcmp(a, "--timeout-ms") && demo_parse_u64(v, &timeout) && timeout >= 1 &&
+                 timeout <= 600000) {}
+        else return usage(stderr, 2);
+    }
+    if (!sock || (count && !watch)) return usage(stderr, 2);
+    kvt_geometry *geo = NULL;
+    kvt_status st = kvt_geometry_preset(&geo, model, (uint32_t)page, (uint32_t)tp);
+    if (st) return demo_error("--model", st);
+    kvt_client *cl = NULL;
+    st = kvt_client_attach(&cl, sock, geo, (int64_t)timeout);
+    kvt_geometry_destroy(geo);
+    if (st) return demo_error(sock, st);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int rc = 0;
+    for (uint64_t n = 0; !g_stop;) {
+        kvt_cache_stats s;
+        if ((st = kvt_client_stats(cl, &s))) {
+            rc = demo_error(sock, st);
+            break;
+        }
+        if (json) print_json(sock, &s);
+        else print_text(sock, &s, watch);
+        fflush(stdout);
+        if (!watch || (count && ++n >= count)) break;
+        /* A second, in slices so Ctrl-C ends it at once. */
+        for (int i = 0; i < 20 && !g_stop; i++) {
+            struct timespec ts = {0, 50000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    kvt_client_detach(cl);
+    return rc;
+}
