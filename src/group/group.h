@@ -33,6 +33,9 @@ struct kvt_group {
     kvt_buf rx;                /* the last received message */
     kvt_buf tx;                /* a step payload behind its step number */
     kvt_buf *ups;              /* leader: each member's STEP_UP payload */
+    kvt_buf *stash;            /* leader: a HELLO a member sent while the leader
+                                  stepped (it re-forms, or is a replacement
+                                  process), kept for the next formation */
     char diag[KVT_ERRMSG_MAX];
 };
 

@@ -31,7 +31,8 @@ static kvt_group *group_alloc(kvt_net *net)
     g->tx_seq = calloc(n, sizeof *g->tx_seq);
     g->rx_seq = calloc(n, sizeof *g->rx_seq);
     g->ups = net->rank == 0 ? calloc(net->ranks, sizeof *g->ups) : NULL;
-    if (!g->tx_seq || !g->rx_seq || (net->rank == 0 && !g->ups)) {
+    g->stash = net->rank == 0 ? calloc(net->ranks, sizeof *g->stash) : NULL;
+    if (!g->tx_seq || !g->rx_seq || (net->rank == 0 && (!g->ups || !g->stash))) {
         kvt_group_destroy(g);
         return NULL;
     }
@@ -89,7 +90,10 @@ void kvt_group_destroy(kvt_group *g)
     if (!g) return;
     if (g->ups)
         for (uint32_t r = 0; r < g->ranks; r++) kvt__buf_free(&g->ups[r]);
+    if (g->stash)
+        for (uint32_t r = 0; r < g->ranks; r++) kvt__buf_free(&g->stash[r]);
     free(g->ups);
+    free(g->stash);
     kvt__buf_free(&g->rx);
     kvt__buf_free(&g->tx);
     free(g->tx_seq);

@@ -98,7 +98,15 @@ static void compare(const kvt_group *g, const kvt_hello *h, uint32_t r, uint64_t
 static kvt_status hs_recv(kvt_group *g, uint32_t peer, uint64_t dl, kvt_frame *f, uint64_t *att)
 {
     for (;;) {
-        kvt_status st = kvt__net_recv(g->net, peer, &g->rx, dl);
+        kvt_status st = KVT_OK;
+        if (g->stash && g->stash[peer].len) { /* a HELLO the step path kept */
+            kvt_buf t = g->rx;
+            g->rx = g->stash[peer];
+            g->stash[peer] = t;
+            g->stash[peer].len = 0;
+        } else {
+            st = kvt__net_recv(g->net, peer, &g->rx, dl);
+        }
         if (st != KVT_OK) return st;
         st = kvt__frame_decode(g->rx.p, g->rx.len, g->proto_version, f);
         if (st != KVT_OK) return st;
