@@ -762,7 +762,7 @@ typedef struct kvt_group_params {
  * forms on every rank or on none (docs/protocol.md, "Formation"), within
  * params.formation_timeout_ms.
  * net is borrowed and must outlive the group. The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_group_create(kvt_group **out, kvt_net *net, const kvt_group_params *params);
 /* NULL is a no-op. Does not destroy the net. */
 void kvt_group_destroy(kvt_group *group);
