@@ -57,6 +57,7 @@ typedef struct rank_ctx {
     kvt_status reform_st, create_st, solo_st;
     uint64_t epoch;       /* the group's epoch at the end */
     bool fresh;           /* a replacement process: proposes epoch 0 */
+    uint64_t solo_ms;     /* drift: how long rank 2's lone reform took */
     char diag[KVT_ERRMSG_MAX], reform_msg[KVT_ERRMSG_MAX], fail[512];
 } rank_ctx;
 
@@ -210,7 +211,9 @@ static void drift_main(uint32_t rank, world *w, rank_ctx *rc)
     for (uint64_t k = 1; k <= 2; k++)
         if (step(rc, k) != KVT_OK) return;
     if (rank == 2) {
+        uint64_t t0 = kvt__now_ns();
         rc->solo_st = kvt_conn_reform(rc->conn, T_MS);
+        rc->solo_ms = (kvt__now_ns() - t0) / 1000000;
     } else {
         tg_sleep_ms(8 * T_MS / 5); /* rank 2's attempt is over by then */
     }
@@ -454,6 +457,10 @@ static void drift_case(transport tr)
     world w;
     run_world(tr, SC_DRIFT, &w);
     if (w.rc[2].solo_st == KVT_OK) fail_msg("%s: rank 2's reform alone succeeded", tr_name(tr));
+    /* reform's bound: its timeout B, + B/8 to send its GIVEUP (+ slack) */
+    if (w.rc[2].solo_ms > T_MS * 9 / 8 + 250)
+        fail_msg("%s: rank 2's reform (timeout %d ms) took %llu ms", tr_name(tr), T_MS,
+                 (unsigned long long)w.rc[2].solo_ms);
     expect_converged(&w, "drift", NSTEPS - 2);
 }
 
