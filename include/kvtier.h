@@ -783,16 +783,27 @@ typedef struct kvt_group_params {
     uint64_t config_digest;   /* equal on every rank (see kvt_config_digest) */
     int64_t timeout_ms;       /* every exchange's deadline T, 1..600000; an
                                  abort reaches every rank within 2T */
-    uint64_t epoch;           /* first epoch, >= 1; 0 means 1 */
+    uint64_t epoch;           /* the epoch this rank proposes, >= 1; 0 means 1.
+                                 The group forms at the largest proposal
+                                 (a replacement process passes 0 and learns
+                                 the group's epoch in the handshake) */
+    int64_t formation_timeout_ms; /* bound B of the handshake, 0..2400000;
+                                 0 means 4 x timeout_ms. The sync leader
+                                 waits B/2 for the HELLOs; a member waits
+                                 3B/4 for its WELCOME. Every rank returns
+                                 within B (+ B/8 to tell the leader it gave
+                                 up) */
 } kvt_group_params;
 
 /* Forms the group: the startup handshake compares protocol version, library
- * version, pp/cp/tp, geometry digest (per stage), configuration digest,
- * epoch and role table of every rank with the sync leader's, and refuses on
- * any difference (KVT_EVERSION, KVT_EGEOMETRY or KVT_EINVAL, every rank
- * getting the same message naming the ranks and the field), within 2T.
+ * version, pp/cp/tp, geometry digest (per stage), configuration digest and
+ * role table of every rank with the sync leader's, and refuses on any
+ * difference (KVT_EVERSION, KVT_EGEOMETRY or KVT_EINVAL, every rank getting
+ * the same message naming the ranks and the field). Two-phase: the group
+ * forms on every rank or on none (docs/protocol.md, "Formation"), within
+ * params.formation_timeout_ms.
  * net is borrowed and must outlive the group. The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_group_create(kvt_group **out, kvt_net *net, const kvt_group_params *params);
 /* NULL is a no-op. Does not destroy the net. */
 void kvt_group_destroy(kvt_group *group);
@@ -801,8 +812,12 @@ void kvt_group_destroy(kvt_group *group);
  * exchanges return KVT_EABORTED until kvt_group_reform. Idempotent. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN, KVT_EABORTED. */
 kvt_status kvt_group_abort(kvt_group *group, const char *reason);
-/* Re-forms an aborted (or healthy) group under epoch + 1: every rank must
- * call it; frames of older epochs are discarded. */
+/* Re-forms an aborted (or healthy) group: every rank must call it (a
+ * replacement process calls kvt_group_create instead); the epoch is agreed
+ * in the handshake (the largest of every rank's last formed epoch + 1), so
+ * a failed attempt changes nothing and a retry on every rank converges.
+ * Frames of older epochs are discarded. Returns within timeout_ms (+ 1/8 of
+ * it to tell the leader it gave up); it is the formation budget B. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_group_reform(kvt_group *group, int64_t timeout_ms);
 

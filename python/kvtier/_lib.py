@@ -115,7 +115,8 @@ class GroupParams(Structure):
     """kvt_group_params."""
     _fields_ = [("pp", c_uint32), ("cp", c_uint32), ("tp", c_uint32),
                 ("geometry_digest", c_uint64), ("config_digest", c_uint64),
-                ("timeout_ms", c_int64), ("epoch", c_uint64)]
+                ("timeout_ms", c_int64), ("epoch", c_uint64),
+                ("formation_timeout_ms", c_int64)]
 
 
 class GroupInfo(Structure):

@@ -72,7 +72,7 @@ kvt_status kvt__frame_decode(const uint8_t *buf, size_t len, uint16_t version, k
 const char *kvt__op_name(uint32_t op)
 {
     static const char *n[] = {"?", "HELLO", "WELCOME", "REFUSE", "STEP_UP", "STEP_DOWN", "ABORT",
-                             "STEP_ACK"};
+                             "STEP_ACK", "JOIN", "FORMED", "GIVEUP"};
     return op < KVT_OP_MAX ? n[op] : "UNKNOWN";
 }
 
@@ -90,6 +90,7 @@ void kvt__hello_encode(uint8_t out[KVT_HELLO_LEN], const kvt_hello *h)
     kvt__put64(out + 40, h->geometry_digest);
     kvt__put64(out + 48, h->config_digest);
     kvt__put64(out + 56, h->epoch);
+    kvt__put64(out + 64, h->attempt);
 }
 
 kvt_status kvt__hello_decode(const uint8_t *p, size_t len, kvt_hello *out)
@@ -104,6 +105,7 @@ kvt_status kvt__hello_decode(const uint8_t *p, size_t len, kvt_hello *out)
     out->geometry_digest = kvt__get64(p + 40);
     out->config_digest = kvt__get64(p + 48);
     out->epoch = kvt__get64(p + 56);
+    out->attempt = kvt__get64(p + 64);
     return KVT_OK;
 }
 

@@ -14,8 +14,10 @@
 #include "util/le.h"
 
 #define KVT_FRAME_MAGIC 0x4754564bu /* "KVTG" */
-/* 2: STEP_UP / STEP_DOWN carry the engine's step number, STEP_ACK commits. */
-#define KVT_PROTO_VERSION 2
+/* 2: STEP_UP / STEP_DOWN carry the engine's step number, STEP_ACK commits.
+ * 3: two-phase formation (JOIN, FORMED, GIVEUP; attempt ids), leader-agreed
+ *    epochs. */
+#define KVT_PROTO_VERSION 3
 #define KVT_FRAME_HDR 48
 
 typedef enum kvt_channel {
@@ -33,7 +35,10 @@ typedef enum kvt_op {
     KVT_OP_STEP_DOWN = 5, /* leader -> member: the decisions of this step */
     KVT_OP_ABORT = 6,     /* either way, any time: payload: origin rank, text */
     KVT_OP_STEP_ACK = 7,  /* member -> leader: it applied this step's DOWN */
-    KVT_OP_MAX = 8
+    KVT_OP_JOIN = 8,      /* member -> leader: it accepts the WELCOME (formation's phase 1) */
+    KVT_OP_FORMED = 9,    /* leader -> member: every member joined: the group formed */
+    KVT_OP_GIVEUP = 10,   /* member -> leader: it abandoned this formation attempt */
+    KVT_OP_MAX = 11
 } kvt_op;
 
 typedef struct kvt_frame {
@@ -64,10 +69,11 @@ typedef struct kvt_hello {
     uint32_t lib_version;
     uint32_t pp, cp, tp;
     uint32_t rank, pp_rank, cp_rank, tp_rank, role;
-    uint64_t geometry_digest, config_digest, epoch;
+    uint64_t geometry_digest, config_digest, epoch; /* epoch: the one it proposes */
+    uint64_t attempt; /* the member's formation attempt, echoed by every answer */
 } kvt_hello;
 
-#define KVT_HELLO_LEN 64
+#define KVT_HELLO_LEN 72
 void kvt__hello_encode(uint8_t out[KVT_HELLO_LEN], const kvt_hello *h);
 kvt_status kvt__hello_decode(const uint8_t *p, size_t len, kvt_hello *out);
 

@@ -145,6 +145,19 @@ kvt_status kvt__group_recv(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op
         kvt_status st = kvt__net_recv(g->net, peer, &g->rx, deadline_ns);
         if (st == KVT_OK) st = kvt__frame_decode(g->rx.p, g->rx.len, g->proto_version, f);
         if (st != KVT_OK) return recv_failed(g, peer, ch, op, st);
+        if (g->stash && f->channel == KVT_CH_HANDSHAKE && f->op == KVT_OP_HELLO) {
+            /* The member re-forms (or a replacement process joins) while the
+             * leader still steps: this epoch is over for it, and its HELLO is
+             * kept for the formation that follows (whatever its epoch). */
+            kvt_buf t = g->stash[peer];
+            g->stash[peer] = g->rx;
+            g->rx = t;
+            g->rx.len = 0;
+            char exp[256];
+            expect_str(g, peer, ch, op, exp, sizeof exp);
+            return kvt__group_abortf(g, UINT32_MAX, "%s, received op HELLO: the rank re-forms "
+                                     "or was replaced", exp);
+        }
         if (f->epoch < g->epoch) continue; /* left over from an aborted epoch */
         if (f->op == KVT_OP_ABORT && f->channel == KVT_CH_CONTROL && f->epoch == g->epoch)
             return remote_abort(g, f);

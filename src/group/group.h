@@ -23,7 +23,9 @@ struct kvt_group {
     kvt_group_role role;
     uint16_t proto_version;
     uint32_t lib_version;
-    uint64_t epoch;
+    uint64_t epoch;      /* the last epoch this rank formed (agreed in the handshake) */
+    uint64_t attempt;    /* the last formation attempt id this rank used */
+    uint64_t propose;    /* the epoch this rank proposes in the formation under way */
     uint64_t steps;      /* exchanges completed in this epoch */
     uint64_t step_no;    /* the engine's number of the step in progress */
     bool formed, aborted;
@@ -31,6 +33,9 @@ struct kvt_group {
     kvt_buf rx;                /* the last received message */
     kvt_buf tx;                /* a step payload behind its step number */
     kvt_buf *ups;              /* leader: each member's STEP_UP payload */
+    kvt_buf *stash;            /* leader: a HELLO a member sent while the leader
+                                  stepped (it re-forms, or is a replacement
+                                  process), kept for the next formation */
     char diag[KVT_ERRMSG_MAX];
 };
 
@@ -75,12 +80,16 @@ kvt_status kvt__group_gather(kvt_group *g, uint64_t step);
 kvt_status kvt__group_bcast(kvt_group *g, const void *down, size_t len);
 kvt_status kvt__group_commit(kvt_group *g);
 
-/* The handshake (handshake.c); run by create and reform. */
-kvt_status kvt__group_handshake(kvt_group *g, int64_t timeout_ms);
-/* Leader: answers every member's pending HELLO with REFUSE carrying text
- * (best effort, by timeout_ms), e.g. when a rank never reconnected, so
- * every rank fails naming that rank rather than "no verdict from rank 0". */
-void kvt__group_refuse_all(kvt_group *g, kvt_status st, const char *text, int64_t timeout_ms);
+/* The two-phase handshake (handshake.c; docs/protocol.md, "Formation"),
+ * run by create and reform, bounded by budget_ms from t0_ns. `propose` is
+ * the epoch this rank proposes (create: params.epoch or 1; reform: its last
+ * formed epoch + 1); the leader agrees on the largest proposal and every
+ * rank adopts it only once formed, so failed attempts change nothing. A
+ * leader given pre_st != KVT_OK (e.g. a rank that did not reconnect) still
+ * answers the members' HELLOs, with a REFUSE carrying pre_why, so every rank
+ * fails naming that rank. */
+kvt_status kvt__group_form(kvt_group *g, int64_t budget_ms, uint64_t t0_ns, uint64_t propose,
+                           kvt_status pre_st, const char *pre_why);
 
 static inline bool kvt__group_is_leader(const kvt_group *g) { return g->rank == 0; }
 

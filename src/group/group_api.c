@@ -17,6 +17,9 @@ static kvt_status check_params(const kvt_net *net, const kvt_group_params *p, co
                   fn, p->pp, p->cp, p->tp, (unsigned long long)n, net->ranks);
     KVT_CHECK_ARG(p->timeout_ms >= 1 && p->timeout_ms <= 600000,
                   "%s: timeout_ms %lld is outside 1..600000", fn, (long long)p->timeout_ms);
+    KVT_CHECK_ARG(p->formation_timeout_ms >= 0 && p->formation_timeout_ms <= 2400000,
+                  "%s: formation_timeout_ms %lld is outside 0..2400000", fn,
+                  (long long)p->formation_timeout_ms);
     return KVT_OK;
 }
 
@@ -28,7 +31,8 @@ static kvt_group *group_alloc(kvt_net *net)
     g->tx_seq = calloc(n, sizeof *g->tx_seq);
     g->rx_seq = calloc(n, sizeof *g->rx_seq);
     g->ups = net->rank == 0 ? calloc(net->ranks, sizeof *g->ups) : NULL;
-    if (!g->tx_seq || !g->rx_seq || (net->rank == 0 && !g->ups)) {
+    g->stash = net->rank == 0 ? calloc(net->ranks, sizeof *g->stash) : NULL;
+    if (!g->tx_seq || !g->rx_seq || (net->rank == 0 && (!g->ups || !g->stash))) {
         kvt_group_destroy(g);
         return NULL;
     }
@@ -60,11 +64,13 @@ kvt_status kvt__group_create_ex(kvt_group **out, kvt_net *net, const kvt_group_p
     g->p = *p;
     g->rank = net->rank;
     g->ranks = net->ranks;
-    g->epoch = p->epoch ? p->epoch : 1;
+    g->epoch = 0; /* none formed yet */
+    g->attempt = kvt__now_ns() ^ ((uint64_t)g->rank << 48); /* unique per process and rank */
     g->proto_version = ov && ov->proto_version ? ov->proto_version : KVT_PROTO_VERSION;
     g->lib_version = ov && ov->lib_version ? ov->lib_version : kvt_version();
     place(g);
-    st = kvt__group_handshake(g, p->timeout_ms);
+    int64_t b = p->formation_timeout_ms ? p->formation_timeout_ms : 4 * p->timeout_ms;
+    st = kvt__group_form(g, b, kvt__now_ns(), p->epoch ? p->epoch : 1, KVT_OK, NULL);
     if (st != KVT_OK) {
         kvt_group_destroy(g);
         return st;
@@ -84,7 +90,10 @@ void kvt_group_destroy(kvt_group *g)
     if (!g) return;
     if (g->ups)
         for (uint32_t r = 0; r < g->ranks; r++) kvt__buf_free(&g->ups[r]);
+    if (g->stash)
+        for (uint32_t r = 0; r < g->ranks; r++) kvt__buf_free(&g->stash[r]);
     free(g->ups);
+    free(g->stash);
     kvt__buf_free(&g->rx);
     kvt__buf_free(&g->tx);
     free(g->tx_seq);
@@ -112,26 +121,23 @@ kvt_status kvt_group_reform(kvt_group *g, int64_t timeout_ms)
     KVT_CHECK_NOT_NULL_AS(g, "group", "kvt_group_reform");
     KVT_CHECK_ARG(timeout_ms >= 1 && timeout_ms <= 600000,
                   "kvt_group_reform: timeout_ms %lld is outside 1..600000", (long long)timeout_ms);
-    g->epoch++;
     /* Links closed since (a lost peer, a message cut by a deadline) are
-     * connected again first, within the same timeout; transports without
-     * links do nothing. */
-    uint64_t t0 = kvt__now_ns();
-    kvt_status st = KVT_OK;
-    if ((st = kvt__net_connect(g->net, kvt__deadline_ns(timeout_ms))) != KVT_OK) {
-        char why[KVT_NOTE_TEXT_MAX];
-        snprintf(why, sizeof why, "%s", kvt_last_error());
-        /* The members that did reconnect wait for a verdict: give them this
-         * one, which names the rank that did not come back. */
-        if (kvt__group_is_leader(g)) kvt__group_refuse_all(g, st, why, g->p.timeout_ms);
-        g->aborted = true;
-        st = kvt__fail(st, "kvt_group_reform: epoch %llu: reconnecting: %s",
-                       (unsigned long long)g->epoch, why);
-        snprintf(g->diag, sizeof g->diag, "%s", kvt_last_error());
-        return st;
+     * connected again first, by 3/8 of the budget on the hub (it must read
+     * the HELLOs by B/2), by 3/4 on a member (its WELCOME deadline);
+     * transports without links do nothing. The handshake then runs within
+     * what is left of the same budget. */
+    uint64_t t0 = kvt__now_ns(), b = (uint64_t)timeout_ms * 1000000ull;
+    uint64_t propose = g->epoch + 1;
+    kvt_status st = kvt__net_connect(g->net, t0 + (kvt__group_is_leader(g) ? b / 8 * 3
+                                                                          : b / 4 * 3));
+    char why[KVT_NOTE_TEXT_MAX] = "";
+    if (st != KVT_OK) {
+        snprintf(why, sizeof why, "kvt_group_reform: epoch %llu: reconnecting: %s",
+                 (unsigned long long)propose, kvt_last_error());
+        /* The leader still answers the members that did reconnect, with a
+         * REFUSE naming the rank that did not come back. */
     }
-    int64_t left = timeout_ms - (int64_t)((kvt__now_ns() - t0) / 1000000);
-    st = kvt__group_handshake(g, left > 0 ? left : 1);
+    st = kvt__group_form(g, timeout_ms, t0, propose, st, why);
     if (st == KVT_OK) kvt__clear_error();
     return st;
 }

@@ -453,6 +453,7 @@ static kvt_status rank_connect(tcp_net *t, uint64_t deadline_ns)
     kvt_status st = make_addr(t, &sa, "kvt_net_connect");
     if (st != KVT_OK) return st;
     int fd = -1;
+retry:
     while ((st = try_connect(t, &sa, deadline_ns, &fd)) == KVT_EAGAIN) {
         if (kvt__net_interrupted(&t->base)) return KVT_ECANCELED; /* net.h words it */
         if (kvt__now_ns() >= deadline_ns)
@@ -463,6 +464,14 @@ static kvt_status rank_connect(tcp_net *t, uint64_t deadline_ns)
     }
     if (st != KVT_OK) return st;
     st = kvt__tcp_auth_client(t, fd, deadline_ns);
+    if (st == KVT_ECONN && !kvt__net_interrupted(&t->base) && kvt__now_ns() < deadline_ns) {
+        /* Accepted by a dying listener (a hub being replaced): its queue
+         * is reset when it exits; try again within the deadline. */
+        drop_fd(t, &t->pending_fd);
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+        goto retry;
+    }
     if (st != KVT_OK) {
         drop_fd(t, &t->pending_fd);
         if (st != KVT_EAUTH)

@@ -248,9 +248,9 @@ static void test_protocol_version_skew(void **state)
     /* The leader names rank 2; rank 2 learns the leader's version. Ranks 1
      * and 3 get the leader's REFUSE. */
     for (uint32_t i = 0; i < 4; i++) assert_int_equal(r.create_st[i], KVT_EVERSION);
-    assert_non_null(strstr(r.msg[0], "rank 2 speaks protocol version 3"));
-    assert_non_null(strstr(r.msg[1], "rank 2 speaks protocol version 3"));
-    assert_non_null(strstr(r.msg[2], "protocol version 2"));
+    assert_non_null(strstr(r.msg[0], "rank 2 speaks protocol version 4"));
+    assert_non_null(strstr(r.msg[1], "rank 2 speaks protocol version 4"));
+    assert_non_null(strstr(r.msg[2], "protocol version 3"));
 }
 
 static void test_geometry_skew(void **state)
@@ -386,8 +386,9 @@ static void seeded(uint64_t seed)
                               KVT_FAULT_REORDER, KVT_FAULT_CORRUPT};
     kvt_fault_kind kind = kinds[kvt__splitmix64(&s) % 5];
     uint32_t rank = (uint32_t)(kvt__splitmix64(&s) % 4);
-    /* skip the handshake sends: the leader sends 3 WELCOMEs, members 1 HELLO */
-    uint64_t first = rank == 0 ? 3 : 1;
+    /* skip the handshake sends: the leader sends 3 WELCOMEs and 3 FORMED,
+     * members a HELLO and a JOIN */
+    uint64_t first = rank == 0 ? 6 : 2;
     r.plan[rank] = (kvt_fault_plan){kind, first + kvt__splitmix64(&s) % 6, UINT32_MAX,
                                     (uint32_t)(kvt__splitmix64(&s) % 2 ? T_MS / 4 : 3 * T_MS)};
     r.reform = 1;

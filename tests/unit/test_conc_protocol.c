@@ -14,7 +14,16 @@
  *         control lane), so members return by 2T and the leader names them;
  *  kill:  rank 2 dies at step 4 (its links close on tcp); every surviving
  *         rank's diagnostic names rank 2, in the step and in the reform
- *         that follows.
+ *         that follows;
+ *  late:  the leader reaches the handshake 3.2T late (formation timeout
+ *         left at its default): every rank fails or every rank forms,
+ *         never a split (case 3);
+ *  drift: after 2 steps rank 2 makes one extra reform attempt alone (it
+ *         fails), then every rank reforms: all converge on epoch 2 and
+ *         step on (case 4);
+ *  replace: rank 2 dies at step 4 and a fresh rank 2 (epoch 0) creates its
+ *         group while the survivors reform: all form epoch 2, learned by
+ *         the newcomer in the handshake, and step on (case 4).
  * Invariant everywhere: the events of the steps a rank completed are the
  * same on every rank. */
 #include "test_group_util.h"
@@ -29,7 +38,8 @@
 #define MAX_EV 64
 
 typedef enum transport { TR_INPROC, TR_TCP, TR_CALLBACK } transport;
-typedef enum scenario { SC_STALL, SC_SKEW, SC_DEPTH1, SC_KILL } scenario;
+typedef enum scenario { SC_STALL, SC_SKEW, SC_DEPTH1, SC_KILL, SC_LATE, SC_DRIFT,
+                        SC_REPLACE } scenario;
 
 typedef struct rank_ctx {
     kvt_config *cfg;
@@ -44,7 +54,10 @@ typedef struct rank_ctx {
     int done;             /* steps that returned OK */
     kvt_status st;        /* the first failing step's status */
     uint64_t fail_ms;     /* how long that step took */
-    kvt_status reform_st;
+    kvt_status reform_st, create_st, solo_st;
+    uint64_t epoch;       /* the group's epoch at the end */
+    bool fresh;           /* a replacement process: proposes epoch 0 */
+    uint64_t solo_ms;     /* drift: how long rank 2's lone reform took */
     char diag[KVT_ERRMSG_MAX], reform_msg[KVT_ERRMSG_MAX], fail[512];
 } rank_ctx;
 
@@ -121,8 +134,16 @@ static kvt_status setup(world *w, uint32_t rank, rank_ctx *rc)
     uint64_t cd;
     TRY(rc, kvt_config_digest(rc->cfg, &cd));
     TRY(rc, open_net(w, rank, rc));
-    kvt_group_params p = {1, 1, RANKS, gi.digest, cd, T_MS, 1};
-    TRY(rc, kvt_group_create(&rc->g, rc->net, &p));
+    /* late: the leader reaches the handshake 3.2T after the members; a
+     * replacement proposes epoch 0 (it knows nothing) */
+    if (w->sc == SC_LATE && rank == 0) tg_sleep_ms(16 * T_MS / 5);
+    kvt_group_params p = {1, 1, RANKS, gi.digest, cd, T_MS, rc->fresh ? 0 : 1};
+    rc->create_st = kvt_group_create(&rc->g, rc->net, &p);
+    if (rc->create_st != KVT_OK) {
+        snprintf(rc->diag, sizeof rc->diag, "%s", kvt_last_error());
+        if (w->sc == SC_LATE) return rc->create_st;
+        TRY(rc, rc->create_st);
+    }
     TRY(rc, kvt_conn_create(&rc->conn, rc->g, rc->cache));
     return KVT_OK;
 }
@@ -164,11 +185,76 @@ static kvt_status step(rank_ctx *rc, uint64_t k)
     return KVT_OK;
 }
 
+static void end_epoch(rank_ctx *rc)
+{
+    kvt_group_info gi;
+    if (rc->g && kvt_group_info_get(rc->g, &gi) == KVT_OK) rc->epoch = gi.epoch;
+}
+
+/* Reform, then steps from..NSTEPS; the events before are forgotten. */
+static void reform_and_step(rank_ctx *rc, int64_t timeout_ms, uint64_t from)
+{
+    rc->reform_st = kvt_conn_reform(rc->conn, timeout_ms);
+    snprintf(rc->reform_msg, sizeof rc->reform_msg, "%s", kvt_last_error());
+    rc->nev = 0;
+    rc->done = 0;
+    if (rc->reform_st == KVT_OK)
+        for (uint64_t k = from; k <= NSTEPS; k++)
+            if (step(rc, k) != KVT_OK) break;
+    end_epoch(rc);
+}
+
+/* Case 4: one extra, failed reform attempt on rank 2 (the others are not
+ * reforming yet), then a reform on every rank. */
+static void drift_main(uint32_t rank, world *w, rank_ctx *rc)
+{
+    for (uint64_t k = 1; k <= 2; k++)
+        if (step(rc, k) != KVT_OK) return;
+    if (rank == 2) {
+        uint64_t t0 = kvt__now_ns();
+        rc->solo_st = kvt_conn_reform(rc->conn, T_MS);
+        rc->solo_ms = (kvt__now_ns() - t0) / 1000000;
+    } else {
+        tg_sleep_ms(8 * T_MS / 5); /* rank 2's attempt is over by then */
+    }
+    reform_and_step(rc, 4 * T_MS, 3);
+    (void)w;
+}
+
+/* Case 4: rank 2 dies at step 4; a fresh process takes its place (epoch 0)
+ * and creates its group while the survivors fail step 4 and reform. */
+static void replace_main(uint32_t rank, world *w, rank_ctx *rc)
+{
+    for (uint64_t k = 1; k <= NSTEPS; k++) {
+        if (rank == 2 && k == 4) {
+            teardown(rc);
+            memset(rc, 0, sizeof *rc);
+            rc->fresh = true;
+            if (setup(w, rank, rc) != KVT_OK) return;
+            rc->reform_st = KVT_OK;
+            for (uint64_t j = 5; j <= NSTEPS; j++)
+                if (step(rc, j) != KVT_OK) break;
+            end_epoch(rc);
+            return;
+        }
+        if (step(rc, k) != KVT_OK) break;
+    }
+    reform_and_step(rc, 6 * T_MS, 5);
+}
+
 static void rank_main(uint32_t rank, void *arg)
 {
     world *w = arg;
     rank_ctx *rc = &w->rc[rank];
-    if (setup(w, rank, rc) != KVT_OK) {
+    if (setup(w, rank, rc) != KVT_OK || w->sc == SC_LATE) {
+        if (w->sc == SC_LATE && rc->create_st == KVT_OK)
+            for (uint64_t k = 1; k <= 2; k++)
+                if (step(rc, k) != KVT_OK) break;
+        teardown(rc);
+        return;
+    }
+    if (w->sc == SC_DRIFT || w->sc == SC_REPLACE) {
+        (w->sc == SC_DRIFT ? drift_main : replace_main)(rank, w, rc);
         teardown(rc);
         return;
     }
@@ -325,6 +411,74 @@ static void test_kill_inproc(void **s) { (void)s; kill_case(TR_INPROC); }
 static void test_kill_tcp(void **s) { (void)s; kill_case(TR_TCP); }
 static void test_kill_callback(void **s) { (void)s; kill_case(TR_CALLBACK); }
 
+/* Case 3: a leader 3.2T late at the handshake. Before two-phase formation
+ * the members gave up at 3T and the leader, reading their HELLOs, formed
+ * alone (tcp: likewise; a late member could form with the hub alone). */
+static void late_case(transport tr)
+{
+    world w;
+    run_world(tr, SC_LATE, &w);
+    int formed = 0;
+    for (uint32_t r = 0; r < RANKS; r++) formed += w.rc[r].create_st == KVT_OK;
+    if (formed != 0 && formed != RANKS)
+        fail_msg("%s: split formation: rank 0 %s (%s), rank 1 %s (%s), rank 2 %s (%s)",
+                 tr_name(tr), kvt_status_name(w.rc[0].create_st), w.rc[0].diag,
+                 kvt_status_name(w.rc[1].create_st), w.rc[1].diag,
+                 kvt_status_name(w.rc[2].create_st), w.rc[2].diag);
+    for (uint32_t r = 0; r < RANKS && formed; r++)
+        if (w.rc[r].done != 2)
+            fail_msg("%s: rank %u formed but completed %d steps: %s", tr_name(tr), r,
+                     w.rc[r].done, w.rc[r].diag);
+}
+
+static void test_late_inproc(void **s) { (void)s; late_case(TR_INPROC); }
+static void test_late_tcp(void **s) { (void)s; late_case(TR_TCP); }
+static void test_late_callback(void **s) { (void)s; late_case(TR_CALLBACK); }
+
+/* After the reform every rank is at the same epoch (2), stepped every step
+ * from `from` on, with the same events. */
+static void expect_converged(world *w, const char *what, uint32_t steps)
+{
+    for (uint32_t r = 0; r < RANKS; r++) {
+        rank_ctx *rc = &w->rc[r];
+        if (rc->reform_st != KVT_OK || rc->epoch != 2 || rc->done != (int)steps)
+            fail_msg("%s: %s: rank %u: reform %s (%s), epoch %llu, %d steps (%s: %s); want OK, "
+                     "epoch 2, %u steps", tr_name(w->tr), what, r,
+                     kvt_status_name(rc->reform_st), rc->reform_msg,
+                     (unsigned long long)rc->epoch, rc->done, kvt_status_name(rc->st), rc->diag,
+                     steps);
+    }
+    same_events(w, 0, 1);
+    same_events(w, 0, 2);
+}
+
+static void drift_case(transport tr)
+{
+    world w;
+    run_world(tr, SC_DRIFT, &w);
+    if (w.rc[2].solo_st == KVT_OK) fail_msg("%s: rank 2's reform alone succeeded", tr_name(tr));
+    /* reform's bound: its timeout B, + B/8 to send its GIVEUP (+ slack) */
+    if (w.rc[2].solo_ms > T_MS * 9 / 8 + 250)
+        fail_msg("%s: rank 2's reform (timeout %d ms) took %llu ms", tr_name(tr), T_MS,
+                 (unsigned long long)w.rc[2].solo_ms);
+    expect_converged(&w, "drift", NSTEPS - 2);
+}
+
+static void test_drift_inproc(void **s) { (void)s; drift_case(TR_INPROC); }
+static void test_drift_tcp(void **s) { (void)s; drift_case(TR_TCP); }
+static void test_drift_callback(void **s) { (void)s; drift_case(TR_CALLBACK); }
+
+static void replace_case(transport tr)
+{
+    world w;
+    run_world(tr, SC_REPLACE, &w);
+    expect_converged(&w, "replace", NSTEPS - 4);
+}
+
+static void test_replace_inproc(void **s) { (void)s; replace_case(TR_INPROC); }
+static void test_replace_tcp(void **s) { (void)s; replace_case(TR_TCP); }
+static void test_replace_callback(void **s) { (void)s; replace_case(TR_CALLBACK); }
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -333,6 +487,11 @@ int main(void)
         cmocka_unit_test(test_skew_tcp),      cmocka_unit_test(test_skew_callback),
         cmocka_unit_test(test_abort_depth1_inproc), cmocka_unit_test(test_kill_inproc),
         cmocka_unit_test(test_kill_tcp),      cmocka_unit_test(test_kill_callback),
+        cmocka_unit_test(test_late_inproc),   cmocka_unit_test(test_late_tcp),
+        cmocka_unit_test(test_late_callback), cmocka_unit_test(test_drift_inproc),
+        cmocka_unit_test(test_drift_tcp),     cmocka_unit_test(test_drift_callback),
+        cmocka_unit_test(test_replace_inproc), cmocka_unit_test(test_replace_tcp),
+        cmocka_unit_test(test_replace_callback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,7 +49,7 @@ static void test_damage(void **state)
     assert_ok(kvt__frame_decode(buf, n, KVT_PROTO_VERSION, &f));
     assert_status(kvt__frame_decode(buf, n, KVT_PROTO_VERSION + 1, &f), KVT_EVERSION);
     assert_int_equal(f.sender, 3); /* known even for another version */
-    assert_non_null(strstr(kvt_last_error(), "protocol version 2, this rank 3"));
+    assert_non_null(strstr(kvt_last_error(), "protocol version 3, this rank 4"));
     assert_status(kvt__frame_decode(NULL, 0, 1, &f), KVT_EPROTO);
 }
 
