@@ -153,7 +153,7 @@ class Group(Handle):
         check(self._call_waiting(_NET_WAIT, lib.kvt_group_abort, r))
 
     def reform(self, timeout):
-        """Re-forms under epoch + 1 (every rank calls it)."""
+        """Re-forms under the epoch the leader agrees (every rank calls it)."""
         check(self._call_waiting(_NET_WAIT, lib.kvt_group_reform, timeout_ms(timeout)))
 
     def _wake(self, keys):

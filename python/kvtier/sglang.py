@@ -323,7 +323,7 @@ class SGLangConnector:
         self.conn.group.abort(reason)
 
     def reform(self, timeout):
-        """Re-forms the group under epoch + 1 (every rank) and clears state."""
+        """Re-forms the group (every rank; the leader agrees the epoch) and clears state."""
         self.conn.reform(timeout)
         self.steps = 0            # step() without a number counts from 1 again
         self._loads.clear()
