@@ -6,6 +6,7 @@ worker's forward-pass calls layer by layer, with every loaded block
 byte-checked; load errors reported for recompute; refusals."""
 import hashlib
 import inspect
+import time
 import types
 import unittest
 
@@ -16,8 +17,10 @@ from _util import skip_if_unloadable
 
 def setUpModule():
     skip_if_unloadable()
-    global vc
+    global vc, kvtier, kv_cache_config
+    import kvtier
     import kvtier.vllm_connector as vc
+    from _vllm_fakes import kv_cache_config
 
 
 # Recorded from vllm-project/vllm, commit 003df2961dd8830c317a61f9745ccd557da9fa06,
@@ -170,6 +173,19 @@ class Engine(unittest.TestCase):
         w.clear_connector_metadata()
         return w.get_finished(set(finished)), w.get_block_ids_with_load_errors()
 
+    def step_until_sent(self, rid):
+        """Steps until the worker reports rid's store ended (stores run
+        behind the steps); returns the load errors seen meanwhile."""
+        errors = set()
+        for _ in range(2000):
+            (sent, recv), e = self.step()
+            errors |= e
+            if sent:
+                self.assertEqual(sent, {rid})
+                return errors
+            time.sleep(0.001)
+        self.fail("the store of %s was never reported" % rid)
+
     def block(self, b):
         return [t[:, b].view(np.uint8).copy() for t in self.kv.values()]
 
@@ -183,8 +199,7 @@ class Engine(unittest.TestCase):
         a = Request("a", a_tokens)
         self.assertEqual(self.sched.get_num_new_matched_tokens(a, 0), (0, False))
         self.assertEqual(self.sched.request_finished(a, list(range(11))), (True, None))
-        (saved, recv), errors = self.step(finished={"a"})
-        self.assertEqual((saved, recv, errors), ({"a"}, None, set()))
+        self.assertEqual(self.step_until_sent("a"), set())
         self.assertEqual(self.worker.cache.stats()["stored_blocks"], 10)
         # b shares a's first 8 blocks; 2 of them are computed on the GPU already
         b = Request("b", a_tokens[:32] + list(range(5000, 5018)))
@@ -204,7 +219,7 @@ class Engine(unittest.TestCase):
     def test_missing_blocks_are_load_errors(self):
         a = Request("a", list(range(33)))
         self.sched.request_finished(a, list(range(8)))
-        self.step(finished={"a"})
+        self.step_until_sent("a")
         # the scheduler planned 8 blocks but only 6 are there now (evicted)
         meta = vc.KvtierConnectorMetadata(loads=[vc.LoadSpec(
             "b", [vc.block_key(h) for h in a.block_hashes[:6]] + [b"gone-1", b"gone-2"],
@@ -223,9 +238,20 @@ class Engine(unittest.TestCase):
                                     "cpu_capacty"):
             vc.KvtierConnector(vllm_config({"cpu_capacty": "1GiB"}),
                                vc.KVConnectorRole.WORKER, None)
-        with self.assertRaisesRegex(RuntimeError, "kvtier serve attach not available"):
+        with self.assertRaisesRegex(ValueError, "cpu_capacity, kvtier_options configure the "
+                                    "tiers, which the `kvtier serve` process owns"):
             vc.KvtierConnector(vllm_config({"socket": "/run/k.sock"}),
                                vc.KVConnectorRole.WORKER, None)
+        only_socket = vllm_config()
+        only_socket.kv_transfer_config.kv_connector_extra_config = {
+            "socket": "/nonexistent/k.sock", "timeout": 0.2}
+        with self.assertRaisesRegex(ValueError, "needs the workers' KV geometry"):
+            vc.KvtierConnector(only_socket, vc.KVConnectorRole.SCHEDULER, None)
+        with self.assertRaisesRegex(kvtier.ConnectionFailure, "/nonexistent/k.sock"):
+            vc.KvtierConnector(only_socket, vc.KVConnectorRole.SCHEDULER,
+                               kv_cache_config(LAYERS, BS, HEADS, DIM))
+        with self.assertRaisesRegex(ValueError, "tp_rank 2 is outside tensor_parallel_size 1"):
+            vc.KvtierConnector(vllm_config({"tp_rank": 2}), vc.KVConnectorRole.WORKER, None)
         w = vc.KvtierConnector(vllm_config(engine="other"), vc.KVConnectorRole.WORKER, None)
         with self.assertRaisesRegex(ValueError, "the first dim must be 2"):
             w.register_kv_caches({"l0": np.zeros((3, 4, BS, 2, 8), np.float16)})
@@ -256,6 +282,12 @@ class Engine(unittest.TestCase):
                 saves=[vc.SaveSpec("r", keys, [0, 1, 2])]))
             w.start_load_kv(None)
             w.wait_for_save()
+            for _ in range(2000):  # the store runs behind; get_finished reports it
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            self.assertEqual(sent, {"r"})
             w.bind_connector_metadata(vc.KvtierConnectorMetadata(
                 loads=[vc.LoadSpec("r2", keys, [10, 11, 12])]))
             w.start_load_kv(None)
