@@ -402,6 +402,7 @@ class KvtierConnector(KVConnectorBase_V1):
             self._load_ended(spec)
             return
         if spec.load_async:
+            self._forget(self._async.pop(spec.req_id, None), 1)
             self._async[spec.req_id] = (spec, m.task, matched,
                                         time.monotonic() + self.timeout)
         else:
@@ -510,7 +511,14 @@ class KvtierConnector(KVConnectorBase_V1):
             self._drop(plan.task)
             self._sent_done.add(spec.req_id)
             return
+        self._forget(self._saves.pop(spec.req_id, None), 0)
         self._saves[spec.req_id] = (plan.task, time.monotonic() + self.timeout)
+
+    def _forget(self, entry, at):
+        """A request planned again before its earlier task ended (vLLM
+        preempted and resumed it): the earlier task is cancelled, not leaked."""
+        if entry is not None:
+            self._drop(entry[at])
 
     def _poll(self):
         """Collects ended asynchronous loads and stores (never blocks)."""

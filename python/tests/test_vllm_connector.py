@@ -112,6 +112,11 @@ class Conformance(unittest.TestCase):
     def test_real_vllm_when_importable(self):
         if not vc.VLLM_IMPORTED:
             self.skipTest("vllm is not importable here; the stand-in base was checked")
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorBase_V1, KVConnectorMetadata)
+        self.assertIs(vc.KVConnectorBase_V1, KVConnectorBase_V1)
+        self.assertTrue(issubclass(vc.KvtierConnectorMetadata, KVConnectorMetadata))
+        self.check(KVConnectorBase_V1)
 
 
 BS, LAYERS, HEADS, DIM, BLOCKS = 4, 3, 2, 8, 64
@@ -146,7 +151,7 @@ class Blocks:
         return (self.ids,)
 
 
-class Engine(unittest.TestCase):
+class EngineBase(unittest.TestCase):
     def setUp(self):
         rng = np.random.default_rng(3)
         self.kv = {"model.layers.%d.self_attn.attn" % i: rng.integers(
@@ -194,6 +199,8 @@ class Engine(unittest.TestCase):
             for x, y in zip(self.block(d), self.block(s)):
                 self.assertTrue(np.array_equal(x, y), "block %d != block %d" % (d, s))
 
+
+class Engine(EngineBase):
     def test_save_then_load_a_shared_prefix(self):
         a_tokens = list(range(1000, 1041))  # 10 full blocks + 1 token
         a = Request("a", a_tokens)
@@ -299,6 +306,137 @@ class Engine(unittest.TestCase):
                 self.assertTrue(np.array_equal(t[10:13].view(np.uint8), t[0:3].view(np.uint8)))
         finally:
             w.shutdown()
+
+
+class LayerSpy:
+    """A worker's cache or client with its layer waits counted, and made to
+    fail for one layer when asked."""
+
+    def __init__(self, inner, fail_layer=None):
+        self.inner, self.fail_layer, self.layers = inner, fail_layer, []
+
+    def wait_layer(self, task, layer, timeout):
+        self.layers.append(layer)
+        if layer == self.fail_layer:
+            raise kvtier.Timeout(kvtier.STATUS["ETIMEDOUT"], "layer %d (injected)" % layer)
+        return self.inner.wait_layer(task, layer, timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class LoadModes(EngineBase):
+    """Asynchronous loads in-process, and a layer wait that fails."""
+
+    def save_a(self):
+        tokens = list(range(2000, 2033))  # 8 full blocks + 1 token
+        a = Request("a", tokens)
+        self.sched.request_finished(a, list(range(9)))
+        self.step_until_sent("a")
+        return tokens
+
+    def test_async_load_reported_received(self):
+        tokens = self.save_a()
+        self.sched.load_async = True
+        b = Request("b", tokens)
+        self.assertEqual(self.sched.get_num_new_matched_tokens(b, 0), (32, True))
+        dst = list(range(20, 29))
+        for t in self.kv.values():
+            t[:, dst] = 0
+        self.sched.update_state_after_alloc(b, Blocks(dst), 32)
+        errors = set()
+        for _ in range(2000):
+            (sent, recv), e = self.step()
+            errors |= e
+            if recv:
+                break
+            time.sleep(0.001)
+        self.assertEqual((recv, errors), ({"b"}, set()))
+        self.assert_blocks_equal(dst[:8], range(8))
+
+    def test_failed_layer_wait_reports_the_whole_load(self):
+        tokens = self.save_a()
+        spy = self.worker.cache = LayerSpy(self.worker.cache, fail_layer=1)
+        b = Request("b", tokens)
+        n, load_async = self.sched.get_num_new_matched_tokens(b, 4)
+        self.assertEqual((n, load_async), (28, False))
+        dst = list(range(20, 29))
+        self.sched.update_state_after_alloc(b, Blocks(dst), n)
+        _, errors = self.step()
+        # layer 1 was not whole when the forward pass ran it: every block
+        # past the computed one is recomputed (layer 2 waited no more)
+        self.assertEqual(errors, set(dst[1:8]))
+        self.assertEqual(spy.layers, [0, 1])
+        self.worker.cache = spy.inner
+
+
+class SocketModeOneProcess(unittest.TestCase):
+    """Socket mode with both roles in this process: synchronous loads
+    through the server are waited for layer by layer."""
+
+    def setUp(self):
+        import os
+        import tempfile
+        from test_client import start_server
+        self.tmp = tempfile.mkdtemp(prefix="kvtvs")
+        self.sock = os.path.join(self.tmp, "node.sock")
+        # kvtier serve's "tiny" at TP 1: 4 layers, 2 KV heads of 64, fp16
+        self.srv = start_server(self.sock, "--set", "block_tokens=%d" % BS, page=BS, tp=1)
+
+    def tearDown(self):
+        import shutil
+        from test_client import stop_server
+        stop_server(self.srv)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_sync_layerwise_load_through_the_server(self):
+        cfg = vllm_config(engine="sock")
+        cfg.kv_transfer_config.kv_connector_extra_config = {
+            "socket": self.sock, "load_async": False, "timeout": 5}
+        rng = np.random.default_rng(9)
+        kv = {"l%d" % i: rng.integers(0, 256, (2, BLOCKS, BS, 2, 64 * 2), dtype=np.uint8)
+              .view(np.float16) for i in range(4)}
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+        w.register_kv_caches(kv)
+        s = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER,
+                               kv_cache_config(4, BS, 2, 64))
+        try:
+            tokens = list(range(300, 325))  # 6 full blocks + 1 token
+            a = Request("a", tokens)
+            self.assertEqual(s.request_finished(a, list(range(7))), (True, None))
+            w.bind_connector_metadata(s.build_connector_meta(None))
+            w.start_load_kv(None)
+            w.wait_for_save()
+            w.clear_connector_metadata()
+            for _ in range(2000):
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            self.assertEqual(sent, {"a"})
+            b = Request("b", tokens)
+            self.assertEqual(s.get_num_new_matched_tokens(b, 0), (24, False))
+            dst = list(range(30, 37))
+            for t in kv.values():
+                t[:, dst] = 0
+            s.update_state_after_alloc(b, Blocks(dst), 24)
+            spy = w.cache = LayerSpy(w.cache)
+            w.bind_connector_metadata(s.build_connector_meta(None))
+            w.start_load_kv(None)
+            for name in kv:
+                w.wait_for_layer_load(name)
+            w.wait_for_save()
+            w.clear_connector_metadata()
+            self.assertEqual(spy.layers, [0, 1, 2, 3])
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            self.assertEqual(w.get_finished(set()), (None, None))  # sync: not reported
+            for t in kv.values():
+                self.assertTrue(np.array_equal(t[:, dst[:6]].view(np.uint8),
+                                               t[:, :6].view(np.uint8)))
+            w.cache = spy.inner
+        finally:
+            w.shutdown()
+            s.shutdown()
 
 
 if __name__ == "__main__":
