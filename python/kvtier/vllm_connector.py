@@ -135,7 +135,11 @@ def block_key(h):
 def dtype_info(d):
     """(name, element size) of a numpy or torch dtype."""
     if type(d).__module__.startswith("torch"):
-        return str(d).replace("torch.", ""), int(d.itemsize)
+        size = getattr(d, "itemsize", None)
+        if size is None:  # torch before 2.1
+            import torch  # type: ignore
+            size = torch.empty((), dtype=d).element_size()
+        return str(d).replace("torch.", ""), int(size)
     d = np.dtype(d)
     return d.name, d.itemsize
 
@@ -156,7 +160,7 @@ def _host_kv(t, what):
         if not t.is_contiguous():
             raise ValueError("kvtier: %s is not contiguous" % what)
         import ctypes
-        name, e = dtype_info(t.dtype)
+        name, e = str(t.dtype).replace("torch.", ""), int(t.element_size())
         shape = tuple(t.shape)
         raw = (ctypes.c_uint8 * (t.numel() * e)).from_address(t.data_ptr())
         return np.ctypeslib.as_array(raw).reshape(shape[:-1] + (shape[-1] * e,)), shape, e, name

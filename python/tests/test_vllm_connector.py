@@ -276,6 +276,59 @@ class Engine(EngineBase):
         self.assertEqual(s.get_num_new_matched_tokens(Request("x", list(range(20))), 0),
                          (0, False))
 
+    def test_torch_tensors_name_blocks_like_numpy(self):
+        """A CPU torch tensor registers without a copy, and its blocks get
+        the namespace a numpy array of the same dtype gets (the scheduler
+        builds it from kv_cache_config, whatever the worker holds)."""
+        class FakeTorch:
+            __module__ = "torch"
+
+            def __init__(self, a):
+                self.a, self.shape = a, a.shape
+                self.device = types.SimpleNamespace(type="cpu")
+                self.dtype = "torch.float16"
+
+            def is_contiguous(self):
+                return self.a.flags.c_contiguous
+
+            def element_size(self):
+                return self.a.itemsize
+
+            def numel(self):
+                return self.a.size
+
+            def data_ptr(self):
+                return self.a.ctypes.data
+
+        arrs = {n: t.copy() for n, t in self.kv.items()}
+        w = vc.KvtierConnector(vllm_config(engine="torch"), vc.KVConnectorRole.WORKER, None)
+        w.register_kv_caches({n: FakeTorch(a) for n, a in arrs.items()})
+        try:
+            self.assertEqual(w.namespace, self.worker.namespace)
+            self.assertIn("|dtype=float16|", w.namespace)
+            self.assertIn("|dim=%d|" % DIM, w.namespace)
+            keys = [b"t%d" % i for i in range(2)]
+            w.bind_connector_metadata(vc.KvtierConnectorMetadata(
+                saves=[vc.SaveSpec("r", keys, [0, 1])]))
+            w.start_load_kv(None)
+            w.wait_for_save()
+            for _ in range(2000):
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            w.bind_connector_metadata(vc.KvtierConnectorMetadata(
+                loads=[vc.LoadSpec("r2", keys, [5, 6])]))
+            w.start_load_kv(None)
+            for n in arrs:
+                w.wait_for_layer_load(n)
+            w.wait_for_save()
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            for a in arrs.values():  # the load wrote the tensors' own memory
+                self.assertTrue(np.array_equal(a[:, 5:7].view(np.uint8), a[:, 0:2].view(np.uint8)))
+        finally:
+            w.shutdown()
+
     def test_mla_layers(self):
         kv = {"l%d" % i: np.random.default_rng(i).integers(0, 256, (BLOCKS, BS, 576 * 2),
                                                            dtype=np.uint8).view(np.float16)
