@@ -250,6 +250,10 @@ class KvtierConnector(KVConnectorBase_V1):
                                  "which the `kvtier serve` process owns in socket mode; set "
                                  "them there (kvtier serve --set NAME=VALUE)"
                                  % ", ".join(server_side))
+        la = self.extra.get("load_async")
+        if la is not None and not isinstance(la, bool):
+            raise ValueError("kvtier: kv_connector_extra_config load_async must be true or "
+                             "false (JSON), got %r" % (la,))
         self.timeout = float(self.extra.get("timeout", 30.0))
         if not self.timeout > 0:
             raise ValueError("kvtier: kv_connector_extra_config timeout must be > 0 seconds, "

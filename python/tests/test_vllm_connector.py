@@ -257,6 +257,18 @@ class Engine(EngineBase):
         with self.assertRaisesRegex(kvtier.ConnectionFailure, "/nonexistent/k.sock"):
             vc.KvtierConnector(only_socket, vc.KVConnectorRole.SCHEDULER,
                                kv_cache_config(LAYERS, BS, HEADS, DIM))
+        with self.assertRaisesRegex(ValueError, "load_async must be true or false .JSON., "
+                                    "got 'false'"):
+            vc.KvtierConnector(vllm_config({"load_async": "false"}),
+                               vc.KVConnectorRole.WORKER, None)
+        pp2 = vllm_config()
+        pp2.kv_transfer_config.kv_connector_extra_config = {"socket": "/run/k.sock"}
+        pp2.parallel_config.pipeline_parallel_size = 2
+        with self.assertRaisesRegex(NotImplementedError, "pipeline parallel size 2 in socket "
+                                    "mode"):
+            vc.KvtierConnector(pp2, vc.KVConnectorRole.WORKER, None)
+        with self.assertRaisesRegex(ValueError, "timeout must be > 0 seconds"):
+            vc.KvtierConnector(vllm_config({"timeout": 0}), vc.KVConnectorRole.WORKER, None)
         with self.assertRaisesRegex(ValueError, "tp_rank 2 is outside tensor_parallel_size 1"):
             vc.KvtierConnector(vllm_config({"tp_rank": 2}), vc.KVConnectorRole.WORKER, None)
         w = vc.KvtierConnector(vllm_config(engine="other"), vc.KVConnectorRole.WORKER, None)
