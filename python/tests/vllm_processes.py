@@ -8,7 +8,8 @@ metadata to every worker, and adds up the workers' get_finished reports the
 way vLLM's KVOutputAggregator does (a request is done once every worker
 reported it). Every loaded block is byte-checked against what its hash says
 it holds; also concurrent requests, a server restart in the middle and a
-corrupt block in the middle."""
+corrupt block in the middle. Not named test_*: ctest runs it as its own
+entry (python_vllm_processes), outside python_tests' time budget."""
 import os
 import pickle
 import select
