@@ -89,10 +89,11 @@ byte scenario;        /* rank 2: 0 like the others, 1 after an extra failed atte
  * as faulted. -DNO_FAULTS therefore checks the fault-free runs, with real
  * deadlines, on their own (tests/model_check.sh runs both). */
 #ifdef NO_FAULTS
-byte loss = 0, dups = 0, early = 0;
+byte loss = 0, dups = 0, early = 0, crash = 0;
 #else
-byte loss = 1, dups = 1, early = 1;
+byte loss = 1, dups = 1, early = 1, crash = 1;
 #endif
+bool crashed;         /* rank 2 stopped (a process that died) */
 bool faulted;
 bool started;         /* init has placed rank 2's leftovers */
 byte lead_tries;      /* the leader's attempt that formed */
@@ -141,6 +142,15 @@ inline step_recv(ch, e, op, he, a, pe, got)
     od
 }
 
+/* Rank 2 may die here (once): it stops without a word. */
+inline maybe_crash(me)
+{
+    if
+    :: me == M && crash > 0 -> crash--; crashed = true; faulted = true; goto done
+    :: true -> skip
+    fi
+}
+
 /* F1 when rank r forms epoch e. */
 inline form(r, e)
 {
@@ -169,6 +179,7 @@ attempt:
     tries++;
     att++;
     e = (last > 0 -> last + 1 : 1);
+    maybe_crash(me);
     send(toL[me], HELLO, e, att, e);
     /* await WELCOME: answers to other attempts are dropped */
     do
@@ -184,6 +195,7 @@ attempt:
     form(me, agreed);
     goto step;
 #endif
+    maybe_crash(me);
     send(toL[me], JOIN, e, att, 0);
     do
     :: hs_recv(toM[me], op, he, a, pe, got);
@@ -203,6 +215,7 @@ attempt:
         fi
     od;
 step:
+    maybe_crash(me);
     send(toL[me], UP, agreed, 0, 0);
     step_recv(toM[me], agreed, op, he, a, pe, got);
     if
@@ -336,7 +349,7 @@ init {
     (_nr_pr == 1); /* every rank ended: no wait lasts forever */
     for (r : 1 .. M) {
         /* F3: the leader formed and member r did not only in the window */
-        assert(formed[0] == 0 || formed[r] == formed[0] || window[r])
+        assert(formed[0] == 0 || formed[r] == formed[0] || window[r] || (r == M && crashed))
     }
     for (r : 0 .. M) {
         /* F4: whatever failed before, the agreed epoch is 2 */
