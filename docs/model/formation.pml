@@ -33,7 +33,8 @@
  * epoch, as the stash in kvt__group_recv does; frames of an older epoch are
  * dropped). Faults, each within a budget: message loss, message
  * duplication, a deadline that fires early (a stall: the wait gives up
- * although the frame will still come). Delay is the interleaving itself.
+ * although the frame will still come), and rank 2 dying before any of its
+ * sends. Delay is the interleaving itself.
  *
  * Abstracted away: the HELLO's other fields (geometry, config digest, role
  * table: a mismatch is a REFUSE, which the model has), attempt ids (small
@@ -43,14 +44,15 @@
  * - nothing else can happen - or an early firing from the budget), the
  * transports and their reconnects (one FIFO channel per direction and
  * member; a TCP link cut in the handshake is the dying-hub test's), the
- * rest of the epoch (step.pml), more than two members.
+ * rest of the epoch (step.pml), more than two members, and a leader whose
+ * reconnect failed (it answers with REFUSE: a refusal, which is modelled).
  *
  * Checked: (F1) agreement - every rank that forms, forms the same epoch;
  * (F2) no rank proceeds with a split - the leader decides step 1 only if
  * every member formed its epoch, and a member applies it only then; (F3)
  * all or none - a rank is left unformed while the leader formed only
  * through the one window docs/protocol.md states (that member's wait for
- * FORMED ended by a deadline or a lost FORMED); (F4) no drift - the agreed
+ * FORMED ended by a deadline or a lost FORMED) or because it died; (F4) no drift - the agreed
  * epoch is always 2, the largest epoch formed before + 1, whatever failed
  * before (the extra attempt, a retried reform) and though the replacement
  * proposes 1, which it then learns. Bounded liveness: every wait ends (no
