@@ -52,10 +52,10 @@
  * every member formed its epoch, and a member applies it only then; (F3)
  * all or none - a rank is left unformed while the leader formed only
  * through the one window docs/protocol.md states (that member's wait for
- * FORMED ended by a deadline or a lost FORMED) or because it died; (F4) no drift - the agreed
- * epoch is always 2, the largest epoch formed before + 1, whatever failed
- * before (the extra attempt, a retried reform) and though the replacement
- * proposes 1, which it then learns. Bounded liveness: every wait ends (no
+ * FORMED ended by a deadline or a lost FORMED) or because it died; (F4)
+ * no drift - the agreed epoch is always 2, the largest epoch formed
+ * before + 1, whatever failed before (the extra attempt, a retried
+ * reform) and though the replacement proposes 1, which it then learns. Bounded liveness: every wait ends (no
  * invalid end state), and a run without faults forms epoch 2 on every rank
  * at the first attempt and every rank applies step 1.
  *
