@@ -18,8 +18,12 @@
  * channel or checksum does), the connector's records, timing (a deadline is
  * either "nothing else can happen" - Promela's timeout - or an early firing
  * from the budget), the transports (one FIFO channel per direction and
- * member), more than two members, and a step-number skew (the leader
- * compares numbers exactly; here a skipped step is a lost UP).
+ * member), more than two members, a step-number skew (the leader
+ * compares numbers exactly; here a skipped step is a lost UP), and the
+ * formation's second phase and agreed epochs: the handshake here is one
+ * phase with the epoch fixed, and docs/model/formation.pml models the real
+ * one (HELLO, WELCOME, JOIN, FORMED, GIVEUP, attempt ids, the largest
+ * proposal agreed).
  *
  * Checked: safety - (S1) every rank that applied step k of an epoch applied
  * the same decision; (S2) the leader applies a step only after every member
