@@ -49,7 +49,7 @@ from typing import List
 
 import numpy as np
 
-from .cache import Cache
+from .cache import PAGE_SKIP, Cache
 from .config import LAYER_FIRST, Config, Geometry
 from .errors import STATUS, KvtierError
 
@@ -401,8 +401,12 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._drop(m.task)
             self._load_ended(spec)
             return
+        # A kvtier load starts at block 0; the blocks before first_block are
+        # the request's computed prefix, which running requests may share:
+        # skipped, never rewritten.
+        pages = [PAGE_SKIP] * spec.first_block + list(spec.block_ids[spec.first_block:matched])
         try:
-            self.cache.launch(m.task, spec.block_ids[:matched])
+            self.cache.launch(m.task, pages)
         except KvtierError as e:
             logger.warning("kvtier: load of %s: %s", spec.req_id, e)
             self._drop(m.task)

@@ -215,11 +215,17 @@ class Engine(EngineBase):
         dst = list(range(30, 43))
         for t in self.kv.values():
             t[:, dst[2:8]] = 0
-            t[:, dst[:2]] = t[:, :2]  # the computed prefix blocks hold a's bytes
+            # The computed prefix blocks: vLLM may share them with running
+            # requests, so the load must leave them alone (a marker here).
+            for blk in dst[:2]:
+                t[:, blk].view(np.uint8)[...] = 0x5A
         self.sched.update_state_after_alloc(b, Blocks(dst), 24)
         _, errors = self.step()
         self.assertEqual(errors, set())
-        self.assert_blocks_equal(dst[:8], range(8))
+        self.assert_blocks_equal(dst[2:8], range(2, 8))
+        for t in self.kv.values():
+            self.assertTrue((t[:, dst[:2]].view(np.uint8) == 0x5A).all(),
+                            "the load rewrote the computed prefix blocks")
         st = self.worker.cache.stats()
         self.assertEqual(st["loaded_blocks"], 8)
 

@@ -26,6 +26,7 @@ from _util import HERE, skip_if_unloadable
 
 PY = sys.executable
 BS = 4
+PREFIX_MARK = 0x77
 
 
 def setUpModule():
@@ -249,10 +250,18 @@ class Deployment(unittest.TestCase):
         loaded = blocks[computed // BS:(computed + n) // BS]
         for w in self.workers:
             w.call("poison", loaded)
+            # The computed prefix (running requests may share it): the load
+            # must leave it alone; assert_prefix_kept checks the marker.
+            w.call("poison", blocks[:computed // BS], PREFIX_MARK)
         self.sched.call("alloc", rid, blocks, n)
         hashes = self.sched.call("hashes", rid)
         pairs = list(zip(blocks, hashes))[computed // BS:(computed + n) // BS]
         return rid, n, load_async, pairs
+
+    def assert_prefix_kept(self, block_ids):
+        for w in self.workers:
+            self.assertEqual(w.call("is_poisoned", block_ids, PREFIX_MARK), block_ids,
+                             "a load rewrote the request's computed prefix blocks")
 
     def verify(self, pairs, errors):
         """Every block not reported failed holds exactly its bytes, on every
@@ -291,6 +300,7 @@ class TensorParallel2(Deployment):
         errors = self.run_until(sent=[rg], recv=[rd, re_, rf])
         self.assertEqual(errors, [set(), set()])
         self.verify(pd + pe + pf, errors)
+        self.assert_prefix_kept([44, 45])  # re_'s 2 computed blocks
         # g's blocks are there now, for both ranks
         rh, nh, _, ph = self.plan_load(g, 30)
         self.assertEqual(nh, 16)
