@@ -131,6 +131,7 @@ class Deployment(unittest.TestCase):
     """One server, one scheduler process, two worker processes (TP 2)."""
     MODEL, LAYERS, HEADS, DIM, MLA = "tiny", 4, 1, 64, False
     SSD = True
+    DEVICE = "cuda"  # "cpu": vLLM's CPU backend, head-major KV tensors
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="kvtvl")
@@ -140,7 +141,8 @@ class Deployment(unittest.TestCase):
             os.makedirs(self.ssd)
         self.srv = start_server(self.sock, self.MODEL, self.ssd)
         base = dict(block_size=BS, tp=2, layers=self.LAYERS, heads=self.HEADS, dim=self.DIM,
-                    mla=self.MLA, blocks=64, extra={"socket": self.sock, "timeout": 5})
+                    mla=self.MLA, blocks=64, extra={"socket": self.sock, "timeout": 5},
+                    device=self.DEVICE)
         self.procs = []
         self.sched = self.spawn(dict(base, role="scheduler"), "sched")
         self.workers = [self.spawn(dict(base, role="worker", rank=r), "w%d" % r)
@@ -368,6 +370,27 @@ class TensorParallel2(Deployment):
         self.assertEqual(errors, [set(blocks[3:]), set()])
         self.verify(pb, errors)
         self.assertEqual(self.sched.call("stats")["corrupt_blocks"], 1)
+
+
+class HeadMajorTensorParallel2(Deployment):
+    """vLLM's CPU backend (CPU_ATTN): (2, num_blocks, num_kv_heads,
+    block_size, head_size) per layer, 4 KV heads per rank (llama3-8b at TP
+    2); the scheduler expects it from the device, as the workers do."""
+    MODEL, LAYERS, HEADS, DIM, MLA = "llama3-8b", 32, 4, 128, False
+    SSD, DEVICE = False, "cpu"
+
+    def test_head_major_blocks_saved_and_loaded_byte_verified(self):
+        ns = [w.call("namespace") for w in self.workers]
+        self.assertIn("|layout=HND|", ns[0])
+        a = self.tokens(21, 41)
+        ra, ba = self.save_prompt(a, 0)
+        self.assertEqual(self.finish([(ra, ba)]), [set(), set()])
+        rb, nb, _, pb = self.plan_load(a + self.tokens(3, 42), 10, computed=BS)
+        self.assertEqual(nb, 4 * BS)
+        errors = self.run_until(recv=[rb])
+        self.assertEqual(errors, [set(), set()])
+        self.verify(pb, errors)
+        self.assert_prefix_kept([10])
 
 
 class MlaTensorParallel2(Deployment):
