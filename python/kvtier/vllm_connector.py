@@ -448,11 +448,12 @@ class KvtierConnector(KVConnectorBase_V1):
                 "every vLLM process" % (name, tuple(shape), self._LAYOUT_SHAPES[other],
                                        self._LAYOUT_SHAPES[self.layout], self.layout_why,
                                        other))
-        raise ValueError("kvtier: kv_caches[%r] has shape %s: no %s reading has %d tokens per "
-                         "block (cache_config.block_size is %d)%s"
+        raise ValueError("kvtier: kv_caches[%r] has shape %s, not %s with %d tokens per block "
+                         "(cache_config.block_size is %d%s)"
                          % (name, tuple(shape), self._LAYOUT_SHAPES[self.layout],
                             self.block_size, self.block_size,
-                            "" if want_heads is None else " and %d KV heads" % want_heads))
+                            "" if want_heads is None else
+                            ", kv_cache_spec.num_kv_heads %d" % want_heads))
 
     def _open_local(self):
         opts = {"block_tokens": self.block_size}

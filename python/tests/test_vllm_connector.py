@@ -453,6 +453,23 @@ class Layouts(unittest.TestCase):
             c.register_kv_caches(kv_arrays("NHD"))
         self.assertIsNone(c.cache)  # nothing registered, nothing attached
 
+    def test_heads_from_kv_cache_config(self):
+        """A worker handed kv_cache_config (recent vLLM) checks the head
+        count too: as many heads as tokens per block reads either way."""
+        cfg = vllm_config(engine="l5", device="cpu")
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER,
+                               kv_cache_config(LAYERS, BS, BS, DIM))
+        self.addCleanup(w.shutdown)
+        w.register_kv_caches(kv_arrays("HND", heads=BS))
+        self.assertIn("|heads=%d|dim=%d|layout=HND|" % (BS, DIM), w.namespace)
+        c = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER,
+                               kv_cache_config(LAYERS, BS, 3, DIM))
+        self.addCleanup(c.shutdown)
+        with self.assertRaisesRegex(ValueError, r"not head-major .* with 4 tokens per block "
+                                    r"\(cache_config.block_size is 4, kv_cache_spec."
+                                    r"num_kv_heads 3\)"):
+            c.register_kv_caches(kv_arrays("HND"))
+
     def test_override_and_one_head(self):
         w = self.worker(vllm_config({"kv_layout": "NHD"}, engine="l3", device="cpu"),
                         kv_arrays("NHD"))
