@@ -420,9 +420,18 @@ typedef struct kvt_store_plan {
 kvt_status kvt_cache_prepare_store(kvt_cache *cache, const kvt_request *req,
                                    kvt_store_plan *out);
 
+/* A page-table entry that a load leaves alone (see kvt_cache_launch). */
+#define KVT_PAGE_SKIP UINT32_MAX
+
 /* Starts a looked-up or prepared task. pages is the request's page table:
  * pages[i] is the engine page holding tokens [i*tokens_per_page, ...).
- * It must cover the task's token range; it is copied, not kept. */
+ * It must cover the task's token range; it is copied, not kept.
+ * For a load, pages[i] == KVT_PAGE_SKIP copies nothing into that page: the
+ * engine keeps its own bytes there (tokens it computed already, or a page
+ * another request shares), since a load always starts at block 0. The
+ * blocks are still looked up, pinned and counted in the result; only the
+ * copy into the skipped pages is left out. A store copies whole blocks, so
+ * KVT_PAGE_SKIP in a store's range is KVT_EINVAL. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
 kvt_status kvt_cache_launch(kvt_cache *cache, kvt_task_id task,
                             const uint32_t *pages, uint32_t num_pages);

@@ -13,7 +13,9 @@ The deployment this example plays:
 
 vLLM itself is not installed here, so this process plays vLLM's engine core
 (the scheduler role's connector lives here) and starts one worker process
-(the worker role's connector, host KV tensors in FlashAttention's layout);
+(the worker role's connector, host KV tensors as vLLM's CPU backend,
+CPU_ATTN, allocates them: (2, num_blocks, num_kv_heads, block_size,
+head_size), which both roles expect from the device);
 every step the scheduler's KvtierConnectorMetadata goes to the worker
 pickled, as vLLM's IPC sends it. Turn 1 of a chat is computed and saved
 when it finishes (vLLM holds its blocks until the worker reports the save);
@@ -53,7 +55,8 @@ def vllm_config(sock):
         kv_role="kv_both", engine_id="example", is_kv_producer=True,
         kv_connector_extra_config={"socket": sock, "timeout": 10}),
         cache_config=ns(block_size=BS), model_config=ns(model="example/llama-tiny"),
-        parallel_config=ns(tensor_parallel_size=1, pipeline_parallel_size=1))
+        parallel_config=ns(tensor_parallel_size=1, pipeline_parallel_size=1),
+        device_config=ns(device_type="cpu"))
 
 
 def kv_cache_config():
@@ -84,7 +87,7 @@ def block_kv(tokens, i):
     """The "forward pass": block i's KV is a function of its whole prefix."""
     seed = int.from_bytes(hashlib.blake2b(np.asarray(tokens[:(i + 1) * BS], "<u4").tobytes(),
                                           digest_size=8).digest(), "little")
-    return np.random.default_rng(seed).standard_normal((LAYERS, 2, BS, HEADS, DIM)) \
+    return np.random.default_rng(seed).standard_normal((LAYERS, 2, HEADS, BS, DIM)) \
         .astype(np.float16)
 
 
@@ -93,7 +96,7 @@ def worker_main(pipe, sock):
     cfg = vllm_config(sock)
     cls = getattr(importlib.import_module(cfg.kv_transfer_config.kv_connector_module_path),
                   cfg.kv_transfer_config.kv_connector)
-    kv = {n: np.zeros((2, BLOCKS, BS, HEADS, DIM), np.float16) for n in NAMES}
+    kv = {n: np.zeros((2, BLOCKS, HEADS, BS, DIM), np.float16) for n in NAMES}
     conn = cls(cfg, vc.KVConnectorRole.WORKER, kv_cache_config())
     conn.register_kv_caches(kv)
     try:

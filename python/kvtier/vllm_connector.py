@@ -18,8 +18,12 @@ from the scheduler to the workers through vLLM's own IPC, pickled.
 Blocks are keyed requests: a request's vLLM block hashes (each already
 commits to its whole prefix) are the keys of one keyed request from block
 0, key i's parent key i-1, in a namespace of model, dtype, block size,
-geometry and TP rank (MHA: each rank holds its own heads) or "mla" (MLA:
-one copy, written by TP rank 0, read by every rank), PP rank.
+geometry, layout (NHD: FlashAttention's token-major blocks; HND: the
+head-major blocks of vLLM's CPU backend, CPU_ATTN; both roles learn it from
+vllm_config, see kv_layout) and TP rank (MHA: each rank holds its own
+heads) or "mla" (MLA: one copy, written by TP rank 0, read by every rank),
+PP rank. kvtier copies whole blocks, so a block's bytes are opaque to it;
+the namespace keeps one layout's blocks from an engine of the other.
 
 Scheduler role: get_num_new_matched_tokens asks where the blocks are (the
 server in socket mode, over every TP rank's namespace, the least of them;
@@ -28,10 +32,12 @@ update_state_after_alloc queues the load, request_finished queues the store
 and holds the blocks (True) until every worker reported the save in
 get_finished; build_connector_meta hands both to the workers.
 
-Worker role: register_kv_caches (host tensors; CUDA tensors refused until
-kvtier's CUDA data path exists); start_load_kv looks up and launches this
-step's loads and stores; a synchronous load (load_async False) is waited for
-layer by layer in wait_for_layer_load and ended in wait_for_save; an
+Worker role: register_kv_caches (host tensors in the expected layout;
+CUDA tensors refused until kvtier's CUDA data path exists); start_load_kv
+looks up and launches this step's loads (the request's computed prefix
+blocks given as PAGE_SKIP: a kvtier load starts at block 0) and stores;
+a synchronous load (load_async False) is waited for layer by layer in
+wait_for_layer_load and ended in wait_for_save; an
 asynchronous one (load_async True, the default in socket mode: vLLM then
 schedules the request once get_finished reports it received) and every
 store run behind the forward passes and are reported by get_finished. Blocks
@@ -41,6 +47,7 @@ load never hands over wrong bytes as good ones. Every wait has the
 `timeout` deadline.
 """
 import logging
+import os
 import threading
 import time
 from collections import namedtuple
@@ -49,7 +56,7 @@ from typing import List
 
 import numpy as np
 
-from .cache import Cache
+from .cache import PAGE_SKIP, Cache
 from .config import LAYER_FIRST, Config, Geometry
 from .errors import STATUS, KvtierError
 
@@ -74,6 +81,8 @@ EXTRA_KEYS = {
     "namespace": "extra salt for every block's namespace",
     "timeout": "seconds a transfer or a server round trip may take (default 30)",
     "tp_rank": "this worker's TP rank when vLLM's parallel state is not importable",
+    "kv_layout": "NHD (token-major blocks) or HND (head-major) in every vLLM process "
+                 "(default: learned from vllm_config, see kv_layout())",
     "kvtier_options": "a dict of further kvtier options, in-process mode",
 }
 # Options of the tiers: the server's own in socket mode.
@@ -87,8 +96,53 @@ _CACHES = {}
 _CACHES_MU = threading.Lock()
 
 # A worker's KV geometry as the namespace names it: dtype is the element
-# type's name ("float16", "bfloat16"), dim the head size in elements.
-KVShape = namedtuple("KVShape", "layers heads dim elem dtype mla")
+# type's name ("float16", "bfloat16"), dim the head size in elements, layout
+# the order of a block's bytes ("NHD": tokens before heads, "HND": heads
+# before tokens; MLA and one head: "NHD", the bytes are the same).
+KVShape = namedtuple("KVShape", "layers heads dim elem dtype mla layout")
+
+LAYOUTS = ("NHD", "HND")
+# vLLM's CPU attention backend (vllm/v1/attention/backends/cpu_attn.py)
+# allocates (2, num_blocks, num_kv_heads, block_size, head_size) whatever the
+# KV cache layout setting; FlashAttention (2, num_blocks, block_size,
+# num_kv_heads, head_size), head-major in memory under VLLM_KV_CACHE_LAYOUT=HND.
+_CPU_BACKEND = "CPU_ATTN"
+
+
+def _backend_name(vllm_config):
+    """The attention backend vLLM was told to use, or None: the attention
+    config's backend (recent vLLM, an enum) or VLLM_ATTENTION_BACKEND."""
+    b = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    if b is None:
+        b = os.environ.get("VLLM_ATTENTION_BACKEND") or None
+    if b is None:
+        return None
+    return str(getattr(b, "name", b)).upper()
+
+
+def kv_layout(vllm_config, extra):
+    """(layout, why): the order of a KV block's bytes as every vLLM process
+    can tell from its vllm_config, so the scheduler names the namespace the
+    workers will use before any worker has registered a tensor:
+    kv_connector_extra_config kv_layout; else HND with the CPU_ATTN backend
+    (named, or the device is the CPU, whose only backend it is); else
+    VLLM_KV_CACHE_LAYOUT; else NHD (vLLM's default)."""
+    v = extra.get("kv_layout")
+    if v is not None:
+        if not isinstance(v, str) or v.upper() not in LAYOUTS:
+            raise ValueError("kvtier: kv_connector_extra_config kv_layout must be \"NHD\" or "
+                             "\"HND\", got %r" % (v,))
+        return v.upper(), "kv_connector_extra_config kv_layout"
+    backend = _backend_name(vllm_config)
+    dc = getattr(vllm_config, "device_config", None)
+    device = str(getattr(dc, "device_type", None) or getattr(dc, "device", None) or "")
+    if backend == _CPU_BACKEND or (backend is None and device.startswith("cpu")):
+        return "HND", ("attention backend CPU_ATTN" if backend else
+                       "device cpu, whose attention backend is CPU_ATTN")
+    env = (os.environ.get("VLLM_KV_CACHE_LAYOUT") or "").upper()
+    if env in LAYOUTS:
+        return env, "VLLM_KV_CACHE_LAYOUT"
+    return "NHD", "vLLM's default KV cache layout"
 
 
 @dataclass
@@ -168,7 +222,13 @@ def _host_kv(t, what):
                      % (what, type(t).__name__))
 
 
-def _spec_shape(vllm_config, kv_cache_config):
+def _norm_layout(layout, heads, mla):
+    """One head (or MLA's latent): token-major and head-major are the same
+    bytes, so such blocks are named NHD whatever the engine said."""
+    return "NHD" if mla or heads == 1 else layout
+
+
+def _spec_shape(vllm_config, kv_cache_config, layout):
     """The workers' KVShape as the scheduler knows it: from kv_cache_config's
     one KV cache group (vLLM passes it to every role), else from the model
     config. None when neither says."""
@@ -178,14 +238,16 @@ def _spec_shape(vllm_config, kv_cache_config):
         spec = g.kv_cache_spec
         name, e = dtype_info(spec.dtype)
         mla = bool(getattr(spec, "use_mla", False)) or type(spec).__name__.startswith("MLA")
-        return KVShape(len(g.layer_names), int(spec.num_kv_heads), int(spec.head_size), e,
-                       name, mla)
+        heads = int(spec.num_kv_heads)
+        return KVShape(len(g.layer_names), heads, int(spec.head_size), e, name, mla,
+                       _norm_layout(layout, heads, mla))
     mc, pc = vllm_config.model_config, vllm_config.parallel_config
     try:
         mla = bool(getattr(mc, "use_mla", False))
         name, e = dtype_info(mc.dtype)
-        return KVShape(int(mc.get_num_layers(pc)), 1 if mla else int(mc.get_num_kv_heads(pc)),
-                       int(mc.get_head_size()), e, name, mla)
+        heads = 1 if mla else int(mc.get_num_kv_heads(pc))
+        return KVShape(int(mc.get_num_layers(pc)), heads, int(mc.get_head_size()), e, name, mla,
+                       _norm_layout(layout, heads, mla))
     except (AttributeError, TypeError):
         return None
 
@@ -214,6 +276,8 @@ class KvtierConnector(KVConnectorBase_V1):
                                       "`kvtier serve` serves one geometry, and each PP stage "
                                       "holds other layers" % self.pp_size)
         self.load_async = bool(self.extra.get("load_async", self.socket is not None))
+        self.layout, self.layout_why = kv_layout(vllm_config, self.extra)
+        self._kv_cache_config = kv_cache_config
         self.cache = None         # the worker's Cache or Client (worker role)
         self.client = None        # the scheduler's Client (socket mode)
         self.namespace = None
@@ -280,7 +344,7 @@ class KvtierConnector(KVConnectorBase_V1):
         return "|".join([
             "kvtier-vllm-v1", "model=%s" % self.model, "dtype=%s" % shape.dtype,
             "block=%d" % self.block_size, "layers=%d" % shape.layers, "heads=%d" % shape.heads,
-            "dim=%d" % shape.dim,
+            "dim=%d" % shape.dim, "layout=%s" % shape.layout,
             "mla" if shape.mla else "tp=%d/%d" % (tp_rank, self.tp_size),
             "pp=%d/%d" % (self.pp_rank, self.pp_size)] +
             (["salt=%s" % self.extra["namespace"]] if self.extra.get("namespace") else []))
@@ -304,7 +368,7 @@ class KvtierConnector(KVConnectorBase_V1):
         return cl
 
     def _attach_scheduler(self, vllm_config, kv_cache_config):
-        shape = _spec_shape(vllm_config, kv_cache_config)
+        shape = _spec_shape(vllm_config, kv_cache_config, self.layout)
         if shape is None:
             raise ValueError("kvtier: the scheduler role in socket mode needs the workers' KV "
                              "geometry: kv_cache_config with one KV cache group (vLLM passes "
@@ -336,15 +400,16 @@ class KvtierConnector(KVConnectorBase_V1):
         if mla:
             num_blocks, bs, dim = first
             heads, bufs = 1, [[v] for v in views]
+            if bs != self.block_size:
+                raise ValueError("kvtier: KV caches hold %d tokens per block, "
+                                 "cache_config.block_size is %d" % (bs, self.block_size))
         else:
-            _, num_blocks, bs, heads, dim = first
+            num_blocks, heads, dim = self._mha_dims(first, names[0])
             bufs = [[v[0], v[1]] for v in views]
-        if bs != self.block_size:
-            raise ValueError("kvtier: KV caches hold %d tokens per block, cache_config.block_size "
-                             "is %d" % (bs, self.block_size))
         self.is_mla = mla
         self._layers = {n: i for i, n in enumerate(names)}
-        self.shape = KVShape(len(names), heads, dim, elem, dtype, mla)
+        self.shape = KVShape(len(names), heads, dim, elem, dtype, mla,
+                             _norm_layout(self.layout, heads, mla))
         self.namespace = self._namespace(self.shape, self.tp_rank)
         cache = self._attach(self.shape, "worker tp %d" % self.tp_rank) \
             if self.socket is not None else self._open_local()
@@ -357,6 +422,38 @@ class KvtierConnector(KVConnectorBase_V1):
         if self.socket is None:
             with _CACHES_MU:
                 _CACHES[self.engine_key] = self
+
+    _LAYOUT_SHAPES = {"NHD": "token-major (2, num_blocks, block_size, num_kv_heads, head_size)",
+                      "HND": "head-major (2, num_blocks, num_kv_heads, block_size, head_size)"}
+
+    def _mha_dims(self, shape, name):
+        """(num_blocks, heads, head_size) of a 5-D layer in self.layout, the
+        layout the scheduler names blocks by. Tensors in the other layout are
+        refused: the scheduler would look up blocks no worker writes, and a
+        block of one layout must never be served to an engine of the other.
+        kvtier copies whole blocks, so a block's bytes are otherwise opaque."""
+        _, num_blocks, a, b, dim = shape
+        hm = self.layout == "HND"
+        tokens, heads = (b, a) if hm else (a, b)
+        groups = getattr(self._kv_cache_config, "kv_cache_groups", None)
+        want_heads = int(groups[0].kv_cache_spec.num_kv_heads) if groups else None
+        if tokens == self.block_size and want_heads in (None, heads):
+            return num_blocks, heads, dim
+        other = "NHD" if hm else "HND"
+        if heads == self.block_size and want_heads in (None, tokens):
+            raise ValueError(
+                "kvtier: kv_caches[%r] has shape %s: %s blocks, but the connector expects %s "
+                "blocks, from %s, as the scheduler does; blocks of one layout are never "
+                "served to the other. Set kv_connector_extra_config kv_layout to \"%s\" in "
+                "every vLLM process" % (name, tuple(shape), self._LAYOUT_SHAPES[other],
+                                       self._LAYOUT_SHAPES[self.layout], self.layout_why,
+                                       other))
+        raise ValueError("kvtier: kv_caches[%r] has shape %s, not %s with %d tokens per block "
+                         "(cache_config.block_size is %d%s)"
+                         % (name, tuple(shape), self._LAYOUT_SHAPES[self.layout],
+                            self.block_size, self.block_size,
+                            "" if want_heads is None else
+                            ", kv_cache_spec.num_kv_heads %d" % want_heads))
 
     def _open_local(self):
         opts = {"block_tokens": self.block_size}
@@ -401,8 +498,12 @@ class KvtierConnector(KVConnectorBase_V1):
                 self._drop(m.task)
             self._load_ended(spec)
             return
+        # A kvtier load starts at block 0; the blocks before first_block are
+        # the request's computed prefix, which running requests may share:
+        # skipped, never rewritten.
+        pages = [PAGE_SKIP] * spec.first_block + list(spec.block_ids[spec.first_block:matched])
         try:
-            self.cache.launch(m.task, spec.block_ids[:matched])
+            self.cache.launch(m.task, pages)
         except KvtierError as e:
             logger.warning("kvtier: load of %s: %s", spec.req_id, e)
             self._drop(m.task)

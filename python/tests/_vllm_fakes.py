@@ -11,11 +11,14 @@ import numpy as np
 ns = types.SimpleNamespace
 
 
-def vllm_config(extra, engine="engine-0", block_size=4, tp=1, model="org/llama"):
+def vllm_config(extra, engine="engine-0", block_size=4, tp=1, model="org/llama",
+                device="cuda"):
+    """device "cpu": vLLM's CPU platform (CPU_ATTN: head-major KV)."""
     return ns(kv_transfer_config=ns(kv_connector_extra_config=dict(extra), engine_id=engine,
                                     is_kv_producer=True),
               cache_config=ns(block_size=block_size), model_config=ns(model=model),
-              parallel_config=ns(tensor_parallel_size=tp, pipeline_parallel_size=1))
+              parallel_config=ns(tensor_parallel_size=tp, pipeline_parallel_size=1),
+              device_config=ns(device_type=device))
 
 
 def kv_cache_config(layers, block_size, heads, head_size, dtype=np.float16, mla=False,

@@ -122,13 +122,26 @@ class Conformance(unittest.TestCase):
 BS, LAYERS, HEADS, DIM, BLOCKS = 4, 3, 2, 8, 64
 
 
-def vllm_config(extra=None, engine="engine-0"):
+def vllm_config(extra=None, engine="engine-0", device="cuda"):
+    """device "cpu": vLLM's CPU platform, whose CPU_ATTN backend allocates
+    head-major KV (the connector expects HND)."""
     ns = types.SimpleNamespace
     return ns(kv_transfer_config=ns(kv_connector_extra_config=dict(
         {"cpu_capacity": "8MiB", "kvtier_options": {"huge_pages": False}}, **(extra or {})),
         engine_id=engine, is_kv_producer=True),
         cache_config=ns(block_size=BS), model_config=ns(model="org/llama"),
-        parallel_config=ns(tensor_parallel_size=1, pipeline_parallel_size=1))
+        parallel_config=ns(tensor_parallel_size=1, pipeline_parallel_size=1),
+        device_config=ns(device_type=device))
+
+
+def kv_arrays(layout, layers=LAYERS, heads=HEADS, dim=DIM, seed=3):
+    """Random KV per layer: NHD (FlashAttention) or HND (CPU_ATTN) shape."""
+    rng = np.random.default_rng(seed)
+    shape = ((2, BLOCKS, BS, heads, dim) if layout == "NHD"
+             else (2, BLOCKS, heads, BS, dim))
+    return {"model.layers.%d.self_attn.attn" % i: rng.integers(
+        0, 256, 2 * BLOCKS * BS * heads * dim * 2, dtype=np.uint8).view(np.float16).reshape(
+        shape) for i in range(layers)}
 
 
 class Request:
@@ -152,12 +165,11 @@ class Blocks:
 
 
 class EngineBase(unittest.TestCase):
+    LAYOUT = "NHD"
+
     def setUp(self):
-        rng = np.random.default_rng(3)
-        self.kv = {"model.layers.%d.self_attn.attn" % i: rng.integers(
-            0, 256, 2 * BLOCKS * BS * HEADS * DIM * 2, dtype=np.uint8).view(np.float16).reshape(
-            2, BLOCKS, BS, HEADS, DIM) for i in range(LAYERS)}
-        cfg = vllm_config()
+        self.kv = kv_arrays(self.LAYOUT)
+        cfg = vllm_config(device="cpu" if self.LAYOUT == "HND" else "cuda")
         self.worker = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
         self.worker.register_kv_caches(self.kv)
         self.sched = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER, None)
@@ -202,6 +214,10 @@ class EngineBase(unittest.TestCase):
 
 class Engine(EngineBase):
     def test_save_then_load_a_shared_prefix(self):
+        self.check_shared_prefix()
+        self.assertIn("|layout=NHD|", self.worker.namespace)
+
+    def check_shared_prefix(self):
         a_tokens = list(range(1000, 1041))  # 10 full blocks + 1 token
         a = Request("a", a_tokens)
         self.assertEqual(self.sched.get_num_new_matched_tokens(a, 0), (0, False))
@@ -215,11 +231,17 @@ class Engine(EngineBase):
         dst = list(range(30, 43))
         for t in self.kv.values():
             t[:, dst[2:8]] = 0
-            t[:, dst[:2]] = t[:, :2]  # the computed prefix blocks hold a's bytes
+            # The computed prefix blocks: vLLM may share them with running
+            # requests, so the load must leave them alone (a marker here).
+            for blk in dst[:2]:
+                t[:, blk].view(np.uint8)[...] = 0x5A
         self.sched.update_state_after_alloc(b, Blocks(dst), 24)
         _, errors = self.step()
         self.assertEqual(errors, set())
-        self.assert_blocks_equal(dst[:8], range(8))
+        self.assert_blocks_equal(dst[2:8], range(2, 8))
+        for t in self.kv.values():
+            self.assertTrue((t[:, dst[:2]].view(np.uint8) == 0x5A).all(),
+                            "the load rewrote the computed prefix blocks")
         st = self.worker.cache.stats()
         self.assertEqual(st["loaded_blocks"], 8)
 
@@ -373,6 +395,90 @@ class Engine(EngineBase):
             w.shutdown()
 
 
+class HeadMajorEngine(Engine):
+    """vLLM's CPU backend: (2, num_blocks, num_kv_heads, block_size,
+    head_size) tensors, learned from the device by both roles."""
+    LAYOUT = "HND"
+
+    def test_save_then_load_a_shared_prefix(self):
+        self.check_shared_prefix()
+        self.assertIn("|layout=HND|", self.worker.namespace)
+
+    # The other Engine tests build their own NHD workers.
+    test_missing_blocks_are_load_errors = None
+    test_refusals = None
+    test_torch_tensors_name_blocks_like_numpy = None
+    test_mla_layers = None
+
+
+class Layouts(unittest.TestCase):
+    """Which layout each role expects, and tensors that disagree refused."""
+
+    def worker(self, cfg, kv):
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(w.shutdown)
+        w.register_kv_caches(kv)
+        return w
+
+    def test_expected_layout_from_vllm_config(self):
+        ns = types.SimpleNamespace
+        self.assertEqual(vc.kv_layout(vllm_config(), {}), ("NHD", "vLLM's default KV cache "
+                                                           "layout"))
+        self.assertEqual(vc.kv_layout(vllm_config(device="cpu"), {})[0], "HND")
+        cfg = vllm_config()
+        cfg.attention_config = ns(backend=ns(name="CPU_ATTN"))  # an AttentionBackendEnum
+        self.assertEqual(vc.kv_layout(cfg, {}), ("HND", "attention backend CPU_ATTN"))
+        cfg.attention_config = ns(backend=ns(name="FLASH_ATTN"))
+        self.assertEqual(vc.kv_layout(cfg, {})[0], "NHD")
+        self.assertEqual(vc.kv_layout(vllm_config(device="cpu"), {"kv_layout": "nhd"}),
+                         ("NHD", "kv_connector_extra_config kv_layout"))
+        with self.assertRaisesRegex(ValueError, 'kv_layout must be "NHD" or "HND", got '
+                                    "'NDH'"):
+            vc.KvtierConnector(vllm_config({"kv_layout": "NDH"}), vc.KVConnectorRole.WORKER,
+                               None)
+
+    def test_tensors_of_the_other_layout_refused(self):
+        w = vc.KvtierConnector(vllm_config(engine="l1"), vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(w.shutdown)
+        with self.assertRaisesRegex(ValueError, r"head-major \(2, num_blocks, num_kv_heads, "
+                                    r"block_size, head_size\) blocks, but the connector "
+                                    r"expects token-major .* from vLLM's default KV cache "
+                                    r'layout, as the scheduler does.*kv_layout to "HND"'):
+            w.register_kv_caches(kv_arrays("HND"))
+        c = vc.KvtierConnector(vllm_config(engine="l2", device="cpu"),
+                               vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(c.shutdown)
+        with self.assertRaisesRegex(ValueError, r"token-major .* but the connector expects "
+                                    r"head-major .* from device cpu"):
+            c.register_kv_caches(kv_arrays("NHD"))
+        self.assertIsNone(c.cache)  # nothing registered, nothing attached
+
+    def test_heads_from_kv_cache_config(self):
+        """A worker handed kv_cache_config (recent vLLM) checks the head
+        count too: as many heads as tokens per block reads either way."""
+        cfg = vllm_config(engine="l5", device="cpu")
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER,
+                               kv_cache_config(LAYERS, BS, BS, DIM))
+        self.addCleanup(w.shutdown)
+        w.register_kv_caches(kv_arrays("HND", heads=BS))
+        self.assertIn("|heads=%d|dim=%d|layout=HND|" % (BS, DIM), w.namespace)
+        c = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER,
+                               kv_cache_config(LAYERS, BS, 3, DIM))
+        self.addCleanup(c.shutdown)
+        with self.assertRaisesRegex(ValueError, r"not head-major .* with 4 tokens per block "
+                                    r"\(cache_config.block_size is 4, kv_cache_spec."
+                                    r"num_kv_heads 3\)"):
+            c.register_kv_caches(kv_arrays("HND"))
+
+    def test_override_and_one_head(self):
+        w = self.worker(vllm_config({"kv_layout": "NHD"}, engine="l3", device="cpu"),
+                        kv_arrays("NHD"))
+        self.assertIn("|layout=NHD|", w.namespace)
+        # One KV head: both orders are the same bytes, one namespace.
+        one = self.worker(vllm_config(engine="l4", device="cpu"), kv_arrays("HND", heads=1))
+        self.assertIn("|layout=NHD|", one.namespace)
+
+
 class LayerSpy:
     """A worker's cache or client with its layer waits counted, and made to
     fail for one layer when asked."""
@@ -502,6 +608,79 @@ class SocketModeOneProcess(unittest.TestCase):
         finally:
             w.shutdown()
             s.shutdown()
+
+    def engine(self, name, layout, seed):
+        """A worker and a scheduler of one engine in socket mode, its KV in
+        `layout` (HND: the CPU device), the server's geometry."""
+        cfg = vllm_config(engine=name, device="cpu" if layout == "HND" else "cuda")
+        cfg.kv_transfer_config.kv_connector_extra_config = {
+            "socket": self.sock, "load_async": False, "timeout": 5}
+        kv = kv_arrays(layout, layers=4, heads=2, dim=64, seed=seed)
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(w.shutdown)
+        w.register_kv_caches(kv)
+        s = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER, kv_cache_config(4, BS, 2, 64))
+        self.addCleanup(s.shutdown)
+        self.assertEqual(s._namespace(s.shape, 0), w.namespace)
+        return w, s, kv
+
+    def run_step(self, w, s):
+        w.bind_connector_metadata(s.build_connector_meta(None))
+        w.start_load_kv(None)
+        for name in w._layers:
+            w.wait_for_layer_load(name)
+        w.wait_for_save()
+        w.clear_connector_metadata()
+        for _ in range(2000):
+            sent, _ = w.get_finished(set())
+            if sent or not w._saves:
+                return
+            time.sleep(0.001)
+
+    def save(self, w, s, rid, tokens):
+        r = Request(rid, tokens)
+        self.assertEqual(s.request_finished(r, list(range(len(tokens) // BS))), (True, None))
+        self.run_step(w, s)
+        return r
+
+    def test_layouts_never_mix(self):
+        """A head-major engine (vLLM's CPU backend) and a token-major one on
+        one server: each loads its own blocks byte for byte; blocks the
+        other stored are a miss (never bytes of the other layout)."""
+        wa, sa, kva = self.engine("nhd-engine", "NHD", 1)
+        wb, sb, kvb = self.engine("hnd-engine", "HND", 2)
+        self.assertIn("|layout=NHD|", wa.namespace)
+        self.assertIn("|layout=HND|", wb.namespace)
+        tokens = list(range(700, 725))  # 6 full blocks + 1 token
+        a = self.save(wa, sa, "a", tokens)
+        # B's scheduler sees nothing of A's blocks ...
+        self.assertEqual(sb.get_num_new_matched_tokens(Request("b", tokens), 0), (0, False))
+        # ... and B's worker, told to load them anyway, writes nothing.
+        dst = list(range(30, 36))
+        for t in kvb.values():
+            for blk in dst:
+                t[:, blk].view(np.uint8)[...] = 0xEE
+        wb.bind_connector_metadata(vc.KvtierConnectorMetadata(loads=[vc.LoadSpec(
+            "b", [vc.block_key(h) for h in a.block_hashes], dst)]))
+        wb.start_load_kv(None)
+        wb.wait_for_save()
+        self.assertEqual(wb.get_block_ids_with_load_errors(), set(dst))
+        for t in kvb.values():
+            self.assertTrue((t[:, dst].view(np.uint8) == 0xEE).all())
+        # Each engine stores and loads its own layout through the server.
+        self.save(wb, sb, "b2", tokens)
+        for w, s, kv in ((wa, sa, kva), (wb, sb, kvb)):
+            r = Request("load", tokens)
+            self.assertEqual(s.get_num_new_matched_tokens(r, 4), (20, False))
+            s.update_state_after_alloc(r, Blocks(list(range(40, 47))), 20)
+            for t in kv.values():
+                t[:, 40].view(np.uint8)[...] = 0x5A  # computed already: kept
+            self.run_step(w, s)
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            for t in kv.values():
+                self.assertTrue(np.array_equal(t[:, 41:46].view(np.uint8),
+                                               t[:, 1:6].view(np.uint8)))
+                self.assertTrue((t[:, 40].view(np.uint8) == 0x5A).all())
 
 
 if __name__ == "__main__":

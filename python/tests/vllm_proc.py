@@ -36,7 +36,8 @@ class Scheduler:
     def __init__(self, vc, s):
         self.s = s
         self.bs = s["block_size"]
-        cfg = fakes.vllm_config(s["extra"], tp=s["tp"], block_size=self.bs)
+        cfg = fakes.vllm_config(s["extra"], tp=s["tp"], block_size=self.bs,
+                                device=s.get("device", "cuda"))
         kcc = fakes.kv_cache_config(s["layers"], self.bs, s["heads"], s["dim"], mla=s["mla"])
         self.conn = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER, kcc)
         self.reqs = {}
@@ -74,8 +75,11 @@ class Worker:
         self.mla = s["mla"]
         self.bs = s["block_size"]
         extra = dict(s["extra"], tp_rank=self.rank)
-        cfg = fakes.vllm_config(extra, tp=s["tp"], block_size=self.bs)
+        device = s.get("device", "cuda")
+        cfg = fakes.vllm_config(extra, tp=s["tp"], block_size=self.bs, device=device)
+        # vLLM's CPU backend allocates head-major blocks, FlashAttention token-major
         shape = ((s["blocks"], self.bs, s["dim"]) if self.mla
+                 else (2, s["blocks"], s["heads"], self.bs, s["dim"]) if device == "cpu"
                  else (2, s["blocks"], self.bs, s["heads"], s["dim"]))
         self.kv = {n: np.zeros(shape, np.float16) for n in fakes.layer_names(s["layers"])}
         self.conn = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)

@@ -26,6 +26,7 @@ from _util import HERE, skip_if_unloadable
 
 PY = sys.executable
 BS = 4
+PREFIX_MARK = 0x77
 
 
 def setUpModule():
@@ -130,6 +131,7 @@ class Deployment(unittest.TestCase):
     """One server, one scheduler process, two worker processes (TP 2)."""
     MODEL, LAYERS, HEADS, DIM, MLA = "tiny", 4, 1, 64, False
     SSD = True
+    DEVICE = "cuda"  # "cpu": vLLM's CPU backend, head-major KV tensors
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="kvtvl")
@@ -139,7 +141,8 @@ class Deployment(unittest.TestCase):
             os.makedirs(self.ssd)
         self.srv = start_server(self.sock, self.MODEL, self.ssd)
         base = dict(block_size=BS, tp=2, layers=self.LAYERS, heads=self.HEADS, dim=self.DIM,
-                    mla=self.MLA, blocks=64, extra={"socket": self.sock, "timeout": 5})
+                    mla=self.MLA, blocks=64, extra={"socket": self.sock, "timeout": 5},
+                    device=self.DEVICE)
         self.procs = []
         self.sched = self.spawn(dict(base, role="scheduler"), "sched")
         self.workers = [self.spawn(dict(base, role="worker", rank=r), "w%d" % r)
@@ -249,10 +252,18 @@ class Deployment(unittest.TestCase):
         loaded = blocks[computed // BS:(computed + n) // BS]
         for w in self.workers:
             w.call("poison", loaded)
+            # The computed prefix (running requests may share it): the load
+            # must leave it alone; assert_prefix_kept checks the marker.
+            w.call("poison", blocks[:computed // BS], PREFIX_MARK)
         self.sched.call("alloc", rid, blocks, n)
         hashes = self.sched.call("hashes", rid)
         pairs = list(zip(blocks, hashes))[computed // BS:(computed + n) // BS]
         return rid, n, load_async, pairs
+
+    def assert_prefix_kept(self, block_ids):
+        for w in self.workers:
+            self.assertEqual(w.call("is_poisoned", block_ids, PREFIX_MARK), block_ids,
+                             "a load rewrote the request's computed prefix blocks")
 
     def verify(self, pairs, errors):
         """Every block not reported failed holds exactly its bytes, on every
@@ -291,6 +302,7 @@ class TensorParallel2(Deployment):
         errors = self.run_until(sent=[rg], recv=[rd, re_, rf])
         self.assertEqual(errors, [set(), set()])
         self.verify(pd + pe + pf, errors)
+        self.assert_prefix_kept([44, 45])  # re_'s 2 computed blocks
         # g's blocks are there now, for both ranks
         rh, nh, _, ph = self.plan_load(g, 30)
         self.assertEqual(nh, 16)
@@ -358,6 +370,27 @@ class TensorParallel2(Deployment):
         self.assertEqual(errors, [set(blocks[3:]), set()])
         self.verify(pb, errors)
         self.assertEqual(self.sched.call("stats")["corrupt_blocks"], 1)
+
+
+class HeadMajorTensorParallel2(Deployment):
+    """vLLM's CPU backend (CPU_ATTN): (2, num_blocks, num_kv_heads,
+    block_size, head_size) per layer, 4 KV heads per rank (llama3-8b at TP
+    2); the scheduler expects it from the device, as the workers do."""
+    MODEL, LAYERS, HEADS, DIM, MLA = "llama3-8b", 32, 4, 128, False
+    SSD, DEVICE = False, "cpu"
+
+    def test_head_major_blocks_saved_and_loaded_byte_verified(self):
+        ns = [w.call("namespace") for w in self.workers]
+        self.assertIn("|layout=HND|", ns[0])
+        a = self.tokens(21, 41)
+        ra, ba = self.save_prompt(a, 0)
+        self.assertEqual(self.finish([(ra, ba)]), [set(), set()])
+        rb, nb, _, pb = self.plan_load(a + self.tokens(3, 42), 10, computed=BS)
+        self.assertEqual(nb, 4 * BS)
+        errors = self.run_until(recv=[rb])
+        self.assertEqual(errors, [set(), set()])
+        self.verify(pb, errors)
+        self.assert_prefix_kept([10])
 
 
 class MlaTensorParallel2(Deployment):

@@ -231,6 +231,7 @@ static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
             uint32_t unit = KVT_UNIT(layer, c);
             uint8_t *blk = t->blocks[b] + kvt__geo_block_offset(g, t->block_tokens, layer, c);
             for (uint32_t j = 0; j < ppb; j++) {
+                if (pg[j] == KVT_PAGE_SKIP) continue; /* a load leaves this page alone */
                 uint8_t *eng = kvt__page_addr(t->map, unit, pg[j]);
                 uint8_t *cache = blk + (uint64_t)j * len;
                 uint8_t *dst = gather ? cache : eng;
@@ -389,10 +390,12 @@ static kvt_status check_task(const kvt_xfer_task *t)
     for (uint32_t b = 0; b < t->num_blocks; b++)
         KVT_CHECK_ARG(t->blocks[b] != NULL, "%s: blocks[%u] is NULL", fn, b);
     uint64_t npages = (uint64_t)t->num_blocks * (t->block_tokens / tpp);
-    for (uint64_t i = 0; i < npages; i++)
+    for (uint64_t i = 0; i < npages; i++) {
+        if (t->pages[i] == KVT_PAGE_SKIP && t->dir == KVT_XFER_SCATTER) continue;
         KVT_CHECK_ARG(t->pages[i] < t->map->num_pages,
                       "%s: pages[%llu] is %u, past the engine's %u pages", fn,
                       (unsigned long long)i, t->pages[i], t->map->num_pages);
+    }
     return KVT_OK;
 }
 

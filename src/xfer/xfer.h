@@ -65,7 +65,8 @@ struct kvt_xfer_task {
     uint32_t num_blocks;
     uint8_t *const *blocks;    /* num_blocks block addresses */
     const uint32_t *pages;     /* num_blocks * (block_tokens / tokens_per_page)
-                                  engine pages, block 0's pages first */
+                                  engine pages, block 0's pages first; in a
+                                  SCATTER, KVT_PAGE_SKIP pages are not copied */
     /* Called once, by a worker, when the task ends (all layers copied, or
      * cancelled, or failed); status says which. No xfer lock is held. */
     void (*on_done)(kvt_xfer_task *task, kvt_status status);
