@@ -404,7 +404,7 @@ static void run_answer(feed *f)
     uint8_t body[4] = {0, 0, 1, 0}, *ok = NULL;
     uint32_t oklen = 0;
     kvt_pd_net_params net = {.max_frame = MAX_FRAME};
-    kvt_status st = pd_bootstrap_call_ex(s, &h, body, &net, kvt__deadline_ns(50), "fuzz", &ok, &oklen);
+    kvt_status st = pd_bootstrap_call_ex(s, NULL, &h, body, &net, kvt__deadline_ns(50), "fuzz", &ok, &oklen);
     if (!st && oklen == 4 && pd_get32(ok) < 4096) st = KVT_EPROTO; /* register_peer's check */
     if (!st && ok && ok[oklen] != 0) abort(); /* answers are NUL-terminated for messages */
     free(ok);
