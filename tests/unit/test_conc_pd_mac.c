@@ -293,6 +293,115 @@ static void without_secret_the_flip_goes_unseen(void **state)
     assert_int_equal(bad, 1);
 }
 
+/* ---- the handshake's part ---- */
+
+typedef struct auth_end {
+    int fd;
+    const char *secret;
+    kvt_status st;
+    uint8_t key[PD_SESSION_KEY_LEN];
+    char msg[KVT_ERRMSG_MAX];
+} auth_end;
+
+static void *auth_server_main(void *arg)
+{
+    auth_end *e = arg;
+    kvt_stream_auth a = {(const uint8_t *)e->secret, e->secret ? strlen(e->secret) : 0, "test server", e->key};
+    e->st = kvt__stream_auth_server(e->fd, &a, kvt__deadline_ns(5000));
+    snprintf(e->msg, sizeof e->msg, "%s", kvt_last_error());
+    return NULL;
+}
+
+static void handshake_pair(auth_end *srv, auth_end *cli)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    srv->fd = sv[0];
+    cli->fd = sv[1];
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, auth_server_main, srv), 0);
+    kvt_stream_auth a = {(const uint8_t *)cli->secret, cli->secret ? strlen(cli->secret) : 0, "test client",
+                         cli->key};
+    cli->st = kvt__stream_auth_client(cli->fd, &a, kvt__deadline_ns(5000));
+    snprintf(cli->msg, sizeof cli->msg, "%s", kvt_last_error());
+    close(cli->fd);
+    pthread_join(th, NULL);
+    close(srv->fd);
+}
+
+/* Both ends of a connection get the same key, another connection another
+ * one; without a secret there is none (the buffer is left alone). */
+static void session_key_per_connection(void **state)
+{
+    (void)state;
+    auth_end s1 = {.secret = SECRET}, c1e = {.secret = SECRET}, s2 = {.secret = SECRET}, c2e = {.secret = SECRET};
+    handshake_pair(&s1, &c1e);
+    handshake_pair(&s2, &c2e);
+    assert_int_equal(s1.st, KVT_OK);
+    assert_int_equal(c1e.st, KVT_OK);
+    assert_memory_equal(s1.key, c1e.key, PD_SESSION_KEY_LEN);
+    assert_memory_equal(s2.key, c2e.key, PD_SESSION_KEY_LEN);
+    assert_memory_not_equal(s1.key, s2.key, PD_SESSION_KEY_LEN);
+    uint8_t zero[PD_SESSION_KEY_LEN] = {0};
+    assert_memory_not_equal(s1.key, zero, PD_SESSION_KEY_LEN);
+    auth_end s3 = {0}, c3 = {0};
+    handshake_pair(&s3, &c3);
+    assert_int_equal(s3.st, KVT_OK);
+    assert_memory_equal(s3.key, zero, PD_SESSION_KEY_LEN);
+    assert_memory_equal(c3.key, zero, PD_SESSION_KEY_LEN);
+    /* the two directions: one end's tx is the other's rx, and not its own */
+    pd_mac *ms = pd_mac_new(s1.key, true), *mc = pd_mac_new(c1e.key, false);
+    uint8_t hb[PD_HDR_LEN] = {1, 2, 3}, tag[PD_TAG_LEN];
+    pd_mac_head(&mc->tx, hb, tag);
+    assert_true(pd_mac_head_ok(&ms->rx, hb, tag));
+    pd_mac_head(&mc->tx, hb, tag); /* frame 1 */
+    assert_false(pd_mac_head_ok(&mc->rx, hb, tag)); /* reflected back: another key */
+    pd_mac_free(ms);
+    pd_mac_free(mc);
+}
+
+/* A peer of another handshake version is refused naming both versions, on
+ * both ends. The server's version travels in the refusal code's high half,
+ * so a client can name it. */
+static void other_version_named(void **state)
+{
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    auth_end srv = {.fd = sv[0]};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, auth_server_main, &srv), 0);
+    uint8_t hello[40] = {0}, chal[8];
+    pd_put32(hello, 0x4155504bu); /* "KPUA", version 1 */
+    hello[4] = 1;
+    assert_int_equal(write(sv[1], hello, sizeof hello), (ssize_t)sizeof hello);
+    struct pollfd q = {sv[1], POLLIN, 0};
+    assert_int_equal(poll(&q, 1, 5000), 1);
+    assert_int_equal(read(sv[1], chal, sizeof chal), (ssize_t)sizeof chal);
+    pthread_join(th, NULL);
+    assert_int_equal(srv.st, KVT_EAUTH);
+    if (!strstr(srv.msg, "the peer speaks PD handshake version 1, this end 2")) fail_msg("server: %s", srv.msg);
+    /* a client reading that refusal from a version 3 server */
+    pd_put32(chal + 4, 4u | 3u << 16);
+    uint8_t sink[40];
+    int cv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, cv), 0);
+    assert_int_equal(write(cv[0], chal, sizeof chal), (ssize_t)sizeof chal);
+    kvt_stream_auth a = {NULL, 0, "test client", NULL};
+    assert_int_equal(kvt__stream_auth_client(cv[1], &a, kvt__deadline_ns(5000)), KVT_EAUTH);
+    if (!strstr(kvt_last_error(), "it speaks PD handshake version 3, this end 2")) fail_msg("client: %s", kvt_last_error());
+    /* and a code it does not know is named by number */
+    assert_int_equal(read(cv[0], sink, sizeof sink), (ssize_t)sizeof sink);
+    pd_put32(chal + 4, 77);
+    assert_int_equal(write(cv[0], chal, sizeof chal), (ssize_t)sizeof chal);
+    assert_int_equal(kvt__stream_auth_client(cv[1], &a, kvt__deadline_ns(5000)), KVT_EAUTH);
+    if (!strstr(kvt_last_error(), "(code 77)")) fail_msg("client: %s", kvt_last_error());
+    for (int i = 0; i < 2; i++) {
+        close(sv[i]);
+        close(cv[i]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -301,6 +410,8 @@ int main(void)
         cmocka_unit_test(replayed_frame_fails),
         cmocka_unit_test(dropped_frame_fails),
         cmocka_unit_test(without_secret_the_flip_goes_unseen),
+        cmocka_unit_test(session_key_per_connection),
+        cmocka_unit_test(other_version_named),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
