@@ -151,10 +151,7 @@ static kvt_status bs_connect(const char *host, uint16_t port, kvt_stream_auth *a
     a->session_key = key;
     *m = NULL;
     kvt_status st = kvt__stream_connect(host, port, a, dl, s);
-    if (!st && a->secret && !(*m = pd_mac_new(key, false))) {
-        kvt__stream_destroy(*s);
-        st = KVT_ENOMEM;
-    }
+    if (!st && a->secret && (st = pd_mac_new(m, key, false)) != KVT_OK) kvt__stream_destroy(*s);
     sodium_memzero(key, sizeof key);
     return st;
 }
@@ -563,7 +560,7 @@ static kvt_status read_request(kvt_pd_bootstrap *bs, bs_link *l, uint64_t dl, pd
     kvt_stream_auth a = bs->auth;
     a.session_key = key;
     kvt_status st = kvt__stream_auth_server(s->fd, &a, dl);
-    if (!st && bs->auth.secret && !(l->m = pd_mac_new(key, true))) st = KVT_ENOMEM;
+    if (!st && bs->auth.secret) st = pd_mac_new(&l->m, key, true);
     sodium_memzero(key, sizeof key);
     if (st) {
         char why[KVT_ERRMSG_MAX];

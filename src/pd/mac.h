@@ -42,8 +42,8 @@ typedef struct pd_mac {
 } pd_mac;
 
 /* The link's two directions from the handshake's session key; server: this
- * end accepted the connection. NULL (ENOMEM) on failure. */
-pd_mac *pd_mac_new(const uint8_t session[PD_SESSION_KEY_LEN], bool server);
+ * end accepted the connection. KVT_ENOMEM, KVT_ESYS (libsodium). */
+kvt_status pd_mac_new(pd_mac **out, const uint8_t session[PD_SESSION_KEY_LEN], bool server);
 void pd_mac_free(pd_mac *m);
 
 /* Frame d->next starts: its header tag into tag; the body tag's state is

@@ -365,7 +365,7 @@ static kvt_status dial_peer(pd_ep *ep, const pd_topo_entry *t, uint64_t dl, pd_c
         sodium_memzero(key, sizeof key);
         return st;
     }
-    if (ep->secret && !(c->mac = pd_mac_new(key, false))) st = KVT_ENOMEM;
+    if (ep->secret) st = pd_mac_new(&c->mac, key, false);
     sodium_memzero(key, sizeof key);
     snprintf(c->name, sizeof c->name, "prefill tp%u/%u dcp%u/%u", t->desc.tp_rank, t->desc.tp_size,
              t->desc.dcp_rank, t->desc.dcp_size);

@@ -517,7 +517,7 @@ static kvt_status handshake(pd_conn *c)
     kvt_stream_auth a = ep->auth;
     a.session_key = key;
     kvt_status st = kvt__stream_auth_server(c->s->fd, &a, kvt__deadline_ns(greet));
-    if (!st && ep->secret && !(c->mac = pd_mac_new(key, true))) st = KVT_ENOMEM;
+    if (!st && ep->secret) st = pd_mac_new(&c->mac, key, true);
     sodium_memzero(key, sizeof key);
     if (st) return st;
     uint64_t dl = pd_conn_deadline(c);

@@ -28,8 +28,8 @@ static void tagged_frame(const uint8_t *data, size_t size)
 {
     static const uint8_t key[PD_SESSION_KEY_LEN] = "fuzz_pd_decode known session key";
     if (size < PD_HDR_LEN + 2 * PD_TAG_LEN) return;
-    pd_mac *m = pd_mac_new(key, data[0] & 1);
-    if (!m) abort();
+    pd_mac *m = NULL;
+    if (pd_mac_new(&m, key, data[0] & 1)) abort();
     bool head = pd_mac_head_ok(&m->rx, data, data + PD_HDR_LEN);
     size_t body = size - PD_HDR_LEN - 2 * PD_TAG_LEN;
     pd_mac_body(&m->rx, data + PD_HDR_LEN + PD_TAG_LEN, body);

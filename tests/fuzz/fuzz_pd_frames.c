@@ -393,13 +393,14 @@ static void run_links(side *sd, bool sender, int nconns, feed *f, bool mac)
     pd_mac *peer[2] = {NULL, NULL};
     buf tagged = {0};
     if (mac) { /* the fuzzed end accepted the links when it is the sender */
-        for (int i = 0; i < nconns; i++) peer[i] = pd_mac_new(KEY, !sender);
+        for (int i = 0; i < nconns; i++)
+            if (pd_mac_new(&peer[i], KEY, !sender)) abort();
         tag_input(f->p, f->n, peer, nconns, &tagged);
         *f = (feed){tagged.p, tagged.n, 0, f->piece};
     }
     for (int i = 0; i < nconns; i++) {
         if (pd_conn_new(ep, fake_stream_new(f), &c[i]) != KVT_OK) abort();
-        if (mac && !(c[i]->mac = pd_mac_new(KEY, sender))) abort();
+        if (mac && pd_mac_new(&c[i]->mac, KEY, sender)) abort();
         c[i]->idx = (uint32_t)i;
         c[i]->registered = true;
         if (pd_desc_copy(&c[i]->peer, &sd->peer[i])) abort();
@@ -478,8 +479,7 @@ static void run_answer(feed *f, bool mac)
     pd_mac *m = NULL, *peer = NULL;
     buf tagged = {0};
     if (mac) { /* a decode rank's REGISTER on an authenticated link */
-        m = pd_mac_new(KEY, false);
-        peer = pd_mac_new(KEY, true);
+        if (pd_mac_new(&m, KEY, false) || pd_mac_new(&peer, KEY, true)) abort();
         tag_input(f->p, f->n, &peer, 1, &tagged);
         *f = (feed){tagged.p, tagged.n, 0, f->piece};
     }

@@ -350,7 +350,9 @@ static void session_key_per_connection(void **state)
     assert_memory_equal(s3.key, zero, PD_SESSION_KEY_LEN);
     assert_memory_equal(c3.key, zero, PD_SESSION_KEY_LEN);
     /* the two directions: one end's tx is the other's rx, and not its own */
-    pd_mac *ms = pd_mac_new(s1.key, true), *mc = pd_mac_new(c1e.key, false);
+    pd_mac *ms = NULL, *mc = NULL;
+    assert_ok(pd_mac_new(&ms, s1.key, true));
+    assert_ok(pd_mac_new(&mc, c1e.key, false));
     uint8_t hb[PD_HDR_LEN] = {1, 2, 3}, tag[PD_TAG_LEN];
     pd_mac_head(&mc->tx, hb, tag);
     assert_true(pd_mac_head_ok(&ms->rx, hb, tag));
