@@ -1008,7 +1008,10 @@ typedef struct kvt_pd_net_params {
     const char *bind_host;    /* numeric IPv4 to listen on; NULL: "127.0.0.1" */
     uint16_t port;            /* 0: an ephemeral port */
     const void *secret;       /* NULL: open; else 16..1024 bytes every peer must */
-    size_t secret_len;        /* prove it holds (mutual HMAC-SHA256 challenge) */
+    size_t secret_len;        /* prove it holds (mutual HMAC-SHA256 challenge),
+                                 and every frame after it is authenticated
+                                 (Poly1305 per frame, keyed per connection and
+                                 direction; docs/pd.md) */
     uint32_t max_frame;       /* bound on one frame's body; 0: 64 MiB (max 256 MiB) */
     kvt_pd_transport transport;
     uint32_t heartbeat_ms;    /* idle links send a ping this often; 0: 100 */
@@ -1172,7 +1175,9 @@ void kvt_pd_receiver_destroy(kvt_pd_receiver *r);
 
 typedef struct kvt_pd_room_info {
     kvt_pd_poll state;
-    kvt_status error;       /* why it FAILED: ETIMEDOUT, ECONN, ECORRUPT, EABORTED... */
+    kvt_status error;       /* why it FAILED: ETIMEDOUT, ECONN, ECORRUPT, EABORTED,
+                               EAUTH (a frame failed authentication: altered in
+                               transit, with a secret set)... */
     char message[160];      /* the reason in words; "" unless FAILED */
     uint64_t bytes;         /* payload bytes moved so far */
     uint32_t abort_acks;    /* peers that acknowledged our abort */

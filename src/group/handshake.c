@@ -77,7 +77,7 @@ static void compare(const kvt_group *g, const kvt_hello *h, uint32_t r, uint64_t
         refuse(v, KVT_EINVAL, "rank %u's configuration differs from rank 0's in %s%s "
                "(configuration digest %016llx, rank 0 %016llx; rank-local options such as "
                "ssd_dirs are not compared)", r, n == 1 ? "option " : n ? "one of the options " : "",
-               n ? which : "an option the digests cannot name (compare kvtier config --dump)",
+               which, /* kvt__config_digest_diff says it in words when it cannot name one */
                (unsigned long long)h->config_digest, (unsigned long long)m->config_digest);
     }
     uint32_t st = r / (g->p.cp * g->p.tp);
