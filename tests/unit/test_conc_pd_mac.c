@@ -155,8 +155,10 @@ static void relay_frames(mitm *m)
         size_t len = off + rest;
         bool send_it = true;
         if (h.type == PD_F_DATA && !atomic_load(&m->acted)) {
-            send_it = alter(m, f, &len, &h, off);
+            /* marked first: the decode side may fail the room (and the test
+             * thread look at acted) as soon as alter() has written */
             atomic_store(&m->acted, true);
+            send_it = alter(m, f, &len, &h, off);
         }
         if (send_it && !write_n(m->cfd, f, len)) break;
     }
