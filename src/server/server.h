@@ -17,6 +17,7 @@
 typedef struct kvt_srv_task {
     kvt_task_id id;
     bool launched;
+    bool pending;      /* launched, its SSD reads still running: no offsets yet */
     kvt_task_kind kind;
     uint32_t num_blocks;
     uint32_t pins;     /* index entries the task pins (its planned blocks) */
