@@ -56,6 +56,7 @@ typedef struct ctask {
     uint8_t **blocks;
     uint32_t *pages;
     uint64_t *offsets;
+    uint64_t *layer_sums; /* a store's: num_blocks x num_layers, from the copy */
     kvt_xfer_task xt;
     struct kvt_client *cl;
 } ctask;
@@ -221,6 +222,7 @@ static void ct_free(kvt_client *cl, ctask *t)
     free(t->blocks);
     free(t->pages);
     free(t->offsets);
+    free(t->layer_sums);
     free(t);
 }
 
@@ -520,9 +522,10 @@ static void on_copied(kvt_xfer_task *xt, kvt_status st)
             sums = malloc((size_t)xt->num_blocks * sizeof *sums + 1);
             if (sums) {
                 n = xt->num_blocks;
-                for (uint32_t i = 0; i < n; i++)
-                    sums[i] = kvt__srv_block_sum(t->blocks[i], cl->shm.block_bytes,
-                                                 t->offsets[i]);
+                uint32_t nl = cl->geo->num_layers;
+                for (uint32_t i = 0; i < n; i++) /* the layers' sums came with the copy */
+                    sums[i] = kvt__srv_sum_combine(t->layer_sums + (size_t)i * nl, nl,
+                                                   t->offsets[i]);
             } else {
                 st = KVT_ENOMEM;
             }
@@ -581,7 +584,11 @@ static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const ui
                          l.first_token, l.num_tokens, l.kind, t->first_token, t->num_tokens);
     t->offsets = malloc((size_t)l.num_blocks * sizeof *t->offsets + 1);
     t->blocks = malloc((size_t)l.num_blocks * sizeof *t->blocks + 1);
-    if (!t->offsets || !t->blocks) return kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
+    if (t->kind == KVT_TASK_STORE)
+        t->layer_sums = malloc((size_t)l.num_blocks * cl->geo->num_layers *
+                               sizeof *t->layer_sums + 1);
+    if (!t->offsets || !t->blocks || (t->kind == KVT_TASK_STORE && !t->layer_sums))
+        return kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
     for (uint32_t i = 0; i < l.num_blocks; i++) {
         uint64_t off = kvt__srv_get64(l.offsets + 8 * (size_t)i);
         if (off % cl->shm.stride != 0 || off / cl->shm.stride >= cl->shm.num_blocks)
@@ -601,6 +608,7 @@ static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const ui
     t->xt.pages = t->pages;
     t->xt.on_done = on_copied;
     t->xt.user = t;
+    t->xt.layer_sums = t->layer_sums; /* a store's checksums, in the copy's pass */
     return KVT_OK;
 }
 

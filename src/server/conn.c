@@ -226,21 +226,73 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
     return launch_reply(c, t, st, &l, offs);
 }
 
+/* A large store's blocks are checked on several threads (this one and
+ * helpers started for it): the client waits for the verdict with its copy
+ * threads idle, so the cores are free. Below VERIFY_SPLIT_BYTES one thread
+ * does it (starting a thread costs tens of microseconds). */
+#define VERIFY_THREADS KVT_SRV_VERIFY_THREADS
+#define VERIFY_SPLIT_BYTES (8ull << 20)
+
+typedef struct verify_part {
+    const kvt_server *s;
+    const kvt_srv_task *t;
+    const uint8_t *sums;   /* the client's, unaligned */
+    uint32_t first, end;   /* blocks [first, end) */
+    uint32_t bad;          /* the first failing block, or UINT32_MAX */
+} verify_part;
+
+static void *verify_range(void *arg)
+{
+    verify_part *v = arg;
+    const kvt_server *s = v->s;
+    v->bad = UINT32_MAX;
+    for (uint32_t i = v->first; i < v->end; i++) {
+        uint64_t off = v->t->offsets[i];
+        uint64_t have = kvt__srv_block_sum(s->shm.base + off, s->geo, s->shm.block_tokens, off);
+        if (have != kvt__srv_get64(v->sums + 8 * (size_t)i)) {
+            v->bad = i;
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* The first failing block of t, or UINT32_MAX. */
+static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_task *t, const uint8_t *sums)
+{
+    uint64_t bytes = (uint64_t)t->num_blocks * s->shm.block_bytes;
+    uint32_t n = bytes < VERIFY_SPLIT_BYTES ? 1 : s->verify_threads;
+    if (n > t->num_blocks) n = t->num_blocks ? t->num_blocks : 1;
+    verify_part part[VERIFY_THREADS];
+    pthread_t th[VERIFY_THREADS];
+    bool started[VERIFY_THREADS] = {false};
+    for (uint32_t k = 0; k < n; k++) {
+        part[k] = (verify_part){s, t, sums, (uint32_t)((uint64_t)t->num_blocks * k / n),
+                                (uint32_t)((uint64_t)t->num_blocks * (k + 1) / n), UINT32_MAX};
+        /* Part 0 runs here; a helper that cannot start runs here too. */
+        if (k > 0) started[k] = pthread_create(&th[k], NULL, verify_range, &part[k]) == 0;
+    }
+    for (uint32_t k = 0; k < n; k++)
+        if (!started[k]) verify_range(&part[k]);
+    uint32_t bad = UINT32_MAX;
+    for (uint32_t k = 0; k < n; k++) {
+        if (started[k]) pthread_join(th[k], NULL);
+        if (part[k].bad < bad) bad = part[k].bad;
+    }
+    return bad;
+}
+
 /* A store becomes visible only if every block holds what the client says
  * it wrote: a client that died or scribbled mid-copy is caught here. */
 static kvt_status verify_store(kvt_srv_conn *c, const kvt_srv_task *t, const kvt_srv_end *e)
 {
-    kvt_server *s = c->srv;
     if (e->n != t->num_blocks)
         return kvt__fail(KVT_EPROTO, "store task %llu: %u checksums for %u blocks",
                          (unsigned long long)t->id, e->n, t->num_blocks);
-    for (uint32_t i = 0; i < t->num_blocks; i++) {
-        uint64_t off = t->offsets[i];
-        uint64_t have = kvt__srv_block_sum(s->shm.base + off, s->shm.block_bytes, off);
-        if (have != kvt__srv_get64(e->checksums + 8 * (size_t)i))
-            return kvt__fail(KVT_ECORRUPT, "store task %llu: block %u failed its checksum; "
-                             "the store is not made visible", (unsigned long long)t->id, i);
-    }
+    uint32_t bad = first_bad_block(c->srv, t, e->checksums);
+    if (bad != UINT32_MAX)
+        return kvt__fail(KVT_ECORRUPT, "store task %llu: block %u failed its checksum; "
+                         "the store is not made visible", (unsigned long long)t->id, bad);
     return KVT_OK;
 }
 

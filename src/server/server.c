@@ -119,6 +119,10 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
     if ((st = kvt__cache_create_ex(&s->cache, cfg, geo, true))) return st;
     if ((st = kvt__cache_ext_shm(s->cache, &s->shm))) return st;
     kvt__metrics_cache_set_extra(s->cache, srv_metrics, s);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    s->verify_threads = cpus < 1                        ? 1
+                        : cpus > KVT_SRV_VERIFY_THREADS ? KVT_SRV_VERIFY_THREADS
+                                                        : (uint32_t)cpus;
     if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
         return kvt__fail(KVT_ESYS, "%s: pipe: %s", fn, strerror(errno));
     return listen_on(s);
