@@ -34,6 +34,7 @@ typedef struct kvt_ext_shm {
     uint64_t block_bytes;
     uint32_t block_tokens;
     uint32_t num_blocks;
+    const char *pages;   /* what backs it: "hugetlb", "thp" or "4k" */
 } kvt_ext_shm;
 
 /* The shared CPU tier of a cache made with shared = true; KVT_ESTATE if not. */

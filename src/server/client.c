@@ -24,6 +24,7 @@
 #include "net/fdio.h"
 #include "server/proto.h"
 #include "server/server.h"
+#include "store/pool.h"
 #include "util/clock.h"
 #include "util/err.h"
 #include "util/sync.h"
@@ -336,9 +337,9 @@ static kvt_status hello_locked(kvt_client *cl)
     if (!st) {
         /* MAP_POPULATE maps every page now (reads never fault); the first
          * write to each page through this mapping still faults once (on a
-         * VM under shadow paging, ~20-50 us a page: docs/server.md). */
-        void *m = mmap(NULL, cl->shm.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                       fd, 0);
+         * VM under shadow paging, ~20-50 us a page: docs/server.md). 2 MiB
+         * aligned, so a tier of huge pages maps whole here too. */
+        void *m = kvt__pool_map_shared(fd, (size_t)cl->shm.map_bytes, true);
         if (m == MAP_FAILED)
             st = kvt__fail(KVT_ESYS, "%s: cannot map the server's CPU tier (%llu bytes): %s", fn,
                            (unsigned long long)cl->shm.map_bytes, strerror(errno));
@@ -714,8 +715,11 @@ static bool pending_poll(kvt_client *cl, ctask *t)
     bool not_copied = false;
     pthread_mutex_lock(&cl->mu);
     t->pending = false;
-    if (!st) not_copied = (st = submit_locked(cl, fn, t)) != KVT_OK;
-    if (!st && t->cancel_asked) kvt__xfer_cancel(cl->xfer, &t->xt); /* its END tells the server */
+    if (!st && t->cancel_asked) /* cancelled before its copy: no copy at all */
+        not_copied = (st = kvt__fail(KVT_ECANCELED, "%s: task %llu was cancelled", fn,
+                                     (unsigned long long)t->id)) != KVT_OK;
+    else if (!st)
+        not_copied = (st = submit_locked(cl, fn, t)) != KVT_OK;
     pthread_mutex_unlock(&cl->mu);
     if (not_copied) end_unlaunched(cl, fn, t, st);
     if (st) {
