@@ -667,6 +667,7 @@ static kvt_status submit_locked(kvt_client *cl, const char *fn, ctask *t)
     else
         st = kvt__xfer_submit(cl->xfer, &t->xt);
     t->copying = st == KVT_OK;
+    if (t->copying) pthread_cond_broadcast(&cl->cv); /* wait_layer of a pending load */
     return st;
 }
 
