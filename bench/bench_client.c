@@ -90,14 +90,15 @@ static void *serve(void *arg)
 
 int kvt_bench_client_main(int argc, char **argv)
 {
-    bool json = false;
+    bool json = false, with_4k = true;
     uint64_t rounds = 5;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--no-4k")) with_4k = false;
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc &&
                  demo_parse_u64(argv[++i], &rounds) && rounds >= 1 && rounds <= 1000) {}
         else {
-            fprintf(stderr, "usage: kvtier bench client [--json] [--rounds N]\n");
+            fprintf(stderr, "usage: kvtier bench client [--json] [--rounds N] [--no-4k]\n");
             return 2;
         }
     }
@@ -142,7 +143,7 @@ int kvt_bench_client_main(int argc, char **argv)
     /* [local/remote/local 4k][store/load] */
     double best[SIDES][2] = {{1e9, 1e9}, {1e9, 1e9}, {1e9, 1e9}};
     for (uint32_t r = 0; !st && r < rounds + WARM; r++) {
-        for (int k = 0; k < SIDES && !st; k++) {
+        for (int k = 0; k < (with_4k ? SIDES : 2) && !st; k++) {
             double s_s, l_s;
             st = round_trip_data(sides[k], emu, tokens, pages, r * SIDES + (uint32_t)k, &s_s,
                                  &l_s);
@@ -175,7 +176,9 @@ int kvt_bench_client_main(int argc, char **argv)
         double bytes = (double)cs.block_bytes * ((TOKENS - 1) / TPP);
         double ls = bytes / best[0][0] / 1e9, ll = bytes / best[0][1] / 1e9;
         double rs = bytes / best[1][0] / 1e9, rl = bytes / best[1][1] / 1e9;
-        double ks = bytes / best[2][0] / 1e9, kl = bytes / best[2][1] / 1e9;
+        /* --no-4k: the 4 KiB side is not run (0, and its ratios 0). */
+        double ks = with_4k ? bytes / best[2][0] / 1e9 : 0, kl = with_4k ? bytes / best[2][1] / 1e9 : 0;
+        double rks = with_4k ? rs / ks : 0, rkl = with_4k ? rl / kl : 0;
         const char *tier = srv->shm.pages;
         if (json)
             printf("{\"bytes\": %.0f, \"local_store_gbps\": %.2f, \"client_store_gbps\": %.2f, "
@@ -184,7 +187,7 @@ int kvt_bench_client_main(int argc, char **argv)
                    "\"local_4k_load_gbps\": %.2f, \"store_ratio_vs_4k\": %.2f, "
                    "\"load_ratio_vs_4k\": %.2f, \"rtt_p50_us\": %.1f, \"rtt_p99_us\": %.1f, "
                    "\"miss_lookups_per_s\": %.0f, \"verified\": true}\n",
-                   bytes, ls, rs, ll, rl, rs / ls, rl / ll, tier, ks, kl, rs / ks, rl / kl,
+                   bytes, ls, rs, ll, rl, rs / ls, rl / ll, tier, ks, kl, rks, rkl,
                    samples_pct(&rt, 50), samples_pct(&rt, 99), lookups_per_s);
         else
             printf("kvtier bench client: %.1f MiB per task, best of %llu warm rounds, every load verified\n"
@@ -195,7 +198,7 @@ int kvt_bench_client_main(int argc, char **argv)
                    "  control round trip p50 %.1f us, p99 %.1f us\n"
                    "  miss lookups (%u tokens) %.0f per second through the socket\n",
                    bytes / 1048576.0, (unsigned long long)rounds, ls, rs, rs / ls, ll, rl, rl / ll,
-                   tier, ks, rs / ks, kl, rl / kl, samples_pct(&rt, 50), samples_pct(&rt, 99),
+                   tier, ks, rks, kl, rkl, samples_pct(&rt, 50), samples_pct(&rt, 99),
                    TOKENS, lookups_per_s);
         rc = 0;
     }
