@@ -952,6 +952,33 @@ static void test_ssd_load_launch_async(void **state)
     kvt_server_destroy(s);
 }
 
+/* The LAUNCH reply's flags: PENDING carries no offsets; a pending reply
+ * with offsets, or an unknown flag, is refused (a client never trusts a
+ * server's reply). */
+static void test_launch_reply_flags(void **state)
+{
+    (void)state;
+    kvt_srv_buf b = {0};
+    kvt_srv_launch_rep r = {KVT_TASK_LOAD, 0, 0, 0, KVT_OK, KVT_SRV_LAUNCH_PENDING, NULL};
+    kvt__srv_launch_rep_encode(&b, &r, NULL);
+    kvt_srv_launch_rep got;
+    assert_ok(kvt__srv_launch_rep_decode(b.p, b.len, &got));
+    assert_int_equal(got.flags, KVT_SRV_LAUNCH_PENDING);
+    assert_int_equal(got.num_blocks, 0);
+    kvt__srv_buf_free(&b);
+    uint64_t off[1] = {0};
+    kvt_srv_launch_rep bad = {KVT_TASK_LOAD, 0, 16, 1, KVT_OK, KVT_SRV_LAUNCH_PENDING, NULL};
+    kvt__srv_launch_rep_encode(&b, &bad, off);
+    assert_status(kvt__srv_launch_rep_decode(b.p, b.len, &got), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "pending"));
+    kvt__srv_buf_free(&b);
+    bad.flags = 2;
+    kvt__srv_launch_rep_encode(&b, &bad, off);
+    assert_status(kvt__srv_launch_rep_decode(b.p, b.len, &got), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "flags"));
+    kvt__srv_buf_free(&b);
+}
+
 /* A client that plans and never launches: its plans expire after
  * plan_ttl_ms (launch then gives KVT_ETIMEDOUT), and it holds at most
  * server_client_tasks of them (KVT_EFULL) until they expire. */
@@ -1238,6 +1265,7 @@ int main(void)
         cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
         cmocka_unit_test_teardown(test_ssd_load_launch_async, kill_servers),
+        cmocka_unit_test(test_launch_reply_flags),
         cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
         cmocka_unit_test_teardown(test_client_reattaches, kill_servers),
         cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, kill_servers),
