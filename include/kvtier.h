@@ -593,7 +593,9 @@ void kvt_client_detach(kvt_client *cl);
  *  - a launched task's copy runs on this client's threads; its result
  *    (the server's verdict) is what wait/poll report;
  *  - kvt_client_launch of a load whose blocks sit on the server's SSD tier
- *    returns once the server read them back into the CPU tier;
+ *    returns at once; the copy starts when the server has read them back
+ *    (wait, wait_layer and poll see it end as for any load; cancel ends it
+ *    KVT_ECANCELED; reads not done within 30 s end it KVT_ETIMEDOUT);
  *  - a store's blocks become visible to every client only after the server
  *    checked each block's checksum against the one this client computed;
  *  - results are reported by this client's wait or poll only for tasks it
