@@ -11,6 +11,7 @@
 #ifndef KVT_NET_STREAM_H
 #define KVT_NET_STREAM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -60,10 +61,26 @@ struct kvt_stream {
     int fd; /* the TCP socket (also under UCX) */
 };
 
+/* Who speaks the handshake (stream_auth.c): its magic and version, the
+ * MAC labels of each direction, and words for messages. Two realms: PD
+ * endpoints, and rank-group hubs, whose clients also claim a rank. */
+typedef struct kvt_auth_realm {
+    uint32_t magic;
+    uint8_t version;
+    const char *server_label, *client_label;
+    const char *server_noun; /* "server", "hub" */
+    const char *what;        /* "PD endpoint", "rank-group hub" */
+    bool claims_rank;
+} kvt_auth_realm;
+extern const kvt_auth_realm kvt__auth_pd, kvt__auth_group;
+
 typedef struct kvt_stream_auth {
     const uint8_t *secret; /* NULL: none */
     size_t secret_len;
     const char *who;       /* for messages: "pd sender", ... */
+    const kvt_auth_realm *realm; /* NULL: kvt__auth_pd */
+    uint32_t rank, ranks;  /* group realm: the rank a client claims (rank
+                              unused on the hub) and the group's size */
 } kvt_stream_auth;
 
 /* A listening socket on host:port (port 0: ephemeral); *port_out gets it. */
@@ -121,8 +138,39 @@ static inline kvt_status kvt__stream_fd_io(int fd, struct iovec *iov, int iovcnt
 {
     return kvt__fd_io(fd, iov, iovcnt, deadline_ns, writing);
 }
-/* The handshake (stream_auth.c): mutual HMAC-SHA256 over both nonces. */
+/* The handshake (stream_auth.c), one for every TCP link kvtier makes:
+ * mutual HMAC-SHA256 over the HELLO and the server's nonce. Blocking, by
+ * deadline_ns: KVT_OK, KVT_EAUTH (refused, or no proof), KVT_ECONN (the
+ * client: no answer to its hello), with a message. */
 kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *auth, uint64_t deadline_ns);
 kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *auth, uint64_t deadline_ns);
+
+/* The server's side as steps over bytes already read, for a server that
+ * runs many handshakes at once (the group hub). They do no I/O and set no
+ * message; each returns a refusal code (KVT_AUTH_OK: go on). hello fills
+ * the CHALLENGE to send (a refusal when the code is not OK); proof checks
+ * the client's MAC; verdict fills the final ack; refuse_chal turns a
+ * CHALLENGE into a refusal the caller decided (a rank already joined). */
+#define KVT_AUTH_NONCE 32
+#define KVT_AUTH_MAC 32
+#define KVT_AUTH_HELLO (4 + 2 + 2 + 4 + 4 + KVT_AUTH_NONCE)
+#define KVT_AUTH_CHAL (4 + 4 + KVT_AUTH_NONCE + KVT_AUTH_MAC)
+#define KVT_AUTH_ACK 8
+/* Refusal codes, on the wire in CHALLENGE and the ack. */
+enum {
+    KVT_AUTH_OK = 0,
+    KVT_AUTH_NEED_SECRET = 1,
+    KVT_AUTH_BAD_RANK = 2,
+    KVT_AUTH_BAD_PROOF = 3,
+    KVT_AUTH_BAD_HELLO = 4
+};
+const char *kvt__auth_refusal(uint32_t code);
+uint32_t kvt__auth_hello(const kvt_stream_auth *a, const uint8_t hello[KVT_AUTH_HELLO],
+                         uint8_t chal[KVT_AUTH_CHAL]);
+uint32_t kvt__auth_proof(const kvt_stream_auth *a, const uint8_t hello[KVT_AUTH_HELLO],
+                         const uint8_t chal[KVT_AUTH_CHAL], const uint8_t resp[KVT_AUTH_MAC]);
+void kvt__auth_verdict(const kvt_stream_auth *a, uint8_t ack[KVT_AUTH_ACK], uint32_t code);
+void kvt__auth_refuse_chal(const kvt_stream_auth *a, uint8_t chal[KVT_AUTH_CHAL], uint32_t code);
+uint32_t kvt__auth_hello_rank(const uint8_t hello[KVT_AUTH_HELLO]);
 
 #endif

@@ -2,13 +2,12 @@
  * hub). A message on the wire is a 4-byte little-endian length and the
  * bytes; the length is checked against max_msg before anything is
  * allocated. Sockets are non-blocking and every wait is a poll() bounded by
- * the caller's deadline. TCP_NODELAY: step messages are small and latency
- * bound; Nagle would add up to 40 ms per exchange. */
-#include <arpa/inet.h>
+ * the caller's deadline. The sockets are set up by sock.c (TCP_NODELAY:
+ * step messages are small and latency bound) and a joining rank passes the
+ * one handshake of stream_auth.c (realm kvt__auth_group: it claims a rank,
+ * and with a secret both ends prove they hold it). */
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -19,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "net/fdio.h"
+#include "net/sock.h"
 #include "net/tcp.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -190,45 +190,12 @@ static kvt_status tcp_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t dea
     return KVT_OK;
 }
 
-static void set_opts(int fd)
-{
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-static kvt_status make_addr(const tcp_net *t, struct sockaddr_in *sa, const char *fn)
-{
-    memset(sa, 0, sizeof *sa);
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons(t->port);
-    if (inet_pton(AF_INET, t->host, &sa->sin_addr) != 1)
-        return kvt__fail(KVT_EINVAL, "%s: host \"%s\" is not a numeric IPv4 address", fn, t->host);
-    return KVT_OK;
-}
-
 static kvt_status hub_listen(tcp_net *t)
 {
-    static const char fn[] = "kvt_net_tcp_create";
-    struct sockaddr_in sa;
-    kvt_status st = make_addr(t, &sa, fn);
-    if (st != KVT_OK) return st;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return kvt__fail(KVT_ESYS, "%s: socket: %s", fn, strerror(errno));
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    socklen_t sl = sizeof sa;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 64) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-        int e = errno;
-        close(fd);
-        return kvt__fail(KVT_ESYS, "%s: bind/listen on %s:%u: %s", fn, t->host, t->port,
-                         strerror(e));
-    }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    t->port = ntohs(sa.sin_port);
-    t->listen_fd = fd;
-    return KVT_OK;
+    int fd = -1;
+    kvt_status st = kvt__sock_listen(t->host, t->port, "kvt_net_tcp_create", &fd, &t->port);
+    if (st == KVT_OK) t->listen_fd = fd;
+    return st;
 }
 
 /* The hub handshakes every connection at once, each against its own
@@ -245,8 +212,8 @@ typedef struct hub_hs {
     uint64_t seq;     /* accept order: the lowest is the oldest */
     bool proving;     /* hello answered; reading the proof */
     uint32_t got;     /* bytes of hello (or of resp) read so far */
-    char peer[INET_ADDRSTRLEN + 8];
-    uint8_t hello[KVT_TCP_HELLO_LEN], chal[KVT_TCP_CHAL_LEN], resp[KVT_TCP_MAC];
+    char peer[KVT_SOCK_PEER_MAX];
+    uint8_t hello[KVT_AUTH_HELLO], chal[KVT_AUTH_CHAL], resp[KVT_AUTH_MAC];
 } hub_hs;
 
 static void hub_drop(tcp_net *t, hub_hs *h, const char *why)
@@ -257,7 +224,7 @@ static void hub_drop(tcp_net *t, hub_hs *h, const char *why)
     h->fd = -1;
 }
 
-static void hub_add(tcp_net *t, hub_hs *hs, uint64_t *seq, int fd, const struct sockaddr_in *sa,
+static void hub_add(tcp_net *t, hub_hs *hs, uint64_t *seq, int fd, const char *peer,
                     uint64_t deadline_ns)
 {
     hub_hs *slot = NULL, *oldest = NULL;
@@ -269,22 +236,18 @@ static void hub_add(tcp_net *t, hub_hs *hs, uint64_t *seq, int fd, const struct 
         hub_drop(t, oldest, "evicted: every handshake slot was taken (the oldest makes room)");
         slot = oldest;
     }
-    set_opts(fd);
-    char ip[INET_ADDRSTRLEN] = "?";
-    inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof ip);
     uint64_t dl = kvt__deadline_ns(HUB_HANDSHAKE_MS);
     *slot = (hub_hs){.fd = fd, .deadline_ns = dl < deadline_ns ? dl : deadline_ns, .seq = (*seq)++};
-    snprintf(slot->peer, sizeof slot->peer, "%s:%u", ip, ntohs(sa->sin_port));
+    snprintf(slot->peer, sizeof slot->peer, "%s", peer);
 }
 
 static void hub_accept_all(tcp_net *t, hub_hs *hs, uint64_t *seq, uint64_t deadline_ns)
 {
     for (;;) {
-        struct sockaddr_in sa;
-        socklen_t sl = sizeof sa;
-        int fd = accept4(t->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
+        char peer[KVT_SOCK_PEER_MAX];
+        int fd = kvt__sock_accept(t->listen_fd, false, peer);
         if (fd < 0) return; /* EAGAIN: the backlog is empty (or an error: poll tells again) */
-        hub_add(t, hs, seq, fd, &sa, deadline_ns);
+        hub_add(t, hs, seq, fd, peer, deadline_ns);
     }
 }
 
@@ -313,15 +276,19 @@ static void hub_progress(tcp_net *t, hub_hs *h)
     h->got += (uint32_t)n;
     if (h->got < need) return;
     h->got = 0;
-    uint32_t rank = kvt__tcp_hello_rank(h->hello);
+    uint32_t rank = kvt__auth_hello_rank(h->hello);
     char why[160];
     if (!h->proving) {
-        uint32_t code = kvt__tcp_hub_hello(t, h->hello, h->chal);
+        uint32_t code = kvt__auth_hello(&t->auth, h->hello, h->chal);
+        if (code == KVT_AUTH_OK && t->fds[rank] >= 0) { /* a live link is never replaced */
+            code = KVT_AUTH_BAD_RANK;
+            kvt__auth_refuse_chal(&t->auth, h->chal, code);
+        }
         bool sent = hub_send(h, h->chal, sizeof h->chal);
-        if (code == KVT_TCP_ST_BAD_HELLO) {
-            hub_drop(t, h, kvt__tcp_refusal(code)); /* its "rank" is noise */
-        } else if (code != KVT_TCP_ST_OK) {
-            snprintf(why, sizeof why, "%s (hello rank %u)", kvt__tcp_refusal(code), rank);
+        if (code == KVT_AUTH_BAD_HELLO) {
+            hub_drop(t, h, kvt__auth_refusal(code)); /* its "rank" is noise */
+        } else if (code != KVT_AUTH_OK) {
+            snprintf(why, sizeof why, "%s (hello rank %u)", kvt__auth_refusal(code), rank);
             hub_drop(t, h, why);
         } else if (!sent) {
             hub_drop(t, h, "could not send the challenge");
@@ -330,15 +297,15 @@ static void hub_progress(tcp_net *t, hub_hs *h)
         }
         return;
     }
-    uint32_t code = kvt__tcp_hub_proof(t, h->hello, h->chal, h->resp);
+    uint32_t code = kvt__auth_proof(&t->auth, h->hello, h->chal, h->resp);
     /* Handshakes run side by side: two may claim one rank, and the first to
      * finish keeps it (a live link is never replaced by a newcomer). */
-    if (code == KVT_TCP_ST_OK && t->fds[rank] >= 0) code = KVT_TCP_ST_BAD_RANK;
-    uint8_t ack[KVT_TCP_ACK_LEN];
-    kvt__tcp_hub_status(ack, code);
+    if (code == KVT_AUTH_OK && t->fds[rank] >= 0) code = KVT_AUTH_BAD_RANK;
+    uint8_t ack[KVT_AUTH_ACK];
+    kvt__auth_verdict(&t->auth, ack, code);
     bool sent = hub_send(h, ack, sizeof ack);
-    if (code != KVT_TCP_ST_OK) {
-        snprintf(why, sizeof why, "%s (hello rank %u)", kvt__tcp_refusal(code), rank);
+    if (code != KVT_AUTH_OK) {
+        snprintf(why, sizeof why, "%s (hello rank %u)", kvt__auth_refusal(code), rank);
         hub_drop(t, h, why);
     } else if (!sent) {
         hub_drop(t, h, "could not send the accept");
@@ -417,31 +384,30 @@ static kvt_status hub_connect(tcp_net *t, uint64_t deadline_ns)
     return st;
 }
 
+/* The connect is under way: the socket becomes the pending one (an
+ * interrupt's shutdown() now wakes its wait), unless the net was already
+ * interrupted: a shutdown() of a socket not yet connecting does not stop
+ * the connect, so the flag, set before the shutdown, is checked here. */
+static bool connect_started(void *arg)
+{
+    tcp_net *t = arg;
+    pthread_mutex_lock(&t->fd_mu);
+    bool go = !kvt__net_interrupted(&t->base);
+    pthread_mutex_unlock(&t->fd_mu);
+    return go;
+}
+
 /* One non-blocking connect attempt: KVT_OK, KVT_EAGAIN (retry), KVT_ECANCELED
  * (interrupted) or error. */
 static kvt_status try_connect(tcp_net *t, const struct sockaddr_in *sa, uint64_t dl, int *out)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = kvt__sock_open(false);
     if (fd < 0) return kvt__fail(KVT_ESYS, "kvt_net_connect: socket: %s", strerror(errno));
     track_pending(t, fd);
-    set_opts(fd);
-    int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
-    /* An interrupt's shutdown() of a socket not yet connecting does not stop
-     * the connect, and its wait would then spin: the flag, set before the
-     * shutdown, is checked once the connect started. */
-    if (kvt__net_interrupted(&t->base)) {
+    kvt_status st = kvt__sock_connect_fd(fd, sa, dl, connect_started, t);
+    if (st != KVT_OK) {
         drop_fd(t, &t->pending_fd);
-        return KVT_ECANCELED;
-    }
-    if (rc != 0 && errno == EINPROGRESS && kvt__fd_wait(fd, POLLOUT, dl) == KVT_OK) {
-        int err = 0;
-        socklen_t l = sizeof err;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
-        rc = err ? -1 : 0;
-    }
-    if (rc != 0) {
-        drop_fd(t, &t->pending_fd);
-        return KVT_EAGAIN;
+        return st == KVT_ECANCELED ? st : KVT_EAGAIN;
     }
     *out = fd;
     return KVT_OK;
@@ -450,7 +416,7 @@ static kvt_status try_connect(tcp_net *t, const struct sockaddr_in *sa, uint64_t
 static kvt_status rank_connect(tcp_net *t, uint64_t deadline_ns)
 {
     struct sockaddr_in sa;
-    kvt_status st = make_addr(t, &sa, "kvt_net_connect");
+    kvt_status st = kvt__sock_addr(t->host, t->port, &sa, "kvt_net_connect");
     if (st != KVT_OK) return st;
     int fd = -1;
 retry:
@@ -463,7 +429,7 @@ retry:
         nanosleep(&ts, NULL);
     }
     if (st != KVT_OK) return st;
-    st = kvt__tcp_auth_client(t, fd, deadline_ns);
+    st = kvt__stream_auth_client(fd, &t->auth, deadline_ns);
     if (st == KVT_ECONN && !kvt__net_interrupted(&t->base) && kvt__now_ns() < deadline_ns) {
         /* Accepted by a dying listener (a hub being replaced): its queue
          * is reset when it exits; try again within the deadline. */
@@ -473,11 +439,10 @@ retry:
         goto retry;
     }
     if (st != KVT_OK) {
+        char msg[KVT_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
         drop_fd(t, &t->pending_fd);
-        if (st != KVT_EAUTH)
-            return kvt__fail(st, "kvt_net_connect: rank %u: handshake with hub %s:%u failed (%s)",
-                             t->base.rank, t->host, t->port, kvt_status_name(st));
-        return st;
+        return kvt__fail(st, "kvt_net_connect: %s (hub %s:%u)", msg, t->host, t->port);
     }
     adopt_pending(t, &t->fds[0]);
     return KVT_OK;
@@ -547,6 +512,8 @@ static tcp_net *tcp_alloc(const kvt_net_tcp_params *p, uint32_t max_msg)
     t->port = p->port;
     t->listen_fd = -1;
     t->pending_fd = -1;
+    snprintf(t->who, sizeof t->who, "net tcp: rank %u", p->rank);
+    t->auth = (kvt_stream_auth){t->secret, t->secret_len, t->who, &kvt__auth_group, p->rank, p->ranks};
     pthread_mutex_init(&t->fd_mu, NULL);
     return t;
 }
