@@ -102,6 +102,9 @@ kvt_status kvt__stream_ucx_upgrade(kvt_stream **s, int server, uint64_t deadline
  * may (sendv cuts its bytes into messages of at most 1 MiB), and waits for
  * it by deadline_ns. */
 kvt_status kvt__stream_ucx_send_msg(kvt_stream *s, const void *p, size_t len, uint64_t deadline_ns);
+/* A connected, non-blocking socket as a TCP stream (KVT_ENOMEM: fd stays
+ * the caller's). */
+kvt_status kvt__stream_tcp_wrap(int fd, kvt_stream **out);
 /* Frees a TCP stream without closing its socket (whose fd moved to another
  * stream: the UCX upgrade). */
 void kvt__stream_tcp_free_shell(kvt_stream *s);

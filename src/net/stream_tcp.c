@@ -104,17 +104,22 @@ kvt_status kvt__stream_listen(const char *host, uint16_t port, int *fd_out, uint
     return kvt__sock_listen(host, port, "stream", fd_out, port_out);
 }
 
-static kvt_status wrap(int fd, kvt_stream **out)
+kvt_status kvt__stream_tcp_wrap(int fd, kvt_stream **out)
 {
     tcp_stream *t = calloc(1, sizeof *t);
-    if (!t) {
-        close(fd);
-        return kvt__fail(KVT_ENOMEM, "stream: out of memory");
-    }
+    if (!t) return kvt__fail(KVT_ENOMEM, "stream: out of memory");
     t->base.ops = &tcp_ops;
     t->base.fd = fd;
     *out = &t->base;
     return KVT_OK;
+}
+
+/* As kvt__stream_tcp_wrap, closing fd on failure. */
+static kvt_status wrap(int fd, kvt_stream **out)
+{
+    kvt_status st = kvt__stream_tcp_wrap(fd, out);
+    if (st) close(fd);
+    return st;
 }
 
 kvt_status kvt__stream_accept(int lfd, uint64_t deadline_ns, kvt_stream **out)

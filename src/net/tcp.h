@@ -14,7 +14,11 @@ typedef struct tcp_net {
     char host[64];
     uint16_t port;
     int listen_fd;   /* hub only: accepts joins, and rejoins of closed links */
-    int *fds;        /* hub: one per rank (fds[0] unused); others: fds[0] = hub */
+    /* The links, as streams (TCP, or UCX over an authenticated TCP
+     * socket): hub: one per rank (links[0] unused); others: links[0] = hub.
+     * NULL: not connected. */
+    kvt_stream **links;
+    kvt_net_transport transport;
     uint8_t *secret; /* NULL: no authentication */
     size_t secret_len;
     kvt_stream_auth auth; /* the join handshake: secret, this rank's claim */

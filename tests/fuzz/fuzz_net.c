@@ -60,22 +60,24 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* Every message of the link until it fails; the link's fd is ours unless
- * the transport closed it (a cut or oversized message). */
+/* Every message of the link until it fails; the link (fd, as a TCP
+ * stream) is ours unless the transport closed it (a cut or oversized
+ * message). */
 static void recv_all(tcp_net *t, uint32_t peer, int fd)
 {
-    int *slot = &t->fds[t->base.rank == 0 ? peer : 0];
-    *slot = fd;
+    kvt_stream **slot = &t->links[t->base.rank == 0 ? peer : 0], *s = NULL;
+    if (kvt__stream_tcp_wrap(fd, &s) != KVT_OK) abort();
+    *slot = s;
     kvt_buf buf = {0};
     uint64_t dl = kvt__deadline_ns(50);
     while (kvt__net_recv(&t->base, peer, &buf, dl) == KVT_OK) {
         if (buf.len > t->base.max_msg || (buf.len && buf.cap < buf.len)) abort();
     }
     kvt__buf_free(&buf);
-    if (*slot >= 0) {
-        if (*slot != fd) abort();
-        close(fd);
-        *slot = -1;
+    if (*slot) {
+        if (*slot != s) abort();
+        kvt__stream_destroy(s); /* closes fd */
+        *slot = NULL;
     }
 }
 

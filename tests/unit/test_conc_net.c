@@ -318,7 +318,7 @@ static void *cut_member(void *arg)
     if (kvt_net_tcp_create(&n, &p) != KVT_OK || kvt_net_connect(n, 2000) != KVT_OK) return NULL;
     tg_sleep_ms(1000);                            /* the hub's 100 ms receive times out: nothing sent */
     (void)kvt__net_send(n, 0, "whole", 5, NULL, 0, kvt__deadline_ns(1000));
-    int fd = ((tcp_net *)n)->fds[0];
+    int fd = ((tcp_net *)n)->links[0]->fd;
     uint8_t cut[4 + 10] = {100, 0, 0, 0, 'c', 'u', 't'}; /* announces 100 bytes, sends 10 */
     (void)kvt__tcp_write_all(fd, cut, sizeof cut, kvt__deadline_ns(1000));
     tg_sleep_ms(500);
