@@ -325,12 +325,16 @@ static void hub_progress(tcp_net *t, hub_hs *h)
         /* UCX: the upgrade is bounded by this connection's own deadline;
          * only a peer that passed the handshake gets this far. */
         kvt_stream *s = NULL;
+        track_pending(t, h->fd); /* an interrupt ends the UCX upgrade's wait */
         if (link_up(t, h->fd, h->deadline_ns, &s) != KVT_OK) {
             snprintf(why, sizeof why, "rank %u: %s", rank, kvt_last_error());
+            pthread_mutex_lock(&t->fd_mu);
+            t->pending_fd = -1;
+            pthread_mutex_unlock(&t->fd_mu);
             hub_drop(t, h, why);
             return;
         }
-        adopt_link(t, &t->links[rank], s, false);
+        adopt_link(t, &t->links[rank], s, true);
         h->fd = -1;
     }
 }

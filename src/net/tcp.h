@@ -26,7 +26,8 @@ typedef struct tcp_net {
     uint32_t refused; /* connections the hub refused (strangers) */
     /* Guards the descriptors against kvt_net_interrupt on another thread,
      * which shuts down (never closes) every one of them, and pending_fd:
-     * a connection still in its handshake. */
+     * a connection still in its handshake (a rank's), or in its UCX
+     * upgrade (the hub's). */
     pthread_mutex_t fd_mu;
     int pending_fd;
 } tcp_net;
