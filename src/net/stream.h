@@ -97,6 +97,13 @@ kvt_status kvt__stream_connect(const char *host, uint16_t port, const kvt_stream
  * sides call it; they swap worker addresses over the socket). The socket
  * stays open: its hang-up is how each side learns the other died. */
 kvt_status kvt__stream_ucx_upgrade(kvt_stream **s, int server, uint64_t deadline_ns);
+/* Holds the process-wide UCP context, made now if there is none (it reads
+ * UCX_TLS & co.; seconds under a sanitizer), so links upgraded later do not
+ * pay its set-up inside their handshake deadlines; each hold is released
+ * once. KVT_EUNSUPPORTED when UCX cannot start. Not across fork(): hold it
+ * in the process that makes the streams. */
+kvt_status kvt__stream_ucx_hold(void);
+void kvt__stream_ucx_release(void);
 /* Test hook, for tests/fuzz/fuzz_ucx_stream.c only (kvtier never calls it):
  * sends len bytes as exactly one UCP tag message on a UCX stream, as a peer
  * may (sendv cuts its bytes into messages of at most 1 MiB), and waits for

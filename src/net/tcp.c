@@ -143,15 +143,14 @@ static kvt_status lost(tcp_net *t, uint32_t peer, kvt_status st, const char *fn,
 }
 
 /* Waits for the first byte of the next message: a timeout here leaves the
- * stream aligned (nothing of a message was consumed) and the link open.
- * A hang-up counts as there: the read reports it. */
+ * stream aligned (nothing of a message was consumed) and the link open. */
 static kvt_status first_byte(kvt_stream *s, uint64_t deadline_ns)
 {
     for (;;) {
         uint64_t now = kvt__now_ns();
         uint64_t ms = now >= deadline_ns ? 0 : (deadline_ns - now + 999999) / 1000000;
         int w = s->ops->wait(s, -1, ms > 1000 ? 1000 : (int)ms);
-        if (w == KVT_STREAM_READABLE || w == KVT_STREAM_HUP) return KVT_OK;
+        if (w != KVT_STREAM_IDLE) return KVT_OK; /* data, or a failure the read reports */
         if (kvt__now_ns() >= deadline_ns) return KVT_ETIMEDOUT;
     }
 }
@@ -217,10 +216,12 @@ static kvt_status hub_listen(tcp_net *t)
  * that evicts the oldest. */
 #define HUB_PENDING 64
 #define HUB_HANDSHAKE_MS 1000
+#define HUB_UPGRADE_MS 5000
 
 typedef struct hub_hs {
     int fd; /* -1: free slot */
     uint64_t deadline_ns;
+    uint64_t connect_dl; /* the connect's own deadline (bounds a UCX upgrade) */
     uint64_t seq;     /* accept order: the lowest is the oldest */
     bool proving;     /* hello answered; reading the proof */
     uint32_t got;     /* bytes of hello (or of resp) read so far */
@@ -249,7 +250,8 @@ static void hub_add(tcp_net *t, hub_hs *hs, uint64_t *seq, int fd, const char *p
         slot = oldest;
     }
     uint64_t dl = kvt__deadline_ns(HUB_HANDSHAKE_MS);
-    *slot = (hub_hs){.fd = fd, .deadline_ns = dl < deadline_ns ? dl : deadline_ns, .seq = (*seq)++};
+    *slot = (hub_hs){.fd = fd, .deadline_ns = dl < deadline_ns ? dl : deadline_ns,
+                     .connect_dl = deadline_ns, .seq = (*seq)++};
     snprintf(slot->peer, sizeof slot->peer, "%s", peer);
 }
 
@@ -322,11 +324,13 @@ static void hub_progress(tcp_net *t, hub_hs *h)
     } else if (!sent) {
         hub_drop(t, h, "could not send the accept");
     } else {
-        /* UCX: the upgrade is bounded by this connection's own deadline;
-         * only a peer that passed the handshake gets this far. */
+        /* UCX: only a rank that passed the handshake gets this far; its
+         * upgrade (a worker, the address swap) may take HUB_UPGRADE_MS
+         * under load, within the connect's deadline. */
         kvt_stream *s = NULL;
+        uint64_t dl = kvt__deadline_ns(HUB_UPGRADE_MS);
         track_pending(t, h->fd); /* an interrupt ends the UCX upgrade's wait */
-        if (link_up(t, h->fd, h->deadline_ns, &s) != KVT_OK) {
+        if (link_up(t, h->fd, dl < h->connect_dl ? dl : h->connect_dl, &s) != KVT_OK) {
             snprintf(why, sizeof why, "rank %u: %s", rank, kvt_last_error());
             pthread_mutex_lock(&t->fd_mu);
             t->pending_fd = -1;
@@ -467,6 +471,11 @@ retry:
     }
     kvt_stream *s = NULL;
     st = link_up(t, fd, deadline_ns, &s);
+    if (st == KVT_ECONN && !kvt__net_interrupted(&t->base) && kvt__now_ns() < deadline_ns) {
+        /* The hub gave up on the UCX upgrade (its own bound): join again. */
+        drop_fd(t, &t->pending_fd);
+        goto retry;
+    }
     if (st != KVT_OK) {
         char msg[KVT_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvt_last_error());
@@ -481,6 +490,13 @@ retry:
 static kvt_status tcp_connect(kvt_net *n, uint64_t deadline_ns)
 {
     tcp_net *t = (tcp_net *)n;
+    /* UCX's context is made once, at the first connect (after any fork of
+     * the caller's), not inside a link's 1 s handshake bound. */
+    if (t->transport == KVT_NET_UCX && !t->ucx_held) {
+        kvt_status st = kvt__stream_ucx_hold();
+        if (st != KVT_OK) return st;
+        t->ucx_held = true;
+    }
     /* Connects what is not connected: everything the first time, a closed
      * link again later (each side of it reconnects). */
     if (n->rank == 0) return hub_connect(t, deadline_ns);
@@ -496,6 +512,7 @@ static void tcp_destroy(kvt_net *n)
     if (t->secret) sodium_memzero(t->secret, t->secret_len);
     free(t->secret);
     free(t->links);
+    if (t->ucx_held) kvt__stream_ucx_release(); /* after the streams: the last one out cleans up */
     pthread_mutex_destroy(&t->fd_mu);
     free(t);
 }

@@ -5,6 +5,7 @@
 #define KVT_NET_TCP_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include "net/net.h"
 #include "net/stream.h"
@@ -19,6 +20,7 @@ typedef struct tcp_net {
      * NULL: not connected. */
     kvt_stream **links;
     kvt_net_transport transport;
+    bool ucx_held;   /* this net holds the UCP context (kvt__stream_ucx_hold) */
     uint8_t *secret; /* NULL: no authentication */
     size_t secret_len;
     kvt_stream_auth auth; /* the join handshake: secret, this rank's claim */
