@@ -484,8 +484,13 @@ static void processes(kvt_net_transport tr)
     char diag[KVT_ERRMSG_MAX];
     assert_ok(tcp_leader(tr, -1, 0, diag, sizeof diag));
     assert_status(tcp_leader(tr, 3, 0, diag, sizeof diag), KVT_EABORTED);
-    assert_non_null(strstr(diag, "from rank 3"));
-    assert_non_null(strstr(diag, "lost the rank"));
+    /* The dead rank is named. Over UCX its socket may close after the
+     * leader's deadline T (the kernel unmaps a process's memory before it
+     * closes its files, and UCX maps much; seen under TSan): then the
+     * leader reports the silence instead of the hang-up. */
+    bool lost = strstr(diag, "lost the rank") ||
+                (tr == KVT_NET_UCX && strstr(diag, "received nothing within the deadline"));
+    if (!strstr(diag, "from rank 3") || !lost) fail_msg("diag: %s", diag);
     assert_status(tcp_leader(tr, -1, 0x000900, diag, sizeof diag), KVT_EVERSION);
     assert_non_null(strstr(diag, "rank 3 runs library version 0.9.0"));
 }
