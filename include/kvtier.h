@@ -715,9 +715,17 @@ void kvt_fabric_destroy(kvt_fabric *fab);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_net_inproc_create(kvt_net **out, kvt_fabric *fab, uint32_t rank);
 
+/* Where a TCP net's messages move once a rank has joined. */
+typedef enum kvt_net_transport {
+    KVT_NET_TCP = 0, /* the authenticated TCP connection itself */
+    KVT_NET_UCX = 1  /* UCX tag messages (UCX_TLS picks tcp, shm, rdma...); the
+                        TCP connection stays open as the liveness signal */
+} kvt_net_transport;
+
 /* TCP between processes: a star around rank 0 (the hub), which is the only
- * rank that listens; every other rank connects to it. Messages between two
- * non-hub ranks are KVT_EUNSUPPORTED (the group protocol never needs them). */
+ * rank that listens; every other rank connects to it and passes the same
+ * handshake PD endpoints use. Messages between two non-hub ranks are
+ * KVT_EUNSUPPORTED (the group protocol never needs them). */
 typedef struct kvt_net_tcp_params {
     uint32_t rank, ranks;
     const char *host;     /* hub's numeric IPv4 address; NULL: "127.0.0.1" */
@@ -725,6 +733,7 @@ typedef struct kvt_net_tcp_params {
     const void *secret;   /* NULL: no authentication; else every peer must */
     size_t secret_len;    /* prove it holds these 16..1024 bytes (HMAC-SHA256) */
     uint32_t max_msg;     /* 0: KVT_NET_DEFAULT_MAX_MSG; larger frames refused */
+    kvt_net_transport transport; /* 0: KVT_NET_TCP; every rank the same */
 } kvt_net_tcp_params;
 
 /* Creates the endpoint; the hub binds and listens now (so its port can be
@@ -738,8 +747,11 @@ kvt_status kvt_net_tcp_port(const kvt_net *net, uint16_t *out);
  * ranks - 1 peers have authenticated; a stranger (bad or missing proof,
  * unknown or duplicate rank) is refused, logged to stderr and does not count.
  * Other ranks retry connecting until the deadline. KVT_EAUTH: this rank's
- * proof or the hub's was refused. No-op for inproc and callback endpoints. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESYS, KVT_ECONN, KVT_EAUTH. */
+ * proof or the hub's was refused. With KVT_NET_UCX, each link then moves
+ * onto UCX: KVT_EUNSUPPORTED when UCX cannot start (libucp missing, or
+ * UCX_TLS names nothing usable), KVT_EPROTO when the peer's worker address
+ * is malformed. No-op for inproc and callback endpoints. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH. */
 kvt_status kvt_net_connect(kvt_net *net, int64_t timeout_ms);
 
 /* An engine lends its own point-to-point send/receive (e.g. the CPU process

@@ -63,10 +63,12 @@ class Net(Handle):
         return n
 
     @classmethod
-    def tcp(cls, rank, ranks, host="127.0.0.1", port=0, secret=None, max_msg=0):
+    def tcp(cls, rank, ranks, host="127.0.0.1", port=0, secret=None, max_msg=0, transport="tcp"):
         """A TCP endpoint: rank 0 is the hub and listens now (port 0: an
         ephemeral port, read it from ``.port``); other ranks connect to
-        host:port in connect(). secret: 16..1024 bytes for mutual HMAC auth."""
+        host:port in connect(). secret: 16..1024 bytes for mutual HMAC auth.
+        transport: "tcp", or "ucx" to move the links onto UCX tag messages
+        once joined (every rank the same)."""
         rank, ranks = uint(rank, "rank"), uint(ranks, "ranks", minimum=1)
         if rank >= ranks:
             raise invalid("Net.tcp: rank %d of %d ranks" % (rank, ranks))
@@ -84,6 +86,10 @@ class Net(Handle):
             p.secret, p.secret_len = ctypes.cast(buf, ctypes.c_void_p), len(sb)
             n._keep.append(buf)
         p.max_msg = uint(max_msg, "max_msg")
+        wires = {"tcp": 0, "ucx": 1}
+        if not isinstance(transport, str) or transport.lower() not in wires:
+            raise invalid("Net.tcp: transport %r; expected one of tcp, ucx" % (transport,))
+        p.transport = wires[transport.lower()]
         check(n._create(lib.kvt_net_tcp_create, ctypes.byref(p)))
         n.rank, n.ranks = rank, ranks
         return n

@@ -250,6 +250,20 @@ class Offloading(unittest.TestCase):
 
 
 
+class NetTransport(unittest.TestCase):
+    """Net.tcp's transport: the links stay on TCP or move onto UCX."""
+
+    def test_transport_names(self):
+        with self.assertRaises(kvtier.InvalidArgument):
+            kvtier.Net.tcp(0, 2, transport="rdma")
+        for name in ("tcp", "UCX"):
+            net = kvtier.Net.tcp(0, 2, transport=name)  # UCX loads only when a rank joins
+            try:
+                self.assertGreater(net.port, 0)
+            finally:
+                net.close()
+
+
 class Logging(unittest.TestCase):
     """kvt_set_log_handler from Python: the hub's refusal of a stranger
     reaches the handler (and logging), on the library's terms."""

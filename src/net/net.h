@@ -1,6 +1,6 @@
-/* net.h - transports behind one ops table (inproc, tcp, callback; room for
- * ucx). A kvt_net is one rank's endpoint: ordered, message-oriented links to
- * the other ranks. Layering: util <- net <- group. Nothing here knows the
+/* net.h - transports behind one ops table (inproc, tcp, callback, faulty;
+ * tcp's links are streams of stream.h, on TCP or UCX). A kvt_net is one
+ * rank's endpoint: ordered, message-oriented links to the other ranks. Layering: util <- net <- group. Nothing here knows the
  * group's frame format; a message is opaque bytes of at most max_msg. */
 #ifndef KVT_NET_NET_H
 #define KVT_NET_NET_H

@@ -11,6 +11,7 @@
 #ifndef KVT_NET_STREAM_H
 #define KVT_NET_STREAM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -60,6 +61,19 @@ struct kvt_stream {
     int fd; /* the TCP socket (also under UCX) */
 };
 
+/* Who speaks the handshake (stream_auth.c): its magic and version, the
+ * MAC labels of each direction, and words for messages. Two realms: PD
+ * endpoints, and rank-group hubs, whose clients also claim a rank. */
+typedef struct kvt_auth_realm {
+    uint32_t magic;
+    uint8_t version;
+    const char *server_label, *client_label;
+    const char *server_noun; /* "server", "hub" */
+    const char *what;        /* "PD endpoint", "rank-group hub" */
+    bool claims_rank;
+} kvt_auth_realm;
+extern const kvt_auth_realm kvt__auth_pd, kvt__auth_group;
+
 typedef struct kvt_stream_auth {
     const uint8_t *secret; /* NULL: none */
     size_t secret_len;
@@ -67,6 +81,9 @@ typedef struct kvt_stream_auth {
     uint8_t *session_key;  /* out (32 bytes; NULL: not wanted): after a handshake
                               with a secret, a key fresh to this connection that
                               only the two ends know (pd/mac.h keys frames by it) */
+    const kvt_auth_realm *realm; /* NULL: kvt__auth_pd */
+    uint32_t rank, ranks;  /* group realm: the rank a client claims (rank
+                              unused on the hub) and the group's size */
 } kvt_stream_auth;
 
 /* A listening socket on host:port (port 0: ephemeral); *port_out gets it. */
@@ -83,11 +100,21 @@ kvt_status kvt__stream_connect(const char *host, uint16_t port, const kvt_stream
  * sides call it; they swap worker addresses over the socket). The socket
  * stays open: its hang-up is how each side learns the other died. */
 kvt_status kvt__stream_ucx_upgrade(kvt_stream **s, int server, uint64_t deadline_ns);
+/* Holds the process-wide UCP context, made now if there is none (it reads
+ * UCX_TLS & co.; seconds under a sanitizer), so links upgraded later do not
+ * pay its set-up inside their handshake deadlines; each hold is released
+ * once. KVT_EUNSUPPORTED when UCX cannot start. Not across fork(): hold it
+ * in the process that makes the streams. */
+kvt_status kvt__stream_ucx_hold(void);
+void kvt__stream_ucx_release(void);
 /* Test hook, for tests/fuzz/fuzz_ucx_stream.c only (kvtier never calls it):
  * sends len bytes as exactly one UCP tag message on a UCX stream, as a peer
  * may (sendv cuts its bytes into messages of at most 1 MiB), and waits for
  * it by deadline_ns. */
 kvt_status kvt__stream_ucx_send_msg(kvt_stream *s, const void *p, size_t len, uint64_t deadline_ns);
+/* A connected, non-blocking socket as a TCP stream (KVT_ENOMEM: fd stays
+ * the caller's). */
+kvt_status kvt__stream_tcp_wrap(int fd, kvt_stream **out);
 /* Frees a TCP stream without closing its socket (whose fd moved to another
  * stream: the UCX upgrade). */
 void kvt__stream_tcp_free_shell(kvt_stream *s);
@@ -124,9 +151,43 @@ static inline kvt_status kvt__stream_fd_io(int fd, struct iovec *iov, int iovcnt
 {
     return kvt__fd_io(fd, iov, iovcnt, deadline_ns, writing);
 }
-/* The handshake (stream_auth.c): mutual HMAC-SHA256 over both nonces;
- * auth->session_key receives the connection's key (see above). */
+/* The handshake (stream_auth.c), one for every TCP link kvtier makes:
+ * mutual HMAC-SHA256 over the HELLO and the server's nonce. Blocking, by
+ * deadline_ns: KVT_OK, KVT_EAUTH (refused, or no proof), KVT_ECONN (the
+ * client: no answer to its hello), with a message. auth->session_key
+ * receives the connection's key (see above). */
 kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *auth, uint64_t deadline_ns);
 kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *auth, uint64_t deadline_ns);
+
+/* The server's side as steps over bytes already read, for a server that
+ * runs many handshakes at once (the group hub). They do no I/O and set no
+ * message; each returns a refusal code (KVT_AUTH_OK: go on). hello fills
+ * the CHALLENGE to send (a refusal when the code is not OK); proof checks
+ * the client's MAC; verdict fills the final ack; refuse_chal turns a
+ * CHALLENGE into a refusal the caller decided (a rank already joined). */
+#define KVT_AUTH_NONCE 32
+#define KVT_AUTH_MAC 32
+#define KVT_AUTH_HELLO (4 + 2 + 2 + 4 + 4 + KVT_AUTH_NONCE)
+#define KVT_AUTH_CHAL (4 + 4 + KVT_AUTH_NONCE + KVT_AUTH_MAC)
+#define KVT_AUTH_ACK 8
+/* Refusal codes, on the wire in CHALLENGE and the ack. */
+enum {
+    KVT_AUTH_OK = 0,
+    KVT_AUTH_NEED_SECRET = 1,
+    KVT_AUTH_BAD_RANK = 2,
+    KVT_AUTH_BAD_PROOF = 3,
+    KVT_AUTH_BAD_HELLO = 4,
+    /* the server's own version travels in the code's high 16 bits, so the
+     * client can name both versions */
+    KVT_AUTH_BAD_VERSION = 5
+};
+const char *kvt__auth_refusal(uint32_t code);
+uint32_t kvt__auth_hello(const kvt_stream_auth *a, const uint8_t hello[KVT_AUTH_HELLO],
+                         uint8_t chal[KVT_AUTH_CHAL]);
+uint32_t kvt__auth_proof(const kvt_stream_auth *a, const uint8_t hello[KVT_AUTH_HELLO],
+                         const uint8_t chal[KVT_AUTH_CHAL], const uint8_t resp[KVT_AUTH_MAC]);
+void kvt__auth_verdict(const kvt_stream_auth *a, uint8_t ack[KVT_AUTH_ACK], uint32_t code);
+void kvt__auth_refuse_chal(const kvt_stream_auth *a, uint8_t chal[KVT_AUTH_CHAL], uint32_t code);
+uint32_t kvt__auth_hello_rank(const uint8_t hello[KVT_AUTH_HELLO]);
 
 #endif

@@ -1,25 +1,19 @@
 /* stream_tcp.c - the TCP stream: non-blocking sockets, writev/readv loops
  * bounded by the caller's deadline. TCP_NODELAY for the small control
  * frames; large payloads go as one writev of many iovecs (the page pieces),
- * IOV_MAX at a time, so the data path makes one syscall per ~MiBs. */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
+ * IOV_MAX at a time, so the data path makes one syscall per ~MiBs. The
+ * sockets are set up by sock.c (4 MiB buffers: fewer wake-ups on the data
+ * path), and authenticated by the one handshake (stream_auth.c). */
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 #include "net/fdio.h"
+#include "net/sock.h"
 #include "net/stream.h"
 #include "util/clock.h"
 #include "util/err.h"
-
-#define SOCK_BUF (4 << 20) /* big socket buffers: fewer wakeups on the data path */
 
 /* A TCP stream keeps one iovec array to mutate while advancing (callers'
  * arrays stay intact); it grows to the largest call and is then reused, so
@@ -105,97 +99,45 @@ void kvt__stream_destroy(kvt_stream *s)
     if (s) s->ops->destroy(s);
 }
 
-static void tune(int fd)
-{
-    int one = 1, buf = SOCK_BUF;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-static kvt_status parse_addr(const char *host, uint16_t port, struct sockaddr_in *sa)
-{
-    memset(sa, 0, sizeof *sa);
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons(port);
-    if (inet_pton(AF_INET, host ? host : "127.0.0.1", &sa->sin_addr) != 1)
-        return kvt__fail(KVT_EINVAL, "stream: \"%s\" is not a numeric IPv4 address", host);
-    return KVT_OK;
-}
-
 kvt_status kvt__stream_listen(const char *host, uint16_t port, int *fd_out, uint16_t *port_out)
 {
-    struct sockaddr_in sa;
-    kvt_status st = parse_addr(host, port, &sa);
-    if (st) return st;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) return kvt__fail(KVT_ESYS, "stream: socket: %s", strerror(errno));
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    socklen_t sl = sizeof sa;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 128) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-        st = kvt__fail(KVT_ESYS, "stream: bind/listen %s:%u: %s", host ? host : "127.0.0.1", port,
-                       strerror(errno));
-        close(fd);
-        return st;
-    }
-    *fd_out = fd;
-    *port_out = ntohs(sa.sin_port);
-    return KVT_OK;
+    return kvt__sock_listen(host, port, "stream", fd_out, port_out);
 }
 
-static kvt_status wrap(int fd, kvt_stream **out)
+kvt_status kvt__stream_tcp_wrap(int fd, kvt_stream **out)
 {
     tcp_stream *t = calloc(1, sizeof *t);
-    if (!t) {
-        close(fd);
-        return kvt__fail(KVT_ENOMEM, "stream: out of memory");
-    }
+    if (!t) return kvt__fail(KVT_ENOMEM, "stream: out of memory");
     t->base.ops = &tcp_ops;
     t->base.fd = fd;
     *out = &t->base;
     return KVT_OK;
 }
 
+/* As kvt__stream_tcp_wrap, closing fd on failure. */
+static kvt_status wrap(int fd, kvt_stream **out)
+{
+    kvt_status st = kvt__stream_tcp_wrap(fd, out);
+    if (st) close(fd);
+    return st;
+}
+
 kvt_status kvt__stream_accept(int lfd, uint64_t deadline_ns, kvt_stream **out)
 {
     if (kvt__fd_wait(lfd, POLLIN, deadline_ns) != KVT_OK) return KVT_EAGAIN;
-    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    int fd = kvt__sock_accept(lfd, true, NULL);
     if (fd < 0) return KVT_EAGAIN;
-    tune(fd);
     return wrap(fd, out);
-}
-
-static kvt_status connect_once(const struct sockaddr_in *sa, uint64_t dl, int *fd_out)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return kvt__fail(KVT_ESYS, "stream: socket: %s", strerror(errno));
-    tune(fd);
-    int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
-    if (rc != 0 && errno == EINPROGRESS && kvt__fd_wait(fd, POLLOUT, dl) == KVT_OK) {
-        int err = 0;
-        socklen_t el = sizeof err;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
-        rc = err ? -1 : 0;
-    }
-    if (rc != 0) {
-        close(fd);
-        return KVT_ECONN;
-    }
-    *fd_out = fd;
-    return KVT_OK;
 }
 
 kvt_status kvt__stream_connect(const char *host, uint16_t port, const kvt_stream_auth *auth,
                                uint64_t deadline_ns, kvt_stream **out)
 {
     struct sockaddr_in sa;
-    kvt_status st = parse_addr(host, port, &sa);
+    kvt_status st = kvt__sock_addr(host, port, &sa, auth->who);
     if (st) return st;
     int fd = -1;
-    while ((st = connect_once(&sa, deadline_ns, &fd)) == KVT_ECONN && kvt__now_ns() < deadline_ns) {
+    while ((st = kvt__sock_dial(&sa, true, deadline_ns, &fd)) == KVT_ECONN && kvt__now_ns() < deadline_ns) {
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL); /* the server may not listen yet: retry until the deadline */
     }

@@ -875,6 +875,17 @@ static kvt_status ux_setup(ux_stream *u, ucp_context_h ctx, uint64_t dl)
     return KVT_OK;
 }
 
+kvt_status kvt__stream_ucx_hold(void)
+{
+    ucp_context_h ctx = NULL;
+    return ctx_ref(&ctx);
+}
+
+void kvt__stream_ucx_release(void)
+{
+    ctx_unref();
+}
+
 kvt_status kvt__stream_ucx_upgrade(kvt_stream **s, int server, uint64_t deadline_ns)
 {
     KVT_CHECK_ARG(s != NULL && *s != NULL, "kvt__stream_ucx_upgrade: stream is NULL");

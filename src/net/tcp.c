@@ -2,13 +2,12 @@
  * hub). A message on the wire is a 4-byte little-endian length and the
  * bytes; the length is checked against max_msg before anything is
  * allocated. Sockets are non-blocking and every wait is a poll() bounded by
- * the caller's deadline. TCP_NODELAY: step messages are small and latency
- * bound; Nagle would add up to 40 ms per exchange. */
-#include <arpa/inet.h>
+ * the caller's deadline. The sockets are set up by sock.c (TCP_NODELAY:
+ * step messages are small and latency bound) and a joining rank passes the
+ * one handshake of stream_auth.c (realm kvt__auth_group: it claims a rank,
+ * and with a secret both ends prove they hold it). */
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sodium.h>
 #include <stdio.h>
@@ -19,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "net/fdio.h"
+#include "net/sock.h"
 #include "net/tcp.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -40,20 +40,20 @@ kvt_status kvt__tcp_read_all(int fd, void *p, size_t len, uint64_t deadline_ns)
     return io_all(fd, p, len, deadline_ns, 0);
 }
 
-static int peer_fd(tcp_net *t, uint32_t peer)
+static kvt_stream **peer_slot(tcp_net *t, uint32_t peer)
 {
-    return t->base.rank == 0 ? t->fds[peer] : t->fds[0];
+    return &t->links[t->base.rank == 0 ? peer : 0];
 }
 
-static kvt_status route(tcp_net *t, uint32_t peer, const char *fn, int *fd)
+static kvt_status route(tcp_net *t, uint32_t peer, const char *fn, kvt_stream **s)
 {
     kvt_status st = kvt__net_check_peer(&t->base, peer, fn);
     if (st != KVT_OK) return st;
     if (t->base.rank != 0 && peer != 0)
         return kvt__fail(KVT_EUNSUPPORTED, "%s: rank %u -> %u: tcp links only reach the hub "
                          "(rank 0)", fn, t->base.rank, peer);
-    *fd = peer_fd(t, peer);
-    if (*fd < 0)
+    *s = *peer_slot(t, peer);
+    if (!*s)
         return kvt__fail(KVT_ECONN, "%s: rank %u: no connection to rank %u (kvt_net_connect "
                          "not done, or the link was lost)", fn, t->base.rank, peer);
     return KVT_OK;
@@ -69,6 +69,29 @@ static void drop_fd(tcp_net *t, int *slot)
     pthread_mutex_unlock(&t->fd_mu);
 }
 
+/* The link in *slot taken out under fd_mu, then closed (a UCX stream's
+ * teardown takes milliseconds: not while an interrupt waits for the lock). */
+static void drop_link(tcp_net *t, kvt_stream **slot)
+{
+    pthread_mutex_lock(&t->fd_mu);
+    kvt_stream *s = *slot;
+    *slot = NULL;
+    pthread_mutex_unlock(&t->fd_mu);
+    kvt__stream_destroy(s);
+}
+
+/* s becomes the link in *slot, shut at once if the net was interrupted;
+ * with pending, s holds the socket tracked as in its handshake, which is
+ * then no longer tracked apart. */
+static void adopt_link(tcp_net *t, kvt_stream **slot, kvt_stream *s, bool pending)
+{
+    pthread_mutex_lock(&t->fd_mu);
+    *slot = s;
+    if (pending) t->pending_fd = -1;
+    if (kvt__net_interrupted(&t->base)) shutdown(s->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&t->fd_mu);
+}
+
 /* fd becomes the connection in its handshake (shut at once if interrupted). */
 static void track_pending(tcp_net *t, int fd)
 {
@@ -78,13 +101,21 @@ static void track_pending(tcp_net *t, int fd)
     pthread_mutex_unlock(&t->fd_mu);
 }
 
-/* The pending connection becomes the link in *slot. */
-static void adopt_pending(tcp_net *t, int *slot)
+/* An authenticated connection as a link: a TCP stream, moved onto UCX
+ * when the net was made so (both ends swap worker addresses over the
+ * socket by deadline_ns; the socket then stays as the liveness signal, and
+ * an interrupt's shutdown of it ends UCX waits too). On failure fd is
+ * still open and the caller's. */
+static kvt_status link_up(tcp_net *t, int fd, uint64_t deadline_ns, kvt_stream **out)
 {
-    pthread_mutex_lock(&t->fd_mu);
-    *slot = t->pending_fd;
-    t->pending_fd = -1;
-    pthread_mutex_unlock(&t->fd_mu);
+    kvt_stream *s = NULL;
+    kvt_status st = kvt__stream_tcp_wrap(fd, &s);
+    if (st == KVT_OK && t->transport == KVT_NET_UCX) {
+        st = kvt__stream_ucx_upgrade(&s, t->base.rank == 0, deadline_ns);
+        if (st != KVT_OK) kvt__stream_tcp_free_shell(s);
+    }
+    if (st == KVT_OK) *out = s;
+    return st;
 }
 
 static void tcp_interrupt(kvt_net *n)
@@ -94,13 +125,8 @@ static void tcp_interrupt(kvt_net *n)
     if (t->listen_fd >= 0) shutdown(t->listen_fd, SHUT_RDWR);
     if (t->pending_fd >= 0) shutdown(t->pending_fd, SHUT_RDWR);
     for (uint32_t r = 0; r < n->ranks; r++)
-        if (t->fds[r] >= 0) shutdown(t->fds[r], SHUT_RDWR);
+        if (t->links[r]) shutdown(t->links[r]->fd, SHUT_RDWR);
     pthread_mutex_unlock(&t->fd_mu);
-}
-
-static void close_link(tcp_net *t, uint32_t peer)
-{
-    drop_fd(t, &t->fds[t->base.rank == 0 ? peer : 0]);
 }
 
 /* A failure part-way through a message. The byte stream cannot be
@@ -108,7 +134,7 @@ static void close_link(tcp_net *t, uint32_t peer)
  * link is closed: later calls fail plainly instead of misreading frames. */
 static kvt_status lost(tcp_net *t, uint32_t peer, kvt_status st, const char *fn, const char *what)
 {
-    close_link(t, peer);
+    drop_link(t, peer_slot(t, peer));
     if (st == KVT_ECONN)
         return kvt__fail(st, "%s: rank %u: connection to rank %u lost while %s", fn,
                          t->base.rank, peer, what);
@@ -118,16 +144,14 @@ static kvt_status lost(tcp_net *t, uint32_t peer, kvt_status st, const char *fn,
 
 /* Waits for the first byte of the next message: a timeout here leaves the
  * stream aligned (nothing of a message was consumed) and the link open. */
-static kvt_status first_byte(int fd, uint64_t deadline_ns)
+static kvt_status first_byte(kvt_stream *s, uint64_t deadline_ns)
 {
     for (;;) {
         uint64_t now = kvt__now_ns();
-        int ms = now >= deadline_ns ? 0 : (int)((deadline_ns - now + 999999) / 1000000);
-        struct pollfd p = {fd, POLLIN, 0};
-        int rc = poll(&p, 1, ms);
-        if (rc > 0) return KVT_OK; /* data, or a hang-up the read will report */
-        if (rc < 0 && errno != EINTR) return KVT_ECONN;
-        if (rc == 0 && kvt__now_ns() >= deadline_ns) return KVT_ETIMEDOUT;
+        uint64_t ms = now >= deadline_ns ? 0 : (deadline_ns - now + 999999) / 1000000;
+        int w = s->ops->wait(s, -1, ms > 1000 ? 1000 : (int)ms);
+        if (w != KVT_STREAM_IDLE) return KVT_OK; /* data, or a failure the read reports */
+        if (kvt__now_ns() >= deadline_ns) return KVT_ETIMEDOUT;
     }
 }
 
@@ -136,29 +160,16 @@ static kvt_status tcp_send(kvt_net *n, uint32_t peer, const void *hdr, size_t hl
 {
     static const char fn[] = "net tcp send";
     tcp_net *t = (tcp_net *)n;
-    int fd = -1;
-    kvt_status st = route(t, peer, fn, &fd);
+    kvt_stream *s = NULL;
+    kvt_status st = route(t, peer, fn, &s);
     if (st == KVT_OK) st = kvt__net_check_size(n, hlen + blen, fn);
     if (st != KVT_OK) return st;
     uint8_t len[4];
-    uint32_t total = (uint32_t)(hlen + blen);
-    kvt__put32(len, total);
-    /* One writev for the common case (small messages, empty send buffer). */
+    kvt__put32(len, (uint32_t)(hlen + blen));
+    /* One message (TCP: one sendmsg in the common case; a closed or
+     * interrupted link is EPIPE, never SIGPIPE). */
     struct iovec iov[3] = {{len, 4}, {(void *)hdr, hlen}, {(void *)body, blen}};
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 3};
-    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL); /* a closed (or interrupted) link: EPIPE, no SIGPIPE */
-    size_t done = w > 0 ? (size_t)w : 0;
-    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        return lost(t, peer, KVT_ECONN, fn, "sending to");
-    for (int i = 0; i < 3 && st == KVT_OK; i++) {
-        if (done >= iov[i].iov_len) {
-            done -= iov[i].iov_len;
-            continue;
-        }
-        st = kvt__tcp_write_all(fd, (uint8_t *)iov[i].iov_base + done, iov[i].iov_len - done,
-                                deadline_ns);
-        done = 0;
-    }
+    st = s->ops->sendv(s, iov, 3, deadline_ns);
     return st == KVT_OK ? KVT_OK : lost(t, peer, st, fn, "sending to");
 }
 
@@ -166,14 +177,14 @@ static kvt_status tcp_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t dea
 {
     static const char fn[] = "net tcp recv";
     tcp_net *t = (tcp_net *)n;
-    int fd = -1;
-    kvt_status st = route(t, peer, fn, &fd);
+    kvt_stream *s = NULL;
+    kvt_status st = route(t, peer, fn, &s);
     if (st != KVT_OK) return st;
-    st = first_byte(fd, deadline_ns);
+    st = first_byte(s, deadline_ns);
     if (st == KVT_ETIMEDOUT)
         return kvt__fail(st, "%s: rank %u: nothing from rank %u by the deadline", fn, t->base.rank, peer);
     uint8_t lb[4];
-    if (st == KVT_OK) st = kvt__tcp_read_all(fd, lb, 4, deadline_ns);
+    if (st == KVT_OK) st = kvt__stream_recv(s, lb, 4, deadline_ns);
     if (st != KVT_OK) return lost(t, peer, st, fn, "receiving from");
     uint32_t len = kvt__get32(lb);
     if (len > n->max_msg) {
@@ -183,52 +194,19 @@ static kvt_status tcp_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t dea
                          "max_msg %u; link closed", fn, n->rank, peer, len, n->max_msg);
     }
     st = kvt__buf_reserve(buf, len ? len : 1);
-    if (st == KVT_OK) st = kvt__tcp_read_all(fd, buf->p, len, deadline_ns);
+    if (st == KVT_OK && len) st = kvt__stream_recv(s, buf->p, len, deadline_ns);
     if (st == KVT_ENOMEM) return st;
     if (st != KVT_OK) return lost(t, peer, st, fn, "receiving from");
     buf->len = len;
     return KVT_OK;
 }
 
-static void set_opts(int fd)
-{
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-static kvt_status make_addr(const tcp_net *t, struct sockaddr_in *sa, const char *fn)
-{
-    memset(sa, 0, sizeof *sa);
-    sa->sin_family = AF_INET;
-    sa->sin_port = htons(t->port);
-    if (inet_pton(AF_INET, t->host, &sa->sin_addr) != 1)
-        return kvt__fail(KVT_EINVAL, "%s: host \"%s\" is not a numeric IPv4 address", fn, t->host);
-    return KVT_OK;
-}
-
 static kvt_status hub_listen(tcp_net *t)
 {
-    static const char fn[] = "kvt_net_tcp_create";
-    struct sockaddr_in sa;
-    kvt_status st = make_addr(t, &sa, fn);
-    if (st != KVT_OK) return st;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return kvt__fail(KVT_ESYS, "%s: socket: %s", fn, strerror(errno));
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    socklen_t sl = sizeof sa;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 64) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-        int e = errno;
-        close(fd);
-        return kvt__fail(KVT_ESYS, "%s: bind/listen on %s:%u: %s", fn, t->host, t->port,
-                         strerror(e));
-    }
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    t->port = ntohs(sa.sin_port);
-    t->listen_fd = fd;
-    return KVT_OK;
+    int fd = -1;
+    kvt_status st = kvt__sock_listen(t->host, t->port, "kvt_net_tcp_create", &fd, &t->port);
+    if (st == KVT_OK) t->listen_fd = fd;
+    return st;
 }
 
 /* The hub handshakes every connection at once, each against its own
@@ -238,15 +216,17 @@ static kvt_status hub_listen(tcp_net *t)
  * that evicts the oldest. */
 #define HUB_PENDING 64
 #define HUB_HANDSHAKE_MS 1000
+#define HUB_UPGRADE_MS 5000
 
 typedef struct hub_hs {
     int fd; /* -1: free slot */
     uint64_t deadline_ns;
+    uint64_t connect_dl; /* the connect's own deadline (bounds a UCX upgrade) */
     uint64_t seq;     /* accept order: the lowest is the oldest */
     bool proving;     /* hello answered; reading the proof */
     uint32_t got;     /* bytes of hello (or of resp) read so far */
-    char peer[INET_ADDRSTRLEN + 8];
-    uint8_t hello[KVT_TCP_HELLO_LEN], chal[KVT_TCP_CHAL_LEN], resp[KVT_TCP_MAC];
+    char peer[KVT_SOCK_PEER_MAX];
+    uint8_t hello[KVT_AUTH_HELLO], chal[KVT_AUTH_CHAL], resp[KVT_AUTH_MAC];
 } hub_hs;
 
 static void hub_drop(tcp_net *t, hub_hs *h, const char *why)
@@ -257,7 +237,7 @@ static void hub_drop(tcp_net *t, hub_hs *h, const char *why)
     h->fd = -1;
 }
 
-static void hub_add(tcp_net *t, hub_hs *hs, uint64_t *seq, int fd, const struct sockaddr_in *sa,
+static void hub_add(tcp_net *t, hub_hs *hs, uint64_t *seq, int fd, const char *peer,
                     uint64_t deadline_ns)
 {
     hub_hs *slot = NULL, *oldest = NULL;
@@ -269,22 +249,19 @@ static void hub_add(tcp_net *t, hub_hs *hs, uint64_t *seq, int fd, const struct 
         hub_drop(t, oldest, "evicted: every handshake slot was taken (the oldest makes room)");
         slot = oldest;
     }
-    set_opts(fd);
-    char ip[INET_ADDRSTRLEN] = "?";
-    inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof ip);
     uint64_t dl = kvt__deadline_ns(HUB_HANDSHAKE_MS);
-    *slot = (hub_hs){.fd = fd, .deadline_ns = dl < deadline_ns ? dl : deadline_ns, .seq = (*seq)++};
-    snprintf(slot->peer, sizeof slot->peer, "%s:%u", ip, ntohs(sa->sin_port));
+    *slot = (hub_hs){.fd = fd, .deadline_ns = dl < deadline_ns ? dl : deadline_ns,
+                     .connect_dl = deadline_ns, .seq = (*seq)++};
+    snprintf(slot->peer, sizeof slot->peer, "%s", peer);
 }
 
 static void hub_accept_all(tcp_net *t, hub_hs *hs, uint64_t *seq, uint64_t deadline_ns)
 {
     for (;;) {
-        struct sockaddr_in sa;
-        socklen_t sl = sizeof sa;
-        int fd = accept4(t->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_CLOEXEC);
+        char peer[KVT_SOCK_PEER_MAX];
+        int fd = kvt__sock_accept(t->listen_fd, false, peer);
         if (fd < 0) return; /* EAGAIN: the backlog is empty (or an error: poll tells again) */
-        hub_add(t, hs, seq, fd, &sa, deadline_ns);
+        hub_add(t, hs, seq, fd, peer, deadline_ns);
     }
 }
 
@@ -313,15 +290,19 @@ static void hub_progress(tcp_net *t, hub_hs *h)
     h->got += (uint32_t)n;
     if (h->got < need) return;
     h->got = 0;
-    uint32_t rank = kvt__tcp_hello_rank(h->hello);
+    uint32_t rank = kvt__auth_hello_rank(h->hello);
     char why[160];
     if (!h->proving) {
-        uint32_t code = kvt__tcp_hub_hello(t, h->hello, h->chal);
+        uint32_t code = kvt__auth_hello(&t->auth, h->hello, h->chal);
+        if (code == KVT_AUTH_OK && t->links[rank]) { /* a live link is never replaced */
+            code = KVT_AUTH_BAD_RANK;
+            kvt__auth_refuse_chal(&t->auth, h->chal, code);
+        }
         bool sent = hub_send(h, h->chal, sizeof h->chal);
-        if (code == KVT_TCP_ST_BAD_HELLO) {
-            hub_drop(t, h, kvt__tcp_refusal(code)); /* its "rank" is noise */
-        } else if (code != KVT_TCP_ST_OK) {
-            snprintf(why, sizeof why, "%s (hello rank %u)", kvt__tcp_refusal(code), rank);
+        if (code == KVT_AUTH_BAD_HELLO) {
+            hub_drop(t, h, kvt__auth_refusal(code)); /* its "rank" is noise */
+        } else if (code != KVT_AUTH_OK) {
+            snprintf(why, sizeof why, "%s (hello rank %u)", kvt__auth_refusal(code), rank);
             hub_drop(t, h, why);
         } else if (!sent) {
             hub_drop(t, h, "could not send the challenge");
@@ -330,23 +311,34 @@ static void hub_progress(tcp_net *t, hub_hs *h)
         }
         return;
     }
-    uint32_t code = kvt__tcp_hub_proof(t, h->hello, h->chal, h->resp);
+    uint32_t code = kvt__auth_proof(&t->auth, h->hello, h->chal, h->resp);
     /* Handshakes run side by side: two may claim one rank, and the first to
      * finish keeps it (a live link is never replaced by a newcomer). */
-    if (code == KVT_TCP_ST_OK && t->fds[rank] >= 0) code = KVT_TCP_ST_BAD_RANK;
-    uint8_t ack[KVT_TCP_ACK_LEN];
-    kvt__tcp_hub_status(ack, code);
+    if (code == KVT_AUTH_OK && t->links[rank]) code = KVT_AUTH_BAD_RANK;
+    uint8_t ack[KVT_AUTH_ACK];
+    kvt__auth_verdict(&t->auth, ack, code);
     bool sent = hub_send(h, ack, sizeof ack);
-    if (code != KVT_TCP_ST_OK) {
-        snprintf(why, sizeof why, "%s (hello rank %u)", kvt__tcp_refusal(code), rank);
+    if (code != KVT_AUTH_OK) {
+        snprintf(why, sizeof why, "%s (hello rank %u)", kvt__auth_refusal(code), rank);
         hub_drop(t, h, why);
     } else if (!sent) {
         hub_drop(t, h, "could not send the accept");
     } else {
-        pthread_mutex_lock(&t->fd_mu);
-        t->fds[rank] = h->fd;
-        if (kvt__net_interrupted(&t->base)) shutdown(h->fd, SHUT_RDWR);
-        pthread_mutex_unlock(&t->fd_mu);
+        /* UCX: only a rank that passed the handshake gets this far; its
+         * upgrade (a worker, the address swap) may take HUB_UPGRADE_MS
+         * under load, within the connect's deadline. */
+        kvt_stream *s = NULL;
+        uint64_t dl = kvt__deadline_ns(HUB_UPGRADE_MS);
+        track_pending(t, h->fd); /* an interrupt ends the UCX upgrade's wait */
+        if (link_up(t, h->fd, dl < h->connect_dl ? dl : h->connect_dl, &s) != KVT_OK) {
+            snprintf(why, sizeof why, "rank %u: %s", rank, kvt_last_error());
+            pthread_mutex_lock(&t->fd_mu);
+            t->pending_fd = -1;
+            pthread_mutex_unlock(&t->fd_mu);
+            hub_drop(t, h, why);
+            return;
+        }
+        adopt_link(t, &t->links[rank], s, true);
         h->fd = -1;
     }
 }
@@ -354,7 +346,7 @@ static void hub_progress(tcp_net *t, hub_hs *h)
 static uint32_t hub_joined(const tcp_net *t)
 {
     uint32_t joined = 0;
-    for (uint32_t r = 1; r < t->base.ranks; r++) joined += t->fds[r] >= 0;
+    for (uint32_t r = 1; r < t->base.ranks; r++) joined += t->links[r] != NULL;
     return joined;
 }
 
@@ -399,7 +391,7 @@ static kvt_status hub_connect(tcp_net *t, uint64_t deadline_ns)
         }
         if (kvt__now_ns() >= deadline_ns) {
             uint32_t r = 1;
-            while (t->fds[r] >= 0) r++;
+            while (t->links[r]) r++;
             st = kvt__fail(KVT_ETIMEDOUT, "kvt_net_connect: hub: rank %u did not join by the "
                            "deadline (%u of %u joined)", r, hub_joined(t), t->base.ranks - 1);
             break;
@@ -417,31 +409,30 @@ static kvt_status hub_connect(tcp_net *t, uint64_t deadline_ns)
     return st;
 }
 
+/* The connect is under way: the socket becomes the pending one (an
+ * interrupt's shutdown() now wakes its wait), unless the net was already
+ * interrupted: a shutdown() of a socket not yet connecting does not stop
+ * the connect, so the flag, set before the shutdown, is checked here. */
+static bool connect_started(void *arg)
+{
+    tcp_net *t = arg;
+    pthread_mutex_lock(&t->fd_mu);
+    bool go = !kvt__net_interrupted(&t->base);
+    pthread_mutex_unlock(&t->fd_mu);
+    return go;
+}
+
 /* One non-blocking connect attempt: KVT_OK, KVT_EAGAIN (retry), KVT_ECANCELED
  * (interrupted) or error. */
 static kvt_status try_connect(tcp_net *t, const struct sockaddr_in *sa, uint64_t dl, int *out)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = kvt__sock_open(false);
     if (fd < 0) return kvt__fail(KVT_ESYS, "kvt_net_connect: socket: %s", strerror(errno));
     track_pending(t, fd);
-    set_opts(fd);
-    int rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa);
-    /* An interrupt's shutdown() of a socket not yet connecting does not stop
-     * the connect, and its wait would then spin: the flag, set before the
-     * shutdown, is checked once the connect started. */
-    if (kvt__net_interrupted(&t->base)) {
+    kvt_status st = kvt__sock_connect_fd(fd, sa, dl, connect_started, t);
+    if (st != KVT_OK) {
         drop_fd(t, &t->pending_fd);
-        return KVT_ECANCELED;
-    }
-    if (rc != 0 && errno == EINPROGRESS && kvt__fd_wait(fd, POLLOUT, dl) == KVT_OK) {
-        int err = 0;
-        socklen_t l = sizeof err;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
-        rc = err ? -1 : 0;
-    }
-    if (rc != 0) {
-        drop_fd(t, &t->pending_fd);
-        return KVT_EAGAIN;
+        return st == KVT_ECANCELED ? st : KVT_EAGAIN;
     }
     *out = fd;
     return KVT_OK;
@@ -450,7 +441,7 @@ static kvt_status try_connect(tcp_net *t, const struct sockaddr_in *sa, uint64_t
 static kvt_status rank_connect(tcp_net *t, uint64_t deadline_ns)
 {
     struct sockaddr_in sa;
-    kvt_status st = make_addr(t, &sa, "kvt_net_connect");
+    kvt_status st = kvt__sock_addr(t->host, t->port, &sa, "kvt_net_connect");
     if (st != KVT_OK) return st;
     int fd = -1;
 retry:
@@ -463,7 +454,7 @@ retry:
         nanosleep(&ts, NULL);
     }
     if (st != KVT_OK) return st;
-    st = kvt__tcp_auth_client(t, fd, deadline_ns);
+    st = kvt__stream_auth_client(fd, &t->auth, deadline_ns);
     if (st == KVT_ECONN && !kvt__net_interrupted(&t->base) && kvt__now_ns() < deadline_ns) {
         /* Accepted by a dying listener (a hub being replaced): its queue
          * is reset when it exits; try again within the deadline. */
@@ -473,23 +464,43 @@ retry:
         goto retry;
     }
     if (st != KVT_OK) {
+        char msg[KVT_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
         drop_fd(t, &t->pending_fd);
-        if (st != KVT_EAUTH)
-            return kvt__fail(st, "kvt_net_connect: rank %u: handshake with hub %s:%u failed (%s)",
-                             t->base.rank, t->host, t->port, kvt_status_name(st));
-        return st;
+        return kvt__fail(st, "kvt_net_connect: %s (hub %s:%u)", msg, t->host, t->port);
     }
-    adopt_pending(t, &t->fds[0]);
+    kvt_stream *s = NULL;
+    st = link_up(t, fd, deadline_ns, &s);
+    if (st == KVT_ECONN && !kvt__net_interrupted(&t->base) && kvt__now_ns() < deadline_ns) {
+        /* The hub gave up on the UCX upgrade (its own bound): join again. */
+        drop_fd(t, &t->pending_fd);
+        goto retry;
+    }
+    if (st != KVT_OK) {
+        char msg[KVT_ERRMSG_MAX];
+        snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        drop_fd(t, &t->pending_fd);
+        return kvt__fail(st, "kvt_net_connect: rank %u: link to hub %s:%u: %s", t->base.rank,
+                         t->host, t->port, msg);
+    }
+    adopt_link(t, &t->links[0], s, true);
     return KVT_OK;
 }
 
 static kvt_status tcp_connect(kvt_net *n, uint64_t deadline_ns)
 {
     tcp_net *t = (tcp_net *)n;
+    /* UCX's context is made once, at the first connect (after any fork of
+     * the caller's), not inside a link's 1 s handshake bound. */
+    if (t->transport == KVT_NET_UCX && !t->ucx_held) {
+        kvt_status st = kvt__stream_ucx_hold();
+        if (st != KVT_OK) return st;
+        t->ucx_held = true;
+    }
     /* Connects what is not connected: everything the first time, a closed
      * link again later (each side of it reconnects). */
     if (n->rank == 0) return hub_connect(t, deadline_ns);
-    return t->fds[0] >= 0 ? KVT_OK : rank_connect(t, deadline_ns);
+    return t->links[0] ? KVT_OK : rank_connect(t, deadline_ns);
 }
 
 static void tcp_destroy(kvt_net *n)
@@ -497,10 +508,11 @@ static void tcp_destroy(kvt_net *n)
     tcp_net *t = (tcp_net *)n;
     if (t->listen_fd >= 0) close(t->listen_fd);
     for (uint32_t r = 0; r < n->ranks; r++)
-        if (t->fds[r] >= 0) close(t->fds[r]);
+        kvt__stream_destroy(t->links[r]);
     if (t->secret) sodium_memzero(t->secret, t->secret_len);
     free(t->secret);
-    free(t->fds);
+    free(t->links);
+    if (t->ucx_held) kvt__stream_ucx_release(); /* after the streams: the last one out cleans up */
     pthread_mutex_destroy(&t->fd_mu);
     free(t);
 }
@@ -522,6 +534,8 @@ static kvt_status check_params(const kvt_net_tcp_params *p, const char *fn)
     KVT_CHECK_ARG(!p->host || strlen(p->host) < 64, "%s: host is longer than 63 bytes", fn);
     KVT_CHECK_ARG(p->rank == 0 || p->port != 0, "%s: rank %u needs the hub's port", fn, p->rank);
     KVT_CHECK_ARG(!p->secret == !p->secret_len, "%s: secret and secret_len disagree", fn);
+    KVT_CHECK_ARG(p->transport == KVT_NET_TCP || p->transport == KVT_NET_UCX,
+                  "%s: transport %d is neither KVT_NET_TCP (0) nor KVT_NET_UCX (1)", fn, (int)p->transport);
     KVT_CHECK_ARG(!p->secret || (p->secret_len >= 16 && p->secret_len <= 1024),
                   "%s: secret_len %zu is outside 16..1024", fn, p->secret_len);
     return KVT_OK;
@@ -531,22 +545,25 @@ static tcp_net *tcp_alloc(const kvt_net_tcp_params *p, uint32_t max_msg)
 {
     tcp_net *t = calloc(1, sizeof *t);
     if (!t) return NULL;
-    t->fds = malloc(sizeof *t->fds * p->ranks);
+    t->links = calloc(p->ranks, sizeof *t->links);
     t->secret = p->secret ? malloc(p->secret_len) : NULL;
-    if (!t->fds || (p->secret && !t->secret)) {
-        free(t->fds);
+    if (!t->links || (p->secret && !t->secret)) {
+        free(t->links);
         free(t->secret);
         free(t);
         return NULL;
     }
-    for (uint32_t r = 0; r < p->ranks; r++) t->fds[r] = -1;
     if (p->secret) memcpy(t->secret, p->secret, p->secret_len);
     t->secret_len = p->secret_len;
     t->base = (kvt_net){&tcp_ops, p->rank, p->ranks, max_msg, false};
     snprintf(t->host, sizeof t->host, "%s", p->host ? p->host : "127.0.0.1");
     t->port = p->port;
+    t->transport = p->transport;
     t->listen_fd = -1;
     t->pending_fd = -1;
+    snprintf(t->who, sizeof t->who, "net tcp: rank %u", p->rank);
+    t->auth = (kvt_stream_auth){.secret = t->secret, .secret_len = t->secret_len, .who = t->who,
+                                .realm = &kvt__auth_group, .rank = p->rank, .ranks = p->ranks};
     pthread_mutex_init(&t->fd_mu, NULL);
     return t;
 }

@@ -3,18 +3,20 @@
  * rank-group transport's length-prefixed messages (tcp_recv: first_byte,
  * the u32 length checked against max_msg before kvt__buf_reserve, the read
  * of the body, closing the link on a cut or oversized message), its join
- * handshake on both sides (kvt__tcp_auth_hub: HELLO checks, CHALLENGE,
- * proof, verdict; kvt__tcp_auth_client: CHALLENGE, the hub's MAC, ACK), and
- * the PD streams' handshake on both sides (kvt__stream_auth_server /
- * kvt__stream_auth_client). These run on every listener a stranger can
+ * handshake on both sides (the hub's steps kvt__auth_hello / _proof /
+ * _verdict as tcp.c drives them: HELLO checks, CHALLENGE, proof, verdict;
+ * kvt__stream_auth_client in the group realm: CHALLENGE, the hub's MAC,
+ * ACK), and the same handshake in the PD realm on both sides
+ * (kvt__stream_auth_server / kvt__stream_auth_client): one handshake
+ * (stream_auth.c), fed as each realm uses it. These run on every listener a stranger can
  * reach (group hub, PD sender, bootstrap service), so a malformed or hostile
  * peer must only ever get a refusal.
  *
  * Input: byte 0 picks the decoder ((byte 0 & 7) % 5) and, with bit 3 set, the
  * variant: 0 tcp_recv on a rank (from the hub; max_msg 4 MiB, the default)
  * or, bit 3, on the hub (from rank 1; max_msg 4096), reading messages until
- * the link fails; 1 kvt__tcp_auth_hub, 2 kvt__tcp_auth_client,
- * 3 kvt__stream_auth_server, 4 kvt__stream_auth_client, each without or
+ * the link fails; 1 the hub's steps, 2 the group client,
+ * 3 kvt__stream_auth_server, 4 kvt__stream_auth_client (PD), each without or
  * (bit 3) with a shared secret. The rest of the input (at most 128 KiB) is
  * written into one end of a socketpair, whose write side is then shut, and
  * the decoder reads the other end with a 50 ms deadline: it never waits,
@@ -58,22 +60,24 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* Every message of the link until it fails; the link's fd is ours unless
- * the transport closed it (a cut or oversized message). */
+/* Every message of the link until it fails; the link (fd, as a TCP
+ * stream) is ours unless the transport closed it (a cut or oversized
+ * message). */
 static void recv_all(tcp_net *t, uint32_t peer, int fd)
 {
-    int *slot = &t->fds[t->base.rank == 0 ? peer : 0];
-    *slot = fd;
+    kvt_stream **slot = &t->links[t->base.rank == 0 ? peer : 0], *s = NULL;
+    if (kvt__stream_tcp_wrap(fd, &s) != KVT_OK) abort();
+    *slot = s;
     kvt_buf buf = {0};
     uint64_t dl = kvt__deadline_ns(50);
     while (kvt__net_recv(&t->base, peer, &buf, dl) == KVT_OK) {
         if (buf.len > t->base.max_msg || (buf.len && buf.cap < buf.len)) abort();
     }
     kvt__buf_free(&buf);
-    if (*slot >= 0) {
-        if (*slot != fd) abort();
-        close(fd);
-        *slot = -1;
+    if (*slot) {
+        if (*slot != s) abort();
+        kvt__stream_destroy(s); /* closes fd */
+        *slot = NULL;
     }
 }
 
@@ -82,19 +86,19 @@ static void recv_all(tcp_net *t, uint32_t peer, int fd)
  * decode what a stranger sends, so they are what this target feeds. */
 static kvt_status hub_handshake(const tcp_net *t, int fd, uint32_t *rank, uint64_t dl)
 {
-    uint8_t hello[KVT_TCP_HELLO_LEN], chal[KVT_TCP_CHAL_LEN], resp[KVT_TCP_MAC], ack[KVT_TCP_ACK_LEN];
+    uint8_t hello[KVT_AUTH_HELLO], chal[KVT_AUTH_CHAL], resp[KVT_AUTH_MAC], ack[KVT_AUTH_ACK];
     kvt_status st = kvt__tcp_read_all(fd, hello, sizeof hello, dl);
     if (st) return st;
-    uint32_t code = kvt__tcp_hub_hello(t, hello, chal);
+    uint32_t code = kvt__auth_hello(&t->auth, hello, chal);
     st = kvt__tcp_write_all(fd, chal, sizeof chal, dl);
-    if (st || code != KVT_TCP_ST_OK) return st ? st : KVT_EAUTH;
+    if (st || code != KVT_AUTH_OK) return st ? st : KVT_EAUTH;
     st = kvt__tcp_read_all(fd, resp, sizeof resp, dl);
     if (st) return st;
-    code = kvt__tcp_hub_proof(t, hello, chal, resp);
-    kvt__tcp_hub_status(ack, code);
+    code = kvt__auth_proof(&t->auth, hello, chal, resp);
+    kvt__auth_verdict(&t->auth, ack, code);
     st = kvt__tcp_write_all(fd, ack, sizeof ack, dl);
-    if (st || code != KVT_TCP_ST_OK) return st ? st : KVT_EAUTH;
-    *rank = kvt__tcp_hello_rank(hello);
+    if (st || code != KVT_AUTH_OK) return st ? st : KVT_EAUTH;
+    *rank = kvt__auth_hello_rank(hello);
     return KVT_OK;
 }
 
@@ -131,7 +135,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 1:
         if (hub_handshake(g_hub[sec], fd, &rank, dl) == KVT_OK && (rank == 0 || rank >= 4)) abort();
         break;
-    case 2: (void)kvt__tcp_auth_client(g_rank[sec], fd, dl); break;
+    case 2: (void)kvt__stream_auth_client(fd, &g_rank[sec]->auth, dl); break;
     case 3: (void)kvt__stream_auth_server(fd, &a, dl); break;
     default: (void)kvt__stream_auth_client(fd, &a, dl); break;
     }

@@ -208,7 +208,7 @@ static void test_tcp_auth(void **state)
     assert_int_equal(bad.st[1], KVT_EAUTH);
     /* issue 14 item 5: the wrong secret may be this rank's (it is here):
      * the message says either end may hold it */
-    if (!strstr(bad.msg[1], "the hub and this rank hold different secrets (a wrong secret on this rank or on the hub)"))
+    if (!strstr(bad.msg[1], "the hub and this end hold different secrets (a wrong secret on this end or on the hub)"))
         fail_msg("rank 1: %s", bad.msg[1]);
     assert_int_equal(bad.st[2], KVT_EAUTH); /* no secret at all */
     assert_int_equal(kvt__net_tcp_refused(hub), 2);
@@ -245,9 +245,9 @@ static void test_tcp_client_refuses_fake_hub(void **state)
 static void test_tcp_unknown_refusal_named(void **state)
 {
     (void)state;
-    const char *w = kvt__tcp_refusal(77);
+    const char *w = kvt__auth_refusal(77);
     if (!strstr(w, "refusal code 77") || strcmp(w, "refused") == 0) fail_msg("%s", w);
-    assert_string_equal(kvt__tcp_refusal(KVT_TCP_ST_BAD_HELLO), "malformed hello");
+    assert_string_equal(kvt__auth_refusal(KVT_AUTH_BAD_HELLO), "malformed hello (not a kvtier peer of this kind)");
 }
 
 static void test_tcp_bounds(void **state)
@@ -336,7 +336,7 @@ static void *cut_member(void *arg)
     if (kvt_net_tcp_create(&n, &p) != KVT_OK || kvt_net_connect(n, 2000) != KVT_OK) return NULL;
     tg_sleep_ms(1000);                            /* the hub's 100 ms receive times out: nothing sent */
     (void)kvt__net_send(n, 0, "whole", 5, NULL, 0, kvt__deadline_ns(1000));
-    int fd = ((tcp_net *)n)->fds[0];
+    int fd = ((tcp_net *)n)->links[0]->fd;
     uint8_t cut[4 + 10] = {100, 0, 0, 0, 'c', 'u', 't'}; /* announces 100 bytes, sends 10 */
     (void)kvt__tcp_write_all(fd, cut, sizeof cut, kvt__deadline_ns(1000));
     tg_sleep_ms(500);

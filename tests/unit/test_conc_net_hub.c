@@ -29,7 +29,7 @@
 #define SILENT 16
 #define GARBAGE 4
 #define HALF 4
-/* The HELLO's size on the wire (tcp_auth.c): magic, version, flags, rank,
+/* The HELLO's size on the wire (stream_auth.c): magic, version, flags, rank,
  * ranks, nonce. */
 #define HELLO_LEN (4 + 2 + 2 + 4 + 4 + 32)
 

@@ -384,22 +384,22 @@ static void other_version_named(void **state)
     assert_int_equal(read(sv[1], chal, sizeof chal), (ssize_t)sizeof chal);
     pthread_join(th, NULL);
     assert_int_equal(srv.st, KVT_EAUTH);
-    if (!strstr(srv.msg, "the peer speaks PD handshake version 1, this end 2")) fail_msg("server: %s", srv.msg);
+    if (!strstr(srv.msg, "the peer speaks PD endpoint handshake version 1, this end 2")) fail_msg("server: %s", srv.msg);
     /* a client reading that refusal from a version 3 server */
-    pd_put32(chal + 4, 4u | 3u << 16);
+    pd_put32(chal + 4, 5u | 3u << 16); /* KVT_AUTH_BAD_VERSION */
     uint8_t sink[40];
     int cv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, cv), 0);
     assert_int_equal(write(cv[0], chal, sizeof chal), (ssize_t)sizeof chal);
     kvt_stream_auth a = {NULL, 0, "test client", NULL};
     assert_int_equal(kvt__stream_auth_client(cv[1], &a, kvt__deadline_ns(5000)), KVT_EAUTH);
-    if (!strstr(kvt_last_error(), "it speaks PD handshake version 3, this end 2")) fail_msg("client: %s", kvt_last_error());
+    if (!strstr(kvt_last_error(), "it speaks PD endpoint handshake version 3, this end 2")) fail_msg("client: %s", kvt_last_error());
     /* and a code it does not know is named by number */
     assert_int_equal(read(cv[0], sink, sizeof sink), (ssize_t)sizeof sink);
     pd_put32(chal + 4, 77);
     assert_int_equal(write(cv[0], chal, sizeof chal), (ssize_t)sizeof chal);
     assert_int_equal(kvt__stream_auth_client(cv[1], &a, kvt__deadline_ns(5000)), KVT_EAUTH);
-    if (!strstr(kvt_last_error(), "(code 77)")) fail_msg("client: %s", kvt_last_error());
+    if (!strstr(kvt_last_error(), "refusal code 77")) fail_msg("client: %s", kvt_last_error());
     for (int i = 0; i < 2; i++) {
         close(sv[i]);
         close(cv[i]);
