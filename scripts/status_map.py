@@ -15,8 +15,9 @@ declaration that returns kvt_status.
   scripts/status_map.py           print the map
   scripts/status_map.py --write   rewrite the Returns: lines of include/kvtier.h
   scripts/status_map.py --check   exit 1 when the header's lines differ (ctest)
-  scripts/status_map.py --coverage   which (function, status) pairs
-                                  tests/unit/test_api_errors.c shows, and which not
+  scripts/status_map.py --coverage [N]  which (function, status) pairs
+                                  tests/unit/test_api_errors.c shows, and which
+                                  not; exit 1 when fewer than N are shown
 """
 import os
 import re
@@ -193,32 +194,74 @@ def line_for(codes):
     return "/* Returns: " + ", ".join("KVT_" + c for c in STATUS_ORDER if c in codes) + ". */"
 
 
-def coverage(want):
-    """(function, status) pairs test_api_errors.c shows: EXPECT_ERR /
-    assert_status(kvt_x(...), KVT_Y), EXPECT_OK / assert_ok(kvt_x(...)), and
-    the allocation-failure table's {"kvt_x", ...} rows (KVT_ENOMEM)."""
-    with open(os.path.join(ROOT, "tests", "unit", "test_api_errors.c")) as fh:
-        t = fh.read()
+def test_functions_run(t):
+    """name -> body of the functions of a test file that its main() runs:
+    those named in cmocka_unit_test(...) and every function of the file
+    they call, transitively. A case in a function no test runs shows
+    nothing."""
+    funcs = {name: body for name, (body, _) in functions(t).items()}
+    todo = re.findall(r"cmocka_unit_test\w*\(\s*(\w+)", funcs.get("main", ""))
+    run = {}
+    while todo:
+        f = todo.pop()
+        if f in run or f not in funcs:
+            continue
+        run[f] = funcs[f]
+        todo.extend(n for n in re.findall(r"\b(\w+)\b", run[f]) if n in funcs)
+    return run
+
+
+def shows(t):
+    """The (function, status) pairs a test file shows. Comments and #if 0
+    blocks are dropped first, and only the functions main() runs count. A
+    pair is shown by EXPECT_ERR(kvt_x(...), KVT_Y, needle...) (the status
+    and a message naming something), by EXPECT_OK / assert_ok(kvt_x(...))
+    for KVT_OK, and by an allocation-failure row {"kvt_x", oom_f, undo_g}
+    whose oom_f calls kvt_x (KVT_ENOMEM, message checked by show_enomem).
+    A bare assert_status(kvt_x(...), KVT_Y) checks no message: it does not
+    count for an error status."""
+    # Comments go; strings become "" (a brace in one must not end a body)
+    # except a function's name, which an allocation-failure row needs.
+    t = re.sub(r'"(?:\\.|[^"\\\n])*"|/\*.*?\*/|//[^\n]*',
+               lambda m: (m.group(0) if re.fullmatch(r'"kvt_\w+"', m.group(0)) else '""')
+               if m.group(0)[0] == '"' else " ", t, flags=re.S)
+    t = re.sub(r"^#if 0\b.*?^#endif\b", "", t, flags=re.S | re.M)
+    run = test_functions_run(t)
     shown = set()
-    for m in re.finditer(r"\b(EXPECT_ERR|assert_status|EXPECT_OK|assert_ok)\(\s*(kvt_\w+)\(", t):
-        i, depth = m.end(), 1
-        while depth and i < len(t):
-            depth += (t[i] == "(") - (t[i] == ")")
-            i += 1
-        if m.group(1) in ("EXPECT_OK", "assert_ok"):
-            shown.add((m.group(2), "OK"))
-        else:
-            st = re.match(r"\s*,\s*KVT_(\w+)", t[i:i + 60])
+    for body in run.values():
+        for m in re.finditer(r"\b(EXPECT_ERR|EXPECT_OK|assert_ok)\(\s*(kvt_\w+)\(", body):
+            i, depth = m.end(), 1
+            while depth and i < len(body):
+                depth += (body[i] == "(") - (body[i] == ")")
+                i += 1
+            if m.group(1) != "EXPECT_ERR":
+                shown.add((m.group(2), "OK"))
+                continue
+            st = re.match(r"\s*,\s*KVT_(\w+)\s*,\s*\"", body[i:i + 80])
             if st:
                 shown.add((m.group(2), st.group(1)))
-    for m in re.finditer(r'\{"(kvt_\w+)", oom_\w+, undo_\w+\}', t):
-        shown.add((m.group(1), "ENOMEM"))
+        for m in re.finditer(r'\{\s*"(kvt_\w+)"\s*,\s*(oom_\w+)\s*,\s*undo_\w+\s*\}', body):
+            if re.search(r"\b%s\s*\(" % m.group(1), run.get(m.group(2), "")):
+                shown.add((m.group(1), "ENOMEM"))
+    return shown
+
+
+def coverage(want, minimum):
+    """Prints the pairs of kvtier.h's Returns: lines that
+    tests/unit/test_api_errors.c does not show; fails (1) when fewer than
+    minimum are shown (the ctest test_api_coverage keeps the count from
+    dropping)."""
+    with open(os.path.join(ROOT, "tests", "unit", "test_api_errors.c")) as fh:
+        shown = shows(fh.read())
     pairs = [(f, c) for f, codes in want.items() for c in STATUS_ORDER if c in codes]
     missing = [p for p in pairs if p not in shown]
     for f, c in missing:
         print("not shown: %s KVT_%s" % (f, c))
-    print("test_api_errors.c shows %d of %d (function, status) pairs" %
-          (len(pairs) - len(missing), len(pairs)))
+    n = len(pairs) - len(missing)
+    print("test_api_errors.c shows %d of %d (function, status) pairs" % (n, len(pairs)))
+    if n < minimum:
+        print("status_map: coverage dropped below %d pairs" % minimum)
+        return 1
     return 0
 
 
@@ -231,7 +274,7 @@ def main():
     defined = {name for (_, name), (_, static) in funcs.items() if not static}
     codes = {f: reach(f) | {"OK"} for f in public_functions(header) if f in defined}
     if mode == "--coverage":
-        return coverage(codes)
+        return coverage(codes, int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     want = {f: line_for(c) for f, c in codes.items()}
     if mode == "":
         for f, line in want.items():
