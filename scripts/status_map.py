@@ -41,7 +41,8 @@ def strip_comments(text):
 
 
 def functions(text):
-    """name -> (body, static) of every function defined in text (brace-matched)."""
+    """name -> (body, static, params) of every function defined in text
+    (brace-matched)."""
     out = {}
     for m in re.finditer(r"^([A-Za-z_][\w \t\*]*?)\b(\w+)\s*\(([^;{}]*?)\)\s*(?:__attribute__\(\(.*?\)\)\s*)?\{",
                          text, flags=re.M | re.S):
@@ -60,8 +61,9 @@ def functions(text):
         # logged or recorded in results, not returned).
         if "void" in words and "*" not in m.group(1) and TEARDOWN.search(name):
             continue
-        body, static = out.get(name, ("", False))
-        out[name] = (body + text[m.end():i], static or "static" in words)
+        body, static, params = out.get(name, ("", False, ""))
+        out[name] = (body + text[m.end():i], static or "static" in words,
+                     params + m.group(3) + ";")
     return out
 
 
@@ -112,7 +114,7 @@ def load():
     """(file, name) -> (body, static) of kvt_status functions; the ops
     tables; and per file the ops types it can see (its own text and the
     src/ headers it includes)."""
-    funcs, texts, raw = {}, [], {}
+    funcs, heads, texts, raw = {}, {}, [], {}
     for d, _, files in os.walk(os.path.join(ROOT, "src")):
         for f in sorted(files):
             if f.endswith((".c", ".h")):
@@ -121,8 +123,9 @@ def load():
                     raw[path] = fh.read()
                 t = strip_comments(raw[path])
                 texts.append(t)
-                for name, (body, static) in functions(t).items():
+                for name, (body, static, params) in functions(t).items():
                     funcs[(path, name)] = (body, static)
+                    heads[(path, name)] = params
     seen = {}
     for path, t in raw.items():
         types = set(re.findall(r"\b(\w+_ops)\b", t))
@@ -131,13 +134,87 @@ def load():
         seen[path] = types
     allt = "\n".join(texts)
     structs = struct_members(allt)
-    return funcs, ops_tables(allt, structs), seen
+    return funcs, heads, ops_tables(allt, structs), seen
 
 
-def closure(funcs, ops, seen):
+def call_args(expr):
+    """(top, args): expr with the text inside every call's parentheses
+    removed, and that text (nested calls included)."""
+    top, args, depth = [], [], 0
+    for i, c in enumerate(expr):
+        if c == "(" and (depth or re.search(r"\w\s*$", expr[:i])):
+            depth += 1
+            if depth == 1:
+                top.append("(")
+                continue
+        elif c == ")" and depth:
+            depth -= 1
+            if depth == 0:
+                top.append(")")
+                continue
+        (args if depth else top).append(c)
+    return "".join(top), "".join(args)
+
+
+def status_vars(text):
+    """Names declared kvt_status in text (parameters or locals)."""
+    names = set()
+    for m in re.finditer(r"\bkvt_status\s+([^;(]*)", text):
+        for piece in m.group(1).split(","):
+            v = re.match(r"\s*\**\s*(\w+)", piece)
+            if v:
+                names.add(v.group(1))
+    return names
+
+
+def returned_calls(body, params):
+    """The text of every return expression of a function, when none of them
+    can pass on a status the function did not produce itself or get from a
+    call in that same return expression; else None.
+
+    A return passes a status on when its value is a variable, a field or a
+    cast (return st; return t->result.status; return (kvt_status)rc), or when
+    a call in it is given a kvt_status variable, a status field or a
+    non-constant first argument of kvt__fail (return kvt__fail(st, ...)).
+    A function that hands a status out through a kvt_status * parameter or
+    stores one in a field is left to the whole-body rule too."""
+    if re.search(r"\bkvt_status\s*\*", params) or \
+            re.search(r"(->|\.)\s*\w*status\w*\s*=[^=]", body):
+        return None
+    svars = status_vars(params + ";" + body)
+    exprs = []
+    for m in re.finditer(r"\breturn\b", body):
+        i, depth = m.end(), 0
+        while i < len(body) and not (body[i] == ";" and depth == 0):
+            depth += (body[i] in "([{") - (body[i] in ")]}")
+            i += 1
+        expr = body[m.end():i]
+        top, args = call_args(expr)
+        for t in re.finditer(r"[A-Za-z_]\w*", top):
+            after = top[t.end():].lstrip()
+            if not (t.group(0).startswith("KVT_") or after.startswith(("(", "->", "."))):
+                return None
+        if set(re.findall(r"\b\w+\b", args)) & svars or re.search(r"\(\s*kvt_status\s*\)", expr) \
+                or re.search(r"(->|\.)\s*\w*status\w*\b", args):
+            return None
+        for f in re.finditer(r"\bkvt__fail\s*\(\s*([^,]*),", expr):
+            if re.search(r"\b(?!KVT_)[A-Za-z_]\w*", f.group(1)):
+                return None
+        exprs.append(expr)
+    return exprs
+
+
+def closure(funcs, heads, ops, seen):
     """A function's reachable statuses. A call resolves to a static function
     of the caller's own file first, else to the non-static one of that name;
-    p->member(...) to every function an ops table puts in .member."""
+    p->member(...) to every function an ops table puts in .member.
+
+    The statuses of a function's callees reach its caller only where the
+    caller can return them: when every return of a function returns a
+    constant, its own kvt__fail(KVT_X, ...) or a call's value
+    (returned_calls), only the calls in its return expressions count (a
+    helper that maps whatever its callees say to KVT_ECONN adds KVT_ECONN
+    alone); otherwise every call in its body does."""
     by_name = {}
     for (path, name), (_, static) in funcs.items():
         if not static or path.endswith(".h"):  # a header's static inlines are everyone's
@@ -155,6 +232,9 @@ def closure(funcs, ops, seen):
     calls = {}
     for (path, f), (b, _) in funcs.items():
         c = set()
+        rets = returned_calls(b, heads.get((path, f), ""))
+        if rets is not None:
+            b = ";".join(rets)
         for m in re.finditer(r"(->|\.)?\b(\w+)\s*\(", b):
             name = m.group(2)
             if m.group(1):
@@ -199,7 +279,7 @@ def test_functions_run(t):
     those named in cmocka_unit_test(...) and every function of the file
     they call, transitively. A case in a function no test runs shows
     nothing."""
-    funcs = {name: body for name, (body, _) in functions(t).items()}
+    funcs = {name: body for name, (body, _, _) in functions(t).items()}
     todo = re.findall(r"cmocka_unit_test\w*\(\s*(\w+)", funcs.get("main", ""))
     run = {}
     while todo:
@@ -269,8 +349,8 @@ def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     with open(HEADER) as fh:
         header = fh.read()
-    funcs, ops, seen = load()
-    reach = closure(funcs, ops, seen)
+    funcs, heads, ops, seen = load()
+    reach = closure(funcs, heads, ops, seen)
     defined = {name for (_, name), (_, static) in funcs.items() if not static}
     codes = {f: reach(f) | {"OK"} for f in public_functions(header) if f in defined}
     if mode == "--coverage":
