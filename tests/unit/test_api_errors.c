@@ -185,16 +185,40 @@
  *  kvt_pd_receiver_destroy              NULL
  *  kvt_pd_room_info_get                 both NULL; both set; out NULL; unknown room
  *  kvt_pd_poll_name                     every state; out of range ("unknown")
+ *
+ * FAULTS FROM OUTSIDE (the statuses a valid call meets in the field):
+ *  SSD directory (kvt_cache_create, kvt_server_create)  held by another
+ *      store (EBUSY); written for another geometry (EGEOMETRY); damaged
+ *      metadata (ECORRUPT); under a regular file (EIO; the server's lock file:
+ *      ESYS); a directory where the journal goes (EIO); a 64 KiB tmpfs
+ *      (ENOSPC; skipped where mount is not allowed)
+ *  node server + client (kvt_server_*, kvt_client_*)  every call's checks
+ *      and states against a server on a thread; a second server on the
+ *      socket (EBUSY); a stopped server (ECONN naming the socket); the
+ *      client's first allocation failing (ENOMEM); a fake server answering
+ *      with the wrong op (EPROTO) or another protocol version (EVERSION), at
+ *      attach and to every request
  */
+#include <dirent.h>
+#include <errno.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "support.h"
+#include "server/proto.h"
+#include "util/clock.h"
 #include "util/err.h"
 
 #define KNOWN_DEFECTS 1 /* the defects found by this test are fixed; keep them checked */
@@ -2023,6 +2047,455 @@ static void test_log_api(void **state)
     END_CHECKS();
 }
 
+/* ------------------------------------------------------------------ */
+/* Faults a caller meets in the field: a held or damaged SSD directory, */
+/* a full filesystem, a server that stops, a peer that speaks the       */
+/* server protocol wrongly.                                            */
+
+/* A fresh directory under KVTIER_TEST_TMP (or /tmp). */
+static void make_test_dir(char *out, size_t n, const char *tag)
+{
+    const char *base = getenv("KVTIER_TEST_TMP");
+    if (!base) base = "/tmp";
+    mkdir(base, 0700);
+    snprintf(out, n, "%s/%sXXXXXX", base, tag);
+    assert_non_null(mkdtemp(out));
+}
+
+/* small_config() with the SSD tier at dir (NULL: none) and, when sock is
+ * set, a server socket. */
+static kvt_config *tier_config(const char *dir, const char *sock)
+{
+    kvt_config *cfg = small_config();
+    if (dir) {
+        assert_ok(kvt_config_set(cfg, "ssd_dirs", dir));
+        assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
+    }
+    if (sock) assert_ok(kvt_config_set(cfg, "server_socket", sock));
+    return cfg;
+}
+
+/* Each SSD-directory fault, through kvt_cache_create and through
+ * kvt_server_create (which creates its cache the same way). */
+static void test_ssd_dir_faults(void **state)
+{
+    (void)state;
+    char dir[200], ssd[240], sock[240], file[240], meta[280];
+    make_test_dir(dir, sizeof dir, "apissd");
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    kvt_geometry *g = small_geo();
+    kvt_geometry *g3 = kvt_test_geometry(3, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
+    kvt_config *cfg = tier_config(ssd, NULL), *scfg = tier_config(ssd, sock);
+    kvt_cache *c = NULL, *c2 = NULL;
+    kvt_server *s = NULL;
+
+    /* Held: a second store on a directory another holds. */
+    assert_ok(kvt_cache_create(&c, cfg, g));
+    EXPECT_ERR(kvt_cache_create(&c2, cfg, g), KVT_EBUSY, "cache directory", ssd, "in use");
+    EXPECT_ERR(kvt_server_create(&s, scfg, g), KVT_EBUSY, ssd, "in use");
+    kvt_cache_destroy(c);
+    c = NULL;
+
+    /* Written for another geometry. */
+    EXPECT_ERR(kvt_cache_create(&c, cfg, g3), KVT_EGEOMETRY, ssd, "differs");
+    EXPECT_ERR(kvt_server_create(&s, scfg, g3), KVT_EGEOMETRY, ssd, "differs");
+
+    /* Damaged metadata. */
+    DIR *d = opendir(ssd);
+    assert_non_null(d);
+    struct dirent *e;
+    meta[0] = '\0';
+    while ((e = readdir(d)) != NULL)
+        if (strstr(e->d_name, "meta") && !strstr(e->d_name, "tmp"))
+            snprintf(meta, sizeof meta, "%.200s/%.60s", ssd, e->d_name);
+    closedir(d);
+    assert_true(meta[0] != '\0');
+    FILE *f = fopen(meta, "r+");
+    assert_non_null(f);
+    fputs("not a kvtier directory", f);
+    fclose(f);
+    EXPECT_ERR(kvt_cache_create(&c, cfg, g), KVT_ECORRUPT, ssd, "fresh");
+    EXPECT_ERR(kvt_server_create(&s, scfg, g), KVT_ECORRUPT, ssd, "fresh");
+
+    /* Not a directory: a path under a regular file. */
+    snprintf(file, sizeof file, "%s/plain", dir);
+    f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    char under[260];
+    snprintf(under, sizeof under, "%s/sub", file);
+    kvt_config *bad = tier_config(under, NULL), *sbad = tier_config(under, sock);
+    EXPECT_ERR(kvt_cache_create(&c, bad, g), KVT_EIO, under, "mkdir");
+    EXPECT_ERR(kvt_server_create(&s, sbad, g), KVT_ESYS, "kvt_server_create", under, "lock file");
+    kvt_config_destroy(bad);
+    kvt_config_destroy(sbad);
+
+    /* A journal that cannot be opened (a directory in its place). */
+    char jdir[240], jpath[280];
+    snprintf(jdir, sizeof jdir, "%s/jdir", dir);
+    snprintf(jpath, sizeof jpath, "%.200s/kvtier.journal", jdir);
+    assert_int_equal(mkdir(jdir, 0700), 0);
+    assert_int_equal(mkdir(jpath, 0700), 0);
+    kvt_config *jc = tier_config(jdir, NULL), *sjc = tier_config(jdir, sock);
+    EXPECT_ERR(kvt_cache_create(&c, jc, g), KVT_EIO, jdir, "kvtier.journal");
+    EXPECT_ERR(kvt_server_create(&s, sjc, g), KVT_EIO, jdir, "kvtier.journal");
+    kvt_config_destroy(jc);
+    kvt_config_destroy(sjc);
+
+    /* A filesystem too small for the tier (a 64 KiB tmpfs: needs root). */
+    char mnt[240];
+    snprintf(mnt, sizeof mnt, "%s/full", dir);
+    mkdir(mnt, 0700);
+    if (mount("kvtier-test", mnt, "tmpfs", 0, "size=64k") == 0) {
+        kvt_config *full = tier_config(mnt, NULL), *sfull = tier_config(mnt, sock);
+        EXPECT_ERR(kvt_cache_create(&c, full, g), KVT_ENOSPC, mnt, "no space");
+        EXPECT_ERR(kvt_server_create(&s, sfull, g), KVT_ENOSPC, mnt, "no space");
+        kvt_config_destroy(full);
+        kvt_config_destroy(sfull);
+        umount(mnt);
+    } else {
+        print_message("  ENOSPC cases skipped: cannot mount a tmpfs on %s (%s)\n", mnt,
+                      strerror(errno));
+    }
+    assert_null(c2);
+    assert_null(s);
+    kvt_config_destroy(cfg);
+    kvt_config_destroy(scfg);
+    kvt_geometry_destroy(g3);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* A server running kvt_server_run on its own thread. */
+typedef struct srv_fx {
+    char dir[200], sock[240];
+    kvt_server *srv;
+    pthread_t th;
+    kvt_status run_st;
+    char run_msg[KVT_ERRMSG_MAX];
+} srv_fx;
+
+static void *srv_run(void *p)
+{
+    srv_fx *f = p;
+    f->run_st = kvt_server_run(f->srv);
+    snprintf(f->run_msg, sizeof f->run_msg, "%s", kvt_last_error());
+    return NULL;
+}
+
+static void srv_fx_start(srv_fx *f)
+{
+    memset(f, 0, sizeof *f);
+    make_test_dir(f->dir, sizeof f->dir, "apisrv");
+    snprintf(f->sock, sizeof f->sock, "%s/s.sock", f->dir);
+    kvt_config *cfg = tier_config(NULL, f->sock);
+    kvt_geometry *g = small_geo();
+    assert_ok(kvt_server_create(&f->srv, cfg, g));
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    assert_int_equal(pthread_create(&f->th, NULL, srv_run, f), 0);
+}
+
+static void srv_fx_stop(srv_fx *f)
+{
+    kvt_server_stop(f->srv);
+    pthread_join(f->th, NULL);
+}
+
+/* The node server and a client attached to it: every call's argument
+ * checks, its states, and what a stopped server gives (KVT_ECONN naming
+ * the socket). */
+static void test_server_client(void **state)
+{
+    (void)state;
+    srv_fx f;
+    srv_fx_start(&f);
+    kvt_geometry *g = small_geo();
+    kvt_geometry *g3 = kvt_test_geometry(3, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
+    kvt_config *cfg = tier_config(NULL, f.sock);
+    kvt_server *s2 = NULL;
+    EXPECT_ERR(kvt_server_create(NULL, cfg, g), KVT_EINVAL, "kvt_server_create", "out");
+    EXPECT_ERR(kvt_server_create(&s2, cfg, g), KVT_EBUSY, "kvt_server_create", "held by another",
+               "pid");
+    assert_null(s2);
+    EXPECT_ERR(kvt_server_run(NULL), KVT_EINVAL, "kvt_server_run");
+
+    kvt_client *cl = NULL;
+    char nowhere[260];
+    snprintf(nowhere, sizeof nowhere, "%s/nobody.sock", f.dir);
+    EXPECT_ERR(kvt_client_attach(NULL, f.sock, g, 1000), KVT_EINVAL, "kvt_client_attach", "out");
+    EXPECT_ERR(kvt_client_attach(&cl, nowhere, g, 30), KVT_ECONN, "kvt_client_attach", nowhere);
+    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g3, 1000), KVT_EGEOMETRY, "kvt_client_attach",
+               "num_layers");
+    atomic_store(&alloc_countdown, 0); /* the client's own first allocation fails */
+    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_ENOMEM, "kvt_client_attach");
+    atomic_store(&alloc_countdown, -1);
+    assert_null(cl);
+    EXPECT_OK(kvt_client_attach(&cl, f.sock, g, 2000));
+
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    EXPECT_ERR(kvt_client_register_memory(NULL, &mem), KVT_EINVAL, "kvt_client_register_memory");
+    EXPECT_OK(kvt_client_register_memory(cl, &mem));
+    EXPECT_ERR(kvt_client_register_memory(cl, &mem), KVT_ESTATE, "kvt_client_register_memory",
+               "already registered");
+
+    uint32_t tokens[8], other[8], pages[2] = {0, 1};
+    kvt_test_tokens(tokens, 8, 41);
+    kvt_test_tokens(other, 8, 42);
+    kvt_request req = {tokens, 8, NULL, 0}, req2 = {other, 8, NULL, 0};
+    kvt_match m;
+    kvt_store_plan p, p2;
+    kvt_task_result r;
+    uint32_t n = 0;
+    EXPECT_ERR(kvt_client_lookup(cl, NULL, &m), KVT_EINVAL, "kvt_client_lookup", "req");
+    EXPECT_OK(kvt_client_lookup(cl, &req, &m));
+    assert_int_equal(m.task, 0);
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_ENOMEM, "kvt_client_lookup");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_ENOMEM, "kvt_client_prepare_store");
+    atomic_store(&alloc_countdown, -1);
+    EXPECT_ERR(kvt_client_prepare_store(cl, &req, NULL), KVT_EINVAL, "kvt_client_prepare_store",
+               "out");
+    EXPECT_OK(kvt_client_prepare_store(cl, &req, &p));
+    assert_true(p.task != 0);
+    assert_ok(kvt_client_prepare_store(cl, &req2, &p2));
+
+    EXPECT_ERR(kvt_client_launch(cl, p.task, NULL, 2), KVT_EINVAL, "kvt_client_launch", "pages");
+    EXPECT_ERR(kvt_client_launch(cl, 987654, pages, 2), KVT_ENOTFOUND, "kvt_client_launch",
+               "987654");
+    EXPECT_ERR(kvt_client_wait(cl, p2.task, 1000, &r), KVT_ESTATE, "kvt_client_wait",
+               "never launched");
+    EXPECT_OK(kvt_client_launch(cl, p.task, pages, 2));
+    EXPECT_ERR(kvt_client_launch(cl, p.task, pages, 2), KVT_ESTATE, "kvt_client_launch",
+               "already launched");
+    EXPECT_ERR(kvt_client_wait(cl, p.task, 1000, NULL), KVT_EINVAL, "kvt_client_wait", "out");
+    EXPECT_ERR(kvt_client_wait(cl, 987654, 1000, &r), KVT_ENOTFOUND, "kvt_client_wait", "987654");
+    EXPECT_OK(kvt_client_wait(cl, p.task, 5000, &r));
+    assert_int_equal(r.status, KVT_OK);
+
+    /* The stored tokens: a load to launch. */
+    assert_ok(kvt_client_lookup(cl, &req, &m));
+    assert_true(m.task != 0);
+    EXPECT_ERR(kvt_client_wait_layer(cl, m.task, 0, -1), KVT_EINVAL, "kvt_client_wait_layer",
+               "timeout_ms");
+    EXPECT_ERR(kvt_client_wait_layer(cl, 987654, 0, 1000), KVT_ENOTFOUND,
+               "kvt_client_wait_layer", "987654");
+    EXPECT_ERR(kvt_client_wait_layer(cl, m.task, 0, 1000), KVT_ESTATE, "kvt_client_wait_layer",
+               "never launched");
+    EXPECT_OK(kvt_client_launch(cl, m.task, pages, 2));
+    EXPECT_OK(kvt_client_wait_layer(cl, m.task, T_LAYERS - 1, 5000));
+    assert_ok(kvt_client_wait(cl, m.task, 5000, &r));
+    assert_int_equal(r.status, KVT_OK);
+
+    EXPECT_ERR(kvt_client_poll(cl, NULL, 0, NULL), KVT_EINVAL, "kvt_client_poll", "count");
+    EXPECT_OK(kvt_client_poll(cl, &r, 1, &n));
+    EXPECT_ERR(kvt_client_cancel(NULL, p2.task), KVT_EINVAL, "kvt_client_cancel");
+    EXPECT_ERR(kvt_client_cancel(cl, 987654), KVT_ENOTFOUND, "kvt_client_cancel", "987654");
+    EXPECT_OK(kvt_client_cancel(cl, p2.task));
+    kvt_cache_stats cs;
+    EXPECT_ERR(kvt_client_stats(cl, NULL), KVT_EINVAL, "kvt_client_stats", "out");
+    EXPECT_OK(kvt_client_stats(cl, &cs));
+    EXPECT_ERR(kvt_client_flush(cl, -1), KVT_EINVAL, "kvt_client_flush", "timeout_ms");
+    EXPECT_OK(kvt_client_flush(cl, 1000));
+
+    /* Planned tasks whose server then stops. */
+    uint32_t third[8];
+    kvt_test_tokens(third, 8, 43);
+    kvt_request req3 = {third, 8, NULL, 0};
+    kvt_store_plan p3;
+    assert_ok(kvt_client_prepare_store(cl, &req2, &p2));
+    assert_ok(kvt_client_prepare_store(cl, &req3, &p3));
+    assert_true(p2.task != 0 && p3.task != 0);
+    srv_fx_stop(&f);
+    EXPECT_OK(f.run_st);
+    EXPECT_ERR(kvt_server_run(f.srv), KVT_ESTATE, "kvt_server_run", "already running or stopped");
+    EXPECT_ERR(kvt_client_launch(cl, p2.task, pages, 2), KVT_ECONN, "kvt_client_launch", f.sock);
+    EXPECT_ERR(kvt_client_cancel(cl, p3.task), KVT_ECONN, "kvt_client_cancel", f.sock);
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_ECONN, "kvt_client_lookup", f.sock);
+    EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_ECONN, "kvt_client_prepare_store",
+               f.sock);
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_ECONN, "kvt_client_stats", f.sock);
+    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_ECONN, "kvt_client_flush", f.sock);
+    kvt_client_detach(cl);
+    kvt_server_destroy(f.srv);
+    kvt_emu_destroy(e);
+    kvt_config_destroy(cfg);
+    kvt_geometry_destroy(g3);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* A peer at a Unix socket that answers the server protocol wrongly: a
+ * reply of the wrong op (KVT_EPROTO) or of another protocol version
+ * (KVT_EVERSION), at attach or to a later request. In the FAKE_PLAN mode
+ * it answers HELLO as a server does (a memfd tier for small_geo) and
+ * plans a task for every LOOKUP / PREPARE; the client's other calls then
+ * meet the chosen fault. */
+typedef enum { FAKE_PLAN, FAKE_WRONG_OP, FAKE_WRONG_VERSION } fake_mode;
+typedef struct fake_srv {
+    char dir[200], sock[240];
+    int lfd;
+    _Atomic int mode, hello_mode;
+    _Atomic bool stop;
+    uint64_t next_task;
+    pthread_t th;
+} fake_srv;
+
+static void fake_reply(int fd, uint16_t op, int mode, const kvt_srv_buf *b, int fd_pass)
+{
+    uint64_t dl = kvt__deadline_ns(1000);
+    if (mode == FAKE_WRONG_OP) {
+        uint16_t wrong = (op == KVT_SRV_STATS ? KVT_SRV_FLUSH : KVT_SRV_STATS) | KVT_SRV_REPLY;
+        (void)kvt__srv_send_frame(fd, wrong, 0, NULL, 0, -1, dl);
+    } else if (mode == FAKE_WRONG_VERSION) {
+        uint8_t h[KVT_SRV_HDR];
+        kvt__srv_hdr_encode(h, op | KVT_SRV_REPLY, 0, 0);
+        uint16_t v = KVT_SRV_VERSION + 1;
+        memcpy(h + 6, &v, sizeof v);
+        (void)!write(fd, h, sizeof h);
+    } else {
+        (void)kvt__srv_send_frame(fd, op | KVT_SRV_REPLY, 0, b ? b->p : NULL, b ? b->len : 0,
+                                  fd_pass, dl);
+    }
+}
+
+static void fake_hello(fake_srv *f, int fd)
+{
+    /* small_geo: 128 bytes a token, blocks of T_TPP tokens. */
+    kvt_srv_hello_rep r = {4096, 512, 128 * T_TPP, T_TPP, 8, (uint32_t)getpid()};
+    kvt_srv_buf b = {0};
+    kvt__srv_hello_rep_encode(&b, &r);
+    int mfd = memfd_create("kvtier-fake-tier", MFD_CLOEXEC);
+    if (mfd >= 0 && ftruncate(mfd, 4096) == 0)
+        fake_reply(fd, KVT_SRV_HELLO, atomic_load(&f->hello_mode), &b, mfd);
+    if (mfd >= 0) close(mfd);
+    kvt__srv_buf_free(&b);
+}
+
+static void fake_serve(fake_srv *f, int fd)
+{
+    for (;;) {
+        kvt_srv_hdr h;
+        uint8_t *p = NULL;
+        if (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(2000)) != KVT_OK) return;
+        free(p);
+        int mode = atomic_load(&f->mode);
+        if (h.op == KVT_SRV_HELLO) {
+            fake_hello(f, fd);
+        } else if (mode == FAKE_PLAN && (h.op == KVT_SRV_LOOKUP || h.op == KVT_SRV_PREPARE)) {
+            kvt_srv_buf b = {0};
+            kvt__srv_task_rep_encode(&b, ++f->next_task, h.op == KVT_SRV_LOOKUP ? T_TPP : 0,
+                                     T_TPP);
+            fake_reply(fd, h.op, FAKE_PLAN, &b, -1);
+            kvt__srv_buf_free(&b);
+        } else {
+            fake_reply(fd, h.op, mode, NULL, -1);
+        }
+    }
+}
+
+static void *fake_main(void *arg)
+{
+    fake_srv *f = arg;
+    while (!atomic_load(&f->stop)) {
+        struct pollfd pf = {f->lfd, POLLIN, 0};
+        if (poll(&pf, 1, 20) <= 0) continue;
+        int fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        fake_serve(f, fd);
+        close(fd);
+    }
+    return NULL;
+}
+
+static void fake_start(fake_srv *f)
+{
+    memset(f, 0, sizeof *f);
+    make_test_dir(f->dir, sizeof f->dir, "apifake");
+    snprintf(f->sock, sizeof f->sock, "%s/fake.sock", f->dir);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    assert_true(strlen(f->sock) < sizeof a.sun_path);
+    memcpy(a.sun_path, f->sock, strlen(f->sock) + 1);
+    f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(f->lfd >= 0);
+    assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(f->lfd, 4), 0);
+    assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(fake_srv *f)
+{
+    atomic_store(&f->stop, true);
+    pthread_join(f->th, NULL);
+    close(f->lfd);
+    unlink(f->sock);
+}
+
+/* Plans a load (task from the fake server) and then sets the fault. */
+static kvt_task_id fake_planned(fake_srv *f, kvt_client *cl, int fault)
+{
+    uint32_t tokens[T_TPP] = {1, 2, 3, 4};
+    kvt_request req = {tokens, T_TPP, NULL, 0};
+    kvt_match m = {0, 0};
+    atomic_store(&f->mode, FAKE_PLAN);
+    assert_ok(kvt_client_lookup(cl, &req, &m));
+    assert_true(m.task != 0);
+    atomic_store(&f->mode, fault);
+    return m.task;
+}
+
+static void test_client_bad_server(void **state)
+{
+    (void)state;
+    fake_srv f;
+    fake_start(&f);
+    kvt_geometry *g = small_geo();
+    kvt_client *cl = NULL;
+    atomic_store(&f.hello_mode, FAKE_WRONG_OP);
+    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_EPROTO, "kvt_client_attach",
+               "reply op");
+    atomic_store(&f.hello_mode, FAKE_WRONG_VERSION);
+    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_EVERSION, "protocol version");
+    assert_null(cl);
+    atomic_store(&f.hello_mode, FAKE_PLAN);
+    assert_ok(kvt_client_attach(&cl, f.sock, g, 1000));
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    assert_ok(kvt_client_register_memory(cl, &mem));
+
+    uint32_t tokens[T_TPP] = {5, 6, 7, 8}, pages[1] = {0};
+    kvt_request req = {tokens, T_TPP, NULL, 0};
+    kvt_match m;
+    kvt_store_plan p;
+    kvt_cache_stats cs;
+    static const int faults[2] = {FAKE_WRONG_OP, FAKE_WRONG_VERSION};
+    for (int i = 0; i < 2; i++) {
+        kvt_status want = faults[i] == FAKE_WRONG_OP ? KVT_EPROTO : KVT_EVERSION;
+        const char *says = faults[i] == FAKE_WRONG_OP ? "reply op" : "protocol version";
+        kvt_task_id t = fake_planned(&f, cl, faults[i]);
+        EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), want, "kvt_client_launch", f.sock, says);
+        t = fake_planned(&f, cl, faults[i]);
+        EXPECT_ERR(kvt_client_cancel(cl, t), want, "kvt_client_cancel", f.sock, says);
+        EXPECT_ERR(kvt_client_lookup(cl, &req, &m), want, "kvt_client_lookup", f.sock, says);
+        EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), want, "kvt_client_prepare_store",
+                   f.sock, says);
+        EXPECT_ERR(kvt_client_stats(cl, &cs), want, "kvt_client_stats", f.sock, says);
+        EXPECT_ERR(kvt_client_flush(cl, 100), want, "kvt_client_flush", f.sock, says);
+    }
+    kvt_client_detach(cl);
+    fake_stop(&f);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2046,6 +2519,9 @@ int main(void)
         cmocka_unit_test(test_conn),
         cmocka_unit_test(test_pd_bootstrap),
         cmocka_unit_test(test_pd_rooms),
+        cmocka_unit_test(test_ssd_dir_faults),
+        cmocka_unit_test(test_server_client),
+        cmocka_unit_test(test_client_bad_server),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
