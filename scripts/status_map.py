@@ -295,7 +295,7 @@ def shows(t):
     """The (function, status) pairs a test file shows. Comments and #if 0
     blocks are dropped first, and only the functions main() runs count. A
     pair is shown by EXPECT_ERR(kvt_x(...), KVT_Y, needle...) (the status
-    and a message naming something), by EXPECT_OK / assert_ok(kvt_x(...))
+    and a message holding each needle; the macro takes at least one), by EXPECT_OK / assert_ok(kvt_x(...))
     for KVT_OK, and by an allocation-failure row {"kvt_x", oom_f, undo_g}
     whose oom_f calls kvt_x (KVT_ENOMEM, message checked by show_enomem).
     A bare assert_status(kvt_x(...), KVT_Y) checks no message: it does not
@@ -317,7 +317,7 @@ def shows(t):
             if m.group(1) != "EXPECT_ERR":
                 shown.add((m.group(2), "OK"))
                 continue
-            st = re.match(r"\s*,\s*KVT_(\w+)\s*,\s*\"", body[i:i + 80])
+            st = re.match(r"\s*,\s*KVT_(\w+)\s*,", body[i:i + 80])
             if st:
                 shown.add((m.group(2), st.group(1)))
         for m in re.finditer(r'\{\s*"(kvt_\w+)"\s*,\s*(oom_\w+)\s*,\s*undo_\w+\s*\}', body):

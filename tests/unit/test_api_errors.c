@@ -2475,20 +2475,34 @@ static void test_client_bad_server(void **state)
     kvt_match m;
     kvt_store_plan p;
     kvt_cache_stats cs;
-    static const int faults[2] = {FAKE_WRONG_OP, FAKE_WRONG_VERSION};
-    for (int i = 0; i < 2; i++) {
-        kvt_status want = faults[i] == FAKE_WRONG_OP ? KVT_EPROTO : KVT_EVERSION;
-        const char *says = faults[i] == FAKE_WRONG_OP ? "reply op" : "protocol version";
-        kvt_task_id t = fake_planned(&f, cl, faults[i]);
-        EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), want, "kvt_client_launch", f.sock, says);
-        t = fake_planned(&f, cl, faults[i]);
-        EXPECT_ERR(kvt_client_cancel(cl, t), want, "kvt_client_cancel", f.sock, says);
-        EXPECT_ERR(kvt_client_lookup(cl, &req, &m), want, "kvt_client_lookup", f.sock, says);
-        EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), want, "kvt_client_prepare_store",
-                   f.sock, says);
-        EXPECT_ERR(kvt_client_stats(cl, &cs), want, "kvt_client_stats", f.sock, says);
-        EXPECT_ERR(kvt_client_flush(cl, 100), want, "kvt_client_flush", f.sock, says);
-    }
+    /* A reply of the wrong op to each request (written out per status:
+     * scripts/status_map.py --coverage reads the literal status). */
+    kvt_task_id t = fake_planned(&f, cl, FAKE_WRONG_OP);
+    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EPROTO, "kvt_client_launch", f.sock,
+               "reply op");
+    t = fake_planned(&f, cl, FAKE_WRONG_OP);
+    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EPROTO, "kvt_client_cancel", f.sock, "reply op");
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EPROTO, "kvt_client_lookup", f.sock,
+               "reply op");
+    EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_EPROTO, "kvt_client_prepare_store",
+               f.sock, "reply op");
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EPROTO, "kvt_client_stats", f.sock, "reply op");
+    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EPROTO, "kvt_client_flush", f.sock, "reply op");
+    /* A reply of another protocol version. */
+    t = fake_planned(&f, cl, FAKE_WRONG_VERSION);
+    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EVERSION, "kvt_client_launch", f.sock,
+               "protocol version");
+    t = fake_planned(&f, cl, FAKE_WRONG_VERSION);
+    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EVERSION, "kvt_client_cancel", f.sock,
+               "protocol version");
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EVERSION, "kvt_client_lookup", f.sock,
+               "protocol version");
+    EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_EVERSION, "kvt_client_prepare_store",
+               f.sock, "protocol version");
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EVERSION, "kvt_client_stats", f.sock,
+               "protocol version");
+    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EVERSION, "kvt_client_flush", f.sock,
+               "protocol version");
     kvt_client_detach(cl);
     fake_stop(&f);
     kvt_emu_destroy(e);
