@@ -403,7 +403,7 @@ typedef struct kvt_match {
  * keyed request may match all num_keys * block_tokens tokens. Errors:
  * KVT_EINVAL for a bad request (naming the field, and for keys the index:
  * "req->keys[3].len is 0 (1..256 bytes)"). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL. */
 kvt_status kvt_cache_lookup(kvt_cache *cache, const kvt_request *req, kvt_match *out);
 
 typedef struct kvt_store_plan {
@@ -416,7 +416,7 @@ typedef struct kvt_store_plan {
  * eviction. Tokens already cached, or being stored by another task, are not
  * stored again. The blocks are invisible to lookups until the store task
  * succeeds; a cancelled or failed store leaves no trace. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL. */
 kvt_status kvt_cache_prepare_store(kvt_cache *cache, const kvt_request *req,
                                    kvt_store_plan *out);
 
@@ -477,7 +477,7 @@ kvt_status kvt_cache_stream_wait_layer(kvt_cache *cache, kvt_task_id task, uint3
 /* Cancels a task. A planned task is released at once; a running one stops
  * at its next layer boundary. Its result (KVT_ECANCELED) is still reported
  * once. A cancelled load leaves the engine pages undefined. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ECANCELED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
 kvt_status kvt_cache_cancel(kvt_cache *cache, kvt_task_id task);
 /* Reports up to max ended tasks not yet reported, oldest first, in out;
  * *count gets how many. Never blocks. */
@@ -871,7 +871,7 @@ void kvt_conn_destroy(kvt_conn *conn);
 /* Rank-local: looks req up in this rank's cache now (pinning the match) and
  * queues it for the next step. *local_tokens (may be NULL) gets this rank's
  * match; the agreed one comes with the step. req is copied. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EABORTED. */
 kvt_status kvt_conn_lookup(kvt_conn *conn, uint64_t rid, const kvt_request *req,
                            uint32_t *local_tokens);
 /* Rank-local: this rank has pages for rid's looked-up prefix and wants it
@@ -887,7 +887,7 @@ kvt_status kvt_conn_load(kvt_conn *conn, uint64_t rid, const uint32_t *pages,
  * another load (or store) of that rid with KVT_EBUSY on every rank, and a
  * load is refused the same way when every layer counter is held: keep the
  * pages until the STORE_DONE / LOAD_DONE event. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EABORTED. */
 kvt_status kvt_conn_store(kvt_conn *conn, uint64_t rid, const kvt_request *req,
                           const uint32_t *pages, uint32_t num_pages);
 /* Rank-local: asks for a group-wide reset at the next step (every rank's

@@ -41,8 +41,8 @@ def strip_comments(text):
 
 
 def functions(text):
-    """name -> (body, static, params) of every function defined in text
-    (brace-matched)."""
+    """name -> (body, static, params, return type) of every function
+    defined in text (brace-matched)."""
     out = {}
     for m in re.finditer(r"^([A-Za-z_][\w \t\*]*?)\b(\w+)\s*\(([^;{}]*?)\)\s*(?:__attribute__\(\(.*?\)\)\s*)?\{",
                          text, flags=re.M | re.S):
@@ -61,15 +61,37 @@ def functions(text):
         # logged or recorded in results, not returned).
         if "void" in words and "*" not in m.group(1) and TEARDOWN.search(name):
             continue
-        body, static, params = out.get(name, ("", False, ""))
+        body, static, params, ret = out.get(name, ("", False, "", ""))
         out[name] = (body + text[m.end():i], static or "static" in words,
-                     params + m.group(3) + ";")
+                     params + m.group(3) + ";", ret + m.group(1) + ";")
     return out
 
 
-def produced(body):
+def enclosing_call(body, pos):
+    """The name of the call whose parentheses hold body[pos], or None."""
+    depth = 0
+    for j in range(pos - 1, -1, -1):
+        c = body[j]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            if depth == 0:
+                f = re.search(r"(\w+)\s*$", body[:j])
+                return f.group(1) if f else None
+            depth -= 1
+        elif c in ";{}" and depth == 0:
+            return None
+    return None
+
+
+def produced(body, sinks=()):
+    """The codes body produces. A code handed to a sink (a void function
+    with no kvt_status * parameter: kvt__cache_end_task(c, t, KVT_ECANCELED)
+    records a task's result) is not among them."""
     codes = set()
     for m in STATUS_RE.finditer(body):
+        if sinks and enclosing_call(body, m.start()) in sinks:
+            continue
         before = body[max(0, m.start() - 12):m.start()]
         if re.search(r"(==|!=)\s*$", before) or re.search(r"\bcase\s+$", before):
             continue
@@ -123,9 +145,9 @@ def load():
                     raw[path] = fh.read()
                 t = strip_comments(raw[path])
                 texts.append(t)
-                for name, (body, static, params) in functions(t).items():
+                for name, (body, static, params, ret) in functions(t).items():
                     funcs[(path, name)] = (body, static)
-                    heads[(path, name)] = params
+                    heads[(path, name)] = (params, ret)
     seen = {}
     for path, t in raw.items():
         types = set(re.findall(r"\b(\w+_ops)\b", t))
@@ -204,6 +226,26 @@ def returned_calls(body, params):
     return exprs
 
 
+def void_sinks(heads):
+    """Functions every definition of which returns void (not a pointer) and
+    takes no kvt_status *: a status given to one cannot come back to the
+    caller, except through a field the caller returns (returns_field)."""
+    verdict = {}
+    for (_, name), (params, ret) in heads.items():
+        ok = "void" in ret.split() and "*" not in ret and not re.search(r"\bkvt_status\s*\*", params)
+        verdict[name] = verdict.get(name, True) and ok
+    return {n for n, ok in verdict.items() if ok}
+
+
+def returns_field(body):
+    """Whether some return of body reads a field (return t->result)."""
+    for m in re.finditer(r"\breturn\b([^;]*);", body):
+        top, _ = call_args(m.group(1))
+        if re.search(r"(->|\.)\s*\w+\b(?!\s*\()", top):
+            return True
+    return False
+
+
 def closure(funcs, heads, ops, seen):
     """A function's reachable statuses. A call resolves to a static function
     of the caller's own file first, else to the non-static one of that name;
@@ -228,11 +270,12 @@ def closure(funcs, heads, ops, seen):
             return [(path, name)]
         return by_name.get(name, [])
 
-    direct = {k: produced(b) for k, (b, _) in funcs.items()}
+    sinks = void_sinks(heads)
+    direct = {k: produced(b, () if returns_field(b) else sinks) for k, (b, _) in funcs.items()}
     calls = {}
     for (path, f), (b, _) in funcs.items():
         c = set()
-        rets = returned_calls(b, heads.get((path, f), ""))
+        rets = returned_calls(b, heads.get((path, f), ("", ""))[0])
         if rets is not None:
             b = ";".join(rets)
         for m in re.finditer(r"(->|\.)?\b(\w+)\s*\(", b):
@@ -279,7 +322,7 @@ def test_functions_run(t):
     those named in cmocka_unit_test(...) and every function of the file
     they call, transitively. A case in a function no test runs shows
     nothing."""
-    funcs = {name: body for name, (body, _, _) in functions(t).items()}
+    funcs = {name: body for name, (body, _, _, _) in functions(t).items()}
     todo = re.findall(r"cmocka_unit_test\w*\(\s*(\w+)", funcs.get("main", ""))
     run = {}
     while todo:
