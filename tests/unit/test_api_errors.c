@@ -214,9 +214,11 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "support.h"
+#include "cache/external.h"
 #include "server/proto.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -2510,6 +2512,177 @@ static void test_client_bad_server(void **state)
     END_CHECKS();
 }
 
+/* ------------------------------------------------------------------ */
+/* Cache and connector states a valid call meets                      */
+
+/* A store launched as the node server launches its clients' tasks
+ * (src/cache/external.h): RUNNING until its end comes, so a wait finds it
+ * running whatever the timing. */
+static kvt_task_id running_store(kvt_cache *c, uint64_t seed)
+{
+    uint32_t tokens[8];
+    kvt_test_tokens(tokens, 8, seed);
+    kvt_request r = {tokens, 8, NULL, 0};
+    kvt_store_plan p;
+    assert_ok(kvt_cache_prepare_store(c, &r, &p));
+    assert_true(p.task != 0);
+    uint64_t offs[4];
+    kvt_ext_launch l;
+    assert_ok(kvt__cache_ext_launch(c, p.task, kvt__deadline_ns(1000), offs, 4, &l));
+    return p.task;
+}
+
+/* Sleeps ms (a lower bound: used only to let plan_ttl_ms lapse). */
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+static void test_cache_states(void **state)
+{
+    (void)state;
+    cache_fx f;
+    fx_init(&f);
+    kvt_cache *c = f.cache;
+    kvt_task_result r;
+    kvt_store_plan p;
+    EXPECT_ERR(kvt_cache_prepare_store(c, NULL, &p), KVT_EINVAL, "kvt_cache_prepare_store",
+               "req");
+
+    /* Running (an external store): try_wait says EAGAIN, a wait ETIMEDOUT. */
+    kvt_task_id run = running_store(c, 501);
+    EXPECT_ERR(kvt_cache_try_wait(c, run, &r), KVT_EAGAIN, "kvt_cache_try_wait",
+               "still running");
+    EXPECT_ERR(kvt_cache_wait(c, run, 0, &r), KVT_ETIMEDOUT, "kvt_cache_wait", "still running");
+    assert_ok(kvt__cache_ext_abort(c, run, kvt__deadline_ns(1000)));
+
+    /* Ended: try_wait reports it (its end is seen in the stats first). */
+    kvt_cache_stats s0, s1;
+    assert_ok(kvt_cache_stats_get(c, &s0));
+    assert_ok(kvt_cache_prepare_store(c, &f.req, &p));
+    assert_true(p.task != 0);
+    assert_ok(kvt_cache_launch(c, p.task, f.pages, 4));
+    for (int i = 0; i < 20000; i++) { /* bounded: 2 s */
+        assert_ok(kvt_cache_stats_get(c, &s1));
+        if (s1.stores + s1.failed_tasks > s0.stores + s0.failed_tasks) break;
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    EXPECT_OK(kvt_cache_try_wait(c, p.task, &r));
+    assert_int_equal(r.status, KVT_OK);
+
+    /* Full: max_tasks (16) plans held; a lookup of stored tokens and a new
+     * store are refused naming the table. */
+    kvt_task_id held[16];
+    uint32_t nheld = 0;
+    for (uint64_t seed = 600; nheld < 16 && seed < 700; seed++) {
+        uint32_t tokens[8];
+        kvt_test_tokens(tokens, 8, seed);
+        kvt_request rq = {tokens, 8, NULL, 0};
+        kvt_store_plan q;
+        assert_ok(kvt_cache_prepare_store(c, &rq, &q));
+        if (q.task) held[nheld++] = q.task;
+    }
+    assert_int_equal(nheld, 16);
+    kvt_match m;
+    EXPECT_ERR(kvt_cache_lookup(c, &f.req, &m), KVT_EFULL, "kvt_cache_lookup", "task table full");
+    uint32_t other[8];
+    kvt_test_tokens(other, 8, 777);
+    kvt_request orq = {other, 8, NULL, 0};
+    EXPECT_ERR(kvt_cache_prepare_store(c, &orq, &p), KVT_EFULL, "kvt_cache_prepare_store",
+               "task table full");
+    for (uint32_t i = 0; i < nheld; i++) end_task(c, held[i]);
+
+    /* Layer events exist only for CUDA device memory. */
+    assert_ok(kvt_cache_lookup(c, &f.req, &m));
+    assert_true(m.task != 0);
+    void *ev = NULL;
+    EXPECT_ERR(kvt_cache_layer_event(NULL, m.task, 0, 100, &ev), KVT_EINVAL,
+               "kvt_cache_layer_event", "cache");
+    EXPECT_ERR(kvt_cache_layer_event(c, m.task, 0, 100, NULL), KVT_EINVAL,
+               "kvt_cache_layer_event", "event");
+    EXPECT_ERR(kvt_cache_layer_event(c, m.task, 0, 100, &ev), KVT_EUNSUPPORTED,
+               "kvt_cache_layer_event", "CUDA device memory");
+    EXPECT_ERR(kvt_cache_stream_wait_layer(NULL, m.task, 0, NULL, 100), KVT_EINVAL,
+               "kvt_cache_stream_wait_layer", "cache");
+    EXPECT_ERR(kvt_cache_stream_wait_layer(c, m.task, 0, NULL, -1), KVT_EINVAL,
+               "kvt_cache_stream_wait_layer", "timeout_ms");
+    EXPECT_ERR(kvt_cache_stream_wait_layer(c, m.task, 0, NULL, 100), KVT_EUNSUPPORTED,
+               "CUDA device memory");
+    end_task(c, m.task);
+    fx_fini(&f);
+
+    /* A plan not launched within plan_ttl_ms expired. */
+    kvt_config *cfg = small_config();
+    assert_ok(kvt_config_set(cfg, "plan_ttl_ms", "1"));
+    kvt_geometry *g = small_geo();
+    kvt_cache *ttl = NULL;
+    assert_ok(kvt_cache_create(&ttl, cfg, g));
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    assert_ok(kvt_cache_register_memory(ttl, &mem));
+    uint32_t tokens[8], pages[2] = {0, 1};
+    kvt_test_tokens(tokens, 8, 801);
+    kvt_request rq = {tokens, 8, NULL, 0};
+    assert_ok(kvt_cache_prepare_store(ttl, &rq, &p));
+    sleep_ms(20);
+    EXPECT_ERR(kvt_cache_launch(ttl, p.task, pages, 2), KVT_ETIMEDOUT, "kvt_cache_launch",
+               "expired", "plan_ttl_ms");
+    kvt_cache_destroy(ttl);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    END_CHECKS();
+}
+
+/* The connector's states: queued work that succeeds, and every call after
+ * the group aborted (KVT_EABORTED naming the reason) until a reform. */
+static void test_conn_states(void **state)
+{
+    (void)state;
+    conn_fx f;
+    conn_fx_init(&f);
+    kvt_conn *k = f.conn;
+    kvt_conn_event ev[8];
+    uint32_t n = 0;
+    /* Store rid 1, then load it back as rid 2, layer by layer. */
+    assert_ok(kvt_conn_store(k, 1, &f.c.req, f.c.pages, 4));
+    assert_ok(kvt_conn_step(k, 1));
+    uint32_t ended = 0;
+    for (int i = 0; i < 20000 && !ended; i++) { /* the store's end, bounded: 2 s */
+        assert_ok(kvt_conn_poll(k, &ended));
+        if (!ended) nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    assert_int_equal(ended, 1);
+    assert_ok(kvt_conn_step(k, 2));
+    assert_ok(kvt_conn_events(k, ev, 8, &n));
+    uint32_t local = 0;
+    assert_ok(kvt_conn_lookup(k, 2, &f.c.req, &local));
+    assert_true(local > 0);
+    EXPECT_OK(kvt_conn_load(k, 2, f.c.pages, 4, 1));
+    assert_ok(kvt_conn_step(k, 3));
+    EXPECT_OK(kvt_conn_wait_layer(k, 2, T_LAYERS - 1, 5000));
+    EXPECT_OK(kvt_conn_reset(k));
+    assert_ok(kvt_conn_step(k, 4));
+
+    assert_ok(kvt_group_abort(f.group, "test_conn_states"));
+    uint32_t pages[4] = {0, 2, 4, 6};
+    EXPECT_ERR(kvt_conn_lookup(k, 3, &f.c.req, &local), KVT_EABORTED, "kvt_conn_lookup",
+               "test_conn_states");
+    EXPECT_ERR(kvt_conn_load(k, 3, pages, 4, 0), KVT_EABORTED, "kvt_conn_load", "aborted");
+    EXPECT_ERR(kvt_conn_store(k, 4, &f.c.req, pages, 4), KVT_EABORTED, "kvt_conn_store",
+               "aborted");
+    EXPECT_ERR(kvt_conn_reset(k), KVT_EABORTED, "kvt_conn_reset", "aborted");
+    EXPECT_ERR(kvt_conn_step(k, 5), KVT_EABORTED, "kvt_conn_step", "test_conn_states");
+    EXPECT_OK(kvt_conn_reform(k, 1000));
+    EXPECT_OK(kvt_conn_lookup(k, 6, &f.c.req, &local));
+    assert_ok(kvt_conn_step(k, 6));
+    conn_fx_fini(&f);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2536,6 +2709,8 @@ int main(void)
         cmocka_unit_test(test_ssd_dir_faults),
         cmocka_unit_test(test_server_client),
         cmocka_unit_test(test_client_bad_server),
+        cmocka_unit_test(test_cache_states),
+        cmocka_unit_test(test_conn_states),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
