@@ -1115,10 +1115,10 @@ kvt_status kvt_pd_sender_wait(kvt_pd_sender *s, uint64_t room, int64_t timeout_m
                               kvt_pd_poll *out);
 /* Fails the room now and tells every peer of it; each acknowledges
  * (kvt_pd_room_info.abort_acks). reason may be NULL. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_sender_abort(kvt_pd_sender *s, uint64_t room, const char *reason);
 /* Forgets the room (any state); late messages about it are ignored. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_sender_clear(kvt_pd_sender *s, uint64_t room);
 void kvt_pd_sender_destroy(kvt_pd_sender *s);
 
@@ -1147,7 +1147,7 @@ kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *pa
 /* Opens a room and sends its page table to the prefill ranks. The page
  * table must name each engine page once (KVT_EINVAL otherwise); room ids
  * may be reused once both sides cleared the room. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EBUSY, KVT_EFULL, KVT_ECONN. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EBUSY, KVT_EFULL. */
 kvt_status kvt_pd_receiver_room(kvt_pd_receiver *r, uint64_t room,
                                 const kvt_pd_room_params *params);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
@@ -1155,9 +1155,9 @@ kvt_status kvt_pd_receiver_poll(kvt_pd_receiver *r, uint64_t room, kvt_pd_poll *
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_receiver_wait(kvt_pd_receiver *r, uint64_t room, int64_t timeout_ms,
                                 kvt_pd_poll *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_receiver_abort(kvt_pd_receiver *r, uint64_t room, const char *reason);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_receiver_clear(kvt_pd_receiver *r, uint64_t room);
 void kvt_pd_receiver_destroy(kvt_pd_receiver *r);
 

@@ -85,9 +85,9 @@ def enclosing_call(body, pos):
 
 
 def produced(body, sinks=()):
-    """The codes body produces. A code handed to a sink (a void function
-    with no kvt_status * parameter: kvt__cache_end_task(c, t, KVT_ECANCELED)
-    records a task's result) is not among them."""
+    """The codes body produces. A code handed to a sink (a void or bool
+    function with no kvt_status * parameter: kvt__cache_end_task(c, t,
+    KVT_ECANCELED) records a task's result) is not among them."""
     codes = set()
     for m in STATUS_RE.finditer(body):
         if sinks and enclosing_call(body, m.start()) in sinks:
@@ -227,12 +227,15 @@ def returned_calls(body, params):
 
 
 def void_sinks(heads):
-    """Functions every definition of which returns void (not a pointer) and
-    takes no kvt_status *: a status given to one cannot come back to the
-    caller, except through a field the caller returns (returns_field)."""
+    """Functions every definition of which returns void or bool (not a
+    pointer) and takes no kvt_status *: a status given to one (a room's or
+    a task's recorded failure) cannot come back as the caller's return
+    value, except through a field the caller returns (returns_field)."""
     verdict = {}
     for (_, name), (params, ret) in heads.items():
-        ok = "void" in ret.split() and "*" not in ret and not re.search(r"\bkvt_status\s*\*", params)
+        words = ret.replace(";", " ").split()
+        ok = ("void" in words or "bool" in words) and "*" not in ret and \
+            not re.search(r"\bkvt_status\s*\*", params)
         verdict[name] = verdict.get(name, True) and ok
     return {n for n, ok in verdict.items() if ok}
 
