@@ -209,6 +209,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
@@ -1608,6 +1610,8 @@ static void test_pd_rooms(void **state)
     uint16_t sport = 0;
     EXPECT_ERR(kvt_pd_sender_port(NULL, &sport), KVT_EINVAL, "kvt_pd_sender_port", "s");
     EXPECT_ERR(kvt_pd_sender_port(s, NULL), KVT_EINVAL, "kvt_pd_sender_port", "out");
+    EXPECT_OK(kvt_pd_sender_port(s, &sport));
+    assert_true(sport != 0);
 
     /* Sender rooms. */
     uint32_t pages[4] = {0, 1, 2, 3}, oob[4] = {0, 1, T_PAGES, 3};
@@ -1667,6 +1671,7 @@ static void test_pd_rooms(void **state)
     EXPECT_ERR(kvt_pd_receiver_poll(r, 1, &pp), KVT_ENOTFOUND, "kvt_pd_receiver_poll", "room 1");
     assert_ok(kvt_pd_receiver_room(r, 1, &rp));
     EXPECT_ERR(kvt_pd_receiver_room(r, 1, &rp), KVT_EBUSY, "kvt_pd_receiver_room", "room 1");
+    EXPECT_OK(kvt_pd_receiver_poll(r, 1, &pp));
     EXPECT_ERR(kvt_pd_receiver_poll(NULL, 1, &pp), KVT_EINVAL, "kvt_pd_receiver_poll", "r");
     assert_string_equal(kvt_pd_poll_name(KVT_PD_FAILED), "Failed");
     assert_string_equal(kvt_pd_poll_name(KVT_PD_WAITING_FOR_INPUT), "WaitingForInput");
@@ -1723,6 +1728,14 @@ static void test_pd_rooms(void **state)
     assert_int_equal(pp, KVT_PD_FAILED);
     EXPECT_OK(kvt_pd_sender_clear(s, 2));
     EXPECT_OK(kvt_pd_receiver_clear(r, 2));
+    /* ... and the receiver's abort likewise. */
+    assert_ok(kvt_pd_sender_room(s, 3));
+    assert_ok(kvt_pd_receiver_room(r, 3, &rp));
+    EXPECT_OK(kvt_pd_receiver_abort(r, 3, "test_api_errors"));
+    EXPECT_OK(kvt_pd_sender_wait(s, 3, 5000, &pp));
+    assert_int_equal(pp, KVT_PD_FAILED);
+    assert_ok(kvt_pd_sender_clear(s, 3));
+    assert_ok(kvt_pd_receiver_clear(r, 3));
 
     kvt_pd_receiver_destroy(r);
     kvt_pd_sender_destroy(s);
@@ -2683,6 +2696,84 @@ static void test_conn_states(void **state)
     END_CHECKS();
 }
 
+/* A TCP port some other socket listens on. */
+static int busy_port(uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 1), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &al), 0);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* The host refuses what a call needs: a port in use, a path that cannot be
+ * opened; and the success paths the other cases leave out. */
+static void test_host_refusals(void **state)
+{
+    (void)state;
+    uint16_t port = 0;
+    int fd = busy_port(&port);
+    kvt_net *n = NULL;
+    kvt_net_tcp_params tp = {0, 2, "127.0.0.1", port, NULL, 0, 0};
+    EXPECT_ERR(kvt_net_tcp_create(&n, &tp), KVT_ESYS, "kvt_net_tcp_create", "bind/listen",
+               "in use");
+    assert_null(n);
+    kvt_pd_bootstrap *bs = NULL;
+    kvt_pd_net_params np = {.port = port};
+    EXPECT_ERR(kvt_pd_bootstrap_create(&bs, &np), KVT_ESYS, "kvt_pd_bootstrap_create", "in use");
+    assert_null(bs);
+    /* A prefill rank whose data port is taken. */
+    assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
+    uint16_t bport = 0;
+    assert_ok(kvt_pd_bootstrap_port(bs, &bport));
+    kvt_geometry *pg = small_geo();
+    kvt_emu *pe = NULL;
+    kvt_engine_memory pm;
+    assert_ok(kvt_emu_create(&pe, pg, T_PAGES));
+    assert_ok(kvt_emu_memory(pe, &pm));
+    kvt_pd_params pp = {.bootstrap_port = bport, .rank = {.tp_size = 1}, .geo = pg, .mem = &pm,
+                        .connect_timeout_ms = 3000, .net = {.port = port}};
+    kvt_pd_sender *ps = NULL;
+    EXPECT_ERR(kvt_pd_sender_create(&ps, &pp), KVT_ESYS, "kvt_pd_sender_create", "in use");
+    assert_null(ps);
+    kvt_emu_destroy(pe);
+    kvt_geometry_destroy(pg);
+    kvt_pd_bootstrap_destroy(bs);
+    close(fd);
+
+    char dir[200], file[240], path[280];
+    make_test_dir(dir, sizeof dir, "apicfg");
+    snprintf(file, sizeof file, "%s/cfg.json", dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("{\"workers\": 2}", f);
+    fclose(f);
+    snprintf(path, sizeof path, "%.240s/sub.json", file); /* under a regular file */
+    kvt_config *cfg = small_config();
+    EXPECT_OK(kvt_config_load_file(cfg, file));
+    EXPECT_ERR(kvt_config_load_file(cfg, path), KVT_EIO, "kvt_config_load_file", path,
+               "Not a directory");
+
+    /* A server asked to stop before it runs returns at once. */
+    char sock[240];
+    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    kvt_config *scfg = tier_config(NULL, sock);
+    kvt_geometry *g = small_geo();
+    kvt_server *s = NULL;
+    assert_ok(kvt_server_create(&s, scfg, g));
+    kvt_server_stop(s);
+    EXPECT_OK(kvt_server_run(s));
+    kvt_server_destroy(s);
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(scfg);
+    kvt_config_destroy(cfg);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2711,6 +2802,7 @@ int main(void)
         cmocka_unit_test(test_client_bad_server),
         cmocka_unit_test(test_cache_states),
         cmocka_unit_test(test_conn_states),
+        cmocka_unit_test(test_host_refusals),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
