@@ -789,6 +789,8 @@ kvt_status kvt_pd_sender_room(kvt_pd_sender *s, uint64_t room)
         st = kvt__fail(KVT_EBUSY, "%s: room %llu is already open; clear it first", fn, (unsigned long long)room);
     else if (!r && (st = pd_room_add(ep, room, &r)) == KVT_EFULL)
         st = table_full(ep, fn);
+    else if (st)
+        kvt__wrap_error(st, fn); /* pd_room_add's ENOMEM: name the call */
     if (!st) {
         r->claimed = true;
         pd_room_unclaimed_done(ep, r);

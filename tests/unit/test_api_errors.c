@@ -285,6 +285,11 @@ static void check_err(const char *expr, const char *file, int line, kvt_status g
         if (n_) fail_msg("%d check(s) failed (see above)", n_);                   \
     } while (0)
 
+/* The allocation-failure countdown (defined with its wrappers below). */
+static _Atomic long alloc_countdown;
+static _Atomic bool alloc_one_thread;
+static pthread_t alloc_thread;
+
 static const void *const SENTINEL = (const void *)(uintptr_t)0x5e5e5e50u;
 
 /* A config for small, fast caches. */
@@ -1728,6 +1733,15 @@ static void test_pd_rooms(void **state)
     assert_int_equal(pp, KVT_PD_FAILED);
     EXPECT_OK(kvt_pd_sender_clear(s, 2));
     EXPECT_OK(kvt_pd_receiver_clear(r, 2));
+    /* Their first allocation failing (this thread's: not the service's). */
+    alloc_thread = pthread_self();
+    atomic_store(&alloc_one_thread, true);
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_pd_sender_room(s, 4), KVT_ENOMEM, "kvt_pd_sender_room");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_pd_receiver_room(r, 4, &rp), KVT_ENOMEM, "kvt_pd_receiver_room");
+    atomic_store(&alloc_countdown, -1);
+    atomic_store(&alloc_one_thread, false);
     /* ... and the receiver's abort likewise. */
     assert_ok(kvt_pd_sender_room(s, 3));
     assert_ok(kvt_pd_receiver_room(r, 3, &rp));
@@ -1773,9 +1787,13 @@ void *__real_calloc(size_t n, size_t size);
 void *__real_realloc(void *p, size_t n);
 
 static _Atomic long alloc_countdown = -1; /* -1: off; 0: the next allocation fails */
+/* When set, only this thread's allocations count down: a client's own
+ * allocation fails, not that of the server thread it talks to. */
 
 static bool alloc_fails_now(void)
 {
+    if (atomic_load(&alloc_one_thread) && !pthread_equal(pthread_self(), alloc_thread))
+        return false;
     long n = atomic_load(&alloc_countdown);
     while (n >= 0)
         if (atomic_compare_exchange_weak(&alloc_countdown, &n, n - 1)) return n == 0;
@@ -2226,6 +2244,8 @@ static void test_server_client(void **state)
     (void)state;
     srv_fx f;
     srv_fx_start(&f);
+    alloc_thread = pthread_self(); /* the client's allocations fail, not the server's */
+    atomic_store(&alloc_one_thread, true);
     kvt_geometry *g = small_geo();
     kvt_geometry *g3 = kvt_test_geometry(3, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
     kvt_config *cfg = tier_config(NULL, f.sock);
@@ -2317,6 +2337,28 @@ static void test_server_client(void **state)
     EXPECT_OK(kvt_client_stats(cl, &cs));
     EXPECT_ERR(kvt_client_flush(cl, -1), KVT_EINVAL, "kvt_client_flush", "timeout_ms");
     EXPECT_OK(kvt_client_flush(cl, 1000));
+
+    /* The client's own first allocation failing (the request it encodes). */
+    kvt_store_plan p4, p5;
+    uint32_t fourth[8], fifth[8];
+    kvt_test_tokens(fourth, 8, 44);
+    kvt_test_tokens(fifth, 8, 45);
+    assert_ok(kvt_client_prepare_store(cl, &(kvt_request){fourth, 8, NULL, 0}, &p4));
+    assert_ok(kvt_client_prepare_store(cl, &(kvt_request){fifth, 8, NULL, 0}, &p5));
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_launch(cl, p4.task, pages, 2), KVT_ENOMEM, "kvt_client_launch",
+               "no memory");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_cancel(cl, p5.task), KVT_ENOMEM, "kvt_client_cancel", "no memory");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_flush(cl, 1000), KVT_ENOMEM, "kvt_client_flush", "no memory");
+    /* No memory for a reply: the connection goes (its stream is out of
+     * step), the status says why; the next call re-attaches. */
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_ENOMEM, "kvt_client_stats", "no memory");
+    atomic_store(&alloc_countdown, -1);
+    atomic_store(&alloc_one_thread, false);
+    EXPECT_OK(kvt_client_stats(cl, &cs));
 
     /* Planned tasks whose server then stops. */
     uint32_t third[8];
@@ -2680,6 +2722,19 @@ static void test_conn_states(void **state)
     EXPECT_OK(kvt_conn_reset(k));
     assert_ok(kvt_conn_step(k, 4));
 
+    /* Its first allocation failing: nothing is queued. */
+    uint32_t pg4[4] = {0, 2, 4, 6};
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_conn_lookup(k, 7, &f.c.req, &local), KVT_ENOMEM, "kvt_conn_lookup");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_conn_store(k, 8, &f.c.req, pg4, 4), KVT_ENOMEM, "kvt_conn_store");
+    atomic_store(&alloc_countdown, -1);
+    assert_ok(kvt_conn_lookup(k, 9, &f.c.req, &local));
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_conn_load(k, 9, pg4, 4, 0), KVT_ENOMEM, "kvt_conn_load");
+    atomic_store(&alloc_countdown, -1);
+    assert_ok(kvt_conn_step(k, 5));
+
     assert_ok(kvt_group_abort(f.group, "test_conn_states"));
     uint32_t pages[4] = {0, 2, 4, 6};
     EXPECT_ERR(kvt_conn_lookup(k, 3, &f.c.req, &local), KVT_EABORTED, "kvt_conn_lookup",
@@ -2688,10 +2743,10 @@ static void test_conn_states(void **state)
     EXPECT_ERR(kvt_conn_store(k, 4, &f.c.req, pages, 4), KVT_EABORTED, "kvt_conn_store",
                "aborted");
     EXPECT_ERR(kvt_conn_reset(k), KVT_EABORTED, "kvt_conn_reset", "aborted");
-    EXPECT_ERR(kvt_conn_step(k, 5), KVT_EABORTED, "kvt_conn_step", "test_conn_states");
+    EXPECT_ERR(kvt_conn_step(k, 6), KVT_EABORTED, "kvt_conn_step", "test_conn_states");
     EXPECT_OK(kvt_conn_reform(k, 1000));
-    EXPECT_OK(kvt_conn_lookup(k, 6, &f.c.req, &local));
-    assert_ok(kvt_conn_step(k, 6));
+    EXPECT_OK(kvt_conn_lookup(k, 10, &f.c.req, &local));
+    assert_ok(kvt_conn_step(k, 7));
     conn_fx_fini(&f);
     END_CHECKS();
 }
