@@ -221,6 +221,8 @@
 
 #include "support.h"
 #include "cache/external.h"
+#include "group/frame.h"
+#include "net/net.h"
 #include "server/proto.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -2829,6 +2831,155 @@ static void test_host_refusals(void **state)
     END_CHECKS();
 }
 
+/* ------------------------------------------------------------------ */
+/* Rank groups whose peer is missing, garbled, of another protocol      */
+/* version, lost or interrupted                                         */
+
+/* Two in-process ranks; the peer's endpoint is the test's to misuse. */
+typedef struct pair_fx {
+    kvt_fabric *fab;
+    kvt_net *n[2];
+    kvt_group_params gp;
+} pair_fx;
+
+static void pair_init(pair_fx *p, uint64_t geometry_digest)
+{
+    assert_ok(kvt_fabric_create(&p->fab, 2, 16));
+    assert_ok(kvt_net_inproc_create(&p->n[0], p->fab, 0));
+    assert_ok(kvt_net_inproc_create(&p->n[1], p->fab, 1));
+    /* pp 1, cp 1, tp 2; T 100 ms; formation B 200 ms */
+    p->gp = (kvt_group_params){1, 1, 2, geometry_digest, 0, 100, 0, 200};
+}
+
+static void pair_fini(pair_fx *p)
+{
+    kvt_net_destroy(p->n[0]);
+    kvt_net_destroy(p->n[1]);
+    kvt_fabric_destroy(p->fab);
+}
+
+typedef enum { RAW_GARBAGE, RAW_VERSION, RAW_CHECKSUM } raw_kind;
+
+/* One message from rank `from` to the other as the group's handshake
+ * would carry it, but garbled: no magic, protocol version 99, or a
+ * payload that fails its checksum. */
+static void send_raw(pair_fx *p, uint32_t from, raw_kind kind)
+{
+    uint8_t msg[KVT_FRAME_HDR + 8] = {0};
+    kvt_frame f = {kind == RAW_VERSION ? 99 : KVT_PROTO_VERSION, from ? KVT_OP_HELLO
+                                                                     : KVT_OP_WELCOME,
+                   1, 1, KVT_CH_HANDSHAKE, from, 1 - from, 8, 0, NULL};
+    kvt__frame_encode(msg, &f, msg + KVT_FRAME_HDR);
+    if (kind == RAW_GARBAGE) memset(msg, 0xA5, 8);
+    if (kind == RAW_CHECKSUM) msg[KVT_FRAME_HDR] ^= 1;
+    assert_ok(kvt__net_send(p->n[from], 1 - from, msg, sizeof msg, NULL, 0,
+                            kvt__deadline_ns(1000)));
+}
+
+typedef struct member_run {
+    kvt_net *n;
+    kvt_group_params gp;
+    kvt_group *g;
+    kvt_status st;
+} member_run;
+
+static void *member_create(void *arg)
+{
+    member_run *m = arg;
+    m->st = kvt_group_create(&m->g, m->n, &m->gp);
+    return NULL;
+}
+
+/* A callback transport whose every receive reports a lost link. */
+static kvt_status lost_send(void *ctx, uint32_t peer, const void *buf, size_t len, int64_t t)
+{
+    (void)ctx; (void)peer; (void)buf; (void)len; (void)t;
+    return KVT_OK;
+}
+static kvt_status lost_recv(void *ctx, uint32_t peer, void *buf, size_t cap, size_t *len,
+                            int64_t t)
+{
+    (void)ctx; (void)buf; (void)cap; (void)len; (void)t;
+    return kvt__fail(KVT_ECONN, "link to rank %u lost", peer);
+}
+
+static void test_group_faults(void **state)
+{
+    (void)state;
+    pair_fx p;
+    kvt_group *g = NULL;
+
+    /* Formation: the sync leader (rank 0) and a member (rank 1). */
+    pair_init(&p, 7);
+    EXPECT_ERR(kvt_group_create(&g, p.n[0], &p.gp), KVT_ETIMEDOUT, "rank 1", "hello");
+    EXPECT_ERR(kvt_group_create(&g, p.n[1], &p.gp), KVT_ETIMEDOUT, "rank 0");
+    pair_fini(&p);
+    pair_init(&p, 7);
+    send_raw(&p, 1, RAW_GARBAGE);
+    EXPECT_ERR(kvt_group_create(&g, p.n[0], &p.gp), KVT_EPROTO, "rank 1", "magic");
+    send_raw(&p, 0, RAW_GARBAGE);
+    EXPECT_ERR(kvt_group_create(&g, p.n[1], &p.gp), KVT_EPROTO, "rank 0", "magic");
+    pair_fini(&p);
+    pair_init(&p, 7);
+    send_raw(&p, 1, RAW_VERSION);
+    EXPECT_ERR(kvt_group_create(&g, p.n[0], &p.gp), KVT_EVERSION, "rank 1", "version 99");
+    send_raw(&p, 0, RAW_VERSION);
+    EXPECT_ERR(kvt_group_create(&g, p.n[1], &p.gp), KVT_EVERSION, "rank 0", "version 99");
+    pair_fini(&p);
+    pair_init(&p, 7);
+    send_raw(&p, 0, RAW_CHECKSUM);
+    EXPECT_ERR(kvt_group_create(&g, p.n[1], &p.gp), KVT_ECORRUPT, "rank 0", "checksum");
+    assert_ok(kvt_net_interrupt(p.n[0]));
+    EXPECT_ERR(kvt_group_create(&g, p.n[0], &p.gp), KVT_ECANCELED, "interrupted");
+    pair_fini(&p);
+    kvt_net *cbn = NULL;
+    kvt_net_callbacks lost = {NULL, lost_send, lost_recv};
+    kvt_group_params gp2 = {1, 1, 2, 7, 0, 100, 0, 200};
+    assert_ok(kvt_net_callback_create(&cbn, 1, 2, &lost, 0));
+    EXPECT_ERR(kvt_group_create(&g, cbn, &gp2), KVT_ECONN, "rank 0", "recv failed");
+    kvt_net_destroy(cbn);
+    assert_ok(kvt_net_callback_create(&cbn, 0, 2, &lost, 0));
+    EXPECT_ERR(kvt_group_create(&g, cbn, &gp2), KVT_ECONN, "rank 1", "recv failed");
+    kvt_net_destroy(cbn);
+    assert_null(g);
+
+    /* Re-forming a formed group, through kvt_group_reform and through the
+     * connector's kvt_conn_reform, when rank 1 does not take part. */
+    cache_fx cf;
+    fx_init(&cf);
+    kvt_geometry_info gi;
+    assert_ok(kvt_geometry_info_get(cf.geo, &gi));
+    pair_init(&p, gi.digest);
+    assert_ok(kvt_config_digest(cf.cfg, &p.gp.config_digest));
+    member_run m = {p.n[1], p.gp, NULL, KVT_OK};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, member_create, &m), 0);
+    assert_ok(kvt_group_create(&g, p.n[0], &p.gp));
+    pthread_join(th, NULL);
+    assert_ok(m.st);
+    kvt_conn *conn = NULL;
+    assert_ok(kvt_conn_create(&conn, g, cf.cache));
+    EXPECT_ERR(kvt_group_reform(g, 100), KVT_ETIMEDOUT, "rank 1", "hello");
+    EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_ETIMEDOUT, "rank 1", "hello");
+    send_raw(&p, 1, RAW_GARBAGE);
+    EXPECT_ERR(kvt_group_reform(g, 100), KVT_EPROTO, "rank 1", "magic");
+    send_raw(&p, 1, RAW_GARBAGE);
+    EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_EPROTO, "rank 1", "magic");
+    send_raw(&p, 1, RAW_VERSION);
+    EXPECT_ERR(kvt_group_reform(g, 100), KVT_EVERSION, "rank 1", "version 99");
+    send_raw(&p, 1, RAW_VERSION);
+    EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_EVERSION, "rank 1", "version 99");
+    assert_ok(kvt_net_interrupt(p.n[0]));
+    EXPECT_ERR(kvt_group_reform(g, 100), KVT_ECANCELED, "interrupted");
+    EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_ECANCELED, "interrupted");
+    kvt_conn_destroy(conn);
+    kvt_group_destroy(g);
+    kvt_group_destroy(m.g);
+    pair_fini(&p);
+    fx_fini(&cf);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2858,6 +3009,7 @@ int main(void)
         cmocka_unit_test(test_cache_states),
         cmocka_unit_test(test_conn_states),
         cmocka_unit_test(test_host_refusals),
+        cmocka_unit_test(test_group_faults),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
