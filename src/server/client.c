@@ -407,7 +407,7 @@ kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *m
     if (cl->memory_registered)
         st = kvt__fail(KVT_ESTATE, "%s: engine memory is already registered (allowed once per "
                        "client)", fn);
-    else if (!(st = kvt__page_map_init(&cl->map, cl->geo, mem)))
+    else if (!(st = kvt__page_map_init_fn(&cl->map, cl->geo, mem, fn)))
         cl->memory_registered = true;
     pthread_mutex_unlock(&cl->mu);
     return st;

@@ -212,7 +212,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
+#include <fcntl.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -2935,9 +2937,9 @@ static void test_group_faults(void **state)
     kvt_net *cbn = NULL;
     kvt_net_callbacks lost = {NULL, lost_send, lost_recv};
     kvt_group_params gp2 = {1, 1, 2, 7, 0, 100, 0, 200};
-    assert_ok(kvt_net_callback_create(&cbn, 1, 2, &lost, 0));
-    EXPECT_ERR(kvt_group_create(&g, cbn, &gp2), KVT_ECONN, "rank 0", "recv failed");
-    kvt_net_destroy(cbn);
+    /* (A member retries a lost link until its deadline: what it then
+     * says depends on where the deadline fell; the leader's refusal does
+     * not.) */
     assert_ok(kvt_net_callback_create(&cbn, 0, 2, &lost, 0));
     EXPECT_ERR(kvt_group_create(&g, cbn, &gp2), KVT_ECONN, "rank 1", "recv failed");
     kvt_net_destroy(cbn);
@@ -2980,6 +2982,121 @@ static void test_group_faults(void **state)
     END_CHECKS();
 }
 
+/* A TCP hub waiting in kvt_net_connect on its own thread. */
+typedef struct hub_wait {
+    kvt_net *hub;
+    int64_t ms;
+    kvt_status st;
+} hub_wait;
+
+static void *hub_connect_main(void *arg)
+{
+    hub_wait *h = arg;
+    h->st = kvt_net_connect(h->hub, h->ms);
+    return NULL;
+}
+
+/* kvt_net_connect over TCP: nobody comes, the wrong secret, an interrupt,
+ * no memory, no file descriptor left. */
+static void test_net_connect_faults(void **state)
+{
+    (void)state;
+    const char *secret = "0123456789abcdef-api-errors";
+    kvt_net *hub = NULL, *m = NULL;
+    kvt_net_tcp_params hp = {0, 2, NULL, 0, secret, strlen(secret), 0};
+    assert_ok(kvt_net_tcp_create(&hub, &hp));
+    uint16_t port = 0;
+    assert_ok(kvt_net_tcp_port(hub, &port));
+    EXPECT_ERR(kvt_net_connect(hub, 50), KVT_ETIMEDOUT, "kvt_net_connect", "rank 1",
+               "did not join");
+    /* Only this thread's allocations fail. */
+    alloc_thread = pthread_self();
+    atomic_store(&alloc_one_thread, true);
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_net_connect(hub, 50), KVT_ENOMEM, "kvt_net_connect", "out of memory");
+    atomic_store(&alloc_countdown, -1);
+    atomic_store(&alloc_one_thread, false);
+
+    /* A member with the wrong secret: the hub refuses its proof. */
+    const char *wrong = "fedcba9876543210-api-errors";
+    kvt_net_tcp_params mp = {1, 2, "127.0.0.1", port, wrong, strlen(wrong), 0};
+    assert_ok(kvt_net_tcp_create(&m, &mp));
+    hub_wait hw = {hub, 2000, KVT_OK};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    EXPECT_ERR(kvt_net_connect(m, 2000), KVT_EAUTH, "rank 1", "secret");
+    pthread_join(th, NULL);
+    assert_int_equal(hw.st, KVT_ETIMEDOUT);
+    kvt_net_destroy(m);
+
+    /* No hub listening where a member looks. */
+    kvt_net_tcp_params np = {1, 2, "127.0.0.1", port, secret, strlen(secret), 0};
+    kvt_net_destroy(hub);
+    assert_ok(kvt_net_tcp_create(&m, &np));
+    EXPECT_ERR(kvt_net_connect(m, 50), KVT_ETIMEDOUT, "kvt_net_connect", "did not accept");
+    /* No file descriptor left for its socket. */
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    assert_true(probe >= 0);
+    close(probe);
+    low = old;
+    low.rlim_cur = (rlim_t)probe; /* the lowest free descriptor is now over the limit */
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    EXPECT_ERR(kvt_net_connect(m, 50), KVT_ESYS, "kvt_net_connect", "socket");
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_ok(kvt_net_interrupt(m));
+    EXPECT_ERR(kvt_net_connect(m, 50), KVT_ECANCELED, "interrupted");
+    kvt_net_destroy(m);
+    END_CHECKS();
+}
+
+/* Engine memory a cache or client cannot use: buffers smaller than the
+ * geometry needs (EGEOMETRY), device memory where only host memory goes or
+ * no CUDA runtime is found (EUNSUPPORTED). */
+static void test_memory_refusals(void **state)
+{
+    (void)state;
+    /* Before anything loads the CUDA runtime: make "none found" certain. */
+    setenv("KVTIER_CUDART", "/nonexistent/libcudart.so", 1);
+    kvt_config *cfg = small_config();
+    kvt_geometry *g = small_geo();
+    kvt_cache *c = NULL;
+    assert_ok(kvt_cache_create(&c, cfg, g));
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    uint64_t small[2 * T_LAYERS] = {0};
+    kvt_engine_memory tiny = mem;
+    tiny.buffer_bytes = small;
+    kvt_engine_memory dev = mem;
+    dev.kind = KVT_MEMORY_CUDA;
+    EXPECT_ERR(kvt_cache_register_memory(c, &tiny), KVT_EGEOMETRY, "kvt_cache_register_memory",
+               "buffer_bytes[0]");
+    EXPECT_ERR(kvt_cache_register_memory(c, &dev), KVT_EUNSUPPORTED, "kvt_cache_register_memory",
+               "CUDA runtime");
+    EXPECT_OK(kvt_cache_register_memory(c, &mem));
+
+    srv_fx f;
+    srv_fx_start(&f);
+    kvt_client *cl = NULL;
+    assert_ok(kvt_client_attach(&cl, f.sock, g, 2000));
+    EXPECT_ERR(kvt_client_register_memory(cl, &tiny), KVT_EGEOMETRY,
+               "kvt_client_register_memory", "buffer_bytes[0]");
+    EXPECT_ERR(kvt_client_register_memory(cl, &dev), KVT_EUNSUPPORTED,
+               "kvt_client_register_memory", "CUDA device memory");
+    assert_ok(kvt_client_register_memory(cl, &mem));
+    kvt_client_detach(cl);
+    srv_fx_stop(&f);
+    kvt_server_destroy(f.srv);
+    kvt_cache_destroy(c);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3010,6 +3127,8 @@ int main(void)
         cmocka_unit_test(test_conn_states),
         cmocka_unit_test(test_host_refusals),
         cmocka_unit_test(test_group_faults),
+        cmocka_unit_test(test_net_connect_faults),
+        cmocka_unit_test(test_memory_refusals),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
