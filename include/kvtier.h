@@ -945,7 +945,7 @@ typedef struct kvt_conn_event {
  *               their pins released, and none of this step's events are
  *               delivered; the engine recomputes and may call
  *               kvt_conn_reform. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EFULL, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN, KVT_EABORTED, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_EABORTED. */
 kvt_status kvt_conn_step(kvt_conn *conn, uint64_t step);
 /* Copies up to max of the pending events, oldest first; *count gets how many. */
 /* Returns: KVT_OK, KVT_EINVAL. */
