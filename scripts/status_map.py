@@ -226,16 +226,31 @@ def returned_calls(body, params):
     return exprs
 
 
+def struct_types():
+    """Names of the struct typedefs of include/kvtier.h and src/."""
+    names = set()
+    paths = [HEADER] + [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(ROOT, "src"))
+                        for f in fs if f.endswith((".h", ".c"))]
+    for path in paths:
+        with open(path) as fh:
+            t = fh.read()
+        names.update(re.findall(r"typedef struct \w*\s*\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}\s*(\w+)\s*;", t))
+        names.update(re.findall(r"typedef struct \w+\s+(\w+)\s*;", t))
+    return names
+
+
 def void_sinks(heads):
-    """Functions every definition of which returns void or bool (not a
-    pointer) and takes no kvt_status *: a status given to one (a room's or
-    a task's recorded failure) cannot come back as the caller's return
-    value, except through a field the caller returns (returns_field)."""
+    """Functions every definition of which returns void, bool or a struct
+    (not a pointer) and takes no kvt_status *: a status given to one (a
+    room's or a task's recorded failure, a task result built from it)
+    cannot come back as the caller's return value, except through a field
+    the caller returns (returns_field)."""
+    structs = struct_types()
     verdict = {}
     for (_, name), (params, ret) in heads.items():
         words = ret.replace(";", " ").split()
-        ok = ("void" in words or "bool" in words) and "*" not in ret and \
-            not re.search(r"\bkvt_status\s*\*", params)
+        ok = ("void" in words or "bool" in words or (words and words[-1] in structs)) and \
+            "*" not in ret and not re.search(r"\bkvt_status\s*\*", params)
         verdict[name] = verdict.get(name, True) and ok
     return {n for n, ok in verdict.items() if ok}
 
