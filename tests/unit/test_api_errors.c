@@ -1594,6 +1594,8 @@ static void test_pd_rooms(void **state)
     kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &pm,
                        .connect_timeout_ms = 3000, .net = {.peer_timeout_ms = 3000}};
     kvt_pd_sender *s = NULL;
+    EXPECT_ERR(kvt_pd_sender_create(NULL, &p), KVT_EINVAL, "kvt_pd_sender_create", "out");
+    EXPECT_ERR(kvt_pd_receiver_create(NULL, &p), KVT_EINVAL, "kvt_pd_receiver_create", "out");
     assert_ok(kvt_pd_sender_create(&s, &p));
 
     /* A decode rank whose geometry cannot be converted is refused. */
@@ -2265,6 +2267,16 @@ static void test_server_client(void **state)
     snprintf(nowhere, sizeof nowhere, "%s/nobody.sock", f.dir);
     EXPECT_ERR(kvt_client_attach(NULL, f.sock, g, 1000), KVT_EINVAL, "kvt_client_attach", "out");
     EXPECT_ERR(kvt_client_attach(&cl, nowhere, g, 30), KVT_ECONN, "kvt_client_attach", nowhere);
+    struct rlimit old_nofile, low_nofile;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old_nofile), 0);
+    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    assert_true(probe >= 0);
+    close(probe);
+    low_nofile = old_nofile;
+    low_nofile.rlim_cur = (rlim_t)probe; /* no descriptor left for the client's socket */
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low_nofile), 0);
+    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_ESYS, "kvt_client_attach", "socket");
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old_nofile), 0);
     EXPECT_ERR(kvt_client_attach(&cl, f.sock, g3, 1000), KVT_EGEOMETRY, "kvt_client_attach",
                "num_layers");
     atomic_store(&alloc_countdown, 0); /* the client's own first allocation fails */
@@ -2402,7 +2414,7 @@ typedef struct fake_srv {
     char dir[200], sock[240];
     int lfd;
     _Atomic int mode, hello_mode;
-    _Atomic bool stop;
+    _Atomic bool stop, release_end; /* END is answered only once released */
     uint64_t next_task;
     pthread_t th;
 } fake_srv;
@@ -2448,6 +2460,22 @@ static void fake_serve(fake_srv *f, int fd)
         int mode = atomic_load(&f->mode);
         if (h.op == KVT_SRV_HELLO) {
             fake_hello(f, fd);
+        } else if (mode == FAKE_PLAN && h.op == KVT_SRV_LAUNCH) {
+            /* One block at offset 0 of the tier: the planned load's tokens. */
+            kvt_srv_launch_rep lr = {KVT_TASK_LOAD, 0, T_TPP, 1, 0, NULL};
+            uint64_t off = 0;
+            kvt_srv_buf b = {0};
+            kvt__srv_launch_rep_encode(&b, &lr, &off);
+            fake_reply(fd, h.op, FAKE_PLAN, &b, -1);
+            kvt__srv_buf_free(&b);
+        } else if (mode == FAKE_PLAN && h.op == KVT_SRV_END) {
+            for (int i = 0; i < 3000 && !atomic_load(&f->release_end); i++) /* bounded: 3 s */
+                nanosleep(&(struct timespec){0, 1000000}, NULL);
+            kvt_task_result r = {f->next_task, KVT_TASK_LOAD, KVT_OK, 0, T_TPP, 1};
+            kvt_srv_buf b = {0};
+            kvt__srv_result_encode(&b, &r);
+            fake_reply(fd, h.op, FAKE_PLAN, &b, -1);
+            kvt__srv_buf_free(&b);
         } else if (mode == FAKE_PLAN && (h.op == KVT_SRV_LOOKUP || h.op == KVT_SRV_PREPARE)) {
             kvt_srv_buf b = {0};
             kvt__srv_task_rep_encode(&b, ++f->next_task, h.op == KVT_SRV_LOOKUP ? T_TPP : 0,
@@ -2564,6 +2592,15 @@ static void test_client_bad_server(void **state)
                "protocol version");
     EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EVERSION, "kvt_client_flush", f.sock,
                "protocol version");
+
+    /* A launched load whose end the server has not confirmed yet: still
+     * running, whatever the timing. */
+    t = fake_planned(&f, cl, FAKE_PLAN);
+    EXPECT_OK(kvt_client_launch(cl, t, pages, 1));
+    kvt_task_result tr;
+    EXPECT_ERR(kvt_client_wait(cl, t, 0, &tr), KVT_ETIMEDOUT, "kvt_client_wait", "still running");
+    atomic_store(&f.release_end, true);
+    EXPECT_OK(kvt_client_wait(cl, t, 5000, &tr));
     kvt_client_detach(cl);
     fake_stop(&f);
     kvt_emu_destroy(e);
@@ -2739,6 +2776,26 @@ static void test_conn_states(void **state)
     atomic_store(&alloc_countdown, -1);
     assert_ok(kvt_conn_step(k, 5));
 
+    /* The cache's task table (max_tasks 16) full of queued stores. */
+    uint32_t held = 0;
+    for (uint64_t seed = 900; seed < 1000; seed++) { /* until full (a load may hold a slot) */
+        uint32_t tk[8], pg[2] = {0, 2};
+        kvt_test_tokens(tk, 8, seed);
+        kvt_status st = kvt_conn_store(k, 100 + seed, &(kvt_request){tk, 8, NULL, 0}, pg, 2);
+        if (st == KVT_EFULL) break;
+        assert_int_equal(st, KVT_OK);
+        held++;
+    }
+    assert_true(held >= 15 && held <= 16);
+    uint32_t more[8], pg2[2] = {0, 2};
+    kvt_test_tokens(more, 8, 1001);
+    EXPECT_ERR(kvt_conn_lookup(k, 11, &f.c.req, &local), KVT_EFULL, "kvt_cache_lookup",
+               "task table full");
+    EXPECT_ERR(kvt_conn_store(k, 12, &(kvt_request){more, 8, NULL, 0}, pg2, 2), KVT_EFULL,
+               "kvt_cache_prepare_store", "task table full");
+    assert_ok(kvt_conn_reset(k)); /* the queued stores go */
+    assert_ok(kvt_conn_step(k, 6));
+
     assert_ok(kvt_group_abort(f.group, "test_conn_states"));
     uint32_t pages[4] = {0, 2, 4, 6};
     EXPECT_ERR(kvt_conn_lookup(k, 3, &f.c.req, &local), KVT_EABORTED, "kvt_conn_lookup",
@@ -2747,10 +2804,10 @@ static void test_conn_states(void **state)
     EXPECT_ERR(kvt_conn_store(k, 4, &f.c.req, pages, 4), KVT_EABORTED, "kvt_conn_store",
                "aborted");
     EXPECT_ERR(kvt_conn_reset(k), KVT_EABORTED, "kvt_conn_reset", "aborted");
-    EXPECT_ERR(kvt_conn_step(k, 6), KVT_EABORTED, "kvt_conn_step", "test_conn_states");
+    EXPECT_ERR(kvt_conn_step(k, 8), KVT_EABORTED, "kvt_conn_step", "test_conn_states");
     EXPECT_OK(kvt_conn_reform(k, 1000));
     EXPECT_OK(kvt_conn_lookup(k, 10, &f.c.req, &local));
-    assert_ok(kvt_conn_step(k, 7));
+    assert_ok(kvt_conn_step(k, 9));
     conn_fx_fini(&f);
     END_CHECKS();
 }
@@ -3097,6 +3154,44 @@ static void test_memory_refusals(void **state)
     END_CHECKS();
 }
 
+/* A plan the server expired (plan_ttl_ms) before its launch. */
+static void test_client_expired_plan(void **state)
+{
+    (void)state;
+    char dir[200], sock[240];
+    make_test_dir(dir, sizeof dir, "apittl");
+    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    kvt_config *cfg = tier_config(NULL, sock);
+    assert_ok(kvt_config_set(cfg, "plan_ttl_ms", "1"));
+    kvt_geometry *g = small_geo();
+    srv_fx f;
+    memset(&f, 0, sizeof f);
+    assert_ok(kvt_server_create(&f.srv, cfg, g));
+    assert_int_equal(pthread_create(&f.th, NULL, srv_run, &f), 0);
+    kvt_client *cl = NULL;
+    assert_ok(kvt_client_attach(&cl, sock, g, 2000));
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    assert_ok(kvt_client_register_memory(cl, &mem));
+    uint32_t tokens[8], pages[2] = {0, 1};
+    kvt_test_tokens(tokens, 8, 71);
+    kvt_store_plan p;
+    assert_ok(kvt_client_prepare_store(cl, &(kvt_request){tokens, 8, NULL, 0}, &p));
+    assert_true(p.task != 0);
+    sleep_ms(20);
+    EXPECT_ERR(kvt_client_launch(cl, p.task, pages, 2), KVT_ETIMEDOUT, "kvt_client_launch",
+               "expired");
+    kvt_client_detach(cl);
+    srv_fx_stop(&f);
+    kvt_server_destroy(f.srv);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3129,6 +3224,7 @@ int main(void)
         cmocka_unit_test(test_group_faults),
         cmocka_unit_test(test_net_connect_faults),
         cmocka_unit_test(test_memory_refusals),
+        cmocka_unit_test(test_client_expired_plan),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
