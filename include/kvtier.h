@@ -594,12 +594,12 @@ void kvt_client_detach(kvt_client *cl);
  * concurrently on one client (round trips are serialised on its socket). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE, KVT_EUNSUPPORTED. */
 kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
                                     kvt_store_plan *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_ECORRUPT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_launch(kvt_client *cl, kvt_task_id task, const uint32_t *pages,
                              uint32_t num_pages);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
@@ -611,7 +611,7 @@ kvt_status kvt_client_wait(kvt_client *cl, kvt_task_id task, int64_t timeout_ms,
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max,
                            uint32_t *count);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id task);
 /* The server's kvt_cache_stats (every client's traffic together). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */

@@ -264,6 +264,26 @@ def returns_field(body):
     return False
 
 
+SERVER_CONN = "src/server/conn.c"
+CLIENT = "src/server/client.c"
+SERVER_SEND = {"reply", "reply_err"}
+
+
+def server_handlers(funcs):
+    """op constant (KVT_SRV_X) -> the node server's handler of that request,
+    from serve_one's switch in src/server/conn.c (its on_* call per case)."""
+    body = funcs.get((SERVER_CONN, "serve_one"), ("", False))[0]
+    out, pending = {}, []
+    for m in re.finditer(r"\bcase\s+(KVT_SRV_\w+)\s*:|\b(on_\w+)\s*\(", body):
+        if m.group(1):
+            pending.append(m.group(1))
+        elif pending:
+            for op in pending:
+                out[op] = (SERVER_CONN, m.group(2))
+            pending = []
+    return out
+
+
 def closure(funcs, heads, ops, seen):
     """A function's reachable statuses. A call resolves to a static function
     of the caller's own file first, else to the non-static one of that name;
@@ -274,7 +294,14 @@ def closure(funcs, heads, ops, seen):
     constant, its own kvt__fail(KVT_X, ...) or a call's value
     (returned_calls), only the calls in its return expressions count (a
     helper that maps whatever its callees say to KVT_ECONN adds KVT_ECONN
-    alone); otherwise every call in its body does."""
+    alone); otherwise every call in its body does.
+
+    A kvt_client_* call returns the status the node server answered its
+    request with (src/server/client.c relays the reply's status): a client
+    function that names a request op KVT_SRV_X reaches what the server's
+    handler of X can answer, i.e. that handler's statuses less those of its
+    own replying (a failed send is the server's, the client sees the lost
+    connection)."""
     by_name = {}
     for (path, name), (_, static) in funcs.items():
         if not static or path.endswith(".h"):  # a header's static inlines are everyone's
@@ -290,6 +317,7 @@ def closure(funcs, heads, ops, seen):
 
     sinks = void_sinks(heads)
     direct = {k: produced(b, () if returns_field(b) else sinks) for k, (b, _) in funcs.items()}
+    handlers = server_handlers(funcs)
     calls = {}
     for (path, f), (b, _) in funcs.items():
         c = set()
@@ -302,7 +330,16 @@ def closure(funcs, heads, ops, seen):
                 c.update(ops_targets(path, name))
             elif name != f:
                 c.update(resolve(path, name))
+        if path == CLIENT:
+            # a request op named as an argument (not compared against)
+            named = re.findall(r"(?<![=!]=)(?<![=!]=\s)\b(KVT_SRV_\w+)\b(?!\s*[=!]=)", b)
+            for op in set(named) & set(handlers):
+                c.add(("<relay>", handlers[op][1]))
         calls[(path, f)] = c
+    for op, h in handlers.items():
+        if h in funcs:
+            direct[("<relay>", h[1])] = direct.get(h, set())
+            calls[("<relay>", h[1])] = {k for k in calls.get(h, ()) if k[1] not in SERVER_SEND}
     memo = {}
 
     def reach(k, stack):

@@ -3154,21 +3154,49 @@ static void test_memory_refusals(void **state)
     END_CHECKS();
 }
 
-/* A plan the server expired (plan_ttl_ms) before its launch. */
-static void test_client_expired_plan(void **state)
+/* A server made with one option changed, running on its own thread. */
+static void srv_fx_start_with(srv_fx *f, const char *opt, const char *value)
+{
+    memset(f, 0, sizeof *f);
+    make_test_dir(f->dir, sizeof f->dir, "apisrv");
+    snprintf(f->sock, sizeof f->sock, "%s/s.sock", f->dir);
+    kvt_config *cfg = tier_config(NULL, f->sock);
+    assert_ok(kvt_config_set(cfg, opt, value));
+    kvt_geometry *g = small_geo();
+    assert_ok(kvt_server_create(&f->srv, cfg, g));
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    assert_int_equal(pthread_create(&f->th, NULL, srv_run, f), 0);
+}
+
+/* What a server's own limits answer a client: a plan it expired
+ * (plan_ttl_ms) before its launch, a client holding server_client_tasks
+ * plans. */
+static void test_client_server_limits(void **state)
 {
     (void)state;
-    char dir[200], sock[240];
-    make_test_dir(dir, sizeof dir, "apittl");
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    kvt_config *cfg = tier_config(NULL, sock);
-    assert_ok(kvt_config_set(cfg, "plan_ttl_ms", "1"));
     kvt_geometry *g = small_geo();
     srv_fx f;
-    memset(&f, 0, sizeof f);
-    assert_ok(kvt_server_create(&f.srv, cfg, g));
-    assert_int_equal(pthread_create(&f.th, NULL, srv_run, &f), 0);
+    srv_fx_start_with(&f, "server_client_tasks", "1");
     kvt_client *cl = NULL;
+    assert_ok(kvt_client_attach(&cl, f.sock, g, 2000));
+    uint32_t a[8], b[8];
+    kvt_test_tokens(a, 8, 81);
+    kvt_test_tokens(b, 8, 82);
+    kvt_store_plan sp;
+    kvt_match mm;
+    assert_ok(kvt_client_prepare_store(cl, &(kvt_request){a, 8, NULL, 0}, &sp));
+    assert_true(sp.task != 0);
+    EXPECT_ERR(kvt_client_prepare_store(cl, &(kvt_request){b, 8, NULL, 0}, &sp), KVT_EFULL,
+               "kvt_client_prepare_store", "server_client_tasks");
+    EXPECT_ERR(kvt_client_lookup(cl, &(kvt_request){b, 8, NULL, 0}, &mm), KVT_EFULL,
+               "kvt_client_lookup", "server_client_tasks");
+    kvt_client_detach(cl);
+    srv_fx_stop(&f);
+    kvt_server_destroy(f.srv);
+
+    srv_fx_start_with(&f, "plan_ttl_ms", "1");
+    const char *sock = f.sock;
     assert_ok(kvt_client_attach(&cl, sock, g, 2000));
     kvt_emu *e = NULL;
     kvt_engine_memory mem;
@@ -3188,7 +3216,6 @@ static void test_client_expired_plan(void **state)
     kvt_server_destroy(f.srv);
     kvt_emu_destroy(e);
     kvt_geometry_destroy(g);
-    kvt_config_destroy(cfg);
     END_CHECKS();
 }
 
@@ -3224,7 +3251,7 @@ int main(void)
         cmocka_unit_test(test_group_faults),
         cmocka_unit_test(test_net_connect_faults),
         cmocka_unit_test(test_memory_refusals),
-        cmocka_unit_test(test_client_expired_plan),
+        cmocka_unit_test(test_client_server_limits),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
