@@ -3219,6 +3219,53 @@ static void test_client_server_limits(void **state)
     END_CHECKS();
 }
 
+/* PD ranks whose bootstrap service does not answer, has no prefill rank
+ * registered, or holds another secret. */
+static void test_pd_create_faults(void **state)
+{
+    (void)state;
+    setenv("KVTIER_PD_QUIET", "1", 0);
+    kvt_geometry *g = small_geo();
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    uint16_t port = 0;
+    int lfd = busy_port(&port); /* listens, never answers */
+    kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &mem,
+                       .connect_timeout_ms = 200, .net = {.peer_timeout_ms = 200}};
+    kvt_pd_sender *s = NULL;
+    kvt_pd_receiver *r = NULL;
+    EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_ECONN, "kvt_pd_sender_create", "bootstrap",
+               "did not answer");
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ECONN, "kvt_pd_receiver_create", "bootstrap",
+               "did not answer");
+    close(lfd);
+
+    /* A bootstrap service no prefill rank registered with. */
+    kvt_pd_bootstrap *open_bs = NULL;
+    assert_ok(kvt_pd_bootstrap_create(&open_bs, &(kvt_pd_net_params){0}));
+    assert_ok(kvt_pd_bootstrap_port(open_bs, &p.bootstrap_port));
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ETIMEDOUT, "kvt_pd_receiver_create");
+    kvt_pd_bootstrap_destroy(open_bs);
+
+    const char *secret = "0123456789abcdef-pd-api-errors", *wrong = "fedcba9876543210-pd-wrong";
+    kvt_pd_net_params bp = {.secret = secret, .secret_len = strlen(secret)};
+    kvt_pd_bootstrap *bs = NULL;
+    assert_ok(kvt_pd_bootstrap_create(&bs, &bp));
+    assert_ok(kvt_pd_bootstrap_port(bs, &p.bootstrap_port));
+    p.net.secret = wrong;
+    p.net.secret_len = strlen(wrong);
+    EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_EAUTH, "kvt_pd_sender_create");
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_EAUTH, "kvt_pd_receiver_create");
+    assert_null(s);
+    assert_null(r);
+    kvt_pd_bootstrap_destroy(bs);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3252,6 +3299,7 @@ int main(void)
         cmocka_unit_test(test_net_connect_faults),
         cmocka_unit_test(test_memory_refusals),
         cmocka_unit_test(test_client_server_limits),
+        cmocka_unit_test(test_pd_create_faults),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
