@@ -3246,7 +3246,8 @@ static void test_pd_create_faults(void **state)
     kvt_pd_bootstrap *open_bs = NULL;
     assert_ok(kvt_pd_bootstrap_create(&open_bs, &(kvt_pd_net_params){0}));
     assert_ok(kvt_pd_bootstrap_port(open_bs, &p.bootstrap_port));
-    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ETIMEDOUT, "kvt_pd_receiver_create");
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ETIMEDOUT, "kvt_pd_receiver_create",
+               "0 prefill ranks registered");
     kvt_pd_bootstrap_destroy(open_bs);
 
     const char *secret = "0123456789abcdef-pd-api-errors", *wrong = "fedcba9876543210-pd-wrong";
