@@ -6,6 +6,7 @@ worker's forward-pass calls layer by layer, with every loaded block
 byte-checked; load errors reported for recompute; refusals."""
 import hashlib
 import inspect
+import time
 import types
 import unittest
 
@@ -16,8 +17,10 @@ from _util import skip_if_unloadable
 
 def setUpModule():
     skip_if_unloadable()
-    global vc
+    global vc, kvtier, kv_cache_config
+    import kvtier
     import kvtier.vllm_connector as vc
+    from _vllm_fakes import kv_cache_config
 
 
 # Recorded from vllm-project/vllm, commit 003df2961dd8830c317a61f9745ccd557da9fa06,
@@ -109,6 +112,11 @@ class Conformance(unittest.TestCase):
     def test_real_vllm_when_importable(self):
         if not vc.VLLM_IMPORTED:
             self.skipTest("vllm is not importable here; the stand-in base was checked")
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorBase_V1, KVConnectorMetadata)
+        self.assertIs(vc.KVConnectorBase_V1, KVConnectorBase_V1)
+        self.assertTrue(issubclass(vc.KvtierConnectorMetadata, KVConnectorMetadata))
+        self.check(KVConnectorBase_V1)
 
 
 BS, LAYERS, HEADS, DIM, BLOCKS = 4, 3, 2, 8, 64
@@ -143,7 +151,7 @@ class Blocks:
         return (self.ids,)
 
 
-class Engine(unittest.TestCase):
+class EngineBase(unittest.TestCase):
     def setUp(self):
         rng = np.random.default_rng(3)
         self.kv = {"model.layers.%d.self_attn.attn" % i: rng.integers(
@@ -170,6 +178,19 @@ class Engine(unittest.TestCase):
         w.clear_connector_metadata()
         return w.get_finished(set(finished)), w.get_block_ids_with_load_errors()
 
+    def step_until_sent(self, rid):
+        """Steps until the worker reports rid's store ended (stores run
+        behind the steps); returns the load errors seen meanwhile."""
+        errors = set()
+        for _ in range(2000):
+            (sent, recv), e = self.step()
+            errors |= e
+            if sent:
+                self.assertEqual(sent, {rid})
+                return errors
+            time.sleep(0.001)
+        self.fail("the store of %s was never reported" % rid)
+
     def block(self, b):
         return [t[:, b].view(np.uint8).copy() for t in self.kv.values()]
 
@@ -178,13 +199,14 @@ class Engine(unittest.TestCase):
             for x, y in zip(self.block(d), self.block(s)):
                 self.assertTrue(np.array_equal(x, y), "block %d != block %d" % (d, s))
 
+
+class Engine(EngineBase):
     def test_save_then_load_a_shared_prefix(self):
         a_tokens = list(range(1000, 1041))  # 10 full blocks + 1 token
         a = Request("a", a_tokens)
         self.assertEqual(self.sched.get_num_new_matched_tokens(a, 0), (0, False))
         self.assertEqual(self.sched.request_finished(a, list(range(11))), (True, None))
-        (saved, recv), errors = self.step(finished={"a"})
-        self.assertEqual((saved, recv, errors), ({"a"}, None, set()))
+        self.assertEqual(self.step_until_sent("a"), set())
         self.assertEqual(self.worker.cache.stats()["stored_blocks"], 10)
         # b shares a's first 8 blocks; 2 of them are computed on the GPU already
         b = Request("b", a_tokens[:32] + list(range(5000, 5018)))
@@ -204,7 +226,7 @@ class Engine(unittest.TestCase):
     def test_missing_blocks_are_load_errors(self):
         a = Request("a", list(range(33)))
         self.sched.request_finished(a, list(range(8)))
-        self.step(finished={"a"})
+        self.step_until_sent("a")
         # the scheduler planned 8 blocks but only 6 are there now (evicted)
         meta = vc.KvtierConnectorMetadata(loads=[vc.LoadSpec(
             "b", [vc.block_key(h) for h in a.block_hashes[:6]] + [b"gone-1", b"gone-2"],
@@ -223,9 +245,32 @@ class Engine(unittest.TestCase):
                                     "cpu_capacty"):
             vc.KvtierConnector(vllm_config({"cpu_capacty": "1GiB"}),
                                vc.KVConnectorRole.WORKER, None)
-        with self.assertRaisesRegex(RuntimeError, "kvtier serve attach not available"):
+        with self.assertRaisesRegex(ValueError, "cpu_capacity, kvtier_options configure the "
+                                    "tiers, which the `kvtier serve` process owns"):
             vc.KvtierConnector(vllm_config({"socket": "/run/k.sock"}),
                                vc.KVConnectorRole.WORKER, None)
+        only_socket = vllm_config()
+        only_socket.kv_transfer_config.kv_connector_extra_config = {
+            "socket": "/nonexistent/k.sock", "timeout": 0.2}
+        with self.assertRaisesRegex(ValueError, "needs the workers' KV geometry"):
+            vc.KvtierConnector(only_socket, vc.KVConnectorRole.SCHEDULER, None)
+        with self.assertRaisesRegex(kvtier.ConnectionFailure, "/nonexistent/k.sock"):
+            vc.KvtierConnector(only_socket, vc.KVConnectorRole.SCHEDULER,
+                               kv_cache_config(LAYERS, BS, HEADS, DIM))
+        with self.assertRaisesRegex(ValueError, "load_async must be true or false .JSON., "
+                                    "got 'false'"):
+            vc.KvtierConnector(vllm_config({"load_async": "false"}),
+                               vc.KVConnectorRole.WORKER, None)
+        pp2 = vllm_config()
+        pp2.kv_transfer_config.kv_connector_extra_config = {"socket": "/run/k.sock"}
+        pp2.parallel_config.pipeline_parallel_size = 2
+        with self.assertRaisesRegex(NotImplementedError, "pipeline parallel size 2 in socket "
+                                    "mode"):
+            vc.KvtierConnector(pp2, vc.KVConnectorRole.WORKER, None)
+        with self.assertRaisesRegex(ValueError, "timeout must be > 0 seconds"):
+            vc.KvtierConnector(vllm_config({"timeout": 0}), vc.KVConnectorRole.WORKER, None)
+        with self.assertRaisesRegex(ValueError, "tp_rank 2 is outside tensor_parallel_size 1"):
+            vc.KvtierConnector(vllm_config({"tp_rank": 2}), vc.KVConnectorRole.WORKER, None)
         w = vc.KvtierConnector(vllm_config(engine="other"), vc.KVConnectorRole.WORKER, None)
         with self.assertRaisesRegex(ValueError, "the first dim must be 2"):
             w.register_kv_caches({"l0": np.zeros((3, 4, BS, 2, 8), np.float16)})
@@ -243,6 +288,59 @@ class Engine(unittest.TestCase):
         self.assertEqual(s.get_num_new_matched_tokens(Request("x", list(range(20))), 0),
                          (0, False))
 
+    def test_torch_tensors_name_blocks_like_numpy(self):
+        """A CPU torch tensor registers without a copy, and its blocks get
+        the namespace a numpy array of the same dtype gets (the scheduler
+        builds it from kv_cache_config, whatever the worker holds)."""
+        class FakeTorch:
+            __module__ = "torch"
+
+            def __init__(self, a):
+                self.a, self.shape = a, a.shape
+                self.device = types.SimpleNamespace(type="cpu")
+                self.dtype = "torch.float16"
+
+            def is_contiguous(self):
+                return self.a.flags.c_contiguous
+
+            def element_size(self):
+                return self.a.itemsize
+
+            def numel(self):
+                return self.a.size
+
+            def data_ptr(self):
+                return self.a.ctypes.data
+
+        arrs = {n: t.copy() for n, t in self.kv.items()}
+        w = vc.KvtierConnector(vllm_config(engine="torch"), vc.KVConnectorRole.WORKER, None)
+        w.register_kv_caches({n: FakeTorch(a) for n, a in arrs.items()})
+        try:
+            self.assertEqual(w.namespace, self.worker.namespace)
+            self.assertIn("|dtype=float16|", w.namespace)
+            self.assertIn("|dim=%d|" % DIM, w.namespace)
+            keys = [b"t%d" % i for i in range(2)]
+            w.bind_connector_metadata(vc.KvtierConnectorMetadata(
+                saves=[vc.SaveSpec("r", keys, [0, 1])]))
+            w.start_load_kv(None)
+            w.wait_for_save()
+            for _ in range(2000):
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            w.bind_connector_metadata(vc.KvtierConnectorMetadata(
+                loads=[vc.LoadSpec("r2", keys, [5, 6])]))
+            w.start_load_kv(None)
+            for n in arrs:
+                w.wait_for_layer_load(n)
+            w.wait_for_save()
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            for a in arrs.values():  # the load wrote the tensors' own memory
+                self.assertTrue(np.array_equal(a[:, 5:7].view(np.uint8), a[:, 0:2].view(np.uint8)))
+        finally:
+            w.shutdown()
+
     def test_mla_layers(self):
         kv = {"l%d" % i: np.random.default_rng(i).integers(0, 256, (BLOCKS, BS, 576 * 2),
                                                            dtype=np.uint8).view(np.float16)
@@ -256,6 +354,12 @@ class Engine(unittest.TestCase):
                 saves=[vc.SaveSpec("r", keys, [0, 1, 2])]))
             w.start_load_kv(None)
             w.wait_for_save()
+            for _ in range(2000):  # the store runs behind; get_finished reports it
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            self.assertEqual(sent, {"r"})
             w.bind_connector_metadata(vc.KvtierConnectorMetadata(
                 loads=[vc.LoadSpec("r2", keys, [10, 11, 12])]))
             w.start_load_kv(None)
@@ -267,6 +371,137 @@ class Engine(unittest.TestCase):
                 self.assertTrue(np.array_equal(t[10:13].view(np.uint8), t[0:3].view(np.uint8)))
         finally:
             w.shutdown()
+
+
+class LayerSpy:
+    """A worker's cache or client with its layer waits counted, and made to
+    fail for one layer when asked."""
+
+    def __init__(self, inner, fail_layer=None):
+        self.inner, self.fail_layer, self.layers = inner, fail_layer, []
+
+    def wait_layer(self, task, layer, timeout):
+        self.layers.append(layer)
+        if layer == self.fail_layer:
+            raise kvtier.Timeout(kvtier.STATUS["ETIMEDOUT"], "layer %d (injected)" % layer)
+        return self.inner.wait_layer(task, layer, timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class LoadModes(EngineBase):
+    """Asynchronous loads in-process, and a layer wait that fails."""
+
+    def save_a(self):
+        tokens = list(range(2000, 2033))  # 8 full blocks + 1 token
+        a = Request("a", tokens)
+        self.sched.request_finished(a, list(range(9)))
+        self.step_until_sent("a")
+        return tokens
+
+    def test_async_load_reported_received(self):
+        tokens = self.save_a()
+        self.sched.load_async = True
+        b = Request("b", tokens)
+        self.assertEqual(self.sched.get_num_new_matched_tokens(b, 0), (32, True))
+        dst = list(range(20, 29))
+        for t in self.kv.values():
+            t[:, dst] = 0
+        self.sched.update_state_after_alloc(b, Blocks(dst), 32)
+        errors = set()
+        for _ in range(2000):
+            (sent, recv), e = self.step()
+            errors |= e
+            if recv:
+                break
+            time.sleep(0.001)
+        self.assertEqual((recv, errors), ({"b"}, set()))
+        self.assert_blocks_equal(dst[:8], range(8))
+
+    def test_failed_layer_wait_reports_the_whole_load(self):
+        tokens = self.save_a()
+        spy = self.worker.cache = LayerSpy(self.worker.cache, fail_layer=1)
+        b = Request("b", tokens)
+        n, load_async = self.sched.get_num_new_matched_tokens(b, 4)
+        self.assertEqual((n, load_async), (28, False))
+        dst = list(range(20, 29))
+        self.sched.update_state_after_alloc(b, Blocks(dst), n)
+        _, errors = self.step()
+        # layer 1 was not whole when the forward pass ran it: every block
+        # past the computed one is recomputed (layer 2 waited no more)
+        self.assertEqual(errors, set(dst[1:8]))
+        self.assertEqual(spy.layers, [0, 1])
+        self.worker.cache = spy.inner
+
+
+class SocketModeOneProcess(unittest.TestCase):
+    """Socket mode with both roles in this process: synchronous loads
+    through the server are waited for layer by layer."""
+
+    def setUp(self):
+        import os
+        import tempfile
+        from test_client import start_server
+        self.tmp = tempfile.mkdtemp(prefix="kvtvs")
+        self.sock = os.path.join(self.tmp, "node.sock")
+        # kvtier serve's "tiny" at TP 1: 4 layers, 2 KV heads of 64, fp16
+        self.srv = start_server(self.sock, "--set", "block_tokens=%d" % BS, page=BS, tp=1)
+
+    def tearDown(self):
+        import shutil
+        from test_client import stop_server
+        stop_server(self.srv)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_sync_layerwise_load_through_the_server(self):
+        cfg = vllm_config(engine="sock")
+        cfg.kv_transfer_config.kv_connector_extra_config = {
+            "socket": self.sock, "load_async": False, "timeout": 5}
+        rng = np.random.default_rng(9)
+        kv = {"l%d" % i: rng.integers(0, 256, (2, BLOCKS, BS, 2, 64 * 2), dtype=np.uint8)
+              .view(np.float16) for i in range(4)}
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+        w.register_kv_caches(kv)
+        s = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER,
+                               kv_cache_config(4, BS, 2, 64))
+        try:
+            tokens = list(range(300, 325))  # 6 full blocks + 1 token
+            a = Request("a", tokens)
+            self.assertEqual(s.request_finished(a, list(range(7))), (True, None))
+            w.bind_connector_metadata(s.build_connector_meta(None))
+            w.start_load_kv(None)
+            w.wait_for_save()
+            w.clear_connector_metadata()
+            for _ in range(2000):
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            self.assertEqual(sent, {"a"})
+            b = Request("b", tokens)
+            self.assertEqual(s.get_num_new_matched_tokens(b, 0), (24, False))
+            dst = list(range(30, 37))
+            for t in kv.values():
+                t[:, dst] = 0
+            s.update_state_after_alloc(b, Blocks(dst), 24)
+            spy = w.cache = LayerSpy(w.cache)
+            w.bind_connector_metadata(s.build_connector_meta(None))
+            w.start_load_kv(None)
+            for name in kv:
+                w.wait_for_layer_load(name)
+            w.wait_for_save()
+            w.clear_connector_metadata()
+            self.assertEqual(spy.layers, [0, 1, 2, 3])
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            self.assertEqual(w.get_finished(set()), (None, None))  # sync: not reported
+            for t in kv.values():
+                self.assertTrue(np.array_equal(t[:, dst[:6]].view(np.uint8),
+                                               t[:, :6].view(np.uint8)))
+            w.cache = spy.inner
+        finally:
+            w.shutdown()
+            s.shutdown()
 
 
 if __name__ == "__main__":
