@@ -1747,7 +1747,12 @@ static void test_pd_rooms(void **state)
     atomic_store(&alloc_countdown, 0);
     EXPECT_ERR(kvt_pd_receiver_room(r, 4, &rp), KVT_ENOMEM, "kvt_pd_receiver_room");
     atomic_store(&alloc_countdown, -1);
+    assert_ok(kvt_pd_sender_room(s, 5));
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_pd_sender_send(s, 5, pages, 4, 13), KVT_ENOMEM, "kvt_pd_sender_send");
+    atomic_store(&alloc_countdown, -1);
     atomic_store(&alloc_one_thread, false);
+    assert_ok(kvt_pd_sender_clear(s, 5));
     /* ... and the receiver's abort likewise. */
     assert_ok(kvt_pd_sender_room(s, 3));
     assert_ok(kvt_pd_receiver_room(r, 3, &rp));
@@ -1858,6 +1863,8 @@ typedef struct oom_ctx {
     kvt_emu *emu;
     kvt_cache *cache;
     kvt_pd_bootstrap *bs;
+    kvt_config *scfg; /* with a server_socket */
+    kvt_server *srv;
     char path[64];
 } oom_ctx;
 
@@ -1919,6 +1926,12 @@ static kvt_status oom_pd_bootstrap_create(void *p)
     return kvt_pd_bootstrap_create(&((oom_ctx *)p)->bs, &np);
 }
 static void undo_bootstrap(void *p) { kvt_pd_bootstrap_destroy(((oom_ctx *)p)->bs); }
+static kvt_status oom_server_create(void *p)
+{
+    oom_ctx *x = p;
+    return kvt_server_create(&x->srv, x->scfg, x->geo);
+}
+static void undo_server(void *p) { kvt_server_destroy(((oom_ctx *)p)->srv); }
 
 static void test_enomem(void **state)
 {
@@ -1930,6 +1943,10 @@ static void test_enomem(void **state)
     assert_non_null(f);
     fputs("{\"workers\": 1}", f);
     fclose(f);
+    char sock[64];
+    snprintf(sock, sizeof sock, "/tmp/kvt_api_errors_%d.sock", (int)getpid());
+    x.scfg = small_config();
+    assert_ok(kvt_config_set(x.scfg, "server_socket", sock));
     assert_ok(kvt_fabric_create(&x.fab, 2, 2));
     kvt_fabric *fab = x.fab;
     const oom_case cases[] = {
@@ -1944,6 +1961,7 @@ static void test_enomem(void **state)
         {"kvt_emu_create", oom_emu_create, undo_emu},
         {"kvt_cache_create", oom_cache_create, undo_cache},
         {"kvt_pd_bootstrap_create", oom_pd_bootstrap_create, undo_bootstrap},
+        {"kvt_server_create", oom_server_create, undo_server},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) show_enomem(&cases[i], &x);
     const oom_case fabric = {"kvt_fabric_create", oom_fabric_create, undo_fabric};
@@ -1951,6 +1969,7 @@ static void test_enomem(void **state)
     kvt_fabric_destroy(fab);
     unlink(x.path);
     kvt_geometry_destroy(x.geo);
+    kvt_config_destroy(x.scfg);
     kvt_config_destroy(x.cfg);
 }
 
