@@ -3121,6 +3121,24 @@ static void test_net_connect_faults(void **state)
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
     EXPECT_ERR(kvt_net_connect(m, 50), KVT_ESYS, "kvt_net_connect", "socket");
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    /* A member's group formation connects its link itself: the same
+     * faults reach kvt_group_create. */
+    kvt_group_params gp = {1, 1, 2, 7, 0, 100, 0, 400};
+    kvt_group *grp = NULL;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_ESYS, "kvt_net_connect", "socket");
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    kvt_net_destroy(m);
+    assert_ok(kvt_net_tcp_create(&hub, &hp));
+    assert_ok(kvt_net_tcp_port(hub, &port));
+    mp.port = port;
+    assert_ok(kvt_net_tcp_create(&m, &mp)); /* the wrong secret */
+    hw = (hub_wait){hub, 2000, KVT_OK};
+    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_EAUTH, "rank 1", "secret");
+    pthread_join(th, NULL);
+    assert_null(grp);
+    kvt_net_destroy(hub);
     assert_ok(kvt_net_interrupt(m));
     EXPECT_ERR(kvt_net_connect(m, 50), KVT_ECANCELED, "interrupted");
     kvt_net_destroy(m);
