@@ -3047,6 +3047,9 @@ static void test_group_faults(void **state)
     EXPECT_ERR(kvt_group_reform(g, 100), KVT_EVERSION, "rank 1", "version 99");
     send_raw(&p, 1, RAW_VERSION);
     EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_EVERSION, "rank 1", "version 99");
+    /* rank 1 re-forming meets a WELCOME that fails its checksum */
+    send_raw(&p, 0, RAW_CHECKSUM);
+    EXPECT_ERR(kvt_group_reform(m.g, 100), KVT_ECORRUPT, "rank 0", "checksum");
     assert_ok(kvt_net_interrupt(p.n[0]));
     EXPECT_ERR(kvt_group_reform(g, 100), KVT_ECANCELED, "interrupted");
     EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_ECANCELED, "interrupted");
