@@ -197,7 +197,30 @@
  *      socket (EBUSY); a stopped server (ECONN naming the socket); the
  *      client's first allocation failing (ENOMEM); a fake server answering
  *      with the wrong op (EPROTO) or another protocol version (EVERSION), at
- *      attach and to every request
+ *      attach and to every request, or holding a load's END (wait ETIMEDOUT);
+ *      server_client_tasks held (EFULL); a plan past plan_ttl_ms (ETIMEDOUT);
+ *      no descriptor left for the client's socket (ESYS)
+ *  cache and connector  a running task (try_wait EAGAIN, wait ETIMEDOUT);
+ *      an expired plan (launch ETIMEDOUT); max_tasks held (EFULL, also
+ *      through kvt_conn_*); layer events on host memory (EUNSUPPORTED);
+ *      an aborted group (every kvt_conn_* EABORTED until kvt_conn_reform);
+ *      buffers smaller than the geometry (EGEOMETRY); device memory with no
+ *      CUDA runtime (KVTIER_CUDART set to a missing file) or on a client
+ *      (EUNSUPPORTED)
+ *  rank groups (kvt_group_create / _reform, kvt_conn_reform)  no peer
+ *      (ETIMEDOUT), no magic (EPROTO), protocol version 99 (EVERSION), a
+ *      payload failing its checksum (ECORRUPT), a lost link (ECONN),
+ *      kvt_net_interrupt (ECANCELED); over TCP: no descriptor (ESYS), the
+ *      wrong secret (EAUTH)
+ *  kvt_net_connect  nobody joins / no hub (ETIMEDOUT), wrong secret (EAUTH),
+ *      no descriptor (ESYS), no memory (ENOMEM), interrupted (ECANCELED)
+ *  host  a port in use (kvt_net_tcp_create, kvt_pd_bootstrap_create,
+ *      kvt_pd_sender_create: ESYS); a config path under a regular file (EIO)
+ *  PD  a silent bootstrap (ECONN), one with no prefill rank (ETIMEDOUT), the
+ *      wrong secret (EAUTH); the first allocation of a room or send (ENOMEM)
+ *
+ * ENOMEM one-shots fail the calling thread's next allocation only
+ * (alloc_one_thread), so a server or service thread is not the one hit.
  */
 #include <dirent.h>
 #include <errno.h>
