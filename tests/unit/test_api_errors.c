@@ -3052,6 +3052,9 @@ static void test_group_faults(void **state)
     assert_ok(kvt_geometry_info_get(cf.geo, &gi));
     pair_init(&p, gi.digest);
     assert_ok(kvt_config_digest(cf.cfg, &p.gp.config_digest));
+    /* The formation that must succeed gets room on a loaded machine. */
+    p.gp.timeout_ms = 2000;
+    p.gp.formation_timeout_ms = 20000;
     member_run m = {p.n[1], p.gp, NULL, KVT_OK};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, member_create, &m), 0);
@@ -3149,7 +3152,8 @@ static void test_net_connect_faults(void **state)
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
     /* A member's group formation connects its link itself: the same
      * faults reach kvt_group_create. */
-    kvt_group_params gp = {1, 1, 2, 7, 0, 100, 0, 400};
+    /* B 8 s: the refusal comes as soon as the hub answers, well before */
+    kvt_group_params gp = {1, 1, 2, 7, 0, 1000, 0, 8000};
     kvt_group *grp = NULL;
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
     EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_ESYS, "kvt_net_connect", "socket");
