@@ -403,7 +403,7 @@ typedef struct kvt_match {
  * keyed request may match all num_keys * block_tokens tokens. Errors:
  * KVT_EINVAL for a bad request (naming the field, and for keys the index:
  * "req->keys[3].len is 0 (1..256 bytes)"). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL. */
 kvt_status kvt_cache_lookup(kvt_cache *cache, const kvt_request *req, kvt_match *out);
 
 typedef struct kvt_store_plan {
@@ -416,7 +416,7 @@ typedef struct kvt_store_plan {
  * eviction. Tokens already cached, or being stored by another task, are not
  * stored again. The blocks are invisible to lookups until the store task
  * succeeds; a cancelled or failed store leaves no trace. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL. */
 kvt_status kvt_cache_prepare_store(kvt_cache *cache, const kvt_request *req,
                                    kvt_store_plan *out);
 
@@ -486,11 +486,11 @@ kvt_status kvt_cache_stream_wait_layer(kvt_cache *cache, kvt_task_id task, uint3
 /* Cancels a task. A planned task is released at once; a running one stops
  * at its next layer boundary. Its result (KVT_ECANCELED) is still reported
  * once. A cancelled load leaves the engine pages undefined. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ECANCELED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
 kvt_status kvt_cache_cancel(kvt_cache *cache, kvt_task_id task);
 /* Reports up to max ended tasks not yet reported, oldest first, in out;
  * *count gets how many. Never blocks. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_cache_poll(kvt_cache *cache, kvt_task_result *out, uint32_t max,
                           uint32_t *count);
 
@@ -605,12 +605,12 @@ void kvt_client_detach(kvt_client *cl);
  * concurrently on one client (round trips are serialised on its socket). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE, KVT_EUNSUPPORTED. */
 kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
                                     kvt_store_plan *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESTATE, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_ECORRUPT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_launch(kvt_client *cl, kvt_task_id task, const uint32_t *pages,
                              uint32_t num_pages);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
@@ -622,14 +622,14 @@ kvt_status kvt_client_wait(kvt_client *cl, kvt_task_id task, int64_t timeout_ms,
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max,
                            uint32_t *count);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id task);
 /* The server's kvt_cache_stats (every client's traffic together). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_stats(kvt_client *cl, kvt_cache_stats *out);
 /* kvt_cache_flush on the server: every block stored so far (by any client)
  * durable on the SSD tier, or KVT_ETIMEDOUT after timeout_ms (0..600000). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_flush(kvt_client *cl, int64_t timeout_ms);
 
 /* ------------------------------------------------------------------ */
@@ -826,14 +826,14 @@ typedef struct kvt_group_params {
  * forms on every rank or on none (docs/protocol.md, "Formation"), within
  * params.formation_timeout_ms.
  * net is borrowed and must outlive the group. The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_group_create(kvt_group **out, kvt_net *net, const kvt_group_params *params);
 /* NULL is a no-op. Does not destroy the net. */
 void kvt_group_destroy(kvt_group *group);
 /* Aborts the group now: tells the leader (from a member) or every member
  * (from the leader), best effort within T. reason may be NULL. Later
  * exchanges return KVT_EABORTED until kvt_group_reform. Idempotent. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_group_abort(kvt_group *group, const char *reason);
 /* Re-forms an aborted (or healthy) group: every rank must call it (a
  * replacement process calls kvt_group_create instead); the epoch is agreed
@@ -841,7 +841,7 @@ kvt_status kvt_group_abort(kvt_group *group, const char *reason);
  * a failed attempt changes nothing and a retry on every rank converges.
  * Frames of older epochs are discarded. Returns within timeout_ms (+ 1/8 of
  * it to tell the leader it gave up); it is the formation budget B. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_group_reform(kvt_group *group, int64_t timeout_ms);
 
 typedef struct kvt_group_info {
@@ -894,14 +894,14 @@ void kvt_conn_destroy(kvt_conn *conn);
 /* Rank-local: looks req up in this rank's cache now (pinning the match) and
  * queues it for the next step. *local_tokens (may be NULL) gets this rank's
  * match; the agreed one comes with the step. req is copied. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EFULL, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EABORTED. */
 kvt_status kvt_conn_lookup(kvt_conn *conn, uint64_t rid, const kvt_request *req,
                            uint32_t *local_tokens);
 /* Rank-local: this rank has pages for rid's looked-up prefix and wants it
  * loaded (layerwise: the engine will call kvt_conn_wait_layer). Not calling
  * it (e.g. a failed allocation) makes the step refuse the load on every
  * rank. pages is copied. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EABORTED. */
 kvt_status kvt_conn_load(kvt_conn *conn, uint64_t rid, const uint32_t *pages,
                          uint32_t num_pages, int layerwise);
 /* Rank-local: plans the store of req's blocks this rank lacks and queues it;
@@ -910,17 +910,17 @@ kvt_status kvt_conn_load(kvt_conn *conn, uint64_t rid, const uint32_t *pages,
  * another load (or store) of that rid with KVT_EBUSY on every rank, and a
  * load is refused the same way when every layer counter is held: keep the
  * pages until the STORE_DONE / LOAD_DONE event. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EFULL, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EABORTED. */
 kvt_status kvt_conn_store(kvt_conn *conn, uint64_t rid, const kvt_request *req,
                           const uint32_t *pages, uint32_t num_pages);
 /* Rank-local: asks for a group-wide reset at the next step (every rank's
  * tasks are cancelled there and then). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_EABORTED. */
 kvt_status kvt_conn_reset(kvt_conn *conn);
 /* Rank-local and never on the wire: collects this rank's ended tasks (to be
  * reported at the next step). Any number of calls, on any rank, e.g. from an
  * eviction path under memory pressure. *ended (may be NULL) gets how many. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT. */
+/* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_conn_poll(kvt_conn *conn, uint32_t *ended);
 /* Rank-local: waits until layers [0, layer] of rid's running load landed. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
@@ -968,14 +968,14 @@ typedef struct kvt_conn_event {
  *               their pins released, and none of this step's events are
  *               delivered; the engine recomputes and may call
  *               kvt_conn_reform. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_EBUSY, KVT_EFULL, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN, KVT_EABORTED, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_EABORTED. */
 kvt_status kvt_conn_step(kvt_conn *conn, uint64_t step);
 /* Copies up to max of the pending events, oldest first; *count gets how many. */
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_conn_events(kvt_conn *conn, kvt_conn_event *out, uint32_t max,
                            uint32_t *count);
 /* Re-forms the group under a new epoch (every rank) and clears the state. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_conn_reform(kvt_conn *conn, int64_t timeout_ms);
 
 /* ------------------------------------------------------------------ */
@@ -1141,10 +1141,10 @@ kvt_status kvt_pd_sender_wait(kvt_pd_sender *s, uint64_t room, int64_t timeout_m
                               kvt_pd_poll *out);
 /* Fails the room now and tells every peer of it; each acknowledges
  * (kvt_pd_room_info.abort_acks). reason may be NULL. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_sender_abort(kvt_pd_sender *s, uint64_t room, const char *reason);
 /* Forgets the room (any state); late messages about it are ignored. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_sender_clear(kvt_pd_sender *s, uint64_t room);
 void kvt_pd_sender_destroy(kvt_pd_sender *s);
 
@@ -1173,7 +1173,7 @@ kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *pa
 /* Opens a room and sends its page table to the prefill ranks. The page
  * table must name each engine page once (KVT_EINVAL otherwise); room ids
  * may be reused once both sides cleared the room. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EBUSY, KVT_EFULL, KVT_ECONN. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EBUSY, KVT_EFULL. */
 kvt_status kvt_pd_receiver_room(kvt_pd_receiver *r, uint64_t room,
                                 const kvt_pd_room_params *params);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
@@ -1181,9 +1181,9 @@ kvt_status kvt_pd_receiver_poll(kvt_pd_receiver *r, uint64_t room, kvt_pd_poll *
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_receiver_wait(kvt_pd_receiver *r, uint64_t room, int64_t timeout_ms,
                                 kvt_pd_poll *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EABORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_receiver_abort(kvt_pd_receiver *r, uint64_t room, const char *reason);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_pd_receiver_clear(kvt_pd_receiver *r, uint64_t room);
 void kvt_pd_receiver_destroy(kvt_pd_receiver *r);
 

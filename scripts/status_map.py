@@ -15,8 +15,9 @@ declaration that returns kvt_status.
   scripts/status_map.py           print the map
   scripts/status_map.py --write   rewrite the Returns: lines of include/kvtier.h
   scripts/status_map.py --check   exit 1 when the header's lines differ (ctest)
-  scripts/status_map.py --coverage   which (function, status) pairs
-                                  tests/unit/test_api_errors.c shows, and which not
+  scripts/status_map.py --coverage [N]  which (function, status) pairs
+                                  tests/unit/test_api_errors.c shows, and which
+                                  not; exit 1 when fewer than N are shown
 """
 import os
 import re
@@ -40,7 +41,8 @@ def strip_comments(text):
 
 
 def functions(text):
-    """name -> (body, static) of every function defined in text (brace-matched)."""
+    """name -> (body, static, params, return type) of every function
+    defined in text (brace-matched)."""
     out = {}
     for m in re.finditer(r"^([A-Za-z_][\w \t\*]*?)\b(\w+)\s*\(([^;{}]*?)\)\s*(?:__attribute__\(\(.*?\)\)\s*)?\{",
                          text, flags=re.M | re.S):
@@ -59,14 +61,37 @@ def functions(text):
         # logged or recorded in results, not returned).
         if "void" in words and "*" not in m.group(1) and TEARDOWN.search(name):
             continue
-        body, static = out.get(name, ("", False))
-        out[name] = (body + text[m.end():i], static or "static" in words)
+        body, static, params, ret = out.get(name, ("", False, "", ""))
+        out[name] = (body + text[m.end():i], static or "static" in words,
+                     params + m.group(3) + ";", ret + m.group(1) + ";")
     return out
 
 
-def produced(body):
+def enclosing_call(body, pos):
+    """The name of the call whose parentheses hold body[pos], or None."""
+    depth = 0
+    for j in range(pos - 1, -1, -1):
+        c = body[j]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            if depth == 0:
+                f = re.search(r"(\w+)\s*$", body[:j])
+                return f.group(1) if f else None
+            depth -= 1
+        elif c in ";{}" and depth == 0:
+            return None
+    return None
+
+
+def produced(body, sinks=()):
+    """The codes body produces. A code handed to a sink (a void or bool
+    function with no kvt_status * parameter: kvt__cache_end_task(c, t,
+    KVT_ECANCELED) records a task's result) is not among them."""
     codes = set()
     for m in STATUS_RE.finditer(body):
+        if sinks and enclosing_call(body, m.start()) in sinks:
+            continue
         before = body[max(0, m.start() - 12):m.start()]
         if re.search(r"(==|!=)\s*$", before) or re.search(r"\bcase\s+$", before):
             continue
@@ -111,7 +136,7 @@ def load():
     """(file, name) -> (body, static) of kvt_status functions; the ops
     tables; and per file the ops types it can see (its own text and the
     src/ headers it includes)."""
-    funcs, texts, raw = {}, [], {}
+    funcs, heads, texts, raw = {}, {}, [], {}
     for d, _, files in os.walk(os.path.join(ROOT, "src")):
         for f in sorted(files):
             if f.endswith((".c", ".h")):
@@ -120,8 +145,9 @@ def load():
                     raw[path] = fh.read()
                 t = strip_comments(raw[path])
                 texts.append(t)
-                for name, (body, static) in functions(t).items():
+                for name, (body, static, params, ret) in functions(t).items():
                     funcs[(path, name)] = (body, static)
+                    heads[(path, name)] = (params, ret)
     seen = {}
     for path, t in raw.items():
         types = set(re.findall(r"\b(\w+_ops)\b", t))
@@ -130,13 +156,152 @@ def load():
         seen[path] = types
     allt = "\n".join(texts)
     structs = struct_members(allt)
-    return funcs, ops_tables(allt, structs), seen
+    return funcs, heads, ops_tables(allt, structs), seen
 
 
-def closure(funcs, ops, seen):
+def call_args(expr):
+    """(top, args): expr with the text inside every call's parentheses
+    removed, and that text (nested calls included)."""
+    top, args, depth = [], [], 0
+    for i, c in enumerate(expr):
+        if c == "(" and (depth or re.search(r"\w\s*$", expr[:i])):
+            depth += 1
+            if depth == 1:
+                top.append("(")
+                continue
+        elif c == ")" and depth:
+            depth -= 1
+            if depth == 0:
+                top.append(")")
+                continue
+        (args if depth else top).append(c)
+    return "".join(top), "".join(args)
+
+
+def status_vars(text):
+    """Names declared kvt_status in text (parameters or locals)."""
+    names = set()
+    for m in re.finditer(r"\bkvt_status\s+([^;(]*)", text):
+        for piece in m.group(1).split(","):
+            v = re.match(r"\s*\**\s*(\w+)", piece)
+            if v:
+                names.add(v.group(1))
+    return names
+
+
+def returned_calls(body, params):
+    """The text of every return expression of a function, when none of them
+    can pass on a status the function did not produce itself or get from a
+    call in that same return expression; else None.
+
+    A return passes a status on when its value is a variable, a field or a
+    cast (return st; return t->result.status; return (kvt_status)rc), or when
+    a call in it is given a kvt_status variable, a status field or a
+    non-constant first argument of kvt__fail (return kvt__fail(st, ...)).
+    A function that hands a status out through a kvt_status * parameter or
+    stores one in a field is left to the whole-body rule too."""
+    if re.search(r"\bkvt_status\s*\*", params) or \
+            re.search(r"(->|\.)\s*\w*status\w*\s*=[^=]", body):
+        return None
+    svars = status_vars(params + ";" + body)
+    exprs = []
+    for m in re.finditer(r"\breturn\b", body):
+        i, depth = m.end(), 0
+        while i < len(body) and not (body[i] == ";" and depth == 0):
+            depth += (body[i] in "([{") - (body[i] in ")]}")
+            i += 1
+        expr = body[m.end():i]
+        top, args = call_args(expr)
+        for t in re.finditer(r"[A-Za-z_]\w*", top):
+            after = top[t.end():].lstrip()
+            if not (t.group(0).startswith("KVT_") or after.startswith(("(", "->", "."))):
+                return None
+        if set(re.findall(r"\b\w+\b", args)) & svars or re.search(r"\(\s*kvt_status\s*\)", expr) \
+                or re.search(r"(->|\.)\s*\w*status\w*\b", args):
+            return None
+        for f in re.finditer(r"\bkvt__fail\s*\(\s*([^,]*),", expr):
+            if re.search(r"\b(?!KVT_)[A-Za-z_]\w*", f.group(1)):
+                return None
+        exprs.append(expr)
+    return exprs
+
+
+def struct_types():
+    """Names of the struct typedefs of include/kvtier.h and src/."""
+    names = set()
+    paths = [HEADER] + [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(ROOT, "src"))
+                        for f in fs if f.endswith((".h", ".c"))]
+    for path in paths:
+        with open(path) as fh:
+            t = fh.read()
+        names.update(re.findall(r"typedef struct \w*\s*\{[^{}]*(?:\{[^{}]*\}[^{}]*)*\}\s*(\w+)\s*;", t))
+        names.update(re.findall(r"typedef struct \w+\s+(\w+)\s*;", t))
+    return names
+
+
+def void_sinks(heads):
+    """Functions every definition of which returns void, bool or a struct
+    (not a pointer) and takes no kvt_status *: a status given to one (a
+    room's or a task's recorded failure, a task result built from it)
+    cannot come back as the caller's return value, except through a field
+    the caller returns (returns_field)."""
+    structs = struct_types()
+    verdict = {}
+    for (_, name), (params, ret) in heads.items():
+        words = ret.replace(";", " ").split()
+        ok = ("void" in words or "bool" in words or (words and words[-1] in structs)) and \
+            "*" not in ret and not re.search(r"\bkvt_status\s*\*", params)
+        verdict[name] = verdict.get(name, True) and ok
+    return {n for n, ok in verdict.items() if ok}
+
+
+def returns_field(body):
+    """Whether some return of body reads a field (return t->result)."""
+    for m in re.finditer(r"\breturn\b([^;]*);", body):
+        top, _ = call_args(m.group(1))
+        if re.search(r"(->|\.)\s*\w+\b(?!\s*\()", top):
+            return True
+    return False
+
+
+SERVER_CONN = "src/server/conn.c"
+CLIENT = "src/server/client.c"
+SERVER_SEND = {"reply", "reply_err"}
+
+
+def server_handlers(funcs):
+    """op constant (KVT_SRV_X) -> the node server's handler of that request,
+    from serve_one's switch in src/server/conn.c (its on_* call per case)."""
+    body = funcs.get((SERVER_CONN, "serve_one"), ("", False))[0]
+    out, pending = {}, []
+    for m in re.finditer(r"\bcase\s+(KVT_SRV_\w+)\s*:|\b(on_\w+)\s*\(", body):
+        if m.group(1):
+            pending.append(m.group(1))
+        elif pending:
+            for op in pending:
+                out[op] = (SERVER_CONN, m.group(2))
+            pending = []
+    return out
+
+
+def closure(funcs, heads, ops, seen):
     """A function's reachable statuses. A call resolves to a static function
     of the caller's own file first, else to the non-static one of that name;
-    p->member(...) to every function an ops table puts in .member."""
+    p->member(...) to every function an ops table puts in .member.
+
+    The statuses of a function's callees reach its caller only where the
+    caller can return them: when every return of a function returns a
+    constant, its own kvt__fail(KVT_X, ...) or a call's value
+    (returned_calls), only the calls in its return expressions count (a
+    helper that maps whatever its callees say to KVT_ECONN adds KVT_ECONN
+    alone); otherwise every call in its body does.
+
+    A kvt_client_* call returns the status the node server answered its
+    request with (src/server/client.c relays the reply's status): a client
+    function that names a request op KVT_SRV_X reaches what the server's
+    handler of X can answer, i.e. that handler's statuses less those of its
+    own replying (a failed send is the server's, the client sees the lost
+    connection)."""
     by_name = {}
     for (path, name), (_, static) in funcs.items():
         if not static or path.endswith(".h"):  # a header's static inlines are everyone's
@@ -150,17 +315,31 @@ def closure(funcs, ops, seen):
             return [(path, name)]
         return by_name.get(name, [])
 
-    direct = {k: produced(b) for k, (b, _) in funcs.items()}
+    sinks = void_sinks(heads)
+    direct = {k: produced(b, () if returns_field(b) else sinks) for k, (b, _) in funcs.items()}
+    handlers = server_handlers(funcs)
     calls = {}
     for (path, f), (b, _) in funcs.items():
         c = set()
+        rets = returned_calls(b, heads.get((path, f), ("", ""))[0])
+        if rets is not None:
+            b = ";".join(rets)
         for m in re.finditer(r"(->|\.)?\b(\w+)\s*\(", b):
             name = m.group(2)
             if m.group(1):
                 c.update(ops_targets(path, name))
             elif name != f:
                 c.update(resolve(path, name))
+        if path == CLIENT:
+            # a request op named as an argument (not compared against)
+            named = re.findall(r"(?<![=!]=)(?<![=!]=\s)\b(KVT_SRV_\w+)\b(?!\s*[=!]=)", b)
+            for op in set(named) & set(handlers):
+                c.add(("<relay>", handlers[op][1]))
         calls[(path, f)] = c
+    for op, h in handlers.items():
+        if h in funcs:
+            direct[("<relay>", h[1])] = direct.get(h, set())
+            calls[("<relay>", h[1])] = {k for k in calls.get(h, ()) if k[1] not in SERVER_SEND}
     memo = {}
 
     def reach(k, stack):
@@ -193,32 +372,74 @@ def line_for(codes):
     return "/* Returns: " + ", ".join("KVT_" + c for c in STATUS_ORDER if c in codes) + ". */"
 
 
-def coverage(want):
-    """(function, status) pairs test_api_errors.c shows: EXPECT_ERR /
-    assert_status(kvt_x(...), KVT_Y), EXPECT_OK / assert_ok(kvt_x(...)), and
-    the allocation-failure table's {"kvt_x", ...} rows (KVT_ENOMEM)."""
-    with open(os.path.join(ROOT, "tests", "unit", "test_api_errors.c")) as fh:
-        t = fh.read()
+def test_functions_run(t):
+    """name -> body of the functions of a test file that its main() runs:
+    those named in cmocka_unit_test(...) and every function of the file
+    they call, transitively. A case in a function no test runs shows
+    nothing."""
+    funcs = {name: body for name, (body, _, _, _) in functions(t).items()}
+    todo = re.findall(r"cmocka_unit_test\w*\(\s*(\w+)", funcs.get("main", ""))
+    run = {}
+    while todo:
+        f = todo.pop()
+        if f in run or f not in funcs:
+            continue
+        run[f] = funcs[f]
+        todo.extend(n for n in re.findall(r"\b(\w+)\b", run[f]) if n in funcs)
+    return run
+
+
+def shows(t):
+    """The (function, status) pairs a test file shows. Comments and #if 0
+    blocks are dropped first, and only the functions main() runs count. A
+    pair is shown by EXPECT_ERR(kvt_x(...), KVT_Y, needle...) (the status
+    and a message holding each needle; the macro takes at least one), by EXPECT_OK / assert_ok(kvt_x(...))
+    for KVT_OK, and by an allocation-failure row {"kvt_x", oom_f, undo_g}
+    whose oom_f calls kvt_x (KVT_ENOMEM, message checked by show_enomem).
+    A bare assert_status(kvt_x(...), KVT_Y) checks no message: it does not
+    count for an error status."""
+    # Comments go; strings become "" (a brace in one must not end a body)
+    # except a function's name, which an allocation-failure row needs.
+    t = re.sub(r'"(?:\\.|[^"\\\n])*"|/\*.*?\*/|//[^\n]*',
+               lambda m: (m.group(0) if re.fullmatch(r'"kvt_\w+"', m.group(0)) else '""')
+               if m.group(0)[0] == '"' else " ", t, flags=re.S)
+    t = re.sub(r"^#if 0\b.*?^#endif\b", "", t, flags=re.S | re.M)
+    run = test_functions_run(t)
     shown = set()
-    for m in re.finditer(r"\b(EXPECT_ERR|assert_status|EXPECT_OK|assert_ok)\(\s*(kvt_\w+)\(", t):
-        i, depth = m.end(), 1
-        while depth and i < len(t):
-            depth += (t[i] == "(") - (t[i] == ")")
-            i += 1
-        if m.group(1) in ("EXPECT_OK", "assert_ok"):
-            shown.add((m.group(2), "OK"))
-        else:
-            st = re.match(r"\s*,\s*KVT_(\w+)", t[i:i + 60])
+    for body in run.values():
+        for m in re.finditer(r"\b(EXPECT_ERR|EXPECT_OK|assert_ok)\(\s*(kvt_\w+)\(", body):
+            i, depth = m.end(), 1
+            while depth and i < len(body):
+                depth += (body[i] == "(") - (body[i] == ")")
+                i += 1
+            if m.group(1) != "EXPECT_ERR":
+                shown.add((m.group(2), "OK"))
+                continue
+            st = re.match(r"\s*,\s*KVT_(\w+)\s*,", body[i:i + 80])
             if st:
                 shown.add((m.group(2), st.group(1)))
-    for m in re.finditer(r'\{"(kvt_\w+)", oom_\w+, undo_\w+\}', t):
-        shown.add((m.group(1), "ENOMEM"))
+        for m in re.finditer(r'\{\s*"(kvt_\w+)"\s*,\s*(oom_\w+)\s*,\s*undo_\w+\s*\}', body):
+            if re.search(r"\b%s\s*\(" % m.group(1), run.get(m.group(2), "")):
+                shown.add((m.group(1), "ENOMEM"))
+    return shown
+
+
+def coverage(want, minimum):
+    """Prints the pairs of kvtier.h's Returns: lines that
+    tests/unit/test_api_errors.c does not show; fails (1) when fewer than
+    minimum are shown (the ctest test_api_coverage keeps the count from
+    dropping)."""
+    with open(os.path.join(ROOT, "tests", "unit", "test_api_errors.c")) as fh:
+        shown = shows(fh.read())
     pairs = [(f, c) for f, codes in want.items() for c in STATUS_ORDER if c in codes]
     missing = [p for p in pairs if p not in shown]
     for f, c in missing:
         print("not shown: %s KVT_%s" % (f, c))
-    print("test_api_errors.c shows %d of %d (function, status) pairs" %
-          (len(pairs) - len(missing), len(pairs)))
+    n = len(pairs) - len(missing)
+    print("test_api_errors.c shows %d of %d (function, status) pairs" % (n, len(pairs)))
+    if n < minimum:
+        print("status_map: coverage dropped below %d pairs" % minimum)
+        return 1
     return 0
 
 
@@ -226,12 +447,12 @@ def main():
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
     with open(HEADER) as fh:
         header = fh.read()
-    funcs, ops, seen = load()
-    reach = closure(funcs, ops, seen)
+    funcs, heads, ops, seen = load()
+    reach = closure(funcs, heads, ops, seen)
     defined = {name for (_, name), (_, static) in funcs.items() if not static}
     codes = {f: reach(f) | {"OK"} for f in public_functions(header) if f in defined}
     if mode == "--coverage":
-        return coverage(codes)
+        return coverage(codes, int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     want = {f: line_for(c) for f, c in codes.items()}
     if mode == "":
         for f, line in want.items():

@@ -692,6 +692,11 @@ kvt_status kvt_cache_stream_wait_layer(kvt_cache *c, kvt_task_id id, uint32_t la
                                        void *stream, int64_t timeout_ms)
 {
     static const char fn[] = "kvt_cache_stream_wait_layer";
+    /* Checked here too, so a refusal names this function, not the one below. */
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
+    KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
+                  (long long)timeout_ms);
     void *ev = NULL;
     kvt_status st = kvt_cache_layer_event(c, id, layer, timeout_ms, &ev);
     if (st) return st;

@@ -41,10 +41,12 @@ void kvt__tasks_fini(kvt_cache *c)
 
 kvt_status kvt__task_new(kvt_cache *c, kvt_task_kind kind, uint32_t num_blocks, kvt_task **out)
 {
+    /* Tasks are planned only by these two: the message names the call. */
+    const char *fn = kind == KVT_TASK_LOAD ? "kvt_cache_lookup" : "kvt_cache_prepare_store";
     if (c->num_free == 0)
-        return kvt__fail(KVT_EFULL, "task table full: %u tasks are planned, running or "
+        return kvt__fail(KVT_EFULL, "%s: task table full: %u tasks are planned, running or "
                          "ended but not yet reported; report results with kvt_cache_wait or "
-                         "kvt_cache_poll, or raise max_tasks", c->cfg.max_tasks);
+                         "kvt_cache_poll, or raise max_tasks", fn, c->cfg.max_tasks);
     /* One allocation per task (never per block) for its block lists. */
     uint32_t slot = c->free_slots[c->num_free - 1];
     kvt_task *t = &c->tasks[slot];
@@ -54,7 +56,7 @@ kvt_status kvt__task_new(kvt_cache *c, kvt_task_kind kind, uint32_t num_blocks, 
     t->tmp_slots = malloc((size_t)num_blocks * sizeof *t->tmp_slots);
     if (!t->entries || !t->blocks || !t->pages || !t->tmp_slots) {
         release_arrays(t);
-        return kvt__fail(KVT_ENOMEM, "no memory for a task of %u blocks", num_blocks);
+        return kvt__fail(KVT_ENOMEM, "%s: no memory for a task of %u blocks", fn, num_blocks);
     }
     c->num_free--;
     uint64_t gen = c->slot_gen[slot]++;

@@ -142,10 +142,11 @@ kvt_status kvt_conn_lookup(kvt_conn *c, uint64_t rid, const kvt_request *req, ui
     return st;
 }
 
-static kvt_status copy_pages(uint32_t **dst, uint32_t *n, const uint32_t *pages, uint32_t count)
+static kvt_status copy_pages(uint32_t **dst, uint32_t *n, const uint32_t *pages, uint32_t count,
+                             const char *fn)
 {
     uint32_t *p = malloc((size_t)count * sizeof *p);
-    if (!p) return kvt__fail(KVT_ENOMEM, "kvt_conn: out of memory copying %u pages", count);
+    if (!p) return kvt__fail(KVT_ENOMEM, "%s: out of memory copying %u pages", fn, count);
     memcpy(p, pages, (size_t)count * sizeof *p);
     free(*dst);
     *dst = p;
@@ -165,7 +166,7 @@ kvt_status kvt_conn_load(kvt_conn *c, uint64_t rid, const uint32_t *pages, uint3
     if (!p)
         st = kvt__fail(KVT_EINVAL, "%s: rid %llu has no lookup queued in this step", fn,
                        (unsigned long long)rid);
-    if (st == KVT_OK) st = copy_pages(&p->pages, &p->num_pages, pages, num_pages);
+    if (st == KVT_OK) st = copy_pages(&p->pages, &p->num_pages, pages, num_pages, fn);
     if (st == KVT_OK) {
         p->load = true;
         p->layerwise = layerwise != 0;
@@ -184,7 +185,7 @@ static kvt_status store_locked(kvt_conn *c, uint64_t rid, const kvt_request *req
                              "for this step", (unsigned long long)rid);
     kvt_status st = VEC_RESERVE(c->st, c->st.n + 1);
     pend_store s = {.rid = rid, .digest = req_digest(req)};
-    if (st == KVT_OK) st = copy_pages(&s.pages, &s.num_pages, pages, num_pages);
+    if (st == KVT_OK) st = copy_pages(&s.pages, &s.num_pages, pages, num_pages, "kvt_conn_store");
     kvt_store_plan plan;
     if (st == KVT_OK && (st = kvt_cache_prepare_store(c->cache, req, &plan)) != KVT_OK)
         kvt__pend_store_free(&s);

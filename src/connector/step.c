@@ -362,19 +362,20 @@ static kvt_status lead_step(kvt_conn *c, uint64_t step, const uint8_t **down, si
     return st;
 }
 
-static kvt_status fail_step(kvt_conn *c, kvt_status st)
+/* Aborts the group (unless the failure was its abort already) and drops
+ * this rank's work; c->mu held. */
+static void fail_step(kvt_conn *c, bool group_aborted)
 {
-    if (st != KVT_EABORTED)
-        st = kvt__group_abortf(c->g, UINT32_MAX, "epoch %llu: rank %u, step %llu: %s",
-                               (unsigned long long)c->g->epoch, c->g->rank,
-                               (unsigned long long)c->g->step_no, kvt_last_error());
+    if (!group_aborted)
+        (void)kvt__group_abortf(c->g, UINT32_MAX, "epoch %llu: rank %u, step %llu: %s",
+                                (unsigned long long)c->g->epoch, c->g->rank,
+                                (unsigned long long)c->g->step_no, kvt_last_error());
     /* Nothing is committed under metadata the group did not agree on, and
      * nothing still writes the pages the engine will recompute into. */
     (void)kvt__conn_cancel_all(c);
     if (c->L) kvt__leader_clear(c->L);
     c->aborted = true;
     c->reset_req = false;
-    return kvt__fail(KVT_EABORTED, "kvt_conn_step: %s", kvt_group_diagnostic(c->g));
 }
 
 /* Applies the DOWN (under c->mu); its events carry g->step_no. */
@@ -389,17 +390,33 @@ static kvt_status apply_step(kvt_conn *c, const uint8_t *down, size_t len)
     return apply_down(c, down, len);
 }
 
+/* A step refused because the group already aborted (c->mu not held). */
+static kvt_status refuse_step(kvt_conn *c)
+{
+    pthread_mutex_lock(&c->mu);
+    bool mine = c->aborted;
+    if (!mine) fail_step(c, true);
+    pthread_mutex_unlock(&c->mu);
+    return kvt__fail(KVT_EABORTED, "kvt_conn_step: %s", kvt_group_diagnostic(c->g));
+}
+
+/* Ends a step that failed (c->mu held, released here): every
+ * failure of a step is the group's abort, so this returns KVT_EABORTED. */
+static kvt_status end_failed_step(kvt_conn *c, bool group_aborted, uint32_t ev0)
+{
+    c->ev.n = ev0 < c->ev.n ? ev0 : c->ev.n;
+    fail_step(c, group_aborted);
+    pthread_mutex_unlock(&c->mu);
+    return kvt__fail(KVT_EABORTED, "kvt_conn_step: %s", kvt_group_diagnostic(c->g));
+}
+
+/* Every failure returns through refuse_step or end_failed_step (KVT_EABORTED
+ * naming the group's diagnostic), never a lower layer's status:
+ * scripts/status_map.py reads that from the returns. */
 kvt_status kvt_conn_step(kvt_conn *c, uint64_t step)
 {
     KVT_CHECK_NOT_NULL_AS(c, "conn", "kvt_conn_step");
-    if (c->aborted || c->g->aborted) {
-        pthread_mutex_lock(&c->mu);
-        kvt_status st = c->aborted ? kvt__fail(KVT_EABORTED, "kvt_conn_step: %s",
-                                               kvt_group_diagnostic(c->g))
-                                   : fail_step(c, KVT_EABORTED);
-        pthread_mutex_unlock(&c->mu);
-        return st;
-    }
+    if (c->aborted || c->g->aborted) return refuse_step(c);
     bool leader = kvt__group_is_leader(c->g);
     pthread_mutex_lock(&c->mu);
     uint32_t ev0 = c->ev.n; /* a failed step delivers none of its events */
@@ -425,11 +442,9 @@ kvt_status kvt_conn_step(kvt_conn *c, uint64_t step)
     }
     pthread_mutex_lock(&c->mu);
     if (st == KVT_OK) st = apply_step(c, down, len);
-    if (st != KVT_OK) {
-        c->ev.n = ev0 < c->ev.n ? ev0 : c->ev.n;
-        st = fail_step(c, st);
-    }
+    bool group_aborted = st == KVT_EABORTED;
+    if (st != KVT_OK) return end_failed_step(c, group_aborted, ev0);
     pthread_mutex_unlock(&c->mu);
-    if (st == KVT_OK) kvt__clear_error();
-    return st;
+    kvt__clear_error();
+    return KVT_OK;
 }

@@ -738,7 +738,8 @@ kvt_status kvt_pd_bootstrap_create(kvt_pd_bootstrap **out, const kvt_pd_net_para
     pd_desc largest = {.num_entries = PD_MAX_ENTRIES};
     size_t req = pd_desc_wire_size(&largest) + ADDR_LEN;
     bs->max_req = req < bs->net.max_frame ? (uint32_t)req : bs->net.max_frame;
-    if (!st) st = kvt__stream_listen(bs->host, bs->net.port, &bs->lfd, &bs->port);
+    if (!st && (st = kvt__stream_listen(bs->host, bs->net.port, &bs->lfd, &bs->port)))
+        kvt__wrap_error(st, fn); /* the refusal names the call */
     if (!st && pthread_create(&bs->th, NULL, accept_main, bs) != 0)
         st = kvt__fail(KVT_ESYS, "%s: cannot start a thread", fn);
     if (st) {

@@ -761,7 +761,8 @@ kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *p)
         snprintf(s->bs_host, sizeof s->bs_host, "%s", p->bootstrap_host ? p->bootstrap_host : "127.0.0.1");
         s->bs_port = p->bootstrap_port;
     }
-    if (!st) st = kvt__stream_listen(s->ep.bind_host, s->ep.net.port, &s->ep.lfd, &s->ep.port);
+    if (!st && (st = kvt__stream_listen(s->ep.bind_host, s->ep.net.port, &s->ep.lfd, &s->ep.port)))
+        kvt__wrap_error(st, fn); /* the refusal names the call */
     uint64_t dl = kvt__deadline_ns(p && p->connect_timeout_ms ? p->connect_timeout_ms : 10000);
     if (!st) st = pd_ep_start_service_tick(&s->ep, accept_tick);
     if (!st) st = register_lease(s, dl);
@@ -805,6 +806,8 @@ kvt_status kvt_pd_sender_room(kvt_pd_sender *s, uint64_t room)
         st = kvt__fail(KVT_EBUSY, "%s: room %llu is already open; clear it first", fn, (unsigned long long)room);
     else if (!r && (st = pd_room_add(ep, room, &r)) == KVT_EFULL)
         st = table_full(ep, fn);
+    else if (st)
+        kvt__wrap_error(st, fn); /* pd_room_add's ENOMEM: name the call */
     if (!st) {
         r->claimed = true;
         pd_room_unclaimed_done(ep, r);

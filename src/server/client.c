@@ -178,9 +178,11 @@ static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
             snprintf(cl->broken_msg, sizeof cl->broken_msg, "%s (%s)", kvt_status_name(st),
                      kvt_last_error());
         shutdown(cl->fd, SHUT_RDWR);
-        st = st == KVT_EPROTO || st == KVT_EVERSION ? kvt__fail(st, "%s: kvtier server at %s: %s",
-                                                                fn, cl->path, cl->broken_msg)
-                                                    : broken_fail(cl, fn);
+        /* A malformed reply, or no memory to take it in, is not the server
+         * going away: it keeps its own status (the connection still goes). */
+        st = st == KVT_EPROTO || st == KVT_EVERSION || st == KVT_ENOMEM
+                 ? kvt__fail(st, "%s: kvtier server at %s: %s", fn, cl->path, cl->broken_msg)
+                 : broken_fail(cl, fn);
         pthread_mutex_unlock(&cl->io_mu);
         return st;
     }
@@ -425,7 +427,7 @@ kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *m
     if (cl->memory_registered)
         st = kvt__fail(KVT_ESTATE, "%s: engine memory is already registered (allowed once per "
                        "client)", fn);
-    else if (!(st = kvt__page_map_init(&cl->map, cl->geo, mem)))
+    else if (!(st = kvt__page_map_init_fn(&cl->map, cl->geo, mem, fn)))
         cl->memory_registered = true;
     pthread_mutex_unlock(&cl->mu);
     return st;

@@ -185,16 +185,71 @@
  *  kvt_pd_receiver_destroy              NULL
  *  kvt_pd_room_info_get                 both NULL; both set; out NULL; unknown room
  *  kvt_pd_poll_name                     every state; out of range ("unknown")
+ *
+ * FAULTS FROM OUTSIDE (the statuses a valid call meets in the field):
+ *  SSD directory (kvt_cache_create, kvt_server_create)  held by another
+ *      store (EBUSY); written for another geometry (EGEOMETRY); damaged
+ *      metadata (ECORRUPT); under a regular file (EIO; the server's lock file:
+ *      ESYS); a directory where the journal goes (EIO); a 64 KiB tmpfs
+ *      (ENOSPC; skipped where mount is not allowed)
+ *  node server + client (kvt_server_*, kvt_client_*)  every call's checks
+ *      and states against a server on a thread; a second server on the
+ *      socket (EBUSY); a stopped server (ECONN naming the socket); the
+ *      client's first allocation failing (ENOMEM); a fake server answering
+ *      with the wrong op (EPROTO) or another protocol version (EVERSION), at
+ *      attach and to every request, or holding a load's END (wait ETIMEDOUT);
+ *      server_client_tasks held (EFULL); a plan past plan_ttl_ms (ETIMEDOUT);
+ *      no descriptor left for the client's socket (ESYS)
+ *  cache and connector  a running task (try_wait EAGAIN, wait ETIMEDOUT);
+ *      an expired plan (launch ETIMEDOUT); max_tasks held (EFULL, also
+ *      through kvt_conn_*); layer events on host memory (EUNSUPPORTED);
+ *      an aborted group (every kvt_conn_* EABORTED until kvt_conn_reform);
+ *      buffers smaller than the geometry (EGEOMETRY); device memory with no
+ *      CUDA runtime (KVTIER_CUDART set to a missing file) or on a client
+ *      (EUNSUPPORTED)
+ *  rank groups (kvt_group_create / _reform, kvt_conn_reform)  no peer
+ *      (ETIMEDOUT), no magic (EPROTO), protocol version 99 (EVERSION), a
+ *      payload failing its checksum (ECORRUPT), a lost link (ECONN),
+ *      kvt_net_interrupt (ECANCELED); over TCP: no descriptor (ESYS), the
+ *      wrong secret (EAUTH)
+ *  kvt_net_connect  nobody joins / no hub (ETIMEDOUT), wrong secret (EAUTH),
+ *      no descriptor (ESYS), no memory (ENOMEM), interrupted (ECANCELED)
+ *  host  a port in use (kvt_net_tcp_create, kvt_pd_bootstrap_create,
+ *      kvt_pd_sender_create: ESYS); a config path under a regular file (EIO)
+ *  PD  a silent bootstrap (ECONN), one with no prefill rank (ETIMEDOUT), the
+ *      wrong secret (EAUTH); the first allocation of a room or send (ENOMEM)
+ *
+ * ENOMEM one-shots fail the calling thread's next allocation only
+ * (alloc_one_thread), so a server or service thread is not the one hit.
  */
+#include <dirent.h>
+#include <errno.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "support.h"
+#include "cache/external.h"
+#include "group/frame.h"
+#include "net/net.h"
+#include "server/proto.h"
+#include "util/clock.h"
 #include "util/err.h"
 
 #define KNOWN_DEFECTS 1 /* the defects found by this test are fixed; keep them checked */
@@ -256,6 +311,11 @@ static void check_err(const char *expr, const char *file, int line, kvt_status g
         soft_failures = 0;                                                        \
         if (n_) fail_msg("%d check(s) failed (see above)", n_);                   \
     } while (0)
+
+/* The allocation-failure countdown (defined with its wrappers below). */
+static _Atomic long alloc_countdown;
+static _Atomic bool alloc_one_thread;
+static pthread_t alloc_thread;
 
 static const void *const SENTINEL = (const void *)(uintptr_t)0x5e5e5e50u;
 
@@ -1557,6 +1617,8 @@ static void test_pd_rooms(void **state)
     kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &pm,
                        .connect_timeout_ms = 3000, .net = {.peer_timeout_ms = 3000}};
     kvt_pd_sender *s = NULL;
+    EXPECT_ERR(kvt_pd_sender_create(NULL, &p), KVT_EINVAL, "kvt_pd_sender_create", "out");
+    EXPECT_ERR(kvt_pd_receiver_create(NULL, &p), KVT_EINVAL, "kvt_pd_receiver_create", "out");
     assert_ok(kvt_pd_sender_create(&s, &p));
 
     /* A decode rank whose geometry cannot be converted is refused. */
@@ -1582,6 +1644,8 @@ static void test_pd_rooms(void **state)
     uint16_t sport = 0;
     EXPECT_ERR(kvt_pd_sender_port(NULL, &sport), KVT_EINVAL, "kvt_pd_sender_port", "s");
     EXPECT_ERR(kvt_pd_sender_port(s, NULL), KVT_EINVAL, "kvt_pd_sender_port", "out");
+    EXPECT_OK(kvt_pd_sender_port(s, &sport));
+    assert_true(sport != 0);
 
     /* Sender rooms. */
     uint32_t pages[4] = {0, 1, 2, 3}, oob[4] = {0, 1, T_PAGES, 3};
@@ -1641,6 +1705,7 @@ static void test_pd_rooms(void **state)
     EXPECT_ERR(kvt_pd_receiver_poll(r, 1, &pp), KVT_ENOTFOUND, "kvt_pd_receiver_poll", "room 1");
     assert_ok(kvt_pd_receiver_room(r, 1, &rp));
     EXPECT_ERR(kvt_pd_receiver_room(r, 1, &rp), KVT_EBUSY, "kvt_pd_receiver_room", "room 1");
+    EXPECT_OK(kvt_pd_receiver_poll(r, 1, &pp));
     EXPECT_ERR(kvt_pd_receiver_poll(NULL, 1, &pp), KVT_EINVAL, "kvt_pd_receiver_poll", "r");
     assert_string_equal(kvt_pd_poll_name(KVT_PD_FAILED), "Failed");
     assert_string_equal(kvt_pd_poll_name(KVT_PD_WAITING_FOR_INPUT), "WaitingForInput");
@@ -1697,6 +1762,28 @@ static void test_pd_rooms(void **state)
     assert_int_equal(pp, KVT_PD_FAILED);
     EXPECT_OK(kvt_pd_sender_clear(s, 2));
     EXPECT_OK(kvt_pd_receiver_clear(r, 2));
+    /* Their first allocation failing (this thread's: not the service's). */
+    alloc_thread = pthread_self();
+    atomic_store(&alloc_one_thread, true);
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_pd_sender_room(s, 4), KVT_ENOMEM, "kvt_pd_sender_room");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_pd_receiver_room(r, 4, &rp), KVT_ENOMEM, "kvt_pd_receiver_room");
+    atomic_store(&alloc_countdown, -1);
+    assert_ok(kvt_pd_sender_room(s, 5));
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_pd_sender_send(s, 5, pages, 4, 13), KVT_ENOMEM, "kvt_pd_sender_send");
+    atomic_store(&alloc_countdown, -1);
+    atomic_store(&alloc_one_thread, false);
+    assert_ok(kvt_pd_sender_clear(s, 5));
+    /* ... and the receiver's abort likewise. */
+    assert_ok(kvt_pd_sender_room(s, 3));
+    assert_ok(kvt_pd_receiver_room(r, 3, &rp));
+    EXPECT_OK(kvt_pd_receiver_abort(r, 3, "test_api_errors"));
+    EXPECT_OK(kvt_pd_sender_wait(s, 3, 5000, &pp));
+    assert_int_equal(pp, KVT_PD_FAILED);
+    assert_ok(kvt_pd_sender_clear(s, 3));
+    assert_ok(kvt_pd_receiver_clear(r, 3));
 
     kvt_pd_receiver_destroy(r);
     kvt_pd_sender_destroy(s);
@@ -1734,9 +1821,13 @@ void *__real_calloc(size_t n, size_t size);
 void *__real_realloc(void *p, size_t n);
 
 static _Atomic long alloc_countdown = -1; /* -1: off; 0: the next allocation fails */
+/* When set, only this thread's allocations count down: a client's own
+ * allocation fails, not that of the server thread it talks to. */
 
 static bool alloc_fails_now(void)
 {
+    if (atomic_load(&alloc_one_thread) && !pthread_equal(pthread_self(), alloc_thread))
+        return false;
     long n = atomic_load(&alloc_countdown);
     while (n >= 0)
         if (atomic_compare_exchange_weak(&alloc_countdown, &n, n - 1)) return n == 0;
@@ -1795,6 +1886,8 @@ typedef struct oom_ctx {
     kvt_emu *emu;
     kvt_cache *cache;
     kvt_pd_bootstrap *bs;
+    kvt_config *scfg; /* with a server_socket */
+    kvt_server *srv;
     char path[64];
 } oom_ctx;
 
@@ -1856,6 +1949,12 @@ static kvt_status oom_pd_bootstrap_create(void *p)
     return kvt_pd_bootstrap_create(&((oom_ctx *)p)->bs, &np);
 }
 static void undo_bootstrap(void *p) { kvt_pd_bootstrap_destroy(((oom_ctx *)p)->bs); }
+static kvt_status oom_server_create(void *p)
+{
+    oom_ctx *x = p;
+    return kvt_server_create(&x->srv, x->scfg, x->geo);
+}
+static void undo_server(void *p) { kvt_server_destroy(((oom_ctx *)p)->srv); }
 
 static void test_enomem(void **state)
 {
@@ -1867,6 +1966,10 @@ static void test_enomem(void **state)
     assert_non_null(f);
     fputs("{\"workers\": 1}", f);
     fclose(f);
+    char sock[64];
+    snprintf(sock, sizeof sock, "/tmp/kvt_api_errors_%d.sock", (int)getpid());
+    x.scfg = small_config();
+    assert_ok(kvt_config_set(x.scfg, "server_socket", sock));
     assert_ok(kvt_fabric_create(&x.fab, 2, 2));
     kvt_fabric *fab = x.fab;
     const oom_case cases[] = {
@@ -1881,6 +1984,7 @@ static void test_enomem(void **state)
         {"kvt_emu_create", oom_emu_create, undo_emu},
         {"kvt_cache_create", oom_cache_create, undo_cache},
         {"kvt_pd_bootstrap_create", oom_pd_bootstrap_create, undo_bootstrap},
+        {"kvt_server_create", oom_server_create, undo_server},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) show_enomem(&cases[i], &x);
     const oom_case fabric = {"kvt_fabric_create", oom_fabric_create, undo_fabric};
@@ -1888,6 +1992,7 @@ static void test_enomem(void **state)
     kvt_fabric_destroy(fab);
     unlink(x.path);
     kvt_geometry_destroy(x.geo);
+    kvt_config_destroy(x.scfg);
     kvt_config_destroy(x.cfg);
 }
 
@@ -2023,6 +2128,1212 @@ static void test_log_api(void **state)
     END_CHECKS();
 }
 
+/* ------------------------------------------------------------------ */
+/* Faults a caller meets in the field: a held or damaged SSD directory, */
+/* a full filesystem, a server that stops, a peer that speaks the       */
+/* server protocol wrongly.                                            */
+
+/* A fresh directory under KVTIER_TEST_TMP (or /tmp). */
+static void make_test_dir(char *out, size_t n, const char *tag)
+{
+    const char *base = getenv("KVTIER_TEST_TMP");
+    if (!base) base = "/tmp";
+    mkdir(base, 0700);
+    snprintf(out, n, "%s/%sXXXXXX", base, tag);
+    assert_non_null(mkdtemp(out));
+}
+
+/* small_config() with the SSD tier at dir (NULL: none) and, when sock is
+ * set, a server socket. */
+static kvt_config *tier_config(const char *dir, const char *sock)
+{
+    kvt_config *cfg = small_config();
+    if (dir) {
+        assert_ok(kvt_config_set(cfg, "ssd_dirs", dir));
+        assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
+    }
+    if (sock) assert_ok(kvt_config_set(cfg, "server_socket", sock));
+    return cfg;
+}
+
+/* Each SSD-directory fault, through kvt_cache_create and through
+ * kvt_server_create (which creates its cache the same way). */
+static void test_ssd_dir_faults(void **state)
+{
+    (void)state;
+    char dir[200], ssd[240], sock[240], file[240], meta[280];
+    make_test_dir(dir, sizeof dir, "apissd");
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    kvt_geometry *g = small_geo();
+    kvt_geometry *g3 = kvt_test_geometry(3, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
+    kvt_config *cfg = tier_config(ssd, NULL), *scfg = tier_config(ssd, sock);
+    kvt_cache *c = NULL, *c2 = NULL;
+    kvt_server *s = NULL;
+
+    /* Held: a second store on a directory another holds. */
+    assert_ok(kvt_cache_create(&c, cfg, g));
+    EXPECT_ERR(kvt_cache_create(&c2, cfg, g), KVT_EBUSY, "cache directory", ssd, "in use");
+    EXPECT_ERR(kvt_server_create(&s, scfg, g), KVT_EBUSY, ssd, "in use");
+    kvt_cache_destroy(c);
+    c = NULL;
+
+    /* Written for another geometry. */
+    EXPECT_ERR(kvt_cache_create(&c, cfg, g3), KVT_EGEOMETRY, ssd, "differs");
+    EXPECT_ERR(kvt_server_create(&s, scfg, g3), KVT_EGEOMETRY, ssd, "differs");
+
+    /* Damaged metadata. */
+    DIR *d = opendir(ssd);
+    assert_non_null(d);
+    struct dirent *e;
+    meta[0] = '\0';
+    while ((e = readdir(d)) != NULL)
+        if (strstr(e->d_name, "meta") && !strstr(e->d_name, "tmp"))
+            snprintf(meta, sizeof meta, "%.200s/%.60s", ssd, e->d_name);
+    closedir(d);
+    assert_true(meta[0] != '\0');
+    FILE *f = fopen(meta, "r+");
+    assert_non_null(f);
+    fputs("not a kvtier directory", f);
+    fclose(f);
+    EXPECT_ERR(kvt_cache_create(&c, cfg, g), KVT_ECORRUPT, ssd, "fresh");
+    EXPECT_ERR(kvt_server_create(&s, scfg, g), KVT_ECORRUPT, ssd, "fresh");
+
+    /* Not a directory: a path under a regular file. */
+    snprintf(file, sizeof file, "%s/plain", dir);
+    f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    char under[260];
+    snprintf(under, sizeof under, "%s/sub", file);
+    kvt_config *bad = tier_config(under, NULL), *sbad = tier_config(under, sock);
+    EXPECT_ERR(kvt_cache_create(&c, bad, g), KVT_EIO, under, "mkdir");
+    EXPECT_ERR(kvt_server_create(&s, sbad, g), KVT_ESYS, "kvt_server_create", under, "lock file");
+    kvt_config_destroy(bad);
+    kvt_config_destroy(sbad);
+
+    /* A journal that cannot be opened (a directory in its place). */
+    char jdir[240], jpath[280];
+    snprintf(jdir, sizeof jdir, "%s/jdir", dir);
+    snprintf(jpath, sizeof jpath, "%.200s/kvtier.journal", jdir);
+    assert_int_equal(mkdir(jdir, 0700), 0);
+    assert_int_equal(mkdir(jpath, 0700), 0);
+    kvt_config *jc = tier_config(jdir, NULL), *sjc = tier_config(jdir, sock);
+    EXPECT_ERR(kvt_cache_create(&c, jc, g), KVT_EIO, jdir, "kvtier.journal");
+    EXPECT_ERR(kvt_server_create(&s, sjc, g), KVT_EIO, jdir, "kvtier.journal");
+    kvt_config_destroy(jc);
+    kvt_config_destroy(sjc);
+
+    /* A filesystem too small for the tier (a 64 KiB tmpfs: needs root). */
+    char mnt[240];
+    snprintf(mnt, sizeof mnt, "%s/full", dir);
+    mkdir(mnt, 0700);
+    if (mount("kvtier-test", mnt, "tmpfs", 0, "size=64k") == 0) {
+        kvt_config *full = tier_config(mnt, NULL), *sfull = tier_config(mnt, sock);
+        EXPECT_ERR(kvt_cache_create(&c, full, g), KVT_ENOSPC, mnt, "no space");
+        EXPECT_ERR(kvt_server_create(&s, sfull, g), KVT_ENOSPC, mnt, "no space");
+        kvt_config_destroy(full);
+        kvt_config_destroy(sfull);
+        umount(mnt);
+    } else {
+        print_message("  ENOSPC cases skipped: cannot mount a tmpfs on %s (%s)\n", mnt,
+                      strerror(errno));
+    }
+    assert_null(c2);
+    assert_null(s);
+    kvt_config_destroy(cfg);
+    kvt_config_destroy(scfg);
+    kvt_geometry_destroy(g3);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* A server running kvt_server_run on its own thread. */
+typedef struct srv_fx {
+    char dir[200], sock[240];
+    kvt_server *srv;
+    pthread_t th;
+    kvt_status run_st;
+    char run_msg[KVT_ERRMSG_MAX];
+} srv_fx;
+
+static void *srv_run(void *p)
+{
+    srv_fx *f = p;
+    f->run_st = kvt_server_run(f->srv);
+    snprintf(f->run_msg, sizeof f->run_msg, "%s", kvt_last_error());
+    return NULL;
+}
+
+static void srv_fx_start(srv_fx *f)
+{
+    memset(f, 0, sizeof *f);
+    make_test_dir(f->dir, sizeof f->dir, "apisrv");
+    snprintf(f->sock, sizeof f->sock, "%s/s.sock", f->dir);
+    kvt_config *cfg = tier_config(NULL, f->sock);
+    kvt_geometry *g = small_geo();
+    assert_ok(kvt_server_create(&f->srv, cfg, g));
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    assert_int_equal(pthread_create(&f->th, NULL, srv_run, f), 0);
+}
+
+static void srv_fx_stop(srv_fx *f)
+{
+    kvt_server_stop(f->srv);
+    pthread_join(f->th, NULL);
+}
+
+/* The node server and a client attached to it: every call's argument
+ * checks, its states, and what a stopped server gives (KVT_ECONN naming
+ * the socket). */
+static void test_server_client(void **state)
+{
+    (void)state;
+    srv_fx f;
+    srv_fx_start(&f);
+    alloc_thread = pthread_self(); /* the client's allocations fail, not the server's */
+    atomic_store(&alloc_one_thread, true);
+    kvt_geometry *g = small_geo();
+    kvt_geometry *g3 = kvt_test_geometry(3, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
+    kvt_config *cfg = tier_config(NULL, f.sock);
+    kvt_server *s2 = NULL;
+    EXPECT_ERR(kvt_server_create(NULL, cfg, g), KVT_EINVAL, "kvt_server_create", "out");
+    EXPECT_ERR(kvt_server_create(&s2, cfg, g), KVT_EBUSY, "kvt_server_create", "held by another",
+               "pid");
+    assert_null(s2);
+    EXPECT_ERR(kvt_server_run(NULL), KVT_EINVAL, "kvt_server_run");
+
+    kvt_client *cl = NULL;
+    char nowhere[260];
+    snprintf(nowhere, sizeof nowhere, "%s/nobody.sock", f.dir);
+    EXPECT_ERR(kvt_client_attach(NULL, f.sock, g, 1000), KVT_EINVAL, "kvt_client_attach", "out");
+    EXPECT_ERR(kvt_client_attach(&cl, nowhere, g, 30), KVT_ECONN, "kvt_client_attach", nowhere);
+    struct rlimit old_nofile, low_nofile;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old_nofile), 0);
+    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    assert_true(probe >= 0);
+    close(probe);
+    low_nofile = old_nofile;
+    low_nofile.rlim_cur = (rlim_t)probe; /* no descriptor left for the client's socket */
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low_nofile), 0);
+    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_ESYS, "kvt_client_attach", "socket");
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old_nofile), 0);
+    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g3, 1000), KVT_EGEOMETRY, "kvt_client_attach",
+               "num_layers");
+    atomic_store(&alloc_countdown, 0); /* the client's own first allocation fails */
+    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_ENOMEM, "kvt_client_attach");
+    atomic_store(&alloc_countdown, -1);
+    assert_null(cl);
+    EXPECT_OK(kvt_client_attach(&cl, f.sock, g, 2000));
+
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    EXPECT_ERR(kvt_client_register_memory(NULL, &mem), KVT_EINVAL, "kvt_client_register_memory");
+    EXPECT_OK(kvt_client_register_memory(cl, &mem));
+    EXPECT_ERR(kvt_client_register_memory(cl, &mem), KVT_ESTATE, "kvt_client_register_memory",
+               "already registered");
+
+    uint32_t tokens[8], other[8], pages[2] = {0, 1};
+    kvt_test_tokens(tokens, 8, 41);
+    kvt_test_tokens(other, 8, 42);
+    kvt_request req = {tokens, 8, NULL, 0}, req2 = {other, 8, NULL, 0};
+    kvt_match m;
+    kvt_store_plan p, p2;
+    kvt_task_result r;
+    uint32_t n = 0;
+    EXPECT_ERR(kvt_client_lookup(cl, NULL, &m), KVT_EINVAL, "kvt_client_lookup", "req");
+    EXPECT_OK(kvt_client_lookup(cl, &req, &m));
+    assert_int_equal(m.task, 0);
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_ENOMEM, "kvt_client_lookup");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_ENOMEM, "kvt_client_prepare_store");
+    atomic_store(&alloc_countdown, -1);
+    EXPECT_ERR(kvt_client_prepare_store(cl, &req, NULL), KVT_EINVAL, "kvt_client_prepare_store",
+               "out");
+    EXPECT_OK(kvt_client_prepare_store(cl, &req, &p));
+    assert_true(p.task != 0);
+    assert_ok(kvt_client_prepare_store(cl, &req2, &p2));
+
+    EXPECT_ERR(kvt_client_launch(cl, p.task, NULL, 2), KVT_EINVAL, "kvt_client_launch", "pages");
+    EXPECT_ERR(kvt_client_launch(cl, 987654, pages, 2), KVT_ENOTFOUND, "kvt_client_launch",
+               "987654");
+    EXPECT_ERR(kvt_client_wait(cl, p2.task, 1000, &r), KVT_ESTATE, "kvt_client_wait",
+               "never launched");
+    EXPECT_OK(kvt_client_launch(cl, p.task, pages, 2));
+    EXPECT_ERR(kvt_client_launch(cl, p.task, pages, 2), KVT_ESTATE, "kvt_client_launch",
+               "already launched");
+    EXPECT_ERR(kvt_client_wait(cl, p.task, 1000, NULL), KVT_EINVAL, "kvt_client_wait", "out");
+    EXPECT_ERR(kvt_client_wait(cl, 987654, 1000, &r), KVT_ENOTFOUND, "kvt_client_wait", "987654");
+    EXPECT_OK(kvt_client_wait(cl, p.task, 5000, &r));
+    assert_int_equal(r.status, KVT_OK);
+
+    /* The stored tokens: a load to launch. */
+    assert_ok(kvt_client_lookup(cl, &req, &m));
+    assert_true(m.task != 0);
+    EXPECT_ERR(kvt_client_wait_layer(cl, m.task, 0, -1), KVT_EINVAL, "kvt_client_wait_layer",
+               "timeout_ms");
+    EXPECT_ERR(kvt_client_wait_layer(cl, 987654, 0, 1000), KVT_ENOTFOUND,
+               "kvt_client_wait_layer", "987654");
+    EXPECT_ERR(kvt_client_wait_layer(cl, m.task, 0, 1000), KVT_ESTATE, "kvt_client_wait_layer",
+               "never launched");
+    EXPECT_OK(kvt_client_launch(cl, m.task, pages, 2));
+    EXPECT_OK(kvt_client_wait_layer(cl, m.task, T_LAYERS - 1, 5000));
+    assert_ok(kvt_client_wait(cl, m.task, 5000, &r));
+    assert_int_equal(r.status, KVT_OK);
+
+    EXPECT_ERR(kvt_client_poll(cl, NULL, 0, NULL), KVT_EINVAL, "kvt_client_poll", "count");
+    EXPECT_OK(kvt_client_poll(cl, &r, 1, &n));
+    EXPECT_ERR(kvt_client_cancel(NULL, p2.task), KVT_EINVAL, "kvt_client_cancel");
+    EXPECT_ERR(kvt_client_cancel(cl, 987654), KVT_ENOTFOUND, "kvt_client_cancel", "987654");
+    EXPECT_OK(kvt_client_cancel(cl, p2.task));
+    kvt_cache_stats cs;
+    EXPECT_ERR(kvt_client_stats(cl, NULL), KVT_EINVAL, "kvt_client_stats", "out");
+    EXPECT_OK(kvt_client_stats(cl, &cs));
+    EXPECT_ERR(kvt_client_flush(cl, -1), KVT_EINVAL, "kvt_client_flush", "timeout_ms");
+    EXPECT_OK(kvt_client_flush(cl, 1000));
+
+    /* The client's own first allocation failing (the request it encodes). */
+    kvt_store_plan p4, p5;
+    uint32_t fourth[8], fifth[8];
+    kvt_test_tokens(fourth, 8, 44);
+    kvt_test_tokens(fifth, 8, 45);
+    assert_ok(kvt_client_prepare_store(cl, &(kvt_request){fourth, 8, NULL, 0}, &p4));
+    assert_ok(kvt_client_prepare_store(cl, &(kvt_request){fifth, 8, NULL, 0}, &p5));
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_launch(cl, p4.task, pages, 2), KVT_ENOMEM, "kvt_client_launch",
+               "no memory");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_cancel(cl, p5.task), KVT_ENOMEM, "kvt_client_cancel", "no memory");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_flush(cl, 1000), KVT_ENOMEM, "kvt_client_flush", "no memory");
+    /* No memory for a reply: the connection goes (its stream is out of
+     * step), the status says why; the next call re-attaches. */
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_ENOMEM, "kvt_client_stats", "no memory");
+    atomic_store(&alloc_countdown, -1);
+    atomic_store(&alloc_one_thread, false);
+    EXPECT_OK(kvt_client_stats(cl, &cs));
+
+    /* Planned tasks whose server then stops. */
+    uint32_t third[8];
+    kvt_test_tokens(third, 8, 43);
+    kvt_request req3 = {third, 8, NULL, 0};
+    kvt_store_plan p3;
+    assert_ok(kvt_client_prepare_store(cl, &req2, &p2));
+    assert_ok(kvt_client_prepare_store(cl, &req3, &p3));
+    assert_true(p2.task != 0 && p3.task != 0);
+    srv_fx_stop(&f);
+    EXPECT_OK(f.run_st);
+    EXPECT_ERR(kvt_server_run(f.srv), KVT_ESTATE, "kvt_server_run", "already running or stopped");
+    EXPECT_ERR(kvt_client_launch(cl, p2.task, pages, 2), KVT_ECONN, "kvt_client_launch", f.sock);
+    EXPECT_ERR(kvt_client_cancel(cl, p3.task), KVT_ECONN, "kvt_client_cancel", f.sock);
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_ECONN, "kvt_client_lookup", f.sock);
+    EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_ECONN, "kvt_client_prepare_store",
+               f.sock);
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_ECONN, "kvt_client_stats", f.sock);
+    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_ECONN, "kvt_client_flush", f.sock);
+    kvt_client_detach(cl);
+    kvt_server_destroy(f.srv);
+    kvt_emu_destroy(e);
+    kvt_config_destroy(cfg);
+    kvt_geometry_destroy(g3);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* A peer at a Unix socket that answers the server protocol wrongly: a
+ * reply of the wrong op (KVT_EPROTO) or of another protocol version
+ * (KVT_EVERSION), at attach or to a later request. In the FAKE_PLAN mode
+ * it answers HELLO as a server does (a memfd tier for small_geo) and
+ * plans a task for every LOOKUP / PREPARE; the client's other calls then
+ * meet the chosen fault. */
+typedef enum { FAKE_PLAN, FAKE_WRONG_OP, FAKE_WRONG_VERSION } fake_mode;
+typedef struct fake_srv {
+    char dir[200], sock[240];
+    int lfd;
+    _Atomic int mode, hello_mode;
+    _Atomic bool stop, release_end; /* END is answered only once released */
+    uint64_t next_task;
+    pthread_t th;
+} fake_srv;
+
+static void fake_reply(int fd, uint16_t op, int mode, const kvt_srv_buf *b, int fd_pass)
+{
+    uint64_t dl = kvt__deadline_ns(1000);
+    if (mode == FAKE_WRONG_OP) {
+        uint16_t wrong = (op == KVT_SRV_STATS ? KVT_SRV_FLUSH : KVT_SRV_STATS) | KVT_SRV_REPLY;
+        (void)kvt__srv_send_frame(fd, wrong, 0, NULL, 0, -1, dl);
+    } else if (mode == FAKE_WRONG_VERSION) {
+        uint8_t h[KVT_SRV_HDR];
+        kvt__srv_hdr_encode(h, op | KVT_SRV_REPLY, 0, 0);
+        uint16_t v = KVT_SRV_VERSION + 1;
+        memcpy(h + 6, &v, sizeof v);
+        (void)!write(fd, h, sizeof h);
+    } else {
+        (void)kvt__srv_send_frame(fd, op | KVT_SRV_REPLY, 0, b ? b->p : NULL, b ? b->len : 0,
+                                  fd_pass, dl);
+    }
+}
+
+static void fake_hello(fake_srv *f, int fd)
+{
+    /* small_geo: 128 bytes a token, blocks of T_TPP tokens. */
+    kvt_srv_hello_rep r = {4096, 512, 128 * T_TPP, T_TPP, 8, (uint32_t)getpid()};
+    kvt_srv_buf b = {0};
+    kvt__srv_hello_rep_encode(&b, &r);
+    int mfd = memfd_create("kvtier-fake-tier", MFD_CLOEXEC);
+    if (mfd >= 0 && ftruncate(mfd, 4096) == 0)
+        fake_reply(fd, KVT_SRV_HELLO, atomic_load(&f->hello_mode), &b, mfd);
+    if (mfd >= 0) close(mfd);
+    kvt__srv_buf_free(&b);
+}
+
+static void fake_serve(fake_srv *f, int fd)
+{
+    for (;;) {
+        kvt_srv_hdr h;
+        uint8_t *p = NULL;
+        if (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(2000)) != KVT_OK) return;
+        free(p);
+        int mode = atomic_load(&f->mode);
+        if (h.op == KVT_SRV_HELLO) {
+            fake_hello(f, fd);
+        } else if (mode == FAKE_PLAN && h.op == KVT_SRV_LAUNCH) {
+            /* One block at offset 0 of the tier: the planned load's tokens. */
+            kvt_srv_launch_rep lr = {KVT_TASK_LOAD, 0, T_TPP, 1, 0, NULL};
+            uint64_t off = 0;
+            kvt_srv_buf b = {0};
+            kvt__srv_launch_rep_encode(&b, &lr, &off);
+            fake_reply(fd, h.op, FAKE_PLAN, &b, -1);
+            kvt__srv_buf_free(&b);
+        } else if (mode == FAKE_PLAN && h.op == KVT_SRV_END) {
+            for (int i = 0; i < 3000 && !atomic_load(&f->release_end); i++) /* bounded: 3 s */
+                nanosleep(&(struct timespec){0, 1000000}, NULL);
+            kvt_task_result r = {f->next_task, KVT_TASK_LOAD, KVT_OK, 0, T_TPP, 1};
+            kvt_srv_buf b = {0};
+            kvt__srv_result_encode(&b, &r);
+            fake_reply(fd, h.op, FAKE_PLAN, &b, -1);
+            kvt__srv_buf_free(&b);
+        } else if (mode == FAKE_PLAN && (h.op == KVT_SRV_LOOKUP || h.op == KVT_SRV_PREPARE)) {
+            kvt_srv_buf b = {0};
+            kvt__srv_task_rep_encode(&b, ++f->next_task, h.op == KVT_SRV_LOOKUP ? T_TPP : 0,
+                                     T_TPP);
+            fake_reply(fd, h.op, FAKE_PLAN, &b, -1);
+            kvt__srv_buf_free(&b);
+        } else {
+            fake_reply(fd, h.op, mode, NULL, -1);
+        }
+    }
+}
+
+static void *fake_main(void *arg)
+{
+    fake_srv *f = arg;
+    while (!atomic_load(&f->stop)) {
+        struct pollfd pf = {f->lfd, POLLIN, 0};
+        if (poll(&pf, 1, 20) <= 0) continue;
+        int fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        fake_serve(f, fd);
+        close(fd);
+    }
+    return NULL;
+}
+
+static void fake_start(fake_srv *f)
+{
+    memset(f, 0, sizeof *f);
+    make_test_dir(f->dir, sizeof f->dir, "apifake");
+    snprintf(f->sock, sizeof f->sock, "%s/fake.sock", f->dir);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    assert_true(strlen(f->sock) < sizeof a.sun_path);
+    memcpy(a.sun_path, f->sock, strlen(f->sock) + 1);
+    f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(f->lfd >= 0);
+    assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(f->lfd, 4), 0);
+    assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(fake_srv *f)
+{
+    atomic_store(&f->stop, true);
+    pthread_join(f->th, NULL);
+    close(f->lfd);
+    unlink(f->sock);
+}
+
+/* Plans a load (task from the fake server) and then sets the fault. */
+static kvt_task_id fake_planned(fake_srv *f, kvt_client *cl, int fault)
+{
+    uint32_t tokens[T_TPP] = {1, 2, 3, 4};
+    kvt_request req = {tokens, T_TPP, NULL, 0};
+    kvt_match m = {0, 0};
+    atomic_store(&f->mode, FAKE_PLAN);
+    assert_ok(kvt_client_lookup(cl, &req, &m));
+    assert_true(m.task != 0);
+    atomic_store(&f->mode, fault);
+    return m.task;
+}
+
+static void test_client_bad_server(void **state)
+{
+    (void)state;
+    fake_srv f;
+    fake_start(&f);
+    kvt_geometry *g = small_geo();
+    kvt_client *cl = NULL;
+    atomic_store(&f.hello_mode, FAKE_WRONG_OP);
+    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_EPROTO, "kvt_client_attach",
+               "reply op");
+    atomic_store(&f.hello_mode, FAKE_WRONG_VERSION);
+    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_EVERSION, "protocol version");
+    assert_null(cl);
+    atomic_store(&f.hello_mode, FAKE_PLAN);
+    assert_ok(kvt_client_attach(&cl, f.sock, g, 1000));
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    assert_ok(kvt_client_register_memory(cl, &mem));
+
+    uint32_t tokens[T_TPP] = {5, 6, 7, 8}, pages[1] = {0};
+    kvt_request req = {tokens, T_TPP, NULL, 0};
+    kvt_match m;
+    kvt_store_plan p;
+    kvt_cache_stats cs;
+    /* A reply of the wrong op to each request (written out per status:
+     * scripts/status_map.py --coverage reads the literal status). */
+    kvt_task_id t = fake_planned(&f, cl, FAKE_WRONG_OP);
+    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EPROTO, "kvt_client_launch", f.sock,
+               "reply op");
+    t = fake_planned(&f, cl, FAKE_WRONG_OP);
+    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EPROTO, "kvt_client_cancel", f.sock, "reply op");
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EPROTO, "kvt_client_lookup", f.sock,
+               "reply op");
+    EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_EPROTO, "kvt_client_prepare_store",
+               f.sock, "reply op");
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EPROTO, "kvt_client_stats", f.sock, "reply op");
+    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EPROTO, "kvt_client_flush", f.sock, "reply op");
+    /* A reply of another protocol version. */
+    t = fake_planned(&f, cl, FAKE_WRONG_VERSION);
+    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EVERSION, "kvt_client_launch", f.sock,
+               "protocol version");
+    t = fake_planned(&f, cl, FAKE_WRONG_VERSION);
+    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EVERSION, "kvt_client_cancel", f.sock,
+               "protocol version");
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EVERSION, "kvt_client_lookup", f.sock,
+               "protocol version");
+    EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_EVERSION, "kvt_client_prepare_store",
+               f.sock, "protocol version");
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EVERSION, "kvt_client_stats", f.sock,
+               "protocol version");
+    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EVERSION, "kvt_client_flush", f.sock,
+               "protocol version");
+
+    /* A launched load whose end the server has not confirmed yet: still
+     * running, whatever the timing. */
+    t = fake_planned(&f, cl, FAKE_PLAN);
+    EXPECT_OK(kvt_client_launch(cl, t, pages, 1));
+    kvt_task_result tr;
+    EXPECT_ERR(kvt_client_wait(cl, t, 0, &tr), KVT_ETIMEDOUT, "kvt_client_wait", "still running");
+    atomic_store(&f.release_end, true);
+    EXPECT_OK(kvt_client_wait(cl, t, 5000, &tr));
+    kvt_client_detach(cl);
+    fake_stop(&f);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* ------------------------------------------------------------------ */
+/* Cache and connector states a valid call meets                      */
+
+/* A store launched as the node server launches its clients' tasks
+ * (src/cache/external.h): RUNNING until its end comes, so a wait finds it
+ * running whatever the timing. */
+static kvt_task_id running_store(kvt_cache *c, uint64_t seed)
+{
+    uint32_t tokens[8];
+    kvt_test_tokens(tokens, 8, seed);
+    kvt_request r = {tokens, 8, NULL, 0};
+    kvt_store_plan p;
+    assert_ok(kvt_cache_prepare_store(c, &r, &p));
+    assert_true(p.task != 0);
+    uint64_t offs[4];
+    kvt_ext_launch l;
+    assert_ok(kvt__cache_ext_launch(c, p.task, kvt__deadline_ns(1000), offs, 4, &l));
+    return p.task;
+}
+
+/* Sleeps ms (a lower bound: used only to let plan_ttl_ms lapse). */
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+static void test_cache_states(void **state)
+{
+    (void)state;
+    cache_fx f;
+    fx_init(&f);
+    kvt_cache *c = f.cache;
+    kvt_task_result r;
+    kvt_store_plan p;
+    EXPECT_ERR(kvt_cache_prepare_store(c, NULL, &p), KVT_EINVAL, "kvt_cache_prepare_store",
+               "req");
+
+    /* Running (an external store): try_wait says EAGAIN, a wait ETIMEDOUT. */
+    kvt_task_id run = running_store(c, 501);
+    EXPECT_ERR(kvt_cache_try_wait(c, run, &r), KVT_EAGAIN, "kvt_cache_try_wait",
+               "still running");
+    EXPECT_ERR(kvt_cache_wait(c, run, 0, &r), KVT_ETIMEDOUT, "kvt_cache_wait", "still running");
+    assert_ok(kvt__cache_ext_abort(c, run, kvt__deadline_ns(1000)));
+
+    /* Ended: try_wait reports it (its end is seen in the stats first). */
+    kvt_cache_stats s0, s1;
+    assert_ok(kvt_cache_stats_get(c, &s0));
+    assert_ok(kvt_cache_prepare_store(c, &f.req, &p));
+    assert_true(p.task != 0);
+    assert_ok(kvt_cache_launch(c, p.task, f.pages, 4));
+    for (int i = 0; i < 20000; i++) { /* bounded: 2 s */
+        assert_ok(kvt_cache_stats_get(c, &s1));
+        if (s1.stores + s1.failed_tasks > s0.stores + s0.failed_tasks) break;
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    EXPECT_OK(kvt_cache_try_wait(c, p.task, &r));
+    assert_int_equal(r.status, KVT_OK);
+
+    /* Full: max_tasks (16) plans held; a lookup of stored tokens and a new
+     * store are refused naming the table. */
+    kvt_task_id held[16];
+    uint32_t nheld = 0;
+    for (uint64_t seed = 600; nheld < 16 && seed < 700; seed++) {
+        uint32_t tokens[8];
+        kvt_test_tokens(tokens, 8, seed);
+        kvt_request rq = {tokens, 8, NULL, 0};
+        kvt_store_plan q;
+        assert_ok(kvt_cache_prepare_store(c, &rq, &q));
+        if (q.task) held[nheld++] = q.task;
+    }
+    assert_int_equal(nheld, 16);
+    kvt_match m;
+    EXPECT_ERR(kvt_cache_lookup(c, &f.req, &m), KVT_EFULL, "kvt_cache_lookup", "task table full");
+    uint32_t other[8];
+    kvt_test_tokens(other, 8, 777);
+    kvt_request orq = {other, 8, NULL, 0};
+    EXPECT_ERR(kvt_cache_prepare_store(c, &orq, &p), KVT_EFULL, "kvt_cache_prepare_store",
+               "task table full");
+    for (uint32_t i = 0; i < nheld; i++) end_task(c, held[i]);
+
+    /* Layer events exist only for CUDA device memory. */
+    assert_ok(kvt_cache_lookup(c, &f.req, &m));
+    assert_true(m.task != 0);
+    void *ev = NULL;
+    EXPECT_ERR(kvt_cache_layer_event(NULL, m.task, 0, 100, &ev), KVT_EINVAL,
+               "kvt_cache_layer_event", "cache");
+    EXPECT_ERR(kvt_cache_layer_event(c, m.task, 0, 100, NULL), KVT_EINVAL,
+               "kvt_cache_layer_event", "event");
+    EXPECT_ERR(kvt_cache_layer_event(c, m.task, 0, 100, &ev), KVT_EUNSUPPORTED,
+               "kvt_cache_layer_event", "CUDA device memory");
+    EXPECT_ERR(kvt_cache_stream_wait_layer(NULL, m.task, 0, NULL, 100), KVT_EINVAL,
+               "kvt_cache_stream_wait_layer", "cache");
+    EXPECT_ERR(kvt_cache_stream_wait_layer(c, m.task, 0, NULL, -1), KVT_EINVAL,
+               "kvt_cache_stream_wait_layer", "timeout_ms");
+    EXPECT_ERR(kvt_cache_stream_wait_layer(c, m.task, 0, NULL, 100), KVT_EUNSUPPORTED,
+               "CUDA device memory");
+    end_task(c, m.task);
+    fx_fini(&f);
+
+    /* A plan not launched within plan_ttl_ms expired. */
+    kvt_config *cfg = small_config();
+    assert_ok(kvt_config_set(cfg, "plan_ttl_ms", "1"));
+    kvt_geometry *g = small_geo();
+    kvt_cache *ttl = NULL;
+    assert_ok(kvt_cache_create(&ttl, cfg, g));
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    assert_ok(kvt_cache_register_memory(ttl, &mem));
+    uint32_t tokens[8], pages[2] = {0, 1};
+    kvt_test_tokens(tokens, 8, 801);
+    kvt_request rq = {tokens, 8, NULL, 0};
+    assert_ok(kvt_cache_prepare_store(ttl, &rq, &p));
+    sleep_ms(20);
+    EXPECT_ERR(kvt_cache_launch(ttl, p.task, pages, 2), KVT_ETIMEDOUT, "kvt_cache_launch",
+               "expired", "plan_ttl_ms");
+    kvt_cache_destroy(ttl);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    END_CHECKS();
+}
+
+/* The connector's states: queued work that succeeds, and every call after
+ * the group aborted (KVT_EABORTED naming the reason) until a reform. */
+static void test_conn_states(void **state)
+{
+    (void)state;
+    conn_fx f;
+    conn_fx_init(&f);
+    kvt_conn *k = f.conn;
+    kvt_conn_event ev[8];
+    uint32_t n = 0;
+    /* Store rid 1, then load it back as rid 2, layer by layer. */
+    assert_ok(kvt_conn_store(k, 1, &f.c.req, f.c.pages, 4));
+    assert_ok(kvt_conn_step(k, 1));
+    uint32_t ended = 0;
+    for (int i = 0; i < 20000 && !ended; i++) { /* the store's end, bounded: 2 s */
+        assert_ok(kvt_conn_poll(k, &ended));
+        if (!ended) nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    assert_int_equal(ended, 1);
+    assert_ok(kvt_conn_step(k, 2));
+    assert_ok(kvt_conn_events(k, ev, 8, &n));
+    uint32_t local = 0;
+    assert_ok(kvt_conn_lookup(k, 2, &f.c.req, &local));
+    assert_true(local > 0);
+    EXPECT_OK(kvt_conn_load(k, 2, f.c.pages, 4, 1));
+    assert_ok(kvt_conn_step(k, 3));
+    EXPECT_OK(kvt_conn_wait_layer(k, 2, T_LAYERS - 1, 5000));
+    EXPECT_OK(kvt_conn_reset(k));
+    assert_ok(kvt_conn_step(k, 4));
+
+    /* Its first allocation failing: nothing is queued. */
+    uint32_t pg4[4] = {0, 2, 4, 6};
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_conn_lookup(k, 7, &f.c.req, &local), KVT_ENOMEM, "kvt_conn_lookup");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_conn_store(k, 8, &f.c.req, pg4, 4), KVT_ENOMEM, "kvt_conn_store");
+    atomic_store(&alloc_countdown, -1);
+    assert_ok(kvt_conn_lookup(k, 9, &f.c.req, &local));
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_conn_load(k, 9, pg4, 4, 0), KVT_ENOMEM, "kvt_conn_load");
+    atomic_store(&alloc_countdown, -1);
+    assert_ok(kvt_conn_step(k, 5));
+
+    /* The cache's task table (max_tasks 16) full of queued stores. */
+    uint32_t held = 0;
+    for (uint64_t seed = 900; seed < 1000; seed++) { /* until full (a load may hold a slot) */
+        uint32_t tk[8], pg[2] = {0, 2};
+        kvt_test_tokens(tk, 8, seed);
+        kvt_status st = kvt_conn_store(k, 100 + seed, &(kvt_request){tk, 8, NULL, 0}, pg, 2);
+        if (st == KVT_EFULL) break;
+        assert_int_equal(st, KVT_OK);
+        held++;
+    }
+    assert_true(held >= 15 && held <= 16);
+    uint32_t more[8], pg2[2] = {0, 2};
+    kvt_test_tokens(more, 8, 1001);
+    EXPECT_ERR(kvt_conn_lookup(k, 11, &f.c.req, &local), KVT_EFULL, "kvt_cache_lookup",
+               "task table full");
+    EXPECT_ERR(kvt_conn_store(k, 12, &(kvt_request){more, 8, NULL, 0}, pg2, 2), KVT_EFULL,
+               "kvt_cache_prepare_store", "task table full");
+    assert_ok(kvt_conn_reset(k)); /* the queued stores go */
+    assert_ok(kvt_conn_step(k, 6));
+
+    assert_ok(kvt_group_abort(f.group, "test_conn_states"));
+    uint32_t pages[4] = {0, 2, 4, 6};
+    EXPECT_ERR(kvt_conn_lookup(k, 3, &f.c.req, &local), KVT_EABORTED, "kvt_conn_lookup",
+               "test_conn_states");
+    EXPECT_ERR(kvt_conn_load(k, 3, pages, 4, 0), KVT_EABORTED, "kvt_conn_load", "aborted");
+    EXPECT_ERR(kvt_conn_store(k, 4, &f.c.req, pages, 4), KVT_EABORTED, "kvt_conn_store",
+               "aborted");
+    EXPECT_ERR(kvt_conn_reset(k), KVT_EABORTED, "kvt_conn_reset", "aborted");
+    EXPECT_ERR(kvt_conn_step(k, 8), KVT_EABORTED, "kvt_conn_step", "test_conn_states");
+    EXPECT_OK(kvt_conn_reform(k, 1000));
+    EXPECT_OK(kvt_conn_lookup(k, 10, &f.c.req, &local));
+    assert_ok(kvt_conn_step(k, 9));
+    conn_fx_fini(&f);
+    END_CHECKS();
+}
+
+/* A TCP port some other socket listens on. */
+static int busy_port(uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 1), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &al), 0);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* The host refuses what a call needs: a port in use, a path that cannot be
+ * opened; and the success paths the other cases leave out. */
+static void test_host_refusals(void **state)
+{
+    (void)state;
+    uint16_t port = 0;
+    int fd = busy_port(&port);
+    kvt_net *n = NULL;
+    kvt_net_tcp_params tp = {0, 2, "127.0.0.1", port, NULL, 0, 0};
+    EXPECT_ERR(kvt_net_tcp_create(&n, &tp), KVT_ESYS, "kvt_net_tcp_create", "bind/listen",
+               "in use");
+    assert_null(n);
+    kvt_pd_bootstrap *bs = NULL;
+    kvt_pd_net_params np = {.port = port};
+    EXPECT_ERR(kvt_pd_bootstrap_create(&bs, &np), KVT_ESYS, "kvt_pd_bootstrap_create", "in use");
+    assert_null(bs);
+    /* A prefill rank whose data port is taken. */
+    assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
+    uint16_t bport = 0;
+    assert_ok(kvt_pd_bootstrap_port(bs, &bport));
+    kvt_geometry *pg = small_geo();
+    kvt_emu *pe = NULL;
+    kvt_engine_memory pm;
+    assert_ok(kvt_emu_create(&pe, pg, T_PAGES));
+    assert_ok(kvt_emu_memory(pe, &pm));
+    kvt_pd_params pp = {.bootstrap_port = bport, .rank = {.tp_size = 1}, .geo = pg, .mem = &pm,
+                        .connect_timeout_ms = 3000, .net = {.port = port}};
+    kvt_pd_sender *ps = NULL;
+    EXPECT_ERR(kvt_pd_sender_create(&ps, &pp), KVT_ESYS, "kvt_pd_sender_create", "in use");
+    assert_null(ps);
+    kvt_emu_destroy(pe);
+    kvt_geometry_destroy(pg);
+    kvt_pd_bootstrap_destroy(bs);
+    close(fd);
+
+    char dir[200], file[240], path[280];
+    make_test_dir(dir, sizeof dir, "apicfg");
+    snprintf(file, sizeof file, "%s/cfg.json", dir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("{\"workers\": 2}", f);
+    fclose(f);
+    snprintf(path, sizeof path, "%.240s/sub.json", file); /* under a regular file */
+    kvt_config *cfg = small_config();
+    EXPECT_OK(kvt_config_load_file(cfg, file));
+    EXPECT_ERR(kvt_config_load_file(cfg, path), KVT_EIO, "kvt_config_load_file", path,
+               "Not a directory");
+
+    /* A server asked to stop before it runs returns at once. */
+    char sock[240];
+    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    kvt_config *scfg = tier_config(NULL, sock);
+    kvt_geometry *g = small_geo();
+    kvt_server *s = NULL;
+    assert_ok(kvt_server_create(&s, scfg, g));
+    kvt_server_stop(s);
+    EXPECT_OK(kvt_server_run(s));
+    kvt_server_destroy(s);
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(scfg);
+    kvt_config_destroy(cfg);
+    END_CHECKS();
+}
+
+/* ------------------------------------------------------------------ */
+/* Rank groups whose peer is missing, garbled, of another protocol      */
+/* version, lost or interrupted                                         */
+
+/* Two in-process ranks; the peer's endpoint is the test's to misuse. */
+typedef struct pair_fx {
+    kvt_fabric *fab;
+    kvt_net *n[2];
+    kvt_group_params gp;
+} pair_fx;
+
+static void pair_init(pair_fx *p, uint64_t geometry_digest)
+{
+    assert_ok(kvt_fabric_create(&p->fab, 2, 16));
+    assert_ok(kvt_net_inproc_create(&p->n[0], p->fab, 0));
+    assert_ok(kvt_net_inproc_create(&p->n[1], p->fab, 1));
+    /* pp 1, cp 1, tp 2; T 100 ms; formation B 200 ms */
+    p->gp = (kvt_group_params){1, 1, 2, geometry_digest, 0, 100, 0, 200};
+}
+
+static void pair_fini(pair_fx *p)
+{
+    kvt_net_destroy(p->n[0]);
+    kvt_net_destroy(p->n[1]);
+    kvt_fabric_destroy(p->fab);
+}
+
+typedef enum { RAW_GARBAGE, RAW_VERSION, RAW_CHECKSUM } raw_kind;
+
+/* One message from rank `from` to the other as the group's handshake
+ * would carry it, but garbled: no magic, protocol version 99, or a
+ * payload that fails its checksum. */
+static void send_raw(pair_fx *p, uint32_t from, raw_kind kind)
+{
+    uint8_t msg[KVT_FRAME_HDR + 8] = {0};
+    kvt_frame f = {kind == RAW_VERSION ? 99 : KVT_PROTO_VERSION, from ? KVT_OP_HELLO
+                                                                     : KVT_OP_WELCOME,
+                   1, 1, KVT_CH_HANDSHAKE, from, 1 - from, 8, 0, NULL};
+    kvt__frame_encode(msg, &f, msg + KVT_FRAME_HDR);
+    if (kind == RAW_GARBAGE) memset(msg, 0xA5, 8);
+    if (kind == RAW_CHECKSUM) msg[KVT_FRAME_HDR] ^= 1;
+    assert_ok(kvt__net_send(p->n[from], 1 - from, msg, sizeof msg, NULL, 0,
+                            kvt__deadline_ns(1000)));
+}
+
+typedef struct member_run {
+    kvt_net *n;
+    kvt_group_params gp;
+    kvt_group *g;
+    kvt_status st;
+} member_run;
+
+static void *member_create(void *arg)
+{
+    member_run *m = arg;
+    m->st = kvt_group_create(&m->g, m->n, &m->gp);
+    return NULL;
+}
+
+/* A callback transport whose every receive reports a lost link. */
+static kvt_status lost_send(void *ctx, uint32_t peer, const void *buf, size_t len, int64_t t)
+{
+    (void)ctx; (void)peer; (void)buf; (void)len; (void)t;
+    return KVT_OK;
+}
+static kvt_status lost_recv(void *ctx, uint32_t peer, void *buf, size_t cap, size_t *len,
+                            int64_t t)
+{
+    (void)ctx; (void)buf; (void)cap; (void)len; (void)t;
+    return kvt__fail(KVT_ECONN, "link to rank %u lost", peer);
+}
+
+static void test_group_faults(void **state)
+{
+    (void)state;
+    pair_fx p;
+    kvt_group *g = NULL;
+
+    /* Formation: the sync leader (rank 0) and a member (rank 1). */
+    pair_init(&p, 7);
+    EXPECT_ERR(kvt_group_create(&g, p.n[0], &p.gp), KVT_ETIMEDOUT, "rank 1", "hello");
+    EXPECT_ERR(kvt_group_create(&g, p.n[1], &p.gp), KVT_ETIMEDOUT, "rank 0");
+    pair_fini(&p);
+    pair_init(&p, 7);
+    send_raw(&p, 1, RAW_GARBAGE);
+    EXPECT_ERR(kvt_group_create(&g, p.n[0], &p.gp), KVT_EPROTO, "rank 1", "magic");
+    send_raw(&p, 0, RAW_GARBAGE);
+    EXPECT_ERR(kvt_group_create(&g, p.n[1], &p.gp), KVT_EPROTO, "rank 0", "magic");
+    pair_fini(&p);
+    pair_init(&p, 7);
+    send_raw(&p, 1, RAW_VERSION);
+    EXPECT_ERR(kvt_group_create(&g, p.n[0], &p.gp), KVT_EVERSION, "rank 1", "version 99");
+    send_raw(&p, 0, RAW_VERSION);
+    EXPECT_ERR(kvt_group_create(&g, p.n[1], &p.gp), KVT_EVERSION, "rank 0", "version 99");
+    pair_fini(&p);
+    pair_init(&p, 7);
+    send_raw(&p, 0, RAW_CHECKSUM);
+    EXPECT_ERR(kvt_group_create(&g, p.n[1], &p.gp), KVT_ECORRUPT, "rank 0", "checksum");
+    assert_ok(kvt_net_interrupt(p.n[0]));
+    EXPECT_ERR(kvt_group_create(&g, p.n[0], &p.gp), KVT_ECANCELED, "interrupted");
+    pair_fini(&p);
+    kvt_net *cbn = NULL;
+    kvt_net_callbacks lost = {NULL, lost_send, lost_recv};
+    kvt_group_params gp2 = {1, 1, 2, 7, 0, 100, 0, 200};
+    /* (A member retries a lost link until its deadline: what it then
+     * says depends on where the deadline fell; the leader's refusal does
+     * not.) */
+    assert_ok(kvt_net_callback_create(&cbn, 0, 2, &lost, 0));
+    EXPECT_ERR(kvt_group_create(&g, cbn, &gp2), KVT_ECONN, "rank 1", "recv failed");
+    kvt_net_destroy(cbn);
+    assert_null(g);
+
+    /* Re-forming a formed group, through kvt_group_reform and through the
+     * connector's kvt_conn_reform, when rank 1 does not take part. */
+    cache_fx cf;
+    fx_init(&cf);
+    kvt_geometry_info gi;
+    assert_ok(kvt_geometry_info_get(cf.geo, &gi));
+    pair_init(&p, gi.digest);
+    assert_ok(kvt_config_digest(cf.cfg, &p.gp.config_digest));
+    /* The formation that must succeed gets room on a loaded machine. */
+    p.gp.timeout_ms = 2000;
+    p.gp.formation_timeout_ms = 20000;
+    member_run m = {p.n[1], p.gp, NULL, KVT_OK};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, member_create, &m), 0);
+    assert_ok(kvt_group_create(&g, p.n[0], &p.gp));
+    pthread_join(th, NULL);
+    assert_ok(m.st);
+    kvt_conn *conn = NULL;
+    assert_ok(kvt_conn_create(&conn, g, cf.cache));
+    EXPECT_ERR(kvt_group_reform(g, 100), KVT_ETIMEDOUT, "rank 1", "hello");
+    EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_ETIMEDOUT, "rank 1", "hello");
+    send_raw(&p, 1, RAW_GARBAGE);
+    EXPECT_ERR(kvt_group_reform(g, 100), KVT_EPROTO, "rank 1", "magic");
+    send_raw(&p, 1, RAW_GARBAGE);
+    EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_EPROTO, "rank 1", "magic");
+    send_raw(&p, 1, RAW_VERSION);
+    EXPECT_ERR(kvt_group_reform(g, 100), KVT_EVERSION, "rank 1", "version 99");
+    send_raw(&p, 1, RAW_VERSION);
+    EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_EVERSION, "rank 1", "version 99");
+    /* rank 1 re-forming meets a WELCOME that fails its checksum */
+    send_raw(&p, 0, RAW_CHECKSUM);
+    EXPECT_ERR(kvt_group_reform(m.g, 100), KVT_ECORRUPT, "rank 0", "checksum");
+    assert_ok(kvt_net_interrupt(p.n[0]));
+    EXPECT_ERR(kvt_group_reform(g, 100), KVT_ECANCELED, "interrupted");
+    EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_ECANCELED, "interrupted");
+    kvt_conn_destroy(conn);
+    kvt_group_destroy(g);
+    kvt_group_destroy(m.g);
+    pair_fini(&p);
+    fx_fini(&cf);
+    END_CHECKS();
+}
+
+/* A TCP hub waiting in kvt_net_connect on its own thread. */
+typedef struct hub_wait {
+    kvt_net *hub;
+    int64_t ms;
+    kvt_status st;
+} hub_wait;
+
+static void *hub_connect_main(void *arg)
+{
+    hub_wait *h = arg;
+    h->st = kvt_net_connect(h->hub, h->ms);
+    return NULL;
+}
+
+/* kvt_net_connect over TCP: nobody comes, the wrong secret, an interrupt,
+ * no memory, no file descriptor left. */
+static void test_net_connect_faults(void **state)
+{
+    (void)state;
+    const char *secret = "0123456789abcdef-api-errors";
+    kvt_net *hub = NULL, *m = NULL;
+    kvt_net_tcp_params hp = {0, 2, NULL, 0, secret, strlen(secret), 0};
+    assert_ok(kvt_net_tcp_create(&hub, &hp));
+    uint16_t port = 0;
+    assert_ok(kvt_net_tcp_port(hub, &port));
+    EXPECT_ERR(kvt_net_connect(hub, 50), KVT_ETIMEDOUT, "kvt_net_connect", "rank 1",
+               "did not join");
+    /* Only this thread's allocations fail. */
+    alloc_thread = pthread_self();
+    atomic_store(&alloc_one_thread, true);
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_net_connect(hub, 50), KVT_ENOMEM, "kvt_net_connect", "out of memory");
+    atomic_store(&alloc_countdown, -1);
+    atomic_store(&alloc_one_thread, false);
+
+    /* A member with the wrong secret: the hub refuses its proof. */
+    const char *wrong = "fedcba9876543210-api-errors";
+    kvt_net_tcp_params mp = {1, 2, "127.0.0.1", port, wrong, strlen(wrong), 0};
+    assert_ok(kvt_net_tcp_create(&m, &mp));
+    hub_wait hw = {hub, 2000, KVT_OK};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    EXPECT_ERR(kvt_net_connect(m, 2000), KVT_EAUTH, "rank 1", "secret");
+    pthread_join(th, NULL);
+    assert_int_equal(hw.st, KVT_ETIMEDOUT);
+    kvt_net_destroy(m);
+
+    /* No hub listening where a member looks. */
+    kvt_net_tcp_params np = {1, 2, "127.0.0.1", port, secret, strlen(secret), 0};
+    kvt_net_destroy(hub);
+    assert_ok(kvt_net_tcp_create(&m, &np));
+    EXPECT_ERR(kvt_net_connect(m, 50), KVT_ETIMEDOUT, "kvt_net_connect", "did not accept");
+    /* No file descriptor left for its socket. */
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    assert_true(probe >= 0);
+    close(probe);
+    low = old;
+    low.rlim_cur = (rlim_t)probe; /* the lowest free descriptor is now over the limit */
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    EXPECT_ERR(kvt_net_connect(m, 50), KVT_ESYS, "kvt_net_connect", "socket");
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    /* A member's group formation connects its link itself: the same
+     * faults reach kvt_group_create. */
+    /* B 8 s: the refusal comes as soon as the hub answers, well before */
+    kvt_group_params gp = {1, 1, 2, 7, 0, 1000, 0, 8000};
+    kvt_group *grp = NULL;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_ESYS, "kvt_net_connect", "socket");
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    kvt_net_destroy(m);
+    assert_ok(kvt_net_tcp_create(&hub, &hp));
+    assert_ok(kvt_net_tcp_port(hub, &port));
+    mp.port = port;
+    assert_ok(kvt_net_tcp_create(&m, &mp)); /* the wrong secret */
+    hw = (hub_wait){hub, 2000, KVT_OK};
+    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_EAUTH, "rank 1", "secret");
+    pthread_join(th, NULL);
+    assert_null(grp);
+    kvt_net_destroy(hub);
+    assert_ok(kvt_net_interrupt(m));
+    EXPECT_ERR(kvt_net_connect(m, 50), KVT_ECANCELED, "interrupted");
+    kvt_net_destroy(m);
+    END_CHECKS();
+}
+
+/* Engine memory a cache or client cannot use: buffers smaller than the
+ * geometry needs (EGEOMETRY), device memory where only host memory goes or
+ * no CUDA runtime is found (EUNSUPPORTED). */
+static void test_memory_refusals(void **state)
+{
+    (void)state;
+    /* Before anything loads the CUDA runtime: make "none found" certain. */
+    setenv("KVTIER_CUDART", "/nonexistent/libcudart.so", 1);
+    kvt_config *cfg = small_config();
+    kvt_geometry *g = small_geo();
+    kvt_cache *c = NULL;
+    assert_ok(kvt_cache_create(&c, cfg, g));
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    uint64_t small[2 * T_LAYERS] = {0};
+    kvt_engine_memory tiny = mem;
+    tiny.buffer_bytes = small;
+    kvt_engine_memory dev = mem;
+    dev.kind = KVT_MEMORY_CUDA;
+    EXPECT_ERR(kvt_cache_register_memory(c, &tiny), KVT_EGEOMETRY, "kvt_cache_register_memory",
+               "buffer_bytes[0]");
+    EXPECT_ERR(kvt_cache_register_memory(c, &dev), KVT_EUNSUPPORTED, "kvt_cache_register_memory",
+               "CUDA runtime");
+    EXPECT_OK(kvt_cache_register_memory(c, &mem));
+
+    srv_fx f;
+    srv_fx_start(&f);
+    kvt_client *cl = NULL;
+    assert_ok(kvt_client_attach(&cl, f.sock, g, 2000));
+    EXPECT_ERR(kvt_client_register_memory(cl, &tiny), KVT_EGEOMETRY,
+               "kvt_client_register_memory", "buffer_bytes[0]");
+    EXPECT_ERR(kvt_client_register_memory(cl, &dev), KVT_EUNSUPPORTED,
+               "kvt_client_register_memory", "CUDA device memory");
+    assert_ok(kvt_client_register_memory(cl, &mem));
+    kvt_client_detach(cl);
+    srv_fx_stop(&f);
+    kvt_server_destroy(f.srv);
+    kvt_cache_destroy(c);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    END_CHECKS();
+}
+
+/* A server made with one option changed, running on its own thread. */
+static void srv_fx_start_with(srv_fx *f, const char *opt, const char *value)
+{
+    memset(f, 0, sizeof *f);
+    make_test_dir(f->dir, sizeof f->dir, "apisrv");
+    snprintf(f->sock, sizeof f->sock, "%s/s.sock", f->dir);
+    kvt_config *cfg = tier_config(NULL, f->sock);
+    assert_ok(kvt_config_set(cfg, opt, value));
+    kvt_geometry *g = small_geo();
+    assert_ok(kvt_server_create(&f->srv, cfg, g));
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    assert_int_equal(pthread_create(&f->th, NULL, srv_run, f), 0);
+}
+
+/* What a server's own limits answer a client: a plan it expired
+ * (plan_ttl_ms) before its launch, a client holding server_client_tasks
+ * plans. */
+static void test_client_server_limits(void **state)
+{
+    (void)state;
+    kvt_geometry *g = small_geo();
+    srv_fx f;
+    srv_fx_start_with(&f, "server_client_tasks", "1");
+    kvt_client *cl = NULL;
+    assert_ok(kvt_client_attach(&cl, f.sock, g, 2000));
+    uint32_t a[8], b[8];
+    kvt_test_tokens(a, 8, 81);
+    kvt_test_tokens(b, 8, 82);
+    kvt_store_plan sp;
+    kvt_match mm;
+    assert_ok(kvt_client_prepare_store(cl, &(kvt_request){a, 8, NULL, 0}, &sp));
+    assert_true(sp.task != 0);
+    EXPECT_ERR(kvt_client_prepare_store(cl, &(kvt_request){b, 8, NULL, 0}, &sp), KVT_EFULL,
+               "kvt_client_prepare_store", "server_client_tasks");
+    EXPECT_ERR(kvt_client_lookup(cl, &(kvt_request){b, 8, NULL, 0}, &mm), KVT_EFULL,
+               "kvt_client_lookup", "server_client_tasks");
+    kvt_client_detach(cl);
+    srv_fx_stop(&f);
+    kvt_server_destroy(f.srv);
+
+    srv_fx_start_with(&f, "plan_ttl_ms", "1");
+    const char *sock = f.sock;
+    assert_ok(kvt_client_attach(&cl, sock, g, 2000));
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    assert_ok(kvt_client_register_memory(cl, &mem));
+    uint32_t tokens[8], pages[2] = {0, 1};
+    kvt_test_tokens(tokens, 8, 71);
+    kvt_store_plan p;
+    assert_ok(kvt_client_prepare_store(cl, &(kvt_request){tokens, 8, NULL, 0}, &p));
+    assert_true(p.task != 0);
+    sleep_ms(20);
+    EXPECT_ERR(kvt_client_launch(cl, p.task, pages, 2), KVT_ETIMEDOUT, "kvt_client_launch",
+               "expired");
+    kvt_client_detach(cl);
+    srv_fx_stop(&f);
+    kvt_server_destroy(f.srv);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* PD ranks whose bootstrap service does not answer, has no prefill rank
+ * registered, or holds another secret. */
+static void test_pd_create_faults(void **state)
+{
+    (void)state;
+    setenv("KVTIER_PD_QUIET", "1", 0);
+    kvt_geometry *g = small_geo();
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    uint16_t port = 0;
+    int lfd = busy_port(&port); /* listens, never answers */
+    kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &mem,
+                       .connect_timeout_ms = 200, .net = {.peer_timeout_ms = 200}};
+    kvt_pd_sender *s = NULL;
+    kvt_pd_receiver *r = NULL;
+    EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_ECONN, "kvt_pd_sender_create", "bootstrap",
+               "did not answer");
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ECONN, "kvt_pd_receiver_create", "bootstrap",
+               "did not answer");
+    close(lfd);
+
+    /* A bootstrap service no prefill rank registered with. */
+    kvt_pd_bootstrap *open_bs = NULL;
+    assert_ok(kvt_pd_bootstrap_create(&open_bs, &(kvt_pd_net_params){0}));
+    assert_ok(kvt_pd_bootstrap_port(open_bs, &p.bootstrap_port));
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ETIMEDOUT, "kvt_pd_receiver_create",
+               "0 prefill ranks registered");
+    kvt_pd_bootstrap_destroy(open_bs);
+
+    const char *secret = "0123456789abcdef-pd-api-errors", *wrong = "fedcba9876543210-pd-wrong";
+    kvt_pd_net_params bp = {.secret = secret, .secret_len = strlen(secret)};
+    kvt_pd_bootstrap *bs = NULL;
+    assert_ok(kvt_pd_bootstrap_create(&bs, &bp));
+    assert_ok(kvt_pd_bootstrap_port(bs, &p.bootstrap_port));
+    p.net.secret = wrong;
+    p.net.secret_len = strlen(wrong);
+    EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_EAUTH, "kvt_pd_sender_create");
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_EAUTH, "kvt_pd_receiver_create");
+    assert_null(s);
+    assert_null(r);
+    kvt_pd_bootstrap_destroy(bs);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2046,6 +3357,17 @@ int main(void)
         cmocka_unit_test(test_conn),
         cmocka_unit_test(test_pd_bootstrap),
         cmocka_unit_test(test_pd_rooms),
+        cmocka_unit_test(test_ssd_dir_faults),
+        cmocka_unit_test(test_server_client),
+        cmocka_unit_test(test_client_bad_server),
+        cmocka_unit_test(test_cache_states),
+        cmocka_unit_test(test_conn_states),
+        cmocka_unit_test(test_host_refusals),
+        cmocka_unit_test(test_group_faults),
+        cmocka_unit_test(test_net_connect_faults),
+        cmocka_unit_test(test_memory_refusals),
+        cmocka_unit_test(test_client_server_limits),
+        cmocka_unit_test(test_pd_create_faults),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
