@@ -2504,7 +2504,7 @@ static void fake_serve(fake_srv *f, int fd)
             fake_hello(f, fd);
         } else if (mode == FAKE_PLAN && h.op == KVT_SRV_LAUNCH) {
             /* One block at offset 0 of the tier: the planned load's tokens. */
-            kvt_srv_launch_rep lr = {KVT_TASK_LOAD, 0, T_TPP, 1, 0, NULL};
+            kvt_srv_launch_rep lr = {.kind = KVT_TASK_LOAD, .num_tokens = T_TPP, .num_blocks = 1};
             uint64_t off = 0;
             kvt_srv_buf b = {0};
             kvt__srv_launch_rep_encode(&b, &lr, &off);
