@@ -734,10 +734,16 @@ typedef struct kvt_net_tcp_params {
     size_t secret_len;    /* prove it holds these 16..1024 bytes (HMAC-SHA256) */
     uint32_t max_msg;     /* 0: KVT_NET_DEFAULT_MAX_MSG; larger frames refused */
     kvt_net_transport transport; /* 0: KVT_NET_TCP; every rank the same */
+    uint32_t allow_insecure; /* 0 (default): a hub whose host is not 127.x
+                                needs a secret (KVT_EINVAL otherwise: anyone
+                                who reaches the port could join as a rank);
+                                1: no secret on a trusted network */
 } kvt_net_tcp_params;
 
 /* Creates the endpoint; the hub binds and listens now (so its port can be
- * read before the others start). The caller owns *out. */
+ * read before the others start). The caller owns *out. KVT_EINVAL also
+ * when the hub would listen beyond loopback with neither secret nor
+ * allow_insecure. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ESYS. */
 kvt_status kvt_net_tcp_create(kvt_net **out, const kvt_net_tcp_params *params);
 /* The hub's bound port (useful with port 0). KVT_EINVAL on a non-hub. */

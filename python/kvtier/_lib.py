@@ -108,7 +108,8 @@ class NetTcpParams(Structure):
     """kvt_net_tcp_params."""
     _fields_ = [("rank", c_uint32), ("ranks", c_uint32), ("host", c_char_p),
                 ("port", c_uint16), ("secret", c_void_p), ("secret_len", c_size_t),
-                ("max_msg", c_uint32), ("transport", c_int)]
+                ("max_msg", c_uint32), ("transport", c_int),
+                ("allow_insecure", c_uint32)]
 
 
 class GroupParams(Structure):

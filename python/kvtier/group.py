@@ -63,12 +63,14 @@ class Net(Handle):
         return n
 
     @classmethod
-    def tcp(cls, rank, ranks, host="127.0.0.1", port=0, secret=None, max_msg=0, transport="tcp"):
+    def tcp(cls, rank, ranks, host="127.0.0.1", port=0, secret=None, max_msg=0, transport="tcp",
+            allow_insecure=False):
         """A TCP endpoint: rank 0 is the hub and listens now (port 0: an
         ephemeral port, read it from ``.port``); other ranks connect to
         host:port in connect(). secret: 16..1024 bytes for mutual HMAC auth.
         transport: "tcp", or "ucx" to move the links onto UCX tag messages
-        once joined (every rank the same)."""
+        once joined (every rank the same). A hub on a host beyond 127.x needs
+        a secret unless allow_insecure=True (a trusted network)."""
         rank, ranks = uint(rank, "rank"), uint(ranks, "ranks", minimum=1)
         if rank >= ranks:
             raise invalid("Net.tcp: rank %d of %d ranks" % (rank, ranks))
@@ -90,6 +92,9 @@ class Net(Handle):
         if not isinstance(transport, str) or transport.lower() not in wires:
             raise invalid("Net.tcp: transport %r; expected one of tcp, ucx" % (transport,))
         p.transport = wires[transport.lower()]
+        if not isinstance(allow_insecure, bool):
+            raise invalid("Net.tcp: allow_insecure must be True or False, not %r" % (allow_insecure,))
+        p.allow_insecure = int(allow_insecure)
         check(n._create(lib.kvt_net_tcp_create, ctypes.byref(p)))
         n.rank, n.ranks = rank, ranks
         return n

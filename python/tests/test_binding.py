@@ -180,6 +180,13 @@ class BadArguments(unittest.TestCase):
                 self.raises(kvtier.InvalidArgument, "timeout", kvtier.Group, net, 1, 1, 2, 1, 1,
                             timeout=0)
         self.raises(kvtier.InvalidArgument, "needs the hub's port", kvtier.Net.tcp, 1, 2)
+        # secure by default: an exposed hub needs a secret or an explicit allow_insecure
+        self.raises(kvtier.InvalidArgument, "not a loopback address and no secret is set", kvtier.Net.tcp,
+                    0, 2, host="0.0.0.0")
+        self.raises(kvtier.InvalidArgument, "allow_insecure must be True or False", kvtier.Net.tcp, 0, 2,
+                    host="0.0.0.0", allow_insecure=1)
+        kvtier.Net.tcp(0, 2, host="0.0.0.0", allow_insecure=True).close()
+        kvtier.Net.tcp(0, 2, host="0.0.0.0", secret=b"0123456789abcdef").close()
 
     def test_sglang_rids_and_order(self):
         self.assertEqual(kvtier.rid64("a"), kvtier.rid64("a"))

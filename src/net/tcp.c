@@ -538,6 +538,14 @@ static kvt_status check_params(const kvt_net_tcp_params *p, const char *fn)
                   "%s: transport %d is neither KVT_NET_TCP (0) nor KVT_NET_UCX (1)", fn, (int)p->transport);
     KVT_CHECK_ARG(!p->secret || (p->secret_len >= 16 && p->secret_len <= 1024),
                   "%s: secret_len %zu is outside 16..1024", fn, p->secret_len);
+    KVT_CHECK_ARG(p->allow_insecure <= 1, "%s: allow_insecure is %u (0 or 1)", fn, p->allow_insecure);
+    /* secure by default: a hub reachable beyond this host admits any rank
+     * claim without a secret (and, over UCX, any worker address) */
+    const char *h = p->host ? p->host : "127.0.0.1";
+    KVT_CHECK_ARG(p->rank != 0 || p->ranks < 2 || p->secret || p->allow_insecure || strncmp(h, "127.", 4) == 0,
+                  "%s: the hub's host %s is not a loopback address and no secret is set: anyone who reaches "
+                  "it could join as a rank and feed the group's decisions; set a secret (16..1024 bytes, the "
+                  "same on every rank), or allow_insecure = 1 on a trusted network", fn, h);
     return KVT_OK;
 }
 

@@ -250,6 +250,34 @@ static void test_tcp_unknown_refusal_named(void **state)
     assert_string_equal(kvt__auth_refusal(KVT_AUTH_BAD_HELLO), "malformed hello (not a kvtier peer of this kind)");
 }
 
+/* Secure by default: a hub listening beyond loopback without a secret is
+ * refused at creation (anyone reaching it could join as a rank), unless
+ * allow_insecure says the network is trusted; members and 127.x are not
+ * concerned. Before the check, the first create returned KVT_OK. */
+static void test_tcp_exposed_hub_needs_secret(void **state)
+{
+    (void)state;
+    kvt_net *n = NULL;
+    kvt_net_tcp_params p = {.rank = 0, .ranks = 2, .host = "0.0.0.0"};
+    assert_int_equal(kvt_net_tcp_create(&n, &p), KVT_EINVAL);
+    assert_null(n);
+    if (!strstr(kvt_last_error(), "the hub's host 0.0.0.0 is not a loopback address and no secret is set"))
+        fail_msg("%s", kvt_last_error());
+    p.allow_insecure = 2;
+    assert_int_equal(kvt_net_tcp_create(&n, &p), KVT_EINVAL);
+    if (!strstr(kvt_last_error(), "allow_insecure is 2")) fail_msg("%s", kvt_last_error());
+    p.allow_insecure = 1; /* a trusted network, said explicitly */
+    assert_ok(kvt_net_tcp_create(&n, &p));
+    kvt_net_destroy(n);
+    p = (kvt_net_tcp_params){.rank = 0, .ranks = 2, .host = "0.0.0.0", .secret = "0123456789abcdef",
+                             .secret_len = 16};
+    assert_ok(kvt_net_tcp_create(&n, &p));
+    kvt_net_destroy(n);
+    p = (kvt_net_tcp_params){.rank = 1, .ranks = 2, .host = "10.1.2.3", .port = 9}; /* a member: no listener */
+    assert_ok(kvt_net_tcp_create(&n, &p));
+    kvt_net_destroy(n);
+}
+
 static void test_tcp_bounds(void **state)
 {
     (void)state;
@@ -461,6 +489,7 @@ int main(void)
         cmocka_unit_test(test_tcp_auth),
         cmocka_unit_test(test_tcp_client_refuses_fake_hub),
         cmocka_unit_test(test_tcp_unknown_refusal_named),
+        cmocka_unit_test(test_tcp_exposed_hub_needs_secret),
         cmocka_unit_test(test_tcp_bounds),
         cmocka_unit_test(test_tcp_oversize_refused),
         cmocka_unit_test(test_interrupt_ends_waits),
