@@ -559,7 +559,9 @@ void kvt_server_destroy(kvt_server *srv);
 /* Attaches to the server at socket_path: retries connecting until
  * timeout_ms (> 0) passes (so a client may start before its server), sends
  * geo, maps the shared CPU tier. timeout_ms is also the deadline of every
- * later call on this client. geo must equal the server's geometry.
+ * later call on this client. geo must equal the server's geometry; geo
+ * NULL takes the server's (a client that only watches, e.g. kvtier stats,
+ * needs to know nothing but the socket).
  * KVT_ECONN: no server answered at socket_path in time (the message names
  * it). KVT_EGEOMETRY: geo differs (the message names the field and both
  * values). KVT_EAUTH: the server refused this process's credentials.
@@ -594,9 +596,9 @@ void kvt_client_detach(kvt_client *cl);
  * concurrently on one client (round trips are serialised on its socket). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE, KVT_EUNSUPPORTED. */
 kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
                                     kvt_store_plan *out);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESTATE, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */

@@ -336,6 +336,33 @@ static kvt_status hello_locked(kvt_client *cl)
     return st;
 }
 
+/* GEOMETRY before HELLO, for a client attached without one: it takes the
+ * server's (the reply is a HELLO, checked by the same decoder). */
+static kvt_status fetch_geometry(kvt_client *cl)
+{
+    static const char fn[] = "kvt_client_attach";
+    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
+    kvt_srv_hdr h = {0};
+    uint8_t *p = NULL;
+    kvt_status st = kvt__srv_send_frame(cl->fd, KVT_SRV_GEOMETRY, 0, NULL, 0, -1, deadline);
+    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, NULL, deadline);
+    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
+                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
+    kvt_srv_hello g = {0};
+    if (!st && h.op != (KVT_SRV_GEOMETRY | KVT_SRV_REPLY))
+        st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to GEOMETRY", fn, h.op);
+    else if (!st && h.status)
+        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
+                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
+                       p ? (const char *)p : "");
+    else if (!st && (st = kvt__srv_hello_decode(p, h.len, &g)))
+        kvt__wrap_error(st, "kvt_client_attach: the server's geometry");
+    free(p);
+    if (!st) cl->geo = g.geo;
+    return st;
+}
+
 kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kvt_geometry *geo,
                              int64_t timeout_ms)
 {
@@ -343,13 +370,12 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
     kvt__clear_error();
     KVT_CHECK_NOT_NULL(out, fn);
     KVT_CHECK_NOT_NULL(socket_path, fn);
-    KVT_CHECK_NOT_NULL(geo, fn);
     KVT_CHECK_ARG(timeout_ms > 0, "%s: timeout_ms is %lld; it must be > 0 (every call's "
                   "deadline)", fn, (long long)timeout_ms);
     struct sockaddr_un a;
     KVT_CHECK_ARG(strlen(socket_path) < sizeof a.sun_path, "%s: socket_path is longer than %zu "
                   "bytes", fn, sizeof a.sun_path - 1);
-    kvt_status st = kvt_geometry_validate(geo);
+    kvt_status st = geo ? kvt_geometry_validate(geo) : KVT_OK;
     if (st) return kvt__wrap_error(st, "kvt_client_attach: geo");
     kvt_client *cl = calloc(1, sizeof *cl);
     if (!cl) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
@@ -362,8 +388,8 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
         free(cl);
         return kvt__fail(KVT_ESYS, "%s: pthread_cond_init failed", fn);
     }
-    st = kvt_geometry_clone(geo, &cl->geo);
-    if (!st) st = connect_until(cl, kvt__deadline_ns(timeout_ms));
+    st = connect_until(cl, kvt__deadline_ns(timeout_ms));
+    if (!st) st = geo ? kvt_geometry_clone(geo, &cl->geo) : fetch_geometry(cl);
     if (!st) st = hello_locked(cl);
     if (!st) st = kvt__xfer_create(&cl->xfer, CLIENT_WORKERS, &kvt__host_copy_ops);
     if (st) {
@@ -414,6 +440,23 @@ kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *m
 /* ------------------------------------------------------------------ */
 /* Planning                                                           */
 
+/* A plan's status, checked: the server answers a plan with a status of
+ * kvt_cache_lookup or prepare_store, KVT_EFULL (this client's task quota,
+ * server_client_tasks) or KVT_EAUTH (a namespace this client may not use);
+ * with the round trip's own failures, that is all a plan may return. A
+ * server answering anything else breaks the protocol. */
+static kvt_status plan_status(const char *fn, kvt_status st)
+{
+    static const kvt_status ok[] = {
+        KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL, KVT_EAUTH, /* the server's */
+        KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION, /* the round trip's */
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        if (st == ok[i]) return st;
+    return kvt__fail(KVT_EPROTO, "%s: the server answered a plan with %s (%s)", fn,
+                     kvt_status_name(st), kvt_last_error());
+}
+
 static kvt_status plan(kvt_client *cl, const char *fn, uint16_t op, const kvt_request *req,
                        uint64_t *task, uint32_t *a, uint32_t *c)
 {
@@ -434,6 +477,7 @@ static kvt_status plan(kvt_client *cl, const char *fn, uint16_t op, const kvt_re
     uint32_t len = 0;
     st = round_trip(cl, fn, op, &b, &p, &len, NULL);
     kvt__srv_buf_free(&b);
+    if (st) st = plan_status(fn, st);
     if (!st) st = kvt__srv_task_rep_decode(p, len, task, a, c);
     free(p);
     return st;

@@ -110,6 +110,17 @@ static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
     return st;
 }
 
+/* GEOMETRY, before HELLO: the server's geometry, encoded as a HELLO. */
+static kvt_status on_geometry(kvt_srv_conn *c, size_t len)
+{
+    if (len) return kvt__fail(KVT_EPROTO, "geometry: %zu bytes of payload", len);
+    kvt_srv_buf b = {0};
+    kvt_status st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), c->srv->geo);
+    st = st ? reply_err(c, KVT_SRV_GEOMETRY, st) : reply(c, KVT_SRV_GEOMETRY, &b);
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
 /* LOOKUP and PREPARE. */
 static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t len)
 {
@@ -295,7 +306,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
         free(p);
         return kvt__fail(KVT_EPROTO, "the client sent a reply (op 0x%x)", h.op);
     }
-    if (!*hello_done && h.op != KVT_SRV_HELLO) {
+    if (!*hello_done && h.op != KVT_SRV_HELLO && h.op != KVT_SRV_GEOMETRY) {
         free(p);
         return kvt__fail(KVT_EPROTO, "the client's first message is op %u, not HELLO", h.op);
     }
@@ -311,6 +322,9 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     case KVT_SRV_CANCEL: st = on_cancel(c, p, h.len); break;
     case KVT_SRV_STATS: st = on_stats(c, h.len); break;
     case KVT_SRV_FLUSH: st = on_flush(c, p, h.len); break;
+    case KVT_SRV_GEOMETRY:
+        st = *hello_done ? kvt__fail(KVT_EPROTO, "GEOMETRY after HELLO") : on_geometry(c, h.len);
+        break;
     default: st = kvt__fail(KVT_EPROTO, "unknown op %u", h.op);
     }
     free(p);
