@@ -533,8 +533,13 @@ typedef struct kvt_client kvt_client;
  * ssd_dirs is set (recovering what a previous server left), and the
  * listening socket at the server_socket option, created with mode 0600 (only
  * this user's processes may attach; peers of another uid are refused, by
- * SO_PEERCRED). cfg and geo are copied.
- * KVT_EINVAL: bad argument, server_socket empty or too long.
+ * SO_PEERCRED), or 0660 owned by server_socket_group (its members attach
+ * too). With server_secret_file every client proves the secret at attach;
+ * server_namespaces restricts the namespaces each uid or group may use
+ * (docs/server.md, Security). cfg and geo are copied.
+ * KVT_EINVAL: bad argument, server_socket empty or too long, no such
+ * server_socket_group, a malformed server_namespaces rule, a secret file
+ * that is missing or not 16..1024 bytes.
  * KVT_EBUSY: another server holds the socket or an SSD directory (the
  * message names its pid). KVT_EGEOMETRY: an SSD directory was written for
  * another geometry. KVT_ESYS, KVT_ENOMEM, KVT_EIO. The caller owns *out. */
@@ -545,7 +550,7 @@ kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_
  * waits up to server_stop_ms for SSD writes to become durable, and returns
  * KVT_OK (or KVT_ETIMEDOUT when writes were still pending at that bound).
  * KVT_ESTATE: already running or already stopped. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT, KVT_ESTATE. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT, KVT_ESTATE, KVT_ESYS. */
 kvt_status kvt_server_run(kvt_server *srv);
 /* Asks run to return. Async-signal-safe (it writes one byte to a pipe), so
  * a SIGTERM/SIGINT handler may call it; also safe from any thread, and
@@ -564,10 +569,13 @@ void kvt_server_destroy(kvt_server *srv);
  * needs to know nothing but the socket).
  * KVT_ECONN: no server answered at socket_path in time (the message names
  * it). KVT_EGEOMETRY: geo differs (the message names the field and both
- * values). KVT_EAUTH: the server refused this process's credentials.
+ * values). KVT_EAUTH: the socket's mode refused this process, or the
+ * secret handshake failed (the server wants a secret this client lacks, or
+ * the two hold different ones: the client's is read from the file named by
+ * KVTIER_SERVER_SECRET_FILE, the server_secret_file option's variable).
  * KVT_EVERSION, KVT_EPROTO, KVT_ESYS, KVT_ENOMEM, KVT_EINVAL.
  * The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_attach(kvt_client **out, const char *socket_path,
                              const kvt_geometry *geo, int64_t timeout_ms);
 /* Cancels this client's tasks (the server releases their pins), waits for
@@ -587,6 +595,9 @@ void kvt_client_detach(kvt_client *cl);
  *    (the server's verdict) is what wait/poll report;
  *  - kvt_client_launch of a load whose blocks sit on the server's SSD tier
  *    returns once the server read them back into the CPU tier;
+ *  - lookup and prepare_store in a namespace the server's server_namespaces
+ *    does not allow this client give KVT_EAUTH naming it (and the client's
+ *    pid and uid); past its server_client_tasks quota, KVT_EFULL;
  *  - a store's blocks become visible to every client only after the server
  *    checked each block's checksum against the one this client computed;
  *  - results are reported by this client's wait or poll only for tasks it
@@ -601,7 +612,7 @@ kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
                                     kvt_store_plan *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESTATE, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESTATE, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_launch(kvt_client *cl, kvt_task_id task, const uint32_t *pages,
                              uint32_t num_pages);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
@@ -613,14 +624,14 @@ kvt_status kvt_client_wait(kvt_client *cl, kvt_task_id task, int64_t timeout_ms,
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max,
                            uint32_t *count);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id task);
 /* The server's kvt_cache_stats (every client's traffic together). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_stats(kvt_client *cl, kvt_cache_stats *out);
 /* kvt_cache_flush on the server: every block stored so far (by any client)
  * durable on the SSD tier, or KVT_ETIMEDOUT after timeout_ms (0..600000). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_flush(kvt_client *cl, int64_t timeout_ms);
 
 /* ------------------------------------------------------------------ */

@@ -10,6 +10,7 @@
  * KVT_ECONN naming the socket (the engine recomputes; re-attach). */
 #include <errno.h>
 #include <poll.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "cache/cache.h"
 #include "layout/layout.h"
 #include "net/fdio.h"
+#include "net/stream.h"
 #include "server/proto.h"
 #include "server/server.h"
 #include "util/clock.h"
@@ -62,6 +64,8 @@ struct kvt_client {
     uint32_t backoff_ms;    /* under io_mu: 10 ms doubling to 1 s */
     uint32_t epoch;         /* under mu: bumped by each re-attach */
     kvt_geometry *geo;
+    uint8_t *secret;        /* KVTIER_SERVER_SECRET_FILE's bytes, or NULL */
+    size_t secret_len;
     uint8_t *tier;
     kvt_srv_hello_rep shm;
     uint32_t pages_per_block;
@@ -86,7 +90,7 @@ static kvt_status broken_fail(kvt_client *cl, const char *fn)
 /* Sends op with payload b and receives its reply (payload into *rep, the
  * caller frees). A failure status from the server comes back as the status
  * with the server's message. */
-static kvt_status connect_until(kvt_client *cl, uint64_t deadline);
+static kvt_status open_conn(kvt_client *cl, uint64_t connect_deadline);
 static kvt_status hello_locked(kvt_client *cl);
 
 /* A broken connection is re-established by a later call, at most once per
@@ -115,7 +119,7 @@ static kvt_status reattach(kvt_client *cl, const char *fn)
     cl->fd = -1;
     char keep[sizeof cl->broken_msg];
     snprintf(keep, sizeof keep, "%s", cl->broken_msg);
-    kvt_status st = connect_until(cl, now); /* one try: the backoff spaces the next */
+    kvt_status st = open_conn(cl, now); /* one try: the backoff spaces the next */
     if (!st) {
         cl->broken = false; /* hello's round trip needs the stream */
         st = hello_locked(cl);
@@ -270,6 +274,11 @@ static kvt_status connect_until(kvt_client *cl, uint64_t deadline)
         }
         last = errno;
         close(fd);
+        if (last == EACCES)
+            return kvt__fail(KVT_EAUTH, "kvt_client_attach: kvtier server at %s: permission "
+                             "denied (uid %ld, gid %ld): the socket admits the server's user "
+                             "and, with server_socket_group, that group's members", cl->path,
+                             (long)geteuid(), (long)getegid());
         /* Not there yet, or its backlog is full: retry until the deadline. */
         if (last != ENOENT && last != ECONNREFUSED && last != EAGAIN) break;
         if (kvt__now_ns() >= deadline) break;
@@ -278,6 +287,37 @@ static kvt_status connect_until(kvt_client *cl, uint64_t deadline)
     }
     return kvt__fail(KVT_ECONN, "kvt_client_attach: no kvtier server at %s: %s", cl->path,
                      strerror(last));
+}
+
+/* The handshake the server runs first (net/stream_auth.c): with the
+ * server_secret_file option's secret (KVTIER_SERVER_SECRET_FILE), mutual
+ * proof of it; a server that wants one refuses a client without. */
+static kvt_status authenticate(kvt_client *cl, uint64_t deadline)
+{
+    char who[160];
+    snprintf(who, sizeof who, "kvt_client_attach: kvtier server at %s", cl->path);
+    kvt_stream_auth a = {cl->secret, cl->secret_len, who};
+    return kvt__stream_auth_client(cl->fd, &a, deadline);
+}
+
+/* A connection, authenticated: at attach and at each re-attach. */
+static kvt_status open_conn(kvt_client *cl, uint64_t connect_deadline)
+{
+    kvt_status st = connect_until(cl, connect_deadline);
+    if (!st) st = authenticate(cl, kvt__deadline_ns(cl->timeout_ms));
+    return st;
+}
+
+/* KVTIER_SERVER_SECRET_FILE: the server_secret_file option on the client's
+ * side (clients take no kvt_config), read once at attach. */
+static kvt_status load_secret(kvt_client *cl)
+{
+    if (sodium_init() < 0)
+        return kvt__fail(KVT_ESYS, "kvt_client_attach: libsodium failed to initialise");
+    const char *path = getenv("KVTIER_SERVER_SECRET_FILE");
+    if (!path || !*path) return KVT_OK;
+    return kvt__srv_secret_load(path, "kvt_client_attach: KVTIER_SERVER_SECRET_FILE",
+                                &cl->secret, &cl->secret_len);
 }
 
 /* HELLO and the tier's mapping; io_mu held or not yet shared. */
@@ -388,7 +428,8 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
         free(cl);
         return kvt__fail(KVT_ESYS, "%s: pthread_cond_init failed", fn);
     }
-    st = connect_until(cl, kvt__deadline_ns(timeout_ms));
+    st = load_secret(cl);
+    if (!st) st = open_conn(cl, kvt__deadline_ns(timeout_ms));
     if (!st) st = geo ? kvt_geometry_clone(geo, &cl->geo) : fetch_geometry(cl);
     if (!st) st = hello_locked(cl);
     if (!st) st = kvt__xfer_create(&cl->xfer, CLIENT_WORKERS, &kvt__host_copy_ops);
@@ -414,6 +455,7 @@ void kvt_client_detach(kvt_client *cl)
     while (cl->ntasks) ct_free(cl, cl->tasks[0]);
     free(cl->tasks);
     kvt_geometry_destroy(cl->geo);
+    kvt__srv_secret_free(cl->secret, cl->secret_len);
     pthread_cond_destroy(&cl->cv);
     pthread_mutex_destroy(&cl->mu);
     pthread_mutex_destroy(&cl->io_mu);

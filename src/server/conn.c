@@ -4,11 +4,13 @@
  * ones released, launched stores rolled back (their blocks never become
  * visible), launched loads unpinned. */
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "net/fdio.h"
+#include "net/stream.h"
 #include "server/server.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -121,6 +123,21 @@ static kvt_status on_geometry(kvt_srv_conn *c, size_t len)
     return st;
 }
 
+/* KVT_EAUTH naming the namespace (printable bytes, at most 64) and the
+ * client, logged at warn too: an operator sees who tried what. */
+static kvt_status ns_refused(kvt_srv_conn *c, const uint8_t *ns, uint32_t len)
+{
+    char name[72];
+    uint32_t n = len < 64 ? len : 64, i;
+    for (i = 0; i < n; i++) name[i] = ns[i] >= 0x20 && ns[i] < 0x7f ? (char)ns[i] : '?';
+    snprintf(name + i, sizeof name - i, "%s", len > 64 ? "..." : "");
+    kvt_status st = kvt__fail(KVT_EAUTH, "namespace \"%s\" is not allowed for client pid %ld "
+                              "(uid %ld, gid %ld) by the server's server_namespaces", len ? name :
+                              "(default)", (long)c->pid, (long)c->uid, (long)c->peer.gid);
+    kvt__srv_log(KVT_LOG_WARN, "%s", kvt_last_error());
+    return st;
+}
+
 /* LOOKUP and PREPARE. */
 static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t len)
 {
@@ -129,7 +146,9 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     kvt_status st = kvt__srv_req_decode(p, len, &q);
     if (st) return st; /* a protocol violation: the caller drops the client */
     if (c->ntasks >= s->cfg.server_client_tasks) sweep_expired(c);
-    if (c->ntasks >= s->cfg.server_client_tasks)
+    if (!kvt__srv_ns_allowed(&s->ns, &c->peer, q.ns, q.ns_len))
+        st = ns_refused(c, q.ns, q.ns_len);
+    else if (c->ntasks >= s->cfg.server_client_tasks)
         st = kvt__fail(KVT_EFULL, "this client holds %u tasks (server_client_tasks); launch, "
                        "wait or cancel some first", c->ntasks);
     kvt_request req = {.ns = q.ns, .ns_len = q.ns_len};
@@ -331,12 +350,25 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     return st;
 }
 
+/* The handshake every client passes first (net/stream_auth.c, as the PD
+ * endpoints): with server_secret_file set, mutual HMAC-SHA256 proof of the
+ * secret; without, the client learns the server needs none. */
+static kvt_status authenticate(kvt_srv_conn *c)
+{
+    kvt_stream_auth a = {c->srv->secret, c->srv->secret_len, "kvtier server"};
+    kvt_status st = kvt__stream_auth_server(c->fd, &a, kvt__deadline_ns(FRAME_MS));
+    if (st)
+        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld (uid %ld): %s", (long)c->pid,
+                     (long)c->uid, kvt_last_error());
+    return st;
+}
+
 void *kvt__srv_conn_main(void *arg)
 {
     kvt_srv_conn *c = arg;
     bool hello_done = false;
-    kvt_status st;
-    while (!(st = serve_one(c, &hello_done))) {}
+    kvt_status st = authenticate(c);
+    while (!st && !(st = serve_one(c, &hello_done))) {}
     if (st == KVT_EPROTO || st == KVT_EVERSION)
         kvt__srv_log(KVT_LOG_WARN, "client pid %ld dropped: %s", (long)c->pid, kvt_last_error());
     uint32_t released = c->ntasks;

@@ -9,6 +9,7 @@
 
 #include "cache/external.h"
 #include "kvtier.h"
+#include "server/auth.h"
 #include "server/proto.h"
 #include "util/config.h"
 
@@ -29,6 +30,7 @@ struct kvt_srv_conn {
     int fd;
     pid_t pid;
     uid_t uid;
+    kvt_srv_peer peer; /* SO_PEERCRED and SO_PEERGROUPS at accept */
     pthread_t thread;
     atomic_bool finished;
     kvt_srv_task *tasks; /* this client's planned and launched tasks */
@@ -47,6 +49,11 @@ struct kvt_server {
     int listen_fd, lock_fd, stop_pipe[2];
     int ssd_lock_fds[KVT_SRV_MAX_SSD_LOCKS];
     uint32_t num_ssd_locks;
+    bool grouped; /* server_socket_group set: socket 0660, its members attach */
+    gid_t group;
+    kvt_srv_ns_rules ns; /* server_namespaces */
+    uint8_t *secret;     /* server_secret_file's bytes (sodium_malloc), or NULL */
+    size_t secret_len;
     atomic_int state; /* 0 created, 1 running, 2 stopped */
     pthread_mutex_t mu; /* guards conns */
     kvt_srv_conn *conns;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,10 +14,12 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "support.h"
+#include "net/stream.h"
 #include "server/proto.h"
 #include "server/server.h"
 #include "util/clock.h"
@@ -610,13 +613,26 @@ static kvt_status raw_rt(int fd, uint16_t op, const kvt_srv_buf *b, uint8_t **re
     return st;
 }
 
-static kvt_status child_raw_store(const char *path, void *arg)
+/* A raw connection past the server's handshake (no secret), or -1. */
+static int raw_connect(const char *path)
 {
-    raw_arg *a = arg;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return KVT_ECONN;
+    kvt_stream_auth a = {NULL, 0, "raw client"};
+    if (sodium_init() < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        kvt__stream_auth_client(fd, &a, kvt__deadline_ns(TIMEOUT_MS)) != KVT_OK) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static kvt_status child_raw_store(const char *path, void *arg)
+{
+    raw_arg *a = arg;
+    int fd = raw_connect(path);
+    if (fd < 0) return KVT_ECONN;
     kvt_geometry *g = geo_heads(2);
     kvt_srv_buf b = {0};
     uint8_t *p = NULL;
@@ -1077,10 +1093,8 @@ static void test_keyed_store_in_a_load_in_b(void **state)
 static kvt_status child_keyed_raw(const char *path, void *arg)
 {
     (void)arg;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return KVT_ECONN;
+    int fd = raw_connect(path);
+    if (fd < 0) return KVT_ECONN;
     kvt_geometry *g = geo_heads(2);
     kvt_srv_buf b = {0};
     uint8_t *p = NULL;
@@ -1131,6 +1145,218 @@ static void test_keyed_bad_key_refused(void **state)
     stop_server(srv, path);
 }
 
+/* ------------------------------------------------------------------ */
+/* Security: socket group, peer credentials, namespaces, secret       */
+
+#define NOBODY 65534
+#define DAEMON_GID 1
+
+/* A directory every user may traverse (the uid tests' clients are nobody). */
+static void make_open_dir(void)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/srvXXXXXX");
+    assert_non_null(mkdtemp(g_dir));
+    assert_int_equal(chmod(g_dir, 0711), 0);
+}
+
+typedef struct as_user {
+    uid_t uid;
+    gid_t gid;
+    const char *ns;       /* the namespace to store and load in */
+    kvt_status want;      /* what attach or the first plan gives */
+    const char *want_msg; /* in its message */
+} as_user;
+
+/* As arg's uid/gid: attach, store and load in arg->ns; the first failure
+ * must be arg->want with want_msg in its message (KVT_OK: all works). */
+static kvt_status child_as_user(const char *path, void *arg)
+{
+    const as_user *u = arg;
+    if (setgroups(0, NULL) || setgid(u->gid) || setuid(u->uid))
+        return kvt__fail(KVT_ESYS, "cannot become uid %ld", (long)u->uid);
+    engine e;
+    uint32_t tokens[NTOK], n = 0;
+    kvt_request r;
+    request(&r, tokens, 77);
+    r.ns = u->ns;
+    r.ns_len = (uint32_t)strlen(u->ns);
+    kvt_status st = engine_open(&e, path, 2);
+    if (!st) st = engine_store(&e, &r, &n);
+    if (!st) st = engine_load(&e, &r, &n);
+    if (!st && n != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "loaded %u tokens", n);
+    if (e.cl) engine_close(&e);
+    if (st != u->want)
+        return kvt__fail(KVT_EINVAL, "got %s (%s), want %s", kvt_status_name(st),
+                         kvt_last_error(), kvt_status_name(u->want));
+    if (st && u->want_msg && !strstr(kvt_last_error(), u->want_msg))
+        return kvt__fail(KVT_EINVAL, "message lacks \"%s\": %s", u->want_msg, kvt_last_error());
+    return KVT_OK;
+}
+
+/* server_socket_group: the socket is 0660 owned by the group; its members
+ * attach, others are refused by the socket's mode (KVT_EAUTH naming the
+ * socket) and, should the mode be widened behind the server's back, by
+ * SO_PEERCRED; a group that does not exist is refused at create. */
+static void test_socket_group(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) skip(); /* needs to run clients as other users */
+    make_open_dir();
+    char path[300], want[400];
+    sock_path(path, sizeof path, "g.sock");
+    static const char *const bad[] = {"server_socket_group", "no-such-group-kvt", NULL};
+    g_opts = bad;
+    kvt_server *s = NULL;
+    assert_status(make_server(&s, path, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "\"no-such-group-kvt\" is not a group"));
+    static const char *const opts[] = {"server_socket_group", "daemon", NULL};
+    g_opts = opts;
+    snprintf(g_log_path, sizeof g_log_path, "%s/server.log", g_dir);
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    g_log_path[0] = '\0';
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0660);
+    assert_int_equal(sb.st_gid, DAEMON_GID);
+    as_user member = {NOBODY, DAEMON_GID, "tenant", KVT_OK, NULL};
+    assert_int_equal(reap(spawn(child_as_user, path, &member), 20000), 0);
+    snprintf(want, sizeof want, "kvtier server at %s: permission denied (uid %d", path, NOBODY);
+    as_user other = {NOBODY, NOBODY, "tenant", KVT_EAUTH, want};
+    assert_int_equal(reap(spawn(child_as_user, path, &other), 20000), 0);
+    /* The mode widened: the server's own check refuses and logs the peer. */
+    assert_int_equal(chmod(path, 0666), 0);
+    as_user widened = {NOBODY, NOBODY, "tenant", KVT_ECONN, path};
+    pid_t kid = spawn(child_as_user, path, &widened);
+    assert_int_equal(reap(kid, 20000), 0);
+    char file[340], log[8192] = "";
+    snprintf(file, sizeof file, "%s/server.log", g_dir);
+    snprintf(want, sizeof want, "refused client pid %ld: uid %d is neither this server's (0) "
+             "nor root, nor in server_socket_group daemon", (long)kid, NOBODY);
+    FILE *f = fopen(file, "r");
+    assert_non_null(f);
+    log[fread(log, 1, sizeof log - 1, f)] = '\0';
+    fclose(f);
+    if (!strstr(log, want)) fail_msg("log lacks \"%s\":\n%s", want, log);
+    stop_server(srv, path);
+}
+
+/* server_namespaces: each client uses only the namespaces a rule matching
+ * its uid or groups lists; another gives KVT_EAUTH naming the namespace and
+ * the client's pid and uid. A malformed rule is refused at create. */
+static kvt_status child_ns_refused(const char *path, void *arg)
+{
+    (void)arg;
+    engine e;
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, 78);
+    r.ns = "other";
+    r.ns_len = 5;
+    kvt_status st = engine_open(&e, path, 2);
+    kvt_match m;
+    kvt_store_plan p;
+    char want[160];
+    snprintf(want, sizeof want, "namespace \"other\" is not allowed for client pid %ld (uid %ld",
+             (long)getpid(), (long)getuid());
+    if (!st && kvt_client_lookup(e.cl, &r, &m) != KVT_EAUTH)
+        st = kvt__fail(KVT_EINVAL, "lookup in \"other\" was not refused: %s", kvt_last_error());
+    if (!st && !strstr(kvt_last_error(), want))
+        st = kvt__fail(KVT_EINVAL, "lookup refusal lacks \"%s\": %s", want, kvt_last_error());
+    if (!st && kvt_client_prepare_store(e.cl, &r, &p) != KVT_EAUTH)
+        st = kvt__fail(KVT_EINVAL, "store in \"other\" was not refused: %s", kvt_last_error());
+    uint32_t n = 0;
+    r.ns = NULL; /* the default namespace: listed as "-" */
+    r.ns_len = 0;
+    if (!st) st = engine_store(&e, &r, &n);
+    if (!st) st = engine_load(&e, &r, &n);
+    engine_close(&e);
+    return st;
+}
+
+static void test_namespace_rules(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) skip();
+    make_open_dir();
+    char path[300], want[200];
+    sock_path(path, sizeof path, "n.sock");
+    static const char *const bad[] = {"server_namespaces", "uid:x=a", NULL};
+    g_opts = bad;
+    kvt_server *s = NULL;
+    assert_status(make_server(&s, path, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "server_namespaces: \"uid:x\" is not uid:N"));
+    static const char *const opts[] = {"server_socket_group", "daemon", "server_namespaces",
+                                       "uid:0=tenant,-; gid:1=shared", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    as_user root_ok = {0, 0, "tenant", KVT_OK, NULL};
+    assert_int_equal(reap(spawn(child_as_user, path, &root_ok), 20000), 0);
+    assert_int_equal(reap(spawn(child_ns_refused, path, NULL), 20000), 0);
+    as_user member_ok = {NOBODY, DAEMON_GID, "shared", KVT_OK, NULL};
+    assert_int_equal(reap(spawn(child_as_user, path, &member_ok), 20000), 0);
+    snprintf(want, sizeof want, "namespace \"tenant\" is not allowed for client pid");
+    as_user member_no = {NOBODY, DAEMON_GID, "tenant", KVT_EAUTH, want};
+    assert_int_equal(reap(spawn(child_as_user, path, &member_no), 20000), 0);
+    stop_server(srv, path);
+}
+
+/* server_secret_file: clients prove the secret at attach (mutual
+ * HMAC-SHA256): without it, or with another, attach gives KVT_EAUTH saying
+ * which; with it, everything works. A short secret is refused at create. */
+static kvt_status child_with_secret(const char *path, void *arg)
+{
+    const as_user *u = arg; /* ns: the secret file, or "" for none */
+    if (*u->ns) setenv("KVTIER_SERVER_SECRET_FILE", u->ns, 1);
+    else unsetenv("KVTIER_SERVER_SECRET_FILE");
+    as_user me = {getuid(), getgid(), "tenant", u->want, u->want_msg};
+    /* (setuid to ourselves is a no-op) */
+    return child_as_user(path, &me);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_secret(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], good[300], other[300], shorty[300];
+    sock_path(path, sizeof path, "k.sock");
+    sock_path(good, sizeof good, "good.key");
+    sock_path(other, sizeof other, "other.key");
+    sock_path(shorty, sizeof shorty, "short.key");
+    write_file(good, "0123456789abcdef-the-node-secret");
+    write_file(other, "0123456789abcdef-another-secret!");
+    write_file(shorty, "too short");
+    const char *bad[] = {"server_secret_file", shorty, NULL};
+    g_opts = bad;
+    kvt_server *s = NULL;
+    assert_status(make_server(&s, path, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "holds 9 bytes (16..1024)"));
+    const char *opts[] = {"server_secret_file", good, NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    as_user with = {0, 0, good, KVT_OK, NULL};
+    assert_int_equal(reap(spawn(child_with_secret, path, &with), 20000), 0);
+    as_user none = {0, 0, "", KVT_EAUTH, "requires a shared secret the client lacks"};
+    assert_int_equal(reap(spawn(child_with_secret, path, &none), 20000), 0);
+    as_user wrong = {0, 0, other, KVT_EAUTH, "different secrets"};
+    assert_int_equal(reap(spawn(child_with_secret, path, &wrong), 20000), 0);
+    stop_server(srv, path);
+    /* A client holding a secret refuses a server that cannot prove it. */
+    srv = start_server(path, NULL);
+    assert_int_equal(reap(spawn(child_with_secret, path, &wrong), 20000), 0);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1150,6 +1376,9 @@ int main(void)
         cmocka_unit_test_teardown(test_client_reattaches, kill_servers),
         cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, kill_servers),
         cmocka_unit_test_teardown(test_keyed_bad_key_refused, kill_servers),
+        cmocka_unit_test_teardown(test_socket_group, kill_servers),
+        cmocka_unit_test_teardown(test_namespace_rules, kill_servers),
+        cmocka_unit_test_teardown(test_secret, kill_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
