@@ -78,6 +78,37 @@ static void sweep_expired(kvt_srv_conn *c)
     }
 }
 
+/* A client that took a plan and stopped copying (server_copy_ms passed
+ * since a launch it never ended) is cut off: every launched task ends (a
+ * load's pins released, a store rolled back with its blocks fenced until
+ * the process exits, as it may still write into them) and the connection
+ * closes, which ends the rest. Other clients never wait on it. */
+static kvt_status check_copy_deadline(kvt_srv_conn *c)
+{
+    uint64_t limit = (uint64_t)c->srv->cfg.server_copy_ms * 1000000ull, now = kvt__now_ns();
+    uint32_t late = 0;
+    for (uint32_t i = 0; i < c->ntasks; i++)
+        late += c->tasks[i].launched && now - c->tasks[i].launched_ns > limit;
+    if (!late) return KVT_OK;
+    uint32_t fenced = 0;
+    for (uint32_t i = c->ntasks; i-- > 0;) {
+        kvt_srv_task *t = &c->tasks[i];
+        if (!t->launched) continue;
+        uint32_t *slots = malloc(((size_t)t->num_blocks + 1) * sizeof *slots), n = 0;
+        if (slots) kvt__cache_ext_cut(c->srv->cache, t->id, slots, t->num_blocks, &n);
+        else kvt__cache_ext_abort(c->srv->cache, t->id, kvt__deadline_ns(READ_MS));
+        fenced += n;
+        if (slots) kvt__srv_fence_add(c->srv, c->pid, slots, n);
+        drop_task(c, t);
+    }
+    kvt_status st = kvt__fail(KVT_ETIMEDOUT, "client pid %ld (uid %ld) cut off: %u launched "
+                              "task(s) not ended within server_copy_ms (%u ms); pins released, "
+                              "%u store blocks held until the process exits", (long)c->pid,
+                              (long)c->uid, late, c->srv->cfg.server_copy_ms, fenced);
+    kvt__srv_log(KVT_LOG_WARN, "%s", kvt_last_error());
+    return st;
+}
+
 /* ------------------------------------------------------------------ */
 
 static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
@@ -214,6 +245,7 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
     uint64_t *fit = realloc(offs, ((size_t)l.num_blocks + 1) * sizeof *offs);
     if (fit) offs = fit;
     t->launched = true;
+    t->launched_ns = kvt__now_ns();
     t->num_blocks = l.num_blocks;
     t->offsets = offs;
     kvt_srv_launch_rep r = {(uint32_t)l.kind, l.first_token, l.num_tokens, l.num_blocks,
@@ -311,11 +343,15 @@ static kvt_status on_flush(kvt_srv_conn *c, const uint8_t *p, size_t len)
 /* One request; an error return ends the connection. */
 static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
 {
-    for (;;) { /* idle clients may wait for ever; a started frame has a deadline */
-        kvt_status st = kvt__fd_wait(c->fd, POLLIN, kvt__deadline_ns(1000));
+    /* Idle clients may wait for ever; a started frame has a deadline; a
+     * launched copy has server_copy_ms, checked at least 4 times in it. */
+    uint32_t tick = c->srv->cfg.server_copy_ms / 4 < 1000 ? c->srv->cfg.server_copy_ms / 4 : 1000;
+    for (;;) {
+        if (check_copy_deadline(c)) return KVT_ETIMEDOUT;
+        kvt_status st = kvt__fd_wait(c->fd, POLLIN, kvt__deadline_ns(tick));
         if (st == KVT_OK) break;
         if (st != KVT_ETIMEDOUT) return st;
-        sweep_expired(c); /* idle: a second passed */
+        sweep_expired(c); /* idle for a tick */
     }
     kvt_srv_hdr h;
     uint8_t *p = NULL;
@@ -359,7 +395,8 @@ static kvt_status authenticate(kvt_srv_conn *c)
     kvt_status st = kvt__stream_auth_server(c->fd, &a, kvt__deadline_ns(FRAME_MS));
     if (st)
         kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld (uid %ld): %s", (long)c->pid,
-                     (long)c->uid, kvt_last_error());
+                     (long)c->uid, *kvt_last_error() ? kvt_last_error() :
+                     "it hung up during the handshake (it refused this server's proof)");
     return st;
 }
 

@@ -13,6 +13,7 @@
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -217,6 +218,53 @@ static void reap_conns(kvt_server *s, bool all)
     pthread_mutex_unlock(&s->mu);
 }
 
+void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint32_t *slots, uint32_t n)
+{
+    kvt_srv_fence *f = n ? calloc(1, sizeof *f) : NULL;
+    int pidfd = f ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
+    if (f && pidfd < 0 && errno != ESRCH) {
+        /* No way to tell when it exits (kernel < 5.3): the blocks stay out
+         * of the pool until the server stops, which is safe. */
+        kvt__srv_log(KVT_LOG_WARN, "client pid %ld: pidfd_open: %s; its %u cut-off store "
+                     "blocks stay reserved until the server stops", (long)pid, strerror(errno),
+                     n);
+    }
+    if (!f || (pidfd < 0 && errno == ESRCH)) { /* gone already (or no memory: then leak) */
+        if (f) kvt__cache_ext_release(s->cache, slots, n);
+        free(slots);
+        free(f);
+        return;
+    }
+    *f = (kvt_srv_fence){pid, pidfd, slots, n, NULL};
+    pthread_mutex_lock(&s->mu);
+    f->next = s->fences;
+    s->fences = f;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvt__srv_fences_reap(kvt_server *s, bool all)
+{
+    pthread_mutex_lock(&s->mu);
+    for (kvt_srv_fence **pp = &s->fences; *pp;) {
+        kvt_srv_fence *f = *pp;
+        struct pollfd p = {f->pidfd, POLLIN, 0};
+        bool gone = f->pidfd >= 0 && poll(&p, 1, 0) == 1;
+        if (!gone && !all) {
+            pp = &f->next;
+            continue;
+        }
+        *pp = f->next;
+        if (gone)
+            kvt__srv_log(KVT_LOG_INFO, "client pid %ld exited: its %u cut-off store blocks are "
+                         "free again", (long)f->pid, f->n);
+        kvt__cache_ext_release(s->cache, f->slots, f->n);
+        if (f->pidfd >= 0) close(f->pidfd);
+        free(f->slots);
+        free(f);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void accept_one(kvt_server *s)
 {
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -289,6 +337,7 @@ kvt_status kvt_server_run(kvt_server *s)
         if (p[1].revents) break;
         if (rc > 0 && (p[0].revents & POLLIN)) accept_one(s);
         reap_conns(s, false);
+        kvt__srv_fences_reap(s, false);
     }
     /* Stop: no new clients, every client's tasks released, then a bounded
      * wait for SSD writes to become durable. */
@@ -314,6 +363,7 @@ void kvt_server_destroy(kvt_server *s)
     /* No scrape may walk the connections once they are freed. */
     if (s->cache) kvt__metrics_cache_set_extra(s->cache, NULL, NULL);
     reap_conns(s, true);
+    if (s->cache) kvt__srv_fences_reap(s, true);
     kvt_cache_destroy(s->cache);
     kvt_geometry_destroy(s->geo);
     for (uint32_t i = 0; i < s->num_ssd_locks; i++) close(s->ssd_lock_fds[i]);

@@ -22,7 +22,17 @@ typedef struct kvt_srv_task {
     uint32_t num_blocks;
     uint32_t pins;     /* index entries the task pins (its planned blocks) */
     uint64_t *offsets; /* launched: each block's memfd offset */
+    uint64_t launched_ns; /* the client must END it by this + server_copy_ms */
 } kvt_srv_task;
+
+/* CPU blocks of stores cut off from a client still alive (it maps the tier
+ * and may write into them late): back to the pool once its process exits. */
+typedef struct kvt_srv_fence {
+    pid_t pid;
+    int pidfd; /* readable once pid exited */
+    uint32_t *slots, n;
+    struct kvt_srv_fence *next;
+} kvt_srv_fence;
 
 typedef struct kvt_srv_conn kvt_srv_conn;
 struct kvt_srv_conn {
@@ -55,9 +65,10 @@ struct kvt_server {
     uint8_t *secret;     /* server_secret_file's bytes (sodium_malloc), or NULL */
     size_t secret_len;
     atomic_int state; /* 0 created, 1 running, 2 stopped */
-    pthread_mutex_t mu; /* guards conns */
+    pthread_mutex_t mu; /* guards conns and fences */
     kvt_srv_conn *conns;
     uint32_t nconns;
+    kvt_srv_fence *fences;
 };
 
 /* A server log line ("server: ...") through the library's logger
@@ -68,6 +79,10 @@ void kvt__srv_log(kvt_log_level level, const char *fmt, ...)
 /* The checksum a client sends and the server checks for a stored block:
  * XXH3-64 of its bytes seeded with its memfd offset. */
 uint64_t kvt__srv_block_sum(const void *block, uint64_t bytes, uint64_t offset);
+/* Keeps a cut-off client's store blocks (slots, n; taken over) until its
+ * process pid exits; fences_reap (all: at destroy) returns them. server.c. */
+void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint32_t *slots, uint32_t n);
+void kvt__srv_fences_reap(kvt_server *s, bool all);
 /* The thread serving one attached client (conn.c). */
 void *kvt__srv_conn_main(void *arg);
 

@@ -1357,6 +1357,107 @@ static void test_secret(void **state)
     stop_server(srv, path);
 }
 
+/* ------------------------------------------------------------------ */
+/* A client that stops copying                                        */
+
+/* Polls the server's stats until ok(stats) or 10 s (then fails). */
+static void stats_until(engine *e, bool (*ok)(const kvt_cache_stats *, uint64_t), uint64_t arg)
+{
+    kvt_cache_stats cs = {0};
+    for (int i = 0; i < 1000; i++) {
+        assert_ok(kvt_client_stats(e->cl, &cs));
+        if (ok(&cs, arg)) return;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("stats never reached the state: %llu tasks in flight, %llu CPU blocks used",
+             (unsigned long long)cs.tasks_in_flight, (unsigned long long)cs.cpu_blocks_used);
+}
+
+static bool no_tasks(const kvt_cache_stats *s, uint64_t arg)
+{
+    (void)arg;
+    return s->tasks_in_flight == 0;
+}
+
+static bool blocks_used(const kvt_cache_stats *s, uint64_t want)
+{
+    return s->cpu_blocks_used == want;
+}
+
+static void read_log(char *log, size_t cap)
+{
+    char file[340];
+    snprintf(file, sizeof file, "%s/server.log", g_dir);
+    FILE *f = fopen(file, "r");
+    assert_non_null(f);
+    log[fread(log, 1, cap - 1, f)] = '\0';
+    fclose(f);
+}
+
+/* A real client process launches a store, writes half of it and stops (it
+ * stays alive, its socket open): after server_copy_ms the server cuts it
+ * off - its pins and pending chain released while it lives, so another
+ * client stores and loads the same prefix, byte for byte, unstalled - and
+ * keeps the cut store's blocks out of the pool until the process exits (it
+ * still maps them). A stuck loader likewise loses its pins. */
+static void test_stuck_client_cut_off(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], want[200], log[16384];
+    sock_path(path, sizeof path, "t.sock");
+    snprintf(g_log_path, sizeof g_log_path, "%s/server.log", g_dir);
+    static const char *const opts[] = {"server_copy_ms", "300", "log_level", "info", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    g_log_path[0] = '\0';
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    raw_arg a = {ready[1], false, false};
+    pid_t stuck = spawn(child_raw_store, path, &a);
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1); /* launched, half written, stuck */
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    stats_until(&e, no_tasks, 0);
+    pid_t chk = fork(); /* while the stuck client lives */
+    if (chk == 0) {
+        check_no_visible_then_store(path);
+        _exit(0);
+    }
+    assert_int_equal(reap(chk, 20000), 0);
+    /* Its 8 blocks fenced beside the 8 just stored, until it exits. */
+    stats_until(&e, blocks_used, 2 * BLOCKS);
+    assert_int_equal(kill(stuck, 0), 0); /* still alive */
+    read_log(log, sizeof log);
+    snprintf(want, sizeof want, "client pid %ld (uid %ld) cut off: 1 launched task(s) not ended "
+             "within server_copy_ms (300 ms); pins released, 8 store blocks held", (long)stuck,
+             (long)getuid());
+    if (!strstr(log, want)) fail_msg("log lacks \"%s\":\n%s", want, log);
+    kill(stuck, SIGKILL);
+    assert_int_equal(reap(stuck, 5000), -SIGKILL);
+    stats_until(&e, blocks_used, BLOCKS);
+    /* A stuck loader: pinned blocks released while it lives. */
+    raw_arg l = {ready[1], false, true};
+    pid_t loader = spawn(child_raw_store, path, &l);
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    stats_until(&e, no_tasks, 0);
+    uint32_t tokens[NTOK], matched = 0;
+    kvt_request r;
+    request(&r, tokens, 99);
+    assert_ok(engine_load(&e, &r, &matched));
+    assert_int_equal(matched, BLOCKS * TPP);
+    assert_int_equal(kill(loader, 0), 0);
+    kill(loader, SIGKILL);
+    assert_int_equal(reap(loader, 5000), -SIGKILL);
+    close(ready[0]);
+    close(ready[1]);
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1379,6 +1480,7 @@ int main(void)
         cmocka_unit_test_teardown(test_socket_group, kill_servers),
         cmocka_unit_test_teardown(test_namespace_rules, kill_servers),
         cmocka_unit_test_teardown(test_secret, kill_servers),
+        cmocka_unit_test_teardown(test_stuck_client_cut_off, kill_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
