@@ -1458,6 +1458,171 @@ static void test_stuck_client_cut_off(void **state)
     stop_server(srv, path);
 }
 
+/* ------------------------------------------------------------------ */
+/* The server killed in the middle of a load                          */
+
+/* The engine's pages of the mid-load client: one mmap per buffer, so they
+ * can be write-protected; the first write of the load's copy then faults
+ * and the SIGSEGV handler holds that copy thread until the parent killed
+ * the server - a load in flight when the server dies, every time. */
+#define MAX_BUFS (LAYERS * KVT_MAX_COMPONENTS)
+static void *g_buf[MAX_BUFS];
+static size_t g_buf_len[MAX_BUFS];
+static int g_notify = -1, g_go = -1;
+
+static void protect(int prot)
+{
+    for (int i = 0; i < MAX_BUFS; i++)
+        if (g_buf[i]) mprotect(g_buf[i], g_buf_len[i], prot);
+}
+
+static void on_segv(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig, (void)si, (void)uc;
+    char c = 'f';
+    if (write(g_notify, &c, 1) != 1 || read(g_go, &c, 1) != 1) _exit(4);
+    protect(PROT_READ | PROT_WRITE); /* the faulting write then runs again */
+}
+
+/* Own buffers shaped like the emulator's (its layout is the reference). */
+static kvt_status own_memory(engine *e, kvt_engine_memory *mem, void **bases)
+{
+    kvt_engine_memory ref;
+    kvt_status st = kvt_emu_memory(e->emu, &ref);
+    if (st) return st;
+    for (int i = 0; i < MAX_BUFS; i++) {
+        if (!ref.layer_bases[i]) continue;
+        g_buf_len[i] = (ref.buffer_bytes[i] + 4095) & ~(size_t)4095;
+        g_buf[i] = mmap(NULL, g_buf_len[i], PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0);
+        if (g_buf[i] == MAP_FAILED) return KVT_ESYS;
+        bases[i] = g_buf[i];
+    }
+    *mem = ref;
+    mem->layer_bases = bases;
+    return KVT_OK;
+}
+
+static kvt_status child_midload(const char *path, void *arg)
+{
+    int *fds = arg; /* [0] go (from the parent), [1] notify (to it) */
+    g_go = fds[0];
+    g_notify = fds[1];
+    engine e = {0};
+    e.geo = geo_heads(2);
+    for (uint32_t i = 0; i < PAGES; i++) e.pages[i] = i;
+    static void *bases[MAX_BUFS];
+    kvt_engine_memory mem;
+    kvt_status st = kvt_client_attach(&e.cl, path, e.geo, TIMEOUT_MS);
+    if (!st) st = kvt_emu_create(&e.emu, e.geo, PAGES);
+    if (!st) st = own_memory(&e, &mem, bases);
+    if (!st) st = kvt_client_register_memory(e.cl, &mem);
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, 5);
+    kvt_match m = {0};
+    if (!st) st = kvt_client_lookup(e.cl, &r, &m);
+    if (!st && m.matched_tokens != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "matched %u", m.matched_tokens);
+    struct sigaction sa = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO};
+    sigaction(SIGSEGV, &sa, NULL);
+    protect(PROT_READ);
+    if (!st) st = kvt_client_launch(e.cl, m.task, e.pages, PAGES);
+    /* The copy faults, the parent kills the server, the copy resumes. */
+    kvt_task_result res = {0};
+    uint64_t t0 = kvt__now_ns();
+    if (!st) st = kvt_client_wait(e.cl, m.task, 2 * TIMEOUT_MS, &res);
+    if (!st && res.status != KVT_ECONN)
+        st = kvt__fail(KVT_EINVAL, "the load in flight ended with %s, not KVT_ECONN",
+                       kvt_status_name(res.status));
+    /* What did land came from the still-mapped tier: byte for byte right
+     * (checked in the emulator's own buffers), though reported failed. */
+    kvt_engine_memory ref;
+    kvt_verify_result v = {0};
+    if (!st) st = kvt_emu_memory(e.emu, &ref);
+    for (int i = 0; !st && i < MAX_BUFS; i++)
+        if (g_buf[i]) memcpy(ref.layer_bases[i], g_buf[i], ref.buffer_bytes[i]);
+    if (!st) st = kvt_emu_verify(e.emu, &r, 0, BLOCKS * TPP, e.pages, PAGES, &v);
+    if (!st && (v.mismatches || !v.bytes_checked))
+        st = kvt__fail(KVT_ECORRUPT, "%llu of %llu bytes differ", (unsigned long long)v.mismatches,
+                       (unsigned long long)v.bytes_checked);
+    /* Every later call: KVT_ECONN naming the socket, within its deadline. */
+    kvt_cache_stats cs;
+    kvt_match m2;
+    if (!st && kvt_client_lookup(e.cl, &r, &m2) != KVT_ECONN)
+        st = kvt__fail(KVT_EINVAL, "lookup after the kill gave no KVT_ECONN: %s", kvt_last_error());
+    if (!st && !strstr(kvt_last_error(), path))
+        st = kvt__fail(KVT_EINVAL, "KVT_ECONN does not name the socket: %s", kvt_last_error());
+    if (!st && kvt_client_stats(e.cl, &cs) != KVT_ECONN)
+        st = kvt__fail(KVT_EINVAL, "stats after the kill gave no KVT_ECONN");
+    if (!st && kvt__now_ns() - t0 > 2ull * TIMEOUT_MS * 1000000ull)
+        st = kvt__fail(KVT_EINVAL, "KVT_ECONN came after the calls' deadline");
+    char c = 'k';
+    if (!st && (write(g_notify, &c, 1) != 1 || read(g_go, &c, 1) != 1)) st = KVT_ESYS;
+    /* The server is back (cold): the client re-attaches on its own. */
+    uint64_t until = kvt__now_ns() + 5000000000ull;
+    kvt_status got = KVT_ECONN;
+    while (!st && got == KVT_ECONN && kvt__now_ns() < until) {
+        got = kvt_client_lookup(e.cl, &r, &m2);
+        struct timespec ts = {0, 20 * 1000000L};
+        if (got == KVT_ECONN) nanosleep(&ts, NULL);
+    }
+    if (!st && got) st = kvt__fail(got, "no re-attach: %s", kvt_last_error());
+    if (!st && m2.matched_tokens != 0) st = kvt__fail(KVT_EINVAL, "a cold server matched %u", m2.matched_tokens);
+    if (!st && m2.task) st = kvt_client_cancel(e.cl, m2.task);
+    kvt_client_detach(e.cl);
+    e.cl = NULL;
+    /* The same memory through a fresh engine: store and load, byte for byte. */
+    engine f;
+    uint32_t n = 0;
+    if (!st) st = engine_open(&f, path, 2);
+    if (!st) st = engine_store(&f, &r, &n);
+    if (!st) st = engine_load(&f, &r, &n);
+    if (!st && n != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "loaded %u tokens", n);
+    if (f.cl) engine_close(&f);
+    kvt_emu_destroy(e.emu);
+    kvt_geometry_destroy(e.geo);
+    return st;
+}
+
+/* A server SIGKILLed while a client's load is copying: the load ends with
+ * KVT_ECONN (the engine recomputes: nothing it loaded is served as good),
+ * every later call gives KVT_ECONN naming the socket within its deadline,
+ * and the client re-attaches on its own to the restarted server. */
+static void test_server_killed_mid_load(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "m.sock");
+    pid_t srv = start_server(path, NULL);
+    uint64_t seed = 5;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    int fds[2] = {down[0], up[1]};
+    pid_t kid = spawn(child_midload, path, fds);
+    close(up[1]);
+    char c = 0;
+    assert_int_equal(read(up[0], &c, 1), 1); /* the copy is held mid-load */
+    assert_int_equal(c, 'f');
+    forget_server(srv);
+    kill(srv, SIGKILL);
+    assert_int_equal(reap(srv, 5000), -SIGKILL);
+    char go[8] = {0}; /* one per copy thread that may be held */
+    assert_int_equal(write(down[1], go, sizeof go), (ssize_t)sizeof go);
+    do assert_int_equal(read(up[0], &c, 1), 1); /* saw KVT_ECONN everywhere */
+    while (c == 'f');
+    assert_int_equal(c, 'k');
+    srv = start_server(path, NULL);
+    assert_int_equal(write(down[1], &c, 1), 1);
+    assert_int_equal(reap(kid, 20000), 0);
+    close(down[0]);
+    close(down[1]);
+    close(up[0]);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1481,6 +1646,7 @@ int main(void)
         cmocka_unit_test_teardown(test_namespace_rules, kill_servers),
         cmocka_unit_test_teardown(test_secret, kill_servers),
         cmocka_unit_test_teardown(test_stuck_client_cut_off, kill_servers),
+        cmocka_unit_test_teardown(test_server_killed_mid_load, kill_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
