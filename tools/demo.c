@@ -332,6 +332,7 @@ static int server_demo(int argc, char **argv)
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--server")) continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
         if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else return fprintf(stderr, "kvtier demo --server: takes only --json and --model M, "

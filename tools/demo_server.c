@@ -41,6 +41,7 @@
 #define WAIT_MS 20000    /* a copy, a phase, a server start: bounded */
 #define RETRY_MS 15000   /* a request retried across a server restart */
 #define NUM_PHASES 5
+#define STOP_MS 60000    /* the server's server_stop_ms: its SSD flush at SIGTERM */
 
 typedef enum { MSG_PROGRESS = 1, MSG_DONE = 2 } msg_type;
 
@@ -248,9 +249,11 @@ static int start_server(sdemo *d)
         if (fd >= 0) dup2(fd, STDERR_FILENO);
         char ssd[320];
         snprintf(ssd, sizeof ssd, "ssd_dirs=%s", d->ssd);
+        char stop_ms[40];
+        snprintf(stop_ms, sizeof stop_ms, "server_stop_ms=%d", STOP_MS);
         execl(d->self, "kvtier", "serve", "--socket", d->sock, "--model", d->model, "--tp", "2",
               "--set", "cpu_capacity=256MiB", "--set", "huge_pages=false", "--set", ssd,
-              "--set", "ssd_capacity=1GiB", (char *)NULL);
+              "--set", "ssd_capacity=1GiB", "--set", stop_ms, (char *)NULL);
         _exit(127);
     }
     d->server = pid;
@@ -267,13 +270,14 @@ static int start_server(sdemo *d)
     return 0;
 }
 
-/* SIGTERM: the server flushes its SSD writes and exits 0. */
+/* SIGTERM: the server flushes its SSD writes (server_stop_ms is generous:
+ * the restart must come back warm even on a loaded machine) and exits 0. */
 static int stop_server(sdemo *d)
 {
     if (!d->server) return 0;
     kill(d->server, SIGTERM);
     int ws = 0;
-    uint64_t until = kvt__now_ns() + (uint64_t)WAIT_MS * 1000000ull;
+    uint64_t until = kvt__now_ns() + (uint64_t)(STOP_MS + WAIT_MS) * 1000000ull;
     while (waitpid(d->server, &ws, WNOHANG) == 0) {
         if (kvt__now_ns() > until) {
             kill(d->server, SIGKILL);
