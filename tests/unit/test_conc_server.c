@@ -1419,9 +1419,11 @@ static void test_stuck_client_cut_off(void **state)
     pid_t stuck = spawn(child_raw_store, path, &a);
     char c;
     assert_int_equal(read(ready[0], &c, 1), 1); /* launched, half written, stuck */
+    /* (The parent forks only while it holds no client: no threads.) */
     engine e;
     assert_ok(engine_open(&e, path, 2));
     stats_until(&e, no_tasks, 0);
+    engine_close(&e);
     pid_t chk = fork(); /* while the stuck client lives */
     if (chk == 0) {
         check_no_visible_then_store(path);
@@ -1429,6 +1431,7 @@ static void test_stuck_client_cut_off(void **state)
     }
     assert_int_equal(reap(chk, 20000), 0);
     /* Its 8 blocks fenced beside the 8 just stored, until it exits. */
+    assert_ok(engine_open(&e, path, 2));
     stats_until(&e, blocks_used, 2 * BLOCKS);
     assert_int_equal(kill(stuck, 0), 0); /* still alive */
     read_log(log, sizeof log);
@@ -1439,10 +1442,12 @@ static void test_stuck_client_cut_off(void **state)
     kill(stuck, SIGKILL);
     assert_int_equal(reap(stuck, 5000), -SIGKILL);
     stats_until(&e, blocks_used, BLOCKS);
+    engine_close(&e);
     /* A stuck loader: pinned blocks released while it lives. */
     raw_arg l = {ready[1], false, true};
     pid_t loader = spawn(child_raw_store, path, &l);
     assert_int_equal(read(ready[0], &c, 1), 1);
+    assert_ok(engine_open(&e, path, 2));
     stats_until(&e, no_tasks, 0);
     uint32_t tokens[NTOK], matched = 0;
     kvt_request r;
