@@ -167,7 +167,8 @@ static void run_phase(rank *r, char inst, uint32_t phase, int out)
     uint32_t n = phase == 3 ? 2 * PHASE_REQS : PHASE_REQS;
     uint32_t tokens[SYS_TOKENS + USER_MAX];
     for (uint32_t i = 0; i < n; i++) {
-        kvt_request req = {tokens, make_request(tokens, inst, phase, i), r->ns, 5};
+        kvt_request req = {.tokens = tokens, .num_tokens = make_request(tokens, inst, phase, i),
+                           .ns = r->ns, .ns_len = (uint32_t)strlen(r->ns)};
         uint64_t until = kvt__now_ns() + (uint64_t)RETRY_MS * 1000000ull;
         kvt_status st;
         /* Across a server restart: each try fails fast (KVT_ECONN), the
