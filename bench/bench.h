@@ -11,6 +11,6 @@ int kvt_bench_index_main(int argc, char **argv); /* kvtier bench index [--json] 
 int kvt_bench_ssd_main(int argc, char **argv);   /* kvtier bench ssd [--json] [--dir D] [--size-mb N] */
 int kvt_bench_pd_main(int argc, char **argv);    /* kvtier bench pd [--json] [--mib N] [--rounds N] */
 int kvt_bench_group_main(int argc, char **argv); /* kvtier bench group [--json] */
-int kvt_bench_client_main(int argc, char **argv); /* kvtier bench client [--json] [--rounds N] */
+int kvt_bench_client_main(int argc, char **argv); /* kvtier bench client [--json] [--rounds N] [--no-4k] */
 
 #endif

@@ -3,6 +3,9 @@
  * its own thread, over the real socket and shared tier) against an
  * in-process kvt_cache on the same blocks in the same run; the control
  * round trip (p50/p99) and miss lookups per second through the socket.
+ * A third side, an in-process cache on 4 KiB pages (huge_pages false),
+ * shows what the page size alone costs here: the shared tier has 4 KiB
+ * pages where the system gives it no huge pages (tier_pages says which).
  * Every loaded byte is verified; nothing is printed as a result otherwise. */
 #include <pthread.h>
 #include <stdio.h>
@@ -12,12 +15,15 @@
 
 #include "bench.h"
 #include "cli_util.h"
+#include "server/server.h"
 #include "util/clock.h"
 
 #define TOKENS 2049 /* 128 blocks of 16 and the last token */
 #define TPP 16
 #define PAGES (TOKENS / TPP + 1)
 #define WARM 5 /* warm-up rounds: every block of the 256 MiB tier written once */
+
+#define SIDES 3 /* in-process, through the server, in-process on 4 KiB pages */
 
 typedef struct side {
     kvt_cache *cache;   /* exactly one of cache, client */
@@ -84,14 +90,15 @@ static void *serve(void *arg)
 
 int kvt_bench_client_main(int argc, char **argv)
 {
-    bool json = false;
+    bool json = false, with_4k = true;
     uint64_t rounds = 5;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--no-4k")) with_4k = false;
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc &&
                  demo_parse_u64(argv[++i], &rounds) && rounds >= 1 && rounds <= 1000) {}
         else {
-            fprintf(stderr, "usage: kvtier bench client [--json] [--rounds N]\n");
+            fprintf(stderr, "usage: kvtier bench client [--json] [--rounds N] [--no-4k]\n");
             return 2;
         }
     }
@@ -99,11 +106,12 @@ int kvt_bench_client_main(int argc, char **argv)
     if (!mkdtemp(dir)) return demo_error("mkdtemp", KVT_ESYS);
     char sock[128];
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    kvt_config *cfg = NULL;
+    kvt_config *cfg = NULL, *cfg4k = NULL;
     kvt_geometry *geo = NULL;
     kvt_server *srv = NULL;
     kvt_emu *emu = NULL;
-    side local = {0}, remote = {0};
+    side local = {0}, remote = {0}, local4k = {0};
+    side *sides[SIDES] = {&local, &remote, &local4k};
     pthread_t th;
     bool running = false;
     int rc = 1;
@@ -116,23 +124,29 @@ int kvt_bench_client_main(int argc, char **argv)
      * does, instead of paying each page's first write through the client's
      * mapping (docs/server.md: first touch). */
     if (!st) st = kvt_config_set(cfg, "cpu_capacity", "256MiB");
+    if (!st) st = kvt_config_create(&cfg4k);
+    if (!st) st = kvt_config_set(cfg4k, "cpu_capacity", "256MiB");
+    if (!st) st = kvt_config_set(cfg4k, "huge_pages", "false");
     if (!st) st = kvt_config_set(cfg, "server_socket", sock);
     if (!st) st = kvt_geometry_preset(&geo, "llama3-8b", TPP, 4);
     if (!st) st = kvt_server_create(&srv, cfg, geo);
     if (!st) running = pthread_create(&th, NULL, serve, srv) == 0;
     if (!st) st = kvt_client_attach(&remote.client, sock, geo, 10000);
     if (!st) st = kvt_cache_create(&local.cache, cfg, geo);
+    if (!st) st = kvt_cache_create(&local4k.cache, cfg4k, geo);
     if (!st) st = kvt_emu_create(&emu, geo, PAGES);
     kvt_engine_memory mem;
     if (!st) st = kvt_emu_memory(emu, &mem);
     if (!st) st = kvt_client_register_memory(remote.client, &mem);
     if (!st) st = kvt_cache_register_memory(local.cache, &mem);
-    double best[2][2] = {{1e9, 1e9}, {1e9, 1e9}}; /* [local/remote][store/load] */
+    if (!st) st = kvt_cache_register_memory(local4k.cache, &mem);
+    /* [local/remote/local 4k][store/load] */
+    double best[SIDES][2] = {{1e9, 1e9}, {1e9, 1e9}, {1e9, 1e9}};
     for (uint32_t r = 0; !st && r < rounds + WARM; r++) {
-        for (int k = 0; k < 2 && !st; k++) {
+        for (int k = 0; k < (with_4k ? SIDES : 2) && !st; k++) {
             double s_s, l_s;
-            st = round_trip_data(k ? &remote : &local, emu, tokens, pages, r * 2 + (uint32_t)k,
-                                 &s_s, &l_s);
+            st = round_trip_data(sides[k], emu, tokens, pages, r * SIDES + (uint32_t)k, &s_s,
+                                 &l_s);
             if (!st && r >= WARM) {
                 if (s_s < best[k][0]) best[k][0] = s_s;
                 if (l_s < best[k][1]) best[k][1] = l_s;
@@ -162,26 +176,36 @@ int kvt_bench_client_main(int argc, char **argv)
         double bytes = (double)cs.block_bytes * ((TOKENS - 1) / TPP);
         double ls = bytes / best[0][0] / 1e9, ll = bytes / best[0][1] / 1e9;
         double rs = bytes / best[1][0] / 1e9, rl = bytes / best[1][1] / 1e9;
+        /* --no-4k: the 4 KiB side is not run (0, and its ratios 0). */
+        double ks = with_4k ? bytes / best[2][0] / 1e9 : 0, kl = with_4k ? bytes / best[2][1] / 1e9 : 0;
+        double rks = with_4k ? rs / ks : 0, rkl = with_4k ? rl / kl : 0;
+        const char *tier = srv->shm.pages;
         if (json)
             printf("{\"bytes\": %.0f, \"local_store_gbps\": %.2f, \"client_store_gbps\": %.2f, "
                    "\"local_load_gbps\": %.2f, \"client_load_gbps\": %.2f, \"store_ratio\": %.2f, "
-                   "\"load_ratio\": %.2f, \"rtt_p50_us\": %.1f, \"rtt_p99_us\": %.1f, "
+                   "\"load_ratio\": %.2f, \"tier_pages\": \"%s\", \"local_4k_store_gbps\": %.2f, "
+                   "\"local_4k_load_gbps\": %.2f, \"store_ratio_vs_4k\": %.2f, "
+                   "\"load_ratio_vs_4k\": %.2f, \"rtt_p50_us\": %.1f, \"rtt_p99_us\": %.1f, "
                    "\"miss_lookups_per_s\": %.0f, \"verified\": true}\n",
-                   bytes, ls, rs, ll, rl, rs / ls, rl / ll, samples_pct(&rt, 50),
-                   samples_pct(&rt, 99), lookups_per_s);
+                   bytes, ls, rs, ll, rl, rs / ls, rl / ll, tier, ks, kl, rks, rkl,
+                   samples_pct(&rt, 50), samples_pct(&rt, 99), lookups_per_s);
         else
             printf("kvtier bench client: %.1f MiB per task, best of %llu warm rounds, every load verified\n"
                    "  store   in-process %.2f GB/s, through the server %.2f GB/s (%.2fx)\n"
                    "  load    in-process %.2f GB/s, through the server %.2f GB/s (%.2fx)\n"
+                   "  the server's tier has %s pages; in-process on 4 KiB pages: store %.2f GB/s "
+                   "(server %.2fx), load %.2f GB/s (%.2fx)\n"
                    "  control round trip p50 %.1f us, p99 %.1f us\n"
                    "  miss lookups (%u tokens) %.0f per second through the socket\n",
                    bytes / 1048576.0, (unsigned long long)rounds, ls, rs, rs / ls, ll, rl, rl / ll,
-                   samples_pct(&rt, 50), samples_pct(&rt, 99), TOKENS, lookups_per_s);
+                   tier, ks, rks, kl, rkl, samples_pct(&rt, 50), samples_pct(&rt, 99),
+                   TOKENS, lookups_per_s);
         rc = 0;
     }
     samples_fini(&rt);
     kvt_client_detach(remote.client);
     kvt_cache_destroy(local.cache);
+    kvt_cache_destroy(local4k.cache);
     if (running) {
         kvt_server_stop(srv);
         pthread_join(th, NULL);
@@ -190,6 +214,7 @@ int kvt_bench_client_main(int argc, char **argv)
     kvt_emu_destroy(emu);
     kvt_geometry_destroy(geo);
     kvt_config_destroy(cfg);
+    kvt_config_destroy(cfg4k);
     free(tokens);
     char lock[160];
     snprintf(lock, sizeof lock, "%s.lock", sock);

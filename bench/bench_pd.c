@@ -6,11 +6,14 @@
  * (tag_bw, same UCX_TLS) when the binary is present, with the raw UCX
  * stream run from one cache-hot buffer as perftest runs (which splits the
  * gap to perftest into what the memory costs UCX and what kvtier costs);
- * plus one core's XXH3 over those buffers. Rounds interleave all of them;
+ * plus one core's XXH3 and Poly1305 over those buffers. --secret: the
+ * hand-offs share a secret, so frames are authenticated (pd/mac.h) instead
+ * of checksummed. Rounds interleave all of them;
  * medians are reported. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,9 +188,18 @@ static bool checksum_threads_arg(const char *s)
     return false;
 }
 
+/* --secret: the hand-offs share a secret, so every frame is authenticated
+ * (pd/mac.h: Poly1305 over every byte instead of XXH3 checksums). */
+static bool g_secret;
+static const char BENCH_SECRET[] = "kvtier bench pd shared secret";
+
 static int pd_setup(pd_bench *b, uint32_t mib, kvt_pd_transport tr)
 {
     kvt_pd_net_params net = {.transport = tr};
+    if (g_secret) {
+        net.secret = BENCH_SECRET;
+        net.secret_len = sizeof BENCH_SECRET - 1;
+    }
     uint16_t port;
     if (kvt_geometry_preset(&b->geo, "llama3-8b", 16, 1)) return -1;
     kvt_geometry_info gi;
@@ -266,7 +278,7 @@ static double ucx_perftest_gbps(const char *tls)
  * drift (this VM's memory bandwidth swings 2-4x within minutes) hits the
  * hand-off and its limit alike and each ratio is taken within its round. */
 typedef struct pd_round {
-    double tcp, raw, ucx, raw_ucx, raw_hot, perf, hash;
+    double tcp, raw, ucx, raw_ucx, raw_hot, perf, hash, mac;
 } pd_round;
 
 static int cmp_double(const void *a, const void *b)
@@ -293,6 +305,7 @@ static double pick_raw(const pd_round *r) { return r->raw; }
 static double pick_ucx(const pd_round *r) { return r->ucx; }
 static double pick_raw_ucx(const pd_round *r) { return r->raw_ucx; }
 static double pick_hash(const pd_round *r) { return r->hash; }
+static double pick_mac(const pd_round *r) { return r->mac; }
 static double pick_perf(const pd_round *r) { return r->perf; }
 static double pick_tcp_ratio(const pd_round *r) { return r->raw > 0 ? r->tcp / r->raw : -1; }
 static double pick_raw_ucx_ratio(const pd_round *r) { return r->raw_ucx > 0 ? r->ucx / r->raw_ucx : -1; }
@@ -329,6 +342,29 @@ static double hash_gbps(const raw_bufs *b)
     }
     double secs = (double)(kvt__now_ns() - t0) / 1e9;
     return sink == 42 ? 0 : (double)bytes / secs / 1e9; /* sink: keep the loop */
+}
+
+/* One core's Poly1305 (the frame tag, pd/mac.h) over the same buffers, one
+ * tag a buffer: what authenticating costs per byte. */
+static double mac_gbps(const raw_bufs *b)
+{
+    static const uint8_t key[crypto_onetimeauth_KEYBYTES] = {1};
+    if (sodium_init() < 0) return -1; /* as pd/mac.c: the SIMD implementation */
+    uint8_t tag[crypto_onetimeauth_BYTES], sink = 0;
+    uint64_t t0 = kvt__now_ns(), bytes = 0;
+    for (int i = 0; i < b->n; i++) {
+        crypto_onetimeauth_state st;
+        crypto_onetimeauth_init(&st, key);
+        for (uint64_t off = 0; off < b->len[i]; off += 1u << 20) {
+            uint64_t k = b->len[i] - off < (1u << 20) ? b->len[i] - off : (1u << 20);
+            crypto_onetimeauth_update(&st, b->src[i] + off, (size_t)k);
+        }
+        crypto_onetimeauth_final(&st, tag);
+        sink ^= tag[0];
+        bytes += b->len[i];
+    }
+    double secs = (double)(kvt__now_ns() - t0) / 1e9;
+    return sink == 42 && bytes == 1 ? 0 : (double)bytes / secs / 1e9; /* sink: keep the loop */
 }
 
 /* The raw UCX stream as perftest runs it: every message from one cache-hot
@@ -389,12 +425,13 @@ static void fmt_num(char *buf, size_t n, double v)
 
 static void print_json(uint32_t mib, const char *tls, const pd_round *r, int n)
 {
-    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m[32], o[32], q[32];
-    printf("{\"mib\": %u, \"rounds\": %d, \"cpus\": %ld, \"checksum_threads\": \"%s\", \"hash_gbps\": %s, \"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"tcp_ratio\": %s, "
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], k[32], m[32], o[32], q[32], w[32];
+    printf("{\"mib\": %u, \"rounds\": %d, \"cpus\": %ld, \"secret\": %s, \"mac_gbps\": %s, \"checksum_threads\": \"%s\", \"hash_gbps\": %s, \"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"tcp_ratio\": %s, "
            "\"ucx_gbps\": %s, \"ucx_tls\": \"%s\", \"raw_ucx_gbps\": %s, \"ucx_raw_ratio\": %s, "
            "\"ucx_perftest_gbps\": %s, \"ucx_ratio\": %s, \"raw_ucx_hot_gbps\": %s, "
            "\"raw_ucx_hot_perftest_ratio\": %s, \"raw_ucx_perftest_ratio\": %s, \"per_round\": [",
-           mib, n, sysconf(_SC_NPROCESSORS_ONLN), checksum_threads_name(), NUM(k, median_of(r, n, pick_hash)), NUM(a, median_of(r, n, pick_tcp)), NUM(b, median_of(r, n, pick_raw)),
+           mib, n, sysconf(_SC_NPROCESSORS_ONLN), g_secret ? "true" : "false", NUM(w, median_of(r, n, pick_mac)),
+           checksum_threads_name(), NUM(k, median_of(r, n, pick_hash)), NUM(a, median_of(r, n, pick_tcp)), NUM(b, median_of(r, n, pick_raw)),
            NUM(c, median_of(r, n, pick_tcp_ratio)), NUM(d, median_of(r, n, pick_ucx)), tls,
            NUM(e, median_of(r, n, pick_raw_ucx)), NUM(f, median_of(r, n, pick_raw_ucx_ratio)),
            NUM(g, median_of(r, n, pick_perf)), NUM(h, median_of(r, n, pick_ucx_ratio)),
@@ -421,8 +458,11 @@ static void print_text(const char *tls, const pd_round *r, int n)
     char ucx[64];
     double v = median_of(r, n, pick_ucx);
     snprintf(ucx, sizeof ucx, "pd over UCX (UCX_TLS=%s)", tls);
-    printf("medians of %d rounds (each ratio taken within its round; checksum threads: %s, %ld CPUs):\n",
-           n, checksum_threads_name(), sysconf(_SC_NPROCESSORS_ONLN));
+    printf("medians of %d rounds (each ratio taken within its round; %s; checksum threads: %s, %ld CPUs):\n",
+           n, g_secret ? "with a secret: frames authenticated" : "no secret: frames checksummed",
+           checksum_threads_name(), sysconf(_SC_NPROCESSORS_ONLN));
+    if (median_of(r, n, pick_mac) >= 0)
+        printf("  frame tags (Poly1305, one core, the same buffers from memory): %.2f GB/s\n", median_of(r, n, pick_mac));
     if (median_of(r, n, pick_hash) >= 0)
         printf("  checksums (XXH3, one core, the same buffers from memory): %.2f GB/s\n", median_of(r, n, pick_hash));
     print_line("pd over TCP", median_of(r, n, pick_tcp), "raw TCP stream of the same buffers",
@@ -443,7 +483,7 @@ static void print_text(const char *tls, const pd_round *r, int n)
 static int usage(void)
 {
     fprintf(stderr, "usage: kvtier bench pd [--json] [--mib 16..4096] [--rounds 1..64] [--only tcp|ucx] [--ucx-tls TLS]\n"
-                    "                       [--checksum-threads on|off|auto]\n");
+                    "                       [--checksum-threads on|off|auto] [--secret]\n");
     return 2;
 }
 
@@ -462,10 +502,11 @@ static int pd_rounds(uint32_t mib, int rounds, int only, const char *tls, pd_rou
     if (do_ucx && pd_open(&ucx, mib, KVT_PD_UCX)) goto done;
     for (int i = 0; i < rounds; i++) {
         pd_round *r = &out[i];
-        *r = (pd_round){-1, -1, -1, -1, -1, -1, -1};
+        *r = (pd_round){-1, -1, -1, -1, -1, -1, -1, -1};
         if (do_tcp) r->tcp = pd_run(&tcp, 10 + (uint64_t)i);
         if (limits) r->raw = raw_checked(&tcp.raw, raw_tcp_gbps, "TCP");
         if (limits) r->hash = hash_gbps(&tcp.raw);
+        if (limits) r->mac = mac_gbps(&tcp.raw);
         if (do_ucx) r->ucx = pd_run(&ucx, 10 + (uint64_t)i);
         if (limits) {
             r->raw_ucx = raw_checked(&ucx.raw, kvt_bench_raw_ucx_gbps, "UCX");
@@ -501,6 +542,7 @@ int kvt_bench_pd_main(int argc, char **argv)
     const char *tls = "tcp"; /* the baseline's transport, for the ratio */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--secret")) g_secret = true;
         else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "tcp") && ++i)

@@ -420,9 +420,18 @@ typedef struct kvt_store_plan {
 kvt_status kvt_cache_prepare_store(kvt_cache *cache, const kvt_request *req,
                                    kvt_store_plan *out);
 
+/* A page-table entry that a load leaves alone (see kvt_cache_launch). */
+#define KVT_PAGE_SKIP UINT32_MAX
+
 /* Starts a looked-up or prepared task. pages is the request's page table:
  * pages[i] is the engine page holding tokens [i*tokens_per_page, ...).
- * It must cover the task's token range; it is copied, not kept. */
+ * It must cover the task's token range; it is copied, not kept.
+ * For a load, pages[i] == KVT_PAGE_SKIP copies nothing into that page: the
+ * engine keeps its own bytes there (tokens it computed already, or a page
+ * another request shares), since a load always starts at block 0. The
+ * blocks are still looked up, pinned and counted in the result; only the
+ * copy into the skipped pages is left out. A store copies whole blocks, so
+ * KVT_PAGE_SKIP in a store's range is KVT_EINVAL. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
 kvt_status kvt_cache_launch(kvt_cache *cache, kvt_task_id task,
                             const uint32_t *pages, uint32_t num_pages);
@@ -594,7 +603,9 @@ void kvt_client_detach(kvt_client *cl);
  *  - a launched task's copy runs on this client's threads; its result
  *    (the server's verdict) is what wait/poll report;
  *  - kvt_client_launch of a load whose blocks sit on the server's SSD tier
- *    returns once the server read them back into the CPU tier;
+ *    returns at once; the copy starts when the server has read them back
+ *    (wait, wait_layer and poll see it end as for any load; cancel ends it
+ *    KVT_ECANCELED; reads not done within 30 s end it KVT_ETIMEDOUT);
  *  - lookup and prepare_store in a namespace the server's server_namespaces
  *    does not allow this client give KVT_EAUTH naming it (and the client's
  *    pid and uid); past its server_client_tasks quota, KVT_EFULL;
@@ -1012,7 +1023,10 @@ typedef struct kvt_pd_net_params {
     const char *bind_host;    /* numeric IPv4 to listen on; NULL: "127.0.0.1" */
     uint16_t port;            /* 0: an ephemeral port */
     const void *secret;       /* NULL: open; else 16..1024 bytes every peer must */
-    size_t secret_len;        /* prove it holds (mutual HMAC-SHA256 challenge) */
+    size_t secret_len;        /* prove it holds (mutual HMAC-SHA256 challenge),
+                                 and every frame after it is authenticated
+                                 (Poly1305 per frame, keyed per connection and
+                                 direction; docs/pd.md) */
     uint32_t max_frame;       /* bound on one frame's body; 0: 64 MiB (max 256 MiB) */
     kvt_pd_transport transport;
     uint32_t heartbeat_ms;    /* idle links send a ping this often; 0: 100 */
@@ -1176,7 +1190,9 @@ void kvt_pd_receiver_destroy(kvt_pd_receiver *r);
 
 typedef struct kvt_pd_room_info {
     kvt_pd_poll state;
-    kvt_status error;       /* why it FAILED: ETIMEDOUT, ECONN, ECORRUPT, EABORTED... */
+    kvt_status error;       /* why it FAILED: ETIMEDOUT, ECONN, ECORRUPT, EABORTED,
+                               EAUTH (a frame failed authentication: altered in
+                               transit, with a secret set)... */
     char message[160];      /* the reason in words; "" unless FAILED */
     uint64_t bytes;         /* payload bytes moved so far */
     uint32_t abort_acks;    /* peers that acknowledged our abort */

@@ -20,7 +20,7 @@ The library is found via KVTIER_LIB, else ../build/libkvtier.so relative to
 this package, else the system loader. Timeouts are seconds (>= 0).
 """
 from ._lib import LIB_PATH, lib as _clib, cstr as _cstr
-from .cache import TASK_LOAD, TASK_STORE, Cache, Match, StorePlan, TaskResult
+from .cache import PAGE_SKIP, TASK_LOAD, TASK_STORE, Cache, Match, StorePlan, TaskResult
 from .client import Client
 from .config import LAYER_FIRST, PAGE_FIRST, Config, Geometry, options
 from .connector import (EV_LOAD, EV_LOAD_DONE, EV_RESET, EV_STORE, EV_STORE_DONE,

@@ -19,6 +19,9 @@ lib = _lib.lib
 
 TASK_LOAD = 1   #: kvt_task_kind of a load
 TASK_STORE = 2  #: kvt_task_kind of a store
+#: KVT_PAGE_SKIP: a load's page-table entry that copies nothing into that
+#: page (the engine keeps its own bytes there); a store refuses it.
+PAGE_SKIP = 0xFFFFFFFF
 
 #: A task's result. status is a kvt_status (0 = OK); ``error()`` gives the
 #: matching exception (or None).
@@ -215,7 +218,9 @@ class Cache(Handle):
 
     def launch(self, task, pages):
         """Starts a looked-up or prepared task; pages[i] is the engine page of
-        tokens [i * tokens_per_page, ...) of the request."""
+        tokens [i * tokens_per_page, ...) of the request. A load leaves
+        pages given as PAGE_SKIP alone (a load starts at block 0: skip the
+        pages the engine computed already)."""
         if self.num_pages is None:
             raise invalid("launch: no engine memory registered yet (register_buffers first)")
         pg = u32_array(pages, "pages")

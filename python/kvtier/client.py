@@ -104,7 +104,8 @@ class Client(Handle):
 
     def launch(self, task, pages):
         """Starts a planned task; this process copies between its pages and
-        the server's tier (a load's SSD blocks are read back first)."""
+        the server's tier (a load's SSD blocks are read back first). A load
+        leaves pages given as PAGE_SKIP alone, as Cache.launch."""
         if self.num_pages is None:
             raise invalid("launch: no engine memory registered yet (register_buffers first)")
         pg = u32_array(pages, "pages")

@@ -6,6 +6,7 @@ worker's forward-pass calls layer by layer, with every loaded block
 byte-checked; load errors reported for recompute; refusals."""
 import hashlib
 import inspect
+import time
 import types
 import unittest
 
@@ -16,8 +17,10 @@ from _util import skip_if_unloadable
 
 def setUpModule():
     skip_if_unloadable()
-    global vc
+    global vc, kvtier, kv_cache_config
+    import kvtier
     import kvtier.vllm_connector as vc
+    from _vllm_fakes import kv_cache_config
 
 
 # Recorded from vllm-project/vllm, commit 003df2961dd8830c317a61f9745ccd557da9fa06,
@@ -109,18 +112,36 @@ class Conformance(unittest.TestCase):
     def test_real_vllm_when_importable(self):
         if not vc.VLLM_IMPORTED:
             self.skipTest("vllm is not importable here; the stand-in base was checked")
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorBase_V1, KVConnectorMetadata)
+        self.assertIs(vc.KVConnectorBase_V1, KVConnectorBase_V1)
+        self.assertTrue(issubclass(vc.KvtierConnectorMetadata, KVConnectorMetadata))
+        self.check(KVConnectorBase_V1)
 
 
 BS, LAYERS, HEADS, DIM, BLOCKS = 4, 3, 2, 8, 64
 
 
-def vllm_config(extra=None, engine="engine-0"):
+def vllm_config(extra=None, engine="engine-0", device="cuda"):
+    """device "cpu": vLLM's CPU platform, whose CPU_ATTN backend allocates
+    head-major KV (the connector expects HND)."""
     ns = types.SimpleNamespace
     return ns(kv_transfer_config=ns(kv_connector_extra_config=dict(
         {"cpu_capacity": "8MiB", "kvtier_options": {"huge_pages": False}}, **(extra or {})),
         engine_id=engine, is_kv_producer=True),
         cache_config=ns(block_size=BS), model_config=ns(model="org/llama"),
-        parallel_config=ns(tensor_parallel_size=1, pipeline_parallel_size=1))
+        parallel_config=ns(tensor_parallel_size=1, pipeline_parallel_size=1),
+        device_config=ns(device_type=device))
+
+
+def kv_arrays(layout, layers=LAYERS, heads=HEADS, dim=DIM, seed=3):
+    """Random KV per layer: NHD (FlashAttention) or HND (CPU_ATTN) shape."""
+    rng = np.random.default_rng(seed)
+    shape = ((2, BLOCKS, BS, heads, dim) if layout == "NHD"
+             else (2, BLOCKS, heads, BS, dim))
+    return {"model.layers.%d.self_attn.attn" % i: rng.integers(
+        0, 256, 2 * BLOCKS * BS * heads * dim * 2, dtype=np.uint8).view(np.float16).reshape(
+        shape) for i in range(layers)}
 
 
 class Request:
@@ -143,13 +164,12 @@ class Blocks:
         return (self.ids,)
 
 
-class Engine(unittest.TestCase):
+class EngineBase(unittest.TestCase):
+    LAYOUT = "NHD"
+
     def setUp(self):
-        rng = np.random.default_rng(3)
-        self.kv = {"model.layers.%d.self_attn.attn" % i: rng.integers(
-            0, 256, 2 * BLOCKS * BS * HEADS * DIM * 2, dtype=np.uint8).view(np.float16).reshape(
-            2, BLOCKS, BS, HEADS, DIM) for i in range(LAYERS)}
-        cfg = vllm_config()
+        self.kv = kv_arrays(self.LAYOUT)
+        cfg = vllm_config(device="cpu" if self.LAYOUT == "HND" else "cuda")
         self.worker = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
         self.worker.register_kv_caches(self.kv)
         self.sched = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER, None)
@@ -170,6 +190,19 @@ class Engine(unittest.TestCase):
         w.clear_connector_metadata()
         return w.get_finished(set(finished)), w.get_block_ids_with_load_errors()
 
+    def step_until_sent(self, rid):
+        """Steps until the worker reports rid's store ended (stores run
+        behind the steps); returns the load errors seen meanwhile."""
+        errors = set()
+        for _ in range(2000):
+            (sent, recv), e = self.step()
+            errors |= e
+            if sent:
+                self.assertEqual(sent, {rid})
+                return errors
+            time.sleep(0.001)
+        self.fail("the store of %s was never reported" % rid)
+
     def block(self, b):
         return [t[:, b].view(np.uint8).copy() for t in self.kv.values()]
 
@@ -178,13 +211,18 @@ class Engine(unittest.TestCase):
             for x, y in zip(self.block(d), self.block(s)):
                 self.assertTrue(np.array_equal(x, y), "block %d != block %d" % (d, s))
 
+
+class Engine(EngineBase):
     def test_save_then_load_a_shared_prefix(self):
+        self.check_shared_prefix()
+        self.assertIn("|layout=NHD|", self.worker.namespace)
+
+    def check_shared_prefix(self):
         a_tokens = list(range(1000, 1041))  # 10 full blocks + 1 token
         a = Request("a", a_tokens)
         self.assertEqual(self.sched.get_num_new_matched_tokens(a, 0), (0, False))
         self.assertEqual(self.sched.request_finished(a, list(range(11))), (True, None))
-        (saved, recv), errors = self.step(finished={"a"})
-        self.assertEqual((saved, recv, errors), ({"a"}, None, set()))
+        self.assertEqual(self.step_until_sent("a"), set())
         self.assertEqual(self.worker.cache.stats()["stored_blocks"], 10)
         # b shares a's first 8 blocks; 2 of them are computed on the GPU already
         b = Request("b", a_tokens[:32] + list(range(5000, 5018)))
@@ -193,18 +231,24 @@ class Engine(unittest.TestCase):
         dst = list(range(30, 43))
         for t in self.kv.values():
             t[:, dst[2:8]] = 0
-            t[:, dst[:2]] = t[:, :2]  # the computed prefix blocks hold a's bytes
+            # The computed prefix blocks: vLLM may share them with running
+            # requests, so the load must leave them alone (a marker here).
+            for blk in dst[:2]:
+                t[:, blk].view(np.uint8)[...] = 0x5A
         self.sched.update_state_after_alloc(b, Blocks(dst), 24)
         _, errors = self.step()
         self.assertEqual(errors, set())
-        self.assert_blocks_equal(dst[:8], range(8))
+        self.assert_blocks_equal(dst[2:8], range(2, 8))
+        for t in self.kv.values():
+            self.assertTrue((t[:, dst[:2]].view(np.uint8) == 0x5A).all(),
+                            "the load rewrote the computed prefix blocks")
         st = self.worker.cache.stats()
         self.assertEqual(st["loaded_blocks"], 8)
 
     def test_missing_blocks_are_load_errors(self):
         a = Request("a", list(range(33)))
         self.sched.request_finished(a, list(range(8)))
-        self.step(finished={"a"})
+        self.step_until_sent("a")
         # the scheduler planned 8 blocks but only 6 are there now (evicted)
         meta = vc.KvtierConnectorMetadata(loads=[vc.LoadSpec(
             "b", [vc.block_key(h) for h in a.block_hashes[:6]] + [b"gone-1", b"gone-2"],
@@ -223,9 +267,32 @@ class Engine(unittest.TestCase):
                                     "cpu_capacty"):
             vc.KvtierConnector(vllm_config({"cpu_capacty": "1GiB"}),
                                vc.KVConnectorRole.WORKER, None)
-        with self.assertRaisesRegex(RuntimeError, "kvtier serve attach not available"):
+        with self.assertRaisesRegex(ValueError, "cpu_capacity, kvtier_options configure the "
+                                    "tiers, which the `kvtier serve` process owns"):
             vc.KvtierConnector(vllm_config({"socket": "/run/k.sock"}),
                                vc.KVConnectorRole.WORKER, None)
+        only_socket = vllm_config()
+        only_socket.kv_transfer_config.kv_connector_extra_config = {
+            "socket": "/nonexistent/k.sock", "timeout": 0.2}
+        with self.assertRaisesRegex(ValueError, "needs the workers' KV geometry"):
+            vc.KvtierConnector(only_socket, vc.KVConnectorRole.SCHEDULER, None)
+        with self.assertRaisesRegex(kvtier.ConnectionFailure, "/nonexistent/k.sock"):
+            vc.KvtierConnector(only_socket, vc.KVConnectorRole.SCHEDULER,
+                               kv_cache_config(LAYERS, BS, HEADS, DIM))
+        with self.assertRaisesRegex(ValueError, "load_async must be true or false .JSON., "
+                                    "got 'false'"):
+            vc.KvtierConnector(vllm_config({"load_async": "false"}),
+                               vc.KVConnectorRole.WORKER, None)
+        pp2 = vllm_config()
+        pp2.kv_transfer_config.kv_connector_extra_config = {"socket": "/run/k.sock"}
+        pp2.parallel_config.pipeline_parallel_size = 2
+        with self.assertRaisesRegex(NotImplementedError, "pipeline parallel size 2 in socket "
+                                    "mode"):
+            vc.KvtierConnector(pp2, vc.KVConnectorRole.WORKER, None)
+        with self.assertRaisesRegex(ValueError, "timeout must be > 0 seconds"):
+            vc.KvtierConnector(vllm_config({"timeout": 0}), vc.KVConnectorRole.WORKER, None)
+        with self.assertRaisesRegex(ValueError, "tp_rank 2 is outside tensor_parallel_size 1"):
+            vc.KvtierConnector(vllm_config({"tp_rank": 2}), vc.KVConnectorRole.WORKER, None)
         w = vc.KvtierConnector(vllm_config(engine="other"), vc.KVConnectorRole.WORKER, None)
         with self.assertRaisesRegex(ValueError, "the first dim must be 2"):
             w.register_kv_caches({"l0": np.zeros((3, 4, BS, 2, 8), np.float16)})
@@ -243,6 +310,59 @@ class Engine(unittest.TestCase):
         self.assertEqual(s.get_num_new_matched_tokens(Request("x", list(range(20))), 0),
                          (0, False))
 
+    def test_torch_tensors_name_blocks_like_numpy(self):
+        """A CPU torch tensor registers without a copy, and its blocks get
+        the namespace a numpy array of the same dtype gets (the scheduler
+        builds it from kv_cache_config, whatever the worker holds)."""
+        class FakeTorch:
+            __module__ = "torch"
+
+            def __init__(self, a):
+                self.a, self.shape = a, a.shape
+                self.device = types.SimpleNamespace(type="cpu")
+                self.dtype = "torch.float16"
+
+            def is_contiguous(self):
+                return self.a.flags.c_contiguous
+
+            def element_size(self):
+                return self.a.itemsize
+
+            def numel(self):
+                return self.a.size
+
+            def data_ptr(self):
+                return self.a.ctypes.data
+
+        arrs = {n: t.copy() for n, t in self.kv.items()}
+        w = vc.KvtierConnector(vllm_config(engine="torch"), vc.KVConnectorRole.WORKER, None)
+        w.register_kv_caches({n: FakeTorch(a) for n, a in arrs.items()})
+        try:
+            self.assertEqual(w.namespace, self.worker.namespace)
+            self.assertIn("|dtype=float16|", w.namespace)
+            self.assertIn("|dim=%d|" % DIM, w.namespace)
+            keys = [b"t%d" % i for i in range(2)]
+            w.bind_connector_metadata(vc.KvtierConnectorMetadata(
+                saves=[vc.SaveSpec("r", keys, [0, 1])]))
+            w.start_load_kv(None)
+            w.wait_for_save()
+            for _ in range(2000):
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            w.bind_connector_metadata(vc.KvtierConnectorMetadata(
+                loads=[vc.LoadSpec("r2", keys, [5, 6])]))
+            w.start_load_kv(None)
+            for n in arrs:
+                w.wait_for_layer_load(n)
+            w.wait_for_save()
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            for a in arrs.values():  # the load wrote the tensors' own memory
+                self.assertTrue(np.array_equal(a[:, 5:7].view(np.uint8), a[:, 0:2].view(np.uint8)))
+        finally:
+            w.shutdown()
+
     def test_mla_layers(self):
         kv = {"l%d" % i: np.random.default_rng(i).integers(0, 256, (BLOCKS, BS, 576 * 2),
                                                            dtype=np.uint8).view(np.float16)
@@ -256,6 +376,12 @@ class Engine(unittest.TestCase):
                 saves=[vc.SaveSpec("r", keys, [0, 1, 2])]))
             w.start_load_kv(None)
             w.wait_for_save()
+            for _ in range(2000):  # the store runs behind; get_finished reports it
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            self.assertEqual(sent, {"r"})
             w.bind_connector_metadata(vc.KvtierConnectorMetadata(
                 loads=[vc.LoadSpec("r2", keys, [10, 11, 12])]))
             w.start_load_kv(None)
@@ -267,6 +393,294 @@ class Engine(unittest.TestCase):
                 self.assertTrue(np.array_equal(t[10:13].view(np.uint8), t[0:3].view(np.uint8)))
         finally:
             w.shutdown()
+
+
+class HeadMajorEngine(Engine):
+    """vLLM's CPU backend: (2, num_blocks, num_kv_heads, block_size,
+    head_size) tensors, learned from the device by both roles."""
+    LAYOUT = "HND"
+
+    def test_save_then_load_a_shared_prefix(self):
+        self.check_shared_prefix()
+        self.assertIn("|layout=HND|", self.worker.namespace)
+
+    # The other Engine tests build their own NHD workers.
+    test_missing_blocks_are_load_errors = None
+    test_refusals = None
+    test_torch_tensors_name_blocks_like_numpy = None
+    test_mla_layers = None
+
+
+class Layouts(unittest.TestCase):
+    """Which layout each role expects, and tensors that disagree refused."""
+
+    def worker(self, cfg, kv):
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(w.shutdown)
+        w.register_kv_caches(kv)
+        return w
+
+    def test_expected_layout_from_vllm_config(self):
+        ns = types.SimpleNamespace
+        self.assertEqual(vc.kv_layout(vllm_config(), {}), ("NHD", "vLLM's default KV cache "
+                                                           "layout"))
+        self.assertEqual(vc.kv_layout(vllm_config(device="cpu"), {})[0], "HND")
+        cfg = vllm_config()
+        cfg.attention_config = ns(backend=ns(name="CPU_ATTN"))  # an AttentionBackendEnum
+        self.assertEqual(vc.kv_layout(cfg, {}), ("HND", "attention backend CPU_ATTN"))
+        cfg.attention_config = ns(backend=ns(name="FLASH_ATTN"))
+        self.assertEqual(vc.kv_layout(cfg, {})[0], "NHD")
+        self.assertEqual(vc.kv_layout(vllm_config(device="cpu"), {"kv_layout": "nhd"}),
+                         ("NHD", "kv_connector_extra_config kv_layout"))
+        with self.assertRaisesRegex(ValueError, 'kv_layout must be "NHD" or "HND", got '
+                                    "'NDH'"):
+            vc.KvtierConnector(vllm_config({"kv_layout": "NDH"}), vc.KVConnectorRole.WORKER,
+                               None)
+
+    def test_tensors_of_the_other_layout_refused(self):
+        w = vc.KvtierConnector(vllm_config(engine="l1"), vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(w.shutdown)
+        with self.assertRaisesRegex(ValueError, r"head-major \(2, num_blocks, num_kv_heads, "
+                                    r"block_size, head_size\) blocks, but the connector "
+                                    r"expects token-major .* from vLLM's default KV cache "
+                                    r'layout, as the scheduler does.*kv_layout to "HND"'):
+            w.register_kv_caches(kv_arrays("HND"))
+        c = vc.KvtierConnector(vllm_config(engine="l2", device="cpu"),
+                               vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(c.shutdown)
+        with self.assertRaisesRegex(ValueError, r"token-major .* but the connector expects "
+                                    r"head-major .* from device cpu"):
+            c.register_kv_caches(kv_arrays("NHD"))
+        self.assertIsNone(c.cache)  # nothing registered, nothing attached
+
+    def test_heads_from_kv_cache_config(self):
+        """A worker handed kv_cache_config (recent vLLM) checks the head
+        count too: as many heads as tokens per block reads either way."""
+        cfg = vllm_config(engine="l5", device="cpu")
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER,
+                               kv_cache_config(LAYERS, BS, BS, DIM))
+        self.addCleanup(w.shutdown)
+        w.register_kv_caches(kv_arrays("HND", heads=BS))
+        self.assertIn("|heads=%d|dim=%d|layout=HND|" % (BS, DIM), w.namespace)
+        c = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER,
+                               kv_cache_config(LAYERS, BS, 3, DIM))
+        self.addCleanup(c.shutdown)
+        with self.assertRaisesRegex(ValueError, r"not head-major .* with 4 tokens per block "
+                                    r"\(cache_config.block_size is 4, kv_cache_spec."
+                                    r"num_kv_heads 3\)"):
+            c.register_kv_caches(kv_arrays("HND"))
+
+    def test_override_and_one_head(self):
+        w = self.worker(vllm_config({"kv_layout": "NHD"}, engine="l3", device="cpu"),
+                        kv_arrays("NHD"))
+        self.assertIn("|layout=NHD|", w.namespace)
+        # One KV head: both orders are the same bytes, one namespace.
+        one = self.worker(vllm_config(engine="l4", device="cpu"), kv_arrays("HND", heads=1))
+        self.assertIn("|layout=NHD|", one.namespace)
+
+
+class LayerSpy:
+    """A worker's cache or client with its layer waits counted, and made to
+    fail for one layer when asked."""
+
+    def __init__(self, inner, fail_layer=None):
+        self.inner, self.fail_layer, self.layers = inner, fail_layer, []
+
+    def wait_layer(self, task, layer, timeout):
+        self.layers.append(layer)
+        if layer == self.fail_layer:
+            raise kvtier.Timeout(kvtier.STATUS["ETIMEDOUT"], "layer %d (injected)" % layer)
+        return self.inner.wait_layer(task, layer, timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class LoadModes(EngineBase):
+    """Asynchronous loads in-process, and a layer wait that fails."""
+
+    def save_a(self):
+        tokens = list(range(2000, 2033))  # 8 full blocks + 1 token
+        a = Request("a", tokens)
+        self.sched.request_finished(a, list(range(9)))
+        self.step_until_sent("a")
+        return tokens
+
+    def test_async_load_reported_received(self):
+        tokens = self.save_a()
+        self.sched.load_async = True
+        b = Request("b", tokens)
+        self.assertEqual(self.sched.get_num_new_matched_tokens(b, 0), (32, True))
+        dst = list(range(20, 29))
+        for t in self.kv.values():
+            t[:, dst] = 0
+        self.sched.update_state_after_alloc(b, Blocks(dst), 32)
+        errors = set()
+        for _ in range(2000):
+            (sent, recv), e = self.step()
+            errors |= e
+            if recv:
+                break
+            time.sleep(0.001)
+        self.assertEqual((recv, errors), ({"b"}, set()))
+        self.assert_blocks_equal(dst[:8], range(8))
+
+    def test_failed_layer_wait_reports_the_whole_load(self):
+        tokens = self.save_a()
+        spy = self.worker.cache = LayerSpy(self.worker.cache, fail_layer=1)
+        b = Request("b", tokens)
+        n, load_async = self.sched.get_num_new_matched_tokens(b, 4)
+        self.assertEqual((n, load_async), (28, False))
+        dst = list(range(20, 29))
+        self.sched.update_state_after_alloc(b, Blocks(dst), n)
+        _, errors = self.step()
+        # layer 1 was not whole when the forward pass ran it: every block
+        # past the computed one is recomputed (layer 2 waited no more)
+        self.assertEqual(errors, set(dst[1:8]))
+        self.assertEqual(spy.layers, [0, 1])
+        self.worker.cache = spy.inner
+
+
+class SocketModeOneProcess(unittest.TestCase):
+    """Socket mode with both roles in this process: synchronous loads
+    through the server are waited for layer by layer."""
+
+    def setUp(self):
+        import os
+        import tempfile
+        from test_client import start_server
+        self.tmp = tempfile.mkdtemp(prefix="kvtvs")
+        self.sock = os.path.join(self.tmp, "node.sock")
+        # kvtier serve's "tiny" at TP 1: 4 layers, 2 KV heads of 64, fp16
+        self.srv = start_server(self.sock, "--set", "block_tokens=%d" % BS, page=BS, tp=1)
+
+    def tearDown(self):
+        import shutil
+        from test_client import stop_server
+        stop_server(self.srv)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_sync_layerwise_load_through_the_server(self):
+        cfg = vllm_config(engine="sock")
+        cfg.kv_transfer_config.kv_connector_extra_config = {
+            "socket": self.sock, "load_async": False, "timeout": 5}
+        rng = np.random.default_rng(9)
+        kv = {"l%d" % i: rng.integers(0, 256, (2, BLOCKS, BS, 2, 64 * 2), dtype=np.uint8)
+              .view(np.float16) for i in range(4)}
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+        w.register_kv_caches(kv)
+        s = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER,
+                               kv_cache_config(4, BS, 2, 64))
+        try:
+            tokens = list(range(300, 325))  # 6 full blocks + 1 token
+            a = Request("a", tokens)
+            self.assertEqual(s.request_finished(a, list(range(7))), (True, None))
+            w.bind_connector_metadata(s.build_connector_meta(None))
+            w.start_load_kv(None)
+            w.wait_for_save()
+            w.clear_connector_metadata()
+            for _ in range(2000):
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            self.assertEqual(sent, {"a"})
+            b = Request("b", tokens)
+            self.assertEqual(s.get_num_new_matched_tokens(b, 0), (24, False))
+            dst = list(range(30, 37))
+            for t in kv.values():
+                t[:, dst] = 0
+            s.update_state_after_alloc(b, Blocks(dst), 24)
+            spy = w.cache = LayerSpy(w.cache)
+            w.bind_connector_metadata(s.build_connector_meta(None))
+            w.start_load_kv(None)
+            for name in kv:
+                w.wait_for_layer_load(name)
+            w.wait_for_save()
+            w.clear_connector_metadata()
+            self.assertEqual(spy.layers, [0, 1, 2, 3])
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            self.assertEqual(w.get_finished(set()), (None, None))  # sync: not reported
+            for t in kv.values():
+                self.assertTrue(np.array_equal(t[:, dst[:6]].view(np.uint8),
+                                               t[:, :6].view(np.uint8)))
+            w.cache = spy.inner
+        finally:
+            w.shutdown()
+            s.shutdown()
+
+    def engine(self, name, layout, seed):
+        """A worker and a scheduler of one engine in socket mode, its KV in
+        `layout` (HND: the CPU device), the server's geometry."""
+        cfg = vllm_config(engine=name, device="cpu" if layout == "HND" else "cuda")
+        cfg.kv_transfer_config.kv_connector_extra_config = {
+            "socket": self.sock, "load_async": False, "timeout": 5}
+        kv = kv_arrays(layout, layers=4, heads=2, dim=64, seed=seed)
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(w.shutdown)
+        w.register_kv_caches(kv)
+        s = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER, kv_cache_config(4, BS, 2, 64))
+        self.addCleanup(s.shutdown)
+        self.assertEqual(s._namespace(s.shape, 0), w.namespace)
+        return w, s, kv
+
+    def run_step(self, w, s):
+        w.bind_connector_metadata(s.build_connector_meta(None))
+        w.start_load_kv(None)
+        for name in w._layers:
+            w.wait_for_layer_load(name)
+        w.wait_for_save()
+        w.clear_connector_metadata()
+        for _ in range(2000):
+            sent, _ = w.get_finished(set())
+            if sent or not w._saves:
+                return
+            time.sleep(0.001)
+
+    def save(self, w, s, rid, tokens):
+        r = Request(rid, tokens)
+        self.assertEqual(s.request_finished(r, list(range(len(tokens) // BS))), (True, None))
+        self.run_step(w, s)
+        return r
+
+    def test_layouts_never_mix(self):
+        """A head-major engine (vLLM's CPU backend) and a token-major one on
+        one server: each loads its own blocks byte for byte; blocks the
+        other stored are a miss (never bytes of the other layout)."""
+        wa, sa, kva = self.engine("nhd-engine", "NHD", 1)
+        wb, sb, kvb = self.engine("hnd-engine", "HND", 2)
+        self.assertIn("|layout=NHD|", wa.namespace)
+        self.assertIn("|layout=HND|", wb.namespace)
+        tokens = list(range(700, 725))  # 6 full blocks + 1 token
+        a = self.save(wa, sa, "a", tokens)
+        # B's scheduler sees nothing of A's blocks ...
+        self.assertEqual(sb.get_num_new_matched_tokens(Request("b", tokens), 0), (0, False))
+        # ... and B's worker, told to load them anyway, writes nothing.
+        dst = list(range(30, 36))
+        for t in kvb.values():
+            for blk in dst:
+                t[:, blk].view(np.uint8)[...] = 0xEE
+        wb.bind_connector_metadata(vc.KvtierConnectorMetadata(loads=[vc.LoadSpec(
+            "b", [vc.block_key(h) for h in a.block_hashes], dst)]))
+        wb.start_load_kv(None)
+        wb.wait_for_save()
+        self.assertEqual(wb.get_block_ids_with_load_errors(), set(dst))
+        for t in kvb.values():
+            self.assertTrue((t[:, dst].view(np.uint8) == 0xEE).all())
+        # Each engine stores and loads its own layout through the server.
+        self.save(wb, sb, "b2", tokens)
+        for w, s, kv in ((wa, sa, kva), (wb, sb, kvb)):
+            r = Request("load", tokens)
+            self.assertEqual(s.get_num_new_matched_tokens(r, 4), (20, False))
+            s.update_state_after_alloc(r, Blocks(list(range(40, 47))), 20)
+            for t in kv.values():
+                t[:, 40].view(np.uint8)[...] = 0x5A  # computed already: kept
+            self.run_step(w, s)
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            for t in kv.values():
+                self.assertTrue(np.array_equal(t[:, 41:46].view(np.uint8),
+                                               t[:, 1:6].view(np.uint8)))
+                self.assertTrue((t[:, 40].view(np.uint8) == 0x5A).all())
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ kvt_status kvt__cache_ext_shm(kvt_cache *c, kvt_ext_shm *out)
     kvt_ext_shm s = {
         .fd = fd, .base = kvt__pool_base(c->pool), .map_bytes = kvt__pool_map_bytes(c->pool), .stride = kvt__pool_stride(c->pool),
         .block_bytes = c->block_bytes, .block_tokens = c->cfg.block_tokens,
-        .num_blocks = kvt__pool_blocks_total(c->pool),
+        .num_blocks = kvt__pool_blocks_total(c->pool), .pages = kvt__pool_page_kind(c->pool),
     };
     *out = s;
     return KVT_OK;
@@ -76,10 +76,19 @@ static kvt_status launch_locked(kvt_cache *c, kvt_task *t, uint64_t deadline_ns,
     while (t->reading && kvt__cond_wait_until(&c->ended_cv, &c->mu, deadline_ns)) {}
     t->refs--;
     if (t->state == KVT_TS_ENDED) *ended = true;
-    else if (t->reading)
-        return kvt__fail(KVT_ETIMEDOUT, "%s: task %llu: SSD reads still in flight at the "
-                         "deadline", fn, (unsigned long long)t->id);
     return KVT_OK;
+}
+
+/* A launched task's blocks as memfd offsets, and its shape; only reading
+ * set while its SSD reads run (c->mu held). */
+static void give_offsets(kvt_cache *c, const kvt_task *t, uint64_t *offsets, kvt_ext_launch *out)
+{
+    kvt_ext_launch l = {t->kind, t->first_token, t->num_tokens, t->num_blocks, t->bad_status,
+                        t->reading};
+    if (t->reading) l.num_blocks = 0;
+    const uint8_t *base = kvt__pool_base(c->pool);
+    for (uint32_t i = 0; i < l.num_blocks; i++) offsets[i] = (uint64_t)(t->blocks[i] - base);
+    *out = l;
 }
 
 kvt_status kvt__cache_ext_launch(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns,
@@ -98,12 +107,38 @@ kvt_status kvt__cache_ext_launch(kvt_cache *c, kvt_task_id id, uint64_t deadline
                        (unsigned long long)id, t->num_blocks, max);
     else
         st = launch_locked(c, t, deadline_ns, &ended);
+    if (!st && !ended) give_offsets(c, t, offsets, out);
+    pthread_mutex_unlock(&c->mu);
+    if (!st && ended) return ended_fail(c, id, fn);
+    return st;
+}
+
+kvt_status kvt__cache_ext_offsets(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns,
+                                  uint64_t *offsets, uint32_t max, kvt_ext_launch *out)
+{
+    static const char fn[] = "launch";
+    pthread_mutex_lock(&c->mu);
+    kvt_task *t = kvt__task_find(c, id);
+    kvt_status st = KVT_OK;
+    if (!t)
+        st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or already reported", fn,
+                       (unsigned long long)id);
+    else if (t->num_blocks > max)
+        st = kvt__fail(KVT_EINVAL, "%s: task %llu has %u blocks, room for %u", fn,
+                       (unsigned long long)id, t->num_blocks, max);
+    else if (t->state == KVT_TS_RUNNING && !t->external)
+        st = kvt__fail(KVT_ESTATE, "%s: task %llu is not a launched external task", fn,
+                       (unsigned long long)id);
+    bool ended = !st && t->state == KVT_TS_ENDED;
+    if (!st && !ended && t->state != KVT_TS_RUNNING)
+        st = kvt__fail(KVT_ESTATE, "%s: task %llu was never launched", fn,
+                       (unsigned long long)id);
     if (!st && !ended) {
-        const uint8_t *base = kvt__pool_base(c->pool);
-        for (uint32_t i = 0; i < t->num_blocks; i++)
-            offsets[i] = (uint64_t)(t->blocks[i] - base);
-        kvt_ext_launch l = {t->kind, t->first_token, t->num_tokens, t->num_blocks, t->bad_status};
-        *out = l;
+        t->refs++;
+        while (t->reading && kvt__cond_wait_until(&c->ended_cv, &c->mu, deadline_ns)) {}
+        t->refs--;
+        ended = t->state == KVT_TS_ENDED;
+        if (!ended) give_offsets(c, t, offsets, out);
     }
     pthread_mutex_unlock(&c->mu);
     if (!st && ended) return ended_fail(c, id, fn);

@@ -7,7 +7,10 @@
  * kvt_cache_prepare_store, so it expires after plan_ttl_ms while
  * unlaunched), then:
  *   kvt__cache_ext_launch  PLANNED -> RUNNING; a load's SSD reads are
- *                          waited for; gives the blocks' memfd offsets;
+ *                          waited for until a deadline (the node server
+ *                          passes none and asks again later with
+ *                          kvt__cache_ext_offsets, so no caller blocks on
+ *                          the SSD); gives the blocks' memfd offsets;
  *   (the client copies)
  *   kvt__cache_ext_end     ends it with the client's status: a store's
  *                          entries become READY only on KVT_OK (the caller
@@ -31,6 +34,7 @@ typedef struct kvt_ext_shm {
     uint64_t block_bytes;
     uint32_t block_tokens;
     uint32_t num_blocks;
+    const char *pages;   /* what backs it: "hugetlb", "thp" or "4k" */
 } kvt_ext_shm;
 
 /* The shared CPU tier of a cache made with shared = true; KVT_ESTATE if not. */
@@ -41,15 +45,25 @@ typedef struct kvt_ext_launch {
     uint32_t first_token, num_tokens; /* may shrink for a load (lost blocks) */
     uint32_t num_blocks;
     kvt_status bad_status;            /* why a load shrank, else KVT_OK */
+    bool reading;                     /* SSD reads still running at the deadline:
+                                         no offsets yet (num_blocks 0) */
 } kvt_ext_launch;
 
 /* Launches planned task id externally; offsets (room for max) get each
  * block's byte offset in the memfd. Waits for a load's SSD reads until
- * deadline_ns (KVT_ETIMEDOUT: still reading, the task stays RUNNING; abort
+ * deadline_ns; still reading then: KVT_OK with out->reading set and no
+ * offsets (the task stays RUNNING: kvt__cache_ext_offsets later, or abort
  * it). A task that already ended (expired, cancelled, every block lost)
  * is reported and freed here and its status returned. */
 kvt_status kvt__cache_ext_launch(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns,
                                  uint64_t *offsets, uint32_t max, kvt_ext_launch *out);
+/* The offsets of a task kvt__cache_ext_launch left reading: waits for its
+ * SSD reads until deadline_ns (a deadline already passed: just looks), then
+ * as kvt__cache_ext_launch: out->reading while still reading, the offsets
+ * once read, or the status of a task that ended meanwhile (every block
+ * lost: reported and freed). */
+kvt_status kvt__cache_ext_offsets(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns,
+                                  uint64_t *offsets, uint32_t max, kvt_ext_launch *out);
 /* Ends a launched external task with st (KVT_OK: the copy succeeded) and
  * reports its result into *out. */
 kvt_status kvt__cache_ext_end(kvt_cache *c, kvt_task_id id, kvt_status st,

@@ -413,9 +413,14 @@ static kvt_status check_pages(kvt_cache *c, const kvt_task *t, const uint32_t *p
     KVT_CHECK_ARG(num_pages >= end, "%s: task %llu moves tokens [%u, %u), which needs pages[0..%u) "
                   "but num_pages is %u", fn, (unsigned long long)t->id, t->first_token,
                   t->first_token + t->num_tokens, end, num_pages);
-    for (uint32_t i = first; i < end; i++)
+    for (uint32_t i = first; i < end; i++) {
+        if (pages[i] == KVT_PAGE_SKIP && t->kind == KVT_TASK_LOAD) continue;
+        KVT_CHECK_ARG(pages[i] != KVT_PAGE_SKIP, "%s: pages[%u] is KVT_PAGE_SKIP in store task "
+                      "%llu; a store copies whole blocks (only a load may skip pages)", fn, i,
+                      (unsigned long long)t->id);
         KVT_CHECK_ARG(pages[i] < c->map.num_pages, "%s: pages[%u] is %u but the engine "
                       "registered %u pages", fn, i, pages[i], c->map.num_pages);
+    }
     return KVT_OK;
 }
 

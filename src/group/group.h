@@ -36,6 +36,9 @@ struct kvt_group {
     kvt_buf *stash;            /* leader: a HELLO a member sent while the leader
                                   stepped (it re-forms, or is a replacement
                                   process), kept for the next formation */
+    uint64_t *hello_att;       /* leader: the attempt id of the last HELLO taken
+                                  from each member; a repeat of it (a duplicated
+                                  frame) is dropped, never answered again */
     char diag[KVT_ERRMSG_MAX];
 };
 

@@ -32,7 +32,9 @@ static kvt_group *group_alloc(kvt_net *net)
     g->rx_seq = calloc(n, sizeof *g->rx_seq);
     g->ups = net->rank == 0 ? calloc(net->ranks, sizeof *g->ups) : NULL;
     g->stash = net->rank == 0 ? calloc(net->ranks, sizeof *g->stash) : NULL;
-    if (!g->tx_seq || !g->rx_seq || (net->rank == 0 && (!g->ups || !g->stash))) {
+    g->hello_att = net->rank == 0 ? calloc(net->ranks, sizeof *g->hello_att) : NULL;
+    if (!g->tx_seq || !g->rx_seq ||
+        (net->rank == 0 && (!g->ups || !g->stash || !g->hello_att))) {
         kvt_group_destroy(g);
         return NULL;
     }
@@ -94,6 +96,7 @@ void kvt_group_destroy(kvt_group *g)
         for (uint32_t r = 0; r < g->ranks; r++) kvt__buf_free(&g->stash[r]);
     free(g->ups);
     free(g->stash);
+    free(g->hello_att);
     kvt__buf_free(&g->rx);
     kvt__buf_free(&g->tx);
     free(g->tx_seq);

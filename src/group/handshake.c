@@ -77,7 +77,7 @@ static void compare(const kvt_group *g, const kvt_hello *h, uint32_t r, uint64_t
         refuse(v, KVT_EINVAL, "rank %u's configuration differs from rank 0's in %s%s "
                "(configuration digest %016llx, rank 0 %016llx; rank-local options such as "
                "ssd_dirs are not compared)", r, n == 1 ? "option " : n ? "one of the options " : "",
-               n ? which : "an option the digests cannot name (compare kvtier config --dump)",
+               which, /* kvt__config_digest_diff says it in words when it cannot name one */
                (unsigned long long)h->config_digest, (unsigned long long)m->config_digest);
     }
     uint32_t st = r / (g->p.cp * g->p.tp);
@@ -168,6 +168,7 @@ static void take_hello_frame(kvt_group *g, uint32_t r, const kvt_frame *f, uint6
     }
     m->att = h.attempt;
     m->epoch = h.epoch;
+    g->hello_att[r] = h.attempt;
     compare(g, &h, r, sg, sf, v);
 }
 
@@ -198,6 +199,7 @@ static void take_hello(kvt_group *g, uint32_t r, uint64_t dl, uint64_t *sg, uint
             return;
         }
         if (f.op == KVT_OP_JOIN || f.op == KVT_OP_GIVEUP) continue; /* an attempt that is over */
+        if (f.op == KVT_OP_HELLO && att == g->hello_att[r]) continue; /* a repeat (below) */
         if (f.op != KVT_OP_HELLO) {
             refuse(v, KVT_EPROTO, "rank %u: expected op HELLO on channel handshake, received op %s",
                    r, kvt__op_name(f.op));
@@ -238,6 +240,10 @@ static void take_join(kvt_group *g, uint32_t r, uint64_t dl, uint64_t epoch, uin
             m->att = 0;
             continue; /* it may have retried: its next HELLO follows */
         }
+        /* A repeat of a HELLO already taken (a duplicated frame): answering
+         * it again could pair it with that attempt's stale JOIN at the next
+         * formation and form without the member (docs/model/formation.pml). */
+        if (f.op == KVT_OP_HELLO && att == g->hello_att[r]) continue;
         if (f.op == KVT_OP_HELLO) {
             verdict hv = {KVT_OK, ""};
             uint32_t first = sf[r / (g->p.cp * g->p.tp)];
@@ -338,6 +344,10 @@ static kvt_status await(kvt_group *g, uint64_t att, uint32_t want, uint64_t dl, 
                              "handshake (expected op %s): %s", g->rank, kvt__op_name(want),
                              kvt_last_error());
         if (a != att) continue; /* an answer to an attempt this rank abandoned */
+        if (want == KVT_OP_FORMED && f.op == KVT_OP_WELCOME) continue;
+        /* ^ a repeat of this attempt's WELCOME (a duplicated frame, or a
+         * duplicated HELLO the leader welcomed again, always to the same
+         * epoch): failing here split the formation (docs/model/formation.pml) */
         if (f.op == KVT_OP_REFUSE) return refused(g, &f);
         if (f.op == want && f.len == 16) {
             *epoch = kvt__get64(f.payload + 8);

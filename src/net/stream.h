@@ -64,6 +64,9 @@ typedef struct kvt_stream_auth {
     const uint8_t *secret; /* NULL: none */
     size_t secret_len;
     const char *who;       /* for messages: "pd sender", ... */
+    uint8_t *session_key;  /* out (32 bytes; NULL: not wanted): after a handshake
+                              with a secret, a key fresh to this connection that
+                              only the two ends know (pd/mac.h keys frames by it) */
 } kvt_stream_auth;
 
 /* A listening socket on host:port (port 0: ephemeral); *port_out gets it. */
@@ -121,7 +124,8 @@ static inline kvt_status kvt__stream_fd_io(int fd, struct iovec *iov, int iovcnt
 {
     return kvt__fd_io(fd, iov, iovcnt, deadline_ns, writing);
 }
-/* The handshake (stream_auth.c): mutual HMAC-SHA256 over both nonces. */
+/* The handshake (stream_auth.c): mutual HMAC-SHA256 over both nonces;
+ * auth->session_key receives the connection's key (see above). */
 kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *auth, uint64_t deadline_ns);
 kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *auth, uint64_t deadline_ns);
 

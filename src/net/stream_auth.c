@@ -13,21 +13,25 @@
 #include "util/le.h"
 
 #define A_MAGIC 0x4155504bu /* "KPUA" */
-#define A_VERSION 1
+/* 2: frames after the handshake are authenticated with the session key
+ * when there is a secret (pd/mac.h), so a version 1 peer is refused here,
+ * naming both versions, rather than failing its first frame. */
+#define A_VERSION 2
 #define NONCE 32
 #define MACLEN 32
 #define HELLO_LEN (4 + 4 + NONCE)
 #define CHAL_LEN (4 + 4 + NONCE + MACLEN)
 #define ACK_LEN 8
 
-enum { A_OK = 0, A_NEED_SECRET = 1, A_BAD_PROOF = 2, A_BAD_HELLO = 3 };
+enum { A_OK = 0, A_NEED_SECRET = 1, A_BAD_PROOF = 2, A_BAD_HELLO = 3, A_BAD_VERSION = 4 };
 
 static const char *why(uint32_t code)
 {
     switch (code) {
     case A_NEED_SECRET: return "the server requires a shared secret the client lacks";
     case A_BAD_PROOF: return "wrong proof of the shared secret (the two ends hold different secrets)";
-    case A_BAD_HELLO: return "malformed hello (not a kvtier PD peer, or another version)";
+    case A_BAD_HELLO: return "malformed hello (not a kvtier PD peer, or a handshake version before 2)";
+    case A_BAD_VERSION: return "another handshake version";
     default: return "a refusal this version does not know (upgrade both ends together)";
     }
 }
@@ -37,8 +41,17 @@ static kvt_status refused(const kvt_stream_auth *a, const uint8_t *p)
 {
     if (kvt__get32(p) != A_MAGIC)
         return kvt__fail(KVT_EAUTH, "%s: the server is not a kvtier PD endpoint (bad handshake magic)", a->who);
-    return kvt__fail(KVT_EAUTH, "%s: the server refused: %s", a->who, why(kvt__get32(p + 4)));
+    uint32_t code = kvt__get32(p + 4);
+    if ((code & 0xffff) == A_BAD_VERSION) /* the server's version in the high half */
+        return kvt__fail(KVT_EAUTH, "%s: the server refused: it speaks PD handshake version %u, this end %u: "
+                         "upgrade prefill, decode and bootstrap together", a->who, code >> 16, A_VERSION);
+    if (code == A_BAD_HELLO)
+        return kvt__fail(KVT_EAUTH, "%s: the server refused: %s; this end speaks version %u", a->who, why(code),
+                         A_VERSION);
+    return kvt__fail(KVT_EAUTH, "%s: the server refused: %s (code %u)", a->who, why(code), code);
 }
+
+
 
 static void mac(const kvt_stream_auth *a, const char *label, const uint8_t *hello,
                 const uint8_t *nonce, uint8_t *out)
@@ -49,6 +62,13 @@ static void mac(const kvt_stream_auth *a, const char *label, const uint8_t *hell
     crypto_auth_hmacsha256_update(&st, hello, HELLO_LEN);
     crypto_auth_hmacsha256_update(&st, nonce, NONCE);
     crypto_auth_hmacsha256_final(&st, out);
+}
+
+/* The connection's key for pd/mac.h, when asked for and there is a secret:
+ * the secret over both nonces under a label of its own (neither proof). */
+static void session_key(const kvt_stream_auth *a, const uint8_t *hello, const uint8_t *nonce)
+{
+    if (a->secret && a->session_key) mac(a, "kvt-pd-session", hello, nonce, a->session_key);
 }
 
 static kvt_status io(int fd, void *p, size_t n, uint64_t dl, int w)
@@ -72,12 +92,16 @@ kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *a, uint64_t dl
     if (io(fd, hello, sizeof hello, dl, 0) != KVT_OK)
         return kvt__fail(KVT_EAUTH, "no hello before the deadline");
     uint32_t code = A_OK;
-    if (kvt__get32(hello) != A_MAGIC || hello[4] != A_VERSION) code = A_BAD_HELLO;
+    if (kvt__get32(hello) != A_MAGIC) code = A_BAD_HELLO;
+    else if (hello[4] != A_VERSION) code = A_BAD_VERSION | (uint32_t)A_VERSION << 16;
     else if (a->secret && !hello[5]) code = A_NEED_SECRET;
     kvt__put32(chal, A_MAGIC);
     kvt__put32(chal + 4, code);
     if (code != A_OK) {
         (void)io(fd, chal, sizeof chal, dl, 1);
+        if ((code & 0xffff) == A_BAD_VERSION)
+            return kvt__fail(KVT_EAUTH, "the peer speaks PD handshake version %u, this end %u: upgrade "
+                             "prefill, decode and bootstrap together", hello[4], A_VERSION);
         return kvt__fail(KVT_EAUTH, "%s", why(code));
     }
     randombytes_buf(chal + 8, NONCE);
@@ -94,6 +118,7 @@ kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *a, uint64_t dl
     }
     kvt__put32(ack, A_MAGIC);
     kvt__put32(ack + 4, A_OK);
+    session_key(a, hello, chal + 8);
     return io(fd, ack, sizeof ack, dl, 1);
 }
 
@@ -126,5 +151,6 @@ kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *a, uint64_t dl
     if (!st) st = io(fd, ack, sizeof ack, dl, 0);
     if (st) return kvt__fail(KVT_EAUTH, "%s: no verdict from the server", a->who);
     if (kvt__get32(ack) != A_MAGIC || kvt__get32(ack + 4) != A_OK) return refused(a, ack);
+    session_key(a, hello, chal + 8);
     return KVT_OK;
 }

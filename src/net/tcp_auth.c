@@ -5,6 +5,7 @@
  * nonces, under distinct labels, so neither can be replayed or reflected.
  * Comparisons are constant-time (sodium_memcmp). */
 #include <sodium.h>
+#include <stdio.h>
 #include <string.h>
 #include "net/tcp.h"
 #include "util/err.h"
@@ -38,7 +39,13 @@ const char *kvt__tcp_refusal(uint32_t code)
     case KVT_TCP_ST_BAD_RANK: return "rank unknown, duplicate or group size differs";
     case KVT_TCP_ST_BAD_PROOF: return "wrong proof of the shared secret";
     case KVT_TCP_ST_BAD_HELLO: return "malformed hello";
-    default: return "refused";
+    default: {
+        /* named by number: a newer hub's code, or not a kvtier hub */
+        static _Thread_local char b[96];
+        snprintf(b, sizeof b, "refusal code %u, which this version does not know (upgrade every rank together)",
+                 code);
+        return b;
+    }
     }
 }
 
@@ -54,8 +61,9 @@ static kvt_status client_finish(tcp_net *t, int fd, const uint8_t *hello, uint64
                          kvt__tcp_refusal(kvt__get32(chal + 4)));
     mac(t, "kvtier-hub", hello, chal + 8, want);
     if (t->secret && sodium_memcmp(want, chal + 8 + KVT_TCP_NONCE, KVT_TCP_MAC) != 0)
-        return kvt__fail(KVT_EAUTH, "net tcp: rank %u: the hub failed to prove the shared secret",
-                         t->base.rank);
+        return kvt__fail(KVT_EAUTH, "net tcp: rank %u: the hub could not prove the shared secret: the hub and "
+                         "this rank hold different secrets (a wrong secret on this rank or on the hub), or "
+                         "the hub has none", t->base.rank);
     mac(t, "kvtier-rank", hello, chal + 8, resp);
     st = kvt__tcp_write_all(fd, resp, sizeof resp, dl);
     if (st == KVT_OK) st = kvt__tcp_read_all(fd, ack, sizeof ack, dl);

@@ -86,17 +86,17 @@ typedef struct bs_req {
 
 /* ---- client side ---- */
 
-static kvt_status bs_call(kvt_stream *s, const pd_hdr *h, const void *body, const kvt_pd_net_params *net,
-                          uint64_t dl, const char *what, pd_hdr *resp, uint8_t **resp_body,
-                          uint32_t *resp_len)
+static kvt_status bs_call(kvt_stream *s, pd_mac *m, const pd_hdr *h, const void *body,
+                          const kvt_pd_net_params *net, uint64_t dl, const char *what, pd_hdr *resp,
+                          uint8_t **resp_body, uint32_t *resp_len)
 {
     uint8_t hb[PD_HDR_LEN];
     pd_hdr_encode(h, hb);
-    struct iovec v[2] = {{hb, PD_HDR_LEN}, {(void *)body, h->body_len}};
-    kvt_status st = s->ops->sendv(s, v, h->body_len ? 2 : 1, dl);
+    kvt_status st = pd_mac_send(m, s, hb, body, h->body_len, dl, false);
     pd_hdr r;
-    if (!st) st = kvt__stream_recv(s, hb, PD_HDR_LEN, dl);
+    if (!st) st = pd_mac_recv_head(m, s, hb, dl);
     /* what names the call and the peer: the service, or a prefill rank */
+    if (st == KVT_EAUTH) return kvt__wrap_error(st, what);
     if (st) return kvt__fail(st, "%s: no answer (%s)", what,
                              st == KVT_ETIMEDOUT ? "timed out" : "the peer closed the connection");
     char why[160];
@@ -107,8 +107,9 @@ static kvt_status bs_call(kvt_stream *s, const pd_hdr *h, const void *body, cons
                          what, r.body_len, net->max_frame);
     uint8_t *b = malloc((size_t)r.body_len + 1);
     if (!b) return kvt__fail(KVT_ENOMEM, "%s: out of memory", what);
-    st = r.body_len ? kvt__stream_recv(s, b, r.body_len, dl) : KVT_OK;
-    if (st) st = kvt__fail(st, "%s: truncated answer", what);
+    st = pd_mac_recv_body(m, s, b, r.body_len, dl);
+    if (st == KVT_EAUTH) kvt__wrap_error(st, what);
+    else if (st) st = kvt__fail(st, "%s: truncated answer", what);
     b[r.body_len] = 0;
     if (!st && r.type == PD_F_REFUSE) {
         kvt_status rs = kvt__peer_failure(r.status);
@@ -128,17 +129,31 @@ static kvt_status bs_call(kvt_stream *s, const pd_hdr *h, const void *body, cons
     return st;
 }
 
-kvt_status pd_bootstrap_call_ex(kvt_stream *s, const pd_hdr *h, const void *body,
+kvt_status pd_bootstrap_call_ex(kvt_stream *s, pd_mac *m, const pd_hdr *h, const void *body,
                                 const kvt_pd_net_params *net, uint64_t dl, const char *what,
                                 uint8_t **resp_body, uint32_t *resp_len)
 {
-    return bs_call(s, h, body, net, dl, what, NULL, resp_body, resp_len);
+    return bs_call(s, m, h, body, net, dl, what, NULL, resp_body, resp_len);
 }
 
-kvt_status pd_bootstrap_call(kvt_stream *s, const pd_hdr *h, const void *body,
+kvt_status pd_bootstrap_call(kvt_stream *s, pd_mac *m, const pd_hdr *h, const void *body,
                              const kvt_pd_net_params *net, uint64_t dl, const char *what)
 {
-    return bs_call(s, h, body, net, dl, what, NULL, NULL, NULL);
+    return bs_call(s, m, h, body, net, dl, what, NULL, NULL, NULL);
+}
+
+/* Connects to the service and authenticates; *m gets the connection's
+ * frame keys when there is a secret (NULL otherwise). */
+static kvt_status bs_connect(const char *host, uint16_t port, kvt_stream_auth *a, uint64_t dl,
+                             kvt_stream **s, pd_mac **m)
+{
+    uint8_t key[PD_SESSION_KEY_LEN];
+    a->session_key = key;
+    *m = NULL;
+    kvt_status st = kvt__stream_connect(host, port, a, dl, s);
+    if (!st && a->secret && (st = pd_mac_new(m, key, false)) != KVT_OK) kvt__stream_destroy(*s);
+    sodium_memzero(key, sizeof key);
+    return st;
 }
 
 /* REG_PREFILL or UNREG_PREFILL of desc at data_host:data_port; *a0 gets the
@@ -154,21 +169,24 @@ static kvt_status prefill_request(const kvt_pd_net_params *net, const kvt_stream
     kvt_stream_auth a = auth ? *auth : (kvt_stream_auth){0};
     a.who = "pd sender -> bootstrap";
     kvt_stream *bs;
-    kvt_status st = kvt__stream_connect(bs_host, bs_port, &a, dl, &bs);
+    pd_mac *m;
+    kvt_status st = bs_connect(bs_host, bs_port, &a, dl, &bs, &m);
     if (st) return st;
     size_t dlen = pd_desc_wire_size(desc), blen = dlen + ADDR_LEN;
     uint8_t *body = calloc(1, blen);
     if (!body) {
         kvt__stream_destroy(bs);
+        pd_mac_free(m);
         return kvt__fail(KVT_ENOMEM, "%s: out of memory", what);
     }
     pd_desc_encode(desc, body);
     pd_put16(body + dlen, data_port);
     memcpy(body + dlen + 2, data_host, hl);
     pd_hdr h = {.type = type, .body_len = (uint32_t)blen}, r = {0};
-    st = bs_call(bs, &h, body, net, dl, what, &r, NULL, NULL);
+    st = bs_call(bs, m, &h, body, net, dl, what, &r, NULL, NULL);
     free(body);
     kvt__stream_destroy(bs);
+    pd_mac_free(m);
     if (!st && r.type != PD_F_OK)
         st = kvt__fail(KVT_EPROTO, "%s: unexpected answer type %u", what, r.type);
     if (!st && a0) *a0 = r.a0;
@@ -202,7 +220,8 @@ kvt_status pd_bootstrap_lookup(const kvt_pd_net_params *net, const kvt_stream_au
     kvt_stream_auth a = auth ? *auth : (kvt_stream_auth){0};
     a.who = "pd receiver -> bootstrap";
     kvt_stream *s;
-    kvt_status st = kvt__stream_connect(bs_host, bs_port, &a, deadline_ns, &s);
+    pd_mac *m;
+    kvt_status st = bs_connect(bs_host, bs_port, &a, deadline_ns, &s, &m);
     if (st) return st;
     size_t n = pd_desc_wire_size(desc);
     uint8_t *body = malloc(n);
@@ -210,7 +229,7 @@ kvt_status pd_bootstrap_lookup(const kvt_pd_net_params *net, const kvt_stream_au
     if (!st) {
         pd_desc_encode(desc, body);
         pd_hdr h = {.type = PD_F_LOOKUP, .body_len = (uint32_t)n}, r = {0};
-        st = bs_call(s, &h, body, net, deadline_ns, what, &r, topo, topo_len);
+        st = bs_call(s, m, &h, body, net, deadline_ns, what, &r, topo, topo_len);
         if (!st && r.type != PD_F_TOPO) {
             free(*topo);
             *topo = NULL;
@@ -219,22 +238,28 @@ kvt_status pd_bootstrap_lookup(const kvt_pd_net_params *net, const kvt_stream_au
     }
     free(body);
     kvt__stream_destroy(s);
+    pd_mac_free(m);
     return st;
 }
 
 /* ---- the service ---- */
 
-static void reply(kvt_stream *s, uint16_t type, kvt_status st, uint32_t a0, const void *body, size_t len,
+/* One request's connection: the stream and, with a secret, its frame keys. */
+typedef struct bs_link {
+    kvt_stream *s;
+    pd_mac *m;
+} bs_link;
+
+static void reply(bs_link *l, uint16_t type, kvt_status st, uint32_t a0, const void *body, size_t len,
                   uint64_t dl)
 {
     uint8_t hb[PD_HDR_LEN];
     pd_hdr h = {.type = type, .status = st, .a0 = a0, .body_len = (uint32_t)len};
     pd_hdr_encode(&h, hb);
-    struct iovec v[2] = {{hb, PD_HDR_LEN}, {(void *)body, len}};
-    (void)s->ops->sendv(s, v, len ? 2 : 1, dl);
+    (void)pd_mac_send(l->m, l->s, hb, body, len, dl, false);
 }
 
-static void refuse(kvt_pd_bootstrap *bs, kvt_stream *s, const char *addr, kvt_status st, uint64_t dl)
+static void refuse(kvt_pd_bootstrap *bs, bs_link *s, const char *addr, kvt_status st, uint64_t dl)
 {
     char msg[KVT_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s", kvt_last_error());
@@ -504,7 +529,7 @@ static kvt_status topo(kvt_pd_bootstrap *bs, const pd_desc *dec, uint8_t **out, 
     return KVT_OK;
 }
 
-static void on_lookup(kvt_pd_bootstrap *bs, kvt_stream *s, const char *addr, const uint8_t *b, uint32_t len,
+static void on_lookup(kvt_pd_bootstrap *bs, bs_link *s, const char *addr, const uint8_t *b, uint32_t len,
                       uint64_t dl)
 {
     pd_desc d = {0};
@@ -528,16 +553,23 @@ static void on_lookup(kvt_pd_bootstrap *bs, kvt_stream *s, const char *addr, con
 }
 
 /* Reads the request (authentication, header, body) by dl. */
-static kvt_status read_request(kvt_pd_bootstrap *bs, kvt_stream *s, uint64_t dl, pd_hdr *h, uint8_t **body)
+static kvt_status read_request(kvt_pd_bootstrap *bs, bs_link *l, uint64_t dl, pd_hdr *h, uint8_t **body)
 {
-    kvt_status st = kvt__stream_auth_server(s->fd, &bs->auth, dl);
+    kvt_stream *s = l->s;
+    uint8_t key[PD_SESSION_KEY_LEN];
+    kvt_stream_auth a = bs->auth;
+    a.session_key = key;
+    kvt_status st = kvt__stream_auth_server(s->fd, &a, dl);
+    if (!st && bs->auth.secret) st = pd_mac_new(&l->m, key, true);
+    sodium_memzero(key, sizeof key);
     if (st) {
         char why[KVT_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s", kvt_last_error());
         return kvt__fail(st, "pd bootstrap: authentication: %s (greeting deadline %u ms)", why, bs->greet_ms);
     }
     uint8_t hb[PD_HDR_LEN];
-    st = kvt__stream_recv(s, hb, sizeof hb, dl);
+    st = pd_mac_recv_head(l->m, s, hb, dl);
+    if (st == KVT_EAUTH) return kvt__wrap_error(st, "pd bootstrap: request");
     if (st == KVT_ETIMEDOUT)
         return kvt__fail(KVT_EPROTO, "pd bootstrap: no request within %u ms of connecting", bs->greet_ms);
     if (st) return kvt__fail(KVT_EPROTO, "pd bootstrap: the peer closed without a request");
@@ -548,7 +580,9 @@ static kvt_status read_request(kvt_pd_bootstrap *bs, kvt_stream *s, uint64_t dl,
                          h->body_len, bs->max_req, bs->net.max_frame);
     *body = malloc((size_t)h->body_len + 1);
     if (!*body) return kvt__fail(KVT_ENOMEM, "pd bootstrap: out of memory");
-    if (h->body_len && kvt__stream_recv(s, *body, h->body_len, dl) != KVT_OK)
+    st = pd_mac_recv_body(l->m, s, *body, h->body_len, dl);
+    if (st == KVT_EAUTH) return kvt__wrap_error(st, "pd bootstrap: request");
+    if (st)
         return kvt__fail(KVT_EPROTO, "pd bootstrap: truncated request (%u-byte body not in by the deadline, %u ms)",
                          h->body_len, bs->greet_ms);
     return KVT_OK;
@@ -561,7 +595,8 @@ static void serve(kvt_pd_bootstrap *bs, uint32_t slot, kvt_stream *s)
     pd_peer_addr(s->fd, host, sizeof host, addr, sizeof addr);
     pd_hdr h = {0};
     uint8_t *b = NULL;
-    kvt_status st = read_request(bs, s, kvt__deadline_ns(bs->greet_ms), &h, &b);
+    bs_link l = {s, NULL};
+    kvt_status st = read_request(bs, &l, kvt__deadline_ns(bs->greet_ms), &h, &b);
     pthread_mutex_lock(&bs->mu);
     bs->slots[slot].greeting = false; /* from here on it is never evicted */
     bool evicted = bs->slots[slot].evicted;
@@ -573,18 +608,19 @@ static void serve(kvt_pd_bootstrap *bs, uint32_t slot, kvt_stream *s)
                addr, (unsigned long long)((kvt__now_ns() - t0) / 1000000), BS_MAX_HANDLERS);
     } else if (!st && h.type == PD_F_REG_PREFILL) {
         st = on_register(bs, b, h.body_len, host);
-        if (!st) reply(s, PD_F_OK, KVT_OK, bs->lease_ms, NULL, 0, dl);
+        if (!st) reply(&l, PD_F_OK, KVT_OK, bs->lease_ms, NULL, 0, dl);
     } else if (!st && h.type == PD_F_UNREG_PREFILL) {
         uint32_t removed = 0;
         st = on_unregister(bs, b, h.body_len, host, &removed);
-        if (!st) reply(s, PD_F_OK, KVT_OK, removed, NULL, 0, dl);
+        if (!st) reply(&l, PD_F_OK, KVT_OK, removed, NULL, 0, dl);
     } else if (!st && h.type == PD_F_LOOKUP) {
-        on_lookup(bs, s, addr, b, h.body_len, dl);
+        on_lookup(bs, &l, addr, b, h.body_len, dl);
     } else if (!st) {
         st = kvt__fail(KVT_EPROTO, "pd bootstrap: unexpected frame type %u", h.type);
     }
-    if (st && !evicted) refuse(bs, s, addr, st, dl);
+    if (st && !evicted) refuse(bs, &l, addr, st, dl);
     free(b);
+    pd_mac_free(l.m);
 }
 
 static void *handler_main(void *arg)

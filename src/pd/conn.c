@@ -38,6 +38,7 @@ void pd_conn_free(pd_conn *c)
     if (c->started) pthread_join(c->th, NULL);
     pd_hasher_stop(c->hasher);
     kvt__stream_destroy(c->s);
+    pd_mac_free(c->mac);
     close(c->wake[0]);
     close(c->wake[1]);
     for (pd_frame *f = c->qhead; f;) {
@@ -74,19 +75,34 @@ uint64_t pd_conn_deadline(const pd_conn *c)
     return kvt__deadline_ns(c->ep->net.peer_timeout_ms);
 }
 
+pd_mac_dir *pd_conn_data_mac(pd_conn *c)
+{
+    if (!c->mac) return NULL;
+    return c->ep->role == PD_ROLE_PREFILL ? &c->mac->tx : &c->mac->rx;
+}
+
+static void mac_piece(void *arg, const uint8_t *p, size_t n)
+{
+    pd_mac_body(arg, p, n);
+}
+
+/* On an authenticated link a chunk goes into the frame's tag instead of
+ * the page checksums (mac.h: the tag covers every byte). */
 kvt_status pd_conn_hash(pd_conn *c, const pd_xfer *x, uint32_t e, uint32_t ja, uint32_t jb,
                         uint32_t base)
 {
+    pd_mac_dir *md = pd_conn_data_mac(c);
     if (c->ep->hash_thread && !c->hasher && !c->hasher_failed) {
         /* once per link; a link that cannot have one hashes here */
         c->hasher_failed = pd_hasher_start(&c->hasher, &c->hs, c->name) != KVT_OK;
         if (c->hasher_failed) pd_log("%s: %s; checksums stay on the link's thread", c->name, kvt_last_error());
     }
     if (!c->hasher) {
-        pd_xfer_hash_entry(x, e, ja, jb, base, &c->hs);
+        if (md) pd_xfer_walk_entry(x, e, ja, jb, mac_piece, md);
+        else pd_xfer_hash_entry(x, e, ja, jb, base, &c->hs);
         return KVT_OK;
     }
-    pd_hash_chunk k = {*x, e, ja, jb, base};
+    pd_hash_chunk k = {*x, e, ja, jb, base, md ? mac_piece : NULL, md};
     return pd_hasher_submit(c->hasher, &k, pd_conn_deadline(c));
 }
 
@@ -139,12 +155,30 @@ kvt_status pd_conn_send_ex(pd_conn *c, const pd_hdr *h, const void *body, size_t
     pd_hdr hh = *h;
     hh.body_len = (uint32_t)blen;
     pd_hdr_encode(&hh, hb);
-    struct iovec v[2] = {{hb, PD_HDR_LEN}, {(void *)body, blen}};
     uint64_t dl = pd_conn_deadline(c);
-    kvt_status (*send)(kvt_stream *, const struct iovec *, int, uint64_t) =
-        async && c->s->ops->sendv_async ? c->s->ops->sendv_async : c->s->ops->sendv;
-    kvt_status st = send(c->s, v, blen ? 2 : 1, dl);
-    if (!st && hh.payload_len) st = send(c->s, payload, npay, dl);
+    kvt_status st;
+    if (!hh.payload_len) {
+        st = pd_mac_send(c->mac, c->s, hb, body, blen, dl, async);
+    } else { /* header (+ body), payload, then one tag over all (mac.h) */
+        kvt_status (*send)(kvt_stream *, const struct iovec *, int, uint64_t) =
+            async && c->s->ops->sendv_async ? c->s->ops->sendv_async : c->s->ops->sendv;
+        uint8_t htag[PD_TAG_LEN];
+        struct iovec v[3] = {{hb, PD_HDR_LEN}, {htag, sizeof htag}, {(void *)body, blen}};
+        int n = 1;
+        if (c->mac) {
+            pd_mac_head(&c->mac->tx, hb, htag);
+            pd_mac_body(&c->mac->tx, body, blen);
+            pd_mac_bodyv(&c->mac->tx, payload, npay);
+            n = 2;
+        }
+        if (blen) v[n++] = v[2];
+        st = send(c->s, v, n, dl);
+        if (!st) st = send(c->s, payload, npay, dl);
+        if (!st && c->mac) {
+            pd_mac_end(&c->mac->tx, c->tag);
+            st = send(c->s, &(struct iovec){c->tag, sizeof c->tag}, 1, dl);
+        }
+    }
     if (!st) c->last_tx = kvt__now_ns();
     return st;
 }
@@ -162,7 +196,8 @@ static kvt_status reserve_body(pd_conn *c, size_t n)
 kvt_status pd_conn_read(pd_conn *c, pd_hdr *h, uint64_t dl)
 {
     uint8_t hb[PD_HDR_LEN];
-    kvt_status st = kvt__stream_recv(c->s, hb, sizeof hb, dl);
+    kvt_status st = pd_mac_recv_head(c->mac, c->s, hb, dl);
+    if (st == KVT_EAUTH) return kvt__wrap_error(st, c->name);
     if (st) return kvt__fail(st, "%s: %s reading a frame header", c->name,
                              st == KVT_ETIMEDOUT ? "timed out" : "link lost");
     char why[160];
@@ -170,8 +205,11 @@ kvt_status pd_conn_read(pd_conn *c, pd_hdr *h, uint64_t dl)
     if (h->body_len > c->ep->net.max_frame || h->payload_len > c->ep->net.max_frame)
         return kvt__fail(KVT_EPROTO, "%s: frame of %u + %llu bytes exceeds max_frame %u", c->name,
                          h->body_len, (unsigned long long)h->payload_len, c->ep->net.max_frame);
+    if (c->mac && h->type == PD_F_DATA && h->body_len) /* its one tag follows the payload */
+        return kvt__fail(KVT_EPROTO, "%s: DATA with a %u-byte body", c->name, h->body_len);
     st = reserve_body(c, (size_t)h->body_len + 1);
-    if (!st && h->body_len) st = kvt__stream_recv(c->s, c->body, h->body_len, dl);
+    if (!st) st = pd_mac_recv_body(c->mac, c->s, c->body, h->body_len, dl);
+    if (st == KVT_EAUTH) return kvt__wrap_error(st, c->name);
     if (st) return kvt__fail(st, "%s: truncated frame body", c->name);
     c->body[h->body_len] = 0; /* messages in bodies are read as strings */
     c->last_rx = kvt__now_ns();
@@ -196,7 +234,8 @@ static kvt_status flush_queue(pd_conn *c)
     for (;;) {
         pd_frame *f = pd_conn_pop_frame(c);
         if (!f) return KVT_OK;
-        kvt_status st = kvt__stream_send(c->s, f->data, f->len, pd_conn_deadline(c));
+        kvt_status st = pd_mac_send(c->mac, c->s, f->data, f->data + PD_HDR_LEN, f->len - PD_HDR_LEN,
+                                    pd_conn_deadline(c), false);
         if (!st) {
             c->last_tx = kvt__now_ns();
             if (c->ep->hooks->sent) c->ep->hooks->sent(c, f);

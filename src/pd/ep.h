@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include "net/stream.h"
 #include "pd/desc.h"
+#include "pd/mac.h"
 #include "pd/wire.h"
 #include "pd/xfer.h"
 
@@ -87,6 +88,8 @@ typedef struct pd_conn {
     uint64_t accepted_ns, used_ns; /* sender: accept; the last ROOM frame (or registration) */
     uint64_t last_rx, last_tx;
     pd_job *jobs, *jobs_tail; /* sender: guarded by ep->mu */
+    pd_mac *mac;  /* the link's frame keys (pd/mac.h); NULL without a secret */
+    uint8_t tag[PD_TAG_LEN]; /* sender: a DATA frame's tag, while it goes out */
     pd_iovs iov;
     uint64_t *sums;
     uint32_t sums_cap;
@@ -209,7 +212,9 @@ kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t bl
  * stay unchanged until the next plain send or flush. */
 kvt_status pd_conn_send_ex(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
                            const struct iovec *payload, int npay, bool async);
-/* Reads one frame's header and body (bounded by max_frame) into c->body. */
+/* Reads one frame's header and body (bounded by max_frame) into c->body,
+ * checking their tags on an authenticated link (KVT_EAUTH naming the link);
+ * a DATA frame's payload and tag are the caller's to read (on_data). */
 kvt_status pd_conn_read(pd_conn *c, pd_hdr *h, uint64_t deadline_ns);
 uint64_t pd_conn_deadline(const pd_conn *c);
 void pd_conn_free(pd_conn *c);
@@ -219,6 +224,9 @@ void pd_conn_free(pd_conn *c);
  * stay valid, and the pages unchanged, until pd_conn_hashed returns. */
 kvt_status pd_conn_hash(pd_conn *c, const pd_xfer *x, uint32_t e, uint32_t ja, uint32_t jb,
                         uint32_t base);
+/* The direction a link's DATA tag runs in: tx on a sender, rx on a
+ * receiver (NULL: not authenticated). */
+pd_mac_dir *pd_conn_data_mac(pd_conn *c);
 /* Waits until every chunk pd_conn_hash took is in c->hs (at once without a
  * checksum thread): before reading digests, resetting the states, or
  * letting the batch's pages go, on failure as on success. */
@@ -250,11 +258,11 @@ bool pd_room_terminal(const pd_room *r);
 /* One request/response with the bootstrap service: sends h + body, reads
  * the answer into *resp_body (malloc'd, may be NULL) on PD_F_OK/PD_F_TOPO;
  * PD_F_REFUSE becomes its status with the service's message, PD_F_RETRY
- * KVT_EAGAIN. */
-kvt_status pd_bootstrap_call_ex(kvt_stream *s, const pd_hdr *h, const void *body,
+ * KVT_EAGAIN. m: the connection's frame keys (mac.h; NULL: none). */
+kvt_status pd_bootstrap_call_ex(kvt_stream *s, pd_mac *m, const pd_hdr *h, const void *body,
                                 const kvt_pd_net_params *net, uint64_t dl, const char *what,
                                 uint8_t **resp_body, uint32_t *resp_len);
-kvt_status pd_bootstrap_call(kvt_stream *s, const pd_hdr *h, const void *body,
+kvt_status pd_bootstrap_call(kvt_stream *s, pd_mac *m, const pd_hdr *h, const void *body,
                              const kvt_pd_net_params *net, uint64_t dl, const char *what);
 /* Tests: the endpoint inside a public handle. */
 pd_ep *pd_sender_ep(kvt_pd_sender *s);

@@ -66,7 +66,8 @@ static void *hasher_main(void *arg)
         uint32_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
         if (head != atomic_load_explicit(&h->tail, memory_order_acquire)) {
             const pd_hash_chunk *c = &h->ring[head % RING];
-            pd_xfer_hash_entry(&c->x, c->e, c->ja, c->jb, c->base, h->hs);
+            if (c->fn) pd_xfer_walk_entry(&c->x, c->e, c->ja, c->jb, c->fn, c->arg);
+            else pd_xfer_hash_entry(&c->x, c->e, c->ja, c->jb, c->base, h->hs);
             /* release: the states written above are the link's once it sees head */
             atomic_store_explicit(&h->head, head + 1, memory_order_release);
             idle = 0;

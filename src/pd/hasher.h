@@ -21,6 +21,10 @@ typedef struct pd_hasher pd_hasher;
 typedef struct pd_hash_chunk {
     pd_xfer x;
     uint32_t e, ja, jb, base;
+    /* Set (an authenticated link, pd/mac.h): the chunk's bytes go to
+     * fn(arg, ...) in wire order (pd_xfer_walk_entry) instead of hs. */
+    void (*fn)(void *arg, const uint8_t *p, size_t n);
+    void *arg;
 } pd_hash_chunk;
 
 /* Starts a hasher feeding hs (the link's batch states). name: for errors. */

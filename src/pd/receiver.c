@@ -31,17 +31,39 @@ static pd_xfer room_xfer(pd_conn *c, pd_room *r)
     return (pd_xfer){&c->plan, r->prefix, r->ntok, r->dst_pages, r->n_dst, c->ep->map, PD_SIDE_DST};
 }
 
-static kvt_status drain(pd_conn *c, uint64_t n)
+/* A DATA frame's tag (authenticated links, mac.h), into c->tag. */
+static kvt_status read_tag(pd_conn *c)
+{
+    kvt_status st = kvt__stream_recv(c->s, c->tag, sizeof c->tag, pd_conn_deadline(c));
+    if (st) return kvt__fail(st, "%s: DATA tag %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
+    return KVT_OK;
+}
+
+static kvt_status data_tag_failed(pd_conn *c, const pd_hdr *h)
+{
+    return kvt__fail(KVT_EAUTH, "%s: authentication failed for DATA of room %llu, decode pages [%u, %u): %s",
+                     c->name, (unsigned long long)h->room, h->a0, h->a0 + h->a1, PD_MAC_WHY);
+}
+
+/* A batch nobody wants (payload and trailer: n bytes): read in step; on an
+ * authenticated link its tag is still checked, so even a late batch cannot
+ * be forged. */
+static kvt_status drain(pd_conn *c, const pd_hdr *h, uint64_t n)
 {
     static _Thread_local uint8_t sink[1 << 14]; /* write-only scratch, per link thread */
     uint64_t dl = pd_conn_deadline(c);
+    pd_mac_dir *md = pd_conn_data_mac(c);
     while (n) {
         size_t k = n > sizeof sink ? sizeof sink : (size_t)n;
         kvt_status st = kvt__stream_recv(c->s, sink, k, dl);
         if (st) return kvt__fail(st, "%s: truncated payload", c->name);
+        if (md) pd_mac_body(md, sink, k);
         n -= k;
     }
-    return KVT_OK;
+    if (!md) return KVT_OK;
+    kvt_status st = read_tag(c);
+    if (!st && !pd_mac_end_ok(md, c->tag)) st = data_tag_failed(c, h);
+    return st;
 }
 
 static void fail_corrupt(pd_conn *c, pd_room *r, uint32_t page)
@@ -112,20 +134,22 @@ static kvt_status land(pd_conn *c, pd_room *r, const pd_hdr *h)
     if (c->iov.bytes != h->payload_len)
         return kvt__fail(KVT_EPROTO, "%s: DATA of %llu bytes for pages that hold %llu", c->name,
                          (unsigned long long)h->payload_len, (unsigned long long)c->iov.bytes);
-    st = pd_hashes_begin(&c->hs, np);
+    pd_mac_dir *md = pd_conn_data_mac(c); /* then the tag covers the batch, not checksums (mac.h) */
+    st = md ? KVT_OK : pd_hashes_begin(&c->hs, np);
     if (st) return st;
     land_hash lh = {c, &x, j0, j0 + np, 0, j0, 0, KVT_OK};
     st = kvt__stream_recvv_landed(c->s, c->iov.v, (int)c->iov.n, pd_conn_deadline(c), hash_landed, &lh);
     if (st) st = kvt__fail(st, "%s: payload %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
     else hash_landed(&lh, c->iov.bytes); /* every byte is in: no chunk stays unhashed, whatever the stream told */
-    if (!st) st = read_trailer(c, np);   /* while a checksum thread finishes the last chunks */
+    if (!st) st = md ? read_tag(c) : read_trailer(c, np); /* while a checksum thread finishes the last chunks */
     /* every chunk hashed, failed or not: the room's pages may go back to the
      * engine once this returns */
     kvt_status hashed = pd_conn_hashed(c);
     if (!st) st = lh.st ? lh.st : hashed;
     if (st) return st;
     c->last_rx = kvt__now_ns();
-    for (uint32_t i = 0; i < np; i++)
+    if (md && !pd_mac_end_ok(md, c->tag)) return data_tag_failed(c, h); /* the link dies: nothing it says is trusted */
+    for (uint32_t i = 0; md == NULL && i < np; i++)
         if (pd_hashes_digest(&c->hs, i) != pd_get64((const uint8_t *)&c->sums[i])) {
             fail_corrupt(c, r, j0 + i);
             return KVT_OK;
@@ -152,7 +176,7 @@ static kvt_status on_data(pd_conn *c, const pd_hdr *h)
         pthread_mutex_unlock(&ep->mu);
         /* a late batch of a finished or reopened room: payload and trailer
          * both, so the next frame header is read in step */
-        return drain(c, h->payload_len + 8ull * h->a1);
+        return drain(c, h, h->payload_len + (c->mac ? 0 : 8ull * h->a1));
     }
     pd_xfer x = room_xfer(c, r);
     uint32_t first, end;
@@ -313,7 +337,7 @@ static kvt_status register_peer(pd_ep *ep, pd_conn *c, uint64_t dl)
     pd_desc_encode(&ep->desc, body);
     pd_put32(body + n, ep->net.max_frame);
     pd_hdr h = {.type = PD_F_REGISTER, .body_len = (uint32_t)n + 4};
-    kvt_status st = pd_bootstrap_call_ex(c->s, &h, body, &ep->net, dl, c->name, &ok, &oklen);
+    kvt_status st = pd_bootstrap_call_ex(c->s, c->mac, &h, body, &ep->net, dl, c->name, &ok, &oklen);
     free(body);
     if (!st && (oklen != 4 || pd_get32(ok) < 4096))
         st = kvt__fail(KVT_EPROTO, "%s: malformed registration answer (%u bytes, max_frame %u)", c->name, oklen,
@@ -329,18 +353,23 @@ static kvt_status dial_peer(pd_ep *ep, const pd_topo_entry *t, uint64_t dl, pd_c
     kvt_stream *s;
     pd_conn *c = NULL;
     kvt_stream_auth a = ep->auth;
+    uint8_t key[PD_SESSION_KEY_LEN];
     a.who = "pd receiver -> sender";
+    a.session_key = key;
     kvt_status st = kvt__stream_connect(t->host, t->port, &a, dl, &s);
     if (st) return st;
     if (ep->net.transport == KVT_PD_UCX) st = kvt__stream_ucx_upgrade(&s, 0, dl);
     if (!st) st = pd_conn_new(ep, s, &c);
     if (st) {
         kvt__stream_destroy(s);
+        sodium_memzero(key, sizeof key);
         return st;
     }
+    if (ep->secret) st = pd_mac_new(&c->mac, key, false);
+    sodium_memzero(key, sizeof key);
     snprintf(c->name, sizeof c->name, "prefill tp%u/%u dcp%u/%u", t->desc.tp_rank, t->desc.tp_size,
              t->desc.dcp_rank, t->desc.dcp_size);
-    st = pd_desc_copy(&c->peer, &t->desc);
+    if (!st) st = pd_desc_copy(&c->peer, &t->desc);
     if (!st) st = pd_plan_compute(&c->plan, &c->peer, &ep->desc);
     if (!st) st = pd_topo_expected(&c->peer, &ep->desc, &c->expected);
     if (!st) st = register_peer(ep, c, dl);

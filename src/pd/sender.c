@@ -372,7 +372,17 @@ static kvt_status send_trailer(pd_conn *c, uint32_t np)
     return send_part(c, &v, 1, v.iov_len >= (64u << 10));
 }
 
-/* One DATA frame: header, payload chunk by chunk, checksum trailer. */
+/* An authenticated link's DATA tag, in place of the trailer (mac.h). */
+static kvt_status send_tag(pd_conn *c, pd_mac_dir *md)
+{
+    pd_mac_end(md, c->tag);
+    if (++c->batches == c->ep->corrupt_batch) c->tag[c->ep->corrupt_index % PD_TAG_LEN] ^= 1; /* test hook */
+    struct iovec v = {c->tag, sizeof c->tag};
+    return send_part(c, &v, 1, false);
+}
+
+/* One DATA frame: header, payload chunk by chunk, checksum trailer (or,
+ * on an authenticated link, header tag, payload, tag: mac.h). */
 static kvt_status send_batch(pd_conn *c, pd_job *j, const pd_xfer *x)
 {
     uint32_t j0 = j->next_page, j1 = batch_end(c, x, j0, j->end_page), np = j1 - j0;
@@ -384,19 +394,21 @@ static kvt_status send_batch(pd_conn *c, pd_job *j, const pd_xfer *x)
         c->sums = s;
         c->sums_cap = np;
     }
-    kvt_status st = pd_hashes_begin(&c->hs, np);
+    pd_mac_dir *md = pd_conn_data_mac(c);
+    kvt_status st = md ? KVT_OK : pd_hashes_begin(&c->hs, np);
     if (st) return st;
-    uint8_t hb[PD_HDR_LEN];
+    uint8_t hb[PD_HDR_LEN], htag[PD_TAG_LEN];
     pd_hdr h = {.type = PD_F_DATA, .room = j->room->id, .a0 = j0, .a1 = np, .payload_len = bytes,
                 .gen = j->gen};
     pd_hdr_encode(&h, hb);
-    struct iovec v = {hb, sizeof hb};
-    st = send_part(c, &v, 1, false);
+    if (md) pd_mac_head(md, hb, htag);
+    struct iovec v[2] = {{hb, sizeof hb}, {htag, sizeof htag}};
+    st = send_part(c, v, md ? 2 : 1, false);
     if (!st) st = send_chunks(c, x, j0, j1);
     /* every chunk hashed, failed or not: the room's pages are not read after this returns */
     kvt_status hashed = pd_conn_hashed(c);
     if (!st) st = hashed;
-    if (!st) st = send_trailer(c, np);
+    if (!st) st = md ? send_tag(c, md) : send_trailer(c, np);
     if (st) return st;
     pthread_mutex_lock(&c->ep->mu);
     j->room->bytes += bytes;
@@ -501,7 +513,12 @@ static kvt_status handshake(pd_conn *c)
 {
     pd_ep *ep = c->ep;
     uint32_t greet = ep->net.peer_timeout_ms < PD_GREET_MS ? ep->net.peer_timeout_ms : PD_GREET_MS;
-    kvt_status st = kvt__stream_auth_server(c->s->fd, &ep->auth, kvt__deadline_ns(greet));
+    uint8_t key[PD_SESSION_KEY_LEN];
+    kvt_stream_auth a = ep->auth;
+    a.session_key = key;
+    kvt_status st = kvt__stream_auth_server(c->s->fd, &a, kvt__deadline_ns(greet));
+    if (!st && ep->secret) st = pd_mac_new(&c->mac, key, true);
+    sodium_memzero(key, sizeof key);
     if (st) return st;
     uint64_t dl = pd_conn_deadline(c);
     if (ep->net.transport == KVT_PD_UCX && (st = kvt__stream_ucx_upgrade(&c->s, 1, dl)) != KVT_OK)

@@ -4,7 +4,8 @@
  * endpoint's max_frame before anything is allocated). DATA frames carry no
  * body; after the header come the payload, payload_len bytes (same bound),
  * then a trailer of a1 x u64 page checksums (a1 * 8 <= max_frame, checked
- * before anything is read or drained).
+ * before anything is read or drained). With a secret, tags frame every
+ * header and body, and DATA carries its tag instead of the trailer (mac.h).
  *
  * Room frames carry the room's generation (gen): the decode rank numbers
  * every opening of a room, the prefill rank echoes the number in all it
@@ -20,10 +21,12 @@
 #include "util/le.h"
 
 /* "KPD" and the wire version ('2': room generations, checksums after the
- * payload). Peers of other versions are told apart from garbage so the
- * message can say to upgrade both sides together. */
-#define PD_MAGIC 0x3244504bu /* "KPD2" */
-#define PD_WIRE_VERSION 2
+ * payload; '3': with a secret, every frame tagged and DATA without XXH3
+ * trailer, pd/mac.h). Peers of other versions are told apart from garbage
+ * so the message can say to upgrade both sides together (the handshake,
+ * net/stream_auth.c, refuses them first, naming both versions). */
+#define PD_MAGIC 0x3344504bu /* "KPD3" */
+#define PD_WIRE_VERSION 3
 #define PD_HDR_LEN 48
 
 enum pd_frame_type {

@@ -267,6 +267,30 @@ void pd_xfer_hash_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, 
     }
 }
 
+void pd_xfer_walk_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1,
+                        void (*fn)(void *arg, const uint8_t *p, size_t n), void *arg)
+{
+    const pd_slice *s = &x->plan->slices[e];
+    if (!s->len) return;
+    const uint8_t *run = NULL; /* adjacent pieces go as one run */
+    size_t rl = 0;
+    for (uint32_t j = j0; j < j1; j++) {
+        uint32_t a, b;
+        page_tokens(x, j, &a, &b);
+        for (uint32_t lt = a; lt < b; lt++) {
+            const uint8_t *p = piece_addr(x, s, lt);
+            if (run && run + rl == p) {
+                rl += s->len;
+                continue;
+            }
+            if (rl) fn(arg, run, rl);
+            run = p;
+            rl = s->len;
+        }
+    }
+    if (rl) fn(arg, run, rl);
+}
+
 /* A decode page table that names one page twice would land two pages'
  * bytes in one place; a checksum taken as the first lands could then pass
  * for bytes the second overwrote. Refused (not the data path: room open). */

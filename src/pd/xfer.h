@@ -75,6 +75,11 @@ kvt_status pd_xfer_iov_append(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_
 /* Hashes entry e's pieces of decode pages [j0, j1) into h's states
  * (state j - base), from this side's memory. */
 void pd_xfer_hash_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1, uint32_t base, pd_hashes *h);
+/* Entry e's pieces of pages [j0, j1) in wire order (page, then token),
+ * adjacent ones merged, each passed to fn: the bytes a frame's tag covers
+ * (pd/mac.h), on both sides in the same order. */
+void pd_xfer_walk_entry(const pd_xfer *x, uint32_t e, uint32_t j0, uint32_t j1,
+                        void (*fn)(void *arg, const uint8_t *p, size_t n), void *arg);
 
 /* Checks a page table covers the side's tokens of [0, ntok) and indexes
  * only existing pages; KVT_EINVAL with a message (fn names the caller). */

@@ -26,12 +26,18 @@
 #include "net/stream.h"
 #include "server/proto.h"
 #include "server/server.h"
+#include "store/pool.h"
 #include "util/clock.h"
 #include "util/err.h"
 #include "util/sync.h"
 #include "xfer/xfer.h"
 
 #define CLIENT_WORKERS 2
+/* Bound on a load's SSD reads on the server (its launch pends meanwhile);
+ * the launcher polls them first every 50 us, backing off to 2 ms. */
+#define CLIENT_READ_MS 30000
+#define POLL_FIRST_NS 50000ull
+#define POLL_MAX_NS 2000000ull
 
 typedef enum { CT_PLANNED, CT_RUNNING, CT_ENDED } ct_state;
 
@@ -46,9 +52,14 @@ typedef struct ctask {
     uint32_t refs;       /* threads inside wait_layer */
     bool reported;
     bool copying;        /* submitted to the transfer engine (under mu) */
+    bool pending;        /* launched, the server still reads its blocks from SSD
+                            (under mu; only the launcher thread clears it) */
+    bool cancel_asked;   /* kvt_client_cancel of a pending task (under mu) */
+    uint64_t pending_deadline_ns; /* CLIENT_READ_MS after its launch */
     uint8_t **blocks;
     uint32_t *pages;
     uint64_t *offsets;
+    uint64_t *layer_sums; /* a store's: num_blocks x num_layers, from the copy */
     kvt_xfer_task xt;
     struct kvt_client *cl;
 } ctask;
@@ -77,6 +88,9 @@ struct kvt_client {
     ctask **tasks;
     uint32_t ntasks, cap;
     uint64_t end_seq;
+    pthread_t launcher;     /* finishes pending launches (started on the first) */
+    bool launcher_started;  /* under mu */
+    pthread_cond_t lcv;     /* wakes the launcher: a new pending task, detach */
 };
 
 /* ------------------------------------------------------------------ */
@@ -213,6 +227,7 @@ static void ct_free(kvt_client *cl, ctask *t)
     free(t->blocks);
     free(t->pages);
     free(t->offsets);
+    free(t->layer_sums);
     free(t);
 }
 
@@ -362,9 +377,9 @@ static kvt_status hello_locked(kvt_client *cl)
     if (!st) {
         /* MAP_POPULATE maps every page now (reads never fault); the first
          * write to each page through this mapping still faults once (on a
-         * VM under shadow paging, ~20-50 us a page: docs/server.md). */
-        void *m = mmap(NULL, cl->shm.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                       fd, 0);
+         * VM under shadow paging, ~20-50 us a page: docs/server.md). 2 MiB
+         * aligned, so a tier of huge pages maps whole here too. */
+        void *m = kvt__pool_map_shared(fd, (size_t)cl->shm.map_bytes, true);
         if (m == MAP_FAILED)
             st = kvt__fail(KVT_ESYS, "%s: cannot map the server's CPU tier (%llu bytes): %s", fn,
                            (unsigned long long)cl->shm.map_bytes, strerror(errno));
@@ -424,7 +439,7 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
     snprintf(cl->path, sizeof cl->path, "%s", socket_path);
     pthread_mutex_init(&cl->io_mu, NULL);
     pthread_mutex_init(&cl->mu, NULL);
-    if (kvt__cond_init(&cl->cv) != 0) {
+    if (kvt__cond_init(&cl->cv) != 0 || kvt__cond_init(&cl->lcv) != 0) {
         free(cl);
         return kvt__fail(KVT_ESYS, "%s: pthread_cond_init failed", fn);
     }
@@ -448,7 +463,11 @@ void kvt_client_detach(kvt_client *cl)
     cl->detaching = true; /* copy threads skip END: the close releases everything */
     for (uint32_t i = 0; i < cl->ntasks; i++)
         if (cl->tasks[i]->copying) kvt__xfer_cancel(cl->xfer, &cl->tasks[i]->xt);
+    bool launcher = cl->launcher_started;
+    pthread_cond_broadcast(&cl->lcv);
     pthread_mutex_unlock(&cl->mu);
+    /* Its round trip in flight, if any, ends by its deadline. */
+    if (launcher) pthread_join(cl->launcher, NULL);
     kvt__xfer_destroy(cl->xfer);
     if (cl->fd >= 0) close(cl->fd);
     if (cl->tier) munmap(cl->tier, cl->shm.map_bytes);
@@ -457,6 +476,7 @@ void kvt_client_detach(kvt_client *cl)
     kvt_geometry_destroy(cl->geo);
     kvt__srv_secret_free(cl->secret, cl->secret_len);
     pthread_cond_destroy(&cl->cv);
+    pthread_cond_destroy(&cl->lcv);
     pthread_mutex_destroy(&cl->mu);
     pthread_mutex_destroy(&cl->io_mu);
     free(cl);
@@ -589,9 +609,10 @@ static void on_copied(kvt_xfer_task *xt, kvt_status st)
             sums = malloc((size_t)xt->num_blocks * sizeof *sums + 1);
             if (sums) {
                 n = xt->num_blocks;
-                for (uint32_t i = 0; i < n; i++)
-                    sums[i] = kvt__srv_block_sum(t->blocks[i], cl->shm.block_bytes,
-                                                 t->offsets[i]);
+                uint32_t nl = cl->geo->num_layers;
+                for (uint32_t i = 0; i < n; i++) /* the layers' sums came with the copy */
+                    sums[i] = kvt__srv_sum_combine(t->layer_sums + (size_t)i * nl, nl,
+                                                   t->offsets[i]);
             } else {
                 st = KVT_ENOMEM;
             }
@@ -622,20 +643,32 @@ static kvt_status check_pages(kvt_client *cl, const char *fn, const ctask *t,
     KVT_CHECK_ARG(num_pages >= end, "%s: task %llu moves tokens [%u, %u), which needs "
                   "pages[0..%u) but num_pages is %u", fn, (unsigned long long)t->id,
                   t->first_token, t->first_token + t->num_tokens, end, num_pages);
-    for (uint32_t i = first; i < end; i++)
+    for (uint32_t i = first; i < end; i++) {
+        if (pages[i] == KVT_PAGE_SKIP && t->kind == KVT_TASK_LOAD) continue;
+        KVT_CHECK_ARG(pages[i] != KVT_PAGE_SKIP, "%s: pages[%u] is KVT_PAGE_SKIP in store task "
+                      "%llu; a store copies whole blocks (only a load may skip pages)", fn, i,
+                      (unsigned long long)t->id);
         KVT_CHECK_ARG(pages[i] < cl->map.num_pages, "%s: pages[%u] is %u but the engine "
                       "registered %u pages", fn, i, pages[i], cl->map.num_pages);
+    }
     return KVT_OK;
 }
 
 /* The server's launch reply, checked: a hostile or broken server must not
- * make this process copy outside the mapped tier. */
+ * make this process copy outside the mapped tier. *pending: the server
+ * still reads the load's blocks from SSD (no offsets yet; ask again). */
 static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const uint8_t *p,
-                              uint32_t len)
+                              uint32_t len, bool *pending)
 {
     kvt_srv_launch_rep l;
     kvt_status st = kvt__srv_launch_rep_decode(p, len, &l);
     if (st) return st;
+    *pending = (l.flags & KVT_SRV_LAUNCH_PENDING) != 0;
+    if (*pending)
+        return t->kind == KVT_TASK_LOAD
+                   ? KVT_OK
+                   : kvt__fail(KVT_EPROTO, "%s: task %llu: the server says a store's launch "
+                               "pends on SSD reads", fn, (unsigned long long)t->id);
     if (l.kind != (uint32_t)t->kind || l.first_token != t->first_token ||
         l.num_tokens > t->num_tokens || l.num_tokens != l.num_blocks * cl->shm.block_tokens)
         return kvt__fail(KVT_EPROTO, "%s: task %llu: the server launched tokens [%u, +%u) of "
@@ -643,7 +676,11 @@ static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const ui
                          l.first_token, l.num_tokens, l.kind, t->first_token, t->num_tokens);
     t->offsets = malloc((size_t)l.num_blocks * sizeof *t->offsets + 1);
     t->blocks = malloc((size_t)l.num_blocks * sizeof *t->blocks + 1);
-    if (!t->offsets || !t->blocks) return kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
+    if (t->kind == KVT_TASK_STORE)
+        t->layer_sums = malloc((size_t)l.num_blocks * cl->geo->num_layers *
+                               sizeof *t->layer_sums + 1);
+    if (!t->offsets || !t->blocks || (t->kind == KVT_TASK_STORE && !t->layer_sums))
+        return kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
     for (uint32_t i = 0; i < l.num_blocks; i++) {
         uint64_t off = kvt__srv_get64(l.offsets + 8 * (size_t)i);
         if (off % cl->shm.stride != 0 || off / cl->shm.stride >= cl->shm.num_blocks)
@@ -653,43 +690,8 @@ static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const ui
         t->offsets[i] = off;
         t->blocks[i] = cl->tier + off;
     }
-    t->num_tokens = l.num_tokens;
+    t->num_tokens = l.num_tokens; /* a load may shrink (lost blocks): a prefix */
     t->xt.num_blocks = l.num_blocks;
-    return KVT_OK;
-}
-
-static kvt_status launch_planned(kvt_client *cl, const char *fn, ctask *t, const uint32_t *pages)
-{
-    kvt_srv_buf b = {0};
-    kvt__srv_id_encode(&b, t->id);
-    uint8_t *p = NULL;
-    uint32_t len = 0;
-    kvt_status st = round_trip(cl, fn, KVT_SRV_LAUNCH, &b, &p, &len, NULL);
-    kvt__srv_buf_free(&b);
-    if (st) return st; /* the server dropped the task (expired, unknown...) */
-    memset(&t->xt, 0, sizeof t->xt);
-    st = take_launch(cl, fn, t, p, len);
-    free(p);
-    if (!st) {
-        uint32_t first = t->first_token / cl->geo->tokens_per_page;
-        size_t n = (size_t)t->xt.num_blocks * cl->pages_per_block;
-        t->pages = malloc(n * sizeof *t->pages + 1);
-        if (!t->pages) st = kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
-        else memcpy(t->pages, pages + first, n * sizeof *t->pages);
-    }
-    if (st) {
-        /* Tell the server the copy failed so it releases the task now. */
-        kvt_srv_buf e = {0};
-        kvt__srv_end_encode(&e, t->id, st, NULL, 0);
-        uint8_t *q = NULL;
-        uint32_t ql = 0;
-        kvt_status keep = st;
-        char msg[KVT_ERRMSG_MAX];
-        snprintf(msg, sizeof msg, "%s", kvt_last_error());
-        if (!round_trip(cl, fn, KVT_SRV_END, &e, &q, &ql, NULL)) free(q);
-        kvt__srv_buf_free(&e);
-        return kvt__fail(keep, "%s", msg);
-    }
     t->xt.dir = t->kind == KVT_TASK_STORE ? KVT_XFER_GATHER : KVT_XFER_SCATTER;
     t->xt.geo = cl->geo;
     t->xt.map = &cl->map;
@@ -698,6 +700,171 @@ static kvt_status launch_planned(kvt_client *cl, const char *fn, ctask *t, const
     t->xt.pages = t->pages;
     t->xt.on_done = on_copied;
     t->xt.user = t;
+    t->xt.layer_sums = t->layer_sums; /* a store's checksums, in the copy's pass */
+    return KVT_OK;
+}
+
+/* Tells the server a launched task's copy will not happen (st), so it
+ * releases the task now; the server's answer does not matter. */
+static void end_unlaunched(kvt_client *cl, const char *fn, ctask *t, kvt_status st)
+{
+    kvt_srv_buf e = {0};
+    kvt__srv_end_encode(&e, t->id, st, NULL, 0);
+    uint8_t *q = NULL;
+    uint32_t ql = 0;
+    char msg[KVT_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s", kvt_last_error());
+    if (!round_trip(cl, fn, KVT_SRV_END, &e, &q, &ql, NULL)) free(q);
+    kvt__srv_buf_free(&e);
+    kvt__fail(st, "%s", msg); /* the caller reports the first failure */
+}
+
+/* LAUNCH round trip (the first, or a pending task's poll). */
+static kvt_status ask_launch(kvt_client *cl, const char *fn, ctask *t, bool *pending)
+{
+    kvt_srv_buf b = {0};
+    kvt__srv_id_encode(&b, t->id);
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    kvt_status st = round_trip(cl, fn, KVT_SRV_LAUNCH, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (st) return st; /* the server dropped the task (expired, unknown, lost...) */
+    memset(&t->xt, 0, sizeof t->xt);
+    st = take_launch(cl, fn, t, p, len, pending);
+    free(p);
+    if (st && !*pending) end_unlaunched(cl, fn, t, st);
+    return st;
+}
+
+static kvt_status launch_planned(kvt_client *cl, const char *fn, ctask *t, const uint32_t *pages,
+                                 bool *pending)
+{
+    /* The planned pages, kept: a pending load copies after this call returned. */
+    uint32_t tpp = cl->geo->tokens_per_page;
+    size_t n = t->num_tokens / tpp;
+    t->pages = malloc(n * sizeof *t->pages + 1);
+    if (!t->pages) return kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
+    memcpy(t->pages, pages + t->first_token / tpp, n * sizeof *t->pages);
+    return ask_launch(cl, fn, t, pending);
+}
+
+/* Submits a launched task's copy (mu held). */
+static kvt_status submit_locked(kvt_client *cl, const char *fn, ctask *t)
+{
+    kvt_status st;
+    if (t->epoch != cl->epoch) /* re-attached meanwhile: the blocks are gone */
+        st = kvt__fail(KVT_ECONN, "%s: kvtier server at %s: the connection was replaced "
+                       "during the launch", fn, cl->path);
+    else
+        st = kvt__xfer_submit(cl->xfer, &t->xt);
+    t->copying = st == KVT_OK;
+    if (t->copying) pthread_cond_broadcast(&cl->cv); /* wait_layer of a pending load */
+    return st;
+}
+
+/* ---- the launcher: pending loads (the server reads them from SSD) ---- */
+
+/* Tells the server to drop a pending task (CANCEL waits there for its
+ * reads, so the round trip gets their bound on top). */
+static void cancel_at_server(kvt_client *cl, const ctask *t)
+{
+    kvt_srv_buf b = {0};
+    kvt__srv_id_encode(&b, t->id);
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    if (!round_trip_ex(cl, "kvt_client_cancel", KVT_SRV_CANCEL, &b, &p, &len, NULL,
+                       CLIENT_READ_MS))
+        free(p);
+    kvt__srv_buf_free(&b);
+}
+
+/* Ends a pending task without a copy, with status why. */
+static void pending_drop(kvt_client *cl, ctask *t, kvt_status why)
+{
+    cancel_at_server(cl, t);
+    kvt_task_result r = local_result(t, why);
+    pthread_mutex_lock(&cl->mu);
+    t->pending = false;
+    ct_end(cl, t, &r);
+    pthread_mutex_unlock(&cl->mu);
+}
+
+/* One poll of a pending task; true when it is pending no more. */
+static bool pending_poll(kvt_client *cl, ctask *t)
+{
+    static const char fn[] = "kvt_client_launch";
+    pthread_mutex_lock(&cl->mu);
+    bool cancel = t->cancel_asked;
+    bool late = kvt__now_ns() >= t->pending_deadline_ns;
+    pthread_mutex_unlock(&cl->mu);
+    if (cancel || late) {
+        pending_drop(cl, t, cancel ? KVT_ECANCELED : KVT_ETIMEDOUT);
+        return true;
+    }
+    bool pending = false;
+    kvt_status st = ask_launch(cl, fn, t, &pending);
+    if (!st && pending) return false;
+    bool not_copied = false;
+    pthread_mutex_lock(&cl->mu);
+    t->pending = false;
+    if (!st && t->cancel_asked) /* cancelled before its copy: no copy at all */
+        not_copied = (st = kvt__fail(KVT_ECANCELED, "%s: task %llu was cancelled", fn,
+                                     (unsigned long long)t->id)) != KVT_OK;
+    else if (!st)
+        not_copied = (st = submit_locked(cl, fn, t)) != KVT_OK;
+    pthread_mutex_unlock(&cl->mu);
+    if (not_copied) end_unlaunched(cl, fn, t, st);
+    if (st) {
+        kvt_task_result r = local_result(t, st);
+        pthread_mutex_lock(&cl->mu);
+        ct_end(cl, t, &r);
+        pthread_mutex_unlock(&cl->mu);
+    }
+    return true;
+}
+
+/* Polls every pending task until none is left, napping between rounds
+ * (50 us doubling to 2 ms: SSD reads take about a millisecond), and sleeps
+ * while there is none (waking at least once a second). */
+static void *launcher_main(void *arg)
+{
+    kvt_client *cl = arg;
+    uint64_t nap = POLL_FIRST_NS;
+    pthread_mutex_lock(&cl->mu);
+    while (!cl->detaching) {
+        ctask **v = malloc((size_t)cl->ntasks * sizeof *v + 1);
+        uint32_t n = 0;
+        for (uint32_t i = 0; v && i < cl->ntasks; i++)
+            if (cl->tasks[i]->pending) v[n++] = cl->tasks[i];
+        /* A pending task stays in the table (only this thread ends it). */
+        pthread_mutex_unlock(&cl->mu);
+        bool moved = false;
+        for (uint32_t i = 0; i < n; i++) moved |= pending_poll(cl, v[i]);
+        free(v);
+        pthread_mutex_lock(&cl->mu);
+        if (cl->detaching) break;
+        nap = moved || n == 0 ? POLL_FIRST_NS : (nap * 2 > POLL_MAX_NS ? POLL_MAX_NS : nap * 2);
+        uint64_t until = kvt__now_ns() + (n ? nap : 1000000000ull);
+        kvt__cond_wait_until(&cl->lcv, &cl->mu, until);
+    }
+    pthread_mutex_unlock(&cl->mu);
+    return NULL;
+}
+
+/* Hands a pending task to the launcher (mu held). */
+static kvt_status pend_locked(kvt_client *cl, const char *fn, ctask *t)
+{
+    if (t->epoch != cl->epoch)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: the connection was replaced "
+                         "during the launch", fn, cl->path);
+    if (!cl->launcher_started) {
+        if (pthread_create(&cl->launcher, NULL, launcher_main, cl) != 0)
+            return kvt__fail(KVT_ESYS, "%s: no thread to finish SSD loads", fn);
+        cl->launcher_started = true;
+    }
+    t->pending = true;
+    t->pending_deadline_ns = kvt__deadline_ns(CLIENT_READ_MS);
+    pthread_cond_signal(&cl->lcv);
     return KVT_OK;
 }
 
@@ -727,16 +894,22 @@ kvt_status kvt_client_launch(kvt_client *cl, kvt_task_id id, const uint32_t *pag
     if (!st) t->state = CT_RUNNING; /* ours: no other thread launches it meanwhile */
     pthread_mutex_unlock(&cl->mu);
     if (st) return st;
-    st = launch_planned(cl, fn, t, pages);
+    bool pending = false;
+    st = launch_planned(cl, fn, t, pages, &pending);
     if (!st) {
+        /* A load the server reads from SSD pends: the launcher copies it
+         * once read, and wait, wait_layer and poll see it end as usual. */
         pthread_mutex_lock(&cl->mu);
-        if (t->epoch != cl->epoch) /* re-attached meanwhile: the blocks are gone */
-            st = kvt__fail(KVT_ECONN, "%s: kvtier server at %s: the connection was replaced "
-                           "during the launch", fn, cl->path);
-        else
-            st = kvt__xfer_submit(cl->xfer, &t->xt);
-        t->copying = st == KVT_OK;
+        st = pending ? pend_locked(cl, fn, t) : submit_locked(cl, fn, t);
         pthread_mutex_unlock(&cl->mu);
+        if (st && pending) {
+            char msg[KVT_ERRMSG_MAX];
+            snprintf(msg, sizeof msg, "%s", kvt_last_error());
+            cancel_at_server(cl, t);
+            kvt__fail(st, "%s", msg);
+        } else if (st) {
+            end_unlaunched(cl, fn, t, st);
+        }
     }
     if (st) {
         char msg[KVT_ERRMSG_MAX];
@@ -823,6 +996,34 @@ kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max, u
     return KVT_OK;
 }
 
+/* wait_layer's first step (mu held): a pending load (its blocks still read
+ * from SSD on the server) has no copy to wait on yet; wait for it to start
+ * or end. Then the result of an ended task. */
+static kvt_status wait_copying(kvt_client *cl, const char *fn, ctask *t, uint32_t layer,
+                               uint64_t deadline, int64_t timeout_ms)
+{
+    t->refs++;
+    while (t->state == CT_RUNNING && !t->copying && !t->reported)
+        if (!kvt__cond_wait_until(&cl->cv, &cl->mu, deadline)) break;
+    t->refs--;
+    if (t->reported) {
+        kvt_status st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu was reported to another "
+                                  "caller meanwhile", fn, (unsigned long long)t->id);
+        if (t->refs == 0) ct_free(cl, t);
+        return st;
+    }
+    if (t->state == CT_ENDED)
+        return t->result.status == KVT_OK
+                   ? KVT_OK
+                   : kvt__fail(t->result.status, "%s: task %llu ended with %s", fn,
+                               (unsigned long long)t->id, kvt_status_name(t->result.status));
+    if (!t->copying)
+        return kvt__fail(KVT_ETIMEDOUT, "%s: layer %u of task %llu not loaded after %lld ms "
+                         "(its blocks are still read from SSD)", fn, layer,
+                         (unsigned long long)t->id, (long long)timeout_ms);
+    return KVT_OK;
+}
+
 kvt_status kvt_client_wait_layer(kvt_client *cl, kvt_task_id id, uint32_t layer,
                                  int64_t timeout_ms)
 {
@@ -831,6 +1032,7 @@ kvt_status kvt_client_wait_layer(kvt_client *cl, kvt_task_id id, uint32_t layer,
     KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
                   (long long)timeout_ms);
+    uint64_t deadline = kvt__deadline_ns(timeout_ms);
     pthread_mutex_lock(&cl->mu);
     ctask *t = find(cl, id);
     kvt_status st = KVT_OK;
@@ -846,14 +1048,14 @@ kvt_status kvt_client_wait_layer(kvt_client *cl, kvt_task_id id, uint32_t layer,
     else if (t->state == CT_PLANNED)
         st = kvt__fail(KVT_ESTATE, "%s: task %llu was never launched", fn,
                        (unsigned long long)id);
-    else if (t->state == CT_ENDED) {
-        if (t->result.status != KVT_OK)
-            st = kvt__fail(t->result.status, "%s: task %llu ended with %s", fn,
-                           (unsigned long long)id, kvt_status_name(t->result.status));
+    else
+        st = wait_copying(cl, fn, t, layer, deadline, timeout_ms);
+    if (st || t->state == CT_ENDED || !t->copying) {
+        /* answered above */
     } else {
         t->refs++;
         pthread_mutex_unlock(&cl->mu);
-        st = kvt__xfer_wait_layer(cl->xfer, &t->xt, layer, kvt__deadline_ns(timeout_ms));
+        st = kvt__xfer_wait_layer(cl->xfer, &t->xt, layer, deadline);
         pthread_mutex_lock(&cl->mu);
         if (--t->refs == 0 && t->reported) ct_free(cl, t);
         if (st == KVT_ETIMEDOUT)
@@ -880,6 +1082,9 @@ kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id id)
                        (unsigned long long)id);
     } else if (t->state == CT_RUNNING && t->copying) {
         kvt__xfer_cancel(cl->xfer, &t->xt); /* its END tells the server */
+    } else if (t->state == CT_RUNNING && t->pending) {
+        t->cancel_asked = true; /* the launcher tells the server and ends it */
+        pthread_cond_signal(&cl->lcv);
     } else if (t->state == CT_PLANNED) {
         t->state = CT_RUNNING; /* no launch may start on it now */
         pthread_mutex_unlock(&cl->mu);

@@ -17,7 +17,7 @@
 
 /* A client that starts a frame must finish it within this. */
 #define FRAME_MS 10000
-/* Bound on a load's SSD reads at launch, and on releasing a task. */
+/* Bound on releasing a task whose SSD reads run (it waits for them). */
 #define READ_MS 30000
 
 static kvt_status reply(kvt_srv_conn *c, uint16_t op, const kvt_srv_buf *b)
@@ -88,7 +88,8 @@ static kvt_status check_copy_deadline(kvt_srv_conn *c)
     uint64_t limit = (uint64_t)c->srv->cfg.server_copy_ms * 1000000ull, now = kvt__now_ns();
     uint32_t late = 0;
     for (uint32_t i = 0; i < c->ntasks; i++)
-        late += c->tasks[i].launched && now - c->tasks[i].launched_ns > limit;
+        late += c->tasks[i].launched && !c->tasks[i].pending &&
+                now - c->tasks[i].launched_ns > limit; /* pending: the server's own reads */
     if (!late) return KVT_OK;
     uint32_t fenced = 0;
     for (uint32_t i = c->ntasks; i-- > 0;) {
@@ -217,6 +218,48 @@ static kvt_status not_ours(uint64_t id)
                      "client's", (unsigned long long)id);
 }
 
+/* Answers LAUNCH: the blocks' offsets, or "pending" while a load's SSD
+ * reads run. Never waits for the SSD: the client asks again (a LAUNCH of
+ * the same task), so neither this thread nor the client's caller blocks. */
+static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
+                               const kvt_ext_launch *l, uint64_t *offs)
+{
+    uint64_t id = t->id;
+    if (!st && l->reading) { /* the task stays launched */
+        free(offs);
+        t->launched = t->pending = true;
+        kvt_srv_launch_rep r = {(uint32_t)KVT_TASK_LOAD, 0, 0, 0, KVT_OK,
+                                KVT_SRV_LAUNCH_PENDING, NULL};
+        kvt_srv_buf b = {0};
+        kvt__srv_launch_rep_encode(&b, &r, NULL);
+        st = reply(c, KVT_SRV_LAUNCH, &b);
+        kvt__srv_buf_free(&b);
+        return st;
+    }
+    if (st) {
+        free(offs);
+        kvt__cache_ext_abort(c->srv->cache, id, kvt__deadline_ns(READ_MS));
+        drop_task(c, t);
+        return reply_err(c, KVT_SRV_LAUNCH, st);
+    }
+    /* Kept until END: only what this task uses (the room asked for was for
+     * the largest request). */
+    uint64_t *fit = realloc(offs, ((size_t)l->num_blocks + 1) * sizeof *offs);
+    if (fit) offs = fit;
+    t->launched = true;
+    t->pending = false;
+    t->launched_ns = kvt__now_ns(); /* the client's copy starts: server_copy_ms runs */
+    t->num_blocks = l->num_blocks;
+    t->offsets = offs;
+    kvt_srv_launch_rep r = {(uint32_t)l->kind, l->first_token, l->num_tokens, l->num_blocks,
+                            l->bad_status, 0, NULL};
+    kvt_srv_buf b = {0};
+    kvt__srv_launch_rep_encode(&b, &r, offs);
+    st = reply(c, KVT_SRV_LAUNCH, &b);
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
 static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
 {
     kvt_server *s = c->srv;
@@ -225,53 +268,94 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (st) return st;
     kvt_srv_task *t = find_task(c, id);
     if (!t) return reply_err(c, KVT_SRV_LAUNCH, not_ours(id));
-    if (t->launched)
+    if (t->launched && !t->pending)
         return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ESTATE, "task %llu was already "
                                                       "launched", (unsigned long long)id));
     /* Room for every block a request can have. */
     uint32_t max = KVT_SRV_MAX_TOKENS / s->shm.block_tokens + 1;
     uint64_t *offs = malloc((size_t)max * sizeof *offs);
-    if (!offs) return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: no memory"));
-    kvt_ext_launch l;
-    st = kvt__cache_ext_launch(s->cache, id, kvt__deadline_ns(READ_MS), offs, max, &l);
-    if (st) {
-        free(offs);
+    if (!offs) {
+        if (t->pending) return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: "
+                                                                      "no memory (ask again)"));
         kvt__cache_ext_abort(s->cache, id, kvt__deadline_ns(READ_MS));
         drop_task(c, t);
-        return reply_err(c, KVT_SRV_LAUNCH, st);
+        return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: no memory"));
     }
-    /* Kept until END: only what this task uses (the room asked for was for
-     * the largest request). */
-    uint64_t *fit = realloc(offs, ((size_t)l.num_blocks + 1) * sizeof *offs);
-    if (fit) offs = fit;
-    t->launched = true;
-    t->launched_ns = kvt__now_ns();
-    t->num_blocks = l.num_blocks;
-    t->offsets = offs;
-    kvt_srv_launch_rep r = {(uint32_t)l.kind, l.first_token, l.num_tokens, l.num_blocks,
-                            l.bad_status, NULL};
-    kvt_srv_buf b = {0};
-    kvt__srv_launch_rep_encode(&b, &r, offs);
-    st = reply(c, KVT_SRV_LAUNCH, &b);
-    kvt__srv_buf_free(&b);
-    return st;
+    kvt_ext_launch l;
+    /* A deadline already passed: the cache only looks whether the reads are done. */
+    uint64_t now = kvt__deadline_ns(0);
+    st = t->pending ? kvt__cache_ext_offsets(s->cache, id, now, offs, max, &l)
+                    : kvt__cache_ext_launch(s->cache, id, now, offs, max, &l);
+    return launch_reply(c, t, st, &l, offs);
+}
+
+/* A large store's blocks are checked on several threads (this one and
+ * helpers started for it): the client waits for the verdict with its copy
+ * threads idle, so the cores are free. Below VERIFY_SPLIT_BYTES one thread
+ * does it (starting a thread costs tens of microseconds). */
+#define VERIFY_THREADS KVT_SRV_VERIFY_THREADS
+#define VERIFY_SPLIT_BYTES (8ull << 20)
+
+typedef struct verify_part {
+    const kvt_server *s;
+    const kvt_srv_task *t;
+    const uint8_t *sums;   /* the client's, unaligned */
+    uint32_t first, end;   /* blocks [first, end) */
+    uint32_t bad;          /* the first failing block, or UINT32_MAX */
+} verify_part;
+
+static void *verify_range(void *arg)
+{
+    verify_part *v = arg;
+    const kvt_server *s = v->s;
+    v->bad = UINT32_MAX;
+    for (uint32_t i = v->first; i < v->end; i++) {
+        uint64_t off = v->t->offsets[i];
+        uint64_t have = kvt__srv_block_sum(s->shm.base + off, s->geo, s->shm.block_tokens, off);
+        if (have != kvt__srv_get64(v->sums + 8 * (size_t)i)) {
+            v->bad = i;
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* The first failing block of t, or UINT32_MAX. */
+static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_task *t, const uint8_t *sums)
+{
+    uint64_t bytes = (uint64_t)t->num_blocks * s->shm.block_bytes;
+    uint32_t n = bytes < VERIFY_SPLIT_BYTES ? 1 : s->verify_threads;
+    if (n > t->num_blocks) n = t->num_blocks ? t->num_blocks : 1;
+    verify_part part[VERIFY_THREADS];
+    pthread_t th[VERIFY_THREADS];
+    bool started[VERIFY_THREADS] = {false};
+    for (uint32_t k = 0; k < n; k++) {
+        part[k] = (verify_part){s, t, sums, (uint32_t)((uint64_t)t->num_blocks * k / n),
+                                (uint32_t)((uint64_t)t->num_blocks * (k + 1) / n), UINT32_MAX};
+        /* Part 0 runs here; a helper that cannot start runs here too. */
+        if (k > 0) started[k] = pthread_create(&th[k], NULL, verify_range, &part[k]) == 0;
+    }
+    for (uint32_t k = 0; k < n; k++)
+        if (!started[k]) verify_range(&part[k]);
+    uint32_t bad = UINT32_MAX;
+    for (uint32_t k = 0; k < n; k++) {
+        if (started[k]) pthread_join(th[k], NULL);
+        if (part[k].bad < bad) bad = part[k].bad;
+    }
+    return bad;
 }
 
 /* A store becomes visible only if every block holds what the client says
  * it wrote: a client that died or scribbled mid-copy is caught here. */
 static kvt_status verify_store(kvt_srv_conn *c, const kvt_srv_task *t, const kvt_srv_end *e)
 {
-    kvt_server *s = c->srv;
     if (e->n != t->num_blocks)
         return kvt__fail(KVT_EPROTO, "store task %llu: %u checksums for %u blocks",
                          (unsigned long long)t->id, e->n, t->num_blocks);
-    for (uint32_t i = 0; i < t->num_blocks; i++) {
-        uint64_t off = t->offsets[i];
-        uint64_t have = kvt__srv_block_sum(s->shm.base + off, s->shm.block_bytes, off);
-        if (have != kvt__srv_get64(e->checksums + 8 * (size_t)i))
-            return kvt__fail(KVT_ECORRUPT, "store task %llu: block %u failed its checksum; "
-                             "the store is not made visible", (unsigned long long)t->id, i);
-    }
+    uint32_t bad = first_bad_block(c->srv, t, e->checksums);
+    if (bad != UINT32_MAX)
+        return kvt__fail(KVT_ECORRUPT, "store task %llu: block %u failed its checksum; "
+                         "the store is not made visible", (unsigned long long)t->id, bad);
     return KVT_OK;
 }
 
@@ -283,6 +367,10 @@ static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (st) return st;
     kvt_srv_task *t = find_task(c, e.task);
     if (!t || !t->launched) return reply_err(c, KVT_SRV_END, not_ours(e.task));
+    if (t->pending) /* kept: its reads run; CANCEL or detach releases it */
+        return reply_err(c, KVT_SRV_END, kvt__fail(KVT_ESTATE, "task %llu: its SSD reads "
+                                                   "still run (LAUNCH again, or CANCEL it)",
+                                                   (unsigned long long)e.task));
     kvt_status verdict = (kvt_status)e.status;
     if (verdict == KVT_OK && t->kind == KVT_TASK_STORE) {
         verdict = verify_store(c, t, &e);

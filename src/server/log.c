@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "layout/layout.h"
 #include "server/server.h"
 #include "util/hash.h"
 #include "util/log.h"
@@ -18,7 +19,19 @@ void kvt__srv_log(kvt_log_level level, const char *fmt, ...)
     kvt__log(level, "server: %s", line);
 }
 
-uint64_t kvt__srv_block_sum(const void *block, uint64_t bytes, uint64_t offset)
+uint64_t kvt__srv_sum_combine(const uint64_t *layer_sums, uint32_t num_layers, uint64_t offset)
 {
-    return kvt__hash64(block, (size_t)bytes, offset ^ 0x6b767473u);
+    return kvt__hash64(layer_sums, (size_t)num_layers * sizeof *layer_sums, offset ^ 0x6b767473u);
+}
+
+uint64_t kvt__srv_block_sum(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
+                            uint64_t offset)
+{
+    uint64_t sums[KVT_MAX_LAYERS];
+    for (uint32_t l = 0; l < g->num_layers; l++) {
+        const uint8_t *seg = block + kvt__geo_block_offset(g, block_tokens, l, 0);
+        uint64_t len = (uint64_t)block_tokens * kvt__geo_layer_token_bytes(g, l);
+        sums[l] = kvt__hash64(seg, (size_t)len, l);
+    }
+    return kvt__srv_sum_combine(sums, g->num_layers, offset);
 }

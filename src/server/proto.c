@@ -405,7 +405,7 @@ void kvt__srv_launch_rep_encode(kvt_srv_buf *b, const kvt_srv_launch_rep *l,
     kvt__srv_put32(b, l->num_tokens);
     kvt__srv_put32(b, l->num_blocks);
     kvt__srv_put32(b, (uint32_t)l->bad_status);
-    kvt__srv_put32(b, 0);
+    kvt__srv_put32(b, l->flags);
     for (uint32_t i = 0; i < l->num_blocks; i++) kvt__srv_put64(b, offsets[i]);
 }
 
@@ -419,8 +419,12 @@ kvt_status kvt__srv_launch_rep_decode(const uint8_t *p, size_t len, kvt_srv_laun
     l.num_tokens = get32(&r);
     l.num_blocks = get32(&r);
     l.bad_status = (int32_t)get32(&r);
-    (void)get32(&r);
+    l.flags = get32(&r);
     if (r.bad) return done(&r, what);
+    if (l.flags & ~(uint32_t)KVT_SRV_LAUNCH_PENDING)
+        return kvt__fail(KVT_EPROTO, "%s: unknown flags 0x%x", what, l.flags);
+    if ((l.flags & KVT_SRV_LAUNCH_PENDING) && l.num_blocks != 0)
+        return kvt__fail(KVT_EPROTO, "%s: pending, yet %u block offsets", what, l.num_blocks);
     if (l.kind != KVT_TASK_LOAD && l.kind != KVT_TASK_STORE)
         return kvt__fail(KVT_EPROTO, "%s: kind %u", what, l.kind);
     if (!kvt__status_known(l.bad_status))

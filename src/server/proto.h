@@ -15,7 +15,10 @@
  *   LOOKUP   req: a request (below)   rep: u64 task, u32 matched_tokens, u32 0
  *   PREPARE  req: a request           rep: u64 task, u32 first_token, u32 num_tokens
  *   LAUNCH   req: u64 task            rep: u32 kind, u32 first_token, u32 num_tokens,
- *                 u32 num_blocks, i32 bad_status, u32 0, u64 offset[num_blocks]
+ *                 u32 num_blocks, i32 bad_status, u32 flags, u64 offset[num_blocks]
+ *            flags PENDING: a load's SSD reads are still running (num_blocks 0);
+ *            the server never waits for them: the client sends LAUNCH for the
+ *            same task again (a poll, answered at once) until it gets offsets
  *   END      req: u64 task, i32 status, u32 n, u64 checksum[n] (a store's
  *                 blocks, n = num_blocks, else n = 0)
  *            rep: u64 task, u32 kind, i32 status, u32 first_token,
@@ -126,9 +129,12 @@ kvt_status kvt__srv_task_rep_decode(const uint8_t *p, size_t len, uint64_t *task
 void kvt__srv_id_encode(kvt_srv_buf *b, uint64_t task);
 kvt_status kvt__srv_id_decode(const uint8_t *p, size_t len, uint64_t *task);
 
+#define KVT_SRV_LAUNCH_PENDING 1u
+
 typedef struct kvt_srv_launch_rep {
     uint32_t kind, first_token, num_tokens, num_blocks;
     int32_t bad_status;
+    uint32_t flags; /* KVT_SRV_LAUNCH_PENDING or 0 */
     const uint8_t *offsets; /* num_blocks u64s, unaligned: read with kvt__srv_get64 */
 } kvt_srv_launch_rep;
 void kvt__srv_launch_rep_encode(kvt_srv_buf *b, const kvt_srv_launch_rep *r,

@@ -144,6 +144,10 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
     if ((st = kvt__cache_create_ex(&s->cache, cfg, geo, true))) return st;
     if ((st = kvt__cache_ext_shm(s->cache, &s->shm))) return st;
     kvt__metrics_cache_set_extra(s->cache, srv_metrics, s);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    s->verify_threads = cpus < 1                        ? 1
+                        : cpus > KVT_SRV_VERIFY_THREADS ? KVT_SRV_VERIFY_THREADS
+                                                        : (uint32_t)cpus;
     if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
         return kvt__fail(KVT_ESYS, "%s: pipe: %s", fn, strerror(errno));
     return listen_on(s);
@@ -328,8 +332,12 @@ kvt_status kvt_server_run(kvt_server *s)
     int expect = 0;
     if (!atomic_compare_exchange_strong(&s->state, &expect, 1))
         return kvt__fail(KVT_ESTATE, "%s: the server is already running or stopped", fn);
-    kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, CPU tier %u blocks of %llu bytes)", s->path,
-                 (long)getpid(), s->shm.num_blocks, (unsigned long long)s->shm.block_bytes);
+    kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, CPU tier %u blocks of %llu bytes, %s "
+                 "pages)", s->path, (long)getpid(), s->shm.num_blocks,
+                 (unsigned long long)s->shm.block_bytes, s->shm.pages);
+    if (!strcmp(s->shm.pages, "4k"))
+        kvt__srv_log(KVT_LOG_INFO, "the CPU tier has 4 KiB pages (no huge pages reserved, shmem "
+                     "THP off): clients store slower (docs/server.md, Performance)");
     for (;;) {
         struct pollfd p[2] = {{s->listen_fd, POLLIN, 0}, {s->stop_pipe[0], POLLIN, 0}};
         int rc = poll(p, 2, 200);

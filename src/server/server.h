@@ -14,10 +14,12 @@
 #include "util/config.h"
 
 #define KVT_SRV_MAX_SSD_LOCKS 16
+#define KVT_SRV_VERIFY_THREADS 4 /* at most, checking one store's blocks */
 
 typedef struct kvt_srv_task {
     kvt_task_id id;
     bool launched;
+    bool pending;      /* launched, its SSD reads still running: no offsets yet */
     kvt_task_kind kind;
     uint32_t num_blocks;
     uint32_t pins;     /* index entries the task pins (its planned blocks) */
@@ -69,6 +71,7 @@ struct kvt_server {
     kvt_srv_conn *conns;
     uint32_t nconns;
     kvt_srv_fence *fences;
+    uint32_t verify_threads; /* threads checking one large store (conn.c) */
 };
 
 /* A server log line ("server: ...") through the library's logger
@@ -77,8 +80,14 @@ struct kvt_server {
 void kvt__srv_log(kvt_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* The checksum a client sends and the server checks for a stored block:
- * XXH3-64 of its bytes seeded with its memfd offset. */
-uint64_t kvt__srv_block_sum(const void *block, uint64_t bytes, uint64_t offset);
+ * XXH3-64, seeded with the block's memfd offset, of the XXH3-64s of its
+ * layers (layer l's bytes seeded with l: the transfer engine's layer_sums),
+ * so the client computes it in its copy's pass, a layer at a time, while
+ * the bytes are in its cache. */
+uint64_t kvt__srv_sum_combine(const uint64_t *layer_sums, uint32_t num_layers, uint64_t offset);
+/* The same over a block in memory (the server's check). */
+uint64_t kvt__srv_block_sum(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
+                            uint64_t offset);
 /* Keeps a cut-off client's store blocks (slots, n; taken over) until its
  * process pid exits; fences_reap (all: at destroy) returns them. server.c. */
 void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint32_t *slots, uint32_t n);

@@ -120,15 +120,54 @@ static bool map_4k(kvt_pool *p, size_t need)
     return true;
 }
 
-/* A memfd other processes can map (the node server's CPU tier), of len
- * bytes, mapped MAP_SHARED and prefaulted; huge: MFD_HUGETLB. */
-static bool map_memfd_one(kvt_pool *p, size_t len, bool huge)
+/* Shared memory (shmem) THP: shmem_enabled "always [within_size] advise
+ * never deny force"; usable with MADV_HUGEPAGE unless never or deny. */
+static bool shmem_thp_available(void)
 {
-    int fd = memfd_create("kvtier-cpu-tier", MFD_CLOEXEC | (huge ? MFD_HUGETLB : 0));
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+    if (!f) return false;
+    char buf[128] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return n > 0 && !strstr(buf, "[never]") && !strstr(buf, "[deny]");
+}
+
+void *kvt__pool_map_shared(int fd, size_t len, bool populate)
+{
+    /* Reserve 2 MiB more, then place the file on a 2 MiB boundary inside,
+     * so huge pages of the file can be mapped whole (PMD) in every process
+     * that maps it this way. */
+    if (len > SIZE_MAX - HUGE_2M) return MAP_FAILED;
+    uint8_t *r = mmap(NULL, len + HUGE_2M, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return MAP_FAILED;
+    uint8_t *start = (uint8_t *)round_up((uintptr_t)r, HUGE_2M);
+    void *m = mmap(start, len, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_FIXED | (populate ? MAP_POPULATE : 0), fd, 0);
+    if (m == MAP_FAILED) {
+        int e = errno;
+        munmap(r, len + HUGE_2M);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (start > r) munmap(r, (size_t)(start - r));
+    size_t tail = (size_t)(r + len + HUGE_2M - (start + len));
+    if (tail) munmap(start + len, tail);
+    (void)madvise(m, len, MADV_HUGEPAGE); /* advice: 4 KiB pages work too */
+    return m;
+}
+
+/* A memfd other processes can map (the node server's CPU tier), of len
+ * bytes, mapped MAP_SHARED and prefaulted. kind: "hugetlb" (MFD_HUGETLB),
+ * "thp" (shmem with MADV_HUGEPAGE: huge where the kernel allows) or "4k". */
+static bool map_memfd_one(kvt_pool *p, size_t len, const char *kind)
+{
+    bool hugetlb = !strcmp(kind, "hugetlb");
+    int fd = memfd_create("kvtier-cpu-tier", MFD_CLOEXEC | (hugetlb ? MFD_HUGETLB : 0));
     if (fd < 0) return false;
     void *m = MAP_FAILED;
-    if (ftruncate(fd, (off_t)len) == 0)
-        m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (ftruncate(fd, (off_t)len) == 0) m = kvt__pool_map_shared(fd, len, hugetlb);
     if (m == MAP_FAILED) {
         int e = errno;
         close(fd);
@@ -139,17 +178,20 @@ static bool map_memfd_one(kvt_pool *p, size_t len, bool huge)
     p->map = m;
     p->map_bytes = len;
     p->base = m;
-    p->kind = huge ? "hugetlb" : "4k";
-    prefault(p->base, len);
+    p->kind = kind;
+    prefault(p->base, len); /* thp: the first write of each 2 MiB allocates it huge */
     return true;
 }
 
 /* Huge pages when the system reserved enough of them (the mapping fails at
- * once otherwise), else 4 KiB pages. */
+ * once otherwise), else shmem THP where the kernel allows it, else 4 KiB
+ * pages (on a VM under shadow paging, 3-10x slower to write: docs/server.md). */
 static bool map_memfd(kvt_pool *p, size_t need, bool try_huge_pages)
 {
-    if (try_huge_pages && map_memfd_one(p, round_up(need, HUGE_2M), true)) return true;
-    return map_memfd_one(p, need, false);
+    size_t huge = round_up(need, HUGE_2M);
+    if (try_huge_pages && map_memfd_one(p, huge, "hugetlb")) return true;
+    if (try_huge_pages && shmem_thp_available() && map_memfd_one(p, huge, "thp")) return true;
+    return map_memfd_one(p, need, "4k");
 }
 
 static kvt_status pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t block_bytes,

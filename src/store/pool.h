@@ -46,5 +46,10 @@ uint64_t kvt__pool_block_bytes(const kvt_pool *pool);
 uint64_t kvt__pool_stride(const kvt_pool *pool);
 /* "hugetlb", "thp" or "4k": what backs the mapping. */
 const char *kvt__pool_page_kind(const kvt_pool *pool);
+/* Maps len bytes of the shared tier's memfd read-write at a 2 MiB aligned
+ * address with MADV_HUGEPAGE, so its huge pages (hugetlb, or shmem THP) map
+ * whole; populate: MAP_POPULATE. The cache and an attached client map it
+ * so. MAP_FAILED (errno set) on failure; munmap(m, len) undoes it. */
+void *kvt__pool_map_shared(int fd, size_t len, bool populate);
 
 #endif

@@ -100,6 +100,10 @@ typedef enum kvt_ssd_fault {
     KVT_SSD_FAULT_CORRUPT,     /* a read returns one flipped byte */
 } kvt_ssd_fault;
 void kvt__ssd_inject(kvt_ssd *s, kvt_ssd_fault kind, bool on_write, uint32_t nth);
+/* For tests: while hold is set, every read's completion waits (each at most
+ * 10 s), as a slow device would; kvt__ssd_reads_held counts the waiting. */
+void kvt__ssd_hold_reads(kvt_ssd *s, bool hold);
+uint32_t kvt__ssd_reads_held(kvt_ssd *s);
 /* Fault injection for tests: from the nth journal write on (0 = the next),
  * count journal writes fail with errno err (ENOSPC, EIO), as a full or
  * failing filesystem would; count 0 clears it. */

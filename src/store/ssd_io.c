@@ -17,6 +17,7 @@
 #include "store/ssd_internal.h"
 
 #include <errno.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,30 @@ void kvt__ssd_inject(kvt_ssd *s, kvt_ssd_fault kind, bool on_write, uint32_t nth
     if (!s) return;
     atomic_store(&s->inject_count[on_write], (int64_t)nth);
     atomic_store(&s->inject_kind[on_write], (int)kind);
+}
+
+void kvt__ssd_hold_reads(kvt_ssd *s, bool hold)
+{
+    if (s) atomic_store(&s->hold_reads, hold);
+}
+
+uint32_t kvt__ssd_reads_held(kvt_ssd *s)
+{
+    return s ? atomic_load(&s->reads_held) : 0;
+}
+
+/* A read's completion waits here while reads are held: 1 ms naps, for at
+ * most HOLD_MAX_MS, so a test that forgets to release hangs nothing. */
+#define HOLD_MAX_MS 10000
+static void hold_read(kvt_ssd *s)
+{
+    if (!atomic_load_explicit(&s->hold_reads, memory_order_relaxed)) return;
+    atomic_fetch_add(&s->reads_held, 1);
+    for (int i = 0; i < HOLD_MAX_MS && atomic_load(&s->hold_reads); i++) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    atomic_fetch_sub(&s->reads_held, 1);
 }
 
 void kvt__ssd_inject_journal(kvt_ssd *s, int err, uint32_t nth, uint32_t count)
@@ -228,6 +253,7 @@ static void finish(kvt_ssd *s, ssd_req *r, kvt_status st)
 
 static void finish_read(kvt_ssd *s, ssd_req *r)
 {
+    hold_read(s);
     kvt_status st = io_status(s, r);
     if (st == KVT_OK && r->flip) ((uint8_t *)r->io.buf)[s->block_bytes / 2] ^= 0x5a;
     if (st == KVT_OK && kvt__ssd_block_csum(r->io.buf, s->block_bytes, r->key) != r->csum)

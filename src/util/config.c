@@ -468,9 +468,12 @@ kvt_status kvt_config_option(size_t index, kvt_option_info *out)
  *    32 / DIGEST_FIELDS bits each), a hash of that option alone, so the rank
  *    that compares two digests can name the option that differs
  *    (kvt__config_digest_diff) without any more bytes on the wire. With 6
- *    such options a field has 5 bits: a difference goes unnamed once in 32,
- *    but never unnoticed. Both ends run the same library version (the group
- *    checks it first), so they agree on the fields. */
+ *    such options a field has 5 bits: two values of one option share their
+ *    field once in 32 (it is a hash), and then that difference goes
+ *    unnamed, though never unnoticed (the high half differs); the diff says
+ *    so rather than naming nothing. Naming every difference would take the
+ *    values themselves on the wire. Both ends run the same library version
+ *    (the group checks it first), so they agree on the fields. */
 #define DIGEST_SEED 0x636f6e666967ull
 #define DIGEST_VALUE_MAX 2048
 
@@ -520,6 +523,10 @@ size_t kvt__config_digest_diff(uint64_t a, uint64_t b, char *buf, size_t len)
         if (n > 0) used += (size_t)n;
         named++;
     }
+    if (!named && a != b && len) /* the differing option's field collided (1 in 2^bits) */
+        snprintf(buf, len, "an option the digest cannot tell (each option's part of it is %zu bits, so one "
+                 "difference in %u hides there): compare `kvtier config --dump` on both ranks", bits,
+                 1u << bits);
     if (used >= len && len) buf[len - 1] = '\0';
     return named;
 }

@@ -50,8 +50,9 @@ struct kvt_config {
 
 /* Names the options (those the ranks of a group must agree on) whose part
  * of two kvt_config_digest values differs, as "\"block_tokens\"" (or
- * "\"a\" or \"b\"") into buf; returns how many it named: 0 when the
- * digests differ but no option's part does (then say it could not be told). */
+ * "\"a\" or \"b\"") into buf; returns how many it named. 0 when the
+ * digests differ but no option's part does (a field collision, 1 in 32):
+ * buf then says so in words ("an option the digest cannot tell ..."). */
 size_t kvt__config_digest_diff(uint64_t a, uint64_t b, char *buf, size_t len);
 
 static inline const kvt_config_values *kvt__config_values(const kvt_config *cfg)

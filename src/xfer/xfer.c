@@ -46,6 +46,7 @@
 #include <string.h>
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/hash.h"
 #include "util/sync.h"
 
 /* Chunks a worker collects before calling ops->copy: 12 KiB per worker, and
@@ -216,11 +217,22 @@ static kvt_status run_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
     return rc != KVT_OK ? rc : sr;
 }
 
+/* layer_sums: the hash of layer's bytes in block b, just copied. */
+static void sum_layer(const kvt_xfer_task *t, uint32_t b, uint32_t layer)
+{
+    const kvt_geometry *g = t->geo;
+    const uint8_t *seg = t->blocks[b] + kvt__geo_block_offset(g, t->block_tokens, layer, 0);
+    uint64_t len = (uint64_t)t->block_tokens * kvt__geo_layer_token_bytes(g, layer);
+    t->layer_sums[(uint64_t)b * g->num_layers + layer] = kvt__hash64(seg, (size_t)len, layer);
+}
+
 static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
 {
     const kvt_geometry *g = t->geo;
     const uint32_t ppb = t->block_tokens / g->tokens_per_page;
     const bool gather = t->dir == KVT_XFER_GATHER;
+    /* Summing: each block's part is copied (flushed) then hashed at once. */
+    const bool sums = gather && t->layer_sums && !w->x->ops.copy_async;
     kvt_copy_chunk *ch = w->chunks;
     uint32_t n = 0;
     for (uint32_t b = 0; b < t->num_blocks; b++) {
@@ -231,6 +243,7 @@ static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
             uint32_t unit = KVT_UNIT(layer, c);
             uint8_t *blk = t->blocks[b] + kvt__geo_block_offset(g, t->block_tokens, layer, c);
             for (uint32_t j = 0; j < ppb; j++) {
+                if (pg[j] == KVT_PAGE_SKIP) continue; /* a load leaves this page alone */
                 uint8_t *eng = kvt__page_addr(t->map, unit, pg[j]);
                 uint8_t *cache = blk + (uint64_t)j * len;
                 uint8_t *dst = gather ? cache : eng;
@@ -248,6 +261,12 @@ static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
                 }
                 ch[n++] = (kvt_copy_chunk){.dst = dst, .src = src, .len = len};
             }
+        }
+        if (sums) {
+            kvt_status rc = n ? flush(w, t, n) : KVT_OK;
+            if (rc != KVT_OK) return rc;
+            n = 0;
+            sum_layer(t, b, layer);
         }
     }
     return n ? flush(w, t, n) : KVT_OK;
@@ -389,10 +408,12 @@ static kvt_status check_task(const kvt_xfer_task *t)
     for (uint32_t b = 0; b < t->num_blocks; b++)
         KVT_CHECK_ARG(t->blocks[b] != NULL, "%s: blocks[%u] is NULL", fn, b);
     uint64_t npages = (uint64_t)t->num_blocks * (t->block_tokens / tpp);
-    for (uint64_t i = 0; i < npages; i++)
+    for (uint64_t i = 0; i < npages; i++) {
+        if (t->pages[i] == KVT_PAGE_SKIP && t->dir == KVT_XFER_SCATTER) continue;
         KVT_CHECK_ARG(t->pages[i] < t->map->num_pages,
                       "%s: pages[%llu] is %u, past the engine's %u pages", fn,
                       (unsigned long long)i, t->pages[i], t->map->num_pages);
+    }
     return KVT_OK;
 }
 

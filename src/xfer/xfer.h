@@ -65,7 +65,8 @@ struct kvt_xfer_task {
     uint32_t num_blocks;
     uint8_t *const *blocks;    /* num_blocks block addresses */
     const uint32_t *pages;     /* num_blocks * (block_tokens / tokens_per_page)
-                                  engine pages, block 0's pages first */
+                                  engine pages, block 0's pages first; in a
+                                  SCATTER, KVT_PAGE_SKIP pages are not copied */
     /* Called once, by a worker, when the task ends (all layers copied, or
      * cancelled, or failed); status says which. No xfer lock is held. */
     void (*on_done)(kvt_xfer_task *task, kvt_status status);
@@ -74,6 +75,13 @@ struct kvt_xfer_task {
      * ops->record per layer (the backend may create the event in a NULL
      * slot). NULL: no events. */
     void **layer_events;
+    /* Optional, gather with a host (synchronous) copy only: num_blocks x
+     * num_layers slots; the worker that copies layer l of block b writes
+     * layer_sums[b * num_layers + l] = kvt__hash64(that layer's bytes in the
+     * block, seed l) right after the copy, while they are in its cache (the
+     * node server's client checksums its stores so, in the copy's pass).
+     * Slots of layers not copied (a failed or cancelled task) are unset. */
+    uint64_t *layer_sums;
 
     /* Owned by the engine. */
     uint32_t next_layer;          /* next unit to hand out (under lock) */

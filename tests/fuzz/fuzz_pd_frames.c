@@ -27,8 +27,15 @@
  *   mode & 4 (modes 0, 1): two links instead of one; a frame goes to link
  *     (byte 44 of its header & 1), the header's reserved word, which the
  *     decoder ignores (a real peer sends 0 there: link 0).
+ *   mode & 8 (modes 0-2): the links are authenticated (pd/mac.h) with a
+ *     known session key, and the harness tags the input's frames as a peer
+ *     holding that key would (header tag, body or DATA payload, body tag;
+ *     frame by frame, per link), so inputs get past the tag checks into the
+ *     handlers; a header whose flags have bit 15 set gets a wrong header
+ *     tag, one with bit 14 a wrong body tag, to reach the refusals too.
  *   mode >> 4: how many bytes one receive lands at a time (recvv_landed:
- *     the receiver hashes each chunk as it lands), 16 << (mode >> 4 & 7).
+ *     the receiver hashes, or tags, each chunk as it lands),
+ *     16 << (mode >> 4 & 7).
  *
  * Between frames the input may hold 8-byte engine records, "KENG", op,
  * room, a, b: what the engine of the fuzzed endpoint does at that point
@@ -148,6 +155,65 @@ static kvt_stream *fake_stream_new(feed *f)
     s->base.fd = -1;
     s->f = f;
     return &s->base;
+}
+
+/* ---- tagging an input as a peer holding the key does (mode & 8) ---- */
+
+static const uint8_t KEY[PD_SESSION_KEY_LEN] = "fuzz_pd_frames known session key";
+
+typedef struct buf {
+    uint8_t *p;
+    size_t n, cap;
+} buf;
+
+static void put(buf *b, const void *p, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2;
+        b->p = realloc(b->p, b->cap);
+        if (!b->p) abort();
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+
+/* The input p[0, n) with every frame tagged by peer[link] (the link as
+ * run_links routes it); engine records and a truncated tail pass as they
+ * are. The caller frees out->p. */
+static void tag_input(const uint8_t *p, size_t n, pd_mac **peer, int nconns, buf *out)
+{
+    for (size_t off = 0; off < n;) {
+        const uint8_t *at = p + off;
+        size_t left = n - off;
+        if (left >= ENG_LEN && memcmp(at, ENG_MAGIC, 4) == 0) {
+            put(out, at, ENG_LEN);
+            off += ENG_LEN;
+            continue;
+        }
+        if (left < PD_HDR_LEN) {
+            put(out, at, left);
+            break;
+        }
+        pd_mac_dir *d = &peer[nconns == 2 && left > 44 ? at[44] & 1 : 0]->tx;
+        pd_hdr h;
+        pd_hdr_decode(&h, at);
+        uint8_t tag[PD_TAG_LEN];
+        pd_mac_head(d, at, tag);
+        tag[0] ^= (h.flags >> 15) & 1;
+        put(out, at, PD_HDR_LEN);
+        put(out, tag, sizeof tag);
+        off += PD_HDR_LEN;
+        bool data = h.type == PD_F_DATA;
+        uint64_t rest = data ? h.payload_len : h.body_len, take = rest < n - off ? rest : n - off;
+        put(out, p + off, (size_t)take);
+        pd_mac_body(d, p + off, (size_t)take);
+        off += (size_t)take;
+        if (take == rest && (data || rest)) {
+            pd_mac_end(d, tag);
+            tag[0] ^= (h.flags >> 14) & 1;
+            put(out, tag, sizeof tag);
+        }
+    }
 }
 
 /* ---- setup ---- */
@@ -320,12 +386,21 @@ static void trace_rooms(pd_ep *ep)
                     kvt_pd_poll_name(r->state), (unsigned long long)r->bytes, r->msg[0] ? ": " : "", r->msg);
 }
 
-static void run_links(side *sd, bool sender, int nconns, feed *f)
+static void run_links(side *sd, bool sender, int nconns, feed *f, bool mac)
 {
     pd_ep *ep = sd->ep;
     pd_conn *c[2] = {NULL, NULL};
+    pd_mac *peer[2] = {NULL, NULL};
+    buf tagged = {0};
+    if (mac) { /* the fuzzed end accepted the links when it is the sender */
+        for (int i = 0; i < nconns; i++)
+            if (pd_mac_new(&peer[i], KEY, !sender)) abort();
+        tag_input(f->p, f->n, peer, nconns, &tagged);
+        *f = (feed){tagged.p, tagged.n, 0, f->piece};
+    }
     for (int i = 0; i < nconns; i++) {
         if (pd_conn_new(ep, fake_stream_new(f), &c[i]) != KVT_OK) abort();
+        if (mac && pd_mac_new(&c[i]->mac, KEY, sender)) abort();
         c[i]->idx = (uint32_t)i;
         c[i]->registered = true;
         if (pd_desc_copy(&c[i]->peer, &sd->peer[i])) abort();
@@ -394,21 +469,33 @@ static void run_links(side *sd, bool sender, int nconns, feed *f)
     }
     ep->nrooms = 0;
     ep->next_gen = 0;
+    for (int i = 0; i < nconns; i++) pd_mac_free(peer[i]);
+    free(tagged.p);
 }
 
 /* Mode 2: a bootstrap answer as the receiver's registration reads it. */
-static void run_answer(feed *f)
+static void run_answer(feed *f, bool mac)
 {
+    pd_mac *m = NULL, *peer = NULL;
+    buf tagged = {0};
+    if (mac) { /* a decode rank's REGISTER on an authenticated link */
+        if (pd_mac_new(&m, KEY, false) || pd_mac_new(&peer, KEY, true)) abort();
+        tag_input(f->p, f->n, &peer, 1, &tagged);
+        *f = (feed){tagged.p, tagged.n, 0, f->piece};
+    }
     kvt_stream *s = fake_stream_new(f);
     pd_hdr h = {.type = PD_F_REGISTER, .body_len = 4};
     uint8_t body[4] = {0, 0, 1, 0}, *ok = NULL;
     uint32_t oklen = 0;
     kvt_pd_net_params net = {.max_frame = MAX_FRAME};
-    kvt_status st = pd_bootstrap_call_ex(s, &h, body, &net, kvt__deadline_ns(50), "fuzz", &ok, &oklen);
+    kvt_status st = pd_bootstrap_call_ex(s, m, &h, body, &net, kvt__deadline_ns(50), "fuzz", &ok, &oklen);
     if (!st && oklen == 4 && pd_get32(ok) < 4096) st = KVT_EPROTO; /* register_peer's check */
     if (!st && ok && ok[oklen] != 0) abort(); /* answers are NUL-terminated for messages */
     free(ok);
     kvt__stream_destroy(s);
+    pd_mac_free(m);
+    pd_mac_free(peer);
+    free(tagged.p);
 }
 
 /* Mode 3: the bytes go to the real sender's data port after authentication. */
@@ -438,9 +525,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t mode = data[0];
     feed f = {data + 1, size - 1, 0, (size_t)16 << ((mode >> 4) & 7)};
     switch (mode & 3) {
-    case 0: run_links(&S, true, mode & 4 ? 2 : 1, &f); break;
-    case 1: run_links(&R, false, mode & 4 ? 2 : 1, &f); break;
-    case 2: run_answer(&f); break;
+    case 0: run_links(&S, true, mode & 4 ? 2 : 1, &f, mode & 8); break;
+    case 1: run_links(&R, false, mode & 4 ? 2 : 1, &f, mode & 8); break;
+    case 2: run_answer(&f, mode & 8); break;
     default: run_real_sender(f.p, f.n); break;
     }
     kvt__clear_error();

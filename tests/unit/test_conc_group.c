@@ -420,6 +420,109 @@ static void test_seeded_faults(void **state)
     for (uint64_t seed = 1; seed <= n; seed++) seeded(seed);
 }
 
+/* A duplicated handshake frame (the engine's p2p under the callback
+ * transport may repeat one; docs/protocol.md's assumptions allow it) must
+ * not split the formation. Found by docs/model/formation.pml: the leader's
+ * WELCOME to rank 1 sent twice (or rank 1's HELLO, which the leader then
+ * welcomes twice) reached rank 1 while it waited for FORMED; it failed with
+ * "expected op FORMED" while the others formed. Now every rank forms. */
+static void test_duplicated_handshake_frame(void **state)
+{
+    (void)state;
+    for (int who = 0; who < 2; who++) {
+        run r;
+        run_init(&r, 2, 1, 2);
+        /* who 0: the leader's first send to rank 1 (its WELCOME); who 1:
+         * rank 1's first send (its HELLO) */
+        r.plan[who] = (kvt_fault_plan){KVT_FAULT_DUP, 0, who == 0 ? 1 : 0, 0};
+        run_all(&r);
+        for (uint32_t i = 0; i < 4; i++)
+            if (r.create_st[i] != KVT_OK)
+                fail_msg("duplicated %s: rank %u did not form: %s", who ? "HELLO" : "WELCOME",
+                         i, r.msg[i]);
+        for (uint32_t i = 0; i < 4; i++) {
+            if (r.step_st[i] != KVT_OK || r.steps_done[i] != STEPS)
+                fail_msg("duplicated %s: rank %u stepped %d of %d: %s", who ? "HELLO" : "WELCOME",
+                         i, r.steps_done[i], STEPS, r.msg[i]);
+        }
+    }
+}
+
+/* A HELLO repeated across attempts (docs/model/formation.pml found it):
+ * rank 2's reform HELLO arrives twice and rank 1 stalls before its JOIN,
+ * so the leader refuses that reform before it reads rank 2's repeat; the
+ * repeat and rank 2's JOIN of the refused attempt wait in its queue. At
+ * the next reform the leader took the repeat as rank 2's HELLO and the
+ * stale JOIN as its answer, formed, and left rank 2 (now in a later
+ * attempt) unformed. Now a HELLO of an attempt already taken is dropped:
+ * the second reform forms on every rank. */
+typedef struct rehello {
+    kvt_fabric *fab;
+    kvt_status reform1[4], reform2[4], step[4];
+    char msg[4][KVT_ERRMSG_MAX];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t done1;
+} rehello;
+
+static void rehello_rank(uint32_t rank, void *arg)
+{
+    rehello *h = arg;
+    kvt_net *inner, *net;
+    /* sends to the leader: create HELLO 0, JOIN 1; two steps 2..5; the
+     * first reform's HELLO 6 (rank 2: sent twice) and JOIN 7 (rank 1:
+     * 3 s late, past the leader's JOIN deadline of B/8 = 625 ms) */
+    kvt_fault_plan plan = {KVT_FAULT_NONE, 0, UINT32_MAX, 0};
+    if (rank == 2) plan = (kvt_fault_plan){KVT_FAULT_DUP, 6, 0, 0};
+    if (rank == 1) plan = (kvt_fault_plan){KVT_FAULT_DELAY, 7, 0, 3 * T_MS};
+    assert_ok(kvt_net_inproc_create(&inner, h->fab, rank));
+    assert_ok(kvt__net_faulty_create(&net, inner, &plan));
+    kvt_group_params p = {2, 1, 2, 0x1111 + rank / 2, 0x2222, T_MS, 1};
+    kvt_group *g = NULL;
+    assert_ok(kvt_group_create(&g, net, &p));
+    for (uint64_t k = 0; k < 2; k++) assert_ok(one_step(g, rank, k));
+    h->reform1[rank] = kvt_group_reform(g, 5 * T_MS);
+    /* every rank's first reform is over before the second starts */
+    pthread_mutex_lock(&h->mu);
+    h->done1++;
+    pthread_cond_broadcast(&h->cv);
+    uint64_t dl = kvt__deadline_ns(20 * T_MS);
+    while (h->done1 < 4 && kvt__now_ns() < dl) kvt__cond_wait_until(&h->cv, &h->mu, dl);
+    pthread_mutex_unlock(&h->mu);
+    h->reform2[rank] = kvt_group_reform(g, 5 * T_MS);
+    snprintf(h->msg[rank], sizeof h->msg[rank], "%s", kvt_last_error());
+    h->step[rank] = h->reform2[rank];
+    for (uint64_t k = 0; k < 2 && h->step[rank] == KVT_OK; k++)
+        h->step[rank] = one_step(g, rank, k);
+    kvt_group_destroy(g);
+    kvt_net_destroy(net);
+}
+
+static void test_repeated_hello_across_reforms(void **state)
+{
+    (void)state;
+    rehello h;
+    memset(&h, 0, sizeof h);
+    assert_ok(kvt_fabric_create(&h.fab, 4, 64));
+    pthread_mutex_init(&h.mu, NULL);
+    assert_int_equal(kvt__cond_init(&h.cv), 0);
+    tg_run_ranks(4, rehello_rank, &h);
+    kvt_fabric_destroy(h.fab);
+    pthread_cond_destroy(&h.cv);
+    pthread_mutex_destroy(&h.mu);
+    /* the first reform fails on every rank (rank 1's JOIN came too late) */
+    for (uint32_t i = 0; i < 4; i++)
+        if (h.reform1[i] == KVT_OK) fail_msg("rank %u formed the first reform", i);
+    int bad = 0;
+    for (uint32_t i = 0; i < 4; i++) {
+        if (h.reform2[i] == KVT_OK && h.step[i] == KVT_OK) continue;
+        print_message("rank %u: second reform %s, step %s: %s\n", i,
+                      kvt_status_name(h.reform2[i]), kvt_status_name(h.step[i]), h.msg[i]);
+        bad++;
+    }
+    assert_int_equal(bad, 0);
+}
+
 /* --- TCP, ranks as processes --- */
 
 static int tcp_child(uint16_t port, uint32_t rank, int crash_at, uint32_t lib)
@@ -504,6 +607,8 @@ int main(void)
         cmocka_unit_test(test_leader_raises),
         cmocka_unit_test(test_crashed_rank),
         cmocka_unit_test(test_seeded_faults),
+        cmocka_unit_test(test_duplicated_handshake_frame),
+        cmocka_unit_test(test_repeated_hello_across_reforms),
         cmocka_unit_test(test_tcp_processes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include "net/net.h"
 #include "net/tcp.h"
+#include "util/err.h"
 
 static void test_inproc_basic(void **state)
 {
@@ -101,6 +102,7 @@ typedef struct tcp_ctx {
     uint16_t port;
     const char *secret[TG_MAX_RANKS];
     kvt_status st[TG_MAX_RANKS];
+    char msg[TG_MAX_RANKS][KVT_ERRMSG_MAX]; /* each rank's error */
     uint32_t ranks;
     int exchange;
 } tcp_ctx;
@@ -115,6 +117,7 @@ static void tcp_rank(uint32_t rank, void *arg)
     c->st[rank] = kvt_net_tcp_create(&n, &p);
     if (c->st[rank] != KVT_OK) return;
     c->st[rank] = kvt_net_connect(n, 10000); /* wide: TSan on 2 loaded cores */
+    snprintf(c->msg[rank], sizeof c->msg[rank], "%s", kvt_last_error());
     if (c->st[rank] == KVT_OK && c->exchange) {
         kvt_buf b = {0};
         uint32_t v = rank * 7;
@@ -203,6 +206,10 @@ static void test_tcp_auth(void **state)
     hub_refuse(hub, 2);
     pthread_join(th, NULL);
     assert_int_equal(bad.st[1], KVT_EAUTH);
+    /* issue 14 item 5: the wrong secret may be this rank's (it is here):
+     * the message says either end may hold it */
+    if (!strstr(bad.msg[1], "the hub and this rank hold different secrets (a wrong secret on this rank or on the hub)"))
+        fail_msg("rank 1: %s", bad.msg[1]);
     assert_int_equal(bad.st[2], KVT_EAUTH); /* no secret at all */
     assert_int_equal(kvt__net_tcp_refused(hub), 2);
     /* refused, not left to their 10 s deadlines (or a hang) */
@@ -229,7 +236,18 @@ static void test_tcp_client_refuses_fake_hub(void **state)
     hub_refuse(hub, 1); /* the member hangs up: the hub counts it refused */
     pthread_join(th, NULL);
     assert_int_equal(c.st[1], KVT_EAUTH);
+    if (!strstr(c.msg[1], "or the hub has none")) fail_msg("rank 1: %s", c.msg[1]);
     kvt_net_destroy(hub);
+}
+
+/* Issue 14 item 5: a refusal code this version does not know is named by
+ * number (regression: "the hub refused: refused"). */
+static void test_tcp_unknown_refusal_named(void **state)
+{
+    (void)state;
+    const char *w = kvt__tcp_refusal(77);
+    if (!strstr(w, "refusal code 77") || strcmp(w, "refused") == 0) fail_msg("%s", w);
+    assert_string_equal(kvt__tcp_refusal(KVT_TCP_ST_BAD_HELLO), "malformed hello");
 }
 
 static void test_tcp_bounds(void **state)
@@ -442,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_tcp_cut_message_closes_link),
         cmocka_unit_test(test_tcp_auth),
         cmocka_unit_test(test_tcp_client_refuses_fake_hub),
+        cmocka_unit_test(test_tcp_unknown_refusal_named),
         cmocka_unit_test(test_tcp_bounds),
         cmocka_unit_test(test_tcp_oversize_refused),
         cmocka_unit_test(test_interrupt_ends_waits),

@@ -137,7 +137,7 @@ static void fake_start(fake_prefill *f, pd_cluster *cl)
     memcpy(body + dlen + 2, "127.0.0.1", 9);
     pd_hdr h = {.type = PD_F_REG_PREFILL, .body_len = (uint32_t)dlen + 66};
     kvt_pd_net_params net = {.max_frame = 64u << 20};
-    assert_ok(pd_bootstrap_call(bs, &h, body, &net, kvt__deadline_ns(2000), "scripted prefill"));
+    assert_ok(pd_bootstrap_call(bs, NULL, &h, body, &net, kvt__deadline_ns(2000), "scripted prefill"));
     kvt__stream_destroy(bs);
     free(body);
 

@@ -113,6 +113,33 @@ static void tcp_corrupt_fails(void **state)
     pd_cluster_stop(&cl);
 }
 
+/* With a secret, frames over UCX are tagged by the same code as over TCP
+ * (pd/conn.c, mac.h): a room succeeds byte for byte, and a DATA tag that
+ * does not match (the test hook spoils the sender's) fails the decode room
+ * naming the peer and "authentication" (issue 14 item 4). */
+static void tcp_secret_frames_authenticated(void **state)
+{
+    (void)state;
+    pd_cluster cl = {.net = {.secret = "0123456789abcdef-secret", .secret_len = 23}};
+    use_ucx(&cl, "tcp");
+    pd_cluster_start(&cl, &c1, &c1, 40);
+    pd_cluster_decoders(&cl);
+    pd_open_room(&cl, 3, 0);
+    pd_expect_room(&cl, 3, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    pd_sender_ep(cl.pre[0].s)->corrupt_batch = 2; /* room 4's batch */
+    assert_ok(kvt_emu_poison(cl.dec[0].emu, cl.dec[0].pages, cl.dec[0].num_pages));
+    pd_open_room(&cl, 4, 0);
+    kvt_pd_poll st;
+    kvt_pd_room_info i;
+    assert_ok(kvt_pd_receiver_wait(cl.dec[0].r, 4, 20000, &st));
+    assert_ok(kvt_pd_room_info_get(NULL, cl.dec[0].r, 4, &i));
+    if (st != KVT_PD_FAILED || i.error != KVT_EAUTH || !strstr(i.message, "prefill tp0/1 dcp0/1") ||
+        !strstr(i.message, "authentication failed for DATA of room 4"))
+        fail_msg("state %s, error %d: %s", kvt_pd_poll_name(st), i.error, i.message);
+    pd_cluster_stop(&cl);
+}
+
 /* Pipelined DATA over UCX: batches of 2 pages (max_frame 4 MiB), 256 KiB
  * pieces sent straight from engine memory, each batch left in flight while
  * the next is hashed, rooms back to back on the link. A corrupt checksum in
@@ -455,6 +482,7 @@ int main(void)
         cmocka_unit_test(posix_identical_and_slicing),
         cmocka_unit_test(sysv_many_rooms),
         cmocka_unit_test(tcp_corrupt_fails),
+        cmocka_unit_test(tcp_secret_frames_authenticated),
         cmocka_unit_test(tcp_pipelined_rooms_corrupt_one),
         cmocka_unit_test(tcp_corrupt_middle_chunk),
         cmocka_unit_test(plain_tcp_corrupt_middle_chunk),

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "support.h"
+#include "cache/cache.h"
 #include "net/stream.h"
 #include "server/proto.h"
 #include "server/server.h"
@@ -877,6 +878,123 @@ static void test_restart_warm_from_ssd(void **state)
     stop_server(srv, path);
 }
 
+/* Waits (bounded) until the server's SSD has a read held; true if so. */
+static bool read_held(kvt_ssd *ssd)
+{
+    for (int i = 0; i < 5000 && kvt__ssd_reads_held(ssd) == 0; i++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return kvt__ssd_reads_held(ssd) > 0;
+}
+
+static void *run_server(void *arg)
+{
+    kvt_server_run(arg);
+    return NULL;
+}
+
+/* A load whose blocks are on SSD only (a restarted server) does not block
+ * its launch: with the server's SSD reads held, launch returns, the
+ * client's other calls still answer, wait and wait_layer time out by their
+ * deadline; released, the load completes and every byte is verified. A
+ * pending load cancelled ends KVT_ECANCELED and releases its blocks. */
+static void test_ssd_load_launch_async(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "a.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    pid_t srv = start_server(path, ssd);
+    uint64_t seeds[2] = {31, 32};
+    for (int i = 0; i < 2; i++) assert_int_equal(reap(spawn(child_store, path, &seeds[i]), 20000), 0);
+    stop_server(srv, path); /* SIGTERM flushes the SSD writes */
+
+    kvt_server *s = NULL;
+    assert_ok(make_server(&s, path, ssd));
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_server, s), 0);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, 31);
+    kvt_match m;
+    assert_ok(kvt_client_lookup(e.cl, &r, &m));
+    assert_int_equal(m.matched_tokens, BLOCKS * TPP); /* recovered: on SSD only */
+    assert_ok(kvt_emu_poison(e.emu, e.pages, PAGES));
+    kvt__ssd_hold_reads(s->cache->ssd, true);
+    assert_ok(kvt_client_launch(e.cl, m.task, e.pages, PAGES));
+    assert_true(read_held(s->cache->ssd)); /* launch returned before the reads ended */
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs)); /* the control path is not blocked */
+    assert_int_equal(cs.tasks_in_flight, 1);
+    kvt_task_result res;
+    assert_status(kvt_client_wait(e.cl, m.task, 0, &res), KVT_ETIMEDOUT);
+    assert_status(kvt_client_wait_layer(e.cl, m.task, 0, 20), KVT_ETIMEDOUT);
+    uint32_t n = 9;
+    assert_ok(kvt_client_poll(e.cl, &res, 1, &n));
+    assert_int_equal(n, 0);
+    kvt__ssd_hold_reads(s->cache->ssd, false);
+    assert_ok(kvt_client_wait_layer(e.cl, m.task, LAYERS - 1, TIMEOUT_MS));
+    assert_ok(kvt_client_wait(e.cl, m.task, TIMEOUT_MS, &res));
+    assert_ok(res.status);
+    assert_int_equal(res.num_tokens, BLOCKS * TPP);
+    kvt_verify_result v;
+    assert_ok(kvt_emu_verify(e.emu, &r, 0, BLOCKS * TPP, e.pages, PAGES, &v));
+    assert_int_equal(v.mismatches, 0);
+    assert_true(v.bytes_checked > 0);
+
+    /* Cancelled while pending: KVT_ECANCELED once the reads end, no pins left. */
+    request(&r, tokens, 32);
+    assert_ok(kvt_client_lookup(e.cl, &r, &m));
+    assert_int_equal(m.matched_tokens, BLOCKS * TPP);
+    kvt__ssd_hold_reads(s->cache->ssd, true);
+    assert_ok(kvt_client_launch(e.cl, m.task, e.pages, PAGES));
+    assert_true(read_held(s->cache->ssd));
+    assert_ok(kvt_client_cancel(e.cl, m.task));
+    kvt__ssd_hold_reads(s->cache->ssd, false);
+    assert_ok(kvt_client_wait(e.cl, m.task, TIMEOUT_MS, &res));
+    assert_int_equal(res.status, KVT_ECANCELED);
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(cs.tasks_in_flight, 0);
+    uint32_t matched = 0;
+    assert_ok(engine_load(&e, &r, &matched)); /* and it still loads, byte for byte */
+    assert_int_equal(matched, BLOCKS * TPP);
+    engine_close(&e);
+    kvt_server_stop(s);
+    pthread_join(th, NULL);
+    kvt_server_destroy(s);
+}
+
+/* The LAUNCH reply's flags: PENDING carries no offsets; a pending reply
+ * with offsets, or an unknown flag, is refused (a client never trusts a
+ * server's reply). */
+static void test_launch_reply_flags(void **state)
+{
+    (void)state;
+    kvt_srv_buf b = {0};
+    kvt_srv_launch_rep r = {KVT_TASK_LOAD, 0, 0, 0, KVT_OK, KVT_SRV_LAUNCH_PENDING, NULL};
+    kvt__srv_launch_rep_encode(&b, &r, NULL);
+    kvt_srv_launch_rep got;
+    assert_ok(kvt__srv_launch_rep_decode(b.p, b.len, &got));
+    assert_int_equal(got.flags, KVT_SRV_LAUNCH_PENDING);
+    assert_int_equal(got.num_blocks, 0);
+    kvt__srv_buf_free(&b);
+    uint64_t off[1] = {0};
+    kvt_srv_launch_rep bad = {KVT_TASK_LOAD, 0, 16, 1, KVT_OK, KVT_SRV_LAUNCH_PENDING, NULL};
+    kvt__srv_launch_rep_encode(&b, &bad, off);
+    assert_status(kvt__srv_launch_rep_decode(b.p, b.len, &got), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "pending"));
+    kvt__srv_buf_free(&b);
+    bad.flags = 2;
+    kvt__srv_launch_rep_encode(&b, &bad, off);
+    assert_status(kvt__srv_launch_rep_decode(b.p, b.len, &got), KVT_EPROTO);
+    assert_non_null(strstr(kvt_last_error(), "flags"));
+    kvt__srv_buf_free(&b);
+}
+
 /* A client that plans and never launches: its plans expire after
  * plan_ttl_ms (launch then gives KVT_ETIMEDOUT), and it holds at most
  * server_client_tasks of them (KVT_EFULL) until they expire. */
@@ -1643,6 +1761,8 @@ int main(void)
         cmocka_unit_test_teardown(test_bad_checksum_not_visible, kill_servers),
         cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
+        cmocka_unit_test_teardown(test_ssd_load_launch_async, kill_servers),
+        cmocka_unit_test(test_launch_reply_flags),
         cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
         cmocka_unit_test_teardown(test_client_reattaches, kill_servers),
         cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, kill_servers),

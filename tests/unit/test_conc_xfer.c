@@ -366,9 +366,21 @@ static void roundtrip(kvt_layout layout, uint32_t tpp, uint32_t ppb, uint32_t wo
     kvt_xfer_task t;
     done_rec rec;
     task_init(&t, &r, KVT_XFER_GATHER, nblk, r.blocks, src, &rec);
+    uint32_t nl = r.geo->num_layers;
+    uint64_t *sums = malloc((size_t)nblk * nl * sizeof *sums);
+    assert_non_null(sums);
+    memset(sums, 0xA5, (size_t)nblk * nl * sizeof *sums);
+    t.layer_sums = sums; /* each block's layers hashed in the copy's pass */
     assert_ok(kvt__xfer_submit(x, &t));
     assert_int_equal(wait_done(&rec), KVT_OK);
     check_blocks(&r, nblk, r.blocks, src, 0, r.geo->num_layers);
+    for (uint32_t b = 0; b < nblk; b++)
+        for (uint32_t l = 0; l < nl; l++) {
+            const uint8_t *seg = r.blocks[b] + kvt__geo_block_offset(r.geo, r.block_tokens, l, 0);
+            uint64_t len = (uint64_t)r.block_tokens * kvt__geo_layer_token_bytes(r.geo, l);
+            assert_true(sums[(size_t)b * nl + l] == kvt__hash64(seg, len, l));
+        }
+    free(sums);
 
     pthread_mutex_lock(&o.mu);
     o.sleep_us = sleep_us;

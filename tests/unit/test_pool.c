@@ -1,8 +1,10 @@
 /* test_pool.c - the CPU tier block pool. */
 #include "support.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "store/pool.h"
 
 static void test_capacity_math(void **state)
@@ -109,6 +111,46 @@ static void test_alignment_and_disjoint(void **state)
     }
 }
 
+/* What shmem_enabled allows: THP for the shared tier unless never/deny. */
+static bool shmem_thp_on(void)
+{
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+    char buf[128] = {0};
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    return n > 0 && !strstr(buf, "[never]") && !strstr(buf, "[deny]");
+}
+
+/* The shared tier: huge pages where the system has them (hugetlb, else
+ * shmem THP when shmem_enabled allows), else 4 KiB; a second mapping of its
+ * memfd (a client's) is 2 MiB aligned and sees the same bytes. */
+static void test_shared_pages_and_mapping(void **state)
+{
+    (void)state;
+    kvt_pool *p = NULL;
+    assert_ok(kvt__pool_create_shared(&p, 16ull << 20, 1ull << 20, true));
+    const char *kind = kvt__pool_page_kind(p);
+    if (strcmp(kind, "hugetlb") != 0) assert_string_equal(kind, shmem_thp_on() ? "thp" : "4k");
+    assert_true((uintptr_t)kvt__pool_base(p) % (2u << 20) == 0);
+    uint8_t *b = kvt__pool_block(p, 3);
+    memset(b, 0x5c, 1u << 20);
+    size_t len = (size_t)kvt__pool_map_bytes(p);
+    uint8_t *m = kvt__pool_map_shared(kvt__pool_fd(p), len, true);
+    assert_true(m != MAP_FAILED);
+    assert_true((uintptr_t)m % (2u << 20) == 0);
+    uint8_t *mb = m + (b - kvt__pool_base(p));
+    assert_int_equal(mb[0], 0x5c);
+    assert_int_equal(mb[(1u << 20) - 1], 0x5c);
+    mb[17] = 0x11; /* and writes go both ways */
+    assert_int_equal(b[17], 0x11);
+    munmap(m, len);
+    kvt__pool_destroy(p);
+
+    assert_ok(kvt__pool_create_shared(&p, 1 << 20, 4096, false));
+    assert_string_equal(kvt__pool_page_kind(p), "4k");
+    kvt__pool_destroy(p);
+}
+
 static void test_bad_args(void **state)
 {
     (void)state;
@@ -131,6 +173,7 @@ int main(void)
         cmocka_unit_test(test_alloc_until_exhausted),
         cmocka_unit_test(test_free_and_reuse),
         cmocka_unit_test(test_alignment_and_disjoint),
+        cmocka_unit_test(test_shared_pages_and_mapping),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

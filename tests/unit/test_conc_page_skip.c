@@ -1,0 +1,284 @@
+/* test_conc_page_skip.c - KVT_PAGE_SKIP in a load's page table: the skipped
+ * pages keep the engine's own bytes, every other page gets the cache's, in
+ * process (kvt_cache_launch) and through a server (kvt_client_launch).
+ * A block here is two pages, so a skip may cover a whole block or half of
+ * one. Before each load, every page is filled with another request's KV
+ * (the "marker"); afterwards the skipped pages must still verify against
+ * the marker and the rest against the stored request, byte for byte.
+ * Also: a store refuses KVT_PAGE_SKIP, and other page ids are checked as
+ * before. Concurrent: the client copies on its own threads. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "support.h"
+#include "server/server.h"
+
+#define LAYERS 3
+#define TPP 8
+#define BT 16 /* block tokens: two pages per block */
+#define BLOCKS 6
+#define NTOK (BLOCKS * BT + 1)
+#define NP (BLOCKS * BT / TPP)
+#define ENGINE_PAGES 64
+#define WAIT_MS 10000
+
+/* Pages a load leaves alone: all of block 0 (as a vLLM prefix already
+ * computed), and the second half of block 3. */
+static int skipped(uint32_t i) { return i < 2 || i == 7; }
+
+/* The engine-side calls of one test: a cache or a client. */
+typedef struct side {
+    kvt_cache *cache;
+    kvt_client *cl;
+} side;
+
+static kvt_status s_lookup(side *s, const kvt_request *r, kvt_match *m)
+{
+    return s->cache ? kvt_cache_lookup(s->cache, r, m) : kvt_client_lookup(s->cl, r, m);
+}
+
+static kvt_status s_prepare(side *s, const kvt_request *r, kvt_store_plan *p)
+{
+    return s->cache ? kvt_cache_prepare_store(s->cache, r, p)
+                    : kvt_client_prepare_store(s->cl, r, p);
+}
+
+static kvt_status s_launch(side *s, kvt_task_id t, const uint32_t *pages, uint32_t n)
+{
+    return s->cache ? kvt_cache_launch(s->cache, t, pages, n) : kvt_client_launch(s->cl, t, pages, n);
+}
+
+static kvt_status s_wait(side *s, kvt_task_id t, kvt_task_result *res)
+{
+    return s->cache ? kvt_cache_wait(s->cache, t, WAIT_MS, res)
+                    : kvt_client_wait(s->cl, t, WAIT_MS, res);
+}
+
+static kvt_status s_wait_layer(side *s, kvt_task_id t, uint32_t layer)
+{
+    return s->cache ? kvt_cache_wait_layer(s->cache, t, layer, WAIT_MS)
+                    : kvt_client_wait_layer(s->cl, t, layer, WAIT_MS);
+}
+
+static kvt_geometry *geo(void) { return kvt_test_geometry(LAYERS, 2, 16, TPP, KVT_LAYOUT_LAYER_FIRST); }
+
+static void verify(kvt_emu *emu, const kvt_request *r, uint32_t page, const uint32_t *pages)
+{
+    kvt_verify_result v;
+    assert_ok(kvt_emu_verify(emu, r, page * TPP, TPP, pages, NP, &v));
+    if (v.mismatches || v.bytes_checked == 0)
+        fail_msg("page %u: %llu of %llu bytes differ", page, (unsigned long long)v.mismatches,
+                 (unsigned long long)v.bytes_checked);
+}
+
+/* Stores request a from pages [0, NP), loads it into pages [NP, 2 NP)
+ * (marked with request b's KV) with the skips, and checks every page. */
+static void store_then_load_with_skips(side *s, kvt_emu *emu)
+{
+    uint32_t ta[NTOK], tb[NTOK], src[NP], dst[NP], table[NP];
+    kvt_test_tokens(ta, NTOK, 41);
+    kvt_test_tokens(tb, NTOK, 42);
+    kvt_request a = {ta, NTOK, "skip", 4}, b = {tb, NTOK, "skip", 4};
+    for (uint32_t i = 0; i < NP; i++) {
+        src[i] = i;
+        dst[i] = ENGINE_PAGES - 1 - i; /* not in order, not adjacent to src */
+        table[i] = skipped(i) ? KVT_PAGE_SKIP : dst[i];
+    }
+    assert_ok(kvt_emu_fill(emu, &a, 0, BLOCKS * BT, src, NP));
+    kvt_store_plan p;
+    assert_ok(s_prepare(s, &a, &p));
+    assert_true(p.task != 0);
+    assert_int_equal(p.num_tokens, BLOCKS * BT);
+    /* A store copies whole blocks: a skip is refused, the task stays planned. */
+    uint32_t bad[NP];
+    memcpy(bad, src, sizeof bad);
+    bad[3] = KVT_PAGE_SKIP;
+    assert_status(s_launch(s, p.task, bad, NP), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "pages[3] is KVT_PAGE_SKIP in store task"));
+    assert_ok(s_launch(s, p.task, src, NP));
+    kvt_task_result res;
+    assert_ok(s_wait(s, p.task, &res));
+    assert_int_equal(res.status, KVT_OK);
+
+    assert_ok(kvt_emu_fill(emu, &b, 0, BLOCKS * BT, dst, NP)); /* the marker */
+    kvt_match m;
+    assert_ok(s_lookup(s, &a, &m));
+    assert_int_equal(m.matched_tokens, BLOCKS * BT);
+    /* Other ids are still checked: one past the engine's pages. */
+    uint32_t far[NP];
+    memcpy(far, table, sizeof far);
+    far[4] = ENGINE_PAGES;
+    assert_status(s_launch(s, m.task, far, NP), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "pages[4] is 64"));
+    assert_ok(s_launch(s, m.task, table, NP));
+    for (uint32_t l = 0; l < LAYERS; l++) assert_ok(s_wait_layer(s, m.task, l));
+    assert_ok(s_wait(s, m.task, &res));
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(res.num_tokens, BLOCKS * BT);
+    for (uint32_t i = 0; i < NP; i++) verify(emu, skipped(i) ? &b : &a, i, dst);
+
+    /* A load whose every page is skipped copies nothing and still ends. */
+    uint32_t none[NP];
+    for (uint32_t i = 0; i < NP; i++) none[i] = KVT_PAGE_SKIP;
+    assert_ok(kvt_emu_fill(emu, &b, 0, BLOCKS * BT, dst, NP));
+    assert_ok(s_lookup(s, &a, &m));
+    assert_ok(s_launch(s, m.task, none, NP));
+    assert_ok(s_wait(s, m.task, &res));
+    assert_int_equal(res.status, KVT_OK);
+    for (uint32_t i = 0; i < NP; i++) verify(emu, &b, i, dst);
+}
+
+static void test_cache_load_skips_pages(void **state)
+{
+    (void)state;
+    kvt_geometry *g = geo();
+    kvt_config *cfg = NULL;
+    assert_ok(kvt_config_create(&cfg));
+    assert_ok(kvt_config_set(cfg, "cpu_capacity", "4MiB"));
+    assert_ok(kvt_config_set(cfg, "block_tokens", "16"));
+    assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
+    side s = {0};
+    assert_ok(kvt_cache_create(&s.cache, cfg, g));
+    kvt_emu *emu = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&emu, g, ENGINE_PAGES));
+    assert_ok(kvt_emu_memory(emu, &mem));
+    assert_ok(kvt_cache_register_memory(s.cache, &mem));
+    store_then_load_with_skips(&s, emu);
+    kvt_cache_destroy(s.cache);
+    kvt_emu_destroy(emu);
+    kvt_config_destroy(cfg);
+    kvt_geometry_destroy(g);
+}
+
+/* ------------------------------------------------------------------ */
+/* Through a server process                                           */
+
+static kvt_server *g_srv;
+static pid_t g_pid;
+
+static void on_term(int sig)
+{
+    (void)sig;
+    kvt_server_stop(g_srv);
+}
+
+static kvt_status make_server(const char *path)
+{
+    kvt_config *cfg = NULL;
+    kvt_status st = kvt_config_create(&cfg);
+    if (!st) st = kvt_config_set(cfg, "server_socket", path);
+    if (!st) st = kvt_config_set(cfg, "cpu_capacity", "4MiB");
+    if (!st) st = kvt_config_set(cfg, "huge_pages", "false");
+    if (!st) st = kvt_config_set(cfg, "block_tokens", "16");
+    kvt_geometry *g = geo();
+    if (!st) st = kvt_server_create(&g_srv, cfg, g);
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    return st;
+}
+
+/* Forks a server on path; returns once it listens (the child reports
+ * kvt_server_create's status through a pipe). */
+static void start_server(const char *path)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    g_pid = fork();
+    assert_true(g_pid >= 0);
+    if (g_pid == 0) {
+        close(p[0]);
+        sigset_t term, old;
+        sigemptyset(&term);
+        sigaddset(&term, SIGTERM);
+        sigprocmask(SIG_BLOCK, &term, &old);
+        signal(SIGTERM, on_term);
+        kvt_status st = make_server(path);
+        int32_t v = st;
+        if (st) fprintf(stderr, "server: %s\n", kvt_last_error());
+        if (write(p[1], &v, sizeof v) != sizeof v) _exit(3);
+        if (st) _exit(2);
+        close(p[1]);
+        signal(SIGPIPE, SIG_IGN);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        st = kvt_server_run(g_srv);
+        kvt_server_destroy(g_srv);
+        _exit(st ? 1 : 0);
+    }
+    close(p[1]);
+    int32_t v = -99;
+    assert_int_equal(read(p[0], &v, sizeof v), (ssize_t)sizeof v);
+    close(p[0]);
+    assert_int_equal(v, KVT_OK);
+}
+
+/* The teardown: a server left by a failed test is killed, never waited on
+ * without a deadline. */
+static int kill_server(void **state)
+{
+    (void)state;
+    if (g_pid > 0) {
+        kill(g_pid, SIGKILL);
+        waitpid(g_pid, NULL, 0);
+        g_pid = 0;
+    }
+    return 0;
+}
+
+static void stop_server(void)
+{
+    kill(g_pid, SIGTERM);
+    for (int i = 0; i < 5000; i++) {
+        int ws = 0;
+        if (waitpid(g_pid, &ws, WNOHANG) == g_pid) {
+            g_pid = 0;
+            assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+            return;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("the server did not stop within 5 s");
+}
+
+static void test_client_load_skips_pages(void **state)
+{
+    (void)state;
+    const char *base = getenv("KVTIER_TEST_TMP");
+    if (!base) base = "/tmp";
+    mkdir(base, 0700);
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "%s/skipXXXXXX", base);
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/s.sock", dir);
+    start_server(path);
+    kvt_geometry *g = geo();
+    side s = {0};
+    assert_ok(kvt_client_attach(&s.cl, path, g, WAIT_MS));
+    kvt_emu *emu = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&emu, g, ENGINE_PAGES));
+    assert_ok(kvt_emu_memory(emu, &mem));
+    assert_ok(kvt_client_register_memory(s.cl, &mem));
+    store_then_load_with_skips(&s, emu);
+    kvt_client_detach(s.cl);
+    kvt_emu_destroy(emu);
+    kvt_geometry_destroy(g);
+    stop_server();
+    rmdir(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cache_load_skips_pages),
+        cmocka_unit_test_teardown(test_client_load_skips_pages, kill_server),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
