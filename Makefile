@@ -18,6 +18,7 @@ build: deps
 
 demo: build
 	$(BUILD)/kvtier demo
+	$(BUILD)/kvtier demo --server
 
 # The Python binding's example (python/, examples/python/), Debian's python3.
 demo-python: build

@@ -542,8 +542,13 @@ typedef struct kvt_client kvt_client;
  * ssd_dirs is set (recovering what a previous server left), and the
  * listening socket at the server_socket option, created with mode 0600 (only
  * this user's processes may attach; peers of another uid are refused, by
- * SO_PEERCRED). cfg and geo are copied.
- * KVT_EINVAL: bad argument, server_socket empty or too long.
+ * SO_PEERCRED), or 0660 owned by server_socket_group (its members attach
+ * too). With server_secret_file every client proves the secret at attach;
+ * server_namespaces restricts the namespaces each uid or group may use
+ * (docs/server.md, Security). cfg and geo are copied.
+ * KVT_EINVAL: bad argument, server_socket empty or too long, no such
+ * server_socket_group, a malformed server_namespaces rule, a secret file
+ * that is missing or not 16..1024 bytes.
  * KVT_EBUSY: another server holds the socket or an SSD directory (the
  * message names its pid). KVT_EGEOMETRY: an SSD directory was written for
  * another geometry. KVT_ESYS, KVT_ENOMEM, KVT_EIO. The caller owns *out. */
@@ -568,13 +573,18 @@ void kvt_server_destroy(kvt_server *srv);
 /* Attaches to the server at socket_path: retries connecting until
  * timeout_ms (> 0) passes (so a client may start before its server), sends
  * geo, maps the shared CPU tier. timeout_ms is also the deadline of every
- * later call on this client. geo must equal the server's geometry.
+ * later call on this client. geo must equal the server's geometry; geo
+ * NULL takes the server's (a client that only watches, e.g. kvtier stats,
+ * needs to know nothing but the socket).
  * KVT_ECONN: no server answered at socket_path in time (the message names
  * it). KVT_EGEOMETRY: geo differs (the message names the field and both
- * values). KVT_EAUTH: the server refused this process's credentials.
+ * values). KVT_EAUTH: the socket's mode refused this process, or the
+ * secret handshake failed (the server wants a secret this client lacks, or
+ * the two hold different ones: the client's is read from the file named by
+ * KVTIER_SERVER_SECRET_FILE, the server_secret_file option's variable).
  * KVT_EVERSION, KVT_EPROTO, KVT_ESYS, KVT_ENOMEM, KVT_EINVAL.
  * The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_attach(kvt_client **out, const char *socket_path,
                              const kvt_geometry *geo, int64_t timeout_ms);
 /* Cancels this client's tasks (the server releases their pins), waits for
@@ -596,6 +606,9 @@ void kvt_client_detach(kvt_client *cl);
  *    returns at once; the copy starts when the server has read them back
  *    (wait, wait_layer and poll see it end as for any load; cancel ends it
  *    KVT_ECANCELED; reads not done within 30 s end it KVT_ETIMEDOUT);
+ *  - lookup and prepare_store in a namespace the server's server_namespaces
+ *    does not allow this client give KVT_EAUTH naming it (and the client's
+ *    pid and uid); past its server_client_tasks quota, KVT_EFULL;
  *  - a store's blocks become visible to every client only after the server
  *    checked each block's checksum against the one this client computed;
  *  - results are reported by this client's wait or poll only for tasks it
@@ -605,9 +618,9 @@ void kvt_client_detach(kvt_client *cl);
  * concurrently on one client (round trips are serialised on its socket). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE, KVT_EUNSUPPORTED. */
 kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESTATE, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESTATE, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
                                     kvt_store_plan *out);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */

@@ -2,7 +2,8 @@
 # cli_serve.sh KVTIER - `kvtier serve` as an operator runs it: it listens on
 # a 0600 socket, a second server on the same socket is refused naming the
 # first one's pid, a missing --socket is a usage error, `kvtier stats`
-# reports its figures (--json, --watch bounded by --count and by SIGINT) and
+# reports its figures given only the socket (--json, --watch bounded by
+# --count and by SIGINT), refusing a geometry other than the server's, and
 # the server logs its attach, and SIGTERM stops it with exit 0 within 5 s,
 # removing the socket.
 set -eu
@@ -11,7 +12,7 @@ T=$(mktemp -d)
 SRV=
 trap '[ -n "$SRV" ] && kill -9 "$SRV" 2>/dev/null; rm -rf "$T"' EXIT
 S="$T/node.sock"
-"$K" serve --socket "$S" --set cpu_capacity=16MiB --set huge_pages=false 2>"$T/log" &
+"$K" serve --socket "$S" --tp 2 --set cpu_capacity=16MiB --set huge_pages=false 2>"$T/log" &
 SRV=$!
 i=0
 until [ -S "$S" ]; do
@@ -35,6 +36,12 @@ grep -Eq '"cpu_blocks_total":[1-9][0-9]*,' "$T/stats.json" &&
 grep -Eq '"block_bytes":[1-9][0-9]*,' "$T/stats.json" &&
 grep -q '"hit_rate":0.0000}$' "$T/stats.json" ||
     { echo "cli_serve: stats --json:"; cat "$T/stats.json"; exit 1; }
+# stats needs only the socket (the server reports its geometry at attach);
+# a geometry given that is not the server's is refused naming the field.
+rc=0
+"$K" stats --socket "$S" --tp 1 >/dev/null 2>"$T/geo" || rc=$?
+[ $rc -eq 1 ] && grep -q "kv_heads" "$T/geo" ||
+    { echo "cli_serve: stats --tp 1 against a --tp 2 server exited $rc:"; cat "$T/geo"; exit 1; }
 # --watch --count 2: two reports, a second apart.
 "$K" stats --socket "$S" --watch --count 2 >"$T/watch" 2>&1 ||
     { echo "cli_serve: stats --watch failed"; cat "$T/watch"; exit 1; }

@@ -1,7 +1,7 @@
 /* cmd_stats.c - `kvtier stats --socket PATH [--json] [--watch [--count N]]`:
  * the figures of a running `kvtier serve` (kvt_client_stats). It attaches
- * as a client, so it gives the geometry the server serves (--model, --tp,
- * --page, the same flags and defaults as kvtier serve). --watch redraws
+ * as a client taking the server's geometry (the server reports it at
+ * attach); --model/--tp/--page, when given, must match it. --watch redraws
  * every second like top until SIGINT/SIGTERM or --count frames. Exit 0, 1
  * when the server cannot be reached or refuses, 2 on usage. */
 #include <signal.h>
@@ -30,8 +30,8 @@ static int usage(FILE *f, int rc)
             "  --json          one JSON object per report (one line each)\n"
             "  --watch         report every second until Ctrl-C (or --count reports)\n"
             "  --count N       with --watch: stop after N reports\n"
-            "  --model/--tp/--page  the geometry the server serves (as given to\n"
-            "                  kvtier serve; default tiny, 1, 16): stats attaches as a client\n");
+            "  --model/--tp/--page  optional: check the server serves this geometry\n"
+            "                  (default: take the server's, reported at attach)\n");
     return rc;
 }
 
@@ -111,9 +111,9 @@ static void print_text(const char *sock, const kvt_cache_stats *s, bool watch)
 
 int kvt_cmd_stats(int argc, char **argv)
 {
-    const char *sock = NULL, *model = "tiny";
+    const char *sock = NULL, *model = NULL;
     uint64_t tp = 1, page = 16, count = 0, timeout = 2000;
-    bool json = false, watch = false;
+    bool json = false, watch = false, geo_flag = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout, 0);
@@ -123,16 +123,18 @@ int kvt_cmd_stats(int argc, char **argv)
         i++;
         if (!strcmp(a, "--socket")) sock = v;
         else if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--tp") && demo_parse_u64(v, &tp) && tp >= 1 && tp <= 1024) {}
-        else if (!strcmp(a, "--page") && demo_parse_u64(v, &page) && page >= 1 && page <= 65536) {}
+        else if (!strcmp(a, "--tp") && demo_parse_u64(v, &tp) && tp >= 1 && tp <= 1024) geo_flag = true;
+        else if (!strcmp(a, "--page") && demo_parse_u64(v, &page) && page >= 1 && page <= 65536) geo_flag = true;
         else if (!strcmp(a, "--count") && demo_parse_u64(v, &count) && count >= 1) {}
         else if (!strcmp(a, "--timeout-ms") && demo_parse_u64(v, &timeout) && timeout >= 1 &&
                  timeout <= 600000) {}
         else return usage(stderr, 2);
     }
     if (!sock || (count && !watch)) return usage(stderr, 2);
-    kvt_geometry *geo = NULL;
-    kvt_status st = kvt_geometry_preset(&geo, model, (uint32_t)page, (uint32_t)tp);
+    kvt_geometry *geo = NULL; /* NULL: the server's */
+    kvt_status st = KVT_OK;
+    if (model || geo_flag)
+        st = kvt_geometry_preset(&geo, model ? model : "tiny", (uint32_t)page, (uint32_t)tp);
     if (st) return demo_error("--model", st);
     kvt_client *cl = NULL;
     st = kvt_client_attach(&cl, sock, geo, (int64_t)timeout);

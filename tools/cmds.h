@@ -2,8 +2,12 @@
 #ifndef KVT_TOOLS_CMDS_H
 #define KVT_TOOLS_CMDS_H
 
+#include <stdbool.h>
+
 int kvt_cmd_config(int argc, char **argv); /* kvtier config --dump [--json] [--file F] */
 int kvt_cmd_demo(int argc, char **argv);   /* kvtier demo [--json] [--quick] ... */
+/* kvtier demo --server [--json] [--model M] (demo_server.c) */
+int kvt_demo_server(const char *model, bool json);
 int kvt_cmd_fsck(int argc, char **argv);   /* kvtier fsck DIR[,DIR2...] [--repair] [--json] */
 int kvt_cmd_pd(int argc, char **argv);     /* kvtier pd bootstrap|prefill|decode ... */
 int kvt_cmd_replay(int argc, char **argv); /* kvtier replay --trace FILE [...] */

@@ -61,11 +61,15 @@ static int usage(FILE *to)
             "usage: kvtier demo [--json] [--quick] [--conversations N] [--active N] [--turns N]\n"
             "                   [--cpu-capacity SIZE] [--ssd-capacity SIZE] [--ssd-dir DIR]\n"
             "                   [--no-ssd] [--seed N] [--config FILE]\n"
+            "       kvtier demo --server [--json] [--model M]\n"
             "Serves a multi-turn chat workload from an emulated engine through the cache and\n"
             "verifies every loaded byte. The CPU tier is small on purpose; an SSD tier in a\n"
             "temporary directory sits under it, or in DIR with --ssd-dir, which keeps the\n"
             "cache: a second run with the same DIR starts warm. Options also come from\n"
-            "KVTIER_* variables (kvtier config --dump lists them).\n");
+            "KVTIER_* variables (kvtier config --dump lists them).\n"
+            "--server: a kvtier serve process and two engine instances of TP 2 (four client\n"
+            "processes) sharing system prompts through it; one instance is SIGKILLed and\n"
+            "restarted, then the server itself; every loaded byte is verified.\n");
     return to == stdout ? 0 : 2;
 }
 
@@ -321,8 +325,26 @@ static void report(demo *d, const kvt_cache_stats *s, double elapsed)
     else demo_report_text(&r);
 }
 
+/* kvtier demo --server [--json] [--model M]: the node server's demo. */
+static int server_demo(int argc, char **argv)
+{
+    const char *model = "tiny";
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--server")) continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
+        if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else return fprintf(stderr, "kvtier demo --server: takes only --json and --model M, "
+                            "not %s\n", argv[i]), 2;
+    }
+    return kvt_demo_server(model, json);
+}
+
 int kvt_cmd_demo(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--server")) return server_demo(argc, argv);
     demo d = {0};
     int rc = parse_args(&d.o, argc, argv);
     if (rc) return rc < 0 ? 0 : rc;

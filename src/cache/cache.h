@@ -55,6 +55,8 @@ struct kvt_task {
     uint64_t launch_ns; /* when launched (0: not yet): load/store latency */
     bool external;      /* launched by kvt__cache_ext_launch: another process
                            copies; never on the transfer engine (external.h) */
+    bool keep_blocks;   /* store cut off (kvt__cache_ext_cut): rolled back, but
+                           its blocks stay out of the pool; the caller frees them */
     uint32_t refs;      /* threads inside wait_layer on this task */
     bool reported;      /* result handed out; free when refs reaches 0 */
     kvt_xfer_task xt;

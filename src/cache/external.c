@@ -203,3 +203,45 @@ bool kvt__cache_ext_expired(kvt_cache *c, kvt_task_id id)
     if (t && gone) (void)reap(c, id, NULL);
     return gone;
 }
+
+/* A cut store's slots: its repair blocks' and its fresh entries'. */
+static uint32_t store_slots(kvt_cache *c, const kvt_task *t, uint32_t *slots)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < t->num_repair; i++)
+        if (t->tmp_slots[i] != KVT_POOL_NONE) slots[n++] = t->tmp_slots[i];
+    for (uint32_t i = t->num_repair; i < t->num_blocks; i++) {
+        uint32_t slot = kvt__index_payload(c->index, t->entries[i]);
+        if (slot != KVT_POOL_NONE) slots[n++] = slot;
+    }
+    return n;
+}
+
+kvt_status kvt__cache_ext_cut(kvt_cache *c, kvt_task_id id, uint32_t *slots, uint32_t max,
+                              uint32_t *n)
+{
+    *n = 0;
+    pthread_mutex_lock(&c->mu);
+    kvt_task *t = kvt__task_find(c, id);
+    bool mine = t && t->state == KVT_TS_RUNNING && t->external && !t->reading &&
+                (t->kind != KVT_TASK_STORE || max >= t->num_blocks);
+    if (!mine) {
+        pthread_mutex_unlock(&c->mu);
+        return kvt__cache_ext_abort(c, id, kvt__now_ns());
+    }
+    if (t->kind == KVT_TASK_STORE) {
+        *n = store_slots(c, t, slots);
+        t->keep_blocks = true;
+    }
+    t->cancel_asked = true;
+    kvt__cache_end_task(c, t, KVT_ECANCELED);
+    pthread_mutex_unlock(&c->mu);
+    return reap(c, id, NULL);
+}
+
+void kvt__cache_ext_release(kvt_cache *c, const uint32_t *slots, uint32_t n)
+{
+    pthread_mutex_lock(&c->mu);
+    for (uint32_t i = 0; i < n; i++) kvt__pool_free(c->pool, slots[i]);
+    pthread_mutex_unlock(&c->mu);
+}

@@ -72,6 +72,18 @@ kvt_status kvt__cache_ext_end(kvt_cache *c, kvt_task_id id, kvt_status st,
  * for the reads until deadline_ns) and forgets its result. */
 kvt_status kvt__cache_ext_abort(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns);
 
+/* Cuts off launched external task id whose client stopped copying (the
+ * server's copy deadline): ends it (a load unpinned, a store rolled back,
+ * never visible) but a store's blocks stay out of the pool, since the
+ * client still maps them and may write late: their slots go to slots (room
+ * for max >= the task's blocks; *n gets the count) until
+ * kvt__cache_ext_release, once that process is gone. A task in another
+ * state is aborted as kvt__cache_ext_abort does (*n = 0). */
+kvt_status kvt__cache_ext_cut(kvt_cache *c, kvt_task_id id, uint32_t *slots, uint32_t max,
+                              uint32_t *n);
+/* Returns blocks kept by kvt__cache_ext_cut to the pool. */
+void kvt__cache_ext_release(kvt_cache *c, const uint32_t *slots, uint32_t n);
+
 /* True (and the task reaped) when planned task id is gone: expired after
  * plan_ttl_ms, or unknown. False while it is planned or launched. */
 bool kvt__cache_ext_expired(kvt_cache *c, kvt_task_id id);

@@ -125,7 +125,7 @@ static void end_store(kvt_cache *c, kvt_task *t, kvt_status st)
         kvt__tiers_committed(c, t->entries, t->num_blocks);
         return;
     }
-    for (uint32_t i = r; i < t->num_blocks; i++)
+    for (uint32_t i = r; i < t->num_blocks && !t->keep_blocks; i++)
         kvt__pool_free(c->pool, kvt__index_payload(c->index, t->entries[i]));
     kvt__index_abort(c->index, t->entries + r, fresh);
 }

@@ -673,12 +673,12 @@ void kvt__tiers_repair_end(kvt_cache *c, kvt_task *t, bool ok)
         uint32_t id = t->entries[i], slot = t->tmp_slots[i];
         t->tmp_slots[i] = KVT_POOL_NONE;
         if (c->ssd_state[id] != SSD_REPAIRING) {
-            kvt__pool_free(c->pool, slot);
+            if (!t->keep_blocks) kvt__pool_free(c->pool, slot);
             continue;
         }
         if (!ok) {
             c->ssd_state[id] = SSD_LOST;
-            kvt__pool_free(c->pool, slot);
+            if (!t->keep_blocks) kvt__pool_free(c->pool, slot); /* else the cutter's */
             continue;
         }
         c->ssd_state[id] = SSD_NONE;

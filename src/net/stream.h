@@ -62,8 +62,9 @@ struct kvt_stream {
 };
 
 /* Who speaks the handshake (stream_auth.c): its magic and version, the
- * MAC labels of each direction, and words for messages. Two realms: PD
- * endpoints, and rank-group hubs, whose clients also claim a rank. */
+ * MAC labels of each direction, and words for messages. Three realms: PD
+ * endpoints, rank-group hubs (whose clients also claim a rank) and the
+ * node server's socket when it has a secret. */
 typedef struct kvt_auth_realm {
     uint32_t magic;
     uint8_t version;
@@ -72,7 +73,7 @@ typedef struct kvt_auth_realm {
     const char *what;        /* "PD endpoint", "rank-group hub" */
     bool claims_rank;
 } kvt_auth_realm;
-extern const kvt_auth_realm kvt__auth_pd, kvt__auth_group;
+extern const kvt_auth_realm kvt__auth_pd, kvt__auth_group, kvt__auth_server;
 
 typedef struct kvt_stream_auth {
     const uint8_t *secret; /* NULL: none */

@@ -37,6 +37,9 @@ const kvt_auth_realm kvt__auth_pd = {0x4155504bu /* "KPUA" */, 2, "kvt-pd-server
                                      "server", "PD endpoint", false};
 const kvt_auth_realm kvt__auth_group = {0x4154564bu /* "KVTA" */, 1, "kvtier-hub", "kvtier-rank",
                                         "hub", "rank-group hub", true};
+/* The node server's Unix socket, when it has a secret (server/conn.c). */
+const kvt_auth_realm kvt__auth_server = {0x4153564bu /* "KVSA" */, 1, "kvt-node-server", "kvt-node-client",
+                                         "server", "node server", false};
 
 static const kvt_auth_realm *realm(const kvt_stream_auth *a)
 {

@@ -10,6 +10,7 @@
  * KVT_ECONN naming the socket (the engine recomputes; re-attach). */
 #include <errno.h>
 #include <poll.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "cache/cache.h"
 #include "layout/layout.h"
 #include "net/fdio.h"
+#include "net/stream.h"
 #include "server/proto.h"
 #include "server/server.h"
 #include "store/pool.h"
@@ -73,6 +75,8 @@ struct kvt_client {
     uint32_t backoff_ms;    /* under io_mu: 10 ms doubling to 1 s */
     uint32_t epoch;         /* under mu: bumped by each re-attach */
     kvt_geometry *geo;
+    uint8_t *secret;        /* KVTIER_SERVER_SECRET_FILE's bytes, or NULL */
+    size_t secret_len;
     uint8_t *tier;
     kvt_srv_hello_rep shm;
     uint32_t pages_per_block;
@@ -100,7 +104,7 @@ static kvt_status broken_fail(kvt_client *cl, const char *fn)
 /* Sends op with payload b and receives its reply (payload into *rep, the
  * caller frees). A failure status from the server comes back as the status
  * with the server's message. */
-static kvt_status connect_until(kvt_client *cl, uint64_t deadline);
+static kvt_status open_conn(kvt_client *cl, uint64_t connect_deadline);
 static kvt_status hello_locked(kvt_client *cl);
 
 /* A broken connection is re-established by a later call, at most once per
@@ -129,7 +133,7 @@ static kvt_status reattach(kvt_client *cl, const char *fn)
     cl->fd = -1;
     char keep[sizeof cl->broken_msg];
     snprintf(keep, sizeof keep, "%s", cl->broken_msg);
-    kvt_status st = connect_until(cl, now); /* one try: the backoff spaces the next */
+    kvt_status st = open_conn(cl, now); /* one try: the backoff spaces the next */
     if (!st) {
         cl->broken = false; /* hello's round trip needs the stream */
         st = hello_locked(cl);
@@ -287,6 +291,11 @@ static kvt_status connect_until(kvt_client *cl, uint64_t deadline)
         }
         last = errno;
         close(fd);
+        if (last == EACCES)
+            return kvt__fail(KVT_EAUTH, "kvt_client_attach: kvtier server at %s: permission "
+                             "denied (uid %ld, gid %ld): the socket admits the server's user "
+                             "and, with server_socket_group, that group's members", cl->path,
+                             (long)geteuid(), (long)getegid());
         /* Not there yet, or its backlog is full: retry until the deadline. */
         if (last != ENOENT && last != ECONNREFUSED && last != EAGAIN) break;
         if (kvt__now_ns() >= deadline) break;
@@ -295,6 +304,38 @@ static kvt_status connect_until(kvt_client *cl, uint64_t deadline)
     }
     return kvt__fail(KVT_ECONN, "kvt_client_attach: no kvtier server at %s: %s", cl->path,
                      strerror(last));
+}
+
+/* The handshake the server runs first (net/stream_auth.c): with the
+ * server_secret_file option's secret (KVTIER_SERVER_SECRET_FILE), mutual
+ * proof of it; a server that wants one refuses a client without. */
+static kvt_status authenticate(kvt_client *cl, uint64_t deadline)
+{
+    char who[160];
+    snprintf(who, sizeof who, "kvt_client_attach: kvtier server at %s", cl->path);
+    kvt_stream_auth a = {.secret = cl->secret, .secret_len = cl->secret_len, .who = who,
+                         .realm = &kvt__auth_server};
+    return kvt__stream_auth_client(cl->fd, &a, deadline);
+}
+
+/* A connection, authenticated: at attach and at each re-attach. */
+static kvt_status open_conn(kvt_client *cl, uint64_t connect_deadline)
+{
+    kvt_status st = connect_until(cl, connect_deadline);
+    if (!st) st = authenticate(cl, kvt__deadline_ns(cl->timeout_ms));
+    return st;
+}
+
+/* KVTIER_SERVER_SECRET_FILE: the server_secret_file option on the client's
+ * side (clients take no kvt_config), read once at attach. */
+static kvt_status load_secret(kvt_client *cl)
+{
+    if (sodium_init() < 0)
+        return kvt__fail(KVT_ESYS, "kvt_client_attach: libsodium failed to initialise");
+    const char *path = getenv("KVTIER_SERVER_SECRET_FILE");
+    if (!path || !*path) return KVT_OK;
+    return kvt__srv_secret_load(path, "kvt_client_attach: KVTIER_SERVER_SECRET_FILE",
+                                &cl->secret, &cl->secret_len);
 }
 
 /* HELLO and the tier's mapping; io_mu held or not yet shared. */
@@ -353,6 +394,33 @@ static kvt_status hello_locked(kvt_client *cl)
     return st;
 }
 
+/* GEOMETRY before HELLO, for a client attached without one: it takes the
+ * server's (the reply is a HELLO, checked by the same decoder). */
+static kvt_status fetch_geometry(kvt_client *cl)
+{
+    static const char fn[] = "kvt_client_attach";
+    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
+    kvt_srv_hdr h = {0};
+    uint8_t *p = NULL;
+    kvt_status st = kvt__srv_send_frame(cl->fd, KVT_SRV_GEOMETRY, 0, NULL, 0, -1, deadline);
+    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, NULL, deadline);
+    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
+                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
+    kvt_srv_hello g = {0};
+    if (!st && h.op != (KVT_SRV_GEOMETRY | KVT_SRV_REPLY))
+        st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to GEOMETRY", fn, h.op);
+    else if (!st && h.status)
+        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
+                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
+                       p ? (const char *)p : "");
+    else if (!st && (st = kvt__srv_hello_decode(p, h.len, &g)))
+        kvt__wrap_error(st, "kvt_client_attach: the server's geometry");
+    free(p);
+    if (!st) cl->geo = g.geo;
+    return st;
+}
+
 kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kvt_geometry *geo,
                              int64_t timeout_ms)
 {
@@ -360,13 +428,12 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
     kvt__clear_error();
     KVT_CHECK_NOT_NULL(out, fn);
     KVT_CHECK_NOT_NULL(socket_path, fn);
-    KVT_CHECK_NOT_NULL(geo, fn);
     KVT_CHECK_ARG(timeout_ms > 0, "%s: timeout_ms is %lld; it must be > 0 (every call's "
                   "deadline)", fn, (long long)timeout_ms);
     struct sockaddr_un a;
     KVT_CHECK_ARG(strlen(socket_path) < sizeof a.sun_path, "%s: socket_path is longer than %zu "
                   "bytes", fn, sizeof a.sun_path - 1);
-    kvt_status st = kvt_geometry_validate(geo);
+    kvt_status st = geo ? kvt_geometry_validate(geo) : KVT_OK;
     if (st) return kvt__wrap_error(st, "kvt_client_attach: geo");
     kvt_client *cl = calloc(1, sizeof *cl);
     if (!cl) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
@@ -379,8 +446,9 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
         free(cl);
         return kvt__fail(KVT_ESYS, "%s: pthread_cond_init failed", fn);
     }
-    st = kvt_geometry_clone(geo, &cl->geo);
-    if (!st) st = connect_until(cl, kvt__deadline_ns(timeout_ms));
+    st = load_secret(cl);
+    if (!st) st = open_conn(cl, kvt__deadline_ns(timeout_ms));
+    if (!st) st = geo ? kvt_geometry_clone(geo, &cl->geo) : fetch_geometry(cl);
     if (!st) st = hello_locked(cl);
     if (!st) st = kvt__xfer_create(&cl->xfer, CLIENT_WORKERS, &kvt__host_copy_ops);
     if (st) {
@@ -409,6 +477,7 @@ void kvt_client_detach(kvt_client *cl)
     while (cl->ntasks) ct_free(cl, cl->tasks[0]);
     free(cl->tasks);
     kvt_geometry_destroy(cl->geo);
+    kvt__srv_secret_free(cl->secret, cl->secret_len);
     pthread_cond_destroy(&cl->cv);
     pthread_cond_destroy(&cl->lcv);
     pthread_mutex_destroy(&cl->mu);
@@ -436,6 +505,23 @@ kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *m
 /* ------------------------------------------------------------------ */
 /* Planning                                                           */
 
+/* A plan's status, checked: the server answers a plan with a status of
+ * kvt_cache_lookup or prepare_store, KVT_EFULL (this client's task quota,
+ * server_client_tasks) or KVT_EAUTH (a namespace this client may not use);
+ * with the round trip's own failures, that is all a plan may return. A
+ * server answering anything else breaks the protocol. */
+static kvt_status plan_status(const char *fn, kvt_status st)
+{
+    static const kvt_status ok[] = {
+        KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL, KVT_EAUTH, /* the server's */
+        KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION, /* the round trip's */
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        if (st == ok[i]) return st;
+    return kvt__fail(KVT_EPROTO, "%s: the server answered a plan with %s (%s)", fn,
+                     kvt_status_name(st), kvt_last_error());
+}
+
 static kvt_status plan(kvt_client *cl, const char *fn, uint16_t op, const kvt_request *req,
                        uint64_t *task, uint32_t *a, uint32_t *c)
 {
@@ -456,6 +542,7 @@ static kvt_status plan(kvt_client *cl, const char *fn, uint16_t op, const kvt_re
     uint32_t len = 0;
     st = round_trip(cl, fn, op, &b, &p, &len, NULL);
     kvt__srv_buf_free(&b);
+    if (st) st = plan_status(fn, st);
     if (!st) st = kvt__srv_task_rep_decode(p, len, task, a, c);
     free(p);
     return st;

@@ -4,11 +4,13 @@
  * ones released, launched stores rolled back (their blocks never become
  * visible), launched loads unpinned. */
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "net/fdio.h"
+#include "net/stream.h"
 #include "server/server.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -76,6 +78,38 @@ static void sweep_expired(kvt_srv_conn *c)
     }
 }
 
+/* A client that took a plan and stopped copying (server_copy_ms passed
+ * since a launch it never ended) is cut off: every launched task ends (a
+ * load's pins released, a store rolled back with its blocks fenced until
+ * the process exits, as it may still write into them) and the connection
+ * closes, which ends the rest. Other clients never wait on it. */
+static kvt_status check_copy_deadline(kvt_srv_conn *c)
+{
+    uint64_t limit = (uint64_t)c->srv->cfg.server_copy_ms * 1000000ull, now = kvt__now_ns();
+    uint32_t late = 0;
+    for (uint32_t i = 0; i < c->ntasks; i++)
+        late += c->tasks[i].launched && !c->tasks[i].pending &&
+                now - c->tasks[i].launched_ns > limit; /* pending: the server's own reads */
+    if (!late) return KVT_OK;
+    uint32_t fenced = 0;
+    for (uint32_t i = c->ntasks; i-- > 0;) {
+        kvt_srv_task *t = &c->tasks[i];
+        if (!t->launched) continue;
+        uint32_t *slots = malloc(((size_t)t->num_blocks + 1) * sizeof *slots), n = 0;
+        if (slots) kvt__cache_ext_cut(c->srv->cache, t->id, slots, t->num_blocks, &n);
+        else kvt__cache_ext_abort(c->srv->cache, t->id, kvt__deadline_ns(READ_MS));
+        fenced += n;
+        if (slots) kvt__srv_fence_add(c->srv, c->pid, slots, n);
+        drop_task(c, t);
+    }
+    kvt_status st = kvt__fail(KVT_ETIMEDOUT, "client pid %ld (uid %ld) cut off: %u launched "
+                              "task(s) not ended within server_copy_ms (%u ms); pins released, "
+                              "%u store blocks held until the process exits", (long)c->pid,
+                              (long)c->uid, late, c->srv->cfg.server_copy_ms, fenced);
+    kvt__srv_log(KVT_LOG_WARN, "%s", kvt_last_error());
+    return st;
+}
+
 /* ------------------------------------------------------------------ */
 
 static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
@@ -110,6 +144,32 @@ static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
     return st;
 }
 
+/* GEOMETRY, before HELLO: the server's geometry, encoded as a HELLO. */
+static kvt_status on_geometry(kvt_srv_conn *c, size_t len)
+{
+    if (len) return kvt__fail(KVT_EPROTO, "geometry: %zu bytes of payload", len);
+    kvt_srv_buf b = {0};
+    kvt_status st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), c->srv->geo);
+    st = st ? reply_err(c, KVT_SRV_GEOMETRY, st) : reply(c, KVT_SRV_GEOMETRY, &b);
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
+/* KVT_EAUTH naming the namespace (printable bytes, at most 64) and the
+ * client, logged at warn too: an operator sees who tried what. */
+static kvt_status ns_refused(kvt_srv_conn *c, const uint8_t *ns, uint32_t len)
+{
+    char name[72];
+    uint32_t n = len < 64 ? len : 64, i;
+    for (i = 0; i < n; i++) name[i] = ns[i] >= 0x20 && ns[i] < 0x7f ? (char)ns[i] : '?';
+    snprintf(name + i, sizeof name - i, "%s", len > 64 ? "..." : "");
+    kvt_status st = kvt__fail(KVT_EAUTH, "namespace \"%s\" is not allowed for client pid %ld "
+                              "(uid %ld, gid %ld) by the server's server_namespaces", len ? name :
+                              "(default)", (long)c->pid, (long)c->uid, (long)c->peer.gid);
+    kvt__srv_log(KVT_LOG_WARN, "%s", kvt_last_error());
+    return st;
+}
+
 /* LOOKUP and PREPARE. */
 static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t len)
 {
@@ -118,7 +178,9 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     kvt_status st = kvt__srv_req_decode(p, len, &q);
     if (st) return st; /* a protocol violation: the caller drops the client */
     if (c->ntasks >= s->cfg.server_client_tasks) sweep_expired(c);
-    if (c->ntasks >= s->cfg.server_client_tasks)
+    if (!kvt__srv_ns_allowed(&s->ns, &c->peer, q.ns, q.ns_len))
+        st = ns_refused(c, q.ns, q.ns_len);
+    else if (c->ntasks >= s->cfg.server_client_tasks)
         st = kvt__fail(KVT_EFULL, "this client holds %u tasks (server_client_tasks); launch, "
                        "wait or cancel some first", c->ntasks);
     kvt_request req = {.ns = q.ns, .ns_len = q.ns_len};
@@ -186,6 +248,7 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
     if (fit) offs = fit;
     t->launched = true;
     t->pending = false;
+    t->launched_ns = kvt__now_ns(); /* the client's copy starts: server_copy_ms runs */
     t->num_blocks = l->num_blocks;
     t->offsets = offs;
     kvt_srv_launch_rep r = {(uint32_t)l->kind, l->first_token, l->num_tokens, l->num_blocks,
@@ -368,11 +431,15 @@ static kvt_status on_flush(kvt_srv_conn *c, const uint8_t *p, size_t len)
 /* One request; an error return ends the connection. */
 static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
 {
-    for (;;) { /* idle clients may wait for ever; a started frame has a deadline */
-        kvt_status st = kvt__fd_wait(c->fd, POLLIN, kvt__deadline_ns(1000));
+    /* Idle clients may wait for ever; a started frame has a deadline; a
+     * launched copy has server_copy_ms, checked at least 4 times in it. */
+    uint32_t tick = c->srv->cfg.server_copy_ms / 4 < 1000 ? c->srv->cfg.server_copy_ms / 4 : 1000;
+    for (;;) {
+        if (check_copy_deadline(c)) return KVT_ETIMEDOUT;
+        kvt_status st = kvt__fd_wait(c->fd, POLLIN, kvt__deadline_ns(tick));
         if (st == KVT_OK) break;
         if (st != KVT_ETIMEDOUT) return st;
-        sweep_expired(c); /* idle: a second passed */
+        sweep_expired(c); /* idle for a tick */
     }
     kvt_srv_hdr h;
     uint8_t *p = NULL;
@@ -382,7 +449,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
         free(p);
         return kvt__fail(KVT_EPROTO, "the client sent a reply (op 0x%x)", h.op);
     }
-    if (!*hello_done && h.op != KVT_SRV_HELLO) {
+    if (!*hello_done && h.op != KVT_SRV_HELLO && h.op != KVT_SRV_GEOMETRY) {
         free(p);
         return kvt__fail(KVT_EPROTO, "the client's first message is op %u, not HELLO", h.op);
     }
@@ -398,9 +465,27 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     case KVT_SRV_CANCEL: st = on_cancel(c, p, h.len); break;
     case KVT_SRV_STATS: st = on_stats(c, h.len); break;
     case KVT_SRV_FLUSH: st = on_flush(c, p, h.len); break;
+    case KVT_SRV_GEOMETRY:
+        st = *hello_done ? kvt__fail(KVT_EPROTO, "GEOMETRY after HELLO") : on_geometry(c, h.len);
+        break;
     default: st = kvt__fail(KVT_EPROTO, "unknown op %u", h.op);
     }
     free(p);
+    return st;
+}
+
+/* The handshake every client passes first (net/stream_auth.c, as the PD
+ * endpoints): with server_secret_file set, mutual HMAC-SHA256 proof of the
+ * secret; without, the client learns the server needs none. */
+static kvt_status authenticate(kvt_srv_conn *c)
+{
+    kvt_stream_auth a = {.secret = c->srv->secret, .secret_len = c->srv->secret_len,
+                         .who = "kvtier server", .realm = &kvt__auth_server};
+    kvt_status st = kvt__stream_auth_server(c->fd, &a, kvt__deadline_ns(FRAME_MS));
+    if (st)
+        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld (uid %ld): %s", (long)c->pid,
+                     (long)c->uid, *kvt_last_error() ? kvt_last_error() :
+                     "it hung up during the handshake (it refused this server's proof)");
     return st;
 }
 
@@ -408,8 +493,8 @@ void *kvt__srv_conn_main(void *arg)
 {
     kvt_srv_conn *c = arg;
     bool hello_done = false;
-    kvt_status st;
-    while (!(st = serve_one(c, &hello_done))) {}
+    kvt_status st = authenticate(c);
+    while (!st && !(st = serve_one(c, &hello_done))) {}
     if (st == KVT_EPROTO || st == KVT_EVERSION)
         kvt__srv_log(KVT_LOG_WARN, "client pid %ld dropped: %s", (long)c->pid, kvt_last_error());
     uint32_t released = c->ntasks;

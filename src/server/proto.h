@@ -26,6 +26,10 @@
  *   CANCEL   req: u64 task            rep: empty
  *   STATS    req: empty               rep: u32 n, u32 0, u64 field[n] (kvt_cache_stats order)
  *   FLUSH    req: u64 timeout_ms      rep: empty (or KVT_ETIMEDOUT)
+ *   GEOMETRY req: empty               rep: the server's geometry as a HELLO
+ *                 request (proto, server pid, layers...); allowed only before
+ *                 HELLO, so a client that knows only the socket (kvtier stats,
+ *                 kvt_client_attach with geo NULL) can attach
  * A request is: u32 form, u32 ns_len, ns bytes padded to 4, u32 count, then
  *   form 0 (tokens): u32 token[count];
  *   form 1 (keys):   count x (u32 len, len bytes padded to 4), len <= KVT_SRV_MAX_KEY.
@@ -60,6 +64,7 @@ typedef enum kvt_srv_op {
     KVT_SRV_CANCEL = 6,
     KVT_SRV_STATS = 7,
     KVT_SRV_FLUSH = 8,
+    KVT_SRV_GEOMETRY = 9,
 } kvt_srv_op;
 
 typedef struct kvt_srv_hdr {

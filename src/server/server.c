@@ -6,12 +6,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -78,13 +80,17 @@ static kvt_status listen_on(kvt_server *s)
     if (fd < 0) return kvt__fail(KVT_ESYS, "%s: socket: %s", fn, strerror(errno));
     /* We hold the lock: a socket file left at the path is a dead server's. */
     unlink(s->path);
-    /* Created 0600, only this user may attach: Linux gives the socket file
-     * the socket inode's mode (less the umask), so no process-wide umask
-     * change is needed; the chmod after bind is belt and braces. */
-    int rc = fchmod(fd, 0600);
+    /* Created 0600, only this user may attach, or 0660 owned by
+     * server_socket_group: Linux gives the socket file the socket inode's
+     * mode (less the umask), so no process-wide umask change is needed; the
+     * chmod after bind is belt and braces (and the group's mode needs it
+     * after the chown). */
+    mode_t mode = s->grouped ? 0660 : 0600;
+    int rc = fchmod(fd, s->grouped ? 0600 : mode);
     if (rc == 0) rc = bind(fd, (struct sockaddr *)&a, sizeof a);
     int e = errno;
-    if (rc == 0 && chmod(s->path, 0600) != 0) e = errno, rc = -1;
+    if (rc == 0 && s->grouped && chown(s->path, (uid_t)-1, s->group) != 0) e = errno, rc = -1;
+    if (rc == 0 && chmod(s->path, mode) != 0) e = errno, rc = -1;
     if (rc != 0 || listen(fd, 128) != 0) {
         if (rc == 0) e = errno;
         close(fd);
@@ -95,6 +101,24 @@ static kvt_status listen_on(kvt_server *s)
 }
 
 static void srv_metrics(kvt_mbuf *b, void *arg);
+
+/* server_socket_group, server_namespaces and server_secret_file. */
+static kvt_status security(kvt_server *s)
+{
+    kvt_status st = KVT_OK;
+    if (s->cfg.server_socket_group[0]) {
+        st = kvt__srv_group(s->cfg.server_socket_group, &s->group);
+        s->grouped = st == KVT_OK;
+    }
+    if (!st && (st = kvt__srv_ns_parse(s->cfg.server_namespaces, &s->ns)))
+        kvt__wrap_error(st, "kvt_server_create");
+    if (!st && sodium_init() < 0)
+        st = kvt__fail(KVT_ESYS, "kvt_server_create: libsodium failed to initialise");
+    if (!st && s->cfg.server_secret_file[0])
+        st = kvt__srv_secret_load(s->cfg.server_secret_file, "kvt_server_create: "
+                                  "server_secret_file", &s->secret, &s->secret_len);
+    return st;
+}
 
 static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry *geo)
 {
@@ -112,8 +136,9 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
     snprintf(lock, sizeof lock, "%s.lock", s->path);
     char what[sizeof s->path + 16];
     snprintf(what, sizeof what, "socket %s", s->path);
-    kvt_status st = take_lock(lock, what, &s->lock_fd);
+    kvt_status st = security(s);
     if (st) return st;
+    if ((st = take_lock(lock, what, &s->lock_fd))) return st;
     if ((st = lock_ssd_dirs(s))) return st;
     if ((st = kvt_geometry_clone(geo, &s->geo))) return st;
     if ((st = kvt__cache_create_ex(&s->cache, cfg, geo, true))) return st;
@@ -197,21 +222,71 @@ static void reap_conns(kvt_server *s, bool all)
     pthread_mutex_unlock(&s->mu);
 }
 
+void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint32_t *slots, uint32_t n)
+{
+    kvt_srv_fence *f = n ? calloc(1, sizeof *f) : NULL;
+    int pidfd = f ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
+    if (f && pidfd < 0 && errno != ESRCH) {
+        /* No way to tell when it exits (kernel < 5.3): the blocks stay out
+         * of the pool until the server stops, which is safe. */
+        kvt__srv_log(KVT_LOG_WARN, "client pid %ld: pidfd_open: %s; its %u cut-off store "
+                     "blocks stay reserved until the server stops", (long)pid, strerror(errno),
+                     n);
+    }
+    if (!f || (pidfd < 0 && errno == ESRCH)) { /* gone already (or no memory: then leak) */
+        if (f) kvt__cache_ext_release(s->cache, slots, n);
+        free(slots);
+        free(f);
+        return;
+    }
+    *f = (kvt_srv_fence){pid, pidfd, slots, n, NULL};
+    pthread_mutex_lock(&s->mu);
+    f->next = s->fences;
+    s->fences = f;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvt__srv_fences_reap(kvt_server *s, bool all)
+{
+    pthread_mutex_lock(&s->mu);
+    for (kvt_srv_fence **pp = &s->fences; *pp;) {
+        kvt_srv_fence *f = *pp;
+        struct pollfd p = {f->pidfd, POLLIN, 0};
+        bool gone = f->pidfd >= 0 && poll(&p, 1, 0) == 1;
+        if (!gone && !all) {
+            pp = &f->next;
+            continue;
+        }
+        *pp = f->next;
+        if (gone)
+            kvt__srv_log(KVT_LOG_INFO, "client pid %ld exited: its %u cut-off store blocks are "
+                         "free again", (long)f->pid, f->n);
+        kvt__cache_ext_release(s->cache, f->slots, f->n);
+        if (f->pidfd >= 0) close(f->pidfd);
+        free(f->slots);
+        free(f);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void accept_one(kvt_server *s)
 {
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
-    struct ucred cr;
-    socklen_t len = sizeof cr;
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
-        kvt__srv_log(KVT_LOG_WARN, "refused a client: SO_PEERCRED failed: %s", strerror(errno));
+    kvt_srv_peer cr;
+    if (kvt__srv_peer(fd, &cr)) {
+        kvt__srv_log(KVT_LOG_WARN, "refused a client: %s", kvt_last_error());
         close(fd);
         return;
     }
-    if (cr.uid != geteuid() && cr.uid != 0) {
+    /* The socket's mode already keeps others out; this holds even if the
+     * file's mode or owner was changed behind the server's back. */
+    if (cr.uid != geteuid() && cr.uid != 0 &&
+        !(s->grouped && kvt__srv_peer_in_group(&cr, s->group))) {
         kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: uid %ld is neither this server's "
-                     "(%ld) nor root",
-                     (long)cr.pid, (long)cr.uid, (long)geteuid());
+                     "(%ld) nor root%s%s", (long)cr.pid, (long)cr.uid, (long)geteuid(),
+                     s->grouped ? ", nor in server_socket_group " : "",
+                     s->grouped ? s->cfg.server_socket_group : "");
         close(fd);
         return;
     }
@@ -233,6 +308,7 @@ static void accept_one(kvt_server *s)
     c->fd = fd;
     c->pid = cr.pid;
     c->uid = cr.uid;
+    c->peer = cr;
     atomic_init(&c->finished, false);
     atomic_init(&c->pins, 0);
     if (pthread_create(&c->thread, NULL, kvt__srv_conn_main, c) != 0) {
@@ -269,6 +345,7 @@ kvt_status kvt_server_run(kvt_server *s)
         if (p[1].revents) break;
         if (rc > 0 && (p[0].revents & POLLIN)) accept_one(s);
         reap_conns(s, false);
+        kvt__srv_fences_reap(s, false);
     }
     /* Stop: no new clients, every client's tasks released, then a bounded
      * wait for SSD writes to become durable. */
@@ -294,12 +371,15 @@ void kvt_server_destroy(kvt_server *s)
     /* No scrape may walk the connections once they are freed. */
     if (s->cache) kvt__metrics_cache_set_extra(s->cache, NULL, NULL);
     reap_conns(s, true);
+    if (s->cache) kvt__srv_fences_reap(s, true);
     kvt_cache_destroy(s->cache);
     kvt_geometry_destroy(s->geo);
     for (uint32_t i = 0; i < s->num_ssd_locks; i++) close(s->ssd_lock_fds[i]);
     if (s->lock_fd >= 0) close(s->lock_fd);
     if (s->stop_pipe[0] >= 0) close(s->stop_pipe[0]);
     if (s->stop_pipe[1] >= 0) close(s->stop_pipe[1]);
+    kvt__srv_ns_free(&s->ns);
+    kvt__srv_secret_free(s->secret, s->secret_len);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

@@ -9,6 +9,7 @@
 
 #include "cache/external.h"
 #include "kvtier.h"
+#include "server/auth.h"
 #include "server/proto.h"
 #include "util/config.h"
 
@@ -23,7 +24,17 @@ typedef struct kvt_srv_task {
     uint32_t num_blocks;
     uint32_t pins;     /* index entries the task pins (its planned blocks) */
     uint64_t *offsets; /* launched: each block's memfd offset */
+    uint64_t launched_ns; /* the client must END it by this + server_copy_ms */
 } kvt_srv_task;
+
+/* CPU blocks of stores cut off from a client still alive (it maps the tier
+ * and may write into them late): back to the pool once its process exits. */
+typedef struct kvt_srv_fence {
+    pid_t pid;
+    int pidfd; /* readable once pid exited */
+    uint32_t *slots, n;
+    struct kvt_srv_fence *next;
+} kvt_srv_fence;
 
 typedef struct kvt_srv_conn kvt_srv_conn;
 struct kvt_srv_conn {
@@ -31,6 +42,7 @@ struct kvt_srv_conn {
     int fd;
     pid_t pid;
     uid_t uid;
+    kvt_srv_peer peer; /* SO_PEERCRED and SO_PEERGROUPS at accept */
     pthread_t thread;
     atomic_bool finished;
     kvt_srv_task *tasks; /* this client's planned and launched tasks */
@@ -49,10 +61,16 @@ struct kvt_server {
     int listen_fd, lock_fd, stop_pipe[2];
     int ssd_lock_fds[KVT_SRV_MAX_SSD_LOCKS];
     uint32_t num_ssd_locks;
+    bool grouped; /* server_socket_group set: socket 0660, its members attach */
+    gid_t group;
+    kvt_srv_ns_rules ns; /* server_namespaces */
+    uint8_t *secret;     /* server_secret_file's bytes (sodium_malloc), or NULL */
+    size_t secret_len;
     atomic_int state; /* 0 created, 1 running, 2 stopped */
-    pthread_mutex_t mu; /* guards conns */
+    pthread_mutex_t mu; /* guards conns and fences */
     kvt_srv_conn *conns;
     uint32_t nconns;
+    kvt_srv_fence *fences;
     uint32_t verify_threads; /* threads checking one large store (conn.c) */
 };
 
@@ -70,6 +88,10 @@ uint64_t kvt__srv_sum_combine(const uint64_t *layer_sums, uint32_t num_layers, u
 /* The same over a block in memory (the server's check). */
 uint64_t kvt__srv_block_sum(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
                             uint64_t offset);
+/* Keeps a cut-off client's store blocks (slots, n; taken over) until its
+ * process pid exits; fences_reap (all: at destroy) returns them. server.c. */
+void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint32_t *slots, uint32_t n);
+void kvt__srv_fences_reap(kvt_server *s, bool all);
 /* The thread serving one attached client (conn.c). */
 void *kvt__srv_conn_main(void *arg);
 

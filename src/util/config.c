@@ -132,6 +132,20 @@ static const opt_def OPTIONS[] = {
              "clients attached to the node server at once, at most"),
     UINT_OPT(server_client_tasks, SERVER_CLIENT_TASKS, RANK_LOCAL, 1024, 1, 1048576,
              "tasks one client may hold planned or running on the node server"),
+    STRING_OPT(server_socket_group, SERVER_SOCKET_GROUP, RANK_LOCAL, "",
+               "a group: the server's socket is created 0660 owned by it, and its members may "
+               "attach; empty: 0600, only the server's user"),
+    STRING_OPT(server_namespaces, SERVER_NAMESPACES, RANK_LOCAL, "",
+               "namespaces each client may use: rules WHO=NS[,NS...] separated by ';', WHO "
+               "uid:N, gid:N or *, NS a namespace, - the default (empty) one, * any; empty: "
+               "no restriction"),
+    STRING_OPT(server_secret_file, SERVER_SECRET_FILE, RANK_LOCAL, "",
+               "a file of 16..1024 bytes every client of the node server must prove it holds "
+               "(HMAC-SHA256 challenge at attach); clients read it from "
+               "KVTIER_SERVER_SECRET_FILE; empty: no secret"),
+    UINT_OPT(server_copy_ms, SERVER_COPY_MS, RANK_LOCAL, 30000, 100, 3600000,
+             "a client's launched copy must end within this many ms, else the server cuts the "
+             "client off and releases its pins"),
 };
 
 #define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])

@@ -38,6 +38,10 @@ typedef struct kvt_config_values {
     uint32_t server_stop_ms; /* "server_stop_ms", uint, default 5000: bound on a clean stop */
     uint32_t server_max_clients; /* "server_max_clients", uint, default 64 */
     uint32_t server_client_tasks; /* "server_client_tasks", uint, default 1024: per-client quota */
+    char server_socket_group[64]; /* "server_socket_group", string, default "": socket 0660 with it */
+    char server_namespaces[1024]; /* "server_namespaces", string, default "": per-client rules */
+    char server_secret_file[256]; /* "server_secret_file", string, default "": attach secret */
+    uint32_t server_copy_ms; /* "server_copy_ms", uint, default 30000: a launched copy's deadline */
 } kvt_config_values;
 
 struct kvt_config {

@@ -248,6 +248,7 @@
 #include "cache/external.h"
 #include "group/frame.h"
 #include "net/net.h"
+#include "net/stream.h"
 #include "server/proto.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -2536,9 +2537,11 @@ static void *fake_main(void *arg)
     while (!atomic_load(&f->stop)) {
         struct pollfd pf = {f->lfd, POLLIN, 0};
         if (poll(&pf, 1, 20) <= 0) continue;
-        int fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+        int fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) continue;
-        fake_serve(f, fd);
+        /* every attach opens with the server realm's handshake (no secret) */
+        kvt_stream_auth a = {.who = "fake server", .realm = &kvt__auth_server};
+        if (kvt__stream_auth_server(fd, &a, kvt__deadline_ns(2000)) == KVT_OK) fake_serve(f, fd);
         close(fd);
     }
     return NULL;

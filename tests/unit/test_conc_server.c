@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,11 +14,13 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "support.h"
 #include "cache/cache.h"
+#include "net/stream.h"
 #include "server/proto.h"
 #include "server/server.h"
 #include "util/clock.h"
@@ -611,13 +614,26 @@ static kvt_status raw_rt(int fd, uint16_t op, const kvt_srv_buf *b, uint8_t **re
     return st;
 }
 
-static kvt_status child_raw_store(const char *path, void *arg)
+/* A raw connection past the server's handshake (no secret), or -1. */
+static int raw_connect(const char *path)
 {
-    raw_arg *a = arg;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return KVT_ECONN;
+    kvt_stream_auth a = {.who = "raw client", .realm = &kvt__auth_server};
+    if (sodium_init() < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        kvt__stream_auth_client(fd, &a, kvt__deadline_ns(TIMEOUT_MS)) != KVT_OK) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static kvt_status child_raw_store(const char *path, void *arg)
+{
+    raw_arg *a = arg;
+    int fd = raw_connect(path);
+    if (fd < 0) return KVT_ECONN;
     kvt_geometry *g = geo_heads(2);
     kvt_srv_buf b = {0};
     uint8_t *p = NULL;
@@ -1195,10 +1211,8 @@ static void test_keyed_store_in_a_load_in_b(void **state)
 static kvt_status child_keyed_raw(const char *path, void *arg)
 {
     (void)arg;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) return KVT_ECONN;
+    int fd = raw_connect(path);
+    if (fd < 0) return KVT_ECONN;
     kvt_geometry *g = geo_heads(2);
     kvt_srv_buf b = {0};
     uint8_t *p = NULL;
@@ -1249,6 +1263,489 @@ static void test_keyed_bad_key_refused(void **state)
     stop_server(srv, path);
 }
 
+/* ------------------------------------------------------------------ */
+/* Security: socket group, peer credentials, namespaces, secret       */
+
+#define NOBODY 65534
+#define DAEMON_GID 1
+
+/* A directory every user may traverse (the uid tests' clients are nobody). */
+static void make_open_dir(void)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/srvXXXXXX");
+    assert_non_null(mkdtemp(g_dir));
+    assert_int_equal(chmod(g_dir, 0711), 0);
+}
+
+typedef struct as_user {
+    uid_t uid;
+    gid_t gid;
+    const char *ns;       /* the namespace to store and load in */
+    kvt_status want;      /* what attach or the first plan gives */
+    const char *want_msg; /* in its message */
+} as_user;
+
+/* As arg's uid/gid: attach, store and load in arg->ns; the first failure
+ * must be arg->want with want_msg in its message (KVT_OK: all works). */
+static kvt_status child_as_user(const char *path, void *arg)
+{
+    const as_user *u = arg;
+    if (setgroups(0, NULL) || setgid(u->gid) || setuid(u->uid))
+        return kvt__fail(KVT_ESYS, "cannot become uid %ld", (long)u->uid);
+    engine e;
+    uint32_t tokens[NTOK], n = 0;
+    kvt_request r;
+    request(&r, tokens, 77);
+    r.ns = u->ns;
+    r.ns_len = (uint32_t)strlen(u->ns);
+    kvt_status st = engine_open(&e, path, 2);
+    if (!st) st = engine_store(&e, &r, &n);
+    if (!st) st = engine_load(&e, &r, &n);
+    if (!st && n != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "loaded %u tokens", n);
+    if (e.cl) engine_close(&e);
+    if (st != u->want)
+        return kvt__fail(KVT_EINVAL, "got %s (%s), want %s", kvt_status_name(st),
+                         kvt_last_error(), kvt_status_name(u->want));
+    if (st && u->want_msg && !strstr(kvt_last_error(), u->want_msg))
+        return kvt__fail(KVT_EINVAL, "message lacks \"%s\": %s", u->want_msg, kvt_last_error());
+    return KVT_OK;
+}
+
+/* server_socket_group: the socket is 0660 owned by the group; its members
+ * attach, others are refused by the socket's mode (KVT_EAUTH naming the
+ * socket) and, should the mode be widened behind the server's back, by
+ * SO_PEERCRED; a group that does not exist is refused at create. */
+static void test_socket_group(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) skip(); /* needs to run clients as other users */
+    make_open_dir();
+    char path[300], want[400];
+    sock_path(path, sizeof path, "g.sock");
+    static const char *const bad[] = {"server_socket_group", "no-such-group-kvt", NULL};
+    g_opts = bad;
+    kvt_server *s = NULL;
+    assert_status(make_server(&s, path, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "\"no-such-group-kvt\" is not a group"));
+    static const char *const opts[] = {"server_socket_group", "daemon", NULL};
+    g_opts = opts;
+    snprintf(g_log_path, sizeof g_log_path, "%s/server.log", g_dir);
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    g_log_path[0] = '\0';
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0660);
+    assert_int_equal(sb.st_gid, DAEMON_GID);
+    as_user member = {NOBODY, DAEMON_GID, "tenant", KVT_OK, NULL};
+    assert_int_equal(reap(spawn(child_as_user, path, &member), 20000), 0);
+    snprintf(want, sizeof want, "kvtier server at %s: permission denied (uid %d", path, NOBODY);
+    as_user other = {NOBODY, NOBODY, "tenant", KVT_EAUTH, want};
+    assert_int_equal(reap(spawn(child_as_user, path, &other), 20000), 0);
+    /* The mode widened: the server's own check refuses and logs the peer. */
+    assert_int_equal(chmod(path, 0666), 0);
+    as_user widened = {NOBODY, NOBODY, "tenant", KVT_ECONN, path};
+    pid_t kid = spawn(child_as_user, path, &widened);
+    assert_int_equal(reap(kid, 20000), 0);
+    char file[340], log[8192] = "";
+    snprintf(file, sizeof file, "%s/server.log", g_dir);
+    snprintf(want, sizeof want, "refused client pid %ld: uid %d is neither this server's (0) "
+             "nor root, nor in server_socket_group daemon", (long)kid, NOBODY);
+    FILE *f = fopen(file, "r");
+    assert_non_null(f);
+    log[fread(log, 1, sizeof log - 1, f)] = '\0';
+    fclose(f);
+    if (!strstr(log, want)) fail_msg("log lacks \"%s\":\n%s", want, log);
+    stop_server(srv, path);
+}
+
+/* server_namespaces: each client uses only the namespaces a rule matching
+ * its uid or groups lists; another gives KVT_EAUTH naming the namespace and
+ * the client's pid and uid. A malformed rule is refused at create. */
+static kvt_status child_ns_refused(const char *path, void *arg)
+{
+    (void)arg;
+    engine e;
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, 78);
+    r.ns = "other";
+    r.ns_len = 5;
+    kvt_status st = engine_open(&e, path, 2);
+    kvt_match m;
+    kvt_store_plan p;
+    char want[160];
+    snprintf(want, sizeof want, "namespace \"other\" is not allowed for client pid %ld (uid %ld",
+             (long)getpid(), (long)getuid());
+    if (!st && kvt_client_lookup(e.cl, &r, &m) != KVT_EAUTH)
+        st = kvt__fail(KVT_EINVAL, "lookup in \"other\" was not refused: %s", kvt_last_error());
+    if (!st && !strstr(kvt_last_error(), want))
+        st = kvt__fail(KVT_EINVAL, "lookup refusal lacks \"%s\": %s", want, kvt_last_error());
+    if (!st && kvt_client_prepare_store(e.cl, &r, &p) != KVT_EAUTH)
+        st = kvt__fail(KVT_EINVAL, "store in \"other\" was not refused: %s", kvt_last_error());
+    uint32_t n = 0;
+    r.ns = NULL; /* the default namespace: listed as "-" */
+    r.ns_len = 0;
+    if (!st) st = engine_store(&e, &r, &n);
+    if (!st) st = engine_load(&e, &r, &n);
+    engine_close(&e);
+    return st;
+}
+
+static void test_namespace_rules(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) skip();
+    make_open_dir();
+    char path[300], want[200];
+    sock_path(path, sizeof path, "n.sock");
+    static const char *const bad[] = {"server_namespaces", "uid:x=a", NULL};
+    g_opts = bad;
+    kvt_server *s = NULL;
+    assert_status(make_server(&s, path, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "server_namespaces: \"uid:x\" is not uid:N"));
+    static const char *const opts[] = {"server_socket_group", "daemon", "server_namespaces",
+                                       "uid:0=tenant,-; gid:1=shared", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    as_user root_ok = {0, 0, "tenant", KVT_OK, NULL};
+    assert_int_equal(reap(spawn(child_as_user, path, &root_ok), 20000), 0);
+    assert_int_equal(reap(spawn(child_ns_refused, path, NULL), 20000), 0);
+    as_user member_ok = {NOBODY, DAEMON_GID, "shared", KVT_OK, NULL};
+    assert_int_equal(reap(spawn(child_as_user, path, &member_ok), 20000), 0);
+    snprintf(want, sizeof want, "namespace \"tenant\" is not allowed for client pid");
+    as_user member_no = {NOBODY, DAEMON_GID, "tenant", KVT_EAUTH, want};
+    assert_int_equal(reap(spawn(child_as_user, path, &member_no), 20000), 0);
+    stop_server(srv, path);
+}
+
+/* server_secret_file: clients prove the secret at attach (mutual
+ * HMAC-SHA256): without it, or with another, attach gives KVT_EAUTH saying
+ * which; with it, everything works. A short secret is refused at create. */
+static kvt_status child_with_secret(const char *path, void *arg)
+{
+    const as_user *u = arg; /* ns: the secret file, or "" for none */
+    if (*u->ns) setenv("KVTIER_SERVER_SECRET_FILE", u->ns, 1);
+    else unsetenv("KVTIER_SERVER_SECRET_FILE");
+    as_user me = {getuid(), getgid(), "tenant", u->want, u->want_msg};
+    /* (setuid to ourselves is a no-op) */
+    return child_as_user(path, &me);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_secret(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], good[300], other[300], shorty[300];
+    sock_path(path, sizeof path, "k.sock");
+    sock_path(good, sizeof good, "good.key");
+    sock_path(other, sizeof other, "other.key");
+    sock_path(shorty, sizeof shorty, "short.key");
+    write_file(good, "0123456789abcdef-the-node-secret");
+    write_file(other, "0123456789abcdef-another-secret!");
+    write_file(shorty, "too short");
+    const char *bad[] = {"server_secret_file", shorty, NULL};
+    g_opts = bad;
+    kvt_server *s = NULL;
+    assert_status(make_server(&s, path, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "holds 9 bytes (16..1024)"));
+    const char *opts[] = {"server_secret_file", good, NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    as_user with = {0, 0, good, KVT_OK, NULL};
+    assert_int_equal(reap(spawn(child_with_secret, path, &with), 20000), 0);
+    as_user none = {0, 0, "", KVT_EAUTH, "requires a shared secret the client lacks"};
+    assert_int_equal(reap(spawn(child_with_secret, path, &none), 20000), 0);
+    as_user wrong = {0, 0, other, KVT_EAUTH, "different secrets"};
+    assert_int_equal(reap(spawn(child_with_secret, path, &wrong), 20000), 0);
+    stop_server(srv, path);
+    /* A client holding a secret refuses a server that cannot prove it. */
+    srv = start_server(path, NULL);
+    assert_int_equal(reap(spawn(child_with_secret, path, &wrong), 20000), 0);
+    stop_server(srv, path);
+}
+
+/* ------------------------------------------------------------------ */
+/* A client that stops copying                                        */
+
+/* Polls the server's stats until ok(stats) or 10 s (then fails). */
+static void stats_until(engine *e, bool (*ok)(const kvt_cache_stats *, uint64_t), uint64_t arg)
+{
+    kvt_cache_stats cs = {0};
+    for (int i = 0; i < 1000; i++) {
+        assert_ok(kvt_client_stats(e->cl, &cs));
+        if (ok(&cs, arg)) return;
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("stats never reached the state: %llu tasks in flight, %llu CPU blocks used",
+             (unsigned long long)cs.tasks_in_flight, (unsigned long long)cs.cpu_blocks_used);
+}
+
+static bool no_tasks(const kvt_cache_stats *s, uint64_t arg)
+{
+    (void)arg;
+    return s->tasks_in_flight == 0;
+}
+
+static bool blocks_used(const kvt_cache_stats *s, uint64_t want)
+{
+    return s->cpu_blocks_used == want;
+}
+
+static void read_log(char *log, size_t cap)
+{
+    char file[340];
+    snprintf(file, sizeof file, "%s/server.log", g_dir);
+    FILE *f = fopen(file, "r");
+    assert_non_null(f);
+    log[fread(log, 1, cap - 1, f)] = '\0';
+    fclose(f);
+}
+
+/* A real client process launches a store, writes half of it and stops (it
+ * stays alive, its socket open): after server_copy_ms the server cuts it
+ * off - its pins and pending chain released while it lives, so another
+ * client stores and loads the same prefix, byte for byte, unstalled - and
+ * keeps the cut store's blocks out of the pool until the process exits (it
+ * still maps them). A stuck loader likewise loses its pins. */
+static void test_stuck_client_cut_off(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], want[200], log[16384];
+    sock_path(path, sizeof path, "t.sock");
+    snprintf(g_log_path, sizeof g_log_path, "%s/server.log", g_dir);
+    static const char *const opts[] = {"server_copy_ms", "300", "log_level", "info", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    g_log_path[0] = '\0';
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    raw_arg a = {ready[1], false, false};
+    pid_t stuck = spawn(child_raw_store, path, &a);
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1); /* launched, half written, stuck */
+    /* (The parent forks only while it holds no client: no threads.) */
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    stats_until(&e, no_tasks, 0);
+    engine_close(&e);
+    pid_t chk = fork(); /* while the stuck client lives */
+    if (chk == 0) {
+        check_no_visible_then_store(path);
+        _exit(0);
+    }
+    assert_int_equal(reap(chk, 20000), 0);
+    /* Its 8 blocks fenced beside the 8 just stored, until it exits. */
+    assert_ok(engine_open(&e, path, 2));
+    stats_until(&e, blocks_used, 2 * BLOCKS);
+    assert_int_equal(kill(stuck, 0), 0); /* still alive */
+    read_log(log, sizeof log);
+    snprintf(want, sizeof want, "client pid %ld (uid %ld) cut off: 1 launched task(s) not ended "
+             "within server_copy_ms (300 ms); pins released, 8 store blocks held", (long)stuck,
+             (long)getuid());
+    if (!strstr(log, want)) fail_msg("log lacks \"%s\":\n%s", want, log);
+    kill(stuck, SIGKILL);
+    assert_int_equal(reap(stuck, 5000), -SIGKILL);
+    stats_until(&e, blocks_used, BLOCKS);
+    engine_close(&e);
+    /* A stuck loader: pinned blocks released while it lives. */
+    raw_arg l = {ready[1], false, true};
+    pid_t loader = spawn(child_raw_store, path, &l);
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    assert_ok(engine_open(&e, path, 2));
+    stats_until(&e, no_tasks, 0);
+    uint32_t tokens[NTOK], matched = 0;
+    kvt_request r;
+    request(&r, tokens, 99);
+    assert_ok(engine_load(&e, &r, &matched));
+    assert_int_equal(matched, BLOCKS * TPP);
+    assert_int_equal(kill(loader, 0), 0);
+    kill(loader, SIGKILL);
+    assert_int_equal(reap(loader, 5000), -SIGKILL);
+    close(ready[0]);
+    close(ready[1]);
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
+/* ------------------------------------------------------------------ */
+/* The server killed in the middle of a load                          */
+
+/* The engine's pages of the mid-load client: one mmap per buffer, so they
+ * can be write-protected; the first write of the load's copy then faults
+ * and the SIGSEGV handler holds that copy thread until the parent killed
+ * the server - a load in flight when the server dies, every time. */
+#define MAX_BUFS (LAYERS * KVT_MAX_COMPONENTS)
+static void *g_buf[MAX_BUFS];
+static size_t g_buf_len[MAX_BUFS];
+static int g_notify = -1, g_go = -1;
+
+static void protect(int prot)
+{
+    for (int i = 0; i < MAX_BUFS; i++)
+        if (g_buf[i]) mprotect(g_buf[i], g_buf_len[i], prot);
+}
+
+static void on_segv(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig, (void)si, (void)uc;
+    char c = 'f';
+    if (write(g_notify, &c, 1) != 1 || read(g_go, &c, 1) != 1) _exit(4);
+    protect(PROT_READ | PROT_WRITE); /* the faulting write then runs again */
+}
+
+/* Own buffers shaped like the emulator's (its layout is the reference). */
+static kvt_status own_memory(engine *e, kvt_engine_memory *mem, void **bases)
+{
+    kvt_engine_memory ref;
+    kvt_status st = kvt_emu_memory(e->emu, &ref);
+    if (st) return st;
+    for (int i = 0; i < MAX_BUFS; i++) {
+        if (!ref.layer_bases[i]) continue;
+        g_buf_len[i] = (ref.buffer_bytes[i] + 4095) & ~(size_t)4095;
+        g_buf[i] = mmap(NULL, g_buf_len[i], PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0);
+        if (g_buf[i] == MAP_FAILED) return KVT_ESYS;
+        bases[i] = g_buf[i];
+    }
+    *mem = ref;
+    mem->layer_bases = bases;
+    return KVT_OK;
+}
+
+static kvt_status child_midload(const char *path, void *arg)
+{
+    int *fds = arg; /* [0] go (from the parent), [1] notify (to it) */
+    g_go = fds[0];
+    g_notify = fds[1];
+    engine e = {0};
+    e.geo = geo_heads(2);
+    for (uint32_t i = 0; i < PAGES; i++) e.pages[i] = i;
+    static void *bases[MAX_BUFS];
+    kvt_engine_memory mem;
+    kvt_status st = kvt_client_attach(&e.cl, path, e.geo, TIMEOUT_MS);
+    if (!st) st = kvt_emu_create(&e.emu, e.geo, PAGES);
+    if (!st) st = own_memory(&e, &mem, bases);
+    if (!st) st = kvt_client_register_memory(e.cl, &mem);
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, 5);
+    kvt_match m = {0};
+    if (!st) st = kvt_client_lookup(e.cl, &r, &m);
+    if (!st && m.matched_tokens != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "matched %u", m.matched_tokens);
+    struct sigaction sa = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO};
+    sigaction(SIGSEGV, &sa, NULL);
+    protect(PROT_READ);
+    if (!st) st = kvt_client_launch(e.cl, m.task, e.pages, PAGES);
+    /* The copy faults, the parent kills the server, the copy resumes. */
+    kvt_task_result res = {0};
+    uint64_t t0 = kvt__now_ns();
+    if (!st) st = kvt_client_wait(e.cl, m.task, 2 * TIMEOUT_MS, &res);
+    if (!st && res.status != KVT_ECONN)
+        st = kvt__fail(KVT_EINVAL, "the load in flight ended with %s, not KVT_ECONN",
+                       kvt_status_name(res.status));
+    /* What did land came from the still-mapped tier: byte for byte right
+     * (checked in the emulator's own buffers), though reported failed. */
+    kvt_engine_memory ref;
+    kvt_verify_result v = {0};
+    if (!st) st = kvt_emu_memory(e.emu, &ref);
+    for (int i = 0; !st && i < MAX_BUFS; i++)
+        if (g_buf[i]) memcpy(ref.layer_bases[i], g_buf[i], ref.buffer_bytes[i]);
+    if (!st) st = kvt_emu_verify(e.emu, &r, 0, BLOCKS * TPP, e.pages, PAGES, &v);
+    if (!st && (v.mismatches || !v.bytes_checked))
+        st = kvt__fail(KVT_ECORRUPT, "%llu of %llu bytes differ", (unsigned long long)v.mismatches,
+                       (unsigned long long)v.bytes_checked);
+    /* Every later call: KVT_ECONN naming the socket, within its deadline. */
+    kvt_cache_stats cs;
+    kvt_match m2;
+    if (!st && kvt_client_lookup(e.cl, &r, &m2) != KVT_ECONN)
+        st = kvt__fail(KVT_EINVAL, "lookup after the kill gave no KVT_ECONN: %s", kvt_last_error());
+    if (!st && !strstr(kvt_last_error(), path))
+        st = kvt__fail(KVT_EINVAL, "KVT_ECONN does not name the socket: %s", kvt_last_error());
+    if (!st && kvt_client_stats(e.cl, &cs) != KVT_ECONN)
+        st = kvt__fail(KVT_EINVAL, "stats after the kill gave no KVT_ECONN");
+    if (!st && kvt__now_ns() - t0 > 2ull * TIMEOUT_MS * 1000000ull)
+        st = kvt__fail(KVT_EINVAL, "KVT_ECONN came after the calls' deadline");
+    char c = 'k';
+    if (!st && (write(g_notify, &c, 1) != 1 || read(g_go, &c, 1) != 1)) st = KVT_ESYS;
+    /* The server is back (cold): the client re-attaches on its own. */
+    uint64_t until = kvt__now_ns() + 5000000000ull;
+    kvt_status got = KVT_ECONN;
+    while (!st && got == KVT_ECONN && kvt__now_ns() < until) {
+        got = kvt_client_lookup(e.cl, &r, &m2);
+        struct timespec ts = {0, 20 * 1000000L};
+        if (got == KVT_ECONN) nanosleep(&ts, NULL);
+    }
+    if (!st && got) st = kvt__fail(got, "no re-attach: %s", kvt_last_error());
+    if (!st && m2.matched_tokens != 0) st = kvt__fail(KVT_EINVAL, "a cold server matched %u", m2.matched_tokens);
+    if (!st && m2.task) st = kvt_client_cancel(e.cl, m2.task);
+    kvt_client_detach(e.cl);
+    e.cl = NULL;
+    /* The same memory through a fresh engine: store and load, byte for byte. */
+    engine f;
+    uint32_t n = 0;
+    if (!st) st = engine_open(&f, path, 2);
+    if (!st) st = engine_store(&f, &r, &n);
+    if (!st) st = engine_load(&f, &r, &n);
+    if (!st && n != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "loaded %u tokens", n);
+    if (f.cl) engine_close(&f);
+    kvt_emu_destroy(e.emu);
+    kvt_geometry_destroy(e.geo);
+    return st;
+}
+
+/* A server SIGKILLed while a client's load is copying: the load ends with
+ * KVT_ECONN (the engine recomputes: nothing it loaded is served as good),
+ * every later call gives KVT_ECONN naming the socket within its deadline,
+ * and the client re-attaches on its own to the restarted server. */
+static void test_server_killed_mid_load(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "m.sock");
+    pid_t srv = start_server(path, NULL);
+    uint64_t seed = 5;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    int fds[2] = {down[0], up[1]};
+    pid_t kid = spawn(child_midload, path, fds);
+    close(up[1]);
+    char c = 0;
+    assert_int_equal(read(up[0], &c, 1), 1); /* the copy is held mid-load */
+    assert_int_equal(c, 'f');
+    forget_server(srv);
+    kill(srv, SIGKILL);
+    assert_int_equal(reap(srv, 5000), -SIGKILL);
+    char go[8] = {0}; /* one per copy thread that may be held */
+    assert_int_equal(write(down[1], go, sizeof go), (ssize_t)sizeof go);
+    do assert_int_equal(read(up[0], &c, 1), 1); /* saw KVT_ECONN everywhere */
+    while (c == 'f');
+    assert_int_equal(c, 'k');
+    srv = start_server(path, NULL);
+    assert_int_equal(write(down[1], &c, 1), 1);
+    assert_int_equal(reap(kid, 20000), 0);
+    close(down[0]);
+    close(down[1]);
+    close(up[0]);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1270,6 +1767,11 @@ int main(void)
         cmocka_unit_test_teardown(test_client_reattaches, kill_servers),
         cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, kill_servers),
         cmocka_unit_test_teardown(test_keyed_bad_key_refused, kill_servers),
+        cmocka_unit_test_teardown(test_socket_group, kill_servers),
+        cmocka_unit_test_teardown(test_namespace_rules, kill_servers),
+        cmocka_unit_test_teardown(test_secret, kill_servers),
+        cmocka_unit_test_teardown(test_stuck_client_cut_off, kill_servers),
+        cmocka_unit_test_teardown(test_server_killed_mid_load, kill_servers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
