@@ -226,6 +226,82 @@ def returned_calls(body, params):
     return exprs
 
 
+def _cond_end(body, i):
+    """The index just past the parenthesised condition that opens at body[i]."""
+    depth = 0
+    for j in range(i, len(body)):
+        depth += (body[j] == "(") - (body[j] == ")")
+        if depth == 0:
+            return j + 1
+    return len(body)
+
+
+def guarded_edges(body):
+    """callee -> codes a function cannot pass on from that callee, because
+    the status it got is compared and replaced before any return.
+
+    Two shapes, both checked on every use of the variable V that holds the
+    callee's status (else nothing is excluded):
+      - V = g(...) where every `return V;` sits under `if (V != KVT_X ...)`
+        (X is not returned as V; the function says something else instead,
+        e.g. kvt_cache_try_wait turning kvt_cache_wait's ETIMEDOUT into
+        EAGAIN) or `if (V == KVT_Y) return V;` (only Y is), and V is
+        otherwise only compared (V == KVT_Z, V != KVT_Z, !V, if (V));
+      - while ((V = g(...)) == KVT_X) { body without V }: the loop is left
+        only with V != X (a retry until a deadline that reports its own
+        ETIMEDOUT), and g is called nowhere else."""
+    out = {}
+    every = set(STATUS_ORDER)
+    for v in status_vars(body):
+        uses = [m.start() for m in re.finditer(r"\b%s\b" % re.escape(v), body)]
+        assigned = {}
+        for m in re.finditer(r"\b%s\s*=\s*(\w+)\s*\(" % re.escape(v), body):
+            assigned.setdefault(m.group(1), []).append(m.start())
+        if not assigned:
+            continue
+        # the while-retry shape
+        for m in re.finditer(r"\bwhile\s*\(\s*\(\s*%s\s*=\s*(\w+)\s*\(" % re.escape(v), body):
+            g, end = m.group(1), _cond_end(body, body.index("(", m.start()))
+            cond = body[m.start():end]
+            x = re.search(r"\)\s*==\s*KVT_(\w+)\s*\)$", cond)
+            blk = re.match(r"\s*\{", body[end:])
+            if not x or not blk or len(assigned.get(g, [])) != 1 or \
+                    len(re.findall(r"\b%s\s*\(" % g, body)) != 1:
+                continue
+            i, depth = end + blk.end(), 1
+            while depth and i < len(body):
+                depth += (body[i] == "{") - (body[i] == "}")
+                i += 1
+            if not re.search(r"\b%s\b" % re.escape(v), body[end:i]):
+                out.setdefault(g, set()).add(x.group(1))
+        # the compared-and-replaced shape
+        excl, ok, rets = set(every), True, 0
+        for u in uses:
+            before, after = body[:u], body[u + len(v):]
+            if re.match(r"\s*=[^=]", after) or re.search(r"\bkvt_status\s*$", before) and \
+                    re.match(r"\s*=\s*\w+\s*\(", after):
+                continue
+            if re.match(r"\s*[=!]=\s*KVT_\w+", after) or re.search(r"(!|\bif\s*\()\s*$", before) \
+                    and re.match(r"\s*\)", after):
+                continue
+            if re.search(r"\breturn\s*$", before) and re.match(r"\s*;", after):
+                rets += 1
+                g = re.search(r"\bif\s*\(\s*%s\s*(!=|==)\s*KVT_(\w+)([^;{}]*)\)\s*return\s*$"
+                              % re.escape(v), before)
+                if g and g.group(1) == "!=":
+                    excl &= {g.group(2)}
+                    continue
+                if g and g.group(1) == "==" and not g.group(3).strip():
+                    excl &= every - {g.group(2)}
+                    continue
+            ok = False
+            break
+        if ok and rets and excl and len(assigned) == 1:
+            g = next(iter(assigned))
+            out.setdefault(g, set()).update(excl)
+    return out
+
+
 def struct_types():
     """Names of the struct typedefs of include/kvtier.h and src/."""
     names = set()
@@ -318,7 +394,7 @@ def closure(funcs, heads, ops, seen):
     sinks = void_sinks(heads)
     direct = {k: produced(b, () if returns_field(b) else sinks) for k, (b, _) in funcs.items()}
     handlers = server_handlers(funcs)
-    calls = {}
+    calls, excl = {}, {}
     for (path, f), (b, _) in funcs.items():
         c = set()
         rets = returned_calls(b, heads.get((path, f), ("", ""))[0])
@@ -336,6 +412,8 @@ def closure(funcs, heads, ops, seen):
             for op in set(named) & set(handlers):
                 c.add(("<relay>", handlers[op][1]))
         calls[(path, f)] = c
+        for g, codes in guarded_edges(funcs[(path, f)][0]).items():
+            excl[(path, f, g)] = codes
     for op, h in handlers.items():
         if h in funcs:
             direct[("<relay>", h[1])] = direct.get(h, set())
@@ -350,7 +428,7 @@ def closure(funcs, heads, ops, seen):
         stack.add(k)
         s = set(direct.get(k, set()))
         for g in calls.get(k, ()):
-            s |= reach(g, stack)
+            s |= reach(g, stack) - excl.get((k[0], k[1], g[1]), set())
         stack.discard(k)
         memo[k] = s
         return s
