@@ -3157,7 +3157,10 @@ static void test_net_connect_faults(void **state)
     kvt_group *grp = NULL;
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
     EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_ESYS, "kvt_net_connect", "socket");
+    /* the message leads with the call the user made, not the step inside it */
+    int leads = strncmp(kvt_last_error(), "kvt_group_create: ", 18);
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_int_equal(leads, 0);
     kvt_net_destroy(m);
     assert_ok(kvt_net_tcp_create(&hub, &hp));
     assert_ok(kvt_net_tcp_port(hub, &port));
