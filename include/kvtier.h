@@ -381,7 +381,7 @@ typedef enum kvt_task_kind { KVT_TASK_LOAD = 1, KVT_TASK_STORE = 2 } kvt_task_ki
  * recovers the blocks a previous run left there (a directory written for
  * another geometry is refused with KVT_EGEOMETRY naming the field, unless
  * ssd_fresh). The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg,
                             const kvt_geometry *geo);
 /* Cancels every task, waits for the workers, frees the tiers. */
@@ -547,7 +547,7 @@ typedef struct kvt_client kvt_client;
  * KVT_EBUSY: another server holds the socket or an SSD directory (the
  * message names its pid). KVT_EGEOMETRY: an SSD directory was written for
  * another geometry. KVT_ESYS, KVT_ENOMEM, KVT_EIO. The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_ESTATE, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_ESTATE, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo);
 /* Serves clients on the calling thread until kvt_server_stop; then
  * disconnects every client (their tasks are cancelled, pins released),
