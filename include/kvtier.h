@@ -649,7 +649,7 @@ typedef struct kvt_verify_result {
     uint32_t first_bad_layer;
 } kvt_verify_result;
 
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY, KVT_EUNSUPPORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_emu_create(kvt_emu **out, const kvt_geometry *geo, uint32_t num_pages);
 void kvt_emu_destroy(kvt_emu *emu);
 /* Makes this emulated rank hold global heads [first_head, first_head +
