@@ -110,7 +110,7 @@
  *  kvt_cache_cancel                     cache NULL; task 0; reported (ENOTFOUND)
  *  kvt_cache_poll                       cache/count NULL; out NULL with max > 0
  *  kvt_cache_stats_get                  cache/out NULL
- *  kvt_cache_flush                      cache NULL; timeout -1
+ *  kvt_cache_flush                      cache NULL; timeout -1; SSD writes held past it
  *  kvt_cache_last_error                 NULL (non-NULL text); after a failure
  *  kvt_emu_create                       out/geo NULL; num_pages 0 / 2^24+1; undescribed
  *  kvt_emu_destroy                      NULL
@@ -245,10 +245,12 @@
 #include <unistd.h>
 
 #include "support.h"
+#include "cache/cache.h"
 #include "cache/external.h"
 #include "group/frame.h"
 #include "net/net.h"
 #include "server/proto.h"
+#include "store/ssd.h"
 #include "util/clock.h"
 #include "util/err.h"
 
@@ -2156,6 +2158,44 @@ static kvt_config *tier_config(const char *dir, const char *sock)
     return cfg;
 }
 
+/* kvt_cache_flush's deadline: the SSD tier's write completions are held
+ * (kvt__ssd_hold_writes, as a slow device), so a stored block's write-through
+ * is still pending when a flush's deadline comes, whatever the timing. */
+static void test_flush_timeout(void **state)
+{
+    (void)state;
+    char dir[200], ssd[240];
+    make_test_dir(dir, sizeof dir, "apiflush");
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    cache_fx f;
+    memset(&f, 0, sizeof f);
+    f.cfg = tier_config(ssd, NULL);
+    f.geo = small_geo();
+    assert_ok(kvt_cache_create(&f.cache, f.cfg, f.geo));
+    assert_ok(kvt_emu_create(&f.emu, f.geo, T_PAGES));
+    kvt_engine_memory m;
+    assert_ok(kvt_emu_memory(f.emu, &m));
+    assert_ok(kvt_cache_register_memory(f.cache, &m));
+    kvt_test_tokens(f.tokens, 13, 77);
+    f.req = (kvt_request){f.tokens, 13, "ns", 2};
+    for (uint32_t i = 0; i < 4; i++) f.pages[i] = 2 * i + 1;
+    assert_ok(kvt_emu_fill(f.emu, &f.req, 0, 13, f.pages, 4));
+
+    kvt__ssd_hold_writes(f.cache->ssd, true);
+    kvt_store_plan p;
+    kvt_task_result r;
+    assert_ok(kvt_cache_prepare_store(f.cache, &f.req, &p));
+    assert_true(p.task != 0);
+    assert_ok(kvt_cache_launch(f.cache, p.task, f.pages, 4));
+    assert_ok(kvt_cache_wait(f.cache, p.task, 5000, &r));
+    assert_int_equal(r.status, KVT_OK);
+    EXPECT_ERR(kvt_cache_flush(f.cache, 0), KVT_ETIMEDOUT, "kvt_cache_flush", "SSD writes still pending");
+    kvt__ssd_hold_writes(f.cache->ssd, false);
+    EXPECT_OK(kvt_cache_flush(f.cache, 10000));
+    fx_fini(&f);
+    END_CHECKS();
+}
+
 /* Each SSD-directory fault, through kvt_cache_create and through
  * kvt_server_create (which creates its cache the same way). */
 static void test_ssd_dir_faults(void **state)
@@ -3361,6 +3401,7 @@ int main(void)
         cmocka_unit_test(test_pd_bootstrap),
         cmocka_unit_test(test_pd_rooms),
         cmocka_unit_test(test_ssd_dir_faults),
+        cmocka_unit_test(test_flush_timeout),
         cmocka_unit_test(test_server_client),
         cmocka_unit_test(test_client_bad_server),
         cmocka_unit_test(test_cache_states),
