@@ -105,7 +105,7 @@
  *  kvt_cache_wait                       cache/out NULL; timeout -1 / INT64_MIN;
  *                                       task 0; unlaunched (ESTATE); reported (ENOTFOUND)
  *  kvt_cache_try_wait                   cache/out NULL; unlaunched; reported
- *  kvt_cache_wait_layer                 cache NULL; timeout -1; unknown task; store
+ *  kvt_cache_wait_layer                 cache NULL; timeout -1; unknown task; store; SSD reads held past it
  *                                       task; layer == num_layers; unlaunched (ESTATE)
  *  kvt_cache_cancel                     cache NULL; task 0; reported (ENOTFOUND)
  *  kvt_cache_poll                       cache/count NULL; out NULL with max > 0
@@ -2158,10 +2158,11 @@ static kvt_config *tier_config(const char *dir, const char *sock)
     return cfg;
 }
 
-/* kvt_cache_flush's deadline: the SSD tier's write completions are held
+/* Deadlines of waits on the SSD tier, met whatever the timing.
+ * kvt_cache_flush's: the SSD tier's write completions are held
  * (kvt__ssd_hold_writes, as a slow device), so a stored block's write-through
  * is still pending when a flush's deadline comes, whatever the timing. */
-static void test_flush_timeout(void **state)
+static void test_io_deadlines(void **state)
 {
     (void)state;
     char dir[200], ssd[240];
@@ -2192,6 +2193,24 @@ static void test_flush_timeout(void **state)
     EXPECT_ERR(kvt_cache_flush(f.cache, 0), KVT_ETIMEDOUT, "kvt_cache_flush", "SSD writes still pending");
     kvt__ssd_hold_writes(f.cache->ssd, false);
     EXPECT_OK(kvt_cache_flush(f.cache, 10000));
+
+    /* kvt_cache_wait_layer's deadline: a cache reopened on that directory
+     * has the blocks on the SSD only, and their reads are held
+     * (kvt__ssd_hold_reads), so the load is still reading at the deadline. */
+    kvt_cache_destroy(f.cache);
+    f.cache = NULL;
+    assert_ok(kvt_cache_create(&f.cache, f.cfg, f.geo));
+    assert_ok(kvt_cache_register_memory(f.cache, &m));
+    kvt__ssd_hold_reads(f.cache->ssd, true);
+    kvt_match mt;
+    assert_ok(kvt_cache_lookup(f.cache, &f.req, &mt));
+    assert_true(mt.task != 0);
+    assert_ok(kvt_cache_launch(f.cache, mt.task, f.pages, 4));
+    EXPECT_ERR(kvt_cache_wait_layer(f.cache, mt.task, 0, 0), KVT_ETIMEDOUT, "kvt_cache_wait_layer",
+               "not loaded");
+    kvt__ssd_hold_reads(f.cache->ssd, false);
+    EXPECT_OK(kvt_cache_wait(f.cache, mt.task, 10000, &r));
+    assert_int_equal(r.status, KVT_OK);
     fx_fini(&f);
     END_CHECKS();
 }
@@ -3401,7 +3420,7 @@ int main(void)
         cmocka_unit_test(test_pd_bootstrap),
         cmocka_unit_test(test_pd_rooms),
         cmocka_unit_test(test_ssd_dir_faults),
-        cmocka_unit_test(test_flush_timeout),
+        cmocka_unit_test(test_io_deadlines),
         cmocka_unit_test(test_server_client),
         cmocka_unit_test(test_client_bad_server),
         cmocka_unit_test(test_cache_states),
