@@ -381,7 +381,7 @@ typedef enum kvt_task_kind { KVT_TASK_LOAD = 1, KVT_TASK_STORE = 2 } kvt_task_ki
  * recovers the blocks a previous run left there (a directory written for
  * another geometry is refused with KVT_EGEOMETRY naming the field, unless
  * ssd_fresh). The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg,
                             const kvt_geometry *geo);
 /* Cancels every task, waits for the workers, frees the tiers. */
@@ -453,7 +453,7 @@ typedef struct kvt_task_result {
 kvt_status kvt_cache_wait(kvt_cache *cache, kvt_task_id task, int64_t timeout_ms,
                           kvt_task_result *out);
 /* kvt_cache_wait with timeout 0: KVT_EAGAIN while the task runs. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ESTATE. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_EAGAIN, KVT_ESTATE. */
 kvt_status kvt_cache_try_wait(kvt_cache *cache, kvt_task_id task, kvt_task_result *out);
 /* For a launched load: waits until layers [0, layer] have landed in the
  * engine's pages, so the forward pass can run layer `layer`. KVT_OK also
@@ -552,7 +552,7 @@ typedef struct kvt_client kvt_client;
  * KVT_EBUSY: another server holds the socket or an SSD directory (the
  * message names its pid). KVT_EGEOMETRY: an SSD directory was written for
  * another geometry. KVT_ESYS, KVT_ENOMEM, KVT_EIO. The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_ESTATE, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_ESTATE, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo);
 /* Serves clients on the calling thread until kvt_server_stop; then
  * disconnects every client (their tasks are cancelled, pins released),
@@ -662,7 +662,7 @@ typedef struct kvt_verify_result {
     uint32_t first_bad_layer;
 } kvt_verify_result;
 
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY, KVT_EUNSUPPORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_emu_create(kvt_emu **out, const kvt_geometry *geo, uint32_t num_pages);
 void kvt_emu_destroy(kvt_emu *emu);
 /* Makes this emulated rank hold global heads [first_head, first_head +
@@ -770,7 +770,7 @@ kvt_status kvt_net_tcp_port(const kvt_net *net, uint16_t *out);
  * onto UCX: KVT_EUNSUPPORTED when UCX cannot start (libucp missing, or
  * UCX_TLS names nothing usable), KVT_EPROTO when the peer's worker address
  * is malformed. No-op for inproc and callback endpoints. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH. */
 kvt_status kvt_net_connect(kvt_net *net, int64_t timeout_ms);
 
 /* An engine lends its own point-to-point send/receive (e.g. the CPU process
@@ -845,7 +845,7 @@ typedef struct kvt_group_params {
  * forms on every rank or on none (docs/protocol.md, "Formation"), within
  * params.formation_timeout_ms.
  * net is borrowed and must outlive the group. The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_group_create(kvt_group **out, kvt_net *net, const kvt_group_params *params);
 /* NULL is a no-op. Does not destroy the net. */
 void kvt_group_destroy(kvt_group *group);
@@ -860,7 +860,7 @@ kvt_status kvt_group_abort(kvt_group *group, const char *reason);
  * a failed attempt changes nothing and a retry on every rank converges.
  * Frames of older epochs are discarded. Returns within timeout_ms (+ 1/8 of
  * it to tell the leader it gave up); it is the formation budget B. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_group_reform(kvt_group *group, int64_t timeout_ms);
 
 typedef struct kvt_group_info {
@@ -994,7 +994,7 @@ kvt_status kvt_conn_step(kvt_conn *conn, uint64_t step);
 kvt_status kvt_conn_events(kvt_conn *conn, kvt_conn_event *out, uint32_t max,
                            uint32_t *count);
 /* Re-forms the group under a new epoch (every rank) and clears the state. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_conn_reform(kvt_conn *conn, int64_t timeout_ms);
 
 /* ------------------------------------------------------------------ */

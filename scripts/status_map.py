@@ -226,6 +226,155 @@ def returned_calls(body, params):
     return exprs
 
 
+def _cond_end(body, i):
+    """The index just past the parenthesised condition that opens at body[i]."""
+    depth = 0
+    for j in range(i, len(body)):
+        depth += (body[j] == "(") - (body[j] == ")")
+        if depth == 0:
+            return j + 1
+    return len(body)
+
+
+def early_returns(body, v, pos):
+    """Codes X that v cannot hold at body[pos]: an `if (v == KVT_X) return
+    <expression without v>;` earlier in the same block, with no assignment
+    to v, no label and no end of a block between (straight-line code, so
+    reaching pos means that test was passed: open_dir's missing meta file,
+    KVT_ENOTFOUND, creates the directory instead of being returned)."""
+    codes = set()
+    for m in re.finditer(r"\bif\s*\(\s*%s\s*==\s*KVT_(\w+)\s*\)\s*return\b([^;]*);" % re.escape(v),
+                         body[:pos]):
+        if re.search(r"\b%s\b" % re.escape(v), m.group(2)):
+            continue
+        between = body[m.end():pos]
+        if re.search(r"\b%s\s*=[^=]" % re.escape(v), between) or "}" in between or \
+                re.search(r"^\s*\w+\s*:(?!:)", between, flags=re.M) or re.search(r"\b(case|default|goto)\b", between):
+            continue
+        codes.add(m.group(1))
+    return codes
+
+
+def conjunction(rest):
+    """Whether the text after `v != KVT_X` in an if's condition keeps that
+    test necessary: nothing, or `&& ...` with no top-level `||` (v != X || t
+    can hold with v == X)."""
+    rest = rest.strip()
+    while re.search(r"\([^()]*\)", rest):
+        rest = re.sub(r"\([^()]*\)", "", rest)
+    return rest == "" or (rest.startswith("&&") and "||" not in rest and "?" not in rest)
+
+
+def reaching(body, v, pos):
+    """The callees whose status v can hold at body[pos], when straight-line
+    code says so: walking back over the assignments to v, every conditional
+    one (`if (!v) v = h(...)`, or one in a nested block) and the first
+    unconditional `v = g(...)` at pos's own block level, which ends the walk.
+    None (anything may reach) when no such assignment is found, or a label,
+    case or goto lies between it and pos."""
+    found = set()
+    for m in reversed(list(re.finditer(r"\b%s\s*=[^=]" % re.escape(v), body[:pos]))):
+        between = body[m.end():pos]
+        if re.search(r"^\s*\w+\s*:(?!:)", between, flags=re.M) or \
+                re.search(r"\b(case|default|goto)\b", between):
+            return None
+        depth, low = 0, 0
+        for c in between:
+            depth += (c == "{") - (c == "}")
+            low = min(low, depth)
+        if low < 0:
+            return None  # v assigned inside a block closed before pos: give up
+        g = re.match(r"\s*(\w+)\s*\(", body[m.end() - 1:])
+        if not g:
+            return None
+        found.add(g.group(1))
+        plain = re.search(r"(?:^|[;{}])\s*(?:kvt_status\s+)?$", body[:m.start()])
+        if plain and depth == 0:
+            return found
+    return None
+
+def guarded_edges(body):
+    """callee -> codes a function cannot pass on from that callee, because
+    the status it got is compared and replaced before any return.
+
+    Two shapes, both checked on every use of the variable V that holds the
+    callee's status (else nothing is excluded):
+      - V = g(...) where every return of V that g's value can reach
+        (reaching) sits under `if (V != KVT_X && ...)` (X is not returned as
+        V; the function says something else instead, e.g. kvt_cache_try_wait
+        turning kvt_cache_wait's ETIMEDOUT into EAGAIN), under
+        `if (V == KVT_Y) return V;` (only Y is), or after an early
+        `if (V == KVT_X) return <other>;` (early_returns); V is otherwise
+        only compared (V == KVT_Z, V != KVT_Z, !V, if (V)) and every call of
+        g lands in V;
+      - while ((V = g(...)) == KVT_X) { body without V }: the loop is left
+        only with V != X (a retry until a deadline that reports its own
+        ETIMEDOUT), and g is called nowhere else."""
+    out = {}
+    every = set(STATUS_ORDER)
+    for v in status_vars(body):
+        uses = [m.start() for m in re.finditer(r"\b%s\b" % re.escape(v), body)]
+        assigned = {}
+        for m in re.finditer(r"\b%s\s*=\s*(\w+)\s*\(" % re.escape(v), body):
+            assigned.setdefault(m.group(1), []).append(m.start())
+        if not assigned:
+            continue
+        # the while-retry shape
+        for m in re.finditer(r"\bwhile\s*\(\s*\(\s*%s\s*=\s*(\w+)\s*\(" % re.escape(v), body):
+            g, end = m.group(1), _cond_end(body, body.index("(", m.start()))
+            cond = body[m.start():end]
+            x = re.search(r"\)\s*==\s*KVT_(\w+)\s*\)$", cond)
+            blk = re.match(r"\s*\{", body[end:])
+            if not x or not blk or len(assigned.get(g, [])) != 1 or \
+                    len(re.findall(r"\b%s\s*\(" % g, body)) != 1:
+                continue
+            i, depth = end + blk.end(), 1
+            while depth and i < len(body):
+                depth += (body[i] == "{") - (body[i] == "}")
+                i += 1
+            if not re.search(r"\b%s\b" % re.escape(v), body[end:i]):
+                out.setdefault(g, set()).add(x.group(1))
+        # the compared-and-replaced shape
+        seen_by, ok, rets = [], True, 0
+        for u in uses:
+            before, after = body[:u], body[u + len(v):]
+            if re.match(r"\s*=[^=]", after) or re.search(r"\bkvt_status\s*$", before) and \
+                    re.match(r"\s*=\s*\w+\s*\(", after):
+                continue
+            if re.match(r"\s*[=!]=\s*KVT_\w+", after) or re.search(r"(!|\bif\s*\()\s*$", before) \
+                    and re.match(r"\s*\)", after):
+                continue
+            if re.search(r"\breturn\s*$|\breturn\b[^;]*[?:]\s*$", before) and re.match(r"\s*;", after):
+                rets += 1
+                mine = early_returns(body, v, u)
+                g = re.search(r"\bif\s*\(\s*%s\s*(!=|==)\s*KVT_(\w+)([^;{}]*)\)\s*return\s*$"
+                              % re.escape(v), before)
+                if g and g.group(1) == "!=" and conjunction(g.group(3)):
+                    # if (v != KVT_OK && v != KVT_ENOTFOUND) return v;
+                    mine.add(g.group(2))
+                    mine.update(re.findall(r"&&\s*%s\s*!=\s*KVT_(\w+)\b(?=\s*(?:&&|$))"
+                                           % re.escape(v), g.group(3).strip()))
+                elif g and g.group(1) == "==" and not g.group(3).strip():
+                    mine |= every - {g.group(2)}
+                seen_by.append((reaching(body, v, u), mine))
+                continue
+            ok = False
+            break
+        # every call of a callee must land in v, or its status goes elsewhere too
+        if ok and rets and all(
+                len(re.findall(r"(?<![\w>.])%s\s*\(" % re.escape(g), body)) == len(at)
+                for g, at in assigned.items()):
+            for g in assigned:
+                # only the returns g's value can reach
+                excl = set(every)
+                for k, mine in seen_by:
+                    if k is None or g in k:
+                        excl &= mine
+                if excl:
+                    out.setdefault(g, set()).update(excl)
+    return out
+
+
 def struct_types():
     """Names of the struct typedefs of include/kvtier.h and src/."""
     names = set()
@@ -318,7 +467,7 @@ def closure(funcs, heads, ops, seen):
     sinks = void_sinks(heads)
     direct = {k: produced(b, () if returns_field(b) else sinks) for k, (b, _) in funcs.items()}
     handlers = server_handlers(funcs)
-    calls = {}
+    calls, excl = {}, {}
     for (path, f), (b, _) in funcs.items():
         c = set()
         rets = returned_calls(b, heads.get((path, f), ("", ""))[0])
@@ -336,6 +485,8 @@ def closure(funcs, heads, ops, seen):
             for op in set(named) & set(handlers):
                 c.add(("<relay>", handlers[op][1]))
         calls[(path, f)] = c
+        for g, codes in guarded_edges(funcs[(path, f)][0]).items():
+            excl[(path, f, g)] = codes
     for op, h in handlers.items():
         if h in funcs:
             direct[("<relay>", h[1])] = direct.get(h, set())
@@ -350,7 +501,7 @@ def closure(funcs, heads, ops, seen):
         stack.add(k)
         s = set(direct.get(k, set()))
         for g in calls.get(k, ()):
-            s |= reach(g, stack)
+            s |= reach(g, stack) - excl.get((k[0], k[1], g[1]), set())
         stack.discard(k)
         memo[k] = s
         return s

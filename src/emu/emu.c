@@ -164,7 +164,8 @@ kvt_status kvt_emu_create(kvt_emu **out, const kvt_geometry *geo, uint32_t num_p
     if (!st) st = alloc_buffers(e);
     kvt_engine_memory mem;
     if (!st) st = kvt_emu_memory(e, &mem);
-    if (!st) st = kvt__page_map_init(&e->map, e->geo, &mem);
+    /* the emulator's own buffers, sized from geo: they fit without checking */
+    if (!st) kvt__page_map_fill(&e->map, e->geo, &mem);
     if (st) {
         kvt_emu_destroy(e);
         return st;

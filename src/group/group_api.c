@@ -75,6 +75,9 @@ kvt_status kvt__group_create_ex(kvt_group **out, kvt_net *net, const kvt_group_p
     st = kvt__group_form(g, b, kvt__now_ns(), p->epoch ? p->epoch : 1, KVT_OK, NULL);
     if (st != KVT_OK) {
         kvt_group_destroy(g);
+        /* Formation's own steps (a member connecting its link: kvt_net_connect)
+         * name themselves; lead with the call the user made. */
+        if (strncmp(kvt_last_error(), fn, sizeof fn - 1) != 0) return kvt__wrap_error(st, fn);
         return st;
     }
     kvt__clear_error();

@@ -260,6 +260,25 @@ kvt_status kvt__page_map_init(kvt_page_map *map, const kvt_geometry *g,
     return kvt__page_map_init_fn(map, g, mem, "kvt_cache_register_memory");
 }
 
+void kvt__page_map_fill(kvt_page_map *map, const kvt_geometry *g, const kvt_engine_memory *mem)
+{
+    memset(map, 0, sizeof *map);
+    map->num_pages = mem->num_pages;
+    uint64_t page_bytes = kvt__geo_bytes_per_token(g) * g->tokens_per_page;
+    for (uint32_t l = 0; l < g->num_layers; l++) {
+        for (uint32_t c = 0; c < kvt__geo_ncomp(g, l); c++) {
+            uint32_t u = KVT_UNIT(l, c);
+            if (g->layout == KVT_LAYOUT_PAGE_FIRST) {
+                map->base[u] = (uint8_t *)mem->base + g->unit_prefix[u] * g->tokens_per_page;
+                map->stride[u] = page_bytes;
+            } else {
+                map->base[u] = mem->layer_bases[u];
+                map->stride[u] = kvt__geo_token_bytes(g, l, c) * g->tokens_per_page;
+            }
+        }
+    }
+}
+
 kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
                                  const kvt_engine_memory *mem, const char *fn)
 {
@@ -269,8 +288,6 @@ kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
     if (mem->kind != KVT_MEMORY_HOST)
         return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA device memory is not supported here yet "
                          "(only kvt_cache_register_memory takes it; docs/gpu.md)", fn);
-    memset(map, 0, sizeof *map);
-    map->num_pages = mem->num_pages;
     uint64_t page_bytes = kvt__geo_bytes_per_token(g) * g->tokens_per_page;
     for (uint32_t l = 0; l < g->num_layers; l++) {
         for (uint32_t c = 0; c < kvt__geo_ncomp(g, l); c++) {
@@ -283,24 +300,22 @@ kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
                                      "%llu bytes need %llu", fn,
                                      (unsigned long long)mem->buffer_bytes[0], mem->num_pages,
                                      (unsigned long long)page_bytes, (unsigned long long)need);
-                map->base[u] = (uint8_t *)mem->base + g->unit_prefix[u] * g->tokens_per_page;
-                map->stride[u] = page_bytes;
             } else {
                 KVT_CHECK_ARG(mem->layer_bases != NULL,
                               "%s: layer_bases is NULL (layer-first layout needs it)", fn);
                 KVT_CHECK_ARG(mem->layer_bases[u] != NULL, "%s: layer_bases[%u] (layer %u %s) is NULL",
                               fn, u, l, comp_name(g, l, c));
-                map->base[u] = mem->layer_bases[u];
-                map->stride[u] = kvt__geo_token_bytes(g, l, c) * g->tokens_per_page;
-                uint64_t need = map->stride[u] * mem->num_pages;
+                uint64_t stride = kvt__geo_token_bytes(g, l, c) * g->tokens_per_page;
+                uint64_t need = stride * mem->num_pages;
                 if (mem->buffer_bytes && mem->buffer_bytes[u] < need)
                     return kvt__fail(KVT_EGEOMETRY, "%s: buffer_bytes[%u] (layer %u %s) is %llu "
                                      "but %u pages of %llu bytes need %llu", fn, u, l,
                                      comp_name(g, l, c), (unsigned long long)mem->buffer_bytes[u],
-                                     mem->num_pages, (unsigned long long)map->stride[u],
+                                     mem->num_pages, (unsigned long long)stride,
                                      (unsigned long long)need);
             }
         }
     }
+    kvt__page_map_fill(map, g, mem);
     return KVT_OK;
 }

@@ -74,6 +74,9 @@ kvt_status kvt__page_map_init(kvt_page_map *map, const kvt_geometry *g,
 /* The same; messages name fn (the public function the caller is in). */
 kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
                                  const kvt_engine_memory *mem, const char *fn);
+/* The map alone, unchecked: for host memory the caller allocated from g
+ * itself (the emulator's buffers), which fits g by construction. */
+void kvt__page_map_fill(kvt_page_map *map, const kvt_geometry *g, const kvt_engine_memory *mem);
 
 static inline uint8_t *kvt__page_addr(const kvt_page_map *m, uint32_t unit, uint32_t page)
 {

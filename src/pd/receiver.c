@@ -316,8 +316,9 @@ static kvt_status lookup(pd_ep *ep, const kvt_pd_params *p, uint64_t dl, uint8_t
     for (;;) {
         kvt_status st = lookup_once(ep, p->bootstrap_host, p->bootstrap_port, dl, t, tlen);
         if (st == KVT_OK) return st;
+        /* EAGAIN is never passed on: it is retried, then reported as ETIMEDOUT */
+        if (st != KVT_EAGAIN && (!retry[0] || kvt__now_ns() < dl)) return st;
         if (st == KVT_EAGAIN) snprintf(retry, sizeof retry, "%s", kvt_last_error());
-        else if (!retry[0] || kvt__now_ns() < dl) return st;
         if (kvt__now_ns() >= dl) /* the service's RETRY names the prefill ranks still missing */
             return kvt__fail(KVT_ETIMEDOUT, "pd receiver: the prefill topology was still incomplete at the deadline (%s)",
                              retry);

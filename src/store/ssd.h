@@ -103,6 +103,9 @@ void kvt__ssd_inject(kvt_ssd *s, kvt_ssd_fault kind, bool on_write, uint32_t nth
 /* For tests: while hold is set, every read's completion waits (each at most
  * 10 s), as a slow device would; kvt__ssd_reads_held counts the waiting. */
 void kvt__ssd_hold_reads(kvt_ssd *s, bool hold);
+/* For tests: while hold is set, every write's completion waits the same way
+ * (each at most 10 s): writes stay pending, as on a slow device. */
+void kvt__ssd_hold_writes(kvt_ssd *s, bool hold);
 uint32_t kvt__ssd_reads_held(kvt_ssd *s);
 /* Fault injection for tests: from the nth journal write on (0 = the next),
  * count journal writes fail with errno err (ENOSPC, EIO), as a full or

@@ -99,6 +99,7 @@ struct kvt_ssd {
     _Atomic int jinject_err;         /* kvt__ssd_inject_journal */
     _Atomic bool hold_reads;         /* kvt__ssd_hold_reads */
     _Atomic uint32_t reads_held;
+    _Atomic bool hold_writes;        /* kvt__ssd_hold_writes */
     _Atomic int64_t jinject_skip, jinject_left;
 
     /* The first write failure (kvt__ssd_first_failure): claimed by a CAS on

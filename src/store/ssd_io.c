@@ -90,6 +90,20 @@ static void hold_read(kvt_ssd *s)
     atomic_fetch_sub(&s->reads_held, 1);
 }
 
+void kvt__ssd_hold_writes(kvt_ssd *s, bool hold)
+{
+    if (s) atomic_store(&s->hold_writes, hold);
+}
+
+/* A write's completion waits here while writes are held (same bound). */
+static void hold_write(kvt_ssd *s)
+{
+    for (int i = 0; i < HOLD_MAX_MS && atomic_load_explicit(&s->hold_writes, memory_order_relaxed); i++) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 void kvt__ssd_inject_journal(kvt_ssd *s, int err, uint32_t nth, uint32_t count)
 {
     if (!s) return;
@@ -279,6 +293,7 @@ void kvt__ssd_io_complete(void *ctx, kvt_io_req **reqs, uint32_t n)
             finish_read(s, r);
             continue;
         }
+        hold_write(s);
         kvt_status st = io_status(s, r);
         if (st != KVT_OK) {
             int err = r->early == KVT_ENOSPC ? ENOSPC : r->early != KVT_OK ? EIO

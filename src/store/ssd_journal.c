@@ -94,8 +94,8 @@ kvt_status kvt__ssd_journal_load(kvt_ssd *s, uint32_t d, kvt_ssd_scan *scan)
     uint64_t len = 0;
     kvt_status st = kvt__ssd_read_file(dir->dir_fd, dir->path, KVT_SSD_JOURNAL_NAME,
                                        journal_max_bytes(s, dir->meta.slots), &buf, &len);
-    if (st == KVT_ENOTFOUND) len = 0, st = KVT_OK;
-    if (st != KVT_OK) return st;
+    /* No journal yet is an empty one (len stays 0): ENOTFOUND is not passed on. */
+    if (st != KVT_OK && st != KVT_ENOTFOUND) return st;
     replay_ctx c = {s, d};
     kvt__ssd_journal_scan(buf, len, dir->meta.epoch, dir->meta.slots, replay_one, &c, scan);
     free(buf);

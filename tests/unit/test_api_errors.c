@@ -105,12 +105,12 @@
  *  kvt_cache_wait                       cache/out NULL; timeout -1 / INT64_MIN;
  *                                       task 0; unlaunched (ESTATE); reported (ENOTFOUND)
  *  kvt_cache_try_wait                   cache/out NULL; unlaunched; reported
- *  kvt_cache_wait_layer                 cache NULL; timeout -1; unknown task; store
+ *  kvt_cache_wait_layer                 cache NULL; timeout -1; unknown task; store; SSD reads held past it
  *                                       task; layer == num_layers; unlaunched (ESTATE)
  *  kvt_cache_cancel                     cache NULL; task 0; reported (ENOTFOUND)
  *  kvt_cache_poll                       cache/count NULL; out NULL with max > 0
  *  kvt_cache_stats_get                  cache/out NULL
- *  kvt_cache_flush                      cache NULL; timeout -1
+ *  kvt_cache_flush                      cache NULL; timeout -1; SSD writes held past it
  *  kvt_cache_last_error                 NULL (non-NULL text); after a failure
  *  kvt_emu_create                       out/geo NULL; num_pages 0 / 2^24+1; undescribed
  *  kvt_emu_destroy                      NULL
@@ -245,11 +245,13 @@
 #include <unistd.h>
 
 #include "support.h"
+#include "cache/cache.h"
 #include "cache/external.h"
 #include "group/frame.h"
 #include "net/net.h"
 #include "net/stream.h"
 #include "server/proto.h"
+#include "store/ssd.h"
 #include "util/clock.h"
 #include "util/err.h"
 
@@ -2157,6 +2159,63 @@ static kvt_config *tier_config(const char *dir, const char *sock)
     return cfg;
 }
 
+/* Deadlines of waits on the SSD tier, met whatever the timing.
+ * kvt_cache_flush's: the SSD tier's write completions are held
+ * (kvt__ssd_hold_writes, as a slow device), so a stored block's write-through
+ * is still pending when a flush's deadline comes, whatever the timing. */
+static void test_io_deadlines(void **state)
+{
+    (void)state;
+    char dir[200], ssd[240];
+    make_test_dir(dir, sizeof dir, "apiflush");
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    cache_fx f;
+    memset(&f, 0, sizeof f);
+    f.cfg = tier_config(ssd, NULL);
+    f.geo = small_geo();
+    assert_ok(kvt_cache_create(&f.cache, f.cfg, f.geo));
+    assert_ok(kvt_emu_create(&f.emu, f.geo, T_PAGES));
+    kvt_engine_memory m;
+    assert_ok(kvt_emu_memory(f.emu, &m));
+    assert_ok(kvt_cache_register_memory(f.cache, &m));
+    kvt_test_tokens(f.tokens, 13, 77);
+    f.req = (kvt_request){f.tokens, 13, "ns", 2};
+    for (uint32_t i = 0; i < 4; i++) f.pages[i] = 2 * i + 1;
+    assert_ok(kvt_emu_fill(f.emu, &f.req, 0, 13, f.pages, 4));
+
+    kvt__ssd_hold_writes(f.cache->ssd, true);
+    kvt_store_plan p;
+    kvt_task_result r;
+    assert_ok(kvt_cache_prepare_store(f.cache, &f.req, &p));
+    assert_true(p.task != 0);
+    assert_ok(kvt_cache_launch(f.cache, p.task, f.pages, 4));
+    assert_ok(kvt_cache_wait(f.cache, p.task, 5000, &r));
+    assert_int_equal(r.status, KVT_OK);
+    EXPECT_ERR(kvt_cache_flush(f.cache, 0), KVT_ETIMEDOUT, "kvt_cache_flush", "SSD writes still pending");
+    kvt__ssd_hold_writes(f.cache->ssd, false);
+    EXPECT_OK(kvt_cache_flush(f.cache, 10000));
+
+    /* kvt_cache_wait_layer's deadline: a cache reopened on that directory
+     * has the blocks on the SSD only, and their reads are held
+     * (kvt__ssd_hold_reads), so the load is still reading at the deadline. */
+    kvt_cache_destroy(f.cache);
+    f.cache = NULL;
+    assert_ok(kvt_cache_create(&f.cache, f.cfg, f.geo));
+    assert_ok(kvt_cache_register_memory(f.cache, &m));
+    kvt__ssd_hold_reads(f.cache->ssd, true);
+    kvt_match mt;
+    assert_ok(kvt_cache_lookup(f.cache, &f.req, &mt));
+    assert_true(mt.task != 0);
+    assert_ok(kvt_cache_launch(f.cache, mt.task, f.pages, 4));
+    EXPECT_ERR(kvt_cache_wait_layer(f.cache, mt.task, 0, 0), KVT_ETIMEDOUT, "kvt_cache_wait_layer",
+               "not loaded");
+    kvt__ssd_hold_reads(f.cache->ssd, false);
+    EXPECT_OK(kvt_cache_wait(f.cache, mt.task, 10000, &r));
+    assert_int_equal(r.status, KVT_OK);
+    fx_fini(&f);
+    END_CHECKS();
+}
+
 /* Each SSD-directory fault, through kvt_cache_create and through
  * kvt_server_create (which creates its cache the same way). */
 static void test_ssd_dir_faults(void **state)
@@ -3160,7 +3219,10 @@ static void test_net_connect_faults(void **state)
     kvt_group *grp = NULL;
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
     EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_ESYS, "kvt_net_connect", "socket");
+    /* the message leads with the call the user made, not the step inside it */
+    int leads = strncmp(kvt_last_error(), "kvt_group_create: ", 18);
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    assert_int_equal(leads, 0);
     kvt_net_destroy(m);
     assert_ok(kvt_net_tcp_create(&hub, &hp));
     assert_ok(kvt_net_tcp_port(hub, &port));
@@ -3361,6 +3423,7 @@ int main(void)
         cmocka_unit_test(test_pd_bootstrap),
         cmocka_unit_test(test_pd_rooms),
         cmocka_unit_test(test_ssd_dir_faults),
+        cmocka_unit_test(test_io_deadlines),
         cmocka_unit_test(test_server_client),
         cmocka_unit_test(test_client_bad_server),
         cmocka_unit_test(test_cache_states),
