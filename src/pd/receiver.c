@@ -595,7 +595,7 @@ kvt_status kvt_pd_receiver_room(kvt_pd_receiver *rc, uint64_t room, const kvt_pd
     kvt_status st = check_room(ep, p, fn);
     pd_room *r = st ? NULL : pd_room_find(ep, room);
     if (r) st = kvt__fail(KVT_EBUSY, "%s: room %llu is already open; clear it first", fn, (unsigned long long)room);
-    if (!st) st = pd_room_add(ep, room, &r);
+    if (!st && (st = pd_room_add(ep, room, &r))) kvt__wrap_error(st, fn); /* EFULL, ENOMEM: name the call */
     if (!st) {
         r->claimed = true;
         if (++ep->next_gen == 0) ep->next_gen = 1; /* 0 is no opening */

@@ -165,7 +165,8 @@
  *                                       tp_size; undescribed geometry; secret_len 8;
  *                                       checksum_threads 2 and -2
  *  kvt_pd_sender_port                   s/out NULL
- *  kvt_pd_sender_room                   s NULL; claimed twice (EBUSY)
+ *  kvt_pd_sender_room                   s NULL; claimed twice (EBUSY); the 65537th
+ *                                       room (EFULL naming whose rooms fill it)
  *  kvt_pd_sender_send                   s NULL; num_tokens 0; pages NULL; too few
  *                                       pages; page out of range; room not open;
  *                                       sent twice (ESTATE)
@@ -180,7 +181,7 @@
  *  kvt_pd_receiver_room                 r/params NULL; num_tokens 0; prefix >=
  *                                       num_tokens; pages NULL; too few pages; page
  *                                       out of range; a page named twice; opened
- *                                       twice (EBUSY)
+ *                                       twice (EBUSY); the 65537th room (EFULL)
  *  kvt_pd_receiver_poll/wait/abort/clear  as the sender's
  *  kvt_pd_receiver_destroy              NULL
  *  kvt_pd_room_info_get                 both NULL; both set; out NULL; unknown room
@@ -3399,6 +3400,60 @@ static void test_pd_create_faults(void **state)
     END_CHECKS();
 }
 
+/* Both room tables full (65536 rooms, src/pd/ep.h PD_MAX_ROOMS): the
+ * engine's own next room is refused with EFULL, and the message names the
+ * call and whose rooms fill the table. The decode rank opens the same ids
+ * the prefill engine holds, so its ROOM frames add nothing there. */
+#define T_ROOM_CAP 65536u
+static void test_pd_rooms_full(void **state)
+{
+    (void)state;
+    setenv("KVTIER_PD_QUIET", "1", 0);
+    kvt_pd_bootstrap *bs = NULL;
+    assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
+    uint16_t port = 0;
+    assert_ok(kvt_pd_bootstrap_port(bs, &port));
+    kvt_geometry *g = small_geo();
+    kvt_emu *pe = NULL, *de = NULL;
+    assert_ok(kvt_emu_create(&pe, g, T_PAGES));
+    assert_ok(kvt_emu_create(&de, g, T_PAGES));
+    kvt_engine_memory pm, dm;
+    assert_ok(kvt_emu_memory(pe, &pm));
+    assert_ok(kvt_emu_memory(de, &dm));
+    kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &pm,
+                       .connect_timeout_ms = 10000, .net = {.peer_timeout_ms = 10000}};
+    kvt_pd_sender *s = NULL;
+    kvt_pd_receiver *r = NULL;
+    assert_ok(kvt_pd_sender_create(&s, &p));
+    p.mem = &dm;
+    assert_ok(kvt_pd_receiver_create(&r, &p));
+
+    for (uint64_t id = 0; id < T_ROOM_CAP; id++) assert_ok(kvt_pd_sender_room(s, id));
+    EXPECT_ERR(kvt_pd_sender_room(s, T_ROOM_CAP), KVT_EFULL, "kvt_pd_sender_room",
+               "65536 rooms (the limit)", "65536 opened or claimed by its engine",
+               "kvt_pd_sender_clear", "0 opened by decode ranks");
+
+    uint32_t pages[4] = {0, 1, 2, 3};
+    kvt_pd_room_params rp = {pages, 4, 13, 0};
+    for (uint64_t id = 0; id < T_ROOM_CAP; id++) assert_ok(kvt_pd_receiver_room(r, id, &rp));
+    EXPECT_ERR(kvt_pd_receiver_room(r, T_ROOM_CAP, &rp), KVT_EFULL, "kvt_pd_receiver_room",
+               "65536 rooms", "decode rank", "clear");
+
+    /* A cleared room makes room again on both sides. */
+    assert_ok(kvt_pd_sender_clear(s, 0));
+    assert_ok(kvt_pd_sender_room(s, T_ROOM_CAP));
+    assert_ok(kvt_pd_receiver_clear(r, 0));
+    assert_ok(kvt_pd_receiver_room(r, T_ROOM_CAP, &rp));
+
+    kvt_pd_receiver_destroy(r);
+    kvt_pd_sender_destroy(s);
+    kvt_emu_destroy(de);
+    kvt_emu_destroy(pe);
+    kvt_geometry_destroy(g);
+    kvt_pd_bootstrap_destroy(bs);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3434,6 +3489,7 @@ int main(void)
         cmocka_unit_test(test_memory_refusals),
         cmocka_unit_test(test_client_server_limits),
         cmocka_unit_test(test_pd_create_faults),
+        cmocka_unit_test(test_pd_rooms_full),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
