@@ -141,8 +141,14 @@ kvt_status kvt__stream_connect(const char *host, uint16_t port, const kvt_stream
         struct timespec ts = {0, 20 * 1000000};
         nanosleep(&ts, NULL); /* the server may not listen yet: retry until the deadline */
     }
-    if (st) return kvt__fail(st == KVT_ECONN ? KVT_ECONN : st, "%s: cannot connect to %s:%u",
-                             auth->who, host ? host : "127.0.0.1", port);
+    if (st == KVT_ECONN)
+        return kvt__fail(st, "%s: cannot connect to %s:%u", auth->who, host ? host : "127.0.0.1", port);
+    if (st) { /* a local fault (no descriptor ...): keep its cause */
+        char why[KVT_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", kvt_last_error());
+        return kvt__fail(st, "%s: cannot connect to %s:%u: %s", auth->who, host ? host : "127.0.0.1", port,
+                         why);
+    }
     st = kvt__stream_auth_client(fd, auth, deadline_ns);
     if (st) {
         char msg[KVT_ERRMSG_MAX];

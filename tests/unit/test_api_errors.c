@@ -3454,6 +3454,66 @@ static void test_pd_rooms_full(void **state)
     END_CHECKS();
 }
 
+/* A PD rank's create meeting local faults with a live bootstrap service
+ * and prefill rank: its own first allocation failing (ENOMEM), no file
+ * descriptor left for its sockets (ESYS). */
+static void test_pd_create_local_faults(void **state)
+{
+    (void)state;
+    setenv("KVTIER_PD_QUIET", "1", 0);
+    kvt_pd_bootstrap *bs = NULL;
+    assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
+    uint16_t port = 0;
+    assert_ok(kvt_pd_bootstrap_port(bs, &port));
+    kvt_geometry *g = small_geo();
+    kvt_emu *pe = NULL, *de = NULL;
+    assert_ok(kvt_emu_create(&pe, g, T_PAGES));
+    assert_ok(kvt_emu_create(&de, g, T_PAGES));
+    kvt_engine_memory pm, dm;
+    assert_ok(kvt_emu_memory(pe, &pm));
+    assert_ok(kvt_emu_memory(de, &dm));
+    kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &pm,
+                       .connect_timeout_ms = 10000, .net = {.peer_timeout_ms = 10000}};
+    kvt_pd_sender *s = NULL;
+    kvt_pd_receiver *r = NULL;
+
+    alloc_thread = pthread_self(); /* this thread's: not the bootstrap service's */
+    atomic_store(&alloc_one_thread, true);
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_ENOMEM, "kvt_pd_sender_create");
+    atomic_store(&alloc_countdown, -1);
+    assert_null(s);
+    assert_ok(kvt_pd_sender_create(&s, &p));
+    p.mem = &dm;
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ENOMEM, "kvt_pd_receiver_create");
+    atomic_store(&alloc_countdown, -1);
+    atomic_store(&alloc_one_thread, false);
+    assert_null(r);
+
+    struct rlimit old_nofile, low_nofile;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old_nofile), 0);
+    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    assert_true(probe >= 0);
+    close(probe);
+    low_nofile = old_nofile;
+    low_nofile.rlim_cur = (rlim_t)probe; /* no descriptor left for its sockets */
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low_nofile), 0);
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ESYS, "kvt_pd_receiver_create", "bootstrap",
+               "socket", "Too many open files");
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old_nofile), 0);
+    assert_null(r);
+
+    assert_ok(kvt_pd_receiver_create(&r, &p));
+    kvt_pd_receiver_destroy(r);
+    kvt_pd_sender_destroy(s);
+    kvt_emu_destroy(de);
+    kvt_emu_destroy(pe);
+    kvt_geometry_destroy(g);
+    kvt_pd_bootstrap_destroy(bs);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3490,6 +3550,7 @@ int main(void)
         cmocka_unit_test(test_client_server_limits),
         cmocka_unit_test(test_pd_create_faults),
         cmocka_unit_test(test_pd_rooms_full),
+        cmocka_unit_test(test_pd_create_local_faults),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
