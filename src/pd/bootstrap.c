@@ -100,8 +100,9 @@ static kvt_status bs_call(kvt_stream *s, pd_mac *m, const pd_hdr *h, const void 
     if (st) return kvt__fail(st, "%s: no answer (%s)", what,
                              st == KVT_ETIMEDOUT ? "timed out" : "the peer closed the connection");
     char why[160];
-    if (!pd_hdr_decode(&r, hb))
-        return kvt__fail(KVT_EPROTO, "%s: the answer: %s", what, pd_magic_why(hb, why, sizeof why));
+    if (!pd_hdr_decode(&r, hb)) /* a PD peer of another wire version, or not one at all */
+        return kvt__fail(pd_magic_other_version(hb) ? KVT_EVERSION : KVT_EPROTO, "%s: the answer: %s", what,
+                         pd_magic_why(hb, why, sizeof why));
     if (r.body_len > net->max_frame)
         return kvt__fail(KVT_EPROTO, "%s: a %u-byte answer exceeds this endpoint's max_frame %u",
                          what, r.body_len, net->max_frame);
@@ -187,6 +188,12 @@ static kvt_status prefill_request(const kvt_pd_net_params *net, const kvt_stream
     free(body);
     kvt__stream_destroy(bs);
     pd_mac_free(m);
+    if (st == KVT_EAGAIN) { /* RETRY answers lookups only: this service breaks the protocol */
+        char why[KVT_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", kvt_last_error());
+        st = kvt__fail(KVT_EPROTO, "%s: the bootstrap service at %s:%u answered RETRY, which it sends only to "
+                       "lookups (%s)", what, bs_host ? bs_host : "127.0.0.1", bs_port, why);
+    }
     if (!st && r.type != PD_F_OK)
         st = kvt__fail(KVT_EPROTO, "%s: unexpected answer type %u", what, r.type);
     if (!st && a0) *a0 = r.a0;

@@ -15,6 +15,7 @@
 #ifndef KVT_PD_WIRE_H
 #define KVT_PD_WIRE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -111,9 +112,16 @@ static inline int pd_hdr_decode(pd_hdr *h, const uint8_t *p)
 
 /* Why a header was refused, for messages: another version of this
  * protocol, or not this protocol at all. */
+/* A frame magic of another PD wire version ("KPD" and a digit, not ours). */
+static inline bool pd_magic_other_version(const uint8_t *p)
+{
+    return p[0] == 'K' && p[1] == 'P' && p[2] == 'D' && p[3] >= '0' && p[3] <= '9' &&
+           p[3] != '0' + PD_WIRE_VERSION;
+}
+
 static inline const char *pd_magic_why(const uint8_t *p, char *buf, size_t n)
 {
-    if (p[0] == 'K' && p[1] == 'P' && p[2] == 'D' && p[3] >= '0' && p[3] <= '9')
+    if (pd_magic_other_version(p))
         snprintf(buf, n, "the peer speaks PD wire version %c, this library %d: upgrade prefill, decode and "
                  "bootstrap together", p[3], PD_WIRE_VERSION);
     else

@@ -218,7 +218,11 @@
  *  host  a port in use (kvt_net_tcp_create, kvt_pd_bootstrap_create,
  *      kvt_pd_sender_create: ESYS); a config path under a regular file (EIO)
  *  PD  a silent bootstrap (ECONN), one with no prefill rank (ETIMEDOUT), the
- *      wrong secret (EAUTH); the first allocation of a room or send (ENOMEM)
+ *      wrong secret (EAUTH); the first allocation of a room or send (ENOMEM);
+ *      65536 rooms open (the next room: EFULL); create's first allocation
+ *      (ENOMEM); no descriptor (receiver: ESYS naming the cause); a fake
+ *      bootstrap answering another wire version (EVERSION), bytes that are
+ *      no PD frame (EPROTO), RETRY to a registration (EPROTO)
  *
  * ENOMEM one-shots fail the calling thread's next allocation only
  * (alloc_one_thread), so a server or service thread is not the one hit.
@@ -251,6 +255,7 @@
 #include "group/frame.h"
 #include "net/net.h"
 #include "net/stream.h"
+#include "pd/wire.h"
 #include "server/proto.h"
 #include "store/ssd.h"
 #include "util/clock.h"
@@ -3514,6 +3519,110 @@ static void test_pd_create_local_faults(void **state)
     END_CHECKS();
 }
 
+/* A fake PD bootstrap service: it takes the handshake, reads one request
+ * and answers every connection with the same 48-byte header (and body),
+ * then waits for the caller to hang up. */
+typedef struct fake_pd_bs {
+    int lfd;
+    uint16_t port;
+    pthread_t th;
+    atomic_bool stop;
+    uint8_t answer[PD_HDR_LEN];
+    const char *body;
+} fake_pd_bs;
+
+static void fake_pd_bs_serve(fake_pd_bs *f, kvt_stream *s)
+{
+    kvt_stream_auth a = {NULL, 0, "fake bootstrap"};
+    uint8_t hb[PD_HDR_LEN], body[4096];
+    pd_hdr h;
+    if (kvt__stream_auth_server(s->fd, &a, kvt__deadline_ns(5000)) != KVT_OK) return;
+    if (kvt__stream_recv(s, hb, sizeof hb, kvt__deadline_ns(5000)) != KVT_OK || !pd_hdr_decode(&h, hb) ||
+        h.body_len > sizeof body || kvt__stream_recv(s, body, h.body_len, kvt__deadline_ns(5000)) != KVT_OK)
+        return;
+    (void)kvt__stream_send(s, f->answer, sizeof f->answer, kvt__deadline_ns(5000));
+    if (f->body) (void)kvt__stream_send(s, f->body, strlen(f->body), kvt__deadline_ns(5000));
+    uint8_t b;
+    (void)kvt__stream_recv(s, &b, 1, kvt__deadline_ns(5000)); /* the caller hangs up */
+}
+
+static void *fake_pd_bs_main(void *arg)
+{
+    fake_pd_bs *f = arg;
+    while (!atomic_load(&f->stop)) {
+        kvt_stream *s;
+        if (kvt__stream_accept(f->lfd, kvt__deadline_ns(20), &s) != KVT_OK) continue;
+        fake_pd_bs_serve(f, s);
+        kvt__stream_destroy(s);
+    }
+    return NULL;
+}
+
+static void fake_pd_bs_start(fake_pd_bs *f)
+{
+    atomic_store(&f->stop, false);
+    assert_ok(kvt__stream_listen("127.0.0.1", 0, &f->lfd, &f->port));
+    assert_int_equal(pthread_create(&f->th, NULL, fake_pd_bs_main, f), 0);
+}
+
+static void fake_pd_bs_stop(fake_pd_bs *f)
+{
+    atomic_store(&f->stop, true);
+    pthread_join(f->th, NULL);
+    close(f->lfd);
+}
+
+/* PD ranks whose bootstrap service answers with another wire version
+ * (EVERSION naming both), with bytes that are no PD frame (EPROTO), or a
+ * registration with RETRY, which it sends only to lookups (EPROTO naming
+ * the service). */
+static void test_pd_create_bad_bootstrap(void **state)
+{
+    (void)state;
+    setenv("KVTIER_PD_QUIET", "1", 0);
+    kvt_geometry *g = small_geo();
+    kvt_emu *e = NULL;
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_create(&e, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e, &mem));
+    fake_pd_bs f = {.lfd = -1};
+    memcpy(f.answer, "KPD9", 4); /* a later wire version's header */
+    fake_pd_bs_start(&f);
+    kvt_pd_params p = {.bootstrap_port = f.port, .rank = {.tp_size = 1}, .geo = g, .mem = &mem,
+                       .connect_timeout_ms = 10000, .net = {.peer_timeout_ms = 10000}};
+    kvt_pd_sender *s = NULL;
+    kvt_pd_receiver *r = NULL;
+    EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_EVERSION, "kvt_pd_sender_create", "bootstrap",
+               "wire version 9", "this library 3");
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_EVERSION, "kvt_pd_receiver_create", "lookup",
+               "wire version 9", "this library 3");
+    fake_pd_bs_stop(&f);
+
+    memset(f.answer, 0, sizeof f.answer);
+    memcpy(f.answer, "HTTP/1.1 400 Bad Request\r\n", 26);
+    fake_pd_bs_start(&f);
+    p.bootstrap_port = f.port;
+    EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_EPROTO, "kvt_pd_sender_create", "bootstrap",
+               "not a kvtier PD peer");
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_EPROTO, "kvt_pd_receiver_create", "lookup",
+               "not a kvtier PD peer");
+    fake_pd_bs_stop(&f);
+
+    f.body = "0 prefill ranks registered";
+    pd_hdr_encode(&(pd_hdr){.type = PD_F_RETRY, .status = KVT_EAGAIN, .body_len = (uint32_t)strlen(f.body)},
+                  f.answer);
+    fake_pd_bs_start(&f);
+    p.bootstrap_port = f.port;
+    EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_EPROTO, "kvt_pd_sender_create", "registration",
+               "answered RETRY", "only to lookups", "0 prefill ranks registered");
+    fake_pd_bs_stop(&f);
+    assert_null(s);
+    assert_null(r);
+    kvt_emu_destroy(e);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -3551,6 +3660,7 @@ int main(void)
         cmocka_unit_test(test_pd_create_faults),
         cmocka_unit_test(test_pd_rooms_full),
         cmocka_unit_test(test_pd_create_local_faults),
+        cmocka_unit_test(test_pd_create_bad_bootstrap),
 #ifdef KNOWN_DEFECTS
         cmocka_unit_test(defect_d5_conn_reform_bad_timeout),
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
