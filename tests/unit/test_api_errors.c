@@ -222,7 +222,8 @@
  *      65536 rooms open (the next room: EFULL); create's first allocation
  *      (ENOMEM); no descriptor (receiver: ESYS naming the cause); a fake
  *      bootstrap answering another wire version (EVERSION), bytes that are
- *      no PD frame (EPROTO), RETRY to a registration (EPROTO)
+ *      no PD frame (EPROTO), RETRY to a registration (EPROTO), no answer to
+ *      a registration (ETIMEDOUT)
  *
  * ENOMEM one-shots fail the calling thread's next allocation only
  * (alloc_one_thread), so a server or service thread is not the one hit.
@@ -3529,6 +3530,7 @@ typedef struct fake_pd_bs {
     atomic_bool stop;
     uint8_t answer[PD_HDR_LEN];
     const char *body;
+    bool silent; /* answers nothing */
 } fake_pd_bs;
 
 static void fake_pd_bs_serve(fake_pd_bs *f, kvt_stream *s)
@@ -3540,7 +3542,7 @@ static void fake_pd_bs_serve(fake_pd_bs *f, kvt_stream *s)
     if (kvt__stream_recv(s, hb, sizeof hb, kvt__deadline_ns(5000)) != KVT_OK || !pd_hdr_decode(&h, hb) ||
         h.body_len > sizeof body || kvt__stream_recv(s, body, h.body_len, kvt__deadline_ns(5000)) != KVT_OK)
         return;
-    (void)kvt__stream_send(s, f->answer, sizeof f->answer, kvt__deadline_ns(5000));
+    if (!f->silent) (void)kvt__stream_send(s, f->answer, sizeof f->answer, kvt__deadline_ns(5000));
     if (f->body) (void)kvt__stream_send(s, f->body, strlen(f->body), kvt__deadline_ns(5000));
     uint8_t b;
     (void)kvt__stream_recv(s, &b, 1, kvt__deadline_ns(5000)); /* the caller hangs up */
@@ -3575,7 +3577,7 @@ static void fake_pd_bs_stop(fake_pd_bs *f)
 /* PD ranks whose bootstrap service answers with another wire version
  * (EVERSION naming both), with bytes that are no PD frame (EPROTO), or a
  * registration with RETRY, which it sends only to lookups (EPROTO naming
- * the service). */
+ * the service), or not at all (ETIMEDOUT). */
 static void test_pd_create_bad_bootstrap(void **state)
 {
     (void)state;
@@ -3615,6 +3617,15 @@ static void test_pd_create_bad_bootstrap(void **state)
     p.bootstrap_port = f.port;
     EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_EPROTO, "kvt_pd_sender_create", "registration",
                "answered RETRY", "only to lookups", "0 prefill ranks registered");
+    fake_pd_bs_stop(&f);
+
+    f.silent = true; /* takes the handshake and the registration, answers nothing */
+    f.body = NULL;
+    fake_pd_bs_start(&f);
+    p.bootstrap_port = f.port;
+    p.connect_timeout_ms = 300;
+    EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_ETIMEDOUT, "kvt_pd_sender_create", "registration",
+               "no answer", "timed out");
     fake_pd_bs_stop(&f);
     assert_null(s);
     assert_null(r);
