@@ -310,5 +310,5 @@ kvt_status kvt_conn_reform(kvt_conn *c, int64_t timeout_ms)
     if (st != KVT_OK) return st;
     st = kvt_group_reform(c->g, timeout_ms);
     c->aborted = st != KVT_OK;
-    return st;
+    return st ? kvt__wrap_error(st, "kvt_conn_reform") : st; /* the call the user made, then the group's */
 }

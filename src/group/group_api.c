@@ -124,6 +124,7 @@ kvt_status kvt_group_abort(kvt_group *g, const char *reason)
 
 kvt_status kvt_group_reform(kvt_group *g, int64_t timeout_ms)
 {
+    static const char fn[] = "kvt_group_reform";
     KVT_CHECK_NOT_NULL_AS(g, "group", "kvt_group_reform");
     KVT_CHECK_ARG(timeout_ms >= 1 && timeout_ms <= 600000,
                   "kvt_group_reform: timeout_ms %lld is outside 1..600000", (long long)timeout_ms);
@@ -145,6 +146,8 @@ kvt_status kvt_group_reform(kvt_group *g, int64_t timeout_ms)
     }
     st = kvt__group_form(g, timeout_ms, t0, propose, st, why);
     if (st == KVT_OK) kvt__clear_error();
+    /* The handshake's steps name themselves; lead with the call the user made. */
+    else if (strncmp(kvt_last_error(), fn, sizeof fn - 1) != 0) kvt__wrap_error(st, fn);
     return st;
 }
 

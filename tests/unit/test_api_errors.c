@@ -211,7 +211,8 @@
  *  rank groups (kvt_group_create / _reform, kvt_conn_reform)  no peer
  *      (ETIMEDOUT), no magic (EPROTO), protocol version 99 (EVERSION), a
  *      payload failing its checksum (ECORRUPT), a lost link (ECONN),
- *      kvt_net_interrupt (ECANCELED); over TCP: no descriptor (ESYS), the
+ *      kvt_net_interrupt (ECANCELED), re-forming's first allocation (ENOMEM);
+ *      over TCP: no descriptor (ESYS), the
  *      wrong secret (EAUTH)
  *  kvt_net_connect  nobody joins / no hub (ETIMEDOUT), wrong secret (EAUTH),
  *      no descriptor (ESYS), no memory (ENOMEM), interrupted (ECANCELED)
@@ -3145,6 +3146,15 @@ static void test_group_faults(void **state)
     /* rank 1 re-forming meets a WELCOME that fails its checksum */
     send_raw(&p, 0, RAW_CHECKSUM);
     EXPECT_ERR(kvt_group_reform(m.g, 100), KVT_ECORRUPT, "rank 0", "checksum");
+    /* Its first allocation failing (this thread's only). */
+    alloc_thread = pthread_self();
+    atomic_store(&alloc_one_thread, true);
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_group_reform(g, 100), KVT_ENOMEM, "kvt_group_reform");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_ENOMEM, "kvt_conn_reform");
+    atomic_store(&alloc_countdown, -1);
+    atomic_store(&alloc_one_thread, false);
     assert_ok(kvt_net_interrupt(p.n[0]));
     EXPECT_ERR(kvt_group_reform(g, 100), KVT_ECANCELED, "interrupted");
     EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_ECANCELED, "interrupted");
