@@ -211,7 +211,8 @@
  *  rank groups (kvt_group_create / _reform, kvt_conn_reform)  no peer
  *      (ETIMEDOUT), no magic (EPROTO), protocol version 99 (EVERSION), a
  *      payload failing its checksum (ECORRUPT), a lost link (ECONN),
- *      kvt_net_interrupt (ECANCELED), re-forming's first allocation (ENOMEM);
+ *      kvt_net_interrupt (ECANCELED), re-forming's first allocation (ENOMEM),
+ *      the leader's link cut after formation (reform ECONN);
  *      over TCP: no descriptor (ESYS), the
  *      wrong secret (EAUTH)
  *  kvt_net_connect  nobody joins / no hub (ETIMEDOUT), wrong secret (EAUTH),
@@ -3166,6 +3167,74 @@ static void test_group_faults(void **state)
     END_CHECKS();
 }
 
+/* A callback transport over an inproc endpoint whose link the test cuts:
+ * until then it passes every message through. */
+typedef struct link_cut {
+    kvt_net *inner;
+    atomic_bool lost;
+} link_cut;
+
+static kvt_status cut_send(void *ctx, uint32_t peer, const void *buf, size_t len, int64_t t)
+{
+    link_cut *c = ctx;
+    if (atomic_load(&c->lost)) return kvt__fail(KVT_ECONN, "link to rank %u lost", peer);
+    return kvt__net_send(c->inner, peer, buf, len, NULL, 0, kvt__deadline_ns(t));
+}
+
+static kvt_status cut_recv(void *ctx, uint32_t peer, void *buf, size_t cap, size_t *len, int64_t t)
+{
+    link_cut *c = ctx;
+    if (atomic_load(&c->lost)) return kvt__fail(KVT_ECONN, "link to rank %u lost", peer);
+    kvt_buf b = {0};
+    kvt_status st = kvt__net_recv(c->inner, peer, &b, kvt__deadline_ns(t));
+    if (!st && b.len > cap) st = kvt__fail(KVT_EPROTO, "a %zu-byte message for a %zu-byte buffer", b.len, cap);
+    if (!st) {
+        memcpy(buf, b.p, b.len);
+        *len = b.len;
+    }
+    kvt__buf_free(&b);
+    return st;
+}
+
+/* A formed group whose leader's link to rank 1 is then lost: re-forming,
+ * directly or through the connector, fails with ECONN naming rank 1. */
+static void test_reform_link_lost(void **state)
+{
+    (void)state;
+    cache_fx cf;
+    fx_init(&cf);
+    kvt_geometry_info gi;
+    assert_ok(kvt_geometry_info_get(cf.geo, &gi));
+    pair_fx p;
+    pair_init(&p, gi.digest);
+    assert_ok(kvt_config_digest(cf.cfg, &p.gp.config_digest));
+    p.gp.timeout_ms = 2000;
+    p.gp.formation_timeout_ms = 20000; /* room on a loaded machine */
+    link_cut cut = {p.n[0], false};
+    kvt_net_callbacks cb = {&cut, cut_send, cut_recv};
+    kvt_net *cn = NULL;
+    assert_ok(kvt_net_callback_create(&cn, 0, 2, &cb, 0));
+    member_run m = {p.n[1], p.gp, NULL, KVT_OK};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, member_create, &m), 0);
+    kvt_group *g = NULL;
+    assert_ok(kvt_group_create(&g, cn, &p.gp));
+    pthread_join(th, NULL);
+    assert_ok(m.st);
+    kvt_conn *conn = NULL;
+    assert_ok(kvt_conn_create(&conn, g, cf.cache));
+    atomic_store(&cut.lost, true);
+    EXPECT_ERR(kvt_group_reform(g, 100), KVT_ECONN, "kvt_group_reform", "rank 1", "recv failed");
+    EXPECT_ERR(kvt_conn_reform(conn, 100), KVT_ECONN, "kvt_conn_reform", "rank 1", "recv failed");
+    kvt_conn_destroy(conn);
+    kvt_group_destroy(g);
+    kvt_group_destroy(m.g);
+    kvt_net_destroy(cn);
+    pair_fini(&p);
+    fx_fini(&cf);
+    END_CHECKS();
+}
+
 /* A TCP hub waiting in kvt_net_connect on its own thread. */
 typedef struct hub_wait {
     kvt_net *hub;
@@ -3675,6 +3744,7 @@ int main(void)
         cmocka_unit_test(test_conn_states),
         cmocka_unit_test(test_host_refusals),
         cmocka_unit_test(test_group_faults),
+        cmocka_unit_test(test_reform_link_lost),
         cmocka_unit_test(test_net_connect_faults),
         cmocka_unit_test(test_memory_refusals),
         cmocka_unit_test(test_client_server_limits),
