@@ -79,7 +79,6 @@ struct kvt_client {
     size_t secret_len;
     uint8_t *tier;
     kvt_srv_hello_rep shm;
-    uint32_t pages_per_block;
     kvt_xfer *xfer;
     pthread_mutex_t mu;     /* tasks, memory */
     pthread_cond_t cv;
@@ -390,7 +389,6 @@ static kvt_status hello_locked(kvt_client *cl)
             cl->tier = m;
     }
     if (fd >= 0) close(fd);
-    if (!st) cl->pages_per_block = cl->shm.block_tokens / cl->geo->tokens_per_page;
     return st;
 }
 
