@@ -412,7 +412,7 @@ static kvt_status fetch_geometry(kvt_client *cl)
         st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
                        (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
                        p ? (const char *)p : "");
-    else if (!st && (st = kvt__srv_hello_decode(p, h.len, &g)))
+    else if (!st && (st = kvt__srv_hello_decode(p, h.len, true, &g)))
         kvt__wrap_error(st, "kvt_client_attach: the server's geometry");
     free(p);
     if (!st) cl->geo = g.geo;
