@@ -52,6 +52,7 @@ static void make_dir(void)
     mkdir(base, 0700);
     snprintf(g_dir, sizeof g_dir, "%s/srvXXXXXX", base);
     assert_non_null(mkdtemp(g_dir));
+    kvt_test_dir_track(g_dir);
 }
 
 /* Waits for pid to exit within ms; returns its exit code, or -signal; kills
@@ -1274,6 +1275,7 @@ static void make_open_dir(void)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/srvXXXXXX");
     assert_non_null(mkdtemp(g_dir));
+    kvt_test_dir_track(g_dir);
     assert_int_equal(chmod(g_dir, 0711), 0);
 }
 
@@ -1793,5 +1795,5 @@ int main(void)
         cmocka_unit_test_teardown(test_stuck_client_cut_off, kill_servers),
         cmocka_unit_test_teardown(test_server_killed_mid_load, kill_servers),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
