@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bench.h"
+#include "cli_util.h"
 #include "layout/layout.h"
 #include "store/pool.h"
 #include "util/clock.h"
@@ -263,21 +264,6 @@ typedef struct result {
     double g, sc, mg, ms; /* engine gather/scatter, memcpy gather/scatter list */
 } result;
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The median run (n is odd): the best of n favours whichever side got lucky
- * once on a shared VM; the median is what a run typically does. Both
- * kvtier and memcpy get the same treatment. */
-static double median(double *v, int n)
-{
-    qsort(v, n, sizeof *v, cmp_d);
-    return v[n / 2];
-}
-
 static int measure(setup *s, uint32_t threads, result *out)
 {
     kvt_xfer *x = NULL;
@@ -306,8 +292,8 @@ static int measure(setup *s, uint32_t threads, result *out)
         fprintf(stderr, "bench copy: a run failed\n");
         return -1;
     }
-    *out = (result){median(v[0], REPS), median(v[1], REPS), median(v[2], REPS),
-                     median(v[3], REPS)};
+    *out = (result){median_of_values(v[0], REPS), median_of_values(v[1], REPS),
+                     median_of_values(v[2], REPS), median_of_values(v[3], REPS)};
     return 0;
 }
 

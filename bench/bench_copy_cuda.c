@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bench.h"
+#include "cli_util.h"
 #include "cuda/cuda.h"
 #include "layout/layout.h"
 #include "util/clock.h"
@@ -169,19 +170,6 @@ static bool verify_blocks(const cu_setup *s)
     return true;
 }
 
-/* The median of REPS (odd) rates: the best of REPS favours whichever side
- * got lucky once on a shared machine. Sorts v. */
-static double median(double *v)
-{
-    for (int i = 1; i < REPS; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return v[REPS / 2];
-}
-
 static double contiguous(cu_setup *s, int kind)
 {
     double v[REPS];
@@ -194,7 +182,7 @@ static double contiguous(cu_setup *s, int kind)
         double g = (double)s->bytes / (double)el;
         if (r > 0) v[r - 1] = g;
     }
-    return median(v);
+    return median_of_values(v, REPS);
 }
 
 typedef struct cu_result {
@@ -231,8 +219,8 @@ static int measure_mode(cu_setup *s, int device, kvt_cuda_mode mode, uint32_t th
         sv[r] = run_xfer(s, x, KVT_XFER_SCATTER);
         if (gv[r] < 0 || sv[r] < 0) goto out;
     }
-    out->gather = median(gv);
-    out->scatter = median(sv);
+    out->gather = median_of_values(gv, REPS);
+    out->scatter = median_of_values(sv, REPS);
     out->d2h = contiguous(s, KVT_CU_MEMCPY_D2H);
     out->h2d = contiguous(s, KVT_CU_MEMCPY_H2D);
     if (out->d2h < 0 || out->h2d < 0) goto out;

@@ -27,6 +27,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include "bench.h"
+#include "cli_util.h"
 #include "store/ssd.h"
 #include "util/clock.h"
 #include "util/parse.h"
@@ -244,18 +245,6 @@ static void teardown(bench *b)
     free(b->ctx);
 }
 
-/* The median of REPS (odd) rates; a failed pass's -1 sorts first. */
-static double median(double *v)
-{
-    for (int i = 1; i < REPS; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return v[REPS / 2];
-}
-
 int kvt_bench_ssd_main(int argc, char **argv)
 {
     bargs a;
@@ -276,7 +265,12 @@ int kvt_bench_ssd_main(int argc, char **argv)
         }
     }
     double rw = 0, w = 0, rr = 0, r = 0;
-    if (rc == 0) rw = median(v[0]), w = median(v[1]), rr = median(v[2]), r = median(v[3]);
+    if (rc == 0) {
+        rw = median_of_values(v[0], REPS);
+        w = median_of_values(v[1], REPS);
+        rr = median_of_values(v[2], REPS);
+        r = median_of_values(v[3], REPS);
+    }
     if (rc == 0 && a.json)
         printf("{\"write_gbps\": %.3f, \"read_gbps\": %.3f, \"raw_write_gbps\": %.3f, "
                "\"raw_read_gbps\": %.3f, \"write_ratio\": %.3f, \"read_ratio\": %.3f, "
