@@ -11,7 +11,7 @@
  * 2 KiB chunks) are reported too.
  *
  * Memory is prefaulted (the pool touches every page) and each figure is the
- * best of REPS timed runs after a warm-up; engine and memcpy runs are
+ * median of REPS timed runs after a warm-up; engine and memcpy runs are
  * interleaved so drift on a noisy VM hits both alike.
  * ratio = min(gather, scatter) / memcpy, where memcpy is the faster of the
  * two chunk lists (strict); ratio_gather / ratio_scatter compare each
@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bench.h"
+#include "cli_util.h"
 #include "layout/layout.h"
 #include "store/pool.h"
 #include "util/clock.h"
@@ -263,21 +264,6 @@ typedef struct result {
     double g, sc, mg, ms; /* engine gather/scatter, memcpy gather/scatter list */
 } result;
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The best run: on a shared VM other processes only ever slow a run down,
- * so the maximum is the least noisy estimate of what the code can do. Both
- * kvtier and memcpy get the same treatment. */
-static double best(double *v, int n)
-{
-    qsort(v, n, sizeof *v, cmp_d);
-    return v[n - 1];
-}
-
 static int measure(setup *s, uint32_t threads, result *out)
 {
     kvt_xfer *x = NULL;
@@ -306,7 +292,8 @@ static int measure(setup *s, uint32_t threads, result *out)
         fprintf(stderr, "bench copy: a run failed\n");
         return -1;
     }
-    *out = (result){best(v[0], REPS), best(v[1], REPS), best(v[2], REPS), best(v[3], REPS)};
+    *out = (result){median_of_values(v[0], REPS), median_of_values(v[1], REPS),
+                     median_of_values(v[2], REPS), median_of_values(v[3], REPS)};
     return 0;
 }
 
@@ -375,7 +362,7 @@ int kvt_bench_copy_main(int argc, char **argv)
     double ratio_n = dmin(b->g, b->sc) / mcn;
     double scaling = dmin(b->g, b->sc) / dmin(a->g, a->sc);
     if (json) {
-        printf("{\"chunk_bytes\": %llu, \"size_mb\": %u, \"threads\": %u, \"pages\": \"%s\", \"stat\": \"best of %d\", "
+        printf("{\"chunk_bytes\": %llu, \"size_mb\": %u, \"threads\": %u, \"pages\": \"%s\", \"stat\": \"median of %d\", "
                "\"gather_gbps\": %.2f, \"scatter_gbps\": %.2f, \"memcpy_gbps\": %.2f, "
                "\"memcpy_gather_gbps\": %.2f, \"memcpy_scatter_gbps\": %.2f, \"ratio\": %.3f, "
                "\"ratio_gather\": %.3f, \"ratio_scatter\": %.3f, "
@@ -396,7 +383,7 @@ int kvt_bench_copy_main(int argc, char **argv)
         return 0;
     }
     printf("kvtier bench copy: %u layers x (K,V) x %u heads x %u dim x %u B, block %u tokens,\n"
-           "%u MiB per transfer, pages shuffled, memory prefaulted (%s), best of %d runs.\n"
+           "%u MiB per transfer, pages shuffled, memory prefaulted (%s), median of %d runs.\n"
            "GB/s; memcpy = one memcpy per chunk over the same chunk list (gather list / scatter list)\n\n",
            LAYERS, HEADS, HEAD_DIM, ELEM, BLOCK_TOKENS, size_mb, kind, REPS);
     printf("%-8s %-8s %8s %8s %17s %7s\n", "chunk", "threads", "gather", "scatter", "memcpy g/s", "ratio");

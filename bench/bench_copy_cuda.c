@@ -9,7 +9,7 @@
  * kernel: the embedded gather/scatter kernel, memcpy: cudaMemcpyAsync per
  * chunk), it times a whole gather (device -> host, a store) and scatter
  * (host -> device, a load) of M MiB (default 256) through the real transfer
- * engine with N workers (default 2, each with its own stream), best of 5
+ * engine with N workers (default 2, each with its own stream), median of 5
  * after a warm-up, and one contiguous cudaMemcpy of the same M MiB between
  * the same device and pinned host memory, each direction.
  * ratio_gather = gather / contiguous D2H, ratio_scatter = scatter /
@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bench.h"
+#include "cli_util.h"
 #include "cuda/cuda.h"
 #include "layout/layout.h"
 #include "util/clock.h"
@@ -171,17 +172,17 @@ static bool verify_blocks(const cu_setup *s)
 
 static double contiguous(cu_setup *s, int kind)
 {
-    double best = 0;
-    for (int r = 0; r < REPS + 1; r++) {
+    double v[REPS];
+    for (int r = 0; r < REPS + 1; r++) { /* r = 0: warm-up */
         uint64_t t0 = kvt__now_ns();
         kvt_cuerr e = kind == KVT_CU_MEMCPY_D2H ? s->api->Memcpy(s->host, s->dev, s->bytes, kind)
                                                 : s->api->Memcpy(s->dev, s->host, s->bytes, kind);
         uint64_t el = kvt__now_ns() - t0;
         if (e) return -1;
         double g = (double)s->bytes / (double)el;
-        if (r > 0 && g > best) best = g;
+        if (r > 0) v[r - 1] = g;
     }
-    return best;
+    return median_of_values(v, REPS);
 }
 
 typedef struct cu_result {
@@ -212,12 +213,14 @@ static int measure_mode(cu_setup *s, int device, kvt_cuda_mode mode, uint32_t th
     if (s->api->Memcpy(s->back, s->dev, s->bytes, KVT_CU_MEMCPY_D2H)) goto out;
     out->verified = ok && memcmp(s->back, s->ref, s->bytes) == 0;
     /* Interleaved timing: engine and contiguous copies alike see drift. */
+    double gv[REPS], sv[REPS];
     for (int r = 0; r < REPS; r++) {
-        double g = run_xfer(s, x, KVT_XFER_GATHER), sc = run_xfer(s, x, KVT_XFER_SCATTER);
-        if (g < 0 || sc < 0) goto out;
-        if (g > out->gather) out->gather = g;
-        if (sc > out->scatter) out->scatter = sc;
+        gv[r] = run_xfer(s, x, KVT_XFER_GATHER);
+        sv[r] = run_xfer(s, x, KVT_XFER_SCATTER);
+        if (gv[r] < 0 || sv[r] < 0) goto out;
     }
+    out->gather = median_of_values(gv, REPS);
+    out->scatter = median_of_values(sv, REPS);
     out->d2h = contiguous(s, KVT_CU_MEMCPY_D2H);
     out->h2d = contiguous(s, KVT_CU_MEMCPY_H2D);
     if (out->d2h < 0 || out->h2d < 0) goto out;
@@ -314,7 +317,7 @@ int kvt_bench_copy_cuda_main(int argc, char **argv)
     rv = api->runtime_version;
     if (json) {
         printf("{\"device\": %d, \"runtime\": %d, \"driver\": %d, \"size_mb\": %u, \"workers\": %u, "
-               "\"layers\": %d, \"stat\": \"best of %d\", \"results\": [", device, rv, dv, size_mb,
+               "\"layers\": %d, \"stat\": \"median of %d\", \"results\": [", device, rv, dv, size_mb,
                threads, LAYERS, REPS);
         for (int i = 0; i < nres; i++) {
             cu_result *r = &res[i];
@@ -329,7 +332,8 @@ int kvt_bench_copy_cuda_main(int argc, char **argv)
                nres ? min_ratio : 0.0, all_verified ? "true" : "false", failed);
     } else {
         printf("kvtier bench copy --device cuda: device %d, runtime %d, %u MiB per transfer, "
-               "%u workers, %d layers x (K,V)\n", device, rv, size_mb, threads, LAYERS);
+               "%u workers, %d layers x (K,V), median of %d runs\n", device, rv, size_mb,
+               threads, LAYERS, REPS);
         printf("%-9s %-7s %9s %9s %9s %9s %8s %8s %s\n", "page", "mode", "gather", "scatter",
                "D2H", "H2D", "r_gath", "r_scat", "verified");
         for (int i = 0; i < nres; i++) {

@@ -9,8 +9,9 @@
  * checksum, the data fdatasync, the journal append and its fdatasync; the
  * raw write pass ends with one fdatasync. Store reads verify every block's
  * checksum. Everything is O_DIRECT, so reads hit the device, not the page
- * cache. Passes are interleaved (raw, store, raw, store) and the best of
- * REPS is kept, so drift on a noisy disk hits both alike.
+ * cache. Passes are interleaved (raw, store, raw, store) so drift on a
+ * noisy disk hits both alike, and the median of REPS is reported (the best
+ * of REPS favours whichever pass got lucky once).
  * write_ratio = write_gbps / raw_write_gbps (read likewise); target >= 0.9.
  * Runs in a fresh temporary directory (under --dir, else $TMPDIR or /tmp)
  * that it removes. */
@@ -26,6 +27,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include "bench.h"
+#include "cli_util.h"
 #include "store/ssd.h"
 #include "util/clock.h"
 #include "util/parse.h"
@@ -243,8 +245,6 @@ static void teardown(bench *b)
     free(b->ctx);
 }
 
-static double best(double a, double b) { return a > b ? a : b; }
-
 int kvt_bench_ssd_main(int argc, char **argv)
 {
     bargs a;
@@ -253,23 +253,31 @@ int kvt_bench_ssd_main(int argc, char **argv)
     bench b;
     memset(&b, 0, sizeof b);
     rc = setup(&b, &a);
-    double w = -1, r = -1, rw = -1, rr = -1;
+    double v[4][REPS]; /* raw write, store write, raw read, store read */
     for (int rep = 0; rc == 0 && rep < REPS; rep++) {
-        rw = best(rw, raw_pass(&b, true));
-        w = best(w, store_pass(&b, true));
-        rr = best(rr, raw_pass(&b, false));
-        r = best(r, store_pass(&b, false));
-        if (rw < 0 || w < 0 || rr < 0 || r < 0) {
+        v[0][rep] = raw_pass(&b, true);
+        v[1][rep] = store_pass(&b, true);
+        v[2][rep] = raw_pass(&b, false);
+        v[3][rep] = store_pass(&b, false);
+        if (v[0][rep] < 0 || v[1][rep] < 0 || v[2][rep] < 0 || v[3][rep] < 0) {
             fprintf(stderr, "bench ssd: an I/O pass failed: %s\n", kvt_last_error());
             rc = 1;
         }
     }
+    double rw = 0, w = 0, rr = 0, r = 0;
+    if (rc == 0) {
+        rw = median_of_values(v[0], REPS);
+        w = median_of_values(v[1], REPS);
+        rr = median_of_values(v[2], REPS);
+        r = median_of_values(v[3], REPS);
+    }
     if (rc == 0 && a.json)
         printf("{\"write_gbps\": %.3f, \"read_gbps\": %.3f, \"raw_write_gbps\": %.3f, "
                "\"raw_read_gbps\": %.3f, \"write_ratio\": %.3f, \"read_ratio\": %.3f, "
-               "\"backend\": \"%s\", \"block_bytes\": %llu, \"bytes\": %llu}\n",
+               "\"backend\": \"%s\", \"block_bytes\": %llu, \"bytes\": %llu, "
+               "\"stat\": \"median of %d\"}\n",
                w, r, rw, rr, w / rw, r / rr, kvt__ssd_backend(b.s), (unsigned long long)b.block,
-               (unsigned long long)b.bytes);
+               (unsigned long long)b.bytes, REPS);
     else if (rc == 0)
         printf("ssd tier (%s, %llu KiB blocks, %llu MiB, O_DIRECT)\n"
                "  write %.2f GB/s   raw io_uring QD%u 1 MiB %.2f GB/s   ratio %.2f\n"

@@ -54,6 +54,12 @@ double samples_pct(sample_set *s, double pct)
     return s->v[i < s->n ? i : s->n - 1];
 }
 
+double median_of_values(double *v, uint32_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
 void samples_fini(sample_set *s)
 {
     free(s->v);

@@ -24,6 +24,10 @@ typedef struct sample_set {
 void samples_add(sample_set *s, double x);
 double samples_pct(sample_set *s, double pct); /* 0 when empty */
 void samples_fini(sample_set *s);
+/* The median of v[0..n) (n >= 1; the upper middle when n is even); sorts v.
+ * The benches report it: the best of n favours whichever side got lucky
+ * once on a shared machine. */
+double median_of_values(double *v, uint32_t n);
 
 /* A progress line on stderr: rewritten in place on a terminal, a line per
  * quarter otherwise (logs stay readable). */

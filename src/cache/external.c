@@ -91,22 +91,30 @@ static void give_offsets(kvt_cache *c, const kvt_task *t, uint64_t *offsets, kvt
     *out = l;
 }
 
+/* The task id names, if its blocks fit in max offsets (c->mu held). */
+static kvt_status find_fitting(kvt_cache *c, kvt_task_id id, uint32_t max, const char *fn,
+                               kvt_task **out)
+{
+    kvt_task *t = kvt__task_find(c, id);
+    if (!t)
+        return kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or already reported", fn,
+                         (unsigned long long)id);
+    if (t->num_blocks > max)
+        return kvt__fail(KVT_EINVAL, "%s: task %llu has %u blocks, room for %u", fn,
+                         (unsigned long long)id, t->num_blocks, max);
+    *out = t;
+    return KVT_OK;
+}
+
 kvt_status kvt__cache_ext_launch(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns,
                                  uint64_t *offsets, uint32_t max, kvt_ext_launch *out)
 {
     static const char fn[] = "launch";
     pthread_mutex_lock(&c->mu);
-    kvt_task *t = kvt__task_find(c, id);
-    kvt_status st = KVT_OK;
+    kvt_task *t = NULL;
+    kvt_status st = find_fitting(c, id, max, fn, &t);
     bool ended = false;
-    if (!t)
-        st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or already reported", fn,
-                       (unsigned long long)id);
-    else if (t->num_blocks > max)
-        st = kvt__fail(KVT_EINVAL, "%s: task %llu has %u blocks, room for %u", fn,
-                       (unsigned long long)id, t->num_blocks, max);
-    else
-        st = launch_locked(c, t, deadline_ns, &ended);
+    if (!st) st = launch_locked(c, t, deadline_ns, &ended);
     if (!st && !ended) give_offsets(c, t, offsets, out);
     pthread_mutex_unlock(&c->mu);
     if (!st && ended) return ended_fail(c, id, fn);
@@ -118,15 +126,9 @@ kvt_status kvt__cache_ext_offsets(kvt_cache *c, kvt_task_id id, uint64_t deadlin
 {
     static const char fn[] = "launch";
     pthread_mutex_lock(&c->mu);
-    kvt_task *t = kvt__task_find(c, id);
-    kvt_status st = KVT_OK;
-    if (!t)
-        st = kvt__fail(KVT_ENOTFOUND, "%s: task %llu is unknown or already reported", fn,
-                       (unsigned long long)id);
-    else if (t->num_blocks > max)
-        st = kvt__fail(KVT_EINVAL, "%s: task %llu has %u blocks, room for %u", fn,
-                       (unsigned long long)id, t->num_blocks, max);
-    else if (t->state == KVT_TS_RUNNING && !t->external)
+    kvt_task *t = NULL;
+    kvt_status st = find_fitting(c, id, max, fn, &t);
+    if (!st && t->state == KVT_TS_RUNNING && !t->external)
         st = kvt__fail(KVT_ESTATE, "%s: task %llu is not a launched external task", fn,
                        (unsigned long long)id);
     bool ended = !st && t->state == KVT_TS_ENDED;

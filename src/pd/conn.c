@@ -142,43 +142,13 @@ void pd_conn_queue_msg(pd_conn *c, uint16_t type, uint64_t room, uint32_t gen, k
     pd_conn_queue(c, &h, msg, msg ? strlen(msg) : 0);
 }
 
-kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
-                        const struct iovec *payload, int npay)
-{
-    return pd_conn_send_ex(c, h, body, blen, payload, npay, false);
-}
-
-kvt_status pd_conn_send_ex(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
-                           const struct iovec *payload, int npay, bool async)
+kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t blen)
 {
     uint8_t hb[PD_HDR_LEN];
     pd_hdr hh = *h;
     hh.body_len = (uint32_t)blen;
     pd_hdr_encode(&hh, hb);
-    uint64_t dl = pd_conn_deadline(c);
-    kvt_status st;
-    if (!hh.payload_len) {
-        st = pd_mac_send(c->mac, c->s, hb, body, blen, dl, async);
-    } else { /* header (+ body), payload, then one tag over all (mac.h) */
-        kvt_status (*send)(kvt_stream *, const struct iovec *, int, uint64_t) =
-            async && c->s->ops->sendv_async ? c->s->ops->sendv_async : c->s->ops->sendv;
-        uint8_t htag[PD_TAG_LEN];
-        struct iovec v[3] = {{hb, PD_HDR_LEN}, {htag, sizeof htag}, {(void *)body, blen}};
-        int n = 1;
-        if (c->mac) {
-            pd_mac_head(&c->mac->tx, hb, htag);
-            pd_mac_body(&c->mac->tx, body, blen);
-            pd_mac_bodyv(&c->mac->tx, payload, npay);
-            n = 2;
-        }
-        if (blen) v[n++] = v[2];
-        st = send(c->s, v, n, dl);
-        if (!st) st = send(c->s, payload, npay, dl);
-        if (!st && c->mac) {
-            pd_mac_end(&c->mac->tx, c->tag);
-            st = send(c->s, &(struct iovec){c->tag, sizeof c->tag}, 1, dl);
-        }
-    }
+    kvt_status st = pd_mac_send(c->mac, c->s, hb, body, blen, pd_conn_deadline(c), false);
     if (!st) c->last_tx = kvt__now_ns();
     return st;
 }
@@ -261,7 +231,7 @@ static kvt_status housekeeping(pd_conn *c)
         return kvt__fail(KVT_ECONN, "%s: silent for %u ms", c->name, n->peer_timeout_ms);
     if (now - c->last_tx >= (uint64_t)n->heartbeat_ms * 1000000ull) {
         pd_hdr h = {.type = PD_F_PING};
-        return pd_conn_send(c, &h, NULL, 0, NULL, 0);
+        return pd_conn_send(c, &h, NULL, 0);
     }
     return KVT_OK;
 }

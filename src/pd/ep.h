@@ -204,14 +204,9 @@ void pd_conn_queue_msg(pd_conn *c, uint16_t type, uint64_t room, uint32_t gen, k
                        const char *msg);
 /* Takes the oldest queued frame off the queue (NULL: none); the caller frees it. */
 pd_frame *pd_conn_pop_frame(pd_conn *c);
-/* Sends one frame now (conn thread or before the thread starts). */
-kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
-                        const struct iovec *payload, int npay);
-/* async: through the stream's sendv_async when it has one (stream.h): may
- * return with the frame in flight; blen must be < 64 KiB and the payload
- * stay unchanged until the next plain send or flush. */
-kvt_status pd_conn_send_ex(pd_conn *c, const pd_hdr *h, const void *body, size_t blen,
-                           const struct iovec *payload, int npay, bool async);
+/* Sends one frame of header and body now (conn thread or before the thread
+ * starts); DATA frames and their payload go out through sender.c. */
+kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t blen);
 /* Reads one frame's header and body (bounded by max_frame) into c->body,
  * checking their tags on an authenticated link (KVT_EAUTH naming the link);
  * a DATA frame's payload and tag are the caller's to read (on_data). */

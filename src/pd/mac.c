@@ -57,11 +57,6 @@ bool pd_mac_head_ok(pd_mac_dir *d, const uint8_t hdr[PD_HDR_LEN], const uint8_t 
     return sodium_memcmp(want, tag, PD_TAG_LEN) == 0;
 }
 
-void pd_mac_bodyv(pd_mac_dir *d, const struct iovec *v, int n)
-{
-    for (int i = 0; i < n; i++) pd_mac_body(d, v[i].iov_base, v[i].iov_len);
-}
-
 void pd_mac_end(pd_mac_dir *d, uint8_t tag[PD_TAG_LEN])
 {
     crypto_onetimeauth_final(&d->st, tag);

@@ -56,7 +56,6 @@ static inline void pd_mac_body(pd_mac_dir *d, const void *p, size_t n)
 {
     if (n) crypto_onetimeauth_update(&d->st, (const unsigned char *)p, n);
 }
-void pd_mac_bodyv(pd_mac_dir *d, const struct iovec *v, int n);
 void pd_mac_end(pd_mac_dir *d, uint8_t tag[PD_TAG_LEN]);
 bool pd_mac_end_ok(pd_mac_dir *d, const uint8_t tag[PD_TAG_LEN]);
 

@@ -458,7 +458,7 @@ static kvt_status sender_work(pd_conn *c, bool *busy)
     }
     if (j->next_page < j->end_page) return send_batch(c, j, &x);
     pd_hdr h = {.type = PD_F_DONE, .room = r->id, .a0 = j->end_page - j->first_page, .gen = j->gen};
-    kvt_status st = pd_conn_send(c, &h, NULL, 0, NULL, 0);
+    kvt_status st = pd_conn_send(c, &h, NULL, 0);
     pthread_mutex_lock(&ep->mu);
     pd_target *t = st == KVT_OK ? target_of(r, c->idx) : NULL;
     if (t) t->done_sent = true; /* before this link's thread reads the ack */
@@ -539,7 +539,7 @@ static kvt_status handshake(pd_conn *c)
         char msg[KVT_ERRMSG_MAX];
         snprintf(msg, sizeof msg, "%s", kvt_last_error());
         pd_hdr r = {.type = PD_F_REFUSE, .status = st};
-        (void)pd_conn_send(c, &r, msg, strlen(msg), NULL, 0);
+        (void)pd_conn_send(c, &r, msg, strlen(msg));
         return kvt__fail(st, "%s", msg);
     }
     c->has_plan = true;
@@ -548,7 +548,7 @@ static kvt_status handshake(pd_conn *c)
     uint8_t mf[4];
     pd_put32(mf, ep->net.max_frame);
     pd_hdr ok = {.type = PD_F_OK};
-    return pd_conn_send(c, &ok, mf, sizeof mf, NULL, 0);
+    return pd_conn_send(c, &ok, mf, sizeof mf);
 }
 
 static void *sender_conn_main(void *arg)

@@ -79,7 +79,6 @@ struct kvt_client {
     size_t secret_len;
     uint8_t *tier;
     kvt_srv_hello_rep shm;
-    uint32_t pages_per_block;
     kvt_xfer *xfer;
     pthread_mutex_t mu;     /* tasks, memory */
     pthread_cond_t cv;
@@ -390,7 +389,6 @@ static kvt_status hello_locked(kvt_client *cl)
             cl->tier = m;
     }
     if (fd >= 0) close(fd);
-    if (!st) cl->pages_per_block = cl->shm.block_tokens / cl->geo->tokens_per_page;
     return st;
 }
 
@@ -414,7 +412,7 @@ static kvt_status fetch_geometry(kvt_client *cl)
         st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
                        (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
                        p ? (const char *)p : "");
-    else if (!st && (st = kvt__srv_hello_decode(p, h.len, &g)))
+    else if (!st && (st = kvt__srv_hello_decode(p, h.len, true, &g)))
         kvt__wrap_error(st, "kvt_client_attach: the server's geometry");
     free(p);
     if (!st) cl->geo = g.geo;

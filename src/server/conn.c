@@ -116,7 +116,7 @@ static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
 {
     kvt_server *s = c->srv;
     kvt_srv_hello h;
-    kvt_status st = kvt__srv_hello_decode(p, len, &h);
+    kvt_status st = kvt__srv_hello_decode(p, len, false, &h);
     if (st) return reply_err(c, KVT_SRV_HELLO, st) ? st : st;
     st = kvt_geometry_compare(s->geo, h.geo);
     kvt_geometry_destroy(h.geo);

@@ -192,16 +192,21 @@ kvt_status kvt__srv_hello_encode(kvt_srv_buf *b, uint32_t pid, const kvt_geometr
     return b->oom ? kvt__fail(KVT_ENOMEM, "hello: no memory") : KVT_OK;
 }
 
-kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, kvt_srv_hello *out)
+kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, bool from_server,
+                                 kvt_srv_hello *out)
 {
-    static const char what[] = "hello";
+    /* The same bytes are a client's HELLO or the server's GEOMETRY reply;
+     * name the side that sent them so a version mismatch reads right. */
+    const char *what = from_server ? "geometry" : "hello";
+    const char *sender = from_server ? "server" : "client";
+    const char *receiver = from_server ? "client" : "server";
     rd r = {p, len, false};
     uint32_t proto = get32(&r), pid = get32(&r);
     uint32_t layers = get32(&r), tpp = get32(&r), layout = get32(&r);
     if (r.bad) return done(&r, what);
     if (proto != KVT_SRV_VERSION)
-        return kvt__fail(KVT_EVERSION, "%s: client speaks protocol %u, server %u", what, proto,
-                         KVT_SRV_VERSION);
+        return kvt__fail(KVT_EVERSION, "%s: %s speaks protocol %u, %s %u", what, sender, proto,
+                         receiver, KVT_SRV_VERSION);
     if (layers == 0 || layers > KVT_MAX_LAYERS)
         return kvt__fail(KVT_EPROTO, "%s: num_layers %u (1..%u)", what, layers, KVT_MAX_LAYERS);
     if (layout > KVT_LAYOUT_PAGE_FIRST)

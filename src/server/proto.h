@@ -97,7 +97,10 @@ typedef struct kvt_srv_hello {
     kvt_geometry *geo; /* owned by the caller after a successful decode */
 } kvt_srv_hello;
 kvt_status kvt__srv_hello_encode(kvt_srv_buf *b, uint32_t pid, const kvt_geometry *geo);
-kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, kvt_srv_hello *out);
+/* from_server: the bytes are the server's GEOMETRY reply (names the sender in
+ * errors), else a client's HELLO. */
+kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, bool from_server,
+                                 kvt_srv_hello *out);
 
 typedef struct kvt_srv_hello_rep {
     uint64_t map_bytes, stride, block_bytes;

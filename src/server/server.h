@@ -56,7 +56,6 @@ struct kvt_server {
     kvt_geometry *geo;
     kvt_cache *cache;
     kvt_ext_shm shm;
-    uint8_t *tier; /* the server's own mapping of the tier (checksums) */
     char path[sizeof(((kvt_config_values *)0)->server_socket)];
     int listen_fd, lock_fd, stop_pipe[2];
     int ssd_lock_fds[KVT_SRV_MAX_SSD_LOCKS];

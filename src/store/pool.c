@@ -49,16 +49,24 @@ struct kvt_pool {
 
 static uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-/* THP mode "always [madvise] never": usable unless "[never]" is selected. */
-static bool thp_available(void)
+/* A THP sysfs mode line ("always [madvise] never"; its selected mode is
+ * bracketed): usable when readable and neither off-mode is selected. A
+ * NULL off2 checks only off1. The lines are well under 128 bytes. */
+static bool thp_mode_usable(const char *path, const char *off1, const char *off2)
 {
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    FILE *f = fopen(path, "r");
     if (!f) return false;
     char buf[128] = {0};
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = '\0';
-    return strstr(buf, "[never]") == NULL && n > 0;
+    return n > 0 && !strstr(buf, off1) && !(off2 && strstr(buf, off2));
+}
+
+/* THP mode "always [madvise] never": usable unless "[never]" is selected. */
+static bool thp_available(void)
+{
+    return thp_mode_usable("/sys/kernel/mm/transparent_hugepage/enabled", "[never]", NULL);
 }
 
 /* Writes one byte per 4 KiB page so the kernel backs the whole range now. */
@@ -124,13 +132,8 @@ static bool map_4k(kvt_pool *p, size_t need)
  * never deny force"; usable with MADV_HUGEPAGE unless never or deny. */
 static bool shmem_thp_available(void)
 {
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
-    if (!f) return false;
-    char buf[128] = {0};
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return n > 0 && !strstr(buf, "[never]") && !strstr(buf, "[deny]");
+    return thp_mode_usable("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "[never]",
+                           "[deny]");
 }
 
 void *kvt__pool_map_shared(int fd, size_t len, bool populate)

@@ -25,4 +25,13 @@ kvt_geometry *kvt_test_geometry(uint32_t layers, uint32_t heads, uint32_t head_d
 /* Deterministic token ids: tokens[i] = f(seed, i). */
 void kvt_test_tokens(uint32_t *tokens, uint32_t n, uint64_t seed);
 
+/* Scratch directories a test program made (at most 64 are tracked): when
+ * every test passed, kvt_test_dirs_done removes them; when one failed it
+ * keeps them for the post-mortem and names them on stderr. Call it last in
+ * main with the result of cmocka_run_group_tests; returns rc. Only the
+ * process that first tracked a directory removes anything (forked children
+ * never do). */
+void kvt_test_dir_track(const char *path);
+int kvt_test_dirs_done(int rc);
+
 #endif

@@ -2153,6 +2153,7 @@ static void make_test_dir(char *out, size_t n, const char *tag)
     mkdir(base, 0700);
     snprintf(out, n, "%s/%sXXXXXX", base, tag);
     assert_non_null(mkdtemp(out));
+    kvt_test_dir_track(out); /* removed when every test passed (support.h) */
 }
 
 /* small_config() with the SSD tier at dir (NULL: none) and, when sock is
@@ -3757,5 +3758,5 @@ int main(void)
         cmocka_unit_test(defect_d8_mismatched_engine_memory),
 #endif
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }

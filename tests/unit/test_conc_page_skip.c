@@ -256,6 +256,7 @@ static void test_client_load_skips_pages(void **state)
     char dir[256], path[300];
     snprintf(dir, sizeof dir, "%s/skipXXXXXX", base);
     assert_non_null(mkdtemp(dir));
+    kvt_test_dir_track(dir); /* the socket's files stay in it: removed at a pass */
     snprintf(path, sizeof path, "%s/s.sock", dir);
     start_server(path);
     kvt_geometry *g = geo();
@@ -271,7 +272,6 @@ static void test_client_load_skips_pages(void **state)
     kvt_emu_destroy(emu);
     kvt_geometry_destroy(g);
     stop_server();
-    rmdir(dir);
 }
 
 int main(void)
@@ -280,5 +280,5 @@ int main(void)
         cmocka_unit_test(test_cache_load_skips_pages),
         cmocka_unit_test_teardown(test_client_load_skips_pages, kill_server),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -52,6 +52,7 @@ static void make_dir(void)
     mkdir(base, 0700);
     snprintf(g_dir, sizeof g_dir, "%s/srvXXXXXX", base);
     assert_non_null(mkdtemp(g_dir));
+    kvt_test_dir_track(g_dir);
 }
 
 /* Waits for pid to exit within ms; returns its exit code, or -signal; kills
@@ -1274,6 +1275,7 @@ static void make_open_dir(void)
 {
     snprintf(g_dir, sizeof g_dir, "/tmp/srvXXXXXX");
     assert_non_null(mkdtemp(g_dir));
+    kvt_test_dir_track(g_dir);
     assert_int_equal(chmod(g_dir, 0711), 0);
 }
 
@@ -1746,6 +1748,25 @@ static void test_server_killed_mid_load(void **state)
     stop_server(srv, path);
 }
 
+/* One decoder reads a client's HELLO and the server's GEOMETRY reply; a
+ * version mismatch must name the side that sent the bytes. */
+static void test_hello_version_names_sender(void **state)
+{
+    (void)state;
+    kvt_geometry *g = geo_heads(2);
+    kvt_srv_buf b = {0};
+    assert_ok(kvt__srv_hello_encode(&b, 1, g));
+    uint32_t bad = KVT_SRV_VERSION + 1;
+    memcpy(b.p, &bad, 4); /* the version is the first word */
+    kvt_srv_hello h;
+    assert_status(kvt__srv_hello_decode(b.p, b.len, false, &h), KVT_EVERSION);
+    assert_non_null(strstr(kvt_last_error(), "hello: client speaks protocol"));
+    assert_status(kvt__srv_hello_decode(b.p, b.len, true, &h), KVT_EVERSION);
+    assert_non_null(strstr(kvt_last_error(), "geometry: server speaks protocol"));
+    kvt__srv_buf_free(&b);
+    kvt_geometry_destroy(g);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -1763,6 +1784,7 @@ int main(void)
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
         cmocka_unit_test_teardown(test_ssd_load_launch_async, kill_servers),
         cmocka_unit_test(test_launch_reply_flags),
+        cmocka_unit_test(test_hello_version_names_sender),
         cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
         cmocka_unit_test_teardown(test_client_reattaches, kill_servers),
         cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, kill_servers),
@@ -1773,5 +1795,5 @@ int main(void)
         cmocka_unit_test_teardown(test_stuck_client_cut_off, kill_servers),
         cmocka_unit_test_teardown(test_server_killed_mid_load, kill_servers),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
