@@ -3,13 +3,18 @@
 #ifndef KVT_TESTS_PD_HARNESS_H
 #define KVT_TESTS_PD_HARNESS_H
 
+#include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
 #include "support.h"
 #include "layout/layout.h"
 #include "net/stream.h"
 #include "util/clock.h"
+#include "util/err.h"
 
 typedef struct pd_model {
     uint32_t layers;
@@ -274,6 +279,46 @@ static inline void pd_roundtrip(const pd_side_cfg *pc, const pd_side_cfg *dc, ui
     pd_expect_room(&cl, 7, KVT_PD_SUCCESS);
     assert_int_equal(pd_verify(&cl, prefix), 0);
     pd_cluster_stop(&cl);
+}
+
+/* ---- the PD handshake between two threads over a socket pair ---- */
+
+/* One end: its socket, the secret it holds, and what it got. key receives
+ * the session key after a handshake with a secret (left alone otherwise). */
+typedef struct auth_end {
+    int fd;
+    const char *secret;
+    kvt_status st;
+    uint8_t key[KVT_AUTH_MAC];
+    char msg[KVT_ERRMSG_MAX];
+} auth_end;
+
+static inline void *auth_server_main(void *arg)
+{
+    auth_end *e = arg;
+    kvt_stream_auth a = {(const uint8_t *)e->secret, e->secret ? strlen(e->secret) : 0, "test server", e->key};
+    e->st = kvt__stream_auth_server(e->fd, &a, kvt__deadline_ns(5000));
+    snprintf(e->msg, sizeof e->msg, "%s", kvt_last_error());
+    return NULL;
+}
+
+/* Runs the handshake between a server and a client holding these secrets
+ * over a socket pair. */
+static inline void handshake_pair(auth_end *srv, auth_end *cli)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    srv->fd = sv[0];
+    cli->fd = sv[1];
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, auth_server_main, srv), 0);
+    kvt_stream_auth a = {(const uint8_t *)cli->secret, cli->secret ? strlen(cli->secret) : 0, "test client",
+                         cli->key};
+    cli->st = kvt__stream_auth_client(cli->fd, &a, kvt__deadline_ns(5000));
+    snprintf(cli->msg, sizeof cli->msg, "%s", kvt_last_error());
+    close(cli->fd); /* a failed client hangs up, as kvt__stream_connect does */
+    pthread_join(th, NULL);
+    close(srv->fd);
 }
 
 #endif

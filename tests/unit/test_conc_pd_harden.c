@@ -297,40 +297,6 @@ static void deadline_names_missing_ranks(void **state)
     if (!strstr(msg, "missing tp1/2 dcp0/1") || !strstr(msg, "incomplete at the deadline")) fail_msg("%s", msg);
 }
 
-typedef struct auth_end {
-    int fd;
-    const char *secret;
-    kvt_status st;
-    char msg[KVT_ERRMSG_MAX];
-} auth_end;
-
-static void *auth_server_main(void *arg)
-{
-    auth_end *e = arg;
-    kvt_stream_auth a = {(const uint8_t *)e->secret, e->secret ? strlen(e->secret) : 0, "test server"};
-    e->st = kvt__stream_auth_server(e->fd, &a, kvt__deadline_ns(5000));
-    snprintf(e->msg, sizeof e->msg, "%s", kvt_last_error());
-    return NULL;
-}
-
-/* Runs the handshake between a server and a client holding these secrets
- * over a socket pair. */
-static void handshake_pair(auth_end *srv, auth_end *cli)
-{
-    int sv[2];
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
-    srv->fd = sv[0];
-    cli->fd = sv[1];
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, auth_server_main, srv), 0);
-    kvt_stream_auth a = {(const uint8_t *)cli->secret, cli->secret ? strlen(cli->secret) : 0, "test client"};
-    cli->st = kvt__stream_auth_client(cli->fd, &a, kvt__deadline_ns(5000));
-    snprintf(cli->msg, sizeof cli->msg, "%s", kvt_last_error());
-    close(cli->fd); /* a failed client hangs up, as kvt__stream_connect does */
-    pthread_join(th, NULL);
-    close(srv->fd);
-}
-
 /* Issue 14 item 5: a wrong secret is called a wrong secret on both ends
  * (regression: the server said "no proof before the deadline"). */
 static void wrong_secret_says_so(void **state)

@@ -297,39 +297,7 @@ static void without_secret_the_flip_goes_unseen(void **state)
 
 /* ---- the handshake's part ---- */
 
-typedef struct auth_end {
-    int fd;
-    const char *secret;
-    kvt_status st;
-    uint8_t key[PD_SESSION_KEY_LEN];
-    char msg[KVT_ERRMSG_MAX];
-} auth_end;
-
-static void *auth_server_main(void *arg)
-{
-    auth_end *e = arg;
-    kvt_stream_auth a = {(const uint8_t *)e->secret, e->secret ? strlen(e->secret) : 0, "test server", e->key};
-    e->st = kvt__stream_auth_server(e->fd, &a, kvt__deadline_ns(5000));
-    snprintf(e->msg, sizeof e->msg, "%s", kvt_last_error());
-    return NULL;
-}
-
-static void handshake_pair(auth_end *srv, auth_end *cli)
-{
-    int sv[2];
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
-    srv->fd = sv[0];
-    cli->fd = sv[1];
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, auth_server_main, srv), 0);
-    kvt_stream_auth a = {(const uint8_t *)cli->secret, cli->secret ? strlen(cli->secret) : 0, "test client",
-                         cli->key};
-    cli->st = kvt__stream_auth_client(cli->fd, &a, kvt__deadline_ns(5000));
-    snprintf(cli->msg, sizeof cli->msg, "%s", kvt_last_error());
-    close(cli->fd);
-    pthread_join(th, NULL);
-    close(srv->fd);
-}
+_Static_assert(sizeof(((auth_end *)0)->key) == PD_SESSION_KEY_LEN, "auth_end.key holds a session key");
 
 /* Both ends of a connection get the same key, another connection another
  * one; without a secret there is none (the buffer is left alone). */
