@@ -331,7 +331,22 @@ typedef struct kvt_request {
  * indexed like layer_bases (PAGE_FIRST: buffer_bytes[0] for base). With it,
  * registration refuses buffers too small for num_pages pages of the cache's
  * geometry (KVT_EGEOMETRY naming the layer), instead of letting a transfer
- * write past them. */
+ * write past them.
+ *  Strided (page_strides non-NULL; any geometry layout): the engine's own
+ *               strides, for layouts the two above do not describe, with no
+ *               copy: SGLang's page_first host pool (every layer's token t
+ *               side by side) and page_first_direct (page-major, then
+ *               layer), or a view of any page-major or token-major tensor.
+ *               For each unit u = layer * KVT_MAX_COMPONENTS + component,
+ *               token t of page p starts at
+ *                 layer_bases[u] + p * page_strides[u] + t * token_strides[u]
+ *               and holds that unit's token bytes (kv_heads x head_dim x
+ *               elem_size) contiguously. token_strides NULL: the tokens of
+ *               a page are contiguous. buffer_bytes[u] then bounds the bytes
+ *               from layer_bases[u] ((num_pages - 1) x page stride +
+ *               (tokens_per_page - 1) x token stride + token bytes). A stride
+ *               below the token bytes is refused (KVT_EINVAL); that units or
+ *               pages do not overlap otherwise is the engine's promise. */
 /* Where engine memory lives. A zeroed struct is host memory, so code
  * written before device memory existed is unchanged. */
 typedef enum kvt_memory_kind {
@@ -356,6 +371,8 @@ typedef struct kvt_engine_memory {
     const uint64_t *buffer_bytes;
     kvt_memory_kind kind; /* KVT_MEMORY_HOST (0) or KVT_MEMORY_CUDA */
     int32_t device;       /* KVT_MEMORY_CUDA: the device ordinal; else 0 */
+    const uint64_t *page_strides;  /* optional: strided buffers (above) */
+    const uint64_t *token_strides; /* optional, with page_strides */
 } kvt_engine_memory;
 
 /* ------------------------------------------------------------------ */

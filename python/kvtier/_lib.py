@@ -59,7 +59,8 @@ class EngineMemory(Structure):
     """kvt_engine_memory."""
     _fields_ = [("num_pages", c_uint32), ("base", c_void_p),
                 ("layer_bases", POINTER(c_void_p)), ("buffer_bytes", POINTER(c_uint64)),
-                ("kind", ctypes.c_int), ("device", ctypes.c_int32)]
+                ("kind", ctypes.c_int), ("device", ctypes.c_int32),
+                ("page_strides", POINTER(c_uint64)), ("token_strides", POINTER(c_uint64))]
 
 
 KVT_MEMORY_HOST = 0

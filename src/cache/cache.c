@@ -164,7 +164,7 @@ static kvt_status register_cuda(kvt_cache *c, const kvt_engine_memory *mem)
     for (uint32_t l = 0; l < c->geo->num_layers && !st; l++)
         for (uint32_t k = 0; k < kvt__geo_ncomp(c->geo, l) && !st; k++) {
             uint32_t u = KVT_UNIT(l, k);
-            if (c->geo->layout == KVT_LAYOUT_PAGE_FIRST)
+            if (c->geo->layout == KVT_LAYOUT_PAGE_FIRST && !mem->page_strides)
                 snprintf(what, sizeof what, "base");
             else
                 snprintf(what, sizeof what, "layer_bases[%u]", u);

@@ -268,26 +268,74 @@ void kvt__page_map_fill(kvt_page_map *map, const kvt_geometry *g, const kvt_engi
     for (uint32_t l = 0; l < g->num_layers; l++) {
         for (uint32_t c = 0; c < kvt__geo_ncomp(g, l); c++) {
             uint32_t u = KVT_UNIT(l, c);
-            if (g->layout == KVT_LAYOUT_PAGE_FIRST) {
+            uint64_t tb = kvt__geo_token_bytes(g, l, c);
+            map->token_stride[u] = tb;
+            if (mem->page_strides) {
+                map->base[u] = mem->layer_bases[u];
+                map->stride[u] = mem->page_strides[u];
+                if (mem->token_strides) map->token_stride[u] = mem->token_strides[u];
+            } else if (g->layout == KVT_LAYOUT_PAGE_FIRST) {
                 map->base[u] = (uint8_t *)mem->base + g->unit_prefix[u] * g->tokens_per_page;
                 map->stride[u] = page_bytes;
             } else {
                 map->base[u] = mem->layer_bases[u];
-                map->stride[u] = kvt__geo_token_bytes(g, l, c) * g->tokens_per_page;
+                map->stride[u] = tb * g->tokens_per_page;
             }
         }
     }
 }
 
-kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
-                                 const kvt_engine_memory *mem, const char *fn)
+/* a * b + c, or false when it overflows 64 bits. */
+static bool mul_add(uint64_t a, uint64_t b, uint64_t c, uint64_t *out)
 {
-    KVT_CHECK_ARG(mem->num_pages > 0, "%s: num_pages is 0", fn);
-    KVT_CHECK_ARG(mem->kind == KVT_MEMORY_HOST || mem->kind == KVT_MEMORY_CUDA,
-                  "%s: kind is %d (KVT_MEMORY_HOST or KVT_MEMORY_CUDA)", fn, (int)mem->kind);
-    if (mem->kind != KVT_MEMORY_HOST)
-        return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA device memory is not supported here yet "
-                         "(only kvt_cache_register_memory takes it; docs/gpu.md)", fn);
+    return !__builtin_mul_overflow(a, b, out) && !__builtin_add_overflow(*out, c, out);
+}
+
+/* One unit of strided engine memory: its base, strides that do not make
+ * tokens overlap, an extent that fits 64 bits and buffer_bytes[u]. */
+static kvt_status check_strided_unit(const kvt_geometry *g, const kvt_engine_memory *mem,
+                                     uint32_t l, uint32_t c, const char *fn)
+{
+    uint32_t u = KVT_UNIT(l, c);
+    const char *name = comp_name(g, l, c);
+    uint64_t tb = kvt__geo_token_bytes(g, l, c);
+    uint64_t ps = mem->page_strides[u], ts = mem->token_strides ? mem->token_strides[u] : tb;
+    KVT_CHECK_ARG(mem->layer_bases[u] != NULL, "%s: layer_bases[%u] (layer %u %s) is NULL", fn, u,
+                  l, name);
+    KVT_CHECK_ARG(g->tokens_per_page == 1 || ts >= tb, "%s: token_strides[%u] (layer %u %s) is %llu, "
+                  "less than its %llu bytes per token (strides are in bytes)", fn, u, l, name,
+                  (unsigned long long)ts, (unsigned long long)tb);
+    KVT_CHECK_ARG(mem->num_pages == 1 || ps >= tb, "%s: page_strides[%u] (layer %u %s) is %llu, "
+                  "less than its %llu bytes per token (strides are in bytes)", fn, u, l, name,
+                  (unsigned long long)ps, (unsigned long long)tb);
+    uint64_t page_end, need;
+    KVT_CHECK_ARG(mul_add(g->tokens_per_page - 1, ts, tb, &page_end) &&
+                  mul_add(mem->num_pages - 1, ps, page_end, &need),
+                  "%s: layer %u %s: %u pages at stride %llu overflow 64 bits", fn, l, name,
+                  mem->num_pages, (unsigned long long)ps);
+    if (mem->buffer_bytes && mem->buffer_bytes[u] < need)
+        return kvt__fail(KVT_EGEOMETRY, "%s: buffer_bytes[%u] (layer %u %s) is %llu but %u pages "
+                         "at page stride %llu and token stride %llu reach %llu bytes", fn, u, l,
+                         name, (unsigned long long)mem->buffer_bytes[u], mem->num_pages,
+                         (unsigned long long)ps, (unsigned long long)ts, (unsigned long long)need);
+    return KVT_OK;
+}
+
+static kvt_status check_strided(const kvt_geometry *g, const kvt_engine_memory *mem, const char *fn)
+{
+    KVT_CHECK_ARG(mem->layer_bases != NULL, "%s: layer_bases is NULL (strided buffers need it)", fn);
+    for (uint32_t l = 0; l < g->num_layers; l++)
+        for (uint32_t c = 0; c < kvt__geo_ncomp(g, l); c++) {
+            kvt_status st = check_strided_unit(g, mem, l, c, fn);
+            if (st) return st;
+        }
+    return KVT_OK;
+}
+
+/* LAYER_FIRST or PAGE_FIRST buffers: present, and as large as buffer_bytes
+ * says they must be. */
+static kvt_status check_layout(const kvt_geometry *g, const kvt_engine_memory *mem, const char *fn)
+{
     uint64_t page_bytes = kvt__geo_bytes_per_token(g) * g->tokens_per_page;
     for (uint32_t l = 0; l < g->num_layers; l++) {
         for (uint32_t c = 0; c < kvt__geo_ncomp(g, l); c++) {
@@ -316,6 +364,22 @@ kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
             }
         }
     }
+    return KVT_OK;
+}
+
+kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
+                                 const kvt_engine_memory *mem, const char *fn)
+{
+    KVT_CHECK_ARG(mem->num_pages > 0, "%s: num_pages is 0", fn);
+    KVT_CHECK_ARG(mem->kind == KVT_MEMORY_HOST || mem->kind == KVT_MEMORY_CUDA,
+                  "%s: kind is %d (KVT_MEMORY_HOST or KVT_MEMORY_CUDA)", fn, (int)mem->kind);
+    if (mem->kind != KVT_MEMORY_HOST)
+        return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA device memory is not supported here yet "
+                         "(only kvt_cache_register_memory takes it; docs/gpu.md)", fn);
+    KVT_CHECK_ARG(mem->page_strides || !mem->token_strides,
+                  "%s: token_strides is set but page_strides is NULL (strided buffers need both)", fn);
+    kvt_status st = mem->page_strides ? check_strided(g, mem, fn) : check_layout(g, mem, fn);
+    if (st) return st;
     kvt__page_map_fill(map, g, mem);
     return KVT_OK;
 }

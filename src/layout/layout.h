@@ -59,11 +59,14 @@ static inline uint64_t kvt__geo_block_offset(const kvt_geometry *g, uint32_t blo
     return (uint64_t)block_tokens * g->unit_prefix[KVT_UNIT(layer, comp)];
 }
 
-/* Where the engine keeps page `page` of (layer, comp): a base pointer and a
- * stride between pages. Within a page the tokens are contiguous. */
+/* Where the engine keeps page `page` of (layer, comp): a base pointer, a
+ * stride between pages and one between the tokens of a page (the unit's
+ * token bytes when they are contiguous, the usual case: then a page of a
+ * unit is one run of bytes). */
 typedef struct kvt_page_map {
     uint8_t *base[KVT_MAX_LAYERS * KVT_MAX_COMPONENTS];
     uint64_t stride[KVT_MAX_LAYERS * KVT_MAX_COMPONENTS];
+    uint64_t token_stride[KVT_MAX_LAYERS * KVT_MAX_COMPONENTS];
     uint32_t num_pages;
 } kvt_page_map;
 
@@ -81,6 +84,13 @@ void kvt__page_map_fill(kvt_page_map *map, const kvt_geometry *g, const kvt_engi
 static inline uint8_t *kvt__page_addr(const kvt_page_map *m, uint32_t unit, uint32_t page)
 {
     return m->base[unit] + (uint64_t)page * m->stride[unit];
+}
+
+/* Token `token` (0 .. tokens_per_page - 1) of page `page` of a unit. */
+static inline uint8_t *kvt__token_addr(const kvt_page_map *m, uint32_t unit, uint32_t page,
+                                       uint32_t token)
+{
+    return kvt__page_addr(m, unit, page) + (uint64_t)token * m->token_stride[unit];
 }
 
 #endif

@@ -82,13 +82,11 @@ static uint8_t *piece_addr(const pd_xfer *x, const pd_slice *s, uint32_t lt)
     const pd_plan *p = x->plan;
     if (x->side == PD_SIDE_DST) {
         uint32_t page = x->pages[lt / p->dst_tpp];
-        return kvt__page_addr(x->map, s->unit, page) + (uint64_t)(lt % p->dst_tpp) * s->dst_tb +
-               s->dst_off;
+        return kvt__token_addr(x->map, s->unit, page, lt % p->dst_tpp) + s->dst_off;
     }
     uint32_t g = lt * p->dcp_n + p->dcp_k, sl = g / p->src_n;
     uint32_t page = x->pages[sl / p->src_tpp];
-    return kvt__page_addr(x->map, s->unit, page) + (uint64_t)(sl % p->src_tpp) * s->src_tb +
-           s->src_off;
+    return kvt__token_addr(x->map, s->unit, page, sl % p->src_tpp) + s->src_off;
 }
 
 /* Appends entry e's pieces of pages [j0, j1), merging adjacent ones. */

@@ -226,6 +226,47 @@ static void sum_layer(const kvt_xfer_task *t, uint32_t b, uint32_t layer)
     t->layer_sums[(uint64_t)b * g->num_layers + layer] = kvt__hash64(seg, (size_t)len, layer);
 }
 
+/* Appends one chunk to the worker's list, merged into the previous one when
+ * it continues it on both sides (neighbouring pages of a neighbouring block
+ * part), flushing a full list first. */
+static kvt_status add_chunk(xfer_worker *w, kvt_xfer_task *t, uint32_t *n, uint8_t *dst,
+                            const uint8_t *src, uint64_t len)
+{
+    kvt_copy_chunk *ch = w->chunks;
+    if (*n > 0 && (uint8_t *)ch[*n - 1].dst + ch[*n - 1].len == dst &&
+        (const uint8_t *)ch[*n - 1].src + ch[*n - 1].len == src) {
+        ch[*n - 1].len += len;
+        return KVT_OK;
+    }
+    if (*n == XFER_CHUNKS) {
+        kvt_status rc = flush(w, t, *n);
+        if (rc != KVT_OK) return rc;
+        *n = 0;
+    }
+    ch[(*n)++] = (kvt_copy_chunk){.dst = dst, .src = src, .len = len};
+    return KVT_OK;
+}
+
+/* One engine page of one unit <-> its part of a cache block: one chunk, or
+ * one per token when the engine interleaves the page's tokens with other
+ * data (strided memory, e.g. SGLang's page_first pool). */
+static kvt_status add_page(xfer_worker *w, kvt_xfer_task *t, uint32_t *n, uint32_t unit,
+                           uint32_t page, uint8_t *cache, uint64_t tb)
+{
+    const uint32_t tpp = t->geo->tokens_per_page;
+    const bool gather = t->dir == KVT_XFER_GATHER;
+    uint8_t *eng = kvt__page_addr(t->map, unit, page);
+    uint64_t ts = t->map->token_stride[unit];
+    if (ts == tb) /* contiguous tokens: the page is one run */
+        return gather ? add_chunk(w, t, n, cache, eng, tb * tpp) : add_chunk(w, t, n, eng, cache, tb * tpp);
+    for (uint32_t k = 0; k < tpp; k++) {
+        uint8_t *e = eng + (uint64_t)k * ts, *c = cache + (uint64_t)k * tb;
+        kvt_status rc = gather ? add_chunk(w, t, n, c, e, tb) : add_chunk(w, t, n, e, c, tb);
+        if (rc != KVT_OK) return rc;
+    }
+    return KVT_OK;
+}
+
 static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
 {
     const kvt_geometry *g = t->geo;
@@ -233,33 +274,19 @@ static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
     const bool gather = t->dir == KVT_XFER_GATHER;
     /* Summing: each block's part is copied (flushed) then hashed at once. */
     const bool sums = gather && t->layer_sums && !w->x->ops.copy_async;
-    kvt_copy_chunk *ch = w->chunks;
     uint32_t n = 0;
     for (uint32_t b = 0; b < t->num_blocks; b++) {
         const uint32_t *pg = t->pages + (uint64_t)b * ppb;
         for (uint32_t c = 0; c < kvt__geo_ncomp(g, layer); c++) {
-            uint64_t len = kvt__geo_token_bytes(g, layer, c) * g->tokens_per_page;
-            if (len == 0) continue;
+            uint64_t tb = kvt__geo_token_bytes(g, layer, c);
+            if (tb == 0) continue;
             uint32_t unit = KVT_UNIT(layer, c);
             uint8_t *blk = t->blocks[b] + kvt__geo_block_offset(g, t->block_tokens, layer, c);
             for (uint32_t j = 0; j < ppb; j++) {
                 if (pg[j] == KVT_PAGE_SKIP) continue; /* a load leaves this page alone */
-                uint8_t *eng = kvt__page_addr(t->map, unit, pg[j]);
-                uint8_t *cache = blk + (uint64_t)j * len;
-                uint8_t *dst = gather ? cache : eng;
-                const uint8_t *src = gather ? eng : cache;
-                /* Neighbouring pages of a neighbouring block part: one chunk. */
-                if (n > 0 && (uint8_t *)ch[n - 1].dst + ch[n - 1].len == dst &&
-                    (const uint8_t *)ch[n - 1].src + ch[n - 1].len == src) {
-                    ch[n - 1].len += len;
-                    continue;
-                }
-                if (n == XFER_CHUNKS) {
-                    kvt_status rc = flush(w, t, n);
-                    if (rc != KVT_OK) return rc;
-                    n = 0;
-                }
-                ch[n++] = (kvt_copy_chunk){.dst = dst, .src = src, .len = len};
+                uint8_t *cache = blk + (uint64_t)j * tb * g->tokens_per_page;
+                kvt_status rc = add_page(w, t, &n, unit, pg[j], cache, tb);
+                if (rc != KVT_OK) return rc;
             }
         }
         if (sums) {
