@@ -185,18 +185,21 @@ def cuda_device(buf):
     return -1 if index is None else int(index)
 
 
-def cuda_buffer_address(buf, what, need_bytes):
+def cuda_buffer_address(buf, what, need_bytes, contiguous=True):
     """(address, device, keep-alive object) of a contiguous CUDA tensor of at
-    least need_bytes."""
+    least need_bytes; contiguous=False: a strided view already checked by
+    strided_view (its extent is need_bytes)."""
     device = cuda_device(buf)
     if device is None:
         raise invalid("%s: not a CUDA tensor" % what)
     if device < 0:
         raise invalid("%s: the CUDA tensor's device has no index" % what)
     is_contig = getattr(buf, "is_contiguous", None)
-    if callable(is_contig) and not is_contig():
+    if contiguous and callable(is_contig) and not is_contig():
         raise invalid("%s: the tensor is not contiguous" % what)
-    if callable(getattr(buf, "numel", None)) and callable(getattr(buf, "element_size", None)):
+    if not contiguous:
+        nbytes = need_bytes
+    elif callable(getattr(buf, "numel", None)) and callable(getattr(buf, "element_size", None)):
         nbytes = int(buf.numel()) * int(buf.element_size())
     else:
         nbytes = int(getattr(buf, "nbytes", 0))
@@ -208,23 +211,25 @@ def cuda_buffer_address(buf, what, need_bytes):
     return addr, device, buf
 
 
-def buffer_address(buf, what, need_bytes):
+def buffer_address(buf, what, need_bytes, contiguous=True):
     """(address, keep-alive object) of a writable, contiguous host buffer of
-    at least need_bytes: a numpy array or a CPU torch tensor."""
+    at least need_bytes: a numpy array or a CPU torch tensor.
+    contiguous=False: a strided view already checked by strided_view (its
+    extent is need_bytes); the address is its first element's."""
     if is_torch(buf):
         if buf.device.type != "cpu":
             raise invalid("%s: a %s tensor; kvtier copies with the CPU, so engine memory "
                           "must be host memory (a CPU tensor, pinned or not)" % (what, buf.device.type))
-        if not buf.is_contiguous():
+        if contiguous and not buf.is_contiguous():
             raise invalid("%s: the tensor is not contiguous" % what)
-        nbytes = buf.numel() * buf.element_size()
+        nbytes = buf.numel() * buf.element_size() if contiguous else need_bytes
         addr = buf.data_ptr()
     elif isinstance(buf, np.ndarray):
-        if not buf.flags.c_contiguous:
+        if contiguous and not buf.flags.c_contiguous:
             raise invalid("%s: the array is not C-contiguous" % what)
         if not buf.flags.writeable:
             raise invalid("%s: the array is read-only (loads write into it)" % what)
-        nbytes = buf.nbytes
+        nbytes = buf.nbytes if contiguous else need_bytes
         addr = buf.ctypes.data
     else:
         raise invalid("%s: expected a numpy array or a torch tensor, got %s"
@@ -234,3 +239,65 @@ def buffer_address(buf, what, need_bytes):
     if addr == 0:
         raise invalid("%s: null data pointer" % what)
     return addr, buf
+
+
+def _shape_strides(buf, what):
+    """(shape, byte strides, element size) of a numpy array or a tensor
+    (torch, CPU or CUDA; duck-typed by stride() and element_size())."""
+    if isinstance(buf, np.ndarray):
+        return tuple(buf.shape), tuple(buf.strides), buf.dtype.itemsize
+    if callable(getattr(buf, "stride", None)) and callable(getattr(buf, "element_size", None)):
+        e = int(buf.element_size())
+        return tuple(int(n) for n in buf.shape), tuple(int(s) * e for s in buf.stride()), e
+    raise invalid("%s: expected a numpy array or a torch tensor, got %s"
+                  % (what, type(buf).__name__))
+
+
+def _token_rows_contiguous(shape, strides, esize):
+    """True when the trailing dims (one token's bytes) are C-contiguous."""
+    want = esize
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1 and s != want:
+            return False
+        want *= n
+    return True
+
+
+def is_contiguous(buf):
+    """True for a C-contiguous array or tensor (the plain registration)."""
+    if isinstance(buf, np.ndarray):
+        return bool(buf.flags.c_contiguous)
+    f = getattr(buf, "is_contiguous", None)
+    return bool(f()) if callable(f) else True
+
+
+def strided_view(buf, what, num_pages, tokens_per_page, token_bytes):
+    """(page_stride, token_stride, extent in bytes) of a non-contiguous view
+    of one (layer, component): shape (pages, tokens_per_page, ...) or
+    (tokens, ...) with at least num_pages pages, any strides on those
+    leading dims, and each token's token_bytes contiguous in the trailing
+    dims (as SGLang's page_first pool sliced per layer is)."""
+    shape, strides, esize = _shape_strides(buf, what)
+    if any(s < 0 for s in strides):
+        raise invalid("%s: negative strides %s are not supported" % (what, strides))
+
+    def row_bytes(dims):
+        return int(np.prod(dims, dtype=np.int64)) * esize if dims else esize
+
+    if (len(shape) >= 2 and shape[1] == tokens_per_page and shape[0] >= num_pages
+            and row_bytes(shape[2:]) == token_bytes):
+        rest, ps, ts = 2, strides[0], strides[1]
+    elif shape and shape[0] >= num_pages * tokens_per_page and row_bytes(shape[1:]) == token_bytes:
+        rest, ts = 1, strides[0]
+        ps = ts * tokens_per_page
+    else:
+        raise invalid("%s: a view of shape %s cannot hold %d pages of %d tokens of %d bytes: "
+                      "give (pages, %d, ...) or (tokens, ...) with each token's %d bytes in the "
+                      "trailing dims" % (what, shape, num_pages, tokens_per_page, token_bytes,
+                                         tokens_per_page, token_bytes))
+    if not _token_rows_contiguous(shape[rest:], strides[rest:], esize):
+        raise invalid("%s: the trailing dims %s (one token) are not contiguous (strides %s); "
+                      "kvtier copies each token's bytes as one run"
+                      % (what, shape[rest:], strides[rest:]))
+    extent = (num_pages - 1) * ps + (tokens_per_page - 1) * ts + token_bytes
+    return ps, ts, extent

@@ -9,7 +9,8 @@ import ctypes
 from collections import namedtuple
 
 from . import _lib
-from ._arrays import (as_request, buffer_address, cuda_buffer_address, cuda_device, timeout_ms,
+from ._arrays import (as_request, buffer_address, cuda_buffer_address, cuda_device, is_contiguous,
+                      strided_view, timeout_ms,
                       u32_array, u32_ptr, uint)
 from ._handle import Handle
 from .config import LAYER_FIRST, Config, Geometry
@@ -60,15 +61,22 @@ def register_memory(target, geometry, num_pages, buffers=None, base=None):
 
     LAYER_FIRST: ``buffers[layer][component]`` (or a flat list indexed
     ``layer * 2 + component``) each holding num_pages pages of that
-    component. PAGE_FIRST: ``base``, num_pages * bytes_per_page bytes."""
+    component. PAGE_FIRST: ``base``, num_pages * bytes_per_page bytes.
+
+    A buffer may also be a non-contiguous view (numpy or torch) of shape
+    (pages, tokens_per_page, ...) or (tokens, ...) whose trailing dims hold
+    one token's bytes contiguously: kvtier then addresses it by its strides
+    (kvt_engine_memory.page_strides / token_strides), with no copy, e.g.
+    ``kv[:, layer]`` of SGLang's page_first pool (tokens, layers, heads,
+    head_dim). A layer-first geometry takes such views for any layout."""
     devices = []
 
-    def address(buf, what, need):
+    def address(buf, what, need, contiguous=True):
         device = cuda_device(buf)
         if device is None:
             devices.append((what, None))
-            return buffer_address(buf, what, need)
-        addr, device, obj = cuda_buffer_address(buf, what, need)
+            return buffer_address(buf, what, need, contiguous)
+        addr, device, obj = cuda_buffer_address(buf, what, need, contiguous)
         devices.append((what, device))
         return addr, obj
 
@@ -106,8 +114,12 @@ def _build_memory(target, geometry, num_pages, buffers, base, buffer_address):
         else:
             raise invalid("%s: %d buffers given; the geometry has %d layers (give [[K, V], ...] "
                           "or a flat list of %d)" % (target, len(bufs), nl, nl * 2))
-        ptrs = (ctypes.c_void_p * (_lib.KVT_MAX_LAYERS * _lib.KVT_MAX_COMPONENTS))()
-        sizes = (ctypes.c_uint64 * (_lib.KVT_MAX_LAYERS * _lib.KVT_MAX_COMPONENTS))()
+        units = _lib.KVT_MAX_LAYERS * _lib.KVT_MAX_COMPONENTS
+        ptrs = (ctypes.c_void_p * units)()
+        sizes, pstr, tstr = (ctypes.c_uint64 * units)(), (ctypes.c_uint64 * units)(), \
+            (ctypes.c_uint64 * units)()
+        strided = False
+        tpp = gi["tokens_per_page"]
         for layer, comps in enumerate(per_layer):
             ncomp = geometry.num_components(layer)
             given = [c for c in comps if c is not None]
@@ -115,14 +127,22 @@ def _build_memory(target, geometry, num_pages, buffers, base, buffer_address):
                 raise invalid("%s: layer %d has %d component(s), %d buffer(s) given"
                               % (target, layer, ncomp, len(given)))
             for c in range(ncomp):
-                need = num_pages * gi["tokens_per_page"] * geometry.token_bytes(layer, c)
-                addr, obj = buffer_address(comps[c], "buffers[%d][%d]" % (layer, c), need)
-                ptrs[layer * 2 + c] = addr
-                sizes[layer * 2 + c] = need  # checked above: the buffer holds at least this
+                u, what, tb = layer * 2 + c, "buffers[%d][%d]" % (layer, c), \
+                    geometry.token_bytes(layer, c)
+                pstr[u], tstr[u] = tpp * tb, tb
+                sizes[u] = num_pages * tpp * tb
+                if not is_contiguous(comps[c]):
+                    strided = True
+                    pstr[u], tstr[u], sizes[u] = strided_view(comps[c], what, num_pages, tpp, tb)
+                addr, obj = buffer_address(comps[c], what, sizes[u], is_contiguous(comps[c]))
+                ptrs[u] = addr  # sizes[u]: checked, the buffer holds at least this
                 keep.append(obj)
-        keep.extend([ptrs, sizes])
+        keep.extend([ptrs, sizes, pstr, tstr])
         mem.layer_bases = ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p))
         mem.buffer_bytes = ctypes.cast(sizes, ctypes.POINTER(ctypes.c_uint64))
+        if strided:
+            mem.page_strides = ctypes.cast(pstr, ctypes.POINTER(ctypes.c_uint64))
+            mem.token_strides = ctypes.cast(tstr, ctypes.POINTER(ctypes.c_uint64))
     else:
         if base is None or buffers is not None:
             raise invalid("%s: a page-first geometry takes base=<one buffer of pages>" % target)

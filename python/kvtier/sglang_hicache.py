@@ -29,13 +29,15 @@ batch began: each page is its own keyed request, evicted by LRU/LFU page by
 page. A missing page ends the leading run batch_exists reports; a page that
 fails its checksum loads as False; wrong bytes are never handed over.
 
-Data path: for the layer_first host layout the host pool itself is kvtier's
-engine memory (pages move between the pool and the tiers with no extra
-copy). page_first and page_first_direct pools interleave layers per token or
-per page, which kvtier's engine memory cannot address yet, so pages go
-through a layer-first staging area (one numpy gather or scatter per batch).
-The block format is the same for every layout: a block written under one
-layout reads back under another.
+Data path: the host pool itself is kvtier's engine memory, for every host
+layout (pages move between the pool and the tiers with no extra copy):
+layer_first registers each layer's K and V buffer; page_first (every layer's
+token t side by side) and page_first_direct (page-major, then layer) register
+each layer's strided view of the pool (kvt_engine_memory page_strides /
+token_strides). extra_config zero_copy: false copies through a layer-first
+staging area instead (needed only by the value-based get/set calls). The
+block format is the same for every layout: a block written under one layout
+reads back under another.
 """
 import ctypes
 import hashlib
@@ -75,7 +77,7 @@ KVTIER_KEYS = {
     "eviction": "lru or lfu",
     "namespace": "extra bytes mixed into every key's namespace (a cache salt)",
     "timeout": "seconds one transfer may take before it counts as failed (default 30)",
-    "zero_copy": "register a layer_first host pool itself (default true)",
+    "zero_copy": "register the host pool itself, any layout (default true)",
     "staging_pages": "pages in the staging area of the copying path (default 256)",
     "kvtier_options": "a dict of further kvtier options (docs/design.md, `kvtier config`)",
 }
@@ -348,9 +350,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
             cache = self._open_local(wipe)
         try:
             self.staging = None
-            if self.zero_copy and self.layout == "layer_first":
-                bufs = [[self._kv[c, l] for c in range(self._C)] for l in range(self.layer_num)]
-                cache.register_buffers(self.num_pages, bufs)
+            if self.zero_copy:
+                cache.register_buffers(self.num_pages, self._unit_views())
             else:
                 self.staging = _Staging(self._C, self.layer_num, self.staging_pages,
                                         self.page_size, self.heads, self.row_bytes)
@@ -359,6 +360,17 @@ class KvtierHiCacheStorage(HiCacheStorage):
             cache.close()
             raise
         self.cache = cache
+
+    def _unit_views(self):
+        """Per layer, K and V (or the MLA component): the host pool's own
+        memory as kvtier addresses it. layer_first: contiguous (tokens, heads,
+        row); page_first: (tokens, heads, row) at a token stride of every
+        layer's row; page_first_direct: (pages, page_size, heads, row) at a
+        page stride of every layer's page."""
+        kv = self._kv
+        if self.layout == "layer_first":
+            return [[kv[c, l] for c in range(self._C)] for l in range(self.layer_num)]
+        return [[kv[c, :, l] for c in range(self._C)] for l in range(self.layer_num)]
 
     def _open_local(self, wipe):
         opts = {"block_tokens": self.page_size}
@@ -626,7 +638,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         if self.staging is None:
             raise NotImplementedError(
                 "kvtier: %s by value needs the staging area, but this backend registered the "
-                "layer_first host pool itself (zero copy); SGLang uses batch_get_v1 / "
+                "host pool itself (zero copy); SGLang uses batch_get_v1 / "
                 "batch_set_v1 with interface_v1: 1. Set extra_config zero_copy: false to use "
                 "values" % what)
 

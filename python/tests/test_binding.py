@@ -78,6 +78,31 @@ class CacheRoundTrip(unittest.TestCase):
             for c in range(2):
                 np.testing.assert_array_equal(bufs[l][c][5:7], bufs[l][c][0:2])
 
+    def test_strided_views_round_trip(self):
+        """A page_first pool (tokens, layers, token bytes): each layer's
+        view kv[:, layer] is registered by its strides, no copy; a load
+        writes its tokens of every layer and no other byte."""
+        pages, tpp, tb = 8, 16, 2 * 16 * 2
+        kv = [np.zeros((pages * tpp, 4, tb), np.uint8) for _ in range(2)]  # K, V
+        views = [[kv[c][:, l] for c in range(2)] for l in range(4)]
+        self.assertFalse(views[1][0].flags.c_contiguous)
+        self.cache.register_buffers(pages, views)
+        rng = np.random.default_rng(5)
+        for c in range(2):
+            kv[c][:2 * tpp] = rng.integers(0, 256, (2 * tpp, 4, tb), dtype=np.uint8)
+        tok = list(range(33))
+        plan = self.cache.prepare_store(tok)
+        self.cache.launch(plan.task, [0, 1, 2])
+        self.assertTrue(self.cache.wait(plan.task, 5).ok)
+        want = [k.copy() for k in kv]
+        for c in range(2):
+            want[c][5 * tpp:7 * tpp] = kv[c][0:2 * tpp]
+        m = self.cache.lookup(tok)
+        self.cache.launch(m.task, [5, 6])
+        self.assertTrue(self.cache.wait(m.task, 5).ok)
+        for c in range(2):
+            np.testing.assert_array_equal(kv[c], want[c])
+
     def test_poll_reports_each_result_once(self):
         with kvtier.EmulatedEngine(self.geo, 8) as eng:
             self.cache.register_engine(eng)
@@ -163,8 +188,12 @@ class BadArguments(unittest.TestCase):
         self.raises(kvtier.InvalidArgument, "read-only", self.cache.register_buffers, 8,
                     [[ro, ro]] * 4)
         nc = np.zeros((8, 2048), np.uint8)[:, ::2]
-        self.raises(kvtier.InvalidArgument, "not C-contiguous", self.cache.register_buffers, 8,
-                    [[nc, nc]] * 4)
+        self.raises(kvtier.InvalidArgument, "view of shape (8, 1024) cannot hold 8 pages of "
+                    "16 tokens of 64 bytes", self.cache.register_buffers, 8, [[nc, nc]] * 4)
+        # a strided view whose token is not one run of bytes
+        gap = np.zeros((8, 16, 128), np.uint8)[:, :, ::2]
+        self.raises(kvtier.InvalidArgument, "trailing dims (64,) (one token) are not "
+                    "contiguous", self.cache.register_buffers, 8, [[gap, gap]] * 4)
         self.cache.register_engine(self.eng)
         self.raises(kvtier.InvalidArgument, "already registered", self.cache.register_engine, self.eng)
 

@@ -7,6 +7,7 @@ every loaded page byte-checked, a page written under one layout read under
 another, concurrent prefetch and backup threads, a corrupt page in the
 middle, separate processes for TP ranks, and the errors."""
 import inspect
+import itertools
 import os
 import shutil
 import subprocess
@@ -141,20 +142,28 @@ class Base(unittest.TestCase):
         self.assertEqual(backend.batch_exists(keys), len(keys), what)
         for p in dst:
             pool.set_page_bytes(p, 0x5A)
+        others = {p: pool.page_bytes(p) for p in range(pool.page_num) if p not in dst}
         got = backend.batch_get_v1(keys, pool.host_indices(dst))
         self.assertEqual(got, [True] * len(keys), what)
         for s, d in zip(src, dst):
             self.assert_page_equal(pool, d, pool, s, what)
+        for p, want in others.items():  # a load writes its pages and nothing else
+            now = pool.page_bytes(p)
+            for k in want:
+                if not np.array_equal(now[k], want[k]):
+                    self.fail("%s: page %d (component, layer) %s changed by a load into %s"
+                              % (what, p, k, dst))
 
 
 class Layouts(Base):
     def test_every_layout_mha_and_mla_byte_verified(self):
-        for mla in (False, True):
-            for layout in hc.LAYOUTS:
-                what = "%s %s" % ("MLA" if mla else "MHA", layout)
+        for mla, layout, zero_copy in itertools.product((False, True), hc.LAYOUTS, (True, False)):
+                what = "%s %s %s" % ("MLA" if mla else "MHA", layout,
+                                     "zero copy" if zero_copy else "staging")
                 pool = fakes.FakeHostPool(layout, mla=mla, seed=hash(what) % 1000)
-                b = self.backend(pool, mla=mla, extra={"staging_pages": 5})
-                self.assertEqual(b.staging is None, layout == "layer_first", what)
+                b = self.backend(pool, mla=mla, extra={"staging_pages": 5, "zero_copy": zero_copy})
+                # every layout registers the pool itself (strided views) unless told not to
+                self.assertEqual(b.staging is None, zero_copy, what)
                 keys = ["%s-page-%d" % (what, i) for i in range(9)]
                 self.roundtrip(pool, b, keys, list(range(9)), list(range(12, 21)), what)
                 st = b.stats()
@@ -208,7 +217,7 @@ class Layouts(Base):
 
     def test_value_calls_through_staging(self):
         pool = fakes.FakeHostPool("page_first")
-        b = self.backend(pool)
+        b = self.backend(pool, extra={"zero_copy": False})
         self.assertIsNone(b.get("nothing"))
         page = np.random.default_rng(3).integers(0, 256, b.block_bytes(), dtype=np.uint8)
         self.assertTrue(b.set("v0", page))
@@ -227,10 +236,10 @@ class Layouts(Base):
         flat = np.concatenate([pb[(c, l)].ravel() for l in range(3) for c in range(2)])
         self.assertTrue(np.array_equal(flat, page))
         # zero copy has no staging area: values are refused, saying why
-        lf = fakes.FakeHostPool("layer_first")
-        z = self.backend(lf)
-        with self.assertRaisesRegex(NotImplementedError, "zero_copy: false"):
-            z.get("v0")
+        for layout in hc.LAYOUTS:
+            z = self.backend(fakes.FakeHostPool(layout))
+            with self.assertRaisesRegex(NotImplementedError, "zero_copy: false"):
+                z.get("v0")
 
     def test_get_stats_is_sglang_storage_metrics(self):
         pool = fakes.FakeHostPool("layer_first")
@@ -386,9 +395,9 @@ class Corruption(Base):
 
 
 class Threads(Base):
-    def run_threads(self, layout, staging_pages):
+    def run_threads(self, layout, staging_pages, zero_copy=True):
         pool = fakes.FakeHostPool(layout, pages=64, seed=7)
-        b = self.backend(pool, extra={"staging_pages": staging_pages})
+        b = self.backend(pool, extra={"staging_pages": staging_pages, "zero_copy": zero_copy})
         # pages 0..15: stored before; 16..31: backed up by the threads
         pre = ["pre%d" % i for i in range(16)]
         self.assertEqual(b.batch_set_v1(pre, pool.host_indices(range(16))), [True] * 16)
@@ -438,8 +447,11 @@ class Threads(Base):
     def test_concurrent_prefetch_and_backup_zero_copy(self):
         self.run_threads("layer_first", 256)
 
+    def test_concurrent_prefetch_and_backup_zero_copy_page_first(self):
+        self.run_threads("page_first", 256)
+
     def test_concurrent_prefetch_and_backup_staging_contended(self):
-        self.run_threads("page_first_direct", 6)
+        self.run_threads("page_first_direct", 6, zero_copy=False)
 
 
 class Errors(Base):
