@@ -27,6 +27,8 @@ typedef struct pd_side_cfg {
     uint32_t tp, dcp, tpp;
     kvt_layout layout;
     const pd_model *model;
+    bool strided; /* the ranks' KV in a token-major pool of every layer
+                     (SGLang page_first, generalised), registered by strides */
 } pd_side_cfg;
 
 /* How the engine places an MHA model's heads at TP tp: heads per rank and
@@ -43,7 +45,10 @@ static inline uint32_t pd_model_rank_heads(const pd_model *m, uint32_t tp)
 
 typedef struct pd_rank {
     kvt_geometry *geo;
-    kvt_emu *emu;
+    kvt_emu *emu; /* the engine's KV, or (strided) the reference bytes only */
+    uint8_t *pool; /* strided: token slot s holds every unit's bytes of it */
+    void **bases;
+    uint64_t *page_strides, *token_strides;
     kvt_pd_rank rank;
     uint32_t *pages, num_pages;
     kvt_pd_sender *s;
@@ -120,6 +125,44 @@ static inline void pd_rank_init(pd_rank *r, const pd_side_cfg *c, uint32_t tp_ra
         assert_ok(kvt_emu_set_first_head(r->emu, tp_rank / reps * pd_model_rank_heads(c->model, c->tp)));
     r->pages = calloc(r->num_pages, sizeof *r->pages);
     for (uint32_t i = 0; i < r->num_pages; i++) r->pages[i] = engine - 1 - 2 * i; /* scattered, reversed */
+    if (!c->strided) return;
+    uint64_t bpt = kvt__geo_bytes_per_token(r->geo), units = (uint64_t)c->model->layers * KVT_MAX_COMPONENTS;
+    r->pool = malloc(engine * c->tpp * bpt);
+    r->bases = calloc(units, sizeof *r->bases);
+    r->page_strides = calloc(units, sizeof *r->page_strides);
+    r->token_strides = calloc(units, sizeof *r->token_strides);
+    assert_true(r->pool && r->bases && r->page_strides && r->token_strides);
+    memset(r->pool, 0x5A, engine * c->tpp * bpt);
+    for (uint32_t u = 0; u < units; u++) {
+        r->bases[u] = r->pool + r->geo->unit_prefix[u];
+        r->token_strides[u] = bpt;
+        r->page_strides[u] = bpt * c->tpp;
+    }
+}
+
+/* The rank's engine memory: the emulator's buffers, or the strided pool. */
+static inline void pd_rank_memory(pd_rank *r, kvt_engine_memory *mem)
+{
+    assert_ok(kvt_emu_memory(r->emu, mem));
+    if (!r->pool) return;
+    *mem = (kvt_engine_memory){.num_pages = mem->num_pages, .layer_bases = r->bases,
+                               .page_strides = r->page_strides, .token_strides = r->token_strides};
+}
+
+/* Writes the request's tokens [0, ntok) into a strided rank's pages. */
+static inline void pd_strided_fill(pd_rank *r, const kvt_request *req, uint32_t ntok, uint32_t tpp)
+{
+    kvt_engine_memory mem;
+    kvt_page_map *map = calloc(1, sizeof *map);
+    pd_rank_memory(r, &mem);
+    assert_ok(kvt__page_map_init(map, r->geo, &mem));
+    for (uint32_t g = 0; g < ntok; g++)
+        for (uint32_t l = 0; l < r->geo->num_layers; l++)
+            for (uint32_t c = 0; c < r->geo->layers[l].num_components; c++)
+                assert_ok(kvt_emu_token_kv(r->emu, req, g, l, c,
+                                           kvt__token_addr(map, KVT_UNIT(l, c), r->pages[g / tpp], g % tpp),
+                                           kvt__geo_token_bytes(r->geo, l, c)));
+    free(map);
 }
 
 static inline kvt_pd_params pd_params(pd_cluster *cl, pd_rank *r, kvt_engine_memory *mem)
@@ -129,7 +172,7 @@ static inline kvt_pd_params pd_params(pd_cluster *cl, pd_rank *r, kvt_engine_mem
     p.bootstrap_port = cl->port;
     p.rank = r->rank;
     p.geo = r->geo;
-    assert_ok(kvt_emu_memory(r->emu, mem));
+    pd_rank_memory(r, mem);
     p.mem = mem;
     return p;
 }
@@ -154,7 +197,10 @@ static inline void pd_cluster_start(pd_cluster *cl, const pd_side_cfg *pc, const
         pd_rank_init(r, pc, i / pc->dcp, i % pc->dcp, ntok);
         pd_consecutive(cl, r, 1);
         assert_int_equal(pc->dcp, 1);
-        assert_ok(kvt_emu_fill(r->emu, &cl->req, 0, ntok, r->pages, r->num_pages));
+        if (pc->strided)
+            pd_strided_fill(r, &cl->req, ntok, pc->tpp);
+        else
+            assert_ok(kvt_emu_fill(r->emu, &cl->req, 0, ntok, r->pages, r->num_pages));
         kvt_engine_memory mem;
         kvt_pd_params p = pd_params(cl, r, &mem);
         assert_ok(kvt_pd_sender_create(&r->s, &p));
@@ -230,7 +276,7 @@ static inline uint64_t pd_verify(pd_cluster *cl, uint32_t prefix)
         pd_rank *r = &cl->dec[i];
         kvt_engine_memory mem;
         kvt_page_map *map = calloc(1, sizeof *map);
-        assert_ok(kvt_emu_memory(r->emu, &mem));
+        pd_rank_memory(r, &mem);
         assert_ok(kvt__page_map_init(map, r->geo, &mem));
         uint32_t n = cl->dc.dcp, k = r->rank.dcp_rank;
         for (uint32_t g = prefix; g < cl->ntok; g++) {
@@ -240,7 +286,7 @@ static inline uint64_t pd_verify(pd_cluster *cl, uint32_t prefix)
                 for (uint32_t c = 0; c < r->geo->layers[l].num_components; c++) {
                     uint64_t tb = kvt__geo_token_bytes(r->geo, l, c);
                     assert_ok(kvt_emu_token_kv(r->emu, &cl->req, g, l, c, want, tb));
-                    uint8_t *got = kvt__page_addr(map, KVT_UNIT(l, c), page) + slot * tb;
+                    uint8_t *got = kvt__token_addr(map, KVT_UNIT(l, c), page, slot);
                     if (memcmp(got, want, tb) != 0) bad++;
                 }
         }
@@ -256,6 +302,10 @@ static inline void pd_rank_free(pd_rank *r)
     kvt_emu_destroy(r->emu);
     kvt_geometry_destroy(r->geo);
     free(r->pages);
+    free(r->pool);
+    free(r->bases);
+    free(r->page_strides);
+    free(r->token_strides);
 }
 
 static inline void pd_cluster_stop(pd_cluster *cl)

@@ -35,6 +35,20 @@ static void layout_convert(void **state)
     pd_roundtrip(&d, &p, 50, 0);
 }
 
+/* Strided engine memory (a token-major pool of every layer, as SGLang's
+ * page_first) on either side and both, across a repage and TP head
+ * slicing: every decode byte checked through the strided addresses. */
+static void strided_pools(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {2, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mha, true};
+    pd_side_cfg d = {1, 1, 8, KVT_LAYOUT_LAYER_FIRST, &mha, true};
+    pd_side_cfg plain = {1, 1, 8, KVT_LAYOUT_LAYER_FIRST, &mha};
+    pd_roundtrip(&p, &d, 70, 0);
+    pd_roundtrip(&p, &plain, 70, 3);
+    pd_roundtrip(&plain, &p, 70, 0);
+}
+
 static void tp_head_slicing(void **state)
 {
     (void)state;
@@ -315,6 +329,7 @@ int main(void)
         cmocka_unit_test(identical_page_first_prefix),
         cmocka_unit_test(repage),
         cmocka_unit_test(layout_convert),
+        cmocka_unit_test(strided_pools),
         cmocka_unit_test(tp_head_slicing),
         cmocka_unit_test(gqa_tp8_to_tp4),
         cmocka_unit_test(gqa_tp4_to_tp8),
