@@ -99,7 +99,7 @@ typedef struct pd_conn {
     uint8_t *body;
     size_t body_cap;
     uint64_t batches;
-    char name[96];
+    char name[128];
 } pd_conn;
 
 typedef struct pd_target {

@@ -368,8 +368,8 @@ static kvt_status dial_peer(pd_ep *ep, const pd_topo_entry *t, uint64_t dl, pd_c
     }
     if (ep->secret) st = pd_mac_new(&c->mac, key, false);
     sodium_memzero(key, sizeof key);
-    snprintf(c->name, sizeof c->name, "prefill tp%u/%u dcp%u/%u", t->desc.tp_rank, t->desc.tp_size,
-             t->desc.dcp_rank, t->desc.dcp_size);
+    snprintf(c->name, sizeof c->name, "prefill tp%u/%u dcp%u/%u at %s:%u", t->desc.tp_rank,
+             t->desc.tp_size, t->desc.dcp_rank, t->desc.dcp_size, t->host, (unsigned)t->port);
     if (!st) st = pd_desc_copy(&c->peer, &t->desc);
     if (!st) st = pd_plan_compute(&c->plan, &c->peer, &ep->desc);
     if (!st) st = pd_topo_expected(&c->peer, &ep->desc, &c->expected);

@@ -251,7 +251,7 @@ static void expect_auth_failure(mitm_mode mode)
     kvt_pd_room_info info;
     uint64_t bad = 0;
     kvt_pd_poll st = through_mitm(mode, true, &info, &bad);
-    if (st != KVT_PD_FAILED || !strstr(info.message, "prefill tp0/1 dcp0/1") ||
+    if (st != KVT_PD_FAILED || !strstr(info.message, "prefill tp0/1 dcp0/1 at 127.0.0.1:") ||
         !strstr(info.message, "authentication"))
         fail_msg("state %s (%llu wrong bytes), error %d: %s", kvt_pd_poll_name(st), (unsigned long long)bad,
                  info.error, info.message);
