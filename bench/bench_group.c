@@ -1,16 +1,19 @@
 /* bench_group.c - `kvtier bench group [--json]`: the latency of one step
  * exchange (every member's UP to the sync leader, the leader's DOWN back to
  * every member), measured at the leader, for 2, 4, 8 and 16 ranks as
- * threads over inproc queues and over loopback TCP (127.0.0.1 only). The
+ * threads over inproc queues, over loopback TCP (127.0.0.1 only) and over
+ * UCX tag messages after the same TCP join (UCX_TLS from the environment). The
  * payload is an idle connector step (16-byte head) plus one lookup record,
  * the common case. Each configuration runs at most ~1.2 s. For TCP the
  * machine's floor is measured in the same run: the same star exchange over
- * plain sockets (bench_group_raw.c), reported as raw_p50_us and ratio.
+ * plain sockets (bench_group_raw.c), reported as raw_p50_us and ratio (for
+ * UCX too: the socket floor is what UCX over loopback must beat).
  * The commit phase's cost (every member's ACK before the leader applies,
  * docs/protocol.md "Step") is measured in the same run: each configuration
  * also runs without it (exchange_p50_us), which is not a valid protocol
  * run, only the reference for commit_cost_us. */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,8 +27,12 @@
 #define BUDGET_NS 1200000000ull
 #define PAYLOAD 40
 
+enum { INPROC, TCP, UCX };
+static const char *const kind_name[] = {"inproc", "tcp", "ucx"};
+
 typedef struct cfg {
-    int tcp;
+    int kind;  /* INPROC, TCP or UCX */
+    bool tcp;  /* TCP or UCX: a hub and a join over TCP */
     int commit; /* 0: the bare gather + bcast, for the commit phase's cost */
     uint32_t ranks;
     uint16_t port;
@@ -44,6 +51,7 @@ static kvt_status open_net(cfg *c, uint32_t rank, kvt_net **n)
 {
     if (!c->tcp) return kvt_net_inproc_create(n, c->fab, rank);
     kvt_net_tcp_params p = {rank, c->ranks, "127.0.0.1", c->port, NULL, 0, 0};
+    p.transport = c->kind == UCX ? KVT_NET_UCX : KVT_NET_TCP;
     kvt_status st = kvt_net_tcp_create(n, &p);
     if (st == KVT_OK) st = kvt_net_connect(*n, 5000);
     return st;
@@ -122,6 +130,7 @@ static kvt_status run_cfg(cfg *c)
     kvt_status st = KVT_OK;
     if (c->tcp) {
         kvt_net_tcp_params p = {0, c->ranks, "127.0.0.1", 0, NULL, 0, 0};
+        p.transport = c->kind == UCX ? KVT_NET_UCX : KVT_NET_TCP;
         st = kvt_net_tcp_create(&hub, &p);
         if (st == KVT_OK) st = kvt_net_tcp_port(hub, &c->port);
     } else {
@@ -152,9 +161,10 @@ int kvt_bench_group_main(int argc, char **argv)
     else printf("%-8s %6s %10s %10s %8s %10s\n", "transport", "ranks", "p50_us", "p99_us", "steps",
                 "no_commit");
     int first = 1, rc = 0;
-    for (int tcp = 0; tcp < 2; tcp++)
+    for (int kind = INPROC; kind <= UCX; kind++)
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-            cfg c = {.tcp = tcp, .ranks = sizes[i], .lat_us = lat};
+            bool tcp = kind != INPROC;
+            cfg c = {.kind = kind, .tcp = tcp, .ranks = sizes[i], .lat_us = lat};
             double p50, p99, ex50 = 0;
             kvt_status st = KVT_OK;
             for (c.commit = 0; c.commit < 2 && st == KVT_OK; c.commit++) {
@@ -168,7 +178,7 @@ int kvt_bench_group_main(int argc, char **argv)
                 if (!c.commit) ex50 = p50;
             }
             if (st != KVT_OK) {
-                fprintf(stderr, "bench group: %s x %u: %s: %s\n", tcp ? "tcp" : "inproc",
+                fprintf(stderr, "bench group: %s x %u: %s: %s\n", kind_name[kind],
                         sizes[i], kvt_status_name(st), kvt_last_error());
                 rc = 1;
                 continue;
@@ -178,14 +188,14 @@ int kvt_bench_group_main(int argc, char **argv)
             if (json)
                 printf("%s{\"transport\": \"%s\", \"ranks\": %u, \"p50_us\": %.1f, "
                        "\"p99_us\": %.1f, \"steps\": %u, \"exchange_p50_us\": %.1f, "
-                       "\"commit_cost_us\": %.1f", first ? "" : ", ", tcp ? "tcp" : "inproc",
+                       "\"commit_cost_us\": %.1f", first ? "" : ", ", kind_name[kind],
                        sizes[i], p50, p99, c.steps, ex50, p50 - ex50);
             if (json && tcp)
                 printf(", \"raw_p50_us\": %.1f, \"raw_p99_us\": %.1f, \"ratio\": %.2f", raw50,
                        raw99, raw50 > 0 ? p50 / raw50 : 0);
             if (json) printf("}");
             else
-                printf("%-8s %6u %10.1f %10.1f %8u %10.1f", tcp ? "tcp" : "inproc", sizes[i],
+                printf("%-8s %6u %10.1f %10.1f %8u %10.1f", kind_name[kind], sizes[i],
                        p50, p99, c.steps, ex50);
             if (!json && tcp)
                 printf("   raw sockets p50 %.1f us (%.2fx)", raw50, raw50 > 0 ? p50 / raw50 : 0);
