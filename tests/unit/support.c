@@ -1,8 +1,13 @@
 #include "support.h"
 
 #include <ftw.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "util/hash.h"
@@ -57,4 +62,96 @@ int kvt_test_dirs_done(int rc)
             fprintf(stderr, "a test failed: its scratch directory is kept: %s\n", g_dirs[i]);
     }
     return rc;
+}
+
+void kvt_test_mkdtemp(char *out, size_t len, const char *prefix)
+{
+    const char *base = getenv("KVTIER_TEST_TMP");
+    if (!base) base = "/tmp";
+    mkdir(base, 0700);
+    snprintf(out, len, "%s/%sXXXXXX", base, prefix);
+    assert_non_null(mkdtemp(out));
+    kvt_test_dir_track(out);
+}
+
+#define KVT_TEST_MAX_SERVERS 16
+static pid_t g_servers[KVT_TEST_MAX_SERVERS];
+static int g_nservers;
+static kvt_server *g_child_server; /* in a forked server process */
+
+static void on_term(int sig)
+{
+    (void)sig;
+    kvt_server_stop(g_child_server);
+}
+
+static _Noreturn void server_child(int fd, kvt_test_make_server make, void *arg)
+{
+    sigset_t term, old;
+    sigemptyset(&term);
+    sigaddset(&term, SIGTERM);
+    sigprocmask(SIG_BLOCK, &term, &old);
+    signal(SIGTERM, on_term);
+    kvt_status st = make(&g_child_server, arg);
+    int32_t v = st;
+    if (st) fprintf(stderr, "server: %s\n", kvt_last_error());
+    if (write(fd, &v, sizeof v) != sizeof v) _exit(3);
+    if (st) _exit(2);
+    close(fd);
+    signal(SIGPIPE, SIG_IGN);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    st = kvt_server_run(g_child_server);
+    kvt_server_destroy(g_child_server);
+    _exit(st ? 1 : 0);
+}
+
+pid_t kvt_test_server_fork(kvt_test_make_server make, void *arg)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        server_child(p[1], make, arg);
+    }
+    close(p[1]);
+    if (g_nservers < KVT_TEST_MAX_SERVERS) g_servers[g_nservers++] = pid;
+    int32_t v = -99;
+    assert_int_equal(read(p[0], &v, sizeof v), (ssize_t)sizeof v);
+    close(p[0]);
+    assert_int_equal(v, KVT_OK);
+    return pid;
+}
+
+void kvt_test_server_stop(pid_t pid, int64_t ms)
+{
+    for (int i = 0; i < g_nservers; i++)
+        if (g_servers[i] == pid) g_servers[i--] = g_servers[--g_nservers];
+    kill(pid, SIGTERM);
+    int ws = 0;
+    for (int64_t i = 0; i < ms; i++) {
+        if (waitpid(pid, &ws, WNOHANG) == pid) {
+            if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+                fail_msg("server %d ended with wait status 0x%x", (int)pid, ws);
+            return;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    fail_msg("server %d did not stop within %lld ms of SIGTERM", (int)pid, (long long)ms);
+}
+
+int kvt_test_servers_kill(void **state)
+{
+    (void)state;
+    for (int i = 0; i < g_nservers; i++) {
+        kill(g_servers[i], SIGKILL);
+        kill(g_servers[i], SIGCONT);
+        waitpid(g_servers[i], NULL, 0);
+    }
+    g_nservers = 0;
+    return 0;
 }

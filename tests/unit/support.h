@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <cmocka.h>
 #include "kvtier.h"
 
@@ -33,5 +34,23 @@ void kvt_test_tokens(uint32_t *tokens, uint32_t n, uint64_t seed);
  * never do). */
 void kvt_test_dir_track(const char *path);
 int kvt_test_dirs_done(int rc);
+
+/* A fresh scratch directory <$KVTIER_TEST_TMP or /tmp>/<prefix>XXXXXX,
+ * tracked (removed when every test passed). */
+void kvt_test_mkdtemp(char *out, size_t len, const char *prefix);
+
+/* Server processes for tests. kvt_test_server_fork forks a child that calls
+ * make(&srv, arg), reports its status through a pipe and then runs the
+ * server until SIGTERM (kvt_server_stop; SIGTERM is held back until there
+ * is a server to stop). It returns the child's pid once the server listens,
+ * and fails the test when make failed. Every forked server is remembered
+ * until it is stopped: kvt_test_servers_kill (a cmocka teardown) kills and
+ * reaps the rest, so a failed test never leaves one running.
+ * kvt_test_server_stop sends SIGTERM and fails the test unless the server
+ * exits with status 0 within ms. */
+typedef kvt_status (*kvt_test_make_server)(kvt_server **out, void *arg);
+pid_t kvt_test_server_fork(kvt_test_make_server make, void *arg);
+void kvt_test_server_stop(pid_t pid, int64_t ms);
+int kvt_test_servers_kill(void **state);
 
 #endif

@@ -7,17 +7,11 @@
  * the marker and the rest against the stored request, byte for byte.
  * Also: a store refuses KVT_PAGE_SKIP, and other page ids are checked as
  * before. Concurrent: the client copies on its own threads. */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "support.h"
-#include "server/server.h"
 
 #define LAYERS 3
 #define TPP 8
@@ -160,16 +154,7 @@ static void test_cache_load_skips_pages(void **state)
 /* ------------------------------------------------------------------ */
 /* Through a server process                                           */
 
-static kvt_server *g_srv;
-static pid_t g_pid;
-
-static void on_term(int sig)
-{
-    (void)sig;
-    kvt_server_stop(g_srv);
-}
-
-static kvt_status make_server(const char *path)
+static kvt_status make_server(kvt_server **out, void *path)
 {
     kvt_config *cfg = NULL;
     kvt_status st = kvt_config_create(&cfg);
@@ -178,87 +163,19 @@ static kvt_status make_server(const char *path)
     if (!st) st = kvt_config_set(cfg, "huge_pages", "false");
     if (!st) st = kvt_config_set(cfg, "block_tokens", "16");
     kvt_geometry *g = geo();
-    if (!st) st = kvt_server_create(&g_srv, cfg, g);
+    if (!st) st = kvt_server_create(out, cfg, g);
     kvt_geometry_destroy(g);
     kvt_config_destroy(cfg);
     return st;
 }
 
-/* Forks a server on path; returns once it listens (the child reports
- * kvt_server_create's status through a pipe). */
-static void start_server(const char *path)
-{
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    g_pid = fork();
-    assert_true(g_pid >= 0);
-    if (g_pid == 0) {
-        close(p[0]);
-        sigset_t term, old;
-        sigemptyset(&term);
-        sigaddset(&term, SIGTERM);
-        sigprocmask(SIG_BLOCK, &term, &old);
-        signal(SIGTERM, on_term);
-        kvt_status st = make_server(path);
-        int32_t v = st;
-        if (st) fprintf(stderr, "server: %s\n", kvt_last_error());
-        if (write(p[1], &v, sizeof v) != sizeof v) _exit(3);
-        if (st) _exit(2);
-        close(p[1]);
-        signal(SIGPIPE, SIG_IGN);
-        sigprocmask(SIG_SETMASK, &old, NULL);
-        st = kvt_server_run(g_srv);
-        kvt_server_destroy(g_srv);
-        _exit(st ? 1 : 0);
-    }
-    close(p[1]);
-    int32_t v = -99;
-    assert_int_equal(read(p[0], &v, sizeof v), (ssize_t)sizeof v);
-    close(p[0]);
-    assert_int_equal(v, KVT_OK);
-}
-
-/* The teardown: a server left by a failed test is killed, never waited on
- * without a deadline. */
-static int kill_server(void **state)
-{
-    (void)state;
-    if (g_pid > 0) {
-        kill(g_pid, SIGKILL);
-        waitpid(g_pid, NULL, 0);
-        g_pid = 0;
-    }
-    return 0;
-}
-
-static void stop_server(void)
-{
-    kill(g_pid, SIGTERM);
-    for (int i = 0; i < 5000; i++) {
-        int ws = 0;
-        if (waitpid(g_pid, &ws, WNOHANG) == g_pid) {
-            g_pid = 0;
-            assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
-            return;
-        }
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-    fail_msg("the server did not stop within 5 s");
-}
-
 static void test_client_load_skips_pages(void **state)
 {
     (void)state;
-    const char *base = getenv("KVTIER_TEST_TMP");
-    if (!base) base = "/tmp";
-    mkdir(base, 0700);
     char dir[256], path[300];
-    snprintf(dir, sizeof dir, "%s/skipXXXXXX", base);
-    assert_non_null(mkdtemp(dir));
-    kvt_test_dir_track(dir); /* the socket's files stay in it: removed at a pass */
+    kvt_test_mkdtemp(dir, sizeof dir, "skip"); /* the socket's files stay in it */
     snprintf(path, sizeof path, "%s/s.sock", dir);
-    start_server(path);
+    pid_t pid = kvt_test_server_fork(make_server, path);
     kvt_geometry *g = geo();
     side s = {0};
     assert_ok(kvt_client_attach(&s.cl, path, g, WAIT_MS));
@@ -271,14 +188,14 @@ static void test_client_load_skips_pages(void **state)
     kvt_client_detach(s.cl);
     kvt_emu_destroy(emu);
     kvt_geometry_destroy(g);
-    stop_server();
+    kvt_test_server_stop(pid, 5000);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cache_load_skips_pages),
-        cmocka_unit_test_teardown(test_client_load_skips_pages, kill_server),
+        cmocka_unit_test_teardown(test_client_load_skips_pages, kvt_test_servers_kill),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }

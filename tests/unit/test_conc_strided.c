@@ -12,14 +12,9 @@
  * token fails. Through a server, a block stored from a strided pool loads
  * into a layer-first engine (kvt_emu_verify) and back: blocks do not depend
  * on the engine's layout. Concurrent: copies run on worker threads. */
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "support.h"
 
@@ -294,54 +289,15 @@ static void test_bad_strides_refused(void **state)
 /* ------------------------------------------------------------------ */
 /* Through a server: a strided pool and a layer-first engine share blocks */
 
-static kvt_server *g_srv;
-static pid_t g_pid;
-
-static void on_term(int sig)
+static kvt_status make_server(kvt_server **out, void *path)
 {
-    (void)sig;
-    kvt_server_stop(g_srv);
-}
-
-static void start_server(const char *path)
-{
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    g_pid = fork();
-    assert_true(g_pid >= 0);
-    if (g_pid == 0) {
-        close(fds[0]);
-        signal(SIGTERM, on_term);
-        kvt_config *cfg = config();
-        kvt_geometry *g = geo();
-        kvt_status st = kvt_config_set(cfg, "server_socket", path);
-        if (!st) st = kvt_server_create(&g_srv, cfg, g);
-        int32_t v = st;
-        if (st) fprintf(stderr, "server: %s\n", kvt_last_error());
-        if (write(fds[1], &v, sizeof v) != sizeof v) _exit(3);
-        if (st) _exit(2);
-        close(fds[1]);
-        signal(SIGPIPE, SIG_IGN);
-        st = kvt_server_run(g_srv);
-        kvt_server_destroy(g_srv);
-        _exit(st ? 1 : 0);
-    }
-    close(fds[1]);
-    int32_t v = -99;
-    assert_int_equal(read(fds[0], &v, sizeof v), (ssize_t)sizeof v);
-    close(fds[0]);
-    assert_int_equal(v, KVT_OK);
-}
-
-static int kill_server(void **state)
-{
-    (void)state;
-    if (g_pid > 0) {
-        kill(g_pid, SIGKILL);
-        waitpid(g_pid, NULL, 0);
-        g_pid = 0;
-    }
-    return 0;
+    kvt_config *cfg = config();
+    kvt_geometry *g = geo();
+    kvt_status st = kvt_config_set(cfg, "server_socket", path);
+    if (!st) st = kvt_server_create(out, cfg, g);
+    kvt_geometry_destroy(g);
+    kvt_config_destroy(cfg);
+    return st;
 }
 
 static void check_emu(kvt_emu *emu, const kvt_request *r, const uint32_t *pages)
@@ -357,16 +313,10 @@ static void check_emu(kvt_emu *emu, const kvt_request *r, const uint32_t *pages)
 static void test_strided_and_layer_first_share_blocks(void **state)
 {
     (void)state;
-    const char *base = getenv("KVTIER_TEST_TMP");
-    if (!base) base = "/tmp";
-    mkdir(base, 0700);
     char dir[256], path[300];
-    snprintf(dir, sizeof dir, "%s/stridedXXXXXX", base);
-    assert_non_null(mkdtemp(dir));
-    kvt_test_dir_track(dir);
+    kvt_test_mkdtemp(dir, sizeof dir, "strided");
     snprintf(path, sizeof path, "%s/s.sock", dir);
-    start_server(path);
-
+    pid_t pid = kvt_test_server_fork(make_server, path);
     kvt_geometry *g = geo();
     side a = {0}, b = {0};
     assert_ok(kvt_client_attach(&a.cl, path, g, WAIT_MS));
@@ -406,15 +356,7 @@ static void test_strided_and_layer_first_share_blocks(void **state)
     kvt_emu_destroy(emu);
     pool_free(&p);
     kvt_geometry_destroy(g);
-    kill(g_pid, SIGTERM);
-    int ws = 0;
-    for (int i = 0; i < 5000 && waitpid(g_pid, &ws, WNOHANG) != g_pid; i++) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-        if (i == 4999) fail_msg("the server did not stop within 5 s");
-    }
-    g_pid = 0;
-    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    kvt_test_server_stop(pid, 5000);
 }
 
 int main(void)
@@ -423,7 +365,7 @@ int main(void)
         cmocka_unit_test(test_page_first_round_trip),
         cmocka_unit_test(test_page_first_direct_round_trip),
         cmocka_unit_test(test_bad_strides_refused),
-        cmocka_unit_test_teardown(test_strided_and_layer_first_share_blocks, kill_server),
+        cmocka_unit_test_teardown(test_strided_and_layer_first_share_blocks, kvt_test_servers_kill),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
