@@ -340,6 +340,88 @@ static void device_roundtrip(kvt_layout layout, const char *mode)
     unsetenv("KVTIER_CUDA_COPY");
 }
 
+/* Strided device memory (a token-major pool of every layer, as SGLang's
+ * page_first pool would be on a GPU; kvt_engine_memory page_strides /
+ * token_strides): store from it, poison it, load into other pages, then
+ * check every byte of the pool: the loaded tokens against the emulator's
+ * KV, every other byte unchanged. A page's tokens are one chunk each. */
+static void device_strided_roundtrip(const char *mode)
+{
+    printf("device strided roundtrip: copy mode %s\n", mode);
+    setenv("KVTIER_CUDA_COPY", mode, 1);
+    enum { L = 4, TPP = 16, NP = 24, TB = 4 * 64 * 2, UNITS = L * 2, BPT = UNITS * TB };
+    const size_t bytes = (size_t)NP * TPP * BPT;
+    kvt_geometry *g = kvt_test_geometry(L, 4, 64, TPP, KVT_LAYOUT_LAYER_FIRST);
+    kvt_config *cfg;
+    kvt_cache *c = new_cache(g, &cfg);
+    kvt_emu *emu; /* the reference KV only */
+    assert_ok(kvt_emu_create(&emu, g, 1));
+    uint8_t *want = malloc(bytes), *got = malloc(bytes);
+    assert_true(want && got);
+    void *dev = NULL, *bases[UNITS];
+    uint64_t ps[UNITS], ts[UNITS], sizes[UNITS];
+    CU_OK(g_api->Malloc(&dev, bytes));
+    for (uint32_t u = 0; u < UNITS; u++) {
+        bases[u] = (uint8_t *)dev + u * TB;
+        ps[u] = (uint64_t)TPP * BPT;
+        ts[u] = BPT;
+        sizes[u] = bytes - u * TB;
+    }
+    kvt_engine_memory mem = {.num_pages = NP, .layer_bases = bases, .buffer_bytes = sizes,
+                             .kind = KVT_MEMORY_CUDA, .device = 0, .page_strides = ps,
+                             .token_strides = ts};
+    assert_ok(kvt_cache_register_memory(c, &mem));
+
+    uint32_t tokens[8 * TPP + 1], src[8], dst[8];
+    kvt_test_tokens(tokens, 8 * TPP + 1, 31);
+    kvt_request r = {.tokens = tokens, .num_tokens = 8 * TPP + 1};
+    for (uint32_t i = 0; i < 8; i++) {
+        src[i] = i * 3 % NP;
+        dst[i] = NP - 1 - 2 * i;
+    }
+    /* token t of page p, unit u: p * TPP * BPT + t * BPT + u * TB */
+    memset(want, 0x5A, bytes);
+    for (uint32_t i = 0; i < 8 * TPP; i++)
+        for (uint32_t u = 0; u < UNITS; u++)
+            assert_ok(kvt_emu_token_kv(emu, &r, i, u / 2, u % 2,
+                                       want + ((size_t)src[i / TPP] * TPP + i % TPP) * BPT + u * TB, TB));
+    CU_OK(g_api->Memcpy(dev, want, bytes, KVT_CU_MEMCPY_H2D));
+    kvt_store_plan p;
+    kvt_task_result res;
+    assert_ok(kvt_cache_prepare_store(c, &r, &p));
+    assert_int_equal(p.num_tokens, 8 * TPP);
+    assert_ok(kvt_cache_launch(c, p.task, src, 8));
+    assert_ok(kvt_cache_wait(c, p.task, WAIT_MS, &res));
+    assert_int_equal(res.status, KVT_OK);
+
+    memset(want, 0x5A, bytes);
+    CU_OK(g_api->Memset(dev, 0x5A, bytes));
+    for (uint32_t i = 0; i < 8 * TPP; i++)
+        for (uint32_t u = 0; u < UNITS; u++)
+            assert_ok(kvt_emu_token_kv(emu, &r, i, u / 2, u % 2,
+                                       want + ((size_t)dst[i / TPP] * TPP + i % TPP) * BPT + u * TB, TB));
+    kvt_match m;
+    assert_ok(kvt_cache_lookup(c, &r, &m));
+    assert_int_equal(m.matched_tokens, 8 * TPP);
+    assert_ok(kvt_cache_launch(c, m.task, dst, 8));
+    assert_ok(kvt_cache_wait(c, m.task, WAIT_MS, &res));
+    assert_int_equal(res.status, KVT_OK);
+    CU_OK(g_api->Memcpy(got, dev, bytes, KVT_CU_MEMCPY_D2H));
+    for (size_t i = 0; i < bytes; i++)
+        if (got[i] != want[i])
+            fail_msg("pool byte %zu (page %zu) is 0x%02x, want 0x%02x", i, i / (TPP * BPT), got[i],
+                     want[i]);
+    printf("  verified %zu bytes\n", bytes);
+    kvt_cache_destroy(c);
+    g_api->Free(dev);
+    free(want);
+    free(got);
+    kvt_emu_destroy(emu);
+    kvt_config_destroy(cfg);
+    kvt_geometry_destroy(g);
+    unsetenv("KVTIER_CUDA_COPY");
+}
+
 static void device_roundtrip_all_modes(void **state)
 {
     (void)state;
@@ -350,9 +432,12 @@ static void device_roundtrip_all_modes(void **state)
     device_roundtrip(KVT_LAYOUT_LAYER_FIRST, "auto");
     device_roundtrip(KVT_LAYOUT_PAGE_FIRST, "auto");
     device_roundtrip(KVT_LAYOUT_LAYER_FIRST, "memcpy");
-    if (g_api->MemcpyBatchAsync)
+    device_strided_roundtrip("auto");
+    device_strided_roundtrip("memcpy");
+    if (g_api->MemcpyBatchAsync) {
         device_roundtrip(KVT_LAYOUT_LAYER_FIRST, "batch");
-    else
+        device_strided_roundtrip("batch");
+    } else
         printf("batch mode: skipped (runtime %d has no cudaMemcpyBatchAsync)\n",
                g_api->runtime_version);
     if (getenv("KVTIER_TEST_FAKE_CUDA")) {
@@ -360,6 +445,7 @@ static void device_roundtrip_all_modes(void **state)
     } else if (kvt__cuda_fatbin_len && g_api->cuModuleLoadData) {
         device_roundtrip(KVT_LAYOUT_LAYER_FIRST, "kernel");
         device_roundtrip(KVT_LAYOUT_PAGE_FIRST, "kernel");
+        device_strided_roundtrip("kernel");
     } else {
         printf("kernel mode: skipped (%s)\n",
                kvt__cuda_fatbin_len ? g_api->driver_error : "built without nvcc");
