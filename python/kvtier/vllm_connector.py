@@ -22,18 +22,24 @@ geometry, layout (NHD: FlashAttention's token-major blocks; HND: the
 head-major blocks of vLLM's CPU backend, CPU_ATTN; both roles learn it from
 vllm_config, see kv_layout) and TP rank (MHA: each rank holds its own
 heads) or "mla" (MLA: one copy, written by TP rank 0, read by every rank),
-PP rank. kvtier copies whole blocks, so a block's bytes are opaque to it;
-the namespace keeps one layout's blocks from an engine of the other.
+and PP rank (each stage holds its own layers; stages share one server when
+their geometries are alike, else "{pp_rank}" in the socket path gives each
+stage its own). kvtier copies whole blocks, so a block's bytes are opaque
+to it; the namespace keeps one layout's blocks from an engine of the other.
 
 Scheduler role: get_num_new_matched_tokens asks where the blocks are (the
-server in socket mode, over every TP rank's namespace, the least of them;
-in-process the worker's cache of the same process) and pins nothing;
+servers in socket mode, over every PP stage's and TP rank's namespace, the
+least of them, as LMCache's lookup client does; in-process the worker's
+cache of the same process), pins nothing, and remembers the answer while
+the request waits with the same computed prefix (one round trip per
+namespace per request, not per step);
 update_state_after_alloc queues the load, request_finished queues the store
 and holds the blocks (True) until every worker reported the save in
 get_finished; build_connector_meta hands both to the workers.
 
-Worker role: register_kv_caches (host tensors in the expected layout;
-CUDA tensors refused until kvtier's CUDA data path exists); start_load_kv
+Worker role: register_kv_caches (host tensors; their shape and strides say
+the backend's layout, kvtier._vllm_kv; CUDA tensors refused until kvtier's
+CUDA data path exists); start_load_kv
 looks up and launches this step's loads (the request's computed prefix
 blocks given as PAGE_SKIP: a kvtier load starts at block 0) and stores;
 a synchronous load (load_async False) is waited for layer by layer in

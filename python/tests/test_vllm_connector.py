@@ -655,6 +655,49 @@ class RequiredLayout(unittest.TestCase):
             vc.KVConnectorBase_V1.get_required_kvcache_layout(vllm_config())
 
 
+class PipelineStages(unittest.TestCase):
+    """PP stages' layer counts as vLLM splits them (get_pp_indices), and a
+    worker whose layers are not its stage's refused."""
+
+    def test_partition_as_vllm_splits(self):
+        import os
+        self.assertEqual(vc.pp_partition(20, 3), [7, 7, 6])   # remainder before the last
+        self.assertEqual(vc.pp_partition(10, 4), [2, 3, 3, 2])  # the middle stages
+        self.assertEqual(vc.pp_partition(61, 2), [31, 30])
+        self.assertEqual(vc.pp_partition(32, 4), [8] * 4)
+        old = os.environ.get("VLLM_PP_LAYER_PARTITION")
+        try:
+            os.environ["VLLM_PP_LAYER_PARTITION"] = "4,6,6,4"
+            self.assertEqual(vc.pp_partition(20, 4), [4, 6, 6, 4])
+            with self.assertRaisesRegex(ValueError, "3 stages of 16 layers in all, not 4 of "
+                                        "20"):
+                os.environ["VLLM_PP_LAYER_PARTITION"] = "4,6,6"
+                vc.pp_partition(20, 4)
+        finally:
+            if old is None:
+                del os.environ["VLLM_PP_LAYER_PARTITION"]
+            else:
+                os.environ["VLLM_PP_LAYER_PARTITION"] = old
+
+    def test_stage_layers_from_config_and_worker_checked(self):
+        cfg = vllm_config({"pp_rank": 1}, engine="pp")
+        cfg.parallel_config.pipeline_parallel_size = 2
+        cfg.model_config.get_total_num_hidden_layers = lambda: 5
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(w.shutdown)
+        self.assertEqual((w.stage_layers, w.pp_rank), ([3, 2], 1))
+        with self.assertRaisesRegex(ValueError, "PP stage 1 registered 3 layers, but the "
+                                    r"scheduler expects 2 \(pp_layers \[3, 2\]\)"):
+            w.register_kv_caches(kv_arrays("NHD", layers=3))
+        self.assertIsNone(w.cache)
+        w.register_kv_caches(kv_arrays("NHD", layers=2))
+        self.assertIn("|layers=2|", w.namespace)
+        self.assertIn("|pp=1/2", w.namespace)
+        cfg.kv_transfer_config.kv_connector_extra_config["pp_layers"] = [1, 4]
+        self.assertEqual(vc.stage_layers(cfg, cfg.kv_transfer_config.kv_connector_extra_config,
+                                         2), [1, 4])
+
+
 class LayerSpy:
     """A worker's cache or client with its layer waits counted, and made to
     fail for one layer when asked."""

@@ -40,7 +40,7 @@ class Scheduler:
                                 device=s.get("device", "cuda"), pp=s.get("pp", 1),
                                 total_layers=s.get("total_layers"))
         # PP: vLLM hands the scheduler worker 0's kv_cache_config (stage 0's layers)
-        kcc = fakes.kv_cache_config(s["layers"], self.bs, s["heads"], s["dim"], mla=s["mla"])
+        kcc = fakes.kv_cache_config(s["stages"][0], self.bs, s["heads"], s["dim"], mla=s["mla"])
         self.conn = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER, kcc)
         self.reqs = {}
 
@@ -92,14 +92,14 @@ class Worker:
         device = s.get("device", "cuda")
         cfg = fakes.vllm_config(extra, tp=s["tp"], block_size=self.bs, device=device,
                                 pp=s.get("pp", 1), total_layers=s.get("total_layers"))
-        # a PP stage holds the model's layers [first, first + layers)
-        self.first = pp_rank * s["layers"]
+        # a PP stage holds the model's layers [first, first + its count)
+        self.first, layers = sum(s["stages"][:pp_rank]), s["stages"][pp_rank]
         # vLLM's CPU backend allocates head-major blocks, FlashAttention token-major
         shape = ((s["blocks"], self.bs, s["dim"]) if self.mla
                  else (2, s["blocks"], s["heads"], self.bs, s["dim"]) if device == "cpu"
                  else (2, s["blocks"], self.bs, s["heads"], s["dim"]))
         self.kv = {n: np.zeros(shape, np.float16)
-                   for n in fakes.layer_names(s["layers"], self.first)}
+                   for n in fakes.layer_names(layers, self.first)}
         self.conn = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
         self.conn.register_kv_caches(self.kv)
 

@@ -37,10 +37,10 @@ def setUpModule():
     from test_client import kvtier_bin
 
 
-def start_server(sock, model, ssd=None, tp=2):
-    """`kvtier serve` on sock: `model`'s geometry at TP tp, 4-token blocks
-    (vLLM's block size here), optionally an SSD tier; returns the process
-    once it listens."""
+def start_server(sock, model, ssd=None, tp=2, layers=None):
+    """`kvtier serve` on sock: `model`'s geometry at TP tp (`layers` of its
+    layers: a PP stage's), 4-token blocks (vLLM's block size here),
+    optionally an SSD tier; returns the process once it listens."""
     exe = kvtier_bin()
     if not os.path.exists(exe):
         raise unittest.SkipTest("no kvtier CLI at %s (set KVTIER_BIN)" % exe)
@@ -49,6 +49,8 @@ def start_server(sock, model, ssd=None, tp=2):
     args = [exe, "serve", "--socket", sock, "--model", model, "--page", str(BS), "--tp", str(tp),
             "--set", "block_tokens=%d" % BS, "--set", "cpu_capacity=16MiB",
             "--set", "huge_pages=false"]
+    if layers:
+        args += ["--layers", str(layers)]
     if ssd:
         args += ["--set", "ssd_dirs=" + ssd, "--set", "ssd_capacity=64MiB"]
     log = open(sock + ".log", "a")
@@ -129,12 +131,12 @@ class Proc:
 
 class Deployment(unittest.TestCase):
     """One server, one scheduler process, two worker processes: TP 2, or
-    PP 2 (TP 1; each stage LAYERS of the model's PP * LAYERS layers, one
-    server for both stages, or one per stage when STAGE_SERVERS)."""
+    PP 2 (TP 1; stage s holds STAGES[s] of the model's layers, one server
+    for both stages, or one per stage when STAGE_SERVERS)."""
     MODEL, LAYERS, HEADS, DIM, MLA = "tiny", 4, 1, 64, False
     SSD = True
     DEVICE = "cuda"  # "cpu": vLLM's CPU backend, head-major KV tensors
-    TP, PP, STAGE_SERVERS = 2, 1, False
+    TP, PP, STAGE_SERVERS, STAGES = 2, 1, False, None
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="kvtvl")
@@ -143,13 +145,14 @@ class Deployment(unittest.TestCase):
         self.ssd = os.path.join(self.tmp, "ssd") if self.SSD else None
         if self.ssd:
             os.makedirs(self.ssd)
-        self.srvs = [start_server(self.stage_sock(s), self.MODEL, self.ssd, tp=self.TP)
+        self.srvs = [self.start_stage_server(s)
                      for s in range(self.PP if self.STAGE_SERVERS else 1)]
         self.srv = self.srvs[0]
+        stages = self.STAGES or [self.LAYERS]
         base = dict(block_size=BS, tp=self.TP, layers=self.LAYERS, heads=self.HEADS,
                     dim=self.DIM, mla=self.MLA, blocks=64, device=self.DEVICE,
                     extra={"socket": self.sock, "timeout": 5}, pp=self.PP,
-                    total_layers=self.LAYERS * self.PP)
+                    stages=stages, total_layers=sum(stages))
         self.procs = []
         self.sched = self.spawn(dict(base, role="scheduler"), "sched")
         ranks = [(0, p) for p in range(self.PP)] if self.PP > 1 else [(r, 0) for r in range(2)]
@@ -159,6 +162,11 @@ class Deployment(unittest.TestCase):
 
     def stage_sock(self, pp_rank):
         return self.sock.replace("{pp_rank}", str(pp_rank))
+
+    def start_stage_server(self, stage):
+        """Stage `stage`'s server (the one server: stage 0's geometry)."""
+        return start_server(self.stage_sock(stage), self.MODEL, self.ssd, tp=self.TP,
+                            layers=self.STAGES[stage] if self.STAGES else None)
 
     def spawn(self, settings, name):
         p = Proc(settings, os.path.join(self.tmp, name + ".log"))
@@ -218,7 +226,7 @@ class Deployment(unittest.TestCase):
         """Starts (PP stage `stage`'s) server again (same socket and SSD
         directory) and waits until the scheduler and every worker
         re-attached on their own."""
-        self.srvs[stage] = start_server(self.stage_sock(stage), self.MODEL, self.ssd, tp=self.TP)
+        self.srvs[stage] = self.start_stage_server(stage)
         self.srv = self.srvs[0]
         for w in self.workers:
             self.assertTrue(w.call("reattach"))
@@ -464,11 +472,11 @@ class MlaTensorParallel2(Deployment):
 
 
 class PipelineParallel2(Deployment):
-    """PP 2 (TP 1): the model's 8 layers, 4 per stage (each stage the
-    server's "tiny" geometry), both stages on one server, each stage's
+    """PP 2 (TP 1): "tiny"'s 4 layers, 2 per stage, both stages on one
+    server (`kvtier serve --layers 2`: a stage's geometry), each stage's
     blocks in its own namespace; the scheduler asks each stage."""
-    MODEL, LAYERS, HEADS, DIM = "tiny", 4, 2, 64
-    SSD, TP, PP = False, 1, 2
+    MODEL, LAYERS, HEADS, DIM = "tiny", 2, 2, 64
+    SSD, TP, PP, STAGES = False, 1, 2, [2, 2]
 
     def total(self, stat):
         """A server stat over every stage's server (one when shared)."""
@@ -494,9 +502,10 @@ class PipelineParallel2(Deployment):
 
 
 class PipelineParallel2StageServers(PipelineParallel2):
-    """PP 2 with one server per stage ("{pp_rank}" in the socket path):
-    a block is a hit only when every stage's server has it."""
-    STAGE_SERVERS = True
+    """PP 2 with one server per stage ("{pp_rank}" in the socket path),
+    stages of 3 and 2 layers (vLLM's split of 5: the remainder to the
+    first stages): a block is a hit only when every stage's server has it."""
+    STAGE_SERVERS, STAGES = True, [3, 2]
 
     def test_hit_only_when_every_stage_has_the_block(self):
         a = self.tokens(33, 61)
