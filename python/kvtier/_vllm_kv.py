@@ -8,10 +8,10 @@ connector the *logical* view, permuted back
 tensor's shape names the backend's logical dims and its strides say where
 the bytes are. The logical shapes (num_blocks may be any number):
 
-  FlashAttention, Triton, CPU_ATTN-like  (2, num_blocks, block_size, heads, head_size)
+  FlashAttention (and alike)             (2, num_blocks, block_size, heads, head_size)
       VLLM_KV_CACHE_LAYOUT=HND: stride order (0, 1, 3, 2, 4), head-major bytes
   CPU_ATTN (vLLM's CPU backend)          (2, num_blocks, heads, block_size, head_size)
-  FlashInfer                             (num_blocks, 2, block_size, heads, head_size)
+  FlashInfer, Triton                     (num_blocks, 2, block_size, heads, head_size)
   MLA backends                           (num_blocks, block_size, head_size)
   TORCH_SDPA (older CPU backend)         (2, num_blocks, block_size * heads * head_size)
 
@@ -19,8 +19,8 @@ kvtier takes one dense buffer per layer and component whose page p is
 block p (its engine memory has no strides), and treats a block's bytes as
 opaque; the connector names their order in the namespace (NHD or HND).
 Supported: the K/V-first 5-D layouts in either order, and MLA. Refused with
-a message: FlashInfer (K and V of a block interleave, so each component is
-strided), TORCH_SDPA (its K blocks are split by 16-byte vectors, an order no
+a message: FlashInfer and Triton (K and V of a block interleave, so each
+component is strided), TORCH_SDPA (its K blocks are split by 16-byte vectors, an order no
 namespace names), padded or otherwise non-dense strides, kernel block sizes
 other than vLLM's block size, and any other shape."""
 import ctypes
@@ -152,12 +152,13 @@ def parse_layer(kv, block_size, expect_layout, want_heads=None, want_mla=None,
     kv_first = shape[0] == 2 and (num_blocks is None or shape[1] == num_blocks)
     blocks_first = shape[1] == 2 and (num_blocks is None or shape[0] == num_blocks)
     if kv_first and blocks_first:  # two blocks, two components: which is which?
-        kv_first = backend != "FLASHINFER"
+        kv_first = backend not in ("FLASHINFER", "TRITON_ATTN")
         blocks_first = not kv_first
     if blocks_first:
         raise ValueError(
-            "kvtier: %s has shape %s: FlashInfer's (num_blocks, 2, block_size, num_kv_heads, "
-            "head_size), whose K and V of a block lie side by side, so each is a strided "
+            "kvtier: %s has shape %s: FlashInfer's and Triton's (num_blocks, 2, block_size, "
+            "num_kv_heads, head_size), whose K and V of a block lie side by side, so each is "
+            "a strided "
             "buffer; kvtier's engine memory takes dense per-component buffers (strided ones "
             "are not supported yet). Use the FLASH_ATTN backend" % (what, shape))
     if not kv_first:

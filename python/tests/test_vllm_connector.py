@@ -591,9 +591,9 @@ class BackendShapes(unittest.TestCase):
         w = self.worker(engine="fi")
         for order in ((0, 1, 2, 3, 4), (0, 1, 3, 2, 4)):  # NHD and HND stride orders
             t = self.phys((BLOCKS, 2, BS, HEADS, DIM))[0]
-            with self.assertRaisesRegex(ValueError, r"FlashInfer's \(num_blocks, 2, block_size, "
-                                        r"num_kv_heads, head_size\), whose K and V .* strided "
-                                        r"buffer"):
+            with self.assertRaisesRegex(ValueError, r"FlashInfer's and Triton's \(num_blocks, 2, "
+                                        r"block_size, num_kv_heads, head_size\), whose K and V "
+                                        r".* strided buffer"):
                 w.register_kv_caches({"l0": t.transpose(order)})
         # Two blocks and K/V: the backend's name says which dim is which.
         two = vllm_config(engine="fi2")
