@@ -60,8 +60,6 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import List
 
-import numpy as np
-
 from ._vllm_kv import HostKV, dtype_info, parse_layer
 from .cache import PAGE_SKIP, Cache
 from .config import LAYER_FIRST, Config, Geometry
