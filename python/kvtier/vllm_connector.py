@@ -325,7 +325,7 @@ class KvtierConnector(KVConnectorBase_V1):
         # until its computed prefix changes (LMCache's lookup client keeps
         # its answer per request the same way)
         self._looked = {}
-        self.lookup_round_trips = 0  # server lookups made (each may add a cancel)
+        self.lookups_sent = 0     # lookups sent (a hit adds a cancel round trip)
         self._meta = KvtierConnectorMetadata()
         self._server_down = False
         if self.socket is not None and role == KVConnectorRole.SCHEDULER:
@@ -805,7 +805,7 @@ class KvtierConnector(KVConnectorBase_V1):
         best = len(keys)
         try:
             for store, ns in targets:
-                self.lookup_round_trips += 1
+                self.lookups_sent += 1
                 m = store.lookup(keys=keys[:best], ns=ns)
                 if m.task:
                     self._drop(m.task, store)

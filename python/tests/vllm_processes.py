@@ -402,7 +402,7 @@ class TensorParallel2(Deployment):
         a = self.tokens(33, 71)
         ra, ba = self.save_prompt(a, 0)
         self.finish([(ra, ba)])
-        before, rt = self.sched.call("stats"), self.sched.call("round_trips")
+        before, rt = self.sched.call("stats"), self.sched.call("lookups_sent")
         rid, n, _ = self.new_request(a)
         self.assertEqual(n, 32)
         for _ in range(5):  # five more steps waiting (no room for it yet)
@@ -417,7 +417,7 @@ class TensorParallel2(Deployment):
         # A miss costs one round trip: rank 0 matching nothing ends it.
         self.assertEqual(self.new_request(self.tokens(33, 72))[1], 0)
         self.assertEqual(self.sched.call("stats")["lookups"] - before["lookups"], 5)
-        self.assertEqual(self.sched.call("round_trips") - rt, 5)  # the connector's count
+        self.assertEqual(self.sched.call("lookups_sent") - rt, 5)  # the connector's count
         # Scheduled (allocated): forgotten, so a preempted request is asked afresh.
         self.sched.call("alloc", rid, list(range(20, 29)), 24)
         self.sched.call("ask", rid, 2 * BS)
