@@ -130,9 +130,10 @@ class Proc:
 
 
 class Deployment(unittest.TestCase):
-    """One server, one scheduler process, two worker processes: TP 2, or
-    PP 2 (TP 1; stage s holds STAGES[s] of the model's layers, one server
-    for both stages, or one per stage when STAGE_SERVERS)."""
+    """One server, one scheduler process, a worker process per TP rank of
+    each PP stage: TP 2, PP 2 or both (stage s holds STAGES[s] of the
+    model's layers; one server for every stage, or one per stage when
+    STAGE_SERVERS)."""
     MODEL, LAYERS, HEADS, DIM, MLA = "tiny", 4, 1, 64, False
     SSD = True
     DEVICE = "cuda"  # "cpu": vLLM's CPU backend, head-major KV tensors
@@ -155,7 +156,7 @@ class Deployment(unittest.TestCase):
                     stages=stages, total_layers=sum(stages))
         self.procs = []
         self.sched = self.spawn(dict(base, role="scheduler"), "sched")
-        ranks = [(0, p) for p in range(self.PP)] if self.PP > 1 else [(r, 0) for r in range(2)]
+        ranks = [(r, p) for p in range(self.PP) for r in range(self.TP)]
         self.workers = [self.spawn(dict(base, role="worker", rank=r, pp_rank=p),
                                    "w%d-pp%d" % (r, p)) for r, p in ranks]
         self.rid = 0
@@ -526,6 +527,29 @@ class PipelineParallel2StageServers(PipelineParallel2):
         errors = self.run_until(recv=[rd])
         self.assertEqual(errors, [set(), set()])
         self.verify(pd, errors)
+
+
+class PipelineTensorParallel(PipelineParallel2):
+    """TP 2 x PP 2: four workers, four namespaces on one server ("tiny" at
+    TP 2, 2 of its layers per stage); a request asks each of them once."""
+    HEADS, TP = 1, 2
+
+    def test_stages_store_and_load_their_own_layers_byte_verified(self):
+        ns = [w.call("namespace") for w in self.workers]
+        self.assertEqual(len(set(ns)), 4)
+        for n, (r, p) in zip(ns, [(0, 0), (1, 0), (0, 1), (1, 1)]):
+            self.assertIn("|tp=%d/2|pp=%d/2" % (r, p), n)
+        a = self.tokens(29, 81)
+        ra, ba = self.save_prompt(a, 0)
+        self.assertEqual(self.finish([(ra, ba)]), [set()] * 4)
+        self.assertEqual(self.total("stored_blocks"), 4 * 7)
+        before = self.total("lookups")
+        rb, nb, _, pb = self.plan_load(a + self.tokens(3, 82), 10)
+        self.assertEqual(nb, 28)
+        self.assertEqual(self.total("lookups") - before, 4)
+        errors = self.run_until(recv=[rb])
+        self.assertEqual(errors, [set()] * 4)
+        self.verify(pb, errors)
 
 
 if __name__ == "__main__":
