@@ -141,20 +141,21 @@ class Deployment(unittest.TestCase):
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="kvtvl")
+        self.procs, self.srvs = [], []
+        self.addCleanup(self.clean_up)  # also when setUp fails half way
         self.sock = os.path.join(self.tmp, "node-pp{pp_rank}.sock" if self.STAGE_SERVERS
                                  else "node.sock")
         self.ssd = os.path.join(self.tmp, "ssd") if self.SSD else None
         if self.ssd:
             os.makedirs(self.ssd)
-        self.srvs = [self.start_stage_server(s)
-                     for s in range(self.PP if self.STAGE_SERVERS else 1)]
+        for s in range(self.PP if self.STAGE_SERVERS else 1):
+            self.srvs.append(self.start_stage_server(s))
         self.srv = self.srvs[0]
         stages = self.STAGES or [self.LAYERS]
         base = dict(block_size=BS, tp=self.TP, layers=self.LAYERS, heads=self.HEADS,
                     dim=self.DIM, mla=self.MLA, blocks=64, device=self.DEVICE,
                     extra={"socket": self.sock, "timeout": 5}, pp=self.PP,
                     stages=stages, total_layers=sum(stages))
-        self.procs = []
         self.sched = self.spawn(dict(base, role="scheduler"), "sched")
         ranks = [(r, p) for p in range(self.PP) for r in range(self.TP)]
         self.workers = [self.spawn(dict(base, role="worker", rank=r, pp_rank=p),
@@ -174,10 +175,10 @@ class Deployment(unittest.TestCase):
         self.procs.append(p)
         return p
 
-    def tearDown(self):
+    def clean_up(self):
         for p in self.procs:
             p.close()
-        for srv in [self.srv] + self.srvs[1:]:
+        for srv in self.srvs:
             if srv.poll() is None:
                 stop_server(srv)
         shutil.rmtree(self.tmp, ignore_errors=True)
