@@ -4,8 +4,8 @@
 # first one's pid, a missing --socket is a usage error, `kvtier stats`
 # reports its figures given only the socket (--json, --watch bounded by
 # --count and by SIGINT), refusing a geometry other than the server's, and
-# the server logs its attach, and SIGTERM stops it with exit 0 within 5 s,
-# removing the socket.
+# the server logs its attach, --layers beyond the model's is refused, and
+# SIGTERM stops it with exit 0 within 5 s, removing the socket.
 set -eu
 K=$1
 T=$(mktemp -d)
@@ -68,6 +68,11 @@ rc=0
 rc=0
 "$K" serve >/dev/null 2>&1 || rc=$?
 [ $rc -eq 2 ] || { echo "cli_serve: serve without --socket exited $rc"; exit 1; }
+# --layers (a pipeline-parallel stage's share) beyond the model's is refused.
+rc=0
+"$K" serve --socket "$T/pp.sock" --model tiny --layers 5 >/dev/null 2>"$T/layers" || rc=$?
+[ $rc -eq 1 ] && grep -q "layers 5: the model has 4 layers" "$T/layers" ||
+    { echo "cli_serve: serve --layers 5 of tiny exited $rc:"; cat "$T/layers"; exit 1; }
 kill -TERM "$SRV"
 i=0
 while kill -0 "$SRV" 2>/dev/null; do

@@ -17,11 +17,38 @@ static void on_signal(int sig)
     kvt_server_stop(g_server); /* async-signal-safe: one write to a pipe */
 }
 
+/* --layers: *geo becomes a geometry of `layers` layers like the preset's
+ * first (presets are uniform), as one pipeline-parallel stage holds them.
+ * 0, or 1 with the reason printed. */
+static int stage_geometry(kvt_geometry **geo, uint64_t layers)
+{
+    kvt_geometry_info gi;
+    kvt_layer_spec spec;
+    kvt_status st = kvt_geometry_info_get(*geo, &gi);
+    if (!st) st = kvt_geometry_layer(*geo, 0, &spec);
+    if (st) return demo_error("--layers", st);
+    if (layers > gi.num_layers) {
+        fprintf(stderr, "kvtier: --layers %llu: the model has %u layers (a stage holds "
+                "some of them)\n", (unsigned long long)layers, gi.num_layers);
+        return 1;
+    }
+    kvt_geometry *stage = NULL;
+    st = kvt_geometry_create(&stage, (uint32_t)layers, gi.tokens_per_page, gi.layout);
+    if (!st) st = kvt_geometry_set_layers(stage, 0, (uint32_t)layers, &spec);
+    if (st) {
+        kvt_geometry_destroy(stage);
+        return demo_error("--layers", st);
+    }
+    kvt_geometry_destroy(*geo);
+    *geo = stage;
+    return 0;
+}
+
 static int usage(FILE *f, int rc)
 {
     fprintf(f,
             "usage: kvtier serve --socket PATH [--config FILE] [--model M] [--tp N] [--page T]\n"
-            "                    [--set NAME=VALUE]...\n"
+            "                    [--layers L] [--set NAME=VALUE]...\n"
             "  --socket PATH   the Unix socket clients attach to (option server_socket)\n"
             "  --config FILE   a JSON object of options (kvtier config --dump lists them);\n"
             "                  KVTIER_* environment variables apply on top, then --set\n"
@@ -29,6 +56,8 @@ static int usage(FILE *f, int rc)
             "                  deepseek-v3; every client must attach with the same one\n"
             "  --tp N          tensor-parallel size of the ranks attaching (default 1)\n"
             "  --page T        the engines' tokens per page (default 16)\n"
+            "  --layers L      serve L of the model's layers: one pipeline-parallel stage's\n"
+            "                  share (default: all; presets' layers are alike)\n"
             "  --set N=V       one option, e.g. --set cpu_capacity=8GiB --set ssd_dirs=/nvme/kv\n");
     return rc;
 }
@@ -36,7 +65,7 @@ static int usage(FILE *f, int rc)
 int kvt_cmd_serve(int argc, char **argv)
 {
     const char *socket_path = NULL, *config = NULL, *model = "tiny";
-    uint64_t tp = 1, page = 16;
+    uint64_t tp = 1, page = 16, layers = 0;
     kvt_config *cfg = NULL;
     kvt_status st = kvt_config_create(&cfg);
     if (st) return demo_error("config", st);
@@ -62,6 +91,7 @@ int kvt_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--tp") && demo_parse_u64(v, &tp) && tp >= 1 && tp <= 1024) {}
         else if (!strcmp(a, "--page") && demo_parse_u64(v, &page) && page >= 1 && page <= 65536) {}
+        else if (!strcmp(a, "--layers") && demo_parse_u64(v, &layers) && layers >= 1) {}
         else if (!strcmp(a, "--set") && nsets < 64) sets[nsets++] = v;
         else goto bad;
     }
@@ -92,6 +122,10 @@ int kvt_cmd_serve(int argc, char **argv)
     kvt_geometry *geo = NULL;
     if ((st = kvt_geometry_preset(&geo, model, (uint32_t)page, (uint32_t)tp))) {
         rc = demo_error("--model", st);
+        goto out;
+    }
+    if (layers && (rc = stage_geometry(&geo, layers))) {
+        kvt_geometry_destroy(geo);
         goto out;
     }
     /* A SIGTERM or SIGINT during create waits (blocked) until there is a

@@ -22,18 +22,24 @@ geometry, layout (NHD: FlashAttention's token-major blocks; HND: the
 head-major blocks of vLLM's CPU backend, CPU_ATTN; both roles learn it from
 vllm_config, see kv_layout) and TP rank (MHA: each rank holds its own
 heads) or "mla" (MLA: one copy, written by TP rank 0, read by every rank),
-PP rank. kvtier copies whole blocks, so a block's bytes are opaque to it;
-the namespace keeps one layout's blocks from an engine of the other.
+and PP rank (each stage holds its own layers; stages share one server when
+their geometries are alike, else "{pp_rank}" in the socket path gives each
+stage its own). kvtier copies whole blocks, so a block's bytes are opaque
+to it; the namespace keeps one layout's blocks from an engine of the other.
 
 Scheduler role: get_num_new_matched_tokens asks where the blocks are (the
-server in socket mode, over every TP rank's namespace, the least of them;
-in-process the worker's cache of the same process) and pins nothing;
+servers in socket mode, over every PP stage's and TP rank's namespace, the
+least of them, as LMCache's lookup client does; in-process the worker's
+cache of the same process), pins nothing, and remembers the answer while
+the request waits with the same computed prefix (one round trip per
+namespace per request, not per step);
 update_state_after_alloc queues the load, request_finished queues the store
 and holds the blocks (True) until every worker reported the save in
 get_finished; build_connector_meta hands both to the workers.
 
-Worker role: register_kv_caches (host tensors in the expected layout;
-CUDA tensors refused until kvtier's CUDA data path exists); start_load_kv
+Worker role: register_kv_caches (host tensors; their shape and strides say
+the backend's layout, kvtier._vllm_kv; CUDA tensors refused until kvtier's
+CUDA data path exists); start_load_kv
 looks up and launches this step's loads (the request's computed prefix
 blocks given as PAGE_SKIP: a kvtier load starts at block 0) and stores;
 a synchronous load (load_async False) is waited for layer by layer in
@@ -54,8 +60,7 @@ from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import List
 
-import numpy as np
-
+from ._vllm_kv import HostKV, dtype_info, parse_layer
 from .cache import PAGE_SKIP, Cache
 from .config import LAYER_FIRST, Config, Geometry
 from .errors import STATUS, KvtierError
@@ -72,7 +77,8 @@ except ImportError:
 logger = logging.getLogger(__name__)
 
 EXTRA_KEYS = {
-    "socket": "path of a `kvtier serve` socket (node server mode, recommended)",
+    "socket": "path of a `kvtier serve` socket (node server mode, recommended); \"{pp_rank}\" "
+              "in it is replaced by the PP stage's rank (one server per stage)",
     "load_async": "load behind the forward passes, reported by get_finished (default: true "
                   "in socket mode, false in-process)",
     "cpu_capacity": "CPU tier per worker, in-process mode (default 1GiB)",
@@ -81,6 +87,9 @@ EXTRA_KEYS = {
     "namespace": "extra salt for every block's namespace",
     "timeout": "seconds a transfer or a server round trip may take (default 30)",
     "tp_rank": "this worker's TP rank when vLLM's parallel state is not importable",
+    "pp_rank": "this worker's PP rank when vLLM's parallel state is not importable",
+    "pp_layers": "KV layers of each PP stage, a list (default: vLLM's partition of the "
+                 "model's hidden layers, VLLM_PP_LAYER_PARTITION included)",
     "kv_layout": "NHD (token-major blocks) or HND (head-major) in every vLLM process "
                  "(default: learned from vllm_config, see kv_layout())",
     "kvtier_options": "a dict of further kvtier options, in-process mode",
@@ -186,52 +195,72 @@ def block_key(h):
     raise TypeError("kvtier: block hash of type %s" % type(h).__name__)
 
 
-def dtype_info(d):
-    """(name, element size) of a numpy or torch dtype."""
-    if type(d).__module__.startswith("torch"):
-        size = getattr(d, "itemsize", None)
-        if size is None:  # torch before 2.1
-            import torch  # type: ignore
-            size = torch.empty((), dtype=d).element_size()
-        return str(d).replace("torch.", ""), int(size)
-    d = np.dtype(d)
-    return d.name, d.itemsize
-
-
-def _host_kv(t, what):
-    """(uint8 view with the last dim in bytes, shape in elements, element
-    size, dtype name) of a host tensor (numpy array or CPU torch tensor)."""
-    if isinstance(t, np.ndarray):
-        if not t.flags.c_contiguous:
-            raise ValueError("kvtier: %s is not contiguous" % what)
-        name, e = dtype_info(t.dtype)
-        return t.view(np.uint8).reshape(t.shape[:-1] + (t.shape[-1] * e,)), t.shape, e, name
-    if type(t).__module__.startswith("torch"):
-        if t.device.type != "cpu":
-            raise ValueError("kvtier: %s is a %s tensor; kvtier's connector moves host memory "
-                             "only until its CUDA data path exists (use CPU KV caches, or "
-                             "vLLM's CPU backend)" % (what, t.device.type))
-        if not t.is_contiguous():
-            raise ValueError("kvtier: %s is not contiguous" % what)
-        import ctypes
-        name, e = str(t.dtype).replace("torch.", ""), int(t.element_size())
-        shape = tuple(t.shape)
-        raw = (ctypes.c_uint8 * (t.numel() * e)).from_address(t.data_ptr())
-        return np.ctypeslib.as_array(raw).reshape(shape[:-1] + (shape[-1] * e,)), shape, e, name
-    raise ValueError("kvtier: %s: expected a numpy array or torch tensor, got %s"
-                     % (what, type(t).__name__))
-
-
 def _norm_layout(layout, heads, mla):
     """One head (or MLA's latent): token-major and head-major are the same
     bytes, so such blocks are named NHD whatever the engine said."""
     return "NHD" if mla or heads == 1 else layout
 
 
-def _spec_shape(vllm_config, kv_cache_config, layout):
+def pp_partition(num_layers, pp_size):
+    """Layers of each PP stage as vLLM splits them
+    (vllm/distributed/utils.py, get_pp_indices): VLLM_PP_LAYER_PARTITION
+    ("8,8,7,7") when set, else even, the remainder one each to the stages
+    before the last."""
+    env = os.environ.get("VLLM_PP_LAYER_PARTITION")
+    if env:
+        try:
+            parts = [int(x) for x in env.split(",")]
+        except ValueError:
+            raise ValueError("kvtier: VLLM_PP_LAYER_PARTITION %r is not a list of layer "
+                             "counts" % env) from None
+        if len(parts) != pp_size or sum(parts) != num_layers:
+            raise ValueError("kvtier: VLLM_PP_LAYER_PARTITION %r: %d stages of %d layers in "
+                             "all, not %d of %d" % (env, len(parts), sum(parts), pp_size,
+                                                    num_layers))
+        return parts
+    parts = [num_layers // pp_size] * pp_size
+    for i in range(2, num_layers % pp_size + 2):
+        parts[-i] += 1
+    return parts
+
+
+def _total_layers(model_config):
+    """The model's hidden layers, all stages, or None."""
+    f = getattr(model_config, "get_total_num_hidden_layers", None)
+    if callable(f):
+        return int(f())
+    n = getattr(getattr(model_config, "hf_text_config", None), "num_hidden_layers", None)
+    return None if n is None else int(n)
+
+
+def stage_layers(vllm_config, extra, pp_size):
+    """[KV layers of each PP stage], or None when nothing says: extra
+    pp_layers, else vLLM's partition of the model's hidden layers (every
+    hidden layer one attention layer: hybrid models are refused anyway)."""
+    given = extra.get("pp_layers")
+    if given is not None:
+        if (not isinstance(given, (list, tuple)) or len(given) != pp_size or
+                not all(isinstance(n, int) and n > 0 for n in given)):
+            raise ValueError("kvtier: kv_connector_extra_config pp_layers must list %d "
+                             "positive layer counts (one per PP stage), got %r"
+                             % (pp_size, given))
+        return list(given)
+    if pp_size == 1:
+        return None
+    total = _total_layers(vllm_config.model_config)
+    return None if total is None else pp_partition(total, pp_size)
+
+
+def _spec_shape(vllm_config, kv_cache_config, layout, layers=None):
     """The workers' KVShape as the scheduler knows it: from kv_cache_config's
     one KV cache group (vLLM passes it to every role), else from the model
-    config. None when neither says."""
+    config; `layers` (a PP stage's) overrides the layer count. None when
+    neither says."""
+    shape = _spec_shape_all(vllm_config, kv_cache_config, layout)
+    return shape if shape is None or layers is None else shape._replace(layers=layers)
+
+
+def _spec_shape_all(vllm_config, kv_cache_config, layout):
     groups = getattr(kv_cache_config, "kv_cache_groups", None)
     if groups:
         g = groups[0]
@@ -271,15 +300,13 @@ class KvtierConnector(KVConnectorBase_V1):
         self.tp_size = int(getattr(pc, "tensor_parallel_size", 1))
         self.pp_size = int(getattr(pc, "pipeline_parallel_size", 1))
         self.tp_rank, self.pp_rank = self._ranks()
-        if self.socket is not None and self.pp_size > 1:
-            raise NotImplementedError("kvtier: pipeline parallel size %d in socket mode: one "
-                                      "`kvtier serve` serves one geometry, and each PP stage "
-                                      "holds other layers" % self.pp_size)
+        self.stage_layers = stage_layers(vllm_config, self.extra, self.pp_size)
         self.load_async = bool(self.extra.get("load_async", self.socket is not None))
         self.layout, self.layout_why = kv_layout(vllm_config, self.extra)
         self._kv_cache_config = kv_cache_config
         self.cache = None         # the worker's Cache or Client (worker role)
-        self.client = None        # the scheduler's Client (socket mode)
+        self.client = None        # the scheduler's Client of PP stage 0 (socket mode)
+        self._stages = []         # scheduler: (KVShape, Client) per PP stage
         self.namespace = None
         self.shape = None
         self._layers = {}
@@ -293,10 +320,34 @@ class KvtierConnector(KVConnectorBase_V1):
         self._load_errors = set()
         # scheduler state
         self._asked = {}          # req_id -> num_computed_tokens it was asked with
+        # req_id -> ((num_computed_tokens, number of hashes), matched blocks):
+        # a waiting request is asked again every step; the server only once
+        # until its computed prefix changes (LMCache's lookup client keeps
+        # its answer per request the same way)
+        self._looked = {}
+        self.lookups_sent = 0     # lookups sent (a hit adds a cancel round trip)
         self._meta = KvtierConnectorMetadata()
         self._server_down = False
         if self.socket is not None and role == KVConnectorRole.SCHEDULER:
             self._attach_scheduler(vllm_config, kv_cache_config)
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        """The KV cache layout vLLM must allocate for this connector, or
+        None when any works (vLLM's signature: a classmethod taking
+        vllm_config, returning "NHD", "HND" or None; VLLM_KV_CACHE_LAYOUT
+        still overrides it). kvtier moves whole blocks of either layout and
+        reads which one from the tensors' strides, so it needs one only
+        when kv_connector_extra_config kv_layout names it: then vLLM
+        allocates what the scheduler names blocks by. MLA: None (one
+        latent per token, no head order)."""
+        ktc = getattr(vllm_config, "kv_transfer_config", None)
+        extra = dict(getattr(ktc, "kv_connector_extra_config", None) or {})
+        if extra.get("kv_layout") is None:
+            return None
+        if bool(getattr(getattr(vllm_config, "model_config", None), "use_mla", False)):
+            return None
+        return kv_layout(vllm_config, extra)[0]
 
     def _check_extra(self):
         unknown = sorted(set(self.extra) - set(EXTRA_KEYS))
@@ -324,97 +375,128 @@ class KvtierConnector(KVConnectorBase_V1):
                              "got %r" % (self.extra.get("timeout"),))
 
     def _ranks(self):
-        tp = self.extra.get("tp_rank")
-        if tp is None:
+        """(tp rank, pp rank): vLLM's parallel state in a worker process,
+        else kv_connector_extra_config tp_rank/pp_rank (default 0)."""
+        tp, pp = self.extra.get("tp_rank"), self.extra.get("pp_rank")
+        if tp is None and pp is None:
             try:
                 from vllm.distributed.parallel_state import (  # type: ignore
                     get_pp_group, get_tensor_model_parallel_rank)
                 return get_tensor_model_parallel_rank(), get_pp_group().rank_in_group
             except Exception:  # scheduler process, or vllm not importable
-                tp = 0
-        tp = int(tp)
+                pass
+        tp, pp = int(tp or 0), int(pp or 0)
         if not 0 <= tp < self.tp_size:
             raise ValueError("kvtier: tp_rank %d is outside tensor_parallel_size %d"
                              % (tp, self.tp_size))
-        return tp, 0
+        if not 0 <= pp < self.pp_size:
+            raise ValueError("kvtier: pp_rank %d is outside pipeline_parallel_size %d"
+                             % (pp, self.pp_size))
+        return tp, pp
 
-    def _namespace(self, shape, tp_rank):
+    def _socket_for(self, pp_rank):
+        """The server socket of a PP stage: one path for all, or one per
+        stage when the path holds "{pp_rank}"."""
+        return self.socket.replace("{pp_rank}", str(pp_rank))
+
+    def _namespace(self, shape, tp_rank, pp_rank):
         """The namespace of one rank's blocks; the scheduler builds the same
-        from kv_cache_config as the worker from its tensors."""
+        from kv_cache_config as the worker from its tensors. PP stages hold
+        other layers: each its own namespace, so stages sharing a server
+        never read each other's blocks."""
         return "|".join([
             "kvtier-vllm-v1", "model=%s" % self.model, "dtype=%s" % shape.dtype,
             "block=%d" % self.block_size, "layers=%d" % shape.layers, "heads=%d" % shape.heads,
             "dim=%d" % shape.dim, "layout=%s" % shape.layout,
             "mla" if shape.mla else "tp=%d/%d" % (tp_rank, self.tp_size),
-            "pp=%d/%d" % (self.pp_rank, self.pp_size)] +
+            "pp=%d/%d" % (pp_rank, self.pp_size)] +
             (["salt=%s" % self.extra["namespace"]] if self.extra.get("namespace") else []))
 
     def _geometry(self, shape):
         return Geometry.uniform(shape.layers, self.block_size, shape.heads, shape.dim,
                                 shape.elem, 1 if shape.mla else 2, LAYER_FIRST)
 
-    def _attach(self, shape, who):
-        """A kvtier.Client of the server at self.socket, its block size checked."""
+    def _attach(self, shape, who, pp_rank):
+        """A kvtier.Client of PP stage pp_rank's server, its block size checked."""
         from .client import Client
+        path = self._socket_for(pp_rank)
         with self._geometry(shape) as geo:
-            cl = Client(self.socket, geo, timeout_ms=max(1, int(self.timeout * 1000)))
+            cl = Client(path, geo, timeout_ms=max(1, int(self.timeout * 1000)))
         if cl.block_tokens != self.block_size:
             cl.close()
             raise ValueError("kvtier: %s: the server at %s stores blocks of %d tokens but "
                              "vLLM's block_size is %d (each vLLM block is one kvtier block): "
                              "start kvtier serve with --set block_tokens=%d"
-                             % (who, self.socket, cl.block_tokens, self.block_size,
-                                self.block_size))
+                             % (who, path, cl.block_tokens, self.block_size, self.block_size))
         return cl
 
     def _attach_scheduler(self, vllm_config, kv_cache_config):
-        shape = _spec_shape(vllm_config, kv_cache_config, self.layout)
-        if shape is None:
-            raise ValueError("kvtier: the scheduler role in socket mode needs the workers' KV "
-                             "geometry: kv_cache_config with one KV cache group (vLLM passes "
-                             "it to KVConnectorBase_V1) or a model_config that names it")
-        self.shape = shape
-        self.client = self._attach(shape, "scheduler")
+        """One client per PP stage (stages with one server and one geometry
+        share it): a block counts as a hit only when every stage has it."""
+        if self.pp_size > 1 and self.stage_layers is None:
+            raise ValueError("kvtier: pipeline parallel size %d: the scheduler needs each "
+                             "stage's layer count: kv_connector_extra_config pp_layers, or a "
+                             "model_config naming the model's hidden layers" % self.pp_size)
+        clients = {}
+        try:
+            for s in range(self.pp_size):
+                layers = self.stage_layers[s] if self.pp_size > 1 else None
+                shape = _spec_shape(vllm_config, kv_cache_config, self.layout, layers)
+                if shape is None:
+                    raise ValueError("kvtier: the scheduler role in socket mode needs the "
+                                     "workers' KV geometry: kv_cache_config with one KV cache "
+                                     "group (vLLM passes it to KVConnectorBase_V1) or a "
+                                     "model_config that names it")
+                key = (self._socket_for(s), shape)
+                if key not in clients:
+                    clients[key] = self._attach(shape, "scheduler, PP stage %d" % s, s)
+                self._stages.append((shape, clients[key]))
+        except BaseException:
+            for c in clients.values():
+                c.close()
+            self._stages = []
+            raise
+        self.shape, self.client = self._stages[0]
 
     # ------------------------------------------------------------------
     # Worker role
 
     def register_kv_caches(self, kv_caches):
-        """kv_caches: layer name -> host tensor, in layer order."""
+        """kv_caches: layer name -> host tensor, in layer order (a PP
+        stage: its own layers). Each tensor's shape and strides say which
+        backend's layout it is (kvtier._vllm_kv); one the scheduler does not
+        expect, or kvtier cannot move without strided buffers, is refused
+        with the reason, before anything is attached."""
         names = list(kv_caches)
         if not names:
             raise ValueError("kvtier: register_kv_caches got no layers")
-        got = [_host_kv(kv_caches[n], "kv_caches[%r]" % n) for n in names]
-        _, first, elem, dtype = got[0]
-        for n, (_, shape, _, dt) in zip(names, got):
-            if len(shape) not in (3, 5) or shape != first or dt != dtype:
-                raise ValueError("kvtier: kv_caches[%r] has shape %s (%s); expected every layer "
-                                 "(2, num_blocks, block_size, heads, head_size) or MLA "
-                                 "(num_blocks, block_size, head_size), all alike (first: %s %s)"
-                                 % (n, tuple(shape), dt, tuple(first), dtype))
-            if len(shape) == 5 and shape[0] != 2:
-                raise ValueError("kvtier: kv_caches[%r] has shape %s: the first dim must be 2 "
-                                 "(K, V; FlashAttention's layout)" % (n, tuple(shape)))
-        views = [v for v, _, _, _ in got]
-        mla = len(first) == 3
-        if mla:
-            num_blocks, bs, dim = first
-            heads, bufs = 1, [[v] for v in views]
-            if bs != self.block_size:
-                raise ValueError("kvtier: KV caches hold %d tokens per block, "
-                                 "cache_config.block_size is %d" % (bs, self.block_size))
-        else:
-            num_blocks, heads, dim = self._mha_dims(first, names[0])
-            bufs = [[v[0], v[1]] for v in views]
-        self.is_mla = mla
+        spec = self._spec()
+        layers = [HostKV(kv_caches[n], "kv_caches[%r]" % n) for n in names]
+        parsed = [parse_layer(kv, self.block_size, self.layout, *spec) for kv in layers]
+        first, p0 = layers[0], parsed[0]
+        for n, kv, p in zip(names, layers, parsed):
+            if (kv.shape, kv.order, kv.dtype) != (first.shape, first.order, first.dtype):
+                raise ValueError("kvtier: kv_caches[%r] is %s %s in memory order %s; the first "
+                                 "layer %s %s in order %s: every layer must be alike"
+                                 % (n, kv.shape, kv.dtype, kv.order, first.shape, first.dtype,
+                                    first.order))
+        self._check_layout(names[0], first, p0)
+        if self.stage_layers is not None and len(names) != self.stage_layers[self.pp_rank]:
+            raise ValueError("kvtier: PP stage %d registered %d layers, but the scheduler "
+                             "expects %d (pp_layers %s): it would look up blocks no worker "
+                             "stores; set kv_connector_extra_config pp_layers to the stages' "
+                             "layer counts" % (self.pp_rank, len(names),
+                                               self.stage_layers[self.pp_rank],
+                                               self.stage_layers))
+        self.is_mla = p0.mla
         self._layers = {n: i for i, n in enumerate(names)}
-        self.shape = KVShape(len(names), heads, dim, elem, dtype, mla,
-                             _norm_layout(self.layout, heads, mla))
-        self.namespace = self._namespace(self.shape, self.tp_rank)
-        cache = self._attach(self.shape, "worker tp %d" % self.tp_rank) \
-            if self.socket is not None else self._open_local()
+        self.shape = KVShape(len(names), p0.heads, p0.dim, first.elem, first.dtype, p0.mla,
+                             _norm_layout(p0.layout, p0.heads, p0.mla))
+        self.namespace = self._namespace(self.shape, self.tp_rank, self.pp_rank)
+        cache = self._attach(self.shape, "worker tp %d pp %d" % (self.tp_rank, self.pp_rank),
+                             self.pp_rank) if self.socket is not None else self._open_local()
         try:
-            cache.register_buffers(num_blocks, bufs)
+            cache.register_buffers(p0.num_blocks, [p.comps for p in parsed])
         except BaseException:
             cache.close()
             raise
@@ -423,37 +505,34 @@ class KvtierConnector(KVConnectorBase_V1):
             with _CACHES_MU:
                 _CACHES[self.engine_key] = self
 
+    def _spec(self):
+        """(heads, mla, num_blocks, backend) as kv_cache_config and
+        vllm_config say, each None when unknown."""
+        groups = getattr(self._kv_cache_config, "kv_cache_groups", None)
+        heads = mla = None
+        if groups:
+            sp = groups[0].kv_cache_spec
+            mla = bool(getattr(sp, "use_mla", False)) or type(sp).__name__.startswith("MLA")
+            heads = None if mla else int(sp.num_kv_heads)
+        nb = getattr(self._kv_cache_config, "num_blocks", None)
+        return heads, mla, (None if nb is None else int(nb)), _backend_name(self._vllm_config)
+
     _LAYOUT_SHAPES = {"NHD": "token-major (2, num_blocks, block_size, num_kv_heads, head_size)",
                       "HND": "head-major (2, num_blocks, num_kv_heads, block_size, head_size)"}
 
-    def _mha_dims(self, shape, name):
-        """(num_blocks, heads, head_size) of a 5-D layer in self.layout, the
-        layout the scheduler names blocks by. Tensors in the other layout are
-        refused: the scheduler would look up blocks no worker writes, and a
-        block of one layout must never be served to an engine of the other.
-        kvtier copies whole blocks, so a block's bytes are otherwise opaque."""
-        _, num_blocks, a, b, dim = shape
-        hm = self.layout == "HND"
-        tokens, heads = (b, a) if hm else (a, b)
-        groups = getattr(self._kv_cache_config, "kv_cache_groups", None)
-        want_heads = int(groups[0].kv_cache_spec.num_kv_heads) if groups else None
-        if tokens == self.block_size and want_heads in (None, heads):
-            return num_blocks, heads, dim
-        other = "NHD" if hm else "HND"
-        if heads == self.block_size and want_heads in (None, tokens):
-            raise ValueError(
-                "kvtier: kv_caches[%r] has shape %s: %s blocks, but the connector expects %s "
-                "blocks, from %s, as the scheduler does; blocks of one layout are never "
-                "served to the other. Set kv_connector_extra_config kv_layout to \"%s\" in "
-                "every vLLM process" % (name, tuple(shape), self._LAYOUT_SHAPES[other],
-                                       self._LAYOUT_SHAPES[self.layout], self.layout_why,
-                                       other))
-        raise ValueError("kvtier: kv_caches[%r] has shape %s, not %s with %d tokens per block "
-                         "(cache_config.block_size is %d%s)"
-                         % (name, tuple(shape), self._LAYOUT_SHAPES[self.layout],
-                            self.block_size, self.block_size,
-                            "" if want_heads is None else
-                            ", kv_cache_spec.num_kv_heads %d" % want_heads))
+    def _check_layout(self, name, kv, p):
+        """Blocks of one layout are never served to an engine of the other:
+        tensors whose bytes are not in the layout the scheduler names
+        blocks by (self.layout) are refused."""
+        if p.mla or p.heads == 1 or p.layout == self.layout:
+            return
+        raise ValueError(
+            "kvtier: kv_caches[%r] has shape %s (memory order %s): %s blocks in memory, but "
+            "the connector expects %s blocks, from %s, as the scheduler does; blocks of one "
+            "layout are never served to the other. Set kv_connector_extra_config kv_layout "
+            "to \"%s\" in every vLLM process" % (
+                name, kv.shape, kv.order, self._LAYOUT_SHAPES[p.layout],
+                self._LAYOUT_SHAPES[self.layout], self.layout_why, p.layout))
 
     def _open_local(self):
         opts = {"block_tokens": self.block_size}
@@ -672,11 +751,13 @@ class KvtierConnector(KVConnectorBase_V1):
         with _CACHES_MU:
             if _CACHES.get(self.engine_key) is self:
                 del _CACHES[self.engine_key]
-        for attr in ("cache", "client"):
-            c = getattr(self, attr)
-            if c is not None:
-                c.close()
-                setattr(self, attr, None)
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+        stage_clients = {id(cl): cl for _, cl in self._stages}
+        for cl in stage_clients.values():
+            cl.close()
+        self._stages, self.client = [], None
         return None
 
     def _require(self):
@@ -698,12 +779,15 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _lookup_targets(self):
         """[(store, namespace)] whose least match is what every worker can
-        load: the server over each TP rank's namespace (MLA: the one copy),
-        or the worker's cache of this process."""
-        if self.client is not None:
-            if self.shape.mla:
-                return [(self.client, self._namespace(self.shape, 0))]
-            return [(self.client, self._namespace(self.shape, r)) for r in range(self.tp_size)]
+        load: on each PP stage's server, each TP rank's namespace (MLA: the
+        one copy TP rank 0 wrote, the same bytes for every rank); or the
+        worker's cache of this process. As LMCache's lookup client, which
+        asks every TP and PP rank and takes the least: a block is a hit
+        only when every stage and rank has it."""
+        if self._stages:
+            return [(cl, self._namespace(shape, r, s))
+                    for s, (shape, cl) in enumerate(self._stages)
+                    for r in (range(1) if shape.mla else range(self.tp_size))]
         with _CACHES_MU:
             w = _CACHES.get(self.engine_key)
         if w is None or w.cache is None:
@@ -711,12 +795,17 @@ class KvtierConnector(KVConnectorBase_V1):
         return [(w.cache, w.namespace)]
 
     def _matched_blocks(self, keys):
+        """Leading blocks every target holds, or None when a lookup failed
+        (the server is down: not remembered, asked again next step). One
+        round trip per target, none past the first that matches nothing;
+        each later one asks only for what every earlier one matched."""
         targets = self._lookup_targets()
         if not targets:
             return 0
         best = len(keys)
         try:
             for store, ns in targets:
+                self.lookups_sent += 1
                 m = store.lookup(keys=keys[:best], ns=ns)
                 if m.task:
                     self._drop(m.task, store)
@@ -728,30 +817,47 @@ class KvtierConnector(KVConnectorBase_V1):
                 logger.warning("kvtier: lookup failed (%s); the engine computes until it "
                                "answers again", e)
             self._server_down = True
-            return 0
+            return None
         self._server_down = False
         return best
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """(tokens beyond num_computed_tokens kvtier can load, load_async).
         Pins nothing: a block evicted before the worker loads it is reported
-        by get_block_ids_with_load_errors and recomputed."""
+        by get_block_ids_with_load_errors and recomputed. vLLM asks every
+        step while the request waits: the servers are asked again only once
+        its computed prefix (or its number of block hashes) changed."""
         hashes = list(getattr(request, "block_hashes", None) or [])
         if not hashes:
             return 0, False
-        matched = self._matched_blocks([block_key(h) for h in hashes]) * self.block_size
+        rid, asked = request.request_id, (int(num_computed_tokens), len(hashes))
+        with self._mu:
+            seen = self._looked.get(rid)
+        if seen is not None and seen[0] == asked:
+            blocks = seen[1]
+        else:
+            blocks = self._matched_blocks([block_key(h) for h in hashes])
+            if blocks is None:
+                blocks = 0
+            else:
+                with self._mu:
+                    self._looked[rid] = (asked, blocks)
+        matched = blocks * self.block_size
         # the engine always computes the last prompt token
         limit = (int(request.num_tokens) - 1) // self.block_size * self.block_size
         n = max(0, min(matched, limit) - int(num_computed_tokens))
         if n == 0:
             return 0, False
         with self._mu:
-            self._asked[request.request_id] = int(num_computed_tokens)
+            self._asked[rid] = int(num_computed_tokens)
         return n, self.load_async
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        """The request is scheduled: its load (if any) goes to the workers,
+        and its remembered lookup is dropped (asked afresh if preempted)."""
         with self._mu:
             computed = self._asked.pop(request.request_id, None)
+            self._looked.pop(request.request_id, None)
         if num_external_tokens <= 0 or computed is None:
             return
         block_ids = list(blocks.get_block_ids()[0])
@@ -772,6 +878,7 @@ class KvtierConnector(KVConnectorBase_V1):
         get_finished."""
         with self._mu:
             self._asked.pop(request.request_id, None)
+            self._looked.pop(request.request_id, None)
         hashes = list(getattr(request, "block_hashes", None) or [])
         n = min(len(hashes), int(getattr(request, "num_publishable_block_hashes", len(hashes))),
                 len(block_ids))

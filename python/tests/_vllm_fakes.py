@@ -12,12 +12,17 @@ ns = types.SimpleNamespace
 
 
 def vllm_config(extra, engine="engine-0", block_size=4, tp=1, model="org/llama",
-                device="cuda"):
-    """device "cpu": vLLM's CPU platform (CPU_ATTN: head-major KV)."""
+                device="cuda", pp=1, total_layers=None):
+    """device "cpu": vLLM's CPU platform (CPU_ATTN: head-major KV).
+    total_layers: the model's hidden layers, all PP stages (ModelConfig's
+    get_total_num_hidden_layers)."""
+    mc = ns(model=model)
+    if total_layers is not None:
+        mc.get_total_num_hidden_layers = lambda: total_layers
     return ns(kv_transfer_config=ns(kv_connector_extra_config=dict(extra), engine_id=engine,
                                     is_kv_producer=True),
-              cache_config=ns(block_size=block_size), model_config=ns(model=model),
-              parallel_config=ns(tensor_parallel_size=tp, pipeline_parallel_size=1),
+              cache_config=ns(block_size=block_size), model_config=mc,
+              parallel_config=ns(tensor_parallel_size=tp, pipeline_parallel_size=pp),
               device_config=ns(device_type=device))
 
 
@@ -34,8 +39,9 @@ def kv_cache_config(layers, block_size, heads, head_size, dtype=np.float16, mla=
         ns(layer_names=layer_names(layers), kv_cache_spec=spec)])
 
 
-def layer_names(layers):
-    return ["model.layers.%d.self_attn.attn" % i for i in range(layers)]
+def layer_names(layers, first=0):
+    """A stage's attention layers: PP stages hold [first, first + layers)."""
+    return ["model.layers.%d.self_attn.attn" % i for i in range(first, first + layers)]
 
 
 class Request:
@@ -63,7 +69,8 @@ class Blocks:
 
 def block_content(block_hash, rank, layer, nbytes):
     """The bytes a block holds on TP rank `rank` (None for MLA: every rank
-    holds the same latent) in one layer: a function of the block's hash."""
+    holds the same latent) in one layer (the model's layer index, whichever
+    PP stage holds it): a function of the block's hash."""
     seed = hashlib.blake2b(block_hash + b"|%s|%d" % (str(rank).encode(), layer),
                            digest_size=8).digest()
     return np.random.default_rng(int.from_bytes(seed, "little")).integers(

@@ -286,17 +286,26 @@ class Engine(EngineBase):
         pp2 = vllm_config()
         pp2.kv_transfer_config.kv_connector_extra_config = {"socket": "/run/k.sock"}
         pp2.parallel_config.pipeline_parallel_size = 2
-        with self.assertRaisesRegex(NotImplementedError, "pipeline parallel size 2 in socket "
-                                    "mode"):
+        with self.assertRaisesRegex(ValueError, "pipeline parallel size 2: the scheduler needs "
+                                    "each stage's layer count"):
+            vc.KvtierConnector(pp2, vc.KVConnectorRole.SCHEDULER,
+                               kv_cache_config(LAYERS, BS, HEADS, DIM))
+        pp2.kv_transfer_config.kv_connector_extra_config["pp_layers"] = [4]
+        with self.assertRaisesRegex(ValueError, "pp_layers must list 2 positive layer counts"):
+            vc.KvtierConnector(pp2, vc.KVConnectorRole.WORKER, None)
+        pp2.kv_transfer_config.kv_connector_extra_config.update(pp_layers=[2, 3], pp_rank=2)
+        with self.assertRaisesRegex(ValueError, "pp_rank 2 is outside pipeline_parallel_size 2"):
             vc.KvtierConnector(pp2, vc.KVConnectorRole.WORKER, None)
         with self.assertRaisesRegex(ValueError, "timeout must be > 0 seconds"):
             vc.KvtierConnector(vllm_config({"timeout": 0}), vc.KVConnectorRole.WORKER, None)
         with self.assertRaisesRegex(ValueError, "tp_rank 2 is outside tensor_parallel_size 1"):
             vc.KvtierConnector(vllm_config({"tp_rank": 2}), vc.KVConnectorRole.WORKER, None)
         w = vc.KvtierConnector(vllm_config(engine="other"), vc.KVConnectorRole.WORKER, None)
-        with self.assertRaisesRegex(ValueError, "the first dim must be 2"):
+        with self.assertRaisesRegex(ValueError, r"has shape \(3, 4, 4, 2, 8\); kvtier knows "
+                                    r"vLLM's \(2, num_blocks, block_size"):
             w.register_kv_caches({"l0": np.zeros((3, 4, BS, 2, 8), np.float16)})
-        with self.assertRaisesRegex(ValueError, "cache_config.block_size is 4"):
+        with self.assertRaisesRegex(ValueError, r"cache_config.block_size is 4\); a kernel "
+                                    "block size other than"):
             w.register_kv_caches({"l0": np.zeros((2, 4, 8, 2, 8), np.float16)})
 
         class Cuda:
@@ -441,7 +450,7 @@ class Layouts(unittest.TestCase):
         w = vc.KvtierConnector(vllm_config(engine="l1"), vc.KVConnectorRole.WORKER, None)
         self.addCleanup(w.shutdown)
         with self.assertRaisesRegex(ValueError, r"head-major \(2, num_blocks, num_kv_heads, "
-                                    r"block_size, head_size\) blocks, but the connector "
+                                    r"block_size, head_size\) blocks in memory, but the connector "
                                     r"expects token-major .* from vLLM's default KV cache "
                                     r'layout, as the scheduler does.*kv_layout to "HND"'):
             w.register_kv_caches(kv_arrays("HND"))
@@ -465,9 +474,9 @@ class Layouts(unittest.TestCase):
         c = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER,
                                kv_cache_config(LAYERS, BS, 3, DIM))
         self.addCleanup(c.shutdown)
-        with self.assertRaisesRegex(ValueError, r"not head-major .* with 4 tokens per block "
-                                    r"\(cache_config.block_size is 4, kv_cache_spec."
-                                    r"num_kv_heads 3\)"):
+        with self.assertRaisesRegex(ValueError, r"not K/V blocks of 4 tokens and 3 heads in "
+                                    r"either order \(cache_config.block_size is 4, kv_cache_spec."
+                                    r"num_kv_heads 3\)$"):
             c.register_kv_caches(kv_arrays("HND"))
 
     def test_override_and_one_head(self):
@@ -477,6 +486,216 @@ class Layouts(unittest.TestCase):
         # One KV head: both orders are the same bytes, one namespace.
         one = self.worker(vllm_config(engine="l4", device="cpu"), kv_arrays("HND", heads=1))
         self.assertIn("|layout=NHD|", one.namespace)
+
+
+def roundtrip(test, w, phys):
+    """Stores blocks 0-1 through worker w and loads them into blocks 5-6;
+    asserts every layer's memory (phys: the arrays in memory order, K/V
+    first) holds the same bytes there, and nothing else changed."""
+    phys = [a.view(np.uint8) for a in phys]  # bytes: random float16 holds NaNs
+    before = [a.copy() for a in phys]
+    keys = [b"rt%d" % i for i in range(2)]
+    w.bind_connector_metadata(vc.KvtierConnectorMetadata(saves=[vc.SaveSpec("s", keys, [0, 1])]))
+    w.start_load_kv(None)
+    w.wait_for_save()
+    for _ in range(2000):
+        sent, _ = w.get_finished(set())
+        if sent:
+            break
+        time.sleep(0.001)
+    test.assertEqual(sent, {"s"})
+    w.bind_connector_metadata(vc.KvtierConnectorMetadata(loads=[vc.LoadSpec("l", keys, [5, 6])]))
+    w.start_load_kv(None)
+    for n in w._layers:
+        w.wait_for_layer_load(n)
+    w.wait_for_save()
+    test.assertEqual(w.get_block_ids_with_load_errors(), set())
+    for a, b in zip(phys, before):
+        test.assertTrue(np.array_equal(a[:, 5:7], b[:, 0:2]), "loaded blocks differ")
+        b[:, 5:7] = b[:, 0:2]
+        test.assertTrue(np.array_equal(a, b), "a load wrote outside its blocks")
+
+
+class StridedTorch:
+    """A CPU torch tensor's surface as the connector reads it, over a numpy
+    array that may be a permuted view: stride() in elements, data_ptr() the
+    first element's address."""
+    __module__ = "torch"
+
+    def __init__(self, a):
+        self.a, self.shape = a, a.shape
+        self.device = types.SimpleNamespace(type="cpu")
+        self.dtype = "torch.float16"
+
+    def stride(self):
+        return tuple(s // self.a.itemsize for s in self.a.strides)
+
+    def is_contiguous(self):
+        return self.a.flags.c_contiguous
+
+    def element_size(self):
+        return self.a.itemsize
+
+    def data_ptr(self):
+        return self.a.ctypes.data
+
+
+class BackendShapes(unittest.TestCase):
+    """Each backend's documented KV cache shape, as vLLM's model runner
+    hands it over (the physical allocation permuted back to the logical
+    shape), is read as what it is, or refused naming why."""
+
+    def worker(self, extra=None, engine="shapes", kcc=None):
+        w = vc.KvtierConnector(vllm_config(extra, engine=engine), vc.KVConnectorRole.WORKER, kcc)
+        self.addCleanup(w.shutdown)
+        return w
+
+    def phys(self, shape, layers=2, seed=5):
+        rng = np.random.default_rng(seed)
+        return [rng.integers(0, 256, int(np.prod(shape)) * 2, dtype=np.uint8)
+                .view(np.float16).reshape(shape) for _ in range(layers)]
+
+    def test_flash_attention_hnd_stride_order(self):
+        """VLLM_KV_CACHE_LAYOUT=HND: FlashAttention's logical (2, n, B, H, D)
+        over head-major memory, stride order (0, 1, 3, 2, 4): numpy views
+        and torch tensors (strides) alike move the right bytes."""
+        for wrap in (lambda a: a, StridedTorch):
+            phys = self.phys((2, BLOCKS, HEADS, BS, DIM))
+            logical = {"l%d" % i: wrap(p.transpose(0, 1, 3, 2, 4)) for i, p in enumerate(phys)}
+            self.assertEqual(logical["l0"].shape, (2, BLOCKS, BS, HEADS, DIM))
+            w = self.worker({"kv_layout": "HND"}, engine="fa-hnd")
+            w.register_kv_caches(logical)
+            self.assertIn("|heads=%d|dim=%d|layout=HND|" % (HEADS, DIM), w.namespace)
+            roundtrip(self, w, phys)
+            w.shutdown()
+        # The scheduler expects NHD (vLLM's default): refused, nothing attached.
+        w = self.worker(engine="fa-hnd-2")
+        with self.assertRaisesRegex(ValueError, r"memory order \(0, 1, 3, 2, 4\)\): head-major "
+                                    r".* blocks in memory, but the connector expects "
+                                    r"token-major"):
+            w.register_kv_caches({"l0": self.phys((2, BLOCKS, HEADS, BS, DIM))[0]
+                                  .transpose(0, 1, 3, 2, 4)})
+        self.assertIsNone(w.cache)
+
+    def test_heads_equal_block_size_follow_the_strides(self):
+        """(2, n, B, B, D): a permuted tensor is FlashAttention's (tokens
+        at logical dim 2); a contiguous one is read as the scheduler
+        expects (CPU_ATTN's head-major on the CPU device)."""
+        phys = self.phys((2, BLOCKS, BS, BS, DIM))
+        w = self.worker({"kv_layout": "HND"}, engine="tie")
+        w.register_kv_caches({"l%d" % i: p.transpose(0, 1, 3, 2, 4) for i, p in enumerate(phys)})
+        self.assertIn("|heads=%d|dim=%d|layout=HND|" % (BS, DIM), w.namespace)
+        roundtrip(self, w, phys)
+
+    def test_flashinfer_refused_not_misread(self):
+        w = self.worker(engine="fi")
+        for order in ((0, 1, 2, 3, 4), (0, 1, 3, 2, 4)):  # NHD and HND stride orders
+            t = self.phys((BLOCKS, 2, BS, HEADS, DIM))[0]
+            with self.assertRaisesRegex(ValueError, r"FlashInfer's and Triton's \(num_blocks, 2, "
+                                        r"block_size, num_kv_heads, head_size\), whose K and V "
+                                        r".* strided buffer"):
+                w.register_kv_caches({"l0": t.transpose(order)})
+        # Two blocks and K/V: the backend's name says which dim is which.
+        two = vllm_config(engine="fi2")
+        two.attention_config = types.SimpleNamespace(backend=types.SimpleNamespace(
+            name="FLASHINFER"))
+        w2 = vc.KvtierConnector(two, vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(w2.shutdown)
+        with self.assertRaisesRegex(ValueError, "FlashInfer's"):
+            w2.register_kv_caches({"l0": np.zeros((2, 2, BS, HEADS, DIM), np.float16)})
+        self.assertIsNone(w.cache)
+
+    def test_mla_and_torch_sdpa_three_dims(self):
+        w = self.worker(engine="sdpa")
+        with self.assertRaisesRegex(ValueError, r"TORCH_SDPA's \(2, num_blocks, block_size \* "
+                                    r"num_kv_heads \* head_size\)"):
+            w.register_kv_caches({"l0": np.zeros((2, BLOCKS, BS * HEADS * DIM), np.float16)})
+        # (2, B, x): MLA with 2 blocks, or SDPA with B blocks? Refused
+        # without kv_cache_config; with it, read as its spec says.
+        with self.assertRaisesRegex(ValueError, r"MLA's \(num_blocks, block_size, head_size\) "
+                                    r"or TORCH_SDPA's"):
+            w.register_kv_caches({"l0": np.zeros((2, BS, 8 * BS), np.float16)})
+        kcc = kv_cache_config(2, BS, 1, 8 * BS, mla=True, num_blocks=2)
+        m = self.worker(engine="mla2", kcc=kcc)
+        m.register_kv_caches({"l%d" % i: np.zeros((2, BS, 8 * BS), np.float16)
+                              for i in range(2)})
+        self.assertIn("|mla|", m.namespace)
+        # A spec that is not MLA: a 3-D tensor is refused, never read as MLA.
+        s = self.worker(engine="notmla", kcc=kv_cache_config(2, BS, HEADS, DIM, num_blocks=BLOCKS))
+        with self.assertRaisesRegex(ValueError, "kv_cache_config's spec is not MLA"):
+            s.register_kv_caches({"l0": np.zeros((BLOCKS, BS, 576), np.float16)})
+
+    def test_unknown_and_non_dense_refused(self):
+        w = self.worker(engine="odd")
+        with self.assertRaisesRegex(ValueError, r"has shape \(2, 64, 4, 16\); kvtier knows "
+                                    r"vLLM's"):
+            w.register_kv_caches({"l0": np.zeros((2, BLOCKS, BS, HEADS * DIM), np.float16)})
+        padded = np.zeros((2, BLOCKS, BS, HEADS, DIM + 8), np.float16)[..., :DIM]
+        with self.assertRaisesRegex(ValueError, "not a dense tensor in any dim order .padded "
+                                    "blocks"):
+            w.register_kv_caches({"l0": padded})
+        self.assertIsNone(w.cache)
+
+
+class RequiredLayout(unittest.TestCase):
+    """get_required_kvcache_layout: vLLM's classmethod(vllm_config) -> str | None."""
+
+    def test_layout_asked_of_vllm(self):
+        K = vc.KvtierConnector
+        self.assertIsNone(K.get_required_kvcache_layout(vllm_config()))
+        self.assertIsNone(K.get_required_kvcache_layout(vllm_config(device="cpu")))
+        self.assertEqual(K.get_required_kvcache_layout(vllm_config({"kv_layout": "hnd"})), "HND")
+        self.assertEqual(K.get_required_kvcache_layout(vllm_config({"kv_layout": "NHD"})), "NHD")
+        mla = vllm_config({"kv_layout": "HND"})
+        mla.model_config.use_mla = True
+        self.assertIsNone(K.get_required_kvcache_layout(mla))
+        with self.assertRaisesRegex(ValueError, "kv_layout must be"):
+            K.get_required_kvcache_layout(vllm_config({"kv_layout": "xyz"}))
+        with self.assertRaises(TypeError):  # as vLLM's base: not on the abstract class
+            vc.KVConnectorBase_V1.get_required_kvcache_layout(vllm_config())
+
+
+class PipelineStages(unittest.TestCase):
+    """PP stages' layer counts as vLLM splits them (get_pp_indices), and a
+    worker whose layers are not its stage's refused."""
+
+    def test_partition_as_vllm_splits(self):
+        import os
+        self.assertEqual(vc.pp_partition(20, 3), [7, 7, 6])   # remainder before the last
+        self.assertEqual(vc.pp_partition(10, 4), [2, 3, 3, 2])  # the middle stages
+        self.assertEqual(vc.pp_partition(61, 2), [31, 30])
+        self.assertEqual(vc.pp_partition(32, 4), [8] * 4)
+        old = os.environ.get("VLLM_PP_LAYER_PARTITION")
+        try:
+            os.environ["VLLM_PP_LAYER_PARTITION"] = "4,6,6,4"
+            self.assertEqual(vc.pp_partition(20, 4), [4, 6, 6, 4])
+            with self.assertRaisesRegex(ValueError, "3 stages of 16 layers in all, not 4 of "
+                                        "20"):
+                os.environ["VLLM_PP_LAYER_PARTITION"] = "4,6,6"
+                vc.pp_partition(20, 4)
+        finally:
+            if old is None:
+                del os.environ["VLLM_PP_LAYER_PARTITION"]
+            else:
+                os.environ["VLLM_PP_LAYER_PARTITION"] = old
+
+    def test_stage_layers_from_config_and_worker_checked(self):
+        cfg = vllm_config({"pp_rank": 1}, engine="pp")
+        cfg.parallel_config.pipeline_parallel_size = 2
+        cfg.model_config.get_total_num_hidden_layers = lambda: 5
+        w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(w.shutdown)
+        self.assertEqual((w.stage_layers, w.pp_rank), ([3, 2], 1))
+        with self.assertRaisesRegex(ValueError, "PP stage 1 registered 3 layers, but the "
+                                    r"scheduler expects 2 \(pp_layers \[3, 2\]\)"):
+            w.register_kv_caches(kv_arrays("NHD", layers=3))
+        self.assertIsNone(w.cache)
+        w.register_kv_caches(kv_arrays("NHD", layers=2))
+        self.assertIn("|layers=2|", w.namespace)
+        self.assertIn("|pp=1/2", w.namespace)
+        cfg.kv_transfer_config.kv_connector_extra_config["pp_layers"] = [1, 4]
+        self.assertEqual(vc.stage_layers(cfg, cfg.kv_transfer_config.kv_connector_extra_config,
+                                         2), [1, 4])
 
 
 class LayerSpy:
@@ -621,7 +840,7 @@ class SocketModeOneProcess(unittest.TestCase):
         w.register_kv_caches(kv)
         s = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER, kv_cache_config(4, BS, 2, 64))
         self.addCleanup(s.shutdown)
-        self.assertEqual(s._namespace(s.shape, 0), w.namespace)
+        self.assertEqual(s._namespace(s.shape, 0, 0), w.namespace)
         return w, s, kv
 
     def run_step(self, w, s):

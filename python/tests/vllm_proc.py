@@ -37,14 +37,20 @@ class Scheduler:
         self.s = s
         self.bs = s["block_size"]
         cfg = fakes.vllm_config(s["extra"], tp=s["tp"], block_size=self.bs,
-                                device=s.get("device", "cuda"))
-        kcc = fakes.kv_cache_config(s["layers"], self.bs, s["heads"], s["dim"], mla=s["mla"])
+                                device=s.get("device", "cuda"), pp=s.get("pp", 1),
+                                total_layers=s.get("total_layers"))
+        # PP: vLLM hands the scheduler worker 0's kv_cache_config (stage 0's layers)
+        kcc = fakes.kv_cache_config(s["stages"][0], self.bs, s["heads"], s["dim"], mla=s["mla"])
         self.conn = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER, kcc)
         self.reqs = {}
 
     def matched(self, rid, tokens, num_computed):
         r = self.reqs[rid] = fakes.Request(rid, tokens, self.bs)
         return self.conn.get_num_new_matched_tokens(r, num_computed)
+
+    def ask(self, rid, num_computed):
+        """vLLM asks again for a request still waiting (every step)."""
+        return self.conn.get_num_new_matched_tokens(self.reqs[rid], num_computed)
 
     def alloc(self, rid, block_ids, num_external):
         self.conn.update_state_after_alloc(self.reqs[rid], fakes.Blocks(block_ids), num_external)
@@ -64,6 +70,13 @@ class Scheduler:
     def stats(self):
         return self.conn.client.stats()
 
+    def stage_stats(self):
+        """Each PP stage's server's stats (the scheduler's own clients)."""
+        return [cl.stats() for _, cl in self.conn._stages]
+
+    def lookups_sent(self):
+        return self.conn.lookups_sent
+
     def close(self):
         self.conn.shutdown()
 
@@ -74,14 +87,19 @@ class Worker:
         self.rank = s["rank"]
         self.mla = s["mla"]
         self.bs = s["block_size"]
-        extra = dict(s["extra"], tp_rank=self.rank)
+        pp_rank = s.get("pp_rank", 0)
+        extra = dict(s["extra"], tp_rank=self.rank, pp_rank=pp_rank)
         device = s.get("device", "cuda")
-        cfg = fakes.vllm_config(extra, tp=s["tp"], block_size=self.bs, device=device)
+        cfg = fakes.vllm_config(extra, tp=s["tp"], block_size=self.bs, device=device,
+                                pp=s.get("pp", 1), total_layers=s.get("total_layers"))
+        # a PP stage holds the model's layers [first, first + its count)
+        self.first, layers = sum(s["stages"][:pp_rank]), s["stages"][pp_rank]
         # vLLM's CPU backend allocates head-major blocks, FlashAttention token-major
         shape = ((s["blocks"], self.bs, s["dim"]) if self.mla
                  else (2, s["blocks"], s["heads"], self.bs, s["dim"]) if device == "cpu"
                  else (2, s["blocks"], self.bs, s["heads"], s["dim"]))
-        self.kv = {n: np.zeros(shape, np.float16) for n in fakes.layer_names(s["layers"])}
+        self.kv = {n: np.zeros(shape, np.float16)
+                   for n in fakes.layer_names(layers, self.first)}
         self.conn = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
         self.conn.register_kv_caches(self.kv)
 
@@ -92,7 +110,9 @@ class Worker:
         return [p.view(np.uint8).reshape(-1) for p in parts]
 
     def _want(self, h, layer, nbytes):
-        return fakes.block_content(h, None if self.mla else self.rank, layer, nbytes)
+        """layer: this stage's index; the content names the model's layer."""
+        return fakes.block_content(h, None if self.mla else self.rank, self.first + layer,
+                                   nbytes)
 
     def _layer_bytes(self, name, b):
         return np.concatenate(self._parts(name, b))

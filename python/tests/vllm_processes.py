@@ -37,10 +37,10 @@ def setUpModule():
     from test_client import kvtier_bin
 
 
-def start_server(sock, model, ssd=None, tp=2):
-    """`kvtier serve` on sock: `model`'s geometry at TP tp, 4-token blocks
-    (vLLM's block size here), optionally an SSD tier; returns the process
-    once it listens."""
+def start_server(sock, model, ssd=None, tp=2, layers=None):
+    """`kvtier serve` on sock: `model`'s geometry at TP tp (`layers` of its
+    layers: a PP stage's), 4-token blocks (vLLM's block size here),
+    optionally an SSD tier; returns the process once it listens."""
     exe = kvtier_bin()
     if not os.path.exists(exe):
         raise unittest.SkipTest("no kvtier CLI at %s (set KVTIER_BIN)" % exe)
@@ -49,6 +49,8 @@ def start_server(sock, model, ssd=None, tp=2):
     args = [exe, "serve", "--socket", sock, "--model", model, "--page", str(BS), "--tp", str(tp),
             "--set", "block_tokens=%d" % BS, "--set", "cpu_capacity=16MiB",
             "--set", "huge_pages=false"]
+    if layers:
+        args += ["--layers", str(layers)]
     if ssd:
         args += ["--set", "ssd_dirs=" + ssd, "--set", "ssd_capacity=64MiB"]
     log = open(sock + ".log", "a")
@@ -128,37 +130,57 @@ class Proc:
 
 
 class Deployment(unittest.TestCase):
-    """One server, one scheduler process, two worker processes (TP 2)."""
+    """One server, one scheduler process, a worker process per TP rank of
+    each PP stage: TP 2, PP 2 or both (stage s holds STAGES[s] of the
+    model's layers; one server for every stage, or one per stage when
+    STAGE_SERVERS)."""
     MODEL, LAYERS, HEADS, DIM, MLA = "tiny", 4, 1, 64, False
     SSD = True
     DEVICE = "cuda"  # "cpu": vLLM's CPU backend, head-major KV tensors
+    TP, PP, STAGE_SERVERS, STAGES = 2, 1, False, None
 
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="kvtvl")
-        self.sock = os.path.join(self.tmp, "node.sock")
+        self.procs, self.srvs = [], []
+        self.addCleanup(self.clean_up)  # also when setUp fails half way
+        self.sock = os.path.join(self.tmp, "node-pp{pp_rank}.sock" if self.STAGE_SERVERS
+                                 else "node.sock")
         self.ssd = os.path.join(self.tmp, "ssd") if self.SSD else None
         if self.ssd:
             os.makedirs(self.ssd)
-        self.srv = start_server(self.sock, self.MODEL, self.ssd)
-        base = dict(block_size=BS, tp=2, layers=self.LAYERS, heads=self.HEADS, dim=self.DIM,
-                    mla=self.MLA, blocks=64, extra={"socket": self.sock, "timeout": 5},
-                    device=self.DEVICE)
-        self.procs = []
+        for s in range(self.PP if self.STAGE_SERVERS else 1):
+            self.srvs.append(self.start_stage_server(s))
+        self.srv = self.srvs[0]
+        stages = self.STAGES or [self.LAYERS]
+        base = dict(block_size=BS, tp=self.TP, layers=self.LAYERS, heads=self.HEADS,
+                    dim=self.DIM, mla=self.MLA, blocks=64, device=self.DEVICE,
+                    extra={"socket": self.sock, "timeout": 5}, pp=self.PP,
+                    stages=stages, total_layers=sum(stages))
         self.sched = self.spawn(dict(base, role="scheduler"), "sched")
-        self.workers = [self.spawn(dict(base, role="worker", rank=r), "w%d" % r)
-                        for r in range(2)]
+        ranks = [(r, p) for p in range(self.PP) for r in range(self.TP)]
+        self.workers = [self.spawn(dict(base, role="worker", rank=r, pp_rank=p),
+                                   "w%d-pp%d" % (r, p)) for r, p in ranks]
         self.rid = 0
+
+    def stage_sock(self, pp_rank):
+        return self.sock.replace("{pp_rank}", str(pp_rank))
+
+    def start_stage_server(self, stage):
+        """Stage `stage`'s server (the one server: stage 0's geometry)."""
+        return start_server(self.stage_sock(stage), self.MODEL, self.ssd, tp=self.TP,
+                            layers=self.STAGES[stage] if self.STAGES else None)
 
     def spawn(self, settings, name):
         p = Proc(settings, os.path.join(self.tmp, name + ".log"))
         self.procs.append(p)
         return p
 
-    def tearDown(self):
+    def clean_up(self):
         for p in self.procs:
             p.close()
-        if self.srv.poll() is None:
-            stop_server(self.srv)
+        for srv in self.srvs:
+            if srv.poll() is None:
+                stop_server(srv)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     # --- vLLM's engine core ----------------------------------------------
@@ -182,8 +204,9 @@ class Deployment(unittest.TestCase):
     def run_until(self, sent=(), recv=()):
         """Steps until every worker reported each request of sent and recv
         (KVOutputAggregator's rule); returns the load errors per worker."""
-        want_s, want_r = {r: 2 for r in sent}, {r: 2 for r in recv}
-        errors = [set(), set()]
+        n = len(self.workers)
+        want_s, want_r = {r: n for r in sent}, {r: n for r in recv}
+        errors = [set() for _ in self.workers]
         deadline = time.monotonic() + 30
         while want_s or want_r:
             self.assertLess(time.monotonic(), deadline, "not reported: %s %s" % (want_s, want_r))
@@ -201,16 +224,18 @@ class Deployment(unittest.TestCase):
                 time.sleep(0.005)
         return errors
 
-    def restart(self):
-        """Starts the server again (same socket and SSD directory) and waits
-        until the scheduler and every worker re-attached on their own."""
-        self.srv = start_server(self.sock, self.MODEL, self.ssd)
+    def restart(self, stage=0):
+        """Starts (PP stage `stage`'s) server again (same socket and SSD
+        directory) and waits until the scheduler and every worker
+        re-attached on their own."""
+        self.srvs[stage] = self.start_stage_server(stage)
+        self.srv = self.srvs[0]
         for w in self.workers:
             self.assertTrue(w.call("reattach"))
         deadline = time.monotonic() + 20
         while True:
             try:
-                self.sched.call("stats")
+                self.sched.call("stage_stats")
                 return
             except AssertionError:
                 self.assertLess(time.monotonic(), deadline, "the scheduler did not re-attach")
@@ -372,6 +397,35 @@ class TensorParallel2(Deployment):
         self.assertEqual(self.sched.call("stats")["corrupt_blocks"], 1)
 
 
+    def test_lookups_once_per_waiting_request_until_its_prefix_changes(self):
+        """vLLM asks for a waiting request every step; the server is asked
+        once per TP rank's namespace, then not again until the request's
+        computed prefix changes. Counted at the server."""
+        a = self.tokens(33, 71)
+        ra, ba = self.save_prompt(a, 0)
+        self.finish([(ra, ba)])
+        before, rt = self.sched.call("stats"), self.sched.call("lookups_sent")
+        rid, n, _ = self.new_request(a)
+        self.assertEqual(n, 32)
+        for _ in range(5):  # five more steps waiting (no room for it yet)
+            self.assertEqual(self.sched.call("ask", rid, 0), (32, True))
+        st = self.sched.call("stats")
+        self.assertEqual(st["lookups"] - before["lookups"], 2)  # TP 2: one per rank
+        self.assertEqual(st["cancelled_tasks"] - before["cancelled_tasks"], 2)  # pins released
+        # A local prefix cache hit changed its computed prefix: asked again.
+        self.assertEqual(self.sched.call("ask", rid, 2 * BS), (24, True))
+        self.assertEqual(self.sched.call("ask", rid, 2 * BS), (24, True))
+        self.assertEqual(self.sched.call("stats")["lookups"] - before["lookups"], 4)
+        # A miss costs one round trip: rank 0 matching nothing ends it.
+        self.assertEqual(self.new_request(self.tokens(33, 72))[1], 0)
+        self.assertEqual(self.sched.call("stats")["lookups"] - before["lookups"], 5)
+        self.assertEqual(self.sched.call("lookups_sent") - rt, 5)  # the connector's count
+        # Scheduled (allocated): forgotten, so a preempted request is asked afresh.
+        self.sched.call("alloc", rid, list(range(20, 29)), 24)
+        self.sched.call("ask", rid, 2 * BS)
+        self.assertEqual(self.sched.call("stats")["lookups"] - before["lookups"], 7)
+
+
 class HeadMajorTensorParallel2(Deployment):
     """vLLM's CPU backend (CPU_ATTN): (2, num_blocks, num_kv_heads,
     block_size, head_size) per layer, 4 KV heads per rank (llama3-8b at TP
@@ -408,12 +462,95 @@ class MlaTensorParallel2(Deployment):
         ns = [w.call("namespace") for w in self.workers]
         self.assertEqual(ns[0], ns[1])
         self.assertIn("|mla|", ns[0])
+        lookups = st["lookups"]
         rb, nb, async_b, pb = self.plan_load(a + self.tokens(5, 32), 10)
         self.assertEqual((nb, async_b), (24, True))
+        # one lookup for both TP ranks: the one copy is the same bytes
+        self.assertEqual(self.sched.call("stats")["lookups"] - lookups, 1)
         errors = self.run_until(recv=[rb])
         self.assertEqual(errors, [set(), set()])
         self.verify(pb, errors)
         self.assertEqual(self.sched.call("stats")["loads"], 2)  # one per rank
+
+
+class PipelineParallel2(Deployment):
+    """PP 2 (TP 1): "tiny"'s 4 layers, 2 per stage, both stages on one
+    server (`kvtier serve --layers 2`: a stage's geometry), each stage's
+    blocks in its own namespace; the scheduler asks each stage."""
+    MODEL, LAYERS, HEADS, DIM = "tiny", 2, 2, 64
+    SSD, TP, PP, STAGES = False, 1, 2, [2, 2]
+
+    def total(self, stat):
+        """A server stat over every stage's server (one when shared)."""
+        sts = self.sched.call("stage_stats")
+        return sum(st[stat] for st in (sts[:1] if not self.STAGE_SERVERS else sts))
+
+    def test_stages_store_and_load_their_own_layers_byte_verified(self):
+        ns = [w.call("namespace") for w in self.workers]
+        self.assertIn("|tp=0/1|pp=0/2", ns[0])
+        self.assertIn("|tp=0/1|pp=1/2", ns[1])
+        a = self.tokens(41, 51)
+        ra, ba = self.save_prompt(a, 0)
+        self.assertEqual(self.finish([(ra, ba)]), [set(), set()])
+        self.assertEqual(self.total("stored_blocks"), 2 * 10)  # one copy per stage
+        before = self.total("lookups")
+        rb, nb, async_b, pb = self.plan_load(a + self.tokens(7, 52), 20, computed=BS)
+        self.assertEqual((nb, async_b), (40 - BS, True))
+        self.assertEqual(self.total("lookups") - before, 2)  # one per stage
+        errors = self.run_until(recv=[rb])
+        self.assertEqual(errors, [set(), set()])
+        self.verify(pb, errors)  # each stage: its own layers' bytes
+        self.assert_prefix_kept([20])
+
+
+class PipelineParallel2StageServers(PipelineParallel2):
+    """PP 2 with one server per stage ("{pp_rank}" in the socket path),
+    stages of 3 and 2 layers (vLLM's split of 5: the remainder to the
+    first stages): a block is a hit only when every stage's server has it."""
+    STAGE_SERVERS, STAGES = True, [3, 2]
+
+    def test_hit_only_when_every_stage_has_the_block(self):
+        a = self.tokens(33, 61)
+        ra, ba = self.save_prompt(a, 0)
+        self.assertEqual(self.finish([(ra, ba)]), [set(), set()])
+        self.assertEqual([st["stored_blocks"] for st in self.sched.call("stage_stats")], [8, 8])
+        self.assertEqual(self.new_request(a)[1], 32)
+        # Stage 1's server comes back empty; stage 0's still has every block.
+        stop_server(self.srvs[1])
+        self.restart(stage=1)
+        self.assertEqual([st["stored_blocks"] for st in self.sched.call("stage_stats")], [8, 0])
+        self.assertEqual(self.new_request(a)[1], 0)
+        # Stored again (stage 0 has it already, stage 1 stores): both hit.
+        rc, bc = self.save_prompt(a, 0)
+        self.assertEqual(self.finish([(rc, bc)]), [set(), set()])
+        rd, nd, _, pd = self.plan_load(a, 20)
+        self.assertEqual(nd, 32)
+        errors = self.run_until(recv=[rd])
+        self.assertEqual(errors, [set(), set()])
+        self.verify(pd, errors)
+
+
+class PipelineTensorParallel(PipelineParallel2):
+    """TP 2 x PP 2: four workers, four namespaces on one server ("tiny" at
+    TP 2, 2 of its layers per stage); a request asks each of them once."""
+    HEADS, TP = 1, 2
+
+    def test_stages_store_and_load_their_own_layers_byte_verified(self):
+        ns = [w.call("namespace") for w in self.workers]
+        self.assertEqual(len(set(ns)), 4)
+        for n, (r, p) in zip(ns, [(0, 0), (1, 0), (0, 1), (1, 1)]):
+            self.assertIn("|tp=%d/2|pp=%d/2" % (r, p), n)
+        a = self.tokens(29, 81)
+        ra, ba = self.save_prompt(a, 0)
+        self.assertEqual(self.finish([(ra, ba)]), [set()] * 4)
+        self.assertEqual(self.total("stored_blocks"), 4 * 7)
+        before = self.total("lookups")
+        rb, nb, _, pb = self.plan_load(a + self.tokens(3, 82), 10)
+        self.assertEqual(nb, 28)
+        self.assertEqual(self.total("lookups") - before, 4)
+        errors = self.run_until(recv=[rb])
+        self.assertEqual(errors, [set()] * 4)
+        self.verify(pb, errors)
 
 
 if __name__ == "__main__":
