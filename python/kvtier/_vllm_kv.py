@@ -15,21 +15,24 @@ the bytes are. The logical shapes (num_blocks may be any number):
   MLA backends                           (num_blocks, block_size, head_size)
   TORCH_SDPA (older CPU backend)         (2, num_blocks, block_size * heads * head_size)
 
-kvtier takes one dense buffer per layer and component whose page p is
-block p (its engine memory has no strides), and treats a block's bytes as
-opaque; the connector names their order in the namespace (NHD or HND).
-Supported: the K/V-first 5-D layouts in either order, and MLA. Refused with
-a message: FlashInfer and Triton (K and V of a block interleave, so each
-component is strided), TORCH_SDPA (its K blocks are split by 16-byte vectors, an order no
-namespace names), padded or otherwise non-dense strides, kernel block sizes
-other than vLLM's block size, and any other shape."""
+kvtier takes one buffer per layer and component whose page p is block p,
+dense or strided between blocks (kvt_engine_memory page_strides), and
+treats a block's bytes as opaque; the connector names their order in the
+namespace (NHD or HND). Supported, all without a copy: the K/V-first 5-D
+layouts in either order, FlashInfer's and Triton's blocks-first layout (K
+and V of a block side by side: each component is a strided view), and MLA.
+Refused with a message: TORCH_SDPA (its K blocks are split by 16-byte
+vectors, an order no namespace names), padded or otherwise non-dense
+strides, kernel block sizes other than vLLM's block size, and any other
+shape."""
 import ctypes
 
 import numpy as np
 
 KNOWN_SHAPES = ("(2, num_blocks, block_size, num_kv_heads, head_size) (FlashAttention, any "
                 "stride order), (2, num_blocks, num_kv_heads, block_size, head_size) "
-                "(CPU_ATTN), or MLA (num_blocks, block_size, head_size)")
+                "(CPU_ATTN), (num_blocks, 2, block_size, num_kv_heads, head_size) "
+                "(FlashInfer, Triton), or MLA (num_blocks, block_size, head_size)")
 
 
 def dtype_info(d):
@@ -154,19 +157,14 @@ def parse_layer(kv, block_size, expect_layout, want_heads=None, want_mla=None,
     if kv_first and blocks_first:  # two blocks, two components: which is which?
         kv_first = backend not in ("FLASHINFER", "TRITON_ATTN")
         blocks_first = not kv_first
-    if blocks_first:
-        raise ValueError(
-            "kvtier: %s has shape %s: FlashInfer's and Triton's (num_blocks, 2, block_size, "
-            "num_kv_heads, head_size), whose K and V of a block lie side by side, so each is "
-            "a strided "
-            "buffer; kvtier's engine memory takes dense per-component buffers (strided ones "
-            "are not supported yet). Use the FLASH_ATTN backend" % (what, shape))
-    if not kv_first:
+    if not (kv_first or blocks_first):
         raise ValueError("kvtier: %s has shape %s; kvtier knows vLLM's %s"
                          % (what, shape, KNOWN_SHAPES))
     if kv.order[:2] != (0, 1) or kv.order[4] != 4:
-        raise ValueError("kvtier: %s has shape %s in memory order %s; kvtier needs K/V, then "
-                         "blocks outermost and head_size innermost" % (what, shape, kv.order))
+        raise ValueError("kvtier: %s has shape %s in memory order %s; kvtier needs %s "
+                         "outermost and head_size innermost" % (
+                             what, shape, kv.order,
+                             "K/V, then blocks" if kv_first else "blocks, then K/V"))
     x, y = kv.phys[2], kv.phys[3]
     nhd = x == block_size and want_heads in (None, y)
     hnd = y == block_size and want_heads in (None, x)
@@ -186,8 +184,26 @@ def parse_layer(kv, block_size, expect_layout, want_heads=None, want_mla=None,
                 "" if block_size in (x, y) else
                 "; a kernel block size other than vLLM's block size is not supported"))
     heads = y if nhd else x
-    return Parsed([kv.mem[0], kv.mem[1]], kv.phys[1], heads, kv.phys[4],
-                  "NHD" if nhd else "HND", False)
+    layout = "NHD" if nhd else "HND"
+    if kv_first:
+        return Parsed([kv.mem[0], kv.mem[1]], kv.phys[1], heads, kv.phys[4], layout, False)
+    # FlashInfer / Triton: component c of block b is mem[b, c], so each
+    # component is a view strided by two blocks' bytes; its block is opaque
+    # (either order), handed over as block_size rows of one token's bytes.
+    comps = [_blocks_of(kv.mem[:, c], block_size, what) for c in range(2)]
+    return Parsed(comps, kv.phys[0], heads, kv.phys[4], layout, False)
+
+
+def _blocks_of(view, block_size, what):
+    """view (num_blocks, x, y, row bytes), each block dense, as (num_blocks,
+    block_size, x * y * row / block_size) with no copy."""
+    out = view.view()
+    try:
+        out.shape = (view.shape[0], block_size, -1)  # raises rather than copy
+    except AttributeError:
+        raise ValueError("kvtier: %s: a block of a component is not dense in memory"
+                         % what) from None
+    return out
 
 
 def _parse_3d(kv, block_size, want_mla, num_blocks):

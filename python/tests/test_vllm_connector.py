@@ -5,6 +5,7 @@ scheduler role's calls, the metadata handed to the worker role, the
 worker's forward-pass calls layer by layer, with every loaded block
 byte-checked; load errors reported for recompute; refusals."""
 import hashlib
+import itertools
 import inspect
 import time
 import types
@@ -488,14 +489,18 @@ class Layouts(unittest.TestCase):
         self.assertIn("|layout=NHD|", one.namespace)
 
 
-def roundtrip(test, w, phys):
-    """Stores blocks 0-1 through worker w and loads them into blocks 5-6;
+def roundtrip(test, w, phys, blocks_first=False, src=(0, 1), dst=(5, 6)):
+    """Stores blocks src through worker w and loads them into blocks dst;
     asserts every layer's memory (phys: the arrays in memory order, K/V
-    first) holds the same bytes there, and nothing else changed."""
+    first, or blocks first) holds the same bytes there, and nothing else
+    changed."""
     phys = [a.view(np.uint8) for a in phys]  # bytes: random float16 holds NaNs
+    if blocks_first:  # the blocks' dim second, as for K/V first
+        phys = [a.swapaxes(0, 1) for a in phys]
     before = [a.copy() for a in phys]
-    keys = [b"rt%d" % i for i in range(2)]
-    w.bind_connector_metadata(vc.KvtierConnectorMetadata(saves=[vc.SaveSpec("s", keys, [0, 1])]))
+    keys = [b"rt%d" % i for i in range(len(src))]
+    w.bind_connector_metadata(vc.KvtierConnectorMetadata(saves=[vc.SaveSpec("s", keys,
+                                                                             list(src))]))
     w.start_load_kv(None)
     w.wait_for_save()
     for _ in range(2000):
@@ -504,15 +509,16 @@ def roundtrip(test, w, phys):
             break
         time.sleep(0.001)
     test.assertEqual(sent, {"s"})
-    w.bind_connector_metadata(vc.KvtierConnectorMetadata(loads=[vc.LoadSpec("l", keys, [5, 6])]))
+    w.bind_connector_metadata(vc.KvtierConnectorMetadata(loads=[vc.LoadSpec("l", keys,
+                                                                            list(dst))]))
     w.start_load_kv(None)
     for n in w._layers:
         w.wait_for_layer_load(n)
     w.wait_for_save()
     test.assertEqual(w.get_block_ids_with_load_errors(), set())
     for a, b in zip(phys, before):
-        test.assertTrue(np.array_equal(a[:, 5:7], b[:, 0:2]), "loaded blocks differ")
-        b[:, 5:7] = b[:, 0:2]
+        test.assertTrue(np.array_equal(a[:, list(dst)], b[:, list(src)]), "loaded blocks differ")
+        b[:, list(dst)] = b[:, list(src)]
         test.assertTrue(np.array_equal(a, b), "a load wrote outside its blocks")
 
 
@@ -587,23 +593,29 @@ class BackendShapes(unittest.TestCase):
         self.assertIn("|heads=%d|dim=%d|layout=HND|" % (BS, DIM), w.namespace)
         roundtrip(self, w, phys)
 
-    def test_flashinfer_refused_not_misread(self):
-        w = self.worker(engine="fi")
-        for order in ((0, 1, 2, 3, 4), (0, 1, 3, 2, 4)):  # NHD and HND stride orders
-            t = self.phys((BLOCKS, 2, BS, HEADS, DIM))[0]
-            with self.assertRaisesRegex(ValueError, r"FlashInfer's and Triton's \(num_blocks, 2, "
-                                        r"block_size, num_kv_heads, head_size\), whose K and V "
-                                        r".* strided buffer"):
-                w.register_kv_caches({"l0": t.transpose(order)})
+    def test_flashinfer_blocks_first_zero_copy(self):
+        """FlashInfer / Triton (num_blocks, 2, block_size, heads, head_size):
+        K and V of a block side by side, so each component is a strided
+        view; NHD and HND stride orders, numpy and torch-shaped tensors,
+        every byte of the layer checked."""
+        for (order, layout), wrap in itertools.product(
+                (((0, 1, 2, 3, 4), "NHD"), ((0, 1, 3, 2, 4), "HND")), (lambda a: a, StridedTorch)):
+            dims = (BLOCKS, 2, BS, HEADS, DIM) if layout == "NHD" else (BLOCKS, 2, HEADS, BS, DIM)
+            phys = self.phys(dims)
+            w = self.worker({"kv_layout": layout}, engine="fi-" + layout)
+            w.register_kv_caches({"l%d" % i: wrap(p.transpose(order)) for i, p in enumerate(phys)})
+            self.assertIn("|heads=%d|dim=%d|layout=%s|" % (HEADS, DIM, layout), w.namespace)
+            roundtrip(self, w, phys, blocks_first=True)
+            w.shutdown()
         # Two blocks and K/V: the backend's name says which dim is which.
         two = vllm_config(engine="fi2")
         two.attention_config = types.SimpleNamespace(backend=types.SimpleNamespace(
             name="FLASHINFER"))
         w2 = vc.KvtierConnector(two, vc.KVConnectorRole.WORKER, None)
         self.addCleanup(w2.shutdown)
-        with self.assertRaisesRegex(ValueError, "FlashInfer's"):
-            w2.register_kv_caches({"l0": np.zeros((2, 2, BS, HEADS, DIM), np.float16)})
-        self.assertIsNone(w.cache)
+        t = self.phys((2, 2, BS, HEADS, DIM), layers=1)[0]
+        w2.register_kv_caches({"l0": t})
+        roundtrip(self, w2, [t], blocks_first=True, src=[0], dst=[1])
 
     def test_mla_and_torch_sdpa_three_dims(self):
         w = self.worker(engine="sdpa")
