@@ -246,11 +246,12 @@ def _shape_strides(buf, what):
     (torch, CPU or CUDA; duck-typed by stride() and element_size())."""
     if isinstance(buf, np.ndarray):
         return tuple(buf.shape), tuple(buf.strides), buf.dtype.itemsize
-    if callable(getattr(buf, "stride", None)) and callable(getattr(buf, "element_size", None)):
+    if (callable(getattr(buf, "stride", None)) and callable(getattr(buf, "element_size", None))
+            and hasattr(buf, "shape")):
         e = int(buf.element_size())
         return tuple(int(n) for n in buf.shape), tuple(int(s) * e for s in buf.stride()), e
-    raise invalid("%s: expected a numpy array or a torch tensor, got %s"
-                  % (what, type(buf).__name__))
+    raise invalid("%s: a %s that is not contiguous and shows no strides (shape, stride(), "
+                  "element_size()) to register it by" % (what, type(buf).__name__))
 
 
 def _token_rows_contiguous(shape, strides, esize):
