@@ -22,6 +22,7 @@ typedef struct kvt_srv_task {
     bool pending;      /* launched, its SSD reads still running: no offsets yet */
     kvt_task_kind kind;
     uint32_t num_blocks;
+    uint32_t first_token; /* launched: as the cache launched it */
     uint32_t pins;     /* index entries the task pins (its planned blocks) */
     uint64_t *offsets; /* launched: each block's memfd offset */
     uint64_t launched_ns; /* the client must END it by this + server_copy_ms */
@@ -37,6 +38,7 @@ typedef struct kvt_srv_fence {
 } kvt_srv_fence;
 
 typedef struct kvt_srv_conn kvt_srv_conn;
+typedef struct kvt_srv_check kvt_srv_check; /* a store checked after END (conn.c) */
 struct kvt_srv_conn {
     struct kvt_server *srv;
     int fd;
@@ -47,7 +49,8 @@ struct kvt_srv_conn {
     atomic_bool finished;
     kvt_srv_task *tasks; /* this client's planned and launched tasks */
     uint32_t ntasks, cap;
-    atomic_uint_fast64_t pins; /* sum of tasks[].pins, read by a metrics scrape */
+    atomic_uint_fast64_t pins; /* sum of tasks[].pins (and check's), read by a metrics scrape */
+    kvt_srv_check *check; /* the store whose END was answered, still being checked */
     kvt_srv_conn *next;
 };
 

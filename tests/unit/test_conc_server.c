@@ -630,6 +630,152 @@ static int raw_connect(const char *path)
     return fd;
 }
 
+static kvt_status raw_stats(int fd, kvt_cache_stats *cs)
+{
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    kvt_status st = raw_rt(fd, KVT_SRV_STATS, &b, &p, &len, NULL);
+    if (!st) st = kvt__srv_stats_decode(p, len, cs);
+    free(p);
+    return st;
+}
+
+/* A raw client past HELLO (two heads), the tier mapped into *tier. */
+static kvt_status raw_attach(const char *path, kvt_geometry *g, int *fd, uint8_t **tier,
+                             kvt_srv_hello_rep *h)
+{
+    if ((*fd = raw_connect(path)) < 0) return KVT_ECONN;
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    int shm = -1;
+    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g);
+    kvt_status st = raw_rt(*fd, KVT_SRV_HELLO, &b, &p, &len, &shm);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_hello_rep_decode(p, len, h);
+    free(p);
+    if (st) return st;
+    *tier = mmap(NULL, h->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0);
+    close(shm);
+    return *tier == MAP_FAILED ? KVT_ESYS : KVT_OK;
+}
+
+/* The tokens of seed 99's request a LOOKUP on fd matches (its load task,
+ * if any, cancelled). */
+static kvt_status raw_matched(int fd, uint32_t *matched)
+{
+    uint32_t tokens[NTOK], n = 0;
+    uint64_t task = 0;
+    kvt_request r;
+    request(&r, tokens, 99);
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    kvt__srv_req_encode(&b, &r);
+    kvt_status st = raw_rt(fd, KVT_SRV_LOOKUP, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_task_rep_decode(p, len, &task, matched, &n);
+    free(p);
+    if (st || !task) return st;
+    kvt__srv_id_encode(&b, task);
+    st = raw_rt(fd, KVT_SRV_CANCEL, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    free(p);
+    return st;
+}
+
+/* Stores seed 99's request through fd: every block written and END sent
+ * with each block's right checksum; with spoil, one byte of the last
+ * block changes after its checksum was taken (a stray or late write).
+ * END's result into *res. */
+static kvt_status raw_full_store(int fd, uint8_t *tier, const kvt_srv_hello_rep *h,
+                                 const kvt_geometry *g, bool spoil, kvt_task_result *res)
+{
+    uint32_t tokens[NTOK], first = 0, n = 0;
+    uint64_t task = 0, sums[BLOCKS];
+    kvt_request r;
+    request(&r, tokens, 99);
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    kvt__srv_req_encode(&b, &r);
+    kvt_status st = raw_rt(fd, KVT_SRV_PREPARE, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_task_rep_decode(p, len, &task, &first, &n);
+    free(p);
+    if (!st && n != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "planned %u tokens", n);
+    if (st) return st;
+    kvt__srv_id_encode(&b, task);
+    st = raw_rt(fd, KVT_SRV_LAUNCH, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    kvt_srv_launch_rep l;
+    if (!st) st = kvt__srv_launch_rep_decode(p, len, &l);
+    if (!st && l.num_blocks != BLOCKS) st = kvt__fail(KVT_EINVAL, "%u blocks", l.num_blocks);
+    uint8_t *last = NULL;
+    for (uint32_t i = 0; !st && i < BLOCKS; i++) {
+        uint64_t off = kvt__srv_get64(l.offsets + 8 * i);
+        last = tier + off;
+        for (uint64_t k = 0; k < h->block_bytes; k++) last[k] = (uint8_t)(k * 31 + i);
+        sums[i] = kvt__srv_block_sum(last, g, h->block_tokens, off);
+    }
+    free(p);
+    if (st) return st;
+    if (spoil) last[h->block_bytes / 2] ^= 0x5a;
+    kvt__srv_end_encode(&b, task, KVT_OK, sums, BLOCKS);
+    st = raw_rt(fd, KVT_SRV_END, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_result_decode(p, len, res);
+    free(p);
+    return st;
+}
+
+/* A store whose last block was spoiled after the client took its checksum:
+ * END is answered (OK: the check runs after it), the store never becomes
+ * visible - not to this client's next LOOKUP, answered after the check -
+ * and STATS counts it failed; the same store unspoiled then is visible. */
+static kvt_status child_spoiled_store(const char *path, void *arg)
+{
+    (void)arg;
+    kvt_geometry *g = geo_heads(2);
+    int fd = -1;
+    uint8_t *tier = NULL;
+    kvt_srv_hello_rep h;
+    kvt_task_result res = {0};
+    kvt_cache_stats cs = {0};
+    uint32_t matched = 99;
+    kvt_status st = raw_attach(path, g, &fd, &tier, &h);
+    if (!st) st = raw_full_store(fd, tier, &h, g, true, &res);
+    if (!st && res.status != KVT_OK)
+        st = kvt__fail(KVT_EPROTO, "spoiled END's result is %s", kvt_status_name(res.status));
+    if (!st) st = raw_matched(fd, &matched);
+    if (!st && matched != 0) st = kvt__fail(KVT_ECORRUPT, "the spoiled store is visible");
+    if (!st) st = raw_stats(fd, &cs);
+    if (!st && (cs.failed_tasks != 1 || cs.stores != 0 || cs.cpu_blocks_used != 0))
+        st = kvt__fail(KVT_EPROTO, "after the check: %llu failed, %llu stores, %llu blocks used",
+                       (unsigned long long)cs.failed_tasks, (unsigned long long)cs.stores,
+                       (unsigned long long)cs.cpu_blocks_used);
+    if (!st) st = raw_full_store(fd, tier, &h, g, false, &res);
+    if (!st && res.status != KVT_OK)
+        st = kvt__fail(KVT_EPROTO, "END's result is %s", kvt_status_name(res.status));
+    if (!st) st = raw_matched(fd, &matched);
+    if (!st && matched != BLOCKS * TPP)
+        st = kvt__fail(KVT_ENOTFOUND, "the good store: %u tokens visible", matched);
+    kvt_geometry_destroy(g);
+    return st;
+}
+
+static void test_spoiled_block_never_visible(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "v.sock");
+    pid_t srv = start_server(path, NULL);
+    assert_int_equal(reap(spawn(child_spoiled_store, path, NULL), 20000), 0);
+    stop_server(srv, path);
+}
+
 static kvt_status child_raw_store(const char *path, void *arg)
 {
     raw_arg *a = arg;
@@ -680,9 +826,17 @@ static kvt_status child_raw_store(const char *path, void *arg)
         if (!st) st = kvt__srv_result_decode(q, len, &res);
         free(q);
         if (st) return st;
-        return res.status == KVT_ECORRUPT ? KVT_OK
-                                          : kvt__fail(KVT_EPROTO, "END's result is %s",
-                                                      kvt_status_name(res.status));
+        /* END is answered before the check (docs/server.md, Performance);
+         * the next STATS is answered after it and shows the failure. */
+        if (res.status != KVT_OK)
+            return kvt__fail(KVT_EPROTO, "END's result is %s", kvt_status_name(res.status));
+        kvt_cache_stats cs;
+        if ((st = raw_stats(fd, &cs))) return st;
+        return cs.failed_tasks == 1 && cs.tasks_in_flight == 0
+                   ? KVT_OK
+                   : kvt__fail(KVT_EPROTO, "after the check: %llu failed tasks, %llu in flight",
+                               (unsigned long long)cs.failed_tasks,
+                               (unsigned long long)cs.tasks_in_flight);
     }
     char c = 1;
     if (write(a->ready, &c, 1) != 1) return KVT_ESYS;
@@ -1780,6 +1934,7 @@ int main(void)
         cmocka_unit_test_teardown(test_sigkill_mid_store, kill_servers),
         cmocka_unit_test_teardown(test_sigkill_mid_load, kill_servers),
         cmocka_unit_test_teardown(test_bad_checksum_not_visible, kill_servers),
+        cmocka_unit_test_teardown(test_spoiled_block_never_visible, kill_servers),
         cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
         cmocka_unit_test_teardown(test_ssd_load_launch_async, kill_servers),
