@@ -75,6 +75,7 @@ struct kvt_client {
     uint32_t backoff_ms;    /* under io_mu: 10 ms doubling to 1 s */
     uint32_t epoch;         /* under mu: bumped by each re-attach */
     kvt_geometry *geo;
+    uint64_t session;       /* random, sent in SESSION at each attach */
     uint8_t *secret;        /* KVTIER_SERVER_SECRET_FILE's bytes, or NULL */
     size_t secret_len;
     uint8_t *tier;
@@ -105,6 +106,7 @@ static kvt_status broken_fail(kvt_client *cl, const char *fn)
  * with the server's message. */
 static kvt_status open_conn(kvt_client *cl, uint64_t connect_deadline);
 static kvt_status hello_locked(kvt_client *cl);
+static kvt_status session_locked(kvt_client *cl, bool resumed);
 
 /* A broken connection is re-established by a later call, at most once per
  * backoff (10 ms doubling to 1 s), and only when no task of this client is
@@ -136,6 +138,9 @@ static kvt_status reattach(kvt_client *cl, const char *fn)
     if (!st) {
         cl->broken = false; /* hello's round trip needs the stream */
         st = hello_locked(cl);
+        /* No copy of ours runs (checked above) and the old mapping is gone:
+         * the server may free the blocks it fenced when it cut us off. */
+        if (!st) st = session_locked(cl, true);
     }
     if (st) {
         cl->broken = true;
@@ -392,6 +397,38 @@ static kvt_status hello_locked(kvt_client *cl)
     return st;
 }
 
+/* SESSION after HELLO (io_mu held or not yet shared): this handle's key,
+ * and with resumed, that its copies of earlier connections have stopped. */
+static kvt_status session_locked(kvt_client *cl, bool resumed)
+{
+    static const char fn[] = "kvt_client_attach";
+    kvt_srv_buf b = {0};
+    kvt__srv_task_rep_encode(&b, cl->session, resumed ? KVT_SRV_SESSION_RESUMED : 0, 0);
+    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
+    kvt_srv_hdr h = {0};
+    uint8_t *p = NULL;
+    kvt_status st = b.oom ? kvt__fail(KVT_ENOMEM, "%s: no memory", fn)
+                          : kvt__srv_send_frame(cl->fd, KVT_SRV_SESSION, 0, b.p, b.len, -1,
+                                                deadline);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, NULL, deadline);
+    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
+                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
+    uint64_t zero = 0;
+    uint32_t freed = 0, pad = 0;
+    if (!st && h.op != (KVT_SRV_SESSION | KVT_SRV_REPLY))
+        st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to SESSION", fn, h.op);
+    else if (!st && h.status)
+        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
+                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
+                       p ? (const char *)p : "");
+    else if (!st)
+        st = kvt__srv_task_rep_decode(p, h.len, &zero, &freed, &pad);
+    free(p);
+    return st;
+}
+
 /* GEOMETRY before HELLO, for a client attached without one: it takes the
  * server's (the reply is a HELLO, checked by the same decoder). */
 static kvt_status fetch_geometry(kvt_client *cl)
@@ -444,10 +481,12 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
         free(cl);
         return kvt__fail(KVT_ESYS, "%s: pthread_cond_init failed", fn);
     }
-    st = load_secret(cl);
+    st = load_secret(cl); /* (libsodium initialised here) */
+    while (!st && !cl->session) randombytes_buf(&cl->session, sizeof cl->session);
     if (!st) st = open_conn(cl, kvt__deadline_ns(timeout_ms));
     if (!st) st = geo ? kvt_geometry_clone(geo, &cl->geo) : fetch_geometry(cl);
     if (!st) st = hello_locked(cl);
+    if (!st) st = session_locked(cl, false);
     if (!st) st = kvt__xfer_create(&cl->xfer, CLIENT_WORKERS, &kvt__host_copy_ops);
     if (st) {
         kvt_client_detach(cl);

@@ -107,13 +107,14 @@ static kvt_status check_copy_deadline(kvt_srv_conn *c)
         if (slots) kvt__cache_ext_cut(c->srv->cache, t->id, slots, t->num_blocks, &n);
         else kvt__cache_ext_abort(c->srv->cache, t->id, kvt__deadline_ns(READ_MS));
         fenced += n;
-        if (slots) kvt__srv_fence_add(c->srv, c->pid, slots, n);
+        if (slots) kvt__srv_fence_add(c->srv, c->pid, c->session, slots, n);
         drop_task(c, t);
     }
     kvt_status st = kvt__fail(KVT_ETIMEDOUT, "client pid %ld (uid %ld) cut off: %u launched "
                               "task(s) not ended within server_copy_ms (%u ms); pins released, "
-                              "%u store blocks held until the process exits", (long)c->pid,
-                              (long)c->uid, late, c->srv->cfg.server_copy_ms, fenced);
+                              "%u store blocks held until the process exits or re-attaches",
+                              (long)c->pid, (long)c->uid, late, c->srv->cfg.server_copy_ms,
+                              fenced);
     kvt__srv_log(KVT_LOG_WARN, "%s", kvt_last_error());
     return st;
 }
@@ -149,6 +150,29 @@ static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (!st)
         kvt__srv_log(KVT_LOG_INFO, "client pid %ld (uid %ld) attached", (long)c->pid,
                      (long)c->uid);
+    return st;
+}
+
+/* SESSION, once, after HELLO: the client handle's key, under which a
+ * cut-off store's blocks are fenced; RESUMED frees this pid's fences of
+ * that key (its copies stopped; the pid is the socket's, not the client's
+ * word). */
+static kvt_status on_session(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    uint64_t key;
+    uint32_t flags, zero;
+    kvt_status st = kvt__srv_task_rep_decode(p, len, &key, &flags, &zero);
+    if (st) return st;
+    if (c->session || !key || zero || (flags & ~KVT_SRV_SESSION_RESUMED))
+        return kvt__fail(KVT_EPROTO, "session: %s", c->session ? "a second SESSION" :
+                         "key 0 or unknown flags");
+    c->session = key;
+    uint32_t freed = flags & KVT_SRV_SESSION_RESUMED
+                         ? kvt__srv_fences_release(c->srv, c->pid, key) : 0;
+    kvt_srv_buf b = {0};
+    kvt__srv_task_rep_encode(&b, 0, freed, 0);
+    st = reply(c, KVT_SRV_SESSION, &b);
+    kvt__srv_buf_free(&b);
     return st;
 }
 
@@ -548,6 +572,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     case KVT_SRV_CANCEL: st = on_cancel(c, p, h.len); break;
     case KVT_SRV_STATS: st = on_stats(c, h.len); break;
     case KVT_SRV_FLUSH: st = on_flush(c, p, h.len); break;
+    case KVT_SRV_SESSION: st = on_session(c, p, h.len); break;
     case KVT_SRV_GEOMETRY:
         st = *hello_done ? kvt__fail(KVT_EPROTO, "GEOMETRY after HELLO") : on_geometry(c, h.len);
         break;

@@ -32,6 +32,7 @@ typedef struct kvt_srv_task {
  * and may write into them late): back to the pool once its process exits. */
 typedef struct kvt_srv_fence {
     pid_t pid;
+    uint64_t session; /* the client handle's (SESSION), 0 if it sent none */
     int pidfd; /* readable once pid exited */
     uint32_t *slots, n;
     struct kvt_srv_fence *next;
@@ -44,6 +45,7 @@ struct kvt_srv_conn {
     int fd;
     pid_t pid;
     uid_t uid;
+    uint64_t session; /* from SESSION, 0 until then */
     kvt_srv_peer peer; /* SO_PEERCRED and SO_PEERGROUPS at accept */
     pthread_t thread;
     atomic_bool finished;
@@ -91,8 +93,12 @@ uint64_t kvt__srv_sum_combine(const uint64_t *layer_sums, uint32_t num_layers, u
 uint64_t kvt__srv_block_sum(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
                             uint64_t offset);
 /* Keeps a cut-off client's store blocks (slots, n; taken over) until its
- * process pid exits; fences_reap (all: at destroy) returns them. server.c. */
-void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint32_t *slots, uint32_t n);
+ * process pid exits or its session re-attaches with its copies stopped
+ * (fences_release: the blocks freed); fences_reap (all: at destroy)
+ * returns those of exited processes. server.c. */
+void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint64_t session, uint32_t *slots,
+                        uint32_t n);
+uint32_t kvt__srv_fences_release(kvt_server *s, pid_t pid, uint64_t session);
 void kvt__srv_fences_reap(kvt_server *s, bool all);
 /* The thread serving one attached client (conn.c). */
 void *kvt__srv_conn_main(void *arg);

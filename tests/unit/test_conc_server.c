@@ -1902,6 +1902,117 @@ static void test_server_killed_mid_load(void **state)
     stop_server(srv, path);
 }
 
+/* A client cut off mid-store (its copy held past server_copy_ms) whose
+ * copy then ends and which re-attaches: its SESSION says its copies have
+ * stopped, so the server frees the blocks it fenced at once (the process
+ * still lives), and a store and load through the same handle come out
+ * byte for byte. */
+static kvt_status child_cut_reattach(const char *path, void *arg)
+{
+    int *fds = arg; /* [0] go (from the parent), [1] notify (to it) */
+    g_go = fds[0];
+    g_notify = fds[1];
+    engine e = {0};
+    e.geo = geo_heads(2);
+    for (uint32_t i = 0; i < PAGES; i++) e.pages[i] = i;
+    static void *bases[MAX_BUFS];
+    kvt_engine_memory mem, ref;
+    kvt_status st = kvt_client_attach(&e.cl, path, e.geo, TIMEOUT_MS);
+    if (!st) st = kvt_emu_create(&e.emu, e.geo, PAGES);
+    if (!st) st = own_memory(&e, &mem, bases);
+    if (!st) st = kvt_client_register_memory(e.cl, &mem);
+    uint32_t tokens[NTOK], n = 0;
+    kvt_request r;
+    request(&r, tokens, 7);
+    if (!st) st = kvt_emu_fill(e.emu, &r, 0, NTOK, e.pages, PAGES);
+    if (!st) st = kvt_emu_memory(e.emu, &ref);
+    for (int i = 0; !st && i < MAX_BUFS; i++) /* the engine's bytes, in the client's pages */
+        if (g_buf[i]) memcpy(g_buf[i], ref.layer_bases[i], ref.buffer_bytes[i]);
+    kvt_store_plan p = {0};
+    if (!st) st = kvt_client_prepare_store(e.cl, &r, &p);
+    struct sigaction sa = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO};
+    sigaction(SIGSEGV, &sa, NULL);
+    protect(PROT_NONE); /* the store's copy reads them: held there */
+    if (!st) st = kvt_client_launch(e.cl, p.task, e.pages, PAGES);
+    kvt_task_result res = {0};
+    if (!st) st = kvt_client_wait(e.cl, p.task, 4 * TIMEOUT_MS, &res);
+    if (!st && res.status != KVT_ECONN)
+        st = kvt__fail(KVT_EINVAL, "the cut-off store ended with %s, not KVT_ECONN",
+                       kvt_status_name(res.status));
+    char c = 'k';
+    if (!st && (write(g_notify, &c, 1) != 1 || read(g_go, &c, 1) != 1)) st = KVT_ESYS;
+    /* Re-attach (a later call does it, after its backoff). */
+    kvt_cache_stats cs = {0};
+    kvt_status got = KVT_ECONN;
+    uint64_t until = kvt__now_ns() + 5000000000ull;
+    while (!st && got == KVT_ECONN && kvt__now_ns() < until) {
+        got = kvt_client_stats(e.cl, &cs);
+        struct timespec ts = {0, 20 * 1000000L};
+        if (got == KVT_ECONN) nanosleep(&ts, NULL);
+    }
+    if (!st && got) st = kvt__fail(got, "no re-attach: %s", kvt_last_error());
+    if (!st && (cs.cpu_blocks_used != 0 || cs.tasks_in_flight != 0))
+        st = kvt__fail(KVT_EINVAL, "after the re-attach: %llu CPU blocks used, %llu tasks",
+                       (unsigned long long)cs.cpu_blocks_used,
+                       (unsigned long long)cs.tasks_in_flight);
+    if (!st) st = engine_store(&e, &r, &n); /* its pages still hold the request's bytes */
+    if (!st && n != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "stored %u tokens", n);
+    if (!st) st = kvt_client_stats(e.cl, &cs);
+    if (!st && cs.cpu_blocks_used != BLOCKS)
+        st = kvt__fail(KVT_EINVAL, "%llu CPU blocks used after the store",
+                       (unsigned long long)cs.cpu_blocks_used);
+    kvt_client_detach(e.cl);
+    kvt_emu_destroy(e.emu);
+    kvt_geometry_destroy(e.geo);
+    return st;
+}
+
+static void test_reattach_frees_fenced_blocks(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "f.sock");
+    static const char *const opts[] = {"server_copy_ms", "300", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    int fds[2] = {down[0], up[1]};
+    pid_t kid = spawn(child_cut_reattach, path, fds);
+    close(up[1]);
+    char c = 0;
+    assert_int_equal(read(up[0], &c, 1), 1); /* the store's copy is held */
+    assert_int_equal(c, 'f');
+    engine e; /* (the parent forks no more: it may hold a client now) */
+    assert_ok(engine_open(&e, path, 2));
+    stats_until(&e, no_tasks, 0);               /* cut off */
+    stats_until(&e, blocks_used, BLOCKS);       /* its blocks fenced */
+    char go[8] = {0}; /* one per copy thread that may be held */
+    assert_int_equal(write(down[1], go, sizeof go), (ssize_t)sizeof go);
+    do assert_int_equal(read(up[0], &c, 1), 1); /* its store ended KVT_ECONN */
+    while (c == 'f');
+    assert_int_equal(c, 'k');
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(cs.cpu_blocks_used, BLOCKS); /* still fenced: it lives, not re-attached */
+    assert_int_equal(kill(kid, 0), 0);
+    assert_int_equal(write(down[1], &c, 1), 1);
+    assert_int_equal(reap(kid, 20000), 0);
+    uint32_t tokens[NTOK], matched = 0;
+    kvt_request r;
+    request(&r, tokens, 7);
+    assert_ok(engine_load(&e, &r, &matched)); /* byte for byte */
+    assert_int_equal(matched, BLOCKS * TPP);
+    engine_close(&e);
+    close(down[0]);
+    close(down[1]);
+    close(up[0]);
+    stop_server(srv, path);
+}
+
 /* One decoder reads a client's HELLO and the server's GEOMETRY reply; a
  * version mismatch must name the side that sent the bytes. */
 static void test_hello_version_names_sender(void **state)
@@ -1949,6 +2060,7 @@ int main(void)
         cmocka_unit_test_teardown(test_secret, kill_servers),
         cmocka_unit_test_teardown(test_stuck_client_cut_off, kill_servers),
         cmocka_unit_test_teardown(test_server_killed_mid_load, kill_servers),
+        cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kill_servers),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
