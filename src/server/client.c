@@ -33,9 +33,8 @@
 #include "xfer/xfer.h"
 
 #define CLIENT_WORKERS 2
-/* Bound on a load's SSD reads on the server (its launch pends meanwhile);
- * the launcher polls them first every 50 us, backing off to 2 ms. */
-#define CLIENT_READ_MS 30000
+/* A pending load (the server reads its blocks from SSD) is polled first
+ * every 50 us, backing off to 2 ms, for read_ms at most (server_read_ms). */
 #define POLL_FIRST_NS 50000ull
 #define POLL_MAX_NS 2000000ull
 
@@ -55,7 +54,7 @@ typedef struct ctask {
     bool pending;        /* launched, the server still reads its blocks from SSD
                             (under mu; only the launcher thread clears it) */
     bool cancel_asked;   /* kvt_client_cancel of a pending task (under mu) */
-    uint64_t pending_deadline_ns; /* CLIENT_READ_MS after its launch */
+    uint64_t pending_deadline_ns; /* read_ms after its launch */
     uint8_t **blocks;
     uint32_t *pages;
     uint64_t *offsets;
@@ -68,6 +67,7 @@ struct kvt_client {
     char path[108];
     int fd;
     int64_t timeout_ms;
+    uint32_t read_ms;       /* server_read_ms (KVTIER_SERVER_READ_MS) */
     pthread_mutex_t io_mu;  /* one round trip at a time */
     bool broken;            /* under io_mu */
     char broken_msg[256];
@@ -342,6 +342,19 @@ static kvt_status load_secret(kvt_client *cl)
                                 &cl->secret, &cl->secret_len);
 }
 
+/* KVTIER_SERVER_READ_MS: the server_read_ms option on the client's side
+ * (clients take no kvt_config), parsed and bounded by the option table. */
+static kvt_status load_read_ms(kvt_client *cl)
+{
+    kvt_config *cfg = NULL;
+    kvt_status st = kvt_config_create(&cfg);
+    const char *v = kvt__config_env("KVTIER_SERVER_READ_MS");
+    if (!st && v && *v) st = kvt_config_set(cfg, "server_read_ms", v);
+    if (!st) cl->read_ms = kvt__config_values(cfg)->server_read_ms;
+    kvt_config_destroy(cfg);
+    return st ? kvt__wrap_error(st, "kvt_client_attach: KVTIER_SERVER_READ_MS") : KVT_OK;
+}
+
 /* HELLO and the tier's mapping; io_mu held or not yet shared. */
 static kvt_status hello_locked(kvt_client *cl)
 {
@@ -481,7 +494,8 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
         free(cl);
         return kvt__fail(KVT_ESYS, "%s: pthread_cond_init failed", fn);
     }
-    st = load_secret(cl); /* (libsodium initialised here) */
+    st = load_read_ms(cl);
+    if (!st) st = load_secret(cl); /* (libsodium initialised here) */
     while (!st && !cl->session) randombytes_buf(&cl->session, sizeof cl->session);
     if (!st) st = open_conn(cl, kvt__deadline_ns(timeout_ms));
     if (!st) st = geo ? kvt_geometry_clone(geo, &cl->geo) : fetch_geometry(cl);
@@ -813,7 +827,7 @@ static void cancel_at_server(kvt_client *cl, const ctask *t)
     uint8_t *p = NULL;
     uint32_t len = 0;
     if (!round_trip_ex(cl, "kvt_client_cancel", KVT_SRV_CANCEL, &b, &p, &len, NULL,
-                       CLIENT_READ_MS))
+                       cl->read_ms))
         free(p);
     kvt__srv_buf_free(&b);
 }
@@ -903,7 +917,7 @@ static kvt_status pend_locked(kvt_client *cl, const char *fn, ctask *t)
         cl->launcher_started = true;
     }
     t->pending = true;
-    t->pending_deadline_ns = kvt__deadline_ns(CLIENT_READ_MS);
+    t->pending_deadline_ns = kvt__deadline_ns(cl->read_ms);
     pthread_cond_signal(&cl->lcv);
     return KVT_OK;
 }

@@ -17,8 +17,12 @@
 
 /* A client that starts a frame must finish it within this. */
 #define FRAME_MS 10000
+
 /* Bound on releasing a task whose SSD reads run (it waits for them). */
-#define READ_MS 30000
+static uint64_t read_deadline(const kvt_srv_conn *c)
+{
+    return kvt__deadline_ns(c->srv->cfg.server_read_ms);
+}
 
 static kvt_status reply(kvt_srv_conn *c, uint16_t op, const kvt_srv_buf *b)
 {
@@ -105,7 +109,7 @@ static kvt_status check_copy_deadline(kvt_srv_conn *c)
         if (!t->launched) continue;
         uint32_t *slots = malloc(((size_t)t->num_blocks + 1) * sizeof *slots), n = 0;
         if (slots) kvt__cache_ext_cut(c->srv->cache, t->id, slots, t->num_blocks, &n);
-        else kvt__cache_ext_abort(c->srv->cache, t->id, kvt__deadline_ns(READ_MS));
+        else kvt__cache_ext_abort(c->srv->cache, t->id, read_deadline(c));
         fenced += n;
         if (slots) kvt__srv_fence_add(c->srv, c->pid, c->session, slots, n);
         drop_task(c, t);
@@ -230,13 +234,13 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
         st = kvt_cache_lookup(s->cache, &req, &m);
         if (!st && m.task) st = add_task(c, m.task, KVT_TASK_LOAD, m.matched_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, m.task, m.matched_tokens, 0);
-        if (st && m.task) kvt__cache_ext_abort(s->cache, m.task, kvt__deadline_ns(READ_MS));
+        if (st && m.task) kvt__cache_ext_abort(s->cache, m.task, read_deadline(c));
     } else if (!st) {
         kvt_store_plan pl;
         st = kvt_cache_prepare_store(s->cache, &req, &pl);
         if (!st && pl.task) st = add_task(c, pl.task, KVT_TASK_STORE, pl.num_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, pl.task, pl.first_token, pl.num_tokens);
-        if (st && pl.task) kvt__cache_ext_abort(s->cache, pl.task, kvt__deadline_ns(READ_MS));
+        if (st && pl.task) kvt__cache_ext_abort(s->cache, pl.task, read_deadline(c));
     }
     free(q.tokens);
     free(q.keys);
@@ -271,7 +275,7 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
     }
     if (st) {
         free(offs);
-        kvt__cache_ext_abort(c->srv->cache, id, kvt__deadline_ns(READ_MS));
+        kvt__cache_ext_abort(c->srv->cache, id, read_deadline(c));
         drop_task(c, t);
         return reply_err(c, KVT_SRV_LAUNCH, st);
     }
@@ -311,7 +315,7 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (!offs) {
         if (t->pending) return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: "
                                                                       "no memory (ask again)"));
-        kvt__cache_ext_abort(s->cache, id, kvt__deadline_ns(READ_MS));
+        kvt__cache_ext_abort(s->cache, id, read_deadline(c));
         drop_task(c, t);
         return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: no memory"));
     }
@@ -499,7 +503,7 @@ static kvt_status on_cancel(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (st) return st;
     kvt_srv_task *t = find_task(c, id);
     if (!t) return reply_err(c, KVT_SRV_CANCEL, not_ours(id));
-    st = kvt__cache_ext_abort(c->srv->cache, id, kvt__deadline_ns(READ_MS));
+    st = kvt__cache_ext_abort(c->srv->cache, id, read_deadline(c));
     drop_task(c, t);
     if (st) return reply_err(c, KVT_SRV_CANCEL, st);
     kvt_srv_buf b = {0};
@@ -608,7 +612,7 @@ void *kvt__srv_conn_main(void *arg)
     settle(c); /* a store whose END was answered ends as its check says */
     uint32_t released = c->ntasks;
     while (c->ntasks) {
-        kvt__cache_ext_abort(c->srv->cache, c->tasks[0].id, kvt__deadline_ns(READ_MS));
+        kvt__cache_ext_abort(c->srv->cache, c->tasks[0].id, read_deadline(c));
         drop_task(c, &c->tasks[0]);
     }
     free(c->tasks);

@@ -1123,6 +1123,63 @@ static void test_ssd_load_launch_async(void **state)
     kvt_server_destroy(s);
 }
 
+/* server_read_ms bounds a load whose SSD reads never end: the client
+ * (KVTIER_SERVER_READ_MS) ends the pending load KVT_ETIMEDOUT after it, and
+ * the server (server_read_ms) answers the CANCEL that follows within it
+ * too, so the connection stays good. The default 30 s would outlast the
+ * 5 s wait below. */
+static void test_read_bound_option(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "b.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    pid_t srv = start_server(path, ssd);
+    uint64_t seed = 33;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    stop_server(srv, path); /* SIGTERM flushes the SSD writes */
+    static const char *const opts[] = {"server_read_ms", "300", NULL};
+    g_opts = opts;
+    kvt_server *s = NULL;
+    assert_ok(make_server(&s, path, ssd));
+    g_opts = NULL;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_server, s), 0);
+    engine e;
+    assert_int_equal(setenv("KVTIER_SERVER_READ_MS", "nope", 1), 0);
+    assert_status(engine_open(&e, path, 2), KVT_EINVAL); /* parsed by the option table */
+    assert_non_null(strstr(kvt_last_error(), "KVTIER_SERVER_READ_MS"));
+    engine_close(&e);
+    assert_int_equal(setenv("KVTIER_SERVER_READ_MS", "300", 1), 0);
+    assert_ok(engine_open(&e, path, 2));
+    unsetenv("KVTIER_SERVER_READ_MS");
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, 33);
+    kvt_match m;
+    assert_ok(kvt_client_lookup(e.cl, &r, &m));
+    assert_int_equal(m.matched_tokens, BLOCKS * TPP); /* on SSD only */
+    kvt__ssd_hold_reads(s->cache->ssd, true);
+    assert_ok(kvt_client_launch(e.cl, m.task, e.pages, PAGES));
+    assert_true(read_held(s->cache->ssd));
+    kvt_task_result res;
+    uint64_t t0 = kvt__now_ns();
+    assert_ok(kvt_client_wait(e.cl, m.task, 5000, &res));
+    assert_int_equal(res.status, KVT_ETIMEDOUT);
+    assert_true(kvt__now_ns() - t0 < 4000000000ull);
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs)); /* the connection survived the CANCEL */
+    kvt__ssd_hold_reads(s->cache->ssd, false);
+    uint32_t matched = 0;
+    assert_ok(engine_load(&e, &r, &matched)); /* released, it loads byte for byte */
+    assert_int_equal(matched, BLOCKS * TPP);
+    engine_close(&e);
+    kvt_server_stop(s);
+    pthread_join(th, NULL);
+    kvt_server_destroy(s);
+}
+
 /* The LAUNCH reply's flags: PENDING carries no offsets; a pending reply
  * with offsets, or an unknown flag, is refused (a client never trusts a
  * server's reply). */
@@ -2049,6 +2106,7 @@ int main(void)
         cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
         cmocka_unit_test_teardown(test_ssd_load_launch_async, kill_servers),
+        cmocka_unit_test_teardown(test_read_bound_option, kill_servers),
         cmocka_unit_test(test_launch_reply_flags),
         cmocka_unit_test(test_hello_version_names_sender),
         cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
