@@ -2,7 +2,9 @@
  * at a time; when the socket closes (detach, crash, SIGKILL) or breaks the
  * protocol, every task the client still holds is ended at once: planned
  * ones released, launched stores rolled back (their blocks never become
- * visible), launched loads unpinned. */
+ * visible), launched loads unpinned. A store's END is answered before its
+ * blocks are checked; the check runs on a thread of its own and commits
+ * the store only if every block passes (kvt_srv_check below). */
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +20,8 @@
 /* A client that starts a frame must finish it within this. */
 #define FRAME_MS 10000
 
-/* Bound on releasing a task whose SSD reads run (it waits for them). */
+/* Bound on releasing a task whose SSD reads run (it waits for them):
+ * server_read_ms. */
 static uint64_t read_deadline(const kvt_srv_conn *c)
 {
     return kvt__deadline_ns(c->srv->cfg.server_read_ms);
