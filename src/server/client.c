@@ -4,8 +4,9 @@
  * bytes between its engine pages and the tier with its own transfer engine
  * (src/xfer, the copy ops table). Each call is one round trip on the socket,
  * serialised by io_mu; a launched task ends on a copy thread, which sends
- * END (with each stored block's checksum) and keeps the server's verdict
- * as the task's result for wait or poll. A round trip that fails or passes
+ * END (with each stored block's checksum) and keeps the server's answer
+ * as the task's result for wait or poll (a store's check runs on the server
+ * after that answer). A round trip that fails or passes
  * its deadline breaks the connection for good: every later call gives
  * KVT_ECONN naming the socket (the engine recomputes; re-attach). */
 #include <errno.h>
