@@ -618,16 +618,23 @@ void kvt_client_detach(kvt_client *cl);
  *    KVT_ECONN at launch (look them up again: the new server may be cold);
  *    a malformed reply gives KVT_EPROTO and drops the connection likewise;
  *  - a launched task's copy runs on this client's threads; its result
- *    (the server's verdict) is what wait/poll report;
+ *    (the server's answer to its end) is what wait/poll report;
  *  - kvt_client_launch of a load whose blocks sit on the server's SSD tier
  *    returns at once; the copy starts when the server has read them back
  *    (wait, wait_layer and poll see it end as for any load; cancel ends it
- *    KVT_ECANCELED; reads not done within 30 s end it KVT_ETIMEDOUT);
+ *    KVT_ECANCELED; reads not done within server_read_ms, 30 s, read from
+ *    KVTIER_SERVER_READ_MS at attach, end it KVT_ETIMEDOUT);
  *  - lookup and prepare_store in a namespace the server's server_namespaces
  *    does not allow this client give KVT_EAUTH naming it (and the client's
  *    pid and uid); past its server_client_tasks quota, KVT_EFULL;
  *  - a store's blocks become visible to every client only after the server
  *    checked each block's checksum against the one this client computed;
+ *    a store's result is KVT_OK once its copy is done and the server took
+ *    it (the check runs after; this client's next lookup, prepare_store or
+ *    stats is answered after it); a store failing the check is never
+ *    visible and counts in failed_tasks (kvt_client_stats);
+ *  - a client cut off mid-copy (server_copy_ms) gets the store blocks the
+ *    server held back from it freed when it re-attaches;
  *  - results are reported by this client's wait or poll only for tasks it
  *    launched or cancelled; a planned task the server expired reports
  *    KVT_ETIMEDOUT at launch.

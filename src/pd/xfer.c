@@ -7,6 +7,7 @@
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: no malloc per page */
 #include <xxhash.h>
 #include "util/err.h"
+#include "util/hash.h"
 #include "util/vec.h"
 
 void pd_iovs_free(pd_iovs *v)
@@ -138,28 +139,13 @@ kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *v)
     return KVT_OK;
 }
 
-/* XXH3-64 streaming: the AVX2 build (pd/xxh_avx2.c) when the CPU has AVX2,
- * else libxxhash. Both give the same values. */
+/* XXH3-64 streaming: the AVX2 build (util/hash_avx2.c) when the CPU has
+ * AVX2, else libxxhash. Both give the same values. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-size_t pd_xxh3_avx2_state_size(void);
-void pd_xxh3_avx2_reset(void *st);
-void pd_xxh3_avx2_update(void *st, const void *p, size_t n);
-uint64_t pd_xxh3_avx2_digest(void *st);
-
-static bool use_avx2(void)
-{
-    static _Atomic int v; /* 0: unknown, 1: no, 2: yes */
-    int k = atomic_load_explicit(&v, memory_order_relaxed);
-    if (!k) {
-        __builtin_cpu_init();
-        k = __builtin_cpu_supports("avx2") && pd_xxh3_avx2_state_size() == sizeof(XXH3_state_t) ? 2 : 1;
-        atomic_store_explicit(&v, k, memory_order_relaxed);
-    }
-    return k == 2;
-}
-#define H_RESET(s) (avx2 ? pd_xxh3_avx2_reset(s) : (void)XXH3_64bits_reset(s))
-#define H_UPDATE(s, p, n) (avx2 ? pd_xxh3_avx2_update(s, p, n) : (void)XXH3_64bits_update(s, p, n))
-#define H_DIGEST(s) (avx2 ? pd_xxh3_avx2_digest(s) : XXH3_64bits_digest(s))
+static bool use_avx2(void) { return kvt__hash_avx2(); }
+#define H_RESET(s) (avx2 ? kvt__xxh3_avx2_reset(s) : (void)XXH3_64bits_reset(s))
+#define H_UPDATE(s, p, n) (avx2 ? kvt__xxh3_avx2_update(s, p, n) : (void)XXH3_64bits_update(s, p, n))
+#define H_DIGEST(s) (avx2 ? kvt__xxh3_avx2_digest(s) : XXH3_64bits_digest(s))
 #else
 static bool use_avx2(void) { return false; }
 #define H_RESET(s) ((void)XXH3_64bits_reset(s))

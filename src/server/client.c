@@ -4,8 +4,9 @@
  * bytes between its engine pages and the tier with its own transfer engine
  * (src/xfer, the copy ops table). Each call is one round trip on the socket,
  * serialised by io_mu; a launched task ends on a copy thread, which sends
- * END (with each stored block's checksum) and keeps the server's verdict
- * as the task's result for wait or poll. A round trip that fails or passes
+ * END (with each stored block's checksum) and keeps the server's answer
+ * as the task's result for wait or poll (a store's check runs on the server
+ * after that answer). A round trip that fails or passes
  * its deadline breaks the connection for good: every later call gives
  * KVT_ECONN naming the socket (the engine recomputes; re-attach). */
 #include <errno.h>
@@ -33,9 +34,8 @@
 #include "xfer/xfer.h"
 
 #define CLIENT_WORKERS 2
-/* Bound on a load's SSD reads on the server (its launch pends meanwhile);
- * the launcher polls them first every 50 us, backing off to 2 ms. */
-#define CLIENT_READ_MS 30000
+/* A pending load (the server reads its blocks from SSD) is polled first
+ * every 50 us, backing off to 2 ms, for read_ms at most (server_read_ms). */
 #define POLL_FIRST_NS 50000ull
 #define POLL_MAX_NS 2000000ull
 
@@ -55,7 +55,7 @@ typedef struct ctask {
     bool pending;        /* launched, the server still reads its blocks from SSD
                             (under mu; only the launcher thread clears it) */
     bool cancel_asked;   /* kvt_client_cancel of a pending task (under mu) */
-    uint64_t pending_deadline_ns; /* CLIENT_READ_MS after its launch */
+    uint64_t pending_deadline_ns; /* read_ms after its launch */
     uint8_t **blocks;
     uint32_t *pages;
     uint64_t *offsets;
@@ -68,6 +68,7 @@ struct kvt_client {
     char path[108];
     int fd;
     int64_t timeout_ms;
+    uint32_t read_ms;       /* server_read_ms (KVTIER_SERVER_READ_MS) */
     pthread_mutex_t io_mu;  /* one round trip at a time */
     bool broken;            /* under io_mu */
     char broken_msg[256];
@@ -75,6 +76,7 @@ struct kvt_client {
     uint32_t backoff_ms;    /* under io_mu: 10 ms doubling to 1 s */
     uint32_t epoch;         /* under mu: bumped by each re-attach */
     kvt_geometry *geo;
+    uint64_t session;       /* random, sent in SESSION at each attach */
     uint8_t *secret;        /* KVTIER_SERVER_SECRET_FILE's bytes, or NULL */
     size_t secret_len;
     uint8_t *tier;
@@ -105,6 +107,7 @@ static kvt_status broken_fail(kvt_client *cl, const char *fn)
  * with the server's message. */
 static kvt_status open_conn(kvt_client *cl, uint64_t connect_deadline);
 static kvt_status hello_locked(kvt_client *cl);
+static kvt_status session_locked(kvt_client *cl, bool resumed);
 
 /* A broken connection is re-established by a later call, at most once per
  * backoff (10 ms doubling to 1 s), and only when no task of this client is
@@ -136,6 +139,9 @@ static kvt_status reattach(kvt_client *cl, const char *fn)
     if (!st) {
         cl->broken = false; /* hello's round trip needs the stream */
         st = hello_locked(cl);
+        /* No copy of ours runs (checked above) and the old mapping is gone:
+         * the server may free the blocks it fenced when it cut us off. */
+        if (!st) st = session_locked(cl, true);
     }
     if (st) {
         cl->broken = true;
@@ -337,6 +343,19 @@ static kvt_status load_secret(kvt_client *cl)
                                 &cl->secret, &cl->secret_len);
 }
 
+/* KVTIER_SERVER_READ_MS: the server_read_ms option on the client's side
+ * (clients take no kvt_config), parsed and bounded by the option table. */
+static kvt_status load_read_ms(kvt_client *cl)
+{
+    kvt_config *cfg = NULL;
+    kvt_status st = kvt_config_create(&cfg);
+    const char *v = kvt__config_env("KVTIER_SERVER_READ_MS");
+    if (!st && v && *v) st = kvt_config_set(cfg, "server_read_ms", v);
+    if (!st) cl->read_ms = kvt__config_values(cfg)->server_read_ms;
+    kvt_config_destroy(cfg);
+    return st ? kvt__wrap_error(st, "kvt_client_attach: KVTIER_SERVER_READ_MS") : KVT_OK;
+}
+
 /* HELLO and the tier's mapping; io_mu held or not yet shared. */
 static kvt_status hello_locked(kvt_client *cl)
 {
@@ -392,6 +411,38 @@ static kvt_status hello_locked(kvt_client *cl)
     return st;
 }
 
+/* SESSION after HELLO (io_mu held or not yet shared): this handle's key,
+ * and with resumed, that its copies of earlier connections have stopped. */
+static kvt_status session_locked(kvt_client *cl, bool resumed)
+{
+    static const char fn[] = "kvt_client_attach";
+    kvt_srv_buf b = {0};
+    kvt__srv_task_rep_encode(&b, cl->session, resumed ? KVT_SRV_SESSION_RESUMED : 0, 0);
+    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
+    kvt_srv_hdr h = {0};
+    uint8_t *p = NULL;
+    kvt_status st = b.oom ? kvt__fail(KVT_ENOMEM, "%s: no memory", fn)
+                          : kvt__srv_send_frame(cl->fd, KVT_SRV_SESSION, 0, b.p, b.len, -1,
+                                                deadline);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, NULL, deadline);
+    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
+                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
+    uint64_t zero = 0;
+    uint32_t freed = 0, pad = 0;
+    if (!st && h.op != (KVT_SRV_SESSION | KVT_SRV_REPLY))
+        st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to SESSION", fn, h.op);
+    else if (!st && h.status)
+        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
+                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
+                       p ? (const char *)p : "");
+    else if (!st)
+        st = kvt__srv_task_rep_decode(p, h.len, &zero, &freed, &pad);
+    free(p);
+    return st;
+}
+
 /* GEOMETRY before HELLO, for a client attached without one: it takes the
  * server's (the reply is a HELLO, checked by the same decoder). */
 static kvt_status fetch_geometry(kvt_client *cl)
@@ -444,10 +495,13 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
         free(cl);
         return kvt__fail(KVT_ESYS, "%s: pthread_cond_init failed", fn);
     }
-    st = load_secret(cl);
+    st = load_read_ms(cl);
+    if (!st) st = load_secret(cl); /* (libsodium initialised here) */
+    while (!st && !cl->session) randombytes_buf(&cl->session, sizeof cl->session);
     if (!st) st = open_conn(cl, kvt__deadline_ns(timeout_ms));
     if (!st) st = geo ? kvt_geometry_clone(geo, &cl->geo) : fetch_geometry(cl);
     if (!st) st = hello_locked(cl);
+    if (!st) st = session_locked(cl, false);
     if (!st) st = kvt__xfer_create(&cl->xfer, CLIENT_WORKERS, &kvt__host_copy_ops);
     if (st) {
         kvt_client_detach(cl);
@@ -774,7 +828,7 @@ static void cancel_at_server(kvt_client *cl, const ctask *t)
     uint8_t *p = NULL;
     uint32_t len = 0;
     if (!round_trip_ex(cl, "kvt_client_cancel", KVT_SRV_CANCEL, &b, &p, &len, NULL,
-                       CLIENT_READ_MS))
+                       cl->read_ms))
         free(p);
     kvt__srv_buf_free(&b);
 }
@@ -864,7 +918,7 @@ static kvt_status pend_locked(kvt_client *cl, const char *fn, ctask *t)
         cl->launcher_started = true;
     }
     t->pending = true;
-    t->pending_deadline_ns = kvt__deadline_ns(CLIENT_READ_MS);
+    t->pending_deadline_ns = kvt__deadline_ns(cl->read_ms);
     pthread_cond_signal(&cl->lcv);
     return KVT_OK;
 }

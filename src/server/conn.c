@@ -2,7 +2,9 @@
  * at a time; when the socket closes (detach, crash, SIGKILL) or breaks the
  * protocol, every task the client still holds is ended at once: planned
  * ones released, launched stores rolled back (their blocks never become
- * visible), launched loads unpinned. */
+ * visible), launched loads unpinned. A store's END is answered before its
+ * blocks are checked; the check runs on a thread of its own and commits
+ * the store only if every block passes (kvt_srv_check below). */
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,8 +19,13 @@
 
 /* A client that starts a frame must finish it within this. */
 #define FRAME_MS 10000
-/* Bound on releasing a task whose SSD reads run (it waits for them). */
-#define READ_MS 30000
+
+/* Bound on releasing a task whose SSD reads run (it waits for them):
+ * server_read_ms. */
+static uint64_t read_deadline(const kvt_srv_conn *c)
+{
+    return kvt__deadline_ns(c->srv->cfg.server_read_ms);
+}
 
 static kvt_status reply(kvt_srv_conn *c, uint16_t op, const kvt_srv_buf *b)
 {
@@ -36,6 +43,8 @@ static kvt_status reply_err(kvt_srv_conn *c, uint16_t op, kvt_status st)
                                kvt__deadline_ns(FRAME_MS));
 }
 
+static void settle(kvt_srv_conn *c);
+
 static kvt_srv_task *find_task(kvt_srv_conn *c, uint64_t id)
 {
     for (uint32_t i = 0; i < c->ntasks; i++)
@@ -43,11 +52,17 @@ static kvt_srv_task *find_task(kvt_srv_conn *c, uint64_t id)
     return NULL;
 }
 
+/* Takes t off the list (its offsets and pins now the caller's). */
+static void take_task(kvt_srv_conn *c, kvt_srv_task *t)
+{
+    *t = c->tasks[--c->ntasks];
+}
+
 static void drop_task(kvt_srv_conn *c, kvt_srv_task *t)
 {
     atomic_fetch_sub(&c->pins, t->pins);
     free(t->offsets);
-    *t = c->tasks[--c->ntasks];
+    take_task(c, t);
 }
 
 static kvt_status add_task(kvt_srv_conn *c, kvt_task_id id, kvt_task_kind kind,
@@ -97,15 +112,16 @@ static kvt_status check_copy_deadline(kvt_srv_conn *c)
         if (!t->launched) continue;
         uint32_t *slots = malloc(((size_t)t->num_blocks + 1) * sizeof *slots), n = 0;
         if (slots) kvt__cache_ext_cut(c->srv->cache, t->id, slots, t->num_blocks, &n);
-        else kvt__cache_ext_abort(c->srv->cache, t->id, kvt__deadline_ns(READ_MS));
+        else kvt__cache_ext_abort(c->srv->cache, t->id, read_deadline(c));
         fenced += n;
-        if (slots) kvt__srv_fence_add(c->srv, c->pid, slots, n);
+        if (slots) kvt__srv_fence_add(c->srv, c->pid, c->session, slots, n);
         drop_task(c, t);
     }
     kvt_status st = kvt__fail(KVT_ETIMEDOUT, "client pid %ld (uid %ld) cut off: %u launched "
                               "task(s) not ended within server_copy_ms (%u ms); pins released, "
-                              "%u store blocks held until the process exits", (long)c->pid,
-                              (long)c->uid, late, c->srv->cfg.server_copy_ms, fenced);
+                              "%u store blocks held until the process exits or re-attaches",
+                              (long)c->pid, (long)c->uid, late, c->srv->cfg.server_copy_ms,
+                              fenced);
     kvt__srv_log(KVT_LOG_WARN, "%s", kvt_last_error());
     return st;
 }
@@ -144,6 +160,29 @@ static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
     return st;
 }
 
+/* SESSION, once, after HELLO: the client handle's key, under which a
+ * cut-off store's blocks are fenced; RESUMED frees this pid's fences of
+ * that key (its copies stopped; the pid is the socket's, not the client's
+ * word). */
+static kvt_status on_session(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    uint64_t key;
+    uint32_t flags, zero;
+    kvt_status st = kvt__srv_task_rep_decode(p, len, &key, &flags, &zero);
+    if (st) return st;
+    if (c->session || !key || zero || (flags & ~KVT_SRV_SESSION_RESUMED))
+        return kvt__fail(KVT_EPROTO, "session: %s", c->session ? "a second SESSION" :
+                         "key 0 or unknown flags");
+    c->session = key;
+    uint32_t freed = flags & KVT_SRV_SESSION_RESUMED
+                         ? kvt__srv_fences_release(c->srv, c->pid, key) : 0;
+    kvt_srv_buf b = {0};
+    kvt__srv_task_rep_encode(&b, 0, freed, 0);
+    st = reply(c, KVT_SRV_SESSION, &b);
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
 /* GEOMETRY, before HELLO: the server's geometry, encoded as a HELLO. */
 static kvt_status on_geometry(kvt_srv_conn *c, size_t len)
 {
@@ -177,6 +216,7 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     kvt_srv_req q;
     kvt_status st = kvt__srv_req_decode(p, len, &q);
     if (st) return st; /* a protocol violation: the caller drops the client */
+    settle(c); /* the client's last store is visible (or failed) before it plans */
     if (c->ntasks >= s->cfg.server_client_tasks) sweep_expired(c);
     if (!kvt__srv_ns_allowed(&s->ns, &c->peer, q.ns, q.ns_len))
         st = ns_refused(c, q.ns, q.ns_len);
@@ -197,13 +237,13 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
         st = kvt_cache_lookup(s->cache, &req, &m);
         if (!st && m.task) st = add_task(c, m.task, KVT_TASK_LOAD, m.matched_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, m.task, m.matched_tokens, 0);
-        if (st && m.task) kvt__cache_ext_abort(s->cache, m.task, kvt__deadline_ns(READ_MS));
+        if (st && m.task) kvt__cache_ext_abort(s->cache, m.task, read_deadline(c));
     } else if (!st) {
         kvt_store_plan pl;
         st = kvt_cache_prepare_store(s->cache, &req, &pl);
         if (!st && pl.task) st = add_task(c, pl.task, KVT_TASK_STORE, pl.num_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, pl.task, pl.first_token, pl.num_tokens);
-        if (st && pl.task) kvt__cache_ext_abort(s->cache, pl.task, kvt__deadline_ns(READ_MS));
+        if (st && pl.task) kvt__cache_ext_abort(s->cache, pl.task, read_deadline(c));
     }
     free(q.tokens);
     free(q.keys);
@@ -238,7 +278,7 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
     }
     if (st) {
         free(offs);
-        kvt__cache_ext_abort(c->srv->cache, id, kvt__deadline_ns(READ_MS));
+        kvt__cache_ext_abort(c->srv->cache, id, read_deadline(c));
         drop_task(c, t);
         return reply_err(c, KVT_SRV_LAUNCH, st);
     }
@@ -250,6 +290,7 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
     t->pending = false;
     t->launched_ns = kvt__now_ns(); /* the client's copy starts: server_copy_ms runs */
     t->num_blocks = l->num_blocks;
+    t->first_token = l->first_token;
     t->offsets = offs;
     kvt_srv_launch_rep r = {(uint32_t)l->kind, l->first_token, l->num_tokens, l->num_blocks,
                             l->bad_status, 0, NULL};
@@ -277,7 +318,7 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (!offs) {
         if (t->pending) return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: "
                                                                       "no memory (ask again)"));
-        kvt__cache_ext_abort(s->cache, id, kvt__deadline_ns(READ_MS));
+        kvt__cache_ext_abort(s->cache, id, read_deadline(c));
         drop_task(c, t);
         return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: no memory"));
     }
@@ -347,16 +388,84 @@ static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_task *t, cons
 
 /* A store becomes visible only if every block holds what the client says
  * it wrote: a client that died or scribbled mid-copy is caught here. */
-static kvt_status verify_store(kvt_srv_conn *c, const kvt_srv_task *t, const kvt_srv_end *e)
+static kvt_status verify_store(const kvt_srv_conn *c, const kvt_srv_task *t,
+                               const uint8_t *sums)
 {
-    if (e->n != t->num_blocks)
-        return kvt__fail(KVT_EPROTO, "store task %llu: %u checksums for %u blocks",
-                         (unsigned long long)t->id, e->n, t->num_blocks);
-    uint32_t bad = first_bad_block(c->srv, t, e->checksums);
-    if (bad != UINT32_MAX)
-        return kvt__fail(KVT_ECORRUPT, "store task %llu: block %u failed its checksum; "
-                         "the store is not made visible", (unsigned long long)t->id, bad);
-    return KVT_OK;
+    uint32_t bad = first_bad_block(c->srv, t, sums);
+    if (bad == UINT32_MAX) return KVT_OK;
+    kvt_status st = kvt__fail(KVT_ECORRUPT, "store task %llu: block %u failed its checksum; "
+                              "the store is not made visible", (unsigned long long)t->id, bad);
+    kvt__srv_log(KVT_LOG_WARN, "client pid %ld: %s", (long)c->pid, kvt_last_error());
+    return st;
+}
+
+/* A store checked after its END was answered, so the client's copy threads
+ * and engine pages are free while the server hashes (docs/server.md,
+ * Performance). Its blocks still become visible only once every checksum
+ * passed (kvt__cache_ext_end runs after the check); a mismatch rolls it
+ * back, counted in failed_tasks and logged. The connection answers its
+ * next LOOKUP, PREPARE, store END, STATS or FLUSH only after the check
+ * (settle), so a client always finds its own stores and learns of a
+ * failure from the next STATS; at most one check per client runs. */
+struct kvt_srv_check {
+    kvt_srv_conn *c;
+    kvt_srv_task t;   /* taken off the task list: offsets and pins */
+    uint8_t *sums;    /* the client's checksums, copied */
+    pthread_t thread;
+};
+
+static void *check_main(void *arg)
+{
+    kvt_srv_check *k = arg;
+    kvt_task_result r;
+    kvt_status verdict = verify_store(k->c, &k->t, k->sums);
+    if (kvt__cache_ext_end(k->c->srv->cache, k->t.id, verdict, &r))
+        kvt__srv_log(KVT_LOG_WARN, "client pid %ld: %s", (long)k->c->pid, kvt_last_error());
+    atomic_fetch_sub(&k->c->pins, k->t.pins);
+    return NULL;
+}
+
+/* Waits for the client's store check, if one runs (bounded: one pass over
+ * one request's blocks). */
+static void settle(kvt_srv_conn *c)
+{
+    kvt_srv_check *k = c->check;
+    if (!k) return;
+    pthread_join(k->thread, NULL);
+    free(k->t.offsets);
+    free(k->sums);
+    free(k);
+    c->check = NULL;
+}
+
+/* Starts t's check on its own thread and takes t off the list; false (t
+ * untouched) when no memory or thread: the caller checks it in line. */
+static bool check_later(kvt_srv_conn *c, kvt_srv_task *t, const uint8_t *sums)
+{
+    settle(c);
+    kvt_srv_check *k = malloc(sizeof *k);
+    uint8_t *copy = malloc(8 * (size_t)t->num_blocks + 1);
+    if (k && copy) {
+        *k = (kvt_srv_check){c, *t, copy, 0};
+        memcpy(copy, sums, 8 * (size_t)t->num_blocks);
+        if (pthread_create(&k->thread, NULL, check_main, k) == 0) {
+            c->check = k;
+            take_task(c, t);
+            return true;
+        }
+    }
+    free(k);
+    free(copy);
+    return false;
+}
+
+static kvt_status end_reply(kvt_srv_conn *c, const kvt_task_result *r)
+{
+    kvt_srv_buf b = {0};
+    kvt__srv_result_encode(&b, r);
+    kvt_status st = reply(c, KVT_SRV_END, &b);
+    kvt__srv_buf_free(&b);
+    return st;
 }
 
 static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
@@ -372,20 +481,22 @@ static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
                                                    "still run (LAUNCH again, or CANCEL it)",
                                                    (unsigned long long)e.task));
     kvt_status verdict = (kvt_status)e.status;
-    if (verdict == KVT_OK && t->kind == KVT_TASK_STORE) {
-        verdict = verify_store(c, t, &e);
-        if (verdict)
-            kvt__srv_log(KVT_LOG_WARN, "client pid %ld: %s", (long)c->pid, kvt_last_error());
-    }
     kvt_task_result r;
+    if (verdict == KVT_OK && t->kind == KVT_TASK_STORE) {
+        r = (kvt_task_result){t->id, KVT_TASK_STORE, KVT_OK, t->first_token,
+                              t->num_blocks * s->shm.block_tokens,
+                              (uint64_t)t->num_blocks * s->shm.block_bytes};
+        if (e.n != t->num_blocks)
+            verdict = kvt__fail(KVT_EPROTO, "store task %llu: %u checksums for %u blocks",
+                                (unsigned long long)t->id, e.n, t->num_blocks);
+        else if (check_later(c, t, e.checksums))
+            return end_reply(c, &r); /* the client's copy is done; the check runs on */
+        else
+            verdict = verify_store(c, t, e.checksums);
+    }
     st = kvt__cache_ext_end(s->cache, e.task, verdict, &r);
     drop_task(c, t);
-    if (st) return reply_err(c, KVT_SRV_END, st);
-    kvt_srv_buf b = {0};
-    kvt__srv_result_encode(&b, &r);
-    st = reply(c, KVT_SRV_END, &b);
-    kvt__srv_buf_free(&b);
-    return st;
+    return st ? reply_err(c, KVT_SRV_END, st) : end_reply(c, &r);
 }
 
 static kvt_status on_cancel(kvt_srv_conn *c, const uint8_t *p, size_t len)
@@ -395,7 +506,7 @@ static kvt_status on_cancel(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (st) return st;
     kvt_srv_task *t = find_task(c, id);
     if (!t) return reply_err(c, KVT_SRV_CANCEL, not_ours(id));
-    st = kvt__cache_ext_abort(c->srv->cache, id, kvt__deadline_ns(READ_MS));
+    st = kvt__cache_ext_abort(c->srv->cache, id, read_deadline(c));
     drop_task(c, t);
     if (st) return reply_err(c, KVT_SRV_CANCEL, st);
     kvt_srv_buf b = {0};
@@ -406,6 +517,7 @@ static kvt_status on_cancel(kvt_srv_conn *c, const uint8_t *p, size_t len)
 static kvt_status on_stats(kvt_srv_conn *c, size_t len)
 {
     if (len) return kvt__fail(KVT_EPROTO, "stats: %zu bytes of payload", len);
+    settle(c); /* a failed check shows in failed_tasks */
     kvt_cache_stats cs;
     kvt_status st = kvt_cache_stats_get(c->srv->cache, &cs);
     if (st) return reply_err(c, KVT_SRV_STATS, st);
@@ -422,6 +534,7 @@ static kvt_status on_flush(kvt_srv_conn *c, const uint8_t *p, size_t len)
     kvt_status st = kvt__srv_id_decode(p, len, &ms);
     if (st) return st;
     if (ms > 600000) ms = 600000; /* this client's thread is busy meanwhile */
+    settle(c); /* its last store is in the cache, so the flush covers it */
     st = kvt_cache_flush(c->srv->cache, (int64_t)ms);
     if (st) return reply_err(c, KVT_SRV_FLUSH, st);
     kvt_srv_buf b = {0};
@@ -440,6 +553,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
         if (st == KVT_OK) break;
         if (st != KVT_ETIMEDOUT) return st;
         sweep_expired(c); /* idle for a tick */
+        settle(c);
     }
     kvt_srv_hdr h;
     uint8_t *p = NULL;
@@ -465,6 +579,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     case KVT_SRV_CANCEL: st = on_cancel(c, p, h.len); break;
     case KVT_SRV_STATS: st = on_stats(c, h.len); break;
     case KVT_SRV_FLUSH: st = on_flush(c, p, h.len); break;
+    case KVT_SRV_SESSION: st = on_session(c, p, h.len); break;
     case KVT_SRV_GEOMETRY:
         st = *hello_done ? kvt__fail(KVT_EPROTO, "GEOMETRY after HELLO") : on_geometry(c, h.len);
         break;
@@ -497,9 +612,10 @@ void *kvt__srv_conn_main(void *arg)
     while (!st && !(st = serve_one(c, &hello_done))) {}
     if (st == KVT_EPROTO || st == KVT_EVERSION)
         kvt__srv_log(KVT_LOG_WARN, "client pid %ld dropped: %s", (long)c->pid, kvt_last_error());
+    settle(c); /* a store whose END was answered ends as its check says */
     uint32_t released = c->ntasks;
     while (c->ntasks) {
-        kvt__cache_ext_abort(c->srv->cache, c->tasks[0].id, kvt__deadline_ns(READ_MS));
+        kvt__cache_ext_abort(c->srv->cache, c->tasks[0].id, read_deadline(c));
         drop_task(c, &c->tasks[0]);
     }
     free(c->tasks);

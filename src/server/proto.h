@@ -30,6 +30,12 @@
  *                 request (proto, server pid, layers...); allowed only before
  *                 HELLO, so a client that knows only the socket (kvtier stats,
  *                 kvt_client_attach with geo NULL) can attach
+ *   SESSION  req: u64 session, u32 flags, u32 0 (a task reply's layout), right
+ *                 after HELLO: the client handle's session key (random, kept
+ *                 across its re-attaches); flags RESUMED: its copies of earlier
+ *                 connections have stopped, so the server frees the store
+ *                 blocks it fenced when it cut off this pid's session
+ *            rep: u64 0, u32 blocks freed, u32 0
  * A request is: u32 form, u32 ns_len, ns bytes padded to 4, u32 count, then
  *   form 0 (tokens): u32 token[count];
  *   form 1 (keys):   count x (u32 len, len bytes padded to 4), len <= KVT_SRV_MAX_KEY.
@@ -65,7 +71,12 @@ typedef enum kvt_srv_op {
     KVT_SRV_STATS = 7,
     KVT_SRV_FLUSH = 8,
     KVT_SRV_GEOMETRY = 9,
+    KVT_SRV_SESSION = 10,
 } kvt_srv_op;
+
+/* SESSION's flag: the client's copies of earlier connections have stopped
+ * and it dropped their mapping of the tier. */
+#define KVT_SRV_SESSION_RESUMED 1u
 
 typedef struct kvt_srv_hdr {
     uint32_t magic;

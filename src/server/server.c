@@ -222,7 +222,8 @@ static void reap_conns(kvt_server *s, bool all)
     pthread_mutex_unlock(&s->mu);
 }
 
-void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint32_t *slots, uint32_t n)
+void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint64_t session, uint32_t *slots,
+                        uint32_t n)
 {
     kvt_srv_fence *f = n ? calloc(1, sizeof *f) : NULL;
     int pidfd = f ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
@@ -239,11 +240,40 @@ void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint32_t *slots, uint32_t n)
         free(f);
         return;
     }
-    *f = (kvt_srv_fence){pid, pidfd, slots, n, NULL};
+    *f = (kvt_srv_fence){pid, session, pidfd, slots, n, NULL};
     pthread_mutex_lock(&s->mu);
     f->next = s->fences;
     s->fences = f;
     pthread_mutex_unlock(&s->mu);
+}
+
+static void fence_free(kvt_server *s, kvt_srv_fence *f)
+{
+    kvt__cache_ext_release(s->cache, f->slots, f->n);
+    if (f->pidfd >= 0) close(f->pidfd);
+    free(f->slots);
+    free(f);
+}
+
+uint32_t kvt__srv_fences_release(kvt_server *s, pid_t pid, uint64_t session)
+{
+    uint32_t n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (kvt_srv_fence **pp = &s->fences; *pp;) {
+        kvt_srv_fence *f = *pp;
+        if (f->pid != pid || f->session != session || !session) {
+            pp = &f->next;
+            continue;
+        }
+        *pp = f->next;
+        n += f->n;
+        fence_free(s, f);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (n)
+        kvt__srv_log(KVT_LOG_INFO, "client pid %ld re-attached with its earlier copies stopped: "
+                     "its %u cut-off store blocks are free again", (long)pid, n);
+    return n;
 }
 
 void kvt__srv_fences_reap(kvt_server *s, bool all)
@@ -261,10 +291,7 @@ void kvt__srv_fences_reap(kvt_server *s, bool all)
         if (gone)
             kvt__srv_log(KVT_LOG_INFO, "client pid %ld exited: its %u cut-off store blocks are "
                          "free again", (long)f->pid, f->n);
-        kvt__cache_ext_release(s->cache, f->slots, f->n);
-        if (f->pidfd >= 0) close(f->pidfd);
-        free(f->slots);
-        free(f);
+        fence_free(s, f);
     }
     pthread_mutex_unlock(&s->mu);
 }

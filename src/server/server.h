@@ -22,6 +22,7 @@ typedef struct kvt_srv_task {
     bool pending;      /* launched, its SSD reads still running: no offsets yet */
     kvt_task_kind kind;
     uint32_t num_blocks;
+    uint32_t first_token; /* launched: as the cache launched it */
     uint32_t pins;     /* index entries the task pins (its planned blocks) */
     uint64_t *offsets; /* launched: each block's memfd offset */
     uint64_t launched_ns; /* the client must END it by this + server_copy_ms */
@@ -31,23 +32,27 @@ typedef struct kvt_srv_task {
  * and may write into them late): back to the pool once its process exits. */
 typedef struct kvt_srv_fence {
     pid_t pid;
+    uint64_t session; /* the client handle's (SESSION), 0 if it sent none */
     int pidfd; /* readable once pid exited */
     uint32_t *slots, n;
     struct kvt_srv_fence *next;
 } kvt_srv_fence;
 
 typedef struct kvt_srv_conn kvt_srv_conn;
+typedef struct kvt_srv_check kvt_srv_check; /* a store checked after END (conn.c) */
 struct kvt_srv_conn {
     struct kvt_server *srv;
     int fd;
     pid_t pid;
     uid_t uid;
+    uint64_t session; /* from SESSION, 0 until then */
     kvt_srv_peer peer; /* SO_PEERCRED and SO_PEERGROUPS at accept */
     pthread_t thread;
     atomic_bool finished;
     kvt_srv_task *tasks; /* this client's planned and launched tasks */
     uint32_t ntasks, cap;
-    atomic_uint_fast64_t pins; /* sum of tasks[].pins, read by a metrics scrape */
+    atomic_uint_fast64_t pins; /* sum of tasks[].pins (and check's), read by a metrics scrape */
+    kvt_srv_check *check; /* the store whose END was answered, still being checked */
     kvt_srv_conn *next;
 };
 
@@ -88,8 +93,12 @@ uint64_t kvt__srv_sum_combine(const uint64_t *layer_sums, uint32_t num_layers, u
 uint64_t kvt__srv_block_sum(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
                             uint64_t offset);
 /* Keeps a cut-off client's store blocks (slots, n; taken over) until its
- * process pid exits; fences_reap (all: at destroy) returns them. server.c. */
-void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint32_t *slots, uint32_t n);
+ * process pid exits or its session re-attaches with its copies stopped
+ * (fences_release: the blocks freed); fences_reap (all: at destroy)
+ * returns those of exited processes. server.c. */
+void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint64_t session, uint32_t *slots,
+                        uint32_t n);
+uint32_t kvt__srv_fences_release(kvt_server *s, pid_t pid, uint64_t session);
 void kvt__srv_fences_reap(kvt_server *s, bool all);
 /* The thread serving one attached client (conn.c). */
 void *kvt__srv_conn_main(void *arg);

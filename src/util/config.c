@@ -146,6 +146,11 @@ static const opt_def OPTIONS[] = {
     UINT_OPT(server_copy_ms, SERVER_COPY_MS, RANK_LOCAL, 30000, 100, 3600000,
              "a client's launched copy must end within this many ms, else the server cuts the "
              "client off and releases its pins"),
+    UINT_OPT(server_read_ms, SERVER_READ_MS, RANK_LOCAL, 30000, 100, 3600000,
+             "bound on one load's SSD reads through the node server: the server waits this "
+             "many ms at most for them when it releases the task, and a client (reading "
+             "KVTIER_SERVER_READ_MS) ends a load still pending after this long with "
+             "KVT_ETIMEDOUT"),
 };
 
 #define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])

@@ -42,6 +42,7 @@ typedef struct kvt_config_values {
     char server_namespaces[1024]; /* "server_namespaces", string, default "": per-client rules */
     char server_secret_file[256]; /* "server_secret_file", string, default "": attach secret */
     uint32_t server_copy_ms; /* "server_copy_ms", uint, default 30000: a launched copy's deadline */
+    uint32_t server_read_ms; /* "server_read_ms", uint, default 30000: a load's SSD reads' bound */
 } kvt_config_values;
 
 struct kvt_config {

@@ -1,12 +1,39 @@
 #include "util/hash.h"
 
+#include <stdatomic.h>
+
 /* The state struct on the stack (no malloc per hash) needs the static
  * definitions; the functions still come from the shared libxxhash. */
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVT_HASH_X86 1
+#endif
+
+int kvt__hash_avx2(void)
+{
+#ifdef KVT_HASH_X86
+    static _Atomic int v; /* 0: unknown, 1: no, 2: yes */
+    int k = atomic_load_explicit(&v, memory_order_relaxed);
+    if (!k) {
+        __builtin_cpu_init();
+        k = __builtin_cpu_supports("avx2") &&
+                    kvt__xxh3_avx2_state_size() == sizeof(XXH3_state_t) ? 2 : 1;
+        atomic_store_explicit(&v, k, memory_order_relaxed);
+    }
+    return k == 2;
+#else
+    return 0;
+#endif
+}
+
 uint64_t kvt__hash64(const void *data, size_t len, uint64_t seed)
 {
+#ifdef KVT_HASH_X86
+    /* Up to 240 bytes XXH3 is scalar either way. */
+    if (len > 240 && kvt__hash_avx2()) return kvt__xxh3_avx2_seeded(data, len, seed);
+#endif
     return XXH3_64bits_withSeed(data, len, seed);
 }
 

@@ -2572,6 +2572,11 @@ static void fake_serve(fake_srv *f, int fd)
         int mode = atomic_load(&f->mode);
         if (h.op == KVT_SRV_HELLO) {
             fake_hello(f, fd);
+        } else if (h.op == KVT_SRV_SESSION) { /* part of every attach: taken */
+            kvt_srv_buf b = {0};
+            kvt__srv_task_rep_encode(&b, 0, 0, 0);
+            fake_reply(fd, h.op, FAKE_PLAN, &b, -1);
+            kvt__srv_buf_free(&b);
         } else if (mode == FAKE_PLAN && h.op == KVT_SRV_LAUNCH) {
             /* One block at offset 0 of the tier: the planned load's tokens. */
             kvt_srv_launch_rep lr = {.kind = KVT_TASK_LOAD, .num_tokens = T_TPP, .num_blocks = 1};

@@ -630,6 +630,152 @@ static int raw_connect(const char *path)
     return fd;
 }
 
+static kvt_status raw_stats(int fd, kvt_cache_stats *cs)
+{
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    kvt_status st = raw_rt(fd, KVT_SRV_STATS, &b, &p, &len, NULL);
+    if (!st) st = kvt__srv_stats_decode(p, len, cs);
+    free(p);
+    return st;
+}
+
+/* A raw client past HELLO (two heads), the tier mapped into *tier. */
+static kvt_status raw_attach(const char *path, kvt_geometry *g, int *fd, uint8_t **tier,
+                             kvt_srv_hello_rep *h)
+{
+    if ((*fd = raw_connect(path)) < 0) return KVT_ECONN;
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    int shm = -1;
+    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g);
+    kvt_status st = raw_rt(*fd, KVT_SRV_HELLO, &b, &p, &len, &shm);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_hello_rep_decode(p, len, h);
+    free(p);
+    if (st) return st;
+    *tier = mmap(NULL, h->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0);
+    close(shm);
+    return *tier == MAP_FAILED ? KVT_ESYS : KVT_OK;
+}
+
+/* The tokens of seed 99's request a LOOKUP on fd matches (its load task,
+ * if any, cancelled). */
+static kvt_status raw_matched(int fd, uint32_t *matched)
+{
+    uint32_t tokens[NTOK], n = 0;
+    uint64_t task = 0;
+    kvt_request r;
+    request(&r, tokens, 99);
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    kvt__srv_req_encode(&b, &r);
+    kvt_status st = raw_rt(fd, KVT_SRV_LOOKUP, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_task_rep_decode(p, len, &task, matched, &n);
+    free(p);
+    if (st || !task) return st;
+    kvt__srv_id_encode(&b, task);
+    st = raw_rt(fd, KVT_SRV_CANCEL, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    free(p);
+    return st;
+}
+
+/* Stores seed 99's request through fd: every block written and END sent
+ * with each block's right checksum; with spoil, one byte of the last
+ * block changes after its checksum was taken (a stray or late write).
+ * END's result into *res. */
+static kvt_status raw_full_store(int fd, uint8_t *tier, const kvt_srv_hello_rep *h,
+                                 const kvt_geometry *g, bool spoil, kvt_task_result *res)
+{
+    uint32_t tokens[NTOK], first = 0, n = 0;
+    uint64_t task = 0, sums[BLOCKS];
+    kvt_request r;
+    request(&r, tokens, 99);
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    kvt__srv_req_encode(&b, &r);
+    kvt_status st = raw_rt(fd, KVT_SRV_PREPARE, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_task_rep_decode(p, len, &task, &first, &n);
+    free(p);
+    if (!st && n != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "planned %u tokens", n);
+    if (st) return st;
+    kvt__srv_id_encode(&b, task);
+    st = raw_rt(fd, KVT_SRV_LAUNCH, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    kvt_srv_launch_rep l;
+    if (!st) st = kvt__srv_launch_rep_decode(p, len, &l);
+    if (!st && l.num_blocks != BLOCKS) st = kvt__fail(KVT_EINVAL, "%u blocks", l.num_blocks);
+    uint8_t *last = NULL;
+    for (uint32_t i = 0; !st && i < BLOCKS; i++) {
+        uint64_t off = kvt__srv_get64(l.offsets + 8 * i);
+        last = tier + off;
+        for (uint64_t k = 0; k < h->block_bytes; k++) last[k] = (uint8_t)(k * 31 + i);
+        sums[i] = kvt__srv_block_sum(last, g, h->block_tokens, off);
+    }
+    free(p);
+    if (st) return st;
+    if (spoil) last[h->block_bytes / 2] ^= 0x5a;
+    kvt__srv_end_encode(&b, task, KVT_OK, sums, BLOCKS);
+    st = raw_rt(fd, KVT_SRV_END, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (!st) st = kvt__srv_result_decode(p, len, res);
+    free(p);
+    return st;
+}
+
+/* A store whose last block was spoiled after the client took its checksum:
+ * END is answered (OK: the check runs after it), the store never becomes
+ * visible - not to this client's next LOOKUP, answered after the check -
+ * and STATS counts it failed; the same store unspoiled then is visible. */
+static kvt_status child_spoiled_store(const char *path, void *arg)
+{
+    (void)arg;
+    kvt_geometry *g = geo_heads(2);
+    int fd = -1;
+    uint8_t *tier = NULL;
+    kvt_srv_hello_rep h;
+    kvt_task_result res = {0};
+    kvt_cache_stats cs = {0};
+    uint32_t matched = 99;
+    kvt_status st = raw_attach(path, g, &fd, &tier, &h);
+    if (!st) st = raw_full_store(fd, tier, &h, g, true, &res);
+    if (!st && res.status != KVT_OK)
+        st = kvt__fail(KVT_EPROTO, "spoiled END's result is %s", kvt_status_name(res.status));
+    if (!st) st = raw_matched(fd, &matched);
+    if (!st && matched != 0) st = kvt__fail(KVT_ECORRUPT, "the spoiled store is visible");
+    if (!st) st = raw_stats(fd, &cs);
+    if (!st && (cs.failed_tasks != 1 || cs.stores != 0 || cs.cpu_blocks_used != 0))
+        st = kvt__fail(KVT_EPROTO, "after the check: %llu failed, %llu stores, %llu blocks used",
+                       (unsigned long long)cs.failed_tasks, (unsigned long long)cs.stores,
+                       (unsigned long long)cs.cpu_blocks_used);
+    if (!st) st = raw_full_store(fd, tier, &h, g, false, &res);
+    if (!st && res.status != KVT_OK)
+        st = kvt__fail(KVT_EPROTO, "END's result is %s", kvt_status_name(res.status));
+    if (!st) st = raw_matched(fd, &matched);
+    if (!st && matched != BLOCKS * TPP)
+        st = kvt__fail(KVT_ENOTFOUND, "the good store: %u tokens visible", matched);
+    kvt_geometry_destroy(g);
+    return st;
+}
+
+static void test_spoiled_block_never_visible(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "v.sock");
+    pid_t srv = start_server(path, NULL);
+    assert_int_equal(reap(spawn(child_spoiled_store, path, NULL), 20000), 0);
+    stop_server(srv, path);
+}
+
 static kvt_status child_raw_store(const char *path, void *arg)
 {
     raw_arg *a = arg;
@@ -680,9 +826,17 @@ static kvt_status child_raw_store(const char *path, void *arg)
         if (!st) st = kvt__srv_result_decode(q, len, &res);
         free(q);
         if (st) return st;
-        return res.status == KVT_ECORRUPT ? KVT_OK
-                                          : kvt__fail(KVT_EPROTO, "END's result is %s",
-                                                      kvt_status_name(res.status));
+        /* END is answered before the check (docs/server.md, Performance);
+         * the next STATS is answered after it and shows the failure. */
+        if (res.status != KVT_OK)
+            return kvt__fail(KVT_EPROTO, "END's result is %s", kvt_status_name(res.status));
+        kvt_cache_stats cs;
+        if ((st = raw_stats(fd, &cs))) return st;
+        return cs.failed_tasks == 1 && cs.tasks_in_flight == 0
+                   ? KVT_OK
+                   : kvt__fail(KVT_EPROTO, "after the check: %llu failed tasks, %llu in flight",
+                               (unsigned long long)cs.failed_tasks,
+                               (unsigned long long)cs.tasks_in_flight);
     }
     char c = 1;
     if (write(a->ready, &c, 1) != 1) return KVT_ESYS;
@@ -962,6 +1116,63 @@ static void test_ssd_load_launch_async(void **state)
     assert_int_equal(cs.tasks_in_flight, 0);
     uint32_t matched = 0;
     assert_ok(engine_load(&e, &r, &matched)); /* and it still loads, byte for byte */
+    assert_int_equal(matched, BLOCKS * TPP);
+    engine_close(&e);
+    kvt_server_stop(s);
+    pthread_join(th, NULL);
+    kvt_server_destroy(s);
+}
+
+/* server_read_ms bounds a load whose SSD reads never end: the client
+ * (KVTIER_SERVER_READ_MS) ends the pending load KVT_ETIMEDOUT after it, and
+ * the server (server_read_ms) answers the CANCEL that follows within it
+ * too, so the connection stays good. The default 30 s would outlast the
+ * 5 s wait below. */
+static void test_read_bound_option(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "b.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    pid_t srv = start_server(path, ssd);
+    uint64_t seed = 33;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    stop_server(srv, path); /* SIGTERM flushes the SSD writes */
+    static const char *const opts[] = {"server_read_ms", "300", NULL};
+    g_opts = opts;
+    kvt_server *s = NULL;
+    assert_ok(make_server(&s, path, ssd));
+    g_opts = NULL;
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, run_server, s), 0);
+    engine e;
+    assert_int_equal(setenv("KVTIER_SERVER_READ_MS", "nope", 1), 0);
+    assert_status(engine_open(&e, path, 2), KVT_EINVAL); /* parsed by the option table */
+    assert_non_null(strstr(kvt_last_error(), "KVTIER_SERVER_READ_MS"));
+    engine_close(&e);
+    assert_int_equal(setenv("KVTIER_SERVER_READ_MS", "300", 1), 0);
+    assert_ok(engine_open(&e, path, 2));
+    unsetenv("KVTIER_SERVER_READ_MS");
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, 33);
+    kvt_match m;
+    assert_ok(kvt_client_lookup(e.cl, &r, &m));
+    assert_int_equal(m.matched_tokens, BLOCKS * TPP); /* on SSD only */
+    kvt__ssd_hold_reads(s->cache->ssd, true);
+    assert_ok(kvt_client_launch(e.cl, m.task, e.pages, PAGES));
+    assert_true(read_held(s->cache->ssd));
+    kvt_task_result res;
+    uint64_t t0 = kvt__now_ns();
+    assert_ok(kvt_client_wait(e.cl, m.task, 5000, &res));
+    assert_int_equal(res.status, KVT_ETIMEDOUT);
+    assert_true(kvt__now_ns() - t0 < 4000000000ull);
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs)); /* the connection survived the CANCEL */
+    kvt__ssd_hold_reads(s->cache->ssd, false);
+    uint32_t matched = 0;
+    assert_ok(engine_load(&e, &r, &matched)); /* released, it loads byte for byte */
     assert_int_equal(matched, BLOCKS * TPP);
     engine_close(&e);
     kvt_server_stop(s);
@@ -1748,6 +1959,117 @@ static void test_server_killed_mid_load(void **state)
     stop_server(srv, path);
 }
 
+/* A client cut off mid-store (its copy held past server_copy_ms) whose
+ * copy then ends and which re-attaches: its SESSION says its copies have
+ * stopped, so the server frees the blocks it fenced at once (the process
+ * still lives), and a store and load through the same handle come out
+ * byte for byte. */
+static kvt_status child_cut_reattach(const char *path, void *arg)
+{
+    int *fds = arg; /* [0] go (from the parent), [1] notify (to it) */
+    g_go = fds[0];
+    g_notify = fds[1];
+    engine e = {0};
+    e.geo = geo_heads(2);
+    for (uint32_t i = 0; i < PAGES; i++) e.pages[i] = i;
+    static void *bases[MAX_BUFS];
+    kvt_engine_memory mem, ref;
+    kvt_status st = kvt_client_attach(&e.cl, path, e.geo, TIMEOUT_MS);
+    if (!st) st = kvt_emu_create(&e.emu, e.geo, PAGES);
+    if (!st) st = own_memory(&e, &mem, bases);
+    if (!st) st = kvt_client_register_memory(e.cl, &mem);
+    uint32_t tokens[NTOK], n = 0;
+    kvt_request r;
+    request(&r, tokens, 7);
+    if (!st) st = kvt_emu_fill(e.emu, &r, 0, NTOK, e.pages, PAGES);
+    if (!st) st = kvt_emu_memory(e.emu, &ref);
+    for (int i = 0; !st && i < MAX_BUFS; i++) /* the engine's bytes, in the client's pages */
+        if (g_buf[i]) memcpy(g_buf[i], ref.layer_bases[i], ref.buffer_bytes[i]);
+    kvt_store_plan p = {0};
+    if (!st) st = kvt_client_prepare_store(e.cl, &r, &p);
+    struct sigaction sa = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO};
+    sigaction(SIGSEGV, &sa, NULL);
+    protect(PROT_NONE); /* the store's copy reads them: held there */
+    if (!st) st = kvt_client_launch(e.cl, p.task, e.pages, PAGES);
+    kvt_task_result res = {0};
+    if (!st) st = kvt_client_wait(e.cl, p.task, 4 * TIMEOUT_MS, &res);
+    if (!st && res.status != KVT_ECONN)
+        st = kvt__fail(KVT_EINVAL, "the cut-off store ended with %s, not KVT_ECONN",
+                       kvt_status_name(res.status));
+    char c = 'k';
+    if (!st && (write(g_notify, &c, 1) != 1 || read(g_go, &c, 1) != 1)) st = KVT_ESYS;
+    /* Re-attach (a later call does it, after its backoff). */
+    kvt_cache_stats cs = {0};
+    kvt_status got = KVT_ECONN;
+    uint64_t until = kvt__now_ns() + 5000000000ull;
+    while (!st && got == KVT_ECONN && kvt__now_ns() < until) {
+        got = kvt_client_stats(e.cl, &cs);
+        struct timespec ts = {0, 20 * 1000000L};
+        if (got == KVT_ECONN) nanosleep(&ts, NULL);
+    }
+    if (!st && got) st = kvt__fail(got, "no re-attach: %s", kvt_last_error());
+    if (!st && (cs.cpu_blocks_used != 0 || cs.tasks_in_flight != 0))
+        st = kvt__fail(KVT_EINVAL, "after the re-attach: %llu CPU blocks used, %llu tasks",
+                       (unsigned long long)cs.cpu_blocks_used,
+                       (unsigned long long)cs.tasks_in_flight);
+    if (!st) st = engine_store(&e, &r, &n); /* its pages still hold the request's bytes */
+    if (!st && n != BLOCKS * TPP) st = kvt__fail(KVT_EINVAL, "stored %u tokens", n);
+    if (!st) st = kvt_client_stats(e.cl, &cs);
+    if (!st && cs.cpu_blocks_used != BLOCKS)
+        st = kvt__fail(KVT_EINVAL, "%llu CPU blocks used after the store",
+                       (unsigned long long)cs.cpu_blocks_used);
+    kvt_client_detach(e.cl);
+    kvt_emu_destroy(e.emu);
+    kvt_geometry_destroy(e.geo);
+    return st;
+}
+
+static void test_reattach_frees_fenced_blocks(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "f.sock");
+    static const char *const opts[] = {"server_copy_ms", "300", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    int down[2], up[2];
+    assert_int_equal(pipe(down), 0);
+    assert_int_equal(pipe(up), 0);
+    int fds[2] = {down[0], up[1]};
+    pid_t kid = spawn(child_cut_reattach, path, fds);
+    close(up[1]);
+    char c = 0;
+    assert_int_equal(read(up[0], &c, 1), 1); /* the store's copy is held */
+    assert_int_equal(c, 'f');
+    engine e; /* (the parent forks no more: it may hold a client now) */
+    assert_ok(engine_open(&e, path, 2));
+    stats_until(&e, no_tasks, 0);               /* cut off */
+    stats_until(&e, blocks_used, BLOCKS);       /* its blocks fenced */
+    char go[8] = {0}; /* one per copy thread that may be held */
+    assert_int_equal(write(down[1], go, sizeof go), (ssize_t)sizeof go);
+    do assert_int_equal(read(up[0], &c, 1), 1); /* its store ended KVT_ECONN */
+    while (c == 'f');
+    assert_int_equal(c, 'k');
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(cs.cpu_blocks_used, BLOCKS); /* still fenced: it lives, not re-attached */
+    assert_int_equal(kill(kid, 0), 0);
+    assert_int_equal(write(down[1], &c, 1), 1);
+    assert_int_equal(reap(kid, 20000), 0);
+    uint32_t tokens[NTOK], matched = 0;
+    kvt_request r;
+    request(&r, tokens, 7);
+    assert_ok(engine_load(&e, &r, &matched)); /* byte for byte */
+    assert_int_equal(matched, BLOCKS * TPP);
+    engine_close(&e);
+    close(down[0]);
+    close(down[1]);
+    close(up[0]);
+    stop_server(srv, path);
+}
+
 /* One decoder reads a client's HELLO and the server's GEOMETRY reply; a
  * version mismatch must name the side that sent the bytes. */
 static void test_hello_version_names_sender(void **state)
@@ -1780,9 +2102,11 @@ int main(void)
         cmocka_unit_test_teardown(test_sigkill_mid_store, kill_servers),
         cmocka_unit_test_teardown(test_sigkill_mid_load, kill_servers),
         cmocka_unit_test_teardown(test_bad_checksum_not_visible, kill_servers),
+        cmocka_unit_test_teardown(test_spoiled_block_never_visible, kill_servers),
         cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
         cmocka_unit_test_teardown(test_ssd_load_launch_async, kill_servers),
+        cmocka_unit_test_teardown(test_read_bound_option, kill_servers),
         cmocka_unit_test(test_launch_reply_flags),
         cmocka_unit_test(test_hello_version_names_sender),
         cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
@@ -1794,6 +2118,7 @@ int main(void)
         cmocka_unit_test_teardown(test_secret, kill_servers),
         cmocka_unit_test_teardown(test_stuck_client_cut_off, kill_servers),
         cmocka_unit_test_teardown(test_server_killed_mid_load, kill_servers),
+        cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kill_servers),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include "pd/desc.h"
 #include "pd/wire.h"
+#include "util/hash.h"
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
@@ -333,22 +334,17 @@ static void gqa_wire(void **state)
 #undef E
 #undef H
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-size_t pd_xxh3_avx2_state_size(void);
-void pd_xxh3_avx2_reset(void *st);
-void pd_xxh3_avx2_update(void *st, const void *p, size_t n);
-uint64_t pd_xxh3_avx2_digest(void *st);
-#endif
-
-/* The AVX2 build of XXH3 that pd/xfer.c picks at run time gives exactly
- * libxxhash's page checksums, for any length and split into updates. */
+/* The AVX2 build of XXH3 (util/hash_avx2.c) that pd/xfer.c and
+ * kvt__hash64 pick at run time gives exactly libxxhash's page checksums and
+ * seeded hashes (the node server's store checksums), for any length and
+ * split into updates. */
 static void xxh3_avx2_matches_lib(void **state)
 {
     (void)state;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx2")) skip();
-    assert_int_equal(pd_xxh3_avx2_state_size(), sizeof(XXH3_state_t));
+    assert_int_equal(kvt__xxh3_avx2_state_size(), sizeof(XXH3_state_t));
     size_t cap = 1u << 20;
     uint8_t *b = malloc(cap);
     assert_non_null(b);
@@ -359,10 +355,13 @@ static void xxh3_avx2_matches_lib(void **state)
             XXH3_64bits_reset(&a);
             XXH3_64bits_update(&a, b, cut);
             XXH3_64bits_update(&a, b + cut, n - cut);
-            pd_xxh3_avx2_reset(&c);
-            pd_xxh3_avx2_update(&c, b, cut);
-            pd_xxh3_avx2_update(&c, b + cut, n - cut);
-            assert_true(XXH3_64bits_digest(&a) == pd_xxh3_avx2_digest(&c));
+            kvt__xxh3_avx2_reset(&c);
+            kvt__xxh3_avx2_update(&c, b, cut);
+            kvt__xxh3_avx2_update(&c, b + cut, n - cut);
+            assert_true(XXH3_64bits_digest(&a) == kvt__xxh3_avx2_digest(&c));
+            assert_true(XXH3_64bits_withSeed(b, n, n * 7 + cut) ==
+                        kvt__xxh3_avx2_seeded(b, n, n * 7 + cut));
+            assert_true(XXH3_64bits_withSeed(b, n, cut) == kvt__hash64(b, n, cut));
         }
     free(b);
 #else
