@@ -600,11 +600,23 @@ class KvtierHiCacheStorage(HiCacheStorage):
                         self._set_pages(keys, part, slots, out)
                     finally:
                         self.staging.give(slots)
+            self._publish(out)
         finally:
             self._rw.release_shared()
         self._count(set_pages=len(keys))
         self._metric("backup", sum(out), time.monotonic() - t0)
         return out
+
+    def _publish(self, out):
+        """Node server mode: the server checks a store after answering its
+        end and answers this client's next call only after the check, so one
+        STATS round trip makes this batch visible to every rank (an MLA page
+        written by rank 0, read by the others) before SGLang hears of it."""
+        if self.socket is not None and any(out):
+            try:
+                self.cache.stats()
+            except Exception as e:  # noqa: BLE001 - the stores themselves ended
+                logger.warning("kvtier: the server did not answer after a backup: %s", e)
 
     def _set_pages(self, keys, which, pages, out):
         """Stores keys[which[j]] from engine page pages[j]."""

@@ -555,6 +555,32 @@ class NodeServerMode(unittest.TestCase):
         self.assertEqual(st["stored_blocks"], 16)
         self.assertEqual(st["loads"], 16)
 
+    def test_backup_visible_to_other_ranks_on_return(self):
+        """The server checks a store after answering its end; batch_set_v1
+        returns only after one more call on its connection (which the server
+        answers after the check), so another rank's lookup right after finds
+        the pages: the MLA case, rank 0 writes and every rank reads."""
+        pool = fakes.FakeHostPool("page_first", seed=3, pages=16, layers=4, heads=1,
+                                  head_dim=64)
+        cfg = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
+                                   extra={"socket": self.sock, "timeout": 10})
+        b = fakes.create_backend(cfg, pool)
+        self.addCleanup(b.close)
+        calls = []
+        for name in ("wait", "stats"):
+            real = getattr(b.cache, name)
+            setattr(b.cache, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
+        keys = ["pub-%d" % i for i in range(8)]
+        self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(8))), [True] * 8)
+        self.assertEqual(calls.count("wait"), 8)
+        self.assertEqual(calls[-1], "stats")  # after the last store's end
+        cfg1 = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
+                                    extra={"socket": self.sock, "timeout": 10})
+        other = fakes.create_backend(cfg1, fakes.FakeHostPool("page_first", seed=4, pages=16,
+                                                              layers=4, heads=1, head_dim=64))
+        self.addCleanup(other.close)
+        self.assertEqual(other.batch_exists(keys), 8)
+
     def test_page_size_must_match_server_blocks(self):
         from test_client import start_server, stop_server
         sock = os.path.join(self.tmp, "b16.sock")

@@ -807,6 +807,12 @@ class SocketModeOneProcess(unittest.TestCase):
             a = Request("a", tokens)
             self.assertEqual(s.request_finished(a, list(range(7))), (True, None))
             w.bind_connector_metadata(s.build_connector_meta(None))
+            # The server checks a store after answering its end: the worker
+            # makes one more call on its connection (answered after the
+            # check) before reporting the save, so the scheduler's lookup
+            # right after finds the blocks.
+            published, real_stats = [], w.cache.stats
+            w.cache.stats = lambda: published.append(len(w._saves)) or real_stats()
             w.start_load_kv(None)
             w.wait_for_save()
             w.clear_connector_metadata()
@@ -816,6 +822,8 @@ class SocketModeOneProcess(unittest.TestCase):
                     break
                 time.sleep(0.001)
             self.assertEqual(sent, {"a"})
+            self.assertEqual(published, [0])  # once, after the save ended
+            del w.cache.stats
             b = Request("b", tokens)
             self.assertEqual(s.get_num_new_matched_tokens(b, 0), (24, False))
             dst = list(range(30, 37))

@@ -341,12 +341,15 @@ static void test_strided_and_layer_first_share_blocks(void **state)
     /* page_first -> blocks -> layer-first */
     pool_fill(&p, emu, &r1, src);
     side_store(&a, &r1, src);
+    kvt_cache_stats st; /* the server answers once a's store is checked: b sees it */
+    assert_ok(kvt_client_stats(a.cl, &st));
     assert_ok(kvt_emu_poison(emu, dst, NP));
     side_load(&b, &r1, dst);
     check_emu(emu, &r1, dst);
     /* layer-first -> blocks -> page_first */
     assert_ok(kvt_emu_fill(emu, &r2, 0, NP * TPP, src, NP));
     side_store(&b, &r2, src);
+    assert_ok(kvt_client_stats(b.cl, &st));
     pool_expect(&p, emu, &r2, dst);
     side_load(&a, &r2, dst);
     pool_check(&p);
