@@ -631,7 +631,8 @@ void kvt_client_detach(kvt_client *cl);
  *    checked each block's checksum against the one this client computed;
  *    a store's result is KVT_OK once its copy is done and the server took
  *    it (the check runs after; this client's next lookup, prepare_store or
- *    stats is answered after it); a store failing the check is never
+ *    stats is answered after it, so after that call every client sees the
+ *    store; before it another client may miss it); a store failing the check is never
  *    visible and counts in failed_tasks (kvt_client_stats);
  *  - a client cut off mid-copy (server_copy_ms) gets the store blocks the
  *    server held back from it freed when it re-attaches;
