@@ -124,10 +124,15 @@ pid_t kvt_test_server_fork(kvt_test_make_server make, void *arg)
     return pid;
 }
 
-void kvt_test_server_stop(pid_t pid, int64_t ms)
+void kvt_test_server_forget(pid_t pid)
 {
     for (int i = 0; i < g_nservers; i++)
         if (g_servers[i] == pid) g_servers[i--] = g_servers[--g_nservers];
+}
+
+void kvt_test_server_stop(pid_t pid, int64_t ms)
+{
+    kvt_test_server_forget(pid);
     kill(pid, SIGTERM);
     int ws = 0;
     for (int64_t i = 0; i < ms; i++) {

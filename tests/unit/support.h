@@ -51,6 +51,9 @@ void kvt_test_mkdtemp(char *out, size_t len, const char *prefix);
 typedef kvt_status (*kvt_test_make_server)(kvt_server **out, void *arg);
 pid_t kvt_test_server_fork(kvt_test_make_server make, void *arg);
 void kvt_test_server_stop(pid_t pid, int64_t ms);
+/* For a test that ends a server itself (SIGKILL, a crash): not killed by
+ * kvt_test_servers_kill any more. */
+void kvt_test_server_forget(pid_t pid);
 int kvt_test_servers_kill(void **state);
 
 #endif

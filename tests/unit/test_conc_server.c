@@ -75,13 +75,6 @@ static int reap(pid_t pid, int ms)
 /* ------------------------------------------------------------------ */
 /* A server process                                                   */
 
-static kvt_server *g_srv;
-static void on_term(int sig)
-{
-    (void)sig;
-    kvt_server_stop(g_srv);
-}
-
 /* The server process's log lines, through kvt_set_log_handler, appended to
  * g_log_path when it is set. */
 static char g_log_path[320];
@@ -115,69 +108,29 @@ static kvt_status make_server(kvt_server **out, const char *path, const char *ss
     return st;
 }
 
-/* Servers still running when a test fails are killed by the teardown. */
-static pid_t g_servers[16];
-static int g_nservers;
+/* Forks a server on path (kvt_test_server_fork: killed by the teardown
+ * kvt_test_servers_kill if a test fails); returns once it listens. */
+typedef struct srv_args {
+    const char *path, *ssd_dir;
+} srv_args;
 
-static int kill_servers(void **state)
+static kvt_status make_in_child(kvt_server **out, void *arg)
 {
-    (void)state;
-    for (int i = 0; i < g_nservers; i++) {
-        kill(g_servers[i], SIGKILL);
-        kill(g_servers[i], SIGCONT);
-        waitpid(g_servers[i], NULL, 0);
-    }
-    g_nservers = 0;
-    return 0;
+    const srv_args *a = arg;
+    if (g_log_path[0]) kvt_set_log_handler(log_to_file, NULL);
+    return make_server(out, a->path, a->ssd_dir);
 }
 
-/* Forks a server on path; returns once it listens. */
 static pid_t start_server(const char *path, const char *ssd_dir)
 {
-    int p[2];
-    assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        close(p[0]);
-        /* SIGTERM waits until the handler has a server to stop. */
-        sigset_t term, old;
-        sigemptyset(&term);
-        sigaddset(&term, SIGTERM);
-        sigprocmask(SIG_BLOCK, &term, &old);
-        signal(SIGTERM, on_term);
-        if (g_log_path[0]) kvt_set_log_handler(log_to_file, NULL);
-        kvt_status st = make_server(&g_srv, path, ssd_dir);
-        int32_t v = st;
-        if (st) fprintf(stderr, "server: %s\n", kvt_last_error());
-        if (write(p[1], &v, sizeof v) != sizeof v) _exit(3);
-        if (st) _exit(2);
-        close(p[1]);
-        signal(SIGPIPE, SIG_IGN);
-        sigprocmask(SIG_SETMASK, &old, NULL);
-        st = kvt_server_run(g_srv);
-        kvt_server_destroy(g_srv);
-        _exit(st ? 1 : 0);
-    }
-    close(p[1]);
-    if (g_nservers < 16) g_servers[g_nservers++] = pid;
-    int32_t v = -99;
-    assert_int_equal(read(p[0], &v, sizeof v), (ssize_t)sizeof v);
-    close(p[0]);
-    assert_int_equal(v, KVT_OK);
-    return pid;
+    srv_args a = {path, ssd_dir};
+    return kvt_test_server_fork(make_in_child, &a);
 }
 
 /* SIGTERM must stop a server cleanly and quickly. */
-static void forget_server(pid_t pid)
-{
-    for (int i = 0; i < g_nservers; i++)
-        if (g_servers[i] == pid) g_servers[i--] = g_servers[--g_nservers];
-}
-
 static void stop_server(pid_t pid, const char *path)
 {
-    forget_server(pid);
+    kvt_test_server_forget(pid);
     uint64_t t0 = kvt__now_ns();
     kill(pid, SIGTERM);
     assert_int_equal(reap(pid, 5000), 0);
@@ -960,7 +913,7 @@ static void test_server_killed_econn(void **state)
     kvt_request r;
     request(&r, tokens, 5);
     assert_ok(engine_store(&e, &r, &stored));
-    forget_server(srv);
+    kvt_test_server_forget(srv);
     kill(srv, SIGKILL);
     assert_int_equal(reap(srv, 5000), -SIGKILL);
     uint64_t t0 = kvt__now_ns();
@@ -982,7 +935,7 @@ static void test_server_killed_econn(void **state)
     assert_true(el >= (uint64_t)(TIMEOUT_MS - 50) * 1000000ull);
     assert_true(el < (uint64_t)(TIMEOUT_MS + 2000) * 1000000ull);
     assert_non_null(strstr(kvt_last_error(), path2));
-    forget_server(srv2);
+    kvt_test_server_forget(srv2);
     kill(srv2, SIGKILL);
     kill(srv2, SIGCONT);
     reap(srv2, 5000);
@@ -1299,7 +1252,7 @@ static void test_client_reattaches(void **state)
     close(up[1]);
     char c = 0;
     assert_int_equal(read(up[0], &c, 1), 1); /* stored */
-    forget_server(srv);
+    kvt_test_server_forget(srv);
     kill(srv, SIGKILL);
     assert_int_equal(reap(srv, 5000), -SIGKILL);
     assert_int_equal(write(down[1], &c, 1), 1);
@@ -1942,7 +1895,7 @@ static void test_server_killed_mid_load(void **state)
     char c = 0;
     assert_int_equal(read(up[0], &c, 1), 1); /* the copy is held mid-load */
     assert_int_equal(c, 'f');
-    forget_server(srv);
+    kvt_test_server_forget(srv);
     kill(srv, SIGKILL);
     assert_int_equal(reap(srv, 5000), -SIGKILL);
     char go[8] = {0}; /* one per copy thread that may be held */
@@ -2093,32 +2046,32 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_store_in_a_load_in_b, kill_servers),
-        cmocka_unit_test_teardown(test_attach_detach_logged, kill_servers),
-        cmocka_unit_test_teardown(test_metrics_clients_and_pins, kill_servers),
-        cmocka_unit_test_teardown(test_geometry_mismatch_refused, kill_servers),
-        cmocka_unit_test_teardown(test_second_server_refused, kill_servers),
-        cmocka_unit_test_teardown(test_same_prefix_one_owner, kill_servers),
-        cmocka_unit_test_teardown(test_sigkill_mid_store, kill_servers),
-        cmocka_unit_test_teardown(test_sigkill_mid_load, kill_servers),
-        cmocka_unit_test_teardown(test_bad_checksum_not_visible, kill_servers),
-        cmocka_unit_test_teardown(test_spoiled_block_never_visible, kill_servers),
-        cmocka_unit_test_teardown(test_server_killed_econn, kill_servers),
-        cmocka_unit_test_teardown(test_restart_warm_from_ssd, kill_servers),
-        cmocka_unit_test_teardown(test_ssd_load_launch_async, kill_servers),
-        cmocka_unit_test_teardown(test_read_bound_option, kill_servers),
+        cmocka_unit_test_teardown(test_store_in_a_load_in_b, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_attach_detach_logged, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_metrics_clients_and_pins, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_geometry_mismatch_refused, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_second_server_refused, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_same_prefix_one_owner, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_sigkill_mid_store, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_sigkill_mid_load, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_bad_checksum_not_visible, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_spoiled_block_never_visible, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_server_killed_econn, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_restart_warm_from_ssd, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_ssd_load_launch_async, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_read_bound_option, kvt_test_servers_kill),
         cmocka_unit_test(test_launch_reply_flags),
         cmocka_unit_test(test_hello_version_names_sender),
-        cmocka_unit_test_teardown(test_plans_expire_and_quota, kill_servers),
-        cmocka_unit_test_teardown(test_client_reattaches, kill_servers),
-        cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, kill_servers),
-        cmocka_unit_test_teardown(test_keyed_bad_key_refused, kill_servers),
-        cmocka_unit_test_teardown(test_socket_group, kill_servers),
-        cmocka_unit_test_teardown(test_namespace_rules, kill_servers),
-        cmocka_unit_test_teardown(test_secret, kill_servers),
-        cmocka_unit_test_teardown(test_stuck_client_cut_off, kill_servers),
-        cmocka_unit_test_teardown(test_server_killed_mid_load, kill_servers),
-        cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kill_servers),
+        cmocka_unit_test_teardown(test_plans_expire_and_quota, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_client_reattaches, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_keyed_bad_key_refused, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_socket_group, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_namespace_rules, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_secret, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_stuck_client_cut_off, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_server_killed_mid_load, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kvt_test_servers_kill),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
