@@ -51,6 +51,7 @@ import numpy as np
 
 from .cache import Cache
 from .config import LAYER_FIRST, Config, Geometry
+from .errors import KvtierError
 
 try:  # the real base class when SGLang is importable
     from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
@@ -243,7 +244,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self._stats_mu = threading.Lock()
         self._counters = dict(exists_queries=0, exists_hits=0, get_pages=0, get_hits=0,
                               get_failed=0, set_pages=0, set_stored=0, set_present=0,
-                              set_failed=0)
+                              set_failed=0, unavailable=0)
         self._metrics = StorageMetrics()  # drained by get_stats
 
     # ------------------------------------------------------------------
@@ -497,6 +498,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
                     break
                 self._drop([m.task])
                 n += 1
+        except KvtierError as e:  # the server lost, a timeout: the run ends here
+            self._unavailable("batch_exists", e)
         finally:
             self._rw.release_shared()
         self._count(exists_queries=len(keys), exists_hits=n)
@@ -529,6 +532,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 else:
                     self._get_staged(planned, hp, out)
                 planned = []
+            except KvtierError as e:  # the pages not loaded stay False
+                self._unavailable("batch_get_v1", e)
             finally:
                 self._drop([t for _, t in planned if t])
         finally:
@@ -601,11 +606,24 @@ class KvtierHiCacheStorage(HiCacheStorage):
                     finally:
                         self.staging.give(slots)
             self._publish(out)
+        except KvtierError as e:  # the pages not stored stay False
+            self._unavailable("batch_set_v1", e)
         finally:
             self._rw.release_shared()
         self._count(set_pages=len(keys))
         self._metric("backup", sum(out), time.monotonic() - t0)
         return out
+
+    def _unavailable(self, what, e):
+        """SGLang's prefetch and backup threads take a miss, never an
+        exception: a lost or slow server (node server mode; the client
+        reattaches on its own) or a failed call ends the batch as misses,
+        logged at most once a second."""
+        now = time.monotonic()
+        if now - getattr(self, "_unavail_logged", 0.0) >= 1.0:
+            self._unavail_logged = now
+            logger.warning("kvtier: %s: %s; answered as misses", what, e)
+        self._count(unavailable=1)
 
     def _publish(self, out):
         """Node server mode: the server checks a store after answering its

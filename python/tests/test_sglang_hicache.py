@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -516,6 +517,13 @@ class RankProcesses(Base):
         self.assertNotEqual(results[0][2], results[1][2])  # and an SSD directory per rank
 
 
+def stop_server_quiet(p):
+    """Stops a `kvtier serve` started by the test (any way it ends)."""
+    if p.poll() is None:
+        p.terminate()
+        p.wait(10)
+
+
 class NodeServerMode(unittest.TestCase):
     """extra_config "socket": every TP rank attaches to one `kvtier serve`."""
 
@@ -580,6 +588,51 @@ class NodeServerMode(unittest.TestCase):
                                                               layers=4, heads=1, head_dim=64))
         self.addCleanup(other.close)
         self.assertEqual(other.batch_exists(keys), 8)
+
+    def test_server_killed_and_restarted(self):
+        """The node server dies mid-run (SIGKILL) and comes back on the same
+        socket and SSD directory: while it is down every call answers (a
+        miss, False pages, never an exception or None, nothing written into
+        the host pool); the backend reattaches on its own and the pages
+        flushed before the crash load back byte for byte."""
+        from test_client import start_server
+        stop_server_quiet(self.srv)
+        ssd = os.path.join(self.tmp, "ssd")
+        os.makedirs(ssd)
+        extra = ("--set", "block_tokens=4", "--set", "ssd_dirs=" + ssd,
+                 "--set", "ssd_capacity=8MiB")
+        self.srv = start_server(self.sock, *extra, page=4, tp=2)
+        pool = fakes.FakeHostPool("page_first", seed=8, pages=24, layers=4, heads=1, head_dim=64)
+        cfg = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
+                                   extra={"socket": self.sock, "timeout": 5})
+        b = fakes.create_backend(cfg, pool)
+        self.addCleanup(b.close)
+        keys = ["rs-%d" % i for i in range(6)]
+        self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(6))), [True] * 6)
+        b.cache.flush(10)  # durable on the SSD tier: the restart comes back warm
+        self.srv.kill()
+        self.srv.wait(10)
+        os.unlink(self.sock)  # start_server waits for a fresh socket file
+        dst = list(range(10, 16))
+        for p in dst:
+            pool.set_page_bytes(p, 0x3C)
+        before = {p: pool.page_bytes(p) for p in range(pool.page_num)}
+        self.assertEqual(b.batch_exists(keys), 0)
+        self.assertEqual(b.batch_get_v1(keys, pool.host_indices(dst)), [False] * 6)
+        self.assertEqual(b.batch_set_v1(["down"], pool.host_indices([20])), [False])
+        for p, want in before.items():
+            now = pool.page_bytes(p)
+            self.assertTrue(all(np.array_equal(now[k], want[k]) for k in want),
+                            "page %d changed while the server was down" % p)
+        self.srv = start_server(self.sock, *extra, page=4, tp=2)
+        deadline = time.monotonic() + 30
+        while b.batch_exists(keys) != 6:  # the client reattaches with a bounded backoff
+            self.assertLess(time.monotonic(), deadline, "no reattach within 30 s")
+            time.sleep(0.05)
+        self.assertEqual(b.batch_get_v1(keys, pool.host_indices(dst)), [True] * 6)
+        for s_, d in zip(range(6), dst):
+            a, c = pool.page_bytes(d), pool.page_bytes(s_)
+            self.assertTrue(all(np.array_equal(a[k], c[k]) for k in a), "page %d" % d)
 
     def test_page_size_must_match_server_blocks(self):
         from test_client import start_server, stop_server
