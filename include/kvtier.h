@@ -942,7 +942,7 @@ kvt_status kvt_conn_reset(kvt_conn *conn);
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_conn_poll(kvt_conn *conn, uint32_t *ended);
 /* Rank-local: waits until layers [0, layer] of rid's running load landed. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_conn_wait_layer(kvt_conn *conn, uint64_t rid, uint32_t layer,
                                int64_t timeout_ms);
 
@@ -1130,7 +1130,7 @@ void kvt_pd_bootstrap_destroy(kvt_pd_bootstrap *bs);
  * dropped for a newer one) and must authenticate within
  * min(peer_timeout_ms, 2 s); when all 256 are in use, the link idle
  * longest that carries no room is dropped for a newcomer. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *params);
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_pd_sender_port(const kvt_pd_sender *s, uint16_t *out);
@@ -1160,10 +1160,10 @@ kvt_status kvt_pd_sender_wait(kvt_pd_sender *s, uint64_t room, int64_t timeout_m
                               kvt_pd_poll *out);
 /* Fails the room now and tells every peer of it; each acknowledges
  * (kvt_pd_room_info.abort_acks). reason may be NULL. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
 kvt_status kvt_pd_sender_abort(kvt_pd_sender *s, uint64_t room, const char *reason);
 /* Forgets the room (any state); late messages about it are ignored. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
 kvt_status kvt_pd_sender_clear(kvt_pd_sender *s, uint64_t room);
 void kvt_pd_sender_destroy(kvt_pd_sender *s);
 
@@ -1187,7 +1187,7 @@ typedef struct kvt_pd_room_params {
  * KVT_ENOMEM; KVT_ESYS. A link that dies is redialled in the background;
  * a room whose part from that prefill rank was done (DONE, every page
  * verified) does not fail with it (docs/pd.md). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *params);
 /* Opens a room and sends its page table to the prefill ranks. The page
  * table must name each engine page once (KVT_EINVAL otherwise); room ids
@@ -1210,7 +1210,8 @@ typedef struct kvt_pd_room_info {
     kvt_pd_poll state;
     kvt_status error;       /* why it FAILED: ETIMEDOUT, ECONN, ECORRUPT, EABORTED,
                                EAUTH (a frame failed authentication: altered in
-                               transit, with a secret set)... */
+                               transit, with a secret set), EVERSION (the link
+                               met a peer of another PD wire version)... */
     char message[160];      /* the reason in words; "" unless FAILED */
     uint64_t bytes;         /* payload bytes moved so far */
     uint32_t abort_acks;    /* peers that acknowledged our abort */

@@ -143,6 +143,14 @@ kvt_status pd_bootstrap_call(kvt_stream *s, pd_mac *m, const pd_hdr *h, const vo
     return bs_call(s, m, h, body, net, dl, what, NULL, NULL, NULL);
 }
 
+kvt_status pd_retry_refused(const char *what, const char *peer)
+{
+    char why[KVT_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", kvt_last_error());
+    return kvt__fail(KVT_EPROTO, "%s: %s answered RETRY, which only the bootstrap service sends, and only to "
+                     "lookups (%s)", what, peer, why);
+}
+
 /* Connects to the service and authenticates; *m gets the connection's
  * frame keys when there is a secret (NULL otherwise). */
 static kvt_status bs_connect(const char *host, uint16_t port, kvt_stream_auth *a, uint64_t dl,
@@ -188,16 +196,14 @@ static kvt_status prefill_request(const kvt_pd_net_params *net, const kvt_stream
     free(body);
     kvt__stream_destroy(bs);
     pd_mac_free(m);
-    if (st == KVT_EAGAIN) { /* RETRY answers lookups only: this service breaks the protocol */
-        char why[KVT_ERRMSG_MAX];
-        snprintf(why, sizeof why, "%s", kvt_last_error());
-        st = kvt__fail(KVT_EPROTO, "%s: the bootstrap service at %s:%u answered RETRY, which it sends only to "
-                       "lookups (%s)", what, bs_host ? bs_host : "127.0.0.1", bs_port, why);
-    }
-    if (!st && r.type != PD_F_OK)
-        st = kvt__fail(KVT_EPROTO, "%s: unexpected answer type %u", what, r.type);
-    if (!st && a0) *a0 = r.a0;
-    return st;
+    char peer[96];
+    snprintf(peer, sizeof peer, "the bootstrap service at %s:%u", bs_host ? bs_host : "127.0.0.1", bs_port);
+    /* RETRY answers lookups only: this service breaks the protocol */
+    if (st == KVT_EAGAIN) return pd_retry_refused(what, peer);
+    if (st != KVT_OK) return st;
+    if (r.type != PD_F_OK) return kvt__fail(KVT_EPROTO, "%s: unexpected answer type %u", what, r.type);
+    if (a0) *a0 = r.a0;
+    return KVT_OK;
 }
 
 kvt_status pd_bootstrap_register(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
