@@ -1125,12 +1125,13 @@ void kvt_pd_bootstrap_destroy(kvt_pd_bootstrap *bs);
  * another TP/DCP configuration, or, without a secret, this position at
  * another address: retried until the deadline, the message says until
  * when); KVT_EFULL; KVT_EAUTH (secrets differ); KVT_ECONN / KVT_ETIMEDOUT
- * (the service did not answer); KVT_EPROTO (it answered garbage).
+ * (the service did not answer); KVT_EPROTO (it answered garbage, or refused
+ * with a status no PD peer refuses with).
  * Connections that have not registered share 16 link slots (the oldest is
  * dropped for a newer one) and must authenticate within
  * min(peer_timeout_ms, 2 s); when all 256 are in use, the link idle
  * longest that carries no room is dropped for a newcomer. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EBUSY, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *params);
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_pd_sender_port(const kvt_pd_sender *s, uint16_t *out);
@@ -1184,10 +1185,13 @@ typedef struct kvt_pd_room_params {
  * KVT_ETIMEDOUT naming the prefill ranks still missing at the deadline;
  * KVT_EAUTH (secrets differ); KVT_ECONN (a peer unreachable until the
  * deadline); KVT_EPROTO; KVT_EFULL (more than 256 prefill peers);
- * KVT_ENOMEM; KVT_ESYS. A link that dies is redialled in the background;
- * a room whose part from that prefill rank was done (DONE, every page
- * verified) does not fail with it (docs/pd.md). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+ * KVT_ENOMEM; KVT_ESYS; or the status the service or a prefill rank refused
+ * with (one of KVT_EINVAL, KVT_ENOMEM, KVT_EBUSY, KVT_EFULL, KVT_EGEOMETRY,
+ * KVT_EUNSUPPORTED, KVT_EPROTO, KVT_EAUTH, KVT_EVERSION; any other refusal
+ * is KVT_EPROTO, as for the sender). A link that dies is redialled in the
+ * background; a room whose part from that prefill rank was done (DONE,
+ * every page verified) does not fail with it (docs/pd.md). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EBUSY, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *params);
 /* Opens a room and sends its page table to the prefill ranks. The page
  * table must name each engine page once (KVT_EINVAL otherwise); room ids

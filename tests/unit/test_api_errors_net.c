@@ -19,7 +19,9 @@
  *                        its checksum (conn_reform ECORRUPT)
  *  kvt_conn_wait_layer   a load whose SSD reads are held past the deadline
  *  kvt_pd_*_create       memory of the wrong kind (EUNSUPPORTED) or smaller
- *                        than the geometry (EGEOMETRY); a prefill rank that
+ *                        than the geometry (EGEOMETRY); a bootstrap service
+ *                        refusing with EBUSY or EFULL (the call's status) or
+ *                        with one no PD peer refuses with (EPROTO); a prefill rank that
  *                        answers RETRY to a registration (EPROTO); 257
  *                        prefill ranks feeding one decode rank (EFULL)
  *  kvt_pd_receiver_abort/clear  a batch still landing past the wait's bound
@@ -586,6 +588,7 @@ static void test_pd_create_memory(void **state)
 /* takes the decode rank's connection and misbehaves as told            */
 
 typedef enum {
+    FP_REFUSE,  /* as a bootstrap service: refuses any request with `status` */
     FP_OK,      /* accepts the registration, then hangs up */
     FP_RETRY,   /* answers the registration with RETRY */
     FP_VERSION, /* after the room opens, sends a frame of PD wire version 9 */
@@ -600,6 +603,7 @@ typedef struct fake_prefill {
     atomic_bool stop;
     uint32_t trickle_ms;
     uint64_t payload; /* FP_TRICKLE: the batch's bytes */
+    int32_t status;   /* FP_REFUSE */
 } fake_prefill;
 
 static bool fp_read_frame(kvt_stream *s, pd_hdr *h, uint8_t *body, size_t cap)
@@ -631,8 +635,14 @@ static void fp_serve(fake_prefill *f, kvt_stream *s)
     static uint8_t body[1 << 16];
     pd_hdr h;
     if (kvt__stream_auth_server(s->fd, &a, kvt__deadline_ns(5000)) != KVT_OK ||
-        !fp_read_frame(s, &h, body, sizeof body) || h.type != PD_F_REGISTER)
+        !fp_read_frame(s, &h, body, sizeof body))
         return;
+    if (f->mode == FP_REFUSE) {
+        const char *why = "refused by the fake service";
+        fp_send(s, &(pd_hdr){.type = PD_F_REFUSE, .status = f->status, .body_len = (uint32_t)strlen(why)}, why);
+        return;
+    }
+    if (h.type != PD_F_REGISTER) return;
     if (f->mode == FP_RETRY) {
         const char *why = "busy";
         fp_send(s, &(pd_hdr){.type = PD_F_RETRY, .status = KVT_EAGAIN, .body_len = 4}, why);
@@ -704,6 +714,14 @@ static void fp_start(fake_prefill *f, const kvt_geometry *g, uint16_t bs_port)
     fp_start_tp(f, g, bs_port, 1);
 }
 
+/* Listens only (a fake bootstrap service: FP_REFUSE). */
+static void fp_start_service(fake_prefill *f)
+{
+    atomic_store(&f->stop, false);
+    assert_ok(kvt__stream_listen("127.0.0.1", 0, &f->lfd, &f->port));
+    assert_int_equal(pthread_create(&f->th, NULL, fp_main, f), 0);
+}
+
 static void fp_stop(fake_prefill *f)
 {
     atomic_store(&f->stop, true);
@@ -738,6 +756,39 @@ static void pd_fx_fini(pd_fx *x)
     kvt_pd_bootstrap_destroy(x->bs);
     kvt_emu_destroy(x->e);
     kvt_geometry_destroy(x->g);
+}
+
+/* A bootstrap service refusing a registration or lookup: its status is
+ * the call's (KVT_EBUSY: another TP/DCP configuration holds the table, the
+ * sender retrying until its deadline; KVT_EFULL: the table is full), but a
+ * status no PD peer refuses with is the peer breaking the protocol. */
+static void test_pd_create_service_refusals(void **state)
+{
+    (void)state;
+    pd_fx x;
+    pd_fx_init(&x, 2000);
+    fake_prefill f = {.mode = FP_REFUSE, .lfd = -1, .status = KVT_EBUSY};
+    fp_start_service(&f);
+    x.p.bootstrap_port = f.port;
+    x.p.connect_timeout_ms = 500;
+    kvt_pd_sender *s = NULL;
+    kvt_pd_receiver *r = NULL;
+    EXPECT_ERR(kvt_pd_sender_create(&s, &x.p), KVT_EBUSY, "kvt_pd_sender_create", "registration refused",
+               "refused by the fake service");
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &x.p), KVT_EBUSY, "kvt_pd_receiver_create", "lookup refused",
+               "refused by the fake service");
+    f.status = KVT_EFULL;
+    EXPECT_ERR(kvt_pd_sender_create(&s, &x.p), KVT_EFULL, "kvt_pd_sender_create", "registration refused");
+    f.status = KVT_ENOSPC;
+    EXPECT_ERR(kvt_pd_sender_create(&s, &x.p), KVT_EPROTO, "kvt_pd_sender_create",
+               "which no PD peer refuses with", "refused by the fake service");
+    EXPECT_ERR(kvt_pd_receiver_create(&r, &x.p), KVT_EPROTO, "kvt_pd_receiver_create",
+               "which no PD peer refuses with");
+    assert_null(s);
+    assert_null(r);
+    fp_stop(&f);
+    pd_fx_fini(&x);
+    END_CHECKS();
 }
 
 /* RETRY is the bootstrap service's answer to lookups; from a prefill rank,
@@ -882,6 +933,7 @@ int main(void)
         cmocka_unit_test(test_reform_member_lost_hub),
         cmocka_unit_test(test_conn_wait_layer_deadline),
         cmocka_unit_test(test_pd_create_memory),
+        cmocka_unit_test(test_pd_create_service_refusals),
         cmocka_unit_test(test_pd_receiver_prefill_retry),
         cmocka_unit_test(test_pd_receiver_too_many_peers),
         cmocka_unit_test(test_pd_link_other_version),
