@@ -766,11 +766,12 @@ kvt_status kvt_net_tcp_port(const kvt_net *net, uint16_t *out);
  * ranks - 1 peers have authenticated; a stranger (bad or missing proof,
  * unknown or duplicate rank) is refused, logged to stderr and does not count.
  * Other ranks retry connecting until the deadline. KVT_EAUTH: this rank's
- * proof or the hub's was refused. With KVT_NET_UCX, each link then moves
+ * proof or the hub's was refused; KVT_EVERSION: the hub speaks another
+ * handshake version (the message names both). With KVT_NET_UCX, each link then moves
  * onto UCX: KVT_EUNSUPPORTED when UCX cannot start (libucp missing, or
  * UCX_TLS names nothing usable), KVT_EPROTO when the peer's worker address
  * is malformed. No-op for inproc and callback endpoints. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_net_connect(kvt_net *net, int64_t timeout_ms);
 
 /* An engine lends its own point-to-point send/receive (e.g. the CPU process

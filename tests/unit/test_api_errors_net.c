@@ -9,7 +9,8 @@
  *
  *  kvt_net_connect       UCX_TLS naming nothing usable (EUNSUPPORTED); a hub
  *                        sending a malformed UCX worker address (EPROTO); a
- *                        hub that never answers the hello (ECONN)
+ *                        hub of another handshake version (EVERSION); a hub
+ *                        that never answers the hello (ECONN)
  *  kvt_group_create      a member over UCX that cannot start (EUNSUPPORTED); a
  *                        member re-proposing a later epoch after the leader
  *                        agreed one (ESTATE)
@@ -168,12 +169,14 @@ static void nofile_low(struct rlimit *old)
 /* kvt_net_connect: UCX that cannot start, a hub that sends a malformed  */
 /* UCX address, a hub that never answers                               */
 
-/* A fake hub: accepts one rank, passes the group handshake (no secret),
- * then sends a UCX worker address of 0 bytes. */
+/* A fake hub: accepts one rank and refuses its hello with refuse_code, or
+ * (0) passes the group handshake (no secret) and then sends a UCX worker
+ * address of 0 bytes. */
 typedef struct fake_hub {
     int lfd;
     uint16_t port;
     pthread_t th;
+    uint32_t refuse_code;
 } fake_hub;
 
 static void *fake_hub_main(void *arg)
@@ -182,11 +185,17 @@ static void *fake_hub_main(void *arg)
     kvt_stream *s = NULL;
     if (kvt__stream_accept(h->lfd, kvt__deadline_ns(5000), &s) != KVT_OK) return NULL;
     kvt_stream_auth a = {.who = "fake hub", .realm = &kvt__auth_group, .ranks = 2};
-    if (kvt__stream_auth_server(s->fd, &a, kvt__deadline_ns(5000)) == KVT_OK) {
+    uint8_t hello[KVT_AUTH_HELLO], chal[KVT_AUTH_CHAL], b;
+    if (h->refuse_code) {
+        if (kvt__stream_recv(s, hello, sizeof hello, kvt__deadline_ns(5000)) == KVT_OK) {
+            kvt__auth_refuse_chal(&a, chal, h->refuse_code);
+            (void)kvt__stream_send(s, chal, sizeof chal, kvt__deadline_ns(5000));
+            (void)kvt__stream_recv(s, &b, 1, kvt__deadline_ns(5000)); /* until the rank hangs up */
+        }
+    } else if (kvt__stream_auth_server(s->fd, &a, kvt__deadline_ns(5000)) == KVT_OK) {
         uint8_t zero[4] = {0};
         (void)kvt__stream_send(s, zero, sizeof zero, kvt__deadline_ns(5000));
-        uint8_t b[256];
-        while (kvt__stream_recv(s, b, 1, kvt__deadline_ns(5000)) == KVT_OK) {
+        while (kvt__stream_recv(s, &b, 1, kvt__deadline_ns(5000)) == KVT_OK) {
         } /* until the rank hangs up */
     }
     kvt__stream_destroy(s);
@@ -219,6 +228,17 @@ static void test_net_connect_peer_faults(void **state)
     mp.port = h.port;
     assert_ok(kvt_net_tcp_create(&m, &mp));
     EXPECT_ERR(kvt_net_connect(m, 5000), KVT_EPROTO, "kvt_net_connect", "UCX address is 0 bytes");
+    kvt_net_destroy(m);
+    pthread_join(h.th, NULL);
+    close(h.lfd);
+
+    /* A hub of handshake version 2: a version refusal, named both ways. */
+    h = (fake_hub){.lfd = -1, .refuse_code = KVT_AUTH_BAD_VERSION | 2u << 16};
+    assert_ok(kvt__stream_listen("127.0.0.1", 0, &h.lfd, &h.port));
+    assert_int_equal(pthread_create(&h.th, NULL, fake_hub_main, &h), 0);
+    mp.port = h.port;
+    assert_ok(kvt_net_tcp_create(&m, &mp));
+    EXPECT_ERR(kvt_net_connect(m, 5000), KVT_EVERSION, "kvt_net_connect", "handshake version 2, this end 1");
     kvt_net_destroy(m);
     pthread_join(h.th, NULL);
     close(h.lfd);
