@@ -791,11 +791,12 @@ kvt_status kvt_net_tcp_port(const kvt_net *net, uint16_t *out);
  * ranks - 1 peers have authenticated; a stranger (bad or missing proof,
  * unknown or duplicate rank) is refused, logged to stderr and does not count.
  * Other ranks retry connecting until the deadline. KVT_EAUTH: this rank's
- * proof or the hub's was refused. With KVT_NET_UCX, each link then moves
+ * proof or the hub's was refused; KVT_EVERSION: the hub speaks another
+ * handshake version (the message names both). With KVT_NET_UCX, each link then moves
  * onto UCX: KVT_EUNSUPPORTED when UCX cannot start (libucp missing, or
  * UCX_TLS names nothing usable), KVT_EPROTO when the peer's worker address
  * is malformed. No-op for inproc and callback endpoints. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_net_connect(kvt_net *net, int64_t timeout_ms);
 
 /* An engine lends its own point-to-point send/receive (e.g. the CPU process
@@ -967,7 +968,7 @@ kvt_status kvt_conn_reset(kvt_conn *conn);
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_conn_poll(kvt_conn *conn, uint32_t *ended);
 /* Rank-local: waits until layers [0, layer] of rid's running load landed. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
 kvt_status kvt_conn_wait_layer(kvt_conn *conn, uint64_t rid, uint32_t layer,
                                int64_t timeout_ms);
 
@@ -1150,12 +1151,13 @@ void kvt_pd_bootstrap_destroy(kvt_pd_bootstrap *bs);
  * another TP/DCP configuration, or, without a secret, this position at
  * another address: retried until the deadline, the message says until
  * when); KVT_EFULL; KVT_EAUTH (secrets differ); KVT_ECONN / KVT_ETIMEDOUT
- * (the service did not answer); KVT_EPROTO (it answered garbage).
+ * (the service did not answer); KVT_EPROTO (it answered garbage, or refused
+ * with a status no PD peer refuses with).
  * Connections that have not registered share 16 link slots (the oldest is
  * dropped for a newer one) and must authenticate within
  * min(peer_timeout_ms, 2 s); when all 256 are in use, the link idle
  * longest that carries no room is dropped for a newcomer. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EBUSY, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_pd_sender_create(kvt_pd_sender **out, const kvt_pd_params *params);
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_pd_sender_port(const kvt_pd_sender *s, uint16_t *out);
@@ -1185,10 +1187,10 @@ kvt_status kvt_pd_sender_wait(kvt_pd_sender *s, uint64_t room, int64_t timeout_m
                               kvt_pd_poll *out);
 /* Fails the room now and tells every peer of it; each acknowledges
  * (kvt_pd_room_info.abort_acks). reason may be NULL. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
 kvt_status kvt_pd_sender_abort(kvt_pd_sender *s, uint64_t room, const char *reason);
 /* Forgets the room (any state); late messages about it are ignored. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND. */
 kvt_status kvt_pd_sender_clear(kvt_pd_sender *s, uint64_t room);
 void kvt_pd_sender_destroy(kvt_pd_sender *s);
 
@@ -1209,10 +1211,13 @@ typedef struct kvt_pd_room_params {
  * KVT_ETIMEDOUT naming the prefill ranks still missing at the deadline;
  * KVT_EAUTH (secrets differ); KVT_ECONN (a peer unreachable until the
  * deadline); KVT_EPROTO; KVT_EFULL (more than 256 prefill peers);
- * KVT_ENOMEM; KVT_ESYS. A link that dies is redialled in the background;
- * a room whose part from that prefill rank was done (DONE, every page
- * verified) does not fail with it (docs/pd.md). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EAGAIN, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+ * KVT_ENOMEM; KVT_ESYS; or the status the service or a prefill rank refused
+ * with (one of KVT_EINVAL, KVT_ENOMEM, KVT_EBUSY, KVT_EFULL, KVT_EGEOMETRY,
+ * KVT_EUNSUPPORTED, KVT_EPROTO, KVT_EAUTH, KVT_EVERSION; any other refusal
+ * is KVT_EPROTO, as for the sender). A link that dies is redialled in the
+ * background; a room whose part from that prefill rank was done (DONE,
+ * every page verified) does not fail with it (docs/pd.md). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_EBUSY, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_pd_receiver_create(kvt_pd_receiver **out, const kvt_pd_params *params);
 /* Opens a room and sends its page table to the prefill ranks. The page
  * table must name each engine page once (KVT_EINVAL otherwise); room ids
@@ -1235,7 +1240,8 @@ typedef struct kvt_pd_room_info {
     kvt_pd_poll state;
     kvt_status error;       /* why it FAILED: ETIMEDOUT, ECONN, ECORRUPT, EABORTED,
                                EAUTH (a frame failed authentication: altered in
-                               transit, with a secret set)... */
+                               transit, with a secret set), EVERSION (the link
+                               met a peer of another PD wire version)... */
     char message[160];      /* the reason in words; "" unless FAILED */
     uint64_t bytes;         /* payload bytes moved so far */
     uint32_t abort_acks;    /* peers that acknowledged our abort */

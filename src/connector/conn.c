@@ -269,7 +269,8 @@ kvt_status kvt_conn_wait_layer(kvt_conn *c, uint64_t rid, uint32_t layer, int64_
         return kvt__fail(KVT_ENOTFOUND, "%s: rid %llu has no running load on this rank", fn,
                          (unsigned long long)rid);
     kvt_status st = kvt_cache_wait_layer(c->cache, task, layer, timeout_ms);
-    if (st != KVT_ENOTFOUND) return st;
+    if (st == KVT_OK) return st;
+    if (st != KVT_ENOTFOUND) return kvt__wrap_error(st, fn); /* the call the user made, then the cache's */
     /* ... and such a poll may collect it while this call waits */
     pthread_mutex_lock(&c->mu);
     ended = load_collected(c, rid, &ended_st);

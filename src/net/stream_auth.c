@@ -72,8 +72,8 @@ static kvt_status refused(const kvt_stream_auth *a, const uint8_t *p)
         return kvt__fail(KVT_EAUTH, "%s: the %s is not a kvtier %s (bad handshake magic)", a->who,
                          r->server_noun, r->what);
     uint32_t code = kvt__get32(p + 4);
-    if ((code & 0xffff) == KVT_AUTH_BAD_VERSION)
-        return kvt__fail(KVT_EAUTH, "%s: the %s refused: it speaks %s handshake version %u, this end %u: "
+    if ((code & 0xffff) == KVT_AUTH_BAD_VERSION) /* a version refusal, as everywhere: EVERSION */
+        return kvt__fail(KVT_EVERSION, "%s: the %s refused: it speaks %s handshake version %u, this end %u: "
                          "upgrade both ends together", a->who, r->server_noun, r->what, code >> 16,
                          r->version);
     return kvt__fail(KVT_EAUTH, "%s: the %s refused: %s", a->who, r->server_noun, kvt__auth_refusal(code));
@@ -188,7 +188,7 @@ kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *a, uint64_t dl
     if (code != KVT_AUTH_OK) {
         (void)io(fd, chal, sizeof chal, dl, 1);
         if ((code & 0xffff) == KVT_AUTH_BAD_VERSION)
-            return kvt__fail(KVT_EAUTH, "the peer speaks %s handshake version %u, this end %u: upgrade both "
+            return kvt__fail(KVT_EVERSION, "the peer speaks %s handshake version %u, this end %u: upgrade both "
                              "ends together", r->what, hello[4], r->version);
         return kvt__fail(KVT_EAUTH, "%s", kvt__auth_refusal(code));
     }
@@ -234,7 +234,7 @@ kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *a, uint64_t dl
     if (kvt__get32(chal) == r->magic && kvt__get32(chal + 4) == KVT_AUTH_BAD_PROOF)
         /* never in a CHALLENGE of this version: a PD endpoint of version 1
          * numbered its "malformed hello" so */
-        return kvt__fail(KVT_EAUTH, "%s: the %s refused our hello: it speaks an older %s handshake version "
+        return kvt__fail(KVT_EVERSION, "%s: the %s refused our hello: it speaks an older %s handshake version "
                          "than this end's %u: upgrade both ends together", a->who, r->server_noun, r->what,
                          r->version);
     if (kvt__get32(chal) != r->magic || kvt__get32(chal + 4) != KVT_AUTH_OK) return refused(a, chal);

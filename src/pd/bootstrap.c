@@ -86,6 +86,22 @@ typedef struct bs_req {
 
 /* ---- client side ---- */
 
+/* The statuses a PD peer refuses a request with: the service's checks of a
+ * registration or lookup (a descriptor it cannot read or convert, another
+ * TP/DCP configuration holding the table, a full table, its own memory),
+ * a sender's plan for a decode rank. A REFUSE carrying any other status is
+ * the peer breaking the protocol (KVT_EPROTO): a peer cannot make this
+ * end's call return what it never meets itself (KVT_ECANCELED, KVT_ENOSPC),
+ * and kvtier.h's Returns: lines hold. */
+static kvt_status refusal_status(int32_t status)
+{
+    static const kvt_status known[] = {KVT_EINVAL, KVT_ENOMEM, KVT_EBUSY, KVT_EFULL, KVT_EGEOMETRY,
+                                       KVT_EUNSUPPORTED, KVT_EPROTO, KVT_EAUTH, KVT_EVERSION};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (status == (int32_t)known[i]) return known[i];
+    return KVT_EPROTO;
+}
+
 static kvt_status bs_call(kvt_stream *s, pd_mac *m, const pd_hdr *h, const void *body,
                           const kvt_pd_net_params *net, uint64_t dl, const char *what, pd_hdr *resp,
                           uint8_t **resp_body, uint32_t *resp_len)
@@ -113,8 +129,12 @@ static kvt_status bs_call(kvt_stream *s, pd_mac *m, const pd_hdr *h, const void 
     else if (st) st = kvt__fail(st, "%s: truncated answer", what);
     b[r.body_len] = 0;
     if (!st && r.type == PD_F_REFUSE) {
-        kvt_status rs = kvt__peer_failure(r.status);
-        st = kvt__fail(rs, "%s refused: %s", what, (char *)b);
+        kvt_status rs = refusal_status(r.status);
+        if (rs == KVT_EPROTO && r.status != KVT_EPROTO)
+            st = kvt__fail(rs, "%s refused with status %d, which no PD peer refuses with: %s", what,
+                           (int)r.status, (char *)b);
+        else
+            st = kvt__fail(rs, "%s refused: %s", what, (char *)b);
     } else if (!st && r.type == PD_F_RETRY) {
         st = kvt__fail(KVT_EAGAIN, "%s: %s", what, (char *)b);
     } else if (!st && r.type != PD_F_OK && r.type != PD_F_TOPO) {
@@ -141,6 +161,14 @@ kvt_status pd_bootstrap_call(kvt_stream *s, pd_mac *m, const pd_hdr *h, const vo
                              const kvt_pd_net_params *net, uint64_t dl, const char *what)
 {
     return bs_call(s, m, h, body, net, dl, what, NULL, NULL, NULL);
+}
+
+kvt_status pd_retry_refused(const char *what, const char *peer)
+{
+    char why[KVT_ERRMSG_MAX];
+    snprintf(why, sizeof why, "%s", kvt_last_error());
+    return kvt__fail(KVT_EPROTO, "%s: %s answered RETRY, which only the bootstrap service sends, and only to "
+                     "lookups (%s)", what, peer, why);
 }
 
 /* Connects to the service and authenticates; *m gets the connection's
@@ -188,16 +216,14 @@ static kvt_status prefill_request(const kvt_pd_net_params *net, const kvt_stream
     free(body);
     kvt__stream_destroy(bs);
     pd_mac_free(m);
-    if (st == KVT_EAGAIN) { /* RETRY answers lookups only: this service breaks the protocol */
-        char why[KVT_ERRMSG_MAX];
-        snprintf(why, sizeof why, "%s", kvt_last_error());
-        st = kvt__fail(KVT_EPROTO, "%s: the bootstrap service at %s:%u answered RETRY, which it sends only to "
-                       "lookups (%s)", what, bs_host ? bs_host : "127.0.0.1", bs_port, why);
-    }
-    if (!st && r.type != PD_F_OK)
-        st = kvt__fail(KVT_EPROTO, "%s: unexpected answer type %u", what, r.type);
-    if (!st && a0) *a0 = r.a0;
-    return st;
+    char peer[96];
+    snprintf(peer, sizeof peer, "the bootstrap service at %s:%u", bs_host ? bs_host : "127.0.0.1", bs_port);
+    /* RETRY answers lookups only: this service breaks the protocol */
+    if (st == KVT_EAGAIN) return pd_retry_refused(what, peer);
+    if (st != KVT_OK) return st;
+    if (r.type != PD_F_OK) return kvt__fail(KVT_EPROTO, "%s: unexpected answer type %u", what, r.type);
+    if (a0) *a0 = r.a0;
+    return KVT_OK;
 }
 
 kvt_status pd_bootstrap_register(const kvt_pd_net_params *net, const kvt_stream_auth *auth,

@@ -39,6 +39,11 @@
  * another TP/DCP configuration (the message names both and when the first
  * of those leases expires); KVT_EFULL: tp_size x dcp_size exceeds the
  * service's table; else the service's or the connection's status. */
+/* A RETRY (KVT_EAGAIN from the call, the failure kept as the message) to
+ * a request other than a lookup: the peer breaks the protocol. KVT_EPROTO
+ * naming what was asked and peer ("the bootstrap service at h:p", "the
+ * prefill rank"). */
+kvt_status pd_retry_refused(const char *what, const char *peer);
 kvt_status pd_bootstrap_register(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
                                  const char *bs_host, uint16_t bs_port, const pd_desc *desc,
                                  const char *data_host, uint16_t data_port, uint64_t deadline_ns,

@@ -171,7 +171,11 @@ kvt_status pd_conn_read(pd_conn *c, pd_hdr *h, uint64_t dl)
     if (st) return kvt__fail(st, "%s: %s reading a frame header", c->name,
                              st == KVT_ETIMEDOUT ? "timed out" : "link lost");
     char why[160];
-    if (!pd_hdr_decode(h, hb)) return kvt__fail(KVT_EPROTO, "%s: %s", c->name, pd_magic_why(hb, why, sizeof why));
+    /* another wire version is a version refusal (EVERSION), as the bootstrap
+     * calls and rank groups say; anything else is no PD frame */
+    if (!pd_hdr_decode(h, hb))
+        return kvt__fail(pd_magic_other_version(hb) ? KVT_EVERSION : KVT_EPROTO, "%s: %s", c->name,
+                         pd_magic_why(hb, why, sizeof why));
     if (h->body_len > c->ep->net.max_frame || h->payload_len > c->ep->net.max_frame)
         return kvt__fail(KVT_EPROTO, "%s: frame of %u + %llu bytes exceeds max_frame %u", c->name,
                          h->body_len, (unsigned long long)h->payload_len, c->ep->net.max_frame);

@@ -340,12 +340,17 @@ static kvt_status register_peer(pd_ep *ep, pd_conn *c, uint64_t dl)
     pd_hdr h = {.type = PD_F_REGISTER, .body_len = (uint32_t)n + 4};
     kvt_status st = pd_bootstrap_call_ex(c->s, c->mac, &h, body, &ep->net, dl, c->name, &ok, &oklen);
     free(body);
-    if (!st && (oklen != 4 || pd_get32(ok) < 4096))
-        st = kvt__fail(KVT_EPROTO, "%s: malformed registration answer (%u bytes, max_frame %u)", c->name, oklen,
-                       oklen == 4 ? pd_get32(ok) : 0);
-    if (!st && pd_get32(ok) < c->max_frame) c->max_frame = pd_get32(ok);
+    /* RETRY is the bootstrap service's answer to lookups: a prefill rank
+     * that sends it breaks the protocol (no "try again" comes of it) */
+    if (st == KVT_EAGAIN) return pd_retry_refused(c->name, "the prefill rank");
+    if (st != KVT_OK) return st;
+    uint32_t peer_max = oklen == 4 ? pd_get32(ok) : 0;
     free(ok);
-    return st;
+    if (peer_max < 4096)
+        return kvt__fail(KVT_EPROTO, "%s: malformed registration answer (%u bytes, max_frame %u)", c->name, oklen,
+                         peer_max);
+    if (peer_max < c->max_frame) c->max_frame = peer_max;
+    return KVT_OK;
 }
 
 /* A registered link to prefill rank t, not yet installed or started. */

@@ -20,6 +20,39 @@
     } while (0)
 #define assert_ok(call) assert_status(call, KVT_OK)
 
+/* Error-path checks that report every mismatch and go on (the
+ * test_api_errors*.c files; scripts/status_map.py --coverage reads them):
+ * EXPECT_ERR(call, KVT_X, needle...) checks the status, that
+ * kvt_last_error() is non-empty and that it holds every needle (at least
+ * one); EXPECT_OK(call) checks KVT_OK. Each mismatch is printed and
+ * counted; END_CHECKS() fails the test when any was. */
+extern int kvt_test_soft_failures;
+void kvt_test_check_err(const char *expr, const char *file, int line, kvt_status got,
+                        kvt_status want, const char *const *needles);
+
+#define EXPECT_ERR(call, want, ...)                                               \
+    do {                                                                          \
+        const char *const needles_[] = {__VA_ARGS__, NULL};                       \
+        kvt_test_check_err(#call, __FILE__, __LINE__, (call), (want), needles_);  \
+    } while (0)
+
+#define EXPECT_OK(call)                                                           \
+    do {                                                                          \
+        kvt_status st_ = (call);                                                  \
+        if (st_ != KVT_OK) {                                                      \
+            print_error("%s:%d: %s returned %s (%s), want KVT_OK\n", __FILE__,    \
+                        __LINE__, #call, kvt_status_name(st_), kvt_last_error()); \
+            kvt_test_soft_failures++;                                             \
+        }                                                                         \
+    } while (0)
+
+#define END_CHECKS()                                                              \
+    do {                                                                          \
+        int n_ = kvt_test_soft_failures;                                          \
+        kvt_test_soft_failures = 0;                                               \
+        if (n_) fail_msg("%d check(s) failed (see above)", n_);                   \
+    } while (0)
+
 /* A small uniform geometry: layers x (K,V) x heads x head_dim, 2-byte elems. */
 kvt_geometry *kvt_test_geometry(uint32_t layers, uint32_t heads, uint32_t head_dim,
                                 uint32_t tokens_per_page, kvt_layout layout);

@@ -272,57 +272,7 @@
 #endif
 
 /* ------------------------------------------------------------------ */
-/* Checking helpers                                                    */
-
-static int soft_failures;
-
-/* Checks status, a non-empty message and that it contains every needle.
- * Reports every mismatch (not only the first) and counts it. */
-static void check_err(const char *expr, const char *file, int line, kvt_status got,
-                      kvt_status want, const char *const *needles)
-{
-    const char *msg = kvt_last_error();
-    if (got != want) {
-        print_error("%s:%d: %s returned %s (\"%s\"), want %s\n", file, line, expr,
-                    kvt_status_name(got), msg, kvt_status_name(want));
-        soft_failures++;
-        return;
-    }
-    if (msg == NULL || msg[0] == '\0') {
-        print_error("%s:%d: %s: kvt_last_error() is empty\n", file, line, expr);
-        soft_failures++;
-        return;
-    }
-    for (const char *const *n = needles; *n; n++) {
-        if (!strstr(msg, *n)) {
-            print_error("%s:%d: %s: message \"%s\" lacks \"%s\"\n", file, line, expr, msg, *n);
-            soft_failures++;
-        }
-    }
-}
-
-#define EXPECT_ERR(call, want, ...)                                               \
-    do {                                                                          \
-        const char *const needles_[] = {__VA_ARGS__, NULL};                       \
-        check_err(#call, __FILE__, __LINE__, (call), (want), needles_);           \
-    } while (0)
-
-#define EXPECT_OK(call)                                                           \
-    do {                                                                          \
-        kvt_status st_ = (call);                                                  \
-        if (st_ != KVT_OK) {                                                      \
-            print_error("%s:%d: %s returned %s (%s), want KVT_OK\n", __FILE__,    \
-                        __LINE__, #call, kvt_status_name(st_), kvt_last_error()); \
-            soft_failures++;                                                      \
-        }                                                                         \
-    } while (0)
-
-#define END_CHECKS()                                                              \
-    do {                                                                          \
-        int n_ = soft_failures;                                                   \
-        soft_failures = 0;                                                        \
-        if (n_) fail_msg("%d check(s) failed (see above)", n_);                   \
-    } while (0)
+/* Checking helpers (EXPECT_ERR, EXPECT_OK, END_CHECKS: support.h)      */
 
 /* The allocation-failure countdown (defined with its wrappers below). */
 static _Atomic long alloc_countdown;
@@ -826,7 +776,7 @@ static void test_emu(void **state)
     assert_ok(kvt_emu_verify(e, &req, 0, 12, pages, 3, &vr));
     if (vr.mismatches != 0) {
         print_error("D4: kvt_emu_poison refused pages[1] but poisoned page 0\n");
-        soft_failures++;
+        kvt_test_soft_failures++;
     }
 #endif
     kvt_emu_destroy(e);
@@ -973,19 +923,19 @@ static void test_cache_requests(void **state)
     (k == 0 ? kvt_cache_lookup(cache, req, (kvt_match *)(out)) \
             : kvt_cache_prepare_store(cache, req, (kvt_store_plan *)(out)))
         void *out = k == 0 ? (void *)&mt : (void *)&pl;
-        check_err("NULL cache", __FILE__, __LINE__, CALL_(NULL, &f.req, out), KVT_EINVAL,
+        kvt_test_check_err("NULL cache", __FILE__, __LINE__, CALL_(NULL, &f.req, out), KVT_EINVAL,
                   (const char *const[]){fns[k], NAMED("cache is NULL", "c is NULL"), NULL});
-        check_err("NULL req", __FILE__, __LINE__, CALL_(f.cache, NULL, out), KVT_EINVAL,
+        kvt_test_check_err("NULL req", __FILE__, __LINE__, CALL_(f.cache, NULL, out), KVT_EINVAL,
                   (const char *const[]){fns[k], NAMED("req is NULL", "r is NULL"), NULL});
-        check_err("NULL out", __FILE__, __LINE__, CALL_(f.cache, &f.req, NULL), KVT_EINVAL,
+        kvt_test_check_err("NULL out", __FILE__, __LINE__, CALL_(f.cache, &f.req, NULL), KVT_EINVAL,
                   (const char *const[]){fns[k], "out", NULL});
-        check_err("tokens NULL", __FILE__, __LINE__, CALL_(f.cache, &notok, out), KVT_EINVAL,
+        kvt_test_check_err("tokens NULL", __FILE__, __LINE__, CALL_(f.cache, &notok, out), KVT_EINVAL,
                   (const char *const[]){fns[k], "tokens", NULL});
-        check_err("ns NULL", __FILE__, __LINE__, CALL_(f.cache, &nons, out), KVT_EINVAL,
+        kvt_test_check_err("ns NULL", __FILE__, __LINE__, CALL_(f.cache, &nons, out), KVT_EINVAL,
                   (const char *const[]){fns[k], "ns", NULL});
-        check_err("ns_len 4097", __FILE__, __LINE__, CALL_(f.cache, &longns, out), KVT_EINVAL,
+        kvt_test_check_err("ns_len 4097", __FILE__, __LINE__, CALL_(f.cache, &longns, out), KVT_EINVAL,
                   (const char *const[]){fns[k], "ns_len", NULL});
-        check_err("num_tokens 2^24+1", __FILE__, __LINE__, CALL_(f.cache, &huge, out),
+        kvt_test_check_err("num_tokens 2^24+1", __FILE__, __LINE__, CALL_(f.cache, &huge, out),
                   KVT_EINVAL, (const char *const[]){fns[k], "num_tokens", NULL});
 #undef CALL_
     }
@@ -1172,7 +1122,7 @@ static void defect_d8_mismatched_engine_memory(void **state)
     kvt_status st = kvt_cache_register_memory(c, &m);
     if (st == KVT_OK) {
         print_error("D8: memory of a smaller-geometry engine was accepted\n");
-        soft_failures++;
+        kvt_test_soft_failures++;
         /* What follows reads past the engine's buffers (ASan reports it). */
         uint32_t tokens[5] = {1, 2, 3, 4, 5}, pages[2] = {0, 1};
         kvt_request req = {tokens, 5, NULL, 0};
@@ -1557,9 +1507,9 @@ static void test_pd_bootstrap(void **state)
     (k == 0 ? kvt_pd_sender_create((kvt_pd_sender **)&h, params) \
             : kvt_pd_receiver_create((kvt_pd_receiver **)&h, params))
 #define CHECK_(params, want, ...) \
-    check_err(#params, __FILE__, __LINE__, CREATE_(params), want, \
+    kvt_test_check_err(#params, __FILE__, __LINE__, CREATE_(params), want, \
               (const char *const[]){fns[k], __VA_ARGS__, NULL})
-        check_err("NULL out", __FILE__, __LINE__,
+        kvt_test_check_err("NULL out", __FILE__, __LINE__,
                   k == 0 ? kvt_pd_sender_create(NULL, &p) : kvt_pd_receiver_create(NULL, &p),
                   KVT_EINVAL, (const char *const[]){fns[k], "out", NULL});
         CHECK_(NULL, KVT_EINVAL, NAMED("params is NULL", "p is NULL"));
@@ -1581,13 +1531,13 @@ static void test_pd_bootstrap(void **state)
         CHECK_(&q, KVT_EINVAL, "checksum_threads is -2");
         /* D7: the rank and geometry messages do not name the function. */
         q = p; q.rank.tp_size = 0;
-        check_err("tp_size 0", __FILE__, __LINE__, CREATE_(&q), KVT_EINVAL,
+        kvt_test_check_err("tp_size 0", __FILE__, __LINE__, CREATE_(&q), KVT_EINVAL,
                   (const char *const[]){"tp_size", NULL});
         q = p; q.rank.tp_rank = 1;
-        check_err("tp_rank 1", __FILE__, __LINE__, CREATE_(&q), KVT_EINVAL,
+        kvt_test_check_err("tp_rank 1", __FILE__, __LINE__, CREATE_(&q), KVT_EINVAL,
                   (const char *const[]){"tp_rank", NULL});
         q = p; q.geo = u;
-        check_err("undescribed geo", __FILE__, __LINE__, CREATE_(&q), KVT_EINVAL,
+        kvt_test_check_err("undescribed geo", __FILE__, __LINE__, CREATE_(&q), KVT_EINVAL,
                   (const char *const[]){"layer 0", NULL});
 #ifdef KNOWN_DEFECTS
         q = p; q.rank.tp_size = 0;
