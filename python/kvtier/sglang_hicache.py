@@ -697,6 +697,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 flat = np.ascontiguousarray(data).reshape(-1)
             finally:
                 self.staging.give(slots)
+        except KvtierError as e:
+            self._unavailable("get", e)
+            return None
         finally:
             self._rw.release_shared()
         if target_location is None:
@@ -737,6 +740,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 return out[0]
             finally:
                 self.staging.give(slots)
+        except KvtierError as e:
+            self._unavailable("set", e)
+            return False
         finally:
             self._rw.release_shared()
 

@@ -607,6 +607,11 @@ class NodeServerMode(unittest.TestCase):
                                    extra={"socket": self.sock, "timeout": 5})
         b = fakes.create_backend(cfg, pool)
         self.addCleanup(b.close)
+        vcfg = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first", extra={
+            "socket": self.sock, "timeout": 5, "zero_copy": False})
+        bv = fakes.create_backend(vcfg, fakes.FakeHostPool("page_first", pages=24, layers=4,
+                                                           heads=1, head_dim=64))
+        self.addCleanup(bv.close)
         keys = ["rs-%d" % i for i in range(6)]
         self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(6))), [True] * 6)
         b.cache.flush(10)  # durable on the SSD tier: the restart comes back warm
@@ -620,6 +625,8 @@ class NodeServerMode(unittest.TestCase):
         self.assertEqual(b.batch_exists(keys), 0)
         self.assertEqual(b.batch_get_v1(keys, pool.host_indices(dst)), [False] * 6)
         self.assertEqual(b.batch_set_v1(["down"], pool.host_indices([20])), [False])
+        self.assertIsNone(bv.get("rs-0"))  # the value calls too: a miss
+        self.assertFalse(bv.set("down", np.zeros(bv.block_bytes(), np.uint8)))
         for p, want in before.items():
             now = pool.page_bytes(p)
             self.assertTrue(all(np.array_equal(now[k], want[k]) for k in want),
