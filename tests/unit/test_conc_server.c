@@ -233,6 +233,18 @@ static pid_t spawn(child_fn fn, const char *path, void *arg)
     return pid;
 }
 
+/* The whole of a test whose one child does the checking: a server of its
+ * own on socket `name`, the child against it, a clean stop. */
+static void child_against_server(const char *name, child_fn fn, void *arg)
+{
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, name);
+    pid_t srv = start_server(path, NULL);
+    assert_int_equal(reap(spawn(fn, path, arg), 20000), 0);
+    stop_server(srv, path);
+}
+
 static kvt_status child_store(const char *path, void *arg)
 {
     uint64_t seed = *(uint64_t *)arg;
@@ -721,12 +733,7 @@ static kvt_status child_spoiled_store(const char *path, void *arg)
 static void test_spoiled_block_never_visible(void **state)
 {
     (void)state;
-    make_dir();
-    char path[300];
-    sock_path(path, sizeof path, "v.sock");
-    pid_t srv = start_server(path, NULL);
-    assert_int_equal(reap(spawn(child_spoiled_store, path, NULL), 20000), 0);
-    stop_server(srv, path);
+    child_against_server("v.sock", child_spoiled_store, NULL);
 }
 
 static kvt_status child_raw_store(const char *path, void *arg)
@@ -1420,12 +1427,7 @@ static kvt_status child_keyed_raw(const char *path, void *arg)
 static void test_keyed_bad_key_refused(void **state)
 {
     (void)state;
-    make_dir();
-    char path[300];
-    sock_path(path, sizeof path, "kb.sock");
-    pid_t srv = start_server(path, NULL);
-    assert_int_equal(reap(spawn(child_keyed_raw, path, NULL), 20000), 0);
-    stop_server(srv, path);
+    child_against_server("kb.sock", child_keyed_raw, NULL);
 }
 
 /* ------------------------------------------------------------------ */
