@@ -434,6 +434,56 @@ def server_handlers(funcs):
     return out
 
 
+def discarded(body, m):
+    """Whether the call matched by m (its name and opening parenthesis) is
+    a statement of its own whose value is dropped: `f(...);` or
+    `(void)f(...);` after `;`, `{`, `}`, `else` or an if's condition. Its
+    status cannot be returned (on_plan's kvt__cache_ext_abort(...) undoing
+    a plan whose reply failed says nothing to the client). The caller keeps
+    the call when the callee hands a status out through a kvt_status *
+    parameter, or when the caller returns a field (the callee may have
+    stored its status there), and when the callee is not one of
+    dropped_calls."""
+    start = m.start()
+    before = body[:start].rstrip()
+    before = re.sub(r"\(\s*void\s*\)\s*$", "", before).rstrip()
+    if m.group(1):  # p->ops->f(...): the statement starts at the object
+        obj = re.search(r"[\w\]\[>.\-\s]*$", body[:start])
+        before = body[:start - len(obj.group(0))].rstrip() if obj else before
+    if not (before == "" or before[-1] in ";{}" or re.search(r"\belse$", before) or
+            (before[-1] == ")" and if_condition_end(before))):
+        return False
+    i, depth = m.end(), 1
+    while depth and i < len(body):
+        depth += (body[i] == "(") - (body[i] == ")")
+        i += 1
+    return re.match(r"\s*;", body[i:]) is not None
+
+
+def dropped_calls(heads):
+    """Functions whose status a caller can drop (discarded): every
+    definition returns kvt_status and none takes a kvt_status *. A void
+    function's statuses are what it records (refuse(v, KVT_ESTATE, ...)
+    into a verdict its caller returns), so a call of one is never dropped."""
+    verdict = {}
+    for (_, name), (params, ret) in heads.items():
+        ok = re.fullmatch(r"\s*(static\s+)?(inline\s+)?kvt_status\s*;?", ret) is not None and \
+            not re.search(r"\bkvt_status\s*\*", params)
+        verdict[name] = verdict.get(name, True) and ok
+    return {n for n, ok in verdict.items() if ok}
+
+
+def if_condition_end(text):
+    """Whether text ends with the closing parenthesis of an if/while/for
+    condition (so what follows is that statement's body)."""
+    depth = 0
+    for j in range(len(text) - 1, -1, -1):
+        depth += (text[j] == ")") - (text[j] == "(")
+        if depth == 0:
+            return re.search(r"\b(if|while|for)\s*$", text[:j]) is not None
+    return False
+
+
 def closure(funcs, heads, ops, seen):
     """A function's reachable statuses. A call resolves to a static function
     of the caller's own file first, else to the non-static one of that name;
@@ -466,6 +516,7 @@ def closure(funcs, heads, ops, seen):
         return by_name.get(name, [])
 
     sinks = void_sinks(heads)
+    droppable = dropped_calls(heads)
     direct = {k: produced(b, () if returns_field(b) else sinks) for k, (b, _) in funcs.items()}
     handlers = server_handlers(funcs)
     calls, excl = {}, {}
@@ -474,8 +525,14 @@ def closure(funcs, heads, ops, seen):
         rets = returned_calls(b, heads.get((path, f), ("", ""))[0])
         if rets is not None:
             b = ";".join(rets)
+        # a dropped call's status stays out, unless it may come back
+        # through a field (return t->result; return kvt__fail(v.status, ...))
+        keep_all = rets is not None or returns_field(b) or \
+            re.search(r"\breturn\b[^;]*(->|\.)\s*\w*status\w*\b", b)
         for m in re.finditer(r"(->|\.)?\b(\w+)\s*\(", b):
             name = m.group(2)
+            if not keep_all and name in droppable and discarded(b, m):
+                continue
             if m.group(1):
                 c.update(ops_targets(path, name))
             elif name != f:
