@@ -1,0 +1,424 @@
+/* test_api_errors_server.c - the node server's and its clients' statuses,
+ * and the cache's CUDA layer events, each from a real cause (see
+ * test_api_errors.c for the argument checks; scripts/status_map.py
+ * --coverage reads every test_api_errors*.c):
+ *  - SSD writes held (kvt__ssd_hold_writes, as a slow device): a client's
+ *    flush and the server's stop both pass their deadline (KVT_ETIMEDOUT);
+ *  - SSD reads held (kvt__ssd_hold_reads) on a server reopened on those
+ *    blocks: a client's launched load pends, so its wait_layer times out;
+ *  - server_secret_file and server_namespaces: KVT_EAUTH at attach and at
+ *    lookup / prepare_store;
+ *  - over the fake CUDA runtime (tests/fake_cudart.c; ctest sets
+ *    KVTIER_CUDART): kvt_cache_layer_event and kvt_cache_stream_wait_layer
+ *    on an unknown, a planned, a reading and a loaded task.
+ * Every wait is bounded; a held read or write is released by the test (and
+ * by the SSD tier itself after 10 s, so a failing test hangs nothing). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "support.h"
+#include "cache/cache.h"
+#include "cuda/cuda.h"
+#include "cuda/cudart.h"
+#include "server/server.h"
+#include "store/ssd.h"
+
+#define WAIT_MS 10000
+/* 2 layers x (K, V) x 2 heads x 8 dims x 2 bytes, 4 tokens per page. */
+#define T_LAYERS 2u
+#define T_TPP 4u
+#define T_PAGES 8u
+#define T_TOKENS 13u /* 3 full blocks of 4 tokens */
+
+/* ------------------------------------------------------------------ */
+/* Checking: the status and a message holding each needle. Soft (counted,
+ * reported at END_CHECKS) so a client thread may check too. */
+
+static atomic_int soft_failures;
+
+static void check_err(const char *expr, int line, kvt_status got, kvt_status want,
+                      const char *const *needles)
+{
+    const char *msg = kvt_last_error();
+    if (got != want) {
+        print_error("line %d: %s returned %s (\"%s\"), want %s\n", line, expr,
+                    kvt_status_name(got), msg, kvt_status_name(want));
+        atomic_fetch_add(&soft_failures, 1);
+        return;
+    }
+    for (const char *const *n = needles; *n; n++)
+        if (!strstr(msg, *n)) {
+            print_error("line %d: %s: message \"%s\" lacks \"%s\"\n", line, expr, msg, *n);
+            atomic_fetch_add(&soft_failures, 1);
+        }
+}
+
+#define EXPECT_ERR(call, want, ...)                                                 \
+    do {                                                                            \
+        const char *const needles_[] = {__VA_ARGS__, NULL};                         \
+        check_err(#call, __LINE__, (call), (want), needles_);                       \
+    } while (0)
+#define EXPECT_OK(call) EXPECT_ERR(call, KVT_OK, "")
+#define END_CHECKS()                                                                \
+    do {                                                                            \
+        int n_ = atomic_exchange(&soft_failures, 0);                                \
+        if (n_) fail_msg("%d check(s) failed (see above)", n_);                     \
+    } while (0)
+
+/* ------------------------------------------------------------------ */
+/* Fixtures                                                            */
+
+static kvt_geometry *small_geo(void)
+{
+    kvt_geometry *g = kvt_test_geometry(T_LAYERS, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
+    assert_non_null(g);
+    return g;
+}
+
+static void make_test_dir(char *out, size_t n, const char *tag)
+{
+    const char *base = getenv("KVTIER_TEST_TMP");
+    if (!base) base = "/tmp";
+    mkdir(base, 0700);
+    snprintf(out, n, "%s/%sXXXXXX", base, tag);
+    assert_non_null(mkdtemp(out));
+    kvt_test_dir_track(out);
+}
+
+/* A small cache (or server) config; ssd: the SSD tier's directory or NULL. */
+static kvt_config *small_config(const char *ssd)
+{
+    kvt_config *cfg = NULL;
+    assert_ok(kvt_config_create(&cfg));
+    assert_ok(kvt_config_set(cfg, "cpu_capacity", "256KiB"));
+    assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
+    assert_ok(kvt_config_set(cfg, "block_tokens", "4"));
+    assert_ok(kvt_config_set(cfg, "workers", "1"));
+    assert_ok(kvt_config_set(cfg, "max_tasks", "16"));
+    if (ssd) {
+        assert_ok(kvt_config_set(cfg, "ssd_dirs", ssd));
+        assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
+    }
+    return cfg;
+}
+
+/* The request every test stores: T_TOKENS tokens in namespace "ns", its
+ * KV filled into pages 1, 3, 5, 7 of an emulated engine. */
+typedef struct engine {
+    kvt_emu *emu;
+    kvt_engine_memory mem;
+    uint32_t tokens[T_TOKENS], pages[4];
+    kvt_request req;
+} engine;
+
+static void engine_init(engine *e, const kvt_geometry *g)
+{
+    memset(e, 0, sizeof *e);
+    assert_ok(kvt_emu_create(&e->emu, g, T_PAGES));
+    assert_ok(kvt_emu_memory(e->emu, &e->mem));
+    kvt_test_tokens(e->tokens, T_TOKENS, 77);
+    e->req = (kvt_request){e->tokens, T_TOKENS, "ns", 2};
+    for (uint32_t i = 0; i < 4; i++) e->pages[i] = 2 * i + 1;
+    assert_ok(kvt_emu_fill(e->emu, &e->req, 0, T_TOKENS, e->pages, 4));
+}
+
+/* A server on its own thread. */
+typedef struct srv_fx {
+    kvt_server *srv;
+    pthread_t th;
+    kvt_status run_st;
+} srv_fx;
+
+static void *srv_run(void *p)
+{
+    srv_fx *f = p;
+    f->run_st = kvt_server_run(f->srv);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* SSD writes held: a client's flush, then the server's stop, time out  */
+
+typedef struct writer {
+    kvt_server *srv;
+    const char *sock;
+    const kvt_geometry *geo;
+} writer;
+
+/* The client side of test_held_writes, on its own thread while the main
+ * thread runs the server: stores the request with the server's SSD writes
+ * held, checks kvt_client_flush's deadline, then stops the server. */
+static void *held_writes_client(void *arg)
+{
+    writer *w = arg;
+    engine e;
+    engine_init(&e, w->geo);
+    kvt_client *cl = NULL;
+    kvt_status st = kvt_client_attach(&cl, w->sock, w->geo, WAIT_MS);
+    if (st == KVT_OK) st = kvt_client_register_memory(cl, &e.mem);
+    kvt_store_plan p = {0};
+    kvt_task_result r = {0};
+    kvt__ssd_hold_writes(w->srv->cache->ssd, true);
+    if (st == KVT_OK) st = kvt_client_prepare_store(cl, &e.req, &p);
+    if (st == KVT_OK) st = kvt_client_launch(cl, p.task, e.pages, 4);
+    if (st == KVT_OK) st = kvt_client_wait(cl, p.task, WAIT_MS, &r);
+    if (st != KVT_OK || r.status != KVT_OK || p.num_tokens != 12) {
+        print_error("store through the server: %s (%s), result %s, %u tokens planned\n",
+                    kvt_status_name(st), kvt_last_error(), kvt_status_name(r.status),
+                    p.num_tokens);
+        atomic_fetch_add(&soft_failures, 1);
+    } else {
+        /* The server's cache waits 0 ms for the held write-through. */
+        EXPECT_ERR(kvt_client_flush(cl, 0), KVT_ETIMEDOUT, "kvt_client_flush",
+                   "SSD writes still pending");
+    }
+    kvt_client_detach(cl);
+    kvt_emu_destroy(e.emu);
+    kvt_server_stop(w->srv);
+    return NULL;
+}
+
+/* A stopping server waits server_stop_ms for SSD writes to become durable:
+ * held, they are still pending at that bound. */
+static void test_held_writes(void **state)
+{
+    (void)state;
+    char dir[200], ssd[240], sock[240];
+    make_test_dir(dir, sizeof dir, "apisrvw");
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    kvt_config *cfg = small_config(ssd);
+    assert_ok(kvt_config_set(cfg, "server_socket", sock));
+    assert_ok(kvt_config_set(cfg, "server_stop_ms", "1"));
+    kvt_geometry *g = small_geo();
+    kvt_server *srv = NULL;
+    assert_ok(kvt_server_create(&srv, cfg, g));
+    writer w = {srv, sock, g};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, held_writes_client, &w), 0);
+    EXPECT_ERR(kvt_server_run(srv), KVT_ETIMEDOUT, "SSD writes still pending");
+    pthread_join(th, NULL);
+    kvt__ssd_hold_writes(srv->cache->ssd, false);
+    kvt_server_destroy(srv);
+    kvt_config_destroy(cfg);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* ------------------------------------------------------------------ */
+/* SSD reads held, a secret, namespaces                                 */
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(text, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(chmod(path, 0600), 0);
+}
+
+/* Stores the request through a cache on ssd, durably (then closed). */
+static void store_on_ssd(const char *ssd, const kvt_geometry *g, engine *e)
+{
+    kvt_config *cfg = small_config(ssd);
+    kvt_cache *c = NULL;
+    assert_ok(kvt_cache_create(&c, cfg, g));
+    assert_ok(kvt_cache_register_memory(c, &e->mem));
+    kvt_store_plan p;
+    kvt_task_result r;
+    assert_ok(kvt_cache_prepare_store(c, &e->req, &p));
+    assert_int_equal(p.num_tokens, 12);
+    assert_ok(kvt_cache_launch(c, p.task, e->pages, 4));
+    assert_ok(kvt_cache_wait(c, p.task, WAIT_MS, &r));
+    assert_int_equal(r.status, KVT_OK);
+    assert_ok(kvt_cache_flush(c, WAIT_MS));
+    kvt_cache_destroy(c);
+    kvt_config_destroy(cfg);
+}
+
+/* A server reopened on an SSD directory holding the request's blocks (the
+ * CPU tier starts empty), with a secret and namespace rules. */
+static void test_server_reads_auth(void **state)
+{
+    (void)state;
+    char dir[200], ssd[240], sock[240], secret[240];
+    make_test_dir(dir, sizeof dir, "apisrvr");
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    snprintf(secret, sizeof secret, "%s/secret", dir);
+    write_file(secret, "0123456789abcdef-the-node-secret");
+    kvt_geometry *g = small_geo();
+    engine e;
+    engine_init(&e, g);
+    store_on_ssd(ssd, g, &e);
+
+    kvt_config *cfg = small_config(ssd);
+    assert_ok(kvt_config_set(cfg, "server_socket", sock));
+    assert_ok(kvt_config_set(cfg, "server_secret_file", secret));
+    assert_ok(kvt_config_set(cfg, "server_namespaces", "*=ns,-"));
+    srv_fx f = {0};
+    assert_ok(kvt_server_create(&f.srv, cfg, g));
+    assert_int_equal(pthread_create(&f.th, NULL, srv_run, &f), 0);
+
+    /* The server wants the secret; this client has none. */
+    kvt_client *cl = NULL;
+    unsetenv("KVTIER_SERVER_SECRET_FILE");
+    EXPECT_ERR(kvt_client_attach(&cl, sock, g, WAIT_MS), KVT_EAUTH, "kvt_client_attach", sock,
+               "secret");
+    assert_null(cl);
+    setenv("KVTIER_SERVER_SECRET_FILE", secret, 1);
+    EXPECT_OK(kvt_client_attach(&cl, sock, g, WAIT_MS));
+    unsetenv("KVTIER_SERVER_SECRET_FILE");
+    assert_non_null(cl);
+    assert_ok(kvt_client_register_memory(cl, &e.mem));
+
+    /* A namespace no rule gives this client. */
+    kvt_request evil = {e.tokens, T_TOKENS, "evil", 4};
+    kvt_match m = {0, 0};
+    kvt_store_plan p = {0};
+    EXPECT_ERR(kvt_client_lookup(cl, &evil, &m), KVT_EAUTH, "kvt_client_lookup",
+               "namespace \"evil\" is not allowed");
+    EXPECT_ERR(kvt_client_prepare_store(cl, &evil, &p), KVT_EAUTH, "kvt_client_prepare_store",
+               "namespace \"evil\" is not allowed");
+
+    /* The blocks are on the SSD only and their reads are held: the load's
+     * launch pends, and no layer can have landed at a 0 ms deadline. */
+    kvt__ssd_hold_reads(f.srv->cache->ssd, true);
+    assert_ok(kvt_client_lookup(cl, &e.req, &m));
+    assert_int_equal(m.matched_tokens, 12);
+    uint32_t load_pages[4] = {0, 2, 4, 6};
+    assert_ok(kvt_emu_poison(e.emu, load_pages, 4));
+    EXPECT_OK(kvt_client_launch(cl, m.task, load_pages, 4));
+    EXPECT_ERR(kvt_client_wait_layer(cl, m.task, 0, 0), KVT_ETIMEDOUT, "kvt_client_wait_layer",
+               "still read from SSD");
+    kvt__ssd_hold_reads(f.srv->cache->ssd, false);
+    EXPECT_OK(kvt_client_wait_layer(cl, m.task, T_LAYERS - 1, WAIT_MS));
+    kvt_task_result r;
+    assert_ok(kvt_client_wait(cl, m.task, WAIT_MS, &r));
+    assert_int_equal(r.status, KVT_OK);
+    kvt_verify_result v;
+    assert_ok(kvt_emu_verify(e.emu, &e.req, 0, 12, load_pages, 4, &v));
+    assert_true(v.bytes_checked > 0);
+    assert_int_equal(v.mismatches, 0);
+
+    kvt_client_detach(cl);
+    kvt_server_stop(f.srv);
+    pthread_join(f.th, NULL);
+    assert_ok(f.run_st);
+    kvt_server_destroy(f.srv);
+    kvt_config_destroy(cfg);
+    kvt_emu_destroy(e.emu);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* ------------------------------------------------------------------ */
+/* CUDA layer events, over the fake runtime                             */
+
+/* "Device" copies of the engine's buffers (the fake runtime's device
+ * memory is host memory it tracks as device memory). */
+typedef struct dev_mem {
+    kvt_engine_memory mem;
+    void *bufs[KVT_MAX_LAYERS * KVT_MAX_COMPONENTS];
+    uint64_t bytes[KVT_MAX_LAYERS * KVT_MAX_COMPONENTS];
+} dev_mem;
+
+static void dev_alloc(const kvt_cuda_api *api, dev_mem *d, const kvt_engine_memory *host)
+{
+    memset(d, 0, sizeof *d);
+    d->mem = *host;
+    d->mem.kind = KVT_MEMORY_CUDA;
+    d->mem.device = 0;
+    assert_null(host->base); /* layer-first: one buffer per (layer, component) */
+    for (uint32_t u = 0; u < KVT_MAX_LAYERS * KVT_MAX_COMPONENTS; u++) {
+        if (!host->layer_bases[u]) continue;
+        d->bytes[u] = host->buffer_bytes[u];
+        assert_int_equal(api->Malloc(&d->bufs[u], d->bytes[u]), 0);
+        assert_int_equal(api->Memcpy(d->bufs[u], host->layer_bases[u], d->bytes[u],
+                                     KVT_CU_MEMCPY_H2D), 0);
+    }
+    d->mem.layer_bases = d->bufs;
+    d->mem.buffer_bytes = d->bytes;
+}
+
+static void dev_free(const kvt_cuda_api *api, dev_mem *d)
+{
+    for (uint32_t u = 0; u < KVT_MAX_LAYERS * KVT_MAX_COMPONENTS; u++)
+        if (d->bufs[u]) api->Free(d->bufs[u]);
+}
+
+/* The request's blocks on the SSD only (reads held, then released), the
+ * engine's pages in (fake) device memory. */
+static void test_layer_events(void **state)
+{
+    (void)state;
+    const char *why = NULL;
+    const kvt_cuda_api *api = kvt__cuda_load(&why);
+    if (!api || !getenv("KVTIER_CUDART"))
+        fail_msg("this test runs over tests/fake_cudart.c (KVTIER_CUDART, set by ctest): %s",
+                 why ? why : "KVTIER_CUDART is not set");
+    char dir[200], ssd[240];
+    make_test_dir(dir, sizeof dir, "apicuda");
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    kvt_geometry *g = small_geo();
+    engine e;
+    engine_init(&e, g);
+    store_on_ssd(ssd, g, &e);
+
+    kvt_config *cfg = small_config(ssd);
+    kvt_cache *c = NULL;
+    assert_ok(kvt_cache_create(&c, cfg, g));
+    dev_mem d;
+    dev_alloc(api, &d, &e.mem);
+    assert_ok(kvt_cache_register_memory(c, &d.mem));
+    void *ev = NULL;
+    EXPECT_ERR(kvt_cache_layer_event(c, 987654, 0, 0, &ev), KVT_ENOTFOUND,
+               "kvt_cache_layer_event", "987654");
+    EXPECT_ERR(kvt_cache_stream_wait_layer(c, 987654, 0, NULL, 0), KVT_ENOTFOUND,
+               "kvt_cache_stream_wait_layer", "987654");
+
+    kvt__ssd_hold_reads(c->ssd, true);
+    kvt_match m;
+    assert_ok(kvt_cache_lookup(c, &e.req, &m));
+    assert_int_equal(m.matched_tokens, 12);
+    EXPECT_ERR(kvt_cache_layer_event(c, m.task, 0, 0, &ev), KVT_ESTATE, "kvt_cache_layer_event",
+               "never launched");
+    EXPECT_ERR(kvt_cache_stream_wait_layer(c, m.task, 0, NULL, 0), KVT_ESTATE,
+               "kvt_cache_stream_wait_layer", "never launched");
+    uint32_t load_pages[4] = {0, 2, 4, 6};
+    assert_ok(kvt_cache_launch(c, m.task, load_pages, 4));
+    EXPECT_ERR(kvt_cache_layer_event(c, m.task, 0, 0, &ev), KVT_ETIMEDOUT,
+               "kvt_cache_layer_event", "not enqueued");
+    EXPECT_ERR(kvt_cache_stream_wait_layer(c, m.task, 1, NULL, 0), KVT_ETIMEDOUT,
+               "kvt_cache_stream_wait_layer", "not enqueued");
+    kvt__ssd_hold_reads(c->ssd, false);
+    EXPECT_OK(kvt_cache_layer_event(c, m.task, 0, WAIT_MS, &ev));
+    assert_non_null(ev);
+    EXPECT_OK(kvt_cache_stream_wait_layer(c, m.task, 1, NULL, WAIT_MS));
+    kvt_task_result r;
+    assert_ok(kvt_cache_wait(c, m.task, WAIT_MS, &r));
+    assert_int_equal(r.status, KVT_OK);
+    assert_int_equal(r.num_tokens, 12);
+
+    kvt_cache_destroy(c);
+    dev_free(api, &d);
+    kvt_config_destroy(cfg);
+    kvt_emu_destroy(e.emu);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_held_writes),
+        cmocka_unit_test(test_server_reads_auth),
+        cmocka_unit_test(test_layer_events),
+    };
+    return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
+}
