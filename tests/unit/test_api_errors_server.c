@@ -10,7 +10,8 @@
  *    lookup / prepare_store;
  *  - over the fake CUDA runtime (tests/fake_cudart.c; ctest sets
  *    KVTIER_CUDART): kvt_cache_layer_event and kvt_cache_stream_wait_layer
- *    on an unknown, a planned, a reading and a loaded task.
+ *    on an unknown, a planned, a reading and a loaded task, and a stream
+ *    the runtime refuses.
  * Every wait is bounded; a held read or write is released by the test (and
  * by the SSD tier itself after 10 s, so a failing test hangs nothing). */
 #include <pthread.h>
@@ -400,6 +401,13 @@ static void test_layer_events(void **state)
     EXPECT_OK(kvt_cache_layer_event(c, m.task, 0, WAIT_MS, &ev));
     assert_non_null(ev);
     EXPECT_OK(kvt_cache_stream_wait_layer(c, m.task, 1, NULL, WAIT_MS));
+    /* A stream the engine already destroyed: the runtime refuses the wait
+     * (cudaErrorInvalidResourceHandle). */
+    void *gone = NULL;
+    assert_int_equal(api->StreamCreateWithFlags(&gone, KVT_CU_STREAM_NON_BLOCKING), 0);
+    assert_int_equal(api->StreamDestroy(gone), 0);
+    EXPECT_ERR(kvt_cache_stream_wait_layer(c, m.task, 1, gone, WAIT_MS), KVT_EIO,
+               "kvt_cache_stream_wait_layer", "cudaStreamWaitEvent", "400");
     kvt_task_result r;
     assert_ok(kvt_cache_wait(c, m.task, WAIT_MS, &r));
     assert_int_equal(r.status, KVT_OK);
