@@ -552,7 +552,7 @@ typedef struct kvt_client kvt_client;
  * KVT_EBUSY: another server holds the socket or an SSD directory (the
  * message names its pid). KVT_EGEOMETRY: an SSD directory was written for
  * another geometry. KVT_ESYS, KVT_ENOMEM, KVT_EIO. The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_ESTATE, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo);
 /* Serves clients on the calling thread until kvt_server_stop; then
  * disconnects every client (their tasks are cancelled, pins released),

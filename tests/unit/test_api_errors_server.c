@@ -11,7 +11,8 @@
  *  - over the fake CUDA runtime (tests/fake_cudart.c; ctest sets
  *    KVTIER_CUDART): kvt_cache_layer_event and kvt_cache_stream_wait_layer
  *    on an unknown, a planned, a reading and a loaded task, and a stream
- *    the runtime refuses.
+ *    the runtime refuses; kvt_cache_register_memory of device memory when
+ *    the CPU tier cannot be pinned or an allocation fails.
  * Every wait is bounded; a held read or write is released by the test (and
  * by the SSD tier itself after 10 s, so a failing test hangs nothing). */
 #include <pthread.h>
@@ -27,6 +28,7 @@
 #include "cuda/cuda.h"
 #include "cuda/cudart.h"
 #include "server/server.h"
+#include "store/pool.h"
 #include "store/ssd.h"
 
 #define WAIT_MS 10000
@@ -70,6 +72,21 @@ static void check_err(const char *expr, int line, kvt_status got, kvt_status wan
         int n_ = atomic_exchange(&soft_failures, 0);                                \
         if (n_) fail_msg("%d check(s) failed (see above)", n_);                     \
     } while (0)
+
+/* Allocation failure in this thread: the test links with --wrap=malloc,
+ * calloc and realloc (tests/CMakeLists.txt); the allocation that finds the
+ * countdown at 0 fails (-1: none does). */
+static _Thread_local long alloc_countdown = -1;
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+static int alloc_fails(void)
+{
+    return alloc_countdown >= 0 && alloc_countdown-- == 0;
+}
+void *__wrap_malloc(size_t n) { return alloc_fails() ? NULL : __real_malloc(n); }
+void *__wrap_calloc(size_t n, size_t size) { return alloc_fails() ? NULL : __real_calloc(n, size); }
+void *__wrap_realloc(void *p, size_t n) { return alloc_fails() ? NULL : __real_realloc(p, n); }
 
 /* ------------------------------------------------------------------ */
 /* Fixtures                                                            */
@@ -376,7 +393,20 @@ static void test_layer_events(void **state)
     assert_ok(kvt_cache_create(&c, cfg, g));
     dev_mem d;
     dev_alloc(api, &d, &e.mem);
-    assert_ok(kvt_cache_register_memory(c, &d.mem));
+    /* The CPU tier already pinned (by someone else in this process): the
+     * runtime refuses to pin it again (cudaErrorHostMemoryAlreadyRegistered). */
+    void *tier = kvt__pool_block(c->pool, 0);
+    size_t tier_len = (size_t)kvt__pool_blocks_total(c->pool) * kvt__pool_stride(c->pool);
+    assert_int_equal(api->HostRegister(tier, tier_len, 0), 0);
+    EXPECT_ERR(kvt_cache_register_memory(c, &d.mem), KVT_ESYS, "kvt_cache_register_memory",
+               "cudaHostRegister", "712");
+    assert_int_equal(api->HostUnregister(tier), 0);
+    /* No memory for the registration's tables. */
+    alloc_countdown = 0;
+    EXPECT_ERR(kvt_cache_register_memory(c, &d.mem), KVT_ENOMEM, "kvt_cache_register_memory",
+               "out of memory");
+    alloc_countdown = -1;
+    EXPECT_OK(kvt_cache_register_memory(c, &d.mem));
     void *ev = NULL;
     EXPECT_ERR(kvt_cache_layer_event(c, 987654, 0, 0, &ev), KVT_ENOTFOUND,
                "kvt_cache_layer_event", "987654");
