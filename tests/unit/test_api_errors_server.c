@@ -12,10 +12,20 @@
  *    KVTIER_CUDART): kvt_cache_layer_event and kvt_cache_stream_wait_layer
  *    on an unknown, a planned, a reading and a loaded task, and a stream
  *    the runtime refuses; kvt_cache_register_memory of device memory when
- *    the CPU tier cannot be pinned or an allocation fails.
+ *    the CPU tier cannot be pinned or an allocation fails;
+ *  - a child denied io_uring (seccomp, as in a container) with the SSD
+ *    tier's io option forcing it: KVT_EUNSUPPORTED at cache and server create.
  * Every wait is bounded; a held read or write is released by the test (and
  * by the SSD tier itself after 10 s, so a failing test hangs nothing). */
+#include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <pthread.h>
+#include <stddef.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -451,12 +461,81 @@ static void test_layer_events(void **state)
     END_CHECKS();
 }
 
+/* ------------------------------------------------------------------ */
+/* No io_uring: the SSD tier told to use it cannot start                */
+
+#if defined(__x86_64__)
+#define SECCOMP_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define SECCOMP_ARCH AUDIT_ARCH_AARCH64
+#endif
+
+/* Denies io_uring_setup to this process (ENOSYS), as a container's seccomp
+ * policy does (Docker's default one among them). Irrevocable: a child's. */
+static int deny_io_uring(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SECCOMP_ARCH, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof f / sizeof f[0]), f};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+    return prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog);
+}
+
+/* In a child without io_uring, the io option "uring" (the SSD tier's I/O
+ * forced to io_uring, not picked by probing): the cache and the server refuse to
+ * start, naming io_uring. The child's failed checks are its exit status. */
+static void test_no_io_uring(void **state)
+{
+    (void)state;
+    char dir[200], ssd[240], sock[240];
+    make_test_dir(dir, sizeof dir, "apiuring");
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    kvt_geometry *g = small_geo();
+    kvt_config *cfg = small_config(ssd);
+    kvt_config *scfg = small_config(ssd);
+    assert_ok(kvt_config_set(cfg, "io", "uring"));
+    assert_ok(kvt_config_set(scfg, "io", "uring"));
+    assert_ok(kvt_config_set(scfg, "server_socket", sock));
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (deny_io_uring() != 0) {
+            print_error("seccomp: %s\n", strerror(errno));
+            _exit(100);
+        }
+        kvt_cache *c = NULL;
+        kvt_server *srv = NULL;
+        EXPECT_ERR(kvt_cache_create(&c, cfg, g), KVT_EUNSUPPORTED, "io option",
+                   "io_uring_queue_init", "Function not implemented");
+        EXPECT_ERR(kvt_server_create(&srv, scfg, g), KVT_EUNSUPPORTED, "io option",
+                   "io_uring_queue_init", "Function not implemented");
+        _exit(atomic_load(&soft_failures));
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    kvt_config_destroy(scfg);
+    kvt_config_destroy(cfg);
+    kvt_geometry_destroy(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_held_writes),
         cmocka_unit_test(test_server_reads_auth),
         cmocka_unit_test(test_layer_events),
+        cmocka_unit_test(test_no_io_uring),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
