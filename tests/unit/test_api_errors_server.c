@@ -14,7 +14,8 @@
  *    the runtime refuses; kvt_cache_register_memory of device memory when
  *    the CPU tier cannot be pinned or an allocation fails;
  *  - a child denied io_uring (seccomp, as in a container) with the SSD
- *    tier's io option forcing it: KVT_EUNSUPPORTED at cache and server create.
+ *    tier's io option forcing it: KVT_EUNSUPPORTED at cache and server create;
+ *  - a metrics endpoint at an address no interface has: KVT_ESYS.
  * Every wait is bounded; a held read or write is released by the test (and
  * by the SSD tier itself after 10 s, so a failing test hangs nothing). */
 #include <errno.h>
@@ -462,6 +463,29 @@ static void test_layer_events(void **state)
 }
 
 /* ------------------------------------------------------------------ */
+/* The metrics endpoint at an address of no interface here              */
+
+/* 192.0.2.1 (TEST-NET-1, RFC 5737: assigned to no host) with
+ * metrics_insecure: the bind fails (EADDRNOTAVAIL), and the cache is not
+ * created. */
+static void test_metrics_unlistenable(void **state)
+{
+    (void)state;
+    kvt_geometry *g = small_geo();
+    kvt_config *cfg = small_config(NULL);
+    assert_ok(kvt_config_set(cfg, "metrics_addr", "192.0.2.1"));
+    assert_ok(kvt_config_set(cfg, "metrics_insecure", "true"));
+    assert_ok(kvt_config_set(cfg, "metrics_port", "9109"));
+    kvt_cache *c = NULL;
+    EXPECT_ERR(kvt_cache_create(&c, cfg, g), KVT_ESYS, "kvt_cache_create", "metrics endpoint",
+               "192.0.2.1");
+    assert_null(c);
+    kvt_config_destroy(cfg);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* ------------------------------------------------------------------ */
 /* No io_uring: the SSD tier told to use it cannot start                */
 
 #if defined(__x86_64__)
@@ -536,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_server_reads_auth),
         cmocka_unit_test(test_layer_events),
         cmocka_unit_test(test_no_io_uring),
+        cmocka_unit_test(test_metrics_unlistenable),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
