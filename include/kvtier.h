@@ -584,7 +584,7 @@ void kvt_server_destroy(kvt_server *srv);
  * KVTIER_SERVER_SECRET_FILE, the server_secret_file option's variable).
  * KVT_EVERSION, KVT_EPROTO, KVT_ESYS, KVT_ENOMEM, KVT_EINVAL.
  * The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_attach(kvt_client **out, const char *socket_path,
                              const kvt_geometry *geo, int64_t timeout_ms);
 /* Cancels this client's tasks (the server releases their pins), waits for
@@ -618,9 +618,9 @@ void kvt_client_detach(kvt_client *cl);
  * concurrently on one client (round trips are serialised on its socket). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE, KVT_EUNSUPPORTED. */
 kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
                                     kvt_store_plan *out);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
@@ -638,7 +638,7 @@ kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max,
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id task);
 /* The server's kvt_cache_stats (every client's traffic together). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_stats(kvt_client *cl, kvt_cache_stats *out);
 /* kvt_cache_flush on the server: every block stored so far (by any client)
  * durable on the SSD tier, or KVT_ETIMEDOUT after timeout_ms (0..600000). */

@@ -294,7 +294,7 @@ def reaching(body, v, pos):
             return found
     return None
 
-def guarded_edges(body):
+def guarded_edges(body, replacers=frozenset()):
     """callee -> codes a function cannot pass on from that callee, because
     the status it got is compared and replaced before any return.
 
@@ -306,8 +306,10 @@ def guarded_edges(body):
         turning kvt_cache_wait's ETIMEDOUT into EAGAIN), under
         `if (V == KVT_Y) return V;` (only Y is), or after an early
         `if (V == KVT_X) return <other>;` (early_returns); V is otherwise
-        only compared (V == KVT_Z, V != KVT_Z, !V, if (V)) and every call of
-        g lands in V;
+        only compared (V == KVT_Z, V != KVT_Z, !V, if (V)) or replaced
+        (V = m(..., V): m one of replacers, which never return a status
+        they were given, e.g. client.c's lost() turning a failed round
+        trip into KVT_ECONN), and every call of g lands in V;
       - while ((V = g(...)) == KVT_X) { body without V }: the loop is left
         only with V != X (a retry until a deadline that reports its own
         ETIMEDOUT), and g is called nowhere else."""
@@ -345,6 +347,9 @@ def guarded_edges(body):
             if re.match(r"\s*[=!]=\s*KVT_\w+", after) or re.search(r"(!|\bif\s*\()\s*$", before) \
                     and re.match(r"\s*\)", after):
                 continue
+            m = enclosing_call(body, u)
+            if m in replacers and re.search(r"\b%s\s*=\s*%s\s*\([^;]*$" % (re.escape(v), m), before):
+                continue  # v = m(..., v): replaced by what m returns
             if re.search(r"\breturn\s*$|\breturn\b[^;]*[?:]\s*$", before) and re.match(r"\s*;", after):
                 rets += 1
                 mine = early_returns(body, v, u)
@@ -362,10 +367,10 @@ def guarded_edges(body):
             ok = False
             break
         # every call of a callee must land in v, or its status goes elsewhere too
-        if ok and rets and all(
-                len(re.findall(r"(?<![\w>.])%s\s*\(" % re.escape(g), body)) == len(at)
-                for g, at in assigned.items()):
-            for g in assigned:
+        if ok and rets:
+            for g, at in assigned.items():
+                if len(re.findall(r"(?<![\w>.])%s\s*\(" % re.escape(g), body)) != len(at):
+                    continue
                 # only the returns g's value can reach
                 excl = set(every)
                 for k, mine in seen_by:
@@ -416,7 +421,10 @@ def returns_field(body):
 
 SERVER_CONN = "src/server/conn.c"
 CLIENT = "src/server/client.c"
-SERVER_SEND = {"reply", "reply_err"}
+# A handler's replying: reply, reply_err, or its own send of the reply frame
+# (on_hello passes the tier's fd with it). A failed send is the server's:
+# the client sees the connection lost, not the send's status.
+SERVER_SEND = {"reply", "reply_err", "kvt__srv_send_frame"}
 
 
 def server_handlers(funcs):
@@ -517,6 +525,20 @@ def closure(funcs, heads, ops, seen):
 
     sinks = void_sinks(heads)
     droppable = dropped_calls(heads)
+    # functions that never return a status they were given (their every
+    # return is a constant, their own kvt__fail(KVT_X, ...) or a call given
+    # no status): v = m(..., v) replaces v (guarded_edges)
+    replacer_keys = set()
+    for k, (b, _) in funcs.items():
+        params = heads.get(k, ("", ""))[0]
+        if re.search(r"\bkvt_status\s+\w+", params) and returned_calls(b, params) is not None:
+            replacer_keys.add(k)
+
+    def replacers(path, body):
+        """The replacers a call in path's body resolves to (client.c's
+        lost, not tcp.c's)."""
+        names = set(re.findall(r"\b(\w+)\s*\(", body))
+        return {n for n in names if resolve(path, n) and set(resolve(path, n)) <= replacer_keys}
     direct = {k: produced(b, () if returns_field(b) else sinks) for k, (b, _) in funcs.items()}
     handlers = server_handlers(funcs)
     calls, excl = {}, {}
@@ -543,7 +565,8 @@ def closure(funcs, heads, ops, seen):
             for op in set(named) & set(handlers):
                 c.add(("<relay>", handlers[op][1]))
         calls[(path, f)] = c
-        for g, codes in guarded_edges(funcs[(path, f)][0]).items():
+        body = funcs[(path, f)][0]
+        for g, codes in guarded_edges(body, replacers(path, body)).items():
             excl[(path, f, g)] = codes
     for op, h in handlers.items():
         if h in funcs:

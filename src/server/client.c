@@ -148,6 +148,37 @@ static kvt_status reattach(kvt_client *cl, const char *fn)
     return KVT_OK;
 }
 
+/* A round trip failed with st: the stream is out of step now, so no later
+ * call may use it (io_mu held). What the caller gets: a malformed reply,
+ * or no memory to take it in, is not the server going away and keeps its
+ * own status; anything else (no reply in time, a send or receive failing)
+ * is KVT_ECONN naming the socket. */
+static kvt_status lost(kvt_client *cl, const char *fn, kvt_status st)
+{
+    cl->broken = true;
+    if (st == KVT_ETIMEDOUT)
+        snprintf(cl->broken_msg, sizeof cl->broken_msg, "no reply within %lld ms",
+                 (long long)cl->timeout_ms);
+    else if (st == KVT_ECONN)
+        snprintf(cl->broken_msg, sizeof cl->broken_msg, "connection lost (the server "
+                 "stopped or died)");
+    else
+        snprintf(cl->broken_msg, sizeof cl->broken_msg, "%s (%s)", kvt_status_name(st),
+                 kvt_last_error());
+    shutdown(cl->fd, SHUT_RDWR);
+    switch (st) {
+    case KVT_EPROTO:
+        return kvt__fail(KVT_EPROTO, "%s: kvtier server at %s: %s", fn, cl->path, cl->broken_msg);
+    case KVT_EVERSION:
+        return kvt__fail(KVT_EVERSION, "%s: kvtier server at %s: %s", fn, cl->path,
+                         cl->broken_msg);
+    case KVT_ENOMEM:
+        return kvt__fail(KVT_ENOMEM, "%s: kvtier server at %s: %s", fn, cl->path, cl->broken_msg);
+    default:
+        return broken_fail(cl, fn);
+    }
+}
+
 static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
                                 const kvt_srv_buf *b, uint8_t **rep, uint32_t *rep_len,
                                 int *fd_got, int64_t extra_ms)
@@ -164,28 +195,12 @@ static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
     if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, fd_got, deadline);
-    if (!st && h.op != (op | KVT_SRV_REPLY)) {
+    if (st == KVT_OK && h.op != (op | KVT_SRV_REPLY)) {
         free(p);
         st = kvt__fail(KVT_EPROTO, "reply op 0x%x to request op %u", h.op, op);
     }
     if (st) {
-        /* The stream is out of step now: no later call may use it. */
-        cl->broken = true;
-        if (st == KVT_ETIMEDOUT)
-            snprintf(cl->broken_msg, sizeof cl->broken_msg, "no reply within %lld ms",
-                     (long long)cl->timeout_ms);
-        else if (st == KVT_ECONN)
-            snprintf(cl->broken_msg, sizeof cl->broken_msg, "connection lost (the server "
-                     "stopped or died)");
-        else
-            snprintf(cl->broken_msg, sizeof cl->broken_msg, "%s (%s)", kvt_status_name(st),
-                     kvt_last_error());
-        shutdown(cl->fd, SHUT_RDWR);
-        /* A malformed reply, or no memory to take it in, is not the server
-         * going away: it keeps its own status (the connection still goes). */
-        st = st == KVT_EPROTO || st == KVT_EVERSION || st == KVT_ENOMEM
-                 ? kvt__fail(st, "%s: kvtier server at %s: %s", fn, cl->path, cl->broken_msg)
-                 : broken_fail(cl, fn);
+        st = lost(cl, fn, st);
         pthread_mutex_unlock(&cl->io_mu);
         return st;
     }
@@ -337,22 +352,35 @@ static kvt_status load_secret(kvt_client *cl)
                                 &cl->secret, &cl->secret_len);
 }
 
+/* One request of attach (GEOMETRY or HELLO) and its reply: a server that
+ * closes the connection or does not answer in time is KVT_ECONN naming
+ * the socket, as a server that is not there. */
+static kvt_status attach_exchange(kvt_client *cl, uint16_t op, const kvt_srv_buf *b,
+                                  kvt_srv_hdr *h, uint8_t **p, int *fd)
+{
+    static const char fn[] = "kvt_client_attach";
+    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
+    kvt_status st = kvt__srv_send_frame(cl->fd, op, 0, b->p, b->len, -1, deadline);
+    if (!st) st = kvt__srv_recv_frame(cl->fd, h, p, fd, deadline);
+    if (st == KVT_ECONN)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: connection lost during attach",
+                         fn, cl->path);
+    if (st == KVT_ETIMEDOUT)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: no reply to attach", fn, cl->path);
+    return st;
+}
+
 /* HELLO and the tier's mapping; io_mu held or not yet shared. */
 static kvt_status hello_locked(kvt_client *cl)
 {
     static const char fn[] = "kvt_client_attach";
     kvt_srv_buf b = {0};
     kvt_status st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), cl->geo);
-    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
     int fd = -1;
-    if (!st) st = kvt__srv_send_frame(cl->fd, KVT_SRV_HELLO, 0, b.p, b.len, -1, deadline);
+    if (!st) st = attach_exchange(cl, KVT_SRV_HELLO, &b, &h, &p, &fd);
     kvt__srv_buf_free(&b);
-    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, &fd, deadline);
-    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
-        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
-                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
     if (st) return st;
     if (h.op != (KVT_SRV_HELLO | KVT_SRV_REPLY)) st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x",
                                                                 fn, h.op);
@@ -397,22 +425,22 @@ static kvt_status hello_locked(kvt_client *cl)
 static kvt_status fetch_geometry(kvt_client *cl)
 {
     static const char fn[] = "kvt_client_attach";
-    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
-    kvt_status st = kvt__srv_send_frame(cl->fd, KVT_SRV_GEOMETRY, 0, NULL, 0, -1, deadline);
-    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, NULL, deadline);
-    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
-        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
-                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
+    kvt_srv_buf none = {0};
+    kvt_status st = attach_exchange(cl, KVT_SRV_GEOMETRY, &none, &h, &p, NULL);
+    if (st) {
+        free(p);
+        return st;
+    }
     kvt_srv_hello g = {0};
-    if (!st && h.op != (KVT_SRV_GEOMETRY | KVT_SRV_REPLY))
+    if (h.op != (KVT_SRV_GEOMETRY | KVT_SRV_REPLY))
         st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to GEOMETRY", fn, h.op);
-    else if (!st && h.status)
+    else if (h.status)
         st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
                        (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
                        p ? (const char *)p : "");
-    else if (!st && (st = kvt__srv_hello_decode(p, h.len, true, &g)))
+    else if ((st = kvt__srv_hello_decode(p, h.len, true, &g)))
         kvt__wrap_error(st, "kvt_client_attach: the server's geometry");
     free(p);
     if (!st) cl->geo = g.geo;
