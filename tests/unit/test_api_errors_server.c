@@ -5,7 +5,8 @@
  *  - SSD writes held (kvt__ssd_hold_writes, as a slow device): a client's
  *    flush and the server's stop both pass their deadline (KVT_ETIMEDOUT);
  *  - SSD reads held (kvt__ssd_hold_reads) on a server reopened on those
- *    blocks: a client's launched load pends, so its wait_layer times out;
+ *    blocks: a client's launched load pends, so its wait_layer times out
+ *    (and with no thread to finish it, the launch fails: KVT_ESYS);
  *  - server_secret_file and server_namespaces: KVT_EAUTH at attach and at
  *    lookup / prepare_store;
  *  - over the fake CUDA runtime (tests/fake_cudart.c; ctest sets
@@ -98,6 +99,19 @@ static int alloc_fails(void)
 void *__wrap_malloc(size_t n) { return alloc_fails() ? NULL : __real_malloc(n); }
 void *__wrap_calloc(size_t n, size_t size) { return alloc_fails() ? NULL : __real_calloc(n, size); }
 void *__wrap_realloc(void *p, size_t n) { return alloc_fails() ? NULL : __real_realloc(p, n); }
+
+/* Thread creation failing in this thread (--wrap=pthread_create): the next
+ * one fails with EAGAIN, as at the process's thread limit. */
+static _Thread_local int thread_fails;
+int __real_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg);
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg)
+{
+    if (thread_fails) {
+        thread_fails = 0;
+        return EAGAIN;
+    }
+    return __real_pthread_create(t, a, f, arg);
+}
 
 /* ------------------------------------------------------------------ */
 /* Fixtures                                                            */
@@ -318,10 +332,18 @@ static void test_server_reads_auth(void **state)
     /* The blocks are on the SSD only and their reads are held: the load's
      * launch pends, and no layer can have landed at a 0 ms deadline. */
     kvt__ssd_hold_reads(f.srv->cache->ssd, true);
-    assert_ok(kvt_client_lookup(cl, &e.req, &m));
-    assert_int_equal(m.matched_tokens, 12);
     uint32_t load_pages[4] = {0, 2, 4, 6};
     assert_ok(kvt_emu_poison(e.emu, load_pages, 4));
+    /* The first pending load starts the client's launcher thread: when
+     * that cannot start, the launch fails and the server drops the task. */
+    assert_ok(kvt_client_lookup(cl, &e.req, &m));
+    assert_int_equal(m.matched_tokens, 12);
+    thread_fails = 1;
+    EXPECT_ERR(kvt_client_launch(cl, m.task, load_pages, 4), KVT_ESYS, "kvt_client_launch",
+               "no thread");
+    thread_fails = 0;
+    assert_ok(kvt_client_lookup(cl, &e.req, &m));
+    assert_int_equal(m.matched_tokens, 12);
     EXPECT_OK(kvt_client_launch(cl, m.task, load_pages, 4));
     EXPECT_ERR(kvt_client_wait_layer(cl, m.task, 0, 0), KVT_ETIMEDOUT, "kvt_client_wait_layer",
                "still read from SSD");
