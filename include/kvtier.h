@@ -635,7 +635,7 @@ kvt_status kvt_client_wait(kvt_client *cl, kvt_task_id task, int64_t timeout_ms,
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max,
                            uint32_t *count);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id task);
 /* The server's kvt_cache_stats (every client's traffic together). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */

@@ -294,7 +294,7 @@ def reaching(body, v, pos):
             return found
     return None
 
-def guarded_edges(body, replacers=frozenset()):
+def guarded_edges(body, replacers=None):
     """callee -> codes a function cannot pass on from that callee, because
     the status it got is compared and replaced before any return.
 
@@ -307,14 +307,16 @@ def guarded_edges(body, replacers=frozenset()):
         `if (V == KVT_Y) return V;` (only Y is), or after an early
         `if (V == KVT_X) return <other>;` (early_returns); V is otherwise
         only compared (V == KVT_Z, V != KVT_Z, !V, if (V)) or replaced
-        (V = m(..., V): m one of replacers, which never return a status
-        they were given, e.g. client.c's lost() turning a failed round
-        trip into KVT_ECONN), and every call of g lands in V;
+        (V = m(..., V): m one of replacers, name -> the codes m passes on of
+        the status it was given: none for client.c's lost(), which turns a
+        failed round trip into KVT_ECONN; its switch's case labels for a
+        filter such as plan_status), and every call of g lands in V;
       - while ((V = g(...)) == KVT_X) { body without V }: the loop is left
         only with V != X (a retry until a deadline that reports its own
         ETIMEDOUT), and g is called nowhere else."""
     out = {}
     every = set(STATUS_ORDER)
+    replacers = replacers or {}
     for v in status_vars(body):
         uses = [m.start() for m in re.finditer(r"\b%s\b" % re.escape(v), body)]
         assigned = {}
@@ -376,6 +378,9 @@ def guarded_edges(body, replacers=frozenset()):
                 for k, mine in seen_by:
                     if k is None or g in k:
                         excl &= mine
+                    else:  # g's value may pass a filter on its way here
+                        for m in k & set(replacers):
+                            excl &= (every - replacers[m]) | mine
                 if excl:
                     out.setdefault(g, set()).update(excl)
     return out
@@ -421,6 +426,7 @@ def returns_field(body):
 
 SERVER_CONN = "src/server/conn.c"
 CLIENT = "src/server/client.c"
+ROUND_TRIPS = ("round_trip", "round_trip_ex")
 # A handler's replying: reply, reply_err, or its own send of the reply frame
 # (on_hello passes the tier's fd with it). A failed send is the server's:
 # the client sees the connection lost, not the send's status.
@@ -492,6 +498,27 @@ def if_condition_end(text):
     return False
 
 
+def replaced(body, params):
+    """For a function taking a kvt_status P: the codes of P it can return,
+    when it returns P only as `return P;` right after case labels of a
+    switch (a filter: plan_status passes the codes a plan may get) and every
+    other return is a constant, its own kvt__fail(KVT_X, ...) or a call
+    given no status (returned_calls); the empty set when it never returns P
+    (client.c's lost). None otherwise."""
+    m = re.search(r"\bkvt_status\s+(\w+)\s*(?:,|$|;)", params)
+    if not m:
+        return None
+    p = m.group(1)
+    codes = set()
+    for r in re.finditer(r"((?:\bcase\s+KVT_\w+\s*:\s*)+)return\s+%s\s*;" % re.escape(p), body):
+        codes |= set(re.findall(r"KVT_(\w+)", r.group(1)))
+    rest = re.sub(r"((?:\bcase\s+KVT_\w+\s*:\s*)+)return\s+%s\s*;" % re.escape(p),
+                  lambda r: r.group(1) + "return KVT_OK;", body)
+    if returned_calls(rest, params) is None:
+        return None
+    return codes
+
+
 def closure(funcs, heads, ops, seen):
     """A function's reachable statuses. A call resolves to a static function
     of the caller's own file first, else to the non-static one of that name;
@@ -528,17 +555,17 @@ def closure(funcs, heads, ops, seen):
     # functions that never return a status they were given (their every
     # return is a constant, their own kvt__fail(KVT_X, ...) or a call given
     # no status): v = m(..., v) replaces v (guarded_edges)
-    replacer_keys = set()
-    for k, (b, _) in funcs.items():
-        params = heads.get(k, ("", ""))[0]
-        if re.search(r"\bkvt_status\s+\w+", params) and returned_calls(b, params) is not None:
-            replacer_keys.add(k)
+    passes = {k: replaced(b, heads.get(k, ("", ""))[0]) for k, (b, _) in funcs.items()}
 
     def replacers(path, body):
-        """The replacers a call in path's body resolves to (client.c's
-        lost, not tcp.c's)."""
-        names = set(re.findall(r"\b(\w+)\s*\(", body))
-        return {n for n in names if resolve(path, n) and set(resolve(path, n)) <= replacer_keys}
+        """name -> pass set of the replacers a call in path's body resolves
+        to (client.c's lost, not tcp.c's)."""
+        out = {}
+        for n in set(re.findall(r"\b(\w+)\s*\(", body)):
+            ks = resolve(path, n)
+            if ks and all(passes.get(k) is not None for k in ks):
+                out[n] = set().union(*(passes[k] for k in ks))
+        return out
     direct = {k: produced(b, () if returns_field(b) else sinks) for k, (b, _) in funcs.items()}
     handlers = server_handlers(funcs)
     calls, excl = {}, {}
@@ -568,6 +595,24 @@ def closure(funcs, heads, ops, seen):
         body = funcs[(path, f)][0]
         for g, codes in guarded_edges(body, replacers(path, body)).items():
             excl[(path, f, g)] = codes
+    # The server's answer reaches the client function as the value of its
+    # round trip: whatever that function (or the one it hands the op to,
+    # plan for LOOKUP) does to the round trip's status applies to the
+    # answer too (plan_status, cancel_answer filter it).
+    for (path, f), (b, _) in funcs.items():
+        if path != CLIENT:
+            continue
+        for m in re.finditer(r"\b(KVT_SRV_\w+)\b", b):
+            if m.group(1) not in handlers or ("<relay>", handlers[m.group(1)][1]) not in calls[(path, f)]:
+                continue
+            via = enclosing_call(b, m.start())
+            h = f if via in ROUND_TRIPS else via
+            codes = [excl.get((path, h, rt)) for rt in ROUND_TRIPS
+                     if re.search(r"\b%s\s*\(" % rt, funcs.get((path, h), ("", False))[0])]
+            if codes and all(c is not None for c in codes):
+                key = (path, f, handlers[m.group(1)][1])
+                cut = set.intersection(*[set(c) for c in codes])
+                excl[key] = excl.get(key, cut) & cut
     for op, h in handlers.items():
         if h in funcs:
             direct[("<relay>", h[1])] = direct.get(h, set())

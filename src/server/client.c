@@ -531,6 +531,15 @@ kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *m
 /* ------------------------------------------------------------------ */
 /* Planning                                                           */
 
+/* A server's answer (the status named got) no request of this kind gets:
+ * it breaks the protocol. */
+static kvt_status answer_refused(const char *fn, const char *what, const char *got)
+{
+    char said[KVT_ERRMSG_MAX];
+    snprintf(said, sizeof said, "%s", kvt_last_error());
+    return kvt__fail(KVT_EPROTO, "%s: the server answered %s with %s (%s)", fn, what, got, said);
+}
+
 /* A plan's status, checked: the server answers a plan with a status of
  * kvt_cache_lookup or prepare_store (KVT_EINVAL, KVT_ENOMEM, KVT_EFULL),
  * KVT_EFULL (this client's task quota, server_client_tasks) or KVT_EAUTH (a
@@ -538,16 +547,16 @@ kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *m
  * adds its own KVT_ENOMEM, KVT_EPROTO, KVT_ECONN and KVT_EVERSION (every
  * other failure of it is KVT_ECONN). That is all a plan may return: a
  * server answering anything else breaks the protocol. A switch, so that
- * scripts/status_map.py reads these as compared, not produced. */
+ * scripts/status_map.py reads it as a filter passing these codes. */
 static kvt_status plan_status(const char *fn, kvt_status st)
 {
+    const char *got = kvt_status_name(st);
     switch (st) {
     case KVT_EINVAL: case KVT_ENOMEM: case KVT_EFULL: case KVT_EAUTH: /* the server's */
     case KVT_EPROTO: case KVT_ECONN: case KVT_EVERSION:               /* the round trip's */
         return st;
     default:
-        return kvt__fail(KVT_EPROTO, "%s: the server answered a plan with %s (%s)", fn,
-                         kvt_status_name(st), kvt_last_error());
+        return answer_refused(fn, "a plan", got);
     }
 }
 
@@ -1101,6 +1110,39 @@ kvt_status kvt_client_wait_layer(kvt_client *cl, kvt_task_id id, uint32_t layer,
     return st;
 }
 
+/* The server's answer to the CANCEL of a planned task, checked: it releases
+ * the plan (KVT_OK), or no longer has it (KVT_ENOTFOUND: it expired there,
+ * which is KVT_OK here); the round trip adds its own KVT_ENOMEM, KVT_EPROTO,
+ * KVT_ECONN and KVT_EVERSION. The server's other answers to CANCEL (its
+ * SSD reads not ending in time) are for launched tasks, which this client
+ * cancels through the launcher (cancel_at_server) or by ending the copy. */
+static kvt_status cancel_answer(const char *fn, kvt_status st)
+{
+    const char *got = kvt_status_name(st);
+    switch (st) {
+    case KVT_ENOMEM: case KVT_EPROTO: case KVT_ECONN: case KVT_EVERSION:
+        return st;
+    case KVT_OK: case KVT_ENOTFOUND:
+        return KVT_OK;
+    default:
+        return answer_refused(fn, "the cancel of a planned task", got);
+    }
+}
+
+/* CANCEL of a planned task, its answer checked (cancel_answer). */
+static kvt_status cancel_planned(kvt_client *cl, const char *fn, kvt_task_id id)
+{
+    kvt_srv_buf b = {0};
+    kvt__srv_id_encode(&b, id);
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    kvt_status st = round_trip(cl, fn, KVT_SRV_CANCEL, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    free(p);
+    st = cancel_answer(fn, st);
+    return st;
+}
+
 kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id id)
 {
     static const char fn[] = "kvt_client_cancel";
@@ -1120,18 +1162,11 @@ kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id id)
     } else if (t->state == CT_PLANNED) {
         t->state = CT_RUNNING; /* no launch may start on it now */
         pthread_mutex_unlock(&cl->mu);
-        kvt_srv_buf b = {0};
-        kvt__srv_id_encode(&b, id);
-        uint8_t *p = NULL;
-        uint32_t len = 0;
-        st = round_trip(cl, fn, KVT_SRV_CANCEL, &b, &p, &len, NULL);
-        kvt__srv_buf_free(&b);
-        free(p);
+        st = cancel_planned(cl, fn, id);
         pthread_mutex_lock(&cl->mu);
         /* Whatever the server said, the task is over for the engine. */
         kvt_task_result r = local_result(t, KVT_ECANCELED);
         ct_end(cl, t, &r);
-        if (st == KVT_ENOTFOUND) st = KVT_OK; /* it had expired there */
     }
     pthread_mutex_unlock(&cl->mu);
     return st;

@@ -16,16 +16,22 @@
  *    the CPU tier cannot be pinned or an allocation fails;
  *  - a child denied io_uring (seccomp, as in a container) with the SSD
  *    tier's io option forcing it: KVT_EUNSUPPORTED at cache and server create;
- *  - a metrics endpoint at an address no interface has: KVT_ESYS.
+ *  - a metrics endpoint at an address no interface has: KVT_ESYS;
+ *  - a fake server answering a plan, or the cancel of a planned task, with
+ *    what no server gives: KVT_EPROTO.
  * Every wait is bounded; a held read or write is released by the test (and
  * by the SSD tier itself after 10 s, so a failing test hangs nothing). */
 #include <errno.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <stdatomic.h>
@@ -33,15 +39,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "support.h"
 #include "cache/cache.h"
 #include "cuda/cuda.h"
 #include "cuda/cudart.h"
+#include "net/stream.h"
+#include "server/proto.h"
 #include "server/server.h"
 #include "store/pool.h"
 #include "store/ssd.h"
+#include "util/clock.h"
 
 #define WAIT_MS 10000
 /* 2 layers x (K, V) x 2 heads x 8 dims x 2 bytes, 4 tokens per page. */
@@ -103,11 +113,13 @@ void *__wrap_realloc(void *p, size_t n) { return alloc_fails() ? NULL : __real_r
 /* Thread creation failing in this thread (--wrap=pthread_create): the next
  * one fails with EAGAIN, as at the process's thread limit. */
 static _Thread_local int thread_fails;
+static atomic_int threads_failed; /* how many have failed so far */
 int __real_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg);
 int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void *), void *arg)
 {
     if (thread_fails) {
         thread_fails = 0;
+        atomic_fetch_add(&threads_failed, 1);
         return EAGAIN;
     }
     return __real_pthread_create(t, a, f, arg);
@@ -284,6 +296,16 @@ static void store_on_ssd(const char *ssd, const kvt_geometry *g, engine *e)
     kvt_config_destroy(cfg);
 }
 
+/* Releases the SSD tier's held reads (arg) once a thread creation failed
+ * (at most 10 s later either way). */
+static void *release_reads(void *arg)
+{
+    for (int i = 0; i < 10000 && atomic_load(&threads_failed) == 0; i++)
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    kvt__ssd_hold_reads(arg, false);
+    return NULL;
+}
+
 /* A server reopened on an SSD directory holding the request's blocks (the
  * CPU tier starts empty), with a secret and namespace rules. */
 static void test_server_reads_auth(void **state)
@@ -334,20 +356,33 @@ static void test_server_reads_auth(void **state)
     kvt__ssd_hold_reads(f.srv->cache->ssd, true);
     uint32_t load_pages[4] = {0, 2, 4, 6};
     assert_ok(kvt_emu_poison(e.emu, load_pages, 4));
-    /* The first pending load starts the client's launcher thread: when
-     * that cannot start, the launch fails and the server drops the task. */
-    assert_ok(kvt_client_lookup(cl, &e.req, &m));
-    assert_int_equal(m.matched_tokens, 12);
-    thread_fails = 1;
-    EXPECT_ERR(kvt_client_launch(cl, m.task, load_pages, 4), KVT_ESYS, "kvt_client_launch",
-               "no thread");
-    thread_fails = 0;
     assert_ok(kvt_client_lookup(cl, &e.req, &m));
     assert_int_equal(m.matched_tokens, 12);
     EXPECT_OK(kvt_client_launch(cl, m.task, load_pages, 4));
     EXPECT_ERR(kvt_client_wait_layer(cl, m.task, 0, 0), KVT_ETIMEDOUT, "kvt_client_wait_layer",
                "still read from SSD");
-    kvt__ssd_hold_reads(f.srv->cache->ssd, false);
+
+    /* A second client's first pending load starts its launcher thread:
+     * when that cannot start, the launch fails and the server drops the
+     * task (the server's cancel waits for its reads: a helper releases
+     * them once the thread creation failed). */
+    kvt_client *cl2 = NULL;
+    setenv("KVTIER_SERVER_SECRET_FILE", secret, 1);
+    assert_ok(kvt_client_attach(&cl2, sock, g, WAIT_MS));
+    unsetenv("KVTIER_SERVER_SECRET_FILE");
+    assert_ok(kvt_client_register_memory(cl2, &e.mem));
+    kvt_match m2;
+    assert_ok(kvt_client_lookup(cl2, &e.req, &m2));
+    assert_int_equal(m2.matched_tokens, 12);
+    pthread_t rel;
+    assert_int_equal(pthread_create(&rel, NULL, release_reads, f.srv->cache->ssd), 0);
+    thread_fails = 1;
+    EXPECT_ERR(kvt_client_launch(cl2, m2.task, load_pages, 4), KVT_ESYS, "kvt_client_launch",
+               "no thread");
+    thread_fails = 0;
+    pthread_join(rel, NULL);
+    kvt_client_detach(cl2);
+
     EXPECT_OK(kvt_client_wait_layer(cl, m.task, T_LAYERS - 1, WAIT_MS));
     kvt_task_result r;
     assert_ok(kvt_client_wait(cl, m.task, WAIT_MS, &r));
@@ -485,6 +520,122 @@ static void test_layer_events(void **state)
 }
 
 /* ------------------------------------------------------------------ */
+/* A server answering what no request of that kind gets                 */
+
+/* A fake server at a Unix socket: attach as a real one (a memfd tier for
+ * small_geo), a LOOKUP answered with a planned task or with plan_status,
+ * a CANCEL with cancel_status. */
+typedef struct fake_srv {
+    char dir[200], sock[240];
+    int lfd;
+    _Atomic int plan_status, cancel_status;
+    atomic_bool stop;
+    uint64_t next_task;
+    pthread_t th;
+} fake_srv;
+
+static void fake_answer(int fd, uint16_t op, kvt_status st, const kvt_srv_buf *b, int fd_pass)
+{
+    static const char msg[] = "the fake server says so";
+    const void *p = st ? (const void *)msg : b ? (const void *)b->p : NULL;
+    uint32_t len = st ? (uint32_t)strlen(msg) : b ? (uint32_t)b->len : 0;
+    (void)kvt__srv_send_frame(fd, op | KVT_SRV_REPLY, st, p, len, fd_pass, kvt__deadline_ns(1000));
+}
+
+static void fake_serve(fake_srv *f, int fd)
+{
+    kvt_srv_hdr h;
+    uint8_t *p = NULL;
+    while (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(2000)) == KVT_OK) {
+        free(p);
+        p = NULL;
+        kvt_srv_buf b = {0};
+        if (h.op == KVT_SRV_HELLO) {
+            /* small_geo: 128 bytes a token, blocks of T_TPP tokens. */
+            kvt_srv_hello_rep r = {4096, 512, 128 * T_TPP, T_TPP, 8, (uint32_t)getpid()};
+            kvt__srv_hello_rep_encode(&b, &r);
+            int mfd = memfd_create("kvtier-fake-tier", MFD_CLOEXEC);
+            if (mfd >= 0 && ftruncate(mfd, 4096) == 0) fake_answer(fd, h.op, KVT_OK, &b, mfd);
+            if (mfd >= 0) close(mfd);
+        } else if (h.op == KVT_SRV_LOOKUP && !atomic_load(&f->plan_status)) {
+            kvt__srv_task_rep_encode(&b, ++f->next_task, T_TPP, 0);
+            fake_answer(fd, h.op, KVT_OK, &b, -1);
+        } else if (h.op == KVT_SRV_LOOKUP) {
+            fake_answer(fd, h.op, atomic_load(&f->plan_status), NULL, -1);
+        } else {
+            fake_answer(fd, h.op, h.op == KVT_SRV_CANCEL ? atomic_load(&f->cancel_status)
+                                                          : KVT_EINVAL, NULL, -1);
+        }
+        kvt__srv_buf_free(&b);
+    }
+}
+
+static void *fake_main(void *arg)
+{
+    fake_srv *f = arg;
+    while (!atomic_load(&f->stop)) {
+        struct pollfd pf = {f->lfd, POLLIN, 0};
+        if (poll(&pf, 1, 20) <= 0) continue;
+        int fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) continue;
+        kvt_stream_auth a = {.who = "fake server", .realm = &kvt__auth_server};
+        if (kvt__stream_auth_server(fd, &a, kvt__deadline_ns(2000)) == KVT_OK) fake_serve(f, fd);
+        close(fd);
+    }
+    return NULL;
+}
+
+/* The client refuses an answer no server gives to that request (the
+ * protocol is broken): a plan answered KVT_ETIMEDOUT (kvt_cache_lookup
+ * never times out), the cancel of a planned task answered KVT_ETIMEDOUT
+ * (only a launched task's SSD reads can outlast the server's bound). */
+static void test_client_refuses_answers(void **state)
+{
+    (void)state;
+    fake_srv f;
+    memset(&f, 0, sizeof f);
+    make_test_dir(f.dir, sizeof f.dir, "apifake");
+    snprintf(f.sock, sizeof f.sock, "%s/fake.sock", f.dir);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    assert_true(strlen(f.sock) < sizeof a.sun_path);
+    memcpy(a.sun_path, f.sock, strlen(f.sock) + 1);
+    f.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(f.lfd >= 0);
+    assert_int_equal(bind(f.lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(f.lfd, 4), 0);
+    assert_int_equal(pthread_create(&f.th, NULL, fake_main, &f), 0);
+
+    kvt_geometry *g = small_geo();
+    kvt_client *cl = NULL;
+    assert_ok(kvt_client_attach(&cl, f.sock, g, WAIT_MS));
+    uint32_t tokens[2 * T_TPP];
+    kvt_test_tokens(tokens, 2 * T_TPP, 5);
+    kvt_request req = {tokens, 2 * T_TPP, NULL, 0};
+    kvt_match m = {0, 0};
+    atomic_store(&f.plan_status, KVT_ETIMEDOUT);
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EPROTO, "kvt_client_lookup",
+               "answered a plan with KVT_ETIMEDOUT", "the fake server says so");
+    atomic_store(&f.plan_status, KVT_OK);
+    assert_ok(kvt_client_lookup(cl, &req, &m));
+    assert_true(m.task != 0);
+    atomic_store(&f.cancel_status, KVT_ETIMEDOUT);
+    EXPECT_ERR(kvt_client_cancel(cl, m.task), KVT_EPROTO, "kvt_client_cancel",
+               "answered the cancel of a planned task with KVT_ETIMEDOUT");
+    /* An expired plan (the server no longer has it) is cancelled. */
+    assert_ok(kvt_client_lookup(cl, &req, &m));
+    atomic_store(&f.cancel_status, KVT_ENOTFOUND);
+    EXPECT_OK(kvt_client_cancel(cl, m.task));
+
+    kvt_client_detach(cl);
+    atomic_store(&f.stop, true);
+    pthread_join(f.th, NULL);
+    close(f.lfd);
+    unlink(f.sock);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* ------------------------------------------------------------------ */
 /* The metrics endpoint at an address of no interface here              */
 
 /* 192.0.2.1 (TEST-NET-1, RFC 5737: assigned to no host) with
@@ -583,6 +734,7 @@ int main(void)
         cmocka_unit_test(test_layer_events),
         cmocka_unit_test(test_no_io_uring),
         cmocka_unit_test(test_metrics_unlistenable),
+        cmocka_unit_test(test_client_refuses_answers),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
