@@ -536,7 +536,10 @@ def closure(funcs, heads, ops, seen):
     function that names a request op KVT_SRV_X reaches what the server's
     handler of X can answer, i.e. that handler's statuses less those of its
     own replying (a failed send is the server's, the client sees the lost
-    connection)."""
+    connection), and less what the client does to its round trip's status
+    (a filter such as cancel_answer passes only some codes).
+
+    A call whose value is dropped adds nothing (discarded)."""
     by_name = {}
     for (path, name), (_, static) in funcs.items():
         if not static or path.endswith(".h"):  # a header's static inlines are everyone's
