@@ -600,8 +600,8 @@ void kvt_client_detach(kvt_client *cl);
  *    give KVT_ECONN until one succeeds; tasks planned before the loss give
  *    KVT_ECONN at launch (look them up again: the new server may be cold);
  *    a malformed reply gives KVT_EPROTO and drops the connection likewise;
- *    so does (keeping the connection) an answer no server gives to that
- *    request, e.g. a lookup answered KVT_ETIMEDOUT;
+ *    an answer no server gives to that request (a lookup answered
+ *    KVT_ETIMEDOUT) gives KVT_EPROTO too, keeping the connection;
  *  - a launched task's copy runs on this client's threads; its result
  *    (the server's verdict) is what wait/poll report;
  *  - kvt_client_launch of a load whose blocks sit on the server's SSD tier
