@@ -509,6 +509,10 @@ def replaced(body, params):
     if not m:
         return None
     p = m.group(1)
+    if re.search(r"\breturn\s+%s\s*;" % re.escape(p), body) and \
+            len(re.findall(r"\bswitch\b", body)) != 1 or \
+            re.search(r"\bswitch\s*\(", body) and not re.search(r"\bswitch\s*\(\s*%s\s*\)" % re.escape(p), body):
+        return None  # the case labels must be those of a switch on p
     codes = set()
     for r in re.finditer(r"((?:\bcase\s+KVT_\w+\s*:\s*)+)return\s+%s\s*;" % re.escape(p), body):
         codes |= set(re.findall(r"KVT_(\w+)", r.group(1)))
@@ -602,6 +606,7 @@ def closure(funcs, heads, ops, seen):
     # round trip: whatever that function (or the one it hands the op to,
     # plan for LOOKUP) does to the round trip's status applies to the
     # answer too (plan_status, cancel_answer filter it).
+    relay_cuts = {}
     for (path, f), (b, _) in funcs.items():
         if path != CLIENT:
             continue
@@ -612,10 +617,14 @@ def closure(funcs, heads, ops, seen):
             h = f if via in ROUND_TRIPS else via
             codes = [excl.get((path, h, rt)) for rt in ROUND_TRIPS
                      if re.search(r"\b%s\s*\(" % rt, funcs.get((path, h), ("", False))[0])]
-            if codes and all(c is not None for c in codes):
-                key = (path, f, handlers[m.group(1)][1])
-                cut = set.intersection(*[set(c) for c in codes])
-                excl[key] = excl.get(key, cut) & cut
+            cut = set.intersection(*[set(c) for c in codes]) \
+                if codes and all(c is not None for c in codes) else set()
+            # every naming of the op must cut a code for the relay to lose it
+            relay_cuts.setdefault((path, f, handlers[m.group(1)][1]), []).append(cut)
+    for key, cuts in relay_cuts.items():
+        cut = set.intersection(*cuts)
+        if cut:
+            excl[key] = excl.get(key, set()) | cut
     for op, h in handlers.items():
         if h in funcs:
             direct[("<relay>", h[1])] = direct.get(h, set())
