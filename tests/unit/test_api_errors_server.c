@@ -22,25 +22,26 @@
  * Every wait is bounded; a held read or write is released by the test (and
  * by the SSD tier itself after 10 s, so a failing test hangs nothing). */
 #include <errno.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <stddef.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 
 #include "support.h"
 #include "cache/cache.h"
@@ -203,6 +204,7 @@ typedef struct writer {
     kvt_server *srv;
     const char *sock;
     const kvt_geometry *geo;
+    engine *e; /* made by the main thread: cmocka's asserts are its own */
 } writer;
 
 /* The client side of test_held_writes, on its own thread while the main
@@ -211,16 +213,15 @@ typedef struct writer {
 static void *held_writes_client(void *arg)
 {
     writer *w = arg;
-    engine e;
-    engine_init(&e, w->geo);
+    engine *e = w->e;
     kvt_client *cl = NULL;
     kvt_status st = kvt_client_attach(&cl, w->sock, w->geo, WAIT_MS);
-    if (st == KVT_OK) st = kvt_client_register_memory(cl, &e.mem);
+    if (st == KVT_OK) st = kvt_client_register_memory(cl, &e->mem);
     kvt_store_plan p = {0};
     kvt_task_result r = {0};
     kvt__ssd_hold_writes(w->srv->cache->ssd, true);
-    if (st == KVT_OK) st = kvt_client_prepare_store(cl, &e.req, &p);
-    if (st == KVT_OK) st = kvt_client_launch(cl, p.task, e.pages, 4);
+    if (st == KVT_OK) st = kvt_client_prepare_store(cl, &e->req, &p);
+    if (st == KVT_OK) st = kvt_client_launch(cl, p.task, e->pages, 4);
     if (st == KVT_OK) st = kvt_client_wait(cl, p.task, WAIT_MS, &r);
     if (st != KVT_OK || r.status != KVT_OK || p.num_tokens != 12) {
         print_error("store through the server: %s (%s), result %s, %u tokens planned\n",
@@ -233,7 +234,6 @@ static void *held_writes_client(void *arg)
                    "SSD writes still pending");
     }
     kvt_client_detach(cl);
-    kvt_emu_destroy(e.emu);
     kvt_server_stop(w->srv);
     return NULL;
 }
@@ -253,13 +253,16 @@ static void test_held_writes(void **state)
     kvt_geometry *g = small_geo();
     kvt_server *srv = NULL;
     assert_ok(kvt_server_create(&srv, cfg, g));
-    writer w = {srv, sock, g};
+    engine e;
+    engine_init(&e, g);
+    writer w = {srv, sock, g, &e};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, held_writes_client, &w), 0);
     EXPECT_ERR(kvt_server_run(srv), KVT_ETIMEDOUT, "SSD writes still pending");
     pthread_join(th, NULL);
     kvt__ssd_hold_writes(srv->cache->ssd, false);
     kvt_server_destroy(srv);
+    kvt_emu_destroy(e.emu);
     kvt_config_destroy(cfg);
     kvt_geometry_destroy(g);
     END_CHECKS();
@@ -718,7 +721,15 @@ static void test_no_io_uring(void **state)
         _exit(atomic_load(&soft_failures));
     }
     int ws = 0;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    pid_t got = 0;
+    for (int i = 0; i < 20000 && (got = waitpid(pid, &ws, WNOHANG)) == 0; i++) /* 20 s */
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &ws, 0);
+        fail_msg("the child without io_uring did not end within 20 s");
+    }
+    assert_int_equal(got, pid);
     assert_true(WIFEXITED(ws));
     assert_int_equal(WEXITSTATUS(ws), 0);
     kvt_config_destroy(scfg);
