@@ -405,7 +405,7 @@ kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg,
 void kvt_cache_destroy(kvt_cache *cache);
 /* Tells the cache where the engine's pages are; required before the first
  * launch, allowed once. See kvt_engine_memory for the lifetime. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY, KVT_ESTATE, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY, KVT_ESTATE, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_cache_register_memory(kvt_cache *cache, const kvt_engine_memory *mem);
 
 typedef struct kvt_match {
@@ -569,7 +569,7 @@ typedef struct kvt_client kvt_client;
  * KVT_EBUSY: another server holds the socket or an SSD directory (the
  * message names its pid). KVT_EGEOMETRY: an SSD directory was written for
  * another geometry. KVT_ESYS, KVT_ENOMEM, KVT_EIO. The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_ESTATE, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo);
 /* Serves clients on the calling thread until kvt_server_stop; then
  * disconnects every client (their tasks are cancelled, pins released),
@@ -601,7 +601,7 @@ void kvt_server_destroy(kvt_server *srv);
  * KVTIER_SERVER_SECRET_FILE, the server_secret_file option's variable).
  * KVT_EVERSION, KVT_EPROTO, KVT_ESYS, KVT_ENOMEM, KVT_EINVAL.
  * The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_attach(kvt_client **out, const char *socket_path,
                              const kvt_geometry *geo, int64_t timeout_ms);
 /* Cancels this client's tasks (the server releases their pins), waits for
@@ -617,6 +617,8 @@ void kvt_client_detach(kvt_client *cl);
  *    give KVT_ECONN until one succeeds; tasks planned before the loss give
  *    KVT_ECONN at launch (look them up again: the new server may be cold);
  *    a malformed reply gives KVT_EPROTO and drops the connection likewise;
+ *    an answer no server gives to that request (a lookup answered
+ *    KVT_ETIMEDOUT) gives KVT_EPROTO too, keeping the connection;
  *  - a launched task's copy runs on this client's threads; its result
  *    (the server's answer to its end) is what wait/poll report;
  *  - kvt_client_launch of a load whose blocks sit on the server's SSD tier
@@ -643,9 +645,9 @@ void kvt_client_detach(kvt_client *cl);
  * concurrently on one client (round trips are serialised on its socket). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE, KVT_EUNSUPPORTED. */
 kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESTATE, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EGEOMETRY, KVT_ESTATE, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
                                     kvt_store_plan *out);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
@@ -660,10 +662,10 @@ kvt_status kvt_client_wait(kvt_client *cl, kvt_task_id task, int64_t timeout_ms,
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max,
                            uint32_t *count);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id task);
 /* The server's kvt_cache_stats (every client's traffic together). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_stats(kvt_client *cl, kvt_cache_stats *out);
 /* kvt_cache_flush on the server: every block stored so far (by any client)
  * durable on the SSD tier, or KVT_ETIMEDOUT after timeout_ms (0..600000). */

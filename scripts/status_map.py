@@ -294,7 +294,7 @@ def reaching(body, v, pos):
             return found
     return None
 
-def guarded_edges(body):
+def guarded_edges(body, replacers=None):
     """callee -> codes a function cannot pass on from that callee, because
     the status it got is compared and replaced before any return.
 
@@ -306,13 +306,17 @@ def guarded_edges(body):
         turning kvt_cache_wait's ETIMEDOUT into EAGAIN), under
         `if (V == KVT_Y) return V;` (only Y is), or after an early
         `if (V == KVT_X) return <other>;` (early_returns); V is otherwise
-        only compared (V == KVT_Z, V != KVT_Z, !V, if (V)) and every call of
-        g lands in V;
+        only compared (V == KVT_Z, V != KVT_Z, !V, if (V)) or replaced
+        (V = m(..., V): m one of replacers, name -> the codes m passes on of
+        the status it was given: none for client.c's lost(), which turns a
+        failed round trip into KVT_ECONN; its switch's case labels for a
+        filter such as plan_status), and every call of g lands in V;
       - while ((V = g(...)) == KVT_X) { body without V }: the loop is left
         only with V != X (a retry until a deadline that reports its own
         ETIMEDOUT), and g is called nowhere else."""
     out = {}
     every = set(STATUS_ORDER)
+    replacers = replacers or {}
     for v in status_vars(body):
         uses = [m.start() for m in re.finditer(r"\b%s\b" % re.escape(v), body)]
         assigned = {}
@@ -345,6 +349,9 @@ def guarded_edges(body):
             if re.match(r"\s*[=!]=\s*KVT_\w+", after) or re.search(r"(!|\bif\s*\()\s*$", before) \
                     and re.match(r"\s*\)", after):
                 continue
+            m = enclosing_call(body, u)
+            if m in replacers and re.search(r"\b%s\s*=\s*%s\s*\([^;]*$" % (re.escape(v), m), before):
+                continue  # v = m(..., v): replaced by what m returns
             if re.search(r"\breturn\s*$|\breturn\b[^;]*[?:]\s*$", before) and re.match(r"\s*;", after):
                 rets += 1
                 mine = early_returns(body, v, u)
@@ -362,15 +369,18 @@ def guarded_edges(body):
             ok = False
             break
         # every call of a callee must land in v, or its status goes elsewhere too
-        if ok and rets and all(
-                len(re.findall(r"(?<![\w>.])%s\s*\(" % re.escape(g), body)) == len(at)
-                for g, at in assigned.items()):
-            for g in assigned:
+        if ok and rets:
+            for g, at in assigned.items():
+                if len(re.findall(r"(?<![\w>.])%s\s*\(" % re.escape(g), body)) != len(at):
+                    continue
                 # only the returns g's value can reach
                 excl = set(every)
                 for k, mine in seen_by:
                     if k is None or g in k:
                         excl &= mine
+                    else:  # g's value may pass a filter on its way here
+                        for m in k & set(replacers):
+                            excl &= (every - replacers[m]) | mine
                 if excl:
                     out.setdefault(g, set()).update(excl)
     return out
@@ -430,11 +440,19 @@ UNREACHABLE = {
         "kvt_cache_wait_layer's ESTATE is a task never launched; the connector puts a load "
         "in c->run only once kvt_cache_launch accepted it (connector/step.c launch_load), "
         "and task ids are never reused (cache/tasks.c)",
+    ("kvt_cache_register_memory", "EFULL"):
+        "kvt__cuda_backend_pin's EFULL is its 16-range table full; register_cuda (cache/cache.c) "
+        "pins once, on the backend it has just created, and registration is allowed once "
+        "per cache (ESTATE after)",
 }
 
 SERVER_CONN = "src/server/conn.c"
 CLIENT = "src/server/client.c"
-SERVER_SEND = {"reply", "reply_err"}
+ROUND_TRIPS = ("round_trip", "round_trip_ex")
+# A handler's replying: reply, reply_err, or its own send of the reply frame
+# (on_hello passes the tier's fd with it). A failed send is the server's:
+# the client sees the connection lost, not the send's status.
+SERVER_SEND = {"reply", "reply_err", "kvt__srv_send_frame"}
 
 
 def server_handlers(funcs):
@@ -450,6 +468,81 @@ def server_handlers(funcs):
                 out[op] = (SERVER_CONN, m.group(2))
             pending = []
     return out
+
+
+def discarded(body, m):
+    """Whether the call matched by m (its name and opening parenthesis) is
+    a statement of its own whose value is dropped: `f(...);` or
+    `(void)f(...);` after `;`, `{`, `}`, `else` or an if's condition. Its
+    status cannot be returned (on_plan's kvt__cache_ext_abort(...) undoing
+    a plan whose reply failed says nothing to the client). The caller keeps
+    the call when the callee hands a status out through a kvt_status *
+    parameter, or when the caller returns a field (the callee may have
+    stored its status there), and when the callee is not one of
+    dropped_calls."""
+    start = m.start()
+    before = body[:start].rstrip()
+    before = re.sub(r"\(\s*void\s*\)\s*$", "", before).rstrip()
+    if m.group(1):  # p->ops->f(...): the statement starts at the object
+        obj = re.search(r"[\w\]\[>.\-\s]*$", body[:start])
+        before = body[:start - len(obj.group(0))].rstrip() if obj else before
+    if not (before == "" or before[-1] in ";{}" or re.search(r"\belse$", before) or
+            (before[-1] == ")" and if_condition_end(before))):
+        return False
+    i, depth = m.end(), 1
+    while depth and i < len(body):
+        depth += (body[i] == "(") - (body[i] == ")")
+        i += 1
+    return re.match(r"\s*;", body[i:]) is not None
+
+
+def dropped_calls(heads):
+    """Functions whose status a caller can drop (discarded): every
+    definition returns kvt_status and none takes a kvt_status *. A void
+    function's statuses are what it records (refuse(v, KVT_ESTATE, ...)
+    into a verdict its caller returns), so a call of one is never dropped."""
+    verdict = {}
+    for (_, name), (params, ret) in heads.items():
+        ok = re.fullmatch(r"\s*(static\s+)?(inline\s+)?kvt_status\s*;?", ret) is not None and \
+            not re.search(r"\bkvt_status\s*\*", params)
+        verdict[name] = verdict.get(name, True) and ok
+    return {n for n, ok in verdict.items() if ok}
+
+
+def if_condition_end(text):
+    """Whether text ends with the closing parenthesis of an if/while/for
+    condition (so what follows is that statement's body)."""
+    depth = 0
+    for j in range(len(text) - 1, -1, -1):
+        depth += (text[j] == ")") - (text[j] == "(")
+        if depth == 0:
+            return re.search(r"\b(if|while|for)\s*$", text[:j]) is not None
+    return False
+
+
+def replaced(body, params):
+    """For a function taking a kvt_status P: the codes of P it can return,
+    when it returns P only as `return P;` right after case labels of a
+    switch (a filter: plan_status passes the codes a plan may get) and every
+    other return is a constant, its own kvt__fail(KVT_X, ...) or a call
+    given no status (returned_calls); the empty set when it never returns P
+    (client.c's lost). None otherwise."""
+    m = re.search(r"\bkvt_status\s+(\w+)\s*(?:,|$|;)", params)
+    if not m:
+        return None
+    p = m.group(1)
+    if re.search(r"\breturn\s+%s\s*;" % re.escape(p), body) and \
+            len(re.findall(r"\bswitch\b", body)) != 1 or \
+            re.search(r"\bswitch\s*\(", body) and not re.search(r"\bswitch\s*\(\s*%s\s*\)" % re.escape(p), body):
+        return None  # the case labels must be those of a switch on p
+    codes = set()
+    for r in re.finditer(r"((?:\bcase\s+KVT_\w+\s*:\s*)+)return\s+%s\s*;" % re.escape(p), body):
+        codes |= set(re.findall(r"KVT_(\w+)", r.group(1)))
+    rest = re.sub(r"((?:\bcase\s+KVT_\w+\s*:\s*)+)return\s+%s\s*;" % re.escape(p),
+                  lambda r: r.group(1) + "return KVT_OK;", body)
+    if returned_calls(rest, params) is None:
+        return None
+    return codes
 
 
 def closure(funcs, heads, ops, seen):
@@ -469,7 +562,10 @@ def closure(funcs, heads, ops, seen):
     function that names a request op KVT_SRV_X reaches what the server's
     handler of X can answer, i.e. that handler's statuses less those of its
     own replying (a failed send is the server's, the client sees the lost
-    connection)."""
+    connection), and less what the client does to its round trip's status
+    (a filter such as cancel_answer passes only some codes).
+
+    A call whose value is dropped adds nothing (discarded)."""
     by_name = {}
     for (path, name), (_, static) in funcs.items():
         if not static or path.endswith(".h"):  # a header's static inlines are everyone's
@@ -484,6 +580,21 @@ def closure(funcs, heads, ops, seen):
         return by_name.get(name, [])
 
     sinks = void_sinks(heads)
+    droppable = dropped_calls(heads)
+    # functions that never return a status they were given (their every
+    # return is a constant, their own kvt__fail(KVT_X, ...) or a call given
+    # no status): v = m(..., v) replaces v (guarded_edges)
+    passes = {k: replaced(b, heads.get(k, ("", ""))[0]) for k, (b, _) in funcs.items()}
+
+    def replacers(path, body):
+        """name -> pass set of the replacers a call in path's body resolves
+        to (client.c's lost, not tcp.c's)."""
+        out = {}
+        for n in set(re.findall(r"\b(\w+)\s*\(", body)):
+            ks = resolve(path, n)
+            if ks and all(passes.get(k) is not None for k in ks):
+                out[n] = set().union(*(passes[k] for k in ks))
+        return out
     direct = {k: produced(b, () if returns_field(b) else sinks) for k, (b, _) in funcs.items()}
     handlers = server_handlers(funcs)
     calls, excl = {}, {}
@@ -492,8 +603,14 @@ def closure(funcs, heads, ops, seen):
         rets = returned_calls(b, heads.get((path, f), ("", ""))[0])
         if rets is not None:
             b = ";".join(rets)
+        # a dropped call's status stays out, unless it may come back
+        # through a field (return t->result; return kvt__fail(v.status, ...))
+        keep_all = rets is not None or returns_field(b) or \
+            re.search(r"\breturn\b[^;]*(->|\.)\s*\w*status\w*\b", b)
         for m in re.finditer(r"(->|\.)?\b(\w+)\s*\(", b):
             name = m.group(2)
+            if not keep_all and name in droppable and discarded(b, m):
+                continue
             if m.group(1):
                 c.update(ops_targets(path, name))
             elif name != f:
@@ -504,8 +621,32 @@ def closure(funcs, heads, ops, seen):
             for op in set(named) & set(handlers):
                 c.add(("<relay>", handlers[op][1]))
         calls[(path, f)] = c
-        for g, codes in guarded_edges(funcs[(path, f)][0]).items():
+        body = funcs[(path, f)][0]
+        for g, codes in guarded_edges(body, replacers(path, body)).items():
             excl[(path, f, g)] = codes
+    # The server's answer reaches the client function as the value of its
+    # round trip: whatever that function (or the one it hands the op to,
+    # plan for LOOKUP) does to the round trip's status applies to the
+    # answer too (plan_status, cancel_answer filter it).
+    relay_cuts = {}
+    for (path, f), (b, _) in funcs.items():
+        if path != CLIENT:
+            continue
+        for m in re.finditer(r"\b(KVT_SRV_\w+)\b", b):
+            if m.group(1) not in handlers or ("<relay>", handlers[m.group(1)][1]) not in calls[(path, f)]:
+                continue
+            via = enclosing_call(b, m.start())
+            h = f if via in ROUND_TRIPS else via
+            codes = [excl.get((path, h, rt)) for rt in ROUND_TRIPS
+                     if re.search(r"\b%s\s*\(" % rt, funcs.get((path, h), ("", False))[0])]
+            cut = set.intersection(*[set(c) for c in codes]) \
+                if codes and all(c is not None for c in codes) else set()
+            # every naming of the op must cut a code for the relay to lose it
+            relay_cuts.setdefault((path, f, handlers[m.group(1)][1]), []).append(cut)
+    for key, cuts in relay_cuts.items():
+        cut = set.intersection(*cuts)
+        if cut:
+            excl[key] = excl.get(key, set()) | cut
     for op, h in handlers.items():
         if h in funcs:
             direct[("<relay>", h[1])] = direct.get(h, set())

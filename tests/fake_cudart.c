@@ -16,9 +16,10 @@
 #include <string.h>
 
 typedef int err;
-enum { OK = 0, E_INVALID_VALUE = 1, E_INVALID_DEVICE = 101, E_ALREADY = 712, E_NOT_REG = 713 };
+enum { OK = 0, E_INVALID_VALUE = 1, E_INVALID_DEVICE = 101, E_BAD_HANDLE = 400, E_ALREADY = 712,
+       E_NOT_REG = 713 };
 
-typedef struct range { uint8_t *p; size_t len; int type; } range; /* 1 host, 2 device */
+typedef struct range { uint8_t *p; size_t len; int type; } range; /* 1 host, 2 device, 3 stream */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static range g_ranges[4096];
 static int g_nranges;
@@ -112,12 +113,21 @@ err cudaStreamCreateWithFlags(void **s, unsigned f)
 {
     stream *x = calloc(1, sizeof *x);
     pthread_mutex_init(&x->mu, NULL);
+    add_range(x, 1, 3);
     *s = x;
     return OK;
+}
+/* A handle is a live stream, or one of the runtime's own: NULL (legacy
+ * default), cudaStreamLegacy (1), cudaStreamPerThread (2). Another (a
+ * destroyed stream) is cudaErrorInvalidResourceHandle, as the runtime says. */
+static int live_stream(void *s)
+{
+    return (uintptr_t)s <= 2 || type_of(s) == 3;
 }
 err cudaStreamDestroy(void *s)
 {
     stream *x = s;
+    if ((uintptr_t)s <= 2 || !del_range(s, 3)) return E_BAD_HANDLE;
     flush(x);
     free(x->q);
     pthread_mutex_destroy(&x->mu);
@@ -130,7 +140,12 @@ err cudaEventDestroy(void *e) { free(e); return OK; }
 err cudaEventRecord(void *e, void *s) { ((event *)e)->s = s; return OK; }
 err cudaEventQuery(void *e) { return ((event *)e)->s && ((event *)e)->s->n ? 600 : OK; }
 err cudaEventSynchronize(void *e) { flush(((event *)e)->s); return OK; }
-err cudaStreamWaitEvent(void *s, void *e, unsigned f) { flush(((event *)e)->s); return OK; }
+err cudaStreamWaitEvent(void *s, void *e, unsigned f)
+{
+    if (!live_stream(s)) return E_BAD_HANDLE;
+    flush(((event *)e)->s);
+    return OK;
+}
 err cudaHostRegister(void *p, size_t n, unsigned f)
 {
     if (type_of(p)) return E_ALREADY;

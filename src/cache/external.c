@@ -11,17 +11,15 @@
 /* Defined in ops.c: commits or rolls back, unpins, parks the result. */
 void kvt__cache_end_task(kvt_cache *c, kvt_task *t, kvt_status st);
 
-kvt_status kvt__cache_ext_shm(kvt_cache *c, kvt_ext_shm *out)
+void kvt__cache_ext_shm(kvt_cache *c, kvt_ext_shm *out)
 {
     int fd = kvt__pool_fd(c->pool);
-    if (fd < 0) return kvt__fail(KVT_ESTATE, "the cache's CPU tier is not shared memory");
     kvt_ext_shm s = {
         .fd = fd, .base = kvt__pool_base(c->pool), .map_bytes = kvt__pool_map_bytes(c->pool), .stride = kvt__pool_stride(c->pool),
         .block_bytes = c->block_bytes, .block_tokens = c->cfg.block_tokens,
         .num_blocks = kvt__pool_blocks_total(c->pool), .pages = kvt__pool_page_kind(c->pool),
     };
     *out = s;
-    return KVT_OK;
 }
 
 /* Reports an ended task's result (nobody else does for external tasks). */

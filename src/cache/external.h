@@ -37,8 +37,10 @@ typedef struct kvt_ext_shm {
     const char *pages;   /* what backs it: "hugetlb", "thp" or "4k" */
 } kvt_ext_shm;
 
-/* The shared CPU tier of a cache made with shared = true; KVT_ESTATE if not. */
-kvt_status kvt__cache_ext_shm(kvt_cache *c, kvt_ext_shm *out);
+/* The shared CPU tier of a cache made with shared = true (its only caller,
+ * the node server, makes its cache so: a failure here could never happen,
+ * and kvt_server_create's status list would name one). */
+void kvt__cache_ext_shm(kvt_cache *c, kvt_ext_shm *out);
 
 typedef struct kvt_ext_launch {
     kvt_task_kind kind;

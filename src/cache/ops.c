@@ -646,10 +646,11 @@ kvt_status kvt_cache_wait_layer(kvt_cache *c, kvt_task_id id, uint32_t layer, in
     return st ? kvt__cache_fail(c, st) : KVT_OK;
 }
 
-static kvt_status layer_event_locked(kvt_cache *c, kvt_task_id id, uint32_t layer,
-                                     int64_t timeout_ms, void **event)
+/* fn: the public function whose message this is (layer_event or
+ * stream_wait_layer: each names itself). */
+static kvt_status layer_event_locked(kvt_cache *c, const char *fn, kvt_task_id id,
+                                     uint32_t layer, int64_t timeout_ms, void **event)
 {
-    static const char fn[] = "kvt_cache_layer_event";
     if (!c->cuda_events)
         return kvt__fail(KVT_EUNSUPPORTED, "%s: the engine memory is %s; layer events exist only "
                          "for CUDA device memory (use kvt_cache_wait_layer)", fn,
@@ -683,7 +684,7 @@ kvt_status kvt_cache_layer_event(kvt_cache *c, kvt_task_id id, uint32_t layer,
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
                   (long long)timeout_ms);
     pthread_mutex_lock(&c->mu);
-    kvt_status st = layer_event_locked(c, id, layer, timeout_ms, event);
+    kvt_status st = layer_event_locked(c, fn, id, layer, timeout_ms, event);
     pthread_mutex_unlock(&c->mu);
     return st ? kvt__cache_fail(c, st) : KVT_OK;
 }
@@ -692,16 +693,16 @@ kvt_status kvt_cache_stream_wait_layer(kvt_cache *c, kvt_task_id id, uint32_t la
                                        void *stream, int64_t timeout_ms)
 {
     static const char fn[] = "kvt_cache_stream_wait_layer";
-    /* Checked here too, so a refusal names this function, not the one below. */
     kvt__clear_error();
     KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
                   (long long)timeout_ms);
     void *ev = NULL;
-    kvt_status st = kvt_cache_layer_event(c, id, layer, timeout_ms, &ev);
-    if (st) return st;
+    pthread_mutex_lock(&c->mu);
+    kvt_status st = layer_event_locked(c, fn, id, layer, timeout_ms, &ev);
+    pthread_mutex_unlock(&c->mu);
     /* c->cuda is set once at registration, before any task exists. */
-    st = kvt__cuda_backend_stream_wait(c->cuda, fn, stream, ev);
+    if (!st) st = kvt__cuda_backend_stream_wait(c->cuda, fn, stream, ev);
     return st ? kvt__cache_fail(c, st) : KVT_OK;
 }
 

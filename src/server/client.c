@@ -154,6 +154,37 @@ static kvt_status reattach(kvt_client *cl, const char *fn)
     return KVT_OK;
 }
 
+/* A round trip failed with st: the stream is out of step now, so no later
+ * call may use it (io_mu held). What the caller gets: a malformed reply,
+ * or no memory to take it in, is not the server going away and keeps its
+ * own status; anything else (no reply in time, a send or receive failing)
+ * is KVT_ECONN naming the socket. */
+static kvt_status lost(kvt_client *cl, const char *fn, kvt_status st)
+{
+    cl->broken = true;
+    if (st == KVT_ETIMEDOUT)
+        snprintf(cl->broken_msg, sizeof cl->broken_msg, "no reply within %lld ms",
+                 (long long)cl->timeout_ms);
+    else if (st == KVT_ECONN)
+        snprintf(cl->broken_msg, sizeof cl->broken_msg, "connection lost (the server "
+                 "stopped or died)");
+    else
+        snprintf(cl->broken_msg, sizeof cl->broken_msg, "%s (%s)", kvt_status_name(st),
+                 kvt_last_error());
+    shutdown(cl->fd, SHUT_RDWR);
+    switch (st) {
+    case KVT_EPROTO:
+        return kvt__fail(KVT_EPROTO, "%s: kvtier server at %s: %s", fn, cl->path, cl->broken_msg);
+    case KVT_EVERSION:
+        return kvt__fail(KVT_EVERSION, "%s: kvtier server at %s: %s", fn, cl->path,
+                         cl->broken_msg);
+    case KVT_ENOMEM:
+        return kvt__fail(KVT_ENOMEM, "%s: kvtier server at %s: %s", fn, cl->path, cl->broken_msg);
+    default:
+        return broken_fail(cl, fn);
+    }
+}
+
 static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
                                 const kvt_srv_buf *b, uint8_t **rep, uint32_t *rep_len,
                                 int *fd_got, int64_t extra_ms)
@@ -170,28 +201,12 @@ static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
     if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, fd_got, deadline);
-    if (!st && h.op != (op | KVT_SRV_REPLY)) {
+    if (st == KVT_OK && h.op != (op | KVT_SRV_REPLY)) {
         free(p);
         st = kvt__fail(KVT_EPROTO, "reply op 0x%x to request op %u", h.op, op);
     }
     if (st) {
-        /* The stream is out of step now: no later call may use it. */
-        cl->broken = true;
-        if (st == KVT_ETIMEDOUT)
-            snprintf(cl->broken_msg, sizeof cl->broken_msg, "no reply within %lld ms",
-                     (long long)cl->timeout_ms);
-        else if (st == KVT_ECONN)
-            snprintf(cl->broken_msg, sizeof cl->broken_msg, "connection lost (the server "
-                     "stopped or died)");
-        else
-            snprintf(cl->broken_msg, sizeof cl->broken_msg, "%s (%s)", kvt_status_name(st),
-                     kvt_last_error());
-        shutdown(cl->fd, SHUT_RDWR);
-        /* A malformed reply, or no memory to take it in, is not the server
-         * going away: it keeps its own status (the connection still goes). */
-        st = st == KVT_EPROTO || st == KVT_EVERSION || st == KVT_ENOMEM
-                 ? kvt__fail(st, "%s: kvtier server at %s: %s", fn, cl->path, cl->broken_msg)
-                 : broken_fail(cl, fn);
+        st = lost(cl, fn, st);
         pthread_mutex_unlock(&cl->io_mu);
         return st;
     }
@@ -356,22 +371,35 @@ static kvt_status load_read_ms(kvt_client *cl)
     return st ? kvt__wrap_error(st, "kvt_client_attach: KVTIER_SERVER_READ_MS") : KVT_OK;
 }
 
+/* One request of attach (GEOMETRY or HELLO) and its reply: a server that
+ * closes the connection or does not answer in time is KVT_ECONN naming
+ * the socket, as a server that is not there. */
+static kvt_status attach_exchange(kvt_client *cl, uint16_t op, const kvt_srv_buf *b,
+                                  kvt_srv_hdr *h, uint8_t **p, int *fd)
+{
+    static const char fn[] = "kvt_client_attach";
+    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
+    kvt_status st = kvt__srv_send_frame(cl->fd, op, 0, b->p, b->len, -1, deadline);
+    if (!st) st = kvt__srv_recv_frame(cl->fd, h, p, fd, deadline);
+    if (st == KVT_ECONN)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: connection lost during attach",
+                         fn, cl->path);
+    if (st == KVT_ETIMEDOUT)
+        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: no reply to attach", fn, cl->path);
+    return st;
+}
+
 /* HELLO and the tier's mapping; io_mu held or not yet shared. */
 static kvt_status hello_locked(kvt_client *cl)
 {
     static const char fn[] = "kvt_client_attach";
     kvt_srv_buf b = {0};
     kvt_status st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), cl->geo);
-    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
     int fd = -1;
-    if (!st) st = kvt__srv_send_frame(cl->fd, KVT_SRV_HELLO, 0, b.p, b.len, -1, deadline);
+    if (!st) st = attach_exchange(cl, KVT_SRV_HELLO, &b, &h, &p, &fd);
     kvt__srv_buf_free(&b);
-    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, &fd, deadline);
-    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
-        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
-                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
     if (st) return st;
     if (h.op != (KVT_SRV_HELLO | KVT_SRV_REPLY)) st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x",
                                                                 fn, h.op);
@@ -418,17 +446,11 @@ static kvt_status session_locked(kvt_client *cl, bool resumed)
     static const char fn[] = "kvt_client_attach";
     kvt_srv_buf b = {0};
     kvt__srv_task_rep_encode(&b, cl->session, resumed ? KVT_SRV_SESSION_RESUMED : 0, 0);
-    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
     kvt_status st = b.oom ? kvt__fail(KVT_ENOMEM, "%s: no memory", fn)
-                          : kvt__srv_send_frame(cl->fd, KVT_SRV_SESSION, 0, b.p, b.len, -1,
-                                                deadline);
+                          : attach_exchange(cl, KVT_SRV_SESSION, &b, &h, &p, NULL);
     kvt__srv_buf_free(&b);
-    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, NULL, deadline);
-    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
-        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
-                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
     uint64_t zero = 0;
     uint32_t freed = 0, pad = 0;
     if (!st && h.op != (KVT_SRV_SESSION | KVT_SRV_REPLY))
@@ -448,22 +470,22 @@ static kvt_status session_locked(kvt_client *cl, bool resumed)
 static kvt_status fetch_geometry(kvt_client *cl)
 {
     static const char fn[] = "kvt_client_attach";
-    uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
-    kvt_status st = kvt__srv_send_frame(cl->fd, KVT_SRV_GEOMETRY, 0, NULL, 0, -1, deadline);
-    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, NULL, deadline);
-    if (st == KVT_ECONN || st == KVT_ETIMEDOUT)
-        return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: %s", fn, cl->path,
-                         st == KVT_ECONN ? "connection lost during attach" : "no reply to attach");
+    kvt_srv_buf none = {0};
+    kvt_status st = attach_exchange(cl, KVT_SRV_GEOMETRY, &none, &h, &p, NULL);
+    if (st) {
+        free(p);
+        return st;
+    }
     kvt_srv_hello g = {0};
-    if (!st && h.op != (KVT_SRV_GEOMETRY | KVT_SRV_REPLY))
+    if (h.op != (KVT_SRV_GEOMETRY | KVT_SRV_REPLY))
         st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to GEOMETRY", fn, h.op);
-    else if (!st && h.status)
+    else if (h.status)
         st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
                        (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
                        p ? (const char *)p : "");
-    else if (!st && (st = kvt__srv_hello_decode(p, h.len, true, &g)))
+    else if ((st = kvt__srv_hello_decode(p, h.len, true, &g)))
         kvt__wrap_error(st, "kvt_client_attach: the server's geometry");
     free(p);
     if (!st) cl->geo = g.geo;
@@ -557,21 +579,33 @@ kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *m
 /* ------------------------------------------------------------------ */
 /* Planning                                                           */
 
+/* A server's answer (the status named got) no request of this kind gets:
+ * it breaks the protocol. */
+static kvt_status answer_refused(const char *fn, const char *what, const char *got)
+{
+    char said[KVT_ERRMSG_MAX];
+    snprintf(said, sizeof said, "%s", kvt_last_error());
+    return kvt__fail(KVT_EPROTO, "%s: the server answered %s with %s (%s)", fn, what, got, said);
+}
+
 /* A plan's status, checked: the server answers a plan with a status of
- * kvt_cache_lookup or prepare_store, KVT_EFULL (this client's task quota,
- * server_client_tasks) or KVT_EAUTH (a namespace this client may not use);
- * with the round trip's own failures, that is all a plan may return. A
- * server answering anything else breaks the protocol. */
+ * kvt_cache_lookup or prepare_store (KVT_EINVAL, KVT_ENOMEM, KVT_EFULL),
+ * KVT_EFULL (this client's task quota, server_client_tasks) or KVT_EAUTH (a
+ * namespace this client may not use: on_plan in conn.c); the round trip
+ * adds its own KVT_ENOMEM, KVT_EPROTO, KVT_ECONN and KVT_EVERSION (every
+ * other failure of it is KVT_ECONN). That is all a plan may return: a
+ * server answering anything else breaks the protocol. A switch, so that
+ * scripts/status_map.py reads it as a filter passing these codes. */
 static kvt_status plan_status(const char *fn, kvt_status st)
 {
-    static const kvt_status ok[] = {
-        KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EFULL, KVT_EAUTH, /* the server's */
-        KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION, /* the round trip's */
-    };
-    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
-        if (st == ok[i]) return st;
-    return kvt__fail(KVT_EPROTO, "%s: the server answered a plan with %s (%s)", fn,
-                     kvt_status_name(st), kvt_last_error());
+    const char *got = kvt_status_name(st);
+    switch (st) {
+    case KVT_EINVAL: case KVT_ENOMEM: case KVT_EFULL: case KVT_EAUTH: /* the server's */
+    case KVT_EPROTO: case KVT_ECONN: case KVT_EVERSION:               /* the round trip's */
+        return st;
+    default:
+        return answer_refused(fn, "a plan", got);
+    }
 }
 
 static kvt_status plan(kvt_client *cl, const char *fn, uint16_t op, const kvt_request *req,
@@ -1124,6 +1158,39 @@ kvt_status kvt_client_wait_layer(kvt_client *cl, kvt_task_id id, uint32_t layer,
     return st;
 }
 
+/* The server's answer to the CANCEL of a planned task, checked: it releases
+ * the plan (KVT_OK), or no longer has it (KVT_ENOTFOUND: it expired there,
+ * which is KVT_OK here); the round trip adds its own KVT_ENOMEM, KVT_EPROTO,
+ * KVT_ECONN and KVT_EVERSION. The server's other answers to CANCEL (its
+ * SSD reads not ending in time) are for launched tasks, which this client
+ * cancels through the launcher (cancel_at_server) or by ending the copy. */
+static kvt_status cancel_answer(const char *fn, kvt_status st)
+{
+    const char *got = kvt_status_name(st);
+    switch (st) {
+    case KVT_ENOMEM: case KVT_EPROTO: case KVT_ECONN: case KVT_EVERSION:
+        return st;
+    case KVT_OK: case KVT_ENOTFOUND:
+        return KVT_OK;
+    default:
+        return answer_refused(fn, "the cancel of a planned task", got);
+    }
+}
+
+/* CANCEL of a planned task, its answer checked (cancel_answer). */
+static kvt_status cancel_planned(kvt_client *cl, const char *fn, kvt_task_id id)
+{
+    kvt_srv_buf b = {0};
+    kvt__srv_id_encode(&b, id);
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    kvt_status st = round_trip(cl, fn, KVT_SRV_CANCEL, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    free(p);
+    st = cancel_answer(fn, st);
+    return st;
+}
+
 kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id id)
 {
     static const char fn[] = "kvt_client_cancel";
@@ -1143,18 +1210,11 @@ kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id id)
     } else if (t->state == CT_PLANNED) {
         t->state = CT_RUNNING; /* no launch may start on it now */
         pthread_mutex_unlock(&cl->mu);
-        kvt_srv_buf b = {0};
-        kvt__srv_id_encode(&b, id);
-        uint8_t *p = NULL;
-        uint32_t len = 0;
-        st = round_trip(cl, fn, KVT_SRV_CANCEL, &b, &p, &len, NULL);
-        kvt__srv_buf_free(&b);
-        free(p);
+        st = cancel_planned(cl, fn, id);
         pthread_mutex_lock(&cl->mu);
         /* Whatever the server said, the task is over for the engine. */
         kvt_task_result r = local_result(t, KVT_ECANCELED);
         ct_end(cl, t, &r);
-        if (st == KVT_ENOTFOUND) st = KVT_OK; /* it had expired there */
     }
     pthread_mutex_unlock(&cl->mu);
     return st;

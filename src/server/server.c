@@ -142,7 +142,7 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
     if ((st = lock_ssd_dirs(s))) return st;
     if ((st = kvt_geometry_clone(geo, &s->geo))) return st;
     if ((st = kvt__cache_create_ex(&s->cache, cfg, geo, true))) return st;
-    if ((st = kvt__cache_ext_shm(s->cache, &s->shm))) return st;
+    kvt__cache_ext_shm(s->cache, &s->shm);
     kvt__metrics_cache_set_extra(s->cache, srv_metrics, s);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     s->verify_threads = cpus < 1                        ? 1

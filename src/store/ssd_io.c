@@ -511,6 +511,9 @@ kvt_status kvt__ssd_io_start(kvt_ssd *s, const kvt_ssd_params *p)
     if (st != KVT_OK) return st;
     kvt_io_cfg cfg = {p->queue_depth, p->register_base, p->register_len, kvt__ssd_io_complete, s};
     st = s->ops->create(&s->io, &cfg);
+    if (st == KVT_EUNSUPPORTED) /* the message says which setting chose io_uring */
+        return kvt__wrap_error(st, "the SSD tier's io option (or KVTIER_IO) asks for io_uring, "
+                               "which this process cannot use (io auto falls back to threads)");
     if (st != KVT_OK) return st;
     int rc = pthread_create(&s->commit_th, NULL, commit_main, s);
     if (rc != 0) return kvt__fail(KVT_ESYS, "kvt__ssd_open: pthread_create: %s", strerror(rc));

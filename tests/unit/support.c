@@ -32,7 +32,7 @@ void kvt_test_tokens(uint32_t *tokens, uint32_t n, uint64_t seed)
     for (uint32_t i = 0; i < n; i++) tokens[i] = (uint32_t)(kvt__splitmix64(&st) % 128000);
 }
 
-int kvt_test_soft_failures;
+atomic_int kvt_test_soft_failures;
 
 void kvt_test_check_err(const char *expr, const char *file, int line, kvt_status got,
                         kvt_status want, const char *const *needles)
@@ -41,18 +41,18 @@ void kvt_test_check_err(const char *expr, const char *file, int line, kvt_status
     if (got != want) {
         print_error("%s:%d: %s returned %s (\"%s\"), want %s\n", file, line, expr,
                     kvt_status_name(got), msg, kvt_status_name(want));
-        kvt_test_soft_failures++;
+        atomic_fetch_add(&kvt_test_soft_failures, 1);
         return;
     }
     if (msg == NULL || msg[0] == '\0') {
         print_error("%s:%d: %s: kvt_last_error() is empty\n", file, line, expr);
-        kvt_test_soft_failures++;
+        atomic_fetch_add(&kvt_test_soft_failures, 1);
         return;
     }
     for (const char *const *n = needles; *n; n++) {
         if (!strstr(msg, *n)) {
             print_error("%s:%d: %s: message \"%s\" lacks \"%s\"\n", file, line, expr, msg, *n);
-            kvt_test_soft_failures++;
+            atomic_fetch_add(&kvt_test_soft_failures, 1);
         }
     }
 }

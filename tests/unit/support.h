@@ -4,6 +4,7 @@
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -26,7 +27,7 @@
  * kvt_last_error() is non-empty and that it holds every needle (at least
  * one); EXPECT_OK(call) checks KVT_OK. Each mismatch is printed and
  * counted; END_CHECKS() fails the test when any was. */
-extern int kvt_test_soft_failures;
+extern atomic_int kvt_test_soft_failures; /* any thread may check */
 void kvt_test_check_err(const char *expr, const char *file, int line, kvt_status got,
                         kvt_status want, const char *const *needles);
 
@@ -42,14 +43,13 @@ void kvt_test_check_err(const char *expr, const char *file, int line, kvt_status
         if (st_ != KVT_OK) {                                                      \
             print_error("%s:%d: %s returned %s (%s), want KVT_OK\n", __FILE__,    \
                         __LINE__, #call, kvt_status_name(st_), kvt_last_error()); \
-            kvt_test_soft_failures++;                                             \
+            atomic_fetch_add(&kvt_test_soft_failures, 1);                         \
         }                                                                         \
     } while (0)
 
 #define END_CHECKS()                                                              \
     do {                                                                          \
-        int n_ = kvt_test_soft_failures;                                          \
-        kvt_test_soft_failures = 0;                                               \
+        int n_ = atomic_exchange(&kvt_test_soft_failures, 0);                     \
         if (n_) fail_msg("%d check(s) failed (see above)", n_);                   \
     } while (0)
 
