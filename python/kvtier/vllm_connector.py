@@ -233,6 +233,22 @@ def _total_layers(model_config):
     return None if n is None else int(n)
 
 
+def kv_head_replicas(model_config, tp_size):
+    """How many consecutive TP ranks hold the same KV heads: tp_size / the
+    model's KV heads when TP exceeds them (vLLM then gives every rank one
+    head, tp_size / heads ranks each the same one), else 1. 1 when the
+    model config does not say (an MLA model has one latent component: its
+    replication is handled apart)."""
+    f = getattr(model_config, "get_total_num_kv_heads", None)
+    try:
+        total = int(f()) if callable(f) else 0
+    except (AttributeError, TypeError, ValueError):
+        total = 0
+    if total <= 0 or tp_size <= total or tp_size % total:
+        return 1
+    return tp_size // total
+
+
 def stage_layers(vllm_config, extra, pp_size):
     """[KV layers of each PP stage], or None when nothing says: extra
     pp_layers, else vLLM's partition of the model's hidden layers (every
@@ -300,6 +316,9 @@ class KvtierConnector(KVConnectorBase_V1):
         self.tp_size = int(getattr(pc, "tensor_parallel_size", 1))
         self.pp_size = int(getattr(pc, "pipeline_parallel_size", 1))
         self.tp_rank, self.pp_rank = self._ranks()
+        # GQA with TP > KV heads: a head group of kv_replicas ranks holds the
+        # same bytes; its first rank writes the one copy every rank loads.
+        self.kv_replicas = kv_head_replicas(vllm_config.model_config, self.tp_size)
         self.stage_layers = stage_layers(vllm_config, self.extra, self.pp_size)
         self.load_async = bool(self.extra.get("load_async", self.socket is not None))
         self.layout, self.layout_why = kv_layout(vllm_config, self.extra)
@@ -403,12 +422,14 @@ class KvtierConnector(KVConnectorBase_V1):
         """The namespace of one rank's blocks; the scheduler builds the same
         from kv_cache_config as the worker from its tensors. PP stages hold
         other layers: each its own namespace, so stages sharing a server
-        never read each other's blocks."""
+        never read each other's blocks. TP ranks holding the same KV heads
+        (TP > the model's KV heads) share one: "tp=g/G" names the head group."""
         return "|".join([
             "kvtier-vllm-v1", "model=%s" % self.model, "dtype=%s" % shape.dtype,
             "block=%d" % self.block_size, "layers=%d" % shape.layers, "heads=%d" % shape.heads,
             "dim=%d" % shape.dim, "layout=%s" % shape.layout,
-            "mla" if shape.mla else "tp=%d/%d" % (tp_rank, self.tp_size),
+            "mla" if shape.mla else "tp=%d/%d" % (tp_rank // self.kv_replicas,
+                                                   self.tp_size // self.kv_replicas),
             "pp=%d/%d" % (pp_rank, self.pp_size)] +
             (["salt=%s" % self.extra["namespace"]] if self.extra.get("namespace") else []))
 
@@ -679,8 +700,10 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def _start_save(self, spec):
         """Launches the store of a finished request's blocks (MLA: TP rank 0
-        writes the one copy; other ranks report the request saved)."""
-        if (self.is_mla and self.tp_rank != 0) or not spec.keys:
+        writes the one copy; KV heads on several ranks: the first rank of
+        each head group; other ranks report the request saved)."""
+        shared_copy = self.socket is not None and self.tp_rank % self.kv_replicas
+        if (self.is_mla and self.tp_rank != 0) or shared_copy or not spec.keys:
             self._sent_done.add(spec.req_id)
             return
         try:
@@ -801,7 +824,8 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._stages:
             return [(cl, self._namespace(shape, r, s))
                     for s, (shape, cl) in enumerate(self._stages)
-                    for r in (range(1) if shape.mla else range(self.tp_size))]
+                    for r in (range(1) if shape.mla else
+                              range(0, self.tp_size, self.kv_replicas))]
         with _CACHES_MU:
             w = _CACHES.get(self.engine_key)
         if w is None or w.cache is None:

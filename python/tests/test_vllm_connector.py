@@ -667,6 +667,94 @@ class RequiredLayout(unittest.TestCase):
             vc.KVConnectorBase_V1.get_required_kvcache_layout(vllm_config())
 
 
+class HeadGroups(unittest.TestCase):
+    """GQA with TP > KV heads ("tiny": 2 KV heads at TP 4): ranks 0 and 1
+    hold head 0, ranks 2 and 3 head 1. Each head group's first rank writes
+    the one copy both ranks load, and the scheduler asks once per group."""
+
+    def setUp(self):
+        import os
+        import tempfile
+        from test_client import start_server
+        self.tmp = tempfile.mkdtemp(prefix="kvtvg")
+        self.sock = os.path.join(self.tmp, "node.sock")
+        self.srv = start_server(self.sock, "--set", "block_tokens=%d" % BS, page=BS, tp=4)
+
+    def tearDown(self):
+        import shutil
+        from test_client import stop_server
+        stop_server(self.srv)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def config(self, rank):
+        cfg = vllm_config(engine="gqa")
+        cfg.parallel_config.tensor_parallel_size = 4
+        cfg.model_config.get_total_num_kv_heads = lambda: 2
+        cfg.kv_transfer_config.kv_connector_extra_config = {
+            "socket": self.sock, "load_async": False, "timeout": 5, "tp_rank": rank}
+        return cfg
+
+    def test_one_copy_per_head_group(self):
+        rng = np.random.default_rng(4)
+        kvs, workers = [], []
+        for rank in range(4):  # a group's ranks hold the same bytes
+            if rank % 2 == 0:
+                kv = {"l%d" % i: rng.integers(0, 256, (2, BLOCKS, BS, 1, 64 * 2), dtype=np.uint8)
+                      .view(np.float16) for i in range(4)}
+            else:
+                kv = {n: t.copy() for n, t in kvs[-1].items()}
+            w = vc.KvtierConnector(self.config(rank), vc.KVConnectorRole.WORKER, None)
+            self.addCleanup(w.shutdown)
+            w.register_kv_caches(kv)
+            kvs.append(kv)
+            workers.append(w)
+        self.assertEqual([w.kv_replicas for w in workers], [2] * 4)
+        ns = [w.namespace for w in workers]
+        self.assertEqual((ns[0] == ns[1], ns[2] == ns[3], ns[0] == ns[2]), (True, True, False))
+        self.assertIn("|tp=1/2|", ns[2])
+        s = vc.KvtierConnector(self.config(0), vc.KVConnectorRole.SCHEDULER,
+                               kv_cache_config(4, BS, 1, 64))
+        self.addCleanup(s.shutdown)
+        tokens = list(range(900, 925))  # 6 full blocks + 1 token
+        self.assertEqual(s.request_finished(Request("a", tokens), list(range(7))), (True, None))
+        meta = s.build_connector_meta(None)
+        for w in workers:
+            w.bind_connector_metadata(meta)
+            w.start_load_kv(None)
+            w.wait_for_save()
+            w.clear_connector_metadata()
+        for w in workers:  # every rank reports the save, writers once it ended
+            for _ in range(2000):
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            self.assertEqual(sent, {"a"})
+        st = s.client.stats()
+        self.assertEqual((st["stores"], st["stored_blocks"]), (2, 12))  # one copy per group
+        before = st["lookups"]
+        b = Request("b", tokens)
+        self.assertEqual(s.get_num_new_matched_tokens(b, 0), (24, False))
+        self.assertEqual(s.client.stats()["lookups"] - before, 2)  # one per head group
+        dst = list(range(30, 37))
+        for kv in kvs:
+            for t in kv.values():
+                t[:, dst] = 0
+        s.update_state_after_alloc(b, Blocks(dst), 24)
+        meta = s.build_connector_meta(None)
+        for w, kv in zip(workers, kvs):
+            w.bind_connector_metadata(meta)
+            w.start_load_kv(None)
+            for name in kv:
+                w.wait_for_layer_load(name)
+            w.wait_for_save()
+            w.clear_connector_metadata()
+            self.assertEqual(w.get_block_ids_with_load_errors(), set())
+            for t in kv.values():
+                self.assertTrue(np.array_equal(t[:, dst[:6]].view(np.uint8),
+                                               t[:, :6].view(np.uint8)))
+
+
 class PipelineStages(unittest.TestCase):
     """PP stages' layer counts as vLLM splits them (get_pp_indices), and a
     worker whose layers are not its stage's refused."""
