@@ -26,6 +26,30 @@ kvt_geometry *kvt_test_geometry(uint32_t layers, uint32_t heads, uint32_t head_d
     return g;
 }
 
+kvt_geometry *kvt_test_small_geo(void)
+{
+    kvt_geometry *g = kvt_test_geometry(KVT_TEST_SMALL_LAYERS, 2, 8, KVT_TEST_SMALL_TPP,
+                                        KVT_LAYOUT_LAYER_FIRST);
+    assert_non_null(g);
+    return g;
+}
+
+kvt_config *kvt_test_small_config(const char *ssd_dir)
+{
+    kvt_config *cfg = NULL;
+    assert_ok(kvt_config_create(&cfg));
+    assert_ok(kvt_config_set(cfg, "cpu_capacity", "256KiB"));
+    assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
+    assert_ok(kvt_config_set(cfg, "block_tokens", "4"));
+    assert_ok(kvt_config_set(cfg, "workers", "1"));
+    assert_ok(kvt_config_set(cfg, "max_tasks", "16"));
+    if (ssd_dir) {
+        assert_ok(kvt_config_set(cfg, "ssd_dirs", ssd_dir));
+        assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
+    }
+    return cfg;
+}
+
 void kvt_test_tokens(uint32_t *tokens, uint32_t n, uint64_t seed)
 {
     uint64_t st = seed;

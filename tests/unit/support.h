@@ -56,6 +56,18 @@ void kvt_test_check_err(const char *expr, const char *file, int line, kvt_status
 /* A small uniform geometry: layers x (K,V) x heads x head_dim, 2-byte elems. */
 kvt_geometry *kvt_test_geometry(uint32_t layers, uint32_t heads, uint32_t head_dim,
                                 uint32_t tokens_per_page, kvt_layout layout);
+/* The small geometry the API error tests share: KVT_TEST_SMALL_LAYERS
+ * layers x (K, V) x 2 heads x 8 dims x 2 bytes, KVT_TEST_SMALL_TPP tokens a
+ * page (128 bytes a token), layer-first; their emulated engines hold
+ * KVT_TEST_SMALL_PAGES pages. Fails the test if it cannot be made. */
+#define KVT_TEST_SMALL_LAYERS 2u
+#define KVT_TEST_SMALL_TPP 4u
+#define KVT_TEST_SMALL_PAGES 8u
+kvt_geometry *kvt_test_small_geo(void);
+/* A config for small, fast caches (256 KiB CPU tier, no huge pages, blocks
+ * of 4 tokens, 1 worker, 16 tasks); ssd_dir: the SSD tier's directory
+ * (256 KiB) or NULL for none. Fails the test on any error. */
+kvt_config *kvt_test_small_config(const char *ssd_dir);
 /* Deterministic token ids: tokens[i] = f(seed, i). */
 void kvt_test_tokens(uint32_t *tokens, uint32_t n, uint64_t seed);
 

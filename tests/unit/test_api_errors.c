@@ -281,29 +281,10 @@ static pthread_t alloc_thread;
 
 static const void *const SENTINEL = (const void *)(uintptr_t)0x5e5e5e50u;
 
-/* A config for small, fast caches. */
-static kvt_config *small_config(void)
-{
-    kvt_config *cfg = NULL;
-    assert_ok(kvt_config_create(&cfg));
-    assert_ok(kvt_config_set(cfg, "cpu_capacity", "256KiB"));
-    assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
-    assert_ok(kvt_config_set(cfg, "block_tokens", "4"));
-    assert_ok(kvt_config_set(cfg, "workers", "1"));
-    assert_ok(kvt_config_set(cfg, "max_tasks", "16"));
-    return cfg;
-}
-
-/* 2 layers x (K, V) x 2 heads x 8 dims x 2 bytes, 4 tokens per page. */
-#define T_LAYERS 2u
-#define T_TPP 4u
-#define T_PAGES 8u
-static kvt_geometry *small_geo(void)
-{
-    kvt_geometry *g = kvt_test_geometry(T_LAYERS, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
-    assert_non_null(g);
-    return g;
-}
+/* kvt_test_small_geo's (support.h): 2 layers, 4 tokens per page. */
+#define T_LAYERS KVT_TEST_SMALL_LAYERS
+#define T_TPP KVT_TEST_SMALL_TPP
+#define T_PAGES KVT_TEST_SMALL_PAGES
 
 static int stats_equal(const kvt_cache_stats *a, const kvt_cache_stats *b)
 {
@@ -527,7 +508,7 @@ static void test_geometry_create_preset(void **state)
 static void test_geometry_layers(void **state)
 {
     (void)state;
-    kvt_geometry *g = small_geo(), *ref = NULL;
+    kvt_geometry *g = kvt_test_small_geo(), *ref = NULL;
     assert_ok(kvt_geometry_clone(g, &ref));
     kvt_geometry *c = (kvt_geometry *)SENTINEL;
     EXPECT_ERR(kvt_geometry_clone(NULL, &c), KVT_EINVAL, "kvt_geometry_clone",
@@ -673,7 +654,7 @@ static void test_geometry_layers(void **state)
 static void test_emu(void **state)
 {
     (void)state;
-    kvt_geometry *g = small_geo(), *u = NULL;
+    kvt_geometry *g = kvt_test_small_geo(), *u = NULL;
     assert_ok(kvt_geometry_create(&u, 2, 4, KVT_LAYOUT_LAYER_FIRST));
     kvt_emu *e = (kvt_emu *)SENTINEL;
     EXPECT_ERR(kvt_emu_create(NULL, g, 4), KVT_EINVAL, "kvt_emu_create", "out");
@@ -791,8 +772,8 @@ static void test_emu(void **state)
 static void test_cache_create_register(void **state)
 {
     (void)state;
-    kvt_config *cfg = small_config();
-    kvt_geometry *g = small_geo(), *u = NULL;
+    kvt_config *cfg = kvt_test_small_config(NULL);
+    kvt_geometry *g = kvt_test_small_geo(), *u = NULL;
     assert_ok(kvt_geometry_create(&u, T_LAYERS, T_TPP, KVT_LAYOUT_LAYER_FIRST));
     kvt_cache *c = (kvt_cache *)SENTINEL;
     EXPECT_ERR(kvt_cache_create(NULL, cfg, g), KVT_EINVAL, "kvt_cache_create", "out");
@@ -881,8 +862,8 @@ typedef struct cache_fx {
 static void fx_init(cache_fx *f)
 {
     memset(f, 0, sizeof *f);
-    f->cfg = small_config();
-    f->geo = small_geo();
+    f->cfg = kvt_test_small_config(NULL);
+    f->geo = kvt_test_small_geo();
     assert_ok(kvt_cache_create(&f->cache, f->cfg, f->geo));
     assert_ok(kvt_emu_create(&f->emu, f->geo, T_PAGES));
     kvt_engine_memory m;
@@ -1079,8 +1060,8 @@ static void test_cache_tasks(void **state)
 static void test_cache_launch_without_memory(void **state)
 {
     (void)state;
-    kvt_config *cfg = small_config();
-    kvt_geometry *g = small_geo();
+    kvt_config *cfg = kvt_test_small_config(NULL);
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_cache *c = NULL;
     assert_ok(kvt_cache_create(&c, cfg, g));
     uint32_t tokens[9];
@@ -1110,8 +1091,8 @@ static void test_cache_launch_without_memory(void **state)
 static void defect_d8_mismatched_engine_memory(void **state)
 {
     (void)state;
-    kvt_config *cfg = small_config();
-    kvt_geometry *g = small_geo();
+    kvt_config *cfg = kvt_test_small_config(NULL);
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_geometry *small = kvt_test_geometry(T_LAYERS, 2, 2, T_TPP, KVT_LAYOUT_LAYER_FIRST);
     kvt_cache *c = NULL;
     kvt_emu *e = NULL;
@@ -1489,7 +1470,7 @@ static void test_pd_bootstrap(void **state)
     assert_ok(kvt_pd_bootstrap_stats_get(bs, &st0));
 
     /* Sender/receiver argument checks (all fail before any I/O). */
-    kvt_geometry *g = small_geo(), *u = NULL;
+    kvt_geometry *g = kvt_test_small_geo(), *u = NULL;
     assert_ok(kvt_geometry_create(&u, T_LAYERS, T_TPP, KVT_LAYOUT_LAYER_FIRST));
     kvt_emu *e = NULL;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));
@@ -1569,7 +1550,7 @@ static void test_pd_rooms(void **state)
     assert_ok(kvt_pd_bootstrap_create(&bs, &np));
     uint16_t port = 0;
     assert_ok(kvt_pd_bootstrap_port(bs, &port));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *pe = NULL, *de = NULL;
     assert_ok(kvt_emu_create(&pe, g, T_PAGES));
     assert_ok(kvt_emu_create(&de, g, T_PAGES));
@@ -1922,7 +1903,7 @@ static void test_enomem(void **state)
 {
     (void)state;
     setenv("KVTIER_PD_QUIET", "1", 0);
-    oom_ctx x = {.cfg = small_config(), .geo = small_geo()};
+    oom_ctx x = {.cfg = kvt_test_small_config(NULL), .geo = kvt_test_small_geo()};
     snprintf(x.path, sizeof x.path, "/tmp/kvt_api_errors_%d.json", (int)getpid());
     FILE *f = fopen(x.path, "w");
     assert_non_null(f);
@@ -1930,7 +1911,7 @@ static void test_enomem(void **state)
     fclose(f);
     char sock[64];
     snprintf(sock, sizeof sock, "/tmp/kvt_api_errors_%d.sock", (int)getpid());
-    x.scfg = small_config();
+    x.scfg = kvt_test_small_config(NULL);
     assert_ok(kvt_config_set(x.scfg, "server_socket", sock));
     assert_ok(kvt_fabric_create(&x.fab, 2, 2));
     kvt_fabric *fab = x.fab;
@@ -2051,11 +2032,11 @@ static void test_enomem_live(void **state)
 static void test_ok_paths(void **state)
 {
     (void)state;
-    kvt_config *cfg = small_config();
+    kvt_config *cfg = kvt_test_small_config(NULL);
     EXPECT_OK(kvt_config_load_json(cfg, "{\"workers\": 2}", 14));
     EXPECT_OK(kvt_config_load_env(cfg));
     kvt_config_destroy(cfg);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     EXPECT_OK(kvt_geometry_validate(g));
     kvt_emu *e = NULL;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));
@@ -2095,22 +2076,11 @@ static void test_log_api(void **state)
 /* a full filesystem, a server that stops, a peer that speaks the       */
 /* server protocol wrongly.                                            */
 
-/* A fresh directory under KVTIER_TEST_TMP (or /tmp). */
-static void make_test_dir(char *out, size_t n, const char *tag)
-{
-    const char *base = getenv("KVTIER_TEST_TMP");
-    if (!base) base = "/tmp";
-    mkdir(base, 0700);
-    snprintf(out, n, "%s/%sXXXXXX", base, tag);
-    assert_non_null(mkdtemp(out));
-    kvt_test_dir_track(out); /* removed when every test passed (support.h) */
-}
-
-/* small_config() with the SSD tier at dir (NULL: none) and, when sock is
+/* kvt_test_small_config(NULL) with the SSD tier at dir (NULL: none) and, when sock is
  * set, a server socket. */
 static kvt_config *tier_config(const char *dir, const char *sock)
 {
-    kvt_config *cfg = small_config();
+    kvt_config *cfg = kvt_test_small_config(NULL);
     if (dir) {
         assert_ok(kvt_config_set(cfg, "ssd_dirs", dir));
         assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
@@ -2127,12 +2097,12 @@ static void test_io_deadlines(void **state)
 {
     (void)state;
     char dir[200], ssd[240];
-    make_test_dir(dir, sizeof dir, "apiflush");
+    kvt_test_mkdtemp(dir, sizeof dir, "apiflush");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
     cache_fx f;
     memset(&f, 0, sizeof f);
     f.cfg = tier_config(ssd, NULL);
-    f.geo = small_geo();
+    f.geo = kvt_test_small_geo();
     assert_ok(kvt_cache_create(&f.cache, f.cfg, f.geo));
     assert_ok(kvt_emu_create(&f.emu, f.geo, T_PAGES));
     kvt_engine_memory m;
@@ -2182,10 +2152,10 @@ static void test_ssd_dir_faults(void **state)
 {
     (void)state;
     char dir[200], ssd[240], sock[240], file[240], meta[280];
-    make_test_dir(dir, sizeof dir, "apissd");
+    kvt_test_mkdtemp(dir, sizeof dir, "apissd");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_geometry *g3 = kvt_test_geometry(3, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
     kvt_config *cfg = tier_config(ssd, NULL), *scfg = tier_config(ssd, sock);
     kvt_cache *c = NULL, *c2 = NULL;
@@ -2288,10 +2258,10 @@ static void *srv_run(void *p)
 static void srv_fx_start(srv_fx *f)
 {
     memset(f, 0, sizeof *f);
-    make_test_dir(f->dir, sizeof f->dir, "apisrv");
+    kvt_test_mkdtemp(f->dir, sizeof f->dir, "apisrv");
     snprintf(f->sock, sizeof f->sock, "%s/s.sock", f->dir);
     kvt_config *cfg = tier_config(NULL, f->sock);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     assert_ok(kvt_server_create(&f->srv, cfg, g));
     kvt_geometry_destroy(g);
     kvt_config_destroy(cfg);
@@ -2314,7 +2284,7 @@ static void test_server_client(void **state)
     srv_fx_start(&f);
     alloc_thread = pthread_self(); /* the client's allocations fail, not the server's */
     atomic_store(&alloc_one_thread, true);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_geometry *g3 = kvt_test_geometry(3, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
     kvt_config *cfg = tier_config(NULL, f.sock);
     kvt_server *s2 = NULL;
@@ -2574,7 +2544,7 @@ static void *fake_main(void *arg)
 static void fake_start(fake_srv *f)
 {
     memset(f, 0, sizeof *f);
-    make_test_dir(f->dir, sizeof f->dir, "apifake");
+    kvt_test_mkdtemp(f->dir, sizeof f->dir, "apifake");
     snprintf(f->sock, sizeof f->sock, "%s/fake.sock", f->dir);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     assert_true(strlen(f->sock) < sizeof a.sun_path);
@@ -2612,7 +2582,7 @@ static void test_client_bad_server(void **state)
     (void)state;
     fake_srv f;
     fake_start(&f);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_client *cl = NULL;
     atomic_store(&f.hello_mode, FAKE_WRONG_OP);
     EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_EPROTO, "kvt_client_attach",
@@ -2778,9 +2748,9 @@ static void test_cache_states(void **state)
     fx_fini(&f);
 
     /* A plan not launched within plan_ttl_ms expired. */
-    kvt_config *cfg = small_config();
+    kvt_config *cfg = kvt_test_small_config(NULL);
     assert_ok(kvt_config_set(cfg, "plan_ttl_ms", "1"));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_cache *ttl = NULL;
     assert_ok(kvt_cache_create(&ttl, cfg, g));
     kvt_emu *e = NULL;
@@ -2915,7 +2885,7 @@ static void test_host_refusals(void **state)
     assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
     uint16_t bport = 0;
     assert_ok(kvt_pd_bootstrap_port(bs, &bport));
-    kvt_geometry *pg = small_geo();
+    kvt_geometry *pg = kvt_test_small_geo();
     kvt_emu *pe = NULL;
     kvt_engine_memory pm;
     assert_ok(kvt_emu_create(&pe, pg, T_PAGES));
@@ -2931,14 +2901,14 @@ static void test_host_refusals(void **state)
     close(fd);
 
     char dir[200], file[240], path[280];
-    make_test_dir(dir, sizeof dir, "apicfg");
+    kvt_test_mkdtemp(dir, sizeof dir, "apicfg");
     snprintf(file, sizeof file, "%s/cfg.json", dir);
     FILE *f = fopen(file, "w");
     assert_non_null(f);
     fputs("{\"workers\": 2}", f);
     fclose(f);
     snprintf(path, sizeof path, "%.240s/sub.json", file); /* under a regular file */
-    kvt_config *cfg = small_config();
+    kvt_config *cfg = kvt_test_small_config(NULL);
     EXPECT_OK(kvt_config_load_file(cfg, file));
     EXPECT_ERR(kvt_config_load_file(cfg, path), KVT_EIO, "kvt_config_load_file", path,
                "Not a directory");
@@ -2947,7 +2917,7 @@ static void test_host_refusals(void **state)
     char sock[240];
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
     kvt_config *scfg = tier_config(NULL, sock);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_server *s = NULL;
     assert_ok(kvt_server_create(&s, scfg, g));
     kvt_server_stop(s);
@@ -3290,8 +3260,8 @@ static void test_memory_refusals(void **state)
     (void)state;
     /* Before anything loads the CUDA runtime: make "none found" certain. */
     setenv("KVTIER_CUDART", "/nonexistent/libcudart.so", 1);
-    kvt_config *cfg = small_config();
-    kvt_geometry *g = small_geo();
+    kvt_config *cfg = kvt_test_small_config(NULL);
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_cache *c = NULL;
     assert_ok(kvt_cache_create(&c, cfg, g));
     kvt_emu *e = NULL;
@@ -3332,11 +3302,11 @@ static void test_memory_refusals(void **state)
 static void srv_fx_start_with(srv_fx *f, const char *opt, const char *value)
 {
     memset(f, 0, sizeof *f);
-    make_test_dir(f->dir, sizeof f->dir, "apisrv");
+    kvt_test_mkdtemp(f->dir, sizeof f->dir, "apisrv");
     snprintf(f->sock, sizeof f->sock, "%s/s.sock", f->dir);
     kvt_config *cfg = tier_config(NULL, f->sock);
     assert_ok(kvt_config_set(cfg, opt, value));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     assert_ok(kvt_server_create(&f->srv, cfg, g));
     kvt_geometry_destroy(g);
     kvt_config_destroy(cfg);
@@ -3349,7 +3319,7 @@ static void srv_fx_start_with(srv_fx *f, const char *opt, const char *value)
 static void test_client_server_limits(void **state)
 {
     (void)state;
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     srv_fx f;
     srv_fx_start_with(&f, "server_client_tasks", "1");
     kvt_client *cl = NULL;
@@ -3399,7 +3369,7 @@ static void test_pd_create_faults(void **state)
 {
     (void)state;
     setenv("KVTIER_PD_QUIET", "1", 0);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *e = NULL;
     kvt_engine_memory mem;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));
@@ -3454,7 +3424,7 @@ static void test_pd_rooms_full(void **state)
     assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
     uint16_t port = 0;
     assert_ok(kvt_pd_bootstrap_port(bs, &port));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *pe = NULL, *de = NULL;
     assert_ok(kvt_emu_create(&pe, g, T_PAGES));
     assert_ok(kvt_emu_create(&de, g, T_PAGES));
@@ -3506,7 +3476,7 @@ static void test_pd_create_local_faults(void **state)
     assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
     uint16_t port = 0;
     assert_ok(kvt_pd_bootstrap_port(bs, &port));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *pe = NULL, *de = NULL;
     assert_ok(kvt_emu_create(&pe, g, T_PAGES));
     assert_ok(kvt_emu_create(&de, g, T_PAGES));
@@ -3617,7 +3587,7 @@ static void test_pd_create_bad_bootstrap(void **state)
 {
     (void)state;
     setenv("KVTIER_PD_QUIET", "1", 0);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *e = NULL;
     kvt_engine_memory mem;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));

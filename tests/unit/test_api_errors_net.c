@@ -65,32 +65,10 @@
 /* ------------------------------------------------------------------ */
 /* Fixtures                                                            */
 
-#define T_LAYERS 2u
-#define T_TPP 4u
-#define T_PAGES 8u
-
-static kvt_geometry *small_geo(void)
-{
-    kvt_geometry *g = kvt_test_geometry(T_LAYERS, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
-    assert_non_null(g);
-    return g;
-}
-
-static kvt_config *small_config(const char *ssd_dir)
-{
-    kvt_config *cfg = NULL;
-    assert_ok(kvt_config_create(&cfg));
-    assert_ok(kvt_config_set(cfg, "cpu_capacity", "256KiB"));
-    assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
-    assert_ok(kvt_config_set(cfg, "block_tokens", "4"));
-    assert_ok(kvt_config_set(cfg, "workers", "1"));
-    assert_ok(kvt_config_set(cfg, "max_tasks", "16"));
-    if (ssd_dir) {
-        assert_ok(kvt_config_set(cfg, "ssd_dirs", ssd_dir));
-        assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
-    }
-    return cfg;
-}
+/* kvt_test_small_geo's (support.h): 2 layers, 4 tokens per page. */
+#define T_LAYERS KVT_TEST_SMALL_LAYERS
+#define T_TPP KVT_TEST_SMALL_TPP
+#define T_PAGES KVT_TEST_SMALL_PAGES
 
 /* A cache over an emulated engine, 13 tokens of one request filled into
  * pages 1, 3, 5, 7. */
@@ -108,8 +86,8 @@ typedef struct cache_fx {
 static void fx_init(cache_fx *f, const char *ssd_dir)
 {
     memset(f, 0, sizeof *f);
-    f->cfg = small_config(ssd_dir);
-    f->geo = small_geo();
+    f->cfg = kvt_test_small_config(ssd_dir);
+    f->geo = kvt_test_small_geo();
     assert_ok(kvt_cache_create(&f->cache, f->cfg, f->geo));
     assert_ok(kvt_emu_create(&f->emu, f->geo, T_PAGES));
     assert_ok(kvt_emu_memory(f->emu, &f->mem));
@@ -505,21 +483,11 @@ static void test_reform_member_lost_hub(void **state)
 /* ------------------------------------------------------------------ */
 /* kvt_conn_wait_layer past its deadline: the load's SSD reads are held  */
 
-static void make_test_dir(char *out, size_t n, const char *tag)
-{
-    const char *base = getenv("KVTIER_TEST_TMP");
-    if (!base) base = "/tmp";
-    mkdir(base, 0700);
-    snprintf(out, n, "%s/%sXXXXXX", base, tag);
-    assert_non_null(mkdtemp(out));
-    kvt_test_dir_track(out);
-}
-
 static void test_conn_wait_layer_deadline(void **state)
 {
     (void)state;
     char dir[200], ssd[240];
-    make_test_dir(dir, sizeof dir, "apinet");
+    kvt_test_mkdtemp(dir, sizeof dir, "apinet");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
     cache_fx f;
     fx_init(&f, ssd);
@@ -571,7 +539,7 @@ static void test_conn_wait_layer_deadline(void **state)
 static void test_pd_create_memory(void **state)
 {
     (void)state;
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *e = NULL;
     kvt_engine_memory mem;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));
@@ -761,7 +729,7 @@ static void pd_fx_init(pd_fx *x, uint32_t peer_timeout_ms)
 {
     setenv("KVTIER_PD_QUIET", "1", 0);
     memset(x, 0, sizeof *x);
-    x->g = small_geo();
+    x->g = kvt_test_small_geo();
     assert_ok(kvt_emu_create(&x->e, x->g, T_PAGES));
     assert_ok(kvt_emu_memory(x->e, &x->mem));
     assert_ok(kvt_pd_bootstrap_create(&x->bs, &(kvt_pd_net_params){0}));

@@ -56,9 +56,10 @@
 
 #define WAIT_MS 10000
 /* 2 layers x (K, V) x 2 heads x 8 dims x 2 bytes, 4 tokens per page. */
-#define T_LAYERS 2u
-#define T_TPP 4u
-#define T_PAGES 8u
+/* kvt_test_small_geo's (support.h): 2 layers, 4 tokens per page. */
+#define T_LAYERS KVT_TEST_SMALL_LAYERS
+#define T_TPP KVT_TEST_SMALL_TPP
+#define T_PAGES KVT_TEST_SMALL_PAGES
 #define T_TOKENS 13u /* 3 full blocks of 4 tokens */
 
 /* Allocation failure in this thread: the test links with --wrap=malloc,
@@ -93,40 +94,6 @@ int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void
 
 /* ------------------------------------------------------------------ */
 /* Fixtures                                                            */
-
-static kvt_geometry *small_geo(void)
-{
-    kvt_geometry *g = kvt_test_geometry(T_LAYERS, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
-    assert_non_null(g);
-    return g;
-}
-
-static void make_test_dir(char *out, size_t n, const char *tag)
-{
-    const char *base = getenv("KVTIER_TEST_TMP");
-    if (!base) base = "/tmp";
-    mkdir(base, 0700);
-    snprintf(out, n, "%s/%sXXXXXX", base, tag);
-    assert_non_null(mkdtemp(out));
-    kvt_test_dir_track(out);
-}
-
-/* A small cache (or server) config; ssd: the SSD tier's directory or NULL. */
-static kvt_config *small_config(const char *ssd)
-{
-    kvt_config *cfg = NULL;
-    assert_ok(kvt_config_create(&cfg));
-    assert_ok(kvt_config_set(cfg, "cpu_capacity", "256KiB"));
-    assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
-    assert_ok(kvt_config_set(cfg, "block_tokens", "4"));
-    assert_ok(kvt_config_set(cfg, "workers", "1"));
-    assert_ok(kvt_config_set(cfg, "max_tasks", "16"));
-    if (ssd) {
-        assert_ok(kvt_config_set(cfg, "ssd_dirs", ssd));
-        assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
-    }
-    return cfg;
-}
 
 /* The request every test stores: T_TOKENS tokens in namespace "ns", its
  * KV filled into pages 1, 3, 5, 7 of an emulated engine. */
@@ -209,13 +176,13 @@ static void test_held_writes(void **state)
 {
     (void)state;
     char dir[200], ssd[240], sock[240];
-    make_test_dir(dir, sizeof dir, "apisrvw");
+    kvt_test_mkdtemp(dir, sizeof dir, "apisrvw");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    kvt_config *cfg = small_config(ssd);
+    kvt_config *cfg = kvt_test_small_config(ssd);
     assert_ok(kvt_config_set(cfg, "server_socket", sock));
     assert_ok(kvt_config_set(cfg, "server_stop_ms", "1"));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_server *srv = NULL;
     assert_ok(kvt_server_create(&srv, cfg, g));
     engine e;
@@ -248,7 +215,7 @@ static void write_file(const char *path, const char *text)
 /* Stores the request through a cache on ssd, durably (then closed). */
 static void store_on_ssd(const char *ssd, const kvt_geometry *g, engine *e)
 {
-    kvt_config *cfg = small_config(ssd);
+    kvt_config *cfg = kvt_test_small_config(ssd);
     kvt_cache *c = NULL;
     assert_ok(kvt_cache_create(&c, cfg, g));
     assert_ok(kvt_cache_register_memory(c, &e->mem));
@@ -280,17 +247,17 @@ static void test_server_reads_auth(void **state)
 {
     (void)state;
     char dir[200], ssd[240], sock[240], secret[240];
-    make_test_dir(dir, sizeof dir, "apisrvr");
+    kvt_test_mkdtemp(dir, sizeof dir, "apisrvr");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
     snprintf(secret, sizeof secret, "%s/secret", dir);
     write_file(secret, "0123456789abcdef-the-node-secret");
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     engine e;
     engine_init(&e, g);
     store_on_ssd(ssd, g, &e);
 
-    kvt_config *cfg = small_config(ssd);
+    kvt_config *cfg = kvt_test_small_config(ssd);
     assert_ok(kvt_config_set(cfg, "server_socket", sock));
     assert_ok(kvt_config_set(cfg, "server_secret_file", secret));
     assert_ok(kvt_config_set(cfg, "server_namespaces", "*=ns,-"));
@@ -417,14 +384,14 @@ static void test_layer_events(void **state)
         fail_msg("this test runs over tests/fake_cudart.c (KVTIER_CUDART, set by ctest): %s",
                  why ? why : "KVTIER_CUDART is not set");
     char dir[200], ssd[240];
-    make_test_dir(dir, sizeof dir, "apicuda");
+    kvt_test_mkdtemp(dir, sizeof dir, "apicuda");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     engine e;
     engine_init(&e, g);
     store_on_ssd(ssd, g, &e);
 
-    kvt_config *cfg = small_config(ssd);
+    kvt_config *cfg = kvt_test_small_config(ssd);
     kvt_cache *c = NULL;
     assert_ok(kvt_cache_create(&c, cfg, g));
     dev_mem d;
@@ -565,7 +532,7 @@ static void test_client_refuses_answers(void **state)
     (void)state;
     fake_srv f;
     memset(&f, 0, sizeof f);
-    make_test_dir(f.dir, sizeof f.dir, "apifake");
+    kvt_test_mkdtemp(f.dir, sizeof f.dir, "apifake");
     snprintf(f.sock, sizeof f.sock, "%s/fake.sock", f.dir);
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     assert_true(strlen(f.sock) < sizeof a.sun_path);
@@ -576,7 +543,7 @@ static void test_client_refuses_answers(void **state)
     assert_int_equal(listen(f.lfd, 4), 0);
     assert_int_equal(pthread_create(&f.th, NULL, fake_main, &f), 0);
 
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_client *cl = NULL;
     assert_ok(kvt_client_attach(&cl, f.sock, g, WAIT_MS));
     uint32_t tokens[2 * T_TPP];
@@ -615,8 +582,8 @@ static void test_client_refuses_answers(void **state)
 static void test_metrics_unlistenable(void **state)
 {
     (void)state;
-    kvt_geometry *g = small_geo();
-    kvt_config *cfg = small_config(NULL);
+    kvt_geometry *g = kvt_test_small_geo();
+    kvt_config *cfg = kvt_test_small_config(NULL);
     assert_ok(kvt_config_set(cfg, "metrics_addr", "192.0.2.1"));
     assert_ok(kvt_config_set(cfg, "metrics_insecure", "true"));
     assert_ok(kvt_config_set(cfg, "metrics_port", "9109"));
@@ -663,12 +630,12 @@ static void test_no_io_uring(void **state)
 {
     (void)state;
     char dir[200], ssd[240], sock[240];
-    make_test_dir(dir, sizeof dir, "apiuring");
+    kvt_test_mkdtemp(dir, sizeof dir, "apiuring");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    kvt_geometry *g = small_geo();
-    kvt_config *cfg = small_config(ssd);
-    kvt_config *scfg = small_config(ssd);
+    kvt_geometry *g = kvt_test_small_geo();
+    kvt_config *cfg = kvt_test_small_config(ssd);
+    kvt_config *scfg = kvt_test_small_config(ssd);
     assert_ok(kvt_config_set(cfg, "io", "uring"));
     assert_ok(kvt_config_set(scfg, "io", "uring"));
     assert_ok(kvt_config_set(scfg, "server_socket", sock));
