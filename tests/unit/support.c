@@ -1,5 +1,6 @@
 #include "support.h"
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
@@ -121,6 +122,36 @@ void kvt_test_mkdtemp(char *out, size_t len, const char *prefix)
     snprintf(out, len, "%s/%sXXXXXX", base, prefix);
     assert_non_null(mkdtemp(out));
     kvt_test_dir_track(out);
+}
+
+void kvt_test_nofile_low(struct rlimit *old)
+{
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, old), 0);
+    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    assert_true(probe >= 0);
+    close(probe);
+    struct rlimit low = *old;
+    low.rlim_cur = (rlim_t)probe;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+}
+
+static void *hub_wait_main(void *arg)
+{
+    kvt_test_hub_wait *w = arg;
+    w->st = kvt_net_connect(w->hub, w->ms);
+    return NULL;
+}
+
+void kvt_test_hub_wait_start(kvt_test_hub_wait *w, kvt_net *hub, int64_t ms)
+{
+    *w = (kvt_test_hub_wait){.hub = hub, .ms = ms, .st = KVT_OK};
+    assert_int_equal(pthread_create(&w->th, NULL, hub_wait_main, w), 0);
+}
+
+kvt_status kvt_test_hub_wait_join(kvt_test_hub_wait *w)
+{
+    pthread_join(w->th, NULL);
+    return w->st;
 }
 
 #define KVT_TEST_MAX_SERVERS 16

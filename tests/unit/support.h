@@ -2,11 +2,13 @@
 #ifndef KVT_TESTS_SUPPORT_H
 #define KVT_TESTS_SUPPORT_H
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <cmocka.h>
 #include "kvtier.h"
@@ -83,6 +85,24 @@ int kvt_test_dirs_done(int rc);
 /* A fresh scratch directory <$KVTIER_TEST_TMP or /tmp>/<prefix>XXXXXX,
  * tracked (removed when every test passed). */
 void kvt_test_mkdtemp(char *out, size_t len, const char *prefix);
+
+/* No descriptor left: makes the lowest free descriptor the soft
+ * RLIMIT_NOFILE, so the next socket() or open() fails with EMFILE; the
+ * limit it replaced goes to *old (restore it with setrlimit). */
+void kvt_test_nofile_low(struct rlimit *old);
+
+/* A TCP hub waiting in kvt_net_connect(hub, ms) on a thread of its own
+ * while the test connects (or fails to connect) a member:
+ * kvt_test_hub_wait_start starts it, kvt_test_hub_wait_join joins it and
+ * returns that kvt_net_connect's status for the test to check. */
+typedef struct kvt_test_hub_wait {
+    kvt_net *hub;
+    int64_t ms;
+    kvt_status st;
+    pthread_t th;
+} kvt_test_hub_wait;
+void kvt_test_hub_wait_start(kvt_test_hub_wait *w, kvt_net *hub, int64_t ms);
+kvt_status kvt_test_hub_wait_join(kvt_test_hub_wait *w);
 
 /* Server processes for tests. kvt_test_server_fork forks a child that calls
  * make(&srv, arg), reports its status through a pipe and then runs the

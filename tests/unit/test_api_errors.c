@@ -2299,14 +2299,8 @@ static void test_server_client(void **state)
     snprintf(nowhere, sizeof nowhere, "%s/nobody.sock", f.dir);
     EXPECT_ERR(kvt_client_attach(NULL, f.sock, g, 1000), KVT_EINVAL, "kvt_client_attach", "out");
     EXPECT_ERR(kvt_client_attach(&cl, nowhere, g, 30), KVT_ECONN, "kvt_client_attach", nowhere);
-    struct rlimit old_nofile, low_nofile;
-    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old_nofile), 0);
-    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    assert_true(probe >= 0);
-    close(probe);
-    low_nofile = old_nofile;
-    low_nofile.rlim_cur = (rlim_t)probe; /* no descriptor left for the client's socket */
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low_nofile), 0);
+    struct rlimit old_nofile;
+    kvt_test_nofile_low(&old_nofile); /* no descriptor left for the client's socket */
     EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_ESYS, "kvt_client_attach", "socket");
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old_nofile), 0);
     EXPECT_ERR(kvt_client_attach(&cl, f.sock, g3, 1000), KVT_EGEOMETRY, "kvt_client_attach",
@@ -3161,20 +3155,6 @@ static void test_reform_link_lost(void **state)
     END_CHECKS();
 }
 
-/* A TCP hub waiting in kvt_net_connect on its own thread. */
-typedef struct hub_wait {
-    kvt_net *hub;
-    int64_t ms;
-    kvt_status st;
-} hub_wait;
-
-static void *hub_connect_main(void *arg)
-{
-    hub_wait *h = arg;
-    h->st = kvt_net_connect(h->hub, h->ms);
-    return NULL;
-}
-
 /* kvt_net_connect over TCP: nobody comes, the wrong secret, an interrupt,
  * no memory, no file descriptor left. */
 static void test_net_connect_faults(void **state)
@@ -3200,12 +3180,10 @@ static void test_net_connect_faults(void **state)
     const char *wrong = "fedcba9876543210-api-errors";
     kvt_net_tcp_params mp = {1, 2, "127.0.0.1", port, wrong, strlen(wrong), 0};
     assert_ok(kvt_net_tcp_create(&m, &mp));
-    hub_wait hw = {hub, 2000, KVT_OK};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    kvt_test_hub_wait hw;
+    kvt_test_hub_wait_start(&hw, hub, 2000);
     EXPECT_ERR(kvt_net_connect(m, 2000), KVT_EAUTH, "rank 1", "secret");
-    pthread_join(th, NULL);
-    assert_int_equal(hw.st, KVT_ETIMEDOUT);
+    assert_int_equal(kvt_test_hub_wait_join(&hw), KVT_ETIMEDOUT);
     kvt_net_destroy(m);
 
     /* No hub listening where a member looks. */
@@ -3214,14 +3192,8 @@ static void test_net_connect_faults(void **state)
     assert_ok(kvt_net_tcp_create(&m, &np));
     EXPECT_ERR(kvt_net_connect(m, 50), KVT_ETIMEDOUT, "kvt_net_connect", "did not accept");
     /* No file descriptor left for its socket. */
-    struct rlimit old, low;
-    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
-    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    assert_true(probe >= 0);
-    close(probe);
-    low = old;
-    low.rlim_cur = (rlim_t)probe; /* the lowest free descriptor is now over the limit */
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    struct rlimit old;
+    kvt_test_nofile_low(&old);
     EXPECT_ERR(kvt_net_connect(m, 50), KVT_ESYS, "kvt_net_connect", "socket");
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
     /* A member's group formation connects its link itself: the same
@@ -3229,7 +3201,7 @@ static void test_net_connect_faults(void **state)
     /* B 8 s: the refusal comes as soon as the hub answers, well before */
     kvt_group_params gp = {1, 1, 2, 7, 0, 1000, 0, 8000};
     kvt_group *grp = NULL;
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    kvt_test_nofile_low(&old);
     EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_ESYS, "kvt_net_connect", "socket");
     /* the message leads with the call the user made, not the step inside it */
     int leads = strncmp(kvt_last_error(), "kvt_group_create: ", 18);
@@ -3240,10 +3212,9 @@ static void test_net_connect_faults(void **state)
     assert_ok(kvt_net_tcp_port(hub, &port));
     mp.port = port;
     assert_ok(kvt_net_tcp_create(&m, &mp)); /* the wrong secret */
-    hw = (hub_wait){hub, 2000, KVT_OK};
-    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    kvt_test_hub_wait_start(&hw, hub, 2000);
     EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_EAUTH, "rank 1", "secret");
-    pthread_join(th, NULL);
+    (void)kvt_test_hub_wait_join(&hw);
     assert_null(grp);
     kvt_net_destroy(hub);
     assert_ok(kvt_net_interrupt(m));
@@ -3502,14 +3473,8 @@ static void test_pd_create_local_faults(void **state)
     atomic_store(&alloc_one_thread, false);
     assert_null(r);
 
-    struct rlimit old_nofile, low_nofile;
-    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old_nofile), 0);
-    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    assert_true(probe >= 0);
-    close(probe);
-    low_nofile = old_nofile;
-    low_nofile.rlim_cur = (rlim_t)probe; /* no descriptor left for its sockets */
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low_nofile), 0);
+    struct rlimit old_nofile;
+    kvt_test_nofile_low(&old_nofile); /* no descriptor left for its sockets */
     EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ESYS, "kvt_pd_receiver_create", "bootstrap",
                "socket", "Too many open files");
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old_nofile), 0);

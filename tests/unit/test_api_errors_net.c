@@ -131,18 +131,6 @@ static void *group_main(void *arg)
     return NULL;
 }
 
-/* The lowest free descriptor, made the limit: the next socket() fails. */
-static void nofile_low(struct rlimit *old)
-{
-    assert_int_equal(getrlimit(RLIMIT_NOFILE, old), 0);
-    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    assert_true(probe >= 0);
-    close(probe);
-    struct rlimit low = *old;
-    low.rlim_cur = (rlim_t)probe;
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
-}
-
 /* ------------------------------------------------------------------ */
 /* kvt_net_connect: UCX that cannot start, a hub that sends a malformed  */
 /* UCX address, a hub that never answers                               */
@@ -407,19 +395,6 @@ static void test_group_late_proposal(void **state)
 /* A TCP member whose hub is gone: re-forming with no descriptor left     */
 /* (ESYS) and against a new hub holding another secret (EAUTH)           */
 
-typedef struct hub_wait {
-    kvt_net *hub;
-    int64_t ms;
-    kvt_status st;
-} hub_wait;
-
-static void *hub_connect_main(void *arg)
-{
-    hub_wait *h = arg;
-    h->st = kvt_net_connect(h->hub, h->ms);
-    return NULL;
-}
-
 static void test_reform_member_lost_hub(void **state)
 {
     (void)state;
@@ -435,12 +410,11 @@ static void test_reform_member_lost_hub(void **state)
     assert_ok(kvt_net_tcp_create(&m, &mp));
     kvt_group_params gp = fx_group_params(&f, 2, 2000, 8000);
     group_run lead = {hub, gp, NULL, KVT_OK};
-    pthread_t th;
-    hub_wait hw = {hub, 8000, KVT_OK};
-    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    kvt_test_hub_wait hw;
+    kvt_test_hub_wait_start(&hw, hub, 8000);
     assert_ok(kvt_net_connect(m, 8000));
-    pthread_join(th, NULL);
-    assert_ok(hw.st);
+    assert_ok(kvt_test_hub_wait_join(&hw));
+    pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, group_main, &lead), 0);
     kvt_group *g = NULL;
     assert_ok(kvt_group_create(&g, m, &gp));
@@ -456,7 +430,7 @@ static void test_reform_member_lost_hub(void **state)
 
     /* No descriptor left for the new connection's socket. */
     struct rlimit old;
-    nofile_low(&old);
+    kvt_test_nofile_low(&old);
     EXPECT_ERR(kvt_group_reform(g, 300), KVT_ESYS, "kvt_group_reform", "reconnecting", "socket");
     EXPECT_ERR(kvt_conn_reform(conn, 300), KVT_ESYS, "kvt_conn_reform", "reconnecting", "socket");
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
@@ -466,12 +440,10 @@ static void test_reform_member_lost_hub(void **state)
     hp.secret = other;
     hp.secret_len = strlen(other);
     assert_ok(kvt_net_tcp_create(&hub, &hp));
-    hw = (hub_wait){hub, 3000, KVT_OK};
-    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    kvt_test_hub_wait_start(&hw, hub, 3000);
     EXPECT_ERR(kvt_group_reform(g, 2000), KVT_EAUTH, "kvt_group_reform", "reconnecting", "secret");
     EXPECT_ERR(kvt_conn_reform(conn, 2000), KVT_EAUTH, "kvt_conn_reform", "reconnecting", "secret");
-    pthread_join(th, NULL);
-    assert_int_equal(hw.st, KVT_ETIMEDOUT);
+    assert_int_equal(kvt_test_hub_wait_join(&hw), KVT_ETIMEDOUT);
     kvt_net_destroy(hub);
     kvt_conn_destroy(conn);
     kvt_group_destroy(g);
