@@ -2,15 +2,20 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "net/stream.h"
+#include "util/clock.h"
 #include "util/hash.h"
 
 kvt_geometry *kvt_test_geometry(uint32_t layers, uint32_t heads, uint32_t head_dim,
@@ -152,6 +157,48 @@ kvt_status kvt_test_hub_wait_join(kvt_test_hub_wait *w)
 {
     pthread_join(w->th, NULL);
     return w->st;
+}
+
+static void *fake_srv_main(void *arg)
+{
+    kvt_test_fake_srv *s = arg;
+    while (!atomic_load(&s->stop)) {
+        struct pollfd pf = {s->lfd, POLLIN, 0};
+        if (poll(&pf, 1, 20) <= 0) continue;
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) continue;
+        /* every attach opens with the server realm's handshake (no secret) */
+        kvt_stream_auth a = {.who = "fake server", .realm = &kvt__auth_server};
+        if (kvt__stream_auth_server(fd, &a, kvt__deadline_ns(2000)) == KVT_OK) s->serve(s->arg, fd);
+        close(fd);
+    }
+    return NULL;
+}
+
+void kvt_test_fake_srv_start(kvt_test_fake_srv *s, const char *tag,
+                             void (*serve)(void *arg, int fd), void *arg)
+{
+    memset(s, 0, sizeof *s);
+    s->serve = serve;
+    s->arg = arg;
+    kvt_test_mkdtemp(s->dir, sizeof s->dir, tag);
+    snprintf(s->sock, sizeof s->sock, "%s/fake.sock", s->dir);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    assert_true(strlen(s->sock) < sizeof a.sun_path);
+    memcpy(a.sun_path, s->sock, strlen(s->sock) + 1);
+    s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(s->lfd >= 0);
+    assert_int_equal(bind(s->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(s->lfd, 4), 0);
+    assert_int_equal(pthread_create(&s->th, NULL, fake_srv_main, s), 0);
+}
+
+void kvt_test_fake_srv_stop(kvt_test_fake_srv *s)
+{
+    atomic_store(&s->stop, true);
+    pthread_join(s->th, NULL);
+    close(s->lfd);
+    unlink(s->sock);
 }
 
 #define KVT_TEST_MAX_SERVERS 16

@@ -104,6 +104,24 @@ typedef struct kvt_test_hub_wait {
 void kvt_test_hub_wait_start(kvt_test_hub_wait *w, kvt_net *hub, int64_t ms);
 kvt_status kvt_test_hub_wait_join(kvt_test_hub_wait *w);
 
+/* A fake kvtier server for client tests: a Unix socket <dir>/fake.sock in
+ * a fresh scratch directory (kvt_test_mkdtemp(tag)) and a thread that
+ * accepts one connection at a time (polling 20 ms for stop), passes the
+ * server realm's handshake (no secret, 2 s), hands the connection to
+ * serve(arg, fd) and closes it when serve returns. kvt_test_fake_srv_stop
+ * ends the thread, closes and unlinks the socket. */
+typedef struct kvt_test_fake_srv {
+    char dir[200], sock[240];
+    int lfd;
+    atomic_bool stop;
+    pthread_t th;
+    void (*serve)(void *arg, int fd);
+    void *arg;
+} kvt_test_fake_srv;
+void kvt_test_fake_srv_start(kvt_test_fake_srv *s, const char *tag,
+                             void (*serve)(void *arg, int fd), void *arg);
+void kvt_test_fake_srv_stop(kvt_test_fake_srv *s);
+
 /* Server processes for tests. kvt_test_server_fork forks a child that calls
  * make(&srv, arg), reports its status through a pipe and then runs the
  * server until SIGTERM (kvt_server_stop; SIGTERM is held back until there

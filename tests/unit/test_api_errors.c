@@ -2437,12 +2437,10 @@ static void test_server_client(void **state)
  * meet the chosen fault. */
 typedef enum { FAKE_PLAN, FAKE_WRONG_OP, FAKE_WRONG_VERSION } fake_mode;
 typedef struct fake_srv {
-    char dir[200], sock[240];
-    int lfd;
+    kvt_test_fake_srv s; /* the socket and its thread (support.h) */
     _Atomic int mode, hello_mode;
-    _Atomic bool stop, release_end; /* END is answered only once released */
+    _Atomic bool release_end; /* END is answered only once released */
     uint64_t next_task;
-    pthread_t th;
 } fake_srv;
 
 static void fake_reply(int fd, uint16_t op, int mode, const kvt_srv_buf *b, int fd_pass)
@@ -2476,8 +2474,9 @@ static void fake_hello(fake_srv *f, int fd)
     kvt__srv_buf_free(&b);
 }
 
-static void fake_serve(fake_srv *f, int fd)
+static void fake_serve(void *arg, int fd)
 {
+    fake_srv *f = arg;
     for (;;) {
         kvt_srv_hdr h;
         uint8_t *p = NULL;
@@ -2519,43 +2518,10 @@ static void fake_serve(fake_srv *f, int fd)
     }
 }
 
-static void *fake_main(void *arg)
-{
-    fake_srv *f = arg;
-    while (!atomic_load(&f->stop)) {
-        struct pollfd pf = {f->lfd, POLLIN, 0};
-        if (poll(&pf, 1, 20) <= 0) continue;
-        int fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) continue;
-        /* every attach opens with the server realm's handshake (no secret) */
-        kvt_stream_auth a = {.who = "fake server", .realm = &kvt__auth_server};
-        if (kvt__stream_auth_server(fd, &a, kvt__deadline_ns(2000)) == KVT_OK) fake_serve(f, fd);
-        close(fd);
-    }
-    return NULL;
-}
-
 static void fake_start(fake_srv *f)
 {
     memset(f, 0, sizeof *f);
-    kvt_test_mkdtemp(f->dir, sizeof f->dir, "apifake");
-    snprintf(f->sock, sizeof f->sock, "%s/fake.sock", f->dir);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    assert_true(strlen(f->sock) < sizeof a.sun_path);
-    memcpy(a.sun_path, f->sock, strlen(f->sock) + 1);
-    f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(f->lfd >= 0);
-    assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(f->lfd, 4), 0);
-    assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
-}
-
-static void fake_stop(fake_srv *f)
-{
-    atomic_store(&f->stop, true);
-    pthread_join(f->th, NULL);
-    close(f->lfd);
-    unlink(f->sock);
+    kvt_test_fake_srv_start(&f->s, "apifake", fake_serve, f);
 }
 
 /* Plans a load (task from the fake server) and then sets the fault. */
@@ -2579,13 +2545,13 @@ static void test_client_bad_server(void **state)
     kvt_geometry *g = kvt_test_small_geo();
     kvt_client *cl = NULL;
     atomic_store(&f.hello_mode, FAKE_WRONG_OP);
-    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_EPROTO, "kvt_client_attach",
+    EXPECT_ERR(kvt_client_attach(&cl, f.s.sock, g, 1000), KVT_EPROTO, "kvt_client_attach",
                "reply op");
     atomic_store(&f.hello_mode, FAKE_WRONG_VERSION);
-    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_EVERSION, "protocol version");
+    EXPECT_ERR(kvt_client_attach(&cl, f.s.sock, g, 1000), KVT_EVERSION, "protocol version");
     assert_null(cl);
     atomic_store(&f.hello_mode, FAKE_PLAN);
-    assert_ok(kvt_client_attach(&cl, f.sock, g, 1000));
+    assert_ok(kvt_client_attach(&cl, f.s.sock, g, 1000));
     kvt_emu *e = NULL;
     kvt_engine_memory mem;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));
@@ -2600,30 +2566,30 @@ static void test_client_bad_server(void **state)
     /* A reply of the wrong op to each request (written out per status:
      * scripts/status_map.py --coverage reads the literal status). */
     kvt_task_id t = fake_planned(&f, cl, FAKE_WRONG_OP);
-    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EPROTO, "kvt_client_launch", f.sock,
+    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EPROTO, "kvt_client_launch", f.s.sock,
                "reply op");
     t = fake_planned(&f, cl, FAKE_WRONG_OP);
-    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EPROTO, "kvt_client_cancel", f.sock, "reply op");
-    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EPROTO, "kvt_client_lookup", f.sock,
+    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EPROTO, "kvt_client_cancel", f.s.sock, "reply op");
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EPROTO, "kvt_client_lookup", f.s.sock,
                "reply op");
     EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_EPROTO, "kvt_client_prepare_store",
-               f.sock, "reply op");
-    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EPROTO, "kvt_client_stats", f.sock, "reply op");
-    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EPROTO, "kvt_client_flush", f.sock, "reply op");
+               f.s.sock, "reply op");
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EPROTO, "kvt_client_stats", f.s.sock, "reply op");
+    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EPROTO, "kvt_client_flush", f.s.sock, "reply op");
     /* A reply of another protocol version. */
     t = fake_planned(&f, cl, FAKE_WRONG_VERSION);
-    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EVERSION, "kvt_client_launch", f.sock,
+    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EVERSION, "kvt_client_launch", f.s.sock,
                "protocol version");
     t = fake_planned(&f, cl, FAKE_WRONG_VERSION);
-    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EVERSION, "kvt_client_cancel", f.sock,
+    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EVERSION, "kvt_client_cancel", f.s.sock,
                "protocol version");
-    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EVERSION, "kvt_client_lookup", f.sock,
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EVERSION, "kvt_client_lookup", f.s.sock,
                "protocol version");
     EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_EVERSION, "kvt_client_prepare_store",
-               f.sock, "protocol version");
-    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EVERSION, "kvt_client_stats", f.sock,
+               f.s.sock, "protocol version");
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EVERSION, "kvt_client_stats", f.s.sock,
                "protocol version");
-    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EVERSION, "kvt_client_flush", f.sock,
+    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EVERSION, "kvt_client_flush", f.s.sock,
                "protocol version");
 
     /* A launched load whose end the server has not confirmed yet: still
@@ -2635,7 +2601,7 @@ static void test_client_bad_server(void **state)
     atomic_store(&f.release_end, true);
     EXPECT_OK(kvt_client_wait(cl, t, 5000, &tr));
     kvt_client_detach(cl);
-    fake_stop(&f);
+    kvt_test_fake_srv_stop(&f.s);
     kvt_emu_destroy(e);
     kvt_geometry_destroy(g);
     END_CHECKS();

@@ -461,12 +461,9 @@ static void test_layer_events(void **state)
  * small_geo), a LOOKUP answered with a planned task or with plan_status,
  * a CANCEL with cancel_status. */
 typedef struct fake_srv {
-    char dir[200], sock[240];
-    int lfd;
+    kvt_test_fake_srv s; /* the socket and its thread (support.h) */
     _Atomic int plan_status, cancel_status;
-    atomic_bool stop;
     uint64_t next_task;
-    pthread_t th;
 } fake_srv;
 
 static void fake_answer(int fd, uint16_t op, kvt_status st, const kvt_srv_buf *b, int fd_pass)
@@ -477,8 +474,9 @@ static void fake_answer(int fd, uint16_t op, kvt_status st, const kvt_srv_buf *b
     (void)kvt__srv_send_frame(fd, op | KVT_SRV_REPLY, st, p, len, fd_pass, kvt__deadline_ns(1000));
 }
 
-static void fake_serve(fake_srv *f, int fd)
+static void fake_serve(void *arg, int fd)
 {
+    fake_srv *f = arg;
     kvt_srv_hdr h;
     uint8_t *p = NULL;
     while (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(2000)) == KVT_OK) {
@@ -508,21 +506,6 @@ static void fake_serve(fake_srv *f, int fd)
     }
 }
 
-static void *fake_main(void *arg)
-{
-    fake_srv *f = arg;
-    while (!atomic_load(&f->stop)) {
-        struct pollfd pf = {f->lfd, POLLIN, 0};
-        if (poll(&pf, 1, 20) <= 0) continue;
-        int fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) continue;
-        kvt_stream_auth a = {.who = "fake server", .realm = &kvt__auth_server};
-        if (kvt__stream_auth_server(fd, &a, kvt__deadline_ns(2000)) == KVT_OK) fake_serve(f, fd);
-        close(fd);
-    }
-    return NULL;
-}
-
 /* The client refuses an answer no server gives to that request (the
  * protocol is broken): a plan answered KVT_ETIMEDOUT (kvt_cache_lookup
  * never times out), the cancel of a planned task answered KVT_ETIMEDOUT
@@ -532,20 +515,11 @@ static void test_client_refuses_answers(void **state)
     (void)state;
     fake_srv f;
     memset(&f, 0, sizeof f);
-    kvt_test_mkdtemp(f.dir, sizeof f.dir, "apifake");
-    snprintf(f.sock, sizeof f.sock, "%s/fake.sock", f.dir);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    assert_true(strlen(f.sock) < sizeof a.sun_path);
-    memcpy(a.sun_path, f.sock, strlen(f.sock) + 1);
-    f.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(f.lfd >= 0);
-    assert_int_equal(bind(f.lfd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(f.lfd, 4), 0);
-    assert_int_equal(pthread_create(&f.th, NULL, fake_main, &f), 0);
+    kvt_test_fake_srv_start(&f.s, "apifake", fake_serve, &f);
 
     kvt_geometry *g = kvt_test_small_geo();
     kvt_client *cl = NULL;
-    assert_ok(kvt_client_attach(&cl, f.sock, g, WAIT_MS));
+    assert_ok(kvt_client_attach(&cl, f.s.sock, g, WAIT_MS));
     uint32_t tokens[2 * T_TPP];
     kvt_test_tokens(tokens, 2 * T_TPP, 5);
     kvt_request req = {tokens, 2 * T_TPP, NULL, 0};
@@ -565,10 +539,7 @@ static void test_client_refuses_answers(void **state)
     EXPECT_OK(kvt_client_cancel(cl, m.task));
 
     kvt_client_detach(cl);
-    atomic_store(&f.stop, true);
-    pthread_join(f.th, NULL);
-    close(f.lfd);
-    unlink(f.sock);
+    kvt_test_fake_srv_stop(&f.s);
     kvt_geometry_destroy(g);
     END_CHECKS();
 }
