@@ -62,6 +62,29 @@ void kvt_test_tokens(uint32_t *tokens, uint32_t n, uint64_t seed)
     for (uint32_t i = 0; i < n; i++) tokens[i] = (uint32_t)(kvt__splitmix64(&st) % 128000);
 }
 
+void kvt_test_cache_fx_init(kvt_test_cache_fx *f, kvt_config *cfg)
+{
+    memset(f, 0, sizeof *f);
+    f->cfg = cfg;
+    f->geo = kvt_test_small_geo();
+    assert_ok(kvt_cache_create(&f->cache, f->cfg, f->geo));
+    assert_ok(kvt_emu_create(&f->emu, f->geo, KVT_TEST_SMALL_PAGES));
+    assert_ok(kvt_emu_memory(f->emu, &f->mem));
+    assert_ok(kvt_cache_register_memory(f->cache, &f->mem));
+    kvt_test_tokens(f->tokens, 13, 99);
+    f->req = (kvt_request){f->tokens, 13, "ns", 2};
+    for (uint32_t i = 0; i < 4; i++) f->pages[i] = 2 * i + 1;
+    assert_ok(kvt_emu_fill(f->emu, &f->req, 0, 13, f->pages, 4));
+}
+
+void kvt_test_cache_fx_fini(kvt_test_cache_fx *f)
+{
+    kvt_cache_destroy(f->cache);
+    kvt_emu_destroy(f->emu);
+    kvt_geometry_destroy(f->geo);
+    kvt_config_destroy(f->cfg);
+}
+
 atomic_int kvt_test_soft_failures;
 
 void kvt_test_check_err(const char *expr, const char *file, int line, kvt_status got,

@@ -73,6 +73,24 @@ kvt_config *kvt_test_small_config(const char *ssd_dir);
 /* Deterministic token ids: tokens[i] = f(seed, i). */
 void kvt_test_tokens(uint32_t *tokens, uint32_t n, uint64_t seed);
 
+/* A cache over an emulated engine of KVT_TEST_SMALL_PAGES pages of
+ * kvt_test_small_geo, its memory registered, and one request of 13
+ * tokens (namespace "ns": 3 full blocks of 4) filled into pages 1, 3, 5,
+ * 7. kvt_test_cache_fx_init takes cfg (kvt_test_small_config or a test's
+ * own) and fails the test on any error; kvt_test_cache_fx_fini frees all. */
+typedef struct kvt_test_cache_fx {
+    kvt_config *cfg;
+    kvt_geometry *geo;
+    kvt_emu *emu;
+    kvt_engine_memory mem;
+    kvt_cache *cache;
+    uint32_t tokens[13];
+    kvt_request req;
+    uint32_t pages[4];
+} kvt_test_cache_fx;
+void kvt_test_cache_fx_init(kvt_test_cache_fx *f, kvt_config *cfg);
+void kvt_test_cache_fx_fini(kvt_test_cache_fx *f);
+
 /* Scratch directories a test program made (at most 64 are tracked): when
  * every test passed, kvt_test_dirs_done removes them; when one failed it
  * keeps them for the post-mortem and names them on stderr. Call it last in

@@ -848,46 +848,11 @@ static void test_cache_create_register(void **state)
     END_CHECKS();
 }
 
-/* A cache over an emulated engine of T_PAGES pages, memory registered. */
-typedef struct cache_fx {
-    kvt_config *cfg;
-    kvt_geometry *geo;
-    kvt_emu *emu;
-    kvt_cache *cache;
-    uint32_t tokens[13];
-    kvt_request req; /* 13 tokens: 3 full blocks storable, 3 loadable */
-    uint32_t pages[4];
-} cache_fx;
-
-static void fx_init(cache_fx *f)
-{
-    memset(f, 0, sizeof *f);
-    f->cfg = kvt_test_small_config(NULL);
-    f->geo = kvt_test_small_geo();
-    assert_ok(kvt_cache_create(&f->cache, f->cfg, f->geo));
-    assert_ok(kvt_emu_create(&f->emu, f->geo, T_PAGES));
-    kvt_engine_memory m;
-    assert_ok(kvt_emu_memory(f->emu, &m));
-    assert_ok(kvt_cache_register_memory(f->cache, &m));
-    kvt_test_tokens(f->tokens, 13, 99);
-    f->req = (kvt_request){f->tokens, 13, "ns", 2};
-    for (uint32_t i = 0; i < 4; i++) f->pages[i] = 2 * i + 1;
-    assert_ok(kvt_emu_fill(f->emu, &f->req, 0, 13, f->pages, 4));
-}
-
-static void fx_fini(cache_fx *f)
-{
-    kvt_cache_destroy(f->cache);
-    kvt_emu_destroy(f->emu);
-    kvt_geometry_destroy(f->geo);
-    kvt_config_destroy(f->cfg);
-}
-
 static void test_cache_requests(void **state)
 {
     (void)state;
-    cache_fx f;
-    fx_init(&f);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(NULL));
     kvt_cache_stats s0, s1;
     assert_ok(kvt_cache_stats_get(f.cache, &s0));
 
@@ -943,15 +908,15 @@ static void test_cache_requests(void **state)
     /* Valid calls still work. */
     assert_ok(kvt_cache_lookup(f.cache, &f.req, &mt));
     assert_int_equal(mt.task, 0);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
 static void test_cache_tasks(void **state)
 {
     (void)state;
-    cache_fx f;
-    fx_init(&f);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(NULL));
     kvt_task_result r;
     kvt_store_plan pl;
     assert_ok(kvt_cache_prepare_store(f.cache, &f.req, &pl));
@@ -1053,7 +1018,7 @@ static void test_cache_tasks(void **state)
     uint32_t n = 9;
     assert_ok(kvt_cache_poll(f.cache, &r, 1, &n));
     assert_int_equal(n, 0);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
@@ -1247,7 +1212,7 @@ static void test_net(void **state)
 /* Groups and the connector (a one-rank group over an inproc fabric)    */
 
 typedef struct conn_fx {
-    cache_fx c;
+    kvt_test_cache_fx c;
     kvt_fabric *fab;
     kvt_net *net;
     kvt_group *group;
@@ -1257,7 +1222,7 @@ typedef struct conn_fx {
 
 static void conn_fx_init(conn_fx *f)
 {
-    fx_init(&f->c);
+    kvt_test_cache_fx_init(&f->c, kvt_test_small_config(NULL));
     assert_ok(kvt_fabric_create(&f->fab, 1, 4));
     assert_ok(kvt_net_inproc_create(&f->net, f->fab, 0));
     kvt_geometry_info gi;
@@ -1274,14 +1239,14 @@ static void conn_fx_fini(conn_fx *f)
     kvt_group_destroy(f->group);
     kvt_net_destroy(f->net);
     kvt_fabric_destroy(f->fab);
-    fx_fini(&f->c);
+    kvt_test_cache_fx_fini(&f->c);
 }
 
 static void test_group(void **state)
 {
     (void)state;
     conn_fx f;
-    fx_init(&f.c);
+    kvt_test_cache_fx_init(&f.c, kvt_test_small_config(NULL));
     assert_ok(kvt_fabric_create(&f.fab, 1, 4));
     assert_ok(kvt_net_inproc_create(&f.net, f.fab, 0));
     kvt_group_params p = {1, 1, 1, 1, 1, 1000, 0}, b;
@@ -1333,7 +1298,7 @@ static void test_group(void **state)
     kvt_group_destroy(g);
     kvt_net_destroy(f.net);
     kvt_fabric_destroy(f.fab);
-    fx_fini(&f.c);
+    kvt_test_cache_fx_fini(&f.c);
     END_CHECKS();
 }
 
@@ -2099,19 +2064,8 @@ static void test_io_deadlines(void **state)
     char dir[200], ssd[240];
     kvt_test_mkdtemp(dir, sizeof dir, "apiflush");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    cache_fx f;
-    memset(&f, 0, sizeof f);
-    f.cfg = tier_config(ssd, NULL);
-    f.geo = kvt_test_small_geo();
-    assert_ok(kvt_cache_create(&f.cache, f.cfg, f.geo));
-    assert_ok(kvt_emu_create(&f.emu, f.geo, T_PAGES));
-    kvt_engine_memory m;
-    assert_ok(kvt_emu_memory(f.emu, &m));
-    assert_ok(kvt_cache_register_memory(f.cache, &m));
-    kvt_test_tokens(f.tokens, 13, 77);
-    f.req = (kvt_request){f.tokens, 13, "ns", 2};
-    for (uint32_t i = 0; i < 4; i++) f.pages[i] = 2 * i + 1;
-    assert_ok(kvt_emu_fill(f.emu, &f.req, 0, 13, f.pages, 4));
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, tier_config(ssd, NULL));
 
     kvt__ssd_hold_writes(f.cache->ssd, true);
     kvt_store_plan p;
@@ -2131,7 +2085,7 @@ static void test_io_deadlines(void **state)
     kvt_cache_destroy(f.cache);
     f.cache = NULL;
     assert_ok(kvt_cache_create(&f.cache, f.cfg, f.geo));
-    assert_ok(kvt_cache_register_memory(f.cache, &m));
+    assert_ok(kvt_cache_register_memory(f.cache, &f.mem));
     kvt__ssd_hold_reads(f.cache->ssd, true);
     kvt_match mt;
     assert_ok(kvt_cache_lookup(f.cache, &f.req, &mt));
@@ -2142,7 +2096,7 @@ static void test_io_deadlines(void **state)
     kvt__ssd_hold_reads(f.cache->ssd, false);
     EXPECT_OK(kvt_cache_wait(f.cache, mt.task, 10000, &r));
     assert_int_equal(r.status, KVT_OK);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
@@ -2637,8 +2591,8 @@ static void sleep_ms(long ms)
 static void test_cache_states(void **state)
 {
     (void)state;
-    cache_fx f;
-    fx_init(&f);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(NULL));
     kvt_cache *c = f.cache;
     kvt_task_result r;
     kvt_store_plan p;
@@ -2705,7 +2659,7 @@ static void test_cache_states(void **state)
     EXPECT_ERR(kvt_cache_stream_wait_layer(c, m.task, 0, NULL, 100), KVT_EUNSUPPORTED,
                "CUDA device memory");
     end_task(c, m.task);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
 
     /* A plan not launched within plan_ttl_ms expired. */
     kvt_config *cfg = kvt_test_small_config(NULL);
@@ -3003,8 +2957,8 @@ static void test_group_faults(void **state)
 
     /* Re-forming a formed group, through kvt_group_reform and through the
      * connector's kvt_conn_reform, when rank 1 does not take part. */
-    cache_fx cf;
-    fx_init(&cf);
+    kvt_test_cache_fx cf;
+    kvt_test_cache_fx_init(&cf, kvt_test_small_config(NULL));
     kvt_geometry_info gi;
     assert_ok(kvt_geometry_info_get(cf.geo, &gi));
     pair_init(&p, gi.digest);
@@ -3049,7 +3003,7 @@ static void test_group_faults(void **state)
     kvt_group_destroy(g);
     kvt_group_destroy(m.g);
     pair_fini(&p);
-    fx_fini(&cf);
+    kvt_test_cache_fx_fini(&cf);
     END_CHECKS();
 }
 
@@ -3087,8 +3041,8 @@ static kvt_status cut_recv(void *ctx, uint32_t peer, void *buf, size_t cap, size
 static void test_reform_link_lost(void **state)
 {
     (void)state;
-    cache_fx cf;
-    fx_init(&cf);
+    kvt_test_cache_fx cf;
+    kvt_test_cache_fx_init(&cf, kvt_test_small_config(NULL));
     kvt_geometry_info gi;
     assert_ok(kvt_geometry_info_get(cf.geo, &gi));
     pair_fx p;
@@ -3117,7 +3071,7 @@ static void test_reform_link_lost(void **state)
     kvt_group_destroy(m.g);
     kvt_net_destroy(cn);
     pair_fini(&p);
-    fx_fini(&cf);
+    kvt_test_cache_fx_fini(&cf);
     END_CHECKS();
 }
 

@@ -70,44 +70,8 @@
 #define T_TPP KVT_TEST_SMALL_TPP
 #define T_PAGES KVT_TEST_SMALL_PAGES
 
-/* A cache over an emulated engine, 13 tokens of one request filled into
- * pages 1, 3, 5, 7. */
-typedef struct cache_fx {
-    kvt_config *cfg;
-    kvt_geometry *geo;
-    kvt_emu *emu;
-    kvt_engine_memory mem;
-    kvt_cache *cache;
-    uint32_t tokens[13];
-    kvt_request req;
-    uint32_t pages[4];
-} cache_fx;
-
-static void fx_init(cache_fx *f, const char *ssd_dir)
-{
-    memset(f, 0, sizeof *f);
-    f->cfg = kvt_test_small_config(ssd_dir);
-    f->geo = kvt_test_small_geo();
-    assert_ok(kvt_cache_create(&f->cache, f->cfg, f->geo));
-    assert_ok(kvt_emu_create(&f->emu, f->geo, T_PAGES));
-    assert_ok(kvt_emu_memory(f->emu, &f->mem));
-    assert_ok(kvt_cache_register_memory(f->cache, &f->mem));
-    kvt_test_tokens(f->tokens, 13, 99);
-    f->req = (kvt_request){f->tokens, 13, "ns", 2};
-    for (uint32_t i = 0; i < 4; i++) f->pages[i] = 2 * i + 1;
-    assert_ok(kvt_emu_fill(f->emu, &f->req, 0, 13, f->pages, 4));
-}
-
-static void fx_fini(cache_fx *f)
-{
-    kvt_cache_destroy(f->cache);
-    kvt_emu_destroy(f->emu);
-    kvt_geometry_destroy(f->geo);
-    kvt_config_destroy(f->cfg);
-}
-
 /* The group parameters a rank of f's cache proposes (pp 1, cp 1, tp ranks). */
-static kvt_group_params fx_group_params(const cache_fx *f, uint32_t ranks, int64_t t_ms, int64_t b_ms)
+static kvt_group_params fx_group_params(const kvt_test_cache_fx *f, uint32_t ranks, int64_t t_ms, int64_t b_ms)
 {
     kvt_geometry_info gi;
     assert_ok(kvt_geometry_info_get(f->geo, &gi));
@@ -226,8 +190,8 @@ static void test_net_connect_peer_faults(void **state)
 static void test_reform_ucx_unusable(void **state)
 {
     (void)state;
-    cache_fx f;
-    fx_init(&f, NULL);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(NULL));
     setenv("UCX_TLS", "kvtier-no-such-transport", 1);
     kvt_net *n = NULL;
     kvt_net_tcp_params p = {0, 1, "127.0.0.1", 0, NULL, 0, 0, KVT_NET_UCX, 0};
@@ -243,7 +207,7 @@ static void test_reform_ucx_unusable(void **state)
     kvt_conn_destroy(conn);
     kvt_group_destroy(g);
     kvt_net_destroy(n);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
@@ -251,7 +215,7 @@ static void test_reform_ucx_unusable(void **state)
 /* Formation against a member played by the test over an inproc fabric  */
 
 typedef struct pair_fx {
-    cache_fx c;
+    kvt_test_cache_fx c;
     kvt_fabric *fab;
     kvt_net *n[2];
     kvt_group_params gp;
@@ -259,7 +223,7 @@ typedef struct pair_fx {
 
 static void pair_init(pair_fx *p)
 {
-    fx_init(&p->c, NULL);
+    kvt_test_cache_fx_init(&p->c, kvt_test_small_config(NULL));
     assert_ok(kvt_fabric_create(&p->fab, 2, 16));
     assert_ok(kvt_net_inproc_create(&p->n[0], p->fab, 0));
     assert_ok(kvt_net_inproc_create(&p->n[1], p->fab, 1));
@@ -271,7 +235,7 @@ static void pair_fini(pair_fx *p)
     kvt_net_destroy(p->n[0]);
     kvt_net_destroy(p->n[1]);
     kvt_fabric_destroy(p->fab);
-    fx_fini(&p->c);
+    kvt_test_cache_fx_fini(&p->c);
 }
 
 /* Rank 1's HELLO for attempt att proposing epoch, as kvt_group_create
@@ -398,8 +362,8 @@ static void test_group_late_proposal(void **state)
 static void test_reform_member_lost_hub(void **state)
 {
     (void)state;
-    cache_fx f;
-    fx_init(&f, NULL);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(NULL));
     const char *secret = "0123456789abcdef-net-api-errors", *other = "fedcba9876543210-net-other";
     kvt_net *hub = NULL, *m = NULL;
     kvt_net_tcp_params hp = {0, 2, NULL, 0, secret, strlen(secret), 0, KVT_NET_TCP, 0};
@@ -448,7 +412,7 @@ static void test_reform_member_lost_hub(void **state)
     kvt_conn_destroy(conn);
     kvt_group_destroy(g);
     kvt_net_destroy(m);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
@@ -461,8 +425,8 @@ static void test_conn_wait_layer_deadline(void **state)
     char dir[200], ssd[240];
     kvt_test_mkdtemp(dir, sizeof dir, "apinet");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    cache_fx f;
-    fx_init(&f, ssd);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(ssd));
     /* The request's blocks, stored and written through to the SSD. */
     kvt_store_plan sp;
     kvt_task_result r;
@@ -501,7 +465,7 @@ static void test_conn_wait_layer_deadline(void **state)
     kvt_group_destroy(g);
     kvt_net_destroy(n);
     kvt_fabric_destroy(fab);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
