@@ -675,8 +675,11 @@ static void pd_fx_init(pd_fx *x, uint32_t peer_timeout_ms)
                            .connect_timeout_ms = 5000, .net = {.peer_timeout_ms = peer_timeout_ms}};
 }
 
-static void pd_fx_fini(pd_fx *x)
+/* f: the test's fake prefill rank or service, stopped first (NULL: none,
+ * or one the test stopped itself). */
+static void pd_fx_fini(pd_fx *x, fake_prefill *f)
 {
+    if (f) fp_stop(f);
     kvt_pd_bootstrap_destroy(x->bs);
     kvt_emu_destroy(x->e);
     kvt_geometry_destroy(x->g);
@@ -710,8 +713,7 @@ static void test_pd_create_service_refusals(void **state)
                "which no PD peer refuses with");
     assert_null(s);
     assert_null(r);
-    fp_stop(&f);
-    pd_fx_fini(&x);
+    pd_fx_fini(&x, &f);
     END_CHECKS();
 }
 
@@ -730,8 +732,7 @@ static void test_pd_receiver_prefill_retry(void **state)
     EXPECT_ERR(kvt_pd_receiver_create(&r, &x.p), KVT_EPROTO, "kvt_pd_receiver_create",
                "answered RETRY", "only to lookups", "busy");
     assert_null(r);
-    fp_stop(&f);
-    pd_fx_fini(&x);
+    pd_fx_fini(&x, &f);
     END_CHECKS();
 }
 
@@ -760,11 +761,10 @@ static void test_pd_receiver_too_many_peers(void **state)
     EXPECT_ERR(kvt_pd_receiver_create(&r, &x.p), KVT_EFULL, "kvt_pd_receiver_create",
                "more than 256 prefill peers");
     assert_null(r);
-    fp_stop(&f);
     kvt_emu_destroy(de);
     kvt_geometry_destroy(dg);
     kvt_geometry_destroy(pg);
-    pd_fx_fini(&x);
+    pd_fx_fini(&x, &f);
     END_CHECKS();
 }
 
@@ -802,8 +802,7 @@ static void test_pd_link_other_version(void **state)
         atomic_fetch_add(&kvt_test_soft_failures, 1);
     }
     kvt_pd_receiver_destroy(r);
-    fp_stop(&f);
-    pd_fx_fini(&x);
+    pd_fx_fini(&x, &f);
     END_CHECKS();
 }
 
@@ -844,7 +843,7 @@ static void test_pd_receiver_landing_held(void **state)
     pthread_join(th, NULL);
     fp_stop(&f); /* the link drops; the landing ends */
     kvt_pd_receiver_destroy(r);
-    pd_fx_fini(&x);
+    pd_fx_fini(&x, NULL);
     END_CHECKS();
 }
 
