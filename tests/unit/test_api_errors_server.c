@@ -95,6 +95,19 @@ int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void
 /* ------------------------------------------------------------------ */
 /* Fixtures                                                            */
 
+/* A test's scratch directory (kvt_test_mkdtemp(tag)) and the paths in it
+ * the tests use: the SSD tier's directory and the server's socket. */
+typedef struct scratch {
+    char dir[200], ssd[240], sock[240];
+} scratch;
+
+static void scratch_init(scratch *s, const char *tag)
+{
+    kvt_test_mkdtemp(s->dir, sizeof s->dir, tag);
+    snprintf(s->ssd, sizeof s->ssd, "%s/ssd", s->dir);
+    snprintf(s->sock, sizeof s->sock, "%s/s.sock", s->dir);
+}
+
 /* The request every test stores: T_TOKENS tokens in namespace "ns", its
  * KV filled into pages 1, 3, 5, 7 of an emulated engine. */
 typedef struct engine {
@@ -175,19 +188,17 @@ static void *held_writes_client(void *arg)
 static void test_held_writes(void **state)
 {
     (void)state;
-    char dir[200], ssd[240], sock[240];
-    kvt_test_mkdtemp(dir, sizeof dir, "apisrvw");
-    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    kvt_config *cfg = kvt_test_small_config(ssd);
-    assert_ok(kvt_config_set(cfg, "server_socket", sock));
+    scratch sd;
+    scratch_init(&sd, "apisrvw");
+    kvt_config *cfg = kvt_test_small_config(sd.ssd);
+    assert_ok(kvt_config_set(cfg, "server_socket", sd.sock));
     assert_ok(kvt_config_set(cfg, "server_stop_ms", "1"));
     kvt_geometry *g = kvt_test_small_geo();
     kvt_server *srv = NULL;
     assert_ok(kvt_server_create(&srv, cfg, g));
     engine e;
     engine_init(&e, g);
-    writer w = {srv, sock, g, &e};
+    writer w = {srv, sd.sock, g, &e};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, held_writes_client, &w), 0);
     EXPECT_ERR(kvt_server_run(srv), KVT_ETIMEDOUT, "SSD writes still pending");
@@ -246,19 +257,18 @@ static void *release_reads(void *arg)
 static void test_server_reads_auth(void **state)
 {
     (void)state;
-    char dir[200], ssd[240], sock[240], secret[240];
-    kvt_test_mkdtemp(dir, sizeof dir, "apisrvr");
-    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    snprintf(secret, sizeof secret, "%s/secret", dir);
+    scratch sd;
+    scratch_init(&sd, "apisrvr");
+    char secret[240];
+    snprintf(secret, sizeof secret, "%s/secret", sd.dir);
     write_file(secret, "0123456789abcdef-the-node-secret");
     kvt_geometry *g = kvt_test_small_geo();
     engine e;
     engine_init(&e, g);
-    store_on_ssd(ssd, g, &e);
+    store_on_ssd(sd.ssd, g, &e);
 
-    kvt_config *cfg = kvt_test_small_config(ssd);
-    assert_ok(kvt_config_set(cfg, "server_socket", sock));
+    kvt_config *cfg = kvt_test_small_config(sd.ssd);
+    assert_ok(kvt_config_set(cfg, "server_socket", sd.sock));
     assert_ok(kvt_config_set(cfg, "server_secret_file", secret));
     assert_ok(kvt_config_set(cfg, "server_namespaces", "*=ns,-"));
     srv_fx f = {0};
@@ -268,11 +278,11 @@ static void test_server_reads_auth(void **state)
     /* The server wants the secret; this client has none. */
     kvt_client *cl = NULL;
     unsetenv("KVTIER_SERVER_SECRET_FILE");
-    EXPECT_ERR(kvt_client_attach(&cl, sock, g, WAIT_MS), KVT_EAUTH, "kvt_client_attach", sock,
+    EXPECT_ERR(kvt_client_attach(&cl, sd.sock, g, WAIT_MS), KVT_EAUTH, "kvt_client_attach", sd.sock,
                "secret");
     assert_null(cl);
     setenv("KVTIER_SERVER_SECRET_FILE", secret, 1);
-    EXPECT_OK(kvt_client_attach(&cl, sock, g, WAIT_MS));
+    EXPECT_OK(kvt_client_attach(&cl, sd.sock, g, WAIT_MS));
     unsetenv("KVTIER_SERVER_SECRET_FILE");
     assert_non_null(cl);
     assert_ok(kvt_client_register_memory(cl, &e.mem));
@@ -303,7 +313,7 @@ static void test_server_reads_auth(void **state)
      * them once the thread creation failed). */
     kvt_client *cl2 = NULL;
     setenv("KVTIER_SERVER_SECRET_FILE", secret, 1);
-    assert_ok(kvt_client_attach(&cl2, sock, g, WAIT_MS));
+    assert_ok(kvt_client_attach(&cl2, sd.sock, g, WAIT_MS));
     unsetenv("KVTIER_SERVER_SECRET_FILE");
     assert_ok(kvt_client_register_memory(cl2, &e.mem));
     kvt_match m2;
@@ -383,15 +393,14 @@ static void test_layer_events(void **state)
     if (!api || !getenv("KVTIER_CUDART"))
         fail_msg("this test runs over tests/fake_cudart.c (KVTIER_CUDART, set by ctest): %s",
                  why ? why : "KVTIER_CUDART is not set");
-    char dir[200], ssd[240];
-    kvt_test_mkdtemp(dir, sizeof dir, "apicuda");
-    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    scratch sd;
+    scratch_init(&sd, "apicuda");
     kvt_geometry *g = kvt_test_small_geo();
     engine e;
     engine_init(&e, g);
-    store_on_ssd(ssd, g, &e);
+    store_on_ssd(sd.ssd, g, &e);
 
-    kvt_config *cfg = kvt_test_small_config(ssd);
+    kvt_config *cfg = kvt_test_small_config(sd.ssd);
     kvt_cache *c = NULL;
     assert_ok(kvt_cache_create(&c, cfg, g));
     dev_mem d;
@@ -600,16 +609,14 @@ static int deny_io_uring(void)
 static void test_no_io_uring(void **state)
 {
     (void)state;
-    char dir[200], ssd[240], sock[240];
-    kvt_test_mkdtemp(dir, sizeof dir, "apiuring");
-    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
+    scratch sd;
+    scratch_init(&sd, "apiuring");
     kvt_geometry *g = kvt_test_small_geo();
-    kvt_config *cfg = kvt_test_small_config(ssd);
-    kvt_config *scfg = kvt_test_small_config(ssd);
+    kvt_config *cfg = kvt_test_small_config(sd.ssd);
+    kvt_config *scfg = kvt_test_small_config(sd.ssd);
     assert_ok(kvt_config_set(cfg, "io", "uring"));
     assert_ok(kvt_config_set(scfg, "io", "uring"));
-    assert_ok(kvt_config_set(scfg, "server_socket", sock));
+    assert_ok(kvt_config_set(scfg, "server_socket", sd.sock));
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
