@@ -152,6 +152,20 @@ void kvt_test_mkdtemp(char *out, size_t len, const char *prefix)
     kvt_test_dir_track(out);
 }
 
+void kvt_test_inproc_pair(kvt_fabric **fab, kvt_net *n[2])
+{
+    assert_ok(kvt_fabric_create(fab, 2, 16));
+    assert_ok(kvt_net_inproc_create(&n[0], *fab, 0));
+    assert_ok(kvt_net_inproc_create(&n[1], *fab, 1));
+}
+
+void kvt_test_inproc_pair_destroy(kvt_fabric *fab, kvt_net *n[2])
+{
+    kvt_net_destroy(n[0]);
+    kvt_net_destroy(n[1]);
+    kvt_fabric_destroy(fab);
+}
+
 void kvt_test_nofile_low(struct rlimit *old)
 {
     assert_int_equal(getrlimit(RLIMIT_NOFILE, old), 0);

@@ -104,6 +104,11 @@ int kvt_test_dirs_done(int rc);
  * tracked (removed when every test passed). */
 void kvt_test_mkdtemp(char *out, size_t len, const char *prefix);
 
+/* Two in-process ranks, n[0] and n[1], over one new fabric of 16 slots;
+ * kvt_test_inproc_pair_destroy frees all three. */
+void kvt_test_inproc_pair(kvt_fabric **fab, kvt_net *n[2]);
+void kvt_test_inproc_pair_destroy(kvt_fabric *fab, kvt_net *n[2]);
+
 /* No descriptor left: makes the lowest free descriptor the soft
  * RLIMIT_NOFILE, so the next socket() or open() fails with EMFILE; the
  * limit it replaced goes to *old (restore it with setrlimit). */

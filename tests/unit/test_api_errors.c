@@ -2856,18 +2856,14 @@ typedef struct pair_fx {
 
 static void pair_init(pair_fx *p, uint64_t geometry_digest)
 {
-    assert_ok(kvt_fabric_create(&p->fab, 2, 16));
-    assert_ok(kvt_net_inproc_create(&p->n[0], p->fab, 0));
-    assert_ok(kvt_net_inproc_create(&p->n[1], p->fab, 1));
+    kvt_test_inproc_pair(&p->fab, p->n);
     /* pp 1, cp 1, tp 2; T 100 ms; formation B 200 ms */
     p->gp = (kvt_group_params){1, 1, 2, geometry_digest, 0, 100, 0, 200};
 }
 
 static void pair_fini(pair_fx *p)
 {
-    kvt_net_destroy(p->n[0]);
-    kvt_net_destroy(p->n[1]);
-    kvt_fabric_destroy(p->fab);
+    kvt_test_inproc_pair_destroy(p->fab, p->n);
 }
 
 typedef enum { RAW_GARBAGE, RAW_VERSION, RAW_CHECKSUM } raw_kind;

@@ -224,17 +224,13 @@ typedef struct pair_fx {
 static void pair_init(pair_fx *p)
 {
     kvt_test_cache_fx_init(&p->c, kvt_test_small_config(NULL));
-    assert_ok(kvt_fabric_create(&p->fab, 2, 16));
-    assert_ok(kvt_net_inproc_create(&p->n[0], p->fab, 0));
-    assert_ok(kvt_net_inproc_create(&p->n[1], p->fab, 1));
+    kvt_test_inproc_pair(&p->fab, p->n);
     p->gp = fx_group_params(&p->c, 2, 2000, 8000);
 }
 
 static void pair_fini(pair_fx *p)
 {
-    kvt_net_destroy(p->n[0]);
-    kvt_net_destroy(p->n[1]);
-    kvt_fabric_destroy(p->fab);
+    kvt_test_inproc_pair_destroy(p->fab, p->n);
     kvt_test_cache_fx_fini(&p->c);
 }
 
