@@ -1,15 +1,21 @@
 #include "support.h"
 
+#include <fcntl.h>
 #include <ftw.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "net/stream.h"
+#include "util/clock.h"
 #include "util/hash.h"
 
 kvt_geometry *kvt_test_geometry(uint32_t layers, uint32_t heads, uint32_t head_dim,
@@ -26,10 +32,57 @@ kvt_geometry *kvt_test_geometry(uint32_t layers, uint32_t heads, uint32_t head_d
     return g;
 }
 
+kvt_geometry *kvt_test_small_geo(void)
+{
+    kvt_geometry *g = kvt_test_geometry(KVT_TEST_SMALL_LAYERS, 2, 8, KVT_TEST_SMALL_TPP,
+                                        KVT_LAYOUT_LAYER_FIRST);
+    assert_non_null(g);
+    return g;
+}
+
+kvt_config *kvt_test_small_config(const char *ssd_dir)
+{
+    kvt_config *cfg = NULL;
+    assert_ok(kvt_config_create(&cfg));
+    assert_ok(kvt_config_set(cfg, "cpu_capacity", "256KiB"));
+    assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
+    assert_ok(kvt_config_set(cfg, "block_tokens", "4"));
+    assert_ok(kvt_config_set(cfg, "workers", "1"));
+    assert_ok(kvt_config_set(cfg, "max_tasks", "16"));
+    if (ssd_dir) {
+        assert_ok(kvt_config_set(cfg, "ssd_dirs", ssd_dir));
+        assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
+    }
+    return cfg;
+}
+
 void kvt_test_tokens(uint32_t *tokens, uint32_t n, uint64_t seed)
 {
     uint64_t st = seed;
     for (uint32_t i = 0; i < n; i++) tokens[i] = (uint32_t)(kvt__splitmix64(&st) % 128000);
+}
+
+void kvt_test_cache_fx_init(kvt_test_cache_fx *f, kvt_config *cfg)
+{
+    memset(f, 0, sizeof *f);
+    f->cfg = cfg;
+    f->geo = kvt_test_small_geo();
+    assert_ok(kvt_cache_create(&f->cache, f->cfg, f->geo));
+    assert_ok(kvt_emu_create(&f->emu, f->geo, KVT_TEST_SMALL_PAGES));
+    assert_ok(kvt_emu_memory(f->emu, &f->mem));
+    assert_ok(kvt_cache_register_memory(f->cache, &f->mem));
+    kvt_test_tokens(f->tokens, 13, 99);
+    f->req = (kvt_request){f->tokens, 13, "ns", 2};
+    for (uint32_t i = 0; i < 4; i++) f->pages[i] = 2 * i + 1;
+    assert_ok(kvt_emu_fill(f->emu, &f->req, 0, 13, f->pages, 4));
+}
+
+void kvt_test_cache_fx_fini(kvt_test_cache_fx *f)
+{
+    kvt_cache_destroy(f->cache);
+    kvt_emu_destroy(f->emu);
+    kvt_geometry_destroy(f->geo);
+    kvt_config_destroy(f->cfg);
 }
 
 atomic_int kvt_test_soft_failures;
@@ -97,6 +150,92 @@ void kvt_test_mkdtemp(char *out, size_t len, const char *prefix)
     snprintf(out, len, "%s/%sXXXXXX", base, prefix);
     assert_non_null(mkdtemp(out));
     kvt_test_dir_track(out);
+}
+
+void kvt_test_inproc_pair(kvt_fabric **fab, kvt_net *n[2])
+{
+    assert_ok(kvt_fabric_create(fab, 2, 16));
+    assert_ok(kvt_net_inproc_create(&n[0], *fab, 0));
+    assert_ok(kvt_net_inproc_create(&n[1], *fab, 1));
+}
+
+void kvt_test_inproc_pair_destroy(kvt_fabric *fab, kvt_net *n[2])
+{
+    kvt_net_destroy(n[0]);
+    kvt_net_destroy(n[1]);
+    kvt_fabric_destroy(fab);
+}
+
+void kvt_test_nofile_low(struct rlimit *old)
+{
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, old), 0);
+    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    assert_true(probe >= 0);
+    close(probe);
+    struct rlimit low = *old;
+    low.rlim_cur = (rlim_t)probe;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+}
+
+static void *hub_wait_main(void *arg)
+{
+    kvt_test_hub_wait *w = arg;
+    w->st = kvt_net_connect(w->hub, w->ms);
+    return NULL;
+}
+
+void kvt_test_hub_wait_start(kvt_test_hub_wait *w, kvt_net *hub, int64_t ms)
+{
+    *w = (kvt_test_hub_wait){.hub = hub, .ms = ms, .st = KVT_OK};
+    assert_int_equal(pthread_create(&w->th, NULL, hub_wait_main, w), 0);
+}
+
+kvt_status kvt_test_hub_wait_join(kvt_test_hub_wait *w)
+{
+    pthread_join(w->th, NULL);
+    return w->st;
+}
+
+static void *fake_srv_main(void *arg)
+{
+    kvt_test_fake_srv *s = arg;
+    while (!atomic_load(&s->stop)) {
+        struct pollfd pf = {s->lfd, POLLIN, 0};
+        if (poll(&pf, 1, 20) <= 0) continue;
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) continue;
+        /* every attach opens with the server realm's handshake (no secret) */
+        kvt_stream_auth a = {.who = "fake server", .realm = &kvt__auth_server};
+        if (kvt__stream_auth_server(fd, &a, kvt__deadline_ns(2000)) == KVT_OK) s->serve(s->arg, fd);
+        close(fd);
+    }
+    return NULL;
+}
+
+void kvt_test_fake_srv_start(kvt_test_fake_srv *s, const char *tag,
+                             void (*serve)(void *arg, int fd), void *arg)
+{
+    memset(s, 0, sizeof *s);
+    s->serve = serve;
+    s->arg = arg;
+    kvt_test_mkdtemp(s->dir, sizeof s->dir, tag);
+    snprintf(s->sock, sizeof s->sock, "%s/fake.sock", s->dir);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    assert_true(strlen(s->sock) < sizeof a.sun_path);
+    memcpy(a.sun_path, s->sock, strlen(s->sock) + 1);
+    s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(s->lfd >= 0);
+    assert_int_equal(bind(s->lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(s->lfd, 4), 0);
+    assert_int_equal(pthread_create(&s->th, NULL, fake_srv_main, s), 0);
+}
+
+void kvt_test_fake_srv_stop(kvt_test_fake_srv *s)
+{
+    atomic_store(&s->stop, true);
+    pthread_join(s->th, NULL);
+    close(s->lfd);
+    unlink(s->sock);
 }
 
 #define KVT_TEST_MAX_SERVERS 16

@@ -2,11 +2,13 @@
 #ifndef KVT_TESTS_SUPPORT_H
 #define KVT_TESTS_SUPPORT_H
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <cmocka.h>
 #include "kvtier.h"
@@ -56,8 +58,38 @@ void kvt_test_check_err(const char *expr, const char *file, int line, kvt_status
 /* A small uniform geometry: layers x (K,V) x heads x head_dim, 2-byte elems. */
 kvt_geometry *kvt_test_geometry(uint32_t layers, uint32_t heads, uint32_t head_dim,
                                 uint32_t tokens_per_page, kvt_layout layout);
+/* The small geometry the API error tests share: KVT_TEST_SMALL_LAYERS
+ * layers x (K, V) x 2 heads x 8 dims x 2 bytes, KVT_TEST_SMALL_TPP tokens a
+ * page (128 bytes a token), layer-first; their emulated engines hold
+ * KVT_TEST_SMALL_PAGES pages. Fails the test if it cannot be made. */
+#define KVT_TEST_SMALL_LAYERS 2u
+#define KVT_TEST_SMALL_TPP 4u
+#define KVT_TEST_SMALL_PAGES 8u
+kvt_geometry *kvt_test_small_geo(void);
+/* A config for small, fast caches (256 KiB CPU tier, no huge pages, blocks
+ * of 4 tokens, 1 worker, 16 tasks); ssd_dir: the SSD tier's directory
+ * (256 KiB) or NULL for none. Fails the test on any error. */
+kvt_config *kvt_test_small_config(const char *ssd_dir);
 /* Deterministic token ids: tokens[i] = f(seed, i). */
 void kvt_test_tokens(uint32_t *tokens, uint32_t n, uint64_t seed);
+
+/* A cache over an emulated engine of KVT_TEST_SMALL_PAGES pages of
+ * kvt_test_small_geo, its memory registered, and one request of 13
+ * tokens (namespace "ns": 3 full blocks of 4) filled into pages 1, 3, 5,
+ * 7. kvt_test_cache_fx_init takes cfg (kvt_test_small_config or a test's
+ * own) and fails the test on any error; kvt_test_cache_fx_fini frees all. */
+typedef struct kvt_test_cache_fx {
+    kvt_config *cfg;
+    kvt_geometry *geo;
+    kvt_emu *emu;
+    kvt_engine_memory mem;
+    kvt_cache *cache;
+    uint32_t tokens[13];
+    kvt_request req;
+    uint32_t pages[4];
+} kvt_test_cache_fx;
+void kvt_test_cache_fx_init(kvt_test_cache_fx *f, kvt_config *cfg);
+void kvt_test_cache_fx_fini(kvt_test_cache_fx *f);
 
 /* Scratch directories a test program made (at most 64 are tracked): when
  * every test passed, kvt_test_dirs_done removes them; when one failed it
@@ -71,6 +103,47 @@ int kvt_test_dirs_done(int rc);
 /* A fresh scratch directory <$KVTIER_TEST_TMP or /tmp>/<prefix>XXXXXX,
  * tracked (removed when every test passed). */
 void kvt_test_mkdtemp(char *out, size_t len, const char *prefix);
+
+/* Two in-process ranks, n[0] and n[1], over one new fabric of 16 slots;
+ * kvt_test_inproc_pair_destroy frees all three. */
+void kvt_test_inproc_pair(kvt_fabric **fab, kvt_net *n[2]);
+void kvt_test_inproc_pair_destroy(kvt_fabric *fab, kvt_net *n[2]);
+
+/* No descriptor left: makes the lowest free descriptor the soft
+ * RLIMIT_NOFILE, so the next socket() or open() fails with EMFILE; the
+ * limit it replaced goes to *old (restore it with setrlimit). */
+void kvt_test_nofile_low(struct rlimit *old);
+
+/* A TCP hub waiting in kvt_net_connect(hub, ms) on a thread of its own
+ * while the test connects (or fails to connect) a member:
+ * kvt_test_hub_wait_start starts it, kvt_test_hub_wait_join joins it and
+ * returns that kvt_net_connect's status for the test to check. */
+typedef struct kvt_test_hub_wait {
+    kvt_net *hub;
+    int64_t ms;
+    kvt_status st;
+    pthread_t th;
+} kvt_test_hub_wait;
+void kvt_test_hub_wait_start(kvt_test_hub_wait *w, kvt_net *hub, int64_t ms);
+kvt_status kvt_test_hub_wait_join(kvt_test_hub_wait *w);
+
+/* A fake kvtier server for client tests: a Unix socket <dir>/fake.sock in
+ * a fresh scratch directory (kvt_test_mkdtemp(tag)) and a thread that
+ * accepts one connection at a time (polling 20 ms for stop), passes the
+ * server realm's handshake (no secret, 2 s), hands the connection to
+ * serve(arg, fd) and closes it when serve returns. kvt_test_fake_srv_stop
+ * ends the thread, closes and unlinks the socket. */
+typedef struct kvt_test_fake_srv {
+    char dir[200], sock[240];
+    int lfd;
+    atomic_bool stop;
+    pthread_t th;
+    void (*serve)(void *arg, int fd);
+    void *arg;
+} kvt_test_fake_srv;
+void kvt_test_fake_srv_start(kvt_test_fake_srv *s, const char *tag,
+                             void (*serve)(void *arg, int fd), void *arg);
+void kvt_test_fake_srv_stop(kvt_test_fake_srv *s);
 
 /* Server processes for tests. kvt_test_server_fork forks a child that calls
  * make(&srv, arg), reports its status through a pipe and then runs the

@@ -281,29 +281,10 @@ static pthread_t alloc_thread;
 
 static const void *const SENTINEL = (const void *)(uintptr_t)0x5e5e5e50u;
 
-/* A config for small, fast caches. */
-static kvt_config *small_config(void)
-{
-    kvt_config *cfg = NULL;
-    assert_ok(kvt_config_create(&cfg));
-    assert_ok(kvt_config_set(cfg, "cpu_capacity", "256KiB"));
-    assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
-    assert_ok(kvt_config_set(cfg, "block_tokens", "4"));
-    assert_ok(kvt_config_set(cfg, "workers", "1"));
-    assert_ok(kvt_config_set(cfg, "max_tasks", "16"));
-    return cfg;
-}
-
-/* 2 layers x (K, V) x 2 heads x 8 dims x 2 bytes, 4 tokens per page. */
-#define T_LAYERS 2u
-#define T_TPP 4u
-#define T_PAGES 8u
-static kvt_geometry *small_geo(void)
-{
-    kvt_geometry *g = kvt_test_geometry(T_LAYERS, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
-    assert_non_null(g);
-    return g;
-}
+/* kvt_test_small_geo's (support.h): 2 layers, 4 tokens per page. */
+#define T_LAYERS KVT_TEST_SMALL_LAYERS
+#define T_TPP KVT_TEST_SMALL_TPP
+#define T_PAGES KVT_TEST_SMALL_PAGES
 
 static int stats_equal(const kvt_cache_stats *a, const kvt_cache_stats *b)
 {
@@ -527,7 +508,7 @@ static void test_geometry_create_preset(void **state)
 static void test_geometry_layers(void **state)
 {
     (void)state;
-    kvt_geometry *g = small_geo(), *ref = NULL;
+    kvt_geometry *g = kvt_test_small_geo(), *ref = NULL;
     assert_ok(kvt_geometry_clone(g, &ref));
     kvt_geometry *c = (kvt_geometry *)SENTINEL;
     EXPECT_ERR(kvt_geometry_clone(NULL, &c), KVT_EINVAL, "kvt_geometry_clone",
@@ -673,7 +654,7 @@ static void test_geometry_layers(void **state)
 static void test_emu(void **state)
 {
     (void)state;
-    kvt_geometry *g = small_geo(), *u = NULL;
+    kvt_geometry *g = kvt_test_small_geo(), *u = NULL;
     assert_ok(kvt_geometry_create(&u, 2, 4, KVT_LAYOUT_LAYER_FIRST));
     kvt_emu *e = (kvt_emu *)SENTINEL;
     EXPECT_ERR(kvt_emu_create(NULL, g, 4), KVT_EINVAL, "kvt_emu_create", "out");
@@ -791,8 +772,8 @@ static void test_emu(void **state)
 static void test_cache_create_register(void **state)
 {
     (void)state;
-    kvt_config *cfg = small_config();
-    kvt_geometry *g = small_geo(), *u = NULL;
+    kvt_config *cfg = kvt_test_small_config(NULL);
+    kvt_geometry *g = kvt_test_small_geo(), *u = NULL;
     assert_ok(kvt_geometry_create(&u, T_LAYERS, T_TPP, KVT_LAYOUT_LAYER_FIRST));
     kvt_cache *c = (kvt_cache *)SENTINEL;
     EXPECT_ERR(kvt_cache_create(NULL, cfg, g), KVT_EINVAL, "kvt_cache_create", "out");
@@ -867,46 +848,11 @@ static void test_cache_create_register(void **state)
     END_CHECKS();
 }
 
-/* A cache over an emulated engine of T_PAGES pages, memory registered. */
-typedef struct cache_fx {
-    kvt_config *cfg;
-    kvt_geometry *geo;
-    kvt_emu *emu;
-    kvt_cache *cache;
-    uint32_t tokens[13];
-    kvt_request req; /* 13 tokens: 3 full blocks storable, 3 loadable */
-    uint32_t pages[4];
-} cache_fx;
-
-static void fx_init(cache_fx *f)
-{
-    memset(f, 0, sizeof *f);
-    f->cfg = small_config();
-    f->geo = small_geo();
-    assert_ok(kvt_cache_create(&f->cache, f->cfg, f->geo));
-    assert_ok(kvt_emu_create(&f->emu, f->geo, T_PAGES));
-    kvt_engine_memory m;
-    assert_ok(kvt_emu_memory(f->emu, &m));
-    assert_ok(kvt_cache_register_memory(f->cache, &m));
-    kvt_test_tokens(f->tokens, 13, 99);
-    f->req = (kvt_request){f->tokens, 13, "ns", 2};
-    for (uint32_t i = 0; i < 4; i++) f->pages[i] = 2 * i + 1;
-    assert_ok(kvt_emu_fill(f->emu, &f->req, 0, 13, f->pages, 4));
-}
-
-static void fx_fini(cache_fx *f)
-{
-    kvt_cache_destroy(f->cache);
-    kvt_emu_destroy(f->emu);
-    kvt_geometry_destroy(f->geo);
-    kvt_config_destroy(f->cfg);
-}
-
 static void test_cache_requests(void **state)
 {
     (void)state;
-    cache_fx f;
-    fx_init(&f);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(NULL));
     kvt_cache_stats s0, s1;
     assert_ok(kvt_cache_stats_get(f.cache, &s0));
 
@@ -962,15 +908,15 @@ static void test_cache_requests(void **state)
     /* Valid calls still work. */
     assert_ok(kvt_cache_lookup(f.cache, &f.req, &mt));
     assert_int_equal(mt.task, 0);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
 static void test_cache_tasks(void **state)
 {
     (void)state;
-    cache_fx f;
-    fx_init(&f);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(NULL));
     kvt_task_result r;
     kvt_store_plan pl;
     assert_ok(kvt_cache_prepare_store(f.cache, &f.req, &pl));
@@ -1072,15 +1018,15 @@ static void test_cache_tasks(void **state)
     uint32_t n = 9;
     assert_ok(kvt_cache_poll(f.cache, &r, 1, &n));
     assert_int_equal(n, 0);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
 static void test_cache_launch_without_memory(void **state)
 {
     (void)state;
-    kvt_config *cfg = small_config();
-    kvt_geometry *g = small_geo();
+    kvt_config *cfg = kvt_test_small_config(NULL);
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_cache *c = NULL;
     assert_ok(kvt_cache_create(&c, cfg, g));
     uint32_t tokens[9];
@@ -1110,8 +1056,8 @@ static void test_cache_launch_without_memory(void **state)
 static void defect_d8_mismatched_engine_memory(void **state)
 {
     (void)state;
-    kvt_config *cfg = small_config();
-    kvt_geometry *g = small_geo();
+    kvt_config *cfg = kvt_test_small_config(NULL);
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_geometry *small = kvt_test_geometry(T_LAYERS, 2, 2, T_TPP, KVT_LAYOUT_LAYER_FIRST);
     kvt_cache *c = NULL;
     kvt_emu *e = NULL;
@@ -1266,7 +1212,7 @@ static void test_net(void **state)
 /* Groups and the connector (a one-rank group over an inproc fabric)    */
 
 typedef struct conn_fx {
-    cache_fx c;
+    kvt_test_cache_fx c;
     kvt_fabric *fab;
     kvt_net *net;
     kvt_group *group;
@@ -1276,7 +1222,7 @@ typedef struct conn_fx {
 
 static void conn_fx_init(conn_fx *f)
 {
-    fx_init(&f->c);
+    kvt_test_cache_fx_init(&f->c, kvt_test_small_config(NULL));
     assert_ok(kvt_fabric_create(&f->fab, 1, 4));
     assert_ok(kvt_net_inproc_create(&f->net, f->fab, 0));
     kvt_geometry_info gi;
@@ -1293,14 +1239,14 @@ static void conn_fx_fini(conn_fx *f)
     kvt_group_destroy(f->group);
     kvt_net_destroy(f->net);
     kvt_fabric_destroy(f->fab);
-    fx_fini(&f->c);
+    kvt_test_cache_fx_fini(&f->c);
 }
 
 static void test_group(void **state)
 {
     (void)state;
     conn_fx f;
-    fx_init(&f.c);
+    kvt_test_cache_fx_init(&f.c, kvt_test_small_config(NULL));
     assert_ok(kvt_fabric_create(&f.fab, 1, 4));
     assert_ok(kvt_net_inproc_create(&f.net, f.fab, 0));
     kvt_group_params p = {1, 1, 1, 1, 1, 1000, 0}, b;
@@ -1352,7 +1298,7 @@ static void test_group(void **state)
     kvt_group_destroy(g);
     kvt_net_destroy(f.net);
     kvt_fabric_destroy(f.fab);
-    fx_fini(&f.c);
+    kvt_test_cache_fx_fini(&f.c);
     END_CHECKS();
 }
 
@@ -1489,7 +1435,7 @@ static void test_pd_bootstrap(void **state)
     assert_ok(kvt_pd_bootstrap_stats_get(bs, &st0));
 
     /* Sender/receiver argument checks (all fail before any I/O). */
-    kvt_geometry *g = small_geo(), *u = NULL;
+    kvt_geometry *g = kvt_test_small_geo(), *u = NULL;
     assert_ok(kvt_geometry_create(&u, T_LAYERS, T_TPP, KVT_LAYOUT_LAYER_FIRST));
     kvt_emu *e = NULL;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));
@@ -1569,7 +1515,7 @@ static void test_pd_rooms(void **state)
     assert_ok(kvt_pd_bootstrap_create(&bs, &np));
     uint16_t port = 0;
     assert_ok(kvt_pd_bootstrap_port(bs, &port));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *pe = NULL, *de = NULL;
     assert_ok(kvt_emu_create(&pe, g, T_PAGES));
     assert_ok(kvt_emu_create(&de, g, T_PAGES));
@@ -1922,7 +1868,7 @@ static void test_enomem(void **state)
 {
     (void)state;
     setenv("KVTIER_PD_QUIET", "1", 0);
-    oom_ctx x = {.cfg = small_config(), .geo = small_geo()};
+    oom_ctx x = {.cfg = kvt_test_small_config(NULL), .geo = kvt_test_small_geo()};
     snprintf(x.path, sizeof x.path, "/tmp/kvt_api_errors_%d.json", (int)getpid());
     FILE *f = fopen(x.path, "w");
     assert_non_null(f);
@@ -1930,7 +1876,7 @@ static void test_enomem(void **state)
     fclose(f);
     char sock[64];
     snprintf(sock, sizeof sock, "/tmp/kvt_api_errors_%d.sock", (int)getpid());
-    x.scfg = small_config();
+    x.scfg = kvt_test_small_config(NULL);
     assert_ok(kvt_config_set(x.scfg, "server_socket", sock));
     assert_ok(kvt_fabric_create(&x.fab, 2, 2));
     kvt_fabric *fab = x.fab;
@@ -2051,11 +1997,11 @@ static void test_enomem_live(void **state)
 static void test_ok_paths(void **state)
 {
     (void)state;
-    kvt_config *cfg = small_config();
+    kvt_config *cfg = kvt_test_small_config(NULL);
     EXPECT_OK(kvt_config_load_json(cfg, "{\"workers\": 2}", 14));
     EXPECT_OK(kvt_config_load_env(cfg));
     kvt_config_destroy(cfg);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     EXPECT_OK(kvt_geometry_validate(g));
     kvt_emu *e = NULL;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));
@@ -2095,22 +2041,11 @@ static void test_log_api(void **state)
 /* a full filesystem, a server that stops, a peer that speaks the       */
 /* server protocol wrongly.                                            */
 
-/* A fresh directory under KVTIER_TEST_TMP (or /tmp). */
-static void make_test_dir(char *out, size_t n, const char *tag)
-{
-    const char *base = getenv("KVTIER_TEST_TMP");
-    if (!base) base = "/tmp";
-    mkdir(base, 0700);
-    snprintf(out, n, "%s/%sXXXXXX", base, tag);
-    assert_non_null(mkdtemp(out));
-    kvt_test_dir_track(out); /* removed when every test passed (support.h) */
-}
-
-/* small_config() with the SSD tier at dir (NULL: none) and, when sock is
+/* kvt_test_small_config(NULL) with the SSD tier at dir (NULL: none) and, when sock is
  * set, a server socket. */
 static kvt_config *tier_config(const char *dir, const char *sock)
 {
-    kvt_config *cfg = small_config();
+    kvt_config *cfg = kvt_test_small_config(NULL);
     if (dir) {
         assert_ok(kvt_config_set(cfg, "ssd_dirs", dir));
         assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
@@ -2127,21 +2062,10 @@ static void test_io_deadlines(void **state)
 {
     (void)state;
     char dir[200], ssd[240];
-    make_test_dir(dir, sizeof dir, "apiflush");
+    kvt_test_mkdtemp(dir, sizeof dir, "apiflush");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    cache_fx f;
-    memset(&f, 0, sizeof f);
-    f.cfg = tier_config(ssd, NULL);
-    f.geo = small_geo();
-    assert_ok(kvt_cache_create(&f.cache, f.cfg, f.geo));
-    assert_ok(kvt_emu_create(&f.emu, f.geo, T_PAGES));
-    kvt_engine_memory m;
-    assert_ok(kvt_emu_memory(f.emu, &m));
-    assert_ok(kvt_cache_register_memory(f.cache, &m));
-    kvt_test_tokens(f.tokens, 13, 77);
-    f.req = (kvt_request){f.tokens, 13, "ns", 2};
-    for (uint32_t i = 0; i < 4; i++) f.pages[i] = 2 * i + 1;
-    assert_ok(kvt_emu_fill(f.emu, &f.req, 0, 13, f.pages, 4));
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, tier_config(ssd, NULL));
 
     kvt__ssd_hold_writes(f.cache->ssd, true);
     kvt_store_plan p;
@@ -2161,7 +2085,7 @@ static void test_io_deadlines(void **state)
     kvt_cache_destroy(f.cache);
     f.cache = NULL;
     assert_ok(kvt_cache_create(&f.cache, f.cfg, f.geo));
-    assert_ok(kvt_cache_register_memory(f.cache, &m));
+    assert_ok(kvt_cache_register_memory(f.cache, &f.mem));
     kvt__ssd_hold_reads(f.cache->ssd, true);
     kvt_match mt;
     assert_ok(kvt_cache_lookup(f.cache, &f.req, &mt));
@@ -2172,7 +2096,7 @@ static void test_io_deadlines(void **state)
     kvt__ssd_hold_reads(f.cache->ssd, false);
     EXPECT_OK(kvt_cache_wait(f.cache, mt.task, 10000, &r));
     assert_int_equal(r.status, KVT_OK);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
@@ -2182,10 +2106,10 @@ static void test_ssd_dir_faults(void **state)
 {
     (void)state;
     char dir[200], ssd[240], sock[240], file[240], meta[280];
-    make_test_dir(dir, sizeof dir, "apissd");
+    kvt_test_mkdtemp(dir, sizeof dir, "apissd");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_geometry *g3 = kvt_test_geometry(3, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
     kvt_config *cfg = tier_config(ssd, NULL), *scfg = tier_config(ssd, sock);
     kvt_cache *c = NULL, *c2 = NULL;
@@ -2288,10 +2212,10 @@ static void *srv_run(void *p)
 static void srv_fx_start(srv_fx *f)
 {
     memset(f, 0, sizeof *f);
-    make_test_dir(f->dir, sizeof f->dir, "apisrv");
+    kvt_test_mkdtemp(f->dir, sizeof f->dir, "apisrv");
     snprintf(f->sock, sizeof f->sock, "%s/s.sock", f->dir);
     kvt_config *cfg = tier_config(NULL, f->sock);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     assert_ok(kvt_server_create(&f->srv, cfg, g));
     kvt_geometry_destroy(g);
     kvt_config_destroy(cfg);
@@ -2314,7 +2238,7 @@ static void test_server_client(void **state)
     srv_fx_start(&f);
     alloc_thread = pthread_self(); /* the client's allocations fail, not the server's */
     atomic_store(&alloc_one_thread, true);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_geometry *g3 = kvt_test_geometry(3, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
     kvt_config *cfg = tier_config(NULL, f.sock);
     kvt_server *s2 = NULL;
@@ -2329,14 +2253,8 @@ static void test_server_client(void **state)
     snprintf(nowhere, sizeof nowhere, "%s/nobody.sock", f.dir);
     EXPECT_ERR(kvt_client_attach(NULL, f.sock, g, 1000), KVT_EINVAL, "kvt_client_attach", "out");
     EXPECT_ERR(kvt_client_attach(&cl, nowhere, g, 30), KVT_ECONN, "kvt_client_attach", nowhere);
-    struct rlimit old_nofile, low_nofile;
-    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old_nofile), 0);
-    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    assert_true(probe >= 0);
-    close(probe);
-    low_nofile = old_nofile;
-    low_nofile.rlim_cur = (rlim_t)probe; /* no descriptor left for the client's socket */
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low_nofile), 0);
+    struct rlimit old_nofile;
+    kvt_test_nofile_low(&old_nofile); /* no descriptor left for the client's socket */
     EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_ESYS, "kvt_client_attach", "socket");
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old_nofile), 0);
     EXPECT_ERR(kvt_client_attach(&cl, f.sock, g3, 1000), KVT_EGEOMETRY, "kvt_client_attach",
@@ -2473,12 +2391,10 @@ static void test_server_client(void **state)
  * meet the chosen fault. */
 typedef enum { FAKE_PLAN, FAKE_WRONG_OP, FAKE_WRONG_VERSION } fake_mode;
 typedef struct fake_srv {
-    char dir[200], sock[240];
-    int lfd;
+    kvt_test_fake_srv s; /* the socket and its thread (support.h) */
     _Atomic int mode, hello_mode;
-    _Atomic bool stop, release_end; /* END is answered only once released */
+    _Atomic bool release_end; /* END is answered only once released */
     uint64_t next_task;
-    pthread_t th;
 } fake_srv;
 
 static void fake_reply(int fd, uint16_t op, int mode, const kvt_srv_buf *b, int fd_pass)
@@ -2512,8 +2428,9 @@ static void fake_hello(fake_srv *f, int fd)
     kvt__srv_buf_free(&b);
 }
 
-static void fake_serve(fake_srv *f, int fd)
+static void fake_serve(void *arg, int fd)
 {
+    fake_srv *f = arg;
     for (;;) {
         kvt_srv_hdr h;
         uint8_t *p = NULL;
@@ -2555,43 +2472,10 @@ static void fake_serve(fake_srv *f, int fd)
     }
 }
 
-static void *fake_main(void *arg)
-{
-    fake_srv *f = arg;
-    while (!atomic_load(&f->stop)) {
-        struct pollfd pf = {f->lfd, POLLIN, 0};
-        if (poll(&pf, 1, 20) <= 0) continue;
-        int fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) continue;
-        /* every attach opens with the server realm's handshake (no secret) */
-        kvt_stream_auth a = {.who = "fake server", .realm = &kvt__auth_server};
-        if (kvt__stream_auth_server(fd, &a, kvt__deadline_ns(2000)) == KVT_OK) fake_serve(f, fd);
-        close(fd);
-    }
-    return NULL;
-}
-
 static void fake_start(fake_srv *f)
 {
     memset(f, 0, sizeof *f);
-    make_test_dir(f->dir, sizeof f->dir, "apifake");
-    snprintf(f->sock, sizeof f->sock, "%s/fake.sock", f->dir);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    assert_true(strlen(f->sock) < sizeof a.sun_path);
-    memcpy(a.sun_path, f->sock, strlen(f->sock) + 1);
-    f->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(f->lfd >= 0);
-    assert_int_equal(bind(f->lfd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(f->lfd, 4), 0);
-    assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
-}
-
-static void fake_stop(fake_srv *f)
-{
-    atomic_store(&f->stop, true);
-    pthread_join(f->th, NULL);
-    close(f->lfd);
-    unlink(f->sock);
+    kvt_test_fake_srv_start(&f->s, "apifake", fake_serve, f);
 }
 
 /* Plans a load (task from the fake server) and then sets the fault. */
@@ -2612,16 +2496,16 @@ static void test_client_bad_server(void **state)
     (void)state;
     fake_srv f;
     fake_start(&f);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_client *cl = NULL;
     atomic_store(&f.hello_mode, FAKE_WRONG_OP);
-    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_EPROTO, "kvt_client_attach",
+    EXPECT_ERR(kvt_client_attach(&cl, f.s.sock, g, 1000), KVT_EPROTO, "kvt_client_attach",
                "reply op");
     atomic_store(&f.hello_mode, FAKE_WRONG_VERSION);
-    EXPECT_ERR(kvt_client_attach(&cl, f.sock, g, 1000), KVT_EVERSION, "protocol version");
+    EXPECT_ERR(kvt_client_attach(&cl, f.s.sock, g, 1000), KVT_EVERSION, "protocol version");
     assert_null(cl);
     atomic_store(&f.hello_mode, FAKE_PLAN);
-    assert_ok(kvt_client_attach(&cl, f.sock, g, 1000));
+    assert_ok(kvt_client_attach(&cl, f.s.sock, g, 1000));
     kvt_emu *e = NULL;
     kvt_engine_memory mem;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));
@@ -2636,30 +2520,30 @@ static void test_client_bad_server(void **state)
     /* A reply of the wrong op to each request (written out per status:
      * scripts/status_map.py --coverage reads the literal status). */
     kvt_task_id t = fake_planned(&f, cl, FAKE_WRONG_OP);
-    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EPROTO, "kvt_client_launch", f.sock,
+    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EPROTO, "kvt_client_launch", f.s.sock,
                "reply op");
     t = fake_planned(&f, cl, FAKE_WRONG_OP);
-    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EPROTO, "kvt_client_cancel", f.sock, "reply op");
-    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EPROTO, "kvt_client_lookup", f.sock,
+    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EPROTO, "kvt_client_cancel", f.s.sock, "reply op");
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EPROTO, "kvt_client_lookup", f.s.sock,
                "reply op");
     EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_EPROTO, "kvt_client_prepare_store",
-               f.sock, "reply op");
-    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EPROTO, "kvt_client_stats", f.sock, "reply op");
-    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EPROTO, "kvt_client_flush", f.sock, "reply op");
+               f.s.sock, "reply op");
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EPROTO, "kvt_client_stats", f.s.sock, "reply op");
+    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EPROTO, "kvt_client_flush", f.s.sock, "reply op");
     /* A reply of another protocol version. */
     t = fake_planned(&f, cl, FAKE_WRONG_VERSION);
-    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EVERSION, "kvt_client_launch", f.sock,
+    EXPECT_ERR(kvt_client_launch(cl, t, pages, 1), KVT_EVERSION, "kvt_client_launch", f.s.sock,
                "protocol version");
     t = fake_planned(&f, cl, FAKE_WRONG_VERSION);
-    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EVERSION, "kvt_client_cancel", f.sock,
+    EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EVERSION, "kvt_client_cancel", f.s.sock,
                "protocol version");
-    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EVERSION, "kvt_client_lookup", f.sock,
+    EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EVERSION, "kvt_client_lookup", f.s.sock,
                "protocol version");
     EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_EVERSION, "kvt_client_prepare_store",
-               f.sock, "protocol version");
-    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EVERSION, "kvt_client_stats", f.sock,
+               f.s.sock, "protocol version");
+    EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EVERSION, "kvt_client_stats", f.s.sock,
                "protocol version");
-    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EVERSION, "kvt_client_flush", f.sock,
+    EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EVERSION, "kvt_client_flush", f.s.sock,
                "protocol version");
 
     /* A launched load whose end the server has not confirmed yet: still
@@ -2671,7 +2555,7 @@ static void test_client_bad_server(void **state)
     atomic_store(&f.release_end, true);
     EXPECT_OK(kvt_client_wait(cl, t, 5000, &tr));
     kvt_client_detach(cl);
-    fake_stop(&f);
+    kvt_test_fake_srv_stop(&f.s);
     kvt_emu_destroy(e);
     kvt_geometry_destroy(g);
     END_CHECKS();
@@ -2707,8 +2591,8 @@ static void sleep_ms(long ms)
 static void test_cache_states(void **state)
 {
     (void)state;
-    cache_fx f;
-    fx_init(&f);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(NULL));
     kvt_cache *c = f.cache;
     kvt_task_result r;
     kvt_store_plan p;
@@ -2775,12 +2659,12 @@ static void test_cache_states(void **state)
     EXPECT_ERR(kvt_cache_stream_wait_layer(c, m.task, 0, NULL, 100), KVT_EUNSUPPORTED,
                "CUDA device memory");
     end_task(c, m.task);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
 
     /* A plan not launched within plan_ttl_ms expired. */
-    kvt_config *cfg = small_config();
+    kvt_config *cfg = kvt_test_small_config(NULL);
     assert_ok(kvt_config_set(cfg, "plan_ttl_ms", "1"));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_cache *ttl = NULL;
     assert_ok(kvt_cache_create(&ttl, cfg, g));
     kvt_emu *e = NULL;
@@ -2915,7 +2799,7 @@ static void test_host_refusals(void **state)
     assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
     uint16_t bport = 0;
     assert_ok(kvt_pd_bootstrap_port(bs, &bport));
-    kvt_geometry *pg = small_geo();
+    kvt_geometry *pg = kvt_test_small_geo();
     kvt_emu *pe = NULL;
     kvt_engine_memory pm;
     assert_ok(kvt_emu_create(&pe, pg, T_PAGES));
@@ -2931,14 +2815,14 @@ static void test_host_refusals(void **state)
     close(fd);
 
     char dir[200], file[240], path[280];
-    make_test_dir(dir, sizeof dir, "apicfg");
+    kvt_test_mkdtemp(dir, sizeof dir, "apicfg");
     snprintf(file, sizeof file, "%s/cfg.json", dir);
     FILE *f = fopen(file, "w");
     assert_non_null(f);
     fputs("{\"workers\": 2}", f);
     fclose(f);
     snprintf(path, sizeof path, "%.240s/sub.json", file); /* under a regular file */
-    kvt_config *cfg = small_config();
+    kvt_config *cfg = kvt_test_small_config(NULL);
     EXPECT_OK(kvt_config_load_file(cfg, file));
     EXPECT_ERR(kvt_config_load_file(cfg, path), KVT_EIO, "kvt_config_load_file", path,
                "Not a directory");
@@ -2947,7 +2831,7 @@ static void test_host_refusals(void **state)
     char sock[240];
     snprintf(sock, sizeof sock, "%s/s.sock", dir);
     kvt_config *scfg = tier_config(NULL, sock);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_server *s = NULL;
     assert_ok(kvt_server_create(&s, scfg, g));
     kvt_server_stop(s);
@@ -2972,18 +2856,14 @@ typedef struct pair_fx {
 
 static void pair_init(pair_fx *p, uint64_t geometry_digest)
 {
-    assert_ok(kvt_fabric_create(&p->fab, 2, 16));
-    assert_ok(kvt_net_inproc_create(&p->n[0], p->fab, 0));
-    assert_ok(kvt_net_inproc_create(&p->n[1], p->fab, 1));
+    kvt_test_inproc_pair(&p->fab, p->n);
     /* pp 1, cp 1, tp 2; T 100 ms; formation B 200 ms */
     p->gp = (kvt_group_params){1, 1, 2, geometry_digest, 0, 100, 0, 200};
 }
 
 static void pair_fini(pair_fx *p)
 {
-    kvt_net_destroy(p->n[0]);
-    kvt_net_destroy(p->n[1]);
-    kvt_fabric_destroy(p->fab);
+    kvt_test_inproc_pair_destroy(p->fab, p->n);
 }
 
 typedef enum { RAW_GARBAGE, RAW_VERSION, RAW_CHECKSUM } raw_kind;
@@ -3073,8 +2953,8 @@ static void test_group_faults(void **state)
 
     /* Re-forming a formed group, through kvt_group_reform and through the
      * connector's kvt_conn_reform, when rank 1 does not take part. */
-    cache_fx cf;
-    fx_init(&cf);
+    kvt_test_cache_fx cf;
+    kvt_test_cache_fx_init(&cf, kvt_test_small_config(NULL));
     kvt_geometry_info gi;
     assert_ok(kvt_geometry_info_get(cf.geo, &gi));
     pair_init(&p, gi.digest);
@@ -3119,7 +2999,7 @@ static void test_group_faults(void **state)
     kvt_group_destroy(g);
     kvt_group_destroy(m.g);
     pair_fini(&p);
-    fx_fini(&cf);
+    kvt_test_cache_fx_fini(&cf);
     END_CHECKS();
 }
 
@@ -3157,8 +3037,8 @@ static kvt_status cut_recv(void *ctx, uint32_t peer, void *buf, size_t cap, size
 static void test_reform_link_lost(void **state)
 {
     (void)state;
-    cache_fx cf;
-    fx_init(&cf);
+    kvt_test_cache_fx cf;
+    kvt_test_cache_fx_init(&cf, kvt_test_small_config(NULL));
     kvt_geometry_info gi;
     assert_ok(kvt_geometry_info_get(cf.geo, &gi));
     pair_fx p;
@@ -3187,22 +3067,8 @@ static void test_reform_link_lost(void **state)
     kvt_group_destroy(m.g);
     kvt_net_destroy(cn);
     pair_fini(&p);
-    fx_fini(&cf);
+    kvt_test_cache_fx_fini(&cf);
     END_CHECKS();
-}
-
-/* A TCP hub waiting in kvt_net_connect on its own thread. */
-typedef struct hub_wait {
-    kvt_net *hub;
-    int64_t ms;
-    kvt_status st;
-} hub_wait;
-
-static void *hub_connect_main(void *arg)
-{
-    hub_wait *h = arg;
-    h->st = kvt_net_connect(h->hub, h->ms);
-    return NULL;
 }
 
 /* kvt_net_connect over TCP: nobody comes, the wrong secret, an interrupt,
@@ -3230,12 +3096,10 @@ static void test_net_connect_faults(void **state)
     const char *wrong = "fedcba9876543210-api-errors";
     kvt_net_tcp_params mp = {1, 2, "127.0.0.1", port, wrong, strlen(wrong), 0};
     assert_ok(kvt_net_tcp_create(&m, &mp));
-    hub_wait hw = {hub, 2000, KVT_OK};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    kvt_test_hub_wait hw;
+    kvt_test_hub_wait_start(&hw, hub, 2000);
     EXPECT_ERR(kvt_net_connect(m, 2000), KVT_EAUTH, "rank 1", "secret");
-    pthread_join(th, NULL);
-    assert_int_equal(hw.st, KVT_ETIMEDOUT);
+    assert_int_equal(kvt_test_hub_wait_join(&hw), KVT_ETIMEDOUT);
     kvt_net_destroy(m);
 
     /* No hub listening where a member looks. */
@@ -3244,14 +3108,8 @@ static void test_net_connect_faults(void **state)
     assert_ok(kvt_net_tcp_create(&m, &np));
     EXPECT_ERR(kvt_net_connect(m, 50), KVT_ETIMEDOUT, "kvt_net_connect", "did not accept");
     /* No file descriptor left for its socket. */
-    struct rlimit old, low;
-    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
-    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    assert_true(probe >= 0);
-    close(probe);
-    low = old;
-    low.rlim_cur = (rlim_t)probe; /* the lowest free descriptor is now over the limit */
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    struct rlimit old;
+    kvt_test_nofile_low(&old);
     EXPECT_ERR(kvt_net_connect(m, 50), KVT_ESYS, "kvt_net_connect", "socket");
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
     /* A member's group formation connects its link itself: the same
@@ -3259,7 +3117,7 @@ static void test_net_connect_faults(void **state)
     /* B 8 s: the refusal comes as soon as the hub answers, well before */
     kvt_group_params gp = {1, 1, 2, 7, 0, 1000, 0, 8000};
     kvt_group *grp = NULL;
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    kvt_test_nofile_low(&old);
     EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_ESYS, "kvt_net_connect", "socket");
     /* the message leads with the call the user made, not the step inside it */
     int leads = strncmp(kvt_last_error(), "kvt_group_create: ", 18);
@@ -3270,10 +3128,9 @@ static void test_net_connect_faults(void **state)
     assert_ok(kvt_net_tcp_port(hub, &port));
     mp.port = port;
     assert_ok(kvt_net_tcp_create(&m, &mp)); /* the wrong secret */
-    hw = (hub_wait){hub, 2000, KVT_OK};
-    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    kvt_test_hub_wait_start(&hw, hub, 2000);
     EXPECT_ERR(kvt_group_create(&grp, m, &gp), KVT_EAUTH, "rank 1", "secret");
-    pthread_join(th, NULL);
+    (void)kvt_test_hub_wait_join(&hw);
     assert_null(grp);
     kvt_net_destroy(hub);
     assert_ok(kvt_net_interrupt(m));
@@ -3290,8 +3147,8 @@ static void test_memory_refusals(void **state)
     (void)state;
     /* Before anything loads the CUDA runtime: make "none found" certain. */
     setenv("KVTIER_CUDART", "/nonexistent/libcudart.so", 1);
-    kvt_config *cfg = small_config();
-    kvt_geometry *g = small_geo();
+    kvt_config *cfg = kvt_test_small_config(NULL);
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_cache *c = NULL;
     assert_ok(kvt_cache_create(&c, cfg, g));
     kvt_emu *e = NULL;
@@ -3332,11 +3189,11 @@ static void test_memory_refusals(void **state)
 static void srv_fx_start_with(srv_fx *f, const char *opt, const char *value)
 {
     memset(f, 0, sizeof *f);
-    make_test_dir(f->dir, sizeof f->dir, "apisrv");
+    kvt_test_mkdtemp(f->dir, sizeof f->dir, "apisrv");
     snprintf(f->sock, sizeof f->sock, "%s/s.sock", f->dir);
     kvt_config *cfg = tier_config(NULL, f->sock);
     assert_ok(kvt_config_set(cfg, opt, value));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     assert_ok(kvt_server_create(&f->srv, cfg, g));
     kvt_geometry_destroy(g);
     kvt_config_destroy(cfg);
@@ -3349,7 +3206,7 @@ static void srv_fx_start_with(srv_fx *f, const char *opt, const char *value)
 static void test_client_server_limits(void **state)
 {
     (void)state;
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     srv_fx f;
     srv_fx_start_with(&f, "server_client_tasks", "1");
     kvt_client *cl = NULL;
@@ -3399,7 +3256,7 @@ static void test_pd_create_faults(void **state)
 {
     (void)state;
     setenv("KVTIER_PD_QUIET", "1", 0);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *e = NULL;
     kvt_engine_memory mem;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));
@@ -3454,7 +3311,7 @@ static void test_pd_rooms_full(void **state)
     assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
     uint16_t port = 0;
     assert_ok(kvt_pd_bootstrap_port(bs, &port));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *pe = NULL, *de = NULL;
     assert_ok(kvt_emu_create(&pe, g, T_PAGES));
     assert_ok(kvt_emu_create(&de, g, T_PAGES));
@@ -3506,7 +3363,7 @@ static void test_pd_create_local_faults(void **state)
     assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
     uint16_t port = 0;
     assert_ok(kvt_pd_bootstrap_port(bs, &port));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *pe = NULL, *de = NULL;
     assert_ok(kvt_emu_create(&pe, g, T_PAGES));
     assert_ok(kvt_emu_create(&de, g, T_PAGES));
@@ -3532,14 +3389,8 @@ static void test_pd_create_local_faults(void **state)
     atomic_store(&alloc_one_thread, false);
     assert_null(r);
 
-    struct rlimit old_nofile, low_nofile;
-    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old_nofile), 0);
-    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    assert_true(probe >= 0);
-    close(probe);
-    low_nofile = old_nofile;
-    low_nofile.rlim_cur = (rlim_t)probe; /* no descriptor left for its sockets */
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low_nofile), 0);
+    struct rlimit old_nofile;
+    kvt_test_nofile_low(&old_nofile); /* no descriptor left for its sockets */
     EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ESYS, "kvt_pd_receiver_create", "bootstrap",
                "socket", "Too many open files");
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old_nofile), 0);
@@ -3617,7 +3468,7 @@ static void test_pd_create_bad_bootstrap(void **state)
 {
     (void)state;
     setenv("KVTIER_PD_QUIET", "1", 0);
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *e = NULL;
     kvt_engine_memory mem;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));

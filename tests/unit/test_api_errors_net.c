@@ -65,71 +65,13 @@
 /* ------------------------------------------------------------------ */
 /* Fixtures                                                            */
 
-#define T_LAYERS 2u
-#define T_TPP 4u
-#define T_PAGES 8u
-
-static kvt_geometry *small_geo(void)
-{
-    kvt_geometry *g = kvt_test_geometry(T_LAYERS, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
-    assert_non_null(g);
-    return g;
-}
-
-static kvt_config *small_config(const char *ssd_dir)
-{
-    kvt_config *cfg = NULL;
-    assert_ok(kvt_config_create(&cfg));
-    assert_ok(kvt_config_set(cfg, "cpu_capacity", "256KiB"));
-    assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
-    assert_ok(kvt_config_set(cfg, "block_tokens", "4"));
-    assert_ok(kvt_config_set(cfg, "workers", "1"));
-    assert_ok(kvt_config_set(cfg, "max_tasks", "16"));
-    if (ssd_dir) {
-        assert_ok(kvt_config_set(cfg, "ssd_dirs", ssd_dir));
-        assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
-    }
-    return cfg;
-}
-
-/* A cache over an emulated engine, 13 tokens of one request filled into
- * pages 1, 3, 5, 7. */
-typedef struct cache_fx {
-    kvt_config *cfg;
-    kvt_geometry *geo;
-    kvt_emu *emu;
-    kvt_engine_memory mem;
-    kvt_cache *cache;
-    uint32_t tokens[13];
-    kvt_request req;
-    uint32_t pages[4];
-} cache_fx;
-
-static void fx_init(cache_fx *f, const char *ssd_dir)
-{
-    memset(f, 0, sizeof *f);
-    f->cfg = small_config(ssd_dir);
-    f->geo = small_geo();
-    assert_ok(kvt_cache_create(&f->cache, f->cfg, f->geo));
-    assert_ok(kvt_emu_create(&f->emu, f->geo, T_PAGES));
-    assert_ok(kvt_emu_memory(f->emu, &f->mem));
-    assert_ok(kvt_cache_register_memory(f->cache, &f->mem));
-    kvt_test_tokens(f->tokens, 13, 99);
-    f->req = (kvt_request){f->tokens, 13, "ns", 2};
-    for (uint32_t i = 0; i < 4; i++) f->pages[i] = 2 * i + 1;
-    assert_ok(kvt_emu_fill(f->emu, &f->req, 0, 13, f->pages, 4));
-}
-
-static void fx_fini(cache_fx *f)
-{
-    kvt_cache_destroy(f->cache);
-    kvt_emu_destroy(f->emu);
-    kvt_geometry_destroy(f->geo);
-    kvt_config_destroy(f->cfg);
-}
+/* kvt_test_small_geo's (support.h): 2 layers, 4 tokens per page. */
+#define T_LAYERS KVT_TEST_SMALL_LAYERS
+#define T_TPP KVT_TEST_SMALL_TPP
+#define T_PAGES KVT_TEST_SMALL_PAGES
 
 /* The group parameters a rank of f's cache proposes (pp 1, cp 1, tp ranks). */
-static kvt_group_params fx_group_params(const cache_fx *f, uint32_t ranks, int64_t t_ms, int64_t b_ms)
+static kvt_group_params fx_group_params(const kvt_test_cache_fx *f, uint32_t ranks, int64_t t_ms, int64_t b_ms)
 {
     kvt_geometry_info gi;
     assert_ok(kvt_geometry_info_get(f->geo, &gi));
@@ -151,18 +93,6 @@ static void *group_main(void *arg)
     group_run *r = arg;
     r->st = kvt_group_create(&r->g, r->n, &r->gp);
     return NULL;
-}
-
-/* The lowest free descriptor, made the limit: the next socket() fails. */
-static void nofile_low(struct rlimit *old)
-{
-    assert_int_equal(getrlimit(RLIMIT_NOFILE, old), 0);
-    int probe = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    assert_true(probe >= 0);
-    close(probe);
-    struct rlimit low = *old;
-    low.rlim_cur = (rlim_t)probe;
-    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -260,8 +190,8 @@ static void test_net_connect_peer_faults(void **state)
 static void test_reform_ucx_unusable(void **state)
 {
     (void)state;
-    cache_fx f;
-    fx_init(&f, NULL);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(NULL));
     setenv("UCX_TLS", "kvtier-no-such-transport", 1);
     kvt_net *n = NULL;
     kvt_net_tcp_params p = {0, 1, "127.0.0.1", 0, NULL, 0, 0, KVT_NET_UCX, 0};
@@ -277,7 +207,7 @@ static void test_reform_ucx_unusable(void **state)
     kvt_conn_destroy(conn);
     kvt_group_destroy(g);
     kvt_net_destroy(n);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
@@ -285,7 +215,7 @@ static void test_reform_ucx_unusable(void **state)
 /* Formation against a member played by the test over an inproc fabric  */
 
 typedef struct pair_fx {
-    cache_fx c;
+    kvt_test_cache_fx c;
     kvt_fabric *fab;
     kvt_net *n[2];
     kvt_group_params gp;
@@ -293,19 +223,15 @@ typedef struct pair_fx {
 
 static void pair_init(pair_fx *p)
 {
-    fx_init(&p->c, NULL);
-    assert_ok(kvt_fabric_create(&p->fab, 2, 16));
-    assert_ok(kvt_net_inproc_create(&p->n[0], p->fab, 0));
-    assert_ok(kvt_net_inproc_create(&p->n[1], p->fab, 1));
+    kvt_test_cache_fx_init(&p->c, kvt_test_small_config(NULL));
+    kvt_test_inproc_pair(&p->fab, p->n);
     p->gp = fx_group_params(&p->c, 2, 2000, 8000);
 }
 
 static void pair_fini(pair_fx *p)
 {
-    kvt_net_destroy(p->n[0]);
-    kvt_net_destroy(p->n[1]);
-    kvt_fabric_destroy(p->fab);
-    fx_fini(&p->c);
+    kvt_test_inproc_pair_destroy(p->fab, p->n);
+    kvt_test_cache_fx_fini(&p->c);
 }
 
 /* Rank 1's HELLO for attempt att proposing epoch, as kvt_group_create
@@ -429,24 +355,11 @@ static void test_group_late_proposal(void **state)
 /* A TCP member whose hub is gone: re-forming with no descriptor left     */
 /* (ESYS) and against a new hub holding another secret (EAUTH)           */
 
-typedef struct hub_wait {
-    kvt_net *hub;
-    int64_t ms;
-    kvt_status st;
-} hub_wait;
-
-static void *hub_connect_main(void *arg)
-{
-    hub_wait *h = arg;
-    h->st = kvt_net_connect(h->hub, h->ms);
-    return NULL;
-}
-
 static void test_reform_member_lost_hub(void **state)
 {
     (void)state;
-    cache_fx f;
-    fx_init(&f, NULL);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(NULL));
     const char *secret = "0123456789abcdef-net-api-errors", *other = "fedcba9876543210-net-other";
     kvt_net *hub = NULL, *m = NULL;
     kvt_net_tcp_params hp = {0, 2, NULL, 0, secret, strlen(secret), 0, KVT_NET_TCP, 0};
@@ -457,12 +370,11 @@ static void test_reform_member_lost_hub(void **state)
     assert_ok(kvt_net_tcp_create(&m, &mp));
     kvt_group_params gp = fx_group_params(&f, 2, 2000, 8000);
     group_run lead = {hub, gp, NULL, KVT_OK};
-    pthread_t th;
-    hub_wait hw = {hub, 8000, KVT_OK};
-    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    kvt_test_hub_wait hw;
+    kvt_test_hub_wait_start(&hw, hub, 8000);
     assert_ok(kvt_net_connect(m, 8000));
-    pthread_join(th, NULL);
-    assert_ok(hw.st);
+    assert_ok(kvt_test_hub_wait_join(&hw));
+    pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, group_main, &lead), 0);
     kvt_group *g = NULL;
     assert_ok(kvt_group_create(&g, m, &gp));
@@ -478,7 +390,7 @@ static void test_reform_member_lost_hub(void **state)
 
     /* No descriptor left for the new connection's socket. */
     struct rlimit old;
-    nofile_low(&old);
+    kvt_test_nofile_low(&old);
     EXPECT_ERR(kvt_group_reform(g, 300), KVT_ESYS, "kvt_group_reform", "reconnecting", "socket");
     EXPECT_ERR(kvt_conn_reform(conn, 300), KVT_ESYS, "kvt_conn_reform", "reconnecting", "socket");
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
@@ -488,41 +400,29 @@ static void test_reform_member_lost_hub(void **state)
     hp.secret = other;
     hp.secret_len = strlen(other);
     assert_ok(kvt_net_tcp_create(&hub, &hp));
-    hw = (hub_wait){hub, 3000, KVT_OK};
-    assert_int_equal(pthread_create(&th, NULL, hub_connect_main, &hw), 0);
+    kvt_test_hub_wait_start(&hw, hub, 3000);
     EXPECT_ERR(kvt_group_reform(g, 2000), KVT_EAUTH, "kvt_group_reform", "reconnecting", "secret");
     EXPECT_ERR(kvt_conn_reform(conn, 2000), KVT_EAUTH, "kvt_conn_reform", "reconnecting", "secret");
-    pthread_join(th, NULL);
-    assert_int_equal(hw.st, KVT_ETIMEDOUT);
+    assert_int_equal(kvt_test_hub_wait_join(&hw), KVT_ETIMEDOUT);
     kvt_net_destroy(hub);
     kvt_conn_destroy(conn);
     kvt_group_destroy(g);
     kvt_net_destroy(m);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
 /* ------------------------------------------------------------------ */
 /* kvt_conn_wait_layer past its deadline: the load's SSD reads are held  */
 
-static void make_test_dir(char *out, size_t n, const char *tag)
-{
-    const char *base = getenv("KVTIER_TEST_TMP");
-    if (!base) base = "/tmp";
-    mkdir(base, 0700);
-    snprintf(out, n, "%s/%sXXXXXX", base, tag);
-    assert_non_null(mkdtemp(out));
-    kvt_test_dir_track(out);
-}
-
 static void test_conn_wait_layer_deadline(void **state)
 {
     (void)state;
     char dir[200], ssd[240];
-    make_test_dir(dir, sizeof dir, "apinet");
+    kvt_test_mkdtemp(dir, sizeof dir, "apinet");
     snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    cache_fx f;
-    fx_init(&f, ssd);
+    kvt_test_cache_fx f;
+    kvt_test_cache_fx_init(&f, kvt_test_small_config(ssd));
     /* The request's blocks, stored and written through to the SSD. */
     kvt_store_plan sp;
     kvt_task_result r;
@@ -561,7 +461,7 @@ static void test_conn_wait_layer_deadline(void **state)
     kvt_group_destroy(g);
     kvt_net_destroy(n);
     kvt_fabric_destroy(fab);
-    fx_fini(&f);
+    kvt_test_cache_fx_fini(&f);
     END_CHECKS();
 }
 
@@ -571,7 +471,7 @@ static void test_conn_wait_layer_deadline(void **state)
 static void test_pd_create_memory(void **state)
 {
     (void)state;
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_emu *e = NULL;
     kvt_engine_memory mem;
     assert_ok(kvt_emu_create(&e, g, T_PAGES));
@@ -761,7 +661,7 @@ static void pd_fx_init(pd_fx *x, uint32_t peer_timeout_ms)
 {
     setenv("KVTIER_PD_QUIET", "1", 0);
     memset(x, 0, sizeof *x);
-    x->g = small_geo();
+    x->g = kvt_test_small_geo();
     assert_ok(kvt_emu_create(&x->e, x->g, T_PAGES));
     assert_ok(kvt_emu_memory(x->e, &x->mem));
     assert_ok(kvt_pd_bootstrap_create(&x->bs, &(kvt_pd_net_params){0}));
@@ -771,8 +671,11 @@ static void pd_fx_init(pd_fx *x, uint32_t peer_timeout_ms)
                            .connect_timeout_ms = 5000, .net = {.peer_timeout_ms = peer_timeout_ms}};
 }
 
-static void pd_fx_fini(pd_fx *x)
+/* f: the test's fake prefill rank or service, stopped first (NULL: none,
+ * or one the test stopped itself). */
+static void pd_fx_fini(pd_fx *x, fake_prefill *f)
 {
+    if (f) fp_stop(f);
     kvt_pd_bootstrap_destroy(x->bs);
     kvt_emu_destroy(x->e);
     kvt_geometry_destroy(x->g);
@@ -806,8 +709,7 @@ static void test_pd_create_service_refusals(void **state)
                "which no PD peer refuses with");
     assert_null(s);
     assert_null(r);
-    fp_stop(&f);
-    pd_fx_fini(&x);
+    pd_fx_fini(&x, &f);
     END_CHECKS();
 }
 
@@ -826,8 +728,7 @@ static void test_pd_receiver_prefill_retry(void **state)
     EXPECT_ERR(kvt_pd_receiver_create(&r, &x.p), KVT_EPROTO, "kvt_pd_receiver_create",
                "answered RETRY", "only to lookups", "busy");
     assert_null(r);
-    fp_stop(&f);
-    pd_fx_fini(&x);
+    pd_fx_fini(&x, &f);
     END_CHECKS();
 }
 
@@ -856,11 +757,10 @@ static void test_pd_receiver_too_many_peers(void **state)
     EXPECT_ERR(kvt_pd_receiver_create(&r, &x.p), KVT_EFULL, "kvt_pd_receiver_create",
                "more than 256 prefill peers");
     assert_null(r);
-    fp_stop(&f);
     kvt_emu_destroy(de);
     kvt_geometry_destroy(dg);
     kvt_geometry_destroy(pg);
-    pd_fx_fini(&x);
+    pd_fx_fini(&x, &f);
     END_CHECKS();
 }
 
@@ -898,8 +798,7 @@ static void test_pd_link_other_version(void **state)
         atomic_fetch_add(&kvt_test_soft_failures, 1);
     }
     kvt_pd_receiver_destroy(r);
-    fp_stop(&f);
-    pd_fx_fini(&x);
+    pd_fx_fini(&x, &f);
     END_CHECKS();
 }
 
@@ -940,7 +839,7 @@ static void test_pd_receiver_landing_held(void **state)
     pthread_join(th, NULL);
     fp_stop(&f); /* the link drops; the landing ends */
     kvt_pd_receiver_destroy(r);
-    pd_fx_fini(&x);
+    pd_fx_fini(&x, NULL);
     END_CHECKS();
 }
 

@@ -56,9 +56,10 @@
 
 #define WAIT_MS 10000
 /* 2 layers x (K, V) x 2 heads x 8 dims x 2 bytes, 4 tokens per page. */
-#define T_LAYERS 2u
-#define T_TPP 4u
-#define T_PAGES 8u
+/* kvt_test_small_geo's (support.h): 2 layers, 4 tokens per page. */
+#define T_LAYERS KVT_TEST_SMALL_LAYERS
+#define T_TPP KVT_TEST_SMALL_TPP
+#define T_PAGES KVT_TEST_SMALL_PAGES
 #define T_TOKENS 13u /* 3 full blocks of 4 tokens */
 
 /* Allocation failure in this thread: the test links with --wrap=malloc,
@@ -94,38 +95,17 @@ int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*f)(void
 /* ------------------------------------------------------------------ */
 /* Fixtures                                                            */
 
-static kvt_geometry *small_geo(void)
-{
-    kvt_geometry *g = kvt_test_geometry(T_LAYERS, 2, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
-    assert_non_null(g);
-    return g;
-}
+/* A test's scratch directory (kvt_test_mkdtemp(tag)) and the paths in it
+ * the tests use: the SSD tier's directory and the server's socket. */
+typedef struct scratch {
+    char dir[200], ssd[240], sock[240];
+} scratch;
 
-static void make_test_dir(char *out, size_t n, const char *tag)
+static void scratch_init(scratch *s, const char *tag)
 {
-    const char *base = getenv("KVTIER_TEST_TMP");
-    if (!base) base = "/tmp";
-    mkdir(base, 0700);
-    snprintf(out, n, "%s/%sXXXXXX", base, tag);
-    assert_non_null(mkdtemp(out));
-    kvt_test_dir_track(out);
-}
-
-/* A small cache (or server) config; ssd: the SSD tier's directory or NULL. */
-static kvt_config *small_config(const char *ssd)
-{
-    kvt_config *cfg = NULL;
-    assert_ok(kvt_config_create(&cfg));
-    assert_ok(kvt_config_set(cfg, "cpu_capacity", "256KiB"));
-    assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
-    assert_ok(kvt_config_set(cfg, "block_tokens", "4"));
-    assert_ok(kvt_config_set(cfg, "workers", "1"));
-    assert_ok(kvt_config_set(cfg, "max_tasks", "16"));
-    if (ssd) {
-        assert_ok(kvt_config_set(cfg, "ssd_dirs", ssd));
-        assert_ok(kvt_config_set(cfg, "ssd_capacity", "256KiB"));
-    }
-    return cfg;
+    kvt_test_mkdtemp(s->dir, sizeof s->dir, tag);
+    snprintf(s->ssd, sizeof s->ssd, "%s/ssd", s->dir);
+    snprintf(s->sock, sizeof s->sock, "%s/s.sock", s->dir);
 }
 
 /* The request every test stores: T_TOKENS tokens in namespace "ns", its
@@ -208,19 +188,17 @@ static void *held_writes_client(void *arg)
 static void test_held_writes(void **state)
 {
     (void)state;
-    char dir[200], ssd[240], sock[240];
-    make_test_dir(dir, sizeof dir, "apisrvw");
-    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    kvt_config *cfg = small_config(ssd);
-    assert_ok(kvt_config_set(cfg, "server_socket", sock));
+    scratch sd;
+    scratch_init(&sd, "apisrvw");
+    kvt_config *cfg = kvt_test_small_config(sd.ssd);
+    assert_ok(kvt_config_set(cfg, "server_socket", sd.sock));
     assert_ok(kvt_config_set(cfg, "server_stop_ms", "1"));
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_server *srv = NULL;
     assert_ok(kvt_server_create(&srv, cfg, g));
     engine e;
     engine_init(&e, g);
-    writer w = {srv, sock, g, &e};
+    writer w = {srv, sd.sock, g, &e};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, held_writes_client, &w), 0);
     EXPECT_ERR(kvt_server_run(srv), KVT_ETIMEDOUT, "SSD writes still pending");
@@ -248,7 +226,7 @@ static void write_file(const char *path, const char *text)
 /* Stores the request through a cache on ssd, durably (then closed). */
 static void store_on_ssd(const char *ssd, const kvt_geometry *g, engine *e)
 {
-    kvt_config *cfg = small_config(ssd);
+    kvt_config *cfg = kvt_test_small_config(ssd);
     kvt_cache *c = NULL;
     assert_ok(kvt_cache_create(&c, cfg, g));
     assert_ok(kvt_cache_register_memory(c, &e->mem));
@@ -279,19 +257,18 @@ static void *release_reads(void *arg)
 static void test_server_reads_auth(void **state)
 {
     (void)state;
-    char dir[200], ssd[240], sock[240], secret[240];
-    make_test_dir(dir, sizeof dir, "apisrvr");
-    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    snprintf(secret, sizeof secret, "%s/secret", dir);
+    scratch sd;
+    scratch_init(&sd, "apisrvr");
+    char secret[240];
+    snprintf(secret, sizeof secret, "%s/secret", sd.dir);
     write_file(secret, "0123456789abcdef-the-node-secret");
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     engine e;
     engine_init(&e, g);
-    store_on_ssd(ssd, g, &e);
+    store_on_ssd(sd.ssd, g, &e);
 
-    kvt_config *cfg = small_config(ssd);
-    assert_ok(kvt_config_set(cfg, "server_socket", sock));
+    kvt_config *cfg = kvt_test_small_config(sd.ssd);
+    assert_ok(kvt_config_set(cfg, "server_socket", sd.sock));
     assert_ok(kvt_config_set(cfg, "server_secret_file", secret));
     assert_ok(kvt_config_set(cfg, "server_namespaces", "*=ns,-"));
     srv_fx f = {0};
@@ -301,11 +278,11 @@ static void test_server_reads_auth(void **state)
     /* The server wants the secret; this client has none. */
     kvt_client *cl = NULL;
     unsetenv("KVTIER_SERVER_SECRET_FILE");
-    EXPECT_ERR(kvt_client_attach(&cl, sock, g, WAIT_MS), KVT_EAUTH, "kvt_client_attach", sock,
+    EXPECT_ERR(kvt_client_attach(&cl, sd.sock, g, WAIT_MS), KVT_EAUTH, "kvt_client_attach", sd.sock,
                "secret");
     assert_null(cl);
     setenv("KVTIER_SERVER_SECRET_FILE", secret, 1);
-    EXPECT_OK(kvt_client_attach(&cl, sock, g, WAIT_MS));
+    EXPECT_OK(kvt_client_attach(&cl, sd.sock, g, WAIT_MS));
     unsetenv("KVTIER_SERVER_SECRET_FILE");
     assert_non_null(cl);
     assert_ok(kvt_client_register_memory(cl, &e.mem));
@@ -336,7 +313,7 @@ static void test_server_reads_auth(void **state)
      * them once the thread creation failed). */
     kvt_client *cl2 = NULL;
     setenv("KVTIER_SERVER_SECRET_FILE", secret, 1);
-    assert_ok(kvt_client_attach(&cl2, sock, g, WAIT_MS));
+    assert_ok(kvt_client_attach(&cl2, sd.sock, g, WAIT_MS));
     unsetenv("KVTIER_SERVER_SECRET_FILE");
     assert_ok(kvt_client_register_memory(cl2, &e.mem));
     kvt_match m2;
@@ -416,15 +393,14 @@ static void test_layer_events(void **state)
     if (!api || !getenv("KVTIER_CUDART"))
         fail_msg("this test runs over tests/fake_cudart.c (KVTIER_CUDART, set by ctest): %s",
                  why ? why : "KVTIER_CUDART is not set");
-    char dir[200], ssd[240];
-    make_test_dir(dir, sizeof dir, "apicuda");
-    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    kvt_geometry *g = small_geo();
+    scratch sd;
+    scratch_init(&sd, "apicuda");
+    kvt_geometry *g = kvt_test_small_geo();
     engine e;
     engine_init(&e, g);
-    store_on_ssd(ssd, g, &e);
+    store_on_ssd(sd.ssd, g, &e);
 
-    kvt_config *cfg = small_config(ssd);
+    kvt_config *cfg = kvt_test_small_config(sd.ssd);
     kvt_cache *c = NULL;
     assert_ok(kvt_cache_create(&c, cfg, g));
     dev_mem d;
@@ -494,12 +470,9 @@ static void test_layer_events(void **state)
  * small_geo), a LOOKUP answered with a planned task or with plan_status,
  * a CANCEL with cancel_status. */
 typedef struct fake_srv {
-    char dir[200], sock[240];
-    int lfd;
+    kvt_test_fake_srv s; /* the socket and its thread (support.h) */
     _Atomic int plan_status, cancel_status;
-    atomic_bool stop;
     uint64_t next_task;
-    pthread_t th;
 } fake_srv;
 
 static void fake_answer(int fd, uint16_t op, kvt_status st, const kvt_srv_buf *b, int fd_pass)
@@ -510,8 +483,9 @@ static void fake_answer(int fd, uint16_t op, kvt_status st, const kvt_srv_buf *b
     (void)kvt__srv_send_frame(fd, op | KVT_SRV_REPLY, st, p, len, fd_pass, kvt__deadline_ns(1000));
 }
 
-static void fake_serve(fake_srv *f, int fd)
+static void fake_serve(void *arg, int fd)
 {
+    fake_srv *f = arg;
     kvt_srv_hdr h;
     uint8_t *p = NULL;
     while (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(2000)) == KVT_OK) {
@@ -541,21 +515,6 @@ static void fake_serve(fake_srv *f, int fd)
     }
 }
 
-static void *fake_main(void *arg)
-{
-    fake_srv *f = arg;
-    while (!atomic_load(&f->stop)) {
-        struct pollfd pf = {f->lfd, POLLIN, 0};
-        if (poll(&pf, 1, 20) <= 0) continue;
-        int fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) continue;
-        kvt_stream_auth a = {.who = "fake server", .realm = &kvt__auth_server};
-        if (kvt__stream_auth_server(fd, &a, kvt__deadline_ns(2000)) == KVT_OK) fake_serve(f, fd);
-        close(fd);
-    }
-    return NULL;
-}
-
 /* The client refuses an answer no server gives to that request (the
  * protocol is broken): a plan answered KVT_ETIMEDOUT (kvt_cache_lookup
  * never times out), the cancel of a planned task answered KVT_ETIMEDOUT
@@ -565,20 +524,11 @@ static void test_client_refuses_answers(void **state)
     (void)state;
     fake_srv f;
     memset(&f, 0, sizeof f);
-    make_test_dir(f.dir, sizeof f.dir, "apifake");
-    snprintf(f.sock, sizeof f.sock, "%s/fake.sock", f.dir);
-    struct sockaddr_un a = {.sun_family = AF_UNIX};
-    assert_true(strlen(f.sock) < sizeof a.sun_path);
-    memcpy(a.sun_path, f.sock, strlen(f.sock) + 1);
-    f.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(f.lfd >= 0);
-    assert_int_equal(bind(f.lfd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(f.lfd, 4), 0);
-    assert_int_equal(pthread_create(&f.th, NULL, fake_main, &f), 0);
+    kvt_test_fake_srv_start(&f.s, "apifake", fake_serve, &f);
 
-    kvt_geometry *g = small_geo();
+    kvt_geometry *g = kvt_test_small_geo();
     kvt_client *cl = NULL;
-    assert_ok(kvt_client_attach(&cl, f.sock, g, WAIT_MS));
+    assert_ok(kvt_client_attach(&cl, f.s.sock, g, WAIT_MS));
     uint32_t tokens[2 * T_TPP];
     kvt_test_tokens(tokens, 2 * T_TPP, 5);
     kvt_request req = {tokens, 2 * T_TPP, NULL, 0};
@@ -598,10 +548,7 @@ static void test_client_refuses_answers(void **state)
     EXPECT_OK(kvt_client_cancel(cl, m.task));
 
     kvt_client_detach(cl);
-    atomic_store(&f.stop, true);
-    pthread_join(f.th, NULL);
-    close(f.lfd);
-    unlink(f.sock);
+    kvt_test_fake_srv_stop(&f.s);
     kvt_geometry_destroy(g);
     END_CHECKS();
 }
@@ -615,8 +562,8 @@ static void test_client_refuses_answers(void **state)
 static void test_metrics_unlistenable(void **state)
 {
     (void)state;
-    kvt_geometry *g = small_geo();
-    kvt_config *cfg = small_config(NULL);
+    kvt_geometry *g = kvt_test_small_geo();
+    kvt_config *cfg = kvt_test_small_config(NULL);
     assert_ok(kvt_config_set(cfg, "metrics_addr", "192.0.2.1"));
     assert_ok(kvt_config_set(cfg, "metrics_insecure", "true"));
     assert_ok(kvt_config_set(cfg, "metrics_port", "9109"));
@@ -662,16 +609,14 @@ static int deny_io_uring(void)
 static void test_no_io_uring(void **state)
 {
     (void)state;
-    char dir[200], ssd[240], sock[240];
-    make_test_dir(dir, sizeof dir, "apiuring");
-    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
-    snprintf(sock, sizeof sock, "%s/s.sock", dir);
-    kvt_geometry *g = small_geo();
-    kvt_config *cfg = small_config(ssd);
-    kvt_config *scfg = small_config(ssd);
+    scratch sd;
+    scratch_init(&sd, "apiuring");
+    kvt_geometry *g = kvt_test_small_geo();
+    kvt_config *cfg = kvt_test_small_config(sd.ssd);
+    kvt_config *scfg = kvt_test_small_config(sd.ssd);
     assert_ok(kvt_config_set(cfg, "io", "uring"));
     assert_ok(kvt_config_set(scfg, "io", "uring"));
-    assert_ok(kvt_config_set(scfg, "server_socket", sock));
+    assert_ok(kvt_config_set(scfg, "server_socket", sd.sock));
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
