@@ -667,24 +667,31 @@ class RequiredLayout(unittest.TestCase):
             vc.KVConnectorBase_V1.get_required_kvcache_layout(vllm_config())
 
 
-class HeadGroups(unittest.TestCase):
-    """GQA with TP > KV heads ("tiny": 2 KV heads at TP 4): ranks 0 and 1
-    hold head 0, ranks 2 and 3 head 1. Each head group's first rank writes
-    the one copy both ranks load, and the scheduler asks once per group."""
+class ServerCase(unittest.TestCase):
+    """A `kvtier serve` of "tiny" (4 layers, 2 KV heads of 64, fp16) at
+    tensor-parallel size TP, blocks of BS tokens, per test."""
+    TP = 1
 
     def setUp(self):
         import os
         import tempfile
         from test_client import start_server
-        self.tmp = tempfile.mkdtemp(prefix="kvtvg")
+        self.tmp = tempfile.mkdtemp(prefix="kvtvs")
         self.sock = os.path.join(self.tmp, "node.sock")
-        self.srv = start_server(self.sock, "--set", "block_tokens=%d" % BS, page=BS, tp=4)
+        self.srv = start_server(self.sock, "--set", "block_tokens=%d" % BS, page=BS, tp=self.TP)
 
     def tearDown(self):
         import shutil
         from test_client import stop_server
         stop_server(self.srv)
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class HeadGroups(ServerCase):
+    """GQA with TP > KV heads ("tiny": 2 KV heads at TP 4): ranks 0 and 1
+    hold head 0, ranks 2 and 3 head 1. Each head group's first rank writes
+    the one copy both ranks load, and the scheduler asks once per group."""
+    TP = 4
 
     def config(self, rank):
         cfg = vllm_config(engine="gqa")
@@ -860,24 +867,9 @@ class LoadModes(EngineBase):
         self.worker.cache = spy.inner
 
 
-class SocketModeOneProcess(unittest.TestCase):
+class SocketModeOneProcess(ServerCase):
     """Socket mode with both roles in this process: synchronous loads
     through the server are waited for layer by layer."""
-
-    def setUp(self):
-        import os
-        import tempfile
-        from test_client import start_server
-        self.tmp = tempfile.mkdtemp(prefix="kvtvs")
-        self.sock = os.path.join(self.tmp, "node.sock")
-        # kvtier serve's "tiny" at TP 1: 4 layers, 2 KV heads of 64, fp16
-        self.srv = start_server(self.sock, "--set", "block_tokens=%d" % BS, page=BS, tp=1)
-
-    def tearDown(self):
-        import shutil
-        from test_client import stop_server
-        stop_server(self.srv)
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def test_sync_layerwise_load_through_the_server(self):
         cfg = vllm_config(engine="sock")
