@@ -815,6 +815,13 @@ typedef struct kvt_net_callbacks {
                        int64_t timeout_ms);
 } kvt_net_callbacks;
 
+/* Called by a send or recv callback that fails, before it returns the
+ * status: its own words (at most 255 bytes kept; NULL clears), which the
+ * error kvtier reports then carries after "the engine's send failed" or
+ * "... recv failed" (kvt_last_error). Thread-local, like kvt_last_error:
+ * it must be called on the thread that runs the callback. */
+void kvt_net_callback_error(const char *msg);
+
 /* cb is copied; cb->ctx must stay valid until destroy. max_msg 0: default. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
 kvt_status kvt_net_callback_create(kvt_net **out, uint32_t rank, uint32_t ranks,

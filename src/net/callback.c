@@ -2,11 +2,29 @@
  * opens no sockets; it only converts deadlines to the remaining timeout and
  * bounds message sizes. The send scratch joins header and body because the
  * engine's send takes one buffer. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "net/net.h"
 #include "util/clock.h"
 #include "util/err.h"
+
+/* What the engine's failing callback said (kvt_net_callback_error): set on
+ * the thread running the callback, read right after it returns there. */
+static _Thread_local char engine_words[256];
+
+void kvt_net_callback_error(const char *msg)
+{
+    snprintf(engine_words, sizeof engine_words, "%s", msg ? msg : "");
+}
+
+/* ": <the engine's words>" when it gave some, else "". */
+static const char *engine_said(char *out, size_t len)
+{
+    if (engine_words[0]) snprintf(out, len, ": %s", engine_words);
+    else out[0] = '\0';
+    return out;
+}
 
 typedef struct cb_net {
     kvt_net base;
@@ -37,11 +55,13 @@ static kvt_status cb_send(kvt_net *n, uint32_t peer, const void *hdr, size_t hle
     int64_t left = ms_left(deadline_ns);
     if (left == 0) return kvt__fail(KVT_ETIMEDOUT, "%s: rank %u -> %u: deadline passed", fn,
                                     n->rank, peer);
-    st = c->cb.send(c->cb.ctx, peer, c->scratch.p, hlen + blen, left);
-    if (st != KVT_OK && st != KVT_ETIMEDOUT) st = KVT_ECONN;
+    engine_words[0] = '\0';
+    kvt_status said = c->cb.send(c->cb.ctx, peer, c->scratch.p, hlen + blen, left);
+    st = said == KVT_OK || said == KVT_ETIMEDOUT ? said : KVT_ECONN;
+    char words[sizeof engine_words + 2];
     if (st != KVT_OK)
-        return kvt__fail(st, "%s: rank %u -> %u: the engine's send failed (%s)", fn, n->rank,
-                         peer, kvt_status_name(st));
+        return kvt__fail(st, "%s: rank %u -> %u: the engine's send failed (%s)%s", fn, n->rank,
+                         peer, kvt_status_name(said), engine_said(words, sizeof words));
     return KVT_OK;
 }
 
@@ -57,7 +77,9 @@ static kvt_status cb_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t dead
         return kvt__fail(KVT_ETIMEDOUT, "%s: rank %u: nothing from rank %u by the deadline", fn,
                          n->rank, peer);
     size_t len = 0;
+    engine_words[0] = '\0';
     st = c->cb.recv(c->cb.ctx, peer, buf->p, n->max_msg, &len, left);
+    char words[sizeof engine_words + 2];
     if (st == KVT_ETIMEDOUT)
         return kvt__fail(st, "%s: rank %u: nothing from rank %u by the deadline", fn, n->rank,
                          peer);
@@ -65,8 +87,8 @@ static kvt_status cb_recv(kvt_net *n, uint32_t peer, kvt_buf *buf, uint64_t dead
         return kvt__fail(KVT_EPROTO, "%s: rank %u: message from rank %u exceeds max_msg %u", fn,
                          n->rank, peer, n->max_msg);
     if (st != KVT_OK)
-        return kvt__fail(KVT_ECONN, "%s: rank %u <- %u: the engine's recv failed (%s)", fn,
-                         n->rank, peer, kvt_status_name(st));
+        return kvt__fail(KVT_ECONN, "%s: rank %u <- %u: the engine's recv failed (%s)%s", fn,
+                         n->rank, peer, kvt_status_name(st), engine_said(words, sizeof words));
     buf->len = len;
     return KVT_OK;
 }

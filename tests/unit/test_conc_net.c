@@ -66,6 +66,48 @@ static kvt_status eng_recv(void *ctx, uint32_t peer, void *buf, size_t cap, size
     return st;
 }
 
+/* An engine whose p2p fails, saying why when `words` is set. */
+static const char *g_words;
+static kvt_status eng_fail_send(void *ctx, uint32_t peer, const void *buf, size_t len, int64_t ms)
+{
+    (void)ctx, (void)peer, (void)buf, (void)len, (void)ms;
+    if (g_words) kvt_net_callback_error(g_words);
+    return KVT_EIO;
+}
+
+static kvt_status eng_fail_recv(void *ctx, uint32_t peer, void *buf, size_t cap, size_t *len,
+                                int64_t ms)
+{
+    (void)ctx, (void)peer, (void)buf, (void)cap, (void)len, (void)ms;
+    if (g_words) kvt_net_callback_error(g_words);
+    return KVT_ECONN;
+}
+
+/* The engine's own words reach kvt_last_error, once: a later failure
+ * without words carries none of the earlier ones. */
+static void test_callback_engine_words(void **state)
+{
+    (void)state;
+    kvt_net_callbacks cb = {NULL, eng_fail_send, eng_fail_recv};
+    kvt_net *c;
+    assert_ok(kvt_net_callback_create(&c, 0, 2, &cb, 128));
+    kvt_buf b = {0};
+    g_words = "NCCL: peer 1 unreachable (ncclRemoteError)";
+    assert_status(kvt__net_send(c, 1, "x", 1, NULL, 0, kvt__deadline_ns(100)), KVT_ECONN);
+    assert_non_null(strstr(kvt_last_error(), "rank 0 -> 1: the engine's send failed (KVT_EIO): "
+                                             "NCCL: peer 1 unreachable (ncclRemoteError)"));
+    g_words = "gloo: connection reset by rank 1";
+    assert_status(kvt__net_recv(c, 1, &b, kvt__deadline_ns(100)), KVT_ECONN);
+    assert_non_null(strstr(kvt_last_error(), "the engine's recv failed (KVT_ECONN): gloo: "
+                                             "connection reset by rank 1"));
+    g_words = NULL;
+    assert_status(kvt__net_recv(c, 1, &b, kvt__deadline_ns(100)), KVT_ECONN);
+    assert_null(strstr(kvt_last_error(), "gloo"));
+    assert_non_null(strstr(kvt_last_error(), "recv failed (KVT_ECONN)"));
+    kvt__buf_free(&b);
+    kvt_net_destroy(c);
+}
+
 static void test_callback(void **state)
 {
     (void)state;
@@ -484,6 +526,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_inproc_basic),
         cmocka_unit_test(test_callback),
+        cmocka_unit_test(test_callback_engine_words),
         cmocka_unit_test(test_tcp_exchange),
         cmocka_unit_test(test_tcp_cut_message_closes_link),
         cmocka_unit_test(test_tcp_auth),
