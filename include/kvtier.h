@@ -423,6 +423,20 @@ typedef struct kvt_match {
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL. */
 kvt_status kvt_cache_lookup(kvt_cache *cache, const kvt_request *req, kvt_match *out);
 
+/* How many tokens kvt_cache_lookup would match for req now, with nothing
+ * pinned, touched, planned or counted (no task, no stats; for a scheduler
+ * that only asks, e.g. vLLM's get_num_new_matched_tokens, SGLang's
+ * batch_exists). Same request checks and matched-token rule as lookup: a
+ * multiple of block_tokens, for a token request less than num_tokens, for a
+ * keyed one up to num_keys * block_tokens. The answer may be stale by the
+ * time a later lookup runs: the blocks are not pinned, so eviction (or a
+ * failed read) may shorten that lookup's match, and a lookup that finds no
+ * CPU slot to read SSD blocks into matches fewer; plan with the lookup's
+ * matched_tokens. Thread-safe like every kvt_cache_* call. Errors: KVT_EINVAL
+ * for a bad request (as lookup) or NULL argument, KVT_ENOMEM. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM. */
+kvt_status kvt_cache_peek(kvt_cache *cache, const kvt_request *req, uint32_t *matched_tokens);
+
 typedef struct kvt_store_plan {
     kvt_task_id task;     /* 0 when there is nothing to store */
     uint32_t first_token; /* store tokens [first_token, first_token + num_tokens) */
@@ -626,7 +640,7 @@ void kvt_client_detach(kvt_client *cl);
  *    (wait, wait_layer and poll see it end as for any load; cancel ends it
  *    KVT_ECANCELED; reads not done within server_read_ms, 30 s, read from
  *    KVTIER_SERVER_READ_MS at attach, end it KVT_ETIMEDOUT);
- *  - lookup and prepare_store in a namespace the server's server_namespaces
+ *  - lookup, peek and prepare_store in a namespace the server's server_namespaces
  *    does not allow this client give KVT_EAUTH naming it (and the client's
  *    pid and uid); past its server_client_tasks quota, KVT_EFULL;
  *  - a store's blocks become visible to every client only after the server
@@ -647,6 +661,12 @@ void kvt_client_detach(kvt_client *cl);
 kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out);
+/* kvt_cache_peek on the server, one round trip: nothing pinned, no task
+ * (so no server_client_tasks quota, no cancel to send). A namespace this
+ * client may not use gives KVT_EAUTH as for lookup; a lost server
+ * KVT_ECONN naming the socket. The answer may be stale by the next lookup. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+kvt_status kvt_client_peek(kvt_client *cl, const kvt_request *req, uint32_t *matched_tokens);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
                                     kvt_store_plan *out);

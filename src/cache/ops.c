@@ -250,6 +250,22 @@ static kvt_status lookup_locked(kvt_cache *c, const kvt_request *req, scratch *s
     return KVT_OK;
 }
 
+/* Checks req and hashes its loadable blocks into *s (one allocation per
+ * request): *n of them. The last token is always computed by the engine (it
+ * yields the next token's logits), so only blocks ending before it can be
+ * loaded. A keyed request names complete pages only: every key may match. */
+static kvt_status hash_loadable(kvt_cache *c, const char *fn, const kvt_request *req, scratch *s,
+                                uint32_t *n)
+{
+    kvt_status st = kvt__request_check(fn, req, c->cfg.block_tokens);
+    if (st) return st;
+    uint32_t loadable = req->num_keys;
+    if (!req->keys) loadable = req->num_tokens ? (req->num_tokens - 1) / c->cfg.block_tokens : 0;
+    if ((st = scratch_alloc(s, loadable))) return st;
+    *n = kvt__request_hashes(c, req, s->hashes, loadable);
+    return KVT_OK;
+}
+
 kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out)
 {
     static const char fn[] = "kvt_cache_lookup";
@@ -257,22 +273,40 @@ kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out
     KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
     uint64_t t0 = kvt__now_ns(); /* vDSO clock: no syscall */
-    kvt_status st = kvt__request_check(fn, req, c->cfg.block_tokens);
-    if (st) return kvt__cache_fail(c, st);
-    /* The last token is always computed by the engine (it yields the next
-     * token's logits), so only blocks ending before it can be loaded. A keyed
-     * request names complete pages only: every key may match. */
-    uint32_t loadable = req->num_keys;
-    if (!req->keys) loadable = req->num_tokens ? (req->num_tokens - 1) / c->cfg.block_tokens : 0;
     scratch s = {0};
-    if ((st = scratch_alloc(&s, loadable))) return kvt__cache_fail(c, st);
-    uint32_t n = kvt__request_hashes(c, req, s.hashes, loadable);
+    uint32_t n = 0;
+    kvt_status st = hash_loadable(c, fn, req, &s, &n);
+    if (st) return kvt__cache_fail(c, st);
     pthread_mutex_lock(&c->mu);
     st = lookup_locked(c, req, &s, n, out);
     pthread_mutex_unlock(&c->mu);
     free(s.hashes);
     if (st) return kvt__cache_fail(c, st);
     kvt__lat_record(&c->lat_lookup, kvt__now_ns() - t0);
+    return KVT_OK;
+}
+
+/* lookup_locked's answer without its effects: the same index walk, stopped
+ * at the same lost block and at the first block a load could not take now
+ * (no CPU copy, not durable on the SSD); no touch, pin, task or count. */
+kvt_status kvt_cache_peek(kvt_cache *c, const kvt_request *req, uint32_t *matched_tokens)
+{
+    static const char fn[] = "kvt_cache_peek";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
+    KVT_CHECK_NOT_NULL_AS(matched_tokens, "matched_tokens", fn);
+    scratch s = {0};
+    uint32_t n = 0;
+    kvt_status st = hash_loadable(c, fn, req, &s, &n);
+    if (st) return kvt__cache_fail(c, st);
+    pthread_mutex_lock(&c->mu);
+    uint32_t k = kvt__index_match(c->index, s.hashes, n, s.ids, false);
+    bool busy;
+    k = kvt__tiers_first_lost(c, s.ids, k, &busy);
+    k = kvt__tiers_loadable(c, s.ids, k);
+    pthread_mutex_unlock(&c->mu);
+    free(s.hashes);
+    *matched_tokens = k * c->cfg.block_tokens;
     return KVT_OK;
 }
 

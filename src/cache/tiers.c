@@ -280,6 +280,15 @@ uint32_t kvt__tiers_plan_load(kvt_cache *c, kvt_task *t)
     return i;
 }
 
+uint32_t kvt__tiers_loadable(const kvt_cache *c, const uint32_t *ids, uint32_t n)
+{
+    uint32_t i = 0;
+    while (i < n && (kvt__index_payload(c->index, ids[i]) != KVT_POOL_NONE ||
+                     (c->ssd && c->ssd_state[ids[i]] == SSD_DURABLE)))
+        i++;
+    return i;
+}
+
 /* Pushes the task's reads to the mover. */
 static void queue_reads(kvt_cache *c, kvt_task *t)
 {

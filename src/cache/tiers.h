@@ -53,6 +53,9 @@ void kvt__tiers_removed(kvt_cache *c, const uint32_t *ids, const uint32_t *cpu_s
 /* Prepares a planned load: blocks without a CPU copy get a CPU slot to read
  * into. Returns how many leading blocks can be loaded (<= t->num_blocks). */
 uint32_t kvt__tiers_plan_load(kvt_cache *c, kvt_task *t);
+/* How many leading blocks of ids[0..n) a load could take now, reserving
+ * nothing: those with a CPU copy or durable on the SSD (kvt_cache_peek). */
+uint32_t kvt__tiers_loadable(const kvt_cache *c, const uint32_t *ids, uint32_t n);
 /* Starts a launched load: SSD reads first when any are needed (the transfer
  * starts when they land), else the transfer at once. */
 kvt_status kvt__tiers_start_load(kvt_cache *c, kvt_task *t);

@@ -608,22 +608,31 @@ static kvt_status plan_status(const char *fn, kvt_status st)
     }
 }
 
-static kvt_status plan(kvt_client *cl, const char *fn, uint16_t op, const kvt_request *req,
-                       uint64_t *task, uint32_t *a, uint32_t *c)
+/* req checked as the cache checks it, so a bad request is refused here,
+ * naming fn, before a round trip (the server checks it again), and encoded
+ * into *b (freed on failure). */
+static kvt_status encode_request(kvt_client *cl, const char *fn, const kvt_request *req,
+                                 kvt_srv_buf *b)
 {
-    /* The cache's own check, so a bad request is refused here, naming fn,
-     * before a round trip (the server checks it again). */
     pthread_mutex_lock(&cl->io_mu); /* a re-attach rewrites shm */
     uint32_t block_tokens = cl->shm.block_tokens;
     pthread_mutex_unlock(&cl->io_mu);
     kvt_status st = kvt__request_check(fn, req, block_tokens ? block_tokens : 1);
     if (st) return st;
-    kvt_srv_buf b = {0};
-    st = kvt__srv_req_encode(&b, req);
+    st = kvt__srv_req_encode(b, req);
     if (st) {
-        kvt__srv_buf_free(&b);
+        kvt__srv_buf_free(b);
         return kvt__wrap_error(st, fn);
     }
+    return KVT_OK;
+}
+
+static kvt_status plan(kvt_client *cl, const char *fn, uint16_t op, const kvt_request *req,
+                       uint64_t *task, uint32_t *a, uint32_t *c)
+{
+    kvt_srv_buf b = {0};
+    kvt_status st = encode_request(cl, fn, req, &b);
+    if (st) return st;
     uint8_t *p = NULL;
     uint32_t len = 0;
     st = round_trip(cl, fn, op, &b, &p, &len, NULL);
@@ -652,6 +661,46 @@ kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *
     }
     kvt_match m = {task, task ? matched : 0};
     *out = m;
+    return KVT_OK;
+}
+
+/* A peek's status, checked as plan_status does, less KVT_EFULL: a peek
+ * makes no task, so no quota applies and the cache's peek never fills. */
+static kvt_status peek_status(const char *fn, kvt_status st)
+{
+    const char *got = kvt_status_name(st);
+    switch (st) {
+    case KVT_EINVAL: case KVT_ENOMEM: case KVT_EAUTH:    /* the server's */
+    case KVT_EPROTO: case KVT_ECONN: case KVT_EVERSION: /* the round trip's */
+        return st;
+    default:
+        return answer_refused(fn, "a peek", got);
+    }
+}
+
+kvt_status kvt_client_peek(kvt_client *cl, const kvt_request *req, uint32_t *matched_tokens)
+{
+    static const char fn[] = "kvt_client_peek";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_NOT_NULL_AS(matched_tokens, "matched_tokens", fn);
+    kvt_srv_buf b = {0};
+    kvt_status st = encode_request(cl, fn, req, &b);
+    if (st) return st;
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    st = round_trip(cl, fn, KVT_SRV_PEEK, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (st) st = peek_status(fn, st);
+    uint64_t task = 0;
+    uint32_t matched = 0, unused = 0;
+    if (!st) st = kvt__srv_task_rep_decode(p, len, &task, &matched, &unused);
+    free(p);
+    if (st) return st;
+    if (task != 0)
+        return kvt__fail(KVT_EPROTO, "%s: the server answered a peek with task %llu (a peek "
+                         "makes none)", fn, (unsigned long long)task);
+    *matched_tokens = matched;
     return KVT_OK;
 }
 

@@ -209,6 +209,20 @@ static kvt_status ns_refused(kvt_srv_conn *c, const uint8_t *ns, uint32_t len)
     return st;
 }
 
+/* A decoded request as the cache takes it (pointing into q). */
+static kvt_request srv_request(const kvt_srv_req *q)
+{
+    kvt_request req = {.ns = q->ns, .ns_len = q->ns_len};
+    if (q->form == 1) {
+        req.keys = q->keys;
+        req.num_keys = q->count;
+    } else {
+        req.tokens = q->tokens;
+        req.num_tokens = q->count;
+    }
+    return req;
+}
+
 /* LOOKUP and PREPARE. */
 static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t len)
 {
@@ -223,14 +237,7 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     else if (c->ntasks >= s->cfg.server_client_tasks)
         st = kvt__fail(KVT_EFULL, "this client holds %u tasks (server_client_tasks); launch, "
                        "wait or cancel some first", c->ntasks);
-    kvt_request req = {.ns = q.ns, .ns_len = q.ns_len};
-    if (q.form == 1) {
-        req.keys = q.keys;
-        req.num_keys = q.count;
-    } else {
-        req.tokens = q.tokens;
-        req.num_tokens = q.count;
-    }
+    kvt_request req = srv_request(&q);
     kvt_srv_buf b = {0};
     if (!st && op == KVT_SRV_LOOKUP) {
         kvt_match m;
@@ -250,6 +257,30 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     kvt_status io = st ? reply_err(c, op, st) : reply(c, op, &b);
     kvt__srv_buf_free(&b);
     return io;
+}
+
+/* PEEK: LOOKUP's answer with no task (so no quota), nothing pinned. */
+static kvt_status on_peek(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    kvt_srv_req q;
+    kvt_status st = kvt__srv_req_decode(p, len, &q);
+    if (st) return st; /* a protocol violation: the caller drops the client */
+    settle(c); /* the client's last store is visible (or failed) before it asks */
+    uint32_t matched = 0;
+    if (!kvt__srv_ns_allowed(&c->srv->ns, &c->peer, q.ns, q.ns_len)) {
+        st = ns_refused(c, q.ns, q.ns_len);
+    } else {
+        kvt_request req = srv_request(&q);
+        st = kvt_cache_peek(c->srv->cache, &req, &matched);
+    }
+    free(q.tokens);
+    free(q.keys);
+    if (st) return reply_err(c, KVT_SRV_PEEK, st);
+    kvt_srv_buf b = {0};
+    kvt__srv_task_rep_encode(&b, 0, matched, 0);
+    st = reply(c, KVT_SRV_PEEK, &b);
+    kvt__srv_buf_free(&b);
+    return st;
 }
 
 static kvt_status not_ours(uint64_t id)
@@ -574,6 +605,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
         break;
     case KVT_SRV_LOOKUP:
     case KVT_SRV_PREPARE: st = on_plan(c, h.op, p, h.len); break;
+    case KVT_SRV_PEEK: st = on_peek(c, p, h.len); break;
     case KVT_SRV_LAUNCH: st = on_launch(c, p, h.len); break;
     case KVT_SRV_END: st = on_end(c, p, h.len); break;
     case KVT_SRV_CANCEL: st = on_cancel(c, p, h.len); break;

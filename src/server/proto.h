@@ -36,6 +36,8 @@
  *                 connections have stopped, so the server frees the store
  *                 blocks it fenced when it cut off this pid's session
  *            rep: u64 0, u32 blocks freed, u32 0
+ *   PEEK     req: a request           rep: u64 0, u32 matched_tokens, u32 0
+ *            (kvt_cache_peek: LOOKUP's answer with nothing pinned, no task)
  * A request is: u32 form, u32 ns_len, ns bytes padded to 4, u32 count, then
  *   form 0 (tokens): u32 token[count];
  *   form 1 (keys):   count x (u32 len, len bytes padded to 4), len <= KVT_SRV_MAX_KEY.
@@ -72,6 +74,7 @@ typedef enum kvt_srv_op {
     KVT_SRV_FLUSH = 8,
     KVT_SRV_GEOMETRY = 9,
     KVT_SRV_SESSION = 10,
+    KVT_SRV_PEEK = 11,
 } kvt_srv_op;
 
 /* SESSION's flag: the client's copies of earlier connections have stopped
@@ -120,7 +123,7 @@ typedef struct kvt_srv_hello_rep {
 void kvt__srv_hello_rep_encode(kvt_srv_buf *b, const kvt_srv_hello_rep *r);
 kvt_status kvt__srv_hello_rep_decode(const uint8_t *p, size_t len, kvt_srv_hello_rep *out);
 
-/* Requests (LOOKUP, PREPARE). Decoded tokens are copied into *tokens
+/* Requests (LOOKUP, PREPARE, PEEK). Decoded tokens are copied into *tokens
  * (form 0); decoded keys are a malloc'd array *keys whose data point into p
  * (form 1), so p must outlive them. The caller frees tokens and keys; ns
  * points into p. */

@@ -1,8 +1,10 @@
 /* fuzz_server_proto.c - every decoder of the node server's control protocol,
  * both directions (a client or a server may be hostile): the frame header,
- * HELLO and its reply, requests (token and keyed forms), task replies, task
- * ids, LAUNCH replies, END, results and stats. The first byte picks the
- * decoder; what decodes is encoded again and must decode to the same. */
+ * HELLO and its reply, requests (token and keyed forms: LOOKUP, PREPARE and
+ * PEEK carry one), task replies (LOOKUP's, PREPARE's, PEEK's), task ids,
+ * LAUNCH replies, END, results and stats. The first byte picks the decoder;
+ * what decodes is encoded again and must decode to the same. Headers of
+ * every op are seeded by seeds_group (hdr_op*). */
 #include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,9 +1,13 @@
 /* seeds_group.c - writes the seed corpora of fuzz_frame and fuzz_net's
  * rank-group messages from the real encoders (kvt__frame_encode,
  * kvt__hello_encode, kvt__note_encode, the connector's wire records), so the
- * seeds speak the current protocol version and cover every op:
- *   seeds_group write CORPUS   (re)writes CORPUS/fuzz_frame/v3_* and
- *                              CORPUS/fuzz_net/recv_*_frames
+ * seeds speak the current protocol version and cover every op; and
+ * fuzz_server_proto's frame headers, one per node-server op (request and
+ * reply) the header decoder accepts, so an op added there without seeds
+ * (as PEEK was) fails the check:
+ *   seeds_group write CORPUS   (re)writes CORPUS/fuzz_frame/v3_*,
+ *                              CORPUS/fuzz_net/recv_*_frames and
+ *                              CORPUS/fuzz_server_proto/hdr_op*
  *   seeds_group check CORPUS   fails naming the first seed that differs
  *                              (ctest fuzz_seeds_current: a protocol change
  *                              that leaves old seeds behind is caught)
@@ -16,6 +20,7 @@
 #include <string.h>
 #include "connector/wire.h"
 #include "group/frame.h"
+#include "server/proto.h"
 
 #define MAX_SEED 4096
 
@@ -201,6 +206,33 @@ static void net_seeds(seeds *s, const built *b, int nb)
     }
 }
 
+/* fuzz_server_proto case 0 (the header decoder): every op it accepts, as a
+ * request of a 16-byte payload and as its reply. The ops are numbered from
+ * KVT_SRV_HELLO up; the first the decoder refuses ends them. */
+static void server_seeds(seeds *s)
+{
+    for (uint16_t op = KVT_SRV_HELLO;; op++) {
+        uint8_t buf[1 + KVT_SRV_HDR] = {0}; /* byte 0 picks the decoder: 0 */
+        kvt_srv_hdr h;
+        kvt__srv_hdr_encode(buf + 1, op, 16, 0);
+        if (kvt__srv_hdr_decode(buf + 1, &h) != KVT_OK) break;
+        char name[32];
+        snprintf(name, sizeof name, "hdr_op%u", op);
+        emit(s, "fuzz_server_proto", name, buf, sizeof buf);
+        kvt__srv_hdr_encode(buf + 1, op | KVT_SRV_REPLY, 16, 0);
+        snprintf(name, sizeof name, "hdr_op%u_reply", op);
+        emit(s, "fuzz_server_proto", name, buf, sizeof buf);
+    }
+    /* PEEK's reply (case 4, the task reply decoder): task 0, 32 tokens. */
+    kvt_srv_buf b = {0};
+    kvt__srv_task_rep_encode(&b, 0, 32, 0);
+    uint8_t rep[1 + 16] = {4};
+    if (b.oom || b.len != 16) s->bad++;
+    else memcpy(rep + 1, b.p, b.len);
+    emit(s, "fuzz_server_proto", "task_rep_peek", rep, sizeof rep);
+    kvt__srv_buf_free(&b);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3 || (strcmp(argv[1], "write") && strcmp(argv[1], "check"))) {
@@ -220,6 +252,7 @@ int main(int argc, char **argv)
     }
     frame_seeds(&s, b, nb);
     net_seeds(&s, b, nb);
+    server_seeds(&s);
     if (s.bad) return 1;
     printf("seeds_group: %d seeds %s (protocol version %d, %d frame ops)\n", s.n,
            s.check ? "current" : "written", KVT_PROTO_VERSION, nb);

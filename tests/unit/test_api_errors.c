@@ -98,6 +98,7 @@
  *  kvt_cache_lookup                     cache/req/out NULL; tokens NULL; ns NULL with
  *                                       ns_len; ns_len 4097; num_tokens 2^24+1; stats
  *  kvt_cache_prepare_store              as lookup
+ *  kvt_cache_peek                       as lookup (matched_tokens NULL); ENOMEM
  *  kvt_cache_launch                     cache NULL; task 0 / unknown; pages NULL;
  *                                       num_pages too small; page >= engine pages
  *                                       (fewer-page engine); before memory (ESTATE);
@@ -900,6 +901,24 @@ static void test_cache_requests(void **state)
     assert_int_equal(n, 77);
     assert_ok(kvt_cache_poll(f.cache, NULL, 0, &n));
     assert_int_equal(n, 0);
+
+    /* kvt_cache_peek: lookup's request checks, nothing written on failure */
+    uint32_t peeked = 77;
+    EXPECT_ERR(kvt_cache_peek(NULL, &f.req, &peeked), KVT_EINVAL, "kvt_cache_peek",
+               "cache is NULL");
+    EXPECT_ERR(kvt_cache_peek(f.cache, NULL, &peeked), KVT_EINVAL, "kvt_cache_peek",
+               NAMED("req is NULL", "r is NULL"));
+    EXPECT_ERR(kvt_cache_peek(f.cache, &f.req, NULL), KVT_EINVAL, "kvt_cache_peek",
+               "matched_tokens is NULL");
+    EXPECT_ERR(kvt_cache_peek(f.cache, &notok, &peeked), KVT_EINVAL, "kvt_cache_peek", "tokens");
+    EXPECT_ERR(kvt_cache_peek(f.cache, &nons, &peeked), KVT_EINVAL, "kvt_cache_peek", "ns");
+    EXPECT_ERR(kvt_cache_peek(f.cache, &longns, &peeked), KVT_EINVAL, "kvt_cache_peek",
+               "ns_len");
+    EXPECT_ERR(kvt_cache_peek(f.cache, &huge, &peeked), KVT_EINVAL, "kvt_cache_peek",
+               "num_tokens");
+    assert_int_equal(peeked, 77);
+    EXPECT_OK(kvt_cache_peek(f.cache, &f.req, &peeked));
+    assert_int_equal(peeked, 0);
 
     /* kvt_cache_last_error */
     EXPECT_ERR(kvt_cache_lookup(f.cache, &notok, &mt), KVT_EINVAL, "kvt_cache_lookup");
@@ -1910,6 +1929,7 @@ typedef struct oom_live {
     conn_fx f;
     kvt_store_plan plan;
     kvt_match match;
+    uint32_t peeked;
     kvt_verify_result vr;
     kvt_fabric *fab;
     kvt_net *net;
@@ -1943,6 +1963,11 @@ static void undo_lookup(void *p)
 {
     oom_live *x = p;
     end_task(x->f.c.cache, x->match.task);
+}
+static kvt_status oom_peek(void *p)
+{
+    oom_live *x = p;
+    return kvt_cache_peek(x->f.c.cache, &x->f.c.req, &x->peeked);
 }
 static kvt_status oom_emu_verify(void *p)
 {
@@ -1982,6 +2007,10 @@ static void test_enomem_live(void **state)
     assert_int_equal(r.status, KVT_OK);
     const oom_case lookup = {"kvt_cache_lookup", oom_lookup, undo_lookup};
     show_enomem(&lookup, &x);
+    const oom_case peek = {"kvt_cache_peek", oom_peek, undo_nothing};
+    show_enomem(&peek, &x);
+    assert_ok(kvt_cache_peek(x.f.c.cache, &x.f.c.req, &x.peeked));
+    assert_int_equal(x.peeked, 12); /* the stored prefix, its last token left */
     const oom_case conn = {"kvt_conn_create", oom_conn_create, undo_conn};
     show_enomem(&conn, &x);
     assert_ok(kvt_fabric_create(&x.fab, 1, 4));
@@ -2285,6 +2314,16 @@ static void test_server_client(void **state)
     EXPECT_ERR(kvt_client_lookup(cl, NULL, &m), KVT_EINVAL, "kvt_client_lookup", "req");
     EXPECT_OK(kvt_client_lookup(cl, &req, &m));
     assert_int_equal(m.task, 0);
+    uint32_t peeked = 77;
+    EXPECT_ERR(kvt_client_peek(cl, NULL, &peeked), KVT_EINVAL, "kvt_client_peek", "req");
+    EXPECT_ERR(kvt_client_peek(cl, &req, NULL), KVT_EINVAL, "kvt_client_peek",
+               "matched_tokens is NULL");
+    atomic_store(&alloc_countdown, 0);
+    EXPECT_ERR(kvt_client_peek(cl, &req, &peeked), KVT_ENOMEM, "kvt_client_peek");
+    atomic_store(&alloc_countdown, -1);
+    assert_int_equal(peeked, 77);
+    EXPECT_OK(kvt_client_peek(cl, &req, &peeked));
+    assert_int_equal(peeked, 0);
     atomic_store(&alloc_countdown, 0);
     EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_ENOMEM, "kvt_client_lookup");
     atomic_store(&alloc_countdown, 0);
@@ -2309,9 +2348,11 @@ static void test_server_client(void **state)
     EXPECT_OK(kvt_client_wait(cl, p.task, 5000, &r));
     assert_int_equal(r.status, KVT_OK);
 
-    /* The stored tokens: a load to launch. */
+    /* The stored tokens: a load to launch (a peek first says as much). */
+    assert_ok(kvt_client_peek(cl, &req, &peeked));
     assert_ok(kvt_client_lookup(cl, &req, &m));
     assert_true(m.task != 0);
+    assert_int_equal(peeked, m.matched_tokens);
     EXPECT_ERR(kvt_client_wait_layer(cl, m.task, 0, -1), KVT_EINVAL, "kvt_client_wait_layer",
                "timeout_ms");
     EXPECT_ERR(kvt_client_wait_layer(cl, 987654, 0, 1000), KVT_ENOTFOUND,
@@ -2370,6 +2411,7 @@ static void test_server_client(void **state)
     EXPECT_ERR(kvt_client_launch(cl, p2.task, pages, 2), KVT_ECONN, "kvt_client_launch", f.sock);
     EXPECT_ERR(kvt_client_cancel(cl, p3.task), KVT_ECONN, "kvt_client_cancel", f.sock);
     EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_ECONN, "kvt_client_lookup", f.sock);
+    EXPECT_ERR(kvt_client_peek(cl, &req, &peeked), KVT_ECONN, "kvt_client_peek", f.sock);
     EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_ECONN, "kvt_client_prepare_store",
                f.sock);
     EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_ECONN, "kvt_client_stats", f.sock);
@@ -2526,6 +2568,9 @@ static void test_client_bad_server(void **state)
     EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EPROTO, "kvt_client_cancel", f.s.sock, "reply op");
     EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EPROTO, "kvt_client_lookup", f.s.sock,
                "reply op");
+    uint32_t peeked = 0;
+    EXPECT_ERR(kvt_client_peek(cl, &req, &peeked), KVT_EPROTO, "kvt_client_peek", f.s.sock,
+               "reply op");
     EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_EPROTO, "kvt_client_prepare_store",
                f.s.sock, "reply op");
     EXPECT_ERR(kvt_client_stats(cl, &cs), KVT_EPROTO, "kvt_client_stats", f.s.sock, "reply op");
@@ -2538,6 +2583,8 @@ static void test_client_bad_server(void **state)
     EXPECT_ERR(kvt_client_cancel(cl, t), KVT_EVERSION, "kvt_client_cancel", f.s.sock,
                "protocol version");
     EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EVERSION, "kvt_client_lookup", f.s.sock,
+               "protocol version");
+    EXPECT_ERR(kvt_client_peek(cl, &req, &peeked), KVT_EVERSION, "kvt_client_peek", f.s.sock,
                "protocol version");
     EXPECT_ERR(kvt_client_prepare_store(cl, &req, &p), KVT_EVERSION, "kvt_client_prepare_store",
                f.s.sock, "protocol version");

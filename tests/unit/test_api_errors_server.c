@@ -8,7 +8,7 @@
  *    blocks: a client's launched load pends, so its wait_layer times out
  *    (and with no thread to finish it, the launch fails: KVT_ESYS);
  *  - server_secret_file and server_namespaces: KVT_EAUTH at attach and at
- *    lookup / prepare_store;
+ *    lookup / prepare_store / peek;
  *  - over the fake CUDA runtime (tests/fake_cudart.c; ctest sets
  *    KVTIER_CUDART): kvt_cache_layer_event and kvt_cache_stream_wait_layer
  *    on an unknown, a planned, a reading and a loaded task, and a stream
@@ -17,8 +17,8 @@
  *  - a child denied io_uring (seccomp, as in a container) with the SSD
  *    tier's io option forcing it: KVT_EUNSUPPORTED at cache and server create;
  *  - a metrics endpoint at an address no interface has: KVT_ESYS;
- *  - a fake server answering a plan, or the cancel of a planned task, with
- *    what no server gives: KVT_EPROTO.
+ *  - a fake server answering a plan, a peek, or the cancel of a planned
+ *    task, with what no server gives: KVT_EPROTO.
  * Every wait is bounded; a held read or write is released by the test (and
  * by the SSD tier itself after 10 s, so a failing test hangs nothing). */
 #include <errno.h>
@@ -295,6 +295,13 @@ static void test_server_reads_auth(void **state)
                "namespace \"evil\" is not allowed");
     EXPECT_ERR(kvt_client_prepare_store(cl, &evil, &p), KVT_EAUTH, "kvt_client_prepare_store",
                "namespace \"evil\" is not allowed");
+    uint32_t peeked = 77;
+    EXPECT_ERR(kvt_client_peek(cl, &evil, &peeked), KVT_EAUTH, "kvt_client_peek",
+               "namespace \"evil\" is not allowed");
+    assert_int_equal(peeked, 77);
+    /* On the SSD only: a load would read them back, so a peek counts them. */
+    EXPECT_OK(kvt_client_peek(cl, &e.req, &peeked));
+    assert_int_equal(peeked, 12);
 
     /* The blocks are on the SSD only and their reads are held: the load's
      * launch pends, and no layer can have landed at a 0 ms deadline. */
@@ -472,6 +479,7 @@ static void test_layer_events(void **state)
 typedef struct fake_srv {
     kvt_test_fake_srv s; /* the socket and its thread (support.h) */
     _Atomic int plan_status, cancel_status;
+    _Atomic uint64_t peek_task; /* a PEEK's answer carries it (a server's: 0) */
     uint64_t next_task;
 } fake_srv;
 
@@ -502,10 +510,13 @@ static void fake_serve(void *arg, int fd)
         } else if (h.op == KVT_SRV_SESSION) { /* part of every attach: taken */
             kvt__srv_task_rep_encode(&b, 0, 0, 0);
             fake_answer(fd, h.op, KVT_OK, &b, -1);
+        } else if (h.op == KVT_SRV_PEEK && !atomic_load(&f->plan_status)) {
+            kvt__srv_task_rep_encode(&b, atomic_load(&f->peek_task), T_TPP, 0);
+            fake_answer(fd, h.op, KVT_OK, &b, -1);
         } else if (h.op == KVT_SRV_LOOKUP && !atomic_load(&f->plan_status)) {
             kvt__srv_task_rep_encode(&b, ++f->next_task, T_TPP, 0);
             fake_answer(fd, h.op, KVT_OK, &b, -1);
-        } else if (h.op == KVT_SRV_LOOKUP) {
+        } else if (h.op == KVT_SRV_LOOKUP || h.op == KVT_SRV_PEEK) {
             fake_answer(fd, h.op, atomic_load(&f->plan_status), NULL, -1);
         } else {
             fake_answer(fd, h.op, h.op == KVT_SRV_CANCEL ? atomic_load(&f->cancel_status)
@@ -536,7 +547,20 @@ static void test_client_refuses_answers(void **state)
     atomic_store(&f.plan_status, KVT_ETIMEDOUT);
     EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EPROTO, "kvt_client_lookup",
                "answered a plan with KVT_ETIMEDOUT", "the fake server says so");
+    /* A peek makes no task: no quota, so KVT_EFULL is no answer to it;
+     * nor is a task id. */
+    uint32_t peeked = 77;
+    atomic_store(&f.plan_status, KVT_EFULL);
+    EXPECT_ERR(kvt_client_peek(cl, &req, &peeked), KVT_EPROTO, "kvt_client_peek",
+               "answered a peek with KVT_EFULL", "the fake server says so");
     atomic_store(&f.plan_status, KVT_OK);
+    atomic_store(&f.peek_task, 9);
+    EXPECT_ERR(kvt_client_peek(cl, &req, &peeked), KVT_EPROTO, "kvt_client_peek",
+               "answered a peek with task 9");
+    assert_int_equal(peeked, 77);
+    atomic_store(&f.peek_task, 0);
+    EXPECT_OK(kvt_client_peek(cl, &req, &peeked));
+    assert_int_equal(peeked, T_TPP);
     assert_ok(kvt_client_lookup(cl, &req, &m));
     assert_true(m.task != 0);
     atomic_store(&f.cancel_status, KVT_ETIMEDOUT);

@@ -4,7 +4,8 @@
  * them under keys derived from it; every load is byte-verified against the
  * token request. Also: the prefix property, namespaces, keyed and token
  * chains kept apart, eviction from the tail, restart from the SSD tier, and
- * every argument error with its message. */
+ * every argument error with its message. And kvt_cache_peek, for keyed and
+ * token requests: lookup's answer with nothing pinned, planned or counted. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,10 +275,138 @@ static void test_keyed_blocks_survive_restart(void **state)
     kvt_cache_stats s;
     assert_ok(kvt_cache_stats_get(e.cache, &s));
     assert_int_equal(s.recovered_blocks, 5);
+    /* Only on the SSD now: a load reads them back, so a peek counts them. */
+    kvt_request r = keyed(&c, 5, "ns");
+    uint32_t peeked = 0;
+    assert_ok(kvt_cache_peek(e.cache, &r, &peeked));
+    assert_int_equal(peeked, 5 * BT);
+    assert_ok(kvt_cache_stats_get(e.cache, &s));
+    assert_int_equal(s.ssd_hit_tokens + s.ssd_read_blocks + s.lookups, 0); /* nothing read */
     assert_int_equal(load_keys(&e, &c, 5, "ns", 100), 5 * BT);
     env_close(&e);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
+}
+
+/* Stores the chain's first n blocks as a token request of num_tokens
+ * tokens (>= n * BT) from pages at page_base; returns the tokens stored. */
+static uint32_t store_tokens(env *e, const chain *c, uint32_t num_tokens, uint32_t page_base)
+{
+    uint32_t np = (num_tokens + e->tpp - 1) / e->tpp, pages[MAXB * BT];
+    pages_from(pages, np, page_base);
+    kvt_request t = {.tokens = c->tokens, .num_tokens = num_tokens};
+    assert_ok(kvt_emu_fill(e->emu, &t, 0, num_tokens, pages, np));
+    kvt_store_plan p;
+    assert_ok(kvt_cache_prepare_store(e->cache, &t, &p));
+    if (p.task == 0) return 0;
+    assert_ok(kvt_cache_launch(e->cache, p.task, pages, np));
+    kvt_task_result res;
+    assert_ok(kvt_cache_wait(e->cache, p.task, WAIT_MS, &res));
+    assert_int_equal(res.status, KVT_OK);
+    return p.num_tokens;
+}
+
+/* kvt_cache_peek's answer for r, checked against a lookup of r (cancelled). */
+static uint32_t peek_as_lookup(env *e, const kvt_request *r)
+{
+    uint32_t peeked = 77;
+    assert_ok(kvt_cache_peek(e->cache, r, &peeked));
+    kvt_match m;
+    assert_ok(kvt_cache_lookup(e->cache, r, &m));
+    assert_int_equal(m.matched_tokens, peeked);
+    if (m.task) assert_ok(kvt_cache_cancel(e->cache, m.task));
+    return peeked;
+}
+
+/* A peek answers as lookup would, for keyed and token requests and per
+ * namespace, and counts, plans and pins nothing. */
+static void test_peek_answers_as_lookup(void **state)
+{
+    (void)state;
+    env e;
+    env_open(&e, "4MiB", NULL);
+    chain c;
+    chain_make(&c, 10, 21);
+    kvt_request r = keyed(&c, 10, "model-a");
+    assert_int_equal(peek_as_lookup(&e, &r), 0);
+    assert_int_equal(store_keys(&e, &c, 6, "model-a", 0), 6 * BT);
+    kvt_cache_stats before, after;
+    assert_ok(kvt_cache_stats_get(e.cache, &before));
+    uint32_t peeked = 0;
+    for (uint32_t n = 0; n <= 10; n++) { /* a keyed request may match every key */
+        r = keyed(&c, n, "model-a");
+        assert_ok(kvt_cache_peek(e.cache, &r, &peeked));
+        assert_int_equal(peeked, (n < 6 ? n : 6) * BT);
+    }
+    assert_ok(kvt_cache_stats_get(e.cache, &after));
+    assert_int_equal(after.lookups, before.lookups);
+    assert_int_equal(after.lookup_tokens, before.lookup_tokens);
+    assert_int_equal(after.hit_tokens, before.hit_tokens);
+    assert_int_equal(after.tasks_in_flight, 0);
+    r = keyed(&c, 10, "model-a");
+    assert_int_equal(peek_as_lookup(&e, &r), 6 * BT);
+    r = keyed(&c, 10, "model-b"); /* namespaces apart */
+    assert_int_equal(peek_as_lookup(&e, &r), 0);
+    r = keyed(&c, 10, NULL);
+    assert_int_equal(peek_as_lookup(&e, &r), 0);
+    kvt_request t = tokens_of(&c, 10); /* a keyed chain never meets a token chain */
+    t.num_tokens++;
+    assert_int_equal(peek_as_lookup(&e, &t), 0);
+
+    /* Token requests: the last token is never matched. */
+    chain d;
+    chain_make(&d, 8, 22);
+    assert_int_equal(store_tokens(&e, &d, 5 * BT, 100), 5 * BT);
+    t = tokens_of(&d, 5);
+    assert_int_equal(peek_as_lookup(&e, &t), 4 * BT);
+    t.num_tokens = 5 * BT + 1;
+    assert_int_equal(peek_as_lookup(&e, &t), 5 * BT);
+    t.num_tokens = 8 * BT;
+    assert_int_equal(peek_as_lookup(&e, &t), 5 * BT);
+    t.num_tokens = BT; /* one block: its last token left to the engine */
+    assert_int_equal(peek_as_lookup(&e, &t), 0);
+    t.ns = "x"; /* another namespace */
+    t.ns_len = 1;
+    t.num_tokens = 8 * BT;
+    assert_int_equal(peek_as_lookup(&e, &t), 0);
+    kvt_request empty = {0};
+    assert_int_equal(peek_as_lookup(&e, &empty), 0);
+    env_close(&e);
+}
+
+/* A peeked chain is not pinned: a store that needs its room evicts it
+ * (had the peek pinned A's 10 blocks, B could take only 6 of the 16). */
+static void test_peek_pins_nothing(void **state)
+{
+    (void)state;
+    kvt_geometry_info info;
+    kvt_geometry *g = kvt_test_geometry(3, 2, 16, 4, KVT_LAYOUT_LAYER_FIRST);
+    assert_ok(kvt_geometry_info_get(g, &info));
+    kvt_geometry_destroy(g);
+    char cap[32];
+    snprintf(cap, sizeof cap, "%llu", (unsigned long long)(16 * BT * info.bytes_per_token));
+    env e;
+    env_open(&e, cap, NULL);
+    chain a, b;
+    chain_make(&a, 10, 23);
+    chain_make(&b, 10, 24);
+    assert_int_equal(store_keys(&e, &a, 10, NULL, 0), 10 * BT);
+    kvt_request ra = keyed(&a, 10, NULL), rb = keyed(&b, 10, NULL);
+    uint32_t peeked = 0;
+    assert_ok(kvt_cache_peek(e.cache, &ra, &peeked));
+    assert_int_equal(peeked, 10 * BT);
+    assert_int_equal(store_keys(&e, &b, 10, NULL, 100), 10 * BT);
+    assert_ok(kvt_cache_peek(e.cache, &ra, &peeked)); /* stale now: a lost its tail */
+    assert_int_equal(peeked, 6 * BT);
+    assert_ok(kvt_cache_peek(e.cache, &rb, &peeked));
+    assert_int_equal(peeked, 10 * BT);
+    assert_int_equal(load_keys(&e, &a, 10, NULL, 200), 6 * BT);
+    kvt_cache_stats s;
+    assert_ok(kvt_cache_stats_get(e.cache, &s));
+    assert_int_equal(s.evicted_blocks, 4);
+    assert_int_equal(s.lookups, 1); /* load_keys' own */
+    assert_int_equal(s.tasks_in_flight, 0);
+    env_close(&e);
 }
 
 static void expect_error(kvt_cache *cache, const kvt_request *r, const char *want)
@@ -291,6 +420,13 @@ static void expect_error(kvt_cache *cache, const kvt_request *r, const char *wan
                  kvt_last_error(), want);
     assert_int_equal(m.task, 77); /* out-params untouched on failure */
     assert_true(strstr(kvt_cache_last_error(cache), want) != NULL);
+    uint32_t peeked = 77;
+    st = kvt_cache_peek(cache, r, &peeked);
+    if (st != KVT_EINVAL || !strstr(kvt_last_error(), "kvt_cache_peek: ") ||
+        !strstr(kvt_last_error(), want))
+        fail_msg("peek: %s (%s), want KVT_EINVAL with \"%s\"", kvt_status_name(st),
+                 kvt_last_error(), want);
+    assert_int_equal(peeked, 77);
     st = kvt_cache_prepare_store(cache, r, &p);
     if (st != KVT_EINVAL || !strstr(kvt_last_error(), "kvt_cache_prepare_store: ") ||
         !strstr(kvt_last_error(), want))
@@ -357,6 +493,8 @@ int main(void)
         cmocka_unit_test(test_keyed_eviction_keeps_prefixes),
         cmocka_unit_test(test_keyed_blocks_survive_restart),
         cmocka_unit_test(test_keyed_errors_name_index_and_field),
+        cmocka_unit_test(test_peek_answers_as_lookup),
+        cmocka_unit_test(test_peek_pins_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -268,6 +268,10 @@ static kvt_status child_load(const char *path, void *arg)
     uint32_t tokens[NTOK], matched = 0;
     kvt_request r;
     request(&r, tokens, seed);
+    uint32_t peeked = 0;
+    if (!st) st = kvt_client_peek(e.cl, &r, &peeked); /* as the lookup after it */
+    if (!st && peeked != BLOCKS * TPP)
+        st = kvt__fail(KVT_ENOTFOUND, "peeked %u tokens, want %u", peeked, BLOCKS * TPP);
     if (!st) st = engine_load(&e, &r, &matched);
     if (!st && matched != BLOCKS * TPP)
         st = kvt__fail(KVT_ENOTFOUND, "matched %u tokens, want %u", matched, BLOCKS * TPP);
@@ -1207,6 +1211,61 @@ static void test_plans_expire_and_quota(void **state)
     stop_server(srv, path);
 }
 
+/* kvt_client_peek pins nothing and makes no task: with room for 12 blocks,
+ * a peeked 8-block prefix A still gives 4 blocks to another process's store
+ * of B (had the peek pinned A, B could store only 4 and child_store fails);
+ * peeks count no lookup and pass the task quota a lookup is refused at. */
+static void test_peek_pins_nothing(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], cap[32];
+    sock_path(path, sizeof path, "pk.sock");
+    kvt_geometry *g = geo_heads(2);
+    kvt_geometry_info info;
+    assert_ok(kvt_geometry_info_get(g, &info));
+    kvt_geometry_destroy(g);
+    snprintf(cap, sizeof cap, "%llu", (unsigned long long)(12 * TPP * info.bytes_per_token));
+    const char *const opts[] = {"cpu_capacity", cap, "server_client_tasks", "1", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    uint64_t seed_a = 41, seed_b = 42;
+    assert_int_equal(reap(spawn(child_store, path, &seed_a), 20000), 0);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    uint32_t ta[NTOK], tb[NTOK], peeked = 0;
+    kvt_request ra, rb;
+    request(&ra, ta, seed_a);
+    request(&rb, tb, seed_b);
+    kvt_cache_stats before, after;
+    assert_ok(kvt_client_stats(e.cl, &before));
+    for (int i = 0; i < 3; i++) {
+        assert_ok(kvt_client_peek(e.cl, &ra, &peeked));
+        assert_int_equal(peeked, BLOCKS * TPP);
+    }
+    assert_ok(kvt_client_stats(e.cl, &after));
+    assert_int_equal(after.lookups, before.lookups);
+    assert_int_equal(after.tasks_in_flight, 0);
+    assert_int_equal(reap(spawn(child_store, path, &seed_b), 20000), 0);
+    assert_ok(kvt_client_peek(e.cl, &ra, &peeked)); /* A lost its tail to B */
+    assert_int_equal(peeked, 4 * TPP);
+    kvt_match m, m2;
+    assert_ok(kvt_client_lookup(e.cl, &rb, &m)); /* the quota's one task */
+    assert_int_equal(m.matched_tokens, BLOCKS * TPP);
+    assert_status(kvt_client_lookup(e.cl, &ra, &m2), KVT_EFULL);
+    assert_ok(kvt_client_peek(e.cl, &ra, &peeked)); /* no task: no quota */
+    assert_int_equal(peeked, 4 * TPP);
+    assert_ok(kvt_client_cancel(e.cl, m.task));
+    kvt_task_result res;
+    assert_ok(kvt_client_wait(e.cl, m.task, 0, &res));
+    uint32_t matched = 0;
+    assert_ok(engine_load(&e, &ra, &matched)); /* byte-verified */
+    assert_int_equal(matched, 4 * TPP);
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
 /* A client outlives its server: calls give KVT_ECONN while it is gone, and
  * once a new server listens on the socket the client re-attaches on its own
  * (bounded backoff) and works again, byte for byte. */
@@ -1334,6 +1393,11 @@ static kvt_status child_keyed_load(const char *path, void *arg)
     kvt_request t = {c.tokens, BLOCKS * TPP, NULL, 0};
     kvt_request r = {.ns = "tenant", .ns_len = 6, .keys = c.keys, .num_keys = BLOCKS};
     kvt_match m = {0};
+    uint32_t peeked = 0;
+    if (!st) st = kvt_client_peek(e.cl, &r, &peeked); /* every key, as the lookup */
+    if (!st && peeked != BLOCKS * TPP)
+        st = kvt__fail(KVT_ENOTFOUND, "keyed peek matched %u tokens, want %u", peeked,
+                       BLOCKS * TPP);
     if (!st) st = kvt_client_lookup(e.cl, &r, &m);
     if (!st && (m.task == 0 || m.matched_tokens != BLOCKS * TPP))
         st = kvt__fail(KVT_ENOTFOUND, "keyed lookup matched %u tokens, want %u",
@@ -1360,6 +1424,12 @@ static kvt_status child_keyed_load(const char *path, void *arg)
     if (!st && (m2.matched_tokens || m3.matched_tokens))
         st = kvt__fail(KVT_EPROTO, "other namespace matched %u, token request matched %u",
                        m2.matched_tokens, m3.matched_tokens);
+    uint32_t p2 = 77, p3 = 77;
+    if (!st) st = kvt_client_peek(e.cl, &other, &p2);
+    if (!st) st = kvt_client_peek(e.cl, &tok, &p3);
+    if (!st && (p2 || p3))
+        st = kvt__fail(KVT_EPROTO, "other namespace peeked %u, token request peeked %u", p2,
+                       p3);
     engine_close(&e);
     return st;
 }
@@ -1551,6 +1621,12 @@ static kvt_status child_ns_refused(const char *path, void *arg)
         st = kvt__fail(KVT_EINVAL, "lookup refusal lacks \"%s\": %s", want, kvt_last_error());
     if (!st && kvt_client_prepare_store(e.cl, &r, &p) != KVT_EAUTH)
         st = kvt__fail(KVT_EINVAL, "store in \"other\" was not refused: %s", kvt_last_error());
+    uint32_t peeked = 77;
+    if (!st && kvt_client_peek(e.cl, &r, &peeked) != KVT_EAUTH)
+        st = kvt__fail(KVT_EINVAL, "peek in \"other\" was not refused: %s", kvt_last_error());
+    if (!st && (!strstr(kvt_last_error(), want) || peeked != 77))
+        st = kvt__fail(KVT_EINVAL, "peek refusal lacks \"%s\" (or wrote %u): %s", want,
+                       peeked, kvt_last_error());
     uint32_t n = 0;
     r.ns = NULL; /* the default namespace: listed as "-" */
     r.ns_len = 0;
@@ -2065,6 +2141,7 @@ int main(void)
         cmocka_unit_test(test_launch_reply_flags),
         cmocka_unit_test(test_hello_version_names_sender),
         cmocka_unit_test_teardown(test_plans_expire_and_quota, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_peek_pins_nothing, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_client_reattaches, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_keyed_bad_key_refused, kvt_test_servers_kill),
