@@ -226,6 +226,16 @@ class Cache(Handle):
         check(self._call(lib.kvt_cache_lookup, req.ref(), ctypes.byref(m)))
         return Match(m.task, m.matched_tokens)
 
+    def peek(self, tokens=None, ns=None, keys=None):
+        """How many tokens lookup would match now (an int), pinning nothing
+        and making no task: nothing to cancel. Same requests and rule as
+        lookup; the answer may be stale by the next lookup (blocks can be
+        evicted meanwhile): load what that lookup matched."""
+        req = as_request(tokens, ns, keys)
+        n = ctypes.c_uint32()
+        check(self._call(lib.kvt_cache_peek, req.ref(), ctypes.byref(n)))
+        return n.value
+
     def prepare_store(self, tokens=None, ns=None, keys=None):
         """Plans the store of the request's full blocks the cache lacks;
         returns StorePlan(task, first_token, num_tokens). keys= as for

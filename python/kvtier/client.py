@@ -95,6 +95,14 @@ class Client(Handle):
         check(self._call(lib.kvt_client_lookup, req.ref(), ctypes.byref(m)))
         return Match(m.task, m.matched_tokens)
 
+    def peek(self, tokens=None, ns=None, keys=None):
+        """As Cache.peek, one round trip to the server: the int lookup would
+        match now, nothing pinned, no task to cancel."""
+        req = as_request(tokens, ns, keys)
+        n = ctypes.c_uint32()
+        check(self._call(lib.kvt_client_peek, req.ref(), ctypes.byref(n)))
+        return n.value
+
     def prepare_store(self, tokens=None, ns=None, keys=None):
         """As Cache.prepare_store: StorePlan(task, first_token, num_tokens)."""
         req = as_request(tokens, ns, keys)

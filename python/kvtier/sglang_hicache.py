@@ -487,16 +487,15 @@ class KvtierHiCacheStorage(HiCacheStorage):
     # The v1 interface SGLang uses (interface_v1: 1)
 
     def batch_exists(self, keys, extra_info=None):
-        """The number of leading keys stored (pages found, nothing pinned)."""
+        """The number of leading keys stored (pages found, nothing pinned):
+        one peek per key up to the first miss, no cancel after a hit."""
         self._require()
         n = 0
         self._rw.acquire_shared()
         try:
             for k in keys:
-                m = self.cache.lookup(keys=[k], ns=self.namespace)
-                if m.task == 0:
+                if self.cache.peek(keys=[k], ns=self.namespace) == 0:
                     break
-                self._drop([m.task])
                 n += 1
         except KvtierError as e:  # the server lost, a timeout: the run ends here
             self._unavailable("batch_exists", e)

@@ -344,7 +344,7 @@ class KvtierConnector(KVConnectorBase_V1):
         # until its computed prefix changes (LMCache's lookup client keeps
         # its answer per request the same way)
         self._looked = {}
-        self.lookups_sent = 0     # lookups sent (a hit adds a cancel round trip)
+        self.peeks_sent = 0       # peeks sent (one round trip each, nothing pinned)
         self._meta = KvtierConnectorMetadata()
         self._server_down = False
         if self.socket is not None and role == KVConnectorRole.SCHEDULER:
@@ -833,26 +833,24 @@ class KvtierConnector(KVConnectorBase_V1):
         return [(w.cache, w.namespace)]
 
     def _matched_blocks(self, keys):
-        """Leading blocks every target holds, or None when a lookup failed
+        """Leading blocks every target holds, or None when a peek failed
         (the server is down: not remembered, asked again next step). One
-        round trip per target, none past the first that matches nothing;
-        each later one asks only for what every earlier one matched."""
+        peek per target (nothing pinned, so no cancel follows a hit), none
+        past the first that matches nothing; each later one asks only for
+        what every earlier one matched."""
         targets = self._lookup_targets()
         if not targets:
             return 0
         best = len(keys)
         try:
             for store, ns in targets:
-                self.lookups_sent += 1
-                m = store.lookup(keys=keys[:best], ns=ns)
-                if m.task:
-                    self._drop(m.task, store)
-                best = min(best, m.matched_tokens // self.block_size)
+                self.peeks_sent += 1
+                best = min(best, store.peek(keys=keys[:best], ns=ns) // self.block_size)
                 if best == 0:
                     break
         except KvtierError as e:
             if not self._server_down:
-                logger.warning("kvtier: lookup failed (%s); the engine computes until it "
+                logger.warning("kvtier: peek failed (%s); the engine computes until it "
                                "answers again", e)
             self._server_down = True
             return None

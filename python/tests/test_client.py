@@ -125,12 +125,19 @@ class ClientThroughServer(unittest.TestCase):
                     break
                 time.sleep(0.005)
             self.assertTrue(r.ok)
+            lookups = cl.stats()["lookups"]
+            self.assertEqual(cl.peek(toks), 2 * bt)  # no task: nothing to cancel
+            self.assertEqual(cl.peek(toks, ns="other"), 0)
+            self.assertEqual(cl.stats()["lookups"], lookups)
             m = cl.lookup(toks)
             self.assertEqual(m.matched_tokens, 2 * bt)
             cl.cancel(m.task)
             self.assertEqual([x.status for x in cl.poll()], [kvtier.STATUS["ECANCELED"]])
             with self.assertRaises(kvtier.InvalidArgument) as e:
                 cl.lookup(keys=["ok", b""])
+            self.assertIn("keys[1]", str(e.exception))
+            with self.assertRaises(kvtier.InvalidArgument) as e:
+                cl.peek(keys=["ok", b""])
             self.assertIn("keys[1]", str(e.exception))
             cl.flush(1)
             self.assertEqual(cl.stats()["stores"], 1)
@@ -146,6 +153,9 @@ class ClientThroughServer(unittest.TestCase):
             stop_server(self.srv)
             with self.assertRaises(kvtier.ConnectionFailure) as e:
                 cl.stats()
+            self.assertIn(self.sock, str(e.exception))
+            with self.assertRaises(kvtier.ConnectionFailure) as e:
+                cl.peek([1, 2, 3])
             self.assertIn(self.sock, str(e.exception))
         geo.close()
 

@@ -1,7 +1,8 @@
 """Keyed requests through the binding: Cache.lookup(keys=...) and
 prepare_store(keys=...), with bytes or str keys (str encoded UTF-8); every
 load byte-checked against the pages stored; the prefix property,
-namespaces, and bad keys refused with the index named."""
+namespaces, and bad keys refused with the index named. Cache.peek answers
+every lookup here first (the same tokens, nothing pinned)."""
 import unittest
 
 import numpy as np
@@ -46,7 +47,9 @@ class KeyedRequests(unittest.TestCase):
         for l in range(4):
             for c in range(2):
                 self.bufs[l][c][dst] = 0xA5
+        peeked = self.cache.peek(keys=keys, ns=ns)
         m = self.cache.lookup(keys=keys, ns=ns)
+        self.assertEqual(peeked, m.matched_tokens)
         if m.task:
             self.cache.launch(m.task, dst)
             for layer in range(4):
@@ -99,6 +102,8 @@ class KeyedRequests(unittest.TestCase):
             self.assertIn(msg, str(cm.exception))
             with self.assertRaises(kvtier.InvalidArgument):
                 self.cache.prepare_store(keys=keys)
+            with self.assertRaises(kvtier.InvalidArgument):
+                self.cache.peek(keys=keys)
         with self.assertRaises(kvtier.InvalidArgument) as cm:
             self.cache.lookup([1, 2, 3], keys=["a"])
         self.assertIn("tokens or by keys", str(cm.exception))
@@ -106,6 +111,23 @@ class KeyedRequests(unittest.TestCase):
             self.cache.lookup()
         self.assertEqual(self.cache.lookup(keys=[]).task, 0)
         self.assertEqual(self.cache.lookup(keys=[b"x" * 256]).task, 0)
+        self.assertEqual(self.cache.peek(keys=[b"x" * 256]), 0)
+
+    def test_peek_pins_plans_and_counts_nothing(self):
+        keys = ["p%d" % i for i in range(4)]
+        self.assertEqual(self.store(keys, list(range(4))), 64)
+        before = self.cache.stats()
+        self.assertEqual(self.cache.peek(keys=keys), 64)
+        self.assertEqual(self.cache.peek(keys=keys, ns="other"), 0)
+        after = self.cache.stats()
+        for k in ("lookups", "hit_tokens", "tasks_in_flight"):
+            self.assertEqual(after[k], before[k], k)
+        # token requests: the last token is never matched
+        plan = self.cache.prepare_store(list(range(1000, 1048)))
+        self.cache.launch(plan.task, list(range(4, 7)))
+        self.assertTrue(self.cache.wait(plan.task, 5).ok)
+        self.assertEqual(self.cache.peek(list(range(1000, 1048))), 32)
+        self.assertEqual(self.cache.peek(list(range(1000, 1049))), 48)
 
 
 if __name__ == "__main__":

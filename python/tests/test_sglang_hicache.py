@@ -180,8 +180,12 @@ class Layouts(Base):
         self.assertFalse(b.exists("k0"))
         self.assertEqual(b.batch_get_v1(keys, pool.host_indices(range(6))), [False] * 6)
         self.assertEqual(b.batch_set_v1(keys[:3], pool.host_indices([0, 1, 2])), [True] * 3)
+        before = b.stats()
         self.assertEqual(b.batch_exists(keys), 3)
         self.assertTrue(b.exists("k2"))
+        after = b.stats()  # peeks: no load planned, nothing pinned to cancel
+        for k in ("kvtier_lookups", "kvtier_cancelled_tasks", "kvtier_hit_tokens"):
+            self.assertEqual(after[k], before[k], k)
         got = b.batch_get_v1(keys, pool.host_indices(range(10, 16)))
         self.assertEqual(got, [True] * 3 + [False] * 3)
         for s, d in zip(range(3), range(10, 13)):

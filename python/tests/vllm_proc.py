@@ -74,8 +74,8 @@ class Scheduler:
         """Each PP stage's server's stats (the scheduler's own clients)."""
         return [cl.stats() for _, cl in self.conn._stages]
 
-    def lookups_sent(self):
-        return self.conn.lookups_sent
+    def peeks_sent(self):
+        return self.conn.peeks_sent
 
     def close(self):
         self.conn.shutdown()

@@ -397,33 +397,36 @@ class TensorParallel2(Deployment):
         self.assertEqual(self.sched.call("stats")["corrupt_blocks"], 1)
 
 
-    def test_lookups_once_per_waiting_request_until_its_prefix_changes(self):
-        """vLLM asks for a waiting request every step; the server is asked
+    def test_peeks_once_per_waiting_request_until_its_prefix_changes(self):
+        """vLLM asks for a waiting request every step; the server is peeked
         once per TP rank's namespace, then not again until the request's
-        computed prefix changes. Counted at the server."""
+        computed prefix changes. A peek pins nothing: the server plans no
+        load (its lookups stay put) and there is nothing to cancel. The
+        peeks are counted by the connector (the server counts none)."""
         a = self.tokens(33, 71)
         ra, ba = self.save_prompt(a, 0)
         self.finish([(ra, ba)])
-        before, rt = self.sched.call("stats"), self.sched.call("lookups_sent")
+        before, rt = self.sched.call("stats"), self.sched.call("peeks_sent")
         rid, n, _ = self.new_request(a)
         self.assertEqual(n, 32)
         for _ in range(5):  # five more steps waiting (no room for it yet)
             self.assertEqual(self.sched.call("ask", rid, 0), (32, True))
+        self.assertEqual(self.sched.call("peeks_sent") - rt, 2)  # TP 2: one per rank
         st = self.sched.call("stats")
-        self.assertEqual(st["lookups"] - before["lookups"], 2)  # TP 2: one per rank
-        self.assertEqual(st["cancelled_tasks"] - before["cancelled_tasks"], 2)  # pins released
+        self.assertEqual(st["lookups"] - before["lookups"], 0)  # nothing planned, pinned
+        self.assertEqual(st["cancelled_tasks"] - before["cancelled_tasks"], 0)  # nor cancelled
         # A local prefix cache hit changed its computed prefix: asked again.
         self.assertEqual(self.sched.call("ask", rid, 2 * BS), (24, True))
         self.assertEqual(self.sched.call("ask", rid, 2 * BS), (24, True))
-        self.assertEqual(self.sched.call("stats")["lookups"] - before["lookups"], 4)
+        self.assertEqual(self.sched.call("peeks_sent") - rt, 4)
         # A miss costs one round trip: rank 0 matching nothing ends it.
         self.assertEqual(self.new_request(self.tokens(33, 72))[1], 0)
-        self.assertEqual(self.sched.call("stats")["lookups"] - before["lookups"], 5)
-        self.assertEqual(self.sched.call("lookups_sent") - rt, 5)  # the connector's count
+        self.assertEqual(self.sched.call("peeks_sent") - rt, 5)
         # Scheduled (allocated): forgotten, so a preempted request is asked afresh.
         self.sched.call("alloc", rid, list(range(20, 29)), 24)
         self.sched.call("ask", rid, 2 * BS)
-        self.assertEqual(self.sched.call("stats")["lookups"] - before["lookups"], 7)
+        self.assertEqual(self.sched.call("peeks_sent") - rt, 7)
+        self.assertEqual(self.sched.call("stats")["lookups"] - before["lookups"], 0)
 
 
 class HeadMajorTensorParallel2(Deployment):
@@ -462,11 +465,11 @@ class MlaTensorParallel2(Deployment):
         ns = [w.call("namespace") for w in self.workers]
         self.assertEqual(ns[0], ns[1])
         self.assertIn("|mla|", ns[0])
-        lookups = st["lookups"]
+        peeks = self.sched.call("peeks_sent")
         rb, nb, async_b, pb = self.plan_load(a + self.tokens(5, 32), 10)
         self.assertEqual((nb, async_b), (24, True))
-        # one lookup for both TP ranks: the one copy is the same bytes
-        self.assertEqual(self.sched.call("stats")["lookups"] - lookups, 1)
+        # one peek for both TP ranks: the one copy is the same bytes
+        self.assertEqual(self.sched.call("peeks_sent") - peeks, 1)
         errors = self.run_until(recv=[rb])
         self.assertEqual(errors, [set(), set()])
         self.verify(pb, errors)
@@ -493,10 +496,10 @@ class PipelineParallel2(Deployment):
         ra, ba = self.save_prompt(a, 0)
         self.assertEqual(self.finish([(ra, ba)]), [set(), set()])
         self.assertEqual(self.total("stored_blocks"), 2 * 10)  # one copy per stage
-        before = self.total("lookups")
+        before = self.sched.call("peeks_sent")
         rb, nb, async_b, pb = self.plan_load(a + self.tokens(7, 52), 20, computed=BS)
         self.assertEqual((nb, async_b), (40 - BS, True))
-        self.assertEqual(self.total("lookups") - before, 2)  # one per stage
+        self.assertEqual(self.sched.call("peeks_sent") - before, 2)  # one per stage
         errors = self.run_until(recv=[rb])
         self.assertEqual(errors, [set(), set()])
         self.verify(pb, errors)  # each stage: its own layers' bytes
@@ -544,10 +547,10 @@ class PipelineTensorParallel(PipelineParallel2):
         ra, ba = self.save_prompt(a, 0)
         self.assertEqual(self.finish([(ra, ba)]), [set()] * 4)
         self.assertEqual(self.total("stored_blocks"), 4 * 7)
-        before = self.total("lookups")
+        before = self.sched.call("peeks_sent")
         rb, nb, _, pb = self.plan_load(a + self.tokens(3, 82), 10)
         self.assertEqual(nb, 28)
-        self.assertEqual(self.total("lookups") - before, 4)
+        self.assertEqual(self.sched.call("peeks_sent") - before, 4)
         errors = self.run_until(recv=[rb])
         self.assertEqual(errors, [set()] * 4)
         self.verify(pb, errors)
