@@ -53,7 +53,7 @@
 #include "kvtier.h"
 
 #define KVT_SRV_MAGIC 0x5354564bu /* "KVTS" */
-#define KVT_SRV_VERSION 1u
+#define KVT_SRV_VERSION 2u /* 2: SESSION and PEEK; a v1 peer is refused with KVT_EVERSION */
 #define KVT_SRV_HDR 16u
 #define KVT_SRV_REPLY 0x8000u
 #define KVT_SRV_MAX_MSG (16u << 20)      /* bound on one payload */
