@@ -153,16 +153,6 @@ static bool use_avx2(void) { return false; }
 #define H_DIGEST(s) XXH3_64bits_digest(s)
 #endif
 
-uint64_t pd_xxh3(const void *p, size_t n)
-{
-    XXH3_state_t st;
-    bool avx2 = use_avx2();
-    (void)avx2;
-    H_RESET(&st);
-    H_UPDATE(&st, p, n);
-    return H_DIGEST(&st);
-}
-
 void pd_xfer_hash(const pd_xfer *x, uint32_t j0, uint32_t j1, uint64_t *out)
 {
     XXH3_state_t st;

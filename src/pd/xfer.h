@@ -43,10 +43,6 @@ kvt_status pd_xfer_iov(const pd_xfer *x, uint32_t j0, uint32_t j1, pd_iovs *out)
 /* XXH3-64 of each decode page of [j0, j1) over this side's memory, in page
  * order (out[j - j0]); independent of the batch's wire order. */
 void pd_xfer_hash(const pd_xfer *x, uint32_t j0, uint32_t j1, uint64_t *out);
-/* XXH3-64 of n bytes with the build the data path uses (the bench's
- * measure of what checksums cost). */
-uint64_t pd_xxh3(const void *p, size_t n);
-
 /* One streaming XXH3 state per page of a batch, so a batch can be hashed in
  * its wire order (entry-major) a chunk at a time, just before it is sent or
  * just after it lands, while the chunk is in cache: each page is still
