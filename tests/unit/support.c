@@ -324,3 +324,29 @@ int kvt_test_servers_kill(void **state)
     g_nservers = 0;
     return 0;
 }
+
+void kvt_test_pd_fx_init(kvt_test_pd_fx *x, uint32_t connect_timeout_ms,
+                         uint32_t peer_timeout_ms)
+{
+    setenv("KVTIER_PD_QUIET", "1", 0);
+    memset(x, 0, sizeof *x);
+    x->g = kvt_test_small_geo();
+    assert_ok(kvt_emu_create(&x->pe, x->g, KVT_TEST_SMALL_PAGES));
+    assert_ok(kvt_emu_create(&x->de, x->g, KVT_TEST_SMALL_PAGES));
+    assert_ok(kvt_emu_memory(x->pe, &x->pmem));
+    assert_ok(kvt_emu_memory(x->de, &x->dmem));
+    assert_ok(kvt_pd_bootstrap_create(&x->bs, &(kvt_pd_net_params){0}));
+    uint16_t port = 0;
+    assert_ok(kvt_pd_bootstrap_port(x->bs, &port));
+    x->p = (kvt_pd_params){.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = x->g,
+                           .mem = &x->pmem, .connect_timeout_ms = connect_timeout_ms,
+                           .net = {.peer_timeout_ms = peer_timeout_ms}};
+}
+
+void kvt_test_pd_fx_fini(kvt_test_pd_fx *x)
+{
+    kvt_pd_bootstrap_destroy(x->bs);
+    kvt_emu_destroy(x->de);
+    kvt_emu_destroy(x->pe);
+    kvt_geometry_destroy(x->g);
+}

@@ -73,6 +73,22 @@ kvt_config *kvt_test_small_config(const char *ssd_dir);
 /* Deterministic token ids: tokens[i] = f(seed, i). */
 void kvt_test_tokens(uint32_t *tokens, uint32_t n, uint64_t seed);
 
+/* A PD set-up for the error tests: a bootstrap service on an ephemeral
+ * port, kvt_test_small_geo, an emulated engine of KVT_TEST_SMALL_PAGES
+ * pages per side (pe/pmem: prefill, de/dmem: decode) and params for one
+ * rank of TP 1 naming the prefill memory (a test sets p.mem = &dmem for a
+ * receiver). kvt_test_pd_fx_fini frees what init made. */
+typedef struct kvt_test_pd_fx {
+    kvt_geometry *g;
+    kvt_emu *pe, *de;
+    kvt_engine_memory pmem, dmem;
+    kvt_pd_bootstrap *bs;
+    kvt_pd_params p;
+} kvt_test_pd_fx;
+void kvt_test_pd_fx_init(kvt_test_pd_fx *x, uint32_t connect_timeout_ms,
+                         uint32_t peer_timeout_ms);
+void kvt_test_pd_fx_fini(kvt_test_pd_fx *x);
+
 /* A cache over an emulated engine of KVT_TEST_SMALL_PAGES pages of
  * kvt_test_small_geo, its memory registered, and one request of 13
  * tokens (namespace "ns": 3 full blocks of 4) filled into pages 1, 3, 5,

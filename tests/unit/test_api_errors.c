@@ -1528,21 +1528,9 @@ static void test_pd_bootstrap(void **state)
 static void test_pd_rooms(void **state)
 {
     (void)state;
-    setenv("KVTIER_PD_QUIET", "1", 0);
-    kvt_pd_net_params np = {0};
-    kvt_pd_bootstrap *bs = NULL;
-    assert_ok(kvt_pd_bootstrap_create(&bs, &np));
-    uint16_t port = 0;
-    assert_ok(kvt_pd_bootstrap_port(bs, &port));
-    kvt_geometry *g = kvt_test_small_geo();
-    kvt_emu *pe = NULL, *de = NULL;
-    assert_ok(kvt_emu_create(&pe, g, T_PAGES));
-    assert_ok(kvt_emu_create(&de, g, T_PAGES));
-    kvt_engine_memory pm, dm;
-    assert_ok(kvt_emu_memory(pe, &pm));
-    assert_ok(kvt_emu_memory(de, &dm));
-    kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &pm,
-                       .connect_timeout_ms = 3000, .net = {.peer_timeout_ms = 3000}};
+    kvt_test_pd_fx x;
+    kvt_test_pd_fx_init(&x, 3000, 3000);
+    kvt_pd_params p = x.p;
     kvt_pd_sender *s = NULL;
     EXPECT_ERR(kvt_pd_sender_create(NULL, &p), KVT_EINVAL, "kvt_pd_sender_create", "out");
     EXPECT_ERR(kvt_pd_receiver_create(NULL, &p), KVT_EINVAL, "kvt_pd_receiver_create", "out");
@@ -1565,7 +1553,7 @@ static void test_pd_rooms(void **state)
 #endif
     assert_ptr_equal(r, SENTINEL);
     q = p;
-    q.mem = &dm;
+    q.mem = &x.dmem;
     assert_ok(kvt_pd_receiver_create(&r, &q));
 
     uint16_t sport = 0;
@@ -1662,7 +1650,7 @@ static void test_pd_rooms(void **state)
                "room 99");
 
     /* The room still completes after all the refused calls. */
-    assert_ok(kvt_emu_fill(pe, &(kvt_request){(const uint32_t[]){1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+    assert_ok(kvt_emu_fill(x.pe, &(kvt_request){(const uint32_t[]){1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                                  11, 12, 13}, 13, NULL, 0},
                            0, 13, pages, 4));
     assert_ok(kvt_pd_sender_send(s, 1, pages, 4, 13));
@@ -1716,10 +1704,7 @@ static void test_pd_rooms(void **state)
     kvt_pd_sender_destroy(s);
     kvt_emu_destroy(oe);
     kvt_geometry_destroy(other);
-    kvt_emu_destroy(de);
-    kvt_emu_destroy(pe);
-    kvt_geometry_destroy(g);
-    kvt_pd_bootstrap_destroy(bs);
+    kvt_test_pd_fx_fini(&x);
     END_CHECKS();
 }
 
@@ -3353,24 +3338,13 @@ static void test_pd_create_faults(void **state)
 static void test_pd_rooms_full(void **state)
 {
     (void)state;
-    setenv("KVTIER_PD_QUIET", "1", 0);
-    kvt_pd_bootstrap *bs = NULL;
-    assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
-    uint16_t port = 0;
-    assert_ok(kvt_pd_bootstrap_port(bs, &port));
-    kvt_geometry *g = kvt_test_small_geo();
-    kvt_emu *pe = NULL, *de = NULL;
-    assert_ok(kvt_emu_create(&pe, g, T_PAGES));
-    assert_ok(kvt_emu_create(&de, g, T_PAGES));
-    kvt_engine_memory pm, dm;
-    assert_ok(kvt_emu_memory(pe, &pm));
-    assert_ok(kvt_emu_memory(de, &dm));
-    kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &pm,
-                       .connect_timeout_ms = 10000, .net = {.peer_timeout_ms = 10000}};
+    kvt_test_pd_fx x;
+    kvt_test_pd_fx_init(&x, 10000, 10000);
+    kvt_pd_params p = x.p;
     kvt_pd_sender *s = NULL;
     kvt_pd_receiver *r = NULL;
     assert_ok(kvt_pd_sender_create(&s, &p));
-    p.mem = &dm;
+    p.mem = &x.dmem;
     assert_ok(kvt_pd_receiver_create(&r, &p));
 
     for (uint64_t id = 0; id < T_ROOM_CAP; id++) assert_ok(kvt_pd_sender_room(s, id));
@@ -3392,10 +3366,7 @@ static void test_pd_rooms_full(void **state)
 
     kvt_pd_receiver_destroy(r);
     kvt_pd_sender_destroy(s);
-    kvt_emu_destroy(de);
-    kvt_emu_destroy(pe);
-    kvt_geometry_destroy(g);
-    kvt_pd_bootstrap_destroy(bs);
+    kvt_test_pd_fx_fini(&x);
     END_CHECKS();
 }
 
@@ -3405,20 +3376,9 @@ static void test_pd_rooms_full(void **state)
 static void test_pd_create_local_faults(void **state)
 {
     (void)state;
-    setenv("KVTIER_PD_QUIET", "1", 0);
-    kvt_pd_bootstrap *bs = NULL;
-    assert_ok(kvt_pd_bootstrap_create(&bs, &(kvt_pd_net_params){0}));
-    uint16_t port = 0;
-    assert_ok(kvt_pd_bootstrap_port(bs, &port));
-    kvt_geometry *g = kvt_test_small_geo();
-    kvt_emu *pe = NULL, *de = NULL;
-    assert_ok(kvt_emu_create(&pe, g, T_PAGES));
-    assert_ok(kvt_emu_create(&de, g, T_PAGES));
-    kvt_engine_memory pm, dm;
-    assert_ok(kvt_emu_memory(pe, &pm));
-    assert_ok(kvt_emu_memory(de, &dm));
-    kvt_pd_params p = {.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = g, .mem = &pm,
-                       .connect_timeout_ms = 10000, .net = {.peer_timeout_ms = 10000}};
+    kvt_test_pd_fx x;
+    kvt_test_pd_fx_init(&x, 10000, 10000);
+    kvt_pd_params p = x.p;
     kvt_pd_sender *s = NULL;
     kvt_pd_receiver *r = NULL;
 
@@ -3429,7 +3389,7 @@ static void test_pd_create_local_faults(void **state)
     atomic_store(&alloc_countdown, -1);
     assert_null(s);
     assert_ok(kvt_pd_sender_create(&s, &p));
-    p.mem = &dm;
+    p.mem = &x.dmem;
     atomic_store(&alloc_countdown, 0);
     EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_ENOMEM, "kvt_pd_receiver_create");
     atomic_store(&alloc_countdown, -1);
@@ -3446,10 +3406,7 @@ static void test_pd_create_local_faults(void **state)
     assert_ok(kvt_pd_receiver_create(&r, &p));
     kvt_pd_receiver_destroy(r);
     kvt_pd_sender_destroy(s);
-    kvt_emu_destroy(de);
-    kvt_emu_destroy(pe);
-    kvt_geometry_destroy(g);
-    kvt_pd_bootstrap_destroy(bs);
+    kvt_test_pd_fx_fini(&x);
     END_CHECKS();
 }
 

@@ -649,36 +649,12 @@ static void fp_stop(fake_prefill *f)
     close(f->lfd);
 }
 
-typedef struct pd_fx {
-    kvt_geometry *g;
-    kvt_emu *e;
-    kvt_engine_memory mem;
-    kvt_pd_bootstrap *bs;
-    kvt_pd_params p;
-} pd_fx;
-
-static void pd_fx_init(pd_fx *x, uint32_t peer_timeout_ms)
-{
-    setenv("KVTIER_PD_QUIET", "1", 0);
-    memset(x, 0, sizeof *x);
-    x->g = kvt_test_small_geo();
-    assert_ok(kvt_emu_create(&x->e, x->g, T_PAGES));
-    assert_ok(kvt_emu_memory(x->e, &x->mem));
-    assert_ok(kvt_pd_bootstrap_create(&x->bs, &(kvt_pd_net_params){0}));
-    uint16_t port = 0;
-    assert_ok(kvt_pd_bootstrap_port(x->bs, &port));
-    x->p = (kvt_pd_params){.bootstrap_port = port, .rank = {.tp_size = 1}, .geo = x->g, .mem = &x->mem,
-                           .connect_timeout_ms = 5000, .net = {.peer_timeout_ms = peer_timeout_ms}};
-}
-
 /* f: the test's fake prefill rank or service, stopped first (NULL: none,
  * or one the test stopped itself). */
-static void pd_fx_fini(pd_fx *x, fake_prefill *f)
+static void pd_fx_fini(kvt_test_pd_fx *x, fake_prefill *f)
 {
     if (f) fp_stop(f);
-    kvt_pd_bootstrap_destroy(x->bs);
-    kvt_emu_destroy(x->e);
-    kvt_geometry_destroy(x->g);
+    kvt_test_pd_fx_fini(x);
 }
 
 /* A bootstrap service refusing a registration or lookup: its status is
@@ -688,8 +664,8 @@ static void pd_fx_fini(pd_fx *x, fake_prefill *f)
 static void test_pd_create_service_refusals(void **state)
 {
     (void)state;
-    pd_fx x;
-    pd_fx_init(&x, 2000);
+    kvt_test_pd_fx x;
+    kvt_test_pd_fx_init(&x, 5000, 2000);
     fake_prefill f = {.mode = FP_REFUSE, .lfd = -1, .status = KVT_EBUSY};
     fp_start_service(&f);
     x.p.bootstrap_port = f.port;
@@ -719,8 +695,8 @@ static void test_pd_create_service_refusals(void **state)
 static void test_pd_receiver_prefill_retry(void **state)
 {
     (void)state;
-    pd_fx x;
-    pd_fx_init(&x, 2000);
+    kvt_test_pd_fx x;
+    kvt_test_pd_fx_init(&x, 5000, 2000);
     fake_prefill f = {.mode = FP_RETRY, .lfd = -1};
     fp_start(&f, x.g, x.p.bootstrap_port);
     kvt_pd_receiver *r = NULL;
@@ -738,8 +714,8 @@ static void test_pd_receiver_prefill_retry(void **state)
 static void test_pd_receiver_too_many_peers(void **state)
 {
     (void)state;
-    pd_fx x;
-    pd_fx_init(&x, 2000);
+    kvt_test_pd_fx x;
+    kvt_test_pd_fx_init(&x, 5000, 2000);
     kvt_geometry *pg = kvt_test_geometry(T_LAYERS, 1, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
     kvt_geometry *dg = kvt_test_geometry(T_LAYERS, 257, 8, T_TPP, KVT_LAYOUT_LAYER_FIRST);
     assert_non_null(pg);
@@ -781,8 +757,8 @@ static kvt_pd_poll wait_state(kvt_pd_receiver *r, uint64_t room, kvt_pd_poll wan
 static void test_pd_link_other_version(void **state)
 {
     (void)state;
-    pd_fx x;
-    pd_fx_init(&x, 2000);
+    kvt_test_pd_fx x;
+    kvt_test_pd_fx_init(&x, 5000, 2000);
     fake_prefill f = {.mode = FP_VERSION, .lfd = -1};
     fp_start(&f, x.g, x.p.bootstrap_port);
     kvt_pd_receiver *r = NULL;
@@ -820,8 +796,8 @@ static void test_pd_receiver_landing_held(void **state)
 {
     (void)state;
     const uint32_t peer_ms = 4000;
-    pd_fx x;
-    pd_fx_init(&x, peer_ms);
+    kvt_test_pd_fx x;
+    kvt_test_pd_fx_init(&x, 5000, peer_ms);
     /* one page: 2 layers x (K, V) x 2 heads x 8 dims x 2 bytes x 4 tokens */
     fake_prefill f = {.mode = FP_TRICKLE, .lfd = -1, .trickle_ms = 2500, .payload = 512};
     fp_start(&f, x.g, x.p.bootstrap_port);
