@@ -24,10 +24,13 @@ typedef struct env {
     uint32_t tpp, layers;
 } env;
 
+/* 3 layers x (K, V) x 2 heads x 16 dims, 4 tokens a page. */
+static kvt_geometry *test_geo(void) { return kvt_test_geometry(3, 2, 16, 4, KVT_LAYOUT_LAYER_FIRST); }
+
 static void env_open(env *e, const char *capacity, const char *ssd_dir)
 {
     memset(e, 0, sizeof *e);
-    e->geo = kvt_test_geometry(3, 2, 16, 4, KVT_LAYOUT_LAYER_FIRST);
+    e->geo = test_geo();
     e->tpp = 4;
     e->layers = 3;
     assert_ok(kvt_config_create(&e->cfg));
@@ -43,6 +46,18 @@ static void env_open(env *e, const char *capacity, const char *ssd_dir)
     kvt_engine_memory mem;
     assert_ok(kvt_emu_memory(e->emu, &mem));
     assert_ok(kvt_cache_register_memory(e->cache, &mem));
+}
+
+/* An env whose CPU tier holds exactly `blocks` blocks (eviction tests). */
+static void env_open_blocks(env *e, uint32_t blocks)
+{
+    kvt_geometry_info info;
+    kvt_geometry *g = test_geo();
+    assert_ok(kvt_geometry_info_get(g, &info));
+    kvt_geometry_destroy(g);
+    char cap[32];
+    snprintf(cap, sizeof cap, "%llu", (unsigned long long)blocks * BT * info.bytes_per_token);
+    env_open(e, cap, NULL);
 }
 
 static void env_close(env *e)
@@ -234,14 +249,8 @@ static void test_keyed_namespaces_and_token_chains_apart(void **state)
 static void test_keyed_eviction_keeps_prefixes(void **state)
 {
     (void)state;
-    kvt_geometry_info info;
-    kvt_geometry *g = kvt_test_geometry(3, 2, 16, 4, KVT_LAYOUT_LAYER_FIRST);
-    assert_ok(kvt_geometry_info_get(g, &info));
-    kvt_geometry_destroy(g);
-    char cap[32];
-    snprintf(cap, sizeof cap, "%llu", (unsigned long long)(16 * BT * info.bytes_per_token));
     env e;
-    env_open(&e, cap, NULL);
+    env_open_blocks(&e, 16);
     chain a, b;
     chain_make(&a, 10, 5);
     chain_make(&b, 10, 6);
@@ -379,14 +388,8 @@ static void test_peek_answers_as_lookup(void **state)
 static void test_peek_pins_nothing(void **state)
 {
     (void)state;
-    kvt_geometry_info info;
-    kvt_geometry *g = kvt_test_geometry(3, 2, 16, 4, KVT_LAYOUT_LAYER_FIRST);
-    assert_ok(kvt_geometry_info_get(g, &info));
-    kvt_geometry_destroy(g);
-    char cap[32];
-    snprintf(cap, sizeof cap, "%llu", (unsigned long long)(16 * BT * info.bytes_per_token));
     env e;
-    env_open(&e, cap, NULL);
+    env_open_blocks(&e, 16);
     chain a, b;
     chain_make(&a, 10, 23);
     chain_make(&b, 10, 24);
