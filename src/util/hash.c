@@ -37,6 +37,41 @@ uint64_t kvt__hash64(const void *data, size_t len, uint64_t seed)
     return XXH3_64bits_withSeed(data, len, seed);
 }
 
+int kvt__hash_copy_begin(kvt_hash_copy *h, void *base, uint64_t total, uint64_t seed)
+{
+#ifdef KVT_HASH_X86
+    if (total > 240 && kvt__hash_avx2()) {
+        kvt__xxh3_avx2_copy_begin(h, seed);
+        h->base = base;
+        h->total = total;
+        h->pos = h->stripes = 0;
+        h->normal = (total - 1) / 64; /* XXH3 long: stripes before the last one */
+        return 1;
+    }
+#endif
+    (void)h, (void)base, (void)total, (void)seed;
+    return 0;
+}
+
+void kvt__hash_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len)
+{
+#ifdef KVT_HASH_X86
+    kvt__xxh3_avx2_copy_feed(h, dst, src, len);
+#else
+    (void)h, (void)dst, (void)src, (void)len;
+#endif
+}
+
+uint64_t kvt__hash_copy_end(kvt_hash_copy *h)
+{
+#ifdef KVT_HASH_X86
+    return kvt__xxh3_avx2_copy_end(h);
+#else
+    (void)h;
+    return 0;
+#endif
+}
+
 kvt_hash128 kvt__hash128_chain(kvt_hash128 prev, const void *data, size_t len)
 {
     /* Hash (prev || data) with a streaming state: prev is committed in full,

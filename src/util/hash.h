@@ -27,6 +27,34 @@ void kvt__xxh3_avx2_reset(void *st);
 void kvt__xxh3_avx2_update(void *st, const void *p, size_t n);
 uint64_t kvt__xxh3_avx2_digest(void *st);
 uint64_t kvt__xxh3_avx2_seeded(const void *p, size_t n, uint64_t seed);
+
+/* Copy while hashing: a range of total bytes at base is filled front to
+ * back by feed calls (each continuing where the last ended, from any
+ * sources), and end returns kvt__hash64(base, total, seed) of what landed.
+ * Each 64-byte stripe is hashed as it is copied, from L1, so the hash
+ * costs no second pass over memory (a store through the node server
+ * checksums every block it copies; docs/server.md, Performance), and the
+ * range is written with streaming stores where it is 32-byte aligned. begin is
+ * false when this CPU or size has no fused form (no AVX2, or total <= 240
+ * bytes, which XXH3 hashes another way): copy and kvt__hash64 instead.
+ * No allocation, lock or syscall. */
+typedef struct kvt_hash_copy {
+    _Alignas(64) uint64_t acc[8];       /* XXH3's accumulators */
+    _Alignas(64) unsigned char secret[192]; /* XXH3's secret for the seed */
+    uint8_t *base;
+    uint64_t total, pos;  /* bytes in the range; bytes fed so far */
+    uint64_t stripes;     /* stripes accumulated */
+    uint64_t normal;      /* stripes accumulated before the final one */
+} kvt_hash_copy;
+int kvt__hash_copy_begin(kvt_hash_copy *h, void *base, uint64_t total, uint64_t seed);
+/* dst must be base + (bytes fed so far); len at most what remains. */
+void kvt__hash_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len);
+/* After exactly total bytes were fed. */
+uint64_t kvt__hash_copy_end(kvt_hash_copy *h);
+/* Their AVX2 bodies (hash_avx2.c). */
+void kvt__xxh3_avx2_copy_begin(kvt_hash_copy *h, uint64_t seed);
+void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len);
+uint64_t kvt__xxh3_avx2_copy_end(kvt_hash_copy *h);
 /* XXH3-128 of data with a 128-bit chaining input folded into the seed and
  * the secret-independent mix, so the result commits to prev and data. */
 kvt_hash128 kvt__hash128_chain(kvt_hash128 prev, const void *data, size_t len);

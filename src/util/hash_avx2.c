@@ -30,6 +30,99 @@ uint64_t kvt__xxh3_avx2_seeded(const void *p, size_t n, uint64_t seed)
     return XXH3_64bits_withSeed(p, n, seed);
 }
 
+/* ---- copy while hashing (kvt_hash_copy, hash.h) ----
+ * XXH3-64's long form, as XXH3_hashLong_internal_loop runs it: stripe i
+ * (64 bytes at 64 i) is accumulated with secret + 8 (i mod 16), the
+ * accumulators scrambled after every 16th, for the (total - 1) / 64
+ * stripes before the last; then the last 64 bytes (overlapping) with the
+ * "last" secret, and the merge. Built from xxhash's own steps; only the
+ * order of copying and hashing is ours. test_util_helpers checks the value
+ * against XXH3_64bits_withSeed over many sizes, seeds and feed splits. */
+#include <string.h>
+
+#define HC_STRIPES_PER_BLOCK ((XXH_SECRET_DEFAULT_SIZE - XXH_STRIPE_LEN) / XXH_SECRET_CONSUME_RATE)
+_Static_assert(sizeof(((kvt_hash_copy *)0)->secret) == XXH_SECRET_DEFAULT_SIZE,
+               "kvt_hash_copy.secret must be XXH3's default secret size");
+
+void kvt__xxh3_avx2_copy_begin(kvt_hash_copy *h, uint64_t seed)
+{
+    static const uint64_t init[XXH_ACC_NB] = XXH3_INIT_ACC;
+    memcpy(h->acc, init, sizeof init);
+    XXH3_initCustomSecret(h->secret, seed); /* seed 0: XXH3's own secret */
+}
+
+/* Accumulates the stripe at p (in L1: just stored). */
+static inline void hc_stripe(kvt_hash_copy *h, uint64_t *acc, const uint8_t *p)
+{
+    XXH3_accumulate_512_avx2(acc, p, h->secret + (h->stripes % HC_STRIPES_PER_BLOCK) *
+                                                     XXH_SECRET_CONSUME_RATE);
+    if (++h->stripes % HC_STRIPES_PER_BLOCK == 0)
+        XXH3_scrambleAcc_avx2(acc, h->secret + XXH_SECRET_DEFAULT_SIZE - XXH_STRIPE_LEN);
+}
+
+void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len)
+{
+    XXH_ALIGN(32) uint64_t acc[XXH_ACC_NB]; /* local: kept in registers */
+    memcpy(acc, h->acc, sizeof acc);
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    while (len) {
+        size_t in = (size_t)(h->pos % XXH_STRIPE_LEN);
+        if (in == 0 && len >= XXH_STRIPE_LEN && h->stripes < h->normal) {
+            /* Whole stripes: load, store, hash from the store. */
+            size_t n = len / XXH_STRIPE_LEN;
+            if (n > h->normal - h->stripes) n = (size_t)(h->normal - h->stripes);
+            if (((uintptr_t)d & 31) == 0) {
+                /* Streaming stores: the tier's lines are not read for
+                 * ownership first (a third less memory traffic, as glibc's
+                 * large memcpy); the stripe is hashed from the source, just
+                 * loaded into L1. If the source changed meanwhile, the sum
+                 * and the stored bytes differ and the check rejects the
+                 * block: never a wrong byte made visible. */
+                for (size_t i = 0; i < n; i++, d += XXH_STRIPE_LEN, s += XXH_STRIPE_LEN) {
+                    __m256i a = _mm256_loadu_si256((const __m256i *)s);
+                    __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+                    _mm256_stream_si256((__m256i *)d, a);
+                    _mm256_stream_si256((__m256i *)(d + 32), b);
+                    hc_stripe(h, acc, s);
+                }
+                _mm_sfence(); /* the stores are visible before anyone is told */
+            } else {
+                for (size_t i = 0; i < n; i++, d += XXH_STRIPE_LEN, s += XXH_STRIPE_LEN) {
+                    __m256i a = _mm256_loadu_si256((const __m256i *)s);
+                    __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+                    _mm256_storeu_si256((__m256i *)d, a);
+                    _mm256_storeu_si256((__m256i *)(d + 32), b);
+                    hc_stripe(h, acc, d);
+                }
+            }
+            len -= n * XXH_STRIPE_LEN;
+            h->pos += n * XXH_STRIPE_LEN;
+            continue;
+        }
+        /* A stripe split across feeds, or the bytes after the last normal
+         * stripe: copy up to the stripe's end, hash it once complete. */
+        size_t k = XXH_STRIPE_LEN - in < len ? XXH_STRIPE_LEN - in : len;
+        memcpy(d, s, k);
+        d += k;
+        s += k;
+        len -= k;
+        h->pos += k;
+        if (h->pos % XXH_STRIPE_LEN == 0 && h->stripes < h->normal)
+            hc_stripe(h, acc, h->base + h->pos - XXH_STRIPE_LEN);
+    }
+    memcpy(h->acc, acc, sizeof acc);
+}
+
+uint64_t kvt__xxh3_avx2_copy_end(kvt_hash_copy *h)
+{
+    XXH3_accumulate_512_avx2(h->acc, h->base + h->total - XXH_STRIPE_LEN,
+                             h->secret + XXH_SECRET_DEFAULT_SIZE - XXH_STRIPE_LEN -
+                                 XXH_SECRET_LASTACC_START);
+    return XXH3_mergeAccs(h->acc, h->secret + XXH_SECRET_MERGEACCS_START,
+                          (xxh_u64)h->total * XXH_PRIME64_1);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else

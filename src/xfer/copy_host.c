@@ -9,4 +9,5 @@ static kvt_status host_copy(void *ctx, const kvt_copy_chunk *chunks, uint32_t n)
     return KVT_OK;
 }
 
-const kvt_copy_ops kvt__host_copy_ops = {.name = "host", .copy = host_copy, .ctx = NULL};
+const kvt_copy_ops kvt__host_copy_ops = {.name = "host", .copy = host_copy, .ctx = NULL,
+                                         .plain_memcpy = true};

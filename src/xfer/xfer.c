@@ -56,6 +56,8 @@
 #define XFER_MAX_WORKERS 64
 
 typedef struct xfer_worker {
+    kvt_hash_copy sum;  /* the block part being copied and summed (aligned: first) */
+    uint8_t *sum_next;  /* where the part's next byte lands; NULL: not fusing */
     kvt_xfer *x;
     pthread_t thread;
     uint32_t index;
@@ -187,11 +189,33 @@ static void unit_done_locked(kvt_xfer *x, kvt_xfer_task *t, uint32_t layer, kvt_
 
 /* ---- the copy of one unit (no lock held) ---- */
 
+/* A summing store over plain memcpy copies each chunk while hashing it
+ * (kvt_hash_copy), as long as the chunks fill the block part in order
+ * (every layout kvtier builds); a chunk out of order ends the fusing, and
+ * sum_end hashes the part in a second pass. */
+static kvt_status copy_fused(xfer_worker *w, uint32_t n)
+{
+    const kvt_copy_ops *ops = &w->x->ops;
+    for (uint32_t i = 0; i < n; i++) {
+        const kvt_copy_chunk *ch = &w->chunks[i];
+        if (ch->dst != w->sum_next || ch->len > w->sum.total - w->sum.pos) w->sum_next = NULL;
+        if (!w->sum_next) {
+            kvt_status rc = ops->copy(ops->ctx, ch, 1);
+            if (rc != KVT_OK) return rc;
+            continue;
+        }
+        kvt__hash_copy_feed(&w->sum, ch->dst, ch->src, (size_t)ch->len);
+        w->sum_next += ch->len;
+    }
+    return KVT_OK;
+}
+
 static kvt_status flush(xfer_worker *w, kvt_xfer_task *t, uint32_t n)
 {
     if (atomic_load_explicit(&t->cancel, memory_order_relaxed)) return KVT_ECANCELED;
     const kvt_copy_ops *ops = &w->x->ops;
     if (ops->copy_async) return ops->copy_async(ops->ctx, &w->wctx, (int)t->dir, w->chunks, n);
+    if (w->sum_next) return copy_fused(w, n);
     return ops->copy(ops->ctx, w->chunks, n);
 }
 
@@ -217,13 +241,35 @@ static kvt_status run_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
     return rc != KVT_OK ? rc : sr;
 }
 
-/* layer_sums: the hash of layer's bytes in block b, just copied. */
-static void sum_layer(const kvt_xfer_task *t, uint32_t b, uint32_t layer)
+/* Layer's part of block b: [*seg, *seg + *len). */
+static uint8_t *sum_part(const kvt_xfer_task *t, uint32_t b, uint32_t layer, uint64_t *len)
 {
     const kvt_geometry *g = t->geo;
-    const uint8_t *seg = t->blocks[b] + kvt__geo_block_offset(g, t->block_tokens, layer, 0);
-    uint64_t len = (uint64_t)t->block_tokens * kvt__geo_layer_token_bytes(g, layer);
-    t->layer_sums[(uint64_t)b * g->num_layers + layer] = kvt__hash64(seg, (size_t)len, layer);
+    *len = (uint64_t)t->block_tokens * kvt__geo_layer_token_bytes(g, layer);
+    return t->blocks[b] + kvt__geo_block_offset(g, t->block_tokens, layer, 0);
+}
+
+/* Before layer's part of block b is copied: fuse its hash into the copy
+ * when the ops are plain memcpy and the CPU has the fused form. */
+static void sum_begin(xfer_worker *w, const kvt_xfer_task *t, uint32_t b, uint32_t layer)
+{
+    uint64_t len;
+    uint8_t *seg = sum_part(t, b, layer, &len);
+    bool fuse = w->x->ops.plain_memcpy && kvt__hash_copy_begin(&w->sum, seg, len, layer);
+    w->sum_next = fuse ? seg : NULL;
+}
+
+/* layer_sums: the hash of layer's bytes in block b, just copied (seeded
+ * with the layer, as kvt__srv_block_sum checks it): from the fused copy
+ * when it covered the part, else one pass over it. */
+static void sum_end(xfer_worker *w, const kvt_xfer_task *t, uint32_t b, uint32_t layer)
+{
+    uint64_t len;
+    uint8_t *seg = sum_part(t, b, layer, &len);
+    uint64_t *out = &t->layer_sums[(uint64_t)b * t->geo->num_layers + layer];
+    if (w->sum_next == seg + len) *out = kvt__hash_copy_end(&w->sum);
+    else *out = kvt__hash64(seg, (size_t)len, layer);
+    w->sum_next = NULL;
 }
 
 /* Appends one chunk to the worker's list, merged into the previous one when
@@ -272,11 +318,13 @@ static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
     const kvt_geometry *g = t->geo;
     const uint32_t ppb = t->block_tokens / g->tokens_per_page;
     const bool gather = t->dir == KVT_XFER_GATHER;
-    /* Summing: each block's part is copied (flushed) then hashed at once. */
+    /* Summing: each block's part is flushed on its own, hashed while it
+     * is copied or right after. */
     const bool sums = gather && t->layer_sums && !w->x->ops.copy_async;
     uint32_t n = 0;
     for (uint32_t b = 0; b < t->num_blocks; b++) {
         const uint32_t *pg = t->pages + (uint64_t)b * ppb;
+        if (sums) sum_begin(w, t, b, layer);
         for (uint32_t c = 0; c < kvt__geo_ncomp(g, layer); c++) {
             uint64_t tb = kvt__geo_token_bytes(g, layer, c);
             if (tb == 0) continue;
@@ -291,9 +339,12 @@ static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
         }
         if (sums) {
             kvt_status rc = n ? flush(w, t, n) : KVT_OK;
-            if (rc != KVT_OK) return rc;
+            if (rc != KVT_OK) {
+                w->sum_next = NULL;
+                return rc;
+            }
             n = 0;
-            sum_layer(t, b, layer);
+            sum_end(w, t, b, layer);
         }
     }
     return n ? flush(w, t, n) : KVT_OK;
@@ -378,7 +429,9 @@ kvt_status kvt__xfer_create(kvt_xfer **out, uint32_t workers, const kvt_copy_ops
     if (rc) goto fail_work_cv;
     rc = kvt__cond_init(&x->done_cv);
     if (rc) goto fail_done_cv;
-    x->workers = calloc(workers, sizeof *x->workers);
+    /* aligned: each worker's kvt_hash_copy holds 64-byte aligned state */
+    x->workers = aligned_alloc(_Alignof(xfer_worker), workers * sizeof *x->workers);
+    if (x->workers) memset(x->workers, 0, workers * sizeof *x->workers);
     if (!x->workers) {
         xfer_free(x);
         return kvt__fail(KVT_ENOMEM, "%s: out of memory for %u workers", fn, workers);

@@ -341,8 +341,8 @@ static void check_engine_exact(rig *r, const uint8_t *snapshot, uint32_t npages,
  * 1..3 pages per block, heterogeneous and MLA layers, 1..3 workers. The
  * scatter goes through slow copies so wait_layer(l) is checked while later
  * layers are still in flight: the bytes of layers <= l must be in place. */
-static void roundtrip(kvt_layout layout, uint32_t tpp, uint32_t ppb, uint32_t workers, bool mla,
-                      unsigned sleep_us)
+static void roundtrip_ops(kvt_layout layout, uint32_t tpp, uint32_t ppb, uint32_t workers,
+                          bool mla, unsigned sleep_us, bool plain)
 {
     rig r;
     uint32_t nblk = 5, npages = nblk * ppb, num_pages = 4 * npages;
@@ -359,6 +359,9 @@ static void roundtrip(kvt_layout layout, uint32_t tpp, uint32_t ppb, uint32_t wo
     test_ops o;
     kvt_copy_ops table;
     ops_init(&o, &table);
+    /* plain: the gather's sums come from the fused copy (kvt_hash_copy)
+     * wherever a block part is over 240 bytes and the CPU has AVX2 */
+    table.plain_memcpy = plain;
     kvt_xfer *x = NULL;
     assert_ok(kvt__xfer_create(&x, workers, &table));
     assert_int_equal(kvt__xfer_workers(x), workers);
@@ -401,6 +404,15 @@ static void roundtrip(kvt_layout layout, uint32_t tpp, uint32_t ppb, uint32_t wo
     free(dst);
     free(snapshot);
     rig_fini(&r);
+}
+
+/* Every round trip twice: the copy through the ops table, and the store's
+ * copy fused with its checksums (as the node client's host copies do). */
+static void roundtrip(kvt_layout layout, uint32_t tpp, uint32_t ppb, uint32_t workers, bool mla,
+                      unsigned sleep_us)
+{
+    roundtrip_ops(layout, tpp, ppb, workers, mla, sleep_us, false);
+    roundtrip_ops(layout, tpp, ppb, workers, mla, sleep_us, true);
 }
 
 static void test_roundtrip_layer_first(void **state)

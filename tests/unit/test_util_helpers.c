@@ -1,10 +1,13 @@
 /* test_util_helpers.c - the shared small helpers of src/util: the
- * little-endian codec every wire and disk format uses (util/le.h) and the
- * growable array (util/vec.h). */
+ * little-endian codec every wire and disk format uses (util/le.h), the
+ * growable array (util/vec.h) and the copy that hashes as it goes
+ * (util/hash.h, kvt_hash_copy). */
 #include "support.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
+#include "util/hash.h"
 #include "util/le.h"
 #include "util/vec.h"
 
@@ -59,11 +62,71 @@ static void test_grow(void **state)
     free(w);
 }
 
+/* Copies src[0, total) to dst in feeds of the given sizes (cycled) and
+ * checks the result against XXH3 over the copy, the copy against the
+ * source, and the bytes around the range untouched. */
+static void hash_copy_case(uint8_t *dst, const uint8_t *src, size_t total, uint64_t seed,
+                           const size_t *feeds, size_t nfeeds)
+{
+    memset(dst - 64, 0xC3, total + 128);
+    kvt_hash_copy h;
+    if (!kvt__hash_copy_begin(&h, dst, total, seed)) {
+        /* no fused form: only for short ranges or a CPU without AVX2 */
+        assert_true(total <= 240 || !kvt__hash_avx2());
+        return;
+    }
+    size_t pos = 0;
+    for (size_t k = 0; pos < total; k++) {
+        size_t n = feeds[k % nfeeds];
+        if (n > total - pos) n = total - pos;
+        kvt__hash_copy_feed(&h, dst + pos, src + pos, n);
+        pos += n;
+    }
+    uint64_t got = kvt__hash_copy_end(&h);
+    assert_memory_equal(dst, src, total);
+    assert_true(got == XXH3_64bits_withSeed(src, total, seed));
+    assert_true(got == kvt__hash64(dst, total, seed));
+    for (size_t i = 1; i <= 64; i++) {
+        assert_int_equal(dst[-(ptrdiff_t)i], 0xC3);
+        assert_int_equal(dst[total + i - 1], 0xC3);
+    }
+}
+
+static void test_hash_copy(void **state)
+{
+    (void)state;
+    enum { MAX = 200003 };
+    uint8_t *src = malloc(MAX + 64), *buf = aligned_alloc(64, (MAX + 256 + 63) / 64 * 64);
+    assert_non_null(src);
+    assert_non_null(buf);
+    uint64_t rng = 42;
+    for (size_t i = 0; i < MAX + 64; i++) src[i] = (uint8_t)kvt__splitmix64(&rng);
+    /* around the short/long boundary, XXH3's 1 KiB blocks, a block part */
+    static const size_t sizes[] = {200, 240, 241, 255, 256, 257, 1023, 1024, 1025,
+                                   1088, 4096, 65536, 65536 + 7, MAX};
+    static const size_t one[] = {SIZE_MAX}, tokens[] = {2048}, odd[] = {1, 63, 64, 65, 200, 7},
+                        split[] = {32 << 10, 5};
+    static const struct { const size_t *f; size_t n; } feeds[] = {
+        {one, 1}, {tokens, 1}, {odd, 6}, {split, 2}};
+    static const uint64_t seeds[] = {0, 1, 31, 0x9e3779b97f4a7c15ull};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        for (size_t f = 0; f < sizeof feeds / sizeof *feeds; f++)
+            for (size_t k = 0; k < sizeof seeds / sizeof *seeds; k++) {
+                /* streaming stores where 32-byte aligned, plain ones not */
+                size_t doff = 64 + (k % 2 ? 0 : 8), soff = k % 3;
+                hash_copy_case(buf + doff, src + soff, sizes[i], seeds[k], feeds[f].f,
+                               feeds[f].n);
+            }
+    free(src);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_le_layout),
         cmocka_unit_test(test_grow),
+        cmocka_unit_test(test_hash_copy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
