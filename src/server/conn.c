@@ -3,8 +3,8 @@
  * protocol, every task the client still holds is ended at once: planned
  * ones released, launched stores rolled back (their blocks never become
  * visible), launched loads unpinned. A store's END is answered before its
- * blocks are checked; the check runs on a thread of its own and commits
- * the store only if every block passes (kvt_srv_check below). */
+ * blocks are checked; the check runs on the connection's checker thread
+ * and commits the store only if every block passes (kvt_srv_check). */
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +16,7 @@
 #include "server/server.h"
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/sync.h"
 
 /* A client that starts a frame must finish it within this. */
 #define FRAME_MS 10000
@@ -435,59 +436,126 @@ static kvt_status verify_store(const kvt_srv_conn *c, const kvt_srv_task *t,
  * Performance). Its blocks still become visible only once every checksum
  * passed (kvt__cache_ext_end runs after the check); a mismatch rolls it
  * back, counted in failed_tasks and logged. The connection answers its
- * next LOOKUP, PREPARE, store END, STATS or FLUSH only after the check
- * (settle), so a client always finds its own stores and learns of a
- * failure from the next STATS; at most one check per client runs. */
+ * next LOOKUP, PEEK, PREPARE, store END, STATS or FLUSH only after the
+ * check (settle), so a client always finds its own stores and learns of a
+ * failure from the next STATS. One checker thread per connection, started
+ * at its first store and kept: no thread is created per store, and at
+ * most one check per client runs. */
 struct kvt_srv_check {
     kvt_srv_conn *c;
-    kvt_srv_task t;   /* taken off the task list: offsets and pins */
-    uint8_t *sums;    /* the client's checksums, copied */
     pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* a job posted, a job done, or stop */
+    bool has_job;      /* t and sums hold a store to check (or being checked) */
+    bool stop;
+    kvt_srv_task t;    /* taken off the task list: offsets and pins */
+    uint8_t *sums;     /* the client's checksums, copied */
+    size_t sums_cap;
 };
 
-static void *check_main(void *arg)
+static void check_one(kvt_srv_check *k)
 {
-    kvt_srv_check *k = arg;
     kvt_task_result r;
     kvt_status verdict = verify_store(k->c, &k->t, k->sums);
     if (kvt__cache_ext_end(k->c->srv->cache, k->t.id, verdict, &r))
         kvt__srv_log(KVT_LOG_WARN, "client pid %ld: %s", (long)k->c->pid, kvt_last_error());
     atomic_fetch_sub(&k->c->pins, k->t.pins);
+    free(k->t.offsets);
+    k->t.offsets = NULL;
+}
+
+static void *check_main(void *arg)
+{
+    kvt_srv_check *k = arg;
+    pthread_setname_np(pthread_self(), "kvt-srv-check");
+    pthread_mutex_lock(&k->mu);
+    for (;;) {
+        while (!k->has_job && !k->stop) pthread_cond_wait(&k->cv, &k->mu);
+        if (!k->has_job) break;
+        pthread_mutex_unlock(&k->mu);
+        check_one(k);
+        pthread_mutex_lock(&k->mu);
+        k->has_job = false;
+        pthread_cond_broadcast(&k->cv);
+    }
+    pthread_mutex_unlock(&k->mu);
     return NULL;
 }
 
-/* Waits for the client's store check, if one runs (bounded: one pass over
- * one request's blocks). */
+/* Waits for the client's store check, if one runs (no deadline needed:
+ * one pass over one request's blocks, which the client already copied). */
 static void settle(kvt_srv_conn *c)
 {
     kvt_srv_check *k = c->check;
     if (!k) return;
+    pthread_mutex_lock(&k->mu);
+    while (k->has_job) pthread_cond_wait(&k->cv, &k->mu);
+    pthread_mutex_unlock(&k->mu);
+}
+
+static kvt_srv_check *checker_create(kvt_srv_conn *c)
+{
+    kvt_srv_check *k = calloc(1, sizeof *k);
+    if (!k) return NULL;
+    k->c = c;
+    if (pthread_mutex_init(&k->mu, NULL)) goto fail_mu;
+    if (kvt__cond_init(&k->cv)) goto fail_cv;
+    if (pthread_create(&k->thread, NULL, check_main, k)) goto fail_thread;
+    return k;
+fail_thread:
+    pthread_cond_destroy(&k->cv);
+fail_cv:
+    pthread_mutex_destroy(&k->mu);
+fail_mu:
+    free(k);
+    return NULL;
+}
+
+/* At the connection's end, after settle. */
+static void checker_destroy(kvt_srv_conn *c)
+{
+    kvt_srv_check *k = c->check;
+    if (!k) return;
+    pthread_mutex_lock(&k->mu);
+    k->stop = true;
+    pthread_cond_broadcast(&k->cv);
+    pthread_mutex_unlock(&k->mu);
     pthread_join(k->thread, NULL);
-    free(k->t.offsets);
+    pthread_cond_destroy(&k->cv);
+    pthread_mutex_destroy(&k->mu);
     free(k->sums);
     free(k);
     c->check = NULL;
 }
 
-/* Starts t's check on its own thread and takes t off the list; false (t
- * untouched) when no memory or thread: the caller checks it in line. */
-static bool check_later(kvt_srv_conn *c, kvt_srv_task *t, const uint8_t *sums)
+/* Hands t (taken off the list) and its checksums to the checker, which
+ * starts at check_start; false (t untouched) when no memory or thread: the
+ * caller checks it in line. */
+static bool check_post(kvt_srv_conn *c, kvt_srv_task *t, const uint8_t *sums)
 {
     settle(c);
-    kvt_srv_check *k = malloc(sizeof *k);
-    uint8_t *copy = malloc(8 * (size_t)t->num_blocks + 1);
-    if (k && copy) {
-        *k = (kvt_srv_check){c, *t, copy, 0};
-        memcpy(copy, sums, 8 * (size_t)t->num_blocks);
-        if (pthread_create(&k->thread, NULL, check_main, k) == 0) {
-            c->check = k;
-            take_task(c, t);
-            return true;
-        }
+    if (!c->check && !(c->check = checker_create(c))) return false;
+    kvt_srv_check *k = c->check;
+    size_t need = 8 * (size_t)t->num_blocks;
+    if (need > k->sums_cap) {
+        uint8_t *p = realloc(k->sums, need);
+        if (!p) return false;
+        k->sums = p;
+        k->sums_cap = need;
     }
-    free(k);
-    free(copy);
-    return false;
+    memcpy(k->sums, sums, need);
+    k->t = *t;
+    take_task(c, t);
+    return true;
+}
+
+static void check_start(kvt_srv_conn *c)
+{
+    kvt_srv_check *k = c->check;
+    pthread_mutex_lock(&k->mu);
+    k->has_job = true;
+    pthread_cond_broadcast(&k->cv);
+    pthread_mutex_unlock(&k->mu);
 }
 
 static kvt_status end_reply(kvt_srv_conn *c, const kvt_task_result *r)
@@ -520,9 +588,14 @@ static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
         if (e.n != t->num_blocks)
             verdict = kvt__fail(KVT_EPROTO, "store task %llu: %u checksums for %u blocks",
                                 (unsigned long long)t->id, e.n, t->num_blocks);
-        else if (check_later(c, t, e.checksums))
-            return end_reply(c, &r); /* the client's copy is done; the check runs on */
-        else
+        else if (check_post(c, t, e.checksums)) {
+            /* Answered before the check starts: the reply never waits for
+             * a core the check holds. Started even if the reply failed, so
+             * the store ends (commit or roll back) either way. */
+            st = end_reply(c, &r);
+            check_start(c);
+            return st;
+        } else
             verdict = verify_store(c, t, e.checksums);
     }
     st = kvt__cache_ext_end(s->cache, e.task, verdict, &r);
@@ -645,6 +718,7 @@ void *kvt__srv_conn_main(void *arg)
     if (st == KVT_EPROTO || st == KVT_EVERSION)
         kvt__srv_log(KVT_LOG_WARN, "client pid %ld dropped: %s", (long)c->pid, kvt_last_error());
     settle(c); /* a store whose END was answered ends as its check says */
+    checker_destroy(c);
     uint32_t released = c->ntasks;
     while (c->ntasks) {
         kvt__cache_ext_abort(c->srv->cache, c->tasks[0].id, read_deadline(c));
