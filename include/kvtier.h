@@ -311,7 +311,21 @@ typedef struct kvt_key {
  * chain, even with equal bytes. Unlike a token request, a keyed lookup may
  * match every key: the engine keyed only complete pages and there is no
  * "last token" to leave it. A zeroed struct's new fields make a token
- * request, so code written before keys existed is unchanged. */
+ * request, so code written before keys existed is unchanged.
+ *
+ * Independent keys (flags KVT_REQ_INDEPENDENT_KEYS; keyed requests only):
+ * every key is a root of its own. Block i's identity is (namespace, key
+ * i's bytes), exactly that of a one-key request of key i, whatever keys
+ * come before it in this request. For engines whose keys already commit to
+ * their whole prefix and that ask from any page of a sequence (SGLang's
+ * HiCache page hashes): many pages in one call instead of a call per page.
+ * lookup and peek match the leading run of stored keys; prepare_store plans
+ * the keys from the first one not stored up to the next one that is stored
+ * or being stored by another task (first_token / num_tokens say which;
+ * ask again with the keys after the plan for the rest), each block with no
+ * parent, so eviction may take any of them first. */
+#define KVT_REQ_INDEPENDENT_KEYS 1u
+
 typedef struct kvt_request {
     const uint32_t *tokens;
     uint32_t num_tokens;
@@ -319,6 +333,7 @@ typedef struct kvt_request {
     uint32_t ns_len;
     const kvt_key *keys; /* non-NULL: a keyed request (see above) */
     uint32_t num_keys;
+    uint32_t flags; /* KVT_REQ_*, or 0 (see above) */
 } kvt_request;
 
 /* The engine's paged KV buffers. kvtier keeps the pointers (not the

@@ -135,9 +135,11 @@ class CRequest:
     """A kvt_request built from tokens (or keys) and a namespace; keeps the
     arrays it points at alive as long as the object lives."""
 
-    def __init__(self, tokens=None, ns=None, what="tokens", keys=None):
+    def __init__(self, tokens=None, ns=None, what="tokens", keys=None, independent=False):
         if (tokens is None) == (keys is None):
             raise invalid("a request names its blocks by tokens or by keys: give exactly one")
+        if independent and keys is None:
+            raise invalid("independent=True applies to keyed requests (keys=), not tokens")
         self.ns = ns_bytes(ns)
         self._ns_buf = ctypes.create_string_buffer(self.ns, max(1, len(self.ns)))
         ns_ptr = ctypes.cast(self._ns_buf, ctypes.c_void_p) if self.ns else None
@@ -158,18 +160,19 @@ class CRequest:
             off += len(k)
         self.c = _lib.Request(None, 0, ns_ptr, len(self.ns),
                               ctypes.cast(self._key_arr, ctypes.POINTER(_lib.Key)),
-                              len(self.keys))
+                              len(self.keys),
+                              _lib.REQ_INDEPENDENT_KEYS if independent else 0)
 
     def ref(self):
         """ctypes.byref of the struct."""
         return ctypes.byref(self.c)
 
 
-def as_request(tokens, ns=None, keys=None):
+def as_request(tokens, ns=None, keys=None, independent=False):
     """A CRequest, or tokens itself when it already is one."""
     if isinstance(tokens, CRequest):
         return tokens
-    return CRequest(tokens, ns, keys=keys)
+    return CRequest(tokens, ns, keys=keys, independent=independent)
 
 
 def cuda_device(buf):

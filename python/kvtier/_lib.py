@@ -52,7 +52,10 @@ class Request(Structure):
     """kvt_request."""
     _fields_ = [("tokens", POINTER(c_uint32)), ("num_tokens", c_uint32),
                 ("ns", c_void_p), ("ns_len", c_uint32),
-                ("keys", POINTER(Key)), ("num_keys", c_uint32)]
+                ("keys", POINTER(Key)), ("num_keys", c_uint32), ("flags", c_uint32)]
+
+
+REQ_INDEPENDENT_KEYS = 1  # KVT_REQ_INDEPENDENT_KEYS
 
 
 class EngineMemory(Structure):

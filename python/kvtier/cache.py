@@ -214,34 +214,40 @@ class Cache(Handle):
         self._keep.append(mem)
         self.num_pages = mem.num_pages
 
-    def lookup(self, tokens=None, ns=None, keys=None):
+    def lookup(self, tokens=None, ns=None, keys=None, independent=False):
         """Finds the longest cached prefix of the request (tokens, namespace
         ns) and pins it; returns Match(task, matched_tokens).
 
         keys= instead of tokens: a keyed request, one key (bytes, or str
         encoded UTF-8; 1..256 bytes) per block of block_tokens tokens, key i's
-        parent key i-1. A keyed lookup may match every key."""
-        req = as_request(tokens, ns, keys)
+        parent key i-1. A keyed lookup may match every key.
+
+        independent=True (keys only; KVT_REQ_INDEPENDENT_KEYS): every key is
+        a root of its own, the block it names the same as a one-key request
+        of it: many pages in one call. lookup and peek match the leading run
+        of stored keys; prepare_store plans the keys from the first not
+        stored up to the next stored (or being stored) one."""
+        req = as_request(tokens, ns, keys, independent)
         m = _lib.Match()
         check(self._call(lib.kvt_cache_lookup, req.ref(), ctypes.byref(m)))
         return Match(m.task, m.matched_tokens)
 
-    def peek(self, tokens=None, ns=None, keys=None):
+    def peek(self, tokens=None, ns=None, keys=None, independent=False):
         """How many tokens lookup would match now (an int), pinning nothing
         and making no task: nothing to cancel. Same requests and rule as
         lookup; the answer may be stale by the next lookup (blocks can be
         evicted meanwhile): load what that lookup matched."""
-        req = as_request(tokens, ns, keys)
+        req = as_request(tokens, ns, keys, independent)
         n = ctypes.c_uint32()
         check(self._call(lib.kvt_cache_peek, req.ref(), ctypes.byref(n)))
         return n.value
 
-    def prepare_store(self, tokens=None, ns=None, keys=None):
+    def prepare_store(self, tokens=None, ns=None, keys=None, independent=False):
         """Plans the store of the request's full blocks the cache lacks;
         returns StorePlan(task, first_token, num_tokens). keys= as for
         lookup: block i covers tokens [i * block_tokens, (i + 1) *
         block_tokens) of the page table given to launch."""
-        req = as_request(tokens, ns, keys)
+        req = as_request(tokens, ns, keys, independent)
         p = _lib.StorePlan()
         check(self._call(lib.kvt_cache_prepare_store, req.ref(), ctypes.byref(p)))
         return StorePlan(p.task, p.first_token, p.num_tokens)

@@ -88,24 +88,24 @@ class Client(Handle):
         self._keep.append(mem)
         self.num_pages = mem.num_pages
 
-    def lookup(self, tokens=None, ns=None, keys=None):
+    def lookup(self, tokens=None, ns=None, keys=None, independent=False):
         """As Cache.lookup, answered by the server: Match(task, matched_tokens)."""
-        req = as_request(tokens, ns, keys)
+        req = as_request(tokens, ns, keys, independent)
         m = _lib.Match()
         check(self._call(lib.kvt_client_lookup, req.ref(), ctypes.byref(m)))
         return Match(m.task, m.matched_tokens)
 
-    def peek(self, tokens=None, ns=None, keys=None):
+    def peek(self, tokens=None, ns=None, keys=None, independent=False):
         """As Cache.peek, one round trip to the server: the int lookup would
         match now, nothing pinned, no task to cancel."""
-        req = as_request(tokens, ns, keys)
+        req = as_request(tokens, ns, keys, independent)
         n = ctypes.c_uint32()
         check(self._call(lib.kvt_client_peek, req.ref(), ctypes.byref(n)))
         return n.value
 
-    def prepare_store(self, tokens=None, ns=None, keys=None):
+    def prepare_store(self, tokens=None, ns=None, keys=None, independent=False):
         """As Cache.prepare_store: StorePlan(task, first_token, num_tokens)."""
-        req = as_request(tokens, ns, keys)
+        req = as_request(tokens, ns, keys, independent)
         p = _lib.StorePlan()
         check(self._call(lib.kvt_client_prepare_store, req.ref(), ctypes.byref(p)))
         return StorePlan(p.task, p.first_token, p.num_tokens)

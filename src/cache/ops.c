@@ -16,6 +16,8 @@
 
 static kvt_status check_keys(const char *fn, const kvt_request *r, uint32_t block_tokens)
 {
+    KVT_CHECK_ARG((r->flags & ~KVT_REQ_INDEPENDENT_KEYS) == 0, "%s: req->flags is 0x%x; 0x%x "
+                  "are not KVT_REQ_* bits", fn, r->flags, r->flags & ~KVT_REQ_INDEPENDENT_KEYS);
     KVT_CHECK_ARG(r->tokens == NULL, "%s: req->keys and req->tokens are both set; a request "
                   "names its blocks by tokens or by keys, not both", fn);
     KVT_CHECK_ARG(r->num_keys <= KVT_MAX_KEYS, "%s: num_keys is %u (at most %u)", fn,
@@ -45,6 +47,8 @@ kvt_status kvt__request_check(const char *fn, const kvt_request *r, uint32_t blo
                   r->ns_len, KVT_MAX_NS_LEN);
     if (r->keys) return check_keys(fn, r, block_tokens);
     KVT_CHECK_ARG(r->num_keys == 0, "%s: req->keys is NULL but num_keys is %u", fn, r->num_keys);
+    KVT_CHECK_ARG(r->flags == 0, "%s: req->flags is 0x%x, but flags apply to keyed requests "
+                  "and req->keys is NULL", fn, r->flags);
     KVT_CHECK_ARG(r->tokens != NULL || r->num_tokens == 0, "%s: req->tokens is NULL but "
                   "num_tokens is %u", fn, r->num_tokens);
     KVT_CHECK_ARG(r->num_tokens <= KVT_MAX_REQUEST_TOKENS, "%s: num_tokens is %u (at most %u)",
@@ -62,6 +66,8 @@ uint32_t kvt__request_tokens(const kvt_cache *c, const kvt_request *r)
 uint32_t kvt__request_hashes(const kvt_cache *c, const kvt_request *r, kvt_hash128 *out,
                              uint32_t max)
 {
+    if (r->keys && (r->flags & KVT_REQ_INDEPENDENT_KEYS))
+        return kvt__key_roots(r->keys, r->num_keys, r->ns, r->ns_len, out, max);
     if (r->keys) return kvt__key_hashes(r->keys, r->num_keys, r->ns, r->ns_len, out, max);
     return kvt__block_hashes(r->tokens, r->num_tokens, c->cfg.block_tokens, r->ns, r->ns_len,
                              out, max);
@@ -314,23 +320,39 @@ kvt_status kvt_cache_peek(kvt_cache *c, const kvt_request *req, uint32_t *matche
 /* Store planning                                                     */
 
 /* What a store of n blocks must write, given the index walk: blocks
- * [first, k) are cached but lost (re-filled), [k, n) are new. */
+ * [first, k) are cached but lost (re-filled), [k, n) are new; roots: each
+ * new block has no parent (independent keys). */
 typedef struct store_span {
     uint32_t first, k, n;
-    bool nothing;
+    bool nothing, roots;
 } store_span;
 
-static store_span plan_span(kvt_cache *c, scratch *s, uint32_t n)
+/* Independent keys: the new run [k, n) ends before the first key after k
+ * that is cached or being stored, as a chained request's would end there
+ * had its prefix been stored. O(n - k) hash lookups. */
+static uint32_t roots_end(kvt_cache *c, const scratch *s, uint32_t k, uint32_t n)
+{
+    for (uint32_t j = k + 1; j < n; j++) {
+        uint32_t id;
+        kvt_index_stop stop;
+        if (kvt__index_probe(c->index, s->hashes + j, 1, &id, &stop) || stop == KVT_STOP_PENDING)
+            return j;
+    }
+    return n;
+}
+
+static store_span plan_span(kvt_cache *c, scratch *s, uint32_t n, bool roots)
 {
     kvt_index_stop stop;
     uint32_t k = kvt__index_probe(c->index, s->hashes, n, s->ids, &stop);
     bool busy;
     uint32_t first = kvt__tiers_first_lost(c, s->ids, k, &busy);
-    store_span sp = {first, k, n, false};
+    store_span sp = {first, k, n, false, roots};
     /* Blocks another task is storing are not stored twice; nor is what
      * follows them, so every pending chain has a single owner. */
     if (busy) sp.k = sp.n = first;
     else if (stop == KVT_STOP_PENDING) sp.n = k;
+    else if (roots && k < n) sp.n = roots_end(c, s, k, n);
     sp.nothing = sp.first == sp.n;
     return sp;
 }
@@ -345,7 +367,7 @@ static kvt_status fill_store_task(kvt_cache *c, kvt_task *t, const scratch *s,
         t->tmp_slots[i] = s->slots[i];
         t->blocks[i] = kvt__pool_block(c->pool, s->slots[i]);
     }
-    uint32_t parent = sp->k ? s->ids[sp->k - 1] : KVT_INDEX_NONE;
+    uint32_t parent = sp->k && !sp->roots ? s->ids[sp->k - 1] : KVT_INDEX_NONE;
     for (uint32_t i = r; i < t->num_blocks; i++) {
         kvt_status st = kvt__index_insert(c->index, parent, s->hashes[sp->k + i - r], s->slots[i],
                                           &t->entries[i]);
@@ -354,18 +376,19 @@ static kvt_status fill_store_task(kvt_cache *c, kvt_task *t, const scratch *s,
             return st;
         }
         t->blocks[i] = kvt__pool_block(c->pool, s->slots[i]);
-        parent = t->entries[i];
+        if (!sp->roots) parent = t->entries[i];
     }
     kvt__tiers_repair_begin(c, t->entries, r);
     return KVT_OK;
 }
 
-static kvt_status prepare_locked(kvt_cache *c, scratch *s, uint32_t n, kvt_store_plan *out)
+static kvt_status prepare_locked(kvt_cache *c, scratch *s, uint32_t n, bool roots,
+                                 kvt_store_plan *out)
 {
     expire_plans(c);
-    store_span sp = plan_span(c, s, n);
+    store_span sp = plan_span(c, s, n, roots);
     if (!sp.nothing && kvt__tiers_wait_room(c, sp.n - sp.first))
-        sp = plan_span(c, s, n); /* the lock was released while waiting */
+        sp = plan_span(c, s, n, roots); /* the lock was released while waiting */
     kvt_store_plan p = {0, sp.first * c->cfg.block_tokens, 0};
     if (sp.nothing) {
         *out = p;
@@ -418,7 +441,7 @@ kvt_status kvt_cache_prepare_store(kvt_cache *c, const kvt_request *req, kvt_sto
     if ((st = scratch_alloc(&s, full))) return kvt__cache_fail(c, st);
     uint32_t n = kvt__request_hashes(c, req, s.hashes, full);
     pthread_mutex_lock(&c->mu);
-    st = prepare_locked(c, &s, n, out);
+    st = prepare_locked(c, &s, n, (req->flags & KVT_REQ_INDEPENDENT_KEYS) != 0, out);
     pthread_mutex_unlock(&c->mu);
     free(s.hashes);
     return st ? kvt__cache_fail(c, st) : KVT_OK;

@@ -15,6 +15,9 @@
  * the key bytes after it are unambiguous without a length prefix; the keyed
  * domain keeps every keyed chain apart from every token chain of the same
  * namespace.
+ *
+ * Independent keys (KVT_REQ_INDEPENDENT_KEYS): h_i = H(kroot || key i
+ * bytes), each key's h_0 as a one-key request of it.
  */
 #include "index/index.h"
 
@@ -61,20 +64,34 @@ uint32_t kvt__block_hashes(const uint32_t *tokens, uint32_t num_tokens, uint32_t
 /* "kvtier-keyed-v1": change it and every keyed hash changes. */
 static const char kvt__keyed_domain[] = "kvtier-keyed-v1";
 
-uint32_t kvt__key_hashes(const kvt_key *keys, uint32_t num_keys, const void *ns, uint32_t ns_len,
-                         kvt_hash128 *out, uint32_t max_out)
+/* Chained (h_i from h_{i-1}) or each from the keyed root. */
+static uint32_t key_hashes(const kvt_key *keys, uint32_t num_keys, const void *ns,
+                           uint32_t ns_len, kvt_hash128 *out, uint32_t max_out, bool chain)
 {
     assert(ns != NULL || ns_len == 0);
     uint32_t n = num_keys < max_out ? num_keys : max_out;
     if (n == 0) return 0;
     assert(keys != NULL && out != NULL);
 
-    kvt_hash128 h = kvt__hash128_chain(kvt__ns_root(ns, ns_len), kvt__keyed_domain,
-                                       sizeof kvt__keyed_domain - 1);
+    kvt_hash128 root = kvt__hash128_chain(kvt__ns_root(ns, ns_len), kvt__keyed_domain,
+                                          sizeof kvt__keyed_domain - 1);
+    kvt_hash128 h = root;
     for (uint32_t i = 0; i < n; i++) {
         assert(keys[i].data != NULL && keys[i].len > 0);
-        h = kvt__hash128_chain(h, keys[i].data, keys[i].len);
+        h = kvt__hash128_chain(chain ? h : root, keys[i].data, keys[i].len);
         out[i] = h;
     }
     return n;
+}
+
+uint32_t kvt__key_hashes(const kvt_key *keys, uint32_t num_keys, const void *ns, uint32_t ns_len,
+                         kvt_hash128 *out, uint32_t max_out)
+{
+    return key_hashes(keys, num_keys, ns, ns_len, out, max_out, true);
+}
+
+uint32_t kvt__key_roots(const kvt_key *keys, uint32_t num_keys, const void *ns, uint32_t ns_len,
+                        kvt_hash128 *out, uint32_t max_out)
+{
+    return key_hashes(keys, num_keys, ns, ns_len, out, max_out, false);
 }

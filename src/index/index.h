@@ -41,6 +41,11 @@ uint32_t kvt__block_hashes(const uint32_t *tokens, uint32_t num_tokens, uint32_t
 uint32_t kvt__key_hashes(const kvt_key *keys, uint32_t num_keys, const void *ns, uint32_t ns_len,
                          kvt_hash128 *out, uint32_t max_out);
 
+/* The same for independent keys (KVT_REQ_INDEPENDENT_KEYS): each hash is
+ * that of a one-key request of its key. */
+uint32_t kvt__key_roots(const kvt_key *keys, uint32_t num_keys, const void *ns, uint32_t ns_len,
+                        kvt_hash128 *out, uint32_t max_out);
+
 /* An index for at most max_blocks entries (1 .. 2^31). */
 kvt_status kvt__index_create(kvt_index **out, uint32_t max_blocks, kvt_evict_policy policy);
 void kvt__index_destroy(kvt_index *idx);

@@ -214,9 +214,10 @@ static kvt_status ns_refused(kvt_srv_conn *c, const uint8_t *ns, uint32_t len)
 static kvt_request srv_request(const kvt_srv_req *q)
 {
     kvt_request req = {.ns = q->ns, .ns_len = q->ns_len};
-    if (q->form == 1) {
+    if (q->form >= 1) {
         req.keys = q->keys;
         req.num_keys = q->count;
+        req.flags = q->form == 2 ? KVT_REQ_INDEPENDENT_KEYS : 0;
     } else {
         req.tokens = q->tokens;
         req.num_tokens = q->count;

@@ -288,7 +288,7 @@ kvt_status kvt__srv_req_encode(kvt_srv_buf *b, const kvt_request *req)
                          req->keys ? "num_keys" : "num_tokens", count, KVT_SRV_MAX_TOKENS);
     if (req->ns_len > KVT_SRV_MAX_NS)
         return kvt__fail(KVT_EINVAL, "ns_len is %u (at most %u)", req->ns_len, KVT_SRV_MAX_NS);
-    kvt__srv_put32(b, req->keys ? 1 : 0);
+    kvt__srv_put32(b, !req->keys ? 0 : req->flags & KVT_REQ_INDEPENDENT_KEYS ? 2 : 1);
     kvt__srv_put32(b, req->ns_len);
     kvt__srv_put_bytes(b, req->ns, req->ns_len);
     kvt__srv_put32(b, count);
@@ -319,7 +319,7 @@ kvt_status kvt__srv_req_decode(const uint8_t *p, size_t len, kvt_srv_req *out)
     q.form = get32(&r);
     q.ns_len = get32(&r);
     if (r.bad) return done(&r, what);
-    if (q.form > 1) return kvt__fail(KVT_EPROTO, "%s: form %u is unknown", what, q.form);
+    if (q.form > 2) return kvt__fail(KVT_EPROTO, "%s: form %u is unknown", what, q.form);
     if (q.ns_len > KVT_SRV_MAX_NS)
         return kvt__fail(KVT_EPROTO, "%s: ns_len %u (at most %u)", what, q.ns_len,
                          KVT_SRV_MAX_NS);

@@ -40,7 +40,8 @@
  *            (kvt_cache_peek: LOOKUP's answer with nothing pinned, no task)
  * A request is: u32 form, u32 ns_len, ns bytes padded to 4, u32 count, then
  *   form 0 (tokens): u32 token[count];
- *   form 1 (keys):   count x (u32 len, len bytes padded to 4), len <= KVT_SRV_MAX_KEY.
+ *   form 1 (keys):   count x (u32 len, len bytes padded to 4), len <= KVT_SRV_MAX_KEY;
+ *   form 2 (independent keys, KVT_REQ_INDEPENDENT_KEYS): as form 1.
  *   The keyed form carries kvt_request.keys; the server's cache checks
  *   them further (kvt__request_check: KVT_MAX_KEY_LEN, KVT_MAX_KEYS).
  * Decoders never trust a length: every one is bounded before use. */
@@ -53,7 +54,8 @@
 #include "kvtier.h"
 
 #define KVT_SRV_MAGIC 0x5354564bu /* "KVTS" */
-#define KVT_SRV_VERSION 2u /* 2: SESSION and PEEK; a v1 peer is refused with KVT_EVERSION */
+#define KVT_SRV_VERSION 3u /* 2: SESSION and PEEK; 3: request form 2 (independent keys).
+                            * A peer of another version is refused with KVT_EVERSION. */
 #define KVT_SRV_HDR 16u
 #define KVT_SRV_REPLY 0x8000u
 #define KVT_SRV_MAX_MSG (16u << 20)      /* bound on one payload */
@@ -128,12 +130,12 @@ kvt_status kvt__srv_hello_rep_decode(const uint8_t *p, size_t len, kvt_srv_hello
  * (form 1), so p must outlive them. The caller frees tokens and keys; ns
  * points into p. */
 typedef struct kvt_srv_req {
-    uint32_t form;  /* 0 tokens, 1 keys */
+    uint32_t form;  /* 0 tokens, 1 keys, 2 independent keys */
     const void *ns;
     uint32_t ns_len;
     uint32_t count;
     uint32_t *tokens; /* form 0: count tokens, malloc'd */
-    kvt_key *keys;    /* form 1: count keys, malloc'd, data into the frame */
+    kvt_key *keys;    /* forms 1, 2: count keys, malloc'd, data into the frame */
 } kvt_srv_req;
 kvt_status kvt__srv_req_encode(kvt_srv_buf *b, const kvt_request *req);
 kvt_status kvt__srv_req_decode(const uint8_t *p, size_t len, kvt_srv_req *out);

@@ -46,6 +46,7 @@ static void request(const uint8_t *p, size_t n)
         }
         r.keys = q.keys ? q.keys : (const kvt_key *)"";
         r.num_keys = q.count;
+        r.flags = q.form == 2 ? KVT_REQ_INDEPENDENT_KEYS : 0;
     }
     kvt_srv_buf b = {0};
     if (kvt__srv_req_encode(&b, &r) == KVT_OK) {

@@ -231,6 +231,16 @@ static void server_seeds(seeds *s)
     else memcpy(rep + 1, b.p, b.len);
     emit(s, "fuzz_server_proto", "task_rep_peek", rep, sizeof rep);
     kvt__srv_buf_free(&b);
+    /* A request of independent keys (case 3, form 2): two keys. */
+    kvt_key keys[2] = {{"page-a", 6}, {"page-bb", 7}};
+    kvt_request r = {.ns = "m", .ns_len = 1, .keys = keys, .num_keys = 2,
+                     .flags = KVT_REQ_INDEPENDENT_KEYS};
+    kvt_srv_buf q = {0};
+    uint8_t req[1 + 64] = {3}; /* byte 0 picks the decoder: 3 */
+    if (kvt__srv_req_encode(&q, &r) != KVT_OK || q.len > sizeof req - 1) s->bad++;
+    else memcpy(req + 1, q.p, q.len);
+    emit(s, "fuzz_server_proto", "req_independent_keys", req, 1 + q.len);
+    kvt__srv_buf_free(&q);
 }
 
 int main(int argc, char **argv)
