@@ -5,10 +5,15 @@
  * token request. Also: the prefix property, namespaces, keyed and token
  * chains kept apart, eviction from the tail, restart from the SSD tier, and
  * every argument error with its message. And kvt_cache_peek, for keyed and
- * token requests: lookup's answer with nothing pinned, planned or counted. */
+ * token requests: lookup's answer with nothing pinned, planned or counted.
+ * And independent keys (KVT_REQ_INDEPENDENT_KEYS), in process and through a
+ * node server: each key the block of a one-key request of it, leading-run
+ * lookups, store plans that stop at the next stored or pending key, blocks
+ * evicted one by one, and the flags' argument errors. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "support.h"
 
@@ -20,8 +25,11 @@ typedef struct env {
     kvt_geometry *geo;
     kvt_config *cfg;
     kvt_cache *cache;
+    kvt_client *client; /* set: the independent-keys tests go through a server */
     kvt_emu *emu;
     uint32_t tpp, layers;
+    pid_t server;
+    char dir[200];
 } env;
 
 /* 3 layers x (K, V) x 2 heads x 16 dims, 4 tokens a page. */
@@ -487,6 +495,316 @@ static void test_keyed_errors_name_index_and_field(void **state)
     env_close(&e);
 }
 
+/* ---- independent keys ---- */
+
+/* The same calls in process or through the env's client. */
+static kvt_status e_lookup(env *e, const kvt_request *r, kvt_match *m)
+{
+    return e->client ? kvt_client_lookup(e->client, r, m) : kvt_cache_lookup(e->cache, r, m);
+}
+static kvt_status e_peek(env *e, const kvt_request *r, uint32_t *n)
+{
+    return e->client ? kvt_client_peek(e->client, r, n) : kvt_cache_peek(e->cache, r, n);
+}
+static kvt_status e_prepare(env *e, const kvt_request *r, kvt_store_plan *p)
+{
+    return e->client ? kvt_client_prepare_store(e->client, r, p)
+                     : kvt_cache_prepare_store(e->cache, r, p);
+}
+static void e_run(env *e, kvt_task_id t, const uint32_t *pages, uint32_t np)
+{
+    kvt_task_result res;
+    if (e->client) {
+        assert_ok(kvt_client_launch(e->client, t, pages, np));
+        assert_ok(kvt_client_wait(e->client, t, WAIT_MS, &res));
+    } else {
+        assert_ok(kvt_cache_launch(e->cache, t, pages, np));
+        assert_ok(kvt_cache_wait(e->cache, t, WAIT_MS, &res));
+    }
+    assert_int_equal(res.status, KVT_OK);
+}
+static void e_cancel(env *e, kvt_task_id t)
+{
+    kvt_task_result res;
+    if (e->client) {
+        assert_ok(kvt_client_cancel(e->client, t));
+        assert_ok(kvt_client_wait(e->client, t, WAIT_MS, &res));
+    } else {
+        assert_ok(kvt_cache_cancel(e->cache, t));
+        assert_ok(kvt_cache_wait(e->cache, t, WAIT_MS, &res));
+    }
+}
+
+static kvt_status make_server(kvt_server **out, void *arg)
+{
+    env *e = arg;
+    char sock[240];
+    snprintf(sock, sizeof sock, "%s/s.sock", e->dir);
+    kvt_status st = kvt_config_set(e->cfg, "server_socket", sock);
+    if (!st) st = kvt_server_create(out, e->cfg, e->geo);
+    return st;
+}
+
+/* An env whose calls go through a forked node server (same config). */
+static void env_open_server(env *e)
+{
+    env_open(e, "4MiB", NULL);
+    kvt_test_mkdtemp(e->dir, sizeof e->dir, "keys-srv");
+    e->server = kvt_test_server_fork(make_server, e);
+    char sock[240];
+    snprintf(sock, sizeof sock, "%s/s.sock", e->dir);
+    assert_ok(kvt_client_attach(&e->client, sock, e->geo, WAIT_MS));
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_memory(e->emu, &mem));
+    assert_ok(kvt_client_register_memory(e->client, &mem));
+}
+
+static void env_close_server(env *e)
+{
+    kvt_client_detach(e->client);
+    e->client = NULL;
+    kvt_test_server_stop(e->server, WAIT_MS);
+    char cmd[260];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", e->dir);
+    assert_int_equal(system(cmd), 0);
+    env_close(e);
+}
+
+/* Fills every page of the chain's n blocks (pages base + token / tpp) from
+ * its token request: block i's bytes are what a one-key store of key i
+ * from those pages writes. */
+static void fill_chain(env *e, const chain *c, uint32_t n, uint32_t base)
+{
+    uint32_t np = n * BT / e->tpp, pages[MAXB * BT];
+    pages_from(pages, np, base);
+    kvt_request t = tokens_of(c, n);
+    assert_ok(kvt_emu_fill(e->emu, &t, 0, n * BT, pages, np));
+}
+
+/* The pages of chain block b, in a page table indexed by chain tokens. */
+static uint32_t block_page(const env *e, uint32_t b, uint32_t j, uint32_t base)
+{
+    return base + b * (BT / e->tpp) + j;
+}
+
+/* Independent request of the chain's blocks which[0..n). */
+static kvt_request indep(const chain *c, const uint32_t *which, uint32_t n, kvt_key *keys)
+{
+    for (uint32_t i = 0; i < n; i++) keys[i] = c->keys[which[i]];
+    return (kvt_request){.keys = keys, .num_keys = n, .flags = KVT_REQ_INDEPENDENT_KEYS};
+}
+
+/* Stores request blocks [plan first, + num) of r (chain blocks which[...])
+ * from the chain's filled pages at base. */
+static void store_plan(env *e, const kvt_store_plan *p, const uint32_t *which, uint32_t n,
+                       uint32_t base)
+{
+    uint32_t ppb = BT / e->tpp, pages[MAXB * BT];
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < ppb; j++) pages[i * ppb + j] = block_page(e, which[i], j, base);
+    e_run(e, p->task, pages, n * ppb);
+}
+
+/* Loads the independent request of which[0..n) into poisoned pages at
+ * dst and verifies each matched block against chain block which[i];
+ * returns the tokens matched. */
+static uint32_t load_indep(env *e, const chain *c, const uint32_t *which, uint32_t n,
+                           uint32_t dst)
+{
+    uint32_t ppb = BT / e->tpp, pages[MAXB * BT];
+    kvt_key keys[MAXB];
+    kvt_request r = indep(c, which, n, keys);
+    pages_from(pages, n * ppb, dst);
+    assert_ok(kvt_emu_poison(e->emu, pages, n * ppb));
+    kvt_match m;
+    assert_ok(e_lookup(e, &r, &m));
+    if (m.task) e_run(e, m.task, pages, n * ppb);
+    kvt_request t = tokens_of(c, c->n);
+    for (uint32_t i = 0; i < m.matched_tokens / BT; i++) {
+        /* chain block which[i] landed in request pages [i ppb, (i+1) ppb) */
+        uint32_t table[MAXB * BT];
+        for (uint32_t j = 0; j < ppb; j++) table[which[i] * ppb + j] = pages[i * ppb + j];
+        kvt_verify_result v;
+        assert_ok(kvt_emu_verify(e->emu, &t, which[i] * BT, BT, table, c->n * ppb, &v));
+        assert_int_equal(v.mismatches, 0);
+        assert_true(v.bytes_checked > 0);
+    }
+    return m.matched_tokens;
+}
+
+/* One-key store of chain block b (from its filled pages at base). */
+static void store_one(env *e, const chain *c, uint32_t b, uint32_t base)
+{
+    kvt_key k[1];
+    uint32_t which[1] = {b};
+    kvt_request r = {.keys = k, .num_keys = 1};
+    k[0] = c->keys[b];
+    kvt_store_plan p;
+    assert_ok(e_prepare(e, &r, &p));
+    assert_int_not_equal(p.task, 0);
+    assert_int_equal(p.first_token, 0);
+    assert_int_equal(p.num_tokens, BT);
+    store_plan(e, &p, which, 1, base);
+}
+
+static uint32_t peek_one(env *e, const chain *c, uint32_t b)
+{
+    kvt_key k[1] = {c->keys[b]};
+    kvt_request r = {.keys = k, .num_keys = 1};
+    uint32_t n = 99;
+    assert_ok(e_peek(e, &r, &n));
+    return n;
+}
+
+/* Each key names the block of a one-key request of it: stored one by one,
+ * found together; stored together, found one by one; leading runs; plans
+ * that end at the next stored or pending key. */
+static void independent_keys(env *e)
+{
+    chain c;
+    chain_make(&c, 16, 77);
+    fill_chain(e, &c, 16, 0);
+    /* One by one (0, 1, 3), then together. */
+    store_one(e, &c, 0, 0);
+    store_one(e, &c, 1, 0);
+    store_one(e, &c, 3, 0);
+    uint32_t w5[5] = {0, 1, 2, 3, 4}, got;
+    kvt_key keys[MAXB];
+    kvt_request r = indep(&c, w5, 5, keys);
+    assert_ok(e_peek(e, &r, &got));
+    assert_int_equal(got, 2 * BT); /* the leading run: key 2 is missing */
+    assert_int_equal(load_indep(e, &c, w5, 5, 500), 2 * BT);
+    uint32_t w3[3] = {3, 0, 1}; /* any order: each key stands alone */
+    assert_int_equal(load_indep(e, &c, w3, 3, 520), 3 * BT);
+    /* A chained request of the same keys: its first block is a root (a
+     * one-key request), its second chains to it, so only the first is
+     * found. */
+    kvt_request chained = keyed(&c, 2, NULL);
+    assert_ok(e_peek(e, &chained, &got));
+    assert_int_equal(got, BT);
+
+    /* The plan covers key 2 alone (key 3 is stored), then key 4. */
+    kvt_store_plan p;
+    assert_ok(e_prepare(e, &r, &p));
+    assert_int_not_equal(p.task, 0);
+    assert_int_equal(p.first_token, 2 * BT);
+    assert_int_equal(p.num_tokens, BT);
+    store_plan(e, &p, w5, 5, 0);
+    kvt_request rest = indep(&c, w5 + 3, 2, keys); /* keys after the plan: 3, 4 */
+    assert_ok(e_prepare(e, &rest, &p));
+    assert_int_equal(p.first_token, BT);
+    assert_int_equal(p.num_tokens, BT);
+    store_plan(e, &p, w5 + 3, 2, 0);
+    r = indep(&c, w5, 5, keys);
+    assert_int_equal(load_indep(e, &c, w5, 5, 540), 5 * BT);
+
+    /* Together (5..9) in one plan, then found one by one. */
+    uint32_t w10[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    r = indep(&c, w10, 10, keys);
+    assert_ok(e_prepare(e, &r, &p));
+    assert_int_equal(p.first_token, 5 * BT);
+    assert_int_equal(p.num_tokens, 5 * BT);
+    store_plan(e, &p, w10, 10, 0);
+    for (uint32_t b = 0; b < 10; b++) assert_int_equal(peek_one(e, &c, b), BT);
+    assert_int_equal(load_indep(e, &c, w10, 10, 600), 10 * BT);
+
+    /* A key being stored by another task ends the plan before it, and a
+     * plan that starts on it is empty (first_token says where). */
+    kvt_key k12[1] = {c.keys[12]};
+    kvt_request one12 = {.keys = k12, .num_keys = 1};
+    kvt_store_plan pend;
+    assert_ok(e_prepare(e, &one12, &pend));
+    assert_int_not_equal(pend.task, 0);
+    uint32_t w4[4] = {10, 11, 12, 13};
+    r = indep(&c, w4, 4, keys);
+    assert_ok(e_prepare(e, &r, &p));
+    assert_int_equal(p.first_token, 0);
+    assert_int_equal(p.num_tokens, 2 * BT); /* 10, 11: stops before pending 12 */
+    store_plan(e, &p, w4, 4, 0);
+    assert_ok(e_prepare(e, &r, &p));
+    assert_int_equal(p.task, 0);
+    assert_int_equal(p.first_token, 2 * BT);
+    e_cancel(e, pend.task); /* 12 is free again: the plan takes 12 and 13 */
+    assert_ok(e_prepare(e, &r, &p));
+    assert_int_equal(p.first_token, 2 * BT);
+    assert_int_equal(p.num_tokens, 2 * BT);
+    store_plan(e, &p, w4, 4, 0);
+    assert_int_equal(load_indep(e, &c, w4, 4, 700), 4 * BT);
+}
+
+static void test_independent_keys_in_process(void **state)
+{
+    (void)state;
+    env e;
+    env_open(&e, "4MiB", NULL);
+    independent_keys(&e);
+    env_close(&e);
+}
+
+static void test_independent_keys_through_a_server(void **state)
+{
+    (void)state;
+    env e;
+    env_open_server(&e);
+    independent_keys(&e);
+    env_close_server(&e);
+}
+
+/* Independent blocks have no parent: eviction takes any of them first (a
+ * chained request's middle block would outlive its tail). */
+static void test_independent_blocks_evicted_one_by_one(void **state)
+{
+    (void)state;
+    env e;
+    env_open_blocks(&e, 4);
+    chain c;
+    chain_make(&c, 8, 5);
+    fill_chain(&e, &c, 8, 0);
+    uint32_t w4[4] = {0, 1, 2, 3};
+    kvt_key keys[MAXB];
+    kvt_request r = indep(&c, w4, 4, keys);
+    kvt_store_plan p;
+    assert_ok(kvt_cache_prepare_store(e.cache, &r, &p));
+    assert_int_equal(p.num_tokens, 4 * BT);
+    store_plan(&e, &p, w4, 4, 0);
+    /* Use 0, 2 and 3 (a lookup and a cancel each): block 1 is the least
+     * recently used, in the middle of the request. */
+    uint32_t used[3] = {0, 2, 3};
+    for (uint32_t i = 0; i < 3; i++) {
+        kvt_key k[1] = {c.keys[used[i]]};
+        kvt_request one = {.keys = k, .num_keys = 1};
+        kvt_match m;
+        assert_ok(kvt_cache_lookup(e.cache, &one, &m));
+        assert_int_equal(m.matched_tokens, BT);
+        e_cancel(&e, m.task);
+    }
+    store_one(&e, &c, 4, 0); /* room for one: block 1 goes */
+    assert_int_equal(peek_one(&e, &c, 1), 0);
+    for (uint32_t b = 0; b < 5; b++)
+        if (b != 1) assert_int_equal(peek_one(&e, &c, b), BT);
+    uint32_t got;
+    assert_ok(kvt_cache_peek(e.cache, &r, &got));
+    assert_int_equal(got, BT); /* 0, then 1 is missing */
+    env_close(&e);
+}
+
+static void test_request_flags_errors(void **state)
+{
+    (void)state;
+    env e;
+    env_open(&e, "4MiB", NULL);
+    chain c;
+    chain_make(&c, 2, 9);
+    kvt_request r = tokens_of(&c, 2);
+    r.flags = KVT_REQ_INDEPENDENT_KEYS;
+    expect_error(e.cache, &r, "req->flags is 0x1, but flags apply to keyed requests and "
+                 "req->keys is NULL");
+    kvt_request k = keyed(&c, 2, NULL);
+    k.flags = 0x6 | KVT_REQ_INDEPENDENT_KEYS;
+    expect_error(e.cache, &k, "req->flags is 0x7; 0x6 are not KVT_REQ_* bits");
+    env_close(&e);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -498,6 +816,10 @@ int main(void)
         cmocka_unit_test(test_keyed_errors_name_index_and_field),
         cmocka_unit_test(test_peek_answers_as_lookup),
         cmocka_unit_test(test_peek_pins_nothing),
+        cmocka_unit_test(test_independent_keys_in_process),
+        cmocka_unit_test_teardown(test_independent_keys_through_a_server, kvt_test_servers_kill),
+        cmocka_unit_test(test_independent_blocks_evicted_one_by_one),
+        cmocka_unit_test(test_request_flags_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
