@@ -29,6 +29,16 @@ kvt_status kvt__fd_wait(int fd, short ev, uint64_t deadline_ns)
     }
 }
 
+bool kvt__fd_spin(int fd, uint32_t us)
+{
+    uint64_t end = kvt__now_ns() + (uint64_t)us * 1000;
+    do {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 0) > 0) return true;
+    } while (kvt__now_ns() < end);
+    return false;
+}
+
 /* Advances iov past n bytes. */
 static void advance(struct iovec **iov, int *cnt, size_t n)
 {

@@ -69,6 +69,7 @@ struct kvt_client {
     int fd;
     int64_t timeout_ms;
     uint32_t read_ms;       /* server_read_ms (KVTIER_SERVER_READ_MS) */
+    uint32_t spin_us;       /* server_spin_us (KVTIER_SERVER_SPIN_US) */
     pthread_mutex_t io_mu;  /* one round trip at a time */
     bool broken;            /* under io_mu */
     char broken_msg[256];
@@ -200,6 +201,7 @@ static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
     kvt_status st = kvt__srv_send_frame(cl->fd, op, 0, b->p, b->len, -1, deadline);
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
+    if (!st && cl->spin_us) kvt__fd_spin(cl->fd, cl->spin_us); /* the reply is usually µs away */
     if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, fd_got, deadline);
     if (st == KVT_OK && h.op != (op | KVT_SRV_REPLY)) {
         free(p);
@@ -358,17 +360,29 @@ static kvt_status load_secret(kvt_client *cl)
                                 &cl->secret, &cl->secret_len);
 }
 
-/* KVTIER_SERVER_READ_MS: the server_read_ms option on the client's side
- * (clients take no kvt_config), parsed and bounded by the option table. */
-static kvt_status load_read_ms(kvt_client *cl)
+/* KVTIER_SERVER_READ_MS and KVTIER_SERVER_SPIN_US: the server_read_ms and
+ * server_spin_us options on the client's side (clients take no
+ * kvt_config), parsed and bounded by the option table. */
+static kvt_status load_client_options(kvt_client *cl)
 {
+    static const char *const names[][2] = {{"KVTIER_SERVER_READ_MS", "server_read_ms"},
+                                           {"KVTIER_SERVER_SPIN_US", "server_spin_us"}};
     kvt_config *cfg = NULL;
     kvt_status st = kvt_config_create(&cfg);
-    const char *v = kvt__config_env("KVTIER_SERVER_READ_MS");
-    if (!st && v && *v) st = kvt_config_set(cfg, "server_read_ms", v);
-    if (!st) cl->read_ms = kvt__config_values(cfg)->server_read_ms;
+    for (int i = 0; i < 2 && !st; i++) {
+        const char *v = kvt__config_env(names[i][0]);
+        if (v && *v && (st = kvt_config_set(cfg, names[i][1], v))) {
+            char what[64];
+            snprintf(what, sizeof what, "kvt_client_attach: %s", names[i][0]);
+            st = kvt__wrap_error(st, what);
+        }
+    }
+    if (!st) {
+        cl->read_ms = kvt__config_values(cfg)->server_read_ms;
+        cl->spin_us = kvt__config_values(cfg)->server_spin_us;
+    }
     kvt_config_destroy(cfg);
-    return st ? kvt__wrap_error(st, "kvt_client_attach: KVTIER_SERVER_READ_MS") : KVT_OK;
+    return st;
 }
 
 /* One request of attach (GEOMETRY or HELLO) and its reply: a server that
@@ -517,7 +531,7 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
         free(cl);
         return kvt__fail(KVT_ESYS, "%s: pthread_cond_init failed", fn);
     }
-    st = load_read_ms(cl);
+    st = load_client_options(cl);
     if (!st) st = load_secret(cl); /* (libsodium initialised here) */
     while (!st && !cl->session) randombytes_buf(&cl->session, sizeof cl->session);
     if (!st) st = open_conn(cl, kvt__deadline_ns(timeout_ms));

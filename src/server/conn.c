@@ -652,6 +652,9 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     /* Idle clients may wait for ever; a started frame has a deadline; a
      * launched copy has server_copy_ms, checked at least 4 times in it. */
     uint32_t tick = c->srv->cfg.server_copy_ms / 4 < 1000 ? c->srv->cfg.server_copy_ms / 4 : 1000;
+    /* The client's next call usually follows at once: poll a moment
+     * (server_spin_us) before sleeping, so it does not wait for a wake-up. */
+    if (c->srv->cfg.server_spin_us) kvt__fd_spin(c->fd, c->srv->cfg.server_spin_us);
     for (;;) {
         if (check_copy_deadline(c)) return KVT_ETIMEDOUT;
         kvt_status st = kvt__fd_wait(c->fd, POLLIN, kvt__deadline_ns(tick));

@@ -151,6 +151,11 @@ static const opt_def OPTIONS[] = {
              "many ms at most for them when it releases the task, and a client (reading "
              "KVTIER_SERVER_READ_MS) ends a load still pending after this long with "
              "KVT_ETIMEDOUT"),
+    UINT_OPT(server_spin_us, SERVER_SPIN_US, RANK_LOCAL, 50, 0, 1000,
+             "microseconds the node server's connection threads wait for a client's next "
+             "message, and a client (reading KVTIER_SERVER_SPIN_US) for a reply, by polling "
+             "before they sleep: a round trip without two thread wake-ups, for at most this "
+             "much CPU per call; 0: never poll"),
 };
 
 #define NUM_OPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])

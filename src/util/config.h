@@ -43,6 +43,7 @@ typedef struct kvt_config_values {
     char server_secret_file[256]; /* "server_secret_file", string, default "": attach secret */
     uint32_t server_copy_ms; /* "server_copy_ms", uint, default 30000: a launched copy's deadline */
     uint32_t server_read_ms; /* "server_read_ms", uint, default 30000: a load's SSD reads' bound */
+    uint32_t server_spin_us; /* "server_spin_us", uint, default 50: poll before sleeping */
 } kvt_config_values;
 
 struct kvt_config {

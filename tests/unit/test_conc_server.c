@@ -1103,7 +1103,8 @@ static void test_read_bound_option(void **state)
     uint64_t seed = 33;
     assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
     stop_server(srv, path); /* SIGTERM flushes the SSD writes */
-    static const char *const opts[] = {"server_read_ms", "300", NULL};
+    /* and a server that never polls (server_spin_us 0) */
+    static const char *const opts[] = {"server_read_ms", "300", "server_spin_us", "0", NULL};
     g_opts = opts;
     kvt_server *s = NULL;
     assert_ok(make_server(&s, path, ssd));
@@ -1116,8 +1117,15 @@ static void test_read_bound_option(void **state)
     assert_non_null(strstr(kvt_last_error(), "KVTIER_SERVER_READ_MS"));
     engine_close(&e);
     assert_int_equal(setenv("KVTIER_SERVER_READ_MS", "300", 1), 0);
+    assert_int_equal(setenv("KVTIER_SERVER_SPIN_US", "1001", 1), 0);
+    assert_status(engine_open(&e, path, 2), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "kvt_client_attach: KVTIER_SERVER_SPIN_US: "));
+    assert_non_null(strstr(kvt_last_error(), "out of range (must be 0..1000)"));
+    engine_close(&e);
+    assert_int_equal(setenv("KVTIER_SERVER_SPIN_US", "0", 1), 0); /* a client that never polls */
     assert_ok(engine_open(&e, path, 2));
     unsetenv("KVTIER_SERVER_READ_MS");
+    unsetenv("KVTIER_SERVER_SPIN_US");
     uint32_t tokens[NTOK];
     kvt_request r;
     request(&r, tokens, 33);
