@@ -321,7 +321,8 @@ typedef struct kvt_key {
  * HiCache page hashes): many pages in one call instead of a call per page.
  * lookup and peek match the leading run of stored keys; prepare_store plans
  * the keys from the first one not stored up to the next one that is stored
- * or being stored by another task (first_token / num_tokens say which;
+ * or being stored by another task, or repeats a key of the plan
+ * (first_token / num_tokens say which;
  * ask again with the keys after the plan for the rest), each block with no
  * parent, so eviction may take any of them first. */
 #define KVT_REQ_INDEPENDENT_KEYS 1u

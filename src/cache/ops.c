@@ -329,16 +329,29 @@ typedef struct store_span {
 
 /* Independent keys: the new run [k, n) ends before the first key after k
  * that is cached or being stored, as a chained request's would end there
- * had its prefix been stored. O(n - k) hash lookups. */
+ * had its prefix been stored, and before a key repeated within the run
+ * (one block is inserted once). O(n - k) hash lookups, and a table of the
+ * run's hashes (one allocation per request; without memory the run is key
+ * k alone). */
 static uint32_t roots_end(kvt_cache *c, const scratch *s, uint32_t k, uint32_t n)
 {
-    for (uint32_t j = k + 1; j < n; j++) {
-        uint32_t id;
+    uint32_t size = 16;
+    while (size < 2 * (n - k)) size *= 2;
+    uint32_t *seen = calloc(size, sizeof *seen); /* index + 1 of a run key; 0 empty */
+    if (!seen) return k + 1;
+    uint32_t end = n;
+    for (uint32_t j = k; j < n && end == n; j++) {
+        uint32_t id, slot = (uint32_t)s->hashes[j].lo & (size - 1);
         kvt_index_stop stop;
-        if (kvt__index_probe(c->index, s->hashes + j, 1, &id, &stop) || stop == KVT_STOP_PENDING)
-            return j;
+        if (j > k && (kvt__index_probe(c->index, s->hashes + j, 1, &id, &stop) ||
+                      stop == KVT_STOP_PENDING))
+            end = j;
+        for (; end == n && seen[slot]; slot = (slot + 1) & (size - 1))
+            if (kvt__hash_eq(s->hashes[seen[slot] - 1], s->hashes[j])) end = j;
+        if (end == n) seen[slot] = j + 1;
     }
-    return n;
+    free(seen);
+    return end;
 }
 
 static store_span plan_span(kvt_cache *c, scratch *s, uint32_t n, bool roots)

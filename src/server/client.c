@@ -186,6 +186,15 @@ static kvt_status lost(kvt_client *cl, const char *fn, kvt_status st)
     }
 }
 
+/* The reply to a request just sent: polled for up to server_spin_us first
+ * (it is usually microseconds away), then waited for until deadline. */
+static kvt_status recv_reply(kvt_client *cl, kvt_srv_hdr *h, uint8_t **p, int *fd_got,
+                             uint64_t deadline)
+{
+    if (cl->spin_us) kvt__fd_spin(cl->fd, cl->spin_us);
+    return kvt__srv_recv_frame(cl->fd, h, p, fd_got, deadline);
+}
+
 static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
                                 const kvt_srv_buf *b, uint8_t **rep, uint32_t *rep_len,
                                 int *fd_got, int64_t extra_ms)
@@ -201,8 +210,7 @@ static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
     kvt_status st = kvt__srv_send_frame(cl->fd, op, 0, b->p, b->len, -1, deadline);
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
-    if (!st && cl->spin_us) kvt__fd_spin(cl->fd, cl->spin_us); /* the reply is usually µs away */
-    if (!st) st = kvt__srv_recv_frame(cl->fd, &h, &p, fd_got, deadline);
+    if (!st) st = recv_reply(cl, &h, &p, fd_got, deadline);
     if (st == KVT_OK && h.op != (op | KVT_SRV_REPLY)) {
         free(p);
         st = kvt__fail(KVT_EPROTO, "reply op 0x%x to request op %u", h.op, op);

@@ -730,6 +730,19 @@ static void independent_keys(env *e)
     assert_int_equal(p.num_tokens, 2 * BT);
     store_plan(e, &p, w4, 4, 0);
     assert_int_equal(load_indep(e, &c, w4, 4, 700), 4 * BT);
+
+    /* A key repeated in the run ends it before the repeat (a block is
+     * inserted once); once stored, the repeat is a hit like any other. */
+    uint32_t wd[3] = {14, 15, 14};
+    r = indep(&c, wd, 3, keys);
+    assert_ok(e_prepare(e, &r, &p));
+    assert_int_equal(p.first_token, 0);
+    assert_int_equal(p.num_tokens, 2 * BT);
+    store_plan(e, &p, wd, 3, 0);
+    assert_ok(e_prepare(e, &r, &p));
+    assert_int_equal(p.task, 0);
+    assert_int_equal(p.first_token, 3 * BT); /* all three stored */
+    assert_int_equal(load_indep(e, &c, wd, 3, 720), 3 * BT);
 }
 
 static void test_independent_keys_in_process(void **state)
