@@ -25,9 +25,18 @@ rank/size for MHA, none for MLA; pp rank, attn cp rank). SGLang's page hashes
 already chain (each commits to its whole token prefix), and SGLang calls the
 backend from any page of a sequence (after its host hit) without the keys
 before it, so a page's kvtier identity must not depend on where SGLang's
-batch began: each page is its own keyed request, evicted by LRU/LFU page by
-page. A missing page ends the leading run batch_exists reports; a page that
-fails its checksum loads as False; wrong bytes are never handed over.
+batch began: every page is a root block of its own, (namespace, page hash),
+evicted by LRU/LFU page by page. A batch is one independent-keys request
+(KVT_REQ_INDEPENDENT_KEYS: each key the block a one-key request of it
+names, so pages stored page by page by earlier versions are found): one peek
+per batch_exists; one lookup, launch and wait per batch_get_v1 (per run of
+free slots with staging); one prepare_store, launch and wait per run of
+missing pages in batch_set_v1 (a plan stops before a page stored or being
+stored). Through the node server that is a few round trips per batch, not a
+few per page. A missing page ends the leading run batch_exists reports and
+batch_get_v1 loads; when a batch's load fails, its pages are loaded again
+one by one, so a page that fails its checksum loads as False and the pages
+around it as True; wrong bytes are never handed over.
 
 Data path: the host pool itself is kvtier's engine memory, for every host
 layout (pages move between the pool and the tiers with no extra copy):
@@ -488,19 +497,19 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     def batch_exists(self, keys, extra_info=None):
         """The number of leading keys stored (pages found, nothing pinned):
-        one peek per key up to the first miss, no cancel after a hit."""
+        one independent-keys peek over the whole batch, no cancel after."""
         self._require()
+        keys = list(keys)
         n = 0
-        self._rw.acquire_shared()
-        try:
-            for k in keys:
-                if self.cache.peek(keys=[k], ns=self.namespace) == 0:
-                    break
-                n += 1
-        except KvtierError as e:  # the server lost, a timeout: the run ends here
-            self._unavailable("batch_exists", e)
-        finally:
-            self._rw.release_shared()
+        if keys:
+            self._rw.acquire_shared()
+            try:
+                n = self.cache.peek(keys=keys, ns=self.namespace,
+                                    independent=True) // self.page_size
+            except KvtierError as e:  # the server lost, a timeout: the run ends here
+                self._unavailable("batch_exists", e)
+            finally:
+                self._rw.release_shared()
         self._count(exists_queries=len(keys), exists_hits=n)
         return n
 
@@ -509,7 +518,11 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     def batch_get_v1(self, keys, host_indices, extra_info=None):
         """Loads each key's page into its host pool page; one bool per key.
-        Loading stops at the first key not stored (the rest are False)."""
+        One independent-keys lookup matches the leading run of stored keys
+        and one task loads it (staging: one per run of free slots); loading
+        stops at the first key not stored (the rest are False). A run whose
+        task fails (a corrupt block, a timeout) is loaded again page by
+        page, so only the pages that fail alone are False."""
         self._require()
         keys = list(keys)
         out = [False] * len(keys)
@@ -519,66 +532,81 @@ class KvtierHiCacheStorage(HiCacheStorage):
         t0 = time.monotonic()
         self._rw.acquire_shared()
         try:
-            planned = []
-            try:
-                for i, k in enumerate(keys):
-                    m = self.cache.lookup(keys=[k], ns=self.namespace)
-                    if m.task == 0:
-                        break
-                    planned.append((i, m.task))
-                if self.staging is None:
-                    self._get_direct(planned, hp, out)
-                else:
-                    self._get_staged(planned, hp, out)
-                planned = []
-            except KvtierError as e:  # the pages not loaded stay False
-                self._unavailable("batch_get_v1", e)
-            finally:
-                self._drop([t for _, t in planned if t])
+            if self.staging is None:
+                for j in self._get_run(keys, hp)[1]:
+                    out[j] = True
+            else:
+                self._get_staged(keys, hp, out)
+        except KvtierError as e:  # the pages not loaded stay False
+            self._unavailable("batch_get_v1", e)
         finally:
             self._rw.release_shared()
         self._count(get_pages=len(keys), get_hits=sum(out))
         self._metric("prefetch", sum(out), time.monotonic() - t0)
         return out
 
-    def _get_direct(self, planned, hp, out):
-        launched = []
+    def _get_run(self, keys, pages):
+        """Loads the leading run of stored keys, key i into engine page
+        pages[i] (host pool page or staging slot): one lookup, one launch,
+        one wait. Returns (the run's length, the indices loaded)."""
+        m = self.cache.lookup(keys=keys, ns=self.namespace, independent=True)
+        if m.task == 0:
+            return 0, []
+        n = min(m.matched_tokens // self.page_size, len(keys))
+        if n == 0:  # a task with nothing to load: release it
+            self._drop([m.task])
+            return 0, []
         try:
+            self.cache.launch(m.task, [int(p) for p in pages[:n]])
+        except BaseException:
+            self._drop([m.task])
+            raise
+        if self._finish(m.task):
+            return n, list(range(n))
+        good = self._get_each(keys[:n], pages[:n])
+        self._count(get_failed=n - len(good))
+        return n, good
+
+    def _get_each(self, keys, pages):
+        """After a run's task failed: each key as its own request (the same
+        block identity), every lookup first, then the launches, then the
+        waits; the indices loaded. A page that fails alone (or is gone: a
+        corrupt block leaves the index) is not loaded; the rest are."""
+        planned, launched = [], []
+        try:
+            for i, k in enumerate(keys):
+                m = self.cache.lookup(keys=[k], ns=self.namespace)
+                if m.task:
+                    planned.append((i, m.task))
             while planned:
                 i, t = planned[0]
-                self.cache.launch(t, [int(hp[i])])
+                self.cache.launch(t, [int(pages[i])])
                 launched.append((i, t))
                 planned.pop(0)
         finally:
-            for i, t in launched:
-                out[i] = self._finish(t)
-                if not out[i]:
-                    self._count(get_failed=1)
+            self._drop([t for _, t in planned])
+            good = [i for i, t in launched if self._finish(t)]
+        return good
 
-    def _get_staged(self, planned, hp, out):
-        while planned:
-            slots = self.staging.take(len(planned))
-            chunk = planned[:len(slots)]
-            launched = []
+    def _get_staged(self, keys, hp, out):
+        """batch_get_v1 through the staging area: as many keys per run as
+        free slots were taken (at least one), copied to the host pool after
+        the run's task."""
+        i = 0
+        while i < len(keys):
+            slots = self.staging.take(len(keys) - i)
             try:
-                for (i, t), s in zip(chunk, slots):
-                    self.cache.launch(t, [s])
-                    launched.append((i, t, s))
-                del planned[:len(chunk)]
+                n, good = self._get_run(keys[i:i + len(slots)], slots)
+                if good:
+                    data = self.staging.data[:, :, self._tok([slots[j] for j in good])]
+                    self._canon_to_host(hp[[i + j for j in good]], data)
+                    for j in good:
+                        out[i + j] = True
             finally:
-                good_i, good_s = [], []
-                for i, t, s in launched:
-                    if self._finish(t):
-                        good_i.append(i)
-                        good_s.append(s)
-                    else:
-                        self._count(get_failed=1)
-                if good_i:
-                    data = self.staging.data[:, :, self._tok(good_s)]
-                    self._canon_to_host(hp[good_i], data)
-                    for i in good_i:
-                        out[i] = True
                 self.staging.give(slots)
+            if n < len(slots):
+                return
+            i += n
 
     def batch_set_v1(self, keys, host_indices, extra_info=None):
         """Stores each key's host pool page; one bool per key (True: stored
@@ -636,27 +664,49 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 logger.warning("kvtier: the server did not answer after a backup: %s", e)
 
     def _set_pages(self, keys, which, pages, out):
-        """Stores keys[which[j]] from engine page pages[j]."""
+        """Stores keys[which[j]] from engine page pages[j]: one
+        independent-keys prepare_store per run of keys the cache lacks (it
+        plans from the first key not stored up to the next one stored or
+        being stored), each run one task; every task waited for at the end."""
+        ks = [keys[i] for i in which]
+        ps = self.page_size
         launched = []
         try:
-            for i, page in zip(which, pages):
-                plan = self.cache.prepare_store(keys=[keys[i]], ns=self.namespace)
-                if plan.task == 0:
-                    # Cached already (True), or being stored by another
-                    # thread, or no room right now (False: not stored by us).
-                    out[i] = plan.first_token == self.page_size
-                    self._count(set_present=1 if out[i] else 0, set_failed=0 if out[i] else 1)
+            j = 0
+            while j < len(ks):
+                # kvtier refuses a request naming a block twice: a repeated
+                # key goes in the next request (stored by then, or pending).
+                rest = ks[j:j + _distinct_run(ks, j)]
+                plan = self.cache.prepare_store(keys=rest, ns=self.namespace, independent=True)
+                a = min(plan.first_token // ps, len(rest))
+                for x in range(j, j + a):  # cached already
+                    out[which[x]] = True
+                self._count(set_present=a)
+                b = plan.num_tokens // ps
+                if plan.task == 0 or b == 0:
+                    if plan.task:
+                        self._drop([plan.task])
+                    if a < len(rest):
+                        # Being stored by another thread, or no room right
+                        # now: not stored by us (False).
+                        out[which[j + a]] = False
+                        self._count(set_failed=1)
+                        a += 1
+                    j += a
                     continue
                 try:
-                    self.cache.launch(plan.task, [page])
+                    self.cache.launch(plan.task, [int(p) for p in pages[j:j + a + b]])
                 except BaseException:
                     self._drop([plan.task])
                     raise
-                launched.append((i, plan.task))
+                launched.append((j + a, b, plan.task))
+                j += a + b
         finally:
-            for i, t in launched:
-                out[i] = self._finish(t)
-                self._count(set_stored=1 if out[i] else 0, set_failed=0 if out[i] else 1)
+            for first, b, t in launched:
+                ok = self._finish(t)
+                for x in range(first, first + b):
+                    out[which[x]] = ok
+                self._count(set_stored=b if ok else 0, set_failed=0 if ok else b)
 
     # ------------------------------------------------------------------
     # Value-based calls (kvtier's block format: layer-major, per layer K
@@ -816,6 +866,18 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 self.cache = None
         finally:
             self._rw.release_exclusive()
+
+
+def _distinct_run(keys, j):
+    """How many of keys[j:] come before the first key repeated in them."""
+    seen = set()
+    for x in range(j, len(keys)):
+        k = keys[x]
+        k = k.encode() if isinstance(k, str) else bytes(k)
+        if k in seen:
+            return x - j
+        seen.add(k)
+    return len(keys) - j
 
 
 def _node_client_class():

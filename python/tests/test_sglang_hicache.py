@@ -399,6 +399,71 @@ class Corruption(Base):
         self.assertEqual(b2.batch_exists(keys), 7)
 
 
+def spy_calls(backend, names=("peek", "lookup", "prepare_store", "launch", "wait", "cancel",
+                              "stats")):
+    """Wraps the backend's cache (or client) methods; returns the list of
+    the names called, in order."""
+    calls = []
+    for name in names:
+        real = getattr(backend.cache, name)
+        setattr(backend.cache, name,
+                lambda *a, _r=real, _n=name, **kw: calls.append(_n) or _r(*a, **kw))
+    return calls
+
+
+class Batched(Base):
+    """A batch is a constant number of cache calls (independent-keys
+    requests), also with some pages stored already and with a staging area
+    smaller than the batch."""
+
+    def test_set_around_stored_pages(self):
+        pool = fakes.FakeHostPool("page_first", seed=11)
+        b = self.backend(pool)
+        keys = ["m%d" % i for i in range(8)]
+        self.assertEqual(b.batch_set_v1([keys[i] for i in (0, 1, 4)],
+                                        pool.host_indices([0, 1, 4])), [True] * 3)
+        calls = spy_calls(b)
+        self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(8))), [True] * 8)
+        # plans [2, 4) then [5, 8): key 4 is stored
+        self.assertEqual(calls.count("prepare_store"), 2)
+        self.assertEqual(calls.count("launch"), 2)
+        st = b.stats()
+        self.assertEqual((st["set_present"], st["set_stored"], st["set_failed"]), (3, 8, 0))
+        self.assertEqual(st["kvtier_stored_blocks"], 8)
+        dst = list(range(12, 20))
+        got = b.batch_get_v1(keys, pool.host_indices(dst))
+        self.assertEqual(got, [True] * 8)
+        for s_, d in zip(range(8), dst):
+            self.assert_page_equal(pool, d, pool, s_, "batched set")
+        # a key twice in one batch (kvtier refuses a request naming a block
+        # twice): the first copy is stored; the second is present (True) or
+        # still being stored by the first's task (False), as it ends
+        got = b.batch_set_v1(["d0", "d1", "d0"], pool.host_indices([9, 10, 9]))
+        self.assertEqual(got[:2], [True, True])
+        self.assertEqual(b.stats()["unavailable"], 0)
+        self.assertEqual(b.batch_exists(["d0", "d1"]), 2)
+
+    def test_staging_smaller_than_the_batch(self):
+        pool = fakes.FakeHostPool("layer_first", seed=12)
+        b = self.backend(pool, extra={"zero_copy": False, "staging_pages": 3})
+        keys = ["s%d" % i for i in range(8)]
+        calls = spy_calls(b)
+        self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(8))), [True] * 8)
+        self.assertEqual(calls.count("prepare_store"), 3)  # 3 + 3 + 2 slots
+        del calls[:]
+        self.assertEqual(b.batch_exists(keys + ["nope"]), 8)
+        self.assertEqual(calls, ["peek"])
+        del calls[:]
+        dst = list(range(12, 21))
+        got = b.batch_get_v1(keys + ["nope"], pool.host_indices(dst))
+        self.assertEqual(got, [True] * 8 + [False])
+        self.assertEqual(calls.count("lookup"), 3)  # 3 + 3 + 3 (the last run ends at "nope")
+        self.assertEqual(calls.count("launch"), 3)
+        for s_, d in zip(range(8), dst):
+            self.assert_page_equal(pool, d, pool, s_, "staged")
+        self.assertEqual(b.stats()["get_failed"], 0)
+
+
 class Threads(Base):
     def run_threads(self, layout, staging_pages, zero_copy=True):
         pool = fakes.FakeHostPool(layout, pages=64, seed=7)
@@ -558,14 +623,16 @@ class NodeServerMode(unittest.TestCase):
         self.assertEqual([r[0] for r in results], ["ok", "ok"])
         self.assertNotEqual(results[0][1], results[1][1])  # MHA: a namespace per rank
         self.assertEqual([r[2] for r in results], ["None", "None"])  # no SSD dir of its own
-        # Both ranks' pages went to the one server: 8 keyed stores each.
+        # Both ranks' pages went to the one server: 8 pages each, stored by
+        # one task and loaded by one task per rank (a batch is one request).
         geo = kvtier.Geometry.preset("tiny", 4, 2)
         with kvtier.Client(self.sock, geo, timeout_ms=3000) as cl:
             st = cl.stats()
         geo.close()
-        self.assertEqual(st["stores"], 16)
+        self.assertEqual(st["stores"], 2)
         self.assertEqual(st["stored_blocks"], 16)
-        self.assertEqual(st["loads"], 16)
+        self.assertEqual(st["loads"], 2)
+        self.assertEqual(st["loaded_blocks"], 16)
 
     def test_backup_visible_to_other_ranks_on_return(self):
         """The server checks a store after answering its end; batch_set_v1
@@ -584,7 +651,7 @@ class NodeServerMode(unittest.TestCase):
             setattr(b.cache, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
         keys = ["pub-%d" % i for i in range(8)]
         self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(8))), [True] * 8)
-        self.assertEqual(calls.count("wait"), 8)
+        self.assertEqual(calls.count("wait"), 1)  # the 8 pages: one store task
         self.assertEqual(calls[-1], "stats")  # after the last store's end
         cfg1 = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
                                     extra={"socket": self.sock, "timeout": 10})
@@ -592,6 +659,42 @@ class NodeServerMode(unittest.TestCase):
                                                               layers=4, heads=1, head_dim=64))
         self.addCleanup(other.close)
         self.assertEqual(other.batch_exists(keys), 8)
+
+    def test_batch_costs_a_constant_number_of_calls(self):
+        """Through the server every call is a round trip: 8 pages cost one
+        peek (batch_exists), one lookup and one launch (batch_get_v1), one
+        prepare_store and one launch (batch_set_v1 of 8 new pages)."""
+        pool = fakes.FakeHostPool("page_first", seed=9, pages=24, layers=4, heads=1,
+                                  head_dim=64)
+        cfg = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
+                                   extra={"socket": self.sock, "timeout": 10})
+        b = fakes.create_backend(cfg, pool)
+        self.addCleanup(b.close)
+        self.assertIsInstance(b.cache, kvtier.Client)
+        calls = spy_calls(b)
+        keys = ["spy-%d" % i for i in range(8)]
+        self.assertEqual(b.batch_exists(keys), 0)
+        self.assertEqual(calls, ["peek"])
+        del calls[:]
+        self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(8))), [True] * 8)
+        self.assertEqual(calls, ["prepare_store", "launch", "wait", "stats"])
+        del calls[:]
+        self.assertEqual(b.batch_exists(keys), 8)
+        self.assertEqual(calls, ["peek"])
+        del calls[:]
+        dst = list(range(10, 18))
+        for p in dst:
+            pool.set_page_bytes(p, 0x5A)
+        self.assertEqual(b.batch_get_v1(keys, pool.host_indices(dst)), [True] * 8)
+        self.assertEqual(calls, ["lookup", "launch", "wait"])
+        for s_, d in zip(range(8), dst):
+            a, c = pool.page_bytes(d), pool.page_bytes(s_)
+            for k in a:
+                np.testing.assert_array_equal(a[k], c[k], "page %d %s" % (d, k))
+        st = b.stats()
+        self.assertEqual((st["get_hits"], st["set_stored"], st["exists_hits"]), (8, 8, 8))
+        self.assertEqual((st["kvtier_loads"], st["kvtier_stores"]), (1, 1))
+
 
     def test_server_killed_and_restarted(self):
         """The node server dies mid-run (SIGKILL) and comes back on the same
