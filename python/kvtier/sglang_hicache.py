@@ -674,9 +674,9 @@ class KvtierHiCacheStorage(HiCacheStorage):
         try:
             j = 0
             while j < len(ks):
-                # kvtier refuses a request naming a block twice: a repeated
-                # key goes in the next request (stored by then, or pending).
-                rest = ks[j:j + _distinct_run(ks, j)]
+                # A plan ends before a key repeated in it: the repeat is
+                # asked again in the next request (pending by then: False).
+                rest = ks[j:]
                 plan = self.cache.prepare_store(keys=rest, ns=self.namespace, independent=True)
                 a = min(plan.first_token // ps, len(rest))
                 for x in range(j, j + a):  # cached already
@@ -866,18 +866,6 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 self.cache = None
         finally:
             self._rw.release_exclusive()
-
-
-def _distinct_run(keys, j):
-    """How many of keys[j:] come before the first key repeated in them."""
-    seen = set()
-    for x in range(j, len(keys)):
-        k = keys[x]
-        k = k.encode() if isinstance(k, str) else bytes(k)
-        if k in seen:
-            return x - j
-        seen.add(k)
-    return len(keys) - j
 
 
 def _node_client_class():

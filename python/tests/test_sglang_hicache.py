@@ -435,9 +435,9 @@ class Batched(Base):
         self.assertEqual(got, [True] * 8)
         for s_, d in zip(range(8), dst):
             self.assert_page_equal(pool, d, pool, s_, "batched set")
-        # a key twice in one batch (kvtier refuses a request naming a block
-        # twice): the first copy is stored; the second is present (True) or
-        # still being stored by the first's task (False), as it ends
+        # a key twice in one batch (a plan ends before a repeated key): the
+        # first copy is stored; the second is present (True) or still being
+        # stored by the first's task (False), as it ends
         got = b.batch_set_v1(["d0", "d1", "d0"], pool.host_indices([9, 10, 9]))
         self.assertEqual(got[:2], [True, True])
         self.assertEqual(b.stats()["unavailable"], 0)
