@@ -608,6 +608,16 @@ class NodeServerMode(unittest.TestCase):
             stop_server(self.srv)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def attached(self, seed, pages):
+        """(backend of TP rank 0 of 2 attached to the server, its pool)."""
+        pool = fakes.FakeHostPool("page_first", seed=seed, pages=pages, layers=4, heads=1,
+                                  head_dim=64)
+        cfg = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
+                                   extra={"socket": self.sock, "timeout": 10})
+        b = fakes.create_backend(cfg, pool)
+        self.addCleanup(b.close)
+        return b, pool
+
     def test_two_tp_ranks_share_one_server(self):
         procs = []
         for rank in range(2):
@@ -639,12 +649,7 @@ class NodeServerMode(unittest.TestCase):
         returns only after one more call on its connection (which the server
         answers after the check), so another rank's lookup right after finds
         the pages: the MLA case, rank 0 writes and every rank reads."""
-        pool = fakes.FakeHostPool("page_first", seed=3, pages=16, layers=4, heads=1,
-                                  head_dim=64)
-        cfg = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
-                                   extra={"socket": self.sock, "timeout": 10})
-        b = fakes.create_backend(cfg, pool)
-        self.addCleanup(b.close)
+        b, pool = self.attached(3, 16)
         calls = []
         for name in ("wait", "stats"):
             real = getattr(b.cache, name)
@@ -653,23 +658,14 @@ class NodeServerMode(unittest.TestCase):
         self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(8))), [True] * 8)
         self.assertEqual(calls.count("wait"), 1)  # the 8 pages: one store task
         self.assertEqual(calls[-1], "stats")  # after the last store's end
-        cfg1 = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
-                                    extra={"socket": self.sock, "timeout": 10})
-        other = fakes.create_backend(cfg1, fakes.FakeHostPool("page_first", seed=4, pages=16,
-                                                              layers=4, heads=1, head_dim=64))
-        self.addCleanup(other.close)
+        other, _ = self.attached(4, 16)
         self.assertEqual(other.batch_exists(keys), 8)
 
     def test_batch_costs_a_constant_number_of_calls(self):
         """Through the server every call is a round trip: 8 pages cost one
         peek (batch_exists), one lookup and one launch (batch_get_v1), one
         prepare_store and one launch (batch_set_v1 of 8 new pages)."""
-        pool = fakes.FakeHostPool("page_first", seed=9, pages=24, layers=4, heads=1,
-                                  head_dim=64)
-        cfg = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
-                                   extra={"socket": self.sock, "timeout": 10})
-        b = fakes.create_backend(cfg, pool)
-        self.addCleanup(b.close)
+        b, pool = self.attached(9, 24)
         self.assertIsInstance(b.cache, kvtier.Client)
         calls = spy_calls(b)
         keys = ["spy-%d" % i for i in range(8)]
@@ -694,7 +690,6 @@ class NodeServerMode(unittest.TestCase):
         st = b.stats()
         self.assertEqual((st["get_hits"], st["set_stored"], st["exists_hits"]), (8, 8, 8))
         self.assertEqual((st["kvtier_loads"], st["kvtier_stores"]), (1, 1))
-
 
     def test_server_killed_and_restarted(self):
         """The node server dies mid-run (SIGKILL) and comes back on the same

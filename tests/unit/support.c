@@ -350,3 +350,43 @@ void kvt_test_pd_fx_fini(kvt_test_pd_fx *x)
     kvt_emu_destroy(x->pe);
     kvt_geometry_destroy(x->g);
 }
+
+/* ---- a cache or a client, the same calls ---- */
+
+kvt_status kvt_test_lookup(const kvt_test_side *s, const kvt_request *r, kvt_match *m)
+{
+    return s->cache ? kvt_cache_lookup(s->cache, r, m) : kvt_client_lookup(s->cl, r, m);
+}
+
+kvt_status kvt_test_peek(const kvt_test_side *s, const kvt_request *r, uint32_t *tokens)
+{
+    return s->cache ? kvt_cache_peek(s->cache, r, tokens) : kvt_client_peek(s->cl, r, tokens);
+}
+
+kvt_status kvt_test_prepare(const kvt_test_side *s, const kvt_request *r, kvt_store_plan *p)
+{
+    return s->cache ? kvt_cache_prepare_store(s->cache, r, p)
+                    : kvt_client_prepare_store(s->cl, r, p);
+}
+
+kvt_status kvt_test_launch(const kvt_test_side *s, kvt_task_id t, const uint32_t *pages,
+                           uint32_t n)
+{
+    return s->cache ? kvt_cache_launch(s->cache, t, pages, n) : kvt_client_launch(s->cl, t, pages, n);
+}
+
+kvt_status kvt_test_wait(const kvt_test_side *s, kvt_task_id t, int64_t ms, kvt_task_result *res)
+{
+    return s->cache ? kvt_cache_wait(s->cache, t, ms, res) : kvt_client_wait(s->cl, t, ms, res);
+}
+
+kvt_status kvt_test_wait_layer(const kvt_test_side *s, kvt_task_id t, uint32_t layer, int64_t ms)
+{
+    return s->cache ? kvt_cache_wait_layer(s->cache, t, layer, ms)
+                    : kvt_client_wait_layer(s->cl, t, layer, ms);
+}
+
+kvt_status kvt_test_cancel(const kvt_test_side *s, kvt_task_id t)
+{
+    return s->cache ? kvt_cache_cancel(s->cache, t) : kvt_client_cancel(s->cl, t);
+}

@@ -161,6 +161,21 @@ void kvt_test_fake_srv_start(kvt_test_fake_srv *s, const char *tag,
                              void (*serve)(void *arg, int fd), void *arg);
 void kvt_test_fake_srv_stop(kvt_test_fake_srv *s);
 
+/* A cache in this process or a client of a node server (exactly one set):
+ * the same calls on either, so one test body runs both ways. */
+typedef struct kvt_test_side {
+    kvt_cache *cache;
+    kvt_client *cl;
+} kvt_test_side;
+kvt_status kvt_test_lookup(const kvt_test_side *s, const kvt_request *r, kvt_match *m);
+kvt_status kvt_test_peek(const kvt_test_side *s, const kvt_request *r, uint32_t *tokens);
+kvt_status kvt_test_prepare(const kvt_test_side *s, const kvt_request *r, kvt_store_plan *p);
+kvt_status kvt_test_launch(const kvt_test_side *s, kvt_task_id t, const uint32_t *pages,
+                           uint32_t n);
+kvt_status kvt_test_wait(const kvt_test_side *s, kvt_task_id t, int64_t ms, kvt_task_result *res);
+kvt_status kvt_test_wait_layer(const kvt_test_side *s, kvt_task_id t, uint32_t layer, int64_t ms);
+kvt_status kvt_test_cancel(const kvt_test_side *s, kvt_task_id t);
+
 /* Server processes for tests. kvt_test_server_fork forks a child that calls
  * make(&srv, arg), reports its status through a pipe and then runs the
  * server until SIGTERM (kvt_server_stop; SIGTERM is held back until there

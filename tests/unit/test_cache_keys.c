@@ -497,42 +497,40 @@ static void test_keyed_errors_name_index_and_field(void **state)
 
 /* ---- independent keys ---- */
 
-/* The same calls in process or through the env's client. */
+/* The env's calls: in process, or through its client. */
+static kvt_test_side side_of(const env *e)
+{
+    return (kvt_test_side){e->client ? NULL : e->cache, e->client};
+}
 static kvt_status e_lookup(env *e, const kvt_request *r, kvt_match *m)
 {
-    return e->client ? kvt_client_lookup(e->client, r, m) : kvt_cache_lookup(e->cache, r, m);
+    kvt_test_side s = side_of(e);
+    return kvt_test_lookup(&s, r, m);
 }
 static kvt_status e_peek(env *e, const kvt_request *r, uint32_t *n)
 {
-    return e->client ? kvt_client_peek(e->client, r, n) : kvt_cache_peek(e->cache, r, n);
+    kvt_test_side s = side_of(e);
+    return kvt_test_peek(&s, r, n);
 }
 static kvt_status e_prepare(env *e, const kvt_request *r, kvt_store_plan *p)
 {
-    return e->client ? kvt_client_prepare_store(e->client, r, p)
-                     : kvt_cache_prepare_store(e->cache, r, p);
+    kvt_test_side s = side_of(e);
+    return kvt_test_prepare(&s, r, p);
 }
 static void e_run(env *e, kvt_task_id t, const uint32_t *pages, uint32_t np)
 {
+    kvt_test_side s = side_of(e);
     kvt_task_result res;
-    if (e->client) {
-        assert_ok(kvt_client_launch(e->client, t, pages, np));
-        assert_ok(kvt_client_wait(e->client, t, WAIT_MS, &res));
-    } else {
-        assert_ok(kvt_cache_launch(e->cache, t, pages, np));
-        assert_ok(kvt_cache_wait(e->cache, t, WAIT_MS, &res));
-    }
+    assert_ok(kvt_test_launch(&s, t, pages, np));
+    assert_ok(kvt_test_wait(&s, t, WAIT_MS, &res));
     assert_int_equal(res.status, KVT_OK);
 }
 static void e_cancel(env *e, kvt_task_id t)
 {
+    kvt_test_side s = side_of(e);
     kvt_task_result res;
-    if (e->client) {
-        assert_ok(kvt_client_cancel(e->client, t));
-        assert_ok(kvt_client_wait(e->client, t, WAIT_MS, &res));
-    } else {
-        assert_ok(kvt_cache_cancel(e->cache, t));
-        assert_ok(kvt_cache_wait(e->cache, t, WAIT_MS, &res));
-    }
+    assert_ok(kvt_test_cancel(&s, t));
+    assert_ok(kvt_test_wait(&s, t, WAIT_MS, &res));
 }
 
 static kvt_status make_server(kvt_server **out, void *arg)

@@ -26,40 +26,6 @@
  * computed), and the second half of block 3. */
 static int skipped(uint32_t i) { return i < 2 || i == 7; }
 
-/* The engine-side calls of one test: a cache or a client. */
-typedef struct side {
-    kvt_cache *cache;
-    kvt_client *cl;
-} side;
-
-static kvt_status s_lookup(side *s, const kvt_request *r, kvt_match *m)
-{
-    return s->cache ? kvt_cache_lookup(s->cache, r, m) : kvt_client_lookup(s->cl, r, m);
-}
-
-static kvt_status s_prepare(side *s, const kvt_request *r, kvt_store_plan *p)
-{
-    return s->cache ? kvt_cache_prepare_store(s->cache, r, p)
-                    : kvt_client_prepare_store(s->cl, r, p);
-}
-
-static kvt_status s_launch(side *s, kvt_task_id t, const uint32_t *pages, uint32_t n)
-{
-    return s->cache ? kvt_cache_launch(s->cache, t, pages, n) : kvt_client_launch(s->cl, t, pages, n);
-}
-
-static kvt_status s_wait(side *s, kvt_task_id t, kvt_task_result *res)
-{
-    return s->cache ? kvt_cache_wait(s->cache, t, WAIT_MS, res)
-                    : kvt_client_wait(s->cl, t, WAIT_MS, res);
-}
-
-static kvt_status s_wait_layer(side *s, kvt_task_id t, uint32_t layer)
-{
-    return s->cache ? kvt_cache_wait_layer(s->cache, t, layer, WAIT_MS)
-                    : kvt_client_wait_layer(s->cl, t, layer, WAIT_MS);
-}
-
 static kvt_geometry *geo(void) { return kvt_test_geometry(LAYERS, 2, 16, TPP, KVT_LAYOUT_LAYER_FIRST); }
 
 static void verify(kvt_emu *emu, const kvt_request *r, uint32_t page, const uint32_t *pages)
@@ -73,7 +39,7 @@ static void verify(kvt_emu *emu, const kvt_request *r, uint32_t page, const uint
 
 /* Stores request a from pages [0, NP), loads it into pages [NP, 2 NP)
  * (marked with request b's KV) with the skips, and checks every page. */
-static void store_then_load_with_skips(side *s, kvt_emu *emu)
+static void store_then_load_with_skips(kvt_test_side *s, kvt_emu *emu)
 {
     uint32_t ta[NTOK], tb[NTOK], src[NP], dst[NP], table[NP];
     kvt_test_tokens(ta, NTOK, 41);
@@ -86,33 +52,33 @@ static void store_then_load_with_skips(side *s, kvt_emu *emu)
     }
     assert_ok(kvt_emu_fill(emu, &a, 0, BLOCKS * BT, src, NP));
     kvt_store_plan p;
-    assert_ok(s_prepare(s, &a, &p));
+    assert_ok(kvt_test_prepare(s, &a, &p));
     assert_true(p.task != 0);
     assert_int_equal(p.num_tokens, BLOCKS * BT);
     /* A store copies whole blocks: a skip is refused, the task stays planned. */
     uint32_t bad[NP];
     memcpy(bad, src, sizeof bad);
     bad[3] = KVT_PAGE_SKIP;
-    assert_status(s_launch(s, p.task, bad, NP), KVT_EINVAL);
+    assert_status(kvt_test_launch(s, p.task, bad, NP), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "pages[3] is KVT_PAGE_SKIP in store task"));
-    assert_ok(s_launch(s, p.task, src, NP));
+    assert_ok(kvt_test_launch(s, p.task, src, NP));
     kvt_task_result res;
-    assert_ok(s_wait(s, p.task, &res));
+    assert_ok(kvt_test_wait(s, p.task, WAIT_MS, &res));
     assert_int_equal(res.status, KVT_OK);
 
     assert_ok(kvt_emu_fill(emu, &b, 0, BLOCKS * BT, dst, NP)); /* the marker */
     kvt_match m;
-    assert_ok(s_lookup(s, &a, &m));
+    assert_ok(kvt_test_lookup(s, &a, &m));
     assert_int_equal(m.matched_tokens, BLOCKS * BT);
     /* Other ids are still checked: one past the engine's pages. */
     uint32_t far[NP];
     memcpy(far, table, sizeof far);
     far[4] = ENGINE_PAGES;
-    assert_status(s_launch(s, m.task, far, NP), KVT_EINVAL);
+    assert_status(kvt_test_launch(s, m.task, far, NP), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "pages[4] is 64"));
-    assert_ok(s_launch(s, m.task, table, NP));
-    for (uint32_t l = 0; l < LAYERS; l++) assert_ok(s_wait_layer(s, m.task, l));
-    assert_ok(s_wait(s, m.task, &res));
+    assert_ok(kvt_test_launch(s, m.task, table, NP));
+    for (uint32_t l = 0; l < LAYERS; l++) assert_ok(kvt_test_wait_layer(s, m.task, l, WAIT_MS));
+    assert_ok(kvt_test_wait(s, m.task, WAIT_MS, &res));
     assert_int_equal(res.status, KVT_OK);
     assert_int_equal(res.num_tokens, BLOCKS * BT);
     for (uint32_t i = 0; i < NP; i++) verify(emu, skipped(i) ? &b : &a, i, dst);
@@ -121,9 +87,9 @@ static void store_then_load_with_skips(side *s, kvt_emu *emu)
     uint32_t none[NP];
     for (uint32_t i = 0; i < NP; i++) none[i] = KVT_PAGE_SKIP;
     assert_ok(kvt_emu_fill(emu, &b, 0, BLOCKS * BT, dst, NP));
-    assert_ok(s_lookup(s, &a, &m));
-    assert_ok(s_launch(s, m.task, none, NP));
-    assert_ok(s_wait(s, m.task, &res));
+    assert_ok(kvt_test_lookup(s, &a, &m));
+    assert_ok(kvt_test_launch(s, m.task, none, NP));
+    assert_ok(kvt_test_wait(s, m.task, WAIT_MS, &res));
     assert_int_equal(res.status, KVT_OK);
     for (uint32_t i = 0; i < NP; i++) verify(emu, &b, i, dst);
 }
@@ -137,7 +103,7 @@ static void test_cache_load_skips_pages(void **state)
     assert_ok(kvt_config_set(cfg, "cpu_capacity", "4MiB"));
     assert_ok(kvt_config_set(cfg, "block_tokens", "16"));
     assert_ok(kvt_config_set(cfg, "huge_pages", "false"));
-    side s = {0};
+    kvt_test_side s = {0};
     assert_ok(kvt_cache_create(&s.cache, cfg, g));
     kvt_emu *emu = NULL;
     kvt_engine_memory mem;
@@ -177,7 +143,7 @@ static void test_client_load_skips_pages(void **state)
     snprintf(path, sizeof path, "%s/s.sock", dir);
     pid_t pid = kvt_test_server_fork(make_server, path);
     kvt_geometry *g = geo();
-    side s = {0};
+    kvt_test_side s = {0};
     assert_ok(kvt_client_attach(&s.cl, path, g, WAIT_MS));
     kvt_emu *emu = NULL;
     kvt_engine_memory mem;
