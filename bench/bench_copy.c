@@ -15,7 +15,10 @@
  * interleaved so drift on a noisy VM hits both alike.
  * ratio = min(gather, scatter) / memcpy, where memcpy is the faster of the
  * two chunk lists (strict); ratio_gather / ratio_scatter compare each
- * direction with memcpy over its own list. scaling_2t = min(gather_2t,
+ * direction with memcpy over its own list. A store copies into the tier
+ * with streaming stores (util/copy.h), so the gather list is also copied
+ * that way in the same run: stream_gather_gbps, and ratio_gather_stream =
+ * gather / that (the machine's limit for a store). scaling_2t = min(gather_2t,
  * scatter_2t) / min(gather, scatter).
  */
 #include <pthread.h>
@@ -27,6 +30,7 @@
 #include "layout/layout.h"
 #include "store/pool.h"
 #include "util/clock.h"
+#include "util/copy.h"
 #include "util/hash.h"
 #include "util/sync.h"
 #include "xfer/xfer.h"
@@ -197,6 +201,7 @@ typedef struct mc_pool {
     const setup *s;
     uint32_t threads;
     kvt_xfer_dir dir; /* 0: exit */
+    bool stream;      /* kvt__copy_stream instead of memcpy */
     pthread_barrier_t start, end;
     pthread_t th[MAX_THREADS];
     uint32_t index[MAX_THREADS];
@@ -210,8 +215,11 @@ static void mc_share(uint32_t i)
     const setup *s = mcp.s;
     const kvt_copy_chunk *c = s->chunks[mcp.dir];
     for (uint32_t l = i; l < LAYERS; l += mcp.threads)
-        for (uint32_t k = s->layer_first_chunk[l]; k < s->layer_first_chunk[l + 1]; k++)
-            memcpy(c[k].dst, c[k].src, c[k].len);
+        for (uint32_t k = s->layer_first_chunk[l]; k < s->layer_first_chunk[l + 1]; k++) {
+            if (mcp.stream) kvt__copy_stream(c[k].dst, c[k].src, c[k].len);
+            else memcpy(c[k].dst, c[k].src, c[k].len);
+        }
+    if (mcp.stream) kvt__copy_stream_fence();
 }
 
 static void *mc_main(void *p)
@@ -248,10 +256,11 @@ static void mc_stop(void)
     pthread_barrier_destroy(&mcp.end);
 }
 
-static double run_memcpy(const setup *s, kvt_xfer_dir dir)
+static double run_memcpy(const setup *s, kvt_xfer_dir dir, bool stream)
 {
     uint64_t t0 = kvt__now_ns();
     mcp.dir = dir;
+    mcp.stream = stream;
     if (mcp.threads > 1) pthread_barrier_wait(&mcp.start);
     mc_share(0);
     if (mcp.threads > 1) pthread_barrier_wait(&mcp.end);
@@ -262,6 +271,7 @@ static double run_memcpy(const setup *s, kvt_xfer_dir dir)
 
 typedef struct result {
     double g, sc, mg, ms; /* engine gather/scatter, memcpy gather/scatter list */
+    double sg;            /* streaming copy of the gather list */
 } result;
 
 static int measure(setup *s, uint32_t threads, result *out)
@@ -275,16 +285,17 @@ static int measure(setup *s, uint32_t threads, result *out)
         fprintf(stderr, "bench copy: pthread_create failed\n");
         return -1;
     }
-    double v[4][REPS];
+    double v[5][REPS];
     int rc = 0;
     for (int r = -1; r < REPS && rc == 0; r++) { /* r = -1: warm-up */
-        double m0 = run_memcpy(s, KVT_XFER_GATHER);
+        double m0 = run_memcpy(s, KVT_XFER_GATHER, false);
         double e0 = run_engine(s, x, KVT_XFER_GATHER);
-        double m1 = run_memcpy(s, KVT_XFER_SCATTER);
+        double s0 = run_memcpy(s, KVT_XFER_GATHER, true);
+        double m1 = run_memcpy(s, KVT_XFER_SCATTER, false);
         double e1 = run_engine(s, x, KVT_XFER_SCATTER);
         if (m0 < 0 || e0 < 0 || m1 < 0 || e1 < 0) rc = -1;
         if (r < 0) continue;
-        v[0][r] = e0, v[1][r] = e1, v[2][r] = m0, v[3][r] = m1;
+        v[0][r] = e0, v[1][r] = e1, v[2][r] = m0, v[3][r] = m1, v[4][r] = s0;
     }
     mc_stop();
     kvt__xfer_destroy(x);
@@ -293,7 +304,8 @@ static int measure(setup *s, uint32_t threads, result *out)
         return -1;
     }
     *out = (result){median_of_values(v[0], REPS), median_of_values(v[1], REPS),
-                     median_of_values(v[2], REPS), median_of_values(v[3], REPS)};
+                     median_of_values(v[2], REPS), median_of_values(v[3], REPS),
+                     median_of_values(v[4], REPS)};
     return 0;
 }
 
@@ -368,10 +380,12 @@ int kvt_bench_copy_main(int argc, char **argv)
                "\"ratio_gather\": %.3f, \"ratio_scatter\": %.3f, "
                "\"gather_gbps_2t\": %.2f, \"scatter_gbps_2t\": %.2f, \"memcpy_gbps_2t\": %.2f, "
                "\"ratio_2t\": %.3f, \"scaling_2t\": %.3f, \"memcpy_scaling_2t\": %.3f, "
+               "\"stream_gather_gbps\": %.2f, \"ratio_gather_stream\": %.3f, "
+               "\"stream_gather_gbps_2t\": %.2f, \"ratio_gather_stream_2t\": %.3f, "
                "\"by_chunk\": [",
                (unsigned long long)chunk[0], size_mb, threads, kind, REPS, a->g, a->sc, mc1, a->mg,
                a->ms, ratio, a->g / a->mg, a->sc / a->ms, b->g, b->sc, mcn, ratio_n, scaling,
-               mcn / mc1);
+               mcn / mc1, a->sg, a->g / a->sg, b->sg, b->g / b->sg);
         for (int k = 0; k < NCFG; k++)
             printf("%s{\"chunk_bytes\": %llu, \"gather_gbps\": %.2f, \"scatter_gbps\": %.2f, "
                    "\"memcpy_gbps\": %.2f, \"ratio\": %.3f, \"gather_gbps_2t\": %.2f, "
@@ -397,8 +411,10 @@ int kvt_bench_copy_main(int argc, char **argv)
         }
     }
     printf("\n%llu KiB chunks: ratio %.3f (1 thread), %.3f (%u threads); scaling to %u threads "
-           "%.2fx (memcpy %.2fx)\n",
+           "%.2fx (memcpy %.2fx)\n"
+           "gather (a store: streaming stores into the tier) against the same streaming copy "
+           "of its list: %.2f / %.2f GB/s = %.3f (1 thread), %.2f / %.2f = %.3f (%u threads)\n",
            (unsigned long long)chunk[0] >> 10, ratio, ratio_n, threads, threads, scaling,
-           mcn / mc1);
+           mcn / mc1, a->g, a->sg, a->g / a->sg, b->g, b->sg, b->g / b->sg, threads);
     return 0;
 }

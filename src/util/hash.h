@@ -51,6 +51,8 @@ int kvt__hash_copy_begin(kvt_hash_copy *h, void *base, uint64_t total, uint64_t 
 void kvt__hash_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len);
 /* After exactly total bytes were fed. */
 uint64_t kvt__hash_copy_end(kvt_hash_copy *h);
+/* util/copy.h's AVX2 body (call only when kvt__hash_avx2()). */
+void kvt__copy_stream_avx2(void *dst, const void *src, size_t len);
 /* Their AVX2 bodies (hash_avx2.c). */
 void kvt__xxh3_avx2_copy_begin(kvt_hash_copy *h, uint64_t seed);
 void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len);

@@ -1,4 +1,5 @@
-/* hash_avx2.c - XXH3-64 (one-shot seeded and streaming) built for AVX2,
+/* hash_avx2.c - XXH3-64 (one-shot seeded and streaming), copy while
+ * hashing, and the streaming-store copy (util/copy.h), built for AVX2,
  * picked at run time (kvt__hash_avx2 in hash.c) when the CPU has it. The
  * distro's libxxhash is built for baseline x86-64 (SSE2): about half the
  * speed, and checksums are a large share of a PD transfer's CPU and of a
@@ -109,6 +110,26 @@ void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size
             hc_stripe(h, acc, h->base + h->pos - XXH_STRIPE_LEN);
     }
     memcpy(h->acc, acc, sizeof acc);
+}
+
+/* util/copy.h: aligned to 32 bytes with memcpy, then 64-byte stripes. */
+void kvt__copy_stream_avx2(void *dst, const void *src, size_t len)
+{
+    uint8_t *d = dst;
+    const uint8_t *s = src;
+    size_t head = (size_t)(-(uintptr_t)d & 31); /* to a 32-byte boundary */
+    if (head > len) head = len;
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    len -= head;
+    for (; len >= 64; len -= 64, d += 64, s += 64) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)s);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+        _mm256_stream_si256((__m256i *)d, a);
+        _mm256_stream_si256((__m256i *)(d + 32), b);
+    }
+    memcpy(d, s, len);
 }
 
 uint64_t kvt__xxh3_avx2_copy_end(kvt_hash_copy *h)

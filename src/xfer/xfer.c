@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "util/clock.h"
+#include "util/copy.h"
 #include "util/err.h"
 #include "util/hash.h"
 #include "util/sync.h"
@@ -216,6 +217,14 @@ static kvt_status flush(xfer_worker *w, kvt_xfer_task *t, uint32_t n)
     const kvt_copy_ops *ops = &w->x->ops;
     if (ops->copy_async) return ops->copy_async(ops->ctx, &w->wctx, (int)t->dir, w->chunks, n);
     if (w->sum_next) return copy_fused(w, n);
+    if (t->dir == KVT_XFER_GATHER && ops->plain_memcpy) {
+        /* Into the tier: streaming stores (util/copy.h), fenced before the
+         * unit is reported. */
+        for (uint32_t i = 0; i < n; i++)
+            kvt__copy_stream(w->chunks[i].dst, w->chunks[i].src, (size_t)w->chunks[i].len);
+        kvt__copy_stream_fence();
+        return KVT_OK;
+    }
     return ops->copy(ops->ctx, w->chunks, n);
 }
 

@@ -44,9 +44,10 @@ typedef struct kvt_copy_ops {
     kvt_status (*record)(void *ctx, void **wctx, void **event);
     kvt_status (*sync)(void *ctx, void **wctx);
     void (*worker_exit)(void *ctx, void *wctx);
-    /* copy is a plain memcpy (no side effects): a store that checksums
-     * its blocks may then copy them itself while hashing (kvt_hash_copy)
-     * instead of calling copy. */
+    /* copy is a plain memcpy (no side effects): a store may then copy into
+     * the tier itself, with streaming stores (util/copy.h), and while
+     * hashing when it checksums its blocks (kvt_hash_copy), instead of
+     * calling copy. */
     bool plain_memcpy;
 } kvt_copy_ops;
 
