@@ -42,7 +42,7 @@ int kvt__hash_copy_begin(kvt_hash_copy *h, void *base, uint64_t total, uint64_t 
 #ifdef KVT_HASH_X86
     if (total > 240 && kvt__hash_avx2()) {
         kvt__xxh3_avx2_copy_begin(h, seed);
-        h->base = base;
+        (void)base; /* the range is only ever written, never read back */
         h->total = total;
         h->pos = h->stripes = 0;
         h->normal = (total - 1) / 64; /* XXH3 long: stripes before the last one */

@@ -41,7 +41,8 @@ uint64_t kvt__xxh3_avx2_seeded(const void *p, size_t n, uint64_t seed);
 typedef struct kvt_hash_copy {
     _Alignas(64) uint64_t acc[8];       /* XXH3's accumulators */
     _Alignas(64) unsigned char secret[192]; /* XXH3's secret for the seed */
-    uint8_t *base;
+    unsigned char part[64];  /* a stripe split across feeds, assembled */
+    unsigned char last[64];  /* the range's last 64 bytes (XXH3's final stripe) */
     uint64_t total, pos;  /* bytes in the range; bytes fed so far */
     uint64_t stripes;     /* stripes accumulated */
     uint64_t normal;      /* stripes accumulated before the final one */

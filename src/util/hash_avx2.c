@@ -53,47 +53,98 @@ void kvt__xxh3_avx2_copy_begin(kvt_hash_copy *h, uint64_t seed)
     XXH3_initCustomSecret(h->secret, seed); /* seed 0: XXH3's own secret */
 }
 
-/* Accumulates the stripe at p (in L1: just stored). */
-static inline void hc_stripe(kvt_hash_copy *h, uint64_t *acc, const uint8_t *p)
+/* Accumulates the stripe at p (in L1) as stripe *n, and counts it. */
+static inline void hc_stripe(const kvt_hash_copy *h, uint64_t *acc, const uint8_t *p,
+                             uint64_t *n)
 {
-    XXH3_accumulate_512_avx2(acc, p, h->secret + (h->stripes % HC_STRIPES_PER_BLOCK) *
+    XXH3_accumulate_512_avx2(acc, p, h->secret + (*n % HC_STRIPES_PER_BLOCK) *
                                                      XXH_SECRET_CONSUME_RATE);
-    if (++h->stripes % HC_STRIPES_PER_BLOCK == 0)
+    if (++*n % HC_STRIPES_PER_BLOCK == 0)
         XXH3_scrambleAcc_avx2(acc, h->secret + XXH_SECRET_DEFAULT_SIZE - XXH_STRIPE_LEN);
 }
 
+/* XXH3's accumulate and scramble steps on one 32-byte half of the
+ * accumulators, held in a register: exactly XXH3_accumulate_512_avx2 and
+ * XXH3_scrambleAcc_avx2 of xxhash 0.8 (test_hash_copy compares every
+ * result with libxxhash), which keep the accumulators in memory: next to
+ * streaming stores the compiler cannot keep them in registers, and the
+ * store-to-load round trip per stripe cost a third of the fused copy. */
+static inline __m256i hc_acc(__m256i acc, __m256i data, const uint8_t *key)
+{
+    __m256i data_key = _mm256_xor_si256(data, _mm256_loadu_si256((const __m256i *)key));
+    __m256i data_key_lo = _mm256_shuffle_epi32(data_key, _MM_SHUFFLE(0, 3, 0, 1));
+    __m256i product = _mm256_mul_epu32(data_key, data_key_lo);
+    __m256i data_swap = _mm256_shuffle_epi32(data, _MM_SHUFFLE(1, 0, 3, 2));
+    return _mm256_add_epi64(product, _mm256_add_epi64(acc, data_swap));
+}
+
+static inline __m256i hc_scramble(__m256i acc, const uint8_t *key)
+{
+    const __m256i prime32 = _mm256_set1_epi32((int)XXH_PRIME32_1);
+    __m256i data = _mm256_xor_si256(acc, _mm256_srli_epi64(acc, 47));
+    __m256i data_key = _mm256_xor_si256(data, _mm256_loadu_si256((const __m256i *)key));
+    __m256i data_key_hi = _mm256_shuffle_epi32(data_key, _MM_SHUFFLE(0, 3, 0, 1));
+    __m256i prod_lo = _mm256_mul_epu32(data_key, prime32);
+    __m256i prod_hi = _mm256_mul_epu32(data_key_hi, prime32);
+    return _mm256_add_epi64(prod_lo, _mm256_slli_epi64(prod_hi, 32));
+}
+
+/* Whole stripes: each loaded once into registers, stored, and hashed from
+ * those registers. Streaming stores where 32-byte aligned: the tier's cold
+ * lines are not read for ownership first (a third less memory traffic, as
+ * glibc's large memcpy). What is hashed is what was stored. */
+static void hc_stripes(const kvt_hash_copy *h, uint64_t *acc, uint8_t *d, const uint8_t *s,
+                       size_t n, uint64_t *count)
+{
+    const bool nt = ((uintptr_t)d & 31) == 0;
+    const uint8_t *scramble_key = h->secret + XXH_SECRET_DEFAULT_SIZE - XXH_STRIPE_LEN;
+    __m256i acc0 = _mm256_load_si256((const __m256i *)acc);
+    __m256i acc1 = _mm256_load_si256((const __m256i *)acc + 1);
+    uint64_t c = *count;
+    for (size_t i = 0; i < n; i++, d += XXH_STRIPE_LEN, s += XXH_STRIPE_LEN) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)s);
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+        if (nt) {
+            _mm256_stream_si256((__m256i *)d, a);
+            _mm256_stream_si256((__m256i *)(d + 32), b);
+        } else {
+            _mm256_storeu_si256((__m256i *)d, a);
+            _mm256_storeu_si256((__m256i *)(d + 32), b);
+        }
+        const uint8_t *key = h->secret + (c % HC_STRIPES_PER_BLOCK) * XXH_SECRET_CONSUME_RATE;
+        acc0 = hc_acc(acc0, a, key);
+        acc1 = hc_acc(acc1, b, key + 32);
+        if (++c % HC_STRIPES_PER_BLOCK == 0) {
+            acc0 = hc_scramble(acc0, scramble_key);
+            acc1 = hc_scramble(acc1, scramble_key + 32);
+        }
+    }
+    if (nt) _mm_sfence(); /* the stores land before anyone is told */
+    _mm256_store_si256((__m256i *)acc, acc0);
+    _mm256_store_si256((__m256i *)acc + 1, acc1);
+    *count = c;
+}
+
+/* Nothing is hashed from the destination: a line just written there may
+ * still be on its way to memory (a streaming store, or a plain one waiting
+ * for its line), and reading it back stalls. A stripe split across feeds
+ * is assembled in h->part, and the range's last 64 bytes (XXH3's final,
+ * overlapping stripe) are kept in h->last, both from the sources. */
 void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len)
 {
-    XXH_ALIGN(32) uint64_t acc[XXH_ACC_NB]; /* local: kept in registers */
+    XXH_ALIGN(32) uint64_t acc[XXH_ACC_NB]; /* locals: kept in registers */
     memcpy(acc, h->acc, sizeof acc);
+    uint64_t count = h->stripes, start = h->pos;
     uint8_t *d = dst;
     const uint8_t *s = src;
     while (len) {
         size_t in = (size_t)(h->pos % XXH_STRIPE_LEN);
-        if (in == 0 && len >= XXH_STRIPE_LEN && h->stripes < h->normal) {
-            /* Whole stripes: load, store, hash from the store. */
+        if (in == 0 && len >= XXH_STRIPE_LEN && count < h->normal) {
             size_t n = len / XXH_STRIPE_LEN;
-            if (n > h->normal - h->stripes) n = (size_t)(h->normal - h->stripes);
-            /* Streaming stores where 32-byte aligned: the tier's cold
-             * lines are not read for ownership first (a third less memory
-             * traffic, as glibc's large memcpy); the stripe is then hashed
-             * from the source, just loaded into L1. If the source changed
-             * meanwhile, the sum and the stored bytes differ and the check
-             * rejects the block: never a wrong byte made visible. */
-            const bool nt = ((uintptr_t)d & 31) == 0;
-            for (size_t i = 0; i < n; i++, d += XXH_STRIPE_LEN, s += XXH_STRIPE_LEN) {
-                __m256i a = _mm256_loadu_si256((const __m256i *)s);
-                __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
-                if (nt) {
-                    _mm256_stream_si256((__m256i *)d, a);
-                    _mm256_stream_si256((__m256i *)(d + 32), b);
-                } else {
-                    _mm256_storeu_si256((__m256i *)d, a);
-                    _mm256_storeu_si256((__m256i *)(d + 32), b);
-                }
-                hc_stripe(h, acc, nt ? s : d);
-            }
-            if (nt) _mm_sfence(); /* the stores land before anyone is told */
+            if (n > h->normal - count) n = (size_t)(h->normal - count);
+            hc_stripes(h, acc, d, s, n, &count);
+            d += n * XXH_STRIPE_LEN;
+            s += n * XXH_STRIPE_LEN;
             len -= n * XXH_STRIPE_LEN;
             h->pos += n * XXH_STRIPE_LEN;
             continue;
@@ -102,14 +153,27 @@ void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size
          * stripe: copy up to the stripe's end, hash it once complete. */
         size_t k = XXH_STRIPE_LEN - in < len ? XXH_STRIPE_LEN - in : len;
         memcpy(d, s, k);
+        memcpy(h->part + in, s, k);
         d += k;
         s += k;
         len -= k;
         h->pos += k;
-        if (h->pos % XXH_STRIPE_LEN == 0 && h->stripes < h->normal)
-            hc_stripe(h, acc, h->base + h->pos - XXH_STRIPE_LEN);
+        if (h->pos % XXH_STRIPE_LEN == 0 && count < h->normal) hc_stripe(h, acc, h->part, &count);
     }
+    uint64_t lo = h->total - XXH_STRIPE_LEN, from = start > lo ? start : lo;
+    if (from < h->pos) memcpy(h->last + (from - lo), (const uint8_t *)src + (from - start),
+                              (size_t)(h->pos - from));
     memcpy(h->acc, acc, sizeof acc);
+    h->stripes = count;
+}
+
+uint64_t kvt__xxh3_avx2_copy_end(kvt_hash_copy *h)
+{
+    XXH3_accumulate_512_avx2(h->acc, h->last,
+                             h->secret + XXH_SECRET_DEFAULT_SIZE - XXH_STRIPE_LEN -
+                                 XXH_SECRET_LASTACC_START);
+    return XXH3_mergeAccs(h->acc, h->secret + XXH_SECRET_MERGEACCS_START,
+                          (xxh_u64)h->total * XXH_PRIME64_1);
 }
 
 /* util/copy.h: aligned to 32 bytes with memcpy, then 64-byte stripes. */
@@ -132,14 +196,6 @@ void kvt__copy_stream_avx2(void *dst, const void *src, size_t len)
     memcpy(d, s, len);
 }
 
-uint64_t kvt__xxh3_avx2_copy_end(kvt_hash_copy *h)
-{
-    XXH3_accumulate_512_avx2(h->acc, h->base + h->total - XXH_STRIPE_LEN,
-                             h->secret + XXH_SECRET_DEFAULT_SIZE - XXH_STRIPE_LEN -
-                                 XXH_SECRET_LASTACC_START);
-    return XXH3_mergeAccs(h->acc, h->secret + XXH_SECRET_MERGEACCS_START,
-                          (xxh_u64)h->total * XXH_PRIME64_1);
-}
 
 #if defined(__clang__)
 #pragma clang attribute pop
