@@ -34,7 +34,9 @@ uint64_t kvt__xxh3_avx2_seeded(const void *p, size_t n, uint64_t seed);
  * Each 64-byte stripe is hashed as it is copied, from L1, so the hash
  * costs no second pass over memory (a store through the node server
  * checksums every block it copies; docs/server.md, Performance), and the
- * range is written with streaming stores where it is 32-byte aligned. begin is
+ * range is written with streaming stores where it is 32-byte aligned:
+ * call kvt__copy_stream_fence (util/copy.h) after a batch of feeds and
+ * before anyone is told the bytes are there. begin is
  * false when this CPU or size has no fused form (no AVX2, or total <= 240
  * bytes, which XXH3 hashes another way): copy and kvt__hash64 instead.
  * No allocation, lock or syscall. */

@@ -208,6 +208,7 @@ static kvt_status copy_fused(xfer_worker *w, uint32_t n)
         kvt__hash_copy_feed(&w->sum, ch->dst, ch->src, (size_t)ch->len);
         w->sum_next += ch->len;
     }
+    kvt__copy_stream_fence(); /* the feeds' streaming stores, once per batch */
     return KVT_OK;
 }
 
