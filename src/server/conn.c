@@ -6,7 +6,10 @@
  * blocks are checked; the check runs on the connection's checker thread
  * and commits the store only if every block passes (kvt_srv_check). */
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -378,6 +381,22 @@ typedef struct verify_part {
     uint32_t bad;          /* the first failing block, or UINT32_MAX */
 } verify_part;
 
+/* The check is background work. The checker thread runs SCHED_IDLE: a
+ * thread that wakes up (a client's, a connection's) takes its core at once
+ * and the kernel counts that core as idle when it places the waking
+ * thread; at normal priority on this 2-vCPU VM the check held the core,
+ * and a woken thread waited 2-4 ms for it (or for a halted vCPU). It
+ * never starves a waiter: settle raises it back to SCHED_OTHER while the
+ * connection waits for it, and it drops again at its next check. Helper
+ * threads of a large check run at nice 19 (they are joined by the
+ * checker, so they must progress even on a busy machine). Best effort:
+ * the check is right at any priority. */
+static void check_idle(void)
+{
+    struct sched_param sp = {0};
+    (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
+}
+
 static void *verify_range(void *arg)
 {
     verify_part *v = arg;
@@ -394,6 +413,13 @@ static void *verify_range(void *arg)
     return NULL;
 }
 
+/* A helper thread's part, at nice 19. */
+static void *verify_helper(void *arg)
+{
+    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+    return verify_range(arg);
+}
+
 /* The first failing block of t, or UINT32_MAX. */
 static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_task *t, const uint8_t *sums)
 {
@@ -407,7 +433,7 @@ static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_task *t, cons
         part[k] = (verify_part){s, t, sums, (uint32_t)((uint64_t)t->num_blocks * k / n),
                                 (uint32_t)((uint64_t)t->num_blocks * (k + 1) / n), UINT32_MAX};
         /* Part 0 runs here; a helper that cannot start runs here too. */
-        if (k > 0) started[k] = pthread_create(&th[k], NULL, verify_range, &part[k]) == 0;
+        if (k > 0) started[k] = pthread_create(&th[k], NULL, verify_helper, &part[k]) == 0;
     }
     for (uint32_t k = 0; k < n; k++)
         if (!started[k]) verify_range(&part[k]);
@@ -474,6 +500,7 @@ static void *check_main(void *arg)
         while (!k->has_job && !k->stop) pthread_cond_wait(&k->cv, &k->mu);
         if (!k->has_job) break;
         pthread_mutex_unlock(&k->mu);
+        check_idle();
         check_one(k);
         pthread_mutex_lock(&k->mu);
         k->has_job = false;
@@ -490,6 +517,10 @@ static void settle(kvt_srv_conn *c)
     kvt_srv_check *k = c->check;
     if (!k) return;
     pthread_mutex_lock(&k->mu);
+    if (k->has_job) { /* raised while we wait: an idle-priority check may starve */
+        struct sched_param sp = {0};
+        (void)pthread_setschedparam(k->thread, SCHED_OTHER, &sp);
+    }
     while (k->has_job) pthread_cond_wait(&k->cv, &k->mu);
     pthread_mutex_unlock(&k->mu);
 }

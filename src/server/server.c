@@ -144,7 +144,9 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
     if ((st = kvt__cache_create_ex(&s->cache, cfg, geo, true))) return st;
     kvt__cache_ext_shm(s->cache, &s->shm);
     kvt__metrics_cache_set_extra(s->cache, srv_metrics, s);
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    /* One core is left to the clients and connections: a check that takes
+     * every core makes their next wake-up wait for it. */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN) - 1;
     s->verify_threads = cpus < 1                        ? 1
                         : cpus > KVT_SRV_VERIFY_THREADS ? KVT_SRV_VERIFY_THREADS
                                                         : (uint32_t)cpus;
