@@ -662,10 +662,13 @@ void kvt_client_detach(kvt_client *cl);
  *  - a store's blocks become visible to every client only after the server
  *    checked each block's checksum against the one this client computed;
  *    a store's result is KVT_OK once its copy is done and the server took
- *    it (the check runs after; this client's next lookup, prepare_store or
- *    stats is answered after it, so after that call every client sees the
- *    store; before it another client may miss it); a store failing the check is never
- *    visible and counts in failed_tasks (kvt_client_stats);
+ *    it (the check runs after, at idle priority; this client's next lookup,
+ *    peek, prepare_store or stats is answered after it, so after that call
+ *    every client sees the store; before it another client may miss it); a
+ *    store failing the check is never visible and counts in failed_tasks
+ *    (kvt_client_stats);
+ *  - each call polls the socket for its reply for up to server_spin_us
+ *    (50 us, read from KVTIER_SERVER_SPIN_US at attach) before it sleeps;
  *  - a client cut off mid-copy (server_copy_ms) gets the store blocks the
  *    server held back from it freed when it re-attaches;
  *  - results are reported by this client's wait or poll only for tasks it
