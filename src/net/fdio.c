@@ -29,14 +29,13 @@ kvt_status kvt__fd_wait(int fd, short ev, uint64_t deadline_ns)
     }
 }
 
-bool kvt__fd_spin(int fd, uint32_t us)
+void kvt__fd_spin(int fd, uint32_t us)
 {
     uint64_t end = kvt__now_ns() + (uint64_t)us * 1000;
     do {
         struct pollfd p = {fd, POLLIN, 0};
-        if (poll(&p, 1, 0) > 0) return true;
+        if (poll(&p, 1, 0) > 0) return;
     } while (kvt__now_ns() < end);
-    return false;
 }
 
 /* Advances iov past n bytes. */

@@ -2,7 +2,6 @@
 #ifndef KVT_NET_FDIO_H
 #define KVT_NET_FDIO_H
 
-#include <stdbool.h>
 #include <stdint.h>
 #include <sys/uio.h>
 #include "kvtier.h"
@@ -10,9 +9,9 @@
 /* Waits for ev (POLLIN/POLLOUT) on fd until deadline_ns: KVT_OK,
  * KVT_ETIMEDOUT, or KVT_ECONN when the socket failed or hung up. */
 kvt_status kvt__fd_wait(int fd, short ev, uint64_t deadline_ns);
-/* Polls fd for input without sleeping for up to us microseconds; true as
- * soon as it is readable (or hung up). */
-bool kvt__fd_spin(int fd, uint32_t us);
+/* Polls fd for input without sleeping for up to us microseconds, ending
+ * as soon as it is readable (or hung up); the caller's wait follows. */
+void kvt__fd_spin(int fd, uint32_t us);
 /* Moves all of iov (mutated while advancing) through fd, IOV_MAX at a time,
  * by deadline_ns: KVT_OK, KVT_ETIMEDOUT, or KVT_ECONN (error or orderly
  * close while reading). */

@@ -37,19 +37,18 @@ uint64_t kvt__hash64(const void *data, size_t len, uint64_t seed)
     return XXH3_64bits_withSeed(data, len, seed);
 }
 
-int kvt__hash_copy_begin(kvt_hash_copy *h, void *base, uint64_t total, uint64_t seed)
+int kvt__hash_copy_begin(kvt_hash_copy *h, uint64_t total, uint64_t seed)
 {
 #ifdef KVT_HASH_X86
     if (total > 240 && kvt__hash_avx2()) {
         kvt__xxh3_avx2_copy_begin(h, seed);
-        (void)base; /* the range is only ever written, never read back */
         h->total = total;
         h->pos = h->stripes = 0;
         h->normal = (total - 1) / 64; /* XXH3 long: stripes before the last one */
         return 1;
     }
 #endif
-    (void)h, (void)base, (void)total, (void)seed;
+    (void)h, (void)total, (void)seed;
     return 0;
 }
 

@@ -28,9 +28,9 @@ void kvt__xxh3_avx2_update(void *st, const void *p, size_t n);
 uint64_t kvt__xxh3_avx2_digest(void *st);
 uint64_t kvt__xxh3_avx2_seeded(const void *p, size_t n, uint64_t seed);
 
-/* Copy while hashing: a range of total bytes at base is filled front to
- * back by feed calls (each continuing where the last ended, from any
- * sources), and end returns kvt__hash64(base, total, seed) of what landed.
+/* Copy while hashing: a range of total bytes is filled front to back by
+ * feed calls (each continuing where the last ended, from any sources), and
+ * end returns kvt__hash64 of the range (seeded with seed) as it landed.
  * Each 64-byte stripe is hashed as it is copied, from L1, so the hash
  * costs no second pass over memory (a store through the node server
  * checksums every block it copies; docs/server.md, Performance), and the
@@ -49,8 +49,9 @@ typedef struct kvt_hash_copy {
     uint64_t stripes;     /* stripes accumulated */
     uint64_t normal;      /* stripes accumulated before the final one */
 } kvt_hash_copy;
-int kvt__hash_copy_begin(kvt_hash_copy *h, void *base, uint64_t total, uint64_t seed);
-/* dst must be base + (bytes fed so far); len at most what remains. */
+int kvt__hash_copy_begin(kvt_hash_copy *h, uint64_t total, uint64_t seed);
+/* dst continues the range where the last feed ended; len at most what
+ * remains. */
 void kvt__hash_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len);
 /* After exactly total bytes were fed. */
 uint64_t kvt__hash_copy_end(kvt_hash_copy *h);

@@ -53,16 +53,6 @@ void kvt__xxh3_avx2_copy_begin(kvt_hash_copy *h, uint64_t seed)
     XXH3_initCustomSecret(h->secret, seed); /* seed 0: XXH3's own secret */
 }
 
-/* Accumulates the stripe at p (in L1) as stripe *n, and counts it. */
-static inline void hc_stripe(const kvt_hash_copy *h, uint64_t *acc, const uint8_t *p,
-                             uint64_t *n)
-{
-    XXH3_accumulate_512_avx2(acc, p, h->secret + (*n % HC_STRIPES_PER_BLOCK) *
-                                                     XXH_SECRET_CONSUME_RATE);
-    if (++*n % HC_STRIPES_PER_BLOCK == 0)
-        XXH3_scrambleAcc_avx2(acc, h->secret + XXH_SECRET_DEFAULT_SIZE - XXH_STRIPE_LEN);
-}
-
 /* XXH3's accumulate and scramble steps on one 32-byte half of the
  * accumulators, held in a register: exactly XXH3_accumulate_512_avx2 and
  * XXH3_scrambleAcc_avx2 of xxhash 0.8 (test_hash_copy compares every
@@ -89,6 +79,21 @@ static inline __m256i hc_scramble(__m256i acc, const uint8_t *key)
     return _mm256_add_epi64(prod_lo, _mm256_slli_epi64(prod_hi, 32));
 }
 
+/* Stripe *c (its halves a, b) into the accumulators, and counted; the
+ * accumulators scrambled after every 16th. */
+static inline void hc_one(const kvt_hash_copy *h, __m256i *acc0, __m256i *acc1, __m256i a,
+                          __m256i b, uint64_t *c)
+{
+    const uint8_t *key = h->secret + (*c % HC_STRIPES_PER_BLOCK) * XXH_SECRET_CONSUME_RATE;
+    *acc0 = hc_acc(*acc0, a, key);
+    *acc1 = hc_acc(*acc1, b, key + 32);
+    if (++*c % HC_STRIPES_PER_BLOCK == 0) {
+        const uint8_t *scramble_key = h->secret + XXH_SECRET_DEFAULT_SIZE - XXH_STRIPE_LEN;
+        *acc0 = hc_scramble(*acc0, scramble_key);
+        *acc1 = hc_scramble(*acc1, scramble_key + 32);
+    }
+}
+
 /* Whole stripes: each loaded once into registers, stored, and hashed from
  * those registers. Streaming stores where 32-byte aligned: the tier's cold
  * lines are not read for ownership first (a third less memory traffic, as
@@ -99,7 +104,6 @@ static void hc_stripes(const kvt_hash_copy *h, uint64_t *acc, uint8_t *d, const 
                        size_t n, uint64_t *count)
 {
     const bool nt = ((uintptr_t)d & 31) == 0;
-    const uint8_t *scramble_key = h->secret + XXH_SECRET_DEFAULT_SIZE - XXH_STRIPE_LEN;
     __m256i acc0 = _mm256_load_si256((const __m256i *)acc);
     __m256i acc1 = _mm256_load_si256((const __m256i *)acc + 1);
     uint64_t c = *count;
@@ -113,13 +117,7 @@ static void hc_stripes(const kvt_hash_copy *h, uint64_t *acc, uint8_t *d, const 
             _mm256_storeu_si256((__m256i *)d, a);
             _mm256_storeu_si256((__m256i *)(d + 32), b);
         }
-        const uint8_t *key = h->secret + (c % HC_STRIPES_PER_BLOCK) * XXH_SECRET_CONSUME_RATE;
-        acc0 = hc_acc(acc0, a, key);
-        acc1 = hc_acc(acc1, b, key + 32);
-        if (++c % HC_STRIPES_PER_BLOCK == 0) {
-            acc0 = hc_scramble(acc0, scramble_key);
-            acc1 = hc_scramble(acc1, scramble_key + 32);
-        }
+        hc_one(h, &acc0, &acc1, a, b, &c);
     }
     _mm256_store_si256((__m256i *)acc, acc0);
     _mm256_store_si256((__m256i *)acc + 1, acc1);
@@ -159,7 +157,14 @@ void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size
         s += k;
         len -= k;
         h->pos += k;
-        if (h->pos % XXH_STRIPE_LEN == 0 && count < h->normal) hc_stripe(h, acc, h->part, &count);
+        if (h->pos % XXH_STRIPE_LEN == 0 && count < h->normal) {
+            __m256i acc0 = _mm256_load_si256((const __m256i *)acc);
+            __m256i acc1 = _mm256_load_si256((const __m256i *)acc + 1);
+            hc_one(h, &acc0, &acc1, _mm256_loadu_si256((const __m256i *)h->part),
+                   _mm256_loadu_si256((const __m256i *)(h->part + 32)), &count);
+            _mm256_store_si256((__m256i *)acc, acc0);
+            _mm256_store_si256((__m256i *)acc + 1, acc1);
+        }
     }
     uint64_t lo = h->total - XXH_STRIPE_LEN, from = start > lo ? start : lo;
     if (from < h->pos) memcpy(h->last + (from - lo), (const uint8_t *)src + (from - start),
@@ -196,7 +201,6 @@ void kvt__copy_stream_avx2(void *dst, const void *src, size_t len)
     }
     memcpy(d, s, len);
 }
-
 
 #if defined(__clang__)
 #pragma clang attribute pop

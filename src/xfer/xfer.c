@@ -265,7 +265,7 @@ static void sum_begin(xfer_worker *w, const kvt_xfer_task *t, uint32_t b, uint32
 {
     uint64_t len;
     uint8_t *seg = sum_part(t, b, layer, &len);
-    bool fuse = w->x->ops.plain_memcpy && kvt__hash_copy_begin(&w->sum, seg, len, layer);
+    bool fuse = w->x->ops.plain_memcpy && kvt__hash_copy_begin(&w->sum, len, layer);
     w->sum_next = fuse ? seg : NULL;
 }
 
