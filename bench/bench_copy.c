@@ -18,7 +18,10 @@
  * direction with memcpy over its own list. A store copies into the tier
  * with streaming stores (util/copy.h), so the gather list is also copied
  * that way in the same run: stream_gather_gbps, and ratio_gather_stream =
- * gather / that (the machine's limit for a store). scaling_2t = min(gather_2t,
+ * gather / that (the machine's limit for a store). A store through the node
+ * server also checksums each block's layers in the same pass (kvt_hash_copy,
+ * the engine's layer_sums): summed_gather_gbps, and ratio_summed_stream =
+ * that / the streaming copy, same run. scaling_2t = min(gather_2t,
  * scatter_2t) / min(gather, scatter).
  */
 #include <pthread.h>
@@ -51,6 +54,7 @@ typedef struct setup {
     kvt_page_map *map;
     uint8_t **blocks;
     uint32_t *pages;
+    uint64_t *sums; /* nblocks x LAYERS: a summed gather's layer_sums */
     kvt_copy_chunk *chunks[3]; /* [dir]: engine-order chunk list */
     uint32_t layer_first_chunk[LAYERS + 1];
     uint64_t bytes; /* per transfer */
@@ -78,6 +82,7 @@ static void setup_free(setup *s)
     free(s->chunks[KVT_XFER_GATHER]);
     free(s->chunks[KVT_XFER_SCATTER]);
     free(s->pages);
+    free(s->sums);
     free(s->blocks);
     free(s->map);
     kvt__pool_destroy(s->pool);
@@ -142,7 +147,8 @@ static int setup_init(setup *s, uint32_t tpp, uint64_t size_mb)
     s->map = malloc(sizeof *s->map);
     s->blocks = malloc(s->nblocks * sizeof *s->blocks);
     s->pages = malloc(s->npages * sizeof *s->pages);
-    if (!s->map || !s->blocks || !s->pages) goto fail;
+    s->sums = malloc((size_t)s->nblocks * LAYERS * sizeof *s->sums);
+    if (!s->map || !s->blocks || !s->pages || !s->sums) goto fail;
     if (kvt__page_map_init(s->map, s->geo, &mem) != KVT_OK) goto fail;
     for (uint32_t b = 0; b < s->nblocks; b++) s->blocks[b] = kvt__pool_block(s->pool, kvt__pool_alloc(s->pool));
     uint64_t rng = 7;
@@ -164,7 +170,7 @@ fail:
 
 /* ---- the engine ---- */
 
-static double run_engine(setup *s, kvt_xfer *x, kvt_xfer_dir dir)
+static double run_engine(setup *s, kvt_xfer *x, kvt_xfer_dir dir, uint64_t *sums)
 {
     done_sig d = {.done = false};
     pthread_mutex_init(&d.mu, NULL);
@@ -178,6 +184,7 @@ static double run_engine(setup *s, kvt_xfer *x, kvt_xfer_dir dir)
     t.num_blocks = s->nblocks;
     t.blocks = s->blocks;
     t.pages = s->pages;
+    t.layer_sums = sums;
     t.on_done = on_done;
     t.user = &d;
     uint64_t t0 = kvt__now_ns();
@@ -272,6 +279,7 @@ static double run_memcpy(const setup *s, kvt_xfer_dir dir, bool stream)
 typedef struct result {
     double g, sc, mg, ms; /* engine gather/scatter, memcpy gather/scatter list */
     double sg;            /* streaming copy of the gather list */
+    double cg;            /* engine gather with checksums (layer_sums) */
 } result;
 
 static int measure(setup *s, uint32_t threads, result *out)
@@ -285,17 +293,18 @@ static int measure(setup *s, uint32_t threads, result *out)
         fprintf(stderr, "bench copy: pthread_create failed\n");
         return -1;
     }
-    double v[5][REPS];
+    double v[6][REPS];
     int rc = 0;
     for (int r = -1; r < REPS && rc == 0; r++) { /* r = -1: warm-up */
         double m0 = run_memcpy(s, KVT_XFER_GATHER, false);
-        double e0 = run_engine(s, x, KVT_XFER_GATHER);
+        double e0 = run_engine(s, x, KVT_XFER_GATHER, NULL);
         double s0 = run_memcpy(s, KVT_XFER_GATHER, true);
+        double c0 = run_engine(s, x, KVT_XFER_GATHER, s->sums);
         double m1 = run_memcpy(s, KVT_XFER_SCATTER, false);
-        double e1 = run_engine(s, x, KVT_XFER_SCATTER);
-        if (m0 < 0 || e0 < 0 || m1 < 0 || e1 < 0) rc = -1;
+        double e1 = run_engine(s, x, KVT_XFER_SCATTER, NULL);
+        if (m0 < 0 || e0 < 0 || m1 < 0 || e1 < 0 || c0 < 0) rc = -1;
         if (r < 0) continue;
-        v[0][r] = e0, v[1][r] = e1, v[2][r] = m0, v[3][r] = m1, v[4][r] = s0;
+        v[0][r] = e0, v[1][r] = e1, v[2][r] = m0, v[3][r] = m1, v[4][r] = s0, v[5][r] = c0;
     }
     mc_stop();
     kvt__xfer_destroy(x);
@@ -305,7 +314,7 @@ static int measure(setup *s, uint32_t threads, result *out)
     }
     *out = (result){median_of_values(v[0], REPS), median_of_values(v[1], REPS),
                      median_of_values(v[2], REPS), median_of_values(v[3], REPS),
-                     median_of_values(v[4], REPS)};
+                     median_of_values(v[4], REPS), median_of_values(v[5], REPS)};
     return 0;
 }
 
@@ -382,10 +391,13 @@ int kvt_bench_copy_main(int argc, char **argv)
                "\"ratio_2t\": %.3f, \"scaling_2t\": %.3f, \"memcpy_scaling_2t\": %.3f, "
                "\"stream_gather_gbps\": %.2f, \"ratio_gather_stream\": %.3f, "
                "\"stream_gather_gbps_2t\": %.2f, \"ratio_gather_stream_2t\": %.3f, "
+               "\"summed_gather_gbps\": %.2f, \"ratio_summed_stream\": %.3f, "
+               "\"summed_gather_gbps_2t\": %.2f, \"ratio_summed_stream_2t\": %.3f, "
                "\"by_chunk\": [",
                (unsigned long long)chunk[0], size_mb, threads, kind, REPS, a->g, a->sc, mc1, a->mg,
                a->ms, ratio, a->g / a->mg, a->sc / a->ms, b->g, b->sc, mcn, ratio_n, scaling,
-               mcn / mc1, a->sg, a->g / a->sg, b->sg, b->g / b->sg);
+               mcn / mc1, a->sg, a->g / a->sg, b->sg, b->g / b->sg, a->cg, a->cg / a->sg, b->cg,
+               b->cg / b->sg);
         for (int k = 0; k < NCFG; k++)
             printf("%s{\"chunk_bytes\": %llu, \"gather_gbps\": %.2f, \"scatter_gbps\": %.2f, "
                    "\"memcpy_gbps\": %.2f, \"ratio\": %.3f, \"gather_gbps_2t\": %.2f, "
@@ -413,8 +425,12 @@ int kvt_bench_copy_main(int argc, char **argv)
     printf("\n%llu KiB chunks: ratio %.3f (1 thread), %.3f (%u threads); scaling to %u threads "
            "%.2fx (memcpy %.2fx)\n"
            "gather (a store: streaming stores into the tier) against the same streaming copy "
-           "of its list: %.2f / %.2f GB/s = %.3f (1 thread), %.2f / %.2f = %.3f (%u threads)\n",
+           "of its list: %.2f / %.2f GB/s = %.3f (1 thread), %.2f / %.2f = %.3f (%u threads)\n"
+           "gather with each block's checksums in the same pass (a store through the node "
+           "server) against that streaming copy: %.2f / %.2f = %.3f (1 thread), %.2f / %.2f = "
+           "%.3f (%u threads)\n",
            (unsigned long long)chunk[0] >> 10, ratio, ratio_n, threads, threads, scaling,
-           mcn / mc1, a->g, a->sg, a->g / a->sg, b->g, b->sg, b->g / b->sg, threads);
+           mcn / mc1, a->g, a->sg, a->g / a->sg, b->g, b->sg, b->g / b->sg, threads, a->cg,
+           a->sg, a->cg / a->sg, b->cg, b->sg, b->cg / b->sg, threads);
     return 0;
 }
