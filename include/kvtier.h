@@ -649,8 +649,12 @@ void kvt_client_detach(kvt_client *cl);
  *    a malformed reply gives KVT_EPROTO and drops the connection likewise;
  *    an answer no server gives to that request (a lookup answered
  *    KVT_ETIMEDOUT) gives KVT_EPROTO too, keeping the connection;
- *  - a launched task's copy runs on this client's threads; its result
- *    (the server's answer to its end) is what wait/poll report;
+ *  - a launched task's copy runs on this client's threads; a load's
+ *    result is the server's answer to its end; a store's is reported when
+ *    its copy ended (the engine's pages are free, as in process), and its
+ *    end goes to the server right after, before any later request of this
+ *    client (a connection already cut off or lost reports KVT_ECONN
+ *    instead);
  *  - kvt_client_launch of a load whose blocks sit on the server's SSD tier
  *    returns at once; the copy starts when the server has read them back
  *    (wait, wait_layer and poll see it end as for any load; cancel ends it
@@ -661,12 +665,13 @@ void kvt_client_detach(kvt_client *cl);
  *    pid and uid); past its server_client_tasks quota, KVT_EFULL;
  *  - a store's blocks become visible to every client only after the server
  *    checked each block's checksum against the one this client computed;
- *    a store's result is KVT_OK once its copy is done and the server took
- *    it (the check runs after, at idle priority; this client's next lookup,
- *    peek, prepare_store or stats is answered after it, so after that call
- *    every client sees the store; before it another client may miss it); a
- *    store failing the check is never visible and counts in failed_tasks
- *    (kvt_client_stats);
+ *    the check runs after the store's result, at idle priority; this
+ *    client's next lookup, peek, prepare_store or stats is answered after
+ *    it, so after that call every client sees the store; before it another
+ *    client may miss it; a store the server does not commit (its check
+ *    fails, or the server is lost before its end arrives) is never visible,
+ *    as if evicted at once: the client logs it (warn), and a failed check
+ *    counts in failed_tasks (kvt_client_stats);
  *  - each call polls the socket for its reply for up to server_spin_us
  *    (50 us, read from KVTIER_SERVER_SPIN_US at attach) before it sleeps;
  *  - a client cut off mid-copy (server_copy_ms) gets the store blocks the

@@ -30,6 +30,7 @@
 #include "store/pool.h"
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/log.h"
 #include "util/sync.h"
 #include "xfer/xfer.h"
 
@@ -195,17 +196,14 @@ static kvt_status recv_reply(kvt_client *cl, kvt_srv_hdr *h, uint8_t **p, int *f
     return kvt__srv_recv_frame(cl->fd, h, p, fd_got, deadline);
 }
 
-static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
-                                const kvt_srv_buf *b, uint8_t **rep, uint32_t *rep_len,
-                                int *fd_got, int64_t extra_ms)
+/* round_trip_ex with io_mu held (the caller's). */
+static kvt_status exchange_locked(kvt_client *cl, const char *fn, uint16_t op,
+                                  const kvt_srv_buf *b, uint8_t **rep, uint32_t *rep_len,
+                                  int *fd_got, int64_t extra_ms)
 {
     if (b->oom) return kvt__fail(KVT_ENOMEM, "%s: no memory for the request", fn);
-    pthread_mutex_lock(&cl->io_mu);
-    if (cl->broken && (op == KVT_SRV_END || op == KVT_SRV_HELLO || reattach(cl, fn))) {
-        kvt_status st = broken_fail(cl, fn);
-        pthread_mutex_unlock(&cl->io_mu);
-        return st;
-    }
+    if (cl->broken && (op == KVT_SRV_END || op == KVT_SRV_HELLO || reattach(cl, fn)))
+        return broken_fail(cl, fn);
     uint64_t deadline = kvt__deadline_ns(cl->timeout_ms + extra_ms);
     kvt_status st = kvt__srv_send_frame(cl->fd, op, 0, b->p, b->len, -1, deadline);
     kvt_srv_hdr h = {0};
@@ -217,10 +215,8 @@ static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
     }
     if (st) {
         st = lost(cl, fn, st);
-        pthread_mutex_unlock(&cl->io_mu);
         return st;
     }
-    pthread_mutex_unlock(&cl->io_mu);
     if (h.status != 0) {
         int len = h.len > KVT_SRV_MAX_ERRMSG ? (int)KVT_SRV_MAX_ERRMSG : (int)h.len;
         st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn, len, p ? (const char *)p : "");
@@ -231,6 +227,16 @@ static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
     *rep = p;
     *rep_len = h.len;
     return KVT_OK;
+}
+
+static kvt_status round_trip_ex(kvt_client *cl, const char *fn, uint16_t op,
+                                const kvt_srv_buf *b, uint8_t **rep, uint32_t *rep_len,
+                                int *fd_got, int64_t extra_ms)
+{
+    pthread_mutex_lock(&cl->io_mu);
+    kvt_status st = exchange_locked(cl, fn, op, b, rep, rep_len, fd_got, extra_ms);
+    pthread_mutex_unlock(&cl->io_mu);
+    return st;
 }
 
 static kvt_status round_trip(kvt_client *cl, const char *fn, uint16_t op, const kvt_srv_buf *b,
@@ -750,8 +756,79 @@ kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req, kvt_
 /* ------------------------------------------------------------------ */
 /* Launch and the end of a copy                                       */
 
+/* Nothing waits to be read on the connection (io_mu held: no reply is
+ * owed): a server that cut this client off, stopped or died shows here as
+ * EOF or a hang-up, at the cost of one poll. */
+static bool conn_quiet(const kvt_client *cl)
+{
+    struct pollfd p = {cl->fd, POLLIN, 0};
+    return !cl->broken && poll(&p, 1, 0) == 0;
+}
+
+/* A store whose copy ended well, reported before its END round trip (the
+ * server's answer would say the same). */
+static kvt_task_result stored(const kvt_client *cl, const ctask *t)
+{
+    uint32_t blocks = t->xt.num_blocks;
+    kvt_task_result r = {t->id, KVT_TASK_STORE, KVT_OK, t->first_token,
+                         blocks * cl->shm.block_tokens, (uint64_t)blocks * cl->shm.block_bytes};
+    return r;
+}
+
+/* A store's END: every block's checksum (the layers' sums came with the
+ * copy), encoded into *b (b->oom without memory). */
+static void store_end_encode(const kvt_client *cl, const ctask *t, kvt_srv_buf *b)
+{
+    uint32_t n = t->xt.num_blocks, nl = cl->geo->num_layers;
+    uint64_t *sums = malloc((size_t)n * sizeof *sums + 1);
+    if (!sums) {
+        b->oom = true;
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        sums[i] = kvt__srv_sum_combine(t->layer_sums + (size_t)i * nl, nl, t->offsets[i]);
+    kvt__srv_end_encode(b, t->id, KVT_OK, sums, n);
+    free(sums);
+}
+
+/* A store whose copy ended well: its wait returns now, as in process (the
+ * engine's pages are free), and END follows under the same hold of io_mu,
+ * so this client's next request reaches the server after it and finds the
+ * store committed (the server settles a connection's check before its
+ * next plan). What the server then says is not the store's result any
+ * more: a store it drops (its check fails, or its copy deadline passed in
+ * between) is as if evicted at once - looked up as a miss, never served -
+ * and is logged here, counted there. A connection that already shows a
+ * cut-off or a dead server takes the synchronous way, so that store still
+ * reports KVT_ECONN. false: that way (nothing done). */
+static bool store_end_early(kvt_client *cl, ctask *t)
+{
+    kvt_srv_buf b = {0};
+    store_end_encode(cl, t, &b);
+    if (b.oom) return false;
+    kvt_task_id id = t->id;
+    pthread_mutex_lock(&cl->io_mu);
+    bool early = conn_quiet(cl);
+    if (early) {
+        kvt_task_result r = stored(cl, t);
+        pthread_mutex_lock(&cl->mu);
+        ct_end(cl, t, &r); /* t may be freed from here on */
+        pthread_mutex_unlock(&cl->mu);
+        uint8_t *p = NULL;
+        uint32_t len = 0;
+        if (exchange_locked(cl, "kvt_client_wait", KVT_SRV_END, &b, &p, &len, NULL, 0))
+            KVT_LOG(KVT_LOG_WARN, "kvtier client: store task %llu was reported stored, but the "
+                    "server did not commit it (%s): it is not in the cache",
+                    (unsigned long long)id, kvt_last_error());
+        free(p);
+    }
+    pthread_mutex_unlock(&cl->io_mu);
+    kvt__srv_buf_free(&b);
+    return early;
+}
+
 /* Runs on a copy thread when the local copy ended: tells the server, whose
- * verdict (a store: every block's checksum checked) is the result. */
+ * verdict is the result (a store's: store_end_early, when it can). */
 static void on_copied(kvt_xfer_task *xt, kvt_status st)
 {
     ctask *t = xt->user;
@@ -762,24 +839,16 @@ static void on_copied(kvt_xfer_task *xt, kvt_status st)
     pthread_mutex_unlock(&cl->mu);
     /* (A re-attach waits for this copy to end, so the epoch cannot have
      * moved: END goes to the server that planned the task, or fails.) */
+    if (!skip && st == KVT_OK && t->kind == KVT_TASK_STORE && store_end_early(cl, t)) return;
     if (!skip) {
-        uint64_t *sums = NULL;
-        uint32_t n = 0;
-        if (st == KVT_OK && t->kind == KVT_TASK_STORE) {
-            sums = malloc((size_t)xt->num_blocks * sizeof *sums + 1);
-            if (sums) {
-                n = xt->num_blocks;
-                uint32_t nl = cl->geo->num_layers;
-                for (uint32_t i = 0; i < n; i++) /* the layers' sums came with the copy */
-                    sums[i] = kvt__srv_sum_combine(t->layer_sums + (size_t)i * nl, nl,
-                                                   t->offsets[i]);
-            } else {
-                st = KVT_ENOMEM;
-            }
-        }
         kvt_srv_buf b = {0};
-        kvt__srv_end_encode(&b, t->id, st, sums, n);
-        free(sums);
+        if (st == KVT_OK && t->kind == KVT_TASK_STORE) store_end_encode(cl, t, &b);
+        if (b.oom) { /* no room for the checksums: the server drops the store */
+            kvt__srv_buf_free(&b);
+            b = (kvt_srv_buf){0};
+            st = KVT_ENOMEM;
+        }
+        if (st != KVT_OK || t->kind != KVT_TASK_STORE) kvt__srv_end_encode(&b, t->id, st, NULL, 0);
         uint8_t *p = NULL;
         uint32_t len = 0;
         kvt_status rs = round_trip(cl, "kvt_client_wait", KVT_SRV_END, &b, &p, &len, NULL);

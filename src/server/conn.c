@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +111,10 @@ static kvt_status check_copy_deadline(kvt_srv_conn *c)
         late += c->tasks[i].launched && !c->tasks[i].pending &&
                 now - c->tasks[i].launched_ns > limit; /* pending: the server's own reads */
     if (!late) return KVT_OK;
+    /* Shut first: once its tasks are seen dropped (stats), the client
+     * already sees the cut-off (a store's copy ending then must not be
+     * reported stored: client.c, store_end_early). */
+    shutdown(c->fd, SHUT_RDWR);
     uint32_t fenced = 0;
     for (uint32_t i = c->ntasks; i-- > 0;) {
         kvt_srv_task *t = &c->tasks[i];

@@ -18,7 +18,9 @@
  *    tier's io option forcing it: KVT_EUNSUPPORTED at cache and server create;
  *  - a metrics endpoint at an address no interface has: KVT_ESYS;
  *  - a fake server answering a plan, a peek, or the cancel of a planned
- *    task, with what no server gives: KVT_EPROTO.
+ *    task, with what no server gives: KVT_EPROTO; one that never answers a
+ *    store's END: the store is reported at its copy's end, the next call
+ *    gets KVT_ECONN.
  * Every wait is bounded; a held read or write is released by the test (and
  * by the SSD tier itself after 10 s, so a failing test hangs nothing). */
 #include <errno.h>
@@ -577,6 +579,88 @@ static void test_client_refuses_answers(void **state)
     END_CHECKS();
 }
 
+/* A fake server that plans and launches one store (task 1: tokens
+ * [0, 2 T_TPP), blocks at tier offsets 0 and 512), takes its END and does
+ * not answer until the test lets it go, then closes the connection. */
+typedef struct silent_end_srv {
+    kvt_test_fake_srv s;
+    _Atomic int got_end, release;
+} silent_end_srv;
+
+static void silent_end_serve(void *arg, int fd)
+{
+    silent_end_srv *f = arg;
+    kvt_srv_hdr h;
+    uint8_t *p = NULL;
+    while (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(5000)) == KVT_OK) {
+        free(p);
+        p = NULL;
+        kvt_srv_buf b = {0};
+        if (h.op == KVT_SRV_HELLO) {
+            kvt_srv_hello_rep r = {4096, 512, 128 * T_TPP, T_TPP, 8, (uint32_t)getpid()};
+            kvt__srv_hello_rep_encode(&b, &r);
+            int mfd = memfd_create("kvtier-fake-tier", MFD_CLOEXEC);
+            if (mfd >= 0 && ftruncate(mfd, 4096) == 0) fake_answer(fd, h.op, KVT_OK, &b, mfd);
+            if (mfd >= 0) close(mfd);
+        } else if (h.op == KVT_SRV_SESSION) {
+            kvt__srv_task_rep_encode(&b, 0, 0, 0);
+            fake_answer(fd, h.op, KVT_OK, &b, -1);
+        } else if (h.op == KVT_SRV_PREPARE) {
+            kvt__srv_task_rep_encode(&b, 1, 0, 2 * T_TPP);
+            fake_answer(fd, h.op, KVT_OK, &b, -1);
+        } else if (h.op == KVT_SRV_LAUNCH) {
+            static const uint64_t offs[2] = {0, 512};
+            kvt_srv_launch_rep r = {(uint32_t)KVT_TASK_STORE, 0, 2 * T_TPP, 2, KVT_OK, 0, NULL};
+            kvt__srv_launch_rep_encode(&b, &r, offs);
+            fake_answer(fd, h.op, KVT_OK, &b, -1);
+        } else if (h.op == KVT_SRV_END) {
+            atomic_store(&f->got_end, 1);
+            for (int i = 0; i < 500 && !atomic_load(&f->release); i++) usleep(10000);
+            kvt__srv_buf_free(&b);
+            return; /* no answer: the connection closes */
+        } else {
+            fake_answer(fd, h.op, KVT_EINVAL, NULL, -1);
+        }
+        kvt__srv_buf_free(&b);
+    }
+}
+
+/* A store's wait returns when its copy ended (the engine's pages are
+ * free, as in process), not when the server answers its END: a server
+ * that takes END and stays silent holds no store (before, the wait
+ * returned only with END's answer: here after 5 s, as KVT_ECONN). END
+ * still goes out, before any later request of this client. */
+static void test_store_ends_before_end_answer(void **state)
+{
+    (void)state;
+    silent_end_srv f;
+    memset(&f, 0, sizeof f);
+    kvt_test_fake_srv_start(&f.s, "apisilent", silent_end_serve, &f);
+    kvt_geometry *g = kvt_test_small_geo();
+    engine e;
+    engine_init(&e, g);
+    kvt_client *cl = NULL;
+    assert_ok(kvt_client_attach(&cl, f.s.sock, g, WAIT_MS));
+    assert_ok(kvt_client_register_memory(cl, &e.mem));
+    kvt_store_plan p = {0};
+    assert_ok(kvt_client_prepare_store(cl, &e.req, &p));
+    assert_int_equal(p.task, 1);
+    assert_ok(kvt_client_launch(cl, p.task, e.pages, 4));
+    kvt_task_result res = {0};
+    EXPECT_OK(kvt_client_wait(cl, p.task, 2000, &res)); /* END is unanswered for 5 s */
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(res.num_tokens, 2 * T_TPP);
+    assert_int_equal(res.bytes, 2 * 128 * T_TPP);
+    for (int i = 0; i < 500 && !atomic_load(&f.got_end); i++) usleep(10000);
+    assert_int_equal(atomic_load(&f.got_end), 1);
+    atomic_store(&f.release, 1); /* the connection closes unanswered (logged) */
+    kvt_client_detach(cl);
+    kvt_test_fake_srv_stop(&f.s);
+    kvt_emu_destroy(e.emu);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
 /* ------------------------------------------------------------------ */
 /* The metrics endpoint at an address of no interface here              */
 
@@ -683,6 +767,7 @@ int main(void)
         cmocka_unit_test(test_no_io_uring),
         cmocka_unit_test(test_metrics_unlistenable),
         cmocka_unit_test(test_client_refuses_answers),
+        cmocka_unit_test(test_store_ends_before_end_answer),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
