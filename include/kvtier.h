@@ -649,12 +649,12 @@ void kvt_client_detach(kvt_client *cl);
  *    a malformed reply gives KVT_EPROTO and drops the connection likewise;
  *    an answer no server gives to that request (a lookup answered
  *    KVT_ETIMEDOUT) gives KVT_EPROTO too, keeping the connection;
- *  - a launched task's copy runs on this client's threads; a load's
- *    result is the server's answer to its end; a store's is reported when
- *    its copy ended (the engine's pages are free, as in process), and its
- *    end goes to the server right after, before any later request of this
- *    client (a connection already cut off or lost reports KVT_ECONN
- *    instead);
+ *  - a launched task's copy runs on this client's threads; its result is
+ *    reported when the copy ended (a store's pages are free, a load's hold
+ *    the KV, as in process; a load cut short by blocks the server could
+ *    not read reports why, with the tokens that landed), and its end goes
+ *    to the server right after, before any later request of this client
+ *    (a connection already cut off or lost reports KVT_ECONN instead);
  *  - kvt_client_launch of a load whose blocks sit on the server's SSD tier
  *    returns at once; the copy starts when the server has read them back
  *    (wait, wait_layer and poll see it end as for any load; cancel ends it

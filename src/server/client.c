@@ -61,6 +61,7 @@ typedef struct ctask {
     uint32_t *pages;
     uint64_t *offsets;
     uint64_t *layer_sums; /* a store's: num_blocks x num_layers, from the copy */
+    kvt_status bad_status; /* a load's, from its launch: why it was cut short */
     kvt_xfer_task xt;
     struct kvt_client *cl;
 } ctask;
@@ -765,13 +766,15 @@ static bool conn_quiet(const kvt_client *cl)
     return !cl->broken && poll(&p, 1, 0) == 0;
 }
 
-/* A store whose copy ended well, reported before its END round trip (the
- * server's answer would say the same). */
-static kvt_task_result stored(const kvt_client *cl, const ctask *t)
+/* A task whose copy ended well, reported before its END round trip: what
+ * the server's answer says then (kvt__cache_end_task: a load cut short by
+ * lost blocks ends with why, its landed prefix counted). */
+static kvt_task_result copied(const kvt_client *cl, const ctask *t)
 {
     uint32_t blocks = t->xt.num_blocks;
-    kvt_task_result r = {t->id, KVT_TASK_STORE, KVT_OK, t->first_token,
-                         blocks * cl->shm.block_tokens, (uint64_t)blocks * cl->shm.block_bytes};
+    kvt_status st = t->kind == KVT_TASK_LOAD ? t->bad_status : KVT_OK;
+    kvt_task_result r = {t->id, t->kind, st, t->first_token, blocks * cl->shm.block_tokens,
+                         (uint64_t)blocks * cl->shm.block_bytes};
     return r;
 }
 
@@ -791,35 +794,47 @@ static void store_end_encode(const kvt_client *cl, const ctask *t, kvt_srv_buf *
     free(sums);
 }
 
-/* A store whose copy ended well: its wait returns now, as in process (the
- * engine's pages are free), and END follows under the same hold of io_mu,
- * so this client's next request reaches the server after it and finds the
- * store committed (the server settles a connection's check before its
- * next plan). What the server then says is not the store's result any
- * more: a store it drops (its check fails, or its copy deadline passed in
- * between) is as if evicted at once - looked up as a miss, never served -
- * and is logged here, counted there. A connection that already shows a
- * cut-off or a dead server takes the synchronous way, so that store still
+/* A task whose copy ended well: its wait returns now, as in process (the
+ * engine's pages are free, or hold the loaded KV), and END follows under
+ * the same hold of io_mu, so this client's next request reaches the server
+ * after it (a store is then committed: the server settles a connection's
+ * check before its next plan; a load's pins are released).
+ * Why a load may be reported before the server answers: its blocks were
+ * pinned from its launch until the server sees END or cuts this client
+ * off, and a cut-off shuts the socket before it releases any pin (conn.c
+ * check_copy_deadline); the copy ended before conn_quiet looked, so a
+ * quiet connection means the pins outlived the copy. A dead server's
+ * blocks are never written again (a new server makes a new tier).
+ * What the server then says is not the result any more: a store it drops
+ * (its check fails) is as if evicted at once - a miss, never served - and
+ * is logged here (warn), counted there. A connection that already shows
+ * EOF (cut off, server gone) takes the synchronous way, so that task still
  * reports KVT_ECONN. false: that way (nothing done). */
-static bool store_end_early(kvt_client *cl, ctask *t)
+static bool end_early(kvt_client *cl, ctask *t)
 {
     kvt_srv_buf b = {0};
-    store_end_encode(cl, t, &b);
-    if (b.oom) return false;
+    if (t->kind == KVT_TASK_STORE) store_end_encode(cl, t, &b);
+    else kvt__srv_end_encode(&b, t->id, KVT_OK, NULL, 0);
+    if (b.oom) {
+        kvt__srv_buf_free(&b);
+        return false;
+    }
     kvt_task_id id = t->id;
+    bool store = t->kind == KVT_TASK_STORE;
     pthread_mutex_lock(&cl->io_mu);
     bool early = conn_quiet(cl);
     if (early) {
-        kvt_task_result r = stored(cl, t);
+        kvt_task_result r = copied(cl, t);
         pthread_mutex_lock(&cl->mu);
         ct_end(cl, t, &r); /* t may be freed from here on */
         pthread_mutex_unlock(&cl->mu);
         uint8_t *p = NULL;
         uint32_t len = 0;
         if (exchange_locked(cl, "kvt_client_wait", KVT_SRV_END, &b, &p, &len, NULL, 0))
-            KVT_LOG(KVT_LOG_WARN, "kvtier client: store task %llu was reported stored, but the "
-                    "server did not commit it (%s): it is not in the cache",
-                    (unsigned long long)id, kvt_last_error());
+            KVT_LOG(KVT_LOG_WARN, "kvtier client: %s task %llu was reported done, but the "
+                    "server did not take its end (%s)%s", store ? "store" : "load",
+                    (unsigned long long)id, kvt_last_error(),
+                    store ? ": it is not in the cache" : "");
         free(p);
     }
     pthread_mutex_unlock(&cl->io_mu);
@@ -828,7 +843,7 @@ static bool store_end_early(kvt_client *cl, ctask *t)
 }
 
 /* Runs on a copy thread when the local copy ended: tells the server, whose
- * verdict is the result (a store's: store_end_early, when it can). */
+ * verdict is the result (end_early: reported first, when it can). */
 static void on_copied(kvt_xfer_task *xt, kvt_status st)
 {
     ctask *t = xt->user;
@@ -839,7 +854,7 @@ static void on_copied(kvt_xfer_task *xt, kvt_status st)
     pthread_mutex_unlock(&cl->mu);
     /* (A re-attach waits for this copy to end, so the epoch cannot have
      * moved: END goes to the server that planned the task, or fails.) */
-    if (!skip && st == KVT_OK && t->kind == KVT_TASK_STORE && store_end_early(cl, t)) return;
+    if (!skip && st == KVT_OK && end_early(cl, t)) return;
     if (!skip) {
         kvt_srv_buf b = {0};
         if (st == KVT_OK && t->kind == KVT_TASK_STORE) store_end_encode(cl, t, &b);
@@ -920,6 +935,7 @@ static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const ui
         t->blocks[i] = cl->tier + off;
     }
     t->num_tokens = l.num_tokens; /* a load may shrink (lost blocks): a prefix */
+    t->bad_status = (kvt_status)l.bad_status; /* ... and then ends with why */
     t->xt.num_blocks = l.num_blocks;
     t->xt.dir = t->kind == KVT_TASK_STORE ? KVT_XFER_GATHER : KVT_XFER_SCATTER;
     t->xt.geo = cl->geo;

@@ -2420,7 +2420,7 @@ typedef enum { FAKE_PLAN, FAKE_WRONG_OP, FAKE_WRONG_VERSION } fake_mode;
 typedef struct fake_srv {
     kvt_test_fake_srv s; /* the socket and its thread (support.h) */
     _Atomic int mode, hello_mode;
-    _Atomic bool release_end; /* END is answered only once released */
+    _Atomic bool release_launch; /* LAUNCH says PENDING (SSD reads) until released */
     uint64_t next_task;
 } fake_srv;
 
@@ -2472,16 +2472,17 @@ static void fake_serve(void *arg, int fd)
             fake_reply(fd, h.op, FAKE_PLAN, &b, -1);
             kvt__srv_buf_free(&b);
         } else if (mode == FAKE_PLAN && h.op == KVT_SRV_LAUNCH) {
-            /* One block at offset 0 of the tier: the planned load's tokens. */
+            /* One block at offset 0 of the tier: the planned load's tokens,
+             * once "read from SSD". */
             kvt_srv_launch_rep lr = {.kind = KVT_TASK_LOAD, .num_tokens = T_TPP, .num_blocks = 1};
+            if (!atomic_load(&f->release_launch))
+                lr = (kvt_srv_launch_rep){.kind = KVT_TASK_LOAD, .flags = KVT_SRV_LAUNCH_PENDING};
             uint64_t off = 0;
             kvt_srv_buf b = {0};
             kvt__srv_launch_rep_encode(&b, &lr, &off);
             fake_reply(fd, h.op, FAKE_PLAN, &b, -1);
             kvt__srv_buf_free(&b);
         } else if (mode == FAKE_PLAN && h.op == KVT_SRV_END) {
-            for (int i = 0; i < 3000 && !atomic_load(&f->release_end); i++) /* bounded: 3 s */
-                nanosleep(&(struct timespec){0, 1000000}, NULL);
             kvt_task_result r = {f->next_task, KVT_TASK_LOAD, KVT_OK, 0, T_TPP, 1};
             kvt_srv_buf b = {0};
             kvt__srv_result_encode(&b, &r);
@@ -2578,13 +2579,13 @@ static void test_client_bad_server(void **state)
     EXPECT_ERR(kvt_client_flush(cl, 100), KVT_EVERSION, "kvt_client_flush", f.s.sock,
                "protocol version");
 
-    /* A launched load whose end the server has not confirmed yet: still
+    /* A launched load whose blocks the server still reads from SSD: still
      * running, whatever the timing. */
     t = fake_planned(&f, cl, FAKE_PLAN);
     EXPECT_OK(kvt_client_launch(cl, t, pages, 1));
     kvt_task_result tr;
     EXPECT_ERR(kvt_client_wait(cl, t, 0, &tr), KVT_ETIMEDOUT, "kvt_client_wait", "still running");
-    atomic_store(&f.release_end, true);
+    atomic_store(&f.release_launch, true);
     EXPECT_OK(kvt_client_wait(cl, t, 5000, &tr));
     kvt_client_detach(cl);
     kvt_test_fake_srv_stop(&f.s);

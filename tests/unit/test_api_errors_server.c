@@ -18,9 +18,8 @@
  *    tier's io option forcing it: KVT_EUNSUPPORTED at cache and server create;
  *  - a metrics endpoint at an address no interface has: KVT_ESYS;
  *  - a fake server answering a plan, a peek, or the cancel of a planned
- *    task, with what no server gives: KVT_EPROTO; one that never answers a
- *    store's END: the store is reported at its copy's end, the next call
- *    gets KVT_ECONN.
+ *    task, with what no server gives: KVT_EPROTO; one that holds its
+ *    answer to END: a store and a load are reported at their copy's end.
  * Every wait is bounded; a held read or write is released by the test (and
  * by the SSD tier itself after 10 s, so a failing test hangs nothing). */
 #include <errno.h>
@@ -579,20 +578,23 @@ static void test_client_refuses_answers(void **state)
     END_CHECKS();
 }
 
-/* A fake server that plans and launches one store (task 1: tokens
- * [0, 2 T_TPP), blocks at tier offsets 0 and 512), takes its END and does
- * not answer until the test lets it go, then closes the connection. */
-typedef struct silent_end_srv {
+/* A fake server that plans and launches one store (task 1) and one load
+ * (task 2), each of tokens [0, 2 T_TPP) in the blocks at tier offsets 0
+ * and 512, and answers the n-th END only once the test released n (or
+ * after 5 s). */
+typedef struct held_end_srv {
     kvt_test_fake_srv s;
-    _Atomic int got_end, release;
-} silent_end_srv;
+    _Atomic int ends, released;
+} held_end_srv;
 
-static void silent_end_serve(void *arg, int fd)
+static void held_end_serve(void *arg, int fd)
 {
-    silent_end_srv *f = arg;
+    held_end_srv *f = arg;
     kvt_srv_hdr h;
     uint8_t *p = NULL;
-    while (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(5000)) == KVT_OK) {
+    while (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(10000)) == KVT_OK) {
+        uint64_t id = 0;
+        if (h.op == KVT_SRV_LAUNCH && kvt__srv_id_decode(p, h.len, &id)) id = 0;
         free(p);
         p = NULL;
         kvt_srv_buf b = {0};
@@ -605,19 +607,24 @@ static void silent_end_serve(void *arg, int fd)
         } else if (h.op == KVT_SRV_SESSION) {
             kvt__srv_task_rep_encode(&b, 0, 0, 0);
             fake_answer(fd, h.op, KVT_OK, &b, -1);
-        } else if (h.op == KVT_SRV_PREPARE) {
-            kvt__srv_task_rep_encode(&b, 1, 0, 2 * T_TPP);
+        } else if (h.op == KVT_SRV_PREPARE || h.op == KVT_SRV_LOOKUP) {
+            kvt__srv_task_rep_encode(&b, h.op == KVT_SRV_PREPARE ? 1 : 2,
+                                     h.op == KVT_SRV_PREPARE ? 0 : 2 * T_TPP,
+                                     h.op == KVT_SRV_PREPARE ? 2 * T_TPP : 0);
             fake_answer(fd, h.op, KVT_OK, &b, -1);
-        } else if (h.op == KVT_SRV_LAUNCH) {
+        } else if (h.op == KVT_SRV_LAUNCH && (id == 1 || id == 2)) {
             static const uint64_t offs[2] = {0, 512};
-            kvt_srv_launch_rep r = {(uint32_t)KVT_TASK_STORE, 0, 2 * T_TPP, 2, KVT_OK, 0, NULL};
+            kvt_task_kind kind = id == 1 ? KVT_TASK_STORE : KVT_TASK_LOAD;
+            kvt_srv_launch_rep r = {(uint32_t)kind, 0, 2 * T_TPP, 2, KVT_OK, 0, NULL};
             kvt__srv_launch_rep_encode(&b, &r, offs);
             fake_answer(fd, h.op, KVT_OK, &b, -1);
         } else if (h.op == KVT_SRV_END) {
-            atomic_store(&f->got_end, 1);
-            for (int i = 0; i < 500 && !atomic_load(&f->release); i++) usleep(10000);
-            kvt__srv_buf_free(&b);
-            return; /* no answer: the connection closes */
+            int n = atomic_fetch_add(&f->ends, 1) + 1;
+            for (int i = 0; i < 500 && atomic_load(&f->released) < n; i++) usleep(10000);
+            kvt_task_result r = {(uint64_t)n, n == 1 ? KVT_TASK_STORE : KVT_TASK_LOAD, KVT_OK,
+                                 0, 2 * T_TPP, 2 * 128 * T_TPP};
+            kvt__srv_result_encode(&b, &r);
+            fake_answer(fd, h.op, KVT_OK, &b, -1);
         } else {
             fake_answer(fd, h.op, KVT_EINVAL, NULL, -1);
         }
@@ -625,17 +632,24 @@ static void silent_end_serve(void *arg, int fd)
     }
 }
 
-/* A store's wait returns when its copy ended (the engine's pages are
- * free, as in process), not when the server answers its END: a server
- * that takes END and stays silent holds no store (before, the wait
- * returned only with END's answer: here after 5 s, as KVT_ECONN). END
- * still goes out, before any later request of this client. */
-static void test_store_ends_before_end_answer(void **state)
+/* Waits (5 s at most) until the fake server has taken n ENDs. */
+static void ends_taken(held_end_srv *f, int n)
+{
+    for (int i = 0; i < 500 && atomic_load(&f->ends) < n; i++) usleep(10000);
+    assert_int_equal(atomic_load(&f->ends), n);
+}
+
+/* A task's wait returns when its copy ended (a store's pages are free, a
+ * load's hold the KV, as in process), not when the server answers its END:
+ * here the server holds each answer until the task was reported (before,
+ * the wait returned only with END's answer: wait(2 s) gave KVT_ETIMEDOUT).
+ * END still goes out first, before this client's next request. */
+static void test_tasks_end_before_end_answer(void **state)
 {
     (void)state;
-    silent_end_srv f;
+    held_end_srv f;
     memset(&f, 0, sizeof f);
-    kvt_test_fake_srv_start(&f.s, "apisilent", silent_end_serve, &f);
+    kvt_test_fake_srv_start(&f.s, "apiheld", held_end_serve, &f);
     kvt_geometry *g = kvt_test_small_geo();
     engine e;
     engine_init(&e, g);
@@ -647,13 +661,29 @@ static void test_store_ends_before_end_answer(void **state)
     assert_int_equal(p.task, 1);
     assert_ok(kvt_client_launch(cl, p.task, e.pages, 4));
     kvt_task_result res = {0};
-    EXPECT_OK(kvt_client_wait(cl, p.task, 2000, &res)); /* END is unanswered for 5 s */
+    EXPECT_OK(kvt_client_wait(cl, p.task, 2000, &res)); /* END is held for 5 s */
     assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(res.kind, KVT_TASK_STORE);
     assert_int_equal(res.num_tokens, 2 * T_TPP);
     assert_int_equal(res.bytes, 2 * 128 * T_TPP);
-    for (int i = 0; i < 500 && !atomic_load(&f.got_end); i++) usleep(10000);
-    assert_int_equal(atomic_load(&f.got_end), 1);
-    atomic_store(&f.release, 1); /* the connection closes unanswered (logged) */
+    ends_taken(&f, 1);
+    atomic_store(&f.released, 1);
+    /* The load reads back what the store wrote into the fake's tier. */
+    assert_ok(kvt_emu_poison(e.emu, e.pages, 4));
+    kvt_match m = {0};
+    assert_ok(kvt_client_lookup(cl, &e.req, &m));
+    assert_int_equal(m.task, 2);
+    assert_ok(kvt_client_launch(cl, m.task, e.pages, 4));
+    EXPECT_OK(kvt_client_wait(cl, m.task, 2000, &res));
+    assert_int_equal(res.status, KVT_OK);
+    assert_int_equal(res.kind, KVT_TASK_LOAD);
+    assert_int_equal(res.num_tokens, 2 * T_TPP);
+    kvt_verify_result v;
+    assert_ok(kvt_emu_verify(e.emu, &e.req, 0, 2 * T_TPP, e.pages, 4, &v));
+    assert_int_equal(v.mismatches, 0);
+    assert_true(v.bytes_checked > 0);
+    ends_taken(&f, 2);
+    atomic_store(&f.released, 2);
     kvt_client_detach(cl);
     kvt_test_fake_srv_stop(&f.s);
     kvt_emu_destroy(e.emu);
@@ -767,7 +797,7 @@ int main(void)
         cmocka_unit_test(test_no_io_uring),
         cmocka_unit_test(test_metrics_unlistenable),
         cmocka_unit_test(test_client_refuses_answers),
-        cmocka_unit_test(test_store_ends_before_end_answer),
+        cmocka_unit_test(test_tasks_end_before_end_answer),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -1009,6 +1009,89 @@ static void test_restart_warm_from_ssd(void **state)
     stop_server(srv, path);
 }
 
+/* Flips one byte of block `block`'s first layer in dir/kvtier.data, found
+ * by its bytes (the engine's layer 0 K page that block was stored from). */
+static void spoil_ssd_block(const char *dir, engine *e, uint32_t block)
+{
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_memory(e->emu, &mem));
+    const uint64_t page_bytes = (uint64_t)TPP * 2 * 16 * 2; /* tokens x heads x dim x 2 B */
+    const uint8_t *needle = (const uint8_t *)mem.layer_bases[0] + e->pages[block] * page_bytes;
+    char file[400];
+    snprintf(file, sizeof file, "%s/kvtier.data", dir);
+    FILE *f = fopen(file, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long size = ftell(f);
+    assert_true(size > 0);
+    uint8_t *data = malloc((size_t)size);
+    assert_non_null(data);
+    rewind(f);
+    assert_int_equal(fread(data, 1, (size_t)size, f), (size_t)size);
+    long at = -1;
+    for (long i = 0; i + 64 <= size; i++)
+        if (memcmp(data + i, needle, 64) == 0) {
+            assert_true(at < 0); /* found once */
+            at = i;
+        }
+    assert_true(at >= 0);
+    assert_int_equal(fseek(f, at + 5, SEEK_SET), 0);
+    assert_int_equal(fputc(data[at + 5] ^ 0xff, f), data[at + 5] ^ 0xff);
+    fclose(f);
+    free(data);
+}
+
+/* A load through a server whose SSD copy of block 3 went bad is cut short
+ * there, and its result says so as an in-process load's does: KVT_ECORRUPT,
+ * the 3 blocks that landed (byte for byte), nothing written past them.
+ * (The client reports a load when its copy ends, before the server answers
+ * its END: the result is built from what LAUNCH said.) */
+static void test_load_cut_by_corrupt_ssd_block(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "cc.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    pid_t srv = start_server(path, ssd);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    uint32_t tokens[NTOK], n = 0;
+    kvt_request r;
+    request(&r, tokens, 29);
+    assert_ok(engine_store(&e, &r, &n));
+    assert_int_equal(n, BLOCKS * TPP);
+    assert_ok(kvt_client_flush(e.cl, 10000));
+    stop_server(srv, path);
+    spoil_ssd_block(ssd, &e, 3);
+    engine_close(&e);
+    srv = start_server(path, ssd);
+    assert_ok(engine_open(&e, path, 2));
+    kvt_match m;
+    assert_ok(kvt_client_lookup(e.cl, &r, &m));
+    assert_int_equal(m.matched_tokens, BLOCKS * TPP);
+    assert_ok(kvt_emu_poison(e.emu, e.pages, PAGES));
+    assert_ok(kvt_client_launch(e.cl, m.task, e.pages, PAGES));
+    kvt_task_result res;
+    assert_ok(kvt_client_wait(e.cl, m.task, TIMEOUT_MS, &res));
+    assert_int_equal(res.status, KVT_ECORRUPT);
+    assert_int_equal(res.kind, KVT_TASK_LOAD);
+    assert_int_equal(res.first_token, 0);
+    assert_int_equal(res.num_tokens, 3 * TPP);
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    assert_int_equal(res.bytes, 3 * cs.block_bytes);
+    assert_int_equal(cs.tasks_in_flight, 0); /* its END reached the server */
+    kvt_verify_result v;
+    assert_ok(kvt_emu_verify(e.emu, &r, 0, 3 * TPP, e.pages, PAGES, &v));
+    assert_int_equal(v.mismatches, 0);
+    assert_true(v.bytes_checked > 0);
+    assert_ok(kvt_emu_verify(e.emu, &r, 3 * TPP, 4 * TPP, e.pages, PAGES, &v));
+    assert_true(v.mismatches > 0); /* block 3's pages still hold the poison */
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
 /* Waits (bounded) until the server's SSD has a read held; true if so. */
 static bool read_held(kvt_ssd *ssd)
 {
@@ -2164,6 +2247,7 @@ int main(void)
         cmocka_unit_test_teardown(test_spoiled_block_never_visible, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_server_killed_econn, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_load_cut_by_corrupt_ssd_block, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_ssd_load_launch_async, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_read_bound_option, kvt_test_servers_kill),
         cmocka_unit_test(test_launch_reply_flags),
