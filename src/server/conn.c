@@ -323,10 +323,6 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
         drop_task(c, t);
         return reply_err(c, KVT_SRV_LAUNCH, st);
     }
-    /* Kept until END: only what this task uses (the room asked for was for
-     * the largest request). */
-    uint64_t *fit = realloc(offs, ((size_t)l->num_blocks + 1) * sizeof *offs);
-    if (fit) offs = fit;
     t->launched = true;
     t->pending = false;
     t->launched_ns = kvt__now_ns(); /* the client's copy starts: server_copy_ms runs */
@@ -353,8 +349,10 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (t->launched && !t->pending)
         return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ESTATE, "task %llu was already "
                                                       "launched", (unsigned long long)id));
-    /* Room for every block a request can have. */
-    uint32_t max = KVT_SRV_MAX_TOKENS / s->shm.block_tokens + 1;
+    /* Room for the blocks the task planned (a launch never grows it): a
+     * room for the largest request was a 2 MiB allocation, mmap'd and
+     * unmapped by every launch. */
+    uint32_t max = t->pins + 1;
     uint64_t *offs = malloc((size_t)max * sizeof *offs);
     if (!offs) {
         if (t->pending) return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: "
