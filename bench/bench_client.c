@@ -134,7 +134,7 @@ static void gbps(sample_set secs[][3], double bytes, int sides, double all[][3],
 int kvt_bench_client_main(int argc, char **argv)
 {
     bool json = false, with_4k = true;
-    uint64_t rounds = 20, tier_mib = 0;
+    uint64_t rounds = 40, tier_mib = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--no-4k")) with_4k = false;
