@@ -492,6 +492,26 @@ static void fake_answer(int fd, uint16_t op, kvt_status st, const kvt_srv_buf *b
     (void)kvt__srv_send_frame(fd, op | KVT_SRV_REPLY, st, p, len, fd_pass, kvt__deadline_ns(1000));
 }
 
+/* Answers HELLO and SESSION as a server does (HELLO: a 4 KiB memfd tier
+ * for small_geo, 128 bytes a token, blocks of T_TPP tokens at a 512-byte
+ * stride); false for any other op. */
+static bool fake_attach_answer(int fd, uint16_t op)
+{
+    kvt_srv_buf b = {0};
+    if (op == KVT_SRV_HELLO) {
+        kvt_srv_hello_rep r = {4096, 512, 128 * T_TPP, T_TPP, 8, (uint32_t)getpid()};
+        kvt__srv_hello_rep_encode(&b, &r);
+        int mfd = memfd_create("kvtier-fake-tier", MFD_CLOEXEC);
+        if (mfd >= 0 && ftruncate(mfd, 4096) == 0) fake_answer(fd, op, KVT_OK, &b, mfd);
+        if (mfd >= 0) close(mfd);
+    } else if (op == KVT_SRV_SESSION) { /* part of every attach: taken */
+        kvt__srv_task_rep_encode(&b, 0, 0, 0);
+        fake_answer(fd, op, KVT_OK, &b, -1);
+    }
+    kvt__srv_buf_free(&b);
+    return op == KVT_SRV_HELLO || op == KVT_SRV_SESSION;
+}
+
 static void fake_serve(void *arg, int fd)
 {
     fake_srv *f = arg;
@@ -500,18 +520,9 @@ static void fake_serve(void *arg, int fd)
     while (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(2000)) == KVT_OK) {
         free(p);
         p = NULL;
+        if (fake_attach_answer(fd, h.op)) continue;
         kvt_srv_buf b = {0};
-        if (h.op == KVT_SRV_HELLO) {
-            /* small_geo: 128 bytes a token, blocks of T_TPP tokens. */
-            kvt_srv_hello_rep r = {4096, 512, 128 * T_TPP, T_TPP, 8, (uint32_t)getpid()};
-            kvt__srv_hello_rep_encode(&b, &r);
-            int mfd = memfd_create("kvtier-fake-tier", MFD_CLOEXEC);
-            if (mfd >= 0 && ftruncate(mfd, 4096) == 0) fake_answer(fd, h.op, KVT_OK, &b, mfd);
-            if (mfd >= 0) close(mfd);
-        } else if (h.op == KVT_SRV_SESSION) { /* part of every attach: taken */
-            kvt__srv_task_rep_encode(&b, 0, 0, 0);
-            fake_answer(fd, h.op, KVT_OK, &b, -1);
-        } else if (h.op == KVT_SRV_PEEK && !atomic_load(&f->plan_status)) {
+        if (h.op == KVT_SRV_PEEK && !atomic_load(&f->plan_status)) {
             kvt__srv_task_rep_encode(&b, atomic_load(&f->peek_task), T_TPP, 0);
             fake_answer(fd, h.op, KVT_OK, &b, -1);
         } else if (h.op == KVT_SRV_LOOKUP && !atomic_load(&f->plan_status)) {
@@ -597,17 +608,9 @@ static void held_end_serve(void *arg, int fd)
         if (h.op == KVT_SRV_LAUNCH && kvt__srv_id_decode(p, h.len, &id)) id = 0;
         free(p);
         p = NULL;
+        if (fake_attach_answer(fd, h.op)) continue;
         kvt_srv_buf b = {0};
-        if (h.op == KVT_SRV_HELLO) {
-            kvt_srv_hello_rep r = {4096, 512, 128 * T_TPP, T_TPP, 8, (uint32_t)getpid()};
-            kvt__srv_hello_rep_encode(&b, &r);
-            int mfd = memfd_create("kvtier-fake-tier", MFD_CLOEXEC);
-            if (mfd >= 0 && ftruncate(mfd, 4096) == 0) fake_answer(fd, h.op, KVT_OK, &b, mfd);
-            if (mfd >= 0) close(mfd);
-        } else if (h.op == KVT_SRV_SESSION) {
-            kvt__srv_task_rep_encode(&b, 0, 0, 0);
-            fake_answer(fd, h.op, KVT_OK, &b, -1);
-        } else if (h.op == KVT_SRV_PREPARE || h.op == KVT_SRV_LOOKUP) {
+        if (h.op == KVT_SRV_PREPARE || h.op == KVT_SRV_LOOKUP) {
             kvt__srv_task_rep_encode(&b, h.op == KVT_SRV_PREPARE ? 1 : 2,
                                      h.op == KVT_SRV_PREPARE ? 0 : 2 * T_TPP,
                                      h.op == KVT_SRV_PREPARE ? 2 * T_TPP : 0);
