@@ -120,7 +120,7 @@ class Client(Handle):
         check(self._call(lib.kvt_client_launch, uint(task, "task", 64), u32_ptr(pg), len(pg)))
 
     def wait(self, task, timeout):
-        """The task's TaskResult (the server's answer to its end), waiting up to timeout s."""
+        """The task's TaskResult (reported when its copy ended; kvtier.h), waiting up to timeout s."""
         r = _lib.TaskResult()
         task = uint(task, "task", 64)
         check(self._call_waiting(task, lib.kvt_client_wait, task, timeout_ms(timeout),
