@@ -674,6 +674,8 @@ void kvt_client_detach(kvt_client *cl);
  *    counts in failed_tasks (kvt_client_stats);
  *  - each call polls the socket for its reply for up to server_spin_us
  *    (50 us, read from KVTIER_SERVER_SPIN_US at attach) before it sleeps;
+ *  - the client's own copy threads are the workers option (2, read from
+ *    KVTIER_WORKERS at attach; a bad value is KVT_EINVAL naming it);
  *  - a client cut off mid-copy (server_copy_ms) gets the store blocks the
  *    server held back from it freed when it re-attaches;
  *  - results are reported by this client's wait or poll only for tasks it

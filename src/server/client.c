@@ -34,7 +34,6 @@
 #include "util/sync.h"
 #include "xfer/xfer.h"
 
-#define CLIENT_WORKERS 2
 /* A pending load (the server reads its blocks from SSD) is polled first
  * every 50 us, backing off to 2 ms, for read_ms at most (server_read_ms). */
 #define POLL_FIRST_NS 50000ull
@@ -72,6 +71,7 @@ struct kvt_client {
     int64_t timeout_ms;
     uint32_t read_ms;       /* server_read_ms (KVTIER_SERVER_READ_MS) */
     uint32_t spin_us;       /* server_spin_us (KVTIER_SERVER_SPIN_US) */
+    uint32_t workers;       /* copy threads: workers (KVTIER_WORKERS) */
     pthread_mutex_t io_mu;  /* one round trip at a time */
     bool broken;            /* under io_mu */
     char broken_msg[256];
@@ -375,16 +375,17 @@ static kvt_status load_secret(kvt_client *cl)
                                 &cl->secret, &cl->secret_len);
 }
 
-/* KVTIER_SERVER_READ_MS and KVTIER_SERVER_SPIN_US: the server_read_ms and
- * server_spin_us options on the client's side (clients take no
- * kvt_config), parsed and bounded by the option table. */
+/* KVTIER_SERVER_READ_MS, KVTIER_SERVER_SPIN_US and KVTIER_WORKERS: the
+ * server_read_ms, server_spin_us and workers options on the client's side
+ * (clients take no kvt_config), parsed and bounded by the option table. */
 static kvt_status load_client_options(kvt_client *cl)
 {
     static const char *const names[][2] = {{"KVTIER_SERVER_READ_MS", "server_read_ms"},
-                                           {"KVTIER_SERVER_SPIN_US", "server_spin_us"}};
+                                           {"KVTIER_SERVER_SPIN_US", "server_spin_us"},
+                                           {"KVTIER_WORKERS", "workers"}};
     kvt_config *cfg = NULL;
     kvt_status st = kvt_config_create(&cfg);
-    for (int i = 0; i < 2 && !st; i++) {
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !st; i++) {
         const char *v = kvt__config_env(names[i][0]);
         if (v && *v && (st = kvt_config_set(cfg, names[i][1], v))) {
             char what[64];
@@ -395,6 +396,7 @@ static kvt_status load_client_options(kvt_client *cl)
     if (!st) {
         cl->read_ms = kvt__config_values(cfg)->server_read_ms;
         cl->spin_us = kvt__config_values(cfg)->server_spin_us;
+        cl->workers = kvt__config_values(cfg)->workers;
     }
     kvt_config_destroy(cfg);
     return st;
@@ -553,7 +555,7 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
     if (!st) st = geo ? kvt_geometry_clone(geo, &cl->geo) : fetch_geometry(cl);
     if (!st) st = hello_locked(cl);
     if (!st) st = session_locked(cl, false);
-    if (!st) st = kvt__xfer_create(&cl->xfer, CLIENT_WORKERS, &kvt__host_copy_ops);
+    if (!st) st = kvt__xfer_create(&cl->xfer, cl->workers, &kvt__host_copy_ops);
     if (st) {
         kvt_client_detach(cl);
         return st;

@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <sys/wait.h>
 #include <grp.h>
+#include <dirent.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1182,6 +1183,37 @@ static void test_ssd_load_launch_async(void **state)
     kvt_server_destroy(s);
 }
 
+/* This process's threads: their ids into ids (at most max); how many. */
+static uint32_t thread_ids(long *ids, uint32_t max)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    uint32_t n = 0;
+    for (struct dirent *de; (de = readdir(d)) && n < max;)
+        if (de->d_name[0] != '.') ids[n++] = atol(de->d_name);
+    closedir(d);
+    return n;
+}
+
+/* Threads named "kvt-xfer..." (a transfer engine's copy threads) that are
+ * not among old[0..n_old). */
+static uint32_t new_copy_threads(const long *old, uint32_t n_old)
+{
+    long ids[256];
+    uint32_t n = thread_ids(ids, 256), found = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        bool seen = false;
+        for (uint32_t j = 0; j < n_old && !seen; j++) seen = ids[i] == old[j];
+        char path[64], name[32] = {0};
+        snprintf(path, sizeof path, "/proc/self/task/%ld/comm", ids[i]);
+        FILE *f = seen ? NULL : fopen(path, "r");
+        if (!f) continue; /* seen before, or just ended */
+        found += fgets(name, sizeof name, f) && strncmp(name, "kvt-xfer", 8) == 0;
+        fclose(f);
+    }
+    return found;
+}
+
 /* server_read_ms bounds a load whose SSD reads never end: the client
  * (KVTIER_SERVER_READ_MS) ends the pending load KVT_ETIMEDOUT after it, and
  * the server (server_read_ms) answers the CANCEL that follows within it
@@ -1218,6 +1250,23 @@ static void test_read_bound_option(void **state)
     assert_non_null(strstr(kvt_last_error(), "out of range (must be 0..1000)"));
     engine_close(&e);
     assert_int_equal(setenv("KVTIER_SERVER_SPIN_US", "0", 1), 0); /* a client that never polls */
+    /* The client's copy threads: the workers option, from KVTIER_WORKERS. */
+    assert_int_equal(setenv("KVTIER_WORKERS", "0", 1), 0);
+    kvt_status refused = engine_open(&e, path, 2);
+    unsetenv("KVTIER_WORKERS"); /* before an assert can fail: later tests attach */
+    assert_status(refused, KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "kvt_client_attach: KVTIER_WORKERS: "));
+    engine_close(&e);
+    assert_int_equal(setenv("KVTIER_WORKERS", "3", 1), 0);
+    long old[256];
+    uint32_t n_old = thread_ids(old, 256);
+    kvt_status opened = engine_open(&e, path, 2);
+    unsetenv("KVTIER_WORKERS");
+    assert_ok(opened);
+    /* (each names itself when it starts: give them 2 s) */
+    for (int i = 0; i < 2000 && new_copy_threads(old, n_old) < 3; i++) usleep(1000);
+    assert_int_equal(new_copy_threads(old, n_old), 3);
+    engine_close(&e);
     assert_ok(engine_open(&e, path, 2));
     unsetenv("KVTIER_SERVER_READ_MS");
     unsetenv("KVTIER_SERVER_SPIN_US");
