@@ -17,6 +17,12 @@ from .cache import Match, StorePlan, _result, register_memory
 from .config import Geometry
 from .errors import STATUS, check, invalid
 
+# What an engine plugin in node-server mode tells a user who set `workers`:
+# the tiers' options are the server's, but a client's own copy threads are
+# the workers option read from this process's environment at attach.
+WORKERS_HINT = ("; `workers` (this process's own copy threads) comes from KVTIER_WORKERS in "
+                "its environment")
+
 lib = _lib.lib
 
 

@@ -60,6 +60,7 @@ import numpy as np
 
 from .cache import Cache
 from .config import LAYER_FIRST, Config, Geometry
+from .client import WORKERS_HINT
 from .errors import KvtierError
 
 try:  # the real base class when SGLang is importable
@@ -230,7 +231,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 raise ValueError("kvtier: extra_config %s configure the tiers, which the "
                                  "`kvtier serve` process owns in node server mode (socket); "
                                  "set them there (kvtier serve --set NAME=VALUE)"
-                                 % ", ".join(server_side))
+                                 % ", ".join(server_side)
+                                 + (WORKERS_HINT if "workers" in server_side else ""))
             self._client_cls = _node_client_class()
         self.timeout = float(extra.get("timeout", 30.0))
         if not self.timeout > 0:

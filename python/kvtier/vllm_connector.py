@@ -62,6 +62,7 @@ from typing import List
 
 from ._vllm_kv import HostKV, dtype_info, parse_layer
 from .cache import PAGE_SKIP, Cache
+from .client import WORKERS_HINT
 from .config import LAYER_FIRST, Config, Geometry
 from .errors import STATUS, KvtierError
 
@@ -383,7 +384,8 @@ class KvtierConnector(KVConnectorBase_V1):
                 raise ValueError("kvtier: kv_connector_extra_config %s configure the tiers, "
                                  "which the `kvtier serve` process owns in socket mode; set "
                                  "them there (kvtier serve --set NAME=VALUE)"
-                                 % ", ".join(server_side))
+                                 % ", ".join(server_side)
+                                 + (WORKERS_HINT if "workers" in server_side else ""))
         la = self.extra.get("load_async")
         if la is not None and not isinstance(la, bool):
             raise ValueError("kvtier: kv_connector_extra_config load_async must be true or "

@@ -550,6 +550,10 @@ class Errors(Base):
         with self.assertRaisesRegex(ValueError, "cpu_capacity.* the `kvtier serve` process "
                                     "owns in node server mode"):
             fakes.create_backend(cfg, pool)
+        cfg = fakes.storage_config(extra={"socket": "/run/kvtier.sock", "workers": 4})
+        with self.assertRaisesRegex(ValueError, "workers configure the tiers.* `workers` .this "
+                                    "process's own copy threads. comes from KVTIER_WORKERS"):
+            fakes.create_backend(cfg, pool)
         cfg = fakes.storage_config(extra={"socket": os.path.join(self.tmp, "none.sock"),
                                           "timeout": 0.2})
         with self.assertRaisesRegex(kvtier.ConnectionFailure, "none.sock"):

@@ -272,6 +272,12 @@ class Engine(EngineBase):
                                     "tiers, which the `kvtier serve` process owns"):
             vc.KvtierConnector(vllm_config({"socket": "/run/k.sock"}),
                                vc.KVConnectorRole.WORKER, None)
+        workers = vllm_config()
+        workers.kv_transfer_config.kv_connector_extra_config = {
+            "socket": "/run/k.sock", "workers": 4}
+        with self.assertRaisesRegex(ValueError, "workers configure the tiers.* `workers` .this "
+                                    "process's own copy threads. comes from KVTIER_WORKERS"):
+            vc.KvtierConnector(workers, vc.KVConnectorRole.WORKER, None)
         only_socket = vllm_config()
         only_socket.kv_transfer_config.kv_connector_extra_config = {
             "socket": "/nonexistent/k.sock", "timeout": 0.2}
