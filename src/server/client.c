@@ -802,10 +802,11 @@ static void store_end_encode(const kvt_client *cl, const ctask *t, kvt_srv_buf *
  * after it (a store is then committed: the server settles a connection's
  * check before its next plan; a load's pins are released).
  * Why a load may be reported before the server answers: its blocks were
- * pinned from its launch until the server sees END or cuts this client
- * off, and a cut-off shuts the socket before it releases any pin (conn.c
- * check_copy_deadline); the copy ended before conn_quiet looked, so a
- * quiet connection means the pins outlived the copy. A dead server's
+ * pinned from its launch until the server sees END or drops this client,
+ * and the server shuts the socket before it releases any pin of a client
+ * it drops or cuts off (conn.c: kvt__srv_conn_main, check_copy_deadline);
+ * the copy ended before conn_quiet looked, so a quiet connection means
+ * the pins outlived the copy. A dead server's
  * blocks are never written again (a new server makes a new tier).
  * What the server then says is not the result any more: a store it drops
  * (its check fails) is as if evicted at once - a miss, never served - and

@@ -755,6 +755,10 @@ void *kvt__srv_conn_main(void *arg)
     while (!st && !(st = serve_one(c, &hello_done))) {}
     if (st == KVT_EPROTO || st == KVT_EVERSION)
         kvt__srv_log(KVT_LOG_WARN, "client pid %ld dropped: %s", (long)c->pid, kvt_last_error());
+    /* Shut before any pin goes: a client that still sees the connection
+     * open after its copy ended knows its pins outlived the copy
+     * (client.c, end_early). */
+    shutdown(c->fd, SHUT_RDWR);
     settle(c); /* a store whose END was answered ends as its check says */
     checker_destroy(c);
     uint32_t released = c->ntasks;
