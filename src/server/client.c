@@ -796,6 +796,23 @@ static void store_end_encode(const kvt_client *cl, const ctask *t, kvt_srv_buf *
     free(sums);
 }
 
+/* The END of t, whose copy ended with st, into *b: a store that copied
+ * well sends its checksums; without memory for them its END says
+ * KVT_ENOMEM (the server drops the store). Returns the status END carries. */
+static kvt_status end_encode(const kvt_client *cl, const ctask *t, kvt_status st,
+                             kvt_srv_buf *b)
+{
+    if (st == KVT_OK && t->kind == KVT_TASK_STORE) {
+        store_end_encode(cl, t, b);
+        if (!b->oom) return KVT_OK;
+        kvt__srv_buf_free(b);
+        *b = (kvt_srv_buf){0};
+        st = KVT_ENOMEM;
+    }
+    kvt__srv_end_encode(b, t->id, st, NULL, 0);
+    return st;
+}
+
 /* A task whose copy ended well: its wait returns now, as in process (the
  * engine's pages are free, or hold the loaded KV), and END follows under
  * the same hold of io_mu, so this client's next request reaches the server
@@ -806,22 +823,16 @@ static void store_end_encode(const kvt_client *cl, const ctask *t, kvt_srv_buf *
  * and the server shuts the socket before it releases any pin of a client
  * it drops or cuts off (conn.c: kvt__srv_conn_main, check_copy_deadline);
  * the copy ended before conn_quiet looked, so a quiet connection means
- * the pins outlived the copy. A dead server's
- * blocks are never written again (a new server makes a new tier).
+ * the pins outlived the copy. A dead server's blocks are never written
+ * again (a new server makes a new tier).
  * What the server then says is not the result any more: a store it drops
  * (its check fails) is as if evicted at once - a miss, never served - and
  * is logged here (warn), counted there. A connection that already shows
  * EOF (cut off, server gone) takes the synchronous way, so that task still
- * reports KVT_ECONN. false: that way (nothing done). */
-static bool end_early(kvt_client *cl, ctask *t)
+ * reports KVT_ECONN. b: its END (end_encode). false: that way (nothing
+ * done). */
+static bool end_early(kvt_client *cl, ctask *t, const kvt_srv_buf *b)
 {
-    kvt_srv_buf b = {0};
-    if (t->kind == KVT_TASK_STORE) store_end_encode(cl, t, &b);
-    else kvt__srv_end_encode(&b, t->id, KVT_OK, NULL, 0);
-    if (b.oom) {
-        kvt__srv_buf_free(&b);
-        return false;
-    }
     kvt_task_id id = t->id;
     bool store = t->kind == KVT_TASK_STORE;
     pthread_mutex_lock(&cl->io_mu);
@@ -833,7 +844,7 @@ static bool end_early(kvt_client *cl, ctask *t)
         pthread_mutex_unlock(&cl->mu);
         uint8_t *p = NULL;
         uint32_t len = 0;
-        if (exchange_locked(cl, "kvt_client_wait", KVT_SRV_END, &b, &p, &len, NULL, 0))
+        if (exchange_locked(cl, "kvt_client_wait", KVT_SRV_END, b, &p, &len, NULL, 0))
             KVT_LOG(KVT_LOG_WARN, "kvtier client: %s task %llu was reported done, but the "
                     "server did not take its end (%s)%s", store ? "store" : "load",
                     (unsigned long long)id, kvt_last_error(),
@@ -841,7 +852,6 @@ static bool end_early(kvt_client *cl, ctask *t)
         free(p);
     }
     pthread_mutex_unlock(&cl->io_mu);
-    kvt__srv_buf_free(&b);
     return early;
 }
 
@@ -857,16 +867,13 @@ static void on_copied(kvt_xfer_task *xt, kvt_status st)
     pthread_mutex_unlock(&cl->mu);
     /* (A re-attach waits for this copy to end, so the epoch cannot have
      * moved: END goes to the server that planned the task, or fails.) */
-    if (!skip && st == KVT_OK && end_early(cl, t)) return;
     if (!skip) {
         kvt_srv_buf b = {0};
-        if (st == KVT_OK && t->kind == KVT_TASK_STORE) store_end_encode(cl, t, &b);
-        if (b.oom) { /* no room for the checksums: the server drops the store */
+        bool early = end_encode(cl, t, st, &b) == KVT_OK && !b.oom && end_early(cl, t, &b);
+        if (early) { /* t is the waiter's now */
             kvt__srv_buf_free(&b);
-            b = (kvt_srv_buf){0};
-            st = KVT_ENOMEM;
+            return;
         }
-        if (st != KVT_OK || t->kind != KVT_TASK_STORE) kvt__srv_end_encode(&b, t->id, st, NULL, 0);
         uint8_t *p = NULL;
         uint32_t len = 0;
         kvt_status rs = round_trip(cl, "kvt_client_wait", KVT_SRV_END, &b, &p, &len, NULL);

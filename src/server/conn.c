@@ -112,8 +112,8 @@ static kvt_status check_copy_deadline(kvt_srv_conn *c)
                 now - c->tasks[i].launched_ns > limit; /* pending: the server's own reads */
     if (!late) return KVT_OK;
     /* Shut first: once its tasks are seen dropped (stats), the client
-     * already sees the cut-off (a store's copy ending then must not be
-     * reported stored: client.c, store_end_early). */
+     * already sees the cut-off (a copy ending then must not be reported
+     * done: client.c, end_early). */
     shutdown(c->fd, SHUT_RDWR);
     uint32_t fenced = 0;
     for (uint32_t i = c->ntasks; i-- > 0;) {

@@ -1016,7 +1016,7 @@ static void spoil_ssd_block(const char *dir, engine *e, uint32_t block)
 {
     kvt_engine_memory mem;
     assert_ok(kvt_emu_memory(e->emu, &mem));
-    const uint64_t page_bytes = (uint64_t)TPP * 2 * 16 * 2; /* tokens x heads x dim x 2 B */
+    const uint64_t page_bytes = mem.buffer_bytes[0] / PAGES;
     const uint8_t *needle = (const uint8_t *)mem.layer_bases[0] + e->pages[block] * page_bytes;
     char file[400];
     snprintf(file, sizeof file, "%s/kvtier.data", dir);
