@@ -1,5 +1,6 @@
 #include "support.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
@@ -238,6 +239,47 @@ void kvt_test_fake_srv_stop(kvt_test_fake_srv *s)
     unlink(s->sock);
 }
 
+unsigned kvt_test_thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    unsigned n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+#if defined(__SANITIZE_THREAD__)
+#define KVT_TEST_RUNTIME_THREADS 1u
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KVT_TEST_RUNTIME_THREADS 1u
+#endif
+#endif
+#ifndef KVT_TEST_RUNTIME_THREADS
+#define KVT_TEST_RUNTIME_THREADS 0u
+#endif
+
+pid_t kvt_test_fork(void)
+{
+    unsigned n = kvt_test_thread_count();
+    for (int i = 0; i < 200 && n > 1 + KVT_TEST_RUNTIME_THREADS; i++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        n = kvt_test_thread_count();
+    }
+    if (n > 1 + KVT_TEST_RUNTIME_THREADS)
+        fail_msg("kvt_test_fork: this process runs %u threads; a child forked now can block "
+                 "forever in the sanitizer's allocator: fork before creating a cache, client, "
+                 "server or net",
+                 n - KVT_TEST_RUNTIME_THREADS);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    return pid;
+}
+
 #define KVT_TEST_MAX_SERVERS 16
 static pid_t g_servers[KVT_TEST_MAX_SERVERS];
 static int g_nservers;
@@ -273,8 +315,7 @@ pid_t kvt_test_server_fork(kvt_test_make_server make, void *arg)
 {
     int p[2];
     assert_int_equal(pipe(p), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    pid_t pid = kvt_test_fork();
     if (pid == 0) {
         close(p[0]);
         server_child(p[1], make, arg);

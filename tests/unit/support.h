@@ -176,6 +176,19 @@ kvt_status kvt_test_wait(const kvt_test_side *s, kvt_task_id t, int64_t ms, kvt_
 kvt_status kvt_test_wait_layer(const kvt_test_side *s, kvt_task_id t, uint32_t layer, int64_t ms);
 kvt_status kvt_test_cancel(const kvt_test_side *s, kvt_task_id t);
 
+/* fork() for tests. Fails the test, naming the thread count, when this
+ * process runs more than one thread: a sanitizer runtime (GCC 12's libasan)
+ * does not lock its allocator around fork(), so a child forked while another
+ * thread held that lock blocks forever at its first allocation (about one
+ * ASan run in eight hung that way). Fork first, then create caches, clients
+ * and servers. A thread that was just joined may linger in /proc/self/task
+ * for a moment, so the count is retried for up to 200 ms. Under TSan its own
+ * background thread (which its fork handling stops) is not counted. Flushes
+ * stdio first so nothing buffered is written twice. */
+pid_t kvt_test_fork(void);
+/* The threads of this process, from /proc/self/task. */
+unsigned kvt_test_thread_count(void);
+
 /* Server processes for tests. kvt_test_server_fork forks a child that calls
  * make(&srv, arg), reports its status through a pipe and then runs the
  * server until SIGTERM (kvt_server_stop; SIGTERM is held back until there

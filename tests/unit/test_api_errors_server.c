@@ -759,7 +759,7 @@ static void test_no_io_uring(void **state)
     assert_ok(kvt_config_set(scfg, "io", "uring"));
     assert_ok(kvt_config_set(scfg, "server_socket", sd.sock));
     fflush(NULL);
-    pid_t pid = fork();
+    pid_t pid = kvt_test_fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         if (deny_io_uring() != 0) {

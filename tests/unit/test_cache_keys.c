@@ -35,7 +35,8 @@ typedef struct env {
 /* 3 layers x (K, V) x 2 heads x 16 dims, 4 tokens a page. */
 static kvt_geometry *test_geo(void) { return kvt_test_geometry(3, 2, 16, 4, KVT_LAYOUT_LAYER_FIRST); }
 
-static void env_open(env *e, const char *capacity, const char *ssd_dir)
+/* The geometry and config of an env, before anything starts a thread. */
+static void env_config(env *e, const char *capacity, const char *ssd_dir)
 {
     memset(e, 0, sizeof *e);
     e->geo = test_geo();
@@ -49,11 +50,22 @@ static void env_open(env *e, const char *capacity, const char *ssd_dir)
         assert_ok(kvt_config_set(e->cfg, "ssd_dirs", ssd_dir));
         assert_ok(kvt_config_set(e->cfg, "ssd_capacity", "16MiB"));
     }
+}
+
+/* The in-process cache (its copy threads start here) and the engine pages. */
+static void env_start(env *e)
+{
     assert_ok(kvt_cache_create(&e->cache, e->cfg, e->geo));
     assert_ok(kvt_emu_create(&e->emu, e->geo, 1024));
     kvt_engine_memory mem;
     assert_ok(kvt_emu_memory(e->emu, &mem));
     assert_ok(kvt_cache_register_memory(e->cache, &mem));
+}
+
+static void env_open(env *e, const char *capacity, const char *ssd_dir)
+{
+    env_config(e, capacity, ssd_dir);
+    env_start(e);
 }
 
 /* An env whose CPU tier holds exactly `blocks` blocks (eviction tests). */
@@ -546,9 +558,12 @@ static kvt_status make_server(kvt_server **out, void *arg)
 /* An env whose calls go through a forked node server (same config). */
 static void env_open_server(env *e)
 {
-    env_open(e, "4MiB", NULL);
+    /* The server is forked before this process starts any thread (see
+     * kvt_test_fork). */
+    env_config(e, "4MiB", NULL);
     kvt_test_mkdtemp(e->dir, sizeof e->dir, "keys-srv");
     e->server = kvt_test_server_fork(make_server, e);
+    env_start(e);
     char sock[240];
     snprintf(sock, sizeof sock, "%s/s.sock", e->dir);
     assert_ok(kvt_client_attach(&e->client, sock, e->geo, WAIT_MS));

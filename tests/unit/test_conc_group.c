@@ -559,7 +559,7 @@ static kvt_status tcp_leader(kvt_net_transport tr, int crash_rank, uint32_t lib_
     assert_ok(kvt_net_tcp_port(hub, &port));
     pid_t pid[4];
     for (uint32_t r = 1; r < 4; r++) {
-        pid[r] = fork();
+        pid[r] = kvt_test_fork();
         assert_true(pid[r] >= 0);
         if (pid[r] == 0)
             _exit(tcp_child(port, r, (int)r == crash_rank ? 4 : -1, r == 3 ? lib_rank3 : 0, tr));

@@ -421,7 +421,7 @@ static void killed_prefill_process(const char *tls)
     assert_int_equal(pipe(pfd), 0);
     pd_cluster cl = {.net = {.peer_timeout_ms = 20000}}; /* see expect_failed_fast */
     use_ucx(&cl, tls);
-    pid_t pid = fork();
+    pid_t pid = kvt_test_fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         close(pfd[0]);

@@ -227,7 +227,7 @@ static kvt_status engine_load(engine *e, const kvt_request *r, uint32_t *matched
 typedef kvt_status (*child_fn)(const char *path, void *arg);
 static pid_t spawn(child_fn fn, const char *path, void *arg)
 {
-    pid_t pid = fork();
+    pid_t pid = kvt_test_fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         kvt_status st = fn(path, arg);
@@ -859,7 +859,7 @@ static void test_sigkill_mid_store(void **state)
     /* The server notices the close at once; give its thread a moment. */
     struct timespec ts = {0, 50 * 1000000L};
     nanosleep(&ts, NULL);
-    pid_t chk = fork();
+    pid_t chk = kvt_test_fork();
     if (chk == 0) {
         check_no_visible_then_store(path);
         _exit(0);
@@ -911,7 +911,7 @@ static void test_bad_checksum_not_visible(void **state)
     pid_t srv = start_server(path, NULL);
     raw_arg a = {-1, true, false};
     assert_int_equal(reap(spawn(child_raw_store, path, &a), 20000), 0);
-    pid_t chk = fork();
+    pid_t chk = kvt_test_fork();
     if (chk == 0) {
         check_no_visible_then_store(path);
         _exit(0);
@@ -986,7 +986,7 @@ static void test_restart_warm_from_ssd(void **state)
     pid_t srv = start_server(path, ssd);
     uint64_t seed = 23;
     assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
-    pid_t fl = fork();
+    pid_t fl = kvt_test_fork();
     if (fl == 0) { /* a client can wait for durability too */
         engine e;
         kvt_cache_stats cs;
@@ -1946,7 +1946,7 @@ static void test_stuck_client_cut_off(void **state)
     assert_ok(engine_open(&e, path, 2));
     stats_until(&e, no_tasks, 0);
     engine_close(&e);
-    pid_t chk = fork(); /* while the stuck client lives */
+    pid_t chk = kvt_test_fork(); /* while the stuck client lives */
     if (chk == 0) {
         check_no_visible_then_store(path);
         _exit(0);

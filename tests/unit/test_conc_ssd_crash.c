@@ -137,7 +137,7 @@ static void test_conc_sigkill_rounds(void **state)
         const char *io = round % 2 ? "uring" : "threads";
         int fds[2];
         assert_int_equal(pipe(fds), 0);
-        pid_t pid = fork();
+        pid_t pid = kvt_test_fork();
         assert_true(pid >= 0);
         if (pid == 0) {
             close(fds[0]);

@@ -86,7 +86,7 @@ static void refuse_without_runtime(void **state)
 {
     (void)state;
     fflush(NULL);
-    pid_t pid = fork();
+    pid_t pid = kvt_test_fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         setenv("KVTIER_CUDART", "/nonexistent/libcudart.so.13", 1);

@@ -136,7 +136,7 @@ static char *in_child(char *const *env)
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     unlink(path);
-    pid_t pid = fork();
+    pid_t pid = kvt_test_fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         dup2(fd, 2);
