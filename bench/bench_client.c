@@ -238,7 +238,7 @@ int kvt_bench_client_main(int argc, char **argv)
         double ks = with_4k ? g[2][0] : 0, kl = with_4k ? g[2][1] : 0;
         double rks = with_4k ? rs / ks : 0, rkl = with_4k ? rl / kl : 0;
         double lo = samples_pct(&round_ratio, 25), hi = samples_pct(&round_ratio, 75);
-        const char *tier_pages = srv->shm.pages;
+        const char *tier_pages = kvt__srv_shard_first(srv)->shm.pages;
         if (json)
             printf("{\"bytes\": %.0f, \"rounds\": %llu, \"stat\": \"bytes over seconds of all "
                    "rounds\", \"local_store_gbps\": %.2f, \"client_store_gbps\": %.2f, "

@@ -599,7 +599,7 @@ typedef struct kvt_client kvt_client;
  * KVT_EBUSY: another server holds the socket or an SSD directory (the
  * message names its pid). KVT_EGEOMETRY: an SSD directory was written for
  * another geometry. KVT_ESYS, KVT_ENOMEM, KVT_EIO. The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_EFULL, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo);
 /* Serves clients on the calling thread until kvt_server_stop; then
  * disconnects every client (their tasks are cancelled, pins released),
@@ -631,7 +631,7 @@ void kvt_server_destroy(kvt_server *srv);
  * KVTIER_SERVER_SECRET_FILE, the server_secret_file option's variable).
  * KVT_EVERSION, KVT_EPROTO, KVT_ESYS, KVT_ENOMEM, KVT_EINVAL.
  * The caller owns *out. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_EFULL, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_attach(kvt_client **out, const char *socket_path,
                              const kvt_geometry *geo, int64_t timeout_ms);
 /* Cancels this client's tasks (the server releases their pins), waits for

@@ -5,14 +5,17 @@
 # reports its figures given only the socket (--json, --watch bounded by
 # --count and by SIGINT), refusing a geometry other than the server's, and
 # the server logs its attach, --layers beyond the model's is refused, and
-# SIGTERM stops it with exit 0 within 5 s, removing the socket.
+# SIGTERM stops it with exit 0 within 5 s, removing the socket. A server
+# with no --model serves any geometry: stats before any attach says so,
+# --tp without --model is a usage error, and the model preset's clients
+# (two TP slices) attach to it.
 set -eu
 K=$1
 T=$(mktemp -d)
 SRV=
 trap '[ -n "$SRV" ] && kill -9 "$SRV" 2>/dev/null; rm -rf "$T"' EXIT
 S="$T/node.sock"
-"$K" serve --socket "$S" --tp 2 --set cpu_capacity=16MiB --set huge_pages=false 2>"$T/log" &
+"$K" serve --socket "$S" --model tiny --tp 2 --set cpu_capacity=16MiB --set huge_pages=false 2>"$T/log" &
 SRV=$!
 i=0
 until [ -S "$S" ]; do
@@ -84,7 +87,34 @@ wait "$SRV" || { echo "cli_serve: exit status $?"; cat "$T/log"; exit 1; }
 SRV=
 [ ! -e "$S" ] || { echo "cli_serve: socket left behind"; exit 1; }
 grep -q "stopped" "$T/log" || { echo "cli_serve: no stop line"; cat "$T/log"; exit 1; }
-grep -Eq "info: server: client pid [0-9]+ \(uid $(id -u)\) attached" "$T/log" &&
+grep -Eq "info: server: client pid [0-9]+ \(uid $(id -u)\) attached \(geometry g[0-9a-f]{16}\)" "$T/log" &&
 grep -Eq "info: server: client pid [0-9]+ \(uid $(id -u)\) detached" "$T/log" ||
     { echo "cli_serve: no attach/detach lines"; cat "$T/log"; exit 1; }
+# No --model: any geometry.
+rc=0
+"$K" serve --socket "$T/any.sock" --tp 2 >/dev/null 2>"$T/tp" || rc=$?
+[ $rc -eq 2 ] && grep -q "describe a --model" "$T/tp" ||
+    { echo "cli_serve: serve --tp without --model exited $rc:"; cat "$T/tp"; exit 1; }
+A="$T/any.sock"
+"$K" serve --socket "$A" --set cpu_capacity=16MiB --set huge_pages=false 2>"$T/any.log" &
+SRV=$!
+i=0
+until [ -S "$A" ]; do
+    i=$((i + 1))
+    [ $i -lt 100 ] || { echo "cli_serve: no socket (any)"; cat "$T/any.log"; exit 1; }
+    sleep 0.05
+done
+rc=0
+"$K" stats --socket "$A" >/dev/null 2>"$T/any.stats" || rc=$?
+[ $rc -eq 1 ] && grep -q "serves any geometry and no client attached yet" "$T/any.stats" ||
+    { echo "cli_serve: stats on an empty any-geometry server exited $rc:"; cat "$T/any.stats"; exit 1; }
+"$K" stats --socket "$A" --model tiny --tp 2 --json >"$T/any1.json" 2>&1 &&
+"$K" stats --socket "$A" --model tiny --tp 1 --json >"$T/any2.json" 2>&1 ||
+    { echo "cli_serve: two geometries did not attach:"; cat "$T/any1.json" "$T/any2.json" "$T/any.log"; exit 1; }
+[ "$(grep -c "geometry g[0-9a-f]*: 4 layers" "$T/any.log")" -eq 2 ] &&
+grep -q "any geometry, up to 4 at once" "$T/any.log" ||
+    { echo "cli_serve: the any-geometry server's log:"; cat "$T/any.log"; exit 1; }
+kill -TERM "$SRV"
+wait "$SRV" || { echo "cli_serve: any-geometry server exit status $?"; cat "$T/any.log"; exit 1; }
+SRV=
 echo "cli_serve: ok"

@@ -52,20 +52,24 @@ static int usage(FILE *f, int rc)
             "  --socket PATH   the Unix socket clients attach to (option server_socket)\n"
             "  --config FILE   a JSON object of options (kvtier config --dump lists them);\n"
             "                  KVTIER_* environment variables apply on top, then --set\n"
-            "  --model M       the geometry served: tiny (default), llama3-8b, llama3-70b,\n"
-            "                  deepseek-v3; every client must attach with the same one\n"
-            "  --tp N          tensor-parallel size of the ranks attaching (default 1)\n"
-            "  --page T        the engines' tokens per page (default 16)\n"
-            "  --layers L      serve L of the model's layers: one pipeline-parallel stage's\n"
-            "                  share (default: all; presets' layers are alike)\n"
+            "  (no --model)    serve any geometry: each engine attaches with its own (any\n"
+            "                  model, TP slice, dtype, page size); up to server_max_geometries\n"
+            "                  (default 4) at once, each in its own share of the capacities\n"
+            "  --model M       declare the geometry served instead: tiny, llama3-8b,\n"
+            "                  llama3-70b, deepseek-v3; its tier is made at start and holds\n"
+            "                  the whole capacity (server_max_geometries 1 unless set)\n"
+            "  --tp N          with --model: tensor-parallel size of the ranks (default 1)\n"
+            "  --page T        with --model: the engines' tokens per page (default 16)\n"
+            "  --layers L      with --model: serve L of the model's layers, one pipeline-\n"
+            "                  parallel stage's share (default: all; presets' layers are alike)\n"
             "  --set N=V       one option, e.g. --set cpu_capacity=8GiB --set ssd_dirs=/nvme/kv\n");
     return rc;
 }
 
 int kvt_cmd_serve(int argc, char **argv)
 {
-    const char *socket_path = NULL, *config = NULL, *model = "tiny";
-    uint64_t tp = 1, page = 16, layers = 0;
+    const char *socket_path = NULL, *config = NULL, *model = NULL;
+    uint64_t tp = 0, page = 0, layers = 0;
     kvt_config *cfg = NULL;
     kvt_status st = kvt_config_create(&cfg);
     if (st) return demo_error("config", st);
@@ -96,6 +100,11 @@ int kvt_cmd_serve(int argc, char **argv)
         else goto bad;
     }
     if (!socket_path) goto bad;
+    if (!model && (tp || page || layers)) {
+        fprintf(stderr, "kvtier serve: --tp, --page and --layers describe a --model; without "
+                "one the server takes each client's own geometry\n");
+        goto bad;
+    }
     if (config && (st = kvt_config_load_file(cfg, config))) {
         rc = demo_error(config, st);
         goto out;
@@ -120,7 +129,8 @@ int kvt_cmd_serve(int argc, char **argv)
         goto out;
     }
     kvt_geometry *geo = NULL;
-    if ((st = kvt_geometry_preset(&geo, model, (uint32_t)page, (uint32_t)tp))) {
+    if (model && (st = kvt_geometry_preset(&geo, model, page ? (uint32_t)page : 16,
+                                           tp ? (uint32_t)tp : 1))) {
         rc = demo_error("--model", st);
         goto out;
     }

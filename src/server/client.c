@@ -72,6 +72,8 @@ struct kvt_client {
     uint32_t read_ms;       /* server_read_ms (KVTIER_SERVER_READ_MS) */
     uint32_t spin_us;       /* server_spin_us (KVTIER_SERVER_SPIN_US) */
     uint32_t workers;       /* copy threads: workers (KVTIER_WORKERS) */
+    uint32_t block_tokens;  /* asked for at HELLO (KVTIER_BLOCK_TOKENS; the server's
+                               GEOMETRY reply's when attached without a geometry), or 0 */
     pthread_mutex_t io_mu;  /* one round trip at a time */
     bool broken;            /* under io_mu */
     char broken_msg[256];
@@ -375,14 +377,18 @@ static kvt_status load_secret(kvt_client *cl)
                                 &cl->secret, &cl->secret_len);
 }
 
-/* KVTIER_SERVER_READ_MS, KVTIER_SERVER_SPIN_US and KVTIER_WORKERS: the
- * server_read_ms, server_spin_us and workers options on the client's side
- * (clients take no kvt_config), parsed and bounded by the option table. */
+/* KVTIER_SERVER_READ_MS, KVTIER_SERVER_SPIN_US, KVTIER_WORKERS and
+ * KVTIER_BLOCK_TOKENS: the server_read_ms, server_spin_us, workers and
+ * block_tokens options on the client's side (clients take no kvt_config),
+ * parsed and bounded by the option table. block_tokens only when set: the
+ * block size this client asks the server for (unset: the server's choice,
+ * its block_tokens rounded up to whole pages). */
 static kvt_status load_client_options(kvt_client *cl)
 {
     static const char *const names[][2] = {{"KVTIER_SERVER_READ_MS", "server_read_ms"},
                                            {"KVTIER_SERVER_SPIN_US", "server_spin_us"},
-                                           {"KVTIER_WORKERS", "workers"}};
+                                           {"KVTIER_WORKERS", "workers"},
+                                           {"KVTIER_BLOCK_TOKENS", "block_tokens"}};
     kvt_config *cfg = NULL;
     kvt_status st = kvt_config_create(&cfg);
     for (size_t i = 0; i < sizeof names / sizeof names[0] && !st; i++) {
@@ -397,6 +403,8 @@ static kvt_status load_client_options(kvt_client *cl)
         cl->read_ms = kvt__config_values(cfg)->server_read_ms;
         cl->spin_us = kvt__config_values(cfg)->server_spin_us;
         cl->workers = kvt__config_values(cfg)->workers;
+        const char *bt = kvt__config_env("KVTIER_BLOCK_TOKENS");
+        cl->block_tokens = bt && *bt ? kvt__config_values(cfg)->block_tokens : 0;
     }
     kvt_config_destroy(cfg);
     return st;
@@ -425,7 +433,7 @@ static kvt_status hello_locked(kvt_client *cl)
 {
     static const char fn[] = "kvt_client_attach";
     kvt_srv_buf b = {0};
-    kvt_status st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), cl->geo);
+    kvt_status st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), cl->geo, cl->block_tokens);
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
     int fd = -1;
@@ -454,6 +462,9 @@ static kvt_status hello_locked(kvt_client *cl)
     if (!st && cl->shm.block_tokens % cl->geo->tokens_per_page != 0)
         st = kvt__fail(KVT_EGEOMETRY, "%s: the server's block_tokens %u is not a multiple of "
                        "tokens_per_page %u", fn, cl->shm.block_tokens, cl->geo->tokens_per_page);
+    if (!st && cl->block_tokens && cl->shm.block_tokens != cl->block_tokens)
+        st = kvt__fail(KVT_EPROTO, "%s: asked for block_tokens %u, the server gave %u", fn,
+                       cl->block_tokens, cl->shm.block_tokens);
     if (!st) {
         /* MAP_POPULATE maps every page now (reads never fault); the first
          * write to each page through this mapping still faults once (on a
@@ -519,7 +530,10 @@ static kvt_status fetch_geometry(kvt_client *cl)
     else if ((st = kvt__srv_hello_decode(p, h.len, true, &g)))
         kvt__wrap_error(st, "kvt_client_attach: the server's geometry");
     free(p);
-    if (!st) cl->geo = g.geo;
+    if (!st) {
+        cl->geo = g.geo;
+        cl->block_tokens = g.block_tokens;
+    }
     return st;
 }
 

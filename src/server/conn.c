@@ -80,7 +80,7 @@ static kvt_status add_task(kvt_srv_conn *c, kvt_task_id id, kvt_task_kind kind,
         c->tasks = t;
         c->cap = cap;
     }
-    kvt_srv_task t = {.id = id, .kind = kind, .pins = tokens / c->srv->shm.block_tokens};
+    kvt_srv_task t = {.id = id, .kind = kind, .pins = tokens / c->sh->shm.block_tokens};
     c->tasks[c->ntasks++] = t;
     atomic_fetch_add(&c->pins, t.pins);
     return KVT_OK;
@@ -93,7 +93,7 @@ static void sweep_expired(kvt_srv_conn *c)
 {
     for (uint32_t i = 0; i < c->ntasks;) {
         kvt_srv_task *t = &c->tasks[i];
-        if (!t->launched && kvt__cache_ext_expired(c->srv->cache, t->id)) drop_task(c, t);
+        if (!t->launched && kvt__cache_ext_expired(c->sh->cache, t->id)) drop_task(c, t);
         else i++;
     }
 }
@@ -120,10 +120,10 @@ static kvt_status check_copy_deadline(kvt_srv_conn *c)
         kvt_srv_task *t = &c->tasks[i];
         if (!t->launched) continue;
         uint32_t *slots = malloc(((size_t)t->num_blocks + 1) * sizeof *slots), n = 0;
-        if (slots) kvt__cache_ext_cut(c->srv->cache, t->id, slots, t->num_blocks, &n);
-        else kvt__cache_ext_abort(c->srv->cache, t->id, read_deadline(c));
+        if (slots) kvt__cache_ext_cut(c->sh->cache, t->id, slots, t->num_blocks, &n);
+        else kvt__cache_ext_abort(c->sh->cache, t->id, read_deadline(c));
         fenced += n;
-        if (slots) kvt__srv_fence_add(c->srv, c->pid, c->session, slots, n);
+        if (slots) kvt__srv_fence_add(c->srv, c->sh, c->pid, c->session, slots, n);
         drop_task(c, t);
     }
     kvt_status st = kvt__fail(KVT_ETIMEDOUT, "client pid %ld (uid %ld) cut off: %u launched "
@@ -137,35 +137,38 @@ static kvt_status check_copy_deadline(kvt_srv_conn *c)
 
 /* ------------------------------------------------------------------ */
 
+/* HELLO: the client's geometry picks (or makes) its tier. */
 static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
 {
     kvt_server *s = c->srv;
     kvt_srv_hello h;
     kvt_status st = kvt__srv_hello_decode(p, len, false, &h);
     if (st) return reply_err(c, KVT_SRV_HELLO, st) ? st : st;
-    st = kvt_geometry_compare(s->geo, h.geo);
+    kvt_srv_shard *sh = NULL;
+    st = kvt__srv_shard_get(s, h.geo, h.block_tokens, &sh);
     kvt_geometry_destroy(h.geo);
     if (st) {
-        kvt__wrap_error(st, "attach refused: the client's geometry differs from the server's "
-                        "(server vs client)");
+        kvt__wrap_error(st, "attach refused");
         kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: %s", (long)c->pid, kvt_last_error());
         reply_err(c, KVT_SRV_HELLO, st);
         return st;
     }
     kvt_srv_hello_rep r = {
-        .map_bytes = s->shm.map_bytes, .stride = s->shm.stride, .block_bytes = s->shm.block_bytes,
-        .block_tokens = s->shm.block_tokens, .num_blocks = s->shm.num_blocks,
-        .server_pid = (uint32_t)getpid(),
+        .map_bytes = sh->shm.map_bytes, .stride = sh->shm.stride,
+        .block_bytes = sh->shm.block_bytes, .block_tokens = sh->shm.block_tokens,
+        .num_blocks = sh->shm.num_blocks, .server_pid = (uint32_t)getpid(),
     };
     kvt_srv_buf b = {0};
     kvt__srv_hello_rep_encode(&b, &r);
     st = b.oom ? KVT_ENOMEM
                : kvt__srv_send_frame(c->fd, KVT_SRV_HELLO | KVT_SRV_REPLY, 0, b.p, b.len,
-                                     s->shm.fd, kvt__deadline_ns(FRAME_MS));
+                                     sh->shm.fd, kvt__deadline_ns(FRAME_MS));
     kvt__srv_buf_free(&b);
-    if (!st)
-        kvt__srv_log(KVT_LOG_INFO, "client pid %ld (uid %ld) attached", (long)c->pid,
-                     (long)c->uid);
+    if (!st) {
+        c->sh = sh;
+        kvt__srv_log(KVT_LOG_INFO, "client pid %ld (uid %ld) attached (geometry %s)",
+                     (long)c->pid, (long)c->uid, sh->id);
+    }
     return st;
 }
 
@@ -192,12 +195,18 @@ static kvt_status on_session(kvt_srv_conn *c, const uint8_t *p, size_t len)
     return st;
 }
 
-/* GEOMETRY, before HELLO: the server's geometry, encoded as a HELLO. */
+/* GEOMETRY, before HELLO: the declared geometry (or the first attached),
+ * encoded as a HELLO with its block_tokens. */
 static kvt_status on_geometry(kvt_srv_conn *c, size_t len)
 {
     if (len) return kvt__fail(KVT_EPROTO, "geometry: %zu bytes of payload", len);
+    kvt_srv_shard *sh = kvt__srv_shard_first(c->srv);
+    if (!sh)
+        return reply_err(c, KVT_SRV_GEOMETRY,
+                         kvt__fail(KVT_EGEOMETRY, "the server serves any geometry and no client "
+                                   "attached yet: attach with the engine's geometry"));
     kvt_srv_buf b = {0};
-    kvt_status st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), c->srv->geo);
+    kvt_status st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), sh->geo, sh->block_tokens);
     st = st ? reply_err(c, KVT_SRV_GEOMETRY, st) : reply(c, KVT_SRV_GEOMETRY, &b);
     kvt__srv_buf_free(&b);
     return st;
@@ -251,16 +260,16 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     kvt_srv_buf b = {0};
     if (!st && op == KVT_SRV_LOOKUP) {
         kvt_match m;
-        st = kvt_cache_lookup(s->cache, &req, &m);
+        st = kvt_cache_lookup(c->sh->cache, &req, &m);
         if (!st && m.task) st = add_task(c, m.task, KVT_TASK_LOAD, m.matched_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, m.task, m.matched_tokens, 0);
-        if (st && m.task) kvt__cache_ext_abort(s->cache, m.task, read_deadline(c));
+        if (st && m.task) kvt__cache_ext_abort(c->sh->cache, m.task, read_deadline(c));
     } else if (!st) {
         kvt_store_plan pl;
-        st = kvt_cache_prepare_store(s->cache, &req, &pl);
+        st = kvt_cache_prepare_store(c->sh->cache, &req, &pl);
         if (!st && pl.task) st = add_task(c, pl.task, KVT_TASK_STORE, pl.num_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, pl.task, pl.first_token, pl.num_tokens);
-        if (st && pl.task) kvt__cache_ext_abort(s->cache, pl.task, read_deadline(c));
+        if (st && pl.task) kvt__cache_ext_abort(c->sh->cache, pl.task, read_deadline(c));
     }
     free(q.tokens);
     free(q.keys);
@@ -281,7 +290,7 @@ static kvt_status on_peek(kvt_srv_conn *c, const uint8_t *p, size_t len)
         st = ns_refused(c, q.ns, q.ns_len);
     } else {
         kvt_request req = srv_request(&q);
-        st = kvt_cache_peek(c->srv->cache, &req, &matched);
+        st = kvt_cache_peek(c->sh->cache, &req, &matched);
     }
     free(q.tokens);
     free(q.keys);
@@ -319,7 +328,7 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
     }
     if (st) {
         free(offs);
-        kvt__cache_ext_abort(c->srv->cache, id, read_deadline(c));
+        kvt__cache_ext_abort(c->sh->cache, id, read_deadline(c));
         drop_task(c, t);
         return reply_err(c, KVT_SRV_LAUNCH, st);
     }
@@ -340,7 +349,6 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
 
 static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
 {
-    kvt_server *s = c->srv;
     uint64_t id;
     kvt_status st = kvt__srv_id_decode(p, len, &id);
     if (st) return st;
@@ -357,15 +365,15 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (!offs) {
         if (t->pending) return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: "
                                                                       "no memory (ask again)"));
-        kvt__cache_ext_abort(s->cache, id, read_deadline(c));
+        kvt__cache_ext_abort(c->sh->cache, id, read_deadline(c));
         drop_task(c, t);
         return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: no memory"));
     }
     kvt_ext_launch l;
     /* A deadline already passed: the cache only looks whether the reads are done. */
     uint64_t now = kvt__deadline_ns(0);
-    st = t->pending ? kvt__cache_ext_offsets(s->cache, id, now, offs, max, &l)
-                    : kvt__cache_ext_launch(s->cache, id, now, offs, max, &l);
+    st = t->pending ? kvt__cache_ext_offsets(c->sh->cache, id, now, offs, max, &l)
+                    : kvt__cache_ext_launch(c->sh->cache, id, now, offs, max, &l);
     return launch_reply(c, t, st, &l, offs);
 }
 
@@ -377,7 +385,7 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
 #define VERIFY_SPLIT_BYTES (8ull << 20)
 
 typedef struct verify_part {
-    const kvt_server *s;
+    const kvt_srv_shard *sh;
     const kvt_srv_task *t;
     const uint8_t *sums;   /* the client's, unaligned */
     uint32_t first, end;   /* blocks [first, end) */
@@ -403,11 +411,11 @@ static void check_idle(void)
 static void *verify_range(void *arg)
 {
     verify_part *v = arg;
-    const kvt_server *s = v->s;
+    const kvt_srv_shard *sh = v->sh;
     v->bad = UINT32_MAX;
     for (uint32_t i = v->first; i < v->end; i++) {
         uint64_t off = v->t->offsets[i];
-        uint64_t have = kvt__srv_block_sum(s->shm.base + off, s->geo, s->shm.block_tokens, off);
+        uint64_t have = kvt__srv_block_sum(sh->shm.base + off, sh->geo, sh->shm.block_tokens, off);
         if (have != kvt__srv_get64(v->sums + 8 * (size_t)i)) {
             v->bad = i;
             break;
@@ -424,16 +432,17 @@ static void *verify_helper(void *arg)
 }
 
 /* The first failing block of t, or UINT32_MAX. */
-static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_task *t, const uint8_t *sums)
+static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_shard *sh,
+                                const kvt_srv_task *t, const uint8_t *sums)
 {
-    uint64_t bytes = (uint64_t)t->num_blocks * s->shm.block_bytes;
+    uint64_t bytes = (uint64_t)t->num_blocks * sh->shm.block_bytes;
     uint32_t n = bytes < VERIFY_SPLIT_BYTES ? 1 : s->verify_threads;
     if (n > t->num_blocks) n = t->num_blocks ? t->num_blocks : 1;
     verify_part part[VERIFY_THREADS];
     pthread_t th[VERIFY_THREADS];
     bool started[VERIFY_THREADS] = {false};
     for (uint32_t k = 0; k < n; k++) {
-        part[k] = (verify_part){s, t, sums, (uint32_t)((uint64_t)t->num_blocks * k / n),
+        part[k] = (verify_part){sh, t, sums, (uint32_t)((uint64_t)t->num_blocks * k / n),
                                 (uint32_t)((uint64_t)t->num_blocks * (k + 1) / n), UINT32_MAX};
         /* Part 0 runs here; a helper that cannot start runs here too. */
         if (k > 0) started[k] = pthread_create(&th[k], NULL, verify_helper, &part[k]) == 0;
@@ -453,7 +462,7 @@ static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_task *t, cons
 static kvt_status verify_store(const kvt_srv_conn *c, const kvt_srv_task *t,
                                const uint8_t *sums)
 {
-    uint32_t bad = first_bad_block(c->srv, t, sums);
+    uint32_t bad = first_bad_block(c->srv, c->sh, t, sums);
     if (bad == UINT32_MAX) return KVT_OK;
     kvt_status st = kvt__fail(KVT_ECORRUPT, "store task %llu: block %u failed its checksum; "
                               "the store is not made visible", (unsigned long long)t->id, bad);
@@ -487,7 +496,7 @@ static void check_one(kvt_srv_check *k)
 {
     kvt_task_result r;
     kvt_status verdict = verify_store(k->c, &k->t, k->sums);
-    if (kvt__cache_ext_end(k->c->srv->cache, k->t.id, verdict, &r))
+    if (kvt__cache_ext_end(k->c->sh->cache, k->t.id, verdict, &r))
         kvt__srv_log(KVT_LOG_WARN, "client pid %ld: %s", (long)k->c->pid, kvt_last_error());
     atomic_fetch_sub(&k->c->pins, k->t.pins);
     free(k->t.offsets);
@@ -604,7 +613,6 @@ static kvt_status end_reply(kvt_srv_conn *c, const kvt_task_result *r)
 
 static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
 {
-    kvt_server *s = c->srv;
     kvt_srv_end e;
     kvt_status st = kvt__srv_end_decode(p, len, &e);
     if (st) return st;
@@ -618,8 +626,8 @@ static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
     kvt_task_result r;
     if (verdict == KVT_OK && t->kind == KVT_TASK_STORE) {
         r = (kvt_task_result){t->id, KVT_TASK_STORE, KVT_OK, t->first_token,
-                              t->num_blocks * s->shm.block_tokens,
-                              (uint64_t)t->num_blocks * s->shm.block_bytes};
+                              t->num_blocks * c->sh->shm.block_tokens,
+                              (uint64_t)t->num_blocks * c->sh->shm.block_bytes};
         if (e.n != t->num_blocks)
             verdict = kvt__fail(KVT_EPROTO, "store task %llu: %u checksums for %u blocks",
                                 (unsigned long long)t->id, e.n, t->num_blocks);
@@ -633,7 +641,7 @@ static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
         } else
             verdict = verify_store(c, t, e.checksums);
     }
-    st = kvt__cache_ext_end(s->cache, e.task, verdict, &r);
+    st = kvt__cache_ext_end(c->sh->cache, e.task, verdict, &r);
     drop_task(c, t);
     return st ? reply_err(c, KVT_SRV_END, st) : end_reply(c, &r);
 }
@@ -645,7 +653,7 @@ static kvt_status on_cancel(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (st) return st;
     kvt_srv_task *t = find_task(c, id);
     if (!t) return reply_err(c, KVT_SRV_CANCEL, not_ours(id));
-    st = kvt__cache_ext_abort(c->srv->cache, id, read_deadline(c));
+    st = kvt__cache_ext_abort(c->sh->cache, id, read_deadline(c));
     drop_task(c, t);
     if (st) return reply_err(c, KVT_SRV_CANCEL, st);
     kvt_srv_buf b = {0};
@@ -658,7 +666,7 @@ static kvt_status on_stats(kvt_srv_conn *c, size_t len)
     if (len) return kvt__fail(KVT_EPROTO, "stats: %zu bytes of payload", len);
     settle(c); /* a failed check shows in failed_tasks */
     kvt_cache_stats cs;
-    kvt_status st = kvt_cache_stats_get(c->srv->cache, &cs);
+    kvt_status st = kvt_cache_stats_get(c->sh->cache, &cs);
     if (st) return reply_err(c, KVT_SRV_STATS, st);
     kvt_srv_buf b = {0};
     kvt__srv_stats_encode(&b, &cs);
@@ -674,7 +682,7 @@ static kvt_status on_flush(kvt_srv_conn *c, const uint8_t *p, size_t len)
     if (st) return st;
     if (ms > 600000) ms = 600000; /* this client's thread is busy meanwhile */
     settle(c); /* its last store is in the cache, so the flush covers it */
-    st = kvt_cache_flush(c->srv->cache, (int64_t)ms);
+    st = kvt_cache_flush(c->sh->cache, (int64_t)ms);
     if (st) return reply_err(c, KVT_SRV_FLUSH, st);
     kvt_srv_buf b = {0};
     return reply(c, KVT_SRV_FLUSH, &b);
@@ -763,7 +771,7 @@ void *kvt__srv_conn_main(void *arg)
     checker_destroy(c);
     uint32_t released = c->ntasks;
     while (c->ntasks) {
-        kvt__cache_ext_abort(c->srv->cache, c->tasks[0].id, read_deadline(c));
+        kvt__cache_ext_abort(c->sh->cache, c->tasks[0].id, read_deadline(c));
         drop_task(c, &c->tasks[0]);
     }
     free(c->tasks);

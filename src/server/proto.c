@@ -173,13 +173,15 @@ kvt_status kvt__srv_hdr_decode(const uint8_t in[KVT_SRV_HDR], kvt_srv_hdr *out)
 /* ------------------------------------------------------------------ */
 /* HELLO                                                              */
 
-kvt_status kvt__srv_hello_encode(kvt_srv_buf *b, uint32_t pid, const kvt_geometry *geo)
+kvt_status kvt__srv_hello_encode(kvt_srv_buf *b, uint32_t pid, const kvt_geometry *geo,
+                                 uint32_t block_tokens)
 {
     kvt__srv_put32(b, KVT_SRV_VERSION);
     kvt__srv_put32(b, pid);
     kvt__srv_put32(b, geo->num_layers);
     kvt__srv_put32(b, geo->tokens_per_page);
     kvt__srv_put32(b, (uint32_t)geo->layout);
+    kvt__srv_put32(b, block_tokens);
     for (uint32_t l = 0; l < geo->num_layers; l++) {
         const kvt_layer_spec *s = &geo->layers[l];
         kvt__srv_put32(b, s->num_components);
@@ -202,7 +204,7 @@ kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, bool from_server,
     const char *receiver = from_server ? "client" : "server";
     rd r = {p, len, false};
     uint32_t proto = get32(&r), pid = get32(&r);
-    uint32_t layers = get32(&r), tpp = get32(&r), layout = get32(&r);
+    uint32_t layers = get32(&r), tpp = get32(&r), layout = get32(&r), bt = get32(&r);
     if (r.bad) return done(&r, what);
     if (proto != KVT_SRV_VERSION)
         return kvt__fail(KVT_EVERSION, "%s: %s speaks protocol %u, %s %u", what, sender, proto,
@@ -211,6 +213,9 @@ kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, bool from_server,
         return kvt__fail(KVT_EPROTO, "%s: num_layers %u (1..%u)", what, layers, KVT_MAX_LAYERS);
     if (layout > KVT_LAYOUT_PAGE_FIRST)
         return kvt__fail(KVT_EPROTO, "%s: layout %u is unknown", what, layout);
+    if (bt > KVT_SRV_MAX_BLOCK_TOKENS || (bt && tpp && bt % tpp))
+        return kvt__fail(KVT_EPROTO, "%s: block_tokens %u (0, or a multiple of tokens_per_page "
+                         "%u up to %u)", what, bt, tpp, KVT_SRV_MAX_BLOCK_TOKENS);
     kvt_geometry *geo = NULL;
     kvt_status st = kvt_geometry_create(&geo, layers, tpp, (kvt_layout)layout);
     if (st) return kvt__wrap_error(KVT_EPROTO, what);
@@ -238,6 +243,7 @@ kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, bool from_server,
     }
     out->proto = proto;
     out->pid = pid;
+    out->block_tokens = bt;
     out->geo = geo;
     return KVT_OK;
 }

@@ -7,8 +7,11 @@
  * KVT_SRV_MAX_ERRMSG bytes, not NUL-terminated). Integers are host order
  * (both ends share one kernel). Payloads, by op:
  *   HELLO    req: u32 proto, u32 pid, u32 num_layers, u32 tokens_per_page,
- *                 u32 layout, per layer: u32 ncomp, ncomp x (u32 kv_heads,
- *                 u32 head_dim, u32 elem_size)
+ *                 u32 layout, u32 block_tokens (0: the server's choice, else a
+ *                 multiple of tokens_per_page), per layer: u32 ncomp, ncomp x
+ *                 (u32 kv_heads, u32 head_dim, u32 elem_size). The geometry
+ *                 and block_tokens pick the server's tier for this client
+ *                 (one per geometry, created at its first HELLO)
  *            rep: u64 map_bytes, u64 stride, u64 block_bytes, u32 block_tokens,
  *                 u32 num_blocks, u32 server_pid, u32 0; the CPU tier's memfd
  *                 rides on the reply's first byte (SCM_RIGHTS)
@@ -27,7 +30,9 @@
  *   STATS    req: empty               rep: u32 n, u32 0, u64 field[n] (kvt_cache_stats order)
  *   FLUSH    req: u64 timeout_ms      rep: empty (or KVT_ETIMEDOUT)
  *   GEOMETRY req: empty               rep: the server's geometry as a HELLO
- *                 request (proto, server pid, layers...); allowed only before
+ *                 request (proto, server pid, layers..., its block_tokens): the
+ *                 declared one, else the first a client attached with (or
+ *                 KVT_EGEOMETRY when none did yet); allowed only before
  *                 HELLO, so a client that knows only the socket (kvtier stats,
  *                 kvt_client_attach with geo NULL) can attach
  *   SESSION  req: u64 session, u32 flags, u32 0 (a task reply's layout), right
@@ -54,7 +59,8 @@
 #include "kvtier.h"
 
 #define KVT_SRV_MAGIC 0x5354564bu /* "KVTS" */
-#define KVT_SRV_VERSION 3u /* 2: SESSION and PEEK; 3: request form 2 (independent keys).
+#define KVT_SRV_VERSION 4u /* 2: SESSION and PEEK; 3: request form 2 (independent keys);
+                            * 4: HELLO's block_tokens (any geometry per client).
                             * A peer of another version is refused with KVT_EVERSION. */
 #define KVT_SRV_HDR 16u
 #define KVT_SRV_REPLY 0x8000u
@@ -64,6 +70,7 @@
 #define KVT_SRV_MAX_KEY 1024u
 #define KVT_SRV_MAX_ERRMSG 512u
 #define KVT_SRV_MAX_BLOCKS (1u << 22)    /* blocks in one task */
+#define KVT_SRV_MAX_BLOCK_TOKENS (1u << 20) /* HELLO's block_tokens */
 
 typedef enum kvt_srv_op {
     KVT_SRV_HELLO = 1,
@@ -110,9 +117,11 @@ kvt_status kvt__srv_hdr_decode(const uint8_t in[KVT_SRV_HDR], kvt_srv_hdr *out);
 /* HELLO */
 typedef struct kvt_srv_hello {
     uint32_t proto, pid;
+    uint32_t block_tokens; /* 0: the server's choice */
     kvt_geometry *geo; /* owned by the caller after a successful decode */
 } kvt_srv_hello;
-kvt_status kvt__srv_hello_encode(kvt_srv_buf *b, uint32_t pid, const kvt_geometry *geo);
+kvt_status kvt__srv_hello_encode(kvt_srv_buf *b, uint32_t pid, const kvt_geometry *geo,
+                                 uint32_t block_tokens);
 /* from_server: the bytes are the server's GEOMETRY reply (names the sender in
  * errors), else a client's HELLO. */
 kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, bool from_server,

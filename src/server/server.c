@@ -20,6 +20,10 @@
 #include "cache/cache.h"
 #include "metrics/metrics.h"
 #include "util/err.h"
+#include "layout/layout.h"
+#include "util/clock.h"
+#include "util/hash.h"
+#include "util/log.h"
 
 /* Takes the lock file at path, writing our pid into it; when another
  * process holds it, KVT_EBUSY naming that process's pid and what. */
@@ -100,8 +104,6 @@ static kvt_status listen_on(kvt_server *s)
     return KVT_OK;
 }
 
-static void srv_metrics(kvt_mbuf *b, void *arg);
-
 /* server_socket_group, server_namespaces and server_secret_file. */
 static kvt_status security(kvt_server *s)
 {
@@ -120,6 +122,169 @@ static kvt_status security(kvt_server *s)
     return st;
 }
 
+/* ------------------------------------------------------------------ */
+/* Shards: one tier per geometry                                      */
+
+/* The block size a client gets when it asks for none: the block_tokens
+ * option, rounded up to a whole number of the geometry's pages. */
+static uint32_t default_block_tokens(const kvt_server *s, const kvt_geometry *geo)
+{
+    uint32_t tpp = geo->tokens_per_page ? geo->tokens_per_page : 1;
+    return (s->cfg.block_tokens + tpp - 1) / tpp * tpp;
+}
+
+static kvt_status fingerprint(const kvt_geometry *geo, uint32_t bt, uint64_t *out)
+{
+    kvt_srv_buf b = {0};
+    kvt_status st = kvt__srv_hello_encode(&b, 0, geo, bt);
+    if (!st) *out = kvt__hash64(b.p, b.len, 0x6b767467656f6du);
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
+/* The shard's options: with one geometry the server's own (SSD directories
+ * as given, so a server of one model keeps its data where it always was);
+ * with several, each a 1/server_max_geometries share of both capacities,
+ * its SSD data in a subdirectory named by its id, and only the first shard
+ * serves metrics_port. */
+static kvt_status shard_config(const kvt_server *s, const kvt_srv_shard *sh, bool first,
+                               kvt_config *out)
+{
+    out->v = s->cfg;
+    out->v.block_tokens = sh->block_tokens;
+    if (!first) out->v.metrics_port = 0;
+    if (s->max_shards == 1) return KVT_OK;
+    out->v.cpu_capacity = s->cfg.cpu_capacity / s->max_shards;
+    out->v.ssd_capacity = s->cfg.ssd_capacity / s->max_shards;
+    if (out->v.ssd_capacity < 4096) out->v.ssd_capacity = 4096;
+    char dirs[sizeof s->cfg.ssd_dirs], *save = NULL;
+    snprintf(dirs, sizeof dirs, "%s", s->cfg.ssd_dirs);
+    size_t used = 0;
+    out->v.ssd_dirs[0] = '\0';
+    for (char *d = strtok_r(dirs, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
+        if (!*d) continue;
+        int n = snprintf(out->v.ssd_dirs + used, sizeof out->v.ssd_dirs - used, "%s%s/%s",
+                         used ? "," : "", d, sh->id);
+        if (n < 0 || (size_t)n >= sizeof out->v.ssd_dirs - used)
+            return kvt__fail(KVT_EINVAL, "kvt_server: ssd_dirs \"%s\" with a geometry "
+                             "subdirectory (%s) is longer than %zu bytes", s->cfg.ssd_dirs,
+                             sh->id, sizeof out->v.ssd_dirs - 1);
+        used += (size_t)n;
+    }
+    return KVT_OK;
+}
+
+static void srv_metrics(kvt_mbuf *b, void *arg);
+
+static void shard_free(kvt_srv_shard *sh)
+{
+    if (!sh) return;
+    if (sh->cache) kvt__metrics_cache_set_extra(sh->cache, NULL, NULL);
+    kvt_cache_destroy(sh->cache);
+    kvt_geometry_destroy(sh->geo);
+    free(sh);
+}
+
+static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t bt,
+                               uint64_t fp, kvt_srv_shard **out)
+{
+    kvt_srv_shard *sh = calloc(1, sizeof *sh);
+    if (!sh) return kvt__fail(KVT_ENOMEM, "kvt_server: out of memory");
+    sh->block_tokens = bt;
+    sh->fingerprint = fp;
+    snprintf(sh->id, sizeof sh->id, "g%016llx", (unsigned long long)fp);
+    bool first = atomic_load(&s->nshards) == 0;
+    kvt_config cfg;
+    kvt_status st = shard_config(s, sh, first, &cfg);
+    if (!st) st = kvt_geometry_clone(geo, &sh->geo);
+    if (!st) st = kvt__cache_create_ex(&sh->cache, &cfg, geo, true);
+    if (st) {
+        if (s->max_shards > 1) {
+            char what[160];
+            snprintf(what, sizeof what, "the tier of geometry %s (its 1/%u share of cpu_capacity:"
+                     " %llu bytes; block_tokens %u)", sh->id, s->max_shards,
+                     (unsigned long long)cfg.v.cpu_capacity, bt);
+            kvt__wrap_error(st, what);
+        }
+        shard_free(sh);
+        return st;
+    }
+    kvt__cache_ext_shm(sh->cache, &sh->shm);
+    if (first) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
+    *out = sh;
+    return KVT_OK;
+}
+
+kvt_srv_shard *kvt__srv_shard_first(kvt_server *s)
+{
+    return atomic_load(&s->nshards) ? s->shards[0] : NULL;
+}
+
+static kvt_srv_shard *shard_find(kvt_server *s, const kvt_geometry *geo, uint32_t bt,
+                                 uint64_t fp)
+{
+    uint32_t n = atomic_load(&s->nshards);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_srv_shard *sh = s->shards[i];
+        if (sh->fingerprint == fp && sh->block_tokens == bt &&
+            kvt_geometry_compare(sh->geo, geo) == KVT_OK)
+            return sh;
+    }
+    return NULL;
+}
+
+/* A server of one declared geometry refuses another naming the first field
+ * that differs, as a server of one model always did. */
+static kvt_status other_geometry(kvt_server *s, const kvt_geometry *geo, uint32_t bt)
+{
+    kvt_status st = kvt_geometry_compare(s->declared, geo);
+    if (st == KVT_OK)
+        st = kvt__fail(KVT_EGEOMETRY, "block_tokens %u vs %u", s->shards[0]->block_tokens, bt);
+    return kvt__wrap_error(st, "the client's geometry differs from the server's (server vs "
+                           "client; a server holds several with server_max_geometries)");
+}
+
+kvt_status kvt__srv_shard_get(kvt_server *s, const kvt_geometry *geo, uint32_t block_tokens,
+                              kvt_srv_shard **out)
+{
+    uint32_t bt = block_tokens ? block_tokens : default_block_tokens(s, geo);
+    uint64_t fp;
+    kvt_status st = fingerprint(geo, bt, &fp);
+    if (st) return st;
+    kvt_srv_shard *sh = shard_find(s, geo, bt, fp);
+    if (sh) {
+        kvt__clear_error();
+        *out = sh;
+        return KVT_OK;
+    }
+    pthread_mutex_lock(&s->shard_mu);
+    uint32_t n = atomic_load(&s->nshards);
+    if (!(sh = shard_find(s, geo, bt, fp))) {
+        if (n == s->max_shards && s->declared && s->max_shards == 1)
+            st = other_geometry(s, geo, bt);
+        else if (n == s->max_shards)
+            st = kvt__fail(KVT_EFULL, "the server holds %u geometr%s already "
+                           "(server_max_geometries=%u); this one (%u layers, %u tokens per "
+                           "page, block_tokens %u) is not among them: start the server with "
+                           "a larger server_max_geometries", n, n == 1 ? "y" : "ies",
+                           s->max_shards, geo->num_layers, geo->tokens_per_page, bt);
+        else if (!(st = shard_create(s, geo, bt, fp, &sh))) {
+            s->shards[n] = sh;
+            atomic_store(&s->nshards, n + 1);
+            kvt__srv_log(KVT_LOG_INFO, "geometry %s: %u layers, %llu bytes per token, %u tokens "
+                         "per page, block_tokens %u: CPU tier %u blocks of %llu bytes (%s pages)"
+                         " [%u of at most %u geometries]", sh->id, geo->num_layers,
+                         (unsigned long long)kvt__geo_bytes_per_token(geo),
+                         geo->tokens_per_page, bt, sh->shm.num_blocks,
+                         (unsigned long long)sh->shm.block_bytes, sh->shm.pages, n + 1,
+                         s->max_shards);
+        }
+    }
+    pthread_mutex_unlock(&s->shard_mu);
+    if (!st) *out = sh;
+    return st;
+}
+
 static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry *geo)
 {
     static const char fn[] = "kvt_server_create";
@@ -132,18 +297,24 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
         return kvt__fail(KVT_EINVAL, "%s: server_socket \"%s\" is longer than %zu bytes", fn,
                          s->cfg.server_socket, sizeof a.sun_path - 1);
     snprintf(s->path, sizeof s->path, "%s", s->cfg.server_socket);
+    s->max_shards = s->cfg.server_max_geometries ? s->cfg.server_max_geometries
+                    : geo                        ? 1
+                                                 : 4;
     char lock[sizeof s->path + 8];
     snprintf(lock, sizeof lock, "%s.lock", s->path);
     char what[sizeof s->path + 16];
     snprintf(what, sizeof what, "socket %s", s->path);
-    kvt_status st = security(s);
+    /* As kvt_cache_create does; a server of any geometry makes no cache yet. */
+    kvt_status st = kvt__log_set_level((kvt_log_level)s->cfg.log_level, fn);
+    if (!st) st = security(s);
     if (st) return st;
     if ((st = take_lock(lock, what, &s->lock_fd))) return st;
     if ((st = lock_ssd_dirs(s))) return st;
-    if ((st = kvt_geometry_clone(geo, &s->geo))) return st;
-    if ((st = kvt__cache_create_ex(&s->cache, cfg, geo, true))) return st;
-    kvt__cache_ext_shm(s->cache, &s->shm);
-    kvt__metrics_cache_set_extra(s->cache, srv_metrics, s);
+    if (geo) {
+        kvt_srv_shard *sh;
+        if ((st = kvt_geometry_clone(geo, &s->declared))) return st;
+        if ((st = kvt__srv_shard_get(s, geo, s->cfg.block_tokens, &sh))) return st;
+    }
     /* One core is left to the clients and connections: a check that takes
      * every core makes their next wake-up wait for it. */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN) - 1;
@@ -178,11 +349,11 @@ kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_
     kvt__clear_error();
     KVT_CHECK_NOT_NULL(out, fn);
     KVT_CHECK_NOT_NULL(cfg, fn);
-    KVT_CHECK_NOT_NULL(geo, fn);
     kvt_server *s = calloc(1, sizeof *s);
     if (!s) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
     s->listen_fd = s->lock_fd = s->stop_pipe[0] = s->stop_pipe[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->shard_mu, NULL);
     kvt_status st = build(s, cfg, geo);
     if (st) {
         if (s->listen_fd >= 0) unlink(s->path);
@@ -224,8 +395,8 @@ static void reap_conns(kvt_server *s, bool all)
     pthread_mutex_unlock(&s->mu);
 }
 
-void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint64_t session, uint32_t *slots,
-                        uint32_t n)
+void kvt__srv_fence_add(kvt_server *s, kvt_srv_shard *sh, pid_t pid, uint64_t session,
+                        uint32_t *slots, uint32_t n)
 {
     kvt_srv_fence *f = n ? calloc(1, sizeof *f) : NULL;
     int pidfd = f ? (int)syscall(SYS_pidfd_open, pid, 0) : -1;
@@ -237,21 +408,21 @@ void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint64_t session, uint32_t *sl
                      n);
     }
     if (!f || (pidfd < 0 && errno == ESRCH)) { /* gone already (or no memory: then leak) */
-        if (f) kvt__cache_ext_release(s->cache, slots, n);
+        if (f) kvt__cache_ext_release(sh->cache, slots, n);
         free(slots);
         free(f);
         return;
     }
-    *f = (kvt_srv_fence){pid, session, pidfd, slots, n, NULL};
+    *f = (kvt_srv_fence){sh, pid, session, pidfd, slots, n, NULL};
     pthread_mutex_lock(&s->mu);
     f->next = s->fences;
     s->fences = f;
     pthread_mutex_unlock(&s->mu);
 }
 
-static void fence_free(kvt_server *s, kvt_srv_fence *f)
+static void fence_free(kvt_srv_fence *f)
 {
-    kvt__cache_ext_release(s->cache, f->slots, f->n);
+    kvt__cache_ext_release(f->shard->cache, f->slots, f->n);
     if (f->pidfd >= 0) close(f->pidfd);
     free(f->slots);
     free(f);
@@ -269,7 +440,7 @@ uint32_t kvt__srv_fences_release(kvt_server *s, pid_t pid, uint64_t session)
         }
         *pp = f->next;
         n += f->n;
-        fence_free(s, f);
+        fence_free(f);
     }
     pthread_mutex_unlock(&s->mu);
     if (n)
@@ -293,7 +464,7 @@ void kvt__srv_fences_reap(kvt_server *s, bool all)
         if (gone)
             kvt__srv_log(KVT_LOG_INFO, "client pid %ld exited: its %u cut-off store blocks are "
                          "free again", (long)f->pid, f->n);
-        fence_free(s, f);
+        fence_free(f);
     }
     pthread_mutex_unlock(&s->mu);
 }
@@ -361,10 +532,19 @@ kvt_status kvt_server_run(kvt_server *s)
     int expect = 0;
     if (!atomic_compare_exchange_strong(&s->state, &expect, 1))
         return kvt__fail(KVT_ESTATE, "%s: the server is already running or stopped", fn);
-    kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, CPU tier %u blocks of %llu bytes, %s "
-                 "pages)", s->path, (long)getpid(), s->shm.num_blocks,
-                 (unsigned long long)s->shm.block_bytes, s->shm.pages);
-    if (!strcmp(s->shm.pages, "4k"))
+    kvt_srv_shard *first = kvt__srv_shard_first(s);
+    if (first)
+        kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, geometry %s: CPU tier %u blocks of "
+                     "%llu bytes, %s pages; up to %u geometries)", s->path, (long)getpid(),
+                     first->id, first->shm.num_blocks,
+                     (unsigned long long)first->shm.block_bytes, first->shm.pages,
+                     s->max_shards);
+    else
+        kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld; any geometry, up to %u at once, "
+                     "each with %llu bytes of CPU tier: a tier is made at the first attach of "
+                     "its geometry)", s->path, (long)getpid(), s->max_shards,
+                     (unsigned long long)(s->cfg.cpu_capacity / s->max_shards));
+    if (first && !strcmp(first->shm.pages, "4k"))
         kvt__srv_log(KVT_LOG_INFO, "the CPU tier has 4 KiB pages (no huge pages reserved, shmem "
                      "THP off): clients store slower (docs/server.md, Performance)");
     for (;;) {
@@ -382,7 +562,14 @@ kvt_status kvt_server_run(kvt_server *s)
     s->listen_fd = -1;
     unlink(s->path);
     reap_conns(s, true);
-    kvt_status st = kvt_cache_flush(s->cache, s->cfg.server_stop_ms);
+    kvt_status st = KVT_OK;
+    uint64_t until = kvt__deadline_ns(s->cfg.server_stop_ms);
+    for (uint32_t i = 0; i < atomic_load(&s->nshards); i++) {
+        uint64_t now = kvt__now_ns();
+        int64_t left = until > now ? (int64_t)((until - now) / 1000000u) : 0;
+        kvt_status f = kvt_cache_flush(s->shards[i]->cache, left);
+        if (!st) st = f;
+    }
     atomic_store(&s->state, 2);
     kvt__srv_log(st ? KVT_LOG_WARN : KVT_LOG_INFO, "stopped%s",
                  st ? " (SSD writes still pending at server_stop_ms)" : "");
@@ -398,11 +585,12 @@ void kvt_server_destroy(kvt_server *s)
         unlink(s->path);
     }
     /* No scrape may walk the connections once they are freed. */
-    if (s->cache) kvt__metrics_cache_set_extra(s->cache, NULL, NULL);
+    kvt_srv_shard *first = kvt__srv_shard_first(s);
+    if (first) kvt__metrics_cache_set_extra(first->cache, NULL, NULL);
     reap_conns(s, true);
-    if (s->cache) kvt__srv_fences_reap(s, true);
-    kvt_cache_destroy(s->cache);
-    kvt_geometry_destroy(s->geo);
+    kvt__srv_fences_reap(s, true);
+    for (uint32_t i = 0; i < atomic_load(&s->nshards); i++) shard_free(s->shards[i]);
+    kvt_geometry_destroy(s->declared);
     for (uint32_t i = 0; i < s->num_ssd_locks; i++) close(s->ssd_lock_fds[i]);
     if (s->lock_fd >= 0) close(s->lock_fd);
     if (s->stop_pipe[0] >= 0) close(s->stop_pipe[0]);
@@ -410,5 +598,6 @@ void kvt_server_destroy(kvt_server *s)
     kvt__srv_ns_free(&s->ns);
     kvt__srv_secret_free(s->secret, s->secret_len);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->shard_mu);
     free(s);
 }

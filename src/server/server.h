@@ -14,6 +14,7 @@
 #include "util/config.h"
 
 #define KVT_SRV_MAX_SSD_LOCKS 16
+#define KVT_SRV_MAX_GEOMETRIES 64 /* server_max_geometries' bound */
 #define KVT_SRV_VERIFY_THREADS 4 /* at most, checking one store's blocks */
 
 typedef struct kvt_srv_task {
@@ -28,9 +29,26 @@ typedef struct kvt_srv_task {
     uint64_t launched_ns; /* the client must END it by this + server_copy_ms */
 } kvt_srv_task;
 
+/* One geometry's tier: the cache (index, CPU pool in a memfd, SSD tier in a
+ * subdirectory of each ssd_dirs entry named by id) that every client
+ * attaching with this geometry and block size shares. A server holds up to
+ * server_max_geometries of them, each created at the first HELLO that needs
+ * it (or at start for the declared geometry) and kept until the server is
+ * destroyed; blocks of different geometries never meet (different caches,
+ * different memfds). */
+typedef struct kvt_srv_shard {
+    kvt_geometry *geo;
+    uint32_t block_tokens;
+    uint64_t fingerprint; /* of the geometry and block_tokens (HELLO encoding) */
+    char id[24];          /* "g" + 16 hex digits of it: SSD subdirectory, logs */
+    kvt_cache *cache;
+    kvt_ext_shm shm;
+} kvt_srv_shard;
+
 /* CPU blocks of stores cut off from a client still alive (it maps the tier
  * and may write into them late): back to the pool once its process exits. */
 typedef struct kvt_srv_fence {
+    kvt_srv_shard *shard; /* whose pool the slots are */
     pid_t pid;
     uint64_t session; /* the client handle's (SESSION), 0 if it sent none */
     int pidfd; /* readable once pid exited */
@@ -42,6 +60,7 @@ typedef struct kvt_srv_conn kvt_srv_conn;
 typedef struct kvt_srv_check kvt_srv_check; /* a store checked after END (conn.c) */
 struct kvt_srv_conn {
     struct kvt_server *srv;
+    kvt_srv_shard *sh; /* the tier of this client's geometry, from HELLO on */
     int fd;
     pid_t pid;
     uid_t uid;
@@ -58,9 +77,11 @@ struct kvt_srv_conn {
 
 struct kvt_server {
     kvt_config_values cfg;
-    kvt_geometry *geo;
-    kvt_cache *cache;
-    kvt_ext_shm shm;
+    kvt_geometry *declared; /* kvt_server_create's geo (its shard is shards[0]), or NULL */
+    pthread_mutex_t shard_mu; /* guards creating shards (slow: a tier is prefaulted) */
+    kvt_srv_shard *shards[KVT_SRV_MAX_GEOMETRIES];
+    _Atomic uint32_t nshards; /* published after the shard is complete */
+    uint32_t max_shards;      /* server_max_geometries, resolved */
     char path[sizeof(((kvt_config_values *)0)->server_socket)];
     int listen_fd, lock_fd, stop_pipe[2];
     int ssd_lock_fds[KVT_SRV_MAX_SSD_LOCKS];
@@ -96,10 +117,20 @@ uint64_t kvt__srv_block_sum(const uint8_t *block, const kvt_geometry *g, uint32_
  * process pid exits or its session re-attaches with its copies stopped
  * (fences_release: the blocks freed); fences_reap (all: at destroy)
  * returns those of exited processes. server.c. */
-void kvt__srv_fence_add(kvt_server *s, pid_t pid, uint64_t session, uint32_t *slots,
-                        uint32_t n);
+void kvt__srv_fence_add(kvt_server *s, kvt_srv_shard *sh, pid_t pid, uint64_t session,
+                        uint32_t *slots, uint32_t n);
 uint32_t kvt__srv_fences_release(kvt_server *s, pid_t pid, uint64_t session);
 void kvt__srv_fences_reap(kvt_server *s, bool all);
+/* The tier for geometry geo with block_tokens (0: the server's choice):
+ * the existing one, else a new one while fewer than server_max_geometries
+ * exist. KVT_EFULL naming server_max_geometries; what kvt_cache_create
+ * returns (a block larger than the tier's share: KVT_EINVAL naming both
+ * sizes). server.c. */
+kvt_status kvt__srv_shard_get(kvt_server *s, const kvt_geometry *geo, uint32_t block_tokens,
+                              kvt_srv_shard **out);
+/* The first shard (the declared geometry's, else the first attached), or
+ * NULL while there is none. */
+kvt_srv_shard *kvt__srv_shard_first(kvt_server *s);
 /* The thread serving one attached client (conn.c). */
 void *kvt__srv_conn_main(void *arg);
 

@@ -130,6 +130,11 @@ static const opt_def OPTIONS[] = {
              "a stopping server waits this many ms at most for pending SSD writes"),
     UINT_OPT(server_max_clients, SERVER_MAX_CLIENTS, RANK_LOCAL, 64, 1, 4096,
              "clients attached to the node server at once, at most"),
+    UINT_OPT(server_max_geometries, SERVER_MAX_GEOMETRIES, RANK_LOCAL, 0, 0, 64,
+             "geometries (model, TP slice, dtype, page and block size) one node server holds "
+             "at once, each in its own share of cpu_capacity and ssd_capacity "
+             "(capacity / this); 0: 1 when the server is started with a geometry (--model), "
+             "else 4"),
     UINT_OPT(server_client_tasks, SERVER_CLIENT_TASKS, RANK_LOCAL, 1024, 1, 1048576,
              "tasks one client may hold planned or running on the node server"),
     STRING_OPT(server_socket_group, SERVER_SOCKET_GROUP, RANK_LOCAL, "",

@@ -37,6 +37,7 @@ typedef struct kvt_config_values {
     char server_socket[108]; /* "server_socket", string, default "": Unix socket path */
     uint32_t server_stop_ms; /* "server_stop_ms", uint, default 5000: bound on a clean stop */
     uint32_t server_max_clients; /* "server_max_clients", uint, default 64 */
+    uint32_t server_max_geometries; /* "server_max_geometries", uint 0..64, default 0 (auto) */
     uint32_t server_client_tasks; /* "server_client_tasks", uint, default 1024: per-client quota */
     char server_socket_group[64]; /* "server_socket_group", string, default "": socket 0660 with it */
     char server_namespaces[1024]; /* "server_namespaces", string, default "": per-client rules */

@@ -165,7 +165,7 @@ static void *held_writes_client(void *arg)
     if (st == KVT_OK) st = kvt_client_register_memory(cl, &e->mem);
     kvt_store_plan p = {0};
     kvt_task_result r = {0};
-    kvt__ssd_hold_writes(w->srv->cache->ssd, true);
+    kvt__ssd_hold_writes(kvt__srv_shard_first(w->srv)->cache->ssd, true);
     if (st == KVT_OK) st = kvt_client_prepare_store(cl, &e->req, &p);
     if (st == KVT_OK) st = kvt_client_launch(cl, p.task, e->pages, 4);
     if (st == KVT_OK) st = kvt_client_wait(cl, p.task, WAIT_MS, &r);
@@ -204,7 +204,7 @@ static void test_held_writes(void **state)
     assert_int_equal(pthread_create(&th, NULL, held_writes_client, &w), 0);
     EXPECT_ERR(kvt_server_run(srv), KVT_ETIMEDOUT, "SSD writes still pending");
     pthread_join(th, NULL);
-    kvt__ssd_hold_writes(srv->cache->ssd, false);
+    kvt__ssd_hold_writes(kvt__srv_shard_first(srv)->cache->ssd, false);
     kvt_server_destroy(srv);
     kvt_emu_destroy(e.emu);
     kvt_config_destroy(cfg);
@@ -306,7 +306,7 @@ static void test_server_reads_auth(void **state)
 
     /* The blocks are on the SSD only and their reads are held: the load's
      * launch pends, and no layer can have landed at a 0 ms deadline. */
-    kvt__ssd_hold_reads(f.srv->cache->ssd, true);
+    kvt__ssd_hold_reads(kvt__srv_shard_first(f.srv)->cache->ssd, true);
     uint32_t load_pages[4] = {0, 2, 4, 6};
     assert_ok(kvt_emu_poison(e.emu, load_pages, 4));
     assert_ok(kvt_client_lookup(cl, &e.req, &m));
@@ -328,7 +328,7 @@ static void test_server_reads_auth(void **state)
     assert_ok(kvt_client_lookup(cl2, &e.req, &m2));
     assert_int_equal(m2.matched_tokens, 12);
     pthread_t rel;
-    assert_int_equal(pthread_create(&rel, NULL, release_reads, f.srv->cache->ssd), 0);
+    assert_int_equal(pthread_create(&rel, NULL, release_reads, kvt__srv_shard_first(f.srv)->cache->ssd), 0);
     thread_fails = 1;
     EXPECT_ERR(kvt_client_launch(cl2, m2.task, load_pages, 4), KVT_ESYS, "kvt_client_launch",
                "no thread");

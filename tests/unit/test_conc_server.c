@@ -90,6 +90,8 @@ static void log_to_file(void *user, kvt_log_level level, const char *line)
 
 /* Extra options of the next servers made: "name", "value", ..., NULL. */
 static const char *const *g_opts;
+/* The next servers are made with no geometry: they serve any. */
+static bool g_any_geometry;
 
 static kvt_status make_server(kvt_server **out, const char *path, const char *ssd_dir)
 {
@@ -102,7 +104,7 @@ static kvt_status make_server(kvt_server **out, const char *path, const char *ss
     if (!st && ssd_dir) st = kvt_config_set(cfg, "ssd_dirs", ssd_dir);
     if (!st && ssd_dir) st = kvt_config_set(cfg, "ssd_capacity", "8MiB");
     for (int i = 0; !st && g_opts && g_opts[i]; i += 2) st = kvt_config_set(cfg, g_opts[i], g_opts[i + 1]);
-    kvt_geometry *g = geo_heads(2);
+    kvt_geometry *g = g_any_geometry ? NULL : geo_heads(2);
     if (!st) st = kvt_server_create(out, cfg, g);
     kvt_geometry_destroy(g);
     kvt_config_destroy(cfg);
@@ -282,6 +284,60 @@ static kvt_status child_load(const char *path, void *arg)
         st = kvt__fail(KVT_ENOTFOUND, "matched %u tokens, want %u", matched, BLOCKS * TPP);
     engine_close(&e);
     return st;
+}
+
+/* An engine of kv_heads heads (and, with block_tokens, asking for that
+ * block size) against a server of any geometry: it must first miss
+ * (want_first 0) or hit want_first tokens, byte-verified, then store what
+ * it missed and find all of it, byte for byte. */
+typedef struct geo_step {
+    uint64_t seed;
+    uint32_t heads, block_tokens, want_first;
+} geo_step;
+
+static kvt_status child_geo_step(const char *path, void *arg)
+{
+    const geo_step *g = arg;
+    char bt[16];
+    snprintf(bt, sizeof bt, "%u", g->block_tokens);
+    if (g->block_tokens) setenv("KVTIER_BLOCK_TOKENS", bt, 1);
+    engine e;
+    kvt_status st = engine_open(&e, path, g->heads);
+    uint32_t tokens[NTOK], matched = 0, stored = 0;
+    kvt_request r;
+    request(&r, tokens, g->seed);
+    if (!st) st = engine_load(&e, &r, &matched);
+    if (!st && matched != g->want_first)
+        st = kvt__fail(KVT_EINVAL, "heads %u, block_tokens %u: first lookup matched %u tokens, "
+                       "want %u", g->heads, g->block_tokens, matched, g->want_first);
+    if (!st) st = engine_store(&e, &r, &stored);
+    if (!st) st = engine_load(&e, &r, &matched);
+    if (!st && matched != BLOCKS * TPP)
+        st = kvt__fail(KVT_EINVAL, "heads %u: after its store matched %u tokens, want %u",
+                       g->heads, matched, BLOCKS * TPP);
+    engine_close(&e);
+    return st;
+}
+
+/* An attach that must be refused with want, its message holding text. */
+typedef struct geo_refusal {
+    uint32_t heads;
+    kvt_status want;
+    const char *text;
+} geo_refusal;
+
+static kvt_status child_geo_refused(const char *path, void *arg)
+{
+    const geo_refusal *g = arg;
+    engine e;
+    kvt_status st = engine_open(&e, path, g->heads);
+    kvt_status out = KVT_OK;
+    if (st != g->want || !strstr(kvt_last_error(), g->text))
+        out = kvt__fail(KVT_EINVAL, "heads %u: attach gave %s (%s), want %s naming \"%s\"",
+                        g->heads, kvt_status_name(st), kvt_last_error(),
+                        kvt_status_name(g->want), g->text);
+    engine_close(&e);
+    return out;
 }
 
 /* ------------------------------------------------------------------ */
@@ -632,7 +688,7 @@ static kvt_status raw_attach(const char *path, kvt_geometry *g, int *fd, uint8_t
     uint8_t *p = NULL;
     uint32_t len = 0;
     int shm = -1;
-    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g);
+    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g, 0);
     kvt_status st = raw_rt(*fd, KVT_SRV_HELLO, &b, &p, &len, &shm);
     kvt__srv_buf_free(&b);
     if (!st) st = kvt__srv_hello_rep_decode(p, len, h);
@@ -763,7 +819,7 @@ static kvt_status child_raw_store(const char *path, void *arg)
     uint8_t *p = NULL;
     uint32_t len = 0;
     int shm = -1;
-    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g);
+    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g, 0);
     kvt_status st = raw_rt(fd, KVT_SRV_HELLO, &b, &p, &len, &shm);
     kvt_srv_hello_rep h;
     if (!st) st = kvt__srv_hello_rep_decode(p, len, &h);
@@ -1139,9 +1195,9 @@ static void test_ssd_load_launch_async(void **state)
     assert_ok(kvt_client_lookup(e.cl, &r, &m));
     assert_int_equal(m.matched_tokens, BLOCKS * TPP); /* recovered: on SSD only */
     assert_ok(kvt_emu_poison(e.emu, e.pages, PAGES));
-    kvt__ssd_hold_reads(s->cache->ssd, true);
+    kvt__ssd_hold_reads(kvt__srv_shard_first(s)->cache->ssd, true);
     assert_ok(kvt_client_launch(e.cl, m.task, e.pages, PAGES));
-    assert_true(read_held(s->cache->ssd)); /* launch returned before the reads ended */
+    assert_true(read_held(kvt__srv_shard_first(s)->cache->ssd)); /* launch returned before the reads ended */
     kvt_cache_stats cs;
     assert_ok(kvt_client_stats(e.cl, &cs)); /* the control path is not blocked */
     assert_int_equal(cs.tasks_in_flight, 1);
@@ -1151,7 +1207,7 @@ static void test_ssd_load_launch_async(void **state)
     uint32_t n = 9;
     assert_ok(kvt_client_poll(e.cl, &res, 1, &n));
     assert_int_equal(n, 0);
-    kvt__ssd_hold_reads(s->cache->ssd, false);
+    kvt__ssd_hold_reads(kvt__srv_shard_first(s)->cache->ssd, false);
     assert_ok(kvt_client_wait_layer(e.cl, m.task, LAYERS - 1, TIMEOUT_MS));
     assert_ok(kvt_client_wait(e.cl, m.task, TIMEOUT_MS, &res));
     assert_ok(res.status);
@@ -1165,11 +1221,11 @@ static void test_ssd_load_launch_async(void **state)
     request(&r, tokens, 32);
     assert_ok(kvt_client_lookup(e.cl, &r, &m));
     assert_int_equal(m.matched_tokens, BLOCKS * TPP);
-    kvt__ssd_hold_reads(s->cache->ssd, true);
+    kvt__ssd_hold_reads(kvt__srv_shard_first(s)->cache->ssd, true);
     assert_ok(kvt_client_launch(e.cl, m.task, e.pages, PAGES));
-    assert_true(read_held(s->cache->ssd));
+    assert_true(read_held(kvt__srv_shard_first(s)->cache->ssd));
     assert_ok(kvt_client_cancel(e.cl, m.task));
-    kvt__ssd_hold_reads(s->cache->ssd, false);
+    kvt__ssd_hold_reads(kvt__srv_shard_first(s)->cache->ssd, false);
     assert_ok(kvt_client_wait(e.cl, m.task, TIMEOUT_MS, &res));
     assert_int_equal(res.status, KVT_ECANCELED);
     assert_ok(kvt_client_stats(e.cl, &cs));
@@ -1276,9 +1332,9 @@ static void test_read_bound_option(void **state)
     kvt_match m;
     assert_ok(kvt_client_lookup(e.cl, &r, &m));
     assert_int_equal(m.matched_tokens, BLOCKS * TPP); /* on SSD only */
-    kvt__ssd_hold_reads(s->cache->ssd, true);
+    kvt__ssd_hold_reads(kvt__srv_shard_first(s)->cache->ssd, true);
     assert_ok(kvt_client_launch(e.cl, m.task, e.pages, PAGES));
-    assert_true(read_held(s->cache->ssd));
+    assert_true(read_held(kvt__srv_shard_first(s)->cache->ssd));
     kvt_task_result res;
     uint64_t t0 = kvt__now_ns();
     assert_ok(kvt_client_wait(e.cl, m.task, 5000, &res));
@@ -1286,7 +1342,7 @@ static void test_read_bound_option(void **state)
     assert_true(kvt__now_ns() - t0 < 4000000000ull);
     kvt_cache_stats cs;
     assert_ok(kvt_client_stats(e.cl, &cs)); /* the connection survived the CANCEL */
-    kvt__ssd_hold_reads(s->cache->ssd, false);
+    kvt__ssd_hold_reads(kvt__srv_shard_first(s)->cache->ssd, false);
     uint32_t matched = 0;
     assert_ok(engine_load(&e, &r, &matched)); /* released, it loads byte for byte */
     assert_int_equal(matched, BLOCKS * TPP);
@@ -1620,7 +1676,7 @@ static kvt_status child_keyed_raw(const char *path, void *arg)
     uint8_t *p = NULL;
     uint32_t len = 0;
     int shm = -1;
-    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g);
+    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g, 0);
     kvt_status st = raw_rt(fd, KVT_SRV_HELLO, &b, &p, &len, &shm);
     free(p);
     kvt__srv_buf_free(&b);
@@ -2268,7 +2324,7 @@ static void test_hello_version_names_sender(void **state)
     (void)state;
     kvt_geometry *g = geo_heads(2);
     kvt_srv_buf b = {0};
-    assert_ok(kvt__srv_hello_encode(&b, 1, g));
+    assert_ok(kvt__srv_hello_encode(&b, 1, g, 0));
     uint32_t bad = KVT_SRV_VERSION + 1;
     memcpy(b.p, &bad, 4); /* the version is the first word */
     kvt_srv_hello h;
@@ -2278,6 +2334,48 @@ static void test_hello_version_names_sender(void **state)
     assert_non_null(strstr(kvt_last_error(), "geometry: server speaks protocol"));
     kvt__srv_buf_free(&b);
     kvt_geometry_destroy(g);
+}
+
+/* A server started with no geometry serves each engine's own: engines of
+ * 2 and 4 kv heads (two TP slices of one model) and one asking for 32-token
+ * blocks each get a tier of their own, the same tokens never hit another
+ * geometry's bytes, other processes of a geometry hit its blocks (byte
+ * for byte), a block larger than a tier's share is refused naming both
+ * sizes, a geometry past server_max_geometries is refused naming the
+ * option, and after a restart each geometry's SSD tier comes back warm. */
+static void test_any_geometry(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "any.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    static const char *const opts[] = {"server_max_geometries", "3", NULL};
+    g_opts = opts;
+    g_any_geometry = true;
+    pid_t srv = start_server(path, ssd);
+    const uint32_t all = BLOCKS * TPP;
+    geo_step a = {51, 2, 0, 0}, b = {51, 4, 0, 0}, c = {51, 2, 32, 0};
+    assert_int_equal(reap(spawn(child_geo_step, path, &a), 20000), 0);
+    assert_int_equal(reap(spawn(child_geo_step, path, &b), 20000), 0); /* A's tokens: a miss */
+    geo_step a2 = {51, 2, 0, all}, b2 = {51, 4, 0, all};
+    assert_int_equal(reap(spawn(child_geo_step, path, &a2), 20000), 0);
+    assert_int_equal(reap(spawn(child_geo_step, path, &b2), 20000), 0);
+    /* 4 MiB / 3 per tier; 2048 heads make 16 MiB blocks. */
+    geo_refusal big = {2048, KVT_EINVAL, "bytes"};
+    assert_int_equal(reap(spawn(child_geo_refused, path, &big), 20000), 0);
+    assert_int_equal(reap(spawn(child_geo_step, path, &c), 20000), 0);
+    geo_refusal fourth = {8, KVT_EFULL, "server_max_geometries=3"};
+    assert_int_equal(reap(spawn(child_geo_refused, path, &fourth), 20000), 0);
+    stop_server(srv, path);
+    srv = start_server(path, ssd);
+    g_opts = NULL;
+    g_any_geometry = false;
+    geo_step a3 = {51, 2, 0, all}, b3 = {51, 4, 0, all}, c3 = {51, 2, 32, all};
+    assert_int_equal(reap(spawn(child_geo_step, path, &b3), 20000), 0);
+    assert_int_equal(reap(spawn(child_geo_step, path, &a3), 20000), 0);
+    assert_int_equal(reap(spawn(child_geo_step, path, &c3), 20000), 0);
+    stop_server(srv, path);
 }
 
 int main(void)
@@ -2312,6 +2410,7 @@ int main(void)
         cmocka_unit_test_teardown(test_stuck_client_cut_off, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_server_killed_mid_load, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_any_geometry, kvt_test_servers_kill),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
