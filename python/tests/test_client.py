@@ -33,16 +33,18 @@ def kvtier_bin():
     return os.path.join(os.path.dirname(os.path.abspath(kvtier.LIB_PATH)), "kvtier")
 
 
-def start_server(sock, *extra, page=16, tp=1):
-    """`kvtier serve` on sock (the tiny geometry at tensor-parallel size tp,
-    page tokens per page); returns the process once it listens."""
+def start_server(sock, *extra, page=16, tp=1, model="tiny"):
+    """`kvtier serve` on sock (model's geometry at tensor-parallel size tp,
+    page tokens per page; model None: no --model, so the server takes each
+    client's own geometry, as the engines' deployments run it); returns the
+    process once it listens."""
     exe = kvtier_bin()
     if not os.path.exists(exe):
         raise unittest.SkipTest("no kvtier CLI at %s (set KVTIER_BIN)" % exe)
     log = open(sock + ".log", "w")
-    p = subprocess.Popen([exe, "serve", "--socket", sock, "--model", "tiny", "--page", str(page),
-                          "--tp", str(tp),
-                          "--set", "cpu_capacity=16MiB", "--set", "huge_pages=false"] +
+    geo = ["--model", model, "--page", str(page), "--tp", str(tp)] if model else []
+    p = subprocess.Popen([exe, "serve", "--socket", sock] + geo +
+                         ["--set", "cpu_capacity=16MiB", "--set", "huge_pages=false"] +
                          list(extra), stdout=log, stderr=subprocess.STDOUT)
     log.close()
     for _ in range(200):

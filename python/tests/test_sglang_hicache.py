@@ -604,7 +604,7 @@ class NodeServerMode(unittest.TestCase):
         from test_client import start_server
         self.tmp = tempfile.mkdtemp(prefix="kvtsgs")
         self.sock = os.path.join(self.tmp, "node.sock")
-        self.srv = start_server(self.sock, "--set", "block_tokens=4", page=4, tp=2)
+        self.srv = start_server(self.sock, "--set", "block_tokens=4", model=None)
 
     def tearDown(self):
         from test_client import stop_server
@@ -707,7 +707,7 @@ class NodeServerMode(unittest.TestCase):
         os.makedirs(ssd)
         extra = ("--set", "block_tokens=4", "--set", "ssd_dirs=" + ssd,
                  "--set", "ssd_capacity=8MiB")
-        self.srv = start_server(self.sock, *extra, page=4, tp=2)
+        self.srv = start_server(self.sock, *extra, model=None)
         pool = fakes.FakeHostPool("page_first", seed=8, pages=24, layers=4, heads=1, head_dim=64)
         cfg = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
                                    extra={"socket": self.sock, "timeout": 5})
@@ -737,7 +737,7 @@ class NodeServerMode(unittest.TestCase):
             now = pool.page_bytes(p)
             self.assertTrue(all(np.array_equal(now[k], want[k]) for k in want),
                             "page %d changed while the server was down" % p)
-        self.srv = start_server(self.sock, *extra, page=4, tp=2)
+        self.srv = start_server(self.sock, *extra, model=None)
         deadline = time.monotonic() + 30
         while b.batch_exists(keys) != 6:  # the client reattaches with a bounded backoff
             self.assertLess(time.monotonic(), deadline, "no reattach within 30 s")
@@ -750,7 +750,7 @@ class NodeServerMode(unittest.TestCase):
     def test_page_size_must_match_server_blocks(self):
         from test_client import start_server, stop_server
         sock = os.path.join(self.tmp, "b16.sock")
-        srv = start_server(sock, page=4, tp=2)  # block_tokens 16 (the default)
+        srv = start_server(sock, model=None)  # block_tokens 16 (the default)
         try:
             pool = fakes.FakeHostPool("layer_first", layers=4, heads=1, head_dim=64)
             cfg = fakes.storage_config(tp_rank=0, tp_size=2, extra={"socket": sock})

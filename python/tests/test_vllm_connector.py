@@ -684,7 +684,7 @@ class ServerCase(unittest.TestCase):
         from test_client import start_server
         self.tmp = tempfile.mkdtemp(prefix="kvtvs")
         self.sock = os.path.join(self.tmp, "node.sock")
-        self.srv = start_server(self.sock, "--set", "block_tokens=%d" % BS, page=BS, tp=self.TP)
+        self.srv = start_server(self.sock, "--set", "block_tokens=%d" % BS, model=None)
 
     def tearDown(self):
         import shutil

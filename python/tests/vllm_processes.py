@@ -10,6 +10,7 @@ reported it). Every loaded block is byte-checked against what its hash says
 it holds; also concurrent requests, a server restart in the middle and a
 corrupt block in the middle. Not named test_*: ctest runs it as its own
 entry (python_vllm_processes), outside python_tests' time budget."""
+import glob
 import os
 import pickle
 import select
@@ -38,19 +39,20 @@ def setUpModule():
 
 
 def start_server(sock, model, ssd=None, tp=2, layers=None):
-    """`kvtier serve` on sock: `model`'s geometry at TP tp (`layers` of its
-    layers: a PP stage's), 4-token blocks (vLLM's block size here),
-    optionally an SSD tier; returns the process once it listens."""
+    """`kvtier serve` on sock with no --model, as a node runs one server for
+    every engine: each rank attaches with its own geometry (model, TP tp,
+    `layers` of its layers: a PP stage's), 4-token blocks (vLLM's block size
+    here), optionally an SSD tier; returns the process once it listens.
+    model, tp and layers only say what attaches (the server is not told)."""
     exe = kvtier_bin()
     if not os.path.exists(exe):
         raise unittest.SkipTest("no kvtier CLI at %s (set KVTIER_BIN)" % exe)
     if os.path.exists(sock):  # left by a killed server: wait for the new one's
         os.unlink(sock)
-    args = [exe, "serve", "--socket", sock, "--model", model, "--page", str(BS), "--tp", str(tp),
+    del model, tp, layers
+    args = [exe, "serve", "--socket", sock,
             "--set", "block_tokens=%d" % BS, "--set", "cpu_capacity=16MiB",
             "--set", "huge_pages=false"]
-    if layers:
-        args += ["--layers", str(layers)]
     if ssd:
         args += ["--set", "ssd_dirs=" + ssd, "--set", "ssd_capacity=64MiB"]
     log = open(sock + ".log", "a")
@@ -377,7 +379,11 @@ class TensorParallel2(Deployment):
         hashes = fakes.Request("x", a, BS).block_hashes
         needle = fakes.block_content(hashes[3], 0, 0, 2 * BS * self.HEADS * self.DIM * 2)
         needle = needle[:BS * self.HEADS * self.DIM * 2].tobytes()
-        path = os.path.join(self.ssd, "kvtier.data")
+        # A server of any geometry keeps each geometry's SSD data in a
+        # subdirectory named by it: both TP ranks' slices are one geometry.
+        paths = glob.glob(os.path.join(self.ssd, "g*", "kvtier.data"))
+        self.assertEqual(len(paths), 1, paths)
+        path = paths[0]
         with open(path, "r+b") as f:
             data = f.read()
             at = data.find(needle)
