@@ -585,9 +585,16 @@ const char *kvt_cache_last_error(const kvt_cache *cache);
 typedef struct kvt_server kvt_server;
 typedef struct kvt_client kvt_client;
 
-/* Creates the server: the shared CPU tier (memfd), the SSD tier when
- * ssd_dirs is set (recovering what a previous server left), and the
- * listening socket at the server_socket option, created with mode 0600 (only
+/* Creates the server: the listening socket at the server_socket option
+ * and, for geo (a declared geometry), its shared CPU tier (memfd) and SSD
+ * tier when ssd_dirs is set (recovering what a previous server left). geo
+ * NULL: the server serves any geometry, taking each client's at attach;
+ * each geometry (with its block size) gets a tier of its own, made at its
+ * first attach, with a 1/server_max_geometries share of cpu_capacity and
+ * ssd_capacity and its SSD data in a subdirectory of each ssd_dirs entry
+ * named by the geometry's fingerprint; blocks of two geometries never
+ * meet. server_max_geometries (default 4 with geo NULL, 1 with a geo)
+ * bounds how many. The socket is created with mode 0600 (only
  * this user's processes may attach; peers of another uid are refused, by
  * SO_PEERCRED), or 0660 owned by server_socket_group (its members attach
  * too). With server_secret_file every client proves the secret at attach;
@@ -619,10 +626,18 @@ void kvt_server_destroy(kvt_server *srv);
 
 /* Attaches to the server at socket_path: retries connecting until
  * timeout_ms (> 0) passes (so a client may start before its server), sends
- * geo, maps the shared CPU tier. timeout_ms is also the deadline of every
- * later call on this client. geo must equal the server's geometry; geo
- * NULL takes the server's (a client that only watches, e.g. kvtier stats,
- * needs to know nothing but the socket).
+ * geo, maps the shared CPU tier of that geometry. timeout_ms is also the
+ * deadline of every later call on this client. A server of one declared
+ * geometry takes only that one; a server of any geometry takes any, making
+ * its tier at the first attach (KVT_EFULL when it holds
+ * server_max_geometries others; KVT_EINVAL, naming both sizes, when a block
+ * is larger than the tier's share; what making a tier can fail with:
+ * KVT_EIO, KVT_ENOSPC, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED). The
+ * block size is the server's block_tokens rounded up to whole pages, or
+ * KVTIER_BLOCK_TOKENS when set in this process's environment. geo NULL
+ * takes the server's declared geometry, or the first one attached (a
+ * client that only watches, e.g. kvtier stats, needs to know nothing but
+ * the socket; KVT_EGEOMETRY before any).
  * KVT_ECONN: no server answered at socket_path in time (the message names
  * it). KVT_EGEOMETRY: geo differs (the message names the field and both
  * values). KVT_EAUTH: the socket's mode refused this process, or the
