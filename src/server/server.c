@@ -469,15 +469,32 @@ void kvt__srv_fences_reap(kvt_server *s, bool all)
     pthread_mutex_unlock(&s->mu);
 }
 
-static void accept_one(kvt_server *s)
+/* Out of descriptors (EMFILE, ENFILE) or kernel memory, a pending client
+ * stays in the backlog and the socket stays readable: the accept loop
+ * waits this long before trying again instead of spinning at full CPU. */
+#define ACCEPT_BACKOFF_MS 100
+
+/* Accepts one client; false when accepting failed for want of resources
+ * (the caller backs off). */
+static bool accept_one(kvt_server *s)
 {
     int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;
+    if (fd < 0) {
+        bool starved = errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                       errno == ENOMEM;
+        if (starved && !s->accept_starved)
+            kvt__srv_log(KVT_LOG_WARN, "cannot accept clients: %s (%u attached); retrying "
+                         "every %d ms (raise the open-files limit, ulimit -n)", strerror(errno),
+                         s->nconns, ACCEPT_BACKOFF_MS);
+        s->accept_starved = starved;
+        return !starved;
+    }
+    s->accept_starved = false;
     kvt_srv_peer cr;
     if (kvt__srv_peer(fd, &cr)) {
         kvt__srv_log(KVT_LOG_WARN, "refused a client: %s", kvt_last_error());
         close(fd);
-        return;
+        return true;
     }
     /* The socket's mode already keeps others out; this holds even if the
      * file's mode or owner was changed behind the server's back. */
@@ -488,7 +505,7 @@ static void accept_one(kvt_server *s)
                      s->grouped ? ", nor in server_socket_group " : "",
                      s->grouped ? s->cfg.server_socket_group : "");
         close(fd);
-        return;
+        return true;
     }
     pthread_mutex_lock(&s->mu);
     bool full = s->nconns >= s->cfg.server_max_clients;
@@ -497,12 +514,12 @@ static void accept_one(kvt_server *s)
         kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: server_max_clients (%u) attached",
                      (long)cr.pid, s->cfg.server_max_clients);
         close(fd);
-        return;
+        return true;
     }
     kvt_srv_conn *c = calloc(1, sizeof *c);
     if (!c) {
         close(fd);
-        return;
+        return true;
     }
     c->srv = s;
     c->fd = fd;
@@ -515,13 +532,14 @@ static void accept_one(kvt_server *s)
         kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: no thread", (long)cr.pid);
         close(fd);
         free(c);
-        return;
+        return true;
     }
     pthread_mutex_lock(&s->mu);
     c->next = s->conns;
     s->conns = c;
     s->nconns++;
     pthread_mutex_unlock(&s->mu);
+    return true;
 }
 
 kvt_status kvt_server_run(kvt_server *s)
@@ -552,7 +570,10 @@ kvt_status kvt_server_run(kvt_server *s)
         int rc = poll(p, 2, 200);
         if (rc < 0 && errno != EINTR) break;
         if (p[1].revents) break;
-        if (rc > 0 && (p[0].revents & POLLIN)) accept_one(s);
+        if (rc > 0 && (p[0].revents & POLLIN) && !accept_one(s)) {
+            struct pollfd stop = {s->stop_pipe[0], POLLIN, 0};
+            if (poll(&stop, 1, ACCEPT_BACKOFF_MS) > 0) break;
+        }
         reap_conns(s, false);
         kvt__srv_fences_reap(s, false);
     }

@@ -97,6 +97,7 @@ struct kvt_server {
     uint32_t nconns;
     kvt_srv_fence *fences;
     uint32_t verify_threads; /* threads checking one large store (conn.c) */
+    bool accept_starved; /* the last accept failed for want of descriptors (accept thread) */
 };
 
 /* A server log line ("server: ...") through the library's logger

@@ -2,7 +2,9 @@
  * process, engine processes attached as clients, SIGKILLs. Every loaded
  * byte is verified against the emulated engine. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,11 +119,35 @@ typedef struct srv_args {
     const char *path, *ssd_dir;
 } srv_args;
 
+/* When set, the next server process may open only this many descriptors
+ * more than it holds once it listens (RLIMIT_NOFILE). */
+static unsigned g_fd_slack;
+
+static unsigned open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    unsigned n = 0;
+    for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+    if (d) closedir(d);
+    return n;
+}
+
 static kvt_status make_in_child(kvt_server **out, void *arg)
 {
     const srv_args *a = arg;
-    if (g_log_path[0]) kvt_set_log_handler(log_to_file, NULL);
-    return make_server(out, a->path, a->ssd_dir);
+    if (g_log_path[0] && g_fd_slack) { /* the default logger's stderr: no open per line */
+        int fd = open(g_log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+        if (fd < 0 || dup2(fd, STDERR_FILENO) < 0) return kvt__fail(KVT_ESYS, "log file");
+        close(fd);
+    } else if (g_log_path[0]) {
+        kvt_set_log_handler(log_to_file, NULL);
+    }
+    kvt_status st = make_server(out, a->path, a->ssd_dir);
+    if (!st && g_fd_slack) {
+        struct rlimit rl = {open_fds() + g_fd_slack, open_fds() + g_fd_slack};
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) st = kvt__fail(KVT_ESYS, "setrlimit");
+    }
+    return st;
 }
 
 static pid_t start_server(const char *path, const char *ssd_dir)
@@ -2378,6 +2404,70 @@ static void test_any_geometry(void **state)
     stop_server(srv, path);
 }
 
+/* CPU ticks (user + system) process pid has used. */
+static unsigned long long cpu_ticks(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')'); /* the comm field may hold spaces */
+    assert_non_null(p);
+    unsigned long long ut = 0, st = 0;
+    assert_int_equal(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+                            &st), 2);
+    return ut + st;
+}
+
+/* A server out of descriptors (clients waiting in the backlog it cannot
+ * accept) backs off instead of spinning in its accept loop at full CPU,
+ * logs why once, and still stops on SIGTERM. */
+static void test_out_of_descriptors_no_spin(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "fd.sock");
+    snprintf(g_log_path, sizeof g_log_path, "%s/server.log", g_dir);
+    g_fd_slack = 2;
+    pid_t srv = start_server(path, NULL);
+    g_fd_slack = 0;
+    g_log_path[0] = '\0';
+    int fds[8];
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    assert_true(strlen(path) < sizeof a.sun_path);
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    for (int i = 0; i < 8; i++) { /* 2 accepted, the rest wait in the backlog */
+        fds[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fds[i] >= 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0);
+    }
+    struct timespec settle = {0, 200 * 1000000L}, second = {1, 0};
+    nanosleep(&settle, NULL);
+    unsigned long long t0 = cpu_ticks(srv);
+    nanosleep(&second, NULL);
+    unsigned long long used = cpu_ticks(srv) - t0;
+    long hz = sysconf(_SC_CLK_TCK);
+    if (used * 5 > (unsigned long long)hz) /* a spinning loop uses about a core */
+        fail_msg("the server used %llu of %ld CPU ticks in 1 s with clients it cannot accept",
+                 used, hz);
+    char log[8192] = {0};
+    char lp[320];
+    snprintf(lp, sizeof lp, "%s/server.log", g_dir);
+    FILE *f = fopen(lp, "r");
+    assert_non_null(f);
+    size_t n = fread(log, 1, sizeof log - 1, f);
+    fclose(f);
+    log[n] = '\0';
+    assert_non_null(strstr(log, "cannot accept clients: Too many open files"));
+    assert_null(strstr(strstr(log, "cannot accept clients") + 1, "cannot accept clients"));
+    for (int i = 0; i < 8; i++) close(fds[i]);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -2411,6 +2501,7 @@ int main(void)
         cmocka_unit_test_teardown(test_server_killed_mid_load, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_any_geometry, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
