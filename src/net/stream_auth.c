@@ -173,17 +173,25 @@ static kvt_status refuse(const kvt_stream_auth *a, int fd, uint32_t code, uint64
     return kvt__fail(KVT_EAUTH, "%s", kvt__auth_refusal(code));
 }
 
+/* A HELLO that did not come: say whether the peer stayed silent or left. */
+static kvt_status no_hello(kvt_status io_status)
+{
+    return kvt__fail(KVT_EAUTH, io_status == KVT_ETIMEDOUT ? "no hello before the deadline"
+                                                           : "the peer hung up before its hello");
+}
+
 kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *a, uint64_t dl)
 {
     const kvt_auth_realm *r = realm(a);
     uint8_t hello[HELLO_LEN] = {0}, chal[CHAL_LEN], resp[MACLEN], ack[ACK_LEN];
     /* magic and version first: a peer of another version may send a HELLO
      * of another length, and is refused at once rather than at the deadline */
-    if (io(fd, hello, 8, dl, 0) != KVT_OK) return kvt__fail(KVT_EAUTH, "no hello before the deadline");
+    kvt_status st = io(fd, hello, 8, dl, 0);
+    if (st) return no_hello(st);
     uint32_t code = kvt__get32(hello) == r->magic && hello[4] == r->version ? KVT_AUTH_OK
                                                                             : kvt__auth_hello(a, hello, chal);
-    if (code == KVT_AUTH_OK && io(fd, hello + 8, sizeof hello - 8, dl, 0) != KVT_OK)
-        return kvt__fail(KVT_EAUTH, "no hello before the deadline");
+    if (code == KVT_AUTH_OK && (st = io(fd, hello + 8, sizeof hello - 8, dl, 0)))
+        return no_hello(st);
     if (code == KVT_AUTH_OK) code = kvt__auth_hello(a, hello, chal);
     if (code != KVT_AUTH_OK) {
         (void)io(fd, chal, sizeof chal, dl, 1);
@@ -194,7 +202,7 @@ kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *a, uint64_t dl
     }
     if (io(fd, chal, sizeof chal, dl, 1) != KVT_OK)
         return kvt__fail(KVT_EAUTH, "the peer did not take the challenge");
-    kvt_status st = io(fd, resp, sizeof resp, dl, 0);
+    st = io(fd, resp, sizeof resp, dl, 0);
     if (st == KVT_ETIMEDOUT) return kvt__fail(KVT_EAUTH, "no proof of the shared secret before the deadline");
     if (st) /* a client of this version answers even when our proof failed it */
         return kvt__fail(KVT_EAUTH, "the peer hung up instead of proving the shared secret");

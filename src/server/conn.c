@@ -153,6 +153,12 @@ static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
         reply_err(c, KVT_SRV_HELLO, st);
         return st;
     }
+    if ((st = kvt__srv_conn_attach(s, c))) {
+        kvt__wrap_error(st, "attach refused");
+        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: %s", (long)c->pid, kvt_last_error());
+        reply_err(c, KVT_SRV_HELLO, st);
+        return st;
+    }
     kvt_srv_hello_rep r = {
         .map_bytes = sh->shm.map_bytes, .stride = sh->shm.stride,
         .block_bytes = sh->shm.block_bytes, .block_tokens = sh->shm.block_tokens,
@@ -697,11 +703,17 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     /* The client's next call usually follows at once: poll a moment
      * (server_spin_us) before sleeping, so it does not wait for a wake-up. */
     if (c->srv->cfg.server_spin_us) kvt__fd_spin(c->fd, c->srv->cfg.server_spin_us);
+    uint64_t attach_by = c->accepted_ns + (uint64_t)KVT_SRV_ATTACH_MS * 1000000ull;
     for (;;) {
         if (check_copy_deadline(c)) return KVT_ETIMEDOUT;
-        kvt_status st = kvt__fd_wait(c->fd, POLLIN, kvt__deadline_ns(tick));
+        uint64_t until = kvt__deadline_ns(tick);
+        if (!*hello_done && attach_by < until) until = attach_by;
+        kvt_status st = kvt__fd_wait(c->fd, POLLIN, until);
         if (st == KVT_OK) break;
         if (st != KVT_ETIMEDOUT) return st;
+        if (!*hello_done && kvt__now_ns() >= attach_by)
+            return kvt__fail(KVT_ETIMEDOUT, "client pid %ld connected but did not attach "
+                             "within %d ms", (long)c->pid, KVT_SRV_ATTACH_MS);
         sweep_expired(c); /* idle for a tick */
         settle(c);
     }
@@ -748,7 +760,7 @@ static kvt_status authenticate(kvt_srv_conn *c)
     kvt_stream_auth a = {.secret = c->srv->secret, .secret_len = c->srv->secret_len,
                          .who = "kvtier server", .realm = &kvt__auth_server};
     kvt_status st = kvt__stream_auth_server(c->fd, &a, kvt__deadline_ns(FRAME_MS));
-    if (st)
+    if (st && !atomic_load(&c->pushed_out))
         kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld (uid %ld): %s", (long)c->pid,
                      (long)c->uid, *kvt_last_error() ? kvt_last_error() :
                      "it hung up during the handshake (it refused this server's proof)");
@@ -761,8 +773,10 @@ void *kvt__srv_conn_main(void *arg)
     bool hello_done = false;
     kvt_status st = authenticate(c);
     while (!st && !(st = serve_one(c, &hello_done))) {}
-    if (st == KVT_EPROTO || st == KVT_EVERSION)
+    if ((st == KVT_EPROTO || st == KVT_EVERSION) && !atomic_load(&c->pushed_out))
         kvt__srv_log(KVT_LOG_WARN, "client pid %ld dropped: %s", (long)c->pid, kvt_last_error());
+    else if (st == KVT_ETIMEDOUT && !hello_done)
+        kvt__srv_log(KVT_LOG_INFO, "%s", kvt_last_error());
     /* Shut before any pin goes: a client that still sees the connection
      * open after its copy ended knows its pins outlived the copy
      * (client.c, end_early). */

@@ -469,6 +469,54 @@ void kvt__srv_fences_reap(kvt_server *s, bool all)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Clients attached (HELLO answered, not gone); s->mu held. */
+static uint32_t attached_locked(const kvt_server *s)
+{
+    uint32_t n = 0;
+    for (const kvt_srv_conn *c = s->conns; c; c = c->next)
+        n += c->attached && !atomic_load(&c->finished);
+    return n;
+}
+
+/* Before a new connection: with KVT_SRV_MAX_PENDING connections still not
+ * attached, the oldest is shut (its thread sees the close and ends), so
+ * connections that never attach cannot keep an engine out. s->mu held. */
+static void make_room_locked(kvt_server *s)
+{
+    uint32_t pending = 0;
+    kvt_srv_conn *oldest = NULL;
+    for (kvt_srv_conn *c = s->conns; c; c = c->next) {
+        if (c->attached || atomic_load(&c->finished) || atomic_load(&c->pushed_out)) continue;
+        pending++;
+        if (!oldest || c->accepted_ns < oldest->accepted_ns) oldest = c;
+    }
+    if (pending < KVT_SRV_MAX_PENDING || !oldest) return;
+    atomic_store(&oldest->pushed_out, true);
+    shutdown(oldest->fd, SHUT_RDWR);
+    uint64_t now = kvt__now_ns();
+    s->pending_dropped++;
+    if (now - s->pending_log_ns > 1000000000ull) { /* at most a line a second */
+        kvt__srv_log(KVT_LOG_WARN, "%u connections had not attached, so the oldest (pid %ld, "
+                     "%llu ms old) was dropped for a new one (%llu dropped so far)",
+                     pending, (long)oldest->pid,
+                     (unsigned long long)((now - oldest->accepted_ns) / 1000000u),
+                     (unsigned long long)s->pending_dropped);
+        s->pending_log_ns = now;
+    }
+}
+
+kvt_status kvt__srv_conn_attach(kvt_server *s, kvt_srv_conn *c)
+{
+    pthread_mutex_lock(&s->mu);
+    uint32_t n = attached_locked(s);
+    bool full = n >= s->cfg.server_max_clients;
+    if (!full) c->attached = true;
+    pthread_mutex_unlock(&s->mu);
+    if (!full) return KVT_OK;
+    return kvt__fail(KVT_EFULL, "the server has server_max_clients (%u) clients attached",
+                     s->cfg.server_max_clients);
+}
+
 /* Out of descriptors (EMFILE, ENFILE) or kernel memory, a pending client
  * stays in the backlog and the socket stays readable: the accept loop
  * waits this long before trying again instead of spinning at full CPU. */
@@ -507,15 +555,12 @@ static bool accept_one(kvt_server *s)
         close(fd);
         return true;
     }
+    /* A full server still takes the connection (within the pending
+     * budget): its HELLO is answered KVT_EFULL naming server_max_clients,
+     * which a client can tell from a refusal by uid. */
     pthread_mutex_lock(&s->mu);
-    bool full = s->nconns >= s->cfg.server_max_clients;
+    make_room_locked(s);
     pthread_mutex_unlock(&s->mu);
-    if (full) {
-        kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: server_max_clients (%u) attached",
-                     (long)cr.pid, s->cfg.server_max_clients);
-        close(fd);
-        return true;
-    }
     kvt_srv_conn *c = calloc(1, sizeof *c);
     if (!c) {
         close(fd);
@@ -526,7 +571,9 @@ static bool accept_one(kvt_server *s)
     c->pid = cr.pid;
     c->uid = cr.uid;
     c->peer = cr;
+    c->accepted_ns = kvt__now_ns();
     atomic_init(&c->finished, false);
+    atomic_init(&c->pushed_out, false);
     atomic_init(&c->pins, 0);
     if (pthread_create(&c->thread, NULL, kvt__srv_conn_main, c) != 0) {
         kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: no thread", (long)cr.pid);

@@ -16,6 +16,13 @@
 #define KVT_SRV_MAX_SSD_LOCKS 16
 #define KVT_SRV_MAX_GEOMETRIES 64 /* server_max_geometries' bound */
 #define KVT_SRV_VERIFY_THREADS 4 /* at most, checking one store's blocks */
+/* Connections accepted but not attached yet (handshake and HELLO to come)
+ * have a budget of their own, apart from server_max_clients: a new one
+ * past it pushes out the oldest, and each must attach within
+ * KVT_SRV_ATTACH_MS. So silent connections cost their own slots, never an
+ * engine's attach (a local handshake takes microseconds). */
+#define KVT_SRV_MAX_PENDING 16
+#define KVT_SRV_ATTACH_MS 10000
 
 typedef struct kvt_srv_task {
     kvt_task_id id;
@@ -68,6 +75,9 @@ struct kvt_srv_conn {
     kvt_srv_peer peer; /* SO_PEERCRED and SO_PEERGROUPS at accept */
     pthread_t thread;
     atomic_bool finished;
+    bool attached;         /* HELLO answered; guarded by the server's mu */
+    atomic_bool pushed_out; /* shut by make_room_locked (logged there, not again) */
+    uint64_t accepted_ns;  /* it must attach by this + KVT_SRV_ATTACH_MS */
     kvt_srv_task *tasks; /* this client's planned and launched tasks */
     uint32_t ntasks, cap;
     atomic_uint_fast64_t pins; /* sum of tasks[].pins (and check's), read by a metrics scrape */
@@ -98,6 +108,7 @@ struct kvt_server {
     kvt_srv_fence *fences;
     uint32_t verify_threads; /* threads checking one large store (conn.c) */
     bool accept_starved; /* the last accept failed for want of descriptors (accept thread) */
+    uint64_t pending_dropped, pending_log_ns; /* make_room_locked's, under mu */
 };
 
 /* A server log line ("server: ...") through the library's logger
@@ -132,6 +143,9 @@ kvt_status kvt__srv_shard_get(kvt_server *s, const kvt_geometry *geo, uint32_t b
 /* The first shard (the declared geometry's, else the first attached), or
  * NULL while there is none. */
 kvt_srv_shard *kvt__srv_shard_first(kvt_server *s);
+/* At HELLO: counts c as attached unless server_max_clients are
+ * (KVT_EFULL naming it). server.c. */
+kvt_status kvt__srv_conn_attach(kvt_server *s, kvt_srv_conn *c);
 /* The thread serving one attached client (conn.c). */
 void *kvt__srv_conn_main(void *arg);
 

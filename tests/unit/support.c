@@ -329,6 +329,11 @@ pid_t kvt_test_server_fork(kvt_test_make_server make, void *arg)
     return pid;
 }
 
+void kvt_test_child_track(pid_t pid)
+{
+    if (g_nservers < KVT_TEST_MAX_SERVERS) g_servers[g_nservers++] = pid;
+}
+
 void kvt_test_server_forget(pid_t pid)
 {
     for (int i = 0; i < g_nservers; i++)

@@ -204,6 +204,9 @@ void kvt_test_server_stop(pid_t pid, int64_t ms);
 /* For a test that ends a server itself (SIGKILL, a crash): not killed by
  * kvt_test_servers_kill any more. */
 void kvt_test_server_forget(pid_t pid);
+/* Any other child that must not outlive a failed test (a hostile peer
+ * paused until killed): kvt_test_servers_kill kills and reaps it too. */
+void kvt_test_child_track(pid_t pid);
 int kvt_test_servers_kill(void **state);
 
 #endif

@@ -2468,6 +2468,90 @@ static void test_out_of_descriptors_no_spin(void **state)
     stop_server(srv, path);
 }
 
+/* A local process that opens connections and says nothing. */
+static kvt_status child_silent_conns(const char *path, void *arg)
+{
+    int ready = *(int *)arg;
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    for (int i = 0; i < 64; i++) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+            return kvt__fail(KVT_ESYS, "silent connection %d: %s", i, strerror(errno));
+    }
+    if (write(ready, "r", 1) != 1) return KVT_ESYS;
+    pause(); /* holds them until SIGKILLed */
+    return KVT_OK;
+}
+
+/* 64 connections that never attach (server_max_clients is 64) cost their
+ * own small budget, not the engines' slots: an engine attaches, stores
+ * and loads byte for byte while they stay open. */
+static void test_silent_connections_do_not_lock_out(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "silent.sock");
+    pid_t srv = start_server(path, NULL);
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t silent = spawn(child_silent_conns, path, &ready[1]);
+    kvt_test_child_track(silent);
+    close(ready[1]);
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    uint64_t seed = 77;
+    assert_int_equal(reap(spawn(child_store, path, &seed), 20000), 0);
+    assert_int_equal(reap(spawn(child_load, path, &seed), 20000), 0);
+    kvt_test_server_forget(silent);
+    kill(silent, SIGKILL);
+    assert_int_equal(reap(silent, 5000), -SIGKILL);
+    stop_server(srv, path);
+}
+
+/* A client past server_max_clients hears why: KVT_EFULL naming the
+ * option, not the ECONN a refused stranger gets. */
+static kvt_status child_full_refused(const char *path, void *arg)
+{
+    (void)arg;
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    kvt_status out = KVT_OK;
+    if (st != KVT_EFULL || !strstr(kvt_last_error(), "server_max_clients (1)"))
+        out = kvt__fail(KVT_EINVAL, "second client: %s (%s), want KVT_EFULL naming "
+                        "server_max_clients (1)", kvt_status_name(st), kvt_last_error());
+    engine_close(&e);
+    return out;
+}
+
+static void test_full_server_says_so(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "full.sock");
+    static const char *const opts[] = {"server_max_clients", "1", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    raw_arg a = {ready[1], false, false};
+    pid_t holder = spawn(child_raw_store, path, &a); /* attached, then stuck */
+    kvt_test_child_track(holder);
+    close(ready[1]);
+    char c;
+    assert_int_equal(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    assert_int_equal(reap(spawn(child_full_refused, path, NULL), 20000), 0);
+    kvt_test_server_forget(holder);
+    kill(holder, SIGKILL);
+    assert_int_equal(reap(holder, 5000), -SIGKILL);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -2502,6 +2586,8 @@ int main(void)
         cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_any_geometry, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_full_server_says_so, kvt_test_servers_kill),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
