@@ -613,7 +613,7 @@ kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_
  * waits up to server_stop_ms for SSD writes to become durable, and returns
  * KVT_OK (or KVT_ETIMEDOUT when writes were still pending at that bound).
  * KVT_ESTATE: already running or already stopped. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT, KVT_ESTATE. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT, KVT_ESTATE, KVT_ESYS. */
 kvt_status kvt_server_run(kvt_server *srv);
 /* Asks run to return. Async-signal-safe (it writes one byte to a pipe), so
  * a SIGTERM/SIGINT handler may call it; also safe from any thread, and

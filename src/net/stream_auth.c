@@ -31,9 +31,11 @@
  * ACK: magic | status. All little-endian. The hub's layout since version 1;
  * the PD realm took it at its version 2 (its version 1 had no rank), where
  * also every frame after the handshake is authenticated with the session
- * key when there is a secret (pd/mac.h). Bytes 0-7 keep their place in
+ * key when there is a secret (pd/mac.h); version 3: the bootstrap's
+ * registrations carry the entry's token (pd/bootstrap.h), so a sender of
+ * version 2 is refused at the handshake. Bytes 0-7 keep their place in
  * every version, so a peer of another version is refused naming both. */
-const kvt_auth_realm kvt__auth_pd = {0x4155504bu /* "KPUA" */, 2, "kvt-pd-server", "kvt-pd-client",
+const kvt_auth_realm kvt__auth_pd = {0x4155504bu /* "KPUA" */, 3, "kvt-pd-server", "kvt-pd-client",
                                      "server", "PD endpoint", false};
 const kvt_auth_realm kvt__auth_group = {0x4154564bu /* "KVTA" */, 1, "kvtier-hub", "kvtier-rank",
                                         "hub", "rank-group hub", true};

@@ -45,6 +45,8 @@ typedef struct bs_prefill {
     uint8_t addr[ADDR_LEN];
     uint64_t expires_ns; /* its lease ends (monotonic) */
     char src[48];        /* the address its registration came from */
+    uint8_t token[PD_BS_TOKEN_LEN]; /* random, given to the registrant in REG's OK: it alone
+                                     * renews (without a secret) and unregisters the entry */
 } bs_prefill;
 
 /* One request in service. fd is shut down (never closed) by others only
@@ -185,23 +187,28 @@ static kvt_status bs_connect(const char *host, uint16_t port, kvt_stream_auth *a
     return st;
 }
 
-/* REG_PREFILL or UNREG_PREFILL of desc at data_host:data_port; *a0 gets the
- * OK's a0. */
+/* REG_PREFILL or UNREG_PREFILL of desc at data_host:data_port with the
+ * entry's token (in: the one this rank holds, zeros for none; a REG's OK
+ * gives the entry's, written back); *a0 gets the OK's a0. */
 static kvt_status prefill_request(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
                                   const char *bs_host, uint16_t bs_port, const pd_desc *desc,
                                   const char *data_host, uint16_t data_port, uint64_t dl,
-                                  uint16_t type, const char *what, uint32_t *a0)
+                                  uint16_t type, const char *what, uint8_t *token, uint32_t *a0)
 {
-    KVT_CHECK_ARG(net && desc && data_host, "%s: net, desc or data_host is NULL", what);
+    KVT_CHECK_ARG(net && desc && data_host && token, "%s: net, desc, data_host or token is NULL",
+                  what);
     size_t hl = strlen(data_host);
     KVT_CHECK_ARG(hl < 64, "%s: data_host is %zu characters (at most 63)", what, hl);
     kvt_stream_auth a = auth ? *auth : (kvt_stream_auth){0};
     a.who = "pd sender -> bootstrap";
+    kvt_pd_net_params np = *net; /* the OK's token needs room in a frame */
+    if (!np.max_frame) np.max_frame = 64u << 20;
+    net = &np;
     kvt_stream *bs;
     pd_mac *m;
     kvt_status st = bs_connect(bs_host, bs_port, &a, dl, &bs, &m);
     if (st) return st;
-    size_t dlen = pd_desc_wire_size(desc), blen = dlen + ADDR_LEN;
+    size_t dlen = pd_desc_wire_size(desc), blen = dlen + ADDR_LEN + PD_BS_TOKEN_LEN;
     uint8_t *body = calloc(1, blen);
     if (!body) {
         kvt__stream_destroy(bs);
@@ -211,8 +218,11 @@ static kvt_status prefill_request(const kvt_pd_net_params *net, const kvt_stream
     pd_desc_encode(desc, body);
     pd_put16(body + dlen, data_port);
     memcpy(body + dlen + 2, data_host, hl);
+    memcpy(body + dlen + ADDR_LEN, token, PD_BS_TOKEN_LEN);
     pd_hdr h = {.type = type, .body_len = (uint32_t)blen}, r = {0};
-    st = bs_call(bs, m, &h, body, net, dl, what, &r, NULL, NULL);
+    uint8_t *rb = NULL;
+    uint32_t rl = 0;
+    st = bs_call(bs, m, &h, body, net, dl, what, &r, &rb, &rl);
     free(body);
     kvt__stream_destroy(bs);
     pd_mac_free(m);
@@ -221,7 +231,13 @@ static kvt_status prefill_request(const kvt_pd_net_params *net, const kvt_stream
     /* RETRY answers lookups only: this service breaks the protocol */
     if (st == KVT_EAGAIN) return pd_retry_refused(what, peer);
     if (st != KVT_OK) return st;
+    bool tokened = type != PD_F_REG_PREFILL || rl == PD_BS_TOKEN_LEN;
+    if (type == PD_F_REG_PREFILL && tokened) memcpy(token, rb, PD_BS_TOKEN_LEN);
+    free(rb);
     if (r.type != PD_F_OK) return kvt__fail(KVT_EPROTO, "%s: unexpected answer type %u", what, r.type);
+    if (!tokened)
+        return kvt__fail(KVT_EPROTO, "%s: the OK carries %u bytes, not the entry's %u-byte token",
+                         what, rl, PD_BS_TOKEN_LEN);
     if (a0) *a0 = r.a0;
     return KVT_OK;
 }
@@ -229,19 +245,23 @@ static kvt_status prefill_request(const kvt_pd_net_params *net, const kvt_stream
 kvt_status pd_bootstrap_register(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
                                  const char *bs_host, uint16_t bs_port, const pd_desc *desc,
                                  const char *data_host, uint16_t data_port, uint64_t deadline_ns,
-                                 uint32_t *lease_ms_out)
+                                 uint8_t token[PD_BS_TOKEN_LEN], uint32_t *lease_ms_out)
 {
     return prefill_request(net, auth, bs_host, bs_port, desc, data_host, data_port, deadline_ns,
-                           PD_F_REG_PREFILL, "pd sender: bootstrap registration", lease_ms_out);
+                           PD_F_REG_PREFILL, "pd sender: bootstrap registration", token,
+                           lease_ms_out);
 }
 
 kvt_status pd_bootstrap_unregister(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
                                    const char *bs_host, uint16_t bs_port, const pd_desc *desc,
                                    const char *data_host, uint16_t data_port, uint64_t deadline_ns,
-                                   uint32_t *removed_out)
+                                   const uint8_t token[PD_BS_TOKEN_LEN], uint32_t *removed_out)
 {
+    uint8_t t[PD_BS_TOKEN_LEN] = {0};
+    if (token) memcpy(t, token, sizeof t);
     return prefill_request(net, auth, bs_host, bs_port, desc, data_host, data_port, deadline_ns,
-                           PD_F_UNREG_PREFILL, "pd sender: bootstrap unregistration", removed_out);
+                           PD_F_UNREG_PREFILL, "pd sender: bootstrap unregistration", t,
+                           removed_out);
 }
 
 kvt_status pd_bootstrap_lookup(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
@@ -348,8 +368,25 @@ static bool same_config(const pd_desc *a, const pd_desc *b)
 }
 
 /* (bs->mu held) Adds or renews d's entry (takes d's entries on success). */
+/* Whether two descriptors are the same to the byte (their encodings). */
+static bool same_desc(const pd_desc *a, const pd_desc *b)
+{
+    size_t n = pd_desc_wire_size(a);
+    if (n != pd_desc_wire_size(b)) return false;
+    uint8_t *x = malloc(2 * n);
+    if (!x) return false;
+    pd_desc_encode(a, x);
+    pd_desc_encode(b, x + n);
+    bool same = !memcmp(x, x + n, n);
+    free(x);
+    return same;
+}
+
+/* (bs->mu held) token: the one the registrant presented (zeros: none);
+ * on KVT_OK it becomes what the OK gives back: the entry's token when the
+ * registrant made the entry or proved it holds it, zeros otherwise. */
 static kvt_status store_prefill(kvt_pd_bootstrap *bs, pd_desc *d, const uint8_t *addr, const char *src,
-                                uint64_t now)
+                                uint64_t now, uint8_t token[PD_BS_TOKEN_LEN])
 {
     char rn[64], an[80];
     rank_name(rn, sizeof rn, d);
@@ -387,6 +424,16 @@ static kvt_status store_prefill(kvt_pd_bootstrap *bs, pd_desc *d, const uint8_t 
         return kvt__fail(KVT_EFULL, "pd bootstrap: %u prefill ranks (the limit)", i);
     bs_prefill *p = &bs->prefill[i];
     bool renewal = i < bs->nprefill && !memcmp(p->addr, addr, ADDR_LEN);
+    bool proved = i < bs->nprefill && !sodium_memcmp(p->token, token, PD_BS_TOKEN_LEN);
+    if (renewal && !proved && !bs->secret && !same_desc(&p->desc, d)) {
+        /* The address is public (every lookup names it): without the
+         * token, only a renewal that changes nothing is taken. */
+        return kvt__fail(KVT_EBUSY,
+                         "pd bootstrap: prefill rank %s at %s (from %s) would change its live registration without "
+                         "its token (a process other than the one that registered it); refused until the lease "
+                         "lapses in %llu ms, as this service has no secret",
+                         rn, an, src, (unsigned long long)ms_until(p->expires_ns, now));
+    }
     if (i < bs->nprefill && !renewal && !bs->secret) {
         /* Without a secret anyone may register: a live position is not
          * handed to another address (its decode ranks would take that
@@ -409,6 +456,12 @@ static kvt_status store_prefill(kvt_pd_bootstrap *bs, pd_desc *d, const uint8_t 
     } else {
         bs->nprefill++;
     }
+    /* A new entry, or one taken over (with the secret), gets a new token;
+     * an unproved renewal of the same descriptor keeps it and learns nothing. */
+    bool fresh = !proved && (!renewal || bs->secret);
+    if (fresh) randombytes_buf(p->token, PD_BS_TOKEN_LEN);
+    if (fresh || proved) memcpy(token, p->token, PD_BS_TOKEN_LEN);
+    else memset(token, 0, PD_BS_TOKEN_LEN);
     p->desc = *d;
     memcpy(p->addr, addr, ADDR_LEN);
     snprintf(p->src, sizeof p->src, "%s", src);
@@ -422,21 +475,23 @@ static kvt_status decode_prefill(pd_desc *d, const uint8_t *b, uint32_t len, con
     size_t used;
     kvt_status st = pd_desc_decode(d, b, len, &used);
     if (st) return st;
-    if (d->role != PD_ROLE_PREFILL || len - used != ADDR_LEN) {
+    if (d->role != PD_ROLE_PREFILL || len - used != ADDR_LEN + PD_BS_TOKEN_LEN) {
         pd_desc_free(d);
-        return kvt__fail(KVT_EPROTO, "pd bootstrap: malformed prefill %s (role %u, %zu address bytes, want role %u, %u)",
-                         what, d->role, len - used, PD_ROLE_PREFILL, ADDR_LEN);
+        return kvt__fail(KVT_EPROTO, "pd bootstrap: malformed prefill %s (role %u, %zu address and token bytes, want role %u, %u)",
+                         what, d->role, len - used, PD_ROLE_PREFILL, ADDR_LEN + PD_BS_TOKEN_LEN);
     }
     return KVT_OK;
 }
 
-static kvt_status on_register(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t len, const char *src)
+static kvt_status on_register(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t len, const char *src,
+                               uint8_t token[PD_BS_TOKEN_LEN])
 {
     pd_desc d = {0};
     kvt_status st = decode_prefill(&d, b, len, "registration");
     if (st) return st;
+    memcpy(token, b + (len - PD_BS_TOKEN_LEN), PD_BS_TOKEN_LEN);
     pthread_mutex_lock(&bs->mu);
-    st = store_prefill(bs, &d, b + (len - ADDR_LEN), src, kvt__now_ns());
+    st = store_prefill(bs, &d, b + (len - ADDR_LEN - PD_BS_TOKEN_LEN), src, kvt__now_ns(), token);
     pthread_mutex_unlock(&bs->mu);
     pd_desc_free(&d);
     return st;
@@ -448,7 +503,8 @@ static kvt_status on_unregister(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t
     pd_desc d = {0};
     kvt_status st = decode_prefill(&d, b, len, "unregistration");
     if (st) return st;
-    const uint8_t *addr = b + (len - ADDR_LEN);
+    const uint8_t *addr = b + (len - ADDR_LEN - PD_BS_TOKEN_LEN);
+    const uint8_t *token = b + (len - PD_BS_TOKEN_LEN);
     char rn[64], an[80];
     rank_name(rn, sizeof rn, &d);
     addr_name(an, sizeof an, addr);
@@ -458,9 +514,10 @@ static kvt_status on_unregister(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t
     char owner[48] = "";
     for (uint32_t i = 0; i < bs->nprefill; i++)
         if (same_pos(&bs->prefill[i].desc, &d) && !memcmp(bs->prefill[i].addr, addr, ADDR_LEN)) {
-            /* without a secret only the host that registered it may
-             * remove it (the address is public: every lookup names it) */
-            if (!bs->secret && strcmp(bs->prefill[i].src, src) != 0) {
+            /* Only the registrant, which holds the entry's token (the
+             * address is public: every lookup names it; a host is not an
+             * identity), may remove it. */
+            if (sodium_memcmp(bs->prefill[i].token, token, PD_BS_TOKEN_LEN) != 0) {
                 snprintf(owner, sizeof owner, "%s", bs->prefill[i].src);
                 break;
             }
@@ -472,8 +529,8 @@ static kvt_status on_unregister(kvt_pd_bootstrap *bs, const uint8_t *b, uint32_t
     if (owner[0]) {
         pd_desc_free(&d);
         return kvt__fail(KVT_EBUSY,
-                         "pd bootstrap: unregistration of prefill %s at %s from %s refused: it was registered "
-                         "from %s, and without a secret only that host may remove it",
+                         "pd bootstrap: unregistration of prefill %s at %s from %s refused: it lacks the "
+                         "entry's token (only the rank that registered it, from %s, holds it)",
                          rn, an, src, owner);
     }
     if (*removed) pd_log("pd bootstrap: prefill %s at %s unregistered", rn, an);
@@ -640,8 +697,10 @@ static void serve(kvt_pd_bootstrap *bs, uint32_t slot, kvt_stream *s)
         pd_log("pd bootstrap: dropped the connection from %s: no complete request in %llu ms while all %d request slots were busy (the oldest such connection makes room)",
                addr, (unsigned long long)((kvt__now_ns() - t0) / 1000000), BS_MAX_HANDLERS);
     } else if (!st && h.type == PD_F_REG_PREFILL) {
-        st = on_register(bs, b, h.body_len, host);
-        if (!st) reply(&l, PD_F_OK, KVT_OK, bs->lease_ms, NULL, 0, dl);
+        uint8_t token[PD_BS_TOKEN_LEN];
+        st = on_register(bs, b, h.body_len, host, token);
+        if (!st) reply(&l, PD_F_OK, KVT_OK, bs->lease_ms, token, sizeof token, dl);
+        sodium_memzero(token, sizeof token);
     } else if (!st && h.type == PD_F_UNREG_PREFILL) {
         uint32_t removed = 0;
         st = on_unregister(bs, b, h.body_len, host, &removed);
@@ -769,7 +828,7 @@ kvt_status kvt_pd_bootstrap_create(kvt_pd_bootstrap **out, const kvt_pd_net_para
     bs->lease_ms = lease < PD_BS_LEASE_MIN_MS ? PD_BS_LEASE_MIN_MS : lease > INT32_MAX ? INT32_MAX : (uint32_t)lease;
     bs->greet_ms = bs->net.peer_timeout_ms < PD_BS_GREETING_MAX_MS ? bs->net.peer_timeout_ms : PD_BS_GREETING_MAX_MS;
     pd_desc largest = {.num_entries = PD_MAX_ENTRIES};
-    size_t req = pd_desc_wire_size(&largest) + ADDR_LEN;
+    size_t req = pd_desc_wire_size(&largest) + ADDR_LEN + PD_BS_TOKEN_LEN;
     bs->max_req = req < bs->net.max_frame ? (uint32_t)req : bs->net.max_frame;
     if (!st && (st = kvt__stream_listen(bs->host, bs->net.port, &bs->lfd, &bs->port)))
         kvt__wrap_error(st, fn); /* the refusal names the call */

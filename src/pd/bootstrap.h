@@ -24,6 +24,17 @@
  * harmless meanwhile: wire.h is included above, so the macro only follows
  * the enumerator). */
 
+/* A registration's token: random, made by the service for each new entry
+ * and given to its registrant in the OK of REG_PREFILL (its body). The
+ * registrant presents it (after the data address) in every REG_PREFILL
+ * and UNREG_PREFILL: only a holder may unregister the entry, and, on a
+ * service without a secret, renew it with another descriptor (a renewal
+ * that changes nothing is taken from anyone, and its OK carries zeros).
+ * So another process on the prefill host cannot remove a live entry and
+ * put its own address in (its decode ranks would take that peer's bytes
+ * for KV). */
+#define PD_BS_TOKEN_LEN 16
+
 /* Lease of a registration: 4 x the service's peer_timeout_ms, at least
  * 1 s (12 s with the defaults). */
 #define PD_BS_LEASE_FACTOR 4
@@ -34,7 +45,8 @@
 
 /* Registers (or renews) prefill rank desc, whose data listener is
  * data_host:data_port, with the service at bs_host (NULL: 127.0.0.1) :
- * bs_port, by deadline_ns. *lease_ms_out (may be NULL) gets the lease
+ * bs_port, by deadline_ns. token: the entry's token this rank holds
+ * (zeros: none yet), replaced by what the OK gives. *lease_ms_out (may be NULL) gets the lease
  * length (0: the entry never expires). KVT_EBUSY: live registrations of
  * another TP/DCP configuration (the message names both and when the first
  * of those leases expires); KVT_EFULL: tp_size x dcp_size exceeds the
@@ -47,14 +59,14 @@ kvt_status pd_retry_refused(const char *what, const char *peer);
 kvt_status pd_bootstrap_register(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
                                  const char *bs_host, uint16_t bs_port, const pd_desc *desc,
                                  const char *data_host, uint16_t data_port, uint64_t deadline_ns,
-                                 uint32_t *lease_ms_out);
+                                 uint8_t token[PD_BS_TOKEN_LEN], uint32_t *lease_ms_out);
 /* Removes that registration (only where tp_rank, dcp_rank and address all
- * match). Best effort, meant for destroy: pass a short deadline (e.g.
+ * match and token is the entry's; token NULL: zeros, which never is). Best effort, meant for destroy: pass a short deadline (e.g.
  * kvt__deadline_ns(500)). *removed_out (may be NULL): entries removed. */
 kvt_status pd_bootstrap_unregister(const kvt_pd_net_params *net, const kvt_stream_auth *auth,
                                    const char *bs_host, uint16_t bs_port, const pd_desc *desc,
                                    const char *data_host, uint16_t data_port, uint64_t deadline_ns,
-                                   uint32_t *removed_out);
+                                   const uint8_t token[PD_BS_TOKEN_LEN], uint32_t *removed_out);
 /* One lookup by decode rank desc: on KVT_OK *topo (malloc'd, the caller
  * frees) gets the TOPO body; KVT_EAGAIN with the service's RETRY text
  * ("2 of 4 prefill ranks registered; missing tp2/4 dcp0/1, ...") when not

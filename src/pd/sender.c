@@ -21,6 +21,8 @@ struct kvt_pd_sender {
     char bs_host[64];     /* the bootstrap service (copied from the params) */
     uint16_t bs_port;
     uint32_t lease_ms;    /* from its OK (0: its entries never lapse) */
+    uint8_t bs_token[PD_BS_TOKEN_LEN]; /* the entry's, from the OK (bootstrap.h); renew thread
+                                        * and create only, then destroy after the join */
     bool registered;      /* destroy unregisters */
     pthread_t renew_th;   /* renews the lease every lease_ms / 3 */
     bool renew_started;
@@ -706,7 +708,7 @@ static kvt_status register_lease(kvt_pd_sender *s, uint64_t dl)
     pd_ep *ep = &s->ep;
     for (;;) {
         kvt_status st = pd_bootstrap_register(&ep->net, &ep->auth, s->bs_host, s->bs_port, &ep->desc,
-                                              ep->bind_host, ep->port, dl, &s->lease_ms);
+                                              ep->bind_host, ep->port, dl, s->bs_token, &s->lease_ms);
         if (st != KVT_EBUSY || kvt__now_ns() + 200000000ull >= dl) return st;
         struct timespec ts = {0, 200 * 1000000};
         nanosleep(&ts, NULL);
@@ -731,7 +733,8 @@ static void *renew_main(void *arg)
         }
         pthread_mutex_unlock(&s->renew_mu);
         kvt_status st = pd_bootstrap_register(&ep->net, &ep->auth, s->bs_host, s->bs_port, &ep->desc,
-                                              ep->bind_host, ep->port, kvt__deadline_ns(try_ms), NULL);
+                                              ep->bind_host, ep->port, kvt__deadline_ns(try_ms),
+                                              s->bs_token, NULL);
         if (st)
             pd_log("pd sender: renewing the bootstrap lease failed (next try in %u ms; the entry lapses %u ms after the last renewal): %s",
                    s->lease_ms / 6, s->lease_ms, kvt_last_error());
@@ -907,7 +910,8 @@ void kvt_pd_sender_destroy(kvt_pd_sender *s)
      * Normally a few ms; bounded so a dead service holds destroy up to 1 s. */
     if (s->registered)
         (void)pd_bootstrap_unregister(&s->ep.net, &s->ep.auth, s->bs_host, s->bs_port, &s->ep.desc,
-                                      s->ep.bind_host, s->ep.port, kvt__deadline_ns(1000), NULL);
+                                      s->ep.bind_host, s->ep.port, kvt__deadline_ns(1000),
+                                      s->bs_token, NULL);
     pd_ep_stop(&s->ep);
     pd_ep_fini(&s->ep);
     pthread_mutex_destroy(&s->renew_mu);

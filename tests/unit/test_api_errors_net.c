@@ -622,8 +622,9 @@ static void fp_start_tp(fake_prefill *f, const kvt_geometry *g, uint16_t bs_port
         pd_desc desc;
         kvt_pd_rank rank = {.tp_size = tp_size, .tp_rank = i};
         assert_ok(pd_desc_from_geometry(&desc, g, &rank, PD_ROLE_PREFILL));
+        uint8_t tok[PD_BS_TOKEN_LEN] = {0};
         assert_ok(pd_bootstrap_register(&net, NULL, "127.0.0.1", bs_port, &desc, "127.0.0.1", f->port,
-                                        kvt__deadline_ns(5000), NULL));
+                                        kvt__deadline_ns(5000), tok, NULL));
         pd_desc_free(&desc);
     }
     assert_int_equal(pthread_create(&f->th, NULL, fp_main, f), 0);

@@ -34,7 +34,20 @@ typedef struct fx {
     uint16_t port;
     uint32_t lease_ms;        /* the service's, expected from its peer_timeout_ms */
     kvt_pd_net_params client; /* what the fake ranks use */
+    struct { uint16_t port; uint8_t token[PD_BS_TOKEN_LEN]; } tok[64]; /* each fake rank's */
+    uint32_t ntok;
 } fx;
+
+/* The token the fake rank at port holds (zeros until it registered). */
+static uint8_t *token_of(fx *f, uint16_t port)
+{
+    for (uint32_t i = 0; i < f->ntok; i++)
+        if (f->tok[i].port == port) return f->tok[i].token;
+    assert_true(f->ntok < 64);
+    f->tok[f->ntok].port = port;
+    memset(f->tok[f->ntok].token, 0, PD_BS_TOKEN_LEN);
+    return f->tok[f->ntok++].token;
+}
 
 static void fx_start(fx *f, uint32_t peer_timeout_ms, uint32_t max_frame)
 {
@@ -71,7 +84,7 @@ static kvt_status reg_ex(fx *f, uint32_t layers, uint32_t tp, uint32_t tp_rank, 
     make_desc(&d, layers, tp, tp_rank, dcp, dcp_rank, PD_ROLE_PREFILL);
     kvt_stream_auth a = {0};
     kvt_status st = pd_bootstrap_register(&f->client, &a, "127.0.0.1", f->port, &d, "127.0.0.1", port,
-                                          kvt__deadline_ns(3000), lease);
+                                          kvt__deadline_ns(3000), token_of(f, port), lease);
     pd_desc_free(&d);
     return st;
 }
@@ -89,7 +102,7 @@ static kvt_status unreg(fx *f, uint32_t tp, uint32_t tp_rank, uint16_t port, uin
     pd_desc d;
     make_desc(&d, 2, tp, tp_rank, 1, 0, PD_ROLE_PREFILL);
     kvt_status st = pd_bootstrap_unregister(&f->client, NULL, "127.0.0.1", f->port, &d, "127.0.0.1", port,
-                                            kvt__deadline_ns(3000), removed);
+                                            kvt__deadline_ns(3000), token_of(f, port), removed);
     pd_desc_free(&d);
     return st;
 }
@@ -249,6 +262,23 @@ static void renew_unregister_retry_text(void **state)
     assert_int_equal(removed, 0);
     assert_ok(lookup(&f, 2, &n, &tp));
     assert_int_equal(n, 2);
+    /* a stranger on the same host (no token; the address is public):
+     * refused, the entry stays; a renewal that changes the descriptor is
+     * refused too, and one that changes nothing learns no token */
+    uint8_t real[PD_BS_TOKEN_LEN];
+    memcpy(real, token_of(&f, 23001), sizeof real);
+    memset(token_of(&f, 23001), 0, PD_BS_TOKEN_LEN);
+    assert_status(unreg(&f, 2, 1, 23001, &removed), KVT_EBUSY);
+    assert_msg("it lacks the entry's token");
+    assert_ok(lookup(&f, 2, &n, &tp));
+    assert_int_equal(n, 2);
+    assert_status(reg_ex(&f, 3, 2, 1, 1, 0, 23001, NULL), KVT_EBUSY);
+    assert_msg("would change its live registration without its token");
+    assert_ok(reg(&f, 2, 1, 23001));
+    uint8_t zero[PD_BS_TOKEN_LEN] = {0};
+    assert_memory_equal(token_of(&f, 23001), zero, sizeof zero);
+    assert_status(unreg(&f, 2, 1, 23001, &removed), KVT_EBUSY);
+    memcpy(token_of(&f, 23001), real, sizeof real);
     /* the right one */
     assert_ok(unreg(&f, 2, 1, 23001, &removed));
     assert_int_equal(removed, 1);
@@ -291,7 +321,8 @@ static void retry_text_dcp_and_cap(void **state)
     for (uint32_t i = 0; i < 2; i++) {
         make_desc(&d, 2, 2, i, 2, i, PD_ROLE_PREFILL);
         assert_ok(pd_bootstrap_unregister(&f.client, NULL, "127.0.0.1", f.port, &d, "127.0.0.1",
-                                          (uint16_t)(25000 + i), kvt__deadline_ns(3000), &removed));
+                                          (uint16_t)(25000 + i), kvt__deadline_ns(3000),
+                                          token_of(&f, (uint16_t)(25000 + i)), &removed));
         assert_int_equal(removed, 1);
         pd_desc_free(&d);
     }
@@ -348,7 +379,7 @@ static void table_and_frame_limits(void **state)
     pd_desc d;
     make_desc(&d, 200, 2, 0, 1, 0, PD_ROLE_PREFILL); /* ~12.8 KiB */
     assert_status(pd_bootstrap_register(&f.client, NULL, "127.0.0.1", f.port, &d, "127.0.0.1", 27002,
-                                        kvt__deadline_ns(3000), &lease),
+                                        kvt__deadline_ns(3000), token_of(&f, 27002), &lease),
                   KVT_EPROTO);
     assert_msg("request exceeds the limit 4096");
     pd_desc_free(&d);
@@ -410,8 +441,9 @@ static void silent_strangers_do_not_block(void **state)
     /* a renewal of the prefill rank's registration, as its service thread does */
     pd_ep *ep = pd_sender_ep(cl.pre[0].s);
     uint32_t lease = 0;
+    uint8_t tok[PD_BS_TOKEN_LEN] = {0};
     assert_ok(pd_bootstrap_register(&ep->net, &ep->auth, "127.0.0.1", cl.port, &ep->desc, ep->bind_host, ep->port,
-                                    kvt__deadline_ns(8000), &lease));
+                                    kvt__deadline_ns(8000), tok, &lease));
     assert_int_equal(lease, 40000);
     /* a decode rank: lookup, connect, and a whole room */
     pd_cluster_decoders(&cl);

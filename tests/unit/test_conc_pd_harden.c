@@ -489,15 +489,17 @@ static void live_registration_not_taken_over(void **state)
     pd_cluster_start(&cl, &c1, &c1, 40);
     pd_ep *ep = pd_sender_ep(cl.pre[0].s);
     kvt_stream_auth stranger = {NULL, 0, "stranger"};
+    uint8_t none[PD_BS_TOKEN_LEN] = {0};
     kvt_status st = pd_bootstrap_register(&ep->net, &stranger, "127.0.0.1", cl.port, &ep->desc, "127.0.0.1", 9,
-                                          kvt__deadline_ns(5000), NULL);
+                                          kvt__deadline_ns(5000), none, NULL);
     assert_int_equal(st, KVT_EBUSY);
     if (!strstr(kvt_last_error(), "live lease") || !strstr(kvt_last_error(), "127.0.0.1:9") ||
         !strstr(kvt_last_error(), "no secret"))
         fail_msg("%s", kvt_last_error());
     /* its own renewal (same address) still works */
+    uint8_t tok[PD_BS_TOKEN_LEN] = {0};
     assert_ok(pd_bootstrap_register(&ep->net, &ep->auth, "127.0.0.1", cl.port, &ep->desc, ep->bind_host, ep->port,
-                                    kvt__deadline_ns(5000), NULL));
+                                    kvt__deadline_ns(5000), tok, NULL));
     pd_cluster_decoders(&cl);
     pd_open_room(&cl, 4, 0);
     pd_expect_room(&cl, 4, KVT_PD_SUCCESS);
@@ -508,8 +510,9 @@ static void live_registration_not_taken_over(void **state)
     pd_cluster sc = {.net = {.secret = "0123456789abcdef-secret", .secret_len = 23}};
     pd_cluster_start(&sc, &c1, &c1, 40);
     ep = pd_sender_ep(sc.pre[0].s);
+    uint8_t tok2[PD_BS_TOKEN_LEN] = {0};
     assert_ok(pd_bootstrap_register(&ep->net, &ep->auth, "127.0.0.1", sc.port, &ep->desc, "127.0.0.1", 9,
-                                    kvt__deadline_ns(5000), NULL));
+                                    kvt__deadline_ns(5000), tok2, NULL));
     pd_cluster_stop(&sc);
 }
 

@@ -229,8 +229,9 @@ static kvt_pd_poll through_mitm(mitm_mode mode, bool secret, kvt_pd_room_info *i
     assert_ok(kvt_pd_bootstrap_port(bs2, &port2));
     kvt_stream_auth a = {(const uint8_t *)cl.net.secret, cl.net.secret_len, "test"};
     uint32_t lease;
+    uint8_t tok[PD_BS_TOKEN_LEN] = {0};
     assert_ok(pd_bootstrap_register(&cl.net, &a, "127.0.0.1", port2, &sep->desc, "127.0.0.1", m.port,
-                                    kvt__deadline_ns(5000), &lease));
+                                    kvt__deadline_ns(5000), tok, &lease));
     cl.port = port2;
     pd_cluster_decoders(&cl);
     pd_open_room(&cl, 7, 0);
@@ -352,16 +353,16 @@ static void other_version_named(void **state)
     assert_int_equal(read(sv[1], chal, sizeof chal), (ssize_t)sizeof chal);
     pthread_join(th, NULL);
     assert_int_equal(srv.st, KVT_EVERSION); /* a version refusal, as everywhere */
-    if (!strstr(srv.msg, "the peer speaks PD endpoint handshake version 1, this end 2")) fail_msg("server: %s", srv.msg);
-    /* a client reading that refusal from a version 3 server */
-    pd_put32(chal + 4, 5u | 3u << 16); /* KVT_AUTH_BAD_VERSION */
+    if (!strstr(srv.msg, "the peer speaks PD endpoint handshake version 1, this end 3")) fail_msg("server: %s", srv.msg);
+    /* a client reading that refusal from a version 4 server */
+    pd_put32(chal + 4, 5u | 4u << 16); /* KVT_AUTH_BAD_VERSION */
     uint8_t sink[40];
     int cv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, cv), 0);
     assert_int_equal(write(cv[0], chal, sizeof chal), (ssize_t)sizeof chal);
     kvt_stream_auth a = {NULL, 0, "test client", NULL};
     assert_int_equal(kvt__stream_auth_client(cv[1], &a, kvt__deadline_ns(5000)), KVT_EVERSION);
-    if (!strstr(kvt_last_error(), "it speaks PD endpoint handshake version 3, this end 2")) fail_msg("client: %s", kvt_last_error());
+    if (!strstr(kvt_last_error(), "it speaks PD endpoint handshake version 4, this end 3")) fail_msg("client: %s", kvt_last_error());
     /* and a code it does not know is named by number */
     assert_int_equal(read(cv[0], sink, sizeof sink), (ssize_t)sizeof sink);
     pd_put32(chal + 4, 77);

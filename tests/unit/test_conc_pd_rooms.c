@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include "pd_harness.h"
 #include "net/stream.h"
+#include "pd/bootstrap.h"
 #include "pd/ep.h"
 #include "pd/xfer.h"
 #include "util/clock.h"
@@ -131,11 +132,11 @@ static void fake_start(fake_prefill *f, pd_cluster *cl)
     kvt_stream_auth auth = {NULL, 0, "scripted prefill"};
     assert_ok(kvt__stream_connect("127.0.0.1", cl->port, &auth, kvt__deadline_ns(2000), &bs));
     size_t dlen = pd_desc_wire_size(&f->desc);
-    uint8_t *body = calloc(1, dlen + 66);
+    uint8_t *body = calloc(1, dlen + 66 + PD_BS_TOKEN_LEN); /* desc, address, no token */
     pd_desc_encode(&f->desc, body);
     pd_put16(body + dlen, f->port);
     memcpy(body + dlen + 2, "127.0.0.1", 9);
-    pd_hdr h = {.type = PD_F_REG_PREFILL, .body_len = (uint32_t)dlen + 66};
+    pd_hdr h = {.type = PD_F_REG_PREFILL, .body_len = (uint32_t)(dlen + 66 + PD_BS_TOKEN_LEN)};
     kvt_pd_net_params net = {.max_frame = 64u << 20};
     assert_ok(pd_bootstrap_call(bs, NULL, &h, body, &net, kvt__deadline_ns(2000), "scripted prefill"));
     kvt__stream_destroy(bs);
