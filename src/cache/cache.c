@@ -9,6 +9,7 @@
 #include "cache/tiers.h"
 #include "cuda/cuda.h"
 #include "metrics/metrics.h"
+#include "util/file.h"
 #include "util/log.h"
 
 /* Records the thread's last error on the cache too, then returns st. */
@@ -42,6 +43,14 @@ static kvt_status check_config(const kvt_config_values *v, const kvt_geometry *g
     KVT_CHECK_ARG(v->workers >= 1 && v->workers <= 64, "%s: workers is %u (must be 1..64)", fn,
                   v->workers);
     KVT_CHECK_ARG(v->max_tasks >= 1, "%s: max_tasks is 0", fn);
+    /* The tier is prefaulted: more than the machine can give would bring
+     * the OOM killer mid-prefault, with no message. */
+    uint64_t avail = v->memory_check ? kvt__mem_available() : 0;
+    if (avail && v->cpu_capacity > avail)
+        return kvt__fail(KVT_ENOMEM, "%s: cpu_capacity is %llu bytes, more than this machine can "
+                         "give now (%llu bytes: MemAvailable plus free huge pages); lower "
+                         "cpu_capacity, or set memory_check=false to try anyway", fn,
+                         (unsigned long long)v->cpu_capacity, (unsigned long long)avail);
     return KVT_OK;
 }
 

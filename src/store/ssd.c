@@ -21,6 +21,7 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include "util/clock.h"
 #include "util/err.h"
@@ -160,20 +161,33 @@ static kvt_status open_data(ssd_dir *dir, int extra_flags)
     return sys_fail(dir->path, KVT_SSD_DATA_NAME, errno);
 }
 
-/* Pre-allocates the data file, so a full disk shows at open, not mid-run. */
+/* Pre-allocates the data file, so a full disk shows at open, not mid-run.
+ * The filesystem's free space is checked first (statvfs): a capacity it
+ * cannot hold is refused naming both numbers before a byte is written,
+ * and a failed growth is undone (the file keeps its old size). */
 static kvt_status size_data(ssd_dir *dir)
 {
     struct stat st;
     off_t want = (off_t)((uint64_t)dir->meta.slots * dir->meta.slot_bytes);
     if (fstat(dir->data_fd, &st) != 0) return sys_fail(dir->path, "fstat", errno);
     if (st.st_size >= want) return KVT_OK;
+    uint64_t need = (uint64_t)(want - st.st_size);
+    struct statvfs vfs;
+    if (fstatvfs(dir->data_fd, &vfs) == 0 && need > (uint64_t)vfs.f_bavail * vfs.f_frsize)
+        return kvt__fail(KVT_ENOSPC, "kvt__ssd_open: cache directory %s: no space for its "
+                         "share of ssd_capacity: it needs %llu more bytes (%lld in all), its "
+                         "filesystem has %llu bytes free: lower ssd_capacity or free space",
+                         dir->path, (unsigned long long)need, (long long)want,
+                         (unsigned long long)vfs.f_bavail * vfs.f_frsize);
     int rc = fallocate(dir->data_fd, 0, 0, want);
     if (rc != 0 && errno == EOPNOTSUPP) rc = ftruncate(dir->data_fd, want);
     if (rc == 0) return KVT_OK;
-    if (errno == ENOSPC)
+    int e = errno;
+    if (ftruncate(dir->data_fd, st.st_size) != 0) { /* best effort: the check above passed */ }
+    if (e == ENOSPC)
         return kvt__fail(KVT_ENOSPC, "kvt__ssd_open: cache directory %s: no space for %lld "
                          "bytes of slots", dir->path, (long long)want);
-    return sys_fail(dir->path, "fallocate", errno);
+    return sys_fail(dir->path, "fallocate", e);
 }
 
 static kvt_status create_dir(ssd_dir *dir)
@@ -185,7 +199,8 @@ static kvt_status create_dir(ssd_dir *dir)
     if (getrandom(&dir->meta.epoch, sizeof dir->meta.epoch, 0) != sizeof dir->meta.epoch)
         dir->meta.epoch = kvt__now_ns() ^ ((uint64_t)getpid() << 32);
     kvt_status st = open_data(dir, O_CREAT | O_TRUNC);
-    if (st == KVT_OK) st = size_data(dir);
+    if (st == KVT_OK && (st = size_data(dir)) != KVT_OK)
+        unlinkat(dir->dir_fd, KVT_SSD_DATA_NAME, 0); /* no data file is left half made */
     if (st != KVT_OK) return st;
     dir->jfd = openat(dir->dir_fd, KVT_SSD_JOURNAL_NAME, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (dir->jfd < 0) return sys_fail(dir->path, KVT_SSD_JOURNAL_NAME, errno);
@@ -197,7 +212,8 @@ static kvt_status mismatch(const ssd_dir *dir, const kvt_ssd_meta *have, const c
                            const char *was, const char *want)
 {
     return kvt__fail(KVT_EGEOMETRY, "kvt__ssd_open: cache directory %s: %s differs: it was written "
-                     "with %s (\"%s\"), this store has %s (\"%s\"); open it fresh to wipe it",
+                     "with %s (\"%s\"), this store has %s (\"%s\"); set ssd_fresh=true to wipe it "
+                     "(its blocks are lost)",
                      dir->path, field, was, have->describe, want, dir->meta.describe);
 }
 

@@ -104,6 +104,9 @@ static const opt_def OPTIONS[] = {
     ENUM_OPT(eviction, EVICTION, AGREE, "lru", EVICTION_NAMES,
              "eviction policy: lru (least recently used) or lfu (least frequently used)"),
     BOOL_OPT(huge_pages, HUGE_PAGES, RANK_LOCAL, "true", "try huge pages for the CPU tier"),
+    BOOL_OPT(memory_check, MEMORY_CHECK, RANK_LOCAL, "true",
+             "refuse a cpu_capacity above what the machine can give now (MemAvailable plus free "
+             "huge pages), which would bring the OOM killer while the tier is prefaulted"),
     STRING_OPT(ssd_dirs, SSD_DIRS, RANK_LOCAL, "",
                "comma-separated SSD tier directories, one per device; empty: no SSD tier"),
     SIZE_OPT(ssd_capacity, SSD_CAPACITY, AGREE, "16GiB", 4096, 1ull << 50,

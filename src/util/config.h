@@ -21,6 +21,7 @@ typedef struct kvt_config_values {
                                prepared task never launched is released after this */
     uint32_t eviction;      /* "eviction", enum "lru"|"lfu", default "lru" (kvt_evict_policy) */
     bool huge_pages;        /* "huge_pages", bool, default true: try huge pages for the CPU tier */
+    bool memory_check;      /* "memory_check", bool, default true: cpu_capacity <= MemAvailable */
     char ssd_dirs[1024];    /* "ssd_dirs", string, default "": comma-separated SSD tier
                                directories, one per device; empty = no SSD tier */
     uint64_t ssd_capacity;  /* "ssd_capacity", size, default "16GiB": SSD tier bytes over all dirs */

@@ -1,6 +1,8 @@
 /* file.c - see file.h. */
 #include "util/file.h"
 
+#include <stdio.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -35,4 +37,19 @@ const char *kvt__file_kind(mode_t mode)
     if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
     if (S_ISLNK(mode)) return "a symbolic link";
     return "not a regular file";
+}
+
+uint64_t kvt__mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "re");
+    if (!f) return 0;
+    char line[128];
+    unsigned long long avail = 0, huge_free = 0, huge_kb = 0, v;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemAvailable: %llu kB", &v) == 1) avail = v;
+        else if (sscanf(line, "HugePages_Free: %llu", &v) == 1) huge_free = v;
+        else if (sscanf(line, "Hugepagesize: %llu kB", &v) == 1) huge_kb = v;
+    }
+    fclose(f);
+    return ((uint64_t)avail + (uint64_t)huge_free * huge_kb) * 1024u;
 }

@@ -19,4 +19,12 @@ int kvt__open_regular(int dir_fd, const char *path, int flags, mode_t *mode);
  * "not a regular file" for the type bits of mode. */
 const char *kvt__file_kind(mode_t mode);
 
+/* The bytes a new allocation can take without swapping or the OOM killer:
+ * /proc/meminfo's MemAvailable plus its free reserved huge pages
+ * (HugePages_Free x Hugepagesize: a tier backed by them is not counted in
+ * MemAvailable). 0 when /proc/meminfo cannot be read (then nothing is
+ * known: callers skip their check). */
+#include <stdint.h>
+uint64_t kvt__mem_available(void);
+
 #endif

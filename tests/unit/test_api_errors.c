@@ -254,6 +254,7 @@
 #include <unistd.h>
 
 #include "support.h"
+#include "util/file.h"
 #include "cache/cache.h"
 #include "cache/external.h"
 #include "group/frame.h"
@@ -787,6 +788,17 @@ static void test_cache_create_register(void **state)
     assert_ok(kvt_config_set(cfg, "block_tokens", "6"));
     EXPECT_ERR(kvt_cache_create(&c, cfg, g), KVT_EINVAL, "kvt_cache_create", "block_tokens");
     assert_ok(kvt_config_set(cfg, "block_tokens", "4"));
+    /* More CPU tier than the machine can give: refused naming both sizes
+     * before anything is prefaulted (it was the OOM killer's). */
+    uint64_t avail = kvt__mem_available();
+    if (avail) {
+        char big[32];
+        snprintf(big, sizeof big, "%llu", (unsigned long long)(avail + (4ull << 30)));
+        assert_ok(kvt_config_set(cfg, "cpu_capacity", big));
+        EXPECT_ERR(kvt_cache_create(&c, cfg, g), KVT_ENOMEM, "cpu_capacity is", big,
+                   "memory_check=false");
+        assert_ok(kvt_config_set(cfg, "cpu_capacity", "256KiB")); /* kvt_test_small_config's */
+    }
     assert_ptr_equal(c, SENTINEL);
     assert_ok(kvt_cache_create(&c, cfg, g));
 

@@ -1,6 +1,8 @@
 /* test_ssd.c - the SSD block store: round trips, checksums, restart
  * recovery, geometry refusal, faults, bad directories, locking, striping,
  * capacity and sync deadlines; each on both backends. */
+#include <sys/statvfs.h>
+
 #include "test_ssd_util.h"
 
 #include <limits.h>
@@ -495,6 +497,29 @@ static void test_bad_args(void **state)
     rm_rf(dir);
 }
 
+/* An SSD tier larger than its filesystem's free space is refused before a
+ * byte is written, naming both numbers, and leaves no data file behind
+ * (it used to fill the disk and leave a partial file). */
+static void test_capacity_beyond_free_space(void **state)
+{
+    const char *io = test_io(state);
+    char dir[PATH_MAX];
+    tmp_dir(dir, sizeof dir);
+    struct statvfs vfs;
+    assert_int_equal(statvfs(dir, &vfs), 0);
+    uint64_t block = 64ull << 20, avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+    uint32_t slots = (uint32_t)(avail / block + 64); /* 4 GiB more than is free */
+    kvt_ssd_params p = test_params(dir, io, block, slots);
+    kvt_ssd *s = NULL;
+    assert_status(kvt__ssd_open(&s, &p), KVT_ENOSPC);
+    assert_non_null(strstr(kvt_last_error(), "bytes free: lower ssd_capacity or free space"));
+    assert_non_null(strstr(kvt_last_error(), dir));
+    char data[PATH_MAX + 32];
+    snprintf(data, sizeof data, "%s/kvtier.data", dir);
+    assert_int_not_equal(access(data, F_OK), 0);
+    rm_rf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -503,6 +528,7 @@ int main(void)
         SSD_TESTS(test_faults),          SSD_TESTS(test_bad_directories),
         SSD_TESTS(test_lock),            SSD_TESTS(test_striping_capacity),
         SSD_TESTS(test_sync_deadline),   SSD_TESTS(test_bad_args),
+        SSD_TESTS(test_capacity_beyond_free_space),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
