@@ -12,6 +12,7 @@ kvt_status kvt__cache_observe(kvt_cache *c, kvt_cache_observed *out)
     if (st) return st;
     pthread_mutex_lock(&c->mu);
     out->has_ssd = c->ssd != NULL;
+    out->ssd_writes_off = c->ssd_writes_off;
     out->ssd_write_queue = c->ssd_pending;
     out->ssd_read_queue = c->ssd_reads_pending;
     pthread_mutex_unlock(&c->mu);

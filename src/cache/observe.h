@@ -13,6 +13,8 @@
 typedef struct kvt_cache_observed {
     kvt_cache_stats stats;
     bool has_ssd;              /* an SSD tier is configured */
+    bool ssd_writes_off;       /* it stopped taking writes (a write failed for want of
+                                  space or an I/O error): blocks are no longer made durable */
     uint32_t ssd_write_queue;  /* SSD writes queued or in flight */
     uint32_t ssd_read_queue;   /* SSD reads queued or in flight */
     kvt_lat_snapshot lookup;   /* kvt_cache_lookup calls that succeeded */

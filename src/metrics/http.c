@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cache/observe.h"
 #include "metrics/metrics.h"
 #include "util/err.h"
 
@@ -50,19 +51,39 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned code, char *b
     return ret;
 }
 
+/* GET /healthz: 200 "ok" while every tier works, else 503 naming what
+ * does not (a load balancer or systemd watchdog reads the code). */
+static enum MHD_Result healthz(struct MHD_Connection *conn, kvt_metrics_http *h)
+{
+    static char ok[] = "ok\n";
+    static char ssd_off[] = "unhealthy: the SSD tier stopped taking writes (out of space or I/O "
+                            "errors: see kvtier_ssd_errors_total and the log)\n";
+    static char failed[] = "unhealthy: the cache could not be read\n";
+    kvt_cache_observed o;
+    pthread_mutex_lock(&h->mu);
+    kvt_status st = kvt__cache_observe(h->cache, &o);
+    pthread_mutex_unlock(&h->mu);
+    if (st) return reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, failed, sizeof failed - 1, false, false);
+    if (o.ssd_writes_off)
+        return reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, ssd_off, sizeof ssd_off - 1, false, false);
+    return reply(conn, MHD_HTTP_OK, ok, sizeof ok - 1, false, false);
+}
+
 static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char *url,
                               const char *method, const char *version, const char *upload_data,
                               size_t *upload_data_size, void **con_cls)
 {
-    static char not_found[] = "not found: only GET /metrics is served\n";
-    static char not_allowed[] = "method not allowed: only GET /metrics is served\n";
+    static char not_found[] = "not found: only GET /metrics and GET /healthz are served\n";
+    static char not_allowed[] = "method not allowed: only GET is served\n";
     static char failed[] = "rendering the metrics failed\n";
     kvt_metrics_http *h = cls;
-    if (strcmp(url, "/metrics") != 0)
+    bool health = strcmp(url, "/healthz") == 0;
+    if (strcmp(url, "/metrics") != 0 && !health)
         return reply(conn, MHD_HTTP_NOT_FOUND, not_found, sizeof not_found - 1, false, false);
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0)
         return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed, sizeof not_allowed - 1,
                      false, true);
+    if (health) return healthz(conn, h);
     kvt_mbuf b = {0};
     pthread_mutex_lock(&h->mu);
     kvt_status st = kvt__metrics_render(&b, h->cache, h->extra, h->arg);

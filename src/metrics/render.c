@@ -185,7 +185,13 @@ kvt_status kvt__metrics_render(kvt_mbuf *b, kvt_cache *c, kvt_metrics_extra_fn e
     kvt_cache_observed o;
     kvt_status st = kvt__cache_observe(c, &o);
     if (st) return st;
+    kvt__metrics_family(b, "kvtier_build_info", "gauge",
+                        "Always 1; the library's version in its label, to join on.");
+    kvt__metrics_u64(b, "kvtier_build_info", "version=\"" KVT_VERSION_STRING "\"", 1);
     render_cache(b, &o);
+    if (o.has_ssd)
+        one(b, "kvtier_ssd_writes_off", "gauge", "1 when the SSD tier stopped taking writes (out "
+            "of space or I/O errors): new blocks are no longer made durable.", o.ssd_writes_off);
     if (extra) extra(b, arg);
     if (b->failed) return kvt__fail(KVT_ENOMEM, "metrics: out of memory rendering the exposition");
     return KVT_OK;

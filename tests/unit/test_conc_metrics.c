@@ -296,6 +296,7 @@ static void test_scrape_cpu_tier(void **state)
     check_histogram(m, "kvtier_store_duration_seconds", 1);
     assert_null(strstr(m, "kvtier_ssd_"));
     assert_null(strstr(m, "kvtier_clients_attached")); /* the server's, not the cache's */
+    expect(m, "kvtier_build_info{version=\"" KVT_VERSION_STRING "\"}", 1);
     reply_free(&r);
 
     /* A cancelled plan counts as cancelled, not as a load. */
@@ -332,6 +333,11 @@ static void test_scrape_ssd_tier(void **state)
     expect(r.body, "kvtier_tier_in_bytes_total{tier=\"ssd\"}", BLOCKS * bb);
     expect(r.body, "kvtier_ssd_queue_depth{op=\"write\"}", 0);
     expect(r.body, "kvtier_ssd_queue_depth{op=\"read\"}", 0);
+    expect(r.body, "kvtier_ssd_writes_off", 0);
+    reply_free(&r);
+    r = http(e.port, "GET", "/healthz"); /* every tier works */
+    assert_int_equal(r.code, 200);
+    assert_string_equal(r.body, "ok\n");
     reply_free(&r);
     close_cache(&e);
 
@@ -380,6 +386,12 @@ static void test_refuses_other_requests(void **state)
     }
     http_reply r = http(e.port, "POST", "/other");
     assert_int_equal(r.code, 404);
+    reply_free(&r);
+    r = http(e.port, "POST", "/healthz");
+    assert_int_equal(r.code, 405);
+    reply_free(&r);
+    r = http(e.port, "GET", "/healthz");
+    assert_int_equal(r.code, 200);
     reply_free(&r);
     close_cache(&e);
 }
