@@ -68,9 +68,9 @@ rc=0
 "$K" stats --socket "$T/none.sock" >/dev/null 2>"$T/none" || rc=$?
 [ $rc -eq 1 ] && grep -q "none.sock" "$T/none" ||
     { echo "cli_serve: stats on no server exited $rc:"; cat "$T/none"; exit 1; }
-rc=0
-"$K" serve >/dev/null 2>&1 || rc=$?
-[ $rc -eq 2 ] || { echo "cli_serve: serve without --socket exited $rc"; exit 1; }
+# A client with its own geometry (as an engine attaches): logged at info.
+"$K" stats --socket "$S" --model tiny --tp 2 >/dev/null 2>"$T/own" ||
+    { echo "cli_serve: stats --model tiny --tp 2 failed"; cat "$T/own"; exit 1; }
 # --layers (a pipeline-parallel stage's share) beyond the model's is refused.
 rc=0
 "$K" serve --socket "$T/pp.sock" --model tiny --layers 5 >/dev/null 2>"$T/layers" || rc=$?
@@ -87,9 +87,14 @@ wait "$SRV" || { echo "cli_serve: exit status $?"; cat "$T/log"; exit 1; }
 SRV=
 [ ! -e "$S" ] || { echo "cli_serve: socket left behind"; exit 1; }
 grep -q "stopped" "$T/log" || { echo "cli_serve: no stop line"; cat "$T/log"; exit 1; }
-grep -Eq "info: server: client pid [0-9]+ \(uid $(id -u)\) attached \(geometry g[0-9a-f]{16}\)" "$T/log" &&
+# Watchers (kvtier stats, which takes the server's geometry) attach and
+# detach at debug: a --watch every second does not fill the log. An
+# engine's attach (a geometry of its own) is logged at info, time-stamped.
+grep -Eq "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z kvtier: info: server: client pid [0-9]+ \(uid $(id -u)\) attached \(geometry g[0-9a-f]{16}\)" "$T/log" &&
 grep -Eq "info: server: client pid [0-9]+ \(uid $(id -u)\) detached" "$T/log" ||
     { echo "cli_serve: no attach/detach lines"; cat "$T/log"; exit 1; }
+[ "$(grep -c "attached" "$T/log")" -eq 1 ] ||
+    { echo "cli_serve: watchers logged their attaches at info:"; cat "$T/log"; exit 1; }
 # No --model: any geometry.
 rc=0
 "$K" serve --socket "$T/any.sock" --tp 2 >/dev/null 2>"$T/tp" || rc=$?
@@ -117,4 +122,44 @@ grep -q "any geometry, up to 4 at once" "$T/any.log" ||
 kill -TERM "$SRV"
 wait "$SRV" || { echo "cli_serve: any-geometry server exit status $?"; cat "$T/any.log"; exit 1; }
 SRV=
+# The socket from the environment; systemd's READY=1 and STOPPING=1 on
+# NOTIFY_SOCKET; SIGHUP reopens a rotated log file and the server goes on.
+E="$T/env.sock"
+N="$T/notify.sock"
+/usr/bin/python3 - "$N" >"$T/notes" <<'PY' &
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(sys.argv[1])
+s.settimeout(20)
+for _ in range(2):
+    print(s.recv(256).decode().replace("\n", " "), flush=True)
+PY
+NP=$!
+i=0
+until [ -S "$N" ]; do i=$((i + 1)); [ $i -lt 100 ] || { echo "cli_serve: no notify socket"; exit 1; }; sleep 0.05; done
+KVTIER_SERVER_SOCKET="$E" NOTIFY_SOCKET="$N" KVTIER_LOG="$T/env.log" \
+    "$K" serve --set cpu_capacity=16MiB --set huge_pages=false &
+SRV=$!
+i=0
+until grep -q "READY=1" "$T/notes" 2>/dev/null; do
+    i=$((i + 1))
+    [ $i -lt 100 ] || { echo "cli_serve: no READY=1 from KVTIER_SERVER_SOCKET's server"; cat "$T/env.log"; exit 1; }
+    sleep 0.05
+done
+[ -S "$E" ] || { echo "cli_serve: READY=1 before the socket listens"; exit 1; }
+mv "$T/env.log" "$T/env.log.1"
+kill -HUP "$SRV"
+"$K" stats --socket "$E" --model tiny >/dev/null 2>&1 ||
+    { echo "cli_serve: the server did not survive SIGHUP"; exit 1; }
+grep -q "attached" "$T/env.log" && ! grep -q "attached" "$T/env.log.1" ||
+    { echo "cli_serve: SIGHUP did not reopen the log:"; cat "$T/env.log.1" "$T/env.log"; exit 1; }
+kill -TERM "$SRV"
+wait "$SRV" || { echo "cli_serve: env-socket server exit status $?"; exit 1; }
+SRV=
+wait "$NP" || true
+grep -q "STOPPING=1" "$T/notes" || { echo "cli_serve: no STOPPING=1:"; cat "$T/notes"; exit 1; }
+rc=0
+env -u KVTIER_SERVER_SOCKET "$K" serve >/dev/null 2>"$T/nosock" || rc=$?
+[ $rc -eq 2 ] && grep -q "no socket: give --socket PATH" "$T/nosock" ||
+    { echo "cli_serve: serve with no socket anywhere exited $rc:"; cat "$T/nosock"; exit 1; }
 echo "cli_serve: ok"

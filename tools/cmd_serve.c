@@ -1,20 +1,49 @@
-/* cmd_serve.c - `kvtier serve --socket PATH [--config FILE] [options]`: the
- * node server in the foreground (docs/server.md). SIGTERM or SIGINT stop it
- * cleanly: clients are disconnected (their tasks released) and pending SSD
- * writes get server_stop_ms to become durable. Exit 0 on a clean stop, 1 on
- * failure, 2 on usage. */
+/* cmd_serve.c - `kvtier serve [--socket PATH] [--config FILE] [options]`:
+ * the node server in the foreground (docs/server.md). SIGTERM or SIGINT
+ * stop it cleanly: clients are disconnected (their tasks released) and
+ * pending SSD writes get server_stop_ms to become durable. SIGHUP reopens
+ * the log file (KVTIER_LOG=path; logrotate). Under systemd (NOTIFY_SOCKET
+ * set) it sends READY=1 once it listens and STOPPING=1 when it stops.
+ * Exit 0 on a clean stop, 1 on failure, 2 on usage. */
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include "cli_util.h"
 #include "cmds.h"
+#include "util/log.h"
 
 static kvt_server *g_server;
 
 static void on_signal(int sig)
 {
-    (void)sig;
+    if (sig == SIGHUP) {
+        kvt__log_reopen(); /* async-signal-safe: one atomic store */
+        return;
+    }
     kvt_server_stop(g_server); /* async-signal-safe: one write to a pipe */
+}
+
+/* systemd's notification protocol (sd_notify(3)) by hand: one datagram to
+ * the socket NOTIFY_SOCKET names ('@' is the abstract namespace). Best
+ * effort: a missing or full socket is not the server's failure. */
+static void notify_systemd(const char *msg)
+{
+    const char *path = getenv("NOTIFY_SOCKET");
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    size_t len = path ? strlen(path) : 0;
+    if (len < 2 || len >= sizeof a.sun_path || (path[0] != '/' && path[0] != '@')) return;
+    memcpy(a.sun_path, path, len);
+    if (path[0] == '@') a.sun_path[0] = '\0';
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    (void)sendto(fd, msg, strlen(msg), MSG_NOSIGNAL, (struct sockaddr *)&a,
+                 (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len));
+    close(fd);
 }
 
 /* --layers: *geo becomes a geometry of `layers` layers like the preset's
@@ -47,9 +76,10 @@ static int stage_geometry(kvt_geometry **geo, uint64_t layers)
 static int usage(FILE *f, int rc)
 {
     fprintf(f,
-            "usage: kvtier serve --socket PATH [--config FILE] [--model M] [--tp N] [--page T]\n"
+            "usage: kvtier serve [--socket PATH] [--config FILE] [--model M] [--tp N] [--page T]\n"
             "                    [--layers L] [--set NAME=VALUE]...\n"
-            "  --socket PATH   the Unix socket clients attach to (option server_socket)\n"
+            "  --socket PATH   the Unix socket clients attach to (option server_socket: it may\n"
+            "                  come from --config, KVTIER_SERVER_SOCKET or --set instead)\n"
             "  --config FILE   a JSON object of options (kvtier config --dump lists them);\n"
             "                  KVTIER_* environment variables apply on top, then --set\n"
             "  (no --model)    serve any geometry: each engine attaches with its own (any\n"
@@ -62,7 +92,10 @@ static int usage(FILE *f, int rc)
             "  --page T        with --model: the engines' tokens per page (default 16)\n"
             "  --layers L      with --model: serve L of the model's layers, one pipeline-\n"
             "                  parallel stage's share (default: all; presets' layers are alike)\n"
-            "  --set N=V       one option, e.g. --set cpu_capacity=8GiB --set ssd_dirs=/nvme/kv\n");
+            "  --set N=V       one option, e.g. --set cpu_capacity=8GiB --set ssd_dirs=/nvme/kv\n"
+            "Signals: TERM/INT stop cleanly; HUP reopens the log file (KVTIER_LOG=path).\n"
+            "Logs: KVTIER_LOG (stderr, off or a file), KVTIER_LOG_FORMAT (text, json, plain).\n"
+            "systemd: Type=notify works (READY=1 once listening, STOPPING=1 at stop).\n");
     return rc;
 }
 
@@ -99,7 +132,6 @@ int kvt_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--set") && nsets < 64) sets[nsets++] = v;
         else goto bad;
     }
-    if (!socket_path) goto bad;
     if (!model && (tp || page || layers)) {
         fprintf(stderr, "kvtier serve: --tp, --page and --layers describe a --model; without "
                 "one the server takes each client's own geometry\n");
@@ -124,9 +156,15 @@ int kvt_cmd_serve(int argc, char **argv)
             goto out;
         }
     }
-    if ((st = kvt_config_set(cfg, "server_socket", socket_path))) {
+    if (socket_path && (st = kvt_config_set(cfg, "server_socket", socket_path))) {
         rc = demo_error("--socket", st);
         goto out;
+    }
+    char configured[128] = "";
+    if (kvt_config_get(cfg, "server_socket", configured, sizeof configured) || !configured[0]) {
+        fprintf(stderr, "kvtier serve: no socket: give --socket PATH (or server_socket in "
+                "--config, KVTIER_SERVER_SOCKET, or --set server_socket=PATH)\n");
+        goto bad;
     }
     kvt_geometry *geo = NULL;
     if (model && (st = kvt_geometry_preset(&geo, model, page ? (uint32_t)page : 16,
@@ -151,6 +189,7 @@ int kvt_cmd_serve(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     st = kvt_server_create(&g_server, cfg, geo);
     kvt_geometry_destroy(geo);
@@ -159,7 +198,9 @@ int kvt_cmd_serve(int argc, char **argv)
         rc = demo_error("serve", st);
         goto out;
     }
+    notify_systemd("READY=1\nSTATUS=serving");
     st = kvt_server_run(g_server);
+    notify_systemd("STOPPING=1");
     rc = st ? demo_error("stop", st) : 0;
     kvt_server_destroy(g_server);
     g_server = NULL;

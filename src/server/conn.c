@@ -172,8 +172,9 @@ static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
     kvt__srv_buf_free(&b);
     if (!st) {
         c->sh = sh;
-        kvt__srv_log(KVT_LOG_INFO, "client pid %ld (uid %ld) attached (geometry %s)",
-                     (long)c->pid, (long)c->uid, sh->id);
+        kvt__srv_log(c->watcher ? KVT_LOG_DEBUG : KVT_LOG_INFO,
+                     "client pid %ld (uid %ld) attached (geometry %s)", (long)c->pid, (long)c->uid,
+                     sh->id);
     }
     return st;
 }
@@ -206,6 +207,7 @@ static kvt_status on_session(kvt_srv_conn *c, const uint8_t *p, size_t len)
 static kvt_status on_geometry(kvt_srv_conn *c, size_t len)
 {
     if (len) return kvt__fail(KVT_EPROTO, "geometry: %zu bytes of payload", len);
+    c->watcher = true; /* a client that takes the server's geometry watches (kvtier stats) */
     kvt_srv_shard *sh = kvt__srv_shard_first(c->srv);
     if (!sh)
         return reply_err(c, KVT_SRV_GEOMETRY,
@@ -790,8 +792,9 @@ void *kvt__srv_conn_main(void *arg)
     }
     free(c->tasks);
     if (hello_done)
-        kvt__srv_log(KVT_LOG_INFO, "client pid %ld (uid %ld) detached (%u tasks released)",
-                     (long)c->pid, (long)c->uid, released);
+        kvt__srv_log(c->watcher ? KVT_LOG_DEBUG : KVT_LOG_INFO,
+                     "client pid %ld (uid %ld) detached (%u tasks released)", (long)c->pid,
+                     (long)c->uid, released);
     atomic_store(&c->finished, true);
     return NULL;
 }

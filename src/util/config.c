@@ -38,12 +38,14 @@ extern char **environ;
  *   KVTIER_TEST_TMP  scratch directory of the test suite.
  *   KVTIER_LOG       log destination: stderr (default), off, or a file to
  *                    append to (src/util/log.c).
+ *   KVTIER_LOG_FORMAT  text (default), json or plain (src/util/log.c).
  *   KVTIER_PD_QUIET  silences the PD endpoints' log lines (src/pd).
  *   KVTIER_PD_CHECKSUM_THREADS  1/0: what checksum_threads = 0 (auto) means
  *                    for PD endpoints (src/pd/hasher.c).
  *   KVTIER_LIB, KVTIER_SANITIZE  the Python binding: which libkvtier.so to
  *                    load, and whether it is a sanitizer build. */
-static const char *const NON_OPTION_ENV[] = {"KVTIER_TEST_TMP", "KVTIER_LOG", "KVTIER_PD_QUIET",
+static const char *const NON_OPTION_ENV[] = {"KVTIER_TEST_TMP", "KVTIER_LOG", "KVTIER_LOG_FORMAT",
+                                             "KVTIER_PD_QUIET",
                                              "KVTIER_PD_CHECKSUM_THREADS", "KVTIER_LIB", "KVTIER_SANITIZE"};
 
 #define ENV_PREFIX "KVTIER_"

@@ -7,6 +7,8 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #include "util/config.h"
 #include "util/err.h"
 
@@ -15,8 +17,11 @@ static atomic_int g_level = KVT_LOG_WARN;
 static pthread_rwlock_t g_mu = PTHREAD_RWLOCK_INITIALIZER;
 static kvt_log_fn g_fn;   /* under g_mu */
 static void *g_user;      /* under g_mu */
-static FILE *g_dest;      /* set once in init: stderr, a file, or NULL (off) */
-static char g_env_note[160]; /* a complaint about the environment, logged once */
+static FILE *g_dest;      /* stderr, a file, or NULL (off); a file is replaced under g_mu */
+static char g_path[512];  /* the file's path (KVTIER_LOG), else "" */
+static atomic_bool g_reopen; /* kvt__log_reopen asked; the next line reopens g_path */
+static enum { FMT_TEXT, FMT_PLAIN, FMT_JSON } g_format; /* set once in init */
+static char g_env_note[200]; /* a complaint about the environment, logged once */
 
 static const char *const LEVEL_NAMES[] = {"error", "warn", "info", "debug"};
 
@@ -28,30 +33,94 @@ static void init(void)
     if (!kvt__config_log_env(&level, &dest, note, sizeof note))
         snprintf(g_env_note, sizeof g_env_note, "%s; logging at warn", note);
     atomic_store(&g_level, (int)level);
+    const char *fmt = kvt__config_env("KVTIER_LOG_FORMAT");
+    if (fmt && !strcmp(fmt, "json")) g_format = FMT_JSON;
+    else if (fmt && !strcmp(fmt, "plain")) g_format = FMT_PLAIN;
+    else if (fmt && *fmt && strcmp(fmt, "text") != 0 && !g_env_note[0])
+        snprintf(g_env_note, sizeof g_env_note, "KVTIER_LOG_FORMAT=\"%.40s\" is not text, json "
+                 "or plain; logging as text", fmt);
     g_dest = stderr;
     if (!dest || !*dest || strcmp(dest, "stderr") == 0) return;
     if (strcmp(dest, "off") == 0 || strcmp(dest, "none") == 0) {
         g_dest = NULL;
         return;
     }
-    FILE *f = fopen(dest, "ae"); /* kept open for the process's life */
+    FILE *f = fopen(dest, "ae"); /* kept open; reopened on kvt__log_reopen (SIGHUP) */
     if (f) {
         setvbuf(f, NULL, _IOLBF, 0);
         g_dest = f;
+        snprintf(g_path, sizeof g_path, "%s", dest);
     } else {
         snprintf(g_env_note, sizeof g_env_note, "KVTIER_LOG: cannot open \"%.100s\"; logging to stderr",
                  dest);
     }
 }
 
+void kvt__log_reopen(void)
+{
+    atomic_store(&g_reopen, true); /* async-signal-safe: the next line does the work */
+}
+
+/* A log file renamed away (logrotate) is closed and the path opened anew;
+ * if that fails the old file stays. */
+static void reopen(void)
+{
+    if (!g_path[0]) return;
+    FILE *f = fopen(g_path, "ae");
+    if (!f) return;
+    setvbuf(f, NULL, _IOLBF, 0);
+    pthread_rwlock_wrlock(&g_mu);
+    FILE *old = g_dest;
+    g_dest = f;
+    pthread_rwlock_unlock(&g_mu);
+    if (old && old != stderr) fclose(old);
+}
+
+/* ISO-8601 UTC with milliseconds: 2026-12-04T17:20:01.123Z */
+static void timestamp(char out[32])
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(out, 24, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out + n, 32 - n, ".%03ldZ", ts.tv_nsec / 1000000);
+}
+
+/* line as a JSON string's contents (quotes, backslashes and control bytes
+ * escaped), cut to fit out. */
+static void json_escape(char *out, size_t cap, const char *line)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)line; *p && o + 7 < cap; p++) {
+        if (*p == '"' || *p == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)*p;
+        } else if (*p < 0x20) {
+            o += (size_t)snprintf(out + o, cap - o, "\\u%04x", *p);
+        } else {
+            out[o++] = (char)*p;
+        }
+    }
+    out[o] = '\0';
+}
+
 static void emit(kvt_log_level level, const char *line)
 {
+    if (atomic_exchange(&g_reopen, false)) reopen();
+    char ts[32] = "";
+    if (g_format != FMT_PLAIN) timestamp(ts);
     pthread_rwlock_rdlock(&g_mu);
     if (g_fn) {
         g_fn(g_user, level, line);
+    } else if (g_dest && g_format == FMT_JSON) {
+        char esc[KVT_LOG_LINE_MAX * 2];
+        json_escape(esc, sizeof esc, line);
+        fprintf(g_dest, "{\"ts\":\"%s\",\"level\":\"%s\",\"pid\":%ld,\"msg\":\"%s\"}\n", ts,
+                LEVEL_NAMES[level], (long)getpid(), esc);
     } else if (g_dest) {
         /* one fprintf per line: stdio locks the FILE, so lines never interleave */
-        fprintf(g_dest, "kvtier: %s: %s\n", LEVEL_NAMES[level], line);
+        fprintf(g_dest, "%s%skvtier: %s: %s\n", ts, ts[0] ? " " : "", LEVEL_NAMES[level], line);
     }
     pthread_rwlock_unlock(&g_mu);
 }

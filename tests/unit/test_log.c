@@ -155,14 +155,14 @@ static char *in_child(char *const *env)
 
 static void test_default_stderr(void **state)
 {
-    char *env[] = {NULL};
+    char *env[] = {"KVTIER_LOG_FORMAT=plain", NULL};
     char *out = in_child(env);
     assert_string_equal(out, "kvtier: warn: a warning\n");
 }
 
 static void test_env_level_and_destination(void **state)
 {
-    char *debug[] = {"KVTIER_LOG_LEVEL=debug", NULL};
+    char *debug[] = {"KVTIER_LOG_LEVEL=debug", "KVTIER_LOG_FORMAT=plain", NULL};
     assert_string_equal(in_child(debug),
                         "kvtier: warn: a warning\nkvtier: info: some info\nkvtier: debug: a detail\n");
     char *off[] = {"KVTIER_LOG_LEVEL=debug", "KVTIER_LOG=off", NULL};
@@ -172,7 +172,7 @@ static void test_env_level_and_destination(void **state)
     assert_true(fd >= 0);
     char dest[64];
     snprintf(dest, sizeof dest, "KVTIER_LOG=%s", file);
-    char *to_file[] = {dest, "KVTIER_LOG_LEVEL=info", NULL};
+    char *to_file[] = {dest, "KVTIER_LOG_LEVEL=info", "KVTIER_LOG_FORMAT=plain", NULL};
     assert_string_equal(in_child(to_file), "");
     char got[256] = "";
     ssize_t n = pread(fd, got, sizeof got - 1, 0);
@@ -180,11 +180,74 @@ static void test_env_level_and_destination(void **state)
     close(fd);
     unlink(file);
     assert_string_equal(got, "kvtier: warn: a warning\nkvtier: info: some info\n");
-    char *bad[] = {"KVTIER_LOG_LEVEL=loud", NULL};
+    char *bad[] = {"KVTIER_LOG_LEVEL=loud", "KVTIER_LOG_FORMAT=plain", NULL};
     char *out = in_child(bad);
     assert_non_null(strstr(out, "KVTIER_LOG_LEVEL=\"loud\" is not error, warn, info or debug"));
     assert_non_null(strstr(out, "kvtier: warn: a warning\n"));
     assert_null(strstr(out, "some info"));
+}
+
+/* The default format stamps each line with an ISO-8601 UTC time to the
+ * millisecond; json gives one object a line; an unknown format is named
+ * and text is used. */
+static void test_formats(void **state)
+{
+    (void)state;
+    char *text[] = {NULL};
+    char *out = in_child(text);
+    /* 2026-12-04T17:20:01.123Z kvtier: warn: a warning */
+    assert_int_equal(strlen(out), 24 + 1 + strlen("kvtier: warn: a warning\n"));
+    assert_true(out[4] == '-' && out[7] == '-' && out[10] == 'T' && out[13] == ':' &&
+                out[16] == ':' && out[19] == '.' && out[23] == 'Z' && out[24] == ' ');
+    assert_string_equal(out + 25, "kvtier: warn: a warning\n");
+    char *json[] = {"KVTIER_LOG_FORMAT=json", NULL};
+    out = in_child(json);
+    assert_non_null(strstr(out, "\",\"level\":\"warn\",\"pid\":"));
+    assert_non_null(strstr(out, ",\"msg\":\"a warning\"}\n"));
+    assert_true(strncmp(out, "{\"ts\":\"", 7) == 0);
+    char *bad[] = {"KVTIER_LOG_FORMAT=xml", NULL};
+    out = in_child(bad);
+    assert_non_null(strstr(out, "KVTIER_LOG_FORMAT=\"xml\" is not text, json or plain"));
+}
+
+/* kvt__log_reopen (kvtier serve's SIGHUP): a log file renamed away, as
+ * logrotate does, is let go and the path written anew. */
+static void test_reopen(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvt_test_log_rot_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[64], rotated[80], dest[80], got[512];
+    snprintf(path, sizeof path, "%s/log", dir);
+    snprintf(rotated, sizeof rotated, "%s/log.1", dir);
+    snprintf(dest, sizeof dest, "KVTIER_LOG=%s", path);
+    char rot[100];
+    snprintf(rot, sizeof rot, "KVTIER_TEST_ROTATED=%s", rotated);
+    char *env[] = {dest, "KVTIER_LOG_FORMAT=plain", rot, NULL};
+    pid_t pid = kvt_test_fork();
+    if (pid == 0) {
+        char *argv[] = {"test_log", "--child-reopen", NULL};
+        execve("/proc/self/exe", argv, env);
+        _exit(127);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    FILE *f = fopen(rotated, "r");
+    assert_non_null(f);
+    size_t n = fread(got, 1, sizeof got - 1, f);
+    got[n] = '\0';
+    fclose(f);
+    assert_string_equal(got, "kvtier: warn: before the rotation\n");
+    f = fopen(path, "r");
+    assert_non_null(f);
+    n = fread(got, 1, sizeof got - 1, f);
+    got[n] = '\0';
+    fclose(f);
+    assert_string_equal(got, "kvtier: warn: after the rotation\n");
+    unlink(path);
+    unlink(rotated);
+    rmdir(dir);
 }
 
 int main(int argc, char **argv)
@@ -193,8 +256,18 @@ int main(int argc, char **argv)
         log_three();
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "--child-reopen") == 0) {
+        kvt__log(KVT_LOG_WARN, "before the rotation");
+        const char *path = getenv("KVTIER_LOG"), *rotated = getenv("KVTIER_TEST_ROTATED");
+        if (!path || !rotated || rename(path, rotated) != 0) return 3;
+        kvt__log_reopen();
+        kvt__log(KVT_LOG_WARN, "after the rotation");
+        return 0;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_handler_levels),
+        cmocka_unit_test(test_formats),
+        cmocka_unit_test(test_reopen),
         cmocka_unit_test(test_filtering),
         cmocka_unit_test(test_config_log_level),
         cmocka_unit_test(test_library_lines_use_it),
