@@ -5,7 +5,8 @@ JOBS       ?= $(shell nproc)
 FUZZ_SECS  ?= 10
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo demo-python test test-fast test-asan test-tsan test-fuzz bench clean
+.PHONY: all deps build demo demo-python test test-fast test-asan test-tsan test-fuzz bench clean install
+PREFIX     ?= /usr/local
 
 all: build
 
@@ -51,6 +52,11 @@ test-fuzz: deps
 	  -DKVT_SANITIZE=address -DKVT_FUZZ=ON >/dev/null
 	@cmake --build build-fuzz -j $(JOBS)
 	@scripts/run-fuzzers.sh build-fuzz $(FUZZ_SECS)
+
+# PREFIX (default /usr/local) and DESTDIR (staging) as usual; then
+# `ldconfig` and, for the service, docs/server.md "Running under systemd".
+install: build
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
 
 bench: build
 	$(BUILD)/kvtier bench copy
