@@ -2,7 +2,10 @@
 
 The library is found, in order: the ``KVTIER_LIB`` environment variable (a
 path to the .so), ``../build/libkvtier.so`` relative to this package (the
-repository's default build), then the system loader (``libkvtier.so``).
+repository's default build: a checkout used in place), then the system
+loader: ``libkvtier.so.0`` (the soname ``make install`` puts in the
+loader's path, so a ``pip install``ed package needs no variable), then
+``libkvtier.so``.
 Every struct below mirrors ``include/kvtier.h`` field for field.
 """
 import ctypes
@@ -244,16 +247,18 @@ def _candidates():
     if env:
         return [env], True
     here = os.path.dirname(os.path.abspath(__file__))
-    return [os.path.join(here, "..", "..", "build", "libkvtier.so"), "libkvtier.so"], False
+    return [os.path.join(here, "..", "..", "build", "libkvtier.so"),
+            "libkvtier.so.0", "libkvtier.so"], False
 
 
 def library_path():
     """The path (or soname) the binding loads, without loading it."""
     paths, _ = _candidates()
-    for p in paths[:-1]:
-        if os.path.exists(p):
+    for p in paths:
+        if os.sep in p and os.path.exists(p):
             return os.path.normpath(p)
-    return paths[-1] if len(paths) > 1 else paths[0]
+    sonames = [p for p in paths if os.sep not in p]
+    return sonames[0] if sonames else paths[0]
 
 
 def sanitizer_of(path):
