@@ -101,7 +101,9 @@ rc=0
 [ $rc -eq 2 ] && grep -q "describe a --model" "$T/tp" ||
     { echo "cli_serve: serve --tp without --model exited $rc:"; cat "$T/tp"; exit 1; }
 A="$T/any.sock"
-"$K" serve --socket "$A" --set cpu_capacity=16MiB --set huge_pages=false 2>"$T/any.log" &
+MP=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"$K" serve --socket "$A" --set cpu_capacity=16MiB --set huge_pages=false \
+    --set metrics_port="$MP" 2>"$T/any.log" &
 SRV=$!
 i=0
 until [ -S "$A" ]; do
@@ -119,6 +121,13 @@ rc=0
 [ "$(grep -c "geometry g[0-9a-f]*: 4 layers" "$T/any.log")" -eq 2 ] &&
 grep -q "any geometry, up to 4 at once" "$T/any.log" ||
     { echo "cli_serve: the any-geometry server's log:"; cat "$T/any.log"; exit 1; }
+# Its /metrics: each geometry's tier labelled, the server's families once.
+/usr/bin/python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode())' "$MP" >"$T/any.metrics" ||
+    { echo "cli_serve: no /metrics from the any-geometry server"; exit 1; }
+[ "$(grep -c '^kvtier_lookups_total{geometry="g[0-9a-f]\{16\}"} 0$' "$T/any.metrics")" -eq 2 ] &&
+[ "$(grep -c '^# TYPE kvtier_lookups_total counter$' "$T/any.metrics")" -eq 1 ] &&
+grep -q '^kvtier_clients_attached 0$' "$T/any.metrics" ||
+    { echo "cli_serve: the any-geometry server's /metrics:"; cat "$T/any.metrics"; exit 1; }
 kill -TERM "$SRV"
 wait "$SRV" || { echo "cli_serve: any-geometry server exit status $?"; cat "$T/any.log"; exit 1; }
 SRV=

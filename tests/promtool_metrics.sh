@@ -18,7 +18,7 @@ if ! "$bin" --dump >"$out"; then
     echo "FAIL: $bin --dump failed" >&2
     exit 1
 fi
-if ! grep -q '^kvtier_lookup_duration_seconds_bucket{le="+Inf"}' "$out"; then
+if ! grep -q '^kvtier_lookup_duration_seconds_bucket{geometry="g[0-9a-f]*",le="+Inf"}' "$out"; then
     echo "FAIL: the dump has no lookup histogram:" >&2
     cat "$out" >&2
     exit 1

@@ -25,9 +25,13 @@
 #define MAX_CONNECTIONS 16
 #define CONNECTION_TIMEOUT_S 10
 
+#define MAX_SOURCES 64
+
 struct kvt_metrics_http {
     struct MHD_Daemon *daemon;
-    kvt_cache *cache;
+    kvt_cache *cache;               /* one cache, or NULL: sources */
+    kvt_metrics_sources_fn sources; /* several, labelled (the node server's tiers) */
+    void *sources_arg;
     uint16_t port;
     pthread_mutex_t mu; /* guards extra and arg; held across a render */
     kvt_metrics_extra_fn extra;
@@ -59,12 +63,21 @@ static enum MHD_Result healthz(struct MHD_Connection *conn, kvt_metrics_http *h)
     static char ssd_off[] = "unhealthy: the SSD tier stopped taking writes (out of space or I/O "
                             "errors: see kvtier_ssd_errors_total and the log)\n";
     static char failed[] = "unhealthy: the cache could not be read\n";
-    kvt_cache_observed o;
+    kvt_cache *caches[MAX_SOURCES];
+    const char *labels[MAX_SOURCES];
     pthread_mutex_lock(&h->mu);
-    kvt_status st = kvt__cache_observe(h->cache, &o);
+    uint32_t n = h->cache ? 1 : h->sources(h->sources_arg, caches, labels, MAX_SOURCES);
+    if (h->cache) caches[0] = h->cache;
+    kvt_status st = KVT_OK;
+    bool off = false;
+    for (uint32_t i = 0; i < n && !st; i++) {
+        kvt_cache_observed o;
+        st = kvt__cache_observe(caches[i], &o);
+        off = off || (!st && o.ssd_writes_off);
+    }
     pthread_mutex_unlock(&h->mu);
     if (st) return reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, failed, sizeof failed - 1, false, false);
-    if (o.ssd_writes_off)
+    if (off)
         return reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, ssd_off, sizeof ssd_off - 1, false, false);
     return reply(conn, MHD_HTTP_OK, ok, sizeof ok - 1, false, false);
 }
@@ -86,7 +99,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
     if (health) return healthz(conn, h);
     kvt_mbuf b = {0};
     pthread_mutex_lock(&h->mu);
-    kvt_status st = kvt__metrics_render(&b, h->cache, h->extra, h->arg);
+    kvt_status st;
+    if (h->cache) {
+        st = kvt__metrics_render(&b, h->cache, h->extra, h->arg);
+    } else {
+        kvt_cache *caches[MAX_SOURCES];
+        const char *labels[MAX_SOURCES];
+        uint32_t n = h->sources(h->sources_arg, caches, labels, MAX_SOURCES);
+        st = kvt__metrics_render_multi(&b, caches, labels, n, h->extra, h->arg);
+    }
     pthread_mutex_unlock(&h->mu);
     if (st) {
         kvt__mbuf_free(&b);
@@ -175,8 +196,26 @@ static uint16_t bound_port(int fd)
 /* ------------------------------------------------------------------ */
 /* Start and stop                                                     */
 
+static kvt_status start(const char *fn, const char *addr, uint32_t port, bool insecure,
+                        kvt_cache *c, kvt_metrics_sources_fn sources, void *sources_arg,
+                        kvt_metrics_http **out);
+
 kvt_status kvt__metrics_http_start(const char *fn, const char *addr, uint32_t port, bool insecure,
                                    kvt_cache *c, kvt_metrics_http **out)
+{
+    return start(fn, addr, port, insecure, c, NULL, NULL, out);
+}
+
+kvt_status kvt__metrics_http_start_sources(const char *fn, const char *addr, uint32_t port,
+                                           bool insecure, kvt_metrics_sources_fn sources,
+                                           void *arg, kvt_metrics_http **out)
+{
+    return start(fn, addr, port, insecure, NULL, sources, arg, out);
+}
+
+static kvt_status start(const char *fn, const char *addr, uint32_t port, bool insecure,
+                        kvt_cache *c, kvt_metrics_sources_fn sources, void *sources_arg,
+                        kvt_metrics_http **out)
 {
     if (port > 65535) return kvt__fail(KVT_EINVAL, "%s: metrics_port %u is not a TCP port", fn, port);
     bind_addr a;
@@ -191,6 +230,8 @@ kvt_status kvt__metrics_http_start(const char *fn, const char *addr, uint32_t po
     if (!h) return kvt__fail(KVT_ENOMEM, "%s: out of memory for the metrics endpoint", fn);
     pthread_mutex_init(&h->mu, NULL);
     h->cache = c;
+    h->sources = sources;
+    h->sources_arg = sources_arg;
     int fd = -1;
     if ((st = listen_on(fn, addr, &a, &fd))) goto fail;
     h->port = bound_port(fd);

@@ -57,6 +57,14 @@ typedef void (*kvt_metrics_extra_fn)(kvt_mbuf *b, void *arg);
  * KVT_ENOMEM if the buffer could not grow. */
 kvt_status kvt__metrics_render(kvt_mbuf *b, kvt_cache *c, kvt_metrics_extra_fn extra, void *arg);
 
+/* The families of several caches (the node server's tiers, one per
+ * geometry), each sample labelled with labels[i] (the text between braces,
+ * e.g. geometry="g0123..."), every family declared once; then extra's.
+ * KVT_ENOMEM; a cache's observation failing. */
+kvt_status kvt__metrics_render_multi(kvt_mbuf *b, kvt_cache *const *caches,
+                                     const char *const *labels, uint32_t n,
+                                     kvt_metrics_extra_fn extra, void *arg);
+
 /* The node server's families, ready-made for an extra callback:
  * kvtier_clients_attached (gauge) and kvtier_client_pins{pid="..."}
  * (gauge: index entries pinned by the client's tasks). Clients of the same
@@ -79,6 +87,14 @@ typedef struct kvt_metrics_http kvt_metrics_http;
  * caller in error messages. */
 kvt_status kvt__metrics_http_start(const char *fn, const char *addr, uint32_t port, bool insecure,
                                    kvt_cache *c, kvt_metrics_http **out);
+/* The same for several caches, found at each scrape: sources fills caches
+ * and labels (room for max; labels as kvt__metrics_render_multi takes
+ * them) and returns how many. The node server, one tier per geometry. */
+typedef uint32_t (*kvt_metrics_sources_fn)(void *arg, kvt_cache **caches, const char **labels,
+                                           uint32_t max);
+kvt_status kvt__metrics_http_start_sources(const char *fn, const char *addr, uint32_t port,
+                                           bool insecure, kvt_metrics_sources_fn sources,
+                                           void *arg, kvt_metrics_http **out);
 uint16_t kvt__metrics_http_port(const kvt_metrics_http *h);
 /* Sets (or clears, with NULL) the families added after the cache's. Once
  * it returns, no scrape still uses the previous extra or arg. */

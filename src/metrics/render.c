@@ -1,6 +1,7 @@
 /* render.c - the Prometheus text exposition of a cache (metrics.h).
  * docs/metrics.md says what every family means; keep the two in step. */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,7 +181,8 @@ static void render_cache(kvt_mbuf *b, const kvt_cache_observed *o)
                            "Time from launch to end of store tasks that succeeded.", &o->store);
 }
 
-kvt_status kvt__metrics_render(kvt_mbuf *b, kvt_cache *c, kvt_metrics_extra_fn extra, void *arg)
+/* The cache families (build info first), no extra. */
+static kvt_status render_one(kvt_mbuf *b, kvt_cache *c)
 {
     kvt_cache_observed o;
     kvt_status st = kvt__cache_observe(c, &o);
@@ -192,6 +194,107 @@ kvt_status kvt__metrics_render(kvt_mbuf *b, kvt_cache *c, kvt_metrics_extra_fn e
     if (o.has_ssd)
         one(b, "kvtier_ssd_writes_off", "gauge", "1 when the SSD tier stopped taking writes (out "
             "of space or I/O errors): new blocks are no longer made durable.", o.ssd_writes_off);
+    return KVT_OK;
+}
+
+/* One family of a rendered text: its HELP/TYPE lines and its samples. */
+typedef struct fam {
+    const char *name; /* into the text, up to name_len */
+    size_t name_len;
+    const char *head, *samples, *end; /* head..samples: HELP, TYPE; samples..end */
+} fam;
+
+/* Splits text (NUL-terminated, lines ending '\n') into families; returns
+ * how many (at most max). */
+static uint32_t split_families(const char *text, fam *f, uint32_t max)
+{
+    uint32_t n = 0;
+    for (const char *p = text; *p;) {
+        const char *eol = strchr(p, '\n');
+        const char *next = eol ? eol + 1 : p + strlen(p);
+        if (!strncmp(p, "# HELP ", 7) && n < max) {
+            if (n) f[n - 1].end = p;
+            const char *nm = p + 7, *sp = strchr(nm, ' ');
+            f[n] = (fam){nm, sp ? (size_t)(sp - nm) : 0, p, NULL, NULL};
+            n++;
+        } else if (n && !f[n - 1].samples && strncmp(p, "# ", 2) != 0) {
+            f[n - 1].samples = p;
+        }
+        p = next;
+    }
+    if (n) f[n - 1].end = text + strlen(text);
+    for (uint32_t i = 0; i < n; i++)
+        if (!f[i].samples) f[i].samples = f[i].end;
+    return n;
+}
+
+/* A family's samples with label (name="value") added first to each. */
+static void labelled_samples(kvt_mbuf *b, const fam *f, const char *label)
+{
+    for (const char *p = f->samples; p < f->end;) {
+        const char *eol = memchr(p, '\n', (size_t)(f->end - p));
+        const char *next = eol ? eol + 1 : f->end;
+        size_t metric = strcspn(p, "{ ");
+        if (p[metric] == '{')
+            kvt__mbuf_printf(b, "%.*s{%s,%.*s", (int)metric, p, label,
+                             (int)(next - p - (ptrdiff_t)metric - 1), p + metric + 1);
+        else
+            kvt__mbuf_printf(b, "%.*s{%s}%.*s", (int)metric, p, label,
+                             (int)(next - p - (ptrdiff_t)metric), p + metric);
+        p = next;
+    }
+}
+
+#define MAX_FAMILIES 96
+
+kvt_status kvt__metrics_render_multi(kvt_mbuf *b, kvt_cache *const *caches,
+                                     const char *const *labels, uint32_t n,
+                                     kvt_metrics_extra_fn extra, void *arg)
+{
+    kvt_mbuf *parts = calloc(n ? n : 1, sizeof *parts);
+    fam *f = calloc((size_t)(n ? n : 1) * MAX_FAMILIES, sizeof *f);
+    uint32_t *nf = calloc(n ? n : 1, sizeof *nf);
+    kvt_status st = parts && f && nf ? KVT_OK
+                                     : kvt__fail(KVT_ENOMEM, "metrics: out of memory rendering");
+    for (uint32_t i = 0; !st && i < n; i++) {
+        st = render_one(&parts[i], caches[i]);
+        if (!st && parts[i].failed) st = kvt__fail(KVT_ENOMEM, "metrics: out of memory rendering");
+        if (!st) nf[i] = split_families(parts[i].data, f + (size_t)i * MAX_FAMILIES, MAX_FAMILIES);
+    }
+    /* Every family once, in order of first appearance, then each source's
+     * samples of it. */
+    for (uint32_t i = 0; !st && i < n; i++)
+        for (uint32_t k = 0; k < nf[i]; k++) {
+            const fam *x = &f[(size_t)i * MAX_FAMILIES + k];
+            bool seen = false;
+            for (uint32_t j = 0; j < i && !seen; j++)
+                for (uint32_t m = 0; m < nf[j] && !seen; m++) {
+                    const fam *y = &f[(size_t)j * MAX_FAMILIES + m];
+                    seen = y->name_len == x->name_len && !memcmp(y->name, x->name, x->name_len);
+                }
+            if (seen) continue;
+            kvt__mbuf_printf(b, "%.*s", (int)(x->samples - x->head), x->head);
+            for (uint32_t j = i; j < n; j++)
+                for (uint32_t m = 0; m < nf[j]; m++) {
+                    const fam *y = &f[(size_t)j * MAX_FAMILIES + m];
+                    if (y->name_len == x->name_len && !memcmp(y->name, x->name, x->name_len))
+                        labelled_samples(b, y, labels[j]);
+                }
+        }
+    for (uint32_t i = 0; parts && i < n; i++) kvt__mbuf_free(&parts[i]);
+    free(parts);
+    free(f);
+    free(nf);
+    if (st) return st;
+    if (extra) extra(b, arg);
+    if (b->failed) return kvt__fail(KVT_ENOMEM, "metrics: out of memory rendering the exposition");
+    return KVT_OK;
+}
+
+kvt_status kvt__metrics_render(kvt_mbuf *b, kvt_cache *c, kvt_metrics_extra_fn extra, void *arg)
+{
+    kvt_status st = render_one(b, c);
+    if (st) return st;
     if (extra) extra(b, arg);
     if (b->failed) return kvt__fail(KVT_ENOMEM, "metrics: out of memory rendering the exposition");
     return KVT_OK;

@@ -152,7 +152,7 @@ static kvt_status shard_config(const kvt_server *s, const kvt_srv_shard *sh, boo
 {
     out->v = s->cfg;
     out->v.block_tokens = sh->block_tokens;
-    if (!first) out->v.metrics_port = 0;
+    if (!first || s->max_shards > 1) out->v.metrics_port = 0; /* the server's endpoint then */
     if (s->max_shards == 1) return KVT_OK;
     out->v.cpu_capacity = s->cfg.cpu_capacity / s->max_shards;
     out->v.ssd_capacity = s->cfg.ssd_capacity / s->max_shards;
@@ -193,6 +193,7 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
     sh->block_tokens = bt;
     sh->fingerprint = fp;
     snprintf(sh->id, sizeof sh->id, "g%016llx", (unsigned long long)fp);
+    snprintf(sh->label, sizeof sh->label, "geometry=\"%s\"", sh->id);
     bool first = atomic_load(&s->nshards) == 0;
     kvt_config cfg;
     kvt_status st = shard_config(s, sh, first, &cfg);
@@ -210,7 +211,7 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
         return st;
     }
     kvt__cache_ext_shm(sh->cache, &sh->shm);
-    if (first) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
+    if (first && s->max_shards == 1) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
     *out = sh;
     return KVT_OK;
 }
@@ -285,6 +286,31 @@ kvt_status kvt__srv_shard_get(kvt_server *s, const kvt_geometry *geo, uint32_t b
     return st;
 }
 
+/* The server's /metrics: every tier made so far, labelled by geometry. */
+static uint32_t metrics_sources(void *arg, kvt_cache **caches, const char **labels, uint32_t max)
+{
+    kvt_server *s = arg;
+    uint32_t n = atomic_load(&s->nshards);
+    if (n > max) n = max;
+    for (uint32_t i = 0; i < n; i++) {
+        caches[i] = s->shards[i]->cache;
+        labels[i] = s->shards[i]->label;
+    }
+    return n;
+}
+
+/* With several geometries the server serves metrics_port itself (the
+ * tiers' caches serve none), its families after every tier's. */
+static kvt_status start_metrics(kvt_server *s)
+{
+    if (!s->cfg.metrics_port || s->max_shards == 1) return KVT_OK;
+    kvt_status st = kvt__metrics_http_start_sources("kvt_server_create", s->cfg.metrics_addr,
+                                                    s->cfg.metrics_port, s->cfg.metrics_insecure,
+                                                    metrics_sources, s, &s->metrics);
+    if (!st) kvt__metrics_http_set_extra(s->metrics, srv_metrics, s);
+    return st;
+}
+
 static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry *geo)
 {
     static const char fn[] = "kvt_server_create";
@@ -323,6 +349,7 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
                                                         : (uint32_t)cpus;
     if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
         return kvt__fail(KVT_ESYS, "%s: pipe: %s", fn, strerror(errno));
+    if ((st = start_metrics(s))) return st;
     return listen_on(s);
 }
 
@@ -655,6 +682,8 @@ void kvt_server_destroy(kvt_server *s)
     /* No scrape may walk the connections once they are freed. */
     kvt_srv_shard *first = kvt__srv_shard_first(s);
     if (first) kvt__metrics_cache_set_extra(first->cache, NULL, NULL);
+    kvt__metrics_http_stop(s->metrics); /* no scrape walks the shards from here */
+    s->metrics = NULL;
     reap_conns(s, true);
     kvt__srv_fences_reap(s, true);
     for (uint32_t i = 0; i < atomic_load(&s->nshards); i++) shard_free(s->shards[i]);

@@ -48,6 +48,7 @@ typedef struct kvt_srv_shard {
     uint32_t block_tokens;
     uint64_t fingerprint; /* of the geometry and block_tokens (HELLO encoding) */
     char id[24];          /* "g" + 16 hex digits of it: SSD subdirectory, logs */
+    char label[40];       /* geometry="<id>": its samples' label on /metrics */
     kvt_cache *cache;
     kvt_ext_shm shm;
 } kvt_srv_shard;
@@ -93,6 +94,8 @@ struct kvt_server {
     kvt_srv_shard *shards[KVT_SRV_MAX_GEOMETRIES];
     _Atomic uint32_t nshards; /* published after the shard is complete */
     uint32_t max_shards;      /* server_max_geometries, resolved */
+    struct kvt_metrics_http *metrics; /* the server's own /metrics over every shard, when
+                                       * metrics_port is set and it holds several geometries */
     char path[sizeof(((kvt_config_values *)0)->server_socket)];
     int listen_fd, lock_fd, stop_pipe[2];
     int ssd_lock_fds[KVT_SRV_MAX_SSD_LOCKS];

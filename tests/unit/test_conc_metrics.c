@@ -610,6 +610,61 @@ static void test_concurrent_recording(void **state)
     close_cache(&e);
 }
 
+static uint32_t multi_sources(void *arg, kvt_cache **caches, const char **labels, uint32_t max)
+{
+    env *const *e = arg;
+    static const char *const names[2] = {"geometry=\"gA\"", "geometry=\"gB\""};
+    uint32_t n = max < 2 ? max : 2;
+    for (uint32_t i = 0; i < n; i++) {
+        caches[i] = e[i]->cache;
+        labels[i] = names[i];
+    }
+    return n;
+}
+
+/* A node server of several geometries: one exposition, every family
+ * declared once, each tier's samples labelled geometry="...", with its
+ * own values; /healthz looks at every tier. */
+static void test_multi_geometry_scrape(void **state)
+{
+    (void)state;
+    env a = {0}, b = {0};
+    open_cache(&a, 16, 0);
+    open_cache(&b, 16, 0);
+    uint32_t ta[TOKENS];
+    kvt_request ra;
+    request(ta, 31, &ra);
+    store(&a, &ra);
+    load(&a, &ra, 32);
+    env *both[2] = {&a, &b};
+    kvt_metrics_http *h = NULL;
+    assert_ok(kvt__metrics_http_start_sources("test", "127.0.0.1", 0, false, multi_sources, both,
+                                              &h));
+    http_reply r = http(kvt__metrics_http_port(h), "GET", "/metrics");
+    assert_int_equal(r.code, 200);
+    expect(r.body, "kvtier_loads_total{geometry=\"gA\"}", 1);
+    expect(r.body, "kvtier_loads_total{geometry=\"gB\"}", 0);
+    expect(r.body, "kvtier_tier_capacity_blocks{geometry=\"gB\",tier=\"cpu\"}", 16);
+    expect(r.body, "kvtier_load_duration_seconds_count{geometry=\"gA\"}", 1);
+    expect(r.body, "kvtier_load_duration_seconds_bucket{geometry=\"gB\",le=\"+Inf\"}", 0);
+    expect(r.body, "kvtier_build_info{geometry=\"gA\",version=\"" KVT_VERSION_STRING "\"}", 1);
+    for (const char *p = r.body; (p = strstr(p, "# TYPE ")) != NULL; p++) {
+        const char *eol = strchr(p, '\n');
+        char line[160];
+        snprintf(line, sizeof line, "%.*s\n", (int)(eol - p), p);
+        const char *again = strstr(eol, line);
+        if (again) fail_msg("declared twice: %s", line);
+    }
+    assert_null(strstr(r.body, "\nkvtier_loads_total ")); /* no unlabelled sample */
+    reply_free(&r);
+    r = http(kvt__metrics_http_port(h), "GET", "/healthz");
+    assert_int_equal(r.code, 200);
+    reply_free(&r);
+    kvt__metrics_http_stop(h);
+    close_cache(&b);
+    close_cache(&a);
+}
+
 /* --dump: one exposition with every family, for promtool. */
 static int dump(void)
 {
@@ -624,11 +679,19 @@ static int dump(void)
     load(&e, &a, 32);
     load(&e, &b, 64);
     assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+    /* As a node server of two geometries renders it: a tier with an SSD
+     * and one without, labelled, then the server's families. */
+    env e2 = {0};
+    open_cache(&e2, 16, 0);
+    load(&e2, &a, 0);
     srv_view v = {{{4242, 3}, {17, 5}, {4242, 4}}, 3};
     kvt_mbuf buf = {0};
-    assert_ok(kvt__metrics_render(&buf, e.cache, srv_extra, &v));
+    kvt_cache *caches[2] = {e.cache, e2.cache};
+    const char *labels[2] = {"geometry=\"g00000000000000aa\"", "geometry=\"g00000000000000bb\""};
+    assert_ok(kvt__metrics_render_multi(&buf, caches, labels, 2, srv_extra, &v));
     fwrite(buf.data, 1, buf.len, stdout);
     kvt__mbuf_free(&buf);
+    close_cache(&e2);
     close_cache(&e);
     remove_dir(e.dir);
     return 0;
@@ -638,6 +701,7 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--dump") == 0) return dump();
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_multi_geometry_scrape),
         cmocka_unit_test(test_buckets),
         cmocka_unit_test(test_scrape_cpu_tier),
         cmocka_unit_test(test_scrape_ssd_tier),
