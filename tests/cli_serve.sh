@@ -14,15 +14,19 @@ K=$1
 T=$(mktemp -d)
 SRV=
 trap '[ -n "$SRV" ] && kill -9 "$SRV" 2>/dev/null; rm -rf "$T"' EXIT
+# wait_for PATH LOG: until PATH is a socket (10 s), else fail showing LOG.
+wait_for() {
+    i=0
+    until [ -S "$1" ]; do
+        i=$((i + 1))
+        [ $i -lt 100 ] || { echo "cli_serve: no socket $1"; cat "$2"; exit 1; }
+        sleep 0.1
+    done
+}
 S="$T/node.sock"
 "$K" serve --socket "$S" --model tiny --tp 2 --set cpu_capacity=16MiB --set huge_pages=false 2>"$T/log" &
 SRV=$!
-i=0
-until [ -S "$S" ]; do
-    i=$((i + 1))
-    [ $i -lt 100 ] || { echo "cli_serve: no socket"; cat "$T/log"; exit 1; }
-    sleep 0.1
-done
+wait_for "$S" "$T/log"
 [ "$(stat -c %a "$S")" = 600 ] || { echo "cli_serve: socket mode $(stat -c %a "$S")"; exit 1; }
 if "$K" serve --socket "$S" --set cpu_capacity=16MiB 2>"$T/second"; then
     echo "cli_serve: a second server started"; exit 1
@@ -105,12 +109,7 @@ MP=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
 "$K" serve --socket "$A" --set cpu_capacity=16MiB --set huge_pages=false \
     --set metrics_port="$MP" 2>"$T/any.log" &
 SRV=$!
-i=0
-until [ -S "$A" ]; do
-    i=$((i + 1))
-    [ $i -lt 100 ] || { echo "cli_serve: no socket (any)"; cat "$T/any.log"; exit 1; }
-    sleep 0.05
-done
+wait_for "$A" "$T/any.log"
 rc=0
 "$K" stats --socket "$A" >/dev/null 2>"$T/any.stats" || rc=$?
 [ $rc -eq 1 ] && grep -q "serves any geometry and no client attached yet" "$T/any.stats" ||
