@@ -166,6 +166,28 @@ wait "$SRV" || { echo "cli_serve: env-socket server exit status $?"; exit 1; }
 SRV=
 wait "$NP" || true
 grep -q "STOPPING=1" "$T/notes" || { echo "cli_serve: no STOPPING=1:"; cat "$T/notes"; exit 1; }
+# stats --watch outlives a server restart: it says the server is not
+# answering, re-attaches, and reports (with rates) again.
+W="$T/w.sock"
+"$K" serve --socket "$W" --model tiny --set cpu_capacity=16MiB --set huge_pages=false 2>>"$T/w.log" &
+SRV=$!
+wait_for "$W" "$T/w.log"
+"$K" stats --socket "$W" --watch --count 7 >"$T/w.out" 2>&1 &
+WP=$!
+i=0
+until grep -q "^kvtier server $W " "$T/w.out"; do i=$((i + 1)); [ $i -lt 100 ] || { echo "cli_serve: no first report"; exit 1; }; sleep 0.1; done
+kill -TERM "$SRV"; wait "$SRV" || true
+i=0
+until grep -q "not answering" "$T/w.out"; do i=$((i + 1)); [ $i -lt 100 ] || { echo "cli_serve: watch did not notice"; cat "$T/w.out"; exit 1; }; sleep 0.1; done
+"$K" serve --socket "$W" --model tiny --set cpu_capacity=16MiB --set huge_pages=false 2>>"$T/w.log" &
+SRV=$!
+wait "$WP" || { echo "cli_serve: stats --watch exited $? across a restart:"; cat "$T/w.out"; exit 1; }
+last=$(grep -n "^kvtier server $W " "$T/w.out" | tail -1 | cut -d: -f1)
+gone=$(grep -n "not answering" "$T/w.out" | head -1 | cut -d: -f1)
+[ "$last" -gt "$gone" ] && grep -q "^  per second " "$T/w.out" ||
+    { echo "cli_serve: stats --watch across a restart:"; cat "$T/w.out"; exit 1; }
+kill -TERM "$SRV"; wait "$SRV" || true
+SRV=
 rc=0
 env -u KVTIER_SERVER_SOCKET "$K" serve >/dev/null 2>"$T/nosock" || rc=$?
 [ $rc -eq 2 ] && grep -q "no socket: give --socket PATH" "$T/nosock" ||

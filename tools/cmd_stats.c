@@ -28,7 +28,8 @@ static int usage(FILE *f, int rc)
             "                    [--model M] [--tp N] [--page T] [--timeout-ms MS]\n"
             "  --socket PATH   the socket of a running kvtier serve\n"
             "  --json          one JSON object per report (one line each)\n"
-            "  --watch         report every second until Ctrl-C (or --count reports)\n"
+            "  --watch         report every second until Ctrl-C (or --count reports), with\n"
+            "                  rates per second; a server that restarts is re-attached\n"
             "  --count N       with --watch: stop after N reports\n"
             "  --model/--tp/--page  optional: check the server serves this geometry\n"
             "                  (default: take the server's, reported at attach)\n");
@@ -61,7 +62,8 @@ static uint64_t get(const kvt_cache_stats *s, const field *f)
 
 static double pct(uint64_t a, uint64_t b) { return b ? 100.0 * (double)a / (double)b : 0.0; }
 
-static void print_json(const char *sock, const kvt_cache_stats *s)
+/* {"socket":"<sock, escaped>" */
+static void json_open(const char *sock)
 {
     printf("{\"socket\":\"");
     for (const char *p = sock; *p; p++) {
@@ -69,10 +71,32 @@ static void print_json(const char *sock, const kvt_cache_stats *s)
         if ((unsigned char)*p >= 0x20) putchar(*p);
     }
     printf("\"");
+}
+
+static void print_json(const char *sock, const kvt_cache_stats *s)
+{
+    json_open(sock);
     for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++)
         printf(",\"%s\":%llu", FIELDS[i].name, (unsigned long long)get(s, &FIELDS[i]));
     double hit = s->lookup_tokens ? (double)s->hit_tokens / (double)s->lookup_tokens : 0.0;
     printf(",\"hit_rate\":%.4f}\n", hit);
+}
+
+/* --watch's rates: what changed per second since the previous report
+ * (none for the first, or after the server restarted: counters went back). */
+static void print_rates(const kvt_cache_stats *s, const kvt_cache_stats *prev, double secs)
+{
+    if (!prev || secs <= 0 || s->lookups < prev->lookups || s->loaded_bytes < prev->loaded_bytes ||
+        s->stored_bytes < prev->stored_bytes)
+        return;
+    double mib = 1.0 / (1024.0 * 1024.0);
+    uint64_t tok = s->lookup_tokens - prev->lookup_tokens, hit = s->hit_tokens - prev->hit_tokens;
+    printf("  per second   %.0f lookups (%.1f%% hit), %.0f loads %.1f MiB/s, %.0f stores %.1f MiB/s\n",
+           (double)(s->lookups - prev->lookups) / secs, pct(hit, tok),
+           (double)(s->loads - prev->loads) / secs,
+           (double)(s->loaded_bytes - prev->loaded_bytes) * mib / secs,
+           (double)(s->stores - prev->stores) / secs,
+           (double)(s->stored_bytes - prev->stored_bytes) * mib / secs);
 }
 
 static void print_text(const char *sock, const kvt_cache_stats *s, bool watch)
@@ -146,14 +170,39 @@ int kvt_cmd_stats(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     int rc = 0;
+    kvt_cache_stats prev = {0};
+    bool have_prev = false;
+    struct timespec t_prev = {0, 0};
     for (uint64_t n = 0; !g_stop;) {
         kvt_cache_stats s;
-        if ((st = kvt_client_stats(cl, &s))) {
+        struct timespec t_now;
+        if ((st = kvt_client_stats(cl, &s)) && (!watch || st != KVT_ECONN)) {
             rc = demo_error(sock, st);
             break;
         }
-        if (json) print_json(sock, &s);
-        else print_text(sock, &s, watch);
+        clock_gettime(CLOCK_MONOTONIC, &t_now);
+        if (st) { /* --watch: the server went away; the client re-attaches on its own */
+            if (json) {
+                json_open(sock);
+                printf(",\"error\":\"KVT_ECONN\"}\n");
+            } else {
+                printf("kvtier server %s: not answering (%s); retrying\n", sock, kvt_last_error());
+            }
+            have_prev = false;
+        } else if (json) {
+            print_json(sock, &s);
+        } else {
+            print_text(sock, &s, watch);
+            if (watch)
+                print_rates(&s, have_prev ? &prev : NULL,
+                            (double)(t_now.tv_sec - t_prev.tv_sec) +
+                                (double)(t_now.tv_nsec - t_prev.tv_nsec) / 1e9);
+        }
+        if (!st) {
+            prev = s;
+            have_prev = true;
+            t_prev = t_now;
+        }
         fflush(stdout);
         if (!watch || (count && ++n >= count)) break;
         /* A second, in slices so Ctrl-C ends it at once. */
