@@ -38,5 +38,13 @@ done
 for f in "$T"/d0 "$T"/d1 "$T"/d2 "$T"/d3; do
     grep -q '"mismatching_bytes":0,' "$f" || { echo "cli_pd: $(basename "$f") has wrong bytes"; rc=1; }
 done
+# A prompt bigger than the machine is refused at once, naming the sizes,
+# instead of running past --seconds (1 Mi tokens of llama3-70b: ~340 GB).
+t0=$(date +%s)
+big=0
+"$K" pd prefill --bootstrap-port "$PORT" --tokens 1048576 --model llama3-70b --seconds 1 \
+    --transport "$TRANSPORT" >/dev/null 2>"$T/big" || big=$?
+[ $big -eq 1 ] && grep -q "need [0-9]* bytes of emulated engine memory" "$T/big" &&
+[ $(( $(date +%s) - t0 )) -le 5 ] || { echo "cli_pd: a huge prompt exited $big:"; cat "$T/big"; rc=1; }
 [ $rc -eq 0 ] && echo "cli_pd: all ranks Success, every byte verified ($TRANSPORT)"
 exit $rc

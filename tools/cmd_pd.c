@@ -16,6 +16,7 @@
 #include "cmds.h"
 #include "kvtier.h"
 #include "util/clock.h"
+#include "util/file.h"
 
 typedef struct pd_opts {
     const char *host, *secret, *model;
@@ -251,6 +252,19 @@ static int run_end(const pd_opts *o, int prefill)
     uint32_t *tok = calloc(o->tokens, sizeof *tok);
     for (uint32_t i = 0; i < o->tokens; i++) tok[i] = i * 2654435761u % 128000;
     kvt_request req = {tok, o->tokens, NULL, 0};
+    /* The emulated engine holds the whole prompt: refuse what the machine
+     * cannot give at once (1 Mi tokens of a 70B model is ~340 GB), rather
+     * than paging for ever past --seconds. */
+    kvt_geometry_info gi;
+    uint64_t need = 0, avail = kvt__mem_available();
+    if (!kvt_geometry_info_get(g, &gi)) need = (uint64_t)(np + 1) * gi.bytes_per_page;
+    if (avail && need > avail) {
+        fprintf(stderr, "kvtier pd: %u tokens of %s at tp %u need %llu bytes of emulated engine "
+                "memory; this machine can give %llu now: lower --tokens\n", o->tokens, o->model,
+                o->tp, (unsigned long long)need, (unsigned long long)avail);
+        return 1;
+    }
+    uint64_t deadline = kvt__deadline_ns((int64_t)o->seconds * 1000);
     kvt_engine_memory mem;
     if (kvt_emu_create(&emu, g, np + 1) || kvt_emu_memory(emu, &mem)) return fail("engine");
     /* A TP rank of an MHA/GQA model holds its slice of the heads; MLA is
@@ -265,6 +279,11 @@ static int run_end(const pd_opts *o, int prefill)
     if (prefill) {
         kvt_pd_sender *s;
         kvt_emu_fill(emu, &req, 0, o->tokens, pages, np);
+        if (kvt__now_ns() > deadline) {
+            fprintf(stderr, "kvtier pd prefill: --seconds (%d) ran out while filling %u tokens\n",
+                    o->seconds, o->tokens);
+            return 1;
+        }
         if (kvt_pd_sender_create(&s, &p)) return fail("prefill");
         if (kvt_pd_sender_room(s, o->room) || kvt_pd_sender_send(s, o->room, pages, np, o->tokens)) return fail("send");
         end_result e = wait_room(s, poll_sender, o, "prefill");
