@@ -485,6 +485,11 @@ static uint32_t sender_dead(pd_conn *c, kvt_status st, const char *why)
                 pd_room_notify(ep, r, c->idx);
                 n++;
             }
+            /* Rooms this link opened that the engine never claimed stop
+             * counting against its decode identity now, not when they
+             * are dropped a while after failing: the rank's next link
+             * must not hear "has N rooms open" for a link that is gone. */
+            if (r->opener == c->idx && !r->claimed) pd_room_unclaimed_done(ep, r);
         }
     return n;
 }
