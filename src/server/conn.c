@@ -722,6 +722,17 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     kvt_srv_hdr h;
     uint8_t *p = NULL;
     kvt_status st = kvt__srv_recv_frame(c->fd, &h, &p, NULL, kvt__deadline_ns(FRAME_MS));
+    if (st == KVT_EVERSION) {
+        /* A client of another protocol version hears it (the reply's header
+         * has this server's version, which its decoder names), rather than
+         * a closed connection it would take for a dead server. */
+        char why[KVT_SRV_MAX_ERRMSG];
+        snprintf(why, sizeof why, "%s (the client's; the server speaks %u): upgrade the client "
+                 "and the server together", kvt_last_error(), KVT_SRV_VERSION);
+        (void)kvt__srv_send_frame(c->fd, KVT_SRV_HELLO | KVT_SRV_REPLY, KVT_EVERSION, why,
+                                  strlen(why), -1, kvt__deadline_ns(FRAME_MS));
+        return kvt__fail(KVT_EVERSION, "client pid %ld: %s", (long)c->pid, why);
+    }
     if (st) return st;
     if (h.op & KVT_SRV_REPLY) {
         free(p);

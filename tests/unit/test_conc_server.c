@@ -2552,6 +2552,39 @@ static void test_full_server_says_so(void **state)
     stop_server(srv, path);
 }
 
+/* A client speaking another protocol version is answered with this
+ * server's version and KVT_EVERSION naming both, not a closed socket a
+ * client would take for a dead server (KVT_ECONN). */
+static void test_other_version_answered(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "ver.sock");
+    pid_t srv = start_server(path, NULL);
+    int fd = raw_connect(path);
+    assert_true(fd >= 0);
+    uint8_t h[KVT_SRV_HDR];
+    kvt__srv_hdr_encode(h, KVT_SRV_HELLO, 0, 0);
+    uint16_t v = KVT_SRV_VERSION + 1;
+    memcpy(h + 6, &v, sizeof v);
+    assert_int_equal(write(fd, h, sizeof h), (ssize_t)sizeof h);
+    kvt_srv_hdr r;
+    uint8_t *msg = NULL;
+    assert_ok(kvt__srv_recv_frame(fd, &r, &msg, NULL, kvt__deadline_ns(TIMEOUT_MS)));
+    assert_int_equal(r.status, KVT_EVERSION);
+    assert_non_null(msg);
+    char text[KVT_SRV_MAX_ERRMSG + 1] = {0};
+    memcpy(text, msg, r.len < KVT_SRV_MAX_ERRMSG ? r.len : KVT_SRV_MAX_ERRMSG);
+    char want[64];
+    snprintf(want, sizeof want, "protocol version %u", KVT_SRV_VERSION + 1);
+    if (!strstr(text, want) || !strstr(text, "upgrade the client and the server together"))
+        fail_msg("the answer: %s", text);
+    free(msg);
+    close(fd);
+    stop_server(srv, path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -2588,6 +2621,7 @@ int main(void)
         cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_full_server_says_so, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_other_version_answered, kvt_test_servers_kill),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
