@@ -1312,7 +1312,9 @@ typedef struct kvt_pd_room_info {
                                EAUTH (a frame failed authentication: altered in
                                transit, with a secret set), EVERSION (the link
                                met a peer of another PD wire version)... */
-    char message[160];      /* the reason in words; "" unless FAILED */
+    char message[160];      /* FAILED: the reason in words; while live, what the room
+                               waits for ("1 of 2 decode ranks opened the room"); "" once
+                               SUCCESS */
     uint64_t bytes;         /* payload bytes moved so far */
     uint32_t abort_acks;    /* peers that acknowledged our abort */
     uint32_t peers;         /* peers this room involves */

@@ -399,6 +399,31 @@ kvt_status pd_ep_clear(pd_ep *ep, uint64_t room, const char *fn)
     return st;
 }
 
+/* What a live room waits for, in words (ep->mu held): a rank whose peer
+ * never came says which, instead of an empty message. */
+static void describe_live(const pd_ep *ep, const pd_room *r, uint32_t peers, char *out, size_t n)
+{
+    if (ep->role == PD_ROLE_PREFILL) {
+        if (r->ntargets == 0)
+            snprintf(out, n, "no decode rank opened the room yet%s",
+                     r->claimed ? "" : " (nor did this rank's engine claim it)");
+        else if (r->ntargets < r->expected)
+            snprintf(out, n, "%u of %u decode ranks opened the room", r->ntargets, r->expected);
+        else if (!r->claimed)
+            snprintf(out, n, "every decode rank opened the room; this rank's engine has not claimed "
+                     "it (kvt_pd_sender_room)");
+        else if (!r->have_input)
+            snprintf(out, n, "every decode rank opened the room; waiting for the engine's pages "
+                     "(kvt_pd_sender_send)");
+        else
+            snprintf(out, n, "sending to %u decode ranks, %u acknowledged", r->ntargets, r->acked);
+    } else if (r->state == KVT_PD_BOOTSTRAPPING) {
+        snprintf(out, n, "looking up the prefill ranks at the bootstrap service");
+    } else {
+        snprintf(out, n, "%u of %u prefill ranks finished sending", r->ndone, peers);
+    }
+}
+
 kvt_status pd_ep_info(pd_ep *ep, uint64_t room, kvt_pd_room_info *out, const char *fn)
 {
     KVT_CHECK_NOT_NULL(out, fn);
@@ -411,7 +436,9 @@ kvt_status pd_ep_info(pd_ep *ep, uint64_t room, kvt_pd_room_info *out, const cha
         if (i.state != r->state) i.error = KVT_OK; /* still landing: the failure shows with the state */
         uint32_t ids[PD_MAX_CONNS];
         i.peers = pd_room_conns(ep, r, ids, PD_MAX_CONNS);
-        snprintf(i.message, sizeof i.message, "%s", i.error ? r->msg : "");
+        if (i.error) snprintf(i.message, sizeof i.message, "%s", r->msg);
+        else if (i.state != KVT_PD_SUCCESS)
+            describe_live(ep, r, i.peers, i.message, sizeof i.message);
         *out = i;
     }
     pthread_mutex_unlock(&ep->mu);

@@ -570,9 +570,44 @@ static void exposed_listener_needs_secret(void **state)
     kvt_pd_bootstrap_destroy(bs);
 }
 
+/* Issue 24: a room waiting for a decode rank that never came says which
+ * ("1 of 2 decode ranks opened the room"), on both sides, instead of an
+ * empty message; it then completes when the second one opens. */
+static void waiting_room_says_why(void **state)
+{
+    (void)state;
+    pd_cluster cl = {.net = {.peer_timeout_ms = 20000}};
+    pd_cluster_start(&cl, &c1, &c2, 40);
+    kvt_pd_room_info info;
+    assert_ok(kvt_pd_sender_room(cl.pre[0].s, 9));
+    assert_ok(kvt_pd_sender_send(cl.pre[0].s, 9, cl.pre[0].pages, cl.pre[0].num_pages, cl.ntok));
+    assert_ok(kvt_pd_room_info_get(cl.pre[0].s, NULL, 9, &info));
+    assert_string_equal(info.message, "no decode rank opened the room yet");
+    pd_cluster_decoders(&cl);
+    pd_rank *d0 = &cl.dec[0];
+    kvt_pd_room_params rp = {d0->pages, d0->num_pages, cl.ntok, 0};
+    assert_ok(kvt_pd_receiver_room(d0->r, 9, &rp));
+    uint64_t dl = kvt__deadline_ns(10000);
+    do {
+        sleep_ms(10);
+        assert_ok(kvt_pd_room_info_get(cl.pre[0].s, NULL, 9, &info));
+    } while (strcmp(info.message, "1 of 2 decode ranks opened the room") != 0 && kvt__now_ns() < dl);
+    assert_string_equal(info.message, "1 of 2 decode ranks opened the room");
+    assert_ok(kvt_pd_room_info_get(NULL, d0->r, 9, &info));
+    assert_true(info.message[0] != '\0'); /* the decode side says what it waits for too */
+    pd_rank *d1 = &cl.dec[1];
+    kvt_pd_room_params rp1 = {d1->pages, d1->num_pages, cl.ntok, 0};
+    assert_ok(kvt_pd_receiver_room(d1->r, 9, &rp1));
+    pd_expect_room(&cl, 9, KVT_PD_SUCCESS);
+    assert_ok(kvt_pd_room_info_get(cl.pre[0].s, NULL, 9, &info));
+    assert_string_equal(info.message, "");
+    pd_cluster_stop(&cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(waiting_room_says_why),
         cmocka_unit_test(finished_prefill_may_exit),
         cmocka_unit_test(unclaimed_bounded_per_identity),
         cmocka_unit_test(unclaimed_bounded_in_all),
