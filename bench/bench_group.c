@@ -153,6 +153,15 @@ static kvt_status run_cfg(cfg *c)
 
 int kvt_bench_group_main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--json") != 0) { /* --help, or anything else: say what it takes */
+            bool help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
+            fprintf(help ? stdout : stderr, "%susage: kvtier bench group [--json]\n"
+                    "  rank-group step latency at 2, 4, 8 and 16 ranks, inproc, loopback TCP and "
+                    "UCX, against a raw socket floor\n",
+                    help ? "" : "kvtier bench group: unknown option; ");
+            return help ? 0 : 2;
+        }
     int json = argc > 1 && strcmp(argv[1], "--json") == 0;
     static const uint32_t sizes[] = {2, 4, 8, 16};
     double *lat = malloc(sizeof *lat * MAX_STEPS);

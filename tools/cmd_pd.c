@@ -83,7 +83,7 @@ static int parse(int argc, char **argv, pd_opts *o)
             i--;
             continue;
         }
-        if (!v) return fprintf(stderr, "kvtier pd: %s needs a value\n", a), -1;
+        if (!v) return fprintf(stderr, "kvtier pd: %s needs a value, or is no option of it (kvtier pd --help)\n", a), -1;
         if (!strcmp(a, "--host")) o->host = v;
         else if (!strcmp(a, "--transport") && (!strcmp(v, "tcp") || !strcmp(v, "ucx")))
             o->transport = !strcmp(v, "ucx") ? KVT_PD_UCX : KVT_PD_TCP;

@@ -68,7 +68,7 @@ static int parse_args(plan_opts *o, int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 1;
         if (strncmp(a, "--", 2) != 0)
             return fprintf(stderr, "kvtier plan: unexpected argument \"%s\"\n", a), 2;
-        if (!v) return fprintf(stderr, "kvtier plan: %s needs a value\n", a), 2;
+        if (!v) return fprintf(stderr, "kvtier plan: %s needs a value, or is no option of it (kvtier plan --help)\n", a), 2;
         i++;
         if (!strcmp(a, "--trace")) o->trace = v;
         else if (!strcmp(a, "--out-csv")) o->csv = v;

@@ -95,7 +95,7 @@ static int parse_args(replay_opts *o, int argc, char **argv)
         else if (!strcmp(a, "--unbounded")) o->unbounded = true;
         else if (strncmp(a, "--", 2) != 0)
             return fprintf(stderr, "kvtier replay: unexpected argument \"%s\"\n", a), 2;
-        else if (i + 1 >= argc) return fprintf(stderr, "kvtier replay: %s needs a value\n", a), 2;
+        else if (i + 1 >= argc) return fprintf(stderr, "kvtier replay: %s needs a value, or is no option of it (kvtier replay --help)\n", a), 2;
         else if (parse_value(o, a, argv[++i])) return 2;
     }
     return check_opts(o) ? 2 : 0;

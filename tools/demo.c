@@ -89,7 +89,7 @@ static int parse_args(demo_opts *o, int argc, char **argv)
         else if (!strcmp(a, "--quick")) o->quick = true;
         else if (!strcmp(a, "--no-ssd")) o->no_ssd = true;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout) - 1;
-        else if (!v) return fprintf(stderr, "kvtier demo: %s needs a value\n", a), 2;
+        else if (!v) return fprintf(stderr, "kvtier demo: %s needs a value, or is no option of it (kvtier demo --help)\n", a), 2;
         else if (!strcmp(a, "--config")) o->config_file = v, i++;
         else if (!strcmp(a, "--cpu-capacity")) o->cpu_capacity = v, cpu_set = true, i++;
         else if (!strcmp(a, "--ssd-capacity")) o->ssd_capacity = v, i++;

@@ -1,6 +1,8 @@
 /* kvtier.c - the `kvtier` command line: one subcommand per job. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "cmds.h"
@@ -48,8 +50,44 @@ static const subcommand bench_cmds[] = {
     {"client", kvt_bench_client_main},
 };
 
+static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
+
+/* `--help` anywhere after a command: its usage on stdout, exit 0, nothing
+ * run. Every command prints its usage when handed --help alone; a few
+ * print it to stderr (as for a bad argument), so stderr goes to stdout
+ * for the call and the status is 0 whatever it said. */
+static int help_of(int (*cmd)(int, char **), const char *name)
+{
+    char *argv[] = {(char *)name, "--help", NULL};
+    fflush(NULL);
+    int saved = dup(STDERR_FILENO);
+    if (saved >= 0) dup2(STDOUT_FILENO, STDERR_FILENO);
+    (void)cmd(2, argv);
+    fflush(NULL);
+    if (saved >= 0) {
+        dup2(saved, STDERR_FILENO);
+        close(saved);
+    }
+    return 0;
+}
+
+static bool wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) return false;
+        if (is_help(argv[i])) return true;
+    }
+    return false;
+}
+
 static int dispatch(const subcommand *cmds, size_t n, const char *what, int argc, char **argv)
 {
+    if (argc >= 1 && argv[0][0] == '-' && wants_help(argc + 1, argv - 1)) {
+        printf("usage: kvtier %s <", what);
+        for (size_t i = 0; i < n; i++) printf("%s%s", i ? "|" : "", cmds[i].name);
+        printf("> [options]   (each takes --help)\n");
+        return 0;
+    }
     if (argc < 1) {
         fprintf(stderr, "kvtier %s: which one? (", what);
         for (size_t i = 0; i < n; i++) fprintf(stderr, "%s%s", i ? ", " : "", cmds[i].name);
@@ -57,7 +95,9 @@ static int dispatch(const subcommand *cmds, size_t n, const char *what, int argc
         return 2;
     }
     for (size_t i = 0; i < n; i++)
-        if (strcmp(argv[0], cmds[i].name) == 0) return cmds[i].main(argc, argv);
+        if (strcmp(argv[0], cmds[i].name) == 0)
+            return wants_help(argc, argv) ? help_of(cmds[i].main, cmds[i].name)
+                                          : cmds[i].main(argc, argv);
     fprintf(stderr, "kvtier %s: unknown subcommand \"%s\"\n", what, argv[0]);
     return 2;
 }
@@ -89,14 +129,18 @@ static const subcommand top_cmds[] = {
 
 int main(int argc, char **argv)
 {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
-        strcmp(argv[1], "help") == 0) {
+    if (argc < 2 || strcmp(argv[1], "help") == 0 || (argv[1][0] == '-' && wants_help(argc, argv))) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     if (strcmp(argv[1], "--version") == 0) return version_main(0, NULL);
-    for (size_t i = 0; i < sizeof top_cmds / sizeof top_cmds[0]; i++)
-        if (strcmp(argv[1], top_cmds[i].name) == 0) return top_cmds[i].main(argc - 1, argv + 1);
+    for (size_t i = 0; i < sizeof top_cmds / sizeof top_cmds[0]; i++) {
+        if (strcmp(argv[1], top_cmds[i].name) != 0) continue;
+        /* bench and pd are groups: their own dispatch handles --help */
+        bool group = top_cmds[i].main == bench_main || top_cmds[i].main == kvt_cmd_pd;
+        if (!group && wants_help(argc - 1, argv + 1)) return help_of(top_cmds[i].main, argv[1]);
+        return top_cmds[i].main(argc - 1, argv + 1);
+    }
     fprintf(stderr, "kvtier: unknown command \"%s\" (try kvtier --help)\n", argv[1]);
     return 2;
 }
