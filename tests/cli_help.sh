@@ -8,7 +8,7 @@ K=$1
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 rc=0
-for c in "" demo serve stats config fsck plan replay pd "pd bootstrap" "pd prefill" "pd decode" \
+for c in "" demo serve stats config fsck plan replay trace "trace synth" pd "pd bootstrap" "pd prefill" "pd decode" \
          bench "bench copy" "bench index" "bench ssd" "bench group" "bench pd" "bench client"; do
     for h in --help -h "--json --help"; do
         # shellcheck disable=SC2086

@@ -22,6 +22,7 @@ static void usage(FILE *to)
             "  pd bootstrap|prefill|decode   run a prefill -> decode KV hand-off by hand\n"
             "  replay --trace FILE  replay a Mooncake trace through the index and tiers: hit rates\n"
             "  plan --trace FILE    hit rate against CPU and SSD capacity, as CSV and an SVG plot\n"
+            "  trace synth --out F  write a multi-turn chat trace (Mooncake JSONL) to replay\n"
             "  serve --socket PATH  the node cache server engine processes attach to (foreground)\n"
             "  stats --socket PATH  a running server's figures (--json, --watch like top)\n"
             "  bench copy           gather/scatter throughput vs memcpy on this machine\n"
@@ -121,6 +122,7 @@ static const subcommand top_cmds[] = {
     {"pd", kvt_cmd_pd},
     {"replay", kvt_cmd_replay},
     {"plan", kvt_cmd_plan},
+    {"trace", kvt_cmd_trace},
     {"serve", kvt_cmd_serve},
     {"stats", kvt_cmd_stats},
     {"bench", bench_main},
