@@ -283,9 +283,13 @@ class Engine(EngineBase):
             "socket": "/nonexistent/k.sock", "timeout": 0.2}
         with self.assertRaisesRegex(ValueError, "needs the workers' KV geometry"):
             vc.KvtierConnector(only_socket, vc.KVConnectorRole.SCHEDULER, None)
-        with self.assertRaisesRegex(kvtier.ConnectionFailure, "/nonexistent/k.sock"):
-            vc.KvtierConnector(only_socket, vc.KVConnectorRole.SCHEDULER,
-                               kv_cache_config(LAYERS, BS, HEADS, DIM))
+        # A server that is not there is no refusal: the engine starts, with
+        # 0 hits until it answers (ServerDownAtStart).
+        down = vc.KvtierConnector(only_socket, vc.KVConnectorRole.SCHEDULER,
+                                  kv_cache_config(LAYERS, BS, HEADS, DIM))
+        self.assertEqual(down.get_num_new_matched_tokens(Request("x", list(range(9))), 0),
+                         (0, False))
+        down.shutdown()
         with self.assertRaisesRegex(ValueError, "load_async must be true or false .JSON., "
                                     "got 'false'"):
             vc.KvtierConnector(vllm_config({"load_async": "false"}),
@@ -873,6 +877,78 @@ class LoadModes(EngineBase):
         self.assertEqual(spy.layers, [0, 1])
         self.worker.cache = spy.inner
 
+
+
+class ServerDownAtStart(unittest.TestCase):
+    """vLLM starts before its node server (or the server is restarting):
+    the worker registers its KV and the scheduler answers 0 hits, with a
+    logged warning and no exception; once the server answers both attach
+    on their own and a saved prefix is found and loaded byte for byte."""
+
+    def test_attach_when_the_server_comes(self):
+        import os
+        import tempfile
+        from test_client import start_server, stop_server
+        tmp = tempfile.mkdtemp(prefix="kvtvd")
+        sock = os.path.join(tmp, "node.sock")
+        old_retry = vc._DeferredClient.RETRY_S
+        vc._DeferredClient.RETRY_S = 0.05
+        self.addCleanup(setattr, vc._DeferredClient, "RETRY_S", old_retry)
+        cfg = vllm_config(engine="late")
+        cfg.kv_transfer_config.kv_connector_extra_config = {
+            "socket": sock, "load_async": False, "timeout": 5}
+        kv = kv_arrays("NHD", layers=4, heads=2, dim=64, seed=11)
+        with self.assertLogs("kvtier.vllm_connector", "WARNING") as logs:
+            w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+            w.register_kv_caches(kv)
+            s = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER,
+                                   kv_cache_config(4, BS, 2, 64))
+        self.addCleanup(w.shutdown)
+        self.addCleanup(s.shutdown)
+        self.assertIn("is not answering", "\n".join(logs.output))
+        tokens = list(range(500, 525))  # 6 full blocks + 1 token
+        self.assertEqual(s.get_num_new_matched_tokens(Request("x", tokens), 0), (0, False))
+        srv = start_server(sock, "--set", "block_tokens=%d" % BS, model=None)
+        self.addCleanup(stop_server, srv)
+        time.sleep(0.1)  # past the retry interval
+        a = Request("a", tokens)
+        for _ in range(100):  # the save goes out once the worker attached
+            self.assertEqual(s.request_finished(a, list(range(7))), (True, None))
+            w.bind_connector_metadata(s.build_connector_meta(None))
+            w.start_load_kv(None)
+            w.wait_for_save()
+            w.clear_connector_metadata()
+            sent = None
+            for _ in range(2000):
+                sent, _ = w.get_finished(set())
+                if sent:
+                    break
+                time.sleep(0.001)
+            if w.cache._cl is not None and w.cache.stats()["stores"]:
+                break
+            time.sleep(0.05)
+        b = Request("b", tokens)
+        got = (0, False)
+        for _ in range(100):
+            got = s.get_num_new_matched_tokens(b, 0)
+            if got[0]:
+                break
+            time.sleep(0.05)
+        self.assertEqual(got, (24, False))
+        dst = list(range(30, 37))
+        for t in kv.values():
+            t[:, dst] = 0
+        s.update_state_after_alloc(b, Blocks(dst), 24)
+        w.bind_connector_metadata(s.build_connector_meta(None))
+        w.start_load_kv(None)
+        for name in kv:
+            w.wait_for_layer_load(name)
+        w.wait_for_save()
+        w.clear_connector_metadata()
+        self.assertEqual(w.get_block_ids_with_load_errors(), set())
+        for t in kv.values():
+            self.assertTrue(np.array_equal(t[:, dst[:6]].view(np.uint8),
+                                           t[:, :6].view(np.uint8)))
 
 class SocketModeOneProcess(ServerCase):
     """Socket mode with both roles in this process: synchronous loads
