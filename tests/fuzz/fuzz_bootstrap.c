@@ -63,19 +63,23 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 static void renew_base(void)
 {
+    static uint8_t token[PD_BS_TOKEN_LEN]; /* the fixed entry's, from its first OK */
     kvt_stream_auth a = {0};
     if (pd_bootstrap_register(&g_client, &a, "127.0.0.1", g_port, &g_base, "127.0.0.1", BASE_PORT,
-                              kvt__deadline_ns(2000), NULL) != KVT_OK) {
+                              kvt__deadline_ns(2000), token, NULL) != KVT_OK) {
         fprintf(stderr, "fuzz_bootstrap: cannot register the fixed entry: %s\n", kvt_last_error());
         abort();
     }
 }
 
 /* Sends one raw request on its own connection; *ans gets the answer's
- * header (type 0 when none came). */
-static void request(const uint8_t *p, size_t n, pd_hdr *ans)
+ * header (type 0 when none came) and body (room for PD_BS_TOKEN_LEN bytes:
+ * a registration's OK carries the entry's token, which its unregistration
+ * needs). */
+static void request(const uint8_t *p, size_t n, pd_hdr *ans, uint8_t body[PD_BS_TOKEN_LEN])
 {
     memset(ans, 0, sizeof *ans);
+    memset(body, 0, PD_BS_TOKEN_LEN);
     kvt_stream_auth a = {NULL, 0, "fuzz"};
     kvt_stream *s = NULL;
     uint64_t dl = kvt__deadline_ns(2000);
@@ -91,6 +95,11 @@ static void request(const uint8_t *p, size_t n, pd_hdr *ans)
             if (kvt__fd_wait(s->fd, POLLIN, dl) != KVT_OK) break;
             ssize_t r = got < PD_HDR_LEN ? read(s->fd, hb + got, PD_HDR_LEN - got) : read(s->fd, sink, sizeof sink);
             if (r <= 0) break;
+            if (got >= PD_HDR_LEN && got - PD_HDR_LEN < PD_BS_TOKEN_LEN) {
+                size_t at = got - PD_HDR_LEN, k = (size_t)r < PD_BS_TOKEN_LEN - at ? (size_t)r
+                                                                                  : PD_BS_TOKEN_LEN - at;
+                memcpy(body + at, sink, k);
+            }
             got += (size_t)r;
         }
         if (got >= PD_HDR_LEN && !pd_hdr_decode(ans, hb)) abort(); /* the service speaks its own wire */
@@ -98,15 +107,19 @@ static void request(const uint8_t *p, size_t n, pd_hdr *ans)
     kvt__stream_destroy(s);
 }
 
-static void unregister(const uint8_t *body, uint32_t len)
+/* Unregisters what registration body made, with the token its OK gave
+ * (the body's last PD_BS_TOKEN_LEN bytes are the token it presented). */
+static void unregister(const uint8_t *body, uint32_t len, const uint8_t token[PD_BS_TOKEN_LEN])
 {
-    uint8_t *b = malloc(PD_HDR_LEN + (size_t)len);
+    if (len < PD_BS_TOKEN_LEN) return;
+    uint8_t *b = malloc(PD_HDR_LEN + (size_t)len), sink[PD_BS_TOKEN_LEN];
     if (!b) abort();
     pd_hdr h = {.type = PD_F_UNREG_PREFILL, .body_len = len};
     pd_hdr_encode(&h, b);
     memcpy(b + PD_HDR_LEN, body, len);
+    memcpy(b + PD_HDR_LEN + len - PD_BS_TOKEN_LEN, token, PD_BS_TOKEN_LEN);
     pd_hdr ans;
-    request(b, PD_HDR_LEN + (size_t)len, &ans);
+    request(b, PD_HDR_LEN + (size_t)len, &ans, sink);
     free(b);
 }
 
@@ -119,6 +132,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     const uint8_t *regs[MAX_REQUESTS];
     uint32_t reg_len[MAX_REQUESTS];
+    uint8_t tokens[MAX_REQUESTS][PD_BS_TOKEN_LEN], body[PD_BS_TOKEN_LEN];
     int nregs = 0;
     bool changed = false;
     size_t off = 0;
@@ -128,16 +142,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (left >= PD_HDR_LEN && pd_hdr_decode(&h, data + off))
             n = PD_HDR_LEN + (h.body_len < left - PD_HDR_LEN ? h.body_len : left - PD_HDR_LEN);
         pd_hdr ans;
-        request(data + off, n, &ans);
+        request(data + off, n, &ans, body);
         if (ans.type == PD_F_OK && h.type == PD_F_REG_PREFILL && n == PD_HDR_LEN + h.body_len) {
             regs[nregs] = data + off + PD_HDR_LEN;
+            memcpy(tokens[nregs], body, PD_BS_TOKEN_LEN);
             reg_len[nregs++] = h.body_len;
         }
         if (ans.type == PD_F_OK) changed = true;
         off += n;
     }
     /* back to the fixed directory */
-    for (int i = 0; i < nregs; i++) unregister(regs[i], reg_len[i]);
+    for (int i = 0; i < nregs; i++) unregister(regs[i], reg_len[i], tokens[i]);
     if (changed) renew_base();
     kvt__clear_error();
     return 0;

@@ -16,11 +16,12 @@ static void hello(const uint8_t *p, size_t n)
     kvt_srv_hello h;
     if (kvt__srv_hello_decode(p, n, false, &h) != KVT_OK) return;
     kvt_srv_buf b = {0};
-    if (kvt__srv_hello_encode(&b, h.pid, h.geo) == KVT_OK) {
+    if (kvt__srv_hello_encode(&b, h.pid, h.geo, h.block_tokens) == KVT_OK) {
         kvt_srv_hello h2;
         assert(b.len == n && memcmp(b.p, p, n) == 0);
         if (kvt__srv_hello_decode(b.p, b.len, false, &h2) == KVT_OK) {
             assert(kvt_geometry_compare(h.geo, h2.geo) == KVT_OK);
+            assert(h2.block_tokens == h.block_tokens);
             kvt_geometry_destroy(h2.geo);
         }
     }
