@@ -262,6 +262,9 @@ static int run_end(const pd_opts *o, int prefill)
         fprintf(stderr, "kvtier pd: %u tokens of %s at tp %u need %llu bytes of emulated engine "
                 "memory; this machine can give %llu now: lower --tokens\n", o->tokens, o->model,
                 o->tp, (unsigned long long)need, (unsigned long long)avail);
+        free(tok);
+        free(pages);
+        kvt_geometry_destroy(g);
         return 1;
     }
     uint64_t deadline = kvt__deadline_ns((int64_t)o->seconds * 1000);
@@ -282,6 +285,10 @@ static int run_end(const pd_opts *o, int prefill)
         if (kvt__now_ns() > deadline) {
             fprintf(stderr, "kvtier pd prefill: --seconds (%d) ran out while filling %u tokens\n",
                     o->seconds, o->tokens);
+            kvt_emu_destroy(emu);
+            free(tok);
+            free(pages);
+            kvt_geometry_destroy(g);
             return 1;
         }
         if (kvt_pd_sender_create(&s, &p)) return fail("prefill");
