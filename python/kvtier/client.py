@@ -9,13 +9,16 @@ process's threads, between the engine buffers registered here and the
 server's tier mapped into this process.
 """
 import ctypes
+import logging
+import threading
+import time
 
 from . import _lib
 from ._arrays import as_request, timeout_ms, u32_array, u32_ptr, uint
 from ._handle import Handle
 from .cache import Match, StorePlan, _result, register_memory
 from .config import Geometry
-from .errors import STATUS, check, invalid
+from .errors import STATUS, ConnectionFailure, KvtierError, check, invalid
 
 # What an engine plugin in node-server mode tells a user who set `workers`:
 # the tiers' options are the server's, but a client's own copy threads are
@@ -170,3 +173,92 @@ class Client(Handle):
         """Waits up to timeout s until every stored block is durable on the
         server's SSD tier."""
         check(self._call(lib.kvt_client_flush, timeout_ms(timeout)))
+
+
+_logger = logging.getLogger("kvtier")
+
+
+class DeferredClient:
+    """A Client attached once its server answers, for the engine plugins: an
+    engine must never die because the node server is down when it starts
+    (a plugin constructor's exception kills vLLM and SGLang): while the
+    server is not there every call raises ConnectionFailure, which the
+    plugins already treat as a miss (0 hits; blocks recomputed, nothing
+    stored), 
+    and the attach is tried again at most every RETRY_S, a cheap probe of
+    the socket first so a step never waits out a connect timeout. Buffers
+    registered meanwhile are registered at the attach. Thread-safe as the
+    Client is once attached; the attach itself is serialised."""
+
+    RETRY_S = 1.0
+
+    def __init__(self, attach, who, path, log=None):
+        self._attach, self._who, self._path = attach, who, path
+        self._log = log or _logger
+        self._cl, self._buffers, self._next = None, None, 0.0
+        self._mu = threading.Lock()
+        try:
+            self._cl = attach()
+        except ConnectionFailure as e:
+            self._next = time.monotonic() + self.RETRY_S
+            self._log.warning("kvtier: %s: the server at %s is not answering (%s): 0 hits and "
+                           "nothing stored until it does; attaching again every %.0f s",
+                           who, path, e, self.RETRY_S)
+
+    def _probe(self):
+        import socket as _socket
+        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        s.settimeout(0.2)
+        try:
+            s.connect(self._path)
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def _client(self):
+        cl = self._cl
+        if cl is not None:
+            return cl
+        with self._mu:
+            if self._cl is not None:
+                return self._cl
+            now = time.monotonic()
+            down = ConnectionFailure(STATUS["ECONN"], "%s: the server at %s is not attached yet"
+                                     % (self._who, self._path))
+            if now < self._next or not self._probe():
+                self._next = max(self._next, now + self.RETRY_S)
+                raise down
+            try:
+                cl = self._attach()
+                if self._buffers is not None:
+                    try:
+                        cl.register_buffers(*self._buffers[0], **self._buffers[1])
+                    except BaseException:
+                        cl.close()
+                        raise
+            except (KvtierError, ValueError) as e:
+                self._next = now + self.RETRY_S
+                self._log.warning("kvtier: %s: attaching to %s failed (%s); again in %.0f s",
+                               self._who, self._path, e, self.RETRY_S)
+                raise down
+            self._log.warning("kvtier: %s: attached to %s; hits from now on", self._who, self._path)
+            self._cl = cl
+            return cl
+
+    def register_buffers(self, *args, **kwargs):
+        with self._mu:
+            if self._cl is None:
+                self._buffers = (args, kwargs)
+                return None
+        return self._cl.register_buffers(*args, **kwargs)
+
+    def close(self):
+        with self._mu:
+            cl, self._cl = self._cl, None
+        if cl is not None:
+            cl.close()
+
+    def __getattr__(self, name):
+        return getattr(self._client(), name)

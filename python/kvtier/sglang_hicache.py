@@ -60,7 +60,7 @@ import numpy as np
 
 from .cache import Cache
 from .config import LAYER_FIRST, Config, Geometry
-from .client import WORKERS_HINT
+from .client import WORKERS_HINT, DeferredClient
 from .errors import KvtierError
 
 try:  # the real base class when SGLang is importable
@@ -342,18 +342,26 @@ class KvtierHiCacheStorage(HiCacheStorage):
                                 self.row_bytes // self.elem, self.elem, self._C, LAYER_FIRST)
 
     def _attach(self):
-        """Node server mode: a Client of the `kvtier serve` at self.socket."""
+        """Node server mode: a Client of the `kvtier serve` at self.socket,
+        its block size checked; a server that is not there yet gives a
+        client that attaches when it answers (client.DeferredClient: every
+        call a miss until then), never an exception that stops SGLang."""
         self.ssd_dir = None
-        with self._geometry() as geo:
-            cl = self._client_cls(self.socket, geo,
-                                  timeout_ms=max(1, int(self.timeout * 1000)))
-        if cl.block_tokens != self.page_size:
-            cl.close()
-            raise ValueError("kvtier: the server at %s stores blocks of %d tokens but SGLang's "
-                             "page is %d tokens (each page is one block): start kvtier serve "
-                             "with --set block_tokens=%d"
-                             % (self.socket, cl.block_tokens, self.page_size, self.page_size))
-        return cl
+
+        def attach():
+            with self._geometry() as geo:
+                cl = self._client_cls(self.socket, geo,
+                                      timeout_ms=max(1, int(self.timeout * 1000)))
+            if cl.block_tokens != self.page_size:
+                cl.close()
+                raise ValueError("kvtier: the server at %s stores blocks of %d tokens but "
+                                 "SGLang's page is %d tokens (each page is one block): start "
+                                 "kvtier serve with --set block_tokens=%d"
+                                 % (self.socket, cl.block_tokens, self.page_size,
+                                    self.page_size))
+            return cl
+        return DeferredClient(attach, "tp rank %d" % self.storage_config.tp_rank, self.socket,
+                              logger)
 
     def _open_cache(self, wipe=False):
         if self.socket is not None:

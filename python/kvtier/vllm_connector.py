@@ -62,7 +62,7 @@ from typing import List
 
 from ._vllm_kv import HostKV, dtype_info, parse_layer
 from .cache import PAGE_SKIP, Cache
-from .client import WORKERS_HINT
+from .client import WORKERS_HINT, DeferredClient
 from .config import LAYER_FIRST, Config, Geometry
 from .errors import STATUS, ConnectionFailure, KvtierError
 
@@ -77,89 +77,6 @@ except ImportError:
 
 logger = logging.getLogger(__name__)
 
-
-class _DeferredClient:
-    """A kvtier.Client attached once its server answers. vLLM must never die
-    because the node server is down when it starts (a constructor or
-    register_kv_caches exception kills the engine): while the server is
-    not there every call raises ConnectionFailure, which the connector
-    already treats as a miss (0 hits; blocks recomputed, nothing stored),
-    and the attach is tried again at most every RETRY_S, a cheap probe of
-    the socket first so a step never waits out a connect timeout. Buffers
-    registered meanwhile are registered at the attach. Thread-safe as the
-    Client is once attached; the attach itself is serialised."""
-
-    RETRY_S = 1.0
-
-    def __init__(self, attach, who, path):
-        self._attach, self._who, self._path = attach, who, path
-        self._cl, self._buffers, self._next = None, None, 0.0
-        self._mu = threading.Lock()
-        try:
-            self._cl = attach()
-        except ConnectionFailure as e:
-            self._next = time.monotonic() + self.RETRY_S
-            logger.warning("kvtier: %s: the server at %s is not answering (%s): 0 hits and "
-                           "nothing stored until it does; attaching again every %.0f s",
-                           who, path, e, self.RETRY_S)
-
-    def _probe(self):
-        import socket as _socket
-        s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        s.settimeout(0.2)
-        try:
-            s.connect(self._path)
-            return True
-        except OSError:
-            return False
-        finally:
-            s.close()
-
-    def _client(self):
-        cl = self._cl
-        if cl is not None:
-            return cl
-        with self._mu:
-            if self._cl is not None:
-                return self._cl
-            now = time.monotonic()
-            down = ConnectionFailure(STATUS["ECONN"], "%s: the server at %s is not attached yet"
-                                     % (self._who, self._path))
-            if now < self._next or not self._probe():
-                self._next = max(self._next, now + self.RETRY_S)
-                raise down
-            try:
-                cl = self._attach()
-                if self._buffers is not None:
-                    try:
-                        cl.register_buffers(*self._buffers[0], **self._buffers[1])
-                    except BaseException:
-                        cl.close()
-                        raise
-            except (KvtierError, ValueError) as e:
-                self._next = now + self.RETRY_S
-                logger.warning("kvtier: %s: attaching to %s failed (%s); again in %.0f s",
-                               self._who, self._path, e, self.RETRY_S)
-                raise down
-            logger.warning("kvtier: %s: attached to %s; hits from now on", self._who, self._path)
-            self._cl = cl
-            return cl
-
-    def register_buffers(self, *args, **kwargs):
-        with self._mu:
-            if self._cl is None:
-                self._buffers = (args, kwargs)
-                return None
-        return self._cl.register_buffers(*args, **kwargs)
-
-    def close(self):
-        with self._mu:
-            cl, self._cl = self._cl, None
-        if cl is not None:
-            cl.close()
-
-    def __getattr__(self, name):
-        return getattr(self._client(), name)
 
 EXTRA_KEYS = {
     "socket": "path of a `kvtier serve` socket (node server mode, recommended); \"{pp_rank}\" "
@@ -526,7 +443,7 @@ class KvtierConnector(KVConnectorBase_V1):
     def _attach(self, shape, who, pp_rank):
         """A kvtier.Client of PP stage pp_rank's server, its block size
         checked; a server that is not there yet gives a client that
-        attaches when it answers (_DeferredClient), never an exception."""
+        attaches when it answers (client.DeferredClient), never an exception."""
         from .client import Client
         path = self._socket_for(pp_rank)
 
@@ -541,7 +458,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                  % (who, path, cl.block_tokens, self.block_size,
                                     self.block_size))
             return cl
-        return _DeferredClient(attach, who, path)
+        return DeferredClient(attach, who, path, logger)
 
     def _attach_scheduler(self, vllm_config, kv_cache_config):
         """One client per PP stage (stages with one server and one geometry

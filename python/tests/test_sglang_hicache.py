@@ -556,8 +556,11 @@ class Errors(Base):
             fakes.create_backend(cfg, pool)
         cfg = fakes.storage_config(extra={"socket": os.path.join(self.tmp, "none.sock"),
                                           "timeout": 0.2})
-        with self.assertRaisesRegex(kvtier.ConnectionFailure, "none.sock"):
-            fakes.create_backend(cfg, pool)
+        # A server that is not there is no refusal: SGLang starts, every
+        # call a miss until it answers (NodeServerMode.test_server_comes_later).
+        down = fakes.create_backend(cfg, pool)
+        self.assertEqual(down.batch_exists(["k0", "k1"]), 0)
+        down.close()
         bad = fakes.FakeHostPool("layer_first")
         bad.layout = "page_head"
         with self.assertRaisesRegex(NotImplementedError, "'page_head' is not supported"):
@@ -670,7 +673,7 @@ class NodeServerMode(unittest.TestCase):
         peek (batch_exists), one lookup and one launch (batch_get_v1), one
         prepare_store and one launch (batch_set_v1 of 8 new pages)."""
         b, pool = self.attached(9, 24)
-        self.assertIsInstance(b.cache, kvtier.Client)
+        self.assertIsInstance(b.cache._cl, kvtier.Client)  # attached (client.DeferredClient)
         calls = spy_calls(b)
         keys = ["spy-%d" % i for i in range(8)]
         self.assertEqual(b.batch_exists(keys), 0)
@@ -744,6 +747,43 @@ class NodeServerMode(unittest.TestCase):
             time.sleep(0.05)
         self.assertEqual(b.batch_get_v1(keys, pool.host_indices(dst)), [True] * 6)
         for s_, d in zip(range(6), dst):
+            a, c = pool.page_bytes(d), pool.page_bytes(s_)
+            self.assertTrue(all(np.array_equal(a[k], c[k]) for k in a), "page %d" % d)
+
+    def test_server_comes_later(self):
+        """SGLang starts before its node server: the backend starts, answers
+        misses (exists 0, get/set all False, the host pool untouched), then
+        attaches on its own and pages stored after that load back byte for
+        byte."""
+        from kvtier.client import DeferredClient
+        from test_client import start_server, stop_server
+        old = DeferredClient.RETRY_S
+        DeferredClient.RETRY_S = 0.05
+        self.addCleanup(setattr, DeferredClient, "RETRY_S", old)
+        sock = os.path.join(self.tmp, "late.sock")
+        pool = fakes.FakeHostPool("layer_first", seed=3, pages=24, layers=4, heads=1, head_dim=64)
+        cfg = fakes.storage_config(tp_rank=0, tp_size=2, extra={"socket": sock, "timeout": 5})
+        b = fakes.create_backend(cfg, pool)
+        self.addCleanup(b.close)
+        keys = ["late-%d" % i for i in range(4)]
+        self.assertEqual(b.batch_exists(keys), 0)
+        self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(4))), [False] * 4)
+        srv = start_server(sock, "--set", "block_tokens=4", model=None)
+        self.addCleanup(stop_server, srv)
+        time.sleep(0.1)
+        ok = [False] * 4
+        for _ in range(100):
+            ok = b.batch_set_v1(keys, pool.host_indices(range(4)))
+            if all(ok):
+                break
+            time.sleep(0.05)
+        self.assertEqual(ok, [True] * 4)
+        self.assertEqual(b.batch_exists(keys), 4)
+        dst = list(range(10, 14))
+        for p in dst:
+            pool.set_page_bytes(p, 0x5A)
+        self.assertEqual(b.batch_get_v1(keys, pool.host_indices(dst)), [True] * 4)
+        for s_, d in zip(range(4), dst):
             a, c = pool.page_bytes(d), pool.page_bytes(s_)
             self.assertTrue(all(np.array_equal(a[k], c[k]) for k in a), "page %d" % d)
 

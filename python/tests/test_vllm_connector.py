@@ -891,9 +891,10 @@ class ServerDownAtStart(unittest.TestCase):
         from test_client import start_server, stop_server
         tmp = tempfile.mkdtemp(prefix="kvtvd")
         sock = os.path.join(tmp, "node.sock")
-        old_retry = vc._DeferredClient.RETRY_S
-        vc._DeferredClient.RETRY_S = 0.05
-        self.addCleanup(setattr, vc._DeferredClient, "RETRY_S", old_retry)
+        from kvtier.client import DeferredClient
+        old_retry = DeferredClient.RETRY_S
+        DeferredClient.RETRY_S = 0.05
+        self.addCleanup(setattr, DeferredClient, "RETRY_S", old_retry)
         cfg = vllm_config(engine="late")
         cfg.kv_transfer_config.kv_connector_extra_config = {
             "socket": sock, "load_async": False, "timeout": 5}
