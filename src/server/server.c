@@ -143,17 +143,17 @@ static kvt_status fingerprint(const kvt_geometry *geo, uint32_t bt, uint64_t *ou
 }
 
 /* The shard's options: with one geometry the server's own (SSD directories
- * as given, so a server of one model keeps its data where it always was);
- * with several, each a 1/server_max_geometries share of both capacities,
- * its SSD data in a subdirectory named by its id, and only the first shard
- * serves metrics_port. */
-static kvt_status shard_config(const kvt_server *s, const kvt_srv_shard *sh, bool first,
-                               kvt_config *out)
+ * as given, so a server of one model keeps its data where it always was,
+ * and its cache serves metrics_port); with several, each a
+ * 1/server_max_geometries share of both capacities, its SSD data in a
+ * subdirectory named by its id, and no endpoint (the server's own serves
+ * every shard: start_metrics). */
+static kvt_status shard_config(const kvt_server *s, const kvt_srv_shard *sh, kvt_config *out)
 {
     out->v = s->cfg;
     out->v.block_tokens = sh->block_tokens;
-    if (!first || s->max_shards > 1) out->v.metrics_port = 0; /* the server's endpoint then */
     if (s->max_shards == 1) return KVT_OK;
+    out->v.metrics_port = 0;
     out->v.cpu_capacity = s->cfg.cpu_capacity / s->max_shards;
     out->v.ssd_capacity = s->cfg.ssd_capacity / s->max_shards;
     if (out->v.ssd_capacity < 4096) out->v.ssd_capacity = 4096;
@@ -194,9 +194,8 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
     sh->fingerprint = fp;
     snprintf(sh->id, sizeof sh->id, "g%016llx", (unsigned long long)fp);
     snprintf(sh->label, sizeof sh->label, "geometry=\"%s\"", sh->id);
-    bool first = atomic_load(&s->nshards) == 0;
     kvt_config cfg;
-    kvt_status st = shard_config(s, sh, first, &cfg);
+    kvt_status st = shard_config(s, sh, &cfg);
     if (!st) st = kvt_geometry_clone(geo, &sh->geo);
     if (!st) st = kvt__cache_create_ex(&sh->cache, &cfg, geo, true);
     if (st) {
@@ -211,7 +210,7 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
         return st;
     }
     kvt__cache_ext_shm(sh->cache, &sh->shm);
-    if (first && s->max_shards == 1) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
+    if (s->max_shards == 1) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
     *out = sh;
     return KVT_OK;
 }
