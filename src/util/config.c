@@ -43,10 +43,16 @@ extern char **environ;
  *   KVTIER_PD_CHECKSUM_THREADS  1/0: what checksum_threads = 0 (auto) means
  *                    for PD endpoints (src/pd/hasher.c).
  *   KVTIER_LIB, KVTIER_SANITIZE  the Python binding: which libkvtier.so to
- *                    load, and whether it is a sanitizer build. */
-static const char *const NON_OPTION_ENV[] = {"KVTIER_TEST_TMP", "KVTIER_LOG", "KVTIER_LOG_FORMAT",
-                                             "KVTIER_PD_QUIET",
-                                             "KVTIER_PD_CHECKSUM_THREADS", "KVTIER_LIB", "KVTIER_SANITIZE"};
+ *                    load, and whether it is a sanitizer build.
+ *   KVTIER_CUDART, KVTIER_CUDA_COPY  which CUDA runtime to load and which
+ *                    copy mode to use (src/cuda, docs/gpu.md).
+ *   KVTIER_TEST_FAKE_CUDA  the GPU check runs over the fake runtime.
+ * tests/env_names.sh checks that every KVTIER_ name the sources and docs
+ * mention is accepted here or is an option. */
+static const char *const NON_OPTION_ENV[] = {
+    "KVTIER_TEST_TMP", "KVTIER_LOG",     "KVTIER_LOG_FORMAT", "KVTIER_PD_QUIET",
+    "KVTIER_PD_CHECKSUM_THREADS", "KVTIER_LIB", "KVTIER_SANITIZE", "KVTIER_CUDART",
+    "KVTIER_CUDA_COPY", "KVTIER_TEST_FAKE_CUDA"};
 
 #define ENV_PREFIX "KVTIER_"
 #define MAX_FILE_BYTES (1u << 20)
