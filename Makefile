@@ -5,7 +5,7 @@ JOBS       ?= $(shell nproc)
 FUZZ_SECS  ?= 10
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build demo demo-python test test-fast test-asan test-tsan test-fuzz bench clean install
+.PHONY: all deps build demo demo-python test test-fast test-release test-asan test-tsan test-fuzz bench clean install
 PREFIX     ?= /usr/local
 
 all: build
@@ -27,13 +27,20 @@ demo-python: build
 	KVTIER_LIB=$(BUILD)/libkvtier.so /usr/bin/python3 examples/python/sglang_hicache_example.py
 	KVTIER_LIB=$(BUILD)/libkvtier.so /usr/bin/python3 examples/python/vllm_connector_example.py
 
-# The whole suite: plain build, then ASan+UBSan, then TSan on the
-# concurrent tests, then each fuzz target briefly.
-test: test-fast test-asan test-tsan test-fuzz
+# The whole suite: plain build, then a Release (-O3) build of the library
+# and CLI, then ASan+UBSan, then TSan on the concurrent tests, then each
+# fuzz target briefly.
+test: test-fast test-release test-asan test-tsan test-fuzz
 	@echo "make test: all suites passed"
 
 test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# -O3 turns on GCC checks (format truncation) that -O2 does not, and the
+# build treats warnings as errors: a user's Release build must compile.
+test-release: deps
+	@cmake -S . -B build-release -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build build-release -j $(JOBS) --target kvtier_cli
 
 test-asan: deps
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKVT_SANITIZE=address >/dev/null
@@ -63,4 +70,4 @@ bench: build
 	$(BUILD)/kvtier bench index
 
 clean:
-	rm -rf build build-asan build-tsan build-fuzz
+	rm -rf build build-release build-asan build-tsan build-fuzz
