@@ -219,14 +219,35 @@ static void write_done(void *arg, kvt_status st)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Picks an SSD slot for entry id, evicting cold leaves from the SSD tier
- * when it is full. KVT_SSD_NONE when everything left is pinned. */
+#define RECLAIM_WAIT_MS 2000
+
+/* Leaves evicted at once when the SSD tier is full: a freed slot is usable
+ * only after a commit round makes its DEL durable, so freeing a few per
+ * round keeps a steady stream of writes from waiting on every block. */
+static uint32_t reclaim_batch(const kvt_cache *c)
+{
+    uint32_t n = kvt__ssd_blocks_total(c->ssd) / 64;
+    return n < 1 ? 1 : n > 32 ? 32 : n;
+}
+
+/* Picks an SSD slot for a write (mutex held), evicting cold leaves from the
+ * SSD tier when it is full and waiting, without the mutex (the store's
+ * rounds call back into the cache), for their slots to come back.
+ * KVT_SSD_NONE when everything left is pinned or no freed slot comes back
+ * in time (the journal cannot be written). */
 static uint32_t ssd_slot_for(kvt_cache *c)
 {
     for (;;) {
         uint32_t slot = kvt__ssd_alloc(c->ssd);
         if (slot != KVT_SSD_NONE) return slot;
-        if (evict_leaves(c, 1) == 0) return KVT_SSD_NONE;
+        if (kvt__ssd_blocks_free(c->ssd) == 0) {
+            if (evict_leaves(c, reclaim_batch(c)) == 0) return KVT_SSD_NONE;
+            continue; /* the evicted leaves may have had no SSD copy */
+        }
+        pthread_mutex_unlock(&c->mu);
+        bool back = kvt__ssd_wait_reclaim(c->ssd, kvt__deadline_ns(RECLAIM_WAIT_MS));
+        pthread_mutex_lock(&c->mu);
+        if (!back) return KVT_SSD_NONE;
     }
 }
 

@@ -97,10 +97,12 @@ static kvt_status alloc_tables(kvt_ssd *s, uint32_t qd)
     s->gen = calloc(t, sizeof *s->gen);
     s->dels = calloc(t, sizeof *s->dels);
     s->dels_commit = calloc(t, sizeof *s->dels_commit);
-    s->del_pending = calloc(t, 1);
+    s->released = calloc(t, sizeof *s->released);
+    s->reclaim = calloc(t, sizeof *s->reclaim);
+    s->inflight = calloc(t, sizeof *s->inflight);
     s->reqs = calloc(s->nreq, sizeof *s->reqs);
     bool ok = s->slots && s->durable && s->free_stack && s->allocated && s->gen && s->dels &&
-              s->dels_commit && s->del_pending && s->reqs;
+              s->dels_commit && s->released && s->reclaim && s->inflight && s->reqs;
     for (uint32_t d = 0; ok && d < s->ndirs; d++) {
         s->dirs[d].jbuf = malloc((size_t)KVT_SSD_JBUF_RECS * KVT_SSD_REC_BYTES);
         ok = s->dirs[d].jbuf != NULL;
@@ -384,7 +386,9 @@ void kvt__ssd_close(kvt_ssd *s)
     free(s->gen);
     free(s->dels);
     free(s->dels_commit);
-    free(s->del_pending);
+    free(s->released);
+    free(s->reclaim);
+    free((void *)s->inflight);
     free(s->reqs);
     pthread_cond_destroy(&s->ccv);
     pthread_cond_destroy(&s->dcv);
@@ -395,11 +399,29 @@ void kvt__ssd_close(kvt_ssd *s)
 /* ---- slots ----------------------------------------------------------- */
 
 uint32_t kvt__ssd_blocks_total(const kvt_ssd *s) { return s ? s->total : 0; }
-uint32_t kvt__ssd_blocks_free(const kvt_ssd *s) { return s ? s->nfree : 0; }
+uint32_t kvt__ssd_blocks_free(const kvt_ssd *s)
+{
+    kvt_ssd *m = (kvt_ssd *)s; /* atomics: loads through a non-const pointer */
+    return m ? m->nfree + atomic_load_explicit(&m->reclaiming, memory_order_relaxed) : 0;
+}
 const char *kvt__ssd_backend(const kvt_ssd *s) { return s && s->ops ? s->ops->name : "none"; }
+
+/* Refills the free stack from the released slots: one lock per refill. */
+static void take_released(kvt_ssd *s)
+{
+    pthread_mutex_lock(&s->cmu);
+    uint32_t n = s->nreleased;
+    memcpy(s->free_stack + s->nfree, s->released, (size_t)n * sizeof *s->released);
+    s->nfree += n;
+    s->nreleased = 0;
+    atomic_fetch_sub(&s->reclaiming, n);
+    pthread_mutex_unlock(&s->cmu);
+}
 
 uint32_t kvt__ssd_alloc(kvt_ssd *s)
 {
+    if (s && s->nfree == 0 && atomic_load_explicit(&s->reclaiming, memory_order_relaxed))
+        take_released(s);
     if (!s || s->nfree == 0) return KVT_SSD_NONE;
     uint32_t slot = s->free_stack[--s->nfree];
     s->allocated[slot] = 1;

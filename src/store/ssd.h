@@ -57,7 +57,7 @@ kvt_status kvt__ssd_open(kvt_ssd **out, const kvt_ssd_params *p);
 void kvt__ssd_close(kvt_ssd *s);
 
 uint32_t kvt__ssd_blocks_total(const kvt_ssd *s);
-uint32_t kvt__ssd_blocks_free(const kvt_ssd *s);
+uint32_t kvt__ssd_blocks_free(const kvt_ssd *s); /* free, or freed and on their way back */
 const char *kvt__ssd_backend(const kvt_ssd *s); /* "io_uring" or "threads" */
 
 /* Calls fn for every block recovered from the journal at open, parents
@@ -68,6 +68,13 @@ uint32_t kvt__ssd_recover(kvt_ssd *s, kvt_ssd_recover_fn fn, void *arg);
 
 uint32_t kvt__ssd_alloc(kvt_ssd *s);            /* KVT_SSD_NONE when full */
 void kvt__ssd_free(kvt_ssd *s, uint32_t slot);  /* forgets the slot's block (journaled lazily) */
+/* A freed slot is handed out again only once its DEL record is durable (a
+ * commit round later), so kvt__ssd_alloc may say full while frees are on
+ * their way back (kvt__ssd_blocks_free counts them). Waits, asking for a
+ * round at once, until one is ready: true; false when none is coming (their
+ * DELs failed: those slots stay out of use) or at deadline_ns. Call without
+ * any lock a done callback takes. */
+bool kvt__ssd_wait_reclaim(kvt_ssd *s, uint64_t deadline_ns);
 
 typedef void (*kvt_ssd_done_fn)(void *arg, kvt_status st);
 /* write/read return KVT_OK when the I/O is queued, and then done is called
@@ -122,6 +129,7 @@ typedef struct kvt_ssd_stats {
     uint64_t writes, write_bytes, reads, read_bytes;
     uint64_t write_errors, read_errors, corrupt_reads;
     uint64_t journal_records, journal_compactions;
+    uint64_t withheld_slots; /* freed, but their DEL failed: out of use until restart */
 } kvt_ssd_stats;
 void kvt__ssd_stats(const kvt_ssd *s, kvt_ssd_stats *out);
 

@@ -48,6 +48,7 @@ typedef struct ssd_req {
     _Atomic uint32_t next_free;
     bool write, flip; /* flip: injected corruption of a read */
     uint32_t slot, gen;
+    bool journaled; /* a PUT record for it is in this round's journal buffer */
     kvt_hash128 key, parent;
     bool has_parent;
     uint64_t csum;
@@ -85,8 +86,18 @@ struct kvt_ssd {
     ssd_req *cq_head, *cq_tail;
     uint32_t *dels, ndels;       /* frees not yet journaled */
     uint32_t *dels_commit;       /* the commit thread's copy */
-    uint8_t *del_pending;        /* per slot: already in dels */
     bool stop, flush_dels, busy; /* busy: a commit round is running */
+    /* Reclaim: a freed slot is handed out again only once the journal no
+     * longer names its old block (its DEL is durable, or it never had a
+     * PUT) and no I/O on it is in flight; until then a crash or a failed
+     * round would leave a PUT naming overwritten bytes. released: ready for
+     * kvt__ssd_alloc (moved to free_stack when that runs dry). reclaiming:
+     * freed slots not yet in free_stack, less those whose DEL could not be
+     * written (they stay out of use, their old block intact and journaled). */
+    uint32_t *released, nreleased;
+    _Atomic uint32_t reclaiming;
+    uint32_t *reclaim;           /* the commit thread's round list */
+    _Atomic uint16_t *inflight;  /* per slot: I/Os submitted and not completed */
     pthread_t commit_th;
     bool commit_started;
 
@@ -111,6 +122,7 @@ struct kvt_ssd {
 
     _Atomic uint64_t st_writes, st_write_bytes, st_reads, st_read_bytes;
     _Atomic uint64_t st_write_errors, st_read_errors, st_corrupt, st_jrecs, st_compactions;
+    _Atomic uint64_t st_withheld; /* slots kept out of use: their DEL failed */
 };
 
 static inline ssd_dir *kvt__ssd_dir_of(kvt_ssd *s, uint32_t slot) { return &s->dirs[slot % s->ndirs]; }

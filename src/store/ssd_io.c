@@ -198,6 +198,7 @@ static ssd_req *req_start(kvt_ssd *s, uint32_t slot, void *buf, bool write, kvt_
 static void submit(kvt_ssd *s, ssd_req *r)
 {
     apply_fault(s, r);
+    atomic_fetch_add_explicit(&s->inflight[r->slot], 1, memory_order_relaxed);
     if (r->early != KVT_OK) r->io.op = KVT_IO_NOP;
     atomic_fetch_add(&s->outstanding, 1);
     if (r->write) atomic_fetch_add(&s->writes_submitted, 1);
@@ -289,6 +290,8 @@ void kvt__ssd_io_complete(void *ctx, kvt_io_req **reqs, uint32_t n)
     ssd_req *head = NULL, *tail = NULL;
     for (uint32_t i = 0; i < n; i++) {
         ssd_req *r = (ssd_req *)reqs[i];
+        /* The device is done with the slot: a free of it may now reclaim it. */
+        atomic_fetch_sub_explicit(&s->inflight[r->slot], 1, memory_order_release);
         if (!r->write) {
             finish_read(s, r);
             continue;
@@ -335,35 +338,86 @@ static void round_begin(kvt_ssd *s)
     }
 }
 
-static void journal_dels(kvt_ssd *s, uint32_t ndels)
+/* The round's frees, sorted in place: [0, *nj) get a DEL record (the
+ * journal names their block), the last *ndefer still have I/O in flight
+ * and wait for a later round, and those the journal never named are
+ * reclaimable at once (appended to s->reclaim, *nrel counts them). durable
+ * changes only once the records are on disk (apply_round). */
+static void journal_dels(kvt_ssd *s, uint32_t ndels, uint32_t *nj, uint32_t *ndefer,
+                         uint32_t *nrel)
 {
-    for (uint32_t i = 0; i < ndels; i++) {
-        uint32_t slot = s->dels_commit[i];
-        kvt_ssd_slot *e = &s->durable[slot];
-        if (!e->live) continue; /* never made durable: nothing to forget */
-        e->live = 0;
-        ssd_dir *dir = kvt__ssd_dir_of(s, slot);
-        dir->jlive--;
+    uint32_t *v = s->dels_commit, j = 0, back = ndels;
+    for (uint32_t i = 0; i < back;) {
+        uint32_t slot = v[i];
+        if (atomic_load_explicit(&s->inflight[slot], memory_order_acquire) != 0) {
+            v[i] = v[--back];
+            v[back] = slot;
+            continue;
+        }
+        i++;
+        if (!s->durable[slot].live) {
+            s->reclaim[(*nrel)++] = slot;
+            continue;
+        }
         kvt_ssd_rec rec = {.type = KVT_SSD_REC_DEL, .slot = kvt__ssd_local(s, slot)};
-        kvt__ssd_journal_add(s, dir, &rec);
+        kvt__ssd_journal_add(s, kvt__ssd_dir_of(s, slot), &rec);
+        v[j++] = slot; /* j < i: v[j] was already read */
     }
+    *nj = j;
+    *ndefer = ndels - back;
 }
 
-/* A write whose slot was freed after it was submitted is not journaled: its
- * slot may already hold (or be about to hold) another block. */
+/* A write whose slot was freed after it was submitted is not journaled: the
+ * slot's block is gone. */
 static void journal_puts(kvt_ssd *s, ssd_req *batch)
 {
     for (ssd_req *r = batch; r; r = r->next_commit) {
         ssd_dir *dir = kvt__ssd_dir_of(s, r->slot);
-        if (dir->fail != KVT_OK || r->gen != atomic_load(&s->gen[r->slot])) continue;
-        kvt_ssd_slot *e = &s->durable[r->slot];
-        if (!e->live) dir->jlive++;
-        *e = (kvt_ssd_slot){r->key, r->parent, r->csum, r->has_parent, 1};
+        r->journaled = dir->fail == KVT_OK && r->gen == atomic_load(&s->gen[r->slot]);
+        if (!r->journaled) continue;
         kvt_ssd_rec rec = {.type = KVT_SSD_REC_PUT, .has_parent = r->has_parent,
                            .slot = kvt__ssd_local(s, r->slot), .key = r->key,
                            .parent = r->parent, .csum = r->csum};
         kvt__ssd_journal_add(s, dir, &rec);
     }
+}
+
+/* After the commit: durable follows what each journal now holds. A DEL its
+ * journal did not take leaves the slot out of use for the store's life (the
+ * old PUT still names it, and its bytes are intact); every other freed slot
+ * is reclaimable. */
+static void apply_round(kvt_ssd *s, ssd_req *batch, uint32_t nj, uint32_t *nrel)
+{
+    for (uint32_t i = 0; i < nj; i++) {
+        uint32_t slot = s->dels_commit[i];
+        ssd_dir *dir = kvt__ssd_dir_of(s, slot);
+        if (dir->fail != KVT_OK) {
+            atomic_fetch_sub(&s->reclaiming, 1);
+            atomic_fetch_add_explicit(&s->st_withheld, 1, memory_order_relaxed);
+            continue;
+        }
+        s->durable[slot].live = 0;
+        dir->jlive--;
+        s->reclaim[(*nrel)++] = slot;
+    }
+    for (ssd_req *r = batch; r; r = r->next_commit) {
+        ssd_dir *dir = kvt__ssd_dir_of(s, r->slot);
+        if (!r->journaled || dir->fail != KVT_OK) continue;
+        kvt_ssd_slot *e = &s->durable[r->slot];
+        if (!e->live) dir->jlive++;
+        *e = (kvt_ssd_slot){r->key, r->parent, r->csum, r->has_parent, 1};
+    }
+}
+
+/* Hands the round's reclaimable slots to kvt__ssd_alloc and puts the
+ * deferred frees back for the next round. */
+static void publish_round(kvt_ssd *s, uint32_t ndels, uint32_t ndefer, uint32_t nrel)
+{
+    pthread_mutex_lock(&s->cmu);
+    memcpy(s->released + s->nreleased, s->reclaim, (size_t)nrel * sizeof *s->reclaim);
+    s->nreleased += nrel;
+    for (uint32_t i = ndels - ndefer; i < ndels; i++) s->dels[s->ndels++] = s->dels_commit[i];
+    pthread_mutex_unlock(&s->cmu);
 }
 
 static void finish_batch(kvt_ssd *s, ssd_req *batch)
@@ -391,9 +445,12 @@ static void commit_round(kvt_ssd *s, ssd_req *batch, uint32_t ndels)
         if (s->dirs[d].touched && fdatasync(s->dirs[d].data_fd) != 0)
             s->dirs[d].fail = kvt__ssd_note_failure(s, errno, s->dirs[d].path, KVT_SSD_DATA_NAME,
                                                     "fdatasync");
-    journal_dels(s, ndels);
+    uint32_t nj = 0, ndefer = 0, nrel = 0;
+    journal_dels(s, ndels, &nj, &ndefer, &nrel);
     journal_puts(s, batch);
     for (uint32_t d = 0; d < s->ndirs; d++) kvt__ssd_journal_commit(s, &s->dirs[d]);
+    apply_round(s, batch, nj, &nrel);
+    publish_round(s, ndels, ndefer, nrel);
     finish_batch(s, batch);
     for (uint32_t d = 0; d < s->ndirs; d++) kvt__ssd_journal_maybe_compact(s, d);
 }
@@ -412,7 +469,6 @@ static bool take_work(kvt_ssd *s, ssd_req **batch, uint32_t *ndels)
     *ndels = s->ndels;
     s->ndels = 0;
     s->flush_dels = false;
-    for (uint32_t i = 0; i < *ndels; i++) s->del_pending[s->dels_commit[i]] = 0;
     bool go_on = !s->stop || *batch || *ndels;
     s->busy = *batch || *ndels;
     pthread_mutex_unlock(&s->cmu);
@@ -440,14 +496,15 @@ void kvt__ssd_free(kvt_ssd *s, uint32_t slot)
     s->allocated[slot] = 0;
     s->slots[slot].live = 0;
     atomic_fetch_add(&s->gen[slot], 1);
-    s->free_stack[s->nfree++] = slot;
+    atomic_fetch_add(&s->reclaiming, 1);
+    /* Not reusable yet: the commit thread releases it (see reclaim in
+     * ssd_internal.h). A slot is in dels at most once: it cannot be freed
+     * again before it is allocated again. */
     pthread_mutex_lock(&s->cmu);
-    if (!s->del_pending[slot]) {
-        s->del_pending[slot] = 1;
-        s->dels[s->ndels++] = slot;
-    }
+    s->dels[s->ndels++] = slot;
     pthread_mutex_unlock(&s->cmu);
 }
+
 
 /* ---- waiting --------------------------------------------------------- */
 
@@ -481,6 +538,25 @@ kvt_status kvt__ssd_sync(kvt_ssd *s, uint64_t deadline_ns)
                          (unsigned long long)(target - atomic_load(&s->writes_finished)),
                          (unsigned long long)target);
     return KVT_OK;
+}
+
+static bool reclaimed(kvt_ssd *s, uint64_t unused)
+{
+    (void)unused;
+    if (s->nreleased > 0 || atomic_load(&s->reclaiming) == 0) return true;
+    s->flush_dels = true; /* a round now, not at the commit thread's idle tick */
+    pthread_cond_signal(&s->ccv);
+    return false;
+}
+
+bool kvt__ssd_wait_reclaim(kvt_ssd *s, uint64_t deadline_ns)
+{
+    if (!s) return false;
+    wait_until(s, reclaimed, 0, deadline_ns);
+    pthread_mutex_lock(&s->cmu);
+    bool ready = s->nreleased > 0;
+    pthread_mutex_unlock(&s->cmu);
+    return ready;
 }
 
 /* ---- start / stop ---------------------------------------------------- */
@@ -562,4 +638,5 @@ void kvt__ssd_stats(const kvt_ssd *s, kvt_ssd_stats *out)
     out->corrupt_reads = atomic_load(&m->st_corrupt);
     out->journal_records = atomic_load(&m->st_jrecs);
     out->journal_compactions = atomic_load(&m->st_compactions);
+    out->withheld_slots = atomic_load(&m->st_withheld);
 }

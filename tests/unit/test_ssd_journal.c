@@ -384,12 +384,77 @@ static void test_format(void **state)
     assert_true(sc.torn);
 }
 
+/* Issue 24 item 4: a freed slot was handed out again before its DEL record
+ * was durable. When that commit round failed (a full disk: ENOSPC), the
+ * journal kept the old block's PUT while the slot already held new bytes:
+ * fsck found bad blocks after every recovery. Now a slot is reused only once
+ * the journal no longer names its old block; a DEL that cannot be written
+ * keeps the slot (and its intact old block) out of use. */
+static void test_failed_round_keeps_freed_slots(void **state)
+{
+    const char *io = test_io(state);
+    char dir[PATH_MAX];
+    tmp_dir(dir, sizeof dir);
+    kvt_ssd_params p = test_params(dir, io, BLOCK, 8);
+    kvt_ssd *s = NULL;
+    assert_ok(kvt__ssd_open(&s, &p));
+    uint8_t *w = aligned_buf(BLOCK), *r = aligned_buf(BLOCK);
+    uint32_t slot[8];
+    for (uint32_t i = 0; i < 8; i++) {
+        slot[i] = kvt__ssd_alloc(s);
+        fill(w, BLOCK, 500 + i);
+        assert_ok(write_sync(s, slot[i], w, test_key(500 + i), test_key(0), false));
+    }
+    assert_int_equal(kvt__ssd_alloc(s), KVT_SSD_NONE);
+
+    /* The healthy path: a freed slot comes back once its DEL is durable. */
+    kvt__ssd_free(s, slot[0]);
+    assert_int_equal(kvt__ssd_blocks_free(s), 1);
+    assert_true(kvt__ssd_wait_reclaim(s, kvt__deadline_ns(WAIT_MS)));
+    assert_int_equal(kvt__ssd_alloc(s), slot[0]);
+    fill(w, BLOCK, 600);
+    assert_ok(write_sync(s, slot[0], w, test_key(600), test_key(0), false));
+
+    /* The full disk: every journal write fails from here on. */
+    kvt__ssd_inject_journal(s, ENOSPC, 0, UINT32_MAX);
+    for (uint32_t i = 1; i < 4; i++) kvt__ssd_free(s, slot[i]);
+    assert_false(kvt__ssd_wait_reclaim(s, kvt__deadline_ns(WAIT_MS)));
+    for (uint32_t k = 0; k < 3; k++) {
+        uint32_t got = kvt__ssd_alloc(s);
+        if (got == KVT_SSD_NONE) continue;
+        fill(w, BLOCK, 700 + k); /* before the fix: overwrote a block the journal still named */
+        assert_status(write_sync(s, got, w, test_key(700 + k), test_key(0), false), KVT_ENOSPC);
+    }
+    assert_int_equal(kvt__ssd_alloc(s), KVT_SSD_NONE);
+    kvt__ssd_inject_journal(s, 0, 0, 0);
+    kvt__ssd_close(s);
+
+    kvt_ssd_fsck_report rep;
+    assert_ok(kvt__ssd_fsck(dir, false, &rep));
+    assert_int_equal(rep.bad_blocks, 0);
+    assert_int_equal(rep.bad_records, 0);
+    assert_int_equal(rep.blocks, 8); /* 1..3 are still journaled, with their own bytes */
+    assert_ok(kvt__ssd_open(&s, &p));
+    assert_int_equal(kvt__ssd_recover(s, count_recovered, NULL), 8);
+    for (uint32_t i = 0; i < 8; i++) {
+        uint64_t seed = i == 0 ? 600 : 500 + i;
+        fill(w, BLOCK, seed);
+        assert_ok(read_sync(s, slot[i], r, test_key(seed)));
+        assert_memory_equal(r, w, BLOCK);
+    }
+    kvt__ssd_close(s);
+    free(w);
+    free(r);
+    rm_rf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         SSD_TESTS(test_truncated_tail), SSD_TESTS(test_garbled), SSD_TESTS(test_damaged_middle),
         SSD_TESTS(test_data_file_damaged), SSD_TESTS(test_compaction),
         SSD_TESTS(test_fsck), cmocka_unit_test(test_format),
+        SSD_TESTS(test_failed_round_keeps_freed_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
