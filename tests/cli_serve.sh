@@ -99,6 +99,10 @@ grep -Eq "info: server: client pid [0-9]+ \(uid $(id -u)\) detached" "$T/log" ||
     { echo "cli_serve: no attach/detach lines"; cat "$T/log"; exit 1; }
 [ "$(grep -c "attached" "$T/log")" -eq 1 ] ||
     { echo "cli_serve: watchers logged their attaches at info:"; cat "$T/log"; exit 1; }
+# The start banner names every tier, the version and the metrics endpoint.
+grep -q "serving on $S (pid [0-9]*, version [0-9.]*, geometry g[0-9a-f]\{16\}: CPU tier [0-9]* blocks of .*; no metrics endpoint (metrics_port=0))" "$T/log" &&
+grep -q "geometry g[0-9a-f]\{16\}: 4 layers, .*: CPU tier [0-9]* blocks of [0-9]* bytes (4k pages), no SSD tier \[1 of at most 1 geometries\]" "$T/log" ||
+    { echo "cli_serve: the start banner:"; cat "$T/log"; exit 1; }
 # No --model: any geometry.
 rc=0
 "$K" serve --socket "$T/any.sock" --tp 2 >/dev/null 2>"$T/tp" || rc=$?
@@ -107,7 +111,7 @@ rc=0
 A="$T/any.sock"
 MP=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$K" serve --socket "$A" --set cpu_capacity=16MiB --set huge_pages=false \
-    --set metrics_port="$MP" 2>"$T/any.log" &
+    --set metrics_port="$MP" --set ssd_dirs="$T/ssd" --set ssd_capacity=8MiB 2>"$T/any.log" &
 SRV=$!
 wait_for "$A" "$T/any.log"
 rc=0
@@ -118,7 +122,8 @@ rc=0
 "$K" stats --socket "$A" --model tiny --tp 1 --json >"$T/any2.json" 2>&1 ||
     { echo "cli_serve: two geometries did not attach:"; cat "$T/any1.json" "$T/any2.json" "$T/any.log"; exit 1; }
 [ "$(grep -c "geometry g[0-9a-f]*: 4 layers" "$T/any.log")" -eq 2 ] &&
-grep -q "any geometry, up to 4 at once" "$T/any.log" ||
+grep -q "any geometry, up to 4 at once, each with 4194304 bytes of CPU tier and a share of the SSD tier under $T/ssd: .*; metrics on http://127.0.0.1:$MP/metrics)" "$T/any.log" &&
+[ "$(grep -c "4 layers, .*, SSD tier [1-9][0-9]* blocks in $T/ssd/g[0-9a-f]\{16\} (.*), 0 recovered \[" "$T/any.log")" -eq 2 ] ||
     { echo "cli_serve: the any-geometry server's log:"; cat "$T/any.log"; exit 1; }
 # Its /metrics: each geometry's tier labelled, the server's families once.
 /usr/bin/python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode())' "$MP" >"$T/any.metrics" ||

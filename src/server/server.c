@@ -244,6 +244,20 @@ static kvt_status other_geometry(kvt_server *s, const kvt_geometry *geo, uint32_
                            "client; a server holds several with server_max_geometries)");
 }
 
+/* "SSD tier 512 blocks in DIR (io_uring), 37 recovered" or "no SSD tier":
+ * the start banner says what each tier holds after a restart. */
+static void ssd_banner(const kvt_srv_shard *sh, char *out, size_t cap)
+{
+    kvt_cache_stats st;
+    if (kvt_cache_stats_get(sh->cache, &st) != KVT_OK || st.ssd_blocks_total == 0) {
+        snprintf(out, cap, "no SSD tier");
+        return;
+    }
+    snprintf(out, cap, "SSD tier %llu blocks in %s (%s), %llu recovered",
+             (unsigned long long)st.ssd_blocks_total, sh->cache->cfg.ssd_dirs,
+             kvt__ssd_backend(sh->cache->ssd), (unsigned long long)st.recovered_blocks);
+}
+
 kvt_status kvt__srv_shard_get(kvt_server *s, const kvt_geometry *geo, uint32_t block_tokens,
                               kvt_srv_shard **out)
 {
@@ -271,12 +285,14 @@ kvt_status kvt__srv_shard_get(kvt_server *s, const kvt_geometry *geo, uint32_t b
         else if (!(st = shard_create(s, geo, bt, fp, &sh))) {
             s->shards[n] = sh;
             atomic_store(&s->nshards, n + 1);
+            char ssd[PATH_MAX + 96];
+            ssd_banner(sh, ssd, sizeof ssd);
             kvt__srv_log(KVT_LOG_INFO, "geometry %s: %u layers, %llu bytes per token, %u tokens "
                          "per page, block_tokens %u: CPU tier %u blocks of %llu bytes (%s pages)"
-                         " [%u of at most %u geometries]", sh->id, geo->num_layers,
+                         ", %s [%u of at most %u geometries]", sh->id, geo->num_layers,
                          (unsigned long long)kvt__geo_bytes_per_token(geo),
                          geo->tokens_per_page, bt, sh->shm.num_blocks,
-                         (unsigned long long)sh->shm.block_bytes, sh->shm.pages, n + 1,
+                         (unsigned long long)sh->shm.block_bytes, sh->shm.pages, ssd, n + 1,
                          s->max_shards);
         }
     }
@@ -615,6 +631,20 @@ static bool accept_one(kvt_server *s)
     return true;
 }
 
+/* Where /metrics is served (the server's own endpoint with several
+ * geometries, else its one tier's), or that it is off. */
+static void metrics_banner(kvt_server *s, char *out, size_t cap)
+{
+    kvt_srv_shard *first = kvt__srv_shard_first(s);
+    struct kvt_metrics_http *h = s->metrics ? s->metrics : first ? first->cache->metrics_http : NULL;
+    if (!h) {
+        snprintf(out, cap, "no metrics endpoint (metrics_port=0)");
+        return;
+    }
+    snprintf(out, cap, "metrics on http://%s:%u/metrics", s->cfg.metrics_addr,
+             (unsigned)kvt__metrics_http_port(h));
+}
+
 kvt_status kvt_server_run(kvt_server *s)
 {
     static const char fn[] = "kvt_server_run";
@@ -624,17 +654,21 @@ kvt_status kvt_server_run(kvt_server *s)
     if (!atomic_compare_exchange_strong(&s->state, &expect, 1))
         return kvt__fail(KVT_ESTATE, "%s: the server is already running or stopped", fn);
     kvt_srv_shard *first = kvt__srv_shard_first(s);
+    char metrics[160];
+    metrics_banner(s, metrics, sizeof metrics);
     if (first)
-        kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, geometry %s: CPU tier %u blocks of "
-                     "%llu bytes, %s pages; up to %u geometries)", s->path, (long)getpid(),
-                     first->id, first->shm.num_blocks,
+        kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, version %s, geometry %s: CPU tier %u "
+                     "blocks of %llu bytes, %s pages; up to %u geometries; %s)", s->path,
+                     (long)getpid(), kvt_version_string(), first->id, first->shm.num_blocks,
                      (unsigned long long)first->shm.block_bytes, first->shm.pages,
-                     s->max_shards);
+                     s->max_shards, metrics);
     else
-        kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld; any geometry, up to %u at once, "
-                     "each with %llu bytes of CPU tier: a tier is made at the first attach of "
-                     "its geometry)", s->path, (long)getpid(), s->max_shards,
-                     (unsigned long long)(s->cfg.cpu_capacity / s->max_shards));
+        kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, version %s; any geometry, up to %u "
+                     "at once, each with %llu bytes of CPU tier%s%s: a tier is made at the first "
+                     "attach of its geometry; %s)", s->path, (long)getpid(), kvt_version_string(),
+                     s->max_shards, (unsigned long long)(s->cfg.cpu_capacity / s->max_shards),
+                     s->cfg.ssd_dirs[0] ? " and a share of the SSD tier under " : "",
+                     s->cfg.ssd_dirs, metrics);
     if (first && !strcmp(first->shm.pages, "4k"))
         kvt__srv_log(KVT_LOG_INFO, "the CPU tier has 4 KiB pages (no huge pages reserved, shmem "
                      "THP off): clients store slower (docs/server.md, Performance)");
