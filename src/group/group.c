@@ -83,13 +83,21 @@ kvt_status kvt__group_abortf(kvt_group *g, uint32_t except, const char *fmt, ...
     return abort_with(g, except, g->rank, text);
 }
 
-static kvt_status remote_abort(kvt_group *g, const kvt_frame *f)
+/* peer: the link it came on, which names a sender whose reason is garbled
+ * (its frame's own sender field may be as garbled). */
+static kvt_status remote_abort(kvt_group *g, const kvt_frame *f, uint32_t peer)
 {
     uint32_t origin = 0;
     char text[KVT_NOTE_TEXT_MAX + 1];
-    if (kvt__note_decode(f->payload, f->len, &origin, text, sizeof text) != KVT_OK)
-        snprintf(text, sizeof text, "(unreadable reason)");
     char full[KVT_ERRMSG_MAX];
+    if (kvt__note_decode(f->payload, f->len, &origin, text, sizeof text) != KVT_OK) {
+        /* Who it came from is all that is known: the sender is named, not
+         * the origin field's default (rank 0). */
+        origin = peer;
+        snprintf(text, sizeof text, "group aborted (epoch %llu): rank %u sent an abort whose "
+                 "reason could not be read (%u bytes)", (unsigned long long)g->epoch, origin,
+                 (unsigned)f->len);
+    }
     snprintf(full, sizeof full, "group aborted by rank %u (epoch %llu): %s", origin,
              (unsigned long long)g->epoch, text);
     /* The leader relays to everyone else; the origin already knows. */
@@ -163,7 +171,7 @@ kvt_status kvt__group_recv(kvt_group *g, uint32_t peer, uint32_t ch, uint32_t op
         }
         if (f->epoch < g->epoch) continue; /* left over from an aborted epoch */
         if (f->op == KVT_OP_ABORT && f->channel == KVT_CH_CONTROL && f->epoch == g->epoch)
-            return remote_abort(g, f);
+            return remote_abort(g, f, peer);
         st = check_frame(g, peer, ch, op, f);
         if (st != KVT_OK) return st;
         (*seq_slot(g->rx_seq, peer, ch))++;

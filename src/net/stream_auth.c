@@ -236,6 +236,13 @@ kvt_status kvt__stream_auth_client(int fd, const kvt_stream_auth *a, uint64_t dl
     client_hello(a, hello);
     kvt_status st = io(fd, hello, sizeof hello, dl, 1);
     if (!st) st = io(fd, chal, ACK_LEN, dl, 0);
+    if (st == KVT_ETIMEDOUT && r->claims_rank)
+        /* A hub whose group has formed accepts at the kernel and answers no
+         * one, so silence most often means this rank's place is taken. */
+        return kvt__fail(KVT_ECONN, "%s: the %s did not answer the hello in time: its group may "
+                         "have formed without this rank (its place may be taken: another "
+                         "process running as rank %u, or a stale one from an earlier run), or "
+                         "the address is not this group's hub", a->who, r->server_noun, a->rank);
     if (st == KVT_ETIMEDOUT)
         return kvt__fail(KVT_ECONN, "%s: the %s did not answer the hello in time", a->who, r->server_noun);
     if (st)

@@ -27,6 +27,7 @@ typedef struct run {
     int extra_step[TG_MAX_RANKS]; /* this rank calls step k twice */
     int raise_at[TG_MAX_RANKS];   /* this rank aborts at step k instead of stepping */
     int crash_at[TG_MAX_RANKS];   /* this rank stops at step k without a word */
+    int garble_at[TG_MAX_RANKS];  /* this rank sends an ABORT whose reason is garbage */
     int reform;                   /* after the run, every rank re-forms and steps */
     /* results */
     kvt_status create_st[TG_MAX_RANKS], step_st[TG_MAX_RANKS], reform_st[TG_MAX_RANKS];
@@ -48,6 +49,7 @@ static void run_init(run *r, uint32_t pp, uint32_t cp, uint32_t tp)
     r->tp = tp;
     for (uint32_t i = 0; i < TG_MAX_RANKS; i++) {
         r->skip_step[i] = r->extra_step[i] = r->raise_at[i] = r->crash_at[i] = -1;
+        r->garble_at[i] = -1;
         r->plan[i].peer = UINT32_MAX;
         r->geo[i] = 0x1111 + i / (cp * tp); /* one digest per stage */
         r->cfg[i] = 0x2222;
@@ -114,6 +116,13 @@ static kvt_status steps(run *r, kvt_group *g, uint32_t rank)
         if (k == r->raise_at[rank]) {
             __atomic_store_n(&r->t_fault, kvt__now_ns(), __ATOMIC_RELEASE);
             kvt_group_abort(g, "engine exception in store_kv");
+            return KVT_EABORTED;
+        }
+        if (k == r->garble_at[rank]) {
+            static const uint8_t junk[3] = {0xff, 0xff, 0xff};
+            __atomic_store_n(&r->t_fault, kvt__now_ns(), __ATOMIC_RELEASE);
+            (void)kvt__group_send(g, 0, KVT_CH_CONTROL, KVT_OP_ABORT, junk, sizeof junk,
+                                  kvt__deadline_ns(T_MS));
             return KVT_EABORTED;
         }
         if (k == r->skip_step[rank]) {
@@ -364,6 +373,25 @@ static void test_leader_raises(void **state)
     expect_abort(&r, n, UINT32_MAX);
     /* by the ABORT message: a member's own deadline is 2T after its UP */
     for (uint32_t i = 1; i < 4; i++) assert_true(r.observe_ms[i] < T_MS);
+}
+
+/* Issue 24 item 7: an ABORT whose reason cannot be decoded was blamed on
+ * rank 0 (the origin field's default). It is the sender's: the leader names
+ * rank 3, says the reason could not be read, and so does every member the
+ * leader relays it to. */
+static void test_unreadable_abort_names_its_sender(void **state)
+{
+    (void)state;
+    run r;
+    run_init(&r, 2, 1, 2);
+    r.garble_at[3] = 2;
+    run_all(&r);
+    for (uint32_t i = 0; i < 3; i++) {
+        assert_int_equal(r.step_st[i], KVT_EABORTED);
+        if (!strstr(r.msg[i], "rank 3 sent an abort whose reason could not be read (3 bytes)"))
+            fail_msg("rank %u: %s", i, r.msg[i]);
+        assert_null(strstr(r.msg[i], "aborted by rank 0"));
+    }
 }
 
 static void test_crashed_rank(void **state)
@@ -629,6 +657,7 @@ int main(void)
         cmocka_unit_test(test_extra_call),
         cmocka_unit_test(test_leader_raises),
         cmocka_unit_test(test_crashed_rank),
+        cmocka_unit_test(test_unreadable_abort_names_its_sender),
         cmocka_unit_test(test_seeded_faults),
         cmocka_unit_test(test_duplicated_handshake_frame),
         cmocka_unit_test(test_repeated_hello_across_reforms),

@@ -363,6 +363,40 @@ static void test_hub_dies_before_the_group_forms(void **state)
     kvt_net_destroy(r.n);
 }
 
+/* Issue 24 item 7: a stranger took rank 1's place and the group formed; the
+ * real rank 1 then heard only "the hub did not answer the hello in time".
+ * A formed hub answers no one, so the message now says what that likely
+ * means: the rank's place is taken (another process, or a stale rank of an
+ * earlier run), or the address is not this group's hub. */
+static void test_rank_taken_before_it_came(void **state)
+{
+    (void)state;
+    replaced r;
+    memset(&r, 0, sizeof r);
+    kvt_net_tcp_params hp = {0, 2, NULL, 0, NULL, 0, 0};
+    kvt_net *hub;
+    assert_ok(kvt_net_tcp_create(&hub, &hp));
+    assert_ok(kvt_net_tcp_port(hub, &r.port));
+    kvt_net_tcp_params mp = {1, 2, "127.0.0.1", r.port, NULL, 0, 0};
+    assert_ok(kvt_net_tcp_create(&r.n, &mp)); /* the stranger, claiming rank 1 */
+    pthread_t th;
+    pthread_create(&th, NULL, connect_rank, &r);
+    assert_ok(kvt_net_connect(hub, 10000));
+    pthread_join(th, NULL);
+    assert_ok(r.connect_st);
+    kvt_net *real;
+    assert_ok(kvt_net_tcp_create(&real, &mp));
+    kvt_status st = kvt_net_connect(real, 1500);
+    assert_true(st == KVT_ECONN || st == KVT_ETIMEDOUT);
+    const char *msg = kvt_last_error();
+    if (!strstr(msg, "rank 1") || !strstr(msg, "its place may be taken") ||
+        !strstr(msg, "127.0.0.1"))
+        fail_msg("the real rank 1 heard: %s", msg);
+    kvt_net_destroy(real);
+    kvt_net_destroy(r.n);
+    kvt_net_destroy(hub);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -371,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_dying_listener_accepted),
         cmocka_unit_test(test_dying_listener_queued),
         cmocka_unit_test(test_hub_dies_before_the_group_forms),
+        cmocka_unit_test(test_rank_taken_before_it_came),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
