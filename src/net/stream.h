@@ -85,6 +85,9 @@ typedef struct kvt_stream_auth {
     const kvt_auth_realm *realm; /* NULL: kvt__auth_pd */
     uint32_t rank, ranks;  /* group realm: the rank a client claims (rank
                               unused on the hub) and the group's size */
+    uint32_t refuse;       /* server: a refusal code decided before the
+                              handshake (KVT_AUTH_NOT_ADMITTED), sent in
+                              answer to a well-formed hello; 0: none */
 } kvt_stream_auth;
 
 /* A listening socket on host:port (port 0: ephemeral); *port_out gets it. */
@@ -180,7 +183,9 @@ enum {
     KVT_AUTH_BAD_HELLO = 4,
     /* the server's own version travels in the code's high 16 bits, so the
      * client can name both versions */
-    KVT_AUTH_BAD_VERSION = 5
+    KVT_AUTH_BAD_VERSION = 5,
+    /* the peer's identity (a node server's client uid) is not admitted */
+    KVT_AUTH_NOT_ADMITTED = 6
 };
 const char *kvt__auth_refusal(uint32_t code);
 uint32_t kvt__auth_hello(const kvt_stream_auth *a, const uint8_t hello[KVT_AUTH_HELLO],

@@ -56,6 +56,9 @@ const char *kvt__auth_refusal(uint32_t code)
     case KVT_AUTH_BAD_PROOF: return "wrong proof of the shared secret (the two ends hold different secrets)";
     case KVT_AUTH_BAD_HELLO: return "malformed hello (not a kvtier peer of this kind)";
     case KVT_AUTH_BAD_VERSION: return "another handshake version (upgrade both ends together)";
+    case KVT_AUTH_NOT_ADMITTED:
+        return "this client's user is not admitted (a node server admits its own user, root and "
+               "the members of server_socket_group)";
     default: {
         /* named by number: a newer peer's code, or not a kvtier peer */
         static _Thread_local char b[96];
@@ -195,6 +198,10 @@ kvt_status kvt__stream_auth_server(int fd, const kvt_stream_auth *a, uint64_t dl
     if (code == KVT_AUTH_OK && (st = io(fd, hello + 8, sizeof hello - 8, dl, 0)))
         return no_hello(st);
     if (code == KVT_AUTH_OK) code = kvt__auth_hello(a, hello, chal);
+    if (code == KVT_AUTH_OK && a->refuse) {
+        code = a->refuse;
+        kvt__auth_refuse_chal(a, chal, code);
+    }
     if (code != KVT_AUTH_OK) {
         (void)io(fd, chal, sizeof chal, dl, 1);
         if ((code & 0xffff) == KVT_AUTH_BAD_VERSION)

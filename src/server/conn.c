@@ -771,8 +771,10 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
 static kvt_status authenticate(kvt_srv_conn *c)
 {
     kvt_stream_auth a = {.secret = c->srv->secret, .secret_len = c->srv->secret_len,
-                         .who = "kvtier server", .realm = &kvt__auth_server};
+                         .who = "kvtier server", .realm = &kvt__auth_server,
+                         .refuse = c->not_admitted ? KVT_AUTH_NOT_ADMITTED : 0};
     kvt_status st = kvt__stream_auth_server(c->fd, &a, kvt__deadline_ns(FRAME_MS));
+    if (st && c->not_admitted) return st; /* accept_one logged it */
     if (st && !atomic_load(&c->pushed_out))
         kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld (uid %ld): %s", (long)c->pid,
                      (long)c->uid, *kvt_last_error() ? kvt_last_error() :

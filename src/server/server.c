@@ -588,15 +588,16 @@ static bool accept_one(kvt_server *s)
     }
     /* The socket's mode already keeps others out; this holds even if the
      * file's mode or owner was changed behind the server's back. */
-    if (cr.uid != geteuid() && cr.uid != 0 &&
-        !(s->grouped && kvt__srv_peer_in_group(&cr, s->group))) {
+    /* Such a client is answered KVT_EAUTH in the handshake (its own
+     * pending slot, as any connection's), not a closed socket that reads
+     * like a full or dead server. */
+    bool admitted = cr.uid == geteuid() || cr.uid == 0 ||
+                    (s->grouped && kvt__srv_peer_in_group(&cr, s->group));
+    if (!admitted)
         kvt__srv_log(KVT_LOG_WARN, "refused client pid %ld: uid %ld is neither this server's "
                      "(%ld) nor root%s%s", (long)cr.pid, (long)cr.uid, (long)geteuid(),
                      s->grouped ? ", nor in server_socket_group " : "",
                      s->grouped ? s->cfg.server_socket_group : "");
-        close(fd);
-        return true;
-    }
     /* A full server still takes the connection (within the pending
      * budget): its HELLO is answered KVT_EFULL naming server_max_clients,
      * which a client can tell from a refusal by uid. */
@@ -613,6 +614,7 @@ static bool accept_one(kvt_server *s)
     c->pid = cr.pid;
     c->uid = cr.uid;
     c->peer = cr;
+    c->not_admitted = !admitted;
     c->accepted_ns = kvt__now_ns();
     atomic_init(&c->finished, false);
     atomic_init(&c->pushed_out, false);

@@ -79,6 +79,7 @@ struct kvt_srv_conn {
     bool attached;         /* HELLO answered; guarded by the server's mu */
     atomic_bool pushed_out; /* shut by make_room_locked (logged there, not again) */
     bool watcher;          /* asked GEOMETRY first (kvtier stats): attach/detach at debug */
+    bool not_admitted;     /* its uid is refused: told so in the handshake, then closed */
     uint64_t accepted_ns;  /* it must attach by this + KVT_SRV_ATTACH_MS */
     kvt_srv_task *tasks; /* this client's planned and launched tasks */
     uint32_t ntasks, cap;
