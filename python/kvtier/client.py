@@ -191,6 +191,10 @@ class DeferredClient:
     Client is once attached; the attach itself is serialised."""
 
     RETRY_S = 1.0
+    # A server that answers and refuses (its geometries full, another
+    # declared model, another protocol version) is not fixed by the next
+    # step: asked again less often, and said at error level.
+    REFUSED_RETRY_S = 30.0
 
     def __init__(self, attach, who, path, log=None):
         self._attach, self._who, self._path = attach, who, path
@@ -204,6 +208,11 @@ class DeferredClient:
             self._log.warning("kvtier: %s: the server at %s is not answering (%s): 0 hits and "
                            "nothing stored until it does; attaching again every %.0f s",
                            who, path, e, self.RETRY_S)
+        except KvtierError as e:
+            self._next = time.monotonic() + self.REFUSED_RETRY_S
+            self._log.error("kvtier: %s: the server at %s refused this engine's attach (%s): "
+                            "the engine runs without kvtier (0 hits, nothing stored); asking "
+                            "again every %.0f s", who, path, e, self.REFUSED_RETRY_S)
 
     def _probe(self):
         import socket as _socket
@@ -239,9 +248,10 @@ class DeferredClient:
                         cl.close()
                         raise
             except (KvtierError, ValueError) as e:
-                self._next = now + self.RETRY_S
+                refused = isinstance(e, KvtierError) and not isinstance(e, ConnectionFailure)
+                self._next = now + (self.REFUSED_RETRY_S if refused else self.RETRY_S)
                 self._log.warning("kvtier: %s: attaching to %s failed (%s); again in %.0f s",
-                               self._who, self._path, e, self.RETRY_S)
+                               self._who, self._path, e, self._next - now)
                 raise down
             self._log.warning("kvtier: %s: attached to %s; hits from now on", self._who, self._path)
             self._cl = cl

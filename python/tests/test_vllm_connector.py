@@ -951,6 +951,35 @@ class ServerDownAtStart(unittest.TestCase):
             self.assertTrue(np.array_equal(t[:, dst[:6]].view(np.uint8),
                                            t[:, :6].view(np.uint8)))
 
+    def test_a_refused_attach_is_not_an_exception(self):
+        """A server that answers and refuses this engine (here: one declared
+        for another model, KVT_EGEOMETRY) must not kill vLLM either: both
+        roles start, the refusal is logged at error level naming the field,
+        and every lookup is a miss."""
+        import os
+        import tempfile
+        from test_client import start_server, stop_server
+        tmp = tempfile.mkdtemp(prefix="kvtvr")
+        sock = os.path.join(tmp, "node.sock")
+        srv = start_server(sock, model="tiny")
+        self.addCleanup(stop_server, srv)
+        cfg = vllm_config(engine="refused")
+        cfg.kv_transfer_config.kv_connector_extra_config = {
+            "socket": sock, "load_async": False, "timeout": 5}
+        kv = kv_arrays("NHD", layers=3, heads=2, dim=64, seed=12)
+        with self.assertLogs("kvtier.vllm_connector", "ERROR") as logs:
+            w = vc.KvtierConnector(cfg, vc.KVConnectorRole.WORKER, None)
+            w.register_kv_caches(kv)
+            s = vc.KvtierConnector(cfg, vc.KVConnectorRole.SCHEDULER,
+                                   kv_cache_config(3, BS, 2, 64))
+        self.addCleanup(w.shutdown)
+        self.addCleanup(s.shutdown)
+        text = "\n".join(logs.output)
+        self.assertIn("refused this engine's attach", text)
+        self.assertIn("geometry differs", text)
+        tokens = list(range(700, 725))
+        self.assertEqual(s.get_num_new_matched_tokens(Request("r", tokens), 0), (0, False))
+
 class SocketModeOneProcess(ServerCase):
     """Socket mode with both roles in this process: synchronous loads
     through the server are waited for layer by layer."""
