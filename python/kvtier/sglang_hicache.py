@@ -63,17 +63,49 @@ from .config import LAYER_FIRST, Config, Geometry
 from .client import WORKERS_HINT, DeferredClient
 from .errors import KvtierError
 
-try:  # the real base class when SGLang is importable
-    from sglang.srt.mem_cache.hicache_storage import (  # type: ignore
-        HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo)
-    from sglang.srt.metrics.collector import StorageMetrics  # type: ignore
+from ._engine_stubs import sglang as _stubs
+
+# The real base class whenever SGLang's hicache_storage imports: SGLang's
+# factory checks issubclass(cls, HiCacheStorage) against its own class, so a
+# stand-in base there is refused. The optional names (the extra-info class
+# of newer SGLang, the metrics dataclass) are imported one by one: one that
+# is missing takes the stand-in for that name only, never for the base.
+try:
+    from sglang.srt.mem_cache import hicache_storage as _sglang_hs  # type: ignore
     SGLANG_IMPORTED = True
-except ImportError:
-    from ._engine_stubs.sglang import (HiCacheStorage, HiCacheStorageConfig,  # noqa: F401
-                                       HiCacheStorageExtraInfo, StorageMetrics)
+    SGLANG_IMPORT_ERROR = None
+except ImportError as _e:
+    _sglang_hs = _stubs
     SGLANG_IMPORTED = False
+    SGLANG_IMPORT_ERROR = "%s: %s" % (type(_e).__name__, _e)
+HiCacheStorage = _sglang_hs.HiCacheStorage
+HiCacheStorageConfig = getattr(_sglang_hs, "HiCacheStorageConfig", _stubs.HiCacheStorageConfig)
+HiCacheStorageExtraInfo = getattr(_sglang_hs, "HiCacheStorageExtraInfo",
+                                  _stubs.HiCacheStorageExtraInfo)
+try:
+    from sglang.srt.metrics.collector import StorageMetrics  # type: ignore
+except ImportError:
+    StorageMetrics = _stubs.StorageMetrics
 
 logger = logging.getLogger(__name__)
+
+
+def _sglang_present():
+    import importlib.util
+    try:
+        return importlib.util.find_spec("sglang") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def base_description():
+    """Which HiCacheStorage this module's class derives from, in words (the
+    construction logs it: a stand-in where SGLang runs means the factory
+    will refuse the class)."""
+    if SGLANG_IMPORTED:
+        return "SGLang's %s.HiCacheStorage" % HiCacheStorage.__module__
+    return ("kvtier's stand-in HiCacheStorage (sglang.srt.mem_cache.hicache_storage did not "
+            "import: %s)" % SGLANG_IMPORT_ERROR)
 
 LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
@@ -220,6 +252,11 @@ class KvtierHiCacheStorage(HiCacheStorage):
             raise NotImplementedError("kvtier: tp_lcm_size head splitting (page_head layout) "
                                       "is not supported")
         self.extra = extra
+        if not SGLANG_IMPORTED and _sglang_present():
+            # SGLang is there but its module did not import: its factory will
+            # refuse this class (not its HiCacheStorage); say why first.
+            logger.error("kvtier: SGLang is installed but %s; the HiCache factory will refuse "
+                         "kvtier's class", base_description())
         self.socket = extra.get("socket")
         self._client_cls = None
         if self.socket is not None:
@@ -311,8 +348,10 @@ class KvtierHiCacheStorage(HiCacheStorage):
         self.namespace = self._namespace()
         self._open_cache()
         logger.info("kvtier: HiCache backend ready: %s %s, %d layers, page %d tokens, %s, "
-                    "%s", kind.upper(), layout, L, ps, dtype_name,
-                    "zero copy" if self.staging is None else "staging copy")
+                    "%s; %s; base %s", kind.upper(), layout, L, ps, dtype_name,
+                    "zero copy" if self.staging is None else "staging copy",
+                    "node server at %s" % self.socket if self.socket is not None
+                    else "in-process cache", base_description())
 
     def _namespace(self):
         c = self.storage_config

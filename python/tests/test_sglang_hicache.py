@@ -104,6 +104,52 @@ class Conformance(unittest.TestCase):
         self.assertEqual([f.name for f in dataclasses.fields(hc.StorageMetrics)],
                          STORAGE_METRICS_FIELDS)
 
+    def test_real_base_without_sglang_metrics(self):
+        """An SGLang whose metrics module does not import (an optional
+        dependency missing) still gives kvtier's class SGLang's own base, so
+        the factory's issubclass check passes; only StorageMetrics falls
+        back. Before, any failed import took the stand-in base silently."""
+        import os
+        import subprocess
+        import sys
+        import textwrap
+        root = tempfile.mkdtemp(prefix="kvt-fake-sglang-")
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        pkg = os.path.join(root, "sglang", "srt", "mem_cache")
+        os.makedirs(pkg)
+        for d in ("sglang", "sglang/srt", "sglang/srt/mem_cache"):
+            open(os.path.join(root, d, "__init__.py"), "w").close()
+        with open(os.path.join(pkg, "hicache_storage.py"), "w") as f:
+            f.write(textwrap.dedent("""
+                from dataclasses import dataclass
+                class HiCacheStorage:
+                    pass
+                @dataclass
+                class HiCacheStorageConfig:
+                    tp_rank: int = 0
+                """))
+        os.makedirs(os.path.join(root, "sglang", "srt", "metrics"))
+        with open(os.path.join(root, "sglang", "srt", "metrics", "__init__.py"), "w") as f:
+            f.write("raise ImportError('prometheus_client is not installed')\n")
+        code = textwrap.dedent("""
+            import kvtier.sglang_hicache as hc
+            from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+            assert hc.SGLANG_IMPORTED, hc.base_description()
+            assert issubclass(hc.KvtierHiCacheStorage, HiCacheStorage)
+            assert hc.StorageMetrics.__module__.startswith("kvtier."), hc.StorageMetrics
+            assert hc.HiCacheStorageExtraInfo.__module__.startswith("kvtier.")
+            print(hc.base_description())
+            """)
+        env = dict(os.environ)
+        here = os.path.dirname(os.path.abspath(__file__))
+        env["PYTHONPATH"] = os.pathsep.join([root, os.path.join(here, "..")] +
+                                            [env["PYTHONPATH"]] if env.get("PYTHONPATH") else
+                                            [root, os.path.join(here, "..")])
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("SGLang's sglang.srt.mem_cache.hicache_storage.HiCacheStorage", p.stdout)
+
     def test_real_sglang_when_importable(self):
         if not hc.SGLANG_IMPORTED:
             self.skipTest("sglang is not importable here; the stand-in base was checked")
