@@ -219,7 +219,10 @@ static kvt_status mismatch(const ssd_dir *dir, const kvt_ssd_meta *have, const c
                      dir->path, field, was, have->describe, want, dir->meta.describe);
 }
 
-/* KVT_OK when have (on disk) matches dir->meta (wanted), else EGEOMETRY. */
+/* KVT_OK when have (on disk) matches dir->meta (wanted), else EGEOMETRY.
+ * The slot count alone may differ (a changed ssd_capacity, see resize_dir):
+ * with the same ndirs and dir_index, local slot l of this directory is store
+ * slot l * ndirs + dir_index under either total. */
 static kvt_status compare_meta(const ssd_dir *dir, const kvt_ssd_meta *have)
 {
     char a[96], b[96];
@@ -234,8 +237,7 @@ static kvt_status compare_meta(const ssd_dir *dir, const kvt_ssd_meta *have)
         snprintf(b, sizeof b, "%llu", (unsigned long long)w->block_bytes);
         return mismatch(dir, have, "block_bytes", a, b);
     }
-    if (have->ndirs != w->ndirs || have->dir_index != w->dir_index || have->slots != w->slots ||
-        have->total_slots != w->total_slots) {
+    if (have->ndirs != w->ndirs || have->dir_index != w->dir_index) {
         snprintf(a, sizeof a, "directory %u of %u, %u of %llu slots", have->dir_index,
                  have->ndirs, have->slots, (unsigned long long)have->total_slots);
         snprintf(b, sizeof b, "directory %u of %u, %u of %llu slots", w->dir_index, w->ndirs,
@@ -268,21 +270,60 @@ static void drop_past_end(kvt_ssd *s, uint32_t d, uint64_t data_bytes)
             lost);
 }
 
+/* The directory's slot count changed with ssd_capacity (compare_meta lets
+ * nothing else differ); its journal is loaded. Every step leaves a state the
+ * next open accepts, whichever metadata a crash leaves on disk:
+ * - growing: the data file has grown and is fsynced (attach_dir) before the
+ *   metadata names the new slots; a crash before leaves the old metadata,
+ *   which still matches the journal (a longer data file is harmless).
+ * - shrinking: the journal is rewritten first with the kept blocks only,
+ *   then the metadata, then the data file is cut (best effort: a longer one
+ *   is harmless). Metadata first would leave records naming slots past its
+ *   new count, which kvt__ssd_journal_scan takes for damage (fsck's
+ *   bad_records; at the tail, cut as torn). */
+static kvt_status resize_dir(kvt_ssd *s, uint32_t d, const kvt_ssd_meta *have, uint32_t dropped)
+{
+    ssd_dir *dir = &s->dirs[d];
+    bool shrink = dir->meta.slots < have->slots;
+    if (shrink) {
+        dir->compact_now = true;
+        kvt__ssd_journal_maybe_compact(s, d);
+        if (dir->compact_now)
+            return kvt__fail(KVT_EIO, "kvt__ssd_open: cache directory %s: rewriting %s for %u "
+                             "slots (ssd_capacity shrank from %llu slots) failed: %s", dir->path,
+                             KVT_SSD_JOURNAL_NAME, dir->meta.slots,
+                             (unsigned long long)have->total_slots, kvt_last_error());
+    }
+    kvt_status st = write_meta(dir);
+    if (st != KVT_OK) return st;
+    off_t want = (off_t)((uint64_t)dir->meta.slots * dir->meta.slot_bytes);
+    if (shrink && ftruncate(dir->data_fd, want) != 0) { /* best effort, see above */ }
+    s->resized_from = have->total_slots;
+    s->resize_dropped += dropped;
+    return KVT_OK;
+}
+
 static kvt_status attach_dir(kvt_ssd *s, uint32_t d, const kvt_ssd_meta *have)
 {
     ssd_dir *dir = &s->dirs[d];
     dir->meta.epoch = have->epoch;
+    bool grow = dir->meta.slots > have->slots;
     kvt_status st = open_data(dir, 0);
     struct stat ds;
     if (st == KVT_OK && fstat(dir->data_fd, &ds) != 0) st = sys_fail(dir->path, "fstat", errno);
     if (st == KVT_OK) st = size_data(dir);
+    /* A grown file's size must be durable before the metadata names it. */
+    if (st == KVT_OK && grow && fsync(dir->data_fd) != 0)
+        st = sys_fail(dir->path, "fsync", errno);
     if (st != KVT_OK) return st;
     dir->jfd = openat(dir->dir_fd, KVT_SSD_JOURNAL_NAME, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (dir->jfd < 0) return sys_fail(dir->path, KVT_SSD_JOURNAL_NAME, errno);
     kvt_ssd_scan scan;
-    st = kvt__ssd_journal_load(s, d, &scan);
-    if (st == KVT_OK) drop_past_end(s, d, (uint64_t)ds.st_size);
-    return st;
+    uint32_t dropped = 0;
+    st = kvt__ssd_journal_load(s, d, have->slots, &scan, &dropped);
+    if (st != KVT_OK) return st;
+    drop_past_end(s, d, (uint64_t)ds.st_size);
+    return have->slots == dir->meta.slots ? KVT_OK : resize_dir(s, d, have, dropped);
 }
 
 static kvt_status open_dir(kvt_ssd *s, uint32_t d, const kvt_ssd_params *p)
@@ -307,8 +348,9 @@ static kvt_status open_dir(kvt_ssd *s, uint32_t d, const kvt_ssd_params *p)
     if (st != KVT_OK && !p->fresh) {
         char why[KVT_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s", kvt_last_error());
-        return kvt__fail(KVT_ECORRUPT, "kvt__ssd_open: cache directory %s: %s: %s; open it "
-                         "fresh to wipe it", dir->path, KVT_SSD_META_NAME, why);
+        return kvt__fail(KVT_ECORRUPT, "kvt__ssd_open: cache directory %s: %s: %s; set "
+                         "ssd_fresh=true to wipe it (its blocks are lost)", dir->path,
+                         KVT_SSD_META_NAME, why);
     }
     if (st == KVT_OK) st = compare_meta(dir, &have);
     if (st == KVT_OK) return attach_dir(s, d, &have);
@@ -324,6 +366,21 @@ static void build_caller_tables(kvt_ssd *s)
         s->allocated[g] = s->durable[g].live;
         if (!s->durable[g].live) s->free_stack[s->nfree++] = g; /* alloc pops low slots first */
     }
+}
+
+/* One line per open whose ssd_capacity changed, after every directory. */
+static void log_resize(const kvt_ssd *s, const char *dirs)
+{
+    if (s->resized_from == 0) return;
+    uint32_t kept = 0;
+    for (uint32_t g = 0; g < s->total; g++) kept += s->durable[g].live;
+    if (s->resized_from < s->total)
+        fprintf(stderr, "kvtier: SSD tier: %s grew from %llu to %u slots (ssd_capacity changed) "
+                "and kept %u blocks\n", dirs, (unsigned long long)s->resized_from, s->total, kept);
+    else
+        fprintf(stderr, "kvtier: SSD tier: %s shrank from %llu to %u slots (ssd_capacity "
+                "changed): dropped %u blocks in the slots past its new end, kept %u\n", dirs,
+                (unsigned long long)s->resized_from, s->total, s->resize_dropped, kept);
 }
 
 static kvt_status init_sync(kvt_ssd *s)
@@ -354,6 +411,7 @@ kvt_status kvt__ssd_open(kvt_ssd **out, const kvt_ssd_params *p)
                        s->total, s->ndirs);
     if (st == KVT_OK) st = alloc_tables(s, p->queue_depth);
     for (uint32_t d = 0; st == KVT_OK && d < s->ndirs; d++) st = open_dir(s, d, p);
+    if (st == KVT_OK) log_resize(s, p->dirs);
     if (st == KVT_OK) build_caller_tables(s);
     if (st == KVT_OK) st = kvt__ssd_io_start(s, p);
     if (st != KVT_OK) {

@@ -63,6 +63,9 @@ struct kvt_ssd {
     uint32_t ndirs, total;
     uint64_t block_bytes, slot_bytes;
     char describe[KVT_SSD_DESCRIBE_MAX];
+    /* Open only: a changed ssd_capacity (see resize_dir in ssd.c). */
+    uint64_t resized_from;  /* the total the old metadata named; 0: unchanged */
+    uint32_t resize_dropped; /* blocks in slots past a shrunk end */
 
     /* Caller side (under the cache's lock for alloc/free/recover). */
     kvt_ssd_slot *slots;
@@ -138,9 +141,13 @@ void kvt__ssd_io_stop(kvt_ssd *s);
 void kvt__ssd_io_complete(void *ctx, kvt_io_req **reqs, uint32_t n);
 
 /* ssd_journal.c */
-/* Reads and replays d's journal into s->durable, truncating a torn tail
- * (when repair_tail) and counting what it found. */
-kvt_status kvt__ssd_journal_load(kvt_ssd *s, uint32_t d, kvt_ssd_scan *scan);
+/* Reads and replays d's journal into s->durable, truncating a torn tail and
+ * counting what it found. was_slots is the slot count of the metadata on
+ * disk, which the journal was written under (the scan's bound); when it is
+ * more than dir->meta.slots (a shrunk ssd_capacity), the blocks live in
+ * local slots past the new end are not replayed and *dropped counts them. */
+kvt_status kvt__ssd_journal_load(kvt_ssd *s, uint32_t d, uint32_t was_slots, kvt_ssd_scan *scan,
+                                 uint32_t *dropped);
 void kvt__ssd_journal_add(kvt_ssd *s, ssd_dir *dir, const kvt_ssd_rec *r);
 /* Writes buffered records and fdatasyncs the journal; sets dir->fail. */
 void kvt__ssd_journal_commit(kvt_ssd *s, ssd_dir *dir);

@@ -61,11 +61,19 @@ kvt_status kvt__ssd_read_file(int dir_fd, const char *dir, const char *name, uin
 typedef struct replay_ctx {
     kvt_ssd *s;
     uint32_t d;
+    uint32_t keep;   /* local slots kept: dir->meta.slots */
+    uint8_t *beyond; /* per local slot keep..was_slots-1: live at the end of the replay */
 } replay_ctx;
 
 static void replay_one(void *arg, const kvt_ssd_rec *r)
 {
     replay_ctx *c = arg;
+    /* With the same ndirs, local slot l >= keep is exactly store slot
+     * g >= total: past a shrunk end, tracked only to count what is dropped. */
+    if (r->slot >= c->keep) {
+        if (c->beyond) c->beyond[r->slot - c->keep] = r->type == KVT_SSD_REC_PUT;
+        return;
+    }
     uint64_t g = (uint64_t)r->slot * c->s->ndirs + c->d;
     if (g >= c->s->total) return; /* the scan bounds slot; this is belt and braces */
     kvt_ssd_slot *e = &c->s->durable[g];
@@ -87,18 +95,31 @@ static uint64_t journal_max_bytes(const kvt_ssd *s, uint32_t slots)
     return (4ull * slots + 2ull * s->nreq + 2ull * KVT_SSD_JBUF_RECS + 8192) * KVT_SSD_REC_BYTES;
 }
 
-kvt_status kvt__ssd_journal_load(kvt_ssd *s, uint32_t d, kvt_ssd_scan *scan)
+kvt_status kvt__ssd_journal_load(kvt_ssd *s, uint32_t d, uint32_t was_slots, kvt_ssd_scan *scan,
+                                 uint32_t *dropped)
 {
     ssd_dir *dir = &s->dirs[d];
+    uint32_t keep = dir->meta.slots;
     uint8_t *buf = NULL;
     uint64_t len = 0;
     kvt_status st = kvt__ssd_read_file(dir->dir_fd, dir->path, KVT_SSD_JOURNAL_NAME,
-                                       journal_max_bytes(s, dir->meta.slots), &buf, &len);
+                                       journal_max_bytes(s, was_slots > keep ? was_slots : keep),
+                                       &buf, &len);
     /* No journal yet is an empty one (len stays 0): ENOTFOUND is not passed on. */
     if (st != KVT_OK && st != KVT_ENOTFOUND) return st;
-    replay_ctx c = {s, d};
-    kvt__ssd_journal_scan(buf, len, dir->meta.epoch, dir->meta.slots, replay_one, &c, scan);
+    replay_ctx c = {s, d, keep, NULL};
+    if (was_slots > keep && !(c.beyond = calloc(was_slots - keep, 1))) {
+        free(buf);
+        return kvt__fail(KVT_ENOMEM, "%s/%s: replaying %u slots: out of memory", dir->path,
+                         KVT_SSD_JOURNAL_NAME, was_slots);
+    }
+    /* Bounded by the slots the journal was written for: a record naming a
+     * slot past a shrunk end is valid, not damage (it is dropped below). */
+    kvt__ssd_journal_scan(buf, len, dir->meta.epoch, was_slots, replay_one, &c, scan);
     free(buf);
+    *dropped = 0;
+    for (uint32_t i = 0; c.beyond && i < was_slots - keep; i++) *dropped += c.beyond[i];
+    free(c.beyond);
     dir->jrecords = scan->good_bytes / KVT_SSD_REC_BYTES;
     /* Damaged records kept in the middle are rewritten away by the first
      * compaction, so they are not counted again at the next start. */

@@ -448,6 +448,266 @@ static void test_failed_round_keeps_freed_slots(void **state)
     rm_rf(dir);
 }
 
+/* stderr of the calls between capture_begin and capture_end, for the one
+ * line a resize logs. The returned buffer is malloc'd and NUL-terminated. */
+typedef struct capture {
+    int saved, fd;
+    char path[PATH_MAX];
+} capture;
+
+static void capture_begin(capture *c)
+{
+    tmp_dir(c->path, sizeof c->path);
+    strncat(c->path, "/stderr", sizeof c->path - strlen(c->path) - 1);
+    fflush(stderr);
+    c->saved = dup(2);
+    c->fd = open(c->path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    assert_true(c->saved >= 0 && c->fd >= 0);
+    assert_true(dup2(c->fd, 2) == 2);
+}
+
+static char *capture_end(capture *c)
+{
+    fflush(stderr);
+    assert_true(dup2(c->saved, 2) == 2);
+    close(c->saved);
+    struct stat st;
+    assert_int_equal(fstat(c->fd, &st), 0);
+    char *out = calloc(1, (size_t)st.st_size + 1);
+    assert_int_equal(pread(c->fd, out, (size_t)st.st_size, 0), st.st_size);
+    close(c->fd);
+    unlink(c->path);
+    *strrchr(c->path, '/') = '\0';
+    rmdir(c->path);
+    return out;
+}
+
+static uint32_t lines_of(const char *s)
+{
+    uint32_t n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+static uint64_t data_size(const char *dir)
+{
+    char path[PATH_MAX];
+    join_path(path, sizeof path, dir, KVT_SSD_DATA_NAME);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (uint64_t)st.st_size;
+}
+
+#define RS_MAX 16u
+/* The blocks a resize test expects: slot[i] holds seed[i] while live[i]. */
+typedef struct rs_blocks {
+    uint32_t n, slot[RS_MAX];
+    uint64_t seed[RS_MAX];
+    bool live[RS_MAX];
+} rs_blocks;
+
+static void rs_write(kvt_ssd *s, rs_blocks *b, uint32_t slot, uint64_t seed)
+{
+    uint8_t *w = aligned_buf(BLOCK);
+    fill(w, BLOCK, seed);
+    assert_ok(write_sync(s, slot, w, test_key(seed), test_key(0), false));
+    assert_true(b->n < RS_MAX);
+    b->slot[b->n] = slot, b->seed[b->n] = seed, b->live[b->n] = true;
+    b->n++;
+    free(w);
+}
+
+/* Every live block is recovered in its slot and its bytes read back. */
+static void rs_verify(kvt_ssd *s, const rs_blocks *b)
+{
+    uint32_t want = 0;
+    for (uint32_t i = 0; i < b->n; i++) want += b->live[i];
+    count_cb = 0;
+    assert_int_equal(kvt__ssd_recover(s, count_recovered, NULL), want);
+    uint8_t *w = aligned_buf(BLOCK), *r = aligned_buf(BLOCK);
+    for (uint32_t i = 0; i < b->n; i++) {
+        if (!b->live[i]) continue;
+        fill(w, BLOCK, b->seed[i]);
+        memset(r, 0, BLOCK);
+        assert_ok(read_sync(s, b->slot[i], r, test_key(b->seed[i])));
+        assert_memory_equal(r, w, BLOCK);
+    }
+    free(w);
+    free(r);
+}
+
+static void rs_fsck_clean(const char *dirs, uint32_t blocks, uint32_t slots)
+{
+    kvt_ssd_fsck_report rep;
+    assert_ok(kvt__ssd_fsck(dirs, false, &rep));
+    assert_int_equal(rep.blocks, blocks);
+    assert_int_equal(rep.slots_total, slots);
+    assert_int_equal(rep.bad_blocks, 0);
+    assert_int_equal(rep.bad_records, 0);
+    assert_int_equal(rep.skipped_records, 0);
+    assert_int_equal(rep.missing_blocks, 0);
+    assert_false(rep.journal_truncated);
+    assert_false(rep.data_truncated);
+}
+
+/* Issue 24: a changed ssd_capacity was refused ("slot layout differs") and
+ * only ssd_fresh=true, which wipes every block, let the store open. Now the
+ * tier grows and shrinks in place: with the same directories, local slot l
+ * of directory d keeps its meaning, so growing keeps every block and
+ * shrinking drops only those in slots past the new end. */
+static void resize_case(const char *io, const char *dirs, char (*dir)[PATH_MAX], uint32_t ndirs)
+{
+    kvt_ssd_params small = test_params(dirs, io, BLOCK, 16);
+    kvt_ssd_params big = test_params(dirs, io, BLOCK, 40);
+    kvt_ssd_params tiny = test_params(dirs, io, BLOCK, 10);
+    rs_blocks b = {0};
+    kvt_ssd *s = NULL;
+    assert_ok(kvt__ssd_open(&s, &small));
+    for (uint32_t i = 0; i < 12; i++) rs_write(s, &b, kvt__ssd_alloc(s), 100 + i);
+    assert_int_equal(b.slot[11], 11);
+    kvt__ssd_free(s, b.slot[8]); /* its DEL, like its PUT, names a slot kept by the shrink */
+    b.live[8] = false;
+    kvt__ssd_free(s, b.slot[10]); /* a PUT and a DEL past the shrunk end */
+    b.live[10] = false;
+    kvt__ssd_close(s);
+
+    /* Grow 16 -> 40: every block back, the new slots usable. */
+    capture c;
+    capture_begin(&c);
+    kvt_status st = kvt__ssd_open(&s, &big);
+    char *log = capture_end(&c);
+    if (st != KVT_OK) fail_msg("grow refused: %s", kvt_last_error());
+    assert_int_equal(kvt__ssd_blocks_total(s), 40);
+    assert_int_equal(lines_of(log), 1);
+    assert_non_null(strstr(log, "kvtier: SSD tier: "));
+    assert_non_null(strstr(log, "grew from 16 to 40 slots"));
+    assert_non_null(strstr(log, "kept 10 blocks"));
+    free(log);
+    for (uint32_t i = 0; i < ndirs; i++) assert_int_equal(data_size(dir[i]), 40 / ndirs * 8192);
+    rs_verify(s, &b);
+    assert_int_equal(kvt__ssd_blocks_free(s), 30);
+    uint32_t got[30];
+    for (uint32_t i = 0; i < 30; i++) got[i] = kvt__ssd_alloc(s);
+    assert_int_equal(kvt__ssd_alloc(s), KVT_SSD_NONE);
+    assert_int_equal(got[29], 39);
+    rs_write(s, &b, 39, 200); /* the last new slot */
+    rs_write(s, &b, 17, 201); /* two more new slots, both past the shrink below */
+    rs_write(s, &b, 16, 202);
+    kvt__ssd_close(s);
+    rs_fsck_clean(dirs, 13, 40);
+    assert_ok(kvt__ssd_open(&s, &big));
+    rs_verify(s, &b);
+    kvt__ssd_close(s);
+
+    /* Shrink 40 -> 10: slots 0..9 kept (0..7 and 9; 8 was freed), the
+     * blocks in 11, 16, 17 and 39 dropped. */
+    capture_begin(&c);
+    st = kvt__ssd_open(&s, &tiny);
+    log = capture_end(&c);
+    if (st != KVT_OK) fail_msg("shrink refused: %s", kvt_last_error());
+    assert_int_equal(kvt__ssd_blocks_total(s), 10);
+    assert_int_equal(lines_of(log), 1);
+    assert_non_null(strstr(log, "shrank from 40 to 10 slots"));
+    assert_non_null(strstr(log, "dropped 4 blocks"));
+    assert_non_null(strstr(log, "kept 9"));
+    free(log);
+    for (uint32_t i = 0; i < b.n; i++) b.live[i] = b.live[i] && b.slot[i] < 10;
+    rs_verify(s, &b);
+    assert_int_equal(kvt__ssd_blocks_free(s), 1);
+    kvt__ssd_close(s);
+    for (uint32_t i = 0; i < ndirs; i++) assert_int_equal(data_size(dir[i]), 10 / ndirs * 8192);
+    rs_fsck_clean(dirs, 9, 10);
+
+    /* The same size again: the same blocks, nothing said. */
+    capture_begin(&c);
+    st = kvt__ssd_open(&s, &tiny);
+    log = capture_end(&c);
+    assert_ok(st);
+    assert_string_equal(log, "");
+    free(log);
+    rs_verify(s, &b);
+    kvt__ssd_close(s);
+    rs_fsck_clean(dirs, 9, 10);
+}
+
+static void test_resize_keeps_blocks(void **state)
+{
+    const char *io = test_io(state);
+    char d[1][PATH_MAX];
+    tmp_dir(d[0], sizeof d[0]);
+    resize_case(io, d[0], d, 1);
+    rm_rf(d[0]);
+}
+
+/* Two directories: slot g in directory g % 2 at local slot g / 2. */
+static void test_resize_two_dirs(void **state)
+{
+    const char *io = test_io(state);
+    char d[2][PATH_MAX], dirs[2 * PATH_MAX + 2];
+    tmp_dir(d[0], sizeof d[0]);
+    tmp_dir(d[1], sizeof d[1]);
+    snprintf(dirs, sizeof dirs, "%s,%s", d[0], d[1]);
+    resize_case(io, dirs, d, 2);
+    rm_rf(d[0]);
+    rm_rf(d[1]);
+}
+
+/* What still cannot change in place is refused, and every refusal names
+ * the way out, ssd_fresh=true (damaged metadata used to say only "open it
+ * fresh", which is no option anyone can set). */
+static void test_resize_refusals_name_fresh(void **state)
+{
+    const char *io = test_io(state);
+    char a[PATH_MAX], b[PATH_MAX], ab[2 * PATH_MAX + 2], ba[2 * PATH_MAX + 2];
+    tmp_dir(a, sizeof a);
+    tmp_dir(b, sizeof b);
+    snprintf(ab, sizeof ab, "%s,%s", a, b);
+    snprintf(ba, sizeof ba, "%s,%s", b, a);
+    kvt_ssd_params one = test_params(a, io, BLOCK, 16);
+    kvt_ssd_params two = test_params(ab, io, BLOCK, 16);
+    write_blocks(&one, 3, 40);
+    kvt_ssd *s = NULL;
+    assert_status(kvt__ssd_open(&s, &two), KVT_EGEOMETRY); /* ndirs 1 -> 2 */
+    assert_non_null(strstr(kvt_last_error(), "ssd_fresh=true"));
+    assert_non_null(strstr(kvt_last_error(), a));
+    two.capacity_bytes *= 2; /* with a capacity change too */
+    assert_status(kvt__ssd_open(&s, &two), KVT_EGEOMETRY);
+    assert_non_null(strstr(kvt_last_error(), "ssd_fresh=true"));
+    kvt_ssd_params q = one;
+    q.capacity_bytes *= 2;
+    q.digest = 0x9999;
+    assert_status(kvt__ssd_open(&s, &q), KVT_EGEOMETRY);
+    assert_non_null(strstr(kvt_last_error(), "geometry digest"));
+    assert_non_null(strstr(kvt_last_error(), "ssd_fresh=true"));
+    q = one;
+    q.capacity_bytes /= 2;
+    q.block_bytes = BLOCK - 1;
+    assert_status(kvt__ssd_open(&s, &q), KVT_EGEOMETRY);
+    assert_non_null(strstr(kvt_last_error(), "block_bytes"));
+    assert_non_null(strstr(kvt_last_error(), "ssd_fresh=true"));
+    assert_int_equal(reopen_count(&one), 3); /* refusals change nothing */
+
+    /* Two directories listed the other way round: dir_index differs. */
+    rm_rf(a);
+    tmp_dir(a, sizeof a);
+    snprintf(ab, sizeof ab, "%s,%s", a, b);
+    snprintf(ba, sizeof ba, "%s,%s", b, a);
+    two = test_params(ab, io, BLOCK, 16);
+    kvt_ssd_params swapped = test_params(ba, io, BLOCK, 32);
+    write_blocks(&two, 4, 50);
+    assert_status(kvt__ssd_open(&s, &swapped), KVT_EGEOMETRY);
+    assert_non_null(strstr(kvt_last_error(), "ssd_fresh=true"));
+    assert_int_equal(reopen_count(&two), 4);
+
+    /* Damaged metadata. */
+    corrupt_byte(a, KVT_SSD_META_NAME, 40);
+    assert_status(kvt__ssd_open(&s, &two), KVT_ECORRUPT);
+    assert_non_null(strstr(kvt_last_error(), KVT_SSD_META_NAME));
+    assert_non_null(strstr(kvt_last_error(), "ssd_fresh=true"));
+    rm_rf(a);
+    rm_rf(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -455,6 +715,8 @@ int main(void)
         SSD_TESTS(test_data_file_damaged), SSD_TESTS(test_compaction),
         SSD_TESTS(test_fsck), cmocka_unit_test(test_format),
         SSD_TESTS(test_failed_round_keeps_freed_slots),
+        SSD_TESTS(test_resize_keeps_blocks), SSD_TESTS(test_resize_two_dirs),
+        SSD_TESTS(test_resize_refusals_name_fresh),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
