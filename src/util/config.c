@@ -118,7 +118,8 @@ static const opt_def OPTIONS[] = {
     STRING_OPT(ssd_dirs, SSD_DIRS, RANK_LOCAL, "",
                "comma-separated SSD tier directories, one per device; empty: no SSD tier"),
     SIZE_OPT(ssd_capacity, SSD_CAPACITY, AGREE, "16GiB", 4096, 1ull << 50,
-             "bytes of the SSD tier over all its directories (4KiB..1024TiB)"),
+             "bytes of the SSD tier over all its directories (4KiB..1024TiB); a change keeps "
+             "its blocks (a smaller one drops those past its new end)"),
     BOOL_OPT(ssd_fresh, SSD_FRESH, RANK_LOCAL, "false",
              "wipe an SSD directory written for another geometry instead of refusing it"),
     ENUM_OPT(io, IO, RANK_LOCAL, "auto", IO_NAMES,
