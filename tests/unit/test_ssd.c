@@ -523,6 +523,41 @@ static void test_capacity_beyond_free_space(void **state)
     rm_rf(dir);
 }
 
+/* A grow the filesystem cannot hold is refused like a new tier that large,
+ * before the metadata names the new slots: the old size still opens with
+ * its block. */
+static void test_grow_beyond_free_space(void **state)
+{
+    const char *io = test_io(state);
+    char dir[PATH_MAX];
+    tmp_dir(dir, sizeof dir);
+    uint64_t block = 64ull << 20;
+    kvt_ssd_params p = test_params(dir, io, block, 1);
+    kvt_ssd *s = NULL;
+    assert_ok(kvt__ssd_open(&s, &p));
+    uint8_t *w = aligned_buf(block), *r = aligned_buf(block);
+    fill(w, block, 77);
+    assert_int_equal(kvt__ssd_alloc(s), 0);
+    assert_ok(write_sync(s, 0, w, test_key(77), test_key(0), false));
+    kvt__ssd_close(s);
+    struct statvfs vfs;
+    assert_int_equal(statvfs(dir, &vfs), 0);
+    kvt_ssd_params q = p;
+    q.capacity_bytes = ((uint64_t)vfs.f_bavail * vfs.f_frsize / block + 64) * block;
+    assert_status(kvt__ssd_open(&s, &q), KVT_ENOSPC);
+    assert_non_null(strstr(kvt_last_error(), "lower ssd_capacity or free space"));
+    assert_int_equal(file_size(dir, KVT_SSD_DATA_NAME), block);
+    assert_ok(kvt__ssd_open(&s, &p));
+    rec_log log = {0};
+    assert_int_equal(kvt__ssd_recover(s, log_recovered, &log), 1);
+    assert_ok(read_sync(s, 0, r, test_key(77)));
+    assert_memory_equal(r, w, block);
+    kvt__ssd_close(s);
+    free(w);
+    free(r);
+    rm_rf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -532,6 +567,7 @@ int main(void)
         SSD_TESTS(test_lock),            SSD_TESTS(test_striping_capacity),
         SSD_TESTS(test_sync_deadline),   SSD_TESTS(test_bad_args),
         SSD_TESTS(test_capacity_beyond_free_space),
+        SSD_TESTS(test_grow_beyond_free_space),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
