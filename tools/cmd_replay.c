@@ -10,15 +10,19 @@
 #include "cli_util.h"
 #include "cmds.h"
 #include "replay.h"
+#include "replay_fleet.h"
 #include "util/clock.h"
 
 #define DEFAULT_DATA_REQUESTS 16u /* full data moves ~GiB per request: keep runs short */
+#define MAX_FLEET_NODES 256u      /* each node is an index of the trace's unique blocks */
 
 typedef struct replay_opts {
     const char *trace, *ssd_dir;
     double cpu_gib, ssd_gib;
     bool no_data, unbounded, json, max_set;
     uint64_t max_requests, window;
+    uint64_t nodes, seed;   /* nodes 0: one cache; else a fleet (replay_fleet.h) */
+    const char *routing;
     model_opts m;
 } replay_opts;
 
@@ -27,6 +31,7 @@ typedef struct replay_out {
     uint64_t cpu_blocks, ssd_blocks, block_bytes;
     double elapsed_s;
     const data_result *data; /* full-data replay only */
+    const fleet_result *fleet; /* --nodes only */
 } replay_out;
 
 static int usage(FILE *to)
@@ -44,8 +49,14 @@ static int usage(FILE *to)
             "  --unbounded    every tier unlimited (index only, nothing allocated)\n"
             "  default        KV bytes move through kvt_cache and an emulated engine and loads\n"
             "                 are byte-verified; the first %u requests unless --max-requests N\n"
-            "  --window N     engine window in blocks for stores and verified loads (default 4)\n",
-            DEFAULT_DATA_REQUESTS);
+            "  --window N     engine window in blocks for stores and verified loads (default 4)\n"
+            "A fleet (index only, with --no-data or --unbounded; capacities are per node):\n"
+            "  --nodes N      N nodes (2..%u) behind a router, replayed twice: each node hitting\n"
+            "                 only what it holds (local) and pulling the rest of a prefix from\n"
+            "                 the peer holding it (shared, the cluster tier)\n"
+            "  --routing R    random (default; --seed N), sticky (by the first block) or\n"
+            "                 prefix (to the node holding the longest prefix)\n",
+            DEFAULT_DATA_REQUESTS, MAX_FLEET_NODES);
     return to == stdout ? 0 : 2;
 }
 
@@ -56,6 +67,14 @@ static int parse_value(replay_opts *o, const char *a, const char *v)
     if (!strcmp(a, "--cpu-gb")) return parse_gib("replay", a, v, 1e-3, 1 << 20, &o->cpu_gib);
     if (!strcmp(a, "--ssd-gb")) return parse_gib("replay", a, v, 0, 1 << 24, &o->ssd_gib);
     if (!strcmp(a, "--window")) return parse_count("replay", a, v, 1, 64, &o->window);
+    if (!strcmp(a, "--nodes")) return parse_count("replay", a, v, 2, MAX_FLEET_NODES, &o->nodes);
+    if (!strcmp(a, "--seed")) return parse_count("replay", a, v, 0, UINT64_MAX, &o->seed);
+    if (!strcmp(a, "--routing")) {
+        fleet_routing r;
+        if (fleet_routing_parse(v, &r))
+            return fprintf(stderr, "kvtier replay: --routing %s: not random, sticky or prefix\n", v), -1;
+        return o->routing = v, 0;
+    }
     if (!strcmp(a, "--max-requests")) {
         o->max_set = true;
         return parse_count("replay", a, v, 1, TRACE_MAX_REQUESTS, &o->max_requests);
@@ -74,6 +93,12 @@ static int check_opts(replay_opts *o)
     if ((o->no_data || o->unbounded) && (o->ssd_dir || o->window))
         return fprintf(stderr, "kvtier replay: --ssd-dir and --window apply to full-data "
                        "replay only\n"), -1;
+    if (o->nodes && !o->no_data && !o->unbounded)
+        return fprintf(stderr, "kvtier replay: --nodes replays the index only: add --no-data "
+                       "or --unbounded\n"), -1;
+    if (!o->nodes && (o->routing || o->seed))
+        return fprintf(stderr, "kvtier replay: --routing and --seed apply to a fleet: add "
+                       "--nodes N\n"), -1;
     if (!o->max_set) o->max_requests = (o->no_data || o->unbounded) ? TRACE_MAX_REQUESTS
                                                                      : DEFAULT_DATA_REQUESTS;
     if (!o->window) o->window = 4;
@@ -134,6 +159,20 @@ static void pct_line(const char *what, uint64_t part, uint64_t whole, const char
            (unsigned long long)part, (unsigned long long)whole, unit);
 }
 
+static void report_fleet_text(const replay_opts *o, const replay_out *r)
+{
+    const fleet_result *f = r->fleet;
+    printf("  fleet              %llu nodes, %s routing%s, %llu..%llu requests per node\n",
+           (unsigned long long)o->nodes, o->routing ? o->routing : "random",
+           o->routing && strcmp(o->routing, "random") ? "" : " (--seed)",
+           (unsigned long long)f->min_requests_per_node,
+           (unsigned long long)f->max_requests_per_node);
+    pct_line("local token hits", f->local.hit_tokens, f->local.input_tokens, "tokens");
+    pct_line("shared token hits", f->shared.hit_tokens, f->shared.input_tokens, "tokens");
+    pct_line("  from peers", f->shared.cross_hit_tokens, f->shared.input_tokens, "tokens");
+    pct_line("max (one cache)", r->max.hit_tokens, r->max.input_tokens, "tokens");
+}
+
 static void report_text(const replay_opts *o, const trace *t, const replay_out *r)
 {
     const sim_counts *c = &r->c;
@@ -143,9 +182,10 @@ static void report_text(const replay_opts *o, const trace *t, const replay_out *
            (unsigned long long)c->requests, t->num_reqs, o->trace, mode, model_name(&o->m),
            r->elapsed_s);
     if (!o->unbounded)
-        printf("  tiers              CPU %llu blocks, SSD %llu blocks (%.1f MiB each)\n",
-               (unsigned long long)r->cpu_blocks, (unsigned long long)r->ssd_blocks,
-               (double)r->block_bytes / (1 << 20));
+        printf("  tiers%s         CPU %llu blocks, SSD %llu blocks (%.1f MiB each)\n",
+               r->fleet ? "/node" : "     ", (unsigned long long)r->cpu_blocks,
+               (unsigned long long)r->ssd_blocks, (double)r->block_bytes / (1 << 20));
+    if (r->fleet) return report_fleet_text(o, r);
     pct_line("block hit rate", c->hit_blocks, c->blocks, "blocks");
     pct_line("  from CPU", c->cpu_hit_blocks, c->blocks, "blocks");
     pct_line("  from SSD", c->ssd_hit_blocks, c->blocks, "blocks");
@@ -218,6 +258,22 @@ static void add_data(cJSON *j, const data_result *d)
     cJSON_AddNumberToObject(j, "truncated_requests", (double)d->truncated);
 }
 
+static void add_fleet(cJSON *j, const replay_opts *o, const fleet_result *f)
+{
+    cJSON_AddNumberToObject(j, "nodes", (double)o->nodes);
+    cJSON_AddStringToObject(j, "routing", o->routing ? o->routing : "random");
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(j, "min_requests_per_node", (double)f->min_requests_per_node);
+    cJSON_AddNumberToObject(j, "max_requests_per_node", (double)f->max_requests_per_node);
+    cJSON_AddNumberToObject(j, "local_token_hit_rate",
+                            sim_rate(f->local.hit_tokens, f->local.input_tokens));
+    cJSON_AddNumberToObject(j, "shared_token_hit_rate",
+                            sim_rate(f->shared.hit_tokens, f->shared.input_tokens));
+    cJSON_AddNumberToObject(j, "local_hit_tokens", (double)f->local.hit_tokens);
+    cJSON_AddNumberToObject(j, "cross_node_hit_tokens", (double)f->shared.cross_hit_tokens);
+    cJSON_AddNumberToObject(j, "cross_node_hit_blocks", (double)f->shared.cross_hit_blocks);
+}
+
 static int report_json(const replay_opts *o, const trace *t, const replay_out *r)
 {
     cJSON *j = cJSON_CreateObject();
@@ -234,6 +290,7 @@ static int report_json(const replay_opts *o, const trace *t, const replay_out *r
     cJSON_AddNumberToObject(j, "max_token_hit_rate", sim_rate(r->max.hit_tokens, r->max.input_tokens));
     cJSON_AddNumberToObject(j, "elapsed_s", r->elapsed_s);
     if (r->data) add_data(j, r->data);
+    if (r->fleet) add_fleet(j, o, r->fleet);
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!s) return 1;
@@ -242,13 +299,36 @@ static int report_json(const replay_opts *o, const trace *t, const replay_out *r
     return 0;
 }
 
-static int run(const replay_opts *o, const trace *t, replay_out *r, data_result *d)
+/* --nodes: the same capacities per node; r->c is the shared pass. */
+static int run_fleet(const replay_opts *o, const trace *t, uint32_t n, replay_out *r,
+                     fleet_result *fr)
+{
+    fleet_opts fo = {.nodes = (uint32_t)o->nodes, .seed = o->seed, .max_requests = n,
+                     .cpu_blocks = r->cpu_blocks, .ssd_blocks = r->ssd_blocks};
+    if (o->routing) (void)fleet_routing_parse(o->routing, &fo.routing);
+    if (fleet_run(t, &fo, fr)) return 1;
+    r->c = fr->shared;
+    r->fleet = fr;
+    return 0;
+}
+
+static int run(const replay_opts *o, const trace *t, replay_out *r, data_result *d,
+               fleet_result *fr)
 {
     uint32_t n = o->max_requests < t->num_reqs ? (uint32_t)o->max_requests : t->num_reqs;
     r->block_bytes = model_block_bytes(&o->m, "replay");
     if (!r->block_bytes) return 1;
     uint64_t t0 = kvt__now_ns();
-    if (o->unbounded) {
+    if (o->nodes) {
+        if (!o->unbounded) {
+            r->cpu_blocks = (uint64_t)(o->cpu_gib * REPLAY_GIB) / r->block_bytes;
+            r->ssd_blocks = (uint64_t)(o->ssd_gib * REPLAY_GIB) / r->block_bytes;
+            if (!r->cpu_blocks)
+                return fprintf(stderr, "kvtier replay: --cpu-gb %g holds no block of %.1f MiB\n",
+                               o->cpu_gib, (double)r->block_bytes / (1 << 20)), 1;
+        }
+        if (run_fleet(o, t, n, r, fr)) return 1;
+    } else if (o->unbounded) {
         if (run_index(t, n, 0, 0, o->json, &r->c)) return 1;
         r->cpu_blocks = t->num_unique;
     } else if (o->no_data) {
@@ -282,7 +362,8 @@ int kvt_cmd_replay(int argc, char **argv)
         return fprintf(stderr, "kvtier replay: %s\n", err), 1;
     replay_out r = {0};
     data_result d;
-    rc = run(&o, &t, &r, &d);
+    fleet_result fr;
+    rc = run(&o, &t, &r, &d, &fr);
     if (!rc) rc = o.json ? report_json(&o, &t, &r) : (report_text(&o, &t, &r), 0);
     if (!rc && r.data && (d.mismatches || d.failures)) rc = 1;
     if (!rc && !o.json && r.c.requests < t.num_reqs)

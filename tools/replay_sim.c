@@ -82,9 +82,32 @@ static uint32_t store(kvt_index *idx, uint32_t cap, const kvt_hash128 *keys, uin
     return stored;
 }
 
+uint32_t sim_probe(sim *s, const kvt_hash128 *keys, uint32_t n)
+{
+    return kvt__index_match(s->all, keys, n, s->scratch, false);
+}
+
+static uint64_t tokens_of(uint32_t blocks, uint32_t input_length)
+{
+    uint64_t tok = (uint64_t)blocks * TRACE_BLOCK_TOKENS;
+    return tok < input_length ? tok : input_length;
+}
+
 void sim_request(sim *s, const kvt_hash128 *keys, uint32_t n, uint32_t input_length)
 {
+    sim_request_shared(s, keys, n, input_length, 0);
+}
+
+void sim_request_shared(sim *s, const kvt_hash128 *keys, uint32_t n, uint32_t input_length,
+                        uint32_t remote)
+{
     uint32_t k = kvt__index_match(s->all, keys, n, s->ids, true);
+    if (remote > k) {
+        s->c.cross_hit_blocks += remote - k;
+        s->c.cross_hit_tokens += tokens_of(remote, input_length) - tokens_of(k, input_length);
+        s->c.hit_blocks += remote - k;
+        s->c.hit_tokens += tokens_of(remote, input_length) - tokens_of(k, input_length);
+    }
     /* Leaf eviction runs separately in each index; a block the CPU index
      * kept but the other dropped is not a hit, so kc <= k. */
     uint32_t kc_raw = s->cpu ? kvt__index_match(s->cpu, keys, n, s->cpu_ids, true) : k;

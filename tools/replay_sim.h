@@ -26,6 +26,7 @@ typedef struct sim_counts {
     uint64_t hit_blocks, cpu_hit_blocks, ssd_hit_blocks;
     uint64_t hit_tokens, cpu_hit_tokens, ssd_hit_tokens;
     uint64_t stored_blocks, evicted_blocks;
+    uint64_t cross_hit_blocks, cross_hit_tokens; /* a fleet with sharing: pulled from peers */
 } sim_counts;
 
 typedef struct sim {
@@ -48,6 +49,14 @@ void sim_fini(sim *s);
 void sim_keys(const uint32_t *ids, uint32_t n, kvt_hash128 *out);
 /* One request: match, count, store. keys: its n block keys. */
 void sim_request(sim *s, const kvt_hash128 *keys, uint32_t n, uint32_t input_length);
+/* Blocks of keys this node's cache would hit now (nothing is touched). */
+uint32_t sim_probe(sim *s, const kvt_hash128 *keys, uint32_t n);
+/* sim_request for a node of a fleet that shares blocks: the first `remote`
+ * blocks are on some peer; those past the local prefix are pulled (counted
+ * as cross-node hits, from neither local tier) and stored here with the
+ * rest of the request. */
+void sim_request_shared(sim *s, const kvt_hash128 *keys, uint32_t n, uint32_t input_length,
+                        uint32_t remote);
 
 static inline double sim_rate(uint64_t part, uint64_t whole)
 {
