@@ -49,6 +49,9 @@ with tempfile.TemporaryDirectory() as d:
     one = replay(tr, "--unbounded")
     for routing in ("random", "sticky", "prefix"):
         f = replay(tr, "--unbounded", "--nodes", "8", "--routing", routing)
+        if (f["hit_rate_local"], f["hit_rate_shared"]) != (f["local_token_hit_rate"],
+                                                           f["shared_token_hit_rate"]):
+            fail("%s: hit_rate_local/shared differ from the token hit rates" % routing)
         if f["requests"] != one["requests"]:
             fail("%s: %d requests replayed, not %d" % (routing, f["requests"], one["requests"]))
         if f["shared_token_hit_rate"] != one["max_token_hit_rate"]:

@@ -269,6 +269,10 @@ static void add_fleet(cJSON *j, const replay_opts *o, const fleet_result *f)
                             sim_rate(f->local.hit_tokens, f->local.input_tokens));
     cJSON_AddNumberToObject(j, "shared_token_hit_rate",
                             sim_rate(f->shared.hit_tokens, f->shared.input_tokens));
+    /* The names issue 26 and docs/cluster.md use for the same two rates. */
+    cJSON_AddNumberToObject(j, "hit_rate_local", sim_rate(f->local.hit_tokens, f->local.input_tokens));
+    cJSON_AddNumberToObject(j, "hit_rate_shared",
+                            sim_rate(f->shared.hit_tokens, f->shared.input_tokens));
     cJSON_AddNumberToObject(j, "local_hit_tokens", (double)f->local.hit_tokens);
     cJSON_AddNumberToObject(j, "cross_node_hit_tokens", (double)f->shared.cross_hit_tokens);
     cJSON_AddNumberToObject(j, "cross_node_hit_blocks", (double)f->shared.cross_hit_blocks);
