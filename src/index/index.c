@@ -73,8 +73,15 @@ struct kvt_index {
     uint32_t heap_len;
     kvt_evict_policy policy;
     uint64_t clock;       /* advances one per touched block */
+    _Atomic uint64_t *shared_clock; /* instead of clock, when set */
     uint64_t decay_touches; /* LFU: touches since the last decay */
 };
+
+static inline uint64_t next_tick(kvt_index *idx)
+{
+    if (idx->shared_clock) return atomic_fetch_add_explicit(idx->shared_clock, 1, memory_order_relaxed) + 1;
+    return ++idx->clock;
+}
 
 /* ------------------------------------------------------------------ */
 /* Memory                                                             */
@@ -320,6 +327,20 @@ static void kvt__entry_remove(kvt_index *x, uint32_t id)
 /* The interface                                                      */
 /* ------------------------------------------------------------------ */
 
+void kvt__index_share_clock(kvt_index *idx, _Atomic uint64_t *clock)
+{
+    idx->shared_clock = clock;
+}
+
+bool kvt__index_coldest(const kvt_index *idx, uint16_t *freq, uint64_t *tick)
+{
+    if (idx->heap_len == 0) return false;
+    const kvt_entry *e = &idx->entries[idx->heap[0]];
+    *freq = idx->policy == KVT_EVICT_LFU ? e->freq : 0;
+    *tick = e->tick;
+    return true;
+}
+
 kvt_status kvt__index_create(kvt_index **out, uint32_t max_blocks, kvt_evict_policy policy)
 {
     if (out == NULL || max_blocks == 0 || max_blocks > KVT_INDEX_MAX_BLOCKS ||
@@ -422,7 +443,7 @@ uint32_t kvt__index_match(kvt_index *idx, const kvt_hash128 *h, uint32_t n, uint
     if (!touch || k == 0) return k;
     for (uint32_t i = 0; i < k; i++) {
         kvt_entry *e = &idx->entries[ids[i]];
-        e->tick = ++idx->clock;
+        e->tick = next_tick(idx);
         if (idx->policy == KVT_EVICT_LFU && e->freq < UINT16_MAX) e->freq++;
         if (e->heap_pos != KVT_INDEX_NONE) kvt__sift_down(idx, e->heap_pos); /* key grew */
     }
@@ -451,7 +472,7 @@ kvt_status kvt__index_insert(kvt_index *idx, uint32_t parent, kvt_hash128 h, uin
     uint32_t id = kvt__entry_alloc(idx);
     kvt_entry *e = &idx->entries[id];
     *e = (kvt_entry){.key = h,
-                     .tick = ++idx->clock,
+                     .tick = next_tick(idx),
                      .parent = parent,
                      .payload = payload,
                      .children = 0,

@@ -16,6 +16,7 @@
 #ifndef KVT_INDEX_INDEX_H
 #define KVT_INDEX_INDEX_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include "kvtier.h"
@@ -101,6 +102,13 @@ uint32_t kvt__index_parent(const kvt_index *idx, uint32_t id); /* KVT_INDEX_NONE
 /* Removes entry id if it is an eviction candidate (READY, unpinned, no
  * children); true when it did. */
 bool kvt__index_remove_candidate(kvt_index *idx, uint32_t id);
+/* Several indexes on one clock (a server's geometries sharing a capacity),
+ * so their ticks compare: each touch takes its tick from *clock
+ * (atomically). Set before the first insert; the clock outlives idx. */
+void kvt__index_share_clock(kvt_index *idx, _Atomic uint64_t *clock);
+/* The next eviction candidate's key: false when there is none. LRU: freq
+ * is 0 and tick its last touch; LFU: its (freq, tick). Smaller is colder. */
+bool kvt__index_coldest(const kvt_index *idx, uint16_t *freq, uint64_t *tick);
 uint32_t kvt__index_count(const kvt_index *idx);     /* entries, READY or PENDING */
 uint32_t kvt__index_capacity(const kvt_index *idx);  /* max_blocks */
 /* Bytes of memory the index holds (entries + hash table), for stats. */

@@ -22,6 +22,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,10 @@ struct kvt_pool {
     uint64_t stride;      /* round_up(block_bytes, 4096) */
     uint32_t total;
     uint32_t nfree;
-    uint32_t *free_stack; /* free_stack[0, nfree) are free slots */
+    uint32_t *free_stack; /* free_stack[0, nfree) are free backed slots */
+    uint32_t *cold_stack; /* budgeted: cold_stack[0, ncold) are free unbacked slots */
+    uint32_t ncold;
+    kvt_pool_budget *budget; /* NULL: every slot backed from create */
     uint8_t *in_use;      /* per slot, catches double frees in debug builds */
     const char *kind;
     int fd;               /* the memfd behind a shared pool, else -1 */
@@ -208,6 +212,30 @@ static bool map_memfd_one(kvt_pool *p, size_t len, const char *kind)
     return true;
 }
 
+/* A budgeted pool's memfd: the whole size as address space, nothing backed
+ * (no prefault, no populate); each slot is backed by its first write. */
+static bool map_memfd_sparse(kvt_pool *p, size_t need, bool try_huge_pages)
+{
+    bool thp = try_huge_pages && shmem_thp_available();
+    size_t len = thp ? round_up(need, HUGE_2M) : need;
+    int fd = memfd_create("kvtier-cpu-tier", MFD_CLOEXEC);
+    if (fd < 0) return false;
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0) m = kvt__pool_map_shared(fd, len, false);
+    if (m == MAP_FAILED) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return false;
+    }
+    p->fd = fd;
+    p->map = m;
+    p->map_bytes = len;
+    p->base = m;
+    p->kind = thp ? "thp" : "4k";
+    return true;
+}
+
 /* Huge pages when the system reserved enough of them (the mapping fails at
  * once otherwise), else shmem THP where the kernel allows it, else 4 KiB
  * pages (on a VM under shadow paging, 3-10x slower to write: docs/server.md). */
@@ -219,10 +247,15 @@ static bool map_memfd(kvt_pool *p, size_t need, bool try_huge_pages)
     return map_memfd_one(p, need, "4k");
 }
 
+typedef enum pool_mode { POOL_PRIVATE, POOL_SHARED, POOL_BUDGETED } pool_mode;
+
 static kvt_status pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t block_bytes,
-                              bool try_huge_pages, bool shared)
+                              bool try_huge_pages, pool_mode mode)
 {
-    const char *fn = shared ? "kvt__pool_create_shared" : "kvt__pool_create";
+    const char *fn = mode == POOL_PRIVATE  ? "kvt__pool_create"
+                     : mode == POOL_SHARED ? "kvt__pool_create_shared"
+                                           : "kvt__pool_create_budgeted";
+    bool shared = mode != POOL_PRIVATE;
     KVT_CHECK_NOT_NULL(out, fn);
     KVT_CHECK_ARG(block_bytes > 0, "%s: block_bytes is 0", fn);
     KVT_CHECK_ARG(block_bytes <= (1ull << 40), "%s: block_bytes %llu is over 1 TiB", fn,
@@ -250,7 +283,9 @@ static kvt_status pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t 
 
     bool mapped = false;
     if (shared) {
-        if (!map_memfd(p, need, try_huge_pages)) {
+        bool ok = mode == POOL_BUDGETED ? map_memfd_sparse(p, need, try_huge_pages)
+                                        : map_memfd(p, need, try_huge_pages);
+        if (!ok) {
             int e = errno;
             free(p->free_stack);
             free(p->in_use);
@@ -287,16 +322,54 @@ fail_nomem:
                      (unsigned long long)blocks);
 }
 
+static bool budget_charge(kvt_pool_budget *b, uint64_t bytes)
+{
+    uint64_t used = atomic_load(&b->used);
+    do {
+        if (used > b->limit || bytes > b->limit - used) return false;
+    } while (!atomic_compare_exchange_weak(&b->used, &used, used + bytes));
+    return true;
+}
+
+static void budget_uncharge(kvt_pool_budget *b, uint64_t bytes)
+{
+    atomic_fetch_sub(&b->used, bytes);
+}
+
+kvt_status kvt__pool_create_budgeted(kvt_pool **out, uint64_t capacity_bytes,
+                                     uint64_t block_bytes, bool try_huge_pages,
+                                     kvt_pool_budget *budget)
+{
+    KVT_CHECK_NOT_NULL(budget, "kvt__pool_create_budgeted");
+    KVT_CHECK_NOT_NULL(out, "kvt__pool_create_budgeted");
+    kvt_pool *p = NULL;
+    kvt_status st = pool_create(&p, capacity_bytes, block_bytes, try_huge_pages, POOL_BUDGETED);
+    if (st) return st;
+    p->cold_stack = malloc((size_t)p->total * sizeof *p->cold_stack);
+    if (!p->cold_stack) {
+        kvt__pool_destroy(p);
+        return kvt__fail(KVT_ENOMEM, "kvt__pool_create_budgeted: out of memory for %u slots",
+                         p->total);
+    }
+    /* Nothing backed yet: every slot is cold, slot 0 on top. */
+    memcpy(p->cold_stack, p->free_stack, (size_t)p->total * sizeof *p->cold_stack);
+    p->ncold = p->total;
+    p->nfree = 0;
+    p->budget = budget;
+    *out = p;
+    return KVT_OK;
+}
+
 kvt_status kvt__pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t block_bytes,
                             bool try_huge_pages)
 {
-    return pool_create(out, capacity_bytes, block_bytes, try_huge_pages, false);
+    return pool_create(out, capacity_bytes, block_bytes, try_huge_pages, POOL_PRIVATE);
 }
 
 kvt_status kvt__pool_create_shared(kvt_pool **out, uint64_t capacity_bytes,
                                    uint64_t block_bytes, bool try_huge_pages)
 {
-    return pool_create(out, capacity_bytes, block_bytes, try_huge_pages, true);
+    return pool_create(out, capacity_bytes, block_bytes, try_huge_pages, POOL_SHARED);
 }
 
 int kvt__pool_fd(const kvt_pool *pool) { return pool->fd; }
@@ -308,15 +381,20 @@ void kvt__pool_destroy(kvt_pool *pool)
     if (!pool) return;
     munmap(pool->map, pool->map_bytes);
     if (pool->fd >= 0) close(pool->fd);
+    if (pool->budget) budget_uncharge(pool->budget, (uint64_t)kvt__pool_blocks_backed(pool) * pool->stride);
     free(pool->free_stack);
+    free(pool->cold_stack);
     free(pool->in_use);
     free(pool);
 }
 
 uint32_t kvt__pool_alloc(kvt_pool *pool)
 {
-    if (pool->nfree == 0) return KVT_POOL_NONE;
-    uint32_t slot = pool->free_stack[--pool->nfree];
+    uint32_t slot;
+    if (pool->nfree) slot = pool->free_stack[--pool->nfree];
+    else if (pool->ncold && budget_charge(pool->budget, pool->stride))
+        slot = pool->cold_stack[--pool->ncold];
+    else return KVT_POOL_NONE;
     assert(!pool->in_use[slot]);
     pool->in_use[slot] = 1;
     return slot;
@@ -338,7 +416,36 @@ uint8_t *kvt__pool_block(const kvt_pool *pool, uint32_t slot)
 }
 
 uint32_t kvt__pool_blocks_total(const kvt_pool *pool) { return pool->total; }
-uint32_t kvt__pool_blocks_free(const kvt_pool *pool) { return pool->nfree; }
+uint32_t kvt__pool_blocks_free(const kvt_pool *pool)
+{
+    if (!pool->budget) return pool->nfree;
+    uint64_t used = atomic_load(&pool->budget->used);
+    uint64_t room = used < pool->budget->limit ? (pool->budget->limit - used) / pool->stride : 0;
+    return pool->nfree + (uint32_t)(room < pool->ncold ? room : pool->ncold);
+}
+
+uint32_t kvt__pool_blocks_backed(const kvt_pool *pool) { return pool->total - pool->ncold; }
+uint32_t kvt__pool_blocks_free_backed(const kvt_pool *pool) { return pool->nfree; }
+bool kvt__pool_budgeted(const kvt_pool *pool) { return pool->budget != NULL; }
+
+uint32_t kvt__pool_release(kvt_pool *pool, uint32_t max)
+{
+    if (!pool->budget) return 0;
+    uint32_t n = 0;
+    while (n < max && pool->nfree) {
+        uint32_t slot = pool->free_stack[pool->nfree - 1];
+        /* Punching the hole frees the pages in every process that maps the
+         * memfd; a kernel that cannot keeps the slot backed and charged. */
+        if (fallocate(pool->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      (off_t)((uint64_t)slot * pool->stride), (off_t)pool->stride) != 0)
+            break;
+        pool->nfree--;
+        pool->cold_stack[pool->ncold++] = slot;
+        budget_uncharge(pool->budget, pool->stride);
+        n++;
+    }
+    return n;
+}
 uint64_t kvt__pool_block_bytes(const kvt_pool *pool) { return pool->block_bytes; }
 const char *kvt__pool_page_kind(const kvt_pool *pool) { return pool->kind; }
 

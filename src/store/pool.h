@@ -7,6 +7,7 @@
 #ifndef KVT_STORE_POOL_H
 #define KVT_STORE_POOL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include "kvtier.h"
@@ -27,6 +28,34 @@ kvt_status kvt__pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t bl
  * offset i * stride of the fd. */
 kvt_status kvt__pool_create_shared(kvt_pool **out, uint64_t capacity_bytes,
                                    uint64_t block_bytes, bool try_huge_pages);
+/* A byte budget several budgeted pools draw on: the node server's one
+ * cpu_capacity shared by the tiers of every geometry it serves. A budgeted
+ * pool's slot has memory behind it ("backed") only while the pool holds
+ * budget for it; used never exceeds limit. Thread-safe (one atomic). */
+typedef struct kvt_pool_budget {
+    _Atomic uint64_t used;
+    uint64_t limit;
+} kvt_pool_budget;
+
+/* A shared pool of capacity_bytes of address space (its memfd is sparse:
+ * nothing is prefaulted) whose slots are backed on first allocation, each
+ * charging stride bytes to budget, and given back by kvt__pool_release.
+ * Huge pages: shmem THP where the kernel allows (never hugetlb, whose
+ * pages are reserved whole at mmap). The budget must outlive the pool. */
+kvt_status kvt__pool_create_budgeted(kvt_pool **out, uint64_t capacity_bytes,
+                                     uint64_t block_bytes, bool try_huge_pages,
+                                     kvt_pool_budget *budget);
+/* Gives up to max free backed slots' memory back to the system (a hole
+ * punched in the memfd) and their bytes back to the budget; returns how
+ * many. 0 for a pool without a budget. A syscall per slot: for moving
+ * capacity between pools under pressure, never per transfer. */
+uint32_t kvt__pool_release(kvt_pool *pool, uint32_t max);
+/* Slots with memory behind them (all of them without a budget). */
+uint32_t kvt__pool_blocks_backed(const kvt_pool *pool);
+/* Free backed slots (those kvt__pool_release can give back). */
+uint32_t kvt__pool_blocks_free_backed(const kvt_pool *pool);
+bool kvt__pool_budgeted(const kvt_pool *pool);
+
 /* The memfd of a shared pool (owned by the pool), else -1. */
 int kvt__pool_fd(const kvt_pool *pool);
 /* Bytes of the mapping (of the memfd for a shared pool). */
@@ -39,6 +68,8 @@ uint32_t kvt__pool_alloc(kvt_pool *pool); /* KVT_POOL_NONE when none is free */
 void kvt__pool_free(kvt_pool *pool, uint32_t slot);
 uint8_t *kvt__pool_block(const kvt_pool *pool, uint32_t slot);
 uint32_t kvt__pool_blocks_total(const kvt_pool *pool);
+/* Free slots: free backed ones plus, with a budget, unbacked ones the
+ * budget could back now. */
 uint32_t kvt__pool_blocks_free(const kvt_pool *pool);
 uint64_t kvt__pool_block_bytes(const kvt_pool *pool);
 /* Distance between consecutive blocks: block_bytes rounded up to 4096, so

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include "store/pool.h"
 
 static void test_capacity_math(void **state)
@@ -151,6 +152,81 @@ static void test_shared_pages_and_mapping(void **state)
     kvt__pool_destroy(p);
 }
 
+/* Bytes of memory behind a memfd (what its pages use now). */
+static uint64_t backed_bytes(int fd)
+{
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    return (uint64_t)st.st_blocks * 512;
+}
+
+/* Two budgeted pools on one budget (the node server's geometries on one
+ * cpu_capacity): each may grow to the whole budget, together never past
+ * it; nothing is backed before a slot is allocated and written; released
+ * slots give their memory back to the system (the memfd shrinks) and their
+ * bytes to the budget, which the other pool can then use. */
+static void test_budget_shared_by_two_pools(void **state)
+{
+    (void)state;
+    kvt_pool_budget budget = {.limit = 16 * 8192};
+    kvt_pool *a = NULL, *b = NULL;
+    assert_ok(kvt__pool_create_budgeted(&a, 16 * 8192, 8192, false, &budget));
+    assert_ok(kvt__pool_create_budgeted(&b, 16 * 16384, 16384, false, &budget));
+    assert_true(kvt__pool_budgeted(a));
+    assert_int_equal(kvt__pool_blocks_total(a), 16);
+    assert_int_equal(kvt__pool_blocks_backed(a), 0);
+    assert_int_equal(backed_bytes(kvt__pool_fd(a)), 0); /* no prefault */
+    assert_int_equal(kvt__pool_blocks_free(a), 16);
+    assert_int_equal(kvt__pool_blocks_free(b), 8); /* what the budget could back now */
+    uint32_t s[16];
+    for (int i = 0; i < 16; i++) {
+        s[i] = kvt__pool_alloc(a);
+        assert_int_not_equal(s[i], KVT_POOL_NONE);
+        memset(kvt__pool_block(a, s[i]), i + 1, 8192);
+    }
+    assert_int_equal(atomic_load(&budget.used), 16 * 8192);
+    assert_int_equal(kvt__pool_alloc(b), KVT_POOL_NONE); /* the budget is spent */
+    assert_int_equal(kvt__pool_blocks_free(b), 0);
+    assert_true(backed_bytes(kvt__pool_fd(a)) >= 16 * 8192);
+    /* A freed slot stays backed (reused at no cost) until released. */
+    for (int i = 0; i < 4; i++) kvt__pool_free(a, s[i]);
+    assert_int_equal(kvt__pool_blocks_free_backed(a), 4);
+    assert_int_equal(kvt__pool_alloc(b), KVT_POOL_NONE);
+    assert_int_equal(kvt__pool_release(a, 100), 4);
+    assert_int_equal(kvt__pool_blocks_backed(a), 12);
+    assert_int_equal(atomic_load(&budget.used), 12 * 8192);
+    assert_true(backed_bytes(kvt__pool_fd(a)) <= 12 * 8192 + 4096);
+    uint32_t x = kvt__pool_alloc(b), y = kvt__pool_alloc(b);
+    assert_int_not_equal(x, KVT_POOL_NONE);
+    assert_int_not_equal(y, KVT_POOL_NONE);
+    assert_int_equal(kvt__pool_alloc(b), KVT_POOL_NONE);
+    assert_int_equal(kvt__pool_alloc(a), KVT_POOL_NONE);
+    /* The bytes of the slots a kept are untouched by the holes. */
+    for (int i = 4; i < 16; i++) {
+        uint8_t *blk = kvt__pool_block(a, s[i]);
+        assert_int_equal(blk[0], i + 1);
+        assert_int_equal(blk[8191], i + 1);
+    }
+    /* A released slot reads as zeros when backed again. */
+    kvt__pool_free(b, y);
+    kvt__pool_free(b, x);
+    assert_int_equal(kvt__pool_release(b, 2), 2);
+    uint32_t again = kvt__pool_alloc(a);
+    assert_int_not_equal(again, KVT_POOL_NONE);
+    assert_int_equal(kvt__pool_block(a, again)[100], 0);
+    /* Destroying a pool gives its bytes back. */
+    kvt__pool_destroy(a);
+    assert_int_equal(atomic_load(&budget.used), 0);
+    kvt__pool_destroy(b);
+    /* A pool without a budget releases nothing. */
+    kvt_pool *p = NULL;
+    assert_ok(kvt__pool_create_shared(&p, 4 * 8192, 8192, false));
+    kvt__pool_free(p, kvt__pool_alloc(p));
+    assert_int_equal(kvt__pool_release(p, 4), 0);
+    assert_false(kvt__pool_budgeted(p));
+    kvt__pool_destroy(p);
+}
+
 static void test_bad_args(void **state)
 {
     (void)state;
@@ -174,6 +250,7 @@ int main(void)
         cmocka_unit_test(test_free_and_reuse),
         cmocka_unit_test(test_alignment_and_disjoint),
         cmocka_unit_test(test_shared_pages_and_mapping),
+        cmocka_unit_test(test_budget_shared_by_two_pools),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
