@@ -122,7 +122,7 @@ rc=0
 "$K" stats --socket "$A" --model tiny --tp 1 --json >"$T/any2.json" 2>&1 ||
     { echo "cli_serve: two geometries did not attach:"; cat "$T/any1.json" "$T/any2.json" "$T/any.log"; exit 1; }
 [ "$(grep -c "geometry g[0-9a-f]*: 4 layers" "$T/any.log")" -eq 2 ] &&
-grep -q "any geometry, up to 4 at once, each with 4194304 bytes of CPU tier and a share of the SSD tier under $T/ssd: .*; metrics on http://127.0.0.1:$MP/metrics)" "$T/any.log" &&
+grep -q "any geometry, up to 4 at once, sharing 16777216 bytes of CPU tier (coldest blocks evicted across them) and a share of the SSD tier under $T/ssd: .*; metrics on http://127.0.0.1:$MP/metrics)" "$T/any.log" &&
 [ "$(grep -c "4 layers, .*, SSD tier [1-9][0-9]* blocks in $T/ssd/g[0-9a-f]\{16\} (.*), 0 recovered \[" "$T/any.log")" -eq 2 ] ||
     { echo "cli_serve: the any-geometry server's log:"; cat "$T/any.log"; exit 1; }
 # Its /metrics: each geometry's tier labelled, the server's families once.

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cache/tasks.h"
+#include "cache/share.h"
 #include "cache/tiers.h"
 #include "cuda/cuda.h"
 #include "metrics/metrics.h"
@@ -55,7 +56,7 @@ static kvt_status check_config(const kvt_config_values *v, const kvt_geometry *g
 }
 
 static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry *geo,
-                        bool shared)
+                        bool shared, kvt_share *share)
 {
     kvt_status st = kvt_geometry_validate(geo);
     if (st) return kvt__wrap_error(st, "kvt_cache_create: geo");
@@ -68,10 +69,12 @@ static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry 
     if (st) return st;
     c->pages_per_block = c->cfg.block_tokens / geo->tokens_per_page;
     c->block_bytes = kvt__geo_bytes_per_token(c->geo) * c->cfg.block_tokens;
-    st = shared ? kvt__pool_create_shared(&c->pool, c->cfg.cpu_capacity, c->block_bytes,
-                                          c->cfg.huge_pages)
-                : kvt__pool_create(&c->pool, c->cfg.cpu_capacity, c->block_bytes,
-                                   c->cfg.huge_pages);
+    st = share    ? kvt__pool_create_budgeted(&c->pool, c->cfg.cpu_capacity, c->block_bytes,
+                                              c->cfg.huge_pages, kvt__share_budget(share))
+         : shared ? kvt__pool_create_shared(&c->pool, c->cfg.cpu_capacity, c->block_bytes,
+                                            c->cfg.huge_pages)
+                  : kvt__pool_create(&c->pool, c->cfg.cpu_capacity, c->block_bytes,
+                                     c->cfg.huge_pages);
     if (st) return st;
     st = kvt__tiers_open(c);
     if (st) return st;
@@ -81,13 +84,16 @@ static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry 
     if (st) return st;
     c->stats.cpu_blocks_total = kvt__pool_blocks_total(c->pool);
     c->stats.block_bytes = c->block_bytes;
+    /* Before any block is stored (recovered SSD blocks included: their
+     * ticks restart on the share's clock at their first touch). */
+    if (share && (st = kvt__share_join(share, c))) return st;
     /* Last: a scrape may come at once and reads the whole cache. */
     return kvt__metrics_cache_start(c);
 }
 
 /* kvt_cache_create, or (shared) its twin whose CPU tier is a memfd. */
-kvt_status kvt__cache_create_ex(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo,
-                                bool shared)
+static kvt_status create(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo,
+                         bool shared, kvt_share *share)
 {
     kvt__clear_error();
     KVT_CHECK_NOT_NULL(out, "kvt_cache_create");
@@ -101,13 +107,26 @@ kvt_status kvt__cache_create_ex(kvt_cache **out, const kvt_config *cfg, const kv
         free(c);
         return kvt__fail(KVT_ESYS, "kvt_cache_create: pthread_cond_init failed");
     }
-    kvt_status st = build(c, cfg, geo, shared);
+    kvt_status st = build(c, cfg, geo, shared, share);
     if (st) {
         kvt_cache_destroy(c);
         return st;
     }
     *out = c;
     return KVT_OK;
+}
+
+kvt_status kvt__cache_create_ex(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo,
+                                bool shared)
+{
+    return create(out, cfg, geo, shared, NULL);
+}
+
+kvt_status kvt__cache_create_shared(kvt_cache **out, const kvt_config *cfg,
+                                    const kvt_geometry *geo, kvt_share *sh)
+{
+    if (!sh) return kvt__fail(KVT_EINVAL, "kvt__cache_create_shared: share is NULL");
+    return create(out, cfg, geo, true, sh);
 }
 
 kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo)
@@ -118,7 +137,8 @@ kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg, const kvt_ge
 void kvt_cache_destroy(kvt_cache *c)
 {
     if (!c) return;
-    kvt__metrics_cache_stop(c); /* first: a scrape reads everything below */
+    kvt__share_leave(c); /* first: no other member's reclaim may take c's lock below */
+    kvt__metrics_cache_stop(c); /* then: a scrape reads everything below */
     if (c->tasks) {
         /* Stop running tasks. The tiers then fail queued reads and wait for
          * in-flight I/O; xfer_destroy waits for copies and calls their
@@ -225,7 +245,7 @@ kvt_status kvt_cache_stats_get(kvt_cache *c, kvt_cache_stats *out)
     KVT_CHECK_NOT_NULL_AS(c, "cache", "kvt_cache_stats_get");
     KVT_CHECK_NOT_NULL(out, "kvt_cache_stats_get");
     pthread_mutex_lock(&c->mu);
-    c->stats.cpu_blocks_used = kvt__pool_blocks_total(c->pool) - kvt__pool_blocks_free(c->pool);
+    c->stats.cpu_blocks_used = kvt__pool_blocks_backed(c->pool) - kvt__pool_blocks_free_backed(c->pool);
     c->stats.index_blocks = kvt__index_count(c->index);
     c->stats.index_bytes = kvt__index_memory_bytes(c->index);
     c->stats.tasks_in_flight = c->in_flight;

@@ -78,6 +78,7 @@ struct kvt_cache {
     kvt_pool *pool;
     kvt_index *index;
     kvt_xfer *xfer;
+    struct kvt_share *share; /* the capacity shared with other caches (share.h), or NULL */
     bool memory_registered;
     kvt_page_map map;
     /* Engine memory on a CUDA device (docs/gpu.md): the copy backend, and

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache/share.h"
 #include "util/clock.h"
 
 enum { SSD_NONE = 0, SSD_WRITING = 1, SSD_DURABLE = 2, SSD_LOST = 3, SSD_REPAIRING = 4 };
@@ -103,11 +104,18 @@ static uint32_t evict_leaves(kvt_cache *c, uint32_t want)
  * too. Without an SSD tier, cold leaves are evicted. With one, a block
  * without a durable SSD copy is never thrown out to make CPU room (the SSD
  * would keep it): the store gets fewer blocks instead. */
+#define RECLAIM_TRIES 4 /* another member may take the budget a reclaim freed */
+
 uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots)
 {
-    uint32_t got = 0;
+    uint32_t got = 0, tries = 0;
     while (got < want) {
         uint32_t slot = kvt__pool_alloc(c->pool);
+        if (slot == KVT_POOL_NONE && c->share && tries < RECLAIM_TRIES) {
+            tries++;
+            if (kvt__share_reclaim(c, want - got)) continue;
+            tries = RECLAIM_TRIES; /* this cache's own blocks are the coldest */
+        }
         if (slot == KVT_POOL_NONE && c->ssd) slot = clock_take(c);
         if (slot != KVT_POOL_NONE) {
             slots[got++] = slot;
@@ -116,6 +124,23 @@ uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots)
         if ((c->ssd && !c->ssd_writes_off) || evict_leaves(c, want - got) == 0) break;
     }
     return got;
+}
+
+uint32_t kvt__tiers_give_back(kvt_cache *c, uint32_t want)
+{
+    uint32_t n = kvt__pool_release(c->pool, want);
+    while (n < want) {
+        uint32_t slot = c->ssd ? clock_take(c) : KVT_POOL_NONE;
+        if (slot != KVT_POOL_NONE) {
+            free_cpu_slot(c, slot);
+        } else if ((c->ssd && !c->ssd_writes_off) || evict_leaves(c, want - n) == 0) {
+            break; /* as reserve_cpu: a block the SSD would keep is not thrown out */
+        }
+        uint32_t r = kvt__pool_release(c->pool, want - n);
+        if (r == 0) break; /* the kernel kept the memory: stop, do not evict more */
+        n += r;
+    }
+    return n;
 }
 
 #define STORE_ROOM_WAIT_MS 2000

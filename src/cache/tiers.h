@@ -34,6 +34,10 @@ void kvt__tiers_free(kvt_cache *c);
  * of blocks that are durable on the SSD (CLOCK), then whole cold leaves
  * (with an SSD tier only once it stopped taking writes). */
 uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots);
+/* A budgeted pool (cache/share.h) gives up to want slots' memory back to
+ * the share: free backed slots first, then CPU copies the SSD keeps, then
+ * (as reserve_cpu) cold leaves. Returns slots given back. */
+uint32_t kvt__tiers_give_back(kvt_cache *c, uint32_t want);
 /* With an SSD tier: when fewer than want CPU slots are free and SSD writes
  * are in flight, waits (boundedly: STORE_ROOM_WAIT_MS) for them to land and
  * frees the CPU copies they make droppable, so a burst of stores is slowed

@@ -18,8 +18,10 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cache/share.h"
 #include "metrics/metrics.h"
 #include "util/err.h"
+#include "util/file.h"
 #include "layout/layout.h"
 #include "util/clock.h"
 #include "util/hash.h"
@@ -144,8 +146,10 @@ static kvt_status fingerprint(const kvt_geometry *geo, uint32_t bt, uint64_t *ou
 
 /* The shard's options: with one geometry the server's own (SSD directories
  * as given, so a server of one model keeps its data where it always was,
- * and its cache serves metrics_port); with several, each a
- * 1/server_max_geometries share of both capacities, its SSD data in a
+ * and its cache serves metrics_port); with several, the whole cpu_capacity
+ * (shared with the other geometries through s->share: cache/share.h, and
+ * checked against the machine once, at server create), a
+ * 1/server_max_geometries share of ssd_capacity, its SSD data in a
  * subdirectory named by its id, and no endpoint (the server's own serves
  * every shard: start_metrics). */
 static kvt_status shard_config(const kvt_server *s, const kvt_srv_shard *sh, kvt_config *out)
@@ -154,7 +158,7 @@ static kvt_status shard_config(const kvt_server *s, const kvt_srv_shard *sh, kvt
     out->v.block_tokens = sh->block_tokens;
     if (s->max_shards == 1) return KVT_OK;
     out->v.metrics_port = 0;
-    out->v.cpu_capacity = s->cfg.cpu_capacity / s->max_shards;
+    out->v.memory_check = false;
     out->v.ssd_capacity = s->cfg.ssd_capacity / s->max_shards;
     if (out->v.ssd_capacity < 4096) out->v.ssd_capacity = 4096;
     char dirs[sizeof s->cfg.ssd_dirs], *save = NULL;
@@ -197,12 +201,13 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
     kvt_config cfg;
     kvt_status st = shard_config(s, sh, &cfg);
     if (!st) st = kvt_geometry_clone(geo, &sh->geo);
-    if (!st) st = kvt__cache_create_ex(&sh->cache, &cfg, geo, true);
+    if (!st) st = s->share ? kvt__cache_create_shared(&sh->cache, &cfg, geo, s->share)
+                           : kvt__cache_create_ex(&sh->cache, &cfg, geo, true);
     if (st) {
         if (s->max_shards > 1) {
             char what[160];
-            snprintf(what, sizeof what, "the tier of geometry %s (its 1/%u share of cpu_capacity:"
-                     " %llu bytes; block_tokens %u)", sh->id, s->max_shards,
+            snprintf(what, sizeof what, "the tier of geometry %s (cpu_capacity %llu bytes, shared "
+                     "by every geometry; block_tokens %u)", sh->id,
                      (unsigned long long)cfg.v.cpu_capacity, bt);
             kvt__wrap_error(st, what);
         }
@@ -213,6 +218,20 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
     if (s->max_shards == 1) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
     *out = sh;
     return KVT_OK;
+}
+
+/* Several geometries draw on one cpu_capacity. Their tiers are backed as
+ * they fill, so the machine is checked here, once, for the total (as
+ * kvt_cache_create checks a tier it prefaults). */
+static kvt_status make_share(kvt_server *s)
+{
+    uint64_t avail = s->cfg.memory_check ? kvt__mem_available() : 0;
+    if (avail && s->cfg.cpu_capacity > avail)
+        return kvt__fail(KVT_ENOMEM, "kvt_server_create: cpu_capacity is %llu bytes, more than "
+                         "this machine can give now (%llu bytes: MemAvailable plus free huge "
+                         "pages); lower cpu_capacity, or set memory_check=false to try anyway",
+                         (unsigned long long)s->cfg.cpu_capacity, (unsigned long long)avail);
+    return kvt__share_create(&s->share, s->cfg.cpu_capacity);
 }
 
 kvt_srv_shard *kvt__srv_shard_first(kvt_server *s)
@@ -288,10 +307,10 @@ kvt_status kvt__srv_shard_get(kvt_server *s, const kvt_geometry *geo, uint32_t b
             char ssd[PATH_MAX + 96];
             ssd_banner(sh, ssd, sizeof ssd);
             kvt__srv_log(KVT_LOG_INFO, "geometry %s: %u layers, %llu bytes per token, %u tokens "
-                         "per page, block_tokens %u: CPU tier %u blocks of %llu bytes (%s pages)"
+                         "per page, block_tokens %u: CPU tier %s%u blocks of %llu bytes (%s pages)"
                          ", %s [%u of at most %u geometries]", sh->id, geo->num_layers,
                          (unsigned long long)kvt__geo_bytes_per_token(geo),
-                         geo->tokens_per_page, bt, sh->shm.num_blocks,
+                         geo->tokens_per_page, bt, s->share ? "up to " : "", sh->shm.num_blocks,
                          (unsigned long long)sh->shm.block_bytes, sh->shm.pages, ssd, n + 1,
                          s->max_shards);
         }
@@ -351,6 +370,7 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
     if (st) return st;
     if ((st = take_lock(lock, what, &s->lock_fd))) return st;
     if ((st = lock_ssd_dirs(s))) return st;
+    if (s->max_shards > 1 && (st = make_share(s))) return st;
     if (geo) {
         kvt_srv_shard *sh;
         if ((st = kvt_geometry_clone(geo, &s->declared))) return st;
@@ -666,9 +686,10 @@ kvt_status kvt_server_run(kvt_server *s)
                      s->max_shards, metrics);
     else
         kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, version %s; any geometry, up to %u "
-                     "at once, each with %llu bytes of CPU tier%s%s: a tier is made at the first "
-                     "attach of its geometry; %s)", s->path, (long)getpid(), kvt_version_string(),
-                     s->max_shards, (unsigned long long)(s->cfg.cpu_capacity / s->max_shards),
+                     "at once, sharing %llu bytes of CPU tier (coldest blocks evicted across "
+                     "them)%s%s: a tier is made at the first attach of its geometry; %s)", s->path,
+                     (long)getpid(), kvt_version_string(), s->max_shards,
+                     (unsigned long long)s->cfg.cpu_capacity,
                      s->cfg.ssd_dirs[0] ? " and a share of the SSD tier under " : "",
                      s->cfg.ssd_dirs, metrics);
     if (first && !strcmp(first->shm.pages, "4k"))
@@ -722,6 +743,7 @@ void kvt_server_destroy(kvt_server *s)
     reap_conns(s, true);
     kvt__srv_fences_reap(s, true);
     for (uint32_t i = 0; i < atomic_load(&s->nshards); i++) shard_free(s->shards[i]);
+    kvt__share_destroy(s->share); /* after every member */
     kvt_geometry_destroy(s->declared);
     for (uint32_t i = 0; i < s->num_ssd_locks; i++) close(s->ssd_lock_fds[i]);
     if (s->lock_fd >= 0) close(s->lock_fd);

@@ -95,6 +95,7 @@ struct kvt_server {
     kvt_srv_shard *shards[KVT_SRV_MAX_GEOMETRIES];
     _Atomic uint32_t nshards; /* published after the shard is complete */
     uint32_t max_shards;      /* server_max_geometries, resolved */
+    struct kvt_share *share;  /* one cpu_capacity for every shard, when max_shards > 1 */
     struct kvt_metrics_http *metrics; /* the server's own /metrics over every shard, when
                                        * metrics_port is set and it holds several geometries */
     char path[sizeof(((kvt_config_values *)0)->server_socket)];

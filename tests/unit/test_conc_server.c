@@ -2407,6 +2407,73 @@ static void test_any_geometry(void **state)
     stop_server(srv, path);
 }
 
+/* Tokens of request seed loaded (byte-verified) by e. */
+static uint32_t loaded(engine *e, uint64_t seed)
+{
+    uint32_t tokens[NTOK], matched = 0;
+    kvt_request r;
+    request(&r, tokens, seed);
+    assert_ok(engine_load(e, &r, &matched));
+    return matched;
+}
+
+static void store_seed(engine *e, uint64_t seed)
+{
+    uint32_t tokens[NTOK], stored = 0;
+    kvt_request r;
+    request(&r, tokens, seed);
+    assert_ok(engine_store(e, &r, &stored));
+    assert_int_equal(stored, BLOCKS * TPP);
+}
+
+/* A server of any geometry shares one cpu_capacity among them: one
+ * geometry alone may fill far more than 1/server_max_geometries of it (40
+ * requests of 8 KiB blocks: 2.5 of 4 MiB, with 4 geometries allowed), and a
+ * second geometry's stores take the coldest blocks of the first (requests
+ * it loaded last stay whole), never pushing the two past cpu_capacity.
+ * Every loaded byte is verified. */
+static void test_shared_capacity(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "share.sock");
+    g_any_geometry = true;
+    pid_t srv = start_server(path, NULL);
+    g_any_geometry = false;
+    engine a, b; /* the parent forks no more: it may hold clients now */
+    assert_ok(engine_open(&a, path, 2)); /* 8 KiB blocks */
+    enum { A_REQS = 40, OLD = 8, B_REQS = 16 };
+    for (uint64_t i = 1; i <= A_REQS; i++) store_seed(&a, 1000 + i);
+    for (uint64_t i = 1; i <= A_REQS; i++)
+        if (loaded(&a, 1000 + i) != BLOCKS * TPP)
+            fail_msg("geometry A's request %llu of %u lost blocks with nobody else on the server"
+                     " (a 1/N share of cpu_capacity, not all of it?)", (unsigned long long)i,
+                     A_REQS);
+    for (uint64_t i = OLD + 1; i <= A_REQS; i++) loaded(&a, 1000 + i); /* the first OLD go cold */
+    assert_ok(engine_open(&b, path, 4)); /* 16 KiB blocks: 16 x 128 KiB = 2 MiB */
+    for (uint64_t i = 1; i <= B_REQS; i++) store_seed(&b, 2000 + i);
+    for (uint64_t i = 1; i <= B_REQS; i++) assert_int_equal(loaded(&b, 2000 + i), BLOCKS * TPP);
+    for (uint64_t i = OLD + 1; i <= A_REQS; i++)
+        if (loaded(&a, 1000 + i) != BLOCKS * TPP)
+            fail_msg("A's request %llu, loaded after its first %u, lost blocks to B while "
+                     "colder ones were there", (unsigned long long)i, OLD);
+    uint32_t old = 0;
+    for (uint64_t i = 1; i <= OLD; i++) old += loaded(&a, 1000 + i);
+    assert_true(old < OLD * BLOCKS * TPP); /* B took room: from the coldest */
+    kvt_cache_stats sa, sb;
+    assert_ok(kvt_client_stats(a.cl, &sa));
+    assert_ok(kvt_client_stats(b.cl, &sb));
+    uint64_t used = sa.cpu_blocks_used * sa.block_bytes + sb.cpu_blocks_used * sb.block_bytes;
+    if (used > (4u << 20))
+        fail_msg("the geometries hold %llu bytes together, over cpu_capacity (4 MiB)",
+                 (unsigned long long)used);
+    assert_true(sa.evicted_blocks > 0);
+    engine_close(&a);
+    engine_close(&b);
+    stop_server(srv, path);
+}
+
 /* CPU ticks (user + system) process pid has used. */
 static unsigned long long cpu_ticks(pid_t pid)
 {
@@ -2621,6 +2688,7 @@ int main(void)
         cmocka_unit_test_teardown(test_server_killed_mid_load, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_any_geometry, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_shared_capacity, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_full_server_says_so, kvt_test_servers_kill),

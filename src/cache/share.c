@@ -1,0 +1,162 @@
+/* share.c - one CPU capacity for several caches (see share.h). */
+#include "cache/share.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "cache/tiers.h"
+#include "index/index.h"
+#include "util/err.h"
+
+struct kvt_share {
+    pthread_mutex_t mu; /* guards members */
+    kvt_pool_budget budget;
+    _Atomic uint64_t clock; /* every member index's ticks */
+    kvt_cache **members; /* grown by join: a server holds few geometries */
+    uint32_t n, cap;
+};
+
+kvt_status kvt__share_create(kvt_share **out, uint64_t capacity_bytes)
+{
+    KVT_CHECK_NOT_NULL(out, "kvt__share_create");
+    KVT_CHECK_ARG(capacity_bytes > 0, "kvt__share_create: capacity is 0");
+    kvt_share *sh = calloc(1, sizeof *sh);
+    if (!sh) return kvt__fail(KVT_ENOMEM, "kvt__share_create: out of memory");
+    pthread_mutex_init(&sh->mu, NULL);
+    sh->budget.limit = capacity_bytes;
+    *out = sh;
+    return KVT_OK;
+}
+
+void kvt__share_destroy(kvt_share *sh)
+{
+    if (!sh) return;
+    pthread_mutex_destroy(&sh->mu);
+    free(sh->members);
+    free(sh);
+}
+
+uint64_t kvt__share_used(const kvt_share *sh) { return atomic_load(&sh->budget.used); }
+uint64_t kvt__share_capacity(const kvt_share *sh) { return sh->budget.limit; }
+
+kvt_pool_budget *kvt__share_budget(kvt_share *sh) { return &sh->budget; }
+
+kvt_status kvt__share_join(kvt_share *sh, kvt_cache *c)
+{
+    pthread_mutex_lock(&sh->mu);
+    if (sh->n == sh->cap) {
+        uint32_t cap = sh->cap ? 2 * sh->cap : 4;
+        kvt_cache **m = realloc(sh->members, cap * sizeof *m);
+        if (!m) {
+            pthread_mutex_unlock(&sh->mu);
+            return kvt__fail(KVT_ENOMEM, "kvt__cache_create_shared: out of memory");
+        }
+        sh->members = m;
+        sh->cap = cap;
+    }
+    sh->members[sh->n++] = c;
+    pthread_mutex_unlock(&sh->mu);
+    c->share = sh;
+    kvt__index_share_clock(c->index, &sh->clock);
+    return KVT_OK;
+}
+
+void kvt__share_leave(kvt_cache *c)
+{
+    kvt_share *sh = c->share;
+    if (!sh) return;
+    pthread_mutex_lock(&sh->mu);
+    for (uint32_t i = 0; i < sh->n; i++)
+        if (sh->members[i] == c) {
+            sh->members[i] = sh->members[--sh->n];
+            break;
+        }
+    pthread_mutex_unlock(&sh->mu);
+    c->share = NULL;
+}
+
+/* A cache's coldest block as one comparable key: (freq, tick). */
+typedef struct cold_key {
+    uint16_t freq;
+    uint64_t tick;
+    bool any;
+} cold_key;
+
+static cold_key coldest(const kvt_cache *c)
+{
+    cold_key k = {0};
+    k.any = kvt__index_coldest(c->index, &k.freq, &k.tick);
+    return k;
+}
+
+static bool colder(cold_key a, cold_key b)
+{
+    if (!a.any) return false;
+    if (!b.any) return true;
+    return a.freq != b.freq ? a.freq < b.freq : a.tick < b.tick;
+}
+
+/* Slots of m covering bytes (m's blocks may be larger or smaller). */
+static uint32_t slots_for(const kvt_cache *m, uint64_t bytes)
+{
+    uint64_t stride = kvt__pool_stride(m->pool), n = (bytes + stride - 1) / stride;
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+/* Free backed slots of the others: memory no block uses. sh->mu held.
+ * Returns bytes given back to the budget. */
+static uint64_t take_free(kvt_share *sh, kvt_cache *c, uint64_t want)
+{
+    uint64_t got = 0;
+    for (uint32_t i = 0; i < sh->n && got < want; i++) {
+        kvt_cache *m = sh->members[i];
+        if (m == c || pthread_mutex_trylock(&m->mu) != 0) continue;
+        got += (uint64_t)kvt__pool_release(m->pool, slots_for(m, want - got)) *
+               kvt__pool_stride(m->pool);
+        pthread_mutex_unlock(&m->mu);
+    }
+    return got;
+}
+
+/* The member (not c) whose coldest block is colder than mine, the coldest
+ * of them; NULL when mine is the coldest (or every other is busy). */
+static kvt_cache *victim(kvt_share *sh, kvt_cache *c, cold_key mine)
+{
+    kvt_cache *best = NULL;
+    cold_key bk = mine;
+    for (uint32_t i = 0; i < sh->n; i++) {
+        kvt_cache *m = sh->members[i];
+        if (m == c || pthread_mutex_trylock(&m->mu) != 0) continue;
+        cold_key k = coldest(m);
+        pthread_mutex_unlock(&m->mu);
+        if (colder(k, bk)) {
+            best = m;
+            bk = k;
+        }
+    }
+    return best;
+}
+
+#define RECLAIM_ROUNDS 8 /* victims tried per call: bounds the time under sh->mu */
+
+uint32_t kvt__share_reclaim(kvt_cache *c, uint32_t want)
+{
+    kvt_share *sh = c->share;
+    if (!sh || want == 0) return 0;
+    uint64_t stride = kvt__pool_stride(c->pool), need = (uint64_t)want * stride;
+    pthread_mutex_lock(&sh->mu);
+    uint64_t got = take_free(sh, c, need);
+    cold_key mine = coldest(c);
+    for (int r = 0; r < RECLAIM_ROUNDS && got < need; r++) {
+        kvt_cache *v = victim(sh, c, mine);
+        if (!v || pthread_mutex_trylock(&v->mu) != 0) break;
+        uint32_t n = kvt__tiers_give_back(v, slots_for(v, need - got));
+        pthread_mutex_unlock(&v->mu);
+        if (n == 0) break;
+        got += (uint64_t)n * kvt__pool_stride(v->pool);
+    }
+    pthread_mutex_unlock(&sh->mu);
+    uint64_t slots = got / stride;
+    if (got && !slots) slots = 1; /* part of a slot: worth one more try */
+    return slots > want ? want : (uint32_t)slots;
+}
