@@ -624,6 +624,35 @@ void kvt_server_stop(kvt_server *srv);
  * after run returned. NULL is a no-op. */
 void kvt_server_destroy(kvt_server *srv);
 
+/* One tier of a node server: a geometry with its block size
+ * (kvt_server_tier_stats). */
+typedef struct kvt_tier_stats {
+    char geometry[24];        /* "g" and 16 hex digits: the tier's id in the server's
+                               * log lines, SSD subdirectory and metrics label */
+    uint32_t num_layers;
+    uint32_t tokens_per_page;
+    uint32_t block_tokens;
+    uint64_t bytes_per_token;
+    kvt_cache_stats stats;    /* that tier's alone */
+} kvt_tier_stats;
+
+/* The figures of the tiers the server at socket_path holds, one per
+ * geometry (and block size), in one round trip on a connection of its own
+ * that never attaches: it makes no tier, maps nothing and needs no
+ * geometry (kvtier stats). geo NULL: every tier; else that geometry's
+ * tiers only (any block size), and KVT_ENOTFOUND when the server holds
+ * none, the message naming the geometry's id and the ids it holds. Writes
+ * min(*count, max) tiers to out (NULL when max is 0); *count gets how many
+ * matched (0 on a server of any geometry before its first attach).
+ * timeout_ms (> 0) bounds connecting (a server not listening yet is
+ * waited for) and the answer. KVT_ECONN: no server answered in time;
+ * KVT_EAUTH, KVT_EVERSION, KVT_EPROTO, KVT_ESYS as for kvt_client_attach;
+ * KVT_EINVAL, KVT_EGEOMETRY: a bad argument or geo; KVT_ENOMEM. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+kvt_status kvt_server_tier_stats(const char *socket_path, const kvt_geometry *geo,
+                                 int64_t timeout_ms, kvt_tier_stats *out, uint32_t max,
+                                 uint32_t *count);
+
 /* Attaches to the server at socket_path: retries connecting until
  * timeout_ms (> 0) passes (so a client may start before its server), sends
  * geo, maps the shared CPU tier of that geometry. timeout_ms is also the

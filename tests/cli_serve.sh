@@ -3,7 +3,9 @@
 # a 0600 socket, a second server on the same socket is refused naming the
 # first one's pid, a missing --socket is a usage error, `kvtier stats`
 # reports its figures given only the socket (--json, --watch bounded by
-# --count and by SIGINT), refusing a geometry other than the server's, and
+# --count and by SIGINT), one section per geometry and the totals, saying
+# which geometries it holds when asked for another (never making a tier:
+# it does not attach), and
 # the server logs its attach, --layers beyond the model's is refused, and
 # SIGTERM stops it with exit 0 within 5 s, removing the socket. A server
 # with no --model serves any geometry: stats before any attach says so,
@@ -11,6 +13,16 @@
 # (two TP slices) attach to it.
 set -eu
 K=$1
+HERE=$(cd "$(dirname "$0")" && pwd)
+# attach SOCKET TP: an engine of the tiny preset at TP slice TP attaches
+# (the Python client over this build's library) and detaches.
+attach() {
+    KVTIER_LIB="$(dirname "$K")/libkvtier.so" PYTHONPATH="$HERE/../python" /usr/bin/python3 -c '
+import sys, kvtier
+from kvtier.config import Geometry
+with Geometry.preset("tiny", 16, int(sys.argv[2])) as g:
+    kvtier.Client(sys.argv[1], g, timeout_ms=5000).close()' "$1" "$2"
+}
 T=$(mktemp -d)
 SRV=
 trap '[ -n "$SRV" ] && kill -9 "$SRV" 2>/dev/null; rm -rf "$T"' EXIT
@@ -37,17 +49,17 @@ grep -q "held by another kvtier server (pid $SRV" "$T/second" ||
 "$K" stats --socket "$S" --json >"$T/stats.json" 2>"$T/stats.err" ||
     { echo "cli_serve: stats failed"; cat "$T/stats.err"; exit 1; }
 [ "$(wc -l <"$T/stats.json")" -eq 1 ] || { echo "cli_serve: stats --json is not one line"; exit 1; }
-grep -q '^{"socket":"'"$S"'",' "$T/stats.json" &&
+grep -q '^{"socket":"'"$S"'","geometries":\[{"geometry":"g[0-9a-f]\{16\}","num_layers":4,' "$T/stats.json" &&
 grep -q '"lookups":0,' "$T/stats.json" &&
 grep -Eq '"cpu_blocks_total":[1-9][0-9]*,' "$T/stats.json" &&
 grep -Eq '"block_bytes":[1-9][0-9]*,' "$T/stats.json" &&
-grep -q '"hit_rate":0.0000}$' "$T/stats.json" ||
+grep -q '"totals":{"geometries":1,"lookups":0,.*"hit_rate":0.0000}}$' "$T/stats.json" ||
     { echo "cli_serve: stats --json:"; cat "$T/stats.json"; exit 1; }
-# stats needs only the socket (the server reports its geometry at attach);
-# a geometry given that is not the server's is refused naming the field.
+# stats needs only the socket; a geometry given that the server does not
+# hold is an error naming the ones it holds.
 rc=0
 "$K" stats --socket "$S" --tp 1 >/dev/null 2>"$T/geo" || rc=$?
-[ $rc -eq 1 ] && grep -q "kv_heads" "$T/geo" ||
+[ $rc -eq 1 ] && grep -q "the server holds no tier for geometry g[0-9a-f]\{16\} (4 layers, .*; it holds: g[0-9a-f]\{16\}" "$T/geo" ||
     { echo "cli_serve: stats --tp 1 against a --tp 2 server exited $rc:"; cat "$T/geo"; exit 1; }
 # --watch --count 2: two reports, a second apart.
 "$K" stats --socket "$S" --watch --count 2 >"$T/watch" 2>&1 ||
@@ -72,9 +84,11 @@ rc=0
 "$K" stats --socket "$T/none.sock" >/dev/null 2>"$T/none" || rc=$?
 [ $rc -eq 1 ] && grep -q "none.sock" "$T/none" ||
     { echo "cli_serve: stats on no server exited $rc:"; cat "$T/none"; exit 1; }
-# A client with its own geometry (as an engine attaches): logged at info.
-"$K" stats --socket "$S" --model tiny --tp 2 >/dev/null 2>"$T/own" ||
+# stats of the server's own geometry; then an engine's attach: logged at info.
+"$K" stats --socket "$S" --model tiny --tp 2 >"$T/own" 2>&1 &&
+grep -q "^geometry g[0-9a-f]\{16\}: 4 layers" "$T/own" ||
     { echo "cli_serve: stats --model tiny --tp 2 failed"; cat "$T/own"; exit 1; }
+attach "$S" 2 || { echo "cli_serve: an engine did not attach"; exit 1; }
 # --layers (a pipeline-parallel stage's share) beyond the model's is refused.
 rc=0
 "$K" serve --socket "$T/pp.sock" --model tiny --layers 5 >/dev/null 2>"$T/layers" || rc=$?
@@ -91,8 +105,8 @@ wait "$SRV" || { echo "cli_serve: exit status $?"; cat "$T/log"; exit 1; }
 SRV=
 [ ! -e "$S" ] || { echo "cli_serve: socket left behind"; exit 1; }
 grep -q "stopped" "$T/log" || { echo "cli_serve: no stop line"; cat "$T/log"; exit 1; }
-# Watchers (kvtier stats, which takes the server's geometry) attach and
-# detach at debug: a --watch every second does not fill the log. An
+# Watchers (kvtier stats) never attach: a --watch every second does not
+# fill the log. An
 # engine's attach (a geometry of its own) is logged at info, time-stamped.
 grep -Eq "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]{12}Z kvtier: info: server: client pid [0-9]+ \(uid $(id -u)\) attached \(geometry g[0-9a-f]{16}\)" "$T/log" &&
 grep -Eq "info: server: client pid [0-9]+ \(uid $(id -u)\) detached" "$T/log" ||
@@ -114,13 +128,32 @@ MP=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1
     --set metrics_port="$MP" --set ssd_dirs="$T/ssd" --set ssd_capacity=8MiB 2>"$T/any.log" &
 SRV=$!
 wait_for "$A" "$T/any.log"
+"$K" stats --socket "$A" >"$T/any.stats" 2>&1 &&
+grep -q "no tier yet: the server serves any geometry and no client attached yet" "$T/any.stats" ||
+    { echo "cli_serve: stats on an empty any-geometry server:"; cat "$T/any.stats"; exit 1; }
+# stats --model of a geometry it does not hold: an error, and no tier made
+# (it used to attach, making one).
 rc=0
-"$K" stats --socket "$A" >/dev/null 2>"$T/any.stats" || rc=$?
-[ $rc -eq 1 ] && grep -q "serves any geometry and no client attached yet" "$T/any.stats" ||
-    { echo "cli_serve: stats on an empty any-geometry server exited $rc:"; cat "$T/any.stats"; exit 1; }
-"$K" stats --socket "$A" --model tiny --tp 2 --json >"$T/any1.json" 2>&1 &&
-"$K" stats --socket "$A" --model tiny --tp 1 --json >"$T/any2.json" 2>&1 ||
-    { echo "cli_serve: two geometries did not attach:"; cat "$T/any1.json" "$T/any2.json" "$T/any.log"; exit 1; }
+"$K" stats --socket "$A" --model tiny --tp 2 >/dev/null 2>"$T/any.none" || rc=$?
+[ $rc -eq 1 ] && grep -q "the server holds no tier for geometry g[0-9a-f]\{16\} (4 layers, .*); it holds: none" "$T/any.none" ||
+    { echo "cli_serve: stats --model on an empty server exited $rc:"; cat "$T/any.none"; exit 1; }
+"$K" stats --socket "$A" --json >"$T/any0.json" 2>&1 &&
+grep -q '"geometries":\[\],"totals":{"geometries":0,' "$T/any0.json" ||
+    { echo "cli_serve: stats --model made a tier:"; cat "$T/any0.json"; exit 1; }
+attach "$A" 2 && attach "$A" 1 ||
+    { echo "cli_serve: two geometries did not attach:"; cat "$T/any.log"; exit 1; }
+# Two geometries: a section each and the totals; --json an array and totals.
+"$K" stats --socket "$A" >"$T/any.txt" 2>&1 &&
+[ "$(grep -c "^geometry g[0-9a-f]\{16\}: 4 layers, [0-9]* bytes per token, 16 tokens per page, block_tokens 16$" "$T/any.txt")" -eq 2 ] &&
+grep -q "^totals (2 geometries)$" "$T/any.txt" ||
+    { echo "cli_serve: stats of two geometries:"; cat "$T/any.txt"; exit 1; }
+"$K" stats --socket "$A" --json >"$T/any2.json" 2>&1 &&
+[ "$(grep -o '"geometry":"g[0-9a-f]*"' "$T/any2.json" | sort -u | wc -l)" -eq 2 ] &&
+grep -q '"totals":{"geometries":2,' "$T/any2.json" ||
+    { echo "cli_serve: stats --json of two geometries:"; cat "$T/any2.json"; exit 1; }
+"$K" stats --socket "$A" --model tiny --tp 1 >"$T/any1.txt" 2>&1 &&
+[ "$(grep -c "^geometry g" "$T/any1.txt")" -eq 1 ] ||
+    { echo "cli_serve: stats --model tiny --tp 1:"; cat "$T/any1.txt"; exit 1; }
 [ "$(grep -c "geometry g[0-9a-f]*: 4 layers" "$T/any.log")" -eq 2 ] &&
 grep -q "any geometry, up to 4 at once, sharing 16777216 bytes of CPU tier (coldest blocks evicted across them) and a share of the SSD tier under $T/ssd: .*; metrics on http://127.0.0.1:$MP/metrics)" "$T/any.log" &&
 [ "$(grep -c "4 layers, .*, SSD tier [1-9][0-9]* blocks in $T/ssd/g[0-9a-f]\{16\} (.*), 0 recovered \[" "$T/any.log")" -eq 2 ] ||
@@ -162,7 +195,7 @@ done
 [ -S "$E" ] || { echo "cli_serve: READY=1 before the socket listens"; exit 1; }
 mv "$T/env.log" "$T/env.log.1"
 kill -HUP "$SRV"
-"$K" stats --socket "$E" --model tiny >/dev/null 2>&1 ||
+attach "$E" 1 >/dev/null 2>&1 ||
     { echo "cli_serve: the server did not survive SIGHUP"; exit 1; }
 grep -q "attached" "$T/env.log" && ! grep -q "attached" "$T/env.log.1" ||
     { echo "cli_serve: SIGHUP did not reopen the log:"; cat "$T/env.log.1" "$T/env.log"; exit 1; }

@@ -1,7 +1,8 @@
 /* cmd_stats.c - `kvtier stats --socket PATH [--json] [--watch [--count N]]`:
- * the figures of a running `kvtier serve` (kvt_client_stats). It attaches
- * as a client taking the server's geometry (the server reports it at
- * attach); --model/--tp/--page, when given, must match it. --watch redraws
+ * the figures of a running `kvtier serve`, one section per geometry's tier
+ * and the totals (kvt_server_tier_stats). It never attaches, so it makes
+ * no tier: --model/--tp/--page name a geometry whose tiers to show, and one
+ * the server does not hold is an error naming the ones it does. --watch redraws
  * every second like top until SIGINT/SIGTERM or --count frames. Exit 0, 1
  * when the server cannot be reached or refuses, 2 on usage. */
 #include <signal.h>
@@ -31,8 +32,8 @@ static int usage(FILE *f, int rc)
             "  --watch         report every second until Ctrl-C (or --count reports), with\n"
             "                  rates per second; a server that restarts is re-attached\n"
             "  --count N       with --watch: stop after N reports\n"
-            "  --model/--tp/--page  optional: check the server serves this geometry\n"
-            "                  (default: take the server's, reported at attach)\n");
+            "  --model/--tp/--page  optional: show only this geometry's tier (an error\n"
+            "                  naming the server's geometries when it holds none of it)\n");
     return rc;
 }
 
@@ -73,13 +74,46 @@ static void json_open(const char *sock)
     printf("\"");
 }
 
-static void print_json(const char *sock, const kvt_cache_stats *s)
+static void print_fields(const kvt_cache_stats *s, bool total)
+{
+    const char *sep = "";
+    for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) {
+        if (total && !strcmp(FIELDS[i].name, "block_bytes")) continue; /* one per tier */
+        printf("%s\"%s\":%llu", sep, FIELDS[i].name, (unsigned long long)get(s, &FIELDS[i]));
+        sep = ",";
+    }
+    double hit = s->lookup_tokens ? (double)s->hit_tokens / (double)s->lookup_tokens : 0.0;
+    printf(",\"hit_rate\":%.4f", hit);
+}
+
+/* Every field of the tiers added up (block_bytes aside). */
+static void sum(kvt_cache_stats *tot, const kvt_tier_stats *t, uint32_t n)
+{
+    memset(tot, 0, sizeof *tot);
+    for (uint32_t i = 0; i < n; i++)
+        for (size_t k = 0; k < sizeof FIELDS / sizeof FIELDS[0]; k++) {
+            uint64_t v = get(tot, &FIELDS[k]) + get(&t[i].stats, &FIELDS[k]);
+            memcpy((char *)tot + FIELDS[k].off, &v, sizeof v);
+        }
+    tot->block_bytes = 0;
+}
+
+static void print_json(const char *sock, const kvt_tier_stats *t, uint32_t n,
+                       const kvt_cache_stats *tot)
 {
     json_open(sock);
-    for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++)
-        printf(",\"%s\":%llu", FIELDS[i].name, (unsigned long long)get(s, &FIELDS[i]));
-    double hit = s->lookup_tokens ? (double)s->hit_tokens / (double)s->lookup_tokens : 0.0;
-    printf(",\"hit_rate\":%.4f}\n", hit);
+    printf(",\"geometries\":[");
+    for (uint32_t i = 0; i < n; i++) {
+        printf("%s{\"geometry\":\"%s\",\"num_layers\":%u,\"bytes_per_token\":%llu,"
+               "\"tokens_per_page\":%u,\"block_tokens\":%u,", i ? "," : "", t[i].geometry,
+               t[i].num_layers, (unsigned long long)t[i].bytes_per_token, t[i].tokens_per_page,
+               t[i].block_tokens);
+        print_fields(&t[i].stats, false);
+        printf("}");
+    }
+    printf("],\"totals\":{\"geometries\":%u,", n);
+    print_fields(tot, true);
+    printf("}}\n");
 }
 
 /* --watch's rates: what changed per second since the previous report
@@ -99,15 +133,10 @@ static void print_rates(const kvt_cache_stats *s, const kvt_cache_stats *prev, d
            (double)(s->stored_bytes - prev->stored_bytes) * mib / secs);
 }
 
-static void print_text(const char *sock, const kvt_cache_stats *s, bool watch)
+/* One tier's figures, or the totals (total: no block size). */
+static void print_section(const kvt_cache_stats *s, bool total)
 {
-    if (watch && isatty(STDOUT_FILENO)) printf("\033[H\033[2J");
-    time_t now = time(NULL);
-    struct tm tm;
-    char ts[32];
-    strftime(ts, sizeof ts, "%H:%M:%S", localtime_r(&now, &tm));
     double mib = 1.0 / (1024.0 * 1024.0);
-    printf("kvtier server %s  %s\n", sock, ts);
     printf("  lookups      %llu (%llu tokens, %.1f%% hit, %llu from SSD)\n",
            (unsigned long long)s->lookups, (unsigned long long)s->lookup_tokens,
            pct(s->hit_tokens, s->lookup_tokens), (unsigned long long)s->ssd_hit_tokens);
@@ -115,9 +144,14 @@ static void print_text(const char *sock, const kvt_cache_stats *s, bool watch)
            (unsigned long long)s->stored_blocks, (double)s->stored_bytes * mib);
     printf("  loads        %llu (%llu blocks, %.1f MiB)\n", (unsigned long long)s->loads,
            (unsigned long long)s->loaded_blocks, (double)s->loaded_bytes * mib);
-    printf("  CPU tier     %llu / %llu blocks (%.1f%%) of %llu bytes\n",
-           (unsigned long long)s->cpu_blocks_used, (unsigned long long)s->cpu_blocks_total,
-           pct(s->cpu_blocks_used, s->cpu_blocks_total), (unsigned long long)s->block_bytes);
+    if (total)
+        printf("  CPU tier     %llu / %llu blocks (%.1f%%)\n",
+               (unsigned long long)s->cpu_blocks_used, (unsigned long long)s->cpu_blocks_total,
+               pct(s->cpu_blocks_used, s->cpu_blocks_total));
+    else
+        printf("  CPU tier     %llu / %llu blocks (%.1f%%) of %llu bytes\n",
+               (unsigned long long)s->cpu_blocks_used, (unsigned long long)s->cpu_blocks_total,
+               pct(s->cpu_blocks_used, s->cpu_blocks_total), (unsigned long long)s->block_bytes);
     printf("  SSD tier     %llu / %llu blocks (%llu written, %llu read, %llu+%llu errors)\n",
            (unsigned long long)s->ssd_blocks_used, (unsigned long long)s->ssd_blocks_total,
            (unsigned long long)s->ssd_written_blocks, (unsigned long long)s->ssd_read_blocks,
@@ -131,6 +165,29 @@ static void print_text(const char *sock, const kvt_cache_stats *s, bool watch)
     printf("  tasks        %llu failed, %llu cancelled, %llu expired\n",
            (unsigned long long)s->failed_tasks, (unsigned long long)s->cancelled_tasks,
            (unsigned long long)s->expired_tasks);
+}
+
+/* A section per geometry, then the totals when there are several (or none). */
+static void print_text(const char *sock, const kvt_tier_stats *t, uint32_t n,
+                       const kvt_cache_stats *tot, bool watch)
+{
+    if (watch && isatty(STDOUT_FILENO)) printf("\033[H\033[2J");
+    time_t now = time(NULL);
+    struct tm tm;
+    char ts[32];
+    strftime(ts, sizeof ts, "%H:%M:%S", localtime_r(&now, &tm));
+    printf("kvtier server %s  %s  (%u geometr%s)\n", sock, ts, n, n == 1 ? "y" : "ies");
+    if (n == 0) printf("  no tier yet: the server serves any geometry and no client attached yet\n");
+    for (uint32_t i = 0; i < n; i++) {
+        printf("geometry %s: %u layers, %llu bytes per token, %u tokens per page, block_tokens %u\n",
+               t[i].geometry, t[i].num_layers, (unsigned long long)t[i].bytes_per_token,
+               t[i].tokens_per_page, t[i].block_tokens);
+        print_section(&t[i].stats, false);
+    }
+    if (n != 1) {
+        printf("totals (%u geometr%s)\n", n, n == 1 ? "y" : "ies");
+        print_section(tot, true);
+    }
 }
 
 int kvt_cmd_stats(int argc, char **argv)
@@ -160,10 +217,6 @@ int kvt_cmd_stats(int argc, char **argv)
     if (model || geo_flag)
         st = kvt_geometry_preset(&geo, model ? model : "tiny", (uint32_t)page, (uint32_t)tp);
     if (st) return demo_error("--model", st);
-    kvt_client *cl = NULL;
-    st = kvt_client_attach(&cl, sock, geo, (int64_t)timeout);
-    kvt_geometry_destroy(geo);
-    if (st) return demo_error(sock, st);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -173,15 +226,21 @@ int kvt_cmd_stats(int argc, char **argv)
     kvt_cache_stats prev = {0};
     bool have_prev = false;
     struct timespec t_prev = {0, 0};
+    static kvt_tier_stats tiers[64];
     for (uint64_t n = 0; !g_stop;) {
-        kvt_cache_stats s;
+        uint32_t held = 0;
         struct timespec t_now;
-        if ((st = kvt_client_stats(cl, &s)) && (!watch || st != KVT_ECONN)) {
+        /* A read of its own each report: nothing attaches, no tier is made. */
+        st = kvt_server_tier_stats(sock, geo, (int64_t)timeout, tiers, 64, &held);
+        if (st && (!watch || st != KVT_ECONN)) {
             rc = demo_error(sock, st);
             break;
         }
+        if (held > 64) held = 64;
+        kvt_cache_stats tot;
+        sum(&tot, tiers, held);
         clock_gettime(CLOCK_MONOTONIC, &t_now);
-        if (st) { /* --watch: the server went away; the client re-attaches on its own */
+        if (st) { /* --watch: the server went away; asked again next second */
             if (json) {
                 json_open(sock);
                 printf(",\"error\":\"KVT_ECONN\"}\n");
@@ -190,16 +249,16 @@ int kvt_cmd_stats(int argc, char **argv)
             }
             have_prev = false;
         } else if (json) {
-            print_json(sock, &s);
+            print_json(sock, tiers, held, &tot);
         } else {
-            print_text(sock, &s, watch);
+            print_text(sock, tiers, held, &tot, watch);
             if (watch)
-                print_rates(&s, have_prev ? &prev : NULL,
+                print_rates(&tot, have_prev ? &prev : NULL,
                             (double)(t_now.tv_sec - t_prev.tv_sec) +
                                 (double)(t_now.tv_nsec - t_prev.tv_nsec) / 1e9);
         }
         if (!st) {
-            prev = s;
+            prev = tot;
             have_prev = true;
             t_prev = t_now;
         }
@@ -211,6 +270,6 @@ int kvt_cmd_stats(int argc, char **argv)
             nanosleep(&ts, NULL);
         }
     }
-    kvt_client_detach(cl);
+    kvt_geometry_destroy(geo);
     return rc;
 }

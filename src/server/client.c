@@ -1433,3 +1433,62 @@ kvt_status kvt_client_flush(kvt_client *cl, int64_t timeout_ms)
     free(p);
     return st;
 }
+
+/* ------------------------------------------------------------------ */
+/* A server's tiers, without attaching                                */
+
+kvt_status kvt_server_tier_stats(const char *socket_path, const kvt_geometry *geo,
+                                 int64_t timeout_ms, kvt_tier_stats *out, uint32_t max,
+                                 uint32_t *count)
+{
+    static const char fn[] = "kvt_server_tier_stats";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(socket_path, fn);
+    KVT_CHECK_NOT_NULL(count, fn);
+    KVT_CHECK_ARG(out || max == 0, "%s: out is NULL but max is %u", fn, max);
+    KVT_CHECK_ARG(timeout_ms > 0, "%s: timeout_ms is %lld; it must be > 0", fn,
+                  (long long)timeout_ms);
+    struct sockaddr_un a;
+    KVT_CHECK_ARG(strlen(socket_path) < sizeof a.sun_path, "%s: socket_path is longer than %zu "
+                  "bytes", fn, sizeof a.sun_path - 1);
+    kvt_status st = geo ? kvt_geometry_validate(geo) : KVT_OK;
+    if (st) return kvt__wrap_error(st, "kvt_server_tier_stats: geo");
+    kvt_client q = {.fd = -1, .timeout_ms = timeout_ms};
+    snprintf(q.path, sizeof q.path, "%s", socket_path);
+    kvt_srv_buf b = {0};
+    st = load_secret(&q);
+    if (!st && geo) st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), geo, 0);
+    if (!st) st = open_conn(&q, kvt__deadline_ns(timeout_ms));
+    kvt_srv_hdr h = {0};
+    uint8_t *p = NULL;
+    if (!st && b.oom) st = kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
+    if (!st) st = attach_exchange(&q, KVT_SRV_STATS_ALL, &b, &h, &p, NULL);
+    kvt__srv_buf_free(&b);
+    kvt_srv_tier t[KVT_SRV_MAX_TIERS];
+    uint32_t n = 0;
+    if (!st && h.op != (KVT_SRV_STATS_ALL | KVT_SRV_REPLY))
+        st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to STATS_ALL", fn, h.op);
+    else if (!st && h.status)
+        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
+                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
+                       p ? (const char *)p : "");
+    else if (!st && (st = kvt__srv_tiers_decode(p, h.len, t, KVT_SRV_MAX_TIERS, &n)))
+        kvt__wrap_error(st, fn);
+    free(p);
+    if (q.fd >= 0) close(q.fd);
+    kvt__srv_secret_free(q.secret, q.secret_len);
+    if (st) return st;
+    for (uint32_t i = 0; i < n && i < max; i++) {
+        kvt_tier_stats *o = &out[i];
+        memset(o, 0, sizeof *o);
+        snprintf(o->geometry, sizeof o->geometry, "g%016llx",
+                 (unsigned long long)t[i].fingerprint);
+        o->num_layers = t[i].num_layers;
+        o->tokens_per_page = t[i].tokens_per_page;
+        o->block_tokens = t[i].block_tokens;
+        o->bytes_per_token = t[i].bytes_per_token;
+        o->stats = t[i].stats;
+    }
+    *count = n;
+    return KVT_OK;
+}

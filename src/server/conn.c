@@ -18,6 +18,7 @@
 #include "net/fdio.h"
 #include "net/stream.h"
 #include "server/server.h"
+#include "layout/layout.h"
 #include "util/clock.h"
 #include "util/err.h"
 #include "util/sync.h"
@@ -696,6 +697,60 @@ static kvt_status on_flush(kvt_srv_conn *c, const uint8_t *p, size_t len)
     return reply(c, KVT_SRV_FLUSH, &b);
 }
 
+/* STATS_ALL: every tier's figures (or those of one geometry's tiers),
+ * before or after HELLO. Reads only: it never makes a tier, so a watcher
+ * that names a geometry the server does not hold learns so (KVT_ENOTFOUND
+ * naming it and the ones held) instead of creating it. */
+static kvt_status on_stats_all(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    kvt_server *s = c->srv;
+    kvt_srv_hello h = {0};
+    kvt_status st = len ? kvt__srv_hello_decode(p, len, false, &h) : KVT_OK;
+    if (st) return st; /* a protocol violation: the caller drops the client */
+    settle(c); /* a failed check shows in failed_tasks */
+    uint32_t n = atomic_load(&s->nshards), got = 0;
+    kvt_srv_tier *t = calloc(n ? n : 1, sizeof *t);
+    if (!t) st = kvt__fail(KVT_ENOMEM, "stats: no memory");
+    for (uint32_t i = 0; !st && i < n; i++) {
+        kvt_srv_shard *sh = s->shards[i];
+        if (h.geo && kvt_geometry_compare(sh->geo, h.geo) != KVT_OK) continue;
+        kvt_srv_tier *x = &t[got++];
+        x->fingerprint = sh->fingerprint;
+        x->num_layers = sh->geo->num_layers;
+        x->tokens_per_page = sh->geo->tokens_per_page;
+        x->block_tokens = sh->block_tokens;
+        x->bytes_per_token = kvt__geo_bytes_per_token(sh->geo);
+        st = kvt_cache_stats_get(sh->cache, &x->stats);
+    }
+    if (!st && h.geo && !got) {
+        uint64_t fp = 0;
+        char held[KVT_SRV_MAX_ERRMSG / 2] = "";
+        size_t used = 0;
+        for (uint32_t i = 0; i < n && used < sizeof held; i++) {
+            int k = snprintf(held + used, sizeof held - used, "%s%s", i ? ", " : "",
+                             s->shards[i]->id);
+            if (k > 0) used += (size_t)k;
+        }
+        (void)kvt__srv_geo_fingerprint(s, h.geo, 0, &fp);
+        st = kvt__fail(KVT_ENOTFOUND, "the server holds no tier for geometry g%016llx (%u "
+                       "layers, %llu bytes per token, %u tokens per page); it holds: %s",
+                       (unsigned long long)fp, h.geo->num_layers,
+                       (unsigned long long)kvt__geo_bytes_per_token(h.geo),
+                       h.geo->tokens_per_page, n ? held : "none (no client attached yet)");
+    }
+    kvt_geometry_destroy(h.geo);
+    if (st) {
+        free(t);
+        return reply_err(c, KVT_SRV_STATS_ALL, st);
+    }
+    kvt_srv_buf b = {0};
+    kvt__srv_tiers_encode(&b, t, got);
+    free(t);
+    st = reply(c, KVT_SRV_STATS_ALL, &b);
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
 /* One request; an error return ends the connection. */
 static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
 {
@@ -738,7 +793,8 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
         free(p);
         return kvt__fail(KVT_EPROTO, "the client sent a reply (op 0x%x)", h.op);
     }
-    if (!*hello_done && h.op != KVT_SRV_HELLO && h.op != KVT_SRV_GEOMETRY) {
+    if (!*hello_done && h.op != KVT_SRV_HELLO && h.op != KVT_SRV_GEOMETRY &&
+        h.op != KVT_SRV_STATS_ALL) {
         free(p);
         return kvt__fail(KVT_EPROTO, "the client's first message is op %u, not HELLO", h.op);
     }
@@ -754,6 +810,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     case KVT_SRV_END: st = on_end(c, p, h.len); break;
     case KVT_SRV_CANCEL: st = on_cancel(c, p, h.len); break;
     case KVT_SRV_STATS: st = on_stats(c, h.len); break;
+    case KVT_SRV_STATS_ALL: st = on_stats_all(c, p, h.len); break;
     case KVT_SRV_FLUSH: st = on_flush(c, p, h.len); break;
     case KVT_SRV_SESSION: st = on_session(c, p, h.len); break;
     case KVT_SRV_GEOMETRY:

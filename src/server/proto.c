@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -160,7 +161,7 @@ kvt_status kvt__srv_hdr_decode(const uint8_t in[KVT_SRV_HDR], kvt_srv_hdr *out)
         return kvt__fail(KVT_EPROTO, "frame: len %u is over the %u-byte bound", h.len,
                          KVT_SRV_MAX_MSG);
     uint16_t op = h.op & (uint16_t)~KVT_SRV_REPLY;
-    if (op < KVT_SRV_HELLO || op > KVT_SRV_PEEK)
+    if (op < KVT_SRV_HELLO || op > KVT_SRV_PEEK_MANY)
         return kvt__fail(KVT_EPROTO, "frame: unknown op %u", op);
     if (!(h.op & KVT_SRV_REPLY) && h.status != 0)
         return kvt__fail(KVT_EPROTO, "frame: a request carries status %d", h.status);
@@ -370,6 +371,174 @@ kvt_status kvt__srv_req_decode(const uint8_t *p, size_t len, kvt_srv_req *out)
     if (q.ns_len == 0) q.ns = NULL;
     *out = q;
     return KVT_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* STATS_ALL, CLEAR, PEEK_MANY                                         */
+
+void kvt__srv_tiers_encode(kvt_srv_buf *b, const kvt_srv_tier *t, uint32_t n)
+{
+    kvt__srv_put32(b, n);
+    kvt__srv_put32(b, (uint32_t)(sizeof(kvt_cache_stats) / sizeof(uint64_t)));
+    for (uint32_t i = 0; i < n; i++) {
+        kvt__srv_put64(b, t[i].fingerprint);
+        kvt__srv_put32(b, t[i].num_layers);
+        kvt__srv_put32(b, t[i].tokens_per_page);
+        kvt__srv_put32(b, t[i].block_tokens);
+        kvt__srv_put32(b, 0);
+        kvt__srv_put64(b, t[i].bytes_per_token);
+        uint64_t f[sizeof(kvt_cache_stats) / sizeof(uint64_t)];
+        memcpy(f, &t[i].stats, sizeof f);
+        for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) kvt__srv_put64(b, f[k]);
+    }
+}
+
+kvt_status kvt__srv_tiers_decode(const uint8_t *p, size_t len, kvt_srv_tier *out, uint32_t max,
+                                 uint32_t *n)
+{
+    static const char what[] = "tier stats";
+    enum { NF = sizeof(kvt_cache_stats) / sizeof(uint64_t) };
+    rd r = {p, len, false};
+    uint32_t count = get32(&r), nf = get32(&r);
+    if (r.bad) return done(&r, what);
+    if (count > KVT_SRV_MAX_TIERS || nf > 4096)
+        return kvt__fail(KVT_EPROTO, "%s: %u tiers of %u fields (at most %u tiers)", what, count,
+                         nf, KVT_SRV_MAX_TIERS);
+    for (uint32_t i = 0; i < count && !r.bad; i++) {
+        kvt_srv_tier t = {0};
+        t.fingerprint = get64(&r);
+        t.num_layers = get32(&r);
+        t.tokens_per_page = get32(&r);
+        t.block_tokens = get32(&r);
+        (void)get32(&r);
+        t.bytes_per_token = get64(&r);
+        uint64_t f[NF] = {0};
+        for (uint32_t k = 0; k < nf && !r.bad; k++) {
+            uint64_t v = get64(&r);
+            if (k < NF) f[k] = v; /* a newer server's extra fields are skipped */
+        }
+        memcpy(&t.stats, f, sizeof f);
+        if (i < max && out) out[i] = t;
+    }
+    kvt_status st = done(&r, what);
+    if (!st) *n = count;
+    return st;
+}
+
+kvt_status kvt__srv_clear_encode(kvt_srv_buf *b, const void *ns, uint32_t ns_len)
+{
+    if (ns_len > KVT_SRV_MAX_NS)
+        return kvt__fail(KVT_EINVAL, "ns_len is %u (at most %u)", ns_len, KVT_SRV_MAX_NS);
+    kvt__srv_put32(b, 0);
+    kvt__srv_put32(b, ns_len);
+    kvt__srv_put_bytes(b, ns, ns_len);
+    return b->oom ? kvt__fail(KVT_ENOMEM, "clear: no memory") : KVT_OK;
+}
+
+kvt_status kvt__srv_clear_decode(const uint8_t *p, size_t len, const uint8_t **ns,
+                                 uint32_t *ns_len)
+{
+    static const char what[] = "clear";
+    rd r = {p, len, false};
+    uint32_t flags = get32(&r), n = get32(&r);
+    if (r.bad) return done(&r, what);
+    if (flags) return kvt__fail(KVT_EPROTO, "%s: flags 0x%x are unknown", what, flags);
+    if (n > KVT_SRV_MAX_NS)
+        return kvt__fail(KVT_EPROTO, "%s: ns_len %u (at most %u)", what, n, KVT_SRV_MAX_NS);
+    const uint8_t *q = get_bytes(&r, n);
+    kvt_status st = done(&r, what);
+    if (st) return st;
+    *ns = n ? q : NULL;
+    *ns_len = n;
+    return KVT_OK;
+}
+
+kvt_status kvt__srv_peek_many_encode(kvt_srv_buf *b, const kvt_request *reqs, uint32_t n)
+{
+    if (n > KVT_SRV_MAX_PEEKS)
+        return kvt__fail(KVT_EINVAL, "%u requests (at most %u in one round trip)", n,
+                         KVT_SRV_MAX_PEEKS);
+    kvt__srv_put32(b, n);
+    kvt__srv_put32(b, 0);
+    for (uint32_t i = 0; i < n; i++) {
+        size_t at = b->len;
+        kvt__srv_put32(b, 0); /* its length, below */
+        kvt_status st = kvt__srv_req_encode(b, &reqs[i]);
+        if (st) {
+            char what[32];
+            snprintf(what, sizeof what, "request %u", i);
+            return kvt__wrap_error(st, what);
+        }
+        if (b->oom) break;
+        uint32_t len = (uint32_t)(b->len - at - 4);
+        memcpy(b->p + at, &len, 4);
+    }
+    return b->oom ? kvt__fail(KVT_ENOMEM, "%u requests: no memory (or over the %u-byte frame "
+                              "bound)", n, KVT_SRV_MAX_MSG)
+                  : KVT_OK;
+}
+
+kvt_status kvt__srv_peek_many_decode(const uint8_t *p, size_t len, kvt_srv_span **spans,
+                                     uint32_t *n)
+{
+    static const char what[] = "peek many";
+    rd r = {p, len, false};
+    uint32_t count = get32(&r), zero = get32(&r);
+    if (r.bad) return done(&r, what);
+    if (zero) return kvt__fail(KVT_EPROTO, "%s: flags 0x%x are unknown", what, zero);
+    /* Each request takes at least 16 bytes (its length, form, ns_len, count). */
+    if (count > KVT_SRV_MAX_PEEKS || (size_t)count > r.left / 16)
+        return kvt__fail(KVT_EPROTO, "%s: %u requests in %zu bytes (at most %u)", what, count,
+                         r.left, KVT_SRV_MAX_PEEKS);
+    kvt_srv_span *s = malloc((count ? count : 1) * sizeof *s);
+    if (!s) return kvt__fail(KVT_ENOMEM, "%s: no memory for %u requests", what, count);
+    for (uint32_t i = 0; i < count && !r.bad; i++) {
+        uint32_t l = get32(&r);
+        if (r.bad) break;
+        if (l & 3) {
+            free(s);
+            return kvt__fail(KVT_EPROTO, "%s: request %u is %u bytes (not a multiple of 4)",
+                             what, i, l);
+        }
+        s[i].p = get_bytes(&r, l);
+        s[i].len = l;
+    }
+    kvt_status st = done(&r, what);
+    if (st) {
+        free(s);
+        return st;
+    }
+    *spans = s;
+    *n = count;
+    return KVT_OK;
+}
+
+void kvt__srv_peek_answers_encode(kvt_srv_buf *b, const int32_t *status, const uint32_t *matched,
+                                  uint32_t n)
+{
+    kvt__srv_put32(b, n);
+    kvt__srv_put32(b, 0);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt__srv_put32(b, (uint32_t)status[i]);
+        kvt__srv_put32(b, matched[i]);
+    }
+}
+
+kvt_status kvt__srv_peek_answers_decode(const uint8_t *p, size_t len, uint32_t n,
+                                        int32_t *status, uint32_t *matched)
+{
+    static const char what[] = "peek answers";
+    rd r = {p, len, false};
+    uint32_t count = get32(&r);
+    (void)get32(&r);
+    if (r.bad) return done(&r, what);
+    if (count != n) return kvt__fail(KVT_EPROTO, "%s: %u answers to %u requests", what, count, n);
+    if ((size_t)count > r.left / 8) return kvt__fail(KVT_EPROTO, "%s: message truncated", what);
+    for (uint32_t i = 0; i < count; i++) {
+        status[i] = (int32_t)get32(&r);
+        matched[i] = get32(&r);
+    }
+    return done(&r, what);
 }
 
 /* ------------------------------------------------------------------ */

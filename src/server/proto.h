@@ -43,6 +43,21 @@
  *            rep: u64 0, u32 blocks freed, u32 0
  *   PEEK     req: a request           rep: u64 0, u32 matched_tokens, u32 0
  *            (kvt_cache_peek: LOOKUP's answer with nothing pinned, no task)
+ *   STATS_ALL req: empty (every tier), or a geometry as a HELLO request (its
+ *                 block_tokens ignored): only that geometry's tiers, or
+ *                 KVT_ENOTFOUND naming it and the ones held. Allowed before
+ *                 HELLO too: it never makes a tier (kvtier stats)
+ *            rep: u32 n, u32 nfields, n x (u64 fingerprint, u32 num_layers,
+ *                 u32 tokens_per_page, u32 block_tokens, u32 0,
+ *                 u64 bytes_per_token, u64 field[nfields] (kvt_cache_stats order))
+ *   CLEAR    req: u32 0, u32 ns_len, ns bytes padded to 4
+ *            rep: u64 0, u32 blocks removed, u32 blocks kept (pinned: loads or
+ *                 SSD writes in flight, or with a store in flight below them)
+ *   PEEK_MANY req: u32 n (<= KVT_SRV_MAX_PEEKS), u32 0, n x (u32 len, a request
+ *                 of len bytes, as PEEK's)
+ *            rep: u32 n, u32 0, n x (i32 status, u32 matched_tokens): each
+ *                 request's PEEK answer (a refused namespace: KVT_EAUTH for
+ *                 that entry only)
  * A request is: u32 form, u32 ns_len, ns bytes padded to 4, u32 count, then
  *   form 0 (tokens): u32 token[count];
  *   form 1 (keys):   count x (u32 len, len bytes padded to 4), len <= KVT_SRV_MAX_KEY;
@@ -84,7 +99,13 @@ typedef enum kvt_srv_op {
     KVT_SRV_GEOMETRY = 9,
     KVT_SRV_SESSION = 10,
     KVT_SRV_PEEK = 11,
+    KVT_SRV_STATS_ALL = 12,
+    KVT_SRV_CLEAR = 13,
+    KVT_SRV_PEEK_MANY = 14,
 } kvt_srv_op;
+
+#define KVT_SRV_MAX_TIERS 64    /* tiers in a STATS_ALL reply (server_max_geometries' bound) */
+#define KVT_SRV_MAX_PEEKS 4096u /* requests in one PEEK_MANY */
 
 /* SESSION's flag: the client's copies of earlier connections have stopped
  * and it dropped their mapping of the tier. */
@@ -184,6 +205,39 @@ kvt_status kvt__srv_result_decode(const uint8_t *p, size_t len, kvt_task_result 
 
 void kvt__srv_stats_encode(kvt_srv_buf *b, const kvt_cache_stats *s);
 kvt_status kvt__srv_stats_decode(const uint8_t *p, size_t len, kvt_cache_stats *out);
+
+/* STATS_ALL's reply: one tier (a geometry with its block size) each. */
+typedef struct kvt_srv_tier {
+    uint64_t fingerprint;
+    uint32_t num_layers, tokens_per_page, block_tokens;
+    uint64_t bytes_per_token;
+    kvt_cache_stats stats;
+} kvt_srv_tier;
+void kvt__srv_tiers_encode(kvt_srv_buf *b, const kvt_srv_tier *t, uint32_t n);
+/* Writes min(n, max) tiers to out, *n the count the reply holds. */
+kvt_status kvt__srv_tiers_decode(const uint8_t *p, size_t len, kvt_srv_tier *out, uint32_t max,
+                                 uint32_t *n);
+
+/* CLEAR: a namespace (ns points into p). */
+kvt_status kvt__srv_clear_encode(kvt_srv_buf *b, const void *ns, uint32_t ns_len);
+kvt_status kvt__srv_clear_decode(const uint8_t *p, size_t len, const uint8_t **ns,
+                                 uint32_t *ns_len);
+
+/* PEEK_MANY: n requests. The decoder gives each request's bytes (into p),
+ * each decoded by kvt__srv_req_decode as the server answers it. */
+typedef struct kvt_srv_span {
+    const uint8_t *p;
+    uint32_t len;
+} kvt_srv_span;
+kvt_status kvt__srv_peek_many_encode(kvt_srv_buf *b, const kvt_request *reqs, uint32_t n);
+/* *spans: malloc'd (the caller frees), n entries. */
+kvt_status kvt__srv_peek_many_decode(const uint8_t *p, size_t len, kvt_srv_span **spans,
+                                     uint32_t *n);
+void kvt__srv_peek_answers_encode(kvt_srv_buf *b, const int32_t *status, const uint32_t *matched,
+                                  uint32_t n);
+/* Exactly n answers expected (the requests sent). */
+kvt_status kvt__srv_peek_answers_decode(const uint8_t *p, size_t len, uint32_t n,
+                                        int32_t *status, uint32_t *matched);
 
 uint64_t kvt__srv_get64(const uint8_t *p);
 

@@ -234,6 +234,12 @@ static kvt_status make_share(kvt_server *s)
     return kvt__share_create(&s->share, s->cfg.cpu_capacity);
 }
 
+kvt_status kvt__srv_geo_fingerprint(const kvt_server *s, const kvt_geometry *geo,
+                                    uint32_t block_tokens, uint64_t *out)
+{
+    return fingerprint(geo, block_tokens ? block_tokens : default_block_tokens(s, geo), out);
+}
+
 kvt_srv_shard *kvt__srv_shard_first(kvt_server *s)
 {
     return atomic_load(&s->nshards) ? s->shards[0] : NULL;

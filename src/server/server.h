@@ -146,6 +146,10 @@ void kvt__srv_fences_reap(kvt_server *s, bool all);
  * sizes). server.c. */
 kvt_status kvt__srv_shard_get(kvt_server *s, const kvt_geometry *geo, uint32_t block_tokens,
                               kvt_srv_shard **out);
+/* The fingerprint of geometry geo with block_tokens (0: the server's
+ * choice for it), as a tier of it would be named ("g%016llx"). */
+kvt_status kvt__srv_geo_fingerprint(const kvt_server *s, const kvt_geometry *geo,
+                                    uint32_t block_tokens, uint64_t *out);
 /* The first shard (the declared geometry's, else the first attached), or
  * NULL while there is none. */
 kvt_srv_shard *kvt__srv_shard_first(kvt_server *s);

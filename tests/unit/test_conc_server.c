@@ -2474,6 +2474,70 @@ static void test_shared_capacity(void **state)
     stop_server(srv, path);
 }
 
+/* kvt_server_tier_stats reads only: naming a geometry the server does not
+ * hold is KVT_ENOTFOUND naming it and the held ones, and makes no tier
+ * (kvtier stats --model used to attach, making one); every tier's figures
+ * come apart, by geometry. */
+static void test_tier_stats_read_only(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "ts.sock");
+    g_any_geometry = true;
+    pid_t srv = start_server(path, NULL);
+    g_any_geometry = false;
+    kvt_geometry *g2 = geo_heads(2), *g8 = geo_heads(8);
+    kvt_tier_stats t[4];
+    uint32_t n = 99;
+    assert_status(kvt_server_tier_stats(path, g2, TIMEOUT_MS, t, 4, &n), KVT_ENOTFOUND);
+    assert_non_null(strstr(kvt_last_error(), "the server holds no tier for geometry g"));
+    assert_non_null(strstr(kvt_last_error(), "it holds: none"));
+    assert_ok(kvt_server_tier_stats(path, NULL, TIMEOUT_MS, t, 4, &n));
+    assert_int_equal(n, 0); /* the question made no tier */
+    engine a, b;
+    assert_ok(engine_open(&a, path, 2));
+    assert_ok(engine_open(&b, path, 4));
+    uint32_t tokens[NTOK], stored = 0;
+    kvt_request r;
+    request(&r, tokens, 61);
+    assert_ok(engine_store(&a, &r, &stored));
+    assert_int_equal(stored, BLOCKS * TPP);
+    uint32_t matched = 0;
+    assert_ok(engine_load(&a, &r, &matched));
+    assert_int_equal(matched, BLOCKS * TPP);
+    assert_ok(kvt_server_tier_stats(path, NULL, TIMEOUT_MS, t, 4, &n));
+    assert_int_equal(n, 2);
+    kvt_geometry_info info;
+    assert_ok(kvt_geometry_info_get(a.geo, &info));
+    int ia = t[0].bytes_per_token == info.bytes_per_token ? 0 : 1;
+    assert_int_equal(t[ia].bytes_per_token, info.bytes_per_token);
+    assert_int_equal(t[ia].num_layers, LAYERS);
+    assert_int_equal(t[ia].block_tokens, TPP);
+    assert_int_equal(t[ia].stats.stored_blocks, BLOCKS);
+    assert_int_equal(t[ia].stats.loaded_blocks, BLOCKS);
+    assert_int_equal(t[ia].stats.cpu_blocks_used, BLOCKS);
+    assert_int_equal(t[1 - ia].stats.stored_blocks, 0);
+    assert_int_equal(t[1 - ia].stats.lookups, 0);
+    assert_int_equal(strlen(t[ia].geometry), 17);
+    assert_true(t[ia].geometry[0] == 'g' && strcmp(t[0].geometry, t[1].geometry) != 0);
+    /* One geometry's tier; one not held names both that are. */
+    kvt_tier_stats one;
+    assert_ok(kvt_server_tier_stats(path, g2, TIMEOUT_MS, &one, 1, &n));
+    assert_int_equal(n, 1);
+    assert_string_equal(one.geometry, t[ia].geometry);
+    assert_status(kvt_server_tier_stats(path, g8, TIMEOUT_MS, NULL, 0, &n), KVT_ENOTFOUND);
+    assert_non_null(strstr(kvt_last_error(), t[0].geometry));
+    assert_non_null(strstr(kvt_last_error(), t[1].geometry));
+    assert_ok(kvt_server_tier_stats(path, NULL, TIMEOUT_MS, NULL, 0, &n));
+    assert_int_equal(n, 2);
+    engine_close(&a);
+    engine_close(&b);
+    kvt_geometry_destroy(g2);
+    kvt_geometry_destroy(g8);
+    stop_server(srv, path);
+}
+
 /* CPU ticks (user + system) process pid has used. */
 static unsigned long long cpu_ticks(pid_t pid)
 {
@@ -2689,6 +2753,7 @@ int main(void)
         cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_any_geometry, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_shared_capacity, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_tier_stats_read_only, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_full_server_says_so, kvt_test_servers_kill),
