@@ -757,6 +757,20 @@ kvt_status kvt_client_cancel(kvt_client *cl, kvt_task_id task);
 /* The server's kvt_cache_stats (every client's traffic together). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_stats(kvt_client *cl, kvt_cache_stats *out);
+/* Removes from the server's tier of this client's geometry every block
+ * stored under namespace ns (ns_len bytes; NULL/0: the default namespace),
+ * from the CPU and the SSD tier, by any client of that geometry (an
+ * engine's flush_cache). SSD writes of fresh stores are waited for first
+ * (up to 2 s); blocks pinned now (loads in flight, a store in flight
+ * below them) stay and are counted in *kept (a later clear takes them).
+ * *removed gets the blocks removed. Blocks a restarted server recovered
+ * from SSD belong to no namespace until stored again: not removed. A
+ * namespace the server's server_namespaces does not allow this client
+ * gives KVT_EAUTH naming it; a lost server KVT_ECONN; KVT_EINVAL,
+ * KVT_ENOMEM, KVT_EPROTO, KVT_EVERSION as for kvt_client_peek. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+kvt_status kvt_client_clear(kvt_client *cl, const void *ns, uint32_t ns_len, uint32_t *removed,
+                            uint32_t *kept);
 /* kvt_cache_flush on the server: every block stored so far (by any client)
  * durable on the SSD tier, or KVT_ETIMEDOUT after timeout_ms (0..600000). */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ETIMEDOUT, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */

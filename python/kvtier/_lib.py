@@ -206,6 +206,7 @@ _PROTOS = {
     "kvt_client_poll": (_st, [_H, POINTER(TaskResult), c_uint32, POINTER(c_uint32)]),
     "kvt_client_stats": (_st, [_H, POINTER(CacheStats)]),
     "kvt_client_flush": (_st, [_H, c_int64]),
+    "kvt_client_clear": (_st, [_H, c_void_p, c_uint32, POINTER(c_uint32), POINTER(c_uint32)]),
     "kvt_emu_create": (_st, [_PH, _H, c_uint32]),
     "kvt_emu_destroy": (None, [_H]),
     "kvt_emu_set_first_head": (_st, [_H, c_uint32]),

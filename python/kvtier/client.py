@@ -14,7 +14,7 @@ import threading
 import time
 
 from . import _lib
-from ._arrays import as_request, timeout_ms, u32_array, u32_ptr, uint
+from ._arrays import as_request, ns_bytes, timeout_ms, u32_array, u32_ptr, uint
 from ._handle import Handle
 from .cache import Match, StorePlan, _result, register_memory
 from .config import Geometry
@@ -111,6 +111,20 @@ class Client(Handle):
         n = ctypes.c_uint32()
         check(self._call(lib.kvt_client_peek, req.ref(), ctypes.byref(n)))
         return n.value
+
+    def clear(self, ns=None):
+        """Removes every block stored under namespace ns (str or bytes;
+        None: the default) from the server's tier of this client's
+        geometry, CPU and SSD, by any client: (removed, kept), kept being
+        blocks pinned now (loads in flight), left for a later clear.
+        KvtierError (AUTH) when the server's server_namespaces does not
+        allow this client the namespace."""
+        raw = ns_bytes(ns)
+        buf = ctypes.create_string_buffer(raw, max(1, len(raw)))
+        removed, kept = ctypes.c_uint32(), ctypes.c_uint32()
+        check(self._call(lib.kvt_client_clear, ctypes.cast(buf, ctypes.c_void_p) if raw else None,
+                         len(raw), ctypes.byref(removed), ctypes.byref(kept)))
+        return removed.value, kept.value
 
     def prepare_store(self, tokens=None, ns=None, keys=None, independent=False):
         """As Cache.prepare_store: StorePlan(task, first_token, num_tokens)."""

@@ -870,13 +870,25 @@ class KvtierHiCacheStorage(HiCacheStorage):
 
     def clear(self):
         """Drops every stored page of this rank (CPU and SSD tiers). In node
-        server mode the pages live in the shared server, which has no call
-        to drop one rank's pages: nothing is dropped (logged)."""
+        server mode the pages live in the shared server: every page stored
+        under this instance's namespace is removed there (other namespaces,
+        other instances' pages, stay; pages pinned by a load in flight stay
+        and are reported), and how many went is logged. SGLang's
+        flush_cache calls it."""
         self._require()
         if self.socket is not None:
-            logger.warning("kvtier: clear() in node server mode drops nothing: the pages live "
-                           "in the `kvtier serve` at %s, shared by every rank; restart it "
-                           "(without its ssd_dirs) to drop them", self.socket)
+            try:
+                removed, kept = self.cache.clear(ns=self.namespace)
+            except KvtierError as e:
+                logger.warning("kvtier: clear() could not clear the namespace in the `kvtier "
+                               "serve` at %s: %s", self.socket, e)
+                return
+            with self._stats_mu:
+                self._counters["cleared_pages"] = (self._counters.get("cleared_pages", 0)
+                                                   + removed)
+            logger.info("kvtier: clear(): %d pages of this rank's namespace removed from the "
+                        "`kvtier serve` at %s%s", removed, self.socket,
+                        " (%d pinned by loads in flight kept)" % kept if kept else "")
             return
         self._rw.acquire_exclusive()
         try:

@@ -661,12 +661,14 @@ class NodeServerMode(unittest.TestCase):
             stop_server(self.srv)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def attached(self, seed, pages):
+    def attached(self, seed, pages, salt=None):
         """(backend of TP rank 0 of 2 attached to the server, its pool)."""
         pool = fakes.FakeHostPool("page_first", seed=seed, pages=pages, layers=4, heads=1,
                                   head_dim=64)
-        cfg = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first",
-                                   extra={"socket": self.sock, "timeout": 10})
+        extra = {"socket": self.sock, "timeout": 10}
+        if salt:
+            extra["namespace"] = salt
+        cfg = fakes.storage_config(tp_rank=0, tp_size=2, layout="page_first", extra=extra)
         b = fakes.create_backend(cfg, pool)
         self.addCleanup(b.close)
         return b, pool
@@ -713,6 +715,35 @@ class NodeServerMode(unittest.TestCase):
         self.assertEqual(calls[-1], "stats")  # after the last store's end
         other, _ = self.attached(4, 16)
         self.assertEqual(other.batch_exists(keys), 8)
+
+    def test_clear_drops_this_namespace_only(self):
+        """clear() (SGLang's flush_cache) in server mode removes this
+        instance's pages from the server; another instance's (another
+        namespace) still load, byte for byte."""
+        a, pool_a = self.attached(11, 24, salt="inst-a")
+        b, pool_b = self.attached(12, 24, salt="inst-b")
+        keys = ["clr-%d" % i for i in range(8)]
+        self.assertEqual(a.batch_set_v1(keys, pool_a.host_indices(range(8))), [True] * 8)
+        self.assertEqual(b.batch_set_v1(keys, pool_b.host_indices(range(8))), [True] * 8)
+        self.assertEqual((a.batch_exists(keys), b.batch_exists(keys)), (8, 8))
+        with self.assertLogs("kvtier", "INFO") as logs:
+            a.clear()
+        self.assertTrue(any("8 pages of this rank's namespace removed" in m
+                            for m in logs.output), logs.output)
+        self.assertEqual(a.stats()["cleared_pages"], 8)
+        self.assertEqual(a.batch_exists(keys), 0)
+        self.assertEqual(b.batch_exists(keys), 8)
+        dst = list(range(10, 18))
+        for p in dst:
+            pool_b.set_page_bytes(p, 0x5A)
+        self.assertEqual(b.batch_get_v1(keys, pool_b.host_indices(dst)), [True] * 8)
+        for s_, d in zip(range(8), dst):
+            x, y = pool_b.page_bytes(d), pool_b.page_bytes(s_)
+            for k in x:
+                np.testing.assert_array_equal(x[k], y[k], "page %d %s" % (d, k))
+        # stored again after the clear, found again
+        self.assertEqual(a.batch_set_v1(keys, pool_a.host_indices(range(8))), [True] * 8)
+        self.assertEqual(a.batch_exists(keys), 8)
 
     def test_batch_costs_a_constant_number_of_calls(self):
         """Through the server every call is a round trip: 8 pages cost one
@@ -857,8 +888,8 @@ class NodeServerMode(unittest.TestCase):
                 got = pool.page_bytes(p)
                 for k in got:
                     np.testing.assert_array_equal(got[k], want[i][k])
-            b.clear()  # drops nothing in server mode: the pages are still there
-            self.assertEqual(b.batch_exists(keys), 4)
+            b.clear()  # drops this rank's namespace's pages from the server
+            self.assertEqual(b.batch_exists(keys), 0)
             b.close()
         finally:
             stop_server(srv)

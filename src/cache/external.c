@@ -245,3 +245,68 @@ void kvt__cache_ext_release(kvt_cache *c, const uint32_t *slots, uint32_t n)
     for (uint32_t i = 0; i < n; i++) kvt__pool_free(c->pool, slots[i]);
     pthread_mutex_unlock(&c->mu);
 }
+
+void kvt__cache_ext_roots_live(kvt_cache *c, const kvt_hash128 *roots, uint32_t n, bool *live)
+{
+    pthread_mutex_lock(&c->mu);
+    for (uint32_t i = 0; i < n; i++)
+        live[i] = kvt__index_find(c->index, roots[i]) != KVT_INDEX_NONE;
+    pthread_mutex_unlock(&c->mu);
+}
+
+kvt_status kvt__cache_ext_clear(kvt_cache *c, const kvt_hash128 *roots, uint32_t n,
+                                uint32_t *removed, uint32_t *kept)
+{
+    *removed = *kept = 0;
+    pthread_mutex_lock(&c->mu);
+    uint32_t high = kvt__index_high(c->index);
+    /* mark: 0 not known yet, 1 below a root, 2 not */
+    uint8_t *mark = calloc(high ? high : 1, 1);
+    uint32_t *stack = malloc((high ? high : 1) * sizeof *stack);
+    if (!mark || !stack) {
+        pthread_mutex_unlock(&c->mu);
+        free(mark);
+        free(stack);
+        return kvt__fail(KVT_ENOMEM, "clear: no memory for %u entries", high);
+    }
+    uint32_t found = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t id = kvt__index_find(c->index, roots[i]);
+        if (id != KVT_INDEX_NONE) mark[id] = 1, found++;
+    }
+    for (uint32_t id = 0; found && id < high; id++) {
+        if (!kvt__index_live(c->index, id) || mark[id]) continue;
+        uint32_t k = 0, x = id;
+        uint8_t res = 2;
+        while (!mark[x]) {
+            stack[k++] = x;
+            uint32_t p = kvt__index_parent(c->index, x);
+            if (p == KVT_INDEX_NONE) break;
+            x = p;
+        }
+        if (mark[x]) res = mark[x];
+        for (uint32_t j = 0; j < k; j++) mark[stack[j]] = res;
+    }
+    uint32_t cnt = 0;
+    for (uint32_t id = 0; found && id < high; id++)
+        if (mark[id] == 1 && kvt__index_live(c->index, id)) stack[cnt++] = id;
+    /* Leaves first: each entry is tried once in the scan and again when
+     * its last child goes, so the pass is O(entries). */
+    for (uint32_t i = 0; i < cnt; i++) {
+        uint32_t x = stack[i];
+        while (x != KVT_INDEX_NONE && mark[x] == 1) {
+            uint32_t p = kvt__index_parent(c->index, x);
+            uint32_t slot = kvt__index_payload(c->index, x);
+            if (!kvt__index_remove_candidate(c->index, x)) break;
+            kvt__tiers_removed(c, &x, &slot, 1);
+            mark[x] = 0;
+            (*removed)++;
+            x = p;
+        }
+    }
+    *kept = cnt - *removed;
+    pthread_mutex_unlock(&c->mu);
+    free(mark);
+    free(stack);
+    return KVT_OK;
+}

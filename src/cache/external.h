@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "kvtier.h"
+#include "util/hash.h"
 
 typedef struct kvt_ext_shm {
     int fd;              /* the CPU tier's memfd (owned by the cache) */
@@ -89,5 +90,16 @@ void kvt__cache_ext_release(kvt_cache *c, const uint32_t *slots, uint32_t n);
 /* True (and the task reaped) when planned task id is gone: expired after
  * plan_ttl_ms, or unknown. False while it is planned or launched. */
 bool kvt__cache_ext_expired(kvt_cache *c, kvt_task_id id);
+
+/* Which of roots[0..n) (first blocks' hashes) are in the index now. */
+void kvt__cache_ext_roots_live(kvt_cache *c, const kvt_hash128 *roots, uint32_t n, bool *live);
+/* Removes every entry at or below the roots (the chains they start: one
+ * namespace's, node server CLEAR) from the index and both tiers, leaves
+ * first; an entry that cannot go now (pinned: a load or an SSD write in
+ * flight; a store in flight, or such an entry, below it) stays and is
+ * counted in *kept. O(entries of the index) with one scratch allocation:
+ * for an operator's clear, not the data path. KVT_ENOMEM. */
+kvt_status kvt__cache_ext_clear(kvt_cache *c, const kvt_hash128 *roots, uint32_t n,
+                                uint32_t *removed, uint32_t *kept);
 
 #endif

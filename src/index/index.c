@@ -588,6 +588,21 @@ bool kvt__index_remove_candidate(kvt_index *idx, uint32_t id)
     return true;
 }
 
+uint32_t kvt__index_find(const kvt_index *idx, kvt_hash128 h)
+{
+    return kvt__find(idx, h);
+}
+
+uint32_t kvt__index_high(const kvt_index *idx)
+{
+    return idx->high;
+}
+
+bool kvt__index_live(const kvt_index *idx, uint32_t id)
+{
+    return kvt__live(idx, id);
+}
+
 uint32_t kvt__index_count(const kvt_index *idx)
 {
     return idx->count;

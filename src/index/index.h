@@ -109,6 +109,11 @@ void kvt__index_share_clock(kvt_index *idx, _Atomic uint64_t *clock);
 /* The next eviction candidate's key: false when there is none. LRU: freq
  * is 0 and tick its last touch; LFU: its (freq, tick). Smaller is colder. */
 bool kvt__index_coldest(const kvt_index *idx, uint16_t *freq, uint64_t *tick);
+/* The entry of hash h in any state, or KVT_INDEX_NONE. */
+uint32_t kvt__index_find(const kvt_index *idx, kvt_hash128 h);
+/* Entry ids are below this; kvt__index_live says which are in use (a scan). */
+uint32_t kvt__index_high(const kvt_index *idx);
+bool kvt__index_live(const kvt_index *idx, uint32_t id);
 uint32_t kvt__index_count(const kvt_index *idx);     /* entries, READY or PENDING */
 uint32_t kvt__index_capacity(const kvt_index *idx);  /* max_blocks */
 /* Bytes of memory the index holds (entries + hash table), for stats. */

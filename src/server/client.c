@@ -1416,6 +1416,50 @@ kvt_status kvt_client_stats(kvt_client *cl, kvt_cache_stats *out)
     return st;
 }
 
+/* CLEAR's status, checked as peek_status does: the server answers
+ * KVT_EAUTH (a namespace this client may not use) or KVT_ENOMEM. */
+static kvt_status clear_status(const char *fn, kvt_status st)
+{
+    const char *got = kvt_status_name(st);
+    switch (st) {
+    case KVT_ENOMEM: case KVT_EAUTH:                    /* the server's */
+    case KVT_EPROTO: case KVT_ECONN: case KVT_EVERSION: /* the round trip's */
+        return st;
+    default:
+        return answer_refused(fn, "a clear", got);
+    }
+}
+
+kvt_status kvt_client_clear(kvt_client *cl, const void *ns, uint32_t ns_len, uint32_t *removed,
+                            uint32_t *kept)
+{
+    static const char fn[] = "kvt_client_clear";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_NOT_NULL(removed, fn);
+    KVT_CHECK_NOT_NULL(kept, fn);
+    KVT_CHECK_ARG(ns != NULL || ns_len == 0, "%s: ns is NULL but ns_len is %u", fn, ns_len);
+    KVT_CHECK_ARG(ns_len <= KVT_SRV_MAX_NS, "%s: ns_len is %u (at most %u bytes)", fn, ns_len,
+                  KVT_SRV_MAX_NS);
+    kvt_srv_buf b = {0};
+    kvt_status st = kvt__srv_clear_encode(&b, ns, ns_len);
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    /* The server waits up to 2 s for fresh stores' SSD writes first. */
+    if (!st) st = round_trip_ex(cl, fn, KVT_SRV_CLEAR, &b, &p, &len, NULL, 2000);
+    else st = kvt__wrap_error(st, fn);
+    kvt__srv_buf_free(&b);
+    if (st) st = clear_status(fn, st);
+    uint64_t zero = 0;
+    uint32_t r = 0, k = 0;
+    if (!st) st = kvt__srv_task_rep_decode(p, len, &zero, &r, &k);
+    free(p);
+    if (st) return st;
+    *removed = r;
+    *kept = k;
+    return KVT_OK;
+}
+
 kvt_status kvt_client_flush(kvt_client *cl, int64_t timeout_ms)
 {
     static const char fn[] = "kvt_client_flush";

@@ -18,6 +18,7 @@
 #include "net/fdio.h"
 #include "net/stream.h"
 #include "server/server.h"
+#include "index/index.h"
 #include "layout/layout.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -251,6 +252,55 @@ static kvt_request srv_request(const kvt_srv_req *q)
     return req;
 }
 
+/* A store task's chain roots, under its namespace (server.h,
+ * kvt_srv_roots): one block hash per request; independent keys are each a
+ * root, so there the planned ones. */
+static void record_roots(kvt_srv_conn *c, const kvt_request *req, const kvt_store_plan *pl)
+{
+    uint32_t bt = c->sh->shm.block_tokens;
+    kvt_hash128 one, *h = &one;
+    uint32_t n = 0;
+    if (req->keys && (req->flags & KVT_REQ_INDEPENDENT_KEYS)) {
+        uint32_t first = pl->first_token / bt, nb = pl->num_tokens / bt;
+        if (first > req->num_keys || nb > req->num_keys - first) return;
+        if (nb > 1 && !(h = malloc((size_t)nb * sizeof *h))) return;
+        n = kvt__key_roots(req->keys + first, nb, req->ns, req->ns_len, h, nb);
+    } else if (req->keys) {
+        n = kvt__key_hashes(req->keys, req->num_keys ? 1 : 0, req->ns, req->ns_len, h, 1);
+    } else {
+        n = kvt__block_hashes(req->tokens, req->num_tokens, bt, req->ns, req->ns_len, h, 1);
+    }
+    if (n) kvt__srv_roots_add(c->sh, req->ns, req->ns_len, h, n);
+    if (h != &one) free(h);
+}
+
+/* CLEAR: every unpinned block this geometry's tier holds under one
+ * namespace (one this client may use) leaves the CPU and SSD tiers. New
+ * stores' SSD writes pin their blocks: they are waited for first (at most
+ * CLEAR_FLUSH_MS). Pinned blocks (loads in flight) are kept and counted. */
+#define CLEAR_FLUSH_MS 2000
+static kvt_status on_clear(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    const uint8_t *ns = NULL;
+    uint32_t ns_len = 0, removed = 0, kept = 0;
+    kvt_status st = kvt__srv_clear_decode(p, len, &ns, &ns_len);
+    if (st) return st; /* a protocol violation: the caller drops the client */
+    settle(c); /* the client's last store is in the tier, so it is cleared too */
+    if (!kvt__srv_ns_allowed(&c->srv->ns, &c->peer, ns, ns_len))
+        return reply_err(c, KVT_SRV_CLEAR, ns_refused(c, ns, ns_len));
+    (void)kvt_cache_flush(c->sh->cache, CLEAR_FLUSH_MS);
+    st = kvt__srv_roots_clear(c->sh, ns, ns_len, &removed, &kept);
+    if (st) return reply_err(c, KVT_SRV_CLEAR, st);
+    kvt__srv_log(KVT_LOG_INFO, "client pid %ld cleared a namespace of %u bytes in geometry %s: "
+                 "%u blocks removed, %u kept (pinned)", (long)c->pid, ns_len, c->sh->id,
+                 removed, kept);
+    kvt_srv_buf b = {0};
+    kvt__srv_task_rep_encode(&b, 0, removed, kept);
+    st = reply(c, KVT_SRV_CLEAR, &b);
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
 /* LOOKUP and PREPARE. */
 static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t len)
 {
@@ -277,6 +327,7 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
         kvt_store_plan pl;
         st = kvt_cache_prepare_store(c->sh->cache, &req, &pl);
         if (!st && pl.task) st = add_task(c, pl.task, KVT_TASK_STORE, pl.num_tokens);
+        if (!st && pl.task) record_roots(c, &req, &pl);
         if (!st) kvt__srv_task_rep_encode(&b, pl.task, pl.first_token, pl.num_tokens);
         if (st && pl.task) kvt__cache_ext_abort(c->sh->cache, pl.task, read_deadline(c));
     }
@@ -811,6 +862,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     case KVT_SRV_CANCEL: st = on_cancel(c, p, h.len); break;
     case KVT_SRV_STATS: st = on_stats(c, h.len); break;
     case KVT_SRV_STATS_ALL: st = on_stats_all(c, p, h.len); break;
+    case KVT_SRV_CLEAR: st = on_clear(c, p, h.len); break;
     case KVT_SRV_FLUSH: st = on_flush(c, p, h.len); break;
     case KVT_SRV_SESSION: st = on_session(c, p, h.len); break;
     case KVT_SRV_GEOMETRY:

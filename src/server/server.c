@@ -19,6 +19,7 @@
 
 #include "cache/cache.h"
 #include "cache/share.h"
+#include "index/index.h"
 #include "metrics/metrics.h"
 #include "util/err.h"
 #include "util/file.h"
@@ -185,6 +186,7 @@ static void shard_free(kvt_srv_shard *sh)
     if (!sh) return;
     if (sh->cache) kvt__metrics_cache_set_extra(sh->cache, NULL, NULL);
     kvt_cache_destroy(sh->cache);
+    if (sh->roots.limit) kvt__srv_roots_free(&sh->roots);
     kvt_geometry_destroy(sh->geo);
     free(sh);
 }
@@ -215,6 +217,7 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
         return st;
     }
     kvt__cache_ext_shm(sh->cache, &sh->shm);
+    kvt__srv_roots_init(&sh->roots, kvt__index_capacity(sh->cache->index));
     if (s->max_shards == 1) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
     *out = sh;
     return KVT_OK;

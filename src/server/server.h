@@ -12,6 +12,7 @@
 #include "server/auth.h"
 #include "server/proto.h"
 #include "util/config.h"
+#include "util/hash.h"
 
 #define KVT_SRV_MAX_SSD_LOCKS 16
 #define KVT_SRV_MAX_GEOMETRIES 64 /* server_max_geometries' bound */
@@ -43,6 +44,29 @@ typedef struct kvt_srv_task {
  * it (or at start for the declared geometry) and kept until the server is
  * destroyed; blocks of different geometries never meet (different caches,
  * different memfds). */
+/* Which namespace stored each chain, so CLEAR can find a namespace's
+ * blocks: the index keys blocks by chained hashes seeded with the
+ * namespace and keeps no namespace, but every block lies below its chain's
+ * first block (its root), and the root's hash is tied to one namespace. So
+ * the server records (root hash, namespace hash) at each PREPARE that made
+ * a store task: one block hash and one table insert per store request, not
+ * per block (independent keys, KVT_REQ_INDEPENDENT_KEYS, are each a root:
+ * one per stored block there). Bound: at most 2 x the index's capacity
+ * records (min 1024), 40 bytes each with the table; reaching it drops
+ * records whose root left the index (eviction), which are never more than
+ * the index holds. Records are not persisted: blocks recovered from SSD
+ * after a restart belong to no namespace until stored again (docs/server.md). */
+typedef struct kvt_srv_root {
+    kvt_hash128 root, ns;
+} kvt_srv_root;
+typedef struct kvt_srv_roots {
+    pthread_mutex_t mu;
+    kvt_srv_root *v;
+    uint32_t n, cap, limit;
+    uint32_t *table; /* open addressing over v by root: index + 1, 0 empty */
+    uint32_t tcap;   /* a power of two, >= 2 * cap */
+} kvt_srv_roots;
+
 typedef struct kvt_srv_shard {
     kvt_geometry *geo;
     uint32_t block_tokens;
@@ -51,6 +75,7 @@ typedef struct kvt_srv_shard {
     char label[40];       /* geometry="<id>": its samples' label on /metrics */
     kvt_cache *cache;
     kvt_ext_shm shm;
+    kvt_srv_roots roots; /* nsroots.c */
 } kvt_srv_shard;
 
 /* CPU blocks of stores cut off from a client still alive (it maps the tier
@@ -153,6 +178,16 @@ kvt_status kvt__srv_geo_fingerprint(const kvt_server *s, const kvt_geometry *geo
 /* The first shard (the declared geometry's, else the first attached), or
  * NULL while there is none. */
 kvt_srv_shard *kvt__srv_shard_first(kvt_server *s);
+/* nsroots.c: the record (init at shard creation, free at its end), adding
+ * a store request's roots (n hashes of namespace ns), and CLEAR of a
+ * namespace: every unpinned block of its chains removed (*removed), the
+ * pinned ones kept (*kept) and still recorded. */
+void kvt__srv_roots_init(kvt_srv_roots *r, uint32_t index_capacity);
+void kvt__srv_roots_free(kvt_srv_roots *r);
+void kvt__srv_roots_add(kvt_srv_shard *sh, const void *ns, uint32_t ns_len,
+                        const kvt_hash128 *roots, uint32_t n);
+kvt_status kvt__srv_roots_clear(kvt_srv_shard *sh, const void *ns, uint32_t ns_len,
+                                uint32_t *removed, uint32_t *kept);
 /* At HELLO: counts c as attached unless server_max_clients are
  * (KVT_EFULL naming it). server.c. */
 kvt_status kvt__srv_conn_attach(kvt_server *s, kvt_srv_conn *c);

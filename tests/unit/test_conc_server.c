@@ -1872,6 +1872,9 @@ static kvt_status child_ns_refused(const char *path, void *arg)
     if (!st && (!strstr(kvt_last_error(), want) || peeked != 77))
         st = kvt__fail(KVT_EINVAL, "peek refusal lacks \"%s\" (or wrote %u): %s", want,
                        peeked, kvt_last_error());
+    uint32_t removed = 0, kept = 0;
+    if (!st && kvt_client_clear(e.cl, "other", 5, &removed, &kept) != KVT_EAUTH)
+        st = kvt__fail(KVT_EINVAL, "clear of \"other\" was not refused: %s", kvt_last_error());
     uint32_t n = 0;
     r.ns = NULL; /* the default namespace: listed as "-" */
     r.ns_len = 0;
@@ -2538,6 +2541,69 @@ static void test_tier_stats_read_only(void **state)
     stop_server(srv, path);
 }
 
+/* CLEAR removes one namespace's blocks from both tiers: its lookups miss
+ * after, another namespace's still hit, byte-verified; a namespace with
+ * nothing stored removes nothing. */
+static void test_clear_namespace(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "cl.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    pid_t srv = start_server(path, ssd);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    uint32_t ta[NTOK], tb[NTOK], tc[NTOK], stored = 0, matched = 0, removed = 9, kept = 9;
+    kvt_request ra, rb, rc;
+    request(&ra, ta, 71); /* "tenant" */
+    request(&rb, tb, 72);
+    rb.ns = "other";
+    rb.ns_len = 5;
+    request(&rc, tc, 73); /* "tenant" too: a second chain */
+    assert_ok(engine_store(&e, &ra, &stored));
+    assert_ok(engine_store(&e, &rb, &stored));
+    assert_ok(engine_store(&e, &rc, &stored));
+    assert_ok(kvt_client_flush(e.cl, TIMEOUT_MS));
+    kvt_cache_stats before, after;
+    assert_ok(kvt_client_stats(e.cl, &before));
+    assert_int_equal(before.ssd_blocks_used, 3 * BLOCKS);
+    assert_ok(kvt_client_clear(e.cl, "nobody", 6, &removed, &kept));
+    assert_int_equal(removed, 0);
+    assert_int_equal(kept, 0);
+    assert_ok(kvt_client_clear(e.cl, "tenant", 6, &removed, &kept));
+    assert_int_equal(removed, 2 * BLOCKS);
+    assert_int_equal(kept, 0);
+    assert_ok(kvt_client_stats(e.cl, &after));
+    assert_int_equal(after.index_blocks, BLOCKS);
+    assert_int_equal(after.cpu_blocks_used, BLOCKS);
+    assert_int_equal(after.ssd_blocks_used, BLOCKS);
+    assert_ok(kvt_client_peek(e.cl, &ra, &matched));
+    assert_int_equal(matched, 0);
+    assert_ok(kvt_client_peek(e.cl, &rc, &matched));
+    assert_int_equal(matched, 0);
+    assert_ok(engine_load(&e, &rb, &matched)); /* byte-verified */
+    assert_int_equal(matched, BLOCKS * TPP);
+    /* Stored again, it is found again (and cleared again). */
+    assert_ok(engine_store(&e, &ra, &stored));
+    assert_int_equal(stored, BLOCKS * TPP);
+    assert_ok(engine_load(&e, &ra, &matched));
+    assert_int_equal(matched, BLOCKS * TPP);
+    assert_ok(kvt_client_clear(e.cl, "tenant", 6, &removed, &kept));
+    assert_int_equal(removed + kept, BLOCKS);
+    engine_close(&e);
+    stop_server(srv, path);
+    /* After a restart "other" is warm from SSD, "tenant" stays gone. */
+    srv = start_server(path, ssd);
+    assert_ok(engine_open(&e, path, 2));
+    assert_ok(kvt_client_peek(e.cl, &rc, &matched));
+    assert_int_equal(matched, 0);
+    assert_ok(engine_load(&e, &rb, &matched));
+    assert_int_equal(matched, BLOCKS * TPP);
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
 /* CPU ticks (user + system) process pid has used. */
 static unsigned long long cpu_ticks(pid_t pid)
 {
@@ -2754,6 +2820,7 @@ int main(void)
         cmocka_unit_test_teardown(test_any_geometry, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_shared_capacity, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_tier_stats_read_only, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_clear_namespace, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_full_server_says_so, kvt_test_servers_kill),
