@@ -737,6 +737,17 @@ kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *
  * KVT_ECONN naming the socket. The answer may be stale by the next lookup. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_peek(kvt_client *cl, const kvt_request *req, uint32_t *matched_tokens);
+/* kvt_client_peek of n requests (1..4096, e.g. one prompt's blocks in each
+ * TP rank's namespace) in one round trip: matched_tokens[i] and status[i]
+ * per request, status[i] being what kvt_client_peek would return for it
+ * (KVT_OK, or KVT_EAUTH for a namespace this client may not use, KVT_EINVAL
+ * or KVT_ENOMEM from the server's cache; matched_tokens[i] 0 then). The
+ * call itself fails only as a whole: KVT_EINVAL for a bad argument or a
+ * request the cache would refuse (named by index, before any round trip),
+ * KVT_ENOMEM, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+kvt_status kvt_client_peek_many(kvt_client *cl, const kvt_request *reqs, uint32_t n,
+                                uint32_t *matched_tokens, kvt_status *status);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
                                     kvt_store_plan *out);

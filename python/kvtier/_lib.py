@@ -198,6 +198,8 @@ _PROTOS = {
     "kvt_client_register_memory": (_st, [_H, POINTER(EngineMemory)]),
     "kvt_client_lookup": (_st, [_H, POINTER(Request), POINTER(Match)]),
     "kvt_client_peek": (_st, [_H, POINTER(Request), POINTER(c_uint32)]),
+    "kvt_client_peek_many": (_st, [_H, POINTER(Request), c_uint32, POINTER(c_uint32),
+                                   POINTER(c_int)]),
     "kvt_client_prepare_store": (_st, [_H, POINTER(Request), POINTER(StorePlan)]),
     "kvt_client_launch": (_st, [_H, c_uint64, POINTER(c_uint32), c_uint32]),
     "kvt_client_wait": (_st, [_H, c_uint64, c_int64, POINTER(TaskResult)]),

@@ -112,6 +112,25 @@ class Client(Handle):
         check(self._call(lib.kvt_client_peek, req.ref(), ctypes.byref(n)))
         return n.value
 
+    def peek_many(self, requests):
+        """peek of several requests in one round trip to the server: a list
+        of ints. requests: dicts of peek's arguments (tokens= or keys=, ns=,
+        independent=). A request that fails (AUTH: a namespace this client
+        may not use) raises its KvtierError, as peek would."""
+        creqs = [as_request(r.get("tokens"), r.get("ns"), r.get("keys"),
+                            r.get("independent", False)) for r in requests]
+        n = len(creqs)
+        if n == 0:
+            return []
+        arr = (_lib.Request * n)(*[r.c for r in creqs])
+        matched = (ctypes.c_uint32 * n)()
+        status = (ctypes.c_int * n)()
+        check(self._call(lib.kvt_client_peek_many, arr, n, matched, status))
+        for i in range(n):
+            if status[i]:
+                check(status[i], "peek_many: request %d" % i)
+        return list(matched)
+
     def clear(self, ns=None):
         """Removes every block stored under namespace ns (str or bytes;
         None: the default) from the server's tier of this client's

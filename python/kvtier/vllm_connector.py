@@ -346,7 +346,8 @@ class KvtierConnector(KVConnectorBase_V1):
         # until its computed prefix changes (LMCache's lookup client keeps
         # its answer per request the same way)
         self._looked = {}
-        self.peeks_sent = 0       # peeks sent (one round trip each, nothing pinned)
+        self.peeks_sent = 0       # namespaces peeked (nothing pinned)
+        self.lookup_round_trips = 0  # round trips those took: one per server per request
         self._meta = KvtierConnectorMetadata()
         self._server_down = False
         if self.socket is not None and role == KVConnectorRole.SCHEDULER:
@@ -844,17 +845,27 @@ class KvtierConnector(KVConnectorBase_V1):
     def _matched_blocks(self, keys):
         """Leading blocks every target holds, or None when a peek failed
         (the server is down: not remembered, asked again next step). One
-        peek per target (nothing pinned, so no cancel follows a hit), none
-        past the first that matches nothing; each later one asks only for
-        what every earlier one matched."""
+        round trip per server client (PP stage): every TP rank's namespace
+        on it asked at once (PEEK_MANY; nothing pinned, so no cancel
+        follows a hit); a later stage asks only for what the earlier ones
+        matched, none after one that matches nothing."""
         targets = self._lookup_targets()
         if not targets:
             return 0
+        groups = {}
+        for store, ns in targets:
+            groups.setdefault(id(store), (store, []))[1].append(ns)
         best = len(keys)
         try:
-            for store, ns in targets:
-                self.peeks_sent += 1
-                best = min(best, store.peek(keys=keys[:best], ns=ns) // self.block_size)
+            for store, nss in groups.values():
+                self.lookup_round_trips += 1
+                self.peeks_sent += len(nss)
+                if len(nss) > 1 and hasattr(store, "peek_many"):
+                    got = store.peek_many([dict(keys=keys[:best], ns=ns) for ns in nss])
+                else:
+                    got = [store.peek(keys=keys[:best], ns=ns) for ns in nss]
+                    self.lookup_round_trips += len(nss) - 1
+                best = min([best] + [m // self.block_size for m in got])
                 if best == 0:
                     break
         except KvtierError as e:

@@ -749,10 +749,20 @@ class HeadGroups(ServerCase):
             self.assertEqual(sent, {"a"})
         st = s.client.stats()
         self.assertEqual((st["stores"], st["stored_blocks"]), (2, 12))  # one copy per group
-        before, peeks = st["lookups"], s.peeks_sent
+        before, peeks, rts = st["lookups"], s.peeks_sent, s.lookup_round_trips
         b = Request("b", tokens)
         self.assertEqual(s.get_num_new_matched_tokens(b, 0), (24, False))
         self.assertEqual(s.peeks_sent - peeks, 2)  # one per head group
+        self.assertEqual(s.lookup_round_trips - rts, 1)  # both in one PEEK_MANY
+        # The batched answers equal the unbatched path's, peek by peek.
+        keys = [vc.block_key(h) for h in b.block_hashes]
+        targets = s._lookup_targets()
+        reqs = [dict(keys=keys, ns=ns) for _, ns in targets]
+        reqs.append(dict(keys=keys[:3], ns=targets[1][1]))
+        reqs.append(dict(keys=[b"none-%d" % i for i in range(4)], ns=targets[0][1]))
+        self.assertEqual(s.client.peek_many(reqs),
+                         [s.client.peek(**r) for r in reqs])
+        self.assertEqual(s.client.peek_many(reqs), [24, 24, 12, 0])
         self.assertEqual(s.client.stats()["lookups"] - before, 0)  # a peek plans nothing
         dst = list(range(30, 37))
         for kv in kvs:

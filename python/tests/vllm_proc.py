@@ -77,6 +77,9 @@ class Scheduler:
     def peeks_sent(self):
         return self.conn.peeks_sent
 
+    def lookup_round_trips(self):
+        return self.conn.lookup_round_trips
+
     def close(self):
         self.conn.shutdown()
 

@@ -413,6 +413,7 @@ class TensorParallel2(Deployment):
         ra, ba = self.save_prompt(a, 0)
         self.finish([(ra, ba)])
         before, rt = self.sched.call("stats"), self.sched.call("peeks_sent")
+        trips = self.sched.call("lookup_round_trips")
         rid, n, _ = self.new_request(a)
         self.assertEqual(n, 32)
         for _ in range(5):  # five more steps waiting (no room for it yet)
@@ -425,13 +426,14 @@ class TensorParallel2(Deployment):
         self.assertEqual(self.sched.call("ask", rid, 2 * BS), (24, True))
         self.assertEqual(self.sched.call("ask", rid, 2 * BS), (24, True))
         self.assertEqual(self.sched.call("peeks_sent") - rt, 4)
-        # A miss costs one round trip: rank 0 matching nothing ends it.
+        # A miss costs one round trip too (both ranks' namespaces in it).
         self.assertEqual(self.new_request(self.tokens(33, 72))[1], 0)
-        self.assertEqual(self.sched.call("peeks_sent") - rt, 5)
+        self.assertEqual(self.sched.call("peeks_sent") - rt, 6)
         # Scheduled (allocated): forgotten, so a preempted request is asked afresh.
         self.sched.call("alloc", rid, list(range(20, 29)), 24)
         self.sched.call("ask", rid, 2 * BS)
-        self.assertEqual(self.sched.call("peeks_sent") - rt, 7)
+        self.assertEqual(self.sched.call("peeks_sent") - rt, 8)
+        self.assertEqual(self.sched.call("lookup_round_trips") - trips, 4)  # one per ask
         self.assertEqual(self.sched.call("stats")["lookups"] - before["lookups"], 0)
 
 

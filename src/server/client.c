@@ -749,6 +749,57 @@ kvt_status kvt_client_peek(kvt_client *cl, const kvt_request *req, uint32_t *mat
     return KVT_OK;
 }
 
+kvt_status kvt_client_peek_many(kvt_client *cl, const kvt_request *reqs, uint32_t n,
+                                uint32_t *matched_tokens, kvt_status *status)
+{
+    static const char fn[] = "kvt_client_peek_many";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
+    KVT_CHECK_NOT_NULL(reqs, fn);
+    KVT_CHECK_NOT_NULL_AS(matched_tokens, "matched_tokens", fn);
+    KVT_CHECK_NOT_NULL(status, fn);
+    KVT_CHECK_ARG(n >= 1 && n <= KVT_SRV_MAX_PEEKS, "%s: n is %u (1..%u)", fn, n,
+                  KVT_SRV_MAX_PEEKS);
+    pthread_mutex_lock(&cl->io_mu); /* a re-attach rewrites shm */
+    uint32_t block_tokens = cl->shm.block_tokens;
+    pthread_mutex_unlock(&cl->io_mu);
+    for (uint32_t i = 0; i < n; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s: reqs[%u]", fn, i);
+        kvt_status st = kvt__request_check(what, &reqs[i], block_tokens ? block_tokens : 1);
+        if (st) return st;
+    }
+    kvt_srv_buf b = {0};
+    kvt_status st = kvt__srv_peek_many_encode(&b, reqs, n);
+    if (st) {
+        kvt__srv_buf_free(&b);
+        return kvt__wrap_error(st, fn);
+    }
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    st = round_trip(cl, fn, KVT_SRV_PEEK_MANY, &b, &p, &len, NULL);
+    kvt__srv_buf_free(&b);
+    if (st) st = peek_status(fn, st);
+    int32_t *s32 = st ? NULL : malloc((size_t)n * sizeof *s32);
+    uint32_t *m = st ? NULL : malloc((size_t)n * sizeof *m);
+    if (!st && (!s32 || !m)) st = kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
+    if (!st) st = kvt__srv_peek_answers_decode(p, len, n, s32, m);
+    for (uint32_t i = 0; !st && i < n; i++) {
+        kvt_status e = (kvt_status)s32[i];
+        if (e != KVT_OK && e != KVT_EAUTH && e != KVT_EINVAL && e != KVT_ENOMEM)
+            st = kvt__fail(KVT_EPROTO, "%s: the server answered request %u with status %d", fn,
+                           i, (int)s32[i]);
+    }
+    for (uint32_t i = 0; !st && i < n; i++) {
+        status[i] = (kvt_status)s32[i];
+        matched_tokens[i] = s32[i] ? 0 : m[i];
+    }
+    free(s32);
+    free(m);
+    free(p);
+    return st;
+}
+
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req, kvt_store_plan *out)
 {
     static const char fn[] = "kvt_client_prepare_store";

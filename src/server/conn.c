@@ -362,6 +362,51 @@ static kvt_status on_peek(kvt_srv_conn *c, const uint8_t *p, size_t len)
     return st;
 }
 
+/* PEEK_MANY: PEEK of each request, one round trip (vLLM's scheduler asks
+ * every TP rank's namespace of a request at once). A refused namespace or
+ * a request the cache refuses fails that entry only; a malformed one
+ * breaks the protocol. */
+static kvt_status on_peek_many(kvt_srv_conn *c, const uint8_t *p, size_t len)
+{
+    kvt_srv_span *sp = NULL;
+    uint32_t n = 0;
+    kvt_status st = kvt__srv_peek_many_decode(p, len, &sp, &n);
+    if (st) return st;
+    settle(c); /* the client's last store is visible (or failed) before it asks */
+    int32_t *status = calloc(n ? n : 1, sizeof *status);
+    uint32_t *matched = calloc(n ? n : 1, sizeof *matched);
+    if (!status || !matched) {
+        free(sp);
+        free(status);
+        free(matched);
+        return reply_err(c, KVT_SRV_PEEK_MANY, kvt__fail(KVT_ENOMEM, "peek many: no memory"));
+    }
+    for (uint32_t i = 0; i < n && !st; i++) {
+        kvt_srv_req q;
+        if ((st = kvt__srv_req_decode(sp[i].p, sp[i].len, &q))) break;
+        kvt_status e;
+        if (!kvt__srv_ns_allowed(&c->srv->ns, &c->peer, q.ns, q.ns_len)) {
+            e = ns_refused(c, q.ns, q.ns_len);
+        } else {
+            kvt_request req = srv_request(&q);
+            e = kvt_cache_peek(c->sh->cache, &req, &matched[i]);
+        }
+        status[i] = (int32_t)e;
+        free(q.tokens);
+        free(q.keys);
+    }
+    free(sp);
+    if (!st) {
+        kvt_srv_buf b = {0};
+        kvt__srv_peek_answers_encode(&b, status, matched, n);
+        st = reply(c, KVT_SRV_PEEK_MANY, &b);
+        kvt__srv_buf_free(&b);
+    }
+    free(status);
+    free(matched);
+    return st;
+}
+
 static kvt_status not_ours(uint64_t id)
 {
     return kvt__fail(KVT_ENOTFOUND, "task %llu is unknown, already reported, or not this "
@@ -863,6 +908,7 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     case KVT_SRV_STATS: st = on_stats(c, h.len); break;
     case KVT_SRV_STATS_ALL: st = on_stats_all(c, p, h.len); break;
     case KVT_SRV_CLEAR: st = on_clear(c, p, h.len); break;
+    case KVT_SRV_PEEK_MANY: st = on_peek_many(c, p, h.len); break;
     case KVT_SRV_FLUSH: st = on_flush(c, p, h.len); break;
     case KVT_SRV_SESSION: st = on_session(c, p, h.len); break;
     case KVT_SRV_GEOMETRY:

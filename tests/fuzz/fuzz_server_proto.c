@@ -2,7 +2,8 @@
  * both directions (a client or a server may be hostile): the frame header,
  * HELLO and its reply, requests (token and keyed forms: LOOKUP, PREPARE and
  * PEEK carry one), task replies (LOOKUP's, PREPARE's, PEEK's), task ids,
- * LAUNCH replies, END, results and stats. The first byte picks the decoder;
+ * LAUNCH replies, END, results and stats, STATS_ALL's tiers, CLEAR and
+ * PEEK_MANY (both ways). The first byte picks the decoder;
  * what decodes is encoded again and must decode to the same. Headers of
  * every op are seeded by seeds_group (hdr_op*). */
 #include <assert.h>
@@ -91,6 +92,50 @@ static void end(const uint8_t *p, size_t n)
     for (uint32_t i = 0; i < e.n; i++) (void)kvt__srv_get64(e.checksums + 8 * (size_t)i);
 }
 
+static void tiers(const uint8_t *p, size_t n)
+{
+    kvt_srv_tier t[4];
+    uint32_t count = 0;
+    if (kvt__srv_tiers_decode(p, n, t, 4, &count) != KVT_OK) return;
+    assert(count <= KVT_SRV_MAX_TIERS);
+}
+
+static void clear(const uint8_t *p, size_t n)
+{
+    const uint8_t *ns = NULL;
+    uint32_t len = 0;
+    if (kvt__srv_clear_decode(p, n, &ns, &len) != KVT_OK) return;
+    assert(len <= KVT_SRV_MAX_NS && (len == 0 || (ns >= p && ns + len <= p + n)));
+    kvt_srv_buf b = {0};
+    assert(kvt__srv_clear_encode(&b, ns, len) == KVT_OK && b.len == n);
+    kvt__srv_buf_free(&b);
+}
+
+/* PEEK_MANY: the frame, then each request in it as the server decodes it. */
+static void peek_many(const uint8_t *p, size_t n)
+{
+    kvt_srv_span *sp = NULL;
+    uint32_t count = 0;
+    if (kvt__srv_peek_many_decode(p, n, &sp, &count) != KVT_OK) return;
+    assert(count <= KVT_SRV_MAX_PEEKS);
+    for (uint32_t i = 0; i < count; i++) {
+        assert(sp[i].p >= p && sp[i].p + sp[i].len <= p + n);
+        request(sp[i].p, sp[i].len);
+    }
+    free(sp);
+}
+
+static void peek_answers(const uint8_t *p, size_t n)
+{
+    if (n < 4) return;
+    uint32_t want;
+    memcpy(&want, p, 4);
+    if (want > 64) return;
+    int32_t st[64];
+    uint32_t m[64];
+    (void)kvt__srv_peek_answers_decode(p, n, want, st, m);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
@@ -99,7 +144,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = size - 1;
     uint64_t task;
     uint32_t a, c;
-    switch (which % 10) { /* FLUSH carries a task-id-shaped u64: case 5 */
+    switch (which % 14) { /* FLUSH carries a task-id-shaped u64: case 5; CLEAR's reply
+                           * and STATS_ALL's filter (a HELLO) are cases 4 and 1 */
     case 0:
         if (n >= KVT_SRV_HDR) {
             kvt_srv_hdr h;
@@ -127,6 +173,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         (void)kvt__srv_stats_decode(p, n, &s);
         break;
     }
+    case 10: tiers(p, n); break;
+    case 11: clear(p, n); break;
+    case 12: peek_many(p, n); break;
+    case 13: peek_answers(p, n); break;
     }
     return 0;
 }

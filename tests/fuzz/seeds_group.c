@@ -241,6 +241,32 @@ static void server_seeds(seeds *s)
     else memcpy(req + 1, q.p, q.len);
     emit(s, "fuzz_server_proto", "req_independent_keys", req, 1 + q.len);
     kvt__srv_buf_free(&q);
+    /* PEEK_MANY (case 12): that request and one of tokens. */
+    uint32_t toks[4] = {1, 2, 3, 4};
+    kvt_request two[2] = {r, {.tokens = toks, .num_tokens = 4, .ns = "n", .ns_len = 1}};
+    kvt_srv_buf m = {0};
+    uint8_t many[1 + 160] = {12};
+    if (kvt__srv_peek_many_encode(&m, two, 2) != KVT_OK || m.len > sizeof many - 1) s->bad++;
+    else memcpy(many + 1, m.p, m.len);
+    emit(s, "fuzz_server_proto", "peek_many", many, 1 + m.len);
+    kvt__srv_buf_free(&m);
+    /* CLEAR (case 11): a namespace. */
+    kvt_srv_buf c = {0};
+    uint8_t clr[1 + 32] = {11};
+    if (kvt__srv_clear_encode(&c, "tenant", 6) != KVT_OK || c.len > sizeof clr - 1) s->bad++;
+    else memcpy(clr + 1, c.p, c.len);
+    emit(s, "fuzz_server_proto", "clear", clr, 1 + c.len);
+    kvt__srv_buf_free(&c);
+    /* STATS_ALL's reply (case 10): one tier. */
+    kvt_srv_tier t = {.fingerprint = 0x1234, .num_layers = 4, .tokens_per_page = 16,
+                      .block_tokens = 16, .bytes_per_token = 512};
+    kvt_srv_buf a = {0};
+    uint8_t all[1 + 512] = {10};
+    kvt__srv_tiers_encode(&a, &t, 1);
+    if (a.oom || a.len > sizeof all - 1) s->bad++;
+    else memcpy(all + 1, a.p, a.len);
+    emit(s, "fuzz_server_proto", "tiers", all, 1 + a.len);
+    kvt__srv_buf_free(&a);
 }
 
 int main(int argc, char **argv)

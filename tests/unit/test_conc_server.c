@@ -1875,6 +1875,15 @@ static kvt_status child_ns_refused(const char *path, void *arg)
     uint32_t removed = 0, kept = 0;
     if (!st && kvt_client_clear(e.cl, "other", 5, &removed, &kept) != KVT_EAUTH)
         st = kvt__fail(KVT_EINVAL, "clear of \"other\" was not refused: %s", kvt_last_error());
+    kvt_request two[2] = {r, r};
+    two[1].ns = NULL;
+    two[1].ns_len = 0;
+    uint32_t got[2] = {9, 9};
+    kvt_status sts[2] = {KVT_OK, KVT_OK};
+    if (!st) st = kvt_client_peek_many(e.cl, two, 2, got, sts);
+    if (!st && (sts[0] != KVT_EAUTH || sts[1] != KVT_OK || got[0] != 0))
+        st = kvt__fail(KVT_EINVAL, "peek_many: entry 0 %s (%u), entry 1 %s",
+                       kvt_status_name(sts[0]), got[0], kvt_status_name(sts[1]));
     uint32_t n = 0;
     r.ns = NULL; /* the default namespace: listed as "-" */
     r.ns_len = 0;
@@ -2568,6 +2577,23 @@ static void test_clear_namespace(void **state)
     kvt_cache_stats before, after;
     assert_ok(kvt_client_stats(e.cl, &before));
     assert_int_equal(before.ssd_blocks_used, 3 * BLOCKS);
+    /* PEEK_MANY: each request's peek in one round trip, the same answers. */
+    uint32_t td[NTOK], got[4], one = 0;
+    kvt_request rd, many[4];
+    request(&rd, td, 74); /* never stored */
+    many[0] = ra, many[1] = rb, many[2] = rd, many[3] = rb;
+    many[3].num_tokens = 3 * TPP + 5;
+    kvt_status sts[4];
+    assert_ok(kvt_client_peek_many(e.cl, many, 4, got, sts));
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(sts[i], KVT_OK);
+        assert_ok(kvt_client_peek(e.cl, &many[i], &one));
+        assert_int_equal(got[i], one);
+    }
+    assert_int_equal(got[0], BLOCKS * TPP);
+    assert_int_equal(got[2], 0);
+    assert_int_equal(got[3], 3 * TPP);
+    assert_status(kvt_client_peek_many(e.cl, many, 0, got, sts), KVT_EINVAL);
     assert_ok(kvt_client_clear(e.cl, "nobody", 6, &removed, &kept));
     assert_int_equal(removed, 0);
     assert_int_equal(kept, 0);
