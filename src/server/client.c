@@ -97,6 +97,7 @@ struct kvt_client {
     pthread_t launcher;     /* finishes pending launches (started on the first) */
     bool launcher_started;  /* under mu */
     pthread_cond_t lcv;     /* wakes the launcher: a new pending task, detach */
+    uint64_t requests;      /* under io_mu: requests sent (kvt__client_requests) */
 };
 
 /* ------------------------------------------------------------------ */
@@ -209,6 +210,7 @@ static kvt_status exchange_locked(kvt_client *cl, const char *fn, uint16_t op,
         return broken_fail(cl, fn);
     uint64_t deadline = kvt__deadline_ns(cl->timeout_ms + extra_ms);
     kvt_status st = kvt__srv_send_frame(cl->fd, op, 0, b->p, b->len, -1, deadline);
+    cl->requests++;
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
     if (!st) st = recv_reply(cl, &h, &p, fd_got, deadline);
@@ -246,6 +248,18 @@ static kvt_status round_trip(kvt_client *cl, const char *fn, uint16_t op, const 
                              uint8_t **rep, uint32_t *rep_len, int *fd_got)
 {
     return round_trip_ex(cl, fn, op, b, rep, rep_len, fd_got, 0);
+}
+
+uint64_t kvt__client_requests(kvt_client *cl)
+{
+    if (!cl) return 0;
+    /* Under io_mu: a copy thread that reported its task done early holds
+     * it until its END is sent (end_early), so a count read after a wait
+     * returned includes that END. */
+    pthread_mutex_lock(&cl->io_mu);
+    uint64_t n = cl->requests;
+    pthread_mutex_unlock(&cl->io_mu);
+    return n;
 }
 
 /* ------------------------------------------------------------------ */
@@ -419,6 +433,7 @@ static kvt_status attach_exchange(kvt_client *cl, uint16_t op, const kvt_srv_buf
     static const char fn[] = "kvt_client_attach";
     uint64_t deadline = kvt__deadline_ns(cl->timeout_ms);
     kvt_status st = kvt__srv_send_frame(cl->fd, op, 0, b->p, b->len, -1, deadline);
+    cl->requests++;
     if (!st) st = kvt__srv_recv_frame(cl->fd, h, p, fd, deadline);
     if (st == KVT_ECONN)
         return kvt__fail(KVT_ECONN, "%s: kvtier server at %s: connection lost during attach",

@@ -191,6 +191,13 @@ kvt_status kvt__srv_roots_clear(kvt_srv_shard *sh, const void *ns, uint32_t ns_l
 /* At HELLO: counts c as attached unless server_max_clients are
  * (KVT_EFULL naming it). server.c. */
 kvt_status kvt__srv_conn_attach(kvt_server *s, kvt_srv_conn *c);
+/* Requests this client has sent to its server so far, each one round trip
+ * (one frame out, its reply back): every call's, the END a copy thread
+ * sends when a launched task's copy ended, and attach's (HELLO, SESSION,
+ * ...). Thread-safe; read under the client's socket lock, so an END whose
+ * task a wait already reported is counted (client.c). `kvtier bench
+ * engine` counts an engine's round trips per batch with it. */
+uint64_t kvt__client_requests(kvt_client *cl);
 /* The thread serving one attached client (conn.c). */
 void *kvt__srv_conn_main(void *arg);
 
