@@ -12,5 +12,7 @@ int kvt_bench_ssd_main(int argc, char **argv);   /* kvtier bench ssd [--json] [-
 int kvt_bench_pd_main(int argc, char **argv);    /* kvtier bench pd [--json] [--mib N] [--rounds N] */
 int kvt_bench_group_main(int argc, char **argv); /* kvtier bench group [--json] */
 int kvt_bench_client_main(int argc, char **argv); /* kvtier bench client [--json] [--rounds N] [--no-4k] */
+/* kvtier bench engine [--json] [--rounds N] [--quick] [--pages N] [--batch N] ... */
+int kvt_bench_engine_main(int argc, char **argv);
 
 #endif

@@ -9,7 +9,7 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 rc=0
 for c in "" demo serve stats config fsck plan replay trace "trace synth" pd "pd bootstrap" "pd prefill" "pd decode" \
-         bench "bench copy" "bench index" "bench ssd" "bench group" "bench pd" "bench client"; do
+         bench "bench copy" "bench index" "bench ssd" "bench group" "bench pd" "bench client" "bench engine"; do
     for h in --help -h "--json --help"; do
         # shellcheck disable=SC2086
         timeout 10 "$K" $c $h >"$T/out" 2>"$T/err"

@@ -31,6 +31,7 @@ static void usage(FILE *to)
             "  bench group          rank-group step latency, inproc and loopback TCP\n"
             "  bench pd             prefill -> decode hand-off vs a raw TCP stream and ucx_perftest\n"
             "  bench client         a client of kvtier serve vs an in-process cache; control round trip\n"
+            "  bench engine         SGLang / vLLM plugin call patterns, in-process and served, vs memcpy\n"
             "  version              the library version\n"
             "\n"
             "Each command takes --help; most take --json for one JSON object on stdout.\n",
@@ -49,6 +50,7 @@ static const subcommand bench_cmds[] = {
     {"group", kvt_bench_group_main},
     {"pd", kvt_bench_pd_main},
     {"client", kvt_bench_client_main},
+    {"engine", kvt_bench_engine_main},
 };
 
 static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
