@@ -34,7 +34,10 @@
  *
  * Round trips are the client's requests to the server (each one frame out,
  * its reply back: kvt__client_requests), counting the END a copy thread
- * sends for each launched task.
+ * sends for each launched task. store_publish_share: the part of a store's
+ * time spent in its publishing stats call (answered after the server
+ * checked the stored blocks); the rest is the calls and the client's copy
+ * (with each block's checksum in the pass, through the server).
  *
  * Every load is byte-verified: the pool is filled with bytes unique to
  * (round, side, position) before a store and overwritten before the load;
@@ -68,7 +71,7 @@ enum {
     NSIDES
 };
 /* Per side per round. */
-enum { M_STORE_S, M_LOAD_S, M_RT_STORE, M_RT_EXISTS, M_RT_LOAD, NMETRICS };
+enum { M_STORE_S, M_LOAD_S, M_RT_STORE, M_RT_EXISTS, M_RT_LOAD, M_PUBLISH_S, NMETRICS };
 
 typedef struct params {
     uint32_t layers, heads, dim, tpp, pages, batch, rounds;
@@ -322,10 +325,15 @@ static void e_drop(engine *e, kvt_task_id t)
 }
 /* _publish: one stats round trip makes the stores visible to every rank
  * (node server only; in process they are at once). */
+static double publish_s; /* seconds in e_publish since the side began */
 static kvt_status e_publish(engine *e)
 {
     kvt_cache_stats cs;
-    return e->client ? kvt_client_stats(e->client, &cs) : KVT_OK;
+    if (!e->client) return KVT_OK;
+    uint64_t t0 = kvt__now_ns();
+    kvt_status st = kvt_client_stats(e->client, &cs);
+    publish_s += (double)(kvt__now_ns() - t0) / 1e9;
+    return st;
 }
 static uint64_t e_requests(engine *e) { return e->client ? kvt__client_requests(e->client) : 0; }
 
@@ -439,6 +447,7 @@ static int run_side(bench *b, int side, engine *e, uint32_t round, double m[NMET
     uint32_t nb = (p->pages + p->batch - 1) / p->batch;
     kvt_status st = KVT_OK;
     uint64_t rt0 = e ? e_requests(e) : 0;
+    publish_s = 0;
     uint32_t first_block = b->plain_next;
     uint64_t t0 = kvt__now_ns();
     if (plain) {
@@ -468,6 +477,7 @@ static int run_side(bench *b, int side, engine *e, uint32_t round, double m[NMET
         if (st) return fail("vllm save", st);
     }
     uint64_t rt1 = e ? e_requests(e) : 0;
+    m[M_PUBLISH_S] = publish_s;
     pool_poison(pl);
     uint64_t rt_exists = 0;
     uint64_t t1 = kvt__now_ns();
@@ -597,6 +607,12 @@ static void print_side(const figures *f, const char *name, int side, int plain, 
     print_stat("ratio", ratio(f, side, plain, -1), true);
     print_stat("store_ratio", ratio(f, side, plain, M_STORE_S), true);
     print_stat("load_ratio", ratio(f, side, plain, M_LOAD_S), true);
+    {   /* of a store's seconds, those in the publishing stats call: it
+         * answers after the server checked the stored blocks */
+        double x[f->n];
+        for (uint32_t r = 0; r < f->n; r++) x[r] = f->v[r][side][M_PUBLISH_S] / f->v[r][side][M_STORE_S];
+        print_stat("store_publish_share", stat_of(x, f->n), true);
+    }
     if (sglang) {
         print_stat("set_round_trips_per_batch", metric(f, side, M_RT_STORE), true);
         print_stat("exists_round_trips_per_batch", metric(f, side, M_RT_EXISTS), true);

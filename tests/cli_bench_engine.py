@@ -10,7 +10,7 @@ import sys
 
 STAT = {"min", "median", "max"}
 RATES = ["store_gbps", "load_gbps", "store_pages_per_s", "load_pages_per_s"]
-RATIOS = ["ratio", "store_ratio", "load_ratio"]
+RATIOS = ["ratio", "store_ratio", "load_ratio", "store_publish_share"]
 
 
 def fail(msg):
