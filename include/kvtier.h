@@ -727,7 +727,14 @@ void kvt_client_detach(kvt_client *cl);
  *    KVT_ETIMEDOUT at launch.
  * Thread-safe: any thread may call any kvt_client_* function except detach
  * concurrently on one client (round trips are serialised on its socket). */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_EGEOMETRY, KVT_ESTATE, KVT_EUNSUPPORTED. */
+/* KVT_MEMORY_CUDA (docs/gpu.md): as kvt_cache_register_memory, the runtime
+ * and every buffer checked, then the mapping of the server's CPU tier is
+ * pinned (cudaHostRegister; again after a re-attach maps a new one) and the
+ * client's copies run on CUDA streams of its transfer threads. No layer
+ * events: kvt_client_wait_layer returns once the layer's copies completed
+ * on those streams. KVT_ECONN when the server is not attached (nothing
+ * mapped to pin), KVT_ESYS when cudaHostRegister fails. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EGEOMETRY, KVT_ESTATE, KVT_EFULL, KVT_EUNSUPPORTED, KVT_ESYS, KVT_ECONN. */
 kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_lookup(kvt_client *cl, const kvt_request *req, kvt_match *out);

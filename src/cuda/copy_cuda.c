@@ -399,6 +399,18 @@ kvt_status kvt__cuda_backend_pin(kvt_cuda_backend *b, const char *fn, void *p, u
     return st;
 }
 
+void kvt__cuda_backend_unpin(kvt_cuda_backend *b, void *p)
+{
+    pthread_mutex_lock(&b->mu);
+    for (uint32_t i = 0; i < b->nranges; i++)
+        if (b->ranges[i].host == p) {
+            b->api->HostUnregister(p);
+            b->ranges[i] = b->ranges[--b->nranges];
+            break;
+        }
+    pthread_mutex_unlock(&b->mu);
+}
+
 kvt_status kvt__cuda_backend_check_ptr(kvt_cuda_backend *b, const char *fn, const char *what,
                                        const void *p)
 {

@@ -76,6 +76,9 @@ const kvt_cuda_api *kvt__cuda_backend_api(const kvt_cuda_backend *b);
 int kvt__cuda_backend_device(const kvt_cuda_backend *b);
 /* Pins [p, p+len) (cudaHostRegister portable|mapped); at most 16 ranges. */
 kvt_status kvt__cuda_backend_pin(kvt_cuda_backend *b, const char *fn, void *p, uint64_t len);
+/* Unpins the range pinned at p (cudaHostUnregister), if any: before it is
+ * unmapped. No copy may be using it. */
+void kvt__cuda_backend_unpin(kvt_cuda_backend *b, void *p);
 /* KVT_OK when [p, p+len) is device memory of the backend's device (or
  * managed memory); else KVT_EINVAL naming what (e.g. "layer_bases[3]"). */
 kvt_status kvt__cuda_backend_check_ptr(kvt_cuda_backend *b, const char *fn, const char *what,

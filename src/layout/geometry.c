@@ -375,7 +375,7 @@ kvt_status kvt__page_map_init_fn(kvt_page_map *map, const kvt_geometry *g,
                   "%s: kind is %d (KVT_MEMORY_HOST or KVT_MEMORY_CUDA)", fn, (int)mem->kind);
     if (mem->kind != KVT_MEMORY_HOST)
         return kvt__fail(KVT_EUNSUPPORTED, "%s: CUDA device memory is not supported here yet "
-                         "(only kvt_cache_register_memory takes it; docs/gpu.md)", fn);
+                         "(kvt_cache_register_memory and kvt_client_register_memory take it; docs/gpu.md)", fn);
     KVT_CHECK_ARG(mem->page_strides || !mem->token_strides,
                   "%s: token_strides is set but page_strides is NULL (strided buffers need both)", fn);
     kvt_status st = mem->page_strides ? check_strided(g, mem, fn) : check_layout(g, mem, fn);

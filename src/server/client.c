@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cuda/cuda.h"
 #include "layout/layout.h"
 #include "net/fdio.h"
 #include "net/stream.h"
@@ -86,6 +87,10 @@ struct kvt_client {
     size_t secret_len;
     uint8_t *tier;
     kvt_srv_hello_rep shm;
+    /* Engine memory on a CUDA device: the copy backend, set once by
+     * kvt_client_register_memory (under io_mu and mu); the tier mapping is
+     * pinned in it while mapped (tier_unmap unpins). */
+    kvt_cuda_backend *cuda;
     kvt_xfer *xfer;
     pthread_mutex_t mu;     /* tasks, memory */
     pthread_cond_t cv;
@@ -115,6 +120,15 @@ static kvt_status open_conn(kvt_client *cl, uint64_t connect_deadline);
 static kvt_status hello_locked(kvt_client *cl);
 static kvt_status session_locked(kvt_client *cl, bool resumed);
 
+/* Drops the server's tier mapping (unpinned first when CUDA copies use it). */
+static void tier_unmap(kvt_client *cl)
+{
+    if (!cl->tier) return;
+    if (cl->cuda) kvt__cuda_backend_unpin(cl->cuda, cl->tier);
+    munmap(cl->tier, cl->shm.map_bytes);
+    cl->tier = NULL;
+}
+
 /* A broken connection is re-established by a later call, at most once per
  * backoff (10 ms doubling to 1 s), and only when no task of this client is
  * running (copying into, or being launched on, the old server's tier, whose
@@ -135,8 +149,7 @@ static kvt_status reattach(kvt_client *cl, const char *fn)
     if (!copying) cl->epoch++; /* launches of older plans now fail before copying */
     pthread_mutex_unlock(&cl->mu);
     if (copying) return broken_fail(cl, fn);
-    if (cl->tier) munmap(cl->tier, cl->shm.map_bytes);
-    cl->tier = NULL;
+    tier_unmap(cl);
     close(cl->fd);
     cl->fd = -1;
     char keep[sizeof cl->broken_msg];
@@ -492,6 +505,15 @@ static kvt_status hello_locked(kvt_client *cl)
         else
             cl->tier = m;
     }
+    /* A re-attach with engine memory on a CUDA device: the new mapping is
+     * pinned as the first one was (kvt_client_register_memory). */
+    if (!st && cl->cuda) {
+        st = kvt__cuda_backend_pin(cl->cuda, fn, cl->tier, cl->shm.map_bytes);
+        if (st) {
+            munmap(cl->tier, cl->shm.map_bytes);
+            cl->tier = NULL;
+        }
+    }
     if (fd >= 0) close(fd);
     return st;
 }
@@ -607,7 +629,8 @@ void kvt_client_detach(kvt_client *cl)
     if (launcher) pthread_join(cl->launcher, NULL);
     kvt__xfer_destroy(cl->xfer);
     if (cl->fd >= 0) close(cl->fd);
-    if (cl->tier) munmap(cl->tier, cl->shm.map_bytes);
+    tier_unmap(cl);
+    kvt__cuda_backend_destroy(cl->cuda); /* after the workers (their streams) */
     while (cl->ntasks) ct_free(cl, cl->tasks[0]);
     free(cl->tasks);
     kvt_geometry_destroy(cl->geo);
@@ -619,20 +642,67 @@ void kvt_client_detach(kvt_client *cl)
     free(cl);
 }
 
+/* Device memory: the layout checks as for host memory, then the CUDA
+ * runtime and device (KVT_EUNSUPPORTED naming what is missing), every
+ * buffer on that device, the server's tier mapping pinned, the copy ops
+ * switched to the CUDA backend (as kvt_cache_register_memory does). io_mu
+ * and mu held; nothing was submitted yet (launch needs registered memory). */
+static kvt_status register_cuda(kvt_client *cl, const kvt_engine_memory *mem, const char *fn)
+{
+    kvt_engine_memory host = *mem;
+    host.kind = KVT_MEMORY_HOST;
+    kvt_page_map map;
+    kvt_status st = kvt__page_map_init_fn(&map, cl->geo, &host, fn);
+    if (st) return st;
+    KVT_CHECK_ARG(mem->device >= 0, "%s: device is %d (a CUDA device ordinal is >= 0)", fn,
+                  (int)mem->device);
+    if (!cl->tier)
+        return kvt__fail(KVT_ECONN, "%s: the server's tier is not mapped (the connection to %s "
+                         "is down: %s); register again once it answers", fn, cl->path,
+                         cl->broken_msg);
+    kvt_cuda_backend *b = NULL;
+    st = kvt__cuda_backend_create(&b, fn, mem->device, KVT_CUDA_AUTO);
+    if (st) return st;
+    char what[64];
+    for (uint32_t l = 0; l < cl->geo->num_layers && !st; l++)
+        for (uint32_t k = 0; k < kvt__geo_ncomp(cl->geo, l) && !st; k++) {
+            uint32_t u = KVT_UNIT(l, k);
+            if (cl->geo->layout == KVT_LAYOUT_PAGE_FIRST && !mem->page_strides)
+                snprintf(what, sizeof what, "base");
+            else
+                snprintf(what, sizeof what, "layer_bases[%u]", u);
+            st = kvt__cuda_backend_check_ptr(b, fn, what, map.base[u]);
+        }
+    if (!st) st = kvt__cuda_backend_pin(b, fn, cl->tier, cl->shm.map_bytes);
+    if (!st) st = kvt__xfer_set_ops(cl->xfer, kvt__cuda_backend_ops(b));
+    if (st) {
+        kvt__cuda_backend_destroy(b); /* unpins the tier */
+        return st;
+    }
+    cl->map = map;
+    cl->cuda = b;
+    return KVT_OK;
+}
+
 kvt_status kvt_client_register_memory(kvt_client *cl, const kvt_engine_memory *mem)
 {
     static const char fn[] = "kvt_client_register_memory";
     kvt__clear_error();
     KVT_CHECK_NOT_NULL_AS(cl, "cl", fn);
     KVT_CHECK_NOT_NULL(mem, fn);
+    pthread_mutex_lock(&cl->io_mu); /* a re-attach remaps the tier under io_mu */
     pthread_mutex_lock(&cl->mu);
     kvt_status st = KVT_OK;
     if (cl->memory_registered)
         st = kvt__fail(KVT_ESTATE, "%s: engine memory is already registered (allowed once per "
                        "client)", fn);
-    else if (!(st = kvt__page_map_init_fn(&cl->map, cl->geo, mem, fn)))
-        cl->memory_registered = true;
+    else if (mem->kind == KVT_MEMORY_CUDA)
+        st = register_cuda(cl, mem, fn);
+    else
+        st = kvt__page_map_init_fn(&cl->map, cl->geo, mem, fn);
+    if (!st) cl->memory_registered = true;
     pthread_mutex_unlock(&cl->mu);
+    pthread_mutex_unlock(&cl->io_mu);
     return st;
 }
 

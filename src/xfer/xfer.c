@@ -233,6 +233,8 @@ static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer);
 
 /* Async ops: enqueue the unit, record its event (and tell
  * kvt__xfer_wait_recorded), then wait for the stream. */
+static uint8_t *sum_part(const kvt_xfer_task *t, uint32_t b, uint32_t layer, uint64_t *len);
+
 static kvt_status run_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
 {
     const kvt_copy_ops *ops = &w->x->ops;
@@ -248,6 +250,17 @@ static kvt_status run_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
         }
     }
     kvt_status sr = ops->sync ? ops->sync(ops->ctx, &w->wctx) : KVT_OK;
+    if (rc == KVT_OK && sr == KVT_OK && t->dir == KVT_XFER_GATHER && t->layer_sums) {
+        /* The bytes reached the (host) blocks at sync: one pass each over
+         * what landed, as build_unit's unfused sums (device memory is never
+         * read by the CPU). */
+        for (uint32_t b = 0; b < t->num_blocks; b++) {
+            uint64_t len;
+            uint8_t *seg = sum_part(t, b, layer, &len);
+            t->layer_sums[(uint64_t)b * t->geo->num_layers + layer] =
+                kvt__hash64(seg, (size_t)len, layer);
+        }
+    }
     return rc != KVT_OK ? rc : sr;
 }
 

@@ -80,11 +80,12 @@ struct kvt_xfer_task {
      * ops->record per layer (the backend may create the event in a NULL
      * slot). NULL: no events. */
     void **layer_events;
-    /* Optional, gather with a host (synchronous) copy only: num_blocks x
-     * num_layers slots; the worker that copies layer l of block b writes
-     * layer_sums[b * num_layers + l] = kvt__hash64(that layer's bytes in the
-     * block, seed l) right after the copy, while they are in its cache (the
-     * node server's client checksums its stores so, in the copy's pass).
+    /* Optional, gather only: num_blocks x num_layers slots; the worker that
+     * copies layer l of block b writes layer_sums[b * num_layers + l] =
+     * kvt__hash64(that layer's bytes in the block, seed l): with a host
+     * copy right after the copy, while they are in its cache; with
+     * asynchronous ops (CUDA) after the unit's sync, one pass over the
+     * landed bytes (the node server's client checksums its stores so).
      * Slots of layers not copied (a failed or cancelled task) are unset. */
     uint64_t *layer_sums;
 

@@ -397,8 +397,8 @@ static void memory_kind_checks(void **state)
     m.kind = KVT_MEMORY_CUDA;
     assert_status(kvt__page_map_init_fn(map, g, &m, "kvt_pd_sender_create"), KVT_EUNSUPPORTED);
     assert_string_equal(kvt_last_error(), "kvt_pd_sender_create: CUDA device memory is not "
-                                          "supported here yet (only kvt_cache_register_memory "
-                                          "takes it; docs/gpu.md)");
+                                          "supported here yet (kvt_cache_register_memory and "
+                                          "kvt_client_register_memory take it; docs/gpu.md)");
     assert_int_equal(kvt_abi_struct_size("kvt_engine_memory"), sizeof(kvt_engine_memory));
     free(map);
     kvt_geometry_destroy(g);
