@@ -15,6 +15,13 @@ the bytes are. The logical shapes (num_blocks may be any number):
   MLA backends                           (num_blocks, block_size, head_size)
   TORCH_SDPA (older CPU backend)         (2, num_blocks, block_size * heads * head_size)
 
+Host tensors (numpy arrays, CPU torch tensors) and CUDA tensors (torch on
+a GPU, recognised by duck typing: data_ptr(), device.type == "cuda",
+device.index, shape, stride(), element_size(), dtype) are read alike: for
+a CUDA tensor the uint8 view below is only an address calculator over the
+device pointer (numpy never reads it; DeviceView hands each component to
+kvtier's registration, which registers it as KVT_MEMORY_CUDA).
+
 kvtier takes one buffer per layer and component whose page p is block p,
 dense or strided between blocks (kvt_engine_memory page_strides), and
 treats a block's bytes as opaque; the connector names their order in the
@@ -27,7 +34,11 @@ strides, kernel block sizes other than vLLM's block size, and any other
 shape."""
 import ctypes
 
+import types
+
 import numpy as np
+
+from ._arrays import cuda_device
 
 KNOWN_SHAPES = ("(2, num_blocks, block_size, num_kv_heads, head_size) (FlashAttention, any "
                 "stride order), (2, num_blocks, num_kv_heads, block_size, head_size) "
@@ -48,13 +59,28 @@ def dtype_info(d):
 
 
 class HostKV:
-    """One layer's host tensor: its logical shape, its dims in memory order
-    and a uint8 view of its memory in that order (last dim in bytes). No
-    copy: the view aliases the tensor."""
+    """One layer's tensor: its logical shape, its dims in memory order and
+    a uint8 view of its memory in that order (last dim in bytes). No copy:
+    the view aliases the tensor. device: None for host memory, else the
+    CUDA device ordinal (the view then must never be read: device memory)."""
 
     def __init__(self, t, what):
         self.what = what
-        if isinstance(t, np.ndarray):
+        self.device = cuda_device(t)
+        if self.device is not None:
+            if self.device < 0:
+                raise ValueError("kvtier: %s is a CUDA tensor whose device has no index"
+                                 % what)
+            self.dtype, self.elem = str(t.dtype).replace("torch.", ""), int(t.element_size())
+            shape = tuple(int(n) for n in t.shape)
+            if not callable(getattr(t, "stride", None)):
+                raise ValueError("kvtier: %s: a CUDA tensor without stride()" % what)
+            strides = tuple(int(x) * self.elem for x in t.stride())
+            ptr = int(t.data_ptr())
+            if ptr == 0:
+                raise ValueError("kvtier: %s: null data pointer" % what)
+            self.owner = t
+        elif isinstance(t, np.ndarray):
             self.dtype, self.elem = dtype_info(t.dtype)
             shape, strides = tuple(t.shape), tuple(t.strides)
             ptr = t.ctypes.data
@@ -62,8 +88,7 @@ class HostKV:
         elif type(t).__module__.startswith("torch"):
             if t.device.type != "cpu":
                 raise ValueError("kvtier: %s is a %s tensor; kvtier's connector moves host "
-                                 "memory only until its CUDA data path exists (use CPU KV "
-                                 "caches, or vLLM's CPU backend)" % (what, t.device.type))
+                                 "(CPU) and CUDA tensors only" % (what, t.device.type))
             self.dtype, self.elem = str(t.dtype).replace("torch.", ""), int(t.element_size())
             shape = tuple(t.shape)
             stride = t.stride() if callable(getattr(t, "stride", None)) else None
@@ -88,14 +113,51 @@ class HostKV:
             if not base.flags.writeable:
                 raise ValueError("kvtier: %s is read-only (loads write into it)" % what)
             raw = base.view(np.uint8)
-        else:
+        else:  # a torch tensor's memory (device memory: addresses only, never read)
             raw = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
         self.mem = raw.reshape(phys[:-1] + (phys[-1] * self.elem,))
         self.phys = phys
 
+    def component(self, arr):
+        """What kvtier registers for one component view from parse_layer:
+        the view itself (host), or a DeviceView of it (CUDA)."""
+        return arr if self.device is None else DeviceView(arr, self.device, self.owner)
+
     def permuted(self):
         """True when the memory order is not the logical one."""
         return self.order != tuple(range(len(self.shape)))
+
+
+class DeviceView:
+    """A component of a CUDA tensor as kvtier's registration reads one
+    (cache.register_memory, duck-typed like a torch CUDA tensor): shape,
+    stride() and element_size() of bytes, data_ptr() of its first byte, the
+    device; owner (the engine's tensor) is kept alive with it. arr is the
+    numpy address view parse_layer cut (never read)."""
+
+    def __init__(self, arr, device, owner):
+        self.shape = tuple(arr.shape)
+        self._strides = tuple(arr.strides)
+        self._ptr = int(arr.ctypes.data)
+        self._contiguous = bool(arr.flags.c_contiguous)
+        self._numel = int(arr.size)
+        self.device = types.SimpleNamespace(type="cuda", index=device)
+        self.owner = owner
+
+    def data_ptr(self):
+        return self._ptr
+
+    def stride(self):
+        return self._strides
+
+    def element_size(self):
+        return 1
+
+    def numel(self):
+        return self._numel
+
+    def is_contiguous(self):
+        return self._contiguous
 
 
 def _dense_strides(shape, elem):

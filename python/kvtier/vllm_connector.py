@@ -37,13 +37,16 @@ update_state_after_alloc queues the load, request_finished queues the store
 and holds the blocks (True) until every worker reported the save in
 get_finished; build_connector_meta hands both to the workers.
 
-Worker role: register_kv_caches (host tensors; their shape and strides say
-the backend's layout, kvtier._vllm_kv; CUDA tensors refused until kvtier's
-CUDA data path exists); start_load_kv
+Worker role: register_kv_caches (host tensors, or CUDA tensors of one
+device, registered as KVT_MEMORY_CUDA: kvtier's CUDA backend copies; their
+shape and strides say the backend's layout, kvtier._vllm_kv); start_load_kv
 looks up and launches this step's loads (the request's computed prefix
 blocks given as PAGE_SKIP: a kvtier load starts at block 0) and stores;
 a synchronous load (load_async False) is waited for layer by layer in
-wait_for_layer_load and ended in wait_for_save; an
+wait_for_layer_load (CUDA in-process: the engine's current stream waits
+on the layer's event, kvt_cache_stream_wait_layer; through the server, or
+host memory: the CPU waits until the layer landed) and ended in
+wait_for_save; an
 asynchronous one (load_async True, the default in socket mode: vLLM then
 schedules the request once get_finished reports it received) and every
 store run behind the forward passes and are reported by get_finished. Blocks
@@ -331,6 +334,13 @@ class KvtierConnector(KVConnectorBase_V1):
         self.namespace = None
         self.shape = None
         self._layers = {}
+        self.device = None        # worker: the KV tensors' CUDA device, None: host
+        self._torch_kv = False    # worker: real torch CUDA tensors (their streams exist)
+        # worker: layer waits go to the engine's CUDA stream: CUDA tensors
+        # in-process (kvt_cache_stream_wait_layer). A node server's client
+        # offers no layer events: its wait_layer returns once the layer's
+        # copies are synchronized on kvtier's stream.
+        self._stream_waits = False
         self._mu = threading.Lock()
         # worker state: loads and stores in flight, what ended
         self._sync = []           # [spec, task, matched, failed]
@@ -505,6 +515,13 @@ class KvtierConnector(KVConnectorBase_V1):
         layers = [HostKV(kv_caches[n], "kv_caches[%r]" % n) for n in names]
         parsed = [parse_layer(kv, self.block_size, self.layout, *spec) for kv in layers]
         first, p0 = layers[0], parsed[0]
+        for n, kv in zip(names, layers):
+            if kv.device != first.device:
+                def where(d):
+                    return "host memory" if d is None else "on CUDA device %d" % d
+                raise ValueError("kvtier: kv_caches[%r] is %s but kv_caches[%r] is %s; every "
+                                 "layer must be host memory or on one CUDA device"
+                                 % (names[0], where(first.device), n, where(kv.device)))
         for n, kv, p in zip(names, layers, parsed):
             if (kv.shape, kv.order, kv.dtype) != (first.shape, first.order, first.dtype):
                 raise ValueError("kvtier: kv_caches[%r] is %s %s in memory order %s; the first "
@@ -527,10 +544,15 @@ class KvtierConnector(KVConnectorBase_V1):
         cache = self._attach(self.shape, "worker tp %d pp %d" % (self.tp_rank, self.pp_rank),
                              self.pp_rank) if self.socket is not None else self._open_local()
         try:
-            cache.register_buffers(p0.num_blocks, [p.comps for p in parsed])
+            cache.register_buffers(p0.num_blocks, [[kv.component(c) for c in p.comps]
+                                                   for kv, p in zip(layers, parsed)])
         except BaseException:
             cache.close()
             raise
+        self.device = first.device
+        self._stream_waits = first.device is not None and self.socket is None
+        self._torch_kv = first.device is not None and type(first.owner).__module__.startswith(
+            "torch")
         self.cache = cache
         if self.socket is None:
             with _CACHES_MU:
@@ -583,6 +605,8 @@ class KvtierConnector(KVConnectorBase_V1):
         self._require()
         for spec in meta.loads:
             self._start_load(spec)
+        if meta.saves:
+            self._engine_sync()
         for spec in meta.saves:
             self._start_save(spec)
 
@@ -673,7 +697,9 @@ class KvtierConnector(KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name):
         """Returns once this layer of every synchronous load in flight has
-        landed; a load that fails here is reported whole by
+        landed (CUDA KV in-process: once the engine's current stream waits
+        on the layer's event, the copies enqueued; every wait bounded by
+        the timeout); a load that fails here is reported whole by
         get_block_ids_with_load_errors (the layer the forward pass ran on
         was not whole). Asynchronous loads are not waited for: their
         requests are not in this forward pass."""
@@ -683,14 +709,35 @@ class KvtierConnector(KVConnectorBase_V1):
         if layer is None:
             raise ValueError("kvtier: wait_for_layer_load(%r): not a registered layer"
                              % (layer_name,))
+        stream = self._engine_stream() if self._stream_waits else None
         for load in self._sync:
             if load[3]:
                 continue
             try:
-                self.cache.wait_layer(load[1], layer, self.timeout)
+                if stream is None:
+                    self.cache.wait_layer(load[1], layer, self.timeout)
+                else:  # the layer's copies enqueued (bounded); the stream waits on them
+                    self.cache.stream_wait_layer(load[1], layer, stream, self.timeout)
             except KvtierError as e:
                 logger.warning("kvtier: load of %s, layer %s: %s", load[0].req_id, layer_name, e)
                 load[3] = True
+
+    def _engine_stream(self):
+        """The stream vLLM runs this layer's attention on: torch's current
+        stream of the KV device (real torch tensors), else 0 (the legacy
+        default stream: duck-typed stand-ins under a fake runtime)."""
+        if not self._torch_kv:
+            return 0
+        import torch  # type: ignore
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def _engine_sync(self):
+        """Before a store of CUDA KV: kvtier copies on its own streams, so
+        whatever the engine's current stream still has queued (the last
+        forward pass's KV writes) finishes first."""
+        if self._torch_kv:
+            import torch  # type: ignore
+            torch.cuda.current_stream(self.device).synchronize()
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         """Nothing per layer: stores are of finished requests' whole blocks,

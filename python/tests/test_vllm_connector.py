@@ -319,12 +319,12 @@ class Engine(EngineBase):
                                     "block size other than"):
             w.register_kv_caches({"l0": np.zeros((2, 4, 8, 2, 8), np.float16)})
 
-        class Cuda:
+        class Xla:
             __module__ = "torch"
-            device = types.SimpleNamespace(type="cuda")
-        with self.assertRaisesRegex(ValueError, "cuda tensor; kvtier's connector moves host "
-                                    "memory only"):
-            w.register_kv_caches({"l0": Cuda()})
+            device = types.SimpleNamespace(type="xla")
+        with self.assertRaisesRegex(ValueError, "xla tensor; kvtier's connector moves host "
+                                    r"\(CPU\) and CUDA tensors only"):
+            w.register_kv_caches({"l0": Xla()})
         # without a worker in this process the scheduler answers 0
         s = vc.KvtierConnector(vllm_config(engine="nobody"), vc.KVConnectorRole.SCHEDULER, None)
         self.assertEqual(s.get_num_new_matched_tokens(Request("x", list(range(20))), 0),
@@ -887,6 +887,116 @@ class LoadModes(EngineBase):
         self.assertEqual(spy.layers, [0, 1])
         self.worker.cache = spy.inner
 
+
+
+def fake_cudart_path():
+    """tests/fake_cudart.c built next to the library under test
+    (build/tests/libfake_cudart.so), or KVTIER_FAKE_CUDART; None if absent."""
+    import os
+    from kvtier import _lib
+    path = os.environ.get("KVTIER_FAKE_CUDART") or os.path.join(
+        os.path.dirname(os.path.abspath(_lib.LIB_PATH)), "tests", "libfake_cudart.so")
+    return path if os.path.exists(path) else None
+
+
+class CudaKVFakeRuntime(unittest.TestCase):
+    """CUDA KV tensors (torch's surface, duck-typed) driven as vLLM drives
+    the connector, over the fake CUDA runtime: vllm_cuda_cases, run in a
+    child process because the library loads its CUDA runtime once per
+    process. In-process (the engine stream waits on each layer's event)
+    for FlashAttention NHD and HND stride order, FlashInfer NHD and HND,
+    MLA; through a `kvtier serve` (one engine stores from its CUDA KV,
+    another loads into its CUDA KV and a host engine loads the same
+    blocks); every loaded block byte-checked right after its layer's wait;
+    host memory posing as CUDA refused by the library. batch and memcpy
+    copy modes."""
+
+    def run_cases(self, copy_mode):
+        import os
+        import subprocess
+        import sys
+        from kvtier import _lib
+        fake = fake_cudart_path()
+        if fake is None:
+            self.skipTest("no fake CUDA runtime next to %s (build tests/fake_cudart.c, or set "
+                          "KVTIER_FAKE_CUDART)" % _lib.LIB_PATH)
+        env = dict(os.environ, KVTIER_CUDART=fake, KVTIER_TEST_FAKE_CUDA="1",
+                   KVTIER_LIB=os.path.abspath(_lib.LIB_PATH), KVTIER_CUDA_COPY=copy_mode)
+        here = os.path.dirname(os.path.abspath(__file__))
+        r = subprocess.run([sys.executable, "-m", "unittest", "-v", "vllm_cuda_cases"],
+                           cwd=here, env=env, capture_output=True, text=True, timeout=150)
+        out = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, out)
+        self.assertNotIn("skipped", out, out)  # every case ran
+        self.assertRegex(out, r"Ran 9 tests")
+
+    def test_batch_copies(self):
+        self.run_cases("batch")
+
+    def test_memcpy_copies(self):
+        self.run_cases("memcpy")
+
+
+class HostBackedCuda:
+    """A CUDA tensor's surface over host memory (never registered: the
+    connector refuses before registering)."""
+
+    def __init__(self, a, index=0):
+        self.a, self.shape, self.dtype = a, a.shape, a.dtype
+        self.device = types.SimpleNamespace(type="cuda", index=index)
+
+    def stride(self):
+        return tuple(s // self.a.itemsize for s in self.a.strides)
+
+    def element_size(self):
+        return self.a.itemsize
+
+    def data_ptr(self):
+        return self.a.ctypes.data
+
+
+class CudaRefusals(unittest.TestCase):
+    """CUDA KV refused before anything is registered or attached, naming
+    why: mixed host and device layers, two devices, layouts kvtier cannot
+    move."""
+
+    def worker(self, engine):
+        w = vc.KvtierConnector(vllm_config(engine=engine), vc.KVConnectorRole.WORKER, None)
+        self.addCleanup(w.shutdown)
+        return w
+
+    def test_mixed_devices(self):
+        kv = kv_arrays("NHD")
+        names = list(kv)
+        w = self.worker("mixed")
+        mixed = dict(kv, **{names[0]: HostBackedCuda(kv[names[0]])})
+        with self.assertRaisesRegex(ValueError, r"kv_caches\['model.layers.0.self_attn.attn'\] "
+                                    r"is on CUDA device 0 but kv_caches\['model.layers.1."
+                                    r"self_attn.attn'\] is host memory; every layer must be "
+                                    r"host memory or on one CUDA device"):
+            w.register_kv_caches(mixed)
+        self.assertIsNone(w.cache)
+        two = {n: HostBackedCuda(a, index=i % 2) for i, (n, a) in enumerate(kv.items())}
+        with self.assertRaisesRegex(ValueError, r"is on CUDA device 0 but kv_caches\['model."
+                                    r"layers.1.self_attn.attn'\] is on CUDA device 1"):
+            w.register_kv_caches(two)
+        self.assertIsNone(w.cache)
+
+    def test_unsupported_layouts(self):
+        w = self.worker("cuda-shapes")
+        sdpa = np.zeros((2, BLOCKS, BS * HEADS * DIM), np.float16)
+        with self.assertRaisesRegex(ValueError, r"TORCH_SDPA's \(2, num_blocks, block_size"):
+            w.register_kv_caches({"l0": HostBackedCuda(sdpa)})
+        padded = np.zeros((2, BLOCKS, BS, HEADS, DIM + 8), np.float16)[..., :DIM]
+        with self.assertRaisesRegex(ValueError, r"not a dense tensor in any dim order"):
+            w.register_kv_caches({"l0": HostBackedCuda(padded)})
+        with self.assertRaisesRegex(ValueError, r"has shape \(3, 4, 4, 2, 8\); kvtier knows"):
+            w.register_kv_caches({"l0": HostBackedCuda(np.zeros((3, 4, BS, 2, 8), np.float16))})
+        noindex = HostBackedCuda(kv_arrays("NHD", layers=1)["model.layers.0.self_attn.attn"])
+        noindex.device.index = None
+        with self.assertRaisesRegex(ValueError, "a CUDA tensor whose device has no index"):
+            w.register_kv_caches({"l0": noindex})
+        self.assertIsNone(w.cache)
 
 
 class ServerDownAtStart(unittest.TestCase):
