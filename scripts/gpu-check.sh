@@ -19,7 +19,8 @@
 #          and the verdict says so;
 #       3. tests/unit/test_cuda_plan and test_cuda (a "skipped: no CUDA
 #          device" there is a FAILURE: this script runs only where a GPU is);
-#          python/tests/test_cuda_memory with real torch CUDA tensors;
+#          python/tests/test_cuda_memory and test_vllm_cuda_torch (the vLLM
+#          connector) with real torch CUDA tensors, when torch sees the GPU;
 #       4. kvtier bench copy --device cuda --json (target: best mode's
 #          gather and scatter >= 0.9x one contiguous cudaMemcpy);
 #       5. kvtier bench pd --json (16 cores: the UCX hand-off ratio).
@@ -176,8 +177,18 @@ if $py -c 'import torch, numpy; assert torch.cuda.is_available()' >/dev/null 2>&
         note "python test_cuda_memory: FAILED"
         failed=1
     fi
+    # The vLLM connector with real torch CUDA KV (FlashAttention NHD/HND,
+    # FlashInfer, MLA in-process; one engine to another through kvtier serve).
+    if (cd python/tests && KVTIER_LIB=$here/$lib KVTIER_BIN=$here/$cli PYTHONPATH=$here/python \
+            run python_vllm_cuda "$tlog" $py -m unittest -v test_vllm_cuda_torch) &&
+       ! grep -q "skipped: no CUDA device (torch" "$tlog"; then
+        note "python test_vllm_cuda_torch (vLLM connector, torch CUDA KV): passed"
+    else
+        note "python test_vllm_cuda_torch: FAILED"
+        failed=1
+    fi
 else
-    note "python test_cuda_memory: not run (no python3 with torch+numpy seeing a GPU)"
+    note "python test_cuda_memory, test_vllm_cuda_torch: not run (no python3 with torch+numpy seeing a GPU)"
 fi
 
 # 4. bench copy --device cuda

@@ -26,12 +26,18 @@ SRC = list(range(0, 8))
 DST = list(range(16, 24))
 
 
-def setUpModule():
+def imports():
+    """The modules the engines use (also for test_vllm_cuda_torch)."""
     skip_if_unloadable()
-    global kvtier, vc, fakes, RT
+    global kvtier, vc, fakes
     import kvtier
     import kvtier.vllm_connector as vc
     import _vllm_fakes as fakes
+
+
+def setUpModule():
+    imports()
+    global RT
     path = os.environ.get("KVTIER_CUDART")
     if not path or not os.environ.get("KVTIER_TEST_FAKE_CUDA"):
         raise RuntimeError("vllm_cuda_cases runs under the fake CUDA runtime only "
@@ -109,10 +115,36 @@ def make_kv(layout, seed, memory="device"):
             for i in range(LAYERS)}
 
 
+def _bytes(t):
+    """The layer's allocation as uint8 in memory order (numpy, or a torch
+    CUDA tensor for test_vllm_cuda_torch)."""
+    if isinstance(t.phys, np.ndarray):
+        return t.phys.view(np.uint8)
+    import torch
+    return t.phys.view(torch.uint8)
+
+
+def _host(x):
+    return x.copy() if isinstance(x, np.ndarray) else x.cpu().numpy()
+
+
 def block(t, layout, b):
-    """Block b's bytes of one layer (all of K and V)."""
-    u8 = t.phys.view(np.uint8)
-    return (u8[:, b] if LAYOUTS[layout][3] else u8[b]).copy()
+    """Block b's bytes of one layer (all of K and V), on the host."""
+    u8 = _bytes(t)
+    return _host(u8[:, b] if LAYOUTS[layout][3] else u8[b])
+
+
+def fill_blocks(t, layout, blocks, value):
+    u8 = _bytes(t)
+    for b in blocks:
+        if LAYOUTS[layout][3]:
+            u8[:, b] = value
+        else:
+            u8[b] = value
+
+
+def whole(t):
+    return _host(_bytes(t))
 
 
 class Spy:
@@ -189,12 +221,8 @@ class Engine:
         (the bytes of block SRC[i] where they were stored), and that
         nothing outside DST changed."""
         for t in self.kv.values():  # the destination holds other bytes first
-            u8 = t.phys.view(np.uint8)
-            if LAYOUTS[self.layout][3]:
-                u8[:, DST] = 0xA5
-            else:
-                u8[DST] = 0xA5
-        before = [t.phys.view(np.uint8).copy() for t in self.kv.values()]
+            fill_blocks(t, self.layout, DST, 0xA5)
+        before = [whole(t) for t in self.kv.values()]
         b = fakes.Request(rid, TOKENS, BS)
         self.test.assertEqual(self.sched.get_num_new_matched_tokens(b, 0), (32, False))
         self.sched.update_state_after_alloc(b, fakes.Blocks(DST + [30]), 32)
@@ -214,7 +242,7 @@ class Engine:
         self.test.assertEqual(errors, set())
         self.test.assertEqual(checked, list(range(LAYERS)))
         for i, t in enumerate(ts):  # nothing else written
-            now, was = t.phys.view(np.uint8), before[i]
+            now, was = whole(t), before[i]
             for j, d in enumerate(DST):
                 if LAYOUTS[self.layout][3]:
                     was[:, d] = expect[i][j]
