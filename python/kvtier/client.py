@@ -76,7 +76,9 @@ class Client(Handle):
             self.geometry.close()
 
     def register_buffers(self, num_pages, buffers=None, base=None):
-        """Registers the engine's host KV buffers, as Cache.register_buffers."""
+        """Registers the engine's KV buffers (host, or CUDA tensors of one device:
+        kvt_client_register_memory pins the server's tier mapping), as
+        Cache.register_buffers."""
         mem, keep = register_memory("register_buffers", self.geometry, num_pages, buffers, base)
         self._register(mem, keep)
 

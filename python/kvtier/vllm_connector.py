@@ -381,6 +381,17 @@ class KvtierConnector(KVConnectorBase_V1):
             return None
         return kv_layout(vllm_config, extra)[0]
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        """True when workers wait for loads layer by layer in the forward
+        pass (load_async false: the default in-process), which a captured
+        full CUDA graph would skip: vLLM then captures piecewise, running
+        attention (and wait_for_layer_load before it) eagerly. Asynchronous
+        loads (the default in socket mode) wait for nothing in the forward
+        pass."""
+        extra = dict(extra_config or {})
+        return not bool(extra.get("load_async", extra.get("socket") is not None))
+
     def _check_extra(self):
         unknown = sorted(set(self.extra) - set(EXTRA_KEYS))
         if unknown:

@@ -955,6 +955,18 @@ class HostBackedCuda:
         return self.a.ctypes.data
 
 
+class CudaGraphs(unittest.TestCase):
+    def test_piecewise_when_loads_wait_per_layer(self):
+        """A synchronous load is waited for layer by layer inside the
+        forward pass: a full CUDA graph would skip those waits."""
+        req = vc.KvtierConnector.requires_piecewise_for_cudagraph
+        self.assertTrue(req({}))                                   # in-process: sync
+        self.assertFalse(req({"socket": "/run/k.sock"}))           # socket: async
+        self.assertTrue(req({"socket": "/run/k.sock", "load_async": False}))
+        self.assertFalse(req({"load_async": True}))
+        self.assertTrue(req(None))
+
+
 class CudaRefusals(unittest.TestCase):
     """CUDA KV refused before anything is registered or attached, naming
     why: mixed host and device layers, two devices, layouts kvtier cannot
