@@ -53,7 +53,7 @@ grep -q '^{"socket":"'"$S"'","geometries":\[{"geometry":"g[0-9a-f]\{16\}","num_l
 grep -q '"lookups":0,' "$T/stats.json" &&
 grep -Eq '"cpu_blocks_total":[1-9][0-9]*,' "$T/stats.json" &&
 grep -Eq '"block_bytes":[1-9][0-9]*,' "$T/stats.json" &&
-grep -q '"totals":{"geometries":1,"lookups":0,.*"hit_rate":0.0000}}$' "$T/stats.json" ||
+grep -q '"totals":{"geometries":1,"cpu_bytes_used":0,"cpu_bytes_capacity":[1-9][0-9]*,"lookups":0,.*"hit_rate":0.0000}}$' "$T/stats.json" ||
     { echo "cli_serve: stats --json:"; cat "$T/stats.json"; exit 1; }
 # stats needs only the socket; a geometry given that the server does not
 # hold is an error naming the ones it holds.
@@ -145,11 +145,12 @@ attach "$A" 2 && attach "$A" 1 ||
 # Two geometries: a section each and the totals; --json an array and totals.
 "$K" stats --socket "$A" >"$T/any.txt" 2>&1 &&
 [ "$(grep -c "^geometry g[0-9a-f]\{16\}: 4 layers, [0-9]* bytes per token, 16 tokens per page, block_tokens 16$" "$T/any.txt")" -eq 2 ] &&
-grep -q "^totals (2 geometries)$" "$T/any.txt" ||
+grep -q "^totals (2 geometries)$" "$T/any.txt" &&
+grep -q "^  CPU tier     0.0 / 16.0 MiB (0.0%), one capacity shared by the geometries$" "$T/any.txt" ||
     { echo "cli_serve: stats of two geometries:"; cat "$T/any.txt"; exit 1; }
 "$K" stats --socket "$A" --json >"$T/any2.json" 2>&1 &&
 [ "$(grep -o '"geometry":"g[0-9a-f]*"' "$T/any2.json" | sort -u | wc -l)" -eq 2 ] &&
-grep -q '"totals":{"geometries":2,' "$T/any2.json" ||
+grep -q '"totals":{"geometries":2,"cpu_bytes_used":0,"cpu_bytes_capacity":16777216,' "$T/any2.json" ||
     { echo "cli_serve: stats --json of two geometries:"; cat "$T/any2.json"; exit 1; }
 "$K" stats --socket "$A" --model tiny --tp 1 >"$T/any1.txt" 2>&1 &&
 [ "$(grep -c "^geometry g" "$T/any1.txt")" -eq 1 ] ||

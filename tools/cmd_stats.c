@@ -78,12 +78,28 @@ static void print_fields(const kvt_cache_stats *s, bool total)
 {
     const char *sep = "";
     for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) {
-        if (total && !strcmp(FIELDS[i].name, "block_bytes")) continue; /* one per tier */
+        /* Blocks of different sizes do not add up: totals give bytes. */
+        if (total && (!strcmp(FIELDS[i].name, "block_bytes") ||
+                      !strncmp(FIELDS[i].name, "cpu_blocks_", 11)))
+            continue;
         printf("%s\"%s\":%llu", sep, FIELDS[i].name, (unsigned long long)get(s, &FIELDS[i]));
         sep = ",";
     }
     double hit = s->lookup_tokens ? (double)s->hit_tokens / (double)s->lookup_tokens : 0.0;
     printf(",\"hit_rate\":%.4f", hit);
+}
+
+/* The CPU tier in bytes over all geometries. They share one capacity
+ * (each tier may grow to all of it), so the capacity is the largest
+ * tier's, not the sum. */
+static void cpu_bytes(const kvt_tier_stats *t, uint32_t n, uint64_t *used, uint64_t *cap)
+{
+    *used = *cap = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t bb = t[i].stats.block_bytes, c = t[i].stats.cpu_blocks_total * bb;
+        *used += t[i].stats.cpu_blocks_used * bb;
+        if (c > *cap) *cap = c;
+    }
 }
 
 /* Every field of the tiers added up (block_bytes aside). */
@@ -111,7 +127,10 @@ static void print_json(const char *sock, const kvt_tier_stats *t, uint32_t n,
         print_fields(&t[i].stats, false);
         printf("}");
     }
-    printf("],\"totals\":{\"geometries\":%u,", n);
+    uint64_t used, cap;
+    cpu_bytes(t, n, &used, &cap);
+    printf("],\"totals\":{\"geometries\":%u,\"cpu_bytes_used\":%llu,\"cpu_bytes_capacity\":%llu,",
+           n, (unsigned long long)used, (unsigned long long)cap);
     print_fields(tot, true);
     printf("}}\n");
 }
@@ -133,8 +152,8 @@ static void print_rates(const kvt_cache_stats *s, const kvt_cache_stats *prev, d
            (double)(s->stored_bytes - prev->stored_bytes) * mib / secs);
 }
 
-/* One tier's figures, or the totals (total: no block size). */
-static void print_section(const kvt_cache_stats *s, bool total)
+/* One tier's figures, or (tiers given) the totals of these n. */
+static void print_section(const kvt_cache_stats *s, const kvt_tier_stats *tiers, uint32_t n)
 {
     double mib = 1.0 / (1024.0 * 1024.0);
     printf("  lookups      %llu (%llu tokens, %.1f%% hit, %llu from SSD)\n",
@@ -144,10 +163,11 @@ static void print_section(const kvt_cache_stats *s, bool total)
            (unsigned long long)s->stored_blocks, (double)s->stored_bytes * mib);
     printf("  loads        %llu (%llu blocks, %.1f MiB)\n", (unsigned long long)s->loads,
            (unsigned long long)s->loaded_blocks, (double)s->loaded_bytes * mib);
-    if (total)
-        printf("  CPU tier     %llu / %llu blocks (%.1f%%)\n",
-               (unsigned long long)s->cpu_blocks_used, (unsigned long long)s->cpu_blocks_total,
-               pct(s->cpu_blocks_used, s->cpu_blocks_total));
+    uint64_t used, cap;
+    cpu_bytes(tiers, n, &used, &cap);
+    if (tiers)
+        printf("  CPU tier     %.1f / %.1f MiB (%.1f%%), one capacity shared by the geometries\n",
+               (double)used * mib, (double)cap * mib, pct(used, cap));
     else
         printf("  CPU tier     %llu / %llu blocks (%.1f%%) of %llu bytes\n",
                (unsigned long long)s->cpu_blocks_used, (unsigned long long)s->cpu_blocks_total,
@@ -182,11 +202,11 @@ static void print_text(const char *sock, const kvt_tier_stats *t, uint32_t n,
         printf("geometry %s: %u layers, %llu bytes per token, %u tokens per page, block_tokens %u\n",
                t[i].geometry, t[i].num_layers, (unsigned long long)t[i].bytes_per_token,
                t[i].tokens_per_page, t[i].block_tokens);
-        print_section(&t[i].stats, false);
+        print_section(&t[i].stats, NULL, 0);
     }
     if (n != 1) {
         printf("totals (%u geometr%s)\n", n, n == 1 ? "y" : "ies");
-        print_section(tot, true);
+        print_section(tot, t, n);
     }
 }
 
