@@ -653,6 +653,28 @@ kvt_status kvt_server_tier_stats(const char *socket_path, const kvt_geometry *ge
                                  int64_t timeout_ms, kvt_tier_stats *out, uint32_t max,
                                  uint32_t *count);
 
+/* One rule of a node server's server_quotas and its use now
+ * (kvt_server_quotas). */
+typedef struct kvt_quota_usage {
+    char prefix[256];        /* the rule's namespace prefix; "-" the default (empty)
+                              * namespace, "*" every namespace no other rule matches */
+    uint64_t limit_bytes;    /* CPU tier bytes its namespaces may hold */
+    uint64_t used_bytes;     /* CPU tier bytes they hold now, over every geometry */
+    uint64_t limited_blocks; /* blocks a store or SSD read-back did not get at the quota */
+    uint64_t evicted_blocks; /* own coldest blocks given up to make room */
+} kvt_quota_usage;
+
+/* The server_quotas rules of the server at socket_path and their use, in
+ * one round trip on a connection of its own that never attaches (as
+ * kvt_server_tier_stats). Writes min(*count, max) rules to out (NULL when
+ * max is 0); *count gets how many the server has (0: no quotas).
+ * KVT_ECONN: no server answered in time; KVT_EAUTH, KVT_EVERSION,
+ * KVT_EPROTO, KVT_ESYS as for kvt_client_attach; KVT_EINVAL: a bad
+ * argument; KVT_ENOMEM. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+kvt_status kvt_server_quotas(const char *socket_path, int64_t timeout_ms, kvt_quota_usage *out,
+                             uint32_t max, uint32_t *count);
+
 /* Attaches to the server at socket_path: retries connecting until
  * timeout_ms (> 0) passes (so a client may start before its server), sends
  * geo, maps the shared CPU tier of that geometry. timeout_ms is also the

@@ -63,15 +63,22 @@ static uint64_t get(const kvt_cache_stats *s, const field *f)
 
 static double pct(uint64_t a, uint64_t b) { return b ? 100.0 * (double)a / (double)b : 0.0; }
 
-/* {"socket":"<sock, escaped>" */
-static void json_open(const char *sock)
+/* "<text, escaped>" (control characters dropped) */
+static void json_str(const char *text)
 {
-    printf("{\"socket\":\"");
-    for (const char *p = sock; *p; p++) {
+    putchar('"');
+    for (const char *p = text; *p; p++) {
         if (*p == '"' || *p == '\\') putchar('\\');
         if ((unsigned char)*p >= 0x20) putchar(*p);
     }
-    printf("\"");
+    putchar('"');
+}
+
+/* {"socket":"<sock, escaped>" */
+static void json_open(const char *sock)
+{
+    printf("{\"socket\":");
+    json_str(sock);
 }
 
 static void print_fields(const kvt_cache_stats *s, bool total)
@@ -114,8 +121,34 @@ static void sum(kvt_cache_stats *tot, const kvt_tier_stats *t, uint32_t n)
     tot->block_bytes = 0;
 }
 
+/* The server's server_quotas: "quotas":[...] in JSON, else a section. */
+static void print_quotas(const kvt_quota_usage *q, uint32_t nq, bool json)
+{
+    double mib = 1.0 / (1024.0 * 1024.0);
+    if (json) printf(",\"quotas\":[");
+    else if (nq) printf("quotas (server_quotas, CPU tier bytes per namespace prefix)\n");
+    for (uint32_t i = 0; i < nq; i++) {
+        if (json) {
+            printf("%s{\"prefix\":", i ? "," : "");
+            json_str(q[i].prefix);
+            printf(",\"limit_bytes\":%llu,\"used_bytes\":%llu,\"limited_blocks\":%llu,"
+                   "\"evicted_blocks\":%llu}", (unsigned long long)q[i].limit_bytes,
+                   (unsigned long long)q[i].used_bytes, (unsigned long long)q[i].limited_blocks,
+                   (unsigned long long)q[i].evicted_blocks);
+        } else {
+            printf("  %-24s %.1f / %.1f MiB (%.1f%%); %llu own blocks evicted for room, %llu "
+                   "blocks refused at the quota\n", q[i].prefix,
+                   (double)q[i].used_bytes * mib, (double)q[i].limit_bytes * mib,
+                   pct(q[i].used_bytes, q[i].limit_bytes),
+                   (unsigned long long)q[i].evicted_blocks,
+                   (unsigned long long)q[i].limited_blocks);
+        }
+    }
+    if (json) printf("]");
+}
+
 static void print_json(const char *sock, const kvt_tier_stats *t, uint32_t n,
-                       const kvt_cache_stats *tot)
+                       const kvt_cache_stats *tot, const kvt_quota_usage *q, uint32_t nq)
 {
     json_open(sock);
     printf(",\"geometries\":[");
@@ -132,7 +165,9 @@ static void print_json(const char *sock, const kvt_tier_stats *t, uint32_t n,
     printf("],\"totals\":{\"geometries\":%u,\"cpu_bytes_used\":%llu,\"cpu_bytes_capacity\":%llu,",
            n, (unsigned long long)used, (unsigned long long)cap);
     print_fields(tot, true);
-    printf("}}\n");
+    printf("}");
+    print_quotas(q, nq, true);
+    printf("}\n");
 }
 
 /* --watch's rates: what changed per second since the previous report
@@ -189,7 +224,8 @@ static void print_section(const kvt_cache_stats *s, const kvt_tier_stats *tiers,
 
 /* A section per geometry, then the totals when there are several (or none). */
 static void print_text(const char *sock, const kvt_tier_stats *t, uint32_t n,
-                       const kvt_cache_stats *tot, bool watch)
+                       const kvt_cache_stats *tot, const kvt_quota_usage *q, uint32_t nq,
+                       bool watch)
 {
     if (watch && isatty(STDOUT_FILENO)) printf("\033[H\033[2J");
     time_t now = time(NULL);
@@ -208,6 +244,7 @@ static void print_text(const char *sock, const kvt_tier_stats *t, uint32_t n,
         printf("totals (%u geometr%s)\n", n, n == 1 ? "y" : "ies");
         print_section(tot, t, n);
     }
+    print_quotas(q, nq, false);
 }
 
 int kvt_cmd_stats(int argc, char **argv)
@@ -247,11 +284,14 @@ int kvt_cmd_stats(int argc, char **argv)
     bool have_prev = false;
     struct timespec t_prev = {0, 0};
     static kvt_tier_stats tiers[64];
+    static kvt_quota_usage quotas[32];
     for (uint64_t n = 0; !g_stop;) {
-        uint32_t held = 0;
+        uint32_t held = 0, nq = 0;
         struct timespec t_now;
         /* A read of its own each report: nothing attaches, no tier is made. */
         st = kvt_server_tier_stats(sock, geo, (int64_t)timeout, tiers, 64, &held);
+        if (!st) st = kvt_server_quotas(sock, (int64_t)timeout, quotas, 32, &nq);
+        if (nq > 32) nq = 32;
         if (st && (!watch || st != KVT_ECONN)) {
             rc = demo_error(sock, st);
             break;
@@ -269,9 +309,9 @@ int kvt_cmd_stats(int argc, char **argv)
             }
             have_prev = false;
         } else if (json) {
-            print_json(sock, tiers, held, &tot);
+            print_json(sock, tiers, held, &tot, quotas, nq);
         } else {
-            print_text(sock, tiers, held, &tot, watch);
+            print_text(sock, tiers, held, &tot, quotas, nq, watch);
             if (watch)
                 print_rates(&tot, have_prev ? &prev : NULL,
                             (double)(t_now.tv_sec - t_prev.tv_sec) +

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cache/tasks.h"
+#include "cache/quota.h"
 #include "cache/share.h"
 #include "cache/tiers.h"
 #include "cuda/cuda.h"
@@ -127,6 +128,12 @@ kvt_status kvt__cache_create_shared(kvt_cache **out, const kvt_config *cfg,
 {
     if (!sh) return kvt__fail(KVT_EINVAL, "kvt__cache_create_shared: share is NULL");
     return create(out, cfg, geo, true, sh);
+}
+
+void kvt__cache_set_quota(kvt_cache *c, struct kvt_quota *q)
+{
+    c->quota = q;
+    kvt__pool_set_quotas(c->pool, q ? &q->pool : NULL);
 }
 
 kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo)

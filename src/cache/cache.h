@@ -79,6 +79,7 @@ struct kvt_cache {
     kvt_index *index;
     kvt_xfer *xfer;
     struct kvt_share *share; /* the capacity shared with other caches (share.h), or NULL */
+    struct kvt_quota *quota; /* byte quotas by namespace (quota.h), or NULL; set before use */
     bool memory_registered;
     kvt_page_map map;
     /* Engine memory on a CUDA device (docs/gpu.md): the copy backend, and
@@ -143,6 +144,9 @@ kvt_status kvt__request_check(const char *fn, const kvt_request *r, uint32_t blo
 uint32_t kvt__request_tokens(const kvt_cache *c, const kvt_request *r);
 uint32_t kvt__request_hashes(const kvt_cache *c, const kvt_request *r, kvt_hash128 *out,
                              uint32_t max);
+/* Byte quotas by namespace prefix for c's CPU tier (the caller's; it
+ * outlives c). Before c's first store or load, never changed after. */
+void kvt__cache_set_quota(kvt_cache *c, struct kvt_quota *q);
 /* kvt_cache_create; shared puts the CPU tier in a memfd (cache/external.h). */
 kvt_status kvt__cache_create_ex(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo,
                                 bool shared);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cache/cache.h"
+#include "cache/quota.h"
 #include "cache/tasks.h"
 #include "cache/tiers.h"
 #include "cuda/cuda.h"
@@ -77,6 +78,7 @@ uint32_t kvt__request_hashes(const kvt_cache *c, const kvt_request *r, kvt_hash1
 typedef struct scratch {
     kvt_hash128 *hashes;
     uint32_t *ids, *slots, *evicted;
+    uint8_t owner; /* the store's quota owner (quota.h), 0 for none */
 } scratch;
 
 static kvt_status scratch_alloc(scratch *s, uint32_t n)
@@ -377,6 +379,7 @@ static kvt_status fill_store_task(kvt_cache *c, kvt_task *t, const scratch *s,
     uint32_t r = t->num_repair;
     for (uint32_t i = 0; i < r; i++) {
         t->entries[i] = s->ids[sp->first + i];
+        kvt__index_set_tag(c->index, t->entries[i], s->owner);
         t->tmp_slots[i] = s->slots[i];
         t->blocks[i] = kvt__pool_block(c->pool, s->slots[i]);
     }
@@ -388,6 +391,7 @@ static kvt_status fill_store_task(kvt_cache *c, kvt_task *t, const scratch *s,
             kvt__index_abort(c->index, t->entries + r, i - r);
             return st;
         }
+        kvt__index_set_tag(c->index, t->entries[i], s->owner);
         t->blocks[i] = kvt__pool_block(c->pool, s->slots[i]);
         if (!sp->roots) parent = t->entries[i];
     }
@@ -412,7 +416,7 @@ static kvt_status prepare_locked(kvt_cache *c, scratch *s, uint32_t n, bool root
     uint32_t pin_from = sp.first ? sp.first - 1 : 0, pinned = sp.k - pin_from;
     kvt__index_pin(c->index, s->ids + pin_from, pinned);
     uint32_t repair = sp.k - sp.first;
-    uint32_t got = kvt__tiers_reserve_cpu(c, sp.n - sp.first, s->slots);
+    uint32_t got = kvt__tiers_reserve_cpu(c, sp.n - sp.first, s->slots, s->owner);
     kvt_status st = KVT_OK;
     kvt_task *t = NULL;
     /* Re-filled blocks come first: all of them, or no store at all. */
@@ -453,6 +457,7 @@ kvt_status kvt_cache_prepare_store(kvt_cache *c, const kvt_request *req, kvt_sto
     scratch s = {0};
     if ((st = scratch_alloc(&s, full))) return kvt__cache_fail(c, st);
     uint32_t n = kvt__request_hashes(c, req, s.hashes, full);
+    s.owner = kvt__quota_owner(c->quota, req->ns, req->ns_len);
     pthread_mutex_lock(&c->mu);
     st = prepare_locked(c, &s, n, (req->flags & KVT_REQ_INDEPENDENT_KEYS) != 0, out);
     pthread_mutex_unlock(&c->mu);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache/quota.h"
 #include "cache/share.h"
 #include "util/clock.h"
 
@@ -100,28 +101,70 @@ static uint32_t evict_leaves(kvt_cache *c, uint32_t want)
     return n;
 }
 
+typedef struct owned_by {
+    const kvt_pool *pool;
+    uint8_t owner;
+} owned_by;
+
+static bool is_owned_by(uint32_t slot, void *arg)
+{
+    const owned_by *o = arg;
+    return slot != KVT_POOL_NONE && kvt__pool_owner(o->pool, slot) == o->owner;
+}
+
+#define QUOTA_VISIT 128 /* candidates looked at for the owner's coldest block */
+
+/* Room for one more block of an owner at its quota: its own coldest block
+ * among the QUOTA_VISIT coldest candidates gives up its CPU copy (kept on
+ * the SSD when durable there, else evicted). False when none of those is
+ * the owner's: its store gets fewer blocks. */
+static bool make_owner_room(kvt_cache *c, uint8_t owner)
+{
+    owned_by o = {c->pool, owner};
+    uint32_t id = kvt__index_coldest_where(c->index, is_owned_by, &o, QUOTA_VISIT);
+    if (id == KVT_INDEX_NONE) return false;
+    uint32_t slot = kvt__index_payload(c->index, id);
+    if (c->ssd && c->ssd_state[id] == SSD_DURABLE) {
+        kvt__index_set_payload(c->index, id, KVT_POOL_NONE);
+        free_cpu_slot(c, slot);
+        c->stats.cpu_dropped_blocks++;
+    } else {
+        if (!kvt__index_remove_candidate(c->index, id)) return false;
+        kvt__tiers_removed(c, &id, &slot, 1);
+        c->stats.evicted_blocks++;
+    }
+    c->quota->evicted[owner]++;
+    return true;
+}
+
+#define RECLAIM_TRIES 4 /* another member may take the budget a reclaim freed */
+
 /* CPU slots come from the free list, then from CPU copies the SSD holds
  * too. Without an SSD tier, cold leaves are evicted. With one, a block
  * without a durable SSD copy is never thrown out to make CPU room (the SSD
- * would keep it): the store gets fewer blocks instead. */
-#define RECLAIM_TRIES 4 /* another member may take the budget a reclaim freed */
-
-uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots)
+ * would keep it): the store gets fewer blocks instead.
+ * An owner at its quota (quota.h) makes room from its own blocks only. */
+uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots, uint8_t owner)
 {
     uint32_t got = 0, tries = 0;
     while (got < want) {
-        uint32_t slot = kvt__pool_alloc(c->pool);
+        if (!kvt__pool_quota_room(c->pool, owner) && !make_owner_room(c, owner)) {
+            c->quota->limited[owner] += want - got;
+            break;
+        }
+        uint32_t slot = kvt__pool_alloc_for(c->pool, owner, false);
         if (slot == KVT_POOL_NONE && c->share && tries < RECLAIM_TRIES) {
             tries++;
             if (kvt__share_reclaim(c, want - got)) continue;
             tries = RECLAIM_TRIES; /* this cache's own blocks are the coldest */
         }
-        if (slot == KVT_POOL_NONE && c->ssd) slot = clock_take(c);
+        if (slot == KVT_POOL_NONE && c->ssd && (slot = clock_take(c)) != KVT_POOL_NONE)
+            kvt__pool_set_owner(c->pool, slot, owner); /* its charge moves to the new owner */
         if (slot != KVT_POOL_NONE) {
             slots[got++] = slot;
-            continue;
+        } else if ((c->ssd && !c->ssd_writes_off) || evict_leaves(c, want - got) == 0) {
+            break;
         }
-        if ((c->ssd && !c->ssd_writes_off) || evict_leaves(c, want - got) == 0) break;
     }
     return got;
 }
@@ -319,7 +362,7 @@ uint32_t kvt__tiers_plan_load(kvt_cache *c, kvt_task *t)
         /* No CPU copy: it must be durable on the SSD, or the load ends here. */
         if (!c->ssd || c->ssd_state[id] != SSD_DURABLE) break;
         uint32_t slot;
-        if (kvt__tiers_reserve_cpu(c, 1, &slot) == 0) break;
+        if (kvt__tiers_reserve_cpu(c, 1, &slot, kvt__index_tag(c->index, id)) == 0) break;
         t->tmp_slots[i] = slot;
         t->reads_left++;
     }

@@ -32,8 +32,10 @@ void kvt__tiers_free(kvt_cache *c);
 
 /* Up to want free CPU slots into slots: the free list first, then CPU copies
  * of blocks that are durable on the SSD (CLOCK), then whole cold leaves
- * (with an SSD tier only once it stopped taking writes). */
-uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots);
+ * (with an SSD tier only once it stopped taking writes). The slots are
+ * charged to owner (0: none); an owner at its quota frees its own coldest
+ * block first, or gets no more slots. */
+uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots, uint8_t owner);
 /* A budgeted pool (cache/share.h) gives up to want slots' memory back to
  * the share: free backed slots first, then CPU copies the SSD keeps, then
  * (as reserve_cpu) cold leaves. Returns slots given back. */

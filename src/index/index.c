@@ -52,7 +52,7 @@ typedef struct kvt_entry {
     uint32_t heap_pos; /* index in heap, KVT_INDEX_NONE when not a candidate */
     uint16_t freq;     /* LFU touch count, saturating, halved by decay */
     uint8_t state;     /* KVT_E_* */
-    uint8_t unused;
+    uint8_t tag;       /* the caller's (the store's quota owner) */
 } kvt_entry;
 
 _Static_assert(sizeof(kvt_entry) == 48, "kvt_entry is 48 bytes: see the memory budget");
@@ -339,6 +339,42 @@ bool kvt__index_coldest(const kvt_index *idx, uint16_t *freq, uint64_t *tick)
     *freq = idx->policy == KVT_EVICT_LFU ? e->freq : 0;
     *tick = e->tick;
     return true;
+}
+
+uint32_t kvt__index_coldest_where(const kvt_index *idx, bool (*want)(uint32_t payload, void *arg),
+                                  void *arg, uint32_t max_visit)
+{
+    /* Best-first over the heap: a node is colder than its children, so
+     * candidates come out coldest first. The frontier holds at most one
+     * node more than were visited. */
+    enum { MAX_VISIT = 128 };
+    uint32_t frontier[MAX_VISIT + 1], nf = 0;
+    if (max_visit > MAX_VISIT) max_visit = MAX_VISIT;
+    if (idx->heap_len) frontier[nf++] = 0;
+    for (uint32_t v = 0; v < max_visit && nf; v++) {
+        uint32_t best = 0;
+        for (uint32_t i = 1; i < nf; i++)
+            if (kvt__before(idx, idx->heap[frontier[i]], idx->heap[frontier[best]])) best = i;
+        uint32_t pos = frontier[best];
+        frontier[best] = frontier[--nf];
+        uint32_t id = idx->heap[pos];
+        if (want(idx->entries[id].payload, arg)) return id;
+        for (uint32_t c = 2 * pos + 1; c <= 2 * pos + 2 && c < idx->heap_len; c++)
+            if (nf < MAX_VISIT + 1) frontier[nf++] = c;
+    }
+    return KVT_INDEX_NONE;
+}
+
+uint8_t kvt__index_tag(const kvt_index *idx, uint32_t id)
+{
+    assert(kvt__live(idx, id));
+    return idx->entries[id].tag;
+}
+
+void kvt__index_set_tag(kvt_index *idx, uint32_t id, uint8_t tag)
+{
+    assert(kvt__live(idx, id));
+    idx->entries[id].tag = tag;
 }
 
 kvt_status kvt__index_create(kvt_index **out, uint32_t max_blocks, kvt_evict_policy policy)

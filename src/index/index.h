@@ -109,6 +109,14 @@ void kvt__index_share_clock(kvt_index *idx, _Atomic uint64_t *clock);
 /* The next eviction candidate's key: false when there is none. LRU: freq
  * is 0 and tick its last touch; LFU: its (freq, tick). Smaller is colder. */
 bool kvt__index_coldest(const kvt_index *idx, uint16_t *freq, uint64_t *tick);
+/* The coldest eviction candidate whose payload want() accepts, looking at
+ * no more than max_visit (at most 128) candidates coldest first;
+ * KVT_INDEX_NONE when none of those is. */
+uint32_t kvt__index_coldest_where(const kvt_index *idx, bool (*want)(uint32_t payload, void *arg),
+                                  void *arg, uint32_t max_visit);
+/* A byte of the caller's per entry (0 at insert): the quota owner. */
+uint8_t kvt__index_tag(const kvt_index *idx, uint32_t id);
+void kvt__index_set_tag(kvt_index *idx, uint32_t id, uint8_t tag);
 /* The entry of hash h in any state, or KVT_INDEX_NONE. */
 uint32_t kvt__index_find(const kvt_index *idx, kvt_hash128 h);
 /* Entry ids are below this; kvt__index_live says which are in use (a scan). */

@@ -50,6 +50,12 @@ void kvt__metrics_histogram(kvt_mbuf *b, const char *name, const char *help,
 /* ------------------------------------------------------------------ */
 /* Rendering                                                          */
 
+/* The server_quotas families, one sample per rule labelled prefix="...":
+ * kvtier_quota_bytes, kvtier_quota_used_bytes and the blocks limited and
+ * evicted. Nothing for NULL or no rules. */
+struct kvt_quota;
+void kvt__metrics_quotas(kvt_mbuf *b, const struct kvt_quota *q);
+
 /* Called at the end of a render to add families (the node server's). */
 typedef void (*kvt_metrics_extra_fn)(kvt_mbuf *b, void *arg);
 

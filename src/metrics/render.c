@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cache/observe.h"
+#include "cache/quota.h"
 #include "metrics/metrics.h"
 #include "util/err.h"
 
@@ -333,4 +334,50 @@ void kvt__metrics_clients(kvt_mbuf *b, const kvt_metrics_client *clients, uint32
         i = j;
     }
     free(v);
+}
+
+/* ------------------------------------------------------------------ */
+/* Quotas by namespace prefix (server_quotas)                         */
+
+/* prefix="<rule's prefix>", escaped as the exposition format asks. */
+static void prefix_label(char *out, size_t cap, const char *prefix)
+{
+    size_t o = snprintf(out, cap, "prefix=\"");
+    for (const char *p = prefix; *p && o + 4 < cap; p++) {
+        if (*p == '\\' || *p == '"') out[o++] = '\\';
+        if (*p == '\n') {
+            out[o++] = '\\';
+            out[o++] = 'n';
+        } else {
+            out[o++] = *p;
+        }
+    }
+    snprintf(out + o, cap - o, "\"");
+}
+
+void kvt__metrics_quotas(kvt_mbuf *b, const kvt_quota *q)
+{
+    if (!q || q->n == 0) return;
+    static const struct {
+        const char *name, *type, *help;
+    } fams[] = {
+        {"kvtier_quota_bytes", "gauge", "CPU tier bytes a namespace prefix may hold (server_quotas)."},
+        {"kvtier_quota_used_bytes", "gauge", "CPU tier bytes the namespaces of a prefix hold now."},
+        {"kvtier_quota_limited_blocks_total", "counter",
+         "Blocks a store or load did not get because its prefix was at its quota."},
+        {"kvtier_quota_evicted_blocks_total", "counter",
+         "Own blocks a prefix at its quota gave up (evicted, or CPU copy dropped) to make room."},
+    };
+    char label[2 * KVT_QUOTA_PREFIX_MAX + 16];
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+        kvt__metrics_family(b, fams[f].name, fams[f].type, fams[f].help);
+        for (uint32_t i = 1; i <= q->n; i++) {
+            uint64_t v = f == 0 ? q->pool.limit[i]
+                       : f == 1 ? atomic_load(&q->pool.used[i])
+                       : f == 2 ? atomic_load(&q->limited[i])
+                                : atomic_load(&q->evicted[i]);
+            prefix_label(label, sizeof label, q->rule[i - 1].prefix);
+            kvt__metrics_u64(b, fams[f].name, label, v);
+        }
+    }
 }

@@ -1617,46 +1617,58 @@ kvt_status kvt_client_flush(kvt_client *cl, int64_t timeout_ms)
 /* ------------------------------------------------------------------ */
 /* A server's tiers, without attaching                                */
 
-kvt_status kvt_server_tier_stats(const char *socket_path, const kvt_geometry *geo,
-                                 int64_t timeout_ms, kvt_tier_stats *out, uint32_t max,
-                                 uint32_t *count)
+/* One STATS_ALL on a connection of its own: the tiers (of geo, or all)
+ * and the quotas, into t and q (room for KVT_SRV_MAX_TIERS and
+ * KVT_SRV_MAX_QUOTAS). */
+static kvt_status stats_all(const char *fn, const char *socket_path, const kvt_geometry *geo,
+                            int64_t timeout_ms, kvt_srv_tier *t, uint32_t *n, kvt_srv_quota *q,
+                            uint32_t *nq)
 {
-    static const char fn[] = "kvt_server_tier_stats";
-    kvt__clear_error();
     KVT_CHECK_NOT_NULL(socket_path, fn);
-    KVT_CHECK_NOT_NULL(count, fn);
-    KVT_CHECK_ARG(out || max == 0, "%s: out is NULL but max is %u", fn, max);
     KVT_CHECK_ARG(timeout_ms > 0, "%s: timeout_ms is %lld; it must be > 0", fn,
                   (long long)timeout_ms);
     struct sockaddr_un a;
     KVT_CHECK_ARG(strlen(socket_path) < sizeof a.sun_path, "%s: socket_path is longer than %zu "
                   "bytes", fn, sizeof a.sun_path - 1);
-    kvt_status st = geo ? kvt_geometry_validate(geo) : KVT_OK;
-    if (st) return kvt__wrap_error(st, "kvt_server_tier_stats: geo");
-    kvt_client q = {.fd = -1, .timeout_ms = timeout_ms};
-    snprintf(q.path, sizeof q.path, "%s", socket_path);
+    kvt_client c = {.fd = -1, .timeout_ms = timeout_ms};
+    snprintf(c.path, sizeof c.path, "%s", socket_path);
     kvt_srv_buf b = {0};
-    st = load_secret(&q);
+    kvt_status st = load_secret(&c);
     if (!st && geo) st = kvt__srv_hello_encode(&b, (uint32_t)getpid(), geo, 0);
-    if (!st) st = open_conn(&q, kvt__deadline_ns(timeout_ms));
+    if (!st) st = open_conn(&c, kvt__deadline_ns(timeout_ms));
     kvt_srv_hdr h = {0};
     uint8_t *p = NULL;
     if (!st && b.oom) st = kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
-    if (!st) st = attach_exchange(&q, KVT_SRV_STATS_ALL, &b, &h, &p, NULL);
+    if (!st) st = attach_exchange(&c, KVT_SRV_STATS_ALL, &b, &h, &p, NULL);
     kvt__srv_buf_free(&b);
-    kvt_srv_tier t[KVT_SRV_MAX_TIERS];
-    uint32_t n = 0;
     if (!st && h.op != (KVT_SRV_STATS_ALL | KVT_SRV_REPLY))
         st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to STATS_ALL", fn, h.op);
     else if (!st && h.status)
         st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
                        (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
                        p ? (const char *)p : "");
-    else if (!st && (st = kvt__srv_tiers_decode(p, h.len, t, KVT_SRV_MAX_TIERS, &n)))
+    else if (!st && (st = kvt__srv_tiers_decode(p, h.len, t, KVT_SRV_MAX_TIERS, n, q,
+                                                KVT_SRV_MAX_QUOTAS, nq)))
         kvt__wrap_error(st, fn);
     free(p);
-    if (q.fd >= 0) close(q.fd);
-    kvt__srv_secret_free(q.secret, q.secret_len);
+    if (c.fd >= 0) close(c.fd);
+    kvt__srv_secret_free(c.secret, c.secret_len);
+    return st;
+}
+
+kvt_status kvt_server_tier_stats(const char *socket_path, const kvt_geometry *geo,
+                                 int64_t timeout_ms, kvt_tier_stats *out, uint32_t max,
+                                 uint32_t *count)
+{
+    static const char fn[] = "kvt_server_tier_stats";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(count, fn);
+    KVT_CHECK_ARG(out || max == 0, "%s: out is NULL but max is %u", fn, max);
+    kvt_status st = geo ? kvt_geometry_validate(geo) : KVT_OK;
+    if (st) return kvt__wrap_error(st, "kvt_server_tier_stats: geo");
+    kvt_srv_tier t[KVT_SRV_MAX_TIERS];
+    uint32_t n = 0, nq = 0;
+    st = stats_all(fn, socket_path, geo, timeout_ms, t, &n, NULL, &nq);
     if (st) return st;
     for (uint32_t i = 0; i < n && i < max; i++) {
         kvt_tier_stats *o = &out[i];
@@ -1670,5 +1682,30 @@ kvt_status kvt_server_tier_stats(const char *socket_path, const kvt_geometry *ge
         o->stats = t[i].stats;
     }
     *count = n;
+    return KVT_OK;
+}
+
+kvt_status kvt_server_quotas(const char *socket_path, int64_t timeout_ms, kvt_quota_usage *out,
+                             uint32_t max, uint32_t *count)
+{
+    static const char fn[] = "kvt_server_quotas";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(count, fn);
+    KVT_CHECK_ARG(out || max == 0, "%s: out is NULL but max is %u", fn, max);
+    kvt_srv_tier t[KVT_SRV_MAX_TIERS];
+    kvt_srv_quota q[KVT_SRV_MAX_QUOTAS];
+    uint32_t n = 0, nq = 0;
+    kvt_status st = stats_all(fn, socket_path, NULL, timeout_ms, t, &n, q, &nq);
+    if (st) return st;
+    for (uint32_t i = 0; i < nq && i < max; i++) {
+        kvt_quota_usage *o = &out[i];
+        memset(o, 0, sizeof *o);
+        memcpy(o->prefix, q[i].prefix, strnlen(q[i].prefix, sizeof o->prefix - 1));
+        o->limit_bytes = q[i].limit;
+        o->used_bytes = q[i].used;
+        o->limited_blocks = q[i].limited;
+        o->evicted_blocks = q[i].evicted;
+    }
+    *count = nq;
     return KVT_OK;
 }

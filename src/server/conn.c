@@ -839,8 +839,10 @@ static kvt_status on_stats_all(kvt_srv_conn *c, const uint8_t *p, size_t len)
         free(t);
         return reply_err(c, KVT_SRV_STATS_ALL, st);
     }
+    kvt_srv_quota q[KVT_SRV_MAX_QUOTAS];
+    uint32_t nq = kvt__srv_quota_usage(s, q);
     kvt_srv_buf b = {0};
-    kvt__srv_tiers_encode(&b, t, got);
+    kvt__srv_tiers_encode(&b, t, got, q, nq);
     free(t);
     st = reply(c, KVT_SRV_STATS_ALL, &b);
     kvt__srv_buf_free(&b);

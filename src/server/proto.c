@@ -376,7 +376,47 @@ kvt_status kvt__srv_req_decode(const uint8_t *p, size_t len, kvt_srv_req *out)
 /* ------------------------------------------------------------------ */
 /* STATS_ALL, CLEAR, PEEK_MANY                                         */
 
-void kvt__srv_tiers_encode(kvt_srv_buf *b, const kvt_srv_tier *t, uint32_t n)
+static void quotas_encode(kvt_srv_buf *b, const kvt_srv_quota *q, uint32_t nq)
+{
+    kvt__srv_put32(b, nq);
+    for (uint32_t i = 0; i < nq; i++) {
+        uint32_t len = (uint32_t)strnlen(q[i].prefix, KVT_SRV_QUOTA_PREFIX);
+        kvt__srv_put32(b, len);
+        kvt__srv_put_bytes(b, q[i].prefix, len);
+        kvt__srv_put64(b, q[i].limit);
+        kvt__srv_put64(b, q[i].used);
+        kvt__srv_put64(b, q[i].limited);
+        kvt__srv_put64(b, q[i].evicted);
+    }
+}
+
+/* The quotas after the tiers; r is left at the end. */
+static void quotas_decode(rd *r, kvt_srv_quota *out, uint32_t max, uint32_t *n, bool *too_many)
+{
+    uint32_t count = get32(r);
+    *too_many = count > KVT_SRV_MAX_QUOTAS;
+    if (r->bad || *too_many) return;
+    for (uint32_t i = 0; i < count && !r->bad; i++) {
+        kvt_srv_quota q = {0};
+        uint32_t len = get32(r);
+        if (len > KVT_SRV_QUOTA_PREFIX) {
+            r->bad = true;
+            return;
+        }
+        const uint8_t *b = get_bytes(r, len);
+        if (r->bad) return;
+        memcpy(q.prefix, b, len);
+        q.limit = get64(r);
+        q.used = get64(r);
+        q.limited = get64(r);
+        q.evicted = get64(r);
+        if (i < max && out) out[i] = q;
+    }
+    *n = count;
+}
+
+void kvt__srv_tiers_encode(kvt_srv_buf *b, const kvt_srv_tier *t, uint32_t n,
+                           const kvt_srv_quota *q, uint32_t nq)
 {
     kvt__srv_put32(b, n);
     kvt__srv_put32(b, (uint32_t)(sizeof(kvt_cache_stats) / sizeof(uint64_t)));
@@ -391,10 +431,11 @@ void kvt__srv_tiers_encode(kvt_srv_buf *b, const kvt_srv_tier *t, uint32_t n)
         memcpy(f, &t[i].stats, sizeof f);
         for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) kvt__srv_put64(b, f[k]);
     }
+    quotas_encode(b, q, nq);
 }
 
 kvt_status kvt__srv_tiers_decode(const uint8_t *p, size_t len, kvt_srv_tier *out, uint32_t max,
-                                 uint32_t *n)
+                                 uint32_t *n, kvt_srv_quota *qout, uint32_t qmax, uint32_t *nq)
 {
     static const char what[] = "tier stats";
     enum { NF = sizeof(kvt_cache_stats) / sizeof(uint64_t) };
@@ -420,8 +461,16 @@ kvt_status kvt__srv_tiers_decode(const uint8_t *p, size_t len, kvt_srv_tier *out
         memcpy(&t.stats, f, sizeof f);
         if (i < max && out) out[i] = t;
     }
+    bool too_many = false;
+    uint32_t quotas = 0;
+    quotas_decode(&r, qout, qmax, &quotas, &too_many);
+    if (too_many)
+        return kvt__fail(KVT_EPROTO, "%s: more than %u quotas", what, KVT_SRV_MAX_QUOTAS);
     kvt_status st = done(&r, what);
-    if (!st) *n = count;
+    if (!st) {
+        *n = count;
+        if (nq) *nq = quotas;
+    }
     return st;
 }
 

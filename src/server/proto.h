@@ -213,10 +213,19 @@ typedef struct kvt_srv_tier {
     uint64_t bytes_per_token;
     kvt_cache_stats stats;
 } kvt_srv_tier;
-void kvt__srv_tiers_encode(kvt_srv_buf *b, const kvt_srv_tier *t, uint32_t n);
-/* Writes min(n, max) tiers to out, *n the count the reply holds. */
+/* Then the server's server_quotas rules and their use (kvt_quota_usage). */
+#define KVT_SRV_MAX_QUOTAS 32     /* = KVT_POOL_MAX_OWNERS */
+#define KVT_SRV_QUOTA_PREFIX 255  /* bytes of a rule's prefix on the wire */
+typedef struct kvt_srv_quota {
+    char prefix[KVT_SRV_QUOTA_PREFIX + 1];
+    uint64_t limit, used, limited, evicted;
+} kvt_srv_quota;
+void kvt__srv_tiers_encode(kvt_srv_buf *b, const kvt_srv_tier *t, uint32_t n,
+                           const kvt_srv_quota *q, uint32_t nq);
+/* Writes min(n, max) tiers to out, *n the count the reply holds; the
+ * same for the quotas (qout NULL: not kept). */
 kvt_status kvt__srv_tiers_decode(const uint8_t *p, size_t len, kvt_srv_tier *out, uint32_t max,
-                                 uint32_t *n);
+                                 uint32_t *n, kvt_srv_quota *qout, uint32_t qmax, uint32_t *nq);
 
 /* CLEAR: a namespace (ns points into p). */
 kvt_status kvt__srv_clear_encode(kvt_srv_buf *b, const void *ns, uint32_t ns_len);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cache/quota.h"
 #include "cache/share.h"
 #include "index/index.h"
 #include "metrics/metrics.h"
@@ -107,7 +108,17 @@ static kvt_status listen_on(kvt_server *s)
     return KVT_OK;
 }
 
-/* server_socket_group, server_namespaces and server_secret_file. */
+/* server_quotas: one kvt_quota every shard's cache charges. */
+static kvt_status make_quota(kvt_server *s)
+{
+    s->quota = malloc(sizeof *s->quota);
+    if (!s->quota) return kvt__fail(KVT_ENOMEM, "kvt_server_create: out of memory");
+    kvt_status st = kvt__quota_parse(s->cfg.server_quotas, "server_quotas", s->quota);
+    if (st) kvt__wrap_error(st, "kvt_server_create");
+    return st;
+}
+
+/* server_socket_group, server_namespaces, server_quotas and server_secret_file. */
 static kvt_status security(kvt_server *s)
 {
     kvt_status st = KVT_OK;
@@ -117,6 +128,7 @@ static kvt_status security(kvt_server *s)
     }
     if (!st && (st = kvt__srv_ns_parse(s->cfg.server_namespaces, &s->ns)))
         kvt__wrap_error(st, "kvt_server_create");
+    if (!st && s->cfg.server_quotas[0]) st = make_quota(s);
     if (!st && sodium_init() < 0)
         st = kvt__fail(KVT_ESYS, "kvt_server_create: libsodium failed to initialise");
     if (!st && s->cfg.server_secret_file[0])
@@ -218,6 +230,7 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
     }
     kvt__cache_ext_shm(sh->cache, &sh->shm);
     kvt__srv_roots_init(&sh->roots, kvt__index_capacity(sh->cache->index));
+    if (s->quota) kvt__cache_set_quota(sh->cache, s->quota); /* before any client has it */
     if (s->max_shards == 1) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
     *out = sh;
     return KVT_OK;
@@ -235,6 +248,21 @@ static kvt_status make_share(kvt_server *s)
                          "pages); lower cpu_capacity, or set memory_check=false to try anyway",
                          (unsigned long long)s->cfg.cpu_capacity, (unsigned long long)avail);
     return kvt__share_create(&s->share, s->cfg.cpu_capacity);
+}
+
+uint32_t kvt__srv_quota_usage(const kvt_server *s, kvt_srv_quota *out)
+{
+    const kvt_quota *q = s->quota;
+    uint32_t n = q ? q->n : 0;
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_srv_quota *o = &out[i];
+        snprintf(o->prefix, sizeof o->prefix, "%s", q->rule[i].prefix);
+        o->limit = q->pool.limit[i + 1];
+        o->used = atomic_load(&q->pool.used[i + 1]);
+        o->limited = atomic_load(&q->limited[i + 1]);
+        o->evicted = atomic_load(&q->evicted[i + 1]);
+    }
+    return n;
 }
 
 kvt_status kvt__srv_geo_fingerprint(const kvt_server *s, const kvt_geometry *geo,
@@ -412,6 +440,7 @@ static void srv_metrics(kvt_mbuf *b, void *arg)
     if (v) kvt__metrics_clients(b, v, n);
     else b->failed = true;
     free(v);
+    kvt__metrics_quotas(b, s->quota);
 }
 
 kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo)
@@ -753,6 +782,7 @@ void kvt_server_destroy(kvt_server *s)
     kvt__srv_fences_reap(s, true);
     for (uint32_t i = 0; i < atomic_load(&s->nshards); i++) shard_free(s->shards[i]);
     kvt__share_destroy(s->share); /* after every member */
+    free(s->quota);              /* after every member too */
     kvt_geometry_destroy(s->declared);
     for (uint32_t i = 0; i < s->num_ssd_locks; i++) close(s->ssd_lock_fds[i]);
     if (s->lock_fd >= 0) close(s->lock_fd);

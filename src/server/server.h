@@ -130,6 +130,7 @@ struct kvt_server {
     bool grouped; /* server_socket_group set: socket 0660, its members attach */
     gid_t group;
     kvt_srv_ns_rules ns; /* server_namespaces */
+    struct kvt_quota *quota; /* server_quotas, every shard's; NULL without rules */
     uint8_t *secret;     /* server_secret_file's bytes (sodium_malloc), or NULL */
     size_t secret_len;
     atomic_int state; /* 0 created, 1 running, 2 stopped */
@@ -173,6 +174,9 @@ kvt_status kvt__srv_shard_get(kvt_server *s, const kvt_geometry *geo, uint32_t b
                               kvt_srv_shard **out);
 /* The fingerprint of geometry geo with block_tokens (0: the server's
  * choice for it), as a tier of it would be named ("g%016llx"). */
+/* The server's server_quotas rules and their use now into out (room for
+ * KVT_SRV_MAX_QUOTAS); returns how many. */
+uint32_t kvt__srv_quota_usage(const kvt_server *s, kvt_srv_quota *out);
 kvt_status kvt__srv_geo_fingerprint(const kvt_server *s, const kvt_geometry *geo,
                                     uint32_t block_tokens, uint64_t *out);
 /* The first shard (the declared geometry's, else the first attached), or

@@ -48,7 +48,8 @@ struct kvt_pool {
     uint32_t *cold_stack; /* budgeted: cold_stack[0, ncold) are free unbacked slots */
     uint32_t ncold;
     kvt_pool_budget *budget; /* NULL: every slot backed from create */
-    uint8_t *in_use;      /* per slot, catches double frees in debug builds */
+    kvt_pool_quotas *quotas; /* NULL: owners are not charged */
+    uint8_t *in_use;      /* per slot: 0 free, else 1 + its owner */
     const char *kind;
     int fd;               /* the memfd behind a shared pool, else -1 */
 };
@@ -376,37 +377,75 @@ int kvt__pool_fd(const kvt_pool *pool) { return pool->fd; }
 uint64_t kvt__pool_map_bytes(const kvt_pool *pool) { return pool->map_bytes; }
 uint8_t *kvt__pool_base(const kvt_pool *pool) { return pool->base; }
 
+static void owner_charge(kvt_pool *pool, uint8_t owner, bool add)
+{
+    if (!owner || !pool->quotas) return;
+    if (add) atomic_fetch_add(&pool->quotas->used[owner], pool->block_bytes);
+    else atomic_fetch_sub(&pool->quotas->used[owner], pool->block_bytes);
+}
+
 void kvt__pool_destroy(kvt_pool *pool)
 {
     if (!pool) return;
     munmap(pool->map, pool->map_bytes);
     if (pool->fd >= 0) close(pool->fd);
     if (pool->budget) budget_uncharge(pool->budget, (uint64_t)kvt__pool_blocks_backed(pool) * pool->stride);
+    for (uint32_t i = 0; pool->quotas && i < pool->total; i++)
+        if (pool->in_use[i]) owner_charge(pool, (uint8_t)(pool->in_use[i] - 1), false);
     free(pool->free_stack);
     free(pool->cold_stack);
     free(pool->in_use);
     free(pool);
 }
 
-uint32_t kvt__pool_alloc(kvt_pool *pool)
+void kvt__pool_set_quotas(kvt_pool *pool, kvt_pool_quotas *q) { pool->quotas = q; }
+
+bool kvt__pool_quota_room(const kvt_pool *pool, uint8_t owner)
 {
+    if (!owner || !pool->quotas || !pool->quotas->limit[owner]) return true;
+    return atomic_load(&pool->quotas->used[owner]) + pool->block_bytes <=
+           pool->quotas->limit[owner];
+}
+
+uint32_t kvt__pool_alloc_for(kvt_pool *pool, uint8_t owner, bool enforce)
+{
+    assert(owner <= KVT_POOL_MAX_OWNERS);
+    if (enforce && !kvt__pool_quota_room(pool, owner)) return KVT_POOL_NONE;
     uint32_t slot;
     if (pool->nfree) slot = pool->free_stack[--pool->nfree];
     else if (pool->ncold && budget_charge(pool->budget, pool->stride))
         slot = pool->cold_stack[--pool->ncold];
     else return KVT_POOL_NONE;
     assert(!pool->in_use[slot]);
-    pool->in_use[slot] = 1;
+    pool->in_use[slot] = (uint8_t)(1 + owner);
+    owner_charge(pool, owner, true);
     return slot;
 }
+
+uint32_t kvt__pool_alloc(kvt_pool *pool) { return kvt__pool_alloc_for(pool, 0, false); }
 
 void kvt__pool_free(kvt_pool *pool, uint32_t slot)
 {
     assert(slot < pool->total);
     assert(pool->in_use[slot] && "double free of a pool block");
     assert(pool->nfree < pool->total);
+    owner_charge(pool, (uint8_t)(pool->in_use[slot] - 1), false);
     pool->in_use[slot] = 0;
     pool->free_stack[pool->nfree++] = slot;
+}
+
+uint8_t kvt__pool_owner(const kvt_pool *pool, uint32_t slot)
+{
+    assert(slot < pool->total && pool->in_use[slot]);
+    return (uint8_t)(pool->in_use[slot] - 1);
+}
+
+void kvt__pool_set_owner(kvt_pool *pool, uint32_t slot, uint8_t owner)
+{
+    assert(slot < pool->total && pool->in_use[slot] && owner <= KVT_POOL_MAX_OWNERS);
+    owner_charge(pool, (uint8_t)(pool->in_use[slot] - 1), false);
+    pool->in_use[slot] = (uint8_t)(1 + owner);
+    owner_charge(pool, owner, true);
 }
 
 uint8_t *kvt__pool_block(const kvt_pool *pool, uint32_t slot)

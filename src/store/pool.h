@@ -66,6 +66,28 @@ void kvt__pool_destroy(kvt_pool *pool);
 
 uint32_t kvt__pool_alloc(kvt_pool *pool); /* KVT_POOL_NONE when none is free */
 void kvt__pool_free(kvt_pool *pool, uint32_t slot);
+
+/* Byte quotas on a pool's slots by owner (the node server's tenants:
+ * namespace prefixes). Every allocated slot carries an owner, 0 meaning
+ * none (no quota); owner o's slots charge block_bytes each to used[o],
+ * taken back when the slot is freed. Several pools may share one (the
+ * server's geometries). Thread-safe (atomics); must outlive the pools. */
+#define KVT_POOL_MAX_OWNERS 32u
+typedef struct kvt_pool_quotas {
+    uint64_t limit[KVT_POOL_MAX_OWNERS + 1]; /* bytes; [0] unused */
+    _Atomic uint64_t used[KVT_POOL_MAX_OWNERS + 1];
+} kvt_pool_quotas;
+
+/* Set once, before the first allocation; NULL: none. */
+void kvt__pool_set_quotas(kvt_pool *pool, kvt_pool_quotas *q);
+/* kvt__pool_alloc for owner (0: none); KVT_POOL_NONE also when a block
+ * more would take owner past its quota and enforce is set. */
+uint32_t kvt__pool_alloc_for(kvt_pool *pool, uint8_t owner, bool enforce);
+/* False when one block more would take owner past its quota. */
+bool kvt__pool_quota_room(const kvt_pool *pool, uint8_t owner);
+/* An allocated slot's owner, and a change of it (its charge moves). */
+uint8_t kvt__pool_owner(const kvt_pool *pool, uint32_t slot);
+void kvt__pool_set_owner(kvt_pool *pool, uint32_t slot, uint8_t owner);
 uint8_t *kvt__pool_block(const kvt_pool *pool, uint32_t slot);
 uint32_t kvt__pool_blocks_total(const kvt_pool *pool);
 /* Free slots: free backed ones plus, with a budget, unbacked ones the

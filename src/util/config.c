@@ -156,6 +156,11 @@ static const opt_def OPTIONS[] = {
                "namespaces each client may use: rules WHO=NS[,NS...] separated by ';', WHO "
                "uid:N, gid:N or *, NS a namespace, - the default (empty) one, * any; empty: "
                "no restriction"),
+    STRING_OPT(server_quotas, SERVER_QUOTAS, RANK_LOCAL, "",
+               "CPU tier bytes each namespace prefix may hold: rules PREFIX=SIZE separated by "
+               "';', the longest matching prefix wins, - the default (empty) namespace, * all "
+               "others together; a namespace at its quota evicts its own coldest blocks; "
+               "empty: no quotas"),
     STRING_OPT(server_secret_file, SERVER_SECRET_FILE, RANK_LOCAL, "",
                "a file of 16..1024 bytes every client of the node server must prove it holds "
                "(HMAC-SHA256 challenge at attach); clients read it from "

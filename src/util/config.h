@@ -42,6 +42,7 @@ typedef struct kvt_config_values {
     uint32_t server_client_tasks; /* "server_client_tasks", uint, default 1024: per-client quota */
     char server_socket_group[64]; /* "server_socket_group", string, default "": socket 0660 with it */
     char server_namespaces[1024]; /* "server_namespaces", string, default "": per-client rules */
+    char server_quotas[2048]; /* "server_quotas", string, default "": CPU bytes per namespace prefix */
     char server_secret_file[256]; /* "server_secret_file", string, default "": attach secret */
     uint32_t server_copy_ms; /* "server_copy_ms", uint, default 30000: a launched copy's deadline */
     uint32_t server_read_ms; /* "server_read_ms", uint, default 30000: a load's SSD reads' bound */

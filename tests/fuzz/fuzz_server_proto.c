@@ -95,9 +95,11 @@ static void end(const uint8_t *p, size_t n)
 static void tiers(const uint8_t *p, size_t n)
 {
     kvt_srv_tier t[4];
-    uint32_t count = 0;
-    if (kvt__srv_tiers_decode(p, n, t, 4, &count) != KVT_OK) return;
-    assert(count <= KVT_SRV_MAX_TIERS);
+    kvt_srv_quota q[4];
+    uint32_t count = 0, nq = 0;
+    if (kvt__srv_tiers_decode(p, n, t, 4, &count, q, 4, &nq) != KVT_OK) return;
+    assert(count <= KVT_SRV_MAX_TIERS && nq <= KVT_SRV_MAX_QUOTAS);
+    for (uint32_t i = 0; i < nq && i < 4; i++) assert(strlen(q[i].prefix) <= KVT_SRV_QUOTA_PREFIX);
 }
 
 static void clear(const uint8_t *p, size_t n)

@@ -262,7 +262,8 @@ static void server_seeds(seeds *s)
                       .block_tokens = 16, .bytes_per_token = 512};
     kvt_srv_buf a = {0};
     uint8_t all[1 + 512] = {10};
-    kvt__srv_tiers_encode(&a, &t, 1);
+    kvt_srv_quota quota = {.prefix = "tenant-a", .limit = 1 << 20, .used = 4096, .limited = 1};
+    kvt__srv_tiers_encode(&a, &t, 1, &quota, 1);
     if (a.oom || a.len > sizeof all - 1) s->bad++;
     else memcpy(all + 1, a.p, a.len);
     emit(s, "fuzz_server_proto", "tiers", all, 1 + a.len);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cache/quota.h"
 #include "metrics/metrics.h"
 #include "support.h"
 
@@ -468,12 +469,23 @@ static void test_address_rules(void **state)
 typedef struct srv_view {
     kvt_metrics_client clients[3];
     uint32_t n;
+    kvt_quota *quota;
 } srv_view;
 
 static void srv_extra(kvt_mbuf *b, void *arg)
 {
     const srv_view *v = arg;
     kvt__metrics_clients(b, v->clients, v->n);
+    kvt__metrics_quotas(b, v->quota);
+}
+
+/* server_quotas of two rules, one prefix needing escapes, with use. */
+static void two_quotas(kvt_quota *q)
+{
+    assert_ok(kvt__quota_parse("team \"a\"\\x=1MiB; -=64KiB", "server_quotas", q));
+    atomic_store(&q->pool.used[1], 12288);
+    atomic_store(&q->limited[1], 3);
+    atomic_store(&q->evicted[2], 5);
 }
 
 static void test_server_families(void **state)
@@ -485,7 +497,9 @@ static void test_server_families(void **state)
     assert_ok(kvt__metrics_http_start("test", "::1", 0, false, e.cache, &h));
     uint16_t port = kvt__metrics_http_port(h);
     assert_true(port != 0);
-    srv_view v = {{{4242, 3}, {17, 5}, {4242, 4}}, 3};
+    kvt_quota q;
+    two_quotas(&q);
+    srv_view v = {{{4242, 3}, {17, 5}, {4242, 4}}, 3, &q};
     kvt__metrics_http_set_extra(h, srv_extra, &v);
     /* IPv6 loopback: talk to it by its v4 twin? No: connect over ::1. */
     int fd = socket(AF_INET6, SOCK_STREAM, 0);
@@ -506,6 +520,11 @@ static void test_server_families(void **state)
     expect(body, "kvtier_client_pins{pid=\"4242\"}", 7); /* one series per pid */
     expect(body, "kvtier_client_pins{pid=\"17\"}", 5);
     expect(body, "kvtier_lookups_total", 0);
+    expect(body, "kvtier_quota_bytes{prefix=\"team \\\"a\\\"\\\\x\"}", 1 << 20);
+    expect(body, "kvtier_quota_bytes{prefix=\"-\"}", 65536);
+    expect(body, "kvtier_quota_used_bytes{prefix=\"team \\\"a\\\"\\\\x\"}", 12288);
+    expect(body, "kvtier_quota_limited_blocks_total{prefix=\"team \\\"a\\\"\\\\x\"}", 3);
+    expect(body, "kvtier_quota_evicted_blocks_total{prefix=\"-\"}", 5);
     kvt__metrics_http_set_extra(h, NULL, NULL);
     kvt__metrics_http_stop(h);
     /* The cache's own endpoint has no server families. */
@@ -684,7 +703,9 @@ static int dump(void)
     env e2 = {0};
     open_cache(&e2, 16, 0);
     load(&e2, &a, 0);
-    srv_view v = {{{4242, 3}, {17, 5}, {4242, 4}}, 3};
+    kvt_quota q;
+    two_quotas(&q);
+    srv_view v = {{{4242, 3}, {17, 5}, {4242, 4}}, 3, &q};
     kvt_mbuf buf = {0};
     kvt_cache *caches[2] = {e.cache, e2.cache};
     const char *labels[2] = {"geometry=\"g00000000000000aa\"", "geometry=\"g00000000000000bb\""};

@@ -2486,6 +2486,88 @@ static void test_shared_capacity(void **state)
     stop_server(srv, path);
 }
 
+/* Request seed in namespace ns: tokens it loaded (byte-verified) by e, or
+ * stored. */
+static uint32_t loaded_ns(engine *e, uint64_t seed, const char *ns)
+{
+    uint32_t tokens[NTOK], matched = 0;
+    kvt_request r;
+    request(&r, tokens, seed);
+    r.ns = ns;
+    r.ns_len = (uint32_t)strlen(ns);
+    assert_ok(engine_load(e, &r, &matched));
+    return matched;
+}
+
+static uint32_t stored_ns(engine *e, uint64_t seed, const char *ns)
+{
+    uint32_t tokens[NTOK], stored = 0;
+    kvt_request r;
+    request(&r, tokens, seed);
+    r.ns = ns;
+    r.ns_len = (uint32_t)strlen(ns);
+    assert_ok(engine_store(e, &r, &stored));
+    return stored;
+}
+
+/* server_quotas: a namespace prefix at its quota makes room from its own
+ * coldest blocks, never from another namespace's. A busy tenant storing
+ * 2.5x the capacity (8 KiB blocks, 1 MiB) leaves a quiet tenant's prefixes
+ * whole and keeps its own most recent ones; every loaded byte verified.
+ * Malformed rules are refused naming the rule. */
+static void test_quota_by_namespace(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "quota.sock");
+    static const char *const bad[] = {"server_quotas", "busy=0", NULL};
+    g_opts = bad;
+    kvt_server *s = NULL;
+    assert_status(make_server(&s, path, NULL), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "server_quotas: rule \"busy=0\": \"0\" is not a size"));
+    static const char *const opts[] = {"cpu_capacity", "1MiB", "server_quotas",
+                                       " busy = 256KiB ; busy-other=1MiB; -=64KiB", NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, NULL);
+    g_opts = NULL;
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    enum { QUIET = 8, BUSY = 20, KEEP = 4 }; /* quota: 32 blocks = 4 requests */
+    for (uint64_t i = 0; i < QUIET; i++) assert_int_equal(stored_ns(&e, 3000 + i, "quiet"), BLOCKS * TPP);
+    for (uint64_t i = 0; i < BUSY; i++) stored_ns(&e, 4000 + i, "busy-7");
+    for (uint64_t i = 0; i < QUIET; i++)
+        if (loaded_ns(&e, 3000 + i, "quiet") != BLOCKS * TPP)
+            fail_msg("the quiet namespace's request %llu lost blocks to a namespace over its "
+                     "quota", (unsigned long long)i);
+    for (uint64_t i = BUSY - KEEP; i < BUSY; i++)
+        if (loaded_ns(&e, 4000 + i, "busy-7") != BLOCKS * TPP)
+            fail_msg("busy's request %llu of %u, among its last %u, is not whole: a namespace at "
+                     "its quota should evict its own coldest first", (unsigned long long)i, BUSY,
+                     KEEP);
+    assert_int_equal(loaded_ns(&e, 4000, "busy-7"), 0); /* its coldest went */
+    kvt_cache_stats cs;
+    assert_ok(kvt_client_stats(e.cl, &cs));
+    if (cs.cpu_blocks_used > QUIET * BLOCKS + 32)
+        fail_msg("%llu blocks held: the busy namespace went past its 32-block quota",
+                 (unsigned long long)cs.cpu_blocks_used);
+    /* What kvtier stats shows: each rule's use, without attaching. */
+    kvt_quota_usage q[4];
+    uint32_t nq = 0;
+    assert_ok(kvt_server_quotas(path, TIMEOUT_MS, q, 4, &nq));
+    assert_int_equal(nq, 3);
+    assert_string_equal(q[0].prefix, "busy");
+    assert_string_equal(q[2].prefix, "-");
+    assert_int_equal(q[0].limit_bytes, 256 << 10);
+    assert_int_equal(q[0].used_bytes, 256 << 10); /* full: it made room from its own */
+    assert_int_equal(q[0].evicted_blocks, (BUSY - KEEP) * BLOCKS);
+    assert_int_equal(q[1].used_bytes, 0);
+    assert_status(kvt_server_quotas(path, 0, q, 4, &nq), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "kvt_server_quotas: timeout_ms is 0"));
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
 /* kvt_server_tier_stats reads only: naming a geometry the server does not
  * hold is KVT_ENOTFOUND naming it and the held ones, and makes no tier
  * (kvtier stats --model used to attach, making one); every tier's figures
@@ -2846,6 +2928,7 @@ int main(void)
         cmocka_unit_test_teardown(test_any_geometry, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_shared_capacity, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_tier_stats_read_only, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_quota_by_namespace, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_clear_namespace, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, kvt_test_servers_kill),
