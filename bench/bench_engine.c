@@ -5,17 +5,18 @@
  *  - SGLang HiCache (python/kvtier/sglang_hicache.py, zero copy): a prompt
  *    of --pages pages stored in batches of --batch pages, each batch what
  *    batch_set_v1 does: one independent-keys prepare_store per run of
- *    missing pages, its launch, the waits, then (node server) one stats
- *    call that publishes the batch to every rank (_publish); then each
+ *    missing pages (KVT_REQ_VISIBLE_AT_END: through a node server each
+ *    task ends once the server checked it, so every rank finds the batch
+ *    when the waits return), its launch, the waits; then each
  *    batch read back as batch_exists (one peek) and batch_get_v1 (one
  *    lookup, one launch, one wait). Both host pool layouts: layer_first
  *    (kv_buffer (2, layers, tokens, heads, dim): each layer's K and V
  *    contiguous) and page_first ((2, tokens, layers, heads, dim): every
  *    layer's token t side by side, registered by its strides).
  *  - vLLM worker (python/kvtier/vllm_connector.py): a finished request's
- *    blocks saved as one keyed request (chained keys: prepare_store,
- *    launch, the wait its get_finished polls end with, one stats call to
- *    publish; save_kv_layer itself does nothing), then loaded as a
+ *    blocks saved as one keyed request (chained keys, visible at end:
+ *    prepare_store, launch, the wait its get_finished polls end with;
+ *    save_kv_layer itself does nothing), then loaded as a
  *    synchronous load: lookup, launch, wait_layer for every layer
  *    (wait_for_layer_load) and the wait of wait_for_save. vLLM's
  *    FlashAttention buffers per layer ((2, blocks, block_size, heads, dim))
@@ -34,10 +35,11 @@
  *
  * Round trips are the client's requests to the server (each one frame out,
  * its reply back: kvt__client_requests), counting the END a copy thread
- * sends for each launched task. store_publish_share: the part of a store's
- * time spent in its publishing stats call (answered after the server
- * checked the stored blocks); the rest is the calls and the client's copy
- * (with each block's checksum in the pass, through the server).
+ * sends for each launched task. store_wait_share: the part of a store's
+ * time spent in its waits: the client's copy (with each block's checksum
+ * in the pass, through the server) and, through the server, its check of
+ * the blocks before it answers the task's END_SYNC; the rest is the
+ * planning and launching calls.
  *
  * Every load is byte-verified: the pool is filled with bytes unique to
  * (round, side, position) before a store and overwritten before the load;
@@ -71,7 +73,7 @@ enum {
     NSIDES
 };
 /* Per side per round. */
-enum { M_STORE_S, M_LOAD_S, M_RT_STORE, M_RT_EXISTS, M_RT_LOAD, M_PUBLISH_S, NMETRICS };
+enum { M_STORE_S, M_LOAD_S, M_RT_STORE, M_RT_EXISTS, M_RT_LOAD, M_WAIT_S, NMETRICS };
 
 typedef struct params {
     uint32_t layers, heads, dim, tpp, pages, batch, rounds;
@@ -300,11 +302,14 @@ static kvt_status e_launch(engine *e, kvt_task_id t, const uint32_t *pages, uint
                     : kvt_client_launch(e->client, t, pages, n);
 }
 /* The task's own status when the wait itself worked. */
+static double wait_s; /* seconds in e_wait since the side began */
 static kvt_status e_wait(engine *e, kvt_task_id t)
 {
     kvt_task_result r;
+    uint64_t t0 = kvt__now_ns();
     kvt_status st = e->cache ? kvt_cache_wait(e->cache, t, WAIT_MS, &r)
                              : kvt_client_wait(e->client, t, WAIT_MS, &r);
+    wait_s += (double)(kvt__now_ns() - t0) / 1e9;
     return st ? st : r.status;
 }
 static kvt_status e_wait_layer(engine *e, kvt_task_id t, uint32_t layer)
@@ -323,24 +328,12 @@ static void e_drop(engine *e, kvt_task_id t)
         kvt_client_wait(e->client, t, WAIT_MS, &r);
     }
 }
-/* _publish: one stats round trip makes the stores visible to every rank
- * (node server only; in process they are at once). */
-static double publish_s; /* seconds in e_publish since the side began */
-static kvt_status e_publish(engine *e)
-{
-    kvt_cache_stats cs;
-    if (!e->client) return KVT_OK;
-    uint64_t t0 = kvt__now_ns();
-    kvt_status st = kvt_client_stats(e->client, &cs);
-    publish_s += (double)(kvt__now_ns() - t0) / 1e9;
-    return st;
-}
 static uint64_t e_requests(engine *e) { return e->client ? kvt__client_requests(e->client) : 0; }
 
 /* SGLang batch_set_v1 (zero copy) of keys[0..n) from pages[0..n): one
  * independent-keys prepare_store per run of missing pages (a plan stops
  * before a page stored or being stored), its launch, every task waited
- * for at the end, then _publish. *stored: pages stored now or before. */
+ * for at the end. *stored: pages stored now or before. */
 static kvt_status sg_set(engine *e, const char *ns, const kvt_key *keys, const uint32_t *pages,
                          uint32_t n, uint32_t tpp, uint32_t *stored)
 {
@@ -349,7 +342,7 @@ static kvt_status sg_set(engine *e, const char *ns, const kvt_key *keys, const u
     kvt_status st = KVT_OK;
     while (!st && j < n) {
         kvt_request r = {NULL, 0, ns, (uint32_t)strlen(ns), keys + j, n - j,
-                         KVT_REQ_INDEPENDENT_KEYS};
+                         KVT_REQ_INDEPENDENT_KEYS | KVT_REQ_VISIBLE_AT_END};
         kvt_store_plan plan;
         st = e_prepare(e, &r, &plan);
         if (st) break;
@@ -375,7 +368,6 @@ static kvt_status sg_set(engine *e, const char *ns, const kvt_key *keys, const u
         if (!ts) ok += counts[i];
         else if (!st) st = ts;
     }
-    if (!st && ok) st = e_publish(e);
     *stored = ok;
     return st;
 }
@@ -447,7 +439,7 @@ static int run_side(bench *b, int side, engine *e, uint32_t round, double m[NMET
     uint32_t nb = (p->pages + p->batch - 1) / p->batch;
     kvt_status st = KVT_OK;
     uint64_t rt0 = e ? e_requests(e) : 0;
-    publish_s = 0;
+    wait_s = 0;
     uint32_t first_block = b->plain_next;
     uint64_t t0 = kvt__now_ns();
     if (plain) {
@@ -464,7 +456,8 @@ static int run_side(bench *b, int side, engine *e, uint32_t round, double m[NMET
         m[M_STORE_S] = (double)(kvt__now_ns() - t0) / 1e9;
         if (st) return fail("sglang batch_set_v1", st);
     } else {
-        kvt_request r = {NULL, 0, ns, (uint32_t)strlen(ns), b->keys, p->pages, 0};
+        kvt_request r = {NULL, 0, ns, (uint32_t)strlen(ns), b->keys, p->pages,
+                         KVT_REQ_VISIBLE_AT_END};
         kvt_store_plan plan;
         st = e_prepare(e, &r, &plan);
         if (!st && (plan.task == 0 || plan.first_token || plan.num_tokens != p->pages * p->tpp))
@@ -472,12 +465,11 @@ static int run_side(bench *b, int side, engine *e, uint32_t round, double m[NMET
                            plan.num_tokens, p->pages * p->tpp);
         if (!st) st = e_launch(e, plan.task, b->pages, p->pages);
         if (!st) st = e_wait(e, plan.task);
-        if (!st) st = e_publish(e);
         m[M_STORE_S] = (double)(kvt__now_ns() - t0) / 1e9;
         if (st) return fail("vllm save", st);
     }
     uint64_t rt1 = e ? e_requests(e) : 0;
-    m[M_PUBLISH_S] = publish_s;
+    m[M_WAIT_S] = wait_s;
     pool_poison(pl);
     uint64_t rt_exists = 0;
     uint64_t t1 = kvt__now_ns();
@@ -607,11 +599,11 @@ static void print_side(const figures *f, const char *name, int side, int plain, 
     print_stat("ratio", ratio(f, side, plain, -1), true);
     print_stat("store_ratio", ratio(f, side, plain, M_STORE_S), true);
     print_stat("load_ratio", ratio(f, side, plain, M_LOAD_S), true);
-    {   /* of a store's seconds, those in the publishing stats call: it
-         * answers after the server checked the stored blocks */
+    {   /* of a store's seconds, those in its waits: the copy and, through
+         * the server, its check before END_SYNC's answer */
         double x[f->n];
-        for (uint32_t r = 0; r < f->n; r++) x[r] = f->v[r][side][M_PUBLISH_S] / f->v[r][side][M_STORE_S];
-        print_stat("store_publish_share", stat_of(x, f->n), true);
+        for (uint32_t r = 0; r < f->n; r++) x[r] = f->v[r][side][M_WAIT_S] / f->v[r][side][M_STORE_S];
+        print_stat("store_wait_share", stat_of(x, f->n), true);
     }
     if (sglang) {
         print_stat("set_round_trips_per_batch", metric(f, side, M_RT_STORE), true);

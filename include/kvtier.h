@@ -326,6 +326,17 @@ typedef struct kvt_key {
  * ask again with the keys after the plan for the rest), each block with no
  * parent, so eviction may take any of them first. */
 #define KVT_REQ_INDEPENDENT_KEYS 1u
+/* Visible at end (flags KVT_REQ_VISIBLE_AT_END; token or keyed requests;
+ * prepare_store only, ignored elsewhere): the store's wait and poll report
+ * it done only once any other client can look its blocks up. Through a
+ * node server the result then comes after the server checked and
+ * committed the blocks (one round trip: the task's end), and is that
+ * check's verdict; without it a store is reported as soon as this
+ * client's copy ended, and becomes visible to others after the server's
+ * check, which this client's next call waits for (an engine that must
+ * publish a batch to other ranks made that extra call). In process a
+ * store is visible when it ends either way. */
+#define KVT_REQ_VISIBLE_AT_END 2u
 
 typedef struct kvt_request {
     const uint32_t *tokens;

@@ -135,7 +135,8 @@ class CRequest:
     """A kvt_request built from tokens (or keys) and a namespace; keeps the
     arrays it points at alive as long as the object lives."""
 
-    def __init__(self, tokens=None, ns=None, what="tokens", keys=None, independent=False):
+    def __init__(self, tokens=None, ns=None, what="tokens", keys=None, independent=False,
+                 visible=False):
         if (tokens is None) == (keys is None):
             raise invalid("a request names its blocks by tokens or by keys: give exactly one")
         if independent and keys is None:
@@ -146,7 +147,8 @@ class CRequest:
         if keys is None:
             self.tokens = u32_array(tokens, what)
             self.keys = None
-            self.c = _lib.Request(u32_ptr(self.tokens), len(self.tokens), ns_ptr, len(self.ns))
+            self.c = _lib.Request(u32_ptr(self.tokens), len(self.tokens), ns_ptr, len(self.ns),
+                                  None, 0, _lib.REQ_VISIBLE_AT_END if visible else 0)
             return
         self.tokens = None
         self.keys = key_bytes(keys)
@@ -161,18 +163,19 @@ class CRequest:
         self.c = _lib.Request(None, 0, ns_ptr, len(self.ns),
                               ctypes.cast(self._key_arr, ctypes.POINTER(_lib.Key)),
                               len(self.keys),
-                              _lib.REQ_INDEPENDENT_KEYS if independent else 0)
+                              (_lib.REQ_INDEPENDENT_KEYS if independent else 0) |
+                              (_lib.REQ_VISIBLE_AT_END if visible else 0))
 
     def ref(self):
         """ctypes.byref of the struct."""
         return ctypes.byref(self.c)
 
 
-def as_request(tokens, ns=None, keys=None, independent=False):
+def as_request(tokens, ns=None, keys=None, independent=False, visible=False):
     """A CRequest, or tokens itself when it already is one."""
     if isinstance(tokens, CRequest):
         return tokens
-    return CRequest(tokens, ns, keys=keys, independent=independent)
+    return CRequest(tokens, ns, keys=keys, independent=independent, visible=visible)
 
 
 def cuda_device(buf):

@@ -59,6 +59,7 @@ class Request(Structure):
 
 
 REQ_INDEPENDENT_KEYS = 1  # KVT_REQ_INDEPENDENT_KEYS
+REQ_VISIBLE_AT_END = 2  # KVT_REQ_VISIBLE_AT_END
 
 
 class EngineMemory(Structure):

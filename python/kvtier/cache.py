@@ -242,12 +242,14 @@ class Cache(Handle):
         check(self._call(lib.kvt_cache_peek, req.ref(), ctypes.byref(n)))
         return n.value
 
-    def prepare_store(self, tokens=None, ns=None, keys=None, independent=False):
+    def prepare_store(self, tokens=None, ns=None, keys=None, independent=False, visible=False):
         """Plans the store of the request's full blocks the cache lacks;
         returns StorePlan(task, first_token, num_tokens). keys= as for
         lookup: block i covers tokens [i * block_tokens, (i + 1) *
-        block_tokens) of the page table given to launch."""
-        req = as_request(tokens, ns, keys, independent)
+        block_tokens) of the page table given to launch. visible: as
+        Client.prepare_store (in process a store is visible when it ends
+        anyway)."""
+        req = as_request(tokens, ns, keys, independent, visible)
         p = _lib.StorePlan()
         check(self._call(lib.kvt_cache_prepare_store, req.ref(), ctypes.byref(p)))
         return StorePlan(p.task, p.first_token, p.num_tokens)

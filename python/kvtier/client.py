@@ -147,9 +147,12 @@ class Client(Handle):
                          len(raw), ctypes.byref(removed), ctypes.byref(kept)))
         return removed.value, kept.value
 
-    def prepare_store(self, tokens=None, ns=None, keys=None, independent=False):
-        """As Cache.prepare_store: StorePlan(task, first_token, num_tokens)."""
-        req = as_request(tokens, ns, keys, independent)
+    def prepare_store(self, tokens=None, ns=None, keys=None, independent=False, visible=False):
+        """As Cache.prepare_store: StorePlan(task, first_token, num_tokens).
+        visible=True (KVT_REQ_VISIBLE_AT_END): the task's wait returns only
+        once every other client can find its blocks (the server checked
+        them), in the same round trip; no stats() call needed to publish."""
+        req = as_request(tokens, ns, keys, independent, visible)
         p = _lib.StorePlan()
         check(self._call(lib.kvt_client_prepare_store, req.ref(), ctypes.byref(p)))
         return StorePlan(p.task, p.first_token, p.num_tokens)

@@ -681,7 +681,6 @@ class KvtierHiCacheStorage(HiCacheStorage):
                         self._set_pages(keys, part, slots, out)
                     finally:
                         self.staging.give(slots)
-            self._publish(out)
         except KvtierError as e:  # the pages not stored stay False
             self._unavailable("batch_set_v1", e)
         finally:
@@ -701,17 +700,6 @@ class KvtierHiCacheStorage(HiCacheStorage):
             logger.warning("kvtier: %s: %s; answered as misses", what, e)
         self._count(unavailable=1)
 
-    def _publish(self, out):
-        """Node server mode: the server checks a store after answering its
-        end and answers this client's next call only after the check, so one
-        STATS round trip makes this batch visible to every rank (an MLA page
-        written by rank 0, read by the others) before SGLang hears of it."""
-        if self.socket is not None and any(out):
-            try:
-                self.cache.stats()
-            except Exception as e:  # noqa: BLE001 - the stores themselves ended
-                logger.warning("kvtier: the server did not answer after a backup: %s", e)
-
     def _set_pages(self, keys, which, pages, out):
         """Stores keys[which[j]] from engine page pages[j]: one
         independent-keys prepare_store per run of keys the cache lacks (it
@@ -726,7 +714,10 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 # A plan ends before a key repeated in it: the repeat is
                 # asked again in the next request (pending by then: False).
                 rest = ks[j:]
-                plan = self.cache.prepare_store(keys=rest, ns=self.namespace, independent=True)
+                # visible: the task ends once the server checked its pages, so
+                # every rank finds them when SGLang hears of the batch.
+                plan = self.cache.prepare_store(keys=rest, ns=self.namespace, independent=True,
+                                                visible=True)
                 a = min(plan.first_token // ps, len(rest))
                 for x in range(j, j + a):  # cached already
                     out[which[x]] = True

@@ -775,7 +775,9 @@ class KvtierConnector(KVConnectorBase_V1):
             self._sent_done.add(spec.req_id)
             return
         try:
-            plan = self.cache.prepare_store(keys=spec.keys, ns=self.namespace)
+            # visible: the task ends once the server checked its blocks, so
+            # the scheduler's next lookup (another process) finds them.
+            plan = self.cache.prepare_store(keys=spec.keys, ns=self.namespace, visible=True)
         except KvtierError as e:
             logger.warning("kvtier: save of %s: %s; its blocks stay uncached", spec.req_id, e)
             self._sent_done.add(spec.req_id)
@@ -810,24 +812,12 @@ class KvtierConnector(KVConnectorBase_V1):
                     logger.warning("kvtier: save of %s failed (%s); its blocks stay uncached",
                                    req_id, r.error() if r is not None else "lost")
                 saved.append(req_id)
-        self._publish(saved)
         self._sent_done.update(saved)
         for req_id, (spec, task, matched, deadline) in list(self._async.items()):
             ended, r = self._poll_task(task, deadline)
             if ended:
                 del self._async[req_id]
                 self._end_load(spec, task, matched, r)
-
-    def _publish(self, saved):
-        """Socket mode: the server checks a store after answering its end,
-        and answers this connection's next call only after the check, so one
-        STATS round trip makes this step's ended saves visible to every
-        process (the scheduler's next lookup) before vLLM hears of them."""
-        if saved and self.socket is not None:
-            try:
-                self.cache.stats()
-            except KvtierError as e:
-                logger.warning("kvtier: the server did not answer after saves: %s", e)
 
     def get_finished(self, finished_req_ids):
         """(requests whose stores ended: their blocks may be freed,

@@ -700,19 +700,22 @@ class NodeServerMode(unittest.TestCase):
         self.assertEqual(st["loaded_blocks"], 16)
 
     def test_backup_visible_to_other_ranks_on_return(self):
-        """The server checks a store after answering its end; batch_set_v1
-        returns only after one more call on its connection (which the server
-        answers after the check), so another rank's lookup right after finds
-        the pages: the MLA case, rank 0 writes and every rank reads."""
+        """batch_set_v1 plans its stores visible=True (KVT_REQ_VISIBLE_AT_END):
+        each task's wait returns only once the server checked its pages, so
+        another rank's lookup right after finds them, with no publishing
+        call: the MLA case, rank 0 writes and every rank reads."""
         b, pool = self.attached(3, 16)
         calls = []
         for name in ("wait", "stats"):
             real = getattr(b.cache, name)
             setattr(b.cache, name, lambda *a, _r=real, _n=name: calls.append(_n) or _r(*a))
+        visible, real_prepare = [], b.cache.prepare_store
+        b.cache.prepare_store = lambda **kw: visible.append(kw.get("visible")) or \
+            real_prepare(**kw)
         keys = ["pub-%d" % i for i in range(8)]
         self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(8))), [True] * 8)
-        self.assertEqual(calls.count("wait"), 1)  # the 8 pages: one store task
-        self.assertEqual(calls[-1], "stats")  # after the last store's end
+        self.assertEqual(calls, ["wait"])  # the 8 pages: one store task, nothing after
+        self.assertEqual(visible, [True])
         other, _ = self.attached(4, 16)
         self.assertEqual(other.batch_exists(keys), 8)
 
@@ -757,7 +760,7 @@ class NodeServerMode(unittest.TestCase):
         self.assertEqual(calls, ["peek"])
         del calls[:]
         self.assertEqual(b.batch_set_v1(keys, pool.host_indices(range(8))), [True] * 8)
-        self.assertEqual(calls, ["prepare_store", "launch", "wait", "stats"])
+        self.assertEqual(calls, ["prepare_store", "launch", "wait"])
         del calls[:]
         self.assertEqual(b.batch_exists(keys), 8)
         self.assertEqual(calls, ["peek"])

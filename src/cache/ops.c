@@ -15,10 +15,12 @@
 #define KVT_MAX_REQUEST_TOKENS (1u << 24)
 #define KVT_MAX_NS_LEN 4096u
 
+#define KVT_REQ_ALL (KVT_REQ_INDEPENDENT_KEYS | KVT_REQ_VISIBLE_AT_END)
+
 static kvt_status check_keys(const char *fn, const kvt_request *r, uint32_t block_tokens)
 {
-    KVT_CHECK_ARG((r->flags & ~KVT_REQ_INDEPENDENT_KEYS) == 0, "%s: req->flags is 0x%x; 0x%x "
-                  "are not KVT_REQ_* bits", fn, r->flags, r->flags & ~KVT_REQ_INDEPENDENT_KEYS);
+    KVT_CHECK_ARG((r->flags & ~KVT_REQ_ALL) == 0, "%s: req->flags is 0x%x; 0x%x "
+                  "are not KVT_REQ_* bits", fn, r->flags, r->flags & ~KVT_REQ_ALL);
     KVT_CHECK_ARG(r->tokens == NULL, "%s: req->keys and req->tokens are both set; a request "
                   "names its blocks by tokens or by keys, not both", fn);
     KVT_CHECK_ARG(r->num_keys <= KVT_MAX_KEYS, "%s: num_keys is %u (at most %u)", fn,
@@ -48,8 +50,9 @@ kvt_status kvt__request_check(const char *fn, const kvt_request *r, uint32_t blo
                   r->ns_len, KVT_MAX_NS_LEN);
     if (r->keys) return check_keys(fn, r, block_tokens);
     KVT_CHECK_ARG(r->num_keys == 0, "%s: req->keys is NULL but num_keys is %u", fn, r->num_keys);
-    KVT_CHECK_ARG(r->flags == 0, "%s: req->flags is 0x%x, but flags apply to keyed requests "
-                  "and req->keys is NULL", fn, r->flags);
+    KVT_CHECK_ARG((r->flags & ~KVT_REQ_VISIBLE_AT_END) == 0, "%s: req->flags is 0x%x, but "
+                  "flags other than KVT_REQ_VISIBLE_AT_END apply to keyed requests and "
+                  "req->keys is NULL", fn, r->flags);
     KVT_CHECK_ARG(r->tokens != NULL || r->num_tokens == 0, "%s: req->tokens is NULL but "
                   "num_tokens is %u", fn, r->num_tokens);
     KVT_CHECK_ARG(r->num_tokens <= KVT_MAX_REQUEST_TOKENS, "%s: num_tokens is %u (at most %u)",

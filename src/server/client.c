@@ -56,6 +56,7 @@ typedef struct ctask {
     bool pending;        /* launched, the server still reads its blocks from SSD
                             (under mu; only the launcher thread clears it) */
     bool cancel_asked;   /* kvt_client_cancel of a pending task (under mu) */
+    bool visible_at_end; /* a store planned KVT_REQ_VISIBLE_AT_END: ends by END_SYNC */
     uint64_t pending_deadline_ns; /* read_ms after its launch */
     uint8_t **blocks;
     uint32_t *pages;
@@ -898,6 +899,8 @@ kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req, kvt_
     if (task) {
         pthread_mutex_lock(&cl->mu);
         st = ct_add(cl, task, KVT_TASK_STORE, first, n);
+        if (!st && (req->flags & KVT_REQ_VISIBLE_AT_END))
+            cl->tasks[cl->ntasks - 1]->visible_at_end = true;
         pthread_mutex_unlock(&cl->mu);
         if (st) return st;
     }
@@ -1019,14 +1022,19 @@ static void on_copied(kvt_xfer_task *xt, kvt_status st)
      * moved: END goes to the server that planned the task, or fails.) */
     if (!skip) {
         kvt_srv_buf b = {0};
-        bool early = end_encode(cl, t, st, &b) == KVT_OK && !b.oom && end_early(cl, t, &b);
+        /* A store asked to be visible when it ends is reported only with
+         * the server's verdict (END_SYNC), never early. */
+        bool sync = t->visible_at_end && end_encode(cl, t, st, &b) == KVT_OK && !b.oom;
+        bool early = !sync && !t->visible_at_end && end_encode(cl, t, st, &b) == KVT_OK &&
+                     !b.oom && end_early(cl, t, &b);
         if (early) { /* t is the waiter's now */
             kvt__srv_buf_free(&b);
             return;
         }
         uint8_t *p = NULL;
         uint32_t len = 0;
-        kvt_status rs = round_trip(cl, "kvt_client_wait", KVT_SRV_END, &b, &p, &len, NULL);
+        kvt_status rs = round_trip(cl, "kvt_client_wait", sync ? KVT_SRV_END_SYNC : KVT_SRV_END,
+                                   &b, &p, &len, NULL);
         kvt__srv_buf_free(&b);
         if (!rs) rs = kvt__srv_result_decode(p, len, &r);
         free(p);

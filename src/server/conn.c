@@ -707,24 +707,27 @@ static void check_start(kvt_srv_conn *c)
     pthread_mutex_unlock(&k->mu);
 }
 
-static kvt_status end_reply(kvt_srv_conn *c, const kvt_task_result *r)
+static kvt_status end_reply(kvt_srv_conn *c, uint16_t op, const kvt_task_result *r)
 {
     kvt_srv_buf b = {0};
     kvt__srv_result_encode(&b, r);
-    kvt_status st = reply(c, KVT_SRV_END, &b);
+    kvt_status st = reply(c, op, &b);
     kvt__srv_buf_free(&b);
     return st;
 }
 
-static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
+/* END, or END_SYNC (op): a store's checksums are checked after END's
+ * answer (by the connection's checker), before END_SYNC's (in line: the
+ * client asked to hear only once the blocks are visible). */
+static kvt_status on_end(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t len)
 {
     kvt_srv_end e;
     kvt_status st = kvt__srv_end_decode(p, len, &e);
     if (st) return st;
     kvt_srv_task *t = find_task(c, e.task);
-    if (!t || !t->launched) return reply_err(c, KVT_SRV_END, not_ours(e.task));
+    if (!t || !t->launched) return reply_err(c, op, not_ours(e.task));
     if (t->pending) /* kept: its reads run; CANCEL or detach releases it */
-        return reply_err(c, KVT_SRV_END, kvt__fail(KVT_ESTATE, "task %llu: its SSD reads "
+        return reply_err(c, op, kvt__fail(KVT_ESTATE, "task %llu: its SSD reads "
                                                    "still run (LAUNCH again, or CANCEL it)",
                                                    (unsigned long long)e.task));
     kvt_status verdict = (kvt_status)e.status;
@@ -736,11 +739,11 @@ static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
         if (e.n != t->num_blocks)
             verdict = kvt__fail(KVT_EPROTO, "store task %llu: %u checksums for %u blocks",
                                 (unsigned long long)t->id, e.n, t->num_blocks);
-        else if (check_post(c, t, e.checksums)) {
+        else if (op == KVT_SRV_END && check_post(c, t, e.checksums)) {
             /* Answered before the check starts: the reply never waits for
              * a core the check holds. Started even if the reply failed, so
              * the store ends (commit or roll back) either way. */
-            st = end_reply(c, &r);
+            st = end_reply(c, op, &r);
             check_start(c);
             return st;
         } else
@@ -748,7 +751,7 @@ static kvt_status on_end(kvt_srv_conn *c, const uint8_t *p, size_t len)
     }
     st = kvt__cache_ext_end(c->sh->cache, e.task, verdict, &r);
     drop_task(c, t);
-    return st ? reply_err(c, KVT_SRV_END, st) : end_reply(c, &r);
+    return st ? reply_err(c, op, st) : end_reply(c, op, &r);
 }
 
 static kvt_status on_cancel(kvt_srv_conn *c, const uint8_t *p, size_t len)
@@ -905,7 +908,8 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
     case KVT_SRV_PREPARE: st = on_plan(c, h.op, p, h.len); break;
     case KVT_SRV_PEEK: st = on_peek(c, p, h.len); break;
     case KVT_SRV_LAUNCH: st = on_launch(c, p, h.len); break;
-    case KVT_SRV_END: st = on_end(c, p, h.len); break;
+    case KVT_SRV_END:
+    case KVT_SRV_END_SYNC: st = on_end(c, h.op, p, h.len); break;
     case KVT_SRV_CANCEL: st = on_cancel(c, p, h.len); break;
     case KVT_SRV_STATS: st = on_stats(c, h.len); break;
     case KVT_SRV_STATS_ALL: st = on_stats_all(c, p, h.len); break;

@@ -161,7 +161,7 @@ kvt_status kvt__srv_hdr_decode(const uint8_t in[KVT_SRV_HDR], kvt_srv_hdr *out)
         return kvt__fail(KVT_EPROTO, "frame: len %u is over the %u-byte bound", h.len,
                          KVT_SRV_MAX_MSG);
     uint16_t op = h.op & (uint16_t)~KVT_SRV_REPLY;
-    if (op < KVT_SRV_HELLO || op > KVT_SRV_PEEK_MANY)
+    if (op < KVT_SRV_HELLO || op > KVT_SRV_END_SYNC)
         return kvt__fail(KVT_EPROTO, "frame: unknown op %u", op);
     if (!(h.op & KVT_SRV_REPLY) && h.status != 0)
         return kvt__fail(KVT_EPROTO, "frame: a request carries status %d", h.status);

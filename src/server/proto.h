@@ -49,7 +49,13 @@
  *                 HELLO too: it never makes a tier (kvtier stats)
  *            rep: u32 n, u32 nfields, n x (u64 fingerprint, u32 num_layers,
  *                 u32 tokens_per_page, u32 block_tokens, u32 0,
- *                 u64 bytes_per_token, u64 field[nfields] (kvt_cache_stats order))
+ *                 u64 bytes_per_token, u64 field[nfields] (kvt_cache_stats order)),
+ *                 then u32 nq, nq x (u32 len, prefix bytes padded to 4,
+ *                 u64 limit, used, limited, evicted): server_quotas' rules
+ *   END_SYNC req/rep: as END, for a store planned KVT_REQ_VISIBLE_AT_END:
+ *                 answered after the server checked and committed the
+ *                 blocks (END answers first and checks after), so the
+ *                 result is the check's verdict
  *   CLEAR    req: u32 0, u32 ns_len, ns bytes padded to 4
  *            rep: u64 0, u32 blocks removed, u32 blocks kept (pinned: loads or
  *                 SSD writes in flight, or with a store in flight below them)
@@ -102,6 +108,7 @@ typedef enum kvt_srv_op {
     KVT_SRV_STATS_ALL = 12,
     KVT_SRV_CLEAR = 13,
     KVT_SRV_PEEK_MANY = 14,
+    KVT_SRV_END_SYNC = 15,
 } kvt_srv_op;
 
 #define KVT_SRV_MAX_TIERS 64    /* tiers in a STATS_ALL reply (server_max_geometries' bound) */

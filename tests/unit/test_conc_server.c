@@ -2568,6 +2568,52 @@ static void test_quota_by_namespace(void **state)
     stop_server(srv, path);
 }
 
+/* KVT_REQ_VISIBLE_AT_END: a store's wait returns with the server's
+ * verdict, once every other client can find its blocks: three round trips
+ * (PREPARE, LAUNCH, END_SYNC), all of them made by the time the wait
+ * returns (a store without the flag is reported as soon as its copy ends,
+ * its END still to go), no publishing call after. Another client's lookup
+ * right after the wait loads every block, byte-verified, and the server's
+ * stored count (read on a connection of its own) already holds them. */
+static void test_visible_at_end(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "vis.sock");
+    pid_t srv = start_server(path, NULL);
+    engine a, b;
+    assert_ok(engine_open(&a, path, 2));
+    assert_ok(engine_open(&b, path, 2));
+    for (uint64_t seed = 70; seed < 76; seed++) {
+        uint32_t tokens[NTOK];
+        kvt_request r;
+        request(&r, tokens, seed);
+        r.flags = KVT_REQ_VISIBLE_AT_END;
+        uint64_t before = kvt__client_requests(a.cl);
+        kvt_store_plan p;
+        assert_ok(kvt_client_prepare_store(a.cl, &r, &p));
+        assert_int_equal(p.num_tokens, BLOCKS * TPP);
+        assert_ok(kvt_emu_fill(a.emu, &r, 0, r.num_tokens, a.pages, PAGES));
+        assert_ok(kvt_client_launch(a.cl, p.task, a.pages, PAGES));
+        kvt_task_result res;
+        assert_ok(kvt_client_wait(a.cl, p.task, TIMEOUT_MS, &res));
+        assert_ok(res.status);
+        assert_int_equal(kvt__client_requests(a.cl) - before, 3);
+        kvt_tier_stats t;
+        uint32_t n = 0;
+        assert_ok(kvt_server_tier_stats(path, NULL, TIMEOUT_MS, &t, 1, &n));
+        assert_int_equal(t.stats.stored_blocks, (seed - 69) * BLOCKS);
+        uint32_t matched = 0;
+        r.flags = 0;
+        assert_ok(engine_load(&b, &r, &matched));
+        assert_int_equal(matched, BLOCKS * TPP);
+    }
+    engine_close(&a);
+    engine_close(&b);
+    stop_server(srv, path);
+}
+
 /* kvt_server_tier_stats reads only: naming a geometry the server does not
  * hold is KVT_ENOTFOUND naming it and the held ones, and makes no tier
  * (kvtier stats --model used to attach, making one); every tier's figures
@@ -2929,6 +2975,7 @@ int main(void)
         cmocka_unit_test_teardown(test_shared_capacity, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_tier_stats_read_only, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_quota_by_namespace, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_visible_at_end, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_clear_namespace, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, kvt_test_servers_kill),
