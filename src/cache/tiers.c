@@ -114,15 +114,40 @@ static bool is_owned_by(uint32_t slot, void *arg)
 
 #define QUOTA_VISIT 128 /* candidates looked at for the owner's coldest block */
 
+#define QUOTA_SCAN 1024 /* CPU slots swept for an owner's copy the SSD holds */
+
+/* An owner's CPU copies that the SSD holds durably are often not among the
+ * coldest candidates (only a chain's last block is a candidate; SSD-only
+ * blocks fill the cold end): a bounded sweep from the CLOCK hand drops the
+ * first unpinned one. */
+static bool drop_owner_copy(kvt_cache *c, uint8_t owner)
+{
+    for (uint32_t step = 0; step < QUOTA_SCAN && step < c->cpu_blocks; step++) {
+        uint32_t slot = (c->clock_hand + step) % c->cpu_blocks;
+        uint32_t id = c->cpu_owner[slot];
+        if (id == KVT_INDEX_NONE || kvt__index_pins(c->index, id) != 0) continue;
+        if (kvt__index_payload(c->index, id) != slot || c->ssd_state[id] != SSD_DURABLE ||
+            kvt__pool_owner(c->pool, slot) != owner)
+            continue;
+        kvt__index_set_payload(c->index, id, KVT_POOL_NONE);
+        free_cpu_slot(c, slot);
+        c->stats.cpu_dropped_blocks++;
+        c->quota->evicted[owner]++;
+        return true;
+    }
+    return false;
+}
+
 /* Room for one more block of an owner at its quota: its own coldest block
  * among the QUOTA_VISIT coldest candidates gives up its CPU copy (kept on
- * the SSD when durable there, else evicted). False when none of those is
- * the owner's: its store gets fewer blocks. */
+ * the SSD when durable there, else evicted); failing that, with an SSD
+ * tier, one of its copies the SSD holds (drop_owner_copy). False when neither
+ * is there: its store gets fewer blocks. */
 static bool make_owner_room(kvt_cache *c, uint8_t owner)
 {
     owned_by o = {c->pool, owner};
     uint32_t id = kvt__index_coldest_where(c->index, is_owned_by, &o, QUOTA_VISIT);
-    if (id == KVT_INDEX_NONE) return false;
+    if (id == KVT_INDEX_NONE) return c->ssd && drop_owner_copy(c, owner);
     uint32_t slot = kvt__index_payload(c->index, id);
     if (c->ssd && c->ssd_state[id] == SSD_DURABLE) {
         kvt__index_set_payload(c->index, id, KVT_POOL_NONE);

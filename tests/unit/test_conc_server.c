@@ -2568,6 +2568,50 @@ static void test_quota_by_namespace(void **state)
     stop_server(srv, path);
 }
 
+/* server_quotas with an SSD tier: a busy namespace at its quota gives up
+ * CPU copies of its own blocks the SSD holds (its chains' middle blocks,
+ * which are never eviction candidates), so its stores are not cut short
+ * and every one of its requests still loads whole, from the SSD where its
+ * copy went; the quiet namespace keeps its CPU copies (no SSD hit). */
+static void test_quota_with_ssd(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "qssd.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    static const char *const opts[] = {"cpu_capacity", "1MiB", "server_quotas", "busy=256KiB",
+                                       NULL};
+    g_opts = opts;
+    pid_t srv = start_server(path, ssd);
+    g_opts = NULL;
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    enum { QUIET = 8, BUSY = 12 };
+    for (uint64_t i = 0; i < QUIET; i++) assert_int_equal(stored_ns(&e, 5000 + i, "quiet"), BLOCKS * TPP);
+    assert_ok(kvt_client_flush(e.cl, TIMEOUT_MS));
+    for (uint64_t i = 0; i < BUSY; i++) {
+        if (stored_ns(&e, 6000 + i, "busy-1") != BLOCKS * TPP)
+            fail_msg("busy's store %llu was cut short: its copies on the SSD could have made "
+                     "room", (unsigned long long)i);
+        assert_ok(kvt_client_flush(e.cl, TIMEOUT_MS)); /* durable: its copies may go */
+    }
+    kvt_cache_stats before, after;
+    assert_ok(kvt_client_stats(e.cl, &before));
+    for (uint64_t i = 0; i < QUIET; i++) assert_int_equal(loaded_ns(&e, 5000 + i, "quiet"), BLOCKS * TPP);
+    assert_ok(kvt_client_stats(e.cl, &after));
+    assert_int_equal(after.ssd_hit_tokens, before.ssd_hit_tokens); /* quiet: all from CPU */
+    for (uint64_t i = 0; i < BUSY; i++) assert_int_equal(loaded_ns(&e, 6000 + i, "busy-1"), BLOCKS * TPP);
+    kvt_quota_usage q;
+    uint32_t nq = 0;
+    assert_ok(kvt_server_quotas(path, TIMEOUT_MS, &q, 1, &nq));
+    assert_true(q.used_bytes <= q.limit_bytes);
+    assert_int_equal(q.limited_blocks, 0);
+    assert_true(q.evicted_blocks > 0);
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
 /* KVT_REQ_VISIBLE_AT_END: a store's wait returns with the server's
  * verdict, once every other client can find its blocks: three round trips
  * (PREPARE, LAUNCH, END_SYNC), all of them made by the time the wait
@@ -2976,6 +3020,7 @@ int main(void)
         cmocka_unit_test_teardown(test_tier_stats_read_only, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_quota_by_namespace, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_visible_at_end, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_quota_with_ssd, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_clear_namespace, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, kvt_test_servers_kill),
