@@ -1601,7 +1601,12 @@ static kvt_status child_keyed_store(const char *path, void *arg)
     engine e;
     kvt_status st = engine_open(&e, path, 2);
     kvt_request t = {c.tokens, BLOCKS * TPP, NULL, 0};
-    kvt_request r = {.ns = "tenant", .ns_len = 6, .keys = c.keys, .num_keys = BLOCKS};
+    /* Visible at end: this process exits next and the loading one comes
+     * right after; a plain store is visible only after the server's check,
+     * which nothing here would wait for (the load then raced it and missed
+     * when a busy machine starved the idle-priority check). */
+    kvt_request r = {.ns = "tenant", .ns_len = 6, .keys = c.keys, .num_keys = BLOCKS,
+                     .flags = KVT_REQ_VISIBLE_AT_END};
     kvt_store_plan p = {0};
     if (!st) st = kvt_client_prepare_store(e.cl, &r, &p);
     if (!st && (p.task == 0 || p.first_token != 0 || p.num_tokens != BLOCKS * TPP))
