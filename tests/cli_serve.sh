@@ -15,9 +15,19 @@ set -eu
 K=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
 # attach SOCKET TP: an engine of the tiny preset at TP slice TP attaches
-# (the Python client over this build's library) and detaches.
+# (the Python client over this build's library) and detaches. In a
+# sanitizer build Python loads the library with the sanitizer's runtime
+# preloaded (leak checks off: they would report the interpreter's).
+LIB="$(dirname "$K")/libkvtier.so"
+PRE=
+if ldd "$LIB" 2>/dev/null | grep -q libasan; then
+    PRE=$(gcc -print-file-name=libasan.so)
+elif ldd "$LIB" 2>/dev/null | grep -q libtsan; then
+    PRE=$(gcc -print-file-name=libtsan.so)
+fi
 attach() {
-    KVTIER_LIB="$(dirname "$K")/libkvtier.so" PYTHONPATH="$HERE/../python" /usr/bin/python3 -c '
+    LD_PRELOAD="$PRE" ASAN_OPTIONS=detect_leaks=0 TSAN_OPTIONS=report_bugs=0 KVTIER_LIB="$LIB" \
+        PYTHONPATH="$HERE/../python" /usr/bin/python3 -c '
 import sys, kvtier
 from kvtier.config import Geometry
 with Geometry.preset("tiny", 16, int(sys.argv[2])) as g:
