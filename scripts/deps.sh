@@ -10,6 +10,7 @@ PACKAGES=(
   python3 python3-numpy python3-pip python3-setuptools python3-venv
   libucx-dev ucx-utils
   libmicrohttpd-dev prometheus
+  libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack
   spin
 )
 

@@ -14,6 +14,7 @@ int kvt_cmd_replay(int argc, char **argv); /* kvtier replay --trace FILE [...] *
 int kvt_cmd_plan(int argc, char **argv);
 int kvt_cmd_trace(int argc, char **argv);  /* kvtier trace synth --out FILE [...] */
 int kvt_cmd_stats(int argc, char **argv);  /* kvtier stats --socket PATH [--json] [--watch] */
+int kvt_cmd_events(int argc, char **argv); /* kvtier events --endpoint E | --replay R */
 int kvt_cmd_serve(int argc, char **argv);  /* kvtier serve --socket PATH [--config F] ... */   /* kvtier plan --trace FILE [--out-csv F] [--out-svg F] */
 
 #endif

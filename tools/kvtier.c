@@ -25,6 +25,7 @@ static void usage(FILE *to)
             "  trace synth --out F  write a multi-turn chat trace (Mooncake JSONL) to replay\n"
             "  serve --socket PATH  the node cache server engine processes attach to (foreground)\n"
             "  stats --socket PATH  a running server's figures (--json, --watch like top)\n"
+            "  events --endpoint E  a server's KV events (vLLM's format) as JSON lines\n"
             "  bench copy           gather/scatter throughput vs memcpy on this machine\n"
             "  bench index          prefix-index lookups per second and bytes per block\n"
             "  bench ssd            SSD tier write/read throughput vs raw O_DIRECT io_uring\n"
@@ -127,6 +128,7 @@ static const subcommand top_cmds[] = {
     {"trace", kvt_cmd_trace},
     {"serve", kvt_cmd_serve},
     {"stats", kvt_cmd_stats},
+    {"events", kvt_cmd_events},
     {"bench", bench_main},
     {"version", version_main},
 };

@@ -130,6 +130,13 @@ kvt_status kvt__cache_create_shared(kvt_cache **out, const kvt_config *cfg,
     return create(out, cfg, geo, true, sh);
 }
 
+void kvt__cache_observe_index(kvt_cache *c, kvt_index_observer fn, void *arg)
+{
+    pthread_mutex_lock(&c->mu);
+    kvt__index_set_observer(c->index, fn, arg);
+    pthread_mutex_unlock(&c->mu);
+}
+
 void kvt__cache_set_quota(kvt_cache *c, struct kvt_quota *q)
 {
     c->quota = q;

@@ -144,6 +144,9 @@ kvt_status kvt__request_check(const char *fn, const kvt_request *r, uint32_t blo
 uint32_t kvt__request_tokens(const kvt_cache *c, const kvt_request *r);
 uint32_t kvt__request_hashes(const kvt_cache *c, const kvt_request *r, kvt_hash128 *out,
                              uint32_t max);
+/* Sets (NULL: clears) the observer of c's index (index.h), under c's
+ * lock: the KV events publisher, set from above. */
+void kvt__cache_observe_index(kvt_cache *c, kvt_index_observer fn, void *arg);
 /* Byte quotas by namespace prefix for c's CPU tier (the caller's; it
  * outlives c). Before c's first store or load, never changed after. */
 void kvt__cache_set_quota(kvt_cache *c, struct kvt_quota *q);

@@ -75,6 +75,8 @@ struct kvt_index {
     uint64_t clock;       /* advances one per touched block */
     _Atomic uint64_t *shared_clock; /* instead of clock, when set */
     uint64_t decay_touches; /* LFU: touches since the last decay */
+    kvt_index_observer observe; /* told of commits and removals, or NULL */
+    void *observe_arg;
 };
 
 static inline uint64_t next_tick(kvt_index *idx)
@@ -313,6 +315,8 @@ static void kvt__entry_remove(kvt_index *x, uint32_t id)
 {
     kvt_entry *e = &x->entries[id];
     assert(e->children == 0 && e->heap_pos == KVT_INDEX_NONE);
+    /* Only what was announced leaves: a PENDING entry never was. */
+    if (x->observe && e->state == KVT_E_READY) x->observe(x->observe_arg, KVT_INDEX_REMOVED, x, &id, 1);
     uint32_t parent = e->parent;
     kvt__table_del(x, id);
     kvt__entry_free(x, id);
@@ -534,6 +538,17 @@ void kvt__index_commit(kvt_index *idx, const uint32_t *ids, uint32_t n)
         e->pins--;
         kvt__maybe_candidate(idx, ids[i]);
     }
+    if (idx->observe && n) idx->observe(idx->observe_arg, KVT_INDEX_STORED, idx, ids, n);
+}
+
+void kvt__index_set_observer(kvt_index *idx, kvt_index_observer fn, void *arg)
+{
+    idx->observe = fn;
+    idx->observe_arg = arg;
+    if (!fn) return;
+    for (uint32_t id = 0; id < idx->high; id++) /* what it holds already (recovered) */
+        if (kvt__live(idx, id) && idx->entries[id].state == KVT_E_READY)
+            fn(arg, KVT_INDEX_STORED, idx, &id, 1);
 }
 
 void kvt__index_abort(kvt_index *idx, const uint32_t *ids, uint32_t n)

@@ -108,6 +108,16 @@ static kvt_status listen_on(kvt_server *s)
     return KVT_OK;
 }
 
+/* events_endpoint: one publisher for every shard's index. */
+static kvt_status start_events(kvt_server *s)
+{
+    kvt_events_config ec = {s->cfg.events_endpoint, s->cfg.events_replay_endpoint,
+                            s->cfg.events_topic, s->cfg.events_dp_rank,
+                            s->cfg.events_buffer_steps};
+    kvt_status st = kvt__events_start(&s->events, &ec);
+    return st ? kvt__wrap_error(st, "kvt_server_create") : KVT_OK;
+}
+
 /* server_quotas: one kvt_quota every shard's cache charges. */
 static kvt_status make_quota(kvt_server *s)
 {
@@ -129,6 +139,7 @@ static kvt_status security(kvt_server *s)
     if (!st && (st = kvt__srv_ns_parse(s->cfg.server_namespaces, &s->ns)))
         kvt__wrap_error(st, "kvt_server_create");
     if (!st && s->cfg.server_quotas[0]) st = make_quota(s);
+    if (!st && s->cfg.events_endpoint[0]) st = start_events(s);
     if (!st && sodium_init() < 0)
         st = kvt__fail(KVT_ESYS, "kvt_server_create: libsodium failed to initialise");
     if (!st && s->cfg.server_secret_file[0])
@@ -196,6 +207,7 @@ static void srv_metrics(kvt_mbuf *b, void *arg);
 static void shard_free(kvt_srv_shard *sh)
 {
     if (!sh) return;
+    if (sh->cache && sh->events.ev) kvt__cache_observe_index(sh->cache, NULL, NULL);
     if (sh->cache) kvt__metrics_cache_set_extra(sh->cache, NULL, NULL);
     kvt_cache_destroy(sh->cache);
     if (sh->roots.limit) kvt__srv_roots_free(&sh->roots);
@@ -231,6 +243,10 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
     kvt__cache_ext_shm(sh->cache, &sh->shm);
     kvt__srv_roots_init(&sh->roots, kvt__index_capacity(sh->cache->index));
     if (s->quota) kvt__cache_set_quota(sh->cache, s->quota); /* before any client has it */
+    if (s->events) {
+        sh->events = (kvt_events_src){s->events, bt};
+        kvt__cache_observe_index(sh->cache, kvt__events_observe, &sh->events);
+    }
     if (s->max_shards == 1) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
     *out = sh;
     return KVT_OK;
@@ -730,6 +746,11 @@ kvt_status kvt_server_run(kvt_server *s)
                      (unsigned long long)s->cfg.cpu_capacity,
                      s->cfg.ssd_dirs[0] ? " and a share of the SSD tier under " : "",
                      s->cfg.ssd_dirs, metrics);
+    if (s->events)
+        kvt__srv_log(KVT_LOG_INFO, "KV events (vLLM's format, docs/events.md) on %s%s%s, topic "
+                     "\"%s\"", s->cfg.events_endpoint,
+                     s->cfg.events_replay_endpoint[0] ? ", replay on " : " (no replay endpoint)",
+                     s->cfg.events_replay_endpoint, s->cfg.events_topic);
     if (first && !strcmp(first->shm.pages, "4k"))
         kvt__srv_log(KVT_LOG_INFO, "the CPU tier has 4 KiB pages (no huge pages reserved, shmem "
                      "THP off): clients store slower (docs/server.md, Performance)");
@@ -783,6 +804,7 @@ void kvt_server_destroy(kvt_server *s)
     for (uint32_t i = 0; i < atomic_load(&s->nshards); i++) shard_free(s->shards[i]);
     kvt__share_destroy(s->share); /* after every member */
     free(s->quota);              /* after every member too */
+    kvt__events_stop(s->events); /* no index observes it any more */
     kvt_geometry_destroy(s->declared);
     for (uint32_t i = 0; i < s->num_ssd_locks; i++) close(s->ssd_lock_fds[i]);
     if (s->lock_fd >= 0) close(s->lock_fd);

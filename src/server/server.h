@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include "cache/external.h"
+#include "events/events.h"
 #include "kvtier.h"
 #include "server/auth.h"
 #include "server/proto.h"
@@ -76,6 +77,7 @@ typedef struct kvt_srv_shard {
     kvt_cache *cache;
     kvt_ext_shm shm;
     kvt_srv_roots roots; /* nsroots.c */
+    kvt_events_src events; /* its index's observer's argument, when events are on */
 } kvt_srv_shard;
 
 /* CPU blocks of stores cut off from a client still alive (it maps the tier
@@ -131,6 +133,7 @@ struct kvt_server {
     gid_t group;
     kvt_srv_ns_rules ns; /* server_namespaces */
     struct kvt_quota *quota; /* server_quotas, every shard's; NULL without rules */
+    kvt_events *events;      /* events_endpoint's publisher, or NULL */
     uint8_t *secret;     /* server_secret_file's bytes (sodium_malloc), or NULL */
     size_t secret_len;
     atomic_int state; /* 0 created, 1 running, 2 stopped */

@@ -161,6 +161,18 @@ static const opt_def OPTIONS[] = {
                "';', the longest matching prefix wins, - the default (empty) namespace, * all "
                "others together; a namespace at its quota evicts its own coldest blocks; "
                "empty: no quotas"),
+    STRING_OPT(events_endpoint, EVENTS_ENDPOINT, RANK_LOCAL, "",
+               "KV events in vLLM's format (docs/events.md): the ZeroMQ PUB endpoint the node "
+               "server binds, tcp://127.0.0.1:PORT, tcp://[::1]:PORT or ipc://PATH; empty: off"),
+    STRING_OPT(events_replay_endpoint, EVENTS_REPLAY_ENDPOINT, RANK_LOCAL, "",
+               "the ROUTER endpoint that replays buffered event batches from a sequence number "
+               "(the same rule); empty: none"),
+    STRING_OPT(events_topic, EVENTS_TOPIC, RANK_LOCAL, "",
+               "the topic frame of every event message"),
+    UINT_OPT(events_buffer_steps, EVENTS_BUFFER_STEPS, RANK_LOCAL, 10000, 1, 1000000,
+             "event batches kept for replay"),
+    UINT_OPT(events_dp_rank, EVENTS_DP_RANK, RANK_LOCAL, 0, 0, 65535,
+             "data_parallel_rank in every event batch"),
     STRING_OPT(server_secret_file, SERVER_SECRET_FILE, RANK_LOCAL, "",
                "a file of 16..1024 bytes every client of the node server must prove it holds "
                "(HMAC-SHA256 challenge at attach); clients read it from "

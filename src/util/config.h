@@ -43,6 +43,11 @@ typedef struct kvt_config_values {
     char server_socket_group[64]; /* "server_socket_group", string, default "": socket 0660 with it */
     char server_namespaces[1024]; /* "server_namespaces", string, default "": per-client rules */
     char server_quotas[2048]; /* "server_quotas", string, default "": CPU bytes per namespace prefix */
+    char events_endpoint[256]; /* "events_endpoint", string, default "": KV events PUB (off) */
+    char events_replay_endpoint[256]; /* "events_replay_endpoint", string, default "": replay ROUTER */
+    char events_topic[256];    /* "events_topic", string, default "": each message's first frame */
+    uint32_t events_buffer_steps; /* "events_buffer_steps", uint, default 10000: batches kept */
+    uint32_t events_dp_rank;   /* "events_dp_rank", uint, default 0: data_parallel_rank */
     char server_secret_file[256]; /* "server_secret_file", string, default "": attach secret */
     uint32_t server_copy_ms; /* "server_copy_ms", uint, default 30000: a launched copy's deadline */
     uint32_t server_read_ms; /* "server_read_ms", uint, default 30000: a load's SSD reads' bound */

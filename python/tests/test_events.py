@@ -1,0 +1,194 @@
+"""KV events of a real `kvtier serve` (events_endpoint), read as a router
+reads vLLM's ZmqEventPublisher: a ZeroMQ SUB socket (pyzmq) and msgpack
+(Debian's python3-msgpack, not kvtier's code), multipart (topic, 8-byte
+big-endian sequence, EventBatch [ts, events, data_parallel_rank]), and the
+ROUTER replay from a sequence number ending with sequence -1. A store
+shows as BlockStored (a chain: each hash the parent of the next, medium
+CPU, block_size the server's block tokens), a CLEAR of the namespace as
+BlockRemoved of the same hashes; the first batch is AllBlocksCleared;
+sequence numbers count up from 0 with no gap. An endpoint off this host
+is refused naming the option."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+from _util import skip_if_unloadable
+from test_client import kvtier_bin, start_server, stop_server
+
+
+def setUpModule():
+    skip_if_unloadable()
+    global kvtier, zmq, msgpack
+    import kvtier
+    try:
+        import msgpack
+        import zmq
+    except ImportError as e:  # scripts/deps.sh installs both from Debian
+        raise AssertionError("pyzmq and msgpack are needed (python3-zmq, python3-msgpack: "
+                             "run scripts/deps.sh): %s" % e)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def decode(frames):
+    topic, seq, payload = frames
+    batch = msgpack.unpackb(payload, raw=False)
+    return topic, int.from_bytes(seq, "big", signed=True), batch
+
+
+class Events(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kvtev")
+        self.sock = os.path.join(self.dir, "node.sock")
+        self.port, self.rport = free_port(), free_port()
+        self.srv = start_server(self.sock, "--set",
+                                "events_endpoint=tcp://127.0.0.1:%d" % self.port, "--set",
+                                "events_replay_endpoint=tcp://127.0.0.1:%d" % self.rport,
+                                "--set", "events_topic=kv@node1", "--set", "events_dp_rank=3")
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect("tcp://127.0.0.1:%d" % self.port)
+        time.sleep(0.3)  # a SUB that joins late misses what came before: replay has it
+
+    def tearDown(self):
+        self.sub.close(0)
+        self.ctx.term()
+        if self.srv.poll() is None:
+            stop_server(self.srv)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def recv_until(self, pred, timeout=10.0):
+        """Batches until pred(events) of one is true."""
+        got = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sub.poll(100):
+                t, seq, b = decode(self.sub.recv_multipart())
+                got.append((t, seq, b))
+                if pred(b[1]):
+                    return got
+        self.fail("no such batch within %.0f s; got %r" % (timeout, got))
+
+    def replay(self, start):
+        r = self.ctx.socket(zmq.DEALER)
+        r.connect("tcp://127.0.0.1:%d" % self.rport)
+        try:
+            r.send_multipart([b"", start.to_bytes(8, "big")])
+            out = []
+            while True:
+                self.assertTrue(r.poll(5000), "no replay answer")
+                empty, seq, payload = r.recv_multipart()
+                self.assertEqual(empty, b"")
+                seq = int.from_bytes(seq, "big", signed=True)
+                if seq == -1:
+                    self.assertEqual(payload, b"")
+                    return out
+                out.append((seq, msgpack.unpackb(payload, raw=False)))
+        finally:
+            r.close(0)
+
+    def store(self, cl, eng, toks):
+        plan = cl.prepare_store(toks, ns="tenant-a", visible=True)
+        eng.fill(toks, list(range(len(toks) // 16 + 1)), ns="tenant-a")
+        cl.launch(plan.task, list(range(len(toks) // 16 + 1)))
+        self.assertTrue(cl.wait(plan.task, 5).ok)
+        return plan
+
+    def test_store_and_clear_as_a_router_sees_them(self):
+        geo = kvtier.Geometry.preset("tiny", 16, 1)
+        eng = kvtier.EmulatedEngine(geo, 64)
+        with kvtier.Client(self.sock, geo, timeout_ms=3000) as cl:
+            cl.register_engine(eng)
+            bt = cl.block_tokens
+            toks = list(range(7, 7 + 4 * bt + 1))
+            self.store(cl, eng, toks)
+            got = self.recv_until(lambda evs: any(e[0] == "BlockStored" for e in evs))
+            t, seq, batch = got[-1]
+            self.assertEqual(t, b"kv@node1")
+            self.assertEqual(len(batch), 3)
+            self.assertIsInstance(batch[0], float)
+            self.assertLess(abs(batch[0] - time.time()), 60)
+            self.assertEqual(batch[2], 3)  # data_parallel_rank
+            stored = [e for e in batch[1] if e[0] == "BlockStored"]
+            self.assertEqual(len(stored), 1, batch)
+            ev = stored[0]
+            self.assertEqual(len(ev), 8)  # tag + vLLM's 7 fields
+            hashes, parent, token_ids, block_size, lora_id, medium, lora_name = ev[1:]
+            self.assertEqual(len(hashes), 4)
+            self.assertTrue(all(isinstance(h, bytes) and len(h) == 16 for h in hashes))
+            self.assertEqual(len(set(hashes)), 4)
+            self.assertIsNone(parent)  # the request's first block is a root
+            self.assertEqual((token_ids, block_size, lora_id, medium, lora_name),
+                             ([], bt, None, "CPU", None))
+            # A second request extending the first: its new blocks' parent is
+            # the first request's last block.
+            more = toks[:-1] + list(range(900, 900 + 2 * bt + 1))
+            self.store(cl, eng, more)
+            got = self.recv_until(lambda evs: any(e[0] == "BlockStored" for e in evs))
+            ext = [e for e in got[-1][2][1] if e[0] == "BlockStored"][0]
+            self.assertEqual(len(ext[1]), 2)
+            self.assertEqual(ext[2], hashes[-1])
+            # CLEAR of the namespace: every one of them removed, nothing else.
+            removed, kept = cl.clear("tenant-a")
+            self.assertEqual((removed, kept), (6, 0))
+            seen = set()
+            want = set(hashes) | set(ext[1])
+            deadline = time.monotonic() + 10
+            while seen != want and time.monotonic() < deadline:
+                if self.sub.poll(100):
+                    for e in decode(self.sub.recv_multipart())[2][1]:
+                        if e[0] == "BlockRemoved":
+                            self.assertIsNone(e[2])  # gone from every tier of this node
+                            seen.update(e[1])
+            self.assertEqual(seen, want)
+        # Replay from 0: every batch, in order, numbered 0, 1, ... with no
+        # gap, the first AllBlocksCleared (the server started afresh).
+        batches = self.replay(0)
+        self.assertGreaterEqual(len(batches), 4)
+        self.assertEqual([s for s, _ in batches], list(range(len(batches))))
+        self.assertEqual(batches[0][1][1][0], ["AllBlocksCleared"])
+        # kvtier events prints the same batches as JSON lines.
+        r = subprocess.run([kvtier_bin(), "events", "--replay", "tcp://127.0.0.1:%d" % self.rport,
+                            "--from", "0"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = [json.loads(x) for x in r.stdout.splitlines()]
+        self.assertEqual([x["seq"] for x in lines], [s for s, _ in batches])
+        self.assertEqual(lines[0]["events"], [{"type": "AllBlocksCleared"}])
+        self.assertTrue(all(x["data_parallel_rank"] == 3 for x in lines))
+        first = [e for x in lines for e in x["events"] if e["type"] == "BlockStored"][0]
+        self.assertEqual(first["block_hashes"], [h.hex() for h in hashes])
+        self.assertEqual((first["parent_block_hash"], first["block_size"], first["medium"]),
+                         (None, bt, "CPU"))
+        # Live, with nothing coming: bounded by --timeout-ms, exit 1 saying so.
+        r = subprocess.run([kvtier_bin(), "events", "--endpoint",
+                            "tcp://127.0.0.1:%d" % self.port, "--timeout-ms", "300"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no batch from tcp://127.0.0.1:%d within 300 ms" % self.port, r.stderr)
+        tail = self.replay(batches[-1][0])
+        self.assertEqual(len(tail), 1)
+        self.assertEqual(tail[0], batches[-1])
+        self.assertEqual(self.replay(batches[-1][0] + 1), [])
+
+    def test_endpoint_off_this_host_is_refused(self):
+        r = subprocess.run([kvtier_bin(), "serve", "--socket", os.path.join(self.dir, "x.sock"),
+                            "--model", "tiny", "--set", "cpu_capacity=16MiB", "--set",
+                            "events_endpoint=tcp://*:5557"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn('events_endpoint is "tcp://*:5557"', r.stderr)
+        self.assertIn("tcp://127.0.0.1:PORT", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,69 @@
+/* events.h - KV events in vLLM's wire format (docs/events.md): every
+ * block a node's index commits or removes is published on a ZeroMQ PUB
+ * socket as vLLM's ZmqEventPublisher does (multipart: topic, sequence
+ * number as 8 bytes big-endian, a msgpack EventBatch encoded array-like
+ * [ts, events, data_parallel_rank]), with a ROUTER socket that replays the
+ * buffered batches from a sequence number. KV-aware routers (llm-d,
+ * Dynamo) read these to route a request to where its prefix is.
+ *
+ * Layers: above index (the index's observer) and store (KVT_POOL_NONE);
+ * the node server starts it and sets it on each geometry's index. The
+ * observer runs under the caller's cache lock: it only appends to a
+ * bounded lock-free queue (a full queue drops, counted); one thread
+ * encodes, publishes and answers replays. */
+#ifndef KVT_EVENTS_EVENTS_H
+#define KVT_EVENTS_EVENTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "index/index.h"
+#include "kvtier.h"
+
+typedef struct kvt_events kvt_events;
+
+typedef struct kvt_events_config {
+    const char *endpoint;        /* PUB, bound: tcp://127.0.0.1:PORT, tcp://[::1]:PORT, ipc://PATH */
+    const char *replay_endpoint; /* ROUTER, bound, the same rule; NULL or "": none */
+    const char *topic;           /* the first frame of every message; NULL: "" */
+    uint32_t dp_rank;            /* data_parallel_rank in every batch */
+    uint32_t buffer_steps;       /* batches kept for replay (>= 1) */
+} kvt_events_config;
+
+/* Binds the sockets and starts the publishing thread, which first
+ * publishes AllBlocksCleared (this node's earlier life is gone). KVT_EINVAL
+ * for an endpoint not confined to this host (the events name every block
+ * the node holds, and ZeroMQ here carries no secret) naming the option;
+ * KVT_EBUSY when it cannot bind (the message says why); KVT_ENOMEM;
+ * KVT_ESYS. */
+kvt_status kvt__events_start(kvt_events **out, const kvt_events_config *cfg);
+/* Publishes what is queued (for at most a second), stops the thread,
+ * closes the sockets. After every observer using it was cleared. NULL: no-op. */
+void kvt__events_stop(kvt_events *ev);
+
+/* The index observer's argument, one per index (a geometry's tier). */
+typedef struct kvt_events_src {
+    kvt_events *ev;
+    uint32_t block_tokens; /* block_size in the events */
+} kvt_events_src;
+/* kvt_index_observer: arg is a kvt_events_src. */
+void kvt__events_observe(void *arg, kvt_index_event e, const kvt_index *idx, const uint32_t *ids,
+                         uint32_t n);
+
+typedef struct kvt_events_stats {
+    uint64_t batches;  /* published */
+    uint64_t events;   /* BlockStored/BlockRemoved/AllBlocksCleared in them */
+    uint64_t blocks;   /* block hashes in them */
+    uint64_t dropped;  /* blocks not published: the queue was full */
+    uint64_t replays;  /* replay requests answered */
+} kvt_events_stats;
+void kvt__events_stats(const kvt_events *ev, kvt_events_stats *out);
+
+/* A replay request's last frame: the start sequence number, 8 bytes
+ * big-endian. KVT_EPROTO for any other length. */
+kvt_status kvt__events_replay_decode(const uint8_t *p, size_t n, uint64_t *start);
+/* KVT_OK when ep is tcp:// on 127.0.0.1, localhost or [::1] with a port,
+ * or ipc://PATH; else KVT_EINVAL naming opt and ep. */
+kvt_status kvt__events_endpoint_check(const char *ep, const char *opt);
+
+#endif

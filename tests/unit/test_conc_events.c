@@ -1,0 +1,230 @@
+/* test_conc_events.c - the KV events publisher (src/events) fed by two
+ * indexes committing and evicting from two threads at once (its queue has
+ * many producers: each geometry's index under its own cache lock), read
+ * by a ZeroMQ SUB socket and decoded with msgpack-c here: every block
+ * committed arrives once in a BlockStored chain of the right size, every
+ * one evicted in a BlockRemoved, the first batch is AllBlocksCleared, and
+ * the sequence numbers have no gap. Runs under TSan (label concurrent). */
+#include "support.h"
+
+#include <msgpack.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "events/events.h"
+#include "index/index.h"
+
+#define CHAINS 200
+#define CHAIN 5
+
+typedef struct feeder {
+    kvt_index *idx;
+    kvt_events_src src;
+    uint64_t salt;
+    bool bad; /* cmocka's asserts belong to the test's thread */
+} feeder;
+
+static void *feed(void *arg)
+{
+    feeder *f = arg;
+    for (uint32_t c = 0; c < CHAINS; c++) {
+        uint32_t parent = KVT_INDEX_NONE, ids[CHAIN];
+        for (uint32_t b = 0; b < CHAIN; b++) {
+            kvt_hash128 h = {f->salt ^ ((uint64_t)c << 8 | b), f->salt + c};
+            if (kvt__index_insert(f->idx, parent, h, b, &ids[b]) != KVT_OK) {
+                f->bad = true;
+                return NULL;
+            }
+            parent = ids[b];
+        }
+        kvt__index_commit(f->idx, ids, CHAIN); /* one BlockStored chain */
+    }
+    uint32_t ids[64], slots[64];
+    uint32_t left = CHAINS * CHAIN;
+    while (left) { /* leaves first: every block goes, in BlockRemoved */
+        uint32_t n = kvt__index_evict_ids(f->idx, 64, ids, slots);
+        if (n == 0) {
+            f->bad = true;
+            return NULL;
+        }
+        left -= n;
+    }
+    return NULL;
+}
+
+typedef struct tally {
+    uint64_t stored, removed, cleared, batches, next_seq, chains;
+    bool bad;
+} tally;
+
+static const msgpack_object *at(const msgpack_object *a, uint32_t i)
+{
+    return a->type == MSGPACK_OBJECT_ARRAY && i < a->via.array.size ? &a->via.array.ptr[i] : NULL;
+}
+
+static bool tag_is(const msgpack_object *o, const char *s)
+{
+    return o && o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) &&
+           !memcmp(o->via.str.ptr, s, o->via.str.size);
+}
+
+static void count_batch(tally *t, const void *p, size_t n)
+{
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    if (msgpack_unpack_next(&u, p, n, NULL) != MSGPACK_UNPACK_SUCCESS) t->bad = true;
+    const msgpack_object *b = &u.data, *evs = at(b, 1), *rank = at(b, 2);
+    if (!at(b, 0) || at(b, 0)->type != MSGPACK_OBJECT_FLOAT64 || !evs || !rank ||
+        rank->type != MSGPACK_OBJECT_POSITIVE_INTEGER || rank->via.u64 != 7)
+        t->bad = true;
+    for (uint32_t i = 0; evs && i < evs->via.array.size; i++) {
+        const msgpack_object *e = at(evs, i), *hs = at(e, 1);
+        if (tag_is(at(e, 0), "AllBlocksCleared")) {
+            t->cleared++;
+        } else if (tag_is(at(e, 0), "BlockStored") && hs && e->via.array.size == 8) {
+            t->stored += hs->via.array.size;
+            t->chains += at(e, 2)->type == MSGPACK_OBJECT_NIL;
+            if (at(e, 4)->via.u64 != 16 || !tag_is(at(e, 6), "CPU")) t->bad = true;
+        } else if (tag_is(at(e, 0), "BlockRemoved") && hs && e->via.array.size == 3) {
+            t->removed += hs->via.array.size;
+        } else {
+            t->bad = true;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+}
+
+static void test_two_indexes_at_once(void **state)
+{
+    (void)state;
+    char ep[128], rep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/kvt-events-%ld", (long)getpid());
+    snprintf(rep, sizeof rep, "ipc:///tmp/kvt-events-replay-%ld", (long)getpid());
+    kvt_events *ev = NULL;
+    kvt_events_config cfg = {ep, rep, "t", 7, 1000};
+    assert_int_equal(kvt__events_start(&ev, &cfg), KVT_OK);
+    void *ctx = zmq_ctx_new(), *sub = zmq_socket(ctx, ZMQ_SUB);
+    assert_int_equal(zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0), 0);
+    assert_int_equal(zmq_connect(sub, ep), 0);
+    usleep(300000); /* the subscription reaches the PUB before anything is sent */
+    feeder f[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kvt__index_create(&f[i].idx, CHAINS * CHAIN, KVT_EVICT_LRU), KVT_OK);
+        f[i].src = (kvt_events_src){ev, 16};
+        f[i].salt = 0x1000u * (uint64_t)(i + 1);
+        f[i].bad = false;
+        kvt__index_set_observer(f[i].idx, kvt__events_observe, &f[i].src);
+        assert_int_equal(pthread_create(&th[i], NULL, feed, &f[i]), 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_false(f[i].bad);
+    }
+    tally t = {0};
+    int timeout = 200;
+    zmq_setsockopt(sub, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    while (t.removed < 2u * CHAINS * CHAIN && !t.bad) {
+        char topic[8], seq[8];
+        static char payload[1 << 20];
+        if (zmq_recv(sub, topic, sizeof topic, 0) < 0) break;
+        assert_int_equal(zmq_recv(sub, seq, sizeof seq, 0), 8);
+        int n = zmq_recv(sub, payload, sizeof payload, 0);
+        assert_true(n > 0 && n <= (int)sizeof payload);
+        uint64_t s = 0;
+        for (int i = 0; i < 8; i++) s = s << 8 | (uint8_t)seq[i];
+        /* A subscriber may join after the first batches (a PUB's slow
+         * joiner: the replay below has them); from its first on, no gap. */
+        if (t.batches && s != t.next_seq)
+            fail_msg("sequence %llu after %llu", (unsigned long long)s,
+                     (unsigned long long)(t.next_seq - 1));
+        t.next_seq = s + 1;
+        count_batch(&t, payload, (size_t)n);
+        t.batches++;
+    }
+    kvt_events_stats es;
+    kvt__events_stats(ev, &es);
+    /* The replay from 0: every batch, the first AllBlocksCleared. */
+    void *dealer = zmq_socket(ctx, ZMQ_DEALER);
+    assert_int_equal(zmq_connect(dealer, rep), 0);
+    zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &(int){5000}, sizeof(int));
+    uint8_t zero[8] = {0};
+    assert_int_equal(zmq_send(dealer, "", 0, ZMQ_SNDMORE), 0);
+    assert_int_equal(zmq_send(dealer, zero, 8, 0), 8);
+    tally all = {0};
+    uint64_t replayed = 0;
+    for (uint64_t want = 0;; want++) {
+        char empty[1], seq[8];
+        static char payload[1 << 20];
+        assert_int_equal(zmq_recv(dealer, empty, sizeof empty, 0), 0);
+        assert_int_equal(zmq_recv(dealer, seq, sizeof seq, 0), 8);
+        int n = zmq_recv(dealer, payload, sizeof payload, 0);
+        if (!memcmp(seq, "\xff\xff\xff\xff\xff\xff\xff\xff", 8)) {
+            assert_int_equal(n, 0);
+            replayed = want;
+            if (want != t.next_seq) /* every batch published, none more */
+                fail_msg("replay holds %llu batches, the subscriber saw up to %llu (stored %llu "
+                         "removed %llu in the replay)", (unsigned long long)want,
+                         (unsigned long long)t.next_seq, (unsigned long long)all.stored,
+                         (unsigned long long)all.removed);
+            break;
+        }
+        uint64_t s = 0;
+        for (int i = 0; i < 8; i++) s = s << 8 | (uint8_t)seq[i];
+        assert_int_equal(s, want);
+        count_batch(&all, payload, (size_t)n);
+        if (want == 0 && all.cleared != 1) fail_msg("batch 0 is not AllBlocksCleared");
+    }
+    zmq_close(dealer);
+    t.cleared = all.cleared;
+    if (all.stored != 2u * CHAINS * CHAIN || all.removed != 2u * CHAINS * CHAIN)
+        fail_msg("replayed: stored=%llu removed=%llu", (unsigned long long)all.stored,
+                 (unsigned long long)all.removed);
+    if (t.bad || t.cleared != 1 || t.stored != 2u * CHAINS * CHAIN ||
+        t.removed != 2u * CHAINS * CHAIN || t.chains != 2u * CHAINS || es.dropped)
+        fail_msg("bad=%d cleared=%llu stored=%llu removed=%llu chains=%llu dropped=%llu", t.bad,
+                 (unsigned long long)t.cleared, (unsigned long long)t.stored,
+                 (unsigned long long)t.removed, (unsigned long long)t.chains,
+                 (unsigned long long)es.dropped);
+    assert_int_equal(es.batches, replayed);
+    for (int i = 0; i < 2; i++) {
+        kvt__index_set_observer(f[i].idx, NULL, NULL);
+        kvt__index_destroy(f[i].idx);
+    }
+    zmq_close(sub);
+    zmq_ctx_term(ctx);
+    kvt__events_stop(ev);
+}
+
+static void test_bad_config(void **state)
+{
+    (void)state;
+    kvt_events *ev = NULL;
+    kvt_events_config cfg = {"tcp://0.0.0.0:5557", NULL, NULL, 0, 10};
+    assert_int_equal(kvt__events_start(&ev, &cfg), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "events_endpoint is \"tcp://0.0.0.0:5557\""));
+    cfg.endpoint = "tcp://127.0.0.1:5557";
+    cfg.replay_endpoint = "tcp://10.0.0.1:5558";
+    assert_int_equal(kvt__events_start(&ev, &cfg), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "events_replay_endpoint"));
+    cfg.replay_endpoint = NULL;
+    cfg.buffer_steps = 0;
+    assert_int_equal(kvt__events_start(&ev, &cfg), KVT_EINVAL);
+    assert_null(ev);
+    uint64_t s = 0;
+    assert_int_equal(kvt__events_replay_decode((const uint8_t *)"1234567", 7, &s), KVT_EPROTO);
+    assert_int_equal(kvt__events_replay_decode((const uint8_t *)"\0\0\0\0\0\0\1\2", 8, &s), KVT_OK);
+    assert_int_equal(s, 258);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_indexes_at_once),
+        cmocka_unit_test(test_bad_config),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,225 @@
+/* cmd_events.c - `kvtier events --endpoint E [--replay R [--from N]]
+ * [--count N] [--timeout-ms MS] [--topic T]`: a node server's KV events
+ * (docs/events.md) as JSON lines, one per batch, for a person. With
+ * --replay the kept batches from --from come first (then, with
+ * --endpoint, the live ones after them). Exit 0; 1 when the replay does
+ * not answer in time, a batch is malformed, or --timeout-ms passes with no
+ * batch; 2 on usage. Every wait is bounded by --timeout-ms (default: none
+ * for the live stream, 5 s for a replay). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+#include "cli_util.h"
+#include "cmds.h"
+#include "events_json.h"
+
+#define MAX_FRAME (64u << 20) /* a batch larger than this is not one kvtier sends */
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static int usage(FILE *f, int rc)
+{
+    fprintf(f,
+            "usage: kvtier events --endpoint E [--count N] [--timeout-ms MS] [--topic T]\n"
+            "       kvtier events --replay R [--from N] [--endpoint E] [--count N]\n"
+            "  --endpoint E    the server's events_endpoint (SUB): print batches as they come\n"
+            "  --replay R      its events_replay_endpoint: first the kept batches from --from\n"
+            "  --from N        the first sequence number to replay (default 0)\n"
+            "  --count N       stop after N batches\n"
+            "  --timeout-ms MS stop (exit 1) when no batch came for MS (default: wait; a\n"
+            "                  replay's answer waits 5000 at most)\n"
+            "  --topic T       only batches of this topic (default: all)\n"
+            "Each batch is one JSON line: {\"seq\":..,\"ts\":..,\"data_parallel_rank\":..,\n"
+            "\"events\":[{\"type\":\"BlockStored\",\"block_hashes\":[\"<hex>\",..],..},..]}.\n");
+    return rc;
+}
+
+/* One frame as a message (any size up to MAX_FRAME); its length or -1. */
+static int recv_msg(void *s, zmq_msg_t *m, bool *more)
+{
+    if (zmq_msg_recv(m, s, 0) < 0) return -1;
+    *more = zmq_msg_more(m);
+    return zmq_msg_size(m) > MAX_FRAME ? -1 : (int)zmq_msg_size(m);
+}
+
+static int64_t be64(const void *p)
+{
+    const unsigned char *b = p;
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = v << 8 | b[i];
+    return (int64_t)v;
+}
+
+/* Frames of one message into m[0..max); their count, -1 on a receive
+ * error or timeout (the rest of a longer message is read and dropped). */
+static int recv_frames(void *s, zmq_msg_t *m, int max)
+{
+    int n = 0;
+    bool more = true;
+    while (more) {
+        zmq_msg_t tmp;
+        zmq_msg_t *dst = n < max ? &m[n] : &tmp;
+        zmq_msg_init(dst);
+        if (recv_msg(s, dst, &more) < 0) {
+            zmq_msg_close(dst);
+            for (int i = 0; i < n && i < max; i++) zmq_msg_close(&m[i]);
+            return -1;
+        }
+        if (n >= max) zmq_msg_close(&tmp);
+        n++;
+    }
+    return n;
+}
+
+static void close_frames(zmq_msg_t *m, int n, int max)
+{
+    for (int i = 0; i < n && i < max; i++) zmq_msg_close(&m[i]);
+}
+
+/* One batch printed; 0, or 1 when it is malformed (said on stderr). */
+static int print_batch(zmq_msg_t *seq, zmq_msg_t *payload)
+{
+    char err[256];
+    if (zmq_msg_size(seq) != 8) {
+        fprintf(stderr, "kvtier events: a sequence frame of %zu bytes, not 8\n", zmq_msg_size(seq));
+        return 1;
+    }
+    if (kvt_events_batch_json(stdout, be64(zmq_msg_data(seq)), zmq_msg_data(payload),
+                              zmq_msg_size(payload), err, sizeof err) != 0) {
+        fprintf(stderr, "kvtier events: batch %lld: %s\n", (long long)be64(zmq_msg_data(seq)), err);
+        return 1;
+    }
+    fflush(stdout);
+    return 0;
+}
+
+/* The replay: batches from `from` until the end marker. *next: the
+ * sequence after the last printed. */
+static int replay(void *ctx, const char *ep, uint64_t from, uint64_t timeout, uint64_t *left,
+                  int64_t *next)
+{
+    void *s = zmq_socket(ctx, ZMQ_DEALER);
+    int ms = timeout ? (int)timeout : 5000, zero = 0;
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &ms, sizeof ms);
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(from >> (56 - 8 * i));
+    int rc = 1;
+    if (zmq_connect(s, ep) != 0) {
+        fprintf(stderr, "kvtier events: --replay %s: %s\n", ep, zmq_strerror(zmq_errno()));
+    } else if (zmq_send(s, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(s, b, 8, 0) < 0) {
+        fprintf(stderr, "kvtier events: --replay %s: %s\n", ep, zmq_strerror(zmq_errno()));
+    } else {
+        for (;;) {
+            zmq_msg_t m[3];
+            int n = recv_frames(s, m, 3);
+            if (n < 0) {
+                fprintf(stderr, "kvtier events: --replay %s did not answer within %d ms (is it "
+                        "the server's events_replay_endpoint?)\n", ep, ms);
+                break;
+            }
+            bool end = n == 3 && zmq_msg_size(&m[1]) == 8 && be64(zmq_msg_data(&m[1])) == -1;
+            int bad = n != 3 ? (fprintf(stderr, "kvtier events: a replay answer of %d frames\n", n), 1)
+                      : end  ? 0
+                             : print_batch(&m[1], &m[2]);
+            if (!bad && !end) *next = be64(zmq_msg_data(&m[1])) + 1;
+            close_frames(m, n, 3);
+            if (bad) break;
+            if (end || (*left && --*left == 0)) {
+                rc = 0;
+                break;
+            }
+        }
+    }
+    zmq_close(s);
+    return rc;
+}
+
+static int live(void *ctx, const char *ep, const char *topic, uint64_t timeout, uint64_t left,
+                int64_t next)
+{
+    void *s = zmq_socket(ctx, ZMQ_SUB);
+    int ms = timeout ? (int)timeout : 200, zero = 0;
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &ms, sizeof ms);
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_SUBSCRIBE, topic ? topic : "", topic ? strlen(topic) : 0);
+    if (zmq_connect(s, ep) != 0) {
+        fprintf(stderr, "kvtier events: --endpoint %s: %s\n", ep, zmq_strerror(zmq_errno()));
+        zmq_close(s);
+        return 1;
+    }
+    int rc = 0;
+    while (!g_stop) {
+        zmq_msg_t m[3];
+        int n = recv_frames(s, m, 3);
+        if (n < 0) {
+            if (zmq_errno() == EAGAIN && !timeout) continue; /* waiting for the next batch */
+            if (!g_stop) {
+                fprintf(stderr, "kvtier events: no batch from %s within %llu ms\n", ep,
+                        (unsigned long long)timeout);
+                rc = 1;
+            }
+            break;
+        }
+        int bad = n != 3 ? (fprintf(stderr, "kvtier events: a message of %d frames, not 3\n", n), 1)
+                  : zmq_msg_size(&m[1]) == 8 && be64(zmq_msg_data(&m[1])) < next
+                      ? 0 /* printed by the replay already */
+                      : print_batch(&m[1], &m[2]);
+        close_frames(m, n, 3);
+        if (bad) {
+            rc = 1;
+            break;
+        }
+        if (left && --left == 0) break;
+    }
+    zmq_close(s);
+    return rc;
+}
+
+int kvt_cmd_events(int argc, char **argv)
+{
+    const char *ep = NULL, *rep = NULL, *topic = NULL;
+    uint64_t from = 0, count = 0, timeout = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout, 0);
+        if (!v) {
+            fprintf(stderr, "kvtier events: %s needs a value\n", a);
+            return usage(stderr, 2);
+        }
+        i++;
+        if (!strcmp(a, "--endpoint")) ep = v;
+        else if (!strcmp(a, "--replay")) rep = v;
+        else if (!strcmp(a, "--topic")) topic = v;
+        else if (!strcmp(a, "--from") && demo_parse_u64(v, &from)) {}
+        else if (!strcmp(a, "--count") && demo_parse_u64(v, &count) && count >= 1) {}
+        else if (!strcmp(a, "--timeout-ms") && demo_parse_u64(v, &timeout) && timeout >= 1 &&
+                 timeout <= 3600000) {}
+        else {
+            fprintf(stderr, "kvtier events: %s %s is not an option it takes\n", a, v);
+            return usage(stderr, 2);
+        }
+    }
+    if (!ep && !rep) return usage(stderr, 2);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    void *ctx = zmq_ctx_new();
+    int64_t next = 0;
+    uint64_t left = count;
+    int rc = rep ? replay(ctx, rep, from, timeout, &left, &next) : 0;
+    if (!rc && ep && !(count && left == 0)) rc = live(ctx, ep, topic, timeout, left, next);
+    zmq_ctx_term(ctx);
+    return rc;
+}
