@@ -29,6 +29,7 @@ typedef struct ev_rec {
 #define PASS_MAX 4096u       /* blocks per batch */
 #define EVENT_MAX 512u       /* block hashes per BlockStored/BlockRemoved */
 #define POLL_MS 10           /* the thread's pass period when idle */
+#define REPLAY_BYTES (64u << 20) /* the replay buffer's bound, whatever buffer_steps says */
 
 typedef struct replay_ent {
     uint64_t seq;
@@ -46,6 +47,7 @@ struct kvt_events {
     uint64_t tail;         /* the thread */
     replay_ent *buf;       /* buffer_steps batches, oldest at buf_first */
     uint32_t buf_cap, buf_first, buf_n;
+    size_t buf_bytes; /* payload bytes kept, at most REPLAY_BYTES */
     uint64_t next_seq;
     pthread_t thread;
     atomic_bool stop;
@@ -213,8 +215,10 @@ static void be64(uint8_t out[8], uint64_t v)
 
 static void keep(kvt_events *ev, uint64_t seq, msgpack_sbuffer *sb)
 {
-    if (ev->buf_n == ev->buf_cap) { /* the oldest goes */
-        free(ev->buf[ev->buf_first].payload);
+    while (ev->buf_n && (ev->buf_n == ev->buf_cap || ev->buf_bytes + sb->size > REPLAY_BYTES)) {
+        replay_ent *old = &ev->buf[ev->buf_first]; /* the oldest goes */
+        ev->buf_bytes -= old->len;
+        free(old->payload);
         ev->buf_first = (ev->buf_first + 1) % ev->buf_cap;
         ev->buf_n--;
     }
@@ -222,7 +226,10 @@ static void keep(kvt_events *ev, uint64_t seq, msgpack_sbuffer *sb)
     e->seq = seq;
     e->len = sb->size;
     e->payload = msgpack_sbuffer_release(sb); /* sb is empty again */
-    if (e->payload) ev->buf_n++;
+    if (e->payload) {
+        ev->buf_n++;
+        ev->buf_bytes += e->len;
+    }
 }
 
 static void publish(kvt_events *ev, const ev_rec *r, uint32_t n)
