@@ -113,8 +113,15 @@ static bool is_owned_by(uint32_t slot, void *arg)
 }
 
 #define QUOTA_VISIT 128 /* candidates looked at for the owner's coldest block */
-
 #define QUOTA_SCAN 1024 /* CPU slots swept for an owner's copy the SSD holds */
+
+/* Gives up the CPU copy (in slot) of block id, which the SSD holds. */
+static void drop_cpu_copy(kvt_cache *c, uint32_t id, uint32_t slot)
+{
+    kvt__index_set_payload(c->index, id, KVT_POOL_NONE);
+    free_cpu_slot(c, slot);
+    c->stats.cpu_dropped_blocks++;
+}
 
 /* An owner's CPU copies that the SSD holds durably are often not among the
  * coldest candidates (only a chain's last block is a candidate; SSD-only
@@ -129,10 +136,7 @@ static bool drop_owner_copy(kvt_cache *c, uint8_t owner)
         if (kvt__index_payload(c->index, id) != slot || c->ssd_state[id] != SSD_DURABLE ||
             kvt__pool_owner(c->pool, slot) != owner)
             continue;
-        kvt__index_set_payload(c->index, id, KVT_POOL_NONE);
-        free_cpu_slot(c, slot);
-        c->stats.cpu_dropped_blocks++;
-        c->quota->evicted[owner]++;
+        drop_cpu_copy(c, id, slot);
         return true;
     }
     return false;
@@ -147,13 +151,12 @@ static bool make_owner_room(kvt_cache *c, uint8_t owner)
 {
     owned_by o = {c->pool, owner};
     uint32_t id = kvt__index_coldest_where(c->index, is_owned_by, &o, QUOTA_VISIT);
-    if (id == KVT_INDEX_NONE) return c->ssd && drop_owner_copy(c, owner);
-    uint32_t slot = kvt__index_payload(c->index, id);
-    if (c->ssd && c->ssd_state[id] == SSD_DURABLE) {
-        kvt__index_set_payload(c->index, id, KVT_POOL_NONE);
-        free_cpu_slot(c, slot);
-        c->stats.cpu_dropped_blocks++;
+    if (id == KVT_INDEX_NONE) {
+        if (!c->ssd || !drop_owner_copy(c, owner)) return false;
+    } else if (c->ssd && c->ssd_state[id] == SSD_DURABLE) {
+        drop_cpu_copy(c, id, kvt__index_payload(c->index, id));
     } else {
+        uint32_t slot = kvt__index_payload(c->index, id);
         if (!kvt__index_remove_candidate(c->index, id)) return false;
         kvt__tiers_removed(c, &id, &slot, 1);
         c->stats.evicted_blocks++;
