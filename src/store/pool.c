@@ -188,12 +188,11 @@ void *kvt__pool_map_shared(int fd, size_t len, bool populate)
     return m;
 }
 
-/* A memfd other processes can map (the node server's CPU tier), of len
- * bytes, mapped MAP_SHARED and prefaulted. kind: "hugetlb" (MFD_HUGETLB),
- * "thp" (shmem with MADV_HUGEPAGE: huge where the kernel allows) or "4k". */
-static bool map_memfd_one(kvt_pool *p, size_t len, const char *kind)
+/* A memfd of len bytes mapped MAP_SHARED into p (hugetlb: MFD_HUGETLB, and
+ * populated, since its pages are reserved whole anyway); errno kept on
+ * failure. */
+static bool open_memfd(kvt_pool *p, size_t len, bool hugetlb, const char *kind)
 {
-    bool hugetlb = !strcmp(kind, "hugetlb");
     int fd = memfd_create("kvtier-cpu-tier", MFD_CLOEXEC | (hugetlb ? MFD_HUGETLB : 0));
     if (fd < 0) return false;
     void *m = MAP_FAILED;
@@ -209,6 +208,16 @@ static bool map_memfd_one(kvt_pool *p, size_t len, const char *kind)
     p->map_bytes = len;
     p->base = m;
     p->kind = kind;
+    return true;
+}
+
+/* A memfd other processes can map (the node server's CPU tier), of len
+ * bytes, mapped MAP_SHARED and prefaulted. kind: "hugetlb" (MFD_HUGETLB),
+ * "thp" (shmem with MADV_HUGEPAGE: huge where the kernel allows) or "4k". */
+static bool map_memfd_one(kvt_pool *p, size_t len, const char *kind)
+{
+    bool hugetlb = !strcmp(kind, "hugetlb");
+    if (!open_memfd(p, len, hugetlb, kind)) return false;
     prefault(p->base, len); /* thp: the first write of each 2 MiB allocates it huge */
     return true;
 }
@@ -218,23 +227,7 @@ static bool map_memfd_one(kvt_pool *p, size_t len, const char *kind)
 static bool map_memfd_sparse(kvt_pool *p, size_t need, bool try_huge_pages)
 {
     bool thp = try_huge_pages && shmem_thp_available();
-    size_t len = thp ? round_up(need, HUGE_2M) : need;
-    int fd = memfd_create("kvtier-cpu-tier", MFD_CLOEXEC);
-    if (fd < 0) return false;
-    void *m = MAP_FAILED;
-    if (ftruncate(fd, (off_t)len) == 0) m = kvt__pool_map_shared(fd, len, false);
-    if (m == MAP_FAILED) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return false;
-    }
-    p->fd = fd;
-    p->map = m;
-    p->map_bytes = len;
-    p->base = m;
-    p->kind = thp ? "thp" : "4k";
-    return true;
+    return open_memfd(p, thp ? round_up(need, HUGE_2M) : need, false, thp ? "thp" : "4k");
 }
 
 /* Huge pages when the system reserved enough of them (the mapping fails at
