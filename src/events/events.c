@@ -19,11 +19,16 @@ enum { MEDIUM_NONE = 0, MEDIUM_CPU = 1, MEDIUM_DISK = 2 };
 
 /* One block's change, queued by the observer. */
 typedef struct ev_rec {
-    _Atomic uint64_t seq; /* the queue's turn (Vyukov's bounded queue) */
     uint8_t kind, medium, has_parent;
     uint32_t block_tokens;
     kvt_hash128 key, parent;
 } ev_rec;
+
+/* A queue cell: a change and its turn (Vyukov's bounded queue). */
+typedef struct ev_cell {
+    _Atomic uint64_t seq;
+    ev_rec rec;
+} ev_cell;
 
 #define QUEUE_CAP (1u << 16) /* blocks queued between two passes of the thread */
 #define PASS_MAX 4096u       /* blocks per batch */
@@ -42,7 +47,7 @@ struct kvt_events {
     char topic[256];
     size_t topic_len;
     uint32_t dp_rank;
-    ev_rec *q;
+    ev_cell *q;
     _Atomic uint64_t head; /* producers */
     uint64_t tail;         /* the thread */
     replay_ent *buf;       /* buffer_steps batches, oldest at buf_first */
@@ -62,18 +67,13 @@ static bool push(kvt_events *ev, const ev_rec *r)
 {
     uint64_t pos = atomic_load_explicit(&ev->head, memory_order_relaxed);
     for (;;) {
-        ev_rec *c = &ev->q[pos & (QUEUE_CAP - 1)];
+        ev_cell *c = &ev->q[pos & (QUEUE_CAP - 1)];
         uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);
         int64_t dif = (int64_t)(seq - pos);
         if (dif == 0) {
             if (atomic_compare_exchange_weak_explicit(&ev->head, &pos, pos + 1,
                                                       memory_order_relaxed, memory_order_relaxed)) {
-                c->kind = r->kind;
-                c->medium = r->medium;
-                c->has_parent = r->has_parent;
-                c->block_tokens = r->block_tokens;
-                c->key = r->key;
-                c->parent = r->parent;
+                c->rec = *r;
                 atomic_store_explicit(&c->seq, pos + 1, memory_order_release);
                 return true;
             }
@@ -87,14 +87,9 @@ static bool push(kvt_events *ev, const ev_rec *r)
 
 static bool pop(kvt_events *ev, ev_rec *out)
 {
-    ev_rec *c = &ev->q[ev->tail & (QUEUE_CAP - 1)];
+    ev_cell *c = &ev->q[ev->tail & (QUEUE_CAP - 1)];
     if (atomic_load_explicit(&c->seq, memory_order_acquire) != ev->tail + 1) return false;
-    out->kind = c->kind;
-    out->medium = c->medium;
-    out->has_parent = c->has_parent;
-    out->block_tokens = c->block_tokens;
-    out->key = c->key;
-    out->parent = c->parent;
+    *out = c->rec;
     atomic_store_explicit(&c->seq, ev->tail + QUEUE_CAP, memory_order_release);
     ev->tail++;
     return true;
