@@ -1,5 +1,6 @@
 #include "cli_util.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,23 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 {
     (void)sb; (void)flag; (void)ftw;
     return remove(path);
+}
+
+volatile sig_atomic_t cli_stop;
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    cli_stop = 1;
+}
+
+void cli_stop_on_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 }
 
 void remove_tree(const char *path)

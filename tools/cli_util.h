@@ -4,11 +4,17 @@
 #ifndef KVT_TOOLS_CLI_UTIL_H
 #define KVT_TOOLS_CLI_UTIL_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include "kvtier.h"
 
 bool demo_parse_u64(const char *s, uint64_t *out);
+
+/* Set by SIGINT or SIGTERM once cli_stop_on_signals() ran: a command that
+ * runs until stopped (stats --watch, events) checks it between waits. */
+extern volatile sig_atomic_t cli_stop;
+void cli_stop_on_signals(void);
 
 /* rm -rf path (a directory this program created). */
 void remove_tree(const char *path);

@@ -18,14 +18,6 @@
 
 #define MAX_FRAME (64u << 20) /* a batch larger than this is not one kvtier sends */
 
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
-
 static int usage(FILE *f, int rc)
 {
     fprintf(f,
@@ -158,12 +150,12 @@ static int live(void *ctx, const char *ep, const char *topic, uint64_t timeout, 
         return 1;
     }
     int rc = 0;
-    while (!g_stop) {
+    while (!cli_stop) {
         zmq_msg_t m[3];
         int n = recv_frames(s, m, 3);
         if (n < 0) {
             if (zmq_errno() == EAGAIN && !timeout) continue; /* waiting for the next batch */
-            if (!g_stop) {
+            if (!cli_stop) {
                 fprintf(stderr, "kvtier events: no batch from %s within %llu ms\n", ep,
                         (unsigned long long)timeout);
                 rc = 1;
@@ -210,11 +202,7 @@ int kvt_cmd_events(int argc, char **argv)
         }
     }
     if (!ep && !rep) return usage(stderr, 2);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    cli_stop_on_signals();
     void *ctx = zmq_ctx_new();
     int64_t next = 0;
     uint64_t left = count;

@@ -14,14 +14,6 @@
 #include "cli_util.h"
 #include "cmds.h"
 
-static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
-
 static int usage(FILE *f, int rc)
 {
     fprintf(f,
@@ -274,18 +266,14 @@ int kvt_cmd_stats(int argc, char **argv)
     if (model || geo_flag)
         st = kvt_geometry_preset(&geo, model ? model : "tiny", (uint32_t)page, (uint32_t)tp);
     if (st) return demo_error("--model", st);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    cli_stop_on_signals();
     int rc = 0;
     kvt_cache_stats prev = {0};
     bool have_prev = false;
     struct timespec t_prev = {0, 0};
     static kvt_tier_stats tiers[64];
     static kvt_quota_usage quotas[32];
-    for (uint64_t n = 0; !g_stop;) {
+    for (uint64_t n = 0; !cli_stop;) {
         uint32_t held = 0, nq = 0;
         struct timespec t_now;
         /* A read of its own each report: nothing attaches, no tier is made. */
@@ -325,7 +313,7 @@ int kvt_cmd_stats(int argc, char **argv)
         fflush(stdout);
         if (!watch || (count && ++n >= count)) break;
         /* A second, in slices so Ctrl-C ends it at once. */
-        for (int i = 0; i < 20 && !g_stop; i++) {
+        for (int i = 0; i < 20 && !cli_stop; i++) {
             struct timespec ts = {0, 50000000};
             nanosleep(&ts, NULL);
         }
