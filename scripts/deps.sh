@@ -11,6 +11,7 @@ PACKAGES=(
   libucx-dev ucx-utils
   libmicrohttpd-dev prometheus
   libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack
+  libhiredis-dev redis-server redis-tools
   spin
 )
 
