@@ -1,0 +1,697 @@
+/* test_cluster_dir.c - the cluster directory (src/cluster/dir.h) against
+ * real redis-server processes this test starts on free loopback ports:
+ * one Redis (publish, lookup, epochs, leases, forget, nodes, Redis killed
+ * and restarted), a primary + replica + sentinel (a failover followed),
+ * and a three-primary Redis Cluster (keys across shards, MOVED and ASK
+ * followed). The test runs no threads of its own, so it may start and
+ * restart servers (posix_spawn) at any point. */
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "cluster/dir.h"
+#include "support.h"
+#include "util/clock.h"
+
+extern char **environ;
+
+#define SPACE 0x0123456789abcdefull
+#define LEASE_MS 300u
+#define MAX_PROCS 16
+
+/* ------------------------------------------------------------------ */
+/* redis-server processes                                             */
+/* ------------------------------------------------------------------ */
+
+static char tmp[256];
+static pid_t procs[MAX_PROCS];
+static int nprocs;
+
+static void procs_kill(void)
+{
+    for (int i = 0; i < nprocs; i++)
+        if (procs[i] > 0) {
+            kill(procs[i], SIGKILL);
+            waitpid(procs[i], NULL, 0);
+            procs[i] = 0;
+        }
+}
+
+static uint16_t free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* Starts argv (argv[0] found on PATH) with stdout and stderr appended to
+ * <tmp>/<log>; the pid is remembered and killed at exit. */
+static pid_t spawn(char *const argv[], const char *log)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmp, log);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) fail_msg("posix_spawnp %s: %s", argv[0], strerror(rc));
+    assert_true(nprocs < MAX_PROCS);
+    procs[nprocs++] = pid;
+    return pid;
+}
+
+static void reap(pid_t pid)
+{
+    for (int i = 0; i < nprocs; i++)
+        if (procs[i] == pid) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            procs[i] = 0;
+        }
+}
+
+static redisContext *rconn(uint16_t port)
+{
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    if (c && !c->err) {
+        redisSetTimeout(c, tv);
+        return c;
+    }
+    if (c) redisFree(c);
+    return NULL;
+}
+
+/* One command to the server on port; NULL when it cannot be reached. */
+static redisReply *rcmd(uint16_t port, const char *fmt, ...)
+{
+    redisContext *c = rconn(port);
+    if (!c) return NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(c, fmt, ap);
+    va_end(ap);
+    redisFree(c);
+    return r;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static uint64_t ms_since(uint64_t t0)
+{
+    return (kvt__now_ns() - t0) / 1000000;
+}
+
+/* Waits (10 s at most) until the server on port answers PING. */
+static void wait_ping(uint16_t port)
+{
+    uint64_t t0 = kvt__now_ns();
+    for (;;) {
+        redisReply *r = rcmd(port, "PING");
+        bool ok = r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0;
+        if (r) freeReplyObject(r);
+        if (ok) return;
+        if (ms_since(t0) > 10000) fail_msg("redis on port %u does not answer PING", port);
+        sleep_ms(20);
+    }
+}
+
+static pid_t redis_start(uint16_t port, const char *extra1, const char *extra2)
+{
+    char p[8], log[32];
+    snprintf(p, sizeof p, "%u", port);
+    snprintf(log, sizeof log, "redis-%u.log", port);
+    char *argv[] = {"redis-server", "--port", p, "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
+                    "--dir", tmp, (char *)extra1, (char *)extra2, NULL, NULL, NULL};
+    if (!extra1) argv[11] = NULL;
+    pid_t pid = spawn(argv, log);
+    wait_ping(port);
+    return pid;
+}
+
+/* ------------------------------------------------------------------ */
+/* Handles and blocks                                                 */
+/* ------------------------------------------------------------------ */
+
+static kvt_dir_config config(const char *redis, const char *prefix, const char *node)
+{
+    static char adv[8][32];
+    static int k;
+    char *a = adv[k++ % 8];
+    snprintf(a, 32, "10.0.0.%u:7000", (unsigned)(node[0] & 0x7f));
+    kvt_dir_config c = {.redis = redis, .prefix = prefix, .node = node, .advertise = a,
+                        .lease_ms = LEASE_MS, .timeout_ms = 1000};
+    return c;
+}
+
+static kvt_dir *open_dir_lease(const char *redis, const char *prefix, const char *node, uint32_t lease_ms)
+{
+    kvt_dir_config c = config(redis, prefix, node);
+    c.lease_ms = lease_ms;
+    kvt_dir *d = NULL;
+    assert_ok(kvt__dir_open(&d, &c));
+    return d;
+}
+
+static kvt_dir *open_dir(const char *redis, const char *prefix, const char *node)
+{
+    kvt_dir_config c = config(redis, prefix, node);
+    kvt_dir *d = NULL;
+    assert_ok(kvt__dir_open(&d, &c));
+    return d;
+}
+
+static kvt_hash128 blk(uint32_t i)
+{
+    kvt_hash128 h = {0x1111000000000000ull + i, 0xabcd000000000000ull + i * 7919u};
+    return h;
+}
+
+static void blocks(kvt_hash128 *h, uint32_t first, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) h[i] = blk(first + i);
+}
+
+/* Looks up blocks first..first+n on d: how many lead with a holder, and
+ * the holders' node ids into nodes (when given). */
+static uint32_t found(kvt_dir *d, uint32_t first, uint32_t n, char nodes[][KVT_DIR_NODE_MAX])
+{
+    kvt_hash128 h[64];
+    kvt_dir_holder out[64];
+    assert_true(n <= 64);
+    blocks(h, first, n);
+    uint32_t f = 99;
+    assert_ok(kvt__dir_lookup(d, SPACE, h, n, out, &f));
+    assert_true(f <= n);
+    for (uint32_t i = 0; nodes && i < f; i++) memcpy(nodes[i], out[i].node, KVT_DIR_NODE_MAX);
+    if (f < n) assert_string_equal(out[f].node, "");
+    return f;
+}
+
+static void publish(kvt_dir *d, uint32_t first, uint32_t n)
+{
+    kvt_hash128 h[64];
+    assert_true(n <= 64);
+    blocks(h, first, n);
+    assert_ok(kvt__dir_publish(d, SPACE, h, n));
+}
+
+static char single[32]; /* "127.0.0.1:<port>" of the shared Redis */
+
+/* ------------------------------------------------------------------ */
+/* One Redis                                                          */
+/* ------------------------------------------------------------------ */
+
+static void test_bad_config(void **state)
+{
+    kvt_dir *d = (kvt_dir *)1;
+    kvt_dir_config c = config(single, "bad:", "n1");
+    EXPECT_ERR(kvt__dir_open(NULL, &c), KVT_EINVAL, "out");
+    EXPECT_ERR(kvt__dir_open(&d, NULL), KVT_EINVAL, "cfg");
+    assert_null(d);
+    static const struct {
+        const char *redis, *prefix, *node, *advertise, *needle;
+        uint32_t lease_ms, timeout_ms;
+    } bad[] = {
+        {NULL, "p:", "n", "h:1", "redis is empty", 300, 10},
+        {"", "p:", "n", "h:1", "redis is empty", 300, 10},
+        {"localhost", "p:", "n", "h:1", "redis \"localhost\"", 300, 10},
+        {"h:0", "p:", "n", "h:1", "redis \"h:0\"", 300, 10},
+        {"h:65536", "p:", "n", "h:1", "not host:port", 300, 10},
+        {"h:1,h:2", "p:", "n", "h:1", "names 2 addresses", 300, 10},
+        {"redis://h:1", "p:", "n", "h:1", "unknown scheme", 300, 10},
+        {"sentinel://h:1", "p:", "n", "h:1", "names no master", 300, 10},
+        {"sentinel://h:1/", "p:", "n", "h:1", "names no master", 300, 10},
+        {"sentinel:///m", "p:", "n", "h:1", "is not host:port", 300, 10},
+        {"cluster://", "p:", "n", "h:1", "is not host:port", 300, 10},
+        {"cluster://h:1,", "p:", "n", "h:1", "is not host:port", 300, 10},
+        {"h:1", "", "n", "h:1", "prefix", 300, 10},
+        {"h:1", "a b", "n", "h:1", "prefix", 300, 10},
+        {"h:1", "p:", NULL, "h:1", "node", 300, 10},
+        {"h:1", "p:", "", "h:1", "node", 300, 10},
+        {"h:1", "p:", "a b", "h:1", "node", 300, 10},
+        {"h:1", "p:", "a/b", "h:1", "node", 300, 10},
+        {"h:1", "p:", "0123456789012345678901234567890123456789012345678901234567890123", "h:1", "node",
+         300, 10},
+        {"h:1", "p:", "n", NULL, "advertise", 300, 10},
+        {"h:1", "p:", "n", "h", "advertise", 300, 10},
+        {"h:1", "p:", "n", "h 1:2", "advertise", 300, 10},
+        {"h:1", "p:", "n", "h:1", "lease_ms is 99", 99, 10},
+        {"h:1", "p:", "n", "h:1", "timeout_ms", 300, 0},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kvt_dir_config b = {.redis = bad[i].redis, .prefix = bad[i].prefix, .node = bad[i].node,
+                            .advertise = bad[i].advertise, .lease_ms = bad[i].lease_ms,
+                            .timeout_ms = bad[i].timeout_ms};
+        EXPECT_ERR(kvt__dir_open(&d, &b), KVT_EINVAL, bad[i].needle);
+        assert_null(d);
+    }
+    /* nothing listens: refused at once, naming the address */
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", free_port());
+    c = config(addr, "bad:", "n1");
+    uint64_t t0 = kvt__now_ns();
+    EXPECT_ERR(kvt__dir_open(&d, &c), KVT_ECONN, addr);
+    assert_true(ms_since(t0) < 2000);
+    /* a sentinel that is not there */
+    char sent[64];
+    snprintf(sent, sizeof sent, "sentinel://%s/mym", addr);
+    c = config(sent, "bad:", "n1");
+    EXPECT_ERR(kvt__dir_open(&d, &c), KVT_ECONN, addr);
+    END_CHECKS();
+    assert_null(d);
+
+    /* internal arguments */
+    d = open_dir(single, "bad:", "n1");
+    kvt_hash128 h = blk(0);
+    kvt_dir_holder out;
+    uint32_t f;
+    EXPECT_ERR(kvt__dir_publish(NULL, SPACE, &h, 1), KVT_EINVAL, "d is NULL");
+    EXPECT_ERR(kvt__dir_publish(d, SPACE, NULL, 1), KVT_EINVAL, "h is NULL");
+    EXPECT_ERR(kvt__dir_lookup(d, SPACE, &h, 1, NULL, &f), KVT_EINVAL, "out is NULL");
+    EXPECT_ERR(kvt__dir_lookup(d, SPACE, &h, 1, &out, NULL), KVT_EINVAL, "found");
+    EXPECT_ERR(kvt__dir_forget(d, SPACE, &h, "a b"), KVT_EINVAL, "node");
+    EXPECT_ERR(kvt__dir_forget(d, SPACE, &h, NULL), KVT_EINVAL, "node");
+    EXPECT_ERR(kvt__dir_nodes(d, NULL, 1, &f), KVT_EINVAL, "out is NULL");
+    EXPECT_OK(kvt__dir_publish(d, SPACE, NULL, 0));
+    EXPECT_OK(kvt__dir_lookup(d, SPACE, NULL, 0, NULL, &f));
+    END_CHECKS();
+    kvt__dir_close(d);
+}
+
+static void test_publish_lookup(void **state)
+{
+    kvt_dir *a = open_dir(single, "pl:", "a"), *b = open_dir(single, "pl:", "b");
+    kvt_dir *c = open_dir(single, "pl:", "c");
+    char topo[128];
+    kvt__dir_topology(a, topo, sizeof topo);
+    char want[64];
+    snprintf(want, sizeof want, "redis %s", single);
+    assert_string_equal(topo, want);
+    assert_int_equal(kvt__dir_generation(a), 1);
+    assert_true(kvt__dir_up(a));
+    assert_true(kvt__dir_epoch(a) >= 1);
+
+    publish(a, 0, 5);
+    char nodes[64][KVT_DIR_NODE_MAX];
+    assert_int_equal(found(b, 0, 6, nodes), 5);
+    for (int i = 0; i < 5; i++) assert_string_equal(nodes[i], "a");
+    assert_int_equal(found(a, 0, 5, NULL), 0); /* never itself */
+    assert_int_equal(found(b, 1, 4, NULL), 4);  /* any run, not only from 0 */
+    assert_int_equal(found(b, 5, 1, NULL), 0);
+
+    kvt_hash128 h[8];
+    kvt_dir_holder out[8];
+    uint32_t f;
+    blocks(h, 0, 1);
+    assert_ok(kvt__dir_lookup(b, SPACE, h, 1, out, &f));
+    assert_int_equal(f, 1);
+    assert_string_equal(out[0].addr, "10.0.0.97:7000");
+    assert_int_equal(out[0].epoch, kvt__dir_epoch(a));
+
+    /* preference: block 10 only b; 11, 12 both; 13 only a: b b b a (the
+     * previous block's holder first); from 11 alone: a a a (lowest id) */
+    publish(b, 10, 3);
+    publish(a, 11, 3);
+    assert_int_equal(found(c, 10, 4, nodes), 4);
+    assert_string_equal(nodes[0], "b");
+    assert_string_equal(nodes[1], "b");
+    assert_string_equal(nodes[2], "b");
+    assert_string_equal(nodes[3], "a");
+    assert_int_equal(found(c, 11, 3, nodes), 3);
+    for (int i = 0; i < 3; i++) assert_string_equal(nodes[i], "a");
+
+    /* unpublish: a drops block 2; b's lookup stops there */
+    blocks(h, 2, 1);
+    assert_ok(kvt__dir_unpublish(a, SPACE, h, 1));
+    assert_int_equal(found(b, 0, 5, NULL), 2);
+    /* forget: c found a does not hold 12 */
+    blocks(h, 12, 1);
+    assert_ok(kvt__dir_forget(c, SPACE, h, "a"));
+    assert_int_equal(found(c, 11, 2, nodes), 2);
+    assert_string_equal(nodes[1], "b");
+    assert_ok(kvt__dir_forget(c, SPACE, h, "b"));
+    assert_int_equal(found(c, 11, 2, NULL), 1);
+    /* another space is another key */
+    blocks(h, 0, 1);
+    assert_ok(kvt__dir_lookup(b, SPACE + 1, h, 1, out, &f));
+    assert_int_equal(f, 0);
+
+    /* more than one batch of 512 */
+    kvt_hash128 *many = calloc(1200, sizeof *many);
+    kvt_dir_holder *mout = calloc(1200, sizeof *mout);
+    assert_non_null(many);
+    assert_non_null(mout);
+    for (uint32_t i = 0; i < 1200; i++) many[i] = blk(100000 + i);
+    assert_ok(kvt__dir_publish(a, SPACE, many, 1100));
+    assert_ok(kvt__dir_lookup(b, SPACE, many, 1200, mout, &f));
+    assert_int_equal(f, 1100);
+    assert_string_equal(mout[1099].node, "a");
+    assert_string_equal(mout[1100].node, "");
+    assert_ok(kvt__dir_renew(a, SPACE, many, 1100));
+    free(many);
+    free(mout);
+    kvt__dir_close(a);
+    kvt__dir_close(b);
+    kvt__dir_close(c);
+}
+
+static void test_epoch_reopen(void **state)
+{
+    kvt_dir *a = open_dir(single, "ep:", "a"), *b = open_dir(single, "ep:", "b");
+    uint64_t e1 = kvt__dir_epoch(a);
+    publish(a, 0, 3);
+    assert_int_equal(found(b, 0, 3, NULL), 3);
+    /* a restarts without a clean leave: a new epoch, its old life's
+     * entries are no longer vouched for (once b's lease cache, lease_ms/4,
+     * has aged) */
+    kvt_dir *a2 = open_dir(single, "ep:", "a");
+    assert_int_equal(kvt__dir_epoch(a2), e1 + 1);
+    sleep_ms(LEASE_MS / 4 + 30);
+    assert_int_equal(found(b, 0, 3, NULL), 0);
+    publish(a2, 0, 2);
+    assert_int_equal(found(b, 0, 3, NULL), 2);
+    /* the old handle's close leaves the new life's lease alone */
+    kvt__dir_close(a);
+    sleep_ms(LEASE_MS / 4 + 30);
+    assert_int_equal(found(b, 0, 3, NULL), 2);
+    /* a clean leave: untrusted at once for a reader that asks afresh */
+    kvt__dir_close(a2);
+    sleep_ms(LEASE_MS / 4 + 30);
+    assert_int_equal(found(b, 0, 3, NULL), 0);
+    kvt__dir_close(b);
+}
+
+static void test_lease_expiry(void **state)
+{
+    kvt_dir *x = open_dir(single, "le:", "x"), *b = open_dir(single, "le:", "b");
+    publish(x, 0, 4);
+    assert_int_equal(found(b, 0, 4, NULL), 4);
+    /* x stops renewing (hung or dead without leaving): gone after lease_ms */
+    sleep_ms(LEASE_MS + 100);
+    assert_int_equal(found(b, 0, 4, NULL), 0);
+    /* renewing brings the lease and the entries back */
+    kvt_hash128 h[4];
+    blocks(h, 0, 4);
+    assert_ok(kvt__dir_renew(x, SPACE, h, 4));
+    sleep_ms(LEASE_MS / 4 + 30);
+    assert_int_equal(found(b, 0, 4, NULL), 4);
+    assert_ok(kvt__dir_renew(x, SPACE, NULL, 0));
+    /* entries live 4 x lease_ms unless renewed */
+    redisReply *r = rcmd((uint16_t)atoi(strchr(single, ':') + 1), "PTTL le:b:%016" PRIx64 ":%016" PRIx64
+                         "%016" PRIx64, SPACE, h[0].hi, h[0].lo);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    assert_true(r->integer > LEASE_MS && r->integer <= 4 * LEASE_MS);
+    freeReplyObject(r);
+    kvt__dir_close(x);
+    kvt__dir_close(b);
+}
+
+static void test_nodes(void **state)
+{
+    kvt_dir *a = open_dir(single, "no*[:", "zeta"), *b = open_dir(single, "no*[:", "alpha");
+    kvt_dir *other = open_dir(single, "nox:", "other"); /* another prefix: not listed */
+    kvt_dir_node n[4];
+    uint32_t cnt = 0;
+    assert_ok(kvt__dir_nodes(a, n, 4, &cnt));
+    assert_int_equal(cnt, 2);
+    assert_string_equal(n[0].node, "alpha");
+    assert_string_equal(n[1].node, "zeta");
+    assert_string_equal(n[1].addr, "10.0.0.122:7000");
+    assert_int_equal(n[1].epoch, kvt__dir_epoch(a));
+    assert_true(n[0].lease_left_ms > 0 && n[0].lease_left_ms <= LEASE_MS);
+    assert_ok(kvt__dir_nodes(a, n, 1, &cnt));
+    assert_int_equal(cnt, 2);
+    assert_string_equal(n[0].node, "alpha");
+    assert_ok(kvt__dir_nodes(a, NULL, 0, &cnt));
+    assert_int_equal(cnt, 2);
+    kvt__dir_close(b);
+    assert_ok(kvt__dir_nodes(a, n, 4, &cnt));
+    assert_int_equal(cnt, 1);
+    kvt__dir_close(a);
+    kvt__dir_close(other);
+}
+
+/* ------------------------------------------------------------------ */
+/* Redis killed and restarted                                         */
+/* ------------------------------------------------------------------ */
+
+static int warn_lines, info_lines;
+
+static void count_lines(void *user, kvt_log_level level, const char *line)
+{
+    if (!strstr(line, "cluster directory")) return;
+    if (level == KVT_LOG_WARN) warn_lines++;
+    if (level == KVT_LOG_INFO && strstr(line, "back after")) info_lines++;
+}
+
+static void test_down_and_back(void **state)
+{
+    uint16_t port = free_port();
+    pid_t pid = redis_start(port, NULL, NULL);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+    kvt_dir *a = open_dir(addr, "db:", "a"), *b = open_dir(addr, "db:", "b");
+    publish(a, 0, 2);
+    assert_int_equal(found(b, 0, 2, NULL), 2);
+    uint64_t g = kvt__dir_generation(a);
+    assert_ok(kvt_set_log_level(KVT_LOG_INFO));
+    assert_ok(kvt_set_log_handler(count_lines, NULL));
+
+    reap(pid);
+    kvt_hash128 h[2];
+    blocks(h, 0, 2);
+    uint64_t t0 = kvt__now_ns();
+    kvt_status st = kvt__dir_publish(a, SPACE, h, 2);
+    assert_true(st == KVT_ECONN || st == KVT_ETIMEDOUT);
+    assert_true(ms_since(t0) < 2500);
+    assert_false(kvt__dir_up(a));
+    /* while down: at once */
+    t0 = kvt__now_ns();
+    for (int i = 0; i < 20; i++) assert_status(kvt__dir_publish(a, SPACE, h, 2), KVT_ECONN);
+    assert_true(ms_since(t0) < 50);
+    assert_true(strstr(kvt_last_error(), "down") != NULL);
+    uint32_t f;
+    kvt_dir_holder out[2];
+    st = kvt__dir_lookup(b, SPACE, h, 2, out, &f);
+    assert_true(st == KVT_ECONN || st == KVT_ETIMEDOUT);
+    sleep_ms(350); /* a few probes fail: backoff 100, 200, 400 */
+    for (int i = 0; i < 10; i++) {
+        st = kvt__dir_publish(a, SPACE, h, 2);
+        assert_true(st == KVT_ECONN || st == KVT_ETIMEDOUT);
+        sleep_ms(40);
+    }
+
+    pid = redis_start(port, NULL, NULL);
+    t0 = kvt__now_ns();
+    while ((st = kvt__dir_renew(a, SPACE, h, 2)) != KVT_OK) {
+        assert_true(st == KVT_ECONN || st == KVT_ETIMEDOUT);
+        assert_true(ms_since(t0) < 8000); /* backoff at most 5 s */
+        sleep_ms(50);
+    }
+    assert_true(kvt__dir_up(a));
+    assert_true(kvt__dir_generation(a) > g);
+    /* Redis lost everything: a's renewal put its lease and entries back;
+     * b republishes its lease too once it sees it is back */
+    t0 = kvt__now_ns();
+    while ((st = kvt__dir_renew(b, SPACE, NULL, 0)) != KVT_OK) {
+        assert_true(ms_since(t0) < 8000);
+        sleep_ms(50);
+    }
+    assert_int_equal(found(b, 0, 2, NULL), 2);
+    assert_ok(kvt_set_log_handler(NULL, NULL));
+    assert_ok(kvt_set_log_level(KVT_LOG_WARN));
+    assert_int_equal(warn_lines, 2); /* one per handle */
+    assert_int_equal(info_lines, 2);
+    kvt__dir_close(a);
+    kvt__dir_close(b);
+    reap(pid);
+}
+
+/* ------------------------------------------------------------------ */
+/* Sentinel                                                           */
+/* ------------------------------------------------------------------ */
+
+static uint16_t s_primary, s_replica, s_sentinel;
+
+static bool sentinel_primary_port(uint16_t *port)
+{
+    redisReply *r = rcmd(s_sentinel, "SENTINEL get-master-addr-by-name mym");
+    bool ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2;
+    if (ok) *port = (uint16_t)atoi(r->element[1]->str);
+    if (r) freeReplyObject(r);
+    return ok;
+}
+
+static void sentinel_start(void)
+{
+    s_primary = free_port();
+    redis_start(s_primary, NULL, NULL);
+    s_replica = free_port();
+    char of[32];
+    snprintf(of, sizeof of, "127.0.0.1 %u", s_primary);
+    redis_start(s_replica, "--replicaof", of);
+    s_sentinel = free_port();
+    char conf[512];
+    snprintf(conf, sizeof conf, "%s/sentinel.conf", tmp);
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f, "port %u\nbind 127.0.0.1\ndir %s\nsentinel monitor mym 127.0.0.1 %u 1\n"
+            "sentinel down-after-milliseconds mym 1000\nsentinel failover-timeout mym 5000\n",
+            s_sentinel, tmp, s_primary);
+    fclose(f);
+    char *argv[] = {"redis-server", conf, "--sentinel", NULL};
+    spawn(argv, "sentinel.log");
+    wait_ping(s_sentinel);
+}
+
+/* Until the sentinel knows the replica and the replica is in sync. */
+static void sentinel_ready(void)
+{
+    uint64_t t0 = kvt__now_ns();
+    for (;;) {
+        redisReply *r = rcmd(s_sentinel, "SENTINEL replicas mym");
+        bool known = r && r->type == REDIS_REPLY_ARRAY && r->elements == 1;
+        if (r) freeReplyObject(r);
+        r = rcmd(s_replica, "INFO replication");
+        bool sync = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "master_link_status:up");
+        if (r) freeReplyObject(r);
+        if (known && sync) return;
+        if (ms_since(t0) > 20000) fail_msg("the sentinel does not see an in-sync replica");
+        sleep_ms(100);
+    }
+}
+
+static void test_sentinel_failover(void **state)
+{
+    sentinel_ready();
+    char url[64];
+    snprintf(url, sizeof url, "sentinel://127.0.0.1:%u/mym", s_sentinel);
+    /* leases that outlast the failover (no renewals here) */
+    kvt_dir *a = open_dir_lease(url, "se:", "a", 60000), *b = open_dir_lease(url, "se:", "b", 60000);
+    char topo[128], want[128];
+    kvt__dir_topology(b, topo, sizeof topo);
+    snprintf(want, sizeof want, "sentinel primary mym at 127.0.0.1:%u", s_primary);
+    assert_string_equal(topo, want);
+    publish(a, 0, 8);
+    assert_int_equal(found(b, 0, 8, NULL), 8);
+    uint64_t ga = kvt__dir_generation(a);
+
+    /* wait until the replica has the entries, then fail over */
+    uint64_t t0 = kvt__now_ns();
+    for (;;) {
+        redisReply *r = rcmd(s_replica, "DBSIZE");
+        bool ok = r && r->type == REDIS_REPLY_INTEGER && r->integer >= 8 + 2 + 2;
+        if (r) freeReplyObject(r);
+        if (ok) break;
+        assert_true(ms_since(t0) < 5000);
+        sleep_ms(20);
+    }
+    for (;;) {
+        redisReply *r = rcmd(s_sentinel, "SENTINEL FAILOVER mym");
+        bool ok = r && r->type == REDIS_REPLY_STATUS;
+        if (r) freeReplyObject(r);
+        if (ok) break;
+        assert_true(ms_since(t0) < 15000);
+        sleep_ms(200);
+    }
+    /* lookups keep answering through it (the old primary serves reads
+     * until it is demoted; then the sentinels name the new one) */
+    uint16_t port = 0;
+    int lookups = 0;
+    t0 = kvt__now_ns();
+    while (!sentinel_primary_port(&port) || port != s_replica) {
+        assert_true(ms_since(t0) < 20000);
+        uint32_t f = found(b, 0, 8, NULL);
+        assert_int_equal(f, 8);
+        lookups++;
+        sleep_ms(20);
+    }
+    /* until the sentinel turns the old primary into a replica, it still
+     * takes writes (lost at the demotion: the generation tells the
+     * caller); then its clients are dropped and both handles follow
+     * (writes get READONLY or a closed connection, and re-ask the
+     * sentinels) */
+    for (;;) {
+        redisReply *r = rcmd(s_primary, "ROLE");
+        bool demoted = r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+                       strcmp(r->element[0]->str, "slave") == 0;
+        if (r) freeReplyObject(r);
+        if (demoted) break;
+        assert_true(ms_since(t0) < 30000);
+        uint32_t f = found(b, 0, 8, NULL);
+        assert_int_equal(f, 8);
+        lookups++;
+        sleep_ms(50);
+    }
+    t0 = kvt__now_ns();
+    for (;;) {
+        kvt_hash128 h[4];
+        blocks(h, 8, 4);
+        kvt_status st = kvt__dir_publish(a, SPACE, h, 4);
+        if (st == KVT_OK) break;
+        assert_true(st == KVT_ECONN || st == KVT_ETIMEDOUT);
+        assert_true(ms_since(t0) < 15000);
+        sleep_ms(50);
+    }
+    t0 = kvt__now_ns();
+    while (found(b, 0, 12, NULL) != 12) {
+        assert_true(ms_since(t0) < 5000);
+        sleep_ms(20);
+    }
+    kvt__dir_topology(a, topo, sizeof topo);
+    snprintf(want, sizeof want, "sentinel primary mym at 127.0.0.1:%u", s_replica);
+    assert_string_equal(topo, want);
+    assert_true(kvt__dir_generation(a) > ga);
+    print_message("sentinel: %d lookups answered during the failover\n", lookups);
+    kvt__dir_close(a);
+    kvt__dir_close(b);
+}
+
+/* ------------------------------------------------------------------ */
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN); /* the test's own hiredis connections to killed servers */
+    kvt_test_mkdtemp(tmp, sizeof tmp, "cluster_dir-");
+    atexit(procs_kill);
+    uint16_t port = free_port();
+    redis_start(port, NULL, NULL);
+    snprintf(single, sizeof single, "127.0.0.1:%u", port);
+    sentinel_start();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_publish_lookup),
+        cmocka_unit_test(test_epoch_reopen),
+        cmocka_unit_test(test_lease_expiry),
+        cmocka_unit_test(test_nodes),
+        cmocka_unit_test(test_down_and_back),
+        cmocka_unit_test(test_sentinel_failover),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    procs_kill();
+    return kvt_test_dirs_done(rc);
+}
