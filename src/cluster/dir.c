@@ -750,6 +750,8 @@ static bool take_redirects(kvt_dir *d, dir_cmd *cmds, size_t n, bool *unavail, c
             if (s != DIR_NO_SHARD && k == REPLY_MOVED) d->slots[c->slot] = (uint8_t)s;
             pthread_mutex_unlock(&d->topo_mu);
             if (s == DIR_NO_SHARD) continue; /* reported to the caller as the error it is */
+            KVT_LOG(KVT_LOG_DEBUG, "cluster directory: %s for slot %u: %s", k == REPLY_ASK ? "ASK" : "MOVED",
+                    c->slot, addr);
             if (k == REPLY_ASK) {
                 c->ask = true;
                 c->shard = (uint8_t)s;

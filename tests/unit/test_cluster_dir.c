@@ -25,7 +25,7 @@
 
 extern char **environ;
 
-#define SPACE 0x0123456789abcdefull
+#define SPACE UINT64_C(0x0123456789abcdef)
 #define LEASE_MS 300u
 #define MAX_PROCS 16
 
@@ -138,14 +138,20 @@ static void wait_ping(uint16_t port)
     }
 }
 
-static pid_t redis_start(uint16_t port, const char *extra1, const char *extra2)
+/* redis-server on port with extra (NULL-terminated, may be NULL) added
+ * to its arguments, once it answers PING. */
+static pid_t redis_start(uint16_t port, const char *const *extra)
 {
     char p[8], log[32];
     snprintf(p, sizeof p, "%u", port);
     snprintf(log, sizeof log, "redis-%u.log", port);
-    char *argv[] = {"redis-server", "--port", p, "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
-                    "--dir", tmp, (char *)extra1, (char *)extra2, NULL, NULL, NULL};
-    if (!extra1) argv[11] = NULL;
+    char *argv[24] = {"redis-server", "--port", p, "--save", "", "--appendonly", "no", "--bind",
+                      "127.0.0.1", "--dir", tmp};
+    int n = 11;
+    for (int i = 0; extra && extra[i]; i++) {
+        assert_true(n < 23);
+        argv[n++] = (char *)extra[i];
+    }
     pid_t pid = spawn(argv, log);
     wait_ping(port);
     return pid;
@@ -471,7 +477,7 @@ static void count_lines(void *user, kvt_log_level level, const char *line)
 static void test_down_and_back(void **state)
 {
     uint16_t port = free_port();
-    pid_t pid = redis_start(port, NULL, NULL);
+    pid_t pid = redis_start(port, NULL);
     char addr[32];
     snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
     kvt_dir *a = open_dir(addr, "db:", "a"), *b = open_dir(addr, "db:", "b");
@@ -505,7 +511,7 @@ static void test_down_and_back(void **state)
         sleep_ms(40);
     }
 
-    pid = redis_start(port, NULL, NULL);
+    pid = redis_start(port, NULL);
     t0 = kvt__now_ns();
     while ((st = kvt__dir_renew(a, SPACE, h, 2)) != KVT_OK) {
         assert_true(st == KVT_ECONN || st == KVT_ETIMEDOUT);
@@ -549,11 +555,12 @@ static bool sentinel_primary_port(uint16_t *port)
 static void sentinel_start(void)
 {
     s_primary = free_port();
-    redis_start(s_primary, NULL, NULL);
+    redis_start(s_primary, NULL);
     s_replica = free_port();
     char of[32];
     snprintf(of, sizeof of, "127.0.0.1 %u", s_primary);
-    redis_start(s_replica, "--replicaof", of);
+    const char *extra[] = {"--replicaof", of, NULL};
+    redis_start(s_replica, extra);
     s_sentinel = free_port();
     char conf[512];
     snprintf(conf, sizeof conf, "%s/sentinel.conf", tmp);
@@ -672,6 +679,172 @@ static void test_sentinel_failover(void **state)
 }
 
 /* ------------------------------------------------------------------ */
+/* Redis Cluster                                                      */
+/* ------------------------------------------------------------------ */
+
+static uint16_t c_port[3];
+
+static bool port_free(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    if (fd >= 0) close(fd);
+    return ok;
+}
+
+/* A port whose cluster bus port (+10000) is free too. */
+static uint16_t cluster_port(void)
+{
+    static uint64_t seed;
+    if (!seed) seed = kvt__now_ns() ^ (uint64_t)getpid();
+    for (;;) {
+        uint16_t p = (uint16_t)(20000 + kvt__splitmix64(&seed) % 20000);
+        if (port_free(p) && port_free((uint16_t)(p + 10000))) return p;
+    }
+}
+
+static bool cluster_ok(uint16_t port)
+{
+    redisReply *r = rcmd(port, "CLUSTER INFO");
+    bool ok = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+    if (r) freeReplyObject(r);
+    return ok;
+}
+
+static void cluster_start(void)
+{
+    char conf[3][48], addr[3][32];
+    for (int i = 0; i < 3; i++) {
+        c_port[i] = cluster_port();
+        snprintf(conf[i], sizeof conf[i], "nodes-%u.conf", c_port[i]);
+        const char *extra[] = {"--cluster-enabled", "yes", "--cluster-config-file", conf[i],
+                               "--cluster-node-timeout", "2000", NULL};
+        redis_start(c_port[i], extra);
+        snprintf(addr[i], sizeof addr[i], "127.0.0.1:%u", c_port[i]);
+    }
+    char *argv[] = {"redis-cli", "--cluster", "create", addr[0], addr[1], addr[2], "--cluster-replicas",
+                    "0", "--cluster-yes", NULL};
+    pid_t pid = spawn(argv, "cluster-create.log");
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    for (int i = 0; i < nprocs; i++)
+        if (procs[i] == pid) procs[i] = 0;
+    if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) fail_msg("redis-cli --cluster create failed: see %s", tmp);
+    uint64_t t0 = kvt__now_ns();
+    while (!cluster_ok(c_port[0]) || !cluster_ok(c_port[1]) || !cluster_ok(c_port[2])) {
+        if (ms_since(t0) > 20000) fail_msg("the cluster does not become ok");
+        sleep_ms(100);
+    }
+}
+
+static void node_id(uint16_t port, char id[64])
+{
+    redisReply *r = rcmd(port, "CLUSTER MYID");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STRING);
+    snprintf(id, 64, "%s", r->str);
+    freeReplyObject(r);
+}
+
+static void expect_status(redisReply *r, const char *what)
+{
+    if (!r || r->type != REDIS_REPLY_STATUS)
+        fail_msg("%s: %s", what, r && r->type == REDIS_REPLY_ERROR ? r->str : "no status reply");
+    freeReplyObject(r);
+}
+
+static int ask_lines, moved_lines;
+
+static void count_redirects(void *user, kvt_log_level level, const char *line)
+{
+    if (strstr(line, "cluster directory: ASK for slot")) ask_lines++;
+    if (strstr(line, "cluster directory: MOVED for slot")) moved_lines++;
+}
+
+static void test_cluster(void **state)
+{
+    cluster_start();
+    char url[64];
+    snprintf(url, sizeof url, "cluster://127.0.0.1:%u", c_port[0]); /* one seed: the rest discovered */
+    kvt_dir *a = open_dir_lease(url, "cl:", "a", 60000), *b = open_dir_lease(url, "cl:", "b", 60000);
+    char topo[128];
+    kvt__dir_topology(b, topo, sizeof topo);
+    assert_string_equal(topo, "cluster of 3 primaries");
+    publish(a, 0, 64);
+    char nodes[64][KVT_DIR_NODE_MAX];
+    assert_int_equal(found(b, 0, 64, nodes), 64);
+    assert_string_equal(nodes[63], "a");
+    for (int i = 0; i < 3; i++) { /* spread over every shard */
+        redisReply *r = rcmd(c_port[i], "DBSIZE");
+        assert_non_null(r);
+        assert_true(r->integer > 0);
+        freeReplyObject(r);
+    }
+    kvt_dir_node nl[4];
+    uint32_t cnt;
+    assert_ok(kvt__dir_nodes(b, nl, 4, &cnt));
+    assert_int_equal(cnt, 2);
+    assert_string_equal(nl[0].node, "a");
+
+    /* move block 5's slot to another primary: while migrating, the
+     * source answers ASK for the moved key; then MOVED once it is done */
+    char key[128];
+    kvt_hash128 h = blk(5);
+    snprintf(key, sizeof key, "cl:b:%016" PRIx64 ":%016" PRIx64 "%016" PRIx64, SPACE, h.hi, h.lo);
+    redisReply *r = rcmd(c_port[0], "CLUSTER KEYSLOT %s", key);
+    assert_non_null(r);
+    long long slot = r->integer;
+    freeReplyObject(r);
+    int src = -1;
+    for (int i = 0; i < 3 && src < 0; i++) {
+        r = rcmd(c_port[i], "CLUSTER COUNTKEYSINSLOT %lld", slot);
+        assert_non_null(r);
+        if (r->integer > 0) src = i;
+        freeReplyObject(r);
+    }
+    assert_true(src >= 0);
+    int dst = (src + 1) % 3;
+    char sid[64], did[64];
+    node_id(c_port[src], sid);
+    node_id(c_port[dst], did);
+    expect_status(rcmd(c_port[dst], "CLUSTER SETSLOT %lld IMPORTING %s", slot, sid), "IMPORTING");
+    expect_status(rcmd(c_port[src], "CLUSTER SETSLOT %lld MIGRATING %s", slot, did), "MIGRATING");
+    r = rcmd(c_port[src], "CLUSTER GETKEYSINSLOT %lld 100", slot);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    for (size_t i = 0; i < r->elements; i++)
+        expect_status(rcmd(c_port[src], "MIGRATE 127.0.0.1 %u %s 0 5000", c_port[dst], r->element[i]->str),
+                      "MIGRATE");
+    freeReplyObject(r);
+    assert_ok(kvt_set_log_level(KVT_LOG_DEBUG));
+    assert_ok(kvt_set_log_handler(count_redirects, NULL));
+    assert_int_equal(found(b, 0, 64, NULL), 64); /* ASK followed */
+    publish(a, 5, 1);                            /* and for a write */
+    assert_int_equal(ask_lines, 3); /* HGETALL, then HSET and PEXPIRE */
+    for (int i = 0; i < 3; i++)
+        expect_status(rcmd(c_port[i], "CLUSTER SETSLOT %lld NODE %s", slot, did), "SETSLOT NODE");
+    assert_int_equal(found(b, 0, 64, nodes), 64); /* MOVED followed */
+    assert_string_equal(nodes[5], "a");
+    assert_int_equal(moved_lines, 1);
+    assert_int_equal(found(b, 0, 64, NULL), 64); /* the map was re-read: no MOVED again */
+    assert_int_equal(moved_lines, 1);
+    assert_ok(kvt_set_log_handler(NULL, NULL));
+    assert_ok(kvt_set_log_level(KVT_LOG_WARN));
+    publish(a, 0, 64);
+    kvt_hash128 hs[1] = {blk(5)};
+    assert_ok(kvt__dir_unpublish(a, SPACE, hs, 1));
+    assert_int_equal(found(b, 0, 64, NULL), 5);
+    /* a fresh handle reads the new map at open */
+    kvt_dir *c = open_dir_lease(url, "cl:", "c", 60000);
+    assert_int_equal(found(c, 0, 5, NULL), 5);
+    kvt__dir_close(c);
+    kvt__dir_close(a);
+    kvt__dir_close(b);
+}
+
+/* ------------------------------------------------------------------ */
 
 int main(void)
 {
@@ -679,7 +852,7 @@ int main(void)
     kvt_test_mkdtemp(tmp, sizeof tmp, "cluster_dir-");
     atexit(procs_kill);
     uint16_t port = free_port();
-    redis_start(port, NULL, NULL);
+    redis_start(port, NULL);
     snprintf(single, sizeof single, "127.0.0.1:%u", port);
     sentinel_start();
     const struct CMUnitTest tests[] = {
@@ -690,6 +863,7 @@ int main(void)
         cmocka_unit_test(test_nodes),
         cmocka_unit_test(test_down_and_back),
         cmocka_unit_test(test_sentinel_failover),
+        cmocka_unit_test(test_cluster),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     procs_kill();
