@@ -42,6 +42,7 @@
 #define DIR_KEY_MAX (DIR_PREFIX_MAX + 2 + KVT_DIR_NODE_MAX + 8)
 #define DIR_BATCH 512         /* blocks per pipelined round trip (dir.h) */
 #define DIR_REDIRECTS 5       /* MOVED/ASK rounds one call follows before giving up */
+#define DIR_REFRESH_TRIES 3   /* cluster nodes one slot-map read tries */
 #define DIR_SLOTS 16384       /* Redis Cluster's hash slots */
 #define DIR_NO_SHARD 0xff     /* a slot no primary serves (that we know of) */
 #define DIR_LEASE_CACHE 1024  /* node leases remembered for lookups (direct-mapped) */
@@ -607,7 +608,9 @@ static kvt_status cluster_refresh(kvt_dir *d, const char *hint, bool *changed)
     for (uint32_t i = 0; i < d->nseeds; i++) memcpy(cand[nc++], d->seeds[i], KVT_DIR_ADDR_MAX);
     kvt_status st = kvt__fail(KVT_ECONN, "cluster directory: no cluster node to ask");
     *changed = false;
-    for (uint32_t i = 0; i < nc && st; i++) {
+    /* at most DIR_REFRESH_TRIES nodes, each bounded by timeout_ms: a
+     * partitioned cluster must not hold a call for every node's deadline */
+    for (uint32_t i = 0; i < nc && i < DIR_REFRESH_TRIES && st; i++) {
         redisContext *c = NULL;
         st = ctx_open(d, cand[i], true, &c);
         if (st) continue;
@@ -1474,7 +1477,8 @@ static kvt_status read_nodes(kvt_dir *d, char **names, uint32_t n, kvt_dir_node 
     for (uint32_t i = 0; i < n && !st; i++) {
         const redisReply *v = c[2 * i].r, *t = c[2 * i + 1].r;
         kvt_dir_node *o = &out[*have];
-        if (v->type != REDIS_REPLY_STRING || t->type != REDIS_REPLY_INTEGER) continue; /* expired since */
+        if (v->type != REDIS_REPLY_STRING || t->type != REDIS_REPLY_INTEGER || t->integer == -2)
+            continue; /* expired since the SCAN, or between GET and PTTL */
         if (kvt__dir_lease_decode(v->str, v->len, &o->epoch, o->addr, sizeof o->addr)) continue;
         snprintf(o->node, sizeof o->node, "%s", names[i]);
         o->lease_left_ms = t->integer;

@@ -286,6 +286,10 @@ static void test_bad_config(void **state)
     snprintf(sent, sizeof sent, "sentinel://%s/mym", addr);
     c = config(sent, "bad:", "n1");
     EXPECT_ERR(kvt__dir_open(&d, &c), KVT_ECONN, addr);
+    /* a password this Redis does not want */
+    c = config(single, "bad:", "n1");
+    c.password = "s3cret";
+    EXPECT_ERR(kvt__dir_open(&d, &c), KVT_EAUTH, single, "password");
     END_CHECKS();
     assert_null(d);
 
