@@ -26,7 +26,12 @@
 extern char **environ;
 
 #define SPACE UINT64_C(0x0123456789abcdef)
-#define LEASE_MS 300u
+/* Leases: LONG_MS where a test must not see one run out on a loaded
+ * machine; SHORT_MS for a reader whose lease cache (lease_ms/4) a test
+ * waits out, and X_MS for a lease a test lets expire. */
+#define LONG_MS 60000u
+#define SHORT_MS 300u
+#define X_MS 1000u
 #define MAX_PROCS 16
 
 /* ------------------------------------------------------------------ */
@@ -168,7 +173,7 @@ static kvt_dir_config config(const char *redis, const char *prefix, const char *
     char *a = adv[k++ % 8];
     snprintf(a, 32, "10.0.0.%u:7000", (unsigned)(node[0] & 0x7f));
     kvt_dir_config c = {.redis = redis, .prefix = prefix, .node = node, .advertise = a,
-                        .lease_ms = LEASE_MS, .timeout_ms = 1000};
+                        .lease_ms = LONG_MS, .timeout_ms = 1000};
     return c;
 }
 
@@ -390,7 +395,7 @@ static void test_publish_lookup(void **state)
 
 static void test_epoch_reopen(void **state)
 {
-    kvt_dir *a = open_dir(single, "ep:", "a"), *b = open_dir(single, "ep:", "b");
+    kvt_dir *a = open_dir(single, "ep:", "a"), *b = open_dir_lease(single, "ep:", "b", SHORT_MS);
     uint64_t e1 = kvt__dir_epoch(a);
     publish(a, 0, 3);
     assert_int_equal(found(b, 0, 3, NULL), 3);
@@ -399,34 +404,34 @@ static void test_epoch_reopen(void **state)
      * has aged) */
     kvt_dir *a2 = open_dir(single, "ep:", "a");
     assert_int_equal(kvt__dir_epoch(a2), e1 + 1);
-    sleep_ms(LEASE_MS / 4 + 30);
+    sleep_ms(SHORT_MS / 4 + 30);
     assert_int_equal(found(b, 0, 3, NULL), 0);
     publish(a2, 0, 2);
     assert_int_equal(found(b, 0, 3, NULL), 2);
     /* the old handle's close leaves the new life's lease alone */
     kvt__dir_close(a);
-    sleep_ms(LEASE_MS / 4 + 30);
+    sleep_ms(SHORT_MS / 4 + 30);
     assert_int_equal(found(b, 0, 3, NULL), 2);
     /* a clean leave: untrusted at once for a reader that asks afresh */
     kvt__dir_close(a2);
-    sleep_ms(LEASE_MS / 4 + 30);
+    sleep_ms(SHORT_MS / 4 + 30);
     assert_int_equal(found(b, 0, 3, NULL), 0);
     kvt__dir_close(b);
 }
 
 static void test_lease_expiry(void **state)
 {
-    kvt_dir *x = open_dir(single, "le:", "x"), *b = open_dir(single, "le:", "b");
+    kvt_dir *x = open_dir_lease(single, "le:", "x", X_MS), *b = open_dir_lease(single, "le:", "b", SHORT_MS);
     publish(x, 0, 4);
     assert_int_equal(found(b, 0, 4, NULL), 4);
     /* x stops renewing (hung or dead without leaving): gone after lease_ms */
-    sleep_ms(LEASE_MS + 100);
+    sleep_ms(X_MS + 100);
     assert_int_equal(found(b, 0, 4, NULL), 0);
     /* renewing brings the lease and the entries back */
     kvt_hash128 h[4];
     blocks(h, 0, 4);
     assert_ok(kvt__dir_renew(x, SPACE, h, 4));
-    sleep_ms(LEASE_MS / 4 + 30);
+    sleep_ms(SHORT_MS / 4 + 30);
     assert_int_equal(found(b, 0, 4, NULL), 4);
     assert_ok(kvt__dir_renew(x, SPACE, NULL, 0));
     /* entries live 4 x lease_ms unless renewed */
@@ -434,7 +439,7 @@ static void test_lease_expiry(void **state)
                          "%016" PRIx64, SPACE, h[0].hi, h[0].lo);
     assert_non_null(r);
     assert_int_equal(r->type, REDIS_REPLY_INTEGER);
-    assert_true(r->integer > LEASE_MS && r->integer <= 4 * LEASE_MS);
+    assert_true(r->integer > X_MS && r->integer <= 4 * X_MS);
     freeReplyObject(r);
     kvt__dir_close(x);
     kvt__dir_close(b);
@@ -452,7 +457,7 @@ static void test_nodes(void **state)
     assert_string_equal(n[1].node, "zeta");
     assert_string_equal(n[1].addr, "10.0.0.122:7000");
     assert_int_equal(n[1].epoch, kvt__dir_epoch(a));
-    assert_true(n[0].lease_left_ms > 0 && n[0].lease_left_ms <= LEASE_MS);
+    assert_true(n[0].lease_left_ms > 0 && n[0].lease_left_ms <= LONG_MS);
     assert_ok(kvt__dir_nodes(a, n, 1, &cnt));
     assert_int_equal(cnt, 2);
     assert_string_equal(n[0].node, "alpha");
@@ -601,8 +606,7 @@ static void test_sentinel_failover(void **state)
     sentinel_ready();
     char url[64];
     snprintf(url, sizeof url, "sentinel://127.0.0.1:%u/mym", s_sentinel);
-    /* leases that outlast the failover (no renewals here) */
-    kvt_dir *a = open_dir_lease(url, "se:", "a", 60000), *b = open_dir_lease(url, "se:", "b", 60000);
+    kvt_dir *a = open_dir(url, "se:", "a"), *b = open_dir(url, "se:", "b");
     char topo[128], want[128];
     kvt__dir_topology(b, topo, sizeof topo);
     snprintf(want, sizeof want, "sentinel primary mym at 127.0.0.1:%u", s_primary);
@@ -772,7 +776,7 @@ static void test_cluster(void **state)
     cluster_start();
     char url[64];
     snprintf(url, sizeof url, "cluster://127.0.0.1:%u", c_port[0]); /* one seed: the rest discovered */
-    kvt_dir *a = open_dir_lease(url, "cl:", "a", 60000), *b = open_dir_lease(url, "cl:", "b", 60000);
+    kvt_dir *a = open_dir(url, "cl:", "a"), *b = open_dir(url, "cl:", "b");
     char topo[128];
     kvt__dir_topology(b, topo, sizeof topo);
     assert_string_equal(topo, "cluster of 3 primaries");
@@ -841,7 +845,7 @@ static void test_cluster(void **state)
     assert_ok(kvt__dir_unpublish(a, SPACE, hs, 1));
     assert_int_equal(found(b, 0, 64, NULL), 5);
     /* a fresh handle reads the new map at open */
-    kvt_dir *c = open_dir_lease(url, "cl:", "c", 60000);
+    kvt_dir *c = open_dir(url, "cl:", "c");
     assert_int_equal(found(c, 0, 5, NULL), 5);
     kvt__dir_close(c);
     kvt__dir_close(a);
