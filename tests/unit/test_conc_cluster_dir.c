@@ -1,15 +1,20 @@
-/* test_cluster_dir.c - the cluster directory (src/cluster/dir.h) against
- * real redis-server processes this test starts on free loopback ports:
- * one Redis (publish, lookup, epochs, leases, forget, nodes, Redis killed
- * and restarted), a primary + replica + sentinel (a failover followed),
- * and a three-primary Redis Cluster (keys across shards, MOVED and ASK
- * followed). The test runs no threads of its own, so it may start and
- * restart servers (posix_spawn) at any point. */
+/* test_conc_cluster_dir.c - the cluster directory (src/cluster/dir.h)
+ * against real redis-server processes this test starts on free loopback
+ * ports: one Redis (publish, lookup, epochs, leases, forget, nodes, Redis
+ * killed and restarted), a primary + replica + sentinel (a failover
+ * followed), a three-primary Redis Cluster (keys across shards, MOVED and
+ * ASK followed), and last, with threads, one handle used from several at
+ * once (lookups beside paused writes; everything at once while Redis
+ * drops every connection). Every server is started (posix_spawn) before
+ * the first thread: the threaded tests run last and spawn() refuses once
+ * they began. */
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -41,6 +46,7 @@ extern char **environ;
 static char tmp[256];
 static pid_t procs[MAX_PROCS];
 static int nprocs;
+static bool threads_began; /* no spawn after this */
 
 static void procs_kill(void)
 {
@@ -69,6 +75,7 @@ static uint16_t free_port(void)
 static pid_t spawn(char *const argv[], const char *log)
 {
     char path[512];
+    if (threads_began) fail_msg("spawning %s after threads were started", argv[0]);
     snprintf(path, sizeof path, "%s/%s", tmp, log);
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -773,7 +780,6 @@ static void count_redirects(void *user, kvt_log_level level, const char *line)
 
 static void test_cluster(void **state)
 {
-    cluster_start();
     char url[64];
     snprintf(url, sizeof url, "cluster://127.0.0.1:%u", c_port[0]); /* one seed: the rest discovered */
     kvt_dir *a = open_dir(url, "cl:", "a"), *b = open_dir(url, "cl:", "b");
@@ -853,6 +859,167 @@ static void test_cluster(void **state)
 }
 
 /* ------------------------------------------------------------------ */
+/* Threads                                                            */
+/* ------------------------------------------------------------------ */
+
+static uint16_t single_port(void)
+{
+    return (uint16_t)atoi(strchr(single, ':') + 1);
+}
+
+typedef struct paused_pub {
+    kvt_dir *d;
+    kvt_status st;
+    uint64_t end_ns;
+    pthread_t th;
+} paused_pub;
+
+static void *publish_paused(void *arg)
+{
+    paused_pub *p = arg;
+    kvt_hash128 h[64];
+    blocks(h, 500, 64);
+    p->st = kvt__dir_publish(p->d, SPACE, h, 64);
+    p->end_ns = kvt__now_ns();
+    return NULL;
+}
+
+/* A publish stuck behind Redis (CLIENT PAUSE ... WRITE holds every write
+ * for 1.5 s, reads go on) does not hold the same handle's lookups. */
+static void test_lookup_beside_paused_writes(void **state)
+{
+    threads_began = true;
+    kvt_dir_config c = config(single, "pw:", "a");
+    c.timeout_ms = 5000;
+    kvt_dir *a = NULL, *b = open_dir(single, "pw:", "b");
+    assert_ok(kvt__dir_open(&a, &c));
+    publish(b, 0, 8);
+    assert_int_equal(found(a, 0, 8, NULL), 8);
+    redisReply *r = rcmd(single_port(), "CLIENT PAUSE 1500 WRITE");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    uint64_t t0 = kvt__now_ns();
+    paused_pub p = {.d = a};
+    assert_int_equal(pthread_create(&p.th, NULL, publish_paused, &p), 0);
+    sleep_ms(100); /* the publish is in Redis's hands by now */
+    for (int i = 0; i < 5; i++) {
+        uint64_t t1 = kvt__now_ns();
+        assert_int_equal(found(a, 0, 8, NULL), 8);
+        assert_true(ms_since(t1) < 700);
+    }
+    uint64_t lookups_done = kvt__now_ns();
+    assert_int_equal(pthread_join(p.th, NULL), 0);
+    assert_status(p.st, KVT_OK);
+    assert_true(p.end_ns > lookups_done);   /* the lookups did not wait for it */
+    assert_true((p.end_ns - t0) / 1000000 >= 1000); /* it was held by the pause */
+    kvt__dir_close(a);
+    kvt__dir_close(b);
+}
+
+typedef struct hammer {
+    kvt_dir *d;
+    int kind; /* 0 publish/unpublish, 1 renew, 2 lookup */
+    uint32_t first;
+    atomic_bool *stop;
+    int ok, down, other;
+    kvt_status bad;
+    pthread_t th;
+} hammer;
+
+static void *hammer_run(void *arg)
+{
+    hammer *h = arg;
+    kvt_hash128 hs[32];
+    kvt_dir_holder out[32];
+    blocks(hs, h->first, 32);
+    while (!atomic_load(h->stop)) {
+        uint32_t f;
+        kvt_status st;
+        if (h->kind == 0) {
+            st = kvt__dir_publish(h->d, SPACE, hs, 32);
+            if (!st) st = kvt__dir_unpublish(h->d, SPACE, hs + 16, 16);
+        } else if (h->kind == 1) {
+            st = kvt__dir_renew(h->d, SPACE, hs, 16);
+        } else {
+            st = kvt__dir_lookup(h->d, SPACE, hs, 32, out, &f);
+        }
+        if (st == KVT_OK) h->ok++;
+        else if (st == KVT_ECONN || st == KVT_ETIMEDOUT) h->down++;
+        else h->other++, h->bad = st;
+        (void)kvt__dir_generation(h->d);
+        (void)kvt__dir_up(h->d);
+    }
+    return NULL;
+}
+
+/* One handle from six threads (publish, unpublish, renew, lookup) and a
+ * second handle's lookups, while Redis drops every client connection
+ * every 150 ms: each call answers OK or KVT_ECONN/KVT_ETIMEDOUT, the
+ * handles reconnect (the generation moves) and end consistent. */
+static void test_threads_hammer(void **state)
+{
+    threads_began = true;
+    kvt_dir *a = open_dir(single, "hm:", "a"), *b = open_dir(single, "hm:", "b");
+    uint64_t ga = kvt__dir_generation(a);
+    atomic_bool stop;
+    atomic_init(&stop, false);
+    hammer hs[] = {
+        {.d = a, .kind = 0, .first = 1000}, {.d = a, .kind = 0, .first = 2000},
+        {.d = a, .kind = 1, .first = 3000}, {.d = a, .kind = 2, .first = 4000},
+        {.d = a, .kind = 2, .first = 1000}, {.d = b, .kind = 2, .first = 1000},
+        {.d = b, .kind = 0, .first = 4000},
+    };
+    size_t n = sizeof hs / sizeof *hs;
+    for (size_t i = 0; i < n; i++) {
+        hs[i].stop = &stop;
+        assert_int_equal(pthread_create(&hs[i].th, NULL, hammer_run, &hs[i]), 0);
+    }
+    for (int k = 0; k < 12; k++) {
+        sleep_ms(150);
+        redisReply *r = rcmd(single_port(), "CLIENT KILL TYPE normal");
+        assert_non_null(r);
+        freeReplyObject(r);
+    }
+    atomic_store(&stop, true);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(pthread_join(hs[i].th, NULL), 0);
+        if (hs[i].other) fail_msg("thread %zu: %d calls returned %s", i, hs[i].other, kvt_status_name(hs[i].bad));
+        assert_true(hs[i].ok > 0);
+    }
+    print_message("hammer: generation %" PRIu64 " -> %" PRIu64 "; calls ok/down per thread:", ga,
+                  kvt__dir_generation(a));
+    for (size_t i = 0; i < n; i++) print_message(" %d/%d", hs[i].ok, hs[i].down);
+    print_message("\n");
+    assert_true(kvt__dir_generation(a) > ga);
+    /* consistent after: both up again, a's first 16 of each range held */
+    uint64_t t0 = kvt__now_ns();
+    kvt_hash128 h[32];
+    blocks(h, 1000, 32);
+    while (kvt__dir_publish(a, SPACE, h, 16) != KVT_OK) {
+        assert_true(ms_since(t0) < 8000);
+        sleep_ms(50);
+    }
+    char nodes[64][KVT_DIR_NODE_MAX];
+    t0 = kvt__now_ns();
+    for (;;) {
+        uint32_t f;
+        kvt_dir_holder out[32];
+        kvt_status st = kvt__dir_lookup(b, SPACE, h, 16, out, &f);
+        if (st == KVT_OK) {
+            assert_int_equal(f, 16);
+            break;
+        }
+        assert_true(ms_since(t0) < 8000);
+        sleep_ms(50);
+    }
+    assert_int_equal(found(b, 1000, 16, nodes), 16);
+    assert_string_equal(nodes[15], "a");
+    kvt__dir_close(a);
+    kvt__dir_close(b);
+}
+
+/* ------------------------------------------------------------------ */
 
 int main(void)
 {
@@ -863,6 +1030,7 @@ int main(void)
     redis_start(port, NULL);
     snprintf(single, sizeof single, "127.0.0.1:%u", port);
     sentinel_start();
+    cluster_start();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_publish_lookup),
@@ -872,6 +1040,9 @@ int main(void)
         cmocka_unit_test(test_down_and_back),
         cmocka_unit_test(test_sentinel_failover),
         cmocka_unit_test(test_cluster),
+        /* threads from here on: nothing is spawned after them */
+        cmocka_unit_test(test_lookup_beside_paused_writes),
+        cmocka_unit_test(test_threads_hammer),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     procs_kill();
