@@ -511,11 +511,16 @@ static void test_down_and_back(void **state)
     assert_true(st == KVT_ECONN || st == KVT_ETIMEDOUT);
     assert_true(ms_since(t0) < 2500);
     assert_false(kvt__dir_up(a));
-    /* while down: at once */
+    /* while down: at once (far below timeout_ms, even with a probe of
+     * the refused port among them on a slow machine) */
     t0 = kvt__now_ns();
-    for (int i = 0; i < 20; i++) assert_status(kvt__dir_publish(a, SPACE, h, 2), KVT_ECONN);
-    assert_true(ms_since(t0) < 50);
-    assert_true(strstr(kvt_last_error(), "down") != NULL);
+    int gated = 0;
+    for (int i = 0; i < 20; i++) {
+        assert_status(kvt__dir_publish(a, SPACE, h, 2), KVT_ECONN);
+        gated += strstr(kvt_last_error(), "Redis is down") != NULL;
+    }
+    assert_true(ms_since(t0) < 500);
+    assert_true(gated > 0);
     uint32_t f;
     kvt_dir_holder out[2];
     st = kvt__dir_lookup(b, SPACE, h, 2, out, &f);
