@@ -508,7 +508,14 @@ static kvt_status sentinel_ask(kvt_dir *d)
         if (r) freeReplyObject(r);
         redisFree(c);
     }
-    if (!st) {
+    if (st) { /* name the sentinels' role: the inner message speaks of "Redis" */
+        static const char pre[] = "cluster directory: ";
+        char last[KVT_ERRMSG_MAX];
+        const char *e = kvt_last_error();
+        snprintf(last, sizeof last, "%s", strncmp(e, pre, sizeof pre - 1) == 0 ? e + sizeof pre - 1 : e);
+        st = kvt__fail(st, "cluster directory: no sentinel named primary \"%s\" (%u asked; the last: %s)",
+                       d->name, d->nseeds, last);
+    } else {
         pthread_mutex_lock(&d->topo_mu);
         if (strcmp(d->shards[0].addr, addr) != 0) {
             if (d->opened)

@@ -237,6 +237,7 @@ static void publish(kvt_dir *d, uint32_t first, uint32_t n)
 }
 
 static char single[32]; /* "127.0.0.1:<port>" of the shared Redis */
+static uint16_t s_primary, s_replica, s_sentinel; /* Sentinel's set */
 
 /* ------------------------------------------------------------------ */
 /* One Redis                                                          */
@@ -297,7 +298,11 @@ static void test_bad_config(void **state)
     char sent[64];
     snprintf(sent, sizeof sent, "sentinel://%s/mym", addr);
     c = config(sent, "bad:", "n1");
-    EXPECT_ERR(kvt__dir_open(&d, &c), KVT_ECONN, addr);
+    EXPECT_ERR(kvt__dir_open(&d, &c), KVT_ECONN, addr, "no sentinel named primary \"mym\"");
+    /* a sentinel that knows no such primary */
+    snprintf(sent, sizeof sent, "sentinel://127.0.0.1:%u/nosuch", s_sentinel);
+    c = config(sent, "bad:", "n1");
+    EXPECT_ERR(kvt__dir_open(&d, &c), KVT_ECONN, "knows no primary named \"nosuch\"");
     /* a password this Redis does not want */
     c = config(single, "bad:", "n1");
     c.password = "s3cret";
@@ -562,7 +567,6 @@ static void test_down_and_back(void **state)
 /* Sentinel                                                           */
 /* ------------------------------------------------------------------ */
 
-static uint16_t s_primary, s_replica, s_sentinel;
 
 static bool sentinel_primary_port(uint16_t *port)
 {
