@@ -195,15 +195,19 @@ kvt_status kvt__dir_lease_decode(const char *s, size_t len, uint64_t *epoch, cha
                                  size_t addr_len)
 {
     const char *sp = s ? memchr(s, ' ', len) : NULL;
-    if (!sp) return kvt__fail(KVT_EPROTO, "cluster directory: lease value has no space (want \"<epoch> <host:port>\")");
+    if (!sp)
+        return kvt__fail(KVT_EPROTO,
+                         "cluster directory: lease value has no space (want \"<epoch> <host:port>\")");
     uint64_t e;
     kvt_status st = kvt__dir_epoch_decode(s, (size_t)(sp - s), &e);
     if (st) return st;
     size_t an = len - (size_t)(sp + 1 - s);
     if (!addr_split(sp + 1, an, NULL, 0, NULL))
-        return kvt__fail(KVT_EPROTO, "cluster directory: lease value's address (%zu bytes) is not host:port", an);
+        return kvt__fail(KVT_EPROTO,
+                         "cluster directory: lease value's address (%zu bytes) is not host:port", an);
     if (!addr || an >= addr_len)
-        return kvt__fail(KVT_EPROTO, "cluster directory: lease value's address of %zu bytes does not fit %zu", an,
+        return kvt__fail(KVT_EPROTO,
+                         "cluster directory: lease value's address of %zu bytes does not fit %zu", an,
                          addr_len);
     memcpy(addr, sp + 1, an);
     addr[an] = '\0';
@@ -371,7 +375,8 @@ static kvt_status ctx_open(const kvt_dir *d, const char *addr, bool auth, redisC
         const char *argv[] = {"AUTH", d->password};
         kvt_status st = ctx_call(c, addr, 2, argv, &r);
         if (!st && r->type == REDIS_REPLY_ERROR)
-            st = kvt__fail(KVT_EAUTH, "cluster directory: Redis at %s refused the password: %s", addr, r->str);
+            st = kvt__fail(KVT_EAUTH, "cluster directory: Redis at %s refused the password: %s", addr,
+                           r->str);
         if (r) freeReplyObject(r);
         if (st) {
             redisFree(c);
@@ -410,6 +415,15 @@ static kvt_status conn_ensure(kvt_dir *d, uint32_t s, dir_conn *cn)
 /* Down and back                                                      */
 /* ------------------------------------------------------------------ */
 
+/* The thread's message without its "cluster directory: ", to quote it
+ * inside another of ours. */
+static const char *last_error_tail(void)
+{
+    static const char pre[] = "cluster directory: ";
+    const char *e = kvt_last_error();
+    return strncmp(e, pre, sizeof pre - 1) == 0 ? e + sizeof pre - 1 : e;
+}
+
 /* Fails at once while the directory is down and its backoff runs; when
  * it has run out, lets this call through as the probe (others keep
  * failing at once until it ends). */
@@ -443,7 +457,7 @@ static void mark_down(kvt_dir *d, bool probe)
         atomic_store(&d->down, true);
         if (d->opened)
             KVT_LOG(KVT_LOG_WARN, "cluster directory: down (%s); calls fail at once, retried after "
-                    "100 ms doubling to 5 s", kvt_last_error());
+                    "100 ms doubling to 5 s", last_error_tail());
     } else if (probe) {
         d->backoff_ms = d->backoff_ms * 2 > DIR_BACKOFF_MAX_MS ? DIR_BACKOFF_MAX_MS : d->backoff_ms * 2;
     } else {
@@ -509,10 +523,8 @@ static kvt_status sentinel_ask(kvt_dir *d)
         redisFree(c);
     }
     if (st) { /* name the sentinels' role: the inner message speaks of "Redis" */
-        static const char pre[] = "cluster directory: ";
         char last[KVT_ERRMSG_MAX];
-        const char *e = kvt_last_error();
-        snprintf(last, sizeof last, "%s", strncmp(e, pre, sizeof pre - 1) == 0 ? e + sizeof pre - 1 : e);
+        snprintf(last, sizeof last, "%s", last_error_tail());
         st = kvt__fail(st, "cluster directory: no sentinel named primary \"%s\" (%u asked; the last: %s)",
                        d->name, d->nseeds, last);
     } else {
@@ -579,7 +591,8 @@ static kvt_status slots_install(kvt_dir *d, const redisReply *r, const char *ask
         if (!slots_primary(e, asked, addr) || e->element[0]->type != REDIS_REPLY_INTEGER ||
             e->element[1]->type != REDIS_REPLY_INTEGER || e->element[0]->integer < 0 ||
             e->element[1]->integer >= DIR_SLOTS || e->element[0]->integer > e->element[1]->integer) {
-            st = kvt__fail(KVT_EPROTO, "cluster directory: %s's CLUSTER SLOTS range %zu is malformed", asked, i);
+            st = kvt__fail(KVT_EPROTO, "cluster directory: %s's CLUSTER SLOTS range %zu is malformed",
+                           asked, i);
             break;
         }
         uint32_t s = shard_of(d, addr);
@@ -857,7 +870,8 @@ static kvt_status batch_exec(kvt_dir *d, int role, dir_cmd *cmds, size_t n)
 static kvt_status cmds_alloc(dir_cmd **out, size_t n)
 {
     *out = calloc(n ? n : 1, sizeof **out);
-    if (!*out) return kvt__fail(KVT_ENOMEM, "cluster directory: out of memory for a batch of %zu commands", n);
+    if (!*out)
+        return kvt__fail(KVT_ENOMEM, "cluster directory: out of memory for a batch of %zu commands", n);
     return KVT_OK;
 }
 
@@ -1418,7 +1432,10 @@ static kvt_status scan_nodes(kvt_dir *d, char ***names, uint32_t *kept, uint32_t
     pthread_mutex_lock(&d->topo_mu);
     bool seen[DIR_SHARDS_MAX] = {false};
     for (uint32_t k = 0; k < DIR_SLOTS && d->mode == MODE_CLUSTER; k++)
-        if (d->slots[k] != DIR_NO_SHARD && !seen[d->slots[k]]) seen[d->slots[k]] = true, shard[ns++] = d->slots[k];
+        if (d->slots[k] != DIR_NO_SHARD && !seen[d->slots[k]]) {
+            seen[d->slots[k]] = true;
+            shard[ns++] = d->slots[k];
+        }
     pthread_mutex_unlock(&d->topo_mu);
     if (d->mode != MODE_CLUSTER) shard[ns++] = 0;
     char pat[2 * DIR_PREFIX_MAX + 8];

@@ -563,6 +563,37 @@ static void test_down_and_back(void **state)
     reap(pid);
 }
 
+/* Redis that holds every command (CLIENT PAUSE ALL) past timeout_ms:
+ * KVT_ETIMEDOUT within a few deadlines (the call and its one retry),
+ * then down; back once the pause ends. */
+static void test_timeout(void **state)
+{
+    kvt_dir_config c = config(single, "to:", "a");
+    c.timeout_ms = 200;
+    kvt_dir *a = NULL;
+    assert_ok(kvt__dir_open(&a, &c));
+    uint64_t g = kvt__dir_generation(a);
+    redisReply *r = rcmd((uint16_t)atoi(strchr(single, ':') + 1), "CLIENT PAUSE 1500 ALL");
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_STATUS);
+    freeReplyObject(r);
+    uint64_t t0 = kvt__now_ns();
+    kvt_hash128 h[2];
+    blocks(h, 0, 2);
+    EXPECT_ERR(kvt__dir_publish(a, SPACE, h, 2), KVT_ETIMEDOUT, single, "in time");
+    assert_true(ms_since(t0) < 1000);
+    assert_false(kvt__dir_up(a));
+    END_CHECKS();
+    t0 = kvt__now_ns();
+    while (kvt__dir_publish(a, SPACE, h, 2) != KVT_OK) {
+        assert_true(ms_since(t0) < 8000);
+        sleep_ms(50);
+    }
+    assert_true(kvt__dir_up(a));
+    assert_true(kvt__dir_generation(a) > g);
+    kvt__dir_close(a);
+}
+
 /* ------------------------------------------------------------------ */
 /* Sentinel                                                           */
 /* ------------------------------------------------------------------ */
@@ -993,7 +1024,8 @@ static void test_threads_hammer(void **state)
     atomic_store(&stop, true);
     for (size_t i = 0; i < n; i++) {
         assert_int_equal(pthread_join(hs[i].th, NULL), 0);
-        if (hs[i].other) fail_msg("thread %zu: %d calls returned %s", i, hs[i].other, kvt_status_name(hs[i].bad));
+        if (hs[i].other)
+            fail_msg("thread %zu: %d calls returned %s", i, hs[i].other, kvt_status_name(hs[i].bad));
         assert_true(hs[i].ok > 0);
     }
     print_message("hammer: generation %" PRIu64 " -> %" PRIu64 "; calls ok/down per thread:", ga,
@@ -1047,6 +1079,7 @@ int main(void)
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_nodes),
         cmocka_unit_test(test_down_and_back),
+        cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_sentinel_failover),
         cmocka_unit_test(test_cluster),
         /* threads from here on: nothing is spawned after them */
