@@ -46,6 +46,7 @@
 #define DIR_SLOTS 16384       /* Redis Cluster's hash slots */
 #define DIR_NO_SHARD 0xff     /* a slot no primary serves (that we know of) */
 #define DIR_LEASE_CACHE 1024  /* node leases remembered for lookups (direct-mapped) */
+#define DIR_BATCH_NODES 1024  /* distinct holders one lookup batch considers */
 #define DIR_NODES_LIST_MAX 65536 /* node ids kvt__dir_nodes collects; more are only counted */
 #define DIR_BACKOFF_FIRST_MS 100
 #define DIR_BACKOFF_MAX_MS 5000
@@ -1240,27 +1241,21 @@ static lease_ent *lease_slot(kvt_dir *d, const char *node)
     return &d->leases[kvt__hash64(node, strlen(node), 0x6b76742d6469722eull) % DIR_LEASE_CACHE];
 }
 
-/* Whether node's lease must be read again (lease_mu held): unknown, older
- * than lease_ms/4, or naming an epoch below the one an entry carries (the
- * node restarted since). */
-static bool lease_stale(kvt_dir *d, const char *node, uint64_t epoch, uint64_t now)
+/* Whether the cached lease e of node must be read again: another node's
+ * slot, older than lease_ms/4, or naming an epoch below the one an entry
+ * carries (the node restarted since). */
+static bool lease_stale(const kvt_dir *d, const lease_ent *e, const char *node, uint64_t epoch,
+                        uint64_t now)
 {
-    lease_ent *e = lease_slot(d, node);
     if (e->seen_ns == 0 || strcmp(e->node, node) != 0) return true;
     if (now - e->seen_ns > (uint64_t)d->lease_ms / 4 * 1000000ull) return true;
     return e->live && e->epoch < epoch;
 }
 
-/* The live lease of node with this epoch, or NULL (lease_mu held). */
-static const lease_ent *lease_trusted(kvt_dir *d, const char *node, uint64_t epoch)
-{
-    const lease_ent *e = lease_slot(d, node);
-    return e->seen_ns && e->live && e->epoch == epoch && strcmp(e->node, node) == 0 ? e : NULL;
-}
-
 /* A block entry's holders other than this node: field i of HGETALL's
  * answer is valid when it names a node and an epoch. */
-static bool holder_at(const kvt_dir *d, const redisReply *r, size_t i, const char **node, uint64_t *epoch)
+static bool holder_at(const kvt_dir *d, const redisReply *r, size_t i, const char **node,
+                      uint64_t *epoch)
 {
     const redisReply *f = r->element[i], *v = r->element[i + 1];
     if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) return false;
@@ -1271,64 +1266,93 @@ static bool holder_at(const kvt_dir *d, const redisReply *r, size_t i, const cha
     return true;
 }
 
-/* Reads the leases of the holders of blocks[0..n) (HGETALL replies) that
- * the cache cannot vouch for: one pipelined round trip. */
-static kvt_status lease_refresh(kvt_dir *d, const dir_cmd *blocks, uint32_t n)
+static lease_ent *lease_in(lease_ent *l, uint32_t n, const char *node)
 {
-    const char *want[DIR_BATCH];
-    uint32_t nw = 0, cap = DIR_BATCH;
+    for (uint32_t i = 0; i < n; i++)
+        if (strcmp(l[i].node, node) == 0) return &l[i];
+    return NULL;
+}
+
+/* The leases of the holders of blocks[0..n) (HGETALL replies), one entry
+ * a node: copied from the cache where it can vouch, else marked
+ * (seen_ns 0) to be read. Copies, because reading one lease into the
+ * direct-mapped cache may evict another this batch needs. At most
+ * DIR_BATCH_NODES nodes; a holder past that is not trusted. */
+static uint32_t leases_gather(kvt_dir *d, const dir_cmd *blocks, uint32_t n, lease_ent *l)
+{
+    uint32_t nl = 0;
     uint64_t now = kvt__now_ns();
     pthread_mutex_lock(&d->lease_mu);
-    for (uint32_t b = 0; b < n && nw < cap; b++) {
+    for (uint32_t b = 0; b < n; b++) {
         const redisReply *r = blocks[b].r;
-        for (size_t i = 0; i + 1 < r->elements && nw < cap; i += 2) {
+        for (size_t i = 0; i + 1 < r->elements; i += 2) {
             const char *node;
             uint64_t ep;
-            if (!holder_at(d, r, i, &node, &ep) || !lease_stale(d, node, ep, now)) continue;
-            bool dup = false;
-            for (uint32_t k = 0; k < nw && !dup; k++) dup = strcmp(want[k], node) == 0;
-            if (!dup) want[nw++] = node;
+            if (!holder_at(d, r, i, &node, &ep)) continue;
+            lease_ent *e = lease_in(l, nl, node);
+            if (e) {
+                if (e->seen_ns && lease_stale(d, e, node, ep, now)) e->seen_ns = 0; /* a newer epoch */
+                continue;
+            }
+            if (nl == DIR_BATCH_NODES) continue;
+            e = &l[nl++];
+            *e = *lease_slot(d, node);
+            if (lease_stale(d, e, node, ep, now)) {
+                memset(e, 0, sizeof *e);
+                snprintf(e->node, sizeof e->node, "%s", node);
+            }
         }
     }
     pthread_mutex_unlock(&d->lease_mu);
+    return nl;
+}
+
+/* Reads the leases marked in l[0..nl) in one pipelined round trip, into
+ * l and the cache. */
+static kvt_status leases_read(kvt_dir *d, lease_ent *l, uint32_t nl)
+{
+    uint32_t nw = 0;
+    for (uint32_t i = 0; i < nl; i++) nw += l[i].seen_ns == 0;
     if (nw == 0) return KVT_OK;
     dir_cmd *c;
     kvt_status st = cmds_alloc(&c, nw);
     if (st) return st;
-    for (uint32_t k = 0; k < nw; k++) {
+    for (uint32_t i = 0, k = 0; i < nl; i++) {
+        if (l[i].seen_ns) continue;
         cmd_arg(&c[k], 0, "GET");
-        node_key(d, &c[k], want[k]);
-        c[k].argc = 2;
+        node_key(d, &c[k], l[i].node);
+        c[k++].argc = 2;
     }
     st = batch_exec(d, ROLE_LOOKUP, c, nw);
     if (!st) st = reply_errors(c, nw);
-    now = kvt__now_ns();
+    uint64_t now = kvt__now_ns();
     pthread_mutex_lock(&d->lease_mu);
-    for (uint32_t k = 0; k < nw && !st; k++) {
-        lease_ent *e = lease_slot(d, want[k]), fresh = {.seen_ns = now ? now : 1};
-        snprintf(fresh.node, sizeof fresh.node, "%s", want[k]);
-        const redisReply *r = c[k].r;
-        if (r->type == REDIS_REPLY_STRING)
-            fresh.live = kvt__dir_lease_decode(r->str, r->len, &fresh.epoch, fresh.addr, sizeof fresh.addr) ==
-                         KVT_OK; /* a malformed lease vouches for nothing */
-        *e = fresh;
+    for (uint32_t i = 0, k = 0; i < nl && !st; i++) {
+        if (l[i].seen_ns) continue;
+        lease_ent *e = &l[i];
+        const redisReply *r = c[k++].r;
+        e->seen_ns = now ? now : 1;
+        if (r->type == REDIS_REPLY_STRING) /* a malformed lease vouches for nothing */
+            e->live = kvt__dir_lease_decode(r->str, r->len, &e->epoch, e->addr, sizeof e->addr) == KVT_OK;
+        *lease_slot(d, e->node) = *e;
     }
     pthread_mutex_unlock(&d->lease_mu);
     cmds_free(c, nw);
     return st;
 }
 
-/* The holder of block b to use (lease_mu held): prev's node when it is a
- * trusted holder, else the lowest trusted node id; false when none. */
-static bool pick(kvt_dir *d, const redisReply *r, const char *prev, kvt_dir_holder *out)
+/* The holder of a block to use: prev's node when it is a trusted holder,
+ * else the lowest trusted node id; false when none. */
+static bool pick(const kvt_dir *d, const redisReply *r, const char *prev, lease_ent *l, uint32_t nl,
+                 kvt_dir_holder *out)
 {
     const lease_ent *best = NULL;
     for (size_t i = 0; i + 1 < r->elements; i += 2) {
         const char *node;
         uint64_t ep;
         if (!holder_at(d, r, i, &node, &ep)) continue;
-        const lease_ent *e = lease_trusted(d, node, ep);
-        if (!e) continue;
+        const lease_ent *e = lease_in(l, nl, node);
+        if (!e || !e->live || e->epoch != ep) continue;
         if (prev && strcmp(node, prev) == 0) {
             best = e;
             break;
@@ -1344,8 +1368,8 @@ static bool pick(kvt_dir *d, const redisReply *r, const char *prev, kvt_dir_hold
 
 /* One batch of at most DIR_BATCH blocks: the entries, the leases, then
  * the walk. *got: leading blocks with a holder. */
-static kvt_status lookup_batch(kvt_dir *d, dir_cmd *c, uint64_t space, const kvt_hash128 *h, uint32_t n,
-                               kvt_dir_holder *out, const char *prev, uint32_t *got)
+static kvt_status lookup_batch(kvt_dir *d, dir_cmd *c, uint64_t space, const kvt_hash128 *h,
+                               uint32_t n, kvt_dir_holder *out, const char *prev, uint32_t *got)
 {
     *got = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -1362,17 +1386,19 @@ static kvt_status lookup_batch(kvt_dir *d, dir_cmd *c, uint64_t space, const kvt
         else if (c[held].r->elements == 0)
             break;
     }
-    if (!st) st = lease_refresh(d, c, held);
-    if (st) return st;
-    pthread_mutex_lock(&d->lease_mu);
+    if (st || held == 0) return st;
+    lease_ent *l = calloc(DIR_BATCH_NODES, sizeof *l);
+    if (!l) return kvt__fail(KVT_ENOMEM, "cluster directory: out of memory for a lookup's leases");
+    uint32_t nl = leases_gather(d, c, held, l);
+    st = leases_read(d, l, nl);
     uint32_t k = 0;
-    for (; k < held; k++) {
-        if (!pick(d, c[k].r, prev, &out[k])) break;
+    for (; !st && k < held; k++) {
+        if (!pick(d, c[k].r, prev, l, nl, &out[k])) break;
         prev = out[k].node;
     }
-    pthread_mutex_unlock(&d->lease_mu);
+    free(l);
     *got = k;
-    return KVT_OK;
+    return st;
 }
 
 kvt_status kvt__dir_lookup(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n,

@@ -482,6 +482,39 @@ static void test_nodes(void **state)
     kvt__dir_close(other);
 }
 
+/* A lookup across 100 holders (block i held by node i alone): all found,
+ * each from its own holder, though some of those nodes share a slot of
+ * the reader's lease cache (1024 slots: almost surely, for 100). */
+static void test_many_holders(void **state)
+{
+    enum { N = 100 };
+    kvt_dir *d[N];
+    for (int i = 0; i < N; i++) {
+        char node[16];
+        snprintf(node, sizeof node, "n%03d", i);
+        d[i] = open_dir(single, "mh:", node);
+        publish(d[i], (uint32_t)i, 1);
+    }
+    kvt_dir *r = open_dir(single, "mh:", "reader");
+    kvt_hash128 h[N];
+    kvt_dir_holder out[N];
+    blocks(h, 0, N);
+    uint32_t f;
+    for (int pass = 0; pass < 2; pass++) { /* reading the leases, then from the cache */
+        assert_ok(kvt__dir_lookup(r, SPACE, h, N, out, &f));
+        if (f != N) print_message("pass %d found %u\n", pass, f);
+        assert_int_equal(f, N);
+        for (int i = 0; i < N; i++) {
+            char node[16];
+            snprintf(node, sizeof node, "n%03d", i);
+            assert_string_equal(out[i].node, node);
+            assert_int_equal(out[i].epoch, kvt__dir_epoch(d[i]));
+        }
+    }
+    kvt__dir_close(r);
+    for (int i = 0; i < N; i++) kvt__dir_close(d[i]);
+}
+
 /* ------------------------------------------------------------------ */
 /* Redis killed and restarted                                         */
 /* ------------------------------------------------------------------ */
@@ -1078,6 +1111,7 @@ int main(void)
         cmocka_unit_test(test_epoch_reopen),
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_nodes),
+        cmocka_unit_test(test_many_holders),
         cmocka_unit_test(test_down_and_back),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_sentinel_failover),
