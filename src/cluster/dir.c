@@ -84,6 +84,7 @@ struct kvt_dir {
     char seeds[DIR_SEEDS_MAX][KVT_DIR_ADDR_MAX]; /* Redis, sentinels or cluster seeds */
     uint32_t nseeds;
     uint32_t lease_ms, timeout_ms;
+    bool watch_only; /* a reader: no epoch, no lease, writes refused */
     uint64_t epoch;
     char epoch_str[24];
     char lease_val[24 + KVT_DIR_ADDR_MAX]; /* "<epoch> <advertise>" */
@@ -984,6 +985,7 @@ static kvt_status check_config(kvt_dir *d, const kvt_dir_config *cfg)
     if (cfg->timeout_ms < 1) return kvt__fail(KVT_EINVAL, "cluster directory: timeout_ms is 0 (want >= 1)");
     d->lease_ms = cfg->lease_ms;
     d->timeout_ms = cfg->timeout_ms;
+    d->watch_only = cfg->watch_only;
     return KVT_OK;
 }
 
@@ -1064,7 +1066,7 @@ kvt_status kvt__dir_open(kvt_dir **out, const kvt_dir_config *cfg)
     KVT_CHECK_NOT_NULL(out, "kvt__dir_open");
     *out = NULL;
     KVT_CHECK_NOT_NULL(cfg, "kvt__dir_open");
-    kvt_dir *d;
+    kvt_dir *d = NULL;
     kvt_status st = dir_alloc(&d);
     if (st) return st;
     st = check_config(d, cfg);
@@ -1078,7 +1080,7 @@ kvt_status kvt__dir_open(kvt_dir **out, const kvt_dir_config *cfg)
         bool changed;
         st = cluster_refresh(d, NULL, &changed);
     }
-    if (!st) st = dir_start(d);
+    if (!st && !d->watch_only) st = dir_start(d);
     if (!st && d->mode != MODE_CLUSTER) { /* the lookup connection now, so a bad one shows at open */
         pthread_mutex_lock(&d->shards[0].conn[ROLE_LOOKUP].mu);
         st = conn_ensure(d, 0, &d->shards[0].conn[ROLE_LOOKUP]);
@@ -1096,6 +1098,10 @@ kvt_status kvt__dir_open(kvt_dir **out, const kvt_dir_config *cfg)
 void kvt__dir_close(kvt_dir *d)
 {
     if (!d) return;
+    if (d->watch_only) {
+        dir_free(d);
+        return;
+    }
     dir_cmd c[1];
     memset(c, 0, sizeof c);
     /* only the lease of this life: a node restarted while this handle
@@ -1163,6 +1169,9 @@ static void publish_cmds(kvt_dir *d, dir_cmd *c, uint64_t space, const kvt_hash1
 static kvt_status write_blocks(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n, bool del,
                                bool lease)
 {
+    if (d->watch_only)
+        return kvt__fail(KVT_ESTATE, "cluster directory: opened watch-only (node %s): it "
+                         "writes nothing", d->node);
     uint32_t per = del ? 1 : 2;
     dir_cmd *c;
     kvt_status st = cmds_alloc(&c, (size_t)DIR_BATCH * per + 1);

@@ -51,6 +51,7 @@ typedef struct kvt_dir_config {
     const char *advertise;  /* "host:port" where peers pull from this node */
     uint32_t lease_ms;      /* >= 100 */
     uint32_t timeout_ms;    /* one round trip's deadline, >= 1 */
+    bool watch_only;        /* a reader (kvtier cluster status): no epoch, no lease */
 } kvt_dir_config;
 
 /* Connects, INCRs the node's epoch and writes its lease. KVT_EINVAL for a
