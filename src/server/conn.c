@@ -301,6 +301,15 @@ static kvt_status on_clear(kvt_srv_conn *c, const uint8_t *p, size_t len)
     return st;
 }
 
+/* After a lookup of req matched `matched` tokens: true when the hooks
+ * (the cluster tier's pull) stored more of its blocks, so it is asked
+ * again. */
+static bool fill_more(kvt_srv_conn *c, const kvt_request *req, uint32_t matched)
+{
+    const kvt_srv_hooks *h = &c->srv->hooks;
+    return h->fill && h->fill(h->arg, c->sh, req, matched);
+}
+
 /* LOOKUP and PREPARE. */
 static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t len)
 {
@@ -320,6 +329,10 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     if (!st && op == KVT_SRV_LOOKUP) {
         kvt_match m;
         st = kvt_cache_lookup(c->sh->cache, &req, &m);
+        if (!st && fill_more(c, &req, m.matched_tokens)) {
+            if (m.task) kvt__cache_ext_abort(c->sh->cache, m.task, read_deadline(c));
+            st = kvt_cache_lookup(c->sh->cache, &req, &m);
+        }
         if (!st && m.task) st = add_task(c, m.task, KVT_TASK_LOAD, m.matched_tokens);
         if (!st) kvt__srv_task_rep_encode(&b, m.task, m.matched_tokens, 0);
         if (st && m.task) kvt__cache_ext_abort(c->sh->cache, m.task, read_deadline(c));
@@ -351,6 +364,7 @@ static kvt_status on_peek(kvt_srv_conn *c, const uint8_t *p, size_t len)
     } else {
         kvt_request req = srv_request(&q);
         st = kvt_cache_peek(c->sh->cache, &req, &matched);
+        if (!st && fill_more(c, &req, matched)) st = kvt_cache_peek(c->sh->cache, &req, &matched);
     }
     free(q.tokens);
     free(q.keys);
@@ -390,6 +404,8 @@ static kvt_status on_peek_many(kvt_srv_conn *c, const uint8_t *p, size_t len)
         } else {
             kvt_request req = srv_request(&q);
             e = kvt_cache_peek(c->sh->cache, &req, &matched[i]);
+            if (!e && fill_more(c, &req, matched[i]))
+                e = kvt_cache_peek(c->sh->cache, &req, &matched[i]);
         }
         status[i] = (int32_t)e;
         free(q.tokens);

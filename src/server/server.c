@@ -204,10 +204,22 @@ static kvt_status shard_config(const kvt_server *s, const kvt_srv_shard *sh, kvt
 
 static void srv_metrics(kvt_mbuf *b, void *arg);
 
+/* Each shard index's one observer: the KV events publisher and the hooks'
+ * (kvt__srv_set_hooks). While the hooks are being set on a shard whose
+ * events heard its blocks already, its replay goes to the hooks only. */
+static void shard_observe(void *arg, kvt_index_event e, const kvt_index *idx, const uint32_t *ids,
+                          uint32_t n)
+{
+    kvt_srv_shard *sh = arg;
+    kvt_server *s = sh->server;
+    if (sh->events.ev && !sh->replay_to_hooks) kvt__events_observe(&sh->events, e, idx, ids, n);
+    if (s->hooks.observe) s->hooks.observe(s->hooks.arg, sh, e, idx, ids, n);
+}
+
 static void shard_free(kvt_srv_shard *sh)
 {
     if (!sh) return;
-    if (sh->cache && sh->events.ev) kvt__cache_observe_index(sh->cache, NULL, NULL);
+    if (sh->cache) kvt__cache_observe_index(sh->cache, NULL, NULL);
     if (sh->cache) kvt__metrics_cache_set_extra(sh->cache, NULL, NULL);
     kvt_cache_destroy(sh->cache);
     if (sh->roots.limit) kvt__srv_roots_free(&sh->roots);
@@ -220,6 +232,7 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
 {
     kvt_srv_shard *sh = calloc(1, sizeof *sh);
     if (!sh) return kvt__fail(KVT_ENOMEM, "kvt_server: out of memory");
+    sh->server = s;
     sh->block_tokens = bt;
     sh->fingerprint = fp;
     snprintf(sh->id, sizeof sh->id, "g%016llx", (unsigned long long)fp);
@@ -243,10 +256,8 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
     kvt__cache_ext_shm(sh->cache, &sh->shm);
     kvt__srv_roots_init(&sh->roots, kvt__index_capacity(sh->cache->index));
     if (s->quota) kvt__cache_set_quota(sh->cache, s->quota); /* before any client has it */
-    if (s->events) {
-        sh->events = (kvt_events_src){s->events, bt};
-        kvt__cache_observe_index(sh->cache, kvt__events_observe, &sh->events);
-    }
+    if (s->events) sh->events = (kvt_events_src){s->events, bt};
+    if (s->events || s->hooks.observe) kvt__cache_observe_index(sh->cache, shard_observe, sh);
     if (s->max_shards == 1) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
     *out = sh;
     return KVT_OK;
@@ -290,6 +301,32 @@ kvt_status kvt__srv_geo_fingerprint(const kvt_server *s, const kvt_geometry *geo
 kvt_srv_shard *kvt__srv_shard_first(kvt_server *s)
 {
     return atomic_load(&s->nshards) ? s->shards[0] : NULL;
+}
+
+kvt_srv_shard *kvt__srv_shard_by_fp(kvt_server *s, uint64_t fp)
+{
+    uint32_t n = atomic_load(&s->nshards);
+    for (uint32_t i = 0; i < n; i++)
+        if (s->shards[i]->fingerprint == fp) return s->shards[i];
+    return NULL;
+}
+
+/* Under shard_mu, so no shard is being made meanwhile: one made later
+ * sets the observer itself (shard_create). */
+void kvt__srv_set_hooks(kvt_server *s, const kvt_srv_hooks *h)
+{
+    pthread_mutex_lock(&s->shard_mu);
+    uint32_t n = atomic_load(&s->nshards);
+    for (uint32_t i = 0; i < n; i++) kvt__cache_observe_index(s->shards[i]->cache, NULL, NULL);
+    s->hooks = h ? *h : (kvt_srv_hooks){0};
+    for (uint32_t i = 0; i < n; i++) {
+        kvt_srv_shard *sh = s->shards[i];
+        if (!sh->events.ev && !s->hooks.observe) continue;
+        sh->replay_to_hooks = true; /* the events publisher heard these blocks already */
+        kvt__cache_observe_index(sh->cache, shard_observe, sh);
+        sh->replay_to_hooks = false;
+    }
+    pthread_mutex_unlock(&s->shard_mu);
 }
 
 static kvt_srv_shard *shard_find(kvt_server *s, const kvt_geometry *geo, uint32_t bt,
@@ -457,6 +494,7 @@ static void srv_metrics(kvt_mbuf *b, void *arg)
     else b->failed = true;
     free(v);
     kvt__metrics_quotas(b, s->quota);
+    if (s->hooks.metrics) s->hooks.metrics(s->hooks.arg, b);
 }
 
 kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo)

@@ -69,6 +69,7 @@ typedef struct kvt_srv_roots {
 } kvt_srv_roots;
 
 typedef struct kvt_srv_shard {
+    struct kvt_server *server;
     kvt_geometry *geo;
     uint32_t block_tokens;
     uint64_t fingerprint; /* of the geometry and block_tokens (HELLO encoding) */
@@ -78,7 +79,27 @@ typedef struct kvt_srv_shard {
     kvt_ext_shm shm;
     kvt_srv_roots roots; /* nsroots.c */
     kvt_events_src events; /* its index's observer's argument, when events are on */
+    bool replay_to_hooks;  /* observer being (re)set for the hooks: events heard it already */
 } kvt_srv_shard;
+
+/* Hooks set from above (src/cluster: the server knows nothing of it) with
+ * kvt__srv_set_hooks before kvt_server_run. observe hears every shard
+ * index's STORED/REMOVED events (index.h: under the cache's lock, so it
+ * only queues). fill is called when a LOOKUP, PEEK or PEEK_MANY of req on
+ * sh matched fewer than all of req's full blocks (matched tokens): it may
+ * store more of req's blocks into sh's tier (a pull from a peer) within
+ * its own deadline, and returns true when it did, so the server asks its
+ * cache again. Both run on the calling connection's thread; metrics on a
+ * scrape's. */
+struct kvt_mbuf;
+typedef struct kvt_srv_hooks {
+    void *arg;
+    void (*observe)(void *arg, kvt_srv_shard *sh, kvt_index_event e, const kvt_index *idx,
+                    const uint32_t *ids, uint32_t n);
+    bool (*fill)(void *arg, kvt_srv_shard *sh, const kvt_request *req, uint32_t matched);
+    /* appends its families to a /metrics scrape of the server (NULL: none) */
+    void (*metrics)(void *arg, struct kvt_mbuf *b);
+} kvt_srv_hooks;
 
 /* CPU blocks of stores cut off from a client still alive (it maps the tier
  * and may write into them late): back to the pool once its process exits. */
@@ -134,6 +155,7 @@ struct kvt_server {
     kvt_srv_ns_rules ns; /* server_namespaces */
     struct kvt_quota *quota; /* server_quotas, every shard's; NULL without rules */
     kvt_events *events;      /* events_endpoint's publisher, or NULL */
+    kvt_srv_hooks hooks;     /* kvt__srv_set_hooks's; zero: none */
     uint8_t *secret;     /* server_secret_file's bytes (sodium_malloc), or NULL */
     size_t secret_len;
     atomic_int state; /* 0 created, 1 running, 2 stopped */
@@ -205,6 +227,13 @@ kvt_status kvt__srv_conn_attach(kvt_server *s, kvt_srv_conn *c);
  * task a wait already reported is counted (client.c). `kvtier bench
  * engine` counts an engine's round trips per batch with it. */
 uint64_t kvt__client_requests(kvt_client *cl);
+/* Sets the hooks (copied; NULL clears them) before kvt_server_run: each
+ * existing shard's blocks are told to observe as STORED first. The hooks'
+ * arg must outlive the server's run, or be cleared after it. server.c. */
+void kvt__srv_set_hooks(kvt_server *s, const kvt_srv_hooks *h);
+/* The shard of fingerprint fp, or NULL (any thread; shards live until the
+ * server is destroyed). server.c. */
+kvt_srv_shard *kvt__srv_shard_by_fp(kvt_server *s, uint64_t fp);
 /* The thread serving one attached client (conn.c). */
 void *kvt__srv_conn_main(void *arg);
 
