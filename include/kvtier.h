@@ -686,6 +686,60 @@ typedef struct kvt_quota_usage {
 kvt_status kvt_server_quotas(const char *socket_path, int64_t timeout_ms, kvt_quota_usage *out,
                              uint32_t max, uint32_t *count);
 
+/* ------------------------------------------------------------------ */
+/* Cluster tier (docs/cluster.md)                                     */
+/* ------------------------------------------------------------------ */
+
+/* A node server's membership of a cluster: it publishes the blocks it
+ * holds to a Redis directory (cluster_redis), serves them to peers on
+ * cluster_listen (authenticated with cluster_secret_file), and a lookup
+ * that misses locally pulls the request's next blocks from the peer that
+ * holds them into this node's CPU tier (each pull bounded by
+ * cluster_pull_ms; a failed, slow or corrupt pull is a miss). */
+typedef struct kvt_cluster kvt_cluster;
+
+/* What a node's cluster tier did since it joined. */
+typedef struct kvt_cluster_counters {
+    uint64_t pulls;          /* pulls that stored blocks here */
+    uint64_t pulled_blocks, pulled_bytes;
+    uint64_t pull_failed;    /* pulls that failed (a miss each): peer lost, deadline, ... */
+    uint64_t pull_corrupt;   /* of those, blocks that failed their checksum */
+    uint64_t pull_skipped;   /* not started: recomputing was faster (cluster_prefill_tps) */
+    uint64_t stale;          /* directory entries whose holder no longer had the block */
+    uint64_t served, served_blocks; /* pulls this node answered for peers, their blocks */
+    uint64_t refused;        /* peers refused: no secret, or cluster_serve_max busy */
+    uint64_t dir_lookups, dir_errors; /* directory lookups; failed directory calls */
+    uint64_t published, unpublished;  /* block entries written, removed */
+    uint64_t queue_dropped;  /* index changes not published (queue full, no memory) */
+    uint64_t epoch;          /* this node's epoch: one more at each start */
+    uint64_t directory_up;   /* 1 while Redis answers */
+    uint64_t pull_bytes_per_s; /* measured pull bandwidth (moving average), 0 before one */
+} kvt_cluster_counters;
+
+/* Joins srv (made by kvt_server_create, not yet run) to the cluster its
+ * options name: cluster_redis (required), cluster_node, cluster_listen,
+ * cluster_advertise, cluster_secret_file, cluster_lease_ms,
+ * cluster_pull_ms, cluster_prefill_tps, cluster_serve_max. Bumps the
+ * node's epoch in the directory (entries of its earlier life are never
+ * trusted), publishes what the server holds already (recovered from SSD)
+ * and starts its threads. KVT_EINVAL: cluster_redis empty, a malformed
+ * option (named), or a cluster_listen off loopback without
+ * cluster_secret_file; KVT_ESTATE: srv already runs, or already joined;
+ * KVT_ECONN: Redis does not answer within half of cluster_pull_ms (at most
+ * 1 s; the message names it); KVT_EIO/KVT_EPROTO: Redis answered an error
+ * or something unexpected (quoted); KVT_EFULL: a Redis Cluster of more
+ * than 64 primaries; KVT_ESYS: cluster_listen cannot be bound (why). The
+ * caller owns *out: leave after kvt_server_run returned and before
+ * kvt_server_destroy. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ESTATE, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN. */
+kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out);
+/* Stops serving peers, deletes this node's lease in the directory (its
+ * entries stop being trusted at once) and frees cl. NULL: no-op. */
+void kvt_cluster_leave(kvt_cluster *cl);
+/* A snapshot of cl's counters. Thread-safe. KVT_EINVAL for NULL. */
+/* Returns: KVT_OK, KVT_EINVAL. */
+kvt_status kvt_cluster_stats(const kvt_cluster *cl, kvt_cluster_counters *out);
+
 /* Attaches to the server at socket_path: retries connecting until
  * timeout_ms (> 0) passes (so a client may start before its server), sends
  * geo, maps the shared CPU tier of that geometry. timeout_ms is also the

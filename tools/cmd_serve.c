@@ -193,6 +193,14 @@ int kvt_cmd_serve(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     st = kvt_server_create(&g_server, cfg, geo);
     kvt_geometry_destroy(geo);
+    /* the cluster tier's threads start with the stop signals blocked too */
+    kvt_cluster *cluster = NULL;
+    char redis[512] = "";
+    if (!st) (void)kvt_config_get(cfg, "cluster_redis", redis, sizeof redis); /* keeps st's message otherwise */
+    if (!st && redis[0] && (st = kvt_cluster_join(g_server, &cluster))) {
+        kvt_server_destroy(g_server);
+        g_server = NULL;
+    }
     sigprocmask(SIG_SETMASK, &old_mask, NULL);
     if (st) {
         rc = demo_error("serve", st);
@@ -202,6 +210,7 @@ int kvt_cmd_serve(int argc, char **argv)
     st = kvt_server_run(g_server);
     notify_systemd("STOPPING=1");
     rc = st ? demo_error("stop", st) : 0;
+    kvt_cluster_leave(cluster);
     kvt_server_destroy(g_server);
     g_server = NULL;
 out:

@@ -73,7 +73,8 @@ typedef struct kvt_auth_realm {
     const char *what;        /* "PD endpoint", "rank-group hub" */
     bool claims_rank;
 } kvt_auth_realm;
-extern const kvt_auth_realm kvt__auth_pd, kvt__auth_group, kvt__auth_server;
+extern const kvt_auth_realm kvt__auth_pd, kvt__auth_group, kvt__auth_server,
+    kvt__auth_cluster;
 
 typedef struct kvt_stream_auth {
     const uint8_t *secret; /* NULL: none */

@@ -43,6 +43,10 @@ const kvt_auth_realm kvt__auth_group = {0x4154564bu /* "KVTA" */, 1, "kvtier-hub
 const kvt_auth_realm kvt__auth_server = {0x4153564bu /* "KVSA" */, 1, "kvt-node-server", "kvt-node-client",
                                          "server", "node server", false};
 
+/* Node servers pulling blocks from each other (src/cluster). */
+const kvt_auth_realm kvt__auth_cluster = {0x4143564bu /* "KVCA" */, 1, "kvt-cluster-peer",
+                                          "kvt-cluster-puller", "peer", "cluster peer", false};
+
 static const kvt_auth_realm *realm(const kvt_stream_auth *a)
 {
     return a->realm ? a->realm : &kvt__auth_pd;

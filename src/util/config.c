@@ -173,6 +173,32 @@ static const opt_def OPTIONS[] = {
              "event batches kept for replay"),
     UINT_OPT(events_dp_rank, EVENTS_DP_RANK, RANK_LOCAL, 0, 0, 65535,
              "data_parallel_rank in every event batch"),
+    /* The cluster tier (src/cluster, docs/cluster.md): keep these together. */
+    STRING_OPT(cluster_redis, CLUSTER_REDIS, RANK_LOCAL, "",
+               "the cluster directory: host:port of one Redis, sentinel://H:P[,H:P]/NAME (the "
+               "primary those Sentinels name) or cluster://H:P[,H:P] (Redis Cluster); empty: "
+               "no cluster tier (kvtier serve joins one when it is set)"),
+    STRING_OPT(cluster_node, CLUSTER_NODE, RANK_LOCAL, "",
+               "this node's id in the cluster ([A-Za-z0-9._-], at most 63 bytes); empty: the "
+               "host name"),
+    STRING_OPT(cluster_listen, CLUSTER_LISTEN, RANK_LOCAL, "127.0.0.1:0",
+               "IPv4 host:port where this node serves its blocks to peers (port 0: any free "
+               "one); a non-loopback host requires cluster_secret_file"),
+    STRING_OPT(cluster_advertise, CLUSTER_ADVERTISE, RANK_LOCAL, "",
+               "host:port peers reach cluster_listen at; empty: cluster_listen's"),
+    STRING_OPT(cluster_secret_file, CLUSTER_SECRET_FILE, RANK_LOCAL, "",
+               "a file of 16..1024 bytes, the same on every node: peers prove they hold it "
+               "(HMAC-SHA256) before a block moves; empty: none (loopback only)"),
+    UINT_OPT(cluster_lease_ms, CLUSTER_LEASE_MS, RANK_LOCAL, 10000, 100, 3600000,
+             "a node's directory entries are trusted this many ms after its last renewal"),
+    UINT_OPT(cluster_pull_ms, CLUSTER_PULL_MS, RANK_LOCAL, 2000, 10, 600000,
+             "deadline of one pull from a peer (directory lookup, connect, transfer); a pull "
+             "past it is a miss"),
+    UINT_OPT(cluster_prefill_tps, CLUSTER_PREFILL_TPS, RANK_LOCAL, 20000, 1, 100000000,
+             "the engine's prefill rate in tokens/s: a pull that would take longer than "
+             "recomputing its tokens at this rate is not started"),
+    UINT_OPT(cluster_serve_max, CLUSTER_SERVE_MAX, RANK_LOCAL, 8, 1, 1024,
+             "pulls this node serves to peers at once (each pins its blocks while it runs)"),
     STRING_OPT(server_secret_file, SERVER_SECRET_FILE, RANK_LOCAL, "",
                "a file of 16..1024 bytes every client of the node server must prove it holds "
                "(HMAC-SHA256 challenge at attach); clients read it from "

@@ -48,6 +48,15 @@ typedef struct kvt_config_values {
     char events_topic[256];    /* "events_topic", string, default "": each message's first frame */
     uint32_t events_buffer_steps; /* "events_buffer_steps", uint, default 10000: batches kept */
     uint32_t events_dp_rank;   /* "events_dp_rank", uint, default 0: data_parallel_rank */
+    char cluster_redis[512];   /* "cluster_redis", string, default "": directory (off) */
+    char cluster_node[64];     /* "cluster_node", string, default "": the host name */
+    char cluster_listen[128];  /* "cluster_listen", string, default "127.0.0.1:0" */
+    char cluster_advertise[128]; /* "cluster_advertise", string, default "": cluster_listen's */
+    char cluster_secret_file[256]; /* "cluster_secret_file", string, default "": none */
+    uint32_t cluster_lease_ms;  /* "cluster_lease_ms", uint, default 10000 */
+    uint32_t cluster_pull_ms;   /* "cluster_pull_ms", uint, default 2000 */
+    uint32_t cluster_prefill_tps; /* "cluster_prefill_tps", uint, default 20000 */
+    uint32_t cluster_serve_max; /* "cluster_serve_max", uint, default 8 */
     char server_secret_file[256]; /* "server_secret_file", string, default "": attach secret */
     uint32_t server_copy_ms; /* "server_copy_ms", uint, default 30000: a launched copy's deadline */
     uint32_t server_read_ms; /* "server_read_ms", uint, default 30000: a load's SSD reads' bound */

@@ -1,0 +1,191 @@
+"""The cluster tier as it is deployed: a redis-server and three `kvtier
+serve` processes (no model: each takes its clients' geometry) joined
+through it, and engine processes (client_worker.py) attached to different
+nodes. A prefix stored through node A is a hit on node B (pulled from A),
+every loaded byte verified against what A's engine wrote; token and keyed
+requests. Faults: a holder SIGKILLed is a miss within the pull deadline; a
+Redis that goes away costs no local hit and, once back, gets the nodes'
+holdings again; a peer without the cluster secret pulls nothing; a
+restarted node's earlier entries are never served."""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+from _util import skip_if_unloadable
+from test_client import start_server, stop_server, worker
+
+BLOCKS = 4  # client_worker.py's request: 4 blocks
+
+
+def setUpModule():
+    skip_if_unloadable()
+    if not shutil.which("redis-server"):  # scripts/deps.sh installs it
+        raise AssertionError("redis-server is needed (Debian's redis-server: run scripts/deps.sh)")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def redis_ping(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class Redis:
+    def __init__(self, d, port):
+        self.dir, self.port, self.p = d, port, None
+
+    def start(self):
+        self.p = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                   "--save", "", "--appendonly", "no", "--dir", self.dir],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not redis_ping(self.port):
+            if time.monotonic() > deadline or self.p.poll() is not None:
+                raise AssertionError("redis-server did not start on port %d" % self.port)
+            time.sleep(0.05)
+
+    def stop(self):
+        if self.p and self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(10)
+
+
+class Cluster(unittest.TestCase):
+    secret = None
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kvtcl")
+        self.redis = Redis(self.dir, free_port())
+        self.redis.start()
+        self.nodes = {}
+        for name in ("a", "b", "c"):
+            self.start_node(name)
+
+    def tearDown(self):
+        for p in self.nodes.values():
+            if p.poll() is None:
+                stop_server(p)
+        self.redis.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def sock(self, name):
+        return os.path.join(self.dir, name + ".sock")
+
+    def start_node(self, name, secret=None):
+        extra = ["--set", "cluster_redis=127.0.0.1:%d" % self.redis.port,
+                 "--set", "cluster_node=node-" + name, "--set", "cluster_lease_ms=1500",
+                 "--set", "cluster_pull_ms=2000", "--set", "log_level=info"]
+        secret = secret or self.secret
+        if secret:
+            path = os.path.join(self.dir, name + ".secret")
+            with open(path, "wb") as f:
+                f.write(secret)
+            extra += ["--set", "cluster_secret_file=" + path]
+        self.nodes[name] = start_server(self.sock(name), *extra, model=None)
+
+    def load_until_hit(self, name, seed, keyed=False, timeout=10.0):
+        """Loads on node name until it matches every block (publishing is
+        asynchronous: tens of ms), verifying the bytes each time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = worker(self.sock(name), "load", seed, keyed)
+            self.assertEqual(r.get("mismatches", 0), 0, r)
+            if r["matched"] == BLOCKS * r["block_tokens"]:
+                self.assertGreater(r["bytes_checked"], 0, r)
+                return r
+            if time.monotonic() > deadline:
+                self.fail("node %s never matched seed %d: %r\n%s" % (name, seed, r, self.log(name)))
+            time.sleep(0.1)
+
+    def log(self, name):
+        with open(self.sock(name) + ".log") as f:
+            return f.read()[-3000:]
+
+    def test_a_prefix_stored_on_one_node_is_a_verified_hit_on_another(self):
+        s = worker(self.sock("a"), "store", 11)
+        self.assertEqual(s["status"], 0, s)
+        r = self.load_until_hit("b", 11)
+        self.assertEqual(r["status"], 0, r)
+        # b holds it now too: c can get it from either, and a itself still hits
+        self.load_until_hit("c", 11)
+        self.load_until_hit("a", 11)
+
+    def test_keyed_requests_are_pulled_too(self):
+        s = worker(self.sock("b"), "store", 12, keyed=True)
+        self.assertEqual(s["status"], 0, s)
+        self.load_until_hit("c", 12, keyed=True)
+
+    def test_unknown_prefix_is_a_plain_miss(self):
+        worker(self.sock("a"), "store", 13)
+        r = worker(self.sock("b"), "load", 14)
+        self.assertEqual(r["matched"], 0, r)
+
+    def test_a_killed_holder_is_a_miss_within_the_deadline(self):
+        worker(self.sock("a"), "store", 15)
+        time.sleep(0.3)  # published
+        self.nodes["a"].send_signal(signal.SIGKILL)
+        self.nodes["a"].wait(10)
+        t0 = time.monotonic()
+        r = worker(self.sock("b"), "load", 15)
+        took = time.monotonic() - t0
+        self.assertEqual(r["matched"], 0, r)
+        self.assertLess(took, 2.0 + 3.0, "a pull from a dead node took %.1f s" % took)
+        # once a's lease expired nobody even tries
+        time.sleep(1.6)
+        t0 = time.monotonic()
+        self.assertEqual(worker(self.sock("c"), "load", 15)["matched"], 0)
+        self.assertLess(time.monotonic() - t0, 3.0)
+
+    def test_redis_down_keeps_local_hits_and_republishes_when_back(self):
+        self.redis.stop()
+        t0 = time.monotonic()
+        s = worker(self.sock("a"), "store", 16)
+        self.assertEqual(s["status"], 0, s)
+        r = worker(self.sock("a"), "load", 16)  # local hit, Redis down
+        self.assertEqual(r["matched"], BLOCKS * r["block_tokens"], r)
+        self.assertEqual(r["mismatches"], 0, r)
+        self.assertLess(time.monotonic() - t0, 8.0)
+        self.assertEqual(worker(self.sock("b"), "load", 16)["matched"], 0)
+        self.redis.start()  # empty: every node republishes what it holds
+        self.load_until_hit("b", 16, timeout=15.0)
+
+    def test_a_restarted_node_never_serves_its_earlier_life(self):
+        worker(self.sock("a"), "store", 17)
+        time.sleep(0.3)
+        self.nodes["a"].send_signal(signal.SIGKILL)
+        self.nodes["a"].wait(10)
+        self.start_node("a")  # no SSD tier: it holds nothing now
+        r = worker(self.sock("b"), "load", 17)
+        self.assertEqual(r["matched"], 0, r)
+        self.assertEqual(r.get("mismatches", 0), 0, r)
+
+
+class SecretCluster(Cluster):
+    """The same behaviour with cluster_secret_file on every node."""
+    secret = b"cluster-secret-0123456789abcdef"
+
+    def test_a_node_without_the_secret_pulls_nothing(self):
+        worker(self.sock("a"), "store", 18)
+        stop_server(self.nodes["c"])
+        self.start_node("c", secret=b"another-secret-0123456789abcdef")
+        time.sleep(0.3)
+        r = worker(self.sock("c"), "load", 18)
+        self.assertEqual(r["matched"], 0, r)
+        self.assertIn("cluster", self.log("c"))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,952 @@
+/* cluster.c - the cluster tier (docs/cluster.md): node servers tell a
+ * Redis directory which blocks they hold, and a lookup that misses locally
+ * pulls the request's next blocks from the peer that holds them into this
+ * node's CPU tier, where they are served like local hits.
+ *
+ * Layers: above server (its hooks, shards and caches) and net (streams,
+ * the handshake); dir.c talks to Redis, pull.c frames the pulls. Threads:
+ * one publishing the index's changes to the directory (the observer only
+ * queues: it runs under a cache lock), one accepting peers, one per peer
+ * served (at most cluster_serve_max); pulls run on the engine connection's
+ * thread that asked (the server's fill hook), bounded by cluster_pull_ms. */
+#include <errno.h>
+#include <stddef.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cache/cache.h"
+#include "cache/external.h"
+#include "cluster/cluster.h"
+#include "cluster/dir.h"
+#include "cluster/pull.h"
+#include "index/index.h"
+#include "metrics/metrics.h"
+#include "net/stream.h"
+#include "server/auth.h"
+#include "server/proto.h"
+#include "server/server.h"
+#include "util/clock.h"
+#include "util/err.h"
+#include "util/log.h"
+
+#define CL_QUEUE 65536         /* index changes waiting to be published, at most */
+#define CL_BATCH 512           /* published per directory round trip */
+#define CL_PUBLISH_MS 20       /* the publisher's longest sleep with work queued */
+#define CL_CONNECT_MS 300      /* a peer that does not take a connection by then is down */
+#define CL_AUTH_MS 5000        /* a peer's handshake, either side */
+#define CL_IDLE_MS 60000       /* a served connection with no FETCH for this long is closed */
+#define CL_PEERS 64            /* peers remembered (idle links, down marks) */
+#define CL_IDLE_LINKS 4        /* idle links kept per peer */
+#define CL_IOV 256             /* blocks per sendv/recvv (below IOV_MAX) */
+
+typedef struct cl_event {
+    uint64_t space;
+    kvt_hash128 h;
+    uint8_t stored; /* 1 STORED, 0 REMOVED */
+} cl_event;
+
+typedef struct cl_link {
+    kvt_stream *s;
+    struct cl_link *next;
+} cl_link;
+
+typedef struct cl_peer {
+    char addr[KVT_DIR_ADDR_MAX];
+    uint64_t down_until_ns;
+    cl_link *idle;
+    uint32_t nidle;
+} cl_peer;
+
+typedef struct cl_served {
+    pthread_t thread;
+    kvt_stream *s;
+    struct kvt_cluster *cl;
+    atomic_bool done;
+    struct cl_served *next;
+} cl_served;
+
+/* The blocks this node holds (what it published): republished in full
+ * after the directory comes back, renewed every 2 leases. Open addressing
+ * with linear probing and backward-shift deletion; the publisher's thread
+ * alone uses it. */
+typedef struct cl_held {
+    cl_event *v; /* stored = 1: slot used */
+    uint32_t cap, n;
+} cl_held;
+
+struct kvt_cluster {
+    kvt_server *srv;
+    const kvt_config_values *cfg;
+    kvt_dir *dir;
+    char node[KVT_DIR_NODE_MAX], advertise[KVT_DIR_ADDR_MAX];
+    uint8_t *secret;
+    size_t secret_len;
+    int listen_fd;
+    uint16_t port;
+    int stop_pipe[2];
+    atomic_bool stopping;
+    pthread_t accept_thread, publish_thread;
+    bool accept_started, publish_started;
+
+    pthread_mutex_t qmu; /* a leaf lock: taken under a cache's lock by the observer */
+    pthread_cond_t qcv;
+    cl_event *q;
+    uint32_t qhead, qlen;
+
+    pthread_mutex_t mu; /* peers and served */
+    cl_peer peers[CL_PEERS];
+    uint32_t npeers;
+    cl_served *served;
+    uint32_t nserved;
+
+    cl_held held;
+    _Atomic uint64_t bw_bps; /* pull bandwidth, a moving average; 0 before the first */
+    kvt_cluster_counters st;   /* fields updated with atomic adds */
+};
+
+#define STAT_ADD(cl, f, v) __atomic_fetch_add(&(cl)->st.f, (uint64_t)(v), __ATOMIC_RELAXED)
+
+/* ---------------------------------------------------------------- */
+/* The held set                                                     */
+/* ---------------------------------------------------------------- */
+
+static uint32_t held_slot(const cl_held *t, uint64_t space, kvt_hash128 h)
+{
+    return (uint32_t)((h.lo ^ space * 0x9e3779b97f4a7c15ull) & (t->cap - 1));
+}
+
+static bool held_same(const cl_event *e, uint64_t space, kvt_hash128 h)
+{
+    return e->space == space && kvt__hash_eq(e->h, h);
+}
+
+static bool held_grow(cl_held *t)
+{
+    uint32_t cap = t->cap ? t->cap * 2 : 1024;
+    cl_event *v = calloc(cap, sizeof *v), *old = t->v;
+    if (!v) return false;
+    cl_held g = {v, cap, 0};
+    for (uint32_t i = 0; i < t->cap; i++) {
+        if (!old[i].stored) continue;
+        uint32_t j = held_slot(&g, old[i].space, old[i].h);
+        while (v[j].stored) j = (j + 1) & (cap - 1);
+        v[j] = old[i];
+        g.n++;
+    }
+    free(old);
+    *t = g;
+    return true;
+}
+
+/* False: no memory (the block is published but not renewed: its entry
+ * expires, a miss, never a wrong byte). */
+static bool held_add(cl_held *t, uint64_t space, kvt_hash128 h)
+{
+    if ((t->n + 1) * 2 > t->cap && !held_grow(t)) return false;
+    uint32_t j = held_slot(t, space, h);
+    while (t->v[j].stored) {
+        if (held_same(&t->v[j], space, h)) return true;
+        j = (j + 1) & (t->cap - 1);
+    }
+    t->v[j] = (cl_event){space, h, 1};
+    t->n++;
+    return true;
+}
+
+static void held_del(cl_held *t, uint64_t space, kvt_hash128 h)
+{
+    if (!t->cap) return;
+    uint32_t j = held_slot(t, space, h);
+    while (t->v[j].stored && !held_same(&t->v[j], space, h)) j = (j + 1) & (t->cap - 1);
+    if (!t->v[j].stored) return;
+    t->v[j].stored = 0;
+    t->n--;
+    /* backward shift: later entries of the run move into the hole */
+    for (uint32_t k = (j + 1) & (t->cap - 1); t->v[k].stored; k = (k + 1) & (t->cap - 1)) {
+        uint32_t home = held_slot(t, t->v[k].space, t->v[k].h);
+        bool between = j <= k ? (home > j && home <= k) : (home > j || home <= k);
+        if (between) continue;
+        t->v[j] = t->v[k];
+        t->v[k].stored = 0;
+        j = k;
+    }
+}
+
+/* ---------------------------------------------------------------- */
+/* Publishing                                                       */
+/* ---------------------------------------------------------------- */
+
+/* The index observer (server hook): under the shard cache's lock, so it
+ * only queues; a full queue drops (counted): a dropped STORED is a block
+ * peers will not find, a dropped REMOVED an entry a pull finds stale. */
+static void cl_observe(void *arg, kvt_srv_shard *sh, kvt_index_event e, const kvt_index *idx,
+                       const uint32_t *ids, uint32_t n)
+{
+    kvt_cluster *cl = arg;
+    pthread_mutex_lock(&cl->qmu);
+    for (uint32_t i = 0; i < n; i++) {
+        if (cl->qlen == CL_QUEUE) {
+            STAT_ADD(cl, queue_dropped, n - i);
+            break;
+        }
+        cl->q[(cl->qhead + cl->qlen++) % CL_QUEUE] =
+            (cl_event){sh->fingerprint, kvt__index_key(idx, ids[i]), e == KVT_INDEX_STORED};
+    }
+    if (cl->qlen >= CL_BATCH) pthread_cond_signal(&cl->qcv);
+    pthread_mutex_unlock(&cl->qmu);
+}
+
+/* Sends one run of same-kind, same-space changes. */
+static void publish_run(kvt_cluster *cl, const cl_event *ev, uint32_t n, kvt_hash128 *h)
+{
+    for (uint32_t i = 0; i < n; i++) h[i] = ev[i].h;
+    kvt_status st = ev[0].stored ? kvt__dir_publish(cl->dir, ev[0].space, h, n)
+                                 : kvt__dir_unpublish(cl->dir, ev[0].space, h, n);
+    if (st) STAT_ADD(cl, dir_errors, 1);
+    else if (ev[0].stored) STAT_ADD(cl, published, n);
+    else STAT_ADD(cl, unpublished, n);
+}
+
+static void publish_events(kvt_cluster *cl, const cl_event *ev, uint32_t n, kvt_hash128 *h)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (ev[i].stored && !held_add(&cl->held, ev[i].space, ev[i].h)) STAT_ADD(cl, queue_dropped, 1);
+        if (!ev[i].stored) held_del(&cl->held, ev[i].space, ev[i].h);
+    }
+    uint32_t i = 0;
+    while (i < n) {
+        uint32_t j = i + 1;
+        while (j < n && j - i < CL_BATCH && ev[j].stored == ev[i].stored && ev[j].space == ev[i].space)
+            j++;
+        publish_run(cl, ev + i, j - i, h);
+        i = j;
+    }
+}
+
+/* Every held block again (after the directory came back, or to renew the
+ * entries' expiry), in batches per space. */
+static void publish_all(kvt_cluster *cl, kvt_hash128 *h, bool renew)
+{
+    const cl_held *t = &cl->held;
+    for (uint32_t i = 0; i < t->cap;) {
+        uint32_t n = 0;
+        uint64_t space = 0;
+        for (; i < t->cap && n < CL_BATCH; i++) {
+            if (!t->v[i].stored) continue;
+            if (n && t->v[i].space != space) break;
+            space = t->v[i].space;
+            h[n++] = t->v[i].h;
+        }
+        if (!n) continue;
+        kvt_status st = renew ? kvt__dir_renew(cl->dir, space, h, n)
+                              : kvt__dir_publish(cl->dir, space, h, n);
+        if (st) {
+            STAT_ADD(cl, dir_errors, 1);
+            return; /* down again: the next generation republishes */
+        }
+        STAT_ADD(cl, published, n);
+    }
+}
+
+static uint32_t take_events(kvt_cluster *cl, cl_event *out, uint32_t max, uint64_t wait_ns)
+{
+    pthread_mutex_lock(&cl->qmu);
+    if (cl->qlen < CL_BATCH && !atomic_load(&cl->stopping))
+        kvt__cond_wait_until(&cl->qcv, &cl->qmu, kvt__now_ns() + wait_ns);
+    uint32_t n = cl->qlen < max ? cl->qlen : max;
+    for (uint32_t i = 0; i < n; i++) out[i] = cl->q[(cl->qhead + i) % CL_QUEUE];
+    cl->qhead = (cl->qhead + n) % CL_QUEUE;
+    cl->qlen -= n;
+    pthread_mutex_unlock(&cl->qmu);
+    return n;
+}
+
+static void *publish_main(void *arg)
+{
+    kvt_cluster *cl = arg;
+    cl_event *ev = malloc(CL_QUEUE * sizeof *ev);
+    kvt_hash128 *h = malloc(CL_BATCH * sizeof *h);
+    uint64_t lease_ns = (uint64_t)cl->cfg->cluster_lease_ms * 1000000ull;
+    uint64_t gen = kvt__dir_generation(cl->dir), next_lease = 0, next_renew = kvt__now_ns() + 2 * lease_ns;
+    while (ev && h) {
+        bool stop = atomic_load(&cl->stopping);
+        uint32_t n = take_events(cl, ev, CL_QUEUE, stop ? 0 : CL_PUBLISH_MS * 1000000ull);
+        if (n) publish_events(cl, ev, n, h);
+        uint64_t now = kvt__now_ns();
+        if (now >= next_lease) {
+            if (kvt__dir_renew(cl->dir, 0, NULL, 0)) STAT_ADD(cl, dir_errors, 1);
+            next_lease = now + lease_ns / 3;
+        }
+        uint64_t g = kvt__dir_generation(cl->dir);
+        if (g != gen && kvt__dir_up(cl->dir)) {
+            kvt__log(KVT_LOG_INFO, "cluster: directory back: republishing %u blocks", cl->held.n);
+            gen = g;
+            if (kvt__dir_renew(cl->dir, 0, NULL, 0)) STAT_ADD(cl, dir_errors, 1); /* the lease first */
+            publish_all(cl, h, false);
+        } else if (now >= next_renew) {
+            publish_all(cl, h, true);
+            next_renew = now + 2 * lease_ns;
+        }
+        if (stop && !n) break;
+    }
+    if (!ev || !h) kvt__log(KVT_LOG_ERROR, "cluster: out of memory: this node publishes nothing");
+    free(ev);
+    free(h);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- */
+/* Serving pulls                                                    */
+/* ---------------------------------------------------------------- */
+
+static kvt_status send_answer(kvt_stream *s, int32_t status, uint32_t n, uint64_t block_bytes,
+                              uint64_t dl)
+{
+    uint8_t hdr[KVT_PULL_REP_HDR];
+    kvt__pull_answer_encode(hdr, &(kvt_pull_answer){status, n, block_bytes});
+    return kvt__stream_send(s, hdr, sizeof hdr, dl);
+}
+
+/* The n blocks at offsets (of the shard's memfd), with their sums. */
+static kvt_status send_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint64_t *offsets,
+                              uint32_t first, uint32_t n, uint64_t dl)
+{
+    uint64_t bb = sh->shm.block_bytes;
+    uint64_t *sums = malloc((size_t)n * sizeof *sums);
+    if (!sums) return kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
+    for (uint32_t i = 0; i < n; i++)
+        sums[i] = kvt__pull_block_sum(sh->shm.base + offsets[i], bb, first + i);
+    kvt_status st = send_answer(s, KVT_OK, n, bb, dl);
+    if (!st) st = kvt__stream_send(s, sums, (size_t)n * sizeof *sums, dl);
+    free(sums);
+    struct iovec iov[CL_IOV];
+    for (uint32_t i = 0; i < n && !st; i += CL_IOV) {
+        uint32_t k = n - i < CL_IOV ? n - i : CL_IOV;
+        for (uint32_t j = 0; j < k; j++) iov[j] = (struct iovec){sh->shm.base + offsets[i + j], bb};
+        st = s->ops->sendv(s, iov, (int)k, dl);
+    }
+    return st;
+}
+
+static kvt_request to_request(const kvt_srv_req *q)
+{
+    kvt_request r = {.ns = q->ns, .ns_len = q->ns_len};
+    if (q->form) {
+        r.keys = q->keys;
+        r.num_keys = q->count;
+    } else {
+        r.tokens = q->tokens;
+        r.num_tokens = q->count;
+    }
+    return r;
+}
+
+/* Blocks [f->first, +count) of the request, as far as this node holds
+ * them, pinned (a load task) while they are sent. */
+static kvt_status serve_fetch(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fetch *f,
+                              const kvt_srv_req *q)
+{
+    uint64_t dl = kvt__deadline_ns(cl->cfg->cluster_pull_ms);
+    kvt_srv_shard *sh = kvt__srv_shard_by_fp(cl->srv, f->space);
+    if (!sh) return send_answer(s, KVT_ENOTFOUND, 0, 0, dl);
+    if (q->form == 2) return send_answer(s, KVT_EUNSUPPORTED, 0, 0, dl);
+    kvt_request req = to_request(q);
+    kvt_match m;
+    kvt_status st = kvt_cache_lookup(sh->cache, &req, &m);
+    if (st) return send_answer(s, st, 0, 0, dl);
+    uint32_t nb = m.matched_tokens / sh->block_tokens;
+    if (nb <= f->first) {
+        if (m.task) kvt__cache_ext_abort(sh->cache, m.task, dl);
+        return send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
+    }
+    uint64_t *off = malloc((size_t)nb * sizeof *off);
+    kvt_ext_launch lo = {0};
+    st = off ? kvt__cache_ext_launch(sh->cache, m.task, dl, off, nb, &lo)
+             : kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
+    if (st || lo.reading) {
+        if (!st || !off) kvt__cache_ext_abort(sh->cache, m.task, dl);
+        free(off);
+        return send_answer(s, st ? st : KVT_ETIMEDOUT, 0, 0, dl);
+    }
+    uint32_t have = lo.num_blocks > f->first ? lo.num_blocks - f->first : 0;
+    uint32_t n = have < f->count ? have : f->count;
+    st = n ? send_blocks(s, sh, off + f->first, f->first, n, dl)
+           : send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
+    kvt_task_result r;
+    kvt__cache_ext_end(sh->cache, m.task, KVT_OK, &r);
+    free(off);
+    if (!st && n) {
+        STAT_ADD(cl, served, 1);
+        STAT_ADD(cl, served_blocks, n);
+    }
+    return st;
+}
+
+/* One FETCH: KVT_OK to go on with the connection. */
+static kvt_status serve_one(kvt_cluster *cl, kvt_stream *s)
+{
+    uint8_t hdr[KVT_PULL_REQ_HDR];
+    kvt_status st = kvt__stream_recv(s, hdr, sizeof hdr, kvt__deadline_ns(CL_IDLE_MS));
+    if (st) return st;
+    kvt_pull_fetch f;
+    if ((st = kvt__pull_fetch_decode(hdr, "a cluster peer", &f))) return st;
+    uint8_t *body = malloc(f.req_len);
+    if (!body) return kvt__fail(KVT_ENOMEM, "cluster: no memory for a %u-byte request", f.req_len);
+    st = kvt__stream_recv(s, body, f.req_len, kvt__deadline_ns(cl->cfg->cluster_pull_ms));
+    kvt_srv_req q = {0};
+    if (!st) st = kvt__srv_req_decode(body, f.req_len, &q);
+    if (!st) st = serve_fetch(cl, s, &f, &q);
+    free(q.tokens);
+    free(q.keys);
+    free(body);
+    return st;
+}
+
+static void *serve_main(void *arg)
+{
+    cl_served *sv = arg;
+    kvt_cluster *cl = sv->cl;
+    kvt_stream_auth a = {.secret = cl->secret, .secret_len = cl->secret_len,
+                         .who = "cluster peer", .realm = &kvt__auth_cluster};
+    kvt_status st = kvt__stream_auth_server(sv->s->fd, &a, kvt__deadline_ns(CL_AUTH_MS));
+    if (st) {
+        STAT_ADD(cl, refused, 1);
+        kvt__log(KVT_LOG_WARN, "cluster: a peer was refused: %s", kvt_last_error());
+    }
+    while (!st && !atomic_load(&cl->stopping)) st = serve_one(cl, sv->s);
+    if (st && st != KVT_ECONN && st != KVT_ETIMEDOUT && !atomic_load(&cl->stopping))
+        kvt__log(KVT_LOG_WARN, "cluster: dropped a peer: %s", kvt_last_error());
+    atomic_store(&sv->done, true);
+    return NULL;
+}
+
+/* Joins served threads that ended (all: at leave, after their sockets
+ * were shut). Under cl->mu. */
+static void reap_served(kvt_cluster *cl, bool all)
+{
+    for (cl_served **pp = &cl->served; *pp;) {
+        cl_served *sv = *pp;
+        if (!all && !atomic_load(&sv->done)) {
+            pp = &sv->next;
+            continue;
+        }
+        pthread_join(sv->thread, NULL);
+        kvt__stream_destroy(sv->s);
+        *pp = sv->next;
+        cl->nserved--;
+        free(sv);
+    }
+}
+
+static void accept_one(kvt_cluster *cl, kvt_stream *s)
+{
+    pthread_mutex_lock(&cl->mu);
+    reap_served(cl, false);
+    cl_served *sv = NULL;
+    if (cl->nserved < cl->cfg->cluster_serve_max && (sv = calloc(1, sizeof *sv))) {
+        *sv = (cl_served){.s = s, .cl = cl};
+        if (pthread_create(&sv->thread, NULL, serve_main, sv)) {
+            free(sv);
+            sv = NULL;
+        } else {
+            sv->next = cl->served;
+            cl->served = sv;
+            cl->nserved++;
+        }
+    }
+    pthread_mutex_unlock(&cl->mu);
+    if (!sv) {
+        STAT_ADD(cl, refused, 1); /* cluster_serve_max: the peer recomputes */
+        kvt__stream_destroy(s);
+    }
+}
+
+static void *accept_main(void *arg)
+{
+    kvt_cluster *cl = arg;
+    while (!atomic_load(&cl->stopping)) {
+        struct pollfd p[2] = {{cl->listen_fd, POLLIN, 0}, {cl->stop_pipe[0], POLLIN, 0}};
+        if (poll(p, 2, 1000) < 0 && errno != EINTR) break;
+        if (p[1].revents) break;
+        kvt_stream *s;
+        if (p[0].revents && kvt__stream_accept(cl->listen_fd, kvt__now_ns(), &s) == KVT_OK)
+            accept_one(cl, s);
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- */
+/* Pulling                                                          */
+/* ---------------------------------------------------------------- */
+
+/* The peer record of addr (made when new; the oldest reused past
+ * CL_PEERS). Under cl->mu. */
+static cl_peer *peer_of(kvt_cluster *cl, const char *addr)
+{
+    for (uint32_t i = 0; i < cl->npeers; i++)
+        if (!strcmp(cl->peers[i].addr, addr)) return &cl->peers[i];
+    uint32_t i = cl->npeers < CL_PEERS ? cl->npeers++ : (uint32_t)(kvt__now_ns() % CL_PEERS);
+    cl_peer *p = &cl->peers[i];
+    while (p->idle) {
+        cl_link *l = p->idle;
+        p->idle = l->next;
+        kvt__stream_destroy(l->s);
+        free(l);
+    }
+    *p = (cl_peer){0};
+    snprintf(p->addr, sizeof p->addr, "%s", addr);
+    return p;
+}
+
+static bool split_addr(const char *addr, char *host, size_t hlen, uint16_t *port)
+{
+    const char *c = strrchr(addr, ':');
+    if (!c || (size_t)(c - addr) >= hlen || c == addr) return false;
+    char *end;
+    unsigned long v = strtoul(c + 1, &end, 10);
+    if (*end || end == c + 1 || v == 0 || v > 65535) return false;
+    memcpy(host, addr, (size_t)(c - addr));
+    host[c - addr] = 0;
+    *port = (uint16_t)v;
+    return true;
+}
+
+/* An idle link to addr, or a new one; NULL when the peer is marked down
+ * or cannot be reached (then marked down for a quarter lease). */
+static kvt_stream *link_take(kvt_cluster *cl, const char *addr, uint64_t dl)
+{
+    pthread_mutex_lock(&cl->mu);
+    cl_peer *p = peer_of(cl, addr);
+    kvt_stream *s = NULL;
+    bool down = p->down_until_ns > kvt__now_ns();
+    if (!down && p->idle) {
+        cl_link *l = p->idle;
+        p->idle = l->next;
+        p->nidle--;
+        s = l->s;
+        free(l);
+    }
+    pthread_mutex_unlock(&cl->mu);
+    if (s || down) return s;
+    char host[KVT_DIR_ADDR_MAX];
+    uint16_t port;
+    if (!split_addr(addr, host, sizeof host, &port)) return NULL;
+    kvt_stream_auth a = {.secret = cl->secret, .secret_len = cl->secret_len,
+                         .who = "cluster puller", .realm = &kvt__auth_cluster};
+    uint64_t cdl = kvt__deadline_ns(CL_CONNECT_MS);
+    kvt_status st = kvt__stream_connect(host, port, &a, cdl < dl ? cdl : dl, &s);
+    if (st) {
+        kvt__log(KVT_LOG_WARN, "cluster: peer %s unreachable, skipped for %u ms: %s", addr,
+                 cl->cfg->cluster_lease_ms / 4, kvt_last_error());
+        pthread_mutex_lock(&cl->mu);
+        peer_of(cl, addr)->down_until_ns = kvt__deadline_ns(cl->cfg->cluster_lease_ms / 4);
+        pthread_mutex_unlock(&cl->mu);
+        return NULL;
+    }
+    return s;
+}
+
+static void link_put(kvt_cluster *cl, const char *addr, kvt_stream *s)
+{
+    cl_link *l = malloc(sizeof *l);
+    pthread_mutex_lock(&cl->mu);
+    cl_peer *p = peer_of(cl, addr);
+    if (l && p->nidle < CL_IDLE_LINKS) {
+        *l = (cl_link){s, p->idle};
+        p->idle = l;
+        p->nidle++;
+        s = NULL;
+        l = NULL;
+    }
+    pthread_mutex_unlock(&cl->mu);
+    free(l);
+    if (s) kvt__stream_destroy(s);
+}
+
+/* req cut to its first nb blocks; with one more token for a token
+ * request the peer is to look up (its lookup leaves the last token). */
+static kvt_request cut_request(const kvt_request *req, uint32_t nb, uint32_t bt, bool extra)
+{
+    kvt_request r = *req;
+    if (r.keys) {
+        r.num_keys = nb;
+    } else {
+        uint32_t t = nb * bt + (extra ? 1 : 0);
+        r.num_tokens = t < r.num_tokens ? t : r.num_tokens;
+    }
+    return r;
+}
+
+static kvt_status send_fetch(kvt_stream *s, const kvt_request *req, uint64_t space,
+                             uint32_t first, uint32_t count, uint64_t dl)
+{
+    kvt_srv_buf b = {0};
+    kvt_status st = kvt__srv_req_encode(&b, req);
+    if (!st && b.len > KVT_PULL_MAX_REQ)
+        st = kvt__fail(KVT_EINVAL, "cluster: a request of %zu bytes is too large to pull", b.len);
+    if (!st) {
+        uint8_t hdr[KVT_PULL_REQ_HDR];
+        kvt__pull_fetch_encode(hdr, &(kvt_pull_fetch){space, first, count, (uint32_t)b.len});
+        struct iovec iov[2] = {{hdr, sizeof hdr}, {b.p, b.len}};
+        st = s->ops->sendv(s, iov, 2, dl);
+    }
+    kvt__srv_buf_free(&b);
+    return st;
+}
+
+/* Receives n blocks into the store task's slots and checks them. */
+static kvt_status recv_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint64_t *off,
+                              uint32_t first, uint32_t n, uint64_t dl, const char *addr)
+{
+    uint64_t bb = sh->shm.block_bytes;
+    uint64_t *sums = malloc((size_t)n * sizeof *sums);
+    if (!sums) return kvt__fail(KVT_ENOMEM, "cluster: out of memory pulling");
+    kvt_status st = kvt__stream_recv(s, sums, (size_t)n * sizeof *sums, dl);
+    struct iovec iov[CL_IOV];
+    for (uint32_t i = 0; i < n && !st; i += CL_IOV) {
+        uint32_t k = n - i < CL_IOV ? n - i : CL_IOV;
+        for (uint32_t j = 0; j < k; j++) iov[j] = (struct iovec){sh->shm.base + off[i + j], bb};
+        st = s->ops->recvv(s, iov, (int)k, dl);
+    }
+    for (uint32_t i = 0; i < n && !st; i++)
+        if (kvt__pull_block_sum(sh->shm.base + off[i], bb, first + i) != sums[i])
+            st = kvt__fail(KVT_ECORRUPT, "cluster: block %u pulled from %s failed its checksum",
+                           first + i, addr);
+    free(sums);
+    return st;
+}
+
+/* The answer's n blocks go into a store task planned for exactly them;
+ * anything else (they are being stored here meanwhile) drops the pull. */
+static kvt_status land_pull(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
+                            const kvt_request *req, uint32_t first, uint32_t n, uint64_t dl,
+                            const char *addr)
+{
+    uint32_t bt = sh->block_tokens;
+    kvt_request sr = cut_request(req, first + n, bt, false);
+    kvt_store_plan pl;
+    kvt_status st = kvt_cache_prepare_store(sh->cache, &sr, &pl);
+    if (st) return st;
+    if (!pl.task || pl.first_token != first * bt || pl.num_tokens != n * bt) {
+        if (pl.task) kvt__cache_ext_abort(sh->cache, pl.task, dl);
+        return kvt__fail(KVT_EBUSY, "cluster: the pulled blocks are being stored here already");
+    }
+    uint64_t *off = malloc((size_t)n * sizeof *off);
+    kvt_ext_launch lo = {0};
+    st = off ? kvt__cache_ext_launch(sh->cache, pl.task, dl, off, n, &lo)
+             : kvt__fail(KVT_ENOMEM, "cluster: out of memory pulling");
+    if (st) {
+        if (!off) kvt__cache_ext_abort(sh->cache, pl.task, dl);
+        free(off);
+        return st;
+    }
+    st = recv_blocks(s, sh, off, first, n, dl, addr);
+    if (st == KVT_ECORRUPT) STAT_ADD(cl, pull_corrupt, 1);
+    kvt_task_result r = {0};
+    kvt_status end = kvt__cache_ext_end(sh->cache, pl.task, st ? st : KVT_OK, &r);
+    free(off);
+    if (!st && (end || r.status)) st = end ? end : r.status;
+    return st;
+}
+
+/* One pull of blocks [first, first + count) of req from holder. */
+static bool pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request *req,
+                      const kvt_dir_holder *holder, const kvt_hash128 *h, uint32_t first,
+                      uint32_t count, uint64_t dl)
+{
+    kvt_stream *s = link_take(cl, holder->addr, dl);
+    if (!s) return false;
+    uint64_t t0 = kvt__now_ns();
+    kvt_request lr = cut_request(req, first + count, sh->block_tokens, true);
+    kvt_status st = send_fetch(s, &lr, sh->fingerprint, first, count, dl);
+    uint8_t hdr[KVT_PULL_REP_HDR];
+    kvt_pull_answer a = {0};
+    if (!st) st = kvt__stream_recv(s, hdr, sizeof hdr, dl);
+    if (!st) st = kvt__pull_answer_decode(hdr, count, sh->shm.block_bytes, holder->addr, &a);
+    if (!st && a.status == KVT_OK && a.n == 0) {
+        /* a stale entry: the holder lost the block */
+        (void)kvt__dir_forget(cl->dir, sh->fingerprint, &h[first], holder->node);
+        STAT_ADD(cl, stale, 1);
+        link_put(cl, holder->addr, s);
+        return false;
+    }
+    if (!st && a.status) {
+        link_put(cl, holder->addr, s);
+        return false;
+    }
+    if (!st) st = land_pull(cl, s, sh, req, first, a.n, dl, holder->addr);
+    if (st) {
+        STAT_ADD(cl, pull_failed, 1);
+        if (st != KVT_EBUSY)
+            kvt__log(KVT_LOG_WARN, "cluster: pull from %s (%s) failed, a miss: %s", holder->node,
+                     holder->addr, kvt_last_error());
+        kvt__stream_destroy(s); /* mid-answer: the stream's position is lost */
+        return false;
+    }
+    link_put(cl, holder->addr, s);
+    uint64_t bytes = (uint64_t)a.n * sh->shm.block_bytes, ns = kvt__now_ns() - t0 + 1;
+    uint64_t bw = bytes * 1000000000ull / ns, old = atomic_load(&cl->bw_bps);
+    atomic_store(&cl->bw_bps, old ? (old * 3 + bw) / 4 : bw);
+    STAT_ADD(cl, pulls, 1);
+    STAT_ADD(cl, pulled_blocks, a.n);
+    STAT_ADD(cl, pulled_bytes, bytes);
+    return true;
+}
+
+/* Pull or recompute: a pull expected to take longer than the engine's
+ * prefill of the same tokens (cluster_prefill_tps) is not started. Until
+ * a pull was measured, pulls are assumed worth it. */
+static bool worth_pulling(kvt_cluster *cl, const kvt_srv_shard *sh, uint32_t blocks)
+{
+    uint64_t bw = atomic_load(&cl->bw_bps);
+    if (!bw) return true;
+    double pull_s = (double)blocks * (double)sh->shm.block_bytes / (double)bw;
+    double prefill_s = (double)blocks * sh->block_tokens / (double)cl->cfg->cluster_prefill_tps;
+    return pull_s < prefill_s;
+}
+
+/* The server's fill hook: req matched `matched` tokens here; its next
+ * blocks are looked up in the directory and the leading run one peer
+ * holds is pulled. */
+static bool cl_fill(void *arg, kvt_srv_shard *sh, const kvt_request *req, uint32_t matched)
+{
+    kvt_cluster *cl = arg;
+    uint32_t bt = sh->block_tokens;
+    if (atomic_load(&cl->stopping) || (req->flags & KVT_REQ_INDEPENDENT_KEYS)) return false;
+    uint32_t total = req->keys ? req->num_keys : (req->num_tokens ? (req->num_tokens - 1) / bt : 0);
+    uint32_t m = matched / bt;
+    if (m >= total) return false;
+    uint32_t want = total - m < KVT_PULL_MAX_BLOCKS ? total - m : KVT_PULL_MAX_BLOCKS;
+    uint64_t dl = kvt__deadline_ns(cl->cfg->cluster_pull_ms);
+    kvt_hash128 *h = malloc((size_t)(m + want) * sizeof *h);
+    kvt_dir_holder *who = malloc((size_t)want * sizeof *who);
+    uint32_t found = 0;
+    bool ok = false;
+    if (h && who && kvt__request_hashes(sh->cache, req, h, m + want) == m + want) {
+        STAT_ADD(cl, dir_lookups, 1);
+        if (kvt__dir_lookup(cl->dir, sh->fingerprint, h + m, want, who, &found))
+            STAT_ADD(cl, dir_errors, 1);
+    }
+    uint32_t run = found ? 1 : 0;
+    while (run < found && !strcmp(who[run].node, who[0].node)) run++;
+    if (run && !worth_pulling(cl, sh, run)) {
+        STAT_ADD(cl, pull_skipped, 1);
+    } else if (run) {
+        ok = pull_from(cl, sh, req, &who[0], h, m, run, dl);
+    }
+    free(h);
+    free(who);
+    return ok;
+}
+
+/* The server's /metrics gets these (docs/metrics.md, "Cluster"). */
+static void cl_metrics(void *arg, kvt_mbuf *b)
+{
+    kvt_cluster_counters c;
+    (void)kvt_cluster_stats(arg, &c);
+    static const struct {
+        const char *name, *type, *help;
+        size_t off;
+    } rows[] = {
+#define ROW(n, t, h, f) {"kvtier_cluster_" n, t, h, offsetof(kvt_cluster_counters, f)}
+        ROW("pulls_total", "counter", "Pulls from peers that stored blocks here.", pulls),
+        ROW("pulled_blocks_total", "counter", "Blocks pulled from peers.", pulled_blocks),
+        ROW("pulled_bytes_total", "counter", "Bytes pulled from peers.", pulled_bytes),
+        ROW("pull_failures_total", "counter", "Pulls that failed (each a miss).", pull_failed),
+        ROW("pull_corrupt_total", "counter", "Pulls whose blocks failed their checksum.", pull_corrupt),
+        ROW("pulls_skipped_total", "counter", "Pulls not started: recomputing was faster.", pull_skipped),
+        ROW("stale_entries_total", "counter", "Directory entries whose holder lacked the block.", stale),
+        ROW("served_pulls_total", "counter", "Pulls this node answered for peers.", served),
+        ROW("served_blocks_total", "counter", "Blocks this node sent to peers.", served_blocks),
+        ROW("refused_peers_total", "counter", "Peers refused (no secret, or cluster_serve_max busy).", refused),
+        ROW("directory_lookups_total", "counter", "Directory lookups of a request's next blocks.", dir_lookups),
+        ROW("directory_errors_total", "counter", "Directory calls that failed.", dir_errors),
+        ROW("published_blocks_total", "counter", "Block entries written to the directory.", published),
+        ROW("unpublished_blocks_total", "counter", "Block entries removed from the directory.", unpublished),
+        ROW("publish_dropped_total", "counter", "Index changes not published (queue full).", queue_dropped),
+        ROW("epoch", "gauge", "This node's epoch in the directory.", epoch),
+        ROW("directory_up", "gauge", "1 while the directory answers.", directory_up),
+        ROW("pull_bytes_per_second", "gauge", "Measured pull bandwidth (moving average).", pull_bytes_per_s),
+#undef ROW
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        kvt__metrics_family(b, rows[i].name, rows[i].type, rows[i].help);
+        kvt__metrics_u64(b, rows[i].name, NULL, *(const uint64_t *)((const char *)&c + rows[i].off));
+    }
+}
+
+/* ---------------------------------------------------------------- */
+/* Join and leave                                                   */
+/* ---------------------------------------------------------------- */
+
+static bool loopback_host(const char *host)
+{
+    return !strncmp(host, "127.", 4) || !strcmp(host, "localhost");
+}
+
+static kvt_status open_listener(kvt_cluster *cl)
+{
+    const kvt_config_values *v = cl->cfg;
+    char host[KVT_DIR_ADDR_MAX];
+    uint16_t port = 0;
+    const char *colon = strrchr(v->cluster_listen, ':');
+    bool any_port = colon && !strcmp(colon + 1, "0");
+    if (any_port && (size_t)(colon - v->cluster_listen) < sizeof host && colon != v->cluster_listen) {
+        memcpy(host, v->cluster_listen, (size_t)(colon - v->cluster_listen));
+        host[colon - v->cluster_listen] = 0;
+    } else if (!split_addr(v->cluster_listen, host, sizeof host, &port)) {
+        return kvt__fail(KVT_EINVAL, "kvt_cluster_join: cluster_listen \"%s\" is not "
+                         "IPV4-HOST:PORT", v->cluster_listen);
+    }
+    if (!loopback_host(host) && !cl->secret)
+        return kvt__fail(KVT_EINVAL, "kvt_cluster_join: cluster_listen %s is not a loopback "
+                         "address and cluster_secret_file is not set: anyone who reaches it "
+                         "could read every block this node holds; give every node the same "
+                         "cluster_secret_file", v->cluster_listen);
+    kvt_status st = kvt__stream_listen(host, port, &cl->listen_fd, &cl->port);
+    if (st) return st;
+    if (strlen(v->cluster_advertise) >= sizeof cl->advertise) {
+        return kvt__fail(KVT_EINVAL, "kvt_cluster_join: cluster_advertise is longer than %zu "
+                         "bytes", sizeof cl->advertise - 1);
+    } else if (v->cluster_advertise[0]) {
+        memcpy(cl->advertise, v->cluster_advertise, strlen(v->cluster_advertise) + 1);
+    } else if (!strcmp(host, "0.0.0.0")) {
+        return kvt__fail(KVT_EINVAL, "kvt_cluster_join: cluster_listen %s binds every address: "
+                         "set cluster_advertise to the host:port peers reach", v->cluster_listen);
+    } else {
+        int n = snprintf(cl->advertise, sizeof cl->advertise, "%.50s:%u", host, cl->port);
+        (void)n;
+    }
+    return KVT_OK;
+}
+
+static kvt_status open_dir(kvt_cluster *cl)
+{
+    const kvt_config_values *v = cl->cfg;
+    if (v->cluster_node[0]) {
+        snprintf(cl->node, sizeof cl->node, "%s", v->cluster_node);
+    } else if (gethostname(cl->node, sizeof cl->node - 1)) {
+        return kvt__fail(KVT_ESYS, "kvt_cluster_join: cluster_node is empty and the host name "
+                         "cannot be read: %s", strerror(errno));
+    }
+    uint32_t t = v->cluster_pull_ms / 2 < 1000 ? v->cluster_pull_ms / 2 : 1000;
+    kvt_dir_config dc = {.redis = v->cluster_redis, .node = cl->node, .advertise = cl->advertise,
+                         .lease_ms = v->cluster_lease_ms, .timeout_ms = t ? t : 1};
+    return kvt__dir_open(&cl->dir, &dc);
+}
+
+static kvt_status start_threads(kvt_cluster *cl)
+{
+    if (pipe(cl->stop_pipe))
+        return kvt__fail(KVT_ESYS, "kvt_cluster_join: pipe: %s", strerror(errno));
+    if (pthread_create(&cl->publish_thread, NULL, publish_main, cl))
+        return kvt__fail(KVT_ESYS, "kvt_cluster_join: cannot start a thread");
+    cl->publish_started = true;
+    if (pthread_create(&cl->accept_thread, NULL, accept_main, cl))
+        return kvt__fail(KVT_ESYS, "kvt_cluster_join: cannot start a thread");
+    cl->accept_started = true;
+    return KVT_OK;
+}
+
+kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out)
+{
+    KVT_CHECK_ARG(out, "kvt_cluster_join: out is NULL");
+    *out = NULL;
+    KVT_CHECK_ARG(srv, "kvt_cluster_join: srv is NULL");
+    if (atomic_load(&srv->state) != 0)
+        return kvt__fail(KVT_ESTATE, "kvt_cluster_join: the server is already running or "
+                         "stopped; join before kvt_server_run");
+    if (!srv->cfg.cluster_redis[0])
+        return kvt__fail(KVT_EINVAL, "kvt_cluster_join: the server's cluster_redis option is "
+                         "empty (the directory's address, e.g. 127.0.0.1:6379)");
+    if (srv->hooks.fill || srv->hooks.observe)
+        return kvt__fail(KVT_ESTATE, "kvt_cluster_join: the server is in a cluster already");
+    kvt_cluster *cl = calloc(1, sizeof *cl);
+    if (!cl || !(cl->q = malloc(CL_QUEUE * sizeof *cl->q))) {
+        free(cl);
+        return kvt__fail(KVT_ENOMEM, "kvt_cluster_join: out of memory");
+    }
+    cl->srv = srv;
+    cl->cfg = &srv->cfg;
+    cl->listen_fd = cl->stop_pipe[0] = cl->stop_pipe[1] = -1;
+    pthread_mutex_init(&cl->qmu, NULL);
+    kvt__cond_init(&cl->qcv);
+    pthread_mutex_init(&cl->mu, NULL);
+    kvt_status st = KVT_OK;
+    if (srv->cfg.cluster_secret_file[0])
+        st = kvt__srv_secret_load(srv->cfg.cluster_secret_file, "kvt_cluster_join: "
+                                  "cluster_secret_file", &cl->secret, &cl->secret_len);
+    if (!st) st = open_listener(cl);
+    if (!st) st = open_dir(cl);
+    if (!st) kvt__srv_set_hooks(srv, &(kvt_srv_hooks){cl, cl_observe, cl_fill, cl_metrics});
+    if (!st) st = start_threads(cl);
+    if (st) {
+        kvt_cluster_leave(cl);
+        return st;
+    }
+    kvt__log(KVT_LOG_INFO, "cluster: node %s (epoch %llu) serves peers on %s, directory %s",
+             cl->node, (unsigned long long)kvt__dir_epoch(cl->dir), cl->advertise,
+             srv->cfg.cluster_redis);
+    *out = cl;
+    return KVT_OK;
+}
+
+void kvt_cluster_leave(kvt_cluster *cl)
+{
+    if (!cl) return;
+    if (cl->srv->hooks.arg == cl) kvt__srv_set_hooks(cl->srv, NULL);
+    atomic_store(&cl->stopping, true);
+    if (cl->stop_pipe[1] >= 0) (void)!write(cl->stop_pipe[1], "x", 1);
+    pthread_mutex_lock(&cl->qmu);
+    pthread_cond_signal(&cl->qcv);
+    pthread_mutex_unlock(&cl->qmu);
+    if (cl->accept_started) pthread_join(cl->accept_thread, NULL);
+    if (cl->publish_started) pthread_join(cl->publish_thread, NULL);
+    pthread_mutex_lock(&cl->mu);
+    for (cl_served *sv = cl->served; sv; sv = sv->next) shutdown(sv->s->fd, SHUT_RDWR);
+    reap_served(cl, true);
+    for (uint32_t i = 0; i < cl->npeers; i++) {
+        while (cl->peers[i].idle) {
+            cl_link *l = cl->peers[i].idle;
+            cl->peers[i].idle = l->next;
+            kvt__stream_destroy(l->s);
+            free(l);
+        }
+    }
+    pthread_mutex_unlock(&cl->mu);
+    kvt__dir_close(cl->dir);
+    if (cl->listen_fd >= 0) close(cl->listen_fd);
+    for (int i = 0; i < 2; i++)
+        if (cl->stop_pipe[i] >= 0) close(cl->stop_pipe[i]);
+    if (cl->secret) kvt__srv_secret_free(cl->secret, cl->secret_len);
+    pthread_mutex_destroy(&cl->qmu);
+    pthread_cond_destroy(&cl->qcv);
+    pthread_mutex_destroy(&cl->mu);
+    free(cl->held.v);
+    free(cl->q);
+    free(cl);
+}
+
+kvt_status kvt_cluster_stats(const kvt_cluster *cl, kvt_cluster_counters *out)
+{
+    KVT_CHECK_ARG(cl && out, "kvt_cluster_stats: %s is NULL", cl ? "out" : "cl");
+    uint64_t *dst = (uint64_t *)out;
+    const uint64_t *src = (const uint64_t *)&cl->st;
+    for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
+        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+    out->epoch = kvt__dir_epoch(cl->dir);
+    out->directory_up = kvt__dir_up(cl->dir);
+    out->pull_bytes_per_s = atomic_load(&cl->bw_bps);
+    return KVT_OK;
+}
+
+uint16_t kvt__cluster_port(const kvt_cluster *cl)
+{
+    return cl->port;
+}

@@ -1,0 +1,62 @@
+/* pull.h - the peer pull protocol (docs/cluster.md): a node that finds a
+ * request's next blocks on a peer asks the peer for them over an
+ * authenticated TCP stream (src/net, realm kvt__auth_cluster) and stores
+ * them into its own CPU tier.
+ *
+ * One exchange, after the handshake, any number of times per connection:
+ *   FETCH (puller -> peer): a 32-byte header
+ *     u32 magic "KVCP", u16 version, u16 op (1), u64 space (the geometry
+ *     and block size: the server shard's fingerprint), u32 first, u32
+ *     count (blocks [first, first + count) of the request), u32 req_len,
+ *     u32 reserved (0)
+ *   then req_len bytes: the request as the node server's protocol encodes
+ *   it (server/proto.h kvt__srv_req_encode: namespace, tokens or keys).
+ *   ANSWER (peer -> puller): a 24-byte header
+ *     u32 magic, i32 status (KVT_OK, or why nothing follows), u32 n (the
+ *     leading blocks of those asked the peer holds and sends, <= count),
+ *     u32 reserved, u64 block_bytes (the peer's; must be the puller's)
+ *   then n checksums (u64: XXH3-64 of block first + i, seeded with
+ *   first + i), then the n blocks' bytes.
+ * Integers are little-endian. The peer pins the blocks while it sends. */
+#ifndef KVT_CLUSTER_PULL_H
+#define KVT_CLUSTER_PULL_H
+
+#include <stdint.h>
+#include "kvtier.h"
+
+#define KVT_PULL_MAGIC 0x5043564bu /* "KVCP" */
+#define KVT_PULL_VERSION 1
+#define KVT_PULL_FETCH 1
+#define KVT_PULL_REQ_HDR 32
+#define KVT_PULL_REP_HDR 24
+#define KVT_PULL_MAX_REQ (64u << 20) /* a request's bytes (16M tokens), at most */
+#define KVT_PULL_MAX_BLOCKS 4096     /* blocks one FETCH may ask for */
+
+typedef struct kvt_pull_fetch {
+    uint64_t space;
+    uint32_t first, count, req_len;
+} kvt_pull_fetch;
+
+typedef struct kvt_pull_answer {
+    int32_t status;
+    uint32_t n;
+    uint64_t block_bytes;
+} kvt_pull_answer;
+
+void kvt__pull_fetch_encode(uint8_t out[KVT_PULL_REQ_HDR], const kvt_pull_fetch *f);
+/* KVT_EPROTO (magic, op, count 0 or above KVT_PULL_MAX_BLOCKS, req_len 0
+ * or above KVT_PULL_MAX_REQ, reserved not 0), KVT_EVERSION; the message
+ * names the field and who sent it (from). */
+kvt_status kvt__pull_fetch_decode(const uint8_t in[KVT_PULL_REQ_HDR], const char *from,
+                                  kvt_pull_fetch *out);
+void kvt__pull_answer_encode(uint8_t out[KVT_PULL_REP_HDR], const kvt_pull_answer *a);
+/* Checks the answer against what was asked: n <= count, block_bytes equal
+ * to ours when n > 0, status a kvtier status and n 0 unless it is KVT_OK.
+ * KVT_EPROTO/KVT_EVERSION naming the field and from. */
+kvt_status kvt__pull_answer_decode(const uint8_t in[KVT_PULL_REP_HDR], uint32_t count,
+                                   uint64_t block_bytes, const char *from,
+                                   kvt_pull_answer *out);
+/* The checksum of block number idx (first + i) of an answer. */
+uint64_t kvt__pull_block_sum(const uint8_t *block, uint64_t bytes, uint32_t idx);
+
+#endif
