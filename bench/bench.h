@@ -14,5 +14,7 @@ int kvt_bench_group_main(int argc, char **argv); /* kvtier bench group [--json] 
 int kvt_bench_client_main(int argc, char **argv); /* kvtier bench client [--json] [--rounds N] [--no-4k] */
 /* kvtier bench engine [--json] [--rounds N] [--quick] [--pages N] [--batch N] ... */
 int kvt_bench_engine_main(int argc, char **argv);
+/* kvtier bench cluster [--json] [--rounds N] [--mib M] */
+int kvt_bench_cluster_main(int argc, char **argv);
 
 #endif

@@ -62,6 +62,7 @@ static int usage(FILE *to)
             "                   [--cpu-capacity SIZE] [--ssd-capacity SIZE] [--ssd-dir DIR]\n"
             "                   [--no-ssd] [--seed N] [--config FILE]\n"
             "       kvtier demo --server [--json] [--model M]\n"
+            "       kvtier demo --cluster [--json]\n"
             "Serves a multi-turn chat workload from an emulated engine through the cache and\n"
             "verifies every loaded byte. The CPU tier is small on purpose; an SSD tier in a\n"
             "temporary directory sits under it, or in DIR with --ssd-dir, which keeps the\n"
@@ -69,7 +70,10 @@ static int usage(FILE *to)
             "KVTIER_* variables (kvtier config --dump lists them).\n"
             "--server: a kvtier serve process and two engine instances of TP 2 (four client\n"
             "processes) sharing system prompts through it; one instance is SIGKILLed and\n"
-            "restarted, then the server itself; every loaded byte is verified.\n");
+            "restarted, then the server itself; every loaded byte is verified.\n"
+            "--cluster: a redis-server and three kvtier serve nodes sharing blocks through it\n"
+            "(docs/cluster.md), two engines behind a random router; a node is SIGKILLed and\n"
+            "restarted, then Redis; cross-node hits counted, every loaded byte verified.\n");
     return to == stdout ? 0 : 2;
 }
 
@@ -341,10 +345,25 @@ static int server_demo(int argc, char **argv)
     return kvt_demo_server(model, json);
 }
 
+/* kvtier demo --cluster [--json]: the cluster tier's demo. */
+static int cluster_demo(int argc, char **argv)
+{
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--cluster")) continue;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
+        if (!strcmp(argv[i], "--json")) json = true;
+        else return fprintf(stderr, "kvtier demo --cluster: takes only --json, not %s\n", argv[i]), 2;
+    }
+    return kvt_demo_cluster(json);
+}
+
 int kvt_cmd_demo(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--server")) return server_demo(argc, argv);
+        if (!strcmp(argv[i], "--cluster")) return cluster_demo(argc, argv);
+    }
     demo d = {0};
     int rc = parse_args(&d.o, argc, argv);
     if (rc) return rc < 0 ? 0 : rc;

@@ -26,6 +26,7 @@ static void usage(FILE *to)
             "  serve --socket PATH  the node cache server engine processes attach to (foreground)\n"
             "  stats --socket PATH  a running server's figures (--json, --watch like top)\n"
             "  events --endpoint E  a server's KV events (vLLM's format) as JSON lines\n"
+            "  cluster status --redis ADDR   the cluster directory: nodes, epochs, leases\n"
             "  bench copy           gather/scatter throughput vs memcpy on this machine\n"
             "  bench index          prefix-index lookups per second and bytes per block\n"
             "  bench ssd            SSD tier write/read throughput vs raw O_DIRECT io_uring\n"
@@ -33,6 +34,7 @@ static void usage(FILE *to)
             "  bench pd             prefill -> decode hand-off vs a raw TCP stream and ucx_perftest\n"
             "  bench client         a client of kvtier serve vs an in-process cache; control round trip\n"
             "  bench engine         SGLang / vLLM plugin call patterns, in-process and served, vs memcpy\n"
+            "  bench cluster        pulls between node servers vs a raw TCP stream; directory vs redis-benchmark\n"
             "  version              the library version\n"
             "\n"
             "Each command takes --help; most take --json for one JSON object on stdout.\n",
@@ -52,6 +54,7 @@ static const subcommand bench_cmds[] = {
     {"pd", kvt_bench_pd_main},
     {"client", kvt_bench_client_main},
     {"engine", kvt_bench_engine_main},
+    {"cluster", kvt_bench_cluster_main},
 };
 
 static bool is_help(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
@@ -129,6 +132,7 @@ static const subcommand top_cmds[] = {
     {"serve", kvt_cmd_serve},
     {"stats", kvt_cmd_stats},
     {"events", kvt_cmd_events},
+    {"cluster", kvt_cmd_cluster},
     {"bench", bench_main},
     {"version", version_main},
 };

@@ -1,0 +1,397 @@
+/* bench_cluster.c - `kvtier bench cluster [--json] [--rounds N] [--mib M]`:
+ * the cluster tier (docs/cluster.md) against this host's own limits, in the
+ * same run:
+ *  - pull: a redis-server and two `kvtier serve` nodes (llama3-8b, TP 1:
+ *    2 MiB blocks) on loopback; each round stores M MiB of a new prompt
+ *    through node A, then a lookup of it on node B, which pulls every block
+ *    from A (directory lookup, FETCH, checksums on both ends, the store
+ *    into B's tier), timed from the client; the blocks are then loaded and
+ *    byte-verified (untimed). Against: a raw TCP stream of the same bytes
+ *    over loopback between two threads of this process (pull_ratio, the
+ *    issue's target >= 0.8).
+ *  - directory: block lookups per second through the directory code (one
+ *    pipelined round trip per 64 blocks, as a lookup of a 64-block prefix
+ *    does) against redis-benchmark's HGETALL with the same pipeline depth
+ *    on the same server (directory_ratio).
+ * Each figure is min/median/max over the rounds. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "cli_util.h"
+#include "cluster/dir.h"
+#include "cluster_procs.h"
+#include "kvtier.h"
+#include "util/clock.h"
+#include "util/err.h"
+
+#define BC_MAX_ROUNDS 100
+#define BC_PIPE 64      /* blocks per directory round trip */
+#define BC_CALL_MS 30000
+
+typedef struct bc {
+    const char *self;
+    char dir[256], log[300], sock[2][300];
+    pid_t redis, node[2];
+    uint16_t redis_port;
+    uint32_t rounds, mib;
+    double pull[BC_MAX_ROUNDS], raw[BC_MAX_ROUNDS], ratio[BC_MAX_ROUNDS];
+    double dir_rate[BC_MAX_ROUNDS], bench_rate[BC_MAX_ROUNDS], dir_ratio[BC_MAX_ROUNDS];
+    uint64_t verified, mismatches, block_bytes;
+} bc;
+
+static int bfail(const char *what)
+{
+    fprintf(stderr, "kvtier bench cluster: %s\n", what);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* The raw stream: the same bytes over loopback TCP, two threads      */
+
+typedef struct raw_side {
+    int fd;
+    uint8_t *buf;
+    size_t len, chunk;
+} raw_side;
+
+static void *raw_send(void *arg)
+{
+    raw_side *s = arg;
+    for (size_t off = 0; off < s->len;) {
+        size_t n = s->len - off < s->chunk ? s->len - off : s->chunk;
+        ssize_t w = send(s->fd, s->buf + off % (64u << 20), n, MSG_NOSIGNAL);
+        if (w <= 0) break;
+        off += (size_t)w;
+    }
+    return NULL;
+}
+
+/* GB/s of len bytes from one thread to another over a loopback socket
+ * pair of TCP, received into a buffer as large as the pull's target. */
+static double raw_stream(size_t len)
+{
+    uint16_t port = cp_free_port();
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), c = -1, a = -1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    size_t cap = len < (64u << 20) ? len : (64u << 20);
+    uint8_t *tx = malloc(cap), *rx = malloc(len);
+    double gbps = -1;
+    if (l >= 0 && tx && rx && !bind(l, (struct sockaddr *)&sa, sizeof sa) && !listen(l, 1) &&
+        (c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) >= 0 &&
+        !connect(c, (struct sockaddr *)&sa, sizeof sa) && (a = accept(l, NULL, NULL)) >= 0) {
+        memset(tx, 0x5a, cap);
+        memset(rx, 0, len);
+        raw_side s = {c, tx, len, 1u << 20};
+        pthread_t t;
+        uint64_t t0 = kvt__now_ns();
+        if (!pthread_create(&t, NULL, raw_send, &s)) {
+            size_t got = 0;
+            ssize_t r;
+            while (got < len && (r = recv(a, rx + got, len - got, 0)) > 0) got += (size_t)r;
+            pthread_join(t, NULL);
+            if (got == len) gbps = (double)len / (double)(kvt__now_ns() - t0);
+        }
+    }
+    if (a >= 0) close(a);
+    if (c >= 0) close(c);
+    if (l >= 0) close(l);
+    free(tx);
+    free(rx);
+    return gbps;
+}
+
+/* ------------------------------------------------------------------ */
+/* The directory: ours against redis-benchmark                        */
+
+/* redis-benchmark's HGETALL requests per second at pipeline BC_PIPE, one
+ * client, on key (a hash the directory wrote). */
+static double redis_benchmark(const bc *b, const char *key)
+{
+    char port[16], out[300], cmd[1024];
+    snprintf(port, sizeof port, "%u", b->redis_port);
+    snprintf(out, sizeof out, "%s/redis-benchmark.csv", b->dir);
+    snprintf(cmd, sizeof cmd, "redis-benchmark -h 127.0.0.1 -p %s -c 1 -P %d -n 200000 --csv "
+             "HGETALL '%s' > '%s' 2>/dev/null", port, BC_PIPE, key, out);
+    if (system(cmd) != 0) return -1;
+    FILE *f = fopen(out, "r");
+    if (!f) return -1;
+    char line[512];
+    double rps = -1;
+    while (fgets(line, sizeof line, f)) {
+        char *p = strstr(line, "\",\"");
+        if (!strncmp(line, "\"HGETALL", 8) && p) rps = strtod(p + 3, NULL);
+    }
+    fclose(f);
+    return rps;
+}
+
+/* Block lookups per second through kvt__dir_lookup, BC_PIPE blocks a call
+ * (every one held by a live node), for about a second. */
+static double dir_rate(kvt_dir *d, const kvt_hash128 *h)
+{
+    kvt_dir_holder who[BC_PIPE];
+    uint64_t t0 = kvt__now_ns(), blocks = 0;
+    while (kvt__now_ns() - t0 < 1000000000ull) {
+        uint32_t found = 0;
+        if (kvt__dir_lookup(d, 1, h, BC_PIPE, who, &found) || found != BC_PIPE) return -1;
+        blocks += found;
+    }
+    return (double)blocks * 1e9 / (double)(kvt__now_ns() - t0);
+}
+
+static int bench_directory(bc *b)
+{
+    char redis[64];
+    snprintf(redis, sizeof redis, "127.0.0.1:%u", b->redis_port);
+    kvt_dir_config hc = {.redis = redis, .prefix = "kvtbench:", .node = "holder",
+                         .advertise = "127.0.0.1:1", .lease_ms = 600000, .timeout_ms = 5000};
+    kvt_dir_config lc = hc;
+    lc.node = "looker";
+    kvt_dir *holder = NULL, *looker = NULL;
+    kvt_hash128 h[BC_PIPE];
+    for (uint32_t i = 0; i < BC_PIPE; i++) h[i] = (kvt_hash128){0x1234 + i, 0x9876ull * (i + 1)};
+    kvt_status st = kvt__dir_open(&holder, &hc);
+    if (!st) st = kvt__dir_open(&looker, &lc);
+    if (!st) st = kvt__dir_publish(holder, 1, h, BC_PIPE);
+    char key[128];
+    snprintf(key, sizeof key, "kvtbench:b:%016x:%016llx%016llx", 1, (unsigned long long)h[0].hi,
+             (unsigned long long)h[0].lo);
+    for (uint32_t r = 0; !st && r < b->rounds; r++) {
+        b->dir_rate[r] = dir_rate(looker, h);
+        b->bench_rate[r] = redis_benchmark(b, key);
+        b->dir_ratio[r] = b->dir_rate[r] > 0 && b->bench_rate[r] > 0 ? b->dir_rate[r] / b->bench_rate[r] : -1;
+    }
+    if (st) fprintf(stderr, "kvtier bench cluster: directory: %s\n", kvt_last_error());
+    kvt__dir_close(looker);
+    kvt__dir_close(holder);
+    return st ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Pulls through two nodes                                            */
+
+static int start_nodes(bc *b)
+{
+    for (int i = 0; i < 2; i++) {
+        char redis[64], name[32], log[320];
+        snprintf(redis, sizeof redis, "cluster_redis=127.0.0.1:%u", b->redis_port);
+        snprintf(name, sizeof name, "cluster_node=bench%d", i);
+        snprintf(b->sock[i], sizeof b->sock[i], "%s/node%d.sock", b->dir, i);
+        snprintf(log, sizeof log, "%s/node%d.log", b->dir, i);
+        char cap[64];
+        snprintf(cap, sizeof cap, "cpu_capacity=%uMiB", 2 * b->mib * b->rounds + 256);
+        char *argv[] = {(char *)b->self, "serve", "--socket", b->sock[i], "--set", cap,
+                        "--set", "block_tokens=16", "--set", redis, "--set", name,
+                        "--set", "cluster_pull_ms=60000", "--set", "cluster_prefill_tps=1", NULL};
+        b->node[i] = cp_spawn_logged(log, argv);
+        if (b->node[i] < 0 || !cp_wait_file(b->sock[i], b->node[i], BC_CALL_MS))
+            return bfail("a node did not start (its log is in the bench's directory)");
+    }
+    return 0;
+}
+
+typedef struct engine {
+    kvt_client *cl;
+    kvt_emu *emu;
+    uint32_t *pages, num_pages;
+} engine;
+
+static kvt_status engine_open(engine *e, const char *sock, uint32_t pages)
+{
+    kvt_geometry *geo = NULL;
+    kvt_status st = kvt_geometry_preset(&geo, "llama3-8b", 16, 1);
+    if (!st) st = kvt_client_attach(&e->cl, sock, geo, BC_CALL_MS);
+    if (!st) st = kvt_emu_create(&e->emu, geo, pages);
+    kvt_engine_memory mem;
+    if (!st) st = kvt_emu_memory(e->emu, &mem);
+    if (!st) st = kvt_client_register_memory(e->cl, &mem);
+    kvt_geometry_destroy(geo);
+    e->num_pages = pages;
+    e->pages = calloc(pages, sizeof *e->pages);
+    if (!st && !e->pages) st = KVT_ENOMEM;
+    for (uint32_t i = 0; e->pages && i < pages; i++) e->pages[i] = i;
+    return st;
+}
+
+static void engine_close(engine *e)
+{
+    kvt_client_detach(e->cl);
+    kvt_emu_destroy(e->emu);
+    free(e->pages);
+}
+
+static kvt_status run_task(engine *e, kvt_task_id task)
+{
+    kvt_task_result res = {0};
+    kvt_status st = kvt_client_launch(e->cl, task, e->pages, e->num_pages);
+    if (!st) st = kvt_client_wait(e->cl, task, BC_CALL_MS, &res);
+    return st ? st : res.status;
+}
+
+/* One round: store on A, time B's lookup (the pull), verify B's load. */
+static kvt_status pull_round(bc *b, engine *a, engine *bn, uint32_t r, uint32_t *tok, uint32_t n)
+{
+    char ns[32];
+    snprintf(ns, sizeof ns, "round%u", r);
+    for (uint32_t i = 0; i < n; i++) tok[i] = (r * 7919 + i * 31) % 32000;
+    kvt_request req = {.tokens = tok, .num_tokens = n, .ns = ns, .ns_len = (uint32_t)strlen(ns),
+                       .flags = KVT_REQ_VISIBLE_AT_END};
+    kvt_store_plan p;
+    kvt_status st = kvt_emu_fill(a->emu, &req, 0, n, a->pages, a->num_pages);
+    if (!st) st = kvt_client_prepare_store(a->cl, &req, &p);
+    if (!st && p.task) st = run_task(a, p.task);
+    if (st) return st;
+    req.flags = 0;
+    struct timespec ts = {0, 200 * 1000000L}; /* A publishes within its 20 ms batching */
+    nanosleep(&ts, NULL);
+    uint64_t t0 = kvt__now_ns();
+    kvt_match m;
+    st = kvt_client_lookup(bn->cl, &req, &m);
+    uint64_t ns_taken = kvt__now_ns() - t0;
+    if (st) return st;
+    uint64_t bytes = (uint64_t)(m.matched_tokens / 16) * b->block_bytes;
+    if (!m.task || m.matched_tokens < n - 16)
+        return kvt__fail(KVT_ENOTFOUND, "node B matched %u of %u tokens: the pull did not happen",
+                         m.matched_tokens, n);
+    b->pull[r] = (double)bytes / (double)ns_taken;
+    kvt_emu_poison(bn->emu, bn->pages, bn->num_pages);
+    st = run_task(bn, m.task);
+    kvt_verify_result v;
+    if (!st) st = kvt_emu_verify(bn->emu, &req, 0, m.matched_tokens, bn->pages, bn->num_pages, &v);
+    if (!st) b->verified += v.bytes_checked, b->mismatches += v.mismatches;
+    b->raw[r] = raw_stream(bytes);
+    b->ratio[r] = b->raw[r] > 0 ? b->pull[r] / b->raw[r] : -1;
+    return st;
+}
+
+static int bench_pulls(bc *b)
+{
+    uint32_t blocks = b->mib / 2, n = blocks * 16 + 1;
+    b->block_bytes = 2u << 20;
+    engine a = {0}, bn = {0};
+    uint32_t *tok = malloc((size_t)n * sizeof *tok);
+    kvt_status st = tok ? KVT_OK : KVT_ENOMEM;
+    if (!st) st = engine_open(&a, b->sock[0], blocks + 1);
+    if (!st) st = engine_open(&bn, b->sock[1], blocks + 1);
+    for (uint32_t r = 0; !st && r < b->rounds; r++) st = pull_round(b, &a, &bn, r, tok, n);
+    if (st) fprintf(stderr, "kvtier bench cluster: pull: %s: %s\n", kvt_status_name(st), kvt_last_error());
+    if (a.cl) engine_close(&a);
+    if (bn.cl) engine_close(&bn);
+    free(tok);
+    return st ? 1 : 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The report                                                         */
+
+static void stat3(const double *v, uint32_t n, double out[3])
+{
+    double s[BC_MAX_ROUNDS];
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (v[i] >= 0) s[k++] = v[i];
+    if (!k) {
+        out[0] = out[1] = out[2] = -1;
+        return;
+    }
+    double lo = s[0], hi = s[0];
+    for (uint32_t i = 1; i < k; i++) lo = s[i] < lo ? s[i] : lo, hi = s[i] > hi ? s[i] : hi;
+    out[0] = lo, out[2] = hi, out[1] = median_of_values(s, k);
+}
+
+static void json_stat(const char *name, const double *v, uint32_t n, bool comma)
+{
+    double s[3];
+    stat3(v, n, s);
+    printf("\"%s\": {\"min\": %.4g, \"median\": %.4g, \"max\": %.4g}%s", name, s[0], s[1], s[2],
+           comma ? ", " : "");
+}
+
+static void report(const bc *b, bool json)
+{
+    uint32_t n = b->rounds;
+    if (json) {
+        printf("{\"rounds\": %u, \"mib_per_round\": %u, \"block_bytes\": %llu, \"pipeline\": %d, ",
+               n, b->mib, (unsigned long long)b->block_bytes, BC_PIPE);
+        json_stat("pull_gbps", b->pull, n, true);
+        json_stat("raw_stream_gbps", b->raw, n, true);
+        json_stat("pull_ratio", b->ratio, n, true);
+        json_stat("directory_lookups_per_s", b->dir_rate, n, true);
+        json_stat("redis_benchmark_hgetall_per_s", b->bench_rate, n, true);
+        json_stat("directory_ratio", b->dir_ratio, n, true);
+        printf("\"verified_bytes\": %llu, \"mismatches\": %llu, \"host\": {\"cpus\": %ld, "
+               "\"page_size\": %ld}}\n", (unsigned long long)b->verified,
+               (unsigned long long)b->mismatches, sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_PAGESIZE));
+        return;
+    }
+    double p[3], w[3], r[3], d[3], q[3], x[3];
+    stat3(b->pull, n, p), stat3(b->raw, n, w), stat3(b->ratio, n, r);
+    stat3(b->dir_rate, n, d), stat3(b->bench_rate, n, q), stat3(b->dir_ratio, n, x);
+    printf("kvtier bench cluster: %u rounds of %u MiB (2 MiB blocks), %ld CPUs; min / median / max\n",
+           n, b->mib, sysconf(_SC_NPROCESSORS_ONLN));
+    printf("  pull (lookup on B of what A holds)  %6.2f / %6.2f / %6.2f GB/s\n", p[0], p[1], p[2]);
+    printf("  raw TCP stream, same bytes          %6.2f / %6.2f / %6.2f GB/s\n", w[0], w[1], w[2]);
+    printf("  pull_ratio                          %6.2f / %6.2f / %6.2f (target >= 0.8)\n", r[0], r[1], r[2]);
+    printf("  directory lookups (pipeline %d)     %8.0f / %8.0f / %8.0f blocks/s\n", BC_PIPE, d[0], d[1], d[2]);
+    printf("  redis-benchmark HGETALL -P %d       %8.0f / %8.0f / %8.0f per s\n", BC_PIPE, q[0], q[1], q[2]);
+    printf("  directory_ratio                     %6.2f / %6.2f / %6.2f\n", x[0], x[1], x[2]);
+    printf("  pulled bytes verified: %llu, mismatches: %llu\n", (unsigned long long)b->verified,
+           (unsigned long long)b->mismatches);
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: kvtier bench cluster [--json] [--rounds N] [--mib M]\n"
+                    "  --rounds N  measured rounds (1..%d, default 5)\n"
+                    "  --mib M     MiB pulled per round (2..4096, even; default 64)\n", BC_MAX_ROUNDS);
+    return 2;
+}
+
+int kvt_bench_cluster_main(int argc, char **argv)
+{
+    bc b = {.rounds = 5, .mib = 64};
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        uint64_t v;
+        if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc && demo_parse_u64(argv[++i], &v) &&
+                 v >= 1 && v <= BC_MAX_ROUNDS) b.rounds = (uint32_t)v;
+        else if (!strcmp(argv[i], "--mib") && i + 1 < argc && demo_parse_u64(argv[++i], &v) &&
+                 v >= 2 && v <= 4096 && v % 2 == 0) b.mib = (uint32_t)v;
+        else return usage();
+    }
+    static char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return bfail("cannot find this program");
+    self[n] = 0;
+    b.self = self;
+    const char *base = getenv("TMPDIR");
+    snprintf(b.dir, sizeof b.dir, "%s/kvtier-bcl-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(b.dir)) return bfail("mkdtemp failed");
+    snprintf(b.log, sizeof b.log, "%s/redis.log", b.dir);
+    signal(SIGPIPE, SIG_IGN);
+    b.redis_port = cp_free_port();
+    b.redis = cp_start_redis(b.dir, b.redis_port, b.log);
+    /* processes first (fork), then this process's threads (clients) */
+    int rc = b.redis > 0 ? 0 : 1;
+    if (!rc) rc = start_nodes(&b) ? 1 : 0;
+    if (!rc) rc = bench_directory(&b);
+    if (!rc) rc = bench_pulls(&b);
+    if (!rc && b.mismatches) rc = bfail("pulled bytes differ from what was stored");
+    if (!rc) report(&b, json);
+    for (int i = 0; i < 2; i++) cp_kill_wait(&b.node[i], SIGTERM);
+    cp_kill_wait(&b.redis, SIGTERM);
+    remove_tree(b.dir);
+    return rc;
+}
