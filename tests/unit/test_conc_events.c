@@ -56,7 +56,7 @@ static void *feed(void *arg)
 }
 
 typedef struct tally {
-    uint64_t stored, removed, cleared, batches, next_seq, chains;
+    uint64_t stored, removed, cleared, batches, next_seq, chains, first_seq;
     bool bad;
 } tally;
 
@@ -125,7 +125,11 @@ static void test_two_indexes_at_once(void **state)
         assert_false(f[i].bad);
     }
     tally t = {0};
-    int timeout = 200;
+    /* The loop ends when every removal came; a timeout only ends it when
+     * the publisher stalls this long (a loaded machine stalls it for
+     * hundreds of ms: 200 here made the replay look longer than the live
+     * stream). */
+    int timeout = 10000;
     zmq_setsockopt(sub, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
     while (t.removed < 2u * CHAINS * CHAIN && !t.bad) {
         char topic[8], seq[8];
@@ -141,6 +145,7 @@ static void test_two_indexes_at_once(void **state)
         if (t.batches && s != t.next_seq)
             fail_msg("sequence %llu after %llu", (unsigned long long)s,
                      (unsigned long long)(t.next_seq - 1));
+        if (!t.batches) t.first_seq = s;
         t.next_seq = s + 1;
         count_batch(&t, payload, (size_t)n);
         t.batches++;
@@ -183,8 +188,13 @@ static void test_two_indexes_at_once(void **state)
     if (all.stored != 2u * CHAINS * CHAIN || all.removed != 2u * CHAINS * CHAIN)
         fail_msg("replayed: stored=%llu removed=%llu", (unsigned long long)all.stored,
                  (unsigned long long)all.removed);
-    if (t.bad || t.cleared != 1 || t.stored != 2u * CHAINS * CHAIN ||
-        t.removed != 2u * CHAINS * CHAIN || t.chains != 2u * CHAINS || es.dropped)
+    /* A subscriber that joined late (its first batch is not 0: the
+     * subscription reached the PUB after the 300 ms above, on a loaded
+     * machine) saw a gap-free tail; the replay above holds the rest. */
+    bool whole = t.first_seq == 0;
+    if (t.bad || t.cleared != 1 || es.dropped ||
+        (whole && (t.stored != 2u * CHAINS * CHAIN || t.removed != 2u * CHAINS * CHAIN ||
+                   t.chains != 2u * CHAINS)))
         fail_msg("bad=%d cleared=%llu stored=%llu removed=%llu chains=%llu dropped=%llu", t.bad,
                  (unsigned long long)t.cleared, (unsigned long long)t.stored,
                  (unsigned long long)t.removed, (unsigned long long)t.chains,
