@@ -65,7 +65,7 @@ static int status_main(int argc, char **argv)
     if (!redis || timeout < 1 || timeout > 600000) return usage(stderr, 2);
     char node[KVT_DIR_NODE_MAX];
     snprintf(node, sizeof node, "kvtier-cli-%ld", (long)getpid());
-    kvt_dir_config dc = {.redis = redis, .prefix = prefix, .node = node, .advertise = "0.0.0.0:0",
+    kvt_dir_config dc = {.redis = redis, .prefix = prefix, .node = node, 
                          .lease_ms = 100, .timeout_ms = (uint32_t)timeout, .watch_only = true};
     kvt_dir *d = NULL;
     kvt_status st = kvt__dir_open(&d, &dc);

@@ -7,6 +7,7 @@ requests. Faults: a holder SIGKILLed is a miss within the pull deadline; a
 Redis that goes away costs no local hit and, once back, gets the nodes'
 holdings again; a peer without the cluster secret pulls nothing; a
 restarted node's earlier entries are never served."""
+import json
 import os
 import shutil
 import signal
@@ -17,7 +18,7 @@ import time
 import unittest
 
 from _util import skip_if_unloadable
-from test_client import start_server, stop_server, worker
+from test_client import kvtier_bin, start_server, stop_server, worker
 
 BLOCKS = 4  # client_worker.py's request: 4 blocks
 
@@ -122,6 +123,37 @@ class Cluster(unittest.TestCase):
         # b holds it now too: c can get it from either, and a itself still hits
         self.load_until_hit("c", 11)
         self.load_until_hit("a", 11)
+
+    def test_cluster_status_lists_every_node_with_its_epoch(self):
+        redis = "127.0.0.1:%d" % self.redis.port
+        r = subprocess.run([kvtier_bin(), "cluster", "status", "--redis", redis, "--json"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rep = json.loads(r.stdout)
+        self.assertEqual(rep["node_count"], 3, rep)
+        nodes = {n["node"]: n for n in rep["nodes"]}
+        self.assertEqual(set(nodes), {"node-a", "node-b", "node-c"})
+        for n in nodes.values():
+            self.assertGreaterEqual(n["epoch"], 1)
+            self.assertGreater(n["lease_left_ms"], 0)
+            self.assertRegex(n["addr"], r"^127\.0\.0\.1:\d+$")
+        self.assertIn(redis, rep["topology"])
+        # a restart bumps the node's epoch; the reader itself never joined
+        stop_server(self.nodes["a"])
+        self.start_node("a")
+        rep2 = json.loads(subprocess.run([kvtier_bin(), "cluster", "status", "--redis", redis,
+                                          "--json"], capture_output=True, text=True,
+                                         timeout=30).stdout)
+        again = {n["node"]: n for n in rep2["nodes"]}
+        self.assertEqual(again["node-a"]["epoch"], nodes["node-a"]["epoch"] + 1)
+        self.assertEqual(rep2["node_count"], 3)
+        text = subprocess.run([kvtier_bin(), "cluster", "status", "--redis", redis],
+                              capture_output=True, text=True, timeout=30).stdout
+        self.assertIn("node-b", text)
+        bad = subprocess.run([kvtier_bin(), "cluster", "status", "--redis", "127.0.0.1:1"],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn("127.0.0.1:1", bad.stderr)
 
     def test_keyed_requests_are_pulled_too(self):
         s = worker(self.sock("b"), "store", 12, keyed=True)

@@ -976,10 +976,13 @@ static kvt_status check_config(kvt_dir *d, const kvt_dir_config *cfg)
         return kvt__fail(KVT_EINVAL, "cluster directory: node \"%s\" is not 1..%d bytes of [A-Za-z0-9._-]",
                          cfg->node ? cfg->node : "(null)", KVT_DIR_NODE_MAX - 1);
     strcpy(d->node, cfg->node);
-    if (!cfg->advertise || !addr_split(cfg->advertise, strlen(cfg->advertise), NULL, 0, NULL))
+    if (cfg->watch_only && !cfg->advertise) {
+        d->advertise[0] = 0; /* a reader advertises nothing */
+    } else if (!cfg->advertise || !addr_split(cfg->advertise, strlen(cfg->advertise), NULL, 0, NULL))
         return kvt__fail(KVT_EINVAL, "cluster directory: advertise \"%s\" is not host:port (under %d bytes)",
                          cfg->advertise ? cfg->advertise : "(null)", KVT_DIR_ADDR_MAX);
-    strcpy(d->advertise, cfg->advertise);
+    else
+        strcpy(d->advertise, cfg->advertise);
     if (cfg->lease_ms < 100)
         return kvt__fail(KVT_EINVAL, "cluster directory: lease_ms is %u (want >= 100)", cfg->lease_ms);
     if (cfg->timeout_ms < 1) return kvt__fail(KVT_EINVAL, "cluster directory: timeout_ms is 0 (want >= 1)");

@@ -48,7 +48,7 @@ typedef struct kvt_dir_config {
     const char *password;   /* Redis AUTH; NULL or "": none */
     const char *prefix;     /* key prefix; NULL: "kvt:" */
     const char *node;       /* this node's id: [A-Za-z0-9._-], 1..63 bytes */
-    const char *advertise;  /* "host:port" where peers pull from this node */
+    const char *advertise;  /* "host:port" where peers pull from this node (NULL if watch_only) */
     uint32_t lease_ms;      /* >= 100 */
     uint32_t timeout_ms;    /* one round trip's deadline, >= 1 */
     bool watch_only;        /* a reader (kvtier cluster status): no epoch, no lease */

@@ -718,6 +718,69 @@ static void test_metrics_unlistenable(void **state)
 }
 
 /* ------------------------------------------------------------------ */
+/* The cluster tier's join: every refusal names what is wrong          */
+
+/* A server made for the join (not run): cluster options set by the caller. */
+static kvt_server *cluster_server(const scratch *sd, const char *const *opts)
+{
+    kvt_config *cfg = kvt_test_small_config(NULL);
+    assert_ok(kvt_config_set(cfg, "server_socket", sd->sock));
+    for (uint32_t i = 0; opts[i]; i += 2) assert_ok(kvt_config_set(cfg, opts[i], opts[i + 1]));
+    kvt_geometry *g = kvt_test_small_geo();
+    kvt_server *s = NULL;
+    assert_ok(kvt_server_create(&s, cfg, g));
+    kvt_config_destroy(cfg);
+    kvt_geometry_destroy(g);
+    return s;
+}
+
+static void test_cluster_join_refusals(void **state)
+{
+    (void)state;
+    scratch sd;
+    scratch_init(&sd, "apicluster");
+    kvt_cluster *cl = (kvt_cluster *)(uintptr_t)1;
+    EXPECT_ERR(kvt_cluster_join(NULL, &cl), KVT_EINVAL, "kvt_cluster_join", "srv is NULL");
+    assert_null(cl);
+    kvt_cluster_counters cc;
+    EXPECT_ERR(kvt_cluster_stats(NULL, &cc), KVT_EINVAL, "kvt_cluster_stats", "cl");
+    kvt_cluster_leave(NULL);
+
+    const char *none[] = {NULL};
+    kvt_server *s = cluster_server(&sd, none);
+    EXPECT_ERR(kvt_cluster_join(s, NULL), KVT_EINVAL, "kvt_cluster_join", "out is NULL");
+    EXPECT_ERR(kvt_cluster_join(s, &cl), KVT_EINVAL, "kvt_cluster_join", "cluster_redis");
+    kvt_server_destroy(s);
+
+    /* off loopback without a secret: refused before anything listens */
+    const char *open_net[] = {"cluster_redis", "127.0.0.1:1", "cluster_listen", "0.0.0.0:0", NULL};
+    s = cluster_server(&sd, open_net);
+    EXPECT_ERR(kvt_cluster_join(s, &cl), KVT_EINVAL, "kvt_cluster_join", "cluster_secret_file",
+               "0.0.0.0:0");
+    kvt_server_destroy(s);
+
+    const char *bad_listen[] = {"cluster_redis", "127.0.0.1:1", "cluster_listen", "nowhere", NULL};
+    s = cluster_server(&sd, bad_listen);
+    EXPECT_ERR(kvt_cluster_join(s, &cl), KVT_EINVAL, "cluster_listen", "nowhere");
+    kvt_server_destroy(s);
+
+    const char *bad_node[] = {"cluster_redis", "127.0.0.1:1", "cluster_node", "a b", NULL};
+    s = cluster_server(&sd, bad_node);
+    EXPECT_ERR(kvt_cluster_join(s, &cl), KVT_EINVAL, "node", "a b");
+    kvt_server_destroy(s);
+
+    /* no Redis there: refused within the pull deadline, naming the address */
+    const char *no_redis[] = {"cluster_redis", "127.0.0.1:1", "cluster_node", "n1", NULL};
+    s = cluster_server(&sd, no_redis);
+    uint64_t t0 = kvt__now_ns();
+    EXPECT_ERR(kvt_cluster_join(s, &cl), KVT_ECONN, "127.0.0.1:1");
+    assert_true(kvt__now_ns() - t0 < 5000000000ull);
+    assert_null(cl);
+    kvt_server_destroy(s);
+    END_CHECKS();
+}
+
+/* ------------------------------------------------------------------ */
 /* No io_uring: the SSD tier told to use it cannot start                */
 
 #if defined(__x86_64__)
@@ -798,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_server_reads_auth),
         cmocka_unit_test(test_layer_events),
         cmocka_unit_test(test_no_io_uring),
+        cmocka_unit_test(test_cluster_join_refusals),
         cmocka_unit_test(test_metrics_unlistenable),
         cmocka_unit_test(test_client_refuses_answers),
         cmocka_unit_test(test_tasks_end_before_end_answer),
