@@ -18,7 +18,7 @@ import tempfile
 
 K, SRC = sys.argv[1], sys.argv[2]
 # Subcommands that take a second word.
-TWO_WORD = {"pd", "bench", "trace"}
+TWO_WORD = {"pd", "bench", "trace", "cluster"}
 failures = []
 
 
