@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <hiredis/hiredis.h>
 
 #include "util/clock.h"
 
@@ -54,20 +55,91 @@ bool cp_wait_file(const char *path, pid_t pid, uint32_t ms)
     return true;
 }
 
-pid_t cp_start_redis(const char *dir, uint16_t port, const char *log)
+/* redis-server with argv (its pid file, which it writes once it listens,
+ * is pidfile). */
+static pid_t start_and_wait(char *const argv[], const char *pidfile, uint16_t port, const char *log)
 {
-    char p[16], pidfile[512];
-    snprintf(p, sizeof p, "%u", port);
-    snprintf(pidfile, sizeof pidfile, "%s/redis-%u.pid", dir, port);
     unlink(pidfile);
-    char *argv[] = {"redis-server", "--port", p, "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly", "no", "--dir", (char *)dir, "--pidfile", pidfile, NULL};
     pid_t pid = cp_spawn_logged(log, argv);
     if (pid > 0 && cp_wait_file(pidfile, pid, 20000)) return pid;
     if (pid > 0) cp_kill_wait(&pid, SIGKILL);
     fprintf(stderr, "redis-server did not start on port %u (Debian's redis-server: run "
             "scripts/deps.sh; its log: %s)\n", port, log);
     return -1;
+}
+
+static pid_t start_redis_as(const char *dir, uint16_t port, const char *log, const char *of)
+{
+    char p[16], pidfile[512];
+    snprintf(p, sizeof p, "%u", port);
+    snprintf(pidfile, sizeof pidfile, "%s/redis-%u.pid", dir, port);
+    char *argv[] = {"redis-server", "--port", p, "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--dir", (char *)dir, "--pidfile", pidfile,
+                    of ? "--replicaof" : NULL, (char *)of, NULL};
+    return start_and_wait(argv, pidfile, port, log);
+}
+
+pid_t cp_start_redis(const char *dir, uint16_t port, const char *log)
+{
+    return start_redis_as(dir, port, log, NULL);
+}
+
+pid_t cp_start_replica(const char *dir, uint16_t port, uint16_t primary, const char *log)
+{
+    char of[32];
+    snprintf(of, sizeof of, "127.0.0.1 %u", primary);
+    return start_redis_as(dir, port, log, of);
+}
+
+pid_t cp_start_sentinel(const char *dir, uint16_t port, const char *name, uint16_t primary,
+                        const char *log)
+{
+    char conf[512], pidfile[512];
+    snprintf(conf, sizeof conf, "%s/sentinel-%u.conf", dir, port);
+    snprintf(pidfile, sizeof pidfile, "%s/sentinel-%u.pid", dir, port);
+    FILE *f = fopen(conf, "w");
+    if (!f) return -1;
+    fprintf(f, "port %u\nbind 127.0.0.1\ndir %s\npidfile %s\nsentinel monitor %s 127.0.0.1 %u 1\n"
+            "sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\n",
+            port, dir, pidfile, name, primary, name, name);
+    fclose(f);
+    char *argv[] = {"redis-server", conf, "--sentinel", NULL};
+    return start_and_wait(argv, pidfile, port, log);
+}
+
+static redisReply *command(uint16_t port, const char *cmd)
+{
+    struct timeval tv = {2, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisReply *r = NULL;
+    if (c && !c->err && redisSetTimeout(c, tv) == REDIS_OK) r = redisCommand(c, cmd);
+    if (c) redisFree(c);
+    return r;
+}
+
+uint16_t cp_sentinel_primary(uint16_t sport, const char *name)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "SENTINEL get-master-addr-by-name %s", name);
+    redisReply *r = command(sport, cmd);
+    uint16_t port = 0;
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[1]->str)
+        port = (uint16_t)atoi(r->element[1]->str);
+    if (r) freeReplyObject(r);
+    return port;
+}
+
+bool cp_sentinel_ready(uint16_t sport, const char *name, uint16_t replica)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "SENTINEL replicas %s", name);
+    redisReply *r = command(sport, cmd);
+    bool known = r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1;
+    if (r) freeReplyObject(r);
+    r = command(replica, "INFO replication");
+    bool sync = r && r->type == REDIS_REPLY_STRING && strstr(r->str, "master_link_status:up");
+    if (r) freeReplyObject(r);
+    return known && sync;
 }
 
 void cp_kill_wait(pid_t *pid, int sig)

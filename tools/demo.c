@@ -71,9 +71,10 @@ static int usage(FILE *to)
             "--server: a kvtier serve process and two engine instances of TP 2 (four client\n"
             "processes) sharing system prompts through it; one instance is SIGKILLed and\n"
             "restarted, then the server itself; every loaded byte is verified.\n"
-            "--cluster: a redis-server and three kvtier serve nodes sharing blocks through it\n"
-            "(docs/cluster.md), two engines behind a random router; a node is SIGKILLed and\n"
-            "restarted, then Redis; cross-node hits counted, every loaded byte verified.\n");
+            "--cluster: Redis (primary, replica, Sentinel) and three kvtier serve nodes sharing\n"
+            "blocks through it (docs/cluster.md), two engines behind a random router; a node is\n"
+            "SIGKILLed and restarted, then the Redis primary (the Sentinel fails over);\n"
+            "cross-node hits counted, every loaded byte verified.\n");
     return to == stdout ? 0 : 2;
 }
 
