@@ -313,24 +313,22 @@ static kvt_status send_answer(kvt_stream *s, int32_t status, uint32_t n, uint64_
     return kvt__stream_send(s, hdr, sizeof hdr, dl);
 }
 
-/* The n blocks at offsets (of the shard's memfd), with their sums. */
+/* The n blocks at offsets (of the shard's memfd), then their sums: each
+ * block hashed right before it is sent, so the send copies it from cache. */
 static kvt_status send_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint64_t *offsets,
                               uint32_t first, uint32_t n, uint64_t dl)
 {
     uint64_t bb = sh->shm.block_bytes;
     uint64_t *sums = malloc((size_t)n * sizeof *sums);
     if (!sums) return kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
-    for (uint32_t i = 0; i < n; i++)
-        sums[i] = kvt__pull_block_sum(sh->shm.base + offsets[i], bb, first + i);
     kvt_status st = send_answer(s, KVT_OK, n, bb, dl);
+    for (uint32_t i = 0; i < n && !st; i++) {
+        const uint8_t *b = sh->shm.base + offsets[i];
+        sums[i] = kvt__pull_block_sum(b, bb, first + i);
+        st = kvt__stream_send(s, b, (size_t)bb, dl);
+    }
     if (!st) st = kvt__stream_send(s, sums, (size_t)n * sizeof *sums, dl);
     free(sums);
-    struct iovec iov[CL_IOV];
-    for (uint32_t i = 0; i < n && !st; i += CL_IOV) {
-        uint32_t k = n - i < CL_IOV ? n - i : CL_IOV;
-        for (uint32_t j = 0; j < k; j++) iov[j] = (struct iovec){sh->shm.base + offsets[i + j], bb};
-        st = s->ops->sendv(s, iov, (int)k, dl);
-    }
     return st;
 }
 
@@ -600,22 +598,49 @@ static kvt_status send_fetch(kvt_stream *s, const kvt_request *req, uint64_t spa
     return st;
 }
 
-/* Receives n blocks into the store task's slots and checks them. */
+/* Hashes each block of a receive once it landed whole (recvv_landed's
+ * callback: the bytes are still in cache). */
+typedef struct landing {
+    const uint8_t *const *block; /* this receive's blocks */
+    uint64_t bytes;              /* each block's */
+    uint32_t n, done, first;     /* blocks, hashed so far, the first's number */
+    uint64_t *sums;              /* out: one per block */
+} landing;
+
+static void on_landed(void *arg, size_t got)
+{
+    landing *l = arg;
+    while (l->done < l->n && got >= (size_t)(l->done + 1) * l->bytes) {
+        l->sums[l->done] = kvt__pull_block_sum(l->block[l->done], l->bytes, l->first + l->done);
+        l->done++;
+    }
+}
+
+/* Receives n blocks into the store task's slots, hashing each as it lands,
+ * then the peer's sums, and compares them. */
 static kvt_status recv_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint64_t *off,
                               uint32_t first, uint32_t n, uint64_t dl, const char *addr)
 {
     uint64_t bb = sh->shm.block_bytes;
-    uint64_t *sums = malloc((size_t)n * sizeof *sums);
+    uint64_t *sums = malloc((size_t)n * 2 * sizeof *sums), *mine = sums ? sums + n : NULL;
     if (!sums) return kvt__fail(KVT_ENOMEM, "cluster: out of memory pulling");
-    kvt_status st = kvt__stream_recv(s, sums, (size_t)n * sizeof *sums, dl);
+    kvt_status st = KVT_OK;
     struct iovec iov[CL_IOV];
+    const uint8_t *blk[CL_IOV];
     for (uint32_t i = 0; i < n && !st; i += CL_IOV) {
         uint32_t k = n - i < CL_IOV ? n - i : CL_IOV;
-        for (uint32_t j = 0; j < k; j++) iov[j] = (struct iovec){sh->shm.base + off[i + j], bb};
-        st = s->ops->recvv(s, iov, (int)k, dl);
+        for (uint32_t j = 0; j < k; j++) {
+            blk[j] = sh->shm.base + off[i + j];
+            iov[j] = (struct iovec){(void *)blk[j], bb};
+        }
+        landing l = {blk, bb, k, 0, first + i, mine + i};
+        st = kvt__stream_recvv_landed(s, iov, (int)k, dl, on_landed, &l);
+        if (!st && l.done != k)
+            st = kvt__fail(KVT_EPROTO, "cluster: a receive from %s ended before its blocks", addr);
     }
+    if (!st) st = kvt__stream_recv(s, sums, (size_t)n * sizeof *sums, dl);
     for (uint32_t i = 0; i < n && !st; i++)
-        if (kvt__pull_block_sum(sh->shm.base + off[i], bb, first + i) != sums[i])
+        if (mine[i] != sums[i])
             st = kvt__fail(KVT_ECORRUPT, "cluster: block %u pulled from %s failed its checksum",
                            first + i, addr);
     free(sums);

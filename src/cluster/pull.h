@@ -15,8 +15,10 @@
  *     u32 magic, i32 status (KVT_OK, or why nothing follows), u32 n (the
  *     leading blocks of those asked the peer holds and sends, <= count),
  *     u32 reserved, u64 block_bytes (the peer's; must be the puller's)
- *   then n checksums (u64: XXH3-64 of block first + i, seeded with
- *   first + i), then the n blocks' bytes.
+ *   then the n blocks' bytes, then n checksums (u64: XXH3-64 of block
+ *   first + i, seeded with first + i): a trailer, so the peer hashes each
+ *   block as it sends it and the puller as it lands, both while the bytes
+ *   are in cache, instead of a pass over the whole run before and after.
  * Integers are little-endian. The peer pins the blocks while it sends. */
 #ifndef KVT_CLUSTER_PULL_H
 #define KVT_CLUSTER_PULL_H
@@ -25,7 +27,7 @@
 #include "kvtier.h"
 
 #define KVT_PULL_MAGIC 0x5043564bu /* "KVCP" */
-#define KVT_PULL_VERSION 1
+#define KVT_PULL_VERSION 2 /* 2: checksums after the blocks */
 #define KVT_PULL_FETCH 1
 #define KVT_PULL_REQ_HDR 32
 #define KVT_PULL_REP_HDR 24
