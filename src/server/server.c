@@ -318,7 +318,9 @@ void kvt__srv_set_hooks(kvt_server *s, const kvt_srv_hooks *h)
     pthread_mutex_lock(&s->shard_mu);
     uint32_t n = atomic_load(&s->nshards);
     for (uint32_t i = 0; i < n; i++) kvt__cache_observe_index(s->shards[i]->cache, NULL, NULL);
+    pthread_mutex_lock(&s->hooks_mu);
     s->hooks = h ? *h : (kvt_srv_hooks){0};
+    pthread_mutex_unlock(&s->hooks_mu);
     for (uint32_t i = 0; i < n; i++) {
         kvt_srv_shard *sh = s->shards[i];
         if (!sh->events.ev && !s->hooks.observe) continue;
@@ -494,7 +496,9 @@ static void srv_metrics(kvt_mbuf *b, void *arg)
     else b->failed = true;
     free(v);
     kvt__metrics_quotas(b, s->quota);
+    pthread_mutex_lock(&s->hooks_mu);
     if (s->hooks.metrics) s->hooks.metrics(s->hooks.arg, b);
+    pthread_mutex_unlock(&s->hooks_mu);
 }
 
 kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo)
@@ -508,6 +512,7 @@ kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_
     s->listen_fd = s->lock_fd = s->stop_pipe[0] = s->stop_pipe[1] = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->shard_mu, NULL);
+    pthread_mutex_init(&s->hooks_mu, NULL);
     kvt_status st = build(s, cfg, geo);
     if (st) {
         if (s->listen_fd >= 0) unlink(s->path);
@@ -852,5 +857,6 @@ void kvt_server_destroy(kvt_server *s)
     kvt__srv_secret_free(s->secret, s->secret_len);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->shard_mu);
+    pthread_mutex_destroy(&s->hooks_mu);
     free(s);
 }

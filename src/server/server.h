@@ -156,6 +156,8 @@ struct kvt_server {
     struct kvt_quota *quota; /* server_quotas, every shard's; NULL without rules */
     kvt_events *events;      /* events_endpoint's publisher, or NULL */
     kvt_srv_hooks hooks;     /* kvt__srv_set_hooks's; zero: none */
+    pthread_mutex_t hooks_mu; /* hooks' writes, and a scrape's call of hooks.metrics (the
+                               * metrics thread runs while the hooks are set or cleared) */
     uint8_t *secret;     /* server_secret_file's bytes (sodium_malloc), or NULL */
     size_t secret_len;
     atomic_int state; /* 0 created, 1 running, 2 stopped */
