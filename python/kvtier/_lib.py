@@ -209,6 +209,9 @@ _PROTOS = {
     "kvt_client_poll": (_st, [_H, POINTER(TaskResult), c_uint32, POINTER(c_uint32)]),
     "kvt_client_stats": (_st, [_H, POINTER(CacheStats)]),
     "kvt_client_flush": (_st, [_H, c_int64]),
+    "kvt_server_tier_stats": (_st, [c_char_p, _H, c_int64, c_void_p, c_uint32,
+                                    POINTER(c_uint32)]),
+    "kvt_server_quotas": (_st, [c_char_p, c_int64, c_void_p, c_uint32, POINTER(c_uint32)]),
     "kvt_client_clear": (_st, [_H, c_void_p, c_uint32, POINTER(c_uint32), POINTER(c_uint32)]),
     "kvt_emu_create": (_st, [_PH, _H, c_uint32]),
     "kvt_emu_destroy": (None, [_H]),
@@ -330,6 +333,30 @@ _stats_size = lib.kvt_abi_struct_size(b"kvt_cache_stats")
 if _stats_size > ctypes.sizeof(CacheStats):
     raise ImportError("kvtier: %s has a kvt_cache_stats of %d bytes, more than this binding "
                       "reserves" % (LIB_PATH, _stats_size))
+
+
+class QuotaUsage(Structure):
+    """kvt_quota_usage: one server_quotas rule and its use."""
+    _fields_ = [("prefix", ctypes.c_char * 256), ("limit_bytes", c_uint64),
+                ("used_bytes", c_uint64), ("limited_blocks", c_uint64),
+                ("evicted_blocks", c_uint64)]
+
+
+class TierStats(Structure):
+    """kvt_tier_stats: one tier (geometry and block size) of a node server;
+    its kvt_cache_stats exactly as the library lays it out (the names of
+    the first len(STATS_FIELDS) words are STATS_FIELDS)."""
+    _fields_ = [("geometry", ctypes.c_char * 24), ("num_layers", c_uint32),
+                ("tokens_per_page", c_uint32), ("block_tokens", c_uint32),
+                ("bytes_per_token", c_uint64),
+                ("stats", c_uint64 * (lib.kvt_abi_struct_size(b"kvt_cache_stats") // 8))]
+
+
+for _cname, _pyt in (("kvt_quota_usage", QuotaUsage), ("kvt_tier_stats", TierStats)):
+    if lib.kvt_abi_struct_size(_cname.encode()) != ctypes.sizeof(_pyt):
+        raise ImportError("kvtier: %s has sizeof(%s) = %d but this binding expects %d"
+                          % (LIB_PATH, _cname, lib.kvt_abi_struct_size(_cname.encode()),
+                             ctypes.sizeof(_pyt)))
 
 
 def cstr(b):

@@ -15,7 +15,7 @@ import time
 
 from . import _lib
 from ._arrays import as_request, ns_bytes, timeout_ms, u32_array, u32_ptr, uint
-from ._handle import Handle
+from ._handle import Handle, call
 from .cache import Match, StorePlan, _result, register_memory
 from .config import Geometry
 from .errors import STATUS, ConnectionFailure, KvtierError, check, invalid
@@ -310,3 +310,50 @@ class DeferredClient:
 
     def __getattr__(self, name):
         return getattr(self._client(), name)
+
+
+def _read_all(fn, what, struct, args, max_entries):
+    """Calls fn(*args, out, max, &count) once with room for max_entries,
+    again with room for count if the server has more; the entries."""
+    for _ in range(2):
+        arr = (struct * max(1, max_entries))()
+        count = ctypes.c_uint32()
+        check(call(fn, *args, ctypes.cast(arr, ctypes.c_void_p), max_entries,
+                   ctypes.byref(count)))
+        if count.value <= max_entries:
+            return [arr[i] for i in range(count.value)]
+        max_entries = count.value
+    raise KvtierError(STATUS["EFULL"], "%s: the server's list kept growing" % what)
+
+
+def server_tiers(socket, geometry=None, timeout=5.0):
+    """The tiers of the node server at ``socket`` (kvt_server_tier_stats):
+    one dict per geometry and block size (``geometry`` id, ``num_layers``,
+    ``tokens_per_page``, ``block_tokens``, ``bytes_per_token`` and its
+    ``stats``), on a connection that never attaches, so it works for any
+    geometry the server holds. ``geometry`` (a Geometry) keeps only that
+    geometry's tiers (NotFound, naming the ids it holds, when none)."""
+    path = socket.encode() if isinstance(socket, str) else socket
+    if geometry is not None and not isinstance(geometry, Geometry):
+        raise invalid("server_tiers: geometry must be a kvtier.Geometry or None")
+    out = []
+    for t in _read_all(lib.kvt_server_tier_stats, "server_tiers", _lib.TierStats,
+                       (path, geometry, timeout_ms(timeout)), 8):
+        stats = {k: t.stats[i] for i, k in enumerate(_lib.STATS_FIELDS) if i < len(t.stats)}
+        out.append({"geometry": t.geometry.decode(), "num_layers": t.num_layers,
+                    "tokens_per_page": t.tokens_per_page, "block_tokens": t.block_tokens,
+                    "bytes_per_token": t.bytes_per_token, "stats": stats})
+    return out
+
+
+def server_quotas(socket, timeout=5.0):
+    """The server_quotas rules of the node server at ``socket`` and their
+    use now (kvt_server_quotas): one dict per rule (``prefix``,
+    ``limit_bytes``, ``used_bytes``, ``limited_blocks``,
+    ``evicted_blocks``); [] for a server without quotas."""
+    path = socket.encode() if isinstance(socket, str) else socket
+    return [{"prefix": q.prefix.decode("utf-8", "replace"), "limit_bytes": q.limit_bytes,
+             "used_bytes": q.used_bytes, "limited_blocks": q.limited_blocks,
+             "evicted_blocks": q.evicted_blocks}
+            for q in _read_all(lib.kvt_server_quotas, "server_quotas", _lib.QuotaUsage,
+                               (path, timeout_ms(timeout)), 16)]
