@@ -35,6 +35,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def port_free(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
 def redis_ping(port):
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
@@ -82,11 +91,14 @@ class Cluster(unittest.TestCase):
         self.redis.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def redis_url(self):
+        return "127.0.0.1:%d" % self.redis.port
+
     def sock(self, name):
         return os.path.join(self.dir, name + ".sock")
 
     def start_node(self, name, secret=None):
-        extra = ["--set", "cluster_redis=127.0.0.1:%d" % self.redis.port,
+        extra = ["--set", "cluster_redis=" + self.redis_url(),
                  "--set", "cluster_node=node-" + name, "--set", "cluster_lease_ms=1500",
                  "--set", "cluster_pull_ms=2000", "--set", "log_level=info"]
         secret = secret or self.secret
@@ -203,6 +215,105 @@ class Cluster(unittest.TestCase):
         r = worker(self.sock("b"), "load", 17)
         self.assertEqual(r["matched"], 0, r)
         self.assertEqual(r.get("mismatches", 0), 0, r)
+
+
+class RedisClusterMode:
+    """Three redis-server processes in cluster mode (no replicas), joined
+    with redis-cli --cluster create: the directory's keys spread over three
+    shards by slot."""
+
+    def __init__(self, d):
+        self.dir, self.procs = d, []
+        self.ports = []
+        # distinct (a port just freed may come back), each with its cluster
+        # bus port (10000 higher, so at most 55535) free too
+        while len(self.ports) < 3:
+            p = free_port()
+            if p <= 55535 and p not in self.ports and port_free(p + 10000):
+                self.ports.append(p)
+
+    def start(self):
+        log = open(os.path.join(self.dir, "redis-cluster.log"), "ab")
+        for p in self.ports:
+            self.procs.append(subprocess.Popen(
+                ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", self.dir, "--cluster-enabled", "yes",
+                 "--cluster-config-file", "nodes-%d.conf" % p],
+                stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+        deadline = time.monotonic() + 30
+        while not all(redis_ping(p) for p in self.ports):
+            if time.monotonic() > deadline:
+                with open(os.path.join(self.dir, "redis-cluster.log")) as f:
+                    raise AssertionError("redis-server (cluster mode) did not start on %s:\n%s"
+                                         % (self.ports, f.read()[-3000:]))
+            time.sleep(0.05)
+        r = subprocess.run(["redis-cli", "--cluster", "create"] +
+                           ["127.0.0.1:%d" % p for p in self.ports] +
+                           ["--cluster-replicas", "0", "--cluster-yes"],
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise AssertionError("redis-cli --cluster create failed:\n" + r.stdout + r.stderr)
+        deadline = time.monotonic() + 30
+        while True:  # every primary agrees, else a node's first call meets CLUSTERDOWN
+            infos = [subprocess.run(["redis-cli", "-p", str(p), "cluster", "info"],
+                                    capture_output=True, text=True, timeout=10).stdout
+                     for p in self.ports]
+            if all("cluster_state:ok" in i for i in infos):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError("the Redis Cluster never reached cluster_state:ok")
+            time.sleep(0.1)
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+    def url(self):
+        return "cluster://" + ",".join("127.0.0.1:%d" % p for p in self.ports)
+
+
+class ClusterModeCluster(Cluster):
+    """The same nodes and engines with the directory in a Redis Cluster of
+    three primaries (keys routed by slot, one pipeline per shard)."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kvtcl")
+        self.redis = RedisClusterMode(self.dir)
+        self.addCleanup(self.redis.stop)  # also when a later step of setUp fails
+        self.redis.start()
+        self.nodes = {}
+        for name in ("a", "b", "c"):
+            self.start_node(name)
+
+    def redis_url(self):
+        return self.redis.url()
+
+    def test_redis_down_keeps_local_hits_and_republishes_when_back(self):
+        """Here: the status names the Cluster, and with every primary killed
+        local hits go on."""
+        r = subprocess.run([kvtier_bin(), "cluster", "status", "--redis", self.redis.url(),
+                            "--json"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rep = json.loads(r.stdout)
+        self.assertIn("3", rep["topology"])
+        self.assertEqual(rep["node_count"], 3)
+        worker(self.sock("a"), "store", 19)
+        self.load_until_hit("b", 19)
+        self.redis.stop()
+        w = worker(self.sock("a"), "store", 20)
+        self.assertEqual(w["status"], 0, w)
+        r = worker(self.sock("a"), "load", 20)
+        self.assertEqual(r["matched"], BLOCKS * r["block_tokens"], r)
+        self.assertEqual(r["mismatches"], 0, r)
+
+    def test_cluster_status_lists_every_node_with_its_epoch(self):
+        rep = json.loads(subprocess.run([kvtier_bin(), "cluster", "status", "--redis",
+                                         self.redis.url(), "--json"], capture_output=True,
+                                        text=True, timeout=30).stdout)
+        self.assertEqual({n["node"] for n in rep["nodes"]}, {"node-a", "node-b", "node-c"})
 
 
 class SecretCluster(Cluster):
