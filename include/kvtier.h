@@ -725,11 +725,13 @@ typedef struct kvt_cluster_counters {
  * and starts its threads. KVT_EINVAL: cluster_redis empty, a malformed
  * option (named), or a cluster_listen off loopback without
  * cluster_secret_file; KVT_ESTATE: srv already runs, or already joined;
- * KVT_ECONN: Redis does not answer within half of cluster_pull_ms (at most
- * 1 s; the message names it); KVT_EIO/KVT_EPROTO: Redis answered an error
- * or something unexpected (quoted); KVT_EFULL: a Redis Cluster of more
- * than 64 primaries; KVT_ESYS: cluster_listen cannot be bound (why). The
- * caller owns *out: leave after kvt_server_run returned and before
+ * KVT_EIO/KVT_EPROTO: Redis answered an error or something unexpected
+ * (quoted); KVT_EFULL: a Redis Cluster of more than 64 primaries;
+ * KVT_ESYS: cluster_listen cannot be bound (why). A Redis that does not
+ * answer (within half of cluster_pull_ms, at most 1 s) is no error: the
+ * node serves its local tiers, logs one line, and joins (a new epoch, its
+ * holdings published) when Redis answers, retried with backoff up to 5 s.
+ * The caller owns *out: leave after kvt_server_run returned and before
  * kvt_server_destroy. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ESTATE, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN. */
 kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out);

@@ -206,6 +206,18 @@ class Cluster(unittest.TestCase):
         self.redis.start()  # empty: every node republishes what it holds
         self.load_until_hit("b", 16, timeout=15.0)
 
+    def test_a_node_started_while_redis_is_down_joins_when_it_is_back(self):
+        self.redis.stop()
+        self.start_node("d")  # serves at once, its local tiers only
+        w = worker(self.sock("d"), "store", 21)
+        self.assertEqual(w["status"], 0, w)
+        self.assertEqual(worker(self.sock("d"), "load", 21)["matched"],
+                         BLOCKS * w["block_tokens"])
+        self.assertIn("joins when it answers", self.log("d"))
+        self.redis.start()
+        self.load_until_hit("b", 21, timeout=15.0)  # d joined and published what it held
+        self.assertIn("joined the directory", self.log("d"))
+
     def test_a_restarted_node_never_serves_its_earlier_life(self):
         worker(self.sock("a"), "store", 17)
         time.sleep(0.3)
@@ -234,7 +246,11 @@ class RedisClusterMode:
 
     def start(self):
         log = open(os.path.join(self.dir, "redis-cluster.log"), "ab")
-        for p in self.ports:
+        self.procs = []
+        for p in self.ports:  # a restart is a new, empty cluster (as start() was)
+            conf = os.path.join(self.dir, "nodes-%d.conf" % p)
+            if os.path.exists(conf):
+                os.unlink(conf)
             self.procs.append(subprocess.Popen(
                 ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--save", "",
                  "--appendonly", "no", "--dir", self.dir, "--cluster-enabled", "yes",

@@ -83,7 +83,12 @@ typedef struct cl_held {
 struct kvt_cluster {
     kvt_server *srv;
     const kvt_config_values *cfg;
-    kvt_dir *dir;
+    /* NULL until Redis answered: a node whose Redis is away at start serves
+     * its local tiers and the publishing thread opens the directory later
+     * (set once, read by pulls on other threads) */
+    _Atomic(kvt_dir *) dir;
+    kvt_dir_config dcfg; /* what the publishing thread opens it with */
+    uint64_t open_backoff_ns, open_next_ns; /* its retries: 100 ms doubling to 5 s */
     char node[KVT_DIR_NODE_MAX], advertise[KVT_DIR_ADDR_MAX];
     uint8_t *secret;
     size_t secret_len;
@@ -206,8 +211,10 @@ static void cl_observe(void *arg, kvt_srv_shard *sh, kvt_index_event e, const kv
 static void publish_run(kvt_cluster *cl, const cl_event *ev, uint32_t n, kvt_hash128 *h)
 {
     for (uint32_t i = 0; i < n; i++) h[i] = ev[i].h;
-    kvt_status st = ev[0].stored ? kvt__dir_publish(cl->dir, ev[0].space, h, n)
-                                 : kvt__dir_unpublish(cl->dir, ev[0].space, h, n);
+    kvt_dir *d = atomic_load(&cl->dir);
+    if (!d) return; /* held: published once the directory opens */
+    kvt_status st = ev[0].stored ? kvt__dir_publish(d, ev[0].space, h, n)
+                                 : kvt__dir_unpublish(d, ev[0].space, h, n);
     if (st) STAT_ADD(cl, dir_errors, 1);
     else if (ev[0].stored) STAT_ADD(cl, published, n);
     else STAT_ADD(cl, unpublished, n);
@@ -244,8 +251,9 @@ static void publish_all(kvt_cluster *cl, kvt_hash128 *h, bool renew)
             h[n++] = t->v[i].h;
         }
         if (!n) continue;
-        kvt_status st = renew ? kvt__dir_renew(cl->dir, space, h, n)
-                              : kvt__dir_publish(cl->dir, space, h, n);
+        kvt_dir *d = atomic_load(&cl->dir);
+        kvt_status st = !d ? KVT_ECONN : renew ? kvt__dir_renew(d, space, h, n)
+                                               : kvt__dir_publish(d, space, h, n);
         if (st) {
             STAT_ADD(cl, dir_errors, 1);
             return; /* down again: the next generation republishes */
@@ -267,31 +275,68 @@ static uint32_t take_events(kvt_cluster *cl, cl_event *out, uint32_t max, uint64
     return n;
 }
 
+/* Opens the directory a join could not (Redis away at start), at most
+ * once per backoff; true once it is open (then its holdings go out). */
+static bool try_open(kvt_cluster *cl, kvt_hash128 *h)
+{
+    if (atomic_load(&cl->dir)) return true;
+    uint64_t now = kvt__now_ns();
+    if (now < cl->open_next_ns) return false;
+    kvt_dir *d = NULL;
+    if (kvt__dir_open(&d, &cl->dcfg)) {
+        cl->open_backoff_ns = cl->open_backoff_ns ? cl->open_backoff_ns * 2 : 100000000ull;
+        if (cl->open_backoff_ns > 5000000000ull) cl->open_backoff_ns = 5000000000ull;
+        cl->open_next_ns = now + cl->open_backoff_ns;
+        return false;
+    }
+    atomic_store(&cl->dir, d);
+    kvt__log(KVT_LOG_INFO, "cluster: node %s joined the directory %s (epoch %llu): publishing "
+             "%u blocks", cl->node, cl->cfg->cluster_redis,
+             (unsigned long long)kvt__dir_epoch(d), cl->held.n);
+    publish_all(cl, h, false);
+    return true;
+}
+
+/* The lease every lease/3, everything again after a reconnect (Redis may
+ * have lost it), every entry's expiry every 2 leases. */
+static void keep_up(kvt_cluster *cl, kvt_hash128 *h, uint64_t *gen, uint64_t *next_lease,
+                    uint64_t *next_renew)
+{
+    kvt_dir *d = atomic_load(&cl->dir);
+    uint64_t lease_ns = (uint64_t)cl->cfg->cluster_lease_ms * 1000000ull, now = kvt__now_ns();
+    if (now >= *next_lease) {
+        if (kvt__dir_renew(d, 0, NULL, 0)) STAT_ADD(cl, dir_errors, 1);
+        *next_lease = now + lease_ns / 3;
+    }
+    uint64_t g = kvt__dir_generation(d);
+    if (g != *gen && kvt__dir_up(d)) {
+        kvt__log(KVT_LOG_INFO, "cluster: directory back: republishing %u blocks", cl->held.n);
+        *gen = g;
+        if (kvt__dir_renew(d, 0, NULL, 0)) STAT_ADD(cl, dir_errors, 1); /* the lease first */
+        publish_all(cl, h, false);
+    } else if (now >= *next_renew) {
+        publish_all(cl, h, true);
+        *next_renew = now + 2 * lease_ns;
+    }
+}
+
 static void *publish_main(void *arg)
 {
     kvt_cluster *cl = arg;
     cl_event *ev = malloc(CL_QUEUE * sizeof *ev);
     kvt_hash128 *h = malloc(CL_BATCH * sizeof *h);
     uint64_t lease_ns = (uint64_t)cl->cfg->cluster_lease_ms * 1000000ull;
-    uint64_t gen = kvt__dir_generation(cl->dir), next_lease = 0, next_renew = kvt__now_ns() + 2 * lease_ns;
+    kvt_dir *d0 = atomic_load(&cl->dir);
+    uint64_t gen = d0 ? kvt__dir_generation(d0) : 0, next_lease = 0;
+    uint64_t next_renew = kvt__now_ns() + 2 * lease_ns;
     while (ev && h) {
         bool stop = atomic_load(&cl->stopping);
         uint32_t n = take_events(cl, ev, CL_QUEUE, stop ? 0 : CL_PUBLISH_MS * 1000000ull);
+        bool was_open = atomic_load(&cl->dir) != NULL;
         if (n) publish_events(cl, ev, n, h);
-        uint64_t now = kvt__now_ns();
-        if (now >= next_lease) {
-            if (kvt__dir_renew(cl->dir, 0, NULL, 0)) STAT_ADD(cl, dir_errors, 1);
-            next_lease = now + lease_ns / 3;
-        }
-        uint64_t g = kvt__dir_generation(cl->dir);
-        if (g != gen && kvt__dir_up(cl->dir)) {
-            kvt__log(KVT_LOG_INFO, "cluster: directory back: republishing %u blocks", cl->held.n);
-            gen = g;
-            if (kvt__dir_renew(cl->dir, 0, NULL, 0)) STAT_ADD(cl, dir_errors, 1); /* the lease first */
-            publish_all(cl, h, false);
-        } else if (now >= next_renew) {
-            publish_all(cl, h, true);
-            next_renew = now + 2 * lease_ns;
+        if (!stop && try_open(cl, h)) {
+            if (!was_open) gen = kvt__dir_generation(atomic_load(&cl->dir));
+            keep_up(cl, h, &gen, &next_lease, &next_renew);
         }
         if (stop && !n) break;
     }
@@ -696,7 +741,7 @@ static bool pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request *req
     if (!st) st = kvt__pull_answer_decode(hdr, count, sh->shm.block_bytes, holder->addr, &a);
     if (!st && a.status == KVT_OK && a.n == 0) {
         /* a stale entry: the holder lost the block */
-        (void)kvt__dir_forget(cl->dir, sh->fingerprint, &h[first], holder->node);
+        (void)kvt__dir_forget(atomic_load(&cl->dir), sh->fingerprint, &h[first], holder->node);
         STAT_ADD(cl, stale, 1);
         link_put(cl, holder->addr, s);
         return false;
@@ -753,9 +798,10 @@ static bool cl_fill(void *arg, kvt_srv_shard *sh, const kvt_request *req, uint32
     kvt_dir_holder *who = malloc((size_t)want * sizeof *who);
     uint32_t found = 0;
     bool ok = false;
-    if (h && who && kvt__request_hashes(sh->cache, req, h, m + want) == m + want) {
+    kvt_dir *d = atomic_load(&cl->dir);
+    if (d && h && who && kvt__request_hashes(sh->cache, req, h, m + want) == m + want) {
         STAT_ADD(cl, dir_lookups, 1);
-        if (kvt__dir_lookup(cl->dir, sh->fingerprint, h + m, want, who, &found))
+        if (kvt__dir_lookup(d, sh->fingerprint, h + m, want, who, &found))
             STAT_ADD(cl, dir_errors, 1);
     }
     uint32_t run = found ? 1 : 0;
@@ -861,9 +907,22 @@ static kvt_status open_dir(kvt_cluster *cl)
                          "cannot be read: %s", strerror(errno));
     }
     uint32_t t = v->cluster_pull_ms / 2 < 1000 ? v->cluster_pull_ms / 2 : 1000;
-    kvt_dir_config dc = {.redis = v->cluster_redis, .node = cl->node, .advertise = cl->advertise,
-                         .lease_ms = v->cluster_lease_ms, .timeout_ms = t ? t : 1};
-    return kvt__dir_open(&cl->dir, &dc);
+    cl->dcfg = (kvt_dir_config){.redis = v->cluster_redis, .node = cl->node,
+                                .advertise = cl->advertise, .lease_ms = v->cluster_lease_ms,
+                                .timeout_ms = t ? t : 1};
+    kvt_dir *d = NULL;
+    kvt_status st = kvt__dir_open(&d, &cl->dcfg);
+    if (st == KVT_ECONN || st == KVT_ETIMEDOUT) {
+        /* Redis away is a fault the node rides out, at start as later: it
+         * serves its own tiers and joins when Redis answers */
+        kvt__log(KVT_LOG_WARN, "cluster: the directory is not reachable (%s): node %s serves "
+                 "its local tiers and joins when it answers", kvt_last_error(), cl->node);
+        cl->open_backoff_ns = 100000000ull;
+        cl->open_next_ns = kvt__now_ns() + cl->open_backoff_ns;
+        return KVT_OK;
+    }
+    if (!st) atomic_store(&cl->dir, d);
+    return st;
 }
 
 static kvt_status start_threads(kvt_cluster *cl)
@@ -915,9 +974,10 @@ kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out)
         kvt_cluster_leave(cl);
         return st;
     }
-    kvt__log(KVT_LOG_INFO, "cluster: node %s (epoch %llu) serves peers on %s, directory %s",
-             cl->node, (unsigned long long)kvt__dir_epoch(cl->dir), cl->advertise,
-             srv->cfg.cluster_redis);
+    kvt_dir *d = atomic_load(&cl->dir);
+    kvt__log(KVT_LOG_INFO, "cluster: node %s (epoch %llu) serves peers on %s, directory %s%s",
+             cl->node, (unsigned long long)(d ? kvt__dir_epoch(d) : 0), cl->advertise,
+             srv->cfg.cluster_redis, d ? "" : " (not reachable yet)");
     *out = cl;
     return KVT_OK;
 }
@@ -945,7 +1005,7 @@ void kvt_cluster_leave(kvt_cluster *cl)
         }
     }
     pthread_mutex_unlock(&cl->mu);
-    kvt__dir_close(cl->dir);
+    kvt__dir_close(atomic_load(&cl->dir));
     if (cl->listen_fd >= 0) close(cl->listen_fd);
     for (int i = 0; i < 2; i++)
         if (cl->stop_pipe[i] >= 0) close(cl->stop_pipe[i]);
@@ -965,8 +1025,9 @@ kvt_status kvt_cluster_stats(const kvt_cluster *cl, kvt_cluster_counters *out)
     const uint64_t *src = (const uint64_t *)&cl->st;
     for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++)
         dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
-    out->epoch = kvt__dir_epoch(cl->dir);
-    out->directory_up = kvt__dir_up(cl->dir);
+    kvt_dir *d = atomic_load(&cl->dir);
+    out->epoch = d ? kvt__dir_epoch(d) : 0;
+    out->directory_up = d && kvt__dir_up(d);
     out->pull_bytes_per_s = atomic_load(&cl->bw_bps);
     return KVT_OK;
 }
