@@ -2,7 +2,8 @@
  * [--json]`: what the cluster directory (docs/cluster.md) says now: how it
  * is reached (one Redis, a Sentinel's primary, a Redis Cluster) and every
  * node with a live lease: its id, where peers pull from it, its epoch
- * (one more at each start) and how long its lease has left. Exit 0; 1 when
+ * (one more at each start), how long its lease has left, and the blocks
+ * and bytes it holds (as it last wrote them, with its lease renewal). Exit 0; 1 when
  * the directory cannot be read; 2 on usage. Bounded by --timeout-ms per
  * Redis round trip (default 2000). It registers as no node: it opens the
  * directory as a watcher (node id "kvtier-cli-<pid>", no lease kept). */
@@ -26,7 +27,7 @@ static int usage(FILE *f, int rc)
             "  --prefix P      the directory's key prefix (default kvt:)\n"
             "  --timeout-ms MS one Redis round trip's bound (default 2000)\n"
             "  --json          one JSON object: {\"topology\":..,\"nodes\":[{\"node\",\"addr\",\n"
-            "                  \"epoch\",\"lease_left_ms\"},..]}\n");
+            "                  \"epoch\",\"lease_left_ms\",\"blocks\",\"bytes\"},..]}\n");
     return rc;
 }
 
@@ -34,19 +35,23 @@ static void print_json(const char *topo, const kvt_dir_node *v, uint32_t n, uint
 {
     printf("{\"topology\":\"%s\",\"node_count\":%u,\"nodes\":[", topo, total);
     for (uint32_t i = 0; i < n; i++)
-        printf("%s{\"node\":\"%s\",\"addr\":\"%s\",\"epoch\":%llu,\"lease_left_ms\":%lld}",
-               i ? "," : "", v[i].node, v[i].addr, (unsigned long long)v[i].epoch,
-               (long long)v[i].lease_left_ms);
+        printf("%s{\"node\":\"%s\",\"addr\":\"%s\",\"epoch\":%llu,\"lease_left_ms\":%lld,"
+               "\"blocks\":%llu,\"bytes\":%llu}", i ? "," : "", v[i].node, v[i].addr,
+               (unsigned long long)v[i].epoch, (long long)v[i].lease_left_ms,
+               (unsigned long long)v[i].blocks, (unsigned long long)v[i].bytes);
     printf("]}\n");
 }
 
 static void print_text(const char *topo, const kvt_dir_node *v, uint32_t n, uint32_t total)
 {
     printf("directory: %s\nnodes: %u\n", topo, total);
-    if (n) printf("%-24s %-24s %8s %14s\n", "NODE", "PULL ADDRESS", "EPOCH", "LEASE LEFT MS");
+    if (n)
+        printf("%-24s %-24s %8s %14s %10s %14s\n", "NODE", "PULL ADDRESS", "EPOCH",
+               "LEASE LEFT MS", "BLOCKS", "BYTES");
     for (uint32_t i = 0; i < n; i++)
-        printf("%-24s %-24s %8llu %14lld\n", v[i].node, v[i].addr, (unsigned long long)v[i].epoch,
-               (long long)v[i].lease_left_ms);
+        printf("%-24s %-24s %8llu %14lld %10llu %14llu\n", v[i].node, v[i].addr,
+               (unsigned long long)v[i].epoch, (long long)v[i].lease_left_ms,
+               (unsigned long long)v[i].blocks, (unsigned long long)v[i].bytes);
 }
 
 static int status_main(int argc, char **argv)

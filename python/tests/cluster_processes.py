@@ -159,6 +159,19 @@ class Cluster(unittest.TestCase):
         again = {n["node"]: n for n in rep2["nodes"]}
         self.assertEqual(again["node-a"]["epoch"], nodes["node-a"]["epoch"] + 1)
         self.assertEqual(rep2["node_count"], 3)
+        # what a node holds shows within a lease renewal (lease/3 = 0.5 s here)
+        stored = worker(self.sock("b"), "store", 22)
+        deadline = time.monotonic() + 10
+        while True:
+            rep3 = json.loads(subprocess.run([kvtier_bin(), "cluster", "status", "--redis",
+                                              redis, "--json"], capture_output=True, text=True,
+                                             timeout=30).stdout)
+            b = {n["node"]: n for n in rep3["nodes"]}["node-b"]
+            if b["blocks"] == BLOCKS:
+                break
+            self.assertLess(time.monotonic(), deadline, rep3)
+            time.sleep(0.2)
+        self.assertEqual(b["bytes"], BLOCKS * stored["stats"]["block_bytes"], b)
         text = subprocess.run([kvtier_bin(), "cluster", "status", "--redis", redis],
                               capture_output=True, text=True, timeout=30).stdout
         self.assertIn("node-b", text)

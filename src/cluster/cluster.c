@@ -78,6 +78,7 @@ typedef struct cl_served {
 typedef struct cl_held {
     cl_event *v; /* stored = 1: slot used */
     uint32_t cap, n;
+    uint64_t bytes; /* of the n blocks (their geometries' block sizes) */
 } cl_held;
 
 struct kvt_cluster {
@@ -136,7 +137,7 @@ static bool held_grow(cl_held *t)
     uint32_t cap = t->cap ? t->cap * 2 : 1024;
     cl_event *v = calloc(cap, sizeof *v), *old = t->v;
     if (!v) return false;
-    cl_held g = {v, cap, 0};
+    cl_held g = {v, cap, 0, t->bytes};
     for (uint32_t i = 0; i < t->cap; i++) {
         if (!old[i].stored) continue;
         uint32_t j = held_slot(&g, old[i].space, old[i].h);
@@ -150,8 +151,8 @@ static bool held_grow(cl_held *t)
 }
 
 /* False: no memory (the block is published but not renewed: its entry
- * expires, a miss, never a wrong byte). */
-static bool held_add(cl_held *t, uint64_t space, kvt_hash128 h)
+ * expires, a miss, never a wrong byte). bytes: the block's size. */
+static bool held_add(cl_held *t, uint64_t space, kvt_hash128 h, uint64_t bytes)
 {
     if ((t->n + 1) * 2 > t->cap && !held_grow(t)) return false;
     uint32_t j = held_slot(t, space, h);
@@ -161,10 +162,11 @@ static bool held_add(cl_held *t, uint64_t space, kvt_hash128 h)
     }
     t->v[j] = (cl_event){space, h, 1};
     t->n++;
+    t->bytes += bytes;
     return true;
 }
 
-static void held_del(cl_held *t, uint64_t space, kvt_hash128 h)
+static void held_del(cl_held *t, uint64_t space, kvt_hash128 h, uint64_t bytes)
 {
     if (!t->cap) return;
     uint32_t j = held_slot(t, space, h);
@@ -172,6 +174,7 @@ static void held_del(cl_held *t, uint64_t space, kvt_hash128 h)
     if (!t->v[j].stored) return;
     t->v[j].stored = 0;
     t->n--;
+    t->bytes -= bytes < t->bytes ? bytes : t->bytes;
     /* backward shift: later entries of the run move into the hole */
     for (uint32_t k = (j + 1) & (t->cap - 1); t->v[k].stored; k = (k + 1) & (t->cap - 1)) {
         uint32_t home = held_slot(t, t->v[k].space, t->v[k].h);
@@ -223,8 +226,11 @@ static void publish_run(kvt_cluster *cl, const cl_event *ev, uint32_t n, kvt_has
 static void publish_events(kvt_cluster *cl, const cl_event *ev, uint32_t n, kvt_hash128 *h)
 {
     for (uint32_t i = 0; i < n; i++) {
-        if (ev[i].stored && !held_add(&cl->held, ev[i].space, ev[i].h)) STAT_ADD(cl, queue_dropped, 1);
-        if (!ev[i].stored) held_del(&cl->held, ev[i].space, ev[i].h);
+        const kvt_srv_shard *sh = kvt__srv_shard_by_fp(cl->srv, ev[i].space);
+        uint64_t bb = sh ? sh->shm.block_bytes : 0;
+        if (ev[i].stored && !held_add(&cl->held, ev[i].space, ev[i].h, bb))
+            STAT_ADD(cl, queue_dropped, 1);
+        if (!ev[i].stored) held_del(&cl->held, ev[i].space, ev[i].h, bb);
     }
     uint32_t i = 0;
     while (i < n) {
@@ -305,7 +311,9 @@ static void keep_up(kvt_cluster *cl, kvt_hash128 *h, uint64_t *gen, uint64_t *ne
     kvt_dir *d = atomic_load(&cl->dir);
     uint64_t lease_ns = (uint64_t)cl->cfg->cluster_lease_ms * 1000000ull, now = kvt__now_ns();
     if (now >= *next_lease) {
-        if (kvt__dir_renew(d, 0, NULL, 0)) STAT_ADD(cl, dir_errors, 1);
+        if (kvt__dir_renew(d, 0, NULL, 0) ||
+            kvt__dir_set_holding(d, cl->held.n, cl->held.bytes)) /* for cluster status */
+            STAT_ADD(cl, dir_errors, 1);
         *next_lease = now + lease_ns / 3;
     }
     uint64_t g = kvt__dir_generation(d);

@@ -217,6 +217,17 @@ kvt_status kvt__dir_lease_decode(const char *s, size_t len, uint64_t *epoch, cha
     return KVT_OK;
 }
 
+kvt_status kvt__dir_holding_decode(const char *s, size_t len, uint64_t *blocks, uint64_t *bytes)
+{
+    const char *sp = s ? memchr(s, ' ', len) : NULL;
+    if (!sp)
+        return kvt__fail(KVT_EPROTO,
+                         "cluster directory: holding value has no space (want \"<blocks> <bytes>\")");
+    kvt_status st = kvt__dir_epoch_decode(s, (size_t)(sp - s), blocks);
+    if (!st) st = kvt__dir_epoch_decode(sp + 1, len - (size_t)(sp + 1 - s), bytes);
+    return st;
+}
+
 /* ------------------------------------------------------------------ */
 /* Keys and slots                                                     */
 /* ------------------------------------------------------------------ */
@@ -274,6 +285,11 @@ static void block_key(const kvt_dir *d, dir_cmd *c, uint64_t space, kvt_hash128 
 static void node_key(const kvt_dir *d, dir_cmd *c, const char *node)
 {
     cmd_key(c, "%sn:%s", d->prefix, node);
+}
+
+static void holding_key(const kvt_dir *d, dir_cmd *c, const char *node)
+{
+    cmd_key(c, "%sh:%s", d->prefix, node);
 }
 
 static void cmds_free(dir_cmd *cmds, size_t n)
@@ -1227,6 +1243,28 @@ kvt_status kvt__dir_renew(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint
     return write_blocks(d, space, h, n, false, true);
 }
 
+kvt_status kvt__dir_set_holding(kvt_dir *d, uint64_t blocks, uint64_t bytes)
+{
+    KVT_CHECK_NOT_NULL(d, "kvt__dir_set_holding");
+    if (d->watch_only)
+        return kvt__fail(KVT_ESTATE, "cluster directory: opened watch-only (node %s): it "
+                         "writes nothing", d->node);
+    dir_cmd c[1];
+    memset(c, 0, sizeof c);
+    char val[48], px[24];
+    snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64, blocks, bytes);
+    snprintf(px, sizeof px, "%" PRIu64, 2 * (uint64_t)d->lease_ms);
+    cmd_arg(&c[0], 0, "SET");
+    holding_key(d, &c[0], d->node);
+    cmd_arg(&c[0], 2, val);
+    cmd_arg(&c[0], 3, "PX");
+    cmd_arg(&c[0], 4, px);
+    kvt_status st = batch_exec(d, ROLE_WRITE, c, 1);
+    if (!st) st = reply_errors(c, 1);
+    if (c[0].r) freeReplyObject(c[0].r);
+    return st;
+}
+
 kvt_status kvt__dir_forget(kvt_dir *d, uint64_t space, const kvt_hash128 *h, const char *node)
 {
     KVT_CHECK_NOT_NULL(d, "kvt__dir_forget");
@@ -1523,30 +1561,37 @@ static kvt_status scan_nodes(kvt_dir *d, char ***names, uint32_t *kept, uint32_t
 static kvt_status read_nodes(kvt_dir *d, char **names, uint32_t n, kvt_dir_node *out, uint32_t *have)
 {
     dir_cmd *c;
-    kvt_status st = cmds_alloc(&c, 2 * (size_t)n);
+    kvt_status st = cmds_alloc(&c, 3 * (size_t)n);
     if (st) return st;
     for (uint32_t i = 0; i < n; i++) {
-        cmd_arg(&c[2 * i], 0, "GET");
-        node_key(d, &c[2 * i], names[i]);
-        c[2 * i].argc = 2;
-        cmd_arg(&c[2 * i + 1], 0, "PTTL");
-        node_key(d, &c[2 * i + 1], names[i]);
-        c[2 * i + 1].argc = 2;
+        cmd_arg(&c[3 * i], 0, "GET");
+        node_key(d, &c[3 * i], names[i]);
+        c[3 * i].argc = 2;
+        cmd_arg(&c[3 * i + 1], 0, "PTTL");
+        node_key(d, &c[3 * i + 1], names[i]);
+        c[3 * i + 1].argc = 2;
+        cmd_arg(&c[3 * i + 2], 0, "GET");
+        holding_key(d, &c[3 * i + 2], names[i]);
+        c[3 * i + 2].argc = 2;
     }
-    st = batch_exec(d, ROLE_LOOKUP, c, 2 * (size_t)n);
-    if (!st) st = reply_errors(c, 2 * (size_t)n);
+    st = batch_exec(d, ROLE_LOOKUP, c, 3 * (size_t)n);
+    if (!st) st = reply_errors(c, 3 * (size_t)n);
     *have = 0;
     for (uint32_t i = 0; i < n && !st; i++) {
-        const redisReply *v = c[2 * i].r, *t = c[2 * i + 1].r;
+        const redisReply *v = c[3 * i].r, *t = c[3 * i + 1].r, *h = c[3 * i + 2].r;
         kvt_dir_node *o = &out[*have];
         if (v->type != REDIS_REPLY_STRING || t->type != REDIS_REPLY_INTEGER || t->integer == -2)
             continue; /* expired since the SCAN, or between GET and PTTL */
         if (kvt__dir_lease_decode(v->str, v->len, &o->epoch, o->addr, sizeof o->addr)) continue;
         snprintf(o->node, sizeof o->node, "%s", names[i]);
         o->lease_left_ms = t->integer;
+        o->blocks = o->bytes = 0; /* none written yet, or a malformed one */
+        if (h->type == REDIS_REPLY_STRING &&
+            kvt__dir_holding_decode(h->str, h->len, &o->blocks, &o->bytes))
+            o->blocks = o->bytes = 0;
         (*have)++;
     }
-    cmds_free(c, 2 * (size_t)n);
+    cmds_free(c, 3 * (size_t)n);
     return st;
 }
 

@@ -95,11 +95,17 @@ kvt_status kvt__dir_lookup(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uin
 /* Removes node's entry for h (a pull found it does not hold it). */
 kvt_status kvt__dir_forget(kvt_dir *d, uint64_t space, const kvt_hash128 *h, const char *node);
 
+/* What this node holds now (blocks and bytes over every geometry), for
+ * `kvtier cluster status`: <p>h:<node> = "<blocks> <bytes>", PX 2 x
+ * lease_ms; the caller writes it with each lease renewal. */
+kvt_status kvt__dir_set_holding(kvt_dir *d, uint64_t blocks, uint64_t bytes);
+
 typedef struct kvt_dir_node {
     char node[KVT_DIR_NODE_MAX];
     char addr[KVT_DIR_ADDR_MAX];
     uint64_t epoch;
     int64_t lease_left_ms; /* PTTL of its lease */
+    uint64_t blocks, bytes; /* its last kvt__dir_set_holding (0 before one) */
 } kvt_dir_node;
 /* The nodes whose leases exist now (SCAN <p>n:*), at most max into out;
  * *n gets how many exist. For `kvtier cluster status`. */
@@ -112,6 +118,9 @@ void kvt__dir_topology(kvt_dir *d, char *buf, size_t len);
  * A lease value "<epoch> <host:port>": KVT_EPROTO for anything else. */
 kvt_status kvt__dir_lease_decode(const char *s, size_t len, uint64_t *epoch, char *addr,
                                  size_t addr_len);
+/* A holding value "<blocks> <bytes>" (both decimal, < 2^63): KVT_EPROTO
+ * for anything else. */
+kvt_status kvt__dir_holding_decode(const char *s, size_t len, uint64_t *blocks, uint64_t *bytes);
 /* An entry's epoch field (decimal, no sign, < 2^63): KVT_EPROTO else. */
 kvt_status kvt__dir_epoch_decode(const char *s, size_t len, uint64_t *epoch);
 

@@ -62,10 +62,28 @@ static void lease_case(const char *s, size_t n, size_t cap)
         abort();
 }
 
+/* A holding value decodes exactly when it is two epoch-like numbers
+ * around one space, to those numbers. */
+static void holding_case(const char *s, size_t n)
+{
+    uint64_t b = UINT64_MAX, y = UINT64_MAX;
+    kvt_status st = kvt__dir_holding_decode(s, n, &b, &y);
+    if (st != KVT_OK) {
+        refused(st);
+        return;
+    }
+    const char *sp = memchr(s, ' ', n);
+    uint64_t b2, y2;
+    if (!sp || b >= (1ull << 63) || y >= (1ull << 63)) abort();
+    if (kvt__dir_epoch_decode(s, (size_t)(sp - s), &b2) || b2 != b) abort();
+    if (kvt__dir_epoch_decode(sp + 1, n - (size_t)(sp + 1 - s), &y2) || y2 != y) abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *s = (const char *)data;
     epoch_case(s, size);
+    holding_case(s, size);
     lease_case(s, size, KVT_DIR_ADDR_MAX);
     if (size > 0) lease_case(s + 1, size - 1, data[0] % 24);
     return 0;
