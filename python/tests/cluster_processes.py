@@ -97,7 +97,7 @@ class Cluster(unittest.TestCase):
     def sock(self, name):
         return os.path.join(self.dir, name + ".sock")
 
-    def start_node(self, name, secret=None):
+    def start_node(self, name, secret=None, more=()):
         extra = ["--set", "cluster_redis=" + self.redis_url(),
                  "--set", "cluster_node=node-" + name, "--set", "cluster_lease_ms=1500",
                  "--set", "cluster_pull_ms=2000", "--set", "log_level=info"]
@@ -107,6 +107,7 @@ class Cluster(unittest.TestCase):
             with open(path, "wb") as f:
                 f.write(secret)
             extra += ["--set", "cluster_secret_file=" + path]
+        extra += list(more)  # last: they override the defaults above
         self.nodes[name] = start_server(self.sock(name), *extra, model=None)
 
     def load_until_hit(self, name, seed, keyed=False, timeout=10.0):
@@ -230,6 +231,21 @@ class Cluster(unittest.TestCase):
         self.redis.start()
         self.load_until_hit("b", 21, timeout=15.0)  # d joined and published what it held
         self.assertIn("joined the directory", self.log("d"))
+
+    def test_a_peer_bounds_the_bandwidth_it_gives(self):
+        """Node a sends at most 1 MiB/s and gives each pull it serves 60 ms:
+        4 blocks of 32 KiB need 125 ms, so b's pull is refused mid-way and
+        b misses (no wrong byte), and a says why."""
+        stop_server(self.nodes["a"])
+        self.start_node("a", more=["--set", "cluster_serve_mib_s=1", "--set",
+                                   "cluster_pull_ms=60"])
+        s = worker(self.sock("a"), "store", 24)
+        self.assertEqual(s["stats"]["block_bytes"] * BLOCKS, 4 * 32768, s)
+        time.sleep(0.3)
+        r = worker(self.sock("b"), "load", 24)
+        self.assertEqual(r["matched"], 0, r)
+        self.assertEqual(r.get("mismatches", 0), 0, r)
+        self.assertIn("cluster_serve_mib_s", self.log("a"))
 
     def test_a_restarted_node_never_serves_its_earlier_life(self):
         worker(self.sock("a"), "store", 17)

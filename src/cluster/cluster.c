@@ -105,6 +105,9 @@ struct kvt_cluster {
     cl_event *q;
     uint32_t qhead, qlen;
 
+    pthread_mutex_t pace_mu; /* cluster_serve_mib_s: when the next byte may leave */
+    uint64_t pace_next_ns;
+
     pthread_mutex_t mu; /* peers and served */
     cl_peer peers[CL_PEERS];
     uint32_t npeers;
@@ -366,10 +369,39 @@ static kvt_status send_answer(kvt_stream *s, int32_t status, uint32_t n, uint64_
     return kvt__stream_send(s, hdr, sizeof hdr, dl);
 }
 
+/* cluster_serve_mib_s over every pull served: each block reserves its
+ * send time on one clock (a leaky bucket without burst) and waits for
+ * it; KVT_ETIMEDOUT when that is past the pull's deadline (the puller
+ * misses, which it would anyway). */
+static kvt_status pace(kvt_cluster *cl, uint64_t bytes, uint64_t dl)
+{
+    uint64_t rate = (uint64_t)cl->cfg->cluster_serve_mib_s << 20;
+    if (!rate) return KVT_OK;
+    pthread_mutex_lock(&cl->pace_mu);
+    uint64_t now = kvt__now_ns();
+    uint64_t start = cl->pace_next_ns > now ? cl->pace_next_ns : now;
+    bool late = start > dl;
+    if (!late) cl->pace_next_ns = start + (uint64_t)((double)bytes * 1e9 / (double)rate);
+    pthread_mutex_unlock(&cl->pace_mu);
+    if (late) {
+        kvt_status st = kvt__fail(KVT_ETIMEDOUT, "cluster: cluster_serve_mib_s (%u) leaves no "
+                                  "room for a pull before its deadline (cluster_pull_ms %u): "
+                                  "the peer recomputes", cl->cfg->cluster_serve_mib_s,
+                                  cl->cfg->cluster_pull_ms);
+        kvt__log(KVT_LOG_WARN, "%s", kvt_last_error());
+        return st;
+    }
+    if (start > now) {
+        struct timespec ts = kvt__ns_to_timespec(start - now);
+        nanosleep(&ts, NULL);
+    }
+    return KVT_OK;
+}
+
 /* The n blocks at offsets (of the shard's memfd), then their sums: each
  * block hashed right before it is sent, so the send copies it from cache. */
-static kvt_status send_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint64_t *offsets,
-                              uint32_t first, uint32_t n, uint64_t dl)
+static kvt_status send_blocks(kvt_cluster *cl, kvt_stream *s, const kvt_srv_shard *sh,
+                              const uint64_t *offsets, uint32_t first, uint32_t n, uint64_t dl)
 {
     uint64_t bb = sh->shm.block_bytes;
     uint64_t *sums = malloc((size_t)n * sizeof *sums);
@@ -378,7 +410,8 @@ static kvt_status send_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint
     for (uint32_t i = 0; i < n && !st; i++) {
         const uint8_t *b = sh->shm.base + offsets[i];
         sums[i] = kvt__pull_block_sum(b, bb, first + i);
-        st = kvt__stream_send(s, b, (size_t)bb, dl);
+        st = pace(cl, bb, dl);
+        if (!st) st = kvt__stream_send(s, b, (size_t)bb, dl);
     }
     if (!st) st = kvt__stream_send(s, sums, (size_t)n * sizeof *sums, dl);
     free(sums);
@@ -427,7 +460,7 @@ static kvt_status serve_fetch(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fet
     }
     uint32_t have = lo.num_blocks > f->first ? lo.num_blocks - f->first : 0;
     uint32_t n = have < f->count ? have : f->count;
-    st = n ? send_blocks(s, sh, off + f->first, f->first, n, dl)
+    st = n ? send_blocks(cl, s, sh, off + f->first, f->first, n, dl)
            : send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
     kvt_task_result r;
     kvt__cache_ext_end(sh->cache, m.task, KVT_OK, &r);
@@ -970,6 +1003,7 @@ kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out)
     pthread_mutex_init(&cl->qmu, NULL);
     kvt__cond_init(&cl->qcv);
     pthread_mutex_init(&cl->mu, NULL);
+    pthread_mutex_init(&cl->pace_mu, NULL);
     kvt_status st = KVT_OK;
     if (srv->cfg.cluster_secret_file[0])
         st = kvt__srv_secret_load(srv->cfg.cluster_secret_file, "kvt_cluster_join: "
@@ -1021,6 +1055,7 @@ void kvt_cluster_leave(kvt_cluster *cl)
     pthread_mutex_destroy(&cl->qmu);
     pthread_cond_destroy(&cl->qcv);
     pthread_mutex_destroy(&cl->mu);
+    pthread_mutex_destroy(&cl->pace_mu);
     free(cl->held.v);
     free(cl->q);
     free(cl);

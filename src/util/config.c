@@ -199,6 +199,9 @@ static const opt_def OPTIONS[] = {
              "recomputing its tokens at this rate is not started"),
     UINT_OPT(cluster_serve_max, CLUSTER_SERVE_MAX, RANK_LOCAL, 8, 1, 1024,
              "pulls this node serves to peers at once (each pins its blocks while it runs)"),
+    UINT_OPT(cluster_serve_mib_s, CLUSTER_SERVE_MIB_S, RANK_LOCAL, 0, 0, 1048576,
+             "MiB per second this node sends to peers, over every pull it serves; 0: no "
+             "limit (the link's)"),
     STRING_OPT(server_secret_file, SERVER_SECRET_FILE, RANK_LOCAL, "",
                "a file of 16..1024 bytes every client of the node server must prove it holds "
                "(HMAC-SHA256 challenge at attach); clients read it from "
