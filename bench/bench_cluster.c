@@ -26,6 +26,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
+
 #include "bench.h"
 #include "cli_util.h"
 #include "cluster/dir.h"
@@ -47,6 +49,7 @@ typedef struct bc {
     double pull[BC_MAX_ROUNDS], raw[BC_MAX_ROUNDS], ratio[BC_MAX_ROUNDS];
     double dir_rate[BC_MAX_ROUNDS], bench_rate[BC_MAX_ROUNDS], dir_ratio[BC_MAX_ROUNDS];
     uint64_t verified, mismatches, block_bytes;
+    double dir_bytes_per_block; /* Redis used_memory per entry published (sizing) */
 } bc;
 
 static int bfail(const char *what)
@@ -150,6 +153,40 @@ static double dir_rate(kvt_dir *d, const kvt_hash128 *h)
     return (double)blocks * 1e9 / (double)(kvt__now_ns() - t0);
 }
 
+/* Redis's used_memory (INFO memory), or 0. */
+static uint64_t redis_used_memory(uint16_t port)
+{
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisReply *r = c && !c->err ? redisCommand(c, "INFO memory") : NULL;
+    uint64_t v = 0;
+    const char *p = r && r->type == REDIS_REPLY_STRING ? strstr(r->str, "used_memory:") : NULL;
+    if (p) v = strtoull(p + 12, NULL, 10);
+    if (r) freeReplyObject(r);
+    if (c) redisFree(c);
+    return v;
+}
+
+/* Directory bytes per block held (docs/cluster.md, Sizing): Redis's
+ * memory growth over 20000 entries of one holder, 2 MiB blocks' worth. */
+#define BC_SIZING 20000
+static kvt_status directory_sizing(bc *b, kvt_dir *holder)
+{
+    uint64_t before = redis_used_memory(b->redis_port);
+    kvt_hash128 h[512];
+    kvt_status st = KVT_OK;
+    uint32_t done = 0;
+    for (; done < BC_SIZING && !st; done += 512) {
+        for (uint32_t j = 0; j < 512; j++)
+            h[j] = (kvt_hash128){0x5151000000000000ull + done + j, done * 31ull + j};
+        st = kvt__dir_publish(holder, 2, h, 512);
+    }
+    uint64_t after = redis_used_memory(b->redis_port);
+    b->dir_bytes_per_block = st || !before || after < before ? -1
+                           : (double)(after - before) / (double)done;
+    return st;
+}
+
 static int bench_directory(bc *b)
 {
     char redis[64];
@@ -164,6 +201,7 @@ static int bench_directory(bc *b)
     kvt_status st = kvt__dir_open(&holder, &hc);
     if (!st) st = kvt__dir_open(&looker, &lc);
     if (!st) st = kvt__dir_publish(holder, 1, h, BC_PIPE);
+    if (!st) st = directory_sizing(b, holder);
     char key[128];
     snprintf(key, sizeof key, "kvtbench:b:%016x:%016llx%016llx", 1, (unsigned long long)h[0].hi,
              (unsigned long long)h[0].lo);
@@ -330,6 +368,7 @@ static void report(const bc *b, bool json)
         json_stat("directory_lookups_per_s", b->dir_rate, n, true);
         json_stat("redis_benchmark_hgetall_per_s", b->bench_rate, n, true);
         json_stat("directory_ratio", b->dir_ratio, n, true);
+        printf("\"directory_bytes_per_block\": %.1f, ", b->dir_bytes_per_block);
         printf("\"verified_bytes\": %llu, \"mismatches\": %llu, \"host\": {\"cpus\": %ld, "
                "\"page_size\": %ld}}\n", (unsigned long long)b->verified,
                (unsigned long long)b->mismatches, sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_PAGESIZE));
@@ -346,6 +385,8 @@ static void report(const bc *b, bool json)
     printf("  directory lookups (pipeline %d)     %8.0f / %8.0f / %8.0f blocks/s\n", BC_PIPE, d[0], d[1], d[2]);
     printf("  redis-benchmark HGETALL -P %d       %8.0f / %8.0f / %8.0f per s\n", BC_PIPE, q[0], q[1], q[2]);
     printf("  directory_ratio                     %6.2f / %6.2f / %6.2f\n", x[0], x[1], x[2]);
+    printf("  directory memory per block held    %.0f bytes (Redis used_memory over %d entries)\n",
+           b->dir_bytes_per_block, BC_SIZING);
     printf("  pulled bytes verified: %llu, mismatches: %llu\n", (unsigned long long)b->verified,
            (unsigned long long)b->mismatches);
 }
