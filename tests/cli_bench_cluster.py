@@ -18,6 +18,8 @@ for k in ("pull_gbps", "raw_stream_gbps", "pull_ratio", "directory_lookups_per_s
     v = rep.get(k)
     if not v or not all(v[s] > 0 for s in ("min", "median", "max")):
         sys.exit("cli_bench_cluster: %s not measured in %s" % (k, r.stdout))
+if not rep.get("directory_bytes_per_block", 0) > 0:
+    sys.exit("cli_bench_cluster: directory_bytes_per_block not measured: %s" % r.stdout)
 if rep["mismatches"] != 0 or rep["verified_bytes"] < 8 << 20:
     sys.exit("cli_bench_cluster: pulled bytes not verified: %s" % r.stdout)
 print("cli_bench_cluster: ok")
