@@ -104,6 +104,43 @@ class Events(unittest.TestCase):
         self.assertTrue(cl.wait(plan.task, 5).ok)
         return plan
 
+    def test_keyed_blocks_are_named_by_the_engines_keys(self):
+        """A router that computes vLLM's block hashes (here: 32-byte sha256
+        digests, as vLLM's are) finds them in the events: a keyed store's
+        BlockStored carries the engine's keys, its extension's parent is the
+        last key, and a CLEAR removes them by the same names."""
+        import hashlib
+        geo = kvtier.Geometry.preset("tiny", 16, 1)
+        eng = kvtier.EmulatedEngine(geo, 64)
+        with kvtier.Client(self.sock, geo, timeout_ms=3000) as cl:
+            cl.register_engine(eng)
+            bt = cl.block_tokens
+            keys = [hashlib.sha256(b"block-%d" % i).digest() for i in range(6)]
+            toks = list(range(5, 5 + 6 * bt))
+            pages = list(range(6 * bt // 16))
+            for part in (keys[:4], keys):
+                plan = cl.prepare_store(keys=part, ns="tenant-k", visible=True)
+                eng.fill(toks[:len(part) * bt], pages, ns=None)
+                cl.launch(plan.task, pages)
+                self.assertTrue(cl.wait(plan.task, 5).ok)
+            got = self.recv_until(lambda evs: sum(len(e[1]) for e in evs
+                                                  if e[0] == "BlockStored") >= 2)
+            stored = [e for _, _, b in got for e in b[1] if e[0] == "BlockStored"]
+            named = [h for e in stored for h in e[1]]
+            self.assertEqual(named, keys, stored)
+            for e in stored:  # parents by the engine's keys too (one event or two)
+                i = keys.index(e[1][0])
+                self.assertEqual(e[2], keys[i - 1] if i else None, e)
+            self.assertEqual(cl.clear("tenant-k"), (6, 0))
+            seen, deadline = set(), time.monotonic() + 10
+            while seen != set(keys) and time.monotonic() < deadline:
+                if self.sub.poll(100):
+                    for e in decode(self.sub.recv_multipart())[2][1]:
+                        if e[0] == "BlockRemoved":
+                            seen.update(e[1])
+            self.assertEqual(seen, set(keys))
+        eng.close()
+
     def test_store_and_clear_as_a_router_sees_them(self):
         geo = kvtier.Geometry.preset("tiny", 16, 1)
         eng = kvtier.EmulatedEngine(geo, 64)

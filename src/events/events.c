@@ -35,6 +35,15 @@ typedef struct ev_cell {
 #define EVENT_MAX 512u       /* block hashes per BlockStored/BlockRemoved */
 #define POLL_MS 10           /* the thread's pass period when idle */
 #define REPLAY_BYTES (64u << 20) /* the replay buffer's bound, whatever buffer_steps says */
+#define NAME_MAX_LEN 64         /* engine keys longer than this are published by kvtier id */
+#define NAMES_MAX (1u << 20)    /* names kept at most: 88 MiB */
+#define NAME_PROBES 16
+
+typedef struct ev_name {
+    kvt_hash128 h;
+    uint8_t len; /* 0: empty slot */
+    uint8_t b[NAME_MAX_LEN];
+} ev_name;
 
 typedef struct replay_ent {
     uint64_t seq;
@@ -58,6 +67,14 @@ struct kvt_events {
     atomic_bool stop;
     bool cleared_pending; /* AllBlocksCleared first */
     _Atomic uint64_t batches, events, blocks, dropped, replays;
+    /* The engine's own key of each keyed block (kvt__events_name), so a
+     * router that computes the engine's block hashes matches the events.
+     * A block's id is a function of its namespace and its chain of keys,
+     * so a name never goes stale and is never removed; past NAMES_MAX the
+     * table overwrites (that block is then published by its kvtier id). */
+    pthread_mutex_t names_mu;
+    struct ev_name *names;
+    uint32_t names_cap, names_n;
     ev_rec pass[PASS_MAX];
 };
 
@@ -113,10 +130,81 @@ void kvt__events_observe(void *arg, kvt_index_event e, const kvt_index *idx, con
     }
 }
 
+/* ---- engine keys as block names ---- */
+
+static uint32_t name_home(kvt_hash128 h, uint32_t cap)
+{
+    return (uint32_t)(h.lo ^ (h.hi >> 7)) & (cap - 1);
+}
+
+static void name_put(ev_name *t, uint32_t cap, kvt_hash128 h, const void *b, uint8_t len)
+{
+    uint32_t home = name_home(h, cap), j = home;
+    for (uint32_t k = 0; k < NAME_PROBES; k++, j = (j + 1) & (cap - 1))
+        if (!t[j].len || (t[j].h.lo == h.lo && t[j].h.hi == h.hi)) break;
+    if (t[j].len && !(t[j].h.lo == h.lo && t[j].h.hi == h.hi)) j = home; /* full run: replace */
+    t[j].h = h;
+    t[j].len = len;
+    memcpy(t[j].b, b, len);
+}
+
+/* Doubles the table while under NAMES_MAX; false when it cannot. */
+static bool names_grow(kvt_events *ev)
+{
+    uint32_t cap = ev->names_cap ? ev->names_cap * 2 : 4096;
+    if (cap > NAMES_MAX) return false;
+    ev_name *t = calloc(cap, sizeof *t);
+    if (!t) return false;
+    for (uint32_t i = 0; i < ev->names_cap; i++)
+        if (ev->names[i].len) name_put(t, cap, ev->names[i].h, ev->names[i].b, ev->names[i].len);
+    free(ev->names);
+    ev->names = t;
+    ev->names_cap = cap;
+    return true;
+}
+
+void kvt__events_name(kvt_events *ev, const kvt_hash128 *h, const kvt_key *keys, uint32_t n)
+{
+    if (!ev) return;
+    pthread_mutex_lock(&ev->names_mu);
+    for (uint32_t i = 0; i < n; i++) {
+        if (!keys[i].len || keys[i].len > NAME_MAX_LEN) continue;
+        if ((ev->names_n + 1) * 2 > ev->names_cap && !names_grow(ev) && !ev->names_cap) break;
+        name_put(ev->names, ev->names_cap, h[i], keys[i].data, (uint8_t)keys[i].len);
+        ev->names_n += ev->names_n < ev->names_cap; /* an upper bound once it replaces */
+    }
+    pthread_mutex_unlock(&ev->names_mu);
+}
+
+/* The engine's key of h into b (NAME_MAX_LEN bytes): its length, 0 when
+ * h has none. */
+static uint8_t name_of(kvt_events *ev, kvt_hash128 h, uint8_t *b)
+{
+    uint8_t len = 0;
+    pthread_mutex_lock(&ev->names_mu);
+    for (uint32_t k = 0, j = ev->names_cap ? name_home(h, ev->names_cap) : 0;
+         ev->names_cap && k < NAME_PROBES && ev->names[j].len; k++, j = (j + 1) & (ev->names_cap - 1))
+        if (ev->names[j].h.lo == h.lo && ev->names[j].h.hi == h.hi) {
+            len = ev->names[j].len;
+            memcpy(b, ev->names[j].b, len);
+            break;
+        }
+    pthread_mutex_unlock(&ev->names_mu);
+    return len;
+}
+
 /* ---- encoding: vLLM's EventBatch, array-like ---- */
 
-static void pack_hash(msgpack_packer *pk, kvt_hash128 h)
+/* A block as a router knows it: the engine's key when the block was stored
+ * by a keyed request (bytes), else kvtier's 16-byte id. */
+static void pack_hash(kvt_events *ev, msgpack_packer *pk, kvt_hash128 h)
 {
+    uint8_t name[NAME_MAX_LEN], len = name_of(ev, h, name);
+    if (len) {
+        msgpack_pack_bin(pk, len);
+        msgpack_pack_bin_body(pk, name, len);
+        return;
+    }
     uint8_t b[16];
     for (int i = 0; i < 8; i++) {
         b[i] = (uint8_t)(h.hi >> (56 - 8 * i));
@@ -151,7 +239,7 @@ static uint32_t event_end(const ev_rec *r, uint32_t i, uint32_t n)
 /* ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
  *  lora_id, medium, lora_name], ["BlockRemoved", block_hashes, medium],
  * ["AllBlocksCleared"]. */
-static void pack_event(msgpack_packer *pk, const ev_rec *r, uint32_t n)
+static void pack_event(kvt_events *ev, msgpack_packer *pk, const ev_rec *r, uint32_t n)
 {
     static const char *const medium[] = {NULL, "CPU", "DISK"};
     if (r[0].kind == REC_CLEARED) {
@@ -163,9 +251,9 @@ static void pack_event(msgpack_packer *pk, const ev_rec *r, uint32_t n)
     msgpack_pack_array(pk, stored ? 8 : 3);
     pack_str(pk, stored ? "BlockStored" : "BlockRemoved");
     msgpack_pack_array(pk, n);
-    for (uint32_t i = 0; i < n; i++) pack_hash(pk, r[i].key);
+    for (uint32_t i = 0; i < n; i++) pack_hash(ev, pk, r[i].key);
     if (stored) {
-        if (r[0].has_parent) pack_hash(pk, r[0].parent);
+        if (r[0].has_parent) pack_hash(ev, pk, r[0].parent);
         else msgpack_pack_nil(pk);
         msgpack_pack_array(pk, 0); /* token_ids: kvtier's blocks are named by hash */
         msgpack_pack_uint32(pk, r[0].block_tokens);
@@ -184,7 +272,7 @@ static double now_s(void)
 }
 
 /* [ts, events, data_parallel_rank] of r[0..n) into sb. Returns events. */
-static uint32_t pack_batch(const kvt_events *ev, const ev_rec *r, uint32_t n, msgpack_sbuffer *sb)
+static uint32_t pack_batch(kvt_events *ev, const ev_rec *r, uint32_t n, msgpack_sbuffer *sb)
 {
     uint32_t events = 0;
     for (uint32_t i = 0; i < n; i = event_end(r, i, n)) events++;
@@ -195,7 +283,7 @@ static uint32_t pack_batch(const kvt_events *ev, const ev_rec *r, uint32_t n, ms
     msgpack_pack_array(&pk, events);
     for (uint32_t i = 0, j; i < n; i = j) {
         j = event_end(r, i, n);
-        pack_event(&pk, r + i, j - i);
+        pack_event(ev, &pk, r + i, j - i);
     }
     msgpack_pack_uint32(&pk, ev->dp_rank);
     return events;
@@ -388,6 +476,8 @@ static void events_free(kvt_events *ev)
         free(ev->buf[(ev->buf_first + i) % ev->buf_cap].payload);
     free(ev->buf);
     free(ev->q);
+    free(ev->names);
+    pthread_mutex_destroy(&ev->names_mu);
     free(ev);
 }
 
@@ -405,6 +495,7 @@ kvt_status kvt__events_start(kvt_events **out, const kvt_events_config *cfg)
     if (st) return st;
     kvt_events *ev = calloc(1, sizeof *ev);
     if (!ev) return kvt__fail(KVT_ENOMEM, "events: out of memory");
+    pthread_mutex_init(&ev->names_mu, NULL);
     ev->q = calloc(QUEUE_CAP, sizeof *ev->q);
     ev->buf = calloc(cfg->buffer_steps, sizeof *ev->buf);
     ev->buf_cap = cfg->buffer_steps;

@@ -50,6 +50,13 @@ typedef struct kvt_events_src {
 void kvt__events_observe(void *arg, kvt_index_event e, const kvt_index *idx, const uint32_t *ids,
                          uint32_t n);
 
+/* Names blocks h[0..n) by the engine's keys (a keyed store request's,
+ * before its blocks commit): their events then carry the key bytes
+ * instead of kvtier's ids, as the engine (vLLM's block hashes, SGLang's
+ * page hashes) names them. Keys over 64 bytes are skipped. Any thread;
+ * ev NULL: no-op. */
+void kvt__events_name(kvt_events *ev, const kvt_hash128 *h, const kvt_key *keys, uint32_t n);
+
 typedef struct kvt_events_stats {
     uint64_t batches;  /* published */
     uint64_t events;   /* BlockStored/BlockRemoved/AllBlocksCleared in them */

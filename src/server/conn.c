@@ -274,6 +274,27 @@ static void record_roots(kvt_srv_conn *c, const kvt_request *req, const kvt_stor
     if (h != &one) free(h);
 }
 
+/* With KV events on: a keyed store's planned blocks are named by the
+ * engine's keys (events.h kvt__events_name), so a router computing the
+ * engine's block hashes matches the BlockStored it will publish. One hash
+ * pass over the keys per store request (they are hashed again at commit
+ * by the cache: the events need them before). */
+static void name_blocks(kvt_srv_conn *c, const kvt_request *req, const kvt_store_plan *pl)
+{
+    kvt_events *ev = c->srv->events;
+    uint32_t bt = c->sh->shm.block_tokens;
+    uint32_t first = pl->first_token / bt, nb = pl->num_tokens / bt;
+    if (!ev || !req->keys || !nb || first > req->num_keys || nb > req->num_keys - first) return;
+    bool independent = req->flags & KVT_REQ_INDEPENDENT_KEYS;
+    uint32_t n = independent ? nb : first + nb; /* chained: the chain from key 0 */
+    kvt_hash128 *h = malloc((size_t)n * sizeof *h);
+    if (!h) return; /* the events then name these blocks by kvtier's ids */
+    uint32_t got = independent ? kvt__key_roots(req->keys + first, nb, req->ns, req->ns_len, h, nb)
+                               : kvt__key_hashes(req->keys, n, req->ns, req->ns_len, h, n);
+    if (got == n) kvt__events_name(ev, independent ? h : h + first, req->keys + first, nb);
+    free(h);
+}
+
 /* CLEAR: every unpinned block this geometry's tier holds under one
  * namespace (one this client may use) leaves the CPU and SSD tiers. New
  * stores' SSD writes pin their blocks: they are waited for first (at most
@@ -341,6 +362,7 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
         st = kvt_cache_prepare_store(c->sh->cache, &req, &pl);
         if (!st && pl.task) st = add_task(c, pl.task, KVT_TASK_STORE, pl.num_tokens);
         if (!st && pl.task) record_roots(c, &req, &pl);
+        if (!st && pl.task) name_blocks(c, &req, &pl);
         if (!st) kvt__srv_task_rep_encode(&b, pl.task, pl.first_token, pl.num_tokens);
         if (st && pl.task) kvt__cache_ext_abort(c->sh->cache, pl.task, read_deadline(c));
     }
