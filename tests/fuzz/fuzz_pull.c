@@ -31,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     uint8_t rep[KVT_PULL_REP_HDR] = {0};
     memcpy(rep, data, size < sizeof rep ? size : sizeof rep);
-    uint32_t asked = size > 24 ? kvt__get32(data + 24) % (KVT_PULL_MAX_BLOCKS + 1) : 4;
+    uint32_t asked = size >= 28 ? kvt__get32(data + 24) % (KVT_PULL_MAX_BLOCKS + 1) : 4;
     uint64_t bb = 4096;
     kvt_pull_answer a;
     if (kvt__pull_answer_decode(rep, asked, bb, "peer-y", &a) == KVT_OK) {
