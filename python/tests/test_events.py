@@ -49,11 +49,12 @@ class Events(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kvtev")
         self.sock = os.path.join(self.dir, "node.sock")
-        self.port, self.rport = free_port(), free_port()
+        self.port, self.rport, self.mport = free_port(), free_port(), free_port()
         self.srv = start_server(self.sock, "--set",
                                 "events_endpoint=tcp://127.0.0.1:%d" % self.port, "--set",
                                 "events_replay_endpoint=tcp://127.0.0.1:%d" % self.rport,
-                                "--set", "events_topic=kv@node1", "--set", "events_dp_rank=3")
+                                "--set", "events_topic=kv@node1", "--set", "events_dp_rank=3",
+                                "--set", "metrics_port=%d" % self.mport)
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -194,6 +195,16 @@ class Events(unittest.TestCase):
         self.assertGreaterEqual(len(batches), 4)
         self.assertEqual([s for s, _ in batches], list(range(len(batches))))
         self.assertEqual(batches[0][1][1][0], ["AllBlocksCleared"])
+        # The server's /metrics counts them (a replay answered, no drop).
+        import urllib.request
+        body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.mport,
+                                      timeout=10).read().decode()
+        m = {l.split()[0]: float(l.split()[1]) for l in body.splitlines()
+             if l.startswith("kvtier_events_")}
+        self.assertGreaterEqual(m["kvtier_events_batches_total"], len(batches), m)
+        self.assertGreaterEqual(m["kvtier_events_blocks_total"], 12, m)  # 6 stored, 6 removed
+        self.assertGreaterEqual(m["kvtier_events_replays_total"], 1, m)
+        self.assertEqual(m["kvtier_events_dropped_blocks_total"], 0, m)
         # kvtier events prints the same batches as JSON lines.
         r = subprocess.run([kvtier_bin(), "events", "--replay", "tcp://127.0.0.1:%d" % self.rport,
                             "--from", "0"], capture_output=True, text=True, timeout=30)

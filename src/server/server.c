@@ -482,6 +482,27 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
 
 /* The server's families on the cache's /metrics (docs/metrics.md): clients
  * attached and the index entries each client process's tasks pin. */
+/* The KV events publisher's counters (docs/metrics.md). */
+static void srv_events_metrics(kvt_mbuf *b, const kvt_events *ev)
+{
+    kvt_events_stats es;
+    kvt__events_stats(ev, &es);
+    static const struct {
+        const char *name, *help;
+    } rows[] = {
+        {"kvtier_events_batches_total", "KV event batches published."},
+        {"kvtier_events_total", "KV events (BlockStored, BlockRemoved, AllBlocksCleared) published."},
+        {"kvtier_events_blocks_total", "Block hashes in the published events."},
+        {"kvtier_events_dropped_blocks_total", "Block changes not published: the queue was full."},
+        {"kvtier_events_replays_total", "Replay requests answered."},
+    };
+    const uint64_t v[] = {es.batches, es.events, es.blocks, es.dropped, es.replays};
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        kvt__metrics_family(b, rows[i].name, "counter", rows[i].help);
+        kvt__metrics_u64(b, rows[i].name, NULL, v[i]);
+    }
+}
+
 static void srv_metrics(kvt_mbuf *b, void *arg)
 {
     kvt_server *s = arg;
@@ -496,6 +517,7 @@ static void srv_metrics(kvt_mbuf *b, void *arg)
     else b->failed = true;
     free(v);
     kvt__metrics_quotas(b, s->quota);
+    if (s->events) srv_events_metrics(b, s->events);
     pthread_mutex_lock(&s->hooks_mu);
     if (s->hooks.metrics) s->hooks.metrics(s->hooks.arg, b);
     pthread_mutex_unlock(&s->hooks_mu);
