@@ -1,5 +1,6 @@
 """One engine process attached to a kvtier server (test_client.py):
-``client_worker.py SOCKET store|load SEED [keys]``. It fills (store) or
+``client_worker.py SOCKET store|load SEED [keys|ikeys]`` (ikeys:
+independent keys, as SGLang's pages). It fills (store) or
 poisons then loads and verifies (load) an emulated engine's pages, prints
 one JSON line with what happened, and exits 0 (1 with the error)."""
 import json
@@ -21,7 +22,8 @@ def keys_of(seed, n):
 
 def main():
     sock, mode, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    keyed = len(sys.argv) > 4 and sys.argv[4] == "keys"
+    keyed = len(sys.argv) > 4 and sys.argv[4] in ("keys", "ikeys")
+    independent = len(sys.argv) > 4 and sys.argv[4] == "ikeys"  # SGLang's pages
     geo = kvtier.Geometry.preset("tiny", TPP, 1)
     eng = kvtier.EmulatedEngine(geo, 64)
     out = {"mode": mode}
@@ -33,6 +35,8 @@ def main():
         toks = tokens_of(seed, n)
         pages = [(i * 5 + 3) % 64 for i in range(n // TPP + 1)]
         req = {"keys": keys_of(seed, blocks)} if keyed else {"tokens": toks}
+        if independent:
+            req["independent"] = True
         if mode == "store":
             plan = cl.prepare_store(ns="tenant", **req)
             eng.fill(toks[:blocks * bt], pages, ns=None if keyed else "tenant")

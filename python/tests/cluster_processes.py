@@ -186,6 +186,12 @@ class Cluster(unittest.TestCase):
         self.assertEqual(s["status"], 0, s)
         self.load_until_hit("c", 12, keyed=True)
 
+    def test_independent_keys_are_pulled_too(self):
+        """SGLang's HiCache backend names pages by independent keys."""
+        s = worker(self.sock("a"), "store", 25, keyed="independent")
+        self.assertEqual(s["status"], 0, s)
+        self.load_until_hit("c", 25, keyed="independent")
+
     def test_unknown_prefix_is_a_plain_miss(self):
         worker(self.sock("a"), "store", 13)
         r = worker(self.sock("b"), "load", 14)

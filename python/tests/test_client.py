@@ -64,9 +64,11 @@ def stop_server(p):
 
 
 def worker(sock, mode, seed, keyed=False):
+    """keyed: True (chained keys), "independent" (SGLang's independent
+    page keys) or False (tokens)."""
     args = [PY, os.path.join(HERE, "client_worker.py"), sock, mode, str(seed)]
     if keyed:
-        args.append("keys")
+        args.append("ikeys" if keyed == "independent" else "keys")
     r = subprocess.run(args, capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise AssertionError("worker %s failed (%d):\n%s%s" % (mode, r.returncode, r.stdout,

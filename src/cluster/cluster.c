@@ -424,6 +424,7 @@ static kvt_request to_request(const kvt_srv_req *q)
     if (q->form) {
         r.keys = q->keys;
         r.num_keys = q->count;
+        r.flags = q->form == 2 ? KVT_REQ_INDEPENDENT_KEYS : 0;
     } else {
         r.tokens = q->tokens;
         r.num_tokens = q->count;
@@ -439,7 +440,6 @@ static kvt_status serve_fetch(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fet
     uint64_t dl = kvt__deadline_ns(cl->cfg->cluster_pull_ms);
     kvt_srv_shard *sh = kvt__srv_shard_by_fp(cl->srv, f->space);
     if (!sh) return send_answer(s, KVT_ENOTFOUND, 0, 0, dl);
-    if (q->form == 2) return send_answer(s, KVT_EUNSUPPORTED, 0, 0, dl);
     kvt_request req = to_request(q);
     kvt_match m;
     kvt_status st = kvt_cache_lookup(sh->cache, &req, &m);
@@ -829,7 +829,7 @@ static bool cl_fill(void *arg, kvt_srv_shard *sh, const kvt_request *req, uint32
 {
     kvt_cluster *cl = arg;
     uint32_t bt = sh->block_tokens;
-    if (atomic_load(&cl->stopping) || (req->flags & KVT_REQ_INDEPENDENT_KEYS)) return false;
+    if (atomic_load(&cl->stopping)) return false;
     uint32_t total = req->keys ? req->num_keys : (req->num_tokens ? (req->num_tokens - 1) / bt : 0);
     uint32_t m = matched / bt;
     if (m >= total) return false;
