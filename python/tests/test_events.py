@@ -68,15 +68,18 @@ class Events(unittest.TestCase):
             stop_server(self.srv)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def recv_until(self, pred, timeout=10.0):
-        """Batches until pred(events) of one is true."""
-        got = []
+    def recv_until(self, pred, timeout=10.0, every=False):
+        """Batches until pred(events) of one is true (every: pred of the
+        events of all batches so far: a server may publish one store's
+        blocks in one batch or two)."""
+        got, events = [], []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.sub.poll(100):
                 t, seq, b = decode(self.sub.recv_multipart())
                 got.append((t, seq, b))
-                if pred(b[1]):
+                events += b[1]
+                if pred(events if every else b[1]):
                     return got
         self.fail("no such batch within %.0f s; got %r" % (timeout, got))
 
@@ -125,7 +128,8 @@ class Events(unittest.TestCase):
                 cl.launch(plan.task, pages)
                 self.assertTrue(cl.wait(plan.task, 5).ok)
             got = self.recv_until(lambda evs: sum(len(e[1]) for e in evs
-                                                  if e[0] == "BlockStored") >= 2)
+                                                  if e[0] == "BlockStored") >= len(keys),
+                                  every=True)
             stored = [e for _, _, b in got for e in b[1] if e[0] == "BlockStored"]
             named = [h for e in stored for h in e[1]]
             self.assertEqual(named, keys, stored)
