@@ -31,8 +31,10 @@ Scheduler role: get_num_new_matched_tokens asks where the blocks are (the
 servers in socket mode, over every PP stage's and TP rank's namespace, the
 least of them, as LMCache's lookup client does; in-process the worker's
 cache of the same process), pins nothing, and remembers the answer while
-the request waits with the same computed prefix (one round trip per
-namespace per request, not per step);
+the request waits with the same computed prefix (not asked again each
+step). Requests vLLM added together (on_new_request) are looked up
+together: the step's first ask peeks for it and up to lookup_batch - 1
+others in one round trip per server (all TP ranks' namespaces in it);
 update_state_after_alloc queues the load, request_finished queues the store
 and holds the blocks (True) until every worker reported the save in
 get_finished; build_connector_meta hands both to the workers.
@@ -55,6 +57,7 @@ once by get_block_ids_with_load_errors and vLLM recomputes them; a failed
 load never hands over wrong bytes as good ones. Every wait has the
 `timeout` deadline.
 """
+import collections
 import logging
 import os
 import threading
@@ -91,6 +94,9 @@ EXTRA_KEYS = {
     "eviction": "lru or lfu, in-process mode",
     "namespace": "extra salt for every block's namespace",
     "timeout": "seconds a transfer or a server round trip may take (default 30)",
+    "lookup_batch": "socket mode: requests whose lookups share one round trip per server "
+                    "(the one asked and those added since, oldest first; default 64, 1: "
+                    "one request per round trip)",
     "tp_rank": "this worker's TP rank when vLLM's parallel state is not importable",
     "pp_rank": "this worker's PP rank when vLLM's parallel state is not importable",
     "pp_layers": "KV layers of each PP stage, a list (default: vLLM's partition of the "
@@ -99,6 +105,16 @@ EXTRA_KEYS = {
                  "(default: learned from vllm_config, see kv_layout())",
     "kvtier_options": "a dict of further kvtier options, in-process mode",
 }
+# Requests whose lookups share a round trip: vLLM adds a burst of requests
+# (on_new_request) and then asks for them one by one in the same step; the
+# first ask peeks for the oldest lookup_batch of them at once. Bounded so a
+# flood of queued requests is not looked up long before its turn (the
+# answer would be stale by then) and one PEEK_MANY stays well inside the
+# server's 4096 requests and 16 MiB payload (LOOKUP_BYTES_MAX of keys, each
+# sent as a 4-byte length and its bytes padded to 4).
+LOOKUP_BATCH = 64
+LOOKUP_BATCH_MAX = 1024
+LOOKUP_BYTES_MAX = 8 << 20
 # Options of the tiers: the server's own in socket mode.
 SERVER_KEYS = {"cpu_capacity", "workers", "eviction", "kvtier_options"}
 # Load results whose num_tokens says how many leading tokens did land (a
@@ -356,8 +372,11 @@ class KvtierConnector(KVConnectorBase_V1):
         # until its computed prefix changes (LMCache's lookup client keeps
         # its answer per request the same way)
         self._looked = {}
+        # socket mode: requests added (on_new_request) and not yet looked up,
+        # oldest first: the next lookup takes them along
+        self._new = collections.OrderedDict()
         self.peeks_sent = 0       # namespaces peeked (nothing pinned)
-        self.lookup_round_trips = 0  # round trips those took: one per server per request
+        self.lookup_round_trips = 0  # round trips those took: one per server per batch
         self._meta = KvtierConnectorMetadata()
         self._server_down = False
         if self.socket is not None and role == KVConnectorRole.SCHEDULER:
@@ -417,6 +436,12 @@ class KvtierConnector(KVConnectorBase_V1):
         if not self.timeout > 0:
             raise ValueError("kvtier: kv_connector_extra_config timeout must be > 0 seconds, "
                              "got %r" % (self.extra.get("timeout"),))
+        lb = self.extra.get("lookup_batch", LOOKUP_BATCH)
+        if isinstance(lb, bool) or not isinstance(lb, int) or not 1 <= lb <= LOOKUP_BATCH_MAX:
+            raise ValueError("kvtier: kv_connector_extra_config lookup_batch must be an integer "
+                             "1..%d (requests per lookup round trip), got %r"
+                             % (LOOKUP_BATCH_MAX, lb))
+        self.lookup_batch = lb
 
     def _ranks(self):
         """(tp rank, pp rank): vLLM's parallel state in a worker process,
@@ -890,32 +915,55 @@ class KvtierConnector(KVConnectorBase_V1):
             return []
         return [(w.cache, w.namespace)]
 
-    def _matched_blocks(self, keys):
-        """Leading blocks every target holds, or None when a peek failed
-        (the server is down: not remembered, asked again next step). One
-        round trip per server client (PP stage): every TP rank's namespace
-        on it asked at once (PEEK_MANY; nothing pinned, so no cancel
-        follows a hit); a later stage asks only for what the earlier ones
-        matched, none after one that matches nothing."""
+    def _peek_rounds(self, store, items):
+        """store.peek_many of items [(keys, ns)] in as few round trips as
+        the server's bounds allow (LOOKUP_BYTES_MAX, KVT_SRV_MAX_PEEKS):
+        the matched tokens of each."""
+        got, chunk, size = [], [], 0
+        for keys, ns in items:
+            n = sum(4 + (len(k) + 3) // 4 * 4 for k in keys)
+            if chunk and (size + n > LOOKUP_BYTES_MAX or len(chunk) == 4096):
+                got += self._peek_round(store, chunk)
+                chunk, size = [], 0
+            chunk.append((keys, ns))
+            size += n
+        if chunk:
+            got += self._peek_round(store, chunk)
+        return got
+
+    def _peek_round(self, store, chunk):
+        self.lookup_round_trips += 1
+        self.peeks_sent += len(chunk)
+        if len(chunk) > 1 and hasattr(store, "peek_many"):
+            return store.peek_many([dict(keys=k, ns=ns) for k, ns in chunk])
+        self.lookup_round_trips += len(chunk) - 1
+        return [store.peek(keys=k, ns=ns) for k, ns in chunk]
+
+    def _matched_many(self, prompts):
+        """Leading blocks every target holds, for each of prompts (lists of
+        keys), or None when a peek failed (the server is down: not
+        remembered, asked again next step). One round trip per server
+        client (PP stage) for all of them: every prompt in every TP rank's
+        namespace on it (PEEK_MANY; nothing pinned, so no cancel follows a
+        hit); a later stage asks only for what the earlier ones matched,
+        none for a prompt that matched nothing."""
         targets = self._lookup_targets()
         if not targets:
-            return 0
+            return [0] * len(prompts)
         groups = {}
         for store, ns in targets:
             groups.setdefault(id(store), (store, []))[1].append(ns)
-        best = len(keys)
+        best = [len(k) for k in prompts]
         try:
             for store, nss in groups.values():
-                self.lookup_round_trips += 1
-                self.peeks_sent += len(nss)
-                if len(nss) > 1 and hasattr(store, "peek_many"):
-                    got = store.peek_many([dict(keys=keys[:best], ns=ns) for ns in nss])
-                else:
-                    got = [store.peek(keys=keys[:best], ns=ns) for ns in nss]
-                    self.lookup_round_trips += len(nss) - 1
-                best = min([best] + [m // self.block_size for m in got])
-                if best == 0:
+                ask = [i for i, b in enumerate(best) if b > 0]
+                if not ask:
                     break
+                items = [(prompts[i][:best[i]], ns) for i in ask for ns in nss]
+                got = self._peek_rounds(store, items)
+                for j, m in enumerate(got):
+                    i = ask[j // len(nss)]
+                    best[i] = min(best[i], m // self.block_size)
         except KvtierError as e:
             if not self._server_down:
                 logger.warning("kvtier: peek failed (%s); the engine computes until it "
@@ -924,6 +972,45 @@ class KvtierConnector(KVConnectorBase_V1):
             return None
         self._server_down = False
         return best
+
+    def _matched_blocks(self, keys):
+        got = self._matched_many([keys])
+        return None if got is None else got[0]
+
+    def on_new_request(self, request):
+        """vLLM's Scheduler.add_request: in socket mode the request waits
+        for a lookup batch, which the step's first get_num_new_matched_tokens
+        sends (one round trip per server for up to lookup_batch requests
+        instead of one per request)."""
+        if not self._stages or self.lookup_batch <= 1:
+            return
+        hashes = getattr(request, "block_hashes", None)
+        if not hashes:
+            return
+        with self._mu:
+            self._new[request.request_id] = request
+
+    def _lookup_batch(self, request, asked):
+        """Looks up request (asked: its (num_computed_tokens, hashes)) with
+        the oldest requests added since the last batch and not yet asked
+        about; remembers each answer in _looked. Answers of the others
+        carry computed None: valid for whatever prefix they are asked with
+        first, as long as their hashes are the same."""
+        rid = request.request_id
+        with self._mu:
+            self._new.pop(rid, None)
+            more = []
+            while self._new and len(more) < self.lookup_batch - 1:
+                more.append(self._new.popitem(last=False)[1])
+        batch = [(rid, asked, list(request.block_hashes))]
+        batch += [(r.request_id, (None, len(h)), h) for r in more
+                  for h in [list(getattr(r, "block_hashes", None) or [])] if h]
+        got = self._matched_many([[block_key(h) for h in hs] for _, _, hs in batch])
+        if got is None:
+            return
+        with self._mu:
+            for (r, key, _), blocks in zip(batch, got):
+                self._looked[r] = (key, blocks)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         """(tokens beyond num_computed_tokens kvtier can load, load_async).
@@ -935,17 +1022,11 @@ class KvtierConnector(KVConnectorBase_V1):
         if not hashes:
             return 0, False
         rid, asked = request.request_id, (int(num_computed_tokens), len(hashes))
-        with self._mu:
-            seen = self._looked.get(rid)
-        if seen is not None and seen[0] == asked:
-            blocks = seen[1]
-        else:
-            blocks = self._matched_blocks([block_key(h) for h in hashes])
-            if blocks is None:
-                blocks = 0
-            else:
-                with self._mu:
-                    self._looked[rid] = (asked, blocks)
+        seen = self._seen(rid, asked)
+        if seen is None:
+            self._lookup_batch(request, asked)
+            seen = self._seen(rid, asked)
+        blocks = 0 if seen is None else seen
         matched = blocks * self.block_size
         # the engine always computes the last prompt token
         limit = (int(request.num_tokens) - 1) // self.block_size * self.block_size
@@ -956,12 +1037,26 @@ class KvtierConnector(KVConnectorBase_V1):
             self._asked[rid] = int(num_computed_tokens)
         return n, self.load_async
 
+    def _seen(self, rid, asked):
+        """The remembered answer for rid asked with asked, or None. A batch
+        answer (computed None) is taken for the first prefix asked."""
+        with self._mu:
+            seen = self._looked.get(rid)
+            if seen is None:
+                return None
+            (computed, n), blocks = seen
+            if n != asked[1] or computed not in (None, asked[0]):
+                return None
+            self._looked[rid] = (asked, blocks)
+            return blocks
+
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         """The request is scheduled: its load (if any) goes to the workers,
         and its remembered lookup is dropped (asked afresh if preempted)."""
         with self._mu:
             computed = self._asked.pop(request.request_id, None)
             self._looked.pop(request.request_id, None)
+            self._new.pop(request.request_id, None)
         if num_external_tokens <= 0 or computed is None:
             return
         block_ids = list(blocks.get_block_ids()[0])
@@ -983,6 +1078,7 @@ class KvtierConnector(KVConnectorBase_V1):
         with self._mu:
             self._asked.pop(request.request_id, None)
             self._looked.pop(request.request_id, None)
+            self._new.pop(request.request_id, None)
         hashes = list(getattr(request, "block_hashes", None) or [])
         n = min(len(hashes), int(getattr(request, "num_publishable_block_hashes", len(hashes))),
                 len(block_ids))

@@ -7,6 +7,7 @@ byte-checked; load errors reported for recompute; refusals."""
 import hashlib
 import itertools
 import inspect
+import re
 import time
 import types
 import unittest
@@ -294,6 +295,12 @@ class Engine(EngineBase):
                                     "got 'false'"):
             vc.KvtierConnector(vllm_config({"load_async": "false"}),
                                vc.KVConnectorRole.WORKER, None)
+        for bad in (0, 1025, "64", True):
+            with self.assertRaisesRegex(ValueError, "lookup_batch must be an integer 1..1024 "
+                                        ".requests per lookup round trip., got %s"
+                                        % re.escape(repr(bad))):
+                vc.KvtierConnector(vllm_config({"lookup_batch": bad}),
+                                   vc.KVConnectorRole.WORKER, None)
         pp2 = vllm_config()
         pp2.kv_transfer_config.kv_connector_extra_config = {"socket": "/run/k.sock"}
         pp2.parallel_config.pipeline_parallel_size = 2

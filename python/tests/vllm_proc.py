@@ -45,8 +45,14 @@ class Scheduler:
         self.reqs = {}
 
     def matched(self, rid, tokens, num_computed):
+        """vLLM's Scheduler.add_request (on_new_request), then its step."""
+        self.add(rid, tokens)
+        return self.ask(rid, num_computed)
+
+    def add(self, rid, tokens):
+        """Scheduler.add_request: the request queues; asked in a later step."""
         r = self.reqs[rid] = fakes.Request(rid, tokens, self.bs)
-        return self.conn.get_num_new_matched_tokens(r, num_computed)
+        self.conn.on_new_request(r)
 
     def ask(self, rid, num_computed):
         """vLLM asks again for a request still waiting (every step)."""

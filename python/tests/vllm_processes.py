@@ -437,6 +437,39 @@ class TensorParallel2(Deployment):
         self.assertEqual(self.sched.call("stats")["lookups"] - before["lookups"], 0)
 
 
+    def test_requests_added_together_are_looked_up_in_one_round_trip(self):
+        """vLLM adds a burst of requests (on_new_request each), then asks
+        for them one by one in one step: the first ask peeks for all of
+        them, both TP ranks' namespaces, in one round trip to the server;
+        every answer is what asking each alone gives (hits, a shorter hit,
+        misses)."""
+        a, b = self.tokens(33, 81), self.tokens(41, 82)
+        ra, ba = self.save_prompt(a, 0)
+        rb, bb = self.save_prompt(b, 12)
+        self.finish([(ra, ba), (rb, bb)])
+        prompts = [a, b, a[:20] + self.tokens(13, 83), self.tokens(33, 84), b, a]
+        want = [32, 40, 20, 0, 40, 32]
+        rids = []
+        for p in prompts:
+            self.rid += 1
+            rids.append("req-%d" % self.rid)
+            self.sched.call("add", rids[-1], p)
+        peeks, trips = self.sched.call("peeks_sent"), self.sched.call("lookup_round_trips")
+        got = [self.sched.call("ask", r, 0)[0] for r in rids]
+        self.assertEqual(got, want)
+        self.assertEqual(self.sched.call("lookup_round_trips") - trips, 1)
+        self.assertEqual(self.sched.call("peeks_sent") - peeks, 2 * len(prompts))
+        # Asked again next step (still waiting): nothing sent. A local prefix
+        # hit changes one's computed prefix: that one is asked alone.
+        self.assertEqual([self.sched.call("ask", r, 0)[0] for r in rids], want)
+        self.assertEqual(self.sched.call("ask", rids[1], 2 * BS)[0], 32)
+        self.assertEqual(self.sched.call("lookup_round_trips") - trips, 2)
+        # Loads planned from batched answers land byte-verified.
+        rp, n, _, pp = self.plan_load(b, 40)
+        self.assertEqual(n, 40)
+        self.verify(pp, self.run_until(recv=[rp]))
+
+
 class HeadMajorTensorParallel2(Deployment):
     """vLLM's CPU backend (CPU_ATTN): (2, num_blocks, num_kv_heads,
     block_size, head_size) per layer, 4 KV heads per rank (llama3-8b at TP
