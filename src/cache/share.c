@@ -160,3 +160,58 @@ uint32_t kvt__share_reclaim(kvt_cache *c, uint32_t want)
     if (got && !slots) slots = 1; /* part of a slot: worth one more try */
     return slots > want ? want : (uint32_t)slots;
 }
+
+/* The owner's coldest block in m as a key; m->mu held. */
+static cold_key owner_coldest(const kvt_cache *m, uint8_t owner)
+{
+    cold_key k = {0};
+    uint32_t id = kvt__tiers_owner_coldest(m, owner);
+    if (id == KVT_INDEX_NONE) return k;
+    kvt__index_age(m->index, id, &k.freq, &k.tick);
+    k.any = true;
+    return k;
+}
+
+/* Member m (c: already locked by the caller) with its mutex, or false. */
+static bool lock_member(kvt_cache *c, kvt_cache *m)
+{
+    return m == c || pthread_mutex_trylock(&m->mu) == 0;
+}
+
+static void unlock_member(kvt_cache *c, kvt_cache *m)
+{
+    if (m != c) pthread_mutex_unlock(&m->mu);
+}
+
+bool kvt__share_owner_room(kvt_cache *c, uint8_t owner)
+{
+    kvt_share *sh = c->share;
+    if (!sh) return kvt__tiers_owner_room(c, owner);
+    pthread_mutex_lock(&sh->mu);
+    kvt_cache *best = NULL;
+    cold_key bk = {0};
+    for (uint32_t i = 0; i < sh->n; i++) {
+        kvt_cache *m = sh->members[i];
+        if (!lock_member(c, m)) continue;
+        cold_key k = owner_coldest(m, owner);
+        unlock_member(c, m);
+        if (colder(k, bk)) {
+            best = m;
+            bk = k;
+        }
+    }
+    bool made = false;
+    if (best && lock_member(c, best)) {
+        made = kvt__tiers_owner_room(best, owner);
+        unlock_member(c, best);
+    }
+    if (!made) made = kvt__tiers_owner_room(c, owner); /* copies on the SSD, say */
+    for (uint32_t i = 0; i < sh->n && !made; i++) {
+        kvt_cache *m = sh->members[i];
+        if (m == c || !lock_member(c, m)) continue;
+        made = kvt__tiers_owner_room(m, owner);
+        unlock_member(c, m);
+    }
+    pthread_mutex_unlock(&sh->mu);
+    return made;
+}

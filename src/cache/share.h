@@ -43,6 +43,15 @@ kvt_status kvt__cache_create_shared(kvt_cache **out, const kvt_config *cfg,
  * member: retry a bounded number of times); 0 when the caller should evict
  * its own blocks instead. */
 uint32_t kvt__share_reclaim(kvt_cache *c, uint32_t want);
+/* Called by a member (its mutex held) whose owner is at its quota: the
+ * owner's coldest block over every member (its quota counts its bytes in
+ * all of them) gives up its CPU copy (kvt__tiers_owner_room there); when
+ * no member shows one among its coldest candidates, the first member that
+ * can give up any of the owner's copies does, the caller first. Members
+ * busy under their own mutex are skipped, as in reclaim. True when room
+ * was made: the quota has it for the caller's next block (the memory may
+ * still need kvt__share_reclaim). */
+bool kvt__share_owner_room(kvt_cache *c, uint8_t owner);
 /* kvt_cache_destroy: leaves the share (no reclaim touches c after). */
 void kvt__share_leave(kvt_cache *c);
 /* For kvt__cache_create_shared: the budget its pool is made with, and

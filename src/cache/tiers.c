@@ -142,15 +142,18 @@ static bool drop_owner_copy(kvt_cache *c, uint8_t owner)
     return false;
 }
 
-/* Room for one more block of an owner at its quota: its own coldest block
- * among the QUOTA_VISIT coldest candidates gives up its CPU copy (kept on
- * the SSD when durable there, else evicted); failing that, with an SSD
- * tier, one of its copies the SSD holds (drop_owner_copy). False when neither
- * is there: its store gets fewer blocks. */
-static bool make_owner_room(kvt_cache *c, uint8_t owner)
+uint32_t kvt__tiers_owner_coldest(const kvt_cache *c, uint8_t owner)
 {
     owned_by o = {c->pool, owner};
-    uint32_t id = kvt__index_coldest_where(c->index, is_owned_by, &o, QUOTA_VISIT);
+    return kvt__index_coldest_where(c->index, is_owned_by, &o, QUOTA_VISIT);
+}
+
+/* tiers.h. Its coldest block among the QUOTA_VISIT coldest candidates,
+ * failing that, with an SSD tier, one of its copies the SSD holds
+ * (drop_owner_copy). */
+bool kvt__tiers_owner_room(kvt_cache *c, uint8_t owner)
+{
+    uint32_t id = kvt__tiers_owner_coldest(c, owner);
     if (id == KVT_INDEX_NONE) {
         if (!c->ssd || !drop_owner_copy(c, owner)) return false;
     } else if (c->ssd && c->ssd_state[id] == SSD_DURABLE) {
@@ -165,18 +168,34 @@ static bool make_owner_room(kvt_cache *c, uint8_t owner)
     return true;
 }
 
+/* Room under the owner's quota for one more block of c: its blocks give
+ * up CPU copies until there is (in another geometry, one block may be
+ * smaller than c's). False when none is left to give up. */
+#define QUOTA_GIVE_UPS 1024 /* copies given up for one block: bounds the time under c->mu */
+
+static bool quota_room(kvt_cache *c, uint8_t owner)
+{
+    for (uint32_t i = 0; !kvt__pool_quota_room(c->pool, owner); i++)
+        if (i == QUOTA_GIVE_UPS ||
+            !(c->share ? kvt__share_owner_room(c, owner) : kvt__tiers_owner_room(c, owner)))
+            return false;
+    return true;
+}
+
 #define RECLAIM_TRIES 4 /* another member may take the budget a reclaim freed */
 
 /* CPU slots come from the free list, then from CPU copies the SSD holds
  * too. Without an SSD tier, cold leaves are evicted. With one, a block
  * without a durable SSD copy is never thrown out to make CPU room (the SSD
  * would keep it): the store gets fewer blocks instead.
- * An owner at its quota (quota.h) makes room from its own blocks only. */
+ * An owner at its quota (quota.h) makes room from its own blocks only,
+ * with a share in whichever geometry holds its coldest (its quota counts
+ * its bytes in every one). */
 uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots, uint8_t owner)
 {
     uint32_t got = 0, tries = 0;
     while (got < want) {
-        if (!kvt__pool_quota_room(c->pool, owner) && !make_owner_room(c, owner)) {
+        if (!quota_room(c, owner)) {
             c->quota->limited[owner] += want - got;
             break;
         }

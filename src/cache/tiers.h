@@ -40,6 +40,13 @@ uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots, ui
  * the share: free backed slots first, then CPU copies the SSD keeps, then
  * (as reserve_cpu) cold leaves. Returns slots given back. */
 uint32_t kvt__tiers_give_back(kvt_cache *c, uint32_t want);
+/* Room for one more block of an owner at its quota (quota.h), c->mu held:
+ * one of its blocks in c gives up its CPU copy (kept on the SSD when
+ * durable there, else evicted). False when c holds none it can give up. */
+bool kvt__tiers_owner_room(kvt_cache *c, uint8_t owner);
+/* The owner's coldest block among c's coldest eviction candidates (a
+ * bounded look), KVT_INDEX_NONE when none; c->mu held. */
+uint32_t kvt__tiers_owner_coldest(const kvt_cache *c, uint8_t owner);
 /* With an SSD tier: when fewer than want CPU slots are free and SSD writes
  * are in flight, waits (boundedly: STORE_ROOM_WAIT_MS) for them to land and
  * frees the CPU copies they make droppable, so a burst of stores is slowed

@@ -345,6 +345,14 @@ bool kvt__index_coldest(const kvt_index *idx, uint16_t *freq, uint64_t *tick)
     return true;
 }
 
+void kvt__index_age(const kvt_index *idx, uint32_t id, uint16_t *freq, uint64_t *tick)
+{
+    assert(kvt__live(idx, id));
+    const kvt_entry *e = &idx->entries[id];
+    *freq = idx->policy == KVT_EVICT_LFU ? e->freq : 0;
+    *tick = e->tick;
+}
+
 uint32_t kvt__index_coldest_where(const kvt_index *idx, bool (*want)(uint32_t payload, void *arg),
                                   void *arg, uint32_t max_visit)
 {

@@ -109,6 +109,8 @@ void kvt__index_share_clock(kvt_index *idx, _Atomic uint64_t *clock);
 /* The next eviction candidate's key: false when there is none. LRU: freq
  * is 0 and tick its last touch; LFU: its (freq, tick). Smaller is colder. */
 bool kvt__index_coldest(const kvt_index *idx, uint16_t *freq, uint64_t *tick);
+/* Entry id's eviction key, as kvt__index_coldest gives the coldest's. */
+void kvt__index_age(const kvt_index *idx, uint32_t id, uint16_t *freq, uint64_t *tick);
 /* The coldest eviction candidate whose payload want() accepts, looking at
  * no more than max_visit (at most 128) candidates coldest first;
  * KVT_INDEX_NONE when none of those is. */

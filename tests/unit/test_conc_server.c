@@ -2617,6 +2617,51 @@ static void test_quota_with_ssd(void **state)
     stop_server(srv, path);
 }
 
+/* server_quotas across geometries: a namespace's quota counts its bytes
+ * in every geometry, so it makes room from its own blocks in any of them.
+ * busy fills its 256 KiB in geometry A (8 KiB blocks), then stores in
+ * geometry B (16 KiB blocks), where it holds nothing yet: B's stores are
+ * whole (its coldest blocks in A went), byte-verified, and busy stays at
+ * its quota; the quiet namespace loses nothing. */
+static void test_quota_across_geometries(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "qgeo.sock");
+    static const char *const opts[] = {"cpu_capacity", "4MiB", "server_quotas", "busy=256KiB",
+                                       NULL};
+    g_opts = opts;
+    g_any_geometry = true;
+    pid_t srv = start_server(path, NULL);
+    g_any_geometry = false;
+    g_opts = NULL;
+    engine a, b;
+    assert_ok(engine_open(&a, path, 2)); /* 64 KiB a request: the quota holds 4 */
+    enum { QUIET = 4, A_BUSY = 4, B_BUSY = 2 };
+    for (uint64_t i = 0; i < QUIET; i++) assert_int_equal(stored_ns(&a, 7000 + i, "quiet"), BLOCKS * TPP);
+    for (uint64_t i = 0; i < A_BUSY; i++) assert_int_equal(stored_ns(&a, 7100 + i, "busy"), BLOCKS * TPP);
+    assert_ok(engine_open(&b, path, 4)); /* 128 KiB a request */
+    for (uint64_t i = 0; i < B_BUSY; i++)
+        if (stored_ns(&b, 7200 + i, "busy") != BLOCKS * TPP)
+            fail_msg("busy's store %llu in geometry B was cut short: its blocks in geometry A "
+                     "count against its quota and could have made room", (unsigned long long)i);
+    for (uint64_t i = 0; i < B_BUSY; i++) assert_int_equal(loaded_ns(&b, 7200 + i, "busy"), BLOCKS * TPP);
+    for (uint64_t i = 0; i < QUIET; i++) assert_int_equal(loaded_ns(&a, 7000 + i, "quiet"), BLOCKS * TPP);
+    uint32_t in_a = 0;
+    for (uint64_t i = 0; i < A_BUSY; i++) in_a += loaded_ns(&a, 7100 + i, "busy");
+    kvt_quota_usage q;
+    uint32_t nq = 0;
+    assert_ok(kvt_server_quotas(path, TIMEOUT_MS, &q, 1, &nq));
+    assert_int_equal(in_a, 0); /* B's 256 KiB took all of A's */
+    assert_int_equal(q.used_bytes, 256 << 10);
+    assert_int_equal(q.limited_blocks, 0);
+    assert_int_equal(q.evicted_blocks, A_BUSY * BLOCKS);
+    engine_close(&a);
+    engine_close(&b);
+    stop_server(srv, path);
+}
+
 /* KVT_REQ_VISIBLE_AT_END: a store's wait returns with the server's
  * verdict, once every other client can find its blocks: three round trips
  * (PREPARE, LAUNCH, END_SYNC), all of them made by the time the wait
@@ -3026,6 +3071,7 @@ int main(void)
         cmocka_unit_test_teardown(test_quota_by_namespace, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_visible_at_end, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_quota_with_ssd, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_quota_across_geometries, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_clear_namespace, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, kvt_test_servers_kill),
