@@ -717,14 +717,17 @@ typedef struct kvt_cluster_counters {
 } kvt_cluster_counters;
 
 /* Joins srv (made by kvt_server_create, not yet run) to the cluster its
- * options name: cluster_redis (required), cluster_node, cluster_listen,
- * cluster_advertise, cluster_secret_file, cluster_lease_ms,
+ * options name: cluster_redis (required), cluster_redis_password_file,
+ * cluster_node, cluster_listen, cluster_advertise, cluster_secret_file, cluster_lease_ms,
  * cluster_pull_ms, cluster_prefill_tps, cluster_serve_max. Bumps the
  * node's epoch in the directory (entries of its earlier life are never
  * trusted), publishes what the server holds already (recovered from SSD)
  * and starts its threads. KVT_EINVAL: cluster_redis empty, a malformed
  * option (named), or a cluster_listen off loopback without
- * cluster_secret_file; KVT_ESTATE: srv already runs, or already joined;
+ * cluster_secret_file, or a password file that cannot be read or is
+ * malformed (named); KVT_EAUTH: Redis wants a password and none was set,
+ * or refused the one in cluster_redis_password_file (the message says
+ * which); KVT_ESTATE: srv already runs, or already joined;
  * KVT_EIO/KVT_EPROTO: Redis answered an error or something unexpected
  * (quoted); KVT_EFULL: a Redis Cluster of more than 64 primaries;
  * KVT_ESYS: cluster_listen cannot be bound (why). A Redis that does not
@@ -733,7 +736,7 @@ typedef struct kvt_cluster_counters {
  * holdings published) when Redis answers, retried with backoff up to 5 s.
  * The caller owns *out: leave after kvt_server_run returned and before
  * kvt_server_destroy. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ESTATE, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ESTATE, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH. */
 kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out);
 /* Stops serving peers, deletes this node's lease in the directory (its
  * entries stop being trusted at once) and frees cl. NULL: no-op. */

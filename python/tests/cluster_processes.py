@@ -381,5 +381,98 @@ class SecretCluster(Cluster):
         self.assertIn("cluster", self.log("c"))
 
 
+class PasswordCluster(unittest.TestCase):
+    """A directory Redis with requirepass (cluster_redis_password_file):
+    nodes AUTH and pull as without one, `kvtier cluster status` reads it
+    with --redis-password-file, and a node or reader without the password,
+    or with a wrong one, is told exactly that."""
+    password = "redis pass 42"
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kvtclpw")
+        self.port = free_port()
+        self.redis = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir, "--requirepass", self.password],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not self.answers():
+            self.assertLess(time.monotonic(), deadline, "redis-server did not start")
+            time.sleep(0.05)
+        self.pwfile = self.write("redis.pw", self.password + "\n")
+        self.nodes = {}
+        for name in ("a", "b"):
+            self.nodes[name] = self.start_node(name, self.pwfile)
+
+    def tearDown(self):
+        for p in self.nodes.values():
+            if p.poll() is None:
+                stop_server(p)
+        self.redis.kill()
+        self.redis.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def answers(self):
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"-NOAUTH")
+        except OSError:
+            return False
+
+    def write(self, name, text):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def sock(self, name):
+        return os.path.join(self.dir, name + ".sock")
+
+    def start_node(self, name, pwfile):
+        extra = ["--set", "cluster_redis=127.0.0.1:%d" % self.port,
+                 "--set", "cluster_node=node-" + name, "--set", "cluster_lease_ms=1500"]
+        if pwfile:
+            extra += ["--set", "cluster_redis_password_file=" + pwfile]
+        return start_server(self.sock(name), *extra, model=None)
+
+    def status(self, *more):
+        return subprocess.run([kvtier_bin(), "cluster", "status", "--redis",
+                               "127.0.0.1:%d" % self.port, "--json"] + list(more),
+                              capture_output=True, text=True, timeout=30)
+
+    def test_nodes_authenticate_and_pull(self):
+        self.assertEqual(worker(self.sock("a"), "store", 31)["status"], 0)
+        deadline = time.monotonic() + 10
+        while True:
+            r = worker(self.sock("b"), "load", 31)
+            self.assertEqual(r.get("mismatches", 0), 0, r)
+            if r["matched"] == BLOCKS * r["block_tokens"]:
+                self.assertGreater(r["bytes_checked"], 0, r)
+                break
+            self.assertLess(time.monotonic(), deadline, r)
+            time.sleep(0.1)
+        r = self.status("--redis-password-file", self.pwfile)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual({n["node"] for n in json.loads(r.stdout)["nodes"]}, {"node-a", "node-b"})
+
+    def test_without_the_password_the_message_says_what_to_set(self):
+        r = self.status()
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("wants a password", r.stderr)
+        self.assertIn("cluster_redis_password_file", r.stderr)
+        wrong = self.write("wrong.pw", "not it")
+        with self.assertRaises(AssertionError) as e:
+            self.nodes["c"] = self.start_node("c", wrong)
+        self.assertIn("refused the password", str(e.exception))
+        with self.assertRaises(AssertionError) as e:
+            self.nodes["d"] = self.start_node("d", None)
+        self.assertIn("wants a password", str(e.exception))
+        two = self.write("two.pw", "a\nb\n")
+        with self.assertRaises(AssertionError) as e:
+            self.nodes["e"] = self.start_node("e", two)
+        self.assertIn("line break at byte 1", str(e.exception))
+
+
 if __name__ == "__main__":
     unittest.main()

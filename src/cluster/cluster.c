@@ -34,6 +34,7 @@
 #include "util/clock.h"
 #include "util/err.h"
 #include "util/log.h"
+#include "util/parse.h"
 
 #define CL_QUEUE 65536         /* index changes waiting to be published, at most */
 #define CL_BATCH 512           /* published per directory round trip */
@@ -93,6 +94,7 @@ struct kvt_cluster {
     char node[KVT_DIR_NODE_MAX], advertise[KVT_DIR_ADDR_MAX];
     uint8_t *secret;
     size_t secret_len;
+    char redis_password[KVT_DIR_PASSWORD_MAX + 1]; /* "": no AUTH; wiped at leave */
     int listen_fd;
     uint16_t port;
     int stop_pipe[2];
@@ -897,11 +899,6 @@ static void cl_metrics(void *arg, kvt_mbuf *b)
 /* Join and leave                                                   */
 /* ---------------------------------------------------------------- */
 
-static bool loopback_host(const char *host)
-{
-    return !strncmp(host, "127.", 4) || !strcmp(host, "localhost");
-}
-
 static kvt_status open_listener(kvt_cluster *cl)
 {
     const kvt_config_values *v = cl->cfg;
@@ -916,7 +913,7 @@ static kvt_status open_listener(kvt_cluster *cl)
         return kvt__fail(KVT_EINVAL, "kvt_cluster_join: cluster_listen \"%s\" is not "
                          "IPV4-HOST:PORT", v->cluster_listen);
     }
-    if (!loopback_host(host) && !cl->secret)
+    if (!kvt__host_is_loopback(host) && !cl->secret)
         return kvt__fail(KVT_EINVAL, "kvt_cluster_join: cluster_listen %s is not a loopback "
                          "address and cluster_secret_file is not set: anyone who reaches it "
                          "could read every block this node holds; give every node the same "
@@ -948,7 +945,12 @@ static kvt_status open_dir(kvt_cluster *cl)
                          "cannot be read: %s", strerror(errno));
     }
     uint32_t t = v->cluster_pull_ms / 2 < 1000 ? v->cluster_pull_ms / 2 : 1000;
-    cl->dcfg = (kvt_dir_config){.redis = v->cluster_redis, .node = cl->node,
+    if (v->cluster_redis_password_file[0]) {
+        kvt_status st = kvt__dir_password_load(v->cluster_redis_password_file, "kvt_cluster_join: "
+                                               "cluster_redis_password_file", cl->redis_password);
+        if (st) return st;
+    }
+    cl->dcfg = (kvt_dir_config){.redis = v->cluster_redis, .password = cl->redis_password, .node = cl->node,
                                 .advertise = cl->advertise, .lease_ms = v->cluster_lease_ms,
                                 .timeout_ms = t ? t : 1};
     kvt_dir *d = NULL;
@@ -1052,6 +1054,7 @@ void kvt_cluster_leave(kvt_cluster *cl)
     for (int i = 0; i < 2; i++)
         if (cl->stop_pipe[i] >= 0) close(cl->stop_pipe[i]);
     if (cl->secret) kvt__srv_secret_free(cl->secret, cl->secret_len);
+    explicit_bzero(cl->redis_password, sizeof cl->redis_password);
     pthread_mutex_destroy(&cl->qmu);
     pthread_cond_destroy(&cl->qcv);
     pthread_mutex_destroy(&cl->mu);

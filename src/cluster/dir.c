@@ -20,6 +20,7 @@
 #include "cluster/dir.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -29,7 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 #include "util/clock.h"
+#include "util/file.h"
+#include "util/parse.h"
 #include "util/err.h"
 #include "util/log.h"
 
@@ -37,7 +41,6 @@
 #define DIR_SEEDS_MAX 16      /* addresses in the redis string */
 #define DIR_PREFIX_MAX 64     /* key prefix bytes */
 #define DIR_NAME_MAX 128      /* sentinel master name, with its NUL */
-#define DIR_PASSWORD_MAX 512  /* AUTH password bytes */
 /* prefix + "b:" + 16 hex + ":" + 32 hex, or prefix + "n:" + node id */
 #define DIR_KEY_MAX (DIR_PREFIX_MAX + 2 + KVT_DIR_NODE_MAX + 8)
 #define DIR_BATCH 512         /* blocks per pipelined round trip (dir.h) */
@@ -79,12 +82,13 @@ struct kvt_dir {
     char prefix[DIR_PREFIX_MAX + 1];
     char node[KVT_DIR_NODE_MAX];
     char advertise[KVT_DIR_ADDR_MAX];
-    char password[DIR_PASSWORD_MAX + 1];
+    char password[KVT_DIR_PASSWORD_MAX + 1];
     char name[DIR_NAME_MAX];                  /* Sentinel's master name */
     char seeds[DIR_SEEDS_MAX][KVT_DIR_ADDR_MAX]; /* Redis, sentinels or cluster seeds */
     uint32_t nseeds;
     uint32_t lease_ms, timeout_ms;
     bool watch_only; /* a reader: no epoch, no lease, writes refused */
+    _Atomic bool warned_open; /* the unauthenticated-Redis warning was logged */
     uint64_t epoch;
     char epoch_str[24];
     char lease_val[24 + KVT_DIR_ADDR_MAX]; /* "<epoch> <advertise>" */
@@ -388,6 +392,11 @@ static kvt_status ctx_open(const kvt_dir *d, const char *addr, bool auth, redisC
         redisFree(c);
         return st;
     }
+    if (auth && !d->password[0] && !d->watch_only && !kvt__host_is_loopback(host) &&
+        !atomic_exchange(&d->warned_open, true))
+        kvt__log(KVT_LOG_WARN, "cluster directory: Redis at %s is not on loopback and no "
+                 "password is set (cluster_redis_password_file): anyone who reaches it can "
+                 "rewrite which node holds what (pulls then miss); set requirepass there", addr);
     if (auth && d->password[0]) {
         redisReply *r = NULL;
         const char *argv[] = {"AUTH", d->password};
@@ -893,13 +902,25 @@ static kvt_status cmds_alloc(dir_cmd **out, size_t n)
     return KVT_OK;
 }
 
-/* A plain error among a batch's answers: KVT_EIO naming it. */
-static kvt_status reply_errors(const dir_cmd *cmds, size_t n)
+/* An error answer to cmd: KVT_EAUTH saying what to set when Redis wants
+ * a password (NOAUTH) or refused the one given (WRONGPASS), else
+ * KVT_EIO quoting it. */
+static kvt_status reply_error(const kvt_dir *d, const dir_cmd *cmd)
+{
+    const char *e = cmd->r->str;
+    if (!strncmp(e, "NOAUTH", 6) || !strncmp(e, "WRONGPASS", 9))
+        return kvt__fail(KVT_EAUTH, "cluster directory: Redis (%s) %s: %s %s answered \"%s\"; set "
+                         "cluster_redis_password_file to a file holding its requirepass",
+                         d->seeds[0], d->password[0] ? "refused the password" : "wants a password",
+                         cmd->argv[0], cmd->key, e);
+    return kvt__fail(KVT_EIO, "cluster directory: Redis refused %s %s: %s", cmd->argv[0], cmd->key, e);
+}
+
+/* A plain error among a batch's answers: reply_error's status. */
+static kvt_status reply_errors(const kvt_dir *d, const dir_cmd *cmds, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        if (cmds[i].r->type == REDIS_REPLY_ERROR)
-            return kvt__fail(KVT_EIO, "cluster directory: Redis refused %s %s: %s", cmds[i].argv[0],
-                             cmds[i].key, cmds[i].r->str);
+        if (cmds[i].r->type == REDIS_REPLY_ERROR) return reply_error(d, &cmds[i]);
     return KVT_OK;
 }
 
@@ -975,8 +996,8 @@ static kvt_status check_config(kvt_dir *d, const kvt_dir_config *cfg)
     kvt_status st = parse_redis(d, cfg->redis);
     if (st) return st;
     const char *pw = cfg->password ? cfg->password : "";
-    if (strlen(pw) > DIR_PASSWORD_MAX)
-        return kvt__fail(KVT_EINVAL, "cluster directory: password is longer than %d bytes", DIR_PASSWORD_MAX);
+    if (strlen(pw) > KVT_DIR_PASSWORD_MAX)
+        return kvt__fail(KVT_EINVAL, "cluster directory: password is longer than %d bytes", KVT_DIR_PASSWORD_MAX);
     strcpy(d->password, pw);
     const char *pre = cfg->prefix ? cfg->prefix : "kvt:";
     size_t pn = strlen(pre);
@@ -1036,6 +1057,7 @@ static void dir_free(kvt_dir *d)
     pthread_mutex_destroy(&d->refresh_mu);
     pthread_mutex_destroy(&d->state_mu);
     pthread_mutex_destroy(&d->lease_mu);
+    explicit_bzero(d->password, sizeof d->password);
     free(d);
 }
 
@@ -1059,9 +1081,9 @@ static kvt_status dir_start(kvt_dir *d)
     cmd_key(&c[0], "%se:%s", d->prefix, d->node);
     c[0].argc = 2;
     kvt_status st = batch_exec(d, ROLE_WRITE, c, 1);
+    if (!st && c[0].r->type == REDIS_REPLY_ERROR) st = reply_error(d, &c[0]);
     if (!st && c[0].r->type != REDIS_REPLY_INTEGER)
-        st = kvt__fail(KVT_EPROTO, "cluster directory: INCR %s answered %s", c[0].key,
-                       c[0].r->type == REDIS_REPLY_ERROR ? c[0].r->str : "no integer");
+        st = kvt__fail(KVT_EPROTO, "cluster directory: INCR %s answered no integer", c[0].key);
     if (!st && c[0].r->integer <= 0)
         st = kvt__fail(KVT_EPROTO, "cluster directory: INCR %s answered %lld", c[0].key, c[0].r->integer);
     if (st) {
@@ -1075,7 +1097,7 @@ static kvt_status dir_start(kvt_dir *d)
     memset(c, 0, sizeof c);
     lease_cmd(d, &c[0]);
     st = batch_exec(d, ROLE_WRITE, c, 1);
-    if (!st) st = reply_errors(c, 1);
+    if (!st) st = reply_errors(d, c, 1);
     if (c[0].r) freeReplyObject(c[0].r);
     return st;
 }
@@ -1212,7 +1234,7 @@ static kvt_status write_blocks(kvt_dir *d, uint64_t space, const kvt_hash128 *h,
         }
         k += (size_t)m * per;
         st = batch_exec(d, ROLE_WRITE, c, k);
-        if (!st) st = reply_errors(c, k);
+        if (!st) st = reply_errors(d, c, k);
         for (size_t j = 0; j < k; j++)
             if (c[j].r) freeReplyObject(c[j].r);
         lease = false;
@@ -1260,7 +1282,7 @@ kvt_status kvt__dir_set_holding(kvt_dir *d, uint64_t blocks, uint64_t bytes)
     cmd_arg(&c[0], 3, "PX");
     cmd_arg(&c[0], 4, px);
     kvt_status st = batch_exec(d, ROLE_WRITE, c, 1);
-    if (!st) st = reply_errors(c, 1);
+    if (!st) st = reply_errors(d, c, 1);
     if (c[0].r) freeReplyObject(c[0].r);
     return st;
 }
@@ -1277,7 +1299,7 @@ kvt_status kvt__dir_forget(kvt_dir *d, uint64_t space, const kvt_hash128 *h, con
     block_key(d, &c[0], space, *h);
     cmd_arg(&c[0], 2, node);
     kvt_status st = batch_exec(d, ROLE_WRITE, c, 1);
-    if (!st) st = reply_errors(c, 1);
+    if (!st) st = reply_errors(d, c, 1);
     if (c[0].r) freeReplyObject(c[0].r);
     return st;
 }
@@ -1374,7 +1396,7 @@ static kvt_status leases_read(kvt_dir *d, lease_ent *l, uint32_t nl)
         c[k++].argc = 2;
     }
     st = batch_exec(d, ROLE_LOOKUP, c, nw);
-    if (!st) st = reply_errors(c, nw);
+    if (!st) st = reply_errors(d, c, nw);
     uint64_t now = kvt__now_ns();
     pthread_mutex_lock(&d->lease_mu);
     for (uint32_t i = 0, k = 0; i < nl && !st; i++) {
@@ -1428,7 +1450,7 @@ static kvt_status lookup_batch(kvt_dir *d, dir_cmd *c, uint64_t space, const kvt
         c[i].argc = 2;
     }
     kvt_status st = batch_exec(d, ROLE_LOOKUP, c, n);
-    if (!st) st = reply_errors(c, n);
+    if (!st) st = reply_errors(d, c, n);
     uint32_t held = 0; /* leading blocks with any entry */
     for (; !st && held < n; held++) {
         if (c[held].r->type != REDIS_REPLY_ARRAY)
@@ -1529,7 +1551,7 @@ static kvt_status scan_nodes(kvt_dir *d, char ***names, uint32_t *kept, uint32_t
             c[0].shard = shard[s];
             c[0].fixed = true;
             st = batch_exec(d, ROLE_LOOKUP, c, 1);
-            if (!st) st = reply_errors(c, 1);
+            if (!st) st = reply_errors(d, c, 1);
             const redisReply *r = st ? NULL : c[0].r;
             if (r && (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
                       r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len >= sizeof cursor ||
@@ -1575,7 +1597,7 @@ static kvt_status read_nodes(kvt_dir *d, char **names, uint32_t n, kvt_dir_node 
         c[3 * i + 2].argc = 2;
     }
     st = batch_exec(d, ROLE_LOOKUP, c, 3 * (size_t)n);
-    if (!st) st = reply_errors(c, 3 * (size_t)n);
+    if (!st) st = reply_errors(d, c, 3 * (size_t)n);
     *have = 0;
     for (uint32_t i = 0; i < n && !st; i++) {
         const redisReply *v = c[3 * i].r, *t = c[3 * i + 1].r, *h = c[3 * i + 2].r;
@@ -1639,4 +1661,51 @@ void kvt__dir_topology(kvt_dir *d, char *buf, size_t len)
         snprintf(buf, len, "sentinel primary %s at %s", d->name, d->shards[0].addr);
     else snprintf(buf, len, "cluster of %u primar%s", d->nprimaries, d->nprimaries == 1 ? "y" : "ies");
     pthread_mutex_unlock(&d->topo_mu);
+}
+
+/* The password file's bytes buf[0..*n): one trailing newline dropped,
+ * then 1..KVT_DIR_PASSWORD_MAX bytes with no NUL or line break. */
+static kvt_status check_password(const char *buf, ssize_t *np, const char *path, const char *who)
+{
+    ssize_t n = *np;
+    if (n > 0 && buf[n - 1] == '\n') n--;
+    if (n > 0 && buf[n - 1] == '\r') n--;
+    if (n == 0 || n > KVT_DIR_PASSWORD_MAX)
+        return kvt__fail(KVT_EINVAL, "%s: password file %s holds %s bytes (want 1..%d, one "
+                         "trailing newline allowed)", who, path, n ? "too many" : "no",
+                         KVT_DIR_PASSWORD_MAX);
+    for (ssize_t i = 0; i < n; i++)
+        if (buf[i] == '\0' || buf[i] == '\n' || buf[i] == '\r')
+            return kvt__fail(KVT_EINVAL, "%s: password file %s holds a %s at byte %zd (one "
+                             "password on one line)", who, path,
+                             buf[i] ? "line break" : "NUL byte", i);
+    *np = n;
+    return KVT_OK;
+}
+
+kvt_status kvt__dir_password_load(const char *path, const char *who,
+                                  char out[KVT_DIR_PASSWORD_MAX + 1])
+{
+    KVT_CHECK_ARG(path && who && out, "kvt__dir_password_load: an argument is NULL");
+    mode_t mode = 0;
+    int fd = kvt__open_regular(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, &mode);
+    if (fd == KVT_NOT_REGULAR)
+        return kvt__fail(KVT_EINVAL, "%s: password file %s is %s", who, path, kvt__file_kind(mode));
+    if (fd < 0)
+        return kvt__fail(KVT_EINVAL, "%s: cannot open password file %s: %s", who, path,
+                         strerror(errno));
+    char buf[KVT_DIR_PASSWORD_MAX + 2];
+    ssize_t n = read(fd, buf, sizeof buf);
+    int e = errno;
+    close(fd);
+    if (n < 0) return kvt__fail(KVT_EINVAL, "%s: cannot read %s: %s", who, path, strerror(e));
+    kvt_status st = check_password(buf, &n, path, who);
+    if (st) {
+        explicit_bzero(buf, sizeof buf);
+        return st;
+    }
+    memcpy(out, buf, (size_t)n);
+    out[n] = '\0';
+    explicit_bzero(buf, sizeof buf);
+    return KVT_OK;
 }

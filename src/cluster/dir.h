@@ -38,6 +38,7 @@ typedef struct kvt_dir kvt_dir;
 
 #define KVT_DIR_NODE_MAX 64 /* node id bytes, with its NUL */
 #define KVT_DIR_ADDR_MAX 64 /* "host:port", with its NUL */
+#define KVT_DIR_PASSWORD_MAX 512 /* Redis AUTH password bytes */
 
 typedef struct kvt_dir_config {
     /* "host:port" (one Redis), "sentinel://h1:p1,h2:p2/<master name>"
@@ -53,6 +54,14 @@ typedef struct kvt_dir_config {
     uint32_t timeout_ms;    /* one round trip's deadline, >= 1 */
     bool watch_only;        /* a reader (kvtier cluster status): no epoch, no lease */
 } kvt_dir_config;
+
+/* Reads a Redis password file (cluster_redis_password_file; the CLI's
+ * --redis-password-file) into out: a regular file of 1..512 bytes, its one
+ * trailing newline dropped, no NUL and no other line break in it (Redis
+ * requirepass). who names the option in messages. KVT_EINVAL naming the
+ * file and what is wrong. */
+kvt_status kvt__dir_password_load(const char *path, const char *who,
+                                  char out[KVT_DIR_PASSWORD_MAX + 1]);
 
 /* Connects, INCRs the node's epoch and writes its lease. KVT_EINVAL for a
  * bad config (the message names the field); KVT_ECONN/KVT_ETIMEDOUT when

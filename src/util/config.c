@@ -189,6 +189,10 @@ static const opt_def OPTIONS[] = {
     STRING_OPT(cluster_secret_file, CLUSTER_SECRET_FILE, RANK_LOCAL, "",
                "a file of 16..1024 bytes, the same on every node: peers prove they hold it "
                "(HMAC-SHA256) before a block moves; empty: none (loopback only)"),
+    STRING_OPT(cluster_redis_password_file, CLUSTER_REDIS_PASSWORD_FILE, RANK_LOCAL, "",
+               "a file holding the directory Redis's password (requirepass), one line: every "
+               "connection to it AUTHs first; empty: no AUTH (a Redis off loopback is then "
+               "warned about)"),
     UINT_OPT(cluster_lease_ms, CLUSTER_LEASE_MS, RANK_LOCAL, 10000, 100, 3600000,
              "a node's directory entries are trusted this many ms after its last renewal"),
     UINT_OPT(cluster_pull_ms, CLUSTER_PULL_MS, RANK_LOCAL, 2000, 10, 600000,

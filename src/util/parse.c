@@ -118,3 +118,8 @@ size_t kvt__json_find_nul(const char *json, size_t len)
     }
     return SIZE_MAX;
 }
+
+bool kvt__host_is_loopback(const char *host)
+{
+    return host && (!strncmp(host, "127.", 4) || !strcmp(host, "localhost"));
+}

@@ -136,13 +136,15 @@ static uint64_t ms_since(uint64_t t0)
     return (kvt__now_ns() - t0) / 1000000;
 }
 
-/* Waits (10 s at most) until the server on port answers PING. */
+/* Waits (10 s at most) until the server on port answers PING (with
+ * PONG, or NOAUTH when it has a password). */
 static void wait_ping(uint16_t port)
 {
     uint64_t t0 = kvt__now_ns();
     for (;;) {
         redisReply *r = rcmd(port, "PING");
-        bool ok = r && r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0;
+        bool ok = r && ((r->type == REDIS_REPLY_STATUS && strcmp(r->str, "PONG") == 0) ||
+                        (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOAUTH", 6) == 0));
         if (r) freeReplyObject(r);
         if (ok) return;
         if (ms_since(t0) > 10000) fail_msg("redis on port %u does not answer PING", port);
@@ -592,6 +594,87 @@ static void test_down_and_back(void **state)
     assert_int_equal(warn_lines, 2); /* one per handle */
     assert_int_equal(info_lines, 2);
     kvt__dir_close(a);
+    kvt__dir_close(b);
+    reap(pid);
+}
+
+static void write_file(const char *name, const void *p, size_t n, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/%s", tmp, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+/* A Redis with requirepass (cluster_redis_password_file): the password
+ * file's rules, each refusal naming the file; AUTH on open and again on
+ * the reconnect after the Redis restarts (its lease and entries put back);
+ * without the password, or a wrong one, the open fails naming the address. */
+static void test_password(void **state)
+{
+    (void)state;
+    char pw[KVT_DIR_PASSWORD_MAX + 1], path[300], big[KVT_DIR_PASSWORD_MAX + 1];
+
+    write_file("pw-empty", "", 0, path, sizeof path);
+    EXPECT_ERR(kvt__dir_password_load(path, "opt", pw), KVT_EINVAL, "opt", path, "no bytes");
+    write_file("pw-nl", "\n", 1, path, sizeof path);
+    EXPECT_ERR(kvt__dir_password_load(path, "opt", pw), KVT_EINVAL, "no bytes");
+    write_file("pw-two", "a\nb\n", 4, path, sizeof path);
+    EXPECT_ERR(kvt__dir_password_load(path, "opt", pw), KVT_EINVAL, "line break at byte 1");
+    write_file("pw-nul", "ab\0c", 4, path, sizeof path);
+    EXPECT_ERR(kvt__dir_password_load(path, "opt", pw), KVT_EINVAL, "NUL byte at byte 2");
+    memset(big, 'x', sizeof big);
+    write_file("pw-big", big, sizeof big, path, sizeof path);
+    EXPECT_ERR(kvt__dir_password_load(path, "opt", pw), KVT_EINVAL, "too many bytes", "1..512");
+    EXPECT_ERR(kvt__dir_password_load(tmp, "opt", pw), KVT_EINVAL, "is a directory");
+    EXPECT_ERR(kvt__dir_password_load("/nonexistent/pw", "opt", pw), KVT_EINVAL,
+               "/nonexistent/pw", "No such file");
+    END_CHECKS();
+    write_file("pw-ok", "s3cret pass\n", 12, path, sizeof path);
+    assert_ok(kvt__dir_password_load(path, "opt", pw));
+    assert_string_equal(pw, "s3cret pass"); /* the newline dropped, the space kept */
+
+    uint16_t port = free_port();
+    const char *const extra[] = {"--requirepass", "s3cret pass", NULL};
+    pid_t pid = redis_start(port, extra);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+    kvt_dir *d = NULL;
+    kvt_dir_config c = config(addr, "pw:", "a");
+
+    EXPECT_ERR(kvt__dir_open(&d, &c), KVT_EAUTH, addr, "wants a password", "NOAUTH",
+               "cluster_redis_password_file");
+    c.password = "wrong";
+    EXPECT_ERR(kvt__dir_open(&d, &c), KVT_EAUTH, addr, "refused the password");
+    END_CHECKS();
+    assert_null(d);
+    c.password = pw;
+    assert_ok(kvt__dir_open(&d, &c));
+    kvt_dir *b = NULL;
+    kvt_dir_config cb = config(addr, "pw:", "b");
+    cb.password = pw;
+    assert_ok(kvt__dir_open(&b, &cb));
+    publish(d, 0, 2);
+    assert_int_equal(found(b, 0, 2, NULL), 2);
+    /* restarted (empty): the reconnect AUTHs again and puts a's entries back */
+    reap(pid);
+    pid = redis_start(port, extra);
+    kvt_hash128 h[2];
+    blocks(h, 0, 2);
+    uint64_t t0 = kvt__now_ns();
+    kvt_status st;
+    while ((st = kvt__dir_renew(d, SPACE, h, 2)) != KVT_OK) {
+        if (st == KVT_EAUTH || st == KVT_EIO) fail_msg("reconnect without AUTH? %s", kvt_last_error());
+        assert_true(ms_since(t0) < 8000);
+        sleep_ms(50);
+    }
+    while ((st = kvt__dir_renew(b, SPACE, NULL, 0)) != KVT_OK) {
+        assert_true(ms_since(t0) < 8000);
+        sleep_ms(50);
+    }
+    assert_int_equal(found(b, 0, 2, NULL), 2);
+    kvt__dir_close(d);
     kvt__dir_close(b);
     reap(pid);
 }
@@ -1113,6 +1196,7 @@ int main(void)
         cmocka_unit_test(test_nodes),
         cmocka_unit_test(test_many_holders),
         cmocka_unit_test(test_down_and_back),
+        cmocka_unit_test(test_password),
         cmocka_unit_test(test_timeout),
         cmocka_unit_test(test_sentinel_failover),
         cmocka_unit_test(test_cluster),
