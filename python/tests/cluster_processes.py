@@ -137,6 +137,27 @@ class Cluster(unittest.TestCase):
         self.load_until_hit("c", 11)
         self.load_until_hit("a", 11)
 
+    def stats(self, name):
+        r = subprocess.run([kvtier_bin(), "stats", "--socket", self.sock(name), "--json"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout.splitlines()[-1])["totals"]
+
+    def test_a_pull_served_is_not_the_holders_own_hit(self):
+        # a's lookups, hits and loads are its engines'; what it serves a
+        # peer is the cluster's (kvtier_cluster_served_*), or a's hit rate
+        # on a dashboard would rise with every pull its peers make
+        worker(self.sock("a"), "store", 19)
+        before = self.stats("a")
+        self.load_until_hit("b", 19)
+        after = self.stats("a")
+        for k in ("lookups", "lookup_tokens", "hit_tokens", "ssd_hit_tokens", "loads",
+                  "loaded_blocks", "loaded_bytes"):
+            self.assertEqual(after[k], before[k], (k, before, after))
+        r = worker(self.sock("a"), "load", 19)  # a's own engine: a hit of a's own
+        self.assertEqual(r["matched"], BLOCKS * r["block_tokens"], r)
+        self.assertEqual(self.stats("a")["lookups"], before["lookups"] + 1)
+
     def test_cluster_status_lists_every_node_with_its_epoch(self):
         redis = "127.0.0.1:%d" % self.redis.port
         r = subprocess.run([kvtier_bin(), "cluster", "status", "--redis", redis, "--json"],

@@ -55,6 +55,8 @@ struct kvt_task {
     uint64_t launch_ns; /* when launched (0: not yet): load/store latency */
     bool external;      /* launched by kvt__cache_ext_launch: another process
                            copies; never on the transfer engine (external.h) */
+    bool for_peer;      /* load: a peer node's pull (kvt__cache_lookup_for_peer):
+                           not counted in this cache's lookups, hits or loads */
     bool keep_blocks;   /* store cut off (kvt__cache_ext_cut): rolled back, but
                            its blocks stay out of the pool; the caller frees them */
     uint32_t refs;      /* threads inside wait_layer on this task */
@@ -153,6 +155,12 @@ void kvt__cache_set_quota(kvt_cache *c, struct kvt_quota *q);
 /* kvt_cache_create; shared puts the CPU tier in a memfd (cache/external.h). */
 kvt_status kvt__cache_create_ex(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo,
                                 bool shared);
+
+/* kvt_cache_lookup for a peer node's pull (src/cluster): the same match,
+ * touch and pinned load task, but nothing counted in c's lookups, hits,
+ * SSD hits, loads or lookup latency (those are this node's engines'; the
+ * cluster counts what it serves). */
+kvt_status kvt__cache_lookup_for_peer(kvt_cache *c, const kvt_request *req, kvt_match *out);
 
 /* Copies the thread's last error into the cache's message; returns st. */
 kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st);

@@ -82,6 +82,7 @@ typedef struct scratch {
     kvt_hash128 *hashes;
     uint32_t *ids, *slots, *evicted;
     uint8_t owner; /* the store's quota owner (quota.h), 0 for none */
+    bool uncounted; /* a peer's lookup (kvt__cache_lookup_for_peer): not this node's hit */
 } scratch;
 
 static kvt_status scratch_alloc(scratch *s, uint32_t n)
@@ -100,6 +101,7 @@ static kvt_status scratch_alloc(scratch *s, uint32_t n)
 
 static void count_end(kvt_cache *c, const kvt_task *t, kvt_status st)
 {
+    if (t->for_peer) return; /* the cluster counts what it serves */
     if (st == KVT_OK && t->state == KVT_TS_RUNNING) {
         uint64_t bytes = (uint64_t)t->num_blocks * c->block_bytes;
         if (t->launch_ns)
@@ -207,7 +209,8 @@ static void plan(kvt_cache *c, kvt_task *t, uint32_t first_token)
 
 /* A load task for the k matched entries in ids, pinned; blocks without a
  * CPU copy are read back from the SSD. *out is NULL when none can load. */
-static kvt_status plan_load(kvt_cache *c, const uint32_t *ids, uint32_t k, kvt_task **out)
+static kvt_status plan_load(kvt_cache *c, const uint32_t *ids, uint32_t k, bool counted,
+                            kvt_task **out)
 {
     kvt_task *t = NULL;
     kvt_status st = kvt__task_new(c, KVT_TASK_LOAD, k, &t);
@@ -228,7 +231,7 @@ static kvt_status plan_load(kvt_cache *c, const uint32_t *ids, uint32_t k, kvt_t
     for (uint32_t i = 0; i < usable; i++) {
         uint32_t slot = t->tmp_slots[i];
         if (slot == KVT_POOL_NONE) slot = kvt__index_payload(c->index, ids[i]);
-        else c->stats.ssd_hit_tokens += c->cfg.block_tokens;
+        else if (counted) c->stats.ssd_hit_tokens += c->cfg.block_tokens;
         t->blocks[i] = kvt__pool_block(c->pool, slot);
     }
     plan(c, t, 0);
@@ -244,18 +247,21 @@ static kvt_status lookup_locked(kvt_cache *c, const kvt_request *req, scratch *s
     bool busy;
     k = kvt__tiers_first_lost(c, s->ids, k, &busy);
     kvt__tiers_touch(c, s->ids, k);
-    c->stats.lookups++;
-    c->stats.lookup_tokens += kvt__request_tokens(c, req);
+    if (!s->uncounted) {
+        c->stats.lookups++;
+        c->stats.lookup_tokens += kvt__request_tokens(c, req);
+    }
     kvt_match m = {0, 0};
     kvt_task *t = NULL;
     if (k > 0) {
-        kvt_status st = plan_load(c, s->ids, k, &t);
+        kvt_status st = plan_load(c, s->ids, k, !s->uncounted, &t);
         if (st) return st;
     }
     if (t) {
         m.task = t->id;
         m.matched_tokens = t->num_tokens;
-        c->stats.hit_tokens += t->num_tokens;
+        t->for_peer = s->uncounted;
+        if (!s->uncounted) c->stats.hit_tokens += t->num_tokens;
     }
     *out = m;
     return KVT_OK;
@@ -277,14 +283,14 @@ static kvt_status hash_loadable(kvt_cache *c, const char *fn, const kvt_request 
     return KVT_OK;
 }
 
-kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out)
+static kvt_status lookup(kvt_cache *c, const char *fn, const kvt_request *req, kvt_match *out,
+                        bool uncounted)
 {
-    static const char fn[] = "kvt_cache_lookup";
     kvt__clear_error();
     KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
     uint64_t t0 = kvt__now_ns(); /* vDSO clock: no syscall */
-    scratch s = {0};
+    scratch s = {.uncounted = uncounted};
     uint32_t n = 0;
     kvt_status st = hash_loadable(c, fn, req, &s, &n);
     if (st) return kvt__cache_fail(c, st);
@@ -293,8 +299,18 @@ kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out
     pthread_mutex_unlock(&c->mu);
     free(s.hashes);
     if (st) return kvt__cache_fail(c, st);
-    kvt__lat_record(&c->lat_lookup, kvt__now_ns() - t0);
+    if (!uncounted) kvt__lat_record(&c->lat_lookup, kvt__now_ns() - t0);
     return KVT_OK;
+}
+
+kvt_status kvt_cache_lookup(kvt_cache *c, const kvt_request *req, kvt_match *out)
+{
+    return lookup(c, "kvt_cache_lookup", req, out, false);
+}
+
+kvt_status kvt__cache_lookup_for_peer(kvt_cache *c, const kvt_request *req, kvt_match *out)
+{
+    return lookup(c, "kvt__cache_lookup_for_peer", req, out, true);
 }
 
 /* lookup_locked's answer without its effects: the same index walk, stopped

@@ -77,6 +77,7 @@ kvt_status kvt__task_new(kvt_cache *c, kvt_task_kind kind, uint32_t num_blocks, 
     t->launched = false;
     t->launch_ns = 0;
     t->external = false;
+    t->for_peer = false;
     for (uint32_t i = 0; i < num_blocks; i++) t->tmp_slots[i] = KVT_POOL_NONE;
     t->prev = t->next = NULL;
     t->cache = c;

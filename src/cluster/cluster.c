@@ -444,7 +444,7 @@ static kvt_status serve_fetch(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fet
     if (!sh) return send_answer(s, KVT_ENOTFOUND, 0, 0, dl);
     kvt_request req = to_request(q);
     kvt_match m;
-    kvt_status st = kvt_cache_lookup(sh->cache, &req, &m);
+    kvt_status st = kvt__cache_lookup_for_peer(sh->cache, &req, &m);
     if (st) return send_answer(s, st, 0, 0, dl);
     uint32_t nb = m.matched_tokens / sh->block_tokens;
     if (nb <= f->first) {
