@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_util.h"
 #include "cli_util.h"
 #include "server/server.h"
 #include "util/clock.h"
@@ -243,7 +244,7 @@ int kvt_bench_client_main(int argc, char **argv)
         double rks = with_4k ? rs / ks : 0, rkl = with_4k ? rl / kl : 0;
         double lo = samples_pct(&round_ratio, 25), hi = samples_pct(&round_ratio, 75);
         const char *tier_pages = kvt__srv_shard_first(srv)->shm.pages;
-        if (json)
+        if (json) {
             printf("{\"bytes\": %.0f, \"rounds\": %llu, \"stat\": \"bytes over seconds of all "
                    "rounds\", \"local_store_gbps\": %.2f, \"client_store_gbps\": %.2f, "
                    "\"local_load_gbps\": %.2f, \"client_load_gbps\": %.2f, \"store_ratio\": %.2f, "
@@ -255,12 +256,17 @@ int kvt_bench_client_main(int argc, char **argv)
                    "\"load_ratio_vs_4k\": %.2f, \"rtt_p50_us\": %.1f, \"rtt_p99_us\": %.1f, "
                    "\"miss_lookups_per_s\": %.0f, \"median_local_store_gbps\": %.2f, "
                    "\"median_client_store_gbps\": %.2f, \"median_local_load_gbps\": %.2f, "
-                   "\"median_client_load_gbps\": %.2f, \"verified\": true}\n",
+                   "\"median_client_load_gbps\": %.2f, \"verified\": true, ",
                    bytes, (unsigned long long)rounds, ls, rs, ll, rl, rs / ls, rl / ll, rv, rv / ls,
                    lo, hi, (unsigned long long)tier, tier_pages, ks, kl, rks, rkl,
                    samples_pct(&rt, 50), samples_pct(&rt, 99), lookups_per_s, m[0][0], m[1][0],
                    m[0][1], m[1][1]);
-        else
+            stat3 rr = {samples_pct(&round_ratio, 0), samples_pct(&round_ratio, 50),
+                        samples_pct(&round_ratio, 100)};
+            stat3_json("round_store_ratio", rr, true);
+            bench_host_json(false);
+            printf("}\n");
+        } else {
             printf("kvtier bench client: %.1f MiB per task, %llu warm rounds (sides taking turns), "
                    "every load verified; GB/s over all rounds\n"
                    "  store   in-process %.2f GB/s, through the server %.2f GB/s (%.2fx; single "
@@ -273,6 +279,8 @@ int kvt_bench_client_main(int argc, char **argv)
                    bytes / 1048576.0, (unsigned long long)rounds, ls, rs, rs / ls, lo, hi, rv,
                    rv / ls, ll, rl, rl / ll, (unsigned long long)(tier >> 20), tier_pages, ks, rks,
                    kl, rkl, samples_pct(&rt, 50), samples_pct(&rt, 99), TOKENS, lookups_per_s);
+            bench_host_text(stdout);
+        }
         rc = 0;
     }
     samples_fini(&rt);

@@ -29,6 +29,7 @@
 #include <hiredis/hiredis.h>
 
 #include "bench.h"
+#include "bench_util.h"
 #include "cli_util.h"
 #include "cluster/dir.h"
 #include "cluster_procs.h"
@@ -333,27 +334,9 @@ static int bench_pulls(bc *b)
 /* ------------------------------------------------------------------ */
 /* The report                                                         */
 
-static void stat3(const double *v, uint32_t n, double out[3])
-{
-    double s[BC_MAX_ROUNDS];
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (v[i] >= 0) s[k++] = v[i];
-    if (!k) {
-        out[0] = out[1] = out[2] = -1;
-        return;
-    }
-    double lo = s[0], hi = s[0];
-    for (uint32_t i = 1; i < k; i++) lo = s[i] < lo ? s[i] : lo, hi = s[i] > hi ? s[i] : hi;
-    out[0] = lo, out[2] = hi, out[1] = median_of_values(s, k);
-}
-
 static void json_stat(const char *name, const double *v, uint32_t n, bool comma)
 {
-    double s[3];
-    stat3(v, n, s);
-    printf("\"%s\": {\"min\": %.4g, \"median\": %.4g, \"max\": %.4g}%s", name, s[0], s[1], s[2],
-           comma ? ", " : "");
+    stat3_json(name, stat3_of(v, n), comma);
 }
 
 static void report(const bc *b, bool json)
@@ -369,14 +352,17 @@ static void report(const bc *b, bool json)
         json_stat("redis_benchmark_hgetall_per_s", b->bench_rate, n, true);
         json_stat("directory_ratio", b->dir_ratio, n, true);
         printf("\"directory_bytes_per_block\": %.1f, ", b->dir_bytes_per_block);
-        printf("\"verified_bytes\": %llu, \"mismatches\": %llu, \"host\": {\"cpus\": %ld, "
-               "\"page_size\": %ld}}\n", (unsigned long long)b->verified,
-               (unsigned long long)b->mismatches, sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_PAGESIZE));
+        printf("\"verified_bytes\": %llu, \"mismatches\": %llu, ", (unsigned long long)b->verified,
+               (unsigned long long)b->mismatches);
+        bench_host_json(false);
+        printf("}\n");
         return;
     }
-    double p[3], w[3], r[3], d[3], q[3], x[3];
-    stat3(b->pull, n, p), stat3(b->raw, n, w), stat3(b->ratio, n, r);
-    stat3(b->dir_rate, n, d), stat3(b->bench_rate, n, q), stat3(b->dir_ratio, n, x);
+    stat3 s[6] = {stat3_of(b->pull, n), stat3_of(b->raw, n), stat3_of(b->ratio, n),
+                  stat3_of(b->dir_rate, n), stat3_of(b->bench_rate, n), stat3_of(b->dir_ratio, n)};
+    double p[3] = {s[0].min, s[0].med, s[0].max}, w[3] = {s[1].min, s[1].med, s[1].max},
+           r[3] = {s[2].min, s[2].med, s[2].max}, d[3] = {s[3].min, s[3].med, s[3].max},
+           q[3] = {s[4].min, s[4].med, s[4].max}, x[3] = {s[5].min, s[5].med, s[5].max};
     printf("kvtier bench cluster: %u rounds of %u MiB (2 MiB blocks), %ld CPUs; min / median / max\n",
            n, b->mib, sysconf(_SC_NPROCESSORS_ONLN));
     printf("  pull (lookup on B of what A holds)  %6.2f / %6.2f / %6.2f GB/s\n", p[0], p[1], p[2]);
@@ -389,6 +375,7 @@ static void report(const bc *b, bool json)
            b->dir_bytes_per_block, BC_SIZING);
     printf("  pulled bytes verified: %llu, mismatches: %llu\n", (unsigned long long)b->verified,
            (unsigned long long)b->mismatches);
+    bench_host_text(stdout);
 }
 
 static int usage(void)

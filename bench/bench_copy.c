@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bench.h"
+#include "bench_util.h"
 #include "cli_util.h"
 #include "layout/layout.h"
 #include "store/pool.h"
@@ -280,6 +281,7 @@ typedef struct result {
     double g, sc, mg, ms; /* engine gather/scatter, memcpy gather/scatter list */
     double sg;            /* streaming copy of the gather list */
     double cg;            /* engine gather with checksums (layer_sums) */
+    stat3 ratio;          /* each round's min(gather, scatter) / max(memcpy g/s) */
 } result;
 
 static int measure(setup *s, uint32_t threads, result *out)
@@ -293,7 +295,7 @@ static int measure(setup *s, uint32_t threads, result *out)
         fprintf(stderr, "bench copy: pthread_create failed\n");
         return -1;
     }
-    double v[6][REPS];
+    double v[6][REPS], ratio[REPS];
     int rc = 0;
     for (int r = -1; r < REPS && rc == 0; r++) { /* r = -1: warm-up */
         double m0 = run_memcpy(s, KVT_XFER_GATHER, false);
@@ -305,6 +307,7 @@ static int measure(setup *s, uint32_t threads, result *out)
         if (m0 < 0 || e0 < 0 || m1 < 0 || e1 < 0 || c0 < 0) rc = -1;
         if (r < 0) continue;
         v[0][r] = e0, v[1][r] = e1, v[2][r] = m0, v[3][r] = m1, v[4][r] = s0, v[5][r] = c0;
+        ratio[r] = (e0 < e1 ? e0 : e1) / (m0 > m1 ? m0 : m1);
     }
     mc_stop();
     kvt__xfer_destroy(x);
@@ -314,7 +317,8 @@ static int measure(setup *s, uint32_t threads, result *out)
     }
     *out = (result){median_of_values(v[0], REPS), median_of_values(v[1], REPS),
                      median_of_values(v[2], REPS), median_of_values(v[3], REPS),
-                     median_of_values(v[4], REPS), median_of_values(v[5], REPS)};
+                     median_of_values(v[4], REPS), median_of_values(v[5], REPS),
+                     stat3_of(ratio, REPS)};
     return 0;
 }
 
@@ -392,12 +396,15 @@ int kvt_bench_copy_main(int argc, char **argv)
                "\"stream_gather_gbps\": %.2f, \"ratio_gather_stream\": %.3f, "
                "\"stream_gather_gbps_2t\": %.2f, \"ratio_gather_stream_2t\": %.3f, "
                "\"summed_gather_gbps\": %.2f, \"ratio_summed_stream\": %.3f, "
-               "\"summed_gather_gbps_2t\": %.2f, \"ratio_summed_stream_2t\": %.3f, "
-               "\"by_chunk\": [",
+               "\"summed_gather_gbps_2t\": %.2f, \"ratio_summed_stream_2t\": %.3f, ",
                (unsigned long long)chunk[0], size_mb, threads, kind, REPS, a->g, a->sc, mc1, a->mg,
                a->ms, ratio, a->g / a->mg, a->sc / a->ms, b->g, b->sc, mcn, ratio_n, scaling,
                mcn / mc1, a->sg, a->g / a->sg, b->sg, b->g / b->sg, a->cg, a->cg / a->sg, b->cg,
                b->cg / b->sg);
+        stat3_json("ratio_rounds", a->ratio, true);
+        stat3_json("ratio_2t_rounds", b->ratio, true);
+        bench_host_json(true);
+        printf("\"by_chunk\": [");
         for (int k = 0; k < NCFG; k++)
             printf("%s{\"chunk_bytes\": %llu, \"gather_gbps\": %.2f, \"scatter_gbps\": %.2f, "
                    "\"memcpy_gbps\": %.2f, \"ratio\": %.3f, \"gather_gbps_2t\": %.2f, "
@@ -432,5 +439,8 @@ int kvt_bench_copy_main(int argc, char **argv)
            (unsigned long long)chunk[0] >> 10, ratio, ratio_n, threads, threads, scaling,
            mcn / mc1, a->g, a->sg, a->g / a->sg, b->g, b->sg, b->g / b->sg, threads, a->cg,
            a->sg, a->cg / a->sg, b->cg, b->sg, b->cg / b->sg, threads);
+    printf("ratio over the %d rounds (1 thread): min %.3f, median %.3f, max %.3f\n", REPS,
+           a->ratio.min, a->ratio.med, a->ratio.max);
+    bench_host_text(stdout);
     return 0;
 }

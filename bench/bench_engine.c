@@ -52,6 +52,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_util.h"
 #include "cli_util.h"
 #include "server/server.h"
 #include "store/pool.h"
@@ -523,34 +524,9 @@ static void *serve(void *srv)
 
 /* ---- figures ---- */
 
-typedef struct stat3 {
-    double min, med, max;
-} stat3;
+static void print_stat(const char *key, stat3 s, bool comma) { stat3_json(key, s, comma); }
 
-static stat3 stat_of(const double *v, uint32_t n)
-{
-    double *c = malloc(n * sizeof *c);
-    stat3 s = {0, 0, 0};
-    if (!c || !n) {
-        free(c);
-        return s;
-    }
-    memcpy(c, v, n * sizeof *c);
-    s.min = s.max = c[0];
-    for (uint32_t i = 1; i < n; i++) {
-        if (c[i] < s.min) s.min = c[i];
-        if (c[i] > s.max) s.max = c[i];
-    }
-    s.med = median_of_values(c, n);
-    free(c);
-    return s;
-}
-
-static void print_stat(const char *key, stat3 s, bool comma)
-{
-    printf("\"%s\": {\"min\": %.3f, \"median\": %.3f, \"max\": %.3f}%s", key, s.min, s.med, s.max,
-           comma ? ", " : "");
-}
+static stat3 stat_of(const double *v, uint32_t n) { return stat3_of(v, n); }
 
 /* Over rounds: f(round) -> value. */
 typedef struct figures {
@@ -614,22 +590,6 @@ static void print_side(const figures *f, const char *name, int side, int plain, 
         print_stat("load_round_trips_per_request", metric(f, side, M_RT_LOAD), false);
     }
     printf("}%s", comma ? ", " : "");
-}
-
-/* The bracketed mode of a THP setting ("enabled", "shmem_enabled"). */
-static void thp_mode(const char *which, char *out, size_t n)
-{
-    char path[96];
-    snprintf(path, sizeof path, "/sys/kernel/mm/transparent_hugepage/%s", which);
-    snprintf(out, n, "unknown");
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    char line[128];
-    if (fgets(line, sizeof line, f)) {
-        char *a = strchr(line, '['), *z = a ? strchr(a, ']') : NULL;
-        if (a && z) snprintf(out, n, "%.*s", (int)(z - a - 1), a + 1);
-    }
-    fclose(f);
 }
 
 static int usage(void)
@@ -780,9 +740,6 @@ int kvt_bench_engine_main(int argc, char **argv)
     f.pages = p.pages;
     f.bytes = (double)b.prompt_bytes;
 
-    char thp[32], shmem_thp[32];
-    thp_mode("enabled", thp, sizeof thp);
-    thp_mode("shmem_enabled", shmem_thp, sizeof shmem_thp);
     const char *tier_pages = kvt__srv_shard_first(srv)->shm.pages;
     stat3 sg[NLAYOUTS], sgl[NLAYOUTS], vl = ratio(&f, VL_SERVER, PLAIN_LF, -1),
                                         vll = ratio(&f, VL_LOCAL, PLAIN_LF, -1);
@@ -805,10 +762,9 @@ int kvt_bench_engine_main(int argc, char **argv)
                "after one warm-up; ratios = plain copy seconds / engine seconds within each "
                "round, store + load\", ",
                p.rounds);
-        printf("\"host\": {\"cpus\": %ld, \"page_size\": %ld, \"thp\": \"%s\", \"shmem_thp\": "
-               "\"%s\", \"l3_bytes\": %ld, \"tier_pages\": \"%s\", \"plain_pages\": \"%s\"}, ",
-               sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_PAGESIZE), thp, shmem_thp, l3, tier_pages,
-               kvt__pool_page_kind(b.plain));
+        bench_host_json(true);
+        printf("\"memory\": {\"l3_bytes\": %ld, \"tier_pages\": \"%s\", \"plain_pages\": \"%s\"}, ",
+               l3, tier_pages, kvt__pool_page_kind(b.plain));
         printf("\"geometry\": {\"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, \"elem_bytes\": "
                "%u, \"page_tokens\": %u, \"page_bytes\": %llu}, \"pages\": %u, \"batch_pages\": "
                "%u, \"batches\": %u, \"prompt_bytes\": %llu, \"tier_bytes\": %llu, "
@@ -847,12 +803,11 @@ int kvt_bench_engine_main(int argc, char **argv)
     } else {
         printf("kvtier bench engine: %u pages of %u tokens (%u layers x K,V x %u heads x %u x %u B "
                "= %llu KiB), SGLang batches of %u; %u rounds (min/median/max), every load "
-               "verified;\n%ld CPUs, %ld B pages, THP %s, tiers %llu MiB on %s pages; plain "
-               "copy: memcpy on %u threads\n",
+               "verified;\ntiers %llu MiB on %s pages; plain copy: memcpy on %u threads\n",
                p.pages, p.tpp, p.layers, p.heads, p.dim, ELEM,
                (unsigned long long)(b.page_bytes >> 10), p.batch, p.rounds,
-               sysconf(_SC_NPROCESSORS_ONLN), sysconf(_SC_PAGESIZE), thp,
                (unsigned long long)(tier >> 20), tier_pages, WORKERS);
+        bench_host_text(stdout);
         for (int k = 0; k < NLAYOUTS; k++) {
             int pls = k == LF ? PLAIN_LF : PLAIN_PF;
             int ls = k == LF ? SG_LOCAL_LF : SG_LOCAL_PF, ss = k == LF ? SG_SERVER_LF : SG_SERVER_PF;

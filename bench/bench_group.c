@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "bench.h"
+#include "bench_util.h"
 #include "bench_group_raw.h"
 #include "group/group.h"
 #include "util/clock.h"
@@ -212,7 +213,13 @@ int kvt_bench_group_main(int argc, char **argv)
             first = 0;
             fflush(stdout);
         }
-    if (json) printf("]}\n");
+    if (json) {
+        printf("], ");
+        bench_host_json(false);
+        printf("}\n");
+    } else {
+        bench_host_text(stdout);
+    }
     free(lat);
     return rc;
 }

@@ -22,6 +22,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 #include "bench.h"
+#include "bench_util.h"
 #include "bench_ucx_raw.h"
 #include "pd/xfer.h"
 #include "kvtier.h"
@@ -301,6 +302,15 @@ static double median_of(const pd_round *r, int n, double (*pick)(const pd_round 
     return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
 }
 
+/* min/median/max of the values picked out of the rounds (-1: not measured). */
+static stat3 stat_of(const pd_round *r, int n, double (*pick)(const pd_round *))
+{
+    double v[64];
+    int k = 0;
+    for (int i = 0; i < n && k < 64; i++) v[k++] = pick(&r[i]);
+    return stat3_of(v, (uint32_t)k);
+}
+
 static double pick_tcp(const pd_round *r) { return r->tcp; }
 static double pick_raw(const pd_round *r) { return r->raw; }
 static double pick_ucx(const pd_round *r) { return r->ucx; }
@@ -442,7 +452,15 @@ static void print_json(uint32_t mib, const char *tls, const pd_round *r, int n)
         printf("%s{\"tcp_gbps\": %s, \"raw_tcp_gbps\": %s, \"ucx_gbps\": %s, \"raw_ucx_gbps\": %s, "
                "\"raw_ucx_hot_gbps\": %s, \"ucx_perftest_gbps\": %s}", i ? ", " : "", NUM(a, r[i].tcp),
                NUM(b, r[i].raw), NUM(c, r[i].ucx), NUM(d, r[i].raw_ucx), NUM(m, r[i].raw_hot), NUM(e, r[i].perf));
-    printf("]}\n");
+    printf("], \"rounds_stat\": {");
+    stat3_json("mac_gbps", stat_of(r, n, pick_mac), true);
+    stat3_json("tcp_gbps", stat_of(r, n, pick_tcp), true);
+    stat3_json("tcp_ratio", stat_of(r, n, pick_tcp_ratio), true);
+    stat3_json("ucx_raw_ratio", stat_of(r, n, pick_raw_ucx_ratio), true);
+    stat3_json("ucx_ratio", stat_of(r, n, pick_ucx_ratio), false);
+    printf("}, ");
+    bench_host_json(false);
+    printf("}\n");
 }
 
 /* "  what: v GB/s", then the limit and the ratio when it was measured. */

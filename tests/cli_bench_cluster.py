@@ -22,4 +22,9 @@ if not rep.get("directory_bytes_per_block", 0) > 0:
     sys.exit("cli_bench_cluster: directory_bytes_per_block not measured: %s" % r.stdout)
 if rep["mismatches"] != 0 or rep["verified_bytes"] < 8 << 20:
     sys.exit("cli_bench_cluster: pulled bytes not verified: %s" % r.stdout)
+host = rep.get("host", {})
+for k in ("cpus", "cpu_model", "cpu_flags", "page_size", "thp", "shmem_thp", "kernel",
+          "loadavg_1m"):
+    if k not in host:
+        sys.exit("cli_bench_cluster: no host.%s: %s" % (k, r.stdout))
 print("cli_bench_cluster: ok")

@@ -34,16 +34,19 @@ def main():
     if p.returncode != 0:
         fail("exited %d; stderr:\n%s" % (p.returncode, p.stderr))
     out = json.loads(p.stdout)
-    for key in ["bench", "rounds", "stat", "host", "geometry", "pages", "batch_pages",
+    for key in ["bench", "rounds", "stat", "host", "memory", "geometry", "pages", "batch_pages",
                 "batches", "prompt_bytes", "tier_bytes", "copy_threads", "sglang", "vllm",
                 "sglang_ratio", "sglang_ratio_inproc", "vllm_ratio", "vllm_ratio_inproc",
                 "target", "bytes_verified", "mismatches", "verified"]:
         if key not in out:
             fail("no key %r in %s" % (key, sorted(out)))
-    for key in ["cpus", "page_size", "thp", "shmem_thp", "l3_bytes", "tier_pages",
-                "plain_pages"]:
+    for key in ["cpus", "cpu_model", "cpu_flags", "page_size", "thp", "shmem_thp",
+                "hugepages_total", "mem_total_bytes", "kernel", "loadavg_1m"]:
         if key not in out["host"]:
             fail("no host.%s" % key)
+    for key in ["l3_bytes", "tier_pages", "plain_pages"]:
+        if key not in out["memory"]:
+            fail("no memory.%s" % key)
     if out["mismatches"] != 0 or out["verified"] is not True:
         fail("mismatches %r, verified %r" % (out["mismatches"], out["verified"]))
     # every side stores and loads the whole prompt once per round, warm-up included

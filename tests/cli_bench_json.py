@@ -1,0 +1,87 @@
+#!/usr/bin/python3
+"""cli_bench_json.py KVTIER - every bench reports what explains its
+numbers on another machine: `kvtier bench copy|index|ssd|group --json`
+(tiny sizes) each print one JSON object with the host facts (CPUs, CPU
+model and the flags kvtier's paths use, page size, THP modes, huge pages,
+memory, kernel, load average) and their headline ratios as min/median/max
+over the rounds, in order. Speed is not checked (any machine, any build)."""
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HOST = ["cpus", "cpu_model", "cpu_flags", "page_size", "thp", "shmem_thp",
+        "hugepages_total", "mem_total_bytes", "kernel", "loadavg_1m"]
+
+
+def fail(msg):
+    print("cli_bench_json: " + msg)
+    sys.exit(1)
+
+
+def run(kvtier, args):
+    r = subprocess.run([kvtier, "bench"] + args + ["--json"], capture_output=True, text=True,
+                       timeout=600)
+    if r.returncode != 0:
+        fail("bench %s exited %d: %s" % (" ".join(args), r.returncode, r.stderr[-2000:]))
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError) as e:
+        fail("bench %s printed no JSON object (%s): %r" % (" ".join(args), e, r.stdout[-2000:]))
+
+
+def host(out, what):
+    h = out.get("host")
+    if not isinstance(h, dict):
+        fail("%s: no host object" % what)
+    for k in HOST:
+        if k not in h:
+            fail("%s: no host.%s" % (what, k))
+    if h["cpus"] < 1 or h["page_size"] < 4096 or h["mem_total_bytes"] <= 0:
+        fail("%s: implausible host facts %r" % (what, h))
+
+
+def stat(out, key, what):
+    v = out.get(key)
+    if not isinstance(v, dict) or set(v) != {"min", "median", "max"}:
+        fail("%s: %s is not {min, median, max}: %r" % (what, key, v))
+    if not 0 <= v["min"] <= v["median"] <= v["max"]:
+        fail("%s: %s out of order: %r" % (what, key, v))
+
+
+def main():
+    kvtier = sys.argv[1]
+    scratch = tempfile.mkdtemp(prefix="kvt-bench-json-")
+    try:
+        check(kvtier, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print("cli_bench_json: ok")
+
+
+def check(kvtier, scratch):
+    out = run(kvtier, ["copy", "--size-mb", "8"])
+    host(out, "copy")
+    stat(out, "ratio_rounds", "copy")
+    stat(out, "ratio_2t_rounds", "copy")
+    out = run(kvtier, ["index", "--blocks", "100000", "--rounds", "3"])
+    host(out, "index")
+    for k in ["lookups_per_s_rounds", "machine_reads_per_s_rounds", "machine_ratio_rounds"]:
+        stat(out, k, "index")
+    if out["rounds"] != 3 or out["target_lookups_per_s"] != 10e6 or out["target_bytes_per_block"] != 48:
+        fail("index: rounds or targets not as asked/documented: %r" % out)
+    if out["meets_target"] != (out["lookups_per_s"] >= 10e6 and out["bytes_per_block"] <= 48):
+        fail("index: meets_target disagrees with its own figures: %r" % out)
+    out = run(kvtier, ["ssd", "--dir", scratch, "--size-mb", "16"])
+    host(out, "ssd")
+    stat(out, "write_ratio_rounds", "ssd")
+    stat(out, "read_ratio_rounds", "ssd")
+    out = run(kvtier, ["group"])
+    host(out, "group")
+    if not out.get("results"):
+        fail("group: no results: %r" % out)
+
+
+if __name__ == "__main__":
+    main()
