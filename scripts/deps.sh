@@ -6,7 +6,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
-  liburing-dev libxxhash-dev libcjson-dev libcmocka-dev libsodium-dev
+  liburing-dev libxxhash-dev libcjson-dev libcmocka-dev libsodium-dev libssl-dev
   python3 python3-numpy python3-pip python3-setuptools python3-venv
   libucx-dev ucx-utils
   libmicrohttpd-dev prometheus

@@ -33,9 +33,10 @@
  * also every frame after the handshake is authenticated with the session
  * key when there is a secret (pd/mac.h); version 3: the bootstrap's
  * registrations carry the entry's token (pd/bootstrap.h), so a sender of
- * version 2 is refused at the handshake. Bytes 0-7 keep their place in
+ * version 2 is refused at the handshake; version 4: the frame tags are
+ * AES-256-GMAC (pd/mac.h), so a version 3 peer is refused there too. Bytes 0-7 keep their place in
  * every version, so a peer of another version is refused naming both. */
-const kvt_auth_realm kvt__auth_pd = {0x4155504bu /* "KPUA" */, 3, "kvt-pd-server", "kvt-pd-client",
+const kvt_auth_realm kvt__auth_pd = {0x4155504bu /* "KPUA" */, 4, "kvt-pd-server", "kvt-pd-client",
                                      "server", "PD endpoint", false};
 const kvt_auth_realm kvt__auth_group = {0x4154564bu /* "KVTA" */, 1, "kvtier-hub", "kvtier-rank",
                                         "hub", "rank-group hub", true};

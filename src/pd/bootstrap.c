@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <sodium.h>
 #include "pd/bootstrap.h"
 #include "pd/ep.h"
 #include "util/clock.h"

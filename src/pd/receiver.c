@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
 #include "pd/bootstrap.h"
 #include "pd/ep.h"
 #include "util/clock.h"

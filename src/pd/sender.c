@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <sodium.h>
 #include "pd/bootstrap.h"
 #include "pd/ep.h"
 #include "util/clock.h"
@@ -378,6 +379,7 @@ static kvt_status send_trailer(pd_conn *c, uint32_t np)
 static kvt_status send_tag(pd_conn *c, pd_mac_dir *md)
 {
     pd_mac_end(md, c->tag);
+    if (md->broken) return kvt__fail(KVT_ESYS, "%s: OpenSSL failed computing a DATA tag; the link stops", c->name);
     if (++c->batches == c->ep->corrupt_batch) c->tag[c->ep->corrupt_index % PD_TAG_LEN] ^= 1; /* test hook */
     struct iovec v = {c->tag, sizeof c->tag};
     return send_part(c, &v, 1, false);

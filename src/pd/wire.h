@@ -23,11 +23,11 @@
 
 /* "KPD" and the wire version ('2': room generations, checksums after the
  * payload; '3': with a secret, every frame tagged and DATA without XXH3
- * trailer, pd/mac.h). Peers of other versions are told apart from garbage
+ * trailer; '4': those tags are AES-256-GMAC, pd/mac.h). Peers of other versions are told apart from garbage
  * so the message can say to upgrade both sides together (the handshake,
  * net/stream_auth.c, refuses them first, naming both versions). */
-#define PD_MAGIC 0x3344504bu /* "KPD3" */
-#define PD_WIRE_VERSION 3
+#define PD_MAGIC 0x3444504bu /* "KPD4" */
+#define PD_WIRE_VERSION 4
 #define PD_HDR_LEN 48
 
 enum pd_frame_type {

@@ -13,8 +13,10 @@
  * port. 127.0.0.1 only; every wait bounded. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/evp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/socket.h>
@@ -24,6 +26,7 @@
 #include "net/stream.h"
 #include "pd/bootstrap.h"
 #include "pd/ep.h"
+#include "pd/mac.h"
 #include "pd/wire.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -345,24 +348,24 @@ static void other_version_named(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, auth_server_main, &srv), 0);
     uint8_t hello[40] = {0}, chal[8];
-    pd_put32(hello, 0x4155504bu); /* "KPUA", version 1 */
-    hello[4] = 1;
+    pd_put32(hello, 0x4155504bu); /* "KPUA", version 3 (Poly1305 frame tags) */
+    hello[4] = 3;
     assert_int_equal(write(sv[1], hello, sizeof hello), (ssize_t)sizeof hello);
     struct pollfd q = {sv[1], POLLIN, 0};
     assert_int_equal(poll(&q, 1, 5000), 1);
     assert_int_equal(read(sv[1], chal, sizeof chal), (ssize_t)sizeof chal);
     pthread_join(th, NULL);
     assert_int_equal(srv.st, KVT_EVERSION); /* a version refusal, as everywhere */
-    if (!strstr(srv.msg, "the peer speaks PD endpoint handshake version 1, this end 3")) fail_msg("server: %s", srv.msg);
-    /* a client reading that refusal from a version 4 server */
-    pd_put32(chal + 4, 5u | 4u << 16); /* KVT_AUTH_BAD_VERSION */
+    if (!strstr(srv.msg, "the peer speaks PD endpoint handshake version 3, this end 4")) fail_msg("server: %s", srv.msg);
+    /* a client reading that refusal from a version 5 server */
+    pd_put32(chal + 4, 5u | 5u << 16); /* KVT_AUTH_BAD_VERSION */
     uint8_t sink[40];
     int cv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, cv), 0);
     assert_int_equal(write(cv[0], chal, sizeof chal), (ssize_t)sizeof chal);
     kvt_stream_auth a = {NULL, 0, "test client", NULL};
     assert_int_equal(kvt__stream_auth_client(cv[1], &a, kvt__deadline_ns(5000)), KVT_EVERSION);
-    if (!strstr(kvt_last_error(), "it speaks PD endpoint handshake version 4, this end 3")) fail_msg("client: %s", kvt_last_error());
+    if (!strstr(kvt_last_error(), "it speaks PD endpoint handshake version 5, this end 4")) fail_msg("client: %s", kvt_last_error());
     /* and a code it does not know is named by number */
     assert_int_equal(read(cv[0], sink, sizeof sink), (ssize_t)sizeof sink);
     pd_put32(chal + 4, 77);
@@ -375,6 +378,77 @@ static void other_version_named(void **state)
     }
 }
 
+/* The expected AES-256-GCM tag (no plaintext) of ad under key and nonce:
+ * libsodium's own AES-GCM where the CPU has AES-NI (an implementation
+ * independent of the OpenSSL one under test), else OpenSSL's one-shot. */
+static void gcm_tag(const uint8_t key[32], const uint8_t nonce[12], const uint8_t *ad, size_t n,
+                    uint8_t tag[16])
+{
+    unsigned long long len = 0;
+    uint8_t none[1];
+    if (crypto_aead_aes256gcm_is_available()) {
+        assert_int_equal(crypto_aead_aes256gcm_encrypt_detached(none, tag, &len, NULL, 0, ad, n, NULL,
+                                                                nonce, key), 0);
+        return;
+    }
+    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+    int out = 0;
+    assert_int_equal(EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), NULL, key, nonce), 1);
+    assert_int_equal(EVP_EncryptUpdate(c, NULL, &out, ad, (int)n), 1);
+    assert_int_equal(EVP_EncryptFinal_ex(c, none, &out), 1);
+    assert_int_equal(EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, 16, tag), 1);
+    EVP_CIPHER_CTX_free(c);
+}
+
+/* Frame tags are AES-256-GMAC as mac.h specifies: the direction's key
+ * crypto_kdf(session, id = direction, "kvtpdgcm"), nonce direction | part
+ * | 0 0 | frame number (little-endian), the header tag over the header,
+ * the body tag over header then body, however the body arrives in
+ * pieces. Checked against a second AES-GCM; the receiving end accepts the
+ * same frame split otherwise, and refuses one flipped bit. */
+static void tags_are_aes256_gmac(void **state)
+{
+    (void)state;
+    assert_true(sodium_init() >= 0);
+    uint8_t session[PD_SESSION_KEY_LEN], hb[PD_HDR_LEN], key[32];
+    enum { BODY = 70000 };
+    static uint8_t frame[PD_HDR_LEN + BODY];
+    for (size_t i = 0; i < sizeof session; i++) session[i] = (uint8_t)(7 * i + 1);
+    for (size_t i = 0; i < sizeof frame; i++) frame[i] = (uint8_t)(i * 131 + (i >> 9));
+    memcpy(hb, frame, PD_HDR_LEN);
+    const uint8_t *body = frame + PD_HDR_LEN;
+    pd_mac *mc = NULL, *ms = NULL;
+    assert_ok(pd_mac_new(&mc, session, false));
+    assert_ok(pd_mac_new(&ms, session, true));
+    uint8_t htag[PD_TAG_LEN], btag[PD_TAG_LEN], want[16];
+    crypto_kdf_derive_from_key(key, sizeof key, 1, "kvtpdgcm", session); /* client -> server */
+    for (uint64_t n = 0; n < 2; n++) { /* frames 0 and 1: the number is in the nonce */
+        pd_mac_head(&mc->tx, hb, htag);
+        pd_mac_body(&mc->tx, body, 1);
+        pd_mac_body(&mc->tx, body + 1, 4095);
+        pd_mac_body(&mc->tx, body + 4096, BODY - 4096);
+        pd_mac_end(&mc->tx, btag);
+        uint8_t nonce[12] = {1, 0};
+        kvt__put64(nonce + 4, n);
+        gcm_tag(key, nonce, hb, PD_HDR_LEN, want);
+        assert_memory_equal(htag, want, 16);
+        nonce[1] = 1;
+        gcm_tag(key, nonce, frame, sizeof frame, want);
+        assert_memory_equal(btag, want, 16);
+        assert_true(pd_mac_head_ok(&ms->rx, hb, htag));
+        pd_mac_body(&ms->rx, body, BODY / 2);
+        pd_mac_body(&ms->rx, body + BODY / 2, BODY - BODY / 2);
+        if (n == 0) {
+            assert_true(pd_mac_end_ok(&ms->rx, btag));
+            continue;
+        }
+        btag[5] ^= 0x10;
+        assert_false(pd_mac_end_ok(&ms->rx, btag));
+    }
+    pd_mac_free(mc);
+    pd_mac_free(ms);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -385,6 +459,7 @@ int main(void)
         cmocka_unit_test(without_secret_the_flip_goes_unseen),
         cmocka_unit_test(session_key_per_connection),
         cmocka_unit_test(other_version_named),
+        cmocka_unit_test(tags_are_aes256_gmac),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
