@@ -1292,7 +1292,7 @@ typedef struct kvt_pd_net_params {
     const void *secret;       /* NULL: open; else 16..1024 bytes every peer must */
     size_t secret_len;        /* prove it holds (mutual HMAC-SHA256 challenge),
                                  and every frame after it is authenticated
-                                 (Poly1305 per frame, keyed per connection and
+                                 (AES-256-GMAC per frame, keyed per connection and
                                  direction; docs/pd.md) */
     uint32_t max_frame;       /* bound on one frame's body; 0: 64 MiB (max 256 MiB) */
     kvt_pd_transport transport;
