@@ -3498,9 +3498,9 @@ static void test_pd_create_bad_bootstrap(void **state)
     kvt_pd_sender *s = NULL;
     kvt_pd_receiver *r = NULL;
     EXPECT_ERR(kvt_pd_sender_create(&s, &p), KVT_EVERSION, "kvt_pd_sender_create", "bootstrap",
-               "wire version 9", "this library 3");
+               "wire version 9", "this library 4");
     EXPECT_ERR(kvt_pd_receiver_create(&r, &p), KVT_EVERSION, "kvt_pd_receiver_create", "lookup",
-               "wire version 9", "this library 3");
+               "wire version 9", "this library 4");
     fake_pd_bs_stop(&f);
 
     memset(f.answer, 0, sizeof f.answer);
