@@ -4,7 +4,8 @@
  * threads over inproc queues, over loopback TCP (127.0.0.1 only) and over
  * UCX tag messages after the same TCP join (UCX_TLS from the environment). The
  * payload is an idle connector step (16-byte head) plus one lookup record,
- * the common case. Each configuration runs at most ~1.2 s. For TCP the
+ * the common case. Each configuration runs at most ~1.2 s a round (--rounds N,
+ * default 3: every figure the median over them). For TCP the
  * machine's floor is measured in the same run: the same star exchange over
  * plain sockets (bench_group_raw.c), reported as raw_p50_us and ratio (for
  * UCX too: the socket floor is what UCX over loopback must beat).
@@ -152,64 +153,107 @@ static kvt_status run_cfg(cfg *c)
     return st;
 }
 
+#define MAX_ROUNDS 16
+
+/* One configuration's rounds: each runs the exchange alone, the protocol
+ * step, and (TCP, UCX) the raw socket floor right after. */
+typedef struct cfg_rounds {
+    double p50[MAX_ROUNDS], p99[MAX_ROUNDS], ex50[MAX_ROUNDS], raw50[MAX_ROUNDS],
+        raw99[MAX_ROUNDS], ratio[MAX_ROUNDS];
+    uint32_t steps;
+} cfg_rounds;
+
+static kvt_status run_round(int kind, uint32_t ranks, double *lat, cfg_rounds *o, uint32_t r)
+{
+    bool tcp = kind != INPROC;
+    cfg c = {.kind = kind, .tcp = tcp, .ranks = ranks, .lat_us = lat};
+    kvt_status st = KVT_OK;
+    for (c.commit = 0; c.commit < 2 && st == KVT_OK; c.commit++) {
+        c.steps = 0;
+        st = run_cfg(&c);
+        if (st == KVT_OK && c.steps == 0) st = KVT_EPROTO;
+        if (st != KVT_OK) break;
+        qsort(lat, c.steps, sizeof *lat, cmp_double);
+        if (!c.commit) o->ex50[r] = lat[c.steps / 2];
+        o->p50[r] = lat[c.steps / 2];
+        o->p99[r] = lat[(size_t)(c.steps * 0.99)];
+        o->steps = c.steps;
+    }
+    o->raw50[r] = o->raw99[r] = o->ratio[r] = -1;
+    if (st == KVT_OK && tcp && kvt_bench_raw_star(ranks, 2000, &o->raw50[r], &o->raw99[r]) == 0 &&
+        o->raw50[r] > 0)
+        o->ratio[r] = o->p50[r] / o->raw50[r];
+    return st;
+}
+
+static void print_cfg(int kind, uint32_t ranks, const cfg_rounds *o, uint32_t n, bool json,
+                      bool first)
+{
+    stat3 p50 = stat3_of(o->p50, n), p99 = stat3_of(o->p99, n), ex = stat3_of(o->ex50, n),
+          raw = stat3_of(o->raw50, n), raw99 = stat3_of(o->raw99, n), ratio = stat3_of(o->ratio, n);
+    bool tcp = kind != INPROC;
+    if (!json) {
+        printf("%-8s %6u %10.1f %10.1f %8u %10.1f", kind_name[kind], ranks, p50.med, p99.med,
+               o->steps, ex.med);
+        if (tcp)
+            printf("   raw sockets p50 %.1f us (%.2fx; rounds %.2f-%.2fx)", raw.med, ratio.med,
+                   ratio.min, ratio.max);
+        printf("\n");
+        return;
+    }
+    printf("%s{\"transport\": \"%s\", \"ranks\": %u, \"p50_us\": %.1f, \"p99_us\": %.1f, "
+           "\"steps\": %u, \"exchange_p50_us\": %.1f, \"commit_cost_us\": %.1f, ",
+           first ? "" : ", ", kind_name[kind], ranks, p50.med, p99.med, o->steps, ex.med,
+           p50.med - ex.med);
+    if (tcp)
+        printf("\"raw_p50_us\": %.1f, \"raw_p99_us\": %.1f, \"ratio\": %.2f, ", raw.med,
+               raw99.med, ratio.med);
+    if (tcp) stat3_json("ratio_rounds", ratio, true);
+    stat3_json("p50_us_rounds", p50, false);
+    printf("}");
+}
+
 int kvt_bench_group_main(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "--json") != 0) { /* --help, or anything else: say what it takes */
+    uint32_t rounds = 3;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        char *end = NULL;
+        if (!strcmp(argv[i], "--json")) {
+            json = true;
+        } else if (!strcmp(argv[i], "--rounds") && i + 1 < argc &&
+                   (rounds = (uint32_t)strtoul(argv[i + 1], &end, 10)) >= 1 &&
+                   rounds <= MAX_ROUNDS && end && !*end) {
+            i++;
+        } else { /* --help, or anything else: say what it takes */
             bool help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
-            fprintf(help ? stdout : stderr, "%susage: kvtier bench group [--json]\n"
+            fprintf(help ? stdout : stderr, "%susage: kvtier bench group [--json] [--rounds N]\n"
                     "  rank-group step latency at 2, 4, 8 and 16 ranks, inproc, loopback TCP and "
-                    "UCX, against a raw socket floor\n",
-                    help ? "" : "kvtier bench group: unknown option; ");
+                    "UCX, against a raw socket floor; each figure the median of N rounds (1..%d, "
+                    "default 3), with min/median/max in the JSON\n",
+                    help ? "" : "kvtier bench group: unknown option or bad --rounds; ", MAX_ROUNDS);
             return help ? 0 : 2;
         }
-    int json = argc > 1 && strcmp(argv[1], "--json") == 0;
+    }
     static const uint32_t sizes[] = {2, 4, 8, 16};
     double *lat = malloc(sizeof *lat * MAX_STEPS);
     if (!lat) return 1;
-    if (json) printf("{\"results\": [");
-    else printf("%-8s %6s %10s %10s %8s %10s\n", "transport", "ranks", "p50_us", "p99_us", "steps",
-                "no_commit");
+    if (json) printf("{\"rounds\": %u, \"stat\": \"median of the rounds\", \"results\": [", rounds);
+    else printf("%-8s %6s %10s %10s %8s %10s   (medians of %u rounds)\n", "transport", "ranks",
+                "p50_us", "p99_us", "steps", "no_commit", rounds);
     int first = 1, rc = 0;
     for (int kind = INPROC; kind <= UCX; kind++)
         for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-            bool tcp = kind != INPROC;
-            cfg c = {.kind = kind, .tcp = tcp, .ranks = sizes[i], .lat_us = lat};
-            double p50, p99, ex50 = 0;
+            cfg_rounds o;
             kvt_status st = KVT_OK;
-            for (c.commit = 0; c.commit < 2 && st == KVT_OK; c.commit++) {
-                c.steps = 0;
-                st = run_cfg(&c);
-                if (st == KVT_OK && c.steps == 0) st = KVT_EPROTO;
-                if (st != KVT_OK) break;
-                qsort(lat, c.steps, sizeof *lat, cmp_double);
-                p50 = lat[c.steps / 2];
-                p99 = lat[(size_t)(c.steps * 0.99)];
-                if (!c.commit) ex50 = p50;
-            }
+            for (uint32_t r = 0; r < rounds && st == KVT_OK; r++) st = run_round(kind, sizes[i], lat, &o, r);
             if (st != KVT_OK) {
                 fprintf(stderr, "bench group: %s x %u: %s: %s\n", kind_name[kind],
                         sizes[i], kvt_status_name(st), kvt_last_error());
                 rc = 1;
                 continue;
             }
-            double raw50 = 0, raw99 = 0;
-            if (tcp && kvt_bench_raw_star(sizes[i], 2000, &raw50, &raw99) != 0) raw50 = 0;
-            if (json)
-                printf("%s{\"transport\": \"%s\", \"ranks\": %u, \"p50_us\": %.1f, "
-                       "\"p99_us\": %.1f, \"steps\": %u, \"exchange_p50_us\": %.1f, "
-                       "\"commit_cost_us\": %.1f", first ? "" : ", ", kind_name[kind],
-                       sizes[i], p50, p99, c.steps, ex50, p50 - ex50);
-            if (json && tcp)
-                printf(", \"raw_p50_us\": %.1f, \"raw_p99_us\": %.1f, \"ratio\": %.2f", raw50,
-                       raw99, raw50 > 0 ? p50 / raw50 : 0);
-            if (json) printf("}");
-            else
-                printf("%-8s %6u %10.1f %10.1f %8u %10.1f", kind_name[kind], sizes[i],
-                       p50, p99, c.steps, ex50);
-            if (!json && tcp)
-                printf("   raw sockets p50 %.1f us (%.2fx)", raw50, raw50 > 0 ? p50 / raw50 : 0);
-            if (!json) printf("\n");
+            print_cfg(kind, sizes[i], &o, rounds, json, first);
             first = 0;
             fflush(stdout);
         }

@@ -77,10 +77,14 @@ def check(kvtier, scratch):
     host(out, "ssd")
     stat(out, "write_ratio_rounds", "ssd")
     stat(out, "read_ratio_rounds", "ssd")
-    out = run(kvtier, ["group"])
+    out = run(kvtier, ["group", "--rounds", "2"])
     host(out, "group")
-    if not out.get("results"):
-        fail("group: no results: %r" % out)
+    if out.get("rounds") != 2 or not out.get("results"):
+        fail("group: no results of 2 rounds: %r" % out)
+    for r in out["results"]:
+        stat(r, "p50_us_rounds", "group %s x %d" % (r["transport"], r["ranks"]))
+        if r["transport"] != "inproc":
+            stat(r, "ratio_rounds", "group %s x %d" % (r["transport"], r["ranks"]))
 
 
 if __name__ == "__main__":
