@@ -735,7 +735,10 @@ typedef struct kvt_cluster_counters {
  * node serves its local tiers, logs one line, and joins (a new epoch, its
  * holdings published) when Redis answers, retried with backoff up to 5 s.
  * The caller owns *out: leave after kvt_server_run returned and before
- * kvt_server_destroy. */
+ * kvt_server_destroy. A kvt_server_destroy while still joined stops the
+ * cluster first (its threads joined, its lease deleted, a warning logged);
+ * kvt_cluster_leave then only frees cl, and kvt_cluster_stats still reads
+ * its counters until then. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ESTATE, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH. */
 kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out);
 /* Stops serving peers, deletes this node's lease in the directory (its

@@ -99,6 +99,7 @@ struct kvt_cluster {
     uint16_t port;
     int stop_pipe[2];
     atomic_bool stopping;
+    bool stopped; /* cluster_stop ran: leave, or the server's destroy before it */
     pthread_t accept_thread, publish_thread;
     bool accept_started, publish_started;
 
@@ -981,6 +982,8 @@ static kvt_status start_threads(kvt_cluster *cl)
     return KVT_OK;
 }
 
+static void cl_server_gone(void *arg);
+
 kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out)
 {
     KVT_CHECK_ARG(out, "kvt_cluster_join: out is NULL");
@@ -1012,7 +1015,7 @@ kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out)
                                   "cluster_secret_file", &cl->secret, &cl->secret_len);
     if (!st) st = open_listener(cl);
     if (!st) st = open_dir(cl);
-    if (!st) kvt__srv_set_hooks(srv, &(kvt_srv_hooks){cl, cl_observe, cl_fill, cl_metrics});
+    if (!st) kvt__srv_set_hooks(srv, &(kvt_srv_hooks){cl, cl_observe, cl_fill, cl_metrics, cl_server_gone});
     if (!st) st = start_threads(cl);
     if (st) {
         kvt_cluster_leave(cl);
@@ -1026,9 +1029,14 @@ kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out)
     return KVT_OK;
 }
 
-void kvt_cluster_leave(kvt_cluster *cl)
+/* Everything leave does but free cl: threads joined, peers and the
+ * directory closed (its lease deleted), hooks off the server. Once only:
+ * from kvt_cluster_leave, or from kvt_server_destroy (server_gone) when the
+ * caller destroyed the server first. */
+static void cluster_stop(kvt_cluster *cl)
 {
-    if (!cl) return;
+    if (cl->stopped) return;
+    cl->stopped = true;
     if (cl->srv->hooks.arg == cl) kvt__srv_set_hooks(cl->srv, NULL);
     atomic_store(&cl->stopping, true);
     if (cl->stop_pipe[1] >= 0) (void)!write(cl->stop_pipe[1], "x", 1);
@@ -1049,8 +1057,24 @@ void kvt_cluster_leave(kvt_cluster *cl)
         }
     }
     pthread_mutex_unlock(&cl->mu);
-    kvt__dir_close(atomic_load(&cl->dir));
+    kvt__dir_close(atomic_exchange(&cl->dir, NULL));
     if (cl->listen_fd >= 0) close(cl->listen_fd);
+    cl->listen_fd = -1;
+    cl->srv = NULL; /* nothing touches the server from here */
+}
+
+static void cl_server_gone(void *arg)
+{
+    kvt_cluster *cl = arg;
+    kvt__log(KVT_LOG_WARN, "cluster: node %s: kvt_server_destroy came before "
+             "kvt_cluster_leave; the cluster stopped first (call leave to free it)", cl->node);
+    cluster_stop(cl);
+}
+
+void kvt_cluster_leave(kvt_cluster *cl)
+{
+    if (!cl) return;
+    cluster_stop(cl);
     for (int i = 0; i < 2; i++)
         if (cl->stop_pipe[i] >= 0) close(cl->stop_pipe[i]);
     if (cl->secret) kvt__srv_secret_free(cl->secret, cl->secret_len);

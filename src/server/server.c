@@ -854,6 +854,10 @@ kvt_status kvt_server_run(kvt_server *s)
 void kvt_server_destroy(kvt_server *s)
 {
     if (!s) return;
+    pthread_mutex_lock(&s->hooks_mu);
+    kvt_srv_hooks h = s->hooks;
+    pthread_mutex_unlock(&s->hooks_mu);
+    if (h.server_gone) h.server_gone(h.arg); /* a cluster still joined: it stops first */
     if (atomic_load(&s->state) == 0) atomic_store(&s->state, 2);
     if (s->listen_fd >= 0) {
         close(s->listen_fd);

@@ -99,6 +99,9 @@ typedef struct kvt_srv_hooks {
     bool (*fill)(void *arg, kvt_srv_shard *sh, const kvt_request *req, uint32_t matched);
     /* appends its families to a /metrics scrape of the server (NULL: none) */
     void (*metrics)(void *arg, struct kvt_mbuf *b);
+    /* kvt_server_destroy's first step while the hooks are set: whoever set
+     * them stops using the server (threads joined, hooks cleared) */
+    void (*server_gone)(void *arg);
 } kvt_srv_hooks;
 
 /* CPU blocks of stores cut off from a client still alive (it maps the tier
