@@ -372,7 +372,7 @@ static kvt_status ctx_call(redisContext *c, const char *addr, int argc, const ch
 /* A connection to addr with the deadline on connect and on every read
  * and write, authenticated when a password is set (auth: false for the
  * sentinels, which have a password of their own if any). */
-static kvt_status ctx_open(const kvt_dir *d, const char *addr, bool auth, redisContext **out)
+static kvt_status ctx_open(kvt_dir *d, const char *addr, bool auth, redisContext **out)
 {
     char host[KVT_DIR_ADDR_MAX];
     uint16_t port;
