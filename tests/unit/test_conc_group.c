@@ -371,8 +371,16 @@ static void test_leader_raises(void **state)
     run_all(&r);
     const char *n[] = {"rank 0 (pp0 cp0 tp0) raised: engine exception in store_kv", NULL};
     expect_abort(&r, n, UINT32_MAX);
-    /* by the ABORT message: a member's own deadline is 2T after its UP */
-    for (uint32_t i = 1; i < 4; i++) assert_true(r.observe_ms[i] < T_MS);
+    /* By the ABORT message: every member's diagnostic quotes the leader's
+     * reason (above), and it came well before a member's own deadline,
+     * 2T after its UP (sent before the fault only by the leader's last
+     * commit). 3T/2 still tells the two apart and leaves a TSan build on a
+     * loaded machine room (the bound was T, for a message that takes
+     * milliseconds). */
+    for (uint32_t i = 1; i < 4; i++)
+        if (r.observe_ms[i] >= 3 * T_MS / 2)
+            fail_msg("rank %u saw the leader's ABORT after %llu ms (its own deadline: 2T = %d ms)",
+                     i, (unsigned long long)r.observe_ms[i], 2 * T_MS);
 }
 
 /* Issue 24 item 7: an ABORT whose reason cannot be decoded was blamed on
