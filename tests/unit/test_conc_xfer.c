@@ -698,10 +698,15 @@ static void test_wait_deadline(void **state)
     assert_true(el >= 50 * 1000000ull);
     assert_true(el < 5000 * 1000000ull);
     assert_non_null(strstr(kvt_last_error(), "deadline"));
-    /* A deadline already past: no wait at all. */
+    /* A deadline already past: no wait at all. The copy is held until
+     * ops_open below, so a wait that read 0 as "no deadline" would never
+     * return (ctest's timeout ends it); the bound, 5 s as for the 50 ms
+     * wait above, catches one that fell back to a default such as
+     * WAIT_MS, where the 1 s it had could fail a TSan build on a loaded
+     * machine. */
     t0 = kvt__now_ns();
     assert_status(kvt__xfer_wait_layer(x, &t, 2, 0), KVT_ETIMEDOUT);
-    assert_true(kvt__now_ns() - t0 < 1000 * 1000000ull);
+    assert_true(kvt__now_ns() - t0 < 5000 * 1000000ull);
     ops_open(&o);
     assert_ok(kvt__xfer_wait_layer(x, &t, 2, kvt__deadline_ns(WAIT_MS)));
     assert_int_equal(wait_done(&rec), KVT_OK);
