@@ -1687,19 +1687,10 @@ kvt_status kvt__dir_password_load(const char *path, const char *who,
                                   char out[KVT_DIR_PASSWORD_MAX + 1])
 {
     KVT_CHECK_ARG(path && who && out, "kvt__dir_password_load: an argument is NULL");
-    mode_t mode = 0;
-    int fd = kvt__open_regular(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, &mode);
-    if (fd == KVT_NOT_REGULAR)
-        return kvt__fail(KVT_EINVAL, "%s: password file %s is %s", who, path, kvt__file_kind(mode));
-    if (fd < 0)
-        return kvt__fail(KVT_EINVAL, "%s: cannot open password file %s: %s", who, path,
-                         strerror(errno));
     char buf[KVT_DIR_PASSWORD_MAX + 2];
-    ssize_t n = read(fd, buf, sizeof buf);
-    int e = errno;
-    close(fd);
-    if (n < 0) return kvt__fail(KVT_EINVAL, "%s: cannot read %s: %s", who, path, strerror(e));
-    kvt_status st = check_password(buf, &n, path, who);
+    ssize_t n = 0;
+    kvt_status st = kvt__read_user_file(path, who, "password", buf, sizeof buf, &n);
+    if (!st) st = check_password(buf, &n, path, who);
     if (st) {
         explicit_bzero(buf, sizeof buf);
         return st;

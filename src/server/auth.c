@@ -159,21 +159,16 @@ bool kvt__srv_peer_in_group(const kvt_srv_peer *peer, gid_t gid)
 
 kvt_status kvt__srv_secret_load(const char *path, const char *who, uint8_t **out, size_t *len)
 {
-    mode_t mode = 0;
-    int fd = kvt__open_regular(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, &mode);
-    if (fd == KVT_NOT_REGULAR)
-        return kvt__fail(KVT_EINVAL, "%s: secret file %s is %s", who, path, kvt__file_kind(mode));
-    if (fd < 0)
-        return kvt__fail(KVT_EINVAL, "%s: cannot open secret file %s: %s", who, path,
-                         strerror(errno));
     uint8_t *buf = sodium_malloc(KVT_SRV_SECRET_MAX + 1);
-    ssize_t n = buf ? read(fd, buf, KVT_SRV_SECRET_MAX + 1) : -1;
-    int e = errno;
-    close(fd);
     if (!buf) return kvt__fail(KVT_ENOMEM, "%s: no memory for the secret", who);
+    ssize_t n = 0;
+    kvt_status st = kvt__read_user_file(path, who, "secret", buf, KVT_SRV_SECRET_MAX + 1, &n);
+    if (st) {
+        sodium_free(buf);
+        return st;
+    }
     if (n < KVT_SRV_SECRET_MIN || n > KVT_SRV_SECRET_MAX) {
         sodium_free(buf);
-        if (n < 0) return kvt__fail(KVT_EINVAL, "%s: cannot read %s: %s", who, path, strerror(e));
         return kvt__fail(KVT_EINVAL, "%s: secret file %s holds %s%zd bytes (16..1024)", who, path,
                          n > KVT_SRV_SECRET_MAX ? "over " : "", n > KVT_SRV_SECRET_MAX ?
                          (ssize_t)KVT_SRV_SECRET_MAX : n);

@@ -6,7 +6,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <string.h>
 #include <unistd.h>
+#include "util/err.h"
 
 int kvt__open_regular(int dir_fd, const char *path, int flags, mode_t *mode)
 {
@@ -52,4 +54,21 @@ uint64_t kvt__mem_available(void)
     }
     fclose(f);
     return ((uint64_t)avail + (uint64_t)huge_free * huge_kb) * 1024u;
+}
+
+kvt_status kvt__read_user_file(const char *path, const char *who, const char *kind, void *buf,
+                               size_t cap, ssize_t *n)
+{
+    mode_t mode = 0;
+    int fd = kvt__open_regular(AT_FDCWD, path, O_RDONLY | O_CLOEXEC, &mode);
+    if (fd == KVT_NOT_REGULAR)
+        return kvt__fail(KVT_EINVAL, "%s: %s file %s is %s", who, kind, path, kvt__file_kind(mode));
+    if (fd < 0)
+        return kvt__fail(KVT_EINVAL, "%s: cannot open %s file %s: %s", who, kind, path,
+                         strerror(errno));
+    *n = read(fd, buf, cap);
+    int e = errno;
+    close(fd);
+    if (*n < 0) return kvt__fail(KVT_EINVAL, "%s: cannot read %s: %s", who, path, strerror(e));
+    return KVT_OK;
 }

@@ -15,6 +15,16 @@
 #define KVT_NOT_REGULAR (-2)
 int kvt__open_regular(int dir_fd, const char *path, int flags, mode_t *mode);
 
+/* Reads at most cap bytes of the regular file path into buf (*n: how
+ * many): a secret or password file an option names. who names the option
+ * and kind the file in messages, KVT_EINVAL: "<who>: <kind> file <path> is
+ * a directory", "<who>: cannot open <kind> file <path>: <why>", "<who>:
+ * cannot read <path>: <why>". */
+#include <stddef.h>
+#include "kvtier.h"
+kvt_status kvt__read_user_file(const char *path, const char *who, const char *kind, void *buf,
+                               size_t cap, ssize_t *n);
+
 /* "a directory", "a FIFO", "a socket", "a device", "a symbolic link",
  * "not a regular file" for the type bits of mode. */
 const char *kvt__file_kind(mode_t mode);
