@@ -44,6 +44,23 @@ LD_LIBRARY_PATH="$R/lib" "$T/use" >"$T/use.out" ||
     { echo "install_check: the program does not run"; exit 1; }
 grep -qx "$(sed -n 's/^Version: //p' "$T/kvtier.pc")" "$T/use.out" ||
     { echo "install_check: version mismatch"; cat "$T/use.out"; exit 1; }
+# The same program against libkvtier.a with what `pkg-config --static` adds:
+# the .pc must name every library the archive links. --whole-archive pulls
+# every object in, so a library only some part needs (hiredis for the
+# cluster directory) cannot go missing unnoticed behind a program that
+# does not call that part.
+# shellcheck disable=SC2046
+cc -std=c11 -Wall -Werror -o "$T/use-static" "$T/use.c" $(PKG_CONFIG_PATH="$T" pkg-config --cflags kvtier) \
+    $(PKG_CONFIG_PATH="$T" pkg-config --static --libs kvtier |
+      sed "s|-lkvtier|-Wl,--whole-archive $R/lib/libkvtier.a -Wl,--no-whole-archive|") ||
+    { echo "install_check: a program does not link statically against libkvtier.a with" \
+           "\`pkg-config --static --libs kvtier\`: $(PKG_CONFIG_PATH="$T" pkg-config --static --libs kvtier 2>&1)"; exit 1; }
+if ! "$T/use-static" >"$T/use-static.out" || ! cmp -s "$T/use.out" "$T/use-static.out"; then
+    echo "install_check: the statically linked program does not run"; cat "$T/use-static.out"; exit 1
+fi
+if ldd "$T/use-static" | grep -q libkvtier; then
+    echo "install_check: the static program loads libkvtier.so"; exit 1
+fi
 "$R/bin/kvtier" serve --help >/dev/null || { echo "install_check: the installed CLI does not run"; exit 1; }
 promtool check rules "$R/share/kvtier/kvtier-rules.yml" >/dev/null ||
     { echo "install_check: the installed rules fail promtool"; exit 1; }
