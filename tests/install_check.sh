@@ -23,7 +23,7 @@ readelf -d "$R/lib/libkvtier.so" | grep -q 'SONAME.*\[libkvtier.so.0\]' ||
 grep -q "^ExecStart=$P/bin/kvtier serve" "$R/share/kvtier/kvtier.service" ||
     { echo "install_check: the unit does not run $P/bin/kvtier"; exit 1; }
 # The .pc names the final prefix; point it at the staging copy.
-sed "s|^prefix=.*|prefix=$R|; s|$P|$R|g" "$R/lib/pkgconfig/kvtier.pc" >"$T/kvtier.pc"
+sed "s|$P|$R|g" "$R/lib/pkgconfig/kvtier.pc" >"$T/kvtier.pc"
 cat >"$T/use.c" <<'C'
 #include <kvtier.h>
 #include <stdio.h>
