@@ -23,6 +23,7 @@
 #include "util/clock.h"
 #include "util/err.h"
 #include "util/le.h"
+#include "util/parse.h"
 
 static kvt_status io_all(int fd, void *p, size_t len, uint64_t deadline_ns, int writing)
 {
@@ -542,7 +543,7 @@ static kvt_status check_params(const kvt_net_tcp_params *p, const char *fn)
     /* secure by default: a hub reachable beyond this host admits any rank
      * claim without a secret (and, over UCX, any worker address) */
     const char *h = p->host ? p->host : "127.0.0.1";
-    KVT_CHECK_ARG(p->rank != 0 || p->ranks < 2 || p->secret || p->allow_insecure || strncmp(h, "127.", 4) == 0,
+    KVT_CHECK_ARG(p->rank != 0 || p->ranks < 2 || p->secret || p->allow_insecure || kvt__host_is_loopback(h),
                   "%s: the hub's host %s is not a loopback address and no secret is set: anyone who reaches "
                   "it could join as a rank and feed the group's decisions; set a secret (16..1024 bytes, the "
                   "same on every rank), or allow_insecure = 1 on a trusted network", fn, h);

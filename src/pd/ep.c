@@ -17,6 +17,7 @@
 #include "util/config.h"
 #include "util/err.h"
 #include "util/log.h"
+#include "util/parse.h"
 #include "util/sync.h"
 
 void pd_log(const char *fmt, ...)
@@ -65,7 +66,7 @@ kvt_status pd_net_exposed(const kvt_pd_net_params *n, const char *fn)
 {
     const char *h = n->bind_host ? n->bind_host : "127.0.0.1";
     KVT_CHECK_ARG(n->allow_insecure <= 1, "%s: allow_insecure is %u (0 or 1)", fn, n->allow_insecure);
-    KVT_CHECK_ARG(n->secret || n->allow_insecure || strncmp(h, "127.", 4) == 0,
+    KVT_CHECK_ARG(n->secret || n->allow_insecure || kvt__host_is_loopback(h),
                   "%s: bind_host %s is not a loopback address and no secret is set: anyone who reaches it "
                   "could register prefill positions, read the topology or send KV; set net.secret "
                   "(16..1024 bytes, the same on every end), or net.allow_insecure = 1 on a trusted network",
@@ -111,7 +112,7 @@ static kvt_status check_params(const kvt_pd_params *p, const char *fn)
 static void warn_open_ucx(const pd_ep *ep, const kvt_pd_params *p, const char *fn)
 {
     const char *bs = p->bootstrap_host ? p->bootstrap_host : "127.0.0.1";
-    bool local = strncmp(ep->bind_host, "127.", 4) == 0 && strncmp(bs, "127.", 4) == 0;
+    bool local = kvt__host_is_loopback(ep->bind_host) && kvt__host_is_loopback(bs);
     if (ep->net.transport == KVT_PD_UCX && !ep->secret && !local)
         pd_log("%s: UCX transport without a secret (listening on %s, bootstrap %s): UCX parses the "
                "worker addresses peers send without bounds, and a malformed one can abort this "

@@ -549,6 +549,16 @@ static void exposed_listener_needs_secret(void **state)
     assert_ok(kvt_pd_bootstrap_create(&bs, &n));
     kvt_pd_bootstrap_destroy(bs);
     bs = NULL;
+    /* "localhost" is loopback (kvt__host_is_loopback): refused only for
+     * being a name where a numeric address belongs, not as "not a loopback
+     * address" (the hand-written "127." check) */
+    kvt_pd_net_params ln = {.bind_host = "localhost"};
+    assert_int_equal(kvt_pd_bootstrap_create(&bs, &ln), KVT_EINVAL);
+    e = kvt_last_error();
+    if (strstr(e, "loopback") || !strstr(e, "kvt_pd_bootstrap_create") ||
+        !strstr(e, "\"localhost\" is not a numeric IPv4 address"))
+        fail_msg("%s", e);
+    assert_null(bs);
     kvt_pd_net_params sn = {.bind_host = "0.0.0.0", .secret = "0123456789abcdef-secret", .secret_len = 23};
     assert_ok(kvt_pd_bootstrap_create(&bs, &sn));
     uint16_t port;

@@ -1,7 +1,8 @@
 /* test_util_helpers.c - the shared small helpers of src/util: the
  * little-endian codec every wire and disk format uses (util/le.h), the
- * growable array (util/vec.h) and the copy that hashes as it goes
- * (util/hash.h, kvt_hash_copy). */
+ * growable array (util/vec.h), the copy that hashes as it goes
+ * (util/hash.h, kvt_hash_copy) and the loopback test every listener's
+ * "needs a secret" check shares (util/parse.h). */
 #include "support.h"
 
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include <xxhash.h>
 #include "util/hash.h"
 #include "util/le.h"
+#include "util/parse.h"
 #include "util/vec.h"
 
 static void test_le_layout(void **state)
@@ -121,12 +123,28 @@ static void test_hash_copy(void **state)
     free(buf);
 }
 
+/* kvt__host_is_loopback: 127.0.0.0/8 and "localhost" are this machine; an
+ * address that merely contains 127 or a longer name is not. */
+static void test_host_is_loopback(void **state)
+{
+    (void)state;
+    static const char *const yes[] = {"127.0.0.1", "127.1.2.3", "127.255.255.254", "localhost"};
+    static const char *const no[] = {"0.0.0.0", "10.0.0.1", "128.0.0.1", "1.127.0.0", "12.7.0.1",
+                                     "localhost.example.com", "", "127"};
+    for (size_t i = 0; i < sizeof yes / sizeof *yes; i++)
+        if (!kvt__host_is_loopback(yes[i])) fail_msg("%s is loopback", yes[i]);
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++)
+        if (kvt__host_is_loopback(no[i])) fail_msg("%s is not loopback", no[i]);
+    assert_false(kvt__host_is_loopback(NULL));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_le_layout),
         cmocka_unit_test(test_grow),
         cmocka_unit_test(test_hash_copy),
+        cmocka_unit_test(test_host_is_loopback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
