@@ -734,11 +734,14 @@ typedef struct kvt_cluster_counters {
  * answer (within half of cluster_pull_ms, at most 1 s) is no error: the
  * node serves its local tiers, logs one line, and joins (a new epoch, its
  * holdings published) when Redis answers, retried with backoff up to 5 s.
- * The caller owns *out: leave after kvt_server_run returned and before
- * kvt_server_destroy. A kvt_server_destroy while still joined stops the
- * cluster first (its threads joined, its lease deleted, a warning logged);
- * kvt_cluster_leave then only frees cl, and kvt_cluster_stats still reads
- * its counters until then. */
+ * *out is written on KVT_OK only: a refused call, a second join refused
+ * with KVT_ESTATE included, leaves it as it was (so passing the joined
+ * cluster's handle again keeps it). The caller owns *out: leave after
+ * kvt_server_run returned and before kvt_server_destroy. A
+ * kvt_server_destroy while still joined stops the cluster first (its
+ * threads joined, its lease deleted, a warning logged); kvt_cluster_leave
+ * then only frees cl, and kvt_cluster_stats still reads its counters until
+ * then. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ESTATE, KVT_EFULL, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH. */
 kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out);
 /* Stops serving peers, deletes this node's lease in the directory (its

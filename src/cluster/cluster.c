@@ -986,8 +986,9 @@ static void cl_server_gone(void *arg);
 
 kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out)
 {
+    /* *out is written on success only: a refused second join must not
+     * clear the caller's handle to the cluster that is joined */
     KVT_CHECK_ARG(out, "kvt_cluster_join: out is NULL");
-    *out = NULL;
     KVT_CHECK_ARG(srv, "kvt_cluster_join: srv is NULL");
     if (atomic_load(&srv->state) != 0)
         return kvt__fail(KVT_ESTATE, "kvt_cluster_join: the server is already running or "
