@@ -316,7 +316,7 @@ fail_nomem:
                      (unsigned long long)blocks);
 }
 
-static bool budget_charge(kvt_pool_budget *b, uint64_t bytes)
+bool kvt__budget_charge(kvt_pool_budget *b, uint64_t bytes)
 {
     uint64_t used = atomic_load(&b->used);
     do {
@@ -325,7 +325,7 @@ static bool budget_charge(kvt_pool_budget *b, uint64_t bytes)
     return true;
 }
 
-static void budget_uncharge(kvt_pool_budget *b, uint64_t bytes)
+void kvt__budget_uncharge(kvt_pool_budget *b, uint64_t bytes)
 {
     atomic_fetch_sub(&b->used, bytes);
 }
@@ -382,7 +382,7 @@ void kvt__pool_destroy(kvt_pool *pool)
     if (!pool) return;
     munmap(pool->map, pool->map_bytes);
     if (pool->fd >= 0) close(pool->fd);
-    if (pool->budget) budget_uncharge(pool->budget, (uint64_t)kvt__pool_blocks_backed(pool) * pool->stride);
+    if (pool->budget) kvt__budget_uncharge(pool->budget, (uint64_t)kvt__pool_blocks_backed(pool) * pool->stride);
     for (uint32_t i = 0; pool->quotas && i < pool->total; i++)
         if (pool->in_use[i]) owner_charge(pool, (uint8_t)(pool->in_use[i] - 1), false);
     free(pool->free_stack);
@@ -406,7 +406,7 @@ uint32_t kvt__pool_alloc_for(kvt_pool *pool, uint8_t owner, bool enforce)
     if (enforce && !kvt__pool_quota_room(pool, owner)) return KVT_POOL_NONE;
     uint32_t slot;
     if (pool->nfree) slot = pool->free_stack[--pool->nfree];
-    else if (pool->ncold && budget_charge(pool->budget, pool->stride))
+    else if (pool->ncold && kvt__budget_charge(pool->budget, pool->stride))
         slot = pool->cold_stack[--pool->ncold];
     else return KVT_POOL_NONE;
     assert(!pool->in_use[slot]);
@@ -473,7 +473,7 @@ uint32_t kvt__pool_release(kvt_pool *pool, uint32_t max)
             break;
         pool->nfree--;
         pool->cold_stack[pool->ncold++] = slot;
-        budget_uncharge(pool->budget, pool->stride);
+        kvt__budget_uncharge(pool->budget, pool->stride);
         n++;
     }
     return n;

@@ -36,6 +36,10 @@ typedef struct kvt_pool_budget {
     _Atomic uint64_t used;
     uint64_t limit;
 } kvt_pool_budget;
+/* Charges bytes when they fit under limit (false, nothing charged, when
+ * not); uncharge gives them back. Also the SSD tier's (store/ssd.h). */
+bool kvt__budget_charge(kvt_pool_budget *b, uint64_t bytes);
+void kvt__budget_uncharge(kvt_pool_budget *b, uint64_t bytes);
 
 /* A shared pool of capacity_bytes of address space (its memfd is sparse:
  * nothing is prefaulted) whose slots are backed on first allocation, each

@@ -101,8 +101,13 @@ static kvt_status alloc_tables(kvt_ssd *s, uint32_t qd)
     s->reclaim = calloc(t, sizeof *s->reclaim);
     s->inflight = calloc(t, sizeof *s->inflight);
     s->reqs = calloc(s->nreq, sizeof *s->reqs);
+    if (s->budget) {
+        s->backed = calloc(t, 1);
+        s->holes = calloc(t, sizeof *s->holes);
+    }
     bool ok = s->slots && s->durable && s->free_stack && s->allocated && s->gen && s->dels &&
-              s->dels_commit && s->released && s->reclaim && s->inflight && s->reqs;
+              s->dels_commit && s->released && s->reclaim && s->inflight && s->reqs &&
+              (!s->budget || (s->backed && s->holes));
     for (uint32_t d = 0; ok && d < s->ndirs; d++) {
         s->dirs[d].jbuf = malloc((size_t)KVT_SSD_JBUF_RECS * KVT_SSD_REC_BYTES);
         ok = s->dirs[d].jbuf != NULL;
@@ -166,12 +171,18 @@ static kvt_status open_data(ssd_dir *dir, int extra_flags)
 /* Pre-allocates the data file, so a full disk shows at open, not mid-run.
  * The filesystem's free space is checked first (statvfs): a capacity it
  * cannot hold is refused naming both numbers before a byte is written,
- * and a failed growth is undone (the file keeps its old size). */
+ * and a failed growth is undone (the file keeps its old size). A sparse
+ * (budgeted) store's file only takes its size here: its slots take disk
+ * as they are used, and check_budget_space checks the room. */
 static kvt_status size_data(ssd_dir *dir)
 {
     struct stat st;
     off_t want = (off_t)((uint64_t)dir->meta.slots * dir->meta.slot_bytes);
     if (fstat(dir->data_fd, &st) != 0) return sys_fail(dir->path, "fstat", errno);
+    if (dir->sparse) {
+        if (st.st_size == want || ftruncate(dir->data_fd, want) == 0) return KVT_OK;
+        return sys_fail(dir->path, "ftruncate", errno);
+    }
     if (st.st_size >= want) return KVT_OK;
     uint64_t need = (uint64_t)(want - st.st_size);
     struct statvfs vfs;
@@ -337,6 +348,7 @@ static kvt_status open_dir(kvt_ssd *s, uint32_t d, const kvt_ssd_params *p)
                                .digest = p->digest, .block_bytes = s->block_bytes,
                                .slot_bytes = s->slot_bytes};
     memcpy(dir->meta.describe, s->describe, sizeof s->describe);
+    dir->sparse = s->budget != NULL;
     uint8_t *buf = NULL;
     uint64_t len = 0;
     st = kvt__ssd_read_file(dir->dir_fd, dir->path, KVT_SSD_META_NAME, 4096, &buf, &len);
@@ -364,8 +376,75 @@ static void build_caller_tables(kvt_ssd *s)
     for (uint32_t g = s->total; g-- > 0;) {
         s->slots[g] = s->durable[g];
         s->allocated[g] = s->durable[g].live;
-        if (!s->durable[g].live) s->free_stack[s->nfree++] = g; /* alloc pops low slots first */
+        if (s->durable[g].live && s->budget) s->backed[g] = 1, s->nbacked++;
+        else if (!s->durable[g].live && s->budget) s->holes[s->nholes++] = g;
+        else if (!s->durable[g].live) s->free_stack[s->nfree++] = g; /* alloc pops low slots first */
     }
+    if (s->budget) atomic_fetch_add(&s->budget->used, (uint64_t)s->nbacked * s->slot_bytes);
+}
+
+static int punch(const ssd_dir *dir, uint64_t off, uint64_t len)
+{
+    return fallocate(dir->data_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off,
+                     (off_t)len);
+}
+
+/* A budgeted store's directory written before (by a store without a
+ * budget, or before a crash) may have disk behind slots no block uses:
+ * punched out at open, a run of free local slots per call, so the budget
+ * counts what is on disk. */
+static kvt_status punch_free_runs(kvt_ssd *s, uint32_t d)
+{
+    ssd_dir *dir = &s->dirs[d];
+    struct stat st;
+    if (fstat(dir->data_fd, &st) != 0) return sys_fail(dir->path, "fstat", errno);
+    if (st.st_blocks == 0) return KVT_OK; /* all hole already: a new file */
+    uint32_t n = dir->meta.slots, run = 0;
+    for (uint32_t l = 0; l <= n; l++) {
+        bool is_free = l < n && !s->durable[(uint64_t)l * s->ndirs + d].live;
+        if (is_free) {
+            run++;
+            continue;
+        }
+        if (run && punch(dir, (uint64_t)(l - run) * s->slot_bytes, (uint64_t)run * s->slot_bytes))
+            return errno == EOPNOTSUPP
+                ? kvt__fail(KVT_EUNSUPPORTED, "kvt__ssd_open: cache directory %s: its filesystem "
+                            "cannot punch holes (fallocate PUNCH_HOLE), which a shared SSD "
+                            "capacity needs", dir->path)
+                : sys_fail(dir->path, "fallocate(PUNCH_HOLE)", errno);
+        run = 0;
+    }
+    return KVT_OK;
+}
+
+/* A budgeted store's free space check: each directory's filesystem must
+ * hold its part of the budget's room (what every store sharing it may
+ * still take), not capacity_bytes. */
+static kvt_status check_budget_space(kvt_ssd *s)
+{
+    uint64_t used = atomic_load(&s->budget->used), limit = s->budget->limit;
+    uint64_t room = used < limit ? limit - used : 0, per_dir = (room + s->ndirs - 1) / s->ndirs;
+    for (uint32_t d = 0; d < s->ndirs; d++) {
+        struct statvfs vfs;
+        ssd_dir *dir = &s->dirs[d];
+        if (fstatvfs(dir->data_fd, &vfs) != 0) continue;
+        uint64_t free_bytes = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+        if (per_dir > free_bytes)
+            return kvt__fail(KVT_ENOSPC, "kvt__ssd_open: cache directory %s: no space for its "
+                             "share of ssd_capacity: it may take %llu more bytes (the %llu of "
+                             "ssd_capacity not yet used, over %u directories), its filesystem has "
+                             "%llu bytes free: lower ssd_capacity or free space", dir->path,
+                             (unsigned long long)per_dir, (unsigned long long)room, s->ndirs,
+                             (unsigned long long)free_bytes);
+    }
+    return KVT_OK;
+}
+
+static kvt_status setup_budget(kvt_ssd *s)
+{
+    kvt_status st = KVT_OK;
+    for (uint32_t d = 0; st == KVT_OK && d < s->ndirs; d++) st = punch_free_runs(s, d);
+    return st == KVT_OK ? check_budget_space(s) : st;
 }
 
 /* One line per open whose ssd_capacity changed, after every directory. */
@@ -402,6 +481,7 @@ kvt_status kvt__ssd_open(kvt_ssd **out, const kvt_ssd_params *p)
     s->total = (uint32_t)total;
     s->block_bytes = p->block_bytes;
     s->slot_bytes = round_up(p->block_bytes, KVT_SSD_SLOT_ALIGN);
+    s->budget = p->budget;
     snprintf(s->describe, sizeof s->describe, "%s", p->describe ? p->describe : "");
     st = init_sync(s);
     if (st == KVT_OK) st = split_dirs(s, p->dirs);
@@ -413,6 +493,7 @@ kvt_status kvt__ssd_open(kvt_ssd **out, const kvt_ssd_params *p)
     for (uint32_t d = 0; st == KVT_OK && d < s->ndirs; d++) st = open_dir(s, d, p);
     if (st == KVT_OK) log_resize(s, p->dirs);
     if (st == KVT_OK) build_caller_tables(s);
+    if (st == KVT_OK && s->budget) st = setup_budget(s);
     if (st == KVT_OK) st = kvt__ssd_io_start(s, p);
     if (st != KVT_OK) {
         char keep[KVT_ERRMSG_MAX];
@@ -448,6 +529,9 @@ void kvt__ssd_close(kvt_ssd *s)
     free(s->reclaim);
     free((void *)s->inflight);
     free(s->reqs);
+    if (s->budget) kvt__budget_uncharge(s->budget, (uint64_t)s->nbacked * s->slot_bytes);
+    free(s->backed);
+    free(s->holes);
     pthread_cond_destroy(&s->ccv);
     pthread_cond_destroy(&s->dcv);
     pthread_mutex_destroy(&s->cmu);
@@ -460,8 +544,22 @@ uint32_t kvt__ssd_blocks_total(const kvt_ssd *s) { return s ? s->total : 0; }
 uint32_t kvt__ssd_blocks_free(const kvt_ssd *s)
 {
     kvt_ssd *m = (kvt_ssd *)s; /* atomics: loads through a non-const pointer */
-    return m ? m->nfree + atomic_load_explicit(&m->reclaiming, memory_order_relaxed) : 0;
+    if (!m) return 0;
+    uint32_t n = m->nfree + atomic_load_explicit(&m->reclaiming, memory_order_relaxed);
+    if (!m->budget) return n;
+    uint64_t used = atomic_load(&m->budget->used), limit = m->budget->limit;
+    uint64_t room = used < limit ? (limit - used) / m->slot_bytes : 0;
+    return n + (uint32_t)(room < m->nholes ? room : m->nholes);
 }
+uint64_t kvt__ssd_slot_bytes(const kvt_ssd *s) { return s ? s->slot_bytes : 0; }
+uint32_t kvt__ssd_blocks_used(const kvt_ssd *s)
+{
+    kvt_ssd *m = (kvt_ssd *)s;
+    return m ? m->total - m->nfree - m->nholes -
+                   atomic_load_explicit(&m->reclaiming, memory_order_relaxed)
+             : 0;
+}
+uint32_t kvt__ssd_blocks_backed(const kvt_ssd *s) { return !s ? 0 : s->budget ? s->nbacked : s->total; }
 const char *kvt__ssd_backend(const kvt_ssd *s) { return s && s->ops ? s->ops->name : "none"; }
 
 /* Refills the free stack from the released slots: one lock per refill. */
@@ -480,8 +578,41 @@ uint32_t kvt__ssd_alloc(kvt_ssd *s)
 {
     if (s && s->nfree == 0 && atomic_load_explicit(&s->reclaiming, memory_order_relaxed))
         take_released(s);
-    if (!s || s->nfree == 0) return KVT_SSD_NONE;
-    uint32_t slot = s->free_stack[--s->nfree];
+    if (!s) return KVT_SSD_NONE;
+    uint32_t slot;
+    if (s->nfree > 0) {
+        slot = s->free_stack[--s->nfree];
+    } else if (s->nholes > 0 && kvt__budget_charge(s->budget, s->slot_bytes)) {
+        slot = s->holes[--s->nholes];
+        s->backed[slot] = 1;
+        s->nbacked++;
+    } else {
+        return KVT_SSD_NONE;
+    }
     s->allocated[slot] = 1;
     return slot;
+}
+
+uint32_t kvt__ssd_release(kvt_ssd *s, uint32_t max)
+{
+    if (!s || !s->budget) return 0;
+    if (s->nfree < max && atomic_load_explicit(&s->reclaiming, memory_order_relaxed))
+        take_released(s);
+    uint32_t n = 0;
+    while (n < max && s->nfree > 0) {
+        uint32_t slot = s->free_stack[s->nfree - 1];
+        /* Free and reclaimed: no I/O on it is in flight and the journal
+         * names no block in it. A filesystem that cannot punch keeps the
+         * slot backed and charged. */
+        if (punch(kvt__ssd_dir_of(s, slot), (uint64_t)kvt__ssd_local(s, slot) * s->slot_bytes,
+                  s->slot_bytes) != 0)
+            break;
+        s->nfree--;
+        s->backed[slot] = 0;
+        s->nbacked--;
+        s->holes[s->nholes++] = slot;
+        kvt__budget_uncharge(s->budget, s->slot_bytes);
+        n++;
+    }
+    return n;
 }

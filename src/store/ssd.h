@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "kvtier.h"
+#include "store/pool.h"
 #include "util/hash.h"
 
 #define KVT_SSD_NONE UINT32_MAX
@@ -47,6 +48,16 @@ typedef struct kvt_ssd_params {
     uint32_t queue_depth;     /* in-flight I/Os per backend, e.g. 64 */
     void *register_base;      /* optional: memory that buffers come from (the CPU pool), */
     uint64_t register_len;    /* registered with io_uring when the memlock limit allows */
+    /* Optional: a byte budget this store shares with others (the node
+     * server's one ssd_capacity over the tiers of every geometry it serves).
+     * The data files are then sparse (capacity_bytes is address space: the
+     * most this store may use); a slot takes disk, and slot_bytes of the
+     * budget, when first allocated, and gives both back through
+     * kvt__ssd_release. Recovered blocks are charged at open even past the
+     * limit (no block is dropped for it); the other slots' disk is punched
+     * out. The free space check at open asks for the budget's room, not
+     * capacity_bytes. Must outlive the store. */
+    kvt_pool_budget *budget;
 } kvt_ssd_params;
 
 /* Opens (creating or recovering) the store. KVT_EINVAL for bad params,
@@ -57,7 +68,14 @@ kvt_status kvt__ssd_open(kvt_ssd **out, const kvt_ssd_params *p);
 void kvt__ssd_close(kvt_ssd *s);
 
 uint32_t kvt__ssd_blocks_total(const kvt_ssd *s);
-uint32_t kvt__ssd_blocks_free(const kvt_ssd *s); /* free, or freed and on their way back */
+/* Free, or freed and on their way back; with a budget, plus the unbacked
+ * slots its room would back now. */
+uint32_t kvt__ssd_blocks_free(const kvt_ssd *s);
+uint64_t kvt__ssd_slot_bytes(const kvt_ssd *s); /* block_bytes rounded up to 4096 */
+/* Slots holding a block or being written (neither free nor unbacked). */
+uint32_t kvt__ssd_blocks_used(const kvt_ssd *s);
+/* With a budget: slots with disk behind them (used or free). */
+uint32_t kvt__ssd_blocks_backed(const kvt_ssd *s);
 const char *kvt__ssd_backend(const kvt_ssd *s); /* "io_uring" or "threads" */
 
 /* Calls fn for every block recovered from the journal at open, parents
@@ -75,6 +93,15 @@ void kvt__ssd_free(kvt_ssd *s, uint32_t slot);  /* forgets the slot's block (jou
  * DELs failed: those slots stay out of use) or at deadline_ns. Call without
  * any lock a done callback takes. */
 bool kvt__ssd_wait_reclaim(kvt_ssd *s, uint64_t deadline_ns);
+/* Asks the commit thread for a round now (frees journaled sooner than its
+ * idle tick); never waits. */
+void kvt__ssd_flush_frees(kvt_ssd *s);
+/* With a budget (else 0): gives up to max free backed slots' disk back to
+ * the filesystem (a punched hole) and their bytes back to the budget, freed
+ * slots whose DEL is durable included; returns how many. Under the cache's
+ * lock, as alloc. A syscall per slot: for moving capacity between stores
+ * under pressure, never per transfer. */
+uint32_t kvt__ssd_release(kvt_ssd *s, uint32_t max);
 
 typedef void (*kvt_ssd_done_fn)(void *arg, kvt_status st);
 /* write/read return KVT_OK when the I/O is queued, and then done is called

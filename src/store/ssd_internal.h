@@ -40,6 +40,7 @@ typedef struct ssd_dir {
     uint64_t jbuf_seq0;   /* seq of jbuf[0] */
     bool compact_now;     /* the journal holds damaged records: rewrite it */
     bool touched;         /* has writes in the current commit round */
+    bool sparse;          /* a budgeted store's: the data file is not preallocated */
     kvt_status fail;      /* of the current commit round */
 } ssd_dir;
 
@@ -73,6 +74,12 @@ struct kvt_ssd {
     uint8_t *allocated;
     _Atomic uint32_t *gen; /* bumped by free: a write submitted before it is not journaled */
     bool recovered;
+    /* A budgeted store (kvt_ssd_params.budget): free_stack holds backed
+     * slots only; holes[0, nholes) are free slots without disk (handed out
+     * by alloc when the budget has room). backed[g]: g has disk and budget. */
+    kvt_pool_budget *budget;
+    uint8_t *backed;
+    uint32_t *holes, nholes, nbacked;
 
     /* Commit thread side. */
     kvt_ssd_slot *durable;

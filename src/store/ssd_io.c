@@ -549,6 +549,17 @@ static bool reclaimed(kvt_ssd *s, uint64_t unused)
     return false;
 }
 
+void kvt__ssd_flush_frees(kvt_ssd *s)
+{
+    if (!s) return;
+    pthread_mutex_lock(&s->cmu);
+    if (s->ndels > 0) {
+        s->flush_dels = true;
+        pthread_cond_signal(&s->ccv);
+    }
+    pthread_mutex_unlock(&s->cmu);
+}
+
 bool kvt__ssd_wait_reclaim(kvt_ssd *s, uint64_t deadline_ns)
 {
     if (!s) return false;

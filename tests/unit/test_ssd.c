@@ -558,6 +558,142 @@ static void test_grow_beyond_free_space(void **state)
     rm_rf(dir);
 }
 
+/* Bytes of disk behind dir's data file (st_blocks). */
+static uint64_t data_disk_bytes(const char *dir)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/%s", dir, KVT_SSD_DATA_NAME);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    return (uint64_t)st.st_blocks * 512u;
+}
+
+#define SLOT 12288u /* BLOCK's slot */
+
+/* Two stores on one byte budget (the node server's ssd_capacity over its
+ * geometries): each may use all of it, together never more. A slot takes
+ * disk when first allocated; kvt__ssd_release punches free slots out and
+ * gives their bytes to the other store; a reopen charges what it recovers
+ * and punches out what no block uses. Every kept block reads back intact. */
+static void test_shared_budget(void **state)
+{
+    const char *io = test_io(state);
+    char a[PATH_MAX], b[PATH_MAX];
+    tmp_dir(a, sizeof a);
+    tmp_dir(b, sizeof b);
+    kvt_pool_budget budget = {.limit = 8ull * SLOT};
+    kvt_ssd_params pa = test_params(a, io, BLOCK, 16), pb = test_params(b, io, BLOCK, 16);
+    pa.budget = pb.budget = &budget;
+    kvt_ssd *sa = NULL, *sb = NULL;
+    assert_ok(kvt__ssd_open(&sa, &pa));
+    assert_ok(kvt__ssd_open(&sb, &pb));
+    assert_int_equal(kvt__ssd_blocks_total(sa), 16);
+    assert_int_equal(kvt__ssd_blocks_free(sa), 8); /* the budget's room, not 16 */
+    assert_int_equal(data_disk_bytes(a), 0);       /* sparse until used */
+    uint8_t *w = aligned_buf(BLOCK), *r = aligned_buf(BLOCK);
+    uint32_t slot[8];
+    for (uint32_t i = 0; i < 8; i++) {
+        slot[i] = kvt__ssd_alloc(sa);
+        assert_int_not_equal(slot[i], KVT_SSD_NONE);
+        fill(w, BLOCK, 500 + i);
+        assert_ok(write_sync(sa, slot[i], w, test_key(500 + i), test_key(0), false));
+    }
+    assert_int_equal(kvt__ssd_alloc(sa), KVT_SSD_NONE); /* A has the whole budget */
+    assert_int_equal(kvt__ssd_alloc(sb), KVT_SSD_NONE); /* and B none of it */
+    assert_int_equal(kvt__ssd_blocks_free(sb), 0);
+    assert_int_equal(atomic_load(&budget.used), 8ull * SLOT);
+    assert_true(data_disk_bytes(a) >= 8ull * SLOT);
+    assert_int_equal(kvt__ssd_release(sa, 4), 0); /* nothing free to give */
+
+    kvt__ssd_free(sa, slot[2]);
+    kvt__ssd_free(sa, slot[5]);
+    assert_true(kvt__ssd_wait_reclaim(sa, kvt__deadline_ns(WAIT_MS)));
+    uint64_t before = data_disk_bytes(a);
+    assert_int_equal(kvt__ssd_release(sa, 4), 2);
+    assert_int_equal(atomic_load(&budget.used), 6ull * SLOT);
+    assert_int_equal(data_disk_bytes(a), before - 2ull * SLOT);
+    assert_int_equal(kvt__ssd_blocks_used(sa), 6);
+    uint32_t b0 = kvt__ssd_alloc(sb), b1 = kvt__ssd_alloc(sb);
+    assert_int_not_equal(b0, KVT_SSD_NONE);
+    assert_int_not_equal(b1, KVT_SSD_NONE);
+    assert_int_equal(kvt__ssd_alloc(sb), KVT_SSD_NONE);
+    fill(w, BLOCK, 900);
+    assert_ok(write_sync(sb, b0, w, test_key(900), test_key(0), false));
+    for (uint32_t i = 0; i < 8; i++) { /* the punched slots' neighbours are intact */
+        if (i == 2 || i == 5) continue;
+        fill(w, BLOCK, 500 + i);
+        assert_ok(read_sync(sa, slot[i], r, test_key(500 + i)));
+        assert_memory_equal(r, w, BLOCK);
+    }
+
+    /* A restart of A while B holds 2 slots: its 6 blocks are charged again. */
+    kvt__ssd_close(sa);
+    assert_int_equal(atomic_load(&budget.used), 2ull * SLOT);
+    assert_ok(kvt__ssd_open(&sa, &pa));
+    rec_log log = {0};
+    assert_int_equal(kvt__ssd_recover(sa, log_recovered, &log), 6);
+    assert_int_equal(atomic_load(&budget.used), 8ull * SLOT);
+    assert_int_equal(kvt__ssd_alloc(sa), KVT_SSD_NONE);
+    fill(w, BLOCK, 507);
+    assert_ok(read_sync(sa, slot[7], r, test_key(507)));
+    assert_memory_equal(r, w, BLOCK);
+    kvt__ssd_close(sa);
+    kvt__ssd_close(sb);
+    assert_int_equal(atomic_load(&budget.used), 0);
+
+    /* A directory a store without a budget preallocated: reopened on a
+     * budget, the slots no block uses give their disk back. */
+    char c[PATH_MAX];
+    tmp_dir(c, sizeof c);
+    kvt_ssd_params plain = test_params(c, io, BLOCK, 16), pc = plain;
+    pc.budget = &budget;
+    assert_ok(kvt__ssd_open(&sb, &plain));
+    assert_true(data_disk_bytes(c) >= 16ull * SLOT);
+    assert_int_equal(kvt__ssd_alloc(sb), 0);
+    fill(w, BLOCK, 901);
+    assert_ok(write_sync(sb, 0, w, test_key(901), test_key(0), false));
+    kvt__ssd_close(sb);
+    assert_ok(kvt__ssd_open(&sb, &pc));
+    assert_int_equal(kvt__ssd_recover(sb, log_recovered, &log), 1);
+    assert_true(data_disk_bytes(c) < 4ull * SLOT);
+    assert_int_equal(atomic_load(&budget.used), 1ull * SLOT);
+    assert_ok(read_sync(sb, 0, r, test_key(901)));
+    assert_memory_equal(r, w, BLOCK);
+    kvt__ssd_close(sb);
+    free(w);
+    free(r);
+    rm_rf(a);
+    rm_rf(b);
+    rm_rf(c);
+}
+
+/* On a budget, the free space check asks for the budget's room: a store
+ * whose budget is larger than the filesystem's free space is refused naming
+ * both numbers, even though its sparse file takes nothing yet. */
+static void test_budget_beyond_free_space(void **state)
+{
+    const char *io = test_io(state);
+    char dir[PATH_MAX];
+    tmp_dir(dir, sizeof dir);
+    struct statvfs vfs;
+    assert_int_equal(statvfs(dir, &vfs), 0);
+    uint64_t block = 64ull << 20, avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+    uint32_t slots = (uint32_t)(avail / block + 64);
+    kvt_pool_budget budget = {.limit = (uint64_t)slots * block};
+    kvt_ssd_params p = test_params(dir, io, block, slots);
+    p.budget = &budget;
+    kvt_ssd *s = NULL;
+    assert_status(kvt__ssd_open(&s, &p), KVT_ENOSPC);
+    assert_non_null(strstr(kvt_last_error(), "bytes free: lower ssd_capacity or free space"));
+    assert_non_null(strstr(kvt_last_error(), "of ssd_capacity not yet used"));
+    assert_int_equal(atomic_load(&budget.used), 0);
+    budget.used = budget.limit - 2 * block; /* the others use all but 2 blocks: room enough */
+    assert_ok(kvt__ssd_open(&s, &p));
+    kvt__ssd_close(s);
+    assert_int_equal(atomic_load(&budget.used), budget.limit - 2 * block);
+    rm_rf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -568,6 +704,8 @@ int main(void)
         SSD_TESTS(test_sync_deadline),   SSD_TESTS(test_bad_args),
         SSD_TESTS(test_capacity_beyond_free_space),
         SSD_TESTS(test_grow_beyond_free_space),
+        SSD_TESTS(test_shared_budget),
+        SSD_TESTS(test_budget_beyond_free_space),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
