@@ -601,10 +601,10 @@ typedef struct kvt_client kvt_client;
  * tier when ssd_dirs is set (recovering what a previous server left). geo
  * NULL: the server serves any geometry, taking each client's at attach;
  * each geometry (with its block size) gets a tier of its own, made at its
- * first attach, with a 1/server_max_geometries share of cpu_capacity and
- * ssd_capacity and its SSD data in a subdirectory of each ssd_dirs entry
- * named by the geometry's fingerprint; blocks of two geometries never
- * meet. server_max_geometries (default 4 with geo NULL, 1 with a geo)
+ * first attach, drawing on the one cpu_capacity and ssd_capacity every
+ * geometry shares (the coldest blocks across them are evicted first), its
+ * SSD data in a subdirectory of each ssd_dirs entry named by the
+ * geometry's fingerprint; blocks of two geometries never meet. server_max_geometries (default 4 with geo NULL, 1 with a geo)
  * bounds how many. The socket is created with mode 0600 (only
  * this user's processes may attach; peers of another uid are refused, by
  * SO_PEERCRED), or 0660 owned by server_socket_group (its members attach

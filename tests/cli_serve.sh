@@ -168,8 +168,8 @@ grep -q '"totals":{"geometries":2,"cpu_bytes_used":0,"cpu_bytes_capacity":167772
 [ "$(grep -c "^geometry g" "$T/any1.txt")" -eq 1 ] ||
     { echo "cli_serve: stats --model tiny --tp 1:"; cat "$T/any1.txt"; exit 1; }
 [ "$(grep -c "geometry g[0-9a-f]*: 4 layers" "$T/any.log")" -eq 2 ] &&
-grep -q "any geometry, up to 4 at once, sharing 16777216 bytes of CPU tier (coldest blocks evicted across them) and a share of the SSD tier under $T/ssd: .*; metrics on http://127.0.0.1:$MP/metrics)" "$T/any.log" &&
-[ "$(grep -c "4 layers, .*, SSD tier [1-9][0-9]* blocks in $T/ssd/g[0-9a-f]\{16\} (.*), 0 recovered \[" "$T/any.log")" -eq 2 ] ||
+grep -q "any geometry, up to 4 at once, sharing 16777216 bytes of CPU tier and 8388608 bytes of SSD tier under $T/ssd (coldest blocks evicted across them): .*; metrics on http://127.0.0.1:$MP/metrics)" "$T/any.log" &&
+[ "$(grep -c "4 layers, .*, SSD tier up to [1-9][0-9]* blocks in $T/ssd/g[0-9a-f]\{16\} (.*), 0 recovered \[" "$T/any.log")" -eq 2 ] ||
     { echo "cli_serve: the any-geometry server's log:"; cat "$T/any.log"; exit 1; }
 # Its /metrics: each geometry's tier labelled, the server's families once.
 /usr/bin/python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode())' "$MP" >"$T/any.metrics" ||

@@ -77,6 +77,7 @@ static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry 
                   : kvt__pool_create(&c->pool, c->cfg.cpu_capacity, c->block_bytes,
                                      c->cfg.huge_pages);
     if (st) return st;
+    if (share) c->ssd_budget = kvt__share_ssd_budget(share);
     st = kvt__tiers_open(c);
     if (st) return st;
     st = kvt__tasks_init(c, c->cfg.max_tasks);
@@ -265,7 +266,7 @@ kvt_status kvt_cache_stats_get(kvt_cache *c, kvt_cache_stats *out)
     c->stats.tasks_in_flight = c->in_flight;
     if (c->ssd) {
         c->stats.ssd_blocks_total = kvt__ssd_blocks_total(c->ssd);
-        c->stats.ssd_blocks_used = c->stats.ssd_blocks_total - kvt__ssd_blocks_free(c->ssd);
+        c->stats.ssd_blocks_used = kvt__ssd_blocks_used(c->ssd);
     }
     *out = c->stats;
     pthread_mutex_unlock(&c->mu);

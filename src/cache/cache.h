@@ -81,6 +81,7 @@ struct kvt_cache {
     kvt_index *index;
     kvt_xfer *xfer;
     struct kvt_share *share; /* the capacity shared with other caches (share.h), or NULL */
+    kvt_pool_budget *ssd_budget; /* the share's SSD byte budget for the SSD tier, or NULL */
     struct kvt_quota *quota; /* byte quotas by namespace (quota.h), or NULL; set before use */
     bool memory_registered;
     kvt_page_map map;

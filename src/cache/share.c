@@ -11,12 +11,13 @@
 struct kvt_share {
     pthread_mutex_t mu; /* guards members */
     kvt_pool_budget budget;
+    kvt_pool_budget ssd_budget; /* limit 0: the members have no SSD tier */
     _Atomic uint64_t clock; /* every member index's ticks */
     kvt_cache **members; /* grown by join: a server holds few geometries */
     uint32_t n, cap;
 };
 
-kvt_status kvt__share_create(kvt_share **out, uint64_t capacity_bytes)
+kvt_status kvt__share_create(kvt_share **out, uint64_t capacity_bytes, uint64_t ssd_bytes)
 {
     KVT_CHECK_NOT_NULL(out, "kvt__share_create");
     KVT_CHECK_ARG(capacity_bytes > 0, "kvt__share_create: capacity is 0");
@@ -24,6 +25,7 @@ kvt_status kvt__share_create(kvt_share **out, uint64_t capacity_bytes)
     if (!sh) return kvt__fail(KVT_ENOMEM, "kvt__share_create: out of memory");
     pthread_mutex_init(&sh->mu, NULL);
     sh->budget.limit = capacity_bytes;
+    sh->ssd_budget.limit = ssd_bytes;
     *out = sh;
     return KVT_OK;
 }
@@ -40,6 +42,11 @@ uint64_t kvt__share_used(const kvt_share *sh) { return atomic_load(&sh->budget.u
 uint64_t kvt__share_capacity(const kvt_share *sh) { return sh->budget.limit; }
 
 kvt_pool_budget *kvt__share_budget(kvt_share *sh) { return &sh->budget; }
+kvt_pool_budget *kvt__share_ssd_budget(kvt_share *sh)
+{
+    return sh->ssd_budget.limit ? &sh->ssd_budget : NULL;
+}
+uint64_t kvt__share_ssd_used(const kvt_share *sh) { return atomic_load(&sh->ssd_budget.used); }
 
 kvt_status kvt__share_join(kvt_share *sh, kvt_cache *c)
 {
@@ -139,14 +146,14 @@ static kvt_cache *victim(kvt_share *sh, kvt_cache *c, cold_key mine)
 
 #define RECLAIM_ROUNDS 8 /* victims tried per call: bounds the time under sh->mu */
 
-uint32_t kvt__share_reclaim(kvt_cache *c, uint32_t want)
+static uint32_t reclaim(kvt_cache *c, uint32_t want, bool from_others)
 {
     kvt_share *sh = c->share;
     if (!sh || want == 0) return 0;
     uint64_t stride = kvt__pool_stride(c->pool), need = (uint64_t)want * stride;
     pthread_mutex_lock(&sh->mu);
     uint64_t got = take_free(sh, c, need);
-    cold_key mine = coldest(c);
+    cold_key mine = from_others ? (cold_key){0} : coldest(c);
     for (int r = 0; r < RECLAIM_ROUNDS && got < need; r++) {
         kvt_cache *v = victim(sh, c, mine);
         if (!v || pthread_mutex_trylock(&v->mu) != 0) break;
@@ -160,6 +167,9 @@ uint32_t kvt__share_reclaim(kvt_cache *c, uint32_t want)
     if (got && !slots) slots = 1; /* part of a slot: worth one more try */
     return slots > want ? want : (uint32_t)slots;
 }
+
+uint32_t kvt__share_reclaim(kvt_cache *c, uint32_t want) { return reclaim(c, want, false); }
+uint32_t kvt__share_reclaim_others(kvt_cache *c, uint32_t want) { return reclaim(c, want, true); }
 
 /* The owner's coldest block in m as a key; m->mu held. */
 static cold_key owner_coldest(const kvt_cache *m, uint8_t owner)
@@ -214,4 +224,56 @@ bool kvt__share_owner_room(kvt_cache *c, uint8_t owner)
     }
     pthread_mutex_unlock(&sh->mu);
     return made;
+}
+
+/* ---- the SSD budget ------------------------------------------------ */
+
+/* SSD slots of m covering bytes. */
+static uint32_t ssd_slots_for(const kvt_cache *m, uint64_t bytes)
+{
+    uint64_t unit = kvt__ssd_slot_bytes(m->ssd), n = (bytes + unit - 1) / unit;
+    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+/* Free backed SSD slots of the others: disk no block uses. sh->mu held. */
+static uint64_t take_free_ssd(kvt_share *sh, kvt_cache *c, uint64_t want)
+{
+    uint64_t got = 0;
+    for (uint32_t i = 0; i < sh->n && got < want; i++) {
+        kvt_cache *m = sh->members[i];
+        if (m == c || !m->ssd || pthread_mutex_trylock(&m->mu) != 0) continue;
+        got += (uint64_t)kvt__ssd_release(m->ssd, ssd_slots_for(m, want - got)) *
+               kvt__ssd_slot_bytes(m->ssd);
+        pthread_mutex_unlock(&m->mu);
+    }
+    return got;
+}
+
+/* The victim's freed SSD slots come back only after its commit round: what
+ * is already on its way counts, so repeated calls while the caller waits
+ * do not evict again. sh->mu held. */
+static bool ssd_victim_gives(kvt_share *sh, kvt_cache *c, uint64_t need)
+{
+    kvt_cache *v = victim(sh, c, coldest(c));
+    if (!v || !v->ssd || pthread_mutex_trylock(&v->mu) != 0) return false;
+    uint32_t want = ssd_slots_for(v, need), coming = kvt__ssd_blocks_free(v->ssd);
+    uint32_t n = coming < want ? kvt__tiers_give_back_ssd(v, want - coming) : 0;
+    if (n == 0) kvt__ssd_flush_frees(v->ssd);
+    pthread_mutex_unlock(&v->mu);
+    return n > 0 || coming > 0;
+}
+
+uint32_t kvt__share_ssd_reclaim(kvt_cache *c, uint32_t want, bool *pending)
+{
+    kvt_share *sh = c->share;
+    *pending = false;
+    if (!sh || !c->ssd || !c->ssd_budget || want == 0) return 0;
+    uint64_t unit = kvt__ssd_slot_bytes(c->ssd), need = (uint64_t)want * unit;
+    pthread_mutex_lock(&sh->mu);
+    uint64_t got = take_free_ssd(sh, c, need);
+    if (got < need) *pending = ssd_victim_gives(sh, c, need - got);
+    pthread_mutex_unlock(&sh->mu);
+    uint64_t slots = got / unit;
+    if (got && !slots) slots = 1; /* part of a slot: worth one more try */
+    return slots > want ? want : (uint32_t)slots;
 }

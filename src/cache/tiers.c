@@ -194,6 +194,7 @@ static bool quota_room(kvt_cache *c, uint8_t owner)
 uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots, uint8_t owner)
 {
     uint32_t got = 0, tries = 0;
+    bool from_others = false;
     while (got < want) {
         if (!quota_room(c, owner)) {
             c->quota->limited[owner] += want - got;
@@ -209,6 +210,9 @@ uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots, ui
             kvt__pool_set_owner(c->pool, slot, owner); /* its charge moves to the new owner */
         if (slot != KVT_POOL_NONE) {
             slots[got++] = slot;
+        } else if (c->share && c->ssd && !from_others) {
+            from_others = true; /* nothing of mine to drop: see kvt__share_reclaim_others */
+            if (kvt__share_reclaim_others(c, want - got) == 0) break;
         } else if ((c->ssd && !c->ssd_writes_off) || evict_leaves(c, want - got) == 0) {
             break;
         }
@@ -230,6 +234,13 @@ uint32_t kvt__tiers_give_back(kvt_cache *c, uint32_t want)
         if (r == 0) break; /* the kernel kept the memory: stop, do not evict more */
         n += r;
     }
+    return n;
+}
+
+uint32_t kvt__tiers_give_back_ssd(kvt_cache *c, uint32_t want)
+{
+    uint32_t n = c->ssd ? evict_leaves(c, want) : 0;
+    if (n) kvt__ssd_flush_frees(c->ssd);
     return n;
 }
 
@@ -350,12 +361,34 @@ static uint32_t reclaim_batch(const kvt_cache *c)
  * rounds call back into the cache), for their slots to come back.
  * KVT_SSD_NONE when everything left is pinned or no freed slot comes back
  * in time (the journal cannot be written). */
+#define SHARE_POLL_NS 1000000ull /* waiting on another tier's commit round */
+
+/* A tier sharing its SSD budget (cache/share.h) first takes disk from the
+ * other geometries: true to try the allocation again (after waiting for
+ * another tier's frees, up to *deadline), false to evict its own. */
+static bool ssd_from_share(kvt_cache *c, uint64_t *deadline)
+{
+    bool pending = false;
+    if (!c->ssd_budget) return false;
+    if (kvt__share_ssd_reclaim(c, reclaim_batch(c), &pending) > 0) return true;
+    if (!pending) return false;
+    if (*deadline == 0) *deadline = kvt__deadline_ns(RECLAIM_WAIT_MS);
+    if (kvt__now_ns() >= *deadline) return false;
+    struct timespec ts = kvt__ns_to_timespec(SHARE_POLL_NS);
+    pthread_mutex_unlock(&c->mu);
+    nanosleep(&ts, NULL);
+    pthread_mutex_lock(&c->mu);
+    return true;
+}
+
 static uint32_t ssd_slot_for(kvt_cache *c)
 {
+    uint64_t share_deadline = 0;
     for (;;) {
         uint32_t slot = kvt__ssd_alloc(c->ssd);
         if (slot != KVT_SSD_NONE) return slot;
         if (kvt__ssd_blocks_free(c->ssd) == 0) {
+            if (ssd_from_share(c, &share_deadline)) continue;
             if (evict_leaves(c, reclaim_batch(c)) == 0) return KVT_SSD_NONE;
             continue; /* the evicted leaves may have had no SSD copy */
         }
@@ -650,6 +683,7 @@ static kvt_status open_ssd(kvt_cache *c)
     kvt_status st = kvt_geometry_info_get(c->geo, &info);
     if (st) return st;
     static const char *io_names[] = {"auto", "uring", "threads"};
+    bool budgeted = kvt__pool_budgeted(c->pool);
     kvt_ssd_params p = {
         .dirs = c->cfg.ssd_dirs,
         .capacity_bytes = c->cfg.ssd_capacity,
@@ -659,8 +693,15 @@ static kvt_status open_ssd(kvt_cache *c)
         .fresh = c->cfg.ssd_fresh,
         .io = io_names[c->cfg.io < 3 ? c->cfg.io : 0],
         .queue_depth = c->cfg.ssd_queue_depth,
-        .register_base = kvt__pool_block(c->pool, 0),
-        .register_len = (uint64_t)kvt__pool_blocks_total(c->pool) * kvt__pool_stride(c->pool),
+        /* A budgeted pool's memory is not registered with io_uring: fixed
+         * buffers pin the pages they cover (all of a sparse memfd, the whole
+         * cpu_capacity per geometry), and a slot punched out and backed
+         * again would have the device read and write the old pinned pages
+         * (test_shared_ssd read back blocks that failed their checksum). */
+        .register_base = budgeted ? NULL : kvt__pool_block(c->pool, 0),
+        .register_len = budgeted ? 0 : (uint64_t)kvt__pool_blocks_total(c->pool) *
+                                           kvt__pool_stride(c->pool),
+        .budget = c->ssd_budget,
     };
     return kvt__ssd_open(&c->ssd, &p);
 }

@@ -40,6 +40,10 @@ uint32_t kvt__tiers_reserve_cpu(kvt_cache *c, uint32_t want, uint32_t *slots, ui
  * the share: free backed slots first, then CPU copies the SSD keeps, then
  * (as reserve_cpu) cold leaves. Returns slots given back. */
 uint32_t kvt__tiers_give_back(kvt_cache *c, uint32_t want);
+/* The SSD side of the same (c->mu held): evicts up to want of c's coldest
+ * leaves and asks the store to journal their frees now; their slots come
+ * back free after that round, for kvt__ssd_release. Returns leaves evicted. */
+uint32_t kvt__tiers_give_back_ssd(kvt_cache *c, uint32_t want);
 /* Room for one more block of an owner at its quota (quota.h), c->mu held:
  * one of its blocks in c gives up its CPU copy (kept on the SSD when
  * durable there, else evicted). False when c holds none it can give up. */

@@ -171,11 +171,10 @@ static kvt_status fingerprint(const kvt_geometry *geo, uint32_t bt, uint64_t *ou
 /* The shard's options: with one geometry the server's own (SSD directories
  * as given, so a server of one model keeps its data where it always was,
  * and its cache serves metrics_port); with several, the whole cpu_capacity
- * (shared with the other geometries through s->share: cache/share.h, and
- * checked against the machine once, at server create), a
- * 1/server_max_geometries share of ssd_capacity, its SSD data in a
- * subdirectory named by its id, and no endpoint (the server's own serves
- * every shard: start_metrics). */
+ * and ssd_capacity (shared with the other geometries through s->share:
+ * cache/share.h; cpu_capacity checked against the machine once, at server
+ * create), its SSD data in a subdirectory named by its id, and no endpoint
+ * (the server's own serves every shard: start_metrics). */
 static kvt_status shard_config(const kvt_server *s, const kvt_srv_shard *sh, kvt_config *out)
 {
     out->v = s->cfg;
@@ -183,8 +182,6 @@ static kvt_status shard_config(const kvt_server *s, const kvt_srv_shard *sh, kvt
     if (s->max_shards == 1) return KVT_OK;
     out->v.metrics_port = 0;
     out->v.memory_check = false;
-    out->v.ssd_capacity = s->cfg.ssd_capacity / s->max_shards;
-    if (out->v.ssd_capacity < 4096) out->v.ssd_capacity = 4096;
     char dirs[sizeof s->cfg.ssd_dirs], *save = NULL;
     snprintf(dirs, sizeof dirs, "%s", s->cfg.ssd_dirs);
     size_t used = 0;
@@ -274,7 +271,8 @@ static kvt_status make_share(kvt_server *s)
                          "this machine can give now (%llu bytes: MemAvailable plus free huge "
                          "pages); lower cpu_capacity, or set memory_check=false to try anyway",
                          (unsigned long long)s->cfg.cpu_capacity, (unsigned long long)avail);
-    return kvt__share_create(&s->share, s->cfg.cpu_capacity);
+    return kvt__share_create(&s->share, s->cfg.cpu_capacity,
+                             s->cfg.ssd_dirs[0] ? s->cfg.ssd_capacity : 0);
 }
 
 uint32_t kvt__srv_quota_usage(const kvt_server *s, kvt_srv_quota *out)
@@ -364,8 +362,9 @@ static void ssd_banner(const kvt_srv_shard *sh, char *out, size_t cap)
         snprintf(out, cap, "no SSD tier");
         return;
     }
-    snprintf(out, cap, "SSD tier %llu blocks in %s (%s), %llu recovered",
-             (unsigned long long)st.ssd_blocks_total, sh->cache->cfg.ssd_dirs,
+    snprintf(out, cap, "SSD tier %s%llu blocks in %s (%s), %llu recovered",
+             sh->cache->ssd_budget ? "up to " : "", (unsigned long long)st.ssd_blocks_total,
+             sh->cache->cfg.ssd_dirs,
              kvt__ssd_backend(sh->cache->ssd), (unsigned long long)st.recovered_blocks);
 }
 
@@ -795,8 +794,9 @@ kvt_status kvt_server_run(kvt_server *s)
     if (!atomic_compare_exchange_strong(&s->state, &expect, 1))
         return kvt__fail(KVT_ESTATE, "%s: the server is already running or stopped", fn);
     kvt_srv_shard *first = kvt__srv_shard_first(s);
-    char metrics[160];
+    char metrics[160], ssd[32];
     metrics_banner(s, metrics, sizeof metrics);
+    snprintf(ssd, sizeof ssd, "%llu bytes", (unsigned long long)s->cfg.ssd_capacity);
     if (first)
         kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, version %s, geometry %s: CPU tier %u "
                      "blocks of %llu bytes, %s pages; up to %u geometries; %s)", s->path,
@@ -805,12 +805,12 @@ kvt_status kvt_server_run(kvt_server *s)
                      s->max_shards, metrics);
     else
         kvt__srv_log(KVT_LOG_INFO, "serving on %s (pid %ld, version %s; any geometry, up to %u "
-                     "at once, sharing %llu bytes of CPU tier (coldest blocks evicted across "
-                     "them)%s%s: a tier is made at the first attach of its geometry; %s)", s->path,
-                     (long)getpid(), kvt_version_string(), s->max_shards,
+                     "at once, sharing %llu bytes of CPU tier%s%s%s%s (coldest blocks evicted "
+                     "across them): a tier is made at the first attach of its geometry; %s)",
+                     s->path, (long)getpid(), kvt_version_string(), s->max_shards,
                      (unsigned long long)s->cfg.cpu_capacity,
-                     s->cfg.ssd_dirs[0] ? " and a share of the SSD tier under " : "",
-                     s->cfg.ssd_dirs, metrics);
+                     s->cfg.ssd_dirs[0] ? " and " : "", s->cfg.ssd_dirs[0] ? ssd : "",
+                     s->cfg.ssd_dirs[0] ? " of SSD tier under " : "", s->cfg.ssd_dirs, metrics);
     if (s->events)
         kvt__srv_log(KVT_LOG_INFO, "KV events (vLLM's format, docs/events.md) on %s%s%s, topic "
                      "\"%s\"", s->cfg.events_endpoint,

@@ -2491,6 +2491,95 @@ static void test_shared_capacity(void **state)
     stop_server(srv, path);
 }
 
+/* Disk behind the data files of every geometry under ssd (its g... subdirectories). */
+static uint64_t ssd_disk_bytes(const char *ssd)
+{
+    DIR *d = opendir(ssd);
+    assert_non_null(d);
+    uint64_t sum = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] != 'g') continue;
+        char p[600];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s/kvtier.data", ssd, e->d_name);
+        if (stat(p, &st) == 0) sum += (uint64_t)st.st_blocks * 512u;
+    }
+    closedir(d);
+    return sum;
+}
+
+/* The SSD tier is shared the same way as the CPU tier: one geometry alone
+ * keeps far more than 1/server_max_geometries of ssd_capacity (80 requests
+ * of 8 KiB blocks, 5 MiB, past a 2 MiB CPU tier: each geometry had 2 MiB of
+ * the 8 MiB before), a second geometry's 5 MiB take the first one's coldest
+ * blocks, and the data files never hold more disk than ssd_capacity
+ * together. Every load is byte-verified, most of them read back from the
+ * SSD into CPU room the other geometry held (both failed before: A had no
+ * CPU copy of its own to drop, and io_uring wrote punched-out pages). */
+static void test_shared_ssd(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "sssd.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    static const char *const opts[] = {"cpu_capacity", "2MiB", NULL};
+    g_opts = opts;
+    g_any_geometry = true;
+    pid_t srv = start_server(path, ssd);
+    g_any_geometry = false;
+    g_opts = NULL;
+    engine a, b;
+    assert_ok(engine_open(&a, path, 2)); /* 8 KiB blocks: 64 KiB a request */
+    enum { A_REQS = 80, OLD = 40, B_REQS = 40 };
+    for (uint64_t i = 1; i <= A_REQS; i++) store_seed(&a, 5000 + i);
+    assert_ok(kvt_client_flush(a.cl, 20000));
+    kvt_cache_stats sa, sb;
+    assert_ok(kvt_client_stats(a.cl, &sa));
+    if (sa.ssd_blocks_used * sa.block_bytes <= (2u << 20))
+        fail_msg("geometry A alone keeps %llu bytes on the SSD: no more than a 1/4 share of "
+                 "ssd_capacity (8 MiB)", (unsigned long long)(sa.ssd_blocks_used * sa.block_bytes));
+    for (uint64_t i = 1; i <= A_REQS; i++)
+        if (loaded(&a, 5000 + i) != BLOCKS * TPP)
+            fail_msg("geometry A's request %llu of %u lost blocks with nobody else on the server",
+                     (unsigned long long)i, A_REQS);
+    assert_ok(kvt_client_stats(a.cl, &sa));
+    assert_true(sa.ssd_hit_tokens > 0); /* past the CPU tier: read back from the SSD */
+    for (uint64_t i = OLD + 1; i <= A_REQS; i++) loaded(&a, 5000 + i); /* the first OLD go cold */
+
+    assert_ok(engine_open(&b, path, 4)); /* 16 KiB blocks: 128 KiB a request, 5 MiB in all */
+    for (uint64_t i = 1; i <= B_REQS; i++) store_seed(&b, 6000 + i);
+    assert_ok(kvt_client_flush(b.cl, 20000));
+    for (uint64_t i = 1; i <= B_REQS; i++) assert_int_equal(loaded(&b, 6000 + i), BLOCKS * TPP);
+    assert_ok(kvt_client_stats(a.cl, &sa));
+    assert_ok(kvt_client_stats(b.cl, &sb));
+    uint64_t used = sa.ssd_blocks_used * sa.block_bytes + sb.ssd_blocks_used * sb.block_bytes;
+    if (used > (8u << 20))
+        fail_msg("the geometries keep %llu bytes on the SSD together, over ssd_capacity (8 MiB)",
+                 (unsigned long long)used);
+    if (sb.ssd_blocks_used * sb.block_bytes < (2u << 20))
+        fail_msg("geometry B got %llu bytes of SSD for its 5 MiB",
+                 (unsigned long long)(sb.ssd_blocks_used * sb.block_bytes));
+    uint64_t disk = ssd_disk_bytes(ssd);
+    if (disk > (8u << 20) + (256u << 10))
+        fail_msg("the data files hold %llu bytes of disk, over ssd_capacity (8 MiB)",
+                 (unsigned long long)disk);
+    uint32_t old = 0;
+    for (uint64_t i = 1; i <= OLD; i++) old += loaded(&a, 5000 + i);
+    assert_true(old < OLD * BLOCKS * TPP); /* B's room came from A's coldest */
+    for (uint64_t i = A_REQS - 8; i <= A_REQS; i++)
+        if (loaded(&a, 5000 + i) != BLOCKS * TPP)
+            fail_msg("A's recent request %llu lost blocks to B while colder ones were there "
+                     "(A: %llu evicted, %llu SSD write errors; B: %llu evicted, %llu errors; "
+                     "old %u)", (unsigned long long)i, (unsigned long long)sa.evicted_blocks,
+                     (unsigned long long)sa.ssd_write_errors,
+                     (unsigned long long)sb.evicted_blocks,
+                     (unsigned long long)sb.ssd_write_errors, old);
+    engine_close(&a);
+    engine_close(&b);
+    stop_server(srv, path);
+}
+
 /* Request seed in namespace ns: tokens it loaded (byte-verified) by e, or
  * stored. */
 static uint32_t loaded_ns(engine *e, uint64_t seed, const char *ns)
@@ -3067,6 +3156,7 @@ int main(void)
         cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_any_geometry, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_shared_capacity, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_shared_ssd, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_tier_stats_read_only, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_quota_by_namespace, kvt_test_servers_kill),
         cmocka_unit_test_teardown(test_visible_at_end, kvt_test_servers_kill),
