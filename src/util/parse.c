@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
 
 bool kvt__parse_u64(const char *s, uint64_t *out)
 {
@@ -121,5 +122,9 @@ size_t kvt__json_find_nul(const char *json, size_t len)
 
 bool kvt__host_is_loopback(const char *host)
 {
-    return host && (!strncmp(host, "127.", 4) || !strcmp(host, "localhost"));
+    struct in_addr a;
+    /* A numeric address only: "127.example.com" is a name any resolver may
+     * send anywhere. */
+    if (host && inet_pton(AF_INET, host, &a) == 1) return (ntohl(a.s_addr) >> 24) == 127;
+    return host && (!strcmp(host, "localhost") || !strcmp(host, "::1"));
 }

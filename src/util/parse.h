@@ -22,7 +22,8 @@ size_t kvt__json_find_nul(const char *json, size_t len);
 void kvt__format_size(uint64_t bytes, char *buf, unsigned len);
 
 /* Whether host (an IPv4 dotted quad or a name) is this machine only:
- * 127.0.0.0/8 or "localhost". Endpoints beyond it need a secret. */
+ * a numeric 127.0.0.0/8 address, "::1" or "localhost". Endpoints beyond it
+ * need a secret. */
 bool kvt__host_is_loopback(const char *host);
 
 #endif
