@@ -177,6 +177,23 @@ typedef struct engine {
     uint32_t pages[PAGES];
 } engine;
 
+/* The engines this process has open: a test that fails midway (cmocka
+ * longjmps out of it) leaves its clients attached, with their threads, and
+ * every later test would then refuse to fork (kvt_test_fork). The teardown
+ * closes them, so one failure reports once instead of cascading. */
+#define MAX_OPEN 64
+static engine g_open[MAX_OPEN];
+
+static void engine_track(const engine *e, bool open)
+{
+    for (int i = 0; i < MAX_OPEN; i++)
+        if (open ? g_open[i].cl == NULL : g_open[i].cl == e->cl) {
+            if (open) g_open[i] = *e;
+            else memset(&g_open[i], 0, sizeof g_open[i]);
+            return;
+        }
+}
+
 static kvt_status engine_open(engine *e, const char *path, uint32_t heads)
 {
     memset(e, 0, sizeof *e);
@@ -185,16 +202,30 @@ static kvt_status engine_open(engine *e, const char *path, uint32_t heads)
     kvt_status st = kvt_client_attach(&e->cl, path, e->geo, TIMEOUT_MS);
     if (st) return st;
     kvt_engine_memory mem;
-    if ((st = kvt_emu_create(&e->emu, e->geo, PAGES))) return st;
+    st = kvt_emu_create(&e->emu, e->geo, PAGES);
+    engine_track(e, true);
+    if (st) return st;
     if ((st = kvt_emu_memory(e->emu, &mem))) return st;
     return kvt_client_register_memory(e->cl, &mem);
 }
 
 static void engine_close(engine *e)
 {
+    engine_track(e, false);
     kvt_client_detach(e->cl);
     kvt_emu_destroy(e->emu);
     kvt_geometry_destroy(e->geo);
+}
+
+/* Teardown: the engines a failed test left open, then its servers. */
+static int close_and_kill(void **state)
+{
+    for (int i = 0; i < MAX_OPEN; i++)
+        if (g_open[i].cl) {
+            engine e = g_open[i]; /* engine_close clears the slot */
+            engine_close(&e);
+        }
+    return kvt_test_servers_kill(state);
 }
 
 static void request(kvt_request *r, uint32_t *tokens, uint64_t seed)
@@ -3126,47 +3157,47 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_teardown(test_store_in_a_load_in_b, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_attach_detach_logged, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_metrics_clients_and_pins, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_geometry_mismatch_refused, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_second_server_refused, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_same_prefix_one_owner, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_sigkill_mid_store, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_sigkill_mid_load, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_bad_checksum_not_visible, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_spoiled_block_never_visible, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_server_killed_econn, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_restart_warm_from_ssd, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_load_cut_by_corrupt_ssd_block, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_ssd_load_launch_async, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_read_bound_option, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_store_in_a_load_in_b, close_and_kill),
+        cmocka_unit_test_teardown(test_attach_detach_logged, close_and_kill),
+        cmocka_unit_test_teardown(test_metrics_clients_and_pins, close_and_kill),
+        cmocka_unit_test_teardown(test_geometry_mismatch_refused, close_and_kill),
+        cmocka_unit_test_teardown(test_second_server_refused, close_and_kill),
+        cmocka_unit_test_teardown(test_same_prefix_one_owner, close_and_kill),
+        cmocka_unit_test_teardown(test_sigkill_mid_store, close_and_kill),
+        cmocka_unit_test_teardown(test_sigkill_mid_load, close_and_kill),
+        cmocka_unit_test_teardown(test_bad_checksum_not_visible, close_and_kill),
+        cmocka_unit_test_teardown(test_spoiled_block_never_visible, close_and_kill),
+        cmocka_unit_test_teardown(test_server_killed_econn, close_and_kill),
+        cmocka_unit_test_teardown(test_restart_warm_from_ssd, close_and_kill),
+        cmocka_unit_test_teardown(test_load_cut_by_corrupt_ssd_block, close_and_kill),
+        cmocka_unit_test_teardown(test_ssd_load_launch_async, close_and_kill),
+        cmocka_unit_test_teardown(test_read_bound_option, close_and_kill),
         cmocka_unit_test(test_launch_reply_flags),
         cmocka_unit_test(test_hello_version_names_sender),
-        cmocka_unit_test_teardown(test_plans_expire_and_quota, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_peek_pins_nothing, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_client_reattaches, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_keyed_bad_key_refused, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_socket_group, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_namespace_rules, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_secret, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_stuck_client_cut_off, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_server_killed_mid_load, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_any_geometry, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_shared_capacity, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_shared_ssd, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_tier_stats_read_only, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_quota_by_namespace, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_visible_at_end, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_quota_with_ssd, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_quota_across_geometries, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_clear_namespace, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_full_server_says_so, kvt_test_servers_kill),
-        cmocka_unit_test_teardown(test_other_version_answered, kvt_test_servers_kill),
+        cmocka_unit_test_teardown(test_plans_expire_and_quota, close_and_kill),
+        cmocka_unit_test_teardown(test_peek_pins_nothing, close_and_kill),
+        cmocka_unit_test_teardown(test_client_reattaches, close_and_kill),
+        cmocka_unit_test_teardown(test_keyed_store_in_a_load_in_b, close_and_kill),
+        cmocka_unit_test_teardown(test_keyed_bad_key_refused, close_and_kill),
+        cmocka_unit_test_teardown(test_socket_group, close_and_kill),
+        cmocka_unit_test_teardown(test_namespace_rules, close_and_kill),
+        cmocka_unit_test_teardown(test_secret, close_and_kill),
+        cmocka_unit_test_teardown(test_stuck_client_cut_off, close_and_kill),
+        cmocka_unit_test_teardown(test_server_killed_mid_load, close_and_kill),
+        cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, close_and_kill),
+        cmocka_unit_test_teardown(test_any_geometry, close_and_kill),
+        cmocka_unit_test_teardown(test_shared_capacity, close_and_kill),
+        cmocka_unit_test_teardown(test_shared_ssd, close_and_kill),
+        cmocka_unit_test_teardown(test_tier_stats_read_only, close_and_kill),
+        cmocka_unit_test_teardown(test_quota_by_namespace, close_and_kill),
+        cmocka_unit_test_teardown(test_visible_at_end, close_and_kill),
+        cmocka_unit_test_teardown(test_quota_with_ssd, close_and_kill),
+        cmocka_unit_test_teardown(test_quota_across_geometries, close_and_kill),
+        cmocka_unit_test_teardown(test_clear_namespace, close_and_kill),
+        cmocka_unit_test_teardown(test_out_of_descriptors_no_spin, close_and_kill),
+        cmocka_unit_test_teardown(test_silent_connections_do_not_lock_out, close_and_kill),
+        cmocka_unit_test_teardown(test_full_server_says_so, close_and_kill),
+        cmocka_unit_test_teardown(test_other_version_answered, close_and_kill),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
