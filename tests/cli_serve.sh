@@ -176,7 +176,9 @@ grep -q "any geometry, up to 4 at once, sharing 16777216 bytes of CPU tier and 8
     { echo "cli_serve: no /metrics from the any-geometry server"; exit 1; }
 [ "$(grep -c '^kvtier_lookups_total{geometry="g[0-9a-f]\{16\}"} 0$' "$T/any.metrics")" -eq 2 ] &&
 [ "$(grep -c '^# TYPE kvtier_lookups_total counter$' "$T/any.metrics")" -eq 1 ] &&
-grep -q '^kvtier_clients_attached 0$' "$T/any.metrics" ||
+grep -q '^kvtier_clients_attached 0$' "$T/any.metrics" &&
+grep -q '^kvtier_shared_capacity_bytes{tier="ssd"} 8388608$' "$T/any.metrics" &&
+grep -q '^kvtier_shared_used_bytes{tier="cpu"} [0-9]' "$T/any.metrics" ||
     { echo "cli_serve: the any-geometry server's /metrics:"; cat "$T/any.metrics"; exit 1; }
 kill -TERM "$SRV"
 wait "$SRV" || { echo "cli_serve: any-geometry server exit status $?"; cat "$T/any.log"; exit 1; }

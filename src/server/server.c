@@ -502,6 +502,22 @@ static void srv_events_metrics(kvt_mbuf *b, const kvt_events *ev)
     }
 }
 
+/* The capacities every geometry shares (cache/share.h), per tier. */
+static void share_metrics(kvt_mbuf *b, kvt_share *sh)
+{
+    kvt__metrics_family(b, "kvtier_shared_capacity_bytes", "gauge",
+                        "Bytes of a tier the geometries of this server share (cpu_capacity, "
+                        "ssd_capacity).");
+    kvt__metrics_u64(b, "kvtier_shared_capacity_bytes", "tier=\"cpu\"", kvt__share_capacity(sh));
+    kvt_pool_budget *ssd = kvt__share_ssd_budget(sh);
+    if (ssd) kvt__metrics_u64(b, "kvtier_shared_capacity_bytes", "tier=\"ssd\"", ssd->limit);
+    kvt__metrics_family(b, "kvtier_shared_used_bytes", "gauge",
+                        "Bytes of a shared tier the geometries hold now (memory or disk behind "
+                        "their slots).");
+    kvt__metrics_u64(b, "kvtier_shared_used_bytes", "tier=\"cpu\"", kvt__share_used(sh));
+    if (ssd) kvt__metrics_u64(b, "kvtier_shared_used_bytes", "tier=\"ssd\"", kvt__share_ssd_used(sh));
+}
+
 static void srv_metrics(kvt_mbuf *b, void *arg)
 {
     kvt_server *s = arg;
@@ -516,6 +532,7 @@ static void srv_metrics(kvt_mbuf *b, void *arg)
     else b->failed = true;
     free(v);
     kvt__metrics_quotas(b, s->quota);
+    if (s->share) share_metrics(b, s->share);
     if (s->events) srv_events_metrics(b, s->events);
     pthread_mutex_lock(&s->hooks_mu);
     if (s->hooks.metrics) s->hooks.metrics(s->hooks.arg, b);
