@@ -777,7 +777,10 @@ kvt_status kvt_cluster_stats(const kvt_cluster *cl, kvt_cluster_counters *out);
 kvt_status kvt_client_attach(kvt_client **out, const char *socket_path,
                              const kvt_geometry *geo, int64_t timeout_ms);
 /* Cancels this client's tasks (the server releases their pins), waits for
- * its copy threads, unmaps the tier and closes the socket. NULL is a no-op. */
+ * its copy threads, waits (at most the attach's timeout_ms) for the server
+ * to finish checking the last store whose wait returned, so every other
+ * client finds it once detach returns, then unmaps the tier and closes the
+ * socket. NULL is a no-op. */
 void kvt_client_detach(kvt_client *cl);
 
 /* The calls below mirror kvt_cache_* (same arguments, semantics, result

@@ -78,6 +78,8 @@ struct kvt_client {
                                GEOMETRY reply's when attached without a geometry), or 0 */
     pthread_mutex_t io_mu;  /* one round trip at a time */
     bool broken;            /* under io_mu */
+    bool unsettled;         /* under io_mu: the last round trip was an END, whose store the
+                               server may still be checking (detach settles it) */
     char broken_msg[256];
     uint64_t retry_ns;      /* under io_mu: no re-attach before this */
     uint32_t backoff_ms;    /* under io_mu: 10 ms doubling to 1 s */
@@ -236,6 +238,7 @@ static kvt_status exchange_locked(kvt_client *cl, const char *fn, uint16_t op,
         st = lost(cl, fn, st);
         return st;
     }
+    cl->unsettled = op == KVT_SRV_END; /* any other request waits for the check first */
     if (h.status != 0) {
         int len = h.len > KVT_SRV_MAX_ERRMSG ? (int)KVT_SRV_MAX_ERRMSG : (int)h.len;
         st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn, len, p ? (const char *)p : "");
@@ -616,6 +619,26 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
     return KVT_OK;
 }
 
+/* A store whose END was answered "taken" becomes visible once the server
+ * checked it, on an idle-priority thread; the server answers the next
+ * request only after that check. One STATS round trip (bounded by the
+ * attach's timeout) makes the last store visible to every other client by
+ * the time detach returns: a worker that stores and exits leaves nothing
+ * a scheduler process could miss. */
+static void settle_last_store(kvt_client *cl)
+{
+    pthread_mutex_lock(&cl->io_mu);
+    bool go = cl->unsettled && !cl->broken && cl->fd >= 0;
+    pthread_mutex_unlock(&cl->io_mu);
+    if (!go) return;
+    kvt_srv_buf b = {0};
+    uint8_t *p = NULL;
+    uint32_t len = 0;
+    if (round_trip(cl, "kvt_client_detach", KVT_SRV_STATS, &b, &p, &len, NULL) != KVT_OK)
+        KVT_LOG(KVT_LOG_WARN, "kvtier client: detaching: %s", kvt_last_error());
+    free(p);
+}
+
 void kvt_client_detach(kvt_client *cl)
 {
     if (!cl) return;
@@ -629,6 +652,7 @@ void kvt_client_detach(kvt_client *cl)
     /* Its round trip in flight, if any, ends by its deadline. */
     if (launcher) pthread_join(cl->launcher, NULL);
     kvt__xfer_destroy(cl->xfer);
+    settle_last_store(cl);
     if (cl->fd >= 0) close(cl->fd);
     tier_unmap(cl);
     kvt__cuda_backend_destroy(cl->cuda); /* after the workers (their streams) */

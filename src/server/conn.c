@@ -635,8 +635,15 @@ struct kvt_srv_check {
     size_t sums_cap;
 };
 
+_Atomic uint32_t kvt__srv_check_delay_ms;
+
 static void check_one(kvt_srv_check *k)
 {
+    uint32_t delay = atomic_load_explicit(&kvt__srv_check_delay_ms, memory_order_relaxed);
+    if (delay) {
+        struct timespec ts = {delay / 1000, (long)(delay % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     kvt_task_result r;
     kvt_status verdict = verify_store(k->c, &k->t, k->sums);
     if (kvt__cache_ext_end(k->c->sh->cache, k->t.id, verdict, &r))

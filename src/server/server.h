@@ -241,5 +241,8 @@ void kvt__srv_set_hooks(kvt_server *s, const kvt_srv_hooks *h);
 kvt_srv_shard *kvt__srv_shard_by_fp(kvt_server *s, uint64_t fp);
 /* The thread serving one attached client (conn.c). */
 void *kvt__srv_conn_main(void *arg);
+/* For tests: each store check first sleeps this many milliseconds, as a
+ * check starved on a busy machine (it runs SCHED_IDLE) would. 0: none. */
+extern _Atomic uint32_t kvt__srv_check_delay_ms;
 
 #endif

@@ -132,6 +132,10 @@ static unsigned open_fds(void)
     return n;
 }
 
+/* The next server processes delay each store check this long
+ * (kvt__srv_check_delay_ms). */
+static uint32_t g_check_delay_ms;
+
 static kvt_status make_in_child(kvt_server **out, void *arg)
 {
     const srv_args *a = arg;
@@ -142,6 +146,7 @@ static kvt_status make_in_child(kvt_server **out, void *arg)
     } else if (g_log_path[0]) {
         kvt_set_log_handler(log_to_file, NULL);
     }
+    atomic_store(&kvt__srv_check_delay_ms, g_check_delay_ms);
     kvt_status st = make_server(out, a->path, a->ssd_dir);
     if (!st && g_fd_slack) {
         struct rlimit rl = {open_fds() + g_fd_slack, open_fds() + g_fd_slack};
@@ -2522,6 +2527,58 @@ static void test_shared_capacity(void **state)
     stop_server(srv, path);
 }
 
+/* A worker that stores and detaches: its store is checked by the server
+ * after END was answered, so detach settles it (one STATS round trip), and
+ * another client finds every block the moment detach has returned, even
+ * when the check is slow (here 300 ms: a starved idle-priority thread).
+ * Before, the store became visible only when the check ended, after the
+ * worker was gone: the lookup below found nothing. */
+static kvt_status child_store_detach(const char *path, void *arg)
+{
+    uint64_t seed = *(uint64_t *)arg;
+    engine e;
+    kvt_status st = engine_open(&e, path, 2);
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, seed);
+    kvt_store_plan p = {0};
+    if (!st) st = kvt_client_prepare_store(e.cl, &r, &p);
+    if (!st && !p.task) st = kvt__fail(KVT_ESTATE, "nothing to store");
+    if (!st) st = kvt_emu_fill(e.emu, &r, 0, r.num_tokens, e.pages, PAGES);
+    if (!st) st = kvt_client_launch(e.cl, p.task, e.pages, PAGES);
+    kvt_task_result res = {0};
+    if (!st) st = kvt_client_wait(e.cl, p.task, TIMEOUT_MS, &res);
+    if (!st && res.status) st = res.status;
+    engine_close(&e); /* no other call first: detach itself must settle the check */
+    return st;
+}
+
+static void test_detach_settles_last_store(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "settle.sock");
+    g_check_delay_ms = 300;
+    pid_t srv = start_server(path, NULL);
+    g_check_delay_ms = 0;
+    uint64_t seed = 77;
+    assert_int_equal(reap(spawn(child_store_detach, path, &seed), 20000), 0);
+    engine e;
+    assert_ok(engine_open(&e, path, 2));
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    request(&r, tokens, seed);
+    kvt_match m;
+    assert_ok(kvt_client_lookup(e.cl, &r, &m));
+    if (m.matched_tokens != BLOCKS * TPP)
+        fail_msg("a store whose client detached matched %u of %u tokens right after the detach",
+                 m.matched_tokens, BLOCKS * TPP);
+    if (m.task) assert_ok(kvt_client_cancel(e.cl, m.task));
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
 /* Disk behind the data files of every geometry under ssd (its g... subdirectories). */
 static uint64_t ssd_disk_bytes(const char *ssd)
 {
@@ -3188,6 +3245,7 @@ int main(void)
         cmocka_unit_test_teardown(test_any_geometry, close_and_kill),
         cmocka_unit_test_teardown(test_shared_capacity, close_and_kill),
         cmocka_unit_test_teardown(test_shared_ssd, close_and_kill),
+        cmocka_unit_test_teardown(test_detach_settles_last_store, close_and_kill),
         cmocka_unit_test_teardown(test_tier_stats_read_only, close_and_kill),
         cmocka_unit_test_teardown(test_quota_by_namespace, close_and_kill),
         cmocka_unit_test_teardown(test_visible_at_end, close_and_kill),
