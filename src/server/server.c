@@ -271,6 +271,10 @@ static kvt_status make_share(kvt_server *s)
                          "this machine can give now (%llu bytes: MemAvailable plus free huge "
                          "pages); lower cpu_capacity, or set memory_check=false to try anyway",
                          (unsigned long long)s->cfg.cpu_capacity, (unsigned long long)avail);
+    kvt_status st = s->cfg.ssd_dirs[0]
+                        ? kvt__srv_check_ssd_space(s->cfg.ssd_dirs, s->cfg.ssd_capacity)
+                        : KVT_OK;
+    if (st) return st;
     return kvt__share_create(&s->share, s->cfg.cpu_capacity,
                              s->cfg.ssd_dirs[0] ? s->cfg.ssd_capacity : 0);
 }

@@ -241,6 +241,11 @@ void kvt__srv_set_hooks(kvt_server *s, const kvt_srv_hooks *h);
 kvt_srv_shard *kvt__srv_shard_by_fp(kvt_server *s, uint64_t fp);
 /* The thread serving one attached client (conn.c). */
 void *kvt__srv_conn_main(void *arg);
+/* space.c: a server of any geometry, at create: each of ssd_dirs' file
+ * systems holds its share of ssd_capacity (free space plus what the
+ * geometries' data files there hold already). KVT_ENOSPC naming the
+ * directory and both numbers. */
+kvt_status kvt__srv_check_ssd_space(const char *ssd_dirs, uint64_t ssd_capacity);
 /* For tests: each store check first sleeps this many milliseconds, as a
  * check starved on a busy machine (it runs SCHED_IDLE) would. 0: none. */
 extern _Atomic uint32_t kvt__srv_check_delay_ms;

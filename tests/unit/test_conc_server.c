@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/un.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
@@ -2579,6 +2580,33 @@ static void test_detach_settles_last_store(void **state)
     stop_server(srv, path);
 }
 
+/* A server of any geometry whose ssd_capacity its disk cannot hold is
+ * refused at start, naming both numbers (before, only the first attach of
+ * a geometry found out, and one that fit its share fit nothing more). */
+static void test_shared_ssd_beyond_free_space(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300], ssd[300], cap[32];
+    sock_path(path, sizeof path, "space.sock");
+    sock_path(ssd, sizeof ssd, "ssd");
+    assert_int_equal(mkdir(ssd, 0700), 0);
+    struct statvfs vfs;
+    assert_int_equal(statvfs(ssd, &vfs), 0);
+    snprintf(cap, sizeof cap, "%llu", (unsigned long long)vfs.f_bavail * vfs.f_frsize + (64ull << 30));
+    const char *const opts[] = {"ssd_capacity", cap, NULL};
+    g_opts = opts;
+    g_any_geometry = true;
+    kvt_server *s = NULL;
+    kvt_status st = make_server(&s, path, ssd);
+    g_any_geometry = false;
+    g_opts = NULL;
+    assert_status(st, KVT_ENOSPC);
+    assert_non_null(strstr(kvt_last_error(), "lower ssd_capacity or free space"));
+    assert_non_null(strstr(kvt_last_error(), cap));
+    assert_null(s);
+}
+
 /* Disk behind the data files of every geometry under ssd (its g... subdirectories). */
 static uint64_t ssd_disk_bytes(const char *ssd)
 {
@@ -3246,6 +3274,7 @@ int main(void)
         cmocka_unit_test_teardown(test_shared_capacity, close_and_kill),
         cmocka_unit_test_teardown(test_shared_ssd, close_and_kill),
         cmocka_unit_test_teardown(test_detach_settles_last_store, close_and_kill),
+        cmocka_unit_test_teardown(test_shared_ssd_beyond_free_space, close_and_kill),
         cmocka_unit_test_teardown(test_tier_stats_read_only, close_and_kill),
         cmocka_unit_test_teardown(test_quota_by_namespace, close_and_kill),
         cmocka_unit_test_teardown(test_visible_at_end, close_and_kill),
