@@ -423,17 +423,24 @@ static int closed_by(int fd, uint64_t dl)
 
 /* 80 silent connections (more than the 64 request slots) while peers
  * register and look up: the real ones are served (the oldest silent one is
- * dropped for each) long before the strangers' peer_timeout_ms (10 s), and
+ * dropped for each) long before the strangers' peer_timeout_ms (30 s), and
  * the rest are closed by the greeting deadline (2 s). Before: the real
- * ones were closed at once ("64 requests in service") for 10 s. The
- * bounds leave room for TSan, whose thread creation alone can take 10-30
- * ms each on a loaded machine. */
+ * ones were closed at once ("64 requests in service") until the strangers'
+ * peer_timeout_ms. That is the bug's signature, so peer_timeout_ms is long
+ * (30 s, was 10 s) and the "served" bound (12 s, was 5 s) sits well below
+ * it and far above a legitimate run: milliseconds, or about 2 s where a
+ * slow machine lets the greeting deadline free the slots. (With that bug
+ * the registration's own 8 s deadline fails first.) The bounds leave
+ * room for TSan, whose thread creation alone can take 10-30 ms each on a
+ * loaded machine. */
+#define SILENT_PEER_MS 30000u
+#define SERVED_BOUND_MS 12000u
 static void silent_strangers_do_not_block(void **state)
 {
     (void)state;
     static const pd_model mha = {.layers = 2, .heads = 4, .head_dim = 32};
     pd_side_cfg c = {.tp = 1, .dcp = 1, .tpp = 16, .layout = KVT_LAYOUT_LAYER_FIRST, .model = &mha};
-    pd_cluster cl = {.net = {.peer_timeout_ms = 10000}};
+    pd_cluster cl = {.net = {.peer_timeout_ms = SILENT_PEER_MS}};
     pd_cluster_start(&cl, &c, &c, 40);
     int fds[STRANGERS];
     uint64_t t0 = kvt__now_ns();
@@ -444,11 +451,13 @@ static void silent_strangers_do_not_block(void **state)
     uint8_t tok[PD_BS_TOKEN_LEN] = {0};
     assert_ok(pd_bootstrap_register(&ep->net, &ep->auth, "127.0.0.1", cl.port, &ep->desc, ep->bind_host, ep->port,
                                     kvt__deadline_ns(8000), tok, &lease));
-    assert_int_equal(lease, 40000);
+    assert_int_equal(lease, PD_BS_LEASE_FACTOR * SILENT_PEER_MS);
     /* a decode rank: lookup, connect, and a whole room */
     pd_cluster_decoders(&cl);
     uint64_t served_ms = (kvt__now_ns() - t0) / 1000000;
-    if (served_ms >= 5000) fail_msg("served after %llu ms", (unsigned long long)served_ms);
+    if (served_ms >= SERVED_BOUND_MS)
+        fail_msg("served after %llu ms (the strangers' peer_timeout_ms: %u ms)",
+                 (unsigned long long)served_ms, SILENT_PEER_MS);
     pd_open_room(&cl, 3, 0);
     pd_expect_room(&cl, 3, KVT_PD_SUCCESS);
     assert_int_equal(pd_verify(&cl, 0), 0);
