@@ -4,10 +4,15 @@ reads vLLM's ZmqEventPublisher: a ZeroMQ SUB socket (pyzmq) and msgpack
 big-endian sequence, EventBatch [ts, events, data_parallel_rank]), and the
 ROUTER replay from a sequence number ending with sequence -1. A store
 shows as BlockStored (a chain: each hash the parent of the next, medium
-CPU, block_size the server's block tokens), a CLEAR of the namespace as
-BlockRemoved of the same hashes; the first batch is AllBlocksCleared;
-sequence numbers count up from 0 with no gap. An endpoint off this host
-is refused naming the option."""
+CPU, block_size the server's block tokens, token_ids the request's tokens
+of those blocks), a CLEAR of the namespace as BlockRemoved of the same
+hashes from the CPU tier; the first batch is AllBlocksCleared; sequence
+numbers count up from 0 with no gap. With an SSD tier (TierEvents), each
+tier's changes: BlockStored DISK once a flush made the blocks durable,
+BlockRemoved CPU when their CPU copies give way to other blocks (the SSD
+keeps them), BlockStored CPU when a load reads them back, and a CLEAR's
+BlockRemoved from both. An endpoint off this host is refused naming the
+option."""
 import json
 import os
 import shutil
@@ -43,6 +48,38 @@ def decode(frames):
     topic, seq, payload = frames
     batch = msgpack.unpackb(payload, raw=False)
     return topic, int.from_bytes(seq, "big", signed=True), batch
+
+
+class Subscriber:
+    """A SUB socket on a server's events, and the batches it got."""
+
+    def __init__(self, test, port):
+        self.test = test
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect("tcp://127.0.0.1:%d" % port)
+        self.events = []  # every event received, in order
+        time.sleep(0.3)  # a SUB that joins late misses what came before
+
+    def close(self):
+        self.sub.close(0)
+        self.ctx.term()
+
+    def until(self, pred, what, timeout=10.0):
+        """Receives until pred(self.events) holds."""
+        deadline = time.monotonic() + timeout
+        while not pred(self.events):
+            if time.monotonic() > deadline:
+                self.test.fail("no %s within %.0f s; got %r" % (what, timeout, self.events))
+            if self.sub.poll(100):
+                self.events += decode(self.sub.recv_multipart())[2][1]
+
+    def blocks(self, tag, medium):
+        """The block hashes of every tag (BlockStored/BlockRemoved) event of
+        medium so far, in order."""
+        return [h for e in self.events if e[0] == tag and e[-2 if tag == "BlockStored" else 2]
+                == medium for h in e[1]]
 
 
 class Events(unittest.TestCase):
@@ -133,6 +170,8 @@ class Events(unittest.TestCase):
             stored = [e for _, _, b in got for e in b[1] if e[0] == "BlockStored"]
             named = [h for e in stored for h in e[1]]
             self.assertEqual(named, keys, stored)
+            # kvtier never sees a keyed request's tokens: token_ids stays empty
+            self.assertTrue(all(e[3] == [] for e in stored), stored)
             for e in stored:  # parents by the engine's keys too (one event or two)
                 i = keys.index(e[1][0])
                 self.assertEqual(e[2], keys[i - 1] if i else None, e)
@@ -170,8 +209,10 @@ class Events(unittest.TestCase):
             self.assertTrue(all(isinstance(h, bytes) and len(h) == 16 for h in hashes))
             self.assertEqual(len(set(hashes)), 4)
             self.assertIsNone(parent)  # the request's first block is a root
-            self.assertEqual((token_ids, block_size, lora_id, medium, lora_name),
-                             ([], bt, None, "CPU", None))
+            # token_ids: the stored blocks' tokens, block_size per block (as
+            # vLLM's BlockStored carries them)
+            self.assertEqual(token_ids, toks[:4 * bt])
+            self.assertEqual((block_size, lora_id, medium, lora_name), (bt, None, "CPU", None))
             # A second request extending the first: its new blocks' parent is
             # the first request's last block.
             more = toks[:-1] + list(range(900, 900 + 2 * bt + 1))
@@ -180,6 +221,7 @@ class Events(unittest.TestCase):
             ext = [e for e in got[-1][2][1] if e[0] == "BlockStored"][0]
             self.assertEqual(len(ext[1]), 2)
             self.assertEqual(ext[2], hashes[-1])
+            self.assertEqual(ext[3], more[4 * bt:6 * bt])  # the new blocks' tokens only
             # CLEAR of the namespace: every one of them removed, nothing else.
             removed, kept = cl.clear("tenant-a")
             self.assertEqual((removed, kept), (6, 0))
@@ -190,7 +232,7 @@ class Events(unittest.TestCase):
                 if self.sub.poll(100):
                     for e in decode(self.sub.recv_multipart())[2][1]:
                         if e[0] == "BlockRemoved":
-                            self.assertIsNone(e[2])  # gone from every tier of this node
+                            self.assertEqual(e[2], "CPU")  # the one tier this node has
                             seen.update(e[1])
             self.assertEqual(seen, want)
         # Replay from 0: every batch, in order, numbered 0, 1, ... with no
@@ -240,6 +282,87 @@ class Events(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn('events_endpoint is "tcp://*:5557"', r.stderr)
         self.assertIn("tcp://127.0.0.1:PORT", r.stderr)
+
+
+class TierEvents(unittest.TestCase):
+    """A server with an SSD tier under a CPU tier of 32 blocks: every tier's
+    changes are published as they commit, not only the node's."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kvtevt")
+        self.sock = os.path.join(self.dir, "node.sock")
+        self.port = free_port()
+        self.srv = start_server(self.sock, "--set", "cpu_capacity=1MiB", "--set",
+                                "ssd_dirs=" + os.path.join(self.dir, "ssd"), "--set",
+                                "ssd_capacity=16MiB", "--set",
+                                "events_endpoint=tcp://127.0.0.1:%d" % self.port)
+        self.sub = Subscriber(self, self.port)
+
+    def tearDown(self):
+        self.sub.close()
+        if self.srv.poll() is None:
+            stop_server(self.srv)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_each_tier_as_a_router_sees_it(self):
+        geo = kvtier.Geometry.preset("tiny", 16, 1)
+        eng = kvtier.EmulatedEngine(geo, 80)
+        sub = self.sub
+        with kvtier.Client(self.sock, geo, timeout_ms=5000) as cl:
+            cl.register_engine(eng)
+            bt = cl.block_tokens
+            cpu_blocks = cl.stats()["cpu_blocks_total"]
+            self.assertEqual(cpu_blocks, 32)
+            pages = list(range(80))
+            a = list(range(3, 3 + 4 * bt + 1))
+            plan = cl.prepare_store(a, ns="tenant-a", visible=True)
+            eng.fill(a, pages, ns="tenant-a")
+            cl.launch(plan.task, pages)
+            self.assertTrue(cl.wait(plan.task, 5).ok)
+            sub.until(lambda ev: len(sub.blocks("BlockStored", "CPU")) >= 4, "BlockStored CPU")
+            ha = sub.blocks("BlockStored", "CPU")
+            self.assertEqual(len(ha), 4)
+            # Durable on the SSD: BlockStored DISK of the same chain (its
+            # tokens went with the CPU one)
+            cl.flush(5)
+            sub.until(lambda ev: len(sub.blocks("BlockStored", "DISK")) >= 4, "BlockStored DISK")
+            self.assertEqual(sub.blocks("BlockStored", "DISK"), ha)
+            disk = [e for e in sub.events if e[0] == "BlockStored" and e[6] == "DISK"]
+            self.assertEqual(disk[0][2], None)  # a's first block is a root
+            self.assertTrue(all(e[3] == [] and e[4] == bt for e in disk), disk)
+            self.assertEqual(sub.blocks("BlockRemoved", "CPU"), [])
+            # A store of a whole CPU tier's worth: a's CPU copies give way
+            # (the SSD keeps them): BlockRemoved CPU, and no DISK removal
+            b = list(range(5000, 5000 + cpu_blocks * bt + 1))
+            plan = cl.prepare_store(b, ns="tenant-b", visible=True)
+            eng.fill(b, pages, ns="tenant-b")
+            cl.launch(plan.task, pages)
+            self.assertTrue(cl.wait(plan.task, 5).ok)
+            sub.until(lambda ev: set(ha) <= set(sub.blocks("BlockRemoved", "CPU")),
+                      "BlockRemoved CPU of a's blocks")
+            self.assertEqual(sub.blocks("BlockRemoved", "DISK"), [])
+            self.assertEqual(cl.stats()["cpu_dropped_blocks"], 4)
+            # A load of a reads it back from the SSD: BlockStored CPU again
+            # (no token_ids: those went with the store's)
+            cl.flush(5)  # b durable, so its CPU copies can give way in turn
+            m = cl.lookup(a, ns="tenant-a")
+            self.assertEqual(m.matched_tokens, 4 * bt)
+            eng.poison(pages)
+            cl.launch(m.task, pages)
+            self.assertTrue(cl.wait(m.task, 5).ok)
+            self.assertEqual(eng.verify(a, pages, 0, 4 * bt, ns="tenant-a").mismatches, 0)
+            sub.until(lambda ev: sub.blocks("BlockStored", "CPU").count(ha[0]) == 2,
+                      "BlockStored CPU of a's blocks read back")
+            back = [e for e in sub.events if e[0] == "BlockStored" and e[6] == "CPU"
+                    and e[1][0] in ha][-1]
+            self.assertEqual(back[3], [])
+            # CLEAR of a: gone from both tiers
+            self.assertEqual(cl.clear("tenant-a"), (4, 0))
+            sub.until(lambda ev: set(ha) <= set(sub.blocks("BlockRemoved", "DISK")),
+                      "BlockRemoved DISK of a's blocks")
+            cpu_removed = sub.blocks("BlockRemoved", "CPU")
+            self.assertEqual(sorted(cpu_removed.count(h) for h in ha), [2, 2, 2, 2])
+        eng.close()
 
 
 if __name__ == "__main__":

@@ -25,4 +25,11 @@ typedef struct kvt_cache_observed {
 /* Takes the cache mutex briefly (twice); the histograms are read without it. */
 kvt_status kvt__cache_observe(kvt_cache *c, kvt_cache_observed *out);
 
+/* The tiers that hold index entry id of c's index now: a CPU copy, and a
+ * copy durable on the SSD (one being written, or lost, is not). For an
+ * index observer (index.h), which runs under c's mutex: at a REMOVED
+ * event, the tiers the block is leaving. */
+enum { KVT_CACHE_TIER_CPU = 1, KVT_CACHE_TIER_DISK = 2 };
+uint8_t kvt__cache_tiers_of(const kvt_cache *c, uint32_t id);
+
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache/observe.h"
 #include "cache/quota.h"
 #include "cache/share.h"
 #include "util/clock.h"
@@ -55,6 +56,14 @@ void kvt__tiers_removed(kvt_cache *c, const uint32_t *ids, const uint32_t *cpu_s
     }
 }
 
+/* observe.h: a CPU copy, a durable SSD copy. */
+uint8_t kvt__cache_tiers_of(const kvt_cache *c, uint32_t id)
+{
+    uint8_t t = kvt__index_payload(c->index, id) != KVT_POOL_NONE ? KVT_CACHE_TIER_CPU : 0;
+    if (c->ssd_state && c->ssd_state[id] == SSD_DURABLE) t |= KVT_CACHE_TIER_DISK;
+    return t;
+}
+
 /* One CLOCK sweep step: drops the CPU copy of an unpinned block whose SSD
  * copy is durable and that was not used since the hand last passed. At most
  * two turns, so it ends even when nothing qualifies. */
@@ -77,6 +86,7 @@ static uint32_t clock_take(kvt_cache *c)
         }
         if (state == SSD_DURABLE) { /* the SSD keeps it */
             kvt__index_set_payload(c->index, id, KVT_POOL_NONE);
+            kvt__index_notify(c->index, KVT_INDEX_CPU_REMOVED, &id, 1);
             c->stats.cpu_dropped_blocks++;
         } else if (kvt__index_remove_candidate(c->index, id)) {
             /* Its SSD write failed: a cold leaf leaves the cache. */
@@ -119,6 +129,7 @@ static bool is_owned_by(uint32_t slot, void *arg)
 static void drop_cpu_copy(kvt_cache *c, uint32_t id, uint32_t slot)
 {
     kvt__index_set_payload(c->index, id, KVT_POOL_NONE);
+    kvt__index_notify(c->index, KVT_INDEX_CPU_REMOVED, &id, 1);
     free_cpu_slot(c, slot);
     c->stats.cpu_dropped_blocks++;
 }
@@ -331,6 +342,7 @@ static void write_done(void *arg, kvt_status st)
     uint32_t id = x->entry;
     if (st == KVT_OK) {
         c->ssd_state[id] = SSD_DURABLE;
+        kvt__index_notify(c->index, KVT_INDEX_DISK_STORED, &id, 1);
         c->stats.ssd_written_blocks++;
     } else {
         kvt__ssd_free(c->ssd, c->ssd_slot[id]);
@@ -502,6 +514,7 @@ static void read_done(void *arg, kvt_status st)
         c->stats.ssd_read_blocks++;
         if (kvt__index_payload(c->index, id) == KVT_POOL_NONE) {
             kvt__index_set_payload(c->index, id, x->slot);
+            kvt__index_notify(c->index, KVT_INDEX_CPU_STORED, &id, 1);
             c->cpu_owner[x->slot] = id;
             c->cpu_ref[x->slot] = 1;
             /* A concurrent load's read of it failed first: this copy is good. */
@@ -522,6 +535,7 @@ static void read_done(void *arg, kvt_status st)
              * that copy stays and only the SSD's is gone. */
             bool in_cpu = kvt__index_payload(c->index, id) != KVT_POOL_NONE;
             c->ssd_state[id] = in_cpu ? SSD_NONE : SSD_LOST;
+            kvt__index_notify(c->index, KVT_INDEX_DISK_REMOVED, &id, 1);
         }
         if (x->block < t->first_bad) {
             t->first_bad = x->block;
@@ -642,9 +656,9 @@ static void recovered(void *arg, uint32_t slot, kvt_hash128 key, kvt_hash128 par
         kvt__ssd_free(c->ssd, slot);
         return;
     }
-    kvt__index_commit(c->index, &id, 1);
     c->ssd_slot[id] = slot;
-    c->ssd_state[id] = SSD_DURABLE;
+    c->ssd_state[id] = SSD_DURABLE; /* before the commit: an observer sees it durable */
+    kvt__index_commit(c->index, &id, 1);
     c->stats.recovered_blocks++;
 }
 
@@ -873,5 +887,6 @@ void kvt__tiers_repair_end(kvt_cache *c, kvt_task *t, bool ok)
             continue;
         }
         kvt__index_set_payload(c->index, id, slot);
+        kvt__index_notify(c->index, KVT_INDEX_CPU_STORED, &id, 1);
     }
 }

@@ -203,6 +203,7 @@ static void cl_observe(void *arg, kvt_srv_shard *sh, kvt_index_event e, const kv
                        const uint32_t *ids, uint32_t n)
 {
     kvt_cluster *cl = arg;
+    if (e != KVT_INDEX_STORED && e != KVT_INDEX_REMOVED) return; /* a tier's copy: still held */
     pthread_mutex_lock(&cl->qmu);
     for (uint32_t i = 0; i < n; i++) {
         if (cl->qlen == CL_QUEUE) {

@@ -15,14 +15,21 @@
 #include "util/log.h"
 
 enum { REC_STORED = 1, REC_REMOVED = 2, REC_CLEARED = 3 };
-enum { MEDIUM_NONE = 0, MEDIUM_CPU = 1, MEDIUM_DISK = 2 };
+enum { MEDIUM_CPU = 1, MEDIUM_DISK = 2 }; /* bits: a removal may leave both tiers */
 
-/* One block's change, queued by the observer. */
+/* One block's change, queued by the observer: stored into one tier
+ * (medium one bit), or removed from the tiers in medium. */
 typedef struct ev_rec {
     uint8_t kind, medium, has_parent;
     uint32_t block_tokens;
     kvt_hash128 key, parent;
 } ev_rec;
+
+/* Records [i, j) of a pass that make one event (those of them in medium). */
+typedef struct ev_span {
+    uint32_t i, j;
+    uint8_t medium;
+} ev_span;
 
 /* A queue cell: a change and its turn (Vyukov's bounded queue). */
 typedef struct ev_cell {
@@ -38,6 +45,19 @@ typedef struct ev_cell {
 #define NAME_MAX_LEN 64         /* engine keys longer than this are published by kvtier id */
 #define NAMES_MAX (1u << 20)    /* names kept at most: 88 MiB */
 #define NAME_PROBES 16
+#define TOK_RING (1u << 16)     /* token requests' blocks whose tokens wait for their commit */
+#define TOK_BYTES (64u << 20)   /* their tokens' bytes at most (older ones go first) */
+#define TOK_NIL UINT32_MAX
+
+/* The tokens of a block a token request is storing (kvt__events_tokens),
+ * until its BlockStored takes them: a ring of records, oldest reused
+ * first, found by hash through chained buckets. */
+typedef struct ev_tok {
+    kvt_hash128 h;
+    uint32_t *t; /* NULL: free */
+    uint32_t n;
+    uint32_t next; /* the bucket's next record */
+} ev_tok;
 
 typedef struct ev_name {
     kvt_hash128 h;
@@ -75,7 +95,20 @@ struct kvt_events {
     pthread_mutex_t names_mu;
     struct ev_name *names;
     uint32_t names_cap, names_n;
+    /* Tokens of blocks being stored (kvt__events_tokens), under tok_mu;
+     * allocated at the first call. */
+    pthread_mutex_t tok_mu;
+    ev_tok *tok;
+    uint32_t *tok_bucket; /* TOK_RING heads */
+    uint32_t tok_next;    /* the ring's next record to use */
+    size_t tok_bytes;
+    /* The publishing thread's pass: its records, each one's tokens
+     * (pass_tok_n[i] at pass_tok_off[i] of pass_tok; 0: none) and events. */
     ev_rec pass[PASS_MAX];
+    uint32_t pass_tok_off[PASS_MAX], pass_tok_n[PASS_MAX];
+    uint32_t *pass_tok;
+    size_t pass_tok_cap;
+    ev_span spans[2 * PASS_MAX];
 };
 
 /* ---- the queue: many producers (each under its own cache lock), one consumer ---- */
@@ -112,21 +145,47 @@ static bool pop(kvt_events *ev, ev_rec *out)
     return true;
 }
 
+static void queue_rec(kvt_events *ev, const ev_rec *r)
+{
+    if (!push(ev, r)) atomic_fetch_add(&ev->dropped, 1);
+}
+
 void kvt__events_observe(void *arg, kvt_index_event e, const kvt_index *idx, const uint32_t *ids,
                          uint32_t n)
 {
     kvt_events_src *src = arg;
     for (uint32_t i = 0; i < n; i++) {
-        ev_rec r = {.kind = e == KVT_INDEX_STORED ? REC_STORED : REC_REMOVED,
-                    .block_tokens = src->block_tokens,
-                    .key = kvt__index_key(idx, ids[i])};
-        if (e == KVT_INDEX_STORED) {
-            uint32_t p = kvt__index_parent(idx, ids[i]);
-            r.has_parent = p != KVT_INDEX_NONE;
-            if (r.has_parent) r.parent = kvt__index_key(idx, p);
-            r.medium = kvt__index_payload(idx, ids[i]) != KVT_POOL_NONE ? MEDIUM_CPU : MEDIUM_DISK;
+        uint32_t id = ids[i];
+        uint8_t kind = REC_STORED, media;
+        switch (e) {
+        case KVT_INDEX_STORED:
+        case KVT_INDEX_REMOVED: /* every tier the block is in (or leaves) */
+            kind = e == KVT_INDEX_STORED ? REC_STORED : REC_REMOVED;
+            media = src->tiers ? src->tiers(src->tiers_arg, id)
+                    : kvt__index_payload(idx, id) != KVT_POOL_NONE ? MEDIUM_CPU : MEDIUM_DISK;
+            break;
+        case KVT_INDEX_CPU_STORED: media = MEDIUM_CPU; break;
+        case KVT_INDEX_DISK_STORED: media = MEDIUM_DISK; break;
+        case KVT_INDEX_CPU_REMOVED: kind = REC_REMOVED, media = MEDIUM_CPU; break;
+        case KVT_INDEX_DISK_REMOVED: kind = REC_REMOVED, media = MEDIUM_DISK; break;
+        default: continue;
         }
-        if (!push(src->ev, &r)) atomic_fetch_add(&src->ev->dropped, 1);
+        media &= MEDIUM_CPU | MEDIUM_DISK;
+        if (!media) continue; /* in no tier (lost): announced already as it left */
+        ev_rec r = {.kind = kind, .medium = media, .block_tokens = src->block_tokens,
+                    .key = kvt__index_key(idx, id)};
+        if (kind == REC_REMOVED) {
+            queue_rec(src->ev, &r);
+            continue;
+        }
+        uint32_t p = kvt__index_parent(idx, id);
+        r.has_parent = p != KVT_INDEX_NONE;
+        if (r.has_parent) r.parent = kvt__index_key(idx, p);
+        for (uint8_t m = MEDIUM_CPU; m <= MEDIUM_DISK; m <<= 1) { /* one record per tier */
+            if (!(media & m)) continue;
+            r.medium = m;
+            queue_rec(src->ev, &r);
+        }
     }
 }
 
@@ -193,6 +252,117 @@ static uint8_t name_of(kvt_events *ev, kvt_hash128 h, uint8_t *b)
     return len;
 }
 
+/* ---- token requests' tokens, from their store to their BlockStored ---- */
+
+static uint32_t tok_home(kvt_hash128 h)
+{
+    return (uint32_t)(h.lo ^ (h.hi >> 11)) & (TOK_RING - 1);
+}
+
+/* The record of h, or TOK_NIL; *prev its predecessor in the bucket. */
+static uint32_t tok_find(const kvt_events *ev, kvt_hash128 h, uint32_t *prev)
+{
+    *prev = TOK_NIL;
+    for (uint32_t k = ev->tok_bucket[tok_home(h)]; k != TOK_NIL; *prev = k, k = ev->tok[k].next)
+        if (ev->tok[k].h.lo == h.lo && ev->tok[k].h.hi == h.hi) return k;
+    return TOK_NIL;
+}
+
+static void tok_drop(kvt_events *ev, uint32_t k, uint32_t prev)
+{
+    ev_tok *t = &ev->tok[k];
+    if (prev == TOK_NIL) ev->tok_bucket[tok_home(t->h)] = t->next;
+    else ev->tok[prev].next = t->next;
+    ev->tok_bytes -= (size_t)t->n * sizeof *t->t;
+    free(t->t);
+    t->t = NULL;
+    t->n = 0;
+}
+
+/* Frees record k if it is used (the ring reuses it). */
+static void tok_evict(kvt_events *ev, uint32_t k)
+{
+    uint32_t prev;
+    if (ev->tok[k].t && tok_find(ev, ev->tok[k].h, &prev) == k) tok_drop(ev, k, prev);
+}
+
+static bool tok_alloc(kvt_events *ev)
+{
+    if (ev->tok) return true;
+    ev->tok = calloc(TOK_RING, sizeof *ev->tok);
+    ev->tok_bucket = malloc(TOK_RING * sizeof *ev->tok_bucket);
+    if (!ev->tok || !ev->tok_bucket) {
+        free(ev->tok);
+        free(ev->tok_bucket);
+        ev->tok = NULL;
+        ev->tok_bucket = NULL;
+        return false;
+    }
+    for (uint32_t i = 0; i < TOK_RING; i++) ev->tok_bucket[i] = TOK_NIL;
+    return true;
+}
+
+void kvt__events_tokens(kvt_events *ev, const kvt_hash128 *h, const uint32_t *tokens, uint32_t n,
+                        uint32_t block_tokens)
+{
+    size_t bytes = (size_t)block_tokens * sizeof *tokens;
+    if (!ev || !n || !block_tokens || bytes > TOK_BYTES) return;
+    pthread_mutex_lock(&ev->tok_mu);
+    for (uint32_t i = 0; i < n && tok_alloc(ev); i++) {
+        uint32_t prev;
+        if (tok_find(ev, h[i], &prev) != TOK_NIL) continue; /* a block's tokens never change */
+        uint32_t k = ev->tok_next;
+        ev->tok_next = (k + 1) & (TOK_RING - 1);
+        tok_evict(ev, k);
+        /* The oldest records go until the tokens fit. */
+        for (uint32_t j = ev->tok_next; ev->tok_bytes + bytes > TOK_BYTES && j != k;
+             j = (j + 1) & (TOK_RING - 1))
+            tok_evict(ev, j);
+        uint32_t *t = malloc(bytes);
+        if (!t) break; /* their BlockStored then carries no token_ids */
+        memcpy(t, tokens + (size_t)i * block_tokens, bytes);
+        uint32_t home = tok_home(h[i]);
+        ev->tok[k] = (ev_tok){h[i], t, block_tokens, ev->tok_bucket[home]};
+        ev->tok_bucket[home] = k;
+        ev->tok_bytes += bytes;
+    }
+    pthread_mutex_unlock(&ev->tok_mu);
+}
+
+/* The pass's records' tokens: a BlockStored into the CPU tier takes the
+ * tokens its store left (once: the block's later BlockStored carry none). */
+static void take_tokens(kvt_events *ev, uint32_t n)
+{
+    size_t used = 0;
+    pthread_mutex_lock(&ev->tok_mu);
+    for (uint32_t i = 0; i < n; i++) {
+        const ev_rec *r = &ev->pass[i];
+        ev->pass_tok_n[i] = 0;
+        uint32_t prev, k;
+        if (!ev->tok || r->kind != REC_STORED || r->medium != MEDIUM_CPU ||
+            (k = tok_find(ev, r->key, &prev)) == TOK_NIL)
+            continue;
+        uint32_t tn = ev->tok[k].n;
+        if (tn == r->block_tokens && used + tn > ev->pass_tok_cap) {
+            size_t cap = ev->pass_tok_cap ? ev->pass_tok_cap : 4096;
+            while (cap < used + tn) cap *= 2;
+            uint32_t *b = realloc(ev->pass_tok, cap * sizeof *b);
+            if (b) {
+                ev->pass_tok = b;
+                ev->pass_tok_cap = cap;
+            }
+        }
+        if (tn == r->block_tokens && used + tn <= ev->pass_tok_cap) {
+            memcpy(ev->pass_tok + used, ev->tok[k].t, (size_t)tn * sizeof *ev->pass_tok);
+            ev->pass_tok_off[i] = (uint32_t)used;
+            ev->pass_tok_n[i] = tn;
+            used += tn;
+        }
+        tok_drop(ev, k, prev);
+    }
+    pthread_mutex_unlock(&ev->tok_mu);
+}
+
 /* ---- encoding: vLLM's EventBatch, array-like ---- */
 
 /* A block as a router knows it: the engine's key when the block was stored
@@ -222,46 +392,76 @@ static void pack_str(msgpack_packer *pk, const char *s)
 
 static bool hash_eq(kvt_hash128 a, kvt_hash128 b) { return a.lo == b.lo && a.hi == b.hi; }
 
-/* Records [i, end) that make one event: the same kind, medium and block
- * size; a BlockStored's blocks each the parent of the next (vLLM's
- * block_hashes are a chain below parent_block_hash). */
-static uint32_t event_end(const ev_rec *r, uint32_t i, uint32_t n)
+/* The pass's n records as events into ev->spans; returns how many. A run
+ * of removals (any tiers: a router's view of one block in one tier
+ * changes once in it) makes one BlockRemoved per tier; a BlockStored's
+ * records share the tier, block size and whether their tokens are known,
+ * each the parent of the next (vLLM's block_hashes are a chain below
+ * parent_block_hash). */
+static uint32_t make_spans(kvt_events *ev, uint32_t n)
 {
-    uint32_t j = i + 1;
-    if (r[i].kind == REC_CLEARED) return j;
-    while (j < n && j - i < EVENT_MAX && r[j].kind == r[i].kind && r[j].medium == r[i].medium &&
-           r[j].block_tokens == r[i].block_tokens &&
-           (r[i].kind == REC_REMOVED || (r[j].has_parent && hash_eq(r[j].parent, r[j - 1].key))))
-        j++;
-    return j;
+    const ev_rec *r = ev->pass;
+    uint32_t k = 0;
+    for (uint32_t i = 0, j; i < n; i = j) {
+        j = i + 1;
+        if (r[i].kind == REC_CLEARED) {
+            ev->spans[k++] = (ev_span){i, j, 0};
+            continue;
+        }
+        if (r[i].kind == REC_REMOVED) {
+            uint8_t m = r[i].medium;
+            while (j < n && j - i < EVENT_MAX && r[j].kind == REC_REMOVED) m |= r[j++].medium;
+            for (uint8_t b = MEDIUM_CPU; b <= MEDIUM_DISK; b <<= 1)
+                if (m & b) ev->spans[k++] = (ev_span){i, j, b};
+            continue;
+        }
+        while (j < n && j - i < EVENT_MAX && r[j].kind == REC_STORED &&
+               r[j].medium == r[i].medium && r[j].block_tokens == r[i].block_tokens &&
+               !ev->pass_tok_n[j] == !ev->pass_tok_n[i] && r[j].has_parent &&
+               hash_eq(r[j].parent, r[j - 1].key))
+            j++;
+        ev->spans[k++] = (ev_span){i, j, r[i].medium};
+    }
+    return k;
 }
 
 /* ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
  *  lora_id, medium, lora_name], ["BlockRemoved", block_hashes, medium],
- * ["AllBlocksCleared"]. */
-static void pack_event(kvt_events *ev, msgpack_packer *pk, const ev_rec *r, uint32_t n)
+ * ["AllBlocksCleared"]. Returns the block hashes packed. */
+static uint32_t pack_event(kvt_events *ev, msgpack_packer *pk, const ev_span *sp)
 {
     static const char *const medium[] = {NULL, "CPU", "DISK"};
+    const ev_rec *r = ev->pass + sp->i;
+    uint32_t n = sp->j - sp->i, hashes = 0;
     if (r[0].kind == REC_CLEARED) {
         msgpack_pack_array(pk, 1);
         pack_str(pk, "AllBlocksCleared");
-        return;
+        return 0;
     }
     bool stored = r[0].kind == REC_STORED;
     msgpack_pack_array(pk, stored ? 8 : 3);
     pack_str(pk, stored ? "BlockStored" : "BlockRemoved");
-    msgpack_pack_array(pk, n);
-    for (uint32_t i = 0; i < n; i++) pack_hash(ev, pk, r[i].key);
+    for (uint32_t i = 0; i < n; i++) hashes += (r[i].medium & sp->medium) != 0;
+    msgpack_pack_array(pk, hashes);
+    for (uint32_t i = 0; i < n; i++)
+        if (r[i].medium & sp->medium) pack_hash(ev, pk, r[i].key);
     if (stored) {
         if (r[0].has_parent) pack_hash(ev, pk, r[0].parent);
         else msgpack_pack_nil(pk);
-        msgpack_pack_array(pk, 0); /* token_ids: kvtier's blocks are named by hash */
+        /* token_ids: the blocks' tokens when their store told them */
+        const uint32_t *tn = ev->pass_tok_n + sp->i;
+        uint32_t total = 0;
+        for (uint32_t i = 0; i < n; i++) total += tn[i];
+        msgpack_pack_array(pk, total);
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t t = 0; t < tn[i]; t++)
+                msgpack_pack_uint32(pk, ev->pass_tok[ev->pass_tok_off[sp->i + i] + t]);
         msgpack_pack_uint32(pk, r[0].block_tokens);
         msgpack_pack_nil(pk); /* lora_id */
     }
-    if (r[0].medium) pack_str(pk, medium[r[0].medium]);
-    else msgpack_pack_nil(pk); /* removed from every tier of this node */
+    pack_str(pk, medium[sp->medium]);
     if (stored) msgpack_pack_nil(pk); /* lora_name */
+    return hashes;
 }
 
 static double now_s(void)
@@ -271,20 +471,18 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* [ts, events, data_parallel_rank] of r[0..n) into sb. Returns events. */
-static uint32_t pack_batch(kvt_events *ev, const ev_rec *r, uint32_t n, msgpack_sbuffer *sb)
+/* [ts, events, data_parallel_rank] of the pass's n records into sb.
+ * Returns the events; *hashes gets the block hashes in them. */
+static uint32_t pack_batch(kvt_events *ev, uint32_t n, msgpack_sbuffer *sb, uint64_t *hashes)
 {
-    uint32_t events = 0;
-    for (uint32_t i = 0; i < n; i = event_end(r, i, n)) events++;
+    uint32_t events = make_spans(ev, n);
     msgpack_packer pk;
     msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
     msgpack_pack_array(&pk, 3);
     msgpack_pack_double(&pk, now_s());
     msgpack_pack_array(&pk, events);
-    for (uint32_t i = 0, j; i < n; i = j) {
-        j = event_end(r, i, n);
-        pack_event(ev, &pk, r + i, j - i);
-    }
+    *hashes = 0;
+    for (uint32_t e = 0; e < events; e++) *hashes += pack_event(ev, &pk, &ev->spans[e]);
     msgpack_pack_uint32(&pk, ev->dp_rank);
     return events;
 }
@@ -315,11 +513,12 @@ static void keep(kvt_events *ev, uint64_t seq, msgpack_sbuffer *sb)
     }
 }
 
-static void publish(kvt_events *ev, const ev_rec *r, uint32_t n)
+static void publish(kvt_events *ev, uint32_t n)
 {
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
-    uint32_t events = pack_batch(ev, r, n, &sb);
+    uint64_t hashes;
+    uint32_t events = pack_batch(ev, n, &sb, &hashes);
     uint8_t seq[8];
     uint64_t s = ev->next_seq++;
     be64(seq, s);
@@ -329,7 +528,7 @@ static void publish(kvt_events *ev, const ev_rec *r, uint32_t n)
     zmq_send(ev->pub, sb.data, sb.size, 0);
     atomic_fetch_add(&ev->batches, 1);
     atomic_fetch_add(&ev->events, events);
-    for (uint32_t i = 0; i < n; i++) atomic_fetch_add(&ev->blocks, r[i].kind != REC_CLEARED);
+    atomic_fetch_add(&ev->blocks, hashes);
     keep(ev, s, &sb);
     msgpack_sbuffer_destroy(&sb);
 }
@@ -404,7 +603,8 @@ static bool drain(kvt_events *ev)
         ev->cleared_pending = false;
     }
     while (n < PASS_MAX && pop(ev, &ev->pass[n])) n++;
-    if (n) publish(ev, ev->pass, n);
+    take_tokens(ev, n);
+    if (n) publish(ev, n);
     return n == PASS_MAX;
 }
 
@@ -478,6 +678,11 @@ static void events_free(kvt_events *ev)
     free(ev->q);
     free(ev->names);
     pthread_mutex_destroy(&ev->names_mu);
+    for (uint32_t i = 0; ev->tok && i < TOK_RING; i++) free(ev->tok[i].t);
+    free(ev->tok);
+    free(ev->tok_bucket);
+    free(ev->pass_tok);
+    pthread_mutex_destroy(&ev->tok_mu);
     free(ev);
 }
 
@@ -496,6 +701,7 @@ kvt_status kvt__events_start(kvt_events **out, const kvt_events_config *cfg)
     kvt_events *ev = calloc(1, sizeof *ev);
     if (!ev) return kvt__fail(KVT_ENOMEM, "events: out of memory");
     pthread_mutex_init(&ev->names_mu, NULL);
+    pthread_mutex_init(&ev->tok_mu, NULL);
     ev->q = calloc(QUEUE_CAP, sizeof *ev->q);
     ev->buf = calloc(cfg->buffer_steps, sizeof *ev->buf);
     ev->buf_cap = cfg->buffer_steps;

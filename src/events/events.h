@@ -1,5 +1,6 @@
 /* events.h - KV events in vLLM's wire format (docs/events.md): every
- * block a node's index commits or removes is published on a ZeroMQ PUB
+ * block a node's index commits or removes, and every copy of one its tiers
+ * (CPU, SSD: vLLM's medium "CPU", "DISK") gain or drop, is published on a ZeroMQ PUB
  * socket as vLLM's ZmqEventPublisher does (multipart: topic, sequence
  * number as 8 bytes big-endian, a msgpack EventBatch encoded array-like
  * [ts, events, data_parallel_rank]), with a ROUTER socket that replays the
@@ -45,8 +46,16 @@ void kvt__events_stop(kvt_events *ev);
 typedef struct kvt_events_src {
     kvt_events *ev;
     uint32_t block_tokens; /* block_size in the events */
+    /* The tiers that hold entry id now (cache/observe.h kvt__cache_tiers_of:
+     * bit 1 CPU, bit 2 DISK), asked under the index's lock at each STORED
+     * and REMOVED; NULL: CPU when its payload is a pool slot, else DISK. */
+    uint8_t (*tiers)(const void *tiers_arg, uint32_t id);
+    const void *tiers_arg;
 } kvt_events_src;
-/* kvt_index_observer: arg is a kvt_events_src. */
+/* kvt_index_observer: arg is a kvt_events_src. STORED: BlockStored in
+ * each tier the block is in; REMOVED: BlockRemoved from each it leaves;
+ * the tier events (index.h KVT_INDEX_CPU_ / _DISK_): that tier's
+ * BlockStored or BlockRemoved. */
 void kvt__events_observe(void *arg, kvt_index_event e, const kvt_index *idx, const uint32_t *ids,
                          uint32_t n);
 
@@ -56,6 +65,14 @@ void kvt__events_observe(void *arg, kvt_index_event e, const kvt_index *idx, con
  * page hashes) names them. Keys over 64 bytes are skipped. Any thread;
  * ev NULL: no-op. */
 void kvt__events_name(kvt_events *ev, const kvt_hash128 *h, const kvt_key *keys, uint32_t n);
+
+/* Blocks h[0..n) of a token store request are its tokens[i * block_tokens
+ * .. (i + 1) * block_tokens) (before they commit): each one's BlockStored
+ * into the CPU tier carries them as token_ids, once. Kept until then, at
+ * most 65536 blocks' and 64 MiB of tokens (older ones go first: a store
+ * that never commits leaves nothing for long). Any thread; ev NULL: no-op. */
+void kvt__events_tokens(kvt_events *ev, const kvt_hash128 *h, const uint32_t *tokens, uint32_t n,
+                        uint32_t block_tokens);
 
 typedef struct kvt_events_stats {
     uint64_t batches;  /* published */

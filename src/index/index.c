@@ -559,6 +559,11 @@ void kvt__index_set_observer(kvt_index *idx, kvt_index_observer fn, void *arg)
             fn(arg, KVT_INDEX_STORED, idx, &id, 1);
 }
 
+void kvt__index_notify(const kvt_index *idx, kvt_index_event e, const uint32_t *ids, uint32_t n)
+{
+    if (idx->observe && n) idx->observe(idx->observe_arg, e, idx, ids, n);
+}
+
 void kvt__index_abort(kvt_index *idx, const uint32_t *ids, uint32_t n)
 {
     for (uint32_t i = n; i-- > 0;) {

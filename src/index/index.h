@@ -118,16 +118,30 @@ uint32_t kvt__index_coldest_where(const kvt_index *idx, bool (*want)(uint32_t pa
                                   void *arg, uint32_t max_visit);
 /* Told of every entry that became READY (kvt__index_commit: ids[0..n), in
  * the order committed) and of every READY entry about to be removed (its
- * key still readable; n is 1), under whatever serialises the index's
- * callers. Set from above (the KV events publisher); it must not call
+ * key, payload and the caller's per-entry state still as they were; n is
+ * 1), under whatever serialises the index's callers. Set from above (the KV events publisher); it must not call
  * back into the index except to read (kvt__index_key, _parent,
  * _payload). */
-typedef enum { KVT_INDEX_STORED = 1, KVT_INDEX_REMOVED = 2 } kvt_index_event;
+typedef enum {
+    KVT_INDEX_STORED = 1,
+    KVT_INDEX_REMOVED = 2,
+    /* A READY entry that stays in the index gained or lost its copy in one
+     * tier (the cache's tiers tell it through kvt__index_notify, under the
+     * same lock): a CPU copy read back from the SSD / dropped while the
+     * SSD keeps the block; an SSD copy made durable / found lost. */
+    KVT_INDEX_CPU_STORED = 3,
+    KVT_INDEX_CPU_REMOVED = 4,
+    KVT_INDEX_DISK_STORED = 5,
+    KVT_INDEX_DISK_REMOVED = 6,
+} kvt_index_event;
 typedef void (*kvt_index_observer)(void *arg, kvt_index_event ev, const kvt_index *idx,
                                    const uint32_t *ids, uint32_t n);
 /* Sets (or with NULL clears) the observer, first telling it of every READY
  * entry as STORED (blocks recovered before it was set). */
 void kvt__index_set_observer(kvt_index *idx, kvt_index_observer fn, void *arg);
+/* Tells the observer, if one is set, of a tier change e (one of the
+ * KVT_INDEX_CPU_ / _DISK_ events) of READY entries ids[0..n). */
+void kvt__index_notify(const kvt_index *idx, kvt_index_event e, const uint32_t *ids, uint32_t n);
 /* A byte of the caller's per entry (0 at insert): the quota owner. */
 uint8_t kvt__index_tag(const kvt_index *idx, uint32_t id);
 void kvt__index_set_tag(kvt_index *idx, uint32_t id, uint8_t tag);

@@ -276,14 +276,23 @@ static void record_roots(kvt_srv_conn *c, const kvt_request *req, const kvt_stor
 
 /* With KV events on: a keyed store's planned blocks are named by the
  * engine's keys (events.h kvt__events_name), so a router computing the
- * engine's block hashes matches the BlockStored it will publish. One hash
- * pass over the keys per store request (they are hashed again at commit
- * by the cache: the events need them before). */
+ * engine's block hashes matches the BlockStored it will publish; a token
+ * store's carry their tokens (kvt__events_tokens: vLLM's token_ids). One
+ * hash pass over the keys or tokens per store request (they are hashed
+ * again at commit by the cache: the events need them before). */
 static void name_blocks(kvt_srv_conn *c, const kvt_request *req, const kvt_store_plan *pl)
 {
     kvt_events *ev = c->srv->events;
     uint32_t bt = c->sh->shm.block_tokens;
     uint32_t first = pl->first_token / bt, nb = pl->num_tokens / bt;
+    if (ev && req->tokens && nb && first + nb <= req->num_tokens / bt) {
+        kvt_hash128 *h = malloc((size_t)(first + nb) * sizeof *h);
+        if (h && kvt__block_hashes(req->tokens, req->num_tokens, bt, req->ns, req->ns_len, h,
+                                   first + nb) == first + nb)
+            kvt__events_tokens(ev, h + first, req->tokens + (size_t)first * bt, nb, bt);
+        free(h); /* no memory: these BlockStored carry no token_ids */
+        return;
+    }
     if (!ev || !req->keys || !nb || first > req->num_keys || nb > req->num_keys - first) return;
     bool independent = req->flags & KVT_REQ_INDEPENDENT_KEYS;
     uint32_t n = independent ? nb : first + nb; /* chained: the chain from key 0 */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cache/observe.h"
 #include "cache/quota.h"
 #include "cache/share.h"
 #include "index/index.h"
@@ -213,6 +214,12 @@ static void shard_observe(void *arg, kvt_index_event e, const kvt_index *idx, co
     if (s->hooks.observe) s->hooks.observe(s->hooks.arg, sh, e, idx, ids, n);
 }
 
+/* The events' tier query (events.h kvt_events_src): the shard cache's. */
+static uint8_t shard_tiers(const void *cache, uint32_t id)
+{
+    return kvt__cache_tiers_of(cache, id);
+}
+
 static void shard_free(kvt_srv_shard *sh)
 {
     if (!sh) return;
@@ -253,7 +260,7 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
     kvt__cache_ext_shm(sh->cache, &sh->shm);
     kvt__srv_roots_init(&sh->roots, kvt__index_capacity(sh->cache->index));
     if (s->quota) kvt__cache_set_quota(sh->cache, s->quota); /* before any client has it */
-    if (s->events) sh->events = (kvt_events_src){s->events, bt};
+    if (s->events) sh->events = (kvt_events_src){s->events, bt, shard_tiers, sh->cache};
     if (s->events || s->hooks.observe) kvt__cache_observe_index(sh->cache, shard_observe, sh);
     if (s->max_shards == 1) kvt__metrics_cache_set_extra(sh->cache, srv_metrics, s);
     *out = sh;

@@ -84,8 +84,8 @@ typedef struct kvt_srv_shard {
 
 /* Hooks set from above (src/cluster: the server knows nothing of it) with
  * kvt__srv_set_hooks before kvt_server_run. observe hears every shard
- * index's STORED/REMOVED events (index.h: under the cache's lock, so it
- * only queues). fill is called when a LOOKUP, PEEK or PEEK_MANY of req on
+ * index's events (index.h: STORED/REMOVED and its tiers' changes, under
+ * the cache's lock: it only queues). fill is called when a LOOKUP, PEEK or PEEK_MANY of req on
  * sh matched fewer than all of req's full blocks (matched tokens): it may
  * store more of req's blocks into sh's tier (a pull from a peer) within
  * its own deadline, and returns true when it did, so the server asks its

@@ -4,7 +4,9 @@
  * by a ZeroMQ SUB socket and decoded with msgpack-c here: every block
  * committed arrives once in a BlockStored chain of the right size, every
  * one evicted in a BlockRemoved, the first batch is AllBlocksCleared, and
- * the sequence numbers have no gap. Runs under TSan (label concurrent). */
+ * the sequence numbers have no gap. And one index's tier changes (CPU and
+ * DISK copies gained and lost) and a token request's token_ids, event by
+ * event. Runs under TSan (label concurrent). */
 #include "support.h"
 
 #include <msgpack.h>
@@ -213,6 +215,189 @@ static void test_two_indexes_at_once(void **state)
     kvt__events_stop(ev);
 }
 
+/* ---- tiers and tokens ---- */
+
+#define TT_BT 4
+
+typedef struct tt_state {
+    uint8_t tiers[16]; /* the test's tiers of each entry id (bit 1 CPU, 2 DISK) */
+} tt_state;
+
+static uint8_t tt_tiers(const void *arg, uint32_t id)
+{
+    return ((const tt_state *)arg)->tiers[id];
+}
+
+static void hash_bytes(kvt_hash128 h, uint8_t b[16])
+{
+    for (int i = 0; i < 8; i++) {
+        b[i] = (uint8_t)(h.hi >> (56 - 8 * i));
+        b[8 + i] = (uint8_t)(h.lo >> (56 - 8 * i));
+    }
+}
+
+/* What one step's events said, merged (the publisher may cut a step's
+ * records into two batches): their block hashes, token_ids and the first
+ * one's parent. */
+typedef struct tt_seen {
+    uint32_t nh, ntok, events;
+    uint8_t h[8][16];
+    uint32_t tok[32];
+    bool has_parent;
+    uint8_t parent[16];
+} tt_seen;
+
+/* Receives until `want` hashes came in tag events of medium; any other
+ * event (but AllBlocksCleared) fails. Every BlockStored's token_ids are
+ * none or block_size per block. */
+static void tt_recv(void *sub, const char *tag, const char *medium, uint32_t want, tt_seen *out)
+{
+    static char payload[1 << 16];
+    memset(out, 0, sizeof *out);
+    while (out->nh < want) {
+        char topic[8], seq[8];
+        if (zmq_recv(sub, topic, sizeof topic, 0) < 0)
+            fail_msg("no %s %s within 10 s (%u of %u blocks)", tag, medium, out->nh, want);
+        assert_int_equal(zmq_recv(sub, seq, sizeof seq, 0), 8);
+        int n = zmq_recv(sub, payload, sizeof payload, 0);
+        assert_true(n > 0 && n <= (int)sizeof payload);
+        msgpack_unpacked u;
+        msgpack_unpacked_init(&u);
+        assert_int_equal(msgpack_unpack_next(&u, payload, (size_t)n, NULL), MSGPACK_UNPACK_SUCCESS);
+        const msgpack_object *evs = at(&u.data, 1);
+        assert_non_null(evs);
+        for (uint32_t i = 0; i < evs->via.array.size; i++) {
+            const msgpack_object *e = at(evs, i), *hs = at(e, 1);
+            if (tag_is(at(e, 0), "AllBlocksCleared")) continue;
+            bool stored = tag_is(at(e, 0), "BlockStored");
+            if (!tag_is(at(e, 0), tag) || !tag_is(at(e, stored ? 6 : 2), medium))
+                fail_msg("an event that is not %s %s", tag, medium);
+            assert_int_equal(e->via.array.size, stored ? 8 : 3);
+            assert_true(out->nh + hs->via.array.size <= 8);
+            for (uint32_t k = 0; k < hs->via.array.size; k++) {
+                assert_int_equal(at(hs, k)->via.bin.size, 16);
+                memcpy(out->h[out->nh++], at(hs, k)->via.bin.ptr, 16);
+            }
+            if (stored) {
+                const msgpack_object *p = at(e, 2), *t = at(e, 3);
+                if (!out->events++) {
+                    out->has_parent = p->type == MSGPACK_OBJECT_BIN;
+                    if (out->has_parent) memcpy(out->parent, p->via.bin.ptr, 16);
+                }
+                assert_true(t->via.array.size == 0 ||
+                            t->via.array.size == TT_BT * hs->via.array.size);
+                assert_true(out->ntok + t->via.array.size <= 32);
+                for (uint32_t k = 0; k < t->via.array.size; k++)
+                    out->tok[out->ntok++] = (uint32_t)at(t, k)->via.u64;
+                assert_int_equal(at(e, 4)->via.u64, TT_BT);
+            }
+        }
+        msgpack_unpacked_destroy(&u);
+    }
+}
+
+/* The hashes seen are exactly h[ids[0..n)], in order. */
+static void tt_expect(const tt_seen *s, const kvt_hash128 *h, const uint32_t *ids, uint32_t n)
+{
+    assert_int_equal(s->nh, n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t b[16];
+        hash_bytes(h[ids[i]], b);
+        assert_memory_equal(s->h[i], b, 16);
+    }
+}
+
+/* A chain stored into the CPU tier (its tokens told at store), made
+ * durable on the SSD, two CPU copies dropped, then every block removed;
+ * and a chain whose first block's tokens alone are known. */
+static void test_tiers_and_tokens(void **state)
+{
+    (void)state;
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/kvt-events-tt-%ld", (long)getpid());
+    kvt_events *ev = NULL;
+    kvt_events_config cfg = {ep, NULL, NULL, 0, 100};
+    assert_int_equal(kvt__events_start(&ev, &cfg), KVT_OK);
+    void *ctx = zmq_ctx_new(), *sub = zmq_socket(ctx, ZMQ_SUB);
+    assert_int_equal(zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0), 0);
+    zmq_setsockopt(sub, ZMQ_RCVTIMEO, &(int){10000}, sizeof(int));
+    assert_int_equal(zmq_connect(sub, ep), 0);
+    usleep(300000);
+    kvt_index *idx;
+    assert_int_equal(kvt__index_create(&idx, 16, KVT_EVICT_LRU), KVT_OK);
+    tt_state st = {{0}};
+    kvt_events_src src = {ev, TT_BT, tt_tiers, &st};
+    kvt__index_set_observer(idx, kvt__events_observe, &src);
+    kvt_hash128 h[5] = {{1, 10}, {2, 20}, {3, 30}, {4, 40}, {5, 50}};
+    uint32_t id[5], tok[5 * TT_BT];
+    for (uint32_t i = 0; i < 5 * TT_BT; i++) tok[i] = 1000 + i;
+    for (uint32_t i = 0; i < 5; i++) {
+        uint32_t parent = i == 0 || i == 3 ? KVT_INDEX_NONE : id[i - 1];
+        assert_int_equal(kvt__index_insert(idx, parent, h[i], i, &id[i]), KVT_OK);
+        st.tiers[id[i]] = 1; /* CPU */
+    }
+    kvt__events_tokens(ev, h, tok, 3, TT_BT);                 /* chain 0..2: every block's */
+    kvt__events_tokens(ev, &h[3], tok + 3 * TT_BT, 1, TT_BT); /* chain 3..4: the first's */
+    tt_seen s;
+    kvt__index_commit(idx, id, 3);
+    tt_recv(sub, "BlockStored", "CPU", 3, &s);
+    tt_expect(&s, h, (uint32_t[]){0, 1, 2}, 3);
+    assert_false(s.has_parent);
+    assert_int_equal(s.ntok, 3 * TT_BT);
+    assert_memory_equal(s.tok, tok, sizeof(uint32_t) * 3 * TT_BT);
+    kvt__index_commit(idx, id + 3, 2);
+    tt_recv(sub, "BlockStored", "CPU", 2, &s); /* two events: block 4's tokens are unknown */
+    tt_expect(&s, h, (uint32_t[]){3, 4}, 2);
+    assert_int_equal(s.events, 2);
+    assert_int_equal(s.ntok, TT_BT);
+    assert_memory_equal(s.tok, tok + 3 * TT_BT, sizeof(uint32_t) * TT_BT);
+    /* durable on the SSD: BlockStored DISK, no tokens (the store's took them) */
+    for (uint32_t i = 0; i < 3; i++) st.tiers[id[i]] |= 2;
+    kvt__index_notify(idx, KVT_INDEX_DISK_STORED, id, 3);
+    tt_recv(sub, "BlockStored", "DISK", 3, &s);
+    tt_expect(&s, h, (uint32_t[]){0, 1, 2}, 3);
+    assert_int_equal(s.ntok, 0);
+    /* blocks 1 and 2 leave the CPU tier, the SSD keeps them */
+    st.tiers[id[1]] = st.tiers[id[2]] = 2;
+    kvt__index_notify(idx, KVT_INDEX_CPU_REMOVED, id + 1, 2);
+    tt_recv(sub, "BlockRemoved", "CPU", 2, &s);
+    tt_expect(&s, h, (uint32_t[]){1, 2}, 2);
+    /* every block removed, leaves first: each from the tiers it is in (a
+     * run of removals: one BlockRemoved per tier) */
+    for (uint32_t i = 5; i-- > 0;) assert_true(kvt__index_remove_candidate(idx, id[i]));
+    tt_seen cpu = {0}, disk = {0};
+    for (int k = 0; k < 6 && (cpu.nh < 3 || disk.nh < 3); k++) { /* in one batch or a few */
+        char topic[8], seq[8];
+        static char payload[1 << 16];
+        assert_true(zmq_recv(sub, topic, sizeof topic, 0) >= 0);
+        assert_int_equal(zmq_recv(sub, seq, sizeof seq, 0), 8);
+        int n = zmq_recv(sub, payload, sizeof payload, 0);
+        msgpack_unpacked u;
+        msgpack_unpacked_init(&u);
+        assert_int_equal(msgpack_unpack_next(&u, payload, (size_t)n, NULL), MSGPACK_UNPACK_SUCCESS);
+        const msgpack_object *evs = at(&u.data, 1);
+        for (uint32_t i = 0; i < evs->via.array.size; i++) {
+            const msgpack_object *e = at(evs, i), *hs = at(e, 1);
+            assert_true(tag_is(at(e, 0), "BlockRemoved"));
+            tt_seen *into = tag_is(at(e, 2), "CPU") ? &cpu : &disk;
+            assert_true(tag_is(at(e, 2), "CPU") || tag_is(at(e, 2), "DISK"));
+            for (uint32_t j = 0; j < hs->via.array.size && into->nh < 8; j++)
+                memcpy(into->h[into->nh++], at(hs, j)->via.bin.ptr, 16);
+        }
+        msgpack_unpacked_destroy(&u);
+    }
+    tt_expect(&cpu, h, (uint32_t[]){4, 3, 0}, 3);
+    tt_expect(&disk, h, (uint32_t[]){2, 1, 0}, 3);
+    kvt_events_stats es;
+    kvt__events_stats(ev, &es);
+    assert_int_equal(es.dropped, 0);
+    kvt__index_set_observer(idx, NULL, NULL);
+    kvt__index_destroy(idx);
+    zmq_close(sub);
+    zmq_ctx_term(ctx);
+    kvt__events_stop(ev);
+}
+
 static void test_bad_config(void **state)
 {
     (void)state;
@@ -238,6 +423,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_indexes_at_once),
+        cmocka_unit_test(test_tiers_and_tokens),
         cmocka_unit_test(test_bad_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,8 @@
 /* The cache with an SSD tier under a small CPU tier, on both io backends:
  * write-through, read-back of SSD-only blocks (byte-verified), restart
  * recovery, refusal of a directory of another geometry, corrupt blocks
- * never served and re-filled by the next store, injected I/O faults. */
+ * never served and re-filled by the next store, injected I/O faults, and
+ * the index observer told of every tier change (what KV events publish). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "store/ssd.h"
 
 #include "cache/cache.h"
+#include "cache/observe.h"
 #include "index/index.h"
 #include "support.h"
 
@@ -692,6 +694,139 @@ static void test_conc_full_disk_while_churning(void **state)
     remove_dir(mnt);
 }
 
+/* A router's view of the node built from the index observer's events
+ * alone (index.h: STORED/REMOVED with the tiers kvt__cache_tiers_of names,
+ * and the tier events): per block, the tiers it was told of. Each event
+ * must change the view consistently (nothing stored twice into a tier,
+ * nothing removed from one it was not in) and leave it equal to the tiers
+ * the cache has then. */
+#define TV_MAX 4096
+typedef struct tview {
+    kvt_cache *c;
+    kvt_hash128 h[TV_MAX];
+    uint8_t bits[TV_MAX];
+    uint32_t n;
+    uint64_t count[8]; /* by kvt_index_event */
+    char bad[200];     /* the first inconsistency */
+} tview;
+
+static uint8_t *tv_bits(tview *t, kvt_hash128 h)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        if (kvt__hash_eq(t->h[i], h)) return &t->bits[i];
+    if (t->n == TV_MAX) return NULL;
+    t->h[t->n] = h;
+    t->bits[t->n] = 0;
+    return &t->bits[t->n++];
+}
+
+static void tv_observe(void *arg, kvt_index_event e, const kvt_index *idx, const uint32_t *ids,
+                       uint32_t n)
+{
+    tview *t = arg;
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *b = tv_bits(t, kvt__index_key(idx, ids[i]));
+        uint8_t now = kvt__cache_tiers_of(t->c, ids[i]), set = 0, clr = 0;
+        t->count[e < 8 ? e : 0]++;
+        switch (e) {
+        case KVT_INDEX_STORED: set = now; break;
+        case KVT_INDEX_REMOVED: clr = now; break;
+        case KVT_INDEX_CPU_STORED: set = KVT_CACHE_TIER_CPU; break;
+        case KVT_INDEX_CPU_REMOVED: clr = KVT_CACHE_TIER_CPU; break;
+        case KVT_INDEX_DISK_STORED: set = KVT_CACHE_TIER_DISK; break;
+        case KVT_INDEX_DISK_REMOVED: clr = KVT_CACHE_TIER_DISK; break;
+        }
+        if (!b || t->bad[0]) continue;
+        if ((*b & set) || (*b & clr) != clr || (e == KVT_INDEX_REMOVED && *b != now))
+            snprintf(t->bad, sizeof t->bad, "event %d on a block seen in tiers %u: sets %u, "
+                     "clears %u, the cache has %u", (int)e, *b, set, clr, now);
+        *b = (uint8_t)((*b | set) & ~clr);
+        if (!t->bad[0] && e != KVT_INDEX_REMOVED && *b != now)
+            snprintf(t->bad, sizeof t->bad, "after event %d the view has tiers %u, the cache %u",
+                     (int)e, *b, now);
+    }
+}
+
+/* The view equals the cache: every block of the index in exactly its tiers,
+ * every other block in none. */
+static void tv_check(tview *t)
+{
+    kvt_cache *c = t->c;
+    pthread_mutex_lock(&c->mu);
+    for (uint32_t i = 0; i < t->n && !t->bad[0]; i++) {
+        uint32_t id = kvt__index_find(c->index, t->h[i]);
+        uint8_t want = id == KVT_INDEX_NONE ? 0 : kvt__cache_tiers_of(c, id);
+        if (t->bits[i] != want)
+            snprintf(t->bad, sizeof t->bad, "block %u: the view has tiers %u, the cache %u", i,
+                     t->bits[i], want);
+    }
+    for (uint32_t id = 0; id < kvt__index_high(c->index) && !t->bad[0]; id++)
+        if (kvt__index_live(c->index, id) && !tv_bits(t, kvt__index_key(c->index, id)))
+            snprintf(t->bad, sizeof t->bad, "view full");
+    pthread_mutex_unlock(&c->mu);
+    if (t->bad[0]) fail_msg("%s", t->bad);
+}
+
+/* Stores through a 24-block CPU tier over a 64-block SSD tier (CPU copies
+ * dropped, SSD copies made durable, leaves evicted from the SSD), loads
+ * read back from it, a corrupt read (an SSD copy lost) and the store that
+ * re-fills it: the observer hears every change in every tier. */
+static void test_conc_tier_events(void **state)
+{
+    (void)state;
+    for (int b = 0; b < 2; b++) {
+        env e = {0};
+        make_dir(&e);
+        assert_ok(open_cache(&e, geo(), 24, 64, BACKENDS[b], false));
+        tview *t = calloc(1, sizeof *t);
+        assert_non_null(t);
+        t->c = e.cache;
+        kvt__cache_observe_index(e.cache, tv_observe, t);
+        uint32_t tokens[6][TOKENS];
+        kvt_request r[6];
+        kvt_status st;
+        for (uint32_t i = 0; i < 3; i++) {
+            request(tokens[i], 700 + i, &r[i]);
+            store(&e, &r[i]);
+            assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+        }
+        /* r[0] is on the SSD only; its 6th block's read comes back corrupt */
+        kvt__ssd_inject(e.cache->ssd, KVT_SSD_FAULT_CORRUPT, false, 5);
+        kvt_match m;
+        uint32_t cp[64];
+        pages_at(cp, 300);
+        assert_ok(kvt_cache_lookup(e.cache, &r[0], &m));
+        assert_int_equal(m.matched_tokens, 160);
+        assert_ok(kvt_cache_launch(e.cache, m.task, cp, 41));
+        kvt_task_result res;
+        assert_ok(kvt_cache_wait(e.cache, m.task, WAIT_MS, &res));
+        assert_int_equal(res.status, KVT_ECORRUPT);
+        assert_int_equal(t->count[KVT_INDEX_DISK_REMOVED], 1);
+        store(&e, &r[0]); /* re-fills the lost block */
+        assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+        tv_check(t);
+        for (uint32_t i = 3; i < 6; i++) { /* past the SSD's 64 blocks: leaves evicted */
+            request(tokens[i], 700 + i, &r[i]);
+            store(&e, &r[i]);
+            assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+        }
+        for (uint32_t i = 0; i < 6; i++) (void)load(&e, &r[i], &st);
+        assert_ok(kvt_cache_flush(e.cache, WAIT_MS));
+        kvt_cache_stats s = stats(&e);
+        tv_check(t);
+        assert_true(s.evicted_blocks > 0 && s.ssd_read_blocks > 0 && s.cpu_dropped_blocks > 0);
+        assert_int_equal(t->count[KVT_INDEX_DISK_STORED], s.ssd_written_blocks);
+        assert_int_equal(t->count[KVT_INDEX_CPU_REMOVED], s.cpu_dropped_blocks);
+        assert_int_equal(t->count[KVT_INDEX_REMOVED], s.evicted_blocks);
+        /* each block read back (the corrupt one's was not) and the re-filled one */
+        assert_int_equal(t->count[KVT_INDEX_CPU_STORED], s.ssd_read_blocks + 1);
+        kvt__cache_observe_index(e.cache, NULL, NULL);
+        free(t);
+        close_cache(&e);
+        remove_dir(e.dir);
+    }
+}
+
 static void test_bad_directory_is_a_clear_error(void **state)
 {
     (void)state;
@@ -719,6 +854,7 @@ int main(void)
         cmocka_unit_test_teardown(test_conc_full_tmpfs, undo_capture_and_mount),
         cmocka_unit_test_teardown(test_conc_full_disk_while_churning, undo_capture_and_mount),
         cmocka_unit_test(test_bad_directory_is_a_clear_error),
+        cmocka_unit_test(test_conc_tier_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
