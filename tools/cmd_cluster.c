@@ -3,7 +3,9 @@
  * is reached (one Redis, a Sentinel's primary, a Redis Cluster) and every
  * node with a live lease: its id, where peers pull from it, its epoch
  * (one more at each start), how long its lease has left, and the blocks
- * and bytes it holds (as it last wrote them, with its lease renewal). Exit 0; 1 when
+ * and bytes it holds, with how many of those blocks have a CPU copy and how
+ * many a durable SSD copy (as it last wrote them, with its lease renewal;
+ * "-" where a node of an older version wrote no tiers). Exit 0; 1 when
  * the directory cannot be read; 2 on usage. Bounded by --timeout-ms per
  * Redis round trip (default 2000). It registers as no node: it opens the
  * directory as a watcher (node id "kvtier-cli-<pid>", no lease kept). */
@@ -29,18 +31,33 @@ static int usage(FILE *f, int rc)
             "  --prefix P      the directory's key prefix (default kvt:)\n"
             "  --timeout-ms MS one Redis round trip's bound (default 2000)\n"
             "  --json          one JSON object: {\"topology\":..,\"nodes\":[{\"node\",\"addr\",\n"
-            "                  \"epoch\",\"lease_left_ms\",\"blocks\",\"bytes\"},..]}\n");
+            "                  \"epoch\",\"lease_left_ms\",\"blocks\",\"bytes\",\"cpu_blocks\",\n"
+            "                  \"ssd_blocks\"},..]} (the tiers' null for a node that wrote none)\n");
     return rc;
+}
+
+/* A tier's block count, or what stands for none (an older node's holding). */
+static const char *tier_count(const kvt_dir_holding *h, uint64_t v, const char *none, char *buf,
+                              size_t len)
+{
+    if (!h->tiers) return none;
+    snprintf(buf, len, "%llu", (unsigned long long)v);
+    return buf;
 }
 
 static void print_json(const char *topo, const kvt_dir_node *v, uint32_t n, uint32_t total)
 {
     printf("{\"topology\":\"%s\",\"node_count\":%u,\"nodes\":[", topo, total);
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
+        const kvt_dir_holding *h = &v[i].held;
+        char c[24], s[24];
         printf("%s{\"node\":\"%s\",\"addr\":\"%s\",\"epoch\":%llu,\"lease_left_ms\":%lld,"
-               "\"blocks\":%llu,\"bytes\":%llu}", i ? "," : "", v[i].node, v[i].addr,
-               (unsigned long long)v[i].epoch, (long long)v[i].lease_left_ms,
-               (unsigned long long)v[i].blocks, (unsigned long long)v[i].bytes);
+               "\"blocks\":%llu,\"bytes\":%llu,\"cpu_blocks\":%s,\"ssd_blocks\":%s}", i ? "," : "",
+               v[i].node, v[i].addr, (unsigned long long)v[i].epoch, (long long)v[i].lease_left_ms,
+               (unsigned long long)h->blocks, (unsigned long long)h->bytes,
+               tier_count(h, h->cpu_blocks, "null", c, sizeof c),
+               tier_count(h, h->ssd_blocks, "null", s, sizeof s));
+    }
     printf("]}\n");
 }
 
@@ -48,12 +65,16 @@ static void print_text(const char *topo, const kvt_dir_node *v, uint32_t n, uint
 {
     printf("directory: %s\nnodes: %u\n", topo, total);
     if (n)
-        printf("%-24s %-24s %8s %14s %10s %14s\n", "NODE", "PULL ADDRESS", "EPOCH",
-               "LEASE LEFT MS", "BLOCKS", "BYTES");
-    for (uint32_t i = 0; i < n; i++)
-        printf("%-24s %-24s %8llu %14lld %10llu %14llu\n", v[i].node, v[i].addr,
+        printf("%-24s %-24s %8s %14s %10s %10s %10s %14s\n", "NODE", "PULL ADDRESS", "EPOCH",
+               "LEASE LEFT MS", "BLOCKS", "CPU", "SSD", "BYTES");
+    for (uint32_t i = 0; i < n; i++) {
+        const kvt_dir_holding *h = &v[i].held;
+        char c[24], s[24];
+        printf("%-24s %-24s %8llu %14lld %10llu %10s %10s %14llu\n", v[i].node, v[i].addr,
                (unsigned long long)v[i].epoch, (long long)v[i].lease_left_ms,
-               (unsigned long long)v[i].blocks, (unsigned long long)v[i].bytes);
+               (unsigned long long)h->blocks, tier_count(h, h->cpu_blocks, "-", c, sizeof c),
+               tier_count(h, h->ssd_blocks, "-", s, sizeof s), (unsigned long long)h->bytes);
+    }
 }
 
 static int status_main(int argc, char **argv)

@@ -216,9 +216,12 @@ class Cluster(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, rep3)
             time.sleep(0.2)
         self.assertEqual(b["bytes"], BLOCKS * stored["stats"]["block_bytes"], b)
+        # blocks per tier: these nodes have a CPU tier only
+        self.assertEqual((b["cpu_blocks"], b["ssd_blocks"]), (BLOCKS, 0), b)
         text = subprocess.run([kvtier_bin(), "cluster", "status", "--redis", redis],
                               capture_output=True, text=True, timeout=30).stdout
         self.assertIn("node-b", text)
+        self.assertRegex(text, r"BLOCKS +CPU +SSD +BYTES")
         bad = subprocess.run([kvtier_bin(), "cluster", "status", "--redis", "127.0.0.1:1"],
                              capture_output=True, text=True, timeout=30)
         self.assertEqual(bad.returncode, 1)

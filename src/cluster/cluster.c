@@ -22,9 +22,11 @@
 
 #include "cache/cache.h"
 #include "cache/external.h"
+#include "cache/observe.h"
 #include "cluster/cluster.h"
 #include "cluster/dir.h"
 #include "cluster/pull.h"
+#include "events/events.h"
 #include "index/index.h"
 #include "metrics/metrics.h"
 #include "net/stream.h"
@@ -49,7 +51,8 @@
 typedef struct cl_event {
     uint64_t space;
     kvt_hash128 h;
-    uint8_t stored; /* 1 STORED, 0 REMOVED */
+    uint8_t stored; /* 1 held (in the tiers below), 0 REMOVED */
+    uint8_t tiers;  /* KVT_CACHE_TIER_CPU | _DISK (cache/observe.h) */
 } cl_event;
 
 typedef struct cl_link {
@@ -80,6 +83,7 @@ typedef struct cl_held {
     cl_event *v; /* stored = 1: slot used */
     uint32_t cap, n;
     uint64_t bytes; /* of the n blocks (their geometries' block sizes) */
+    uint32_t cpu_n, ssd_n; /* of them with a CPU copy, with a durable SSD copy */
 } cl_held;
 
 struct kvt_cluster {
@@ -143,7 +147,7 @@ static bool held_grow(cl_held *t)
     uint32_t cap = t->cap ? t->cap * 2 : 1024;
     cl_event *v = calloc(cap, sizeof *v), *old = t->v;
     if (!v) return false;
-    cl_held g = {v, cap, 0, t->bytes};
+    cl_held g = {v, cap, 0, t->bytes, t->cpu_n, t->ssd_n};
     for (uint32_t i = 0; i < t->cap; i++) {
         if (!old[i].stored) continue;
         uint32_t j = held_slot(&g, old[i].space, old[i].h);
@@ -156,19 +160,35 @@ static bool held_grow(cl_held *t)
     return true;
 }
 
-/* False: no memory (the block is published but not renewed: its entry
- * expires, a miss, never a wrong byte). bytes: the block's size. */
-static bool held_add(cl_held *t, uint64_t space, kvt_hash128 h, uint64_t bytes)
+static void held_count(cl_held *t, uint8_t tiers, int d)
 {
+    if (tiers & KVT_CACHE_TIER_CPU) t->cpu_n += (uint32_t)d;
+    if (tiers & KVT_CACHE_TIER_DISK) t->ssd_n += (uint32_t)d;
+}
+
+/* Holds h in tiers (added, or its tiers changed); *was gets the tiers it
+ * had (0: new). False: no memory (the block is published but not renewed:
+ * its entry expires, a miss, never a wrong byte). bytes: the block's size. */
+static bool held_put(cl_held *t, uint64_t space, kvt_hash128 h, uint8_t tiers, uint64_t bytes,
+                     uint8_t *was)
+{
+    *was = 0;
     if ((t->n + 1) * 2 > t->cap && !held_grow(t)) return false;
     uint32_t j = held_slot(t, space, h);
     while (t->v[j].stored) {
-        if (held_same(&t->v[j], space, h)) return true;
+        if (held_same(&t->v[j], space, h)) {
+            *was = t->v[j].tiers;
+            held_count(t, *was, -1);
+            held_count(t, tiers, 1);
+            t->v[j].tiers = tiers;
+            return true;
+        }
         j = (j + 1) & (t->cap - 1);
     }
-    t->v[j] = (cl_event){space, h, 1};
+    t->v[j] = (cl_event){space, h, 1, tiers};
     t->n++;
     t->bytes += bytes;
+    held_count(t, tiers, 1);
     return true;
 }
 
@@ -180,6 +200,7 @@ static void held_del(cl_held *t, uint64_t space, kvt_hash128 h, uint64_t bytes)
     if (!t->v[j].stored) return;
     t->v[j].stored = 0;
     t->n--;
+    held_count(t, t->v[j].tiers, -1);
     t->bytes -= bytes < t->bytes ? bytes : t->bytes;
     /* backward shift: later entries of the run move into the hole */
     for (uint32_t k = (j + 1) & (t->cap - 1); t->v[k].stored; k = (k + 1) & (t->cap - 1)) {
@@ -198,62 +219,92 @@ static void held_del(cl_held *t, uint64_t space, kvt_hash128 h, uint64_t bytes)
 
 /* The index observer (server hook): under the shard cache's lock, so it
  * only queues; a full queue drops (counted): a dropped STORED is a block
- * peers will not find, a dropped REMOVED an entry a pull finds stale. */
+ * peers will not find, a dropped REMOVED an entry a pull finds stale. A
+ * block stored, or one of its tiers gained or lost (index.h), is queued
+ * with the tiers it is in now; one left in no tier (its SSD copy found
+ * lost) as removed: it cannot be served. */
 static void cl_observe(void *arg, kvt_srv_shard *sh, kvt_index_event e, const kvt_index *idx,
                        const uint32_t *ids, uint32_t n)
 {
     kvt_cluster *cl = arg;
-    if (e != KVT_INDEX_STORED && e != KVT_INDEX_REMOVED) return; /* a tier's copy: still held */
     pthread_mutex_lock(&cl->qmu);
     for (uint32_t i = 0; i < n; i++) {
         if (cl->qlen == CL_QUEUE) {
             STAT_ADD(cl, queue_dropped, n - i);
             break;
         }
+        uint8_t tiers = e == KVT_INDEX_REMOVED ? 0 : kvt__cache_tiers_of(sh->cache, ids[i]);
         cl->q[(cl->qhead + cl->qlen++) % CL_QUEUE] =
-            (cl_event){sh->fingerprint, kvt__index_key(idx, ids[i]), e == KVT_INDEX_STORED};
+            (cl_event){sh->fingerprint, kvt__index_key(idx, ids[i]), tiers != 0, tiers};
     }
     if (cl->qlen >= CL_BATCH) pthread_cond_signal(&cl->qcv);
     pthread_mutex_unlock(&cl->qmu);
 }
 
-/* Sends one run of same-kind, same-space changes. */
-static void publish_run(kvt_cluster *cl, const cl_event *ev, uint32_t n, kvt_hash128 *h)
+/* The tier a block's directory entry names: cpu while it has a CPU copy. */
+static uint8_t dir_tier(uint8_t tiers)
 {
-    for (uint32_t i = 0; i < n; i++) h[i] = ev[i].h;
+    return tiers & KVT_CACHE_TIER_CPU ? KVT_DIR_TIER_CPU : KVT_DIR_TIER_SSD;
+}
+
+/* The publisher's scratch: one directory batch's blocks and tiers. */
+typedef struct cl_batch {
+    kvt_hash128 h[CL_BATCH];
+    uint8_t tier[CL_BATCH];
+} cl_batch;
+
+/* Sends one run of same-kind, same-space changes. */
+static void publish_run(kvt_cluster *cl, const cl_event *ev, uint32_t n, cl_batch *b)
+{
+    kvt_hash128 *h = b->h;
+    uint8_t *tier = b->tier;
+    for (uint32_t i = 0; i < n; i++) {
+        h[i] = ev[i].h;
+        tier[i] = dir_tier(ev[i].tiers);
+    }
     kvt_dir *d = atomic_load(&cl->dir);
     if (!d) return; /* held: published once the directory opens */
-    kvt_status st = ev[0].stored ? kvt__dir_publish(d, ev[0].space, h, n)
+    kvt_status st = ev[0].stored ? kvt__dir_publish_tiers(d, ev[0].space, h, tier, n)
                                  : kvt__dir_unpublish(d, ev[0].space, h, n);
     if (st) STAT_ADD(cl, dir_errors, 1);
     else if (ev[0].stored) STAT_ADD(cl, published, n);
     else STAT_ADD(cl, unpublished, n);
 }
 
-static void publish_events(kvt_cluster *cl, const cl_event *ev, uint32_t n, kvt_hash128 *h)
+/* ev[0..n) into the held set; those the directory must hear of (a block
+ * new or removed, or its entry's tier changed) are kept in ev, in order,
+ * and sent in runs. */
+static void publish_events(kvt_cluster *cl, cl_event *ev, uint32_t n, cl_batch *b)
 {
+    uint32_t k = 0;
     for (uint32_t i = 0; i < n; i++) {
         const kvt_srv_shard *sh = kvt__srv_shard_by_fp(cl->srv, ev[i].space);
         uint64_t bb = sh ? sh->shm.block_bytes : 0;
-        if (ev[i].stored && !held_add(&cl->held, ev[i].space, ev[i].h, bb))
+        uint8_t was = 0;
+        if (ev[i].stored && !held_put(&cl->held, ev[i].space, ev[i].h, ev[i].tiers, bb, &was))
             STAT_ADD(cl, queue_dropped, 1);
         if (!ev[i].stored) held_del(&cl->held, ev[i].space, ev[i].h, bb);
+        if (ev[i].stored && was && dir_tier(was) == dir_tier(ev[i].tiers)) continue;
+        ev[k++] = ev[i];
     }
+    n = k;
     uint32_t i = 0;
     while (i < n) {
         uint32_t j = i + 1;
         while (j < n && j - i < CL_BATCH && ev[j].stored == ev[i].stored && ev[j].space == ev[i].space)
             j++;
-        publish_run(cl, ev + i, j - i, h);
+        publish_run(cl, ev + i, j - i, b);
         i = j;
     }
 }
 
 /* Every held block again (after the directory came back, or to renew the
  * entries' expiry), in batches per space. */
-static void publish_all(kvt_cluster *cl, kvt_hash128 *h, bool renew)
+static void publish_all(kvt_cluster *cl, cl_batch *b, bool renew)
 {
     const cl_held *t = &cl->held;
+    kvt_hash128 *h = b->h;
+    uint8_t *tier = b->tier;
     for (uint32_t i = 0; i < t->cap;) {
         uint32_t n = 0;
         uint64_t space = 0;
@@ -261,12 +312,13 @@ static void publish_all(kvt_cluster *cl, kvt_hash128 *h, bool renew)
             if (!t->v[i].stored) continue;
             if (n && t->v[i].space != space) break;
             space = t->v[i].space;
+            tier[n] = dir_tier(t->v[i].tiers);
             h[n++] = t->v[i].h;
         }
         if (!n) continue;
         kvt_dir *d = atomic_load(&cl->dir);
-        kvt_status st = !d ? KVT_ECONN : renew ? kvt__dir_renew(d, space, h, n)
-                                               : kvt__dir_publish(d, space, h, n);
+        kvt_status st = !d ? KVT_ECONN : renew ? kvt__dir_renew_tiers(d, space, h, tier, n)
+                                               : kvt__dir_publish_tiers(d, space, h, tier, n);
         if (st) {
             STAT_ADD(cl, dir_errors, 1);
             return; /* down again: the next generation republishes */
@@ -290,7 +342,7 @@ static uint32_t take_events(kvt_cluster *cl, cl_event *out, uint32_t max, uint64
 
 /* Opens the directory a join could not (Redis away at start), at most
  * once per backoff; true once it is open (then its holdings go out). */
-static bool try_open(kvt_cluster *cl, kvt_hash128 *h)
+static bool try_open(kvt_cluster *cl, cl_batch *b)
 {
     if (atomic_load(&cl->dir)) return true;
     uint64_t now = kvt__now_ns();
@@ -306,20 +358,20 @@ static bool try_open(kvt_cluster *cl, kvt_hash128 *h)
     kvt__log(KVT_LOG_INFO, "cluster: node %s joined the directory %s (epoch %llu): publishing "
              "%u blocks", cl->node, cl->cfg->cluster_redis,
              (unsigned long long)kvt__dir_epoch(d), cl->held.n);
-    publish_all(cl, h, false);
+    publish_all(cl, b, false);
     return true;
 }
 
 /* The lease every lease/3, everything again after a reconnect (Redis may
  * have lost it), every entry's expiry every 2 leases. */
-static void keep_up(kvt_cluster *cl, kvt_hash128 *h, uint64_t *gen, uint64_t *next_lease,
+static void keep_up(kvt_cluster *cl, cl_batch *b, uint64_t *gen, uint64_t *next_lease,
                     uint64_t *next_renew)
 {
     kvt_dir *d = atomic_load(&cl->dir);
     uint64_t lease_ns = (uint64_t)cl->cfg->cluster_lease_ms * 1000000ull, now = kvt__now_ns();
     if (now >= *next_lease) {
-        if (kvt__dir_renew(d, 0, NULL, 0) ||
-            kvt__dir_set_holding(d, cl->held.n, cl->held.bytes)) /* for cluster status */
+        kvt_dir_holding held = {cl->held.n, cl->held.bytes, cl->held.cpu_n, cl->held.ssd_n, true};
+        if (kvt__dir_renew(d, 0, NULL, 0) || kvt__dir_set_holding(d, &held)) /* cluster status */
             STAT_ADD(cl, dir_errors, 1);
         *next_lease = now + lease_ns / 3;
     }
@@ -328,9 +380,9 @@ static void keep_up(kvt_cluster *cl, kvt_hash128 *h, uint64_t *gen, uint64_t *ne
         kvt__log(KVT_LOG_INFO, "cluster: directory back: republishing %u blocks", cl->held.n);
         *gen = g;
         if (kvt__dir_renew(d, 0, NULL, 0)) STAT_ADD(cl, dir_errors, 1); /* the lease first */
-        publish_all(cl, h, false);
+        publish_all(cl, b, false);
     } else if (now >= *next_renew) {
-        publish_all(cl, h, true);
+        publish_all(cl, b, true);
         *next_renew = now + 2 * lease_ns;
     }
 }
@@ -339,25 +391,25 @@ static void *publish_main(void *arg)
 {
     kvt_cluster *cl = arg;
     cl_event *ev = malloc(CL_QUEUE * sizeof *ev);
-    kvt_hash128 *h = malloc(CL_BATCH * sizeof *h);
+    cl_batch *b = malloc(sizeof *b);
     uint64_t lease_ns = (uint64_t)cl->cfg->cluster_lease_ms * 1000000ull;
     kvt_dir *d0 = atomic_load(&cl->dir);
     uint64_t gen = d0 ? kvt__dir_generation(d0) : 0, next_lease = 0;
     uint64_t next_renew = kvt__now_ns() + 2 * lease_ns;
-    while (ev && h) {
+    while (ev && b) {
         bool stop = atomic_load(&cl->stopping);
         uint32_t n = take_events(cl, ev, CL_QUEUE, stop ? 0 : CL_PUBLISH_MS * 1000000ull);
         bool was_open = atomic_load(&cl->dir) != NULL;
-        if (n) publish_events(cl, ev, n, h);
-        if (!stop && try_open(cl, h)) {
+        if (n) publish_events(cl, ev, n, b);
+        if (!stop && try_open(cl, b)) {
             if (!was_open) gen = kvt__dir_generation(atomic_load(&cl->dir));
-            keep_up(cl, h, &gen, &next_lease, &next_renew);
+            keep_up(cl, b, &gen, &next_lease, &next_renew);
         }
         if (stop && !n) break;
     }
-    if (!ev || !h) kvt__log(KVT_LOG_ERROR, "cluster: out of memory: this node publishes nothing");
+    if (!ev || !b) kvt__log(KVT_LOG_ERROR, "cluster: out of memory: this node publishes nothing");
     free(ev);
-    free(h);
+    free(b);
     return NULL;
 }
 
@@ -795,6 +847,9 @@ static bool pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request *req
         link_put(cl, holder->addr, s);
         return false;
     }
+    if (!st && req->tokens) /* the BlockStored of a token request's pulled blocks names them */
+        kvt__events_tokens(cl->srv->events, &h[first], req->tokens + (size_t)first * sh->block_tokens,
+                           a.n, sh->block_tokens);
     if (!st) st = land_pull(cl, s, sh, req, first, a.n, dl, holder->addr);
     if (st) {
         STAT_ADD(cl, pull_failed, 1);

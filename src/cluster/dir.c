@@ -90,7 +90,7 @@ struct kvt_dir {
     bool watch_only; /* a reader: no epoch, no lease, writes refused */
     _Atomic bool warned_open; /* the unauthenticated-Redis warning was logged */
     uint64_t epoch;
-    char epoch_str[24];
+    char entry_val[2][32]; /* a block entry's value: "<epoch> cpu", "<epoch> ssd" */
     char lease_val[24 + KVT_DIR_ADDR_MAX]; /* "<epoch> <advertise>" */
     bool opened;                            /* open finished: failures are logged from now */
     _Atomic uint64_t generation;
@@ -221,15 +221,45 @@ kvt_status kvt__dir_lease_decode(const char *s, size_t len, uint64_t *epoch, cha
     return KVT_OK;
 }
 
-kvt_status kvt__dir_holding_decode(const char *s, size_t len, uint64_t *blocks, uint64_t *bytes)
+kvt_status kvt__dir_holding_decode(const char *s, size_t len, kvt_dir_holding *out)
+{
+    if (!s) return kvt__fail(KVT_EPROTO, "cluster directory: holding value is NULL");
+    uint64_t v[4] = {0};
+    size_t k = 0, at = 0;
+    for (;;) {
+        const char *sp = memchr(s + at, ' ', len - at);
+        size_t fl = sp ? (size_t)(sp - (s + at)) : len - at;
+        if (k == 4)
+            return kvt__fail(KVT_EPROTO, "cluster directory: holding value has more than four "
+                             "numbers");
+        kvt_status st = kvt__dir_epoch_decode(s + at, fl, &v[k++]);
+        if (st) return st;
+        if (!sp) break;
+        at += fl + 1;
+    }
+    if (k != 2 && k != 4)
+        return kvt__fail(KVT_EPROTO, "cluster directory: holding value has %zu numbers (want "
+                         "\"<blocks> <bytes> <cpu_blocks> <ssd_blocks>\" or \"<blocks> <bytes>\")", k);
+    *out = (kvt_dir_holding){v[0], v[1], v[2], v[3], k == 4};
+    return KVT_OK;
+}
+
+kvt_status kvt__dir_entry_decode(const char *s, size_t len, uint64_t *epoch, uint8_t *tier)
 {
     const char *sp = s ? memchr(s, ' ', len) : NULL;
-    if (!sp)
-        return kvt__fail(KVT_EPROTO,
-                         "cluster directory: holding value has no space (want \"<blocks> <bytes>\")");
-    kvt_status st = kvt__dir_epoch_decode(s, (size_t)(sp - s), blocks);
-    if (!st) st = kvt__dir_epoch_decode(sp + 1, len - (size_t)(sp + 1 - s), bytes);
-    return st;
+    size_t en = sp ? (size_t)(sp - s) : len, tn = sp ? len - en - 1 : 0;
+    uint8_t t = KVT_DIR_TIER_UNKNOWN;
+    if (sp && tn == 3 && !memcmp(sp + 1, "cpu", 3)) t = KVT_DIR_TIER_CPU;
+    else if (sp && tn == 3 && !memcmp(sp + 1, "ssd", 3)) t = KVT_DIR_TIER_SSD;
+    else if (sp)
+        return kvt__fail(KVT_EPROTO, "cluster directory: entry's tier (%zu bytes) is not cpu or ssd",
+                         tn);
+    uint64_t e;
+    kvt_status st = kvt__dir_epoch_decode(s, en, &e);
+    if (st) return st;
+    *epoch = e;
+    *tier = t;
+    return KVT_OK;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1092,7 +1122,8 @@ static kvt_status dir_start(kvt_dir *d)
     }
     d->epoch = (uint64_t)c[0].r->integer;
     freeReplyObject(c[0].r);
-    snprintf(d->epoch_str, sizeof d->epoch_str, "%" PRIu64, d->epoch);
+    snprintf(d->entry_val[0], sizeof d->entry_val[0], "%" PRIu64 " cpu", d->epoch);
+    snprintf(d->entry_val[1], sizeof d->entry_val[1], "%" PRIu64 " ssd", d->epoch);
     snprintf(d->lease_val, sizeof d->lease_val, "%" PRIu64 " %s", d->epoch, d->advertise);
     memset(c, 0, sizeof c);
     lease_cmd(d, &c[0]);
@@ -1189,15 +1220,17 @@ static kvt_status check_blocks(const kvt_dir *d, const kvt_hash128 *h, uint32_t 
     return KVT_OK;
 }
 
-/* HSET node epoch + PEXPIRE 4 x lease for h[0..n) into c[0..2n). */
-static void publish_cmds(kvt_dir *d, dir_cmd *c, uint64_t space, const kvt_hash128 *h, uint32_t n)
+/* HSET node "<epoch> <tier>" + PEXPIRE 4 x lease for h[0..n) (tier[i]
+ * each; NULL: cpu) into c[0..2n). */
+static void publish_cmds(kvt_dir *d, dir_cmd *c, uint64_t space, const kvt_hash128 *h,
+                         const uint8_t *tier, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {
         dir_cmd *a = &c[2 * i], *b = &c[2 * i + 1];
         cmd_arg(a, 0, "HSET");
         block_key(d, a, space, h[i]);
         cmd_arg(a, 2, d->node);
-        cmd_arg(a, 3, d->epoch_str);
+        cmd_arg(a, 3, d->entry_val[tier && tier[i] == KVT_DIR_TIER_SSD]);
         cmd_arg(b, 0, "PEXPIRE");
         block_key(d, b, space, h[i]);
         snprintf(b->num, sizeof b->num, "%" PRIu64, (uint64_t)d->lease_ms * 4);
@@ -1207,8 +1240,8 @@ static void publish_cmds(kvt_dir *d, dir_cmd *c, uint64_t space, const kvt_hash1
 
 /* Batches of DIR_BATCH blocks, each one round trip; with lease, the
  * lease's SET rides in the first. */
-static kvt_status write_blocks(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n, bool del,
-                               bool lease)
+static kvt_status write_blocks(kvt_dir *d, uint64_t space, const kvt_hash128 *h,
+                               const uint8_t *tier, uint32_t n, bool del, bool lease)
 {
     if (d->watch_only)
         return kvt__fail(KVT_ESTATE, "cluster directory: opened watch-only (node %s): it "
@@ -1230,7 +1263,7 @@ static kvt_status write_blocks(kvt_dir *d, uint64_t space, const kvt_hash128 *h,
                 cmd_arg(&c[k + j], 2, d->node);
             }
         } else {
-            publish_cmds(d, &c[k], space, h ? h + i : NULL, m);
+            publish_cmds(d, &c[k], space, h ? h + i : NULL, tier ? tier + i : NULL, m);
         }
         k += (size_t)m * per;
         st = batch_exec(d, ROLE_WRITE, c, k);
@@ -1244,37 +1277,51 @@ static kvt_status write_blocks(kvt_dir *d, uint64_t space, const kvt_hash128 *h,
     return st;
 }
 
-kvt_status kvt__dir_publish(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n)
+kvt_status kvt__dir_publish_tiers(kvt_dir *d, uint64_t space, const kvt_hash128 *h,
+                                  const uint8_t *tier, uint32_t n)
 {
     kvt_status st = check_blocks(d, h, n, "kvt__dir_publish");
     if (st || n == 0) return st;
-    return write_blocks(d, space, h, n, false, false);
+    return write_blocks(d, space, h, tier, n, false, false);
+}
+
+kvt_status kvt__dir_publish(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n)
+{
+    return kvt__dir_publish_tiers(d, space, h, NULL, n);
 }
 
 kvt_status kvt__dir_unpublish(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n)
 {
     kvt_status st = check_blocks(d, h, n, "kvt__dir_unpublish");
     if (st || n == 0) return st;
-    return write_blocks(d, space, h, n, true, false);
+    return write_blocks(d, space, h, NULL, n, true, false);
+}
+
+kvt_status kvt__dir_renew_tiers(kvt_dir *d, uint64_t space, const kvt_hash128 *h,
+                                const uint8_t *tier, uint32_t n)
+{
+    kvt_status st = check_blocks(d, h, n, "kvt__dir_renew");
+    if (st) return st;
+    return write_blocks(d, space, h, tier, n, false, true);
 }
 
 kvt_status kvt__dir_renew(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n)
 {
-    kvt_status st = check_blocks(d, h, n, "kvt__dir_renew");
-    if (st) return st;
-    return write_blocks(d, space, h, n, false, true);
+    return kvt__dir_renew_tiers(d, space, h, NULL, n);
 }
 
-kvt_status kvt__dir_set_holding(kvt_dir *d, uint64_t blocks, uint64_t bytes)
+kvt_status kvt__dir_set_holding(kvt_dir *d, const kvt_dir_holding *h)
 {
     KVT_CHECK_NOT_NULL(d, "kvt__dir_set_holding");
+    KVT_CHECK_NOT_NULL(h, "kvt__dir_set_holding");
     if (d->watch_only)
         return kvt__fail(KVT_ESTATE, "cluster directory: opened watch-only (node %s): it "
                          "writes nothing", d->node);
     dir_cmd c[1];
     memset(c, 0, sizeof c);
-    char val[48], px[24];
-    snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64, blocks, bytes);
+    char val[96], px[24];
+    snprintf(val, sizeof val, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64, h->blocks, h->bytes,
+             h->cpu_blocks, h->ssd_blocks);
     snprintf(px, sizeof px, "%" PRIu64, 2 * (uint64_t)d->lease_ms);
     cmd_arg(&c[0], 0, "SET");
     holding_key(d, &c[0], d->node);
@@ -1325,15 +1372,16 @@ static bool lease_stale(const kvt_dir *d, const lease_ent *e, const char *node, 
 }
 
 /* A block entry's holders other than this node: field i of HGETALL's
- * answer is valid when it names a node and an epoch. */
+ * answer is valid when it names a node and an epoch (and a tier, or
+ * none: version 1). */
 static bool holder_at(const kvt_dir *d, const redisReply *r, size_t i, const char **node,
-                      uint64_t *epoch)
+                      uint64_t *epoch, uint8_t *tier)
 {
     const redisReply *f = r->element[i], *v = r->element[i + 1];
     if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) return false;
     if (f->len >= KVT_DIR_NODE_MAX || strlen(f->str) != f->len || !node_ok(f->str)) return false;
     if (strcmp(f->str, d->node) == 0) return false;
-    if (kvt__dir_epoch_decode(v->str, v->len, epoch) != KVT_OK) return false;
+    if (kvt__dir_entry_decode(v->str, v->len, epoch, tier) != KVT_OK) return false;
     *node = f->str;
     return true;
 }
@@ -1360,7 +1408,8 @@ static uint32_t leases_gather(kvt_dir *d, const dir_cmd *blocks, uint32_t n, lea
         for (size_t i = 0; i + 1 < r->elements; i += 2) {
             const char *node;
             uint64_t ep;
-            if (!holder_at(d, r, i, &node, &ep)) continue;
+            uint8_t tier;
+            if (!holder_at(d, r, i, &node, &ep, &tier)) continue;
             lease_ent *e = lease_in(l, nl, node);
             if (e) {
                 if (e->seen_ns && lease_stale(d, e, node, ep, now)) e->seen_ns = 0; /* a newer epoch */
@@ -1413,28 +1462,40 @@ static kvt_status leases_read(kvt_dir *d, lease_ent *l, uint32_t nl)
     return st;
 }
 
-/* The holder of a block to use: prev's node when it is a trusted holder,
- * else the lowest trusted node id; false when none. */
+/* The holder of a block to use: prev's node when it is a trusted holder
+ * (a run from one peer), else a trusted holder with a CPU copy, else one
+ * whose tier is unknown (version 1), else one with the SSD only; the
+ * lowest node id among equals. False when none. */
 static bool pick(const kvt_dir *d, const redisReply *r, const char *prev, lease_ent *l, uint32_t nl,
                  kvt_dir_holder *out)
 {
+    static const int rank[] = {[KVT_DIR_TIER_CPU] = 0, [KVT_DIR_TIER_UNKNOWN] = 1,
+                               [KVT_DIR_TIER_SSD] = 2};
     const lease_ent *best = NULL;
+    uint8_t best_tier = KVT_DIR_TIER_UNKNOWN;
     for (size_t i = 0; i + 1 < r->elements; i += 2) {
         const char *node;
         uint64_t ep;
-        if (!holder_at(d, r, i, &node, &ep)) continue;
+        uint8_t tier;
+        if (!holder_at(d, r, i, &node, &ep, &tier)) continue;
         const lease_ent *e = lease_in(l, nl, node);
         if (!e || !e->live || e->epoch != ep) continue;
         if (prev && strcmp(node, prev) == 0) {
             best = e;
+            best_tier = tier;
             break;
         }
-        if (!best || strcmp(node, best->node) < 0) best = e;
+        if (!best || rank[tier] < rank[best_tier] ||
+            (rank[tier] == rank[best_tier] && strcmp(node, best->node) < 0)) {
+            best = e;
+            best_tier = tier;
+        }
     }
     if (!best) return false;
     memcpy(out->node, best->node, sizeof out->node);
     memcpy(out->addr, best->addr, sizeof out->addr);
     out->epoch = best->epoch;
+    out->tier = best_tier;
     return true;
 }
 
@@ -1607,10 +1668,9 @@ static kvt_status read_nodes(kvt_dir *d, char **names, uint32_t n, kvt_dir_node 
         if (kvt__dir_lease_decode(v->str, v->len, &o->epoch, o->addr, sizeof o->addr)) continue;
         snprintf(o->node, sizeof o->node, "%s", names[i]);
         o->lease_left_ms = t->integer;
-        o->blocks = o->bytes = 0; /* none written yet, or a malformed one */
-        if (h->type == REDIS_REPLY_STRING &&
-            kvt__dir_holding_decode(h->str, h->len, &o->blocks, &o->bytes))
-            o->blocks = o->bytes = 0;
+        o->held = (kvt_dir_holding){0}; /* none written yet, or a malformed one */
+        if (h->type == REDIS_REPLY_STRING && kvt__dir_holding_decode(h->str, h->len, &o->held))
+            o->held = (kvt_dir_holding){0};
         (*have)++;
     }
     cmds_free(c, 3 * (size_t)n);

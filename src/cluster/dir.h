@@ -6,8 +6,13 @@
  *   <p>e:<node>                 INCR'd once per start: the node's epoch
  *   <p>n:<node>                 "<epoch> <host:port>", PX lease_ms: the
  *                               node's lease; renewed every lease_ms/3
- *   <p>b:<space>:<hash>         HASH node -> epoch, PEXPIRE 4 x lease_ms,
- *                               re-set by each holder's batched renewal
+ *   <p>b:<space>:<hash>         HASH node -> "<epoch> <tier>" (tier "cpu":
+ *                               the holder has a CPU copy; "ssd": its SSD
+ *                               only), PEXPIRE 4 x lease_ms, re-set by
+ *                               each holder's batched renewal and when
+ *                               the block's tier changes. Record version
+ *                               2; version 1's "<epoch>" (no tier) is still
+ *                               read, as tier unknown.
  * <space> is 16 hex digits naming the geometry and block size (a server
  * shard's fingerprint); <hash> is the block's 128-bit chained hash in 32
  * hex digits, which commits to the namespace (tenant, model, LoRA) the
@@ -77,19 +82,29 @@ uint64_t kvt__dir_epoch(const kvt_dir *d);
 uint64_t kvt__dir_generation(const kvt_dir *d);
 bool kvt__dir_up(const kvt_dir *d);
 
-/* This node holds h[0..n) of space: HSET node epoch + PEXPIRE for each,
- * one pipelined round trip per 512 blocks. */
+/* Which tier of its holder a block entry names (dir_entry_decode). */
+enum { KVT_DIR_TIER_UNKNOWN = 0, KVT_DIR_TIER_CPU = 1, KVT_DIR_TIER_SSD = 2 };
+
+/* This node holds h[0..n) of space: HSET node "<epoch> cpu" + PEXPIRE for
+ * each, one pipelined round trip per 512 blocks. */
 kvt_status kvt__dir_publish(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n);
+/* The same with each block's tier: tier[i] KVT_DIR_TIER_CPU or _SSD (NULL:
+ * every one CPU; anything else is taken as CPU). */
+kvt_status kvt__dir_publish_tiers(kvt_dir *d, uint64_t space, const kvt_hash128 *h,
+                                  const uint8_t *tier, uint32_t n);
 /* This node no longer holds them: HDEL node. */
 kvt_status kvt__dir_unpublish(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n);
 /* Renews the lease (and, with n > 0, the entries h[0..n) of space as
  * kvt__dir_publish does). The caller renews every lease_ms/3. */
 kvt_status kvt__dir_renew(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n);
+kvt_status kvt__dir_renew_tiers(kvt_dir *d, uint64_t space, const kvt_hash128 *h,
+                                const uint8_t *tier, uint32_t n);
 
 typedef struct kvt_dir_holder {
     char node[KVT_DIR_NODE_MAX]; /* "" when no live holder other than this node */
     char addr[KVT_DIR_ADDR_MAX];
     uint64_t epoch;
+    uint8_t tier; /* KVT_DIR_TIER_*: where the holder keeps the block */
 } kvt_dir_holder;
 
 /* For each of h[0..n) (a chain's next blocks, in order): one live holder
@@ -101,20 +116,31 @@ typedef struct kvt_dir_holder {
  * run comes from one peer), then the lowest node id. */
 kvt_status kvt__dir_lookup(kvt_dir *d, uint64_t space, const kvt_hash128 *h, uint32_t n,
                            kvt_dir_holder *out, uint32_t *found);
+/* (Where several hold a block and the previous block's holder is not one
+ * of them, a holder with a CPU copy comes before those with the SSD only,
+ * which must read it back before they can send it.) */
 /* Removes node's entry for h (a pull found it does not hold it). */
 kvt_status kvt__dir_forget(kvt_dir *d, uint64_t space, const kvt_hash128 *h, const char *node);
 
-/* What this node holds now (blocks and bytes over every geometry), for
- * `kvtier cluster status`: <p>h:<node> = "<blocks> <bytes>", PX 2 x
- * lease_ms; the caller writes it with each lease renewal. */
-kvt_status kvt__dir_set_holding(kvt_dir *d, uint64_t blocks, uint64_t bytes);
+/* What a node holds: blocks and bytes over every geometry, and of those
+ * blocks how many have a CPU copy and how many a durable SSD copy (a block
+ * may have both). tiers: the value carried the last two (version 2). */
+typedef struct kvt_dir_holding {
+    uint64_t blocks, bytes, cpu_blocks, ssd_blocks;
+    bool tiers;
+} kvt_dir_holding;
+
+/* What this node holds now, for `kvtier cluster status`: <p>h:<node> =
+ * "<blocks> <bytes> <cpu_blocks> <ssd_blocks>", PX 2 x lease_ms; the
+ * caller writes it with each lease renewal. */
+kvt_status kvt__dir_set_holding(kvt_dir *d, const kvt_dir_holding *h);
 
 typedef struct kvt_dir_node {
     char node[KVT_DIR_NODE_MAX];
     char addr[KVT_DIR_ADDR_MAX];
     uint64_t epoch;
     int64_t lease_left_ms; /* PTTL of its lease */
-    uint64_t blocks, bytes; /* its last kvt__dir_set_holding (0 before one) */
+    kvt_dir_holding held;  /* its last kvt__dir_set_holding (zero before one) */
 } kvt_dir_node;
 /* The nodes whose leases exist now (SCAN <p>n:*), at most max into out;
  * *n gets how many exist. For `kvtier cluster status`. */
@@ -127,10 +153,14 @@ void kvt__dir_topology(kvt_dir *d, char *buf, size_t len);
  * A lease value "<epoch> <host:port>": KVT_EPROTO for anything else. */
 kvt_status kvt__dir_lease_decode(const char *s, size_t len, uint64_t *epoch, char *addr,
                                  size_t addr_len);
-/* A holding value "<blocks> <bytes>" (both decimal, < 2^63): KVT_EPROTO
- * for anything else. */
-kvt_status kvt__dir_holding_decode(const char *s, size_t len, uint64_t *blocks, uint64_t *bytes);
-/* An entry's epoch field (decimal, no sign, < 2^63): KVT_EPROTO else. */
+/* A holding value "<blocks> <bytes> <cpu_blocks> <ssd_blocks>" (version
+ * 2: out->tiers set) or "<blocks> <bytes>" (version 1), each decimal and
+ * < 2^63, one space apart: KVT_EPROTO for anything else. */
+kvt_status kvt__dir_holding_decode(const char *s, size_t len, kvt_dir_holding *out);
+/* A decimal number, no sign, < 2^63 (an epoch): KVT_EPROTO else. */
 kvt_status kvt__dir_epoch_decode(const char *s, size_t len, uint64_t *epoch);
+/* A block entry's value: "<epoch> cpu" or "<epoch> ssd" (version 2), or
+ * "<epoch>" (version 1: *tier KVT_DIR_TIER_UNKNOWN). KVT_EPROTO else. */
+kvt_status kvt__dir_entry_decode(const char *s, size_t len, uint64_t *epoch, uint8_t *tier);
 
 #endif

@@ -1,6 +1,7 @@
 /* fuzz_dir.c - the cluster directory's decoders of what Redis hands back
- * (src/cluster/dir.h): a node's lease value "<epoch> <host:port>" and a
- * block entry's epoch field. Any client of the Redis may write those keys,
+ * (src/cluster/dir.h): a node's lease value "<epoch> <host:port>", a block
+ * entry's value "<epoch> cpu|ssd" (or version 1's "<epoch>"), and a
+ * node's holding "<blocks> <bytes> [<cpu_blocks> <ssd_blocks>]". Any client of the Redis may write those keys,
  * so their bytes are untrusted. Beyond "no crash, leak or UB" it checks
  * the contract: a failure is KVT_EPROTO with a message; a success has an
  * epoch below 2^63 written as 1..19 digits, an address that is exactly
@@ -62,21 +63,57 @@ static void lease_case(const char *s, size_t n, size_t cap)
         abort();
 }
 
-/* A holding value decodes exactly when it is two epoch-like numbers
- * around one space, to those numbers. */
+/* A holding value decodes exactly when it is two (version 1) or four
+ * (version 2: tiers set) epoch-like numbers one space apart, to those
+ * numbers; and prints back to a value that decodes the same. */
 static void holding_case(const char *s, size_t n)
 {
-    uint64_t b = UINT64_MAX, y = UINT64_MAX;
-    kvt_status st = kvt__dir_holding_decode(s, n, &b, &y);
+    kvt_dir_holding h;
+    memset(&h, 0x5a, sizeof h);
+    kvt_status st = kvt__dir_holding_decode(s, n, &h);
+    if (st != KVT_OK) {
+        refused(st);
+        return;
+    }
+    uint64_t v[4] = {h.blocks, h.bytes, h.cpu_blocks, h.ssd_blocks}, w;
+    size_t k = 0, at = 0, want = h.tiers ? 4 : 2;
+    for (; k < want; k++) {
+        const char *sp = memchr(s + at, ' ', n - at);
+        size_t fl = sp ? (size_t)(sp - (s + at)) : n - at;
+        if ((k + 1 < want) != (sp != NULL)) abort(); /* exactly want - 1 spaces */
+        if (kvt__dir_epoch_decode(s + at, fl, &w) || w != v[k] || w >= (1ull << 63)) abort();
+        at += fl + 1;
+    }
+    if (!h.tiers && (h.cpu_blocks || h.ssd_blocks)) abort(); /* version 1: zero */
+    char again[96];
+    int m = h.tiers ? snprintf(again, sizeof again, "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64,
+                               v[0], v[1], v[2], v[3])
+                    : snprintf(again, sizeof again, "%" PRIu64 " %" PRIu64, v[0], v[1]);
+    kvt_dir_holding h2;
+    if (m <= 0 || kvt__dir_holding_decode(again, (size_t)m, &h2) || h2.tiers != h.tiers ||
+        h2.blocks != h.blocks || h2.bytes != h.bytes || h2.cpu_blocks != h.cpu_blocks ||
+        h2.ssd_blocks != h.ssd_blocks)
+        abort();
+}
+
+/* A block entry decodes exactly when it is an epoch, alone (tier unknown)
+ * or followed by one space and "cpu" or "ssd". */
+static void entry_case(const char *s, size_t n)
+{
+    uint64_t e = UINT64_MAX, e2;
+    uint8_t t = 0xee;
+    kvt_status st = kvt__dir_entry_decode(s, n, &e, &t);
     if (st != KVT_OK) {
         refused(st);
         return;
     }
     const char *sp = memchr(s, ' ', n);
-    uint64_t b2, y2;
-    if (!sp || b >= (1ull << 63) || y >= (1ull << 63)) abort();
-    if (kvt__dir_epoch_decode(s, (size_t)(sp - s), &b2) || b2 != b) abort();
-    if (kvt__dir_epoch_decode(sp + 1, n - (size_t)(sp + 1 - s), &y2) || y2 != y) abort();
+    size_t en = sp ? (size_t)(sp - s) : n;
+    if (kvt__dir_epoch_decode(s, en, &e2) || e2 != e) abort();
+    if (!sp && t != KVT_DIR_TIER_UNKNOWN) abort();
+    if (sp && !(n - en == 4 && ((t == KVT_DIR_TIER_CPU && !memcmp(sp + 1, "cpu", 3)) ||
+                                (t == KVT_DIR_TIER_SSD && !memcmp(sp + 1, "ssd", 3)))))
+        abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -84,6 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *s = (const char *)data;
     epoch_case(s, size);
     holding_case(s, size);
+    entry_case(s, size);
     lease_case(s, size, KVT_DIR_ADDR_MAX);
     if (size > 0) lease_case(s + 1, size - 1, data[0] % 24);
     return 0;

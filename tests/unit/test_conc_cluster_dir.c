@@ -425,6 +425,90 @@ static void test_publish_lookup(void **state)
     kvt__dir_close(c);
 }
 
+/* Each entry names its holder's tier (record version 2): a lookup prefers
+ * a holder with a CPU copy over one with the SSD only (the lower node id
+ * notwithstanding), yet keeps a run on the previous block's holder; an
+ * entry of version 1 (no tier) is read, ranked between the two; a node's
+ * holding carries blocks per tier (version 1's does not, and is read). */
+static void test_tiers(void **state)
+{
+    (void)state;
+    uint16_t port = (uint16_t)atoi(strchr(single, ':') + 1);
+    kvt_dir *a = open_dir(single, "ti:", "a"), *b = open_dir(single, "ti:", "b");
+    kvt_dir *c = open_dir(single, "ti:", "c");
+    kvt_hash128 h[4];
+    blocks(h, 0, 4);
+    const uint8_t ssd[4] = {KVT_DIR_TIER_SSD, KVT_DIR_TIER_SSD, KVT_DIR_TIER_SSD, KVT_DIR_TIER_CPU};
+    const uint8_t cpu[4] = {KVT_DIR_TIER_CPU, KVT_DIR_TIER_SSD, KVT_DIR_TIER_CPU, KVT_DIR_TIER_SSD};
+    assert_ok(kvt__dir_publish_tiers(a, SPACE, h, ssd, 4));
+    assert_ok(kvt__dir_publish_tiers(c, SPACE, h, cpu, 4));
+    redisReply *r = rcmd(port, "HGET ti:b:%016" PRIx64 ":%016" PRIx64 "%016" PRIx64 " a", SPACE,
+                         h[0].hi, h[0].lo);
+    assert_non_null(r);
+    char want[40];
+    snprintf(want, sizeof want, "%" PRIu64 " ssd", kvt__dir_epoch(a));
+    assert_string_equal(r->str, want);
+    freeReplyObject(r);
+    /* block 0: a (ssd) or c (cpu): c; then c keeps the run, whatever the tier */
+    kvt_dir_holder out[4];
+    uint32_t f;
+    assert_ok(kvt__dir_lookup(b, SPACE, h, 4, out, &f));
+    assert_int_equal(f, 4);
+    for (int i = 0; i < 4; i++) assert_string_equal(out[i].node, "c");
+    assert_int_equal(out[0].tier, KVT_DIR_TIER_CPU);
+    assert_int_equal(out[1].tier, KVT_DIR_TIER_SSD);
+    /* from block 3 alone: a has its CPU copy, c the SSD only */
+    assert_ok(kvt__dir_lookup(b, SPACE, h + 3, 1, out, &f));
+    assert_int_equal(f, 1);
+    assert_string_equal(out[0].node, "a");
+    assert_int_equal(out[0].tier, KVT_DIR_TIER_CPU);
+    /* a tier change rewrites the entry: block 0 leaves c's CPU tier */
+    const uint8_t now_ssd = KVT_DIR_TIER_SSD;
+    assert_ok(kvt__dir_renew_tiers(c, SPACE, h, &now_ssd, 1));
+    assert_ok(kvt__dir_lookup(b, SPACE, h, 1, out, &f));
+    assert_string_equal(out[0].node, "a"); /* both ssd: the lowest id */
+    /* version 1's value (no tier): read, before an ssd-only holder */
+    r = rcmd(port, "HSET ti:b:%016" PRIx64 ":%016" PRIx64 "%016" PRIx64 " c %" PRIu64, SPACE,
+             h[0].hi, h[0].lo, kvt__dir_epoch(c));
+    assert_non_null(r);
+    freeReplyObject(r);
+    assert_ok(kvt__dir_lookup(b, SPACE, h, 1, out, &f));
+    assert_int_equal(f, 1);
+    assert_string_equal(out[0].node, "c");
+    assert_int_equal(out[0].tier, KVT_DIR_TIER_UNKNOWN);
+    /* an entry whose tier is neither is no holder */
+    snprintf(want, sizeof want, "%" PRIu64 " gpu", kvt__dir_epoch(c));
+    r = rcmd(port, "HSET ti:b:%016" PRIx64 ":%016" PRIx64 "%016" PRIx64 " c %s", SPACE, h[0].hi,
+             h[0].lo, want);
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+    freeReplyObject(r);
+    assert_ok(kvt__dir_lookup(b, SPACE, h, 1, out, &f));
+    assert_string_equal(out[0].node, "a");
+    /* holdings: blocks per tier, or none written by an older node */
+    kvt_dir_holding held = {4, 4 * 4096, 3, 2, true};
+    assert_ok(kvt__dir_set_holding(a, &held));
+    r = rcmd(port, "SET ti:h:c %s", "7 28672");
+    assert_non_null(r);
+    freeReplyObject(r);
+    kvt_dir_node n[4];
+    uint32_t cnt;
+    assert_ok(kvt__dir_nodes(b, n, 4, &cnt));
+    assert_int_equal(cnt, 3);
+    assert_string_equal(n[0].node, "a");
+    assert_true(n[0].held.tiers);
+    assert_int_equal(n[0].held.blocks, 4);
+    assert_int_equal(n[0].held.cpu_blocks, 3);
+    assert_int_equal(n[0].held.ssd_blocks, 2);
+    assert_string_equal(n[2].node, "c");
+    assert_false(n[2].held.tiers);
+    assert_int_equal(n[2].held.blocks, 7);
+    assert_int_equal(n[2].held.bytes, 28672);
+    kvt__dir_close(a);
+    kvt__dir_close(b);
+    kvt__dir_close(c);
+}
+
 static void test_epoch_reopen(void **state)
 {
     kvt_dir *a = open_dir(single, "ep:", "a"), *b = open_dir_lease(single, "ep:", "b", SHORT_MS);
@@ -1242,6 +1326,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_publish_lookup),
+        cmocka_unit_test(test_tiers),
         cmocka_unit_test(test_epoch_reopen),
         cmocka_unit_test(test_lease_expiry),
         cmocka_unit_test(test_nodes),
