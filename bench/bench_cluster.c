@@ -13,6 +13,13 @@
  *    pipelined round trip per 64 blocks, as a lookup of a 64-block prefix
  *    does) against redis-benchmark's HGETALL with the same pipeline depth
  *    on the same server (directory_ratio).
+ *  - events: KV events (src/events, docs/events.md) per second: an index
+ *    commits BC_EV_BLOCKS blocks in 16-block chains and then evicts them,
+ *    its observer feeding a real publisher (the one `kvtier serve` runs);
+ *    a ZeroMQ SUB socket in this process decodes every batch (msgpack) and
+ *    counts the block hashes of its BlockStored and BlockRemoved events,
+ *    timed from the first change to the last one received (events_per_s:
+ *    block changes per second; none may be dropped).
  * Each figure is min/median/max over the rounds. */
 #include <errno.h>
 #include <pthread.h>
@@ -27,12 +34,16 @@
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
+#include <msgpack.h>
+#include <zmq.h>
 
 #include "bench.h"
 #include "bench_util.h"
 #include "cli_util.h"
 #include "cluster/dir.h"
 #include "cluster_procs.h"
+#include "events/events.h"
+#include "index/index.h"
 #include "kvtier.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -49,6 +60,7 @@ typedef struct bc {
     uint32_t rounds, mib;
     double pull[BC_MAX_ROUNDS], raw[BC_MAX_ROUNDS], ratio[BC_MAX_ROUNDS];
     double dir_rate[BC_MAX_ROUNDS], bench_rate[BC_MAX_ROUNDS], dir_ratio[BC_MAX_ROUNDS];
+    double events_rate[BC_MAX_ROUNDS];
     uint64_t verified, mismatches, block_bytes;
     double dir_bytes_per_block; /* Redis used_memory per entry published (sizing) */
 } bc;
@@ -218,6 +230,151 @@ static int bench_directory(bc *b)
 }
 
 /* ------------------------------------------------------------------ */
+/* KV events: a real publisher to a real subscriber                   */
+
+#define BC_EV_BLOCKS 100000u /* committed, then evicted: twice this many changes a round */
+#define BC_EV_CHAIN 16u
+#define BC_EV_AHEAD 32768u   /* changes queued beyond those published (the queue holds 65536) */
+
+typedef struct ev_sub {
+    void *sock;
+    uint64_t want, got, last_ns; /* block hashes to receive, received, when the last came */
+    bool bad;
+} ev_sub;
+
+/* The block hashes of the BlockStored/BlockRemoved events of one batch. */
+static uint64_t batch_hashes(const void *p, size_t n, bool *bad)
+{
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    uint64_t k = 0;
+    if (msgpack_unpack_next(&u, p, n, NULL) != MSGPACK_UNPACK_SUCCESS ||
+        u.data.type != MSGPACK_OBJECT_ARRAY || u.data.via.array.size != 3 ||
+        u.data.via.array.ptr[1].type != MSGPACK_OBJECT_ARRAY) {
+        *bad = true;
+    } else {
+        const msgpack_object_array *evs = &u.data.via.array.ptr[1].via.array;
+        for (uint32_t i = 0; i < evs->size; i++) {
+            const msgpack_object *e = &evs->ptr[i];
+            if (e->type == MSGPACK_OBJECT_ARRAY && e->via.array.size >= 3 &&
+                e->via.array.ptr[1].type == MSGPACK_OBJECT_ARRAY)
+                k += e->via.array.ptr[1].via.array.size;
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+    return k;
+}
+
+static void *ev_recv_main(void *arg)
+{
+    ev_sub *s = arg;
+    static char payload[8 << 20];
+    while (s->got < s->want) {
+        char topic[64], seq[8];
+        if (zmq_recv(s->sock, topic, sizeof topic, 0) < 0 ||
+            zmq_recv(s->sock, seq, sizeof seq, 0) != 8) {
+            s->bad = true; /* nothing for 10 s */
+            break;
+        }
+        int n = zmq_recv(s->sock, payload, sizeof payload, 0);
+        if (n < 0 || n > (int)sizeof payload) {
+            s->bad = true;
+            break;
+        }
+        s->got += batch_hashes(payload, (size_t)n, &s->bad);
+        s->last_ns = kvt__now_ns();
+    }
+    return NULL;
+}
+
+static uint64_t mix64(uint64_t x) /* splitmix64's finalizer */
+{
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Commits BC_EV_BLOCKS blocks in chains (no faster than the publisher
+ * takes them: a full queue would drop), then evicts every one. */
+static kvt_status ev_feed(kvt_events *ev, kvt_index *idx, uint32_t round)
+{
+    kvt_events_stats es;
+    uint64_t fed = 0;
+    for (uint32_t c = 0; c < BC_EV_BLOCKS / BC_EV_CHAIN; c++) {
+        uint32_t ids[BC_EV_CHAIN], parent = KVT_INDEX_NONE;
+        for (uint32_t b = 0; b < BC_EV_CHAIN; b++) {
+            uint64_t x = ((uint64_t)round << 40) | ((uint64_t)c << 8) | b;
+            kvt_hash128 h = {mix64(x), mix64(~x)}; /* spread as real block hashes are */
+            kvt_status st = kvt__index_insert(idx, parent, h, b, &ids[b]);
+            if (st) return st;
+            parent = ids[b];
+        }
+        kvt__index_commit(idx, ids, BC_EV_CHAIN);
+        fed += BC_EV_CHAIN;
+        for (kvt__events_stats(ev, &es); fed > es.blocks + BC_EV_AHEAD; kvt__events_stats(ev, &es))
+            nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    uint32_t ids[64], slots[64], n;
+    while ((n = kvt__index_evict_ids(idx, 64, ids, slots)) > 0) {
+        fed += n;
+        for (kvt__events_stats(ev, &es); fed > es.blocks + BC_EV_AHEAD; kvt__events_stats(ev, &es))
+            nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    return KVT_OK;
+}
+
+/* One round: block changes per second from the index to the subscriber. */
+static double events_round(const bc *b, uint32_t round)
+{
+    char ep[300];
+    snprintf(ep, sizeof ep, "ipc://%s/events-%u", b->dir, round);
+    kvt_events *ev = NULL;
+    kvt_events_config cfg = {ep, NULL, "bench", 0, 16};
+    kvt_index *idx = NULL;
+    void *ctx = zmq_ctx_new(), *sock = ctx ? zmq_socket(ctx, ZMQ_SUB) : NULL;
+    double rate = -1;
+    int tmo = 10000, hwm = 0; /* no receive high-water mark: the bench counts every batch */
+    if (!sock || kvt__events_start(&ev, &cfg) ||
+        kvt__index_create(&idx, BC_EV_BLOCKS, KVT_EVICT_LRU) ||
+        zmq_setsockopt(sock, ZMQ_SUBSCRIBE, "", 0) || zmq_setsockopt(sock, ZMQ_RCVTIMEO, &tmo, sizeof tmo) ||
+        zmq_setsockopt(sock, ZMQ_RCVHWM, &hwm, sizeof hwm) || zmq_connect(sock, ep))
+        goto out;
+    /* The subscription reaches the PUB asynchronously: wait for the first
+     * batch (AllBlocksCleared, published once the thread starts) or any. */
+    nanosleep(&(struct timespec){0, 300 * 1000000L}, NULL);
+    kvt_events_src src = {ev, BC_EV_CHAIN, NULL, NULL};
+    kvt__index_set_observer(idx, kvt__events_observe, &src);
+    ev_sub s = {sock, 2ull * BC_EV_BLOCKS, 0, 0, false};
+    pthread_t t;
+    if (pthread_create(&t, NULL, ev_recv_main, &s)) goto out;
+    uint64_t t0 = kvt__now_ns();
+    kvt_status st = ev_feed(ev, idx, round);
+    pthread_join(t, NULL);
+    kvt_events_stats es;
+    kvt__events_stats(ev, &es);
+    if (!st && !s.bad && s.got == s.want && !es.dropped && s.last_ns > t0)
+        rate = (double)s.got * 1e9 / (double)(s.last_ns - t0);
+    else
+        fprintf(stderr, "kvtier bench cluster: events: %llu of %llu block changes received, %llu "
+                "dropped%s\n", (unsigned long long)s.got, (unsigned long long)s.want,
+                (unsigned long long)es.dropped, s.bad ? ", a batch missing or malformed" : "");
+    kvt__index_set_observer(idx, NULL, NULL);
+out:
+    if (sock) zmq_close(sock);
+    if (ctx) zmq_ctx_term(ctx);
+    kvt__events_stop(ev);
+    kvt__index_destroy(idx);
+    return rate;
+}
+
+static int bench_events(bc *b)
+{
+    for (uint32_t r = 0; r < b->rounds; r++)
+        if ((b->events_rate[r] = events_round(b, r)) <= 0) return bfail("events: a round failed");
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
 /* Pulls through two nodes                                            */
 
 static int start_nodes(bc *b)
@@ -351,6 +508,7 @@ static void report(const bc *b, bool json)
         json_stat("directory_lookups_per_s", b->dir_rate, n, true);
         json_stat("redis_benchmark_hgetall_per_s", b->bench_rate, n, true);
         json_stat("directory_ratio", b->dir_ratio, n, true);
+        json_stat("events_per_s", b->events_rate, n, true);
         printf("\"directory_bytes_per_block\": %.1f, ", b->dir_bytes_per_block);
         printf("\"verified_bytes\": %llu, \"mismatches\": %llu, ", (unsigned long long)b->verified,
                (unsigned long long)b->mismatches);
@@ -371,6 +529,9 @@ static void report(const bc *b, bool json)
     printf("  directory lookups (pipeline %d)     %8.0f / %8.0f / %8.0f blocks/s\n", BC_PIPE, d[0], d[1], d[2]);
     printf("  redis-benchmark HGETALL -P %d       %8.0f / %8.0f / %8.0f per s\n", BC_PIPE, q[0], q[1], q[2]);
     printf("  directory_ratio                     %6.2f / %6.2f / %6.2f\n", x[0], x[1], x[2]);
+    stat3 ev = stat3_of(b->events_rate, n);
+    printf("  KV events (block changes to a SUB) %8.0f / %8.0f / %8.0f per s\n", ev.min, ev.med,
+           ev.max);
     printf("  directory memory per block held    %.0f bytes (Redis used_memory over %d entries)\n",
            b->dir_bytes_per_block, BC_SIZING);
     printf("  pulled bytes verified: %llu, mismatches: %llu\n", (unsigned long long)b->verified,
@@ -416,6 +577,7 @@ int kvt_bench_cluster_main(int argc, char **argv)
     if (!rc) rc = start_nodes(&b) ? 1 : 0;
     if (!rc) rc = bench_directory(&b);
     if (!rc) rc = bench_pulls(&b);
+    if (!rc) rc = bench_events(&b);
     if (!rc && b.mismatches) rc = bfail("pulled bytes differ from what was stored");
     if (!rc) report(&b, json);
     for (int i = 0; i < 2; i++) cp_kill_wait(&b.node[i], SIGTERM);

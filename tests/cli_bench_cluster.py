@@ -1,6 +1,7 @@
 """cli_bench_cluster.py KVTIER - `kvtier bench cluster --json` in its
-smallest run: a pull of 8 MiB between two node servers and the directory
-against redis-benchmark, one round. The numbers are not judged (a test
+smallest run: a pull of 8 MiB between two node servers, the directory
+against redis-benchmark, and KV events through a publisher to a subscriber,
+one round. The numbers are not judged (a test
 never asserts throughput); the report must hold every field with a
 measured (positive) value, and the pulled bytes must have been verified
 with no mismatch."""
@@ -14,7 +15,7 @@ if r.returncode != 0:
     sys.exit("cli_bench_cluster: exit %d\n%s\n%s" % (r.returncode, r.stdout, r.stderr[-4000:]))
 rep = json.loads(r.stdout)
 for k in ("pull_gbps", "raw_stream_gbps", "pull_ratio", "directory_lookups_per_s",
-          "redis_benchmark_hgetall_per_s", "directory_ratio"):
+          "redis_benchmark_hgetall_per_s", "directory_ratio", "events_per_s"):
     v = rep.get(k)
     if not v or not all(v[s] > 0 for s in ("min", "median", "max")):
         sys.exit("cli_bench_cluster: %s not measured in %s" % (k, r.stdout))
