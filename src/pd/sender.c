@@ -710,14 +710,22 @@ static void accept_tick(pd_ep *ep)
 
 /* Registers this rank's lease. Live registrations of another TP/DCP
  * configuration (KVT_EBUSY) lapse unless renewed: retried until dl. */
+#define REGISTER_RETRY_NS 200000000ull /* between tries while the name is held */
+#define REGISTER_TRY_NS 1000000000ull  /* left for a retry, or its EBUSY is the answer */
+
+/* A name another live sender holds is retried (its lease may lapse) while
+ * a whole try still fits before dl: a retry started with a few ms left
+ * would fail on its deadline (KVT_ECONN or KVT_ETIMEDOUT) on a slow
+ * machine, hiding the real answer, KVT_EBUSY. */
 static kvt_status register_lease(kvt_pd_sender *s, uint64_t dl)
 {
     pd_ep *ep = &s->ep;
     for (;;) {
         kvt_status st = pd_bootstrap_register(&ep->net, &ep->auth, s->bs_host, s->bs_port, &ep->desc,
                                               ep->bind_host, ep->port, dl, s->bs_token, &s->lease_ms);
-        if (st != KVT_EBUSY || kvt__now_ns() + 200000000ull >= dl) return st;
-        struct timespec ts = {0, 200 * 1000000};
+        if (st != KVT_EBUSY || kvt__now_ns() + REGISTER_RETRY_NS + REGISTER_TRY_NS >= dl)
+            return st;
+        struct timespec ts = kvt__ns_to_timespec(REGISTER_RETRY_NS);
         nanosleep(&ts, NULL);
     }
 }
