@@ -49,13 +49,18 @@ typedef struct arg {
     uint32_t rank;
 } arg;
 
+/* Ranks joining the hub: 16 of them (UCX: 16 workers) on a small loaded
+ * host can take seconds, which is not what the bench measures; 5 s failed
+ * a fresh machine's make test once (rank 9 of 16 did not join). */
+#define JOIN_MS 30000
+
 static kvt_status open_net(cfg *c, uint32_t rank, kvt_net **n)
 {
     if (!c->tcp) return kvt_net_inproc_create(n, c->fab, rank);
     kvt_net_tcp_params p = {rank, c->ranks, "127.0.0.1", c->port, NULL, 0, 0};
     p.transport = c->kind == UCX ? KVT_NET_UCX : KVT_NET_TCP;
     kvt_status st = kvt_net_tcp_create(n, &p);
-    if (st == KVT_OK) st = kvt_net_connect(*n, 5000);
+    if (st == KVT_OK) st = kvt_net_connect(*n, JOIN_MS);
     return st;
 }
 
@@ -110,7 +115,7 @@ static void *rank_main(void *p)
 static kvt_status run_leader(cfg *c, kvt_net *hub)
 {
     kvt_net *n = hub;
-    kvt_status st = c->tcp ? kvt_net_connect(hub, 5000) : open_net(c, 0, &n);
+    kvt_status st = c->tcp ? kvt_net_connect(hub, JOIN_MS) : open_net(c, 0, &n);
     kvt_group *g = NULL;
     kvt_group_params gp = {1, 1, c->ranks, 1, 2, 5000, 1};
     if (st == KVT_OK) st = kvt_group_create(&g, n, &gp);
