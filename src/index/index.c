@@ -1,32 +1,63 @@
 /* index.c - the prefix index: 128-bit block hash -> entry, plus eviction.
  *
  * Memory per block of capacity n (max_blocks), at any n:
- *   entries  48 B   dense array of kvt_entry; free ones chain through .parent
- *   table    8 B x ceil(4n/3) slots = 10.7 B   (load factor <= 0.75)
+ *   entries  32 B   kvt_entry, what lookups, touches, pins and the heap use,
+ *                   32-byte aligned: one cache line holds two, none spans two
+ *   cold      6 B   kvt_cold, the same id's parent, tag and high pin bits;
+ *                   free ids chain through .parent
+ *   table    4 B x ceil(4n/3) slots = 5.33 B   (load factor <= 0.75)
  *   heap     4 B   eviction candidates (entry ids)
- *   total   ~62.7 B per block, plus a fixed header; all of it mapped in
+ *   total   ~47.3 B per block, plus a fixed header; all of it mapped in
  *           create (anonymous mmap, huge pages advised), none later.
+ * A lookup of k blocks touches k table lines (a few more where a run
+ * crosses a line) and k entry lines; a touch writes those entry lines.
  *
- * Hash table: open addressing with linear probing. A slot is a u64,
- * tag << 32 | (id + 1), 0 = empty; tag = bits 32..63 of the hash, so a
- * probe rejects almost every foreign slot without touching its entry. The
- * home slot is a "fastrange" reduction of the hash's low 32 bits,
- * (lo32 * nslots) >> 32, so the table need not be a power of two and its
- * size (and the load bound) is exact. Deletion shifts the following run
- * back (no tombstones), so probe lengths are those of a table that never
- * saw a delete. Expected probes at load a <= 0.75 (Knuth): a hit
- * (1 + 1/(1-a))/2 <= 2.5 slots, a miss (1 + 1/(1-a)^2)/2 <= 8.5 slots, eight
- * slots to a cache line.
+ * Hash table: open addressing with linear probing. A slot is a u32,
+ * tag | (id + 1), 0 = empty: the low id_bits bits hold id + 1 (id_bits =
+ * the bits of max_blocks), the high 32 - id_bits bits hold the same bits of
+ * the hash's bits 32..63 (5 bits at 100M blocks, 27 at 16), so a probe
+ * rejects most foreign slots without touching their entries (at 100M
+ * blocks, 31 in 32). The home slot is a "fastrange" reduction of the hash's
+ * low 32 bits, (lo32 * nslots) >> 32, so the table need not be a power of
+ * two and its size (and the load bound) is exact. Deletion shifts the
+ * following run back (no tombstones), so probe lengths are those of a table
+ * that never saw a delete. Expected probes at load a <= 0.75 (Knuth): a hit
+ * (1 + 1/(1-a))/2 <= 2.5 slots, a miss (1 + 1/(1-a)^2)/2 <= 8.5 slots,
+ * sixteen slots to a cache line.
  *
  * Eviction: a binary min-heap holds exactly the candidates: READY entries
- * with no pins and no children. Keys (all unique, so the order is total and
- * reproducible):
+ * with no pins and no children. Keys (ties broken by entry id, so the order
+ * is total and reproducible):
  *   LRU  tick, the index clock at the last touch (insert or match);
  *   LFU  (freq, tick): freq counts touches, saturating at 65535; every
  *        max_blocks touched blocks all counts halve ("decay") and the heap
  *        is rebuilt - O(entries) once per max_blocks touches, so O(1)
  *        amortised per touch - so old popularity fades.
  * The clock advances by one per touched block (u64: never wraps).
+ *
+ * Bounds the 32-byte entry introduces, each checked where it could bite:
+ *  - tick: an entry keeps its last touch as a u32 offset from idx->epoch.
+ *    When the clock gets more than 2^32 - 1 ticks past the epoch, the epoch
+ *    moves up to 2^31 ticks behind the clock (kvt__rebase: O(entries) once
+ *    per 2^31 or more ticks) and offsets below the new epoch become 0. So
+ *    the order is exact among entries touched in the last 2^31 ticks
+ *    (about 21 touches of every block of a 100M-block index); an entry
+ *    untouched for longer ranks as touched at the epoch: colder than any of
+ *    those, and among such entries by (freq for LFU, then) id.
+ *    kvt__index_age and _coldest report epoch + offset.
+ *  - pins: 14 bits in the entry (lo) and 8 in kvt_cold (hi), pins = hi *
+ *    KVT_PINS_STEP + lo, kept so that hi > 0 only with lo > KVT_PINS_LOW:
+ *    so lo is 0 exactly when pins is, and pin and unpin touch the cold part
+ *    only when lo would pass 16383 (hi up, lo down by the step) or, with hi
+ *    > 0, drop to KVT_PINS_LOW (the reverse). At most 255 * 8192 + 16383 =
+ *    KVT_INDEX_MAX_PINS = 2105343; kvt__index_pin refuses (KVT_EFULL,
+ *    nothing pinned) rather than overflow. The cache pins a block once per
+ *    task (max_tasks <= 1048576, util/config.c) plus a store's and an SSD
+ *    write's pin, so it cannot get there.
+ *  - children and the heap position share one u32 (link): a candidate has
+ *    no children, so link is KVT_LINK_HEAP | heap position for a candidate
+ *    and the child count for anyone else. Both are below max_blocks <= 2^31,
+ *    so bit 31 is free for the flag.
  *
  * Complexity: match/probe O(k) for k blocks walked, + O(log n) per touched
  * heap member (at most the last block of a chain is one); insert, commit,
@@ -42,47 +73,95 @@
 
 enum { KVT_E_FREE = 0, KVT_E_PENDING = 1, KVT_E_READY = 2 };
 
-typedef struct kvt_entry {
+#define KVT_LINK_HEAP 0x80000000u /* link: a candidate, heap position below */
+
+/* The part of an entry that lookups, touches, pins, the heap and payload
+ * reads use: 32 bytes, so a lookup reads one cache line per block. */
+typedef struct __attribute__((aligned(32))) kvt_entry {
     kvt_hash128 key;
-    uint64_t tick;     /* index clock at the last touch */
-    uint32_t parent;   /* entry id or KVT_INDEX_NONE; next free id when FREE */
-    uint32_t payload;  /* the caller's (CPU slot) */
-    uint32_t children; /* entries whose parent this is, PENDING or READY */
-    uint32_t pins;     /* the insert pin + the caller's pins */
-    uint32_t heap_pos; /* index in heap, KVT_INDEX_NONE when not a candidate */
-    uint16_t freq;     /* LFU touch count, saturating, halved by decay */
-    uint8_t state;     /* KVT_E_* */
-    uint8_t tag;       /* the caller's (the store's quota owner) */
+    uint32_t tick;          /* clock at the last touch, minus idx->epoch */
+    uint32_t link;          /* KVT_LINK_HEAP | heap index, or the child count */
+    uint32_t payload;       /* the caller's (CPU slot) */
+    uint16_t freq;          /* LFU touch count, saturating, halved by decay */
+    unsigned pins_lo : 14;  /* see pins above: 0 exactly when unpinned */
+    unsigned state : 2;     /* KVT_E_* */
 } kvt_entry;
 
-_Static_assert(sizeof(kvt_entry) == 48, "kvt_entry is 48 bytes: see the memory budget");
+/* The rest, in an array of its own: eviction, insert and the tag read it. */
+typedef struct __attribute__((packed, aligned(2))) kvt_cold {
+    uint32_t parent;        /* entry id or KVT_INDEX_NONE; next free id when FREE */
+    uint8_t tag;            /* the caller's (the store's quota owner) */
+    uint8_t pins_hi;        /* see pins above */
+} kvt_cold;
+
+#define KVT_PINS_LO_MAX 16383u /* 14 bits */
+#define KVT_PINS_STEP 8192u
+#define KVT_PINS_LOW 4096u /* hi > 0 only with lo above this */
+#define KVT_PINS_HI_MAX 255u
+_Static_assert(sizeof(kvt_entry) == 32, "kvt_entry is 32 bytes: see the memory budget");
+_Static_assert(sizeof(kvt_cold) == 6, "kvt_cold is 6 bytes: see the memory budget");
+_Static_assert(KVT_INDEX_MAX_PINS == KVT_PINS_HI_MAX * KVT_PINS_STEP + KVT_PINS_LO_MAX,
+               "the pin bound is what the split count holds");
+_Static_assert(KVT_PINS_LO_MAX + 1 - KVT_PINS_STEP > KVT_PINS_LOW &&
+                   KVT_PINS_LOW + KVT_PINS_STEP <= KVT_PINS_LO_MAX,
+               "a carry or a borrow keeps lo above KVT_PINS_LOW and within 14 bits");
 
 #define KVT_INDEX_MAX_BLOCKS (1u << 31)
 #define KVT_HUGE_PAGE ((size_t)2 << 20)
+#define KVT_TICK_WINDOW ((uint64_t)1 << 31) /* exact recency kept at a rebase */
 
 struct kvt_index {
     kvt_entry *entries;   /* cap entries; [0, high) have been handed out */
-    uint64_t *table;      /* nslots slots */
+    kvt_cold *cold;       /* cap, the same ids */
+    uint32_t *table;      /* nslots slots */
     uint32_t *heap;       /* heap_len candidate ids */
-    size_t entries_bytes, table_bytes, heap_bytes;
+    size_t entries_bytes, cold_bytes, table_bytes, heap_bytes;
     uint32_t cap;
     uint32_t nslots;
+    uint32_t id_mask;     /* slot bits holding id + 1; the rest is the tag */
     uint32_t count;       /* live entries */
     uint32_t high;        /* high-water mark of entry ids */
-    uint32_t free_head;   /* freed ids, chained through .parent */
+    uint32_t free_head;   /* freed ids, chained through cold .parent */
     uint32_t heap_len;
     kvt_evict_policy policy;
     uint64_t clock;       /* advances one per touched block */
+    uint64_t epoch;       /* entry ticks count from here */
     _Atomic uint64_t *shared_clock; /* instead of clock, when set */
     uint64_t decay_touches; /* LFU: touches since the last decay */
     kvt_index_observer observe; /* told of commits and removals, or NULL */
     void *observe_arg;
 };
 
-static inline uint64_t next_tick(kvt_index *idx)
+static void kvt__heapify(kvt_index *x);
+
+/* ------------------------------------------------------------------ */
+/* Ticks                                                              */
+/* ------------------------------------------------------------------ */
+
+/* Moves the epoch to KVT_TICK_WINDOW ticks before now (see the bounds
+ * above): offsets shrink by the move, those older than the new epoch
+ * become 0, and the heap is rebuilt (ties now go by id). */
+static void kvt__rebase(kvt_index *x, uint64_t now)
 {
-    if (idx->shared_clock) return atomic_fetch_add_explicit(idx->shared_clock, 1, memory_order_relaxed) + 1;
-    return ++idx->clock;
+    assert(now - x->epoch > UINT32_MAX);
+    uint64_t epoch = now - KVT_TICK_WINDOW, delta = epoch - x->epoch;
+    for (uint32_t id = 0; id < x->high; id++) {
+        kvt_entry *e = &x->entries[id];
+        e->tick = e->tick > delta ? (uint32_t)(e->tick - delta) : 0;
+    }
+    x->epoch = epoch;
+    kvt__heapify(x);
+}
+
+/* A fresh tick for a touch, as an offset from the (maybe moved) epoch. */
+static inline uint32_t kvt__stamp(kvt_index *x)
+{
+    uint64_t now = x->shared_clock
+                       ? atomic_fetch_add_explicit(x->shared_clock, 1, memory_order_relaxed) + 1
+                       : ++x->clock;
+    assert(now >= x->epoch); /* a shared clock is set before the first insert */
+    if (__builtin_expect(now - x->epoch > UINT32_MAX, 0)) kvt__rebase(x, now);
+    return (uint32_t)(now - x->epoch);
 }
 
 /* ------------------------------------------------------------------ */
@@ -125,9 +204,10 @@ static inline uint32_t kvt__home(const kvt_index *x, kvt_hash128 h)
     return (uint32_t)(((uint64_t)(uint32_t)h.lo * x->nslots) >> 32);
 }
 
-static inline uint32_t kvt__tag(kvt_hash128 h)
+/* The slot bits above id_mask that h's slot carries. */
+static inline uint32_t kvt__tag(const kvt_index *x, kvt_hash128 h)
 {
-    return (uint32_t)(h.lo >> 32);
+    return (uint32_t)(h.lo >> 32) & ~x->id_mask;
 }
 
 static inline uint32_t kvt__next(const kvt_index *x, uint32_t i)
@@ -144,12 +224,12 @@ static inline uint32_t kvt__dist(const kvt_index *x, uint32_t a, uint32_t b)
 /* The entry id of h, probing from slot i on; KVT_INDEX_NONE if absent. */
 static uint32_t kvt__find_from(const kvt_index *x, kvt_hash128 h, uint32_t i)
 {
-    uint32_t tag = kvt__tag(h);
+    uint32_t tag = kvt__tag(x, h);
     for (;;) {
-        uint64_t s = x->table[i];
+        uint32_t s = x->table[i];
         if (s == 0) return KVT_INDEX_NONE;
-        if ((uint32_t)(s >> 32) == tag) {
-            uint32_t id = (uint32_t)s - 1;
+        if ((s & ~x->id_mask) == tag) {
+            uint32_t id = (s & x->id_mask) - 1;
             if (kvt__hash_eq(x->entries[id].key, h)) return id;
         }
         i = kvt__next(x, i);
@@ -166,7 +246,7 @@ static void kvt__table_put(kvt_index *x, kvt_hash128 h, uint32_t id)
 {
     uint32_t i = kvt__home(x, h);
     while (x->table[i] != 0) i = kvt__next(x, i);
-    x->table[i] = (uint64_t)kvt__tag(h) << 32 | ((uint64_t)id + 1);
+    x->table[i] = kvt__tag(x, h) | (id + 1);
 }
 
 /* Removes id's slot and shifts the rest of its run back over the hole: an
@@ -175,13 +255,13 @@ static void kvt__table_put(kvt_index *x, kvt_hash128 h, uint32_t id)
 static void kvt__table_del(kvt_index *x, uint32_t id)
 {
     uint32_t i = kvt__home(x, x->entries[id].key);
-    while ((uint32_t)x->table[i] != id + 1) {
+    while ((x->table[i] & x->id_mask) != id + 1) {
         assert(x->table[i] != 0);
         i = kvt__next(x, i);
     }
     for (;;) {
         uint32_t j = i;
-        uint64_t s;
+        uint32_t s;
         for (;;) {
             j = kvt__next(x, j);
             s = x->table[j];
@@ -189,7 +269,7 @@ static void kvt__table_del(kvt_index *x, uint32_t id)
                 x->table[i] = 0;
                 return;
             }
-            uint32_t k = kvt__home(x, x->entries[(uint32_t)s - 1].key);
+            uint32_t k = kvt__home(x, x->entries[(s & x->id_mask) - 1].key);
             if (kvt__dist(x, k, j) >= kvt__dist(x, i, j)) break;
         }
         x->table[i] = s;
@@ -201,17 +281,28 @@ static void kvt__table_del(kvt_index *x, uint32_t id)
 /* Eviction heap                                                      */
 /* ------------------------------------------------------------------ */
 
+static inline bool kvt__in_heap(const kvt_entry *e)
+{
+    return (e->link & KVT_LINK_HEAP) != 0;
+}
+
+static inline uint32_t kvt__children(const kvt_entry *e)
+{
+    return kvt__in_heap(e) ? 0 : e->link;
+}
+
 static inline bool kvt__before(const kvt_index *x, uint32_t a, uint32_t b)
 {
     const kvt_entry *ea = &x->entries[a], *eb = &x->entries[b];
     if (x->policy == KVT_EVICT_LFU && ea->freq != eb->freq) return ea->freq < eb->freq;
-    return ea->tick < eb->tick;
+    if (ea->tick != eb->tick) return ea->tick < eb->tick;
+    return a < b; /* equal ticks only after a rebase clamped them */
 }
 
 static inline void kvt__heap_set(kvt_index *x, uint32_t pos, uint32_t id)
 {
     x->heap[pos] = id;
-    x->entries[id].heap_pos = pos;
+    x->entries[id].link = KVT_LINK_HEAP | pos;
 }
 
 static void kvt__sift_up(kvt_index *x, uint32_t pos)
@@ -240,33 +331,38 @@ static void kvt__sift_down(kvt_index *x, uint32_t pos)
     kvt__heap_set(x, pos, id);
 }
 
+/* Restores the heap order after keys changed all over (decay, rebase). */
+static void kvt__heapify(kvt_index *x)
+{
+    for (uint32_t pos = x->heap_len / 2; pos-- > 0;) kvt__sift_down(x, pos);
+}
+
 static void kvt__heap_push(kvt_index *x, uint32_t id)
 {
-    assert(x->entries[id].heap_pos == KVT_INDEX_NONE && x->heap_len < x->cap);
+    assert(x->entries[id].link == 0 && x->heap_len < x->cap);
     uint32_t pos = x->heap_len++;
     kvt__heap_set(x, pos, id);
     kvt__sift_up(x, pos);
 }
 
+/* Takes id out of the heap; its link becomes a child count of 0. */
 static void kvt__heap_remove(kvt_index *x, uint32_t id)
 {
-    uint32_t pos = x->entries[id].heap_pos;
-    assert(pos < x->heap_len && x->heap[pos] == id);
-    x->entries[id].heap_pos = KVT_INDEX_NONE;
+    uint32_t pos = x->entries[id].link & ~KVT_LINK_HEAP;
+    assert(kvt__in_heap(&x->entries[id]) && pos < x->heap_len && x->heap[pos] == id);
+    x->entries[id].link = 0;
     uint32_t last = x->heap[--x->heap_len];
     if (pos == x->heap_len) return;
     kvt__heap_set(x, pos, last);
     kvt__sift_up(x, pos);
-    kvt__sift_down(x, x->entries[last].heap_pos);
+    kvt__sift_down(x, x->entries[last].link & ~KVT_LINK_HEAP);
 }
 
 /* Makes id a candidate if it now qualifies (READY, unpinned, no children). */
 static void kvt__maybe_candidate(kvt_index *x, uint32_t id)
 {
     const kvt_entry *e = &x->entries[id];
-    if (e->state == KVT_E_READY && e->pins == 0 && e->children == 0 &&
-        e->heap_pos == KVT_INDEX_NONE)
-        kvt__heap_push(x, id);
+    if (e->state == KVT_E_READY && e->pins_lo == 0 && e->link == 0) kvt__heap_push(x, id);
 }
 
 /* LFU aging: halve every count, then restore the heap order (halving can
@@ -275,8 +371,41 @@ static void kvt__decay(kvt_index *x)
 {
     for (uint32_t id = 0; id < x->high; id++)
         if (x->entries[id].state != KVT_E_FREE) x->entries[id].freq >>= 1;
-    for (uint32_t pos = x->heap_len / 2; pos-- > 0;) kvt__sift_down(x, pos);
+    kvt__heapify(x);
     x->decay_touches = 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Pins (the split count: see the bounds above)                       */
+/* ------------------------------------------------------------------ */
+
+/* One more pin on id; false (nothing changed) at KVT_INDEX_MAX_PINS. */
+static inline bool kvt__pins_inc(kvt_index *x, uint32_t id)
+{
+    kvt_entry *e = &x->entries[id];
+    if (e->pins_lo < KVT_PINS_LO_MAX) {
+        e->pins_lo++;
+        return true;
+    }
+    kvt_cold *c = &x->cold[id];
+    if (c->pins_hi == KVT_PINS_HI_MAX) return false;
+    c->pins_hi++;
+    e->pins_lo = KVT_PINS_LO_MAX + 1 - KVT_PINS_STEP;
+    return true;
+}
+
+/* One pin less on id (it has one); returns pins_lo, 0 when none are left. */
+static inline uint32_t kvt__pins_dec(kvt_index *x, uint32_t id)
+{
+    kvt_entry *e = &x->entries[id];
+    assert(e->pins_lo > 0);
+    if (e->pins_lo == KVT_PINS_LOW + 1 && x->cold[id].pins_hi > 0) {
+        x->cold[id].pins_hi--;
+        e->pins_lo = KVT_PINS_LOW + KVT_PINS_STEP;
+    } else {
+        e->pins_lo--;
+    }
+    return e->pins_lo;
 }
 
 /* ------------------------------------------------------------------ */
@@ -288,7 +417,7 @@ static uint32_t kvt__entry_alloc(kvt_index *x)
     uint32_t id;
     if (x->free_head != KVT_INDEX_NONE) {
         id = x->free_head;
-        x->free_head = x->entries[id].parent;
+        x->free_head = x->cold[id].parent;
     } else {
         id = x->high++;
     }
@@ -300,7 +429,7 @@ static void kvt__entry_free(kvt_index *x, uint32_t id)
 {
     kvt_entry *e = &x->entries[id];
     e->state = KVT_E_FREE;
-    e->parent = x->free_head;
+    x->cold[id].parent = x->free_head;
     x->free_head = id;
     x->count--;
 }
@@ -314,16 +443,16 @@ static inline bool kvt__live(const kvt_index *x, uint32_t id)
 static void kvt__entry_remove(kvt_index *x, uint32_t id)
 {
     kvt_entry *e = &x->entries[id];
-    assert(e->children == 0 && e->heap_pos == KVT_INDEX_NONE);
+    assert(e->link == 0); /* no children, not in the heap */
     /* Only what was announced leaves: a PENDING entry never was. */
     if (x->observe && e->state == KVT_E_READY) x->observe(x->observe_arg, KVT_INDEX_REMOVED, x, &id, 1);
-    uint32_t parent = e->parent;
+    uint32_t parent = x->cold[id].parent;
     kvt__table_del(x, id);
     kvt__entry_free(x, id);
     if (parent != KVT_INDEX_NONE) {
         kvt_entry *p = &x->entries[parent];
-        assert(p->state != KVT_E_FREE && p->children > 0);
-        if (--p->children == 0) kvt__maybe_candidate(x, parent);
+        assert(p->state != KVT_E_FREE && !kvt__in_heap(p) && p->link > 0);
+        if (--p->link == 0) kvt__maybe_candidate(x, parent);
     }
 }
 
@@ -339,9 +468,7 @@ void kvt__index_share_clock(kvt_index *idx, _Atomic uint64_t *clock)
 bool kvt__index_coldest(const kvt_index *idx, uint16_t *freq, uint64_t *tick)
 {
     if (idx->heap_len == 0) return false;
-    const kvt_entry *e = &idx->entries[idx->heap[0]];
-    *freq = idx->policy == KVT_EVICT_LFU ? e->freq : 0;
-    *tick = e->tick;
+    kvt__index_age(idx, idx->heap[0], freq, tick);
     return true;
 }
 
@@ -350,7 +477,7 @@ void kvt__index_age(const kvt_index *idx, uint32_t id, uint16_t *freq, uint64_t 
     assert(kvt__live(idx, id));
     const kvt_entry *e = &idx->entries[id];
     *freq = idx->policy == KVT_EVICT_LFU ? e->freq : 0;
-    *tick = e->tick;
+    *tick = idx->epoch + e->tick;
 }
 
 uint32_t kvt__index_coldest_where(const kvt_index *idx, bool (*want)(uint32_t payload, void *arg),
@@ -380,13 +507,13 @@ uint32_t kvt__index_coldest_where(const kvt_index *idx, bool (*want)(uint32_t pa
 uint8_t kvt__index_tag(const kvt_index *idx, uint32_t id)
 {
     assert(kvt__live(idx, id));
-    return idx->entries[id].tag;
+    return idx->cold[id].tag;
 }
 
 void kvt__index_set_tag(kvt_index *idx, uint32_t id, uint8_t tag)
 {
     assert(kvt__live(idx, id));
-    idx->entries[id].tag = tag;
+    idx->cold[id].tag = tag;
 }
 
 kvt_status kvt__index_create(kvt_index **out, uint32_t max_blocks, kvt_evict_policy policy)
@@ -398,15 +525,20 @@ kvt_status kvt__index_create(kvt_index **out, uint32_t max_blocks, kvt_evict_pol
     if (x == NULL) return KVT_ENOMEM;
     x->cap = max_blocks;
     x->nslots = (uint32_t)(((uint64_t)max_blocks * 4 + 2) / 3); /* ceil(4n/3) > n */
+    /* A slot holds id + 1 <= max_blocks in the low bits (all 32 at 2^31). */
+    uint32_t id_bits = 32 - (uint32_t)__builtin_clz(max_blocks);
+    x->id_mask = id_bits == 32 ? UINT32_MAX : (1u << id_bits) - 1;
     x->policy = policy;
     x->free_head = KVT_INDEX_NONE;
     x->entries_bytes = (size_t)max_blocks * sizeof(kvt_entry);
-    x->table_bytes = (size_t)x->nslots * sizeof(uint64_t);
+    x->cold_bytes = (size_t)max_blocks * sizeof(kvt_cold);
+    x->table_bytes = (size_t)x->nslots * sizeof(uint32_t);
     x->heap_bytes = (size_t)max_blocks * sizeof(uint32_t);
-    x->entries = kvt__map(x->entries_bytes);
+    x->entries = kvt__map(x->entries_bytes); /* page aligned: 32 too */
+    x->cold = kvt__map(x->cold_bytes);
     x->table = kvt__map(x->table_bytes);
     x->heap = kvt__map(x->heap_bytes);
-    if (x->entries == NULL || x->table == NULL || x->heap == NULL) {
+    if (x->entries == NULL || x->cold == NULL || x->table == NULL || x->heap == NULL) {
         kvt__index_destroy(x);
         return KVT_ENOMEM;
     }
@@ -418,6 +550,7 @@ void kvt__index_destroy(kvt_index *idx)
 {
     if (idx == NULL) return;
     kvt__unmap(idx->entries, idx->entries_bytes);
+    kvt__unmap(idx->cold, idx->cold_bytes);
     kvt__unmap(idx->table, idx->table_bytes);
     kvt__unmap(idx->heap, idx->heap_bytes);
     free(idx);
@@ -435,15 +568,11 @@ static inline void kvt__walk_find_slot(const kvt_index *x, kvt_hash128 h, uint32
                                        uint32_t *cand)
 {
     /* First slot of the run whose tag matches: almost always the entry. */
-    uint32_t tag = kvt__tag(h), j = *slot;
-    uint64_t s;
-    while ((s = x->table[j]) != 0 && (uint32_t)(s >> 32) != tag) j = kvt__next(x, j);
+    uint32_t tag = kvt__tag(x, h), j = *slot, s;
+    while ((s = x->table[j]) != 0 && (s & ~x->id_mask) != tag) j = kvt__next(x, j);
     *slot = j;
-    *cand = s == 0 ? KVT_INDEX_NONE : (uint32_t)s - 1;
-    if (s != 0) { /* a 48-byte entry may straddle two lines */
-        __builtin_prefetch(&x->entries[*cand]);
-        __builtin_prefetch((const char *)&x->entries[*cand] + sizeof(kvt_entry) - 1);
-    }
+    *cand = s == 0 ? KVT_INDEX_NONE : (s & x->id_mask) - 1;
+    if (s != 0) __builtin_prefetch(&x->entries[*cand]);
 }
 
 static uint32_t kvt__walk(const kvt_index *x, const kvt_hash128 *h, uint32_t n, uint32_t *ids,
@@ -491,9 +620,9 @@ uint32_t kvt__index_match(kvt_index *idx, const kvt_hash128 *h, uint32_t n, uint
     if (!touch || k == 0) return k;
     for (uint32_t i = 0; i < k; i++) {
         kvt_entry *e = &idx->entries[ids[i]];
-        e->tick = next_tick(idx);
+        e->tick = kvt__stamp(idx);
         if (idx->policy == KVT_EVICT_LFU && e->freq < UINT16_MAX) e->freq++;
-        if (e->heap_pos != KVT_INDEX_NONE) kvt__sift_down(idx, e->heap_pos); /* key grew */
+        if (kvt__in_heap(e)) kvt__sift_down(idx, e->link & ~KVT_LINK_HEAP); /* key grew */
     }
     if (idx->policy == KVT_EVICT_LFU) {
         idx->decay_touches += k;
@@ -517,21 +646,23 @@ kvt_status kvt__index_insert(kvt_index *idx, uint32_t parent, kvt_hash128 h, uin
     assert(parent == KVT_INDEX_NONE || kvt__live(idx, parent));
     if (kvt__find(idx, h) != KVT_INDEX_NONE) return KVT_EINVAL;
     if (idx->count == idx->cap) return KVT_EFULL;
+    uint32_t tick = kvt__stamp(idx); /* before the entry exists: a rebase skips it */
     uint32_t id = kvt__entry_alloc(idx);
     kvt_entry *e = &idx->entries[id];
     *e = (kvt_entry){.key = h,
-                     .tick = next_tick(idx),
-                     .parent = parent,
+                     .tick = tick,
+                     .link = 0,
                      .payload = payload,
-                     .children = 0,
-                     .pins = 1,
-                     .heap_pos = KVT_INDEX_NONE,
                      .freq = 1,
+                     .pins_lo = 1,
                      .state = KVT_E_PENDING};
+    idx->cold[id] = (kvt_cold){.parent = parent, .tag = 0, .pins_hi = 0};
     kvt__table_put(idx, h, id);
     if (parent != KVT_INDEX_NONE) {
         kvt_entry *p = &idx->entries[parent];
-        if (p->children++ == 0 && p->heap_pos != KVT_INDEX_NONE) kvt__heap_remove(idx, parent);
+        if (kvt__in_heap(p)) kvt__heap_remove(idx, parent); /* its first child */
+        assert(p->link < KVT_LINK_HEAP - 1);
+        p->link++;
     }
     if (id_out != NULL) *id_out = id;
     return KVT_OK;
@@ -541,9 +672,9 @@ void kvt__index_commit(kvt_index *idx, const uint32_t *ids, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {
         kvt_entry *e = &idx->entries[ids[i]];
-        assert(kvt__live(idx, ids[i]) && e->state == KVT_E_PENDING && e->pins > 0);
+        assert(kvt__live(idx, ids[i]) && e->state == KVT_E_PENDING && e->pins_lo > 0);
         e->state = KVT_E_READY;
-        e->pins--;
+        kvt__pins_dec(idx, ids[i]);
         kvt__maybe_candidate(idx, ids[i]);
     }
     if (idx->observe && n) idx->observe(idx->observe_arg, KVT_INDEX_STORED, idx, ids, n);
@@ -572,21 +703,25 @@ void kvt__index_abort(kvt_index *idx, const uint32_t *ids, uint32_t n)
     }
 }
 
-void kvt__index_pin(kvt_index *idx, const uint32_t *ids, uint32_t n)
+kvt_status kvt__index_pin(kvt_index *idx, const uint32_t *ids, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {
         kvt_entry *e = &idx->entries[ids[i]];
-        assert(kvt__live(idx, ids[i]) && e->pins < UINT32_MAX);
-        if (e->pins++ == 0 && e->heap_pos != KVT_INDEX_NONE) kvt__heap_remove(idx, ids[i]);
+        assert(kvt__live(idx, ids[i]));
+        if (!kvt__pins_inc(idx, ids[i])) {
+            kvt__index_unpin(idx, ids, i); /* all or nothing */
+            return KVT_EFULL;
+        }
+        if (kvt__in_heap(e)) kvt__heap_remove(idx, ids[i]); /* its first pin */
     }
+    return KVT_OK;
 }
 
 void kvt__index_unpin(kvt_index *idx, const uint32_t *ids, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {
-        kvt_entry *e = &idx->entries[ids[i]];
-        assert(kvt__live(idx, ids[i]) && e->pins > 0);
-        if (--e->pins == 0) kvt__maybe_candidate(idx, ids[i]);
+        assert(kvt__live(idx, ids[i]) && idx->entries[ids[i]].pins_lo > 0);
+        if (kvt__pins_dec(idx, ids[i]) == 0) kvt__maybe_candidate(idx, ids[i]);
     }
 }
 
@@ -597,7 +732,7 @@ uint32_t kvt__index_evict_ids(kvt_index *idx, uint32_t want, uint32_t *ids_out,
     while (got < want && idx->heap_len > 0) {
         uint32_t id = idx->heap[0];
         kvt_entry *e = &idx->entries[id];
-        assert(e->state == KVT_E_READY && e->pins == 0 && e->children == 0);
+        assert(e->state == KVT_E_READY && e->pins_lo == 0);
         kvt__heap_remove(idx, id);
         if (ids_out != NULL) ids_out[got] = id;
         if (payloads_out != NULL) payloads_out[got] = e->payload;
@@ -627,7 +762,8 @@ void kvt__index_set_payload(kvt_index *idx, uint32_t id, uint32_t payload)
 uint32_t kvt__index_pins(const kvt_index *idx, uint32_t id)
 {
     assert(kvt__live(idx, id));
-    return idx->entries[id].pins;
+    uint32_t lo = idx->entries[id].pins_lo; /* the cold part only when pinned */
+    return lo == 0 ? 0 : idx->cold[id].pins_hi * KVT_PINS_STEP + lo;
 }
 
 kvt_hash128 kvt__index_key(const kvt_index *idx, uint32_t id)
@@ -639,14 +775,13 @@ kvt_hash128 kvt__index_key(const kvt_index *idx, uint32_t id)
 uint32_t kvt__index_parent(const kvt_index *idx, uint32_t id)
 {
     assert(kvt__live(idx, id));
-    return idx->entries[id].parent;
+    return idx->cold[id].parent;
 }
 
 bool kvt__index_remove_candidate(kvt_index *idx, uint32_t id)
 {
     assert(kvt__live(idx, id));
-    kvt_entry *e = &idx->entries[id];
-    if (e->heap_pos == KVT_INDEX_NONE) return false;
+    if (!kvt__in_heap(&idx->entries[id])) return false;
     kvt__heap_remove(idx, id);
     kvt__entry_remove(idx, id);
     return true;
@@ -684,7 +819,7 @@ uint32_t kvt__index_evictable(const kvt_index *idx)
 
 uint64_t kvt__index_memory_bytes(const kvt_index *idx)
 {
-    return sizeof *idx + idx->entries_bytes + idx->table_bytes + idx->heap_bytes;
+    return sizeof *idx + idx->entries_bytes + idx->cold_bytes + idx->table_bytes + idx->heap_bytes;
 }
 
 /* ------------------------------------------------------------------ */
@@ -711,29 +846,39 @@ bool kvt__index_check(const kvt_index *idx)
         live++;
         KVT_CHECK_(e->state == KVT_E_PENDING || e->state == KVT_E_READY);
         KVT_CHECK_(kvt__find(x, e->key) == id);
-        if (e->parent != KVT_INDEX_NONE) {
-            KVT_CHECK_(kvt__live(x, e->parent)); /* a prefix never loses a block */
-            children[e->parent]++;
+        const kvt_cold *c = &x->cold[id];
+        if (c->parent != KVT_INDEX_NONE) {
+            KVT_CHECK_(kvt__live(x, c->parent)); /* a prefix never loses a block */
+            children[c->parent]++;
         }
-        bool cand = e->state == KVT_E_READY && e->pins == 0 && e->children == 0;
-        KVT_CHECK_(cand == (e->heap_pos != KVT_INDEX_NONE));
+        KVT_CHECK_(c->pins_hi == 0 || e->pins_lo > KVT_PINS_LOW); /* see pins */
+        bool cand = e->state == KVT_E_READY && e->pins_lo == 0 && kvt__children(e) == 0;
+        KVT_CHECK_(cand == kvt__in_heap(e));
         if (cand) {
+            uint32_t pos = e->link & ~KVT_LINK_HEAP;
             candidates++;
-            KVT_CHECK_(e->heap_pos < x->heap_len && x->heap[e->heap_pos] == id);
+            KVT_CHECK_(pos < x->heap_len && x->heap[pos] == id);
         }
-        if (e->state == KVT_E_PENDING) KVT_CHECK_(e->pins > 0);
+        if (e->state == KVT_E_PENDING) KVT_CHECK_(e->pins_lo > 0);
     }
     for (uint32_t id = 0; id < x->high; id++)
-        if (x->entries[id].state != KVT_E_FREE) KVT_CHECK_(x->entries[id].children == children[id]);
+        if (x->entries[id].state != KVT_E_FREE)
+            KVT_CHECK_(kvt__children(&x->entries[id]) == children[id]);
     KVT_CHECK_(live == x->count && candidates == x->heap_len);
     for (uint32_t pos = 1; pos < x->heap_len; pos++)
         KVT_CHECK_(!kvt__before(x, x->heap[pos], x->heap[(pos - 1) / 2]));
     uint32_t used = 0;
-    for (uint32_t i = 0; i < x->nslots; i++) used += x->table[i] != 0;
+    for (uint32_t i = 0; i < x->nslots; i++) {
+        uint32_t s = x->table[i];
+        if (s == 0) continue;
+        used++;
+        uint32_t id = (s & x->id_mask) - 1; /* a live entry, tagged with its own hash */
+        KVT_CHECK_(kvt__live(x, id) && (s & ~x->id_mask) == kvt__tag(x, x->entries[id].key));
+    }
     KVT_CHECK_(used == x->count);
     uint32_t freed = 0;
     for (uint32_t f = x->free_head; f != KVT_INDEX_NONE && freed <= x->high;
-         f = x->entries[f].parent)
+         f = x->cold[f].parent)
         freed++;
     KVT_CHECK_(freed + x->count == x->high);
 #undef KVT_CHECK_

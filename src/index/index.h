@@ -11,7 +11,8 @@
  *  - Pinned entries (pins > 0) are never evicted.
  * Not thread-safe: the cache manager serialises calls with its lock. No
  * call allocates memory after create; every call is O(blocks touched) plus
- * O(log n) per eviction-heap update.
+ * O(log n) per eviction-heap update, amortised: a touch may pay O(entries)
+ * once per max_blocks touches (LFU decay) or per 2^31 ticks (tick rebase).
  */
 #ifndef KVT_INDEX_INDEX_H
 #define KVT_INDEX_INDEX_H
@@ -79,7 +80,14 @@ void kvt__index_commit(kvt_index *idx, const uint32_t *ids, uint32_t n);
  * are removed tail first). Their payloads are the caller's to free. */
 void kvt__index_abort(kvt_index *idx, const uint32_t *ids, uint32_t n);
 
-void kvt__index_pin(kvt_index *idx, const uint32_t *ids, uint32_t n);
+/* Pins an entry holds at most (the insert pin and the caller's; index.c:
+ * the pin bound). The cache pins a block once per task in flight that uses
+ * it, plus a store's and an SSD write's pin: its max_tasks (at most
+ * 1048576) keeps it out of reach. */
+#define KVT_INDEX_MAX_PINS 2105343u
+/* Pins ids[0..n) once each (an id given twice is pinned twice). KVT_EFULL,
+ * with nothing pinned, when that would take one past KVT_INDEX_MAX_PINS. */
+kvt_status kvt__index_pin(kvt_index *idx, const uint32_t *ids, uint32_t n);
 void kvt__index_unpin(kvt_index *idx, const uint32_t *ids, uint32_t n);
 
 /* Evicts up to want READY, unpinned entries that have no children, in
@@ -107,7 +115,10 @@ bool kvt__index_remove_candidate(kvt_index *idx, uint32_t id);
  * (atomically). Set before the first insert; the clock outlives idx. */
 void kvt__index_share_clock(kvt_index *idx, _Atomic uint64_t *clock);
 /* The next eviction candidate's key: false when there is none. LRU: freq
- * is 0 and tick its last touch; LFU: its (freq, tick). Smaller is colder. */
+ * is 0 and tick its last touch; LFU: its (freq, tick). Smaller is colder.
+ * Exact for an entry touched since the index's epoch, which stays at least
+ * 2^31 ticks back; one untouched since before it reports the epoch, still
+ * colder than any exact one (index.c: the tick bound). */
 bool kvt__index_coldest(const kvt_index *idx, uint16_t *freq, uint64_t *tick);
 /* Entry id's eviction key, as kvt__index_coldest gives the coldest's. */
 void kvt__index_age(const kvt_index *idx, uint32_t id, uint16_t *freq, uint64_t *tick);
@@ -152,7 +163,8 @@ uint32_t kvt__index_high(const kvt_index *idx);
 bool kvt__index_live(const kvt_index *idx, uint32_t id);
 uint32_t kvt__index_count(const kvt_index *idx);     /* entries, READY or PENDING */
 uint32_t kvt__index_capacity(const kvt_index *idx);  /* max_blocks */
-/* Bytes of memory the index holds (entries + hash table), for stats. */
+/* Bytes of memory the index holds (entries, hash table, heap), for stats:
+ * under 48 per block (index.c). */
 uint64_t kvt__index_memory_bytes(const kvt_index *idx);
 /* Entries kvt__index_evict could take right now (READY, unpinned, no
  * children); more become candidates as their children go. */

@@ -2,6 +2,7 @@
  * comparison against a plain reference model of the same rules. */
 #include "support.h"
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,7 +415,7 @@ static void test_index_memory_budget(void **state)
     assert_ok(kvt__index_create(&idx, cap, KVT_EVICT_LRU));
     double per_block = (double)kvt__index_memory_bytes(idx) / cap;
     print_message("index: %.2f bytes per block at %u blocks\n", per_block, cap);
-    assert_true(per_block <= 64.0);
+    assert_true(per_block <= 48.0);
     /* Fill it: the table stays usable at its full load factor. */
     uint32_t id, got[1];
     for (uint32_t i = 0; i < cap; i++) {
@@ -427,6 +428,208 @@ static void test_index_memory_budget(void **state)
         kvt_index_stop stop;
         assert_int_equal(kvt__index_probe(idx, &h, 1, got, &stop), 0);
         assert_int_equal(stop, KVT_STOP_PENDING);
+    }
+    kvt__index_destroy(idx);
+}
+
+/* ------------------------------------------------------------------ */
+/* Bounds of the packed entry                                         */
+/* ------------------------------------------------------------------ */
+
+/* Entry ticks are u32 offsets from an epoch. A shared clock lets the test
+ * start just below 2^32: the epoch moves while entries are stored, and
+ * reported ticks and LRU order stay exact. */
+static void test_index_tick_wrap(void **state)
+{
+    (void)state;
+    kvt_index *idx;
+    enum { N = 6 };
+    const uint64_t t0 = (1ull << 32) - 3;
+    _Atomic uint64_t clock = t0;
+    assert_ok(kvt__index_create(&idx, 64, KVT_EVICT_LRU));
+    kvt__index_share_clock(idx, &clock);
+    kvt_hash128 h[N];
+    uint32_t ids[N], got[1], pl[N];
+    for (uint32_t i = 0; i < N; i++) { /* ticks 2^32 - 2 .. 2^32 + 3 */
+        h[i] = test_hash(400 + i, 0);
+        store_chain(idx, KVT_INDEX_NONE, &h[i], 1, i, &ids[i]);
+    }
+    uint16_t freq;
+    uint64_t tick;
+    for (uint32_t i = 0; i < N; i++) {
+        kvt__index_age(idx, ids[i], &freq, &tick);
+        assert_int_equal(freq, 0);
+        assert_true(tick == t0 + 1 + i);
+    }
+    /* Use in the order 3, 0, 5; untouched 1, 2, 4 are the oldest. */
+    kvt__index_match(idx, &h[3], 1, got, true);
+    kvt__index_match(idx, &h[0], 1, got, true);
+    kvt__index_match(idx, &h[5], 1, got, true);
+    assert_true(kvt__index_check(idx));
+    kvt__index_age(idx, ids[5], &freq, &tick);
+    assert_true(tick == t0 + N + 3);
+    assert_true(kvt__index_coldest(idx, &freq, &tick));
+    assert_true(tick == t0 + 2); /* block 1 */
+    /* The epoch moved to 2^31 at tick 2^32. The last tick before it moves
+     * again, 2^32 - 1 past it, leaves every tick exact. */
+    const uint64_t last = (1ull << 31) + UINT32_MAX;
+    atomic_store(&clock, last - 1);
+    kvt__index_match(idx, &h[4], 1, got, true);
+    kvt__index_age(idx, ids[4], &freq, &tick);
+    assert_true(tick == last);
+    kvt__index_age(idx, ids[1], &freq, &tick);
+    assert_true(tick == t0 + 2);
+    /* The next moves it to 2^32: block 1 (touched at 2^32 - 1) becomes
+     * 2^32, the same as block 2, and ranks before it by id. */
+    kvt__index_match(idx, &h[4], 1, got, true);
+    assert_true(kvt__index_check(idx));
+    kvt__index_age(idx, ids[1], &freq, &tick);
+    assert_true(tick == 1ull << 32);
+    kvt__index_age(idx, ids[2], &freq, &tick);
+    assert_true(tick == 1ull << 32);
+    kvt__index_age(idx, ids[5], &freq, &tick);
+    assert_true(tick == t0 + N + 3);
+    kvt__index_age(idx, ids[4], &freq, &tick);
+    assert_true(tick == last + 1);
+    assert_int_equal(kvt__index_evict(idx, N, pl), N);
+    const uint32_t want[N] = {1, 2, 3, 0, 5, 4};
+    assert_memory_equal(pl, want, sizeof want);
+    kvt__index_destroy(idx);
+}
+
+/* An entry untouched for more than 2^31 ticks when the epoch moves ranks as
+ * touched at the new epoch: colder than every entry touched since, and
+ * among such entries by id (LFU: by count first). */
+static void test_index_tick_clamp(void **state)
+{
+    (void)state;
+    for (int lfu = 0; lfu < 2; lfu++) {
+        kvt_index *idx;
+        enum { N = 6 };
+        _Atomic uint64_t clock = 0;
+        assert_ok(kvt__index_create(&idx, 64, lfu ? KVT_EVICT_LFU : KVT_EVICT_LRU));
+        kvt__index_share_clock(idx, &clock);
+        kvt_hash128 h[N];
+        uint32_t ids[N], got[1], pl[N];
+        for (uint32_t i = 0; i < N; i++) {
+            h[i] = test_hash(500 + i, 0);
+            store_chain(idx, KVT_INDEX_NONE, &h[i], 1, i, &ids[i]);
+        }
+        kvt__index_match(idx, &h[4], 1, got, true); /* 4, then 1: the newest before */
+        kvt__index_match(idx, &h[1], 1, got, true);
+        kvt__index_match(idx, &h[1], 1, got, true);
+        const uint64_t jump = 3ull << 32;
+        atomic_store(&clock, jump);
+        kvt__index_match(idx, &h[5], 1, got, true); /* moves the epoch */
+        kvt__index_match(idx, &h[2], 1, got, true);
+        assert_true(kvt__index_check(idx));
+        const uint64_t epoch = jump + 1 - (1ull << 31);
+        uint16_t freq;
+        uint64_t tick;
+        const uint32_t old[4] = {0, 1, 3, 4};
+        for (uint32_t i = 0; i < 4; i++) {
+            kvt__index_age(idx, ids[old[i]], &freq, &tick);
+            assert_true(tick == epoch);
+        }
+        kvt__index_age(idx, ids[5], &freq, &tick);
+        assert_true(tick == jump + 1);
+        kvt__index_age(idx, ids[2], &freq, &tick);
+        assert_true(tick == jump + 2);
+        assert_int_equal(kvt__index_evict(idx, N, pl), N);
+        /* LRU: the clamped ones by id, then 5, 2. LFU counts 0:1 1:3 2:2
+         * 3:1 4:2 5:2: 0 and 3 (count 1, tied), 4 (2, clamped), 5, 2, 1. */
+        const uint32_t want_lru[N] = {0, 1, 3, 4, 5, 2};
+        const uint32_t want_lfu[N] = {0, 3, 4, 5, 2, 1};
+        assert_memory_equal(pl, lfu ? want_lfu : want_lru, sizeof want_lru);
+        kvt__index_destroy(idx);
+    }
+}
+
+/* Pins are a split count (index.c: the pin bound): a pin past
+ * KVT_INDEX_MAX_PINS is refused, all or nothing, and the count and heap
+ * stay as they were. */
+static void test_index_pin_limit(void **state)
+{
+    (void)state;
+    kvt_index *idx;
+    assert_ok(kvt__index_create(&idx, 16, KVT_EVICT_LRU));
+    kvt_hash128 a[2], b = test_hash(600, 9);
+    uint32_t ia[2], ib, pl[3];
+    chain_hashes(a, 2, 600);
+    store_chain(idx, KVT_INDEX_NONE, a, 2, 0, ia);
+    store_chain(idx, KVT_INDEX_NONE, &b, 1, 2, &ib);
+    /* One at a time up to the limit and back down: exact through every
+     * carry and borrow between the two parts, a candidate again only at 0. */
+    for (uint32_t n = 1; n <= KVT_INDEX_MAX_PINS; n++) {
+        assert_ok(kvt__index_pin(idx, &ib, 1));
+        if (kvt__index_pins(idx, ib) != n) fail_msg("pins %u, want %u", kvt__index_pins(idx, ib), n);
+        if (n % 4096 <= 1 || n % 16383 <= 1) assert_true(kvt__index_check(idx));
+    }
+    assert_int_equal(kvt__index_evictable(idx), 1); /* a1 */
+    assert_status(kvt__index_pin(idx, &ib, 1), KVT_EFULL);
+    assert_int_equal(kvt__index_pins(idx, ib), KVT_INDEX_MAX_PINS);
+    for (uint32_t n = KVT_INDEX_MAX_PINS; n-- > 0;) {
+        kvt__index_unpin(idx, &ib, 1);
+        if (kvt__index_pins(idx, ib) != n) fail_msg("pins %u, want %u", kvt__index_pins(idx, ib), n);
+        if (kvt__index_evictable(idx) != (n == 0 ? 2u : 1u)) fail_msg("candidate at %u pins", n);
+        if (n % 4096 <= 1 || n % 16383 <= 1) assert_true(kvt__index_check(idx));
+    }
+    /* Many in one call. */
+    uint32_t *many = malloc((size_t)KVT_INDEX_MAX_PINS * sizeof *many);
+    assert_non_null(many);
+    for (uint32_t i = 0; i < KVT_INDEX_MAX_PINS; i++) many[i] = ia[1];
+    assert_ok(kvt__index_pin(idx, many, KVT_INDEX_MAX_PINS));
+    assert_int_equal(kvt__index_pins(idx, ia[1]), KVT_INDEX_MAX_PINS);
+    assert_status(kvt__index_pin(idx, &ia[1], 1), KVT_EFULL);
+    assert_int_equal(kvt__index_pins(idx, ia[1]), KVT_INDEX_MAX_PINS);
+    /* b (a candidate) and a0 come before the refusal: undone. */
+    const uint32_t three[3] = {ib, ia[0], ia[1]};
+    assert_int_equal(kvt__index_evictable(idx), 1);
+    assert_status(kvt__index_pin(idx, three, 3), KVT_EFULL);
+    assert_int_equal(kvt__index_pins(idx, ib), 0);
+    assert_int_equal(kvt__index_pins(idx, ia[0]), 0);
+    assert_int_equal(kvt__index_evictable(idx), 1);
+    assert_true(kvt__index_check(idx));
+    /* One off the limit: room for one more. */
+    kvt__index_unpin(idx, many, 1);
+    assert_ok(kvt__index_pin(idx, three, 3));
+    assert_int_equal(kvt__index_pins(idx, ia[1]), KVT_INDEX_MAX_PINS);
+    assert_int_equal(kvt__index_evictable(idx), 0);
+    kvt__index_unpin(idx, three, 2);
+    kvt__index_unpin(idx, many, KVT_INDEX_MAX_PINS);
+    assert_true(kvt__index_check(idx));
+    assert_int_equal(kvt__index_evict(idx, 3, pl), 3);
+    const uint32_t want[3] = {1, 0, 2}; /* a1 (tick 2), then a0 (1), b (3) */
+    assert_memory_equal(pl, want, sizeof want);
+    free(many);
+    kvt__index_destroy(idx);
+}
+
+/* Hashes that share their low 64 bits share a home slot and a slot tag:
+ * every lookup of one meets the others' slots first and must compare the
+ * full key; deleting one shifts the run back over it. */
+static void test_index_tag_collision(void **state)
+{
+    (void)state;
+    kvt_index *idx;
+    enum { N = 5 };
+    assert_ok(kvt__index_create(&idx, 32, KVT_EVICT_LRU));
+    kvt_hash128 h[N];
+    uint32_t ids[N], got[N], pl[N];
+    for (uint32_t i = 0; i < N; i++) h[i] = (kvt_hash128){0x1234567890abcdefull, 1000 + i};
+    store_chain(idx, KVT_INDEX_NONE, h, N, 0, ids);
+    kvt_index_stop stop;
+    assert_int_equal(kvt__index_probe(idx, h, N, got, &stop), N);
+    assert_int_equal(stop, KVT_STOP_END);
+    assert_memory_equal(got, ids, sizeof ids);
+    kvt_hash128 other = {h[0].lo, 999};
+    assert_int_equal(kvt__index_find(idx, other), KVT_INDEX_NONE);
+    assert_int_equal(kvt__index_match(idx, &other, 1, got, true), 0);
+    for (uint32_t n = N; n-- > 0;) { /* tail first, each time the run shrinks */
+        assert_int_equal(kvt__index_evict(idx, 1, pl), 1);
+        assert_int_equal(pl[0], n);
+        assert_true(kvt__index_check(idx));
+        assert_int_equal(kvt__index_match(idx, h, N, got, true), n);
     }
     kvt__index_destroy(idx);
 }
@@ -451,8 +654,23 @@ typedef struct ref_model {
     uint32_t n_slots; /* array length (grows as needed, reused when free) */
     uint32_t count, cap;
     uint64_t clock, decay_touches;
+    uint64_t epoch; /* the index's tick bound: see ref_stamp */
     kvt_evict_policy policy;
 } ref_model;
+
+/* The next tick. The index keeps ticks as u32 offsets from an epoch: when
+ * a tick is more than 2^32 - 1 past it, the epoch moves to 2^31 before
+ * the tick and older ticks become the epoch. */
+static uint64_t ref_stamp(ref_model *m)
+{
+    uint64_t t = ++m->clock;
+    if (t - m->epoch > UINT32_MAX) {
+        m->epoch = t - (1ull << 31);
+        for (uint32_t i = 0; i < m->n_slots; i++)
+            if (m->e[i].tick < m->epoch) m->e[i].tick = m->epoch;
+    }
+    return t;
+}
 
 typedef struct store_op {
     uint32_t n;
@@ -485,7 +703,7 @@ static uint32_t ref_match(ref_model *m, const kvt_hash128 *h, uint32_t n, bool t
     if (touch) {
         for (uint32_t j = 0; j < k; j++) {
             ref_entry *e = &m->e[found[j]];
-            e->tick = ++m->clock;
+            e->tick = ref_stamp(m);
             if (e->freq < UINT16_MAX) e->freq++;
         }
         if (m->policy == KVT_EVICT_LFU && k > 0) {
@@ -507,7 +725,8 @@ static bool ref_candidate(const ref_entry *e)
 static bool ref_before(const ref_model *m, const ref_entry *a, const ref_entry *b)
 {
     if (m->policy == KVT_EVICT_LFU && a->freq != b->freq) return a->freq < b->freq;
-    return a->tick < b->tick;
+    if (a->tick != b->tick) return a->tick < b->tick;
+    return a->id < b->id; /* ticks tie only once the epoch clamped them */
 }
 
 static void ref_remove(ref_model *m, int i)
@@ -527,9 +746,10 @@ static void ref_insert(ref_model *m, int parent, kvt_hash128 h, uint32_t payload
     uint32_t i = 0;
     while (i < m->n_slots && m->e[i].state != R_FREE) i++;
     assert_true(i < m->cap);
+    uint64_t tick = ref_stamp(m);
     if (i == m->n_slots) m->n_slots++;
     m->e[i] = (ref_entry){.h = h, .parent = parent, .payload = payload, .pins = 1, .freq = 1,
-                          .id = id, .tick = ++m->clock, .state = R_PENDING};
+                          .id = id, .tick = tick, .state = R_PENDING};
     if (parent >= 0) m->e[parent].children++;
     m->count++;
 }
@@ -575,20 +795,32 @@ static void compare_all(kvt_index *idx, ref_model *m, kvt_hash128 seq[NSEQ][SEQ_
         for (uint32_t j = 0; j < k; j++) {
             int r = ref_find(m, seq[s][j]);
             assert_int_equal(m->e[r].id, ids[j]);
+            uint16_t freq;
+            uint64_t tick;
+            kvt__index_age(idx, ids[j], &freq, &tick);
+            assert_true(tick == m->e[r].tick);
+            if (m->policy == KVT_EVICT_LFU) assert_int_equal(freq, m->e[r].freq);
             /* parent presence: the parent of a present block is the one before */
             if (j > 0) assert_int_equal(m->e[m->e[r].parent].id, ids[j - 1]);
         }
     }
 }
 
-static void run_random(uint64_t seed, kvt_evict_policy policy, uint32_t cap, uint32_t ops)
+/* clock0: 0, the index's own clock; else a shared clock starting there
+ * that now and then jumps ahead (up to 2^33 ticks), so the index's epoch
+ * moves and clamps old ticks, as the model does. */
+static void run_random_clock(uint64_t seed, kvt_evict_policy policy, uint32_t cap, uint32_t ops,
+                             uint64_t clock0)
 {
     uint64_t rng = seed;
     kvt_hash128 seq[NSEQ][SEQ_BLOCKS];
     make_sequences(seq, &rng);
     kvt_index *idx;
+    _Atomic uint64_t clock = clock0;
     assert_ok(kvt__index_create(&idx, cap, policy));
-    ref_model m = {.e = calloc(cap, sizeof(ref_entry)), .cap = cap, .policy = policy};
+    if (clock0) kvt__index_share_clock(idx, &clock);
+    ref_model m = {.e = calloc(cap, sizeof(ref_entry)), .cap = cap, .policy = policy,
+                   .clock = clock0};
     assert_non_null(m.e);
     store_op stores[MAX_STORES];
     uint32_t nstores = 0;
@@ -597,6 +829,11 @@ static void run_random(uint64_t seed, kvt_evict_policy policy, uint32_t cap, uin
     uint32_t ids[SEQ_BLOCKS], pl[16];
 
     for (uint32_t op = 0; op < ops; op++) {
+        if (clock0 && kvt__splitmix64(&rng) % 64 == 0) {
+            uint64_t jump = kvt__splitmix64(&rng) % (1ull << (kvt__splitmix64(&rng) % 34));
+            atomic_store(&clock, m.clock + jump);
+            m.clock += jump;
+        }
         uint32_t r = (uint32_t)(kvt__splitmix64(&rng) % 100);
         uint32_t s = (uint32_t)(kvt__splitmix64(&rng) % NSEQ);
         if (r < 25 && nstores < MAX_STORES) { /* start a store */
@@ -667,6 +904,7 @@ static void run_random(uint64_t seed, kvt_evict_policy policy, uint32_t cap, uin
         }
         compare_all(idx, &m, seq);
         assert_true(kvt__index_check(idx));
+        if (clock0) assert_true(atomic_load(&clock) == m.clock);
     }
     /* Drain: finish everything, then evict to empty. */
     for (uint32_t i = 0; i < nstores; i++) kvt__index_abort(idx, stores[i].ids, stores[i].n);
@@ -678,6 +916,11 @@ static void run_random(uint64_t seed, kvt_evict_policy policy, uint32_t cap, uin
     (void)total;
     free(m.e);
     kvt__index_destroy(idx);
+}
+
+static void run_random(uint64_t seed, kvt_evict_policy policy, uint32_t cap, uint32_t ops)
+{
+    run_random_clock(seed, policy, cap, ops, 0);
 }
 
 static void test_index_random_lru(void **state)
@@ -700,6 +943,18 @@ static void test_index_random_lfu(void **state)
     }
 }
 
+/* The model with the tick bound in play: a clock from just below 2^32
+ * that jumps, for both policies. */
+static void test_index_random_tick_bound(void **state)
+{
+    (void)state;
+    const uint64_t seeds[] = {21, 22, 23};
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) {
+        run_random_clock(seeds[i], KVT_EVICT_LRU, 40, 3000, (1ull << 32) - 500);
+        run_random_clock(seeds[i] + 100, KVT_EVICT_LFU, 40, 3000, (1ull << 32) - 500);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -716,8 +971,13 @@ int main(void)
         cmocka_unit_test(test_index_lfu_decay),
         cmocka_unit_test(test_index_slot_reuse),
         cmocka_unit_test(test_index_memory_budget),
+        cmocka_unit_test(test_index_tick_wrap),
+        cmocka_unit_test(test_index_tick_clamp),
+        cmocka_unit_test(test_index_pin_limit),
+        cmocka_unit_test(test_index_tag_collision),
         cmocka_unit_test(test_index_random_lru),
         cmocka_unit_test(test_index_random_lfu),
+        cmocka_unit_test(test_index_random_tick_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
