@@ -33,7 +33,7 @@
 
 #define BI_CHAIN 64u
 #define BI_BLOCK_TOKENS 16u
-#define BI_TARGET_LOOKUPS 10e6 /* docs/performance.md: >= 10M lookups/s at 100M blocks */
+#define BI_TARGET_LOOKUPS 10e6 /* docs/design.md: >= 10M lookups/s at 100M blocks */
 #define BI_TARGET_BYTES 48.0    /* and <= 48 bytes per block */
 #define BI_MAX_ROUNDS 64
 #define BI_WARMUP_NS 300000000ull
