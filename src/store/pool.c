@@ -478,6 +478,22 @@ uint32_t kvt__pool_release(kvt_pool *pool, uint32_t max)
     }
     return n;
 }
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 (uapi asm-generic/mman-common.h) */
+#endif
+
+void kvt__pool_populate(uint8_t *base, const uint64_t *off, uint32_t n, uint64_t bytes)
+{
+    for (uint32_t i = 0; i < n;) {
+        uint32_t j = i + 1;
+        while (j < n && off[j] == off[j - 1] + bytes) j++;
+        uintptr_t a = (uintptr_t)(base + off[i]), e = a + (uintptr_t)((j - i) * bytes);
+        a &= ~(uintptr_t)4095; /* madvise wants a page-aligned start */
+        (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+        i = j;
+    }
+}
+
 uint64_t kvt__pool_block_bytes(const kvt_pool *pool) { return pool->block_bytes; }
 const char *kvt__pool_page_kind(const kvt_pool *pool) { return pool->kind; }
 

@@ -54,6 +54,13 @@ kvt_status kvt__pool_create_budgeted(kvt_pool **out, uint64_t capacity_bytes,
  * many. 0 for a pool without a budget. A syscall per slot: for moving
  * capacity between pools under pressure, never per transfer. */
 uint32_t kvt__pool_release(kvt_pool *pool, uint32_t max);
+/* Backs and maps, in this process, the n ranges [base + off[i], +bytes)
+ * of a shared pool's mapping before they are written: one
+ * madvise(MADV_POPULATE_WRITE) per run of adjacent ranges instead of a
+ * page fault per 4 KiB page (512 per 2 MiB block, each a costly trap
+ * under a VM's shadow paging: docs/cluster.md, Performance). Advice only:
+ * a kernel without it (before 5.14) leaves the pages to fault in. */
+void kvt__pool_populate(uint8_t *base, const uint64_t *off, uint32_t n, uint64_t bytes);
 /* Slots with memory behind them (all of them without a budget). */
 uint32_t kvt__pool_blocks_backed(const kvt_pool *pool);
 /* Free backed slots (those kvt__pool_release can give back). */

@@ -227,6 +227,40 @@ static void test_budget_shared_by_two_pools(void **state)
     kvt__pool_destroy(p);
 }
 
+/* kvt__pool_populate backs exactly the ranges it is given (a run of
+ * adjacent blocks in one call, a block apart from them in another), in
+ * this process's mapping and in the memfd, and leaves the bytes of a
+ * block that was already written as they were. */
+static void test_populate_backs_the_ranges(void **state)
+{
+    (void)state;
+    kvt_pool_budget budget = {.limit = 8 * 16384};
+    kvt_pool *p = NULL;
+    assert_ok(kvt__pool_create_budgeted(&p, 8 * 16384, 16384, false, &budget));
+    uint8_t *base = kvt__pool_base(p);
+    uint32_t s[4];
+    for (int i = 0; i < 4; i++) s[i] = kvt__pool_alloc(p);
+    assert_int_equal(backed_bytes(kvt__pool_fd(p)), 0);
+    memset(kvt__pool_block(p, s[2]), 0x77, 16384);
+    assert_ptr_equal(kvt__pool_block(p, s[1]), kvt__pool_block(p, s[0]) + 16384); /* adjacent */
+    /* s0 and s1: one run; s3: apart (s2 between them is left out) */
+    uint64_t off[3] = {(uint64_t)(kvt__pool_block(p, s[0]) - base),
+                       (uint64_t)(kvt__pool_block(p, s[1]) - base),
+                       (uint64_t)(kvt__pool_block(p, s[3]) - base)};
+    kvt__pool_populate(base, off, 3, 16384);
+    unsigned char vec[4];
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(mincore(kvt__pool_block(p, s[i]), 16384, vec), 0);
+        for (int k = 0; k < 4; k++) assert_true(vec[k] & 1);
+    }
+    assert_true(backed_bytes(kvt__pool_fd(p)) >= 4 * 16384);
+    assert_true(backed_bytes(kvt__pool_fd(p)) < 5 * 16384); /* nothing beyond them */
+    assert_int_equal(kvt__pool_block(p, s[2])[16383], 0x77);
+    assert_int_equal(kvt__pool_block(p, s[0])[0], 0);
+    kvt__pool_populate(base, off, 0, 16384); /* nothing to do */
+    kvt__pool_destroy(p);
+}
+
 static void test_bad_args(void **state)
 {
     (void)state;
@@ -251,6 +285,7 @@ int main(void)
         cmocka_unit_test(test_alignment_and_disjoint),
         cmocka_unit_test(test_shared_pages_and_mapping),
         cmocka_unit_test(test_budget_shared_by_two_pools),
+        cmocka_unit_test(test_populate_backs_the_ranges),
         cmocka_unit_test(test_bad_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
