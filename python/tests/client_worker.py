@@ -1,6 +1,6 @@
 """One engine process attached to a kvtier server (test_client.py):
-``client_worker.py SOCKET store|load SEED [keys|ikeys]`` (ikeys:
-independent keys, as SGLang's pages). It fills (store) or
+``client_worker.py SOCKET store|load SEED [keys|ikeys] [blocks=N]`` (ikeys:
+independent keys, as SGLang's pages; N: the request's first N blocks, of 4). It fills (store) or
 poisons then loads and verifies (load) an emulated engine's pages, prints
 one JSON line with what happened, and exits 0 (1 with the error)."""
 import json
@@ -22,15 +22,18 @@ def keys_of(seed, n):
 
 def main():
     sock, mode, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    keyed = len(sys.argv) > 4 and sys.argv[4] in ("keys", "ikeys")
-    independent = len(sys.argv) > 4 and sys.argv[4] == "ikeys"  # SGLang's pages
+    keyed = "keys" in sys.argv[4:] or "ikeys" in sys.argv[4:]
+    independent = "ikeys" in sys.argv[4:]  # SGLang's pages
+    blocks = 4
+    for a in sys.argv[4:]:
+        if a.startswith("blocks="):
+            blocks = int(a[7:])
     geo = kvtier.Geometry.preset("tiny", TPP, 1)
     eng = kvtier.EmulatedEngine(geo, 64)
     out = {"mode": mode}
     with kvtier.Client(sock, geo, timeout_ms=5000) as cl:
         cl.register_engine(eng)
         bt = cl.block_tokens
-        blocks = 4
         n = blocks * bt + (0 if keyed else 1)
         toks = tokens_of(seed, n)
         pages = [(i * 5 + 3) % 64 for i in range(n // TPP + 1)]

@@ -159,6 +159,36 @@ class Cluster(unittest.TestCase):
         self.load_until_hit("c", 11)
         self.load_until_hit("a", 11)
 
+    def wait_holding(self, want, timeout=10.0):
+        """Until `kvtier cluster status` shows each node of want (name ->
+        blocks) holding that many blocks (published, leases renewed)."""
+        redis = self.redis_url()
+        deadline = time.monotonic() + timeout
+        while True:
+            rep = json.loads(subprocess.run([kvtier_bin(), "cluster", "status", "--redis", redis,
+                                             "--json"], capture_output=True, text=True,
+                                            timeout=30).stdout)
+            have = {n["node"]: n["blocks"] for n in rep["nodes"]}
+            if all(have.get("node-" + k) == v for k, v in want.items()):
+                return
+            self.assertLess(time.monotonic(), deadline, rep)
+            time.sleep(0.2)
+
+    def test_a_prefix_spread_over_two_nodes_is_pulled_from_both_in_one_lookup(self):
+        # a holds the first 2 blocks, b all 4: the directory names a (the
+        # first by name among CPU holders) for blocks 0-1 and b for 2-3, so
+        # c's one lookup must pull a run from each
+        self.assertEqual(worker(self.sock("a"), "store", 29, blocks=2)["status"], 0)
+        s = worker(self.sock("b"), "store", 29)
+        self.assertEqual(s["status"], 0, s)
+        self.wait_holding({"a": 2, "b": 4})
+        matched, _ = self.timed_lookup("c", 29)
+        self.assertEqual(matched, BLOCKS * s["block_tokens"], self.log("c"))
+        r = worker(self.sock("c"), "load", 29)  # a local hit now: every byte verified
+        self.assertEqual((r["matched"], r["status"], r["mismatches"]),
+                         (BLOCKS * s["block_tokens"], 0, 0), r)
+        self.assertGreater(r["bytes_checked"], 0, r)
+
     def stats(self, name):
         r = subprocess.run([kvtier_bin(), "stats", "--socket", self.sock(name), "--json"],
                            capture_output=True, text=True, timeout=30)

@@ -63,12 +63,15 @@ def stop_server(p):
     assert p.wait(10) == 0, "kvtier serve exited %s" % p.returncode
 
 
-def worker(sock, mode, seed, keyed=False):
+def worker(sock, mode, seed, keyed=False, blocks=None):
     """keyed: True (chained keys), "independent" (SGLang's independent
-    page keys) or False (tokens)."""
+    page keys) or False (tokens); blocks: the first this many of the
+    request's 4 blocks only."""
     args = [PY, os.path.join(HERE, "client_worker.py"), sock, mode, str(seed)]
     if keyed:
         args.append("ikeys" if keyed == "independent" else "keys")
+    if blocks is not None:
+        args.append("blocks=%d" % blocks)
     r = subprocess.run(args, capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         raise AssertionError("worker %s failed (%d):\n%s%s" % (mode, r.returncode, r.stdout,

@@ -825,13 +825,15 @@ static kvt_status land_pull(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
     return st;
 }
 
-/* One pull of blocks [first, first + count) of req from holder. */
-static bool pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request *req,
+/* One pull of blocks [first, first + count) of req from holder: how many
+ * of them landed here (0: a miss; fewer than count: the holder had no
+ * more). */
+static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request *req,
                       const kvt_dir_holder *holder, const kvt_hash128 *h, uint32_t first,
                       uint32_t count, uint64_t dl)
 {
     kvt_stream *s = link_take(cl, holder->addr, dl);
-    if (!s) return false;
+    if (!s) return 0;
     uint64_t t0 = kvt__now_ns();
     kvt_request lr = cut_request(req, first + count, sh->block_tokens, true);
     kvt_status st = send_fetch(s, &lr, sh->fingerprint, first, count, dl);
@@ -844,11 +846,11 @@ static bool pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request *req
         (void)kvt__dir_forget(atomic_load(&cl->dir), sh->fingerprint, &h[first], holder->node);
         STAT_ADD(cl, stale, 1);
         link_put(cl, holder->addr, s);
-        return false;
+        return 0;
     }
     if (!st && a.status) {
         link_put(cl, holder->addr, s);
-        return false;
+        return 0;
     }
     if (!st && req->tokens) /* the BlockStored of a token request's pulled blocks names them */
         kvt__events_tokens(cl->srv->events, &h[first], req->tokens + (size_t)first * sh->block_tokens,
@@ -860,7 +862,7 @@ static bool pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request *req
             kvt__log(KVT_LOG_WARN, "cluster: pull from %s (%s) failed, a miss: %s", holder->node,
                      holder->addr, kvt_last_error());
         kvt__stream_destroy(s); /* mid-answer: the stream's position is lost */
-        return false;
+        return 0;
     }
     link_put(cl, holder->addr, s);
     uint64_t bytes = (uint64_t)a.n * sh->shm.block_bytes, ns = kvt__now_ns() - t0 + 1;
@@ -869,7 +871,7 @@ static bool pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request *req
     STAT_ADD(cl, pulls, 1);
     STAT_ADD(cl, pulled_blocks, a.n);
     STAT_ADD(cl, pulled_bytes, bytes);
-    return true;
+    return a.n;
 }
 
 /* Pull or recompute: a pull expected to take longer than the engine's
@@ -885,8 +887,9 @@ static bool worth_pulling(kvt_cluster *cl, const kvt_srv_shard *sh, uint32_t blo
 }
 
 /* The server's fill hook: req matched `matched` tokens here; its next
- * blocks are looked up in the directory and the leading run one peer
- * holds is pulled. */
+ * blocks are looked up in the directory and pulled run by run, each run
+ * from the peer that holds it (a prefix a random router spread over
+ * several nodes), until one falls short or the deadline passes. */
 static bool cl_fill(void *arg, kvt_srv_shard *sh, const kvt_request *req, uint32_t matched)
 {
     kvt_cluster *cl = arg;
@@ -907,12 +910,15 @@ static bool cl_fill(void *arg, kvt_srv_shard *sh, const kvt_request *req, uint32
         if (kvt__dir_lookup(d, sh->fingerprint, h + m, want, who, &found))
             STAT_ADD(cl, dir_errors, 1);
     }
-    uint32_t run = found ? 1 : 0;
-    while (run < found && !strcmp(who[run].node, who[0].node)) run++;
-    if (run && !worth_pulling(cl, sh, run)) {
-        STAT_ADD(cl, pull_skipped, 1);
-    } else if (run) {
-        ok = pull_from(cl, sh, req, &who[0], h, m, run, dl);
+    for (uint32_t at = 0, end; at < found && kvt__now_ns() < dl; at = end) {
+        for (end = at + 1; end < found && !strcmp(who[end].node, who[at].node);) end++;
+        if (!worth_pulling(cl, sh, end - at)) {
+            STAT_ADD(cl, pull_skipped, 1);
+            break;
+        }
+        uint32_t got = pull_from(cl, sh, req, &who[at], h, m + at, end - at, dl);
+        ok = ok || got > 0;
+        if (got < end - at) break; /* the blocks after a gap are no use to the engine */
     }
     free(h);
     free(who);
