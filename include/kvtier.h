@@ -718,16 +718,18 @@ typedef struct kvt_cluster_counters {
 
 /* Joins srv (made by kvt_server_create, not yet run) to the cluster its
  * options name: cluster_redis (required), cluster_redis_password_file,
- * cluster_node, cluster_listen, cluster_advertise, cluster_secret_file, cluster_lease_ms,
+ * cluster_redis_user, cluster_node, cluster_listen, cluster_advertise, cluster_secret_file, cluster_lease_ms,
  * cluster_pull_ms, cluster_prefill_tps, cluster_serve_max. Bumps the
  * node's epoch in the directory (entries of its earlier life are never
  * trusted), publishes what the server holds already (recovered from SSD)
  * and starts its threads. KVT_EINVAL: cluster_redis empty, a malformed
  * option (named), or a cluster_listen off loopback without
  * cluster_secret_file, or a password file that cannot be read or is
- * malformed (named); KVT_EAUTH: Redis wants a password and none was set,
- * or refused the one in cluster_redis_password_file (the message says
- * which); KVT_ESTATE: srv already runs, or already joined;
+ * malformed (named), or cluster_redis_user set without a password file
+ * or holding a space; KVT_EAUTH: Redis wants a password and none was set,
+ * or refused the one in cluster_redis_password_file (as cluster_redis_user
+ * when set), or denies that user the directory's keys or commands (NOPERM;
+ * the message says which); KVT_ESTATE: srv already runs, or already joined;
  * KVT_EIO/KVT_EPROTO: Redis answered an error or something unexpected
  * (quoted); KVT_EFULL: a Redis Cluster of more than 64 primaries;
  * KVT_ESYS: cluster_listen cannot be bound (why). A Redis that does not

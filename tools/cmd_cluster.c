@@ -23,11 +23,12 @@
 static int usage(FILE *f, int rc)
 {
     fprintf(f,
-            "usage: kvtier cluster status --redis ADDR [--redis-password-file F] [--prefix P]\n"
-            "                             [--timeout-ms MS] [--json]\n"
+            "usage: kvtier cluster status --redis ADDR [--redis-password-file F]\n"
+            "                             [--redis-user NAME] [--prefix P] [--timeout-ms MS] [--json]\n"
             "  --redis ADDR    the nodes' cluster_redis: host:port, sentinel://H:P/NAME or\n"
             "                  cluster://H:P[,H:P]\n"
             "  --redis-password-file F  the nodes' cluster_redis_password_file (Redis AUTH)\n"
+            "  --redis-user NAME  the nodes' cluster_redis_user (a Redis ACL user)\n"
             "  --prefix P      the directory's key prefix (default kvt:)\n"
             "  --timeout-ms MS one Redis round trip's bound (default 2000)\n"
             "  --json          one JSON object: {\"topology\":..,\"nodes\":[{\"node\",\"addr\",\n"
@@ -79,13 +80,14 @@ static void print_text(const char *topo, const kvt_dir_node *v, uint32_t n, uint
 
 static int status_main(int argc, char **argv)
 {
-    const char *redis = NULL, *prefix = NULL, *pwfile = NULL;
+    const char *redis = NULL, *prefix = NULL, *pwfile = NULL, *user = NULL;
     long timeout = 2000;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--redis") && i + 1 < argc) redis = argv[++i];
         else if (!strcmp(argv[i], "--prefix") && i + 1 < argc) prefix = argv[++i];
         else if (!strcmp(argv[i], "--redis-password-file") && i + 1 < argc) pwfile = argv[++i];
+        else if (!strcmp(argv[i], "--redis-user") && i + 1 < argc) user = argv[++i];
         else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) timeout = strtol(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout, 0);
@@ -95,7 +97,8 @@ static int status_main(int argc, char **argv)
     char node[KVT_DIR_NODE_MAX];
     snprintf(node, sizeof node, "kvtier-cli-%ld", (long)getpid());
     char password[KVT_DIR_PASSWORD_MAX + 1] = "";
-    kvt_dir_config dc = {.redis = redis, .password = password, .prefix = prefix, .node = node,
+    kvt_dir_config dc = {.redis = redis, .password = password, .user = user, .prefix = prefix,
+                         .node = node,
                          .lease_ms = 100, .timeout_ms = (uint32_t)timeout, .watch_only = true};
     kvt_dir *d = NULL;
     kvt_status st = pwfile ? kvt__dir_password_load(pwfile, "--redis-password-file", password)

@@ -468,13 +468,17 @@ class PasswordCluster(unittest.TestCase):
     with --redis-password-file, and a node or reader without the password,
     or with a wrong one, is told exactly that."""
     password = "redis pass 42"
+    user = None  # AclUserCluster: the nodes AUTH as this ACL user
+
+    def redis_auth_args(self):
+        return ["--requirepass", self.password]
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="kvtclpw")
         self.port = free_port()
         self.redis = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--requirepass", self.password],
+             "--appendonly", "no", "--dir", self.dir] + self.redis_auth_args(),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while not self.answers():
@@ -510,22 +514,24 @@ class PasswordCluster(unittest.TestCase):
     def sock(self, name):
         return os.path.join(self.dir, name + ".sock")
 
+    def auth_opts(self, pwfile, user):
+        extra = ["--set", "cluster_redis_password_file=" + pwfile] if pwfile else []
+        return extra + (["--set", "cluster_redis_user=" + user] if user else [])
+
     def start_node(self, name, pwfile):
         extra = ["--set", "cluster_redis=127.0.0.1:%d" % self.port,
                  "--set", "cluster_node=node-" + name, "--set", "cluster_lease_ms=1500"]
-        if pwfile:
-            extra += ["--set", "cluster_redis_password_file=" + pwfile]
+        extra += self.auth_opts(pwfile, self.user)
         return start_server(self.sock(name), *extra, model=None)
 
-    def refused(self, name, pwfile):
+    def refused(self, name, pwfile, user=None):
         """What `kvtier serve` says when it must not start: it exits non-zero
         (waited for, up to 30 s). Not start_node's wait for the socket: the
         socket exists before the cluster's AUTH is refused, so on a loaded
         machine that wait could return a server about to exit."""
         extra = ["--set", "cluster_redis=127.0.0.1:%d" % self.port,
                  "--set", "cluster_node=node-" + name, "--set", "cluster_lease_ms=1500"]
-        if pwfile:
-            extra += ["--set", "cluster_redis_password_file=" + pwfile]
+        extra += self.auth_opts(pwfile, user)
         r = subprocess.run([kvtier_bin(), "serve", "--socket", self.sock(name), "--set",
                             "cpu_capacity=16MiB", "--set", "huge_pages=false"] + extra,
                            capture_output=True, text=True, timeout=30)
@@ -548,7 +554,8 @@ class PasswordCluster(unittest.TestCase):
                 break
             self.assertLess(time.monotonic(), deadline, r)
             time.sleep(0.1)
-        r = self.status("--redis-password-file", self.pwfile)
+        r = self.status("--redis-password-file", self.pwfile,
+                        *(["--redis-user", self.user] if self.user else []))
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual({n["node"] for n in json.loads(r.stdout)["nodes"]}, {"node-a", "node-b"})
 
@@ -562,6 +569,37 @@ class PasswordCluster(unittest.TestCase):
         self.assertIn("wants a password", self.refused("d", None))
         two = self.write("two.pw", "a\nb\n")
         self.assertIn("line break at byte 1", self.refused("e", two))
+
+
+class AclUserCluster(PasswordCluster):
+    """Redis 6+ ACL: the nodes AUTH as user kvt (cluster_redis_user), which
+    may touch the directory's keys only, with only the commands
+    docs/cluster.md lists; the default user is off."""
+    user = "kvt"
+
+    def redis_auth_args(self):
+        # one config line per --user: name, on, >password, ~key pattern, commands
+        return ["--user", "kvt", "on", ">" + self.password, "~kvt:*", "+get", "+set", "+incr",
+                "+pexpire", "+pttl", "+hset", "+hgetall", "+hdel", "+eval", "+scan",
+                "+cluster|slots", "+readonly", "+asking",
+                "--user", "narrow", "on", ">" + self.password, "~other:*", "+@all",
+                "--user", "default", "off"]
+
+    def test_without_the_password_the_message_says_what_to_set(self):
+        wrong = self.write("wrong.pw", "not it")
+        msg = self.refused("c", wrong, user="kvt")
+        self.assertIn('refused user "kvt"', msg)
+        self.assertIn("cluster_redis_password_file", msg)
+        # the right password as the default user (which is off): refused
+        self.assertIn("refused the password", self.refused("d", self.pwfile))
+        # a user without the password file: named before Redis is asked
+        self.assertIn("cluster_redis_password_file too", self.refused("e", None, user="kvt"))
+        self.assertIn("holds a space", self.refused("f", self.pwfile, user="a b"))
+
+    def test_a_user_denied_the_directory_keys_is_told_which(self):
+        msg = self.refused("g", self.pwfile, user="narrow")
+        self.assertIn('denies user "narrow"', msg)
+        self.assertIn("kvt:*", msg)
 
 
 if __name__ == "__main__":

@@ -1016,7 +1016,8 @@ static kvt_status open_dir(kvt_cluster *cl)
                                                "cluster_redis_password_file", cl->redis_password);
         if (st) return st;
     }
-    cl->dcfg = (kvt_dir_config){.redis = v->cluster_redis, .password = cl->redis_password, .node = cl->node,
+    cl->dcfg = (kvt_dir_config){.redis = v->cluster_redis, .password = cl->redis_password,
+                                .user = v->cluster_redis_user, .node = cl->node,
                                 .advertise = cl->advertise, .lease_ms = v->cluster_lease_ms,
                                 .timeout_ms = t ? t : 1};
     kvt_dir *d = NULL;

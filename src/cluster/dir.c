@@ -83,6 +83,7 @@ struct kvt_dir {
     char node[KVT_DIR_NODE_MAX];
     char advertise[KVT_DIR_ADDR_MAX];
     char password[KVT_DIR_PASSWORD_MAX + 1];
+    char user[KVT_DIR_USER_MAX + 1]; /* "": AUTH as the default user */
     char name[DIR_NAME_MAX];                  /* Sentinel's master name */
     char seeds[DIR_SEEDS_MAX][KVT_DIR_ADDR_MAX]; /* Redis, sentinels or cluster seeds */
     uint32_t nseeds;
@@ -429,10 +430,13 @@ static kvt_status ctx_open(kvt_dir *d, const char *addr, bool auth, redisContext
                  "rewrite which node holds what (pulls then miss); set requirepass there", addr);
     if (auth && d->password[0]) {
         redisReply *r = NULL;
-        const char *argv[] = {"AUTH", d->password};
-        kvt_status st = ctx_call(c, addr, 2, argv, &r);
+        bool as_user = d->user[0] != 0;
+        const char *argv[3] = {"AUTH", as_user ? d->user : d->password, d->password};
+        kvt_status st = ctx_call(c, addr, as_user ? 3 : 2, argv, &r); /* AUTH [user] password */
         if (!st && r->type == REDIS_REPLY_ERROR)
-            st = kvt__fail(KVT_EAUTH, "cluster directory: Redis at %s refused the password: %s", addr,
+            st = kvt__fail(KVT_EAUTH, "cluster directory: Redis at %s refused %s%s%s: %s", addr,
+                           as_user ? "user \"" : "the password", as_user ? d->user : "",
+                           as_user ? "\" with the password in cluster_redis_password_file" : "",
                            r->str);
         if (r) freeReplyObject(r);
         if (st) {
@@ -933,11 +937,16 @@ static kvt_status cmds_alloc(dir_cmd **out, size_t n)
 }
 
 /* An error answer to cmd: KVT_EAUTH saying what to set when Redis wants
- * a password (NOAUTH) or refused the one given (WRONGPASS), else
- * KVT_EIO quoting it. */
+ * a password (NOAUTH), refused the one given (WRONGPASS) or denies the
+ * ACL user a command or key (NOPERM), else KVT_EIO quoting it. */
 static kvt_status reply_error(const kvt_dir *d, const dir_cmd *cmd)
 {
     const char *e = cmd->r->str;
+    if (!strncmp(e, "NOPERM", 6))
+        return kvt__fail(KVT_EAUTH, "cluster directory: Redis (%s) denies user \"%s\": %s %s "
+                         "answered \"%s\"; its ACL must allow the directory's commands on keys "
+                         "%s* (docs/cluster.md, \"Redis ACL user\")", d->seeds[0],
+                         d->user[0] ? d->user : "default", cmd->argv[0], cmd->key, e, d->prefix);
     if (!strncmp(e, "NOAUTH", 6) || !strncmp(e, "WRONGPASS", 9))
         return kvt__fail(KVT_EAUTH, "cluster directory: Redis (%s) %s: %s %s answered \"%s\"; set "
                          "cluster_redis_password_file to a file holding its requirepass",
@@ -1029,6 +1038,19 @@ static kvt_status check_config(kvt_dir *d, const kvt_dir_config *cfg)
     if (strlen(pw) > KVT_DIR_PASSWORD_MAX)
         return kvt__fail(KVT_EINVAL, "cluster directory: password is longer than %d bytes", KVT_DIR_PASSWORD_MAX);
     strcpy(d->password, pw);
+    const char *user = cfg->user ? cfg->user : "";
+    size_t un = strlen(user);
+    if (un > KVT_DIR_USER_MAX)
+        return kvt__fail(KVT_EINVAL, "cluster directory: Redis user name has %zu bytes (at most %d)",
+                         un, KVT_DIR_USER_MAX);
+    for (size_t i = 0; i < un; i++)
+        if (user[i] <= ' ' || user[i] == 0x7f)
+            return kvt__fail(KVT_EINVAL, "cluster directory: Redis user name \"%s\" holds a space "
+                             "or control byte at %zu (Redis ACL names do not)", user, i);
+    if (un && !pw[0])
+        return kvt__fail(KVT_EINVAL, "cluster directory: Redis user \"%s\" is set without a "
+                         "password (set cluster_redis_password_file too)", user);
+    strcpy(d->user, user);
     const char *pre = cfg->prefix ? cfg->prefix : "kvt:";
     size_t pn = strlen(pre);
     if (pn == 0 || pn > DIR_PREFIX_MAX)

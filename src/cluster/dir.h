@@ -44,6 +44,7 @@ typedef struct kvt_dir kvt_dir;
 #define KVT_DIR_NODE_MAX 64 /* node id bytes, with its NUL */
 #define KVT_DIR_ADDR_MAX 64 /* "host:port", with its NUL */
 #define KVT_DIR_PASSWORD_MAX 512 /* Redis AUTH password bytes */
+#define KVT_DIR_USER_MAX 128     /* Redis ACL user name bytes */
 
 typedef struct kvt_dir_config {
     /* "host:port" (one Redis), "sentinel://h1:p1,h2:p2/<master name>"
@@ -52,6 +53,7 @@ typedef struct kvt_dir_config {
      * and ASK followed, one pipeline per shard). */
     const char *redis;
     const char *password;   /* Redis AUTH; NULL or "": none */
+    const char *user;       /* Redis ACL user for AUTH (needs password); NULL or "": the default */
     const char *prefix;     /* key prefix; NULL: "kvt:" */
     const char *node;       /* this node's id: [A-Za-z0-9._-], 1..63 bytes */
     const char *advertise;  /* "host:port" where peers pull from this node (NULL if watch_only) */
