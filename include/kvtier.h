@@ -718,7 +718,7 @@ typedef struct kvt_cluster_counters {
 
 /* Joins srv (made by kvt_server_create, not yet run) to the cluster its
  * options name: cluster_redis (required), cluster_redis_password_file,
- * cluster_redis_user, cluster_node, cluster_listen, cluster_advertise, cluster_secret_file, cluster_lease_ms,
+ * cluster_redis_user, cluster_sentinel_password_file, cluster_node, cluster_listen, cluster_advertise, cluster_secret_file, cluster_lease_ms,
  * cluster_pull_ms, cluster_prefill_tps, cluster_serve_max. Bumps the
  * node's epoch in the directory (entries of its earlier life are never
  * trusted), publishes what the server holds already (recovered from SSD)
@@ -728,8 +728,9 @@ typedef struct kvt_cluster_counters {
  * malformed (named), or cluster_redis_user set without a password file
  * or holding a space; KVT_EAUTH: Redis wants a password and none was set,
  * or refused the one in cluster_redis_password_file (as cluster_redis_user
- * when set), or denies that user the directory's keys or commands (NOPERM;
- * the message says which); KVT_ESTATE: srv already runs, or already joined;
+ * when set), or denies that user the directory's keys or commands (NOPERM),
+ * or a sentinel wants or refuses cluster_sentinel_password_file (the
+ * message says which); KVT_ESTATE: srv already runs, or already joined;
  * KVT_EIO/KVT_EPROTO: Redis answered an error or something unexpected
  * (quoted); KVT_EFULL: a Redis Cluster of more than 64 primaries;
  * KVT_ESYS: cluster_listen cannot be bound (why). A Redis that does not

@@ -24,11 +24,13 @@ static int usage(FILE *f, int rc)
 {
     fprintf(f,
             "usage: kvtier cluster status --redis ADDR [--redis-password-file F]\n"
-            "                             [--redis-user NAME] [--prefix P] [--timeout-ms MS] [--json]\n"
+            "                             [--redis-user NAME] [--sentinel-password-file F]\n"
+            "                             [--prefix P] [--timeout-ms MS] [--json]\n"
             "  --redis ADDR    the nodes' cluster_redis: host:port, sentinel://H:P/NAME or\n"
             "                  cluster://H:P[,H:P]\n"
             "  --redis-password-file F  the nodes' cluster_redis_password_file (Redis AUTH)\n"
             "  --redis-user NAME  the nodes' cluster_redis_user (a Redis ACL user)\n"
+            "  --sentinel-password-file F  the nodes' cluster_sentinel_password_file\n"
             "  --prefix P      the directory's key prefix (default kvt:)\n"
             "  --timeout-ms MS one Redis round trip's bound (default 2000)\n"
             "  --json          one JSON object: {\"topology\":..,\"nodes\":[{\"node\",\"addr\",\n"
@@ -80,7 +82,7 @@ static void print_text(const char *topo, const kvt_dir_node *v, uint32_t n, uint
 
 static int status_main(int argc, char **argv)
 {
-    const char *redis = NULL, *prefix = NULL, *pwfile = NULL, *user = NULL;
+    const char *redis = NULL, *prefix = NULL, *pwfile = NULL, *user = NULL, *spwfile = NULL;
     long timeout = 2000;
     bool json = false;
     for (int i = 1; i < argc; i++) {
@@ -88,6 +90,7 @@ static int status_main(int argc, char **argv)
         else if (!strcmp(argv[i], "--prefix") && i + 1 < argc) prefix = argv[++i];
         else if (!strcmp(argv[i], "--redis-password-file") && i + 1 < argc) pwfile = argv[++i];
         else if (!strcmp(argv[i], "--redis-user") && i + 1 < argc) user = argv[++i];
+        else if (!strcmp(argv[i], "--sentinel-password-file") && i + 1 < argc) spwfile = argv[++i];
         else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) timeout = strtol(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout, 0);
@@ -96,15 +99,18 @@ static int status_main(int argc, char **argv)
     if (!redis || timeout < 1 || timeout > 600000) return usage(stderr, 2);
     char node[KVT_DIR_NODE_MAX];
     snprintf(node, sizeof node, "kvtier-cli-%ld", (long)getpid());
-    char password[KVT_DIR_PASSWORD_MAX + 1] = "";
-    kvt_dir_config dc = {.redis = redis, .password = password, .user = user, .prefix = prefix,
+    char password[KVT_DIR_PASSWORD_MAX + 1] = "", spw[KVT_DIR_PASSWORD_MAX + 1] = "";
+    kvt_dir_config dc = {.redis = redis, .password = password, .user = user,
+                         .sentinel_password = spw, .prefix = prefix,
                          .node = node,
                          .lease_ms = 100, .timeout_ms = (uint32_t)timeout, .watch_only = true};
     kvt_dir *d = NULL;
     kvt_status st = pwfile ? kvt__dir_password_load(pwfile, "--redis-password-file", password)
                            : KVT_OK;
+    if (!st && spwfile) st = kvt__dir_password_load(spwfile, "--sentinel-password-file", spw);
     if (!st) st = kvt__dir_open(&d, &dc);
     explicit_bzero(password, sizeof password);
+    explicit_bzero(spw, sizeof spw);
     kvt_dir_node *v = calloc(MAX_NODES, sizeof *v);
     uint32_t n = 0;
     if (!st && !v) st = KVT_ENOMEM;

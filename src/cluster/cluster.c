@@ -100,6 +100,7 @@ struct kvt_cluster {
     uint8_t *secret;
     size_t secret_len;
     char redis_password[KVT_DIR_PASSWORD_MAX + 1]; /* "": no AUTH; wiped at leave */
+    char sentinel_password[KVT_DIR_PASSWORD_MAX + 1]; /* the same for the sentinels */
     int listen_fd;
     uint16_t port;
     int stop_pipe[2];
@@ -1016,8 +1017,14 @@ static kvt_status open_dir(kvt_cluster *cl)
                                                "cluster_redis_password_file", cl->redis_password);
         if (st) return st;
     }
+    if (v->cluster_sentinel_password_file[0]) {
+        kvt_status st = kvt__dir_password_load(v->cluster_sentinel_password_file, "kvt_cluster_join: "
+                                               "cluster_sentinel_password_file", cl->sentinel_password);
+        if (st) return st;
+    }
     cl->dcfg = (kvt_dir_config){.redis = v->cluster_redis, .password = cl->redis_password,
-                                .user = v->cluster_redis_user, .node = cl->node,
+                                .user = v->cluster_redis_user,
+                                .sentinel_password = cl->sentinel_password, .node = cl->node,
                                 .advertise = cl->advertise, .lease_ms = v->cluster_lease_ms,
                                 .timeout_ms = t ? t : 1};
     kvt_dir *d = NULL;
@@ -1146,6 +1153,7 @@ void kvt_cluster_leave(kvt_cluster *cl)
         if (cl->stop_pipe[i] >= 0) close(cl->stop_pipe[i]);
     if (cl->secret) kvt__srv_secret_free(cl->secret, cl->secret_len);
     explicit_bzero(cl->redis_password, sizeof cl->redis_password);
+    explicit_bzero(cl->sentinel_password, sizeof cl->sentinel_password);
     pthread_mutex_destroy(&cl->qmu);
     pthread_cond_destroy(&cl->qcv);
     pthread_mutex_destroy(&cl->mu);

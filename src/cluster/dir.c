@@ -84,6 +84,7 @@ struct kvt_dir {
     char advertise[KVT_DIR_ADDR_MAX];
     char password[KVT_DIR_PASSWORD_MAX + 1];
     char user[KVT_DIR_USER_MAX + 1]; /* "": AUTH as the default user */
+    char sentinel_password[KVT_DIR_PASSWORD_MAX + 1]; /* "": the sentinels want none */
     char name[DIR_NAME_MAX];                  /* Sentinel's master name */
     char seeds[DIR_SEEDS_MAX][KVT_DIR_ADDR_MAX]; /* Redis, sentinels or cluster seeds */
     uint32_t nseeds;
@@ -400,6 +401,25 @@ static kvt_status ctx_call(redisContext *c, const char *addr, int argc, const ch
     return st;
 }
 
+/* AUTH [user] password on c (to addr); KVT_EAUTH naming the option to fix
+ * when refused. */
+static kvt_status ctx_auth(redisContext *c, const char *addr, const char *user, const char *pw,
+                           bool sentinel)
+{
+    redisReply *r = NULL;
+    const char *argv[3] = {"AUTH", user[0] ? user : pw, pw};
+    kvt_status st = ctx_call(c, addr, user[0] ? 3 : 2, argv, &r);
+    if (!st && r->type == REDIS_REPLY_ERROR)
+        st = sentinel ? kvt__fail(KVT_EAUTH, "cluster directory: sentinel at %s refused the password "
+                                  "in cluster_sentinel_password_file: %s", addr, r->str)
+           : user[0] ? kvt__fail(KVT_EAUTH, "cluster directory: Redis at %s refused user \"%s\" with "
+                                 "the password in cluster_redis_password_file: %s", addr, user, r->str)
+                     : kvt__fail(KVT_EAUTH, "cluster directory: Redis at %s refused the password: %s",
+                                 addr, r->str);
+    if (r) freeReplyObject(r);
+    return st;
+}
+
 /* A connection to addr with the deadline on connect and on every read
  * and write, authenticated when a password is set (auth: false for the
  * sentinels, which have a password of their own if any). */
@@ -428,17 +448,9 @@ static kvt_status ctx_open(kvt_dir *d, const char *addr, bool auth, redisContext
         kvt__log(KVT_LOG_WARN, "cluster directory: Redis at %s is not on loopback and no "
                  "password is set (cluster_redis_password_file): anyone who reaches it can "
                  "rewrite which node holds what (pulls then miss); set requirepass there", addr);
-    if (auth && d->password[0]) {
-        redisReply *r = NULL;
-        bool as_user = d->user[0] != 0;
-        const char *argv[3] = {"AUTH", as_user ? d->user : d->password, d->password};
-        kvt_status st = ctx_call(c, addr, as_user ? 3 : 2, argv, &r); /* AUTH [user] password */
-        if (!st && r->type == REDIS_REPLY_ERROR)
-            st = kvt__fail(KVT_EAUTH, "cluster directory: Redis at %s refused %s%s%s: %s", addr,
-                           as_user ? "user \"" : "the password", as_user ? d->user : "",
-                           as_user ? "\" with the password in cluster_redis_password_file" : "",
-                           r->str);
-        if (r) freeReplyObject(r);
+    const char *pw = auth ? d->password : d->sentinel_password;
+    if (pw[0]) {
+        kvt_status st = ctx_auth(c, addr, auth ? d->user : "", pw, !auth);
         if (st) {
             redisFree(c);
             return st;
@@ -575,6 +587,10 @@ static kvt_status sentinel_ask(kvt_dir *d)
         } else if (r->type == REDIS_REPLY_NIL) {
             st = kvt__fail(KVT_ECONN, "cluster directory: sentinel %s knows no primary named \"%s\"",
                            d->seeds[i], d->name);
+        } else if (r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOAUTH", 6)) {
+            st = kvt__fail(KVT_EAUTH, "cluster directory: sentinel %s wants a password (\"%s\"): set "
+                           "cluster_sentinel_password_file to a file holding its requirepass",
+                           d->seeds[i], r->str);
         } else {
             st = kvt__fail(KVT_EPROTO, "cluster directory: sentinel %s answered get-master-addr-by-name "
                            "%s with %s", d->seeds[i], d->name,
@@ -1051,6 +1067,11 @@ static kvt_status check_config(kvt_dir *d, const kvt_dir_config *cfg)
         return kvt__fail(KVT_EINVAL, "cluster directory: Redis user \"%s\" is set without a "
                          "password (set cluster_redis_password_file too)", user);
     strcpy(d->user, user);
+    const char *spw = cfg->sentinel_password ? cfg->sentinel_password : "";
+    if (strlen(spw) > KVT_DIR_PASSWORD_MAX)
+        return kvt__fail(KVT_EINVAL, "cluster directory: sentinel password is longer than %d bytes",
+                         KVT_DIR_PASSWORD_MAX);
+    strcpy(d->sentinel_password, spw);
     const char *pre = cfg->prefix ? cfg->prefix : "kvt:";
     size_t pn = strlen(pre);
     if (pn == 0 || pn > DIR_PREFIX_MAX)
@@ -1110,6 +1131,7 @@ static void dir_free(kvt_dir *d)
     pthread_mutex_destroy(&d->state_mu);
     pthread_mutex_destroy(&d->lease_mu);
     explicit_bzero(d->password, sizeof d->password);
+    explicit_bzero(d->sentinel_password, sizeof d->sentinel_password);
     free(d);
 }
 

@@ -54,6 +54,7 @@ typedef struct kvt_dir_config {
     const char *redis;
     const char *password;   /* Redis AUTH; NULL or "": none */
     const char *user;       /* Redis ACL user for AUTH (needs password); NULL or "": the default */
+    const char *sentinel_password; /* AUTH to the sentinels (their requirepass); NULL or "": none */
     const char *prefix;     /* key prefix; NULL: "kvt:" */
     const char *node;       /* this node's id: [A-Za-z0-9._-], 1..63 bytes */
     const char *advertise;  /* "host:port" where peers pull from this node (NULL if watch_only) */

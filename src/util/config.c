@@ -196,6 +196,9 @@ static const opt_def OPTIONS[] = {
     STRING_OPT(cluster_redis_user, CLUSTER_REDIS_USER, RANK_LOCAL, "",
                "the Redis ACL user (Redis 6+) the directory AUTHs as, with the password in "
                "cluster_redis_password_file; empty: the default user (requirepass)"),
+    STRING_OPT(cluster_sentinel_password_file, CLUSTER_SENTINEL_PASSWORD_FILE, RANK_LOCAL, "",
+               "a file holding the Sentinels' own password (their requirepass), one line, "
+               "for a sentinel:// cluster_redis; empty: the sentinels want none"),
     UINT_OPT(cluster_lease_ms, CLUSTER_LEASE_MS, RANK_LOCAL, 10000, 100, 3600000,
              "a node's directory entries are trusted this many ms after its last renewal"),
     UINT_OPT(cluster_pull_ms, CLUSTER_PULL_MS, RANK_LOCAL, 2000, 10, 600000,

@@ -55,6 +55,7 @@ typedef struct kvt_config_values {
     char cluster_secret_file[256]; /* "cluster_secret_file", string, default "": none */
     char cluster_redis_password_file[256]; /* "cluster_redis_password_file", string, default "": no AUTH */
     char cluster_redis_user[256]; /* "cluster_redis_user", string, default "": the default user */
+    char cluster_sentinel_password_file[256]; /* "cluster_sentinel_password_file", string, default "" */
     uint32_t cluster_lease_ms;  /* "cluster_lease_ms", uint, default 10000 */
     uint32_t cluster_pull_ms;   /* "cluster_pull_ms", uint, default 2000 */
     uint32_t cluster_prefill_tps; /* "cluster_prefill_tps", uint, default 20000 */

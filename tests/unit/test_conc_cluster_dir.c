@@ -877,6 +877,61 @@ static void sentinel_start(void)
     wait_ping(s_sentinel);
 }
 
+/* A sentinel of its own with a password (requirepass in its config),
+ * watching a primary of its own ("pwm"), so test_sentinel_failover's
+ * sentinels never see it. */
+#define SENTINEL_PW "sentinel pass 7"
+static uint16_t s_pw_primary, s_pw_sentinel;
+
+static void sentinel_pw_start(void)
+{
+    s_pw_primary = free_port();
+    redis_start(s_pw_primary, NULL);
+    s_pw_sentinel = free_port();
+    char conf[512];
+    snprintf(conf, sizeof conf, "%s/sentinel-pw.conf", tmp);
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f, "port %u\nbind 127.0.0.1\ndir %s\nrequirepass \"%s\"\n"
+            "sentinel monitor pwm 127.0.0.1 %u 1\n", s_pw_sentinel, tmp, SENTINEL_PW, s_pw_primary);
+    fclose(f);
+    char *argv[] = {"redis-server", conf, "--sentinel", NULL};
+    spawn(argv, "sentinel-pw.log");
+    wait_ping(s_pw_sentinel);
+}
+
+/* cluster_sentinel_password_file: the sentinels' own password, apart from
+ * Redis's; without it, or a wrong one, the open says which option to fix. */
+static void test_sentinel_password(void **state)
+{
+    (void)state;
+    char url[64];
+    snprintf(url, sizeof url, "sentinel://127.0.0.1:%u/pwm", s_pw_sentinel);
+    kvt_dir_config c = config(url, "spw:", "a");
+    kvt_dir *d = NULL;
+    EXPECT_ERR(kvt__dir_open(&d, &c), KVT_EAUTH, "wants a password", "NOAUTH",
+               "cluster_sentinel_password_file");
+    c.sentinel_password = "wrong";
+    EXPECT_ERR(kvt__dir_open(&d, &c), KVT_EAUTH, "refused the password",
+               "cluster_sentinel_password_file");
+    END_CHECKS();
+    assert_null(d);
+    c.sentinel_password = SENTINEL_PW;
+    assert_ok(kvt__dir_open(&d, &c));
+    char topo[128], want[128];
+    kvt__dir_topology(d, topo, sizeof topo);
+    snprintf(want, sizeof want, "sentinel primary pwm at 127.0.0.1:%u", s_pw_primary);
+    assert_string_equal(topo, want);
+    kvt_dir_config cb = config(url, "spw:", "b");
+    cb.sentinel_password = SENTINEL_PW;
+    kvt_dir *b = NULL;
+    assert_ok(kvt__dir_open(&b, &cb));
+    publish(d, 0, 4);
+    assert_int_equal(found(b, 0, 4, NULL), 4); /* through the primary the sentinel named */
+    kvt__dir_close(b);
+    kvt__dir_close(d);
+}
+
 /* Until the sentinel knows the replica and the replica is in sync. */
 static void sentinel_ready(void)
 {
@@ -1322,6 +1377,7 @@ int main(void)
     redis_start(port, NULL);
     snprintf(single, sizeof single, "127.0.0.1:%u", port);
     sentinel_start();
+    sentinel_pw_start();
     cluster_start();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_config),
@@ -1334,6 +1390,7 @@ int main(void)
         cmocka_unit_test(test_down_and_back),
         cmocka_unit_test(test_password),
         cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_sentinel_password),
         cmocka_unit_test(test_sentinel_failover),
         cmocka_unit_test(test_cluster),
         /* threads from here on: nothing is spawned after them */
