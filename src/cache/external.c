@@ -18,6 +18,7 @@ void kvt__cache_ext_shm(kvt_cache *c, kvt_ext_shm *out)
         .fd = fd, .base = kvt__pool_base(c->pool), .map_bytes = kvt__pool_map_bytes(c->pool), .stride = kvt__pool_stride(c->pool),
         .block_bytes = c->block_bytes, .block_tokens = c->cfg.block_tokens,
         .num_blocks = kvt__pool_blocks_total(c->pool), .pages = kvt__pool_page_kind(c->pool),
+        .sparse = kvt__pool_budgeted(c->pool),
     };
     *out = s;
 }

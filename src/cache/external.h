@@ -36,6 +36,8 @@ typedef struct kvt_ext_shm {
     uint32_t block_tokens;
     uint32_t num_blocks;
     const char *pages;   /* what backs it: "hugetlb", "thp" or "4k" */
+    bool sparse;         /* backed slot by slot as they are first written (a
+                          * budgeted pool): a mapping must not populate it */
 } kvt_ext_shm;
 
 /* The shared CPU tier of a cache made with shared = true (its only caller,

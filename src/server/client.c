@@ -498,11 +498,17 @@ static kvt_status hello_locked(kvt_client *cl)
         st = kvt__fail(KVT_EPROTO, "%s: asked for block_tokens %u, the server gave %u", fn,
                        cl->block_tokens, cl->shm.block_tokens);
     if (!st) {
-        /* MAP_POPULATE maps every page now (reads never fault); the first
-         * write to each page through this mapping still faults once (on a
-         * VM under shadow paging, ~20-50 us a page: docs/server.md). 2 MiB
-         * aligned, so a tier of huge pages maps whole here too. */
-        void *m = kvt__pool_map_shared(fd, (size_t)cl->shm.map_bytes, true);
+        /* A tier backed whole (a model's, prefaulted by the server) is
+         * mapped writable now, page tables and all (MADV_POPULATE_WRITE:
+         * no page faults later; on a VM under shadow paging a fault costs
+         * ~20-50 us a page: docs/server.md; MAP_POPULATE alone maps pages
+         * read-only, so each first write faulted still). A sparse tier
+         * (geometries sharing cpu_capacity) is not populated: that would
+         * back every slot of it in memory, the budget's whole size per
+         * geometry. 2 MiB aligned, so huge pages map whole here too. */
+        bool sparse = cl->shm.flags & KVT_SRV_TIER_SPARSE;
+        void *m = kvt__pool_map_shared(fd, (size_t)cl->shm.map_bytes, false);
+        if (m != MAP_FAILED && !sparse) kvt__pool_populate_write(m, (size_t)cl->shm.map_bytes);
         if (m == MAP_FAILED)
             st = kvt__fail(KVT_ESYS, "%s: cannot map the server's CPU tier (%llu bytes): %s", fn,
                            (unsigned long long)cl->shm.map_bytes, strerror(errno));

@@ -165,6 +165,7 @@ static kvt_status on_hello(kvt_srv_conn *c, const uint8_t *p, size_t len)
         .map_bytes = sh->shm.map_bytes, .stride = sh->shm.stride,
         .block_bytes = sh->shm.block_bytes, .block_tokens = sh->shm.block_tokens,
         .num_blocks = sh->shm.num_blocks, .server_pid = (uint32_t)getpid(),
+        .flags = sh->shm.sparse ? KVT_SRV_TIER_SPARSE : 0,
     };
     kvt_srv_buf b = {0};
     kvt__srv_hello_rep_encode(&b, &r);

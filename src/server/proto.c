@@ -257,7 +257,7 @@ void kvt__srv_hello_rep_encode(kvt_srv_buf *b, const kvt_srv_hello_rep *h)
     kvt__srv_put32(b, h->block_tokens);
     kvt__srv_put32(b, h->num_blocks);
     kvt__srv_put32(b, h->server_pid);
-    kvt__srv_put32(b, 0);
+    kvt__srv_put32(b, h->flags);
 }
 
 kvt_status kvt__srv_hello_rep_decode(const uint8_t *p, size_t len, kvt_srv_hello_rep *out)
@@ -271,7 +271,7 @@ kvt_status kvt__srv_hello_rep_decode(const uint8_t *p, size_t len, kvt_srv_hello
     h.block_tokens = get32(&r);
     h.num_blocks = get32(&r);
     h.server_pid = get32(&r);
-    (void)get32(&r);
+    h.flags = get32(&r);
     kvt_status st = done(&r, what);
     if (st) return st;
     if (h.block_bytes == 0 || h.stride < h.block_bytes || h.block_tokens == 0 ||

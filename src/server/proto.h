@@ -13,8 +13,12 @@
  *                 and block_tokens pick the server's tier for this client
  *                 (one per geometry, created at its first HELLO)
  *            rep: u64 map_bytes, u64 stride, u64 block_bytes, u32 block_tokens,
- *                 u32 num_blocks, u32 server_pid, u32 0; the CPU tier's memfd
- *                 rides on the reply's first byte (SCM_RIGHTS)
+ *                 u32 num_blocks, u32 server_pid, u32 flags; the CPU tier's
+ *                 memfd rides on the reply's first byte (SCM_RIGHTS). flags
+ *                 SPARSE: the tier is backed slot by slot as slots are first
+ *                 written (geometries sharing one cpu_capacity): a client
+ *                 maps it without populating (a populate would back all of
+ *                 it); other bits are ignored (a later server's hints)
  *   LOOKUP   req: a request (below)   rep: u64 task, u32 matched_tokens, u32 0
  *   PREPARE  req: a request           rep: u64 task, u32 first_token, u32 num_tokens
  *   LAUNCH   req: u64 task            rep: u32 kind, u32 first_token, u32 num_tokens,
@@ -155,9 +159,11 @@ kvt_status kvt__srv_hello_encode(kvt_srv_buf *b, uint32_t pid, const kvt_geometr
 kvt_status kvt__srv_hello_decode(const uint8_t *p, size_t len, bool from_server,
                                  kvt_srv_hello *out);
 
+#define KVT_SRV_TIER_SPARSE 1u
 typedef struct kvt_srv_hello_rep {
     uint64_t map_bytes, stride, block_bytes;
     uint32_t block_tokens, num_blocks, server_pid;
+    uint32_t flags; /* KVT_SRV_TIER_* */
 } kvt_srv_hello_rep;
 void kvt__srv_hello_rep_encode(kvt_srv_buf *b, const kvt_srv_hello_rep *r);
 kvt_status kvt__srv_hello_rep_decode(const uint8_t *p, size_t len, kvt_srv_hello_rep *out);

@@ -482,6 +482,12 @@ uint32_t kvt__pool_release(kvt_pool *pool, uint32_t max)
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 (uapi asm-generic/mman-common.h) */
 #endif
 
+void kvt__pool_populate_write(void *p, size_t len)
+{
+    if (madvise(p, len, MADV_POPULATE_WRITE) == 0) return;
+    for (size_t off = 0; off < len; off += POOL_ALIGN) (void)((volatile uint8_t *)p)[off];
+}
+
 void kvt__pool_populate(uint8_t *base, const uint64_t *off, uint32_t n, uint64_t bytes)
 {
     for (uint32_t i = 0; i < n;) {

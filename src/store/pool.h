@@ -61,6 +61,10 @@ uint32_t kvt__pool_release(kvt_pool *pool, uint32_t max);
  * under a VM's shadow paging: docs/cluster.md, Performance). Advice only:
  * a kernel without it (before 5.14) leaves the pages to fault in. */
 void kvt__pool_populate(uint8_t *base, const uint64_t *off, uint32_t n, uint64_t bytes);
+/* The same for one range [p, p + len) (p page-aligned) of pages that are
+ * all backed already; on a kernel without MADV_POPULATE_WRITE it reads
+ * one byte of each page instead (mapped, read-only, as MAP_POPULATE). */
+void kvt__pool_populate_write(void *p, size_t len);
 /* Slots with memory behind them (all of them without a budget). */
 uint32_t kvt__pool_blocks_backed(const kvt_pool *pool);
 /* Free backed slots (those kvt__pool_release can give back). */

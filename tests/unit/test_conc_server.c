@@ -2559,6 +2559,60 @@ static void test_shared_capacity(void **state)
     stop_server(srv, path);
 }
 
+/* Bytes of memory behind process pid's CPU tier memfds (what their pages
+ * use now: st_blocks of each "memfd:kvtier-cpu-tier" it holds open). */
+static uint64_t tier_backed_bytes(pid_t pid)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%ld/fd", (long)pid);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    uint64_t sum = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        char p[600], link[256];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        ssize_t n = readlink(p, link, sizeof link - 1);
+        if (n <= 0) continue;
+        link[n] = 0;
+        struct stat st;
+        if (strstr(link, "memfd:kvtier-cpu-tier") && stat(p, &st) == 0)
+            sum += (uint64_t)st.st_blocks * 512u;
+    }
+    closedir(d);
+    return sum;
+}
+
+/* A server for any geometry backs its shared tier slot by slot; a client's
+ * attach must not back it all. Before, the client mapped the tier with
+ * MAP_POPULATE, whose read faults allocate every page of a shmem hole: the
+ * whole cpu_capacity was in memory at the first attach, once per geometry,
+ * past what cpu_capacity promises. */
+static void test_attach_leaves_shared_tier_sparse(void **state)
+{
+    (void)state;
+    make_dir();
+    char path[300];
+    sock_path(path, sizeof path, "sparse.sock");
+    g_any_geometry = true;
+    pid_t srv = start_server(path, NULL);
+    g_any_geometry = false;
+    engine a, b; /* the parent forks no more: it may hold clients now */
+    assert_ok(engine_open(&a, path, 2)); /* 8 KiB blocks */
+    assert_ok(engine_open(&b, path, 4)); /* 16 KiB blocks: a second tier */
+    uint64_t attached = tier_backed_bytes(srv);
+    if (attached > (256u << 10))
+        fail_msg("two attaches backed %llu bytes of the tiers (cpu_capacity 4 MiB, nothing "
+                 "stored yet)", (unsigned long long)attached);
+    store_seed(&a, 77);
+    assert_int_equal(loaded(&a, 77), BLOCKS * TPP);
+    uint64_t stored = tier_backed_bytes(srv);
+    assert_true(stored >= attached + BLOCKS * 8192u); /* the store's slots are backed */
+    assert_true(stored < (1u << 20));
+    engine_close(&a);
+    engine_close(&b);
+    stop_server(srv, path);
+}
+
 /* A worker that stores and detaches: its store is checked by the server
  * after END was answered, so detach settles it (one STATS round trip), and
  * another client finds every block the moment detach has returned, even
@@ -3303,6 +3357,7 @@ int main(void)
         cmocka_unit_test_teardown(test_reattach_frees_fenced_blocks, close_and_kill),
         cmocka_unit_test_teardown(test_any_geometry, close_and_kill),
         cmocka_unit_test_teardown(test_shared_capacity, close_and_kill),
+        cmocka_unit_test_teardown(test_attach_leaves_shared_tier_sparse, close_and_kill),
         cmocka_unit_test_teardown(test_shared_ssd, close_and_kill),
         cmocka_unit_test_teardown(test_detach_settles_last_store, close_and_kill),
         cmocka_unit_test_teardown(test_shared_ssd_beyond_free_space, close_and_kill),
