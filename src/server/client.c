@@ -460,6 +460,24 @@ static kvt_status attach_exchange(kvt_client *cl, uint16_t op, const kvt_srv_buf
     return st;
 }
 
+/* CUDA copies pin the server's tier mapping (cudaHostRegister). On a
+ * sparse tier (geometries sharing cpu_capacity) that backs every page of
+ * it, the whole cpu_capacity for this geometry, and a slot the sharing
+ * later punches out to give its memory to another geometry stays pinned
+ * here while the server's mapping gets a new page: a later load of that
+ * slot would copy stale bytes to the GPU. The server does not know yet
+ * that a client pinned its tier (docs/gpu.md, "Limits"), so the engineer
+ * is told, once per client, what to run instead. */
+static void sparse_pin_warn(const char *fn)
+{
+    kvt__log(KVT_LOG_WARN, "%s: CUDA copies pin the server's CPU tier, and this server shares "
+             "cpu_capacity across geometries (kvtier serve without --model): the pin keeps all "
+             "of cpu_capacity in memory for this geometry, and once a second geometry takes "
+             "memory from it a load may copy stale bytes; serve GPU engines from a server "
+             "started with --model for their geometry, or with --set server_max_geometries=1 "
+             "(docs/gpu.md, Limits)", fn);
+}
+
 /* HELLO and the tier's mapping; io_mu held or not yet shared. */
 static kvt_status hello_locked(kvt_client *cl)
 {
@@ -705,6 +723,7 @@ static kvt_status register_cuda(kvt_client *cl, const kvt_engine_memory *mem, co
             st = kvt__cuda_backend_check_ptr(b, fn, what, map.base[u]);
         }
     if (!st) st = kvt__cuda_backend_pin(b, fn, cl->tier, cl->shm.map_bytes);
+    if (!st && (cl->shm.flags & KVT_SRV_TIER_SPARSE)) sparse_pin_warn(fn);
     if (!st) st = kvt__xfer_set_ops(cl->xfer, kvt__cuda_backend_ops(b));
     if (st) {
         kvt__cuda_backend_destroy(b); /* unpins the tier */

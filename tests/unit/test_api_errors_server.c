@@ -538,6 +538,74 @@ static void fake_serve(void *arg, int fd)
     }
 }
 
+/* Warn lines the library logs while a test runs (kvt_set_log_handler). */
+static char warned[4096];
+static pthread_mutex_t warned_mu = PTHREAD_MUTEX_INITIALIZER; /* the server thread logs too */
+static void keep_warn(void *user, kvt_log_level level, const char *line)
+{
+    (void)user;
+    pthread_mutex_lock(&warned_mu);
+    if (level == KVT_LOG_WARN && strlen(warned) + strlen(line) + 2 < sizeof warned) {
+        strcat(warned, line);
+        strcat(warned, "\n");
+    }
+    pthread_mutex_unlock(&warned_mu);
+}
+
+/* Engine memory on a (fake) CUDA device through a server for any model:
+ * the registration pins the server's tier, which that server shares
+ * across geometries (src/server/client.c, sparse_pin_warn): it works, and
+ * the engineer is told what the pin costs and which setting avoids it;
+ * with that setting (server_max_geometries=1: one tier, backed whole) no
+ * such line. */
+static void test_cuda_on_a_shared_tier_warns(void **state)
+{
+    (void)state;
+    const char *why = NULL;
+    const kvt_cuda_api *api = kvt__cuda_load(&why);
+    if (!api || !getenv("KVTIER_CUDART"))
+        fail_msg("this test runs over tests/fake_cudart.c (KVTIER_CUDART, set by ctest): %s",
+                 why ? why : "KVTIER_CUDART is not set");
+    kvt_geometry *g = kvt_test_small_geo();
+    engine e;
+    engine_init(&e, g);
+    dev_mem d;
+    dev_alloc(api, &d, &e.mem);
+    for (int whole = 0; whole < 2; whole++) {
+        scratch sd;
+        scratch_init(&sd, whole ? "apicudaone" : "apicudashare");
+        kvt_config *cfg = kvt_test_small_config(NULL);
+        assert_ok(kvt_config_set(cfg, "server_socket", sd.sock));
+        if (whole) assert_ok(kvt_config_set(cfg, "server_max_geometries", "1"));
+        srv_fx f = {0};
+        assert_ok(kvt_server_create(&f.srv, cfg, NULL)); /* any model */
+        assert_int_equal(pthread_create(&f.th, NULL, srv_run, &f), 0);
+        kvt_client *cl = NULL;
+        assert_ok(kvt_client_attach(&cl, sd.sock, g, WAIT_MS));
+        warned[0] = 0;
+        assert_ok(kvt_set_log_handler(keep_warn, NULL));
+        EXPECT_OK(kvt_client_register_memory(cl, &d.mem));
+        assert_ok(kvt_set_log_handler(NULL, NULL));
+        if (whole) {
+            assert_null(strstr(warned, "pin"));
+        } else {
+            assert_non_null(strstr(warned, "kvt_client_register_memory: CUDA copies pin"));
+            assert_non_null(strstr(warned, "--model"));
+            assert_non_null(strstr(warned, "server_max_geometries=1"));
+        }
+        kvt_client_detach(cl);
+        kvt_server_stop(f.srv);
+        pthread_join(f.th, NULL);
+        assert_ok(f.run_st);
+        kvt_server_destroy(f.srv);
+        kvt_config_destroy(cfg);
+    }
+    dev_free(api, &d);
+    kvt_emu_destroy(e.emu);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
 /* The client refuses an answer no server gives to that request (the
  * protocol is broken): a plan answered KVT_ETIMEDOUT (kvt_cache_lookup
  * never times out), the cancel of a planned task answered KVT_ETIMEDOUT
@@ -884,6 +952,7 @@ int main(void)
         cmocka_unit_test(test_held_writes),
         cmocka_unit_test(test_server_reads_auth),
         cmocka_unit_test(test_layer_events),
+        cmocka_unit_test(test_cuda_on_a_shared_tier_warns),
         cmocka_unit_test(test_no_io_uring),
         cmocka_unit_test(test_cluster_join_refusals),
         cmocka_unit_test(test_metrics_unlistenable),
