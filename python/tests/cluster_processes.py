@@ -174,14 +174,55 @@ class Cluster(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, rep)
             time.sleep(0.2)
 
+    def restart(self, name, *more):
+        stop_server(self.nodes[name])
+        self.start_node(name, more=more)
+
+    def metric(self, port, name):
+        import urllib.request
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.split()[-1])
+        self.fail("no %s on :%d/metrics" % (name, port))
+
+    def test_a_slow_pull_does_not_stop_pulls_for_good(self):
+        # c's engine prefills faster than any pull (cluster_prefill_tps at
+        # its maximum): after the first, measured pull, the next is not
+        # started (recomputing is faster), but once a second has passed one
+        # is made anyway to measure the link again. Before, the estimate
+        # moved only with pulls made, so c never pulled again.
+        port = free_port()
+        self.restart("c", "--set", "cluster_prefill_tps=100000000",
+                     "--set", "metrics_port=%d" % port)
+        for seed in (41, 42, 43):
+            self.assertEqual(worker(self.sock("a"), "store", seed)["status"], 0)
+        self.wait_holding({"a": 3 * BLOCKS})
+        full, _ = self.timed_lookup("c", 41)  # unmeasured: pulled
+        self.assertGreater(full, 0)
+        skipped, _ = self.timed_lookup("c", 42)
+        self.assertEqual(skipped, 0)
+        self.assertEqual(self.metric(port, "kvtier_cluster_pulls_skipped_total"), 1)
+        time.sleep(1.2)
+        self.assertEqual(self.timed_lookup("c", 43)[0], full)  # the probe
+        self.assertEqual(self.metric(port, "kvtier_cluster_pulls_total"), 2)
+
     def test_a_prefix_spread_over_two_nodes_is_pulled_from_both_in_one_lookup(self):
         # a holds the first 2 blocks, b all 4: the directory names a (the
         # first by name among CPU holders) for blocks 0-1 and b for 2-3, so
-        # c's one lookup must pull a run from each
+        # c's one lookup must pull a run from each (c recomputes slowly,
+        # cluster_prefill_tps=1: no run is judged not worth pulling)
+        self.restart("c", "--set", "cluster_prefill_tps=1")
         self.assertEqual(worker(self.sock("a"), "store", 29, blocks=2)["status"], 0)
         s = worker(self.sock("b"), "store", 29)
         self.assertEqual(s["status"], 0, s)
         self.wait_holding({"a": 2, "b": 4})
+        # the holdings can show before every block entry is readable (in a
+        # Redis Cluster they sit on other shards): a probe node d loads
+        # until it has them all, so the directory names a holder for each
+        # (d holds them then too, but loses every tie to a and b by name)
+        self.start_node("d")
+        self.load_until_hit("d", 29)
         matched, _ = self.timed_lookup("c", 29)
         self.assertEqual(matched, BLOCKS * s["block_tokens"], self.log("c"))
         r = worker(self.sock("c"), "load", 29)  # a local hit now: every byte verified

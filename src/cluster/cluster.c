@@ -125,6 +125,7 @@ struct kvt_cluster {
 
     cl_held held;
     _Atomic uint64_t bw_bps; /* pull bandwidth, a moving average; 0 before the first */
+    _Atomic uint64_t probe_ns; /* when a pull judged not worth it was last made anyway */
     kvt_cluster_counters st;   /* fields updated with atomic adds */
 };
 
@@ -869,6 +870,7 @@ static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request 
     uint64_t bytes = (uint64_t)a.n * sh->shm.block_bytes, ns = kvt__now_ns() - t0 + 1;
     uint64_t bw = bytes * 1000000000ull / ns, old = atomic_load(&cl->bw_bps);
     atomic_store(&cl->bw_bps, old ? (old * 3 + bw) / 4 : bw);
+    atomic_store(&cl->probe_ns, kvt__now_ns()); /* measured: no probe for CL_PROBE_MS */
     STAT_ADD(cl, pulls, 1);
     STAT_ADD(cl, pulled_blocks, a.n);
     STAT_ADD(cl, pulled_bytes, bytes);
@@ -877,14 +879,22 @@ static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request 
 
 /* Pull or recompute: a pull expected to take longer than the engine's
  * prefill of the same tokens (cluster_prefill_tps) is not started. Until
- * a pull was measured, pulls are assumed worth it. */
+ * a pull was measured, pulls are assumed worth it. The estimate moves only
+ * with pulls made, so one slow pull (a busy peer, a loaded link) would
+ * stop this node pulling for good: a pull judged not worth it is made
+ * anyway once CL_PROBE_MS passed since the last measured pull, to measure
+ * the link again. */
+#define CL_PROBE_MS 1000
 static bool worth_pulling(kvt_cluster *cl, const kvt_srv_shard *sh, uint32_t blocks)
 {
     uint64_t bw = atomic_load(&cl->bw_bps);
     if (!bw) return true;
     double pull_s = (double)blocks * (double)sh->shm.block_bytes / (double)bw;
     double prefill_s = (double)blocks * sh->block_tokens / (double)cl->cfg->cluster_prefill_tps;
-    return pull_s < prefill_s;
+    if (pull_s < prefill_s) return true;
+    uint64_t now = kvt__now_ns(), last = atomic_load(&cl->probe_ns);
+    return now - last >= (uint64_t)CL_PROBE_MS * 1000000u &&
+           atomic_compare_exchange_strong(&cl->probe_ns, &last, now); /* one probe at a time */
 }
 
 /* The server's fill hook: req matched `matched` tokens here; its next
