@@ -7,7 +7,9 @@
  * stream is synchronized (or an event recorded on it is waited for), so a
  * missing sync or a wrong event shows up as unverified bytes; batched copies
  * must carry one stream-ordered attribute whose location hints match the
- * memory each side really is (device allocations vs pinned host). The copy
+ * memory each side really is (device allocations vs pinned host); a
+ * cudaMemcpyAsync on pageable host memory behaves as the runtime's (from
+ * the device: done on return; to it: source read on return). The copy
  * kernel needs libcuda and is not faked. */
 #include <pthread.h>
 #include <stdint.h>
@@ -53,23 +55,30 @@ static int type_of(const void *p)
     return t;
 }
 
-typedef struct op { void *dst; const void *src; size_t len; } op;
+typedef struct op { void *dst; const void *src; size_t len; void *own; } op;
 typedef struct stream { pthread_mutex_t mu; op *q; size_t n, cap; } stream;
-static void enqueue(stream *s, void *dst, const void *src, size_t len)
+static void enqueue_own(stream *s, void *dst, const void *src, size_t len, void *own)
 {
     pthread_mutex_lock(&s->mu);
     if (s->n == s->cap) {
         s->cap = s->cap ? s->cap * 2 : 64;
         s->q = realloc(s->q, s->cap * sizeof *s->q);
     }
-    s->q[s->n++] = (op){dst, src, len};
+    s->q[s->n++] = (op){dst, src, len, own};
     pthread_mutex_unlock(&s->mu);
+}
+static void enqueue(stream *s, void *dst, const void *src, size_t len)
+{
+    enqueue_own(s, dst, src, len, NULL);
 }
 static void flush(stream *s)
 {
     if (!s) return;
     pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < s->n; i++) memcpy(s->q[i].dst, s->q[i].src, s->q[i].len);
+    for (size_t i = 0; i < s->n; i++) {
+        memcpy(s->q[i].dst, s->q[i].src, s->q[i].len);
+        free(s->q[i].own);
+    }
     s->n = 0;
     pthread_mutex_unlock(&s->mu);
 }
@@ -106,6 +115,22 @@ err cudaMemcpyAsync(void *d, const void *s, size_t n, int kind, void *st)
 {
     if (!st) { memcpy(d, s, n); return OK; }
     if ((kind == 2 && type_of(s) != 2) || (kind == 1 && type_of(d) != 2)) return E_INVALID_VALUE;
+    /* Pageable (unregistered) host memory, as the runtime treats it: a
+     * copy from the device has ended when the call returns (after the
+     * stream's earlier work); one to the device has read its source into
+     * a staging buffer by then. */
+    if (kind == 2 && type_of(d) == 0) {
+        flush(st);
+        memcpy(d, s, n);
+        return OK;
+    }
+    if (kind == 1 && type_of(s) == 0) {
+        void *stage = malloc(n ? n : 1);
+        if (!stage) return 2;
+        memcpy(stage, s, n);
+        enqueue_own(st, d, stage, n, stage);
+        return OK;
+    }
     enqueue(st, d, s, n);
     return OK;
 }

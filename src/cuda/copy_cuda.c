@@ -219,7 +219,7 @@ static kvt_status copy_kernel(kvt_cuda_backend *b, cuda_worker *w, int dir,
     kvt_status st = kvt__cuda_plan_kernel(ch, n, dir, b->ranges, b->nranges,
                                           w->descs + w->descs_used, &grid_y);
     pthread_mutex_unlock(&b->mu);
-    if (st) return copy_memcpy(b, w, dir, ch, n); /* unpinned host memory: DMA instead */
+    if (st) return copy_memcpy(b, w, dir, ch, n); /* not pinned after all: as ops_copy_async */
     kvt_cuda_desc *d = w->descs_dev + w->descs_used;
     unsigned cnt = n;
     void *args[] = {&d, &cnt};
@@ -235,6 +235,21 @@ static kvt_status copy_kernel(kvt_cuda_backend *b, cuda_worker *w, int dir,
     return KVT_OK;
 }
 
+/* Whether every chunk's host side lies in a pinned range. A node server's
+ * tier shared across geometries is not pinned (kvt__cuda_backend_pin's
+ * callers): pinning would back all of it and keep pages the server later
+ * punches out to give memory to another geometry. */
+static bool host_pinned(kvt_cuda_backend *b, int dir, const kvt_copy_chunk *ch, uint32_t n)
+{
+    bool all = true;
+    pthread_mutex_lock(&b->mu);
+    for (uint32_t i = 0; i < n && all; i++)
+        all = find_range(b->ranges, b->nranges, dir == KVT_XFER_GATHER ? ch[i].dst : ch[i].src,
+                         ch[i].len) != NULL;
+    pthread_mutex_unlock(&b->mu);
+    return all;
+}
+
 static kvt_status ops_copy_async(void *ctx, void **wctx, int dir, const kvt_copy_chunk *ch,
                                  uint32_t n)
 {
@@ -245,6 +260,13 @@ static kvt_status ops_copy_async(void *ctx, void **wctx, int dir, const kvt_copy
     }
     cuda_worker *w = *wctx;
     if (n > 512) return kvt__fail(KVT_EINVAL, "cuda copy: %u chunks in one call (at most 512)", n);
+    /* Pageable host memory: cudaMemcpyAsync, which stages it through the
+     * driver's own pinned buffers (a copy from the device has ended when
+     * it returns; one to the device has read its source). The batch API's
+     * stream-ordered source and the kernel's mapped pointers need pinned
+     * memory. */
+    if (b->mode != KVT_CUDA_MEMCPY && !host_pinned(b, dir, ch, n))
+        return copy_memcpy(b, w, dir, ch, n);
     switch (b->mode) {
     case KVT_CUDA_BATCH: return copy_batch(b, w, dir, ch, n);
     case KVT_CUDA_KERNEL: return copy_kernel(b, w, dir, ch, n);

@@ -267,6 +267,12 @@ static kvt_status round_trip(kvt_client *cl, const char *fn, uint16_t op, const 
     return round_trip_ex(cl, fn, op, b, rep, rep_len, fd_got, 0);
 }
 
+void *kvt__client_tier(kvt_client *cl, uint64_t *bytes)
+{
+    *bytes = cl && cl->tier ? cl->shm.map_bytes : 0;
+    return cl ? cl->tier : NULL;
+}
+
 uint64_t kvt__client_requests(kvt_client *cl)
 {
     if (!cl) return 0;
@@ -460,22 +466,27 @@ static kvt_status attach_exchange(kvt_client *cl, uint16_t op, const kvt_srv_buf
     return st;
 }
 
-/* CUDA copies pin the server's tier mapping (cudaHostRegister). On a
- * sparse tier (geometries sharing cpu_capacity) that backs every page of
- * it, the whole cpu_capacity for this geometry, and a slot the sharing
- * later punches out to give its memory to another geometry stays pinned
- * here while the server's mapping gets a new page: a later load of that
- * slot would copy stale bytes to the GPU. The server does not know yet
- * that a client pinned its tier (docs/gpu.md, "Limits"), so the engineer
- * is told, once per client, what to run instead. */
-static void sparse_pin_warn(const char *fn)
+/* Whether CUDA copies pin the server's tier mapping (cudaHostRegister):
+ * only a tier backed whole (a server with --model). Pinning a sparse tier
+ * (geometries sharing cpu_capacity) would back every page of it, the whole
+ * cpu_capacity for this geometry, and a slot the sharing later punches out
+ * to give its memory to another geometry would stay pinned here while the
+ * server's mapping got a new page: a later load of that slot would copy
+ * stale bytes to the GPU. Unpinned, the copies go through the driver's
+ * staging (copy_cuda.c): correct, slower than pinned DMA. */
+static bool tier_pinnable(const kvt_client *cl)
 {
-    kvt__log(KVT_LOG_WARN, "%s: CUDA copies pin the server's CPU tier, and this server shares "
-             "cpu_capacity across geometries (kvtier serve without --model): the pin keeps all "
-             "of cpu_capacity in memory for this geometry, and once a second geometry takes "
-             "memory from it a load may copy stale bytes; serve GPU engines from a server "
-             "started with --model for their geometry, or with --set server_max_geometries=1 "
-             "(docs/gpu.md, Limits)", fn);
+    return !(cl->shm.flags & KVT_SRV_TIER_SPARSE);
+}
+
+static kvt_status pin_tier(kvt_client *cl, kvt_cuda_backend *b, const char *fn)
+{
+    if (tier_pinnable(cl)) return kvt__cuda_backend_pin(b, fn, cl->tier, cl->shm.map_bytes);
+    kvt__log(KVT_LOG_INFO, "%s: the server shares cpu_capacity across geometries (kvtier serve "
+             "without --model), so its CPU tier is not pinned: CUDA copies go through the "
+             "driver's staging buffers; a server started with --model for this geometry lets "
+             "them use pinned DMA (docs/gpu.md)", fn);
+    return KVT_OK;
 }
 
 /* HELLO and the tier's mapping; io_mu held or not yet shared. */
@@ -534,9 +545,9 @@ static kvt_status hello_locked(kvt_client *cl)
             cl->tier = m;
     }
     /* A re-attach with engine memory on a CUDA device: the new mapping is
-     * pinned as the first one was (kvt_client_register_memory). */
+     * pinned if the first one was (pin_tier: a tier backed whole). */
     if (!st && cl->cuda) {
-        st = kvt__cuda_backend_pin(cl->cuda, fn, cl->tier, cl->shm.map_bytes);
+        st = pin_tier(cl, cl->cuda, fn);
         if (st) {
             munmap(cl->tier, cl->shm.map_bytes);
             cl->tier = NULL;
@@ -693,7 +704,7 @@ void kvt_client_detach(kvt_client *cl)
 
 /* Device memory: the layout checks as for host memory, then the CUDA
  * runtime and device (KVT_EUNSUPPORTED naming what is missing), every
- * buffer on that device, the server's tier mapping pinned, the copy ops
+ * buffer on that device, the server's tier mapping pinned (pin_tier), the copy ops
  * switched to the CUDA backend (as kvt_cache_register_memory does). io_mu
  * and mu held; nothing was submitted yet (launch needs registered memory). */
 static kvt_status register_cuda(kvt_client *cl, const kvt_engine_memory *mem, const char *fn)
@@ -722,8 +733,7 @@ static kvt_status register_cuda(kvt_client *cl, const kvt_engine_memory *mem, co
                 snprintf(what, sizeof what, "layer_bases[%u]", u);
             st = kvt__cuda_backend_check_ptr(b, fn, what, map.base[u]);
         }
-    if (!st) st = kvt__cuda_backend_pin(b, fn, cl->tier, cl->shm.map_bytes);
-    if (!st && (cl->shm.flags & KVT_SRV_TIER_SPARSE)) sparse_pin_warn(fn);
+    if (!st) st = pin_tier(cl, b, fn);
     if (!st) st = kvt__xfer_set_ops(cl->xfer, kvt__cuda_backend_ops(b));
     if (st) {
         kvt__cuda_backend_destroy(b); /* unpins the tier */

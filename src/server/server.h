@@ -232,6 +232,10 @@ kvt_status kvt__srv_conn_attach(kvt_server *s, kvt_srv_conn *c);
  * task a wait already reported is counted (client.c). `kvtier bench
  * engine` counts an engine's round trips per batch with it. */
 uint64_t kvt__client_requests(kvt_client *cl);
+/* This client's mapping of the server's CPU tier (NULL before attach),
+ * *bytes its length. `kvtier bench engine` touches it to time a process's
+ * first touch of the tier apart from the stores. client.c. */
+void *kvt__client_tier(kvt_client *cl, uint64_t *bytes);
 /* Sets the hooks (copied; NULL clears them) before kvt_server_run: each
  * existing shard's blocks are told to observe as STORED first. The hooks'
  * arg must outlive the server's run, or be cleared after it. server.c. */

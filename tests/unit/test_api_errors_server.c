@@ -538,27 +538,43 @@ static void fake_serve(void *arg, int fd)
     }
 }
 
-/* Warn lines the library logs while a test runs (kvt_set_log_handler). */
-static char warned[4096];
-static pthread_mutex_t warned_mu = PTHREAD_MUTEX_INITIALIZER; /* the server thread logs too */
-static void keep_warn(void *user, kvt_log_level level, const char *line)
+/* Warn and info lines the library logs while a test runs
+ * (kvt_set_log_handler), each after "W " or "I ". */
+static char logged[8192];
+static pthread_mutex_t logged_mu = PTHREAD_MUTEX_INITIALIZER; /* the server thread logs too */
+static void keep_lines(void *user, kvt_log_level level, const char *line)
 {
     (void)user;
-    pthread_mutex_lock(&warned_mu);
-    if (level == KVT_LOG_WARN && strlen(warned) + strlen(line) + 2 < sizeof warned) {
-        strcat(warned, line);
-        strcat(warned, "\n");
+    pthread_mutex_lock(&logged_mu);
+    if ((level == KVT_LOG_WARN || level == KVT_LOG_INFO) &&
+        strlen(logged) + strlen(line) + 4 < sizeof logged) {
+        strcat(logged, level == KVT_LOG_WARN ? "W " : "I ");
+        strcat(logged, line);
+        strcat(logged, "\n");
     }
-    pthread_mutex_unlock(&warned_mu);
+    pthread_mutex_unlock(&logged_mu);
 }
 
-/* Engine memory on a (fake) CUDA device through a server for any model:
- * the registration pins the server's tier, which that server shares
- * across geometries (src/server/client.c, sparse_pin_warn): it works, and
- * the engineer is told what the pin costs and which setting avoids it;
- * with that setting (server_max_geometries=1: one tier, backed whole) no
- * such line. */
-static void test_cuda_on_a_shared_tier_warns(void **state)
+/* Device page p of unit u against the emulated engine's host page q. */
+static void expect_dev_page(const dev_mem *d, const kvt_engine_memory *host, uint32_t p,
+                            uint32_t q)
+{
+    for (uint32_t u = 0; u < KVT_MAX_LAYERS * KVT_MAX_COMPONENTS; u++) {
+        if (!d->bufs[u]) continue;
+        uint64_t pb = d->bytes[u] / host->num_pages;
+        assert_memory_equal((uint8_t *)d->bufs[u] + p * pb,
+                            (const uint8_t *)host->layer_bases[u] + q * pb, pb);
+    }
+}
+
+/* Engine memory on a (fake) CUDA device through a node server. A server
+ * for any model shares cpu_capacity across geometries: its tier is sparse,
+ * and pinning it would back all of it and keep pages the server punches
+ * out for another geometry (stale bytes on a later load). So the client
+ * pins only a tier backed whole (server_max_geometries=1) and says at info
+ * why a shared one is not pinned; either way a store from device pages
+ * and a load into others move every byte. */
+static void test_cuda_pins_only_a_tier_backed_whole(void **state)
 {
     (void)state;
     const char *why = NULL;
@@ -582,17 +598,53 @@ static void test_cuda_on_a_shared_tier_warns(void **state)
         assert_int_equal(pthread_create(&f.th, NULL, srv_run, &f), 0);
         kvt_client *cl = NULL;
         assert_ok(kvt_client_attach(&cl, sd.sock, g, WAIT_MS));
-        warned[0] = 0;
-        assert_ok(kvt_set_log_handler(keep_warn, NULL));
+        logged[0] = 0;
+        assert_ok(kvt_set_log_level(KVT_LOG_INFO));
+        assert_ok(kvt_set_log_handler(keep_lines, NULL));
         EXPECT_OK(kvt_client_register_memory(cl, &d.mem));
         assert_ok(kvt_set_log_handler(NULL, NULL));
+        assert_ok(kvt_set_log_level(KVT_LOG_WARN));
+        uint64_t tier_bytes = 0;
+        void *tier = kvt__client_tier(cl, &tier_bytes);
+        assert_non_null(tier);
+        kvt_cu_ptr_attr_buf a;
+        memset(&a, 0, sizeof a);
+        assert_int_equal(api->PointerGetAttributes(&a, tier), 0);
+        assert_null(strstr(logged, "W "));
         if (whole) {
-            assert_null(strstr(warned, "pin"));
+            assert_int_equal(a.a.type, KVT_CU_MEMTYPE_HOST); /* pinned */
+            assert_null(strstr(logged, "not pinned"));
         } else {
-            assert_non_null(strstr(warned, "kvt_client_register_memory: CUDA copies pin"));
-            assert_non_null(strstr(warned, "--model"));
-            assert_non_null(strstr(warned, "server_max_geometries=1"));
+            assert_int_equal(a.a.type, KVT_CU_MEMTYPE_UNREGISTERED);
+            assert_non_null(strstr(logged, "I kvt_client_register_memory: the server shares "
+                                           "cpu_capacity across geometries"));
+            assert_non_null(strstr(logged, "not pinned"));
+            assert_non_null(strstr(logged, "--model"));
         }
+        /* Store the 3 whole blocks from device pages 1, 3, 5; load them
+         * into 0, 2, 4. */
+        kvt_store_plan plan;
+        assert_ok(kvt_client_prepare_store(cl, &e.req, &plan));
+        assert_int_equal(plan.first_token, 0);
+        assert_int_equal(plan.num_tokens, 12);
+        assert_ok(kvt_client_launch(cl, plan.task, e.pages, 3));
+        kvt_task_result r;
+        assert_ok(kvt_client_wait(cl, plan.task, WAIT_MS, &r));
+        assert_int_equal(r.status, KVT_OK);
+        for (uint32_t u = 0; u < KVT_MAX_LAYERS * KVT_MAX_COMPONENTS; u++)
+            if (d.bufs[u]) {
+                uint64_t pb = d.bytes[u] / e.mem.num_pages;
+                for (uint32_t p = 0; p < 6; p += 2) memset((uint8_t *)d.bufs[u] + p * pb, 0x5a, pb);
+            }
+        kvt_match m;
+        assert_ok(kvt_client_lookup(cl, &e.req, &m));
+        assert_int_equal(m.matched_tokens, 12);
+        uint32_t load_pages[3] = {0, 2, 4};
+        assert_ok(kvt_client_launch(cl, m.task, load_pages, 3));
+        assert_ok(kvt_client_wait(cl, m.task, WAIT_MS, &r));
+        assert_int_equal(r.status, KVT_OK);
+        assert_int_equal(r.num_tokens, 12);
+        for (uint32_t i = 0; i < 3; i++) expect_dev_page(&d, &e.mem, load_pages[i], e.pages[i]);
         kvt_client_detach(cl);
         kvt_server_stop(f.srv);
         pthread_join(f.th, NULL);
@@ -952,7 +1004,7 @@ int main(void)
         cmocka_unit_test(test_held_writes),
         cmocka_unit_test(test_server_reads_auth),
         cmocka_unit_test(test_layer_events),
-        cmocka_unit_test(test_cuda_on_a_shared_tier_warns),
+        cmocka_unit_test(test_cuda_pins_only_a_tier_backed_whole),
         cmocka_unit_test(test_no_io_uring),
         cmocka_unit_test(test_cluster_join_refusals),
         cmocka_unit_test(test_metrics_unlistenable),
