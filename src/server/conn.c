@@ -531,9 +531,14 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
 }
 
 /* A large store's blocks are checked on several threads (this one and
- * helpers started for it): the client waits for the verdict with its copy
- * threads idle, so the cores are free. Below VERIFY_SPLIT_BYTES one thread
- * does it (starting a thread costs tens of microseconds). */
+ * helpers started for it). Below VERIFY_SPLIT_BYTES one thread does it
+ * (starting a thread costs tens of microseconds). A check after END's
+ * answer is background work: one core is left to clients and connections
+ * (verify_threads), its helpers run at nice 19. A check before END_SYNC's
+ * answer is what the client waits for, its copy threads idle: it takes
+ * every core (verify_threads_sync), helpers at normal priority (SGLang's
+ * batch_set waits so for each batch: on 2 cores one thread made the check
+ * as long as the copy). */
 #define VERIFY_THREADS KVT_SRV_VERIFY_THREADS
 #define VERIFY_SPLIT_BYTES (8ull << 20)
 
@@ -543,6 +548,7 @@ typedef struct verify_part {
     const uint8_t *sums;   /* the client's, unaligned */
     uint32_t first, end;   /* blocks [first, end) */
     uint32_t bad;          /* the first failing block, or UINT32_MAX */
+    bool background;       /* a helper runs at nice 19 */
 } verify_part;
 
 /* The check is background work. The checker thread runs SCHED_IDLE: a
@@ -577,26 +583,30 @@ static void *verify_range(void *arg)
     return NULL;
 }
 
-/* A helper thread's part, at nice 19. */
+/* A helper thread's part (a background check's at nice 19). */
 static void *verify_helper(void *arg)
 {
-    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+    if (((verify_part *)arg)->background)
+        (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
     return verify_range(arg);
 }
 
 /* The first failing block of t, or UINT32_MAX. */
 static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_shard *sh,
-                                const kvt_srv_task *t, const uint8_t *sums)
+                                const kvt_srv_task *t, const uint8_t *sums, bool background)
 {
     uint64_t bytes = (uint64_t)t->num_blocks * sh->shm.block_bytes;
-    uint32_t n = bytes < VERIFY_SPLIT_BYTES ? 1 : s->verify_threads;
+    uint32_t n = bytes < VERIFY_SPLIT_BYTES ? 1
+                 : background               ? s->verify_threads
+                                            : s->verify_threads_sync;
     if (n > t->num_blocks) n = t->num_blocks ? t->num_blocks : 1;
     verify_part part[VERIFY_THREADS];
     pthread_t th[VERIFY_THREADS];
     bool started[VERIFY_THREADS] = {false};
     for (uint32_t k = 0; k < n; k++) {
         part[k] = (verify_part){sh, t, sums, (uint32_t)((uint64_t)t->num_blocks * k / n),
-                                (uint32_t)((uint64_t)t->num_blocks * (k + 1) / n), UINT32_MAX};
+                                (uint32_t)((uint64_t)t->num_blocks * (k + 1) / n), UINT32_MAX,
+                                background};
         /* Part 0 runs here; a helper that cannot start runs here too. */
         if (k > 0) started[k] = pthread_create(&th[k], NULL, verify_helper, &part[k]) == 0;
     }
@@ -613,9 +623,9 @@ static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_shard *sh,
 /* A store becomes visible only if every block holds what the client says
  * it wrote: a client that died or scribbled mid-copy is caught here. */
 static kvt_status verify_store(const kvt_srv_conn *c, const kvt_srv_task *t,
-                               const uint8_t *sums)
+                               const uint8_t *sums, bool background)
 {
-    uint32_t bad = first_bad_block(c->srv, c->sh, t, sums);
+    uint32_t bad = first_bad_block(c->srv, c->sh, t, sums, background);
     if (bad == UINT32_MAX) return KVT_OK;
     kvt_status st = kvt__fail(KVT_ECORRUPT, "store task %llu: block %u failed its checksum; "
                               "the store is not made visible", (unsigned long long)t->id, bad);
@@ -655,7 +665,7 @@ static void check_one(kvt_srv_check *k)
         nanosleep(&ts, NULL);
     }
     kvt_task_result r;
-    kvt_status verdict = verify_store(k->c, &k->t, k->sums);
+    kvt_status verdict = verify_store(k->c, &k->t, k->sums, true);
     if (kvt__cache_ext_end(k->c->sh->cache, k->t.id, verdict, &r))
         kvt__srv_log(KVT_LOG_WARN, "client pid %ld: %s", (long)k->c->pid, kvt_last_error());
     atomic_fetch_sub(&k->c->pins, k->t.pins);
@@ -802,7 +812,7 @@ static kvt_status on_end(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t 
             check_start(c);
             return st;
         } else
-            verdict = verify_store(c, t, e.checksums);
+            verdict = verify_store(c, t, e.checksums, false);
     }
     st = kvt__cache_ext_end(c->sh->cache, e.task, verdict, &r);
     drop_task(c, t);

@@ -270,6 +270,14 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
 /* Several geometries draw on one cpu_capacity. Their tiers are backed as
  * they fill, so the machine is checked here, once, for the total (as
  * kvt_cache_create checks a tier it prefaults). */
+/* Threads for one store's check on `cores` cores: 1 to KVT_SRV_VERIFY_THREADS. */
+static uint32_t verify_threads_for(long cores)
+{
+    return cores < 1                        ? 1
+           : cores > KVT_SRV_VERIFY_THREADS ? KVT_SRV_VERIFY_THREADS
+                                            : (uint32_t)cores;
+}
+
 static kvt_status make_share(kvt_server *s)
 {
     uint64_t avail = s->cfg.memory_check ? kvt__mem_available() : 0;
@@ -478,12 +486,12 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
         if ((st = kvt_geometry_clone(geo, &s->declared))) return st;
         if ((st = kvt__srv_shard_get(s, geo, s->cfg.block_tokens, &sh))) return st;
     }
-    /* One core is left to the clients and connections: a check that takes
-     * every core makes their next wake-up wait for it. */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN) - 1;
-    s->verify_threads = cpus < 1                        ? 1
-                        : cpus > KVT_SRV_VERIFY_THREADS ? KVT_SRV_VERIFY_THREADS
-                                                        : (uint32_t)cpus;
+    /* A background check leaves one core to the clients and connections:
+     * one that takes every core makes their next wake-up wait for it. A
+     * check the client waits for (END_SYNC) takes them all (conn.c). */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    s->verify_threads = verify_threads_for(cpus - 1);
+    s->verify_threads_sync = verify_threads_for(cpus);
     if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
         return kvt__fail(KVT_ESYS, "%s: pipe: %s", fn, strerror(errno));
     if ((st = start_metrics(s))) return st;

@@ -168,7 +168,8 @@ struct kvt_server {
     kvt_srv_conn *conns;
     uint32_t nconns;
     kvt_srv_fence *fences;
-    uint32_t verify_threads; /* threads checking one large store (conn.c) */
+    uint32_t verify_threads;      /* threads checking one large store after END (conn.c) */
+    uint32_t verify_threads_sync; /* and before END_SYNC's answer: every core */
     bool accept_starved; /* the last accept failed for want of descriptors (accept thread) */
     uint64_t pending_dropped, pending_log_ns; /* make_room_locked's, under mu */
 };

@@ -796,8 +796,9 @@ static kvt_status raw_matched(int fd, uint32_t *matched)
  * with each block's right checksum; with spoil, one byte of the last
  * block changes after its checksum was taken (a stray or late write).
  * END's result into *res. */
-static kvt_status raw_full_store(int fd, uint8_t *tier, const kvt_srv_hello_rep *h,
-                                 const kvt_geometry *g, bool spoil, kvt_task_result *res)
+static kvt_status raw_full_store_op(int fd, uint8_t *tier, const kvt_srv_hello_rep *h,
+                                    const kvt_geometry *g, bool spoil, uint16_t end_op,
+                                    kvt_task_result *res)
 {
     uint32_t tokens[NTOK], first = 0, n = 0;
     uint64_t task = 0, sums[BLOCKS];
@@ -830,11 +831,17 @@ static kvt_status raw_full_store(int fd, uint8_t *tier, const kvt_srv_hello_rep 
     if (st) return st;
     if (spoil) last[h->block_bytes / 2] ^= 0x5a;
     kvt__srv_end_encode(&b, task, KVT_OK, sums, BLOCKS);
-    st = raw_rt(fd, KVT_SRV_END, &b, &p, &len, NULL);
+    st = raw_rt(fd, end_op, &b, &p, &len, NULL);
     kvt__srv_buf_free(&b);
     if (!st) st = kvt__srv_result_decode(p, len, res);
     free(p);
     return st;
+}
+
+static kvt_status raw_full_store(int fd, uint8_t *tier, const kvt_srv_hello_rep *h,
+                                 const kvt_geometry *g, bool spoil, kvt_task_result *res)
+{
+    return raw_full_store_op(fd, tier, h, g, spoil, KVT_SRV_END, res);
 }
 
 /* A store whose last block was spoiled after the client took its checksum:
@@ -876,6 +883,51 @@ static void test_spoiled_block_never_visible(void **state)
 {
     (void)state;
     child_against_server("v.sock", child_spoiled_store, NULL);
+}
+
+/* END_SYNC of a store of 16 MiB (8 blocks of 2 MiB): the server checks it
+ * before it answers, split across its cores (conn.c first_bad_block, a
+ * part from 8 MiB; every core, since the client waits). A spoiled last
+ * block lies in the last part, a helper thread's: the result is
+ * KVT_ECORRUPT, nothing is visible, and the same store
+ * unspoiled is answered OK and visible at once. */
+static kvt_status child_spoiled_sync_store(const char *path, void *arg)
+{
+    (void)arg;
+    kvt_geometry *g = kvt_test_geometry(LAYERS, 64, 128, TPP, KVT_LAYOUT_LAYER_FIRST);
+    int fd = -1;
+    uint8_t *tier = NULL;
+    kvt_srv_hello_rep h;
+    kvt_task_result res = {0};
+    uint32_t matched = 99;
+    kvt_status st = raw_attach(path, g, &fd, &tier, &h);
+    if (!st && h.block_bytes * BLOCKS < (16u << 20))
+        st = kvt__fail(KVT_EINVAL, "blocks of %llu bytes", (unsigned long long)h.block_bytes);
+    if (!st) st = raw_full_store_op(fd, tier, &h, g, true, KVT_SRV_END_SYNC, &res);
+    if (!st && res.status != KVT_ECORRUPT)
+        st = kvt__fail(KVT_EPROTO, "spoiled END_SYNC's result is %s, want KVT_ECORRUPT",
+                       kvt_status_name(res.status));
+    if (!st) st = raw_matched(fd, &matched);
+    if (!st && matched != 0) st = kvt__fail(KVT_ECORRUPT, "the spoiled store is visible");
+    if (!st) st = raw_full_store_op(fd, tier, &h, g, false, KVT_SRV_END_SYNC, &res);
+    if (!st && res.status != KVT_OK)
+        st = kvt__fail(KVT_EPROTO, "END_SYNC's result is %s", kvt_status_name(res.status));
+    if (!st) st = raw_matched(fd, &matched);
+    if (!st && matched != BLOCKS * TPP)
+        st = kvt__fail(KVT_ENOTFOUND, "the good store: %u tokens visible", matched);
+    kvt_geometry_destroy(g);
+    return st;
+}
+
+static void test_spoiled_block_in_a_split_sync_check(void **state)
+{
+    (void)state;
+    static const char *const opts[] = {"cpu_capacity", "64MiB", NULL};
+    g_opts = opts;
+    g_any_geometry = true;
+    child_against_server("vs.sock", child_spoiled_sync_store, NULL);
+    g_any_geometry = false;
+    g_opts = NULL;
 }
 
 static kvt_status child_raw_store(const char *path, void *arg)
@@ -3337,6 +3389,7 @@ int main(void)
         cmocka_unit_test_teardown(test_sigkill_mid_load, close_and_kill),
         cmocka_unit_test_teardown(test_bad_checksum_not_visible, close_and_kill),
         cmocka_unit_test_teardown(test_spoiled_block_never_visible, close_and_kill),
+        cmocka_unit_test_teardown(test_spoiled_block_in_a_split_sync_check, close_and_kill),
         cmocka_unit_test_teardown(test_server_killed_econn, close_and_kill),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, close_and_kill),
         cmocka_unit_test_teardown(test_load_cut_by_corrupt_ssd_block, close_and_kill),
