@@ -385,6 +385,18 @@ static void dev_alloc(const kvt_cuda_api *api, dev_mem *d, const kvt_engine_memo
     d->mem.buffer_bytes = d->bytes;
 }
 
+/* The fake CUDA runtime ctest points KVTIER_CUDART at; the test fails
+ * without it (a device test that skips here would pass unseen). */
+static const kvt_cuda_api *fake_cuda_api(void)
+{
+    const char *why = NULL;
+    const kvt_cuda_api *api = kvt__cuda_load(&why);
+    if (!api || !getenv("KVTIER_CUDART"))
+        fail_msg("this test runs over tests/fake_cudart.c (KVTIER_CUDART, set by ctest): %s",
+                 why ? why : "KVTIER_CUDART is not set");
+    return api;
+}
+
 static void dev_free(const kvt_cuda_api *api, dev_mem *d)
 {
     for (uint32_t u = 0; u < KVT_MAX_LAYERS * KVT_MAX_COMPONENTS; u++)
@@ -396,11 +408,7 @@ static void dev_free(const kvt_cuda_api *api, dev_mem *d)
 static void test_layer_events(void **state)
 {
     (void)state;
-    const char *why = NULL;
-    const kvt_cuda_api *api = kvt__cuda_load(&why);
-    if (!api || !getenv("KVTIER_CUDART"))
-        fail_msg("this test runs over tests/fake_cudart.c (KVTIER_CUDART, set by ctest): %s",
-                 why ? why : "KVTIER_CUDART is not set");
+    const kvt_cuda_api *api = fake_cuda_api();
     scratch sd;
     scratch_init(&sd, "apicuda");
     kvt_geometry *g = kvt_test_small_geo();
@@ -577,11 +585,7 @@ static void expect_dev_page(const dev_mem *d, const kvt_engine_memory *host, uin
 static void test_cuda_pins_only_a_tier_backed_whole(void **state)
 {
     (void)state;
-    const char *why = NULL;
-    const kvt_cuda_api *api = kvt__cuda_load(&why);
-    if (!api || !getenv("KVTIER_CUDART"))
-        fail_msg("this test runs over tests/fake_cudart.c (KVTIER_CUDART, set by ctest): %s",
-                 why ? why : "KVTIER_CUDART is not set");
+    const kvt_cuda_api *api = fake_cuda_api();
     kvt_geometry *g = kvt_test_small_geo();
     engine e;
     engine_init(&e, g);

@@ -854,6 +854,24 @@ static bool sentinel_primary_port(uint16_t *port)
     return ok;
 }
 
+/* A sentinel on `port` watching `master` at the primary's port, with
+ * `extra` config lines; its config and log are name.conf and name.log. */
+static void sentinel_spawn(uint16_t port, const char *name, const char *master, uint16_t primary,
+                           const char *extra)
+{
+    char conf[512], log[64];
+    snprintf(conf, sizeof conf, "%s/%s.conf", tmp, name);
+    snprintf(log, sizeof log, "%s.log", name);
+    FILE *f = fopen(conf, "w");
+    assert_non_null(f);
+    fprintf(f, "port %u\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %u 1\n%s", port,
+            tmp, master, primary, extra);
+    fclose(f);
+    char *argv[] = {"redis-server", conf, "--sentinel", NULL};
+    spawn(argv, log);
+    wait_ping(port);
+}
+
 static void sentinel_start(void)
 {
     s_primary = free_port();
@@ -864,17 +882,9 @@ static void sentinel_start(void)
     const char *extra[] = {"--replicaof", of, NULL};
     redis_start(s_replica, extra);
     s_sentinel = free_port();
-    char conf[512];
-    snprintf(conf, sizeof conf, "%s/sentinel.conf", tmp);
-    FILE *f = fopen(conf, "w");
-    assert_non_null(f);
-    fprintf(f, "port %u\nbind 127.0.0.1\ndir %s\nsentinel monitor mym 127.0.0.1 %u 1\n"
-            "sentinel down-after-milliseconds mym 1000\nsentinel failover-timeout mym 5000\n",
-            s_sentinel, tmp, s_primary);
-    fclose(f);
-    char *argv[] = {"redis-server", conf, "--sentinel", NULL};
-    spawn(argv, "sentinel.log");
-    wait_ping(s_sentinel);
+    sentinel_spawn(s_sentinel, "sentinel", "mym", s_primary,
+                   "sentinel down-after-milliseconds mym 1000\n"
+                   "sentinel failover-timeout mym 5000\n");
 }
 
 /* A sentinel of its own with a password (requirepass in its config),
@@ -888,16 +898,8 @@ static void sentinel_pw_start(void)
     s_pw_primary = free_port();
     redis_start(s_pw_primary, NULL);
     s_pw_sentinel = free_port();
-    char conf[512];
-    snprintf(conf, sizeof conf, "%s/sentinel-pw.conf", tmp);
-    FILE *f = fopen(conf, "w");
-    assert_non_null(f);
-    fprintf(f, "port %u\nbind 127.0.0.1\ndir %s\nrequirepass \"%s\"\n"
-            "sentinel monitor pwm 127.0.0.1 %u 1\n", s_pw_sentinel, tmp, SENTINEL_PW, s_pw_primary);
-    fclose(f);
-    char *argv[] = {"redis-server", conf, "--sentinel", NULL};
-    spawn(argv, "sentinel-pw.log");
-    wait_ping(s_pw_sentinel);
+    sentinel_spawn(s_pw_sentinel, "sentinel-pw", "pwm", s_pw_primary,
+                   "requirepass \"" SENTINEL_PW "\"\n");
 }
 
 /* cluster_sentinel_password_file: the sentinels' own password, apart from
