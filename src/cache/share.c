@@ -103,23 +103,31 @@ static bool colder(cold_key a, cold_key b)
     return a.freq != b.freq ? a.freq < b.freq : a.tick < b.tick;
 }
 
-/* Slots of m covering bytes (m's blocks may be larger or smaller). */
-static uint32_t slots_for(const kvt_cache *m, uint64_t bytes)
+/* The two budgets' slots: a member's CPU pool slots (its stride) or, with
+ * ssd, its SSD store's (every member has a pool; not every one an SSD). */
+static uint64_t slot_bytes(const kvt_cache *m, bool ssd)
 {
-    uint64_t stride = kvt__pool_stride(m->pool), n = (bytes + stride - 1) / stride;
+    return ssd ? kvt__ssd_slot_bytes(m->ssd) : kvt__pool_stride(m->pool);
+}
+
+/* Slots of m covering bytes (m's blocks may be larger or smaller). */
+static uint32_t slots_for(const kvt_cache *m, bool ssd, uint64_t bytes)
+{
+    uint64_t unit = slot_bytes(m, ssd), n = (bytes + unit - 1) / unit;
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
-/* Free backed slots of the others: memory no block uses. sh->mu held.
- * Returns bytes given back to the budget. */
-static uint64_t take_free(kvt_share *sh, kvt_cache *c, uint64_t want)
+/* Free backed slots of the others (CPU, or with ssd SSD slots): memory or
+ * disk no block uses. sh->mu held. Returns bytes given back to the budget. */
+static uint64_t take_free(kvt_share *sh, kvt_cache *c, uint64_t want, bool ssd)
 {
     uint64_t got = 0;
     for (uint32_t i = 0; i < sh->n && got < want; i++) {
         kvt_cache *m = sh->members[i];
-        if (m == c || pthread_mutex_trylock(&m->mu) != 0) continue;
-        got += (uint64_t)kvt__pool_release(m->pool, slots_for(m, want - got)) *
-               kvt__pool_stride(m->pool);
+        if (m == c || (ssd && !m->ssd) || pthread_mutex_trylock(&m->mu) != 0) continue;
+        uint32_t n = slots_for(m, ssd, want - got);
+        n = ssd ? kvt__ssd_release(m->ssd, n) : kvt__pool_release(m->pool, n);
+        got += (uint64_t)n * slot_bytes(m, ssd);
         pthread_mutex_unlock(&m->mu);
     }
     return got;
@@ -144,28 +152,34 @@ static kvt_cache *victim(kvt_share *sh, kvt_cache *c, cold_key mine)
     return best;
 }
 
+/* Bytes got back as the caller's slots of unit bytes, at most want. */
+static uint32_t got_slots(uint64_t got, uint64_t unit, uint32_t want)
+{
+    uint64_t slots = got / unit;
+    if (got && !slots) slots = 1; /* part of a slot: worth one more try */
+    return slots > want ? want : (uint32_t)slots;
+}
+
 #define RECLAIM_ROUNDS 8 /* victims tried per call: bounds the time under sh->mu */
 
 static uint32_t reclaim(kvt_cache *c, uint32_t want, bool from_others)
 {
     kvt_share *sh = c->share;
     if (!sh || want == 0) return 0;
-    uint64_t stride = kvt__pool_stride(c->pool), need = (uint64_t)want * stride;
+    uint64_t stride = slot_bytes(c, false), need = (uint64_t)want * stride;
     pthread_mutex_lock(&sh->mu);
-    uint64_t got = take_free(sh, c, need);
+    uint64_t got = take_free(sh, c, need, false);
     cold_key mine = from_others ? (cold_key){0} : coldest(c);
     for (int r = 0; r < RECLAIM_ROUNDS && got < need; r++) {
         kvt_cache *v = victim(sh, c, mine);
         if (!v || pthread_mutex_trylock(&v->mu) != 0) break;
-        uint32_t n = kvt__tiers_give_back(v, slots_for(v, need - got));
+        uint32_t n = kvt__tiers_give_back(v, slots_for(v, false, need - got));
         pthread_mutex_unlock(&v->mu);
         if (n == 0) break;
-        got += (uint64_t)n * kvt__pool_stride(v->pool);
+        got += (uint64_t)n * slot_bytes(v, false);
     }
     pthread_mutex_unlock(&sh->mu);
-    uint64_t slots = got / stride;
-    if (got && !slots) slots = 1; /* part of a slot: worth one more try */
-    return slots > want ? want : (uint32_t)slots;
+    return got_slots(got, stride, want);
 }
 
 uint32_t kvt__share_reclaim(kvt_cache *c, uint32_t want) { return reclaim(c, want, false); }
@@ -228,27 +242,6 @@ bool kvt__share_owner_room(kvt_cache *c, uint8_t owner)
 
 /* ---- the SSD budget ------------------------------------------------ */
 
-/* SSD slots of m covering bytes. */
-static uint32_t ssd_slots_for(const kvt_cache *m, uint64_t bytes)
-{
-    uint64_t unit = kvt__ssd_slot_bytes(m->ssd), n = (bytes + unit - 1) / unit;
-    return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
-}
-
-/* Free backed SSD slots of the others: disk no block uses. sh->mu held. */
-static uint64_t take_free_ssd(kvt_share *sh, kvt_cache *c, uint64_t want)
-{
-    uint64_t got = 0;
-    for (uint32_t i = 0; i < sh->n && got < want; i++) {
-        kvt_cache *m = sh->members[i];
-        if (m == c || !m->ssd || pthread_mutex_trylock(&m->mu) != 0) continue;
-        got += (uint64_t)kvt__ssd_release(m->ssd, ssd_slots_for(m, want - got)) *
-               kvt__ssd_slot_bytes(m->ssd);
-        pthread_mutex_unlock(&m->mu);
-    }
-    return got;
-}
-
 /* The victim's freed SSD slots come back only after its commit round: what
  * is already on its way counts, so repeated calls while the caller waits
  * do not evict again. sh->mu held. */
@@ -256,7 +249,7 @@ static bool ssd_victim_gives(kvt_share *sh, kvt_cache *c, uint64_t need)
 {
     kvt_cache *v = victim(sh, c, coldest(c));
     if (!v || !v->ssd || pthread_mutex_trylock(&v->mu) != 0) return false;
-    uint32_t want = ssd_slots_for(v, need), coming = kvt__ssd_blocks_free(v->ssd);
+    uint32_t want = slots_for(v, true, need), coming = kvt__ssd_blocks_free(v->ssd);
     uint32_t n = coming < want ? kvt__tiers_give_back_ssd(v, want - coming) : 0;
     if (n == 0) kvt__ssd_flush_frees(v->ssd);
     pthread_mutex_unlock(&v->mu);
@@ -268,12 +261,10 @@ uint32_t kvt__share_ssd_reclaim(kvt_cache *c, uint32_t want, bool *pending)
     kvt_share *sh = c->share;
     *pending = false;
     if (!sh || !c->ssd || !c->ssd_budget || want == 0) return 0;
-    uint64_t unit = kvt__ssd_slot_bytes(c->ssd), need = (uint64_t)want * unit;
+    uint64_t unit = slot_bytes(c, true), need = (uint64_t)want * unit;
     pthread_mutex_lock(&sh->mu);
-    uint64_t got = take_free_ssd(sh, c, need);
+    uint64_t got = take_free(sh, c, need, true);
     if (got < need) *pending = ssd_victim_gives(sh, c, need - got);
     pthread_mutex_unlock(&sh->mu);
-    uint64_t slots = got / unit;
-    if (got && !slots) slots = 1; /* part of a slot: worth one more try */
-    return slots > want ? want : (uint32_t)slots;
+    return got_slots(got, unit, want);
 }
