@@ -251,6 +251,11 @@ void *kvt__srv_conn_main(void *arg);
  * geometries' data files there hold already). KVT_ENOSPC naming the
  * directory and both numbers. */
 kvt_status kvt__srv_check_ssd_space(const char *ssd_dirs, uint64_t ssd_capacity);
+/* space.c: the disk the geometries' data files under dir
+ * (dir/g<fingerprint>/kvtier.data) hold: theirs to reuse, so the check
+ * counts it as room; tests read it to bound the SSD tier's real use. 0
+ * when dir cannot be read. */
+uint64_t kvt__srv_ssd_held(const char *dir);
 /* For tests: each store check first sleeps this many milliseconds, as a
  * check starved on a busy machine (it runs SCHED_IDLE) would. 0: none. */
 extern _Atomic uint32_t kvt__srv_check_delay_ms;

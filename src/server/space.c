@@ -9,15 +9,13 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include "server/server.h"
 #include "util/err.h"
+#include "util/file.h"
 
-/* Disk the geometries' data files under dir (dir/g<fingerprint>/) hold:
- * theirs to reuse, so it counts as room. */
-static uint64_t held_under(const char *dir)
+uint64_t kvt__srv_ssd_held(const char *dir)
 {
     DIR *d = opendir(dir);
     if (!d) return 0;
@@ -25,9 +23,8 @@ static uint64_t held_under(const char *dir)
     for (struct dirent *e; (e = readdir(d));) {
         if (e->d_name[0] != 'g') continue;
         char p[1200];
-        struct stat st;
         snprintf(p, sizeof p, "%s/%s/kvtier.data", dir, e->d_name);
-        if (stat(p, &st) == 0 && S_ISREG(st.st_mode)) sum += (uint64_t)st.st_blocks * 512u;
+        sum += kvt__disk_bytes(p);
     }
     closedir(d);
     return sum;
@@ -45,7 +42,7 @@ kvt_status kvt__srv_check_ssd_space(const char *ssd_dirs, uint64_t ssd_capacity)
     for (char *d = strtok_r(dirs, ",", &save); d; d = strtok_r(NULL, ",", &save)) {
         struct statvfs vfs;
         if (!*d || statvfs(d, &vfs) != 0) continue; /* the store names what is wrong */
-        uint64_t free_bytes = (uint64_t)vfs.f_bavail * vfs.f_frsize, held = held_under(d);
+        uint64_t free_bytes = (uint64_t)vfs.f_bavail * vfs.f_frsize, held = kvt__srv_ssd_held(d);
         if (share > free_bytes + held)
             return kvt__fail(KVT_ENOSPC, "kvt_server_create: SSD directory %s: its filesystem "
                              "has %llu bytes free (and the tiers there hold %llu), less than its "

@@ -56,6 +56,13 @@ uint64_t kvt__mem_available(void)
     return ((uint64_t)avail + (uint64_t)huge_free * huge_kb) * 1024u;
 }
 
+uint64_t kvt__disk_bytes(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    return (uint64_t)st.st_blocks * 512u;
+}
+
 kvt_status kvt__read_user_file(const char *path, const char *who, const char *kind, void *buf,
                                size_t cap, ssize_t *n)
 {

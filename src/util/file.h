@@ -37,4 +37,11 @@ const char *kvt__file_kind(mode_t mode);
 #include <stdint.h>
 uint64_t kvt__mem_available(void);
 
+/* The bytes path's blocks hold now, on disk or (a memfd, a tmpfs file) in
+ * memory: st_blocks x 512 (POSIX leaves the unit open; Linux counts 512-byte
+ * units whatever the file system's block size), so holes and punched slots
+ * count nothing. stat() follows a link (/proc/PID/fd/N: the open file). 0
+ * when path cannot be stat'ed or is not a regular file. */
+uint64_t kvt__disk_bytes(const char *path);
+
 #endif

@@ -29,6 +29,7 @@
 #include "server/server.h"
 #include "util/clock.h"
 #include "util/err.h"
+#include "util/file.h"
 
 #define LAYERS 4
 #define TPP 16
@@ -2626,9 +2627,7 @@ static uint64_t tier_backed_bytes(pid_t pid)
         ssize_t n = readlink(p, link, sizeof link - 1);
         if (n <= 0) continue;
         link[n] = 0;
-        struct stat st;
-        if (strstr(link, "memfd:kvtier-cpu-tier") && stat(p, &st) == 0)
-            sum += (uint64_t)st.st_blocks * 512u;
+        if (strstr(link, "memfd:kvtier-cpu-tier")) sum += kvt__disk_bytes(p);
     }
     closedir(d);
     return sum;
@@ -2744,23 +2743,6 @@ static void test_shared_ssd_beyond_free_space(void **state)
     assert_null(s);
 }
 
-/* Disk behind the data files of every geometry under ssd (its g... subdirectories). */
-static uint64_t ssd_disk_bytes(const char *ssd)
-{
-    DIR *d = opendir(ssd);
-    assert_non_null(d);
-    uint64_t sum = 0;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (e->d_name[0] != 'g') continue;
-        char p[600];
-        struct stat st;
-        snprintf(p, sizeof p, "%s/%s/kvtier.data", ssd, e->d_name);
-        if (stat(p, &st) == 0) sum += (uint64_t)st.st_blocks * 512u;
-    }
-    closedir(d);
-    return sum;
-}
-
 /* The SSD tier is shared the same way as the CPU tier: one geometry alone
  * keeps far more than 1/server_max_geometries of ssd_capacity (80 requests
  * of 8 KiB blocks, 5 MiB, past a 2 MiB CPU tier: each geometry had 2 MiB of
@@ -2813,7 +2795,8 @@ static void test_shared_ssd(void **state)
     if (sb.ssd_blocks_used * sb.block_bytes < (2u << 20))
         fail_msg("geometry B got %llu bytes of SSD for its 5 MiB",
                  (unsigned long long)(sb.ssd_blocks_used * sb.block_bytes));
-    uint64_t disk = ssd_disk_bytes(ssd);
+    uint64_t disk = kvt__srv_ssd_held(ssd); /* the data files of every geometry */
+    assert_true(disk > 0); /* B's blocks at least: ssd and its g... files were read */
     if (disk > (8u << 20) + (256u << 10))
         fail_msg("the data files hold %llu bytes of disk, over ssd_capacity (8 MiB)",
                  (unsigned long long)disk);
