@@ -79,6 +79,18 @@ static bool thp_available(void)
 #define PREFAULT_CHUNK (64ull << 20)          /* the clock is read once per chunk */
 #define PREFAULT_REPORT_NS 2000000000ull      /* a progress line at most this often */
 
+/* Touches one byte per 4 KiB page of [p, p + len) so each is faulted in
+ * now: write stores a 0 (backing a page of a fresh range), a read leaves
+ * the data as it is (a range that holds blocks already). */
+static void touch_pages(uint8_t *p, size_t len, bool write)
+{
+    volatile uint8_t *v = p;
+    for (size_t off = 0; off < len; off += POOL_ALIGN) {
+        if (write) v[off] = 0;
+        else (void)v[off];
+    }
+}
+
 /* Writes one byte per 4 KiB page so the kernel backs the whole range now.
  * A large tier takes seconds (2 GiB of 4 KiB pages: 14-18 s on a VM), so
  * past 2 s an info line says how far it is every 2 s, and one says when it
@@ -89,7 +101,7 @@ static void prefault(uint8_t *p, size_t len)
     bool reported = false;
     for (size_t chunk = 0; chunk < len; chunk += PREFAULT_CHUNK) {
         size_t end = len - chunk < PREFAULT_CHUNK ? len : chunk + PREFAULT_CHUNK;
-        for (size_t off = chunk; off < end; off += POOL_ALIGN) ((volatile uint8_t *)p)[off] = 0;
+        touch_pages(p + chunk, end - chunk, true);
         uint64_t now = kvt__now_ns();
         if (now < next || end == len) continue;
         KVT_LOG(KVT_LOG_INFO, "CPU tier: backing its memory: %.1f of %.1f GiB (%.0f%%)",
@@ -485,7 +497,7 @@ uint32_t kvt__pool_release(kvt_pool *pool, uint32_t max)
 void kvt__pool_populate_write(void *p, size_t len)
 {
     if (madvise(p, len, MADV_POPULATE_WRITE) == 0) return;
-    for (size_t off = 0; off < len; off += POOL_ALIGN) (void)((volatile uint8_t *)p)[off];
+    touch_pages(p, len, false); /* reads: the pages hold blocks that a 0 would clobber */
 }
 
 void kvt__pool_populate(uint8_t *base, const uint64_t *off, uint32_t n, uint64_t bytes)
