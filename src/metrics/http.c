@@ -20,6 +20,7 @@
 #include "cache/observe.h"
 #include "metrics/metrics.h"
 #include "util/err.h"
+#include "util/parse.h"
 
 #define CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 #define MAX_CONNECTIONS 16
@@ -123,7 +124,6 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *conn, const char
 typedef struct bind_addr {
     struct sockaddr_storage ss;
     socklen_t len;
-    bool loopback;
 } bind_addr;
 
 static kvt_status parse_addr(const char *fn, const char *addr, uint32_t port, bind_addr *out)
@@ -135,16 +135,12 @@ static kvt_status parse_addr(const char *fn, const char *addr, uint32_t port, bi
         v4->sin_family = AF_INET;
         v4->sin_port = htons((uint16_t)port);
         out->len = sizeof *v4;
-        out->loopback = (ntohl(v4->sin_addr.s_addr) >> 24) == 127;
         return KVT_OK;
     }
     if (inet_pton(AF_INET6, addr, &v6->sin6_addr) == 1) {
         v6->sin6_family = AF_INET6;
         v6->sin6_port = htons((uint16_t)port);
         out->len = sizeof *v6;
-        const uint8_t *a = v6->sin6_addr.s6_addr;
-        out->loopback = IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr) ||
-                        (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr) && a[12] == 127);
         return KVT_OK;
     }
     return kvt__fail(KVT_EINVAL, "%s: metrics_addr \"%s\" is not a numeric IPv4 or IPv6 "
@@ -221,7 +217,7 @@ static kvt_status start(const char *fn, const char *addr, uint32_t port, bool in
     bind_addr a;
     kvt_status st = parse_addr(fn, addr, port, &a);
     if (st) return st;
-    if (!a.loopback && !insecure)
+    if (!kvt__host_is_loopback(addr) && !insecure) /* addr is numeric: parse_addr */
         return kvt__fail(KVT_EINVAL, "%s: metrics_addr \"%s\" is not a loopback address; the "
                          "metrics endpoint has no authentication, so serving it beyond this "
                          "host needs metrics_insecure=true (or keep 127.0.0.1 and put a proxy "

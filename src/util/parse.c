@@ -123,8 +123,12 @@ size_t kvt__json_find_nul(const char *json, size_t len)
 bool kvt__host_is_loopback(const char *host)
 {
     struct in_addr a;
+    struct in6_addr a6;
+    if (!host) return false;
     /* A numeric address only: "127.example.com" is a name any resolver may
      * send anywhere. */
-    if (host && inet_pton(AF_INET, host, &a) == 1) return (ntohl(a.s_addr) >> 24) == 127;
-    return host && (!strcmp(host, "localhost") || !strcmp(host, "::1"));
+    if (inet_pton(AF_INET, host, &a) == 1) return (ntohl(a.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+    return !strcmp(host, "localhost");
 }

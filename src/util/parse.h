@@ -21,9 +21,12 @@ size_t kvt__json_find_nul(const char *json, size_t len);
 /* Formats bytes as "1.5 GiB" into buf. */
 void kvt__format_size(uint64_t bytes, char *buf, unsigned len);
 
-/* Whether host (an IPv4 dotted quad or a name) is this machine only:
- * a numeric 127.0.0.0/8 address, "::1" or "localhost". Endpoints beyond it
- * need a secret. */
+/* Whether host (a numeric IPv4 or IPv6 address, or a name) is this machine
+ * only: 127.0.0.0/8, ::1 (any spelling), ::ffff:127.x.x.x, or "localhost"
+ * (no other name is resolved). Endpoints beyond it need a secret; the
+ * metrics endpoint (metrics/http.c) needs metrics_insecure. The one
+ * loopback test: util, so metrics and events may use it (docs/design.md:
+ * they sit below net). */
 bool kvt__host_is_loopback(const char *host);
 
 #endif

@@ -123,17 +123,19 @@ static void test_hash_copy(void **state)
     free(buf);
 }
 
-/* kvt__host_is_loopback: 127.0.0.0/8 and "localhost" are this machine; an
- * address that merely contains 127, a name starting "127." (resolved
- * anywhere) or a longer name is not. */
+/* kvt__host_is_loopback: 127.0.0.0/8, ::1 however spelt, ::ffff:127.x.x.x
+ * and "localhost" are this machine (the metrics endpoint's test, now the
+ * one test); an address that merely contains 127, a name starting "127."
+ * (resolved anywhere) or a longer name is not. */
 static void test_host_is_loopback(void **state)
 {
     (void)state;
     static const char *const yes[] = {"127.0.0.1", "127.1.2.3", "127.255.255.254", "localhost",
-                                      "::1"};
+                                      "::1", "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1"};
     static const char *const no[] = {"0.0.0.0", "10.0.0.1", "128.0.0.1", "1.127.0.0", "12.7.0.1",
                                      "localhost.example.com", "", "127", "127.example.com",
-                                     "127.0.0.1.evil.example", "127.0.0.256"};
+                                     "127.0.0.1.evil.example", "127.0.0.256", "::", "::2",
+                                     "::ffff:10.0.0.1", "[::1]", "::1%lo"};
     for (size_t i = 0; i < sizeof yes / sizeof *yes; i++)
         if (!kvt__host_is_loopback(yes[i])) fail_msg("%s is loopback", yes[i]);
     for (size_t i = 0; i < sizeof no / sizeof *no; i++)
