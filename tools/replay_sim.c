@@ -68,7 +68,8 @@ static uint32_t store(kvt_index *idx, uint32_t cap, const kvt_hash128 *keys, uin
 {
     uint32_t need = n - k, used = kvt__index_count(idx);
     if (need > cap - used) {
-        kvt__index_pin(idx, ids, k);
+        /* Cannot fail: one pin each (unpinned below) under KVT_INDEX_MAX_PINS. */
+        (void)kvt__index_pin(idx, ids, k);
         *evicted += kvt__index_evict(idx, need - (cap - used), scratch);
         kvt__index_unpin(idx, ids, k);
     }

@@ -207,6 +207,16 @@ static void plan(kvt_cache *c, kvt_task *t, uint32_t first_token)
 /* ------------------------------------------------------------------ */
 /* Lookup                                                             */
 
+/* kvt__index_pin's KVT_EFULL: a block would pass KVT_INDEX_MAX_PINS. A
+ * block is pinned once per task (max_tasks <= 1048576) plus a store's and
+ * an SSD write's pin, so this is a bug; cheap to refuse where nothing is
+ * done yet, and worth naming. */
+static kvt_status pins_full(const char *fn)
+{
+    return kvt__fail(KVT_EFULL, "%s: a block would hold more than %u pins (the index's bound; "
+                     "max_tasks keeps below it): a bug", fn, KVT_INDEX_MAX_PINS);
+}
+
 /* A load task for the k matched entries in ids, pinned; blocks without a
  * CPU copy are read back from the SSD. *out is NULL when none can load. */
 static kvt_status plan_load(kvt_cache *c, const uint32_t *ids, uint32_t k, bool counted,
@@ -216,7 +226,11 @@ static kvt_status plan_load(kvt_cache *c, const uint32_t *ids, uint32_t k, bool 
     kvt_status st = kvt__task_new(c, KVT_TASK_LOAD, k, &t);
     if (st) return st;
     memcpy(t->entries, ids, (size_t)k * sizeof *ids);
-    kvt__index_pin(c->index, t->entries, k);
+    if (kvt__index_pin(c->index, t->entries, k) != KVT_OK) { /* nothing pinned */
+        c->in_flight--;
+        kvt__task_free(c, t);
+        return pins_full("kvt_cache_lookup");
+    }
     t->num_pinned = k;
     uint32_t usable = kvt__tiers_plan_load(c, t);
     if (usable == 0) {
@@ -433,7 +447,8 @@ static kvt_status prepare_locked(kvt_cache *c, scratch *s, uint32_t n, bool root
     /* Pin the prefix being extended (and blocks being re-filled) so making
      * room cannot evict them. */
     uint32_t pin_from = sp.first ? sp.first - 1 : 0, pinned = sp.k - pin_from;
-    kvt__index_pin(c->index, s->ids + pin_from, pinned);
+    if (kvt__index_pin(c->index, s->ids + pin_from, pinned) != KVT_OK)
+        return pins_full("kvt_cache_prepare_store"); /* nothing reserved yet */
     uint32_t repair = sp.k - sp.first;
     uint32_t got = kvt__tiers_reserve_cpu(c, sp.n - sp.first, s->slots, s->owner);
     kvt_status st = KVT_OK;
@@ -443,7 +458,10 @@ static kvt_status prepare_locked(kvt_cache *c, scratch *s, uint32_t n, bool root
     if (t) {
         t->num_repair = repair;
         st = fill_store_task(c, t, s, &sp);
-        if (!st) kvt__index_pin(c->index, t->entries, repair); /* the task's own pins */
+        /* The task's own pins. Cannot fail (pins_full: max_tasks keeps every
+         * block below KVT_INDEX_MAX_PINS); undoing the inserts here would not
+         * be cheap. */
+        if (!st) (void)kvt__index_pin(c->index, t->entries, repair);
     }
     kvt__index_unpin(c->index, s->ids + pin_from, pinned);
     if (st || !t) {

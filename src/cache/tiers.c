@@ -299,8 +299,10 @@ void kvt__tiers_committed(kvt_cache *c, const uint32_t *ids, uint32_t n)
         c->cpu_ref[slot] = 1;
         /* Only new data is written: a block already on the SSD stays there. */
         if (!c->ssd || c->ssd_writes_off || c->ssd_state[ids[i]] != SSD_NONE) continue;
-        /* The pin keeps the entry and its CPU slot until the copy is done. */
-        kvt__index_pin(c->index, &ids[i], 1);
+        /* The pin keeps the entry and its CPU slot until the copy is done.
+         * Cannot fail: one write pin on top of at most max_tasks (<= 1048576)
+         * task pins stays below KVT_INDEX_MAX_PINS (index.h). */
+        (void)kvt__index_pin(c->index, &ids[i], 1);
         c->ssd_state[ids[i]] = SSD_WRITING;
         c->write_q[(c->wq_head + c->wq_len++) % c->cpu_blocks] = ids[i];
         c->ssd_pending++;
