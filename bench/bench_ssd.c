@@ -13,11 +13,18 @@
  * noisy disk hits both alike, and the median of REPS is reported (the best
  * of REPS favours whichever pass got lucky once).
  * write_ratio = write_gbps / raw_write_gbps (read likewise); target >= 0.9.
+ * Where fio is installed (scripts/deps.sh installs it), fio itself runs
+ * the same passes in each round (io_uring engine, O_DIRECT, 1 MiB at QD 32,
+ * the write pass ending in one fsync, a file of its own in the same
+ * directory): fio_write_ratio = write_gbps / fio_write_gbps, so the figure
+ * does not rest on this file's raw loop alone. Without fio those keys are
+ * null and the text says so.
  * Runs in a fresh temporary directory (under --dir, else $TMPDIR or /tmp)
  * that it removes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <cjson/cJSON.h>
 #include <liburing.h>
 #include <limits.h>
 #include <pthread.h>
@@ -52,7 +59,7 @@ typedef struct bench {
     uint32_t nblocks, nbufs;
     uint8_t *mem; /* nbufs blocks, also the raw loop's buffers */
     uint64_t mem_len;
-    char work[PATH_MAX], store_dir[PATH_MAX + 16], raw_path[PATH_MAX + 16];
+    char work[PATH_MAX], store_dir[PATH_MAX + 16], raw_path[PATH_MAX + 16], fio_path[PATH_MAX + 16];
     kvt_ssd *s;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -131,6 +138,49 @@ static double raw_pass(bench *b, bool write)
     io_uring_queue_exit(&ring);
     close(fd);
     return ok && done >= b->bytes ? (double)b->bytes / secs / 1e9 : -1;
+}
+
+/* ---- fio, where installed -------------------------------------------- */
+
+#define FIO_SECS 120 /* a pass's bound (timeout(1) kills fio past it) */
+
+/* fio's bandwidth in GB/s from its JSON report (jobs[0].write or .read
+ * bw_bytes); < 0 when the report is missing or not fio's. */
+static double fio_report_gbps(const char *path, bool write)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char *text = malloc(1 << 20);
+    size_t n = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!text) return -1;
+    text[n] = 0;
+    /* fio may print notes before the JSON object */
+    cJSON *j = cJSON_Parse(strchr(text, '{') ? strchr(text, '{') : text);
+    free(text);
+    cJSON *job = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "jobs"), 0);
+    cJSON *bw = cJSON_GetObjectItem(cJSON_GetObjectItem(job, write ? "write" : "read"), "bw_bytes");
+    double gbps = cJSON_IsNumber(bw) && bw->valuedouble > 0 ? bw->valuedouble / 1e9 : -1;
+    cJSON_Delete(j);
+    return gbps;
+}
+
+/* One fio pass over the same bytes as raw_pass; GB/s, or < 0 when fio is
+ * absent or failed. Run through the shell as the other benches run their
+ * yardsticks (ucx_perftest, redis-benchmark), bounded by timeout(1). */
+static double fio_pass(bench *b, bool write)
+{
+    if (system("command -v fio >/dev/null 2>&1") != 0) return -1;
+    char out[PATH_MAX + 32], cmd[3 * PATH_MAX + 512];
+    snprintf(out, sizeof out, "%s/fio.json", b->work);
+    snprintf(cmd, sizeof cmd,
+             "timeout %d fio --name=kvtier-bench --filename='%s' --rw=%s --bs=%u --iodepth=%u "
+             "--ioengine=io_uring --direct=1 --size=%llu %s --output-format=json "
+             "--output='%s' >/dev/null 2>&1",
+             FIO_SECS, b->fio_path, write ? "write" : "read", RAW_CHUNK, RAW_QD,
+             (unsigned long long)b->bytes, write ? "--end_fsync=1" : "", out);
+    if (system(cmd) != 0) return -1;
+    return fio_report_gbps(out, write);
 }
 
 /* ---- through the store ----------------------------------------------- */
@@ -220,6 +270,7 @@ static int setup(bench *b, const bargs *a)
     if (!mkdtemp(b->work)) return fprintf(stderr, "bench ssd: mkdtemp %s: %s\n", b->work, strerror(errno)), 1;
     snprintf(b->store_dir, sizeof b->store_dir, "%s/store", b->work);
     snprintf(b->raw_path, sizeof b->raw_path, "%s/raw", b->work);
+    snprintf(b->fio_path, sizeof b->fio_path, "%s/fio", b->work);
     int fd = open(b->raw_path, O_RDWR | O_CREAT, 0644);
     if (fd < 0 || fallocate(fd, 0, 0, (off_t)b->bytes) != 0) {
         fprintf(stderr, "bench ssd: %s: %s\n", b->raw_path, strerror(errno));
@@ -254,14 +305,22 @@ int kvt_bench_ssd_main(int argc, char **argv)
     bench b;
     memset(&b, 0, sizeof b);
     rc = setup(&b, &a);
-    double v[4][REPS]; /* raw write, store write, raw read, store read */
+    double v[6][REPS]; /* raw write, store write, raw read, store read, fio write, fio read */
+    bool fio = system("command -v fio >/dev/null 2>&1") == 0;
     for (int rep = 0; rc == 0 && rep < REPS; rep++) {
+        v[4][rep] = fio ? fio_pass(&b, true) : -1;
         v[0][rep] = raw_pass(&b, true);
         v[1][rep] = store_pass(&b, true);
+        v[5][rep] = fio ? fio_pass(&b, false) : -1;
         v[2][rep] = raw_pass(&b, false);
         v[3][rep] = store_pass(&b, false);
         if (v[0][rep] < 0 || v[1][rep] < 0 || v[2][rep] < 0 || v[3][rep] < 0) {
             fprintf(stderr, "bench ssd: an I/O pass failed: %s\n", kvt_last_error());
+            rc = 1;
+        }
+        if (fio && (v[4][rep] < 0 || v[5][rep] < 0)) {
+            fprintf(stderr, "bench ssd: a fio pass failed (fio is installed: run it by hand on "
+                            "%s to see why)\n", b.work);
             rc = 1;
         }
     }
@@ -272,6 +331,8 @@ int kvt_bench_ssd_main(int argc, char **argv)
         rr = median_of_values(v[2], REPS);
         r = median_of_values(v[3], REPS);
     }
+    double fw = rc == 0 && fio ? median_of_values(v[4], REPS) : -1;
+    double fr = rc == 0 && fio ? median_of_values(v[5], REPS) : -1;
     double wr[REPS], rdr[REPS]; /* each round's ratios: the raw pass right before it */
     for (int rep = 0; rc == 0 && rep < REPS; rep++) {
         wr[rep] = v[1][rep] / v[0][rep];
@@ -284,6 +345,12 @@ int kvt_bench_ssd_main(int argc, char **argv)
                "\"stat\": \"median of %d\", ",
                w, r, rw, rr, w / rw, r / rr, kvt__ssd_backend(b.s), (unsigned long long)b.block,
                (unsigned long long)b.bytes, REPS);
+        if (fio)
+            printf("\"fio_write_gbps\": %.3f, \"fio_read_gbps\": %.3f, \"fio_write_ratio\": %.3f, "
+                   "\"fio_read_ratio\": %.3f, ", fw, fr, w / fw, r / fr);
+        else
+            printf("\"fio_write_gbps\": null, \"fio_read_gbps\": null, \"fio_write_ratio\": null, "
+                   "\"fio_read_ratio\": null, \"fio\": \"not installed\", ");
         stat3_json("write_ratio_rounds", stat3_of(wr, REPS), true);
         stat3_json("read_ratio_rounds", stat3_of(rdr, REPS), true);
         bench_host_json(false);
@@ -294,6 +361,11 @@ int kvt_bench_ssd_main(int argc, char **argv)
                "  read  %.2f GB/s   raw io_uring QD%u 1 MiB %.2f GB/s   ratio %.2f\n",
                kvt__ssd_backend(b.s), (unsigned long long)(b.block >> 10),
                (unsigned long long)(b.bytes >> 20), w, RAW_QD, rw, w / rw, r, RAW_QD, rr, r / rr);
+        if (fio)
+            printf("  fio io_uring QD%u 1 MiB: write %.2f GB/s (ratio %.2f), read %.2f GB/s (ratio %.2f)\n",
+                   RAW_QD, fw, w / fw, fr, r / fr);
+        else
+            printf("  fio: not installed (scripts/deps.sh installs it), no fio yardstick\n");
         bench_host_text(stdout);
     }
     teardown(&b);

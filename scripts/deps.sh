@@ -13,6 +13,7 @@ PACKAGES=(
   libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack
   libhiredis-dev redis-server redis-tools
   spin
+  fio
 )
 
 missing=()

@@ -77,6 +77,16 @@ def check(kvtier, scratch):
     host(out, "ssd")
     stat(out, "write_ratio_rounds", "ssd")
     stat(out, "read_ratio_rounds", "ssd")
+    fio_keys = ["fio_write_gbps", "fio_read_gbps", "fio_write_ratio", "fio_read_ratio"]
+    if shutil.which("fio"):  # scripts/deps.sh installs it: the yardstick must have run
+        for k in fio_keys:
+            if not isinstance(out.get(k), (int, float)) or out[k] <= 0:
+                fail("ssd: fio is installed but %s is %r" % (k, out.get(k)))
+        want = out["write_gbps"] / out["fio_write_gbps"]  # both printed to 3 decimals
+        if abs(out["fio_write_ratio"] - want) > 0.05 * max(1.0, want):
+            fail("ssd: fio_write_ratio disagrees with its figures: %r" % out)
+    elif any(out.get(k, 0) is not None for k in fio_keys) or out.get("fio") != "not installed":
+        fail("ssd: without fio its keys must be null and say so: %r" % out)
     out = run(kvtier, ["group", "--rounds", "2"])
     host(out, "group")
     if out.get("rounds") != 2 or not out.get("results"):
