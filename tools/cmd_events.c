@@ -1,5 +1,5 @@
 /* cmd_events.c - `kvtier events --endpoint E [--replay R [--from N]]
- * [--count N] [--timeout-ms MS] [--topic T]`: a node server's KV events
+ * [--count N] [--timeout-ms MS] [--topic T] [--secret-file F]`: a node server's KV events
  * (docs/events.md) as JSON lines, one per batch, for a person. With
  * --replay the kept batches from --from come first (then, with
  * --endpoint, the live ones after them). Exit 0; 1 when the replay does
@@ -14,7 +14,9 @@
 
 #include "cli_util.h"
 #include "cmds.h"
+#include "events/events.h"
 #include "events_json.h"
+#include "server/auth.h"
 
 #define MAX_FRAME (64u << 20) /* a batch larger than this is not one kvtier sends */
 
@@ -30,6 +32,8 @@ static int usage(FILE *f, int rc)
             "  --timeout-ms MS stop (exit 1) when no batch came for MS (default: wait; a\n"
             "                  replay's answer waits 5000 at most)\n"
             "  --topic T       only batches of this topic (default: all)\n"
+            "  --secret-file F the server's events_secret_file: speak CURVE with the keys it\n"
+            "                  gives (a server with a secret lets nobody else in)\n"
             "Each batch is one JSON line: {\"seq\":..,\"ts\":..,\"data_parallel_rank\":..,\n"
             "\"events\":[{\"type\":\"BlockStored\",\"block_hashes\":[\"<hex>\",..],..},..]}.\n");
     return rc;
@@ -94,6 +98,22 @@ static int print_batch(zmq_msg_t *seq, zmq_msg_t *payload)
     return 0;
 }
 
+/* --secret-file's keys; NULL: plain ZeroMQ. */
+static const kvt_events_keys *curve_keys;
+
+/* s as the CURVE client the server's ZAP handler lets in. */
+static int curve_client(void *s, const char *ep)
+{
+    const kvt_events_keys *k = curve_keys;
+    if (!k) return 0;
+    if (zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, k->server_public, 40) == 0 &&
+        zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, k->client_public, 40) == 0 &&
+        zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, k->client_secret, 40) == 0)
+        return 0;
+    fprintf(stderr, "kvtier events: %s: CURVE: %s\n", ep, zmq_strerror(zmq_errno()));
+    return 1;
+}
+
 /* The replay: batches from `from` until the end marker. *next: the
  * sequence after the last printed. */
 static int replay(void *ctx, const char *ep, uint64_t from, uint64_t timeout, uint64_t *left,
@@ -106,7 +126,8 @@ static int replay(void *ctx, const char *ep, uint64_t from, uint64_t timeout, ui
     unsigned char b[8];
     for (int i = 0; i < 8; i++) b[i] = (unsigned char)(from >> (56 - 8 * i));
     int rc = 1;
-    if (zmq_connect(s, ep) != 0) {
+    if (curve_client(s, ep)) {
+    } else if (zmq_connect(s, ep) != 0) {
         fprintf(stderr, "kvtier events: --replay %s: %s\n", ep, zmq_strerror(zmq_errno()));
     } else if (zmq_send(s, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(s, b, 8, 0) < 0) {
         fprintf(stderr, "kvtier events: --replay %s: %s\n", ep, zmq_strerror(zmq_errno()));
@@ -116,7 +137,9 @@ static int replay(void *ctx, const char *ep, uint64_t from, uint64_t timeout, ui
             int n = recv_frames(s, m, 3);
             if (n < 0) {
                 fprintf(stderr, "kvtier events: --replay %s did not answer within %d ms (is it "
-                        "the server's events_replay_endpoint?)\n", ep, ms);
+                        "the server's events_replay_endpoint%s?)\n", ep, ms,
+                        curve_keys ? ", and its events_secret_file" :
+                        "? A server with events_secret_file answers only --secret-file");
                 break;
             }
             bool end = n == 3 && zmq_msg_size(&m[1]) == 8 && be64(zmq_msg_data(&m[1])) == -1;
@@ -144,6 +167,10 @@ static int live(void *ctx, const char *ep, const char *topic, uint64_t timeout, 
     zmq_setsockopt(s, ZMQ_RCVTIMEO, &ms, sizeof ms);
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(s, ZMQ_SUBSCRIBE, topic ? topic : "", topic ? strlen(topic) : 0);
+    if (curve_client(s, ep)) {
+        zmq_close(s);
+        return 1;
+    }
     if (zmq_connect(s, ep) != 0) {
         fprintf(stderr, "kvtier events: --endpoint %s: %s\n", ep, zmq_strerror(zmq_errno()));
         zmq_close(s);
@@ -156,8 +183,10 @@ static int live(void *ctx, const char *ep, const char *topic, uint64_t timeout, 
         if (n < 0) {
             if (zmq_errno() == EAGAIN && !timeout) continue; /* waiting for the next batch */
             if (!cli_stop) {
-                fprintf(stderr, "kvtier events: no batch from %s within %llu ms\n", ep,
-                        (unsigned long long)timeout);
+                fprintf(stderr, "kvtier events: no batch from %s within %llu ms%s\n", ep,
+                        (unsigned long long)timeout,
+                        curve_keys ? " (with --secret-file: is it the server's events_secret_file?)"
+                                   : " (a server with events_secret_file sends only to --secret-file)");
                 rc = 1;
             }
             break;
@@ -179,7 +208,7 @@ static int live(void *ctx, const char *ep, const char *topic, uint64_t timeout, 
 
 int kvt_cmd_events(int argc, char **argv)
 {
-    const char *ep = NULL, *rep = NULL, *topic = NULL;
+    const char *ep = NULL, *rep = NULL, *topic = NULL, *secret_file = NULL;
     uint64_t from = 0, count = 0, timeout = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -192,6 +221,7 @@ int kvt_cmd_events(int argc, char **argv)
         if (!strcmp(a, "--endpoint")) ep = v;
         else if (!strcmp(a, "--replay")) rep = v;
         else if (!strcmp(a, "--topic")) topic = v;
+        else if (!strcmp(a, "--secret-file")) secret_file = v;
         else if (!strcmp(a, "--from") && demo_parse_u64(v, &from)) {}
         else if (!strcmp(a, "--count") && demo_parse_u64(v, &count) && count >= 1) {}
         else if (!strcmp(a, "--timeout-ms") && demo_parse_u64(v, &timeout) && timeout >= 1 &&
@@ -202,6 +232,19 @@ int kvt_cmd_events(int argc, char **argv)
         }
     }
     if (!ep && !rep) return usage(stderr, 2);
+    kvt_events_keys keys;
+    if (secret_file) {
+        uint8_t *secret = NULL;
+        size_t len = 0;
+        kvt_status st = kvt__srv_secret_load(secret_file, "kvtier events: --secret-file", &secret, &len);
+        if (!st) st = kvt__events_curve_keys(secret, len, &keys);
+        kvt__srv_secret_free(secret, len);
+        if (st) {
+            fprintf(stderr, "%s\n", kvt_last_error());
+            return 1;
+        }
+        curve_keys = &keys;
+    }
     cli_stop_on_signals();
     void *ctx = zmq_ctx_new();
     int64_t next = 0;

@@ -13,6 +13,7 @@ BlockRemoved CPU when their CPU copies give way to other blocks (the SSD
 keeps them), BlockStored CPU when a load reads them back, and a CLEAR's
 BlockRemoved from both. An endpoint off this host is refused naming the
 option."""
+import hashlib
 import json
 import os
 import shutil
@@ -282,6 +283,105 @@ class Events(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn('events_endpoint is "tcp://*:5557"', r.stderr)
         self.assertIn("tcp://127.0.0.1:PORT", r.stderr)
+
+
+def curve_keys(secret):
+    """The CURVE keys events_secret_file gives, derived as docs/events.md
+    (Security) tells a router to: each secret key BLAKE2b-256 of a label, a
+    NUL and the secret, each public key Curve25519 of it (Z85 text)."""
+    from zmq.utils import z85
+
+    def pair(label):
+        sk = z85.encode(hashlib.blake2b(label + b"\0" + secret, digest_size=32).digest())
+        return zmq.curve_public(sk), sk
+    return pair(b"kvtier-events-server"), pair(b"kvtier-events-client")
+
+
+class SecretEvents(unittest.TestCase):
+    """events_secret_file: the endpoints may be off this host (bound on every
+    interface here), and only a subscriber holding the secret's keys hears
+    anything: a router in Python derives them from the docs' rule, and
+    `kvtier events --secret-file` from the file; a plain SUB, or one that
+    knows the server's public key but not the client's, gets nothing."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kvtevs")
+        self.sock = os.path.join(self.dir, "node.sock")
+        self.secret = b"events secret, 32 bytes exactly!"
+        self.secret_file = os.path.join(self.dir, "events.secret")
+        with open(os.open(self.secret_file, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+            f.write(self.secret)
+        self.port, self.rport = free_port(), free_port()
+        self.srv = start_server(self.sock, "--set", "events_endpoint=tcp://*:%d" % self.port,
+                                "--set", "events_replay_endpoint=tcp://*:%d" % self.rport,
+                                "--set", "events_secret_file=" + self.secret_file)
+        self.ctx = zmq.Context()
+
+    def tearDown(self):
+        self.ctx.term()
+        if self.srv.poll() is None:
+            stop_server(self.srv)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def sub(self, server_public=None, client=None):
+        s = self.ctx.socket(zmq.SUB)
+        s.setsockopt(zmq.LINGER, 0)
+        if server_public:
+            s.curve_serverkey = server_public
+            s.curve_publickey, s.curve_secretkey = client
+        s.setsockopt(zmq.SUBSCRIBE, b"")
+        s.connect("tcp://127.0.0.1:%d" % self.port)
+        return s
+
+    def test_only_the_secrets_holder_hears_the_events(self):
+        (spub, _), client = curve_keys(self.secret)
+        good = self.sub(spub, client)
+        plain = self.sub()
+        nosy = self.sub(spub, zmq.curve_keypair())  # the server's public key, its own pair
+        time.sleep(0.5)  # handshakes and subscriptions first
+        geo = kvtier.Geometry.preset("tiny", 16, 1)
+        eng = kvtier.EmulatedEngine(geo, 64)
+        with kvtier.Client(self.sock, geo, timeout_ms=3000) as cl:
+            cl.register_engine(eng)
+            toks = list(range(5, 5 + 2 * cl.block_tokens + 1))
+            plan = cl.prepare_store(toks, visible=True)
+            eng.fill(toks, [0, 1, 2])
+            cl.launch(plan.task, [0, 1, 2])
+            self.assertTrue(cl.wait(plan.task, 5).ok)
+        self.assertTrue(good.poll(10000), "the secret's holder heard nothing")
+        events = decode(good.recv_multipart())[2][1]
+        self.assertTrue(any(e[0] == "BlockStored" for e in events), events)
+        self.assertFalse(plain.poll(1000), "a plain SUB heard a CURVE server")
+        self.assertFalse(nosy.poll(1000), "a SUB without the client key got past the ZAP check")
+        for s in (good, plain, nosy):
+            s.close(0)
+        # kvtier events, with the file and without it.
+        r = subprocess.run([kvtier_bin(), "events", "--replay", "tcp://127.0.0.1:%d" % self.rport,
+                            "--from", "0", "--secret-file", self.secret_file],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = [json.loads(x) for x in r.stdout.splitlines()]
+        self.assertEqual(lines[0]["events"], [{"type": "AllBlocksCleared"}])
+        self.assertTrue(any(e["type"] == "BlockStored" for x in lines for e in x["events"]))
+        r = subprocess.run([kvtier_bin(), "events", "--replay", "tcp://127.0.0.1:%d" % self.rport,
+                            "--timeout-ms", "1000"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("events_secret_file answers only --secret-file", r.stderr)
+
+    def test_off_host_without_a_secret_needs_events_insecure(self):
+        port = free_port()
+        args = [kvtier_bin(), "serve", "--socket", os.path.join(self.dir, "x.sock"), "--model",
+                "tiny", "--set", "cpu_capacity=16MiB", "--set", "events_endpoint=tcp://*:%d" % port]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("events_secret_file", r.stderr)
+        self.assertIn("events_insecure=true", r.stderr)
+        ysock = os.path.join(self.dir, "y.sock")
+        srv = start_server(ysock, "--set", "events_endpoint=tcp://*:%d" % port, "--set",
+                           "events_insecure=true")
+        stop_server(srv)
+        with open(ysock + ".log") as f:  # the start warns, naming the exposure
+            self.assertIn("tcp://*:%d is off this host with no secret" % port, f.read())
 
 
 class TierEvents(unittest.TestCase):

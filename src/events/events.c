@@ -3,6 +3,7 @@
 
 #include <msgpack.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -73,6 +74,9 @@ typedef struct replay_ent {
 
 struct kvt_events {
     void *ctx, *pub, *replay;
+    void *zap;                 /* with a secret: the ZAP handler (REP) */
+    uint8_t client_key[32];    /* the one CURVE client key it lets in */
+    uint64_t zap_refused, zap_logged_ns;
     char topic[256];
     size_t topic_len;
     uint32_t dp_rank;
@@ -594,6 +598,47 @@ static void serve_replay(kvt_events *ev)
     atomic_fetch_add(&ev->replays, 1);
 }
 
+/* ZAP (ZeroMQ RFC 27): a CURVE handshake on either socket asks here;
+ * only the client key derived from the secret is let in. A request is
+ * [version, request id, domain, address, identity, mechanism, key]; the
+ * answer [version, request id, status, text, user id, metadata]. Refusals
+ * are logged at most once per 10 s (a refused SUB reconnects every 100 ms). */
+static void serve_zap(kvt_events *ev)
+{
+    uint8_t f[7][64];
+    int len[7] = {0};
+    bool more = true;
+    int n = 0;
+    while (more) {
+        int l = recv_frame(ev->zap, f[n < 7 ? n : 6], sizeof f[0], &more);
+        if (l < 0) return;
+        if (n < 7) len[n] = l;
+        n++;
+    }
+    bool ok = n == 7 && len[5] == 5 && !memcmp(f[5], "CURVE", 5) && len[6] == 32 &&
+              sodium_memcmp(f[6], ev->client_key, 32) == 0;
+    const char *status = ok ? "200" : "400";
+    const char *text = ok ? "OK" : "not the client key events_secret_file gives";
+    zmq_send(ev->zap, "1.0", 3, ZMQ_SNDMORE);
+    zmq_send(ev->zap, f[1], n > 1 && len[1] <= 64 ? (size_t)len[1] : 0, ZMQ_SNDMORE);
+    zmq_send(ev->zap, status, 3, ZMQ_SNDMORE);
+    zmq_send(ev->zap, text, strlen(text), ZMQ_SNDMORE);
+    zmq_send(ev->zap, "", 0, ZMQ_SNDMORE);
+    zmq_send(ev->zap, "", 0, 0);
+    if (ok) return;
+    ev->zap_refused++;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    if (ev->zap_logged_ns && now - ev->zap_logged_ns < 10000000000ull) return;
+    ev->zap_logged_ns = now;
+    char addr[65] = "";
+    if (n > 3 && len[3] > 0 && len[3] < 64) memcpy(addr, f[3], (size_t)len[3]);
+    KVT_LOG(KVT_LOG_WARN, "kvtier events: refused a subscriber from %s (%llu so far): it did "
+            "not present the client key events_secret_file gives (docs/events.md, Security)",
+            addr[0] ? addr : "an unknown address", (unsigned long long)ev->zap_refused);
+}
+
 /* Drains the queue into batches of at most PASS_MAX blocks. */
 static bool drain(kvt_events *ev)
 {
@@ -613,9 +658,17 @@ static void *events_main(void *arg)
     kvt_events *ev = arg;
     uint64_t stop_ns = 0;
     for (;;) {
-        zmq_pollitem_t it = {ev->replay, 0, ZMQ_POLLIN, 0};
-        if (ev->replay) {
-            if (zmq_poll(&it, 1, POLL_MS) > 0 && (it.revents & ZMQ_POLLIN)) serve_replay(ev);
+        zmq_pollitem_t it[2];
+        int n = 0;
+        if (ev->replay) it[n++] = (zmq_pollitem_t){ev->replay, 0, ZMQ_POLLIN, 0};
+        if (ev->zap) it[n++] = (zmq_pollitem_t){ev->zap, 0, ZMQ_POLLIN, 0};
+        if (n) {
+            if (zmq_poll(it, n, POLL_MS) > 0)
+                for (int i = 0; i < n; i++)
+                    if (it[i].revents & ZMQ_POLLIN) {
+                        if (it[i].socket == ev->replay) serve_replay(ev);
+                        else serve_zap(ev);
+                    }
         } else {
             struct timespec ts = {0, POLL_MS * 1000000L};
             nanosleep(&ts, NULL);
@@ -635,31 +688,85 @@ static void *events_main(void *arg)
 
 /* ---- set-up ---- */
 
-kvt_status kvt__events_endpoint_check(const char *ep, const char *opt)
+/* tcp://HOST:PORT with a non-empty host and a numeric port. */
+static bool tcp_endpoint(const char *ep)
+{
+    if (strncmp(ep, "tcp://", 6)) return false;
+    const char *colon = strrchr(ep + 6, ':');
+    return colon && colon > ep + 6 && colon[1] && strspn(colon + 1, "0123456789") == strlen(colon + 1);
+}
+
+kvt_status kvt__events_endpoint_check(const char *ep, const char *opt, bool anywhere)
 {
     static const char *const ok[] = {"tcp://127.0.0.1:", "tcp://localhost:", "tcp://[::1]:"};
     if (!strncmp(ep, "ipc://", 6) && ep[6]) return KVT_OK;
+    if (anywhere && tcp_endpoint(ep)) return KVT_OK;
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         size_t l = strlen(ok[i]);
         if (!strncmp(ep, ok[i], l) && ep[l] && strspn(ep + l, "0123456789") == strlen(ep + l))
             return KVT_OK;
     }
+    if (anywhere)
+        return kvt__fail(KVT_EINVAL, "%s is \"%s\": give tcp://HOST:PORT or ipc://PATH", opt, ep);
     return kvt__fail(KVT_EINVAL, "%s is \"%s\": give tcp://127.0.0.1:PORT, tcp://[::1]:PORT or "
-                     "ipc://PATH. The events name every block this node holds and ZeroMQ here "
-                     "carries no secret, so they stay on this host (forward them, e.g. over an "
-                     "SSH tunnel, to a router elsewhere)", opt, ep);
+                     "ipc://PATH. The events name every block this node holds, so an endpoint "
+                     "off this host needs events_secret_file (ZeroMQ CURVE; docs/events.md, "
+                     "Security), or events_insecure=true for a router that cannot do CURVE",
+                     opt, ep);
 }
 
-static kvt_status bind_sock(void *ctx, int type, const char *ep, const char *opt, void **out)
+/* One Z85 key pair: the secret key BLAKE2b-256(label NUL secret). */
+static bool derive_pair(const char *label, const uint8_t *secret, size_t len, char pub[41],
+                        char sec[41])
+{
+    uint8_t sk[32];
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, NULL, 0, sizeof sk);
+    crypto_generichash_update(&st, (const uint8_t *)label, strlen(label) + 1);
+    crypto_generichash_update(&st, secret, len);
+    crypto_generichash_final(&st, sk, sizeof sk);
+    bool ok = zmq_z85_encode(sec, sk, sizeof sk) != NULL && zmq_curve_public(pub, sec) == 0;
+    sodium_memzero(sk, sizeof sk);
+    return ok;
+}
+
+kvt_status kvt__events_curve_keys(const uint8_t *secret, size_t len, kvt_events_keys *out)
+{
+    KVT_CHECK_NOT_NULL(secret, "kvt__events_curve_keys");
+    KVT_CHECK_NOT_NULL(out, "kvt__events_curve_keys");
+    KVT_CHECK_ARG(len >= 16 && len <= 1024, "the events secret is %zu bytes (16..1024)", len);
+    if (!zmq_has("curve"))
+        return kvt__fail(KVT_ESYS, "events_secret_file: this libzmq has no CURVE (built without "
+                         "libsodium)");
+    if (!derive_pair("kvtier-events-server", secret, len, out->server_public, out->server_secret) ||
+        !derive_pair("kvtier-events-client", secret, len, out->client_public, out->client_secret))
+        return kvt__fail(KVT_ESYS, "events_secret_file: libzmq could not make the CURVE keys");
+    return KVT_OK;
+}
+
+/* A CURVE server socket whose handshakes go to the ZAP handler. */
+static kvt_status curve_server(void *s, const kvt_events_keys *k, const char *opt)
+{
+    int one = 1;
+    if (zmq_setsockopt(s, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
+        zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, k->server_secret, 40) != 0 ||
+        zmq_setsockopt(s, ZMQ_ZAP_DOMAIN, "kvtier-events", 13) != 0)
+        return kvt__fail(KVT_ESYS, "%s: CURVE: %s", opt, zmq_strerror(zmq_errno()));
+    return KVT_OK;
+}
+
+static kvt_status bind_sock(void *ctx, int type, const char *ep, const char *opt,
+                            const kvt_events_keys *keys, void **out)
 {
     void *s = zmq_socket(ctx, type);
     if (!s) return kvt__fail(KVT_ESYS, "%s: zmq_socket: %s", opt, zmq_strerror(zmq_errno()));
     int linger = 0, hwm = 100000;
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     if (type == ZMQ_PUB) zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
-    if (zmq_bind(s, ep) != 0) {
-        kvt_status st = kvt__fail(KVT_EBUSY, "%s: cannot bind %s: %s", opt, ep,
-                                  zmq_strerror(zmq_errno()));
+    kvt_status st = keys ? curve_server(s, keys, opt) : KVT_OK;
+    if (!st && zmq_bind(s, ep) != 0)
+        st = kvt__fail(KVT_EBUSY, "%s: cannot bind %s: %s", opt, ep, zmq_strerror(zmq_errno()));
+    if (st) {
         zmq_close(s);
         return st;
     }
@@ -667,10 +774,25 @@ static kvt_status bind_sock(void *ctx, int type, const char *ep, const char *opt
     return KVT_OK;
 }
 
+/* The ZAP handler's socket, bound before any CURVE socket (libzmq lets
+ * every handshake in while no handler is bound). */
+static kvt_status start_zap(kvt_events *ev, const kvt_events_keys *k)
+{
+    if (zmq_z85_decode(ev->client_key, k->client_public) == NULL)
+        return kvt__fail(KVT_ESYS, "events: the derived client key does not decode");
+    ev->zap = zmq_socket(ev->ctx, ZMQ_REP);
+    int linger = 0;
+    if (ev->zap) zmq_setsockopt(ev->zap, ZMQ_LINGER, &linger, sizeof linger);
+    if (!ev->zap || zmq_bind(ev->zap, "inproc://zeromq.zap.01") != 0)
+        return kvt__fail(KVT_ESYS, "events: the ZAP handler: %s", zmq_strerror(zmq_errno()));
+    return KVT_OK;
+}
+
 static void events_free(kvt_events *ev)
 {
     if (ev->pub) zmq_close(ev->pub);
     if (ev->replay) zmq_close(ev->replay);
+    if (ev->zap) zmq_close(ev->zap);
     if (ev->ctx) zmq_ctx_term(ev->ctx);
     for (uint32_t i = 0; ev->buf && i < ev->buf_n; i++)
         free(ev->buf[(ev->buf_first + i) % ev->buf_cap].payload);
@@ -694,9 +816,12 @@ kvt_status kvt__events_start(kvt_events **out, const kvt_events_config *cfg)
     KVT_CHECK_ARG(cfg->buffer_steps >= 1, "events_buffer_steps is 0 (at least 1)");
     const char *topic = cfg->topic ? cfg->topic : "";
     KVT_CHECK_ARG(strlen(topic) < 256, "events_topic is %zu bytes (at most 255)", strlen(topic));
-    kvt_status st = kvt__events_endpoint_check(cfg->endpoint, "events_endpoint");
+    bool anywhere = cfg->secret || cfg->insecure;
+    kvt_status st = kvt__events_endpoint_check(cfg->endpoint, "events_endpoint", anywhere);
     if (!st && cfg->replay_endpoint && cfg->replay_endpoint[0])
-        st = kvt__events_endpoint_check(cfg->replay_endpoint, "events_replay_endpoint");
+        st = kvt__events_endpoint_check(cfg->replay_endpoint, "events_replay_endpoint", anywhere);
+    kvt_events_keys keys;
+    if (!st && cfg->secret) st = kvt__events_curve_keys(cfg->secret, cfg->secret_len, &keys);
     if (st) return st;
     kvt_events *ev = calloc(1, sizeof *ev);
     if (!ev) return kvt__fail(KVT_ENOMEM, "events: out of memory");
@@ -715,10 +840,13 @@ kvt_status kvt__events_start(kvt_events **out, const kvt_events_config *cfg)
     ev->topic_len = strlen(topic);
     ev->dp_rank = cfg->dp_rank;
     ev->cleared_pending = true;
-    st = bind_sock(ev->ctx, ZMQ_PUB, cfg->endpoint, "events_endpoint", &ev->pub);
+    const kvt_events_keys *k = cfg->secret ? &keys : NULL;
+    st = k ? start_zap(ev, k) : KVT_OK;
+    if (!st) st = bind_sock(ev->ctx, ZMQ_PUB, cfg->endpoint, "events_endpoint", k, &ev->pub);
     if (!st && cfg->replay_endpoint && cfg->replay_endpoint[0])
-        st = bind_sock(ev->ctx, ZMQ_ROUTER, cfg->replay_endpoint, "events_replay_endpoint",
+        st = bind_sock(ev->ctx, ZMQ_ROUTER, cfg->replay_endpoint, "events_replay_endpoint", k,
                        &ev->replay);
+    sodium_memzero(&keys, sizeof keys);
     if (!st && pthread_create(&ev->thread, NULL, events_main, ev) != 0)
         st = kvt__fail(KVT_ESYS, "events: pthread_create failed");
     if (st) {

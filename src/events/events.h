@@ -15,6 +15,7 @@
 #ifndef KVT_EVENTS_EVENTS_H
 #define KVT_EVENTS_EVENTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,12 +30,32 @@ typedef struct kvt_events_config {
     const char *topic;           /* the first frame of every message; NULL: "" */
     uint32_t dp_rank;            /* data_parallel_rank in every batch */
     uint32_t buffer_steps;       /* batches kept for replay (>= 1) */
+    /* events_secret_file's bytes (16..1024; NULL: none): both sockets are
+     * ZeroMQ CURVE servers whose keys, and the one client key they let in
+     * (checked by a ZAP handler), derive from it (kvt__events_curve_keys),
+     * and the endpoints may be anywhere. Copied at start. */
+    const uint8_t *secret;
+    size_t secret_len;
+    bool insecure; /* events_insecure: an endpoint off this host without a secret */
 } kvt_events_config;
+
+/* The CURVE keys a secret gives, as Z85 text (40 characters and a NUL):
+ * each secret key is BLAKE2b-256 of a label and the secret
+ * ("kvtier-events-server\0" or "kvtier-events-client\0" followed by the
+ * secret's bytes), each public key Curve25519 of it. A subscriber sets
+ * ZMQ_CURVE_SERVERKEY = server_public and its own ZMQ_CURVE_PUBLICKEY /
+ * SECRETKEY = client_public / client_secret (docs/events.md shows the
+ * same in Python). KVT_EINVAL for a secret outside 16..1024 bytes;
+ * KVT_ESYS when libzmq has no CURVE. */
+typedef struct kvt_events_keys {
+    char server_public[41], server_secret[41], client_public[41], client_secret[41];
+} kvt_events_keys;
+kvt_status kvt__events_curve_keys(const uint8_t *secret, size_t len, kvt_events_keys *out);
 
 /* Binds the sockets and starts the publishing thread, which first
  * publishes AllBlocksCleared (this node's earlier life is gone). KVT_EINVAL
- * for an endpoint not confined to this host (the events name every block
- * the node holds, and ZeroMQ here carries no secret) naming the option;
+ * for an endpoint not confined to this host without a secret or insecure
+ * (the events name every block the node holds) naming the option;
  * KVT_EBUSY when it cannot bind (the message says why); KVT_ENOMEM;
  * KVT_ESYS. */
 kvt_status kvt__events_start(kvt_events **out, const kvt_events_config *cfg);
@@ -87,7 +108,8 @@ void kvt__events_stats(const kvt_events *ev, kvt_events_stats *out);
  * big-endian. KVT_EPROTO for any other length. */
 kvt_status kvt__events_replay_decode(const uint8_t *p, size_t n, uint64_t *start);
 /* KVT_OK when ep is tcp:// on 127.0.0.1, localhost or [::1] with a port,
- * or ipc://PATH; else KVT_EINVAL naming opt and ep. */
-kvt_status kvt__events_endpoint_check(const char *ep, const char *opt);
+ * or ipc://PATH; with anywhere (a secret, or events_insecure) also any
+ * tcp://HOST:PORT; else KVT_EINVAL naming opt and ep. */
+kvt_status kvt__events_endpoint_check(const char *ep, const char *opt, bool anywhere);
 
 #endif

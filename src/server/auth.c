@@ -159,6 +159,9 @@ bool kvt__srv_peer_in_group(const kvt_srv_peer *peer, gid_t gid)
 
 kvt_status kvt__srv_secret_load(const char *path, const char *who, uint8_t **out, size_t *len)
 {
+    /* sodium_malloc aborts before it (idempotent, thread-safe: every
+     * caller, the CLI's included, is covered here) */
+    if (sodium_init() < 0) return kvt__fail(KVT_ESYS, "%s: libsodium failed to initialise", who);
     uint8_t *buf = sodium_malloc(KVT_SRV_SECRET_MAX + 1);
     if (!buf) return kvt__fail(KVT_ENOMEM, "%s: no memory for the secret", who);
     ssize_t n = 0;

@@ -114,9 +114,29 @@ static kvt_status start_events(kvt_server *s)
 {
     kvt_events_config ec = {s->cfg.events_endpoint, s->cfg.events_replay_endpoint,
                             s->cfg.events_topic, s->cfg.events_dp_rank,
-                            s->cfg.events_buffer_steps};
-    kvt_status st = kvt__events_start(&s->events, &ec);
-    return st ? kvt__wrap_error(st, "kvt_server_create") : KVT_OK;
+                            s->cfg.events_buffer_steps, NULL, 0, s->cfg.events_insecure};
+    uint8_t *secret = NULL;
+    kvt_status st = KVT_OK;
+    if (s->cfg.events_secret_file[0])
+        st = kvt__srv_secret_load(s->cfg.events_secret_file, "kvt_server_create: "
+                                  "events_secret_file", &secret, &ec.secret_len);
+    ec.secret = secret;
+    bool has_secret = secret != NULL;
+    if (!st) st = kvt__events_start(&s->events, &ec);
+    kvt__srv_secret_free(secret, ec.secret_len);
+    if (st) return kvt__wrap_error(st, "kvt_server_create");
+    bool here = !kvt__events_endpoint_check(ec.endpoint, "events_endpoint", false) &&
+                (!ec.replay_endpoint[0] ||
+                 !kvt__events_endpoint_check(ec.replay_endpoint, "events_replay_endpoint", false));
+    kvt__clear_error(); /* the checks above only ask */
+    if (!has_secret && !here)
+        kvt__log(KVT_LOG_WARN, "events: %s%s%s is off this host with no secret "
+                 "(events_insecure): anyone who reaches it reads which blocks this node holds",
+                 ec.endpoint, ec.replay_endpoint[0] ? " / " : "", ec.replay_endpoint);
+    else if (has_secret)
+        kvt__log(KVT_LOG_INFO, "events: CURVE on %s%s%s, keys from events_secret_file",
+                 ec.endpoint, ec.replay_endpoint[0] ? " / " : "", ec.replay_endpoint);
+    return KVT_OK;
 }
 
 /* server_quotas: one kvt_quota every shard's cache charges. */

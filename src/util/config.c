@@ -163,7 +163,8 @@ static const opt_def OPTIONS[] = {
                "empty: no quotas"),
     STRING_OPT(events_endpoint, EVENTS_ENDPOINT, RANK_LOCAL, "",
                "KV events in vLLM's format (docs/events.md): the ZeroMQ PUB endpoint the node "
-               "server binds, tcp://127.0.0.1:PORT, tcp://[::1]:PORT or ipc://PATH; empty: off"),
+               "server binds, tcp://127.0.0.1:PORT, tcp://[::1]:PORT or ipc://PATH (any "
+               "tcp://HOST:PORT with events_secret_file or events_insecure); empty: off"),
     STRING_OPT(events_replay_endpoint, EVENTS_REPLAY_ENDPOINT, RANK_LOCAL, "",
                "the ROUTER endpoint that replays buffered event batches from a sequence number "
                "(the same rule); empty: none"),
@@ -173,6 +174,13 @@ static const opt_def OPTIONS[] = {
              "event batches kept for replay"),
     UINT_OPT(events_dp_rank, EVENTS_DP_RANK, RANK_LOCAL, 0, 0, 65535,
              "data_parallel_rank in every event batch"),
+    STRING_OPT(events_secret_file, EVENTS_SECRET_FILE, RANK_LOCAL, "",
+               "a file of 16..1024 secret bytes: the events sockets speak ZeroMQ CURVE with keys "
+               "derived from it and let in only subscribers holding it (kvtier events "
+               "--secret-file); then the endpoints may be off this host; empty: no secret"),
+    BOOL_OPT(events_insecure, EVENTS_INSECURE, RANK_LOCAL, "false",
+             "let the events endpoints be off this host without a secret (for a router that "
+             "cannot speak CURVE: anyone who reaches them reads which blocks this node holds)"),
     /* The cluster tier (src/cluster, docs/cluster.md): keep these together. */
     STRING_OPT(cluster_redis, CLUSTER_REDIS, RANK_LOCAL, "",
                "the cluster directory: host:port of one Redis, sentinel://H:P[,H:P]/NAME (the "

@@ -48,6 +48,8 @@ typedef struct kvt_config_values {
     char events_topic[256];    /* "events_topic", string, default "": each message's first frame */
     uint32_t events_buffer_steps; /* "events_buffer_steps", uint, default 10000: batches kept */
     uint32_t events_dp_rank;   /* "events_dp_rank", uint, default 0: data_parallel_rank */
+    char events_secret_file[256]; /* "events_secret_file", string, default "": CURVE keys' secret */
+    bool events_insecure;      /* "events_insecure", bool, default false: off-host, no secret */
     char cluster_redis[512];   /* "cluster_redis", string, default "": directory (off) */
     char cluster_node[64];     /* "cluster_node", string, default "": the host name */
     char cluster_listen[128];  /* "cluster_listen", string, default "127.0.0.1:0" */

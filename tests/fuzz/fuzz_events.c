@@ -6,6 +6,7 @@
  * option, an accepted one is confined to this host. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "events/events.h"
@@ -25,11 +26,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = size < sizeof ep - 1 ? size : sizeof ep - 1;
     memcpy(ep, data, n);
     ep[n] = '\0';
-    if (kvt__events_endpoint_check(ep, "events_endpoint") == KVT_OK) {
+    bool here = kvt__events_endpoint_check(ep, "events_endpoint", false) == KVT_OK;
+    if (here) {
         if (strncmp(ep, "ipc://", 6) && strncmp(ep, "tcp://127.0.0.1:", 16) &&
             strncmp(ep, "tcp://localhost:", 16) && strncmp(ep, "tcp://[::1]:", 12))
             abort();
     } else if (!strstr(kvt_last_error(), "events_endpoint")) {
+        abort();
+    }
+    /* with a secret (or events_insecure): anything on this host still, and
+     * only ipc:// or tcp://HOST:PORT besides */
+    if (kvt__events_endpoint_check(ep, "events_endpoint", true) == KVT_OK) {
+        if (strncmp(ep, "ipc://", 6) && strncmp(ep, "tcp://", 6)) abort();
+    } else if (here || !strstr(kvt_last_error(), "events_endpoint")) {
         abort();
     }
     return 0;

@@ -405,6 +405,7 @@ static void test_bad_config(void **state)
     kvt_events_config cfg = {"tcp://0.0.0.0:5557", NULL, NULL, 0, 10};
     assert_int_equal(kvt__events_start(&ev, &cfg), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "events_endpoint is \"tcp://0.0.0.0:5557\""));
+    assert_non_null(strstr(kvt_last_error(), "events_secret_file"));
     cfg.endpoint = "tcp://127.0.0.1:5557";
     cfg.replay_endpoint = "tcp://10.0.0.1:5558";
     assert_int_equal(kvt__events_start(&ev, &cfg), KVT_EINVAL);
@@ -419,12 +420,124 @@ static void test_bad_config(void **state)
     assert_int_equal(s, 258);
 }
 
+/* A SUB or DEALER on ep speaking CURVE with k's client keys (k NULL:
+ * plain ZeroMQ), receiving for at most ms per message. */
+static void *curve_sock(void *ctx, int type, const char *ep, const kvt_events_keys *k, int ms)
+{
+    void *s = zmq_socket(ctx, type);
+    zmq_setsockopt(s, ZMQ_LINGER, &(int){0}, sizeof(int));
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &ms, sizeof ms);
+    if (type == ZMQ_SUB) zmq_setsockopt(s, ZMQ_SUBSCRIBE, "", 0);
+    if (k) {
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, k->server_public, 40), 0);
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, k->client_public, 40), 0);
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, k->client_secret, 40), 0);
+    }
+    assert_int_equal(zmq_connect(s, ep), 0);
+    return s;
+}
+
+/* Messages s receives before its timeout, reading each to its last frame. */
+static int messages_in(void *s)
+{
+    static char buf[1 << 16];
+    int got = 0, more = 0;
+    size_t ml = sizeof more;
+    while (zmq_recv(s, buf, sizeof buf, 0) >= 0) {
+        zmq_getsockopt(s, ZMQ_RCVMORE, &more, &ml);
+        if (!more) got++;
+    }
+    return got;
+}
+
+/* events_secret_file: both sockets are CURVE servers; only a subscriber
+ * holding the secret's client keys gets the live stream and the replay.
+ * One with another secret's keys, or none, gets nothing (its handshake is
+ * refused by the ZAP handler, or never completes). The same secret gives
+ * the same keys (a router derives them as `kvtier events` does), and a
+ * secret lets the endpoints off this host. */
+static void test_secret_lets_only_its_holder_in(void **state)
+{
+    (void)state;
+    const uint8_t secret[] = "events secret of 32 bytes, test!", other[] = "another secret, also 32 bytes ok";
+    kvt_events_keys k, k2, wrong;
+    assert_int_equal(kvt__events_curve_keys(secret, 32, &k), KVT_OK);
+    assert_int_equal(kvt__events_curve_keys(secret, 32, &k2), KVT_OK);
+    assert_int_equal(kvt__events_curve_keys(other, 32, &wrong), KVT_OK);
+    assert_memory_equal(&k, &k2, sizeof k);
+    assert_int_equal(strlen(k.server_public), 40);
+    assert_string_not_equal(k.server_public, wrong.server_public);
+    assert_string_not_equal(k.client_public, k.server_public);
+    assert_int_equal(kvt__events_curve_keys(secret, 15, &k2), KVT_EINVAL);
+    assert_int_equal(kvt__events_endpoint_check("tcp://0.0.0.0:5557", "events_endpoint", true), KVT_OK);
+    assert_int_equal(kvt__events_endpoint_check("tcp://10.1.2.3:", "events_endpoint", true), KVT_EINVAL);
+    assert_int_equal(kvt__events_endpoint_check("udp://10.1.2.3:9", "events_endpoint", true), KVT_EINVAL);
+
+    char ep[128], rep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/kvt-events-curve-%ld", (long)getpid());
+    snprintf(rep, sizeof rep, "ipc:///tmp/kvt-events-curve-replay-%ld", (long)getpid());
+    kvt_events *ev = NULL;
+    kvt_events_config cfg = {ep, rep, "", 0, 100, secret, 32, false};
+    assert_int_equal(kvt__events_start(&ev, &cfg), KVT_OK);
+    void *ctx = zmq_ctx_new();
+    void *good = curve_sock(ctx, ZMQ_SUB, ep, &k, 5000);
+    void *bad = curve_sock(ctx, ZMQ_SUB, ep, &wrong, 1000);
+    void *plain = curve_sock(ctx, ZMQ_SUB, ep, NULL, 1000);
+    /* one who learnt the server's public key but holds no secret: only the
+     * ZAP handler keeps it out */
+    kvt_events_keys stranger = wrong;
+    memcpy(stranger.server_public, k.server_public, sizeof k.server_public);
+    void *nosy = curve_sock(ctx, ZMQ_SUB, ep, &stranger, 1000);
+    usleep(500000); /* handshakes and subscriptions reach the PUB first */
+
+    kvt_index *idx = NULL;
+    assert_int_equal(kvt__index_create(&idx, 16, KVT_EVICT_LRU), KVT_OK);
+    kvt_events_src src = {ev, 16, NULL, NULL};
+    kvt__index_set_observer(idx, kvt__events_observe, &src);
+    uint32_t id;
+    assert_int_equal(kvt__index_insert(idx, KVT_INDEX_NONE, (kvt_hash128){1, 2}, 0, &id), KVT_OK);
+    kvt__index_commit(idx, &id, 1); /* one BlockStored batch, published live */
+
+    char topic[8];
+    assert_true(zmq_recv(good, topic, sizeof topic, 0) >= 0); /* the holder hears it */
+    assert_int_equal(messages_in(bad), 0);
+    assert_int_equal(messages_in(plain), 0);
+    assert_int_equal(messages_in(nosy), 0);
+
+    /* The replay: the holder gets every kept batch and the end marker;
+     * the others no answer at all. */
+    uint8_t from[8] = {0};
+    void *d[4] = {curve_sock(ctx, ZMQ_DEALER, rep, &k, 5000),
+                  curve_sock(ctx, ZMQ_DEALER, rep, &wrong, 1000),
+                  curve_sock(ctx, ZMQ_DEALER, rep, NULL, 1000),
+                  curve_sock(ctx, ZMQ_DEALER, rep, &stranger, 1000)};
+    for (int i = 0; i < 4; i++) {
+        zmq_send(d[i], "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+        zmq_send(d[i], from, 8, ZMQ_DONTWAIT);
+    }
+    assert_true(messages_in(d[0]) >= 2); /* AllBlocksCleared, BlockStored, the end */
+    assert_int_equal(messages_in(d[1]), 0);
+    assert_int_equal(messages_in(d[2]), 0);
+    assert_int_equal(messages_in(d[3]), 0);
+
+    for (int i = 0; i < 4; i++) zmq_close(d[i]);
+    zmq_close(nosy);
+    zmq_close(good);
+    zmq_close(bad);
+    zmq_close(plain);
+    zmq_ctx_term(ctx);
+    kvt__index_set_observer(idx, NULL, NULL);
+    kvt__events_stop(ev);
+    kvt__index_destroy(idx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_indexes_at_once),
         cmocka_unit_test(test_tiers_and_tokens),
         cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_secret_lets_only_its_holder_in),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
