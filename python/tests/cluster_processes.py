@@ -386,6 +386,10 @@ class Cluster(unittest.TestCase):
         self.assertEqual(r.get("mismatches", 0), 0, r)
 
 
+class PortTaken(AssertionError):
+    """A redis-server exited at start (its port was taken meanwhile)."""
+
+
 class RedisClusterMode:
     """Three redis-server processes in cluster mode (no replicas), joined
     with redis-cli --cluster create: the directory's keys spread over three
@@ -393,6 +397,10 @@ class RedisClusterMode:
 
     def __init__(self, d):
         self.dir, self.procs = d, []
+        self.pick_ports()
+        self.started = False
+
+    def pick_ports(self):
         self.ports = []
         # distinct (a port just freed may come back), each with its cluster
         # bus port (10000 higher, so at most 55535) free too
@@ -402,6 +410,22 @@ class RedisClusterMode:
                 self.ports.append(p)
 
     def start(self):
+        """The first start takes new ports when a server exits at once: a
+        port free when picked can be taken before redis-server binds it (by
+        another test's connection under ctest -j, from the same ephemeral
+        range). A restart keeps its ports: the nodes were told them."""
+        for attempt in range(3):
+            try:
+                self.start_once()
+                self.started = True
+                return
+            except PortTaken:
+                self.stop()
+                if self.started or attempt == 2:
+                    raise
+                self.pick_ports()
+
+    def start_once(self):
         log = open(os.path.join(self.dir, "redis-cluster.log"), "ab")
         self.procs = []
         for p in self.ports:  # a restart is a new, empty cluster (as start() was)
@@ -416,10 +440,13 @@ class RedisClusterMode:
         log.close()
         deadline = time.monotonic() + 30
         while not all(redis_ping(p) for p in self.ports):
-            if time.monotonic() > deadline:
+            exited = [(p, q.returncode) for p, q in zip(self.ports, self.procs)
+                      if q.poll() is not None]
+            if exited or time.monotonic() > deadline:
                 with open(os.path.join(self.dir, "redis-cluster.log")) as f:
-                    raise AssertionError("redis-server (cluster mode) did not start on %s:\n%s"
-                                         % (self.ports, f.read()[-3000:]))
+                    msg = ("redis-server (cluster mode) did not start on %s (exited: %s):\n%s"
+                           % (self.ports, exited, f.read()[-3000:]))
+                raise PortTaken(msg) if exited else AssertionError(msg)
             time.sleep(0.05)
         r = subprocess.run(["redis-cli", "--cluster", "create"] +
                            ["127.0.0.1:%d" % p for p in self.ports] +
