@@ -529,9 +529,13 @@ static kvt_status hello_locked(kvt_client *cl)
     if (!st) {
         /* A tier backed whole (a model's, prefaulted by the server) is
          * mapped writable now, page tables and all (MADV_POPULATE_WRITE:
-         * no page faults later; on a VM under shadow paging a fault costs
-         * ~20-50 us a page: docs/server.md; MAP_POPULATE alone maps pages
-         * read-only, so each first write faulted still). A sparse tier
+         * no guest page faults later; on a VM under shadow paging a fault
+         * costs ~20-50 us a page: docs/server.md; MAP_POPULATE alone maps
+         * pages read-only, so each first write faulted still). A shadow-
+         * paged VM still charges this process's first touch of each page
+         * (~5 us, the hypervisor filling its shadow entry, which the guest
+         * cannot ask for ahead: bench engine's client_first_touch_ns_per_page).
+         * A sparse tier
          * (geometries sharing cpu_capacity) is not populated: that would
          * back every slot of it in memory, the budget's whole size per
          * geometry. 2 MiB aligned, so huge pages map whole here too. */
