@@ -76,7 +76,8 @@ struct kvt_events {
     void *ctx, *pub, *replay;
     void *zap;                 /* with a secret: the ZAP handler (REP) */
     uint8_t client_key[32];    /* the one CURVE client key it lets in */
-    uint64_t zap_refused, zap_logged_ns;
+    _Atomic uint64_t zap_refused; /* kvt__events_stats reads it from other threads */
+    uint64_t zap_logged_ns;
     char topic[256];
     size_t topic_len;
     uint32_t dp_rank;
@@ -626,7 +627,7 @@ static void serve_zap(kvt_events *ev)
     zmq_send(ev->zap, "", 0, ZMQ_SNDMORE);
     zmq_send(ev->zap, "", 0, 0);
     if (ok) return;
-    ev->zap_refused++;
+    uint64_t refused = atomic_fetch_add(&ev->zap_refused, 1) + 1;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
@@ -636,7 +637,7 @@ static void serve_zap(kvt_events *ev)
     if (n > 3 && len[3] > 0 && len[3] < 64) memcpy(addr, f[3], (size_t)len[3]);
     KVT_LOG(KVT_LOG_WARN, "kvtier events: refused a subscriber from %s (%llu so far): it did "
             "not present the client key events_secret_file gives (docs/events.md, Security)",
-            addr[0] ? addr : "an unknown address", (unsigned long long)ev->zap_refused);
+            addr[0] ? addr : "an unknown address", (unsigned long long)refused);
 }
 
 /* Drains the queue into batches of at most PASS_MAX blocks. */
@@ -872,4 +873,5 @@ void kvt__events_stats(const kvt_events *ev, kvt_events_stats *out)
     out->blocks = atomic_load(&ev->blocks);
     out->dropped = atomic_load(&ev->dropped);
     out->replays = atomic_load(&ev->replays);
+    out->refused = atomic_load(&ev->zap_refused);
 }

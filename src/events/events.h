@@ -101,6 +101,7 @@ typedef struct kvt_events_stats {
     uint64_t blocks;   /* block hashes in them */
     uint64_t dropped;  /* blocks not published: the queue was full */
     uint64_t replays;  /* replay requests answered */
+    uint64_t refused;  /* CURVE handshakes the ZAP handler refused */
 } kvt_events_stats;
 void kvt__events_stats(const kvt_events *ev, kvt_events_stats *out);
 

@@ -533,8 +533,10 @@ static void srv_events_metrics(kvt_mbuf *b, const kvt_events *ev)
         {"kvtier_events_blocks_total", "Block hashes in the published events."},
         {"kvtier_events_dropped_blocks_total", "Block changes not published: the queue was full."},
         {"kvtier_events_replays_total", "Replay requests answered."},
+        {"kvtier_events_refused_subscribers_total",
+         "CURVE handshakes the events' ZAP handler refused (not the events_secret_file's key)."},
     };
-    const uint64_t v[] = {es.batches, es.events, es.blocks, es.dropped, es.replays};
+    const uint64_t v[] = {es.batches, es.events, es.blocks, es.dropped, es.replays, es.refused};
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         kvt__metrics_family(b, rows[i].name, "counter", rows[i].help);
         kvt__metrics_u64(b, rows[i].name, NULL, v[i]);

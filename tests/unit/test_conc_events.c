@@ -503,6 +503,9 @@ static void test_secret_lets_only_its_holder_in(void **state)
     assert_int_equal(messages_in(bad), 0);
     assert_int_equal(messages_in(plain), 0);
     assert_int_equal(messages_in(nosy), 0);
+    kvt_events_stats es;
+    kvt__events_stats(ev, &es);
+    assert_true(es.refused >= 1); /* nosy's handshake (plain and bad never reach ZAP) */
 
     /* The replay: the holder gets every kept batch and the end marker;
      * the others no answer at all. */
