@@ -10,6 +10,8 @@
 #include "index/index.h"
 #include "util/hash.h"
 
+#include <xxhash.h>
+
 #define BT 4 /* tokens per block in these tests */
 
 static kvt_hash128 test_hash(uint64_t a, uint64_t b)
@@ -29,6 +31,44 @@ static bool hash_in(kvt_hash128 h, const kvt_hash128 *set, uint32_t n)
 /* ------------------------------------------------------------------ */
 /* Hashing                                                            */
 /* ------------------------------------------------------------------ */
+
+/* Block hashes are persisted (the SSD journal, the cluster's Redis keys)
+ * and published (KV events): these values, taken from the streaming-state
+ * implementation before the short-input path, must never change; both
+ * paths of kvt__hash128_chain (<= 1024 bytes from one buffer, longer ones
+ * streamed) give them. */
+static void test_chain_hash_values(void **state)
+{
+    (void)state;
+    static const kvt_hash128 want[6] = {
+        {0x46cda6be21232923ull, 0xd7513cbb76a60ddbull},
+        {0xab96d89d385d357dull, 0x532391e2ee4a171full},
+        {0xae88ddc5ce4f1f01ull, 0x30a1699f21f21fcfull},
+        {0xc78c639630970e1aull, 0x5f0025836b51b256ull},
+        {0x13f033f294719313ull, 0x40625b6b4703afb1ull}, /* 1500 bytes: streamed */
+        {0x05ea23ef06e28b2dull, 0xe5189a9599e3f862ull}, /* 0 bytes */
+    };
+    uint32_t toks[64];
+    for (int i = 0; i < 64; i++) toks[i] = 1000u + 7u * (uint32_t)i;
+    kvt_hash128 got[4];
+    assert_int_equal(kvt__block_hashes(toks, 64, 16, "tenant-a", 8, got, 4), 4);
+    for (int i = 0; i < 4; i++) assert_true(kvt__hash_eq(got[i], want[i]));
+    unsigned char big[1500];
+    for (int i = 0; i < 1500; i++) big[i] = (unsigned char)(i * 31 + 7);
+    kvt_hash128 zero = {0, 0};
+    assert_true(kvt__hash_eq(kvt__hash128_chain(zero, big, 1500), want[4]));
+    assert_true(kvt__hash_eq(kvt__hash128_chain(zero, big, 0), want[5]));
+    /* Either side of the one-buffer bound (1024 bytes one-shot, 1025
+     * streamed): each is XXH3-128 of prev's 16 bytes and the data. */
+    for (size_t len = 1020; len <= 1028; len++) {
+        unsigned char cat[16 + 1028];
+        memcpy(cat, &want[0], 16);
+        memcpy(cat + 16, big, len);
+        XXH128_hash_t r = XXH3_128bits(cat, 16 + len);
+        assert_true(kvt__hash_eq(kvt__hash128_chain(want[0], big, len),
+                                 (kvt_hash128){r.low64, r.high64}));
+    }
+}
 
 static void test_hash_prefix_property(void **state)
 {
@@ -958,6 +998,7 @@ static void test_index_random_tick_bound(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain_hash_values),
         cmocka_unit_test(test_hash_prefix_property),
         cmocka_unit_test(test_hash_namespaces),
         cmocka_unit_test(test_hash_partial_and_max_out),
