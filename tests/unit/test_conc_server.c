@@ -2226,6 +2226,20 @@ static void protect(int prot)
         if (g_buf[i]) mprotect(g_buf[i], g_buf_len[i], prot);
 }
 
+/* The parent's next word to the child's main thread: its first non-zero
+ * byte on g_go. The parent releases held copy threads with zero bytes, one
+ * per thread that may be held, and fewer are held than it sends: a plain
+ * read here took a leftover zero and ran ahead (test_reattach_frees_fenced
+ * _blocks then saw the fence freed before it checked it was held: a fresh
+ * chroot's ASan run, 2026-12-06). */
+static bool parent_says(void)
+{
+    char c = 0;
+    while (c == 0)
+        if (read(g_go, &c, 1) != 1) return false;
+    return true;
+}
+
 static void on_segv(int sig, siginfo_t *si, void *uc)
 {
     (void)sig, (void)si, (void)uc;
@@ -2307,7 +2321,7 @@ static kvt_status child_midload(const char *path, void *arg)
     if (!st && kvt__now_ns() - t0 > 2ull * TIMEOUT_MS * 1000000ull)
         st = kvt__fail(KVT_EINVAL, "KVT_ECONN came after the calls' deadline");
     char c = 'k';
-    if (!st && (write(g_notify, &c, 1) != 1 || read(g_go, &c, 1) != 1)) st = KVT_ESYS;
+    if (!st && (write(g_notify, &c, 1) != 1 || !parent_says())) st = KVT_ESYS;
     /* The server is back (cold): the client re-attaches on its own. */
     uint64_t until = kvt__now_ns() + 5000000000ull;
     kvt_status got = KVT_ECONN;
@@ -2411,7 +2425,7 @@ static kvt_status child_cut_reattach(const char *path, void *arg)
         st = kvt__fail(KVT_EINVAL, "the cut-off store ended with %s, not KVT_ECONN",
                        kvt_status_name(res.status));
     char c = 'k';
-    if (!st && (write(g_notify, &c, 1) != 1 || read(g_go, &c, 1) != 1)) st = KVT_ESYS;
+    if (!st && (write(g_notify, &c, 1) != 1 || !parent_says())) st = KVT_ESYS;
     /* Re-attach (a later call does it, after its backoff). */
     kvt_cache_stats cs = {0};
     kvt_status got = KVT_ECONN;
