@@ -11,9 +11,10 @@
  * not in a cache that happens to hold the whole working set (this VM
  * reports 480 MiB of L3, and a 256 MiB tier made single rounds swing 2x).
  * A store is timed until its wait returns (the engine's pages are free);
- * through the server it is visible to other clients only after the
- * server's check, so that time is measured too (store_visible), and each
- * load starts after it. Every loaded byte is verified; nothing is printed
+ * through the server it is visible to other clients once the server took
+ * its END, so that time is measured too (store_visible: one more round
+ * trip), and each load starts after it; each load checks every layer of
+ * every block against the checksums it was stored with. Every loaded byte is verified; nothing is printed
  * as a result otherwise. */
 #include <pthread.h>
 #include <stdio.h>
@@ -54,8 +55,8 @@ static kvt_status s_launch(side *s, kvt_task_id t, const uint32_t *pages)
                     : kvt_client_launch(s->client, t, pages, PAGES);
 }
 /* Every call's bound. Generous: under a sanitizer on a loaded 2-core host
- * the server's check of a 64 MiB store (which the next call waits for) took
- * over 10 s, and the bench measures speed, not this bound. */
+ * a 64 MiB copy took over 10 s, and the bench measures speed, not this
+ * bound. */
 #define CALL_MS 60000
 static kvt_status s_wait(side *s, kvt_task_id t, kvt_task_result *r)
 {

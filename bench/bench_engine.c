@@ -6,8 +6,8 @@
  *    of --pages pages stored in batches of --batch pages, each batch what
  *    batch_set_v1 does: one independent-keys prepare_store per run of
  *    missing pages (KVT_REQ_VISIBLE_AT_END: through a node server each
- *    task ends once the server checked it, so every rank finds the batch
- *    when the waits return), its launch, the waits; then each
+ *    task ends once the server committed it, so every rank finds the
+ *    batch when the waits return), its launch, the waits; then each
  *    batch read back as batch_exists (one peek) and batch_get_v1 (one
  *    lookup, one launch, one wait). Both host pool layouts: layer_first
  *    (kv_buffer (2, layers, tokens, heads, dim): each layer's K and V
@@ -40,10 +40,11 @@
  * Round trips are the client's requests to the server (each one frame out,
  * its reply back: kvt__client_requests), counting the END a copy thread
  * sends for each launched task. store_wait_share: the part of a store's
- * time spent in its waits: the client's copy (with each block's checksum
- * in the pass, through the server) and, through the server, its check of
- * the blocks before it answers the task's END_SYNC; the rest is the
- * planning and launching calls.
+ * time spent in its waits: the client's copy (with each block's layer
+ * checksums in the pass, through the server) and, through the server, the
+ * END_SYNC round trip that commits the store; the rest is the planning
+ * and launching calls. Through the server every load checks each layer of
+ * each block against those checksums in its copy's pass.
  *
  * Every load is byte-verified: the pool is filled with bytes unique to
  * (round, side, position) before a store and overwritten before the load;
@@ -598,7 +599,7 @@ static void print_side(const figures *f, const char *name, int side, int plain, 
     print_stat("store_ratio", ratio(f, side, plain, M_STORE_S), true);
     print_stat("load_ratio", ratio(f, side, plain, M_LOAD_S), true);
     {   /* of a store's seconds, those in its waits: the copy and, through
-         * the server, its check before END_SYNC's answer */
+         * the server, END_SYNC's round trip */
         double x[f->n];
         for (uint32_t r = 0; r < f->n; r++) x[r] = f->v[r][side][M_WAIT_S] / f->v[r][side][M_STORE_S];
         print_stat("store_wait_share", stat_of(x, f->n), true);

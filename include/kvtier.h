@@ -329,13 +329,12 @@ typedef struct kvt_key {
 /* Visible at end (flags KVT_REQ_VISIBLE_AT_END; token or keyed requests;
  * prepare_store only, ignored elsewhere): the store's wait and poll report
  * it done only once any other client can look its blocks up. Through a
- * node server the result then comes after the server checked and
- * committed the blocks (one round trip: the task's end), and is that
- * check's verdict; without it a store is reported as soon as this
- * client's copy ended, and becomes visible to others after the server's
- * check, which this client's next call waits for (an engine that must
- * publish a batch to other ranks made that extra call). In process a
- * store is visible when it ends either way. */
+ * node server the result then comes with the server's answer to the
+ * task's end (one round trip: the server commits the blocks there);
+ * without it a store is reported as soon as this client's copy ended, and
+ * becomes visible to others when the server takes its end, which this
+ * client's next call follows. In process a store is visible when it ends
+ * either way. */
 #define KVT_REQ_VISIBLE_AT_END 2u
 
 typedef struct kvt_request {
@@ -811,15 +810,18 @@ void kvt_client_detach(kvt_client *cl);
  *  - lookup, peek and prepare_store in a namespace the server's server_namespaces
  *    does not allow this client give KVT_EAUTH naming it (and the client's
  *    pid and uid); past its server_client_tasks quota, KVT_EFULL;
- *  - a store's blocks become visible to every client only after the server
- *    checked each block's checksum against the one this client computed;
- *    the check runs after the store's result, at idle priority; this
- *    client's next lookup, peek, prepare_store or stats is answered after
- *    it, so after that call every client sees the store; before it another
- *    client may miss it; a store the server does not commit (its check
- *    fails, or the server is lost before its end arrives) is never visible,
- *    as if evicted at once: the client logs it (warn), and a failed check
- *    counts in failed_tasks (kvt_client_stats);
+ *  - a store sends the server each block's layer checksums, taken in the
+ *    copy's pass, and is committed when the server takes its end (this
+ *    client's next call follows that, so after it every client sees the
+ *    store); a store the server does not commit (the server is lost before
+ *    its end arrives) is never visible, as if evicted at once: the client
+ *    logs it (warn);
+ *  - a load checks every layer of every block against the checksums it
+ *    was stored with, in its copy's pass, and reports a layer landed only
+ *    when all its blocks match: bytes that changed in the tier after their
+ *    store (a stray or torn write) fail the load with KVT_ECORRUPT (wait,
+ *    wait_layer and poll report it; the engine recomputes), logged at warn
+ *    naming the block and layer, and the server drops those blocks;
  *  - each call polls the socket for its reply for up to server_spin_us
  *    (50 us, read from KVTIER_SERVER_SPIN_US at attach) before it sleeps;
  *  - the client's own copy threads are the workers option (2, read from

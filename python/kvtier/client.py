@@ -150,7 +150,7 @@ class Client(Handle):
     def prepare_store(self, tokens=None, ns=None, keys=None, independent=False, visible=False):
         """As Cache.prepare_store: StorePlan(task, first_token, num_tokens).
         visible=True (KVT_REQ_VISIBLE_AT_END): the task's wait returns only
-        once every other client can find its blocks (the server checked
+        once every other client can find its blocks (the server committed
         them), in the same round trip; no stats() call needed to publish."""
         req = as_request(tokens, ns, keys, independent, visible)
         p = _lib.StorePlan()

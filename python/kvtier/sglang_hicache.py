@@ -714,7 +714,7 @@ class KvtierHiCacheStorage(HiCacheStorage):
                 # A plan ends before a key repeated in it: the repeat is
                 # asked again in the next request (pending by then: False).
                 rest = ks[j:]
-                # visible: the task ends once the server checked its pages, so
+                # visible: the task ends once the server committed its pages, so
                 # every rank finds them when SGLang hears of the batch.
                 plan = self.cache.prepare_store(keys=rest, ns=self.namespace, independent=True,
                                                 visible=True)

@@ -800,7 +800,7 @@ class KvtierConnector(KVConnectorBase_V1):
             self._sent_done.add(spec.req_id)
             return
         try:
-            # visible: the task ends once the server checked its blocks, so
+            # visible: the task ends once the server committed its blocks, so
             # the scheduler's next lookup (another process) finds them.
             plan = self.cache.prepare_store(keys=spec.keys, ns=self.namespace, visible=True)
         except KvtierError as e:

@@ -14,7 +14,7 @@
  *   (the client copies)
  *   kvt__cache_ext_end     ends it with the client's status: a store's
  *                          entries become READY only on KVT_OK (the caller
- *                          checked each block's checksum first), else they
+ *                          recorded the blocks' checksums first), else they
  *                          are rolled back; a load's pins are released;
  *                          the result is reported here (never to wait/poll).
  * kvt__cache_ext_abort ends an external task in any state (the client went
@@ -69,6 +69,11 @@ kvt_status kvt__cache_ext_launch(kvt_cache *c, kvt_task_id id, uint64_t deadline
  * lost: reported and freed). */
 kvt_status kvt__cache_ext_offsets(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns,
                                   uint64_t *offsets, uint32_t max, kvt_ext_launch *out);
+/* The index keys of launched task id's blocks (as many as its offsets),
+ * into keys (room for max): what the node server records each block's
+ * checksums under. KVT_ENOTFOUND, KVT_ESTATE (not launched, or its reads
+ * still run), KVT_EINVAL (more than max blocks). */
+kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, uint32_t max);
 /* Ends a launched external task with st (KVT_OK: the copy succeeded) and
  * reports its result into *out. */
 kvt_status kvt__cache_ext_end(kvt_cache *c, kvt_task_id id, kvt_status st,

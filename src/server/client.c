@@ -61,7 +61,8 @@ typedef struct ctask {
     uint8_t **blocks;
     uint32_t *pages;
     uint64_t *offsets;
-    uint64_t *layer_sums; /* a store's: num_blocks x num_layers, from the copy */
+    uint64_t *layer_sums; /* num_blocks x num_layers: a store's from its copy, a load's
+                             from its launch (what its copy is checked against) */
     kvt_status bad_status; /* a load's, from its launch: why it was cut short */
     kvt_xfer_task xt;
     struct kvt_client *cl;
@@ -78,8 +79,8 @@ struct kvt_client {
                                GEOMETRY reply's when attached without a geometry), or 0 */
     pthread_mutex_t io_mu;  /* one round trip at a time */
     bool broken;            /* under io_mu */
-    bool unsettled;         /* under io_mu: the last round trip was an END, whose store the
-                               server may still be checking (detach settles it) */
+    bool unsettled;         /* under io_mu: the last round trip was an END (detach makes
+                               one more, so that store is committed before it returns) */
     char broken_msg[256];
     uint64_t retry_ns;      /* under io_mu: no re-attach before this */
     uint32_t backoff_ms;    /* under io_mu: 10 ms doubling to 1 s */
@@ -238,7 +239,7 @@ static kvt_status exchange_locked(kvt_client *cl, const char *fn, uint16_t op,
         st = lost(cl, fn, st);
         return st;
     }
-    cl->unsettled = op == KVT_SRV_END; /* any other request waits for the check first */
+    cl->unsettled = op == KVT_SRV_END;
     if (h.status != 0) {
         int len = h.len > KVT_SRV_MAX_ERRMSG ? (int)KVT_SRV_MAX_ERRMSG : (int)h.len;
         st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn, len, p ? (const char *)p : "");
@@ -658,12 +659,11 @@ kvt_status kvt_client_attach(kvt_client **out, const char *socket_path, const kv
     return KVT_OK;
 }
 
-/* A store whose END was answered "taken" becomes visible once the server
- * checked it, on an idle-priority thread; the server answers the next
- * request only after that check. One STATS round trip (bounded by the
- * attach's timeout) makes the last store visible to every other client by
- * the time detach returns: a worker that stores and exits leaves nothing
- * a scheduler process could miss. */
+/* A store reported done early (end_early) is committed when the server
+ * takes its END, which may still be on its way. One STATS round trip
+ * (bounded by the attach's timeout) makes the last store visible to every
+ * other client by the time detach returns: a worker that stores and
+ * exits leaves nothing a scheduler process could miss. */
 static void settle_last_store(kvt_client *cl)
 {
     pthread_mutex_lock(&cl->io_mu);
@@ -996,22 +996,6 @@ static kvt_task_result copied(const kvt_client *cl, const ctask *t)
     return r;
 }
 
-/* A store's END: every block's checksum (the layers' sums came with the
- * copy), encoded into *b (b->oom without memory). */
-static void store_end_encode(const kvt_client *cl, const ctask *t, kvt_srv_buf *b)
-{
-    uint32_t n = t->xt.num_blocks, nl = cl->geo->num_layers;
-    uint64_t *sums = malloc((size_t)n * sizeof *sums + 1);
-    if (!sums) {
-        b->oom = true;
-        return;
-    }
-    for (uint32_t i = 0; i < n; i++)
-        sums[i] = kvt__srv_sum_combine(t->layer_sums + (size_t)i * nl, nl, t->offsets[i]);
-    kvt__srv_end_encode(b, t->id, KVT_OK, sums, n);
-    free(sums);
-}
-
 /* The END of t, whose copy ended with st, into *b: a store that copied
  * well sends its checksums; without memory for them its END says
  * KVT_ENOMEM (the server drops the store). Returns the status END carries. */
@@ -1019,13 +1003,16 @@ static kvt_status end_encode(const kvt_client *cl, const ctask *t, kvt_status st
                              kvt_srv_buf *b)
 {
     if (st == KVT_OK && t->kind == KVT_TASK_STORE) {
-        store_end_encode(cl, t, b);
+        /* the layers' checksums, taken in the copy's pass: the server
+         * records them, and every load of these blocks is checked so */
+        kvt__srv_end_encode(b, t->id, KVT_OK, t->layer_sums, t->xt.num_blocks,
+                            cl->geo->num_layers);
         if (!b->oom) return KVT_OK;
         kvt__srv_buf_free(b);
         *b = (kvt_srv_buf){0};
         st = KVT_ENOMEM;
     }
-    kvt__srv_end_encode(b, t->id, st, NULL, 0);
+    kvt__srv_end_encode(b, t->id, st, NULL, 0, 0);
     return st;
 }
 
@@ -1042,8 +1029,8 @@ static kvt_status end_encode(const kvt_client *cl, const ctask *t, kvt_status st
  * the pins outlived the copy. A dead server's blocks are never written
  * again (a new server makes a new tier).
  * What the server then says is not the result any more: a store it drops
- * (its check fails) is as if evicted at once - a miss, never served - and
- * is logged here (warn), counted there. A connection that already shows
+ * (a protocol failure) is as if evicted at once - a miss, never served -
+ * and is logged here (warn). A connection that already shows
  * EOF (cut off, server gone) takes the synchronous way, so that task still
  * reports KVT_ECONN. b: its END (end_encode). false: that way (nothing
  * done). */
@@ -1077,6 +1064,9 @@ static void on_copied(kvt_xfer_task *xt, kvt_status st)
 {
     ctask *t = xt->user;
     kvt_client *cl = t->cl;
+    if (st == KVT_ECORRUPT) /* the worker's message: which block and layer */
+        KVT_LOG(KVT_LOG_WARN, "kvtier client: task %llu: %s (the server drops the block; the "
+                "engine recomputes)", (unsigned long long)t->id, kvt_last_error());
     kvt_task_result r = local_result(t, st);
     pthread_mutex_lock(&cl->mu);
     bool skip = cl->detaching;
@@ -1149,13 +1139,19 @@ static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const ui
         return kvt__fail(KVT_EPROTO, "%s: task %llu: the server launched tokens [%u, +%u) of "
                          "kind %u, planned [%u, +%u)", fn, (unsigned long long)t->id,
                          l.first_token, l.num_tokens, l.kind, t->first_token, t->num_tokens);
+    const uint32_t nl = cl->geo->num_layers;
+    if (t->kind == KVT_TASK_LOAD && l.num_blocks && l.num_layers != nl)
+        return kvt__fail(KVT_EPROTO, "%s: task %llu: the server sent checksums of %u layers "
+                         "per block for this geometry's %u", fn, (unsigned long long)t->id,
+                         l.num_layers, nl);
     t->offsets = malloc((size_t)l.num_blocks * sizeof *t->offsets + 1);
     t->blocks = malloc((size_t)l.num_blocks * sizeof *t->blocks + 1);
-    if (t->kind == KVT_TASK_STORE)
-        t->layer_sums = malloc((size_t)l.num_blocks * cl->geo->num_layers *
-                               sizeof *t->layer_sums + 1);
-    if (!t->offsets || !t->blocks || (t->kind == KVT_TASK_STORE && !t->layer_sums))
+    t->layer_sums = malloc((size_t)l.num_blocks * nl * sizeof *t->layer_sums + 1);
+    if (!t->offsets || !t->blocks || !t->layer_sums)
         return kvt__fail(KVT_ENOMEM, "%s: no memory", fn);
+    if (t->kind == KVT_TASK_LOAD) /* what each block's layers were stored with */
+        for (size_t i = 0; i < (size_t)l.num_blocks * nl; i++)
+            t->layer_sums[i] = kvt__srv_get64(l.sums + 8 * i);
     for (uint32_t i = 0; i < l.num_blocks; i++) {
         uint64_t off = kvt__srv_get64(l.offsets + 8 * (size_t)i);
         if (off % cl->shm.stride != 0 || off / cl->shm.stride >= cl->shm.num_blocks)
@@ -1176,7 +1172,10 @@ static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const ui
     t->xt.pages = t->pages;
     t->xt.on_done = on_copied;
     t->xt.user = t;
-    t->xt.layer_sums = t->layer_sums; /* a store's checksums, in the copy's pass */
+    /* a store takes its blocks' checksums in the copy's pass; a load
+     * checks them in its own before it reports a layer landed */
+    t->xt.layer_sums = t->kind == KVT_TASK_STORE ? t->layer_sums : NULL;
+    t->xt.expect_sums = t->kind == KVT_TASK_LOAD ? t->layer_sums : NULL;
     return KVT_OK;
 }
 
@@ -1185,7 +1184,7 @@ static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const ui
 static void end_unlaunched(kvt_client *cl, const char *fn, ctask *t, kvt_status st)
 {
     kvt_srv_buf e = {0};
-    kvt__srv_end_encode(&e, t->id, st, NULL, 0);
+    kvt__srv_end_encode(&e, t->id, st, NULL, 0, 0);
     uint8_t *q = NULL;
     uint32_t ql = 0;
     char msg[KVT_ERRMSG_MAX];

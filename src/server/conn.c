@@ -2,15 +2,13 @@
  * at a time; when the socket closes (detach, crash, SIGKILL) or breaks the
  * protocol, every task the client still holds is ended at once: planned
  * ones released, launched stores rolled back (their blocks never become
- * visible), launched loads unpinned. A store's END is answered before its
- * blocks are checked; the check runs on the connection's checker thread
- * and commits the store only if every block passes (kvt_srv_check). */
+ * visible), launched loads unpinned. A store's END commits it with the
+ * layer checksums its client took while copying (sums.c); a load's LAUNCH
+ * reply carries them, and the loading client checks its blocks in its own
+ * copy's pass. */
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -49,8 +47,6 @@ static kvt_status reply_err(kvt_srv_conn *c, uint16_t op, kvt_status st)
     return kvt__srv_send_frame(c->fd, op | KVT_SRV_REPLY, st, msg, len, -1,
                                kvt__deadline_ns(FRAME_MS));
 }
-
-static void settle(kvt_srv_conn *c);
 
 static kvt_srv_task *find_task(kvt_srv_conn *c, uint64_t id)
 {
@@ -316,7 +312,6 @@ static kvt_status on_clear(kvt_srv_conn *c, const uint8_t *p, size_t len)
     uint32_t ns_len = 0, removed = 0, kept = 0;
     kvt_status st = kvt__srv_clear_decode(p, len, &ns, &ns_len);
     if (st) return st; /* a protocol violation: the caller drops the client */
-    settle(c); /* the client's last store is in the tier, so it is cleared too */
     if (!kvt__srv_ns_allowed(&c->srv->ns, &c->peer, ns, ns_len))
         return reply_err(c, KVT_SRV_CLEAR, ns_refused(c, ns, ns_len));
     (void)kvt_cache_flush(c->sh->cache, CLEAR_FLUSH_MS);
@@ -341,6 +336,17 @@ static bool fill_more(kvt_srv_conn *c, const kvt_request *req, uint32_t matched)
     return h->fill && h->fill(h->arg, c->sh, req, matched);
 }
 
+/* A task's checksums travel in one frame (sums.c): a request of more
+ * blocks than that is planned up to there (the rest is a miss now; the
+ * engine stores or asks again from there). At 32 layers 63 549 blocks. */
+static void cap_request(const kvt_srv_shard *sh, kvt_request *req)
+{
+    uint64_t maxb = kvt__srv_sums_max_blocks(sh->geo->num_layers);
+    if (req->keys && req->num_keys > maxb) req->num_keys = (uint32_t)maxb;
+    if (!req->keys && req->num_tokens > maxb * sh->block_tokens)
+        req->num_tokens = (uint32_t)(maxb * sh->block_tokens);
+}
+
 /* LOOKUP and PREPARE. */
 static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t len)
 {
@@ -348,7 +354,6 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
     kvt_srv_req q;
     kvt_status st = kvt__srv_req_decode(p, len, &q);
     if (st) return st; /* a protocol violation: the caller drops the client */
-    settle(c); /* the client's last store is visible (or failed) before it plans */
     if (c->ntasks >= s->cfg.server_client_tasks) sweep_expired(c);
     if (!kvt__srv_ns_allowed(&s->ns, &c->peer, q.ns, q.ns_len))
         st = ns_refused(c, q.ns, q.ns_len);
@@ -356,6 +361,7 @@ static kvt_status on_plan(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t
         st = kvt__fail(KVT_EFULL, "this client holds %u tasks (server_client_tasks); launch, "
                        "wait or cancel some first", c->ntasks);
     kvt_request req = srv_request(&q);
+    cap_request(c->sh, &req);
     kvt_srv_buf b = {0};
     if (!st && op == KVT_SRV_LOOKUP) {
         kvt_match m;
@@ -389,7 +395,6 @@ static kvt_status on_peek(kvt_srv_conn *c, const uint8_t *p, size_t len)
     kvt_srv_req q;
     kvt_status st = kvt__srv_req_decode(p, len, &q);
     if (st) return st; /* a protocol violation: the caller drops the client */
-    settle(c); /* the client's last store is visible (or failed) before it asks */
     uint32_t matched = 0;
     if (!kvt__srv_ns_allowed(&c->srv->ns, &c->peer, q.ns, q.ns_len)) {
         st = ns_refused(c, q.ns, q.ns_len);
@@ -418,7 +423,6 @@ static kvt_status on_peek_many(kvt_srv_conn *c, const uint8_t *p, size_t len)
     uint32_t n = 0;
     kvt_status st = kvt__srv_peek_many_decode(p, len, &sp, &n);
     if (st) return st;
-    settle(c); /* the client's last store is visible (or failed) before it asks */
     int32_t *status = calloc(n ? n : 1, sizeof *status);
     uint32_t *matched = calloc(n ? n : 1, sizeof *matched);
     if (!status || !matched) {
@@ -461,6 +465,27 @@ static kvt_status not_ours(uint64_t id)
                      "client's", (unsigned long long)id);
 }
 
+/* A load's layer checksums, block 0's layers first (sums.c): the
+ * client checks its copy against them. Blocks the tier refilled (from
+ * the SSD or a peer) are hashed here, once, at their first load. */
+static kvt_status load_sums(kvt_srv_conn *c, const kvt_srv_task *t, uint64_t **out)
+{
+    const kvt_srv_shard *sh = c->sh;
+    uint32_t n = t->num_blocks ? t->num_blocks : 1;
+    uint64_t *sums = malloc((size_t)n * sh->geo->num_layers * sizeof *sums);
+    bool *missing = malloc(n * sizeof *missing);
+    if (!sums || !missing) {
+        free(sums);
+        free(missing);
+        return kvt__fail(KVT_ENOMEM, "launch: no memory for the checksums of %u blocks", n);
+    }
+    kvt__srv_sums_get(&c->sh->sums, sh->shm.base, sh->geo, sh->shm.block_tokens, t->offsets,
+                      t->keys, t->num_blocks, sums, missing);
+    free(missing);
+    *out = sums;
+    return KVT_OK;
+}
+
 /* Answers LAUNCH: the blocks' offsets, or "pending" while a load's SSD
  * reads run. Never waits for the SSD: the client asks again (a LAUNCH of
  * the same task), so neither this thread nor the client's caller blocks. */
@@ -472,9 +497,9 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
         free(offs);
         t->launched = t->pending = true;
         kvt_srv_launch_rep r = {(uint32_t)KVT_TASK_LOAD, 0, 0, 0, KVT_OK,
-                                KVT_SRV_LAUNCH_PENDING, NULL};
+                                KVT_SRV_LAUNCH_PENDING, NULL, 0, NULL};
         kvt_srv_buf b = {0};
-        kvt__srv_launch_rep_encode(&b, &r, NULL);
+        kvt__srv_launch_rep_encode(&b, &r, NULL, NULL);
         st = reply(c, KVT_SRV_LAUNCH, &b);
         kvt__srv_buf_free(&b);
         return st;
@@ -487,14 +512,25 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
     }
     t->launched = true;
     t->pending = false;
-    t->launched_ns = kvt__now_ns(); /* the client's copy starts: server_copy_ms runs */
     t->num_blocks = l->num_blocks;
     t->first_token = l->first_token;
     t->offsets = offs;
+    t->keys = (kvt_hash128 *)(offs + t->pins + 1);
     kvt_srv_launch_rep r = {(uint32_t)l->kind, l->first_token, l->num_tokens, l->num_blocks,
-                            l->bad_status, 0, NULL};
+                            l->bad_status, 0, NULL, 0, NULL};
+    uint64_t *sums = NULL;
+    st = kvt__cache_ext_keys(c->sh->cache, id, t->keys, t->pins + 1);
+    if (!st && l->kind == KVT_TASK_LOAD) st = load_sums(c, t, &sums);
+    if (st) { /* the task ends here (a load unpinned, a store rolled back) */
+        kvt__cache_ext_abort(c->sh->cache, id, read_deadline(c));
+        drop_task(c, t);
+        return reply_err(c, KVT_SRV_LAUNCH, st);
+    }
+    if (sums) r.num_layers = c->sh->geo->num_layers;
+    t->launched_ns = kvt__now_ns(); /* the client's copy starts: server_copy_ms runs */
     kvt_srv_buf b = {0};
-    kvt__srv_launch_rep_encode(&b, &r, offs);
+    kvt__srv_launch_rep_encode(&b, &r, offs, sums);
+    free(sums);
     st = reply(c, KVT_SRV_LAUNCH, &b);
     kvt__srv_buf_free(&b);
     return st;
@@ -514,7 +550,8 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
      * room for the largest request was a 2 MiB allocation, mmap'd and
      * unmapped by every launch. */
     uint32_t max = t->pins + 1;
-    uint64_t *offs = malloc((size_t)max * sizeof *offs);
+    /* the offsets, then the blocks' keys (launch_reply) */
+    uint64_t *offs = malloc((size_t)max * (sizeof *offs + sizeof(kvt_hash128)));
     if (!offs) {
         if (t->pending) return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: "
                                                                       "no memory (ask again)"));
@@ -530,248 +567,6 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
     return launch_reply(c, t, st, &l, offs);
 }
 
-/* A large store's blocks are checked on several threads (this one and
- * helpers started for it). Below VERIFY_SPLIT_BYTES one thread does it
- * (starting a thread costs tens of microseconds). A check after END's
- * answer is background work: one core is left to clients and connections
- * (verify_threads), its helpers run at nice 19. A check before END_SYNC's
- * answer is what the client waits for, its copy threads idle: it takes
- * every core (verify_threads_sync), helpers at normal priority (SGLang's
- * batch_set waits so for each batch: on 2 cores one thread made the check
- * as long as the copy). */
-#define VERIFY_THREADS KVT_SRV_VERIFY_THREADS
-#define VERIFY_SPLIT_BYTES (8ull << 20)
-
-typedef struct verify_part {
-    const kvt_srv_shard *sh;
-    const kvt_srv_task *t;
-    const uint8_t *sums;   /* the client's, unaligned */
-    uint32_t first, end;   /* blocks [first, end) */
-    uint32_t bad;          /* the first failing block, or UINT32_MAX */
-    bool background;       /* a helper runs at nice 19 */
-} verify_part;
-
-/* The check is background work. The checker thread runs SCHED_IDLE: a
- * thread that wakes up (a client's, a connection's) takes its core at once
- * and the kernel counts that core as idle when it places the waking
- * thread; at normal priority on this 2-vCPU VM the check held the core,
- * and a woken thread waited 2-4 ms for it (or for a halted vCPU). It
- * never starves a waiter: settle raises it back to SCHED_OTHER while the
- * connection waits for it, and it drops again at its next check. Helper
- * threads of a large check run at nice 19 (they are joined by the
- * checker, so they must progress even on a busy machine). Best effort:
- * the check is right at any priority. */
-static void check_idle(void)
-{
-    struct sched_param sp = {0};
-    (void)pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
-}
-
-static void *verify_range(void *arg)
-{
-    verify_part *v = arg;
-    const kvt_srv_shard *sh = v->sh;
-    v->bad = UINT32_MAX;
-    for (uint32_t i = v->first; i < v->end; i++) {
-        uint64_t off = v->t->offsets[i];
-        uint64_t have = kvt__srv_block_sum(sh->shm.base + off, sh->geo, sh->shm.block_tokens, off);
-        if (have != kvt__srv_get64(v->sums + 8 * (size_t)i)) {
-            v->bad = i;
-            break;
-        }
-    }
-    return NULL;
-}
-
-/* A helper thread's part (a background check's at nice 19). */
-static void *verify_helper(void *arg)
-{
-    if (((verify_part *)arg)->background)
-        (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
-    return verify_range(arg);
-}
-
-/* The first failing block of t, or UINT32_MAX. */
-static uint32_t first_bad_block(const kvt_server *s, const kvt_srv_shard *sh,
-                                const kvt_srv_task *t, const uint8_t *sums, bool background)
-{
-    uint64_t bytes = (uint64_t)t->num_blocks * sh->shm.block_bytes;
-    uint32_t n = bytes < VERIFY_SPLIT_BYTES ? 1
-                 : background               ? s->verify_threads
-                                            : s->verify_threads_sync;
-    if (n > t->num_blocks) n = t->num_blocks ? t->num_blocks : 1;
-    verify_part part[VERIFY_THREADS];
-    pthread_t th[VERIFY_THREADS];
-    bool started[VERIFY_THREADS] = {false};
-    for (uint32_t k = 0; k < n; k++) {
-        part[k] = (verify_part){sh, t, sums, (uint32_t)((uint64_t)t->num_blocks * k / n),
-                                (uint32_t)((uint64_t)t->num_blocks * (k + 1) / n), UINT32_MAX,
-                                background};
-        /* Part 0 runs here; a helper that cannot start runs here too. */
-        if (k > 0) started[k] = pthread_create(&th[k], NULL, verify_helper, &part[k]) == 0;
-    }
-    for (uint32_t k = 0; k < n; k++)
-        if (!started[k]) verify_range(&part[k]);
-    uint32_t bad = UINT32_MAX;
-    for (uint32_t k = 0; k < n; k++) {
-        if (started[k]) pthread_join(th[k], NULL);
-        if (part[k].bad < bad) bad = part[k].bad;
-    }
-    return bad;
-}
-
-/* A store becomes visible only if every block holds what the client says
- * it wrote: a client that died or scribbled mid-copy is caught here. */
-static kvt_status verify_store(const kvt_srv_conn *c, const kvt_srv_task *t,
-                               const uint8_t *sums, bool background)
-{
-    uint32_t bad = first_bad_block(c->srv, c->sh, t, sums, background);
-    if (bad == UINT32_MAX) return KVT_OK;
-    kvt_status st = kvt__fail(KVT_ECORRUPT, "store task %llu: block %u failed its checksum; "
-                              "the store is not made visible", (unsigned long long)t->id, bad);
-    kvt__srv_log(KVT_LOG_WARN, "client pid %ld: %s", (long)c->pid, kvt_last_error());
-    return st;
-}
-
-/* A store checked after its END was answered, so the client's copy threads
- * and engine pages are free while the server hashes (docs/server.md,
- * Performance). Its blocks still become visible only once every checksum
- * passed (kvt__cache_ext_end runs after the check); a mismatch rolls it
- * back, counted in failed_tasks and logged. The connection answers its
- * next LOOKUP, PEEK, PREPARE, store END, STATS or FLUSH only after the
- * check (settle), so a client always finds its own stores and learns of a
- * failure from the next STATS. One checker thread per connection, started
- * at its first store and kept: no thread is created per store, and at
- * most one check per client runs. */
-struct kvt_srv_check {
-    kvt_srv_conn *c;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv; /* a job posted, a job done, or stop */
-    bool has_job;      /* t and sums hold a store to check (or being checked) */
-    bool stop;
-    kvt_srv_task t;    /* taken off the task list: offsets and pins */
-    uint8_t *sums;     /* the client's checksums, copied */
-    size_t sums_cap;
-};
-
-_Atomic uint32_t kvt__srv_check_delay_ms;
-
-static void check_one(kvt_srv_check *k)
-{
-    uint32_t delay = atomic_load_explicit(&kvt__srv_check_delay_ms, memory_order_relaxed);
-    if (delay) {
-        struct timespec ts = {delay / 1000, (long)(delay % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-    kvt_task_result r;
-    kvt_status verdict = verify_store(k->c, &k->t, k->sums, true);
-    if (kvt__cache_ext_end(k->c->sh->cache, k->t.id, verdict, &r))
-        kvt__srv_log(KVT_LOG_WARN, "client pid %ld: %s", (long)k->c->pid, kvt_last_error());
-    atomic_fetch_sub(&k->c->pins, k->t.pins);
-    free(k->t.offsets);
-    k->t.offsets = NULL;
-}
-
-static void *check_main(void *arg)
-{
-    kvt_srv_check *k = arg;
-    pthread_setname_np(pthread_self(), "kvt-srv-check");
-    pthread_mutex_lock(&k->mu);
-    for (;;) {
-        while (!k->has_job && !k->stop) pthread_cond_wait(&k->cv, &k->mu);
-        if (!k->has_job) break;
-        pthread_mutex_unlock(&k->mu);
-        check_idle();
-        check_one(k);
-        pthread_mutex_lock(&k->mu);
-        k->has_job = false;
-        pthread_cond_broadcast(&k->cv);
-    }
-    pthread_mutex_unlock(&k->mu);
-    return NULL;
-}
-
-/* Waits for the client's store check, if one runs (no deadline needed:
- * one pass over one request's blocks, which the client already copied). */
-static void settle(kvt_srv_conn *c)
-{
-    kvt_srv_check *k = c->check;
-    if (!k) return;
-    pthread_mutex_lock(&k->mu);
-    if (k->has_job) { /* raised while we wait: an idle-priority check may starve */
-        struct sched_param sp = {0};
-        (void)pthread_setschedparam(k->thread, SCHED_OTHER, &sp);
-    }
-    while (k->has_job) pthread_cond_wait(&k->cv, &k->mu);
-    pthread_mutex_unlock(&k->mu);
-}
-
-static kvt_srv_check *checker_create(kvt_srv_conn *c)
-{
-    kvt_srv_check *k = calloc(1, sizeof *k);
-    if (!k) return NULL;
-    k->c = c;
-    if (pthread_mutex_init(&k->mu, NULL)) goto fail_mu;
-    if (kvt__cond_init(&k->cv)) goto fail_cv;
-    if (pthread_create(&k->thread, NULL, check_main, k)) goto fail_thread;
-    return k;
-fail_thread:
-    pthread_cond_destroy(&k->cv);
-fail_cv:
-    pthread_mutex_destroy(&k->mu);
-fail_mu:
-    free(k);
-    return NULL;
-}
-
-/* At the connection's end, after settle. */
-static void checker_destroy(kvt_srv_conn *c)
-{
-    kvt_srv_check *k = c->check;
-    if (!k) return;
-    pthread_mutex_lock(&k->mu);
-    k->stop = true;
-    pthread_cond_broadcast(&k->cv);
-    pthread_mutex_unlock(&k->mu);
-    pthread_join(k->thread, NULL);
-    pthread_cond_destroy(&k->cv);
-    pthread_mutex_destroy(&k->mu);
-    free(k->sums);
-    free(k);
-    c->check = NULL;
-}
-
-/* Hands t (taken off the list) and its checksums to the checker, which
- * starts at check_start; false (t untouched) when no memory or thread: the
- * caller checks it in line. */
-static bool check_post(kvt_srv_conn *c, kvt_srv_task *t, const uint8_t *sums)
-{
-    settle(c);
-    if (!c->check && !(c->check = checker_create(c))) return false;
-    kvt_srv_check *k = c->check;
-    size_t need = 8 * (size_t)t->num_blocks;
-    if (need > k->sums_cap) {
-        uint8_t *p = realloc(k->sums, need);
-        if (!p) return false;
-        k->sums = p;
-        k->sums_cap = need;
-    }
-    memcpy(k->sums, sums, need);
-    k->t = *t;
-    take_task(c, t);
-    return true;
-}
-
-static void check_start(kvt_srv_conn *c)
-{
-    kvt_srv_check *k = c->check;
-    pthread_mutex_lock(&k->mu);
-    k->has_job = true;
-    pthread_cond_broadcast(&k->cv);
-    pthread_mutex_unlock(&k->mu);
-}
-
 static kvt_status end_reply(kvt_srv_conn *c, uint16_t op, const kvt_task_result *r)
 {
     kvt_srv_buf b = {0};
@@ -781,9 +576,49 @@ static kvt_status end_reply(kvt_srv_conn *c, uint16_t op, const kvt_task_result 
     return st;
 }
 
-/* END, or END_SYNC (op): a store's checksums are checked after END's
- * answer (by the connection's checker), before END_SYNC's (in line: the
- * client asked to hear only once the blocks are visible). */
+/* A load whose client found bytes unlike the sums they were stored with:
+ * the blocks that still differ (the tier's bytes hashed again against
+ * their records) leave the tiers with the chains below them, so the next
+ * lookup misses instead of failing again. Rare: one pass over the task's
+ * blocks and one over the index. Called with the task still pinned. */
+static uint32_t find_corrupt(kvt_srv_conn *c, const kvt_srv_task *t, kvt_hash128 *bad)
+{
+    const kvt_srv_shard *sh = c->sh;
+    const uint32_t nl = sh->geo->num_layers;
+    uint64_t *want = malloc(2 * (size_t)t->num_blocks * nl * sizeof *want);
+    bool *missing = malloc((t->num_blocks ? t->num_blocks : 1) * sizeof *missing);
+    uint32_t nbad = 0;
+    if (want && missing) {
+        uint64_t *have = want + (size_t)t->num_blocks * nl;
+        kvt__srv_sums_get(&c->sh->sums, sh->shm.base, sh->geo, sh->shm.block_tokens, t->offsets,
+                          t->keys, t->num_blocks, want, missing);
+        for (uint32_t i = 0; i < t->num_blocks; i++) {
+            kvt__srv_layer_sums(sh->shm.base + t->offsets[i], sh->geo, sh->shm.block_tokens,
+                                have + (size_t)i * nl);
+            if (memcmp(have + (size_t)i * nl, want + (size_t)i * nl, (size_t)nl * 8))
+                bad[nbad++] = t->keys[i];
+        }
+    }
+    free(want);
+    free(missing);
+    return nbad;
+}
+
+static void drop_corrupt(kvt_srv_conn *c, const kvt_hash128 *bad, uint32_t nbad)
+{
+    uint32_t removed = 0, kept = 0;
+    if (nbad) (void)kvt__cache_ext_clear(c->sh->cache, bad, nbad, &removed, &kept);
+    kvt__srv_log(KVT_LOG_WARN, "client pid %ld: a load found %u block(s) of geometry %s unlike "
+                 "the checksums they were stored with (changed in the tier after their "
+                 "store); %u block(s) removed with the chains below them, %u kept (pinned); "
+                 "the engine recomputes them", (long)c->pid, nbad, c->sh->id, removed, kept);
+}
+
+/* A store's END commits it: the layer checksums its client took while
+ * copying are recorded first (sums.c), so any load of its blocks is
+ * checked against them. END_SYNC is the same (the store is visible when
+ * either is answered). A load's END releases its pins; one its client
+ * failed with KVT_ECORRUPT drops the blocks found changed. */
 static kvt_status on_end(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t len)
 {
     kvt_srv_end e;
@@ -796,26 +631,25 @@ static kvt_status on_end(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t 
                                                    "still run (LAUNCH again, or CANCEL it)",
                                                    (unsigned long long)e.task));
     kvt_status verdict = (kvt_status)e.status;
-    kvt_task_result r;
+    const uint32_t nl = c->sh->geo->num_layers;
     if (verdict == KVT_OK && t->kind == KVT_TASK_STORE) {
-        r = (kvt_task_result){t->id, KVT_TASK_STORE, KVT_OK, t->first_token,
-                              t->num_blocks * c->sh->shm.block_tokens,
-                              (uint64_t)t->num_blocks * c->sh->shm.block_bytes};
-        if (e.n != t->num_blocks)
-            verdict = kvt__fail(KVT_EPROTO, "store task %llu: %u checksums for %u blocks",
-                                (unsigned long long)t->id, e.n, t->num_blocks);
-        else if (op == KVT_SRV_END && check_post(c, t, e.checksums)) {
-            /* Answered before the check starts: the reply never waits for
-             * a core the check holds. Started even if the reply failed, so
-             * the store ends (commit or roll back) either way. */
-            st = end_reply(c, op, &r);
-            check_start(c);
-            return st;
-        } else
-            verdict = verify_store(c, t, e.checksums, false);
+        if (e.n != t->num_blocks || e.num_layers != nl)
+            verdict = kvt__fail(KVT_EPROTO, "store task %llu: checksums of %u blocks x %u "
+                                "layers for %u blocks x %u layers", (unsigned long long)t->id,
+                                e.n, e.num_layers, t->num_blocks, nl);
+        else
+            kvt__srv_sums_put(&c->sh->sums, t->offsets, t->keys, t->num_blocks, e.checksums);
     }
+    const bool corrupt = t->kind == KVT_TASK_LOAD && verdict == KVT_ECORRUPT;
+    kvt_hash128 *bad = NULL;
+    uint32_t nbad = 0;
+    if (corrupt && (bad = malloc((t->num_blocks ? t->num_blocks : 1) * sizeof *bad)))
+        nbad = find_corrupt(c, t, bad);
+    kvt_task_result r;
     st = kvt__cache_ext_end(c->sh->cache, e.task, verdict, &r);
-    drop_task(c, t);
+    drop_task(c, t); /* t is another task's now */
+    if (corrupt) drop_corrupt(c, bad, nbad);
+    free(bad);
     return st ? reply_err(c, op, st) : end_reply(c, op, &r);
 }
 
@@ -837,7 +671,6 @@ static kvt_status on_cancel(kvt_srv_conn *c, const uint8_t *p, size_t len)
 static kvt_status on_stats(kvt_srv_conn *c, size_t len)
 {
     if (len) return kvt__fail(KVT_EPROTO, "stats: %zu bytes of payload", len);
-    settle(c); /* a failed check shows in failed_tasks */
     kvt_cache_stats cs;
     kvt_status st = kvt_cache_stats_get(c->sh->cache, &cs);
     if (st) return reply_err(c, KVT_SRV_STATS, st);
@@ -854,7 +687,6 @@ static kvt_status on_flush(kvt_srv_conn *c, const uint8_t *p, size_t len)
     kvt_status st = kvt__srv_id_decode(p, len, &ms);
     if (st) return st;
     if (ms > 600000) ms = 600000; /* this client's thread is busy meanwhile */
-    settle(c); /* its last store is in the cache, so the flush covers it */
     st = kvt_cache_flush(c->sh->cache, (int64_t)ms);
     if (st) return reply_err(c, KVT_SRV_FLUSH, st);
     kvt_srv_buf b = {0};
@@ -871,7 +703,6 @@ static kvt_status on_stats_all(kvt_srv_conn *c, const uint8_t *p, size_t len)
     kvt_srv_hello h = {0};
     kvt_status st = len ? kvt__srv_hello_decode(p, len, false, &h) : KVT_OK;
     if (st) return st; /* a protocol violation: the caller drops the client */
-    settle(c); /* a failed check shows in failed_tasks */
     uint32_t n = atomic_load(&s->nshards), got = 0;
     kvt_srv_tier *t = calloc(n ? n : 1, sizeof *t);
     if (!t) st = kvt__fail(KVT_ENOMEM, "stats: no memory");
@@ -938,7 +769,6 @@ static kvt_status serve_one(kvt_srv_conn *c, bool *hello_done)
             return kvt__fail(KVT_ETIMEDOUT, "client pid %ld connected but did not attach "
                              "within %d ms", (long)c->pid, KVT_SRV_ATTACH_MS);
         sweep_expired(c); /* idle for a tick */
-        settle(c);
     }
     kvt_srv_hdr h;
     uint8_t *p = NULL;
@@ -1022,8 +852,6 @@ void *kvt__srv_conn_main(void *arg)
      * open after its copy ended knows its pins outlived the copy
      * (client.c, end_early). */
     shutdown(c->fd, SHUT_RDWR);
-    settle(c); /* a store whose END was answered ends as its check says */
-    checker_destroy(c);
     uint32_t released = c->ntasks;
     while (c->ntasks) {
         kvt__cache_ext_abort(c->sh->cache, c->tasks[0].id, read_deadline(c));

@@ -627,7 +627,7 @@ kvt_status kvt__srv_id_decode(const uint8_t *p, size_t len, uint64_t *task)
 }
 
 void kvt__srv_launch_rep_encode(kvt_srv_buf *b, const kvt_srv_launch_rep *l,
-                                const uint64_t *offsets)
+                                const uint64_t *offsets, const uint64_t *sums)
 {
     kvt__srv_put32(b, l->kind);
     kvt__srv_put32(b, l->first_token);
@@ -636,6 +636,9 @@ void kvt__srv_launch_rep_encode(kvt_srv_buf *b, const kvt_srv_launch_rep *l,
     kvt__srv_put32(b, (uint32_t)l->bad_status);
     kvt__srv_put32(b, l->flags);
     for (uint32_t i = 0; i < l->num_blocks; i++) kvt__srv_put64(b, offsets[i]);
+    kvt__srv_put32(b, l->num_layers);
+    uint64_t ns = (uint64_t)l->num_blocks * l->num_layers;
+    for (uint64_t i = 0; i < ns; i++) kvt__srv_put64(b, sums[i]);
 }
 
 kvt_status kvt__srv_launch_rep_decode(const uint8_t *p, size_t len, kvt_srv_launch_rep *out)
@@ -662,6 +665,18 @@ kvt_status kvt__srv_launch_rep_decode(const uint8_t *p, size_t len, kvt_srv_laun
         return kvt__fail(KVT_EPROTO, "%s: %u blocks (at most %u)", what, l.num_blocks,
                          KVT_SRV_MAX_BLOCKS);
     l.offsets = get_bytes(&r, (size_t)l.num_blocks * 8);
+    l.num_layers = get32(&r);
+    if (r.bad) return done(&r, what);
+    if (l.num_layers > KVT_MAX_LAYERS)
+        return kvt__fail(KVT_EPROTO, "%s: %u layers (at most %u)", what, l.num_layers,
+                         KVT_MAX_LAYERS);
+    if (l.kind == KVT_TASK_STORE && l.num_layers)
+        return kvt__fail(KVT_EPROTO, "%s: a store with %u layer checksums per block", what,
+                         l.num_layers);
+    if (l.kind == KVT_TASK_LOAD && l.num_blocks && !l.num_layers)
+        return kvt__fail(KVT_EPROTO, "%s: a load of %u blocks without their checksums", what,
+                         l.num_blocks);
+    l.sums = get_bytes(&r, (size_t)l.num_blocks * l.num_layers * 8);
     kvt_status st = done(&r, what);
     if (st) return st;
     *out = l;
@@ -669,12 +684,14 @@ kvt_status kvt__srv_launch_rep_decode(const uint8_t *p, size_t len, kvt_srv_laun
 }
 
 void kvt__srv_end_encode(kvt_srv_buf *b, uint64_t task, int32_t status, const uint64_t *sums,
-                         uint32_t n)
+                         uint32_t n, uint32_t num_layers)
 {
     kvt__srv_put64(b, task);
     kvt__srv_put32(b, (uint32_t)status);
     kvt__srv_put32(b, n);
-    for (uint32_t i = 0; i < n; i++) kvt__srv_put64(b, sums[i]);
+    kvt__srv_put32(b, num_layers);
+    uint64_t ns = (uint64_t)n * num_layers;
+    for (uint64_t i = 0; i < ns; i++) kvt__srv_put64(b, sums[i]);
 }
 
 kvt_status kvt__srv_end_decode(const uint8_t *p, size_t len, kvt_srv_end *out)
@@ -685,13 +702,18 @@ kvt_status kvt__srv_end_decode(const uint8_t *p, size_t len, kvt_srv_end *out)
     e.task = get64(&r);
     e.status = (int32_t)get32(&r);
     e.n = get32(&r);
+    e.num_layers = get32(&r);
     if (r.bad) return done(&r, what);
     if (!kvt__status_known(e.status))
         return kvt__fail(KVT_EPROTO, "%s: status %d is unknown", what, e.status);
     if (e.n > KVT_SRV_MAX_BLOCKS)
-        return kvt__fail(KVT_EPROTO, "%s: %u checksums (at most %u)", what, e.n,
+        return kvt__fail(KVT_EPROTO, "%s: checksums of %u blocks (at most %u)", what, e.n,
                          KVT_SRV_MAX_BLOCKS);
-    e.checksums = get_bytes(&r, (size_t)e.n * 8);
+    if (e.num_layers > KVT_MAX_LAYERS)
+        return kvt__fail(KVT_EPROTO, "%s: checksums of %u layers (at most %u)", what,
+                         e.num_layers, KVT_MAX_LAYERS);
+    /* n * num_layers * 8 < 2^22 * 2^10 * 8: no overflow; get_bytes bounds it by len */
+    e.checksums = get_bytes(&r, (size_t)e.n * e.num_layers * 8);
     kvt_status st = done(&r, what);
     if (st) return st;
     *out = e;

@@ -22,12 +22,17 @@
  *   LOOKUP   req: a request (below)   rep: u64 task, u32 matched_tokens, u32 0
  *   PREPARE  req: a request           rep: u64 task, u32 first_token, u32 num_tokens
  *   LAUNCH   req: u64 task            rep: u32 kind, u32 first_token, u32 num_tokens,
- *                 u32 num_blocks, i32 bad_status, u32 flags, u64 offset[num_blocks]
+ *                 u32 num_blocks, i32 bad_status, u32 flags, u64 offset[num_blocks],
+ *                 u32 num_layers, u64 sum[num_blocks * num_layers] (a load's: each
+ *                 block's layer checksums as stored, block 0's first; a store's:
+ *                 num_layers 0): the client checks its copy against them
  *            flags PENDING: a load's SSD reads are still running (num_blocks 0);
  *            the server never waits for them: the client sends LAUNCH for the
  *            same task again (a poll, answered at once) until it gets offsets
- *   END      req: u64 task, i32 status, u32 n, u64 checksum[n] (a store's
- *                 blocks, n = num_blocks, else n = 0)
+ *   END      req: u64 task, i32 status, u32 n, u32 num_layers,
+ *                 u64 checksum[n * num_layers] (a store that copied well: each
+ *                 block's layer checksums, taken in the copy's pass, n =
+ *                 num_blocks; else n = num_layers = 0); a store commits here
  *            rep: u64 task, u32 kind, i32 status, u32 first_token,
  *                 u32 num_tokens, u64 bytes
  *   CANCEL   req: u64 task            rep: empty
@@ -56,10 +61,9 @@
  *                 u64 bytes_per_token, u64 field[nfields] (kvt_cache_stats order)),
  *                 then u32 nq, nq x (u32 len, prefix bytes padded to 4,
  *                 u64 limit, used, limited, evicted): server_quotas' rules
- *   END_SYNC req/rep: as END, for a store planned KVT_REQ_VISIBLE_AT_END:
- *                 answered after the server checked and committed the
- *                 blocks (END answers first and checks after), so the
- *                 result is the check's verdict
+ *   END_SYNC req/rep: as END, for a store planned KVT_REQ_VISIBLE_AT_END
+ *                 (the client waits for this answer before it reports the
+ *                 store; END's may be reported before the answer comes)
  *   CLEAR    req: u32 0, u32 ns_len, ns bytes padded to 4
  *            rep: u64 0, u32 blocks removed, u32 blocks kept (pinned: loads or
  *                 SSD writes in flight, or with a store in flight below them)
@@ -84,8 +88,9 @@
 #include "kvtier.h"
 
 #define KVT_SRV_MAGIC 0x5354564bu /* "KVTS" */
-#define KVT_SRV_VERSION 4u /* 2: SESSION and PEEK; 3: request form 2 (independent keys);
-                            * 4: HELLO's block_tokens (any geometry per client).
+#define KVT_SRV_VERSION 5u /* 2: SESSION and PEEK; 3: request form 2 (independent keys);
+                            * 4: HELLO's block_tokens (any geometry per client);
+                            * 5: layer checksums in END and in a load's LAUNCH reply.
                             * A peer of another version is refused with KVT_EVERSION. */
 #define KVT_SRV_HDR 16u
 #define KVT_SRV_REPLY 0x8000u
@@ -198,19 +203,25 @@ typedef struct kvt_srv_launch_rep {
     int32_t bad_status;
     uint32_t flags; /* KVT_SRV_LAUNCH_PENDING or 0 */
     const uint8_t *offsets; /* num_blocks u64s, unaligned: read with kvt__srv_get64 */
+    uint32_t num_layers;    /* a load's: layers per block in sums; a store's: 0 */
+    const uint8_t *sums;    /* a load's num_blocks * num_layers u64s (block 0's layers
+                             * first): what each layer of each block was stored with */
 } kvt_srv_launch_rep;
+/* sums: NULL with r->num_layers 0 */
 void kvt__srv_launch_rep_encode(kvt_srv_buf *b, const kvt_srv_launch_rep *r,
-                                const uint64_t *offsets);
+                                const uint64_t *offsets, const uint64_t *sums);
 kvt_status kvt__srv_launch_rep_decode(const uint8_t *p, size_t len, kvt_srv_launch_rep *out);
 
+/* A store's END carries the layer checksums of each block its client
+ * copied (n blocks x num_layers, block 0's first); a load's none (0, 0). */
 typedef struct kvt_srv_end {
     uint64_t task;
     int32_t status;
-    uint32_t n;
-    const uint8_t *checksums; /* n u64s */
+    uint32_t n, num_layers;
+    const uint8_t *checksums; /* n * num_layers u64s */
 } kvt_srv_end;
 void kvt__srv_end_encode(kvt_srv_buf *b, uint64_t task, int32_t status, const uint64_t *sums,
-                         uint32_t n);
+                         uint32_t n, uint32_t num_layers);
 kvt_status kvt__srv_end_decode(const uint8_t *p, size_t len, kvt_srv_end *out);
 
 void kvt__srv_result_encode(kvt_srv_buf *b, const kvt_task_result *r);

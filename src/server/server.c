@@ -247,6 +247,7 @@ static void shard_free(kvt_srv_shard *sh)
     if (sh->cache) kvt__metrics_cache_set_extra(sh->cache, NULL, NULL);
     kvt_cache_destroy(sh->cache);
     if (sh->roots.limit) kvt__srv_roots_free(&sh->roots);
+    kvt__srv_sums_destroy(&sh->sums);
     kvt_geometry_destroy(sh->geo);
     free(sh);
 }
@@ -278,6 +279,11 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
         return st;
     }
     kvt__cache_ext_shm(sh->cache, &sh->shm);
+    st = kvt__srv_sums_init(&sh->sums, sh->shm.num_blocks, geo->num_layers, sh->shm.stride);
+    if (st) {
+        shard_free(sh);
+        return st;
+    }
     kvt__srv_roots_init(&sh->roots, kvt__index_capacity(sh->cache->index));
     if (s->quota) kvt__cache_set_quota(sh->cache, s->quota); /* before any client has it */
     if (s->events) sh->events = (kvt_events_src){s->events, bt, shard_tiers, sh->cache};
@@ -290,13 +296,6 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
 /* Several geometries draw on one cpu_capacity. Their tiers are backed as
  * they fill, so the machine is checked here, once, for the total (as
  * kvt_cache_create checks a tier it prefaults). */
-/* Threads for one store's check on `cores` cores: 1 to KVT_SRV_VERIFY_THREADS. */
-static uint32_t verify_threads_for(long cores)
-{
-    return cores < 1                        ? 1
-           : cores > KVT_SRV_VERIFY_THREADS ? KVT_SRV_VERIFY_THREADS
-                                            : (uint32_t)cores;
-}
 
 static kvt_status make_share(kvt_server *s)
 {
@@ -506,12 +505,6 @@ static kvt_status build(kvt_server *s, const kvt_config *cfg, const kvt_geometry
         if ((st = kvt_geometry_clone(geo, &s->declared))) return st;
         if ((st = kvt__srv_shard_get(s, geo, s->cfg.block_tokens, &sh))) return st;
     }
-    /* A background check leaves one core to the clients and connections:
-     * one that takes every core makes their next wake-up wait for it. A
-     * check the client waits for (END_SYNC) takes them all (conn.c). */
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    s->verify_threads = verify_threads_for(cpus - 1);
-    s->verify_threads_sync = verify_threads_for(cpus);
     if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
         return kvt__fail(KVT_ESYS, "%s: pipe: %s", fn, strerror(errno));
     if ((st = start_metrics(s))) return st;

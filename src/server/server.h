@@ -17,7 +17,6 @@
 
 #define KVT_SRV_MAX_SSD_LOCKS 16
 #define KVT_SRV_MAX_GEOMETRIES 64 /* server_max_geometries' bound */
-#define KVT_SRV_VERIFY_THREADS 4 /* at most, checking one store's blocks */
 /* Connections accepted but not attached yet (handshake and HELLO to come)
  * have a budget of their own, apart from server_max_clients: a new one
  * past it pushes out the oldest, and each must attach within
@@ -35,6 +34,7 @@ typedef struct kvt_srv_task {
     uint32_t first_token; /* launched: as the cache launched it */
     uint32_t pins;     /* index entries the task pins (its planned blocks) */
     uint64_t *offsets; /* launched: each block's memfd offset */
+    kvt_hash128 *keys; /* launched: each block's index key (in the same allocation) */
     uint64_t launched_ns; /* the client must END it by this + server_copy_ms */
 } kvt_srv_task;
 
@@ -68,6 +68,16 @@ typedef struct kvt_srv_roots {
     uint32_t tcap;   /* a power of two, >= 2 * cap */
 } kvt_srv_roots;
 
+/* The layer checksums each block of a tier was stored with, by slot, and
+ * the block (index key) they describe (sums.c). */
+typedef struct kvt_srv_sums {
+    pthread_mutex_t mu;
+    uint32_t slots, layers;
+    uint64_t stride;  /* bytes between slots in the tier: slot = offset / stride */
+    kvt_hash128 *key; /* per slot: the block its sums are of (zero: none yet) */
+    uint64_t *sum;    /* per slot, layers XXH3-64s (layer l's bytes seeded with l) */
+} kvt_srv_sums;
+
 typedef struct kvt_srv_shard {
     struct kvt_server *server;
     kvt_geometry *geo;
@@ -78,6 +88,7 @@ typedef struct kvt_srv_shard {
     kvt_cache *cache;
     kvt_ext_shm shm;
     kvt_srv_roots roots; /* nsroots.c */
+    kvt_srv_sums sums;   /* sums.c */
     kvt_events_src events; /* its index's observer's argument, when events are on */
     bool replay_to_hooks;  /* observer being (re)set for the hooks: events heard it already */
 } kvt_srv_shard;
@@ -116,7 +127,6 @@ typedef struct kvt_srv_fence {
 } kvt_srv_fence;
 
 typedef struct kvt_srv_conn kvt_srv_conn;
-typedef struct kvt_srv_check kvt_srv_check; /* a store checked after END (conn.c) */
 struct kvt_srv_conn {
     struct kvt_server *srv;
     kvt_srv_shard *sh; /* the tier of this client's geometry, from HELLO on */
@@ -134,8 +144,7 @@ struct kvt_srv_conn {
     uint64_t accepted_ns;  /* it must attach by this + KVT_SRV_ATTACH_MS */
     kvt_srv_task *tasks; /* this client's planned and launched tasks */
     uint32_t ntasks, cap;
-    atomic_uint_fast64_t pins; /* sum of tasks[].pins (and check's), read by a metrics scrape */
-    kvt_srv_check *check; /* the store whose END was answered, still being checked */
+    atomic_uint_fast64_t pins; /* sum of tasks[].pins, read by a metrics scrape */
     kvt_srv_conn *next;
 };
 
@@ -168,8 +177,6 @@ struct kvt_server {
     kvt_srv_conn *conns;
     uint32_t nconns;
     kvt_srv_fence *fences;
-    uint32_t verify_threads;      /* threads checking one large store after END (conn.c) */
-    uint32_t verify_threads_sync; /* and before END_SYNC's answer: every core */
     bool accept_starved; /* the last accept failed for want of descriptors (accept thread) */
     uint64_t pending_dropped, pending_log_ns; /* make_room_locked's, under mu */
 };
@@ -179,15 +186,28 @@ struct kvt_server {
  * dropped clients at warn, attach, detach, start and stop at info. */
 void kvt__srv_log(kvt_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* The checksum a client sends and the server checks for a stored block:
- * XXH3-64, seeded with the block's memfd offset, of the XXH3-64s of its
- * layers (layer l's bytes seeded with l: the transfer engine's layer_sums),
- * so the client computes it in its copy's pass, a layer at a time, while
- * the bytes are in its cache. */
-uint64_t kvt__srv_sum_combine(const uint64_t *layer_sums, uint32_t num_layers, uint64_t offset);
-/* The same over a block in memory (the server's check). */
-uint64_t kvt__srv_block_sum(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
-                            uint64_t offset);
+/* Layer l's checksum of a block: XXH3-64 of the layer's bytes in the
+ * block seeded with l (the transfer engine's layer_sums and expect_sums).
+ * kvt__srv_layer_sums: every layer of the block at `block` into out. */
+void kvt__srv_layer_sums(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
+                         uint64_t *out);
+/* sums.c. init: KVT_ENOMEM, KVT_ESYS. max_blocks: the most blocks one task
+ * may have for its sums to fit one frame (requests are cut to it). put
+ * records a committed store's sums (n blocks, n * layers u64s on the wire,
+ * unaligned). get fills out (n * layers) for a load's blocks, hashing
+ * those with no record of their key from base (missing[i] says which;
+ * returns how many) and recording them. */
+kvt_status kvt__srv_sums_init(kvt_srv_sums *s, uint32_t slots, uint32_t layers, uint64_t stride);
+void kvt__srv_sums_destroy(kvt_srv_sums *s);
+uint32_t kvt__srv_sums_max_blocks(uint32_t layers);
+void kvt__srv_sums_put(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *keys,
+                       uint32_t n, const uint8_t *sums);
+/* The same from an aligned array (a pull's verified sums, src/cluster). */
+void kvt__srv_sums_put64(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *keys,
+                         uint32_t n, const uint64_t *sums);
+uint32_t kvt__srv_sums_get(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
+                           uint32_t block_tokens, const uint64_t *offsets,
+                           const kvt_hash128 *keys, uint32_t n, uint64_t *out, bool *missing);
 /* Keeps a cut-off client's store blocks (slots, n; taken over) until its
  * process pid exits or its session re-attaches with its copies stopped
  * (fences_release: the blocks freed); fences_reap (all: at destroy)
@@ -256,8 +276,5 @@ kvt_status kvt__srv_check_ssd_space(const char *ssd_dirs, uint64_t ssd_capacity)
  * counts it as room; tests read it to bound the SSD tier's real use. 0
  * when dir cannot be read. */
 uint64_t kvt__srv_ssd_held(const char *dir);
-/* For tests: each store check first sleeps this many milliseconds, as a
- * check starved on a busy machine (it runs SCHED_IDLE) would. 0: none. */
-extern _Atomic uint32_t kvt__srv_check_delay_ms;
 
 #endif

@@ -58,7 +58,9 @@
 
 typedef struct xfer_worker {
     kvt_hash_copy sum;  /* the block part being copied and summed (aligned: first) */
-    uint8_t *sum_next;  /* where the part's next byte lands; NULL: not fusing */
+    uint8_t *sum_next;  /* the part's next byte in the block (a store's destination, a
+                           load's source); NULL: not fusing */
+    bool sum_load;      /* fusing a load's check: sum_next follows the sources */
     kvt_xfer *x;
     pthread_t thread;
     uint32_t index;
@@ -199,7 +201,8 @@ static kvt_status copy_fused(xfer_worker *w, uint32_t n)
     const kvt_copy_ops *ops = &w->x->ops;
     for (uint32_t i = 0; i < n; i++) {
         const kvt_copy_chunk *ch = &w->chunks[i];
-        if (ch->dst != w->sum_next || ch->len > w->sum.total - w->sum.pos) w->sum_next = NULL;
+        const void *side = w->sum_load ? ch->src : ch->dst;
+        if (side != w->sum_next || ch->len > w->sum.total - w->sum.pos) w->sum_next = NULL;
         if (!w->sum_next) {
             kvt_status rc = ops->copy(ops->ctx, ch, 1);
             if (rc != KVT_OK) return rc;
@@ -234,12 +237,18 @@ static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer);
 /* Async ops: enqueue the unit, record its event (and tell
  * kvt__xfer_wait_recorded), then wait for the stream. */
 static uint8_t *sum_part(const kvt_xfer_task *t, uint32_t b, uint32_t layer, uint64_t *len);
+static kvt_status check_parts(const kvt_xfer_task *t, uint32_t layer);
 
 static kvt_status run_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
 {
     const kvt_copy_ops *ops = &w->x->ops;
     if (!ops->copy_async) return build_unit(w, t, layer);
-    kvt_status rc = build_unit(w, t, layer);
+    /* A load's blocks are checked on the host before the device copies
+     * them: the device's bytes are never read back by the CPU. */
+    kvt_status rc = t->dir == KVT_XFER_SCATTER && t->expect_sums ? check_parts(t, layer)
+                                                                  : KVT_OK;
+    if (rc != KVT_OK) return rc; /* nothing enqueued */
+    rc = build_unit(w, t, layer);
     if (rc == KVT_OK && ops->record) {
         rc = ops->record(ops->ctx, &w->wctx, t->layer_events ? &t->layer_events[layer] : NULL);
         if (rc == KVT_OK) {
@@ -280,19 +289,48 @@ static void sum_begin(xfer_worker *w, const kvt_xfer_task *t, uint32_t b, uint32
     uint8_t *seg = sum_part(t, b, layer, &len);
     bool fuse = w->x->ops.plain_memcpy && kvt__hash_copy_begin(&w->sum, len, layer);
     w->sum_next = fuse ? seg : NULL;
+    w->sum_load = t->dir == KVT_XFER_SCATTER;
 }
 
-/* layer_sums: the hash of layer's bytes in block b, just copied (seeded
- * with the layer, as kvt__srv_block_sum checks it): from the fused copy
- * when it covered the part, else one pass over it. */
-static void sum_end(xfer_worker *w, const kvt_xfer_task *t, uint32_t b, uint32_t layer)
+/* A load's part of block b that hashes to `have` against the checksum it
+ * was stored with. */
+static kvt_status part_verdict(const kvt_xfer_task *t, uint32_t b, uint32_t layer, uint64_t have)
+{
+    uint64_t want = t->expect_sums[(uint64_t)b * t->geo->num_layers + layer];
+    if (have == want) return KVT_OK;
+    return kvt__fail(KVT_ECORRUPT, "load: layer %u of block %u holds bytes unlike those it "
+                     "was stored with (checksum %016llx, stored %016llx); the layer is not "
+                     "reported landed", layer, b, (unsigned long long)have,
+                     (unsigned long long)want);
+}
+
+/* A load's layer, checked in the blocks before any of it is copied (the
+ * asynchronous ops' way). */
+static kvt_status check_parts(const kvt_xfer_task *t, uint32_t layer)
+{
+    for (uint32_t b = 0; b < t->num_blocks; b++) {
+        uint64_t len;
+        uint8_t *seg = sum_part(t, b, layer, &len);
+        kvt_status rc = part_verdict(t, b, layer, kvt__hash64(seg, (size_t)len, layer));
+        if (rc != KVT_OK) return rc;
+    }
+    return KVT_OK;
+}
+
+/* The hash of layer's bytes in block b, just copied (seeded with the
+ * layer, as kvt__srv_layer_sums computes it): from the fused copy when it
+ * covered the part, else one pass over it. A store keeps it in
+ * layer_sums; a load compares it with expect_sums. */
+static kvt_status sum_end(xfer_worker *w, const kvt_xfer_task *t, uint32_t b, uint32_t layer)
 {
     uint64_t len;
     uint8_t *seg = sum_part(t, b, layer, &len);
-    uint64_t *out = &t->layer_sums[(uint64_t)b * t->geo->num_layers + layer];
-    if (w->sum_next == seg + len) *out = kvt__hash_copy_end(&w->sum);
-    else *out = kvt__hash64(seg, (size_t)len, layer);
+    uint64_t have = w->sum_next == seg + len ? kvt__hash_copy_end(&w->sum)
+                                             : kvt__hash64(seg, (size_t)len, layer);
     w->sum_next = NULL;
+    if (t->dir == KVT_XFER_SCATTER) return part_verdict(t, b, layer, have);
+    t->layer_sums[(uint64_t)b * t->geo->num_layers + layer] = have;
+    return KVT_OK;
 }
 
 /* Appends one chunk to the worker's list, merged into the previous one when
@@ -341,9 +379,10 @@ static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
     const kvt_geometry *g = t->geo;
     const uint32_t ppb = t->block_tokens / g->tokens_per_page;
     const bool gather = t->dir == KVT_XFER_GATHER;
-    /* Summing: each block's part is flushed on its own, hashed while it
-     * is copied or right after. */
-    const bool sums = gather && t->layer_sums && !w->x->ops.copy_async;
+    /* Summing (a store's checksums, or a load's check): each block's part
+     * is flushed on its own, hashed while it is copied or right after. */
+    const bool sums = (gather ? t->layer_sums != NULL : t->expect_sums != NULL) &&
+                      !w->x->ops.copy_async;
     uint32_t n = 0;
     for (uint32_t b = 0; b < t->num_blocks; b++) {
         const uint32_t *pg = t->pages + (uint64_t)b * ppb;
@@ -367,7 +406,8 @@ static kvt_status build_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
                 return rc;
             }
             n = 0;
-            sum_end(w, t, b, layer);
+            rc = sum_end(w, t, b, layer);
+            if (rc != KVT_OK) return rc;
         }
     }
     return n ? flush(w, t, n) : KVT_OK;

@@ -88,6 +88,13 @@ struct kvt_xfer_task {
      * landed bytes (the node server's client checksums its stores so).
      * Slots of layers not copied (a failed or cancelled task) are unset. */
     uint64_t *layer_sums;
+    /* Optional, scatter only: num_blocks x num_layers checksums as
+     * layer_sums holds them, taken when the blocks were stored. Each
+     * layer's part of each block is hashed as it is copied out (host
+     * copies: in the same pass; asynchronous ops: one pass over the block
+     * part before it is enqueued) and a part unlike its checksum fails the
+     * task with KVT_ECORRUPT: the layer is never reported landed. */
+    const uint64_t *expect_sums;
 
     /* Owned by the engine. */
     uint32_t next_layer;          /* next unit to hand out (under lock) */

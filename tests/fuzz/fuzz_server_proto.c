@@ -82,6 +82,8 @@ static void launch_rep(const uint8_t *p, size_t n)
     if (kvt__srv_launch_rep_decode(p, n, &l) != KVT_OK) return;
     uint64_t sum = 0;
     for (uint32_t i = 0; i < l.num_blocks; i++) sum += kvt__srv_get64(l.offsets + 8 * (size_t)i);
+    for (size_t i = 0; i < (size_t)l.num_blocks * l.num_layers; i++)
+        sum += kvt__srv_get64(l.sums + 8 * i); /* every checksum the decoder admitted */
     (void)sum;
 }
 
@@ -89,7 +91,8 @@ static void end(const uint8_t *p, size_t n)
 {
     kvt_srv_end e;
     if (kvt__srv_end_decode(p, n, &e) != KVT_OK) return;
-    for (uint32_t i = 0; i < e.n; i++) (void)kvt__srv_get64(e.checksums + 8 * (size_t)i);
+    for (size_t i = 0; i < (size_t)e.n * e.num_layers; i++)
+        (void)kvt__srv_get64(e.checksums + 8 * i);
 }
 
 static void tiers(const uint8_t *p, size_t n)

@@ -262,6 +262,7 @@
 #include "net/stream.h"
 #include "pd/wire.h"
 #include "server/proto.h"
+#include "server/server.h"
 #include "store/ssd.h"
 #include "util/clock.h"
 #include "util/err.h"
@@ -2489,9 +2490,15 @@ static void fake_serve(void *arg, int fd)
             kvt_srv_launch_rep lr = {.kind = KVT_TASK_LOAD, .num_tokens = T_TPP, .num_blocks = 1};
             if (!atomic_load(&f->release_launch))
                 lr = (kvt_srv_launch_rep){.kind = KVT_TASK_LOAD, .flags = KVT_SRV_LAUNCH_PENDING};
-            uint64_t off = 0;
+            uint64_t off = 0, sums[KVT_MAX_LAYERS];
+            /* the block's layer checksums: the fake's tier is zeros */
+            static const uint8_t zeros[128 * T_TPP];
+            kvt_geometry *g = kvt_test_small_geo();
+            kvt__srv_layer_sums(zeros, g, T_TPP, sums);
+            if (lr.num_blocks) lr.num_layers = g->num_layers;
+            kvt_geometry_destroy(g);
             kvt_srv_buf b = {0};
-            kvt__srv_launch_rep_encode(&b, &lr, &off);
+            kvt__srv_launch_rep_encode(&b, &lr, &off, sums);
             fake_reply(fd, h.op, FAKE_PLAN, &b, -1);
             kvt__srv_buf_free(&b);
         } else if (mode == FAKE_PLAN && h.op == KVT_SRV_END) {

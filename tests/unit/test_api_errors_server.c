@@ -720,6 +720,7 @@ static void test_client_refuses_answers(void **state)
 typedef struct held_end_srv {
     kvt_test_fake_srv s;
     _Atomic int ends, released;
+    uint64_t sums[2 * 2]; /* the store's END's layer checksums (2 blocks, 2 layers) */
 } held_end_srv;
 
 static void held_end_serve(void *arg, int fd)
@@ -730,6 +731,9 @@ static void held_end_serve(void *arg, int fd)
     while (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(10000)) == KVT_OK) {
         uint64_t id = 0;
         if (h.op == KVT_SRV_LAUNCH && kvt__srv_id_decode(p, h.len, &id)) id = 0;
+        kvt_srv_end e;
+        if (h.op == KVT_SRV_END && !kvt__srv_end_decode(p, h.len, &e) && e.n * e.num_layers == 4)
+            for (uint32_t i = 0; i < 4; i++) f->sums[i] = kvt__srv_get64(e.checksums + 8 * i);
         free(p);
         p = NULL;
         if (fake_attach_answer(fd, h.op)) continue;
@@ -742,8 +746,9 @@ static void held_end_serve(void *arg, int fd)
         } else if (h.op == KVT_SRV_LAUNCH && (id == 1 || id == 2)) {
             static const uint64_t offs[2] = {0, 512};
             kvt_task_kind kind = id == 1 ? KVT_TASK_STORE : KVT_TASK_LOAD;
-            kvt_srv_launch_rep r = {(uint32_t)kind, 0, 2 * T_TPP, 2, KVT_OK, 0, NULL};
-            kvt__srv_launch_rep_encode(&b, &r, offs);
+            kvt_srv_launch_rep r = {(uint32_t)kind, 0, 2 * T_TPP, 2, KVT_OK, 0, NULL,
+                                    kind == KVT_TASK_LOAD ? 2 : 0, NULL};
+            kvt__srv_launch_rep_encode(&b, &r, offs, f->sums); /* the load's: the store's */
             fake_answer(fd, h.op, KVT_OK, &b, -1);
         } else if (h.op == KVT_SRV_END) {
             int n = atomic_fetch_add(&f->ends, 1) + 1;

@@ -383,12 +383,12 @@ static void roundtrip_ops(kvt_layout layout, uint32_t tpp, uint32_t ppb, uint32_
             uint64_t len = (uint64_t)r.block_tokens * kvt__geo_layer_token_bytes(r.geo, l);
             assert_true(sums[(size_t)b * nl + l] == kvt__hash64(seg, len, l));
         }
-    free(sums);
 
     pthread_mutex_lock(&o.mu);
     o.sleep_us = sleep_us;
     pthread_mutex_unlock(&o.mu);
     task_init(&t, &r, KVT_XFER_SCATTER, nblk, r.blocks, dst, &rec);
+    t.expect_sums = sums; /* the load checks each part in its copy's pass */
     assert_ok(kvt__xfer_submit(x, &t));
     for (uint32_t l = 0; l < r.geo->num_layers; l++) {
         assert_ok(kvt__xfer_wait_layer(x, &t, l, kvt__deadline_ns(WAIT_MS)));
@@ -397,6 +397,19 @@ static void roundtrip_ops(kvt_layout layout, uint32_t tpp, uint32_t ppb, uint32_
     assert_int_equal(wait_done(&rec), KVT_OK);
     assert_ok(kvt__xfer_wait_layer(x, &t, r.geo->num_layers - 1, kvt__now_ns()));
     check_engine_exact(&r, snapshot, npages, src, dst);
+
+    /* One byte of layer 3 of block 2 changes in the block after its sums
+     * were taken: the load fails KVT_ECORRUPT and never reports layer 3
+     * landed. */
+    r.blocks[2][kvt__geo_block_offset(r.geo, r.block_tokens, 3, 0) + 5] ^= 0x40;
+    task_init(&t, &r, KVT_XFER_SCATTER, nblk, r.blocks, dst, &rec);
+    t.expect_sums = sums;
+    assert_ok(kvt__xfer_submit(x, &t));
+    assert_int_equal(kvt__xfer_wait_layer(x, &t, 3, kvt__deadline_ns(WAIT_MS)), KVT_ECORRUPT);
+    assert_int_equal(wait_done(&rec), KVT_ECORRUPT);
+    assert_int_equal(kvt__xfer_wait_layer(x, &t, 3, kvt__now_ns()), KVT_ECORRUPT);
+    r.blocks[2][kvt__geo_block_offset(r.geo, r.block_tokens, 3, 0) + 5] ^= 0x40;
+    free(sums);
 
     kvt__xfer_destroy(x);
     ops_fini(&o);

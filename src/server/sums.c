@@ -1,0 +1,135 @@
+/* sums.c - the layer checksums each block of a tier was stored with, by
+ * slot (server.h, kvt_srv_sums). A store's client computes them in its
+ * copy's pass and sends them with END; the server records them here and
+ * commits the store at once. Every load gets them with its offsets, and
+ * the loading client checks each layer of each block against them in its
+ * own copy's pass before it reports the layer landed: bytes that changed
+ * after the store (a torn or stray write, at any time while the block is
+ * held) fail the load, never reach the engine (docs/server.md, Integrity).
+ *
+ * A record names the block it describes (its index key): a slot refilled
+ * another way (read back from the SSD, pulled from a peer) has no record
+ * of its key, and its sums are computed from the tier once, at its first
+ * load, after the SSD's or the pull's own checksum passed. One mutex per
+ * tier, taken once per request (not per block); hashing runs outside it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "layout/layout.h"
+#include "server/server.h"
+#include "util/err.h"
+#include "util/hash.h"
+
+void kvt__srv_layer_sums(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
+                         uint64_t *out)
+{
+    for (uint32_t l = 0; l < g->num_layers; l++) {
+        const uint8_t *seg = block + kvt__geo_block_offset(g, block_tokens, l, 0);
+        uint64_t len = (uint64_t)block_tokens * kvt__geo_layer_token_bytes(g, l);
+        out[l] = kvt__hash64(seg, (size_t)len, l);
+    }
+}
+
+kvt_status kvt__srv_sums_init(kvt_srv_sums *s, uint32_t slots, uint32_t layers, uint64_t stride)
+{
+    memset(s, 0, sizeof *s);
+    if (pthread_mutex_init(&s->mu, NULL)) return kvt__fail(KVT_ESYS, "server: mutex init");
+    /* calloc of this size maps zero pages: memory is taken as slots fill */
+    s->key = calloc(slots ? slots : 1, sizeof *s->key);
+    s->sum = calloc((size_t)(slots ? slots : 1) * layers, sizeof *s->sum);
+    s->slots = slots;
+    s->layers = layers;
+    s->stride = stride;
+    if (!s->key || !s->sum) {
+        kvt__srv_sums_destroy(s);
+        return kvt__fail(KVT_ENOMEM, "server: no memory for the layer checksums of %u blocks "
+                         "x %u layers", slots, layers);
+    }
+    return KVT_OK;
+}
+
+void kvt__srv_sums_destroy(kvt_srv_sums *s)
+{
+    if (!s->stride) return;
+    free(s->key);
+    free(s->sum);
+    pthread_mutex_destroy(&s->mu);
+    memset(s, 0, sizeof *s);
+}
+
+uint32_t kvt__srv_sums_max_blocks(uint32_t layers)
+{
+    /* a reply or END of n blocks carries n * (8 + 8 * layers) bytes and a
+     * few fixed fields; one frame is at most KVT_SRV_MAX_MSG */
+    uint64_t n = (KVT_SRV_MAX_MSG - 64) / (8ull + 8ull * layers);
+    return n > KVT_SRV_MAX_BLOCKS ? KVT_SRV_MAX_BLOCKS : (uint32_t)n;
+}
+
+static uint32_t slot_of(const kvt_srv_sums *s, uint64_t offset)
+{
+    return (uint32_t)(offset / s->stride);
+}
+
+static bool same_key(kvt_hash128 a, kvt_hash128 b) { return a.lo == b.lo && a.hi == b.hi; }
+
+/* wire: n * layers little-endian u64s, unaligned; else native. */
+static void put(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *keys, uint32_t n,
+                const uint8_t *wire, const uint64_t *native)
+{
+    const uint32_t nl = s->layers;
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = slot_of(s, offsets[i]);
+        if (slot >= s->slots) continue; /* offsets come from the cache: never */
+        s->key[slot] = keys[i];
+        uint64_t *to = s->sum + (size_t)slot * nl;
+        for (uint32_t l = 0; l < nl; l++)
+            to[l] = wire ? kvt__srv_get64(wire + 8 * ((size_t)i * nl + l))
+                         : native[(size_t)i * nl + l];
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kvt__srv_sums_put(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *keys,
+                       uint32_t n, const uint8_t *sums)
+{
+    put(s, offsets, keys, n, sums, NULL);
+}
+
+void kvt__srv_sums_put64(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *keys,
+                         uint32_t n, const uint64_t *sums)
+{
+    put(s, offsets, keys, n, NULL, sums);
+}
+
+uint32_t kvt__srv_sums_get(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
+                           uint32_t block_tokens, const uint64_t *offsets,
+                           const kvt_hash128 *keys, uint32_t n, uint64_t *out, bool *missing)
+{
+    const uint32_t nl = s->layers;
+    uint32_t computed = 0;
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = slot_of(s, offsets[i]);
+        missing[i] = slot >= s->slots || !same_key(s->key[slot], keys[i]);
+        if (!missing[i]) memcpy(out + (size_t)i * nl, s->sum + (size_t)slot * nl, (size_t)nl * 8);
+    }
+    pthread_mutex_unlock(&s->mu);
+    /* Blocks refilled from the SSD or a peer: their bytes passed that
+     * tier's checksum when they landed (and are pinned by this load). */
+    for (uint32_t i = 0; i < n; i++) {
+        if (!missing[i]) continue;
+        kvt__srv_layer_sums(base + offsets[i], g, block_tokens, out + (size_t)i * nl);
+        computed++;
+    }
+    if (!computed) return 0;
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t slot = slot_of(s, offsets[i]);
+        if (!missing[i] || slot >= s->slots) continue;
+        s->key[slot] = keys[i];
+        memcpy(s->sum + (size_t)slot * nl, out + (size_t)i * nl, (size_t)nl * 8);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return computed;
+}
