@@ -186,6 +186,49 @@ class Cluster(unittest.TestCase):
                     return float(line.split()[-1])
         self.fail("no %s on :%d/metrics" % (name, port))
 
+    def scribble_tier(self, name):
+        """Changes one byte of every 4 KiB page node name's CPU tier holds
+        (its memfd, opened through /proc; a stray write into the tier long
+        after the stores). Returns the pages changed."""
+        pid = self.nodes[name].pid
+        fds = "/proc/%d/fd" % pid
+        tiers = [f for f in os.listdir(fds) if "memfd:kvtier" in os.readlink(os.path.join(fds, f))]
+        self.assertTrue(tiers, os.listdir(fds))
+        changed = 0
+        for f in tiers:
+            fd = os.open(os.path.join(fds, f), os.O_RDWR)
+            try:
+                end, off = os.fstat(fd).st_size, 0
+                while off < end:
+                    try:
+                        off = os.lseek(fd, off, os.SEEK_DATA)
+                    except OSError:
+                        break  # no data after off
+                    hole = os.lseek(fd, off, os.SEEK_HOLE)
+                    for page in range(off, hole, 4096):
+                        b = os.pread(fd, 1, page)
+                        if b != b"\0":  # a page a block wrote
+                            os.pwrite(fd, bytes([b[0] ^ 0x5A]), page)
+                            changed += 1
+                    off = hole
+            finally:
+                os.close(fd)
+        return changed
+
+    def test_a_block_changed_in_the_holders_tier_is_a_miss_never_a_wrong_byte(self):
+        # The holder sends the layer checksums its blocks were stored with
+        # (not a hash of the bytes as they are now): the puller's check
+        # fails, the pull is a miss (recompute), counted as corrupt.
+        port = free_port()
+        self.restart("b", "--set", "metrics_port=%d" % port)
+        self.assertEqual(worker(self.sock("a"), "store", 12)["status"], 0)
+        self.wait_holding({"a": BLOCKS})
+        self.assertGreater(self.scribble_tier("a"), 0)
+        r = worker(self.sock("b"), "load", 12)
+        self.assertEqual(r["matched"], 0, r)
+        self.assertGreaterEqual(self.metric(port, "kvtier_cluster_pull_corrupt_total"), 1)
+        self.assertEqual(self.metric(port, "kvtier_cluster_pulled_blocks_total"), 0)
+
     def test_a_slow_pull_does_not_stop_pulls_for_good(self):
         # c's engine prefills faster than any pull (cluster_prefill_tps at
         # its maximum): after the first, measured pull, the next is not

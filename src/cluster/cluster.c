@@ -457,20 +457,32 @@ static kvt_status pace(kvt_cluster *cl, uint64_t bytes, uint64_t dl)
     return KVT_OK;
 }
 
-/* The n blocks at offsets (of the shard's memfd), then their sums: each
- * block hashed right before it is sent, so the send copies it from cache. */
-static kvt_status send_blocks(kvt_cluster *cl, kvt_stream *s, const kvt_srv_shard *sh,
-                              const uint64_t *offsets, uint32_t first, uint32_t n, uint64_t dl)
+/* The n blocks at offsets (of the shard's memfd), keys their index keys,
+ * then their sums: of the layer checksums each block was stored with
+ * (server/sums.c; a block the tier refilled from the SSD or a peer is
+ * hashed once here, as at its first load), never of the bytes as sent,
+ * so a block that changed in this tier fails at the puller. */
+static kvt_status send_blocks(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
+                              const uint64_t *offsets, const kvt_hash128 *keys, uint32_t first,
+                              uint32_t n, uint64_t dl)
 {
     uint64_t bb = sh->shm.block_bytes;
-    uint64_t *sums = malloc((size_t)n * sizeof *sums);
-    if (!sums) return kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
+    uint32_t nl = sh->geo->num_layers;
+    uint64_t *sums = malloc((size_t)n * (1 + nl) * sizeof *sums), *ls = sums + n;
+    bool *missing = malloc(n * sizeof *missing);
+    if (!sums || !missing) {
+        free(sums);
+        free(missing);
+        return kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
+    }
+    kvt__srv_sums_get(&sh->sums, sh->shm.base, sh->geo, sh->block_tokens, offsets, keys, n, ls,
+                      missing);
+    for (uint32_t i = 0; i < n; i++) sums[i] = kvt__pull_sum(ls + (size_t)i * nl, nl, first + i);
+    free(missing);
     kvt_status st = send_answer(s, KVT_OK, n, bb, dl);
     for (uint32_t i = 0; i < n && !st; i++) {
-        const uint8_t *b = sh->shm.base + offsets[i];
-        sums[i] = kvt__pull_block_sum(b, bb, first + i);
         st = pace(cl, bb, dl);
-        if (!st) st = kvt__stream_send(s, b, (size_t)bb, dl);
+        if (!st) st = kvt__stream_send(s, sh->shm.base + offsets[i], (size_t)bb, dl);
     }
     if (!st) st = kvt__stream_send(s, sums, (size_t)n * sizeof *sums, dl);
     free(sums);
@@ -508,18 +520,21 @@ static kvt_status serve_fetch(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fet
         if (m.task) kvt__cache_ext_abort(sh->cache, m.task, dl);
         return send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
     }
-    uint64_t *off = malloc((size_t)nb * sizeof *off);
+    /* the offsets, then the blocks' keys */
+    uint64_t *off = malloc((size_t)nb * (sizeof *off + sizeof(kvt_hash128)));
+    kvt_hash128 *keys = off ? (kvt_hash128 *)(off + nb) : NULL;
     kvt_ext_launch lo = {0};
     st = off ? kvt__cache_ext_launch(sh->cache, m.task, dl, off, nb, &lo)
              : kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
+    if (!st && !lo.reading) st = kvt__cache_ext_keys(sh->cache, m.task, keys, nb);
     if (st || lo.reading) {
-        if (!st || !off) kvt__cache_ext_abort(sh->cache, m.task, dl);
+        kvt__cache_ext_abort(sh->cache, m.task, dl); /* a task already gone: nothing */
         free(off);
         return send_answer(s, st ? st : KVT_ETIMEDOUT, 0, 0, dl);
     }
     uint32_t have = lo.num_blocks > f->first ? lo.num_blocks - f->first : 0;
     uint32_t n = have < f->count ? have : f->count;
-    st = n ? send_blocks(cl, s, sh, off + f->first, f->first, n, dl)
+    st = n ? send_blocks(cl, s, sh, off + f->first, keys + f->first, f->first, n, dl)
            : send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
     kvt_task_result r;
     kvt__cache_ext_end(sh->cache, m.task, KVT_OK, &r);
@@ -746,28 +761,36 @@ static kvt_status send_fetch(kvt_stream *s, const kvt_request *req, uint64_t spa
 /* Hashes each block of a receive once it landed whole (recvv_landed's
  * callback: the bytes are still in cache). */
 typedef struct landing {
+    const kvt_srv_shard *sh;
     const uint8_t *const *block; /* this receive's blocks */
     uint64_t bytes;              /* each block's */
     uint32_t n, done, first;     /* blocks, hashed so far, the first's number */
     uint64_t *sums;              /* out: one per block */
+    uint64_t *layer_sums;        /* out: num_layers per block */
 } landing;
 
 static void on_landed(void *arg, size_t got)
 {
     landing *l = arg;
+    uint32_t nl = l->sh->geo->num_layers;
     while (l->done < l->n && got >= (size_t)(l->done + 1) * l->bytes) {
-        l->sums[l->done] = kvt__pull_block_sum(l->block[l->done], l->bytes, l->first + l->done);
+        uint64_t *ls = l->layer_sums + (size_t)l->done * nl;
+        kvt__srv_layer_sums(l->block[l->done], l->sh->geo, l->sh->block_tokens, ls);
+        l->sums[l->done] = kvt__pull_sum(ls, nl, l->first + l->done);
         l->done++;
     }
 }
 
 /* Receives n blocks into the store task's slots (backed first: one
- * madvise per run, kvt__pool_populate), hashing each as it lands, then
- * the peer's sums, and compares them. */
+ * madvise per run, kvt__pool_populate), hashing each layer as it lands
+ * (into layer_sums: n x num_layers), then the peer's sums, and compares
+ * them. */
 static kvt_status recv_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint64_t *off,
-                              uint32_t first, uint32_t n, uint64_t dl, const char *addr)
+                              uint32_t first, uint32_t n, uint64_t dl, const char *addr,
+                              uint64_t *layer_sums)
 {
     uint64_t bb = sh->shm.block_bytes;
+    uint32_t nl = sh->geo->num_layers;
     uint64_t *sums = malloc((size_t)n * 2 * sizeof *sums), *mine = sums ? sums + n : NULL;
     if (!sums) return kvt__fail(KVT_ENOMEM, "cluster: out of memory pulling");
     kvt_status st = KVT_OK;
@@ -780,7 +803,7 @@ static kvt_status recv_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint
             blk[j] = sh->shm.base + off[i + j];
             iov[j] = (struct iovec){(void *)blk[j], bb};
         }
-        landing l = {blk, bb, k, 0, first + i, mine + i};
+        landing l = {sh, blk, bb, k, 0, first + i, mine + i, layer_sums + (size_t)i * nl};
         st = kvt__stream_recvv_landed(s, iov, (int)k, dl, on_landed, &l);
         if (!st && l.done != k)
             st = kvt__fail(KVT_EPROTO, "cluster: a receive from %s ended before its blocks", addr);
@@ -809,17 +832,25 @@ static kvt_status land_pull(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
         if (pl.task) kvt__cache_ext_abort(sh->cache, pl.task, dl);
         return kvt__fail(KVT_EBUSY, "cluster: the pulled blocks are being stored here already");
     }
-    uint64_t *off = malloc((size_t)n * sizeof *off);
+    /* the offsets, the blocks' keys, their layer checksums */
+    uint32_t nl = sh->geo->num_layers;
+    uint64_t *off = malloc((size_t)n * (sizeof *off + sizeof(kvt_hash128) + nl * sizeof *off));
+    kvt_hash128 *keys = off ? (kvt_hash128 *)(off + n) : NULL;
+    uint64_t *ls = off ? (uint64_t *)(keys + n) : NULL;
     kvt_ext_launch lo = {0};
     st = off ? kvt__cache_ext_launch(sh->cache, pl.task, dl, off, n, &lo)
              : kvt__fail(KVT_ENOMEM, "cluster: out of memory pulling");
+    if (!st) st = kvt__cache_ext_keys(sh->cache, pl.task, keys, n);
     if (st) {
-        if (!off) kvt__cache_ext_abort(sh->cache, pl.task, dl);
+        kvt__cache_ext_abort(sh->cache, pl.task, dl);
         free(off);
         return st;
     }
-    st = recv_blocks(s, sh, off, first, n, dl, addr);
+    st = recv_blocks(s, sh, off, first, n, dl, addr, ls);
     if (st == KVT_ECORRUPT) STAT_ADD(cl, pull_corrupt, 1);
+    /* recorded before the commit, as a client's END does: the first load
+     * here checks against what was verified */
+    if (!st) kvt__srv_sums_put64(&sh->sums, off, keys, n, ls);
     kvt_task_result r = {0};
     kvt_status end = kvt__cache_ext_end(sh->cache, pl.task, st ? st : KVT_OK, &r);
     free(off);

@@ -88,7 +88,8 @@ kvt_status kvt__pull_answer_decode(const uint8_t in[KVT_PULL_REP_HDR], uint32_t 
     return KVT_OK;
 }
 
-uint64_t kvt__pull_block_sum(const uint8_t *block, uint64_t bytes, uint32_t idx)
+uint64_t kvt__pull_sum(const uint64_t *layer_sums, uint32_t num_layers, uint32_t idx)
 {
-    return kvt__hash64(block, (size_t)bytes, 0x6b76747075ull ^ idx);
+    return kvt__hash64(layer_sums, (size_t)num_layers * sizeof *layer_sums,
+                       0x6b76747075ull ^ idx);
 }

@@ -27,7 +27,7 @@
 #include "kvtier.h"
 
 #define KVT_PULL_MAGIC 0x5043564bu /* "KVCP" */
-#define KVT_PULL_VERSION 2 /* 2: checksums after the blocks */
+#define KVT_PULL_VERSION 3 /* 2: checksums after the blocks; 3: of the layer checksums */
 #define KVT_PULL_FETCH 1
 #define KVT_PULL_REQ_HDR 32
 #define KVT_PULL_REP_HDR 24
@@ -58,7 +58,12 @@ void kvt__pull_answer_encode(uint8_t out[KVT_PULL_REP_HDR], const kvt_pull_answe
 kvt_status kvt__pull_answer_decode(const uint8_t in[KVT_PULL_REP_HDR], uint32_t count,
                                    uint64_t block_bytes, const char *from,
                                    kvt_pull_answer *out);
-/* The checksum of block number idx (first + i) of an answer. */
-uint64_t kvt__pull_block_sum(const uint8_t *block, uint64_t bytes, uint32_t idx);
+/* The checksum of block number idx (first + i) of an answer: XXH3-64 of
+ * the block's layer checksums (the node server's, server/sums.c: what the
+ * block was stored with), seeded with idx. The holder sends its records,
+ * so a block that changed in its tier since its store fails at the
+ * puller, who hashes each layer as it lands (and records what it
+ * verified). */
+uint64_t kvt__pull_sum(const uint64_t *layer_sums, uint32_t num_layers, uint32_t idx);
 
 #endif
