@@ -563,7 +563,8 @@ typedef struct kvt_cache_stats {
     uint64_t cpu_blocks_used, cpu_blocks_total, block_bytes;
     uint64_t ssd_blocks_used, ssd_blocks_total;
     uint64_t ssd_written_blocks, ssd_read_blocks, ssd_write_errors, ssd_read_errors;
-    uint64_t corrupt_blocks;     /* failed their checksum on read: dropped, never served */
+    uint64_t corrupt_blocks;     /* failed their checksum on an SSD read or a client's load
+                                    through the node server: dropped, never served */
     uint64_t recovered_blocks;   /* found in the SSD tier's journal at create */
     uint64_t index_blocks, index_bytes;
     uint64_t tasks_in_flight;

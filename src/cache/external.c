@@ -160,6 +160,13 @@ kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, 
     return st;
 }
 
+void kvt__cache_ext_count_corrupt(kvt_cache *c, uint32_t n)
+{
+    pthread_mutex_lock(&c->mu);
+    c->stats.corrupt_blocks += n;
+    pthread_mutex_unlock(&c->mu);
+}
+
 kvt_status kvt__cache_ext_end(kvt_cache *c, kvt_task_id id, kvt_status result,
                               kvt_task_result *out)
 {

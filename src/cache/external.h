@@ -74,6 +74,9 @@ kvt_status kvt__cache_ext_offsets(kvt_cache *c, kvt_task_id id, uint64_t deadlin
  * checksums under. KVT_ENOTFOUND, KVT_ESTATE (not launched, or its reads
  * still run), KVT_EINVAL (more than max blocks). */
 kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, uint32_t max);
+/* Counts n blocks a client's load found unlike their stored checksums in
+ * corrupt_blocks (the node server drops them with kvt__cache_ext_clear). */
+void kvt__cache_ext_count_corrupt(kvt_cache *c, uint32_t n);
 /* Ends a launched external task with st (KVT_OK: the copy succeeded) and
  * reports its result into *out. */
 kvt_status kvt__cache_ext_end(kvt_cache *c, kvt_task_id id, kvt_status st,

@@ -147,7 +147,8 @@ static void render_cache(kvt_mbuf *b, const kvt_cache_observed *o)
     one(b, "kvtier_cpu_dropped_blocks_total", "counter", "CPU copies dropped to make room "
         "while their durable SSD copy stays.", s->cpu_dropped_blocks);
     one(b, "kvtier_corrupt_blocks_total", "counter", "Blocks that failed their checksum "
-        "when read back: dropped, never served.", s->corrupt_blocks);
+        "when read back from the SSD or loaded through the node server: dropped, never "
+        "served.", s->corrupt_blocks);
     if (ssd) {
         one(b, "kvtier_ssd_written_blocks_total", "counter", "Blocks written to the SSD tier.",
             s->ssd_written_blocks);

@@ -607,6 +607,7 @@ static uint32_t find_corrupt(kvt_srv_conn *c, const kvt_srv_task *t, kvt_hash128
 static void drop_corrupt(kvt_srv_conn *c, const kvt_hash128 *bad, uint32_t nbad)
 {
     uint32_t removed = 0, kept = 0;
+    kvt__cache_ext_count_corrupt(c->sh->cache, nbad);
     if (nbad) (void)kvt__cache_ext_clear(c->sh->cache, bad, nbad, &removed, &kept);
     kvt__srv_log(KVT_LOG_WARN, "client pid %ld: a load found %u block(s) of geometry %s unlike "
                  "the checksums they were stored with (changed in the tier after their "

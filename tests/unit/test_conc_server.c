@@ -850,6 +850,11 @@ static kvt_status scribbled_block(const char *path, engine *e, kvt_geometry *g)
     if (!st && (w2 != KVT_ECORRUPT || res.status != KVT_ECORRUPT))
         st = kvt__fail(KVT_EPROTO, "the scribbled load: layer 2 %s, result %s",
                        kvt_status_name(w2), kvt_status_name(res.status));
+    kvt_cache_stats cs = {0};
+    if (!st) st = kvt_client_stats(e->cl, &cs);
+    if (!st && cs.corrupt_blocks != 1)
+        st = kvt__fail(KVT_EPROTO, "corrupt_blocks %llu after one changed block",
+                       (unsigned long long)cs.corrupt_blocks);
     if (!st) st = engine_load(e, &r, &matched);
     if (!st && matched != (BLOCKS - 1) * TPP)
         st = kvt__fail(KVT_EPROTO, "after the failed load %u tokens match", matched);
