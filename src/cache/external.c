@@ -146,7 +146,10 @@ kvt_status kvt__cache_ext_offsets(kvt_cache *c, kvt_task_id id, uint64_t deadlin
     return st;
 }
 
-kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, uint32_t max)
+uint32_t kvt__cache_ext_entries(kvt_cache *c) { return kvt__index_capacity(c->index); }
+
+kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, uint32_t *ids,
+                               uint32_t max)
 {
     pthread_mutex_lock(&c->mu);
     kvt_task *t = NULL;
@@ -154,8 +157,10 @@ kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, 
     if (!st && (t->state != KVT_TS_RUNNING || !t->external || t->reading))
         st = kvt__fail(KVT_ESTATE, "keys: task %llu is not a launched external task",
                        (unsigned long long)id);
-    for (uint32_t i = 0; !st && i < t->num_blocks; i++)
+    for (uint32_t i = 0; !st && i < t->num_blocks; i++) {
         keys[i] = kvt__index_key(c->index, t->entries[i]);
+        ids[i] = t->entries[i];
+    }
     pthread_mutex_unlock(&c->mu);
     return st;
 }

@@ -69,11 +69,16 @@ kvt_status kvt__cache_ext_launch(kvt_cache *c, kvt_task_id id, uint64_t deadline
  * lost: reported and freed). */
 kvt_status kvt__cache_ext_offsets(kvt_cache *c, kvt_task_id id, uint64_t deadline_ns,
                                   uint64_t *offsets, uint32_t max, kvt_ext_launch *out);
-/* The index keys of launched task id's blocks (as many as its offsets),
- * into keys (room for max): what the node server records each block's
- * checksums under. KVT_ENOTFOUND, KVT_ESTATE (not launched, or its reads
- * still run), KVT_EINVAL (more than max blocks). */
-kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, uint32_t max);
+/* The index keys and entry ids of launched task id's blocks (as many as
+ * its offsets), into keys and ids (room for max each): what the node
+ * server records each block's checksums under (an entry keeps its id
+ * while its block moves between the CPU and SSD tiers). KVT_ENOTFOUND,
+ * KVT_ESTATE (not launched, or its reads still run), KVT_EINVAL (more
+ * than max blocks). */
+kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, uint32_t *ids,
+                               uint32_t max);
+/* The index's capacity: entry ids are below it. */
+uint32_t kvt__cache_ext_entries(kvt_cache *c);
 /* Counts n blocks a client's load found unlike their stored checksums in
  * corrupt_blocks (the node server drops them with kvt__cache_ext_clear). */
 void kvt__cache_ext_count_corrupt(kvt_cache *c, uint32_t n);

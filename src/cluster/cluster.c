@@ -463,8 +463,8 @@ static kvt_status pace(kvt_cluster *cl, uint64_t bytes, uint64_t dl)
  * hashed once here, as at its first load), never of the bytes as sent,
  * so a block that changed in this tier fails at the puller. */
 static kvt_status send_blocks(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
-                              const uint64_t *offsets, const kvt_hash128 *keys, uint32_t first,
-                              uint32_t n, uint64_t dl)
+                              const uint64_t *offsets, const kvt_hash128 *keys,
+                              const uint32_t *ids, uint32_t first, uint32_t n, uint64_t dl)
 {
     uint64_t bb = sh->shm.block_bytes;
     uint32_t nl = sh->geo->num_layers;
@@ -475,8 +475,8 @@ static kvt_status send_blocks(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
         free(missing);
         return kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
     }
-    kvt__srv_sums_get(&sh->sums, sh->shm.base, sh->geo, sh->block_tokens, offsets, keys, n, ls,
-                      missing);
+    kvt__srv_sums_get(&sh->sums, sh->shm.base, sh->geo, sh->block_tokens, offsets, ids, keys, n,
+                      ls, missing);
     for (uint32_t i = 0; i < n; i++) sums[i] = kvt__pull_sum(ls + (size_t)i * nl, nl, first + i);
     free(missing);
     kvt_status st = send_answer(s, KVT_OK, n, bb, dl);
@@ -520,13 +520,14 @@ static kvt_status serve_fetch(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fet
         if (m.task) kvt__cache_ext_abort(sh->cache, m.task, dl);
         return send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
     }
-    /* the offsets, then the blocks' keys */
-    uint64_t *off = malloc((size_t)nb * (sizeof *off + sizeof(kvt_hash128)));
+    /* the offsets, then the blocks' keys and entries */
+    uint64_t *off = malloc((size_t)nb * (sizeof *off + sizeof(kvt_hash128) + sizeof(uint32_t)));
     kvt_hash128 *keys = off ? (kvt_hash128 *)(off + nb) : NULL;
+    uint32_t *ids = off ? (uint32_t *)(keys + nb) : NULL;
     kvt_ext_launch lo = {0};
     st = off ? kvt__cache_ext_launch(sh->cache, m.task, dl, off, nb, &lo)
              : kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
-    if (!st && !lo.reading) st = kvt__cache_ext_keys(sh->cache, m.task, keys, nb);
+    if (!st && !lo.reading) st = kvt__cache_ext_keys(sh->cache, m.task, keys, ids, nb);
     if (st || lo.reading) {
         kvt__cache_ext_abort(sh->cache, m.task, dl); /* a task already gone: nothing */
         free(off);
@@ -534,7 +535,8 @@ static kvt_status serve_fetch(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fet
     }
     uint32_t have = lo.num_blocks > f->first ? lo.num_blocks - f->first : 0;
     uint32_t n = have < f->count ? have : f->count;
-    st = n ? send_blocks(cl, s, sh, off + f->first, keys + f->first, f->first, n, dl)
+    st = n ? send_blocks(cl, s, sh, off + f->first, keys + f->first, ids + f->first, f->first, n,
+                         dl)
            : send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
     kvt_task_result r;
     kvt__cache_ext_end(sh->cache, m.task, KVT_OK, &r);
@@ -832,15 +834,17 @@ static kvt_status land_pull(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
         if (pl.task) kvt__cache_ext_abort(sh->cache, pl.task, dl);
         return kvt__fail(KVT_EBUSY, "cluster: the pulled blocks are being stored here already");
     }
-    /* the offsets, the blocks' keys, their layer checksums */
+    /* the offsets, the blocks' keys, their layer checksums, their entries */
     uint32_t nl = sh->geo->num_layers;
-    uint64_t *off = malloc((size_t)n * (sizeof *off + sizeof(kvt_hash128) + nl * sizeof *off));
+    uint64_t *off = malloc((size_t)n * (sizeof *off + sizeof(kvt_hash128) + nl * sizeof *off +
+                                        sizeof(uint32_t)));
     kvt_hash128 *keys = off ? (kvt_hash128 *)(off + n) : NULL;
     uint64_t *ls = off ? (uint64_t *)(keys + n) : NULL;
+    uint32_t *ids = off ? (uint32_t *)(ls + (size_t)n * nl) : NULL;
     kvt_ext_launch lo = {0};
     st = off ? kvt__cache_ext_launch(sh->cache, pl.task, dl, off, n, &lo)
              : kvt__fail(KVT_ENOMEM, "cluster: out of memory pulling");
-    if (!st) st = kvt__cache_ext_keys(sh->cache, pl.task, keys, n);
+    if (!st) st = kvt__cache_ext_keys(sh->cache, pl.task, keys, ids, n);
     if (st) {
         kvt__cache_ext_abort(sh->cache, pl.task, dl);
         free(off);
@@ -850,7 +854,7 @@ static kvt_status land_pull(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
     if (st == KVT_ECORRUPT) STAT_ADD(cl, pull_corrupt, 1);
     /* recorded before the commit, as a client's END does: the first load
      * here checks against what was verified */
-    if (!st) kvt__srv_sums_put64(&sh->sums, off, keys, n, ls);
+    if (!st) kvt__srv_sums_put64(&sh->sums, ids, keys, n, ls);
     kvt_task_result r = {0};
     kvt_status end = kvt__cache_ext_end(sh->cache, pl.task, st ? st : KVT_OK, &r);
     free(off);

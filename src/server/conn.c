@@ -480,7 +480,7 @@ static kvt_status load_sums(kvt_srv_conn *c, const kvt_srv_task *t, uint64_t **o
         return kvt__fail(KVT_ENOMEM, "launch: no memory for the checksums of %u blocks", n);
     }
     kvt__srv_sums_get(&c->sh->sums, sh->shm.base, sh->geo, sh->shm.block_tokens, t->offsets,
-                      t->keys, t->num_blocks, sums, missing);
+                      t->ids, t->keys, t->num_blocks, sums, missing);
     free(missing);
     *out = sums;
     return KVT_OK;
@@ -516,10 +516,11 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
     t->first_token = l->first_token;
     t->offsets = offs;
     t->keys = (kvt_hash128 *)(offs + t->pins + 1);
+    t->ids = (uint32_t *)(t->keys + t->pins + 1);
     kvt_srv_launch_rep r = {(uint32_t)l->kind, l->first_token, l->num_tokens, l->num_blocks,
                             l->bad_status, 0, NULL, 0, NULL};
     uint64_t *sums = NULL;
-    st = kvt__cache_ext_keys(c->sh->cache, id, t->keys, t->pins + 1);
+    st = kvt__cache_ext_keys(c->sh->cache, id, t->keys, t->ids, t->pins + 1);
     if (!st && l->kind == KVT_TASK_LOAD) st = load_sums(c, t, &sums);
     if (st) { /* the task ends here (a load unpinned, a store rolled back) */
         kvt__cache_ext_abort(c->sh->cache, id, read_deadline(c));
@@ -550,8 +551,8 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
      * room for the largest request was a 2 MiB allocation, mmap'd and
      * unmapped by every launch. */
     uint32_t max = t->pins + 1;
-    /* the offsets, then the blocks' keys (launch_reply) */
-    uint64_t *offs = malloc((size_t)max * (sizeof *offs + sizeof(kvt_hash128)));
+    /* the offsets, then the blocks' keys and entries (launch_reply) */
+    uint64_t *offs = malloc((size_t)max * (sizeof *offs + sizeof(kvt_hash128) + sizeof(uint32_t)));
     if (!offs) {
         if (t->pending) return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: "
                                                                       "no memory (ask again)"));
@@ -591,7 +592,7 @@ static uint32_t find_corrupt(kvt_srv_conn *c, const kvt_srv_task *t, kvt_hash128
     if (want && missing) {
         uint64_t *have = want + (size_t)t->num_blocks * nl;
         kvt__srv_sums_get(&c->sh->sums, sh->shm.base, sh->geo, sh->shm.block_tokens, t->offsets,
-                          t->keys, t->num_blocks, want, missing);
+                          t->ids, t->keys, t->num_blocks, want, missing);
         for (uint32_t i = 0; i < t->num_blocks; i++) {
             kvt__srv_layer_sums(sh->shm.base + t->offsets[i], sh->geo, sh->shm.block_tokens,
                                 have + (size_t)i * nl);
@@ -639,7 +640,7 @@ static kvt_status on_end(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t 
                                 "layers for %u blocks x %u layers", (unsigned long long)t->id,
                                 e.n, e.num_layers, t->num_blocks, nl);
         else
-            kvt__srv_sums_put(&c->sh->sums, t->offsets, t->keys, t->num_blocks, e.checksums);
+            kvt__srv_sums_put(&c->sh->sums, t->ids, t->keys, t->num_blocks, e.checksums);
     }
     const bool corrupt = t->kind == KVT_TASK_LOAD && verdict == KVT_ECORRUPT;
     kvt_hash128 *bad = NULL;

@@ -279,7 +279,7 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
         return st;
     }
     kvt__cache_ext_shm(sh->cache, &sh->shm);
-    st = kvt__srv_sums_init(&sh->sums, sh->shm.num_blocks, geo->num_layers, sh->shm.stride);
+    st = kvt__srv_sums_init(&sh->sums, kvt__cache_ext_entries(sh->cache), geo->num_layers);
     if (st) {
         shard_free(sh);
         return st;

@@ -35,6 +35,7 @@ typedef struct kvt_srv_task {
     uint32_t pins;     /* index entries the task pins (its planned blocks) */
     uint64_t *offsets; /* launched: each block's memfd offset */
     kvt_hash128 *keys; /* launched: each block's index key (in the same allocation) */
+    uint32_t *ids;     /* launched: each block's index entry (in the same allocation) */
     uint64_t launched_ns; /* the client must END it by this + server_copy_ms */
 } kvt_srv_task;
 
@@ -68,14 +69,14 @@ typedef struct kvt_srv_roots {
     uint32_t tcap;   /* a power of two, >= 2 * cap */
 } kvt_srv_roots;
 
-/* The layer checksums each block of a tier was stored with, by slot, and
- * the block (index key) they describe (sums.c). */
+/* The layer checksums each block of a tier was stored with, by index
+ * entry, and the block (index key) they describe (sums.c). */
 typedef struct kvt_srv_sums {
     pthread_mutex_t mu;
-    uint32_t slots, layers;
-    uint64_t stride;  /* bytes between slots in the tier: slot = offset / stride */
-    kvt_hash128 *key; /* per slot: the block its sums are of (zero: none yet) */
-    uint64_t *sum;    /* per slot, layers XXH3-64s (layer l's bytes seeded with l) */
+    bool ready;       /* initialised */
+    uint32_t entries, layers;
+    kvt_hash128 *key; /* per entry: the block its sums are of (zero: none yet) */
+    uint64_t *sum;    /* per entry, layers XXH3-64s (layer l's bytes seeded with l) */
 } kvt_srv_sums;
 
 typedef struct kvt_srv_shard {
@@ -191,22 +192,23 @@ void kvt__srv_log(kvt_log_level level, const char *fmt, ...)
  * kvt__srv_layer_sums: every layer of the block at `block` into out. */
 void kvt__srv_layer_sums(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
                          uint64_t *out);
-/* sums.c. init: KVT_ENOMEM, KVT_ESYS. max_blocks: the most blocks one task
- * may have for its sums to fit one frame (requests are cut to it). put
- * records a committed store's sums (n blocks, n * layers u64s on the wire,
- * unaligned). get fills out (n * layers) for a load's blocks, hashing
- * those with no record of their key from base (missing[i] says which;
- * returns how many) and recording them. */
-kvt_status kvt__srv_sums_init(kvt_srv_sums *s, uint32_t slots, uint32_t layers, uint64_t stride);
+/* sums.c, for a tier whose index has `entries` entries. init: KVT_ENOMEM,
+ * KVT_ESYS. max_blocks: the most blocks one task may have for its sums to
+ * fit one frame (requests are cut to it). put records a committed store's
+ * sums for its blocks' entries ids and keys (n blocks, n * layers u64s on
+ * the wire, unaligned). get fills out (n * layers) for a load's blocks,
+ * hashing those with no record of their key from base + offsets[i]
+ * (missing[i] says which; returns how many) and recording them. */
+kvt_status kvt__srv_sums_init(kvt_srv_sums *s, uint32_t entries, uint32_t layers);
 void kvt__srv_sums_destroy(kvt_srv_sums *s);
 uint32_t kvt__srv_sums_max_blocks(uint32_t layers);
-void kvt__srv_sums_put(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *keys,
+void kvt__srv_sums_put(kvt_srv_sums *s, const uint32_t *ids, const kvt_hash128 *keys,
                        uint32_t n, const uint8_t *sums);
 /* The same from an aligned array (a pull's verified sums, src/cluster). */
-void kvt__srv_sums_put64(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *keys,
+void kvt__srv_sums_put64(kvt_srv_sums *s, const uint32_t *ids, const kvt_hash128 *keys,
                          uint32_t n, const uint64_t *sums);
 uint32_t kvt__srv_sums_get(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
-                           uint32_t block_tokens, const uint64_t *offsets,
+                           uint32_t block_tokens, const uint64_t *offsets, const uint32_t *ids,
                            const kvt_hash128 *keys, uint32_t n, uint64_t *out, bool *missing);
 /* Keeps a cut-off client's store blocks (slots, n; taken over) until its
  * process pid exits or its session re-attaches with its copies stopped

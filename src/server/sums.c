@@ -7,11 +7,17 @@
  * after the store (a torn or stray write, at any time while the block is
  * held) fail the load, never reach the engine (docs/server.md, Integrity).
  *
- * A record names the block it describes (its index key): a slot refilled
- * another way (read back from the SSD, pulled from a peer) has no record
- * of its key, and its sums are computed from the tier once, at its first
- * load, after the SSD's or the pull's own checksum passed. One mutex per
- * tier, taken once per request (not per block); hashing runs outside it. */
+ * Records are kept by index entry, which a block keeps while it moves
+ * between the CPU and SSD tiers: a block spilled to the SSD and read back
+ * into another slot is still checked against what its store's client
+ * copied. A record names the block it describes (its index key), so an
+ * entry id reused by another block is not mistaken for it; a block with no
+ * record (recovered from the SSD at a warm restart) is hashed from the
+ * tier once, at its first load, after the SSD's own checksum passed, and
+ * recorded. Pulled blocks are recorded by the puller (src/cluster). One
+ * mutex per tier, taken once per request (not per block); hashing runs
+ * outside it. Memory: 16 + 8 x layers bytes per entry, taken as entries
+ * are used (calloc'd). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,27 +36,27 @@ void kvt__srv_layer_sums(const uint8_t *block, const kvt_geometry *g, uint32_t b
     }
 }
 
-kvt_status kvt__srv_sums_init(kvt_srv_sums *s, uint32_t slots, uint32_t layers, uint64_t stride)
+kvt_status kvt__srv_sums_init(kvt_srv_sums *s, uint32_t entries, uint32_t layers)
 {
     memset(s, 0, sizeof *s);
     if (pthread_mutex_init(&s->mu, NULL)) return kvt__fail(KVT_ESYS, "server: mutex init");
-    /* calloc of this size maps zero pages: memory is taken as slots fill */
-    s->key = calloc(slots ? slots : 1, sizeof *s->key);
-    s->sum = calloc((size_t)(slots ? slots : 1) * layers, sizeof *s->sum);
-    s->slots = slots;
+    s->ready = true;
+    /* calloc of this size maps zero pages: memory is taken as entries fill */
+    s->key = calloc(entries ? entries : 1, sizeof *s->key);
+    s->sum = calloc((size_t)(entries ? entries : 1) * layers, sizeof *s->sum);
+    s->entries = entries;
     s->layers = layers;
-    s->stride = stride;
     if (!s->key || !s->sum) {
         kvt__srv_sums_destroy(s);
         return kvt__fail(KVT_ENOMEM, "server: no memory for the layer checksums of %u blocks "
-                         "x %u layers", slots, layers);
+                         "x %u layers", entries, layers);
     }
     return KVT_OK;
 }
 
 void kvt__srv_sums_destroy(kvt_srv_sums *s)
 {
-    if (!s->stride) return;
+    if (!s->ready) return;
     free(s->key);
     free(s->sum);
     pthread_mutex_destroy(&s->mu);
@@ -65,24 +71,19 @@ uint32_t kvt__srv_sums_max_blocks(uint32_t layers)
     return n > KVT_SRV_MAX_BLOCKS ? KVT_SRV_MAX_BLOCKS : (uint32_t)n;
 }
 
-static uint32_t slot_of(const kvt_srv_sums *s, uint64_t offset)
-{
-    return (uint32_t)(offset / s->stride);
-}
-
 static bool same_key(kvt_hash128 a, kvt_hash128 b) { return a.lo == b.lo && a.hi == b.hi; }
 
 /* wire: n * layers little-endian u64s, unaligned; else native. */
-static void put(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *keys, uint32_t n,
+static void put(kvt_srv_sums *s, const uint32_t *ids, const kvt_hash128 *keys, uint32_t n,
                 const uint8_t *wire, const uint64_t *native)
 {
     const uint32_t nl = s->layers;
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t slot = slot_of(s, offsets[i]);
-        if (slot >= s->slots) continue; /* offsets come from the cache: never */
-        s->key[slot] = keys[i];
-        uint64_t *to = s->sum + (size_t)slot * nl;
+        uint32_t e = ids[i];
+        if (e >= s->entries) continue; /* ids come from the index: never */
+        s->key[e] = keys[i];
+        uint64_t *to = s->sum + (size_t)e * nl;
         for (uint32_t l = 0; l < nl; l++)
             to[l] = wire ? kvt__srv_get64(wire + 8 * ((size_t)i * nl + l))
                          : native[(size_t)i * nl + l];
@@ -90,33 +91,33 @@ static void put(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *key
     pthread_mutex_unlock(&s->mu);
 }
 
-void kvt__srv_sums_put(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *keys,
+void kvt__srv_sums_put(kvt_srv_sums *s, const uint32_t *ids, const kvt_hash128 *keys,
                        uint32_t n, const uint8_t *sums)
 {
-    put(s, offsets, keys, n, sums, NULL);
+    put(s, ids, keys, n, sums, NULL);
 }
 
-void kvt__srv_sums_put64(kvt_srv_sums *s, const uint64_t *offsets, const kvt_hash128 *keys,
+void kvt__srv_sums_put64(kvt_srv_sums *s, const uint32_t *ids, const kvt_hash128 *keys,
                          uint32_t n, const uint64_t *sums)
 {
-    put(s, offsets, keys, n, NULL, sums);
+    put(s, ids, keys, n, NULL, sums);
 }
 
 uint32_t kvt__srv_sums_get(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
-                           uint32_t block_tokens, const uint64_t *offsets,
+                           uint32_t block_tokens, const uint64_t *offsets, const uint32_t *ids,
                            const kvt_hash128 *keys, uint32_t n, uint64_t *out, bool *missing)
 {
     const uint32_t nl = s->layers;
     uint32_t computed = 0;
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t slot = slot_of(s, offsets[i]);
-        missing[i] = slot >= s->slots || !same_key(s->key[slot], keys[i]);
-        if (!missing[i]) memcpy(out + (size_t)i * nl, s->sum + (size_t)slot * nl, (size_t)nl * 8);
+        uint32_t e = ids[i];
+        missing[i] = e >= s->entries || !same_key(s->key[e], keys[i]);
+        if (!missing[i]) memcpy(out + (size_t)i * nl, s->sum + (size_t)e * nl, (size_t)nl * 8);
     }
     pthread_mutex_unlock(&s->mu);
-    /* Blocks refilled from the SSD or a peer: their bytes passed that
-     * tier's checksum when they landed (and are pinned by this load). */
+    /* Blocks with no record (recovered from the SSD): their bytes passed
+     * the SSD's checksum when read (and are pinned by this load). */
     for (uint32_t i = 0; i < n; i++) {
         if (!missing[i]) continue;
         kvt__srv_layer_sums(base + offsets[i], g, block_tokens, out + (size_t)i * nl);
@@ -125,10 +126,10 @@ uint32_t kvt__srv_sums_get(kvt_srv_sums *s, const uint8_t *base, const kvt_geome
     if (!computed) return 0;
     pthread_mutex_lock(&s->mu);
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t slot = slot_of(s, offsets[i]);
-        if (!missing[i] || slot >= s->slots) continue;
-        s->key[slot] = keys[i];
-        memcpy(s->sum + (size_t)slot * nl, out + (size_t)i * nl, (size_t)nl * 8);
+        uint32_t e = ids[i];
+        if (!missing[i] || e >= s->entries) continue;
+        s->key[e] = keys[i];
+        memcpy(s->sum + (size_t)e * nl, out + (size_t)i * nl, (size_t)nl * 8);
     }
     pthread_mutex_unlock(&s->mu);
     return computed;
