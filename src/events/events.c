@@ -81,6 +81,7 @@ struct kvt_events {
     char topic[256];
     size_t topic_len;
     uint32_t dp_rank;
+    bool disk_tokens;      /* kvt_events_config's */
     ev_cell *q;
     _Atomic uint64_t head; /* producers */
     uint64_t tail;         /* the thread */
@@ -335,7 +336,9 @@ void kvt__events_tokens(kvt_events *ev, const kvt_hash128 *h, const uint32_t *to
 }
 
 /* The pass's records' tokens: a BlockStored into the CPU tier takes the
- * tokens its store left (once: the block's later BlockStored carry none). */
+ * tokens its store left; with disk_tokens so does the block's BlockStored
+ * into the SSD tier, which then lets them go (the block's later
+ * BlockStored, as a read back, carry none). */
 static void take_tokens(kvt_events *ev, uint32_t n)
 {
     size_t used = 0;
@@ -344,8 +347,9 @@ static void take_tokens(kvt_events *ev, uint32_t n)
         const ev_rec *r = &ev->pass[i];
         ev->pass_tok_n[i] = 0;
         uint32_t prev, k;
-        if (!ev->tok || r->kind != REC_STORED || r->medium != MEDIUM_CPU ||
-            (k = tok_find(ev, r->key, &prev)) == TOK_NIL)
+        bool disk = r->medium == MEDIUM_DISK;
+        if (!ev->tok || r->kind != REC_STORED || (r->medium != MEDIUM_CPU && !disk) ||
+            (disk && !ev->disk_tokens) || (k = tok_find(ev, r->key, &prev)) == TOK_NIL)
             continue;
         uint32_t tn = ev->tok[k].n;
         if (tn == r->block_tokens && used + tn > ev->pass_tok_cap) {
@@ -363,7 +367,7 @@ static void take_tokens(kvt_events *ev, uint32_t n)
             ev->pass_tok_n[i] = tn;
             used += tn;
         }
-        tok_drop(ev, k, prev);
+        if (disk || !ev->disk_tokens) tok_drop(ev, k, prev);
     }
     pthread_mutex_unlock(&ev->tok_mu);
 }
@@ -840,6 +844,7 @@ kvt_status kvt__events_start(kvt_events **out, const kvt_events_config *cfg)
     memcpy(ev->topic, topic, strlen(topic));
     ev->topic_len = strlen(topic);
     ev->dp_rank = cfg->dp_rank;
+    ev->disk_tokens = cfg->disk_tokens;
     ev->cleared_pending = true;
     const kvt_events_keys *k = cfg->secret ? &keys : NULL;
     st = k ? start_zap(ev, k) : KVT_OK;

@@ -37,6 +37,9 @@ typedef struct kvt_events_config {
     const uint8_t *secret;
     size_t secret_len;
     bool insecure; /* events_insecure: an endpoint off this host without a secret */
+    /* the blocks also become durable on an SSD tier: a token store's
+     * tokens are kept for the BlockStored "DISK" too, not only "CPU" */
+    bool disk_tokens;
 } kvt_events_config;
 
 /* The CURVE keys a secret gives, as Z85 text (40 characters and a NUL):
@@ -89,7 +92,8 @@ void kvt__events_name(kvt_events *ev, const kvt_hash128 *h, const kvt_key *keys,
 
 /* Blocks h[0..n) of a token store request are its tokens[i * block_tokens
  * .. (i + 1) * block_tokens) (before they commit): each one's BlockStored
- * into the CPU tier carries them as token_ids, once. Kept until then, at
+ * into the CPU tier carries them as token_ids (and, with disk_tokens, its
+ * BlockStored into the SSD tier too), once per tier. Kept until then, at
  * most 65536 blocks' and 64 MiB of tokens (older ones go first: a store
  * that never commits leaves nothing for long). Any thread; ev NULL: no-op. */
 void kvt__events_tokens(kvt_events *ev, const kvt_hash128 *h, const uint32_t *tokens, uint32_t n,

@@ -309,14 +309,15 @@ static void tt_expect(const tt_seen *s, const kvt_hash128 *h, const uint32_t *id
 
 /* A chain stored into the CPU tier (its tokens told at store), made
  * durable on the SSD, two CPU copies dropped, then every block removed;
- * and a chain whose first block's tokens alone are known. */
-static void test_tiers_and_tokens(void **state)
+ * and a chain whose first block's tokens alone are known. disk_tokens (a
+ * server with an SSD tier): the BlockStored DISK carries the tokens too. */
+static void tiers_and_tokens(bool disk_tokens)
 {
-    (void)state;
     char ep[128];
     snprintf(ep, sizeof ep, "ipc:///tmp/kvt-events-tt-%ld", (long)getpid());
     kvt_events *ev = NULL;
     kvt_events_config cfg = {ep, NULL, NULL, 0, 100};
+    cfg.disk_tokens = disk_tokens;
     assert_int_equal(kvt__events_start(&ev, &cfg), KVT_OK);
     void *ctx = zmq_ctx_new(), *sub = zmq_socket(ctx, ZMQ_SUB);
     assert_int_equal(zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0), 0);
@@ -351,12 +352,14 @@ static void test_tiers_and_tokens(void **state)
     assert_int_equal(s.events, 2);
     assert_int_equal(s.ntok, TT_BT);
     assert_memory_equal(s.tok, tok + 3 * TT_BT, sizeof(uint32_t) * TT_BT);
-    /* durable on the SSD: BlockStored DISK, no tokens (the store's took them) */
+    /* durable on the SSD: BlockStored DISK, with the tokens when the
+     * publisher keeps them for it, else none (the CPU one took them) */
     for (uint32_t i = 0; i < 3; i++) st.tiers[id[i]] |= 2;
     kvt__index_notify(idx, KVT_INDEX_DISK_STORED, id, 3);
     tt_recv(sub, "BlockStored", "DISK", 3, &s);
     tt_expect(&s, h, (uint32_t[]){0, 1, 2}, 3);
-    assert_int_equal(s.ntok, 0);
+    assert_int_equal(s.ntok, disk_tokens ? 3 * TT_BT : 0);
+    if (disk_tokens) assert_memory_equal(s.tok, tok, sizeof(uint32_t) * 3 * TT_BT);
     /* blocks 1 and 2 leave the CPU tier, the SSD keeps them */
     st.tiers[id[1]] = st.tiers[id[2]] = 2;
     kvt__index_notify(idx, KVT_INDEX_CPU_REMOVED, id + 1, 2);
@@ -396,6 +399,18 @@ static void test_tiers_and_tokens(void **state)
     zmq_close(sub);
     zmq_ctx_term(ctx);
     kvt__events_stop(ev);
+}
+
+static void test_tiers_and_tokens(void **state)
+{
+    (void)state;
+    tiers_and_tokens(false);
+}
+
+static void test_tiers_and_tokens_disk(void **state)
+{
+    (void)state;
+    tiers_and_tokens(true);
 }
 
 static void test_bad_config(void **state)
@@ -539,6 +554,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_indexes_at_once),
         cmocka_unit_test(test_tiers_and_tokens),
+        cmocka_unit_test(test_tiers_and_tokens_disk),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_secret_lets_only_its_holder_in),
     };
