@@ -422,14 +422,18 @@ class TierEvents(unittest.TestCase):
             sub.until(lambda ev: len(sub.blocks("BlockStored", "CPU")) >= 4, "BlockStored CPU")
             ha = sub.blocks("BlockStored", "CPU")
             self.assertEqual(len(ha), 4)
-            # Durable on the SSD: BlockStored DISK of the same chain (its
-            # tokens went with the CPU one)
+            # Durable on the SSD: BlockStored DISK of the same chain, with
+            # the same tokens as the CPU one (a server with an SSD tier
+            # keeps them for it)
             cl.flush(5)
             sub.until(lambda ev: len(sub.blocks("BlockStored", "DISK")) >= 4, "BlockStored DISK")
             self.assertEqual(sub.blocks("BlockStored", "DISK"), ha)
             disk = [e for e in sub.events if e[0] == "BlockStored" and e[6] == "DISK"]
+            cpu = [e for e in sub.events if e[0] == "BlockStored" and e[6] == "CPU"]
             self.assertEqual(disk[0][2], None)  # a's first block is a root
-            self.assertTrue(all(e[3] == [] and e[4] == bt for e in disk), disk)
+            self.assertTrue(all(e[4] == bt for e in disk), disk)
+            self.assertEqual([t for e in disk for t in e[3]], a[:4 * bt])
+            self.assertEqual([t for e in cpu for t in e[3]], a[:4 * bt])
             self.assertEqual(sub.blocks("BlockRemoved", "CPU"), [])
             # A store of a whole CPU tier's worth: a's CPU copies give way
             # (the SSD keeps them): BlockRemoved CPU, and no DISK removal
