@@ -113,6 +113,13 @@ struct kvt_cluster {
     pthread_cond_t qcv;
     cl_event *q;
     uint32_t qhead, qlen;
+    /* The publish_backlog gauge is qlen + inflight + owed: 0 with the
+     * directory up means a peer's lookup finds everything this node stored.
+     * inflight: the batch the publisher took and is writing (set under qmu
+     * as it leaves the queue: never counted in neither place). owed: every
+     * held block while the directory lacks some of them (it never opened,
+     * a write failed, or it came back and is being written in full). */
+    _Atomic uint32_t inflight, owed;
 
     pthread_mutex_t pace_mu; /* cluster_serve_mib_s: when the next byte may leave */
     uint64_t pace_next_ns;
@@ -256,8 +263,9 @@ typedef struct cl_batch {
     uint8_t tier[CL_BATCH];
 } cl_batch;
 
-/* Sends one run of same-kind, same-space changes. */
-static void publish_run(kvt_cluster *cl, const cl_event *ev, uint32_t n, cl_batch *b)
+/* Sends one run of same-kind, same-space changes; false when the
+ * directory did not take it (away, or the write failed). */
+static bool publish_run(kvt_cluster *cl, const cl_event *ev, uint32_t n, cl_batch *b)
 {
     kvt_hash128 *h = b->h;
     uint8_t *tier = b->tier;
@@ -266,12 +274,13 @@ static void publish_run(kvt_cluster *cl, const cl_event *ev, uint32_t n, cl_batc
         tier[i] = dir_tier(ev[i].tiers);
     }
     kvt_dir *d = atomic_load(&cl->dir);
-    if (!d) return; /* held: published once the directory opens */
+    if (!d) return false; /* held: published once the directory opens */
     kvt_status st = ev[0].stored ? kvt__dir_publish_tiers(d, ev[0].space, h, tier, n)
                                  : kvt__dir_unpublish(d, ev[0].space, h, n);
     if (st) STAT_ADD(cl, dir_errors, 1);
     else if (ev[0].stored) STAT_ADD(cl, published, n);
     else STAT_ADD(cl, unpublished, n);
+    return !st;
 }
 
 /* ev[0..n) into the held set; those the directory must hear of (a block
@@ -292,18 +301,22 @@ static void publish_events(kvt_cluster *cl, cl_event *ev, uint32_t n, cl_batch *
     }
     n = k;
     uint32_t i = 0;
+    bool ok = atomic_load(&cl->dir) != NULL;
     while (i < n) {
         uint32_t j = i + 1;
         while (j < n && j - i < CL_BATCH && ev[j].stored == ev[i].stored && ev[j].space == ev[i].space)
             j++;
-        publish_run(cl, ev + i, j - i, b);
+        ok = publish_run(cl, ev + i, j - i, b) && ok;
         i = j;
     }
+    /* a run the directory missed is written with everything else when it
+     * is back (try_open, keep_up): until then all held blocks are owed */
+    if (!ok || atomic_load(&cl->owed)) atomic_store(&cl->owed, cl->held.n);
 }
 
 /* Every held block again (after the directory came back, or to renew the
- * entries' expiry), in batches per space. */
-static void publish_all(kvt_cluster *cl, cl_batch *b, bool renew)
+ * entries' expiry), in batches per space; false when a batch failed. */
+static bool publish_all(kvt_cluster *cl, cl_batch *b, bool renew)
 {
     const cl_held *t = &cl->held;
     kvt_hash128 *h = b->h;
@@ -324,10 +337,19 @@ static void publish_all(kvt_cluster *cl, cl_batch *b, bool renew)
                                                : kvt__dir_publish_tiers(d, space, h, tier, n);
         if (st) {
             STAT_ADD(cl, dir_errors, 1);
-            return; /* down again: the next generation republishes */
+            return false; /* down again: the next generation republishes */
         }
         STAT_ADD(cl, published, n);
     }
+    return true;
+}
+
+/* Writes every held block after the directory (re)opened: owed until the
+ * last batch is in. */
+static void republish(kvt_cluster *cl, cl_batch *b)
+{
+    atomic_store(&cl->owed, cl->held.n);
+    if (publish_all(cl, b, false)) atomic_store(&cl->owed, 0);
 }
 
 static uint32_t take_events(kvt_cluster *cl, cl_event *out, uint32_t max, uint64_t wait_ns)
@@ -339,6 +361,7 @@ static uint32_t take_events(kvt_cluster *cl, cl_event *out, uint32_t max, uint64
     for (uint32_t i = 0; i < n; i++) out[i] = cl->q[(cl->qhead + i) % CL_QUEUE];
     cl->qhead = (cl->qhead + n) % CL_QUEUE;
     cl->qlen -= n;
+    atomic_store(&cl->inflight, n);
     pthread_mutex_unlock(&cl->qmu);
     return n;
 }
@@ -357,11 +380,12 @@ static bool try_open(kvt_cluster *cl, cl_batch *b)
         cl->open_next_ns = now + cl->open_backoff_ns;
         return false;
     }
+    atomic_store(&cl->owed, cl->held.n); /* before the directory shows up */
     atomic_store(&cl->dir, d);
     kvt__log(KVT_LOG_INFO, "cluster: node %s joined the directory %s (epoch %llu): publishing "
              "%u blocks", cl->node, cl->cfg->cluster_redis,
              (unsigned long long)kvt__dir_epoch(d), cl->held.n);
-    publish_all(cl, b, false);
+    republish(cl, b);
     return true;
 }
 
@@ -383,9 +407,9 @@ static void keep_up(kvt_cluster *cl, cl_batch *b, uint64_t *gen, uint64_t *next_
         kvt__log(KVT_LOG_INFO, "cluster: directory back: republishing %u blocks", cl->held.n);
         *gen = g;
         if (kvt__dir_renew(d, 0, NULL, 0)) STAT_ADD(cl, dir_errors, 1); /* the lease first */
-        publish_all(cl, b, false);
+        republish(cl, b);
     } else if (now >= *next_renew) {
-        publish_all(cl, b, true);
+        if (publish_all(cl, b, true)) atomic_store(&cl->owed, 0); /* renewing writes them too */
         *next_renew = now + 2 * lease_ns;
     }
 }
@@ -404,6 +428,7 @@ static void *publish_main(void *arg)
         uint32_t n = take_events(cl, ev, CL_QUEUE, stop ? 0 : CL_PUBLISH_MS * 1000000ull);
         bool was_open = atomic_load(&cl->dir) != NULL;
         if (n) publish_events(cl, ev, n, b);
+        atomic_store(&cl->inflight, 0);
         if (!stop && try_open(cl, b)) {
             if (!was_open) gen = kvt__dir_generation(atomic_load(&cl->dir));
             keep_up(cl, b, &gen, &next_lease, &next_renew);
@@ -622,7 +647,13 @@ static void accept_one(kvt_cluster *cl, kvt_stream *s)
     }
     pthread_mutex_unlock(&cl->mu);
     if (!sv) {
-        STAT_ADD(cl, refused, 1); /* cluster_serve_max: the peer recomputes */
+        /* cluster_serve_max: the peer recomputes. Logged at the 1st, 2nd,
+         * 4th, ... refusal: a peer that keeps dialling cannot flood the log */
+        uint64_t k = STAT_ADD(cl, refused, 1) + 1;
+        if (!(k & (k - 1)))
+            kvt__log(KVT_LOG_WARN, "cluster: a peer's connection was refused: %u pulls are being "
+                     "served (cluster_serve_max; %llu refused so far)", cl->cfg->cluster_serve_max,
+                     (unsigned long long)k);
         kvt__stream_destroy(s);
     }
 }
@@ -743,6 +774,16 @@ static kvt_request cut_request(const kvt_request *req, uint32_t nb, uint32_t bt,
     return r;
 }
 
+/* A stream call's failure (the stream sets no message) named for the log:
+ * which peer, doing what. */
+static kvt_status link_fail(kvt_status st, const char *addr, const char *doing)
+{
+    if (st == KVT_ETIMEDOUT)
+        return kvt__fail(st, "cluster: %s did not answer by cluster_pull_ms %s", addr, doing);
+    if (st == KVT_ECONN) return kvt__fail(st, "cluster: %s closed the connection %s", addr, doing);
+    return st;
+}
+
 static kvt_status send_fetch(kvt_stream *s, const kvt_request *req, uint64_t space,
                              uint32_t first, uint32_t count, uint64_t dl)
 {
@@ -806,11 +847,13 @@ static kvt_status recv_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint
             iov[j] = (struct iovec){(void *)blk[j], bb};
         }
         landing l = {sh, blk, bb, k, 0, first + i, mine + i, layer_sums + (size_t)i * nl};
-        st = kvt__stream_recvv_landed(s, iov, (int)k, dl, on_landed, &l);
+        st = link_fail(kvt__stream_recvv_landed(s, iov, (int)k, dl, on_landed, &l), addr,
+                       "sending blocks");
         if (!st && l.done != k)
             st = kvt__fail(KVT_EPROTO, "cluster: a receive from %s ended before its blocks", addr);
     }
-    if (!st) st = kvt__stream_recv(s, sums, (size_t)n * sizeof *sums, dl);
+    if (!st) st = link_fail(kvt__stream_recv(s, sums, (size_t)n * sizeof *sums, dl), addr,
+                            "sending checksums");
     for (uint32_t i = 0; i < n && !st; i++)
         if (mine[i] != sums[i])
             st = kvt__fail(KVT_ECORRUPT, "cluster: block %u pulled from %s failed its checksum",
@@ -873,10 +916,11 @@ static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request 
     if (!s) return 0;
     uint64_t t0 = kvt__now_ns();
     kvt_request lr = cut_request(req, first + count, sh->block_tokens, true);
-    kvt_status st = send_fetch(s, &lr, sh->fingerprint, first, count, dl);
+    kvt_status st = link_fail(send_fetch(s, &lr, sh->fingerprint, first, count, dl), holder->addr,
+                              "taking a fetch");
     uint8_t hdr[KVT_PULL_REP_HDR];
     kvt_pull_answer a = {0};
-    if (!st) st = kvt__stream_recv(s, hdr, sizeof hdr, dl);
+    if (!st) st = link_fail(kvt__stream_recv(s, hdr, sizeof hdr, dl), holder->addr, "answering a fetch");
     if (!st) st = kvt__pull_answer_decode(hdr, count, sh->shm.block_bytes, holder->addr, &a);
     if (!st && a.status == KVT_OK && a.n == 0) {
         /* a stale entry: the holder lost the block */
@@ -896,8 +940,8 @@ static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request 
     if (st) {
         STAT_ADD(cl, pull_failed, 1);
         if (st != KVT_EBUSY)
-            kvt__log(KVT_LOG_WARN, "cluster: pull from %s (%s) failed, a miss: %s", holder->node,
-                     holder->addr, kvt_last_error());
+            kvt__log(KVT_LOG_WARN, "cluster: pull from %s (%s) failed, a miss: %s: %s", holder->node,
+                     holder->addr, kvt_status_name(st), kvt_last_error());
         kvt__stream_destroy(s); /* mid-answer: the stream's position is lost */
         return 0;
     }
@@ -996,6 +1040,7 @@ static void cl_metrics(void *arg, kvt_mbuf *b)
         ROW("published_blocks_total", "counter", "Block entries written to the directory.", published),
         ROW("unpublished_blocks_total", "counter", "Block entries removed from the directory.", unpublished),
         ROW("publish_dropped_total", "counter", "Index changes not published (queue full).", queue_dropped),
+        ROW("publish_backlog", "gauge", "Index changes not yet written to the directory.", publish_backlog),
         ROW("epoch", "gauge", "This node's epoch in the directory.", epoch),
         ROW("directory_up", "gauge", "1 while the directory answers.", directory_up),
         ROW("pull_bytes_per_second", "gauge", "Measured pull bandwidth (moving average).", pull_bytes_per_s),
@@ -1219,6 +1264,10 @@ kvt_status kvt_cluster_stats(const kvt_cluster *cl, kvt_cluster_counters *out)
     out->epoch = d ? kvt__dir_epoch(d) : 0;
     out->directory_up = d && kvt__dir_up(d);
     out->pull_bytes_per_s = atomic_load(&cl->bw_bps);
+    kvt_cluster *w = (kvt_cluster *)cl; /* the queue's lock: a snapshot changes nothing */
+    pthread_mutex_lock(&w->qmu);
+    out->publish_backlog = (uint64_t)cl->qlen + atomic_load(&cl->inflight) + atomic_load(&cl->owed);
+    pthread_mutex_unlock(&w->qmu);
     return KVT_OK;
 }
 
