@@ -15,7 +15,10 @@ kvtier = sys.argv[1]
 r = subprocess.run([kvtier, "demo", "--cluster", "--json"], capture_output=True, text=True,
                    timeout=600)
 if r.returncode != 0:
-    sys.exit("cli_demo_cluster: exit %d\n%s\n%s" % (r.returncode, r.stdout, r.stderr[-6000:]))
+    # the demo's own verdict lines first: the nodes' logs after them are long
+    reasons = "\n".join(l for l in r.stderr.splitlines() if l.startswith("kvtier demo"))
+    sys.exit("cli_demo_cluster: exit %d\n%s\n%s\n--- stderr's end:\n%s" %
+             (r.returncode, r.stdout, reasons, r.stderr[-6000:]))
 rep = json.loads(r.stdout.strip().splitlines()[-1])
 phase = {p["phase"]: p for p in rep["phases"]}
 

@@ -58,11 +58,22 @@ typedef struct cmsg {
     uint64_t requests, lookup_tokens, hit_tokens, verified_bytes, mismatches, econn, failures;
 } cmsg;
 
+/* The nodes' pull counters a phase row shows: pulled blocks (the cross-node
+ * hits) and why a lookup pulled nothing, so a phase short of hits says why. */
+enum { NC_PULLED, NC_FAILED, NC_SKIPPED, NC_STALE, NC_DIR_ERRORS, NC_N };
+static const char *const NC_METRIC[NC_N] = {
+    "kvtier_cluster_pulled_blocks_total", "kvtier_cluster_pull_failures_total",
+    "kvtier_cluster_pulls_skipped_total", "kvtier_cluster_stale_entries_total",
+    "kvtier_cluster_directory_errors_total",
+};
+static const char *const NC_JSON[NC_N] = {"pulled_blocks", "pull_failures", "pulls_skipped",
+                                          "stale_entries", "directory_errors"};
+
 typedef struct cnode {
     pid_t pid;
     uint16_t metrics_port;
     char sock[300], log[300];
-    uint64_t pulled_base, pulled_last; /* this life's counter at the phase's start, now */
+    uint64_t base[NC_N], last[NC_N]; /* this life's counters at the phase's start, now */
 } cnode;
 
 typedef struct cdemo {
@@ -75,7 +86,8 @@ typedef struct cdemo {
     pid_t eng[ENGINES];
     int to[ENGINES], from[ENGINES];
     cmsg sum[NUM_PHASES + 1];
-    uint64_t cross[NUM_PHASES + 1];
+    uint64_t cross[NUM_PHASES + 1];         /* pulled blocks x BLOCK_TOKENS */
+    uint64_t nc[NUM_PHASES + 1][NC_N];      /* the nodes' pull counters, summed */
 } cdemo;
 
 static const char *const PHASE_NAMES[NUM_PHASES + 1] = {
@@ -219,15 +231,43 @@ static int fail(const char *what)
     return 1;
 }
 
-static uint64_t pulled_blocks(const cnode *nd)
+/* A dead node's counters stay where its last phase left them. */
+static void node_counters(cnode *nd, uint64_t *out)
 {
-    return nd->pid ? cp_metric(nd->metrics_port, "kvtier_cluster_pulled_blocks_total", nd->pulled_last)
-                   : nd->pulled_last;
+    for (uint32_t k = 0; k < NC_N; k++)
+        out[k] = nd->pid ? cp_metric(nd->metrics_port, NC_METRIC[k], nd->last[k]) : nd->last[k];
 }
 
 static uint64_t published(const cnode *nd)
 {
     return cp_metric(nd->metrics_port, "kvtier_cluster_published_blocks_total", 0);
+}
+
+/* Publishing is asynchronous (docs/cluster.md): a peer finds a block once
+ * its holder wrote it to the directory. Until every live node is up with
+ * nothing left to write, so the next phase's pulls find what this one
+ * stored, however loaded the host. */
+static int wait_published(cdemo *d)
+{
+    uint64_t until = kvt__now_ns() + (uint64_t)WAIT_MS * 1000000ull;
+    for (uint32_t n = 0; n < NODES; n++) {
+        const cnode *nd = &d->node[n];
+        uint64_t up = 0, backlog = 0;
+        while (nd->pid && ((up = cp_metric(nd->metrics_port, "kvtier_cluster_directory_up", 0)) != 1 ||
+                           (backlog = cp_metric(nd->metrics_port, "kvtier_cluster_publish_backlog",
+                                                UINT64_MAX)) != 0)) {
+            if (kvt__now_ns() > until) {
+                fprintf(stderr, "kvtier demo --cluster: node %u did not publish its blocks in %d ms "
+                        "(kvtier_cluster_directory_up %llu, kvtier_cluster_publish_backlog %llu; "
+                        "log: %s)\n", n, WAIT_MS, (unsigned long long)up,
+                        (unsigned long long)backlog, nd->log);
+                return 1;
+            }
+            struct timespec ts = {0, 20 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return 0;
 }
 
 /* Until the Sentinel names the replica, then until every node wrote to it
@@ -293,7 +333,8 @@ static int start_node(cdemo *d, uint32_t i)
                     "--set", "cluster_prefill_tps=100",
                     "--set", "log_level=info", NULL};
     nd->pid = cp_spawn_logged(nd->log, argv);
-    nd->pulled_base = nd->pulled_last = 0;
+    memset(nd->base, 0, sizeof nd->base);
+    memset(nd->last, 0, sizeof nd->last);
     if (nd->pid < 0 || !cp_wait_file(nd->sock, nd->pid, WAIT_MS)) {
         nd->pid = 0;
         fprintf(stderr, "kvtier demo --cluster: node %u did not start (log: %s)\n", i, nd->log);
@@ -326,7 +367,7 @@ static int spawn_engine(cdemo *d, uint32_t i)
  * pulls go into the phase's row. */
 static int phase(cdemo *d, uint8_t p)
 {
-    for (uint32_t n = 0; n < NODES; n++) d->node[n].pulled_base = pulled_blocks(&d->node[n]);
+    for (uint32_t n = 0; n < NODES; n++) node_counters(&d->node[n], d->node[n].base);
     for (uint32_t i = 0; i < ENGINES; i++)
         if (write(d->to[i], &p, 1) != 1) return fail("an engine went away");
     for (uint32_t i = 0; i < ENGINES; i++) {
@@ -341,8 +382,10 @@ static int phase(cdemo *d, uint8_t p)
     }
     for (uint32_t n = 0; n < NODES; n++) {
         cnode *nd = &d->node[n];
-        nd->pulled_last = pulled_blocks(nd);
-        if (nd->pid) d->cross[p] += (nd->pulled_last - nd->pulled_base) * BLOCK_TOKENS;
+        node_counters(nd, nd->last);
+        if (!nd->pid) continue;
+        for (uint32_t k = 0; k < NC_N; k++) d->nc[p][k] += nd->last[k] - nd->base[k];
+        d->cross[p] += (nd->last[NC_PULLED] - nd->base[NC_PULLED]) * BLOCK_TOKENS;
     }
     return 0;
 }
@@ -354,14 +397,14 @@ static int run(cdemo *d)
         if (start_node(d, n)) return 1;
     for (uint32_t i = 0; i < ENGINES; i++)
         if (spawn_engine(d, i)) return 1;
-    if (phase(d, 1) || phase(d, 2)) return 1;
+    if (wait_published(d) || phase(d, 1) || wait_published(d) || phase(d, 2)) return 1;
     cp_kill_wait(&d->node[1].pid, SIGKILL);
     if (phase(d, 3)) return 1;
-    if (start_node(d, 1) || phase(d, 4)) return 1;
+    if (start_node(d, 1) || wait_published(d) || phase(d, 4)) return 1;
     if (wait_sentinel_ready(d)) return 1;
     cp_kill_wait(&d->redis, SIGKILL);
     if (phase(d, 5)) return 1;
-    if (wait_failover(d)) return 1;
+    if (wait_failover(d) || wait_published(d)) return 1;
     return phase(d, 6);
 }
 
@@ -386,14 +429,14 @@ static void report_text(const cdemo *d, const cmsg *t, uint64_t cross)
     printf("kvtier demo --cluster: Redis (primary, replica, Sentinel) + %d node servers, %d engines "
            "behind a random router\n",
            NODES, ENGINES);
-    printf("  %-28s %8s %11s %10s %12s %6s\n", "phase", "requests", "lookup tok", "hit tok",
-           "cross-node", "ECONN");
+    printf("  %-28s %8s %11s %10s %12s %6s %10s\n", "phase", "requests", "lookup tok", "hit tok",
+           "cross-node", "ECONN", "pull fail");
     for (uint32_t p = 1; p <= NUM_PHASES; p++) {
         const cmsg *s = &d->sum[p];
-        printf("  %-28s %8llu %11llu %10llu %12llu %6llu\n", PHASE_NAMES[p],
+        printf("  %-28s %8llu %11llu %10llu %12llu %6llu %10llu\n", PHASE_NAMES[p],
                (unsigned long long)s->requests, (unsigned long long)s->lookup_tokens,
                (unsigned long long)s->hit_tokens, (unsigned long long)d->cross[p],
-               (unsigned long long)s->econn);
+               (unsigned long long)s->econn, (unsigned long long)d->nc[p][NC_FAILED]);
     }
     printf("  cross-node hit tokens: %llu of %llu hit tokens; loaded bytes verified: %llu, "
            "mismatches: %llu, failures: %llu\n", (unsigned long long)cross,
@@ -407,16 +450,28 @@ static void report_json(const cdemo *d, const cmsg *t, uint64_t cross)
     for (uint32_t p = 1; p <= NUM_PHASES; p++) {
         const cmsg *s = &d->sum[p];
         printf("%s{\"phase\":%u,\"name\":\"%s\",\"requests\":%llu,\"lookup_tokens\":%llu,"
-               "\"hit_tokens\":%llu,\"cross_node_hit_tokens\":%llu,\"econn\":%llu}", p > 1 ? "," : "",
+               "\"hit_tokens\":%llu,\"cross_node_hit_tokens\":%llu,\"econn\":%llu", p > 1 ? "," : "",
                p, PHASE_NAMES[p], (unsigned long long)s->requests,
                (unsigned long long)s->lookup_tokens, (unsigned long long)s->hit_tokens,
                (unsigned long long)d->cross[p], (unsigned long long)s->econn);
+        for (uint32_t k = 0; k < NC_N; k++)
+            printf(",\"%s\":%llu", NC_JSON[k], (unsigned long long)d->nc[p][k]);
+        printf("}");
     }
     printf("],\"hit_tokens\":%llu,\"cross_node_hit_tokens\":%llu,\"verified_bytes\":%llu,"
            "\"mismatches\":%llu,\"failures\":%llu,\"nodes_killed\":1,\"redis_failovers\":1}\n",
            (unsigned long long)t->hit_tokens, (unsigned long long)cross,
            (unsigned long long)t->verified_bytes, (unsigned long long)t->mismatches,
            (unsigned long long)t->failures);
+}
+
+/* Why phase p's nodes pulled nothing, as far as their counters tell. */
+static void why_no_pulls(const cdemo *d, uint32_t p)
+{
+    fprintf(stderr, "kvtier demo --cluster: phase %u (%s): the nodes' pulls:", p, PHASE_NAMES[p]);
+    for (uint32_t k = 0; k < NC_N; k++)
+        fprintf(stderr, " %s %llu", NC_JSON[k], (unsigned long long)d->nc[p][k]);
+    fprintf(stderr, "\n");
 }
 
 static int verdict(const cdemo *d, const cmsg *t)
@@ -430,6 +485,8 @@ static int verdict(const cdemo *d, const cmsg *t)
     else if (!d->sum[5].hit_tokens) bad = "no hits while the Redis primary was failing over";
     else if (!d->cross[6]) bad = "no cross-node hits after the failover";
     if (bad) fprintf(stderr, "kvtier demo --cluster: FAILED: %s\n", bad);
+    for (uint32_t p = 2; bad && p <= NUM_PHASES; p += 2)
+        if (!d->cross[p]) why_no_pulls(d, p);
     return bad ? 1 : 0;
 }
 
