@@ -148,6 +148,20 @@ kvt_status kvt__cache_ext_offsets(kvt_cache *c, kvt_task_id id, uint64_t deadlin
 
 uint32_t kvt__cache_ext_entries(kvt_cache *c) { return kvt__index_capacity(c->index); }
 
+kvt_status kvt__ext_blocks_alloc(kvt_ext_blocks *b, uint32_t n, uint32_t extra_per_block,
+                                 const char *what)
+{
+    size_t m = n ? n : 1; /* every u64 part first, then the ids: each part aligned */
+    size_t u64s = m + 2 * m + m * extra_per_block;
+    uint64_t *p = malloc(u64s * sizeof *p + m * sizeof(uint32_t));
+    if (!p) return kvt__fail(KVT_ENOMEM, "%s: no memory for %u blocks' offsets", what, n);
+    b->offsets = p;
+    b->keys = (kvt_hash128 *)(p + m);
+    b->extra = extra_per_block ? p + 3 * m : NULL;
+    b->ids = (uint32_t *)(p + u64s);
+    return KVT_OK;
+}
+
 kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, uint32_t *ids,
                                uint32_t max)
 {

@@ -79,6 +79,19 @@ kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, 
                                uint32_t max);
 /* The index's capacity: entry ids are below it. */
 uint32_t kvt__cache_ext_entries(kvt_cache *c);
+
+/* What a launch of up to n blocks reports, in one allocation (freed with
+ * free(b->offsets)): offsets for kvt__cache_ext_launch, keys and ids for
+ * kvt__cache_ext_keys, and extra u64s per block for the caller's own
+ * (a pull's layer checksums). KVT_ENOMEM (what names the caller). */
+typedef struct kvt_ext_blocks {
+    uint64_t *offsets;
+    kvt_hash128 *keys;
+    uint64_t *extra; /* n * extra_per_block; NULL when 0 */
+    uint32_t *ids;
+} kvt_ext_blocks;
+kvt_status kvt__ext_blocks_alloc(kvt_ext_blocks *b, uint32_t n, uint32_t extra_per_block,
+                                 const char *what);
 /* Counts n blocks a client's load found unlike their stored checksums in
  * corrupt_blocks (the node server drops them with kvt__cache_ext_clear). */
 void kvt__cache_ext_count_corrupt(kvt_cache *c, uint32_t n);

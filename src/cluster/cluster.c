@@ -493,17 +493,10 @@ static kvt_status send_blocks(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
 {
     uint64_t bb = sh->shm.block_bytes;
     uint32_t nl = sh->geo->num_layers;
-    uint64_t *sums = malloc((size_t)n * (1 + nl) * sizeof *sums), *ls = sums + n;
-    bool *missing = malloc(n * sizeof *missing);
-    if (!sums || !missing) {
-        free(sums);
-        free(missing);
-        return kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
-    }
-    kvt__srv_sums_get(&sh->sums, sh->shm.base, sh->geo, sh->block_tokens, offsets, ids, keys, n,
-                      ls, missing);
+    uint64_t *sums = malloc((size_t)n * (1 + nl) * sizeof *sums), *ls = sums ? sums + n : NULL;
+    if (!sums) return kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
+    kvt__srv_sums_get(&sh->sums, sh->shm.base, sh->geo, sh->block_tokens, offsets, ids, keys, n, ls);
     for (uint32_t i = 0; i < n; i++) sums[i] = kvt__pull_sum(ls + (size_t)i * nl, nl, first + i);
-    free(missing);
     kvt_status st = send_answer(s, KVT_OK, n, bb, dl);
     for (uint32_t i = 0; i < n && !st; i++) {
         st = pace(cl, bb, dl);
@@ -545,27 +538,24 @@ static kvt_status serve_fetch(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fet
         if (m.task) kvt__cache_ext_abort(sh->cache, m.task, dl);
         return send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
     }
-    /* the offsets, then the blocks' keys and entries */
-    uint64_t *off = malloc((size_t)nb * (sizeof *off + sizeof(kvt_hash128) + sizeof(uint32_t)));
-    kvt_hash128 *keys = off ? (kvt_hash128 *)(off + nb) : NULL;
-    uint32_t *ids = off ? (uint32_t *)(keys + nb) : NULL;
+    kvt_ext_blocks b = {0};
     kvt_ext_launch lo = {0};
-    st = off ? kvt__cache_ext_launch(sh->cache, m.task, dl, off, nb, &lo)
-             : kvt__fail(KVT_ENOMEM, "cluster: out of memory serving a pull");
-    if (!st && !lo.reading) st = kvt__cache_ext_keys(sh->cache, m.task, keys, ids, nb);
+    st = kvt__ext_blocks_alloc(&b, nb, 0, "cluster: serving a pull");
+    if (!st) st = kvt__cache_ext_launch(sh->cache, m.task, dl, b.offsets, nb, &lo);
+    if (!st && !lo.reading) st = kvt__cache_ext_keys(sh->cache, m.task, b.keys, b.ids, nb);
     if (st || lo.reading) {
         kvt__cache_ext_abort(sh->cache, m.task, dl); /* a task already gone: nothing */
-        free(off);
+        free(b.offsets);
         return send_answer(s, st ? st : KVT_ETIMEDOUT, 0, 0, dl);
     }
     uint32_t have = lo.num_blocks > f->first ? lo.num_blocks - f->first : 0;
     uint32_t n = have < f->count ? have : f->count;
-    st = n ? send_blocks(cl, s, sh, off + f->first, keys + f->first, ids + f->first, f->first, n,
-                         dl)
+    uint32_t f0 = f->first;
+    st = n ? send_blocks(cl, s, sh, b.offsets + f0, b.keys + f0, b.ids + f0, f0, n, dl)
            : send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
     kvt_task_result r;
     kvt__cache_ext_end(sh->cache, m.task, KVT_OK, &r);
-    free(off);
+    free(b.offsets);
     if (!st && n) {
         STAT_ADD(cl, served, 1);
         STAT_ADD(cl, served_blocks, n);
@@ -877,30 +867,25 @@ static kvt_status land_pull(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
         if (pl.task) kvt__cache_ext_abort(sh->cache, pl.task, dl);
         return kvt__fail(KVT_EBUSY, "cluster: the pulled blocks are being stored here already");
     }
-    /* the offsets, the blocks' keys, their layer checksums, their entries */
-    uint32_t nl = sh->geo->num_layers;
-    uint64_t *off = malloc((size_t)n * (sizeof *off + sizeof(kvt_hash128) + nl * sizeof *off +
-                                        sizeof(uint32_t)));
-    kvt_hash128 *keys = off ? (kvt_hash128 *)(off + n) : NULL;
-    uint64_t *ls = off ? (uint64_t *)(keys + n) : NULL;
-    uint32_t *ids = off ? (uint32_t *)(ls + (size_t)n * nl) : NULL;
+    /* the offsets, the blocks' keys and entries, their layer checksums */
+    kvt_ext_blocks b = {0};
     kvt_ext_launch lo = {0};
-    st = off ? kvt__cache_ext_launch(sh->cache, pl.task, dl, off, n, &lo)
-             : kvt__fail(KVT_ENOMEM, "cluster: out of memory pulling");
-    if (!st) st = kvt__cache_ext_keys(sh->cache, pl.task, keys, ids, n);
+    st = kvt__ext_blocks_alloc(&b, n, sh->geo->num_layers, "cluster: pulling");
+    if (!st) st = kvt__cache_ext_launch(sh->cache, pl.task, dl, b.offsets, n, &lo);
+    if (!st) st = kvt__cache_ext_keys(sh->cache, pl.task, b.keys, b.ids, n);
     if (st) {
         kvt__cache_ext_abort(sh->cache, pl.task, dl);
-        free(off);
+        free(b.offsets);
         return st;
     }
-    st = recv_blocks(s, sh, off, first, n, dl, addr, ls);
+    st = recv_blocks(s, sh, b.offsets, first, n, dl, addr, b.extra);
     if (st == KVT_ECORRUPT) STAT_ADD(cl, pull_corrupt, 1);
     /* recorded before the commit, as a client's END does: the first load
      * here checks against what was verified */
-    if (!st) kvt__srv_sums_put64(&sh->sums, ids, keys, n, ls);
+    if (!st) kvt__srv_sums_put64(&sh->sums, b.ids, b.keys, n, b.extra);
     kvt_task_result r = {0};
     kvt_status end = kvt__cache_ext_end(sh->cache, pl.task, st ? st : KVT_OK, &r);
-    free(off);
+    free(b.offsets);
     if (!st && (end || r.status)) st = end ? end : r.status;
     return st;
 }

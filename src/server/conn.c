@@ -473,15 +473,9 @@ static kvt_status load_sums(kvt_srv_conn *c, const kvt_srv_task *t, uint64_t **o
     const kvt_srv_shard *sh = c->sh;
     uint32_t n = t->num_blocks ? t->num_blocks : 1;
     uint64_t *sums = malloc((size_t)n * sh->geo->num_layers * sizeof *sums);
-    bool *missing = malloc(n * sizeof *missing);
-    if (!sums || !missing) {
-        free(sums);
-        free(missing);
-        return kvt__fail(KVT_ENOMEM, "launch: no memory for the checksums of %u blocks", n);
-    }
+    if (!sums) return kvt__fail(KVT_ENOMEM, "launch: no memory for the checksums of %u blocks", n);
     kvt__srv_sums_get(&c->sh->sums, sh->shm.base, sh->geo, sh->shm.block_tokens, t->offsets,
-                      t->ids, t->keys, t->num_blocks, sums, missing);
-    free(missing);
+                      t->ids, t->keys, t->num_blocks, sums);
     *out = sums;
     return KVT_OK;
 }
@@ -490,9 +484,9 @@ static kvt_status load_sums(kvt_srv_conn *c, const kvt_srv_task *t, uint64_t **o
  * reads run. Never waits for the SSD: the client asks again (a LAUNCH of
  * the same task), so neither this thread nor the client's caller blocks. */
 static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
-                               const kvt_ext_launch *l, uint64_t *offs)
+                               const kvt_ext_launch *l, const kvt_ext_blocks *blk)
 {
-    uint64_t id = t->id;
+    uint64_t id = t->id, *offs = blk->offsets;
     if (!st && l->reading) { /* the task stays launched */
         free(offs);
         t->launched = t->pending = true;
@@ -514,9 +508,9 @@ static kvt_status launch_reply(kvt_srv_conn *c, kvt_srv_task *t, kvt_status st,
     t->pending = false;
     t->num_blocks = l->num_blocks;
     t->first_token = l->first_token;
-    t->offsets = offs;
-    t->keys = (kvt_hash128 *)(offs + t->pins + 1);
-    t->ids = (uint32_t *)(t->keys + t->pins + 1);
+    t->offsets = offs; /* the task owns blk now: freed with its offsets */
+    t->keys = blk->keys;
+    t->ids = blk->ids;
     kvt_srv_launch_rep r = {(uint32_t)l->kind, l->first_token, l->num_tokens, l->num_blocks,
                             l->bad_status, 0, NULL, 0, NULL};
     uint64_t *sums = NULL;
@@ -551,21 +545,21 @@ static kvt_status on_launch(kvt_srv_conn *c, const uint8_t *p, size_t len)
      * room for the largest request was a 2 MiB allocation, mmap'd and
      * unmapped by every launch. */
     uint32_t max = t->pins + 1;
-    /* the offsets, then the blocks' keys and entries (launch_reply) */
-    uint64_t *offs = malloc((size_t)max * (sizeof *offs + sizeof(kvt_hash128) + sizeof(uint32_t)));
-    if (!offs) {
-        if (t->pending) return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: "
-                                                                      "no memory (ask again)"));
+    kvt_ext_blocks b; /* the offsets, the blocks' keys and entries (launch_reply) */
+    if (kvt__ext_blocks_alloc(&b, max, 0, t->pending ? "launch (ask again)" : "launch")) {
+        st = reply_err(c, KVT_SRV_LAUNCH, KVT_ENOMEM);
+        if (t->pending) return st;
         kvt__cache_ext_abort(c->sh->cache, id, read_deadline(c));
         drop_task(c, t);
-        return reply_err(c, KVT_SRV_LAUNCH, kvt__fail(KVT_ENOMEM, "launch: no memory"));
+        return st;
     }
+
     kvt_ext_launch l;
     /* A deadline already passed: the cache only looks whether the reads are done. */
     uint64_t now = kvt__deadline_ns(0);
-    st = t->pending ? kvt__cache_ext_offsets(c->sh->cache, id, now, offs, max, &l)
-                    : kvt__cache_ext_launch(c->sh->cache, id, now, offs, max, &l);
-    return launch_reply(c, t, st, &l, offs);
+    st = t->pending ? kvt__cache_ext_offsets(c->sh->cache, id, now, b.offsets, max, &l)
+                    : kvt__cache_ext_launch(c->sh->cache, id, now, b.offsets, max, &l);
+    return launch_reply(c, t, st, &l, &b);
 }
 
 static kvt_status end_reply(kvt_srv_conn *c, uint16_t op, const kvt_task_result *r)
@@ -587,12 +581,11 @@ static uint32_t find_corrupt(kvt_srv_conn *c, const kvt_srv_task *t, kvt_hash128
     const kvt_srv_shard *sh = c->sh;
     const uint32_t nl = sh->geo->num_layers;
     uint64_t *want = malloc(2 * (size_t)t->num_blocks * nl * sizeof *want);
-    bool *missing = malloc((t->num_blocks ? t->num_blocks : 1) * sizeof *missing);
     uint32_t nbad = 0;
-    if (want && missing) {
+    if (want) {
         uint64_t *have = want + (size_t)t->num_blocks * nl;
         kvt__srv_sums_get(&c->sh->sums, sh->shm.base, sh->geo, sh->shm.block_tokens, t->offsets,
-                          t->ids, t->keys, t->num_blocks, want, missing);
+                          t->ids, t->keys, t->num_blocks, want);
         for (uint32_t i = 0; i < t->num_blocks; i++) {
             kvt__srv_layer_sums(sh->shm.base + t->offsets[i], sh->geo, sh->shm.block_tokens,
                                 have + (size_t)i * nl);
@@ -601,7 +594,6 @@ static uint32_t find_corrupt(kvt_srv_conn *c, const kvt_srv_task *t, kvt_hash128
         }
     }
     free(want);
-    free(missing);
     return nbad;
 }
 

@@ -197,8 +197,8 @@ void kvt__srv_layer_sums(const uint8_t *block, const kvt_geometry *g, uint32_t b
  * fit one frame (requests are cut to it). put records a committed store's
  * sums for its blocks' entries ids and keys (n blocks, n * layers u64s on
  * the wire, unaligned). get fills out (n * layers) for a load's blocks,
- * hashing those with no record of their key from base + offsets[i]
- * (missing[i] says which; returns how many) and recording them. */
+ * hashing those with no record of their key from base + offsets[i] and
+ * recording them (returns how many it hashed). */
 kvt_status kvt__srv_sums_init(kvt_srv_sums *s, uint32_t entries, uint32_t layers);
 void kvt__srv_sums_destroy(kvt_srv_sums *s);
 uint32_t kvt__srv_sums_max_blocks(uint32_t layers);
@@ -209,7 +209,7 @@ void kvt__srv_sums_put64(kvt_srv_sums *s, const uint32_t *ids, const kvt_hash128
                          uint32_t n, const uint64_t *sums);
 uint32_t kvt__srv_sums_get(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
                            uint32_t block_tokens, const uint64_t *offsets, const uint32_t *ids,
-                           const kvt_hash128 *keys, uint32_t n, uint64_t *out, bool *missing);
+                           const kvt_hash128 *keys, uint32_t n, uint64_t *out);
 /* Keeps a cut-off client's store blocks (slots, n; taken over) until its
  * process pid exits or its session re-attaches with its copies stopped
  * (fences_release: the blocks freed); fences_reap (all: at destroy)

@@ -103,34 +103,50 @@ void kvt__srv_sums_put64(kvt_srv_sums *s, const uint32_t *ids, const kvt_hash128
     put(s, ids, keys, n, NULL, sums);
 }
 
-uint32_t kvt__srv_sums_get(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
-                           uint32_t block_tokens, const uint64_t *offsets, const uint32_t *ids,
-                           const kvt_hash128 *keys, uint32_t n, uint64_t *out, bool *missing)
+/* Blocks [i0, i0 + k) of a get (k <= 64): their records into out, those
+ * with none hashed from their bytes and recorded. The hashing runs outside
+ * the lock (other loads read records meanwhile); the 64-bit mask is why a
+ * get goes in chunks of 64, with no allocation. */
+static uint32_t get_chunk(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
+                          uint32_t block_tokens, const uint64_t *offsets, const uint32_t *ids,
+                          const kvt_hash128 *keys, uint32_t k, uint64_t *out)
 {
     const uint32_t nl = s->layers;
-    uint32_t computed = 0;
+    uint64_t miss = 0;
     pthread_mutex_lock(&s->mu);
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < k; i++) {
         uint32_t e = ids[i];
-        missing[i] = e >= s->entries || !same_key(s->key[e], keys[i]);
-        if (!missing[i]) memcpy(out + (size_t)i * nl, s->sum + (size_t)e * nl, (size_t)nl * 8);
+        if (e >= s->entries || !same_key(s->key[e], keys[i])) miss |= 1ull << i;
+        else memcpy(out + (size_t)i * nl, s->sum + (size_t)e * nl, (size_t)nl * 8);
     }
     pthread_mutex_unlock(&s->mu);
+    if (!miss) return 0;
     /* Blocks with no record (recovered from the SSD): their bytes passed
      * the SSD's checksum when read (and are pinned by this load). */
-    for (uint32_t i = 0; i < n; i++) {
-        if (!missing[i]) continue;
+    for (uint64_t m = miss; m; m &= m - 1) {
+        uint32_t i = (uint32_t)__builtin_ctzll(m);
         kvt__srv_layer_sums(base + offsets[i], g, block_tokens, out + (size_t)i * nl);
-        computed++;
     }
-    if (!computed) return 0;
     pthread_mutex_lock(&s->mu);
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t e = ids[i];
-        if (!missing[i] || e >= s->entries) continue;
+    for (uint64_t m = miss; m; m &= m - 1) {
+        uint32_t i = (uint32_t)__builtin_ctzll(m), e = ids[i];
+        if (e >= s->entries) continue;
         s->key[e] = keys[i];
         memcpy(s->sum + (size_t)e * nl, out + (size_t)i * nl, (size_t)nl * 8);
     }
     pthread_mutex_unlock(&s->mu);
+    return (uint32_t)__builtin_popcountll(miss);
+}
+
+uint32_t kvt__srv_sums_get(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
+                           uint32_t block_tokens, const uint64_t *offsets, const uint32_t *ids,
+                           const kvt_hash128 *keys, uint32_t n, uint64_t *out)
+{
+    uint32_t computed = 0;
+    for (uint32_t i = 0; i < n; i += 64) {
+        uint32_t k = n - i < 64 ? n - i : 64;
+        computed += get_chunk(s, base, g, block_tokens, offsets + i, ids + i, keys + i, k,
+                              out + (size_t)i * s->layers);
+    }
     return computed;
 }

@@ -764,28 +764,37 @@ static kvt_status raw_attach(const char *path, kvt_geometry *g, int *fd, uint8_t
     return *tier == MAP_FAILED ? KVT_ESYS : KVT_OK;
 }
 
-/* A raw LOOKUP and LAUNCH of seed 99's prefix on fd: the reply (offsets
- * and the layer checksums the server recorded) in *l, its buffer in *rep
- * (the caller frees it), the task in *task for its END. */
-static kvt_status raw_load_launch(int fd, uint64_t *task, kvt_srv_launch_rep *l, uint8_t **rep)
+/* A raw plan of seed 99's whole prefix (op: KVT_SRV_LOOKUP, a load; or
+ * KVT_SRV_PREPARE, a store) and its LAUNCH on fd: the reply (offsets, and
+ * a load's recorded layer checksums) in *l, its buffer in *rep (the caller
+ * frees it), the task in *task for its END. */
+static kvt_status raw_plan_launch(int fd, uint16_t op, uint64_t *task, kvt_srv_launch_rep *l,
+                                  uint8_t **rep)
 {
-    uint32_t tokens[NTOK], matched = 0, n = 0;
+    uint32_t tokens[NTOK], first = 0, n = 0;
     kvt_request r;
     request(&r, tokens, 99);
     kvt_srv_buf b = {0};
     uint8_t *p = NULL;
     uint32_t len = 0;
     kvt__srv_req_encode(&b, &r);
-    kvt_status st = raw_rt(fd, KVT_SRV_LOOKUP, &b, &p, &len, NULL);
+    kvt_status st = raw_rt(fd, op, &b, &p, &len, NULL);
     kvt__srv_buf_free(&b);
-    if (!st) st = kvt__srv_task_rep_decode(p, len, task, &matched, &n);
+    if (!st) st = kvt__srv_task_rep_decode(p, len, task, &first, &n);
     free(p);
-    if (!st && matched != BLOCKS * TPP) st = kvt__fail(KVT_ENOTFOUND, "matched %u", matched);
+    uint32_t planned = op == KVT_SRV_LOOKUP ? first : n; /* a lookup's first: its match */
+    if (!st && planned != BLOCKS * TPP) st = kvt__fail(KVT_ENOTFOUND, "planned %u tokens", planned);
     if (st) return st;
     kvt__srv_id_encode(&b, *task);
     st = raw_rt(fd, KVT_SRV_LAUNCH, &b, rep, &len, NULL);
     kvt__srv_buf_free(&b);
     if (!st) st = kvt__srv_launch_rep_decode(*rep, len, l);
+    return st;
+}
+
+static kvt_status raw_load_launch(int fd, uint64_t *task, kvt_srv_launch_rep *l, uint8_t **rep)
+{
+    kvt_status st = raw_plan_launch(fd, KVT_SRV_LOOKUP, task, l, rep);
     if (!st && (l->num_blocks != BLOCKS || l->num_layers != LAYERS))
         st = kvt__fail(KVT_EPROTO, "%u blocks of %u layers", l->num_blocks, l->num_layers);
     return st;
@@ -887,39 +896,16 @@ static void test_scribbled_block_never_served(void **state)
 static kvt_status child_raw_store(const char *path, void *arg)
 {
     raw_arg *a = arg;
-    int fd = raw_connect(path);
-    if (fd < 0) return KVT_ECONN;
     kvt_geometry *g = geo_heads(2);
-    kvt_srv_buf b = {0};
-    uint8_t *p = NULL;
-    uint32_t len = 0;
-    int shm = -1;
-    kvt__srv_hello_encode(&b, (uint32_t)getpid(), g, 0);
-    kvt_status st = raw_rt(fd, KVT_SRV_HELLO, &b, &p, &len, &shm);
+    int fd = -1;
+    uint8_t *tier = NULL, *p = NULL;
     kvt_srv_hello_rep h;
-    if (!st) st = kvt__srv_hello_rep_decode(p, len, &h);
-    free(p);
-    kvt__srv_buf_free(&b);
-    if (st) return st;
-    uint8_t *tier = mmap(NULL, h.map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, shm, 0);
-    if (tier == MAP_FAILED) return KVT_ESYS;
-    uint32_t tokens[NTOK];
-    kvt_request r;
-    request(&r, tokens, 99);
-    kvt__srv_req_encode(&b, &r);
-    st = raw_rt(fd, a->load ? KVT_SRV_LOOKUP : KVT_SRV_PREPARE, &b, &p, &len, NULL);
-    kvt__srv_buf_free(&b);
-    uint64_t task = 0;
-    uint32_t first = 0, n = 0;
-    if (!st) st = kvt__srv_task_rep_decode(p, len, &task, &first, &n);
-    free(p);
-    if (!st && (a->load ? first : n) != BLOCKS * TPP)
-        st = kvt__fail(KVT_EINVAL, "planned %u tokens", a->load ? first : n);
-    kvt__srv_id_encode(&b, task);
-    if (!st) st = raw_rt(fd, KVT_SRV_LAUNCH, &b, &p, &len, NULL);
-    kvt__srv_buf_free(&b);
     kvt_srv_launch_rep l;
-    if (!st) st = kvt__srv_launch_rep_decode(p, len, &l);
+    kvt_srv_buf b = {0};
+    uint32_t len = 0;
+    uint64_t task = 0;
+    kvt_status st = raw_attach(path, g, &fd, &tier, &h);
+    if (!st) st = raw_plan_launch(fd, a->load ? KVT_SRV_LOOKUP : KVT_SRV_PREPARE, &task, &l, &p);
     if (st) return st;
     for (uint32_t i = 0; i < l.num_blocks / 2 && !a->load; i++)
         memset(tier + kvt__srv_get64(l.offsets + 8 * i), 0xab, h.block_bytes);

@@ -47,19 +47,16 @@ static void test_a_record_follows_its_entry_not_its_slot(void **state)
     kvt__srv_sums_put(&s, &id, &K1, 1, wire);
     /* read back into another slot (offset bb): the record, not a hash */
     uint64_t off = t.bb, out[NL];
-    bool missing = true;
-    assert_int_equal(kvt__srv_sums_get(&s, t.buf, t.g, BT, &off, &id, &K1, 1, out, &missing), 0);
-    assert_false(missing);
+    assert_int_equal(kvt__srv_sums_get(&s, t.buf, t.g, BT, &off, &id, &K1, 1, out), 0);
     assert_true(out[0] == 0x1111 && out[1] == 0x2222);
     /* entry 3 now names another block (K2): its bytes are hashed once
      * and recorded; the next get takes the record */
     uint64_t want[NL];
     kvt__srv_layer_sums(t.buf + t.bb, t.g, BT, want);
-    assert_int_equal(kvt__srv_sums_get(&s, t.buf, t.g, BT, &off, &id, &K2, 1, out, &missing), 1);
-    assert_true(missing);
+    assert_int_equal(kvt__srv_sums_get(&s, t.buf, t.g, BT, &off, &id, &K2, 1, out), 1);
     assert_memory_equal(out, want, sizeof want);
     memset(t.buf + t.bb, 0, t.bb); /* the bytes change: the record stands */
-    assert_int_equal(kvt__srv_sums_get(&s, t.buf, t.g, BT, &off, &id, &K2, 1, out, &missing), 0);
+    assert_int_equal(kvt__srv_sums_get(&s, t.buf, t.g, BT, &off, &id, &K2, 1, out), 0);
     assert_memory_equal(out, want, sizeof want);
     kvt__srv_sums_destroy(&s);
     kvt_geometry_destroy(t.g);
@@ -80,6 +77,46 @@ static void test_layer_sums_are_the_transfer_engines(void **state)
     kvt_geometry_destroy(t.g);
 }
 
+/* A get of more blocks than one 64-block chunk (sums.c works in chunks
+ * with a bit mask): each block gets its own record or its own hash, the
+ * return counts exactly the hashed ones, and they are recorded. */
+static void test_a_long_get_reads_and_hashes_the_right_blocks(void **state)
+{
+    (void)state;
+    enum { N = 150 };
+    tier t;
+    tier_init(&t);
+    kvt_srv_sums s;
+    assert_ok(kvt__srv_sums_init(&s, N, NL));
+    static uint32_t ids[N];
+    static uint64_t offs[N], out[N * NL], hashed[2][NL];
+    static kvt_hash128 keys[N];
+    kvt__srv_layer_sums(t.buf, t.g, BT, hashed[0]);
+    kvt__srv_layer_sums(t.buf + t.bb, t.g, BT, hashed[1]);
+    uint32_t recorded = 0;
+    for (uint32_t i = 0; i < N; i++) {
+        ids[i] = i;
+        offs[i] = (i % 2) * t.bb;
+        keys[i] = (kvt_hash128){100 + i, i};
+        if (i % 3) continue; /* every third has a record: its own sums */
+        uint8_t wire[8 * NL];
+        for (uint32_t l = 0; l < NL; l++)
+            for (int k = 0; k < 8; k++) wire[8 * l + k] = (uint8_t)((0xabc000ull + i * 8 + l) >> (8 * k));
+        kvt__srv_sums_put(&s, &ids[i], &keys[i], 1, wire);
+        recorded++;
+    }
+    assert_int_equal(kvt__srv_sums_get(&s, t.buf, t.g, BT, offs, ids, keys, N, out), N - recorded);
+    for (uint32_t i = 0; i < N; i++)
+        for (uint32_t l = 0; l < NL; l++)
+            assert_true(out[i * NL + l] == (i % 3 ? hashed[i % 2][l] : 0xabc000u + i * 8 + l));
+    memset(out, 0, sizeof out); /* now every block has a record */
+    assert_int_equal(kvt__srv_sums_get(&s, t.buf, t.g, BT, offs, ids, keys, N, out), 0);
+    for (uint32_t i = 0; i < N; i++)
+        assert_true(out[i * NL] == (i % 3 ? hashed[i % 2][0] : 0xabc000u + i * 8));
+    kvt__srv_sums_destroy(&s);
+    kvt_geometry_destroy(t.g);
+}
+
 static void test_a_tasks_sums_fit_one_frame(void **state)
 {
     (void)state;
@@ -96,6 +133,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_record_follows_its_entry_not_its_slot),
         cmocka_unit_test(test_layer_sums_are_the_transfer_engines),
+        cmocka_unit_test(test_a_long_get_reads_and_hashes_the_right_blocks),
         cmocka_unit_test(test_a_tasks_sums_fit_one_frame),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
