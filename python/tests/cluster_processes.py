@@ -218,16 +218,31 @@ class Cluster(unittest.TestCase):
     def test_a_block_changed_in_the_holders_tier_is_a_miss_never_a_wrong_byte(self):
         # The holder sends the layer checksums its blocks were stored with
         # (not a hash of the bytes as they are now): the puller's check
-        # fails, the pull is a miss (recompute), counted as corrupt.
-        port = free_port()
-        self.restart("b", "--set", "metrics_port=%d" % port)
+        # fails, the pull is a miss (recompute), counted as corrupt. The
+        # puller then tells the holder (pull.h, REPORT), which hashes the
+        # blocks again, finds them changed and drops them: c's pull is a
+        # plain miss, not another corrupt one (before, a kept serving them
+        # and every peer's pull failed until a load on a found them).
+        pa, pb, pc = free_port(), free_port(), free_port()
+        self.restart("a", "--set", "metrics_port=%d" % pa)
+        self.restart("b", "--set", "metrics_port=%d" % pb)
+        self.restart("c", "--set", "metrics_port=%d" % pc)
         self.assertEqual(worker(self.sock("a"), "store", 12)["status"], 0)
         self.wait_holding({"a": BLOCKS})
         self.assertGreater(self.scribble_tier("a"), 0)
         r = worker(self.sock("b"), "load", 12)
         self.assertEqual(r["matched"], 0, r)
-        self.assertGreaterEqual(self.metric(port, "kvtier_cluster_pull_corrupt_total"), 1)
-        self.assertEqual(self.metric(port, "kvtier_cluster_pulled_blocks_total"), 0)
+        self.assertGreaterEqual(self.metric(pb, "kvtier_cluster_pull_corrupt_total"), 1)
+        self.assertEqual(self.metric(pb, "kvtier_cluster_pulled_blocks_total"), 0)
+        self.assertGreaterEqual(self.metric(pa, "kvtier_corrupt_blocks_total"), 1, self.log("a"))
+        self.assertIn("a cluster peer's pull found", self.log("a"))
+        r = worker(self.sock("c"), "load", 12)
+        self.assertEqual(r["matched"], 0, r)
+        self.assertEqual(self.metric(pc, "kvtier_cluster_pull_corrupt_total"), 0, self.log("c"))
+        self.assertEqual(worker(self.sock("a"), "load", 12)["matched"], 0)  # dropped on a too
+        # the engine recomputes and stores again: a peer gets every byte right
+        self.assertEqual(worker(self.sock("a"), "store", 12)["status"], 0)
+        self.load_until_hit("b", 12)
 
     def test_a_slow_pull_does_not_stop_pulls_for_good(self):
         # c's engine prefills faster than any pull (cluster_prefill_tps at

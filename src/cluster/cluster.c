@@ -521,41 +521,70 @@ static kvt_request to_request(const kvt_srv_req *q)
     return r;
 }
 
+/* Blocks [first, first + n) of a FETCH or REPORT's request that this node
+ * holds, pinned by a load task with their offsets, keys and entries. */
+typedef struct cl_pinned {
+    kvt_srv_shard *sh;
+    kvt_task_id task; /* 0: nothing pinned */
+    kvt_ext_blocks b; /* indexed from the request's first block */
+    uint32_t n;
+} cl_pinned;
+
+/* KVT_OK with p->n 0 when none of the asked blocks is held; another
+ * status is the ANSWER's. */
+static kvt_status pin_asked(kvt_cluster *cl, const kvt_pull_fetch *f, const kvt_srv_req *q,
+                            uint64_t dl, cl_pinned *p)
+{
+    *p = (cl_pinned){.sh = kvt__srv_shard_by_fp(cl->srv, f->space)};
+    if (!p->sh) return KVT_ENOTFOUND;
+    kvt_srv_shard *sh = p->sh;
+    kvt_request req = to_request(q);
+    kvt_match m;
+    kvt_status st = kvt__cache_lookup_for_peer(sh->cache, &req, &m);
+    if (st) return st;
+    uint32_t nb = m.matched_tokens / sh->block_tokens;
+    if (nb <= f->first) {
+        if (m.task) kvt__cache_ext_abort(sh->cache, m.task, dl);
+        return KVT_OK;
+    }
+    kvt_ext_launch lo = {0};
+    st = kvt__ext_blocks_alloc(&p->b, nb, 0, "cluster: serving a pull");
+    if (!st) st = kvt__cache_ext_launch(sh->cache, m.task, dl, p->b.offsets, nb, &lo);
+    if (!st && !lo.reading) st = kvt__cache_ext_keys(sh->cache, m.task, p->b.keys, p->b.ids, nb);
+    if (st || lo.reading) {
+        kvt__cache_ext_abort(sh->cache, m.task, dl); /* a task already gone: nothing */
+        free(p->b.offsets);
+        p->b.offsets = NULL;
+        return st ? st : KVT_ETIMEDOUT;
+    }
+    uint32_t have = lo.num_blocks > f->first ? lo.num_blocks - f->first : 0;
+    p->n = have < f->count ? have : f->count;
+    p->task = m.task;
+    return KVT_OK;
+}
+
+static void unpin(cl_pinned *p)
+{
+    kvt_task_result r;
+    if (p->task) kvt__cache_ext_end(p->sh->cache, p->task, KVT_OK, &r);
+    p->task = 0;
+    free(p->b.offsets);
+    p->b.offsets = NULL;
+}
+
 /* Blocks [f->first, +count) of the request, as far as this node holds
- * them, pinned (a load task) while they are sent. */
+ * them, pinned while they are sent. */
 static kvt_status serve_fetch(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fetch *f,
                               const kvt_srv_req *q)
 {
     uint64_t dl = kvt__deadline_ns(cl->cfg->cluster_pull_ms);
-    kvt_srv_shard *sh = kvt__srv_shard_by_fp(cl->srv, f->space);
-    if (!sh) return send_answer(s, KVT_ENOTFOUND, 0, 0, dl);
-    kvt_request req = to_request(q);
-    kvt_match m;
-    kvt_status st = kvt__cache_lookup_for_peer(sh->cache, &req, &m);
+    cl_pinned p;
+    kvt_status st = pin_asked(cl, f, q, dl, &p);
     if (st) return send_answer(s, st, 0, 0, dl);
-    uint32_t nb = m.matched_tokens / sh->block_tokens;
-    if (nb <= f->first) {
-        if (m.task) kvt__cache_ext_abort(sh->cache, m.task, dl);
-        return send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
-    }
-    kvt_ext_blocks b = {0};
-    kvt_ext_launch lo = {0};
-    st = kvt__ext_blocks_alloc(&b, nb, 0, "cluster: serving a pull");
-    if (!st) st = kvt__cache_ext_launch(sh->cache, m.task, dl, b.offsets, nb, &lo);
-    if (!st && !lo.reading) st = kvt__cache_ext_keys(sh->cache, m.task, b.keys, b.ids, nb);
-    if (st || lo.reading) {
-        kvt__cache_ext_abort(sh->cache, m.task, dl); /* a task already gone: nothing */
-        free(b.offsets);
-        return send_answer(s, st ? st : KVT_ETIMEDOUT, 0, 0, dl);
-    }
-    uint32_t have = lo.num_blocks > f->first ? lo.num_blocks - f->first : 0;
-    uint32_t n = have < f->count ? have : f->count;
-    uint32_t f0 = f->first;
-    st = n ? send_blocks(cl, s, sh, b.offsets + f0, b.keys + f0, b.ids + f0, f0, n, dl)
-           : send_answer(s, KVT_OK, 0, sh->shm.block_bytes, dl);
-    kvt_task_result r;
-    kvt__cache_ext_end(sh->cache, m.task, KVT_OK, &r);
-    free(b.offsets);
+    uint32_t f0 = f->first, n = p.n;
+    st = n ? send_blocks(cl, s, p.sh, p.b.offsets + f0, p.b.keys + f0, p.b.ids + f0, f0, n, dl)
+           : send_answer(s, KVT_OK, 0, p.sh->shm.block_bytes, dl);
+    unpin(&p);
     if (!st && n) {
         STAT_ADD(cl, served, 1);
         STAT_ADD(cl, served_blocks, n);
@@ -563,7 +592,29 @@ static kvt_status serve_fetch(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fet
     return st;
 }
 
-/* One FETCH: KVT_OK to go on with the connection. */
+/* A peer's REPORT that blocks [f->first, +count) it pulled from here
+ * failed their checksums: those still held are hashed again against their
+ * records, and the ones that differ dropped (docs/server.md, Integrity),
+ * so no peer pulls them again. The peer's word alone drops nothing. */
+static kvt_status serve_report(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fetch *f,
+                               const kvt_srv_req *q)
+{
+    uint64_t dl = kvt__deadline_ns(cl->cfg->cluster_pull_ms);
+    cl_pinned p;
+    kvt_status st = pin_asked(cl, f, q, dl, &p);
+    if (st) return send_answer(s, st, 0, 0, dl);
+    uint32_t f0 = f->first, nbad = 0;
+    kvt_hash128 *bad = p.n ? malloc(p.n * sizeof *bad) : NULL;
+    if (bad)
+        nbad = kvt__srv_sums_check(&p.sh->sums, p.sh->shm.base, p.sh->geo, p.sh->block_tokens,
+                                   p.b.offsets + f0, p.b.ids + f0, p.b.keys + f0, p.n, bad);
+    unpin(&p); /* a pinned block could not be dropped */
+    if (nbad) kvt__srv_drop_corrupt(p.sh, bad, nbad, "a cluster peer's pull");
+    free(bad);
+    return send_answer(s, KVT_OK, nbad, p.sh->shm.block_bytes, dl);
+}
+
+/* One FETCH or REPORT: KVT_OK to go on with the connection. */
 static kvt_status serve_one(kvt_cluster *cl, kvt_stream *s)
 {
     uint8_t hdr[KVT_PULL_REQ_HDR];
@@ -576,7 +627,7 @@ static kvt_status serve_one(kvt_cluster *cl, kvt_stream *s)
     st = kvt__stream_recv(s, body, f.req_len, kvt__deadline_ns(cl->cfg->cluster_pull_ms));
     kvt_srv_req q = {0};
     if (!st) st = kvt__srv_req_decode(body, f.req_len, &q);
-    if (!st) st = serve_fetch(cl, s, &f, &q);
+    if (!st) st = f.op == KVT_PULL_REPORT ? serve_report(cl, s, &f, &q) : serve_fetch(cl, s, &f, &q);
     free(q.tokens);
     free(q.keys);
     free(body);
@@ -774,7 +825,7 @@ static kvt_status link_fail(kvt_status st, const char *addr, const char *doing)
     return st;
 }
 
-static kvt_status send_fetch(kvt_stream *s, const kvt_request *req, uint64_t space,
+static kvt_status send_fetch(kvt_stream *s, uint16_t op, const kvt_request *req, uint64_t space,
                              uint32_t first, uint32_t count, uint64_t dl)
 {
     kvt_srv_buf b = {0};
@@ -783,7 +834,7 @@ static kvt_status send_fetch(kvt_stream *s, const kvt_request *req, uint64_t spa
         st = kvt__fail(KVT_EINVAL, "cluster: a request of %zu bytes is too large to pull", b.len);
     if (!st) {
         uint8_t hdr[KVT_PULL_REQ_HDR];
-        kvt__pull_fetch_encode(hdr, &(kvt_pull_fetch){space, first, count, (uint32_t)b.len});
+        kvt__pull_fetch_encode(hdr, &(kvt_pull_fetch){op, space, first, count, (uint32_t)b.len});
         struct iovec iov[2] = {{hdr, sizeof hdr}, {b.p, b.len}};
         st = s->ops->sendv(s, iov, 2, dl);
     }
@@ -890,6 +941,32 @@ static kvt_status land_pull(kvt_cluster *cl, kvt_stream *s, kvt_srv_shard *sh,
     return st;
 }
 
+/* Tells holder that blocks [first, first + n) of lr it sent failed their
+ * checksums here (pull.h, REPORT), within one pull deadline of its own:
+ * rare, and it keeps every other peer from pulling them. True when the
+ * stream is still in step. */
+static bool report_corrupt(kvt_cluster *cl, kvt_stream *s, const kvt_srv_shard *sh,
+                           const kvt_request *lr, uint32_t first, uint32_t n,
+                           const kvt_dir_holder *holder)
+{
+    uint64_t dl = kvt__deadline_ns(cl->cfg->cluster_pull_ms);
+    uint8_t hdr[KVT_PULL_REP_HDR];
+    kvt_pull_answer a = {0};
+    kvt_status st = send_fetch(s, KVT_PULL_REPORT, lr, sh->fingerprint, first, n, dl);
+    if (!st) st = kvt__stream_recv(s, hdr, sizeof hdr, dl);
+    if (!st) st = kvt__pull_answer_decode(hdr, n, sh->shm.block_bytes, holder->addr, &a);
+    if (st) {
+        kvt__log(KVT_LOG_WARN, "cluster: could not tell %s (%s) that blocks it sent failed "
+                 "their checksums: %s", holder->node, holder->addr,
+                 st == KVT_ECONN || st == KVT_ETIMEDOUT ? kvt_status_name(st) : kvt_last_error());
+        return false;
+    }
+    kvt__log(KVT_LOG_WARN, "cluster: told %s (%s) that blocks %u..%u it sent failed their "
+             "checksums: it found %u changed in its tier and dropped them", holder->node,
+             holder->addr, first, first + n - 1, a.n);
+    return true;
+}
+
 /* One pull of blocks [first, first + count) of req from holder: how many
  * of them landed here (0: a miss; fewer than count: the holder had no
  * more). */
@@ -901,8 +978,8 @@ static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request 
     if (!s) return 0;
     uint64_t t0 = kvt__now_ns();
     kvt_request lr = cut_request(req, first + count, sh->block_tokens, true);
-    kvt_status st = link_fail(send_fetch(s, &lr, sh->fingerprint, first, count, dl), holder->addr,
-                              "taking a fetch");
+    kvt_status st = link_fail(send_fetch(s, KVT_PULL_FETCH, &lr, sh->fingerprint, first, count, dl),
+                              holder->addr, "taking a fetch");
     uint8_t hdr[KVT_PULL_REP_HDR];
     kvt_pull_answer a = {0};
     if (!st) st = link_fail(kvt__stream_recv(s, hdr, sizeof hdr, dl), holder->addr, "answering a fetch");
@@ -927,7 +1004,11 @@ static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request 
         if (st != KVT_EBUSY)
             kvt__log(KVT_LOG_WARN, "cluster: pull from %s (%s) failed, a miss: %s: %s", holder->node,
                      holder->addr, kvt_status_name(st), kvt_last_error());
-        kvt__stream_destroy(s); /* mid-answer: the stream's position is lost */
+        /* the whole answer was read: the holder hears which blocks failed */
+        if (st == KVT_ECORRUPT && report_corrupt(cl, s, sh, &lr, first, a.n, holder))
+            link_put(cl, holder->addr, s);
+        else
+            kvt__stream_destroy(s); /* mid-answer: the stream's position is lost */
         return 0;
     }
     link_put(cl, holder->addr, s);

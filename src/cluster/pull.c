@@ -11,7 +11,7 @@ void kvt__pull_fetch_encode(uint8_t out[KVT_PULL_REQ_HDR], const kvt_pull_fetch 
 {
     kvt__put32(out, KVT_PULL_MAGIC);
     kvt__put16(out + 4, KVT_PULL_VERSION);
-    kvt__put16(out + 6, KVT_PULL_FETCH);
+    kvt__put16(out + 6, f->op);
     kvt__put64(out + 8, f->space);
     kvt__put32(out + 16, f->first);
     kvt__put32(out + 20, f->count);
@@ -28,9 +28,10 @@ kvt_status kvt__pull_fetch_decode(const uint8_t in[KVT_PULL_REQ_HDR], const char
     if (kvt__get16(in + 4) != KVT_PULL_VERSION)
         return kvt__fail(KVT_EVERSION, "cluster pull: %s speaks version %u, this node %u",
                          from, kvt__get16(in + 4), KVT_PULL_VERSION);
-    if (kvt__get16(in + 6) != KVT_PULL_FETCH)
-        return kvt__fail(KVT_EPROTO, "cluster pull: %s sent op %u (only FETCH, 1, is known)",
-                         from, kvt__get16(in + 6));
+    out->op = kvt__get16(in + 6);
+    if (out->op != KVT_PULL_FETCH && out->op != KVT_PULL_REPORT)
+        return kvt__fail(KVT_EPROTO, "cluster pull: %s sent op %u (FETCH 1 and REPORT 2 are "
+                         "known)", from, out->op);
     out->space = kvt__get64(in + 8);
     out->first = kvt__get32(in + 16);
     out->count = kvt__get32(in + 20);

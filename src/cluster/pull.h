@@ -15,10 +15,18 @@
  *     u32 magic, i32 status (KVT_OK, or why nothing follows), u32 n (the
  *     leading blocks of those asked the peer holds and sends, <= count),
  *     u32 reserved, u64 block_bytes (the peer's; must be the puller's)
- *   then the n blocks' bytes, then n checksums (u64: XXH3-64 of block
- *   first + i, seeded with first + i): a trailer, so the peer hashes each
- *   block as it sends it and the puller as it lands, both while the bytes
- *   are in cache, instead of a pass over the whole run before and after.
+ *   then the n blocks' bytes, then n checksums (u64: kvt__pull_sum of
+ *   block first + i's layer checksums): a trailer, so the puller checks
+ *   each block as it lands, while the bytes are in cache.
+ *   REPORT (puller -> peer, after an ANSWER whose blocks failed their
+ *   checksums): the FETCH header with op 2 and the same request, blocks
+ *   [first, first + count) being the run that failed. The peer hashes
+ *   those it holds again against its records and drops the ones that
+ *   differ (so a puller can never make it drop a good block), and answers
+ *   an ANSWER header with n = the blocks it dropped, nothing after it.
+ *   Without it a block that changed in the holder's tier stayed there,
+ *   published, and every peer's pull of it failed until a local load
+ *   happened to find it.
  * Integers are little-endian. The peer pins the blocks while it sends. */
 #ifndef KVT_CLUSTER_PULL_H
 #define KVT_CLUSTER_PULL_H
@@ -27,14 +35,17 @@
 #include "kvtier.h"
 
 #define KVT_PULL_MAGIC 0x5043564bu /* "KVCP" */
-#define KVT_PULL_VERSION 3 /* 2: checksums after the blocks; 3: of the layer checksums */
+/* 2: checksums after the blocks; 3: of the layer checksums; 4: REPORT */
+#define KVT_PULL_VERSION 4
 #define KVT_PULL_FETCH 1
+#define KVT_PULL_REPORT 2
 #define KVT_PULL_REQ_HDR 32
 #define KVT_PULL_REP_HDR 24
 #define KVT_PULL_MAX_REQ (64u << 20) /* a request's bytes (16M tokens), at most */
 #define KVT_PULL_MAX_BLOCKS 4096     /* blocks one FETCH may ask for */
 
 typedef struct kvt_pull_fetch {
+    uint16_t op; /* KVT_PULL_FETCH or KVT_PULL_REPORT */
     uint64_t space;
     uint32_t first, count, req_len;
 } kvt_pull_fetch;
@@ -46,7 +57,7 @@ typedef struct kvt_pull_answer {
 } kvt_pull_answer;
 
 void kvt__pull_fetch_encode(uint8_t out[KVT_PULL_REQ_HDR], const kvt_pull_fetch *f);
-/* KVT_EPROTO (magic, op, count 0 or above KVT_PULL_MAX_BLOCKS, req_len 0
+/* KVT_EPROTO (magic, op neither FETCH nor REPORT, count 0 or above KVT_PULL_MAX_BLOCKS, req_len 0
  * or above KVT_PULL_MAX_REQ, reserved not 0), KVT_EVERSION; the message
  * names the field and who sent it (from). */
 kvt_status kvt__pull_fetch_decode(const uint8_t in[KVT_PULL_REQ_HDR], const char *from,

@@ -579,33 +579,8 @@ static kvt_status end_reply(kvt_srv_conn *c, uint16_t op, const kvt_task_result 
 static uint32_t find_corrupt(kvt_srv_conn *c, const kvt_srv_task *t, kvt_hash128 *bad)
 {
     const kvt_srv_shard *sh = c->sh;
-    const uint32_t nl = sh->geo->num_layers;
-    uint64_t *want = malloc(2 * (size_t)t->num_blocks * nl * sizeof *want);
-    uint32_t nbad = 0;
-    if (want) {
-        uint64_t *have = want + (size_t)t->num_blocks * nl;
-        kvt__srv_sums_get(&c->sh->sums, sh->shm.base, sh->geo, sh->shm.block_tokens, t->offsets,
-                          t->ids, t->keys, t->num_blocks, want);
-        for (uint32_t i = 0; i < t->num_blocks; i++) {
-            kvt__srv_layer_sums(sh->shm.base + t->offsets[i], sh->geo, sh->shm.block_tokens,
-                                have + (size_t)i * nl);
-            if (memcmp(have + (size_t)i * nl, want + (size_t)i * nl, (size_t)nl * 8))
-                bad[nbad++] = t->keys[i];
-        }
-    }
-    free(want);
-    return nbad;
-}
-
-static void drop_corrupt(kvt_srv_conn *c, const kvt_hash128 *bad, uint32_t nbad)
-{
-    uint32_t removed = 0, kept = 0;
-    kvt__cache_ext_count_corrupt(c->sh->cache, nbad);
-    if (nbad) (void)kvt__cache_ext_clear(c->sh->cache, bad, nbad, &removed, &kept);
-    kvt__srv_log(KVT_LOG_WARN, "client pid %ld: a load found %u block(s) of geometry %s unlike "
-                 "the checksums they were stored with (changed in the tier after their "
-                 "store); %u block(s) removed with the chains below them, %u kept (pinned); "
-                 "the engine recomputes them", (long)c->pid, nbad, c->sh->id, removed, kept);
+    return kvt__srv_sums_check(&c->sh->sums, sh->shm.base, sh->geo, sh->shm.block_tokens,
+                               t->offsets, t->ids, t->keys, t->num_blocks, bad);
 }
 
 /* A store's END commits it: the layer checksums its client took while
@@ -642,7 +617,11 @@ static kvt_status on_end(kvt_srv_conn *c, uint16_t op, const uint8_t *p, size_t 
     kvt_task_result r;
     st = kvt__cache_ext_end(c->sh->cache, e.task, verdict, &r);
     drop_task(c, t); /* t is another task's now */
-    if (corrupt) drop_corrupt(c, bad, nbad);
+    if (corrupt) {
+        char who[48];
+        snprintf(who, sizeof who, "client pid %ld's load", (long)c->pid);
+        kvt__srv_drop_corrupt(c->sh, bad, nbad, who);
+    }
     free(bad);
     return st ? reply_err(c, op, st) : end_reply(c, op, &r);
 }

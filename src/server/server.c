@@ -350,6 +350,18 @@ kvt_srv_shard *kvt__srv_shard_by_fp(kvt_server *s, uint64_t fp)
 
 /* Under shard_mu, so no shard is being made meanwhile: one made later
  * sets the observer itself (shard_create). */
+void kvt__srv_drop_corrupt(kvt_srv_shard *sh, const kvt_hash128 *bad, uint32_t nbad,
+                           const char *who)
+{
+    uint32_t removed = 0, kept = 0;
+    kvt__cache_ext_count_corrupt(sh->cache, nbad);
+    if (nbad) (void)kvt__cache_ext_clear(sh->cache, bad, nbad, &removed, &kept);
+    kvt__srv_log(KVT_LOG_WARN, "%s found %u block(s) of geometry %s unlike the checksums they "
+                 "were stored with (changed in the tier after their store); %u block(s) "
+                 "removed with the chains below them, %u kept (pinned); the engine recomputes "
+                 "them", who, nbad, sh->id, removed, kept);
+}
+
 void kvt__srv_set_hooks(kvt_server *s, const kvt_srv_hooks *h)
 {
     pthread_mutex_lock(&s->shard_mu);

@@ -210,6 +210,19 @@ void kvt__srv_sums_put64(kvt_srv_sums *s, const uint32_t *ids, const kvt_hash128
 uint32_t kvt__srv_sums_get(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
                            uint32_t block_tokens, const uint64_t *offsets, const uint32_t *ids,
                            const kvt_hash128 *keys, uint32_t n, uint64_t *out);
+/* The blocks (n, as for get) whose bytes at base + offsets[i] no longer
+ * hash to their record: their keys into bad (room for n); returns how
+ * many. One pass over the blocks: for a load found corrupt (conn.c) or a
+ * peer's report of a pull that was (src/cluster), never the data path. 0
+ * when out of memory (nothing is dropped on a guess). */
+uint32_t kvt__srv_sums_check(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
+                             uint32_t block_tokens, const uint64_t *offsets, const uint32_t *ids,
+                             const kvt_hash128 *keys, uint32_t n, kvt_hash128 *bad);
+/* Drops blocks found changed in sh's tier (kvt__srv_sums_check) with the
+ * chains below them, counts them in corrupt_blocks and logs it, naming who
+ * found them. */
+void kvt__srv_drop_corrupt(kvt_srv_shard *sh, const kvt_hash128 *bad, uint32_t nbad,
+                           const char *who);
 /* Keeps a cut-off client's store blocks (slots, n; taken over) until its
  * process pid exits or its session re-attaches with its copies stopped
  * (fences_release: the blocks freed); fences_reap (all: at destroy)

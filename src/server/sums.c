@@ -150,3 +150,22 @@ uint32_t kvt__srv_sums_get(kvt_srv_sums *s, const uint8_t *base, const kvt_geome
     }
     return computed;
 }
+
+uint32_t kvt__srv_sums_check(kvt_srv_sums *s, const uint8_t *base, const kvt_geometry *g,
+                             uint32_t block_tokens, const uint64_t *offsets, const uint32_t *ids,
+                             const kvt_hash128 *keys, uint32_t n, kvt_hash128 *bad)
+{
+    const uint32_t nl = s->layers;
+    uint64_t *want = malloc(2 * (size_t)(n ? n : 1) * nl * sizeof *want);
+    uint32_t nbad = 0;
+    if (!want) return 0;
+    uint64_t *have = want + (size_t)n * nl;
+    kvt__srv_sums_get(s, base, g, block_tokens, offsets, ids, keys, n, want);
+    for (uint32_t i = 0; i < n; i++) {
+        kvt__srv_layer_sums(base + offsets[i], g, block_tokens, have + (size_t)i * nl);
+        if (memcmp(have + (size_t)i * nl, want + (size_t)i * nl, (size_t)nl * 8))
+            bad[nbad++] = keys[i];
+    }
+    free(want);
+    return nbad;
+}

@@ -1,6 +1,6 @@
 /* fuzz_pull.c - the cluster's peer pull frames (src/cluster/pull.h), which
  * a node decodes from any peer that passed the handshake: a FETCH header
- * (then a request body, decoded by the node server's request decoder:
+ * or REPORT (then a request body, decoded by the node server's request decoder:
  * fuzz_server_proto) and an ANSWER header. Beyond "no crash, leak or UB":
  * a decoded FETCH asks for 1..KVT_PULL_MAX_BLOCKS blocks whose range fits
  * in 32 bits and a body of 1..KVT_PULL_MAX_REQ bytes, and re-encodes to
