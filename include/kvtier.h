@@ -722,7 +722,9 @@ typedef struct kvt_cluster_counters {
 /* Joins srv (made by kvt_server_create, not yet run) to the cluster its
  * options name: cluster_redis (required), cluster_redis_password_file,
  * cluster_redis_user, cluster_sentinel_password_file, cluster_node, cluster_listen, cluster_advertise, cluster_secret_file, cluster_lease_ms,
- * cluster_pull_ms, cluster_prefill_tps, cluster_serve_max. Bumps the
+ * cluster_pull_ms, cluster_prefill_tps, cluster_serve_max, cluster_serve_mib_s,
+ * cluster_transport (ucx: UCX's context is made here; UCX unable to start
+ * is logged and the node pulls and serves over TCP). Bumps the
  * node's epoch in the directory (entries of its earlier life are never
  * trusted), publishes what the server holds already (recovered from SSD)
  * and starts its threads. KVT_EINVAL: cluster_redis empty, a malformed

@@ -423,9 +423,12 @@ class Cluster(unittest.TestCase):
         # waits on it between phases: before, it raced the publisher and a
         # loaded host saw no cross-node hit). While Redis is away, what a
         # stores is owed; once back, a writes it all and the backlog ends.
+        # b recomputes slowly (cluster_prefill_tps=1): what it finds it
+        # pulls, whatever its first pull measured (this test is about what
+        # it finds)
         pa, pb = free_port(), free_port()
         self.restart("a", "--set", "metrics_port=%d" % pa)
-        self.restart("b", "--set", "metrics_port=%d" % pb)
+        self.restart("b", "--set", "metrics_port=%d" % pb, "--set", "cluster_prefill_tps=1")
         s = worker(self.sock("a"), "store", 34)
         self.assertEqual(s["status"], 0, s)
         self.wait_published(pa)
@@ -623,6 +626,50 @@ class SecretCluster(Cluster):
         r = worker(self.sock("c"), "load", 18)
         self.assertEqual(r["matched"], 0, r)
         self.assertIn("cluster", self.log("c"))
+
+
+class UcxCluster(Cluster):
+    """The same behaviour with every node's cluster_transport=ucx: each new
+    link asks its peer to move onto UCX (UCX_TLS=tcp on loopback, as
+    tests/unit/test_conc_pd_ucx.c runs it) and every pull, report and fault
+    above runs over UCX."""
+    UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}
+
+    def setUp(self):
+        saved = {k: os.environ.get(k) for k in self.UCX_ENV}
+
+        def restore():
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.addCleanup(restore)
+        for k, v in self.UCX_ENV.items():
+            os.environ.setdefault(k, v)
+        super().setUp()
+
+    def start_node(self, name, secret=None, more=()):
+        super().start_node(name, secret, ["--set", "cluster_transport=ucx"] + list(more))
+
+    def test_pulls_move_onto_ucx(self):
+        s = worker(self.sock("a"), "store", 36)
+        self.assertEqual(s["status"], 0, s)
+        self.load_until_hit("b", 36)  # every byte verified
+        self.assertIn("moved onto UCX", self.log("b"))
+        self.assertNotIn("cannot start", self.log("a") + self.log("b"))
+
+    def test_a_tcp_peer_is_pulled_from_over_tcp(self):
+        # d pulls and serves over TCP only: a asks, hears no, says so once
+        # and pulls over TCP; d's own pulls from a are plain TCP
+        super().start_node("d", more=["--set", "cluster_transport=tcp"])
+        s = worker(self.sock("d"), "store", 37)
+        self.assertEqual(s["status"], 0, s)
+        self.load_until_hit("a", 37)
+        self.assertIn("does not serve over UCX", self.log("a"))
+        self.assertEqual(worker(self.sock("a"), "store", 38)["status"], 0)
+        self.load_until_hit("d", 38)
+        self.assertNotIn("UCX", self.log("d"))
 
 
 class PasswordCluster(unittest.TestCase):

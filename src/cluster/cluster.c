@@ -66,6 +66,7 @@ typedef struct cl_peer {
     uint64_t down_until_ns;
     cl_link *idle;
     uint32_t nidle;
+    bool said_tcp_only; /* its "no" to UCX was logged */
 } cl_peer;
 
 typedef struct cl_served {
@@ -108,6 +109,8 @@ struct kvt_cluster {
     bool stopped; /* cluster_stop ran: leave, or the server's destroy before it */
     pthread_t accept_thread, publish_thread;
     bool accept_started, publish_started;
+    bool ucx; /* cluster_transport ucx and UCX started: a hold on its context
+               * (set at join, read-only after it, released at leave) */
 
     pthread_mutex_t qmu; /* a leaf lock: taken under a cache's lock by the observer */
     pthread_cond_t qcv;
@@ -614,14 +617,41 @@ static kvt_status serve_report(kvt_cluster *cl, kvt_stream *s, const kvt_pull_fe
     return send_answer(s, KVT_OK, nbad, p.sh->shm.block_bytes, dl);
 }
 
-/* One FETCH or REPORT: KVT_OK to go on with the connection. */
-static kvt_status serve_one(kvt_cluster *cl, kvt_stream *s)
+/* After a link moved onto UCX, the puller sends this many bytes and the
+ * peer echoes them: UCX wires up its endpoints and the lanes of its large-
+ * message (rendezvous) protocol at their first messages (ms to tens of ms
+ * over its tcp transport), which would otherwise land in the first pull's
+ * time and make the bandwidth estimate skip pulls for a second. Larger
+ * than any eager threshold, so the rendezvous lanes are up too. */
+#define CL_UCX_PING (256u << 10)
+
+/* A peer's UCX request (pull.h): yes when this node pulls over UCX too
+ * (it holds UCX's context), then the link moves (this side the server's);
+ * else no, and the link stays on TCP. */
+static kvt_status serve_ucx(kvt_cluster *cl, kvt_stream **sp)
 {
+    uint64_t dl = kvt__deadline_ns(cl->cfg->cluster_pull_ms);
+    bool yes = cl->ucx && !strcmp((*sp)->ops->name, "tcp");
+    kvt_status st = send_answer(*sp, yes ? KVT_OK : KVT_EUNSUPPORTED, 0, 0, dl);
+    if (!st && yes) st = kvt__stream_ucx_upgrade(sp, 1, dl);
+    uint8_t *ping = !st && yes ? malloc(CL_UCX_PING) : NULL;
+    if (!st && yes && !ping) st = kvt__fail(KVT_ENOMEM, "cluster: no memory for a UCX link");
+    if (!st && yes) st = kvt__stream_recv(*sp, ping, CL_UCX_PING, dl);
+    if (!st && yes) st = kvt__stream_send(*sp, ping, CL_UCX_PING, dl);
+    free(ping);
+    return st;
+}
+
+/* One FETCH, REPORT or UCX request: KVT_OK to go on with the connection. */
+static kvt_status serve_one(kvt_cluster *cl, kvt_stream **sp)
+{
+    kvt_stream *s = *sp;
     uint8_t hdr[KVT_PULL_REQ_HDR];
     kvt_status st = kvt__stream_recv(s, hdr, sizeof hdr, kvt__deadline_ns(CL_IDLE_MS));
     if (st) return st;
     kvt_pull_fetch f;
     if ((st = kvt__pull_fetch_decode(hdr, "a cluster peer", &f))) return st;
+    if (f.op == KVT_PULL_UCX) return serve_ucx(cl, sp);
     uint8_t *body = malloc(f.req_len);
     if (!body) return kvt__fail(KVT_ENOMEM, "cluster: no memory for a %u-byte request", f.req_len);
     st = kvt__stream_recv(s, body, f.req_len, kvt__deadline_ns(cl->cfg->cluster_pull_ms));
@@ -645,7 +675,7 @@ static void *serve_main(void *arg)
         STAT_ADD(cl, refused, 1);
         kvt__log(KVT_LOG_WARN, "cluster: a peer was refused: %s", kvt_last_error());
     }
-    while (!st && !atomic_load(&cl->stopping)) st = serve_one(cl, sv->s);
+    while (!st && !atomic_load(&cl->stopping)) st = serve_one(cl, &sv->s);
     if (st && st != KVT_ECONN && st != KVT_ETIMEDOUT && !atomic_load(&cl->stopping))
         kvt__log(KVT_LOG_WARN, "cluster: dropped a peer: %s", kvt_last_error());
     atomic_store(&sv->done, true);
@@ -749,8 +779,58 @@ static bool split_addr(const char *addr, char *host, size_t hlen, uint16_t *port
     return true;
 }
 
-/* An idle link to addr, or a new one; NULL when the peer is marked down
- * or cannot be reached (then marked down for a quarter lease). */
+/* A stream call's failure (the stream sets no message) named for the log:
+ * which peer, doing what. */
+static kvt_status link_fail(kvt_status st, const char *addr, const char *doing)
+{
+    if (st == KVT_ETIMEDOUT)
+        return kvt__fail(st, "cluster: %s did not answer by cluster_pull_ms %s", addr, doing);
+    if (st == KVT_ECONN) return kvt__fail(st, "cluster: %s closed the connection %s", addr, doing);
+    return st;
+}
+
+/* Asks the peer at addr to move new link *s onto UCX (pull.h): KVT_OK on
+ * UCX, or on TCP when the peer said no (logged once per peer). */
+static kvt_status link_to_ucx(kvt_cluster *cl, kvt_stream **s, const char *addr, uint64_t dl)
+{
+    uint8_t hdr[KVT_PULL_REQ_HDR], rep[KVT_PULL_REP_HDR];
+    kvt__pull_fetch_encode(hdr, &(kvt_pull_fetch){.op = KVT_PULL_UCX});
+    kvt_pull_answer a = {0};
+    kvt_status st = link_fail(kvt__stream_send(*s, hdr, sizeof hdr, dl), addr, "asked for UCX");
+    if (!st) st = link_fail(kvt__stream_recv(*s, rep, sizeof rep, dl), addr, "asked for UCX");
+    if (!st) st = kvt__pull_answer_decode(rep, 0, 0, addr, &a);
+    if (st) return st;
+    if (a.status == KVT_EUNSUPPORTED) {
+        pthread_mutex_lock(&cl->mu);
+        cl_peer *p = peer_of(cl, addr);
+        bool say = !p->said_tcp_only;
+        p->said_tcp_only = true;
+        pthread_mutex_unlock(&cl->mu);
+        if (say)
+            kvt__log(KVT_LOG_WARN, "cluster: peer %s does not serve over UCX (its "
+                     "cluster_transport is tcp, or UCX cannot start there): pulling from it "
+                     "over TCP", addr);
+        return KVT_OK;
+    }
+    if (a.status)
+        return kvt__fail(KVT_EPROTO, "cluster: %s answered a UCX request with %s", addr,
+                         kvt_status_name((kvt_status)a.status));
+    st = kvt__stream_ucx_upgrade(s, 0, dl);
+    uint8_t *ping = st ? NULL : malloc(2 * (size_t)CL_UCX_PING), *echo = ping + CL_UCX_PING;
+    if (!st && !ping) st = kvt__fail(KVT_ENOMEM, "cluster: no memory for a UCX link");
+    for (uint32_t i = 0; !st && i < CL_UCX_PING; i++) ping[i] = (uint8_t)(i * 131 + 7);
+    if (!st) st = link_fail(kvt__stream_send(*s, ping, CL_UCX_PING, dl), addr, "on UCX");
+    if (!st) st = link_fail(kvt__stream_recv(*s, echo, CL_UCX_PING, dl), addr, "on UCX");
+    if (!st && memcmp(ping, echo, CL_UCX_PING))
+        st = kvt__fail(KVT_EPROTO, "cluster: %s echoed other bytes on UCX", addr);
+    free(ping);
+    if (!st) kvt__log(KVT_LOG_INFO, "cluster: a link to %s moved onto UCX", addr);
+    return st;
+}
+
+/* An idle link to addr, or a new one (on UCX when this node pulls so);
+ * NULL when the peer is marked down or cannot be reached (then marked down
+ * for a quarter lease). */
 static kvt_stream *link_take(kvt_cluster *cl, const char *addr, uint64_t dl)
 {
     pthread_mutex_lock(&cl->mu);
@@ -773,6 +853,10 @@ static kvt_stream *link_take(kvt_cluster *cl, const char *addr, uint64_t dl)
                          .who = "cluster puller", .realm = &kvt__auth_cluster};
     uint64_t cdl = kvt__deadline_ns(CL_CONNECT_MS);
     kvt_status st = kvt__stream_connect(host, port, &a, cdl < dl ? cdl : dl, &s);
+    if (!st && cl->ucx && (st = link_to_ucx(cl, &s, addr, dl))) {
+        kvt__stream_destroy(s); /* still TCP, and out of step */
+        s = NULL;
+    }
     if (st) {
         kvt__log(KVT_LOG_WARN, "cluster: peer %s unreachable, skipped for %u ms: %s", addr,
                  cl->cfg->cluster_lease_ms / 4, kvt_last_error());
@@ -813,16 +897,6 @@ static kvt_request cut_request(const kvt_request *req, uint32_t nb, uint32_t bt,
         r.num_tokens = t < r.num_tokens ? t : r.num_tokens;
     }
     return r;
-}
-
-/* A stream call's failure (the stream sets no message) named for the log:
- * which peer, doing what. */
-static kvt_status link_fail(kvt_status st, const char *addr, const char *doing)
-{
-    if (st == KVT_ETIMEDOUT)
-        return kvt__fail(st, "cluster: %s did not answer by cluster_pull_ms %s", addr, doing);
-    if (st == KVT_ECONN) return kvt__fail(st, "cluster: %s closed the connection %s", addr, doing);
-    return st;
 }
 
 static kvt_status send_fetch(kvt_stream *s, uint16_t op, const kvt_request *req, uint64_t space,
@@ -1198,6 +1272,21 @@ static kvt_status open_dir(kvt_cluster *cl)
     return st;
 }
 
+/* cluster_transport ucx: UCX's context made now (seconds under a
+ * sanitizer), not inside a link's deadline. UCX unable to start is not a
+ * failed join: pulls go over TCP, said once. */
+#define CL_TRANSPORT_UCX 1 /* config.c TRANSPORT_NAMES */
+static void start_ucx(kvt_cluster *cl)
+{
+    if (cl->cfg->cluster_transport != CL_TRANSPORT_UCX) return;
+    if (kvt__stream_ucx_hold() == KVT_OK) {
+        cl->ucx = true;
+        return;
+    }
+    kvt__log(KVT_LOG_WARN, "cluster: cluster_transport is ucx, but UCX cannot start (%s): this "
+             "node pulls and serves over TCP", kvt_last_error());
+}
+
 static kvt_status start_threads(kvt_cluster *cl)
 {
     if (pipe(cl->stop_pipe))
@@ -1245,6 +1334,7 @@ kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out)
                                   "cluster_secret_file", &cl->secret, &cl->secret_len);
     if (!st) st = open_listener(cl);
     if (!st) st = open_dir(cl);
+    if (!st) start_ucx(cl);
     if (!st) kvt__srv_set_hooks(srv, &(kvt_srv_hooks){cl, cl_observe, cl_fill, cl_metrics, cl_server_gone});
     if (!st) st = start_threads(cl);
     if (st) {
@@ -1305,6 +1395,7 @@ void kvt_cluster_leave(kvt_cluster *cl)
 {
     if (!cl) return;
     cluster_stop(cl);
+    if (cl->ucx) kvt__stream_ucx_release(); /* each UCX link holds its own */
     for (int i = 0; i < 2; i++)
         if (cl->stop_pipe[i] >= 0) close(cl->stop_pipe[i]);
     if (cl->secret) kvt__srv_secret_free(cl->secret, cl->secret_len);

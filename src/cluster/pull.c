@@ -29,13 +29,19 @@ kvt_status kvt__pull_fetch_decode(const uint8_t in[KVT_PULL_REQ_HDR], const char
         return kvt__fail(KVT_EVERSION, "cluster pull: %s speaks version %u, this node %u",
                          from, kvt__get16(in + 4), KVT_PULL_VERSION);
     out->op = kvt__get16(in + 6);
-    if (out->op != KVT_PULL_FETCH && out->op != KVT_PULL_REPORT)
-        return kvt__fail(KVT_EPROTO, "cluster pull: %s sent op %u (FETCH 1 and REPORT 2 are "
-                         "known)", from, out->op);
+    if (out->op != KVT_PULL_FETCH && out->op != KVT_PULL_REPORT && out->op != KVT_PULL_UCX)
+        return kvt__fail(KVT_EPROTO, "cluster pull: %s sent op %u (FETCH 1, REPORT 2 and UCX 3 "
+                         "are known)", from, out->op);
     out->space = kvt__get64(in + 8);
     out->first = kvt__get32(in + 16);
     out->count = kvt__get32(in + 20);
     out->req_len = kvt__get32(in + 24);
+    if (out->op == KVT_PULL_UCX) {
+        if (out->space || out->first || out->count || out->req_len || kvt__get32(in + 28))
+            return kvt__fail(KVT_EPROTO, "cluster pull: %s sent a UCX request with fields set "
+                             "(all but op must be 0)", from);
+        return KVT_OK;
+    }
     if (out->count == 0 || out->count > KVT_PULL_MAX_BLOCKS)
         return kvt__fail(KVT_EPROTO, "cluster pull: %s asked for %u blocks (1..%u)", from,
                          out->count, KVT_PULL_MAX_BLOCKS);

@@ -27,6 +27,14 @@
  *   Without it a block that changed in the holder's tier stayed there,
  *   published, and every peer's pull of it failed until a local load
  *   happened to find it.
+ *   UCX (puller -> peer, the link's first frame when the puller's
+ *   cluster_transport is ucx): the header with op 3 and space, first,
+ *   count and req_len 0, no body. The peer answers an ANSWER header:
+ *   KVT_OK, then both move the link onto UCX (net/stream.h,
+ *   kvt__stream_ucx_upgrade: the peer as the server side) and the puller
+ *   sends 8 bytes the peer echoes (UCX wires up at a first message); or
+ *   KVT_EUNSUPPORTED (its cluster_transport is tcp, or UCX cannot start
+ *   there) and the link goes on over TCP.
  * Integers are little-endian. The peer pins the blocks while it sends. */
 #ifndef KVT_CLUSTER_PULL_H
 #define KVT_CLUSTER_PULL_H
@@ -39,6 +47,7 @@
 #define KVT_PULL_VERSION 4
 #define KVT_PULL_FETCH 1
 #define KVT_PULL_REPORT 2
+#define KVT_PULL_UCX 3
 #define KVT_PULL_REQ_HDR 32
 #define KVT_PULL_REP_HDR 24
 #define KVT_PULL_MAX_REQ (64u << 20) /* a request's bytes (16M tokens), at most */
@@ -57,8 +66,9 @@ typedef struct kvt_pull_answer {
 } kvt_pull_answer;
 
 void kvt__pull_fetch_encode(uint8_t out[KVT_PULL_REQ_HDR], const kvt_pull_fetch *f);
-/* KVT_EPROTO (magic, op neither FETCH nor REPORT, count 0 or above KVT_PULL_MAX_BLOCKS, req_len 0
- * or above KVT_PULL_MAX_REQ, reserved not 0), KVT_EVERSION; the message
+/* KVT_EPROTO (magic, op not one of the three; for FETCH and REPORT count
+ * 0 or above KVT_PULL_MAX_BLOCKS, req_len 0 or above KVT_PULL_MAX_REQ; for
+ * UCX any field but op not 0; reserved not 0), KVT_EVERSION; the message
  * names the field and who sent it (from). */
 kvt_status kvt__pull_fetch_decode(const uint8_t in[KVT_PULL_REQ_HDR], const char *from,
                                   kvt_pull_fetch *out);

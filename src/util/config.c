@@ -82,6 +82,7 @@ typedef struct opt_def {
 
 static const char *const EVICTION_NAMES[] = {"lru", "lfu", NULL}; /* kvt_evict_policy */
 static const char *const IO_NAMES[] = {"auto", "uring", "threads", NULL};
+static const char *const TRANSPORT_NAMES[] = {"tcp", "ucx", NULL}; /* KVT_CLUSTER_TCP, _UCX */
 static const char *const LOG_LEVEL_NAMES[] = {"error", "warn", "info", "debug", NULL};
 
 #define FIELD_(f) .offset = offsetof(kvt_config_values, f), \
@@ -220,6 +221,10 @@ static const opt_def OPTIONS[] = {
     UINT_OPT(cluster_serve_mib_s, CLUSTER_SERVE_MIB_S, RANK_LOCAL, 0, 0, 1048576,
              "MiB per second this node sends to peers, over every pull it serves; 0: no "
              "limit (the link's)"),
+    ENUM_OPT(cluster_transport, CLUSTER_TRANSPORT, RANK_LOCAL, "tcp", TRANSPORT_NAMES,
+             "how pulls move blocks: tcp, or ucx (each link asks the peer to move onto UCX "
+             "after the handshake, UCX_TLS and friends from the environment; a peer whose "
+             "cluster_transport is tcp answers no, and that link stays on TCP)"),
     STRING_OPT(server_secret_file, SERVER_SECRET_FILE, RANK_LOCAL, "",
                "a file of 16..1024 bytes every client of the node server must prove it holds "
                "(HMAC-SHA256 challenge at attach); clients read it from "

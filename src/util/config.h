@@ -63,6 +63,7 @@ typedef struct kvt_config_values {
     uint32_t cluster_prefill_tps; /* "cluster_prefill_tps", uint, default 20000 */
     uint32_t cluster_serve_max; /* "cluster_serve_max", uint, default 8 */
     uint32_t cluster_serve_mib_s; /* "cluster_serve_mib_s", uint, default 0 (no limit) */
+    uint32_t cluster_transport; /* "cluster_transport", enum "tcp"|"ucx", default "tcp" */
     char server_secret_file[256]; /* "server_secret_file", string, default "": attach secret */
     uint32_t server_copy_ms; /* "server_copy_ms", uint, default 30000: a launched copy's deadline */
     uint32_t server_read_ms; /* "server_read_ms", uint, default 30000: a load's SSD reads' bound */
