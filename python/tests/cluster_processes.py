@@ -607,6 +607,65 @@ class ClusterModeCluster(Cluster):
         self.assertEqual(r["matched"], BLOCKS * r["block_tokens"], r)
         self.assertEqual(r["mismatches"], 0, r)
 
+    RESHARD_SLOTS = 2000
+
+    def test_a_resharding_mid_run_loses_no_local_hit_and_no_byte(self):
+        """redis-cli --cluster reshard moves RESHARD_SLOTS slots of the first
+        primary to the second (their keys migrated: ASK while a slot moves,
+        MOVED after) while engines store on one node and load on others:
+        every local hit stays whole, every loaded byte is right, every store
+        succeeds; a pull may miss while its slot moves, and after the move
+        peers pull again (#26 item 4). A third of the slots: redis-cli moves
+        a few hundred slots a second on a loaded 2-core VM."""
+        seeds = list(range(60, 64))
+        for seed in seeds:
+            self.assertEqual(worker(self.sock("a"), "store", seed)["status"], 0)
+            self.load_until_hit("b", seed)
+        ports = self.redis.ports
+        ids = [subprocess.run(["redis-cli", "-p", str(p), "cluster", "myid"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() for p in ports]
+        # its output to a file: a pipe nobody reads fills and stalls redis-cli
+        out_path = os.path.join(self.dir, "reshard.out")
+        out_file = open(out_path, "w")
+        self.addCleanup(out_file.close)
+        reshard = subprocess.Popen(
+            ["redis-cli", "--cluster", "reshard", "127.0.0.1:%d" % ports[0], "--cluster-from",
+             ids[0], "--cluster-to", ids[1], "--cluster-slots", str(self.RESHARD_SLOTS),
+             "--cluster-yes"],
+            stdout=out_file, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: reshard.poll() is None and reshard.kill())
+        names, rounds, seed, during = ("a", "b", "c"), 0, 100, 0
+        deadline = time.monotonic() + 120
+        while reshard.poll() is None or rounds < 3:
+            during += reshard.poll() is None
+            self.assertLess(time.monotonic(), deadline, "the reshard did not finish")
+            at, to = names[rounds % 3], names[(rounds + 1) % 3]
+            s = worker(self.sock(at), "store", seed)
+            self.assertEqual(s["status"], 0, s)
+            local = worker(self.sock(at), "load", seed)  # its own: a whole hit
+            self.assertEqual((local["matched"], local["mismatches"]),
+                             (BLOCKS * s["block_tokens"], 0), local)
+            far = worker(self.sock(to), "load", seed)  # a pull, or a miss mid-move
+            self.assertEqual(far.get("mismatches", 0), 0, far)
+            for old in seeds:  # stored before: hits on a and b (b pulled them)
+                for n in ("a", "b"):
+                    r = worker(self.sock(n), "load", old)
+                    self.assertEqual((r["matched"], r["mismatches"]),
+                                     (BLOCKS * s["block_tokens"], 0), (n, old, r))
+            rounds, seed = rounds + 1, seed + 1
+        with open(out_path) as f:
+            out = f.read()
+        self.assertEqual(reshard.returncode, 0, out[-3000:])
+        moving = [l for l in out.splitlines() if l.startswith("Moving slot")]
+        self.assertEqual(len(moving), self.RESHARD_SLOTS, out[-3000:])
+        # the moved slots held directory entries (a dot per key migrated)
+        self.assertGreater(sum(l.count(".") - l.count("127.0.0.1") * 3 for l in moving), 0,
+                           out[-3000:])
+        self.assertGreater(during, 0, "no round ran while the slots moved")
+        # after the move: a new prefix stored on c is pulled by b
+        self.assertEqual(worker(self.sock("c"), "store", 99)["status"], 0)
+        self.load_until_hit("b", 99, timeout=20.0)
+
     def test_cluster_status_lists_every_node_with_its_epoch(self):
         rep = json.loads(subprocess.run([kvtier_bin(), "cluster", "status", "--redis",
                                          self.redis.url(), "--json"], capture_output=True,
