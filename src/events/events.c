@@ -8,7 +8,9 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "store/pool.h"
@@ -72,8 +74,18 @@ typedef struct replay_ent {
     size_t len;
 } replay_ent;
 
+/* A socket file an ipc:// endpoint's bind made, removed at stop (libzmq
+ * leaves it behind): by inode, so a file another process bound at the
+ * same path since (a bind replaces the file) is left alone. */
+typedef struct ev_ipc_file {
+    char path[108]; /* sun_path's size; "" when none */
+    dev_t dev;
+    ino_t ino;
+} ev_ipc_file;
+
 struct kvt_events {
     void *ctx, *pub, *replay;
+    ev_ipc_file ipc[2]; /* the PUB's and the replay ROUTER's */
     void *zap;                 /* with a secret: the ZAP handler (REP) */
     uint8_t client_key[32];    /* the one CURVE client key it lets in */
     _Atomic uint64_t zap_refused; /* kvt__events_stats reads it from other threads */
@@ -760,8 +772,26 @@ static kvt_status curve_server(void *s, const kvt_events_keys *k, const char *op
     return KVT_OK;
 }
 
+/* Remembers the socket file ep's bind made, when ep is ipc://. */
+static void ipc_remember(ev_ipc_file *f, const char *ep)
+{
+    struct stat sb;
+    if (strncmp(ep, "ipc://", 6) || strlen(ep + 6) >= sizeof f->path || stat(ep + 6, &sb))
+        return;
+    memcpy(f->path, ep + 6, strlen(ep + 6) + 1);
+    f->dev = sb.st_dev;
+    f->ino = sb.st_ino;
+}
+
+static void ipc_remove(const ev_ipc_file *f)
+{
+    struct stat sb;
+    if (f->path[0] && !stat(f->path, &sb) && sb.st_dev == f->dev && sb.st_ino == f->ino)
+        unlink(f->path);
+}
+
 static kvt_status bind_sock(void *ctx, int type, const char *ep, const char *opt,
-                            const kvt_events_keys *keys, void **out)
+                            const kvt_events_keys *keys, void **out, ev_ipc_file *file)
 {
     void *s = zmq_socket(ctx, type);
     if (!s) return kvt__fail(KVT_ESYS, "%s: zmq_socket: %s", opt, zmq_strerror(zmq_errno()));
@@ -775,6 +805,7 @@ static kvt_status bind_sock(void *ctx, int type, const char *ep, const char *opt
         zmq_close(s);
         return st;
     }
+    ipc_remember(file, ep);
     *out = s;
     return KVT_OK;
 }
@@ -799,6 +830,7 @@ static void events_free(kvt_events *ev)
     if (ev->replay) zmq_close(ev->replay);
     if (ev->zap) zmq_close(ev->zap);
     if (ev->ctx) zmq_ctx_term(ev->ctx);
+    for (int i = 0; i < 2; i++) ipc_remove(&ev->ipc[i]);
     for (uint32_t i = 0; ev->buf && i < ev->buf_n; i++)
         free(ev->buf[(ev->buf_first + i) % ev->buf_cap].payload);
     free(ev->buf);
@@ -848,10 +880,11 @@ kvt_status kvt__events_start(kvt_events **out, const kvt_events_config *cfg)
     ev->cleared_pending = true;
     const kvt_events_keys *k = cfg->secret ? &keys : NULL;
     st = k ? start_zap(ev, k) : KVT_OK;
-    if (!st) st = bind_sock(ev->ctx, ZMQ_PUB, cfg->endpoint, "events_endpoint", k, &ev->pub);
+    if (!st) st = bind_sock(ev->ctx, ZMQ_PUB, cfg->endpoint, "events_endpoint", k, &ev->pub,
+                             &ev->ipc[0]);
     if (!st && cfg->replay_endpoint && cfg->replay_endpoint[0])
         st = bind_sock(ev->ctx, ZMQ_ROUTER, cfg->replay_endpoint, "events_replay_endpoint", k,
-                       &ev->replay);
+                       &ev->replay, &ev->ipc[1]);
     sodium_memzero(&keys, sizeof keys);
     if (!st && pthread_create(&ev->thread, NULL, events_main, ev) != 0)
         st = kvt__fail(KVT_ESYS, "events: pthread_create failed");

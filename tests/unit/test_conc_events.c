@@ -99,6 +99,17 @@ static void count_batch(tally *t, const void *p, size_t n)
     msgpack_unpacked_destroy(&u);
 }
 
+/* Stops ev and checks the ipc:// socket files its binds made are gone
+ * (libzmq leaves them: a stopped node left one per endpoint in /tmp). */
+static void stop_and_check_files(kvt_events *ev, const char *ep, const char *rep)
+{
+    assert_int_equal(access(ep + 6, F_OK), 0);
+    if (rep) assert_int_equal(access(rep + 6, F_OK), 0);
+    kvt__events_stop(ev);
+    assert_int_not_equal(access(ep + 6, F_OK), 0);
+    if (rep) assert_int_not_equal(access(rep + 6, F_OK), 0);
+}
+
 static void test_two_indexes_at_once(void **state)
 {
     (void)state;
@@ -212,7 +223,7 @@ static void test_two_indexes_at_once(void **state)
     }
     zmq_close(sub);
     zmq_ctx_term(ctx);
-    kvt__events_stop(ev);
+    stop_and_check_files(ev, ep, rep);
 }
 
 /* ---- tiers and tokens ---- */
@@ -398,7 +409,7 @@ static void tiers_and_tokens(bool disk_tokens)
     kvt__index_destroy(idx);
     zmq_close(sub);
     zmq_ctx_term(ctx);
-    kvt__events_stop(ev);
+    stop_and_check_files(ev, ep, NULL);
 }
 
 static void test_tiers_and_tokens(void **state)
@@ -545,7 +556,7 @@ static void test_secret_lets_only_its_holder_in(void **state)
     zmq_close(plain);
     zmq_ctx_term(ctx);
     kvt__index_set_observer(idx, NULL, NULL);
-    kvt__events_stop(ev);
+    stop_and_check_files(ev, ep, rep);
     kvt__index_destroy(idx);
 }
 
