@@ -3,6 +3,15 @@
 #define KVT_UTIL_COPY_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+/* One contiguous copy: len bytes from src to dst (the transfer engine's
+ * unit of work, src/xfer; the fused copy's too, util/hash.h). */
+typedef struct kvt_copy_chunk {
+    void *dst;
+    const void *src;
+    uint64_t len;
+} kvt_copy_chunk;
 
 /* Copies len bytes with streaming stores where the CPU has AVX2 (memcpy
  * elsewhere): the destination's lines are neither read for ownership first

@@ -62,6 +62,15 @@ void kvt__hash_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t le
 #endif
 }
 
+void kvt__hash_copy_feedv(kvt_hash_copy *h, const kvt_copy_chunk *ch, size_t n)
+{
+#ifdef KVT_HASH_X86
+    kvt__xxh3_avx2_copy_feedv(h, ch, n);
+#else
+    (void)h, (void)ch, (void)n;
+#endif
+}
+
 uint64_t kvt__hash_copy_end(kvt_hash_copy *h)
 {
 #ifdef KVT_HASH_X86

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/copy.h" /* kvt_copy_chunk */
+
 /* A block's identity: 128 bits so that accidental collisions are out of
  * reach even across billions of cached blocks. */
 typedef struct kvt_hash128 {
@@ -53,6 +55,14 @@ int kvt__hash_copy_begin(kvt_hash_copy *h, uint64_t total, uint64_t seed);
 /* dst continues the range where the last feed ended; len at most what
  * remains. */
 void kvt__hash_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len);
+/* Feeds n chunks in order, each continuing the range where the last ended
+ * (dst side), as n feed calls would, and faster: chunks of whole 64-byte
+ * stripes are copied with the accumulators held in registers throughout
+ * and the next chunk's source prefetched while one is copied (a strided
+ * source, as SGLang's page_first pool's 512-byte tokens, defeats the
+ * hardware prefetcher at every chunk: one feed per chunk ran at 0.65-0.7x
+ * the plain streaming copy of the same chunks, this at 0.8-0.85x). */
+void kvt__hash_copy_feedv(kvt_hash_copy *h, const kvt_copy_chunk *ch, size_t n);
 /* After exactly total bytes were fed. */
 uint64_t kvt__hash_copy_end(kvt_hash_copy *h);
 /* util/copy.h's AVX2 body (call only when kvt__hash_avx2()). */
@@ -60,6 +70,7 @@ void kvt__copy_stream_avx2(void *dst, const void *src, size_t len);
 /* Their AVX2 bodies (hash_avx2.c). */
 void kvt__xxh3_avx2_copy_begin(kvt_hash_copy *h, uint64_t seed);
 void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len);
+void kvt__xxh3_avx2_copy_feedv(kvt_hash_copy *h, const kvt_copy_chunk *ch, size_t n);
 uint64_t kvt__xxh3_avx2_copy_end(kvt_hash_copy *h);
 /* XXH3-128 of data with a 128-bit chaining input folded into the seed and
  * the secret-independent mix, so the result commits to prev and data. */

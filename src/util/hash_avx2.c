@@ -112,20 +112,18 @@ static inline void hc_prefetch_head(const uint8_t *s, size_t len)
 }
 
 /* Whole stripes: each loaded once into registers, stored, and hashed from
- * those registers. Streaming stores where 32-byte aligned: the tier's cold
+ * those registers (the accumulators *acc0, *acc1 stay in registers once
+ * inlined). Streaming stores where 32-byte aligned: the tier's cold
  * lines are not read for ownership first (a third less memory traffic, as
  * glibc's large memcpy). What is hashed is what was stored. No fence
  * here (one per 8 KiB feed cost a third of a store's copy): the caller
  * fences once per batch (kvt__copy_stream_fence). The source is
- * prefetched HC_PREFETCH_BYTES ahead, never past the feed's stripes. */
-static void hc_stripes(const kvt_hash_copy *h, uint64_t *acc, uint8_t *d, const uint8_t *s,
-                       size_t n, uint64_t *count)
+ * prefetched HC_PREFETCH_BYTES ahead, never past the n stripes. */
+static inline void hc_stripes(const kvt_hash_copy *h, __m256i *acc0, __m256i *acc1, uint8_t *d,
+                              const uint8_t *s, size_t n, uint64_t *count)
 {
     const bool nt = ((uintptr_t)d & 31) == 0;
     const size_t ahead = HC_PREFETCH_BYTES / XXH_STRIPE_LEN; /* stripes */
-    __m256i acc0 = _mm256_load_si256((const __m256i *)acc);
-    __m256i acc1 = _mm256_load_si256((const __m256i *)acc + 1);
-    uint64_t c = *count;
     for (size_t i = 0; i < n; i++, d += XXH_STRIPE_LEN, s += XXH_STRIPE_LEN) {
         if (i + ahead < n) _mm_prefetch((const char *)s + HC_PREFETCH_BYTES, _MM_HINT_T0);
         __m256i a = _mm256_loadu_si256((const __m256i *)s);
@@ -137,11 +135,16 @@ static void hc_stripes(const kvt_hash_copy *h, uint64_t *acc, uint8_t *d, const 
             _mm256_storeu_si256((__m256i *)d, a);
             _mm256_storeu_si256((__m256i *)(d + 32), b);
         }
-        hc_one(h, &acc0, &acc1, a, b, &c);
+        hc_one(h, acc0, acc1, a, b, count);
     }
-    _mm256_store_si256((__m256i *)acc, acc0);
-    _mm256_store_si256((__m256i *)acc + 1, acc1);
-    *count = c;
+}
+
+/* The range's last 64 bytes (XXH3's final, overlapping stripe) are kept
+ * from the sources: [start, end) of the range was just copied from src. */
+static inline void hc_keep_last(kvt_hash_copy *h, const uint8_t *src, uint64_t start, uint64_t end)
+{
+    uint64_t lo = h->total - XXH_STRIPE_LEN, from = start > lo ? start : lo;
+    if (from < end) memcpy(h->last + (from - lo), src + (from - start), (size_t)(end - from));
 }
 
 /* Nothing is hashed from the destination: a line just written there may
@@ -151,8 +154,8 @@ static void hc_stripes(const kvt_hash_copy *h, uint64_t *acc, uint8_t *d, const 
  * overlapping stripe) are kept in h->last, both from the sources. */
 void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size_t len)
 {
-    XXH_ALIGN(32) uint64_t acc[XXH_ACC_NB]; /* locals: kept in registers */
-    memcpy(acc, h->acc, sizeof acc);
+    __m256i acc0 = _mm256_load_si256((const __m256i *)h->acc);
+    __m256i acc1 = _mm256_load_si256((const __m256i *)h->acc + 1);
     uint64_t count = h->stripes, start = h->pos;
     uint8_t *d = dst;
     const uint8_t *s = src;
@@ -162,7 +165,7 @@ void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size
         if (in == 0 && len >= XXH_STRIPE_LEN && count < h->normal) {
             size_t n = len / XXH_STRIPE_LEN;
             if (n > h->normal - count) n = (size_t)(h->normal - count);
-            hc_stripes(h, acc, d, s, n, &count);
+            hc_stripes(h, &acc0, &acc1, d, s, n, &count);
             d += n * XXH_STRIPE_LEN;
             s += n * XXH_STRIPE_LEN;
             len -= n * XXH_STRIPE_LEN;
@@ -178,20 +181,47 @@ void kvt__xxh3_avx2_copy_feed(kvt_hash_copy *h, void *dst, const void *src, size
         s += k;
         len -= k;
         h->pos += k;
-        if (h->pos % XXH_STRIPE_LEN == 0 && count < h->normal) {
-            __m256i acc0 = _mm256_load_si256((const __m256i *)acc);
-            __m256i acc1 = _mm256_load_si256((const __m256i *)acc + 1);
+        if (h->pos % XXH_STRIPE_LEN == 0 && count < h->normal)
             hc_one(h, &acc0, &acc1, _mm256_loadu_si256((const __m256i *)h->part),
                    _mm256_loadu_si256((const __m256i *)(h->part + 32)), &count);
-            _mm256_store_si256((__m256i *)acc, acc0);
-            _mm256_store_si256((__m256i *)acc + 1, acc1);
-        }
     }
-    uint64_t lo = h->total - XXH_STRIPE_LEN, from = start > lo ? start : lo;
-    if (from < h->pos) memcpy(h->last + (from - lo), (const uint8_t *)src + (from - start),
-                              (size_t)(h->pos - from));
-    memcpy(h->acc, acc, sizeof acc);
+    hc_keep_last(h, src, start, h->pos);
+    _mm256_store_si256((__m256i *)h->acc, acc0);
+    _mm256_store_si256((__m256i *)h->acc + 1, acc1);
     h->stripes = count;
+}
+
+/* hash.h: runs of chunks of whole normal stripes, with the accumulators
+ * in registers across them and the next chunk's head prefetched before a
+ * chunk is copied; any other chunk (a stripe split across chunks, the
+ * range's last stripe) goes through the feed above. */
+void kvt__xxh3_avx2_copy_feedv(kvt_hash_copy *h, const kvt_copy_chunk *ch, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i;
+        if (h->pos % XXH_STRIPE_LEN == 0) {
+            __m256i acc0 = _mm256_load_si256((const __m256i *)h->acc);
+            __m256i acc1 = _mm256_load_si256((const __m256i *)h->acc + 1);
+            uint64_t count = h->stripes;
+            for (; j < n; j++) {
+                size_t len = (size_t)ch[j].len, stripes = len / XXH_STRIPE_LEN;
+                if (len % XXH_STRIPE_LEN || stripes > h->normal - count) break;
+                if (j + 1 < n) hc_prefetch_head(ch[j + 1].src, (size_t)ch[j + 1].len);
+                hc_stripes(h, &acc0, &acc1, ch[j].dst, ch[j].src, stripes, &count);
+                hc_keep_last(h, ch[j].src, h->pos, h->pos + len);
+                h->pos += len;
+            }
+            _mm256_store_si256((__m256i *)h->acc, acc0);
+            _mm256_store_si256((__m256i *)h->acc + 1, acc1);
+            h->stripes = count;
+        }
+        if (j == i) { /* not whole stripes here: the feed's way */
+            kvt__xxh3_avx2_copy_feed(h, ch[i].dst, ch[i].src, (size_t)ch[i].len);
+            j = i + 1;
+        }
+        i = j;
+    }
 }
 
 uint64_t kvt__xxh3_avx2_copy_end(kvt_hash_copy *h)

@@ -194,24 +194,34 @@ static void unit_done_locked(kvt_xfer *x, kvt_xfer_task *t, uint32_t layer, kvt_
 
 /* A summing store over plain memcpy copies each chunk while hashing it
  * (kvt_hash_copy), as long as the chunks fill the block part in order
- * (every layout kvtier builds); a chunk out of order ends the fusing, and
- * sum_end hashes the part in a second pass. */
+ * (every layout kvtier builds): each run of chunks that continues the part
+ * is one kvt__hash_copy_feedv. A chunk out of order ends the fusing, and
+ * sum_end hashes the part in a second pass. No fence: run_unit fences
+ * once per unit. */
 static kvt_status copy_fused(xfer_worker *w, uint32_t n)
 {
     const kvt_copy_ops *ops = &w->x->ops;
-    for (uint32_t i = 0; i < n; i++) {
-        const kvt_copy_chunk *ch = &w->chunks[i];
-        const void *side = w->sum_load ? ch->src : ch->dst;
-        if (side != w->sum_next || ch->len > w->sum.total - w->sum.pos) w->sum_next = NULL;
-        if (!w->sum_next) {
-            kvt_status rc = ops->copy(ops->ctx, ch, 1);
-            if (rc != KVT_OK) return rc;
+    for (uint32_t i = 0; i < n;) {
+        uint32_t j = i;
+        uint64_t room = w->sum.total - w->sum.pos;
+        while (w->sum_next && j < n) {
+            const kvt_copy_chunk *ch = &w->chunks[j];
+            const uint8_t *side = w->sum_load ? ch->src : ch->dst;
+            if (side != w->sum_next || ch->len > room) break;
+            w->sum_next += ch->len;
+            room -= ch->len;
+            j++;
+        }
+        if (j > i) {
+            kvt__hash_copy_feedv(&w->sum, &w->chunks[i], j - i);
+            i = j;
             continue;
         }
-        kvt__hash_copy_feed(&w->sum, ch->dst, ch->src, (size_t)ch->len);
-        w->sum_next += ch->len;
+        w->sum_next = NULL; /* out of order: the rest is copied, sum_end hashes */
+        kvt_status rc = ops->copy(ops->ctx, &w->chunks[i], 1);
+        if (rc != KVT_OK) return rc;
+        i++;
     }
-    kvt__copy_stream_fence(); /* the feeds' streaming stores, once per batch */
     return KVT_OK;
 }
 
@@ -222,11 +232,10 @@ static kvt_status flush(xfer_worker *w, kvt_xfer_task *t, uint32_t n)
     if (ops->copy_async) return ops->copy_async(ops->ctx, &w->wctx, (int)t->dir, w->chunks, n);
     if (w->sum_next) return copy_fused(w, n);
     if (t->dir == KVT_XFER_GATHER && ops->plain_memcpy) {
-        /* Into the tier: streaming stores (util/copy.h), fenced before the
-         * unit is reported. */
+        /* Into the tier: streaming stores (util/copy.h), fenced once per
+         * unit (run_unit), before the unit is reported. */
         for (uint32_t i = 0; i < n; i++)
             kvt__copy_stream(w->chunks[i].dst, w->chunks[i].src, (size_t)w->chunks[i].len);
-        kvt__copy_stream_fence();
         return KVT_OK;
     }
     return ops->copy(ops->ctx, w->chunks, n);
@@ -242,7 +251,14 @@ static kvt_status check_parts(const kvt_xfer_task *t, uint32_t layer);
 static kvt_status run_unit(xfer_worker *w, kvt_xfer_task *t, uint32_t layer)
 {
     const kvt_copy_ops *ops = &w->x->ops;
-    if (!ops->copy_async) return build_unit(w, t, layer);
+    if (!ops->copy_async) {
+        /* The unit's streaming stores (fused or not), fenced once before
+         * it is reported landed, not after every block's part (each
+         * fence waits for the write-combining buffers to drain). */
+        kvt_status rc = build_unit(w, t, layer);
+        kvt__copy_stream_fence();
+        return rc;
+    }
     /* A load's blocks are checked on the host before the device copies
      * them: the device's bytes are never read back by the CPU. */
     kvt_status rc = t->dir == KVT_XFER_SCATTER && t->expect_sums ? check_parts(t, layer)

@@ -18,12 +18,8 @@
 #include <stdint.h>
 #include "kvtier.h"
 #include "layout/layout.h"
+#include "util/copy.h" /* kvt_copy_chunk */
 
-typedef struct kvt_copy_chunk {
-    void *dst;
-    const void *src;
-    uint64_t len;
-} kvt_copy_chunk;
 
 typedef struct kvt_copy_ops {
     const char *name;

@@ -64,11 +64,18 @@ static void test_grow(void **state)
     free(w);
 }
 
-/* Copies src[0, total) to dst in feeds of the given sizes (cycled) and
- * checks the result against XXH3 over the copy, the copy against the
- * source, and the bytes around the range untouched. */
+/* How a case feeds the fused copy: one feed per chunk; kvt__hash_copy_feedv
+ * over every chunk at once, or in calls of up to 3 chunks; or feedv with
+ * each chunk's source taken from the mirrored place of the source buffer
+ * (a strided source, as a page_first pool's tokens). */
+enum { FEED_EACH, FEEDV_ALL, FEEDV_THREES, FEEDV_SCATTERED, FEED_MODES };
+#define HC_MAX_CHUNKS 4096
+
+/* Copies total bytes to dst in chunks of the given sizes (cycled), fed as
+ * mode says, and checks the result against XXH3 over what the range must
+ * hold, the copy against it, and the bytes around the range untouched. */
 static void hash_copy_case(uint8_t *dst, const uint8_t *src, size_t total, uint64_t seed,
-                           const size_t *feeds, size_t nfeeds)
+                           const size_t *feeds, size_t nfeeds, int mode)
 {
     memset(dst - 64, 0xC3, total + 128);
     kvt_hash_copy h;
@@ -77,21 +84,34 @@ static void hash_copy_case(uint8_t *dst, const uint8_t *src, size_t total, uint6
         assert_true(total <= 240 || !kvt__hash_avx2());
         return;
     }
-    size_t pos = 0;
+    static kvt_copy_chunk ch[HC_MAX_CHUNKS];
+    uint8_t *want = malloc(total);
+    assert_non_null(want);
+    size_t pos = 0, n = 0;
     for (size_t k = 0; pos < total; k++) {
-        size_t n = feeds[k % nfeeds];
-        if (n > total - pos) n = total - pos;
-        kvt__hash_copy_feed(&h, dst + pos, src + pos, n);
-        pos += n;
+        size_t len = feeds[k % nfeeds];
+        if (len > total - pos) len = total - pos;
+        const uint8_t *from = mode == FEEDV_SCATTERED ? src + (total - pos - len) : src + pos;
+        memcpy(want + pos, from, len);
+        if (mode == FEED_EACH) {
+            kvt__hash_copy_feed(&h, dst + pos, from, len);
+        } else {
+            assert_true(n < HC_MAX_CHUNKS);
+            ch[n++] = (kvt_copy_chunk){dst + pos, from, len};
+        }
+        pos += len;
     }
+    for (size_t i = 0; i < n; i += mode == FEEDV_THREES ? 3 : n)
+        kvt__hash_copy_feedv(&h, ch + i, mode == FEEDV_THREES && n - i > 3 ? 3 : n - i);
     uint64_t got = kvt__hash_copy_end(&h);
-    assert_memory_equal(dst, src, total);
-    assert_true(got == XXH3_64bits_withSeed(src, total, seed));
+    assert_memory_equal(dst, want, total);
+    assert_true(got == XXH3_64bits_withSeed(want, total, seed));
     assert_true(got == kvt__hash64(dst, total, seed));
     for (size_t i = 1; i <= 64; i++) {
         assert_int_equal(dst[-(ptrdiff_t)i], 0xC3);
         assert_int_equal(dst[total + i - 1], 0xC3);
     }
+    free(want);
 }
 
 static void test_hash_copy(void **state)
@@ -106,19 +126,23 @@ static void test_hash_copy(void **state)
     /* around the short/long boundary, XXH3's 1 KiB blocks, a block part */
     static const size_t sizes[] = {200, 240, 241, 255, 256, 257, 1023, 1024, 1025,
                                    1088, 4096, 65536, 65536 + 7, MAX};
-    static const size_t one[] = {SIZE_MAX}, tokens[] = {2048}, odd[] = {1, 63, 64, 65, 200, 7},
-                        split[] = {32 << 10, 5};
+    /* whole stripes (page_first's 512-byte tokens, 2 KiB pages), stripes
+     * split across chunks, a short chunk after long ones */
+    static const size_t one[] = {SIZE_MAX}, tokens[] = {2048}, page_first[] = {512},
+                        odd[] = {1, 63, 64, 65, 200, 7}, split[] = {32 << 10, 5},
+                        mixed[] = {512, 512, 96, 32};
     static const struct { const size_t *f; size_t n; } feeds[] = {
-        {one, 1}, {tokens, 1}, {odd, 6}, {split, 2}};
+        {one, 1}, {tokens, 1}, {page_first, 1}, {odd, 6}, {split, 2}, {mixed, 4}};
     static const uint64_t seeds[] = {0, 1, 31, 0x9e3779b97f4a7c15ull};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
         for (size_t f = 0; f < sizeof feeds / sizeof *feeds; f++)
-            for (size_t k = 0; k < sizeof seeds / sizeof *seeds; k++) {
-                /* streaming stores where 32-byte aligned, plain ones not */
-                size_t doff = 64 + (k % 2 ? 0 : 8), soff = k % 3;
-                hash_copy_case(buf + doff, src + soff, sizes[i], seeds[k], feeds[f].f,
-                               feeds[f].n);
-            }
+            for (size_t k = 0; k < sizeof seeds / sizeof *seeds; k++)
+                for (int mode = 0; mode < FEED_MODES; mode++) {
+                    /* streaming stores where 32-byte aligned, plain ones not */
+                    size_t doff = 64 + (k % 2 ? 0 : 8), soff = k % 3;
+                    hash_copy_case(buf + doff, src + soff, sizes[i], seeds[k], feeds[f].f,
+                                   feeds[f].n, mode);
+                }
     free(src);
     free(buf);
 }
