@@ -79,11 +79,16 @@ static uint64_t tier_bytes(void)
     return b < (256ull << 20) ? 256ull << 20 : b > (2ull << 30) ? 2ull << 30 : b;
 }
 
+/* A store's stages, microseconds: the calls an engine makes. */
+enum { ST_PREPARE, ST_LAUNCH, ST_WAIT, NSTAGES };
+static const char *const stage_name[NSTAGES] = {"prepare", "launch", "wait"};
+
 /* One store (of a fresh namespace, so every block is new) and one load of
  * it: seconds into sec[0] (store), sec[1] (load), sec[2] (store until
- * visible); the load verified. */
+ * visible), the store's stages into us; the load verified. */
 static kvt_status round_trip_data(side *s, kvt_emu *emu, const uint32_t *tokens,
-                                  const uint32_t *pages, uint32_t ns, double sec[3])
+                                  const uint32_t *pages, uint32_t ns, double sec[3],
+                                  double us[NSTAGES])
 {
     kvt_request r = {tokens, TOKENS, &ns, sizeof ns};
     kvt_status st = kvt_emu_fill(emu, &r, 0, TOKENS, pages, PAGES);
@@ -91,8 +96,10 @@ static kvt_status round_trip_data(side *s, kvt_emu *emu, const uint32_t *tokens,
     kvt_task_result res;
     uint64_t t0 = kvt__now_ns();
     if (!st) st = s_prepare(s, &r, &p);
+    uint64_t tp = kvt__now_ns();
     if (!st && p.num_tokens != TOKENS - 1) st = KVT_ENOSPC;
     if (!st) st = s_launch(s, p.task, pages);
+    uint64_t tl = kvt__now_ns();
     if (!st) st = s_wait(s, p.task, &res);
     if (!st) st = res.status;
     uint64_t t1 = kvt__now_ns();
@@ -110,10 +117,44 @@ static kvt_status round_trip_data(side *s, kvt_emu *emu, const uint32_t *tokens,
     kvt_verify_result v;
     if (!st) st = kvt_emu_verify(emu, &r, 0, TOKENS - 1, pages, PAGES, &v);
     if (!st && (v.mismatches || !v.bytes_checked)) st = KVT_ECORRUPT;
+    us[ST_PREPARE] = (double)(tp - t0) / 1e3;
+    us[ST_LAUNCH] = (double)(tl - tp) / 1e3;
+    us[ST_WAIT] = (double)(t1 - tl) / 1e3;
     sec[0] = (double)(t1 - t0) / 1e9;
     sec[1] = (double)(t3 - t2) / 1e9;
     sec[2] = (double)(t1v - t0) / 1e9;
     return st;
+}
+
+/* Where a store's time goes, in process and through the server (the
+ * 4 KiB side is the in-process path again): each call's microseconds,
+ * min/median/max over the measured rounds. Through the server prepare and
+ * launch are one round trip each, and wait covers the copy with its
+ * checksums; a prepare far above the control round trip is the server's
+ * thread waking (docs/server.md, Performance). */
+static void stages_json(sample_set st[][NSTAGES])
+{
+    static const char *const side_name[2] = {"in_process", "server"};
+    printf("\"store_stages_us\": {");
+    for (int k = 0; k < 2; k++) {
+        printf("\"%s\": {", side_name[k]);
+        for (int j = 0; j < NSTAGES; j++) {
+            stat3 x = {samples_pct(&st[k][j], 0), samples_pct(&st[k][j], 50),
+                       samples_pct(&st[k][j], 100)};
+            stat3_json(stage_name[j], x, j + 1 < NSTAGES);
+        }
+        printf("}%s", k ? "" : ", ");
+    }
+    printf("}, ");
+}
+
+static void stages_text(sample_set st[][NSTAGES])
+{
+    printf("  store stages, median us (in-process / through the server):");
+    for (int j = 0; j < NSTAGES; j++)
+        printf("%s %s %.0f / %.0f", j ? "," : "", stage_name[j], samples_pct(&st[0][j], 50),
+               samples_pct(&st[1][j], 50));
+    printf("\n");
 }
 
 static void *serve(void *arg)
@@ -207,12 +248,13 @@ int kvt_bench_client_main(int argc, char **argv)
      * (ratios of medians of 0.6-1.4x in consecutive runs); the total is
      * what an engine's stream of stores gets. Medians and the spread of
      * the rounds' own store ratios are reported too. */
-    sample_set secs[SIDES][3] = {{{0}}}, round_ratio = {0};
+    sample_set secs[SIDES][3] = {{{0}}}, round_ratio = {0}, stages[SIDES][NSTAGES] = {{{0}}};
     for (uint32_t r = 0; !st && r < rounds + warm; r++) {
-        double sec[SIDES][3];
+        double sec[SIDES][3], us[NSTAGES];
         for (int k = 0; k < (with_4k ? SIDES : 2) && !st; k++) {
-            st = round_trip_data(sides[k], emu, tokens, pages, r * SIDES + (uint32_t)k, sec[k]);
+            st = round_trip_data(sides[k], emu, tokens, pages, r * SIDES + (uint32_t)k, sec[k], us);
             for (int j = 0; !st && r >= warm && j < 3; j++) samples_add(&secs[k][j], sec[k][j]);
+            for (int j = 0; !st && r >= warm && j < NSTAGES; j++) samples_add(&stages[k][j], us[j]);
         }
         if (!st && r >= warm) samples_add(&round_ratio, sec[0][0] / sec[1][0]);
     }
@@ -265,6 +307,7 @@ int kvt_bench_client_main(int argc, char **argv)
             stat3 rr = {samples_pct(&round_ratio, 0), samples_pct(&round_ratio, 50),
                         samples_pct(&round_ratio, 100)};
             stat3_json("round_store_ratio", rr, true);
+            stages_json(stages);
             bench_host_json(false);
             printf("}\n");
         } else {
@@ -280,6 +323,7 @@ int kvt_bench_client_main(int argc, char **argv)
                    bytes / 1048576.0, (unsigned long long)rounds, ls, rs, rs / ls, lo, hi, rv,
                    rv / ls, ll, rl, rl / ll, (unsigned long long)(tier >> 20), tier_pages, ks, rks,
                    kl, rkl, samples_pct(&rt, 50), samples_pct(&rt, 99), TOKENS, lookups_per_s);
+            stages_text(stages);
             bench_host_text(stdout);
         }
         rc = 0;
@@ -289,6 +333,8 @@ int kvt_bench_client_main(int argc, char **argv)
         for (int j = 0; j < 3; j++) samples_fini(&secs[k][j]);
     }
     samples_fini(&round_ratio);
+    for (int k = 0; k < SIDES; k++)
+        for (int j = 0; j < NSTAGES; j++) samples_fini(&stages[k][j]);
     kvt_client_detach(remote.client);
     kvt_cache_destroy(local.cache);
     kvt_cache_destroy(local4k.cache);
