@@ -107,8 +107,22 @@ class Cluster(unittest.TestCase):
             with open(path, "wb") as f:
                 f.write(secret)
             extra += ["--set", "cluster_secret_file=" + path]
+        # every node serves metrics (published() reads its backlog) unless
+        # the test picks the port
+        given = [m for m in more if str(m).startswith("metrics_port=")]
+        port = int(given[-1].split("=")[1]) if given else free_port()
+        if not given:
+            extra += ["--set", "metrics_port=%d" % port]
+        self.mports = getattr(self, "mports", {})
+        self.mports[name] = port
         extra += list(more)  # last: they override the defaults above
         self.nodes[name] = start_server(self.sock(name), *extra, model=None)
+
+    def published(self, name, timeout=15.0):
+        """Until node name's stores are all in the directory: a peer's next
+        lookup finds them (a fixed sleep raced the publisher on a loaded
+        host, and a test of what a peer does with them then saw nothing)."""
+        self.wait_published(self.mports[name], timeout)
 
     def load_until_hit(self, name, seed, keyed=False, timeout=10.0):
         """Loads on node name until it matches every block (publishing is
@@ -374,7 +388,7 @@ class Cluster(unittest.TestCase):
 
     def test_a_killed_holder_is_a_miss_within_the_deadline(self):
         worker(self.sock("a"), "store", 15)
-        time.sleep(0.3)  # published
+        self.published("a")
         self.nodes["a"].send_signal(signal.SIGKILL)
         self.nodes["a"].wait(10)
         # The lookup alone is timed (timed_lookup: this process's client,
@@ -467,7 +481,7 @@ class Cluster(unittest.TestCase):
                                    "cluster_pull_ms=60"])
         s = worker(self.sock("a"), "store", 24)
         self.assertEqual(s["stats"]["block_bytes"] * BLOCKS, 4 * 32768, s)
-        time.sleep(0.3)
+        self.published("a")
         r = worker(self.sock("b"), "load", 24)
         self.assertEqual(r["matched"], 0, r)
         self.assertEqual(r.get("mismatches", 0), 0, r)
@@ -475,7 +489,7 @@ class Cluster(unittest.TestCase):
 
     def test_a_restarted_node_never_serves_its_earlier_life(self):
         worker(self.sock("a"), "store", 17)
-        time.sleep(0.3)
+        self.published("a")
         self.nodes["a"].send_signal(signal.SIGKILL)
         self.nodes["a"].wait(10)
         self.start_node("a")  # no SSD tier: it holds nothing now
@@ -681,7 +695,7 @@ class SecretCluster(Cluster):
         worker(self.sock("a"), "store", 18)
         stop_server(self.nodes["c"])
         self.start_node("c", secret=b"another-secret-0123456789abcdef")
-        time.sleep(0.3)
+        self.published("a")
         r = worker(self.sock("c"), "load", 18)
         self.assertEqual(r["matched"], 0, r)
         self.assertIn("cluster", self.log("c"))
