@@ -29,11 +29,12 @@ from test_client import kvtier_bin, start_server, stop_server
 
 def setUpModule():
     skip_if_unloadable()
-    global kvtier, zmq, msgpack
+    global kvtier, zmq, msgpack, recv_monitor_message
     import kvtier
     try:
         import msgpack
         import zmq
+        from zmq.utils.monitor import recv_monitor_message
     except ImportError as e:  # scripts/deps.sh installs both from Debian
         raise AssertionError("pyzmq and msgpack are needed (python3-zmq, python3-msgpack: "
                              "run scripts/deps.sh): %s" % e)
@@ -43,6 +44,31 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def connect_joined(sock, endpoint, want_ok=True, timeout=10.0):
+    """Connects sock to endpoint and returns once its ZMTP handshake ended,
+    as a socket monitor reports it (succeeded; or failed, want_ok False),
+    then gives the subscription a SUB sends right after it a moment to reach
+    the publisher. A SUB that joins late misses what came before, and the
+    fixed sleeps this replaced raced the connect on a loaded host."""
+    ok = zmq.EVENT_HANDSHAKE_SUCCEEDED
+    failed = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL |
+              zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    mon = sock.get_monitor_socket(ok | failed)
+    try:
+        sock.connect(endpoint)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not mon.poll(int(left * 1000)):
+                raise AssertionError("no ZMTP handshake with %s within %.0f s" % (endpoint, timeout))
+            if (recv_monitor_message(mon)["event"] == ok) == want_ok:
+                break
+    finally:
+        sock.disable_monitor()
+        mon.close(0)
+    time.sleep(0.1)
 
 
 def decode(frames):
@@ -59,9 +85,8 @@ class Subscriber:
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect("tcp://127.0.0.1:%d" % port)
         self.events = []  # every event received, in order
-        time.sleep(0.3)  # a SUB that joins late misses what came before
+        connect_joined(self.sub, "tcp://127.0.0.1:%d" % port)
 
     def close(self):
         self.sub.close(0)
@@ -96,8 +121,7 @@ class Events(unittest.TestCase):
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect("tcp://127.0.0.1:%d" % self.port)
-        time.sleep(0.3)  # a SUB that joins late misses what came before: replay has it
+        connect_joined(self.sub, "tcp://127.0.0.1:%d" % self.port)  # replay has the rest
 
     def tearDown(self):
         self.sub.close(0)
@@ -323,22 +347,22 @@ class SecretEvents(unittest.TestCase):
             stop_server(self.srv)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def sub(self, server_public=None, client=None):
+    def sub(self, server_public=None, client=None, let_in=True):
+        """A SUB whose handshake with the server ended: let in, or refused."""
         s = self.ctx.socket(zmq.SUB)
         s.setsockopt(zmq.LINGER, 0)
         if server_public:
             s.curve_serverkey = server_public
             s.curve_publickey, s.curve_secretkey = client
         s.setsockopt(zmq.SUBSCRIBE, b"")
-        s.connect("tcp://127.0.0.1:%d" % self.port)
+        connect_joined(s, "tcp://127.0.0.1:%d" % self.port, let_in)
         return s
 
     def test_only_the_secrets_holder_hears_the_events(self):
         (spub, _), client = curve_keys(self.secret)
         good = self.sub(spub, client)
-        plain = self.sub()
-        nosy = self.sub(spub, zmq.curve_keypair())  # the server's public key, its own pair
-        time.sleep(0.5)  # handshakes and subscriptions first
+        plain = self.sub(let_in=False)
+        nosy = self.sub(spub, zmq.curve_keypair(), False)  # the server's public key, its own pair
         geo = kvtier.Geometry.preset("tiny", 16, 1)
         eng = kvtier.EmulatedEngine(geo, 64)
         with kvtier.Client(self.sock, geo, timeout_ms=3000) as cl:

@@ -99,6 +99,41 @@ static void count_batch(tally *t, const void *p, size_t n)
     msgpack_unpacked_destroy(&u);
 }
 
+/* Connects s (of ctx) to ep and returns once its ZMTP handshake ended, as
+ * a socket monitor reports it: succeeded, or (want_ok false) failed or cut
+ * off; then gives a SUB's subscription, sent right after the handshake, a
+ * moment to reach the PUB. A SUB that joins late misses what came before,
+ * and the fixed sleeps this replaced raced the connect on a loaded host. */
+static void connect_joined(void *ctx, void *s, const char *ep, bool want_ok)
+{
+    static int n;
+    char mon_ep[64];
+    snprintf(mon_ep, sizeof mon_ep, "inproc://kvt-test-monitor-%d", n++);
+    const int ended = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                      ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_DISCONNECTED;
+    assert_int_equal(zmq_socket_monitor(s, mon_ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ended), 0);
+    void *mon = zmq_socket(ctx, ZMQ_PAIR);
+    zmq_setsockopt(mon, ZMQ_RCVTIMEO, &(int){10000}, sizeof(int));
+    assert_int_equal(zmq_connect(mon, mon_ep), 0);
+    assert_int_equal(zmq_connect(s, ep), 0);
+    for (;;) {
+        uint8_t ev[6]; /* the event (16 bits) and its value (32) */
+        char addr[256];
+        int more = 0;
+        size_t ml = sizeof more;
+        if (zmq_recv(mon, ev, sizeof ev, 0) < 0)
+            fail_msg("no ZMTP handshake with %s within 10 s", ep);
+        zmq_getsockopt(mon, ZMQ_RCVMORE, &more, &ml);
+        if (more) (void)zmq_recv(mon, addr, sizeof addr, 0); /* the endpoint */
+        uint16_t e;
+        memcpy(&e, ev, sizeof e);
+        if ((e == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == want_ok) break;
+    }
+    zmq_socket_monitor(s, NULL, 0);
+    zmq_close(mon);
+    usleep(100000);
+}
+
 /* Stops ev and checks the ipc:// socket files its binds made are gone
  * (libzmq leaves them: a stopped node left one per endpoint in /tmp). */
 static void stop_and_check_files(kvt_events *ev, const char *ep, const char *rep)
@@ -121,8 +156,7 @@ static void test_two_indexes_at_once(void **state)
     assert_int_equal(kvt__events_start(&ev, &cfg), KVT_OK);
     void *ctx = zmq_ctx_new(), *sub = zmq_socket(ctx, ZMQ_SUB);
     assert_int_equal(zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0), 0);
-    assert_int_equal(zmq_connect(sub, ep), 0);
-    usleep(300000); /* the subscription reaches the PUB before anything is sent */
+    connect_joined(ctx, sub, ep, true); /* subscribed before anything is sent */
     feeder f[2];
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
@@ -333,8 +367,7 @@ static void tiers_and_tokens(bool disk_tokens)
     void *ctx = zmq_ctx_new(), *sub = zmq_socket(ctx, ZMQ_SUB);
     assert_int_equal(zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0), 0);
     zmq_setsockopt(sub, ZMQ_RCVTIMEO, &(int){10000}, sizeof(int));
-    assert_int_equal(zmq_connect(sub, ep), 0);
-    usleep(300000);
+    connect_joined(ctx, sub, ep, true);
     kvt_index *idx;
     assert_int_equal(kvt__index_create(&idx, 16, KVT_EVICT_LRU), KVT_OK);
     tt_state st = {{0}};
@@ -448,7 +481,10 @@ static void test_bad_config(void **state)
 
 /* A SUB or DEALER on ep speaking CURVE with k's client keys (k NULL:
  * plain ZeroMQ), receiving for at most ms per message. */
-static void *curve_sock(void *ctx, int type, const char *ep, const kvt_events_keys *k, int ms)
+/* A socket of ctx connected to ep with keys k (NULL: plain); a SUB's
+ * handshake waited for: let in when let_in, refused otherwise. */
+static void *curve_sock(void *ctx, int type, const char *ep, const kvt_events_keys *k, int ms,
+                        bool let_in)
 {
     void *s = zmq_socket(ctx, type);
     zmq_setsockopt(s, ZMQ_LINGER, &(int){0}, sizeof(int));
@@ -459,7 +495,8 @@ static void *curve_sock(void *ctx, int type, const char *ep, const kvt_events_ke
         assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, k->client_public, 40), 0);
         assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, k->client_secret, 40), 0);
     }
-    assert_int_equal(zmq_connect(s, ep), 0);
+    if (type == ZMQ_SUB) connect_joined(ctx, s, ep, let_in);
+    else assert_int_equal(zmq_connect(s, ep), 0);
     return s;
 }
 
@@ -506,15 +543,14 @@ static void test_secret_lets_only_its_holder_in(void **state)
     kvt_events_config cfg = {ep, rep, "", 0, 100, secret, 32, false};
     assert_int_equal(kvt__events_start(&ev, &cfg), KVT_OK);
     void *ctx = zmq_ctx_new();
-    void *good = curve_sock(ctx, ZMQ_SUB, ep, &k, 5000);
-    void *bad = curve_sock(ctx, ZMQ_SUB, ep, &wrong, 1000);
-    void *plain = curve_sock(ctx, ZMQ_SUB, ep, NULL, 1000);
+    void *good = curve_sock(ctx, ZMQ_SUB, ep, &k, 5000, true);
+    void *bad = curve_sock(ctx, ZMQ_SUB, ep, &wrong, 1000, false);
+    void *plain = curve_sock(ctx, ZMQ_SUB, ep, NULL, 1000, false);
     /* one who learnt the server's public key but holds no secret: only the
      * ZAP handler keeps it out */
     kvt_events_keys stranger = wrong;
     memcpy(stranger.server_public, k.server_public, sizeof k.server_public);
-    void *nosy = curve_sock(ctx, ZMQ_SUB, ep, &stranger, 1000);
-    usleep(500000); /* handshakes and subscriptions reach the PUB first */
+    void *nosy = curve_sock(ctx, ZMQ_SUB, ep, &stranger, 1000, false);
 
     kvt_index *idx = NULL;
     assert_int_equal(kvt__index_create(&idx, 16, KVT_EVICT_LRU), KVT_OK);
@@ -536,10 +572,10 @@ static void test_secret_lets_only_its_holder_in(void **state)
     /* The replay: the holder gets every kept batch and the end marker;
      * the others no answer at all. */
     uint8_t from[8] = {0};
-    void *d[4] = {curve_sock(ctx, ZMQ_DEALER, rep, &k, 5000),
-                  curve_sock(ctx, ZMQ_DEALER, rep, &wrong, 1000),
-                  curve_sock(ctx, ZMQ_DEALER, rep, NULL, 1000),
-                  curve_sock(ctx, ZMQ_DEALER, rep, &stranger, 1000)};
+    void *d[4] = {curve_sock(ctx, ZMQ_DEALER, rep, &k, 5000, true),
+                  curve_sock(ctx, ZMQ_DEALER, rep, &wrong, 1000, false),
+                  curve_sock(ctx, ZMQ_DEALER, rep, NULL, 1000, false),
+                  curve_sock(ctx, ZMQ_DEALER, rep, &stranger, 1000, false)};
     for (int i = 0; i < 4; i++) {
         zmq_send(d[i], "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
         zmq_send(d[i], from, 8, ZMQ_DONTWAIT);
