@@ -717,6 +717,9 @@ typedef struct kvt_cluster_counters {
     uint64_t publish_backlog;  /* index changes queued or being written to the directory
                                 * (every held block while a reconnect republishes): with
                                 * directory_up, 0 means peers can find all it stored */
+    uint64_t pull_raced;     /* pulls dropped because this node's own clients were storing
+                              * the same blocks meanwhile (not failures: those stores
+                              * serve them; not in pull_failed) */
 } kvt_cluster_counters;
 
 /* Joins srv (made by kvt_server_create, not yet run) to the cluster its

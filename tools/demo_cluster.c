@@ -60,14 +60,14 @@ typedef struct cmsg {
 
 /* The nodes' pull counters a phase row shows: pulled blocks (the cross-node
  * hits) and why a lookup pulled nothing, so a phase short of hits says why. */
-enum { NC_PULLED, NC_FAILED, NC_SKIPPED, NC_STALE, NC_DIR_ERRORS, NC_N };
+enum { NC_PULLED, NC_FAILED, NC_SKIPPED, NC_RACED, NC_STALE, NC_DIR_ERRORS, NC_N };
 static const char *const NC_METRIC[NC_N] = {
     "kvtier_cluster_pulled_blocks_total", "kvtier_cluster_pull_failures_total",
-    "kvtier_cluster_pulls_skipped_total", "kvtier_cluster_stale_entries_total",
-    "kvtier_cluster_directory_errors_total",
+    "kvtier_cluster_pulls_skipped_total", "kvtier_cluster_pulls_raced_total",
+    "kvtier_cluster_stale_entries_total", "kvtier_cluster_directory_errors_total",
 };
 static const char *const NC_JSON[NC_N] = {"pulled_blocks", "pull_failures", "pulls_skipped",
-                                          "stale_entries", "directory_errors"};
+                                          "pulls_raced", "stale_entries", "directory_errors"};
 
 typedef struct cnode {
     pid_t pid;

@@ -460,6 +460,31 @@ class Cluster(unittest.TestCase):
         self.wait_published(pb)
         self.assertEqual(self.timed_lookup("b", 35)[0], BLOCKS * s["block_tokens"], self.log("b"))
 
+    def test_a_pull_racing_a_local_store_is_counted_apart(self):
+        # b's own client plans a store of the prefix a holds; a lookup of it
+        # on b then misses locally and pulls from a, but the blocks are
+        # being stored on b meanwhile, so the pull is dropped: a race, not
+        # a failure (kvtier_cluster_pulls_raced_total, never
+        # pull_failures_total), and the store, once it ends, is a local hit
+        import kvtier
+        from client_worker import TPP, tokens_of
+        s = worker(self.sock("a"), "store", 37)
+        self.assertEqual(s["status"], 0, s)
+        self.published("a")
+        geo = kvtier.Geometry.preset("tiny", TPP, 1)
+        with kvtier.Client(self.sock("b"), geo, timeout_ms=30000) as cl:
+            toks = tokens_of(37, BLOCKS * cl.block_tokens + 1)
+            plan = cl.prepare_store(ns="tenant", tokens=toks)
+            self.assertEqual(plan.num_tokens, BLOCKS * cl.block_tokens)
+            m = cl.lookup(ns="tenant", tokens=toks)
+            self.assertEqual(m.matched_tokens, 0)
+            self.assertEqual(m.task, 0)
+            cl.cancel(plan.task)
+        pb = self.mports["b"]
+        self.assertEqual(self.metric(pb, "kvtier_cluster_pulls_raced_total"), 1, self.log("b"))
+        self.assertEqual(self.metric(pb, "kvtier_cluster_pull_failures_total"), 0, self.log("b"))
+        self.assertEqual(self.metric(pb, "kvtier_cluster_pulls_total"), 0)
+
     def test_a_node_started_while_redis_is_down_joins_when_it_is_back(self):
         self.redis.stop()
         self.start_node("d")  # serves at once, its local tiers only

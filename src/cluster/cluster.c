@@ -1074,7 +1074,12 @@ static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request 
                            a.n, sh->block_tokens);
     if (!st) st = land_pull(cl, s, sh, req, first, a.n, dl, holder->addr);
     if (st) {
-        STAT_ADD(cl, pull_failed, 1);
+        /* EBUSY: this node's own clients store the same blocks meanwhile
+         * (land_pull); their store serves the next lookup */
+        if (st == KVT_EBUSY)
+            STAT_ADD(cl, pull_raced, 1);
+        else
+            STAT_ADD(cl, pull_failed, 1);
         if (st != KVT_EBUSY)
             kvt__log(KVT_LOG_WARN, "cluster: pull from %s (%s) failed, a miss: %s: %s", holder->node,
                      holder->addr, kvt_status_name(st), kvt_last_error());
@@ -1171,6 +1176,7 @@ static void cl_metrics(void *arg, kvt_mbuf *b)
         ROW("pull_failures_total", "counter", "Pulls that failed (each a miss).", pull_failed),
         ROW("pull_corrupt_total", "counter", "Pulls whose blocks failed their checksum.", pull_corrupt),
         ROW("pulls_skipped_total", "counter", "Pulls not started: recomputing was faster.", pull_skipped),
+        ROW("pulls_raced_total", "counter", "Pulls dropped: this node was storing the blocks.", pull_raced),
         ROW("stale_entries_total", "counter", "Directory entries whose holder lacked the block.", stale),
         ROW("served_pulls_total", "counter", "Pulls this node answered for peers.", served),
         ROW("served_blocks_total", "counter", "Blocks this node sent to peers.", served_blocks),
