@@ -286,7 +286,13 @@ static kvt_status engine_load(engine *e, const kvt_request *r, uint32_t *matched
         return kvt__fail(KVT_ECORRUPT, "%llu of %llu bytes differ (token %u layer %u)",
                          (unsigned long long)v.mismatches, (unsigned long long)v.bytes_checked,
                          v.first_bad_token, v.first_bad_layer);
-    return KVT_OK;
+    /* A load's wait returns once its copy ended; its END (which counts it
+     * in the server's stats and releases its pins) follows, and this
+     * client's next call waits for it: a test that reads the stats from
+     * another connection right after needs that, not a race (fresh-check
+     * run 36: loaded_blocks 0 in test_tier_stats_read_only). */
+    kvt_cache_stats cs;
+    return kvt_client_stats(e->cl, &cs);
 }
 
 /* Runs fn in a child process; returns the child's pid. The child exits 0
