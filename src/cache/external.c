@@ -23,6 +23,13 @@ void kvt__cache_ext_shm(kvt_cache *c, kvt_ext_shm *out)
     *out = s;
 }
 
+/* No lock: the slots belong to the caller's running task, and a slot is
+ * unmapped (kvt__pool_release) only while free. */
+void kvt__cache_ext_populate(kvt_cache *c, const uint64_t *offsets, uint32_t n)
+{
+    kvt__pool_populate(c->pool, offsets, n);
+}
+
 /* Reports an ended task's result (nobody else does for external tasks). */
 static kvt_status reap(kvt_cache *c, kvt_task_id id, kvt_task_result *out)
 {

@@ -77,6 +77,11 @@ kvt_status kvt__cache_ext_offsets(kvt_cache *c, kvt_task_id id, uint64_t deadlin
  * than max blocks). */
 kvt_status kvt__cache_ext_keys(kvt_cache *c, kvt_task_id id, kvt_hash128 *keys, uint32_t *ids,
                                uint32_t max);
+/* Backs and maps, in this process, the CPU-tier slots at offsets (n of
+ * them, from kvt__cache_ext_launch of a store that this process writes
+ * itself: src/cluster's pulls) before they are written; slots this
+ * process mapped before are skipped (kvt__pool_populate). */
+void kvt__cache_ext_populate(kvt_cache *c, const uint64_t *offsets, uint32_t n);
 /* The index's capacity: entry ids are below it. */
 uint32_t kvt__cache_ext_entries(kvt_cache *c);
 

@@ -33,7 +33,6 @@
 #include "server/auth.h"
 #include "server/proto.h"
 #include "server/server.h"
-#include "store/pool.h"
 #include "util/clock.h"
 #include "util/err.h"
 #include "util/log.h"
@@ -940,9 +939,9 @@ static void on_landed(void *arg, size_t got)
 }
 
 /* Receives n blocks into the store task's slots (backed first: one
- * madvise per run, kvt__pool_populate), hashing each layer as it lands
- * (into layer_sums: n x num_layers), then the peer's sums, and compares
- * them. */
+ * madvise per run of slots not mapped here yet, kvt__pool_populate),
+ * hashing each layer as it lands (into layer_sums: n x num_layers), then
+ * the peer's sums, and compares them. */
 static kvt_status recv_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint64_t *off,
                               uint32_t first, uint32_t n, uint64_t dl, const char *addr,
                               uint64_t *layer_sums)
@@ -954,7 +953,7 @@ static kvt_status recv_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint
     kvt_status st = KVT_OK;
     struct iovec iov[CL_IOV];
     const uint8_t *blk[CL_IOV];
-    kvt__pool_populate(sh->shm.base, off, n, bb);
+    kvt__cache_ext_populate(sh->cache, off, n);
     for (uint32_t i = 0; i < n && !st; i += CL_IOV) {
         uint32_t k = n - i < CL_IOV ? n - i : CL_IOV;
         for (uint32_t j = 0; j < k; j++) {

@@ -50,6 +50,9 @@ struct kvt_pool {
     kvt_pool_budget *budget; /* NULL: every slot backed from create */
     kvt_pool_quotas *quotas; /* NULL: owners are not charged */
     uint8_t *in_use;      /* per slot: 0 free, else 1 + its owner */
+    uint8_t *mapped;      /* per slot: 1 while its pages are mapped in this process
+                           * (prefaulted, or kvt__pool_populate); a punched hole
+                           * (kvt__pool_release) unmaps them everywhere */
     const char *kind;
     int fd;               /* the memfd behind a shared pool, else -1 */
 };
@@ -285,7 +288,8 @@ static kvt_status pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t 
     p->total = (uint32_t)blocks;
     p->free_stack = malloc(blocks * sizeof *p->free_stack);
     p->in_use = calloc(blocks, 1);
-    if (!p->free_stack || !p->in_use) goto fail_free;
+    p->mapped = calloc(blocks, 1);
+    if (!p->free_stack || !p->in_use || !p->mapped) goto fail_free;
 
     bool mapped = false;
     if (shared) {
@@ -295,6 +299,7 @@ static kvt_status pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t 
             int e = errno;
             free(p->free_stack);
             free(p->in_use);
+            free(p->mapped);
             free(p);
             return kvt__fail(KVT_ENOMEM, "%s: shared memory (memfd) of %zu bytes failed: %s",
                              fn, need, strerror(e));
@@ -308,11 +313,14 @@ static kvt_status pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t 
         int e = errno;
         free(p->free_stack);
         free(p->in_use);
+        free(p->mapped);
         free(p);
         return kvt__fail(KVT_ENOMEM, "%s: mmap of %zu bytes (%llu blocks of %llu) failed: %s",
                          fn, need, (unsigned long long)blocks,
                          (unsigned long long)block_bytes, strerror(e));
     }
+    /* Every mapping but a budgeted pool's sparse one was prefaulted here. */
+    if (mode != POOL_BUDGETED) memset(p->mapped, 1, (size_t)blocks);
     /* Slot 0 on top: allocation order 0, 1, 2... (low addresses first). */
     for (uint32_t i = 0; i < p->total; i++) p->free_stack[i] = p->total - 1 - i;
     p->nfree = p->total;
@@ -322,6 +330,7 @@ static kvt_status pool_create(kvt_pool **out, uint64_t capacity_bytes, uint64_t 
 fail_free:
     free(p->free_stack);
     free(p->in_use);
+    free(p->mapped);
     free(p);
 fail_nomem:
     return kvt__fail(KVT_ENOMEM, "%s: out of memory for the free list of %llu blocks", fn,
@@ -400,6 +409,7 @@ void kvt__pool_destroy(kvt_pool *pool)
     free(pool->free_stack);
     free(pool->cold_stack);
     free(pool->in_use);
+    free(pool->mapped);
     free(pool);
 }
 
@@ -484,6 +494,7 @@ uint32_t kvt__pool_release(kvt_pool *pool, uint32_t max)
                       (off_t)((uint64_t)slot * pool->stride), (off_t)pool->stride) != 0)
             break;
         pool->nfree--;
+        pool->mapped[slot] = 0;
         pool->cold_stack[pool->ncold++] = slot;
         kvt__budget_uncharge(pool->budget, pool->stride);
         n++;
@@ -500,14 +511,27 @@ void kvt__pool_populate_write(void *p, size_t len)
     touch_pages(p, len, false); /* reads: the pages hold blocks that a 0 would clobber */
 }
 
-void kvt__pool_populate(uint8_t *base, const uint64_t *off, uint32_t n, uint64_t bytes)
+static uint32_t slot_at(const kvt_pool *pool, uint64_t off)
+{
+    assert(off % pool->stride == 0 && off / pool->stride < pool->total);
+    return (uint32_t)(off / pool->stride);
+}
+
+void kvt__pool_populate(kvt_pool *pool, const uint64_t *off, uint32_t n)
 {
     for (uint32_t i = 0; i < n;) {
+        if (pool->mapped[slot_at(pool, off[i])]) {
+            i++;
+            continue;
+        }
         uint32_t j = i + 1;
-        while (j < n && off[j] == off[j - 1] + bytes) j++;
-        uintptr_t a = (uintptr_t)(base + off[i]), e = a + (uintptr_t)((j - i) * bytes);
-        a &= ~(uintptr_t)4095; /* madvise wants a page-aligned start */
-        (void)madvise((void *)a, e - a, MADV_POPULATE_WRITE);
+        while (j < n && off[j] == off[j - 1] + pool->stride && !pool->mapped[slot_at(pool, off[j])])
+            j++;
+        /* advice: a kernel without it (before 5.14) faults the pages in as
+         * they are written, which maps them all the same */
+        (void)madvise(pool->base + off[i], (size_t)(off[j - 1] - off[i] + pool->block_bytes),
+                      MADV_POPULATE_WRITE);
+        for (uint32_t k = i; k < j; k++) pool->mapped[slot_at(pool, off[k])] = 1;
         i = j;
     }
 }

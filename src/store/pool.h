@@ -54,13 +54,17 @@ kvt_status kvt__pool_create_budgeted(kvt_pool **out, uint64_t capacity_bytes,
  * many. 0 for a pool without a budget. A syscall per slot: for moving
  * capacity between pools under pressure, never per transfer. */
 uint32_t kvt__pool_release(kvt_pool *pool, uint32_t max);
-/* Backs and maps, in this process, the n ranges [base + off[i], +bytes)
- * of a shared pool's mapping before they are written: one
- * madvise(MADV_POPULATE_WRITE) per run of adjacent ranges instead of a
- * page fault per 4 KiB page (512 per 2 MiB block, each a costly trap
- * under a VM's shadow paging: docs/cluster.md, Performance). Advice only:
- * a kernel without it (before 5.14) leaves the pages to fault in. */
-void kvt__pool_populate(uint8_t *base, const uint64_t *off, uint32_t n, uint64_t bytes);
+/* Backs and maps, in this process, the n slots at byte offsets off[i] of
+ * a shared pool (allocated, about to be written by this process) before
+ * they are written: one madvise(MADV_POPULATE_WRITE) per run of adjacent
+ * slots instead of a page fault per 4 KiB page (512 per 2 MiB block, each
+ * a costly trap under a VM's shadow paging: docs/cluster.md, Performance).
+ * Slots mapped here already (populated before and not punched since by
+ * kvt__pool_release, or prefaulted at create) are skipped: walking their
+ * page tables again cost 2-3 ms per 64 MiB. Advice only: a kernel without
+ * it (before 5.14) leaves the pages to fault in. Not thread-safe for one
+ * slot; distinct slots from distinct threads are fine. */
+void kvt__pool_populate(kvt_pool *pool, const uint64_t *off, uint32_t n);
 /* The same for one range [p, p + len) (p page-aligned) of pages that are
  * all backed already; on a kernel without MADV_POPULATE_WRITE it reads
  * one byte of each page instead (mapped, read-only, as MAP_POPULATE). */
