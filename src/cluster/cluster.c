@@ -915,13 +915,15 @@ static kvt_status send_fetch(kvt_stream *s, uint16_t op, const kvt_request *req,
     return st;
 }
 
-/* Hashes each block of a receive once it landed whole (recvv_landed's
- * callback: the bytes are still in cache). */
+/* Hashes each layer of a receive's blocks once it landed whole
+ * (recvv_landed's callback, every read of at most 1 MiB: the layer's
+ * bytes are still in this core's cache), in order. */
 typedef struct landing {
     const kvt_srv_shard *sh;
     const uint8_t *const *block; /* this receive's blocks */
     uint64_t bytes;              /* each block's */
     uint32_t n, done, first;     /* blocks, hashed so far, the first's number */
+    uint32_t layer;              /* the next layer to hash in block done */
     uint64_t *sums;              /* out: one per block */
     uint64_t *layer_sums;        /* out: num_layers per block */
 } landing;
@@ -929,12 +931,16 @@ typedef struct landing {
 static void on_landed(void *arg, size_t got)
 {
     landing *l = arg;
-    uint32_t nl = l->sh->geo->num_layers;
-    while (l->done < l->n && got >= (size_t)(l->done + 1) * l->bytes) {
-        uint64_t *ls = l->layer_sums + (size_t)l->done * nl;
-        kvt__srv_layer_sums(l->block[l->done], l->sh->geo, l->sh->block_tokens, ls);
+    const kvt_geometry *g = l->sh->geo;
+    uint32_t nl = g->num_layers, bt = l->sh->block_tokens;
+    while (l->done < l->n) {
+        uint64_t *ls = l->layer_sums + (size_t)l->done * nl, at = (uint64_t)l->done * l->bytes;
+        for (; l->layer < nl && got >= at + kvt__srv_layer_end(g, bt, l->layer); l->layer++)
+            ls[l->layer] = kvt__srv_layer_sum(l->block[l->done], g, bt, l->layer);
+        if (l->layer < nl || got < at + l->bytes) return;
         l->sums[l->done] = kvt__pull_sum(ls, nl, l->first + l->done);
         l->done++;
+        l->layer = 0;
     }
 }
 
@@ -960,7 +966,7 @@ static kvt_status recv_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint
             blk[j] = sh->shm.base + off[i + j];
             iov[j] = (struct iovec){(void *)blk[j], bb};
         }
-        landing l = {sh, blk, bb, k, 0, first + i, mine + i, layer_sums + (size_t)i * nl};
+        landing l = {sh, blk, bb, k, 0, first + i, 0, mine + i, layer_sums + (size_t)i * nl};
         st = link_fail(kvt__stream_recvv_landed(s, iov, (int)k, dl, on_landed, &l), addr,
                        "sending blocks");
         if (!st && l.done != k)

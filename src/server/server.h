@@ -189,9 +189,15 @@ void kvt__srv_log(kvt_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Layer l's checksum of a block: XXH3-64 of the layer's bytes in the
  * block seeded with l (the transfer engine's layer_sums and expect_sums).
- * kvt__srv_layer_sums: every layer of the block at `block` into out. */
+ * kvt__srv_layer_sums: every layer of the block at `block` into out.
+ * kvt__srv_layer_sum: layer l's alone; kvt__srv_layer_end: the offset in
+ * the block just past layer l's bytes (a receive into the block may hash
+ * layer l once that much of the block has landed). */
 void kvt__srv_layer_sums(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
                          uint64_t *out);
+uint64_t kvt__srv_layer_sum(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
+                            uint32_t l);
+uint64_t kvt__srv_layer_end(const kvt_geometry *g, uint32_t block_tokens, uint32_t l);
 /* sums.c, for a tier whose index has `entries` entries. init: KVT_ENOMEM,
  * KVT_ESYS. max_blocks: the most blocks one task may have for its sums to
  * fit one frame (requests are cut to it). put records a committed store's

@@ -26,14 +26,25 @@
 #include "util/err.h"
 #include "util/hash.h"
 
+uint64_t kvt__srv_layer_sum(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
+                            uint32_t l)
+{
+    const uint8_t *seg = block + kvt__geo_block_offset(g, block_tokens, l, 0);
+    uint64_t len = (uint64_t)block_tokens * kvt__geo_layer_token_bytes(g, l);
+    return kvt__hash64(seg, (size_t)len, l);
+}
+
+uint64_t kvt__srv_layer_end(const kvt_geometry *g, uint32_t block_tokens, uint32_t l)
+{
+    return kvt__geo_block_offset(g, block_tokens, l, 0) +
+           (uint64_t)block_tokens * kvt__geo_layer_token_bytes(g, l);
+}
+
 void kvt__srv_layer_sums(const uint8_t *block, const kvt_geometry *g, uint32_t block_tokens,
                          uint64_t *out)
 {
-    for (uint32_t l = 0; l < g->num_layers; l++) {
-        const uint8_t *seg = block + kvt__geo_block_offset(g, block_tokens, l, 0);
-        uint64_t len = (uint64_t)block_tokens * kvt__geo_layer_token_bytes(g, l);
-        out[l] = kvt__hash64(seg, (size_t)len, l);
-    }
+    for (uint32_t l = 0; l < g->num_layers; l++)
+        out[l] = kvt__srv_layer_sum(block, g, block_tokens, l);
 }
 
 kvt_status kvt__srv_sums_init(kvt_srv_sums *s, uint32_t entries, uint32_t layers)
