@@ -589,14 +589,20 @@ int kvt_bench_cluster_main(int argc, char **argv)
 {
     bc b = {.rounds = 5, .mib = 64};
     bool json = false;
+    static const char *const takes_value[] = {"--rounds", "--mib", NULL};
     for (int i = 1; i < argc; i++) {
-        uint64_t v;
-        if (!strcmp(argv[i], "--json")) json = true;
-        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc && demo_parse_u64(argv[++i], &v) &&
-                 v >= 1 && v <= BC_MAX_ROUNDS) b.rounds = (uint32_t)v;
-        else if (!strcmp(argv[i], "--mib") && i + 1 < argc && demo_parse_u64(argv[++i], &v) &&
-                 v >= 2 && v <= 4096 && v % 2 == 0) b.mib = (uint32_t)v;
-        else return usage();
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t n;
+        if (!strcmp(a, "--json")) { json = true; continue; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage();
+        if (!cli_arg_in(a, takes_value)) return cli_bad_arg("bench cluster", a, false);
+        if (!v) return cli_bad_arg("bench cluster", a, true);
+        i++;
+        if (!strcmp(a, "--rounds") && demo_parse_u64(v, &n) && n >= 1 && n <= BC_MAX_ROUNDS)
+            b.rounds = (uint32_t)n;
+        else if (!strcmp(a, "--mib") && demo_parse_u64(v, &n) && n >= 2 && n <= 4096 && n % 2 == 0)
+            b.mib = (uint32_t)n;
+        else return cli_bad_value("bench cluster", a, v);
     }
     static char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

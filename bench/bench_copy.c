@@ -351,18 +351,19 @@ int kvt_bench_copy_main(int argc, char **argv)
     for (int i = 0; i + 1 < argc; i++) /* the device path: bench_copy_cuda.c */
         if (!strcmp(argv[i], "--device") && !strcmp(argv[i + 1], "cuda"))
             return kvt_bench_copy_cuda_main(argc, argv);
+    static const char *const takes_value[] = {"--threads", "--size-mb", "--device", NULL};
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) {
-            json = true;
-        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-            if (!parse_u32(argv[++i], 2, MAX_THREADS, &threads)) return usage();
-        } else if (!strcmp(argv[i], "--size-mb") && i + 1 < argc) {
-            if (!parse_u32(argv[++i], 8, 65536, &size_mb)) return usage();
-        } else if (!strcmp(argv[i], "copy") && i == 0) {
-            continue; /* tolerate being handed the subcommand name */
-        } else {
-            return usage();
-        }
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) { json = true; continue; }
+        if (!strcmp(a, "copy") && i == 0) continue; /* tolerate being handed the subcommand name */
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage();
+        if (!cli_arg_in(a, takes_value)) return cli_bad_arg("bench copy", a, false);
+        if (!v) return cli_bad_arg("bench copy", a, true);
+        i++;
+        bool ok = !strcmp(a, "--threads")   ? parse_u32(v, 2, MAX_THREADS, &threads)
+                  : !strcmp(a, "--size-mb") ? parse_u32(v, 8, 65536, &size_mb)
+                                            : false; /* a --device other than cuda */
+        if (!ok) return cli_bad_value("bench copy", a, v);
     }
 
     static const uint32_t tpps[] = {16, 4, 1};

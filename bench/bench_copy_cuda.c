@@ -246,20 +246,29 @@ int kvt_bench_copy_cuda_main(int argc, char **argv)
     uint32_t threads = 2, size_mb = 256;
     int device = 0;
     kvt_cuda_mode only = KVT_CUDA_AUTO;
+    static const char *const takes_value[] = {"--device", "--size-mb", "--threads",
+                                              "--device-index", "--mode", NULL};
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = true;
-        else if (!strcmp(argv[i], "copy") && i == 0) continue;
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc) i++;
-        else if (!strcmp(argv[i], "--size-mb") && i + 1 < argc) size_mb = (uint32_t)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = (uint32_t)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--device-index") && i + 1 < argc) device = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
-            const char *m = argv[++i];
-            all = !strcmp(m, "all");
-            if (!all && kvt__cuda_mode_parse(m, &only)) return usage();
-        } else return usage();
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t n = 0;
+        if (!strcmp(a, "--json")) { json = true; continue; }
+        if (!strcmp(a, "copy") && i == 0) continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage();
+        if (!cli_arg_in(a, takes_value)) return cli_bad_arg("bench copy", a, false);
+        if (!v) return cli_bad_arg("bench copy", a, true);
+        i++;
+        if (!strcmp(a, "--device")) continue; /* cuda: how this parser was reached */
+        if (!strcmp(a, "--mode")) {
+            all = !strcmp(v, "all");
+            if (!all && kvt__cuda_mode_parse(v, &only)) return cli_bad_value("bench copy", a, v);
+            continue;
+        }
+        bool num = demo_parse_u64(v, &n);
+        if (!strcmp(a, "--size-mb") && num && n >= 16 && n <= 65536) size_mb = (uint32_t)n;
+        else if (!strcmp(a, "--threads") && num && n >= 1 && n <= 64) threads = (uint32_t)n;
+        else if (!strcmp(a, "--device-index") && num && n <= 1023) device = (int)n;
+        else return cli_bad_value("bench copy", a, v);
     }
-    if (size_mb < 16 || size_mb > 65536 || threads < 1 || threads > 64) return usage();
     const kvt_cuda_api *api;
     if (kvt__cuda_check_device("bench copy --device cuda", device, &api)) {
         fprintf(stderr, "%s\n", kvt_last_error());

@@ -637,13 +637,21 @@ static int usage(void)
     return 2;
 }
 
+/* Whether argv[*i] is option name; if so, takes its value into out, or
+ * names what is wrong and sets *bad. */
 static bool arg_u32(int argc, char **argv, int *i, const char *name, uint32_t lo, uint32_t hi,
                     uint32_t *out, bool *bad)
 {
     if (strcmp(argv[*i], name)) return false;
     uint64_t v;
-    if (*i + 1 >= argc || !demo_parse_u64(argv[++*i], &v) || v < lo || v > hi) *bad = true;
-    else *out = (uint32_t)v;
+    if (*i + 1 >= argc) cli_bad_arg("bench engine", name, true);
+    else if (!demo_parse_u64(argv[++*i], &v) || v < lo || v > hi)
+        cli_bad_value("bench engine", name, argv[*i]);
+    else {
+        *out = (uint32_t)v;
+        return true;
+    }
+    *bad = true;
     return true;
 }
 
@@ -663,13 +671,10 @@ int kvt_bench_engine_main(int argc, char **argv)
         else if (arg_u32(argc, argv, &i, "--head-dim", 1, 1024, &p.dim, &bad)) {}
         else if (arg_u32(argc, argv, &i, "--page-tokens", 1, 1024, &p.tpp, &bad)) {}
         else if (arg_u32(argc, argv, &i, "--tier-mib", 16, 1u << 20, &tier_mib, &bad)) {}
-        else {
-            if (strcmp(argv[i], "--help") && strcmp(argv[i], "-h"))
-                fprintf(stderr, "kvtier bench engine: unknown option %s\n", argv[i]);
-            bad = true;
-        }
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage();
+        else return cli_bad_arg("bench engine", argv[i], false);
     }
-    if (bad) return usage();
+    if (bad) return 2;
     if (quick) p = (params){4, p.heads, p.dim, p.tpp, 32, 8, 1, 64};
     if (pages) p.pages = pages;
     if (batch) p.batch = batch;

@@ -21,6 +21,7 @@
 #include "bench.h"
 #include "bench_util.h"
 #include "bench_group_raw.h"
+#include "cli_util.h"
 #include "group/group.h"
 #include "util/clock.h"
 
@@ -223,21 +224,23 @@ int kvt_bench_group_main(int argc, char **argv)
     uint32_t rounds = 3;
     bool json = false;
     for (int i = 1; i < argc; i++) {
-        char *end = NULL;
-        if (!strcmp(argv[i], "--json")) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t n;
+        if (!strcmp(a, "--json")) {
             json = true;
-        } else if (!strcmp(argv[i], "--rounds") && i + 1 < argc &&
-                   (rounds = (uint32_t)strtoul(argv[i + 1], &end, 10)) >= 1 &&
-                   rounds <= MAX_ROUNDS && end && !*end) {
+        } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            printf("usage: kvtier bench group [--json] [--rounds N]\n"
+                   "  rank-group step latency at 2, 4, 8 and 16 ranks, inproc, loopback TCP and "
+                   "UCX, against a raw socket floor; each figure the median of N rounds (1..%d, "
+                   "default 3), with min/median/max in the JSON\n", MAX_ROUNDS);
+            return 0;
+        } else if (strcmp(a, "--rounds") || !v) {
+            return cli_bad_arg("bench group", a, !strcmp(a, "--rounds"));
+        } else if (!demo_parse_u64(v, &n) || n < 1 || n > MAX_ROUNDS) {
+            return cli_bad_value("bench group", a, v);
+        } else {
+            rounds = (uint32_t)n;
             i++;
-        } else { /* --help, or anything else: say what it takes */
-            bool help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
-            fprintf(help ? stdout : stderr, "%susage: kvtier bench group [--json] [--rounds N]\n"
-                    "  rank-group step latency at 2, 4, 8 and 16 ranks, inproc, loopback TCP and "
-                    "UCX, against a raw socket floor; each figure the median of N rounds (1..%d, "
-                    "default 3), with min/median/max in the JSON\n",
-                    help ? "" : "kvtier bench group: unknown option or bad --rounds; ", MAX_ROUNDS);
-            return help ? 0 : 2;
         }
     }
     static const uint32_t sizes[] = {2, 4, 8, 16};

@@ -19,6 +19,7 @@
  */
 #include "bench.h"
 #include "bench_util.h"
+#include "cli_util.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -67,6 +68,7 @@ static void bi_usage(FILE *f)
  * -1 to go on, else the exit code. */
 static int bi_parse(int argc, char **argv, bi_opts *o)
 {
+    static const char *const takes_value[] = {"--blocks", "--rounds", "--policy", NULL};
     *o = (bi_opts){.json = false, .blocks = 10000000, .policy = KVT_EVICT_LRU, .rounds = 5};
     int i = argc > 0 && argv[0][0] != '-' ? 1 : 0;
     for (; i < argc; i++) {
@@ -105,9 +107,7 @@ static int bi_parse(int argc, char **argv, bi_opts *o)
             bi_usage(stdout);
             return 0;
         } else {
-            fprintf(stderr, "kvtier bench index: unknown or incomplete option '%s'\n", a);
-            bi_usage(stderr);
-            return 2;
+            return cli_bad_arg("bench index", a, cli_arg_in(a, takes_value));
         }
     }
     return -1;

@@ -24,6 +24,7 @@
 #include "bench.h"
 #include "bench_util.h"
 #include "bench_ucx_raw.h"
+#include "cli_util.h"
 #include "pd/mac.h"
 #include "pd/xfer.h"
 #include "kvtier.h"
@@ -564,24 +565,29 @@ int kvt_bench_pd_main(int argc, char **argv)
     int json = 0, only = RUN_ALL, rounds = 7;
     uint32_t mib = 512;
     const char *tls = "tcp"; /* the baseline's transport, for the ratio */
+    static const char *const takes_value[] = {"--mib", "--rounds", "--only", "--checksum-threads",
+                                              "--ucx-tls", NULL};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--secret")) g_secret = true;
-        else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (uint32_t)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "tcp") && ++i)
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        uint64_t n = 0;
+        if (!strcmp(a, "--json")) { json = 1; continue; }
+        if (!strcmp(a, "--secret")) { g_secret = true; continue; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage();
+        if (!cli_arg_in(a, takes_value)) return cli_bad_arg("bench pd", a, false);
+        if (!v) return cli_bad_arg("bench pd", a, true);
+        i++;
+        bool num = demo_parse_u64(v, &n);
+        if (!strcmp(a, "--mib") && num && n >= 16 && n <= 4096) mib = (uint32_t)n;
+        else if (!strcmp(a, "--rounds") && num && n >= 1 && n <= 64) rounds = (int)n;
+        else if (!strcmp(a, "--only") && !strcmp(v, "tcp"))
             only = RUN_TCP; /* profiling: one hand-off alone, no limits */
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc && !strcmp(argv[i + 1], "ucx") && ++i)
-            only = RUN_UCX;
-        else if (!strcmp(argv[i], "--checksum-threads") && i + 1 < argc && checksum_threads_arg(argv[i + 1]))
-            i++;
-        else if (!strcmp(argv[i], "--ucx-tls") && i + 1 < argc && strlen(argv[i + 1]) < 64 &&
-                 strspn(argv[i + 1], "abcdefghijklmnopqrstuvwxyz0123456789_,") == strlen(argv[i + 1]))
-            tls = argv[++i]; /* it goes into perftest's shell command */
-        else
-            return usage();
+        else if (!strcmp(a, "--only") && !strcmp(v, "ucx")) only = RUN_UCX;
+        else if (!strcmp(a, "--checksum-threads") && checksum_threads_arg(v)) {}
+        else if (!strcmp(a, "--ucx-tls") && strlen(v) < 64 &&
+                 strspn(v, "abcdefghijklmnopqrstuvwxyz0123456789_,") == strlen(v))
+            tls = v; /* it goes into perftest's shell command */
+        else return cli_bad_value("bench pd", a, v);
     }
-    if (mib < 16 || mib > 4096 || rounds < 1 || rounds > 64) return usage();
     setenv("KVTIER_PD_QUIET", "1", 0);
     pd_round r[64];
     if (pd_rounds(mib, rounds, only, tls, r)) return 1;

@@ -69,6 +69,7 @@ typedef struct bench {
 
 static int parse(bargs *a, int argc, char **argv)
 {
+    static const char *const takes_value[] = {"--dir", "--io", "--size-mb", "--block-kb", NULL};
     *a = (bargs){false, NULL, "auto", 1024, 2048};
     for (int i = 1; i < argc; i++) {
         const char *s = argv[i];
@@ -87,10 +88,12 @@ static int parse(bargs *a, int argc, char **argv)
                 fprintf(stderr, "bench ssd: --block-kb \"%s\" is not a multiple of 4 in 4..65536\n", argv[i]);
                 return 2;
             }
+        } else if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+            printf("usage: kvtier bench ssd [--json] [--dir D] [--size-mb N] [--block-kb K] "
+                   "[--io auto|uring|threads]\n");
+            return 0;
         } else {
-            fprintf(stderr, "usage: kvtier bench ssd [--json] [--dir D] [--size-mb N] [--block-kb K] "
-                            "[--io auto|uring|threads]\n");
-            return strcmp(s, "--help") == 0 ? 0 : 2;
+            return cli_bad_arg("bench ssd", s, cli_arg_in(s, takes_value));
         }
     }
     return -1;

@@ -41,6 +41,30 @@ void remove_tree(const char *path)
     nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+int cli_bad_arg(const char *cmd, const char *arg, bool lacks_value)
+{
+    if (lacks_value)
+        fprintf(stderr, "kvtier %s: %s needs a value (kvtier %s --help)\n", cmd, arg, cmd);
+    else if (arg[0] == '-')
+        fprintf(stderr, "kvtier %s: unknown option %s (kvtier %s --help)\n", cmd, arg, cmd);
+    else
+        fprintf(stderr, "kvtier %s: unexpected argument \"%s\" (kvtier %s --help)\n", cmd, arg, cmd);
+    return 2;
+}
+
+int cli_bad_value(const char *cmd, const char *opt, const char *value)
+{
+    fprintf(stderr, "kvtier %s: %s: bad value \"%s\" (kvtier %s --help)\n", cmd, opt, value, cmd);
+    return 2;
+}
+
+bool cli_arg_in(const char *arg, const char *const *names)
+{
+    for (; *names; names++)
+        if (!strcmp(arg, *names)) return true;
+    return false;
+}
+
 int demo_error(const char *what, kvt_status st)
 {
     fprintf(stderr, "kvtier: %s: %s: %s\n", what, kvt_strerror(st), kvt_last_error());

@@ -19,6 +19,18 @@ void cli_stop_on_signals(void);
 /* rm -rf path (a directory this program created). */
 void remove_tree(const char *path);
 
+/* An argument command cmd (e.g. "bench ssd") does not take: names it on
+ * stderr ("unknown option X", "unexpected argument X" for a word, or "X
+ * needs a value" when lacks_value) with where the usage is; returns 2, the
+ * usage exit status. */
+int cli_bad_arg(const char *cmd, const char *arg, bool lacks_value);
+/* A value option opt of command cmd cannot take: "kvtier CMD: OPT: bad
+ * value "V"" on stderr with where the usage is; returns 2. */
+int cli_bad_value(const char *cmd, const char *opt, const char *value);
+/* Whether arg is one of names (a NULL-ended list): the options of a
+ * command that take a value, so one that does not is named as unknown. */
+bool cli_arg_in(const char *arg, const char *const *names);
+
 /* Prints "kvtier: WHAT: <status text>: <last error>" on stderr; returns 1. */
 int demo_error(const char *what, kvt_status st);
 

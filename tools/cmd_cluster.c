@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli_util.h"
 #include "cluster/dir.h"
 #include "cmds.h"
 #include "kvtier.h"
@@ -83,20 +84,27 @@ static void print_text(const char *topo, const kvt_dir_node *v, uint32_t n, uint
 static int status_main(int argc, char **argv)
 {
     const char *redis = NULL, *prefix = NULL, *pwfile = NULL, *user = NULL, *spwfile = NULL;
-    long timeout = 2000;
+    uint64_t timeout = 2000;
     bool json = false;
+    static const char *const takes_value[] = {"--redis", "--prefix", "--redis-password-file",
+                                              "--redis-user", "--sentinel-password-file",
+                                              "--timeout-ms", NULL};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--redis") && i + 1 < argc) redis = argv[++i];
-        else if (!strcmp(argv[i], "--prefix") && i + 1 < argc) prefix = argv[++i];
-        else if (!strcmp(argv[i], "--redis-password-file") && i + 1 < argc) pwfile = argv[++i];
-        else if (!strcmp(argv[i], "--redis-user") && i + 1 < argc) user = argv[++i];
-        else if (!strcmp(argv[i], "--sentinel-password-file") && i + 1 < argc) spwfile = argv[++i];
-        else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc) timeout = strtol(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--json")) json = true;
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout, 0);
-        else return usage(stderr, 2);
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json")) { json = true; continue; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout, 0);
+        if (!cli_arg_in(a, takes_value)) return cli_bad_arg("cluster status", a, false);
+        if (!v) return cli_bad_arg("cluster status", a, true);
+        i++;
+        if (!strcmp(a, "--redis")) redis = v;
+        else if (!strcmp(a, "--prefix")) prefix = v;
+        else if (!strcmp(a, "--redis-password-file")) pwfile = v;
+        else if (!strcmp(a, "--redis-user")) user = v;
+        else if (!strcmp(a, "--sentinel-password-file")) spwfile = v;
+        else if (!demo_parse_u64(v, &timeout) || timeout < 1 || timeout > 600000)
+            return cli_bad_value("cluster status", a, v); /* --timeout-ms */
     }
-    if (!redis || timeout < 1 || timeout > 600000) return usage(stderr, 2);
+    if (!redis) return usage(stderr, 2);
     char node[KVT_DIR_NODE_MAX];
     snprintf(node, sizeof node, "kvtier-cli-%ld", (long)getpid());
     char password[KVT_DIR_PASSWORD_MAX + 1] = "", spw[KVT_DIR_PASSWORD_MAX + 1] = "";
@@ -135,5 +143,6 @@ int kvt_cmd_cluster(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "status")) return status_main(argc - 1, argv + 1);
     if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) return usage(stdout, 0);
-    return usage(stderr, 2);
+    if (argc < 2) return usage(stderr, 2);
+    return cli_bad_arg("cluster", argv[1], false);
 }

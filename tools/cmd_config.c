@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_util.h"
 #include "cmds.h"
 #include "kvtier.h"
 #include "util/parse.h"
@@ -47,16 +48,12 @@ static int parse_args(config_args *a, int argc, char **argv)
         } else if (!strcmp(s, "--json")) {
             a->json = true;
         } else if (!strcmp(s, "--file")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "kvtier config: --file needs a path\n");
-                return 2;
-            }
+            if (i + 1 >= argc) return cli_bad_arg("config", s, true);
             a->file = argv[++i];
         } else if (!strncmp(s, "--file=", 7)) {
             a->file = s + 7;
         } else {
-            fprintf(stderr, "kvtier config: unknown argument \"%s\" (try --help)\n", s);
-            return 2;
+            return cli_bad_arg("config", s, false);
         }
     }
     if (!a->dump) {

@@ -210,13 +210,13 @@ int kvt_cmd_events(int argc, char **argv)
 {
     const char *ep = NULL, *rep = NULL, *topic = NULL, *secret_file = NULL;
     uint64_t from = 0, count = 0, timeout = 0;
+    static const char *const takes_value[] = {"--endpoint", "--replay", "--topic", "--secret-file",
+                                              "--from", "--count", "--timeout-ms", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout, 0);
-        if (!v) {
-            fprintf(stderr, "kvtier events: %s needs a value\n", a);
-            return usage(stderr, 2);
-        }
+        if (!cli_arg_in(a, takes_value)) return cli_bad_arg("events", a, false);
+        if (!v) return cli_bad_arg("events", a, true);
         i++;
         if (!strcmp(a, "--endpoint")) ep = v;
         else if (!strcmp(a, "--replay")) rep = v;
@@ -226,10 +226,7 @@ int kvt_cmd_events(int argc, char **argv)
         else if (!strcmp(a, "--count") && demo_parse_u64(v, &count) && count >= 1) {}
         else if (!strcmp(a, "--timeout-ms") && demo_parse_u64(v, &timeout) && timeout >= 1 &&
                  timeout <= 3600000) {}
-        else {
-            fprintf(stderr, "kvtier events: %s %s is not an option it takes\n", a, v);
-            return usage(stderr, 2);
-        }
+        else return cli_bad_value("events", a, v);
     }
     if (!ep && !rep) return usage(stderr, 2);
     kvt_events_keys keys;

@@ -5,6 +5,7 @@
  * (or repaired), 1 when damage remains or the check failed, 2 on usage. */
 #include <stdio.h>
 #include <string.h>
+#include "cli_util.h"
 #include "cmds.h"
 #include "store/ssd.h"
 
@@ -74,9 +75,11 @@ int kvt_cmd_fsck(int argc, char **argv)
         if (strcmp(argv[i], "--repair") == 0) repair = true;
         else if (strcmp(argv[i], "--json") == 0) json = true;
         else if (argv[i][0] != '-' && !dirs) dirs = argv[i];
-        else {
-            fprintf(stderr, "usage: kvtier fsck DIR[,DIR2...] [--repair] [--json]\n");
-            return strcmp(argv[i], "--help") == 0 ? 0 : 2;
+        else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            printf("usage: kvtier fsck DIR[,DIR2...] [--repair] [--json]\n");
+            return 0;
+        } else {
+            return cli_bad_arg("fsck", argv[i], false);
         }
     }
     if (!dirs) {

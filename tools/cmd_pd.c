@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>
+#include "cli_util.h"
 #include "cmds.h"
 #include "kvtier.h"
 #include "util/clock.h"
@@ -72,6 +73,9 @@ static int number(const char *opt, const char *v, unsigned long long lo, unsigne
 
 static int parse(int argc, char **argv, pd_opts *o)
 {
+    static const char *const takes_value[] = {"--host", "--transport", "--secret", "--model",
+        "--port", "--bootstrap-port", "--tp", "--rank", "--dcp", "--dcp-rank", "--tokens", "--page",
+        "--room", "--seconds", NULL};
     *o = (pd_opts){.model = "tiny", .tp = 1, .dcp = 1, .tokens = 1000, .tpp = 16, .room = 1, .seconds = 60};
     for (int i = 2; i < argc; i += 2) { /* every option but --json and --insecure takes one value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -83,7 +87,8 @@ static int parse(int argc, char **argv, pd_opts *o)
             i--;
             continue;
         }
-        if (!v) return fprintf(stderr, "kvtier pd: %s needs a value, or is no option of it (kvtier pd --help)\n", a), -1;
+        if (!cli_arg_in(a, takes_value)) return cli_bad_arg("pd", a, false), -1;
+        if (!v) return cli_bad_arg("pd", a, true), -1;
         if (!strcmp(a, "--host")) o->host = v;
         else if (!strcmp(a, "--transport") && (!strcmp(v, "tcp") || !strcmp(v, "ucx")))
             o->transport = !strcmp(v, "ucx") ? KVT_PD_UCX : KVT_PD_TCP;
@@ -101,7 +106,7 @@ static int parse(int argc, char **argv, pd_opts *o)
         else if (!strcmp(a, "--page")) { if (number(a, v, 1, 4096, &x)) return -1; o->tpp = (unsigned)x; }
         else if (!strcmp(a, "--room")) { if (number(a, v, 0, ~0ull, &x)) return -1; o->room = x; }
         else if (!strcmp(a, "--seconds")) { if (number(a, v, 1, 86400, &x)) return -1; o->seconds = (int)x; }
-        else return fprintf(stderr, "kvtier pd: unknown option %s (kvtier pd --help)\n", a), -1;
+        else return cli_bad_arg("pd", a, false), -1;
     }
     if (o->rank >= o->tp || o->dcp_rank >= o->dcp)
         return fprintf(stderr, "kvtier pd: --rank must be below --tp and --dcp-rank below --dcp\n"), -1;

@@ -60,6 +60,8 @@ static int parse_args(plan_opts *o, int argc, char **argv)
     o->csv = "plan.csv";
     o->svg = "plan.svg";
     o->points = 12;
+    static const char *const takes_value[] = {"--trace", "--out-csv", "--out-svg", "--points",
+                                              "--ssd-gb", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int taken = model_parse_opt(&o->m, "plan", argc, argv, &i);
@@ -68,7 +70,8 @@ static int parse_args(plan_opts *o, int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 1;
         if (strncmp(a, "--", 2) != 0)
             return fprintf(stderr, "kvtier plan: unexpected argument \"%s\"\n", a), 2;
-        if (!v) return fprintf(stderr, "kvtier plan: %s needs a value, or is no option of it (kvtier plan --help)\n", a), 2;
+        if (!cli_arg_in(a, takes_value)) return cli_bad_arg("plan", a, false);
+        if (!v) return cli_bad_arg("plan", a, true);
         i++;
         if (!strcmp(a, "--trace")) o->trace = v;
         else if (!strcmp(a, "--out-csv")) o->csv = v;
@@ -77,7 +80,7 @@ static int parse_args(plan_opts *o, int argc, char **argv)
             if (parse_count("plan", a, v, 2, 64, &o->points)) return 2;
         } else if (!strcmp(a, "--ssd-gb")) {
             if (parse_ssd_list(o, v)) return 2;
-        } else return fprintf(stderr, "kvtier plan: unknown option %s (try --help)\n", a), 2;
+        } else return cli_bad_arg("plan", a, false);
     }
     if (!o->trace) return fprintf(stderr, "kvtier plan: --trace FILE is required\n"), 2;
     return model_check(&o->m, "plan") ? 2 : 0;

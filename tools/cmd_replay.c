@@ -79,8 +79,7 @@ static int parse_value(replay_opts *o, const char *a, const char *v)
         o->max_set = true;
         return parse_count("replay", a, v, 1, TRACE_MAX_REQUESTS, &o->max_requests);
     }
-    fprintf(stderr, "kvtier replay: unknown option %s (try --help)\n", a);
-    return -1;
+    return cli_bad_arg("replay", a, false), -1;
 }
 
 static int check_opts(replay_opts *o)
@@ -109,6 +108,8 @@ static int check_opts(replay_opts *o)
 static int parse_args(replay_opts *o, int argc, char **argv)
 {
     o->cpu_gib = 16;
+    static const char *const takes_value[] = {"--trace", "--ssd-dir", "--cpu-gb", "--ssd-gb",
+        "--window", "--nodes", "--seed", "--routing", "--max-requests", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int taken = model_parse_opt(&o->m, "replay", argc, argv, &i);
@@ -120,7 +121,8 @@ static int parse_args(replay_opts *o, int argc, char **argv)
         else if (!strcmp(a, "--unbounded")) o->unbounded = true;
         else if (strncmp(a, "--", 2) != 0)
             return fprintf(stderr, "kvtier replay: unexpected argument \"%s\"\n", a), 2;
-        else if (i + 1 >= argc) return fprintf(stderr, "kvtier replay: %s needs a value, or is no option of it (kvtier replay --help)\n", a), 2;
+        else if (!cli_arg_in(a, takes_value)) return cli_bad_arg("replay", a, false);
+        else if (i + 1 >= argc) return cli_bad_arg("replay", a, true);
         else if (parse_value(o, a, argv[++i])) return 2;
     }
     return check_opts(o) ? 2 : 0;

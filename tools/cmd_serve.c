@@ -115,13 +115,18 @@ int kvt_cmd_serve(int argc, char **argv)
     }
     const char *sets[64];
     int nsets = 0;
+    static const char *const takes_value[] = {"--socket", "--config", "--model", "--tp", "--page",
+                                              "--layers", "--set", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             rc = usage(stdout, 0);
             goto out;
         }
-        if (!v) goto bad;
+        if (!cli_arg_in(a, takes_value) || !v) {
+            rc = cli_bad_arg("serve", a, cli_arg_in(a, takes_value));
+            goto out;
+        }
         i++;
         if (!strcmp(a, "--socket")) socket_path = v;
         else if (!strcmp(a, "--config")) config = v;
@@ -130,7 +135,15 @@ int kvt_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--page") && demo_parse_u64(v, &page) && page >= 1 && page <= 65536) {}
         else if (!strcmp(a, "--layers") && demo_parse_u64(v, &layers) && layers >= 1) {}
         else if (!strcmp(a, "--set") && nsets < 64) sets[nsets++] = v;
-        else goto bad;
+        else if (!strcmp(a, "--set")) {
+            fprintf(stderr, "kvtier serve: more than 64 --set options; put the rest in a "
+                            "--config file (kvtier serve --help)\n");
+            rc = 2;
+            goto out;
+        } else {
+            rc = cli_bad_value("serve", a, v);
+            goto out;
+        }
     }
     if (!model && (tp || page || layers)) {
         fprintf(stderr, "kvtier serve: --tp, --page and --layers describe a --model; without "
@@ -148,7 +161,10 @@ int kvt_cmd_serve(int argc, char **argv)
     for (int i = 0; i < nsets; i++) {
         char name[128];
         const char *eq = strchr(sets[i], '=');
-        if (!eq || (size_t)(eq - sets[i]) >= sizeof name) goto bad;
+        if (!eq || (size_t)(eq - sets[i]) >= sizeof name) {
+            rc = cli_bad_value("serve", "--set", sets[i]);
+            goto out;
+        }
         memcpy(name, sets[i], (size_t)(eq - sets[i]));
         name[eq - sets[i]] = '\0';
         if ((st = kvt_config_set(cfg, name, eq + 1))) {

@@ -244,12 +244,15 @@ int kvt_cmd_stats(int argc, char **argv)
     const char *sock = NULL, *model = NULL;
     uint64_t tp = 1, page = 16, count = 0, timeout = 2000;
     bool json = false, watch = false, geo_flag = false;
+    static const char *const takes_value[] = {"--socket", "--model", "--tp", "--page", "--count",
+                                              "--timeout-ms", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout, 0);
         if (!strcmp(a, "--json")) { json = true; continue; }
         if (!strcmp(a, "--watch")) { watch = true; continue; }
-        if (!v) return usage(stderr, 2);
+        if (!cli_arg_in(a, takes_value)) return cli_bad_arg("stats", a, false);
+        if (!v) return cli_bad_arg("stats", a, true);
         i++;
         if (!strcmp(a, "--socket")) sock = v;
         else if (!strcmp(a, "--model")) model = v;
@@ -258,7 +261,7 @@ int kvt_cmd_stats(int argc, char **argv)
         else if (!strcmp(a, "--count") && demo_parse_u64(v, &count) && count >= 1) {}
         else if (!strcmp(a, "--timeout-ms") && demo_parse_u64(v, &timeout) && timeout >= 1 &&
                  timeout <= 600000) {}
-        else return usage(stderr, 2);
+        else return cli_bad_value("stats", a, v);
     }
     if (!sock || (count && !watch)) return usage(stderr, 2);
     kvt_geometry *geo = NULL; /* NULL: the server's */

@@ -80,13 +80,13 @@ static int synth_main(int argc, char **argv)
 {
     const char *out = NULL;
     uint64_t requests = 2000, seed = 1, prompts = 8, convs = 64;
+    static const char *const takes_value[] = {"--out", "--requests", "--seed", "--prompts",
+                                              "--conversations", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout, 0);
-        if (!v) {
-            fprintf(stderr, "kvtier trace synth: %s needs a value, or is no option of it\n", a);
-            return usage(stderr, 2);
-        }
+        if (!cli_arg_in(a, takes_value)) return cli_bad_arg("trace synth", a, false);
+        if (!v) return cli_bad_arg("trace synth", a, true);
         i++;
         if (!strcmp(a, "--out")) out = v;
         else if (!strcmp(a, "--requests") && demo_parse_u64(v, &requests) && requests >= 1 &&
@@ -96,10 +96,7 @@ static int synth_main(int argc, char **argv)
                  prompts <= 64) {}
         else if (!strcmp(a, "--conversations") && demo_parse_u64(v, &convs) && convs >= 1 &&
                  convs <= 4096) {}
-        else {
-            fprintf(stderr, "kvtier trace synth: bad option or value: %s %s\n", a, v);
-            return usage(stderr, 2);
-        }
+        else return cli_bad_value("trace synth", a, v);
     }
     if (!out) return usage(stderr, 2);
     synth s = {.rng = seed, .nprompts = (uint32_t)prompts, .nconvs = (uint32_t)convs};
@@ -134,6 +131,7 @@ int kvt_cmd_trace(int argc, char **argv)
     if (argc >= 2 && !strcmp(argv[1], "synth")) return synth_main(argc - 1, argv + 1);
     if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
         return usage(stdout, 0);
+    if (argc >= 2) return cli_bad_arg("trace", argv[1], false);
     fprintf(stderr, "kvtier trace: which one? (synth)\n");
     return usage(stderr, 2);
 }

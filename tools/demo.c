@@ -87,6 +87,8 @@ static int parse_args(demo_opts *o, int argc, char **argv)
     o->cpu_capacity = "128MiB";
     o->ssd_capacity = "2GiB";
     bool cpu_set = false;
+    static const char *const takes_value[] = {"--config", "--cpu-capacity", "--ssd-capacity",
+        "--ssd-dir", "--conversations", "--active", "--turns", "--seed", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t n = 0;
@@ -94,7 +96,8 @@ static int parse_args(demo_opts *o, int argc, char **argv)
         else if (!strcmp(a, "--quick")) o->quick = true;
         else if (!strcmp(a, "--no-ssd")) o->no_ssd = true;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout) - 1;
-        else if (!v) return fprintf(stderr, "kvtier demo: %s needs a value, or is no option of it (kvtier demo --help)\n", a), 2;
+        else if (!cli_arg_in(a, takes_value)) return cli_bad_arg("demo", a, false);
+        else if (!v) return cli_bad_arg("demo", a, true);
         else if (!strcmp(a, "--config")) o->config_file = v, i++;
         else if (!strcmp(a, "--cpu-capacity")) o->cpu_capacity = v, cpu_set = true, i++;
         else if (!strcmp(a, "--ssd-capacity")) o->ssd_capacity = v, i++;
@@ -105,7 +108,7 @@ static int parse_args(demo_opts *o, int argc, char **argv)
         else if (!strcmp(a, "--active")) o->chat.active = (uint32_t)n, i++;
         else if (!strcmp(a, "--turns")) o->chat.turns = (uint32_t)n, i++;
         else if (!strcmp(a, "--seed")) o->chat.seed = n, i++;
-        else return fprintf(stderr, "kvtier demo: unknown option %s\n", a), 2;
+        else return cli_bad_arg("demo", a, false);
     }
     if (o->quick) {
         /* Small enough that the quick run evicts too. */
@@ -340,6 +343,7 @@ static int server_demo(int argc, char **argv)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout);
         if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--model")) return cli_bad_arg("demo --server", argv[i], true);
         else return fprintf(stderr, "kvtier demo --server: takes only --json and --model M, "
                             "not %s\n", argv[i]), 2;
     }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "cli_util.h"
 #include "cmds.h"
 #include "kvtier.h"
 
@@ -111,7 +112,7 @@ static int dispatch(const subcommand *cmds, size_t n, const char *what, int argc
 
 static int version_main(int argc, char **argv)
 {
-    (void)argc; (void)argv;
+    if (argc >= 2 && !is_help(argv[1])) return cli_bad_arg("version", argv[1], false);
     printf("kvtier %s\n", kvt_version_string());
     return 0;
 }

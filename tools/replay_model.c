@@ -57,7 +57,7 @@ int model_parse_opt(model_opts *m, const char *cmd, int argc, char **argv, int *
     bool takes = !strcmp(a, "--model") || !strcmp(a, "--layers") || !strcmp(a, "--kv-heads") ||
                  !strcmp(a, "--head-dim") || !strcmp(a, "--elem-size");
     if (!takes) return 0;
-    if (!v) return fprintf(stderr, "kvtier %s: %s needs a value, or is no option of it (kvtier %s --help)\n", cmd, a, cmd), -1;
+    if (!v) return cli_bad_arg(cmd, a, true), -1;
     (*i)++;
     if (!strcmp(a, "--model")) return m->model = v, 1;
     return custom_opt(m, cmd, a, v);
