@@ -5,9 +5,10 @@
  * followed), a three-primary Redis Cluster (keys across shards, MOVED and
  * ASK followed), and last, with threads, one handle used from several at
  * once (lookups beside paused writes; everything at once while Redis
- * drops every connection). Every server is started (posix_spawn) before
- * the first thread: the threaded tests run last and spawn() refuses once
- * they began. */
+ * drops every connection), then two node servers in this process pulling
+ * blocks from each other through that directory, over TCP and over UCX.
+ * Every server is started (posix_spawn) before the first thread: the
+ * threaded tests run last and spawn() refuses once they began. */
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
@@ -1369,6 +1370,346 @@ static void test_threads_hammer(void **state)
 }
 
 /* ------------------------------------------------------------------ */
+/* Pulls between two node servers                                     */
+/* ------------------------------------------------------------------ */
+
+/* Two node servers in this process (kvt_server_run on threads of their
+ * own), both in the cluster of the shared Redis: what a client stores on
+ * node A, a lookup on node B pulls (cl_fill -> pull_from -> land_pull ->
+ * recv_blocks with its per-layer hashing; A's serve_fetch -> send_blocks),
+ * and B's load returns every byte. Run here so that the sanitizer builds
+ * cover the pull's data path (python/tests/cluster_processes.py runs it on
+ * the release build only). A layer of a block is 24 KiB, so the stream's
+ * reads (at most 1 MiB, fewer bytes as TCP delivers them) end inside
+ * layers and blocks, and each round moves PULL_NB blocks (2.25 MiB) in
+ * several reads. */
+#define PULL_LAYERS 8u
+#define PULL_HEADS 3u
+#define PULL_DIM 128u
+#define PULL_BT 16u /* block_tokens and tokens per page: a block is a page */
+#define PULL_NB 12u /* blocks stored on A per round */
+#define PULL_NTOK (2 * PULL_NB * PULL_BT + 1)
+#define PULL_PAGES (2 * PULL_NB + 1)
+#define PULL_BLOCK_BYTES ((uint64_t)PULL_LAYERS * 2 * PULL_HEADS * PULL_DIM * 2 * PULL_BT)
+#define PULL_CALL_MS 20000 /* cluster_pull_ms and every client call's deadline */
+#define PULL_WAIT_MS 10000 /* a publish or a served pull's counters, at most */
+
+typedef struct pull_node {
+    kvt_server *srv;
+    kvt_cluster *cl;
+    pthread_t th;
+    bool running;
+    kvt_status run_st;
+    kvt_client *c;
+    kvt_emu *emu;
+    uint32_t pages[PULL_PAGES];
+    char sock[320], name[32];
+} pull_node;
+
+static pull_node pn[2]; /* A, B; pull_teardown frees what a failed test left */
+
+/* kvtier's log while the nodes run: warnings and errors counted (the
+ * first kept) and echoed to stderr; UCX links that moved counted. */
+static pthread_mutex_t pull_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static int pull_warns, pull_ucx_moved, pull_ucx_refused;
+static char pull_first_warn[1024];
+
+static void pull_log(void *user, kvt_log_level level, const char *line)
+{
+    (void)user;
+    pthread_mutex_lock(&pull_log_mu);
+    if (level <= KVT_LOG_WARN) {
+        if (!pull_warns++) snprintf(pull_first_warn, sizeof pull_first_warn, "%s", line);
+        fprintf(stderr, "kvtier: %s: %s\n", level == KVT_LOG_ERROR ? "error" : "warn", line);
+    }
+    if (strstr(line, "moved onto UCX")) pull_ucx_moved++;
+    if (strstr(line, "does not serve over UCX") || strstr(line, "UCX cannot start"))
+        pull_ucx_refused++;
+    pthread_mutex_unlock(&pull_log_mu);
+}
+
+static void *pull_run(void *arg)
+{
+    pull_node *n = arg;
+    n->run_st = kvt_server_run(n->srv);
+    return NULL;
+}
+
+/* Node `name` on <tmp>/<name>.sock in the cluster, running, with a client
+ * (an emulated engine of PULL_PAGES pages) attached. A 16 MiB tier holds
+ * the test's 24 blocks (4.5 MiB) with room; a larger one costs seconds at
+ * kvt_server_create under TSan. */
+static void pull_node_start(pull_node *n, const char *name, const char *transport,
+                            const kvt_geometry *g)
+{
+    snprintf(n->sock, sizeof n->sock, "%s/%s.sock", tmp, name);
+    snprintf(n->name, sizeof n->name, "%s", name);
+    const char *opts[][2] = {
+        {"server_socket", n->sock}, {"cpu_capacity", "16MiB"}, {"huge_pages", "false"},
+        {"block_tokens", "16"}, {"log_level", "info"}, {"cluster_redis", single},
+        {"cluster_node", n->name}, {"cluster_pull_ms", "20000"}, {"cluster_prefill_tps", "1"},
+        {"cluster_transport", transport},
+    };
+    kvt_config *cfg = NULL;
+    assert_ok(kvt_config_create(&cfg));
+    kvt_status st = KVT_OK;
+    for (size_t i = 0; i < sizeof opts / sizeof *opts && !st; i++)
+        st = kvt_config_set(cfg, opts[i][0], opts[i][1]);
+    if (!st) st = kvt_server_create(&n->srv, cfg, g);
+    kvt_config_destroy(cfg);
+    assert_ok(st);
+    assert_ok(kvt_cluster_join(n->srv, &n->cl));
+    assert_int_equal(pthread_create(&n->th, NULL, pull_run, n), 0);
+    n->running = true;
+    assert_ok(kvt_client_attach(&n->c, n->sock, g, PULL_CALL_MS));
+    assert_ok(kvt_emu_create(&n->emu, g, PULL_PAGES));
+    kvt_engine_memory mem;
+    assert_ok(kvt_emu_memory(n->emu, &mem));
+    assert_ok(kvt_client_register_memory(n->c, &mem));
+    for (uint32_t i = 0; i < PULL_PAGES; i++) n->pages[i] = i;
+}
+
+/* The order kvtier.h gives: clients detached, the servers stopped and
+ * their run returned, then each leaves its cluster before it is destroyed.
+ * 0, or -1 when a run did not end KVT_OK. */
+static int pull_nodes_stop(void)
+{
+    int rc = 0;
+    for (int i = 0; i < 2; i++) {
+        kvt_client_detach(pn[i].c);
+        pn[i].c = NULL;
+    }
+    for (int i = 0; i < 2; i++)
+        if (pn[i].srv) kvt_server_stop(pn[i].srv);
+    for (int i = 0; i < 2; i++) {
+        if (!pn[i].running) continue;
+        pthread_join(pn[i].th, NULL);
+        pn[i].running = false;
+        if (pn[i].run_st != KVT_OK) {
+            fprintf(stderr, "node %d: kvt_server_run returned %s\n", i,
+                    kvt_status_name(pn[i].run_st));
+            rc = -1;
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        kvt_cluster_leave(pn[i].cl);
+        kvt_server_destroy(pn[i].srv);
+        kvt_emu_destroy(pn[i].emu);
+        memset(&pn[i], 0, sizeof pn[i]);
+    }
+    return rc;
+}
+
+static int pull_teardown(void **state)
+{
+    (void)state;
+    int rc = pull_nodes_stop();
+    kvt_set_log_handler(NULL, NULL);
+    kvt_set_log_level(KVT_LOG_WARN);
+    return rc;
+}
+
+static kvt_cluster_counters pull_stats(const pull_node *n)
+{
+    kvt_cluster_counters c;
+    assert_ok(kvt_cluster_stats(n->cl, &c));
+    return c;
+}
+
+static kvt_status pull_task(pull_node *n, kvt_task_id task)
+{
+    kvt_task_result r = {0};
+    kvt_status st = kvt_client_launch(n->c, task, n->pages, PULL_PAGES);
+    if (!st) st = kvt_client_wait(n->c, task, PULL_CALL_MS, &r);
+    return st ? st : r.status;
+}
+
+/* Stores req on node n: its blocks from block `first` on are new there. */
+static void pull_store(pull_node *n, const kvt_request *req, uint32_t first)
+{
+    kvt_request r = *req;
+    r.flags = KVT_REQ_VISIBLE_AT_END;
+    assert_ok(kvt_emu_fill(n->emu, &r, 0, r.num_tokens, n->pages, PULL_PAGES));
+    kvt_store_plan p;
+    assert_ok(kvt_client_prepare_store(n->c, &r, &p));
+    assert_true(p.task != 0);
+    assert_int_equal(p.first_token, first * PULL_BT);
+    assert_int_equal(p.num_tokens, r.num_tokens - 1 - first * PULL_BT);
+    assert_ok(pull_task(n, p.task));
+}
+
+/* Waits until node n's directory entries are written: `blocks` published
+ * in all, nothing queued, the directory up. */
+static void pull_wait_published(const pull_node *n, uint64_t blocks)
+{
+    uint64_t t0 = kvt__now_ns();
+    for (;;) {
+        kvt_cluster_counters c = pull_stats(n);
+        if (c.published >= blocks && c.publish_backlog == 0 && c.directory_up) return;
+        if (ms_since(t0) > PULL_WAIT_MS)
+            fail_msg("node %s published %" PRIu64 " of %" PRIu64 " blocks in %u ms (backlog %"
+                     PRIu64 ", directory_up %" PRIu64 ", dir_errors %" PRIu64 ")", n->name,
+                     c.published, blocks, PULL_WAIT_MS, c.publish_backlog, c.directory_up,
+                     c.dir_errors);
+        sleep_ms(10);
+    }
+}
+
+/* Waits until node n counts `blocks` served: its serving thread adds them
+ * after the last byte went out, which may be after the puller returned. */
+static kvt_cluster_counters pull_wait_served(const pull_node *n, uint64_t blocks)
+{
+    uint64_t t0 = kvt__now_ns();
+    for (;;) {
+        kvt_cluster_counters c = pull_stats(n);
+        if (c.served_blocks >= blocks) return c;
+        if (ms_since(t0) > PULL_WAIT_MS)
+            fail_msg("node %s served %" PRIu64 " of %" PRIu64 " blocks in %u ms", n->name,
+                     c.served_blocks, blocks, PULL_WAIT_MS);
+        sleep_ms(10);
+    }
+}
+
+/* B's lookup of req matches `want` blocks (what B lacked of them pulled
+ * from A in the lookup), and its load into poisoned pages returns every
+ * byte of them. */
+static void pull_lookup_load(pull_node *b, const kvt_request *req, uint32_t want)
+{
+    kvt_match m;
+    assert_ok(kvt_client_lookup(b->c, req, &m));
+    if (m.matched_tokens != want * PULL_BT || !m.task) {
+        kvt_cluster_counters c = pull_stats(b);
+        fail_msg("node %s matched %u of %u tokens (pulls %" PRIu64 ", failed %" PRIu64
+                 ", skipped %" PRIu64 ", raced %" PRIu64 ", stale %" PRIu64 ", dir_lookups %"
+                 PRIu64 ")", b->name, m.matched_tokens, want * PULL_BT, c.pulls, c.pull_failed,
+                 c.pull_skipped, c.pull_raced, c.stale, c.dir_lookups);
+    }
+    assert_ok(kvt_emu_poison(b->emu, b->pages, PULL_PAGES));
+    assert_ok(pull_task(b, m.task));
+    kvt_verify_result v;
+    assert_ok(kvt_emu_verify(b->emu, req, 0, m.matched_tokens, b->pages, PULL_PAGES, &v));
+    if (v.mismatches)
+        fail_msg("node %s loaded %" PRIu64 " bytes that differ from what was stored (the "
+                 "first in token %u, layer %u)", b->name, v.mismatches, v.first_bad_token,
+                 v.first_bad_layer);
+    assert_int_equal(v.bytes_checked, (uint64_t)want * PULL_BLOCK_BYTES);
+}
+
+static void pull_expect_b(const pull_node *b, uint64_t pulls, uint64_t blocks)
+{
+    kvt_cluster_counters c = pull_stats(b);
+    assert_int_equal(c.pulls, pulls);
+    assert_int_equal(c.pulled_blocks, blocks);
+    assert_int_equal(c.pulled_bytes, blocks * PULL_BLOCK_BYTES);
+    assert_int_equal(c.pull_failed, 0);
+    assert_int_equal(c.pull_corrupt, 0);
+    assert_int_equal(c.pull_skipped, 0);
+    assert_int_equal(c.pull_raced, 0);
+    assert_int_equal(c.stale, 0);
+    assert_int_equal(c.dir_errors, 0);
+    assert_true(c.pull_bytes_per_s > 0);
+}
+
+/* Two rounds: A stores PULL_NB blocks, B pulls them all (blocks 0..); A
+ * stores PULL_NB more of the same prompt, B pulls only those (blocks
+ * PULL_NB.., the sums numbered from there) and loads both rounds'. A
+ * lookup after that is B's own hit: no pull. */
+static void pull_between(const char *transport, const char *tag)
+{
+    threads_began = true;
+    uint64_t t0 = kvt__now_ns();
+    pthread_mutex_lock(&pull_log_mu);
+    pull_warns = pull_ucx_moved = pull_ucx_refused = 0;
+    pull_first_warn[0] = 0;
+    pthread_mutex_unlock(&pull_log_mu);
+    assert_ok(kvt_set_log_handler(pull_log, NULL));
+    kvt_geometry *g = kvt_test_geometry(PULL_LAYERS, PULL_HEADS, PULL_DIM, PULL_BT,
+                                        KVT_LAYOUT_LAYER_FIRST);
+    assert_non_null(g);
+    char a_name[32], b_name[32];
+    snprintf(a_name, sizeof a_name, "%s-a", tag);
+    snprintf(b_name, sizeof b_name, "%s-b", tag);
+    pull_node_start(&pn[0], a_name, transport, g);
+    pull_node_start(&pn[1], b_name, transport, g);
+    kvt_geometry_destroy(g);
+    pull_node *a = &pn[0], *b = &pn[1];
+
+    uint32_t tok[PULL_NTOK];
+    kvt_test_tokens(tok, PULL_NTOK, 0x5eed0000u + (uint64_t)tag[1]);
+    kvt_request r1 = {.tokens = tok, .num_tokens = PULL_NB * PULL_BT + 1, .ns = tag,
+                      .ns_len = (uint32_t)strlen(tag)};
+    kvt_request r2 = r1;
+    r2.num_tokens = PULL_NTOK;
+
+    /* round 1: every block from A */
+    pull_store(a, &r1, 0);
+    pull_wait_published(a, PULL_NB);
+    pull_lookup_load(b, &r1, PULL_NB);
+    pull_expect_b(b, 1, PULL_NB);
+    kvt_cluster_counters ca = pull_wait_served(a, PULL_NB);
+    assert_int_equal(ca.served, 1);
+    assert_int_equal(ca.served_blocks, PULL_NB);
+    assert_int_equal(ca.refused, 0);
+
+    /* round 2: the prompt grew on A; B holds its first half and pulls the rest */
+    pull_store(a, &r2, PULL_NB);
+    pull_wait_published(a, 2 * PULL_NB);
+    pull_lookup_load(b, &r2, 2 * PULL_NB);
+    pull_expect_b(b, 2, 2 * PULL_NB);
+    ca = pull_wait_served(a, 2 * PULL_NB);
+    assert_int_equal(ca.served, 2);
+    assert_int_equal(ca.served_blocks, 2 * PULL_NB);
+
+    /* B holds all of it now: a local hit, no pull */
+    kvt_match m;
+    assert_ok(kvt_client_lookup(b->c, &r2, &m));
+    assert_int_equal(m.matched_tokens, 2 * PULL_NB * PULL_BT);
+    assert_ok(kvt_client_cancel(b->c, m.task));
+    pull_expect_b(b, 2, 2 * PULL_NB);
+    /* and B's copies are in the directory too (a third node could pull them) */
+    pull_wait_published(b, 2 * PULL_NB);
+
+    pthread_mutex_lock(&pull_log_mu);
+    int warns = pull_warns, moved = pull_ucx_moved, refused = pull_ucx_refused;
+    char first[1024];
+    snprintf(first, sizeof first, "%s", pull_first_warn);
+    pthread_mutex_unlock(&pull_log_mu);
+    if (warns) fail_msg("%d warnings while pulling, the first: %s", warns, first);
+    if (!strcmp(transport, "ucx")) {
+        assert_int_equal(refused, 0);
+        assert_int_equal(moved, 1); /* B's one link to A: round 2 took it from the idle ones */
+    } else {
+        assert_int_equal(moved, 0);
+    }
+    assert_int_equal(pull_nodes_stop(), 0);
+    pthread_mutex_lock(&pull_log_mu);
+    warns = pull_warns;
+    snprintf(first, sizeof first, "%s", pull_first_warn);
+    pthread_mutex_unlock(&pull_log_mu);
+    if (warns) fail_msg("%d warnings while the nodes stopped, the first: %s", warns, first);
+    print_message("pull over %s: 2 x %u blocks of %" PRIu64 " bytes, verified, in %" PRIu64 " ms\n",
+                  transport, PULL_NB, PULL_BLOCK_BYTES, ms_since(t0));
+}
+
+static void test_pull_between_two_servers(void **state)
+{
+    (void)state;
+    pull_between("tcp", "pt");
+}
+
+/* The same over UCX (cluster_transport ucx on both nodes: B's link asks A
+ * to move onto UCX after the handshake), UCX_TLS=tcp on loopback as
+ * test_conc_pd_ucx.c and cluster_processes.py's UcxCluster run it. UCX is
+ * a build requirement (CMakeLists.txt), so this always runs. */
+static void test_pull_between_two_servers_ucx(void **state)
+{
+    (void)state;
+    setenv("UCX_TLS", "tcp", 1); /* no other thread runs here */
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    pull_between("ucx", "pu");
+}
+
+/* ------------------------------------------------------------------ */
 
 int main(void)
 {
@@ -1398,6 +1739,8 @@ int main(void)
         /* threads from here on: nothing is spawned after them */
         cmocka_unit_test(test_lookup_beside_paused_writes),
         cmocka_unit_test(test_threads_hammer),
+        cmocka_unit_test_teardown(test_pull_between_two_servers, pull_teardown),
+        cmocka_unit_test_teardown(test_pull_between_two_servers_ucx, pull_teardown),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     procs_kill();
