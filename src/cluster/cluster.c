@@ -70,7 +70,8 @@ typedef struct cl_peer {
 
 typedef struct cl_served {
     pthread_t thread;
-    kvt_stream *s;
+    kvt_stream *s; /* the serving thread's own: it swaps it for a UCX stream */
+    int fd;        /* s's socket (the same under UCX), for cluster_stop to shut */
     struct kvt_cluster *cl;
     atomic_bool done;
     struct cl_served *next;
@@ -705,7 +706,7 @@ static void accept_one(kvt_cluster *cl, kvt_stream *s)
     reap_served(cl, false);
     cl_served *sv = NULL;
     if (cl->nserved < cl->cfg->cluster_serve_max && (sv = calloc(1, sizeof *sv))) {
-        *sv = (cl_served){.s = s, .cl = cl};
+        *sv = (cl_served){.s = s, .fd = s->fd, .cl = cl};
         if (pthread_create(&sv->thread, NULL, serve_main, sv)) {
             free(sv);
             sv = NULL;
@@ -815,7 +816,7 @@ static kvt_status link_to_ucx(kvt_cluster *cl, kvt_stream **s, const char *addr,
         return kvt__fail(KVT_EPROTO, "cluster: %s answered a UCX request with %s", addr,
                          kvt_status_name((kvt_status)a.status));
     st = kvt__stream_ucx_upgrade(s, 0, dl);
-    uint8_t *ping = st ? NULL : malloc(2 * (size_t)CL_UCX_PING), *echo = ping + CL_UCX_PING;
+    uint8_t *ping = st ? NULL : malloc(2 * (size_t)CL_UCX_PING), *echo = ping ? ping + CL_UCX_PING : NULL;
     if (!st && !ping) st = kvt__fail(KVT_ENOMEM, "cluster: no memory for a UCX link");
     for (uint32_t i = 0; !st && i < CL_UCX_PING; i++) ping[i] = (uint8_t)(i * 131 + 7);
     if (!st) st = link_fail(kvt__stream_send(*s, ping, CL_UCX_PING, dl), addr, "on UCX");
@@ -1377,7 +1378,9 @@ static void cluster_stop(kvt_cluster *cl)
     if (cl->accept_started) pthread_join(cl->accept_thread, NULL);
     if (cl->publish_started) pthread_join(cl->publish_thread, NULL);
     pthread_mutex_lock(&cl->mu);
-    for (cl_served *sv = cl->served; sv; sv = sv->next) shutdown(sv->s->fd, SHUT_RDWR);
+    /* sv->fd, not sv->s: a thread moving its link onto UCX frees the TCP
+     * stream meanwhile (the socket stays open until reap_served) */
+    for (cl_served *sv = cl->served; sv; sv = sv->next) shutdown(sv->fd, SHUT_RDWR);
     reap_served(cl, true);
     for (uint32_t i = 0; i < cl->npeers; i++) {
         while (cl->peers[i].idle) {
