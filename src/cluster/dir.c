@@ -936,7 +936,12 @@ static kvt_status batch_exec(kvt_dir *d, int role, dir_cmd *cmds, size_t n)
         if (moved_to[0] && !refreshed) {
             refreshed = true;
             bool changed;
-            (void)cluster_refresh(d, moved_to, &changed); /* the slot is re-pointed already */
+            /* the slot is re-pointed already; an operator sees a resharding
+             * or failover once per re-read map, not per command (debug) */
+            kvt_status rs = cluster_refresh(d, moved_to, &changed);
+            KVT_LOG(KVT_LOG_INFO, "cluster directory: Redis Cluster moved slots (MOVED to %s); %s",
+                    moved_to, rs ? "reading the slot map again failed: the next MOVED tries again"
+                                 : "slot map read again");
         }
     }
     if (st == KVT_ECONN || st == KVT_ETIMEDOUT) mark_down(d, probe);

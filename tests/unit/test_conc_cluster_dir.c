@@ -1114,12 +1114,15 @@ static void expect_status(redisReply *r, const char *what)
     freeReplyObject(r);
 }
 
-static int ask_lines, moved_lines;
+static int ask_lines, moved_lines, moved_info_lines;
 
 static void count_redirects(void *user, kvt_log_level level, const char *line)
 {
     if (strstr(line, "cluster directory: ASK for slot")) ask_lines++;
     if (strstr(line, "cluster directory: MOVED for slot")) moved_lines++;
+    if (level == KVT_LOG_INFO && strstr(line, "Redis Cluster moved slots (MOVED to 127.0.0.1:") &&
+        strstr(line, "slot map read again"))
+        moved_info_lines++;
 }
 
 static void test_cluster(void **state)
@@ -1186,8 +1189,10 @@ static void test_cluster(void **state)
     assert_int_equal(found(b, 0, 64, nodes), 64); /* MOVED followed */
     assert_string_equal(nodes[5], "a");
     assert_int_equal(moved_lines, 1);
+    assert_int_equal(moved_info_lines, 1); /* what an operator sees at info */
     assert_int_equal(found(b, 0, 64, NULL), 64); /* the map was re-read: no MOVED again */
     assert_int_equal(moved_lines, 1);
+    assert_int_equal(moved_info_lines, 1);
     assert_ok(kvt_set_log_handler(NULL, NULL));
     assert_ok(kvt_set_log_level(KVT_LOG_WARN));
     publish(a, 0, 64);
