@@ -664,6 +664,28 @@ kvt_status kvt_server_tier_stats(const char *socket_path, const kvt_geometry *ge
                                  int64_t timeout_ms, kvt_tier_stats *out, uint32_t max,
                                  uint32_t *count);
 
+/* A node server as a whole (kvt_server_info_get; kvtier stats' header). */
+typedef struct kvt_server_info {
+    char version[32];            /* the server's kvt_version_string() */
+    uint32_t pid;
+    uint32_t clients;            /* engine clients attached now (not watchers) */
+    uint32_t max_clients;        /* server_max_clients */
+    uint32_t geometries;         /* tiers it holds now, one per geometry and block size */
+    uint32_t max_geometries;     /* server_max_geometries, resolved */
+    uint32_t metrics_port;       /* its /metrics port, 0 when none */
+    uint32_t quotas;             /* server_quotas rules (kvt_server_quotas) */
+    uint64_t uptime_ms;          /* since kvt_server_create */
+    uint64_t cpu_capacity_bytes; /* cpu_capacity, shared by its geometries */
+} kvt_server_info;
+
+/* The server at socket_path as a whole, in one round trip on a
+ * connection of its own that never attaches (as kvt_server_tier_stats).
+ * timeout_ms (> 0) bounds connecting and the answer. KVT_ECONN: no server
+ * answered in time; KVT_EAUTH, KVT_EVERSION, KVT_EPROTO, KVT_ESYS as for
+ * kvt_client_attach; KVT_EINVAL: a bad argument; KVT_ENOMEM. Thread-safe. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+kvt_status kvt_server_info_get(const char *socket_path, int64_t timeout_ms, kvt_server_info *out);
+
 /* One rule of a node server's server_quotas and its use now
  * (kvt_server_quotas). */
 typedef struct kvt_quota_usage {

@@ -64,7 +64,7 @@ grep -q '^{"socket":"'"$S"'","geometries":\[{"geometry":"g[0-9a-f]\{16\}","num_l
 grep -q '"lookups":0,' "$T/stats.json" &&
 grep -Eq '"cpu_blocks_total":[1-9][0-9]*,' "$T/stats.json" &&
 grep -Eq '"block_bytes":[1-9][0-9]*,' "$T/stats.json" &&
-grep -q '"totals":{"geometries":1,"cpu_bytes_used":0,"cpu_bytes_capacity":[1-9][0-9]*,"lookups":0,.*"hit_rate":0.0000},"quotas":\[{"prefix":"kvtier-","limit_bytes":8388608,"used_bytes":0,"limited_blocks":0,"evicted_blocks":0},{"prefix":"-","limit_bytes":1048576,.*}\]}$' "$T/stats.json" ||
+grep -q '"totals":{"geometries":1,"cpu_bytes_used":0,"cpu_bytes_capacity":[1-9][0-9]*,"lookups":0,.*"hit_rate":0.0000},"quotas":\[{"prefix":"kvtier-","limit_bytes":8388608,"used_bytes":0,"limited_blocks":0,"evicted_blocks":0},{"prefix":"-","limit_bytes":1048576,.*}\],"server":{"version":"[0-9][0-9.]*","pid":'"$SRV"',"uptime_ms":[0-9][0-9]*,"clients":0,"max_clients":64,"geometries":1,"max_geometries":[0-9][0-9]*,"cpu_capacity_bytes":16777216,"metrics_port":0}}$' "$T/stats.json" ||
     { echo "cli_serve: stats --json:"; cat "$T/stats.json"; exit 1; }
 # stats needs only the socket; a geometry given that the server does not
 # hold is an error naming the ones it holds.
@@ -76,6 +76,7 @@ rc=0
 "$K" stats --socket "$S" --watch --count 2 >"$T/watch" 2>&1 ||
     { echo "cli_serve: stats --watch failed"; cat "$T/watch"; exit 1; }
 [ "$(grep -c "^kvtier server $S" "$T/watch")" -eq 2 ] && grep -q "CPU tier" "$T/watch" &&
+[ "$(grep -c "^  server       version [0-9][0-9.]*, pid $SRV, up 0d 00:0[0-9]:[0-5][0-9]; 0 clients attached (of 64); 1 of [0-9]* geometries; CPU tier 16.0 MiB; metrics port none$" "$T/watch")" -eq 2 ] &&
 [ "$(grep -c "^  kvtier-  *0.0 / 8.0 MiB (0.0%); 0 own blocks evicted for room, 0 blocks refused at the quota$" "$T/watch")" -eq 2 ] ||
     { echo "cli_serve: stats --watch --count 2:"; cat "$T/watch"; exit 1; }
 # --watch until SIGINT: exits 0 at once.

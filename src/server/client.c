@@ -1689,10 +1689,11 @@ kvt_status kvt_client_flush(kvt_client *cl, int64_t timeout_ms)
 
 /* One STATS_ALL on a connection of its own: the tiers (of geo, or all)
  * and the quotas, into t and q (room for KVT_SRV_MAX_TIERS and
- * KVT_SRV_MAX_QUOTAS). */
+ * KVT_SRV_MAX_QUOTAS), and the server's own figures into info (NULL: not
+ * kept). */
 static kvt_status stats_all(const char *fn, const char *socket_path, const kvt_geometry *geo,
                             int64_t timeout_ms, kvt_srv_tier *t, uint32_t *n, kvt_srv_quota *q,
-                            uint32_t *nq)
+                            uint32_t *nq, kvt_srv_info *info)
 {
     KVT_CHECK_NOT_NULL(socket_path, fn);
     KVT_CHECK_ARG(timeout_ms > 0, "%s: timeout_ms is %lld; it must be > 0", fn,
@@ -1718,7 +1719,7 @@ static kvt_status stats_all(const char *fn, const char *socket_path, const kvt_g
                        (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
                        p ? (const char *)p : "");
     else if (!st && (st = kvt__srv_tiers_decode(p, h.len, t, KVT_SRV_MAX_TIERS, n, q,
-                                                KVT_SRV_MAX_QUOTAS, nq)))
+                                                KVT_SRV_MAX_QUOTAS, nq, info)))
         kvt__wrap_error(st, fn);
     free(p);
     if (c.fd >= 0) close(c.fd);
@@ -1738,7 +1739,7 @@ kvt_status kvt_server_tier_stats(const char *socket_path, const kvt_geometry *ge
     if (st) return kvt__wrap_error(st, "kvt_server_tier_stats: geo");
     kvt_srv_tier t[KVT_SRV_MAX_TIERS];
     uint32_t n = 0, nq = 0;
-    st = stats_all(fn, socket_path, geo, timeout_ms, t, &n, NULL, &nq);
+    st = stats_all(fn, socket_path, geo, timeout_ms, t, &n, NULL, &nq, NULL);
     if (st) return st;
     for (uint32_t i = 0; i < n && i < max; i++) {
         kvt_tier_stats *o = &out[i];
@@ -1765,7 +1766,7 @@ kvt_status kvt_server_quotas(const char *socket_path, int64_t timeout_ms, kvt_qu
     kvt_srv_tier t[KVT_SRV_MAX_TIERS];
     kvt_srv_quota q[KVT_SRV_MAX_QUOTAS];
     uint32_t n = 0, nq = 0;
-    kvt_status st = stats_all(fn, socket_path, NULL, timeout_ms, t, &n, q, &nq);
+    kvt_status st = stats_all(fn, socket_path, NULL, timeout_ms, t, &n, q, &nq, NULL);
     if (st) return st;
     for (uint32_t i = 0; i < nq && i < max; i++) {
         kvt_quota_usage *o = &out[i];
@@ -1777,5 +1778,29 @@ kvt_status kvt_server_quotas(const char *socket_path, int64_t timeout_ms, kvt_qu
         o->evicted_blocks = q[i].evicted;
     }
     *count = nq;
+    return KVT_OK;
+}
+
+kvt_status kvt_server_info_get(const char *socket_path, int64_t timeout_ms, kvt_server_info *out)
+{
+    static const char fn[] = "kvt_server_info_get";
+    kvt__clear_error();
+    KVT_CHECK_NOT_NULL(out, fn);
+    kvt_srv_tier t[KVT_SRV_MAX_TIERS];
+    uint32_t n = 0, nq = 0;
+    kvt_srv_info in = {0};
+    kvt_status st = stats_all(fn, socket_path, NULL, timeout_ms, t, &n, NULL, &nq, &in);
+    if (st) return st;
+    memset(out, 0, sizeof *out);
+    snprintf(out->version, sizeof out->version, "%s", in.version);
+    out->pid = (uint32_t)in.pid;
+    out->uptime_ms = in.uptime_ms;
+    out->clients = (uint32_t)in.clients;
+    out->max_clients = (uint32_t)in.max_clients;
+    out->geometries = (uint32_t)in.geometries;
+    out->max_geometries = (uint32_t)in.max_geometries;
+    out->cpu_capacity_bytes = in.cpu_capacity;
+    out->metrics_port = (uint32_t)in.metrics_port;
+    out->quotas = nq;
     return KVT_OK;
 }

@@ -666,6 +666,22 @@ static kvt_status on_flush(kvt_srv_conn *c, const uint8_t *p, size_t len)
     return reply(c, KVT_SRV_FLUSH, &b);
 }
 
+/* The server's own figures for STATS_ALL (kvtier stats' header line). */
+static void server_info(kvt_server *s, kvt_srv_info *out)
+{
+    uint64_t clients = 0;
+    pthread_mutex_lock(&s->mu);
+    for (const kvt_srv_conn *c = s->conns; c; c = c->next)
+        clients += c->attached && !c->watcher;
+    pthread_mutex_unlock(&s->mu);
+    *out = (kvt_srv_info){
+        .pid = (uint64_t)getpid(), .uptime_ms = (kvt__now_ns() - s->created_ns) / 1000000,
+        .clients = clients, .max_clients = s->cfg.server_max_clients,
+        .geometries = atomic_load(&s->nshards), .max_geometries = s->max_shards,
+        .cpu_capacity = s->cfg.cpu_capacity, .metrics_port = s->cfg.metrics_port};
+    snprintf(out->version, sizeof out->version, "%s", kvt_version_string());
+}
+
 /* STATS_ALL: every tier's figures (or those of one geometry's tiers),
  * before or after HELLO. Reads only: it never makes a tier, so a watcher
  * that names a geometry the server does not hold learns so (KVT_ENOTFOUND
@@ -713,8 +729,10 @@ static kvt_status on_stats_all(kvt_srv_conn *c, const uint8_t *p, size_t len)
     }
     kvt_srv_quota q[KVT_SRV_MAX_QUOTAS];
     uint32_t nq = kvt__srv_quota_usage(s, q);
+    kvt_srv_info info;
+    server_info(s, &info);
     kvt_srv_buf b = {0};
-    kvt__srv_tiers_encode(&b, t, got, q, nq);
+    kvt__srv_tiers_encode(&b, t, got, q, nq, &info);
     free(t);
     st = reply(c, KVT_SRV_STATS_ALL, &b);
     kvt__srv_buf_free(&b);

@@ -415,8 +415,47 @@ static void quotas_decode(rd *r, kvt_srv_quota *out, uint32_t max, uint32_t *n, 
     *n = count;
 }
 
+enum { INFO_FIELDS = 8 }; /* kvt_srv_info's u64 fields, in order */
+
+static void info_encode(kvt_srv_buf *b, const kvt_srv_info *in)
+{
+    const uint64_t f[INFO_FIELDS] = {in->pid, in->uptime_ms, in->clients, in->max_clients,
+                                     in->geometries, in->max_geometries, in->cpu_capacity,
+                                     in->metrics_port};
+    kvt__srv_put32(b, INFO_FIELDS);
+    for (int k = 0; k < INFO_FIELDS; k++) kvt__srv_put64(b, f[k]);
+    uint32_t len = (uint32_t)strnlen(in->version, KVT_SRV_VERSION_MAX);
+    kvt__srv_put32(b, len);
+    kvt__srv_put_bytes(b, in->version, len);
+}
+
+/* After the quotas; r is left at the end. */
+static void info_decode(rd *r, kvt_srv_info *out)
+{
+    uint32_t nf = get32(r);
+    if (r->bad || nf > 4096) {
+        r->bad = true;
+        return;
+    }
+    uint64_t f[INFO_FIELDS] = {0};
+    for (uint32_t k = 0; k < nf && !r->bad; k++) {
+        uint64_t v = get64(r);
+        if (k < INFO_FIELDS) f[k] = v; /* a newer server's extra fields are skipped */
+    }
+    uint32_t len = get32(r);
+    if (r->bad || len > KVT_SRV_VERSION_MAX) {
+        r->bad = true;
+        return;
+    }
+    const uint8_t *v = get_bytes(r, len);
+    if (r->bad || !out) return;
+    *out = (kvt_srv_info){f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], ""};
+    for (uint32_t i = 0; i < len; i++) /* shown to a person: printable bytes only */
+        out->version[i] = v[i] >= 0x20 && v[i] < 0x7f ? (char)v[i] : '?';
+}
+
 void kvt__srv_tiers_encode(kvt_srv_buf *b, const kvt_srv_tier *t, uint32_t n,
-                           const kvt_srv_quota *q, uint32_t nq)
+                           const kvt_srv_quota *q, uint32_t nq, const kvt_srv_info *info)
 {
     kvt__srv_put32(b, n);
     kvt__srv_put32(b, (uint32_t)(sizeof(kvt_cache_stats) / sizeof(uint64_t)));
@@ -432,10 +471,12 @@ void kvt__srv_tiers_encode(kvt_srv_buf *b, const kvt_srv_tier *t, uint32_t n,
         for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) kvt__srv_put64(b, f[k]);
     }
     quotas_encode(b, q, nq);
+    info_encode(b, info);
 }
 
 kvt_status kvt__srv_tiers_decode(const uint8_t *p, size_t len, kvt_srv_tier *out, uint32_t max,
-                                 uint32_t *n, kvt_srv_quota *qout, uint32_t qmax, uint32_t *nq)
+                                 uint32_t *n, kvt_srv_quota *qout, uint32_t qmax, uint32_t *nq,
+                                 kvt_srv_info *info)
 {
     static const char what[] = "tier stats";
     enum { NF = sizeof(kvt_cache_stats) / sizeof(uint64_t) };
@@ -466,6 +507,7 @@ kvt_status kvt__srv_tiers_decode(const uint8_t *p, size_t len, kvt_srv_tier *out
     quotas_decode(&r, qout, qmax, &quotas, &too_many);
     if (too_many)
         return kvt__fail(KVT_EPROTO, "%s: more than %u quotas", what, KVT_SRV_MAX_QUOTAS);
+    info_decode(&r, info);
     kvt_status st = done(&r, what);
     if (!st) {
         *n = count;

@@ -60,7 +60,12 @@
  *                 u32 tokens_per_page, u32 block_tokens, u32 0,
  *                 u64 bytes_per_token, u64 field[nfields] (kvt_cache_stats order)),
  *                 then u32 nq, nq x (u32 len, prefix bytes padded to 4,
- *                 u64 limit, used, limited, evicted): server_quotas' rules
+ *                 u64 limit, used, limited, evicted): server_quotas' rules,
+ *                 then the server itself: u32 nfields, u64 field[nfields]
+ *                 (kvt_srv_info order: pid, uptime_ms, clients,
+ *                 max_clients, geometries, max_geometries, cpu_capacity,
+ *                 metrics_port; an older reader skips fields it does not
+ *                 know), u32 len, its version string padded to 4
  *   END_SYNC req/rep: as END, for a store planned KVT_REQ_VISIBLE_AT_END
  *                 (the client waits for this answer before it reports the
  *                 store; END's may be reported before the answer comes)
@@ -88,9 +93,10 @@
 #include "kvtier.h"
 
 #define KVT_SRV_MAGIC 0x5354564bu /* "KVTS" */
-#define KVT_SRV_VERSION 5u /* 2: SESSION and PEEK; 3: request form 2 (independent keys);
+#define KVT_SRV_VERSION 6u /* 2: SESSION and PEEK; 3: request form 2 (independent keys);
                             * 4: HELLO's block_tokens (any geometry per client);
-                            * 5: layer checksums in END and in a load's LAUNCH reply.
+                            * 5: layer checksums in END and in a load's LAUNCH reply;
+                            * 6: the server's own figures in STATS_ALL's reply.
                             * A peer of another version is refused with KVT_EVERSION. */
 #define KVT_SRV_HDR 16u
 #define KVT_SRV_REPLY 0x8000u
@@ -244,12 +250,22 @@ typedef struct kvt_srv_quota {
     char prefix[KVT_SRV_QUOTA_PREFIX + 1];
     uint64_t limit, used, limited, evicted;
 } kvt_srv_quota;
+/* Then the server as a whole (kvt_server_info): version, pid, uptime and
+ * the clients attached now (kvtier stats' header line). */
+#define KVT_SRV_VERSION_MAX 31 /* bytes of the version string on the wire */
+typedef struct kvt_srv_info {
+    uint64_t pid, uptime_ms, clients, max_clients, geometries, max_geometries, cpu_capacity,
+        metrics_port;
+    char version[KVT_SRV_VERSION_MAX + 1];
+} kvt_srv_info;
 void kvt__srv_tiers_encode(kvt_srv_buf *b, const kvt_srv_tier *t, uint32_t n,
-                           const kvt_srv_quota *q, uint32_t nq);
+                           const kvt_srv_quota *q, uint32_t nq, const kvt_srv_info *info);
 /* Writes min(n, max) tiers to out, *n the count the reply holds; the
- * same for the quotas (qout NULL: not kept). */
+ * same for the quotas (qout NULL: not kept); the server's own figures
+ * into info (NULL: not kept). */
 kvt_status kvt__srv_tiers_decode(const uint8_t *p, size_t len, kvt_srv_tier *out, uint32_t max,
-                                 uint32_t *n, kvt_srv_quota *qout, uint32_t qmax, uint32_t *nq);
+                                 uint32_t *n, kvt_srv_quota *qout, uint32_t qmax, uint32_t *nq,
+                                 kvt_srv_info *info);
 
 /* CLEAR: a namespace (ns points into p). */
 kvt_status kvt__srv_clear_encode(kvt_srv_buf *b, const void *ns, uint32_t ns_len);

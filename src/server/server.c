@@ -595,6 +595,7 @@ kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_
     kvt_server *s = calloc(1, sizeof *s);
     if (!s) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
     s->listen_fd = s->lock_fd = s->stop_pipe[0] = s->stop_pipe[1] = -1;
+    s->created_ns = kvt__now_ns();
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->shard_mu, NULL);
     pthread_mutex_init(&s->hooks_mu, NULL);

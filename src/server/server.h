@@ -174,6 +174,7 @@ struct kvt_server {
     uint8_t *secret;     /* server_secret_file's bytes (sodium_malloc), or NULL */
     size_t secret_len;
     atomic_int state; /* 0 created, 1 running, 2 stopped */
+    uint64_t created_ns; /* kvt__now_ns() at create: the uptime kvtier stats shows */
     pthread_mutex_t mu; /* guards conns and fences */
     kvt_srv_conn *conns;
     uint32_t nconns;

@@ -99,9 +99,12 @@ static void tiers(const uint8_t *p, size_t n)
 {
     kvt_srv_tier t[4];
     kvt_srv_quota q[4];
+    kvt_srv_info info;
     uint32_t count = 0, nq = 0;
-    if (kvt__srv_tiers_decode(p, n, t, 4, &count, q, 4, &nq) != KVT_OK) return;
+    if (kvt__srv_tiers_decode(p, n, t, 4, &count, q, 4, &nq, &info) != KVT_OK) return;
     assert(count <= KVT_SRV_MAX_TIERS && nq <= KVT_SRV_MAX_QUOTAS);
+    assert(strlen(info.version) <= KVT_SRV_VERSION_MAX);
+    for (const char *v = info.version; *v; v++) assert(*v >= 0x20 && *v < 0x7f);
     for (uint32_t i = 0; i < nq && i < 4; i++) assert(strlen(q[i].prefix) <= KVT_SRV_QUOTA_PREFIX);
 }
 

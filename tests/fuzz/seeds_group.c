@@ -263,7 +263,10 @@ static void server_seeds(seeds *s)
     kvt_srv_buf a = {0};
     uint8_t all[1 + 512] = {10};
     kvt_srv_quota quota = {.prefix = "tenant-a", .limit = 1 << 20, .used = 4096, .limited = 1};
-    kvt__srv_tiers_encode(&a, &t, 1, &quota, 1);
+    kvt_srv_info info = {.pid = 42, .uptime_ms = 1000, .clients = 2, .max_clients = 64,
+                         .geometries = 1, .max_geometries = 4, .cpu_capacity = 1 << 30,
+                         .version = "0.1.0"};
+    kvt__srv_tiers_encode(&a, &t, 1, &quota, 1, &info);
     if (a.oom || a.len > sizeof all - 1) s->bad++;
     else memcpy(all + 1, a.p, a.len);
     emit(s, "fuzz_server_proto", "tiers", all, 1 + a.len);

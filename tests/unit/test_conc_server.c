@@ -3059,9 +3059,27 @@ static void test_tier_stats_read_only(void **state)
     assert_non_null(strstr(kvt_last_error(), "it holds: none"));
     assert_ok(kvt_server_tier_stats(path, NULL, TIMEOUT_MS, t, 4, &n));
     assert_int_equal(n, 0); /* the question made no tier */
+    /* The server as a whole (kvtier stats' header): asking attaches no
+     * client either. */
+    kvt_server_info si;
+    assert_ok(kvt_server_info_get(path, TIMEOUT_MS, &si));
+    assert_string_equal(si.version, KVT_VERSION_STRING);
+    assert_int_equal(si.pid, srv);
+    assert_int_equal(si.clients, 0);
+    assert_int_equal(si.geometries, 0);
+    assert_true(si.max_clients >= 1 && si.max_geometries >= 2 && si.cpu_capacity_bytes > 0);
+    uint64_t up0 = si.uptime_ms;
+    assert_true(up0 < 600000);
     engine a, b;
     assert_ok(engine_open(&a, path, 2));
     assert_ok(engine_open(&b, path, 4));
+    assert_ok(kvt_server_info_get(path, TIMEOUT_MS, &si));
+    assert_int_equal(si.clients, 2);
+    assert_int_equal(si.geometries, 2);
+    assert_true(si.uptime_ms >= up0);
+    assert_status(kvt_server_info_get(path, 0, &si), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "kvt_server_info_get: timeout_ms is 0"));
+    assert_status(kvt_server_info_get(path, TIMEOUT_MS, NULL), KVT_EINVAL);
     uint32_t tokens[NTOK], stored = 0;
     kvt_request r;
     request(&r, tokens, 61);
