@@ -4,7 +4,8 @@
  *   kvtier pd prefill --bootstrap-port P [--tp N --rank R] [--tokens T] [--room ID] [--model M]
  *   kvtier pd decode  --bootstrap-port P [--tp N --rank R --dcp N --dcp-rank R] [--tokens T] [--room ID]
  * prefill fills the request's KV and sends it; decode receives it and
- * verifies every byte. --secret S (16+ bytes) on all three turns on the
+ * verifies every byte. --secret S (16+ bytes), or --secret-file F (the
+ * same bytes from a file, so they do not show in ps), on all three turns on the
  * HMAC challenge; --transport ucx moves the data over UCX; --json prints
  * one JSON object per end for scripts. Exit code 0 on Success. */
 #include <stdbool.h>
@@ -16,11 +17,15 @@
 #include "cli_util.h"
 #include "cmds.h"
 #include "kvtier.h"
+#include "server/auth.h"
 #include "util/clock.h"
 #include "util/file.h"
 
 typedef struct pd_opts {
-    const char *host, *secret, *model;
+    const char *host, *model;
+    const uint8_t *secret; /* --secret's bytes, or --secret-file's (in file_secret) */
+    size_t secret_len;
+    uint8_t *file_secret;  /* kvt__srv_secret_load's, freed at the end */
     unsigned port, bport, tp, rank, dcp, dcp_rank, tokens, tpp;
     unsigned long long room;
     int seconds;
@@ -47,6 +52,7 @@ static int usage(FILE *to)
             "  --dcp/--dcp-rank  decode context parallelism (MLA models; default 1, 0)\n"
             "  --host H      bind / bootstrap address (default 127.0.0.1)\n"
             "  --secret S    shared secret (16+ bytes) on every end: peers must prove it\n"
+            "  --secret-file F  the same, read from file F (16..1024 bytes; not shown by ps)\n"
             "                (required when --host is not a 127.x address, unless --insecure)\n"
             "  --insecure    bootstrap/prefill: listen beyond loopback without a secret\n"
             "  --transport T tcp (default) or ucx (UCX_TLS etc. from the environment)\n"
@@ -73,7 +79,7 @@ static int number(const char *opt, const char *v, unsigned long long lo, unsigne
 
 static int parse(int argc, char **argv, pd_opts *o)
 {
-    static const char *const takes_value[] = {"--host", "--transport", "--secret", "--model",
+    static const char *const takes_value[] = {"--host", "--transport", "--secret", "--secret-file", "--model",
         "--port", "--bootstrap-port", "--tp", "--rank", "--dcp", "--dcp-rank", "--tokens", "--page",
         "--room", "--seconds", NULL};
     *o = (pd_opts){.model = "tiny", .tp = 1, .dcp = 1, .tokens = 1000, .tpp = 16, .room = 1, .seconds = 60};
@@ -94,7 +100,13 @@ static int parse(int argc, char **argv, pd_opts *o)
             o->transport = !strcmp(v, "ucx") ? KVT_PD_UCX : KVT_PD_TCP;
         else if (!strcmp(a, "--transport"))
             return fprintf(stderr, "kvtier pd: --transport is \"%s\"; use tcp or ucx\n", v), -1;
-        else if (!strcmp(a, "--secret")) o->secret = v;
+        else if (!strcmp(a, "--secret") || !strcmp(a, "--secret-file")) {
+            if (o->secret) return fprintf(stderr, "kvtier pd: give one of --secret and --secret-file\n"), -1;
+            if (!strcmp(a, "--secret")) o->secret = (const uint8_t *)v, o->secret_len = strlen(v);
+            else if (kvt__srv_secret_load(v, "kvtier pd: --secret-file", &o->file_secret, &o->secret_len))
+                return fprintf(stderr, "%s\n", kvt_last_error()), -1;
+            else o->secret = o->file_secret;
+        }
         else if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--port")) { if (number(a, v, 0, 65535, &x)) return -1; o->port = (unsigned)x; }
         else if (!strcmp(a, "--bootstrap-port")) { if (number(a, v, 1, 65535, &x)) return -1; o->bport = (unsigned)x; }
@@ -116,7 +128,7 @@ static int parse(int argc, char **argv, pd_opts *o)
 static kvt_pd_net_params net_of(const pd_opts *o)
 {
     return (kvt_pd_net_params){.bind_host = o->host, .port = (uint16_t)o->port, .secret = o->secret,
-                               .secret_len = o->secret ? strlen(o->secret) : 0, .transport = o->transport,
+                               .secret_len = o->secret_len, .transport = o->transport,
                                .allow_insecure = o->insecure};
 }
 
@@ -124,7 +136,8 @@ static int fail(const char *what)
 {
     fprintf(stderr, "kvtier pd: %s: %s\n", what, kvt_last_error());
     if (strstr(kvt_last_error(), "allow_insecure")) /* the library names its field; say the options */
-        fprintf(stderr, "kvtier pd: here: --secret S (16+ bytes, on every end) or --insecure\n");
+        fprintf(stderr, "kvtier pd: here: --secret S or --secret-file F (16+ bytes, on every end) "
+                        "or --insecure\n");
     return 1;
 }
 
@@ -334,10 +347,14 @@ int kvt_cmd_pd(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
         return usage(argc < 2 ? stderr : stdout);
     int rc = parse(argc, argv, &o);
-    if (rc) return rc > 0 ? 0 : 2;
-    if (!strcmp(argv[1], "bootstrap")) return run_bootstrap(&o);
-    if (!strcmp(argv[1], "prefill")) return run_end(&o, 1);
-    if (!strcmp(argv[1], "decode")) return run_end(&o, 0);
-    fprintf(stderr, "kvtier pd: unknown role \"%s\"\n", argv[1]);
-    return 2;
+    if (rc) rc = rc > 0 ? 0 : 2; /* --help, or a usage error */
+    else if (!strcmp(argv[1], "bootstrap")) rc = run_bootstrap(&o);
+    else if (!strcmp(argv[1], "prefill")) rc = run_end(&o, 1);
+    else if (!strcmp(argv[1], "decode")) rc = run_end(&o, 0);
+    else {
+        fprintf(stderr, "kvtier pd: unknown role \"%s\"\n", argv[1]);
+        rc = 2;
+    }
+    if (o.file_secret) kvt__srv_secret_free(o.file_secret, o.secret_len);
+    return rc;
 }

@@ -139,8 +139,34 @@ static void print_quotas(const kvt_quota_usage *q, uint32_t nq, bool json)
     if (json) printf("]");
 }
 
+/* The server as a whole: one line under the header, or "server":{...}. */
+static void print_server(const kvt_server_info *in, bool json)
+{
+    if (json) {
+        printf(",\"server\":{\"version\":");
+        json_str(in->version);
+        printf(",\"pid\":%u,\"uptime_ms\":%llu,\"clients\":%u,\"max_clients\":%u,"
+               "\"geometries\":%u,\"max_geometries\":%u,\"cpu_capacity_bytes\":%llu,"
+               "\"metrics_port\":%u}", in->pid, (unsigned long long)in->uptime_ms, in->clients,
+               in->max_clients, in->geometries, in->max_geometries,
+               (unsigned long long)in->cpu_capacity_bytes, in->metrics_port);
+        return;
+    }
+    uint64_t s = in->uptime_ms / 1000;
+    char port[24] = "none";
+    if (in->metrics_port) snprintf(port, sizeof port, "%u", in->metrics_port);
+    printf("  server       version %s, pid %u, up %llud %02llu:%02llu:%02llu; %u client%s "
+           "attached (of %u); %u of %u geometries; CPU tier %.1f MiB; metrics port %s\n",
+           in->version, in->pid, (unsigned long long)(s / 86400),
+           (unsigned long long)(s / 3600 % 24), (unsigned long long)(s / 60 % 60),
+           (unsigned long long)(s % 60), in->clients, in->clients == 1 ? "" : "s",
+           in->max_clients, in->geometries, in->max_geometries,
+           (double)in->cpu_capacity_bytes / (1024.0 * 1024.0), port);
+}
+
 static void print_json(const char *sock, const kvt_tier_stats *t, uint32_t n,
-                       const kvt_cache_stats *tot, const kvt_quota_usage *q, uint32_t nq)
+                       const kvt_cache_stats *tot, const kvt_quota_usage *q, uint32_t nq,
+                       const kvt_server_info *info)
 {
     json_open(sock);
     printf(",\"geometries\":[");
@@ -159,6 +185,7 @@ static void print_json(const char *sock, const kvt_tier_stats *t, uint32_t n,
     print_fields(tot, true);
     printf("}");
     print_quotas(q, nq, true);
+    print_server(info, true);
     printf("}\n");
 }
 
@@ -217,7 +244,7 @@ static void print_section(const kvt_cache_stats *s, const kvt_tier_stats *tiers,
 /* A section per geometry, then the totals when there are several (or none). */
 static void print_text(const char *sock, const kvt_tier_stats *t, uint32_t n,
                        const kvt_cache_stats *tot, const kvt_quota_usage *q, uint32_t nq,
-                       bool watch)
+                       const kvt_server_info *info, bool watch)
 {
     if (watch && isatty(STDOUT_FILENO)) printf("\033[H\033[2J");
     time_t now = time(NULL);
@@ -225,6 +252,7 @@ static void print_text(const char *sock, const kvt_tier_stats *t, uint32_t n,
     char ts[32];
     strftime(ts, sizeof ts, "%H:%M:%S", localtime_r(&now, &tm));
     printf("kvtier server %s  %s  (%u geometr%s)\n", sock, ts, n, n == 1 ? "y" : "ies");
+    print_server(info, false);
     if (n == 0) printf("  no tier yet: the server serves any geometry and no client attached yet\n");
     for (uint32_t i = 0; i < n; i++) {
         printf("geometry %s: %u layers, %llu bytes per token, %u tokens per page, block_tokens %u\n",
@@ -276,12 +304,14 @@ int kvt_cmd_stats(int argc, char **argv)
     struct timespec t_prev = {0, 0};
     static kvt_tier_stats tiers[64];
     static kvt_quota_usage quotas[32];
+    kvt_server_info info;
     for (uint64_t n = 0; !cli_stop;) {
         uint32_t held = 0, nq = 0;
         struct timespec t_now;
         /* A read of its own each report: nothing attaches, no tier is made. */
         st = kvt_server_tier_stats(sock, geo, (int64_t)timeout, tiers, 64, &held);
         if (!st) st = kvt_server_quotas(sock, (int64_t)timeout, quotas, 32, &nq);
+        if (!st) st = kvt_server_info_get(sock, (int64_t)timeout, &info);
         if (nq > 32) nq = 32;
         if (st && (!watch || st != KVT_ECONN)) {
             rc = demo_error(sock, st);
@@ -300,9 +330,9 @@ int kvt_cmd_stats(int argc, char **argv)
             }
             have_prev = false;
         } else if (json) {
-            print_json(sock, tiers, held, &tot, quotas, nq);
+            print_json(sock, tiers, held, &tot, quotas, nq, &info);
         } else {
-            print_text(sock, tiers, held, &tot, quotas, nq, watch);
+            print_text(sock, tiers, held, &tot, quotas, nq, &info, watch);
             if (watch)
                 print_rates(&tot, have_prev ? &prev : NULL,
                             (double)(t_now.tv_sec - t_prev.tv_sec) +
