@@ -212,6 +212,7 @@ _PROTOS = {
     "kvt_server_tier_stats": (_st, [c_char_p, _H, c_int64, c_void_p, c_uint32,
                                     POINTER(c_uint32)]),
     "kvt_server_quotas": (_st, [c_char_p, c_int64, c_void_p, c_uint32, POINTER(c_uint32)]),
+    "kvt_server_info_get": (_st, [c_char_p, c_int64, c_void_p]),
     "kvt_client_clear": (_st, [_H, c_void_p, c_uint32, POINTER(c_uint32), POINTER(c_uint32)]),
     "kvt_emu_create": (_st, [_PH, _H, c_uint32]),
     "kvt_emu_destroy": (None, [_H]),
@@ -352,7 +353,16 @@ class TierStats(Structure):
                 ("stats", c_uint64 * (lib.kvt_abi_struct_size(b"kvt_cache_stats") // 8))]
 
 
-for _cname, _pyt in (("kvt_quota_usage", QuotaUsage), ("kvt_tier_stats", TierStats)):
+class ServerInfo(Structure):
+    """kvt_server_info: a node server as a whole (kvtier stats' header)."""
+    _fields_ = [("version", ctypes.c_char * 32), ("pid", c_uint32), ("clients", c_uint32),
+                ("max_clients", c_uint32), ("geometries", c_uint32),
+                ("max_geometries", c_uint32), ("metrics_port", c_uint32), ("quotas", c_uint32),
+                ("uptime_ms", c_uint64), ("cpu_capacity_bytes", c_uint64)]
+
+
+for _cname, _pyt in (("kvt_quota_usage", QuotaUsage), ("kvt_tier_stats", TierStats),
+                     ("kvt_server_info", ServerInfo)):
     if lib.kvt_abi_struct_size(_cname.encode()) != ctypes.sizeof(_pyt):
         raise ImportError("kvtier: %s has sizeof(%s) = %d but this binding expects %d"
                           % (LIB_PATH, _cname, lib.kvt_abi_struct_size(_cname.encode()),

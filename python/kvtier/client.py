@@ -346,6 +346,20 @@ def server_tiers(socket, geometry=None, timeout=5.0):
     return out
 
 
+def server_info(socket, timeout=5.0):
+    """The node server at ``socket`` as a whole (kvt_server_info_get), on a
+    connection that never attaches: a dict of ``version``, ``pid``,
+    ``uptime_ms``, ``clients`` (engine clients attached now),
+    ``max_clients``, ``geometries``, ``max_geometries``,
+    ``cpu_capacity_bytes``, ``metrics_port`` (0: none) and ``quotas``."""
+    path = socket.encode() if isinstance(socket, str) else socket
+    info = _lib.ServerInfo()
+    check(lib.kvt_server_info_get(path, timeout_ms(timeout), ctypes.byref(info)))
+    out = {name: getattr(info, name) for name, _ in _lib.ServerInfo._fields_}
+    out["version"] = info.version.decode("utf-8", "replace")
+    return out
+
+
 def server_quotas(socket, timeout=5.0):
     """The server_quotas rules of the node server at ``socket`` and their
     use now (kvt_server_quotas): one dict per rule (``prefix``,

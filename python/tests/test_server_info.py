@@ -1,5 +1,5 @@
-"""kvtier.server_tiers and kvtier.server_quotas: a node server's per-geometry
-tiers and its quota rules, read from Python on a connection that never
+"""kvtier.server_tiers, kvtier.server_quotas and kvtier.server_info: a node
+server's per-geometry tiers, its quota rules and the server as a whole, read from Python on a connection that never
 attaches (as `kvtier stats` reads them). A store through one client shows
 in its geometry's tier and in its namespace's quota; a geometry the server
 does not hold is NotFound naming the ids it holds; a server without quotas
@@ -48,6 +48,12 @@ class ServerInfo(unittest.TestCase):
 
     def test_tiers_and_quotas_after_a_store(self):
         self.assertEqual(kvtier.server_tiers(self.sock), [])
+        info = kvtier.server_info(self.sock)
+        self.assertEqual(info["version"], kvtier.version())
+        self.assertEqual(info["pid"], self.srv.pid)
+        self.assertEqual((info["clients"], info["geometries"], info["quotas"]), (0, 0, 2))
+        self.assertGreater(info["max_clients"], 0)
+        self.assertGreater(info["cpu_capacity_bytes"], 0)
         geo = kvtier.Geometry.preset("tiny", 16, 1)
         stored = self.store(geo, "tenant")
         tiers = kvtier.server_tiers(self.sock)
@@ -71,6 +77,7 @@ class ServerInfo(unittest.TestCase):
         # a second geometry: a second tier, listed beside the first
         self.store(other, "other")
         self.assertEqual(len(kvtier.server_tiers(self.sock)), 2)
+        self.assertEqual(kvtier.server_info(self.sock)["geometries"], 2)
         self.assertGreater({q["prefix"]: q for q in kvtier.server_quotas(self.sock)}["*"]
                            ["used_bytes"], 0)
 
@@ -78,6 +85,9 @@ class ServerInfo(unittest.TestCase):
         stop_server(self.srv)
         with self.assertRaises(kvtier.ConnectionFailure) as e:
             kvtier.server_quotas(self.sock, timeout=0.5)
+        self.assertIn(self.sock, str(e.exception))
+        with self.assertRaises(kvtier.ConnectionFailure) as e:
+            kvtier.server_info(self.sock, timeout=0.5)
         self.assertIn(self.sock, str(e.exception))
         with self.assertRaises(ValueError):
             kvtier.server_tiers(self.sock, geometry="tiny")

@@ -80,6 +80,7 @@ size_t kvt_abi_struct_size(const char *name)
         KVT_ABI_(kvt_pd_net_params), KVT_ABI_(kvt_pd_rank),        KVT_ABI_(kvt_pd_params),
         KVT_ABI_(kvt_pd_room_params), KVT_ABI_(kvt_pd_room_info),  KVT_ABI_(kvt_pd_bootstrap_stats),
         KVT_ABI_(kvt_tier_stats),    KVT_ABI_(kvt_quota_usage),    KVT_ABI_(kvt_cluster_counters),
+        KVT_ABI_(kvt_server_info),
     };
 #undef KVT_ABI_
     if (!name) return 0;
