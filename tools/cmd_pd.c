@@ -263,11 +263,18 @@ static int run_end(const pd_opts *o, int prefill)
 {
     kvt_geometry *g = NULL;
     kvt_emu *emu = NULL;
+    kvt_pd_sender *s = NULL;
+    kvt_pd_receiver *r = NULL;
     if (kvt_geometry_preset(&g, o->model, o->tpp, o->tp)) return fail("geometry");
     uint32_t local = prefill ? o->tokens : (o->tokens - o->dcp_rank + o->dcp - 1) / o->dcp;
     uint32_t np = (local + o->tpp - 1) / o->tpp, *pages = calloc(np + 1, sizeof *pages);
-    for (uint32_t i = 0; i < np; i++) pages[i] = i;
     uint32_t *tok = calloc(o->tokens, sizeof *tok);
+    int rc = 1;
+    if (!pages || !tok) {
+        fprintf(stderr, "kvtier pd: out of memory for %u tokens\n", o->tokens);
+        goto out;
+    }
+    for (uint32_t i = 0; i < np; i++) pages[i] = i;
     for (uint32_t i = 0; i < o->tokens; i++) tok[i] = i * 2654435761u % 128000;
     kvt_request req = {tok, o->tokens, NULL, 0};
     /* The emulated engine holds the whole prompt: refuse what the machine
@@ -280,49 +287,56 @@ static int run_end(const pd_opts *o, int prefill)
         fprintf(stderr, "kvtier pd: %u tokens of %s at tp %u need %llu bytes of emulated engine "
                 "memory; this machine can give %llu now: lower --tokens\n", o->tokens, o->model,
                 o->tp, (unsigned long long)need, (unsigned long long)avail);
-        free(tok);
-        free(pages);
-        kvt_geometry_destroy(g);
-        return 1;
+        goto out;
     }
     uint64_t deadline = kvt__deadline_ns((int64_t)o->seconds * 1000);
     kvt_engine_memory mem;
-    if (kvt_emu_create(&emu, g, np + 1) || kvt_emu_memory(emu, &mem)) return fail("engine");
+    if (kvt_emu_create(&emu, g, np + 1) || kvt_emu_memory(emu, &mem)) {
+        rc = fail("engine");
+        goto out;
+    }
     /* A TP rank of an MHA/GQA model holds its slice of the heads; MLA is
      * replicated, so every rank holds head 0. */
     uint32_t replicas;
-    if (set_heads(emu, g, o, &replicas)) return fail("geometry");
+    if (set_heads(emu, g, o, &replicas)) {
+        rc = fail("geometry");
+        goto out;
+    }
     kvt_pd_params p = {.net = net_of(o), .bootstrap_host = o->host, .bootstrap_port = (uint16_t)o->bport,
                        .rank = {o->tp, o->rank, o->dcp, o->dcp_rank, replicas}, .geo = g, .mem = &mem,
                        .connect_timeout_ms = (uint32_t)o->seconds * 1000};
     kvt_pd_poll st = KVT_PD_FAILED;
-    int rc = 1;
     if (prefill) {
-        kvt_pd_sender *s;
         kvt_emu_fill(emu, &req, 0, o->tokens, pages, np);
         if (kvt__now_ns() > deadline) {
             fprintf(stderr, "kvtier pd prefill: --seconds (%d) ran out while filling %u tokens\n",
                     o->seconds, o->tokens);
-            kvt_emu_destroy(emu);
-            free(tok);
-            free(pages);
-            kvt_geometry_destroy(g);
-            return 1;
+            goto out;
         }
-        if (kvt_pd_sender_create(&s, &p)) return fail("prefill");
-        if (kvt_pd_sender_room(s, o->room) || kvt_pd_sender_send(s, o->room, pages, np, o->tokens)) return fail("send");
+        if (kvt_pd_sender_create(&s, &p)) {
+            rc = fail("prefill");
+            goto out;
+        }
+        if (kvt_pd_sender_room(s, o->room) || kvt_pd_sender_send(s, o->room, pages, np, o->tokens)) {
+            rc = fail("send");
+            goto out;
+        }
         end_result e = wait_room(s, poll_sender, o, "prefill");
         kvt_pd_room_info info = {0};
         kvt_pd_room_info_get(s, NULL, o->room, &info);
         st = e.state;
         report(o, "prefill", e, info.bytes, -1, info.message);
         rc = st != KVT_PD_SUCCESS;
-        kvt_pd_sender_destroy(s);
     } else {
-        kvt_pd_receiver *r;
-        if (kvt_pd_receiver_create(&r, &p)) return fail("decode");
+        if (kvt_pd_receiver_create(&r, &p)) {
+            rc = fail("decode");
+            goto out;
+        }
         kvt_pd_room_params rp = {pages, np, o->tokens, 0};
-        if (kvt_pd_receiver_room(r, o->room, &rp)) return fail("room");
+        if (kvt_pd_receiver_room(r, o->room, &rp)) {
+            rc = fail("room");
+            goto out;
+        }
         end_result e = wait_room(r, poll_receiver, o, "decode");
         st = e.state;
         kvt_pd_room_info info = {0};
@@ -332,8 +346,10 @@ static int run_end(const pd_opts *o, int prefill)
         else if (st == KVT_PD_SUCCESS) v.mismatches = verify_dcp(emu, g, &req, o, &mem, pages, local);
         report(o, "decode", e, info.bytes, st == KVT_PD_SUCCESS ? (long long)v.mismatches : -1, info.message);
         rc = st != KVT_PD_SUCCESS || v.mismatches;
-        kvt_pd_receiver_destroy(r);
     }
+out: /* every exit: a failed end leaks nothing (cli_pd.sh runs them under ASan) */
+    kvt_pd_sender_destroy(s);
+    kvt_pd_receiver_destroy(r);
     kvt_emu_destroy(emu);
     kvt_geometry_destroy(g);
     free(pages);
