@@ -12,15 +12,20 @@ BS=
 BS2=
 trap '[ -n "$BS" ] && kill "$BS" 2>/dev/null; [ -n "$BS2" ] && kill "$BS2" 2>/dev/null; rm -rf "$T"' EXIT
 export KVTIER_PD_QUIET=1 UCX_TLS=${UCX_TLS:-tcp}
+# bootstrap_port OUT: the port of the bootstrap writing OUT, once it
+# listens (10 s).
+bootstrap_port() {
+    i=0
+    until grep -q listening "$1" 2>/dev/null; do
+        i=$((i + 1))
+        [ $i -lt 100 ] || { echo "cli_pd: the bootstrap did not start:" >&2; cat "$1" >&2; exit 1; }
+        sleep 0.1
+    done
+    sed -n 's/.*127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$1"
+}
 "$K" pd bootstrap --port 0 --seconds 120 >"$T/bs" &
 BS=$!
-i=0
-until grep -q listening "$T/bs" 2>/dev/null; do
-    i=$((i + 1))
-    [ $i -lt 100 ] || { echo "cli_pd: the bootstrap did not start"; exit 1; }
-    sleep 0.1
-done
-PORT=$(sed -n 's/.*127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$T/bs")
+PORT=$(bootstrap_port "$T/bs")
 PIDS=
 for r in 0 1; do
     "$K" pd prefill --bootstrap-port "$PORT" --tp 2 --rank $r --transport "$TRANSPORT" --seconds 60 --json >"$T/p$r" &
@@ -55,13 +60,7 @@ head -c 32 /dev/urandom >"$T/other"
 head -c 8 /dev/urandom >"$T/short"
 "$K" pd bootstrap --port 0 --seconds 120 --secret-file "$T/sec" >"$T/bs2" &
 BS2=$!
-i=0
-until grep -q listening "$T/bs2" 2>/dev/null; do
-    i=$((i + 1))
-    [ $i -lt 100 ] || { echo "cli_pd: the secured bootstrap did not start"; exit 1; }
-    sleep 0.1
-done
-P2=$(sed -n 's/.*127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$T/bs2")
+P2=$(bootstrap_port "$T/bs2")
 "$K" pd prefill --bootstrap-port "$P2" --secret-file "$T/sec" --transport "$TRANSPORT" --seconds 60 --json >"$T/sp" &
 SP=$!
 "$K" pd decode --bootstrap-port "$P2" --secret-file "$T/sec" --page 4 --transport "$TRANSPORT" --seconds 60 --json >"$T/sd" || rc=1
