@@ -708,6 +708,26 @@ typedef struct kvt_quota_usage {
 kvt_status kvt_server_quotas(const char *socket_path, int64_t timeout_ms, kvt_quota_usage *out,
                              uint32_t max, uint32_t *count);
 
+/* The three readings above as one (kvtier stats' report): the server's
+ * own figures, its tiers (of geo, or all, as kvt_server_tier_stats) and
+ * its quota rules, from one STATS_ALL round trip on a connection of its
+ * own that never attaches, so they agree with each other (info->geometries
+ * counts every tier, geo or not; info->quotas equals *quota_count). Each
+ * part is optional: info NULL, or an array NULL with its max 0 (its count
+ * may then be NULL too). Writes min(*tier_count, max_tiers) tiers and
+ * min(*quota_count, max_quotas) rules; the counts get how many the server
+ * has. timeout_ms (> 0) bounds connecting (a server not listening yet is
+ * waited for) and the answer. KVT_ENOTFOUND: geo given and the server
+ * holds none of its tiers (the message names the ids it holds);
+ * KVT_ECONN: no server answered in time; KVT_EAUTH, KVT_EVERSION,
+ * KVT_EPROTO, KVT_ESYS as for kvt_client_attach; KVT_EINVAL,
+ * KVT_EGEOMETRY: a bad argument or geo; KVT_ENOMEM. Thread-safe. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_EGEOMETRY, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
+kvt_status kvt_server_snapshot(const char *socket_path, const kvt_geometry *geo,
+                               int64_t timeout_ms, kvt_server_info *info, kvt_tier_stats *tiers,
+                               uint32_t max_tiers, uint32_t *tier_count, kvt_quota_usage *quotas,
+                               uint32_t max_quotas, uint32_t *quota_count);
+
 /* ------------------------------------------------------------------ */
 /* Cluster tier (docs/cluster.md)                                     */
 /* ------------------------------------------------------------------ */

@@ -1,6 +1,6 @@
 /* cmd_stats.c - `kvtier stats --socket PATH [--json] [--watch [--count N]]`:
  * the figures of a running `kvtier serve`, one section per geometry's tier
- * and the totals (kvt_server_tier_stats). It never attaches, so it makes
+ * and the totals (kvt_server_snapshot). It never attaches, so it makes
  * no tier: --model/--tp/--page name a geometry whose tiers to show, and one
  * the server does not hold is an error naming the ones it does. --watch redraws
  * every second like top until SIGINT/SIGTERM or --count frames. Exit 0, 1
@@ -308,10 +308,10 @@ int kvt_cmd_stats(int argc, char **argv)
     for (uint64_t n = 0; !cli_stop;) {
         uint32_t held = 0, nq = 0;
         struct timespec t_now;
-        /* A read of its own each report: nothing attaches, no tier is made. */
-        st = kvt_server_tier_stats(sock, geo, (int64_t)timeout, tiers, 64, &held);
-        if (!st) st = kvt_server_quotas(sock, (int64_t)timeout, quotas, 32, &nq);
-        if (!st) st = kvt_server_info_get(sock, (int64_t)timeout, &info);
+        /* One reading each report (one round trip, so the header, tiers
+         * and quotas agree): nothing attaches, no tier is made. */
+        st = kvt_server_snapshot(sock, geo, (int64_t)timeout, &info, tiers, 64, &held, quotas, 32,
+                                 &nq);
         if (nq > 32) nq = 32;
         if (st && (!watch || st != KVT_ECONN)) {
             rc = demo_error(sock, st);

@@ -21,7 +21,7 @@ this package, else the system loader. Timeouts are seconds (>= 0).
 """
 from ._lib import LIB_PATH, lib as _clib, cstr as _cstr
 from .cache import PAGE_SKIP, TASK_LOAD, TASK_STORE, Cache, Match, StorePlan, TaskResult
-from .client import Client, server_info, server_quotas, server_tiers
+from .client import Client, server_info, server_quotas, server_snapshot, server_tiers
 from .config import LAYER_FIRST, PAGE_FIRST, Config, Geometry, options
 from .connector import (EV_LOAD, EV_LOAD_DONE, EV_RESET, EV_STORE, EV_STORE_DONE,
                         Connector, Event)

@@ -213,6 +213,8 @@ _PROTOS = {
                                     POINTER(c_uint32)]),
     "kvt_server_quotas": (_st, [c_char_p, c_int64, c_void_p, c_uint32, POINTER(c_uint32)]),
     "kvt_server_info_get": (_st, [c_char_p, c_int64, c_void_p]),
+    "kvt_server_snapshot": (_st, [c_char_p, _H, c_int64, c_void_p, c_void_p, c_uint32,
+                                  POINTER(c_uint32), c_void_p, c_uint32, POINTER(c_uint32)]),
     "kvt_client_clear": (_st, [_H, c_void_p, c_uint32, POINTER(c_uint32), POINTER(c_uint32)]),
     "kvt_emu_create": (_st, [_PH, _H, c_uint32]),
     "kvt_emu_destroy": (None, [_H]),

@@ -326,6 +326,34 @@ def _read_all(fn, what, struct, args, max_entries):
     raise KvtierError(STATUS["EFULL"], "%s: the server's list kept growing" % what)
 
 
+def _path(socket):
+    return socket.encode() if isinstance(socket, str) else socket
+
+
+def _check_geometry(fn, geometry):
+    if geometry is not None and not isinstance(geometry, Geometry):
+        raise invalid("%s: geometry must be a kvtier.Geometry or None" % fn)
+
+
+def _tier_dict(t):
+    stats = {k: t.stats[i] for i, k in enumerate(_lib.STATS_FIELDS) if i < len(t.stats)}
+    return {"geometry": t.geometry.decode(), "num_layers": t.num_layers,
+            "tokens_per_page": t.tokens_per_page, "block_tokens": t.block_tokens,
+            "bytes_per_token": t.bytes_per_token, "stats": stats}
+
+
+def _info_dict(info):
+    out = {name: getattr(info, name) for name, _ in _lib.ServerInfo._fields_}
+    out["version"] = info.version.decode("utf-8", "replace")
+    return out
+
+
+def _quota_dict(q):
+    return {"prefix": q.prefix.decode("utf-8", "replace"), "limit_bytes": q.limit_bytes,
+            "used_bytes": q.used_bytes, "limited_blocks": q.limited_blocks,
+            "evicted_blocks": q.evicted_blocks}
+
+
 def server_tiers(socket, geometry=None, timeout=5.0):
     """The tiers of the node server at ``socket`` (kvt_server_tier_stats):
     one dict per geometry and block size (``geometry`` id, ``num_layers``,
@@ -333,17 +361,10 @@ def server_tiers(socket, geometry=None, timeout=5.0):
     ``stats``), on a connection that never attaches, so it works for any
     geometry the server holds. ``geometry`` (a Geometry) keeps only that
     geometry's tiers (NotFound, naming the ids it holds, when none)."""
-    path = socket.encode() if isinstance(socket, str) else socket
-    if geometry is not None and not isinstance(geometry, Geometry):
-        raise invalid("server_tiers: geometry must be a kvtier.Geometry or None")
-    out = []
-    for t in _read_all(lib.kvt_server_tier_stats, "server_tiers", _lib.TierStats,
-                       (path, geometry, timeout_ms(timeout)), 8):
-        stats = {k: t.stats[i] for i, k in enumerate(_lib.STATS_FIELDS) if i < len(t.stats)}
-        out.append({"geometry": t.geometry.decode(), "num_layers": t.num_layers,
-                    "tokens_per_page": t.tokens_per_page, "block_tokens": t.block_tokens,
-                    "bytes_per_token": t.bytes_per_token, "stats": stats})
-    return out
+    _check_geometry("server_tiers", geometry)
+    return [_tier_dict(t) for t in _read_all(lib.kvt_server_tier_stats, "server_tiers",
+                                             _lib.TierStats,
+                                             (_path(socket), geometry, timeout_ms(timeout)), 8)]
 
 
 def server_info(socket, timeout=5.0):
@@ -352,12 +373,9 @@ def server_info(socket, timeout=5.0):
     ``uptime_ms``, ``clients`` (engine clients attached now),
     ``max_clients``, ``geometries``, ``max_geometries``,
     ``cpu_capacity_bytes``, ``metrics_port`` (0: none) and ``quotas``."""
-    path = socket.encode() if isinstance(socket, str) else socket
     info = _lib.ServerInfo()
-    check(lib.kvt_server_info_get(path, timeout_ms(timeout), ctypes.byref(info)))
-    out = {name: getattr(info, name) for name, _ in _lib.ServerInfo._fields_}
-    out["version"] = info.version.decode("utf-8", "replace")
-    return out
+    check(lib.kvt_server_info_get(_path(socket), timeout_ms(timeout), ctypes.byref(info)))
+    return _info_dict(info)
 
 
 def server_quotas(socket, timeout=5.0):
@@ -365,9 +383,32 @@ def server_quotas(socket, timeout=5.0):
     use now (kvt_server_quotas): one dict per rule (``prefix``,
     ``limit_bytes``, ``used_bytes``, ``limited_blocks``,
     ``evicted_blocks``); [] for a server without quotas."""
-    path = socket.encode() if isinstance(socket, str) else socket
-    return [{"prefix": q.prefix.decode("utf-8", "replace"), "limit_bytes": q.limit_bytes,
-             "used_bytes": q.used_bytes, "limited_blocks": q.limited_blocks,
-             "evicted_blocks": q.evicted_blocks}
-            for q in _read_all(lib.kvt_server_quotas, "server_quotas", _lib.QuotaUsage,
-                               (path, timeout_ms(timeout)), 16)]
+    return [_quota_dict(q) for q in _read_all(lib.kvt_server_quotas, "server_quotas",
+                                              _lib.QuotaUsage,
+                                              (_path(socket), timeout_ms(timeout)), 16)]
+
+
+# A STATS_ALL reply's bounds (server_max_geometries' and the quota rules'),
+# so one call always has room for all of them.
+_MAX_TIERS = 64
+_MAX_QUOTAS = 32
+
+
+def server_snapshot(socket, geometry=None, timeout=5.0):
+    """server_info, server_tiers and server_quotas as one reading
+    (kvt_server_snapshot; what ``kvtier stats`` shows): a dict with
+    ``server``, ``tiers`` and ``quotas``, from one round trip, so they agree
+    (``server["geometries"]`` counts every tier even when ``geometry``
+    keeps only that geometry's)."""
+    _check_geometry("server_snapshot", geometry)
+    info = _lib.ServerInfo()
+    tiers = (_lib.TierStats * _MAX_TIERS)()
+    quotas = (_lib.QuotaUsage * _MAX_QUOTAS)()
+    nt, nq = ctypes.c_uint32(), ctypes.c_uint32()
+    check(call(lib.kvt_server_snapshot, _path(socket), geometry, timeout_ms(timeout),
+               ctypes.byref(info), ctypes.cast(tiers, ctypes.c_void_p), _MAX_TIERS,
+               ctypes.byref(nt), ctypes.cast(quotas, ctypes.c_void_p), _MAX_QUOTAS,
+               ctypes.byref(nq)))
+    return {"server": _info_dict(info),
+            "tiers": [_tier_dict(tiers[i]) for i in range(min(nt.value, _MAX_TIERS))],
+            "quotas": [_quota_dict(quotas[i]) for i in range(min(nq.value, _MAX_QUOTAS))]}

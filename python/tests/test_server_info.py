@@ -80,6 +80,17 @@ class ServerInfo(unittest.TestCase):
         self.assertEqual(kvtier.server_info(self.sock)["geometries"], 2)
         self.assertGreater({q["prefix"]: q for q in kvtier.server_quotas(self.sock)}["*"]
                            ["used_bytes"], 0)
+        # all three as one reading (kvtier stats' report)
+        snap = kvtier.server_snapshot(self.sock)
+        self.assertEqual(snap["server"]["pid"], self.srv.pid)
+        self.assertEqual((snap["server"]["geometries"], len(snap["tiers"])), (2, 2))
+        self.assertEqual((snap["server"]["quotas"], len(snap["quotas"])), (2, 2))
+        self.assertEqual({x["geometry"] for x in snap["tiers"]},
+                         {x["geometry"] for x in kvtier.server_tiers(self.sock)})
+        self.assertEqual({q["prefix"]: q["used_bytes"] for q in snap["quotas"]}["tenant"], stored)
+        one = kvtier.server_snapshot(self.sock, geo)
+        self.assertEqual([x["geometry"] for x in one["tiers"]], [t["geometry"]])
+        self.assertEqual(one["server"]["geometries"], 2)
 
     def test_errors_name_the_socket_and_the_argument(self):
         stop_server(self.srv)
@@ -91,6 +102,11 @@ class ServerInfo(unittest.TestCase):
         self.assertIn(self.sock, str(e.exception))
         with self.assertRaises(ValueError):
             kvtier.server_tiers(self.sock, geometry="tiny")
+        with self.assertRaises(ValueError):
+            kvtier.server_snapshot(self.sock, geometry="tiny")
+        with self.assertRaises(kvtier.ConnectionFailure) as e:
+            kvtier.server_snapshot(self.sock, timeout=0.5)
+        self.assertIn(self.sock, str(e.exception))
         with self.assertRaises(ValueError):
             kvtier.server_quotas(self.sock, timeout=-1)
 

@@ -1727,6 +1727,87 @@ static kvt_status stats_all(const char *fn, const char *socket_path, const kvt_g
     return st;
 }
 
+static void tier_out(kvt_tier_stats *o, const kvt_srv_tier *t)
+{
+    memset(o, 0, sizeof *o);
+    snprintf(o->geometry, sizeof o->geometry, "g%016llx", (unsigned long long)t->fingerprint);
+    o->num_layers = t->num_layers;
+    o->tokens_per_page = t->tokens_per_page;
+    o->block_tokens = t->block_tokens;
+    o->bytes_per_token = t->bytes_per_token;
+    o->stats = t->stats;
+}
+
+static void quota_out(kvt_quota_usage *o, const kvt_srv_quota *q)
+{
+    memset(o, 0, sizeof *o);
+    memcpy(o->prefix, q->prefix, strnlen(q->prefix, sizeof o->prefix - 1));
+    o->limit_bytes = q->limit;
+    o->used_bytes = q->used;
+    o->limited_blocks = q->limited;
+    o->evicted_blocks = q->evicted;
+}
+
+static void info_out(kvt_server_info *o, const kvt_srv_info *in, uint32_t quotas)
+{
+    memset(o, 0, sizeof *o);
+    snprintf(o->version, sizeof o->version, "%s", in->version);
+    o->pid = (uint32_t)in->pid;
+    o->uptime_ms = in->uptime_ms;
+    o->clients = (uint32_t)in->clients;
+    o->max_clients = (uint32_t)in->max_clients;
+    o->geometries = (uint32_t)in->geometries;
+    o->max_geometries = (uint32_t)in->max_geometries;
+    o->cpu_capacity_bytes = in->cpu_capacity;
+    o->metrics_port = (uint32_t)in->metrics_port;
+    o->quotas = quotas;
+}
+
+/* The reading behind the four public calls below: their arguments
+ * checked under fn's name, then one STATS_ALL. */
+static kvt_status snapshot(const char *fn, const char *socket_path, const kvt_geometry *geo,
+                           int64_t timeout_ms, kvt_server_info *info, kvt_tier_stats *tiers,
+                           uint32_t max_tiers, uint32_t *tier_count, kvt_quota_usage *quotas,
+                           uint32_t max_quotas, uint32_t *quota_count)
+{
+    KVT_CHECK_ARG(tiers || max_tiers == 0, "%s: tiers is NULL but max_tiers is %u", fn,
+                  max_tiers);
+    KVT_CHECK_ARG(tier_count || max_tiers == 0, "%s: tier_count is NULL but max_tiers is %u",
+                  fn, max_tiers);
+    KVT_CHECK_ARG(quotas || max_quotas == 0, "%s: quotas is NULL but max_quotas is %u", fn,
+                  max_quotas);
+    KVT_CHECK_ARG(quota_count || max_quotas == 0, "%s: quota_count is NULL but max_quotas is "
+                  "%u", fn, max_quotas);
+    kvt_status st = geo ? kvt_geometry_validate(geo) : KVT_OK;
+    if (st) {
+        char why[64];
+        snprintf(why, sizeof why, "%s: geo", fn);
+        return kvt__wrap_error(st, why);
+    }
+    kvt_srv_tier t[KVT_SRV_MAX_TIERS];
+    kvt_srv_quota q[KVT_SRV_MAX_QUOTAS];
+    kvt_srv_info in = {0};
+    uint32_t n = 0, nq = 0;
+    st = stats_all(fn, socket_path, geo, timeout_ms, t, &n, q, &nq, &in);
+    if (st) return st;
+    for (uint32_t i = 0; i < n && i < max_tiers; i++) tier_out(&tiers[i], &t[i]);
+    for (uint32_t i = 0; i < nq && i < max_quotas; i++) quota_out(&quotas[i], &q[i]);
+    if (info) info_out(info, &in, nq);
+    if (tier_count) *tier_count = n;
+    if (quota_count) *quota_count = nq;
+    return KVT_OK;
+}
+
+kvt_status kvt_server_snapshot(const char *socket_path, const kvt_geometry *geo,
+                               int64_t timeout_ms, kvt_server_info *info, kvt_tier_stats *tiers,
+                               uint32_t max_tiers, uint32_t *tier_count, kvt_quota_usage *quotas,
+                               uint32_t max_quotas, uint32_t *quota_count)
+{
+    kvt__clear_error();
+    return snapshot("kvt_server_snapshot", socket_path, geo, timeout_ms, info, tiers, max_tiers,
+                    tier_count, quotas, max_quotas, quota_count);
+}
+
 kvt_status kvt_server_tier_stats(const char *socket_path, const kvt_geometry *geo,
                                  int64_t timeout_ms, kvt_tier_stats *out, uint32_t max,
                                  uint32_t *count)
@@ -1735,25 +1816,7 @@ kvt_status kvt_server_tier_stats(const char *socket_path, const kvt_geometry *ge
     kvt__clear_error();
     KVT_CHECK_NOT_NULL(count, fn);
     KVT_CHECK_ARG(out || max == 0, "%s: out is NULL but max is %u", fn, max);
-    kvt_status st = geo ? kvt_geometry_validate(geo) : KVT_OK;
-    if (st) return kvt__wrap_error(st, "kvt_server_tier_stats: geo");
-    kvt_srv_tier t[KVT_SRV_MAX_TIERS];
-    uint32_t n = 0, nq = 0;
-    st = stats_all(fn, socket_path, geo, timeout_ms, t, &n, NULL, &nq, NULL);
-    if (st) return st;
-    for (uint32_t i = 0; i < n && i < max; i++) {
-        kvt_tier_stats *o = &out[i];
-        memset(o, 0, sizeof *o);
-        snprintf(o->geometry, sizeof o->geometry, "g%016llx",
-                 (unsigned long long)t[i].fingerprint);
-        o->num_layers = t[i].num_layers;
-        o->tokens_per_page = t[i].tokens_per_page;
-        o->block_tokens = t[i].block_tokens;
-        o->bytes_per_token = t[i].bytes_per_token;
-        o->stats = t[i].stats;
-    }
-    *count = n;
-    return KVT_OK;
+    return snapshot(fn, socket_path, geo, timeout_ms, NULL, out, max, count, NULL, 0, NULL);
 }
 
 kvt_status kvt_server_quotas(const char *socket_path, int64_t timeout_ms, kvt_quota_usage *out,
@@ -1763,22 +1826,7 @@ kvt_status kvt_server_quotas(const char *socket_path, int64_t timeout_ms, kvt_qu
     kvt__clear_error();
     KVT_CHECK_NOT_NULL(count, fn);
     KVT_CHECK_ARG(out || max == 0, "%s: out is NULL but max is %u", fn, max);
-    kvt_srv_tier t[KVT_SRV_MAX_TIERS];
-    kvt_srv_quota q[KVT_SRV_MAX_QUOTAS];
-    uint32_t n = 0, nq = 0;
-    kvt_status st = stats_all(fn, socket_path, NULL, timeout_ms, t, &n, q, &nq, NULL);
-    if (st) return st;
-    for (uint32_t i = 0; i < nq && i < max; i++) {
-        kvt_quota_usage *o = &out[i];
-        memset(o, 0, sizeof *o);
-        memcpy(o->prefix, q[i].prefix, strnlen(q[i].prefix, sizeof o->prefix - 1));
-        o->limit_bytes = q[i].limit;
-        o->used_bytes = q[i].used;
-        o->limited_blocks = q[i].limited;
-        o->evicted_blocks = q[i].evicted;
-    }
-    *count = nq;
-    return KVT_OK;
+    return snapshot(fn, socket_path, NULL, timeout_ms, NULL, NULL, 0, NULL, out, max, count);
 }
 
 kvt_status kvt_server_info_get(const char *socket_path, int64_t timeout_ms, kvt_server_info *out)
@@ -1786,21 +1834,5 @@ kvt_status kvt_server_info_get(const char *socket_path, int64_t timeout_ms, kvt_
     static const char fn[] = "kvt_server_info_get";
     kvt__clear_error();
     KVT_CHECK_NOT_NULL(out, fn);
-    kvt_srv_tier t[KVT_SRV_MAX_TIERS];
-    uint32_t n = 0, nq = 0;
-    kvt_srv_info in = {0};
-    kvt_status st = stats_all(fn, socket_path, NULL, timeout_ms, t, &n, NULL, &nq, &in);
-    if (st) return st;
-    memset(out, 0, sizeof *out);
-    snprintf(out->version, sizeof out->version, "%s", in.version);
-    out->pid = (uint32_t)in.pid;
-    out->uptime_ms = in.uptime_ms;
-    out->clients = (uint32_t)in.clients;
-    out->max_clients = (uint32_t)in.max_clients;
-    out->geometries = (uint32_t)in.geometries;
-    out->max_geometries = (uint32_t)in.max_geometries;
-    out->cpu_capacity_bytes = in.cpu_capacity;
-    out->metrics_port = (uint32_t)in.metrics_port;
-    out->quotas = nq;
-    return KVT_OK;
+    return snapshot(fn, socket_path, NULL, timeout_ms, out, NULL, 0, NULL, NULL, 0, NULL);
 }

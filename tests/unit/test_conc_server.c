@@ -2897,6 +2897,16 @@ static void test_quota_by_namespace(void **state)
     assert_int_equal(q[0].used_bytes, 256 << 10); /* full: it made room from its own */
     assert_int_equal(q[0].evicted_blocks, (BUSY - KEEP) * BLOCKS);
     assert_int_equal(q[1].used_bytes, 0);
+    /* The same in kvtier stats' one reading, the header agreeing. */
+    kvt_quota_usage q2[2];
+    kvt_server_info si;
+    uint32_t nq2 = 0;
+    assert_ok(kvt_server_snapshot(path, NULL, TIMEOUT_MS, &si, NULL, 0, NULL, q2, 2, &nq2));
+    assert_int_equal(nq2, 3); /* how many it has; two written */
+    assert_int_equal(si.quotas, 3);
+    assert_string_equal(q2[0].prefix, "busy");
+    assert_int_equal(q2[0].used_bytes, 256 << 10);
+    assert_int_equal(q2[0].evicted_blocks, (BUSY - KEEP) * BLOCKS);
     assert_status(kvt_server_quotas(path, 0, q, 4, &nq), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "kvt_server_quotas: timeout_ms is 0"));
     engine_close(&e);
@@ -3113,6 +3123,43 @@ static void test_tier_stats_read_only(void **state)
     assert_non_null(strstr(kvt_last_error(), t[1].geometry));
     assert_ok(kvt_server_tier_stats(path, NULL, TIMEOUT_MS, NULL, 0, &n));
     assert_int_equal(n, 2);
+    /* All three as one reading (kvtier stats' report): the same tiers,
+     * the header counting every tier even when one geometry is asked for,
+     * and each part optional. */
+    kvt_tier_stats s2[4];
+    kvt_quota_usage q[2];
+    uint32_t ns = 99, nq = 99;
+    memset(&si, 0, sizeof si);
+    assert_ok(kvt_server_snapshot(path, NULL, TIMEOUT_MS, &si, s2, 4, &ns, q, 2, &nq));
+    assert_int_equal(ns, 2);
+    assert_int_equal(nq, 0);
+    assert_int_equal(si.geometries, 2);
+    assert_int_equal(si.clients, 2);
+    assert_int_equal(si.pid, srv);
+    assert_int_equal(si.quotas, 0);
+    assert_string_equal(s2[ia].geometry, t[ia].geometry);
+    assert_int_equal(s2[ia].stats.stored_blocks, BLOCKS);
+    assert_int_equal(s2[ia].stats.loaded_blocks, BLOCKS);
+    assert_ok(kvt_server_snapshot(path, g2, TIMEOUT_MS, &si, s2, 4, &ns, NULL, 0, NULL));
+    assert_int_equal(ns, 1);
+    assert_string_equal(s2[0].geometry, t[ia].geometry);
+    assert_int_equal(si.geometries, 2);
+    assert_ok(kvt_server_snapshot(path, NULL, TIMEOUT_MS, &si, NULL, 0, NULL, NULL, 0, NULL));
+    assert_int_equal(si.clients, 2);
+    assert_status(kvt_server_snapshot(path, g8, TIMEOUT_MS, &si, NULL, 0, NULL, NULL, 0, NULL),
+                  KVT_ENOTFOUND);
+    assert_non_null(strstr(kvt_last_error(), t[0].geometry));
+    assert_status(kvt_server_snapshot(path, NULL, TIMEOUT_MS, NULL, s2, 4, NULL, NULL, 0, NULL),
+                  KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(),
+                           "kvt_server_snapshot: tier_count is NULL but max_tiers is 4"));
+    assert_status(kvt_server_snapshot(path, NULL, TIMEOUT_MS, NULL, NULL, 0, NULL, NULL, 2, &nq),
+                  KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(),
+                           "kvt_server_snapshot: quotas is NULL but max_quotas is 2"));
+    assert_status(kvt_server_snapshot(NULL, NULL, TIMEOUT_MS, &si, NULL, 0, NULL, NULL, 0, NULL),
+                  KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "kvt_server_snapshot"));
     engine_close(&a);
     engine_close(&b);
     kvt_geometry_destroy(g2);
