@@ -31,6 +31,9 @@ static kvt_status parse_rule(const char *r, size_t len, const char *opt, kvt_quo
     if (!eq)
         return kvt__fail(KVT_EINVAL, "%s: rule \"%s\" has no '=' (PREFIX=SIZE, e.g. tenant-a=4GiB)",
                          opt, rule);
+    /* Before taking a rule slot: past the last one is outside the array. */
+    if (q->n == KVT_POOL_MAX_OWNERS)
+        return kvt__fail(KVT_EINVAL, "%s: more than %u rules", opt, KVT_POOL_MAX_OWNERS);
     kvt_quota_rule *qr = &q->rule[q->n];
     uint64_t bytes = 0;
     if (!trimmed(eq + 1, strlen(eq + 1), size, sizeof size) || !kvt__parse_size(size, &bytes) ||
@@ -43,8 +46,6 @@ static kvt_status parse_rule(const char *r, size_t len, const char *opt, kvt_quo
     for (uint32_t i = 0; i < q->n; i++)
         if (!strcmp(q->rule[i].prefix, qr->prefix))
             return kvt__fail(KVT_EINVAL, "%s: prefix \"%s\" has two rules", opt, qr->prefix);
-    if (q->n == KVT_POOL_MAX_OWNERS)
-        return kvt__fail(KVT_EINVAL, "%s: more than %u rules", opt, KVT_POOL_MAX_OWNERS);
     qr->len = (uint32_t)strlen(qr->prefix);
     q->pool.limit[++q->n] = bytes;
     return KVT_OK;

@@ -62,6 +62,21 @@ static void test_malformed(void **state)
         snprintf(many + strlen(many), sizeof many - strlen(many), "p%d=1M;", i);
     assert_status(kvt__quota_parse(many, "server_quotas", &q), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "more than 32 rules"));
+    /* The rule refused for being one too many is written nowhere: its
+     * prefix once landed past the last rule, over the limits after it (a
+     * long one over every limit), which ASan cannot see inside one struct. */
+    char big[4096] = "";
+    for (int i = 0; i < (int)KVT_POOL_MAX_OWNERS; i++)
+        snprintf(big + strlen(big), sizeof big - strlen(big), "p%d=1M;", i);
+    size_t at = strlen(big);
+    memset(big + at, 'x', 200);
+    snprintf(big + at + 200, sizeof big - at - 200, "=1M");
+    assert_status(kvt__quota_parse(big, "server_quotas", &q), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "more than 32 rules"));
+    for (uint32_t i = 1; i <= KVT_POOL_MAX_OWNERS; i++)
+        if (q.pool.limit[i] != 1u << 20)
+            fail_msg("limit[%u] is %llu after the refused rule, not 1 MiB", i,
+                     (unsigned long long)q.pool.limit[i]);
 }
 
 /* Slots charge their owner block_bytes while allocated; a new owner takes
