@@ -542,7 +542,7 @@ static kvt_status room_arrays(pd_room *r, const kvt_pd_room_params *p, uint32_t 
     r->next_page = calloc(npeers, sizeof *r->next_page);
     r->peer_done = calloc(npeers, 1);
     if (!r->dst_pages || !r->next_page || !r->peer_done) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
-    memcpy(r->dst_pages, p->pages, (size_t)p->num_pages * 4);
+    if (p->num_pages) memcpy(r->dst_pages, p->pages, (size_t)p->num_pages * 4);
     r->n_dst = p->num_pages;
     r->ntok = p->num_tokens;
     r->prefix = p->prefix_tokens;

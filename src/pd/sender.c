@@ -844,7 +844,8 @@ static kvt_status check_src_pages(const pd_ep *ep, const uint32_t *pages, uint32
     uint64_t need = ((uint64_t)local + d->tokens_per_page - 1) / d->tokens_per_page;
     KVT_CHECK_ARG(np >= need, "%s: %u pages of %u tokens cannot hold %u tokens (need %llu)", fn, np,
                   d->tokens_per_page, local, (unsigned long long)need);
-    KVT_CHECK_ARG(pages || need == 0, "%s: pages is NULL", fn);
+    /* NULL only with no pages at all: set_input copies the table whole. */
+    KVT_CHECK_ARG(pages || np == 0, "%s: pages is NULL (num_pages %u)", fn, np);
     for (uint64_t i = 0; i < need; i++)
         KVT_CHECK_ARG(pages[i] < ep->engine_pages, "%s: pages[%llu] is %u, the engine has %u pages", fn,
                       (unsigned long long)i, pages[i], ep->engine_pages);
@@ -859,7 +860,7 @@ static kvt_status set_input(pd_ep *ep, pd_room *r, const uint32_t *pages, uint32
                          r->have_input ? "already sending" : "finished", r->msg[0] ? ": " : "", r->msg);
     r->src_pages = malloc((size_t)np * 4 + 4);
     if (!r->src_pages) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
-    memcpy(r->src_pages, pages, (size_t)np * 4);
+    if (np) memcpy(r->src_pages, pages, (size_t)np * 4);
     r->n_src = np;
     r->src_ntok = ntok;
     r->have_input = true;

@@ -294,7 +294,9 @@ kvt_status pd_xfer_check_pages(const pd_plan *plan, int side, uint32_t ntok, con
     uint64_t need = ((uint64_t)local + tpp - 1) / tpp;
     KVT_CHECK_ARG(num_pages >= need, "%s: %u pages of %u tokens cannot hold %u tokens (need %llu pages)",
                   fn, num_pages, tpp, local, (unsigned long long)need);
-    KVT_CHECK_ARG(pages != NULL || need == 0, "%s: pages is NULL", fn);
+    /* NULL only with no pages at all: the table is copied whole, needed or not. */
+    KVT_CHECK_ARG(pages != NULL || num_pages == 0, "%s: pages is NULL (num_pages %u)", fn,
+                  num_pages);
     for (uint64_t i = 0; i < need; i++)
         KVT_CHECK_ARG(pages[i] < engine_pages, "%s: pages[%llu] is %u, the engine has %u pages",
                       fn, (unsigned long long)i, pages[i], engine_pages);

@@ -179,6 +179,25 @@ static void dcp_mla(void **state)
     pd_roundtrip(&p, &d, 61, 9);
 }
 
+/* A decode DCP rank that holds none of a short prompt's tokens needs no
+ * pages, but a NULL page table with num_pages > 0 is an argument error
+ * naming it, not a copy from NULL (it crashed). */
+static void dcp_rank_without_tokens_null_pages(void **state)
+{
+    (void)state;
+    pd_side_cfg p = {1, 1, 16, KVT_LAYOUT_LAYER_FIRST, &mla}, d = {1, 2, 16, KVT_LAYOUT_LAYER_FIRST, &mla};
+    pd_cluster cl = {0};
+    pd_cluster_start(&cl, &p, &d, 1);
+    pd_cluster_decoders(&cl);
+    pd_rank *r = &cl.dec[1]; /* dcp rank 1 of 2: token 0 is rank 0's */
+    kvt_pd_room_params rp = {NULL, r->num_pages, 1, 0};
+    assert_status(kvt_pd_receiver_room(r->r, 5, &rp), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "kvt_pd_receiver_room: pages is NULL"));
+    rp.num_pages = 0; /* no pages at all: fine */
+    assert_ok(kvt_pd_receiver_room(r->r, 5, &rp));
+    pd_cluster_stop(&cl);
+}
+
 /* D1: prefill TP8/DCP1 -> decode TP8/DCP8, entries [1152]x24 + [256]x10. */
 static uint32_t hybrid_bytes[34];
 static const pd_model hybrid = {.layers = 34, .mla_bytes = hybrid_bytes};
@@ -338,6 +357,7 @@ int main(void)
         cmocka_unit_test(gqa_undeclared_replicas_refused),
         cmocka_unit_test(mla_replication),
         cmocka_unit_test(dcp_mla),
+        cmocka_unit_test(dcp_rank_without_tokens_null_pages),
         cmocka_unit_test(decoders_leave_after_success),
         cmocka_unit_test(d1_hybrid_dcp8),
         cmocka_unit_test(d1_single_item_len_refused),
