@@ -597,10 +597,9 @@ static void unref(kvt_cache *c, kvt_task *t)
     if (--t->refs == 0 && t->reported) kvt__task_free(c, t);
 }
 
-static kvt_status wait_locked(kvt_cache *c, kvt_task_id id, int64_t timeout_ms,
+static kvt_status wait_locked(kvt_cache *c, const char *fn, kvt_task_id id, int64_t timeout_ms,
                               kvt_task_result *out)
 {
-    static const char fn[] = "kvt_cache_wait";
     expire_plans(c);
     kvt_task *t = NULL;
     kvt_status st = find_task(c, fn, id, &t);
@@ -623,23 +622,29 @@ static kvt_status wait_locked(kvt_cache *c, kvt_task_id id, int64_t timeout_ms,
     return st;
 }
 
-kvt_status kvt_cache_wait(kvt_cache *c, kvt_task_id id, int64_t timeout_ms, kvt_task_result *out)
+/* kvt_cache_wait and kvt_cache_try_wait, their messages under fn. */
+static kvt_status wait_as(const char *fn, kvt_cache *c, kvt_task_id id, int64_t timeout_ms,
+                          kvt_task_result *out)
 {
-    static const char fn[] = "kvt_cache_wait";
     kvt__clear_error();
     KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(out, fn);
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline (use 0 "
                   "to poll)", fn, (long long)timeout_ms);
     pthread_mutex_lock(&c->mu);
-    kvt_status st = wait_locked(c, id, timeout_ms, out);
+    kvt_status st = wait_locked(c, fn, id, timeout_ms, out);
     pthread_mutex_unlock(&c->mu);
     return st ? kvt__cache_fail(c, st) : KVT_OK;
 }
 
+kvt_status kvt_cache_wait(kvt_cache *c, kvt_task_id id, int64_t timeout_ms, kvt_task_result *out)
+{
+    return wait_as("kvt_cache_wait", c, id, timeout_ms, out);
+}
+
 kvt_status kvt_cache_try_wait(kvt_cache *c, kvt_task_id id, kvt_task_result *out)
 {
-    kvt_status st = kvt_cache_wait(c, id, 0, out);
+    kvt_status st = wait_as("kvt_cache_try_wait", c, id, 0, out);
     if (st != KVT_ETIMEDOUT) return st;
     kvt__fail(KVT_EAGAIN, "kvt_cache_try_wait: task %llu is still running", (unsigned long long)id);
     return kvt__cache_fail(c, KVT_EAGAIN);
@@ -792,12 +797,13 @@ kvt_status kvt_cache_layer_event(kvt_cache *c, kvt_task_id id, uint32_t layer,
     kvt__clear_error();
     KVT_CHECK_NOT_NULL_AS(c, "cache", fn);
     KVT_CHECK_NOT_NULL(event, fn);
-    *event = NULL;
     KVT_CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms is %lld; every wait needs a deadline", fn,
                   (long long)timeout_ms);
+    void *ev = NULL; /* *event written only on success (kvtier.h) */
     pthread_mutex_lock(&c->mu);
-    kvt_status st = layer_event_locked(c, fn, id, layer, timeout_ms, event);
+    kvt_status st = layer_event_locked(c, fn, id, layer, timeout_ms, &ev);
     pthread_mutex_unlock(&c->mu);
+    if (!st) *event = ev;
     return st ? kvt__cache_fail(c, st) : KVT_OK;
 }
 

@@ -959,7 +959,7 @@ static void test_cache_tasks(void **state)
 
     /* Wrong state before launch. */
     EXPECT_ERR(kvt_cache_wait(f.cache, pl.task, 0, &r), KVT_ESTATE, "kvt_cache_wait", "launch");
-    EXPECT_ERR(kvt_cache_try_wait(f.cache, pl.task, &r), KVT_ESTATE, "kvt_cache_wait");
+    EXPECT_ERR(kvt_cache_try_wait(f.cache, pl.task, &r), KVT_ESTATE, "kvt_cache_try_wait");
     EXPECT_ERR(kvt_cache_wait_layer(f.cache, pl.task, 0, 0), KVT_EINVAL, "kvt_cache_wait_layer",
                "store");
 
@@ -995,7 +995,7 @@ static void test_cache_tasks(void **state)
     EXPECT_ERR(kvt_cache_wait(f.cache, pl.task, INT64_MIN, &r), KVT_EINVAL, "kvt_cache_wait",
                "timeout_ms");
     EXPECT_ERR(kvt_cache_wait(f.cache, 0, 0, &r), KVT_ENOTFOUND, "kvt_cache_wait", "task 0");
-    EXPECT_ERR(kvt_cache_try_wait(NULL, pl.task, &r), KVT_EINVAL, "kvt_cache_wait");
+    EXPECT_ERR(kvt_cache_try_wait(NULL, pl.task, &r), KVT_EINVAL, "kvt_cache_try_wait");
     EXPECT_ERR(kvt_cache_try_wait(f.cache, pl.task, NULL), KVT_EINVAL, "out");
     assert_ok(kvt_cache_wait(f.cache, pl.task, 5000, &r));
     assert_int_equal(r.status, KVT_OK);
@@ -1003,7 +1003,7 @@ static void test_cache_tasks(void **state)
     /* A reported task is gone. */
     EXPECT_ERR(kvt_cache_wait(f.cache, pl.task, 0, &r), KVT_ENOTFOUND, "kvt_cache_wait",
                "already reported");
-    EXPECT_ERR(kvt_cache_try_wait(f.cache, pl.task, &r), KVT_ENOTFOUND, "kvt_cache_wait");
+    EXPECT_ERR(kvt_cache_try_wait(f.cache, pl.task, &r), KVT_ENOTFOUND, "kvt_cache_try_wait");
     EXPECT_ERR(kvt_cache_launch(f.cache, pl.task, f.pages, 4), KVT_ENOTFOUND, "kvt_cache_launch");
     EXPECT_ERR(kvt_cache_cancel(f.cache, pl.task), KVT_ENOTFOUND, "kvt_cache_cancel");
     EXPECT_ERR(kvt_cache_wait_layer(f.cache, pl.task, 0, 0), KVT_ENOTFOUND,
@@ -2704,6 +2704,15 @@ static void test_cache_states(void **state)
                "kvt_cache_layer_event", "event");
     EXPECT_ERR(kvt_cache_layer_event(c, m.task, 0, 100, &ev), KVT_EUNSUPPORTED,
                "kvt_cache_layer_event", "CUDA device memory");
+    /* Out-parameters are written only on success (kvtier.h). */
+    int mark;
+    ev = &mark;
+    EXPECT_ERR(kvt_cache_layer_event(c, m.task, 0, -1, &ev), KVT_EINVAL, "kvt_cache_layer_event",
+               "timeout_ms");
+    assert_ptr_equal(ev, &mark);
+    EXPECT_ERR(kvt_cache_layer_event(c, m.task, 0, 100, &ev), KVT_EUNSUPPORTED,
+               "kvt_cache_layer_event");
+    assert_ptr_equal(ev, &mark);
     EXPECT_ERR(kvt_cache_stream_wait_layer(NULL, m.task, 0, NULL, 100), KVT_EINVAL,
                "kvt_cache_stream_wait_layer", "cache");
     EXPECT_ERR(kvt_cache_stream_wait_layer(c, m.task, 0, NULL, -1), KVT_EINVAL,
