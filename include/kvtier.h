@@ -337,11 +337,15 @@ typedef struct kvt_key {
  * either way. */
 #define KVT_REQ_VISIBLE_AT_END 2u
 
+/* Bounds of a request, refused above with KVT_EINVAL naming them. */
+#define KVT_MAX_REQUEST_TOKENS (1u << 24) /* num_tokens of a token request */
+#define KVT_MAX_NS_LEN 4096u              /* ns_len */
+
 typedef struct kvt_request {
     const uint32_t *tokens;
-    uint32_t num_tokens;
+    uint32_t num_tokens; /* at most KVT_MAX_REQUEST_TOKENS */
     const void *ns; /* may be NULL when ns_len is 0 */
-    uint32_t ns_len;
+    uint32_t ns_len; /* at most KVT_MAX_NS_LEN */
     const kvt_key *keys; /* non-NULL: a keyed request (see above) */
     uint32_t num_keys;
     uint32_t flags; /* KVT_REQ_*, or 0 (see above) */

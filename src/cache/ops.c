@@ -12,8 +12,6 @@
 
 /* Requests longer than this are refused: 16 M tokens is far beyond any
  * context window and keeps every size computation inside 32 bits. */
-#define KVT_MAX_REQUEST_TOKENS (1u << 24)
-#define KVT_MAX_NS_LEN 4096u
 
 #define KVT_REQ_ALL (KVT_REQ_INDEPENDENT_KEYS | KVT_REQ_VISIBLE_AT_END)
 

@@ -14,11 +14,23 @@ static uint64_t req_digest(const kvt_request *r)
     return kvt__hash64(r->tokens, (size_t)r->num_tokens * sizeof *r->tokens, h);
 }
 
+/* Everything the cache would check, here, before the request is copied
+ * (a copy of an unchecked num_tokens reads past the caller's array) and
+ * under the connector's own name. */
 static kvt_status check_req(const kvt_request *r, const char *fn)
 {
     KVT_CHECK_NOT_NULL_AS(r, "req", fn);
+    KVT_CHECK_ARG(!r->keys && r->num_keys == 0, "%s: req is a keyed request (%u keys); the "
+                  "connector takes token requests (keyed ones go to kvt_cache_* or "
+                  "kvt_client_*)", fn, r->num_keys);
     KVT_CHECK_ARG(r->num_tokens > 0 && r->tokens, "%s: req has no tokens", fn);
+    KVT_CHECK_ARG(r->num_tokens <= KVT_MAX_REQUEST_TOKENS, "%s: req->num_tokens is %u (at most "
+                  "%u)", fn, r->num_tokens, KVT_MAX_REQUEST_TOKENS);
     KVT_CHECK_ARG(r->ns || r->ns_len == 0, "%s: req->ns is NULL but ns_len is %u", fn, r->ns_len);
+    KVT_CHECK_ARG(r->ns_len <= KVT_MAX_NS_LEN, "%s: req->ns_len is %u (at most %u bytes)", fn,
+                  r->ns_len, KVT_MAX_NS_LEN);
+    KVT_CHECK_ARG((r->flags & ~KVT_REQ_VISIBLE_AT_END) == 0, "%s: req->flags is 0x%x (a token "
+                  "request takes KVT_REQ_VISIBLE_AT_END or 0)", fn, r->flags);
     return KVT_OK;
 }
 

@@ -1350,6 +1350,7 @@ static void test_conn(void **state)
     kvt_request empty = {f.c.tokens, 0, NULL, 0};
     kvt_request notok = {NULL, 13, NULL, 0};
     kvt_request nons = {f.c.tokens, 13, NULL, 3};
+    const uint32_t pages_ok[1] = {0};
     uint32_t local = 77;
     const char *conn_arg = NAMED("conn is NULL", "c is NULL");
     EXPECT_ERR(kvt_conn_lookup(NULL, 1, req, &local), KVT_EINVAL, "kvt_conn_lookup", conn_arg);
@@ -1358,6 +1359,24 @@ static void test_conn(void **state)
     EXPECT_ERR(kvt_conn_lookup(k, 1, &empty, &local), KVT_EINVAL, "kvt_conn_lookup", "tokens");
     EXPECT_ERR(kvt_conn_lookup(k, 1, &notok, &local), KVT_EINVAL, "kvt_conn_lookup", "tokens");
     EXPECT_ERR(kvt_conn_lookup(k, 1, &nons, &local), KVT_EINVAL, "kvt_conn_lookup", "ns");
+    /* Checked before the request is copied: a num_tokens past the bound
+     * once copied (and read) that many tokens from a 13-token array. */
+    kvt_request huge = {f.c.tokens, KVT_MAX_REQUEST_TOKENS + 1, NULL, 0};
+    EXPECT_ERR(kvt_conn_lookup(k, 1, &huge, &local), KVT_EINVAL, "kvt_conn_lookup",
+               "req->num_tokens is 16777217 (at most 16777216)");
+    EXPECT_ERR(kvt_conn_store(k, 1, &huge, pages_ok, 1), KVT_EINVAL, "kvt_conn_store",
+               "req->num_tokens is 16777217");
+    kvt_key key = {"k", 1};
+    kvt_request keyed = {NULL, 0, NULL, 0, &key, 1, 0};
+    EXPECT_ERR(kvt_conn_lookup(k, 1, &keyed, &local), KVT_EINVAL, "kvt_conn_lookup",
+               "keyed request (1 keys)");
+    kvt_request longns = {f.c.tokens, 13, f.c.tokens, KVT_MAX_NS_LEN + 1};
+    EXPECT_ERR(kvt_conn_lookup(k, 1, &longns, &local), KVT_EINVAL, "kvt_conn_lookup",
+               "req->ns_len is 4097");
+    kvt_request flagged = *req;
+    flagged.flags = KVT_REQ_INDEPENDENT_KEYS;
+    EXPECT_ERR(kvt_conn_lookup(k, 1, &flagged, &local), KVT_EINVAL, "kvt_conn_lookup",
+               "req->flags is 0x1");
     assert_int_equal(local, 77);
     assert_ok(kvt_conn_lookup(k, 1, req, NULL));
     EXPECT_ERR(kvt_conn_lookup(k, 1, req, &local), KVT_EINVAL, "kvt_conn_lookup", "rid 1");
