@@ -1773,12 +1773,15 @@ void kvt__dir_topology(kvt_dir *d, char *buf, size_t len)
 }
 
 /* The password file's bytes buf[0..*n): one trailing newline dropped,
- * then 1..KVT_DIR_PASSWORD_MAX bytes with no NUL or line break. */
+ * then 1..KVT_DIR_PASSWORD_MAX bytes with no NUL or line break. The read
+ * takes up to 3 bytes past the bound, so a file longer than a password and
+ * its line end is seen to be. */
 static kvt_status check_password(const char *buf, ssize_t *np, const char *path, const char *who)
 {
     ssize_t n = *np;
-    if (n > 0 && buf[n - 1] == '\n') n--;
-    if (n > 0 && buf[n - 1] == '\r') n--;
+    bool over = n > KVT_DIR_PASSWORD_MAX + 2; /* too many, whatever ends it */
+    if (!over && n > 0 && buf[n - 1] == '\n') n--;
+    if (!over && n > 0 && buf[n - 1] == '\r') n--;
     if (n == 0 || n > KVT_DIR_PASSWORD_MAX)
         return kvt__fail(KVT_EINVAL, "%s: password file %s holds %s bytes (want 1..%d, one "
                          "trailing newline allowed)", who, path, n ? "too many" : "no",
@@ -1796,7 +1799,7 @@ kvt_status kvt__dir_password_load(const char *path, const char *who,
                                   char out[KVT_DIR_PASSWORD_MAX + 1])
 {
     KVT_CHECK_ARG(path && who && out, "kvt__dir_password_load: an argument is NULL");
-    char buf[KVT_DIR_PASSWORD_MAX + 2];
+    char buf[KVT_DIR_PASSWORD_MAX + 3];
     ssize_t n = 0;
     kvt_status st = kvt__read_user_file(path, who, "password", buf, sizeof buf, &n);
     if (!st) st = check_password(buf, &n, path, who);

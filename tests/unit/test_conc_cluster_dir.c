@@ -753,6 +753,14 @@ static void test_password(void **state)
     memset(big, 'x', sizeof big);
     write_file("pw-big", big, sizeof big, path, sizeof path);
     EXPECT_ERR(kvt__dir_password_load(path, "opt", pw), KVT_EINVAL, "too many bytes", "1..512");
+    /* A longer file is refused whole, even when its bytes 512 and 513 are a
+     * line end (once it was read that far, taken as a 512-byte password and
+     * the rest ignored). */
+    char longer[KVT_DIR_PASSWORD_MAX + 8];
+    memset(longer, 'x', sizeof longer);
+    memcpy(longer + KVT_DIR_PASSWORD_MAX, "\r\n", 2);
+    write_file("pw-longer", longer, sizeof longer, path, sizeof path);
+    EXPECT_ERR(kvt__dir_password_load(path, "opt", pw), KVT_EINVAL, "too many bytes", "1..512");
     EXPECT_ERR(kvt__dir_password_load(tmp, "opt", pw), KVT_EINVAL, "is a directory");
     EXPECT_ERR(kvt__dir_password_load("/nonexistent/pw", "opt", pw), KVT_EINVAL,
                "/nonexistent/pw", "No such file");
