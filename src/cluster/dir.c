@@ -1051,6 +1051,15 @@ static kvt_status parse_redis(kvt_dir *d, const char *redis)
     return st;
 }
 
+kvt_status kvt__dir_check_redis(const char *redis)
+{
+    kvt_dir *d = calloc(1, sizeof *d);
+    if (!d) return kvt__fail(KVT_ENOMEM, "cluster directory: out of memory");
+    kvt_status st = parse_redis(d, redis);
+    free(d);
+    return st;
+}
+
 static kvt_status check_config(kvt_dir *d, const kvt_dir_config *cfg)
 {
     kvt_status st = parse_redis(d, cfg->redis);

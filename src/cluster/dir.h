@@ -71,6 +71,11 @@ typedef struct kvt_dir_config {
 kvt_status kvt__dir_password_load(const char *path, const char *who,
                                   char out[KVT_DIR_PASSWORD_MAX + 1]);
 
+/* Parses a cluster_redis value (host:port, sentinel://host:port[,...]/name
+ * or cluster://host:port[,...]) as kvt__dir_open does, connecting nowhere:
+ * KVT_EINVAL naming what is wrong (fuzz_options). */
+kvt_status kvt__dir_check_redis(const char *redis);
+
 /* Connects, INCRs the node's epoch and writes its lease. KVT_EINVAL for a
  * bad config (the message names the field); KVT_ECONN/KVT_ETIMEDOUT when
  * Redis cannot be reached by then (the message names the address);
