@@ -410,7 +410,8 @@ typedef struct kvt_engine_memory {
 /* ------------------------------------------------------------------ */
 
 /* The calls an engine makes. Thread-safe: any thread may call any function
- * on one cache concurrently.
+ * on one cache concurrently, except kvt_cache_destroy, which must not race
+ * with any other call on that cache (it frees what they use).
  *
  * Load:  kvt_cache_lookup -> kvt_cache_launch(pages) -> kvt_cache_wait_layer
  *        per layer (optional) -> kvt_cache_wait (or kvt_cache_poll).
@@ -582,8 +583,10 @@ kvt_status kvt_cache_stats_get(kvt_cache *cache, kvt_cache_stats *out);
  * drain, so bound it with the timeout. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ETIMEDOUT. */
 kvt_status kvt_cache_flush(kvt_cache *cache, int64_t timeout_ms);
-/* The cache's last failure message (any thread). Valid until the next
- * failing call on this cache; prefer kvt_last_error() in threaded code. */
+/* The cache's last failure message, whichever thread failed: a copy
+ * owned by the calling thread, valid until this thread's next
+ * kvt_cache_last_error. kvt_last_error() gives the calling thread's own
+ * last failure, which is what threaded code wants. */
 const char *kvt_cache_last_error(const kvt_cache *cache);
 
 /* ------------------------------------------------------------------ */
@@ -1330,7 +1333,8 @@ kvt_status kvt_conn_reform(kvt_conn *conn, int64_t timeout_ms);
  *    feed it and receives KV straight into its engine pages.
  * Every page carries an XXH3 checksum the receiver verifies. Every room
  * state has a deadline; a silent peer fails its rooms after peer_timeout_ms.
- * Threading: every kvt_pd_* function is thread-safe. */
+ * Threading: every kvt_pd_* function is thread-safe, except the *_destroy
+ * calls, which must not race with any other call on the same handle. */
 typedef struct kvt_pd_bootstrap kvt_pd_bootstrap;
 typedef struct kvt_pd_sender kvt_pd_sender;
 typedef struct kvt_pd_receiver kvt_pd_receiver;
