@@ -10,7 +10,6 @@
 #include "cache/share.h"
 #include "cache/tiers.h"
 #include "cuda/cuda.h"
-#include "metrics/metrics.h"
 #include "util/file.h"
 #include "util/log.h"
 
@@ -89,8 +88,9 @@ static kvt_status build(kvt_cache *c, const kvt_config *cfg, const kvt_geometry 
     /* Before any block is stored (recovered SSD blocks included: their
      * ticks restart on the share's clock at their first touch). */
     if (share && (st = kvt__share_join(share, c))) return st;
-    /* Last: a scrape may come at once and reads the whole cache. */
-    return kvt__metrics_cache_start(c);
+    /* Complete: the layer above may start what reads the whole cache (the
+     * metrics endpoint: src/api/cache.c, src/server). */
+    return KVT_OK;
 }
 
 /* kvt_cache_create, or (shared) its twin whose CPU tier is a memfd. */
@@ -111,7 +111,7 @@ static kvt_status create(kvt_cache **out, const kvt_config *cfg, const kvt_geome
     }
     kvt_status st = build(c, cfg, geo, shared, share);
     if (st) {
-        kvt_cache_destroy(c);
+        kvt__cache_destroy(c);
         return st;
     }
     *out = c;
@@ -144,16 +144,10 @@ void kvt__cache_set_quota(kvt_cache *c, struct kvt_quota *q)
     kvt__pool_set_quotas(c->pool, q ? &q->pool : NULL);
 }
 
-kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo)
-{
-    return kvt__cache_create_ex(out, cfg, geo, false);
-}
-
-void kvt_cache_destroy(kvt_cache *c)
+void kvt__cache_destroy(kvt_cache *c)
 {
     if (!c) return;
     kvt__share_leave(c); /* first: no other member's reclaim may take c's lock below */
-    kvt__metrics_cache_stop(c); /* then: a scrape reads everything below */
     if (c->tasks) {
         /* Stop running tasks. The tiers then fail queued reads and wait for
          * in-flight I/O; xfer_destroy waits for copies and calls their

@@ -133,7 +133,9 @@ struct kvt_cache {
      * inside the mutex alike; lookups always, loads and stores that
      * succeeded, from launch to end. */
     kvt_lat_hist lat_lookup, lat_load, lat_store;
-    struct kvt_metrics_http *metrics_http; /* GET /metrics when metrics_port != 0 */
+    /* GET /metrics when metrics_port != 0: set and cleared by src/metrics
+     * for the layer above that starts it; the cache never touches it. */
+    struct kvt_metrics_http *metrics_http;
     pthread_mutex_t err_mu;
     char last_error[KVT_ERRMSG_MAX];
 };
@@ -153,9 +155,14 @@ void kvt__cache_observe_index(kvt_cache *c, kvt_index_observer fn, void *arg);
 /* Byte quotas by namespace prefix for c's CPU tier (the caller's; it
  * outlives c). Before c's first store or load, never changed after. */
 void kvt__cache_set_quota(kvt_cache *c, struct kvt_quota *q);
-/* kvt_cache_create; shared puts the CPU tier in a memfd (cache/external.h). */
+/* kvt_cache_create without its metrics endpoint (the layer above starts
+ * it: src/api/cache.c, src/server); shared puts the CPU tier in a memfd
+ * (cache/external.h). */
 kvt_status kvt__cache_create_ex(kvt_cache **out, const kvt_config *cfg, const kvt_geometry *geo,
                                 bool shared);
+/* kvt_cache_destroy without the endpoint: whoever started it stops it
+ * first, since a scrape reads everything this frees. NULL is a no-op. */
+void kvt__cache_destroy(kvt_cache *c);
 
 /* kvt_cache_lookup for a peer node's pull (src/cluster): the same match,
  * touch and pinned load task, but nothing counted in c's lookups, hits,

@@ -2,10 +2,11 @@
  * counters, and an HTTP endpoint (libmicrohttpd) serving it at GET /metrics.
  *
  * This layer sits above src/cache: it reads a kvt_cache through
- * kvt__cache_observe (cache/observe.h). The one call back is that
- * kvt_cache_create starts the endpoint when metrics_port != 0 and
- * kvt_cache_destroy stops it (kvt__metrics_cache_start / _stop), so an
- * engine gets metrics without the node server. The node server adds its own
+ * kvt__cache_observe (cache/observe.h); the cache never calls it. The
+ * layers above start the endpoint when metrics_port != 0 and stop it
+ * (kvt__metrics_cache_start / _stop): kvt_cache_create and
+ * kvt_cache_destroy (src/api/cache.c), so an engine gets metrics without the
+ * node server, and the node server's tier of one geometry. The server adds its own
  * families (clients attached, pins per client) to that same endpoint with
  * kvt__metrics_cache_set_extra. docs/metrics.md lists every metric.
  *
@@ -108,8 +109,9 @@ void kvt__metrics_http_set_extra(kvt_metrics_http *h, kvt_metrics_extra_fn extra
 /* Stops serving; waits for a scrape in progress. NULL is a no-op. */
 void kvt__metrics_http_stop(kvt_metrics_http *h);
 
-/* kvt_cache_create / kvt_cache_destroy: the cache's own endpoint, from its
- * metrics_port, metrics_addr and metrics_insecure options. */
+/* The cache's own endpoint, from its metrics_port, metrics_addr and
+ * metrics_insecure options: started once the cache is complete, stopped
+ * before any of it is freed (src/api/cache.c, src/server). */
 kvt_status kvt__metrics_cache_start(kvt_cache *c);
 void kvt__metrics_cache_stop(kvt_cache *c);
 /* The node server: add its families to the cache's endpoint (a no-op when

@@ -246,7 +246,8 @@ static void shard_free(kvt_srv_shard *sh)
     if (!sh) return;
     if (sh->cache) kvt__cache_observe_index(sh->cache, NULL, NULL);
     if (sh->cache) kvt__metrics_cache_set_extra(sh->cache, NULL, NULL);
-    kvt_cache_destroy(sh->cache);
+    if (sh->cache) kvt__metrics_cache_stop(sh->cache); /* a scrape reads what goes next */
+    kvt__cache_destroy(sh->cache);
     if (sh->roots.limit) kvt__srv_roots_free(&sh->roots);
     kvt__srv_sums_destroy(&sh->sums);
     kvt_geometry_destroy(sh->geo);
@@ -268,6 +269,9 @@ static kvt_status shard_create(kvt_server *s, const kvt_geometry *geo, uint32_t 
     if (!st) st = kvt_geometry_clone(geo, &sh->geo);
     if (!st) st = s->share ? kvt__cache_create_shared(&sh->cache, &cfg, geo, s->share)
                            : kvt__cache_create_ex(&sh->cache, &cfg, geo, true);
+    /* With one geometry the tier's cache serves metrics_port (shard_config);
+     * last, since a scrape may come at once and reads the whole cache. */
+    if (!st) st = kvt__metrics_cache_start(sh->cache);
     if (st) {
         if (s->max_shards > 1) {
             char what[160];
