@@ -242,6 +242,35 @@ gone=$(grep -n "not answering" "$T/w.out" | head -1 | cut -d: -f1)
     { echo "cli_serve: stats --watch across a restart:"; cat "$T/w.out"; exit 1; }
 kill -TERM "$SRV"; wait "$SRV" || true
 SRV=
+# The systemd unit's way (docs/server.md): the socket and the options from
+# --config; JSON log lines with KVTIER_LOG_FORMAT=json. Then the socket from
+# --set server_socket=PATH, the time dropped with KVTIER_LOG_FORMAT=plain.
+C="$T/cfg.sock"
+printf '{"server_socket": "%s", "cpu_capacity": "16MiB", "huge_pages": false}\n' "$C" >"$T/kvtier.json"
+env -u KVTIER_SERVER_SOCKET KVTIER_LOG_FORMAT=json "$K" serve --config "$T/kvtier.json" 2>"$T/cfg.log" &
+SRV=$!
+wait_for "$C" "$T/cfg.log"
+attach "$C" 1 >/dev/null 2>&1 || { echo "cli_serve: no attach to the --config server"; cat "$T/cfg.log"; exit 1; }
+kill -TERM "$SRV"
+wait "$SRV" || { echo "cli_serve: --config server exit status $?"; cat "$T/cfg.log"; exit 1; }
+SRV=
+/usr/bin/python3 - "$T/cfg.log" "$C" <<'PY' || { echo "cli_serve: KVTIER_LOG_FORMAT=json:"; cat "$T/cfg.log"; exit 1; }
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert lines and all(set(l) >= {"ts", "level", "pid", "msg"} for l in lines), lines
+assert any(sys.argv[2] in l["msg"] and "serving on" in l["msg"] for l in lines), lines
+assert any("stopped" in l["msg"] for l in lines), lines
+PY
+P="$T/set.sock"
+env -u KVTIER_SERVER_SOCKET KVTIER_LOG_FORMAT=plain "$K" serve --set "server_socket=$P" \
+    --set cpu_capacity=16MiB --set huge_pages=false 2>"$T/set.log" &
+SRV=$!
+wait_for "$P" "$T/set.log"
+kill -TERM "$SRV"
+wait "$SRV" || { echo "cli_serve: --set server_socket server exit status $?"; cat "$T/set.log"; exit 1; }
+SRV=
+grep -q "^kvtier: info: server: serving on $P " "$T/set.log" ||
+    { echo "cli_serve: KVTIER_LOG_FORMAT=plain:"; cat "$T/set.log"; exit 1; }
 rc=0
 env -u KVTIER_SERVER_SOCKET "$K" serve >/dev/null 2>"$T/nosock" || rc=$?
 [ $rc -eq 2 ] && grep -q "no socket: give --socket PATH" "$T/nosock" ||
