@@ -1,8 +1,10 @@
 /* cmd_events.c - `kvtier events --endpoint E [--replay R [--from N]]
  * [--count N] [--timeout-ms MS] [--topic T] [--secret-file F]`: a node server's KV events
  * (docs/events.md) as JSON lines, one per batch, for a person. With
- * --replay the kept batches from --from come first (then, with
- * --endpoint, the live ones after them). Exit 0; 1 when the replay does
+ * --replay the kept batches from --from come first, then (with
+ * --endpoint) the live ones after them, each once and in order: the live
+ * stream is subscribed before the replay is asked, a batch the replay
+ * printed is skipped, and a gap is fetched from the replay. Exit 0; 1 when the replay does
  * not answer in time, a batch is malformed, or --timeout-ms passes with no
  * batch; 2 on usage. Every wait is bounded by --timeout-ms (default: none
  * for the live stream, 5 s for a replay). */
@@ -114,10 +116,16 @@ static int curve_client(void *s, const char *ep)
     return 1;
 }
 
-/* The replay: batches from `from` until the end marker. *next: the
- * sequence after the last printed. */
-static int replay(void *ctx, const char *ep, uint64_t from, uint64_t timeout, uint64_t *left,
-                  int64_t *next)
+/* What --count leaves and where the printed sequence stands. */
+typedef struct ev_progress {
+    bool counted;  /* --count given */
+    uint64_t left; /* batches still to print (when counted) */
+    int64_t next;  /* the sequence after the last printed */
+} ev_progress;
+
+/* The replay: batches from `from` until the end marker or --count;
+ * pg->next becomes the sequence after the last printed. */
+static int replay(void *ctx, const char *ep, uint64_t from, uint64_t timeout, ev_progress *pg)
 {
     void *s = zmq_socket(ctx, ZMQ_DEALER);
     int ms = timeout ? (int)timeout : 5000, zero = 0;
@@ -146,10 +154,11 @@ static int replay(void *ctx, const char *ep, uint64_t from, uint64_t timeout, ui
             int bad = n != 3 ? (fprintf(stderr, "kvtier events: a replay answer of %d frames\n", n), 1)
                       : end  ? 0
                              : print_batch(&m[1], &m[2]);
-            if (!bad && !end) *next = be64(zmq_msg_data(&m[1])) + 1;
+            if (!bad && !end) pg->next = be64(zmq_msg_data(&m[1])) + 1;
             close_frames(m, n, 3);
             if (bad) break;
-            if (end || (*left && --*left == 0)) {
+            if (!end && pg->counted) pg->left--;
+            if (end || (pg->counted && pg->left == 0)) {
                 rc = 0;
                 break;
             }
@@ -159,8 +168,9 @@ static int replay(void *ctx, const char *ep, uint64_t from, uint64_t timeout, ui
     return rc;
 }
 
-static int live(void *ctx, const char *ep, const char *topic, uint64_t timeout, uint64_t left,
-                int64_t next)
+/* The live stream's socket, subscribed and connecting (before any replay,
+ * so what is published meanwhile waits in it); NULL after saying why. */
+static void *live_open(void *ctx, const char *ep, const char *topic, uint64_t timeout)
 {
     void *s = zmq_socket(ctx, ZMQ_SUB);
     int ms = timeout ? (int)timeout : 200, zero = 0;
@@ -169,15 +179,27 @@ static int live(void *ctx, const char *ep, const char *topic, uint64_t timeout, 
     zmq_setsockopt(s, ZMQ_SUBSCRIBE, topic ? topic : "", topic ? strlen(topic) : 0);
     if (curve_client(s, ep)) {
         zmq_close(s);
-        return 1;
+        return NULL;
     }
     if (zmq_connect(s, ep) != 0) {
         fprintf(stderr, "kvtier events: --endpoint %s: %s\n", ep, zmq_strerror(zmq_errno()));
         zmq_close(s);
-        return 1;
+        return NULL;
     }
+    return s;
+}
+
+
+/* Batches from the live socket s until --count or the timeout. With a
+ * replay endpoint rep, in sequence order and each once: a batch the
+ * replay printed already is skipped, and one past the next expected (the
+ * ones between were published before this subscription joined) first has
+ * the gap printed from the replay. */
+static int live(void *ctx, void *s, const char *ep, const char *rep, uint64_t timeout,
+                ev_progress *pg)
+{
     int rc = 0;
-    while (!cli_stop) {
+    while (!cli_stop && !(pg->counted && pg->left == 0)) {
         zmq_msg_t m[3];
         int n = recv_frames(s, m, 3);
         if (n < 0) {
@@ -191,18 +213,24 @@ static int live(void *ctx, const char *ep, const char *topic, uint64_t timeout, 
             }
             break;
         }
-        int bad = n != 3 ? (fprintf(stderr, "kvtier events: a message of %d frames, not 3\n", n), 1)
-                  : zmq_msg_size(&m[1]) == 8 && be64(zmq_msg_data(&m[1])) < next
-                      ? 0 /* printed by the replay already */
-                      : print_batch(&m[1], &m[2]);
-        close_frames(m, n, 3);
-        if (bad) {
+        if (n != 3 || zmq_msg_size(&m[1]) != 8) {
+            fprintf(stderr, "kvtier events: a message of %d frames, not 3 with an 8-byte "
+                    "sequence\n", n);
+            close_frames(m, n, 3);
             rc = 1;
             break;
         }
-        if (left && --left == 0) break;
+        int64_t seq = be64(zmq_msg_data(&m[1]));
+        if (rep && seq > pg->next) rc = replay(ctx, rep, (uint64_t)pg->next, timeout, pg);
+        bool print = !rc && !(pg->counted && pg->left == 0) && !(rep && seq < pg->next);
+        if (print) rc = print_batch(&m[1], &m[2]);
+        close_frames(m, n, 3);
+        if (rc) break;
+        if (print) {
+            pg->next = seq + 1;
+            if (pg->counted) pg->left--;
+        }
     }
-    zmq_close(s);
     return rc;
 }
 
@@ -244,10 +272,12 @@ int kvt_cmd_events(int argc, char **argv)
     }
     cli_stop_on_signals();
     void *ctx = zmq_ctx_new();
-    int64_t next = 0;
-    uint64_t left = count;
-    int rc = rep ? replay(ctx, rep, from, timeout, &left, &next) : 0;
-    if (!rc && ep && !(count && left == 0)) rc = live(ctx, ep, topic, timeout, left, next);
+    ev_progress pg = {.counted = count > 0, .left = count, .next = (int64_t)from};
+    void *sub = ep ? live_open(ctx, ep, topic, timeout) : NULL;
+    int rc = ep && !sub;
+    if (!rc && rep) rc = replay(ctx, rep, from, timeout, &pg);
+    if (!rc && sub) rc = live(ctx, sub, ep, rep, timeout, &pg);
+    if (sub) zmq_close(sub);
     zmq_ctx_term(ctx);
     return rc;
 }
