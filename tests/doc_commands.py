@@ -6,7 +6,8 @@ renamed flags; this catches it at the commit that renames them.
 
 It then runs the README's commands that no other test runs (the warm
 restart of `demo --ssd-dir` and `fsck` on it, `config --dump`), in a
-scratch directory, and checks what the README says they show. The others
+scratch directory, and checks what the README says they show, and
+docs/metrics.md's scrape of a running demo. The others
 run elsewhere: trace synth / replay / plan in cli_trace_synth, pd in cli_pd,
 serve / stats in cli_serve, the bench commands in their own tests."""
 import os
@@ -138,6 +139,33 @@ def run_readme(tmp):
         fail("README: `config --dump --json` is not JSON:\n" + js[:400])
 
 
+def run_metrics_doc():
+    """docs/metrics.md: `KVTIER_METRICS_PORT=9400 build/kvtier demo &` and a
+    scrape of it while it runs (a free port here) shows kvtier_hit_tokens_total."""
+    import socket
+    import time
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, KVTIER_METRICS_PORT=str(port))
+    p = subprocess.Popen([K, "demo"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    body, deadline = "", time.monotonic() + 60
+    while p.poll() is None and time.monotonic() < deadline and \
+            not re.search(r"^kvtier_hit_tokens_total\{tier=\"cpu\"\} [1-9]", body, re.M):
+        try:
+            body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
+                                          timeout=5).read().decode()
+        except OSError:
+            time.sleep(0.05)
+    p.kill() if p.poll() is None else None
+    err = p.communicate(timeout=60)[1]
+    if not re.search(r"^kvtier_hit_tokens_total\{tier=\"cpu\"\} [1-9]", body, re.M):
+        fail("docs/metrics.md: no kvtier_hit_tokens_total hits scraped from `demo` with "
+             "KVTIER_METRICS_PORT (exit %s): %s\n%s" % (p.returncode, err[-400:], body[:400]))
+
+
 def main():
     docs = [os.path.join(SRC, "README.md")]
     ddir = os.path.join(SRC, "docs")
@@ -147,6 +175,7 @@ def main():
         fail("only %d kvtier commands found in README.md and docs/: the parser lost them" % total)
     with tempfile.TemporaryDirectory() as tmp:
         run_readme(tmp)
+    run_metrics_doc()
     if failures:
         sys.exit(1)
     print("doc_commands: ok (%d commands checked against their --help)" % total)
