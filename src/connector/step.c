@@ -7,6 +7,7 @@
 #include <string.h>
 #include "connector/conn.h"
 #include "util/clock.h"
+#include "util/log.h"
 
 void kvt__pend_lookup_free(pend_lookup *p)
 {
@@ -144,6 +145,10 @@ static kvt_status launch_load(kvt_conn *c, pend_lookup *p, const kvt_down_load *
     p->task = 0; /* owned by `running` now, or gone */
     if (st == KVT_OK) st = kvt_cache_launch(c->cache, task, p->pages, p->num_pages);
     if (st != KVT_OK) {
+        /* The DONE event carries only the status; the why goes to the log. */
+        if (st != KVT_ENOTFOUND)
+            KVT_LOG(KVT_LOG_WARN, "connector: rank %u: rid %llu: the agreed load was not "
+                    "launched: %s", c->g->rank, (unsigned long long)p->rid, kvt_last_error());
         if (task) (void)kvt_cache_cancel(c->cache, task);
         return kvt__conn_push_done(c, p->rid, KVT_TASK_LOAD, st, 0);
     }
@@ -160,6 +165,8 @@ static kvt_status launch_store(kvt_conn *c, pend_store *s)
     if (!task) return kvt__conn_push_done(c, s->rid, KVT_TASK_STORE, KVT_OK, 0);
     kvt_status st = kvt_cache_launch(c->cache, task, s->pages, s->num_pages);
     if (st != KVT_OK) {
+        KVT_LOG(KVT_LOG_WARN, "connector: rank %u: rid %llu: the agreed store was not "
+                "launched: %s", c->g->rank, (unsigned long long)s->rid, kvt_last_error());
         (void)kvt_cache_cancel(c->cache, task);
         return kvt__conn_push_done(c, s->rid, KVT_TASK_STORE, st, 0);
     }

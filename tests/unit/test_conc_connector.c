@@ -443,7 +443,34 @@ static void test_e3_leader_raises(void **s)
 }
 static void test_e4_receiver_polls(void **s) { (void)s; expect_same_events(run_world(sc_e4, 0)); }
 static void test_e6_leader_counters(void **s) { (void)s; expect_same_events(run_world(sc_e6, 0)); }
-static void test_e7_leader_load_fails(void **s) { (void)s; expect_same_events(run_world(sc_e7, 0)); }
+/* Warn lines, kept for a test to read (any thread). */
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_log[8192];
+
+static void keep_line(void *user, kvt_log_level level, const char *line)
+{
+    (void)user;
+    if (level > KVT_LOG_WARN) return;
+    pthread_mutex_lock(&g_log_mu);
+    size_t n = strlen(g_log);
+    snprintf(g_log + n, sizeof g_log - n, "%s\n", line);
+    pthread_mutex_unlock(&g_log_mu);
+}
+
+/* E7, and the leader's log says why its load was not launched (the DONE
+ * event carries only the status). */
+static void test_e7_leader_load_fails(void **s)
+{
+    (void)s;
+    g_log[0] = '\0';
+    kvt_set_log_handler(keep_line, NULL);
+    world *w = run_world(sc_e7, 0);
+    kvt_set_log_handler(NULL, NULL);
+    expect_same_events(w);
+    if (!strstr(g_log, "rank 0: rid 2: the agreed load was not launched") ||
+        !strstr(g_log, "pages[1] is 9999"))
+        fail_msg("no warn line naming the rejected page:\n%s", g_log);
+}
 static void test_request_mismatch(void **s) { (void)s; expect_same_events(run_world(sc_mismatch, 0)); }
 
 static void test_e5_seeded_asymmetry(void **state)
