@@ -596,6 +596,8 @@ kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_
     kvt__clear_error();
     KVT_CHECK_NOT_NULL(out, fn);
     KVT_CHECK_NOT_NULL(cfg, fn);
+    kvt_status st = geo ? kvt_geometry_validate(geo) : KVT_OK; /* NULL: any geometry */
+    if (st) return kvt__wrap_error(st, "kvt_server_create: geo");
     kvt_server *s = calloc(1, sizeof *s);
     if (!s) return kvt__fail(KVT_ENOMEM, "%s: out of memory", fn);
     s->listen_fd = s->lock_fd = s->stop_pipe[0] = s->stop_pipe[1] = -1;
@@ -603,7 +605,7 @@ kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->shard_mu, NULL);
     pthread_mutex_init(&s->hooks_mu, NULL);
-    kvt_status st = build(s, cfg, geo);
+    st = build(s, cfg, geo);
     if (st) {
         if (s->listen_fd >= 0) unlink(s->path);
         kvt_server_destroy(s);

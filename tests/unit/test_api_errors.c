@@ -2289,6 +2289,13 @@ static void test_server_client(void **state)
     kvt_config *cfg = tier_config(NULL, f.sock);
     kvt_server *s2 = NULL;
     EXPECT_ERR(kvt_server_create(NULL, cfg, g), KVT_EINVAL, "kvt_server_create", "out");
+    EXPECT_ERR(kvt_server_create(&s2, NULL, g), KVT_EINVAL, "kvt_server_create", "cfg");
+    /* An undescribed geometry is the server's argument, not its cache's. */
+    kvt_geometry *undescribed = NULL;
+    assert_ok(kvt_geometry_create(&undescribed, 2, T_TPP, KVT_LAYOUT_LAYER_FIRST));
+    EXPECT_ERR(kvt_server_create(&s2, cfg, undescribed), KVT_EINVAL, "kvt_server_create: geo",
+               "layer 0");
+    kvt_geometry_destroy(undescribed);
     EXPECT_ERR(kvt_server_create(&s2, cfg, g), KVT_EBUSY, "kvt_server_create", "held by another",
                "pid");
     assert_null(s2);
