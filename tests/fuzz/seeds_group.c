@@ -7,7 +7,8 @@
  * (as PEEK was) fails the check:
  *   seeds_group write CORPUS   (re)writes CORPUS/fuzz_frame/v3_*,
  *                              CORPUS/fuzz_net/recv_*_frames and
- *                              CORPUS/fuzz_server_proto/hdr_op*
+ *                              CORPUS/fuzz_server_proto/hdr_op* and
+ *                              CORPUS/fuzz_server_frames/ (its streams)
  *   seeds_group check CORPUS   fails naming the first seed that differs
  *                              (ctest fuzz_seeds_current: a protocol change
  *                              that leaves old seeds behind is caught)
@@ -273,6 +274,22 @@ static void server_seeds(seeds *s)
     kvt__srv_buf_free(&a);
 }
 
+/* fuzz_server_frames: streams of whole frames as a peer writes them (byte
+ * 0 picks the reader: 0 plain, 1 with fd passing): a HELLO-sized request
+ * then an empty reply, and a frame whose stream ends inside its payload. */
+static void frame_stream_seeds(seeds *s)
+{
+    uint8_t buf[1 + 2 * KVT_SRV_HDR + 24] = {0};
+    kvt__srv_hdr_encode(buf + 1, KVT_SRV_HELLO, 24, 0);
+    memset(buf + 1 + KVT_SRV_HDR, 0x5a, 24);
+    kvt__srv_hdr_encode(buf + 1 + KVT_SRV_HDR + 24, KVT_SRV_STATS_ALL | KVT_SRV_REPLY, 0, 0);
+    emit(s, "fuzz_server_frames", "two_frames", buf, sizeof buf);
+    buf[0] = 1;
+    emit(s, "fuzz_server_frames", "two_frames_fd", buf, sizeof buf);
+    buf[0] = 0;
+    emit(s, "fuzz_server_frames", "cut_payload", buf, 1 + KVT_SRV_HDR + 10);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3 || (strcmp(argv[1], "write") && strcmp(argv[1], "check"))) {
@@ -293,6 +310,7 @@ int main(int argc, char **argv)
     frame_seeds(&s, b, nb);
     net_seeds(&s, b, nb);
     server_seeds(&s);
+    frame_stream_seeds(&s);
     if (s.bad) return 1;
     printf("seeds_group: %d seeds %s (protocol version %d, %d frame ops)\n", s.n,
            s.check ? "current" : "written", KVT_PROTO_VERSION, nb);
