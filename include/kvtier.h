@@ -428,7 +428,16 @@ typedef enum kvt_task_kind { KVT_TASK_LOAD = 1, KVT_TASK_STORE = 2 } kvt_task_ki
  * prefaults the CPU tier now; with ssd_dirs set, opens the SSD tier and
  * recovers the blocks a previous run left there (a directory written for
  * another geometry is refused with KVT_EGEOMETRY naming the field, unless
- * ssd_fresh). The caller owns *out. */
+ * ssd_fresh); with metrics_port set, serves /metrics. The caller owns
+ * *out. Refusals name the option and the numbers: KVT_ENOMEM when
+ * cpu_capacity is more than the machine can give now (MemAvailable plus
+ * free huge pages; memory_check=false skips the check); KVT_ENOSPC when
+ * an SSD directory's filesystem cannot hold ssd_capacity (nothing is left
+ * behind); KVT_EBUSY when an SSD directory is held by another process (its
+ * pid named) or metrics_port is taken; KVT_ECORRUPT when a directory's
+ * metadata cannot be read back (ssd_fresh=true starts it over);
+ * KVT_EUNSUPPORTED for io=io_uring where the kernel refuses io_uring;
+ * KVT_EIO when the SSD journal cannot be written. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_cache_create(kvt_cache **out, const kvt_config *cfg,
                             const kvt_geometry *geo);
