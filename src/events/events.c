@@ -62,6 +62,15 @@ typedef struct ev_tok {
     uint32_t next; /* the bucket's next record */
 } ev_tok;
 
+/* How many indexes hold a block in each tier (kvt_events_config.counted):
+ * open addressing, linear probing; empty when both counts are 0. */
+typedef struct ev_count {
+    kvt_hash128 h;
+    uint32_t cpu, disk;
+} ev_count;
+
+#define COUNT_MIN_CAP 4096u
+
 typedef struct ev_name {
     kvt_hash128 h;
     uint8_t len; /* 0: empty slot */
@@ -127,6 +136,11 @@ struct kvt_events {
     uint32_t *pass_tok;
     size_t pass_tok_cap;
     ev_span spans[2 * PASS_MAX];
+    /* counted: the publishing thread's own table (no lock); NULL with
+     * counted off, or after it could not grow (then uncounted, logged). */
+    bool counted;
+    ev_count *cnt;
+    uint32_t cnt_cap, cnt_n;
 };
 
 /* ---- the queue: many producers (each under its own cache lock), one consumer ---- */
@@ -656,6 +670,110 @@ static void serve_zap(kvt_events *ev)
             addr[0] ? addr : "an unknown address", (unsigned long long)refused);
 }
 
+/* ---- counting: one stream for several indexes ---- */
+
+static uint32_t count_home(kvt_hash128 h, uint32_t cap) { return (uint32_t)(h.lo ^ h.hi >> 7) & (cap - 1); }
+
+static bool count_empty(const ev_count *c) { return c->cpu == 0 && c->disk == 0; }
+
+/* The slot of h, or the empty slot where it would go. */
+static uint32_t count_slot(const kvt_events *ev, kvt_hash128 h)
+{
+    uint32_t i = count_home(h, ev->cnt_cap);
+    while (!count_empty(&ev->cnt[i]) && !hash_eq(ev->cnt[i].h, h)) i = (i + 1) & (ev->cnt_cap - 1);
+    return i;
+}
+
+/* Doubles the table (at 3/4 full); false when out of memory. */
+static bool count_grow(kvt_events *ev)
+{
+    uint32_t cap = ev->cnt_cap ? 2 * ev->cnt_cap : COUNT_MIN_CAP;
+    ev_count *old = ev->cnt, *t = calloc(cap, sizeof *t);
+    if (!t || cap == 0) {
+        free(t);
+        return false;
+    }
+    uint32_t old_cap = ev->cnt_cap;
+    ev->cnt = t;
+    ev->cnt_cap = cap;
+    for (uint32_t i = 0; i < old_cap; i++)
+        if (!count_empty(&old[i])) ev->cnt[count_slot(ev, old[i].h)] = old[i];
+    free(old);
+    return true;
+}
+
+/* Removes slot i, shifting back the entries its emptiness would hide. */
+static void count_remove(kvt_events *ev, uint32_t i)
+{
+    uint32_t mask = ev->cnt_cap - 1;
+    for (uint32_t j = (i + 1) & mask; !count_empty(&ev->cnt[j]); j = (j + 1) & mask) {
+        uint32_t home = count_home(ev->cnt[j].h, ev->cnt_cap);
+        /* j may move to i when its home is not within (i, j] cyclically */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            ev->cnt[i] = ev->cnt[j];
+            i = j;
+        }
+    }
+    ev->cnt[i] = (ev_count){0};
+    ev->cnt_n--;
+}
+
+/* Applies record r to the counts; returns the tiers whose change a router
+ * should hear (r's tiers where the count went 0 -> 1 or 1 -> 0). */
+static uint8_t count_apply(kvt_events *ev, const ev_rec *r)
+{
+    if (r->kind == REC_STORED && ev->cnt_n + 1 > ev->cnt_cap / 4 * 3 && !count_grow(ev)) {
+        KVT_LOG(KVT_LOG_WARN, "events: out of memory counting %u blocks over the geometries; "
+                "announcing every geometry's copies from now on", ev->cnt_n);
+        free(ev->cnt);
+        ev->cnt = NULL;
+        ev->cnt_cap = ev->cnt_n = 0;
+        ev->counted = false;
+        return r->medium;
+    }
+    if (!ev->cnt) return r->medium; /* a removal before any store: nothing counted */
+    uint32_t i = count_slot(ev, r->key);
+    ev_count *c = &ev->cnt[i];
+    if (r->kind == REC_STORED) {
+        if (count_empty(c)) {
+            c->h = r->key;
+            ev->cnt_n++;
+        }
+        uint32_t *k = r->medium == MEDIUM_CPU ? &c->cpu : &c->disk;
+        return (*k)++ == 0 ? r->medium : 0;
+    }
+    bool held = !count_empty(c);
+    uint8_t heard = 0;
+    for (uint8_t b = MEDIUM_CPU; b <= MEDIUM_DISK; b <<= 1) {
+        if (!(r->medium & b)) continue;
+        uint32_t *k = b == MEDIUM_CPU ? &c->cpu : &c->disk;
+        /* one the table never saw (dropped from a full queue): say it */
+        if (*k == 0 || --*k == 0) heard |= b;
+    }
+    if (held && count_empty(c)) count_remove(ev, i);
+    return heard;
+}
+
+/* The pass's n records with what other indexes already announced taken
+ * out (counted streams); returns how many are left. */
+static uint32_t count_pass(kvt_events *ev, uint32_t n)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n && ev->counted; i++) {
+        ev_rec r = ev->pass[i];
+        if (r.kind == REC_CLEARED) {
+            free(ev->cnt);
+            ev->cnt = NULL;
+            ev->cnt_cap = ev->cnt_n = 0;
+        } else {
+            r.medium = count_apply(ev, &r);
+            if (!r.medium) continue;
+        }
+        ev->pass[k++] = r;
+    }
+    return ev->counted ? k : n;
+}
+
 /* Drains the queue into batches of at most PASS_MAX blocks. */
 static bool drain(kvt_events *ev)
 {
@@ -665,9 +783,11 @@ static bool drain(kvt_events *ev)
         ev->cleared_pending = false;
     }
     while (n < PASS_MAX && pop(ev, &ev->pass[n])) n++;
+    bool full = n == PASS_MAX;
+    if (ev->counted) n = count_pass(ev, n);
     take_tokens(ev, n);
     if (n) publish(ev, n);
-    return n == PASS_MAX;
+    return full;
 }
 
 static void *events_main(void *arg)
@@ -841,6 +961,7 @@ static void events_free(kvt_events *ev)
     free(ev->tok);
     free(ev->tok_bucket);
     free(ev->pass_tok);
+    free(ev->cnt);
     pthread_mutex_destroy(&ev->tok_mu);
     free(ev);
 }
@@ -877,6 +998,7 @@ kvt_status kvt__events_start(kvt_events **out, const kvt_events_config *cfg)
     ev->topic_len = strlen(topic);
     ev->dp_rank = cfg->dp_rank;
     ev->disk_tokens = cfg->disk_tokens;
+    ev->counted = cfg->counted;
     ev->cleared_pending = true;
     const kvt_events_keys *k = cfg->secret ? &keys : NULL;
     st = k ? start_zap(ev, k) : KVT_OK;

@@ -40,6 +40,11 @@ typedef struct kvt_events_config {
     /* the blocks also become durable on an SSD tier: a token store's
      * tokens are kept for the BlockStored "DISK" too, not only "CPU" */
     bool disk_tokens;
+    /* several indexes (a server's geometries) publish here, and a block's
+     * hash does not say which one holds it: announce a block into a tier
+     * when the first of them holds it there and remove it when the last
+     * lets go, counting per hash and tier, so the stream stays a set */
+    bool counted;
 } kvt_events_config;
 
 /* The CURVE keys a secret gives, as Z85 text (40 characters and a NUL):

@@ -115,7 +115,7 @@ static kvt_status start_events(kvt_server *s)
     kvt_events_config ec = {s->cfg.events_endpoint, s->cfg.events_replay_endpoint,
                             s->cfg.events_topic, s->cfg.events_dp_rank,
                             s->cfg.events_buffer_steps, NULL, 0, s->cfg.events_insecure,
-                            s->cfg.ssd_dirs[0] != '\0'};
+                            s->cfg.ssd_dirs[0] != '\0', s->max_shards > 1};
     uint8_t *secret = NULL;
     kvt_status st = KVT_OK;
     if (s->cfg.events_secret_file[0])

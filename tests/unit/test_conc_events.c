@@ -26,34 +26,43 @@ typedef struct feeder {
     kvt_index *idx;
     kvt_events_src src;
     uint64_t salt;
+    uint32_t chains; /* 0: CHAINS */
     bool bad; /* cmocka's asserts belong to the test's thread */
 } feeder;
+
+/* f's chains committed, one BlockStored chain each; false on a failure. */
+static bool feed_commit(feeder *f)
+{
+    const uint32_t chains = f->chains ? f->chains : CHAINS;
+    for (uint32_t c = 0; c < chains; c++) {
+        uint32_t parent = KVT_INDEX_NONE, ids[CHAIN];
+        for (uint32_t b = 0; b < CHAIN; b++) {
+            kvt_hash128 h = {f->salt ^ ((uint64_t)c << 8 | b), f->salt + c};
+            if (kvt__index_insert(f->idx, parent, h, b, &ids[b]) != KVT_OK) return false;
+            parent = ids[b];
+        }
+        kvt__index_commit(f->idx, ids, CHAIN);
+    }
+    return true;
+}
+
+/* Every block of f evicted, leaves first, in BlockRemoved. */
+static bool feed_evict(feeder *f)
+{
+    uint32_t ids[64], slots[64];
+    uint32_t left = (f->chains ? f->chains : CHAINS) * CHAIN;
+    while (left) {
+        uint32_t n = kvt__index_evict_ids(f->idx, 64, ids, slots);
+        if (n == 0) return false;
+        left -= n;
+    }
+    return true;
+}
 
 static void *feed(void *arg)
 {
     feeder *f = arg;
-    for (uint32_t c = 0; c < CHAINS; c++) {
-        uint32_t parent = KVT_INDEX_NONE, ids[CHAIN];
-        for (uint32_t b = 0; b < CHAIN; b++) {
-            kvt_hash128 h = {f->salt ^ ((uint64_t)c << 8 | b), f->salt + c};
-            if (kvt__index_insert(f->idx, parent, h, b, &ids[b]) != KVT_OK) {
-                f->bad = true;
-                return NULL;
-            }
-            parent = ids[b];
-        }
-        kvt__index_commit(f->idx, ids, CHAIN); /* one BlockStored chain */
-    }
-    uint32_t ids[64], slots[64];
-    uint32_t left = CHAINS * CHAIN;
-    while (left) { /* leaves first: every block goes, in BlockRemoved */
-        uint32_t n = kvt__index_evict_ids(f->idx, 64, ids, slots);
-        if (n == 0) {
-            f->bad = true;
-            return NULL;
-        }
-        left -= n;
-    }
+    f->bad = !feed_commit(f) || !feed_evict(f);
     return NULL;
 }
 
@@ -163,6 +172,7 @@ static void test_two_indexes_at_once(void **state)
         assert_int_equal(kvt__index_create(&f[i].idx, CHAINS * CHAIN, KVT_EVICT_LRU), KVT_OK);
         f[i].src = (kvt_events_src){ev, 16};
         f[i].salt = 0x1000u * (uint64_t)(i + 1);
+        f[i].chains = 0;
         f[i].bad = false;
         kvt__index_set_observer(f[i].idx, kvt__events_observe, &f[i].src);
         assert_int_equal(pthread_create(&th[i], NULL, feed, &f[i]), 0);
@@ -457,6 +467,134 @@ static void test_tiers_and_tokens_disk(void **state)
     tiers_and_tokens(true);
 }
 
+/* Every block hash of a counted stream's events, in order, against the
+ * set a router keeps: a BlockStored of a hash it holds, or a BlockRemoved
+ * of one it does not, is a failure; returns how many are held at the end
+ * and counts the announcements. */
+typedef struct held_set {
+    uint8_t (*h)[16];
+    bool *in;
+    uint32_t n, cap;
+    uint64_t stored, removed;
+    char why[160];
+} held_set;
+
+static void held_apply(held_set *hs, const msgpack_object *e)
+{
+    const msgpack_object *list = at(e, 1);
+    bool store = tag_is(at(e, 0), "BlockStored");
+    if (!store && !tag_is(at(e, 0), "BlockRemoved")) return;
+    for (uint32_t i = 0; list && i < list->via.array.size; i++) {
+        const msgpack_object *o = &list->via.array.ptr[i];
+        if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != 16) {
+            snprintf(hs->why, sizeof hs->why, "a hash that is not 16 bytes");
+            return;
+        }
+        uint32_t k = 0;
+        while (k < hs->n && memcmp(hs->h[k], o->via.bin.ptr, 16)) k++;
+        if (k == hs->n) {
+            if (hs->n == hs->cap) {
+                snprintf(hs->why, sizeof hs->why, "more hashes than blocks fed");
+                return;
+            }
+            memcpy(hs->h[hs->n++], o->via.bin.ptr, 16);
+        }
+        if (hs->in[k] == store && !hs->why[0])
+            snprintf(hs->why, sizeof hs->why, "hash %u %s while %s", k,
+                     store ? "announced" : "removed", store ? "held" : "not held");
+        hs->in[k] = store;
+        *(store ? &hs->stored : &hs->removed) += 1;
+    }
+}
+
+/* Two indexes (two geometries of one server) holding the same hashes, on a
+ * counted stream: a router's set stays true (never announced while held,
+ * never removed while not), each block announced once and removed once,
+ * when the last index lets go. Enough blocks that the count table grows
+ * past its first size and removes under collisions. */
+static void test_counted_stream_is_a_set(void **state)
+{
+    (void)state;
+    enum { MANY = 1000 }; /* chains: 5000 blocks */
+    char ep[128], rep[128];
+    snprintf(ep, sizeof ep, "ipc:///tmp/kvt-events-c-%ld", (long)getpid());
+    snprintf(rep, sizeof rep, "ipc:///tmp/kvt-events-c-replay-%ld", (long)getpid());
+    kvt_events *ev = NULL;
+    kvt_events_config cfg = {ep, rep, "t", 7, 100000};
+    cfg.counted = true;
+    assert_int_equal(kvt__events_start(&ev, &cfg), KVT_OK);
+    feeder f[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kvt__index_create(&f[i].idx, MANY * CHAIN, KVT_EVICT_LRU), KVT_OK);
+        f[i].src = (kvt_events_src){ev, 16};
+        f[i].salt = 0x5000u; /* the same blocks in both */
+        f[i].chains = MANY;
+        kvt__index_set_observer(f[i].idx, kvt__events_observe, &f[i].src);
+    }
+    /* Both hold every block before either lets go: each is announced once,
+     * and removed once, when the second index evicts it. */
+    assert_true(feed_commit(&f[0]));
+    assert_true(feed_commit(&f[1]));
+    assert_true(feed_evict(&f[0]));
+    assert_true(feed_evict(&f[1]));
+    /* Read the replay from 0 until it holds every change (the thread
+     * publishes every 10 ms; 10 s at most on a loaded host). */
+    static uint8_t hashes[MANY * CHAIN][16];
+    static bool in[MANY * CHAIN];
+    held_set hs;
+    void *ctx = zmq_ctx_new();
+    uint32_t still = 0;
+    for (int tries = 0; tries < 100; tries++) {
+        memset(in, 0, sizeof in);
+        hs = (held_set){hashes, in, 0, MANY * CHAIN, 0, 0, ""};
+        void *dealer = zmq_socket(ctx, ZMQ_DEALER);
+        zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &(int){5000}, sizeof(int));
+        zmq_setsockopt(dealer, ZMQ_LINGER, &(int){0}, sizeof(int));
+        assert_int_equal(zmq_connect(dealer, rep), 0);
+        uint8_t zero[8] = {0};
+        assert_int_equal(zmq_send(dealer, "", 0, ZMQ_SNDMORE), 0);
+        assert_int_equal(zmq_send(dealer, zero, 8, 0), 8);
+        for (;;) {
+            char empty[1], seq[8];
+            static char payload[1 << 20];
+            assert_int_equal(zmq_recv(dealer, empty, sizeof empty, 0), 0);
+            assert_int_equal(zmq_recv(dealer, seq, sizeof seq, 0), 8);
+            int n = zmq_recv(dealer, payload, sizeof payload, 0);
+            if (!memcmp(seq, "\xff\xff\xff\xff\xff\xff\xff\xff", 8)) break;
+            assert_true(n > 0 && n <= (int)sizeof payload);
+            msgpack_unpacked u;
+            msgpack_unpacked_init(&u);
+            assert_int_equal(msgpack_unpack_next(&u, payload, (size_t)n, NULL),
+                             MSGPACK_UNPACK_SUCCESS);
+            const msgpack_object *evs = at(&u.data, 1);
+            for (uint32_t i = 0; evs && i < evs->via.array.size; i++)
+                held_apply(&hs, at(evs, i));
+            msgpack_unpacked_destroy(&u);
+        }
+        zmq_close(dealer);
+        if (hs.why[0]) fail_msg("%s (stored %llu, removed %llu)", hs.why,
+                                (unsigned long long)hs.stored, (unsigned long long)hs.removed);
+        still = 0;
+        for (uint32_t k = 0; k < hs.n; k++) still += in[k];
+        if (hs.n == MANY * CHAIN && still == 0) break;
+        usleep(100000);
+    }
+    kvt_events_stats es;
+    kvt__events_stats(ev, &es);
+    if (hs.n != MANY * CHAIN || still || es.dropped)
+        fail_msg("%u of %u blocks announced, %u still held at the end, %llu dropped", hs.n,
+                 MANY * CHAIN, still, (unsigned long long)es.dropped);
+    /* Both indexes stored every block: without counting, twice as many. */
+    assert_int_equal(hs.stored, MANY * CHAIN);
+    assert_int_equal(hs.removed, MANY * CHAIN);
+    for (int i = 0; i < 2; i++) {
+        kvt__index_set_observer(f[i].idx, NULL, NULL);
+        kvt__index_destroy(f[i].idx);
+    }
+    zmq_ctx_term(ctx);
+    stop_and_check_files(ev, ep, rep);
+}
+
 static void test_bad_config(void **state)
 {
     (void)state;
@@ -602,6 +740,7 @@ int main(void)
         cmocka_unit_test(test_two_indexes_at_once),
         cmocka_unit_test(test_tiers_and_tokens),
         cmocka_unit_test(test_tiers_and_tokens_disk),
+        cmocka_unit_test(test_counted_stream_is_a_set),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_secret_lets_only_its_holder_in),
     };
