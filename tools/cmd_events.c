@@ -19,6 +19,7 @@
 #include "events/events.h"
 #include "events_json.h"
 #include "server/auth.h"
+#include "util/clock.h"
 
 #define MAX_FRAME (64u << 20) /* a batch larger than this is not one kvtier sends */
 
@@ -199,6 +200,7 @@ static int live(void *ctx, void *s, const char *ep, const char *rep, uint64_t ti
                 ev_progress *pg)
 {
     int rc = 0;
+    uint64_t last_ns = kvt__now_ns(); /* --timeout-ms runs from the last batch printed */
     while (!cli_stop && !(pg->counted && pg->left == 0)) {
         zmq_msg_t m[3];
         int n = recv_frames(s, m, 3);
@@ -221,14 +223,26 @@ static int live(void *ctx, void *s, const char *ep, const char *rep, uint64_t ti
             break;
         }
         int64_t seq = be64(zmq_msg_data(&m[1]));
-        if (rep && seq > pg->next) rc = replay(ctx, rep, (uint64_t)pg->next, timeout, pg);
+        if (rep && seq > pg->next) {
+            int64_t before = pg->next;
+            rc = replay(ctx, rep, (uint64_t)pg->next, timeout, pg);
+            if (pg->next != before) last_ns = kvt__now_ns();
+        }
         bool print = !rc && !(pg->counted && pg->left == 0) && !(rep && seq < pg->next);
         if (print) rc = print_batch(&m[1], &m[2]);
         close_frames(m, n, 3);
         if (rc) break;
+        if (!print && timeout && kvt__now_ns() - last_ns > timeout * 1000000ull) {
+            /* only batches before --from (or printed already) came meanwhile */
+            fprintf(stderr, "kvtier events: no batch from %s past sequence %lld within %llu "
+                    "ms\n", ep, (long long)pg->next - 1, (unsigned long long)timeout);
+            rc = 1;
+            break;
+        }
         if (print) {
             pg->next = seq + 1;
             if (pg->counted) pg->left--;
+            last_ns = kvt__now_ns();
         }
     }
     return rc;
@@ -238,6 +252,7 @@ int kvt_cmd_events(int argc, char **argv)
 {
     const char *ep = NULL, *rep = NULL, *topic = NULL, *secret_file = NULL;
     uint64_t from = 0, count = 0, timeout = 0;
+    bool from_given = false;
     static const char *const takes_value[] = {"--endpoint", "--replay", "--topic", "--secret-file",
                                               "--from", "--count", "--timeout-ms", NULL};
     for (int i = 1; i < argc; i++) {
@@ -250,13 +265,18 @@ int kvt_cmd_events(int argc, char **argv)
         else if (!strcmp(a, "--replay")) rep = v;
         else if (!strcmp(a, "--topic")) topic = v;
         else if (!strcmp(a, "--secret-file")) secret_file = v;
-        else if (!strcmp(a, "--from") && demo_parse_u64(v, &from)) {}
+        else if (!strcmp(a, "--from") && demo_parse_u64(v, &from)) from_given = true;
         else if (!strcmp(a, "--count") && demo_parse_u64(v, &count) && count >= 1) {}
         else if (!strcmp(a, "--timeout-ms") && demo_parse_u64(v, &timeout) && timeout >= 1 &&
                  timeout <= 3600000) {}
         else return cli_bad_value("events", a, v);
     }
     if (!ep && !rep) return usage(stderr, 2);
+    if (from_given && !rep) {
+        fprintf(stderr, "kvtier events: --from needs --replay (the live stream starts where "
+                "it is)\n");
+        return 2;
+    }
     kvt_events_keys keys;
     if (secret_file) {
         uint8_t *secret = NULL;

@@ -467,6 +467,26 @@ class EventsCliReplayThenLive(unittest.TestCase):
         self.publish(3)
         self.assertEqual(self.seqs(p), [0, 1, 2, 3])
 
+    def test_from_needs_replay_and_a_start_past_the_stream_times_out(self):
+        r = subprocess.run([kvtier_bin(), "events", "--endpoint", "tcp://127.0.0.1:%d" % self.port,
+                            "--from", "5"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--from needs --replay", r.stderr)
+        p = subprocess.Popen([kvtier_bin(), "events", "--replay", "tcp://127.0.0.1:%d" % self.rport,
+                              "--endpoint", "tcp://127.0.0.1:%d" % self.port, "--from", "10",
+                              "--timeout-ms", "500"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        self.wait_subscribed()
+        self.answer_replay(9)  # nothing kept from 10 on: the end marker alone
+        deadline = time.monotonic() + 20
+        while p.poll() is None and time.monotonic() < deadline:
+            self.publish(3)  # older than --from: skipped, never printed
+            time.sleep(0.05)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual((p.returncode, out), (1, ""), err)
+        self.assertIn("no batch from tcp://127.0.0.1:%d past sequence 9 within 500 ms" % self.port,
+                      err)
+
     def test_a_gap_is_filled_from_the_replay_and_repeats_are_skipped(self):
         p = self.cli(5)
         self.wait_subscribed()

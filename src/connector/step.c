@@ -135,6 +135,9 @@ static kvt_status launch_load(kvt_conn *c, pend_lookup *p, const kvt_down_load *
         kvt_request req = {p->tokens, d->tokens + 1, p->ns, p->ns_len};
         kvt_match m = {0, 0};
         st = kvt_cache_lookup(c->cache, &req, &m);
+        if (st != KVT_OK) /* before the cancels below clear the message */
+            KVT_LOG(KVT_LOG_WARN, "connector: rank %u: rid %llu: the agreed load's lookup "
+                    "failed: %s", c->g->rank, (unsigned long long)p->rid, kvt_last_error());
         if (st == KVT_OK && m.matched_tokens != d->tokens) {
             if (m.task) (void)kvt_cache_cancel(c->cache, m.task);
             st = KVT_ENOTFOUND;
@@ -145,8 +148,9 @@ static kvt_status launch_load(kvt_conn *c, pend_lookup *p, const kvt_down_load *
     p->task = 0; /* owned by `running` now, or gone */
     if (st == KVT_OK) st = kvt_cache_launch(c->cache, task, p->pages, p->num_pages);
     if (st != KVT_OK) {
-        /* The DONE event carries only the status; the why goes to the log. */
-        if (st != KVT_ENOTFOUND)
+        /* The DONE event carries only the status; the why goes to the log
+         * (a failed lookup above said it already). */
+        if (st != KVT_ENOTFOUND && task)
             KVT_LOG(KVT_LOG_WARN, "connector: rank %u: rid %llu: the agreed load was not "
                     "launched: %s", c->g->rank, (unsigned long long)p->rid, kvt_last_error());
         if (task) (void)kvt_cache_cancel(c->cache, task);

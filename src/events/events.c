@@ -755,23 +755,24 @@ static uint8_t count_apply(kvt_events *ev, const ev_rec *r)
 }
 
 /* The pass's n records with what other indexes already announced taken
- * out (counted streams); returns how many are left. */
+ * out (counted streams); returns how many are left. Counting may turn off
+ * part-way (out of memory): the records after that are all kept. */
 static uint32_t count_pass(kvt_events *ev, uint32_t n)
 {
     uint32_t k = 0;
-    for (uint32_t i = 0; i < n && ev->counted; i++) {
+    for (uint32_t i = 0; i < n; i++) {
         ev_rec r = ev->pass[i];
-        if (r.kind == REC_CLEARED) {
+        if (!ev->counted) {
+        } else if (r.kind == REC_CLEARED) {
             free(ev->cnt);
             ev->cnt = NULL;
             ev->cnt_cap = ev->cnt_n = 0;
-        } else {
-            r.medium = count_apply(ev, &r);
-            if (!r.medium) continue;
+        } else if (!(r.medium = count_apply(ev, &r))) {
+            continue;
         }
         ev->pass[k++] = r;
     }
-    return ev->counted ? k : n;
+    return k;
 }
 
 /* Drains the queue into batches of at most PASS_MAX blocks. */
