@@ -631,8 +631,11 @@ typedef struct kvt_client kvt_client;
  * server_socket_group, a malformed server_namespaces rule, a secret file
  * that is missing or not 16..1024 bytes.
  * KVT_EBUSY: another server holds the socket or an SSD directory (the
- * message names its pid). KVT_EGEOMETRY: an SSD directory was written for
- * another geometry. KVT_ESYS, KVT_ENOMEM, KVT_EIO. The caller owns *out. */
+ * message names its pid), or metrics_port is taken. KVT_EGEOMETRY: an SSD
+ * directory was written for another geometry. KVT_ENOMEM (cpu_capacity
+ * over what the machine can give now), KVT_ENOSPC, KVT_ECORRUPT,
+ * KVT_EUNSUPPORTED and KVT_EIO as for kvt_cache_create; KVT_ESYS. The
+ * caller owns *out. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EIO, KVT_ENOSPC, KVT_EGEOMETRY, KVT_EBUSY, KVT_EFULL, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_ESYS. */
 kvt_status kvt_server_create(kvt_server **out, const kvt_config *cfg, const kvt_geometry *geo);
 /* Serves clients on the calling thread until kvt_server_stop; then
