@@ -718,6 +718,14 @@ static void count_remove(kvt_events *ev, uint32_t i)
     ev->cnt_n--;
 }
 
+/* Forgets every count (AllBlocksCleared, or counting given up). */
+static void count_forget(kvt_events *ev)
+{
+    free(ev->cnt);
+    ev->cnt = NULL;
+    ev->cnt_cap = ev->cnt_n = 0;
+}
+
 /* Applies record r to the counts; returns the tiers whose change a router
  * should hear (r's tiers where the count went 0 -> 1 or 1 -> 0). */
 static uint8_t count_apply(kvt_events *ev, const ev_rec *r)
@@ -725,9 +733,7 @@ static uint8_t count_apply(kvt_events *ev, const ev_rec *r)
     if (r->kind == REC_STORED && ev->cnt_n + 1 > ev->cnt_cap / 4 * 3 && !count_grow(ev)) {
         KVT_LOG(KVT_LOG_WARN, "events: out of memory counting %u blocks over the geometries; "
                 "announcing every geometry's copies from now on", ev->cnt_n);
-        free(ev->cnt);
-        ev->cnt = NULL;
-        ev->cnt_cap = ev->cnt_n = 0;
+        count_forget(ev);
         ev->counted = false;
         return r->medium;
     }
@@ -764,9 +770,7 @@ static uint32_t count_pass(kvt_events *ev, uint32_t n)
         ev_rec r = ev->pass[i];
         if (!ev->counted) {
         } else if (r.kind == REC_CLEARED) {
-            free(ev->cnt);
-            ev->cnt = NULL;
-            ev->cnt_cap = ev->cnt_n = 0;
+            count_forget(ev);
         } else if (!(r.medium = count_apply(ev, &r))) {
             continue;
         }
