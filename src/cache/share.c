@@ -2,11 +2,13 @@
 #include "cache/share.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #include "cache/tiers.h"
 #include "index/index.h"
 #include "util/err.h"
+#include "util/clock.h"
 
 struct kvt_share {
     pthread_mutex_t mu; /* guards members */
@@ -117,14 +119,43 @@ static uint32_t slots_for(const kvt_cache *m, bool ssd, uint64_t bytes)
     return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
+/* One reclaim's view of the members it could not lock. A member busy
+ * under its own mutex (its mover, its SSD commit round giving slots back,
+ * a stats read) is free again within microseconds; passed over at once,
+ * its colder blocks were spared and the caller dropped its own newer ones
+ * (or stored fewer). So a busy member is retried, yielding the CPU, for at
+ * most BUSY_WAIT_NS over the whole call: its holder may be waiting for
+ * sh->mu, which the caller holds, and then only the bound ends the wait.
+ * busy says someone was passed over all the same (the SSD side then waits
+ * with its mutex dropped, see kvt__share_ssd_reclaim). */
+#define BUSY_WAIT_NS 2000000ull
+
+typedef struct scan {
+    uint64_t deadline; /* 0 until the first busy member */
+    bool busy;
+} scan;
+
+/* Member m's mutex (m is not the caller), or false when still busy. */
+static bool lock_other(kvt_cache *m, scan *s)
+{
+    if (pthread_mutex_trylock(&m->mu) == 0) return true;
+    if (s->deadline == 0) s->deadline = kvt__now_ns() + BUSY_WAIT_NS;
+    while (kvt__now_ns() < s->deadline) {
+        sched_yield();
+        if (pthread_mutex_trylock(&m->mu) == 0) return true;
+    }
+    s->busy = true;
+    return false;
+}
+
 /* Free backed slots of the others (CPU, or with ssd SSD slots): memory or
  * disk no block uses. sh->mu held. Returns bytes given back to the budget. */
-static uint64_t take_free(kvt_share *sh, kvt_cache *c, uint64_t want, bool ssd)
+static uint64_t take_free(kvt_share *sh, kvt_cache *c, uint64_t want, bool ssd, scan *sc)
 {
     uint64_t got = 0;
     for (uint32_t i = 0; i < sh->n && got < want; i++) {
         kvt_cache *m = sh->members[i];
-        if (m == c || (ssd && !m->ssd) || pthread_mutex_trylock(&m->mu) != 0) continue;
+        if (m == c || (ssd && !m->ssd) || !lock_other(m, sc)) continue;
         uint32_t n = slots_for(m, ssd, want - got);
         n = ssd ? kvt__ssd_release(m->ssd, n) : kvt__pool_release(m->pool, n);
         got += (uint64_t)n * slot_bytes(m, ssd);
@@ -134,14 +165,15 @@ static uint64_t take_free(kvt_share *sh, kvt_cache *c, uint64_t want, bool ssd)
 }
 
 /* The member (not c) whose coldest block is colder than mine, the coldest
- * of them; NULL when mine is the coldest (or every other is busy). */
-static kvt_cache *victim(kvt_share *sh, kvt_cache *c, cold_key mine)
+ * of them; NULL when mine is the coldest (or the others stayed busy: see
+ * sc->busy). */
+static kvt_cache *victim(kvt_share *sh, kvt_cache *c, cold_key mine, scan *sc)
 {
     kvt_cache *best = NULL;
     cold_key bk = mine;
     for (uint32_t i = 0; i < sh->n; i++) {
         kvt_cache *m = sh->members[i];
-        if (m == c || pthread_mutex_trylock(&m->mu) != 0) continue;
+        if (m == c || !lock_other(m, sc)) continue;
         cold_key k = coldest(m);
         pthread_mutex_unlock(&m->mu);
         if (colder(k, bk)) {
@@ -167,12 +199,13 @@ static uint32_t reclaim(kvt_cache *c, uint32_t want, bool from_others)
     kvt_share *sh = c->share;
     if (!sh || want == 0) return 0;
     uint64_t stride = slot_bytes(c, false), need = (uint64_t)want * stride;
+    scan sc = {0};
     pthread_mutex_lock(&sh->mu);
-    uint64_t got = take_free(sh, c, need, false);
+    uint64_t got = take_free(sh, c, need, false, &sc);
     cold_key mine = from_others ? (cold_key){0} : coldest(c);
     for (int r = 0; r < RECLAIM_ROUNDS && got < need; r++) {
-        kvt_cache *v = victim(sh, c, mine);
-        if (!v || pthread_mutex_trylock(&v->mu) != 0) break;
+        kvt_cache *v = victim(sh, c, mine, &sc);
+        if (!v || !lock_other(v, &sc)) break;
         uint32_t n = kvt__tiers_give_back(v, slots_for(v, false, need - got));
         pthread_mutex_unlock(&v->mu);
         if (n == 0) break;
@@ -197,9 +230,9 @@ static cold_key owner_coldest(const kvt_cache *m, uint8_t owner)
 }
 
 /* Member m (c: already locked by the caller) with its mutex, or false. */
-static bool lock_member(kvt_cache *c, kvt_cache *m)
+static bool lock_member(kvt_cache *c, kvt_cache *m, scan *sc)
 {
-    return m == c || pthread_mutex_trylock(&m->mu) == 0;
+    return m == c || lock_other(m, sc);
 }
 
 static void unlock_member(kvt_cache *c, kvt_cache *m)
@@ -211,12 +244,13 @@ bool kvt__share_owner_room(kvt_cache *c, uint8_t owner)
 {
     kvt_share *sh = c->share;
     if (!sh) return kvt__tiers_owner_room(c, owner);
+    scan sc = {0};
     pthread_mutex_lock(&sh->mu);
     kvt_cache *best = NULL;
     cold_key bk = {0};
     for (uint32_t i = 0; i < sh->n; i++) {
         kvt_cache *m = sh->members[i];
-        if (!lock_member(c, m)) continue;
+        if (!lock_member(c, m, &sc)) continue;
         cold_key k = owner_coldest(m, owner);
         unlock_member(c, m);
         if (colder(k, bk)) {
@@ -225,14 +259,14 @@ bool kvt__share_owner_room(kvt_cache *c, uint8_t owner)
         }
     }
     bool made = false;
-    if (best && lock_member(c, best)) {
+    if (best && lock_member(c, best, &sc)) {
         made = kvt__tiers_owner_room(best, owner);
         unlock_member(c, best);
     }
     if (!made) made = kvt__tiers_owner_room(c, owner); /* copies on the SSD, say */
     for (uint32_t i = 0; i < sh->n && !made; i++) {
         kvt_cache *m = sh->members[i];
-        if (m == c || !lock_member(c, m)) continue;
+        if (m == c || !lock_member(c, m, &sc)) continue;
         made = kvt__tiers_owner_room(m, owner);
         unlock_member(c, m);
     }
@@ -244,11 +278,13 @@ bool kvt__share_owner_room(kvt_cache *c, uint8_t owner)
 
 /* The victim's freed SSD slots come back only after its commit round: what
  * is already on its way counts, so repeated calls while the caller waits
- * do not evict again. sh->mu held. */
-static bool ssd_victim_gives(kvt_share *sh, kvt_cache *c, uint64_t need)
+ * do not evict again. A member that stayed busy counts too (it may hold
+ * the colder blocks: the caller asks again after a pause rather than
+ * evicting its own). sh->mu held. */
+static bool ssd_victim_gives(kvt_share *sh, kvt_cache *c, uint64_t need, scan *sc)
 {
-    kvt_cache *v = victim(sh, c, coldest(c));
-    if (!v || !v->ssd || pthread_mutex_trylock(&v->mu) != 0) return false;
+    kvt_cache *v = victim(sh, c, coldest(c), sc);
+    if (!v || !v->ssd || !lock_other(v, sc)) return sc->busy;
     uint32_t want = slots_for(v, true, need), coming = kvt__ssd_blocks_free(v->ssd);
     uint32_t n = coming < want ? kvt__tiers_give_back_ssd(v, want - coming) : 0;
     if (n == 0) kvt__ssd_flush_frees(v->ssd);
@@ -262,9 +298,10 @@ uint32_t kvt__share_ssd_reclaim(kvt_cache *c, uint32_t want, bool *pending)
     *pending = false;
     if (!sh || !c->ssd || !c->ssd_budget || want == 0) return 0;
     uint64_t unit = slot_bytes(c, true), need = (uint64_t)want * unit;
+    scan sc = {0};
     pthread_mutex_lock(&sh->mu);
-    uint64_t got = take_free(sh, c, need, true);
-    if (got < need) *pending = ssd_victim_gives(sh, c, need - got);
+    uint64_t got = take_free(sh, c, need, true, &sc);
+    if (got < need) *pending = ssd_victim_gives(sh, c, need - got, &sc);
     pthread_mutex_unlock(&sh->mu);
     return got_slots(got, unit, want);
 }

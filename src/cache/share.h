@@ -15,9 +15,11 @@
  * member's SSD store is sparse and draws on the share's SSD budget.
  *
  * Locking: the caller holds its cache mutex; reclaim takes the share's
- * mutex, then the others' cache mutexes with trylock only (a member busy
- * under its own mutex is skipped this time), so no lock order between
- * members exists and none can deadlock. Members join after their cache is
+ * mutex, then the others' cache mutexes with trylock only, so no lock
+ * order between members exists and none can deadlock. A member busy under
+ * its own mutex is tried again for up to 2 ms over one call (share.c
+ * BUSY_WAIT_NS), then skipped; the SSD side reports it as pending, so its
+ * caller waits with its mutex dropped instead of evicting its own. Members join after their cache is
  * built and leave first thing in kvt_cache_destroy, under the share mutex. */
 #ifndef KVT_CACHE_SHARE_H
 #define KVT_CACHE_SHARE_H
@@ -69,7 +71,8 @@ bool kvt__share_owner_room(kvt_cache *c, uint8_t owner);
  * enough and another member's coldest block is colder than the caller's,
  * that member evicts its coldest leaves; their slots come back only after
  * its commit round, so *pending says "wait a little and call again" (the
- * caller drops its mutex meanwhile). 0 without pending: evict your own. */
+ * caller drops its mutex meanwhile); so it does when a member stayed busy.
+ * 0 without pending: evict your own. */
 uint32_t kvt__share_ssd_reclaim(kvt_cache *c, uint32_t want, bool *pending);
 /* kvt_cache_destroy: leaves the share (no reclaim touches c after). */
 void kvt__share_leave(kvt_cache *c);
