@@ -1252,12 +1252,14 @@ kvt_status kvt_conn_lookup(kvt_conn *conn, uint64_t rid, const kvt_request *req,
 /* Rank-local: this rank has pages for rid's looked-up prefix and wants it
  * loaded (layerwise: the engine will call kvt_conn_wait_layer). Not calling
  * it (e.g. a failed allocation) makes the step refuse the load on every
- * rank. pages is copied. */
+ * rank. pages is copied; once the cache has engine memory registered, a
+ * page index past it is KVT_EINVAL here, naming it. */
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EABORTED. */
 kvt_status kvt_conn_load(kvt_conn *conn, uint64_t rid, const uint32_t *pages,
                          uint32_t num_pages, int layerwise);
 /* Rank-local: plans the store of req's blocks this rank lacks and queues it;
- * it starts only if every rank queued the same request. req, pages copied.
+ * it starts only if every rank queued the same request. req, pages copied
+ * (page indices checked as kvt_conn_load's).
  * While a load (or store) of a rid has no group result yet, the step refuses
  * another load (or store) of that rid with KVT_EBUSY on every rank, and a
  * load is refused the same way when every layer counter is held: keep the

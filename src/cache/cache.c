@@ -131,6 +131,14 @@ kvt_status kvt__cache_create_shared(kvt_cache **out, const kvt_config *cfg,
     return create(out, cfg, geo, true, sh);
 }
 
+uint32_t kvt__cache_engine_pages(kvt_cache *c)
+{
+    pthread_mutex_lock(&c->mu);
+    uint32_t n = c->memory_registered ? c->map.num_pages : 0;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
 void kvt__cache_observe_index(kvt_cache *c, kvt_index_observer fn, void *arg)
 {
     pthread_mutex_lock(&c->mu);

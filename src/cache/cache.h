@@ -170,6 +170,10 @@ void kvt__cache_destroy(kvt_cache *c);
  * cluster counts what it serves). */
 kvt_status kvt__cache_lookup_for_peer(kvt_cache *c, const kvt_request *req, kvt_match *out);
 
+/* Pages of the engine memory registered with c (kvt_cache_register_memory),
+ * or 0 before it was: for checks up front by the layers above. */
+uint32_t kvt__cache_engine_pages(kvt_cache *c);
+
 /* Copies the thread's last error into the cache's message; returns st. */
 kvt_status kvt__cache_fail(const kvt_cache *c, kvt_status st);
 

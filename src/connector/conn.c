@@ -5,6 +5,7 @@
  * desynchronise"). */
 #include <stdlib.h>
 #include <string.h>
+#include "cache/cache.h"
 #include "connector/conn.h"
 #include "util/hash.h"
 
@@ -154,6 +155,23 @@ kvt_status kvt_conn_lookup(kvt_conn *c, uint64_t rid, const kvt_request *req, ui
     return st;
 }
 
+/* Every page index inside the engine memory the cache registered. Refused
+ * here, the bad index is named to the rank that passed it; past this call
+ * the ranks agree to move the blocks and the step's launch fails instead,
+ * which the engine hears only as a failed event. Memory not registered
+ * yet: the launch checks at the step. */
+static kvt_status check_pages(kvt_conn *c, uint64_t rid, const uint32_t *pages, uint32_t count,
+                              const char *fn)
+{
+    uint32_t have = kvt__cache_engine_pages(c->cache);
+    for (uint32_t i = 0; have && i < count; i++)
+        if (pages[i] >= have)
+            return kvt__fail(KVT_EINVAL, "%s: rid %llu: pages[%u] is %u but the engine "
+                             "registered %u pages with the cache", fn, (unsigned long long)rid, i,
+                             pages[i], have);
+    return KVT_OK;
+}
+
 static kvt_status copy_pages(uint32_t **dst, uint32_t *n, const uint32_t *pages, uint32_t count,
                              const char *fn)
 {
@@ -173,6 +191,7 @@ kvt_status kvt_conn_load(kvt_conn *c, uint64_t rid, const uint32_t *pages, uint3
     kvt_status st = usable(c, fn);
     if (st != KVT_OK) return st;
     KVT_CHECK_ARG(pages && num_pages > 0, "%s: rid %llu: no pages", fn, (unsigned long long)rid);
+    if ((st = check_pages(c, rid, pages, num_pages, fn)) != KVT_OK) return st;
     pthread_mutex_lock(&c->mu);
     pend_lookup *p = find_lookup(c, rid);
     if (!p)
@@ -216,6 +235,7 @@ kvt_status kvt_conn_store(kvt_conn *c, uint64_t rid, const kvt_request *req,
     if (st == KVT_OK) st = check_req(req, fn);
     if (st != KVT_OK) return st;
     KVT_CHECK_ARG(pages && num_pages > 0, "%s: rid %llu: no pages", fn, (unsigned long long)rid);
+    if ((st = check_pages(c, rid, pages, num_pages, fn)) != KVT_OK) return st;
     pthread_mutex_lock(&c->mu);
     st = store_locked(c, rid, req, pages, num_pages);
     pthread_mutex_unlock(&c->mu);

@@ -148,8 +148,10 @@
  *  kvt_conn_destroy                     NULL
  *  kvt_conn_lookup                      conn/req NULL; 0 tokens; tokens NULL; ns NULL
  *                                       with ns_len; rid queued twice
- *  kvt_conn_load                        conn/pages NULL; num_pages 0; rid not looked up
- *  kvt_conn_store                       conn/req/pages NULL; num_pages 0; rid twice
+ *  kvt_conn_load                        conn/pages NULL; num_pages 0; rid not looked up;
+ *                                       a page past the engine's
+ *  kvt_conn_store                       conn/req/pages NULL; num_pages 0; rid twice;
+ *                                       a page past the engine's
  *  kvt_conn_reset                       conn NULL
  *  kvt_conn_poll                        conn NULL (ended NULL is allowed)
  *  kvt_conn_wait_layer                  conn NULL; timeout -1; rid without a load
@@ -1386,6 +1388,14 @@ static void test_conn(void **state)
     EXPECT_ERR(kvt_conn_load(k, 1, NULL, 4, 0), KVT_EINVAL, "kvt_conn_load", "pages");
     EXPECT_ERR(kvt_conn_load(k, 1, pages, 0, 0), KVT_EINVAL, "kvt_conn_load", "pages");
     EXPECT_ERR(kvt_conn_load(k, 2, pages, 4, 0), KVT_EINVAL, "kvt_conn_load", "rid 2");
+    /* A page index past the engine's memory is refused at the rank's own
+     * call, naming it; before, the ranks agreed on the load and only the
+     * step's launch failed, as a bare failed event. Nothing is queued. */
+    uint32_t past[4] = {1, 3, KVT_TEST_SMALL_PAGES, 7};
+    EXPECT_ERR(kvt_conn_load(k, 1, past, 4, 0), KVT_EINVAL, "kvt_conn_load",
+               "rid 1: pages[2] is 8 but the engine registered 8 pages");
+    EXPECT_ERR(kvt_conn_store(k, 3, req, past, 4), KVT_EINVAL, "kvt_conn_store",
+               "rid 3: pages[2] is 8 but the engine registered 8 pages");
 
     EXPECT_ERR(kvt_conn_store(NULL, 3, req, pages, 4), KVT_EINVAL, "kvt_conn_store", conn_arg);
     EXPECT_ERR(kvt_conn_store(k, 3, NULL, pages, 4), KVT_EINVAL, "kvt_conn_store",
