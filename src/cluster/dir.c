@@ -18,6 +18,7 @@
  * fails the directory is down and calls fail at once until the backoff
  * lets one call probe again. */
 #include "cluster/dir.h"
+#include "cluster/dir_decode.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -37,7 +38,7 @@
 #include "util/err.h"
 #include "util/log.h"
 
-#define DIR_SHARDS_MAX 64     /* cluster primaries routed to (a slot map holds at most this) */
+#define DIR_SHARDS_MAX KVT_DIR_PRIMARIES_MAX /* cluster primaries routed to */
 #define DIR_SEEDS_MAX 16      /* addresses in the redis string */
 #define DIR_PREFIX_MAX 64     /* key prefix bytes */
 #define DIR_NAME_MAX 128      /* sentinel master name, with its NUL */
@@ -46,8 +47,8 @@
 #define DIR_BATCH 512         /* blocks per pipelined round trip (dir.h) */
 #define DIR_REDIRECTS 5       /* MOVED/ASK rounds one call follows before giving up */
 #define DIR_REFRESH_TRIES 3   /* cluster nodes one slot-map read tries */
-#define DIR_SLOTS 16384       /* Redis Cluster's hash slots */
-#define DIR_NO_SHARD 0xff     /* a slot no primary serves (that we know of) */
+#define DIR_SLOTS KVT_DIR_SLOTS
+#define DIR_NO_SHARD KVT_DIR_NO_PRIMARY /* a slot no primary serves (that we know of) */
 #define DIR_LEASE_CACHE 1024  /* node leases remembered for lookups (direct-mapped) */
 #define DIR_BATCH_NODES 1024  /* distinct holders one lookup batch considers */
 #define DIR_NODES_LIST_MAX 65536 /* node ids kvt__dir_nodes collects; more are only counted */
@@ -128,141 +129,6 @@ typedef struct dir_cmd {
     bool ask;       /* an ASK redirection: ASKING first, to shard */
     redisReply *r;  /* NULL: not answered yet */
 } dir_cmd;
-
-/* ------------------------------------------------------------------ */
-/* Decoders                                                           */
-/* ------------------------------------------------------------------ */
-
-kvt_status kvt__dir_epoch_decode(const char *s, size_t len, uint64_t *epoch)
-{
-    /* 19 digits hold every value below 2^63; longer is refused even with
-     * leading zeros, so the loop below cannot overflow. */
-    if (!s || len == 0 || len > 19)
-        return kvt__fail(KVT_EPROTO, "cluster directory: epoch of %zu bytes (want 1..19 digits)", len);
-    uint64_t v = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (s[i] < '0' || s[i] > '9')
-            return kvt__fail(KVT_EPROTO, "cluster directory: epoch has a byte 0x%02x that is no digit",
-                             (unsigned char)s[i]);
-        v = v * 10 + (uint64_t)(s[i] - '0');
-    }
-    if (v >= (1ull << 63)) return kvt__fail(KVT_EPROTO, "cluster directory: epoch %" PRIu64 " >= 2^63", v);
-    *epoch = v;
-    return KVT_OK;
-}
-
-static bool host_char(char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-           c == '-' || c == '_';
-}
-
-/* "host:port" or "[v6]:port" of len bytes (no NUL needed): host and port
- * out when they are given (host without brackets). */
-static bool addr_split(const char *s, size_t len, char *host, size_t host_len, uint16_t *port)
-{
-    if (len == 0 || len >= KVT_DIR_ADDR_MAX) return false;
-    size_t hs = 0, he; /* host is s[hs..he) */
-    const char *colon;
-    if (s[0] == '[') {
-        const char *rb = memchr(s, ']', len);
-        if (!rb || rb == s + 1 || (size_t)(rb - s) + 1 >= len || rb[1] != ':') return false;
-        for (const char *p = s + 1; p < rb; p++)
-            if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f') || (*p >= 'A' && *p <= 'F') ||
-                  *p == ':' || *p == '.'))
-                return false;
-        hs = 1;
-        he = (size_t)(rb - s);
-        colon = rb + 1;
-    } else {
-        colon = memchr(s, ':', len);
-        if (!colon || colon == s) return false;
-        he = (size_t)(colon - s);
-        for (size_t i = 0; i < he; i++)
-            if (!host_char(s[i])) return false;
-    }
-    size_t pn = len - (size_t)(colon + 1 - s);
-    if (pn == 0 || pn > 5) return false;
-    uint32_t v = 0;
-    for (size_t i = 0; i < pn; i++) {
-        char c = colon[1 + i];
-        if (c < '0' || c > '9') return false;
-        v = v * 10 + (uint32_t)(c - '0');
-    }
-    if (v == 0 || v > 65535) return false;
-    if (host) {
-        if (he - hs >= host_len) return false;
-        memcpy(host, s + hs, he - hs);
-        host[he - hs] = '\0';
-    }
-    if (port) *port = (uint16_t)v;
-    return true;
-}
-
-kvt_status kvt__dir_lease_decode(const char *s, size_t len, uint64_t *epoch, char *addr,
-                                 size_t addr_len)
-{
-    const char *sp = s ? memchr(s, ' ', len) : NULL;
-    if (!sp)
-        return kvt__fail(KVT_EPROTO,
-                         "cluster directory: lease value has no space (want \"<epoch> <host:port>\")");
-    uint64_t e;
-    kvt_status st = kvt__dir_epoch_decode(s, (size_t)(sp - s), &e);
-    if (st) return st;
-    size_t an = len - (size_t)(sp + 1 - s);
-    if (!addr_split(sp + 1, an, NULL, 0, NULL))
-        return kvt__fail(KVT_EPROTO,
-                         "cluster directory: lease value's address (%zu bytes) is not host:port", an);
-    if (!addr || an >= addr_len)
-        return kvt__fail(KVT_EPROTO,
-                         "cluster directory: lease value's address of %zu bytes does not fit %zu", an,
-                         addr_len);
-    memcpy(addr, sp + 1, an);
-    addr[an] = '\0';
-    *epoch = e;
-    return KVT_OK;
-}
-
-kvt_status kvt__dir_holding_decode(const char *s, size_t len, kvt_dir_holding *out)
-{
-    if (!s) return kvt__fail(KVT_EPROTO, "cluster directory: holding value is NULL");
-    uint64_t v[4] = {0};
-    size_t k = 0, at = 0;
-    for (;;) {
-        const char *sp = memchr(s + at, ' ', len - at);
-        size_t fl = sp ? (size_t)(sp - (s + at)) : len - at;
-        if (k == 4)
-            return kvt__fail(KVT_EPROTO, "cluster directory: holding value has more than four "
-                             "numbers");
-        kvt_status st = kvt__dir_epoch_decode(s + at, fl, &v[k++]);
-        if (st) return st;
-        if (!sp) break;
-        at += fl + 1;
-    }
-    if (k != 2 && k != 4)
-        return kvt__fail(KVT_EPROTO, "cluster directory: holding value has %zu numbers (want "
-                         "\"<blocks> <bytes> <cpu_blocks> <ssd_blocks>\" or \"<blocks> <bytes>\")", k);
-    *out = (kvt_dir_holding){v[0], v[1], v[2], v[3], k == 4};
-    return KVT_OK;
-}
-
-kvt_status kvt__dir_entry_decode(const char *s, size_t len, uint64_t *epoch, uint8_t *tier)
-{
-    const char *sp = s ? memchr(s, ' ', len) : NULL;
-    size_t en = sp ? (size_t)(sp - s) : len, tn = sp ? len - en - 1 : 0;
-    uint8_t t = KVT_DIR_TIER_UNKNOWN;
-    if (sp && tn == 3 && !memcmp(sp + 1, "cpu", 3)) t = KVT_DIR_TIER_CPU;
-    else if (sp && tn == 3 && !memcmp(sp + 1, "ssd", 3)) t = KVT_DIR_TIER_SSD;
-    else if (sp)
-        return kvt__fail(KVT_EPROTO, "cluster directory: entry's tier (%zu bytes) is not cpu or ssd",
-                         tn);
-    uint64_t e;
-    kvt_status st = kvt__dir_epoch_decode(s, en, &e);
-    if (st) return st;
-    *epoch = e;
-    *tier = t;
-    return KVT_OK;
-}
 
 /* ------------------------------------------------------------------ */
 /* Keys and slots                                                     */
@@ -427,7 +293,7 @@ static kvt_status ctx_open(kvt_dir *d, const char *addr, bool auth, redisContext
 {
     char host[KVT_DIR_ADDR_MAX];
     uint16_t port;
-    if (!addr_split(addr, strlen(addr), host, sizeof host, &port))
+    if (!kvt__dir_addr_split(addr, strlen(addr), host, sizeof host, &port))
         return kvt__fail(KVT_EPROTO, "cluster directory: \"%s\" is not host:port", addr);
     struct timeval tv = {(time_t)(d->timeout_ms / 1000), (suseconds_t)(d->timeout_ms % 1000) * 1000};
     errno = 0;
@@ -443,6 +309,7 @@ static kvt_status ctx_open(kvt_dir *d, const char *addr, bool auth, redisContext
         redisFree(c);
         return st;
     }
+    kvt__dir_reader_cap(c->reader);
     if (auth && !d->password[0] && !d->watch_only && !kvt__host_is_loopback(host) &&
         !atomic_exchange(&d->warned_open, true))
         kvt__log(KVT_LOG_WARN, "cluster directory: Redis at %s is not on loopback and no "
@@ -560,6 +427,28 @@ static void mark_up(kvt_dir *d)
 /* Topology: Sentinel's primary, the cluster's slot map               */
 /* ------------------------------------------------------------------ */
 
+/* A sentinel's answer (dir_decode.h) with a message naming it. */
+static kvt_status sentinel_answer(const kvt_dir *d, const char *sentinel, const redisReply *r,
+                                  char addr[KVT_DIR_ADDR_MAX])
+{
+    const char *err = NULL;
+    kvt_status st = kvt__dir_sentinel_reply(r, addr, &err);
+    if (st == KVT_ENOTFOUND)
+        return kvt__fail(KVT_ECONN, "cluster directory: sentinel %s knows no primary named \"%s\"",
+                         sentinel, d->name);
+    if (st == KVT_EAUTH)
+        return kvt__fail(KVT_EAUTH, "cluster directory: sentinel %s wants a password (\"%s\"): set "
+                         "cluster_sentinel_password_file to a file holding its requirepass",
+                         sentinel, err);
+    if (st == KVT_EINVAL)
+        return kvt__fail(KVT_EPROTO, "cluster directory: sentinel %s named primary \"%s\" at an "
+                         "unusable address", sentinel, d->name);
+    if (st)
+        return kvt__fail(KVT_EPROTO, "cluster directory: sentinel %s answered get-master-addr-by-name "
+                         "%s with %s", sentinel, d->name, err ? err : "an unexpected reply");
+    return KVT_OK;
+}
+
 /* Asks the sentinels in turn which address the primary has; the first
  * answer is taken. A change is logged (a failover followed). */
 static kvt_status sentinel_ask(kvt_dir *d)
@@ -574,28 +463,7 @@ static kvt_status sentinel_ask(kvt_dir *d)
         redisReply *r = NULL;
         const char *argv[] = {"SENTINEL", "get-master-addr-by-name", d->name};
         st = ctx_call(c, d->seeds[i], 3, argv, &r);
-        if (st) {
-        } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-                   r->element[0]->type == REDIS_REPLY_STRING &&
-                   r->element[1]->type == REDIS_REPLY_STRING) {
-            const char *h = r->element[0]->str;
-            int n = snprintf(addr, sizeof addr, strchr(h, ':') ? "[%s]:%s" : "%s:%s", h,
-                             r->element[1]->str);
-            if (n < 0 || (size_t)n >= sizeof addr || !addr_split(addr, (size_t)n, NULL, 0, NULL))
-                st = kvt__fail(KVT_EPROTO, "cluster directory: sentinel %s named primary \"%s\" at an "
-                               "unusable address", d->seeds[i], d->name);
-        } else if (r->type == REDIS_REPLY_NIL) {
-            st = kvt__fail(KVT_ECONN, "cluster directory: sentinel %s knows no primary named \"%s\"",
-                           d->seeds[i], d->name);
-        } else if (r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOAUTH", 6)) {
-            st = kvt__fail(KVT_EAUTH, "cluster directory: sentinel %s wants a password (\"%s\"): set "
-                           "cluster_sentinel_password_file to a file holding its requirepass",
-                           d->seeds[i], r->str);
-        } else {
-            st = kvt__fail(KVT_EPROTO, "cluster directory: sentinel %s answered get-master-addr-by-name "
-                           "%s with %s", d->seeds[i], d->name,
-                           r->type == REDIS_REPLY_ERROR ? r->str : "an unexpected reply");
-        }
+        if (!st) st = sentinel_answer(d, d->seeds[i], r, addr);
         if (r) freeReplyObject(r);
         redisFree(c);
     }
@@ -629,65 +497,32 @@ static uint32_t shard_of(kvt_dir *d, const char *addr)
     return d->nshards++;
 }
 
-/* One CLUSTER SLOTS range's primary as "host:port" (an empty host is the
- * node asked, as Redis answers when it does not know its own address). */
-static bool slots_primary(const redisReply *e, const char *asked, char *out)
-{
-    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3) return false;
-    const redisReply *p = e->element[2];
-    if (p->type != REDIS_REPLY_ARRAY || p->elements < 2 || p->element[0]->type != REDIS_REPLY_STRING ||
-        p->element[1]->type != REDIS_REPLY_INTEGER)
-        return false;
-    char host[KVT_DIR_ADDR_MAX];
-    const char *h = p->element[0]->str;
-    if (h[0] == '\0' || strcmp(h, "?") == 0) {
-        if (!addr_split(asked, strlen(asked), host, sizeof host, NULL)) return false;
-        h = host;
-    }
-    int n = snprintf(out, KVT_DIR_ADDR_MAX, strchr(h, ':') ? "[%s]:%lld" : "%s:%lld", h,
-                     p->element[1]->integer);
-    return n > 0 && n < KVT_DIR_ADDR_MAX && addr_split(out, (size_t)n, NULL, 0, NULL);
-}
-
-/* Installs the slot map of a CLUSTER SLOTS reply from asked. bumped:
+/* Installs the slot map of a CLUSTER SLOTS reply from asked. changed:
  * whether a slot changed primary (after a connection failure: a failover,
  * which may have lost writes). */
 static kvt_status slots_install(kvt_dir *d, const redisReply *r, const char *asked, bool *changed)
 {
-    if (r->type != REDIS_REPLY_ARRAY)
-        return kvt__fail(KVT_EPROTO, "cluster directory: %s answered CLUSTER SLOTS with %s", asked,
-                         r->type == REDIS_REPLY_ERROR ? r->str : "no array");
-    static const uint8_t none = DIR_NO_SHARD;
-    uint8_t map[DIR_SLOTS];
-    memset(map, none, sizeof map);
-    kvt_status st = KVT_OK;
+    kvt_dir_slot_map *m = malloc(sizeof *m); /* 20 KiB: not on a caller's stack */
+    if (!m) return kvt__fail(KVT_ENOMEM, "cluster directory: out of memory reading a slot map");
+    kvt_status st = kvt__dir_slots_reply(r, asked, m);
+    uint8_t shard[KVT_DIR_PRIMARIES_MAX];
     pthread_mutex_lock(&d->topo_mu);
-    for (size_t i = 0; i < r->elements && !st; i++) {
-        const redisReply *e = r->element[i];
-        char addr[KVT_DIR_ADDR_MAX];
-        if (!slots_primary(e, asked, addr) || e->element[0]->type != REDIS_REPLY_INTEGER ||
-            e->element[1]->type != REDIS_REPLY_INTEGER || e->element[0]->integer < 0 ||
-            e->element[1]->integer >= DIR_SLOTS || e->element[0]->integer > e->element[1]->integer) {
-            st = kvt__fail(KVT_EPROTO, "cluster directory: %s's CLUSTER SLOTS range %zu is malformed",
-                           asked, i);
-            break;
-        }
-        uint32_t s = shard_of(d, addr);
-        if (s == DIR_NO_SHARD)
+    for (uint32_t i = 0; !st && i < m->n; i++)
+        if ((shard[i] = (uint8_t)shard_of(d, m->addr[i])) == DIR_NO_SHARD)
             st = kvt__fail(KVT_EFULL, "cluster directory: more than %d primaries", DIR_SHARDS_MAX);
-        for (long long k = e->element[0]->integer; !st && k <= e->element[1]->integer; k++)
-            map[k] = (uint8_t)s;
-    }
     if (!st) {
+        for (uint32_t k = 0; k < DIR_SLOTS; k++)
+            if (m->slot[k] != KVT_DIR_NO_PRIMARY) m->slot[k] = shard[m->slot[k]];
         bool seen[DIR_SHARDS_MAX] = {false};
         uint32_t np = 0;
-        *changed = memcmp(map, d->slots, sizeof map) != 0;
-        memcpy(d->slots, map, sizeof map);
+        *changed = memcmp(m->slot, d->slots, sizeof d->slots) != 0;
+        memcpy(d->slots, m->slot, sizeof d->slots);
         for (uint32_t k = 0; k < DIR_SLOTS; k++)
-            if (map[k] != none && !seen[map[k]]) seen[map[k]] = true, np++;
+            if (m->slot[k] != DIR_NO_SHARD && !seen[m->slot[k]]) seen[m->slot[k]] = true, np++;
         d->nprimaries = np;
     }
     pthread_mutex_unlock(&d->topo_mu);
+    free(m);
     return st;
 }
 
@@ -725,26 +560,6 @@ static kvt_status cluster_refresh(kvt_dir *d, const char *hint, bool *changed)
 /* ------------------------------------------------------------------ */
 /* Batches                                                            */
 /* ------------------------------------------------------------------ */
-
-enum { REPLY_OK, REPLY_MOVED, REPLY_ASK, REPLY_UNAVAIL };
-
-/* What an answer asks of us: a redirection (addr filled), a retry once
- * the topology is read again (Redis cannot serve now), or nothing. */
-static int reply_kind(const redisReply *r, char addr[KVT_DIR_ADDR_MAX])
-{
-    if (r->type != REDIS_REPLY_ERROR) return REPLY_OK;
-    static const char *const unavail[] = {"READONLY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN"};
-    for (size_t i = 0; i < sizeof unavail / sizeof *unavail; i++) {
-        size_t n = strlen(unavail[i]);
-        if (r->len >= n && strncmp(r->str, unavail[i], n) == 0) return REPLY_UNAVAIL;
-    }
-    bool moved = strncmp(r->str, "MOVED ", 6) == 0, ask = strncmp(r->str, "ASK ", 4) == 0;
-    if (!moved && !ask) return REPLY_OK; /* a plain error: the caller reports it */
-    const char *a = strchr(r->str + (moved ? 6 : 4), ' ');
-    if (!a || !addr_split(a + 1, strlen(a + 1), NULL, 0, NULL)) return REPLY_OK;
-    snprintf(addr, KVT_DIR_ADDR_MAX, "%s", a + 1);
-    return moved ? REPLY_MOVED : REPLY_ASK;
-}
 
 /* Routes the unanswered commands (topo_mu held): false when a slot has
  * no primary. */
@@ -839,20 +654,20 @@ static bool take_redirects(kvt_dir *d, dir_cmd *cmds, size_t n, bool *unavail, c
     for (size_t i = 0; i < n; i++) {
         dir_cmd *c = &cmds[i];
         char addr[KVT_DIR_ADDR_MAX];
-        int k = c->r ? reply_kind(c->r, addr) : REPLY_OK;
-        if (k == REPLY_OK) continue;
-        if (k == REPLY_UNAVAIL) {
+        int k = c->r ? kvt__dir_reply_kind(c->r, addr) : KVT_DIR_REPLY_OK;
+        if (k == KVT_DIR_REPLY_OK) continue;
+        if (k == KVT_DIR_REPLY_UNAVAIL) {
             *unavail = true;
             snprintf(unavail_msg, msg_len, "%s", c->r->str);
         } else {
             pthread_mutex_lock(&d->topo_mu);
             uint32_t s = shard_of(d, addr);
-            if (s != DIR_NO_SHARD && k == REPLY_MOVED) d->slots[c->slot] = (uint8_t)s;
+            if (s != DIR_NO_SHARD && k == KVT_DIR_REPLY_MOVED) d->slots[c->slot] = (uint8_t)s;
             pthread_mutex_unlock(&d->topo_mu);
             if (s == DIR_NO_SHARD) continue; /* reported to the caller as the error it is */
-            KVT_LOG(KVT_LOG_DEBUG, "cluster directory: %s for slot %u: %s", k == REPLY_ASK ? "ASK" : "MOVED",
+            KVT_LOG(KVT_LOG_DEBUG, "cluster directory: %s for slot %u: %s", k == KVT_DIR_REPLY_ASK ? "ASK" : "MOVED",
                     c->slot, addr);
-            if (k == REPLY_ASK) {
+            if (k == KVT_DIR_REPLY_ASK) {
                 c->ask = true;
                 c->shard = (uint8_t)s;
             } else {
@@ -988,17 +803,6 @@ static kvt_status reply_errors(const kvt_dir *d, const dir_cmd *cmds, size_t n)
 /* Open and close                                                     */
 /* ------------------------------------------------------------------ */
 
-static bool node_ok(const char *s)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n >= KVT_DIR_NODE_MAX) return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
-              s[i] == '.' || s[i] == '_' || s[i] == '-'))
-            return false;
-    return true;
-}
-
 /* The comma-separated addresses of list[0..n) into d->seeds. */
 static kvt_status parse_seeds(kvt_dir *d, const char *redis, const char *list, size_t n)
 {
@@ -1009,7 +813,7 @@ static kvt_status parse_seeds(kvt_dir *d, const char *redis, const char *list, s
         if (d->nseeds == DIR_SEEDS_MAX)
             return kvt__fail(KVT_EINVAL, "cluster directory: redis \"%s\" names more than %d addresses", redis,
                              DIR_SEEDS_MAX);
-        if (!addr_split(p, (size_t)(e - p), NULL, 0, NULL))
+        if (!kvt__dir_addr_split(p, (size_t)(e - p), NULL, 0, NULL))
             return kvt__fail(KVT_EINVAL, "cluster directory: redis \"%s\": \"%.*s\" is not host:port", redis,
                              (int)(e - p), p);
         memcpy(d->seeds[d->nseeds], p, (size_t)(e - p));
@@ -1096,13 +900,13 @@ static kvt_status check_config(kvt_dir *d, const kvt_dir_config *cfg)
             return kvt__fail(KVT_EINVAL, "cluster directory: prefix \"%s\" holds a space or a byte that is "
                              "not printable ASCII (at %zu)", pre, i);
     strcpy(d->prefix, pre);
-    if (!cfg->node || !node_ok(cfg->node))
+    if (!cfg->node || !kvt__dir_node_ok(cfg->node))
         return kvt__fail(KVT_EINVAL, "cluster directory: node \"%s\" is not 1..%d bytes of [A-Za-z0-9._-]",
                          cfg->node ? cfg->node : "(null)", KVT_DIR_NODE_MAX - 1);
     strcpy(d->node, cfg->node);
     if (cfg->watch_only && !cfg->advertise) {
         d->advertise[0] = 0; /* a reader advertises nothing */
-    } else if (!cfg->advertise || !addr_split(cfg->advertise, strlen(cfg->advertise), NULL, 0, NULL))
+    } else if (!cfg->advertise || !kvt__dir_addr_split(cfg->advertise, strlen(cfg->advertise), NULL, 0, NULL))
         return kvt__fail(KVT_EINVAL, "cluster directory: advertise \"%s\" is not host:port (under %d bytes)",
                          cfg->advertise ? cfg->advertise : "(null)", KVT_DIR_ADDR_MAX);
     else
@@ -1396,7 +1200,7 @@ kvt_status kvt__dir_forget(kvt_dir *d, uint64_t space, const kvt_hash128 *h, con
 {
     KVT_CHECK_NOT_NULL(d, "kvt__dir_forget");
     KVT_CHECK_NOT_NULL(h, "kvt__dir_forget");
-    KVT_CHECK_ARG(node && node_ok(node), "kvt__dir_forget: node \"%s\" is not 1..%d bytes of [A-Za-z0-9._-]",
+    KVT_CHECK_ARG(node && kvt__dir_node_ok(node), "kvt__dir_forget: node \"%s\" is not 1..%d bytes of [A-Za-z0-9._-]",
                   node ? node : "(null)", KVT_DIR_NODE_MAX - 1);
     dir_cmd c[1];
     memset(c, 0, sizeof c);
@@ -1429,19 +1233,12 @@ static bool lease_stale(const kvt_dir *d, const lease_ent *e, const char *node, 
     return e->live && e->epoch < epoch;
 }
 
-/* A block entry's holders other than this node: field i of HGETALL's
- * answer is valid when it names a node and an epoch (and a tier, or
- * none: version 1). */
+/* Field i of a block entry's HGETALL answer (r has i + 1 elements at
+ * least): a holder other than this node (dir_decode.h). */
 static bool holder_at(const kvt_dir *d, const redisReply *r, size_t i, const char **node,
                       uint64_t *epoch, uint8_t *tier)
 {
-    const redisReply *f = r->element[i], *v = r->element[i + 1];
-    if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING) return false;
-    if (f->len >= KVT_DIR_NODE_MAX || strlen(f->str) != f->len || !node_ok(f->str)) return false;
-    if (strcmp(f->str, d->node) == 0) return false;
-    if (kvt__dir_entry_decode(v->str, v->len, epoch, tier) != KVT_OK) return false;
-    *node = f->str;
-    return true;
+    return kvt__dir_holder_reply(r->element[i], r->element[i + 1], d->node, node, epoch, tier);
 }
 
 static lease_ent *lease_in(lease_ent *l, uint32_t n, const char *node)
@@ -1660,7 +1457,7 @@ static kvt_status scan_nodes(kvt_dir *d, char ***names, uint32_t *kept, uint32_t
     size_t plen = strlen(d->prefix) + 2, cap = 0;
     kvt_status st = KVT_OK;
     for (uint32_t s = 0; s < ns && !st; s++) {
-        char cursor[24] = "0";
+        char cursor[KVT_DIR_CURSOR_MAX] = "0";
         do {
             dir_cmd c[1];
             memset(c, 0, sizeof c);
@@ -1671,14 +1468,12 @@ static kvt_status scan_nodes(kvt_dir *d, char ***names, uint32_t *kept, uint32_t
             c[0].fixed = true;
             st = batch_exec(d, ROLE_LOOKUP, c, 1);
             if (!st) st = reply_errors(d, c, 1);
-            const redisReply *r = st ? NULL : c[0].r;
-            if (r && (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-                      r->element[0]->type != REDIS_REPLY_STRING || r->element[0]->len >= sizeof cursor ||
-                      r->element[1]->type != REDIS_REPLY_ARRAY))
-                st = kvt__fail(KVT_EPROTO, "cluster directory: SCAN answered no [cursor, keys]");
-            for (size_t i = 0; !st && i < r->element[1]->elements; i++) {
-                const redisReply *k = r->element[1]->element[i];
-                if (k->type != REDIS_REPLY_STRING || k->len <= plen || !node_ok(k->str + plen)) continue;
+            const redisReply *keys = NULL;
+            char next[KVT_DIR_CURSOR_MAX];
+            if (!st) st = kvt__dir_scan_reply(c[0].r, next, &keys);
+            for (size_t i = 0; !st && i < keys->elements; i++) {
+                const redisReply *k = keys->element[i];
+                if (k->type != REDIS_REPLY_STRING || k->len <= plen || !kvt__dir_node_ok(k->str + plen)) continue;
                 (*total)++;
                 if (*kept == DIR_NODES_LIST_MAX) continue;
                 if (*kept == cap) {
@@ -1691,7 +1486,7 @@ static kvt_status scan_nodes(kvt_dir *d, char ***names, uint32_t *kept, uint32_t
                     st = kvt__fail(KVT_ENOMEM, "cluster directory: out of memory listing nodes");
                 if (!st) (*kept)++;
             }
-            if (!st) memcpy(cursor, r->element[0]->str, r->element[0]->len + 1);
+            if (!st) memcpy(cursor, next, sizeof cursor);
             if (c[0].r) freeReplyObject(c[0].r);
         } while (!st && strcmp(cursor, "0") != 0);
     }

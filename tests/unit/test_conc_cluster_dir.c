@@ -9,11 +9,13 @@
  * blocks from each other through that directory, over TCP and over UCX.
  * Every server is started (posix_spawn) before the first thread: the
  * threaded tests run last and spawn() refuses once they began. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <signal.h>
@@ -847,6 +849,70 @@ static void test_timeout(void **state)
     assert_true(kvt__dir_up(a));
     assert_true(kvt__dir_generation(a) > g);
     kvt__dir_close(a);
+}
+
+/* A "Redis" on loopback that answers every connection's first command
+ * with the header of an array of two billion elements, and nothing more. */
+typedef struct hostile_redis {
+    int lfd;
+    uint16_t port;
+    atomic_bool stop;
+    pthread_t th;
+} hostile_redis;
+
+static void *hostile_serve(void *arg)
+{
+    hostile_redis *h = arg;
+    while (!atomic_load(&h->stop)) {
+        struct pollfd p = {h->lfd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0) continue;
+        int fd = accept(h->lfd, NULL, NULL);
+        if (fd < 0) continue;
+        char buf[4096];
+        struct pollfd q = {fd, POLLIN, 0};
+        if (poll(&q, 1, 2000) > 0 && read(fd, buf, sizeof buf) > 0) {
+            static const char hdr[] = "*2000000000\r\n";
+            if (write(fd, hdr, sizeof hdr - 1) < 0) {}
+            while (!atomic_load(&h->stop) && poll(&q, 1, 50) >= 0)
+                if ((q.revents & POLLIN) && read(fd, buf, sizeof buf) <= 0) break;
+        }
+        close(fd);
+    }
+    return NULL;
+}
+
+/* A server that declares a huge array gets a refused connection, not an
+ * allocation of it: hiredis 0.14 allocates a declared array's table before
+ * any element comes (2000000000 x 8 bytes; under ASan the process died on
+ * the allocation's size, and fuzz_dir_replies hit libFuzzer's memory limit
+ * on 2^28). The directory's readers refuse arrays past
+ * KVT_DIR_REPLY_ELEMENTS_MAX, so the open fails in time, naming the node. */
+static void test_hostile_array_header(void **state)
+{
+    (void)state;
+    hostile_redis h = {.lfd = socket(AF_INET, SOCK_STREAM, 0)};
+    assert_true(h.lfd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    assert_int_equal(bind(h.lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(h.lfd, 8), 0);
+    assert_int_equal(getsockname(h.lfd, (struct sockaddr *)&a, &al), 0);
+    h.port = ntohs(a.sin_port);
+    assert_int_equal(pthread_create(&h.th, NULL, hostile_serve, &h), 0);
+    char addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", h.port);
+    kvt_dir_config c = config(addr, "hostile:", "a");
+    kvt_dir *d = NULL;
+    uint64_t t0 = kvt__now_ns();
+    kvt_status st = kvt__dir_open(&d, &c);
+    uint64_t took = ms_since(t0);
+    atomic_store(&h.stop, true);
+    pthread_join(h.th, NULL);
+    close(h.lfd);
+    assert_true(st != KVT_OK);
+    assert_null(d);
+    assert_non_null(strstr(kvt_last_error(), addr));
+    if (took > 4 * c.timeout_ms) fail_msg("the open took %llu ms", (unsigned long long)took);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1746,6 +1812,7 @@ int main(void)
         cmocka_unit_test(test_down_and_back),
         cmocka_unit_test(test_password),
         cmocka_unit_test(test_timeout),
+        cmocka_unit_test(test_hostile_array_header),
         cmocka_unit_test(test_sentinel_password),
         cmocka_unit_test(test_sentinel_failover),
         cmocka_unit_test(test_cluster),
