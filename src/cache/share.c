@@ -131,14 +131,23 @@ static uint32_t slots_for(const kvt_cache *m, bool ssd, uint64_t bytes)
 #define BUSY_WAIT_NS 2000000ull
 
 typedef struct scan {
+    bool spin;         /* retry a busy member (the CPU reclaim only: see below) */
     uint64_t deadline; /* 0 until the first busy member */
     bool busy;
 } scan;
 
-/* Member m's mutex (m is not the caller), or false when still busy. */
+/* Member m's mutex (m is not the caller), or false when still busy. Only
+ * the CPU reclaim spins: the SSD writer waits with its mutex dropped
+ * instead (busy is its "pending"), and an owner's quota room is asked per
+ * block, up to QUOTA_GIVE_UPS times (tiers.c), where a spin each time would
+ * hold both caches for milliseconds a block. */
 static bool lock_other(kvt_cache *m, scan *s)
 {
     if (pthread_mutex_trylock(&m->mu) == 0) return true;
+    if (!s->spin) {
+        s->busy = true;
+        return false;
+    }
     if (s->deadline == 0) s->deadline = kvt__now_ns() + BUSY_WAIT_NS;
     while (kvt__now_ns() < s->deadline) {
         sched_yield();
@@ -164,16 +173,16 @@ static uint64_t take_free(kvt_share *sh, kvt_cache *c, uint64_t want, bool ssd, 
     return got;
 }
 
-/* The member (not c) whose coldest block is colder than mine, the coldest
- * of them; NULL when mine is the coldest (or the others stayed busy: see
- * sc->busy). */
-static kvt_cache *victim(kvt_share *sh, kvt_cache *c, cold_key mine, scan *sc)
+/* The member (not c; with ssd, one with an SSD tier) whose coldest block
+ * is colder than mine, the coldest of them; NULL when mine is the coldest
+ * (or the others stayed busy: see sc->busy). */
+static kvt_cache *victim(kvt_share *sh, kvt_cache *c, cold_key mine, bool ssd, scan *sc)
 {
     kvt_cache *best = NULL;
     cold_key bk = mine;
     for (uint32_t i = 0; i < sh->n; i++) {
         kvt_cache *m = sh->members[i];
-        if (m == c || !lock_other(m, sc)) continue;
+        if (m == c || (ssd && !m->ssd) || !lock_other(m, sc)) continue;
         cold_key k = coldest(m);
         pthread_mutex_unlock(&m->mu);
         if (colder(k, bk)) {
@@ -199,12 +208,12 @@ static uint32_t reclaim(kvt_cache *c, uint32_t want, bool from_others)
     kvt_share *sh = c->share;
     if (!sh || want == 0) return 0;
     uint64_t stride = slot_bytes(c, false), need = (uint64_t)want * stride;
-    scan sc = {0};
+    scan sc = {.spin = true};
     pthread_mutex_lock(&sh->mu);
     uint64_t got = take_free(sh, c, need, false, &sc);
     cold_key mine = from_others ? (cold_key){0} : coldest(c);
     for (int r = 0; r < RECLAIM_ROUNDS && got < need; r++) {
-        kvt_cache *v = victim(sh, c, mine, &sc);
+        kvt_cache *v = victim(sh, c, mine, false, &sc);
         if (!v || !lock_other(v, &sc)) break;
         uint32_t n = kvt__tiers_give_back(v, slots_for(v, false, need - got));
         pthread_mutex_unlock(&v->mu);
@@ -283,8 +292,8 @@ bool kvt__share_owner_room(kvt_cache *c, uint8_t owner)
  * evicting its own). sh->mu held. */
 static bool ssd_victim_gives(kvt_share *sh, kvt_cache *c, uint64_t need, scan *sc)
 {
-    kvt_cache *v = victim(sh, c, coldest(c), sc);
-    if (!v || !v->ssd || !lock_other(v, sc)) return sc->busy;
+    kvt_cache *v = victim(sh, c, coldest(c), true, sc);
+    if (!v || !lock_other(v, sc)) return sc->busy;
     uint32_t want = slots_for(v, true, need), coming = kvt__ssd_blocks_free(v->ssd);
     uint32_t n = coming < want ? kvt__tiers_give_back_ssd(v, want - coming) : 0;
     if (n == 0) kvt__ssd_flush_frees(v->ssd);

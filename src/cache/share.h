@@ -17,9 +17,10 @@
  * Locking: the caller holds its cache mutex; reclaim takes the share's
  * mutex, then the others' cache mutexes with trylock only, so no lock
  * order between members exists and none can deadlock. A member busy under
- * its own mutex is tried again for up to 2 ms over one call (share.c
- * BUSY_WAIT_NS), then skipped; the SSD side reports it as pending, so its
- * caller waits with its mutex dropped instead of evicting its own. Members join after their cache is
+ * its own mutex is tried again by the CPU reclaim for up to 2 ms over one
+ * call (share.c BUSY_WAIT_NS), then skipped; the SSD side reports it as
+ * pending at once, so its caller waits with its mutex dropped instead of
+ * evicting its own; the quota's owner room skips it. Members join after their cache is
  * built and leave first thing in kvt_cache_destroy, under the share mutex. */
 #ifndef KVT_CACHE_SHARE_H
 #define KVT_CACHE_SHARE_H

@@ -158,6 +158,13 @@ bool kvt__dir_node_ok(const char *s)
 /* Reply trees                                                        */
 /* ------------------------------------------------------------------ */
 
+#if HIREDIS_MAJOR >= 1
+/* hiredis 1.x bounds declared arrays itself (the reader's maxelements). */
+void kvt__dir_reader_cap(redisReader *r)
+{
+    if (r) r->maxelements = KVT_DIR_REPLY_ELEMENTS_MAX;
+}
+#else
 static redisReplyObjectFunctions capped_fns;
 static void *(*hiredis_array)(const redisReadTask *, int);
 static pthread_once_t capped_once = PTHREAD_ONCE_INIT;
@@ -188,6 +195,7 @@ void kvt__dir_reader_cap(redisReader *r)
     pthread_once(&capped_once, capped_init);
     if (r && hiredis_array) r->fn = &capped_fns;
 }
+#endif
 
 int kvt__dir_reply_kind(const redisReply *r, char addr[KVT_DIR_ADDR_MAX])
 {

@@ -155,17 +155,19 @@ kvt_status kvt_conn_lookup(kvt_conn *c, uint64_t rid, const kvt_request *req, ui
     return st;
 }
 
-/* Every page index inside the engine memory the cache registered. Refused
- * here, the bad index is named to the rank that passed it; past this call
- * the ranks agree to move the blocks and the step's launch fails instead,
- * which the engine hears only as a failed event. Memory not registered
- * yet: the launch checks at the step. */
+/* Every page index inside the engine memory the cache registered (or
+ * KVT_PAGE_SKIP: a load leaves the engine's own bytes there; the cache
+ * refuses it inside a store's range, naming it). Refused here, the bad
+ * index is named to the rank that passed it; past this call the ranks
+ * agree to move the blocks and the step's launch fails instead, which the
+ * engine hears only as a failed event. Memory not registered yet: the
+ * launch checks at the step. */
 static kvt_status check_pages(kvt_conn *c, uint64_t rid, const uint32_t *pages, uint32_t count,
                               const char *fn)
 {
     uint32_t have = kvt__cache_engine_pages(c->cache);
     for (uint32_t i = 0; have && i < count; i++)
-        if (pages[i] >= have)
+        if (pages[i] >= have && pages[i] != KVT_PAGE_SKIP)
             return kvt__fail(KVT_EINVAL, "%s: rid %llu: pages[%u] is %u but the engine "
                              "registered %u pages with the cache", fn, (unsigned long long)rid, i,
                              pages[i], have);

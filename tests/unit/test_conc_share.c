@@ -168,7 +168,9 @@ static void hold_join(holder *h, pthread_t th)
 }
 
 /* A (8 KiB blocks) fills the 512 KiB SSD budget with three requests; B
- * (16 KiB blocks) then stores one while A's mutex is held for 300 ms. B's
+ * (16 KiB blocks) then stores one while A's mutex is held for 800 ms (long
+ * enough that B's writes start inside it on a slow host, short of the 2 s
+ * B's writer waits for room). B's
  * SSD writer must wait for A and take A's coldest blocks: every B block
  * durable, no write dropped, A's newest request whole, its oldest cut. */
 static void test_busy_member_still_gives_ssd_room(void **state)
@@ -190,7 +192,7 @@ static void test_busy_member_still_gives_ssd_room(void **state)
 
     holder h;
     pthread_t th;
-    hold_start(&h, &th, a.cache, 300);
+    hold_start(&h, &th, a.cache, 800);
     store(&b, 10);
     assert_ok(kvt_cache_flush(b.cache, WAIT_MS));
     hold_join(&h, th);
