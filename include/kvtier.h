@@ -510,7 +510,14 @@ kvt_status kvt_cache_launch(kvt_cache *cache, kvt_task_id task,
 typedef struct kvt_task_result {
     kvt_task_id task;
     kvt_task_kind kind;
-    kvt_status status; /* KVT_OK, KVT_ECANCELED, KVT_ETIMEDOUT, KVT_EIO... */
+    /* What the task ended with, one of: KVT_OK; KVT_ETIMEDOUT (its plan
+     * expired, or its copy passed its deadline); KVT_ECANCELED; KVT_EIO
+     * (an SSD read or a CUDA copy failed, or any failure without a status
+     * of its own here); KVT_ECORRUPT (a block failed its checksum: recompute
+     * from there); KVT_ENOMEM; KVT_EPROTO (a store whose checksums the
+     * node server could not take); KVT_ECONN (kvt_client_*: the server was
+     * lost). A load cut short reports why, with the tokens that landed. */
+    kvt_status status;
     uint32_t first_token;
     uint32_t num_tokens;
     uint64_t bytes;
@@ -528,8 +535,9 @@ kvt_status kvt_cache_wait(kvt_cache *cache, kvt_task_id task, int64_t timeout_ms
 kvt_status kvt_cache_try_wait(kvt_cache *cache, kvt_task_id task, kvt_task_result *out);
 /* For a launched load: waits until layers [0, layer] have landed in the
  * engine's pages, so the forward pass can run layer `layer`. KVT_OK also
- * when the task ended; a failed task gives its error. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
+ * when the task ended; a failed task gives its error (one of
+ * kvt_task_result.status's). */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EIO, KVT_ESTATE, KVT_ECORRUPT, KVT_EPROTO, KVT_ECONN. */
 kvt_status kvt_cache_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t layer,
                                 int64_t timeout_ms);
 /* For a launched load on CUDA device memory: the CUDA event (a cudaEvent_t,
@@ -542,7 +550,7 @@ kvt_status kvt_cache_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t lay
  * before the task's result is reported (wait or poll), after which the
  * event is reused. KVT_EUNSUPPORTED when the cache's engine memory is host
  * memory; a task that ended with an error gives that error. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_EUNSUPPORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EIO, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN. */
 kvt_status kvt_cache_layer_event(kvt_cache *cache, kvt_task_id task, uint32_t layer,
                                  int64_t timeout_ms, void **event);
 /* kvt_cache_layer_event, then cudaStreamWaitEvent(stream, event, 0) through
@@ -551,7 +559,7 @@ kvt_status kvt_cache_layer_event(kvt_cache *cache, kvt_task_id task, uint32_t la
  * engine loading CUDA itself (Python: Cache.stream_wait_layer with
  * torch.cuda.current_stream().cuda_stream). Same errors as
  * kvt_cache_layer_event, and KVT_EIO naming the CUDA error. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_EIO, KVT_ESTATE, KVT_EUNSUPPORTED. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EIO, KVT_ESTATE, KVT_ECORRUPT, KVT_EUNSUPPORTED, KVT_EPROTO, KVT_ECONN. */
 kvt_status kvt_cache_stream_wait_layer(kvt_cache *cache, kvt_task_id task, uint32_t layer,
                                        void *stream, int64_t timeout_ms);
 /* Cancels a task. A planned task is released at once; a running one stops
@@ -937,7 +945,7 @@ kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_launch(kvt_client *cl, kvt_task_id task, const uint32_t *pages,
                              uint32_t num_pages);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EIO, KVT_ESTATE, KVT_ECORRUPT, KVT_EPROTO, KVT_ECONN. */
 kvt_status kvt_client_wait_layer(kvt_client *cl, kvt_task_id task, uint32_t layer,
                                  int64_t timeout_ms);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE. */
@@ -1277,7 +1285,7 @@ kvt_status kvt_conn_reset(kvt_conn *conn);
 /* Returns: KVT_OK, KVT_EINVAL. */
 kvt_status kvt_conn_poll(kvt_conn *conn, uint32_t *ended);
 /* Rank-local: waits until layers [0, layer] of rid's running load landed. */
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOTFOUND, KVT_ETIMEDOUT. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EIO, KVT_ECORRUPT, KVT_EPROTO, KVT_ECONN. */
 kvt_status kvt_conn_wait_layer(kvt_conn *conn, uint64_t rid, uint32_t layer,
                                int64_t timeout_ms);
 

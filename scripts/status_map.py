@@ -440,11 +440,32 @@ UNREACHABLE = {
         "kvt_cache_wait_layer's ESTATE is a task never launched; the connector puts a load "
         "in c->run only once kvt_cache_launch accepted it (connector/step.c launch_load), "
         "and task ids are never reused (cache/tasks.c)",
+    ("kvt_client_cancel", "EIO"):
+        "kvt__task_status's EIO is written into the task's result by ct_end (client.c), which "
+        "returns nothing; cancel returns only its own round trip's status",
     ("kvt_cache_register_memory", "EFULL"):
         "kvt__cuda_backend_pin's EFULL is its 16-range table full; register_cuda (cache/cache.c) "
         "pins once, on the backend it has just created, and registration is allowed once "
         "per cache (ESTATE after)",
 }
+
+# Functions that return a task's own result when the task ended with an
+# error (task_ended_fail: return t->result). What a task can end with is
+# the list kvt__task_status (src/cache/tasks.c) clamps every result to, read
+# from there, so it cannot drift from the code.
+TASK_RESULT_FUNCS = {"kvt_cache_wait_layer", "kvt_cache_layer_event", "kvt_cache_stream_wait_layer",
+                     "kvt_client_wait_layer", "kvt_conn_wait_layer"}
+TASKS_C = os.path.join(ROOT, "src", "cache", "tasks.c")
+
+
+def task_results():
+    """The statuses of KVT_TASK_RESULTS[] in src/cache/tasks.c."""
+    with open(TASKS_C) as fh:
+        m = re.search(r"KVT_TASK_RESULTS\[\]\s*=\s*\{(.*?)\};", fh.read(), flags=re.S)
+    if not m:
+        sys.exit("status_map: no KVT_TASK_RESULTS[] in %s" % TASKS_C)
+    return set(STATUS_RE.findall(m.group(1)))
+
 
 SERVER_CONN = "src/server/conn.c"
 CLIENT = "src/server/client.c"
@@ -765,6 +786,9 @@ def main():
     reach = closure(funcs, heads, ops, seen)
     defined = {name for (_, name), (_, static) in funcs.items() if not static}
     codes = {f: reach(f) | {"OK"} for f in public_functions(header) if f in defined}
+    ended = task_results()
+    for f in TASK_RESULT_FUNCS & set(codes):
+        codes[f] |= ended
     stale = ["%s KVT_%s" % (f, c) for (f, c) in UNREACHABLE if c not in codes.get(f, ())]
     codes = {f: {c for c in cs if (f, c) not in UNREACHABLE} for f, cs in codes.items()}
     if mode == "--coverage":

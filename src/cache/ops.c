@@ -146,6 +146,7 @@ void kvt__cache_end_task(kvt_cache *c, kvt_task *t, kvt_status st)
     /* A load cut short by a lost block reports why, with the tokens that
      * did land. */
     if (st == KVT_OK && t->bad_status != KVT_OK) st = t->bad_status;
+    st = kvt__task_status(st);
     count_end(c, t, st);
     if (t->kind == KVT_TASK_STORE) {
         end_store(c, t, st);

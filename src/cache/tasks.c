@@ -120,3 +120,14 @@ void kvt__list_remove(kvt_task_list *l, kvt_task *t)
     else l->tail = t->prev;
     t->prev = t->next = NULL;
 }
+
+/* The statuses a task may end with; the order is the header's. */
+static const kvt_status KVT_TASK_RESULTS[] = {KVT_OK, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EIO,
+                                              KVT_ECORRUPT, KVT_ENOMEM, KVT_EPROTO, KVT_ECONN};
+
+kvt_status kvt__task_status(kvt_status st)
+{
+    for (size_t i = 0; i < sizeof KVT_TASK_RESULTS / sizeof *KVT_TASK_RESULTS; i++)
+        if (st == KVT_TASK_RESULTS[i]) return st;
+    return st == KVT_EVERSION ? KVT_ECONN : KVT_EIO;
+}

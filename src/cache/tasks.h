@@ -15,6 +15,15 @@ kvt_task *kvt__task_find(kvt_cache *c, kvt_task_id id);
 /* Returns the slot to the free stack (the task must be unreferenced). */
 void kvt__task_free(kvt_cache *c, kvt_task *t);
 
+/* st as a task's result (kvt_task_result.status, and what the wait_layer
+ * family returns for a failed task): one of KVT_TASK_RESULTS below. Any
+ * other failure is KVT_EIO (an SSD read's EAGAIN or ENOSPC, a submit's
+ * EINVAL or ESTATE, a status a peer sent in an END: a caller must not read
+ * "try again" or "your argument" into a task that failed), but a client's
+ * KVT_EVERSION (the server it lost speaks another protocol) is KVT_ECONN.
+ * No mutex needed. scripts/status_map.py reads the list from tasks.c. */
+kvt_status kvt__task_status(kvt_status st);
+
 void kvt__list_push(kvt_task_list *l, kvt_task *t);
 void kvt__list_remove(kvt_task_list *l, kvt_task *t);
 

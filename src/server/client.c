@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cache/tasks.h"
 #include "cuda/cuda.h"
 #include "layout/layout.h"
 #include "net/fdio.h"
@@ -340,6 +341,7 @@ static void ct_end(kvt_client *cl, ctask *t, const kvt_task_result *r)
 {
     t->copying = false;
     t->result = *r;
+    t->result.status = kvt__task_status(r->status); /* the server's too: one set (tasks.h) */
     t->state = CT_ENDED;
     t->end_seq = ++cl->end_seq;
     pthread_cond_broadcast(&cl->cv);

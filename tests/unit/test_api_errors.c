@@ -2698,6 +2698,22 @@ static void test_cache_states(void **state)
     EXPECT_ERR(kvt_cache_wait(c, run, 0, &r), KVT_ETIMEDOUT, "kvt_cache_wait", "still running");
     assert_ok(kvt__cache_ext_abort(c, run, kvt__deadline_ns(1000)));
 
+    /* A task ends with one of kvt_task_result.status's statuses whatever
+     * its end said: a client's END may carry any known status (EAUTH here;
+     * the server passes its verdict on), and before, the task's result and
+     * the wait_layer family then said "authentication" for a failed copy. */
+    static const kvt_status ends[][2] = {{KVT_EAUTH, KVT_EIO},       {KVT_EAGAIN, KVT_EIO},
+                                         {KVT_ENOSPC, KVT_EIO},      {KVT_EVERSION, KVT_ECONN},
+                                         {KVT_ECORRUPT, KVT_ECORRUPT}, {KVT_ECANCELED, KVT_ECANCELED}};
+    for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
+        kvt_task_id t = running_store(c, 550 + i);
+        kvt_task_result er;
+        assert_ok(kvt__cache_ext_end(c, t, ends[i][0], &er));
+        if (er.status != ends[i][1])
+            fail_msg("a task ended with %s reports %s (want %s)", kvt_status_name(ends[i][0]),
+                     kvt_status_name(er.status), kvt_status_name(ends[i][1]));
+    }
+
     /* Ended: try_wait reports it (its end is seen in the stats first). */
     kvt_cache_stats s0, s1;
     assert_ok(kvt_cache_stats_get(c, &s0));
