@@ -182,7 +182,15 @@ def sc_e7(r):
     do_store(r, 1, 91)
     tok = extended(91)
     r.sgl.lookup_kv(tok, 2)
-    r.sgl.start_load_kv(2, [8, 9999, 10, 11, 12] if r.rank == 0 else [8, 9, 10, 11, 12])
+    # A page past the engine's memory is refused at the rank's own call (the
+    # lookup stays queued); too few pages for the agreed prefix fail only at
+    # the step, on the leader here.
+    try:
+        r.sgl.start_load_kv(2, [8, 9999, 10, 11, 12])
+        raise AssertionError("a page past the engine's memory was queued")
+    except kvtier.InvalidArgument as e:
+        assert "pages[1] is 9999" in str(e), e
+    r.sgl.start_load_kv(2, [8] if r.rank == 0 else [8, 9, 10, 11, 12])
     r.sgl.step()
     res = r.sgl.wait_for_load(2, WAIT)
     assert not res.ok and res.rank == 0 and res.tokens == 0, res
