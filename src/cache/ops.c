@@ -678,6 +678,13 @@ static kvt_status find_launched_load(kvt_cache *c, const char *fn, kvt_task_id i
                          c->geo->num_layers);
     if (t->state == KVT_TS_PLANNED)
         return kvt__fail(KVT_ESTATE, "%s: task %llu was never launched", fn, (unsigned long long)id);
+    /* Ended unlaunched: its plan expired or was cancelled. Its result would
+     * read as this wait timing out, or as a load that failed. */
+    if (!t->launched)
+        return kvt__fail(KVT_ESTATE, "%s: task %llu was never launched (%s before its launch)",
+                         fn, (unsigned long long)id,
+                         t->result == KVT_ETIMEDOUT ? "its plan expired after plan_ttl_ms"
+                                                    : "it was cancelled");
     *out = t;
     return KVT_OK;
 }

@@ -2797,6 +2797,29 @@ static void test_cache_states(void **state)
     EXPECT_ERR(kvt_cache_launch(ttl, p.task, pages, 2), KVT_ETIMEDOUT, "kvt_cache_launch",
                "expired", "plan_ttl_ms");
     kvt_cache_destroy(ttl);
+
+    /* A load whose plan expired unlaunched: a layer wait says it was never
+     * launched, not "ended with KVT_ETIMEDOUT" (which read as the wait's own
+     * deadline passing). plan_ttl_ms 300: the store before it has time. */
+    assert_ok(kvt_config_set(cfg, "plan_ttl_ms", "300"));
+    assert_ok(kvt_cache_create(&ttl, cfg, g));
+    assert_ok(kvt_cache_register_memory(ttl, &mem));
+    assert_ok(kvt_emu_fill(e, &rq, 0, 8, pages, 2));
+    assert_ok(kvt_cache_prepare_store(ttl, &rq, &p));
+    assert_ok(kvt_cache_launch(ttl, p.task, pages, 2));
+    assert_ok(kvt_cache_wait(ttl, p.task, 5000, &r));
+    assert_int_equal(r.status, KVT_OK);
+    kvt_match lm;
+    assert_ok(kvt_cache_lookup(ttl, &rq, &lm));
+    assert_true(lm.task != 0);
+    sleep_ms(400);
+    kvt_store_plan none;
+    assert_ok(kvt_cache_prepare_store(ttl, &rq, &none)); /* expires the plan */
+    EXPECT_ERR(kvt_cache_wait_layer(ttl, lm.task, 0, 0), KVT_ESTATE, "kvt_cache_wait_layer",
+               "never launched", "plan expired");
+    EXPECT_OK(kvt_cache_wait(ttl, lm.task, 0, &r));
+    assert_int_equal(r.status, KVT_ETIMEDOUT);
+    kvt_cache_destroy(ttl);
     kvt_emu_destroy(e);
     kvt_geometry_destroy(g);
     kvt_config_destroy(cfg);
