@@ -1476,6 +1476,19 @@ kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max, u
 /* wait_layer's first step (mu held): a pending load (its blocks still read
  * from SSD on the server) has no copy to wait on yet; wait for it to start
  * or end. Then the result of an ended task. */
+/* A load the server cut short (a block it could not read back, known from
+ * LAUNCH's answer): every layer wait says so and what to recompute, as the
+ * in-process cache's (cache/ops.c bad_read_fail), whether the copy of the
+ * blocks before the lost one still runs or has ended. Before, a wait while
+ * the copy ran said OK and one after it "ended with", without the advice. */
+static kvt_status cut_load_fail(const kvt_client *cl, const ctask *t, const char *fn)
+{
+    uint32_t good = t->xt.num_blocks * cl->shm.block_tokens;
+    return kvt__fail(t->bad_status, "%s: task %llu: blocks from token %u on could not be read "
+                     "back (%s); only tokens [0, %u) will land; recompute the rest", fn,
+                     (unsigned long long)t->id, good, kvt_status_name(t->bad_status), good);
+}
+
 static kvt_status wait_copying(kvt_client *cl, const char *fn, ctask *t, uint32_t layer,
                                uint64_t deadline, int64_t timeout_ms)
 {
@@ -1489,6 +1502,8 @@ static kvt_status wait_copying(kvt_client *cl, const char *fn, ctask *t, uint32_
         if (t->refs == 0) ct_free(cl, t);
         return st;
     }
+    if ((t->state == CT_ENDED || t->copying) && t->bad_status != KVT_OK)
+        return cut_load_fail(cl, t, fn);
     if (t->state == CT_ENDED)
         return t->result.status == KVT_OK
                    ? KVT_OK

@@ -1267,6 +1267,15 @@ static void test_load_cut_by_corrupt_ssd_block(void **state)
     assert_int_equal(m.matched_tokens, BLOCKS * TPP);
     assert_ok(kvt_emu_poison(e.emu, e.pages, PAGES));
     assert_ok(kvt_client_launch(e.cl, m.task, e.pages, PAGES));
+    /* Every layer wait says why and what to recompute, while the copy of
+     * blocks 0-2 runs and after it (as kvt_cache_wait_layer does); before,
+     * the first said OK and the second gave no advice. */
+    char advice[96];
+    snprintf(advice, sizeof advice, "only tokens [0, %u) will land; recompute the rest", 3 * TPP);
+    for (uint32_t layer = 0; layer < 2; layer++) {
+        assert_status(kvt_client_wait_layer(e.cl, m.task, layer, TIMEOUT_MS), KVT_ECORRUPT);
+        if (!strstr(kvt_last_error(), advice)) fail_msg("layer %u: %s", layer, kvt_last_error());
+    }
     kvt_task_result res;
     assert_ok(kvt_client_wait(e.cl, m.task, TIMEOUT_MS, &res));
     assert_int_equal(res.status, KVT_ECORRUPT);
