@@ -516,7 +516,9 @@ typedef struct kvt_task_result {
      * of its own here); KVT_ECORRUPT (a block failed its checksum: recompute
      * from there); KVT_ENOMEM; KVT_EPROTO (a store whose checksums the
      * node server could not take); KVT_ECONN (kvt_client_*: the server was
-     * lost). A load cut short reports why, with the tokens that landed. */
+     * lost). A load cut short (a block lost on the way) reports why, with
+     * the tokens that landed in num_tokens; any other failed load reports
+     * num_tokens 0 and bytes 0: none of its pages is to be trusted. */
     kvt_status status;
     uint32_t first_token;
     uint32_t num_tokens;

@@ -443,6 +443,9 @@ UNREACHABLE = {
     ("kvt_client_cancel", "EIO"):
         "kvt__task_status's EIO is written into the task's result by ct_end (client.c), which "
         "returns nothing; cancel returns only its own round trip's status",
+    ("kvt_client_launch", "EIO"):
+        "take_launch (client.c) writes kvt__task_status's EIO into t->bad_status, the cut "
+        "load's later result; launch returns only its own checks' and round trip's statuses",
     ("kvt_cache_register_memory", "EFULL"):
         "kvt__cuda_backend_pin's EFULL is its 16-range table full; register_cuda (cache/cache.c) "
         "pins once, on the backend it has just created, and registration is allowed once "

@@ -144,8 +144,13 @@ static void end_store(kvt_cache *c, kvt_task *t, kvt_status st)
 void kvt__cache_end_task(kvt_cache *c, kvt_task *t, kvt_status st)
 {
     /* A load cut short by a lost block reports why, with the tokens that
-     * did land. */
-    if (st == KVT_OK && t->bad_status != KVT_OK) st = t->bad_status;
+     * did land. Any other failed load reports none: its copy failed or
+     * stopped somewhere (a cancel, a bad checksum a client found), so no
+     * page of it can be trusted (before, it reported every planned token,
+     * which an engine took as landed). */
+    bool cut = st == KVT_OK && t->bad_status != KVT_OK;
+    if (cut) st = t->bad_status;
+    if (st != KVT_OK && !cut && t->kind == KVT_TASK_LOAD) t->num_tokens = 0;
     st = kvt__task_status(st);
     count_end(c, t, st);
     if (t->kind == KVT_TASK_STORE) {
@@ -187,7 +192,7 @@ static void report(kvt_cache *c, kvt_task *t, kvt_task_result *out)
     kvt_task_result r = {
         .task = t->id, .kind = t->kind, .status = t->result,
         .first_token = t->first_token, .num_tokens = t->num_tokens,
-        .bytes = (uint64_t)t->num_blocks * c->block_bytes,
+        .bytes = (uint64_t)(t->num_tokens / c->cfg.block_tokens) * c->block_bytes,
     };
     *out = r;
     kvt__list_remove(&c->ended, t);
@@ -715,6 +720,7 @@ static kvt_status wait_running_layer(kvt_cache *c, kvt_task *t, const char *fn, 
         pthread_mutex_unlock(&c->mu);
         st = wait(c->xfer, &t->xt, layer, deadline);
         pthread_mutex_lock(&c->mu);
+        if (st != KVT_ETIMEDOUT) st = kvt__task_status(st); /* the copy's failure, as its result */
     }
     unref(c, t);
     return st;

@@ -2,6 +2,7 @@
  * durable on the SSD, write-through to the SSD and read-back from it. See
  * tiers.h for the policy. */
 #include "cache/tiers.h"
+#include "cache/tasks.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -541,7 +542,7 @@ static void read_done(void *arg, kvt_status st)
         }
         if (x->block < t->first_bad) {
             t->first_bad = x->block;
-            t->bad_status = st;
+            t->bad_status = kvt__task_status(st); /* EAGAIN, say: never "try again" */
         }
     }
     if (--t->reads_left == 0) finish_reads(c, t);

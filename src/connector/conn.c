@@ -155,19 +155,19 @@ kvt_status kvt_conn_lookup(kvt_conn *c, uint64_t rid, const kvt_request *req, ui
     return st;
 }
 
-/* Every page index inside the engine memory the cache registered (or
- * KVT_PAGE_SKIP: a load leaves the engine's own bytes there; the cache
- * refuses it inside a store's range, naming it). Refused here, the bad
+/* Every page index inside the engine memory the cache registered (or, for
+ * a load, KVT_PAGE_SKIP: it leaves the engine's own bytes there; a store
+ * copies whole blocks and has no use for it). Refused here, the bad
  * index is named to the rank that passed it; past this call the ranks
  * agree to move the blocks and the step's launch fails instead, which the
  * engine hears only as a failed event. Memory not registered yet: the
  * launch checks at the step. */
 static kvt_status check_pages(kvt_conn *c, uint64_t rid, const uint32_t *pages, uint32_t count,
-                              const char *fn)
+                              bool load, const char *fn)
 {
     uint32_t have = kvt__cache_engine_pages(c->cache);
     for (uint32_t i = 0; have && i < count; i++)
-        if (pages[i] >= have && pages[i] != KVT_PAGE_SKIP)
+        if (pages[i] >= have && !(load && pages[i] == KVT_PAGE_SKIP))
             return kvt__fail(KVT_EINVAL, "%s: rid %llu: pages[%u] is %u but the engine "
                              "registered %u pages with the cache", fn, (unsigned long long)rid, i,
                              pages[i], have);
@@ -193,7 +193,7 @@ kvt_status kvt_conn_load(kvt_conn *c, uint64_t rid, const uint32_t *pages, uint3
     kvt_status st = usable(c, fn);
     if (st != KVT_OK) return st;
     KVT_CHECK_ARG(pages && num_pages > 0, "%s: rid %llu: no pages", fn, (unsigned long long)rid);
-    if ((st = check_pages(c, rid, pages, num_pages, fn)) != KVT_OK) return st;
+    if ((st = check_pages(c, rid, pages, num_pages, true, fn)) != KVT_OK) return st;
     pthread_mutex_lock(&c->mu);
     pend_lookup *p = find_lookup(c, rid);
     if (!p)
@@ -237,7 +237,7 @@ kvt_status kvt_conn_store(kvt_conn *c, uint64_t rid, const kvt_request *req,
     if (st == KVT_OK) st = check_req(req, fn);
     if (st != KVT_OK) return st;
     KVT_CHECK_ARG(pages && num_pages > 0, "%s: rid %llu: no pages", fn, (unsigned long long)rid);
-    if ((st = check_pages(c, rid, pages, num_pages, fn)) != KVT_OK) return st;
+    if ((st = check_pages(c, rid, pages, num_pages, false, fn)) != KVT_OK) return st;
     pthread_mutex_lock(&c->mu);
     st = store_locked(c, rid, req, pages, num_pages);
     pthread_mutex_unlock(&c->mu);

@@ -1164,7 +1164,7 @@ static kvt_status take_launch(kvt_client *cl, const char *fn, ctask *t, const ui
         t->blocks[i] = cl->tier + off;
     }
     t->num_tokens = l.num_tokens; /* a load may shrink (lost blocks): a prefix */
-    t->bad_status = (kvt_status)l.bad_status; /* ... and then ends with why */
+    t->bad_status = kvt__task_status((kvt_status)l.bad_status); /* ... and then ends with why */
     t->xt.num_blocks = l.num_blocks;
     t->xt.dir = t->kind == KVT_TASK_STORE ? KVT_XFER_GATHER : KVT_XFER_SCATTER;
     t->xt.geo = cl->geo;
@@ -1548,6 +1548,7 @@ kvt_status kvt_client_wait_layer(kvt_client *cl, kvt_task_id id, uint32_t layer,
         t->refs++;
         pthread_mutex_unlock(&cl->mu);
         st = kvt__xfer_wait_layer(cl->xfer, &t->xt, layer, deadline);
+        if (st != KVT_ETIMEDOUT) st = kvt__task_status(st); /* the copy's failure, as its result */
         pthread_mutex_lock(&cl->mu);
         if (--t->refs == 0 && t->reported) ct_free(cl, t);
         if (st == KVT_ETIMEDOUT)

@@ -1400,6 +1400,9 @@ static void test_conn(void **state)
      * (the first version of this check refused it). */
     const uint32_t skip[4] = {KVT_PAGE_SKIP, KVT_PAGE_SKIP, 5, 7};
     assert_ok(kvt_conn_load(k, 1, skip, 4, 0));
+    /* A store copies whole blocks: a skipped page is refused at its call. */
+    EXPECT_ERR(kvt_conn_store(k, 3, req, skip, 4), KVT_EINVAL, "kvt_conn_store",
+               "rid 3: pages[0] is 4294967295");
 
     EXPECT_ERR(kvt_conn_store(NULL, 3, req, pages, 4), KVT_EINVAL, "kvt_conn_store", conn_arg);
     EXPECT_ERR(kvt_conn_store(k, 3, NULL, pages, 4), KVT_EINVAL, "kvt_conn_store",
@@ -2712,6 +2715,34 @@ static void test_cache_states(void **state)
         if (er.status != ends[i][1])
             fail_msg("a task ended with %s reports %s (want %s)", kvt_status_name(ends[i][0]),
                      kvt_status_name(er.status), kvt_status_name(ends[i][1]));
+    }
+
+    /* A load whose copy failed (here a client found a bad checksum) reports
+     * no tokens landed: before, it reported every planned token, which the
+     * vLLM connector took as landed (ECORRUPT and EIO may be a cut load
+     * whose num_tokens is the landed prefix). */
+    {
+        uint32_t lt[13];
+        kvt_test_tokens(lt, 13, 561);
+        kvt_request lr = {lt, 13, NULL, 0};
+        assert_ok(kvt_emu_fill(f.emu, &lr, 0, 13, f.pages, 4));
+        kvt_store_plan sp;
+        assert_ok(kvt_cache_prepare_store(c, &lr, &sp));
+        assert_ok(kvt_cache_launch(c, sp.task, f.pages, 4));
+        assert_ok(kvt_cache_wait(c, sp.task, 5000, &r));
+        assert_int_equal(r.status, KVT_OK);
+        kvt_match lm;
+        assert_ok(kvt_cache_lookup(c, &lr, &lm));
+        assert_int_equal(lm.matched_tokens, 12);
+        uint64_t offs[4];
+        kvt_ext_launch l;
+        assert_ok(kvt__cache_ext_launch(c, lm.task, kvt__deadline_ns(1000), offs, 4, &l));
+        kvt_task_result er;
+        assert_ok(kvt__cache_ext_end(c, lm.task, KVT_ECORRUPT, &er));
+        assert_int_equal(er.status, KVT_ECORRUPT);
+        if (er.num_tokens != 0 || er.bytes != 0)
+            fail_msg("a failed load reports %u tokens, %llu bytes landed", er.num_tokens,
+                     (unsigned long long)er.bytes);
     }
 
     /* Ended: try_wait reports it (its end is seen in the stats first). */
