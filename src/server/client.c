@@ -1473,9 +1473,6 @@ kvt_status kvt_client_poll(kvt_client *cl, kvt_task_result *out, uint32_t max, u
     return KVT_OK;
 }
 
-/* wait_layer's first step (mu held): a pending load (its blocks still read
- * from SSD on the server) has no copy to wait on yet; wait for it to start
- * or end. Then the result of an ended task. */
 /* A load the server cut short (a block it could not read back, known from
  * LAUNCH's answer): every layer wait says so and what to recompute, as the
  * in-process cache's (cache/ops.c bad_read_fail), whether the copy of the
@@ -1489,6 +1486,9 @@ static kvt_status cut_load_fail(const kvt_client *cl, const ctask *t, const char
                      (unsigned long long)t->id, good, kvt_status_name(t->bad_status), good);
 }
 
+/* wait_layer's first step (mu held): a pending load (its blocks still read
+ * from SSD on the server) has no copy to wait on yet; wait for it to start
+ * or end. Then the result of an ended task. */
 static kvt_status wait_copying(kvt_client *cl, const char *fn, ctask *t, uint32_t layer,
                                uint64_t deadline, int64_t timeout_ms)
 {
@@ -1502,7 +1502,9 @@ static kvt_status wait_copying(kvt_client *cl, const char *fn, ctask *t, uint32_
         if (t->refs == 0) ct_free(cl, t);
         return st;
     }
-    if ((t->state == CT_ENDED || t->copying) && t->bad_status != KVT_OK)
+    /* cut and copying, or ended as cut (not cancelled before its copy, say) */
+    if (t->bad_status != KVT_OK &&
+        (t->copying || (t->state == CT_ENDED && t->result.status == t->bad_status)))
         return cut_load_fail(cl, t, fn);
     if (t->state == CT_ENDED)
         return t->result.status == KVT_OK
