@@ -218,6 +218,15 @@ static bool is_string(const redisReply *r)
     return r->type == REDIS_REPLY_STRING && r->str;
 }
 
+/* host and port as "host:port" ("[host]:port" when host has a colon: an
+ * IPv6 address) into out; false when that is no address kvt__dir_addr_split
+ * takes (or does not fit). */
+static bool addr_join(char out[KVT_DIR_ADDR_MAX], const char *host, const char *port)
+{
+    int n = snprintf(out, KVT_DIR_ADDR_MAX, strchr(host, ':') ? "[%s]:%s" : "%s:%s", host, port);
+    return n > 0 && n < KVT_DIR_ADDR_MAX && kvt__dir_addr_split(out, (size_t)n, NULL, 0, NULL);
+}
+
 kvt_status kvt__dir_sentinel_reply(const redisReply *r, char addr[KVT_DIR_ADDR_MAX], const char **err)
 {
     *err = r->type == REDIS_REPLY_ERROR && r->str ? r->str : NULL;
@@ -226,10 +235,7 @@ kvt_status kvt__dir_sentinel_reply(const redisReply *r, char addr[KVT_DIR_ADDR_M
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 || !is_string(r->element[0]) ||
         !is_string(r->element[1]))
         return KVT_EPROTO;
-    const char *h = r->element[0]->str;
-    int n = snprintf(addr, KVT_DIR_ADDR_MAX, strchr(h, ':') ? "[%s]:%s" : "%s:%s", h,
-                     r->element[1]->str);
-    if (n < 0 || n >= KVT_DIR_ADDR_MAX || !kvt__dir_addr_split(addr, (size_t)n, NULL, 0, NULL)) {
+    if (!addr_join(addr, r->element[0]->str, r->element[1]->str)) {
         addr[0] = '\0';
         return KVT_EINVAL;
     }
@@ -251,9 +257,9 @@ static bool slots_primary(const redisReply *e, const char *asked, char *out)
         if (!kvt__dir_addr_split(asked, strlen(asked), host, sizeof host, NULL)) return false;
         h = host;
     }
-    int n = snprintf(out, KVT_DIR_ADDR_MAX, strchr(h, ':') ? "[%s]:%lld" : "%s:%lld", h,
-                     p->element[1]->integer);
-    return n > 0 && n < KVT_DIR_ADDR_MAX && kvt__dir_addr_split(out, (size_t)n, NULL, 0, NULL);
+    char port[24];
+    snprintf(port, sizeof port, "%lld", p->element[1]->integer);
+    return addr_join(out, h, port);
 }
 
 /* The primary's index in m, added when new; KVT_DIR_NO_PRIMARY when full. */
