@@ -968,7 +968,7 @@ static kvt_status recv_blocks(kvt_stream *s, const kvt_srv_shard *sh, const uint
             iov[j] = (struct iovec){(void *)blk[j], bb};
         }
         landing l = {sh, blk, bb, k, 0, first + i, 0, mine + i, layer_sums + (size_t)i * nl};
-        st = link_fail(kvt__stream_recvv_landed(s, iov, (int)k, dl, on_landed, &l), addr,
+        st = link_fail(kvt__stream_recvv_landed(s, iov, (int)k, dl, 0, on_landed, &l), addr,
                        "sending blocks");
         if (!st && l.done != k)
             st = kvt__fail(KVT_EPROTO, "cluster: a receive from %s ended before its blocks", addr);

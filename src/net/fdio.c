@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -36,6 +37,13 @@ void kvt__fd_spin(int fd, uint32_t us)
         struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, 0) > 0) return;
     } while (kvt__now_ns() < end);
+}
+
+/* The deadline of the next wait: idle_ns from now, never past hard_ns. */
+static uint64_t stall_deadline(uint64_t hard_ns, uint64_t idle_ns)
+{
+    uint64_t now = kvt__now_ns();
+    return idle_ns < hard_ns - now && now < hard_ns ? now + idle_ns : hard_ns;
 }
 
 /* Advances iov past n bytes. */
@@ -80,8 +88,16 @@ static int set_lowat(int fd, size_t bytes)
     return setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0;
 }
 
+/* Whether bytes wait to be read on fd. */
+static int queued(int fd)
+{
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) == 0 && n > 0;
+}
+
 /* Moves all of iov through fd by the deadline, at most max_call bytes a
- * syscall. Reading, landed (if any) hears the bytes landed so far after
+ * syscall; with idle_ns, also no longer than idle_ns without a byte moving
+ * (a slow link that keeps moving is not a dead one). Reading, landed (if any) hears the bytes landed so far after
  * each readv; with lowat, a dry socket first raises SO_RCVLOWAT to the rest
  * of the read (<= max_call: bytes the peer is sending anyway), so it wakes
  * for a useful amount, not per segment (*lowat: it was raised). Writing, a
@@ -89,10 +105,13 @@ static int set_lowat(int fd, size_t bytes)
  * reports it half drained (POLLOUT) rather than retry at once and copy a
  * few segments per syscall while the reader, maybe on the same core, is
  * still catching up. */
-static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing,
-                          size_t max_call, void (*landed)(void *arg, size_t n), void *arg, int *lowat)
+static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, uint64_t idle_ns,
+                          int writing, size_t max_call, void (*landed)(void *arg, size_t n), void *arg,
+                          int *lowat)
 {
     size_t total = 0, left = 0;
+    uint64_t hard_ns = deadline_ns;
+    if (idle_ns) deadline_ns = stall_deadline(hard_ns, idle_ns);
     for (int i = 0; i < cnt; i++) left += iov[i].iov_len;
     while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
     while (cnt > 0) {
@@ -113,6 +132,7 @@ static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, uint64_t deadline_
             while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
             total += (size_t)n;
             left -= (size_t)n;
+            if (idle_ns) deadline_ns = stall_deadline(hard_ns, idle_ns);
             if (landed) landed(arg, total);
             if (writing && cnt > 0 && (size_t)n < asked) {
                 kvt_status st = kvt__fd_wait(fd, POLLOUT, deadline_ns);
@@ -125,6 +145,12 @@ static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, uint64_t deadline_
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
         if (lowat && !writing) *lowat |= set_lowat(fd, left < max_call ? left : max_call);
         kvt_status st = kvt__fd_wait(fd, writing ? POLLOUT : POLLIN, deadline_ns);
+        if (st == KVT_ETIMEDOUT && !writing && deadline_ns < hard_ns && queued(fd)) {
+            /* bytes came, fewer than SO_RCVLOWAT: the peer is slow, not
+             * silent; read them (the next readv moves the deadline on) */
+            if (lowat) set_lowat(fd, 1);
+            continue;
+        }
         if (st != KVT_OK) return st;
     }
     return KVT_OK;
@@ -132,14 +158,14 @@ static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, uint64_t deadline_
 
 kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing)
 {
-    return fd_loop(fd, iov, cnt, deadline_ns, writing, SIZE_MAX, NULL, NULL, NULL);
+    return fd_loop(fd, iov, cnt, deadline_ns, 0, writing, SIZE_MAX, NULL, NULL, NULL);
 }
 
-kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
-                                void (*landed)(void *arg, size_t n), void *arg)
+kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, uint64_t idle_ns,
+                                size_t max_read, void (*landed)(void *arg, size_t n), void *arg)
 {
     int lowat = 0;
-    kvt_status st = fd_loop(fd, iov, cnt, deadline_ns, 0, max_read, landed, arg, &lowat);
+    kvt_status st = fd_loop(fd, iov, cnt, deadline_ns, idle_ns, 0, max_read, landed, arg, &lowat);
     if (lowat) set_lowat(fd, 1); /* the next frame header is 48 bytes: back to the default */
     return st;
 }

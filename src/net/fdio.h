@@ -18,8 +18,9 @@ void kvt__fd_spin(int fd, uint32_t us);
 kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing);
 /* Reads all of iov (mutated) like kvt__fd_io, at most max_read bytes a
  * readv, and after each readv calls landed(arg, n) with n the bytes landed
- * so far, so the caller works on them while they are in cache. */
-kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, size_t max_read,
-                                void (*landed)(void *arg, size_t n), void *arg);
+ * so far, so the caller works on them while they are in cache. KVT_ETIMEDOUT
+ * at deadline_ns, or (idle_ns > 0) once idle_ns pass without a byte. */
+kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, uint64_t idle_ns,
+                                size_t max_read, void (*landed)(void *arg, size_t n), void *arg);
 
 #endif

@@ -51,9 +51,12 @@ typedef struct kvt_stream_ops {
      * stream. On failure every receive it posted is cancelled and reaped
      * before it returns; a request UCX still holds after a forced close is
      * only released with the worker, so the caller must destroy the stream
-     * before it lets iov's memory go (as receiver.c on_data does). */
+     * before it lets iov's memory go (as receiver.c on_data does).
+     * idle_ns > 0: it also fails KVT_ETIMEDOUT once idle_ns pass without a
+     * byte landing, and deadline_ns only bounds the whole read: a large
+     * batch on a slow but live link is not failed as a silent one. */
     kvt_status (*recvv_landed)(kvt_stream *s, const struct iovec *iov, int iovcnt, uint64_t deadline_ns,
-                               void (*landed)(void *arg, size_t n), void *arg);
+                               uint64_t idle_ns, void (*landed)(void *arg, size_t n), void *arg);
 } kvt_stream_ops;
 
 struct kvt_stream {
@@ -131,10 +134,10 @@ static inline kvt_status kvt__stream_send(kvt_stream *s, const void *p, size_t l
 }
 
 static inline kvt_status kvt__stream_recvv_landed(kvt_stream *s, const struct iovec *iov, int cnt,
-                                                  uint64_t dl, void (*landed)(void *arg, size_t n),
-                                                  void *arg)
+                                                  uint64_t dl, uint64_t idle_ns,
+                                                  void (*landed)(void *arg, size_t n), void *arg)
 {
-    if (s->ops->recvv_landed) return s->ops->recvv_landed(s, iov, cnt, dl, landed, arg);
+    if (s->ops->recvv_landed) return s->ops->recvv_landed(s, iov, cnt, dl, idle_ns, landed, arg);
     kvt_status st = s->ops->recvv(s, iov, cnt, dl);
     size_t n = 0;
     for (int i = 0; i < cnt; i++) n += iov[i].iov_len;

@@ -62,11 +62,11 @@ static kvt_status tcp_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uin
 #define LANDED_READ (1u << 20)
 
 static kvt_status tcp_recvv_landed(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl,
-                                   void (*landed)(void *arg, size_t n), void *arg)
+                                   uint64_t idle_ns, void (*landed)(void *arg, size_t n), void *arg)
 {
     struct iovec *v = NULL;
     kvt_status st = scratch_copy((tcp_stream *)s, iov, cnt, &v);
-    return st ? st : kvt__fd_readv_landed(s->fd, v, cnt, dl, LANDED_READ, landed, arg);
+    return st ? st : kvt__fd_readv_landed(s->fd, v, cnt, dl, idle_ns, LANDED_READ, landed, arg);
 }
 
 static int tcp_wait(kvt_stream *s, int wake_fd, int timeout_ms)

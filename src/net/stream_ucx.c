@@ -69,6 +69,8 @@ typedef struct ux_stream {
     size_t rlanded;             /* ... and landed in order, as told to landed */
     void (*landed)(void *arg, size_t n); /* recvv_landed's callback; NULL in plain recvv */
     void *landed_arg;
+    uint64_t idle_ns;           /* recvv_landed: fail after this long without a byte (0: off) */
+    uint64_t moved_ns;          /* ... when a byte last landed (or a message arrived) */
     uint8_t *gather[INFLIGHT];  /* CHUNK-byte buffers small pieces are gathered into */
     struct iovec *cur;          /* recvv's cursor over the caller's iovecs */
     size_t cur_cap;
@@ -255,6 +257,14 @@ static void ux_reap(ux_stream *u, void *req)
 }
 
 /* Waits for a request by the deadline. The stream breaks on any failure. */
+/* The deadline a wait has now: deadline_ns, or sooner when a receive with
+ * an idle bound (recvv_landed) has seen nothing land for idle_ns. */
+static uint64_t ux_dl(const ux_stream *u, uint64_t deadline_ns)
+{
+    if (!u->idle_ns || u->moved_ns + u->idle_ns >= deadline_ns) return deadline_ns;
+    return u->moved_ns + u->idle_ns;
+}
+
 static kvt_status ux_wait_req(ux_stream *u, void *req, uint64_t deadline_ns, const char *what)
 {
     kvt_status st = KVT_OK;
@@ -276,7 +286,7 @@ static kvt_status ux_wait_req(ux_stream *u, void *req, uint64_t deadline_ns, con
             st = kvt__fail(KVT_ECONN, "stream: UCX %s: peer lost", what);
             break;
         }
-        if (kvt__now_ns() >= deadline_ns) {
+        if (kvt__now_ns() >= ux_dl(u, deadline_ns)) {
             st = kvt__fail(KVT_ETIMEDOUT, "stream: UCX %s timed out", what);
             break;
         }
@@ -284,7 +294,7 @@ static kvt_status ux_wait_req(ux_stream *u, void *req, uint64_t deadline_ns, con
             idle = 0;
         } else if (++idle >= SPINS) {
             idle = 0;
-            if (ux_sleep(u, -1, deadline_ns) == KVT_STREAM_HUP) {
+            if (ux_sleep(u, -1, ux_dl(u, deadline_ns)) == KVT_STREAM_HUP) {
                 st = kvt__fail(KVT_ECONN, "stream: UCX %s: peer hung up", what);
                 break;
             }
@@ -431,17 +441,18 @@ static kvt_status ux_next(ux_stream *u, uint64_t dl, ucp_tag_message_h *msg, siz
         if (m) {
             *msg = m;
             *len = info.length;
+            u->moved_ns = kvt__now_ns(); /* the peer is sending */
             return KVT_OK;
         }
         if (ux_lost(u)) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
-        if (kvt__now_ns() >= dl) return kvt__fail(KVT_ETIMEDOUT, "stream: UCX receive timed out");
+        if (kvt__now_ns() >= ux_dl(u, dl)) return kvt__fail(KVT_ETIMEDOUT, "stream: UCX receive timed out");
         kvt_status st = u->landed ? ux_reap_landed(u) : KVT_OK; /* work for the caller meanwhile */
         if (st) return st;
         if (ux_progress(u)) {
             idle = 0;
         } else if (++idle >= SPINS) {
             idle = 0;
-            if (ux_sleep(u, -1, dl) == KVT_STREAM_HUP) {
+            if (ux_sleep(u, -1, ux_dl(u, dl)) == KVT_STREAM_HUP) {
                 if (ux_pending_after_hup(u)) continue;
                 u->broken = true;
                 return kvt__fail(KVT_ECONN, "stream: UCX peer hung up");
@@ -464,6 +475,7 @@ static void ux_report(ux_stream *u)
     size_t n = u->rreq_n ? u->rofs[0] : u->rtaken;
     if (u->landed && n > u->rlanded) {
         u->rlanded = n;
+        u->moved_ns = kvt__now_ns();
         u->landed(u->landed_arg, n);
     }
 }
@@ -654,14 +666,17 @@ static kvt_status ux_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint
 /* recvv that reports landed bytes as they land in order (stream.h): the
  * caller hashes them while the receives after them stay posted. */
 static kvt_status ux_recvv_landed(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl,
-                                  void (*landed)(void *arg, size_t n), void *arg)
+                                  uint64_t idle_ns, void (*landed)(void *arg, size_t n), void *arg)
 {
     ux_stream *u = (ux_stream *)s;
     KVT_CHECK_ARG(cnt >= 0 && (iov || !cnt), "stream: UCX recvv of %d iovecs at %p", cnt, (void *)iov);
     if (u->broken) return kvt__fail(KVT_ECONN, "stream: UCX link lost");
     u->landed = landed;
     u->landed_arg = arg;
+    u->idle_ns = idle_ns;
+    u->moved_ns = kvt__now_ns();
     kvt_status st = ux_recv_all(u, iov, cnt, dl);
+    u->idle_ns = 0;
     u->landed = NULL;
     return st;
 }

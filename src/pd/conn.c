@@ -75,6 +75,11 @@ uint64_t pd_conn_deadline(const pd_conn *c)
     return kvt__deadline_ns(c->ep->net.peer_timeout_ms);
 }
 
+uint64_t pd_conn_land_deadline(const pd_conn *c)
+{
+    return kvt__deadline_ns((int64_t)c->ep->net.peer_timeout_ms * PD_LAND_FACTOR);
+}
+
 pd_mac_dir *pd_conn_data_mac(pd_conn *c)
 {
     if (!c->mac) return NULL;

@@ -323,14 +323,16 @@ static bool seen_terminal(const pd_room *r)
 
 kvt_status pd_room_wait_landed(pd_ep *ep, pd_room *r, const char *fn)
 {
-    /* A landing is one stream receive under the link deadline (peer
-     * timeout); past that the link thread gives up and ends it. */
-    uint64_t dl = kvt__deadline_ns((int64_t)ep->net.peer_timeout_ms + 1000);
+    /* A landing is one stream receive under the landing deadline
+     * (PD_LAND_FACTOR x peer timeout, pd_conn_land_deadline); past that the
+     * link thread gives up and ends it. */
+    uint64_t ms = (uint64_t)ep->net.peer_timeout_ms * PD_LAND_FACTOR + 1000;
+    uint64_t dl = kvt__deadline_ns((int64_t)ms);
     while (r->landing && kvt__cond_wait_until(&ep->cv, &ep->mu, dl)) {
     }
     if (!r->landing) return KVT_OK;
-    return kvt__fail(KVT_ETIMEDOUT, "%s: room %llu: a batch is still being written into its pages after %u ms; retry",
-                     fn, (unsigned long long)r->id, ep->net.peer_timeout_ms + 1000);
+    return kvt__fail(KVT_ETIMEDOUT, "%s: room %llu: a batch is still being written into its pages after %llu ms; retry",
+                     fn, (unsigned long long)r->id, (unsigned long long)ms);
 }
 
 static kvt_status find_live(pd_ep *ep, uint64_t room, const char *fn, pd_room **out)

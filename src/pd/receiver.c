@@ -139,7 +139,8 @@ static kvt_status land(pd_conn *c, pd_room *r, const pd_hdr *h)
     st = md ? KVT_OK : pd_hashes_begin(&c->hs, np);
     if (st) return st;
     land_hash lh = {c, &x, j0, j0 + np, 0, j0, 0, KVT_OK};
-    st = kvt__stream_recvv_landed(c->s, c->iov.v, (int)c->iov.n, pd_conn_deadline(c), hash_landed, &lh);
+    st = kvt__stream_recvv_landed(c->s, c->iov.v, (int)c->iov.n, pd_conn_land_deadline(c),
+                                  (uint64_t)c->ep->net.peer_timeout_ms * 1000000u, hash_landed, &lh);
     if (st) st = kvt__fail(st, "%s: payload %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
     else hash_landed(&lh, c->iov.bytes); /* every byte is in: no chunk stays unhashed, whatever the stream told */
     if (!st) st = md ? read_tag(c) : read_trailer(c, np); /* while a checksum thread finishes the last chunks */

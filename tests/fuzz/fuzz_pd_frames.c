@@ -118,9 +118,9 @@ static kvt_status fs_recvv(kvt_stream *s, const struct iovec *iov, int cnt, uint
 }
 
 static kvt_status fs_recvv_landed(kvt_stream *s, const struct iovec *iov, int cnt, uint64_t dl,
-                                  void (*landed)(void *arg, size_t n), void *arg)
+                                  uint64_t idle_ns, void (*landed)(void *arg, size_t n), void *arg)
 {
-    (void)dl;
+    (void)dl, (void)idle_ns;
     feed *f = ((fake_stream *)s)->f;
     size_t total = 0;
     for (int i = 0; i < cnt; i++) {

@@ -697,7 +697,7 @@ static void run_msgs(const uint8_t *data, size_t size)
         }
         landed_chk lc = {iov, cnt, g_exp + r->at, r->bytes, 0};
         uint64_t dl = kvt__deadline_ns(READ_MS);
-        kvt_status st = pl.landed ? kvt__stream_recvv_landed(s, iov, cnt, dl, on_landed, &lc)
+        kvt_status st = pl.landed ? kvt__stream_recvv_landed(s, iov, cnt, dl, 0, on_landed, &lc)
                                   : s->ops->recvv(s, iov, cnt, dl);
         check_guards(r);
         if (pl.dies && st == KVT_ECONN) { /* the peer died; what it sent before may or may not be read */

@@ -91,7 +91,7 @@ static void lowat_reset_after_read(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, write_slow, &w), 0);
     struct iovec v[3] = {{dst, 1000}, {dst + 1000, 2 << 20}, {dst + 1000 + (2 << 20), LEN - 1000 - (2 << 20)}};
-    assert_ok(kvt__fd_readv_landed(sv[1], v, 3, kvt__deadline_ns(20000), 1 << 20, noop, NULL));
+    assert_ok(kvt__fd_readv_landed(sv[1], v, 3, kvt__deadline_ns(20000), 0, 1 << 20, noop, NULL));
     pthread_join(th, NULL);
     assert_memory_equal(src, dst, LEN);
     assert_int_equal(lowat(sv[1]), 1);
@@ -103,7 +103,7 @@ static void lowat_reset_after_read(void **state)
     struct iovec t = {dst, 1000};
     assert_int_equal(read(sv[1], hdr, 48), 48);
     assert_int_equal(write(sv[0], src, 300), 300);
-    assert_status(kvt__fd_readv_landed(sv[1], &t, 1, kvt__deadline_ns(200), 1 << 20, noop, NULL), KVT_ETIMEDOUT);
+    assert_status(kvt__fd_readv_landed(sv[1], &t, 1, kvt__deadline_ns(200), 0, 1 << 20, noop, NULL), KVT_ETIMEDOUT);
     assert_int_equal(lowat(sv[1]), 1);
     assert_int_equal(write(sv[0], hdr, sizeof hdr), 48);
     assert_int_equal(poll(&p, 1, 1000), 1);
@@ -130,7 +130,7 @@ static void small_rcvbuf_no_stall(void **state)
         assert_int_equal(pthread_create(&th, NULL, write_slow, &w), 0);
         struct iovec v = {dst, LEN};
         uint64_t t0 = kvt__now_ns();
-        assert_ok(kvt__fd_readv_landed(sv[1], &v, 1, kvt__deadline_ns(20000), 1 << 20, noop, NULL));
+        assert_ok(kvt__fd_readv_landed(sv[1], &v, 1, kvt__deadline_ns(20000), 0, 1 << 20, noop, NULL));
         uint64_t ms = (kvt__now_ns() - t0) / 1000000;
         pthread_join(th, NULL);
         print_message("rcvbuf %d: 16 MiB in %llu ms, lowat now %d\n", bufs[b], (unsigned long long)ms, lowat(sv[1]));
@@ -142,11 +142,79 @@ static void small_rcvbuf_no_stall(void **state)
     }
 }
 
+/* Reads len bytes written piece bytes every delay_ms with an idle bound
+ * of idle_ms and a whole-read bound of hard_ms; *ms gets how long it took. */
+static kvt_status slow_read(size_t len, size_t piece, int delay_ms, int idle_ms, int hard_ms, uint64_t *ms)
+{
+    uint8_t *src = malloc(len), *dst = calloc(1, len);
+    for (size_t i = 0; i < len; i++) src[i] = (uint8_t)(i * 11 + 5);
+    int sv[2];
+    tcp_pair(sv, 0, 0);
+    writer w = {sv[0], src, len, piece, delay_ms};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, write_slow, &w), 0);
+    struct iovec v = {dst, len};
+    uint64_t t0 = kvt__now_ns();
+    kvt_status st = kvt__fd_readv_landed(sv[1], &v, 1, kvt__deadline_ns(hard_ms), (uint64_t)idle_ms * 1000000u,
+                                         1 << 20, noop, NULL);
+    *ms = (kvt__now_ns() - t0) / 1000000;
+    close(sv[1]); /* the writer's next send fails: it stops */
+    pthread_join(th, NULL);
+    close(sv[0]);
+    if (!st) assert_memory_equal(src, dst, len);
+    free(src);
+    free(dst);
+    return st;
+}
+
+/* A slow link that keeps moving is not a silent one: a read that takes
+ * several idle bounds lands every byte as long as no bound passes without
+ * a byte, whether the pieces reach SO_RCVLOWAT (256 KiB) or not (1000 B,
+ * below the raised mark) (regression: PD batches failed "payload timed out"
+ * after peer_timeout_ms in all while bytes flowed, under sanitizer load). */
+static void slow_but_moving_read_lands(void **state)
+{
+    (void)state;
+    uint64_t ms;
+    assert_ok(slow_read(2u << 20, 256u << 10, 150, 500, 20000, &ms));
+    print_message("2 MiB in 256 KiB pieces every 150 ms: %llu ms\n", (unsigned long long)ms);
+    assert_true(ms >= 1000); /* it really took longer than the idle bound */
+    assert_ok(slow_read(12000, 1000, 100, 500, 20000, &ms));
+    print_message("12000 B in 1000 B pieces every 100 ms: %llu ms\n", (unsigned long long)ms);
+    assert_true(ms >= 1000);
+}
+
+/* Silence past the idle bound ends the read early; a trickle that never
+ * goes silent still ends at the whole-read bound. */
+static void silence_and_trickle_end_the_read(void **state)
+{
+    (void)state;
+    uint64_t ms;
+    /* 300 of 1000 bytes, then nothing */
+    uint8_t buf[1000], data[300] = {0};
+    int sv[2];
+    tcp_pair(sv, 0, 0);
+    assert_int_equal(write(sv[0], data, sizeof data), (ssize_t)sizeof data);
+    struct iovec v = {buf, sizeof buf};
+    uint64_t t0 = kvt__now_ns();
+    assert_status(kvt__fd_readv_landed(sv[1], &v, 1, kvt__deadline_ns(20000), 200000000u, 1 << 20, noop, NULL),
+                  KVT_ETIMEDOUT);
+    ms = (kvt__now_ns() - t0) / 1000000;
+    assert_true(ms >= 190 && ms < 5000); /* the idle bound, not the 20 s one */
+    close(sv[0]);
+    close(sv[1]);
+    /* 100 bytes every 50 ms for ever: the 800 ms whole-read bound ends it */
+    assert_status(slow_read(1u << 20, 100, 50, 300, 800, &ms), KVT_ETIMEDOUT);
+    assert_true(ms >= 790 && ms < 5000);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(lowat_reset_after_read),
         cmocka_unit_test(small_rcvbuf_no_stall),
+        cmocka_unit_test(slow_but_moving_read_lands),
+        cmocka_unit_test(silence_and_trickle_end_the_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

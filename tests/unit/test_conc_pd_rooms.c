@@ -380,6 +380,55 @@ static void abort_waits_for_landing_batch(void **state)
     landing_batch(true);
 }
 
+/* A batch on a slow link that keeps moving lands, even when it takes
+ * longer than peer_timeout_ms in all (regression: the whole payload had to
+ * arrive within peer_timeout_ms of its header, so a 64 MiB UCX batch
+ * failed "payload timed out" while bytes flowed, under sanitizer load).
+ * Here the rest of the batch goes out in 8 pieces 150 ms apart (about
+ * 1.2 s, peer timeout 500 ms, landing bound 4 x 500 ms); the room ends
+ * Success with every byte right. */
+static void slow_batch_lands_while_bytes_flow(void **state)
+{
+    (void)state;
+    pd_cluster cl = {.net = {.peer_timeout_ms = 500}};
+    fake_prefill f = {0};
+    fake_start(&f, &cl);
+    open_room(&cl, 5);
+    pd_hdr r1 = fake_read(&f, NULL);
+    struct iovec rest[64];
+    int nrest = 0;
+    fake_data(&f, 5, r1.gen, false, 4096, rest, &nrest);
+    size_t left = 0;
+    for (int i = 0; i < nrest; i++) left += rest[i].iov_len;
+    size_t piece = left / 8 + 1;
+    uint64_t t0 = kvt__now_ns();
+    for (int i = 0; i < nrest;) { /* piece bytes of rest[] at a time */
+        sleep_ms(150);
+        struct iovec v[64];
+        int n = 0;
+        for (size_t want = piece; want && i < nrest; n++) {
+            size_t k = rest[i].iov_len < want ? rest[i].iov_len : want;
+            v[n] = (struct iovec){rest[i].iov_base, k};
+            want -= k;
+            rest[i].iov_base = (uint8_t *)rest[i].iov_base + k;
+            rest[i].iov_len -= k;
+            if (rest[i].iov_len == 0) i++;
+        }
+        assert_ok(kvt__stream_fd_io(f.s->fd, v, n, kvt__deadline_ns(2000), 1));
+    }
+    uint64_t ms = (kvt__now_ns() - t0) / 1000000;
+    assert_true(ms > 500); /* it did take longer than the peer timeout */
+    fake_done(&f, 5, r1.gen);
+    pd_hdr ack = fake_read(&f, NULL);
+    assert_int_equal(ack.type, PD_F_DONE_ACK);
+    assert_int_equal(ack.status, KVT_OK);
+    kvt_pd_poll st;
+    assert_ok(kvt_pd_receiver_wait(cl.dec[0].r, 5, 5000, &st));
+    assert_int_equal(st, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    fake_stop(&f, &cl);
+}
+
 /* A DATA frame's checksum trailer (8 bytes a page, after the payload) is
  * bounded by max_frame before anything is read: a stale batch claiming
  * more pages than max_frame / 8 drops the link at once with EPROTO
@@ -611,6 +660,7 @@ int main(void)
         cmocka_unit_test(reopened_room_ignores_late_frames),
         cmocka_unit_test(clear_waits_for_landing_batch),
         cmocka_unit_test(abort_waits_for_landing_batch),
+        cmocka_unit_test(slow_batch_lands_while_bytes_flow),
         cmocka_unit_test(data_trailer_over_max_frame_drops_link),
         cmocka_unit_test(stale_room_frame_advances_reopened_room),
         cmocka_unit_test(max_frame_agreed_per_link),

@@ -71,7 +71,7 @@ static void test_lands_every_byte_in_capped_reads(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, write_all, &w), 0);
     report r = {.n = 0};
-    assert_ok(kvt__fd_readv_landed(sv[1], v, n, kvt__deadline_ns(10000), MAXR, landed, &r));
+    assert_ok(kvt__fd_readv_landed(sv[1], v, n, kvt__deadline_ns(10000), 0, MAXR, landed, &r));
     pthread_join(th, NULL);
     for (int i = 0; i + 1 < 7; i++) {
         size_t len = cuts[i + 1] - cuts[i];
@@ -103,14 +103,14 @@ static void test_hang_up_and_silence_end_the_read(void **state)
     assert_int_equal(pair(sv), 0);
     assert_int_equal(write(sv[0], data, sizeof data), (ssize_t)sizeof data);
     uint64_t t0 = kvt__now_ns();
-    assert_status(kvt__fd_readv_landed(sv[1], &v, 1, kvt__deadline_ns(100), 64, landed, &r), KVT_ETIMEDOUT);
+    assert_status(kvt__fd_readv_landed(sv[1], &v, 1, kvt__deadline_ns(100), 0, 64, landed, &r), KVT_ETIMEDOUT);
     assert_true(kvt__now_ns() - t0 < 5000000000ull);
     assert_int_equal(r.seen[r.n - 1], 300);
     assert_memory_equal(buf, data, 300);
     /* then a hang-up: KVT_ECONN, at once */
     close(sv[0]);
     v = (struct iovec){buf, sizeof buf};
-    assert_status(kvt__fd_readv_landed(sv[1], &v, 1, kvt__deadline_ns(10000), 64, landed, &r), KVT_ECONN);
+    assert_status(kvt__fd_readv_landed(sv[1], &v, 1, kvt__deadline_ns(10000), 0, 64, landed, &r), KVT_ECONN);
     close(sv[1]);
 }
 
