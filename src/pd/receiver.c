@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sodium.h>
 #include "pd/bootstrap.h"
 #include "pd/ep.h"
@@ -33,9 +34,9 @@ static pd_xfer room_xfer(pd_conn *c, pd_room *r)
 }
 
 /* A DATA frame's tag (authenticated links, mac.h), into c->tag. */
-static kvt_status read_tag(pd_conn *c)
+static kvt_status read_tag(pd_conn *c, uint64_t dl)
 {
-    kvt_status st = kvt__stream_recv(c->s, c->tag, sizeof c->tag, pd_conn_deadline(c));
+    kvt_status st = kvt__stream_recv(c->s, c->tag, sizeof c->tag, dl);
     if (st) return kvt__fail(st, "%s: DATA tag %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
     return KVT_OK;
 }
@@ -62,7 +63,7 @@ static kvt_status drain(pd_conn *c, const pd_hdr *h, uint64_t n)
         n -= k;
     }
     if (!md) return KVT_OK;
-    kvt_status st = read_tag(c);
+    kvt_status st = read_tag(c, dl);
     if (!st && !pd_mac_end_ok(md, c->tag)) st = data_tag_failed(c, h);
     return st;
 }
@@ -109,7 +110,7 @@ static void hash_landed(void *arg, size_t n)
 }
 
 /* The batch's checksums, from the trailer that follows its payload. */
-static kvt_status read_trailer(pd_conn *c, uint32_t np)
+static kvt_status read_trailer(pd_conn *c, uint32_t np, uint64_t dl)
 {
     if (np > c->sums_cap) { /* grown once to the largest batch (np <= max_frame / 8) */
         uint64_t *s = realloc(c->sums, np * sizeof *s);
@@ -117,7 +118,7 @@ static kvt_status read_trailer(pd_conn *c, uint32_t np)
         c->sums = s;
         c->sums_cap = np;
     }
-    kvt_status st = kvt__stream_recv(c->s, c->sums, (size_t)np * 8, pd_conn_deadline(c));
+    kvt_status st = kvt__stream_recv(c->s, c->sums, (size_t)np * 8, dl);
     if (st) return kvt__fail(st, "%s: checksums %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
     return KVT_OK;
 }
@@ -139,11 +140,18 @@ static kvt_status land(pd_conn *c, pd_room *r, const pd_hdr *h)
     st = md ? KVT_OK : pd_hashes_begin(&c->hs, np);
     if (st) return st;
     land_hash lh = {c, &x, j0, j0 + np, 0, j0, 0, KVT_OK};
-    st = kvt__stream_recvv_landed(c->s, c->iov.v, (int)c->iov.n, pd_conn_land_deadline(c),
+    /* payload and trailer within one landing bound (ep.h, PD_LAND_FACTOR),
+     * failing sooner on a peer silent for its timeout */
+    uint64_t hard = pd_conn_land_deadline(c);
+    st = kvt__stream_recvv_landed(c->s, c->iov.v, (int)c->iov.n, hard,
                                   (uint64_t)c->ep->net.peer_timeout_ms * 1000000u, hash_landed, &lh);
     if (st) st = kvt__fail(st, "%s: payload %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
     else hash_landed(&lh, c->iov.bytes); /* every byte is in: no chunk stays unhashed, whatever the stream told */
-    if (!st) st = md ? read_tag(c) : read_trailer(c, np); /* while a checksum thread finishes the last chunks */
+    uint64_t step = pd_conn_deadline(c);
+    if (step > hard) step = hard;
+    if (!st) st = md ? read_tag(c, step) : read_trailer(c, np, step); /* while a checksum thread finishes the last chunks */
+    uint32_t stall = atomic_load(&c->ep->stall_landing_ms);
+    if (stall) nanosleep(&(struct timespec){stall / 1000, (long)(stall % 1000) * 1000000L}, NULL);
     /* every chunk hashed, failed or not: the room's pages may go back to the
      * engine once this returns */
     kvt_status hashed = pd_conn_hashed(c);

@@ -56,6 +56,7 @@
 #include "net/stream.h"
 #include "pd/bootstrap.h"
 #include "pd/desc.h"
+#include "pd/ep.h"
 #include "pd/wire.h"
 #include "store/ssd.h"
 #include "util/clock.h"
@@ -788,27 +789,28 @@ static void *clear_held_main(void *arg)
 }
 
 /* Abort and clear wait for a batch landing in the room's pages up to the
- * link's peer timeout + 1 s. A landing is bounded per step (the payload,
- * then its checksums, each by the peer timeout), so a prefill rank that
- * sends the payload's last byte late and then withholds the checksums
- * keeps it landing past that wait: both say so (ETIMEDOUT) rather than
- * return while bytes may still be written into the pages. */
+ * landing's own bound (4 x the peer timeout) + 1 s. Only a link thread
+ * held past its bound (descheduled: the test hook stalls it 6 s after the
+ * batch's checksums timed out) keeps it landing past that wait: both say
+ * so (ETIMEDOUT) rather than return while bytes may still be written into
+ * the pages. */
 static void test_pd_receiver_landing_held(void **state)
 {
     (void)state;
-    const uint32_t peer_ms = 4000;
+    const uint32_t peer_ms = 1000;
     kvt_test_pd_fx x;
     kvt_test_pd_fx_init(&x, 5000, peer_ms);
     /* one page: 2 layers x (K, V) x 2 heads x 8 dims x 2 bytes x 4 tokens */
-    fake_prefill f = {.mode = FP_TRICKLE, .lfd = -1, .trickle_ms = 2500, .payload = 512};
+    fake_prefill f = {.mode = FP_TRICKLE, .lfd = -1, .trickle_ms = 100, .payload = 512};
     fp_start(&f, x.g, x.p.bootstrap_port);
     kvt_pd_receiver *r = NULL;
     assert_ok(kvt_pd_receiver_create(&r, &x.p));
+    atomic_store(&pd_receiver_ep(r)->stall_landing_ms, 6000);
     uint32_t pages[1] = {0};
     assert_ok(kvt_pd_receiver_room(r, 1, &(kvt_pd_room_params){pages, 1, T_TPP, 0}));
     assert_int_equal(wait_state(r, 1, KVT_PD_TRANSFERRING), KVT_PD_TRANSFERRING);
-    /* Landing from here until >= trickle_ms + peer_ms; each wait ends at
-     * peer_ms + 1000 from now. */
+    /* Landing from here until >= 6 s + peer_ms; each wait ends at
+     * 4 x peer_ms + 1000 from now. */
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, clear_held_main, r), 0);
     EXPECT_ERR(kvt_pd_receiver_abort(r, 1, "test"), KVT_ETIMEDOUT, "kvt_pd_receiver_abort", "room 1",
