@@ -27,6 +27,7 @@
 #include "layout/layout.h"
 #include "net/fdio.h"
 #include "net/stream.h"
+#include "server/answers.h"
 #include "server/proto.h"
 #include "server/server.h"
 #include "store/pool.h"
@@ -218,6 +219,21 @@ static kvt_status recv_reply(kvt_client *cl, kvt_srv_hdr *h, uint8_t **p, int *f
     return kvt__srv_recv_frame(cl->fd, h, p, fd_got, deadline);
 }
 
+/* The failure the server answered request op with (h->status != 0): its
+ * status and message, or KVT_EPROTO when the status is none the server's
+ * handler of op can answer (answers.h), so a call never hands the engine a
+ * status its documentation does not list. */
+static kvt_status answered_failure(const char *fn, uint16_t op, const kvt_srv_hdr *h, const uint8_t *p)
+{
+    int len = h->len > KVT_SRV_MAX_ERRMSG ? (int)KVT_SRV_MAX_ERRMSG : (int)h->len;
+    const char *msg = p ? (const char *)p : "";
+    if (!kvt__srv_answers_with(op, h->status))
+        return kvt__fail(KVT_EPROTO, "%s: the server answered a %s with %s, which no kvtier "
+                         "server answers it with (%.*s)", fn, kvt__srv_op_name(op),
+                         kvt_status_name((kvt_status)h->status), len, msg);
+    return kvt__fail((kvt_status)h->status, "%s: %.*s", fn, len, msg);
+}
+
 /* round_trip_ex with io_mu held (the caller's). */
 static kvt_status exchange_locked(kvt_client *cl, const char *fn, uint16_t op,
                                   const kvt_srv_buf *b, uint8_t **rep, uint32_t *rep_len,
@@ -242,8 +258,7 @@ static kvt_status exchange_locked(kvt_client *cl, const char *fn, uint16_t op,
     }
     cl->unsettled = op == KVT_SRV_END;
     if (h.status != 0) {
-        int len = h.len > KVT_SRV_MAX_ERRMSG ? (int)KVT_SRV_MAX_ERRMSG : (int)h.len;
-        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn, len, p ? (const char *)p : "");
+        st = answered_failure(fn, op, &h, p);
         free(p);
         if (fd_got && *fd_got >= 0) close(*fd_got);
         return st;
@@ -507,9 +522,7 @@ static kvt_status hello_locked(kvt_client *cl)
     if (h.op != (KVT_SRV_HELLO | KVT_SRV_REPLY)) st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x",
                                                                 fn, h.op);
     else if (h.status)
-        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
-                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
-                       p ? (const char *)p : "");
+        st = answered_failure(fn, KVT_SRV_HELLO, &h, p);
     uint32_t len = h.len;
     if (st) {
         free(p);
@@ -581,9 +594,7 @@ static kvt_status session_locked(kvt_client *cl, bool resumed)
     if (!st && h.op != (KVT_SRV_SESSION | KVT_SRV_REPLY))
         st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to SESSION", fn, h.op);
     else if (!st && h.status)
-        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
-                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
-                       p ? (const char *)p : "");
+        st = answered_failure(fn, KVT_SRV_SESSION, &h, p);
     else if (!st)
         st = kvt__srv_task_rep_decode(p, h.len, &zero, &freed, &pad);
     free(p);
@@ -607,9 +618,7 @@ static kvt_status fetch_geometry(kvt_client *cl)
     if (h.op != (KVT_SRV_GEOMETRY | KVT_SRV_REPLY))
         st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to GEOMETRY", fn, h.op);
     else if (h.status)
-        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
-                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
-                       p ? (const char *)p : "");
+        st = answered_failure(fn, KVT_SRV_GEOMETRY, &h, p);
     else if ((st = kvt__srv_hello_decode(p, h.len, true, &g)))
         kvt__wrap_error(st, "kvt_client_attach: the server's geometry");
     free(p);
@@ -1735,9 +1744,7 @@ static kvt_status stats_all(const char *fn, const char *socket_path, const kvt_g
     if (!st && h.op != (KVT_SRV_STATS_ALL | KVT_SRV_REPLY))
         st = kvt__fail(KVT_EPROTO, "%s: reply op 0x%x to STATS_ALL", fn, h.op);
     else if (!st && h.status)
-        st = kvt__fail((kvt_status)h.status, "%s: %.*s", fn,
-                       (int)(h.len > KVT_SRV_MAX_ERRMSG ? KVT_SRV_MAX_ERRMSG : h.len),
-                       p ? (const char *)p : "");
+        st = answered_failure(fn, KVT_SRV_STATS_ALL, &h, p);
     else if (!st && (st = kvt__srv_tiers_decode(p, h.len, t, KVT_SRV_MAX_TIERS, n, q,
                                                 KVT_SRV_MAX_QUOTAS, nq, info)))
         kvt__wrap_error(st, fn);

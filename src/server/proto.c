@@ -171,6 +171,18 @@ kvt_status kvt__srv_hdr_decode(const uint8_t in[KVT_SRV_HDR], kvt_srv_hdr *out)
     return KVT_OK;
 }
 
+const char *kvt__srv_op_name(uint16_t op)
+{
+    static const char *const names[] = {
+        [KVT_SRV_HELLO] = "HELLO", [KVT_SRV_LOOKUP] = "LOOKUP", [KVT_SRV_PREPARE] = "PREPARE",
+        [KVT_SRV_LAUNCH] = "LAUNCH", [KVT_SRV_END] = "END", [KVT_SRV_CANCEL] = "CANCEL",
+        [KVT_SRV_STATS] = "STATS", [KVT_SRV_FLUSH] = "FLUSH", [KVT_SRV_GEOMETRY] = "GEOMETRY",
+        [KVT_SRV_SESSION] = "SESSION", [KVT_SRV_PEEK] = "PEEK", [KVT_SRV_STATS_ALL] = "STATS_ALL",
+        [KVT_SRV_CLEAR] = "CLEAR", [KVT_SRV_PEEK_MANY] = "PEEK_MANY", [KVT_SRV_END_SYNC] = "END_SYNC",
+    };
+    return op < sizeof names / sizeof *names && names[op] ? names[op] : "an unknown op";
+}
+
 /* ------------------------------------------------------------------ */
 /* HELLO                                                              */
 

@@ -126,6 +126,9 @@ typedef enum kvt_srv_op {
     KVT_SRV_END_SYNC = 15,
 } kvt_srv_op;
 
+/* The op's name ("LOOKUP"; "an unknown op" for none), for messages. */
+const char *kvt__srv_op_name(uint16_t op);
+
 #define KVT_SRV_MAX_TIERS 64    /* tiers in a STATS_ALL reply (server_max_geometries' bound) */
 #define KVT_SRV_MAX_PEEKS 4096u /* requests in one PEEK_MANY */
 

@@ -488,6 +488,7 @@ static void test_layer_events(void **state)
 typedef struct fake_srv {
     kvt_test_fake_srv s; /* the socket and its thread (support.h) */
     _Atomic int plan_status, cancel_status;
+    _Atomic int hello_status, other_status; /* 0: a HELLO as a server's; other ops KVT_EINVAL */
     _Atomic uint64_t peek_task; /* a PEEK's answer carries it (a server's: 0) */
     uint64_t next_task;
 } fake_srv;
@@ -528,8 +529,13 @@ static void fake_serve(void *arg, int fd)
     while (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(2000)) == KVT_OK) {
         free(p);
         p = NULL;
+        if (h.op == KVT_SRV_HELLO && atomic_load(&f->hello_status)) {
+            fake_answer(fd, h.op, atomic_load(&f->hello_status), NULL, -1);
+            continue;
+        }
         if (fake_attach_answer(fd, h.op)) continue;
         kvt_srv_buf b = {0};
+        int other = atomic_load(&f->other_status);
         if (h.op == KVT_SRV_PEEK && !atomic_load(&f->plan_status)) {
             kvt__srv_task_rep_encode(&b, atomic_load(&f->peek_task), T_TPP, 0);
             fake_answer(fd, h.op, KVT_OK, &b, -1);
@@ -540,7 +546,7 @@ static void fake_serve(void *arg, int fd)
             fake_answer(fd, h.op, atomic_load(&f->plan_status), NULL, -1);
         } else {
             fake_answer(fd, h.op, h.op == KVT_SRV_CANCEL ? atomic_load(&f->cancel_status)
-                                                          : KVT_EINVAL, NULL, -1);
+                                                          : other ? other : KVT_EINVAL, NULL, -1);
         }
         kvt__srv_buf_free(&b);
     }
@@ -665,7 +671,8 @@ static void test_cuda_pins_only_a_tier_backed_whole(void **state)
 /* The client refuses an answer no server gives to that request (the
  * protocol is broken): a plan answered KVT_ETIMEDOUT (kvt_cache_lookup
  * never times out), the cancel of a planned task answered KVT_ETIMEDOUT
- * (only a launched task's SSD reads can outlast the server's bound). */
+ * (only a launched task's SSD reads can outlast the server's bound), a
+ * FLUSH or HELLO answered with a status its handler never answers. */
 static void test_client_refuses_answers(void **state)
 {
     (void)state;
@@ -682,13 +689,13 @@ static void test_client_refuses_answers(void **state)
     kvt_match m = {0, 0};
     atomic_store(&f.plan_status, KVT_ETIMEDOUT);
     EXPECT_ERR(kvt_client_lookup(cl, &req, &m), KVT_EPROTO, "kvt_client_lookup",
-               "answered a plan with KVT_ETIMEDOUT", "the fake server says so");
+               "answered a LOOKUP with KVT_ETIMEDOUT", "the fake server says so");
     /* A peek makes no task: no quota, so KVT_EFULL is no answer to it;
      * nor is a task id. */
     uint32_t peeked = 77;
     atomic_store(&f.plan_status, KVT_EFULL);
     EXPECT_ERR(kvt_client_peek(cl, &req, &peeked), KVT_EPROTO, "kvt_client_peek",
-               "answered a peek with KVT_EFULL", "the fake server says so");
+               "answered a PEEK with KVT_EFULL", "the fake server says so");
     atomic_store(&f.plan_status, KVT_OK);
     atomic_store(&f.peek_task, 9);
     EXPECT_ERR(kvt_client_peek(cl, &req, &peeked), KVT_EPROTO, "kvt_client_peek",
@@ -706,6 +713,29 @@ static void test_client_refuses_answers(void **state)
     assert_ok(kvt_client_lookup(cl, &req, &m));
     atomic_store(&f.cancel_status, KVT_ENOTFOUND);
     EXPECT_OK(kvt_client_cancel(cl, m.task));
+    /* Every request's failure is checked against what the server's handler
+     * of it can answer (answers.h, generated from src/server/conn.c): a
+     * FLUSH is never answered KVT_EABORTED, and it is answered KVT_EINVAL
+     * (regression: any known status passed through to the caller). */
+    atomic_store(&f.other_status, KVT_EABORTED);
+    EXPECT_ERR(kvt_client_flush(cl, WAIT_MS), KVT_EPROTO, "kvt_client_flush",
+               "answered a FLUSH with KVT_EABORTED", "no kvtier server answers it with",
+               "the fake server says so");
+    atomic_store(&f.other_status, KVT_EINVAL);
+    EXPECT_ERR(kvt_client_flush(cl, WAIT_MS), KVT_EINVAL, "kvt_client_flush", "the fake server says so");
+    kvt_client_detach(cl);
+    cl = NULL;
+    /* ... and so is an attach's HELLO */
+    atomic_store(&f.hello_status, KVT_EABORTED);
+    EXPECT_ERR(kvt_client_attach(&cl, f.s.sock, g, WAIT_MS), KVT_EPROTO, "kvt_client_attach",
+               "answered a HELLO with KVT_EABORTED", "the fake server says so");
+    assert_null(cl);
+    atomic_store(&f.hello_status, KVT_EGEOMETRY);
+    EXPECT_ERR(kvt_client_attach(&cl, f.s.sock, g, WAIT_MS), KVT_EGEOMETRY, "kvt_client_attach",
+               "the fake server says so");
+    assert_null(cl);
+    atomic_store(&f.hello_status, 0);
+    assert_ok(kvt_client_attach(&cl, f.s.sock, g, WAIT_MS));
 
     kvt_client_detach(cl);
     kvt_test_fake_srv_stop(&f.s);
