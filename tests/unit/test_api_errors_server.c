@@ -751,6 +751,7 @@ typedef struct held_end_srv {
     kvt_test_fake_srv s;
     _Atomic int ends, released;
     uint64_t sums[2 * 2]; /* the store's END's layer checksums (2 blocks, 2 layers) */
+    _Atomic bool cut_corrupt; /* the load's LAUNCH: cut to block 0 (KVT_EIO), whose sums are wrong */
 } held_end_srv;
 
 static void held_end_serve(void *arg, int fd)
@@ -761,8 +762,9 @@ static void held_end_serve(void *arg, int fd)
     while (kvt__srv_recv_frame(fd, &h, &p, NULL, kvt__deadline_ns(10000)) == KVT_OK) {
         uint64_t id = 0;
         if (h.op == KVT_SRV_LAUNCH && kvt__srv_id_decode(p, h.len, &id)) id = 0;
-        kvt_srv_end e;
-        if (h.op == KVT_SRV_END && !kvt__srv_end_decode(p, h.len, &e) && e.n * e.num_layers == 4)
+        kvt_srv_end e = {0};
+        if (h.op == KVT_SRV_END && kvt__srv_end_decode(p, h.len, &e)) e.status = KVT_EPROTO;
+        if (h.op == KVT_SRV_END && e.n * e.num_layers == 4)
             for (uint32_t i = 0; i < 4; i++) f->sums[i] = kvt__srv_get64(e.checksums + 8 * i);
         free(p);
         p = NULL;
@@ -778,13 +780,21 @@ static void held_end_serve(void *arg, int fd)
             kvt_task_kind kind = id == 1 ? KVT_TASK_STORE : KVT_TASK_LOAD;
             kvt_srv_launch_rep r = {(uint32_t)kind, 0, 2 * T_TPP, 2, KVT_OK, 0, NULL,
                                     kind == KVT_TASK_LOAD ? 2 : 0, NULL};
-            kvt__srv_launch_rep_encode(&b, &r, offs, f->sums); /* the load's: the store's */
+            uint64_t bad[2] = {f->sums[0] ^ 1, f->sums[1] ^ 1};
+            bool cut = kind == KVT_TASK_LOAD && atomic_load(&f->cut_corrupt);
+            if (cut) {
+                r.num_tokens = T_TPP;
+                r.num_blocks = 1;
+                r.bad_status = KVT_EIO;
+            }
+            kvt__srv_launch_rep_encode(&b, &r, offs, cut ? bad : f->sums); /* the load's: the store's */
             fake_answer(fd, h.op, KVT_OK, &b, -1);
         } else if (h.op == KVT_SRV_END) {
             int n = atomic_fetch_add(&f->ends, 1) + 1;
             for (int i = 0; i < 500 && atomic_load(&f->released) < n; i++) usleep(10000);
-            kvt_task_result r = {(uint64_t)n, n == 1 ? KVT_TASK_STORE : KVT_TASK_LOAD, KVT_OK,
-                                 0, 2 * T_TPP, 2 * 128 * T_TPP};
+            /* a server's verdict: the client's copy status (a failed one lands nothing) */
+            kvt_task_result r = {(uint64_t)n, n == 1 ? KVT_TASK_STORE : KVT_TASK_LOAD, e.status,
+                                 0, e.status ? 0 : 2 * T_TPP, e.status ? 0 : 2 * 128 * T_TPP};
             kvt__srv_result_encode(&b, &r);
             fake_answer(fd, h.op, KVT_OK, &b, -1);
         } else {
@@ -846,6 +856,49 @@ static void test_tasks_end_before_end_answer(void **state)
     assert_true(v.bytes_checked > 0);
     ends_taken(&f, 2);
     atomic_store(&f.released, 2);
+    kvt_client_detach(cl);
+    kvt_test_fake_srv_stop(&f.s);
+    kvt_emu_destroy(e.emu);
+    kvt_geometry_destroy(g);
+    END_CHECKS();
+}
+
+/* A load the server cut short (block 1 could not be read back: KVT_EIO)
+ * whose prefix then failed its checksums: once it ended, a layer wait says
+ * it ended KVT_ECORRUPT, not the cut's "only tokens [0, N) will land"
+ * (regression, de87935: the cut's advice came for any end of a cut load,
+ * so the engine took the corrupt prefix as landed). */
+static void test_cut_load_that_failed_says_why(void **state)
+{
+    (void)state;
+    held_end_srv f;
+    memset(&f, 0, sizeof f);
+    atomic_store(&f.released, 100); /* no END answer is held */
+    kvt_test_fake_srv_start(&f.s, "apicut", held_end_serve, &f);
+    kvt_geometry *g = kvt_test_small_geo();
+    engine e;
+    engine_init(&e, g);
+    kvt_client *cl = NULL;
+    assert_ok(kvt_client_attach(&cl, f.s.sock, g, WAIT_MS));
+    assert_ok(kvt_client_register_memory(cl, &e.mem));
+    kvt_store_plan p = {0};
+    assert_ok(kvt_client_prepare_store(cl, &e.req, &p));
+    assert_ok(kvt_client_launch(cl, p.task, e.pages, 4));
+    kvt_task_result res = {0};
+    assert_ok(kvt_client_wait(cl, p.task, WAIT_MS, &res));
+    assert_int_equal(res.status, KVT_OK);
+    ends_taken(&f, 1);
+    atomic_store(&f.cut_corrupt, true);
+    kvt_match m = {0};
+    assert_ok(kvt_client_lookup(cl, &e.req, &m));
+    assert_ok(kvt_client_launch(cl, m.task, e.pages, 4));
+    ends_taken(&f, 2); /* END goes out once the copy ended */
+    EXPECT_ERR(kvt_client_wait_layer(cl, m.task, 0, WAIT_MS), KVT_ECORRUPT, "kvt_client_wait_layer",
+               "ended with KVT_ECORRUPT");
+    assert_null(strstr(kvt_last_error(), "will land"));
+    assert_ok(kvt_client_wait(cl, m.task, WAIT_MS, &res));
+    assert_int_equal(res.status, KVT_ECORRUPT);
+    assert_int_equal(res.num_tokens, 0); /* a failed load lands nothing */
     kvt_client_detach(cl);
     kvt_test_fake_srv_stop(&f.s);
     kvt_emu_destroy(e.emu);
@@ -1049,6 +1102,7 @@ int main(void)
         cmocka_unit_test(test_metrics_unlistenable),
         cmocka_unit_test(test_client_refuses_answers),
         cmocka_unit_test(test_tasks_end_before_end_answer),
+        cmocka_unit_test(test_cut_load_that_failed_says_why),
     };
     return kvt_test_dirs_done(cmocka_run_group_tests(tests, NULL, NULL));
 }
