@@ -784,7 +784,7 @@ typedef struct kvt_cluster_counters {
     uint64_t queue_dropped;  /* index changes not published (queue full, no memory) */
     uint64_t epoch;          /* this node's epoch: one more at each start */
     uint64_t directory_up;   /* 1 while Redis answers */
-    uint64_t pull_bytes_per_s; /* measured pull bandwidth (moving average), 0 before one */
+    uint64_t pull_bytes_per_s; /* measured pull bandwidth, net of the fixed cost per pull; 0 before one */
     uint64_t publish_backlog;  /* index changes queued or being written to the directory
                                 * (every held block while a reconnect republishes): with
                                 * directory_up, 0 means peers can find all it stored */

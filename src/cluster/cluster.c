@@ -26,6 +26,7 @@
 #include "cluster/cluster.h"
 #include "cluster/dir.h"
 #include "cluster/pull.h"
+#include "cluster/pull_cost.h"
 #include "events/events.h"
 #include "index/index.h"
 #include "metrics/metrics.h"
@@ -134,7 +135,9 @@ struct kvt_cluster {
     uint32_t nserved;
 
     cl_held held;
-    _Atomic uint64_t bw_bps; /* pull bandwidth, a moving average; 0 before the first */
+    pthread_mutex_t cost_mu; /* cost */
+    kvt_pull_cost cost;      /* what pulls took: fixed + per-byte (pull_cost.h) */
+    _Atomic uint64_t bw_bps; /* its per-byte part as bytes/s, for stats; 0 before a pull */
     _Atomic uint64_t probe_ns; /* when a pull judged not worth it was last made anyway */
     kvt_cluster_counters st;   /* fields updated with atomic adds */
 };
@@ -1098,8 +1101,10 @@ static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request 
     }
     link_put(cl, holder->addr, s);
     uint64_t bytes = (uint64_t)a.n * sh->shm.block_bytes, ns = kvt__now_ns() - t0 + 1;
-    uint64_t bw = bytes * 1000000000ull / ns, old = atomic_load(&cl->bw_bps);
-    atomic_store(&cl->bw_bps, old ? (old * 3 + bw) / 4 : bw);
+    pthread_mutex_lock(&cl->cost_mu);
+    kvt__pull_cost_add(&cl->cost, bytes, ns);
+    atomic_store(&cl->bw_bps, kvt__pull_cost_bps(&cl->cost));
+    pthread_mutex_unlock(&cl->cost_mu);
     atomic_store(&cl->probe_ns, kvt__now_ns()); /* measured: no probe for CL_PROBE_MS */
     STAT_ADD(cl, pulls, 1);
     STAT_ADD(cl, pulled_blocks, a.n);
@@ -1108,7 +1113,9 @@ static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request 
 }
 
 /* Pull or recompute: a pull expected to take longer than the engine's
- * prefill of the same tokens (cluster_prefill_tps) is not started. Until
+ * prefill of the same tokens (cluster_prefill_tps) is not started; what it
+ * would take comes from the pulls made, fixed cost and per-byte cost apart
+ * (pull_cost.h), so small pulls do not make large ones look slow. Until
  * a pull was measured, pulls are assumed worth it. The estimate moves only
  * with pulls made, so one slow pull (a busy peer, a loaded link) would
  * stop this node pulling for good: a pull judged not worth it is made
@@ -1117,11 +1124,12 @@ static uint32_t pull_from(kvt_cluster *cl, kvt_srv_shard *sh, const kvt_request 
 #define CL_PROBE_MS 1000
 static bool worth_pulling(kvt_cluster *cl, const kvt_srv_shard *sh, uint32_t blocks)
 {
-    uint64_t bw = atomic_load(&cl->bw_bps);
-    if (!bw) return true;
-    double pull_s = (double)blocks * (double)sh->shm.block_bytes / (double)bw;
+    pthread_mutex_lock(&cl->cost_mu);
+    uint64_t pull_ns = kvt__pull_cost_ns(&cl->cost, (uint64_t)blocks * sh->shm.block_bytes);
+    pthread_mutex_unlock(&cl->cost_mu);
+    if (!pull_ns) return true;
     double prefill_s = (double)blocks * sh->block_tokens / (double)cl->cfg->cluster_prefill_tps;
-    if (pull_s < prefill_s) return true;
+    if ((double)pull_ns / 1e9 < prefill_s) return true;
     uint64_t now = kvt__now_ns(), last = atomic_load(&cl->probe_ns);
     return now - last >= (uint64_t)CL_PROBE_MS * 1000000u &&
            atomic_compare_exchange_strong(&cl->probe_ns, &last, now); /* one probe at a time */
@@ -1195,7 +1203,7 @@ static void cl_metrics(void *arg, kvt_mbuf *b)
         ROW("publish_backlog", "gauge", "Index changes not yet written to the directory.", publish_backlog),
         ROW("epoch", "gauge", "This node's epoch in the directory.", epoch),
         ROW("directory_up", "gauge", "1 while the directory answers.", directory_up),
-        ROW("pull_bytes_per_second", "gauge", "Measured pull bandwidth (moving average).", pull_bytes_per_s),
+        ROW("pull_bytes_per_second", "gauge", "Measured pull bandwidth, net of the fixed cost per pull.", pull_bytes_per_s),
 #undef ROW
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
@@ -1340,6 +1348,7 @@ kvt_status kvt_cluster_join(kvt_server *srv, kvt_cluster **out)
     kvt__cond_init(&cl->qcv);
     pthread_mutex_init(&cl->mu, NULL);
     pthread_mutex_init(&cl->pace_mu, NULL);
+    pthread_mutex_init(&cl->cost_mu, NULL);
     kvt_status st = KVT_OK;
     if (srv->cfg.cluster_secret_file[0])
         st = kvt__srv_secret_load(srv->cfg.cluster_secret_file, "kvt_cluster_join: "
@@ -1419,6 +1428,7 @@ void kvt_cluster_leave(kvt_cluster *cl)
     pthread_cond_destroy(&cl->qcv);
     pthread_mutex_destroy(&cl->mu);
     pthread_mutex_destroy(&cl->pace_mu);
+    pthread_mutex_destroy(&cl->cost_mu);
     free(cl->held.v);
     free(cl->q);
     free(cl);
