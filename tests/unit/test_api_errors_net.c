@@ -790,14 +790,14 @@ static void *clear_held_main(void *arg)
 
 /* Abort and clear wait for a batch landing in the room's pages up to the
  * landing's own bound (4 x the peer timeout) + 1 s. Only a link thread
- * held past its bound (descheduled: the test hook stalls it 6 s after the
+ * held past its bound (descheduled: the test hook stalls it 9 s after the
  * batch's checksums timed out) keeps it landing past that wait: both say
  * so (ETIMEDOUT) rather than return while bytes may still be written into
  * the pages. */
 static void test_pd_receiver_landing_held(void **state)
 {
     (void)state;
-    const uint32_t peer_ms = 1000;
+    const uint32_t peer_ms = 2000; /* the script answers no ping: 1 s was short under load */
     kvt_test_pd_fx x;
     kvt_test_pd_fx_init(&x, 5000, peer_ms);
     /* one page: 2 layers x (K, V) x 2 heads x 8 dims x 2 bytes x 4 tokens */
@@ -805,12 +805,12 @@ static void test_pd_receiver_landing_held(void **state)
     fp_start(&f, x.g, x.p.bootstrap_port);
     kvt_pd_receiver *r = NULL;
     assert_ok(kvt_pd_receiver_create(&r, &x.p));
-    atomic_store(&pd_receiver_ep(r)->stall_landing_ms, 6000);
+    atomic_store(&pd_receiver_ep(r)->stall_landing_ms, 9000);
     uint32_t pages[1] = {0};
     assert_ok(kvt_pd_receiver_room(r, 1, &(kvt_pd_room_params){pages, 1, T_TPP, 0}));
     assert_int_equal(wait_state(r, 1, KVT_PD_TRANSFERRING), KVT_PD_TRANSFERRING);
-    /* Landing from here until >= 6 s + peer_ms; each wait ends at
-     * 4 x peer_ms + 1000 from now. */
+    /* Landing from here until >= peer_ms + 9 s (11 s); each wait ends at
+     * 4 x peer_ms + 1000 (9 s) from now. */
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, clear_held_main, r), 0);
     EXPECT_ERR(kvt_pd_receiver_abort(r, 1, "test"), KVT_ETIMEDOUT, "kvt_pd_receiver_abort", "room 1",
