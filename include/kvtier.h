@@ -791,6 +791,8 @@ typedef struct kvt_cluster_counters {
     uint64_t pull_raced;     /* pulls dropped because this node's own clients were storing
                               * the same blocks meanwhile (not failures: those stores
                               * serve them; not in pull_failed) */
+    uint64_t dir_redirects;  /* MOVED/ASK answers the directory followed (Redis Cluster
+                              * moving slots: a resharding shows here, not as errors) */
 } kvt_cluster_counters;
 
 /* Joins srv (made by kvt_server_create, not yet run) to the cluster its

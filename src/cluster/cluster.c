@@ -1197,6 +1197,7 @@ static void cl_metrics(void *arg, kvt_mbuf *b)
         ROW("refused_peers_total", "counter", "Peers refused (no secret, or cluster_serve_max busy).", refused),
         ROW("directory_lookups_total", "counter", "Directory lookups of a request's next blocks.", dir_lookups),
         ROW("directory_errors_total", "counter", "Directory calls that failed.", dir_errors),
+        ROW("directory_redirects_total", "counter", "MOVED/ASK answers the directory followed.", dir_redirects),
         ROW("published_blocks_total", "counter", "Block entries written to the directory.", published),
         ROW("unpublished_blocks_total", "counter", "Block entries removed from the directory.", unpublished),
         ROW("publish_dropped_total", "counter", "Index changes not published (queue full).", queue_dropped),
@@ -1444,6 +1445,7 @@ kvt_status kvt_cluster_stats(const kvt_cluster *cl, kvt_cluster_counters *out)
     kvt_dir *d = atomic_load(&cl->dir);
     out->epoch = d ? kvt__dir_epoch(d) : 0;
     out->directory_up = d && kvt__dir_up(d);
+    out->dir_redirects = kvt__dir_redirects(d);
     out->pull_bytes_per_s = atomic_load(&cl->bw_bps);
     kvt_cluster *w = (kvt_cluster *)cl; /* the queue's lock: a snapshot changes nothing */
     pthread_mutex_lock(&w->qmu);

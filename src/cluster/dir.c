@@ -97,6 +97,7 @@ struct kvt_dir {
     char lease_val[24 + KVT_DIR_ADDR_MAX]; /* "<epoch> <advertise>" */
     bool opened;                            /* open finished: failures are logged from now */
     _Atomic uint64_t generation;
+    _Atomic uint64_t redirects; /* MOVED/ASK answers followed */
 
     pthread_mutex_t topo_mu; /* shards[].addr, nshards, slots, nprimaries */
     dir_shard shards[DIR_SHARDS_MAX];
@@ -665,6 +666,7 @@ static bool take_redirects(kvt_dir *d, dir_cmd *cmds, size_t n, bool *unavail, c
             if (s != DIR_NO_SHARD && k == KVT_DIR_REPLY_MOVED) d->slots[c->slot] = (uint8_t)s;
             pthread_mutex_unlock(&d->topo_mu);
             if (s == DIR_NO_SHARD) continue; /* reported to the caller as the error it is */
+            atomic_fetch_add(&d->redirects, 1);
             KVT_LOG(KVT_LOG_DEBUG, "cluster directory: %s for slot %u: %s", k == KVT_DIR_REPLY_ASK ? "ASK" : "MOVED",
                     c->slot, addr);
             if (k == KVT_DIR_REPLY_ASK) {
@@ -1064,6 +1066,11 @@ uint64_t kvt__dir_epoch(const kvt_dir *d)
 uint64_t kvt__dir_generation(const kvt_dir *d)
 {
     return d ? atomic_load(&((kvt_dir *)d)->generation) : 0;
+}
+
+uint64_t kvt__dir_redirects(const kvt_dir *d)
+{
+    return d ? atomic_load(&((kvt_dir *)d)->redirects) : 0;
 }
 
 bool kvt__dir_up(const kvt_dir *d)

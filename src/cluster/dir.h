@@ -88,6 +88,8 @@ void kvt__dir_close(kvt_dir *d);
 uint64_t kvt__dir_epoch(const kvt_dir *d);
 /* Bumped at every successful reconnect (starts at 1 after open). */
 uint64_t kvt__dir_generation(const kvt_dir *d);
+/* MOVED and ASK answers followed since open (Redis Cluster moving slots). */
+uint64_t kvt__dir_redirects(const kvt_dir *d);
 bool kvt__dir_up(const kvt_dir *d);
 
 /* Which tier of its holder a block entry names (dir_entry_decode). */

@@ -1267,6 +1267,10 @@ static void test_cluster(void **state)
     assert_int_equal(found(b, 0, 64, NULL), 64); /* the map was re-read: no MOVED again */
     assert_int_equal(moved_lines, 1);
     assert_int_equal(moved_info_lines, 1);
+    /* counted for /metrics (kvtier_cluster_directory_redirects_total):
+     * b's ASK and MOVED, a's two ASKs */
+    assert_int_equal(kvt__dir_redirects(b), 2);
+    assert_int_equal(kvt__dir_redirects(a), 2);
     assert_ok(kvt_set_log_handler(NULL, NULL));
     assert_ok(kvt_set_log_level(KVT_LOG_WARN));
     publish(a, 0, 64);
