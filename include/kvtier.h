@@ -946,7 +946,7 @@ kvt_status kvt_client_peek_many(kvt_client *cl, const kvt_request *reqs, uint32_
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_EFULL, KVT_EPROTO, KVT_ECONN, KVT_EAUTH, KVT_EVERSION. */
 kvt_status kvt_client_prepare_store(kvt_client *cl, const kvt_request *req,
                                     kvt_store_plan *out);
-/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ESTATE, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
+/* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_ESTATE, KVT_ECORRUPT, KVT_ESYS, KVT_EPROTO, KVT_ECONN, KVT_EVERSION. */
 kvt_status kvt_client_launch(kvt_client *cl, kvt_task_id task, const uint32_t *pages,
                              uint32_t num_pages);
 /* Returns: KVT_OK, KVT_EINVAL, KVT_ENOMEM, KVT_ENOTFOUND, KVT_ETIMEDOUT, KVT_ECANCELED, KVT_EIO, KVT_ESTATE, KVT_ECORRUPT, KVT_EPROTO, KVT_ECONN. */

@@ -104,7 +104,21 @@ def produced(body, sinks=()):
         codes.add(m.group(1))
     if re.search(r"\bKVT_CHECK_(ARG|NOT_NULL|NOT_NULL_AS)\b", body):
         codes.add("EINVAL")
+    if carries_task_result(body):
+        codes |= task_results()
     return codes
+
+
+def carries_task_result(body):
+    """Whether body fails with a task's result: kvt__fail(r.status, ...)
+    of a kvt_task_result r it declares (external.c's ended_fail: a LAUNCH
+    of a task that ended first), or kvt__fail(t->result.status, ...)."""
+    if re.search(r"\bkvt__fail\(\s*\w+->result\.status\b", body):
+        return True
+    for m in re.finditer(r"\bkvt_task_result\s+(\w+)", body):
+        if re.search(r"\bkvt__fail\(\s*%s\.status\b" % re.escape(m.group(1)), body):
+            return True
+    return False
 
 
 def ops_tables(text, structs):

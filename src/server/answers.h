@@ -60,7 +60,10 @@ static const uint32_t kvt__srv_answers[KVT_SRV_END_SYNC + 1] = {
         KVT__ANSWER(KVT_ENOMEM) |
         KVT__ANSWER(KVT_ENOTFOUND) |
         KVT__ANSWER(KVT_ETIMEDOUT) |
+        KVT__ANSWER(KVT_ECANCELED) |
+        KVT__ANSWER(KVT_EIO) |
         KVT__ANSWER(KVT_ESTATE) |
+        KVT__ANSWER(KVT_ECORRUPT) |
         KVT__ANSWER(KVT_EPROTO) |
         KVT__ANSWER(KVT_ECONN),
     [KVT_SRV_LOOKUP] = KVT__ANSWER(KVT_EINVAL) |

@@ -1236,6 +1236,32 @@ static void spoil_ssd_block(const char *dir, engine *e, uint32_t block)
     free(data);
 }
 
+/* Stores a request, spoils its SSD copy of block `bad`, restarts the
+ * server from SSD and launches a load of the request into poisoned pages;
+ * returns the server's pid. */
+static pid_t launch_with_bad_ssd_block(const char *path, const char *ssd, engine *e, kvt_request *r,
+                                       uint32_t *tokens, uint32_t bad, kvt_match *m)
+{
+    make_dir();
+    pid_t srv = start_server(path, ssd);
+    assert_ok(engine_open(e, path, 2));
+    uint32_t n = 0;
+    request(r, tokens, 29);
+    assert_ok(engine_store(e, r, &n));
+    assert_int_equal(n, BLOCKS * TPP);
+    assert_ok(kvt_client_flush(e->cl, 10000));
+    stop_server(srv, path);
+    spoil_ssd_block(ssd, e, bad);
+    engine_close(e);
+    srv = start_server(path, ssd);
+    assert_ok(engine_open(e, path, 2));
+    assert_ok(kvt_client_lookup(e->cl, r, m));
+    assert_int_equal(m->matched_tokens, BLOCKS * TPP);
+    assert_ok(kvt_emu_poison(e->emu, e->pages, PAGES));
+    assert_ok(kvt_client_launch(e->cl, m->task, e->pages, PAGES));
+    return srv;
+}
+
 /* A load through a server whose SSD copy of block 3 went bad is cut short
  * there, and its result says so as an in-process load's does: KVT_ECORRUPT,
  * the 3 blocks that landed (byte for byte), nothing written past them.
@@ -1244,29 +1270,14 @@ static void spoil_ssd_block(const char *dir, engine *e, uint32_t block)
 static void test_load_cut_by_corrupt_ssd_block(void **state)
 {
     (void)state;
-    make_dir();
     char path[300], ssd[300];
     sock_path(path, sizeof path, "cc.sock");
     sock_path(ssd, sizeof ssd, "ssd");
-    pid_t srv = start_server(path, ssd);
     engine e;
-    assert_ok(engine_open(&e, path, 2));
-    uint32_t tokens[NTOK], n = 0;
+    uint32_t tokens[NTOK];
     kvt_request r;
-    request(&r, tokens, 29);
-    assert_ok(engine_store(&e, &r, &n));
-    assert_int_equal(n, BLOCKS * TPP);
-    assert_ok(kvt_client_flush(e.cl, 10000));
-    stop_server(srv, path);
-    spoil_ssd_block(ssd, &e, 3);
-    engine_close(&e);
-    srv = start_server(path, ssd);
-    assert_ok(engine_open(&e, path, 2));
     kvt_match m;
-    assert_ok(kvt_client_lookup(e.cl, &r, &m));
-    assert_int_equal(m.matched_tokens, BLOCKS * TPP);
-    assert_ok(kvt_emu_poison(e.emu, e.pages, PAGES));
-    assert_ok(kvt_client_launch(e.cl, m.task, e.pages, PAGES));
+    pid_t srv = launch_with_bad_ssd_block(path, ssd, &e, &r, tokens, 3, &m);
     /* Every layer wait says why and what to recompute, while the copy of
      * blocks 0-2 runs and after it (as kvt_cache_wait_layer does); before,
      * the first said OK and the second gave no advice. */
@@ -1292,6 +1303,33 @@ static void test_load_cut_by_corrupt_ssd_block(void **state)
     assert_true(v.bytes_checked > 0);
     assert_ok(kvt_emu_verify(e.emu, &r, 3 * TPP, 4 * TPP, e.pages, PAGES, &v));
     assert_true(v.mismatches > 0); /* block 3's pages still hold the poison */
+    engine_close(&e);
+    stop_server(srv, path);
+}
+
+/* Block 0's SSD copy bad: the load ends before a copy, and the pending
+ * launch's poll carries the read's KVT_ECORRUPT (a task's result, in a
+ * LAUNCH reply), which the client takes as the load's result (regression:
+ * c2d5f3e's answers.h did not list a task's results for LAUNCH, so the
+ * client called it a protocol error, KVT_EPROTO). Nothing is written. */
+static void test_load_of_corrupt_first_ssd_block(void **state)
+{
+    (void)state;
+    char path[300], ssd[300];
+    sock_path(path, sizeof path, "c0.sock");
+    sock_path(ssd, sizeof ssd, "ssd0");
+    engine e;
+    uint32_t tokens[NTOK];
+    kvt_request r;
+    kvt_match m;
+    pid_t srv = launch_with_bad_ssd_block(path, ssd, &e, &r, tokens, 0, &m);
+    kvt_task_result res;
+    assert_ok(kvt_client_wait(e.cl, m.task, TIMEOUT_MS, &res));
+    if (res.status != KVT_ECORRUPT) fail_msg("load ended %s, want KVT_ECORRUPT", kvt_status_name(res.status));
+    assert_int_equal(res.num_tokens, 0);
+    kvt_verify_result v;
+    assert_ok(kvt_emu_verify(e.emu, &r, 0, TPP, e.pages, PAGES, &v));
+    assert_true(v.mismatches > 0); /* block 0's pages still hold the poison */
     engine_close(&e);
     stop_server(srv, path);
 }
@@ -3478,6 +3516,7 @@ int main(void)
         cmocka_unit_test_teardown(test_server_killed_econn, close_and_kill),
         cmocka_unit_test_teardown(test_restart_warm_from_ssd, close_and_kill),
         cmocka_unit_test_teardown(test_load_cut_by_corrupt_ssd_block, close_and_kill),
+        cmocka_unit_test_teardown(test_load_of_corrupt_first_ssd_block, close_and_kill),
         cmocka_unit_test_teardown(test_ssd_load_launch_async, close_and_kill),
         cmocka_unit_test_teardown(test_read_bound_option, close_and_kill),
         cmocka_unit_test(test_launch_reply_flags),
