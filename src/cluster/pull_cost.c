@@ -22,7 +22,9 @@ static int fit(const kvt_pull_cost *c, double *slope, double *fixed)
     if (var <= 0.01 * mb * mb || cov <= 0) return 0;
     *slope = cov / var;
     *fixed = mt - *slope * mb;
-    return *fixed >= 0;
+    /* a per-byte cost under a tenth of the mean time per byte is noise
+     * fitted as a link faster than the pulls ever ran: not used */
+    return *fixed >= 0 && *slope >= 0.1 * mt / mb;
 }
 
 uint64_t kvt__pull_cost_ns(const kvt_pull_cost *c, uint64_t bytes)
@@ -42,5 +44,6 @@ uint64_t kvt__pull_cost_bps(const kvt_pull_cost *c)
     if (c->w <= 0 || c->b <= 0 || c->t <= 0) return 0;
     double slope, fixed;
     if (!fit(c, &slope, &fixed)) slope = c->t / c->b;
-    return (uint64_t)(1e9 / slope);
+    double bps = 1e9 / slope;
+    return bps >= 1.8e19 ? UINT64_MAX : (uint64_t)bps; /* a cast past 2^64 is undefined */
 }

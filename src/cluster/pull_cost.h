@@ -19,7 +19,8 @@ typedef struct kvt_pull_cost {
 void kvt__pull_cost_add(kvt_pull_cost *c, uint64_t bytes, uint64_t ns);
 /* Expected ns for a pull of bytes; 0 before any pull. The fit is used only
  * when the pulls seen differ enough in size to tell the fixed cost from
- * the per-byte one (and it says both are >= 0); otherwise their mean time
+ * the per-byte one (and it says the fixed one is >= 0 and the per-byte one
+ * at least a tenth of their mean time per byte); otherwise their mean time
  * per byte, as a single bandwidth would. */
 uint64_t kvt__pull_cost_ns(const kvt_pull_cost *c, uint64_t bytes);
 /* The per-byte part as bytes per second (the link's bandwidth net of the

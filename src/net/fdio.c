@@ -39,13 +39,6 @@ void kvt__fd_spin(int fd, uint32_t us)
     } while (kvt__now_ns() < end);
 }
 
-/* The deadline of the next wait: idle_ns from now, never past hard_ns. */
-static uint64_t stall_deadline(uint64_t hard_ns, uint64_t idle_ns)
-{
-    uint64_t now = kvt__now_ns();
-    return idle_ns < hard_ns - now && now < hard_ns ? now + idle_ns : hard_ns;
-}
-
 /* Advances iov past n bytes. */
 static void advance(struct iovec **iov, int *cnt, size_t n)
 {
@@ -88,30 +81,64 @@ static int set_lowat(int fd, size_t bytes)
     return setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0;
 }
 
-/* Whether bytes wait to be read on fd. */
+/* Bytes waiting to be read on fd (0 when it cannot tell). */
 static int queued(int fd)
 {
     int n = 0;
-    return ioctl(fd, FIONREAD, &n) == 0 && n > 0;
+    return ioctl(fd, FIONREAD, &n) == 0 && n > 0 ? n : 0;
 }
 
-/* Moves all of iov through fd by the deadline, at most max_call bytes a
- * syscall; with idle_ns, also no longer than idle_ns without a byte moving
- * (a slow link that keeps moving is not a dead one). Reading, landed (if any) hears the bytes landed so far after
- * each readv; with lowat, a dry socket first raises SO_RCVLOWAT to the rest
- * of the read (<= max_call: bytes the peer is sending anyway), so it wakes
- * for a useful amount, not per segment (*lowat: it was raised). Writing, a
- * short write means the socket buffer is full: it sleeps until the kernel
- * reports it half drained (POLLOUT) rather than retry at once and copy a
- * few segments per syscall while the reader, maybe on the same core, is
- * still catching up. */
-static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, uint64_t idle_ns,
-                          int writing, size_t max_call, void (*landed)(void *arg, size_t n), void *arg,
-                          int *lowat)
+/* A read's bounds: hard_ns for all of it and, with idle_ns > 0, idle_ns
+ * without a byte arriving (a slow link that keeps moving is not a dead
+ * one). moved_ns: when bytes last arrived; seen: the bytes that waited
+ * below SO_RCVLOWAT at the last look. */
+typedef struct read_bound {
+    uint64_t hard_ns, idle_ns, moved_ns;
+    int seen;
+} read_bound;
+
+static uint64_t bound_deadline(const read_bound *b)
+{
+    if (!b->idle_ns || b->moved_ns + b->idle_ns >= b->hard_ns) return b->hard_ns;
+    return b->moved_ns + b->idle_ns;
+}
+
+/* Waits for fd to be readable (with a raised SO_RCVLOWAT: that many bytes)
+ * within b. With an idle bound it looks every quarter of it at the bytes
+ * waiting below the mark: more than at the last look is bytes arriving, so
+ * a slow peer is not taken for a silent one, and a silent one is found
+ * within 1.25 x idle_ns of its last byte. */
+static kvt_status wait_readable(int fd, read_bound *b)
+{
+    for (;;) {
+        uint64_t dl = bound_deadline(b);
+        if (!b->idle_ns) return kvt__fd_wait(fd, POLLIN, dl);
+        uint64_t slice = kvt__now_ns() + b->idle_ns / 4;
+        kvt_status st = kvt__fd_wait(fd, POLLIN, slice < dl ? slice : dl);
+        if (st != KVT_ETIMEDOUT) return st;
+        int q = queued(fd);
+        uint64_t now = kvt__now_ns();
+        if (q > b->seen) {
+            b->seen = q;
+            b->moved_ns = now;
+        }
+        if (now >= bound_deadline(b)) return KVT_ETIMEDOUT;
+    }
+}
+
+/* Moves all of iov through fd within b, at most max_call bytes a syscall.
+ * Reading, landed (if any) hears the bytes landed so far after each readv;
+ * with lowat, a dry socket first raises SO_RCVLOWAT to the rest of the read
+ * (<= max_call: bytes the peer is sending anyway), so it wakes for a useful
+ * amount, not per segment (*lowat: it was raised). Writing (hard_ns only),
+ * a short write means the socket buffer is full: it sleeps until the
+ * kernel reports it half drained (POLLOUT) rather than retry at once and
+ * copy a few segments per syscall while the reader, maybe on the same
+ * core, is still catching up. */
+static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, read_bound *b, int writing,
+                          size_t max_call, void (*landed)(void *arg, size_t n), void *arg, int *lowat)
 {
     size_t total = 0, left = 0;
-    uint64_t hard_ns = deadline_ns;
-    if (idle_ns) deadline_ns = stall_deadline(hard_ns, idle_ns);
     for (int i = 0; i < cnt; i++) left += iov[i].iov_len;
     while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
     while (cnt > 0) {
@@ -132,10 +159,13 @@ static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, uint64_t deadline_
             while (cnt > 0 && iov->iov_len == 0) { iov++; cnt--; }
             total += (size_t)n;
             left -= (size_t)n;
-            if (idle_ns) deadline_ns = stall_deadline(hard_ns, idle_ns);
+            if (b->idle_ns) {
+                b->moved_ns = kvt__now_ns();
+                b->seen = 0;
+            }
             if (landed) landed(arg, total);
             if (writing && cnt > 0 && (size_t)n < asked) {
-                kvt_status st = kvt__fd_wait(fd, POLLOUT, deadline_ns);
+                kvt_status st = kvt__fd_wait(fd, POLLOUT, b->hard_ns);
                 if (st != KVT_OK) return st;
             }
             continue;
@@ -144,13 +174,7 @@ static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, uint64_t deadline_
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return KVT_ECONN;
         if (lowat && !writing) *lowat |= set_lowat(fd, left < max_call ? left : max_call);
-        kvt_status st = kvt__fd_wait(fd, writing ? POLLOUT : POLLIN, deadline_ns);
-        if (st == KVT_ETIMEDOUT && !writing && deadline_ns < hard_ns && queued(fd)) {
-            /* bytes came, fewer than SO_RCVLOWAT: the peer is slow, not
-             * silent; read them (the next readv moves the deadline on) */
-            if (lowat) set_lowat(fd, 1);
-            continue;
-        }
+        kvt_status st = writing ? kvt__fd_wait(fd, POLLOUT, b->hard_ns) : wait_readable(fd, b);
         if (st != KVT_OK) return st;
     }
     return KVT_OK;
@@ -158,14 +182,16 @@ static kvt_status fd_loop(int fd, struct iovec *iov, int cnt, uint64_t deadline_
 
 kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, int writing)
 {
-    return fd_loop(fd, iov, cnt, deadline_ns, 0, writing, SIZE_MAX, NULL, NULL, NULL);
+    read_bound b = {deadline_ns, 0, 0, 0};
+    return fd_loop(fd, iov, cnt, &b, writing, SIZE_MAX, NULL, NULL, NULL);
 }
 
 kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, uint64_t idle_ns,
                                 size_t max_read, void (*landed)(void *arg, size_t n), void *arg)
 {
     int lowat = 0;
-    kvt_status st = fd_loop(fd, iov, cnt, deadline_ns, idle_ns, 0, max_read, landed, arg, &lowat);
+    read_bound b = {deadline_ns, idle_ns, kvt__now_ns(), 0};
+    kvt_status st = fd_loop(fd, iov, cnt, &b, 0, max_read, landed, arg, &lowat);
     if (lowat) set_lowat(fd, 1); /* the next frame header is 48 bytes: back to the default */
     return st;
 }

@@ -19,7 +19,9 @@ kvt_status kvt__fd_io(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, 
 /* Reads all of iov (mutated) like kvt__fd_io, at most max_read bytes a
  * readv, and after each readv calls landed(arg, n) with n the bytes landed
  * so far, so the caller works on them while they are in cache. KVT_ETIMEDOUT
- * at deadline_ns, or (idle_ns > 0) once idle_ns pass without a byte. */
+ * at deadline_ns, or (idle_ns > 0) once no byte arrived for idle_ns (found
+ * within 1.25 x idle_ns: bytes below a raised SO_RCVLOWAT are counted at
+ * quarter-idle looks). */
 kvt_status kvt__fd_readv_landed(int fd, struct iovec *iov, int cnt, uint64_t deadline_ns, uint64_t idle_ns,
                                 size_t max_read, void (*landed)(void *arg, size_t n), void *arg);
 

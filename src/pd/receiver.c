@@ -47,23 +47,33 @@ static kvt_status data_tag_failed(pd_conn *c, const pd_hdr *h)
                      c->name, (unsigned long long)h->room, h->a0, h->a0 + h->a1, PD_MAC_WHY);
 }
 
-/* A batch nobody wants (payload and trailer: n bytes): read in step; on an
- * authenticated link its tag is still checked, so even a late batch cannot
- * be forged. */
+/* The deadline of a landing's next read: the peer timeout from now, never
+ * past the landing's bound hard. */
+static uint64_t step_deadline(const pd_conn *c, uint64_t hard)
+{
+    uint64_t step = pd_conn_deadline(c);
+    return step < hard ? step : hard;
+}
+
+/* A batch nobody wants (payload and trailer: n bytes): read in step, under
+ * the bounds a landing has (a slow link that keeps moving is not dropped);
+ * on an authenticated link its tag is still checked, so even a late batch
+ * cannot be forged. */
 static kvt_status drain(pd_conn *c, const pd_hdr *h, uint64_t n)
 {
     static _Thread_local uint8_t sink[1 << 14]; /* write-only scratch, per link thread */
-    uint64_t dl = pd_conn_deadline(c);
+    uint64_t hard = pd_conn_land_deadline(c);
     pd_mac_dir *md = pd_conn_data_mac(c);
     while (n) {
         size_t k = n > sizeof sink ? sizeof sink : (size_t)n;
-        kvt_status st = kvt__stream_recv(c->s, sink, k, dl);
+        kvt_status st = kvt__stream_recv(c->s, sink, k, step_deadline(c, hard));
         if (st) return kvt__fail(st, "%s: truncated payload", c->name);
         if (md) pd_mac_body(md, sink, k);
         n -= k;
     }
+    c->last_rx = kvt__now_ns();
     if (!md) return KVT_OK;
-    kvt_status st = read_tag(c, dl);
+    kvt_status st = read_tag(c, step_deadline(c, hard));
     if (!st && !pd_mac_end_ok(md, c->tag)) st = data_tag_failed(c, h);
     return st;
 }
@@ -147,9 +157,8 @@ static kvt_status land(pd_conn *c, pd_room *r, const pd_hdr *h)
                                   (uint64_t)c->ep->net.peer_timeout_ms * 1000000u, hash_landed, &lh);
     if (st) st = kvt__fail(st, "%s: payload %s", c->name, st == KVT_ETIMEDOUT ? "timed out" : "lost");
     else hash_landed(&lh, c->iov.bytes); /* every byte is in: no chunk stays unhashed, whatever the stream told */
-    uint64_t step = pd_conn_deadline(c);
-    if (step > hard) step = hard;
-    if (!st) st = md ? read_tag(c, step) : read_trailer(c, np, step); /* while a checksum thread finishes the last chunks */
+    if (!st) /* while a checksum thread finishes the last chunks */
+        st = md ? read_tag(c, step_deadline(c, hard)) : read_trailer(c, np, step_deadline(c, hard));
     uint32_t stall = atomic_load(&c->ep->stall_landing_ms);
     if (stall) nanosleep(&(struct timespec){stall / 1000, (long)(stall % 1000) * 1000000L}, NULL);
     /* every chunk hashed, failed or not: the room's pages may go back to the

@@ -414,6 +414,13 @@ static kvt_status send_batch(pd_conn *c, pd_job *j, const pd_xfer *x)
     if (!st) st = hashed;
     if (!st) st = md ? send_tag(c, md) : send_trailer(c, np);
     if (st) return st;
+    /* The peer took the batch, each send within the peer timeout: it is
+     * reading. Its link thread sends no ping while it lands a batch, which
+     * may take longer than the peer timeout on a slow link (receiver.c
+     * land: PD_LAND_FACTOR), so this is its sign of life, not its last
+     * ping; a frozen peer still fails the next send once the socket's
+     * buffers are full. */
+    c->last_rx = kvt__now_ns();
     pthread_mutex_lock(&c->ep->mu);
     j->room->bytes += bytes;
     pthread_mutex_unlock(&c->ep->mu);

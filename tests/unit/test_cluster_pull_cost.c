@@ -63,6 +63,15 @@ static void follows_the_link_and_refuses_nonsense(void **state)
     /* the weights: the newer pull 1, the older 3/4 */
     double mean_per_byte = (0.75 * 1000000.0 + 200000000.0) / (0.75 * (1 << 20) + (64u << 20));
     assert_true(got > mean_per_byte * (1 << 20) * 0.99 && got < mean_per_byte * (1 << 20) * 1.01);
+    /* latency-bound pulls of any size take the same 5 ms: the fitted
+     * per-byte cost (about 0) would call a 1 GiB pull 5 ms; not used */
+    kvt_pull_cost z = {0};
+    kvt__pull_cost_add(&z, 1 << 20, 5000000);
+    kvt__pull_cost_add(&z, 64u << 20, 5000100);
+    mean_per_byte = (0.75 * 5000000.0 + 5000100.0) / (0.75 * (1 << 20) + (64u << 20));
+    got = (double)kvt__pull_cost_ns(&z, 1u << 30);
+    assert_true(got > mean_per_byte * (1u << 30) * 0.99 && got < mean_per_byte * (1u << 30) * 1.01);
+    assert_true(kvt__pull_cost_bps(&z) < UINT64_MAX);
 }
 
 int main(void)

@@ -203,6 +203,25 @@ static void silence_and_trickle_end_the_read(void **state)
     assert_true(ms >= 190 && ms < 5000); /* the idle bound, not the 20 s one */
     close(sv[0]);
     close(sv[1]);
+    /* 100 bytes at 50 and at 100 ms (below the raised SO_RCVLOWAT), then
+     * silence: found within 1.25 x the 600 ms idle bound of the last byte
+     * (regression: those bytes were read only at the idle deadline, which
+     * then moved a whole bound on: 1200 ms) */
+    uint8_t src[200] = {0};
+    tcp_pair(sv, 0, 0);
+    writer w = {sv[0], src, sizeof src, 100, 50};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, write_slow, &w), 0);
+    v = (struct iovec){buf, sizeof buf};
+    t0 = kvt__now_ns();
+    assert_status(kvt__fd_readv_landed(sv[1], &v, 1, kvt__deadline_ns(20000), 600000000u, 1 << 20, noop, NULL),
+                  KVT_ETIMEDOUT);
+    ms = (kvt__now_ns() - t0) / 1000000;
+    pthread_join(th, NULL);
+    print_message("silent after 100 ms, idle bound 600 ms: ended at %llu ms\n", (unsigned long long)ms);
+    assert_true(ms >= 690 && ms < 1000);
+    close(sv[0]);
+    close(sv[1]);
     /* 100 bytes every 50 ms for ever: the 800 ms whole-read bound ends it */
     assert_status(slow_read(1u << 20, 100, 50, 300, 800, &ms), KVT_ETIMEDOUT);
     assert_true(ms >= 790 && ms < 5000);

@@ -380,6 +380,28 @@ static void abort_waits_for_landing_batch(void **state)
     landing_batch(true);
 }
 
+/* Sends rest[] (mutated) in `pieces` pieces, gap_ms before each. */
+static void send_slowly(fake_prefill *f, struct iovec *rest, int nrest, int pieces, int gap_ms)
+{
+    size_t left = 0;
+    for (int i = 0; i < nrest; i++) left += rest[i].iov_len;
+    size_t piece = left / (size_t)pieces + 1;
+    for (int i = 0; i < nrest;) { /* piece bytes of rest[] at a time */
+        sleep_ms(gap_ms);
+        struct iovec v[64];
+        int n = 0;
+        for (size_t want = piece; want && i < nrest; n++) {
+            size_t k = rest[i].iov_len < want ? rest[i].iov_len : want;
+            v[n] = (struct iovec){rest[i].iov_base, k};
+            want -= k;
+            rest[i].iov_base = (uint8_t *)rest[i].iov_base + k;
+            rest[i].iov_len -= k;
+            if (rest[i].iov_len == 0) i++;
+        }
+        assert_ok(kvt__stream_fd_io(f->s->fd, v, n, kvt__deadline_ns(2000), 1));
+    }
+}
+
 /* A batch on a slow link that keeps moving lands, even when it takes
  * longer than peer_timeout_ms in all (regression: the whole payload had to
  * arrive within peer_timeout_ms of its header, so a 64 MiB UCX batch
@@ -398,27 +420,46 @@ static void slow_batch_lands_while_bytes_flow(void **state)
     struct iovec rest[64];
     int nrest = 0;
     fake_data(&f, 5, r1.gen, false, 4096, rest, &nrest);
-    size_t left = 0;
-    for (int i = 0; i < nrest; i++) left += rest[i].iov_len;
-    size_t piece = left / 6 + 1;
     uint64_t t0 = kvt__now_ns();
-    for (int i = 0; i < nrest;) { /* piece bytes of rest[] at a time */
-        sleep_ms(150);
-        struct iovec v[64];
-        int n = 0;
-        for (size_t want = piece; want && i < nrest; n++) {
-            size_t k = rest[i].iov_len < want ? rest[i].iov_len : want;
-            v[n] = (struct iovec){rest[i].iov_base, k};
-            want -= k;
-            rest[i].iov_base = (uint8_t *)rest[i].iov_base + k;
-            rest[i].iov_len -= k;
-            if (rest[i].iov_len == 0) i++;
-        }
-        assert_ok(kvt__stream_fd_io(f.s->fd, v, n, kvt__deadline_ns(2000), 1));
-    }
+    send_slowly(&f, rest, nrest, 6, 150);
     uint64_t ms = (kvt__now_ns() - t0) / 1000000;
     assert_true(ms > 600); /* it did take longer than the peer timeout */
     fake_done(&f, 5, r1.gen);
+    pd_hdr ack = fake_read(&f, NULL);
+    assert_int_equal(ack.type, PD_F_DONE_ACK);
+    assert_int_equal(ack.status, KVT_OK);
+    kvt_pd_poll st;
+    assert_ok(kvt_pd_receiver_wait(cl.dec[0].r, 5, 5000, &st));
+    assert_int_equal(st, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(&cl, 0), 0);
+    fake_stop(&f, &cl);
+}
+
+/* A late batch (of a cleared opening) arriving slowly is drained under
+ * the same bounds, and the link stays for the reopened room (regression:
+ * the drain had one peer timeout for the whole batch, and the link was
+ * dropped mid-drain). */
+static void slow_late_batch_drained(void **state)
+{
+    (void)state;
+    pd_cluster cl = {.net = {.peer_timeout_ms = 600}};
+    fake_prefill f = {0};
+    fake_start(&f, &cl);
+    open_room(&cl, 5);
+    pd_hdr r1 = fake_read(&f, NULL);
+    assert_int_equal(r1.type, PD_F_ROOM);
+    assert_ok(kvt_pd_receiver_clear(cl.dec[0].r, 5));
+    pd_hdr fail = fake_read(&f, NULL);
+    assert_int_equal(fail.type, PD_F_FAIL);
+    struct iovec rest[64];
+    int nrest = 0;
+    fake_data(&f, 5, r1.gen, true, 4096, rest, &nrest); /* the cleared opening's */
+    send_slowly(&f, rest, nrest, 6, 150);
+    open_room(&cl, 5);
+    pd_hdr r2 = fake_read(&f, NULL);
+    assert_int_equal(r2.type, PD_F_ROOM);
+    fake_data(&f, 5, r2.gen, false, 0, NULL, NULL);
+    fake_done(&f, 5, r2.gen);
     pd_hdr ack = fake_read(&f, NULL);
     assert_int_equal(ack.type, PD_F_DONE_ACK);
     assert_int_equal(ack.status, KVT_OK);
@@ -661,6 +702,7 @@ int main(void)
         cmocka_unit_test(clear_waits_for_landing_batch),
         cmocka_unit_test(abort_waits_for_landing_batch),
         cmocka_unit_test(slow_batch_lands_while_bytes_flow),
+        cmocka_unit_test(slow_late_batch_drained),
         cmocka_unit_test(data_trailer_over_max_frame_drops_link),
         cmocka_unit_test(stale_room_frame_advances_reopened_room),
         cmocka_unit_test(max_frame_agreed_per_link),
