@@ -292,6 +292,7 @@ static kvt_status ux_wait_req(ux_stream *u, void *req, uint64_t deadline_ns, con
         }
         if (ux_progress(u)) {
             idle = 0;
+            if (u->idle_ns) u->moved_ns = kvt__now_ns(); /* bytes of a receive in flight moved */
         } else if (++idle >= SPINS) {
             idle = 0;
             if (ux_sleep(u, -1, ux_dl(u, deadline_ns)) == KVT_STREAM_HUP) {
@@ -450,6 +451,7 @@ static kvt_status ux_next(ux_stream *u, uint64_t dl, ucp_tag_message_h *msg, siz
         if (st) return st;
         if (ux_progress(u)) {
             idle = 0;
+            if (u->idle_ns) u->moved_ns = kvt__now_ns(); /* bytes of a receive in flight moved */
         } else if (++idle >= SPINS) {
             idle = 0;
             if (ux_sleep(u, -1, ux_dl(u, dl)) == KVT_STREAM_HUP) {

@@ -77,7 +77,7 @@ uint64_t pd_conn_deadline(const pd_conn *c)
 
 uint64_t pd_conn_land_deadline(const pd_conn *c)
 {
-    return kvt__deadline_ns((int64_t)c->ep->net.peer_timeout_ms * (PD_LAND_FACTOR - 1));
+    return kvt__deadline_ns((int64_t)c->ep->net.peer_timeout_ms * (PD_LAND_FACTOR - 2));
 }
 
 pd_mac_dir *pd_conn_data_mac(pd_conn *c)

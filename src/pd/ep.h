@@ -37,11 +37,12 @@
 #define PD_BATCH_BYTES_UCX (64u << 20) /* over UCX (capped by max_frame): longer per-entry runs */
 #define PD_CHUNK_BYTES (1u << 20) /* a batch moves (and is hashed) in chunks this big: cache-sized */
 /* A DATA batch (up to 64 MiB) lands within PD_LAND_FACTOR x peer_timeout_ms
- * in all: its payload and checksums within (PD_LAND_FACTOR - 1) x, failing
+ * in all: its payload and checksums within (PD_LAND_FACTOR - 2) x, failing
  * sooner only when peer_timeout_ms pass without a byte (a slow link that
  * keeps moving is not a silent peer; the bound still ends a trickling
- * one), then the checksum thread's last chunks within one more. clear and
- * abort wait for a landing that long (+1 s). */
+ * one); a hand-off to the checksum thread blocked within that (one more),
+ * and the thread's last chunks (one more). clear and abort wait for a
+ * landing that long (+1 s). */
 #define PD_LAND_FACTOR 4u
 #define PD_MSG 160
 /* Decode pages per DATA batch, at most: each page has a streaming hash
@@ -221,7 +222,8 @@ kvt_status pd_conn_send(pd_conn *c, const pd_hdr *h, const void *body, size_t bl
  * a DATA frame's payload and tag are the caller's to read (on_data). */
 kvt_status pd_conn_read(pd_conn *c, pd_hdr *h, uint64_t deadline_ns);
 uint64_t pd_conn_deadline(const pd_conn *c);
-/* The bound of a DATA batch's payload and checksums (PD_LAND_FACTOR). */
+/* The bound of a DATA batch's payload and checksums, and of a drained one
+ * (PD_LAND_FACTOR). */
 uint64_t pd_conn_land_deadline(const pd_conn *c);
 void pd_conn_free(pd_conn *c);
 /* Hashes entry e's pieces of decode pages [ja, jb) of the link's batch into

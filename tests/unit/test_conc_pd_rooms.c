@@ -406,13 +406,13 @@ static void send_slowly(fake_prefill *f, struct iovec *rest, int nrest, int piec
  * longer than peer_timeout_ms in all (regression: the whole payload had to
  * arrive within peer_timeout_ms of its header, so a 64 MiB UCX batch
  * failed "payload timed out" while bytes flowed, under sanitizer load).
- * Here the rest of the batch goes out in 6 pieces 150 ms apart (about
- * 0.9 s; peer timeout 600 ms, payload bound 3 x 600 ms); the room ends
- * Success with every byte right. */
+ * Here the rest of the batch goes out in 6 pieces 250 ms apart (about
+ * 1.5 s; peer timeout 1 s, payload bound 2 x 1 s); the room ends Success
+ * with every byte right. */
 static void slow_batch_lands_while_bytes_flow(void **state)
 {
     (void)state;
-    pd_cluster cl = {.net = {.peer_timeout_ms = 600}};
+    pd_cluster cl = {.net = {.peer_timeout_ms = 1000}};
     fake_prefill f = {0};
     fake_start(&f, &cl);
     open_room(&cl, 5);
@@ -421,9 +421,9 @@ static void slow_batch_lands_while_bytes_flow(void **state)
     int nrest = 0;
     fake_data(&f, 5, r1.gen, false, 4096, rest, &nrest);
     uint64_t t0 = kvt__now_ns();
-    send_slowly(&f, rest, nrest, 6, 150);
+    send_slowly(&f, rest, nrest, 6, 250);
     uint64_t ms = (kvt__now_ns() - t0) / 1000000;
-    assert_true(ms > 600); /* it did take longer than the peer timeout */
+    assert_true(ms > 1000); /* it did take longer than the peer timeout */
     fake_done(&f, 5, r1.gen);
     pd_hdr ack = fake_read(&f, NULL);
     assert_int_equal(ack.type, PD_F_DONE_ACK);
@@ -442,7 +442,7 @@ static void slow_batch_lands_while_bytes_flow(void **state)
 static void slow_late_batch_drained(void **state)
 {
     (void)state;
-    pd_cluster cl = {.net = {.peer_timeout_ms = 600}};
+    pd_cluster cl = {.net = {.peer_timeout_ms = 1000}};
     fake_prefill f = {0};
     fake_start(&f, &cl);
     open_room(&cl, 5);
@@ -454,7 +454,7 @@ static void slow_late_batch_drained(void **state)
     struct iovec rest[64];
     int nrest = 0;
     fake_data(&f, 5, r1.gen, true, 4096, rest, &nrest); /* the cleared opening's */
-    send_slowly(&f, rest, nrest, 6, 150);
+    send_slowly(&f, rest, nrest, 6, 250);
     open_room(&cl, 5);
     pd_hdr r2 = fake_read(&f, NULL);
     assert_int_equal(r2.type, PD_F_ROOM);
