@@ -784,7 +784,7 @@ static void test_pd_link_other_version(void **state)
 static void *clear_held_main(void *arg)
 {
     EXPECT_ERR(kvt_pd_receiver_clear((kvt_pd_receiver *)arg, 1), KVT_ETIMEDOUT, "kvt_pd_receiver_clear",
-               "room 1", "still being written");
+               "room 1", "still being written", "after 9000 ms"); /* 4 x 2 s + 1 s */
     return NULL;
 }
 
@@ -814,7 +814,7 @@ static void test_pd_receiver_landing_held(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, clear_held_main, r), 0);
     EXPECT_ERR(kvt_pd_receiver_abort(r, 1, "test"), KVT_ETIMEDOUT, "kvt_pd_receiver_abort", "room 1",
-               "still being written");
+               "still being written", "after 9000 ms");
     pthread_join(th, NULL);
     fp_stop(&f); /* the link drops; the landing ends */
     kvt_pd_receiver_destroy(r);
