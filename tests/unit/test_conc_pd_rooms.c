@@ -380,6 +380,20 @@ static void abort_waits_for_landing_batch(void **state)
     landing_batch(true);
 }
 
+/* DONE of room 5's opening gen: acknowledged OK, the room ends Success
+ * and the decode pages hold the request's KV, byte for byte. */
+static void done_succeeds(fake_prefill *f, pd_cluster *cl, uint32_t gen)
+{
+    fake_done(f, 5, gen);
+    pd_hdr ack = fake_read(f, NULL);
+    assert_int_equal(ack.type, PD_F_DONE_ACK);
+    assert_int_equal(ack.status, KVT_OK);
+    kvt_pd_poll st;
+    assert_ok(kvt_pd_receiver_wait(cl->dec[0].r, 5, 5000, &st));
+    assert_int_equal(st, KVT_PD_SUCCESS);
+    assert_int_equal(pd_verify(cl, 0), 0);
+}
+
 /* Sends rest[] (mutated) in `pieces` pieces, gap_ms before each. */
 static void send_slowly(fake_prefill *f, struct iovec *rest, int nrest, int pieces, int gap_ms)
 {
@@ -424,14 +438,7 @@ static void slow_batch_lands_while_bytes_flow(void **state)
     send_slowly(&f, rest, nrest, 6, 250);
     uint64_t ms = (kvt__now_ns() - t0) / 1000000;
     assert_true(ms > 1000); /* it did take longer than the peer timeout */
-    fake_done(&f, 5, r1.gen);
-    pd_hdr ack = fake_read(&f, NULL);
-    assert_int_equal(ack.type, PD_F_DONE_ACK);
-    assert_int_equal(ack.status, KVT_OK);
-    kvt_pd_poll st;
-    assert_ok(kvt_pd_receiver_wait(cl.dec[0].r, 5, 5000, &st));
-    assert_int_equal(st, KVT_PD_SUCCESS);
-    assert_int_equal(pd_verify(&cl, 0), 0);
+    done_succeeds(&f, &cl, r1.gen);
     fake_stop(&f, &cl);
 }
 
@@ -459,14 +466,7 @@ static void slow_late_batch_drained(void **state)
     pd_hdr r2 = fake_read(&f, NULL);
     assert_int_equal(r2.type, PD_F_ROOM);
     fake_data(&f, 5, r2.gen, false, 0, NULL, NULL);
-    fake_done(&f, 5, r2.gen);
-    pd_hdr ack = fake_read(&f, NULL);
-    assert_int_equal(ack.type, PD_F_DONE_ACK);
-    assert_int_equal(ack.status, KVT_OK);
-    kvt_pd_poll st;
-    assert_ok(kvt_pd_receiver_wait(cl.dec[0].r, 5, 5000, &st));
-    assert_int_equal(st, KVT_PD_SUCCESS);
-    assert_int_equal(pd_verify(&cl, 0), 0);
+    done_succeeds(&f, &cl, r2.gen);
     fake_stop(&f, &cl);
 }
 
